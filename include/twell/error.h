@@ -1,0 +1,36 @@
+// twell::Error and the checks that throw it. The library never exits; callers catch.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace twell {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Concatenates anything streamable: str("expected ", 3, " got ", 4).
+template <class... Args>
+std::string str(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << std::forward<Args>(args));
+  return os.str();
+}
+
+namespace detail {
+[[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+}  // namespace detail
+
+}  // namespace twell
+
+// Throws twell::Error("<message> (file:line)") unless `cond` holds.
+#define TWELL_CHECK(cond, ...)                                                 \
+  do {                                                                         \
+    if (!(cond)) ::twell::detail::throw_error(__FILE__, __LINE__, ::twell::str(__VA_ARGS__)); \
+  } while (0)
+
+#define TWELL_FAIL(...) ::twell::detail::throw_error(__FILE__, __LINE__, ::twell::str(__VA_ARGS__))

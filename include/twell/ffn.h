@@ -1,0 +1,48 @@
+// The FFN problem, independent of backend: weights, options, saved state and statistics.
+// Notation (DESIGN.md §2): x [M, H]; Wg, Wu [I, H]; Wd [I, H] (neuron-major, the transpose of
+// PyTorch's down_proj.weight); h [M, I]; y [M, H].
+//   gated:     g = relu(x Wgᵀ), u = x Wuᵀ, h = g ⊙ u, y = h Wd
+//   non-gated: h = relu(x Wuᵀ),                     y = h Wd
+#pragma once
+
+#include <cstdint>
+
+#include "twell/tensor.h"
+
+namespace twell {
+
+struct FfnWeights {
+  TensorView wg;  // [I, H]; empty for a non-gated FFN
+  TensorView wu;  // [I, H]
+  TensorView wd;  // [I, H] neuron-major
+
+  bool gated() const { return !wg.empty(); }
+  int64_t hidden() const { return wu.size(1); }  // H
+  int64_t ffn() const { return wu.size(0); }     // I
+};
+
+// Where values are rounded (DESIGN.md §2). `bf16` rounds g, u, h and y to bf16 as a dense bf16
+// PyTorch model does, with fp32 accumulation. `h_fp32` ("highest precision") keeps h in fp32.
+// `f64` rounds nothing and accumulates in double: the oracle for tests.
+enum class Precision { bf16, h_fp32, f64 };
+
+// Checks the shapes/dtypes of an FFN call; throws an Error naming the first bad argument.
+// x and y are [M, H]; dtypes must be bf16, f32 or f64 (the same for all weights).
+void check_ffn_args(const TensorView& x, const FfnWeights& w, const TensorView& y);
+
+// Activation statistics of h (or g) over the M tokens of one layer.
+struct ActivationStats {
+  int64_t tokens = 0;
+  int64_t nnz = 0;                // non-zeros of h over all tokens
+  int64_t max_nnz_per_token = 0;
+  double l1_sum = 0;              // Σ_m Σ_j |h[m, j]|
+  double mean_nnz_per_token() const { return tokens ? double(nnz) / tokens : 0.0; }
+  double l1_per_token() const { return tokens ? l1_sum / tokens : 0.0; }  // (1/M) Σ|h|
+};
+
+// Coefficient of Σ|h| in the loss L = CE + λ · mean over layers of (1/M) Σ|h|.
+inline double l1_coefficient(double lambda, int64_t tokens, int64_t layers) {
+  return lambda / (static_cast<double>(tokens) * static_cast<double>(layers));
+}
+
+}  // namespace twell

@@ -1,0 +1,242 @@
+#include "twell/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace twell {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::bf16:
+    case DType::f16: return 2;
+    case DType::f32:
+    case DType::i32:
+    case DType::u32: return 4;
+    case DType::f64:
+    case DType::i64: return 8;
+    case DType::u8: return 1;
+  }
+  TWELL_FAIL("unknown dtype ", static_cast<int>(t));
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::u8: return "u8";
+    case DType::i32: return "i32";
+    case DType::u32: return "u32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+DType dtype_from_name(const std::string& name) {
+  static const struct {
+    const char* ours;
+    const char* safetensors;
+    DType t;
+  } table[] = {{"bf16", "BF16", DType::bf16}, {"f16", "F16", DType::f16}, {"f32", "F32", DType::f32},
+               {"f64", "F64", DType::f64},    {"u8", "U8", DType::u8},    {"i32", "I32", DType::i32},
+               {"u32", "U32", DType::u32},    {"i64", "I64", DType::i64}};
+  for (const auto& e : table)
+    if (name == e.ours || name == e.safetensors) return e.t;
+  TWELL_FAIL("unknown dtype '", name, "'");
+}
+
+std::string shape_str(const Shape& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+int64_t TensorView::size(int dim) const {
+  TWELL_CHECK(dim >= 0 && dim < rank(), "dimension ", dim, " out of range for shape ", shape_str(shape));
+  return shape[dim];
+}
+
+int64_t TensorView::stride(int dim) const {
+  TWELL_CHECK(dim >= 0 && dim < rank(), "dimension ", dim, " out of range for shape ", shape_str(shape));
+  if (!strides.empty()) return strides[dim];
+  int64_t s = 1;
+  for (int d = rank() - 1; d > dim; --d) s *= shape[d];
+  return s;
+}
+
+bool TensorView::is_contiguous() const {
+  if (strides.empty()) return true;
+  int64_t s = 1;
+  for (int d = rank() - 1; d >= 0; --d) {
+    if (shape[d] != 1 && strides[d] != s) return false;
+    s *= shape[d];
+  }
+  return true;
+}
+
+void check_shape(const TensorView& t, const Shape& expected, const char* name) {
+  TWELL_CHECK(t.shape == expected, name, ": expected shape ", shape_str(expected), ", got ",
+              shape_str(t.shape));
+}
+
+void check_dtype(const TensorView& t, DType expected, const char* name) {
+  TWELL_CHECK(t.dtype == expected, name, ": expected dtype ", dtype_name(expected), ", got ",
+              dtype_name(t.dtype));
+}
+
+void check_dtype(const TensorView& t, std::initializer_list<DType> allowed, const char* name) {
+  std::string names;
+  for (DType d : allowed) {
+    if (d == t.dtype) return;
+    names += (names.empty() ? "" : " or ") + std::string(dtype_name(d));
+  }
+  TWELL_FAIL(name, ": expected dtype ", names, ", got ", dtype_name(t.dtype));
+}
+
+void check_device(const TensorView& t, Device expected, const char* name) {
+  TWELL_CHECK(t.device == expected, name, ": expected a ", expected == Device::cpu ? "host" : "device",
+              " tensor, got a ", t.device == Device::cpu ? "host" : "device", " tensor");
+}
+
+void check_contiguous(const TensorView& t, const char* name) {
+  TWELL_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor of shape ", shape_str(t.shape));
+}
+
+void check_aligned(const TensorView& t, size_t alignment, const char* name) {
+  auto addr = reinterpret_cast<uintptr_t>(t.data);
+  TWELL_CHECK(addr % alignment == 0, name, ": expected ", alignment, "-byte alignment, address is ",
+              addr % alignment, " bytes past a boundary");
+}
+
+void Tensor::Free::operator()(void* p) const { std::free(p); }
+
+Tensor::Tensor(DType t, Shape s) {
+  TensorView v(nullptr, t, std::move(s));
+  for (int64_t d : v.shape) TWELL_CHECK(d >= 0, "negative dimension in shape ", shape_str(v.shape));
+  size_t bytes = v.nbytes();
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+  TWELL_CHECK(p, "out of host memory allocating ", bytes, " bytes");
+  std::memset(p, 0, rounded ? rounded : 64);
+  storage_.reset(p);
+  v.data = p;
+  view_ = std::move(v);
+}
+
+static int64_t strided_offset(const TensorView& t, int64_t flat) {
+  if (t.strides.empty()) return flat;
+  int64_t off = 0;
+  for (int d = t.rank() - 1; d >= 0; --d) {
+    off += (flat % t.shape[d]) * t.strides[d];
+    flat /= t.shape[d];
+  }
+  return off;
+}
+
+double load_as_double(const TensorView& t, int64_t flat_index) {
+  check_device(t, Device::cpu, "tensor");
+  int64_t i = strided_offset(t, flat_index);
+  switch (t.dtype) {
+    case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::f16: return f16_bits_to_float(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::f32: return static_cast<const float*>(t.data)[i];
+    case DType::f64: return static_cast<const double*>(t.data)[i];
+    case DType::u8: return static_cast<const uint8_t*>(t.data)[i];
+    case DType::i32: return static_cast<const int32_t*>(t.data)[i];
+    case DType::u32: return static_cast<const uint32_t*>(t.data)[i];
+    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(t.data)[i]);
+  }
+  TWELL_FAIL("unknown dtype");
+}
+
+void store_from_double(const TensorView& t, int64_t flat_index, double v) {
+  check_device(t, Device::cpu, "tensor");
+  int64_t i = strided_offset(t, flat_index);
+  switch (t.dtype) {
+    case DType::bf16:
+      static_cast<uint16_t*>(t.data)[i] = float_to_bf16_bits(static_cast<float>(v));
+      return;
+    case DType::f16:
+      static_cast<uint16_t*>(t.data)[i] = float_to_f16_bits(static_cast<float>(v));
+      return;
+    case DType::f32: static_cast<float*>(t.data)[i] = static_cast<float>(v); return;
+    case DType::f64: static_cast<double*>(t.data)[i] = v; return;
+    case DType::u8: static_cast<uint8_t*>(t.data)[i] = static_cast<uint8_t>(v); return;
+    case DType::i32: static_cast<int32_t*>(t.data)[i] = static_cast<int32_t>(v); return;
+    case DType::u32: static_cast<uint32_t*>(t.data)[i] = static_cast<uint32_t>(v); return;
+    case DType::i64: static_cast<int64_t*>(t.data)[i] = static_cast<int64_t>(v); return;
+  }
+}
+
+template <class T>
+static std::vector<T> to_vector(const TensorView& t) {
+  check_device(t, Device::cpu, "tensor");
+  std::vector<T> out(static_cast<size_t>(t.numel()));
+  if (t.is_contiguous() && t.dtype == DType::bf16) {
+    const auto* p = static_cast<const uint16_t*>(t.data);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(bf16_bits_to_float(p[i]));
+  } else if (t.is_contiguous() && t.dtype == DType::f32) {
+    const auto* p = static_cast<const float*>(t.data);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(p[i]);
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(load_as_double(t, i));
+  }
+  return out;
+}
+
+std::vector<float> to_f32(const TensorView& t) { return to_vector<float>(t); }
+std::vector<double> to_f64(const TensorView& t) { return to_vector<double>(t); }
+
+// IEEE binary16 conversions (host only; used for f16 checkpoints).
+float f16_bits_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  return bits_float(bits);
+}
+
+uint16_t float_to_f16_bits(float f) {
+  uint32_t u = float_bits(f);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (a >= 0x477ff000u) return sign | 0x7c00u; // overflow (incl. rounding up) -> inf
+  if (a < 0x38800000u) {                       // subnormal or zero in half
+    if (a < 0x33000000u) return sign;          // rounds to zero
+    uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+    int shift = 126 - static_cast<int>(a >> 23);  // 14 + (113 - exp)
+    uint32_t half = mant >> (shift);
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1u);  // round to nearest even at bit 13
+  return static_cast<uint16_t>(sign | ((r - 0x38000000u) >> 13));
+}
+
+}  // namespace twell
