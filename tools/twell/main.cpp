@@ -1,1 +1,22 @@
-int main() { return 0; }
+// twell: command-line tool. `twell --help` lists the subcommands.
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"twell: sparse-activation transformer FFNs (TwELL format and kernels)", "twell"};
+  app.set_version_flag("--version", TWELL_VERSION);
+  app.require_subcommand(1);
+  twell::cli::register_bench(app);
+  twell::cli::register_inspect(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "twell: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
