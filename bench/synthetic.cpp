@@ -1,0 +1,111 @@
+#include "synthetic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace twell::bench {
+
+Distribution distribution_from_name(const std::string& name) {
+  if (name == "uniform") return Distribution::uniform;
+  if (name == "skewed") return Distribution::skewed;
+  TWELL_FAIL("unknown distribution '", name, "' (expected uniform or skewed)");
+}
+
+const char* distribution_name(Distribution d) {
+  return d == Distribution::uniform ? "uniform" : "skewed";
+}
+
+double normal_quantile(double q) {
+  TWELL_CHECK(q > 0 && q < 1, "normal_quantile: q must be in (0, 1), got ", q);
+  // Bisection on Φ(z) = erfc(-z/√2)/2: slow but exact to double precision, and only run once per
+  // neuron.
+  double lo = -40, hi = 40;
+  for (int i = 0; i < 200 && hi - lo > 1e-13; ++i) {
+    double mid = 0.5 * (lo + hi);
+    (0.5 * std::erfc(-mid / std::sqrt(2.0)) < q ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+static std::vector<double> firing_rates(const SyntheticSpec& s, std::mt19937_64& rng) {
+  TWELL_CHECK(s.density >= 0 && s.density <= 1, "density must be in [0, 1], got ", s.density);
+  std::vector<double> p(static_cast<size_t>(s.I), s.density);
+  if (s.distribution == Distribution::uniform || s.density == 0 || s.density == 1) return p;
+  std::uniform_real_distribution<double> unit(0, 1);
+  std::lognormal_distribution<double> rate(0.0, 1.0);
+  for (auto& v : p) v = unit(rng) < 0.3 ? 0.0 : rate(rng);
+  // Scale so the mean is `density`; clipping at 0.95 removes mass, so rescale the unclipped rest.
+  for (int iter = 0; iter < 50; ++iter) {
+    double sum = 0;
+    for (double v : p) sum += v;
+    if (sum == 0) break;
+    double scale = s.density * s.I / sum;
+    if (std::abs(scale - 1) < 1e-12) break;
+    for (auto& v : p) v = std::min(0.95, v * scale);
+  }
+  return p;
+}
+
+static void fill_tokens(const SyntheticSpec& s, uint64_t seed, const Tensor& x) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<double> unit(0, 1);
+  auto* px = x.ptr<bf16>();
+  for (int64_t m = 0; m < s.M; ++m) {
+    bf16* row = px + m * s.H;
+    row[0] = bf16(1.f);
+    double heat = 0;
+    if (s.distribution == Distribution::skewed && unit(rng) < 0.02) heat = 1.0 + 0.5 * unit(rng);
+    row[1] = bf16(static_cast<float>(heat));
+    for (int64_t k = 2; k < s.H; ++k) row[k] = bf16(normal(rng));
+  }
+}
+
+Tensor make_synthetic_tokens(const SyntheticSpec& s, uint64_t seed) {
+  TWELL_CHECK(s.M >= 1 && s.H >= 3 && s.I >= 1, "synthetic FFN needs M >= 1, H >= 3, I >= 1; got M=",
+              s.M, " H=", s.H, " I=", s.I);
+  Tensor x = Tensor::of<bf16>({s.M, s.H});
+  fill_tokens(s, seed, x);
+  return x;
+}
+
+SyntheticFfn make_synthetic_ffn(const SyntheticSpec& s) {
+  SyntheticFfn f;
+  f.spec = s;
+  f.x = make_synthetic_tokens(s, s.seed * 7919 + 1);
+  std::mt19937_64 rng(s.seed);
+  f.fire_prob = firing_rates(s, rng);
+
+  auto random_weight = [&](double stddev, int64_t first_col) {
+    Tensor w = Tensor::of<bf16>({s.I, s.H});
+    std::normal_distribution<float> normal(0.f, static_cast<float>(stddev));
+    auto* p = w.ptr<bf16>();
+    for (int64_t j = 0; j < s.I; ++j)
+      for (int64_t k = first_col; k < s.H; ++k) p[j * s.H + k] = bf16(normal(rng));
+    return w;
+  };
+  // The thresholded ("gating") weight: Wg for a gated FFN, Wu for a non-gated one.
+  Tensor gate = random_weight(1.0 / std::sqrt(double(s.H - 2)), 2);
+  auto* pg = gate.ptr<bf16>();
+  for (int64_t j = 0; j < s.I; ++j) {
+    double norm2 = 0;
+    for (int64_t k = 2; k < s.H; ++k) norm2 += double(float(pg[j * s.H + k])) * float(pg[j * s.H + k]);
+    const double sigma = std::sqrt(norm2);
+    const double p = f.fire_prob[j];
+    // Probability 0 or 1: a threshold 40σ away is never crossed by a normal pre-activation.
+    const double z = p <= 0 ? 40.0 : p >= 1 ? -40.0 : normal_quantile(1.0 - p);
+    pg[j * s.H + 0] = bf16(static_cast<float>(-sigma * z));
+    pg[j * s.H + 1] = bf16(static_cast<float>(sigma));
+  }
+  if (s.gated) {
+    f.wg = std::move(gate);
+    f.wu = random_weight(1.0 / std::sqrt(double(s.H)), 0);
+  } else {
+    f.wu = std::move(gate);
+  }
+  f.wd = random_weight(1.0 / std::sqrt(double(s.I) * s.density + 1.0), 0);
+  return f;
+}
+
+}  // namespace twell::bench

@@ -1,0 +1,55 @@
+// Synthetic FFN problems with a controlled activation density (shared/BENCHMARKS.md):
+// column 0 of x is a constant 1 and column 0 of the gate weight (Wu for a non-gated FFN) holds a
+// per-neuron negative threshold, so neuron j fires with a chosen probability p_j.
+//
+// With x[m, 2:] ~ N(0, 1) and the rest of the gate row w_j fixed, the pre-activation without the
+// bias columns is N(0, |w_j|²) exactly, so the threshold is computed from the normal quantile
+// rather than calibrated on a sample: Wg[j, 0] = -|w_j| Φ⁻¹(1 - p_j) (after bf16 rounding of w).
+// Column 1 is a per-token "heat" channel: x[m, 1] = heat_m, Wg[j, 1] = |w_j|, which shifts every
+// pre-activation of token m by heat_m standard deviations (a few dense tokens in `skewed`).
+//
+// Distributions:
+//   uniform  every neuron fires with probability `density`; every token has heat 0.
+//   skewed   30% dead neurons; the others' rates log-normal (σ = 1), scaled so the mean rate is
+//            `density`; 2% of tokens have heat in [1.0, 1.5] (10-20x the mean count at 0.5%).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "twell/ffn.h"
+#include "twell/tensor.h"
+
+namespace twell::bench {
+
+enum class Distribution { uniform, skewed };
+Distribution distribution_from_name(const std::string& name);
+const char* distribution_name(Distribution d);
+
+struct SyntheticSpec {
+  int64_t M = 128, H = 2048, I = 5632;
+  double density = 0.005;  // expected non-zeros per token / I (for heat-0 tokens)
+  Distribution distribution = Distribution::uniform;
+  bool gated = true;
+  uint64_t seed = 1;
+};
+
+struct SyntheticFfn {
+  SyntheticSpec spec;
+  Tensor x;           // [M, H] bf16
+  Tensor wg, wu, wd;  // [I, H] bf16 (wg empty when not gated)
+  std::vector<double> fire_prob;  // p_j per neuron
+
+  FfnWeights weights() const { return {spec.gated ? wg.view() : TensorView{}, wu.view(), wd.view()}; }
+};
+
+SyntheticFfn make_synthetic_ffn(const SyntheticSpec& spec);
+
+// Fresh activations x [M, H] for an existing problem (same firing structure, new tokens).
+Tensor make_synthetic_tokens(const SyntheticSpec& spec, uint64_t seed);
+
+// Standard normal quantile Φ⁻¹(q), q in (0, 1).
+double normal_quantile(double q);
+
+}  // namespace twell::bench
