@@ -4,6 +4,8 @@
 #include <cmath>
 #include <random>
 
+#include "cpu/parallel.h"
+
 namespace twell::bench {
 
 Distribution distribution_from_name(const std::string& name) {
@@ -47,18 +49,50 @@ static std::vector<double> firing_rates(const SyntheticSpec& s, std::mt19937_64&
   return p;
 }
 
+namespace {
+
+// SplitMix64: a fast counter-based generator, so that every row can be drawn independently (in
+// parallel, with results that do not depend on the thread count).
+struct SplitMix {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double unit() { return (next() >> 11) * 0x1.0p-53; }                    // [0, 1)
+  float centered(float stddev) { return float((unit() - 0.5) * 3.4641016151377544) * stddev; }  // var = stddev²
+};
+
+uint64_t row_seed(uint64_t seed, uint64_t stream, int64_t row) {
+  SplitMix s{seed * 0x100000001b3ull ^ (stream << 40) ^ static_cast<uint64_t>(row)};
+  return s.next();
+}
+
+// Fills rows [.., first_col:] of a bf16 [rows, cols] tensor with i.i.d. centred values.
+void fill_random_rows(const Tensor& t, int64_t first_col, float stddev, uint64_t seed, uint64_t stream) {
+  const int64_t rows = t.shape()[0], cols = t.shape()[1];
+  auto* p = t.ptr<bf16>();
+  cpu::parallel_for(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      SplitMix rng{row_seed(seed, stream, r)};
+      for (int64_t k = first_col; k < cols; ++k) p[r * cols + k] = bf16(rng.centered(stddev));
+    }
+  }, cols);
+}
+
+}  // namespace
+
 static void fill_tokens(const SyntheticSpec& s, uint64_t seed, const Tensor& x) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::uniform_real_distribution<double> unit(0, 1);
+  fill_random_rows(x, 2, 1.f, seed, 1);
   auto* px = x.ptr<bf16>();
   for (int64_t m = 0; m < s.M; ++m) {
-    bf16* row = px + m * s.H;
-    row[0] = bf16(1.f);
+    SplitMix rng{row_seed(seed, 2, m)};
     double heat = 0;
-    if (s.distribution == Distribution::skewed && unit(rng) < 0.02) heat = 1.0 + 0.5 * unit(rng);
-    row[1] = bf16(static_cast<float>(heat));
-    for (int64_t k = 2; k < s.H; ++k) row[k] = bf16(normal(rng));
+    if (s.distribution == Distribution::skewed && rng.unit() < 0.02) heat = 1.0 + 0.5 * rng.unit();
+    px[m * s.H + 0] = bf16(1.f);
+    px[m * s.H + 1] = bf16(static_cast<float>(heat));
   }
 }
 
@@ -77,12 +111,10 @@ SyntheticFfn make_synthetic_ffn(const SyntheticSpec& s) {
   std::mt19937_64 rng(s.seed);
   f.fire_prob = firing_rates(s, rng);
 
+  uint64_t stream = 10;
   auto random_weight = [&](double stddev, int64_t first_col) {
     Tensor w = Tensor::of<bf16>({s.I, s.H});
-    std::normal_distribution<float> normal(0.f, static_cast<float>(stddev));
-    auto* p = w.ptr<bf16>();
-    for (int64_t j = 0; j < s.I; ++j)
-      for (int64_t k = first_col; k < s.H; ++k) p[j * s.H + k] = bf16(normal(rng));
+    fill_random_rows(w, first_col, static_cast<float>(stddev), s.seed, stream++);
     return w;
   };
   // The thresholded ("gating") weight: Wg for a gated FFN, Wu for a non-gated one.

@@ -81,6 +81,9 @@ class Tensor {
   static Tensor of(Shape s) {
     return Tensor(dtype_of<T>::value, std::move(s));
   }
+  // Deep copy of any host view (made contiguous).
+  static Tensor copy_of(const TensorView& v);
+  Tensor clone() const { return copy_of(view_); }
 
   const TensorView& view() const { return view_; }
   operator const TensorView&() const { return view_; }

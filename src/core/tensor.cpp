@@ -130,6 +130,22 @@ Tensor::Tensor(DType t, Shape s) {
   view_ = std::move(v);
 }
 
+static int64_t strided_offset(const TensorView& t, int64_t flat);
+
+Tensor Tensor::copy_of(const TensorView& v) {
+  check_device(v, Device::cpu, "Tensor::copy_of");
+  Tensor c(v.dtype, v.shape);
+  if (v.is_contiguous()) {
+    std::memcpy(c.view_.data, v.data, v.nbytes());
+  } else {
+    const size_t es = dtype_size(v.dtype);
+    for (int64_t i = 0; i < v.numel(); ++i)
+      std::memcpy(static_cast<char*>(c.view_.data) + i * es,
+                  static_cast<const char*>(v.data) + strided_offset(v, i) * es, es);
+  }
+  return c;
+}
+
 static int64_t strided_offset(const TensorView& t, int64_t flat) {
   if (t.strides.empty()) return flat;
   int64_t off = 0;

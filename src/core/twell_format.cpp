@@ -142,7 +142,7 @@ TwellOccupancy twell_occupancy(const TwellMatrix& m) {
       o.spilled_tiles += twell_is_spilled(l, c);
     }
     o.nnz += row;
-    o.max_row_count = std::max(o.max_row_count, row);
+    if (row > o.max_row_count || o.densest_row < 0) o.max_row_count = row, o.densest_row = r;
     o.empty_rows += row == 0;
   }
   return o;

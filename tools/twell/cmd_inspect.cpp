@@ -1,4 +1,130 @@
+// `twell inspect PATH`: prints a checkpoint's config (config.json inside PATH or beside it), a
+// table of its tensors and totals; with --check-finite also scans every float tensor for NaN/Inf.
+// PATH is a .safetensors file, a model.safetensors.index.json, or a directory holding either.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+
 #include "commands.h"
+#include "twell/io/config.h"
+#include "twell/io/safetensors.h"
+
 namespace twell::cli {
-void register_inspect(CLI::App& app) { app.add_subcommand("inspect", "Print a checkpoint's config and tensors (TODO)"); }
+
+namespace {
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// config.json inside PATH (a directory) or in the directory of PATH (a file); "" if none.
+std::string find_config(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return file_exists(path + "/config.json") ? path + "/config.json" : "";
+  }
+  size_t slash = path.find_last_of('/');
+  std::string dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+  return file_exists(dir + "/config.json") ? dir + "/config.json" : "";
+}
+
+// 1234567 -> "1,234,567".
+std::string grouped(uint64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+void print_config(const io::ModelConfig& c, const std::string& file) {
+  std::printf("config: %s\n", file.c_str());
+  std::printf("  %s: hidden %lld, intermediate %lld, %lld layers, vocab %lld%s\n",
+              c.model_type.c_str(), (long long)c.hidden_size, (long long)c.intermediate_size,
+              (long long)c.num_hidden_layers, (long long)c.vocab_size,
+              c.tie_word_embeddings ? " (tied embeddings)" : "");
+  std::printf(
+      "  attention: %lld heads, %lld kv heads, head_dim %lld, rope_theta %g, context %lld\n",
+      (long long)c.num_attention_heads, (long long)c.num_key_value_heads, (long long)c.head_dim,
+      c.rope_theta, (long long)c.max_position_embeddings);
+  std::printf("  hidden_act %s, rms_norm_eps %g, torch_dtype %s\n", c.hidden_act.c_str(),
+              c.rms_norm_eps, c.torch_dtype.empty() ? "(unset)" : c.torch_dtype.c_str());
+}
+
+void run_inspect(const std::string& path, bool check_finite) {
+  const std::string config_file = find_config(path);
+  if (!config_file.empty()) {
+    print_config(io::read_config(config_file), config_file);
+  } else {
+    std::printf("config: none found\n");
+  }
+
+  const io::Checkpoint ckpt = io::Checkpoint::open(path);
+  std::printf("checkpoint: %s (%zu file%s)\n", path.c_str(), ckpt.files().size(),
+              ckpt.files().size() == 1 ? "" : "s");
+  for (const auto& [key, value] : ckpt.metadata())
+    std::printf("  metadata %s = %s\n", key.c_str(), value.c_str());
+
+  size_t name_width = 4, shape_width = 5;
+  for (const io::TensorInfo& t : ckpt.tensors()) {
+    name_width = std::max(name_width, t.name.size());
+    shape_width = std::max(shape_width, shape_str(t.shape).size());
+  }
+  const bool sharded = ckpt.files().size() > 1;
+  std::printf("\n%-*s  %-5s  %-*s  %10s%s\n", (int)name_width, "name", "dtype", (int)shape_width,
+              "shape", "MB", sharded ? "  file" : "");
+  uint64_t params = 0, bytes = 0;
+  for (const io::TensorInfo& t : ckpt.tensors()) {
+    std::printf("%-*s  %-5s  %-*s  %10.2f", (int)name_width, t.name.c_str(),
+                io::safetensors_dtype_name(t.dtype).c_str(), (int)shape_width,
+                shape_str(t.shape).c_str(), t.nbytes() / 1e6);
+    if (sharded) {
+      const std::string& file = ckpt.file_of(t.name).path();
+      std::printf("  %s", file.substr(file.find_last_of('/') + 1).c_str());
+    }
+    std::printf("\n");
+    params += static_cast<uint64_t>(t.numel());
+    bytes += t.nbytes();
+  }
+  std::printf("\n%zu tensors, %s parameters, %s bytes (%.2f MB)\n", ckpt.tensors().size(),
+              grouped(params).c_str(), grouped(bytes).c_str(), bytes / 1e6);
+  if (!check_finite) return;
+
+  size_t scanned = 0, bad = 0;
+  for (const io::TensorInfo& t : ckpt.tensors()) {
+    if (t.dtype != DType::bf16 && t.dtype != DType::f16 && t.dtype != DType::f32 &&
+        t.dtype != DType::f64)
+      continue;
+    ++scanned;
+    try {
+      ckpt.check_finite(t.name);
+    } catch (const Error& e) {
+      std::printf("non-finite: %s\n", e.what());
+      ++bad;
+    }
+  }
+  std::fflush(stdout);
+  if (bad) throw Error(str(bad, " of ", scanned, " float tensors hold NaN or Inf"));
+  std::printf("finite: all %zu float tensors hold only finite values\n", scanned);
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand(
+      "inspect",
+      "Print a checkpoint's config, tensors and totals (PATH: .safetensors file, "
+      "index.json, or directory)");
+  auto path = std::make_shared<std::string>();
+  auto check_finite = std::make_shared<bool>(false);
+  cmd->add_option("path", *path, "checkpoint file or directory")->required();
+  cmd->add_flag("--check-finite", *check_finite, "scan every float tensor for NaN/Inf");
+  cmd->callback([path, check_finite] { run_inspect(*path, *check_finite); });
+}
+
 }  // namespace twell::cli

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace twell::cli {
 
-void register_bench(CLI::App& app);
+// `command_line` is the full invocation, recorded in benchmark results.
+void register_bench(CLI::App& app, const std::string& command_line);
 void register_inspect(CLI::App& app);
 
 }  // namespace twell::cli

@@ -1,6 +1,7 @@
 // twell: command-line tool. `twell --help` lists the subcommands.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.h"
 
@@ -8,7 +9,9 @@ int main(int argc, char** argv) {
   CLI::App app{"twell: sparse-activation transformer FFNs (TwELL format and kernels)", "twell"};
   app.set_version_flag("--version", TWELL_VERSION);
   app.require_subcommand(1);
-  twell::cli::register_bench(app);
+  std::string command_line = "twell";
+  for (int i = 1; i < argc; ++i) command_line += std::string(" ") + argv[i];
+  twell::cli::register_bench(app, command_line);
   twell::cli::register_inspect(app);
   try {
     app.parse(argc, argv);

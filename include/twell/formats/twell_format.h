@@ -93,6 +93,7 @@ struct TwellOccupancy {
   int64_t spilled_tiles = 0;
   int64_t max_tile_count = 0;
   int64_t max_row_count = 0;
+  int64_t densest_row = -1;  // a row holding max_row_count non-zeros
   int64_t empty_rows = 0;
 };
 TwellOccupancy twell_occupancy(const TwellMatrix& m);

@@ -1,0 +1,219 @@
+#include "ffn_bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "twell/cpu/ffn.h"
+#include "twell_git_sha.h"
+
+namespace twell::bench {
+
+namespace {
+
+// Rows checked against the float64 reference: spread over the batch, plus the densest token.
+std::vector<int64_t> sample_rows(int64_t M, int64_t densest) {
+  const int64_t n = std::min<int64_t>(M, 16);
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < n; ++i) rows.push_back(i * (M - 1) / std::max<int64_t>(n - 1, 1));
+  if (densest >= 0) rows.push_back(densest);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+Tensor gather_rows(const TensorView& t, const std::vector<int64_t>& rows) {
+  const int64_t cols = t.size(1);
+  Tensor out(t.dtype, {static_cast<int64_t>(rows.size()), cols});
+  const size_t row_bytes = cols * dtype_size(t.dtype);
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(static_cast<char*>(out.view().data) + i * row_bytes,
+                static_cast<const char*>(t.data) + rows[i] * row_bytes, row_bytes);
+  return out;
+}
+
+double rel_err(const TensorView& out, const TensorView& ref) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double a = load_as_double(out, i), r = load_as_double(ref, i);
+    if (!std::isfinite(a)) return INFINITY;
+    num += (a - r) * (a - r);
+    den += r * r;
+  }
+  return den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::unique_ptr<FfnBackend> pick_backend(const std::string& name, std::ostream& progress) {
+  if (name == "cpu") return make_cpu_backend();
+#if defined(TWELL_WITH_CUDA)
+  std::string why;
+  if (name == "cuda" || name == "auto") {
+    if (cuda_backend_available(&why)) return make_cuda_backend();
+    TWELL_CHECK(name == "auto", "--backend cuda: ", why);
+    progress << "no usable GPU (" << why << "): running the CPU backend\n";
+    return make_cpu_backend();
+  }
+#else
+  TWELL_CHECK(name == "auto", "--backend ", name, ": this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
+  if (name == "auto") return make_cpu_backend();
+#endif
+  TWELL_FAIL("unknown backend '", name, "' (expected cpu, cuda or auto)");
+}
+
+}  // namespace
+
+std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress) {
+  std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, progress);
+  const auto tokens = cfg.tokens.empty() ? backend->default_tokens() : cfg.tokens;
+  const auto densities = cfg.densities.empty() ? backend->default_densities() : cfg.densities;
+  const int warmup = cfg.warmup >= 0 ? cfg.warmup : backend->default_warmup();
+  const int iters = cfg.iters > 0 ? cfg.iters : backend->default_iters();
+  TWELL_CHECK(cfg.from_file.empty(), "--from is not supported yet");
+
+  std::vector<BenchRecord> records;
+  const size_t n_cases = tokens.size() * densities.size() * cfg.distributions.size();
+  size_t case_no = 0;
+  for (int64_t M : tokens)
+    for (double density : densities)
+      for (Distribution dist : cfg.distributions) {
+        ++case_no;
+        FfnProblem p;
+        SyntheticSpec spec{M, cfg.H, cfg.I, density, dist, cfg.gated, cfg.seed};
+        p.ffn = make_synthetic_ffn(spec);
+        p.distribution = distribution_name(dist);
+        p.case_id = static_cast<int64_t>(case_no);
+        p.density = density;
+        const size_t x_bytes = p.ffn.x.nbytes();
+        const size_t sets = std::clamp<size_t>(backend->rotate_below_bytes() / std::max<size_t>(x_bytes, 1) + 1, 1, 8);
+        for (size_t s = 1; s < sets; ++s) p.extra_token_sets.push_back(make_synthetic_tokens(spec, cfg.seed * 1000 + s));
+
+        // Reference: float64 FFN on sampled rows of token set 0.
+        const TwellOccupancy occ = backend->occupancy(p, cfg);
+        const auto rows = sample_rows(M, occ.densest_row);
+        const Tensor x_sample = gather_rows(p.ffn.x, rows);
+        Tensor y_ref = Tensor::of<double>({static_cast<int64_t>(rows.size()), cfg.H});
+        cpu::ffn_forward(x_sample, p.ffn.weights(), y_ref, Precision::f64);
+
+        std::vector<FfnRunner> runners = backend->runners(p, cfg);
+        std::vector<BenchRecord> recs(runners.size());
+        for (size_t i = 0; i < runners.size(); ++i) {
+          BenchRecord& r = recs[i];
+          r.impl = runners[i].impl;
+          r.gpu = backend->device_name();
+          r.M = M, r.H = cfg.H, r.I = cfg.I;
+          r.distribution = p.distribution;
+          r.density = density;
+          r.nnz_per_token_mean = double(occ.nnz) / M;
+          r.nnz_per_token_max = occ.max_row_count;
+          r.commit = TWELL_GIT_SHA;
+          r.command = cfg.command;
+          // Correctness first: a case that fails is reported, never timed.
+          runners[i].run(0);
+          const Tensor y = runners[i].output();
+          r.rel_err = rel_err(gather_rows(y, rows), y_ref);
+        }
+        const double dense_err = recs[0].rel_err;
+        for (BenchRecord& r : recs) {
+          r.dense_rel_err = dense_err;
+          // bf16 outputs: the dense pipeline lands near 4e-3; a fused kernel may be 2x as far.
+          const double bound = std::max(2 * dense_err, 1e-5);
+          r.correct = std::isfinite(r.rel_err) && (&r == &recs[0] ? r.rel_err < 2e-2 : r.rel_err <= bound);
+          if (!r.correct) r.note = str("rel_err ", r.rel_err, " above the bound ", &r == &recs[0] ? 2e-2 : bound);
+        }
+
+        // Timing: warm-up, then interleaved runs over rotating token sets.
+        std::vector<std::vector<double>> times(runners.size());
+        for (int it = -warmup; it < iters; ++it)
+          for (size_t i = 0; i < runners.size(); ++i) {
+            if (!recs[i].correct) continue;
+            const int set = static_cast<int>((it + warmup) % p.n_token_sets());
+            const double ms = backend->time_ms([&] { runners[i].run(set); });
+            if (it >= 0) times[i].push_back(ms);
+          }
+        for (size_t i = 0; i < runners.size(); ++i) {
+          if (!recs[i].correct) continue;
+          recs[i].ms_median = median(times[i]);
+          recs[i].ms_min = *std::min_element(times[i].begin(), times[i].end());
+          recs[i].ms_max = *std::max_element(times[i].begin(), times[i].end());
+        }
+        for (BenchRecord& r : recs)
+          r.ratio_to_dense = r.correct && recs[0].correct ? r.ms_median / recs[0].ms_median : NAN;
+
+        progress << "[" << case_no << "/" << n_cases << "] M=" << M << " density=" << density * 100 << "% "
+                 << p.distribution << " (" << std::fixed << std::setprecision(1) << recs[0].nnz_per_token_mean << " nnz/token):";
+        for (const BenchRecord& r : recs)
+          progress << "  " << r.impl << " " << std::setprecision(3) << r.ms_median << " ms"
+                   << (r.correct ? "" : " FAILED");
+        progress << std::defaultfloat << std::endl;
+        records.insert(records.end(), recs.begin(), recs.end());
+      }
+  return records;
+}
+
+void print_table(const std::vector<BenchRecord>& records, std::ostream& out) {
+  char line[256];
+  std::snprintf(line, sizeof line, "%-8s %6s %6s %7s %-8s %9s %8s %-16s %10s %8s %9s %s\n", "M", "H", "I",
+                "density", "dist", "nnz/tok", "max", "impl", "ms(median)", "x dense", "rel_err", "ok");
+  out << line;
+  for (const BenchRecord& r : records) {
+    std::snprintf(line, sizeof line, "%-8lld %6lld %6lld %6.2f%% %-8s %9.1f %8lld %-16s %10.3f %8.3f %9.2e %s\n",
+                  static_cast<long long>(r.M), static_cast<long long>(r.H), static_cast<long long>(r.I),
+                  r.density * 100, r.distribution.c_str(), r.nnz_per_token_mean,
+                  static_cast<long long>(r.nnz_per_token_max), r.impl.c_str(), r.ms_median, r.ratio_to_dense,
+                  r.rel_err, r.correct ? "yes" : "FAILED");
+    out << line;
+  }
+}
+
+static nlohmann::ordered_json number_or_null(double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(); }
+
+std::string records_to_json(const std::vector<BenchRecord>& records) {
+  nlohmann::ordered_json all = nlohmann::ordered_json::array();
+  for (const BenchRecord& r : records) {
+    nlohmann::ordered_json j;
+    j["bench"] = r.bench;
+    j["impl"] = r.impl;
+    j["gpu"] = r.gpu;
+    j["M"] = r.M;
+    j["H"] = r.H;
+    j["I"] = r.I;
+    j["layers"] = nullptr;
+    j["distribution"] = r.distribution;
+    j["density"] = r.density;
+    j["nnz_per_token_mean"] = r.nnz_per_token_mean;
+    j["nnz_per_token_max"] = r.nnz_per_token_max;
+    j["ms_median"] = r.correct ? number_or_null(r.ms_median) : nlohmann::ordered_json();
+    j["ms_min"] = r.correct ? number_or_null(r.ms_min) : nlohmann::ordered_json();
+    j["ms_max"] = r.correct ? number_or_null(r.ms_max) : nlohmann::ordered_json();
+    j["ratio_to_dense"] = number_or_null(r.ratio_to_dense);
+    j["rel_err"] = number_or_null(r.rel_err);
+    j["dense_rel_err"] = number_or_null(r.dense_rel_err);
+    j["correct"] = r.correct;
+    j["tokens_per_ms"] = nullptr;
+    j["peak_mem_bytes"] = nullptr;
+    j["energy_mj_per_token"] = nullptr;
+    if (!r.note.empty()) j["note"] = r.note;
+    j["commit"] = r.commit;
+    j["command"] = r.command;
+    all.push_back(std::move(j));
+  }
+  return all.dump(1) + "\n";
+}
+
+void write_records(const std::vector<BenchRecord>& records, const std::string& path) {
+  io::detail::write_file_atomically(path, records_to_json(records));
+}
+
+}  // namespace twell::bench

@@ -1,0 +1,96 @@
+// `twell bench ffn`: the FFN benchmark of shared/BENCHMARKS.md. For every case (M, density,
+// distribution) it builds a synthetic problem (or loads one with --from), checks every
+// implementation against a float64 reference on sampled rows, and only then times them,
+// interleaved, reporting the median and each one's ratio to the dense baseline.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "synthetic.h"
+#include "twell/formats/twell_format.h"
+
+namespace twell::bench {
+
+struct FfnBenchConfig {
+  std::string backend = "auto";  // cpu | cuda | auto (cuda when a Hopper GPU is present)
+  std::vector<int64_t> tokens;   // M values; empty = the backend's default
+  int64_t H = 2048, I = 5632;
+  std::vector<double> densities;  // empty = the backend's default
+  std::vector<Distribution> distributions{Distribution::uniform, Distribution::skewed};
+  bool gated = true;
+  int32_t tile = 256, compression = 8;
+  int warmup = -1, iters = -1;  // -1 = the backend's default
+  uint64_t seed = 1;
+  std::string from_file;  // safetensors with x, gate, up, down (DESIGN.md §2 layouts)
+  std::string command;    // the full command line, recorded in every record
+};
+
+// One JSON record of shared/BENCHMARKS.md.
+struct BenchRecord {
+  std::string bench = "ffn", impl, gpu;
+  int64_t M = 0, H = 0, I = 0;
+  std::string distribution;
+  double density = 0, nnz_per_token_mean = 0;
+  int64_t nnz_per_token_max = 0;
+  double ms_median = 0, ms_min = 0, ms_max = 0, ratio_to_dense = 0;
+  double rel_err = 0, dense_rel_err = 0;
+  bool correct = false;
+  std::string note;  // why a case failed, or what was not timed
+  std::string commit, command;
+};
+
+// A problem as the backends see it: the host tensors and the rotating token sets.
+struct FfnProblem {
+  SyntheticFfn ffn;                      // weights and x (token set 0)
+  std::vector<Tensor> extra_token_sets;  // token sets 1.. for rotation
+  std::string distribution;
+  double density = 0;
+  int64_t case_id = 0;  // unique within a run: backends may cache per problem
+
+  int n_token_sets() const { return 1 + static_cast<int>(extra_token_sets.size()); }
+  const Tensor& x(int set) const { return set == 0 ? ffn.x : extra_token_sets.at(set - 1); }
+};
+
+// One implementation under test.
+struct FfnRunner {
+  std::string impl;
+  std::function<void(int token_set)> run;  // the timed work
+  std::function<Tensor()> output;          // y [M, H] of the last run, on the host
+};
+
+// A backend: the device it runs on, its implementations, and how it times one call.
+class FfnBackend {
+ public:
+  virtual ~FfnBackend() = default;
+  virtual std::string device_name() const = 0;
+  virtual std::vector<int64_t> default_tokens() const = 0;
+  virtual std::vector<double> default_densities() const = 0;
+  virtual int default_warmup() const = 0;
+  virtual int default_iters() const = 0;
+  // Bytes of x per token set below which inputs are rotated (so that timed data is not cached).
+  virtual size_t rotate_below_bytes() const = 0;
+  // Occupancy of the problem's packed activation (token set 0), computed by this backend.
+  virtual TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg) = 0;
+  // The first runner is the dense baseline.
+  virtual std::vector<FfnRunner> runners(const FfnProblem& p, const FfnBenchConfig& cfg) = 0;
+  virtual double time_ms(const std::function<void()>& fn) = 0;
+};
+
+std::unique_ptr<FfnBackend> make_cpu_backend();
+#if defined(TWELL_WITH_CUDA)
+std::unique_ptr<FfnBackend> make_cuda_backend();  // nullptr without a suitable GPU
+bool cuda_backend_available(std::string* why);
+#endif
+
+std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress);
+void print_table(const std::vector<BenchRecord>& records, std::ostream& out);
+std::string records_to_json(const std::vector<BenchRecord>& records);
+// Writes the records atomically (temporary file + rename).
+void write_records(const std::vector<BenchRecord>& records, const std::string& path);
+
+}  // namespace twell::bench

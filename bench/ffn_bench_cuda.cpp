@@ -1,0 +1,159 @@
+// CUDA backend of `twell bench ffn`: dense cuBLASLt baselines and the twell FFN, timed with CUDA
+// events on one stream. Implementations:
+//   dense_cublas   our fastest dense FFN: gate GEMM with fused ReLU, up GEMM, g·u kernel, down GEMM
+//   dense_unfused  PyTorch-style: three GEMMs, a separate ReLU and a separate product
+//   twell          twell::cuda::FfnForward with Dispatch::observe (sparse or dense by density)
+//   twell_sparse   the same, forced onto the sparse path (shows what dispatch avoided)
+#if defined(TWELL_WITH_CUDA)
+
+#include "cuda/cublaslt_gemm.h"
+#include "cuda/kernels.h"
+#include "ffn_bench.h"
+#include "twell/cuda/ffn.h"
+#include "twell/cuda/runtime.h"
+
+namespace twell::bench {
+namespace {
+
+using cuda::DeviceTensor;
+
+class CudaBackend : public FfnBackend {
+ public:
+  CudaBackend() : info_(cuda::device_info()) {
+    TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TWELL_CUDA_CHECK(cudaEventCreate(&start_));
+    TWELL_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~CudaBackend() override {
+    state_.reset();
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string device_name() const override { return info_.name; }
+  std::vector<int64_t> default_tokens() const override { return {1, 128, 2048, 16384, 131072}; }
+  std::vector<double> default_densities() const override { return {0.005, 0.01, 0.02, 0.05, 0.1, 0.5}; }
+  int default_warmup() const override { return 3; }
+  int default_iters() const override { return 20; }
+  size_t rotate_below_bytes() const override { return 2 * info_.l2_bytes; }
+
+  TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg) override {
+    prepare(p, cfg);
+    cuda::FfnOptions o = options(cfg);
+    o.dispatch = cuda::Dispatch::always_sparse;
+    cuda::FfnForward ffn(shape(p), o);
+    ffn.forward(state_->x[0], weights(), state_->y_twell, stream_);
+    return twell_occupancy(ffn.download_activation(stream_));
+  }
+
+  std::vector<FfnRunner> runners(const FfnProblem& p, const FfnBenchConfig& cfg) override {
+    prepare(p, cfg);
+    State* s = state_.get();
+    const FfnWeights w = weights();
+    cuda::FfnOptions dense_opts = options(cfg), auto_opts = options(cfg), sparse_opts = options(cfg);
+    dense_opts.dispatch = cuda::Dispatch::always_dense;
+    sparse_opts.dispatch = cuda::Dispatch::always_sparse;
+    s->dense = std::make_unique<cuda::FfnForward>(shape(p), dense_opts);
+    s->twell = std::make_unique<cuda::FfnForward>(shape(p), auto_opts);
+    s->sparse = std::make_unique<cuda::FfnForward>(shape(p), sparse_opts);
+    const int64_t M = p.ffn.spec.M, H = p.ffn.spec.H, I = p.ffn.spec.I;
+    s->g_unfused = DeviceTensor(DType::bf16, {M, I});
+    s->u_unfused = DeviceTensor(DType::bf16, {M, I});
+    const bool gated = p.ffn.spec.gated;
+    cudaStream_t st = stream_;
+
+    auto out = [this](const DeviceTensor& y) { return [&y, this] { return y.download(stream_); }; };
+    std::vector<FfnRunner> r;
+    r.push_back({"dense_cublas", [s, w, st](int set) { s->dense->forward(s->x[set], w, s->y_dense, st); },
+                 out(s->y_dense)});
+    r.push_back({"dense_unfused",
+                 [s, w, st, M, H, I, gated](int set) {
+                   auto* g = s->g_unfused.ptr<bf16>();
+                   auto* u = s->u_unfused.ptr<bf16>();
+                   const void* x = s->x[set].view().data;
+                   s->gemm.run(x, gated ? w.wg.data : w.wu.data, g, M, I, H, true, cuda::GemmEpilogue::none, st);
+                   cuda::launch_relu_bf16(reinterpret_cast<uint16_t*>(g), M * I, st);
+                   if (gated) {
+                     s->gemm.run(x, w.wu.data, u, M, I, H, true, cuda::GemmEpilogue::none, st);
+                     cuda::launch_mul_bf16(reinterpret_cast<uint16_t*>(g), reinterpret_cast<uint16_t*>(u),
+                                           reinterpret_cast<uint16_t*>(u), M * I, st);
+                   }
+                   s->gemm.run(gated ? u : g, w.wd.data, s->y_unfused.view().data, M, H, I, false,
+                               cuda::GemmEpilogue::none, st);
+                 },
+                 out(s->y_unfused)});
+    r.push_back({"twell", [s, w, st](int set) { s->twell->forward(s->x[set], w, s->y_twell, st); }, out(s->y_twell)});
+    r.push_back({"twell_sparse", [s, w, st](int set) { s->sparse->forward(s->x[set], w, s->y_sparse, st); },
+                 out(s->y_sparse)});
+    return r;
+  }
+
+  double time_ms(const std::function<void()>& fn) override {
+    TWELL_CUDA_CHECK(cudaEventRecord(start_, stream_));
+    fn();
+    TWELL_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+    TWELL_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms;
+  }
+
+ private:
+  struct State {
+    const FfnProblem* problem = nullptr;
+    int64_t case_id = -1;
+    DeviceTensor wg, wu, wd;
+    std::vector<DeviceTensor> x;
+    DeviceTensor y_dense, y_unfused, y_twell, y_sparse, g_unfused, u_unfused;
+    cuda::LtGemm gemm;
+    std::unique_ptr<cuda::FfnForward> dense, twell, sparse;
+  };
+
+  static cuda::FfnShape shape(const FfnProblem& p) {
+    return {p.ffn.spec.M, p.ffn.spec.H, p.ffn.spec.I, p.ffn.spec.gated};
+  }
+  static cuda::FfnOptions options(const FfnBenchConfig& cfg) {
+    cuda::FfnOptions o;
+    o.tile = cfg.tile;
+    o.compression = cfg.compression;
+    return o;
+  }
+  FfnWeights weights() const {
+    return {state_->problem->ffn.spec.gated ? state_->wg.view() : TensorView{}, state_->wu.view(), state_->wd.view()};
+  }
+
+  // Uploads a problem once (occupancy() and runners() see the same one).
+  void prepare(const FfnProblem& p, const FfnBenchConfig&) {
+    if (state_ && state_->problem == &p && state_->case_id == p.case_id) return;
+    state_.reset();
+    TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+    auto s = std::make_unique<State>();
+    s->problem = &p;
+    s->case_id = p.case_id;
+    if (p.ffn.spec.gated) s->wg = DeviceTensor::upload(p.ffn.wg, stream_);
+    s->wu = DeviceTensor::upload(p.ffn.wu, stream_);
+    s->wd = DeviceTensor::upload(p.ffn.wd, stream_);
+    for (int i = 0; i < p.n_token_sets(); ++i) s->x.push_back(DeviceTensor::upload(p.x(i), stream_));
+    const Shape y_shape{p.ffn.spec.M, p.ffn.spec.H};
+    for (DeviceTensor* y : {&s->y_dense, &s->y_unfused, &s->y_twell, &s->y_sparse}) {
+      *y = DeviceTensor(DType::bf16, y_shape);
+      cuda::fill_bytes(y->view().data, y->nbytes(), 0xff, stream_);  // poison: NaN until written
+    }
+    state_ = std::move(s);
+  }
+
+  cuda::DeviceInfo info_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace
+
+bool cuda_backend_available(std::string* why) { return cuda::hopper_available(why); }
+std::unique_ptr<FfnBackend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace twell::bench
+
+#endif  // TWELL_WITH_CUDA

@@ -1,0 +1,76 @@
+// The FFN forward on the GPU: one entry point that runs the sparse TwELL path or the dense
+// cuBLASLt path, whichever the observed activation density makes faster, and is exact either way.
+//
+//   twell::cuda::FfnForward ffn({.max_tokens = M, .hidden = H, .ffn = I});
+//   ffn.forward(x, weights, y, stream);      // x, y [M, H] bf16 on the device; weights [I, H]
+//
+// Sparse path: gate GEMM (cuBLASLt, ReLU fused) -> pack g into TwELL (hybrid: over-capacity
+// tiles spill to a dense backup, nothing is dropped) -> up/down kernel over the active set only.
+// Dense path: gate+up GEMM, ReLU·product kernel, down GEMM (all cuBLASLt).
+// Everything is enqueued on the caller's stream. `Dispatch::observe` reads the packed non-zero
+// count back to the host once per call (one stream synchronisation) to choose; `previous` uses
+// the density observed by the previous call instead, with no synchronisation (graph-capturable).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "twell/ffn.h"
+#include "twell/formats/twell_format.h"
+
+namespace twell::cuda {
+
+enum class FfnPath { sparse, dense };
+enum class Dispatch { observe, previous, always_sparse, always_dense };
+
+struct FfnShape {
+  int64_t max_tokens = 0;  // M the workspace is sized for; any M <= max_tokens runs
+  int64_t hidden = 0;      // H
+  int64_t ffn = 0;         // I
+  bool gated = true;
+};
+
+struct FfnOptions {
+  Dispatch dispatch = Dispatch::observe;
+  // The sparse path is used while mean non-zeros per token / I stays below this. Measured on
+  // H200: see docs/perf.md (dispatch).
+  double dense_above_density = 0.02;
+  Precision precision = Precision::bf16;  // bf16 or h_fp32 (h kept in fp32 inside the kernel)
+  int32_t tile = 256, compression = 8;    // TwELL layout
+};
+
+struct FfnStats {
+  FfnPath path = FfnPath::sparse;
+  int64_t tokens = 0;
+  int64_t nnz = -1;           // non-zeros of g (-1: not observed in this call)
+  int64_t spilled_tiles = -1;
+  double density() const { return tokens > 0 && nnz >= 0 ? double(nnz) / tokens : -1; }
+};
+
+class FfnForward {
+ public:
+  FfnForward(const FfnShape& shape, const FfnOptions& options = {});
+  ~FfnForward();
+  FfnForward(FfnForward&&) noexcept;
+  FfnForward& operator=(FfnForward&&) noexcept;
+
+  // Checks shapes, dtypes (bf16), devices and 16-byte alignment; throws twell::Error naming the
+  // argument. Then enqueues the FFN on `stream`.
+  void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream);
+
+  // Statistics of the last call; waits for its non-zero count if the sparse path ran.
+  FfnStats last_stats() const;
+  // The TwELL matrix of the last sparse call (device), for tests and inspection.
+  TwellMatrix download_activation(cudaStream_t stream) const;
+
+  const FfnShape& shape() const;
+  const FfnOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace twell::cuda

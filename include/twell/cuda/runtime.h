@@ -1,0 +1,93 @@
+// CUDA runtime helpers of the public API: error checks that throw twell::Error, device queries,
+// and RAII device memory. Every twell CUDA entry point takes the caller's stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "twell/error.h"
+#include "twell/tensor.h"
+
+namespace twell::cuda {
+
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
+
+}  // namespace twell::cuda
+
+// Throws twell::Error with the expression, file:line, and CUDA's error name and message.
+#define TWELL_CUDA_CHECK(expr)                                                              \
+  do {                                                                                      \
+    cudaError_t twell_err_ = (expr);                                                        \
+    if (twell_err_ != cudaSuccess) ::twell::cuda::throw_cuda_error(twell_err_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+namespace twell::cuda {
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  size_t l2_bytes = 0;
+  size_t smem_per_block_optin = 0;
+  size_t global_mem_bytes = 0;
+};
+
+DeviceInfo device_info(int device = -1);  // -1: the current device
+
+// True when a GPU this build can run on (compute capability 9.0, sm_90a code) is present;
+// otherwise `why` says what is missing.
+bool hopper_available(std::string* why = nullptr);
+
+// Owning device allocation (cudaMalloc), movable, freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Owning device tensor: a DeviceBuffer with a dtype and shape.
+class DeviceTensor {
+ public:
+  DeviceTensor() = default;
+  DeviceTensor(DType t, Shape s);
+  static DeviceTensor upload(const TensorView& host, cudaStream_t stream = nullptr);  // synchronous
+  Tensor download(cudaStream_t stream = nullptr) const;                              // synchronous
+
+  const TensorView& view() const { return view_; }
+  operator const TensorView&() const { return view_; }
+  template <class T>
+  T* ptr() const {
+    return view_.ptr<T>();
+  }
+  size_t nbytes() const { return view_.nbytes(); }
+
+ private:
+  DeviceBuffer buf_;
+  TensorView view_;
+};
+
+// Fills a device buffer with a byte pattern (to poison outputs before a kernel runs).
+void fill_bytes(void* ptr, size_t bytes, uint8_t value, cudaStream_t stream);
+
+}  // namespace twell::cuda

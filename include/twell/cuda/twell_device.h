@@ -1,0 +1,42 @@
+// TwELL matrices in device memory (format: twell/formats/twell_format.h), their transfers, and
+// device-side unpacking. The backup holds up to `backup_capacity` spilled tiles; `n_backup` is a
+// device-side counter that producers advance with atomics.
+#pragma once
+
+#include "twell/cuda/runtime.h"
+#include "twell/formats/twell_format.h"
+
+namespace twell::cuda {
+
+// Plain pointers for kernels (passed by value).
+struct TwellDeviceView {
+  TwellLayout layout;
+  uint32_t* counts = nullptr;        // [rows * n_tiles]
+  uint32_t* slots = nullptr;         // [rows * n_tiles * slots]
+  uint16_t* backup = nullptr;        // [backup_capacity * tile] bf16 bits
+  uint32_t* backup_owner = nullptr;  // [backup_capacity]
+  uint32_t* n_backup = nullptr;      // one counter
+  int64_t backup_capacity = 0;
+};
+
+class TwellDeviceMatrix {
+ public:
+  TwellDeviceMatrix() = default;
+  // Room for every tile to spill when backup_capacity < 0 (exact at any density).
+  TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity = -1);
+  static TwellDeviceMatrix upload(const TwellMatrix& m, cudaStream_t stream = nullptr);
+  // Copies back (synchronous); throws if the producer claimed more backup tiles than it had.
+  TwellMatrix download(cudaStream_t stream = nullptr) const;
+
+  const TwellDeviceView& view() const { return view_; }
+  const TwellLayout& layout() const { return view_.layout; }
+
+ private:
+  DeviceBuffer counts_, slots_, backup_, backup_owner_, n_backup_;
+  TwellDeviceView view_;
+};
+
+// Writes the dense bf16 [rows, cols] matrix held by `m` into `dense` (device), on `stream`.
+void twell_unpack(const TwellDeviceView& m, const TensorView& dense, cudaStream_t stream);
+
+}  // namespace twell::cuda

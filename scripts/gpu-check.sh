@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Re-checks every GPU claim with one command, on a machine with a Hopper GPU and CUDA 13 (no
+# network needed): builds (unless given prebuilt binaries), runs the GPU tests, a subset under
+# compute-sanitizer (memcheck, racecheck), and the standard FFN benchmark, leaving logs, JSON
+# and a summary table in OUTDIR.
+#
+#   scripts/gpu-check.sh OUTDIR                 configure + build in build-gpu/, then check
+#   scripts/gpu-check.sh OUTDIR --bin DIR       use prebuilt DIR/twell and DIR/twell_gpu_tests
+#   scripts/gpu-check.sh OUTDIR --quick         tests + a short benchmark (M = 16384, 131072)
+#   extra arguments after `--` go to `twell bench ffn`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--quick] [-- bench args]}
+shift
+mkdir -p "$out"
+bin="" quick=0 bench_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) bin=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --) shift; bench_args=("$@"); break ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+if [ -z "$bin" ]; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWELL_CUDA=ON >"$out/configure.log" 2>&1 &&
+    cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  mkdir -p build-gpu/bin && cp build-gpu/twell build-gpu/tests/twell_gpu_tests build-gpu/bin/
+  bin=build-gpu/bin
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+status=0
+
+echo "== GPU tests"
+"$bin/twell_gpu_tests" --gtest_brief=1 --gtest_output=json:"$out/gpu_tests.json" >"$out/gpu_tests.log" 2>&1 || status=1
+tail -4 "$out/gpu_tests.log"
+
+echo "== compute-sanitizer (small cases)"
+filter='Cases/FfnForwardGpu.*M7_*:Cases/FfnForwardGpu.*M33_*:*Determinism*:Densities/TwellDevice.*/2'
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin/twell_gpu_tests" --gtest_brief=1 \
+      --gtest_filter="$filter" >"$out/sanitizer_$tool.log" 2>&1 || status=1
+    echo "$tool: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/sanitizer_$tool.log" | tr '\n' ' ')"
+  done
+else
+  echo "compute-sanitizer not found" | tee "$out/sanitizer.log"
+fi
+
+echo "== twell bench ffn"
+if [ "$quick" = 1 ]; then
+  bench_args=(-M 16384 -M 131072 -d 0.005 -d 0.01 -d 0.02 "${bench_args[@]}")
+fi
+"$bin/twell" bench ffn --backend cuda --json "$out/ffn.json" "${bench_args[@]}" >"$out/ffn.txt" 2>"$out/ffn_progress.log" || status=1
+cat "$out/ffn.txt"
+exit $status

@@ -1,0 +1,79 @@
+#include "cuda/cublaslt_gemm.h"
+
+#include <cstring>
+
+namespace twell::cuda {
+
+namespace {
+constexpr size_t kWorkspaceBytes = 64u << 20;  // cuBLASLt's recommendation for Hopper is 32 MiB+
+}
+
+[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  throw Error(str("cuBLAS error ", cublasLtGetStatusName(st), " (", cublasLtGetStatusString(st), ") in ", expr,
+                  " (", base ? base + 1 : file, ":", line, ")"));
+}
+
+struct LtGemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+LtGemm::LtGemm() : workspace_(kWorkspaceBytes) { TWELL_CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+
+LtGemm::~LtGemm() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+const LtGemm::Plan& LtGemm::plan(const Key& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+  const auto [m, n, k, b_transposed, epi] = key;
+  auto p = std::make_unique<Plan>();
+  // Column-major view: Cᵀ[N, M] = op(B_cm) · A_cm, with A_cm = Aᵀ [K, M] (ld K).
+  TWELL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_b = b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = CUBLAS_OP_N;
+  TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
+  TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
+  const cublasLtEpilogue_t e = epi == static_cast<int>(GemmEpilogue::relu) ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT;
+  TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
+  // First operand (cuBLAS "A") is our B; second ("B") is our A.
+  if (b_transposed)
+    TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k, n, k));  // B [N, K] row-major
+  else
+    TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, n, k, n));  // B [K, N] row-major
+  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, m, k));
+  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, n, m, n));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = workspace_.bytes();
+  TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  TWELL_CUBLAS_CHECK(st);
+  TWELL_CHECK(found > 0, "cuBLASLt has no algorithm for bf16 GEMM M=", m, " N=", n, " K=", k);
+  p->algo = result.algo;
+  return *plans_.emplace(key, std::move(p)).first->second;
+}
+
+void LtGemm::run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
+                 GemmEpilogue epilogue, cudaStream_t stream) {
+  if (m == 0 || n == 0) return;
+  const Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue)});
+  const float alpha = 1.f, beta = 0.f;
+  TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
+                                    workspace_.get(), workspace_.bytes(), stream));
+}
+
+}  // namespace twell::cuda

@@ -1,0 +1,51 @@
+// Row-major bf16 GEMMs through cuBLASLt, fp32 accumulation, optional fused ReLU:
+//   C[M, N] = A[M, K] · Bᵀ   with B stored [N, K]   (b_transposed = true:  x · Wᵀ)
+//   C[M, N] = A[M, K] · B    with B stored [K, N]   (b_transposed = false: h · Wd)
+// cuBLASLt is column-major, so each call computes Cᵀ = op(B)ᵀ-shaped products with the operands
+// swapped; the descriptors and the chosen algorithm are cached per problem.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "twell/cuda/runtime.h"
+
+namespace twell::cuda {
+
+[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line);
+
+#define TWELL_CUBLAS_CHECK(expr)                                                                 \
+  do {                                                                                           \
+    cublasStatus_t twell_st_ = (expr);                                                           \
+    if (twell_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
+      ::twell::cuda::throw_cublas_error(twell_st_, #expr, __FILE__, __LINE__);                   \
+  } while (0)
+
+enum class GemmEpilogue { none, relu };
+
+class LtGemm {
+ public:
+  LtGemm();
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  void run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
+           GemmEpilogue epilogue, cudaStream_t stream);
+
+ private:
+  struct Plan;
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int>;
+  const Plan& plan(const Key& key);
+
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer workspace_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace twell::cuda

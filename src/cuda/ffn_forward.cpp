@@ -1,0 +1,192 @@
+// FfnForward: the FFN forward entry point (include/twell/cuda/ffn.h). Owns the cuBLASLt plans
+// and the workspace sized for `max_tokens`, checks arguments, and dispatches sparse or dense.
+#include "twell/cuda/ffn.h"
+
+#include <algorithm>
+
+#include "cuda/cublaslt_gemm.h"
+#include "cuda/kernels.h"
+#include "twell/cuda/twell_device.h"
+
+namespace twell::cuda {
+
+struct FfnForward::Impl {
+  FfnShape shape;
+  FfnOptions options;
+  int sm_count = 0;
+  LtGemm gemm;
+  DeviceBuffer g;   // [max_tokens, I] bf16: ReLU'd gate output (non-gated: h)
+  DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path
+  TwellDeviceMatrix act;
+  DeviceBuffer counters;  // u64 nnz, u32 overflow flag
+  struct HostCounters {
+    unsigned long long nnz;
+    uint32_t spilled_tiles;
+    uint32_t overflow;
+  };
+  HostCounters* host_counters = nullptr;  // pinned
+  cudaEvent_t nnz_ready = nullptr;
+  FfnStats stats;
+  double previous_density = 0;  // observed by an earlier call; 0 before any
+  bool nnz_pending = false;
+
+  Impl(const FfnShape& s, const FfnOptions& o) : shape(s), options(o) {
+    TWELL_CHECK(s.max_tokens >= 1 && s.hidden >= 1 && s.ffn >= 1, "FfnForward: sizes must be positive, got M=",
+                s.max_tokens, " H=", s.hidden, " I=", s.ffn);
+    TWELL_CHECK(s.hidden % 64 == 0 && s.ffn % 64 == 0, "FfnForward: H and I must be multiples of 64, got H=",
+                s.hidden, " I=", s.ffn);
+    TWELL_CHECK(o.precision != Precision::f64, "FfnForward: Precision::f64 is CPU-only");
+    sm_count = device_info().sm_count;
+    const size_t act_bytes = static_cast<size_t>(s.max_tokens * s.ffn) * 2;
+    g = DeviceBuffer(act_bytes);
+    u = DeviceBuffer(act_bytes);
+    act = TwellDeviceMatrix(TwellLayout{s.max_tokens, s.ffn, o.tile, o.compression});
+    check_twell_pack(act.layout());
+    counters = DeviceBuffer(16);
+    TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_counters), sizeof(HostCounters)));
+    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&nnz_ready, cudaEventDisableTiming));
+  }
+  ~Impl() {
+    if (host_counters) cudaFreeHost(host_counters);
+    if (nnz_ready) cudaEventDestroy(nnz_ready);
+  }
+
+  void check_args(const TensorView& x, const FfnWeights& w, const TensorView& y) const {
+    const int64_t H = shape.hidden, I = shape.ffn;
+    auto check = [](const TensorView& t, const Shape& s, const char* name) {
+      check_device(t, Device::cuda, name);
+      check_dtype(t, DType::bf16, name);
+      check_contiguous(t, name);
+      check_shape(t, s, name);
+      check_aligned(t, 16, name);
+    };
+    TWELL_CHECK(x.rank() == 2, "FfnForward: x must be [M, H], got shape ", shape_str(x.shape));
+    const int64_t M = x.shape[0];
+    TWELL_CHECK(M <= shape.max_tokens, "FfnForward: x has ", M, " tokens, the workspace holds ", shape.max_tokens);
+    check(x, {M, H}, "FfnForward: x");
+    check(y, {M, H}, "FfnForward: y");
+    TWELL_CHECK(w.gated() == shape.gated, "FfnForward: built for a ", shape.gated ? "gated" : "non-gated",
+                " FFN but weights are ", w.gated() ? "gated" : "non-gated");
+    if (shape.gated) check(w.wg, {I, H}, "FfnForward: wg");
+    check(w.wu, {I, H}, "FfnForward: wu");
+    check(w.wd, {I, H}, "FfnForward: wd");
+  }
+
+  // View of the TwELL workspace for M tokens (the arrays are sized for max_tokens).
+  TwellDeviceView act_view(int64_t M) const {
+    TwellDeviceView v = act.view();
+    v.layout.rows = M;
+    return v;
+  }
+
+  void pack(int64_t M, cudaStream_t stream) {
+    TWELL_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, 16, stream));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(act.view().n_backup, 0, sizeof(uint32_t), stream));
+    launch_twell_pack(g.as<uint16_t>(), act_view(M), counters.as<unsigned long long>(),
+                      reinterpret_cast<unsigned int*>(counters.as<char>() + 8), sm_count, stream);
+    HostCounters* h = host_counters;
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(&h->nnz, counters.get(), 8, cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(&h->spilled_tiles, act.view().n_backup, 4, cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(&h->overflow, counters.as<char>() + 8, 4, cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaEventRecord(nnz_ready, stream));
+    nnz_pending = true;
+  }
+
+  // Reads the non-zero count of the last pack if it is available (or waits for it when `wait`).
+  void collect_nnz(bool wait) {
+    if (!nnz_pending) return;
+    if (wait) TWELL_CUDA_CHECK(cudaEventSynchronize(nnz_ready));
+    else if (cudaEventQuery(nnz_ready) != cudaSuccess) return;
+    // The backup is sized for every tile to spill, so this is a broken invariant, not user error.
+    TWELL_CHECK(host_counters->overflow == 0, "FfnForward: TwELL backup overflowed (internal error)");
+    stats.nnz = static_cast<int64_t>(host_counters->nnz);
+    stats.spilled_tiles = static_cast<int64_t>(host_counters->spilled_tiles);
+    if (stats.tokens > 0) previous_density = double(stats.nnz) / double(stats.tokens * shape.ffn);
+    nnz_pending = false;
+  }
+
+  void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream) {
+    check_args(x, w, y);
+    const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
+    const auto* xp = static_cast<const uint16_t*>(x.data);
+    auto* yp = static_cast<uint16_t*>(y.data);
+    collect_nnz(false);  // the previous call's density, if it has arrived
+    stats = FfnStats{};
+    stats.tokens = M;
+
+    // Both paths start from the ReLU'd gate (non-gated: h = relu(x Wuᵀ)).
+    gemm.run(xp, shape.gated ? w.wg.data : w.wu.data, g.get(), M, I, H, true, GemmEpilogue::relu, stream);
+
+    FfnPath path = FfnPath::sparse;
+    bool packed = false;
+    const bool fp32_h = options.precision == Precision::h_fp32;  // the dense path rounds h to bf16
+    switch (fp32_h ? Dispatch::always_sparse : options.dispatch) {
+      case Dispatch::always_sparse: break;
+      case Dispatch::always_dense: path = FfnPath::dense; break;
+      case Dispatch::previous:
+        path = previous_density >= options.dense_above_density ? FfnPath::dense : FfnPath::sparse;
+        break;
+      case Dispatch::observe:
+        pack(M, stream);
+        packed = true;
+        collect_nnz(true);
+        path = double(stats.nnz) / double(M * I) >= options.dense_above_density ? FfnPath::dense : FfnPath::sparse;
+        break;
+    }
+    stats.path = path;
+
+    if (path == FfnPath::sparse) {
+      if (!packed) pack(M, stream);
+      UpDownArgs a;
+      a.act = act_view(M);
+      a.x = xp;
+      a.wu = static_cast<const uint16_t*>(w.wu.data);
+      a.wd = static_cast<const uint16_t*>(w.wd.data);
+      a.y = yp;
+      a.M = M, a.H = H, a.I = I;
+      a.gated = shape.gated;
+      a.precision = options.precision;
+      launch_twell_ffn_updown(a, stream);
+      return;
+    }
+    if (shape.gated) {
+      gemm.run(xp, w.wu.data, u.get(), M, I, H, true, GemmEpilogue::none, stream);
+      launch_mul_bf16(g.as<uint16_t>(), u.as<uint16_t>(), u.as<uint16_t>(), M * I, stream);
+      gemm.run(u.get(), w.wd.data, yp, M, H, I, false, GemmEpilogue::none, stream);
+    } else {
+      gemm.run(g.get(), w.wd.data, yp, M, H, I, false, GemmEpilogue::none, stream);
+    }
+  }
+};
+
+FfnForward::FfnForward(const FfnShape& shape, const FfnOptions& options)
+    : impl_(std::make_unique<Impl>(shape, options)) {}
+FfnForward::~FfnForward() = default;
+FfnForward::FfnForward(FfnForward&&) noexcept = default;
+FfnForward& FfnForward::operator=(FfnForward&&) noexcept = default;
+
+void FfnForward::forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream) {
+  impl_->forward(x, w, y, stream);
+}
+
+FfnStats FfnForward::last_stats() const {
+  impl_->collect_nnz(true);
+  return impl_->stats;
+}
+
+TwellMatrix FfnForward::download_activation(cudaStream_t stream) const {
+  impl_->collect_nnz(true);
+  TWELL_CHECK(impl_->stats.path == FfnPath::sparse || impl_->options.dispatch == Dispatch::observe,
+              "FfnForward: the last call took the dense path and packed nothing");
+  TwellMatrix m = impl_->act.download(stream);
+  const TwellLayout l{impl_->stats.tokens, impl_->shape.ffn, impl_->options.tile, impl_->options.compression};
+  m.layout = l;
+  m.counts.resize(l.count_size());
+  m.slots.resize(l.slot_size());
+  return m;
+}
+
+const FfnShape& FfnForward::shape() const { return impl_->shape; }
+const FfnOptions& FfnForward::options() const { return impl_->options; }
+
+}  // namespace twell::cuda

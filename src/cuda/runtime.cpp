@@ -1,0 +1,88 @@
+#include "twell/cuda/runtime.h"
+
+#include <cstring>
+
+namespace twell::cuda {
+
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  throw Error(str("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ", expr, " (",
+                  base ? base + 1 : file, ":", line, ")"));
+}
+
+DeviceInfo device_info(int device) {
+  if (device < 0) TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp p{};
+  TWELL_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  DeviceInfo d;
+  d.index = device;
+  d.name = p.name;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  d.sm_count = p.multiProcessorCount;
+  d.l2_bytes = static_cast<size_t>(p.l2CacheSize);
+  d.smem_per_block_optin = p.sharedMemPerBlockOptin;
+  d.global_mem_bytes = p.totalGlobalMem;
+  return d;
+}
+
+bool hopper_available(std::string* why) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    if (why) *why = err != cudaSuccess ? str("no CUDA device (", cudaGetErrorString(err), ")") : "no CUDA device";
+    cudaGetLastError();  // clear the sticky-free error state
+    return false;
+  }
+  const DeviceInfo d = device_info();
+  if (d.cc_major != 9 || d.cc_minor != 0) {
+    if (why) *why = str(d.name, " has compute capability ", d.cc_major, ".", d.cc_minor, "; twell's kernels need 9.0 (Hopper)");
+    return false;
+  }
+  return true;
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes) TWELL_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+DeviceTensor::DeviceTensor(DType t, Shape s) {
+  view_ = TensorView(nullptr, t, std::move(s), Device::cuda);
+  buf_ = DeviceBuffer(view_.nbytes());
+  view_.data = buf_.get();
+}
+
+DeviceTensor DeviceTensor::upload(const TensorView& host, cudaStream_t stream) {
+  check_device(host, Device::cpu, "DeviceTensor::upload");
+  check_contiguous(host, "DeviceTensor::upload");
+  DeviceTensor d(host.dtype, host.shape);
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(d.view_.data, host.data, host.nbytes(), cudaMemcpyHostToDevice, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return d;
+}
+
+Tensor DeviceTensor::download(cudaStream_t stream) const {
+  Tensor h(view_.dtype, view_.shape);
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(h.view().data, view_.data, view_.nbytes(), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return h;
+}
+
+void fill_bytes(void* ptr, size_t bytes, uint8_t value, cudaStream_t stream) {
+  TWELL_CUDA_CHECK(cudaMemsetAsync(ptr, value, bytes, stream));
+}
+
+}  // namespace twell::cuda

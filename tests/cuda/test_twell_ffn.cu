@@ -1,0 +1,177 @@
+// twell::cuda::FfnForward against the CPU reference: sparse, dense and auto-dispatched paths, at
+// every standard density, uniform and skewed, at awkward shapes (M = 1, M not a multiple of any
+// tile, I with a partial last tile), with poisoned outputs; plus determinism and bad input.
+//
+// Tolerance: the GPU computes the same roundings in another summation order (cuBLAS GEMMs, warp
+// reductions), so a bf16 rounding of g or u can land one ulp (2^-8 relative) away and a
+// pre-activation within rounding of 0 can switch the active set. The criterion of DESIGN.md §5:
+// relative error against float64 at most twice the CPU bf16 pipeline's (plus a 1e-4 floor for
+// outputs that are nearly exact), and element-wise |gpu − cpu| ≤ 0.05·rms(y) + 0.02·|cpu|.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/compare.h"
+#include "gpu_test.h"
+#include "synthetic.h"
+#include "twell/cpu/ffn.h"
+#include "twell/cuda/ffn.h"
+
+namespace twell {
+namespace {
+
+using cuda::DeviceTensor;
+using cuda::Dispatch;
+
+struct FfnCase {
+  int64_t M, H, I;
+  double density;
+  bool skewed;
+  bool gated;
+};
+
+std::string case_name(const testing::TestParamInfo<FfnCase>& info) {
+  const auto& c = info.param;
+  return str("M", c.M, "_H", c.H, "_I", c.I, "_d", static_cast<int>(std::lround(c.density * 1000)), "permille_",
+             c.skewed ? "skewed" : "uniform", c.gated ? "_gated" : "_plain");
+}
+
+double rms(const TensorView& t) {
+  double s = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) s += load_as_double(t, i) * load_as_double(t, i);
+  return std::sqrt(s / std::max<int64_t>(t.numel(), 1));
+}
+
+class FfnForwardGpu : public testing::TestWithParam<FfnCase> {};
+
+TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
+  TWELL_REQUIRE_HOPPER();
+  const FfnCase& c = GetParam();
+  bench::SyntheticSpec spec{c.M, c.H, c.I, c.density,
+                            c.skewed ? bench::Distribution::skewed : bench::Distribution::uniform, c.gated, 5};
+  const bench::SyntheticFfn f = bench::make_synthetic_ffn(spec);
+
+  Tensor y_cpu = Tensor::of<bf16>({c.M, c.H});
+  Tensor y64 = Tensor::of<double>({c.M, c.H});
+  cpu::ffn_forward(f.x, f.weights(), y_cpu, Precision::bf16);
+  cpu::ffn_forward(f.x, f.weights(), y64, Precision::f64);
+  const double cpu_err = test::rel_err(y_cpu, y64);
+  const double scale = rms(y_cpu);
+
+  DeviceTensor x = DeviceTensor::upload(f.x);
+  DeviceTensor wg = c.gated ? DeviceTensor::upload(f.wg) : DeviceTensor();
+  DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
+  const FfnWeights w{c.gated ? wg.view() : TensorView{}, wu.view(), wd.view()};
+
+  for (Dispatch d : {Dispatch::always_sparse, Dispatch::always_dense, Dispatch::observe}) {
+    SCOPED_TRACE(d == Dispatch::always_sparse ? "sparse" : d == Dispatch::always_dense ? "dense" : "observe");
+    cuda::FfnOptions o;
+    o.dispatch = d;
+    cuda::FfnForward ffn({c.M, c.H, c.I, c.gated}, o);
+    DeviceTensor y(DType::bf16, {c.M, c.H});
+    cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);  // poison: NaN
+    ffn.forward(x, w, y, nullptr);
+    TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+    const Tensor y_gpu = y.download();
+    const double err = test::rel_err(y_gpu, y64);
+    EXPECT_LE(err, 2 * cpu_err + 1e-4) << "cpu bf16 rel_err " << cpu_err;
+    EXPECT_TRUE(test::all_close(y_gpu, y_cpu, 0.05 * scale + 1e-6, 0.02));
+
+    if (d != Dispatch::always_dense) {
+      const cuda::FfnStats st = ffn.last_stats();
+      const TwellMatrix act = ffn.download_activation(nullptr);
+      ASSERT_NO_THROW(twell_validate(act));
+      EXPECT_EQ(act.nnz(), st.nnz);
+      EXPECT_EQ(act.n_backup(), st.spilled_tiles);
+    }
+  }
+}
+
+std::vector<FfnCase> ffn_cases() {
+  std::vector<FfnCase> cases;
+  for (double d : {0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0})
+    for (bool skewed : {false, true}) cases.push_back({67, 256, 1344, d, skewed, true});
+  for (int64_t M : {1, 7, 300}) cases.push_back({M, 512, 1536 + 64, 0.02, true, true});
+  cases.push_back({33, 64, 64, 0.2, false, true});     // smallest shape: one partial tile
+  cases.push_back({129, 192, 320, 0.13, true, true});  // H not a power of two, partial tile
+  cases.push_back({65, 2048, 5632, 0.005, true, true});  // the paper's shape
+  for (double d : {0.005, 0.13, 1.0}) cases.push_back({45, 256, 832, d, true, false});  // non-gated
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FfnForwardGpu, testing::ValuesIn(ffn_cases()), case_name);
+
+struct GpuProblem {
+  bench::SyntheticFfn f;
+  DeviceTensor x, wg, wu, wd, y;
+  FfnWeights w() const { return {wg.view(), wu.view(), wd.view()}; }
+};
+
+GpuProblem make_problem(int64_t M, int64_t H, int64_t I, double density) {
+  GpuProblem p;
+  p.f = bench::make_synthetic_ffn({M, H, I, density, bench::Distribution::skewed, true, 9});
+  p.x = DeviceTensor::upload(p.f.x);
+  p.wg = DeviceTensor::upload(p.f.wg);
+  p.wu = DeviceTensor::upload(p.f.wu);
+  p.wd = DeviceTensor::upload(p.f.wd);
+  p.y = DeviceTensor(DType::bf16, {M, H});
+  return p;
+}
+
+TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
+  TWELL_REQUIRE_HOPPER();
+  GpuProblem p = make_problem(513, 1024, 2816, 0.02);
+  cuda::FfnOptions o;
+  o.dispatch = Dispatch::always_sparse;
+  cuda::FfnForward ffn({513, 1024, 2816, true}, o);
+  ffn.forward(p.x, p.w(), p.y, nullptr);
+  const Tensor first = p.y.download();
+  cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
+  ffn.forward(p.x, p.w(), p.y, nullptr);
+  EXPECT_TRUE(test::bit_equal(p.y.download(), first));
+}
+
+TEST(FfnForwardGpuDispatch, ChoosesDenseAboveTheThreshold) {
+  TWELL_REQUIRE_HOPPER();
+  GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);
+  cuda::FfnForward ffn({256, 256, 1024, true});
+  ffn.forward(sparse.x, sparse.w(), sparse.y, nullptr);
+  EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::sparse);
+  ffn.forward(dense.x, dense.w(), dense.y, nullptr);
+  EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::dense);
+  EXPECT_GT(ffn.last_stats().density(), 0.2 * 1024);
+}
+
+TEST(FfnForwardGpuErrors, RejectsBadArguments) {
+  TWELL_REQUIRE_HOPPER();
+  GpuProblem p = make_problem(16, 128, 256, 0.05);
+  cuda::FfnForward ffn({16, 128, 256, true});
+  // Host tensor instead of device.
+  EXPECT_THROW(ffn.forward(p.f.x, p.w(), p.y, nullptr), Error);
+  // Wrong shape of a weight.
+  DeviceTensor bad_w(DType::bf16, {256, 192});
+  EXPECT_THROW(ffn.forward(p.x, {p.wg.view(), bad_w.view(), p.wd.view()}, p.y, nullptr), Error);
+  // Wrong dtype.
+  DeviceTensor y32(DType::f32, {16, 128});
+  EXPECT_THROW(ffn.forward(p.x, p.w(), y32, nullptr), Error);
+  // Misaligned x (offset by one element).
+  TensorView shifted = p.x.view();
+  shifted.data = static_cast<char*>(shifted.data) + 2;
+  shifted.shape = {15, 128};
+  DeviceTensor y15(DType::bf16, {15, 128});
+  EXPECT_THROW(ffn.forward(shifted, p.w(), y15, nullptr), Error);
+  // More tokens than the workspace holds.
+  GpuProblem big = make_problem(17, 128, 256, 0.05);
+  EXPECT_THROW(ffn.forward(big.x, big.w(), big.y, nullptr), Error);
+  // Unsupported sizes.
+  EXPECT_THROW(cuda::FfnForward({16, 100, 256, true}), Error);
+  try {
+    ffn.forward(p.x, {p.wg.view(), bad_w.view(), p.wd.view()}, p.y, nullptr);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("wu: expected shape [256, 128], got [256, 192]"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace twell
