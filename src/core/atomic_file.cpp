@@ -1,0 +1,79 @@
+// Atomic file replacement: temp file in the target directory + fsync + rename (atomic_file.h).
+#include "atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "twell/error.h"
+
+namespace twell::io::detail {
+
+namespace {
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+std::string parent_dir(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(std::string path)
+    : path_(std::move(path)), temp_path_(path_ + ".tmp." + std::to_string(::getpid())) {
+  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw Error(str(path_, ": cannot create temporary file '", temp_path_, "': ", errno_text()));
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(temp_path_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t size) {
+  TWELL_CHECK(fd_ >= 0 && !committed_, path_, ": write after commit");
+  const auto* p = static_cast<const char*>(data);
+  while (size > 0) {
+    // Linux writes at most ~2 GiB per call; loop over partial writes and EINTR.
+    ssize_t n = ::write(fd_, p, size < (size_t{1} << 30) ? size : (size_t{1} << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(str(path_, ": write to '", temp_path_, "' failed: ", errno_text()));
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFile::commit() {
+  TWELL_CHECK(fd_ >= 0 && !committed_, path_, ": commit called twice");
+  if (::fsync(fd_) != 0)
+    throw Error(str(path_, ": fsync of '", temp_path_, "' failed: ", errno_text()));
+  int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) throw Error(str(path_, ": close of '", temp_path_, "' failed: ", errno_text()));
+  if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
+    throw Error(str(path_, ": cannot rename '", temp_path_, "' over it: ", errno_text()));
+  committed_ = true;
+  // Make the rename itself durable. A failure here cannot be undone and the data is in place,
+  // so it is not an error.
+  int dir = ::open(parent_dir(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  AtomicFile file(path);
+  file.write(text.data(), text.size());
+  file.commit();
+}
+
+}  // namespace twell::io::detail

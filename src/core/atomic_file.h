@@ -1,0 +1,35 @@
+// AtomicFile: writes a file so that readers see either the old contents or the complete new
+// contents, never a torn file. Bytes go to `<path>.tmp.<pid>` in the same directory; commit()
+// fsyncs it, renames it over `path` and fsyncs the directory. Destroying an uncommitted
+// AtomicFile (an exception on the way) removes the temporary and leaves `path` untouched.
+// Used by every writer in src/core (safetensors, config.json).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace twell::io::detail {
+
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);  // creates the temporary file; throws twell::Error
+  ~AtomicFile();                          // removes the temporary unless committed
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t size);  // all bytes or throws
+  void commit();                              // fsync + rename + directory fsync, or throws
+
+  const std::string& temp_path() const { return temp_path_; }
+
+ private:
+  std::string path_;
+  std::string temp_path_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// Writes `text` to `path` atomically.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+}  // namespace twell::io::detail

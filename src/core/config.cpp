@@ -1,0 +1,168 @@
+// HuggingFace Llama-style config.json: strict reader, validation and atomic writer (config.h).
+#include "twell/io/config.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <limits>
+
+#include "atomic_file.h"
+#include "json_util.h"
+#include "twell/error.h"
+
+namespace twell::io {
+
+using json = nlohmann::json;
+
+namespace {
+
+// The value of `key`, or nullptr when it is absent or null (HF writes null for "unset").
+const json* find_key(const json& root, const char* key) {
+  auto it = root.find(key);
+  return it == root.end() || it->is_null() ? nullptr : &*it;
+}
+
+[[noreturn]] void wrong_type(const std::string& source, const char* key, const char* expected,
+                             const json& value) {
+  throw Error(str(source, ": key '", key, "' must be ", expected, ", got ", value.type_name(), " ",
+                  detail::printable(value.dump(), 60)));
+}
+
+bool read_int(const json& root, const char* key, const std::string& source, int64_t* out) {
+  const json* v = find_key(root, key);
+  if (!v) return false;
+  if (!v->is_number_integer() ||
+      (v->is_number_unsigned() &&
+       v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())))
+    wrong_type(source, key, "an integer", *v);
+  *out = v->get<int64_t>();
+  return true;
+}
+
+void read_required_int(const json& root, const char* key, const std::string& source, int64_t* out) {
+  if (!read_int(root, key, source, out))
+    throw Error(str(source, ": missing required key '", key, "'"));
+}
+
+bool read_number(const json& root, const char* key, const std::string& source, double* out) {
+  const json* v = find_key(root, key);
+  if (!v) return false;
+  if (!v->is_number()) wrong_type(source, key, "a number", *v);
+  *out = v->get<double>();
+  return true;
+}
+
+bool read_string(const json& root, const char* key, const std::string& source, std::string* out) {
+  const json* v = find_key(root, key);
+  if (!v) return false;
+  if (!v->is_string()) wrong_type(source, key, "a string", *v);
+  *out = v->get<std::string>();
+  return true;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const std::string& text, const std::string& source) {
+  json root = detail::parse_json_strict(text.data(), text.data() + text.size(), source, "config");
+  if (!root.is_object())
+    throw Error(str(source, ": config must be a JSON object, got ", root.type_name()));
+
+  ModelConfig c;
+  read_string(root, "model_type", source, &c.model_type);
+  read_required_int(root, "hidden_size", source, &c.hidden_size);
+  read_required_int(root, "intermediate_size", source, &c.intermediate_size);
+  read_required_int(root, "num_hidden_layers", source, &c.num_hidden_layers);
+  read_required_int(root, "num_attention_heads", source, &c.num_attention_heads);
+  read_required_int(root, "vocab_size", source, &c.vocab_size);
+  read_required_int(root, "max_position_embeddings", source, &c.max_position_embeddings);
+  if (!read_int(root, "num_key_value_heads", source, &c.num_key_value_heads))
+    c.num_key_value_heads = c.num_attention_heads;
+  if (!read_int(root, "head_dim", source, &c.head_dim) && c.num_attention_heads > 0)
+    c.head_dim = c.hidden_size / c.num_attention_heads;  // validate() rejects a remainder
+  if (!read_number(root, "rope_theta", source, &c.rope_theta)) {
+    // Recent transformers versions move it into "rope_parameters".
+    if (const json* rope = find_key(root, "rope_parameters"); rope && rope->is_object())
+      read_number(*rope, "rope_theta", source, &c.rope_theta);
+  }
+  read_number(root, "rms_norm_eps", source, &c.rms_norm_eps);
+  if (const json* tie = find_key(root, "tie_word_embeddings")) {
+    if (!tie->is_boolean()) wrong_type(source, "tie_word_embeddings", "true or false", *tie);
+    c.tie_word_embeddings = tie->get<bool>();
+  }
+  read_string(root, "hidden_act", source, &c.hidden_act);
+  if (!read_string(root, "torch_dtype", source, &c.torch_dtype))
+    read_string(root, "dtype", source, &c.torch_dtype);
+  c.validate(source);
+  return c;
+}
+
+std::string ModelConfig::to_json() const {
+  nlohmann::ordered_json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = model_type;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["vocab_size"] = vocab_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rope_theta"] = rope_theta;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["hidden_act"] = hidden_act;
+  if (!torch_dtype.empty()) j["torch_dtype"] = torch_dtype;
+  return j.dump(2) + "\n";
+}
+
+void ModelConfig::validate(const std::string& source) const {
+  auto positive = [&](const char* key, int64_t v) {
+    if (v <= 0) throw Error(str(source, ": ", key, " must be positive, got ", v));
+  };
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  positive("head_dim", head_dim);
+  positive("vocab_size", vocab_size);
+  positive("max_position_embeddings", max_position_embeddings);
+  if (hidden_size % num_attention_heads != 0)
+    throw Error(str(source, ": hidden_size ", hidden_size,
+                    " is not divisible by num_attention_heads ", num_attention_heads));
+  if (num_attention_heads % num_key_value_heads != 0)
+    throw Error(str(source, ": num_attention_heads ", num_attention_heads,
+                    " is not a multiple of num_key_value_heads ", num_key_value_heads));
+  if (head_dim % 2 != 0)
+    throw Error(str(source, ": head_dim must be even for rotary embeddings, got ", head_dim));
+  if (!(std::isfinite(rope_theta) && rope_theta > 0))
+    throw Error(str(source, ": rope_theta must be a positive number, got ", rope_theta));
+  if (!(std::isfinite(rms_norm_eps) && rms_norm_eps > 0))
+    throw Error(str(source, ": rms_norm_eps must be a positive number, got ", rms_norm_eps));
+  static const char* const kActivations[] = {"relu", "silu", "gelu", "gelu_pytorch_tanh"};
+  bool known = false;
+  for (const char* a : kActivations) known = known || hidden_act == a;
+  if (!known)
+    throw Error(str(source,
+                    ": hidden_act must be one of relu, silu, gelu, gelu_pytorch_tanh, got '",
+                    detail::printable(hidden_act), "'"));
+}
+
+ModelConfig read_config(const std::string& path) {
+  const std::string file = is_directory(path) ? path + "/config.json" : path;
+  return ModelConfig::from_json(detail::read_text_file(file), file);
+}
+
+void write_config(const std::string& path, const ModelConfig& config) {
+  const std::string file = is_directory(path) ? path + "/config.json" : path;
+  config.validate(file);
+  detail::write_file_atomically(file, config.to_json());
+}
+
+}  // namespace twell::io

@@ -1,0 +1,22 @@
+// Strict JSON parsing and message helpers shared by the checkpoint and config readers.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace twell::io::detail {
+
+// Parses [begin, end) as JSON, rejecting what nlohmann would silently accept: duplicate keys in
+// an object (nlohmann keeps the last) and nesting deeper than `max_depth`. Errors are one line:
+// "<source>: <what> is not valid JSON: <reason>".
+nlohmann::json parse_json_strict(const char* begin, const char* end, const std::string& source,
+                                 const char* what, int max_depth = 16);
+
+// `s` with control and non-ASCII bytes escaped (\n, \x01, ...) and cut to `max_len`
+// characters, so that names from untrusted files keep error messages on one line.
+std::string printable(const std::string& s, size_t max_len = 200);
+
+// The whole file as a string; throws "<path>: cannot read: <reason>".
+std::string read_text_file(const std::string& path);
+
+}  // namespace twell::io::detail

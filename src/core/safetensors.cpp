@@ -1,0 +1,527 @@
+// Safetensors reader (validating, mmap), atomic writer and sharded Checkpoint (safetensors.h).
+#include "twell/io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "atomic_file.h"
+#include "json_util.h"
+
+namespace twell::io {
+
+using detail::printable;
+using json = nlohmann::json;
+
+namespace {
+
+// Real headers are a few hundred KB even for thousands of tensors; more is a corrupt length.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+constexpr DType kAllDTypes[] = {DType::bf16, DType::f16, DType::f32, DType::f64,
+                                DType::u8,   DType::i32, DType::u32, DType::i64};
+
+[[noreturn]] void fail(const std::string& file, const std::string& message) {
+  throw Error(str(file, ": ", message));
+}
+
+[[noreturn]] void fail_tensor(const std::string& file, const std::string& tensor,
+                              const std::string& message) {
+  throw Error(str(file, ": tensor '", printable(tensor), "': ", message));
+}
+
+bool is_float(DType t) {
+  return t == DType::bf16 || t == DType::f16 || t == DType::f32 || t == DType::f64;
+}
+
+std::string supported_dtype_names() {
+  std::string names;
+  for (DType t : kAllDTypes) names += (names.empty() ? "" : ", ") + safetensors_dtype_name(t);
+  return names;
+}
+
+// Reads a non-negative JSON integer that fits int64 (a shape dimension or an offset).
+bool get_non_negative(const json& j, int64_t* out) {
+  if (j.is_number_unsigned()) {
+    uint64_t v = j.get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    *out = static_cast<int64_t>(v);
+    return true;
+  }
+  if (j.is_number_integer() && j.get<int64_t>() >= 0) {
+    *out = j.get<int64_t>();
+    return true;
+  }
+  return false;
+}
+
+// Validates one header entry (everything that does not involve other tensors).
+TensorInfo parse_entry(const std::string& file, const std::string& name, const json& entry,
+                       uint64_t data_size) {
+  if (!entry.is_object())
+    fail_tensor(file, name, str("header entry must be an object, got ", entry.type_name()));
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!entry.contains(key)) fail_tensor(file, name, str("header entry has no '", key, "'"));
+
+  TensorInfo t;
+  t.name = name;
+  const json& dtype = entry["dtype"];
+  if (!dtype.is_string())
+    fail_tensor(file, name, str("dtype must be a string, got ", dtype.type_name()));
+  bool known = false;
+  for (DType d : kAllDTypes) {
+    if (dtype.get_ref<const std::string&>() == safetensors_dtype_name(d)) {
+      t.dtype = d;
+      known = true;
+    }
+  }
+  if (!known)
+    fail_tensor(file, name,
+                str("unknown dtype '", printable(dtype.get<std::string>()),
+                    "' (supported: ", supported_dtype_names(), ")"));
+
+  const json& shape = entry["shape"];
+  const std::string shape_text = printable(shape.dump(), 100);
+  if (!shape.is_array()) fail_tensor(file, name, str("shape must be an array, got ", shape_text));
+  // The product of the non-zero dimensions must fit int64, so that shape_numel() and every
+  // prefix product of the shape are well defined even when a later dimension is 0.
+  int64_t product = 1;
+  for (const json& dim : shape) {
+    int64_t d = 0;
+    if (!get_non_negative(dim, &d))
+      fail_tensor(file, name, str("shape must hold non-negative integers, got ", shape_text));
+    if (d != 0 && __builtin_mul_overflow(product, d, &product))
+      fail_tensor(file, name, str("shape ", shape_text, " has more elements than fit in int64"));
+    t.shape.push_back(d);
+  }
+  const uint64_t numel = static_cast<uint64_t>(t.numel());
+  uint64_t needed = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(t.dtype)), &needed))
+    fail_tensor(file, name, str("shape ", shape_text, " needs more bytes than fit in 64 bits"));
+
+  const json& offsets = entry["data_offsets"];
+  int64_t begin = 0, end = 0;
+  if (!offsets.is_array() || offsets.size() != 2 || !get_non_negative(offsets[0], &begin) ||
+      !get_non_negative(offsets[1], &end) || begin > end)
+    fail_tensor(file, name,
+                str("data_offsets must be [begin, end] with 0 <= begin <= end, got ",
+                    printable(offsets.dump(), 100)));
+  t.begin = static_cast<uint64_t>(begin);
+  t.end = static_cast<uint64_t>(end);
+  if (t.end > data_size)
+    fail_tensor(file, name,
+                str("data ends at byte ", t.end, " but the file's data section has ", data_size,
+                    " bytes (truncated file?)"));
+  if (t.nbytes() != needed)
+    fail_tensor(
+        file, name,
+        str("holds ", t.nbytes(), " bytes (data_offsets [", t.begin, ", ", t.end, "]) but ",
+            safetensors_dtype_name(t.dtype), " ", shape_str(t.shape), " needs ", needed, " bytes"));
+  return t;
+}
+
+// Element access by memcpy: tensors in a file need not be aligned.
+float load_float(const uint8_t* p, DType t) {
+  uint16_t h;
+  float f;
+  switch (t) {
+    case DType::bf16:
+      std::memcpy(&h, p, 2);
+      return bf16_bits_to_float(h);
+    case DType::f16:
+      std::memcpy(&h, p, 2);
+      return f16_bits_to_float(h);
+    case DType::f32:
+      std::memcpy(&f, p, 4);
+      return f;
+    default:
+      TWELL_FAIL("load_float: not a 16/32-bit float dtype: ", dtype_name(t));
+  }
+}
+
+void store_float(uint8_t* p, DType t, float v) {
+  uint16_t h;
+  switch (t) {
+    case DType::bf16:
+      h = float_to_bf16_bits(v);
+      std::memcpy(p, &h, 2);
+      return;
+    case DType::f16:
+      h = float_to_f16_bits(v);
+      std::memcpy(p, &h, 2);
+      return;
+    case DType::f32:
+      std::memcpy(p, &v, 4);
+      return;
+    default:
+      TWELL_FAIL("store_float: not a 16/32-bit float dtype: ", dtype_name(t));
+  }
+}
+
+// True when the element's exponent bits are all ones (NaN or Inf).
+bool element_non_finite(const uint8_t* p, DType t) {
+  switch (t) {
+    case DType::bf16:
+    case DType::f16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      uint16_t mask = t == DType::bf16 ? 0x7f80u : 0x7c00u;
+      return (h & mask) == mask;
+    }
+    case DType::f32: {
+      uint32_t u;
+      std::memcpy(&u, p, 4);
+      return (u & 0x7f800000u) == 0x7f800000u;
+    }
+    case DType::f64: {
+      uint64_t u;
+      std::memcpy(&u, p, 8);
+      return (u & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+    }
+    default:
+      return false;
+  }
+}
+
+std::string index_str(const Shape& shape, int64_t flat) {
+  Shape idx(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return shape_str(idx);
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string parent_dir(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::string safetensors_dtype_name(DType t) {
+  std::string name = dtype_name(t);  // "bf16" -> "BF16": our names are safetensors' in lower case
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+// ---- SafetensorsFile -------------------------------------------------------------------------
+
+SafetensorsFile SafetensorsFile::parse(const uint8_t* data, size_t size, std::string name) {
+  if (size < 8)
+    fail(name, str("file has ", size,
+                   " bytes, too short for the 8-byte header length (truncated file?)"));
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];  // little endian
+  if (header_len > kMaxHeaderBytes)
+    fail(name, str("header length ", header_len, " exceeds the ", kMaxHeaderBytes,
+                   "-byte limit (not a safetensors file?)"));
+  if (header_len > size - 8)
+    fail(name, str("header length ", header_len, " runs past the end of the file (", size,
+                   " bytes) (truncated file?)"));
+
+  const char* header = reinterpret_cast<const char*>(data + 8);
+  // Three levels suffice: {tensor: {"shape": [..]}}; a little slack for odd metadata.
+  json root = detail::parse_json_strict(header, header + header_len, name, "header", 4);
+  if (!root.is_object()) fail(name, str("header must be a JSON object, got ", root.type_name()));
+
+  SafetensorsFile f;
+  f.path_ = std::move(name);
+  f.data_section_ = data + 8 + header_len;
+  f.data_size_ = size - 8 - header_len;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object())
+        fail(f.path_, str("__metadata__ must be an object, got ", value.type_name()));
+      for (const auto& [mkey, mvalue] : value.items()) {
+        if (!mvalue.is_string())
+          fail(f.path_, str("__metadata__ must map keys to strings; '", printable(mkey),
+                            "' holds a ", mvalue.type_name()));
+        f.metadata_[mkey] = mvalue.get<std::string>();
+      }
+      continue;
+    }
+    f.tensors_.push_back(parse_entry(f.path_, key, value, f.data_size_));
+  }
+
+  std::sort(f.tensors_.begin(), f.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  // Sorted by begin, tensors are disjoint iff each starts at or after the furthest end so far.
+  uint64_t furthest_end = 0;
+  const TensorInfo* furthest = nullptr;
+  for (const TensorInfo& t : f.tensors_) {
+    if (furthest && t.begin < furthest_end)
+      fail_tensor(
+          f.path_, t.name,
+          str("bytes [", t.begin, ", ", t.end, ") overlap tensor '", printable(furthest->name),
+              "' at bytes [", furthest->begin, ", ", furthest->end, ")"));
+    if (t.end >= furthest_end) {
+      furthest_end = t.end;
+      furthest = &t;
+    }
+  }
+  for (size_t i = 0; i < f.tensors_.size(); ++i) f.index_[f.tensors_[i].name] = i;
+  return f;
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, str("cannot open: ", std::strerror(errno)));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, "not a regular file");
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    static const uint8_t nothing[8] = {};
+    parse(nothing, size, path);  // throws the "too short" error
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int mmap_errno = errno;
+  ::close(fd);
+  if (base == MAP_FAILED)
+    fail(path, str("cannot map ", size, " bytes: ", std::strerror(mmap_errno)));
+  std::shared_ptr<const uint8_t> mapping(
+      static_cast<const uint8_t*>(base),
+      [size](const uint8_t* p) { ::munmap(const_cast<uint8_t*>(p), size); });
+  SafetensorsFile f = parse(mapping.get(), size, path);
+  f.mapping_ = std::move(mapping);
+  return f;
+}
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) fail(path_, str("no tensor named '", printable(name), "'"));
+  return tensors_[it->second];
+}
+
+TensorView SafetensorsFile::view(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  return TensorView(const_cast<uint8_t*>(data_section_ + t.begin), t.dtype, t.shape);
+}
+
+Tensor SafetensorsFile::read_as(const std::string& name, DType dtype) const {
+  const TensorInfo& t = info(name);
+  const uint8_t* src = data_section_ + t.begin;
+  Tensor out(dtype, t.shape);
+  auto* dst = static_cast<uint8_t*>(out.view().data);
+  if (t.dtype == dtype) {
+    if (t.nbytes()) std::memcpy(dst, src, t.nbytes());
+    return out;
+  }
+  auto convertible = [](DType d) { return d == DType::bf16 || d == DType::f16 || d == DType::f32; };
+  if (!convertible(t.dtype) || !convertible(dtype))
+    fail_tensor(path_, name,
+                str("cannot convert ", safetensors_dtype_name(t.dtype), " to ",
+                    safetensors_dtype_name(dtype), " (conversions are between BF16, F16 and F32)"));
+  const size_t in_size = dtype_size(t.dtype), out_size = dtype_size(dtype);
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i)
+    store_float(dst + i * out_size, dtype, load_float(src + i * in_size, t.dtype));
+  return out;
+}
+
+void SafetensorsFile::check_finite(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  int64_t bad = first_non_finite(view(name));
+  if (bad < 0) return;
+  const uint8_t* element = data_section_ + t.begin + bad * dtype_size(t.dtype);
+  double v = 0;
+  if (t.dtype == DType::f64) {
+    std::memcpy(&v, element, 8);
+  } else {
+    v = load_float(element, t.dtype);
+  }
+  fail_tensor(path_, name,
+              str("element ", bad, " (index ", index_str(t.shape, bad), ") is ",
+                  std::isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf"), " (", t.numel(), " elements, ",
+                  safetensors_dtype_name(t.dtype), ")"));
+}
+
+int64_t first_non_finite(const TensorView& t) {
+  check_device(t, Device::cpu, "first_non_finite");
+  check_contiguous(t, "first_non_finite");
+  if (!is_float(t.dtype)) return -1;
+  const auto* p = static_cast<const uint8_t*>(t.data);
+  const size_t size = dtype_size(t.dtype);
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i)
+    if (element_non_finite(p + i * size, t.dtype)) return i;
+  return -1;
+}
+
+// ---- writer ----------------------------------------------------------------------------------
+
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, TensorView>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::set<std::string> names;
+  for (const auto& [name, view] : tensors) {
+    if (name.empty()) fail(path, "a tensor has an empty name");
+    if (name == "__metadata__") fail(path, "'__metadata__' is reserved and cannot name a tensor");
+    if (!names.insert(name).second) fail_tensor(path, name, "name given twice");
+    if (view.device != Device::cpu)
+      fail_tensor(path, name, "is a device tensor; copy it to the host first");
+    if (!view.is_contiguous())
+      fail_tensor(path, name, str("is not contiguous (shape ", shape_str(view.shape), ")"));
+    for (int64_t d : view.shape)
+      if (d < 0)
+        fail_tensor(path, name, str("negative dimension in shape ", shape_str(view.shape)));
+    if (view.data == nullptr && view.numel() != 0) fail_tensor(path, name, "has no data");
+  }
+
+  // Largest element size first, so that every tensor starts at a multiple of its element size.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dtype_size(tensors[a].second.dtype) > dtype_size(tensors[b].second.dtype);
+  });
+
+  json header = json::object();
+  uint64_t offset = 0;
+  for (size_t i : order) {
+    const auto& [name, view] = tensors[i];
+    header[name] = {{"dtype", safetensors_dtype_name(view.dtype)},
+                    {"shape", view.shape},
+                    {"data_offsets", {offset, offset + view.nbytes()}}};
+    offset += view.nbytes();
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const json::exception&) {
+    fail(path, "tensor names and metadata must be valid UTF-8");
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');  // data section starts 8-aligned
+
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i)
+    length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  detail::AtomicFile file(path);
+  file.write(length, sizeof length);
+  file.write(text.data(), text.size());
+  for (size_t i : order) file.write(tensors[i].second.data, tensors[i].second.nbytes());
+  file.commit();
+}
+
+// ---- Checkpoint ------------------------------------------------------------------------------
+
+Checkpoint Checkpoint::open(const std::string& path) {
+  if (!exists(path)) fail(path, str("cannot open: ", std::strerror(errno)));
+  std::string file = path;
+  if (is_directory(path)) {
+    if (exists(path + "/model.safetensors.index.json")) {
+      file = path + "/model.safetensors.index.json";
+    } else if (exists(path + "/model.safetensors")) {
+      file = path + "/model.safetensors";
+    } else {
+      fail(path, "directory holds neither model.safetensors nor model.safetensors.index.json");
+    }
+  }
+
+  Checkpoint c;
+  c.path_ = path;
+  if (!ends_with(file, ".index.json")) {
+    c.files_.push_back(SafetensorsFile::open(file));
+    c.tensors_ = c.files_[0].tensors();
+    c.metadata_ = c.files_[0].metadata();
+    for (const TensorInfo& t : c.tensors_) c.where_[t.name] = 0;
+  } else {
+    const std::string text = detail::read_text_file(file);
+    json index = detail::parse_json_strict(text.data(), text.data() + text.size(), file, "index");
+    if (!index.is_object()) fail(file, str("index must be a JSON object, got ", index.type_name()));
+    if (index.contains("metadata")) {
+      if (!index["metadata"].is_object())
+        fail(file, str("'metadata' must be an object, got ", index["metadata"].type_name()));
+      for (const auto& [key, value] : index["metadata"].items())
+        c.metadata_[key] = value.is_string() ? value.get<std::string>() : value.dump();
+    }
+    if (!index.contains("weight_map") || !index["weight_map"].is_object())
+      fail(file, "index has no 'weight_map' object");
+    const json& weight_map = index["weight_map"];
+
+    // Shards in order of first mention, each opened once.
+    std::map<std::string, size_t> shard_index;
+    std::vector<std::string> shard_names;
+    for (const auto& [tensor, shard] : weight_map.items()) {
+      if (!shard.is_string())
+        fail(file, str("weight_map: tensor '", printable(tensor), "' maps to a ", shard.type_name(),
+                       ", expected a shard file name"));
+      const std::string& shard_name = shard.get_ref<const std::string&>();
+      if (shard_index.count(shard_name)) continue;
+      if (shard_name.empty() || shard_name.find('/') != std::string::npos)
+        fail(file, str("shard name '", printable(shard_name),
+                       "' must be a file name in the index's directory"));
+      const std::string shard_path = parent_dir(file) + "/" + shard_name;
+      if (!exists(shard_path))
+        fail(file, str("shard '", printable(shard_name), "' (holding tensor '", printable(tensor),
+                       "') is missing: ", shard_path, ": ", std::strerror(errno)));
+      shard_index[shard_name] = shard_names.size();
+      shard_names.push_back(shard_name);
+      c.files_.push_back(SafetensorsFile::open(shard_path));
+    }
+
+    for (size_t i = 0; i < c.files_.size(); ++i) {
+      for (const TensorInfo& t : c.files_[i].tensors()) {
+        auto seen = c.where_.find(t.name);
+        if (seen != c.where_.end())
+          fail(file, str("tensor '", printable(t.name), "' is in both shard '",
+                         shard_names[seen->second], "' and shard '", shard_names[i], "'"));
+        auto listed = weight_map.find(t.name);
+        if (listed == weight_map.end())
+          fail(file, str("shard '", shard_names[i], "' holds tensor '", printable(t.name),
+                         "' which the index does not list"));
+        if (listed->get_ref<const std::string&>() != shard_names[i])
+          fail(file,
+               str("tensor '", printable(t.name), "' is in shard '", shard_names[i],
+                   "' but the index maps it to '", printable(listed->get<std::string>()), "'"));
+        c.where_[t.name] = i;
+        c.tensors_.push_back(t);
+      }
+    }
+    for (const auto& [tensor, shard] : weight_map.items())
+      if (!c.where_.count(tensor))
+        fail(file, str("tensor '", printable(tensor), "' is mapped to shard '",
+                       printable(shard.get<std::string>()), "' but that file has no such tensor"));
+  }
+  std::sort(c.tensors_.begin(), c.tensors_.end(),
+            [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
+  return c;
+}
+
+const SafetensorsFile& Checkpoint::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) fail(path_, str("no tensor named '", printable(name), "'"));
+  return files_[it->second];
+}
+
+}  // namespace twell::io

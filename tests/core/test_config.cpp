@@ -1,0 +1,168 @@
+// ModelConfig: HF config.json parsing with defaults, validation errors that name the key and the
+// file, and an atomic writer that round-trips.
+#include <cmath>
+
+#include "core/io_test_util.h"
+#include "twell/io/config.h"
+
+namespace twell {
+namespace {
+
+using io::ModelConfig;
+using test::expect_error;
+using test::read_file;
+using test::write_file;
+
+// The paper's 1B model (DESIGN.md §6), as HuggingFace writes it.
+const char* kPaperConfig = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 18,
+  "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 49152,
+  "max_position_embeddings": 2048, "rope_theta": 100000.0, "rms_norm_eps": 1e-05,
+  "tie_word_embeddings": true, "hidden_act": "relu", "torch_dtype": "bfloat16",
+  "rope_scaling": null, "attention_bias": false, "bos_token_id": 1
+})";
+
+ModelConfig small_config() {
+  ModelConfig c;
+  c.hidden_size = 64;
+  c.intermediate_size = 176;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.vocab_size = 100;
+  c.max_position_embeddings = 256;
+  c.rope_theta = 1e5;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = true;
+  c.hidden_act = "relu";
+  c.torch_dtype = "bfloat16";
+  return c;
+}
+
+// The minimal config with `extra` spliced into the JSON object.
+std::string minimal(const std::string& extra = "") {
+  return R"({"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+             "num_attention_heads": 8, "vocab_size": 100, "max_position_embeddings": 256)" +
+         (extra.empty() ? "" : ", " + extra) + "}";
+}
+
+TEST(ModelConfig, ParsesThePaperConfig) {
+  ModelConfig c = ModelConfig::from_json(kPaperConfig);
+  EXPECT_EQ(c.hidden_size, 2048);
+  EXPECT_EQ(c.intermediate_size, 5632);
+  EXPECT_EQ(c.num_hidden_layers, 18);
+  EXPECT_EQ(c.num_attention_heads, 32);
+  EXPECT_EQ(c.num_key_value_heads, 32);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  EXPECT_EQ(c.rope_theta, 1e5);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.hidden_act, "relu");
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+}
+
+TEST(ModelConfig, FillsDefaults) {
+  ModelConfig c = ModelConfig::from_json(minimal());
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.hidden_act, "silu");
+  EXPECT_EQ(c.torch_dtype, "");
+
+  ModelConfig nulls =
+      ModelConfig::from_json(minimal(R"("head_dim": null, "num_key_value_heads": null)"));
+  EXPECT_EQ(nulls.head_dim, 8);
+  EXPECT_EQ(nulls.num_key_value_heads, 8);
+  // Newer transformers spellings.
+  ModelConfig newer = ModelConfig::from_json(minimal(
+      R"("rope_parameters": {"rope_theta": 500000, "rope_type": "default"}, "dtype": "float32")"));
+  EXPECT_EQ(newer.rope_theta, 5e5);
+  EXPECT_EQ(newer.torch_dtype, "float32");
+}
+
+TEST(ModelConfig, ErrorsNameTheKeyAndTheFile) {
+  expect_error([] { ModelConfig::from_json(R"({"hidden_size": 64})", "ckpt/config.json"); },
+               {"ckpt/config.json", "missing required key 'intermediate_size'"});
+  expect_error([] { ModelConfig::from_json(minimal(R"("hidden_act": 3)"), "c.json"); },
+               {"c.json", "'hidden_act'", "string", "number"});
+  expect_error(
+      [] { ModelConfig::from_json(R"({"hidden_size": "64", "intermediate_size": 1})", "c.json"); },
+      {"c.json", "'hidden_size'", "integer", "string"});
+  expect_error([] { ModelConfig::from_json(minimal(R"("rms_norm_eps": "small")"), "c.json"); },
+               {"c.json", "'rms_norm_eps'", "number"});
+  expect_error([] { ModelConfig::from_json(minimal(R"("tie_word_embeddings": 1)"), "c.json"); },
+               {"c.json", "'tie_word_embeddings'", "true or false"});
+  expect_error([] { ModelConfig::from_json("{\"hidden_size\": 64,", "c.json"); },
+               {"c.json", "not valid JSON"});
+  expect_error([] { ModelConfig::from_json("[]", "c.json"); }, {"c.json", "JSON object", "array"});
+  expect_error([] { ModelConfig::from_json(minimal(R"("hidden_size": 32)"), "c.json"); },
+               {"c.json", "'hidden_size' twice"});
+}
+
+TEST(ModelConfig, ValidateExplainsInconsistencies) {
+  auto with = [](auto edit) {
+    ModelConfig c = small_config();
+    edit(c);
+    return c;
+  };
+  small_config().validate();
+  expect_error([&] { with([](ModelConfig& c) { c.hidden_size = 66; }).validate("x.json"); },
+               {"x.json", "hidden_size 66 is not divisible by num_attention_heads 8"});
+  expect_error([&] { with([](ModelConfig& c) { c.num_key_value_heads = 3; }).validate("x.json"); },
+               {"x.json", "num_attention_heads 8 is not a multiple of num_key_value_heads 3"});
+  expect_error([&] { with([](ModelConfig& c) { c.vocab_size = 0; }).validate("x.json"); },
+               {"x.json", "vocab_size must be positive, got 0"});
+  expect_error([&] { with([](ModelConfig& c) { c.num_hidden_layers = -1; }).validate("x.json"); },
+               {"num_hidden_layers must be positive, got -1"});
+  expect_error([&] { with([](ModelConfig& c) { c.hidden_act = "swish"; }).validate("x.json"); },
+               {"x.json", "hidden_act", "'swish'"});
+  expect_error([&] { with([](ModelConfig& c) { c.rope_theta = -1; }).validate("x.json"); },
+               {"rope_theta must be a positive number"});
+  expect_error([&] { with([](ModelConfig& c) { c.head_dim = 7; }).validate("x.json"); },
+               {"head_dim must be even"});
+  expect_error([] { ModelConfig::from_json(minimal(R"("num_key_value_heads": 3)"), "c.json"); },
+               {"c.json", "num_key_value_heads 3"});
+}
+
+class ConfigFile : public test::ScratchDirTest {};
+
+TEST_F(ConfigFile, RoundTripsThroughDirectoryAndFile) {
+  const ModelConfig c = small_config();
+  io::write_config(dir_, c);
+  EXPECT_EQ(listing(), std::vector<std::string>{"config.json"});
+  for (const std::string& p : {dir_, path("config.json")}) {
+    ModelConfig back = io::read_config(p);
+    EXPECT_EQ(back.to_json(), c.to_json());
+    EXPECT_EQ(back.num_key_value_heads, 2);
+    EXPECT_EQ(back.rope_theta, 1e5);
+    EXPECT_EQ(back.rms_norm_eps, 1e-5);
+    EXPECT_TRUE(back.tie_word_embeddings);
+  }
+  EXPECT_NE(read_file(path("config.json")).find("\"LlamaForCausalLM\""), std::string::npos);
+}
+
+TEST_F(ConfigFile, FailedWriteKeepsTheOldFile) {
+  io::write_config(dir_, small_config());
+  const std::string before = read_file(path("config.json"));
+  ModelConfig bad = small_config();
+  bad.hidden_size = 65;
+  expect_error([&] { io::write_config(dir_, bad); }, {"config.json", "hidden_size 65"});
+  EXPECT_EQ(read_file(path("config.json")), before);
+  EXPECT_EQ(listing(), std::vector<std::string>{"config.json"});
+}
+
+TEST_F(ConfigFile, ReadErrorsNameTheFile) {
+  expect_error([&] { io::read_config(dir_); }, {dir_ + "/config.json", "cannot read"});
+  write_file(path("config.json"), R"({"hidden_size": 64})");
+  expect_error([&] { io::read_config(dir_); },
+               {dir_ + "/config.json", "missing required key 'intermediate_size'"});
+}
+
+}  // namespace
+}  // namespace twell

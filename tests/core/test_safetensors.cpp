@@ -1,0 +1,478 @@
+// Safetensors reader/writer and sharded Checkpoint: bit-exact round trips, every malformed-input
+// error (one line, naming file and tensor), atomic writes, NaN/Inf detection, and the `twell
+// inspect` CLI failing cleanly on broken files.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "core/atomic_file.h"
+#include "core/io_test_util.h"
+#include "twell/io/config.h"
+#include "twell/io/safetensors.h"
+
+namespace twell {
+namespace {
+
+using io::Checkpoint;
+using io::SafetensorsFile;
+using test::expect_error;
+using test::read_file;
+using test::write_file;
+using Named = std::vector<std::pair<std::string, TensorView>>;
+
+Tensor random_bits(DType dtype, Shape shape, uint32_t seed) {
+  Tensor t(dtype, std::move(shape));
+  std::mt19937 rng(seed);
+  auto* p = static_cast<uint8_t*>(t.view().data);
+  for (size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>(rng());
+  return t;
+}
+
+Tensor f32_tensor(Shape shape, std::vector<float> values) {
+  Tensor t = Tensor::of<float>(std::move(shape));
+  std::memcpy(t.ptr<float>(), values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+bool same_bytes(const TensorView& a, const TensorView& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && a.nbytes() == b.nbytes() &&
+         std::memcmp(a.data, b.data, a.nbytes()) == 0;
+}
+
+// A file with a hand-written header and `data_bytes` zero bytes of data.
+std::string raw_file(std::string header, size_t data_bytes) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i));
+  return out + header + std::string(data_bytes, '\0');
+}
+
+void expect_parse_error(const std::string& bytes, std::initializer_list<std::string> fragments) {
+  expect_error(
+      [&] {
+        SafetensorsFile::parse(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
+                               "mem.safetensors");
+      },
+      fragments);
+}
+
+class Safetensors : public test::ScratchDirTest {};
+
+TEST_F(Safetensors, RoundTripsEveryDtypeBitExactWithMetadata) {
+  Tensor bf = random_bits(DType::bf16, {3, 5}, 1);  // random bits: includes NaN payloads
+  Tensor half = random_bits(DType::f16, {7}, 2);
+  Tensor f32 = random_bits(DType::f32, {2, 3, 4}, 3);
+  Tensor scalar = f32_tensor({}, {1.5f});
+  Tensor empty(DType::bf16, {0, 9});
+  Tensor i64 = random_bits(DType::i64, {3}, 4);
+  const Named tensors = {{"b.bf16", bf},     {"h.f16", half},  {"a.f32", f32},
+                         {"scalar", scalar}, {"empty", empty}, {"ids", i64}};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                       {"note", "a \"quoted\" value"}};
+  const std::string file = path("model.safetensors");
+  io::write_safetensors(file, tensors, metadata);
+
+  SafetensorsFile f = SafetensorsFile::open(file);
+  EXPECT_EQ(f.metadata(), metadata);
+  ASSERT_EQ(f.tensors().size(), tensors.size());
+  for (const auto& [name, original] : tensors) {
+    ASSERT_TRUE(f.has(name)) << name;
+    TensorView v = f.view(name);
+    EXPECT_TRUE(same_bytes(v, original)) << name;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % dtype_size(v.dtype), 0u)
+        << name << " misaligned";
+    Tensor copy = f.read_as(name, original.dtype);
+    EXPECT_TRUE(same_bytes(copy, original)) << name;
+  }
+  // File order: by offset, back to back, 8-byte dtypes first.
+  const auto& list = f.tensors();
+  EXPECT_EQ(list.front().dtype, DType::i64);
+  for (size_t i = 1; i < list.size(); ++i)
+    EXPECT_EQ(list[i].begin, list[i - 1].end) << list[i].name;
+  const std::string bytes = read_file(file);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  EXPECT_EQ((8 + header_len) % 8, 0u) << "data section not 8-aligned";
+  EXPECT_EQ(bytes.size(), 8 + header_len + list.back().end);
+}
+
+TEST_F(Safetensors, ReadAsConvertsBetweenFloatDtypes) {
+  Tensor f32 = f32_tensor({2, 3}, {1.0f, -2.5f, 3.14159f, 1e-3f, 65504.0f, 1e30f});
+  Tensor bf(DType::bf16, {2, 3});
+  for (int i = 0; i < 6; ++i) bf.ptr<bf16>()[i] = bf16(f32.ptr<float>()[i]);
+  Tensor ints = Tensor::of<int32_t>({2});
+  const std::string file = path("conv.safetensors");
+  io::write_safetensors(file, {{"f32", f32}, {"bf16", bf}, {"ints", ints}});
+  SafetensorsFile f = SafetensorsFile::open(file);
+
+  Tensor as_bf16 = f.read_as("f32", DType::bf16);
+  Tensor back_to_f32 = f.read_as("bf16", DType::f32);
+  Tensor as_f16 = f.read_as("f32", DType::f16);
+  for (int i = 0; i < 6; ++i) {
+    const float x = f32.ptr<float>()[i];
+    EXPECT_EQ(as_bf16.ptr<bf16>()[i].bits, float_to_bf16_bits(x)) << i;
+    EXPECT_EQ(back_to_f32.ptr<float>()[i], round_bf16(x)) << i;
+    EXPECT_EQ(static_cast<const uint16_t*>(as_f16.view().data)[i], float_to_f16_bits(x)) << i;
+  }
+  expect_error([&] { f.read_as("ints", DType::f32); },
+               {"conv.safetensors", "'ints'", "I32", "F32"});
+  expect_error([&] { f.view("nope"); }, {"conv.safetensors", "no tensor named 'nope'"});
+}
+
+TEST_F(Safetensors, CheckpointOpensFileOrDirectory) {
+  Tensor w = random_bits(DType::bf16, {4, 4}, 5);
+  io::write_safetensors(path("model.safetensors"), {{"w", w}}, {{"format", "pt"}});
+  for (const std::string& p : {dir_, path("model.safetensors")}) {
+    Checkpoint c = Checkpoint::open(p);
+    ASSERT_TRUE(c.has("w")) << p;
+    EXPECT_FALSE(c.has("v"));
+    EXPECT_TRUE(same_bytes(c.view("w"), w));
+    EXPECT_EQ(c.metadata().at("format"), "pt");
+  }
+  std::filesystem::create_directories(path("empty"));
+  expect_error([&] { Checkpoint::open(path("empty")); },
+               {"empty", "neither model.safetensors nor model.safetensors.index.json"});
+  expect_error([&] { Checkpoint::open(path("absent")); }, {"absent", "No such file"});
+}
+
+// Two shards and an index written by hand, as HuggingFace lays them out.
+class ShardedCheckpoint : public test::ScratchDirTest {
+ protected:
+  void SetUp() override {
+    ScratchDirTest::SetUp();
+    io::write_safetensors(path("model-00001-of-00002.safetensors"), {{"a", a_}, {"b", b_}});
+    io::write_safetensors(path("model-00002-of-00002.safetensors"), {{"c", c_}});
+  }
+  void write_index(const std::string& weight_map) {
+    write_file(path("model.safetensors.index.json"),
+               "{\"metadata\": {\"total_size\": 184, \"format\": \"pt\"},\n \"weight_map\": {" +
+                   weight_map + "}}");
+  }
+  const std::string kGoodMap =
+      "\"a\": \"model-00001-of-00002.safetensors\", \"b\": \"model-00001-of-00002.safetensors\","
+      " \"c\": \"model-00002-of-00002.safetensors\"";
+  Tensor a_ = random_bits(DType::bf16, {8, 4}, 6);
+  Tensor b_ = random_bits(DType::f32, {4}, 7);
+  Tensor c_ = random_bits(DType::bf16, {4, 16}, 8);
+};
+
+TEST_F(ShardedCheckpoint, MergesShardsInNameOrder) {
+  write_index(kGoodMap);
+  for (const std::string& p : {dir_, path("model.safetensors.index.json")}) {
+    Checkpoint c = Checkpoint::open(p);
+    ASSERT_EQ(c.tensors().size(), 3u);
+    EXPECT_EQ(c.tensors()[0].name, "a");
+    EXPECT_EQ(c.tensors()[2].name, "c");
+    EXPECT_EQ(c.files().size(), 2u);
+    EXPECT_TRUE(same_bytes(c.view("a"), a_));
+    EXPECT_TRUE(same_bytes(c.view("b"), b_));
+    EXPECT_TRUE(same_bytes(c.read_as("c", DType::bf16), c_));
+    EXPECT_NE(c.file_of("c").path().find("model-00002-of-00002"), std::string::npos);
+    EXPECT_EQ(c.metadata().at("total_size"), "184");
+    EXPECT_EQ(c.metadata().at("format"), "pt");
+  }
+}
+
+TEST_F(ShardedCheckpoint, MissingShardIsNamed) {
+  write_index(kGoodMap);
+  std::filesystem::remove(path("model-00002-of-00002.safetensors"));
+  expect_error([&] { Checkpoint::open(dir_); },
+               {"model.safetensors.index.json", "shard 'model-00002-of-00002.safetensors'", "'c'",
+                "missing"});
+}
+
+TEST_F(ShardedCheckpoint, TensorListedButAbsentFromItsShard) {
+  write_index(kGoodMap + ", \"lm_head.weight\": \"model-00002-of-00002.safetensors\"");
+  expect_error([&] { Checkpoint::open(dir_); },
+               {"model.safetensors.index.json", "'lm_head.weight'", "no such tensor"});
+}
+
+TEST_F(ShardedCheckpoint, DuplicatesAndUnlistedTensorsAreRejected) {
+  io::write_safetensors(path("model-00002-of-00002.safetensors"), {{"c", c_}, {"a", a_}});
+  write_index(kGoodMap);
+  expect_error([&] { Checkpoint::open(dir_); },
+               {"model.safetensors.index.json", "tensor 'a'", "model-00001", "model-00002"});
+
+  io::write_safetensors(path("model-00002-of-00002.safetensors"), {{"c", c_}, {"extra", a_}});
+  expect_error([&] { Checkpoint::open(dir_); }, {"index.json", "'extra'", "does not list"});
+
+  write_index(kGoodMap + ", \"a\": \"model-00001-of-00002.safetensors\"");
+  expect_error([&] { Checkpoint::open(dir_); }, {"index.json", "key 'a' twice"});
+
+  write_file(path("model.safetensors.index.json"), "{\"metadata\": {}}");
+  expect_error([&] { Checkpoint::open(dir_); }, {"index.json", "weight_map"});
+}
+
+TEST_F(Safetensors, TruncatedFileIsReportedAtEveryCut) {
+  Tensor w = random_bits(DType::f32, {16, 8}, 9);
+  Tensor v = random_bits(DType::bf16, {32}, 10);
+  const std::string good = path("good.safetensors");
+  io::write_safetensors(good, {{"model.layers.0.mlp.up_proj.weight", w}, {"norm", v}});
+  const std::string bytes = read_file(good);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  const size_t data_start = 8 + header_len;
+
+  const std::string cut_file = path("cut.safetensors");
+  for (size_t cut : {size_t{0}, size_t{3}, size_t{7}}) {
+    write_file(cut_file, bytes.substr(0, cut));
+    expect_error([&] { SafetensorsFile::open(cut_file); }, {cut_file, "too short", "truncated"});
+  }
+  for (size_t cut : {size_t{8}, size_t{20}, data_start - 1}) {
+    write_file(cut_file, bytes.substr(0, cut));
+    expect_error([&] { SafetensorsFile::open(cut_file); },
+                 {cut_file, "header length", "truncated"});
+  }
+  // Inside the data: f32 tensors are stored before bf16 ones, and entries are checked in name
+  // order, so the first tensor reported is the first by name whose bytes were cut off.
+  for (size_t cut : {data_start, data_start + 100, bytes.size() - 1}) {
+    write_file(cut_file, bytes.substr(0, cut));
+    const std::string lost =
+        cut < data_start + w.nbytes() ? "model.layers.0.mlp.up_proj.weight" : "norm";
+    expect_error([&] { SafetensorsFile::open(cut_file); },
+                 {cut_file, "tensor '" + lost + "'", "data ends at byte", "truncated file?"});
+    expect_error([&] { Checkpoint::open(cut_file); }, {cut_file, "tensor '" + lost + "'"});
+  }
+}
+
+TEST(SafetensorsParse, BadHeaderLength) {
+  std::string huge(8, '\0');
+  huge[5] = 1;  // 2^40
+  expect_parse_error(huge + "{}", {"mem.safetensors", "header length 1099511627776", "limit"});
+  std::string past = raw_file("{}", 0);
+  past[0] = 10;
+  expect_parse_error(past, {"mem.safetensors", "runs past the end", "10 bytes"});
+}
+
+TEST(SafetensorsParse, HeaderMustBeAJsonObject) {
+  expect_parse_error(raw_file("{not json}", 0), {"mem.safetensors", "header is not valid JSON"});
+  expect_parse_error(raw_file("[1, 2]    ", 0), {"mem.safetensors", "JSON object", "array"});
+  expect_parse_error(raw_file("{\"a\": \"\xff\"}", 0), {"mem.safetensors", "not valid JSON"});
+  expect_parse_error(raw_file("{\"x\": [[[[[[1]]]]]]}", 0), {"mem.safetensors", "nests deeper"});
+  expect_parse_error(
+      raw_file("{\"w\": {\"dtype\": \"F32\", \"shape\": [], \"data_offsets\": [0, 4]},"
+               " \"w\": {\"dtype\": \"F32\", \"shape\": [], \"data_offsets\": [4, 8]}}",
+               8),
+      {"mem.safetensors", "key 'w' twice"});
+  expect_parse_error(raw_file("{\"__metadata__\": {\"n\": 3}}", 0),
+                     {"mem.safetensors", "__metadata__", "'n'", "number"});
+}
+
+TEST(SafetensorsParse, EntryFieldsAreChecked) {
+  auto entry = [](const std::string& fields, size_t data) {
+    return raw_file("{\"bad.weight\": {" + fields + "}}", data);
+  };
+  const std::initializer_list<std::string> names = {"mem.safetensors", "tensor 'bad.weight'"};
+  auto expect = [&](const std::string& fields, size_t data, const std::string& what) {
+    SCOPED_TRACE(fields);
+    expect_parse_error(entry(fields, data), names);
+    expect_parse_error(entry(fields, data), {what});
+  };
+  expect("\"shape\": [2], \"data_offsets\": [0, 8]", 8, "no 'dtype'");
+  expect("\"dtype\": \"F32\", \"data_offsets\": [0, 8]", 8, "no 'shape'");
+  expect("\"dtype\": \"F32\", \"shape\": [2]", 8, "no 'data_offsets'");
+  expect("\"dtype\": \"F8_E4M3\", \"shape\": [2], \"data_offsets\": [0, 2]", 2,
+         "unknown dtype 'F8_E4M3'");
+  expect("\"dtype\": \"f32\", \"shape\": [2], \"data_offsets\": [0, 8]", 8, "unknown dtype 'f32'");
+  expect("\"dtype\": \"F32\", \"shape\": [2, -1], \"data_offsets\": [0, 8]", 8, "non-negative");
+  expect("\"dtype\": \"F32\", \"shape\": [2.5], \"data_offsets\": [0, 8]", 8, "non-negative");
+  expect("\"dtype\": \"F32\", \"shape\": [4611686018427387904, 4], \"data_offsets\": [0, 8]", 8,
+         "int64");
+  expect("\"dtype\": \"F32\", \"shape\": [2305843009213693952, 2], \"data_offsets\": [0, 8]", 8,
+         "64 bits");
+  expect("\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]", 8,
+         "holds 8 bytes (data_offsets [0, 8]) but F32 [3] needs 12 bytes");
+  expect("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [8, 0]", 8, "begin <= end");
+  expect("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0]", 8, "[begin, end]");
+  expect("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]", 4,
+         "data ends at byte 8 but the file's data section has 4 bytes");
+  // Zero-size tensors with a huge dimension are fine.
+  const std::string ok = entry(
+      "\"dtype\": \"F32\", \"shape\": [1152921504606846976, 4, 0], "
+      "\"data_offsets\": [0, 0]",
+      0);
+  SafetensorsFile f =
+      SafetensorsFile::parse(reinterpret_cast<const uint8_t*>(ok.data()), ok.size(), "ok");
+  EXPECT_EQ(f.view("bad.weight").numel(), 0);
+}
+
+TEST(SafetensorsParse, OverlappingTensorsAreRejected) {
+  const std::string bytes = raw_file(
+      "{\"first\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]},"
+      " \"second\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [12, 20]}}",
+      20);
+  expect_parse_error(bytes, {"mem.safetensors", "tensor 'second'", "overlap tensor 'first'"});
+}
+
+TEST(SafetensorsParse, ControlCharactersInNamesStayOnOneLine) {
+  expect_parse_error(
+      raw_file("{\"a\\nb\": {\"dtype\": \"X\", \"shape\": [], \"data_offsets\": [0, 4]}}", 4),
+      {"tensor 'a\\nb'"});
+}
+
+TEST_F(Safetensors, WriteIsAtomic) {
+  const std::string file = path("model.safetensors");
+  Tensor w = random_bits(DType::bf16, {4, 4}, 11);
+  io::write_safetensors(file, {{"w", w}});
+  const std::string before = read_file(file);
+  io::write_safetensors(file, {{"w", w}});  // overwrite in place
+  EXPECT_EQ(read_file(file), before);
+
+  expect_error(
+      [&] {
+        io::write_safetensors(file, {{"x", w}, {"x", w}});
+      },
+      {file, "tensor 'x'", "twice"});
+  TensorView strided = w.view();
+  strided.strides = {1, 4};
+  expect_error([&] { io::write_safetensors(file, {{"t", strided}}); }, {file, "'t'", "contiguous"});
+  TensorView on_device = w.view();
+  on_device.device = Device::cuda;
+  expect_error([&] { io::write_safetensors(file, {{"d", on_device}}); }, {file, "'d'", "device"});
+  expect_error([&] { io::write_safetensors(file, {{"__metadata__", w}}); }, {file, "reserved"});
+  EXPECT_EQ(read_file(file), before) << "a failed write clobbered the old file";
+  EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"}) << "temporary left behind";
+
+  // A write that fails half way (the temporary is abandoned) leaves the target untouched.
+  {
+    io::detail::AtomicFile partial(file);
+    partial.write("garbage", 7);
+    EXPECT_TRUE(std::filesystem::exists(partial.temp_path()));
+  }
+  EXPECT_EQ(read_file(file), before);
+  EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"});
+
+  expect_error(
+      [&] {
+        io::write_safetensors(path("no/such/dir/x.safetensors"), {{"w", w}});
+      },
+      {"no/such/dir/x.safetensors", "cannot create"});
+}
+
+TEST_F(Safetensors, NonFiniteValuesAreFoundAndNamed) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor has_nan = f32_tensor({2, 3}, {0, 1, 2, 3, 4, nan});
+  Tensor has_inf(DType::bf16, {4});
+  has_inf.ptr<bf16>()[2] = bf16(-inf);
+  Tensor finite = f32_tensor({2}, {1e38f, -1e38f});
+  Tensor ints = Tensor::of<int32_t>({3});
+  EXPECT_EQ(io::first_non_finite(has_nan), 5);
+  EXPECT_EQ(io::first_non_finite(has_inf), 2);
+  EXPECT_EQ(io::first_non_finite(finite), -1);
+  EXPECT_EQ(io::first_non_finite(ints), -1);
+
+  io::write_safetensors(
+      path("model.safetensors"),
+      {{"layer.nan", has_nan}, {"layer.inf", has_inf}, {"ok", finite}, {"ids", ints}});
+  Checkpoint c = Checkpoint::open(dir_);
+  expect_error([&] { c.check_finite("layer.nan"); },
+               {"model.safetensors", "tensor 'layer.nan'", "element 5", "[1, 2]", "NaN"});
+  expect_error([&] { c.check_finite("layer.inf"); }, {"tensor 'layer.inf'", "element 2", "-Inf"});
+  c.check_finite("ok");
+  c.check_finite("ids");
+}
+
+// ---- the CLI on broken files -----------------------------------------------------------------
+
+struct CliResult {
+  int exit_code = -1;
+  int signal = 0;
+  std::string out, err;
+};
+
+class InspectCli : public test::ScratchDirTest {
+ protected:
+  CliResult inspect(const std::string& args) {
+    const std::string out = path("stdout.txt"), err = path("stderr.txt");
+    const std::string cmd =
+        std::string("'") + TWELL_CLI_PATH + "' inspect " + args + " >'" + out + "' 2>'" + err + "'";
+    const int status = std::system(cmd.c_str());
+    CliResult r;
+    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+    r.out = read_file(out);
+    r.err = read_file(err);
+    return r;
+  }
+
+  // Non-zero exit, no signal, exactly one stderr line "twell: error: ..." containing `fragment`.
+  void expect_clean_failure(const CliResult& r, const std::string& fragment) {
+    EXPECT_EQ(r.signal, 0) << "killed by signal " << r.signal;
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_LT(r.exit_code, 128) << "exit code looks like a crash";
+    EXPECT_EQ(r.err.rfind("twell: error: ", 0), 0u) << r.err;
+    ASSERT_FALSE(r.err.empty());
+    EXPECT_EQ(r.err.back(), '\n');
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
+  }
+};
+
+TEST_F(InspectCli, PrintsConfigTensorsAndTotals) {
+  io::ModelConfig cfg;
+  cfg.hidden_size = 64;
+  cfg.intermediate_size = 176;
+  cfg.num_hidden_layers = 1;
+  cfg.num_attention_heads = 4;
+  cfg.num_key_value_heads = 4;
+  cfg.head_dim = 16;
+  cfg.vocab_size = 100;
+  cfg.max_position_embeddings = 128;
+  cfg.hidden_act = "relu";
+  io::write_config(dir_, cfg);
+  Tensor up = random_bits(DType::bf16, {176, 64}, 12);
+  Tensor norm = f32_tensor({2}, {1, 1});
+  io::write_safetensors(path("model.safetensors"),
+                        {{"model.layers.0.mlp.up_proj.weight", up}, {"model.norm.weight", norm}});
+  CliResult r = inspect("'" + dir_ + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  EXPECT_NE(r.out.find("hidden 64, intermediate 176"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("model.layers.0.mlp.up_proj.weight"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[176, 64]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 tensors, 11,266 parameters, 22,536 bytes"), std::string::npos) << r.out;
+}
+
+TEST_F(InspectCli, FailsCleanlyOnTruncatedFile) {
+  Tensor w = random_bits(DType::bf16, {64, 64}, 13);
+  io::write_safetensors(path("full.safetensors"), {{"w", w}});
+  const std::string bytes = read_file(path("full.safetensors"));
+  for (size_t cut : {size_t{5}, size_t{30}, bytes.size() / 2}) {
+    write_file(path("model.safetensors"), bytes.substr(0, cut));
+    expect_clean_failure(inspect("'" + path("model.safetensors") + "'"), "model.safetensors");
+  }
+}
+
+TEST_F(InspectCli, FailsCleanlyOnCorruptedHeader) {
+  Tensor w = random_bits(DType::f32, {8}, 14);
+  io::write_safetensors(path("model.safetensors"), {{"w", w}});
+  std::string bytes = read_file(path("model.safetensors"));
+  const size_t at = bytes.find("F32");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 3, "Q32");
+  write_file(path("model.safetensors"), bytes);
+  expect_clean_failure(inspect("'" + path("model.safetensors") + "'"), "unknown dtype 'Q32'");
+  bytes[12] = '\x01';  // control byte inside the JSON
+  write_file(path("model.safetensors"), bytes);
+  expect_clean_failure(inspect("'" + path("model.safetensors") + "'"), "not valid JSON");
+  expect_clean_failure(inspect("'" + path("absent") + "'"), "absent");
+}
+
+TEST_F(InspectCli, CheckFiniteReportsNaN) {
+  Tensor w = f32_tensor({2}, {1.0f, std::numeric_limits<float>::quiet_NaN()});
+  io::write_safetensors(path("model.safetensors"), {{"bad.weight", w}});
+  CliResult plain = inspect("'" + dir_ + "'");
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  CliResult r = inspect("--check-finite '" + dir_ + "'");
+  expect_clean_failure(r, "1 of 1 float tensors hold NaN or Inf");
+  EXPECT_NE(r.out.find("tensor 'bad.weight': element 1"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace twell
