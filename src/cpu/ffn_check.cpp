@@ -1,0 +1,66 @@
+// Argument checks of the FFN ops: twell::check_ffn_args (backend-independent, include/twell/ffn.h)
+// and the helpers the CPU ops use. Every message names the argument and says what was expected
+// and what was given, e.g. "ffn_forward: w.wd: expected shape [300, 67], got [300, 66]".
+// clang-format off
+#include "cpu/fp_contract_off.h"  // must come first, see there
+// clang-format on
+
+#include <initializer_list>
+
+#include "cpu/ffn_common.h"
+#include "twell/error.h"
+#include "twell/ffn.h"
+
+namespace twell {
+namespace cpu::detail {
+
+namespace {
+
+constexpr std::initializer_list<DType> kFloatTypes = {DType::bf16, DType::f32, DType::f64};
+
+std::string where(const char* op, const char* name) {
+  return str(op, ": ", name);
+}
+
+void check_matrix(const char* op, const char* name, const TensorView& t, const Shape& expected,
+                  std::initializer_list<DType> allowed, bool host) {
+  const std::string n = where(op, name);
+  TWELL_CHECK(!t.empty(), n, ": missing (null data), expected a tensor of shape ",
+              shape_str(expected));
+  check_shape(t, expected, n.c_str());
+  check_dtype(t, allowed, n.c_str());
+  if (host) check_device(t, Device::cpu, n.c_str());
+}
+
+}  // namespace
+
+FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& w, bool host) {
+  TWELL_CHECK(!x.empty(), op, ": x: missing (null data), expected a tensor [M, H]");
+  TWELL_CHECK(x.rank() == 2, op, ": x: expected a 2-d tensor [M, H], got shape ",
+              shape_str(x.shape));
+  TWELL_CHECK(!w.wu.empty(), op, ": w.wu: missing (null data), expected a tensor [I, H]");
+  TWELL_CHECK(w.wu.rank() == 2, op, ": w.wu: expected a 2-d tensor [I, H], got shape ",
+              shape_str(w.wu.shape));
+  const int64_t M = x.shape[0], H = x.shape[1], I = w.wu.shape[0];
+  TWELL_CHECK(H >= 1, op, ": x: expected H >= 1, got shape ", shape_str(x.shape));
+  TWELL_CHECK(I >= 1, op, ": w.wu: expected I >= 1, got shape ", shape_str(w.wu.shape));
+  check_matrix(op, "x", x, {M, H}, kFloatTypes, host);
+  check_matrix(op, "w.wu", w.wu, {I, H}, kFloatTypes, host);
+  check_matrix(op, "w.wd", w.wd, {I, H}, {w.wu.dtype}, host);
+  if (w.gated()) check_matrix(op, "w.wg", w.wg, {I, H}, {w.wu.dtype}, host);
+  return {M, H, I};
+}
+
+void check_output(const char* op, const char* name, const TensorView& t, const Shape& expected,
+                  std::initializer_list<DType> allowed, bool host) {
+  check_matrix(op, name, t, expected, allowed, host);
+}
+
+}  // namespace cpu::detail
+
+void check_ffn_args(const TensorView& x, const FfnWeights& w, const TensorView& y) {
+  const auto d = cpu::detail::check_ffn_inputs("ffn", x, w, /*host=*/false);
+  cpu::detail::check_output("ffn", "y", y, {d.M, d.H}, cpu::detail::kFloatTypes, /*host=*/false);
+}
+
+}  // namespace twell

@@ -1,0 +1,151 @@
+// Bad arguments to the CPU FFN ops throw twell::Error naming the argument and saying what was
+// expected and what was given.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "ffn_test_util.h"
+#include "twell/cpu/ffn.h"
+
+namespace twell::cpu_test {
+namespace {
+
+// Runs f, expects a twell::Error whose message contains every one of `parts`.
+void expect_error(const std::function<void()>& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& part : parts)
+      EXPECT_NE(msg.find(part), std::string::npos)
+          << "message \"" << msg << "\" lacks \"" << part << "\"";
+    return;
+  }
+  ADD_FAILURE() << "no twell::Error thrown";
+}
+
+class CpuFfnErrors : public ::testing::Test {
+ protected:
+  const int64_t M = 3, H = 5, I = 7;
+  Problem p = random_problem(M, H, I, true, DType::f32, 1);
+  Tensor y = Tensor(DType::f32, {M, H});
+};
+
+TEST_F(CpuFfnErrors, WrongShapesNameTheArgumentAndBothShapes) {
+  Tensor wd_bad(DType::f32, {I, H + 1});
+  FfnWeights w = p.weights();
+  w.wd = wd_bad;
+  expect_error([&] { cpu::ffn_forward(p.x, w, y, Precision::bf16); },
+               {"ffn_forward", "w.wd", "[7, 5]", "[7, 6]"});
+
+  Tensor wg_bad(DType::f32, {I + 1, H});
+  w = p.weights();
+  w.wg = wg_bad;
+  expect_error([&] { cpu::ffn_forward(p.x, w, y, Precision::bf16); }, {"w.wg", "[7, 5]", "[8, 5]"});
+
+  Tensor y_bad(DType::f32, {M + 1, H});
+  expect_error([&] { cpu::ffn_forward(p.x, p.weights(), y_bad, Precision::bf16); },
+               {"ffn_forward: y", "[3, 5]", "[4, 5]"});
+
+  Tensor x1(DType::f32, {M * H});
+  expect_error([&] { cpu::ffn_forward(x1, p.weights(), y, Precision::bf16); },
+               {"x", "2-d", "[15]"});
+
+  Tensor h_bad(DType::f32, {M, I - 1});
+  expect_error([&] { cpu::ffn_forward(p.x, p.weights(), y, Precision::bf16, nullptr, h_bad); },
+               {"h_out", "[3, 7]", "[3, 6]"});
+}
+
+TEST_F(CpuFfnErrors, WrongDtypesAndMismatchedWeightsAreRejected) {
+  Tensor xi(DType::i32, {M, H});
+  expect_error([&] { cpu::ffn_forward(xi, p.weights(), y, Precision::bf16); }, {"x", "i32"});
+
+  Tensor wd16(DType::bf16, {I, H});
+  FfnWeights w = p.weights();
+  w.wd = wd16;
+  expect_error([&] { cpu::ffn_forward(p.x, w, y, Precision::bf16); },
+               {"w.wd", "expected dtype f32", "bf16"});
+
+  Tensor yi(DType::i64, {M, H});
+  expect_error([&] { cpu::ffn_forward(p.x, p.weights(), yi, Precision::bf16); }, {"y", "i64"});
+
+  w = p.weights();
+  w.wu = TensorView{};
+  expect_error([&] { cpu::ffn_forward(p.x, w, y, Precision::bf16); }, {"w.wu", "missing"});
+
+  TensorView on_device = p.x.view();
+  on_device.device = Device::cuda;
+  expect_error([&] { cpu::ffn_forward(on_device, p.weights(), y, Precision::bf16); },
+               {"x", "host"});
+}
+
+TEST_F(CpuFfnErrors, CheckFfnArgsIsBackendIndependent) {
+  check_ffn_args(p.x, p.weights(), y);
+  TensorView on_device = p.x.view();
+  on_device.device = Device::cuda;
+  TensorView y_dev = y.view();
+  y_dev.device = Device::cuda;
+  check_ffn_args(on_device, p.weights(), y_dev);  // devices are the backend's business
+  Tensor y_bad(DType::f32, {M, H + 2});
+  expect_error([&] { check_ffn_args(p.x, p.weights(), y_bad); }, {"y", "[3, 5]", "[3, 7]"});
+}
+
+TEST_F(CpuFfnErrors, BackwardChecksEveryGradient) {
+  Tensor dy(DType::f32, {M, H}), dx(DType::f32, {M, H}), dwg(DType::f32, {I, H}),
+      dwu(DType::f32, {I, H}), dwd(DType::f32, {I, H});
+  cpu::ffn_backward(p.x, p.weights(), dy, 0.0, {dx, dwg, dwu, dwd}, Precision::bf16);
+
+  Tensor dwu_bad(DType::f32, {I, H - 1});
+  expect_error(
+      [&] {
+        cpu::ffn_backward(p.x, p.weights(), dy, 0.0, {dx, dwg, dwu_bad, dwd}, Precision::bf16);
+      },
+      {"ffn_backward", "grads.dwu", "[7, 5]", "[7, 4]"});
+  Tensor dx16(DType::bf16, {M, H});
+  expect_error(
+      [&] {
+        cpu::ffn_backward(p.x, p.weights(), dy, 0.0, {dx16, dwg, dwu, dwd}, Precision::bf16);
+      },
+      {"grads.dx", "f32 or f64", "bf16"});
+  Tensor dy_bad(DType::f32, {M, H + 1});
+  expect_error(
+      [&] {
+        cpu::ffn_backward(p.x, p.weights(), dy_bad, 0.0, {dx, dwg, dwu, dwd}, Precision::bf16);
+      },
+      {"dy", "[3, 5]", "[3, 6]"});
+  const FfnWeights non_gated{TensorView{}, p.wu.view(), p.wd.view()};
+  expect_error(
+      [&] {
+        cpu::ffn_backward(p.x, non_gated, dy, 0.0, {dx, dwg, dwu, dwd}, Precision::bf16);
+      },
+      {"grads.dwg", "non-gated"});
+  expect_error(
+      [&] {
+        cpu::ffn_backward(p.x, p.weights(), dy, -1.0, {dx, dwg, dwu, dwd}, Precision::bf16);
+      },
+      {"l1_coeff"});
+}
+
+TEST_F(CpuFfnErrors, SparseForwardChecksTheActivationAndPrecision) {
+  const TwellMatrix act = cpu::ffn_pack_activation(p.x, p.weights(), TwellLayout{});
+  expect_error([&] { cpu::ffn_forward_twell(p.x, act, p.weights(), y, Precision::f64); }, {"f64"});
+
+  const Problem other = random_problem(M + 2, H, I, true, DType::f32, 2);
+  const TwellMatrix act_other = cpu::ffn_pack_activation(other.x, other.weights(), TwellLayout{});
+  expect_error([&] { cpu::ffn_forward_twell(p.x, act_other, p.weights(), y, Precision::bf16); },
+               {"act", "[3, 7]", "[5, 7]"});
+
+  TwellMatrix broken = act;
+  broken.counts[0] = 100;  // more than the tile holds
+  expect_error([&] { cpu::ffn_forward_twell(p.x, broken, p.weights(), y, Precision::bf16); },
+               {"TwELL"});
+
+  TwellLayout bad_layout;
+  bad_layout.tile = 30;
+  bad_layout.compression = 8;
+  expect_error([&] { cpu::ffn_pack_activation(p.x, p.weights(), bad_layout); }, {"compression"});
+}
+
+}  // namespace
+}  // namespace twell::cpu_test
