@@ -18,17 +18,20 @@ struct FfnForward::Impl {
   DeviceBuffer g;   // [max_tokens, I] bf16: ReLU'd gate output (non-gated: h)
   DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path
   TwellDeviceMatrix act;
-  DeviceBuffer counters;  // u64 nnz, u32 overflow flag
-  struct HostCounters {
-    unsigned long long nnz;
-    uint32_t spilled_tiles;
+  DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
+  // Device counters: kNnzCounters non-zero partial sums, the sampled count, the overflow flag.
+  struct Counters {
+    unsigned long long nnz[kNnzCounters];
+    unsigned long long sampled;
+    uint32_t spilled_tiles;  // copied from the format's backup counter
     uint32_t overflow;
   };
-  HostCounters* host_counters = nullptr;  // pinned
-  cudaEvent_t nnz_ready = nullptr;
+  DeviceBuffer counters;
+  Counters* host = nullptr;  // pinned mirror
+  cudaEvent_t counts_ready = nullptr;
+  bool counts_pending = false;
   FfnStats stats;
   double previous_density = 0;  // observed by an earlier call; 0 before any
-  bool nnz_pending = false;
 
   Impl(const FfnShape& s, const FfnOptions& o) : shape(s), options(o) {
     TWELL_CHECK(s.max_tokens >= 1 && s.hidden >= 1 && s.ffn >= 1, "FfnForward: sizes must be positive, got M=",
@@ -42,14 +45,16 @@ struct FfnForward::Impl {
     u = DeviceBuffer(act_bytes);
     act = TwellDeviceMatrix(TwellLayout{s.max_tokens, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());
-    counters = DeviceBuffer(16);
-    TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_counters), sizeof(HostCounters)));
-    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&nnz_ready, cudaEventDisableTiming));
+    if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
+    counters = DeviceBuffer(sizeof(Counters));
+    TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), sizeof(Counters)));
+    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
   }
   ~Impl() {
-    if (host_counters) cudaFreeHost(host_counters);
-    if (nnz_ready) cudaEventDestroy(nnz_ready);
+    if (host) cudaFreeHost(host);
+    if (counts_ready) cudaEventDestroy(counts_ready);
   }
+  Counters* dev() const { return counters.as<Counters>(); }
 
   void check_args(const TensorView& x, const FfnWeights& w, const TensorView& y) const {
     const int64_t H = shape.hidden, I = shape.ffn;
@@ -79,30 +84,56 @@ struct FfnForward::Impl {
     return v;
   }
 
-  void pack(int64_t M, cudaStream_t stream) {
-    TWELL_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, 16, stream));
-    TWELL_CUDA_CHECK(cudaMemsetAsync(act.view().n_backup, 0, sizeof(uint32_t), stream));
-    launch_twell_pack(g.as<uint16_t>(), act_view(M), counters.as<unsigned long long>(),
-                      reinterpret_cast<unsigned int*>(counters.as<char>() + 8), sm_count, stream);
-    HostCounters* h = host_counters;
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(&h->nnz, counters.get(), 8, cudaMemcpyDeviceToHost, stream));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(&h->spilled_tiles, act.view().n_backup, 4, cudaMemcpyDeviceToHost, stream));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(&h->overflow, counters.as<char>() + 8, 4, cudaMemcpyDeviceToHost, stream));
-    TWELL_CUDA_CHECK(cudaEventRecord(nnz_ready, stream));
-    nnz_pending = true;
+  // Rows of g whose non-zeros estimate the density for dispatch (a few MB at most).
+  static constexpr int64_t kSampleRows = 1024;
+
+  // Density of g estimated on a row sample: one small kernel and one stream synchronisation.
+  double sampled_density(int64_t M, cudaStream_t stream) {
+    const int64_t n = std::min(M, kSampleRows);
+    TWELL_CUDA_CHECK(cudaMemsetAsync(&dev()->sampled, 0, sizeof(unsigned long long), stream));
+    launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, n, &dev()->sampled, stream);
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(&host->sampled, &dev()->sampled, sizeof(unsigned long long),
+                                     cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return double(host->sampled) / double(n * shape.ffn);
   }
 
-  // Reads the non-zero count of the last pack if it is available (or waits for it when `wait`).
-  void collect_nnz(bool wait) {
-    if (!nnz_pending) return;
-    if (wait) TWELL_CUDA_CHECK(cudaEventSynchronize(nnz_ready));
-    else if (cudaEventQuery(nnz_ready) != cudaSuccess) return;
+  // Packed activation and its statistics; the counts come back to the host asynchronously.
+  void run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {
+    TWELL_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, sizeof(Counters), stream));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(act.view().n_backup, 0, sizeof(uint32_t), stream));
+    SparseFfnArgs a;
+    a.act = act_view(M);
+    a.u_vals = u_vals.as<uint16_t>();
+    a.x = xp;
+    a.wu = static_cast<const uint16_t*>(w.wu.data);
+    a.wd = static_cast<const uint16_t*>(w.wd.data);
+    a.y = yp;
+    a.M = M, a.H = shape.hidden, a.I = shape.ffn;
+    a.gated = shape.gated;
+    a.precision = options.precision;
+    launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, sm_count, stream);
+    launch_twell_ffn_sparse(a, stream);
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(&dev()->spilled_tiles, act.view().n_backup, sizeof(uint32_t),
+                                     cudaMemcpyDeviceToDevice, stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(host, counters.get(), sizeof(Counters), cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaEventRecord(counts_ready, stream));
+    counts_pending = true;
+  }
+
+  // Reads the counts of the last sparse call if they are available (or waits for them).
+  void collect_counts(bool wait) {
+    if (!counts_pending) return;
+    if (wait) TWELL_CUDA_CHECK(cudaEventSynchronize(counts_ready));
+    else if (cudaEventQuery(counts_ready) != cudaSuccess) return;
+    counts_pending = false;
     // The backup is sized for every tile to spill, so this is a broken invariant, not user error.
-    TWELL_CHECK(host_counters->overflow == 0, "FfnForward: TwELL backup overflowed (internal error)");
-    stats.nnz = static_cast<int64_t>(host_counters->nnz);
-    stats.spilled_tiles = static_cast<int64_t>(host_counters->spilled_tiles);
+    TWELL_CHECK(host->overflow == 0, "FfnForward: TwELL backup overflowed (internal error)");
+    unsigned long long nnz = 0;
+    for (unsigned long long c : host->nnz) nnz += c;
+    stats.nnz = static_cast<int64_t>(nnz);
+    stats.spilled_tiles = host->spilled_tiles;
     if (stats.tokens > 0) previous_density = double(stats.nnz) / double(stats.tokens * shape.ffn);
-    nnz_pending = false;
   }
 
   void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream) {
@@ -110,7 +141,8 @@ struct FfnForward::Impl {
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
     const auto* xp = static_cast<const uint16_t*>(x.data);
     auto* yp = static_cast<uint16_t*>(y.data);
-    collect_nnz(false);  // the previous call's density, if it has arrived
+    collect_counts(false);   // the previous call's density, if it has arrived;
+    counts_pending = false;  // if not, it is dropped (its mirror is about to be overwritten)
     stats = FfnStats{};
     stats.tokens = M;
 
@@ -118,7 +150,6 @@ struct FfnForward::Impl {
     gemm.run(xp, shape.gated ? w.wg.data : w.wu.data, g.get(), M, I, H, true, GemmEpilogue::relu, stream);
 
     FfnPath path = FfnPath::sparse;
-    bool packed = false;
     const bool fp32_h = options.precision == Precision::h_fp32;  // the dense path rounds h to bf16
     switch (fp32_h ? Dispatch::always_sparse : options.dispatch) {
       case Dispatch::always_sparse: break;
@@ -127,28 +158,14 @@ struct FfnForward::Impl {
         path = previous_density >= options.dense_above_density ? FfnPath::dense : FfnPath::sparse;
         break;
       case Dispatch::observe:
-        pack(M, stream);
-        packed = true;
-        collect_nnz(true);
-        path = double(stats.nnz) / double(M * I) >= options.dense_above_density ? FfnPath::dense : FfnPath::sparse;
+        stats.sampled_density = sampled_density(M, stream);
+        previous_density = stats.sampled_density;
+        path = stats.sampled_density >= options.dense_above_density ? FfnPath::dense : FfnPath::sparse;
         break;
     }
     stats.path = path;
+    if (path == FfnPath::sparse) return run_sparse(M, xp, w, yp, stream);
 
-    if (path == FfnPath::sparse) {
-      if (!packed) pack(M, stream);
-      UpDownArgs a;
-      a.act = act_view(M);
-      a.x = xp;
-      a.wu = static_cast<const uint16_t*>(w.wu.data);
-      a.wd = static_cast<const uint16_t*>(w.wd.data);
-      a.y = yp;
-      a.M = M, a.H = H, a.I = I;
-      a.gated = shape.gated;
-      a.precision = options.precision;
-      launch_twell_ffn_updown(a, stream);
-      return;
-    }
     if (shape.gated) {
       gemm.run(xp, w.wu.data, u.get(), M, I, H, true, GemmEpilogue::none, stream);
       launch_mul_bf16(g.as<uint16_t>(), u.as<uint16_t>(), u.as<uint16_t>(), M * I, stream);
@@ -170,14 +187,13 @@ void FfnForward::forward(const TensorView& x, const FfnWeights& w, const TensorV
 }
 
 FfnStats FfnForward::last_stats() const {
-  impl_->collect_nnz(true);
+  impl_->collect_counts(true);
   return impl_->stats;
 }
 
 TwellMatrix FfnForward::download_activation(cudaStream_t stream) const {
-  impl_->collect_nnz(true);
-  TWELL_CHECK(impl_->stats.path == FfnPath::sparse || impl_->options.dispatch == Dispatch::observe,
-              "FfnForward: the last call took the dense path and packed nothing");
+  impl_->collect_counts(true);
+  TWELL_CHECK(impl_->stats.path == FfnPath::sparse, "FfnForward: the last call took the dense path and packed nothing");
   TwellMatrix m = impl_->act.download(stream);
   const TwellLayout l{impl_->stats.tokens, impl_->shape.ffn, impl_->options.tile, impl_->options.compression};
   m.layout = l;

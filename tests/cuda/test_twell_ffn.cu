@@ -77,8 +77,10 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
     EXPECT_LE(err, 2 * cpu_err + 1e-4) << "cpu bf16 rel_err " << cpu_err;
     EXPECT_TRUE(test::all_close(y_gpu, y_cpu, 0.05 * scale + 1e-6, 0.02));
 
-    if (d != Dispatch::always_dense) {
-      const cuda::FfnStats st = ffn.last_stats();
+    const cuda::FfnStats st = ffn.last_stats();
+    EXPECT_EQ(st.path == cuda::FfnPath::dense, d == Dispatch::always_dense ||
+                                                   (d == Dispatch::observe && st.sampled_density >= o.dense_above_density));
+    if (st.path == cuda::FfnPath::sparse) {
       const TwellMatrix act = ffn.download_activation(nullptr);
       ASSERT_NO_THROW(twell_validate(act));
       EXPECT_EQ(act.nnz(), st.nnz);
@@ -95,6 +97,8 @@ std::vector<FfnCase> ffn_cases() {
   cases.push_back({33, 64, 64, 0.2, false, true});     // smallest shape: one partial tile
   cases.push_back({129, 192, 320, 0.13, true, true});  // H not a power of two, partial tile
   cases.push_back({65, 2048, 5632, 0.005, true, true});  // the paper's shape
+  cases.push_back({19, 4096, 576, 0.05, true, true});    // widest H the kernels take
+  cases.push_back({23, 1088, 704, 0.1, false, true});    // H not a multiple of 256
   for (double d : {0.005, 0.13, 1.0}) cases.push_back({45, 256, 832, d, true, false});  // non-gated
   return cases;
 }
@@ -139,7 +143,7 @@ TEST(FfnForwardGpuDispatch, ChoosesDenseAboveTheThreshold) {
   EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::sparse);
   ffn.forward(dense.x, dense.w(), dense.y, nullptr);
   EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::dense);
-  EXPECT_GT(ffn.last_stats().density(), 0.2 * 1024);
+  EXPECT_GT(ffn.last_stats().sampled_density, 0.2);
 }
 
 TEST(FfnForwardGpuErrors, RejectsBadArguments) {
