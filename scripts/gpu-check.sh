@@ -38,10 +38,14 @@ echo "== GPU tests"
 tail -4 "$out/gpu_tests.log"
 
 echo "== compute-sanitizer (small cases)"
-filter='Cases/FfnForwardGpu.*M7_*:Cases/FfnForwardGpu.*M33_*:*Determinism*:Densities/TwellDevice.*/2'
+filter='Cases/FfnForwardGpu.*M7_*:Cases/FfnForwardGpu.*M33_*:Cases/FfnForwardGpu.*d1000permille_skewed_plain:*Determinism*:Densities/TwellDevice.*/2'
 if command -v compute-sanitizer >/dev/null; then
+  # racecheck only our kernels: it reports cuBLAS's TMA/mbarrier-synchronised shared memory
+  # (nvjet kernels) as races it cannot see through.
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin/twell_gpu_tests" --gtest_brief=1 \
+    only_ours=()
+    [ "$tool" = racecheck ] && only_ours=(--kernel-regex kns=twell)
+    compute-sanitizer --tool "$tool" "${only_ours[@]}" --error-exitcode 3 "$bin/twell_gpu_tests" --gtest_brief=1 \
       --gtest_filter="$filter" >"$out/sanitizer_$tool.log" 2>&1 || status=1
     echo "$tool: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/sanitizer_$tool.log" | tr '\n' ' ')"
   done

@@ -19,19 +19,21 @@ struct FfnForward::Impl {
   DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
-  // Device counters: kNnzCounters non-zero partial sums, the sampled count, the overflow flag.
+  // Device counters of the sparse path: kNnzCounters non-zero partial sums, spilled tiles, the
+  // overflow flag; and, apart, the dispatch sample's count.
   struct Counters {
     unsigned long long nnz[kNnzCounters];
-    unsigned long long sampled;
     uint32_t spilled_tiles;  // copied from the format's backup counter
     uint32_t overflow;
   };
-  DeviceBuffer counters;
-  Counters* host = nullptr;  // pinned mirror
-  cudaEvent_t counts_ready = nullptr;
-  bool counts_pending = false;
+  DeviceBuffer counters, sample_count;
+  Counters* host = nullptr;                // pinned mirror of counters
+  unsigned long long* host_sample = nullptr;  // pinned mirror of sample_count
+  cudaEvent_t counts_ready = nullptr, sample_ready = nullptr;
+  bool counts_pending = false, sample_pending = false;
+  int64_t sample_rows = 0;       // rows the pending sample covers
   FfnStats stats;
-  double previous_density = 0;  // observed by an earlier call; 0 before any
+  double previous_density = -1;  // sampled by an earlier call; -1 before any
 
   Impl(const FfnShape& s, const FfnOptions& o) : shape(s), options(o) {
     TWELL_CHECK(s.max_tokens >= 1 && s.hidden >= 1 && s.ffn >= 1, "FfnForward: sizes must be positive, got M=",
@@ -47,12 +49,17 @@ struct FfnForward::Impl {
     check_twell_pack(act.layout());
     if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
     counters = DeviceBuffer(sizeof(Counters));
+    sample_count = DeviceBuffer(sizeof(unsigned long long));
     TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), sizeof(Counters)));
+    TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_sample), sizeof(unsigned long long)));
     TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
+    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&sample_ready, cudaEventDisableTiming));
   }
   ~Impl() {
     if (host) cudaFreeHost(host);
+    if (host_sample) cudaFreeHost(host_sample);
     if (counts_ready) cudaEventDestroy(counts_ready);
+    if (sample_ready) cudaEventDestroy(sample_ready);
   }
   Counters* dev() const { return counters.as<Counters>(); }
 
@@ -87,15 +94,24 @@ struct FfnForward::Impl {
   // Rows of g whose non-zeros estimate the density for dispatch (a few MB at most).
   static constexpr int64_t kSampleRows = 1024;
 
-  // Density of g estimated on a row sample: one small kernel and one stream synchronisation.
-  double sampled_density(int64_t M, cudaStream_t stream) {
-    const int64_t n = std::min(M, kSampleRows);
-    TWELL_CUDA_CHECK(cudaMemsetAsync(&dev()->sampled, 0, sizeof(unsigned long long), stream));
-    launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, n, &dev()->sampled, stream);
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(&host->sampled, &dev()->sampled, sizeof(unsigned long long),
-                                     cudaMemcpyDeviceToHost, stream));
-    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return double(host->sampled) / double(n * shape.ffn);
+  // Enqueues the count of a row sample of g and its copy to the host (read by collect_sample).
+  void launch_sample(int64_t M, cudaStream_t stream) {
+    sample_rows = std::min(M, kSampleRows);
+    auto* d = sample_count.as<unsigned long long>();
+    TWELL_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned long long), stream));
+    launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sample_rows, d, stream);
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(host_sample, d, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaEventRecord(sample_ready, stream));
+    sample_pending = true;
+  }
+
+  // Updates previous_density from the pending sample if it has arrived (or waits for it).
+  void collect_sample(bool wait) {
+    if (!sample_pending) return;
+    if (wait) TWELL_CUDA_CHECK(cudaEventSynchronize(sample_ready));
+    else if (cudaEventQuery(sample_ready) != cudaSuccess) return;
+    sample_pending = false;
+    previous_density = double(*host_sample) / double(sample_rows * shape.ffn);
   }
 
   // Packed activation and its statistics; the counts come back to the host asynchronously.
@@ -133,7 +149,6 @@ struct FfnForward::Impl {
     for (unsigned long long c : host->nnz) nnz += c;
     stats.nnz = static_cast<int64_t>(nnz);
     stats.spilled_tiles = host->spilled_tiles;
-    if (stats.tokens > 0) previous_density = double(stats.nnz) / double(stats.tokens * shape.ffn);
   }
 
   void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream) {
@@ -149,19 +164,22 @@ struct FfnForward::Impl {
     // Both paths start from the ReLU'd gate (non-gated: h = relu(x Wuᵀ)).
     gemm.run(xp, shape.gated ? w.wg.data : w.wu.data, g.get(), M, I, H, true, GemmEpilogue::relu, stream);
 
-    FfnPath path = FfnPath::sparse;
     const bool fp32_h = options.precision == Precision::h_fp32;  // the dense path rounds h to bf16
-    switch (fp32_h ? Dispatch::always_sparse : options.dispatch) {
-      case Dispatch::always_sparse: break;
-      case Dispatch::always_dense: path = FfnPath::dense; break;
-      case Dispatch::previous:
-        path = previous_density >= options.dense_above_density ? FfnPath::dense : FfnPath::sparse;
-        break;
-      case Dispatch::observe:
-        stats.sampled_density = sampled_density(M, stream);
-        previous_density = stats.sampled_density;
-        path = stats.sampled_density >= options.dense_above_density ? FfnPath::dense : FfnPath::sparse;
-        break;
+    Dispatch policy = fp32_h ? Dispatch::always_sparse : options.dispatch;
+    if ((policy == Dispatch::observe || policy == Dispatch::previous) && M < options.sparse_min_tokens)
+      policy = Dispatch::always_dense;  // too few tokens: the sparse path's extra launches dominate
+    if (policy == Dispatch::previous) collect_sample(false);
+    if (policy == Dispatch::observe || (policy == Dispatch::previous && previous_density < 0)) {
+      launch_sample(M, stream);
+      collect_sample(true);  // one stream synchronisation
+    } else if (policy == Dispatch::previous) {
+      launch_sample(M, stream);  // read by the next call, no synchronisation now
+    }
+    FfnPath path = FfnPath::sparse;
+    if (policy == Dispatch::always_dense) path = FfnPath::dense;
+    if (policy == Dispatch::observe || policy == Dispatch::previous) {
+      stats.sampled_density = previous_density;
+      path = previous_density >= options.dense_above_density ? FfnPath::dense : FfnPath::sparse;
     }
     stats.path = path;
     if (path == FfnPath::sparse) return run_sparse(M, xp, w, yp, stream);

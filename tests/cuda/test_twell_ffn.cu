@@ -67,6 +67,7 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
     SCOPED_TRACE(d == Dispatch::always_sparse ? "sparse" : d == Dispatch::always_dense ? "dense" : "observe");
     cuda::FfnOptions o;
     o.dispatch = d;
+    o.sparse_min_tokens = 0;
     cuda::FfnForward ffn({c.M, c.H, c.I, c.gated}, o);
     DeviceTensor y(DType::bf16, {c.M, c.H});
     cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);  // poison: NaN
@@ -135,15 +136,40 @@ TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
   EXPECT_TRUE(test::bit_equal(p.y.download(), first));
 }
 
-TEST(FfnForwardGpuDispatch, ChoosesDenseAboveTheThreshold) {
+TEST(FfnForwardGpuDispatch, ObserveChoosesByThisCallsDensity) {
   TWELL_REQUIRE_HOPPER();
   GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);
-  cuda::FfnForward ffn({256, 256, 1024, true});
+  cuda::FfnOptions o;
+  o.dispatch = Dispatch::observe;
+  o.dense_above_density = 0.05;
+  o.sparse_min_tokens = 0;
+  cuda::FfnForward ffn({256, 256, 1024, true}, o);
   ffn.forward(sparse.x, sparse.w(), sparse.y, nullptr);
   EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::sparse);
   ffn.forward(dense.x, dense.w(), dense.y, nullptr);
   EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::dense);
   EXPECT_GT(ffn.last_stats().sampled_density, 0.2);
+}
+
+TEST(FfnForwardGpuDispatch, PreviousLagsOneCallAndFewTokensGoDense) {
+  TWELL_REQUIRE_HOPPER();
+  GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);
+  cuda::FfnOptions o;  // Dispatch::previous
+  o.dense_above_density = 0.05;
+  o.sparse_min_tokens = 0;
+  cuda::FfnForward ffn({256, 256, 1024, true}, o);
+  ffn.forward(sparse.x, sparse.w(), sparse.y, nullptr);  // first call samples and waits
+  EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::sparse);
+  ffn.forward(dense.x, dense.w(), dense.y, nullptr);  // decides on the previous (sparse) sample
+  EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::sparse);
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  ffn.forward(dense.x, dense.w(), dense.y, nullptr);
+  EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::dense);
+
+  o.sparse_min_tokens = 4096;
+  cuda::FfnForward small({256, 256, 1024, true}, o);
+  small.forward(sparse.x, sparse.w(), sparse.y, nullptr);
+  EXPECT_EQ(small.last_stats().path, cuda::FfnPath::dense);
 }
 
 TEST(FfnForwardGpuErrors, RejectsBadArguments) {

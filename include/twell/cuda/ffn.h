@@ -7,11 +7,11 @@
 // Sparse path: gate GEMM (cuBLASLt, ReLU fused) -> pack g into TwELL (hybrid: over-capacity
 // tiles spill to a dense backup, nothing is dropped) -> up/down kernel over the active set only.
 // Dense path: gate+up GEMM, ReLU·product kernel, down GEMM (all cuBLASLt).
-// Everything is enqueued on the caller's stream. `Dispatch::observe` counts the non-zeros of a
-// sample of up to 1024 rows of g and reads that count back (one small kernel and one stream
-// synchronisation per call) to choose; `previous` uses the density observed by the previous call
-// instead, with no synchronisation (graph-capturable). Both paths are exact: dispatch only
-// decides speed.
+// Everything is enqueued on the caller's stream. Dispatch counts the non-zeros of a sample of up
+// to 1024 rows of g (a few MB read). `Dispatch::observe` waits for that count (one stream
+// synchronisation per call); `previous` (the default) decides on the sample of the previous call
+// and reads this call's sample on the next one, so only its first call synchronises. Both paths
+// are exact: dispatch only decides speed.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -35,10 +35,13 @@ struct FfnShape {
 };
 
 struct FfnOptions {
-  Dispatch dispatch = Dispatch::observe;
+  Dispatch dispatch = Dispatch::previous;
   // The sparse path is used while mean non-zeros per token / I stays below this: the break-even
   // measured on an H200 at H = 2048, I = 5632 (docs/perf.md, "Dispatch").
-  double dense_above_density = 0.006;
+  double dense_above_density = 0.0075;
+  // Below this many tokens observe/previous take the dense path: the sparse path's extra launches
+  // cost more than they save (measured break-even between M = 2048 and 16384; docs/perf.md).
+  int64_t sparse_min_tokens = 4096;
   Precision precision = Precision::bf16;  // bf16 or h_fp32 (h kept in fp32 inside the kernel)
   int32_t tile = 256, compression = 8;    // TwELL layout
 };
@@ -48,7 +51,7 @@ struct FfnStats {
   int64_t tokens = 0;
   int64_t nnz = -1;              // non-zeros of g, counted by the sparse path (-1 on the dense path)
   int64_t spilled_tiles = -1;
-  double sampled_density = -1;   // Dispatch::observe's estimate (-1 with other policies)
+  double sampled_density = -1;   // the density dispatch decided on (-1 when it did not sample)
   double density() const { return tokens > 0 && nnz >= 0 ? double(nnz) / tokens : -1; }
 };
 
