@@ -133,10 +133,13 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
           if (!r.correct) r.note = str("rel_err ", r.rel_err, " above the bound ", &r == &recs[0] ? 2e-2 : bound);
         }
 
-        // Timing: warm-up, then interleaved runs over rotating token sets.
+        // Timing: warm-up, then interleaved runs over rotating token sets. The order of the
+        // implementations rotates every iteration, so none always follows the same neighbour
+        // (after a long run of dense GEMMs the GPU's power state differs; seen as a 5-8% bias).
         std::vector<std::vector<double>> times(runners.size());
         for (int it = -warmup; it < iters; ++it)
-          for (size_t i = 0; i < runners.size(); ++i) {
+          for (size_t k = 0; k < runners.size(); ++k) {
+            const size_t i = (k + static_cast<size_t>(it + warmup)) % runners.size();
             if (!recs[i].correct) continue;
             const int set = static_cast<int>((it + warmup) % p.n_token_sets());
             const double ms = backend->time_ms([&] { runners[i].run(set); });

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Re-checks every GPU claim with one command, on a machine with a Hopper GPU and CUDA 13 (no
-# network needed): builds (unless given prebuilt binaries), runs the GPU tests, a subset under
-# compute-sanitizer (memcheck, racecheck), and the standard FFN benchmark, leaving logs, JSON
-# and a summary table in OUTDIR.
+# network needed: where the build dependencies are not installed, carry third_party/ made by
+# scripts/bundle-deps.sh): builds (unless given prebuilt binaries), runs the GPU tests, a subset
+# under compute-sanitizer (memcheck, racecheck), and the standard FFN benchmark, leaving logs,
+# JSON and a summary table in OUTDIR.
 #
 #   scripts/gpu-check.sh OUTDIR                 configure + build in build-gpu/, then check
 #   scripts/gpu-check.sh OUTDIR --bin DIR       use prebuilt DIR/twell and DIR/twell_gpu_tests
@@ -40,15 +41,18 @@ tail -4 "$out/gpu_tests.log"
 echo "== compute-sanitizer (small cases)"
 filter='Cases/FfnForwardGpu.*M7_*:Cases/FfnForwardGpu.*M33_*:Cases/FfnForwardGpu.*d1000permille_skewed_plain:*Determinism*:Densities/TwellDevice.*/2'
 if command -v compute-sanitizer >/dev/null; then
-  # racecheck only our kernels: it reports cuBLAS's TMA/mbarrier-synchronised shared memory
-  # (nvjet kernels) as races it cannot see through.
-  for tool in memcheck racecheck; do
-    only_ours=()
-    [ "$tool" = racecheck ] && only_ours=(--kernel-regex kns=twell)
-    compute-sanitizer --tool "$tool" "${only_ours[@]}" --error-exitcode 3 "$bin/twell_gpu_tests" --gtest_brief=1 \
-      --gtest_filter="$filter" >"$out/sanitizer_$tool.log" 2>&1 || status=1
-    echo "$tool: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/sanitizer_$tool.log" | tr '\n' ' ')"
-  done
+  compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/twell_gpu_tests" --gtest_brief=1 \
+    --gtest_filter="$filter" >"$out/sanitizer_memcheck.log" 2>&1 || status=1
+  echo "memcheck: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/sanitizer_memcheck.log" | tr '\n' ' ')"
+  # racecheck reports hazards inside cuBLAS's Hopper kernels (nvjet_*: shared memory ordered by
+  # TMA and mbarriers, which it cannot see through; its kernel filter crashes the tool here), so
+  # the check is: tests pass, and no hazard names a kernel other than nvjet's.
+  compute-sanitizer --tool racecheck "$bin/twell_gpu_tests" --gtest_brief=1 --gtest_filter="$filter" \
+    >"$out/sanitizer_racecheck.log" 2>&1
+  ours=$(grep -E 'Race reported' "$out/sanitizer_racecheck.log" | grep -vc nvjet_ || true)
+  grep -q 'FAILED' "$out/sanitizer_racecheck.log" && status=1
+  [ "$ours" = 0 ] || status=1
+  echo "racecheck: $(grep -E 'RACECHECK SUMMARY|PASSED|FAILED' "$out/sanitizer_racecheck.log" | tr '\n' ' ') hazards outside cuBLAS: $ours"
 else
   echo "compute-sanitizer not found" | tee "$out/sanitizer.log"
 fi
