@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/compare.h"
 #include "twell/cpu/ffn.h"
 #include "twell/ffn.h"
 #include "twell/tensor.h"
@@ -127,31 +128,15 @@ inline ::testing::AssertionResult within_bounds(const std::vector<double>& a,
          << bad << " of " << r.size() << " elements out of bounds" << os.str();
 }
 
-// Bit-for-bit equality of two host tensors of the same dtype and shape.
-inline ::testing::AssertionResult bit_identical(const Tensor& a, const Tensor& b, int64_t cols) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape())
-    return ::testing::AssertionFailure()
-           << "dtype/shape differ: " << shape_str(a.shape()) << " vs " << shape_str(b.shape());
-  const size_t es = dtype_size(a.dtype());
-  const auto* pa = static_cast<const unsigned char*>(a.view().data);
-  const auto* pb = static_cast<const unsigned char*>(b.view().data);
-  int64_t bad = 0;
-  std::ostringstream os;
-  os.precision(17);
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    if (std::memcmp(pa + i * es, pb + i * es, es) == 0) continue;
-    if (bad++ < 5)
-      os << "\n  (" << i / cols << ", " << i % cols << "): " << load_as_double(a, i) << " vs "
-         << load_as_double(b, i);
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << bad << " of " << a.numel() << " elements differ" << os.str();
-}
-
 // Fills a tensor with NaN so that an element the op forgets to write shows up.
 inline void poison(const Tensor& t) {
   for (int64_t i = 0; i < t.numel(); ++i) store_from_double(t, i, std::nan(""));
+}
+
+// Test-name suffix for parameters (gated, precision): "gated_bf16", "non_gated_h_fp32", ...
+inline std::string gated_precision_name(const ::testing::TestParamInfo<std::tuple<bool, Precision>>& info) {
+  return str(std::get<0>(info.param) ? "gated" : "non_gated", "_",
+             std::get<1>(info.param) == Precision::bf16 ? "bf16" : "h_fp32");
 }
 
 }  // namespace twell::cpu_test

@@ -159,11 +159,7 @@ TEST_P(CpuFfnRounding, ForwardAndBackwardRoundExactlyWhereDocumented) {
 INSTANTIATE_TEST_SUITE_P(GatedAndPrecision, CpuFfnRounding,
                          ::testing::Combine(::testing::Bool(),
                                             ::testing::Values(Precision::bf16, Precision::h_fp32)),
-                         [](const auto& test_info) {
-                           return str(
-                               std::get<0>(test_info.param) ? "gated" : "non_gated", "_",
-                               std::get<1>(test_info.param) == Precision::bf16 ? "bf16" : "h_fp32");
-                         });
+                         cpu_test::gated_precision_name);
 
 }  // namespace
 }  // namespace twell::cpu_test

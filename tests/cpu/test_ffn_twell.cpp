@@ -108,7 +108,7 @@ TEST_P(CpuFfnTwell, SparseForwardBitIdenticalToDenseAtEveryDensity) {
           poison(y_sparse);
           ActivationStats sparse_stats;
           cpu::ffn_forward_twell(p.x, act, p.weights(), y_sparse, precision, &sparse_stats);
-          EXPECT_TRUE(bit_identical(y_sparse, y_dense, H));
+          EXPECT_TRUE(test::bit_equal(y_sparse, y_dense));
           EXPECT_EQ(sparse_stats.tokens, dense_stats.tokens);
           EXPECT_EQ(sparse_stats.nnz, dense_stats.nnz);
           EXPECT_EQ(sparse_stats.max_nnz_per_token, dense_stats.max_nnz_per_token);
@@ -122,11 +122,7 @@ TEST_P(CpuFfnTwell, SparseForwardBitIdenticalToDenseAtEveryDensity) {
 INSTANTIATE_TEST_SUITE_P(GatedAndPrecision, CpuFfnTwell,
                          ::testing::Combine(::testing::Bool(),
                                             ::testing::Values(Precision::bf16, Precision::h_fp32)),
-                         [](const auto& test_info) {
-                           return str(
-                               std::get<0>(test_info.param) ? "gated" : "non_gated", "_",
-                               std::get<1>(test_info.param) == Precision::bf16 ? "bf16" : "h_fp32");
-                         });
+                         cpu_test::gated_precision_name);
 
 // The packed activation is g = bf16(relu(x Wgᵀ)): the same bits as the h of a non-gated FFN whose
 // up projection is Wg (its bf16 h is exactly that).
@@ -145,7 +141,7 @@ TEST(CpuFfnTwellPack, HoldsExactlyTheBf16Gate) {
     const FfnWeights as_non_gated{TensorView{}, p.wg.view(), p.wd.view()};
     Tensor y(DType::f32, {M, H}), g(DType::bf16, {M, I});
     cpu::ffn_forward(p.x, as_non_gated, y, Precision::bf16, nullptr, g);
-    EXPECT_TRUE(bit_identical(unpacked, g, I));
+    EXPECT_TRUE(test::bit_equal(unpacked, g));
     EXPECT_EQ(act.nnz(), cpu::activation_stats(g).nnz);
   }
 }

@@ -150,12 +150,12 @@ TEST(CpuFfnThreads, ResultsAreBitIdenticalForAnyThreadCount) {
     const Outputs five = run_all(p, dy, precision);
     cpu::set_num_threads(0);
     for (const Outputs* o : {&dflt, &five}) {
-      EXPECT_TRUE(bit_identical(o->y_dense, one.y_dense, p.H));
-      EXPECT_TRUE(bit_identical(o->y_sparse, one.y_sparse, p.H));
-      EXPECT_TRUE(bit_identical(o->dx, one.dx, p.H));
-      EXPECT_TRUE(bit_identical(o->dwg, one.dwg, p.H));
-      EXPECT_TRUE(bit_identical(o->dwu, one.dwu, p.H));
-      EXPECT_TRUE(bit_identical(o->dwd, one.dwd, p.H));
+      EXPECT_TRUE(test::bit_equal(o->y_dense, one.y_dense));
+      EXPECT_TRUE(test::bit_equal(o->y_sparse, one.y_sparse));
+      EXPECT_TRUE(test::bit_equal(o->dx, one.dx));
+      EXPECT_TRUE(test::bit_equal(o->dwg, one.dwg));
+      EXPECT_TRUE(test::bit_equal(o->dwu, one.dwu));
+      EXPECT_TRUE(test::bit_equal(o->dwd, one.dwd));
       EXPECT_EQ(o->stats.l1_sum, one.stats.l1_sum);
       EXPECT_EQ(o->stats.nnz, one.stats.nnz);
       EXPECT_TRUE(o->act.counts == one.act.counts && o->act.slots == one.act.slots &&
