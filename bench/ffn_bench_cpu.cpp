@@ -22,7 +22,7 @@ class CpuBackend : public FfnBackend {
   std::string device_name() const override {
     return str("CPU: ", cpu_model(), " (", std::thread::hardware_concurrency(), " threads)");
   }
-  std::vector<int64_t> default_tokens() const override { return {128}; }
+  std::vector<int64_t> default_tokens() const override { return {512}; }
   std::vector<double> default_densities() const override { return {0.005, 0.02, 0.1}; }
   int default_warmup() const override { return 1; }
   int default_iters() const override { return 5; }
