@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iomanip>
+#include <numeric>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <sstream>
@@ -133,18 +135,23 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
           if (!r.correct) r.note = str("rel_err ", r.rel_err, " above the bound ", &r == &recs[0] ? 2e-2 : bound);
         }
 
-        // Timing: warm-up, then interleaved runs over rotating token sets. The order of the
-        // implementations rotates every iteration, so none always follows the same neighbour
-        // (after a long run of dense GEMMs the GPU's power state differs; seen as a 5-8% bias).
+        // Timing: warm-up, then interleaved runs over rotating token sets, the implementations in
+        // a fresh random order every iteration, so that none always follows the same neighbour
+        // (with a fixed order, twell's dense fallback always ran right after the unfused dense FFN
+        // and measured 3-7% slower than the identical dense_cublas at M = 131072).
         std::vector<std::vector<double>> times(runners.size());
-        for (int it = -warmup; it < iters; ++it)
-          for (size_t k = 0; k < runners.size(); ++k) {
-            const size_t i = (k + static_cast<size_t>(it + warmup)) % runners.size();
+        std::vector<size_t> order(runners.size());
+        std::iota(order.begin(), order.end(), size_t{0});
+        std::mt19937 shuffle_rng(static_cast<uint32_t>(cfg.seed));
+        for (int it = -warmup; it < iters; ++it) {
+          std::shuffle(order.begin(), order.end(), shuffle_rng);
+          for (size_t i : order) {
             if (!recs[i].correct) continue;
             const int set = static_cast<int>((it + warmup) % p.n_token_sets());
             const double ms = backend->time_ms([&] { runners[i].run(set); });
             if (it >= 0) times[i].push_back(ms);
           }
+        }
         for (size_t i = 0; i < runners.size(); ++i) {
           if (!recs[i].correct) continue;
           recs[i].ms_median = median(times[i]);
