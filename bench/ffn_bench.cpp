@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "twell/io/safetensors.h"
 #include "twell/cpu/ffn.h"
 #include "twell_git_sha.h"
 
@@ -74,6 +75,31 @@ std::unique_ptr<FfnBackend> pick_backend(const std::string& name, std::ostream& 
   TWELL_FAIL("unknown backend '", name, "' (expected cpu, cuda or auto)");
 }
 
+// Loads a problem from a safetensors file: x [M, H], up [I, H], down [I, H] (neuron-major, the
+// transpose of PyTorch's down_proj.weight) and, for a gated FFN, gate [I, H]; any float dtype,
+// converted to bf16 once.
+FfnProblem load_problem(const std::string& path) {
+  const io::SafetensorsFile f = io::SafetensorsFile::open(path);
+  for (const char* name : {"x", "up", "down"})
+    TWELL_CHECK(f.has(name), path, ": no tensor '", name, "' (--from needs x [M, H], up and down [I, H], "
+                "and gate [I, H] for a gated FFN)");
+  FfnProblem p;
+  p.ffn.x = f.read_as("x", DType::bf16);
+  p.ffn.wu = f.read_as("up", DType::bf16);
+  p.ffn.wd = f.read_as("down", DType::bf16);
+  const bool gated = f.has("gate");
+  if (gated) p.ffn.wg = f.read_as("gate", DType::bf16);
+  TWELL_CHECK(p.ffn.x.shape().size() == 2, path, ": x must be [M, H], got ", shape_str(p.ffn.x.shape()));
+  const int64_t M = p.ffn.x.shape()[0], H = p.ffn.x.shape()[1], I = p.ffn.wu.shape().at(0);
+  check_shape(p.ffn.wu, {I, H}, "--from: up");
+  check_shape(p.ffn.wd, {I, H}, "--from: down (neuron-major [I, H])");
+  if (gated) check_shape(p.ffn.wg, {I, H}, "--from: gate");
+  p.ffn.spec = SyntheticSpec{M, H, I, 0.0, Distribution::uniform, gated, 0};
+  const size_t slash = path.find_last_of('/');
+  p.distribution = "file:" + path.substr(slash == std::string::npos ? 0 : slash + 1);
+  return p;
+}
+
 }  // namespace
 
 std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress) {
@@ -82,30 +108,39 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
   const auto densities = cfg.densities.empty() ? backend->default_densities() : cfg.densities;
   const int warmup = cfg.warmup >= 0 ? cfg.warmup : backend->default_warmup();
   const int iters = cfg.iters > 0 ? cfg.iters : backend->default_iters();
-  TWELL_CHECK(cfg.from_file.empty(), "--from is not supported yet");
+  const bool from_file = !cfg.from_file.empty();
+  TWELL_CHECK(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
+              "--from takes M, H, I and the density from the file; drop -M and -d");
 
   std::vector<BenchRecord> records;
-  const size_t n_cases = tokens.size() * densities.size() * cfg.distributions.size();
-  size_t case_no = 0;
-  for (int64_t M : tokens)
-    for (double density : densities)
-      for (Distribution dist : cfg.distributions) {
-        ++case_no;
+  const size_t n_cases = from_file ? 1 : tokens.size() * densities.size() * cfg.distributions.size();
+  for (size_t case_no = 1; case_no <= n_cases; ++case_no) {
         FfnProblem p;
-        SyntheticSpec spec{M, cfg.H, cfg.I, density, dist, cfg.gated, cfg.seed};
-        p.ffn = make_synthetic_ffn(spec);
-        p.distribution = distribution_name(dist);
+        if (from_file) {
+          p = load_problem(cfg.from_file);
+        } else {
+          const size_t c = case_no - 1, n_dist = cfg.distributions.size(), n_dens = densities.size();
+          const Distribution dist = cfg.distributions[c % n_dist];
+          const SyntheticSpec spec{tokens[c / (n_dist * n_dens)], cfg.H, cfg.I, densities[(c / n_dist) % n_dens], dist,
+                                   cfg.gated, cfg.seed};
+          p.ffn = make_synthetic_ffn(spec);
+          p.distribution = distribution_name(dist);
+          p.density = spec.density;
+          const size_t x_bytes = p.ffn.x.nbytes();
+          const size_t sets =
+              std::clamp<size_t>(backend->rotate_below_bytes() / std::max<size_t>(x_bytes, 1) + 1, 1, 8);
+          for (size_t s = 1; s < sets; ++s)
+            p.extra_token_sets.push_back(make_synthetic_tokens(spec, cfg.seed * 1000 + s));
+        }
         p.case_id = static_cast<int64_t>(case_no);
-        p.density = density;
-        const size_t x_bytes = p.ffn.x.nbytes();
-        const size_t sets = std::clamp<size_t>(backend->rotate_below_bytes() / std::max<size_t>(x_bytes, 1) + 1, 1, 8);
-        for (size_t s = 1; s < sets; ++s) p.extra_token_sets.push_back(make_synthetic_tokens(spec, cfg.seed * 1000 + s));
+        const int64_t M = p.ffn.spec.M, H = p.ffn.spec.H, I = p.ffn.spec.I;
 
         // Reference: float64 FFN on sampled rows of token set 0.
         const TwellOccupancy occ = backend->occupancy(p, cfg);
+        if (from_file) p.density = double(occ.nnz) / double(M * I);
         const auto rows = sample_rows(M, occ.densest_row);
         const Tensor x_sample = gather_rows(p.ffn.x, rows);
-        Tensor y_ref = Tensor::of<double>({static_cast<int64_t>(rows.size()), cfg.H});
+        Tensor y_ref = Tensor::of<double>({static_cast<int64_t>(rows.size()), H});
         cpu::ffn_forward(x_sample, p.ffn.weights(), y_ref, Precision::f64);
 
         std::vector<FfnRunner> runners = backend->runners(p, cfg);
@@ -114,9 +149,9 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
           BenchRecord& r = recs[i];
           r.impl = runners[i].impl;
           r.gpu = backend->device_name();
-          r.M = M, r.H = cfg.H, r.I = cfg.I;
+          r.M = M, r.H = H, r.I = I;
           r.distribution = p.distribution;
-          r.density = density;
+          r.density = p.density;
           r.nnz_per_token_mean = double(occ.nnz) / M;
           r.nnz_per_token_max = occ.max_row_count;
           r.commit = TWELL_GIT_SHA;
@@ -161,7 +196,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
         for (BenchRecord& r : recs)
           r.ratio_to_dense = r.correct && recs[0].correct ? r.ms_median / recs[0].ms_median : NAN;
 
-        progress << "[" << case_no << "/" << n_cases << "] M=" << M << " density=" << density * 100 << "% "
+        progress << "[" << case_no << "/" << n_cases << "] M=" << M << " density=" << p.density * 100 << "% "
                  << p.distribution << " (" << std::fixed << std::setprecision(1) << recs[0].nnz_per_token_mean << " nnz/token):";
         for (const BenchRecord& r : recs)
           progress << "  " << r.impl << " " << std::setprecision(3) << r.ms_median << " ms"
