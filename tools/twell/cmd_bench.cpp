@@ -33,7 +33,9 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   ffn->add_option("--warmup", cfg->warmup, "warm-up runs (default: backend's)");
   ffn->add_option("--iters", cfg->iters, "timed runs, median reported (default: backend's)");
   ffn->add_option("--seed", cfg->seed, "random seed of the synthetic problem")->capture_default_str();
-  ffn->add_option("--from", cfg->from_file, "safetensors file with x, gate, up, down (DESIGN.md §2 layouts)");
+  ffn->add_option("--from", cfg->from_file,
+                  "safetensors file: x [M, H], gate, up and down [I, H] (down neuron-major: the transpose of "
+                  "down_proj.weight; no gate for a non-gated FFN)");
   ffn->add_option("--json", *json_path, "write the JSON records here");
 
   ffn->callback([=] {
