@@ -1,0 +1,164 @@
+// Llama-style decoder-only language model on the CPU reference backend: weights loaded from a
+// HuggingFace checkpoint (config.json + safetensors), the forward pass, a KV-cache decode API,
+// sampling and perplexity. It is the oracle for the GPU runtime (DESIGN.md §5, §6).
+//
+// Notation (DESIGN.md §2): T tokens, H hidden_size, I intermediate_size, V vocab_size,
+// nh attention heads, nkv key/value heads (GQA: nh % nkv == 0), hd head_dim.
+//
+//   x = embed[tokens]                                     [T, H]
+//   per layer:  a = rmsnorm(x) · input_layernorm          [T, H]
+//               q = a Wqᵀ [T, nh·hd], k = a Wkᵀ, v = a Wvᵀ [T, nkv·hd]; RoPE on q and k
+//               x += causal_softmax(q kᵀ / √hd) v · Woᵀ     (query head h reads kv head h/(nh/nkv))
+//               b = rmsnorm(x) · post_attention_layernorm
+//               x += ffn(b)       relu: twell::cpu::ffn_forward; silu: y = (silu(b Wgᵀ) ⊙ b Wuᵀ) Wd
+//   logits = rmsnorm(x) · norm · lm_headᵀ                  [T, V] (lm_head = embed when tied)
+//
+// RoPE follows HF's "rotate_half" convention: for i < hd/2, with f_i = θ^(-2i/hd) and angle p·f_i
+// at position p, out[i] = q[i]·cos − q[i+hd/2]·sin and out[i+hd/2] = q[i+hd/2]·cos + q[i]·sin.
+//
+// Implementation: src/model/llama_weights.cpp (loading), llama_cpu.cpp (forward, KV cache),
+// llama_sampling.cpp (sampling, generation, perplexity). Tests: tests/model/test_llama_cpu.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "twell/ffn.h"
+#include "twell/io/config.h"
+#include "twell/io/safetensors.h"
+#include "twell/tensor.h"
+
+namespace twell::model {
+
+// ---- weights --------------------------------------------------------------------------------
+struct LlamaLoadOptions {
+  // Storage dtype of the loaded weights: f32 (default) or bf16. Converted once at load.
+  DType dtype = DType::f32;
+  // Reject NaN/Inf in any tensor (reads every element once more).
+  bool check_finite = false;
+};
+
+struct LlamaLayerWeights {
+  Tensor input_norm;  // [H]          model.layers.{i}.input_layernorm.weight
+  Tensor wq;          // [nh·hd, H]   self_attn.q_proj.weight
+  Tensor wk;          // [nkv·hd, H]  self_attn.k_proj.weight
+  Tensor wv;          // [nkv·hd, H]  self_attn.v_proj.weight
+  Tensor wo;          // [H, nh·hd]   self_attn.o_proj.weight
+  Tensor post_norm;   // [H]          post_attention_layernorm.weight
+  Tensor wg;          // [I, H]       mlp.gate_proj.weight
+  Tensor wu;          // [I, H]       mlp.up_proj.weight
+  Tensor wd;          // [I, H]       mlp.down_proj.weight ([H, I] on disk), neuron-major
+
+  FfnWeights ffn() const { return FfnWeights{wg, wu, wd}; }
+};
+
+struct LlamaWeights {
+  io::ModelConfig config;
+  Tensor embed;  // [V, H]  model.embed_tokens.weight
+  std::vector<LlamaLayerWeights> layers;
+  Tensor final_norm;  // [H]     model.norm.weight
+  Tensor lm_head;     // [V, H]  lm_head.weight; empty when config.tie_word_embeddings
+
+  // Validates every tensor's presence, shape and dtype (float: BF16, F16 or F32) against
+  // `config`, then converts. Errors name the tensor, e.g. "<ckpt>: tensor
+  // 'model.layers.1.mlp.up_proj.weight': expected shape [176, 64], got [176, 63]". Tensors the
+  // model does not use are ignored (also lm_head.weight when the embeddings are tied).
+  static LlamaWeights load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
+                           const LlamaLoadOptions& options = {});
+  // config.json + safetensors from one directory (io::read_config, io::Checkpoint::open).
+  static LlamaWeights load_dir(const std::string& dir, const LlamaLoadOptions& options = {});
+
+  // The output projection [V, H]: lm_head, or embed when tied.
+  const TensorView& head() const {
+    return config.tie_word_embeddings ? embed.view() : lm_head.view();
+  }
+  DType dtype() const { return embed.dtype(); }
+};
+
+// ---- forward --------------------------------------------------------------------------------
+struct LlamaOptions {
+  // Accumulation and activation type of the whole forward: f32 (default) or f64 (test oracle).
+  DType math = DType::f32;
+  // Rounding points of the ReLU-gated FFN (twell::Precision, src/cpu/ffn_common.h). The default,
+  // f64, rounds nothing (fp32 PyTorch up to summation order; accumulated in double, output stored
+  // in the math type); bf16/h_fp32 round g, u (and h) as a bf16 PyTorch model does. Ignored for
+  // silu models and when math is f64 (which always uses Precision::f64).
+  Precision relu_ffn = Precision::f64;
+};
+
+class LlamaCpu {
+ public:
+  explicit LlamaCpu(LlamaWeights weights, LlamaOptions options = {});
+  ~LlamaCpu();
+  LlamaCpu(LlamaCpu&&) noexcept;
+  LlamaCpu& operator=(LlamaCpu&&) noexcept;
+
+  const LlamaWeights& weights() const { return weights_; }
+  const io::ModelConfig& config() const { return weights_.config; }
+  const LlamaOptions& options() const { return options_; }
+
+  // Full causal forward from position 0, independent of the KV cache below:
+  // logits [T, V], f32 (f64 when options.math is f64). Tokens must lie in [0, V) and
+  // T ≤ max_position_embeddings.
+  Tensor logits(const std::vector<int32_t>& tokens) const;
+
+  // Incremental decoding with a KV cache owned by this object. prefill() clears the cache, runs
+  // the prompt (T ≥ 1) and returns the logits of its last token [V]; decode_step() appends one
+  // token and returns its logits [V]. After prefill(p) and decode_step(t1..tn), the result
+  // equals the last row of logits(p + t1..tn) (same arithmetic; summation order per row is the
+  // same, so it matches to the last bits in practice). Throws when the cache would exceed
+  // max_position_embeddings or when decode_step() comes before prefill().
+  Tensor prefill(const std::vector<int32_t>& tokens);
+  Tensor decode_step(int32_t token);
+  int64_t cached_tokens() const;  // positions held by the KV cache
+  void reset();                   // empties the KV cache
+
+ private:
+  struct Impl;  // the KV cache and scratch (llama_cpu.cpp)
+  LlamaWeights weights_;
+  LlamaOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- sampling, generation, perplexity (llama_sampling.cpp) -----------------------------------
+struct SamplingOptions {
+  // 0: greedy (argmax, lowest index on ties). Otherwise logits are divided by it.
+  double temperature = 0.0;
+  int64_t top_k = 0;   // keep the k most likely tokens; 0 = all
+  double top_p = 1.0;  // keep the smallest set whose probability reaches top_p; 1 = all
+  uint64_t seed = 0;   // RNG seed; the same seed gives the same tokens on every platform
+};
+
+// Draws tokens from logit rows. Deterministic for a seed: std::mt19937_64 and our own
+// uniform-double conversion (std distributions differ between standard libraries).
+class Sampler {
+ public:
+  explicit Sampler(const SamplingOptions& options);
+  // `logits`: [V] or [1, V], f32 or f64.
+  int32_t sample(const TensorView& logits);
+
+ private:
+  double uniform();  // [0, 1) from 53 random bits
+
+  SamplingOptions options_;
+  std::mt19937_64 rng_;
+};
+
+// Prefills `prompt`, then samples up to `max_new_tokens` tokens with decode_step, stopping after
+// `eos_token` (if ≥ 0). Returns the new tokens only. Uses (and resets) model's KV cache.
+std::vector<int32_t> generate(LlamaCpu& model, const std::vector<int32_t>& prompt,
+                              int64_t max_new_tokens, const SamplingOptions& sampling,
+                              int32_t eos_token = -1);
+
+struct Perplexity {
+  int64_t predictions = 0;  // T − 1
+  double mean_nll = 0;      // mean over t of −log p(tokens[t+1] | tokens[0..t]), natural log
+  double perplexity = 0;    // exp(mean_nll)
+};
+// Perplexity of a sequence under one full forward (T ≥ 2); log-softmax in double.
+Perplexity perplexity(const LlamaCpu& model, const std::vector<int32_t>& tokens);
+
+}  // namespace twell::model

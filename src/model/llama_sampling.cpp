@@ -1,0 +1,121 @@
+// Sampling from logits (greedy, temperature, top-k, top-p), generation with the KV cache, and
+// perplexity (include/twell/model/llama.h). All probability maths in double.
+//
+// Sampling order, as HF's generate applies its warpers: temperature, then top-k, then top-p
+// (nucleus: the smallest prefix of the tokens sorted by probability, descending, whose mass
+// reaches top_p; always at least one token), then one draw from the renormalised distribution.
+// Ties in sorting are broken by the lower token id, so results are deterministic.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "twell/error.h"
+#include "twell/model/llama.h"
+
+namespace twell::model {
+
+namespace {
+
+// A [V] or [1, V] float row as doubles.
+std::vector<double> logit_row(const TensorView& logits) {
+  TWELL_CHECK(logits.rank() == 1 || (logits.rank() == 2 && logits.shape[0] == 1),
+              "sample: logits must be [V] or [1, V], got ", shape_str(logits.shape));
+  TWELL_CHECK(logits.numel() > 0, "sample: empty logits");
+  return to_f64(logits);
+}
+
+int32_t argmax(const std::vector<double>& row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+}  // namespace
+
+Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
+  TWELL_CHECK(options.temperature >= 0, "Sampler: temperature must be >= 0, got ",
+              options.temperature);
+  TWELL_CHECK(options.top_k >= 0, "Sampler: top_k must be >= 0, got ", options.top_k);
+  TWELL_CHECK(options.top_p > 0 && options.top_p <= 1, "Sampler: top_p must be in (0, 1], got ",
+              options.top_p);
+}
+
+double Sampler::uniform() {
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
+
+int32_t Sampler::sample(const TensorView& logits) {
+  const std::vector<double> row = logit_row(logits);
+  if (options_.temperature == 0) return argmax(row);
+
+  // Candidates sorted by logit, descending; ties by token id.
+  std::vector<int32_t> order(row.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+  size_t keep = order.size();
+  if (options_.top_k > 0) keep = std::min(keep, static_cast<size_t>(options_.top_k));
+
+  // Softmax of logit / temperature over the kept candidates.
+  std::vector<double> p(keep);
+  const double top = row[order[0]] / options_.temperature;
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i)
+    sum += p[i] = std::exp(row[order[i]] / options_.temperature - top);
+  for (double& x : p) x /= sum;
+
+  if (options_.top_p < 1) {
+    double mass = 0;
+    size_t n = 0;
+    while (n < keep && mass < options_.top_p) mass += p[n++];
+    keep = std::max<size_t>(n, 1);
+    sum = 0;
+    for (size_t i = 0; i < keep; ++i) sum += p[i];
+    for (size_t i = 0; i < keep; ++i) p[i] /= sum;
+  }
+
+  const double r = uniform();
+  double cumulative = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    cumulative += p[i];
+    if (r < cumulative) return order[i];
+  }
+  return order[keep - 1];  // r within rounding of 1
+}
+
+std::vector<int32_t> generate(LlamaCpu& model, const std::vector<int32_t>& prompt,
+                              int64_t max_new_tokens, const SamplingOptions& sampling,
+                              int32_t eos_token) {
+  TWELL_CHECK(!prompt.empty(), "generate: empty prompt");
+  Sampler sampler(sampling);
+  std::vector<int32_t> out;
+  if (max_new_tokens <= 0) return out;
+  Tensor logits = model.prefill(prompt);
+  while (true) {
+    const int32_t token = sampler.sample(logits);
+    out.push_back(token);
+    if (token == eos_token || static_cast<int64_t>(out.size()) >= max_new_tokens) break;
+    logits = model.decode_step(token);
+  }
+  return out;
+}
+
+Perplexity perplexity(const LlamaCpu& model, const std::vector<int32_t>& tokens) {
+  TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
+  const Tensor logits = model.logits(tokens);  // [T, V]
+  const std::vector<double> all = to_f64(logits);
+  const int64_t T = static_cast<int64_t>(tokens.size()), V = logits.shape()[1];
+  double nll_sum = 0;
+  for (int64_t t = 0; t + 1 < T; ++t) {
+    const double* row = all.data() + t * V;
+    const double top = *std::max_element(row, row + V);
+    double sum = 0;
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - top);
+    nll_sum += (top + std::log(sum)) - row[tokens[t + 1]];  // −log softmax(row)[next]
+  }
+  Perplexity p;
+  p.predictions = T - 1;
+  p.mean_nll = nll_sum / static_cast<double>(p.predictions);
+  p.perplexity = std::exp(p.mean_nll);
+  return p;
+}
+
+}  // namespace twell::model

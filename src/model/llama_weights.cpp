@@ -1,0 +1,125 @@
+// Loading a Llama-style HuggingFace checkpoint into LlamaWeights (include/twell/model/llama.h).
+//
+// Every tensor is checked before any is converted: present, a float dtype (BF16, F16, F32), and
+// the shape the config implies. Errors describe the input, so they carry no source location:
+//   "<ckpt>: tensor 'model.layers.0.self_attn.k_proj.weight': expected shape [32, 64], got [64,
+//   64]"
+// Conversion happens once: to the storage dtype (f32 or bf16), and down_proj.weight [H, I] is
+// transposed to neuron-major [I, H] (DESIGN.md §2).
+#include <cstring>
+#include <string>
+
+#include "twell/error.h"
+#include "twell/model/llama.h"
+
+namespace twell::model {
+
+namespace {
+
+// What the config says a checkpoint must hold: name -> shape, in model order.
+struct Expected {
+  std::string name;
+  Shape shape;
+};
+
+std::string layer_name(int64_t i, const char* suffix) {
+  return str("model.layers.", i, ".", suffix);
+}
+
+std::vector<Expected> expected_tensors(const io::ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  std::vector<Expected> e;
+  e.push_back({"model.embed_tokens.weight", {V, H}});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    e.push_back({layer_name(i, "input_layernorm.weight"), {H}});
+    e.push_back({layer_name(i, "self_attn.q_proj.weight"), {q_dim, H}});
+    e.push_back({layer_name(i, "self_attn.k_proj.weight"), {kv_dim, H}});
+    e.push_back({layer_name(i, "self_attn.v_proj.weight"), {kv_dim, H}});
+    e.push_back({layer_name(i, "self_attn.o_proj.weight"), {H, q_dim}});
+    e.push_back({layer_name(i, "post_attention_layernorm.weight"), {H}});
+    e.push_back({layer_name(i, "mlp.gate_proj.weight"), {I, H}});
+    e.push_back({layer_name(i, "mlp.up_proj.weight"), {I, H}});
+    e.push_back({layer_name(i, "mlp.down_proj.weight"), {H, I}});  // on disk; transposed at load
+  }
+  e.push_back({"model.norm.weight", {H}});
+  if (!c.tie_word_embeddings) e.push_back({"lm_head.weight", {V, H}});
+  return e;
+}
+
+void check_tensor(const io::Checkpoint& ckpt, const Expected& e, bool tied) {
+  if (!ckpt.has(e.name)) {
+    std::string hint;
+    if (e.name == "lm_head.weight" && !tied) hint = " (config.json has tie_word_embeddings false)";
+    throw Error(
+        str(ckpt.path(), ": missing tensor '", e.name, "' with shape ", shape_str(e.shape), hint));
+  }
+  const io::TensorInfo& info = ckpt.info(e.name);
+  if (info.dtype != DType::bf16 && info.dtype != DType::f16 && info.dtype != DType::f32)
+    throw Error(str(ckpt.path(), ": tensor '", e.name, "': expected dtype BF16, F16 or F32, got ",
+                    io::safetensors_dtype_name(info.dtype)));
+  if (info.shape != e.shape)
+    throw Error(str(ckpt.path(), ": tensor '", e.name, "': expected shape ", shape_str(e.shape),
+                    ", got ", shape_str(info.shape)));
+}
+
+// [rows, cols] -> [cols, rows], any 2-byte or 4-byte element.
+Tensor transpose(const Tensor& t) {
+  const int64_t rows = t.shape()[0], cols = t.shape()[1];
+  Tensor out(t.dtype(), {cols, rows});
+  const size_t es = dtype_size(t.dtype());
+  const auto* src = static_cast<const uint8_t*>(t.view().data);
+  auto* dst = static_cast<uint8_t*>(out.view().data);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      std::memcpy(dst + (c * rows + r) * es, src + (r * cols + c) * es, es);
+  return out;
+}
+
+}  // namespace
+
+LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
+                                const LlamaLoadOptions& options) {
+  config.validate("config");
+  if (config.hidden_act != "relu" && config.hidden_act != "silu")
+    throw Error(
+        str("config: hidden_act must be \"relu\" or \"silu\", got \"", config.hidden_act, "\""));
+  if (options.dtype != DType::f32 && options.dtype != DType::bf16)
+    throw Error(str("LlamaWeights::load: storage dtype must be f32 or bf16, got ",
+                    dtype_name(options.dtype)));
+
+  // Validate everything first, so a bad checkpoint fails fast and names its first bad tensor.
+  const std::vector<Expected> expected = expected_tensors(config);
+  for (const Expected& e : expected) check_tensor(ckpt, e, config.tie_word_embeddings);
+  if (options.check_finite)
+    for (const Expected& e : expected) ckpt.check_finite(e.name);
+
+  auto read = [&](const std::string& name) { return ckpt.read_as(name, options.dtype); };
+  LlamaWeights w;
+  w.config = config;
+  w.embed = read("model.embed_tokens.weight");
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    LlamaLayerWeights l;
+    l.input_norm = read(layer_name(i, "input_layernorm.weight"));
+    l.wq = read(layer_name(i, "self_attn.q_proj.weight"));
+    l.wk = read(layer_name(i, "self_attn.k_proj.weight"));
+    l.wv = read(layer_name(i, "self_attn.v_proj.weight"));
+    l.wo = read(layer_name(i, "self_attn.o_proj.weight"));
+    l.post_norm = read(layer_name(i, "post_attention_layernorm.weight"));
+    l.wg = read(layer_name(i, "mlp.gate_proj.weight"));
+    l.wu = read(layer_name(i, "mlp.up_proj.weight"));
+    l.wd = transpose(read(layer_name(i, "mlp.down_proj.weight")));  // [H, I] -> [I, H]
+    w.layers.push_back(std::move(l));
+  }
+  w.final_norm = read("model.norm.weight");
+  if (!config.tie_word_embeddings) w.lm_head = read("lm_head.weight");
+  return w;
+}
+
+LlamaWeights LlamaWeights::load_dir(const std::string& dir, const LlamaLoadOptions& options) {
+  const io::ModelConfig config = io::read_config(dir);
+  return load(io::Checkpoint::open(dir), config, options);
+}
+
+}  // namespace twell::model

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Generates the HuggingFace parity fixtures of tests/model/test_llama_cpu.cpp.
+
+For each model below: a tiny random `transformers` LlamaForCausalLM (GQA, RoPE theta 1e5),
+saved with save_pretrained (safetensors, float32) into tests/model/data/llama/<name>/, and
+HF's logits for a fixed token sequence in <name>/logits.safetensors:
+    tokens      I32 [T]
+    logits      F32 [T, V]   the float32 model's output
+    logits_f64  F64 [T, V]   the same model in float64 (reference for twell's f64 path)
+
+Run once, by hand (the C++ tests need no Python):
+    pip install torch transformers safetensors
+    python3 tests/model/make_hf_fixture.py
+Each model directory is about 110 KB.
+"""
+import os
+import shutil
+
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "data", "llama")
+
+# 16 fixed tokens, every id < vocab_size.
+TOKENS = [1, 17, 42, 96, 0, 5, 63, 63, 28, 71, 11, 90, 3, 54, 37, 8]
+
+MODELS = {
+    # The paper's kind of model: ReLU gate, tied embeddings.
+    "relu_tied": dict(hidden_act="relu", tie_word_embeddings=True, seed=1),
+    # Standard Llama FFN with an untied LM head.
+    "silu_untied": dict(hidden_act="silu", tie_word_embeddings=False, seed=2),
+}
+
+
+def make(name, hidden_act, tie_word_embeddings, seed):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=88,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_act=hidden_act,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        rope_theta=1e5,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=0.2,  # large enough that attention and the gates are far from trivial
+        attention_bias=False,
+        mlp_bias=False,
+    )
+    config._attn_implementation = "eager"
+    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    with torch.no_grad():
+        # Norm weights start at 1: make them random so a misplaced norm weight shows.
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+
+    path = os.path.join(OUT, name)
+    shutil.rmtree(path, ignore_errors=True)
+    model.save_pretrained(path, safe_serialization=True)
+    gen = os.path.join(path, "generation_config.json")
+    if os.path.exists(gen):
+        os.remove(gen)
+
+    ids = torch.tensor([TOKENS], dtype=torch.long)
+    with torch.no_grad():
+        logits = model(ids).logits[0].float().contiguous()
+        logits64 = model.to(torch.float64)(ids).logits[0].contiguous()
+    save_file(
+        {
+            "tokens": torch.tensor(TOKENS, dtype=torch.int32),
+            "logits": logits,
+            "logits_f64": logits64,
+        },
+        os.path.join(path, "logits.safetensors"),
+    )
+    size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    print(f"{name}: {size} bytes, logits range [{logits.min():.3f}, {logits.max():.3f}]")
+
+
+if __name__ == "__main__":
+    import transformers
+
+    print("torch", torch.__version__, "transformers", transformers.__version__)
+    for name, kw in MODELS.items():
+        make(name, **kw)

@@ -1,0 +1,541 @@
+// Tests of the CPU Llama model (include/twell/model/llama.h):
+//  - a tiny random model written here in HF format (config.json + model.safetensors) against a
+//    naive float64 implementation in this file (relu/silu × tied/untied);
+//  - KV-cache decoding equals the full forward, bit for bit; thread count changes nothing;
+//  - corrupt or mismatched checkpoints give one-line errors naming the tensor;
+//  - sampling, generation and perplexity;
+//  - parity with HuggingFace transformers on the fixtures of tests/model/make_hf_fixture.py
+//    (tests/model/data/llama/<name>/: config.json, model.safetensors, logits.safetensors).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/compare.h"
+#include "common/random.h"
+#include "core/io_test_util.h"
+#include "cpu/parallel.h"
+#include "twell/io/config.h"
+#include "twell/io/safetensors.h"
+#include "twell/model/llama.h"
+
+namespace twell::model {
+namespace {
+
+using test::expect_error;
+using test::rel_err;
+
+// ---- a tiny random model in HF layout ----------------------------------------------------------
+io::ModelConfig tiny_config(const std::string& act, bool tied) {
+  io::ModelConfig c;
+  c.hidden_size = 64;
+  c.intermediate_size = 176;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 97;
+  c.max_position_embeddings = 32;
+  c.rope_theta = 1e5;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = tied;
+  c.hidden_act = act;
+  c.torch_dtype = "float32";
+  return c;
+}
+
+using HfTensors = std::map<std::string, Tensor>;  // HF names and layouts (down_proj [H, I])
+
+HfTensors random_hf_tensors(const io::ModelConfig& c, uint64_t seed) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  HfTensors t;
+  auto normal = [&](const std::string& name, Shape shape, double stddev) {
+    t[name] = test::random_normal(DType::f32, std::move(shape), stddev, seed++);
+  };
+  auto norm = [&](const std::string& name) {
+    Tensor w = test::random_normal(DType::f32, {H}, 0.2, seed++);
+    for (int64_t i = 0; i < H; ++i) w.ptr<float>()[i] += 1.0f;
+    t[name] = std::move(w);
+  };
+  normal("model.embed_tokens.weight", {V, H}, 1.0);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    norm(p + "input_layernorm.weight");
+    normal(p + "self_attn.q_proj.weight", {q_dim, H}, 0.25);
+    normal(p + "self_attn.k_proj.weight", {kv_dim, H}, 0.25);
+    normal(p + "self_attn.v_proj.weight", {kv_dim, H}, 0.2);
+    normal(p + "self_attn.o_proj.weight", {H, q_dim}, 0.2);
+    norm(p + "post_attention_layernorm.weight");
+    normal(p + "mlp.gate_proj.weight", {I, H}, 0.2);
+    normal(p + "mlp.up_proj.weight", {I, H}, 0.2);
+    normal(p + "mlp.down_proj.weight", {H, I}, 0.1);
+  }
+  norm("model.norm.weight");
+  if (!c.tie_word_embeddings) normal("lm_head.weight", {V, H}, 0.2);
+  return t;
+}
+
+void write_hf(const std::string& dir, const io::ModelConfig& c, const HfTensors& tensors) {
+  std::filesystem::create_directories(dir);
+  io::write_config(dir, c);
+  std::vector<std::pair<std::string, TensorView>> list;
+  for (const auto& [name, tensor] : tensors) list.emplace_back(name, tensor.view());
+  io::write_safetensors(dir + "/model.safetensors", list);
+}
+
+// ---- the naive float64 reference: straight from the HF modelling code ----------------------
+using Mat = std::vector<double>;  // row-major
+
+Mat vec(const HfTensors& t, const std::string& name) {
+  return to_f64(t.at(name));
+}
+
+// out [T, N] = x [T, K] · w[N, K]ᵀ
+Mat matmul_t(const Mat& x, int64_t T, const Mat& w, int64_t N, int64_t K) {
+  Mat out(T * N, 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += x[t * K + k] * w[n * K + k];
+      out[t * N + n] = s;
+    }
+  return out;
+}
+
+Mat rms_norm(const Mat& x, int64_t T, int64_t H, const Mat& w, double eps) {
+  Mat out(T * H);
+  for (int64_t t = 0; t < T; ++t) {
+    double ms = 0;
+    for (int64_t i = 0; i < H; ++i) ms += x[t * H + i] * x[t * H + i] / double(H);
+    for (int64_t i = 0; i < H; ++i) out[t * H + i] = w[i] * x[t * H + i] / std::sqrt(ms + eps);
+  }
+  return out;
+}
+
+void rope(Mat& x, int64_t T, int64_t heads, int64_t hd, double theta) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      double* r = &x[(t * heads + h) * hd];
+      std::vector<double> rotated(hd);  // rotate_half(r) = cat(-r2, r1)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        rotated[i] = -r[i + hd / 2];
+        rotated[i + hd / 2] = r[i];
+      }
+      for (int64_t i = 0; i < hd; ++i) {
+        const double f = std::pow(theta, -double(2 * (i % (hd / 2))) / double(hd));
+        r[i] = r[i] * std::cos(t * f) + rotated[i] * std::sin(t * f);
+      }
+    }
+}
+
+Mat naive_logits(const io::ModelConfig& c, const HfTensors& w, const std::vector<int32_t>& tok) {
+  const int64_t T = tok.size(), H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const Mat embed = vec(w, "model.embed_tokens.weight");
+  Mat x(T * H);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < H; ++i) x[t * H + i] = embed[tok[t] * H + i];
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Mat a = rms_norm(x, T, H, vec(w, p + "input_layernorm.weight"), c.rms_norm_eps);
+    Mat q = matmul_t(a, T, vec(w, p + "self_attn.q_proj.weight"), nh * hd, H);
+    Mat k = matmul_t(a, T, vec(w, p + "self_attn.k_proj.weight"), nkv * hd, H);
+    Mat v = matmul_t(a, T, vec(w, p + "self_attn.v_proj.weight"), nkv * hd, H);
+    rope(q, T, nh, hd, c.rope_theta);
+    rope(k, T, nkv, hd, c.rope_theta);
+    Mat attn(T * nh * hd, 0.0);
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t g = h / (nh / nkv);  // repeat_kv
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> s(t + 1);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t u = 0; u <= t; ++u) {
+          double d = 0;
+          for (int64_t i = 0; i < hd; ++i)
+            d += q[(t * nh + h) * hd + i] * k[(u * nkv + g) * hd + i];
+          s[u] = d / std::sqrt(double(hd));
+          mx = std::max(mx, s[u]);
+        }
+        for (double& e : s) sum += (e = std::exp(e - mx));
+        for (int64_t u = 0; u <= t; ++u)
+          for (int64_t i = 0; i < hd; ++i)
+            attn[(t * nh + h) * hd + i] += s[u] / sum * v[(u * nkv + g) * hd + i];
+      }
+    }
+    const Mat o = matmul_t(attn, T, vec(w, p + "self_attn.o_proj.weight"), H, nh * hd);
+    for (int64_t i = 0; i < T * H; ++i) x[i] += o[i];
+    a = rms_norm(x, T, H, vec(w, p + "post_attention_layernorm.weight"), c.rms_norm_eps);
+    const Mat gate = matmul_t(a, T, vec(w, p + "mlp.gate_proj.weight"), I, H);
+    Mat h = matmul_t(a, T, vec(w, p + "mlp.up_proj.weight"), I, H);
+    for (int64_t i = 0; i < T * I; ++i) {
+      const double gi = gate[i];
+      h[i] *= c.hidden_act == "relu" ? std::max(gi, 0.0) : gi / (1 + std::exp(-gi));
+    }
+    const Mat y = matmul_t(h, T, vec(w, p + "mlp.down_proj.weight"), H, I);  // down_proj [H, I]
+    for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
+  }
+  const Mat a = rms_norm(x, T, H, vec(w, "model.norm.weight"), c.rms_norm_eps);
+  return matmul_t(
+      a, T, vec(w, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), V, H);
+}
+
+Tensor f64_tensor(const Mat& m, Shape shape) {
+  Tensor t(DType::f64, std::move(shape));
+  std::copy(m.begin(), m.end(), t.ptr<double>());
+  return t;
+}
+
+// Row `r` of a [T, V] tensor as a [V] view.
+TensorView row_of(const Tensor& t, int64_t r) {
+  const int64_t V = t.shape()[1];
+  return TensorView(static_cast<uint8_t*>(t.view().data) + r * V * dtype_size(t.dtype()), t.dtype(),
+                    {V});
+}
+
+const std::vector<int32_t> kTokens = {3, 96, 0, 41, 41, 7, 88, 15, 60, 2, 33, 71, 19, 50};
+
+// ---- forward vs the naive reference -------------------------------------------------------
+struct Variant {
+  const char* act;
+  bool tied;
+};
+
+class LlamaTiny : public test::ScratchDirTest, public testing::WithParamInterface<Variant> {};
+
+// Tolerances: the f64 path differs from the naive one only in summation order (~1e-15 per op);
+// the f32 path carries fp32 rounding through 2 layers of width 64/176 (measured ~1e-6 relative,
+// ~2e-7 per op times depth and softmax/norm amplification), so 2e-5 leaves margin without hiding
+// a wrong formula, whose error would be O(1).
+TEST_P(LlamaTiny, ForwardMatchesNaiveFloat64Reference) {
+  const io::ModelConfig c = tiny_config(GetParam().act, GetParam().tied);
+  const HfTensors hf = random_hf_tensors(c, 100);
+  write_hf(dir_, c, hf);
+  const Tensor ref =
+      f64_tensor(naive_logits(c, hf, kTokens), {int64_t(kTokens.size()), c.vocab_size});
+
+  LlamaCpu f64(LlamaWeights::load_dir(dir_), {DType::f64});
+  const Tensor out64 = f64.logits(kTokens);
+  EXPECT_EQ(out64.dtype(), DType::f64);
+  const double err64 = rel_err(out64, ref);
+  EXPECT_LT(err64, 1e-12);
+
+  LlamaCpu f32(LlamaWeights::load_dir(dir_));
+  const Tensor out32 = f32.logits(kTokens);
+  ASSERT_EQ(out32.dtype(), DType::f32);
+  ASSERT_EQ(out32.shape(), (Shape{int64_t(kTokens.size()), c.vocab_size}));
+  const double err32 = rel_err(out32, ref);
+  EXPECT_LT(err32, 2e-5);
+  std::printf("[ accuracy ] f32 rel err %.3g, f64 rel err %.3g\n", err32, err64);
+  EXPECT_TRUE(test::all_close(out32, ref, 1e-4, 1e-4));
+}
+
+// prefill(prompt) + decode_step(t) for each further token gives, at every step, the last row of
+// the full forward of the sequence so far: the same per-row arithmetic, so bit for bit.
+TEST_P(LlamaTiny, KvCacheDecodeEqualsFullForward) {
+  const io::ModelConfig c = tiny_config(GetParam().act, GetParam().tied);
+  write_hf(dir_, c, random_hf_tensors(c, 200));
+  for (DType math : {DType::f32, DType::f64}) {
+    LlamaCpu model(LlamaWeights::load_dir(dir_), {math});
+    const Tensor full = model.logits(kTokens);
+    const size_t prompt = 5;
+    Tensor step = model.prefill({kTokens.begin(), kTokens.begin() + prompt});
+    EXPECT_TRUE(test::bit_equal(step, row_of(full, prompt - 1))) << dtype_name(math);
+    for (size_t t = prompt; t < kTokens.size(); ++t) {
+      step = model.decode_step(kTokens[t]);
+      EXPECT_EQ(model.cached_tokens(), int64_t(t + 1));
+      EXPECT_TRUE(test::bit_equal(step, row_of(full, t))) << dtype_name(math) << " step " << t;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, LlamaTiny,
+                         testing::Values(Variant{"relu", true}, Variant{"relu", false},
+                                         Variant{"silu", true}, Variant{"silu", false}),
+                         [](const auto& variant) {
+                           return std::string(variant.param.act) +
+                                  (variant.param.tied ? "_tied" : "_untied");
+                         });
+
+class LlamaCpuTest : public test::ScratchDirTest {
+ protected:
+  // Writes a tiny relu model and returns it loaded.
+  LlamaCpu tiny(bool tied = true, LlamaOptions options = {}) {
+    const io::ModelConfig c = tiny_config("relu", tied);
+    write_hf(dir_, c, random_hf_tensors(c, 300));
+    return LlamaCpu(LlamaWeights::load_dir(dir_), options);
+  }
+};
+
+// A model wide enough that parallel_for really splits the projections, the LM head and the FFN
+// (the tiny one stays under its per-thread threshold and runs serially).
+TEST_F(LlamaCpuTest, ResultsDoNotDependOnThreadCount) {
+  io::ModelConfig c = tiny_config("relu", true);
+  c.hidden_size = 256;
+  c.intermediate_size = 1024;
+  c.head_dim = 64;
+  c.num_hidden_layers = 1;
+  c.vocab_size = 4096;
+  write_hf(dir_, c, random_hf_tensors(c, 700));
+  const LlamaCpu model(LlamaWeights::load_dir(dir_));
+  const int before = cpu::set_num_threads(1);
+  const Tensor one = model.logits(kTokens);
+  cpu::set_num_threads(4);
+  const Tensor four = model.logits(kTokens);
+  cpu::set_num_threads(before);
+  EXPECT_TRUE(test::bit_equal(four, one));
+}
+
+TEST_F(LlamaCpuTest, DownProjIsStoredNeuronMajor) {
+  const io::ModelConfig c = tiny_config("relu", true);
+  const HfTensors hf = random_hf_tensors(c, 400);
+  write_hf(dir_, c, hf);
+  const LlamaWeights w = LlamaWeights::load_dir(dir_);
+  const Tensor& disk = hf.at("model.layers.1.mlp.down_proj.weight");  // [H, I]
+  const Tensor& wd = w.layers[1].wd;                                  // [I, H]
+  ASSERT_EQ(wd.shape(), (Shape{c.intermediate_size, c.hidden_size}));
+  for (int64_t j : {0, 5, 175})
+    for (int64_t h : {0, 17, 63})
+      EXPECT_EQ(wd.ptr<float>()[j * c.hidden_size + h],
+                disk.ptr<float>()[h * c.intermediate_size + j]);
+}
+
+// bf16 storage: weights rounded once (relative ~2^-9 each), the maths still fp32.
+TEST_F(LlamaCpuTest, Bf16StorageIsCloseToF32) {
+  const LlamaCpu f32 = tiny();
+  LlamaLoadOptions opts;
+  opts.dtype = DType::bf16;
+  const LlamaCpu bf16(LlamaWeights::load_dir(dir_, opts));
+  EXPECT_EQ(bf16.weights().dtype(), DType::bf16);
+  const double err = rel_err(bf16.logits(kTokens), f32.logits(kTokens));
+  EXPECT_GT(err, 0.0);
+  EXPECT_LT(err, 3e-2);
+}
+
+// The ReLU FFN with bf16 rounding points (DESIGN.md §2) stays close to the unrounded one.
+TEST_F(LlamaCpuTest, ReluFfnBf16RoundingIsClose) {
+  LlamaOptions rounded;
+  rounded.relu_ffn = Precision::bf16;
+  const LlamaCpu exact = tiny();
+  const LlamaCpu bf16 = LlamaCpu(LlamaWeights::load_dir(dir_), rounded);
+  const double err = rel_err(bf16.logits(kTokens), exact.logits(kTokens));
+  EXPECT_GT(err, 0.0);
+  EXPECT_LT(err, 3e-2);
+}
+
+// ---- bad checkpoints ----------------------------------------------------------------------
+class LlamaLoadErrors : public test::ScratchDirTest {
+ protected:
+  io::ModelConfig c = tiny_config("relu", false);
+  HfTensors hf = random_hf_tensors(c, 500);
+  void load() { LlamaWeights::load_dir(dir_); }
+};
+
+TEST_F(LlamaLoadErrors, MissingTensor) {
+  hf.erase("model.layers.1.self_attn.v_proj.weight");
+  write_hf(dir_, c, hf);
+  expect_error([&] { load(); },
+               {"missing tensor 'model.layers.1.self_attn.v_proj.weight'", "[32, 64]"});
+}
+
+TEST_F(LlamaLoadErrors, MissingLmHeadWhenUntied) {
+  hf.erase("lm_head.weight");
+  write_hf(dir_, c, hf);
+  expect_error([&] { load(); }, {"missing tensor 'lm_head.weight'", "tie_word_embeddings false"});
+}
+
+TEST_F(LlamaLoadErrors, WrongShape) {
+  hf["model.layers.0.mlp.up_proj.weight"] = Tensor(DType::f32, {176, 63});
+  write_hf(dir_, c, hf);
+  expect_error([&] { load(); }, {"tensor 'model.layers.0.mlp.up_proj.weight'",
+                                 "expected shape [176, 64], got [176, 63]"});
+}
+
+// A checkpoint for another config: the first mismatching tensor is named.
+TEST_F(LlamaLoadErrors, ConfigDoesNotMatchCheckpoint) {
+  write_hf(dir_, c, hf);
+  io::ModelConfig other = c;
+  other.num_key_value_heads = 4;  // no GQA: k_proj would be [64, 64]
+  io::write_config(dir_, other);
+  expect_error([&] { load(); }, {"tensor 'model.layers.0.self_attn.k_proj.weight'",
+                                 "expected shape [64, 64], got [32, 64]"});
+}
+
+TEST_F(LlamaLoadErrors, WrongDtype) {
+  hf["model.norm.weight"] = Tensor(DType::i32, {64});
+  write_hf(dir_, c, hf);
+  expect_error([&] { load(); },
+               {"tensor 'model.norm.weight'", "expected dtype BF16, F16 or F32, got I32"});
+}
+
+TEST_F(LlamaLoadErrors, TruncatedFile) {
+  write_hf(dir_, c, hf);
+  const std::string file = dir_ + "/model.safetensors";
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
+  expect_error([&] { load(); }, {"model.safetensors", "truncated"});
+}
+
+TEST_F(LlamaLoadErrors, NonFiniteWeightWhenChecked) {
+  hf["model.layers.1.mlp.gate_proj.weight"].ptr<float>()[7] = NAN;
+  write_hf(dir_, c, hf);
+  EXPECT_NO_THROW(load());  // not checked by default
+  LlamaLoadOptions opts;
+  opts.check_finite = true;
+  expect_error([&] { LlamaWeights::load_dir(dir_, opts); },
+               {"model.layers.1.mlp.gate_proj.weight"});
+}
+
+TEST_F(LlamaLoadErrors, UnsupportedActivation) {
+  c.hidden_act = "gelu";
+  write_hf(dir_, c, hf);
+  expect_error([&] { load(); }, {"hidden_act", "gelu"});
+}
+
+TEST_F(LlamaCpuTest, BadTokensAndPositionsAreRejected) {
+  LlamaCpu model = tiny();
+  expect_error([&] { model.logits({1, 97}); }, {"token 97", "[0, 97)"});
+  expect_error([&] { model.logits({-1}); }, {"token -1"});
+  expect_error([&] { model.logits(std::vector<int32_t>(33, 1)); }, {"max_position_embeddings 32"});
+  expect_error([&] { model.decode_step(1); }, {"prefill"});
+  model.prefill(std::vector<int32_t>(32, 1));
+  expect_error([&] { model.decode_step(1); }, {"max_position_embeddings"});
+  EXPECT_EQ(model.cached_tokens(), 32);  // a rejected step leaves the cache as it was
+}
+
+// ---- sampling, generation, perplexity ---------------------------------------------------
+Tensor logit_row(std::vector<float> v) {
+  Tensor t(DType::f32, {int64_t(v.size())});
+  std::copy(v.begin(), v.end(), t.ptr<float>());
+  return t;
+}
+
+TEST(LlamaSampling, GreedyIsArgmaxLowestIndexOnTies) {
+  Sampler s({});
+  EXPECT_EQ(s.sample(logit_row({0.1f, 2.0f, -1.0f, 2.0f})), 1);
+}
+
+TEST(LlamaSampling, TopKOneAndTinyTopPAreGreedy) {
+  const Tensor row = logit_row({0.5f, 0.2f, 0.9f, 0.8f});
+  Sampler k1({/*temperature=*/1.0, /*top_k=*/1, 1.0, 7});
+  Sampler p0({/*temperature=*/1.0, 0, /*top_p=*/1e-6, 7});
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(k1.sample(row), 2);
+    EXPECT_EQ(p0.sample(row), 2);
+  }
+}
+
+TEST(LlamaSampling, FrequenciesFollowSoftmaxAndFilters) {
+  // p = softmax([0, log 3]) = [0.25, 0.75]; 20000 draws: σ ≈ 0.003, tolerance 0.015.
+  Sampler s({1.0, 0, 1.0, 42});
+  const Tensor two = logit_row({0.0f, std::log(3.0f)});
+  int ones = 0;
+  for (int i = 0; i < 20000; ++i) ones += s.sample(two);
+  EXPECT_NEAR(ones / 20000.0, 0.75, 0.015);
+
+  // Temperature 2 flattens: p ∝ [1, √3] -> 0.634 for token 1.
+  Sampler hot({2.0, 0, 1.0, 43});
+  ones = 0;
+  for (int i = 0; i < 20000; ++i) ones += hot.sample(two);
+  EXPECT_NEAR(ones / 20000.0, std::sqrt(3.0) / (1 + std::sqrt(3.0)), 0.015);
+
+  // top_k = 2 and top_p = 0.6 (p = [.1, .2, .3, .4] -> keeps {3, 2}) never leave their sets.
+  const Tensor four = logit_row({std::log(.1f), std::log(.2f), std::log(.3f), std::log(.4f)});
+  Sampler k2({1.0, 2, 1.0, 44}), p6({1.0, 0, 0.6, 45});
+  for (int i = 0; i < 2000; ++i) {
+    EXPECT_GE(k2.sample(four), 2);
+    EXPECT_GE(p6.sample(four), 2);
+  }
+}
+
+TEST(LlamaSampling, SameSeedSameTokens) {
+  const Tensor row = logit_row({0.1f, 0.3f, 0.2f, 0.25f, 0.0f});
+  Sampler a({0.8, 4, 0.95, 123}), b({0.8, 4, 0.95, 123}), c({0.8, 4, 0.95, 124});
+  std::vector<int32_t> ta, tb, tc;
+  for (int i = 0; i < 64; ++i) {
+    ta.push_back(a.sample(row));
+    tb.push_back(b.sample(row));
+    tc.push_back(c.sample(row));
+  }
+  EXPECT_EQ(ta, tb);
+  EXPECT_NE(ta, tc);
+}
+
+// Greedy generation with the KV cache picks, at each step, the argmax of the full forward.
+TEST_F(LlamaCpuTest, GreedyGenerationFollowsFullForward) {
+  LlamaCpu model = tiny(false);
+  const std::vector<int32_t> prompt = {5, 9, 11};
+  const std::vector<int32_t> out = generate(model, prompt, 8, {});
+  ASSERT_EQ(out.size(), 8u);
+  std::vector<int32_t> seq = prompt;
+  for (int32_t token : out) {
+    const Tensor logits = model.logits(seq);
+    const std::vector<float> last = to_f32(row_of(logits, int64_t(seq.size()) - 1));
+    EXPECT_EQ(token, std::max_element(last.begin(), last.end()) - last.begin());
+    seq.push_back(token);
+  }
+  // Stops right after the end-of-sequence token.
+  EXPECT_EQ(generate(model, prompt, 8, {}, out[2]).size(),
+            size_t(std::find(out.begin(), out.end(), out[2]) - out.begin() + 1));
+}
+
+TEST_F(LlamaCpuTest, PerplexityIsExpOfMeanNll) {
+  const io::ModelConfig c = tiny_config("relu", true);
+  const HfTensors hf = random_hf_tensors(c, 600);
+  write_hf(dir_, c, hf);
+  const LlamaCpu model(LlamaWeights::load_dir(dir_), {DType::f64});
+  const Mat ref = naive_logits(c, hf, kTokens);
+  double nll = 0;
+  for (size_t t = 0; t + 1 < kTokens.size(); ++t) {
+    double sum = 0;
+    for (int64_t v = 0; v < c.vocab_size; ++v) sum += std::exp(ref[t * c.vocab_size + v]);
+    nll -= ref[t * c.vocab_size + kTokens[t + 1]] - std::log(sum);
+  }
+  nll /= double(kTokens.size() - 1);
+  const Perplexity p = perplexity(model, kTokens);
+  EXPECT_EQ(p.predictions, int64_t(kTokens.size()) - 1);
+  EXPECT_NEAR(p.mean_nll, nll, 1e-10);
+  EXPECT_NEAR(p.perplexity, std::exp(nll), 1e-8 * std::exp(nll));
+}
+
+// ---- parity with HuggingFace transformers ----------------------------------------------------
+std::string fixture_dir(const std::string& name) {
+  return (std::filesystem::path(__FILE__).parent_path() / "data" / "llama" / name).string();
+}
+
+class LlamaHfParity : public testing::TestWithParam<const char*> {};
+
+// Tolerances (relative, ‖Δ‖/‖ref‖): f32 against HF's fp32 logits 1e-5, as the issue asks; they
+// differ only in summation order and our double-accumulated ReLU FFN (measured ~5e-7).
+// f64 against HF's float64 model 1e-6: HF computes the RoPE angles in fp32 even for a float64
+// model (LlamaRotaryEmbedding casts inv_freq and positions to float), ours in double, so the two
+// differ by fp32 rounding of cos/sin (measured ~2.3e-7); a wrong formula would be O(1).
+TEST_P(LlamaHfParity, LogitsMatchTransformers) {
+  const std::string dir = fixture_dir(GetParam());
+  ASSERT_TRUE(std::filesystem::exists(dir + "/config.json"))
+      << dir << " missing: run tests/model/make_hf_fixture.py";
+  const io::SafetensorsFile ref = io::SafetensorsFile::open(dir + "/logits.safetensors");
+  const TensorView tok = ref.view("tokens");
+  const std::vector<int32_t> tokens(tok.ptr<int32_t>(), tok.ptr<int32_t>() + tok.numel());
+
+  const LlamaCpu f32(LlamaWeights::load_dir(dir, {DType::f32, /*check_finite=*/true}));
+  const Tensor out32 = f32.logits(tokens);
+  ASSERT_EQ(out32.shape(), ref.info("logits").shape);
+  const double err32 = rel_err(out32, ref.view("logits"));
+  EXPECT_LE(err32, 1e-5);
+
+  const LlamaCpu f64(LlamaWeights::load_dir(dir), {DType::f64});
+  const double err64 = rel_err(f64.logits(tokens), ref.view("logits_f64"));
+  EXPECT_LE(err64, 1e-6);
+  std::printf("[ parity   ] %s: f32 rel err %.3g, f64 rel err %.3g\n", GetParam(), err32, err64);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaHfParity, testing::Values("relu_tied", "silu_untied"));
+
+}  // namespace
+}  // namespace twell::model
