@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) command_line += std::string(" ") + argv[i];
   twell::cli::register_bench(app, command_line);
   twell::cli::register_inspect(app);
+  twell::cli::register_run(app);
+  twell::cli::register_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,141 @@
+// Tokenizers for the model runtime: text <-> token ids.
+//
+// - ByteTokenizer: ids 0..255 are the bytes themselves, optionally followed by BOS and EOS, for
+//   the small models we train ourselves.
+// - BpeTokenizer: a HuggingFace `tokenizer.json` whose model is byte-level BPE (GPT-2 style, as
+//   used by the paper's SmolLM/Llama-style checkpoints with vocab 49152).
+// - load_tokenizer(model_dir): the tokenizer a model directory ships with.
+//
+// encode() never adds BOS/EOS (HF's `add_special_tokens=False`): callers prepend bos_id()
+// themselves. All errors throw twell::Error with a one-line message.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace twell::model {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // The bytes the ids stand for, concatenated. Throws for an id the tokenizer does not know.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+
+  // One past the largest id the tokenizer can produce or decode.
+  virtual int32_t vocab_size() const = 0;
+  virtual std::optional<int32_t> bos_id() const = 0;
+  virtual std::optional<int32_t> eos_id() const = 0;
+
+  // The vocabulary entry of `id` as stored (for BPE: the byte-level form, e.g. "Ġthe").
+  // Throws for an unknown id.
+  virtual std::string id_to_token(int32_t id) const = 0;
+  virtual std::optional<int32_t> token_to_id(std::string_view token) const = 0;
+};
+
+// Ids 0..255 are bytes; BOS (if any) is 256 and EOS (if any) comes after it. Any byte string,
+// including invalid UTF-8, round-trips. decode() skips BOS/EOS; their tokens are "<bos>"/"<eos>".
+class ByteTokenizer final : public Tokenizer {
+ public:
+  explicit ByteTokenizer(bool with_bos = false, bool with_eos = false);
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t vocab_size() const override { return vocab_size_; }
+  std::optional<int32_t> bos_id() const override { return bos_; }
+  std::optional<int32_t> eos_id() const override { return eos_; }
+  std::string id_to_token(int32_t id) const override;
+  std::optional<int32_t> token_to_id(std::string_view token) const override;
+
+ private:
+  std::optional<int32_t> bos_, eos_;
+  int32_t vocab_size_;
+};
+
+// Byte-level BPE from a HuggingFace tokenizer.json. Supported:
+//   model        {"type": "BPE"} with "vocab", "merges" ("a b" strings or ["a", "b"] pairs),
+//                "ignore_merges", "unk_token"/"fuse_unk"; dropout must be null or 0 and
+//                continuing_subword_prefix / end_of_word_suffix null or empty.
+//   normalizer   null only.
+//   pre_tokenizer ByteLevel (add_prefix_space, use_regex), or a Sequence of Digits
+//                (individual_digits) and ByteLevel, as SmolLM ships.
+//   decoder      ByteLevel (or null).
+//   added_tokens matched verbatim before pre-tokenization, leftmost-longest, honouring
+//                lstrip/rstrip/single_word; "normalized": false tokens first, as HF does.
+// post_processor is ignored (encode() adds no BOS/EOS) and so are padding and truncation.
+//
+// Matches HF `tokenizers` 0.23 id for id on the fixtures and on 5000 random mixed-script texts
+// (the letter/number classes of the split regex are tables probed from `tokenizers` itself,
+// Unicode 16). Known differences: decode() returns raw bytes where HF replaces invalid UTF-8
+// with U+FFFD (so a token sequence cut inside a character still concatenates correctly);
+// single_word uses letters/digits/'_' as word characters; text that is not valid UTF-8 (which
+// HF cannot take) is encoded byte for byte, each bad byte as a code point of class "other".
+class BpeTokenizer final : public Tokenizer {
+ public:
+  static std::unique_ptr<BpeTokenizer> from_file(const std::string& path);
+  // `source` names the text in error messages.
+  static std::unique_ptr<BpeTokenizer> from_json(std::string_view json,
+                                                 const std::string& source = "tokenizer.json");
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t vocab_size() const override { return vocab_size_; }
+  std::optional<int32_t> bos_id() const override { return bos_; }
+  std::optional<int32_t> eos_id() const override { return eos_; }
+  std::string id_to_token(int32_t id) const override;
+  std::optional<int32_t> token_to_id(std::string_view token) const override;
+
+  // tokenizer.json does not say which tokens are BOS/EOS (tokenizer_config.json does);
+  // load_tokenizer sets them. Throws for ids outside the vocabulary.
+  void set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos);
+
+  struct AddedToken {
+    std::string content;
+    int32_t id = 0;
+    bool special = false;
+    bool normalized = true;
+    bool lstrip = false, rstrip = false, single_word = false;
+  };
+  struct PreTokenizer {
+    enum class Digits { kKeep, kIndividual, kContiguous } digits = Digits::kKeep;
+    bool add_prefix_space = false;
+    bool use_regex = true;
+  };
+
+ private:
+  BpeTokenizer() = default;
+  // Ids of one pre-tokenized piece (already in byte-level form), through the cache.
+  void encode_word(const std::string& word, std::vector<int32_t>& out) const;
+  std::vector<int32_t> merge_word(const std::string& word) const;
+  void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
+
+  std::unordered_map<std::string, int32_t> vocab_;  // model vocab + added tokens
+  std::vector<std::string> id_to_token_;            // "" where an id has no token
+  std::vector<bool> has_id_;
+  // (left id << 32 | right id) -> (rank, merged id)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
+  std::vector<AddedToken> added_;
+  PreTokenizer pre_;
+  bool ignore_merges_ = false;
+  std::optional<int32_t> unk_;
+  bool fuse_unk_ = false;
+  int32_t vocab_size_ = 0;
+  std::optional<int32_t> bos_, eos_;
+
+  // Words seen before -> their ids, as HF's BPE cache; bounded, cleared when full.
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+// `<model_dir>/tokenizer.json` as a BpeTokenizer, with BOS/EOS taken from
+// tokenizer_config.json ("bos_token"/"eos_token") when that file exists.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
+
+}  // namespace twell::model

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Writes the tokenizer fixtures for tests/model/test_tokenizer.cpp and the ids that the
+HuggingFace `tokenizers` library gives for them (the test suite itself needs no Python).
+
+    pip install tokenizers && python3 make_tokenizer_fixtures.py          # from this folder
+    python3 make_tokenizer_fixtures.py --print-tables   # Unicode tables of src/model/tokenizer.cpp (~15 s)
+
+Three small byte-level BPE tokenizer.json files share one vocabulary (the 256 byte tokens plus
+a few dozen merges) and differ in what the C++ side must handle:
+  bpe_gpt2.json    "a b" merges, ByteLevel pre-tokenizer, added tokens with lstrip/rstrip/single_word
+  bpe_smollm.json  ["a", "b"] merges, Sequence[Digits(individual), ByteLevel], ignore_merges,
+                   chat special tokens (as SmolLM ships)
+  bpe_prefix.json  Sequence[Digits(contiguous), ByteLevel(add_prefix_space)]
+"""
+import json
+import random
+import sys
+
+
+def bytes_to_unicode():
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    mapping, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + n)
+            n += 1
+    return mapping
+
+
+B2U = bytes_to_unicode()
+
+
+def bl(text):
+    return "".join(B2U[b] for b in text.encode("utf-8"))
+
+
+# Merges as pairs of plain text pieces; both halves must already be tokens.
+MERGE_TEXT = [
+    (" ", "t"), ("h", "e"), (" t", "he"), ("i", "n"), ("e", "r"), (" ", "a"), ("o", "n"),
+    ("r", "e"), (" ", "w"), ("o", "r"), ("l", "l"), (" ", "s"), ("e", "n"), ("'", "s"),
+    ("in", "g"), (" ", "c"), ("a", "t"), (" c", "at"), (" s", "at"), (" ", "o"), (" o", "n"),
+    (" ", "m"), (" m", "at"), ("H", "e"), ("He", "ll"), ("Hell", "o"), (" w", "or"),
+    ("l", "d"), (" wor", "ld"), ("1", "2"), ("12", "3"), (" ", " "),
+    ("  ", "  "), ("\n", "\n"), ("a", "a"), ("aa", "aa"), ("c", "a"), ("ca", "f"),
+]
+# build() adds merges inside multi-byte characters (é, 你, 好) at byte boundaries.
+
+
+def build():
+    vocab = {"<|endoftext|>": 0}
+    for b in range(256):
+        vocab[B2U[b]] = len(vocab)
+    merges = []
+
+    def add(a, b):
+        assert a in vocab and b in vocab, (a, b)
+        merges.append((a, b))
+        if a + b not in vocab:
+            vocab[a + b] = len(vocab)
+
+    for a, b in MERGE_TEXT:
+        add(bl(a), bl(b))
+    e_acute = bl("é")          # two byte-level characters
+    add(e_acute[0], e_acute[1])
+    add(bl("caf"), e_acute)
+    ni, hao = bl("你"), bl("好")  # three byte-level characters each
+    add(ni[0], ni[1]); add(ni[:2], ni[2])
+    add(hao[0], hao[1]); add(hao[:2], hao[2])
+    add(ni, hao)
+    add(bl("'"), bl("t"))
+    add(bl(" "), bl("1"))
+    vocab[bl(" hello")] = len(vocab)  # reachable only whole, through ignore_merges
+    return vocab, merges
+
+
+def tokenizer_json(vocab, merges, *, merges_as_arrays, pre_tokenizer, added, ignore_merges):
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+             "vocab": vocab,
+             "merges": [[a, b] for a, b in merges] if merges_as_arrays else [f"{a} {b}" for a, b in merges]}
+    if ignore_merges is not None:
+        model["ignore_merges"] = ignore_merges
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": None, "pre_tokenizer": pre_tokenizer,
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False,
+                               "use_regex": True},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                        "use_regex": True},
+            "model": model}
+
+
+def added_token(id_, content, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False):
+    return {"id": id_, "content": content, "single_word": single_word, "lstrip": lstrip,
+            "rstrip": rstrip, "normalized": normalized, "special": special}
+
+
+def byte_level(add_prefix_space):
+    return {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": True, "use_regex": True}
+
+
+TEXTS = [
+    "", " ", "Hello world", "the cat sat on the mat", "hello Hello HELLO hello",
+    "I'm can't we'll they've he'd it's you're I'M 'S", "don't's x'sy 're' '''' '",
+    "café naïve résumé", "cafe\u0301 e\u0301", "你好世界 日本語 你好你好", "👋🏽 🎉 emoji👍 👨‍👩‍👧",
+    "a   b\t\tc  \n\n  d   ", "   leading", "trailing   ", "\n", "\n\n\n", "line1\nline2\r\nline3",
+    "12345 3.14 1,000,000 abc123def 123123", "٣٤٥ ½ Ⅻ ²", "!!!...??? ---", "aaaaaaa aaaa",
+    "nbsp\u00a0here\u3000ideographic\u2003em", "tab\tsep", "\u200dzwj\ufeffbom",
+    "<|endoftext|>Hello<|endoftext|>", "<|im_start|>user\nhi<|im_end|>\n", "x <mask> y",
+    "a<sep>  b", "<word> in a<word>b <word>_", "<|endoftext|><|endoftext|>", "<|endoftext", "Ελληνικά Кириллица עברית العربية",
+]
+
+ALPHABET = list("abcHe lo'stm\n\t1239 .,!?_-") + ["  ", "é", "e\u0301", "你", "好", "👍", "٣", "½",
+            "\u00a0", "\u3000", "<|endoftext|>", "<|im_start|>", "<mask>", "<sep>", "<word>", "'s", "'re", " hello"]
+
+
+def random_texts(count, seed):
+    rng = random.Random(seed)
+    return ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 24))) for _ in range(count)]
+
+
+def print_tables():
+    """The non-ASCII code points that HF's ByteLevel regex takes as \\p{L} and \\p{N} (its Unicode
+    version, newer than Python's unicodedata), found by asking the pre-tokenizer whether "a" + c
+    (or "0" + c) stays one piece, printed as the C++ range tables."""
+    from tokenizers import pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    letters, numbers = [], []
+    for cp in range(0x80, 0x110000):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        if len(byte_level.pre_tokenize_str("a" + chr(cp))) == 1:
+            letters.append(cp)
+        if len(byte_level.pre_tokenize_str("0" + chr(cp))) == 1:
+            numbers.append(cp)
+
+    def ranges(cps):
+        out = []
+        for cp in cps:
+            if out and out[-1][1] == cp - 1:
+                out[-1][1] = cp
+            else:
+                out.append([cp, cp])
+        return out
+
+    for name, cps in (("kLetterRanges", letters), ("kNumberRanges", numbers)):
+        print(f"constexpr CodeRange {name}[] = {{")
+        line = "   "
+        for a, b in ranges(cps):
+            item = f"{{0x{a:X}, 0x{b:X}}},"
+            if len(line) + 1 + len(item) > 99:
+                print(line)
+                line = "   "
+            line += " " + item
+        print(line)
+        print("};")
+
+
+def main():
+    if "--print-tables" in sys.argv:
+        print_tables()
+        return
+    from tokenizers import Tokenizer
+
+    vocab, merges = build()
+    n = len(vocab)
+    gpt2_added = [added_token(0, "<|endoftext|>"), added_token(n, "<mask>", lstrip=True),
+                  added_token(n + 1, "<sep>", rstrip=True),
+                  added_token(n + 2, "<word>", special=False, normalized=True, single_word=True)]
+    chat_added = [added_token(0, "<|endoftext|>"), added_token(n, "<|im_start|>"), added_token(n + 1, "<|im_end|>")]
+    digits = lambda individual: {"type": "Digits", "individual_digits": individual}
+    fixtures = {
+        "bpe_gpt2.json": tokenizer_json(vocab, merges, merges_as_arrays=False, pre_tokenizer=byte_level(False),
+                                        added=gpt2_added, ignore_merges=None),
+        "bpe_smollm.json": tokenizer_json(vocab, merges, merges_as_arrays=True,
+                                          pre_tokenizer={"type": "Sequence",
+                                                         "pretokenizers": [digits(True), byte_level(False)]},
+                                          added=chat_added, ignore_merges=True),
+        "bpe_prefix.json": tokenizer_json(vocab, merges, merges_as_arrays=False,
+                                          pre_tokenizer={"type": "Sequence",
+                                                         "pretokenizers": [digits(False), byte_level(True)]},
+                                          added=chat_added, ignore_merges=False),
+    }
+    texts = TEXTS + random_texts(60, seed=5)
+    expected = {"tokenizers_version": __import__("tokenizers").__version__, "cases": {}}
+    for name, spec in fixtures.items():
+        text = json.dumps(spec, ensure_ascii=False, indent=1)
+        with open(name, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        tok = Tokenizer.from_str(text)
+        cases = []
+        for t in texts:
+            ids = tok.encode(t, add_special_tokens=False).ids
+            cases.append({"text": t, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)})
+        expected["cases"][name] = cases
+    # One case a line, so that a diff shows which expectation changed.
+    with open("bpe_expected.json", "w", encoding="utf-8") as f:
+        f.write('{"tokenizers_version": %s, "cases": {\n' % json.dumps(expected["tokenizers_version"]))
+        for i, (name, cases) in enumerate(expected["cases"].items()):
+            f.write(' %s: [\n' % json.dumps(name))
+            f.write(",\n".join("  " + json.dumps(c, ensure_ascii=False) for c in cases))
+            f.write("\n ]%s\n" % ("," if i + 1 < len(expected["cases"]) else ""))
+        f.write("}}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+// Tokenizers: the byte tokenizer round-trips any bytes; byte-level BPE from tokenizer.json gives
+// the ids HuggingFace `tokenizers` gives (expectations in tests/model/data/bpe_expected.json,
+// made by make_tokenizer_fixtures.py there), round-trips text, handles special tokens, and
+// rejects what it does not support with one-line errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/io_test_util.h"
+#include "twell/model/tokenizer.h"
+
+namespace twell::model {
+namespace {
+
+using test::expect_error;
+using test::read_file;
+using test::write_file;
+
+std::string data_path(const std::string& name) {
+  return (std::filesystem::path(__FILE__).parent_path() / "data" / name).string();
+}
+
+std::string fixture_text(const std::string& name) {
+  const std::string text = read_file(data_path(name));
+  EXPECT_FALSE(text.empty()) << "missing fixture " << data_path(name);
+  return text;
+}
+
+// `s` with bytes outside printable ASCII escaped, for failure messages.
+std::string escaped(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+std::string ids_string(const std::vector<int32_t>& ids) {
+  std::string out = "[";
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+  return out + "]";
+}
+
+// ---- ByteTokenizer ------------------------------------------------------------------------
+
+TEST(ByteTokenizer, RoundTripsArbitraryBytesIncludingInvalidUtf8) {
+  ByteTokenizer tok;
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+  std::mt19937 rng(5);
+  std::string random_bytes(1000, '\0');
+  for (char& c : random_bytes) c = static_cast<char>(rng() & 0xFF);
+  for (const std::string& s : {std::string(), all, std::string("\xff\xfe\xc3(\xe2\x82", 6),
+                               random_bytes, std::string("caf\xc3\xa9 \xf0\x9f\x91\x8d")}) {
+    const std::vector<int32_t> ids = tok.encode(s);
+    ASSERT_EQ(ids.size(), s.size());
+    for (size_t i = 0; i < s.size(); ++i)
+      ASSERT_EQ(ids[i], static_cast<unsigned char>(s[i])) << "byte " << i;
+    EXPECT_EQ(tok.decode(ids), s) << escaped(s);
+  }
+}
+
+TEST(ByteTokenizer, BosEosFollowTheBytesAndDecodeSkipsThem) {
+  EXPECT_EQ(ByteTokenizer().vocab_size(), 256);
+  EXPECT_FALSE(ByteTokenizer().bos_id());
+  ByteTokenizer eos_only(false, true);
+  EXPECT_EQ(eos_only.vocab_size(), 257);
+  EXPECT_EQ(eos_only.eos_id(), 256);
+  ByteTokenizer tok(true, true);
+  EXPECT_EQ(tok.vocab_size(), 258);
+  EXPECT_EQ(tok.bos_id(), 256);
+  EXPECT_EQ(tok.eos_id(), 257);
+  EXPECT_EQ(tok.decode({256, 'h', 'i', 257}), "hi");
+  EXPECT_EQ(tok.id_to_token(256), "<bos>");
+  EXPECT_EQ(tok.id_to_token('a'), "a");
+  EXPECT_EQ(tok.token_to_id("<eos>"), 257);
+  EXPECT_EQ(tok.token_to_id("\xff"), 255);
+  EXPECT_FALSE(tok.token_to_id("ab"));
+}
+
+TEST(ByteTokenizer, UnknownIdsAreErrors) {
+  ByteTokenizer tok(true, false);
+  expect_error([&] { tok.decode({'a', 257}); }, {"unknown token id 257", "position 1"});
+  expect_error([&] { tok.decode({-1}); }, {"unknown token id -1"});
+  expect_error([&] { tok.id_to_token(300); }, {"unknown token id 300"});
+}
+
+// ---- BpeTokenizer against HuggingFace -----------------------------------------------------
+
+class BpeMatchesHuggingFace : public testing::TestWithParam<std::string> {};
+
+TEST_P(BpeMatchesHuggingFace, IdsAndDecodedText) {
+  const auto expected = nlohmann::json::parse(fixture_text("bpe_expected.json"));
+  const auto& cases = expected.at("cases").at(GetParam());
+  ASSERT_GT(cases.size(), 50u);
+  auto tok = BpeTokenizer::from_file(data_path(GetParam()));
+  int mismatches = 0;
+  for (const auto& c : cases) {
+    const std::string text = c.at("text").get<std::string>();
+    const std::vector<int32_t> want = c.at("ids").get<std::vector<int32_t>>();
+    const std::vector<int32_t> got = tok->encode(text);
+    if (got != want && ++mismatches <= 5)
+      ADD_FAILURE() << "encode(\"" << escaped(text) << "\")\n  got  " << ids_string(got)
+                    << "\n  want " << ids_string(want);
+    EXPECT_EQ(tok->decode(want), c.at("decoded").get<std::string>())
+        << "decode of \"" << escaped(text) << "\"";
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << cases.size() << " texts";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, BpeMatchesHuggingFace,
+                         testing::Values("bpe_gpt2.json", "bpe_smollm.json", "bpe_prefix.json"),
+                         [](const auto& p) { return p.param.substr(4, p.param.size() - 9); });
+
+// ---- BpeTokenizer behaviour ---------------------------------------------------------------
+
+TEST(BpeTokenizer, DecodeOfEncodeIsTheText) {
+  const std::vector<std::string> texts = {
+      "The quick brown fox jumps over the lazy dog.",
+      "caf\xc3\xa9 na\xc3\xafve r\xc3\xa9sum\xc3\xa9 e\xcc\x81",  // accents, combining mark
+      "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c \xe6\x97\xa5\xe6\x9c\xac",  // CJK
+      "\xf0\x9f\x91\x8b\xf0\x9f\x8f\xbd \xf0\x9f\x8e\x89",  // emoji, skin tone
+      "a   b\t\t c  \n\n  d   ",
+      "\n\n\r\n",
+      "   ",
+      "0123456789 3.14159 1,000,000",
+      "I'm can't we'll they've he'd it's you're 'S",
+      "<|endoftext|>x<|im_start|>y",
+      std::string("bad \xff\xfe utf8 \xc3", 13),
+      std::string("nul\0byte", 8),
+  };
+  for (const char* name : {"bpe_gpt2.json", "bpe_smollm.json"}) {
+    auto tok = BpeTokenizer::from_file(data_path(name));
+    for (const std::string& s : texts)
+      EXPECT_EQ(tok->decode(tok->encode(s)), s) << name << ": " << escaped(s);
+  }
+}
+
+TEST(BpeTokenizer, SpecialTokensAreMatchedVerbatimAndKeepTheirIds) {
+  auto tok = BpeTokenizer::from_file(data_path("bpe_smollm.json"));
+  const int32_t start = *tok->token_to_id("<|im_start|>"), end = *tok->token_to_id("<|im_end|>");
+  EXPECT_EQ(tok->token_to_id("<|endoftext|>"), 0);
+  EXPECT_EQ(tok->vocab_size(), end + 1);
+  const std::vector<int32_t> ids = tok->encode("<|im_start|>Hello<|im_end|><|im_end|>");
+  ASSERT_EQ(ids.size(), 4u) << ids_string(ids);
+  EXPECT_EQ(ids[0], start);
+  EXPECT_EQ(tok->id_to_token(ids[1]), "Hello");
+  EXPECT_EQ(ids[2], end);
+  EXPECT_EQ(ids[3], end);
+  EXPECT_EQ(tok->decode(ids), "<|im_start|>Hello<|im_end|><|im_end|>");
+  // A token in the vocabulary that merges cannot reach, taken whole through ignore_merges.
+  EXPECT_EQ(tok->encode(" hello"), std::vector<int32_t>{*tok->token_to_id("\xc4\xa0hello")});
+  EXPECT_FALSE(tok->bos_id());
+}
+
+TEST(BpeTokenizer, RepeatedAndLongWordsGiveStableIds) {
+  auto tok = BpeTokenizer::from_file(data_path("bpe_gpt2.json"));
+  const std::string text = "the cat sat on the mat the cat sat on the mat";
+  const std::vector<int32_t> first = tok->encode(text);
+  EXPECT_EQ(tok->encode(text), first);  // second time through the word cache
+  EXPECT_EQ(tok->decode(first), text);
+  // Long words go through the merge queue without the cache: "aaaa" merges into one token.
+  const std::string long_word(4000, 'a');
+  const std::vector<int32_t> ids = tok->encode(long_word);
+  EXPECT_EQ(ids, std::vector<int32_t>(1000, *tok->token_to_id("aaaa")));
+  EXPECT_EQ(tok->decode(tok->encode(std::string(5000, ' ') + "x")), std::string(5000, ' ') + "x");
+}
+
+TEST(BpeTokenizer, UnknownIdsAreErrors) {
+  auto tok = BpeTokenizer::from_file(data_path("bpe_gpt2.json"));
+  expect_error([&] { tok->decode({1, tok->vocab_size()}); }, {"unknown token id", "position 1"});
+  expect_error([&] { tok->decode({-3}); }, {"unknown token id -3"});
+  expect_error([&] { tok->id_to_token(1 << 20); }, {"unknown token id 1048576"});
+  expect_error([&] { tok->set_bos_eos(tok->vocab_size(), std::nullopt); },
+               {"not in the vocabulary"});
+}
+
+// ---- malformed and unsupported files -------------------------------------------------------
+
+// The gpt2 fixture with `edit` applied.
+std::string edited_fixture(const std::function<void(nlohmann::json&)>& edit) {
+  auto j = nlohmann::json::parse(fixture_text("bpe_gpt2.json"));
+  edit(j);
+  return j.dump();
+}
+
+TEST(BpeTokenizer, MalformedFilesAreErrors) {
+  using J = nlohmann::json;
+  const auto load = [](const std::string& text) {
+    return [text] { BpeTokenizer::from_json(text, "tok.json"); };
+  };
+  expect_error(load("{\"model\": "), {"tok.json", "not valid JSON"});
+  expect_error(load("[1, 2]"), {"tok.json", "must be a JSON object"});
+  expect_error(load("{}"), {"tok.json", "missing 'model'"});
+  expect_error(load("{\"model\": {\"type\": \"BPE\"}, \"model\": {}}"), {"twice"});
+  expect_error(load(edited_fixture([](J& j) { j["model"]["vocab"] = J::array(); })),
+               {"'vocab' must be an object"});
+  expect_error(load(edited_fixture([](J& j) { j["model"]["vocab"]["zz"] = -1; })),
+               {"vocab['zz']", "integer id"});
+  expect_error(load(edited_fixture([](J& j) { j["model"]["vocab"]["zz"] = 1; })),
+               {"id 1 is given to both"});
+  expect_error(load(edited_fixture([](J& j) { j["model"]["merges"][0] = "abc"; })),
+               {"merges[0]", "not two tokens separated by one space"});
+  expect_error(load(edited_fixture([](J& j) { j["model"]["merges"][1] = J::array({"h"}); })),
+               {"merges[1]"});
+  expect_error(load(edited_fixture([](J& j) { j["model"]["merges"][2] = "\xe2\x82\xac x"; })),
+               {"merges[2]", "is not in the vocabulary"});
+  expect_error(load(edited_fixture([](J& j) { j["added_tokens"][0].erase("id"); })),
+               {"added_tokens[0]", "'id'"});
+  expect_error(load(edited_fixture([](J& j) { j["added_tokens"][1]["lstrip"] = "yes"; })),
+               {"added_tokens[1]", "'lstrip' must be a boolean"});
+}
+
+TEST(BpeTokenizer, UnsupportedComponentsAreNamed) {
+  using J = nlohmann::json;
+  const auto load = [](const std::string& text) {
+    return [text] { BpeTokenizer::from_json(text, "tok.json"); };
+  };
+  expect_error(load(edited_fixture([](J& j) { j["model"]["type"] = "WordPiece"; })),
+               {"unsupported model type 'WordPiece'"});
+  expect_error(load(edited_fixture([](J& j) {
+                 j["pre_tokenizer"] = {{"type", "Metaspace"}};
+               })),
+               {"unsupported pre-tokenizer 'Metaspace'"});
+  expect_error(load(edited_fixture([](J& j) {
+                 j["pre_tokenizer"] = {
+                     {"type", "Sequence"},
+                     {"pretokenizers", J::array({{{"type", "Split"}}, j["pre_tokenizer"]})}};
+               })),
+               {"unsupported pre-tokenizer 'Split'"});
+  expect_error(load(edited_fixture([](J& j) { j["pre_tokenizer"] = nullptr; })),
+               {"pre_tokenizer is missing"});
+  expect_error(load(edited_fixture([](J& j) {
+                 j["normalizer"] = {{"type", "NFC"}};
+               })),
+               {"unsupported normalizer 'NFC'"});
+  expect_error(load(edited_fixture([](J& j) {
+                 j["decoder"] = {{"type", "WordPiece"}};
+               })),
+               {"unsupported decoder 'WordPiece'"});
+  expect_error(load(edited_fixture([](J& j) { j["model"]["dropout"] = 0.1; })), {"dropout"});
+  expect_error(load(edited_fixture([](J& j) { j["model"]["continuing_subword_prefix"] = "##"; })),
+               {"continuing_subword_prefix"});
+}
+
+// ---- load_tokenizer ------------------------------------------------------------------------
+
+class LoadTokenizer : public test::ScratchDirTest {};
+
+TEST_F(LoadTokenizer, ReadsTokenizerJsonAndBosEosFromTheConfig) {
+  write_file(path("tokenizer.json"), fixture_text("bpe_smollm.json"));
+  auto plain = load_tokenizer(dir_);
+  EXPECT_FALSE(plain->bos_id());
+  EXPECT_EQ(plain->encode("Hello"),
+            BpeTokenizer::from_file(data_path("bpe_smollm.json"))->encode("Hello"));
+
+  write_file(
+      path("tokenizer_config.json"),
+      R"({"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>", "special": true},
+                 "added_tokens_decoder": {"0": {"content": "<|endoftext|>"}}})");
+  auto tok = load_tokenizer(dir_);
+  EXPECT_EQ(tok->bos_id(), tok->token_to_id("<|im_start|>"));
+  EXPECT_EQ(tok->eos_id(), tok->token_to_id("<|im_end|>"));
+
+  write_file(path("tokenizer_config.json"), R"({"bos_token": "<s>"})");
+  expect_error([&] { load_tokenizer(dir_); },
+               {"tokenizer_config.json", "bos_token '<s>'", "not in"});
+}
+
+TEST_F(LoadTokenizer, MissingTokenizerSaysWhatWasLookedFor) {
+  expect_error([&] { load_tokenizer(dir_); }, {dir_, "tokenizer.json"});
+  write_file(path("tokenizer.model"), "sentencepiece");
+  expect_error([&] { load_tokenizer(dir_); },
+               {"tokenizer.json", "tokenizer.model (SentencePiece)"});
+  expect_error([&] { BpeTokenizer::from_file(path("nope.json")); }, {"nope.json", "cannot read"});
+}
+
+}  // namespace
+}  // namespace twell::model

@@ -1,0 +1,61 @@
+// `twell eval MODEL FILE`: perplexity of a text file on the CPU backend, in windows of the
+// model's context, with a progress bar on stderr.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "commands.h"
+#include "model_loading.h"
+
+namespace twell::cli {
+
+void register_eval(CLI::App& app) {
+  CLI::App* eval = app.add_subcommand("eval", "Perplexity of a text file under a Llama-style model (CPU backend)");
+  auto args = std::make_shared<ModelArgs>();
+  auto file = std::make_shared<std::string>();
+  auto context = std::make_shared<int64_t>(0);
+  auto max_windows = std::make_shared<int64_t>(0);
+  args->add_to(eval);
+  eval->add_option("file", *file, "text file (UTF-8)")->required()->check(CLI::ExistingFile);
+  eval->add_option("--context", *context, "tokens per window (default: max_position_embeddings)");
+  eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)");
+
+  eval->callback([=] {
+    model::LlamaCpu m = args->load_model();
+    const auto tok = args->load_tokenizer(m);
+    std::ifstream in(*file, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::vector<int32_t> ids;
+    if (tok->bos_id()) ids.push_back(*tok->bos_id());
+    const std::vector<int32_t> body = tok->encode(text.str());
+    ids.insert(ids.end(), body.begin(), body.end());
+    const int64_t ctx = *context > 0 ? *context : m.config().max_position_embeddings;
+    TWELL_CHECK(ctx >= 2, "--context must be at least 2, got ", ctx);
+    TWELL_CHECK(ids.size() >= 2, *file, ": needs at least 2 tokens, has ", ids.size());
+
+    // Non-overlapping windows; each predicts its tokens 1..n-1 from the ones before.
+    int64_t windows = (static_cast<int64_t>(ids.size()) + ctx - 1) / ctx;
+    if (*max_windows > 0) windows = std::min(windows, *max_windows);
+    double nll_sum = 0;
+    int64_t predictions = 0;
+    for (int64_t w = 0; w < windows; ++w) {
+      const size_t begin = static_cast<size_t>(w * ctx);
+      const size_t end = std::min(ids.size(), begin + static_cast<size_t>(ctx));
+      if (end - begin < 2) break;
+      const model::Perplexity p = model::perplexity(m, std::vector<int32_t>(ids.begin() + begin, ids.begin() + end));
+      nll_sum += p.mean_nll * p.predictions;
+      predictions += p.predictions;
+      const int bar = static_cast<int>(30 * (w + 1) / windows);
+      std::fprintf(stderr, "\r[%-30s] %lld/%lld windows, perplexity so far %.4f", std::string(bar, '#').c_str(),
+                   static_cast<long long>(w + 1), static_cast<long long>(windows), std::exp(nll_sum / predictions));
+    }
+    std::fprintf(stderr, "\n");
+    std::printf("%s: %lld tokens predicted, mean NLL %.6f nats, perplexity %.4f\n", file->c_str(),
+                static_cast<long long>(predictions), nll_sum / predictions, std::exp(nll_sum / predictions));
+  });
+}
+
+}  // namespace twell::cli

@@ -1,0 +1,68 @@
+// `twell run MODEL --prompt TEXT`: generation on the CPU backend, streamed token by token.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "model_loading.h"
+
+namespace twell::cli {
+
+void register_run(CLI::App& app) {
+  CLI::App* run = app.add_subcommand("run", "Generate text from a Llama-style model (CPU backend)");
+  auto args = std::make_shared<ModelArgs>();
+  auto prompt = std::make_shared<std::string>();
+  auto max_tokens = std::make_shared<int64_t>(64);
+  auto sampling = std::make_shared<model::SamplingOptions>();
+  auto no_stop = std::make_shared<bool>(false);
+  args->add_to(run);
+  run->add_option("-p,--prompt", *prompt, "the text to continue")->required();
+  run->add_option("-n,--max-tokens", *max_tokens, "tokens to generate at most")->capture_default_str();
+  run->add_option("--temperature", sampling->temperature, "0 = greedy")->capture_default_str();
+  run->add_option("--top-k", sampling->top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
+  run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")->capture_default_str();
+  run->add_option("--seed", sampling->seed, "sampling seed")->capture_default_str();
+  run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
+
+  run->callback([=] {
+    model::LlamaCpu m = args->load_model();
+    const auto tok = args->load_tokenizer(m);
+    std::vector<int32_t> ids;
+    if (tok->bos_id()) ids.push_back(*tok->bos_id());
+    const std::vector<int32_t> text = tok->encode(*prompt);
+    ids.insert(ids.end(), text.begin(), text.end());
+    const int32_t eos = tok->eos_id() && !*no_stop ? *tok->eos_id() : -1;
+
+    std::cout << *prompt << std::flush;
+    const auto t0 = std::chrono::steady_clock::now();
+    model::Sampler sampler(*sampling);
+    Tensor logits = m.prefill(ids);
+    const auto t1 = std::chrono::steady_clock::now();
+    int64_t generated = 0;
+    std::vector<int32_t> out;
+    size_t printed = 0;  // bytes of decode(out) already written
+    while (generated < *max_tokens) {
+      const int32_t next = sampler.sample(logits);
+      ++generated;
+      if (next == eos) break;
+      out.push_back(next);
+      const std::string s = tok->decode(out);  // whole text: a token may end inside a character
+      std::cout << s.substr(printed) << std::flush;
+      printed = s.size();
+      if (generated == *max_tokens) break;
+      if (m.cached_tokens() >= m.config().max_position_embeddings) {
+        std::fprintf(stderr, "\n(stopped: the context of %lld positions is full)", static_cast<long long>(m.cached_tokens()));
+        break;
+      }
+      logits = m.decode_step(next);
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    std::cout << "\n";
+    const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
+    const double decode_s = std::chrono::duration<double>(t2 - t1).count();
+    std::fprintf(stderr, "prompt %zu tokens in %.3f s; generated %lld tokens in %.3f s (%.1f tokens/s)\n", ids.size(),
+                 prefill_s, static_cast<long long>(generated), decode_s, decode_s > 0 ? generated / decode_s : 0.0);
+  });
+}
+
+}  // namespace twell::cli
