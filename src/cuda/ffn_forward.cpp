@@ -160,6 +160,7 @@ struct FfnForward::Impl {
     counts_pending = false;  // if not, it is dropped (its mirror is about to be overwritten)
     stats = FfnStats{};
     stats.tokens = M;
+    if (M == 0) return;  // nothing to compute (and no density to sample)
 
     // Both paths start from the ReLU'd gate (non-gated: h = relu(x Wuᵀ)).
     gemm.run(xp, shape.gated ? w.wg.data : w.wu.data, g.get(), M, I, H, true, GemmEpilogue::relu, stream);
