@@ -172,6 +172,17 @@ TEST(FfnForwardGpuDispatch, PreviousLagsOneCallAndFewTokensGoDense) {
   EXPECT_EQ(small.last_stats().path, cuda::FfnPath::dense);
 }
 
+TEST(FfnForwardGpuEdges, EmptyBatchIsANoOp) {
+  TWELL_REQUIRE_HOPPER();
+  GpuProblem p = make_problem(4, 128, 256, 0.05);
+  cuda::FfnForward ffn({4, 128, 256, true});
+  DeviceTensor x0(DType::bf16, {0, 128}), y0(DType::bf16, {0, 128});
+  EXPECT_NO_THROW(ffn.forward(x0, p.w(), y0, nullptr));
+  EXPECT_EQ(ffn.last_stats().tokens, 0);
+  ffn.forward(p.x, p.w(), p.y, nullptr);  // and the next call works as usual
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 TEST(FfnForwardGpuErrors, RejectsBadArguments) {
   TWELL_REQUIRE_HOPPER();
   GpuProblem p = make_problem(16, 128, 256, 0.05);
