@@ -42,7 +42,9 @@ struct FfnOptions {
   // Below this many tokens observe/previous take the dense path: the sparse path's extra launches
   // cost more than they save (measured break-even between M = 2048 and 16384; docs/perf.md).
   int64_t sparse_min_tokens = 4096;
-  Precision precision = Precision::bf16;  // bf16 or h_fp32 (h kept in fp32 inside the kernel)
+  // bf16, or h_fp32: h = g·u kept in fp32 inside the down kernel. h_fp32 always takes the sparse
+  // path (the dense path's product kernel rounds h to bf16 for the down GEMM).
+  Precision precision = Precision::bf16;
   int32_t tile = 256, compression = 8;    // TwELL layout
 };
 
@@ -55,6 +57,9 @@ struct FfnStats {
   double density() const { return tokens > 0 && nnz >= 0 ? double(nnz) / tokens : -1; }
 };
 
+// Device memory: about 4.5 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
+// output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
+// them): 6.4 GB at max_tokens = 131072, I = 5632.
 class FfnForward {
  public:
   FfnForward(const FfnShape& shape, const FfnOptions& options = {});
