@@ -14,10 +14,16 @@ cmake --build build -j "$jobs"
 ctest --test-dir build -L 'cpu|gpu' --output-on-failure -j "$jobs"
 
 if [ "${1:-}" = "--quick" ]; then exit 0; fi
-if ! command -v clang++ >/dev/null; then
-  echo "clang++ not found: skipping the sanitizer and fuzz build (scripts/install-deps.sh installs it)"
+probe=$(mktemp -d)
+echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' >"$probe/p.cpp"
+if ! command -v clang++ >/dev/null ||
+   ! clang++ -fsanitize=fuzzer,address,undefined "$probe/p.cpp" -o "$probe/p" 2>/dev/null; then
+  rm -rf "$probe"
+  echo "clang++ with its sanitizer/libFuzzer runtime not found: skipping the sanitizer and fuzz build"
+  echo "(scripts/install-deps.sh installs them where the distribution has them)"
   exit 0
 fi
+rm -rf "$probe"
 CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTWELL_CUDA=OFF \
   -DTWELL_FUZZ=ON -DTWELL_SANITIZE="address;undefined" -DTWELL_FUZZ_SECONDS="${TWELL_FUZZ_SECONDS:-30}" >/dev/null
 cmake --build build-asan -j "$jobs"
