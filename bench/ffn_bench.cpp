@@ -94,6 +94,8 @@ FfnProblem load_problem(const std::string& path) {
   check_shape(p.ffn.wu, {I, H}, "--from: up");
   check_shape(p.ffn.wd, {I, H}, "--from: down (neuron-major [I, H])");
   if (gated) check_shape(p.ffn.wg, {I, H}, "--from: gate");
+  for (const char* name : {"x", "gate", "up", "down"})
+    if (f.has(name)) f.check_finite(name);  // a NaN would fail every correctness check anyway: say why
   p.ffn.spec = SyntheticSpec{M, H, I, 0.0, Distribution::uniform, gated, 0};
   const size_t slash = path.find_last_of('/');
   p.distribution = "file:" + path.substr(slash == std::string::npos ? 0 : slash + 1);

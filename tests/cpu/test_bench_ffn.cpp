@@ -2,6 +2,7 @@
 // a problem from a safetensors file, and bad input is refused with a clear error.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <sstream>
 
 #include "ffn_bench.h"
@@ -62,6 +63,15 @@ TEST(BenchFfn, FromFileRunsTheGivenTensors) {
   }
   io::write_safetensors(path, {{"x", f.x}, {"gate", f.wg}, {"up", f.wu}, {"down", f.x}});  // wrong shape
   EXPECT_THROW(bench::run_ffn_bench(cfg, progress), Error);
+  Tensor bad = f.wd.clone();
+  bad.ptr<bf16>()[5] = bf16(NAN);
+  io::write_safetensors(path, {{"x", f.x}, {"gate", f.wg}, {"up", f.wu}, {"down", bad}});
+  try {
+    bench::run_ffn_bench(cfg, progress);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("down"), std::string::npos) << e.what();
+  }
   std::remove(path.c_str());
 }
 
