@@ -194,9 +194,10 @@ void silu_ffn(const std::vector<Acc>& x, int64_t T, const LlamaLayerWeights& l,
 }
 
 // y = ffn(x) of one layer, both [T, H].
+// `stats`, if given, receives the statistics of h (ReLU models only).
 template <class Acc>
 void ffn(std::vector<Acc>& x, int64_t T, const LlamaLayerWeights& l, const LlamaWeights& w,
-         const LlamaOptions& o, std::vector<Acc>& y) {
+         const LlamaOptions& o, std::vector<Acc>& y, ActivationStats* stats) {
   if (w.config.hidden_act == "silu") {
     silu_ffn(x, T, l, y);
     return;
@@ -205,14 +206,15 @@ void ffn(std::vector<Acc>& x, int64_t T, const LlamaLayerWeights& l, const Llama
   y.assign(static_cast<size_t>(T * H), Acc(0));
   const DType dt = dtype_of<Acc>::value;
   const Precision p = std::is_same_v<Acc, double> ? Precision::f64 : o.relu_ffn;
-  cpu::ffn_forward(TensorView(x.data(), dt, {T, H}), l.ffn(), TensorView(y.data(), dt, {T, H}), p);
+  cpu::ffn_forward(TensorView(x.data(), dt, {T, H}), l.ffn(), TensorView(y.data(), dt, {T, H}), p, stats);
 }
 
 // Runs `tokens` at positions cache.len.. through the model, appending to the cache.
 // Returns the logits of every token [T, V] (all_rows) or of the last one [1, V].
 template <class Acc>
 std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<Acc>& cache,
-                         const std::vector<int32_t>& tokens, bool all_rows) {
+                         const std::vector<int32_t>& tokens, bool all_rows,
+                         std::vector<ActivationStats>* ffn_stats = nullptr) {
   const io::ModelConfig& c = w.config;
   const int64_t T = static_cast<int64_t>(tokens.size()), H = c.hidden_size, V = c.vocab_size;
   const int64_t p0 = cache.len, hd = c.head_dim;
@@ -234,6 +236,7 @@ std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<A
   for (int64_t t = 0; t < T; ++t) rope_table(p0 + t, hd, c.rope_theta, cos_t[t], sin_t[t]);
 
   std::vector<Acc> a, q, k, v, attn, o_proj, y;
+  if (ffn_stats) ffn_stats->assign(static_cast<size_t>(c.num_hidden_layers), ActivationStats{});
   for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
     const LlamaLayerWeights& l = w.layers[li];
     rmsnorm(x, T, l.input_norm, c.rms_norm_eps, a);
@@ -251,7 +254,7 @@ std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<A
     for (size_t i = 0; i < x.size(); ++i) x[i] += o_proj[i];
 
     rmsnorm(x, T, l.post_norm, c.rms_norm_eps, a);
-    ffn(a, T, l, w, o, y);
+    ffn(a, T, l, w, o, y, ffn_stats ? &(*ffn_stats)[static_cast<size_t>(li)] : nullptr);
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
   }
   cache.len += T;
@@ -293,16 +296,16 @@ LlamaCpu::~LlamaCpu() = default;
 LlamaCpu::LlamaCpu(LlamaCpu&&) noexcept = default;
 LlamaCpu& LlamaCpu::operator=(LlamaCpu&&) noexcept = default;
 
-Tensor LlamaCpu::logits(const std::vector<int32_t>& tokens) const {
+Tensor LlamaCpu::logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats) const {
   const int64_t T = static_cast<int64_t>(tokens.size()), V = config().vocab_size;
   if (options_.math == DType::f64) {
     KvCache<double> cache;
     cache.clear(config().num_hidden_layers);
-    return to_tensor(forward(weights_, options_, cache, tokens, true), {T, V});
+    return to_tensor(forward(weights_, options_, cache, tokens, true, ffn_stats), {T, V});
   }
   KvCache<float> cache;
   cache.clear(config().num_hidden_layers);
-  return to_tensor(forward(weights_, options_, cache, tokens, true), {T, V});
+  return to_tensor(forward(weights_, options_, cache, tokens, true, ffn_stats), {T, V});
 }
 
 Tensor LlamaCpu::prefill(const std::vector<int32_t>& tokens) {

@@ -98,9 +98,10 @@ std::vector<int32_t> generate(LlamaCpu& model, const std::vector<int32_t>& promp
   return out;
 }
 
-Perplexity perplexity(const LlamaCpu& model, const std::vector<int32_t>& tokens) {
+Perplexity perplexity(const LlamaCpu& model, const std::vector<int32_t>& tokens,
+                      std::vector<ActivationStats>* ffn_stats) {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
-  const Tensor logits = model.logits(tokens);  // [T, V]
+  const Tensor logits = model.logits(tokens, ffn_stats);  // [T, V]
   const std::vector<double> all = to_f64(logits);
   const int64_t T = static_cast<int64_t>(tokens.size()), V = logits.shape()[1];
   double nll_sum = 0;

@@ -58,6 +58,10 @@ TEST_F(CliModel, EvalPrintsPerplexity) {
   const CliResult r = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --context 32");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("perplexity"), std::string::npos) << r.out;
+  const CliResult s = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --context 32 --sparsity");
+  ASSERT_EQ(s.status, 0) << s.out;
+  EXPECT_NE(s.out.find("nnz/token"), std::string::npos) << s.out;
+  EXPECT_NE(s.out.find("\nmean "), std::string::npos) << s.out;
 }
 
 TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {

@@ -1,5 +1,6 @@
 // `twell eval MODEL FILE`: perplexity of a text file on the CPU backend, in windows of the
 // model's context, with a progress bar on stderr.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -11,13 +12,37 @@
 
 namespace twell::cli {
 
+// One line per layer: non-zeros of h per token (mean and max), density, and the L1 of h per
+// token (the quantity the training penalty drives down).
+static void print_sparsity(const std::vector<ActivationStats>& layers, const io::ModelConfig& c) {
+  if (layers.empty() || layers[0].tokens == 0) {
+    std::printf("FFN sparsity: needs a ReLU-gated FFN (this model's hidden_act is %s)\n", c.hidden_act.c_str());
+    return;
+  }
+  std::printf("FFN activation h, per layer over %lld tokens (I = %lld):\n%-6s %10s %8s %9s %12s\n",
+              static_cast<long long>(layers[0].tokens), static_cast<long long>(c.intermediate_size), "layer",
+              "nnz/token", "max", "density", "L1/token");
+  double sum = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const ActivationStats& s = layers[l];
+    sum += s.mean_nnz_per_token();
+    std::printf("%-6zu %10.1f %8lld %8.3f%% %12.4g\n", l, s.mean_nnz_per_token(),
+                static_cast<long long>(s.max_nnz_per_token), 100 * s.mean_nnz_per_token() / c.intermediate_size,
+                s.l1_per_token());
+  }
+  const double mean = sum / static_cast<double>(layers.size());
+  std::printf("%-6s %10.1f %8s %8.3f%%\n", "mean", mean, "", 100 * mean / c.intermediate_size);
+}
+
 void register_eval(CLI::App& app) {
   CLI::App* eval = app.add_subcommand("eval", "Perplexity of a text file under a Llama-style model (CPU backend)");
   auto args = std::make_shared<ModelArgs>();
   auto file = std::make_shared<std::string>();
   auto context = std::make_shared<int64_t>(0);
   auto max_windows = std::make_shared<int64_t>(0);
+  auto sparsity = std::make_shared<bool>(false);
   args->add_to(eval);
+  eval->add_flag("--sparsity", *sparsity, "also print each layer's FFN activation sparsity (ReLU models)");
   eval->add_option("file", *file, "text file (UTF-8)")->required()->check(CLI::ExistingFile);
   eval->add_option("--context", *context, "tokens per window (default: max_position_embeddings)");
   eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)");
@@ -41,11 +66,23 @@ void register_eval(CLI::App& app) {
     if (*max_windows > 0) windows = std::min(windows, *max_windows);
     double nll_sum = 0;
     int64_t predictions = 0;
+    std::vector<ActivationStats> layer_total, layer_window;
     for (int64_t w = 0; w < windows; ++w) {
       const size_t begin = static_cast<size_t>(w * ctx);
       const size_t end = std::min(ids.size(), begin + static_cast<size_t>(ctx));
       if (end - begin < 2) break;
-      const model::Perplexity p = model::perplexity(m, std::vector<int32_t>(ids.begin() + begin, ids.begin() + end));
+      const model::Perplexity p = model::perplexity(m, std::vector<int32_t>(ids.begin() + begin, ids.begin() + end),
+                                                    *sparsity ? &layer_window : nullptr);
+      if (*sparsity) {
+        layer_total.resize(layer_window.size());
+        for (size_t l = 0; l < layer_window.size(); ++l) {
+          layer_total[l].tokens += layer_window[l].tokens;
+          layer_total[l].nnz += layer_window[l].nnz;
+          layer_total[l].l1_sum += layer_window[l].l1_sum;
+          layer_total[l].max_nnz_per_token =
+              std::max(layer_total[l].max_nnz_per_token, layer_window[l].max_nnz_per_token);
+        }
+      }
       nll_sum += p.mean_nll * p.predictions;
       predictions += p.predictions;
       const int bar = static_cast<int>(30 * (w + 1) / windows);
@@ -55,6 +92,7 @@ void register_eval(CLI::App& app) {
     std::fprintf(stderr, "\n");
     std::printf("%s: %lld tokens predicted, mean NLL %.6f nats, perplexity %.4f\n", file->c_str(),
                 static_cast<long long>(predictions), nll_sum / predictions, std::exp(nll_sum / predictions));
+    if (*sparsity) print_sparsity(layer_total, m.config());
   });
 }
 

@@ -103,7 +103,9 @@ class LlamaCpu {
   // Full causal forward from position 0, independent of the KV cache below:
   // logits [T, V], f32 (f64 when options.math is f64). Tokens must lie in [0, V) and
   // T ≤ max_position_embeddings.
-  Tensor logits(const std::vector<int32_t>& tokens) const;
+  // With `ffn_stats`, it is resized to one entry per layer and receives the statistics of that
+  // layer's FFN activation h over these tokens (ReLU models; a SiLU model's entries stay empty).
+  Tensor logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats = nullptr) const;
 
   // Incremental decoding with a KV cache owned by this object. prefill() clears the cache, runs
   // the prompt (T ≥ 1) and returns the logits of its last token [V]; decode_step() appends one
@@ -159,6 +161,8 @@ struct Perplexity {
   double perplexity = 0;    // exp(mean_nll)
 };
 // Perplexity of a sequence under one full forward (T ≥ 2); log-softmax in double.
-Perplexity perplexity(const LlamaCpu& model, const std::vector<int32_t>& tokens);
+// `ffn_stats` as for LlamaCpu::logits.
+Perplexity perplexity(const LlamaCpu& model, const std::vector<int32_t>& tokens,
+                      std::vector<ActivationStats>* ffn_stats = nullptr);
 
 }  // namespace twell::model
