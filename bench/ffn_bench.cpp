@@ -41,17 +41,6 @@ Tensor gather_rows(const TensorView& t, const std::vector<int64_t>& rows) {
   return out;
 }
 
-double rel_err(const TensorView& out, const TensorView& ref) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double a = load_as_double(out, i), r = load_as_double(ref, i);
-    if (!std::isfinite(a)) return INFINITY;
-    num += (a - r) * (a - r);
-    den += r * r;
-  }
-  return den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -161,7 +150,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
           // Correctness first: a case that fails is reported, never timed.
           runners[i].run(0);
           const Tensor y = runners[i].output();
-          r.rel_err = rel_err(gather_rows(y, rows), y_ref);
+          r.rel_err = relative_error(gather_rows(y, rows), y_ref);
         }
         const double dense_err = recs[0].rel_err;
         for (BenchRecord& r : recs) {

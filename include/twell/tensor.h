@@ -108,6 +108,11 @@ class Tensor {
 double load_as_double(const TensorView& t, int64_t flat_index);
 void store_from_double(const TensorView& t, int64_t flat_index, double v);
 
+// ‖out − ref‖₂ / ‖ref‖₂ over all elements of two host tensors of the same shape (any dtypes),
+// in double. A non-finite value in either gives +inf, so NaN never passes a tolerance; two zero
+// tensors give 0. The error measure of every correctness check (tests and benchmarks).
+double relative_error(const TensorView& out, const TensorView& ref);
+
 // Copies a host tensor of any float dtype to a contiguous float/double vector.
 std::vector<float> to_f32(const TensorView& t);
 std::vector<double> to_f64(const TensorView& t);

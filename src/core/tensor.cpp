@@ -1,5 +1,6 @@
 #include "twell/tensor.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -189,6 +190,20 @@ void store_from_double(const TensorView& t, int64_t flat_index, double v) {
     case DType::u32: static_cast<uint32_t*>(t.data)[i] = static_cast<uint32_t>(v); return;
     case DType::i64: static_cast<int64_t*>(t.data)[i] = static_cast<int64_t>(v); return;
   }
+}
+
+double relative_error(const TensorView& out, const TensorView& ref) {
+  TWELL_CHECK(out.shape == ref.shape, "relative_error: shape ", shape_str(out.shape), " vs reference ",
+              shape_str(ref.shape));
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double a = load_as_double(out, i), r = load_as_double(ref, i);
+    if (!std::isfinite(a) || !std::isfinite(r)) return HUGE_VAL;
+    num += (a - r) * (a - r);
+    den += r * r;
+  }
+  if (den == 0) return num == 0 ? 0.0 : HUGE_VAL;
+  return std::sqrt(num / den);
 }
 
 template <class T>

@@ -2,26 +2,12 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 namespace twell::test {
 
 static std::string where(const TensorView& t, int64_t flat) {
   if (t.rank() != 2) return str("[", flat, "]");
   return str("(row ", flat / t.shape[1], ", col ", flat % t.shape[1], ")");
-}
-
-double rel_err(const TensorView& out, const TensorView& ref) {
-  EXPECT_EQ(out.shape, ref.shape);
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    double a = load_as_double(out, i), r = load_as_double(ref, i);
-    if (std::isnan(a) || std::isnan(r)) return std::numeric_limits<double>::infinity();
-    num += (a - r) * (a - r);
-    den += r * r;
-  }
-  if (den == 0) return num == 0 ? 0.0 : std::numeric_limits<double>::infinity();
-  return std::sqrt(num / den);
 }
 
 testing::AssertionResult all_close(const TensorView& out, const TensorView& ref, double atol,

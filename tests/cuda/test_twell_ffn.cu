@@ -55,7 +55,7 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
   Tensor y64 = Tensor::of<double>({c.M, c.H});
   cpu::ffn_forward(f.x, f.weights(), y_cpu, Precision::bf16);
   cpu::ffn_forward(f.x, f.weights(), y64, Precision::f64);
-  const double cpu_err = test::rel_err(y_cpu, y64);
+  const double cpu_err = relative_error(y_cpu, y64);
   const double scale = rms(y_cpu);
 
   DeviceTensor x = DeviceTensor::upload(f.x);
@@ -74,7 +74,7 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
     ffn.forward(x, w, y, nullptr);
     TWELL_CUDA_CHECK(cudaDeviceSynchronize());
     const Tensor y_gpu = y.download();
-    const double err = test::rel_err(y_gpu, y64);
+    const double err = relative_error(y_gpu, y64);
     EXPECT_LE(err, 2 * cpu_err + 1e-4) << "cpu bf16 rel_err " << cpu_err;
     EXPECT_TRUE(test::all_close(y_gpu, y_cpu, 0.05 * scale + 1e-6, 0.02));
 

@@ -29,7 +29,6 @@ namespace twell::model {
 namespace {
 
 using test::expect_error;
-using test::rel_err;
 
 
 // ---- the naive float64 reference: straight from the HF modelling code ----------------------
@@ -165,14 +164,14 @@ TEST_P(LlamaTiny, ForwardMatchesNaiveFloat64Reference) {
   LlamaCpu f64(LlamaWeights::load_dir(dir_), {DType::f64});
   const Tensor out64 = f64.logits(kTokens);
   EXPECT_EQ(out64.dtype(), DType::f64);
-  const double err64 = rel_err(out64, ref);
+  const double err64 = relative_error(out64, ref);
   EXPECT_LT(err64, 1e-12);
 
   LlamaCpu f32(LlamaWeights::load_dir(dir_));
   const Tensor out32 = f32.logits(kTokens);
   ASSERT_EQ(out32.dtype(), DType::f32);
   ASSERT_EQ(out32.shape(), (Shape{int64_t(kTokens.size()), c.vocab_size}));
-  const double err32 = rel_err(out32, ref);
+  const double err32 = relative_error(out32, ref);
   EXPECT_LT(err32, 2e-5);
   std::printf("[ accuracy ] f32 rel err %.3g, f64 rel err %.3g\n", err32, err64);
   EXPECT_TRUE(test::all_close(out32, ref, 1e-4, 1e-4));
@@ -255,7 +254,7 @@ TEST_F(LlamaCpuTest, Bf16StorageIsCloseToF32) {
   opts.dtype = DType::bf16;
   const LlamaCpu bf16(LlamaWeights::load_dir(dir_, opts));
   EXPECT_EQ(bf16.weights().dtype(), DType::bf16);
-  const double err = rel_err(bf16.logits(kTokens), f32.logits(kTokens));
+  const double err = relative_error(bf16.logits(kTokens), f32.logits(kTokens));
   EXPECT_GT(err, 0.0);
   EXPECT_LT(err, 3e-2);
 }
@@ -266,7 +265,7 @@ TEST_F(LlamaCpuTest, ReluFfnBf16RoundingIsClose) {
   rounded.relu_ffn = Precision::bf16;
   const LlamaCpu exact = tiny();
   const LlamaCpu bf16 = LlamaCpu(LlamaWeights::load_dir(dir_), rounded);
-  const double err = rel_err(bf16.logits(kTokens), exact.logits(kTokens));
+  const double err = relative_error(bf16.logits(kTokens), exact.logits(kTokens));
   EXPECT_GT(err, 0.0);
   EXPECT_LT(err, 3e-2);
 }
@@ -468,11 +467,11 @@ TEST_P(LlamaHfParity, LogitsMatchTransformers) {
   const LlamaCpu f32(LlamaWeights::load_dir(dir, {DType::f32, /*check_finite=*/true}));
   const Tensor out32 = f32.logits(tokens);
   ASSERT_EQ(out32.shape(), ref.info("logits").shape);
-  const double err32 = rel_err(out32, ref.view("logits"));
+  const double err32 = relative_error(out32, ref.view("logits"));
   EXPECT_LE(err32, 1e-5);
 
   const LlamaCpu f64(LlamaWeights::load_dir(dir), {DType::f64});
-  const double err64 = rel_err(f64.logits(tokens), ref.view("logits_f64"));
+  const double err64 = relative_error(f64.logits(tokens), ref.view("logits_f64"));
   EXPECT_LE(err64, 1e-6);
   std::printf("[ parity   ] %s: f32 rel err %.3g, f64 rel err %.3g\n", GetParam(), err32, err64);
 }
