@@ -36,7 +36,7 @@ LtGemm::~LtGemm() {
 const LtGemm::Plan& LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [m, n, k, b_transposed, epi] = key;
+  const auto [m, n, k, b_transposed, epi, out] = key;
   auto p = std::make_unique<Plan>();
   // Column-major view: Cᵀ[N, M] = op(B_cm) · A_cm, with A_cm = Aᵀ [K, M] (ld K).
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -51,7 +51,8 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
   else
     TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, n, k, n));  // B [K, N] row-major
   TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, m, k));
-  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, n, m, n));
+  const cudaDataType_t c_type = out == static_cast<int>(GemmOut::f32) ? CUDA_R_32F : CUDA_R_16BF;
+  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, c_type, n, m, n));
 
   cublasLtMatmulPreference_t pref = nullptr;
   TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -68,9 +69,9 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
 }
 
 void LtGemm::run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
-                 GemmEpilogue epilogue, cudaStream_t stream) {
+                 GemmEpilogue epilogue, cudaStream_t stream, GemmOut out) {
   if (m == 0 || n == 0) return;
-  const Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue)});
+  const Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out)});
   const float alpha = 1.f, beta = 0.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));

@@ -27,6 +27,7 @@ namespace twell::cuda {
   } while (0)
 
 enum class GemmEpilogue { none, relu };
+enum class GemmOut { bf16, f32 };  // C's type (the logits of the LM head are f32)
 
 class LtGemm {
  public:
@@ -36,11 +37,11 @@ class LtGemm {
   LtGemm& operator=(const LtGemm&) = delete;
 
   void run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
-           GemmEpilogue epilogue, cudaStream_t stream);
+           GemmEpilogue epilogue, cudaStream_t stream, GemmOut out = GemmOut::bf16);
 
  private:
   struct Plan;
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int>;
   const Plan& plan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

@@ -44,7 +44,7 @@ struct FfnForward::Impl {
     sm_count = device_info().sm_count;
     const size_t act_bytes = static_cast<size_t>(s.max_tokens * s.ffn) * 2;
     g = DeviceBuffer(act_bytes);
-    u = DeviceBuffer(act_bytes);
+    if (s.gated) u = DeviceBuffer(act_bytes);  // the dense path's up output (non-gated: none)
     act = TwellDeviceMatrix(TwellLayout{s.max_tokens, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());
     if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
@@ -130,6 +130,7 @@ struct FfnForward::Impl {
     a.precision = options.precision;
     launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, sm_count, stream);
     launch_twell_ffn_sparse(a, stream);
+    if (!options.count_nonzeros) return;
     TWELL_CUDA_CHECK(cudaMemcpyAsync(&dev()->spilled_tiles, act.view().n_backup, sizeof(uint32_t),
                                      cudaMemcpyDeviceToDevice, stream));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(host, counters.get(), sizeof(Counters), cudaMemcpyDeviceToHost, stream));
@@ -203,6 +204,13 @@ FfnForward& FfnForward::operator=(FfnForward&&) noexcept = default;
 
 void FfnForward::forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream) {
   impl_->forward(x, w, y, stream);
+}
+
+FfnPath FfnForward::last_path() const { return impl_->stats.path; }
+
+size_t FfnForward::workspace_bytes() const {
+  const Impl& m = *impl_;
+  return m.g.bytes() + m.u.bytes() + m.act.bytes() + m.u_vals.bytes() + m.counters.bytes() + m.sample_count.bytes();
 }
 
 FfnStats FfnForward::last_stats() const {

@@ -49,4 +49,50 @@ void launch_twell_ffn_sparse(const SparseFfnArgs& a, cudaStream_t stream);
 void launch_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n, cudaStream_t stream);
 void launch_relu_bf16(uint16_t* g, int64_t n, cudaStream_t stream);
 
+// ---- model runtime (llama_layers.cu, attention.cu) ----------------------------------------------
+// x[t, :] = float(table[tokens[t], :])          x [T, H] fp32, table [V, H] bf16
+void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float* x, int64_t H, cudaStream_t stream);
+// For output row r < rows, with s = r·step + offset: x[s] += delta[s] (when delta is not null),
+// then out[r] = bf16(w · x[s] / √(mean(x[s]²) + eps)). x fp32 [*, H]; delta, out, w bf16.
+void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint16_t* out, int64_t rows, int64_t H,
+                        int64_t step, int64_t offset, float eps, cudaStream_t stream);
+
+// RoPE ("rotate_half", fp32 math) on q in place in the QKV GEMM output and on k; k and v are
+// written to the caches at positions *p0 + s of their sequence. T = B·S tokens, sequence-major.
+struct RopeKvArgs {
+  uint16_t* qkv = nullptr;          // [T, (nh + 2 nkv)·hd]: q, k, v of each token
+  uint16_t* k_cache = nullptr;      // [B, max_context, nkv·hd]
+  uint16_t* v_cache = nullptr;
+  const float* cos_sin = nullptr;   // [max_context, hd]: cos of the hd/2 frequencies, then sin
+  const int32_t* p0 = nullptr;      // device: position of each sequence's first new token
+  int64_t T = 0, S = 0, max_context = 0;
+  int nh = 0, nkv = 0, hd = 0;
+};
+void launch_rope_kv(const RopeKvArgs& a, cudaStream_t stream);
+
+// out = bf16(bf16(silu(g)) · u), n elements (the dense SiLU FFN of plain Llama checkpoints).
+void launch_silu_mul(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n, cudaStream_t stream);
+
+// Counter-based uniform [lo, hi) bf16 fill of a [rows, cols] matrix with row stride ld: the values
+// depend only on (seed, row·cols + col). For synthetic models (bench).
+void fill_uniform_bf16(uint16_t* out, int64_t rows, int64_t cols, int64_t ld, float lo, float hi, uint64_t seed,
+                       cudaStream_t stream);
+
+// Causal GQA attention of S new tokens per sequence at positions *p0 .. *p0 + S − 1 over the cache,
+// which already holds them (launch_rope_kv). Query head h reads KV head h / (nh / nkv).
+struct AttentionArgs {
+  const uint16_t* qkv = nullptr;      // q at [b·S + s, h·hd], row stride (nh + 2 nkv)·hd
+  const uint16_t* k_cache = nullptr;  // [B, max_context, nkv·hd]
+  const uint16_t* v_cache = nullptr;
+  uint16_t* o = nullptr;              // [B·S, nh·hd]
+  const int32_t* p0 = nullptr;        // device
+  int B = 0, S = 0, nh = 0, nkv = 0, hd = 0, max_context = 0;
+  float scale = 1.f;                  // 1/√hd
+};
+void check_attention(int64_t head_dim);  // throws unless hd ∈ {16, 32, 64, 128}
+// Key ranges of the decode kernel; its workspace holds B·nh·splits·(hd + 2) floats.
+int decode_attention_splits(int64_t max_context);
+// S = 1 with a workspace: the split decode kernel; otherwise the flash prefill kernel.
+void launch_attention(const AttentionArgs& a, float* decode_partial, cudaStream_t stream);
+
 }  // namespace twell::cuda

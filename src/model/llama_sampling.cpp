@@ -81,7 +81,7 @@ int32_t Sampler::sample(const TensorView& logits) {
   return order[keep - 1];  // r within rounding of 1
 }
 
-std::vector<int32_t> generate(LlamaCpu& model, const std::vector<int32_t>& prompt,
+std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt,
                               int64_t max_new_tokens, const SamplingOptions& sampling,
                               int32_t eos_token) {
   TWELL_CHECK(!prompt.empty(), "generate: empty prompt");
@@ -98,18 +98,26 @@ std::vector<int32_t> generate(LlamaCpu& model, const std::vector<int32_t>& promp
   return out;
 }
 
-Perplexity perplexity(const LlamaCpu& model, const std::vector<int32_t>& tokens,
+Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,
                       std::vector<ActivationStats>* ffn_stats) {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
-  const Tensor logits = model.logits(tokens, ffn_stats);  // [T, V]
+  return perplexity_from_logits(model.logits(tokens, ffn_stats), tokens);
+}
+
+Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens) {
+  TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  TWELL_CHECK(logits.rank() == 2 && logits.shape[0] == T, "perplexity: logits ", shape_str(logits.shape),
+              " do not hold one row per token (", T, ")");
   const std::vector<double> all = to_f64(logits);
-  const int64_t T = static_cast<int64_t>(tokens.size()), V = logits.shape()[1];
+  const int64_t V = logits.shape[1];
   double nll_sum = 0;
   for (int64_t t = 0; t + 1 < T; ++t) {
     const double* row = all.data() + t * V;
     const double top = *std::max_element(row, row + V);
     double sum = 0;
     for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - top);
+    TWELL_CHECK(tokens[t + 1] >= 0 && tokens[t + 1] < V, "perplexity: token ", tokens[t + 1], " outside [0, ", V, ")");
     nll_sum += (top + std::log(sum)) - row[tokens[t + 1]];  // −log softmax(row)[next]
   }
   Perplexity p;

@@ -46,6 +46,10 @@ struct FfnOptions {
   // path (the dense path's product kernel rounds h to bf16 for the down GEMM).
   Precision precision = Precision::bf16;
   int32_t tile = 256, compression = 8;    // TwELL layout
+  // Copy the sparse path's non-zero count back to the host after each call (read by last_stats).
+  // false: nothing is copied, so calls with dispatch always_sparse or always_dense are pure stream
+  // work and can be captured in a CUDA graph; last_stats then has no counts (-1).
+  bool count_nonzeros = true;
 };
 
 struct FfnStats {
@@ -73,6 +77,10 @@ class FfnForward {
 
   // Statistics of the last call; waits for its non-zero count if the sparse path ran.
   FfnStats last_stats() const;
+  // The path of the last call, without waiting for anything.
+  FfnPath last_path() const;
+  // Device memory this object holds.
+  size_t workspace_bytes() const;
   // The TwELL matrix of the last sparse call (device), for tests and inspection.
   TwellMatrix download_activation(cudaStream_t stream) const;
 

@@ -30,6 +30,9 @@ class TwellDeviceMatrix {
 
   const TwellDeviceView& view() const { return view_; }
   const TwellLayout& layout() const { return view_.layout; }
+  size_t bytes() const {
+    return counts_.bytes() + slots_.bytes() + backup_.bytes() + backup_owner_.bytes() + n_backup_.bytes();
+  }
 
  private:
   DeviceBuffer counts_, slots_, backup_, backup_owner_, n_backup_;

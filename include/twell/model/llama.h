@@ -89,15 +89,31 @@ struct LlamaOptions {
   Precision relu_ffn = Precision::f64;
 };
 
-class LlamaCpu {
+// What generation, perplexity and the CLI need of a model, whichever backend runs it: LlamaCpu
+// here, twell::cuda::LlamaCuda (cuda/llama.h) on the GPU.
+class LanguageModel {
+ public:
+  virtual ~LanguageModel() = default;
+  virtual const io::ModelConfig& config() const = 0;
+  // Logits of every position [T, V] of one sequence from position 0.
+  virtual Tensor logits(const std::vector<int32_t>& tokens,
+                        std::vector<ActivationStats>* ffn_stats = nullptr) const = 0;
+  // KV-cache decoding: prefill clears the cache and returns the last token's logits [V].
+  virtual Tensor prefill(const std::vector<int32_t>& tokens) = 0;
+  virtual Tensor decode_step(int32_t token) = 0;  // [V]
+  virtual int64_t cached_tokens() const = 0;
+  virtual void reset() = 0;
+};
+
+class LlamaCpu final : public LanguageModel {
  public:
   explicit LlamaCpu(LlamaWeights weights, LlamaOptions options = {});
-  ~LlamaCpu();
+  ~LlamaCpu() override;
   LlamaCpu(LlamaCpu&&) noexcept;
   LlamaCpu& operator=(LlamaCpu&&) noexcept;
 
   const LlamaWeights& weights() const { return weights_; }
-  const io::ModelConfig& config() const { return weights_.config; }
+  const io::ModelConfig& config() const override { return weights_.config; }
   const LlamaOptions& options() const { return options_; }
 
   // Full causal forward from position 0, independent of the KV cache below:
@@ -105,7 +121,8 @@ class LlamaCpu {
   // T ≤ max_position_embeddings.
   // With `ffn_stats`, it is resized to one entry per layer and receives the statistics of that
   // layer's FFN activation h over these tokens (ReLU models; a SiLU model's entries stay empty).
-  Tensor logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats = nullptr) const;
+  Tensor logits(const std::vector<int32_t>& tokens,
+                std::vector<ActivationStats>* ffn_stats = nullptr) const override;
 
   // Incremental decoding with a KV cache owned by this object. prefill() clears the cache, runs
   // the prompt (T ≥ 1) and returns the logits of its last token [V]; decode_step() appends one
@@ -113,10 +130,10 @@ class LlamaCpu {
   // equals the last row of logits(p + t1..tn) (same arithmetic; summation order per row is the
   // same, so it matches to the last bits in practice). Throws when the cache would exceed
   // max_position_embeddings or when decode_step() comes before prefill().
-  Tensor prefill(const std::vector<int32_t>& tokens);
-  Tensor decode_step(int32_t token);
-  int64_t cached_tokens() const;  // positions held by the KV cache
-  void reset();                   // empties the KV cache
+  Tensor prefill(const std::vector<int32_t>& tokens) override;
+  Tensor decode_step(int32_t token) override;
+  int64_t cached_tokens() const override;  // positions held by the KV cache
+  void reset() override;                   // empties the KV cache
 
  private:
   struct Impl;  // the KV cache and scratch (llama_cpu.cpp)
@@ -151,7 +168,7 @@ class Sampler {
 
 // Prefills `prompt`, then samples up to `max_new_tokens` tokens with decode_step, stopping after
 // `eos_token` (if ≥ 0). Returns the new tokens only. Uses (and resets) model's KV cache.
-std::vector<int32_t> generate(LlamaCpu& model, const std::vector<int32_t>& prompt,
+std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt,
                               int64_t max_new_tokens, const SamplingOptions& sampling,
                               int32_t eos_token = -1);
 
@@ -162,7 +179,9 @@ struct Perplexity {
 };
 // Perplexity of a sequence under one full forward (T ≥ 2); log-softmax in double.
 // `ffn_stats` as for LlamaCpu::logits.
-Perplexity perplexity(const LlamaCpu& model, const std::vector<int32_t>& tokens,
+Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,
                       std::vector<ActivationStats>* ffn_stats = nullptr);
+// The same from logits [T, V] (f32 or f64) already computed for `tokens`.
+Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens);
 
 }  // namespace twell::model

@@ -1,0 +1,122 @@
+// The Llama-style model on the GPU: the same model as twell::model::LlamaCpu (see model/llama.h for
+// the mathematics), run with bf16 weights and activations, fp32 accumulation and an fp32 residual
+// stream.
+//
+//   auto w = std::make_shared<twell::cuda::LlamaCudaWeights>(
+//       twell::cuda::LlamaCudaWeights::upload(twell::model::LlamaWeights::load_dir(dir)));
+//   twell::cuda::LlamaCuda model(w, {.ffn = twell::cuda::FfnMode::twell});
+//   twell::Tensor next = model.prefill(prompt);          // logits of the last token [V], f32
+//   next = model.decode_step(token);
+//
+// Per layer: fused residual-add + RMSNorm, one QKV GEMM (cuBLASLt), RoPE fused with the KV-cache
+// write, flash attention on the tensor cores (decode: split over the cached keys), the O GEMM,
+// then the FFN: a ReLU model runs twell::cuda::FfnForward (FfnMode::twell: sparse TwELL or dense,
+// chosen from the activation density it observes; FfnMode::dense: always dense cuBLASLt), a SiLU
+// model the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
+// and replayed. Everything runs on the model's own stream.
+//
+// Batches: B sequences of equal length run together (prefill_batch, decode_batch); all of them
+// share one position counter. Tokens are checked on the host before anything is enqueued.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "twell/cuda/ffn.h"
+#include "twell/cuda/runtime.h"
+#include "twell/model/llama.h"
+
+namespace twell::cuda {
+
+struct LlamaCudaLayer {
+  DeviceTensor input_norm;  // [H]
+  DeviceTensor wqkv;        // [(nh + 2 nkv)·hd, H]: q_proj, k_proj, v_proj stacked
+  DeviceTensor wo;          // [H, nh·hd]
+  DeviceTensor post_norm;   // [H]
+  DeviceTensor wg, wu, wd;  // [I, H] each (wd neuron-major, as model::LlamaLayerWeights)
+
+  FfnWeights ffn() const { return FfnWeights{wg.view(), wu.view(), wd.view()}; }
+};
+
+// Device copies of a model's weights, all bf16.
+struct LlamaCudaWeights {
+  io::ModelConfig config;
+  DeviceTensor embed;       // [V, H]
+  std::vector<LlamaCudaLayer> layers;
+  DeviceTensor final_norm;  // [H]
+  DeviceTensor lm_head;     // [V, H]; empty when tied
+
+  // Converts f32 weights to bf16 (round to nearest even) on the way. Synchronous.
+  static LlamaCudaWeights upload(const model::LlamaWeights& w);
+  // Uninitialised weights of the right shapes, for synthetic models (twell bench model).
+  static LlamaCudaWeights allocate(const io::ModelConfig& c);
+  // bf16 host copy, e.g. to run the CPU reference on the same weights. Synchronous.
+  model::LlamaWeights download() const;
+
+  const DeviceTensor& head() const { return config.tie_word_embeddings ? embed : lm_head; }
+  size_t bytes() const;
+};
+
+enum class FfnMode { twell, dense };
+
+struct LlamaCudaOptions {
+  FfnMode ffn = FfnMode::twell;
+  int64_t max_batch = 1;     // sequences per call at most
+  int64_t max_tokens = 0;    // tokens (B·S) per prefill call at most; 0: max_batch · max_context
+  int64_t max_context = 0;   // positions per sequence; 0: config.max_position_embeddings
+  // false: no cache across calls (prefill-only use, e.g. benchmarks): one layer's keys and values
+  // are kept at a time, every call starts at position 0, and decode is unavailable.
+  bool kv_cache = true;
+  bool cuda_graphs = true;   // decode steps replay a captured graph per batch size
+  // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill. Decode steps
+  // always take the sparse path: a few tokens read the gate weights and the active rows only.
+  FfnOptions ffn_options;
+};
+
+// Which rows of the last call's output go through the final norm and the LM head.
+enum class Head { none, last, all };
+
+class LlamaCuda final : public model::LanguageModel {
+ public:
+  LlamaCuda(std::shared_ptr<const LlamaCudaWeights> weights, LlamaCudaOptions options = {});
+  ~LlamaCuda() override;
+  LlamaCuda(LlamaCuda&&) noexcept;
+  LlamaCuda& operator=(LlamaCuda&&) noexcept;
+
+  // model::LanguageModel (one sequence). `logits` runs from position 0 and leaves the KV cache
+  // empty; it cannot report per-layer FFN statistics (ffn_stats must be null: use the CPU backend).
+  const io::ModelConfig& config() const override;
+  Tensor logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats = nullptr) const override;
+  Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]
+  Tensor decode_step(int32_t token) override;                   // [V]
+  int64_t cached_tokens() const override;
+  void reset() override;
+
+  // Batches of equal-length sequences: prompts [B][S] -> logits of each last token [B, V];
+  // decode_batch appends one token to each of the B sequences of the last prefill -> [B, V].
+  Tensor prefill_batch(const std::vector<std::vector<int32_t>>& prompts);
+  Tensor decode_batch(const std::vector<int32_t>& tokens);
+
+  // Low level, for benchmarks: enqueues B·S tokens already on the device (int32, sequence-major,
+  // in range: not checked) at position cached_tokens(), with no host synchronisation. Logits of
+  // the chosen rows go to logits_device() [rows, V].
+  void enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head);
+  const float* logits_device() const;
+  // The residual stream after the last layer of the last call, fp32 [B·S, H] (device).
+  TensorView hidden_device() const;
+  cudaStream_t stream() const;
+  // The FFN path each layer took in the last call.
+  std::vector<FfnPath> ffn_paths() const;
+  size_t workspace_bytes() const;
+
+  const LlamaCudaOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace twell::cuda

@@ -1,0 +1,357 @@
+// Causal grouped-query attention for the model runtime (src/cuda/llama_cuda.cpp).
+//
+// Prefill (S new tokens per sequence, S ≥ 1): a flash-attention kernel on the tensor cores
+// (mma.sync m16n8k16 bf16, fp32 accumulation). A block of 4 warps owns 64 query rows of one head
+// of one sequence; each warp owns 16 rows. Key/value tiles of 64 rows stream through shared
+// memory with cp.async, double-buffered. S = Q Kᵀ stays in registers, the online softmax runs in
+// the exp2 domain, P is rounded to bf16 (as every flash-attention kernel does) and feeds the P V
+// product straight from the accumulator registers.
+//
+// Decode (one new token per sequence): split over the cached keys. Each block takes one query head
+// and one range of keys, lanes in groups of hd/8 hold one key each (16-byte loads), and a second
+// kernel merges the partial softmax states of the ranges.
+//
+// Layouts (all bf16): q is read in place from the QKV GEMM output [T, (nh + 2 nkv)·hd], keys and
+// values from the cache [B, max_context, nkv·hd], and o is written [T, nh·hd]. The first position
+// of the new tokens, p0, is read from device memory so that a captured CUDA graph replays for
+// every decode step.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cfloat>
+
+#include "cuda/kernels.h"
+
+namespace twell::cuda {
+namespace {
+
+constexpr int kRows = 64;  // query rows per block (16 per warp)
+constexpr int kKeys = 64;  // keys per tile
+constexpr int kThreads = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  return static_cast<uint32_t>(float_to_bf16_bits(lo)) | (static_cast<uint32_t>(float_to_bf16_bits(hi)) << 16);
+}
+
+__device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Copies rows [row0, row0 + n) of a [*, HD] matrix (row stride `ld` elements) into a padded
+// shared tile; rows at or past `valid` are zero-filled.
+template <int HD, int N>
+__device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, int64_t ld, int row0, int valid) {
+  constexpr int kChunks = HD / 8, kPitch = HD + 8;
+  for (int c = threadIdx.x; c < N * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool ok = row0 + r < valid;
+    cp_async16(tile + r * kPitch + col, ok ? src + static_cast<int64_t>(row0 + r) * ld + col : src, ok);
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const AttentionArgs a) {
+  constexpr int kPitch = HD + 8, kTile = kKeys * kPitch;
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* qs = smem;                     // [kRows][kPitch]
+  uint16_t* ks = smem + kRows * kPitch;    // [2][kKeys][kPitch]
+  uint16_t* vs = ks + 2 * kTile;           // [2][kKeys][kPitch]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int s0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
+  const int kvh = h / (a.nh / a.nkv);
+  const int p0 = *a.p0;
+  const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
+  const uint16_t* q = a.qkv + (static_cast<int64_t>(b) * a.S) * q_ld + h * HD;
+  const uint16_t* k = a.k_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD;
+  const uint16_t* v = a.v_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD;
+  const int kv_valid = p0 + a.S;                                 // cached positions of this sequence
+  const int kv_end = p0 + min(s0 + kRows, a.S);                  // keys any row of this block sees
+  const int n_tiles = (kv_end + kKeys - 1) / kKeys;
+
+  load_tile<HD, kRows>(qs, q, q_ld, s0, a.S);
+  load_tile<HD, kKeys>(ks, k, kv_ld, 0, kv_valid);
+  load_tile<HD, kKeys>(vs, v, kv_ld, 0, kv_valid);
+  cp_async_commit();
+
+  // Row positions of this thread's two rows; rows past S compute harmlessly and are not stored.
+  const int r_lo = s0 + warp * 16 + g, r_hi = r_lo + 8;
+  const int pos_lo = p0 + r_lo, pos_hi = p0 + r_hi;
+  const float scale = a.scale * kLog2e;
+
+  uint32_t qf[HD / 16][4];
+  float o[HD / 8][4] = {};
+  float m_lo = -FLT_MAX, m_hi = -FLT_MAX, l_lo = 0.f, l_hi = 0.f;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int buf = tile & 1;
+    if (tile + 1 < n_tiles) {  // prefetch the next tile into the other buffer
+      load_tile<HD, kKeys>(ks + (buf ^ 1) * kTile, k, kv_ld, (tile + 1) * kKeys, kv_valid);
+      load_tile<HD, kKeys>(vs + (buf ^ 1) * kTile, v, kv_ld, (tile + 1) * kKeys, kv_valid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (tile == 0) {
+      const uint16_t* qw = qs + (warp * 16) * kPitch;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        qf[kk][0] = lds32(qw + g * kPitch + kk * 16 + 2 * t);
+        qf[kk][1] = lds32(qw + (g + 8) * kPitch + kk * 16 + 2 * t);
+        qf[kk][2] = lds32(qw + g * kPitch + kk * 16 + 8 + 2 * t);
+        qf[kk][3] = lds32(qw + (g + 8) * kPitch + kk * 16 + 8 + 2 * t);
+      }
+    }
+    const uint16_t* kt = ks + buf * kTile;
+    const uint16_t* vt = vs + buf * kTile;
+
+    // S = Q Kᵀ for 16 rows × 64 keys: 8 n-tiles of 8 keys.
+    float s[kKeys / 8][4] = {};
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        const uint16_t* kr = kt + (n * 8 + g) * kPitch + kk * 16 + 2 * t;
+        mma_bf16(s[n], qf[kk], lds32(kr), lds32(kr + 8));
+      }
+    }
+
+    // Causal mask and online softmax (base 2). Key column of s[n][j]: tile·64 + n·8 + 2t + (j & 1).
+    const int key0 = tile * kKeys;
+    float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int key = key0 + n * 8 + 2 * t + (j & 1);
+        const int pos = j < 2 ? pos_lo : pos_hi;
+        s[n][j] = key <= pos ? s[n][j] * scale : -INFINITY;
+      }
+      mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+    }
+    const float c_lo = exp2f(m_lo - mx_lo), c_hi = exp2f(m_hi - mx_hi);
+    m_lo = mx_lo, m_hi = mx_hi;
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) {
+      s[n][0] = exp2f(s[n][0] - mx_lo), s[n][1] = exp2f(s[n][1] - mx_lo);
+      s[n][2] = exp2f(s[n][2] - mx_hi), s[n][3] = exp2f(s[n][3] - mx_hi);
+      sum_lo += s[n][0] + s[n][1];
+      sum_hi += s[n][2] + s[n][3];
+    }
+    l_lo = l_lo * c_lo + sum_lo;  // per-thread partial sums; reduced across the quad at the end
+    l_hi = l_hi * c_hi + sum_hi;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) o[n][0] *= c_lo, o[n][1] *= c_lo, o[n][2] *= c_hi, o[n][3] *= c_hi;
+
+    // O += P V: P from the accumulators (two key n-tiles form one k16 A fragment), V through
+    // ldmatrix.trans (rows are keys, so the transpose gives the col-major B fragment).
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dn = 0; dn < HD / 16; ++dn) {
+        uint32_t vb[4];
+        const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = dn * 16 + (lane >> 4) * 8;
+        ldmatrix_x4_trans(vb, vt + row * kPitch + col);
+        mma_bf16(o[2 * dn], pa, vb[0], vb[1]);
+        mma_bf16(o[2 * dn + 1], pa, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;
+  const int64_t o_ld = static_cast<int64_t>(a.nh) * HD;
+  uint16_t* out = a.o + static_cast<int64_t>(b) * a.S * o_ld + h * HD;
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+    const int col = n * 8 + 2 * t;
+    if (r_lo < a.S)
+      *reinterpret_cast<uint32_t*>(out + r_lo * o_ld + col) = pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
+    if (r_hi < a.S)
+      *reinterpret_cast<uint32_t*>(out + r_hi * o_ld + col) = pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
+  }
+}
+
+// ---- decode --------------------------------------------------------------------------------------
+// Block (head h, sequence b, key range r): 4 warps; a group of L = hd/8 lanes holds one key (8
+// dims per lane), so a warp scores 32/L keys at once. Writes the range's (max, sum, unnormalised
+// output) in the base-2 domain to `partial`.
+template <int HD>
+__global__ void __launch_bounds__(kThreads) decode_split_kernel(const AttentionArgs a, float* __restrict__ partial,
+                                                                int keys_per_split) {
+  constexpr int L = HD / 8, kGroups = 32 / L, kWarps = kThreads / 32;
+  const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / L, sub = lane % L;
+  const int kvh = h / (a.nh / a.nkv);
+  const int len = *a.p0 + 1;  // keys 0..p0 (the new token's own key is cached already)
+  const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
+  const int k_begin = split * keys_per_split, k_end = min(len, k_begin + keys_per_split);
+
+  float qv[8];
+  {
+    const uint4 raw = *reinterpret_cast<const uint4*>(a.qkv + b * q_ld + h * HD + sub * 8);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    for (int i = 0; i < 4; ++i) qv[2 * i] = bits_float(w[i] << 16), qv[2 * i + 1] = bits_float(w[i] & 0xffff0000u);
+  }
+  const float scale = a.scale * kLog2e;
+  const uint16_t* kbase = a.k_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
+  const uint16_t* vbase = a.v_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
+
+  float m = -FLT_MAX, l = 0.f, acc[8] = {};
+  // The loop bound is warp-uniform (the shuffles need every lane); keys past the range are skipped.
+  for (int base = k_begin + warp * kGroups; base < k_end; base += kWarps * kGroups) {
+    const int key = base + grp;
+    const bool valid = key < k_end;
+    uint4 kr = make_uint4(0, 0, 0, 0), vr = kr;
+    if (valid) {
+      kr = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(key) * kv_ld);
+      vr = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(key) * kv_ld);
+    }
+    const uint32_t kw[4] = {kr.x, kr.y, kr.z, kr.w}, vw[4] = {vr.x, vr.y, vr.z, vr.w};
+    float dot = 0.f;
+    for (int i = 0; i < 4; ++i) dot += qv[2 * i] * bits_float(kw[i] << 16) + qv[2 * i + 1] * bits_float(kw[i] & 0xffff0000u);
+    for (int off = 1; off < L; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (!valid) continue;
+    const float sc = dot * scale, mn = fmaxf(m, sc), c = exp2f(m - mn), p = exp2f(sc - mn);
+    m = mn;
+    l = l * c + p;
+    for (int i = 0; i < 4; ++i) {
+      acc[2 * i] = acc[2 * i] * c + p * bits_float(vw[i] << 16);
+      acc[2 * i + 1] = acc[2 * i + 1] * c + p * bits_float(vw[i] & 0xffff0000u);
+    }
+  }
+
+  // Merge the kGroups·kWarps states of this block (all lanes of a group hold the same m and l).
+  __shared__ float sm[kWarps * kGroups], sl[kWarps * kGroups], sacc[kWarps * kGroups][HD];
+  const int state = warp * kGroups + grp;
+  if (sub == 0) sm[state] = m, sl[state] = l;
+  for (int i = 0; i < 8; ++i) sacc[state][sub * 8 + i] = acc[i];
+  __syncthreads();
+  float* out = partial + ((static_cast<int64_t>(b) * a.nh + h) * splits + split) * (HD + 2);
+  if (threadIdx.x < HD) {
+    float mx = -FLT_MAX;
+    for (int s = 0; s < kWarps * kGroups; ++s) mx = fmaxf(mx, sm[s]);
+    float lt = 0.f, ot = 0.f;
+    for (int s = 0; s < kWarps * kGroups; ++s) {
+      const float c = sl[s] > 0.f ? exp2f(sm[s] - mx) : 0.f;
+      lt += sl[s] * c;
+      ot += sacc[s][threadIdx.x] * c;
+    }
+    out[2 + threadIdx.x] = ot;
+    if (threadIdx.x == 0) out[0] = mx, out[1] = lt;
+  }
+}
+
+// One block per (head, sequence): merges the splits' states and writes o.
+template <int HD>
+__global__ void decode_combine_kernel(const AttentionArgs a, const float* __restrict__ partial, int splits) {
+  const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+  const float* p = partial + (static_cast<int64_t>(b) * a.nh + h) * splits * (HD + 2);
+  float mx = -FLT_MAX;
+  for (int s = 0; s < splits; ++s)
+    if (p[s * (HD + 2) + 1] > 0.f) mx = fmaxf(mx, p[s * (HD + 2)]);
+  float lt = 0.f, ot = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float* q = p + s * (HD + 2);
+    if (q[1] > 0.f) {
+      const float c = exp2f(q[0] - mx);
+      lt += q[1] * c;
+      ot += q[2 + d] * c;
+    }
+  }
+  a.o[(static_cast<int64_t>(b) * a.nh + h) * HD + d] = float_to_bf16_bits(ot / lt);
+}
+
+template <int HD>
+void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
+  constexpr int kPitch = HD + 8;
+  const int smem = (kRows + 4 * kKeys) * kPitch * 2;
+  static bool configured = false;  // the attribute is per kernel, set once per process
+  if (!configured) {
+    TWELL_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = true;
+  }
+  const dim3 grid(static_cast<unsigned>((a.S + kRows - 1) / kRows), static_cast<unsigned>(a.nh),
+                  static_cast<unsigned>(a.B));
+  flash_prefill_kernel<HD><<<grid, kThreads, smem, stream>>>(a);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int HD>
+void launch_decode(const AttentionArgs& a, float* partial, int splits, cudaStream_t stream) {
+  const int keys_per_split = (a.max_context + splits - 1) / splits;
+  const dim3 grid(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
+  decode_split_kernel<HD><<<grid, kThreads, 0, stream>>>(a, partial, keys_per_split);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+  decode_combine_kernel<HD><<<dim3(a.nh, a.B), HD, 0, stream>>>(a, partial, splits);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void check_attention(int64_t head_dim) {
+  TWELL_CHECK(head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128,
+              "attention: head_dim must be 16, 32, 64 or 128, got ", head_dim);
+}
+
+int decode_attention_splits(int64_t max_context) {
+  // Enough blocks to cover the GPU at batch 1 with 32 heads, ranges of at least 128 keys.
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(16, (max_context + 127) / 128)));
+}
+
+void launch_attention(const AttentionArgs& a, float* decode_partial, cudaStream_t stream) {
+  TWELL_CHECK(a.nkv > 0 && a.nh % a.nkv == 0, "attention: ", a.nh, " heads are not a multiple of ", a.nkv,
+              " KV heads");
+  if (a.B == 0 || a.S == 0) return;
+  const bool decode = a.S == 1 && decode_partial != nullptr;
+  const int splits = decode_attention_splits(a.max_context);
+  switch (a.hd) {
+    case 16: return decode ? launch_decode<16>(a, decode_partial, splits, stream) : launch_prefill<16>(a, stream);
+    case 32: return decode ? launch_decode<32>(a, decode_partial, splits, stream) : launch_prefill<32>(a, stream);
+    case 64: return decode ? launch_decode<64>(a, decode_partial, splits, stream) : launch_prefill<64>(a, stream);
+    case 128: return decode ? launch_decode<128>(a, decode_partial, splits, stream) : launch_prefill<128>(a, stream);
+    default: check_attention(a.hd);
+  }
+}
+
+}  // namespace twell::cuda

@@ -1,0 +1,143 @@
+// The model runtime's small kernels (src/cuda/llama_cuda.cpp): embedding lookup, residual add
+// fused with RMSNorm, RoPE fused with the KV-cache write, the SiLU gate product, and a
+// counter-based random fill for synthetic weights. The residual stream is fp32; everything a
+// GEMM reads is bf16. Covered by tests/cuda/test_llama_cuda.cu (whole model vs the CPU backend).
+#include <algorithm>
+
+#include "cuda/kernels.h"
+
+namespace twell::cuda {
+namespace {
+
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < warps; ++w) total += scratch[w];
+  __syncthreads();  // scratch is reused by the next call
+  return total;
+}
+
+__global__ void embed_kernel(const int32_t* __restrict__ tokens, const uint16_t* __restrict__ table,
+                             float* __restrict__ x, int64_t H) {
+  const int64_t t = blockIdx.x;
+  const uint16_t* row = table + static_cast<int64_t>(tokens[t]) * H;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) x[t * H + i] = bf16_bits_to_float(row[i]);
+}
+
+// One block per output row r, reading residual row r·step + offset.
+__global__ void add_rmsnorm_kernel(float* __restrict__ x, const uint16_t* __restrict__ delta,
+                                   const uint16_t* __restrict__ w, uint16_t* __restrict__ out, int64_t H,
+                                   int64_t step, int64_t offset, float eps) {
+  __shared__ float scratch[32];
+  const int64_t src = blockIdx.x * step + offset;
+  float* xr = x + src * H;
+  float sum_sq = 0;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+    float v = xr[i];
+    if (delta) xr[i] = v = v + bf16_bits_to_float(delta[src * H + i]);
+    sum_sq += v * v;
+  }
+  const float inv = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(H) + eps);
+  uint16_t* o = out + static_cast<int64_t>(blockIdx.x) * H;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
+    o[i] = float_to_bf16_bits(bf16_bits_to_float(w[i]) * (xr[i] * inv));
+}
+
+// One block per token; thread j < (nh + nkv)·hd/2 rotates one pair of one head of q or k.
+__global__ void rope_kv_kernel(const RopeKvArgs a) {
+  const int64_t t = blockIdx.x, b = t / a.S, pos = *a.p0 + t % a.S;
+  const int half = a.hd / 2, qkv_dim = (a.nh + 2 * a.nkv) * a.hd, kv_dim = a.nkv * a.hd;
+  uint16_t* row = a.qkv + t * qkv_dim;
+  const int64_t cache_row = (b * a.max_context + pos) * kv_dim;
+  const float* cs = a.cos_sin + pos * a.hd;  // [cos · hd/2, sin · hd/2]
+  for (int j = threadIdx.x; j < (a.nh + a.nkv) * half; j += blockDim.x) {
+    const int head = j / half, i = j % half;
+    const float c = cs[i], s = cs[half + i];
+    const float x0 = bf16_bits_to_float(row[head * a.hd + i]);
+    const float x1 = bf16_bits_to_float(row[head * a.hd + i + half]);
+    const uint16_t r0 = float_to_bf16_bits(x0 * c - x1 * s), r1 = float_to_bf16_bits(x1 * c + x0 * s);
+    if (head < a.nh) {
+      row[head * a.hd + i] = r0;
+      row[head * a.hd + i + half] = r1;
+    } else {
+      const int64_t k = cache_row + (head - a.nh) * a.hd;
+      a.k_cache[k + i] = r0;
+      a.k_cache[k + i + half] = r1;
+    }
+  }
+  const uint16_t* v = row + (a.nh + a.nkv) * a.hd;
+  for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) a.v_cache[cache_row + j] = v[j];
+}
+
+__global__ void silu_mul_kernel(const uint16_t* __restrict__ g, const uint16_t* __restrict__ u,
+                                uint16_t* __restrict__ out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float gv = bf16_bits_to_float(g[i]);
+    // silu rounded to bf16, then the product rounded: as a bf16 PyTorch `act_fn(g) * u`.
+    const float s = round_bf16(gv / (1.f + __expf(-gv)));
+    out[i] = float_to_bf16_bits(s * bf16_bits_to_float(u[i]));
+  }
+}
+
+// SplitMix64 of (seed, index): the same values for any launch shape.
+__device__ __forceinline__ uint64_t mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_uniform_kernel(uint16_t* __restrict__ out, int64_t n, int64_t cols, int64_t ld, float lo,
+                                    float hi, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const double r = static_cast<double>(mix(seed * 0x632be59bd9b4e019ull + static_cast<uint64_t>(i)) >> 11) *
+                     (1.0 / 9007199254740992.0);
+    out[(i / cols) * ld + i % cols] = float_to_bf16_bits(lo + static_cast<float>(r) * (hi - lo));
+  }
+}
+
+unsigned grid_for(int64_t n, int threads) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, 132 * 32)));
+}
+
+}  // namespace
+
+void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float* x, int64_t H,
+                  cudaStream_t stream) {
+  if (T == 0) return;
+  embed_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(tokens, table, x, H);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint16_t* out, int64_t rows,
+                        int64_t H, int64_t step, int64_t offset, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  add_rmsnorm_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_rope_kv(const RopeKvArgs& a, cudaStream_t stream) {
+  TWELL_CHECK(a.hd % 2 == 0, "rope: head_dim ", a.hd, " is odd");
+  if (a.T == 0) return;
+  rope_kv_kernel<<<static_cast<unsigned>(a.T), 256, 0, stream>>>(a);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_silu_mul(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  silu_mul_kernel<<<grid_for(n, 256), 256, 0, stream>>>(g, u, out, n);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_uniform_bf16(uint16_t* out, int64_t rows, int64_t cols, int64_t ld, float lo, float hi, uint64_t seed,
+                       cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  fill_uniform_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, n, cols, ld, lo, hi, seed);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace twell::cuda

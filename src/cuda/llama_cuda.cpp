@@ -1,0 +1,466 @@
+// LlamaCuda: the model runtime on the GPU (include/twell/cuda/llama.h). Weight upload/download,
+// the workspace, the layer loop (kernels in src/cuda/kernels/llama_layers.cu and attention.cu,
+// GEMMs through cuBLASLt, the ReLU FFN through FfnForward), and CUDA-graph decode.
+#include "twell/cuda/llama.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "cuda/cublaslt_gemm.h"
+#include "cuda/kernels.h"
+#include "twell/bf16.h"
+
+namespace twell::cuda {
+
+namespace {
+
+uint16_t* bits(const DeviceTensor& t) { return static_cast<uint16_t*>(t.view().data); }
+uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.view().data); }
+
+Tensor to_bf16(const TensorView& t) {
+  if (t.dtype == DType::bf16) return Tensor::copy_of(t);
+  Tensor out(DType::bf16, t.shape);
+  auto* o = bits(out);
+  for (int64_t i = 0; i < t.numel(); ++i) o[i] = float_to_bf16_bits(static_cast<float>(load_as_double(t, i)));
+  return out;
+}
+
+DeviceTensor upload_bf16(const TensorView& t) { return DeviceTensor::upload(to_bf16(t).view()); }
+
+// Copies rows of host tensors, converted to bf16, one after another into `dst`.
+void upload_rows(DeviceTensor& dst, std::initializer_list<const TensorView*> parts) {
+  size_t offset = 0;
+  for (const TensorView* p : parts) {
+    const Tensor b = to_bf16(*p);
+    TWELL_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dst.view().data) + offset, b.view().data, b.nbytes(),
+                                cudaMemcpyHostToDevice));
+    offset += b.nbytes();
+  }
+}
+
+Tensor download_rows(const DeviceTensor& src, int64_t row0, int64_t rows) {
+  const int64_t cols = src.view().shape[1];
+  Tensor h(DType::bf16, {rows, cols});
+  TWELL_CUDA_CHECK(cudaMemcpy(h.view().data, bits(src) + row0 * cols, h.nbytes(), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+TensorView dev_view(void* p, DType t, Shape s) { return TensorView(p, t, std::move(s), Device::cuda); }
+
+}  // namespace
+
+// ---- weights ------------------------------------------------------------------------------------
+
+LlamaCudaWeights LlamaCudaWeights::allocate(const io::ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
+  const int64_t q_dim = c.num_attention_heads * hd, kv_dim = c.num_key_value_heads * hd;
+  LlamaCudaWeights w;
+  w.config = c;
+  w.embed = DeviceTensor(DType::bf16, {V, H});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LlamaCudaLayer d;
+    d.input_norm = DeviceTensor(DType::bf16, {H});
+    d.wqkv = DeviceTensor(DType::bf16, {q_dim + 2 * kv_dim, H});
+    d.wo = DeviceTensor(DType::bf16, {H, q_dim});
+    d.post_norm = DeviceTensor(DType::bf16, {H});
+    d.wg = DeviceTensor(DType::bf16, {I, H});
+    d.wu = DeviceTensor(DType::bf16, {I, H});
+    d.wd = DeviceTensor(DType::bf16, {I, H});
+    w.layers.push_back(std::move(d));
+  }
+  w.final_norm = DeviceTensor(DType::bf16, {H});
+  if (!c.tie_word_embeddings) w.lm_head = DeviceTensor(DType::bf16, {V, H});
+  return w;
+}
+
+LlamaCudaWeights LlamaCudaWeights::upload(const model::LlamaWeights& src) {
+  TWELL_CHECK(static_cast<int64_t>(src.layers.size()) == src.config.num_hidden_layers, "LlamaCudaWeights: ",
+              src.layers.size(), " layers loaded, config has ", src.config.num_hidden_layers);
+  LlamaCudaWeights w = allocate(src.config);
+  upload_rows(w.embed, {&src.embed.view()});
+  for (size_t l = 0; l < src.layers.size(); ++l) {
+    const model::LlamaLayerWeights& s = src.layers[l];
+    LlamaCudaLayer& d = w.layers[l];
+    upload_rows(d.input_norm, {&s.input_norm.view()});
+    upload_rows(d.wqkv, {&s.wq.view(), &s.wk.view(), &s.wv.view()});
+    upload_rows(d.wo, {&s.wo.view()});
+    upload_rows(d.post_norm, {&s.post_norm.view()});
+    upload_rows(d.wg, {&s.wg.view()});
+    upload_rows(d.wu, {&s.wu.view()});
+    upload_rows(d.wd, {&s.wd.view()});
+  }
+  upload_rows(w.final_norm, {&src.final_norm.view()});
+  if (!src.config.tie_word_embeddings) upload_rows(w.lm_head, {&src.lm_head.view()});
+  return w;
+}
+
+model::LlamaWeights LlamaCudaWeights::download() const {
+  const int64_t hd = config.head_dim, q_dim = config.num_attention_heads * hd,
+                kv_dim = config.num_key_value_heads * hd, H = config.hidden_size;
+  auto all = [](const DeviceTensor& t) { return t.download(); };
+  model::LlamaWeights w;
+  w.config = config;
+  w.embed = all(embed);
+  for (const LlamaCudaLayer& d : layers) {
+    model::LlamaLayerWeights l;
+    l.input_norm = all(d.input_norm);
+    l.wq = download_rows(d.wqkv, 0, q_dim);
+    l.wk = download_rows(d.wqkv, q_dim, kv_dim);
+    l.wv = download_rows(d.wqkv, q_dim + kv_dim, kv_dim);
+    l.wo = all(d.wo);
+    l.post_norm = all(d.post_norm);
+    l.wg = all(d.wg);
+    l.wu = all(d.wu);
+    l.wd = all(d.wd);
+    w.layers.push_back(std::move(l));
+  }
+  w.final_norm = all(final_norm);
+  if (!config.tie_word_embeddings) w.lm_head = all(lm_head);
+  (void)H;
+  return w;
+}
+
+size_t LlamaCudaWeights::bytes() const {
+  size_t n = embed.nbytes() + final_norm.nbytes() + lm_head.nbytes();
+  for (const LlamaCudaLayer& d : layers)
+    n += d.input_norm.nbytes() + d.wqkv.nbytes() + d.wo.nbytes() + d.post_norm.nbytes() + d.wg.nbytes() +
+         d.wu.nbytes() + d.wd.nbytes();
+  return n;
+}
+
+// ---- runtime ------------------------------------------------------------------------------------
+
+struct LlamaCuda::Impl {
+  std::shared_ptr<const LlamaCudaWeights> w;
+  LlamaCudaOptions o;
+  const io::ModelConfig& c;
+  int64_t H, I, V, L, nh, nkv, hd, q_dim, kv_dim, qkv_dim;
+  bool relu;
+  cudaStream_t stream = nullptr;
+  LtGemm gemm;
+  std::unique_ptr<FfnForward> ffn_prefill, ffn_decode;  // ReLU models
+  DeviceBuffer tokens, p0, x, a, qkv, attn, proj, y, g, u, cos_sin, partial, logits;
+  int64_t logits_rows = 0;
+  std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
+  int64_t len = 0, batch = 0;                  // cached positions (of every sequence), sequences
+  int64_t last_tokens = 0;
+  std::vector<FfnPath> paths;
+  std::map<int64_t, cudaGraphExec_t> graphs;   // decode step per batch size
+  std::map<int64_t, int> eager_steps;          // decode steps run before capture, per batch size
+
+  Impl(std::shared_ptr<const LlamaCudaWeights> weights, const LlamaCudaOptions& options)
+      : w(std::move(weights)), o(options), c(w->config) {
+    H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_hidden_layers;
+    nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+    q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim;
+    relu = c.hidden_act == "relu";
+    TWELL_CHECK(relu || c.hidden_act == "silu", "LlamaCuda: hidden_act must be relu or silu, got ", c.hidden_act);
+    TWELL_CHECK(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
+                " layers, config has ", L);
+    check_attention(hd);
+    TWELL_CHECK(H % 8 == 0 && I % 8 == 0, "LlamaCuda: hidden_size and intermediate_size must be multiples of 8, got ",
+                H, " and ", I);
+    if (o.max_context == 0) o.max_context = c.max_position_embeddings;
+    TWELL_CHECK(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
+                o.max_context, " must lie in [1, max_position_embeddings = ", c.max_position_embeddings, "]");
+    TWELL_CHECK(o.max_batch >= 1, "LlamaCuda: max_batch must be at least 1, got ", o.max_batch);
+    if (o.max_tokens == 0) o.max_tokens = o.max_batch * o.max_context;
+    TWELL_CHECK(o.max_tokens >= o.max_batch, "LlamaCuda: max_tokens ", o.max_tokens, " is below max_batch ",
+                o.max_batch);
+    TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+    const int64_t T = o.max_tokens;
+    tokens = DeviceBuffer(static_cast<size_t>(T) * 4);
+    p0 = DeviceBuffer(4);
+    x = DeviceBuffer(static_cast<size_t>(T * H) * 4);
+    a = DeviceBuffer(static_cast<size_t>(T * H) * 2);
+    qkv = DeviceBuffer(static_cast<size_t>(T * qkv_dim) * 2);
+    attn = DeviceBuffer(static_cast<size_t>(T * q_dim) * 2);
+    proj = DeviceBuffer(static_cast<size_t>(T * H) * 2);
+    y = DeviceBuffer(static_cast<size_t>(T * H) * 2);
+    partial = DeviceBuffer(static_cast<size_t>(o.max_batch * nh * decode_attention_splits(o.max_context) * (hd + 2)) * 4);
+    const size_t kv_bytes = static_cast<size_t>(o.max_batch * o.max_context * kv_dim) * 2;
+    for (int64_t l = 0; l < (o.kv_cache ? L : 1); ++l) {
+      k_cache.emplace_back(kv_bytes);
+      v_cache.emplace_back(kv_bytes);
+    }
+    if (relu) {
+      const bool sparse = o.ffn == FfnMode::twell;
+      FfnOptions pre = o.ffn_options;
+      if (!sparse) pre.dispatch = Dispatch::always_dense;
+      ffn_prefill = std::make_unique<FfnForward>(FfnShape{T, H, I, true}, pre);
+      FfnOptions dec = pre;
+      dec.dispatch = sparse ? Dispatch::always_sparse : Dispatch::always_dense;
+      dec.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
+      ffn_decode = std::make_unique<FfnForward>(FfnShape{o.max_batch, H, I, true}, dec);
+    } else {
+      g = DeviceBuffer(static_cast<size_t>(T * I) * 2);
+      u = DeviceBuffer(static_cast<size_t>(T * I) * 2);
+    }
+    ensure_logits(o.max_batch);
+
+    // RoPE table as the CPU reference computes it (fp32 inverse frequencies and angles).
+    std::vector<float> table(static_cast<size_t>(o.max_context * hd));
+    const int64_t half = hd / 2;
+    for (int64_t p = 0; p < o.max_context; ++p)
+      for (int64_t i = 0; i < half; ++i) {
+        const float inv_freq = 1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / hd);
+        const float angle = inv_freq * static_cast<float>(p);
+        table[p * hd + i] = std::cos(angle);
+        table[p * hd + half + i] = std::sin(angle);
+      }
+    cos_sin = DeviceBuffer(table.size() * 4);
+    TWELL_CUDA_CHECK(cudaMemcpy(cos_sin.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  }
+
+  ~Impl() {
+    for (auto& [b, exec] : graphs) cudaGraphExecDestroy(exec);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  void ensure_logits(int64_t rows) {
+    if (rows <= logits_rows) return;
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be in use
+    for (auto& [b, exec] : graphs) cudaGraphExecDestroy(exec);  // they write to the old buffer
+    graphs.clear();
+    eager_steps.clear();
+    logits = DeviceBuffer(static_cast<size_t>(rows * V) * 4);
+    logits_rows = rows;
+  }
+
+  void check_tokens(const std::vector<int32_t>& t) const {
+    for (size_t i = 0; i < t.size(); ++i)
+      TWELL_CHECK(t[i] >= 0 && t[i] < V, "LlamaCuda: token ", t[i], " at index ", i,
+                  " is outside the vocabulary [0, ", V, ")");
+  }
+
+  void check_call(int64_t B, int64_t S) const {
+    TWELL_CHECK(B >= 1 && S >= 1, "LlamaCuda: need at least one sequence of one token, got ", B, " × ", S);
+    TWELL_CHECK(B <= o.max_batch, "LlamaCuda: ", B, " sequences exceed max_batch ", o.max_batch);
+    TWELL_CHECK(B * S <= o.max_tokens, "LlamaCuda: ", B * S, " tokens exceed max_tokens ", o.max_tokens);
+    TWELL_CHECK(len + S <= o.max_context, "LlamaCuda: ", len + S, " positions exceed the context of ", o.max_context);
+    TWELL_CHECK(len == 0 || B == batch, "LlamaCuda: the cache holds ", batch, " sequences, got ", B);
+  }
+
+  // Host-side inputs of a call: tokens (pageable copy: the host vector may change at once) and p0.
+  void upload_inputs(const int32_t* host_tokens, int64_t n) {
+    if (host_tokens)
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(tokens.get(), host_tokens, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream));
+    const int32_t pos = static_cast<int32_t>(len);
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(p0.get(), &pos, 4, cudaMemcpyHostToDevice, stream));
+  }
+
+  void ffn(const LlamaCudaLayer& lw, int64_t T, bool decode, FfnPath* path) {
+    const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
+    if (relu) {
+      FfnForward& f = decode ? *ffn_decode : *ffn_prefill;
+      f.forward(in, lw.ffn(), out, stream);
+      *path = f.last_path();
+      return;
+    }
+    gemm.run(a.get(), lw.wg.view().data, g.get(), T, I, H, true, GemmEpilogue::none, stream);
+    gemm.run(a.get(), lw.wu.view().data, u.get(), T, I, H, true, GemmEpilogue::none, stream);
+    launch_silu_mul(g.as<uint16_t>(), u.as<uint16_t>(), g.as<uint16_t>(), T * I, stream);
+    gemm.run(g.get(), lw.wd.view().data, y.get(), T, H, I, false, GemmEpilogue::none, stream);
+    *path = FfnPath::dense;
+  }
+
+  // The whole forward of B·S tokens at position p0 (device), from the tokens on the device to
+  // the logits of the chosen rows. Only stream work: capturable.
+  void body(const int32_t* tok, int64_t B, int64_t S, Head head, bool decode) {
+    const int64_t T = B * S;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    launch_embed(tok, T, bits(w->embed), x.as<float>(), H, stream);
+    paths.assign(static_cast<size_t>(L), FfnPath::dense);
+    for (int64_t l = 0; l < L; ++l) {
+      const LlamaCudaLayer& lw = w->layers[l];
+      const size_t cache = o.kv_cache ? static_cast<size_t>(l) : 0;
+      launch_add_rmsnorm(x.as<float>(), l == 0 ? nullptr : y.as<uint16_t>(), bits(lw.input_norm),
+                         a.as<uint16_t>(), T, H, 1, 0, eps, stream);
+      gemm.run(a.get(), lw.wqkv.view().data, qkv.get(), T, qkv_dim, H, true, GemmEpilogue::none, stream);
+      RopeKvArgs r;
+      r.qkv = qkv.as<uint16_t>();
+      r.k_cache = k_cache[cache].as<uint16_t>();
+      r.v_cache = v_cache[cache].as<uint16_t>();
+      r.cos_sin = cos_sin.as<float>();
+      r.p0 = p0.as<int32_t>();
+      r.T = T, r.S = S, r.max_context = o.max_context;
+      r.nh = static_cast<int>(nh), r.nkv = static_cast<int>(nkv), r.hd = static_cast<int>(hd);
+      launch_rope_kv(r, stream);
+      AttentionArgs at;
+      at.qkv = qkv.as<uint16_t>();
+      at.k_cache = r.k_cache;
+      at.v_cache = r.v_cache;
+      at.o = attn.as<uint16_t>();
+      at.p0 = r.p0;
+      at.B = static_cast<int>(B), at.S = static_cast<int>(S), at.nh = r.nh, at.nkv = r.nkv, at.hd = r.hd;
+      at.max_context = static_cast<int>(o.max_context);
+      at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      launch_attention(at, S == 1 ? partial.as<float>() : nullptr, stream);
+      gemm.run(attn.get(), lw.wo.view().data, proj.get(), T, H, q_dim, true, GemmEpilogue::none, stream);
+      launch_add_rmsnorm(x.as<float>(), proj.as<uint16_t>(), bits(lw.post_norm), a.as<uint16_t>(), T, H,
+                         1, 0, eps, stream);
+      ffn(lw, T, decode, &paths[static_cast<size_t>(l)]);
+    }
+    // x += the last FFN output; the final norm of every row goes to `a`.
+    const uint16_t* fn = bits(w->final_norm);
+    launch_add_rmsnorm(x.as<float>(), y.as<uint16_t>(), fn, a.as<uint16_t>(), T, H, 1, 0, eps, stream);
+    if (head == Head::none) return;
+    const uint16_t* rows = a.as<uint16_t>();
+    int64_t n = T;
+    if (head == Head::last && S > 1) {  // each sequence's last row, normalised again into `proj`
+      launch_add_rmsnorm(x.as<float>(), nullptr, fn, proj.as<uint16_t>(), B, H, S, S - 1, eps, stream);
+      rows = proj.as<uint16_t>();
+      n = B;
+    }
+    gemm.run(rows, w->head().view().data, logits.get(), n, V, H, true, GemmEpilogue::none, stream, GemmOut::f32);
+  }
+
+  void enqueue(const int32_t* tok, int64_t B, int64_t S, Head head) {
+    check_call(B, S);
+    if (head != Head::none) ensure_logits(head == Head::all ? B * S : B);
+    upload_inputs(nullptr, 0);
+    body(tok, B, S, head, false);
+    finish(B, S);
+  }
+
+  void finish(int64_t B, int64_t S) {
+    last_tokens = B * S;
+    if (o.kv_cache) {
+      len += S;
+      batch = B;
+    }
+  }
+
+  Tensor download_logits(int64_t rows) {
+    Tensor out(DType::f32, {rows, V});
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(out.view().data, logits.get(), out.nbytes(), cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return out;
+  }
+
+  Tensor prefill(const std::vector<std::vector<int32_t>>& prompts) {
+    TWELL_CHECK(!prompts.empty(), "LlamaCuda::prefill: no prompts");
+    const int64_t B = static_cast<int64_t>(prompts.size()), S = static_cast<int64_t>(prompts[0].size());
+    std::vector<int32_t> flat;
+    for (const auto& p : prompts) {
+      TWELL_CHECK(static_cast<int64_t>(p.size()) == S, "LlamaCuda::prefill: prompts must have equal lengths, got ",
+                  p.size(), " and ", S);
+      flat.insert(flat.end(), p.begin(), p.end());
+    }
+    check_tokens(flat);
+    reset();
+    check_call(B, S);
+    ensure_logits(B);
+    upload_inputs(flat.data(), B * S);
+    body(tokens.as<int32_t>(), B, S, Head::last, false);
+    finish(B, S);
+    return download_logits(B);
+  }
+
+  Tensor decode(const std::vector<int32_t>& toks) {
+    TWELL_CHECK(o.kv_cache, "LlamaCuda::decode: built without a KV cache (kv_cache = false)");
+    TWELL_CHECK(len > 0, "LlamaCuda::decode: call prefill first");
+    const int64_t B = static_cast<int64_t>(toks.size());
+    check_tokens(toks);
+    check_call(B, 1);
+    upload_inputs(toks.data(), B);
+    // The first step of a batch size runs eagerly (it loads kernels and makes cuBLASLt plans);
+    // the next one is captured, and every later one replays the graph.
+    auto it = graphs.find(B);
+    if (it != graphs.end()) {
+      TWELL_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
+    } else if (!o.cuda_graphs || eager_steps[B]++ == 0) {
+      body(tokens.as<int32_t>(), B, 1, Head::all, true);
+    } else {
+      cudaGraph_t graph = nullptr;
+      TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        body(tokens.as<int32_t>(), B, 1, Head::all, true);
+      } catch (...) {
+        cudaStreamEndCapture(stream, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      TWELL_CUDA_CHECK(err);
+      graphs[B] = exec;
+      TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    }
+    finish(B, 1);
+    return download_logits(B);
+  }
+
+  void reset() {
+    len = 0;
+    batch = 0;
+  }
+};
+
+LlamaCuda::LlamaCuda(std::shared_ptr<const LlamaCudaWeights> weights, LlamaCudaOptions options) {
+  TWELL_CHECK(weights != nullptr, "LlamaCuda: no weights");
+  impl_ = std::make_unique<Impl>(std::move(weights), options);
+}
+LlamaCuda::~LlamaCuda() = default;
+LlamaCuda::LlamaCuda(LlamaCuda&&) noexcept = default;
+LlamaCuda& LlamaCuda::operator=(LlamaCuda&&) noexcept = default;
+
+const io::ModelConfig& LlamaCuda::config() const { return impl_->c; }
+
+Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats) const {
+  TWELL_CHECK(ffn_stats == nullptr, "LlamaCuda::logits: per-layer FFN statistics come from the CPU backend only");
+  impl_->check_tokens(tokens);
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  impl_->reset();
+  impl_->check_call(1, T);
+  impl_->ensure_logits(T);
+  impl_->upload_inputs(tokens.data(), T);
+  impl_->body(impl_->tokens.as<int32_t>(), 1, T, Head::all, false);
+  impl_->last_tokens = T;
+  Tensor out = impl_->download_logits(T);
+  impl_->reset();
+  return out;
+}
+
+Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) {
+  Tensor t = impl_->prefill({tokens});
+  return Tensor::copy_of(TensorView(t.view().data, DType::f32, {impl_->V}));
+}
+
+Tensor LlamaCuda::decode_step(int32_t token) {
+  Tensor t = impl_->decode({token});
+  return Tensor::copy_of(TensorView(t.view().data, DType::f32, {impl_->V}));
+}
+
+Tensor LlamaCuda::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) { return impl_->prefill(prompts); }
+Tensor LlamaCuda::decode_batch(const std::vector<int32_t>& tokens) { return impl_->decode(tokens); }
+
+int64_t LlamaCuda::cached_tokens() const { return impl_->len; }
+void LlamaCuda::reset() { impl_->reset(); }
+
+void LlamaCuda::enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head) { impl_->enqueue(tokens, B, S, head); }
+const float* LlamaCuda::logits_device() const { return impl_->logits.as<float>(); }
+TensorView LlamaCuda::hidden_device() const {
+  return dev_view(impl_->x.get(), DType::f32, {impl_->last_tokens, impl_->H});
+}
+cudaStream_t LlamaCuda::stream() const { return impl_->stream; }
+std::vector<FfnPath> LlamaCuda::ffn_paths() const { return impl_->paths; }
+
+size_t LlamaCuda::workspace_bytes() const {
+  const Impl& m = *impl_;
+  size_t n = m.tokens.bytes() + m.p0.bytes() + m.x.bytes() + m.a.bytes() + m.qkv.bytes() + m.attn.bytes() +
+             m.proj.bytes() + m.y.bytes() + m.g.bytes() + m.u.bytes() + m.cos_sin.bytes() + m.partial.bytes() +
+             m.logits.bytes();
+  for (const auto& b : m.k_cache) n += b.bytes();
+  for (const auto& b : m.v_cache) n += b.bytes();
+  if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_decode->workspace_bytes();
+  return n;
+}
+
+const LlamaCudaOptions& LlamaCuda::options() const { return impl_->o; }
+
+}  // namespace twell::cuda
