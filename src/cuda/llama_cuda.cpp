@@ -185,7 +185,7 @@ struct LlamaCuda::Impl {
       k_cache.emplace_back(kv_bytes);
       v_cache.emplace_back(kv_bytes);
     }
-    if (relu) {
+    if (relu && H % 64 == 0 && I % 64 == 0) {  // FfnForward's shapes; otherwise the dense FFN below
       const bool sparse = o.ffn == FfnMode::twell;
       FfnOptions pre = o.ffn_options;
       if (!sparse) pre.dispatch = Dispatch::always_dense;
@@ -253,15 +253,20 @@ struct LlamaCuda::Impl {
 
   void ffn(const LlamaCudaLayer& lw, int64_t T, bool decode, FfnPath* path) {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
-    if (relu) {
+    if (ffn_prefill) {
       FfnForward& f = decode ? *ffn_decode : *ffn_prefill;
       f.forward(in, lw.ffn(), out, stream);
       *path = f.last_path();
       return;
     }
-    gemm.run(a.get(), lw.wg.view().data, g.get(), T, I, H, true, GemmEpilogue::none, stream);
+    // Dense cuBLASLt FFN: SiLU models, and ReLU models whose H or I is not a multiple of 64.
+    gemm.run(a.get(), lw.wg.view().data, g.get(), T, I, H, true, relu ? GemmEpilogue::relu : GemmEpilogue::none,
+             stream);
     gemm.run(a.get(), lw.wu.view().data, u.get(), T, I, H, true, GemmEpilogue::none, stream);
-    launch_silu_mul(g.as<uint16_t>(), u.as<uint16_t>(), g.as<uint16_t>(), T * I, stream);
+    if (relu)
+      launch_mul_bf16(g.as<uint16_t>(), u.as<uint16_t>(), g.as<uint16_t>(), T * I, stream);
+    else
+      launch_silu_mul(g.as<uint16_t>(), u.as<uint16_t>(), g.as<uint16_t>(), T * I, stream);
     gemm.run(g.get(), lw.wd.view().data, y.get(), T, H, I, false, GemmEpilogue::none, stream);
     *path = FfnPath::dense;
   }

@@ -8,10 +8,14 @@ HF's logits for a fixed token sequence in <name>/logits.safetensors:
     logits      F32 [T, V]   the float32 model's output
     logits_f64  F64 [T, V]   the same model in float64 (reference for twell's f64 path)
 
-Run once, by hand (the C++ tests need no Python):
+The gpu_* models are shaped for the GPU runtime's kernels (head_dim 32 and 64, FFN widths a
+multiple of 64, 80 tokens so that attention crosses its 64-key tiles) and also hold
+    logits_bf16 F32 [T, V]   the same model cast to bfloat16 (what a bf16 PyTorch user sees)
+
+Run once, by hand (the C++ tests need no Python), for all models or the ones named:
     pip install torch transformers safetensors
-    python3 tests/model/make_hf_fixture.py
-Each model directory is about 110 KB.
+    python3 tests/model/make_hf_fixture.py [NAME ...]
+Each CPU model directory is about 110 KB, each gpu_* one about 1 MB.
 """
 import os
 import shutil
@@ -26,25 +30,33 @@ OUT = os.path.join(HERE, "data", "llama")
 # 16 fixed tokens, every id < vocab_size.
 TOKENS = [1, 17, 42, 96, 0, 5, 63, 63, 28, 71, 11, 90, 3, 54, 37, 8]
 
+# 80 fixed tokens for the gpu_* models.
+LONG_TOKENS = [(7 * i * i + 3 * i + 1) % 97 for i in range(80)]
+
+SMALL = dict(vocab_size=97, hidden_size=32, intermediate_size=88, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=64)
+
 MODELS = {
     # The paper's kind of model: ReLU gate, tied embeddings.
-    "relu_tied": dict(hidden_act="relu", tie_word_embeddings=True, seed=1),
+    "relu_tied": dict(hidden_act="relu", tie_word_embeddings=True, seed=1, shape=SMALL),
     # Standard Llama FFN with an untied LM head.
-    "silu_untied": dict(hidden_act="silu", tie_word_embeddings=False, seed=2),
+    "silu_untied": dict(hidden_act="silu", tie_word_embeddings=False, seed=2, shape=SMALL),
+    # GPU runtime: head_dim 32 with GQA, and head_dim 64 without.
+    "gpu_relu_tied": dict(hidden_act="relu", tie_word_embeddings=True, seed=3, tokens=LONG_TOKENS,
+                          shape=dict(vocab_size=97, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                     num_key_value_heads=2, max_position_embeddings=128)),
+    "gpu_silu_untied": dict(hidden_act="silu", tie_word_embeddings=False, seed=4, tokens=LONG_TOKENS,
+                            shape=dict(vocab_size=97, hidden_size=128, intermediate_size=320, num_attention_heads=2,
+                                       num_key_value_heads=2, max_position_embeddings=128)),
 }
 
 
-def make(name, hidden_act, tie_word_embeddings, seed):
+def make(name, hidden_act, tie_word_embeddings, seed, shape, tokens=TOKENS):
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=88,
+        **shape,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         hidden_act=hidden_act,
-        max_position_embeddings=64,
         rms_norm_eps=1e-5,
         rope_theta=1e5,
         tie_word_embeddings=tie_word_embeddings,
@@ -67,16 +79,15 @@ def make(name, hidden_act, tie_word_embeddings, seed):
     if os.path.exists(gen):
         os.remove(gen)
 
-    ids = torch.tensor([TOKENS], dtype=torch.long)
+    ids = torch.tensor([tokens], dtype=torch.long)
+    out = {"tokens": torch.tensor(tokens, dtype=torch.int32)}
     with torch.no_grad():
-        logits = model(ids).logits[0].float().contiguous()
-        logits64 = model.to(torch.float64)(ids).logits[0].contiguous()
+        out["logits"] = logits = model(ids).logits[0].float().contiguous()
+        out["logits_f64"] = model.to(torch.float64)(ids).logits[0].contiguous()
+        if name.startswith("gpu_"):  # last: the cast rounds the weights
+            out["logits_bf16"] = model.to(torch.bfloat16)(ids).logits[0].float().contiguous()
     save_file(
-        {
-            "tokens": torch.tensor(TOKENS, dtype=torch.int32),
-            "logits": logits,
-            "logits_f64": logits64,
-        },
+        out,
         os.path.join(path, "logits.safetensors"),
     )
     size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
@@ -84,8 +95,10 @@ def make(name, hidden_act, tie_word_embeddings, seed):
 
 
 if __name__ == "__main__":
+    import sys
+
     import transformers
 
     print("torch", torch.__version__, "transformers", transformers.__version__)
-    for name, kw in MODELS.items():
-        make(name, **kw)
+    for name in sys.argv[1:] or MODELS:
+        make(name, **MODELS[name])

@@ -1,0 +1,239 @@
+// The GPU model runtime (twell::cuda::LlamaCuda) against the CPU backend on the same bf16 weights,
+// and against HuggingFace transformers on the gpu_* fixtures of tests/model/make_hf_fixture.py:
+// full forward, KV-cache prefill + decode (eager and graph-replayed), batches, the twell and the
+// dense FFN, head_dim 16/32/64/128, sequences crossing attention tiles, and argument errors.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "gpu_test.h"
+#include "model/llama_test_util.h"
+#include "twell/cuda/llama.h"
+
+namespace twell::cuda {
+namespace {
+
+using model::LlamaCpu;
+using model::LlamaWeights;
+
+struct Shape {
+  const char* name;
+  int64_t H, I, heads, kv_heads, head_dim, vocab, max_pos;
+  const char* act;
+  bool tied;
+};
+
+// The FFN widths are multiples of 64 (FfnForward) except "odd_ffn" (the dense fallback).
+const Shape kShapes[] = {
+    {"hd16_gqa_relu", 64, 192, 4, 2, 16, 97, 160, "relu", true},
+    {"hd32_relu_untied", 128, 256, 4, 4, 32, 130, 160, "relu", false},
+    {"hd64_silu", 128, 320, 2, 1, 64, 97, 160, "silu", true},
+    {"hd128_gqa_relu", 256, 512, 4, 2, 128, 256, 160, "relu", true},
+    {"odd_ffn_relu", 64, 176, 4, 2, 16, 97, 160, "relu", false},
+};
+
+io::ModelConfig config_of(const Shape& s) {
+  io::ModelConfig c = model::tiny_config(s.act, s.tied);
+  c.hidden_size = s.H, c.intermediate_size = s.I, c.num_attention_heads = s.heads;
+  c.num_key_value_heads = s.kv_heads, c.head_dim = s.head_dim, c.vocab_size = s.vocab;
+  c.max_position_embeddings = s.max_pos;
+  return c;
+}
+
+// Random HF tensors, loaded as bf16 (the GPU's storage), so both backends see the same weights.
+LlamaWeights bf16_weights(const io::ModelConfig& c, uint64_t seed) {
+  const std::string dir = ::testing::TempDir() + "twell_llama_cuda_" + std::to_string(seed);
+  model::write_hf(dir, c, model::random_hf_tensors(c, seed));
+  model::LlamaLoadOptions lo;
+  lo.dtype = DType::bf16;
+  LlamaWeights w = LlamaWeights::load_dir(dir, lo);
+  std::filesystem::remove_all(dir);
+  return w;
+}
+
+std::vector<int32_t> some_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((seed * 131 + i * i * 7 + i * 3) % vocab);
+  return t;
+}
+
+Tensor rows(const Tensor& t, int64_t r0, int64_t n) {
+  const int64_t V = t.shape()[1];
+  return Tensor::copy_of(TensorView(t.ptr<float>() + r0 * V, DType::f32, {n, V}));
+}
+
+// bf16 activations through a few layers against the fp32 CPU model: a few 1e-3 is typical.
+constexpr double kTol = 2e-2;
+
+class LlamaCudaShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(LlamaCudaShapes, FullForwardMatchesCpu) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(GetParam());
+  LlamaWeights w = bf16_weights(c, 11);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
+  const LlamaCpu cpu(std::move(w));
+  for (FfnMode mode : {FfnMode::twell, FfnMode::dense}) {
+    LlamaCudaOptions o;
+    o.ffn = mode;
+    o.ffn_options.dispatch = Dispatch::always_sparse;  // exercise the sparse path at any size
+    LlamaCuda gpu(dw, o);
+    for (int64_t T : {1, 63, 64, 65, 150}) {
+      const auto tokens = some_tokens(T, c.vocab_size, T);
+      const double err = relative_error(gpu.logits(tokens), cpu.logits(tokens));
+      std::printf("%s %s T=%lld: rel err %.2e\n", GetParam().name, mode == FfnMode::twell ? "twell" : "dense",
+                  static_cast<long long>(T), err);
+      EXPECT_LT(err, kTol) << "T=" << T;
+    }
+  }
+}
+
+TEST_P(LlamaCudaShapes, PrefillDecodeMatchesFullForward) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(GetParam());
+  LlamaWeights w = bf16_weights(c, 12);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
+  const LlamaCpu cpu(std::move(w));
+  LlamaCuda gpu(dw);
+  const auto tokens = some_tokens(70, c.vocab_size, 5);
+  const Tensor ref = cpu.logits(tokens);
+  // Prompt of 60, then 10 decode steps: the first eager, the second captured, the rest replayed.
+  const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 60);
+  Tensor last = gpu.prefill(prompt);
+  EXPECT_LT(relative_error(TensorView(last.view().data, DType::f32, {1, c.vocab_size}), rows(ref, 59, 1)), kTol);
+  for (int64_t t = 60; t < 70; ++t) {
+    last = gpu.decode_step(tokens[t]);
+    const double err = relative_error(TensorView(last.view().data, DType::f32, {1, c.vocab_size}), rows(ref, t, 1));
+    EXPECT_LT(err, kTol) << "decode position " << t;
+  }
+  EXPECT_EQ(gpu.cached_tokens(), 70);
+}
+
+TEST_P(LlamaCudaShapes, BatchEqualsSingleSequences) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(GetParam());
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 13)));
+  LlamaCudaOptions o;
+  o.max_batch = 3;
+  LlamaCuda batched(dw, o), single(dw, o);
+  std::vector<std::vector<int32_t>> prompts;
+  for (uint64_t s = 0; s < 3; ++s) prompts.push_back(some_tokens(33, c.vocab_size, 40 + s));
+  const Tensor b0 = batched.prefill_batch(prompts);
+  const std::vector<int32_t> next = {1, 2, 3};
+  const Tensor b1 = batched.decode_batch(next);
+  const Tensor b2 = batched.decode_batch(next);  // captured
+  const Tensor b3 = batched.decode_batch(next);  // replayed
+  for (int64_t s = 0; s < 3; ++s) {
+    const Tensor s0 = single.prefill_batch({prompts[s]});
+    // Batched GEMMs may sum in another order than single ones: kTol, not bitwise.
+    EXPECT_LT(relative_error(rows(b0, s, 1), s0), kTol) << "sequence " << s;
+    const Tensor s1 = single.decode_batch({next[s]});
+    const Tensor s2 = single.decode_batch({next[s]});
+    const Tensor s3 = single.decode_batch({next[s]});
+    EXPECT_LT(relative_error(rows(b1, s, 1), s1), kTol);
+    EXPECT_LT(relative_error(rows(b2, s, 1), s2), kTol);
+    EXPECT_LT(relative_error(rows(b3, s, 1), s3), kTol);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LlamaCudaShapes, ::testing::ValuesIn(kShapes),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(LlamaCuda, GraphReplayIsBitIdenticalToEager) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[0]);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 14)));
+  LlamaCudaOptions eager_o;
+  eager_o.cuda_graphs = false;
+  LlamaCuda graphed(dw), eager(dw, eager_o);
+  const auto prompt = some_tokens(20, c.vocab_size, 9);
+  graphed.prefill(prompt);
+  eager.prefill(prompt);
+  for (int32_t t = 0; t < 6; ++t) {
+    const Tensor a = graphed.decode_step(t), b = eager.decode_step(t);
+    ASSERT_EQ(std::memcmp(a.view().data, b.view().data, a.nbytes()), 0) << "step " << t;
+  }
+}
+
+TEST(LlamaCuda, WeightsRoundTrip) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[1]);
+  const LlamaWeights w = bf16_weights(c, 15);
+  const LlamaWeights back = LlamaCudaWeights::upload(w).download();
+  ASSERT_EQ(back.layers.size(), w.layers.size());
+  EXPECT_EQ(relative_error(back.embed, w.embed), 0.0);
+  EXPECT_EQ(relative_error(back.lm_head, w.lm_head), 0.0);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    EXPECT_EQ(relative_error(back.layers[l].wq, w.layers[l].wq), 0.0);
+    EXPECT_EQ(relative_error(back.layers[l].wk, w.layers[l].wk), 0.0);
+    EXPECT_EQ(relative_error(back.layers[l].wv, w.layers[l].wv), 0.0);
+    EXPECT_EQ(relative_error(back.layers[l].wd, w.layers[l].wd), 0.0);
+  }
+}
+
+TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[0]);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 16)));
+  LlamaCuda gpu(dw);
+  EXPECT_THROW(gpu.decode_step(1), Error);                        // before prefill
+  EXPECT_THROW(gpu.prefill({1, 2, static_cast<int32_t>(c.vocab_size)}), Error);  // token out of range
+  EXPECT_THROW(gpu.prefill({-1}), Error);
+  EXPECT_THROW(gpu.prefill({}), Error);
+  EXPECT_THROW(gpu.prefill_batch({{1, 2}, {3}}), Error);          // unequal lengths
+  EXPECT_THROW(gpu.prefill_batch({{1}, {2}}), Error);             // more than max_batch
+  EXPECT_THROW(gpu.prefill(some_tokens(c.max_position_embeddings + 1, c.vocab_size, 1)), Error);
+  std::vector<ActivationStats> stats;
+  EXPECT_THROW(gpu.logits({1, 2}, &stats), Error);
+  const auto prompt = some_tokens(c.max_position_embeddings - 1, c.vocab_size, 2);
+  const Tensor a = gpu.prefill(prompt);
+  gpu.decode_step(3);  // fills the context
+  EXPECT_THROW(gpu.decode_step(4), Error);
+  EXPECT_EQ(gpu.cached_tokens(), c.max_position_embeddings);
+  EXPECT_THROW(gpu.decode_batch({1, 2}), Error);  // the cache holds one sequence
+
+  LlamaCudaOptions no_cache;
+  no_cache.kv_cache = false;
+  LlamaCuda prefill_only(dw, no_cache);
+  prefill_only.prefill(prompt);
+  EXPECT_THROW(prefill_only.decode_step(1), Error);
+  EXPECT_EQ(relative_error(prefill_only.prefill(prompt), a), 0.0);  // every call starts at 0
+
+  io::ModelConfig bad = c;
+  bad.head_dim = 8;
+  bad.num_attention_heads = 8, bad.num_key_value_heads = 4;
+  EXPECT_THROW(LlamaCuda(std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::allocate(bad))), Error);
+}
+
+// HuggingFace transformers' logits on the gpu_* fixtures (made by tests/model/make_hf_fixture.py).
+class LlamaCudaHfParity : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LlamaCudaHfParity, LogitsMatchTransformers) {
+  TWELL_REQUIRE_HOPPER();
+  // Next to this source file, or (binaries built elsewhere, run from the repository root) in ./tests.
+  std::string dir = (std::filesystem::path(__FILE__).parent_path().parent_path() / "model/data/llama" / GetParam()).string();
+  if (!std::filesystem::exists(dir)) dir = std::string("tests/model/data/llama/") + GetParam();
+  ASSERT_TRUE(std::filesystem::exists(dir + "/logits.safetensors"))
+      << dir << " missing: run tests/model/make_hf_fixture.py " << GetParam();
+  const io::SafetensorsFile ref = io::SafetensorsFile::open(dir + "/logits.safetensors");
+  const TensorView tok = ref.view("tokens");
+  const std::vector<int32_t> tokens(tok.ptr<int32_t>(), tok.ptr<int32_t>() + tok.numel());
+  model::LlamaLoadOptions lo;
+  lo.dtype = DType::bf16;
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(LlamaWeights::load_dir(dir, lo)));
+  LlamaCuda gpu(dw);
+  const Tensor out = gpu.logits(tokens);
+  const double err32 = relative_error(out, ref.view("logits")), err_bf16 = relative_error(out, ref.view("logits_bf16"));
+  const double hf_bf16 = relative_error(ref.view("logits_bf16"), ref.view("logits"));
+  std::printf("%s: rel err vs HF fp32 %.2e, vs HF bf16 %.2e (HF bf16 vs HF fp32: %.2e)\n", GetParam(), err32, err_bf16,
+              hf_bf16);
+  EXPECT_LT(err32, 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCudaHfParity, ::testing::Values("gpu_relu_tied", "gpu_silu_untied"));
+
+}  // namespace
+}  // namespace twell::cuda
