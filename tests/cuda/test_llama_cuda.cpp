@@ -44,9 +44,17 @@ io::ModelConfig config_of(const Shape& s) {
 }
 
 // Random HF tensors, loaded as bf16 (the GPU's storage), so both backends see the same weights.
+// q_proj and k_proj are scaled down: at the shared generator's scale the attention scores have a
+// standard deviation of ~16, softmax is nearly one-hot, and bf16 rounding of q and k alone moves
+// the logits by 5% (HF's own bf16 model differs from its fp32 one by as much); trained models
+// are far better conditioned.
 LlamaWeights bf16_weights(const io::ModelConfig& c, uint64_t seed) {
   const std::string dir = ::testing::TempDir() + "twell_llama_cuda_" + std::to_string(seed);
-  model::write_hf(dir, c, model::random_hf_tensors(c, seed));
+  model::HfTensors t = model::random_hf_tensors(c, seed);
+  for (auto& [name, tensor] : t)
+    if (name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos)
+      for (int64_t i = 0; i < tensor.numel(); ++i) tensor.ptr<float>()[i] *= 0.2f;
+  model::write_hf(dir, c, t);
   model::LlamaLoadOptions lo;
   lo.dtype = DType::bf16;
   LlamaWeights w = LlamaWeights::load_dir(dir, lo);
@@ -65,8 +73,8 @@ Tensor rows(const Tensor& t, int64_t r0, int64_t n) {
   return Tensor::copy_of(TensorView(t.ptr<float>() + r0 * V, DType::f32, {n, V}));
 }
 
-// bf16 activations through a few layers against the fp32 CPU model: a few 1e-3 is typical.
-constexpr double kTol = 2e-2;
+// bf16 activations through two layers against the fp32 CPU model on the same bf16 weights.
+constexpr double kTol = 1e-2;
 
 class LlamaCudaShapes : public ::testing::TestWithParam<Shape> {};
 
