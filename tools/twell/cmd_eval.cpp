@@ -1,5 +1,5 @@
-// `twell eval MODEL FILE`: perplexity of a text file on the CPU backend, in windows of the
-// model's context, with a progress bar on stderr.
+// `twell eval MODEL FILE`: perplexity of a text file on the GPU or the CPU backend, in windows of
+// the model's context, with a progress bar on stderr.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -35,20 +35,23 @@ static void print_sparsity(const std::vector<ActivationStats>& layers, const io:
 }
 
 void register_eval(CLI::App& app) {
-  CLI::App* eval = app.add_subcommand("eval", "Perplexity of a text file under a Llama-style model (CPU backend)");
+  CLI::App* eval = app.add_subcommand("eval", "Perplexity of a text file under a Llama-style model (GPU, or the CPU backend)");
   auto args = std::make_shared<ModelArgs>();
   auto file = std::make_shared<std::string>();
   auto context = std::make_shared<int64_t>(0);
   auto max_windows = std::make_shared<int64_t>(0);
   auto sparsity = std::make_shared<bool>(false);
   args->add_to(eval);
-  eval->add_flag("--sparsity", *sparsity, "also print each layer's FFN activation sparsity (ReLU models)");
+  eval->add_flag("--sparsity", *sparsity, "also print each layer's FFN activation sparsity (ReLU models, CPU backend)");
   eval->add_option("file", *file, "text file (UTF-8)")->required()->check(CLI::ExistingFile);
   eval->add_option("--context", *context, "tokens per window (default: max_position_embeddings)");
   eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)");
 
   eval->callback([=] {
-    model::LlamaCpu m = args->load_model();
+    if (*sparsity && args->device == "auto") args->device = "cpu";  // statistics come from the CPU backend
+    TWELL_CHECK(!*sparsity || args->device == "cpu", "--sparsity needs the CPU backend (--device cpu)");
+    const std::unique_ptr<model::LanguageModel> model = args->load_model();
+    const model::LanguageModel& m = *model;
     const auto tok = args->load_tokenizer(m);
     std::ifstream in(*file, std::ios::binary);
     std::stringstream text;

@@ -1,4 +1,4 @@
-// `twell run MODEL --prompt TEXT`: generation on the CPU backend, streamed token by token.
+// `twell run MODEL --prompt TEXT`: generation on the GPU or the CPU backend, streamed token by token.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -9,7 +9,7 @@
 namespace twell::cli {
 
 void register_run(CLI::App& app) {
-  CLI::App* run = app.add_subcommand("run", "Generate text from a Llama-style model (CPU backend)");
+  CLI::App* run = app.add_subcommand("run", "Generate text from a Llama-style model (GPU, or the CPU backend)");
   auto args = std::make_shared<ModelArgs>();
   auto prompt = std::make_shared<std::string>();
   auto max_tokens = std::make_shared<int64_t>(64);
@@ -25,7 +25,8 @@ void register_run(CLI::App& app) {
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
 
   run->callback([=] {
-    model::LlamaCpu m = args->load_model();
+    const std::unique_ptr<model::LanguageModel> model = args->load_model();
+    model::LanguageModel& m = *model;
     const auto tok = args->load_tokenizer(m);
     std::vector<int32_t> ids;
     if (tok->bos_id()) ids.push_back(*tok->bos_id());

@@ -3,6 +3,10 @@
 #include <chrono>
 #include <cstdio>
 
+#if TWELL_WITH_CUDA
+#include "twell/cuda/llama.h"
+#endif
+
 namespace twell::cli {
 
 void ModelArgs::add_to(CLI::App* cmd) {
@@ -11,12 +15,33 @@ void ModelArgs::add_to(CLI::App* cmd) {
   cmd->add_flag("--byte-tokenizer", byte_tokenizer, "ids 0..255 are bytes, 256 BOS, 257 EOS (for our own small models)");
   cmd->add_flag("--bf16-ffn", bf16_ffn, "round the ReLU FFN's g, u, h to bf16 as a bf16 model does");
   cmd->add_flag("--check-finite", check_finite, "refuse weights holding NaN or Inf");
+  cmd->add_option("--device", device, "cpu, cuda, or auto (cuda when a Hopper GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--ffn", ffn, "GPU FFN of ReLU models: twell (sparse TwELL where it pays) or dense")
+      ->check(CLI::IsMember({"twell", "dense"}))
+      ->capture_default_str();
 }
 
-model::LlamaCpu ModelArgs::load_model() const {
+bool ModelArgs::on_gpu() const {
+  if (device == "cpu") return false;
+#if TWELL_WITH_CUDA
+  std::string why;
+  const bool gpu = cuda::hopper_available(&why);
+  TWELL_CHECK(gpu || device == "auto", "--device cuda: ", why);
+  return gpu;
+#else
+  TWELL_CHECK(device == "auto", "--device cuda: this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
+  return false;
+#endif
+}
+
+std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   const auto t0 = std::chrono::steady_clock::now();
+  const bool gpu = on_gpu();
   model::LlamaLoadOptions lo;
   lo.check_finite = check_finite;
+  if (gpu) lo.dtype = DType::bf16;  // the GPU's storage: convert once, at load
   model::LlamaWeights w = model::LlamaWeights::load_dir(dir, lo);
   const io::ModelConfig& c = w.config;
   std::fprintf(stderr, "loaded %s: %lld layers, hidden %lld, FFN %lld (%s), %lld heads / %lld KV heads, vocab %lld (%.1f s)\n",
@@ -25,12 +50,23 @@ model::LlamaCpu ModelArgs::load_model() const {
                static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
                static_cast<long long>(c.vocab_size),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+#if TWELL_WITH_CUDA
+  if (gpu) {
+    cuda::LlamaCudaOptions co;
+    co.ffn = ffn == "dense" ? cuda::FfnMode::dense : cuda::FfnMode::twell;
+    auto dw = std::make_shared<cuda::LlamaCudaWeights>(cuda::LlamaCudaWeights::upload(w));
+    std::fprintf(stderr, "backend: %s (GPU), %.2f GB of weights, %s FFN\n", cuda::device_info().name.c_str(),
+                 dw->bytes() / 1e9, ffn.c_str());
+    return std::make_unique<cuda::LlamaCuda>(std::move(dw), co);
+  }
+#endif
+  std::fprintf(stderr, "backend: CPU reference\n");
   model::LlamaOptions mo;
   if (bf16_ffn) mo.relu_ffn = Precision::bf16;
-  return model::LlamaCpu(std::move(w), mo);
+  return std::make_unique<model::LlamaCpu>(std::move(w), mo);
 }
 
-std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const model::LlamaCpu& m) const {
+std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const model::LanguageModel& m) const {
   std::unique_ptr<model::Tokenizer> tok;
   if (byte_tokenizer)
     tok = std::make_unique<model::ByteTokenizer>(true, true);

@@ -15,10 +15,14 @@ struct ModelArgs {
   bool byte_tokenizer = false;  // ids 0..255 are bytes, BOS 256, EOS 257 (our own small models)
   bool bf16_ffn = false;        // round the ReLU FFN like a bf16 model (default: fp32 math)
   bool check_finite = false;
+  std::string device = "auto";  // cpu, cuda, auto (cuda when a Hopper GPU is present)
+  std::string ffn = "twell";    // GPU FFN of ReLU models: twell (sparse when it pays) or dense
 
   void add_to(CLI::App* cmd);
-  model::LlamaCpu load_model() const;  // prints what it loads on stderr
-  std::unique_ptr<model::Tokenizer> load_tokenizer(const model::LlamaCpu& m) const;
+  // Prints what it loads, and on which backend, on stderr.
+  std::unique_ptr<model::LanguageModel> load_model() const;
+  bool on_gpu() const;  // the backend load_model picks
+  std::unique_ptr<model::Tokenizer> load_tokenizer(const model::LanguageModel& m) const;
 };
 
 }  // namespace twell::cli
