@@ -225,7 +225,7 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
     j["M"] = r.M;
     j["H"] = r.H;
     j["I"] = r.I;
-    j["layers"] = nullptr;
+    j["layers"] = r.layers > 0 ? nlohmann::ordered_json(r.layers) : nlohmann::ordered_json();
     j["distribution"] = r.distribution;
     j["density"] = r.density;
     j["nnz_per_token_mean"] = r.nnz_per_token_mean;
@@ -237,9 +237,10 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
     j["rel_err"] = number_or_null(r.rel_err);
     j["dense_rel_err"] = number_or_null(r.dense_rel_err);
     j["correct"] = r.correct;
-    j["tokens_per_ms"] = nullptr;
-    j["peak_mem_bytes"] = nullptr;
-    j["energy_mj_per_token"] = nullptr;
+    j["tokens_per_ms"] = r.tokens_per_ms >= 0 && r.correct ? number_or_null(r.tokens_per_ms) : nlohmann::ordered_json();
+    j["peak_mem_bytes"] = r.peak_mem_bytes >= 0 ? nlohmann::ordered_json(r.peak_mem_bytes) : nlohmann::ordered_json();
+    j["energy_mj_per_token"] =
+        r.energy_mj_per_token >= 0 && r.correct ? number_or_null(r.energy_mj_per_token) : nlohmann::ordered_json();
     if (!r.note.empty()) j["note"] = r.note;
     j["commit"] = r.commit;
     j["command"] = r.command;

@@ -40,6 +40,11 @@ struct BenchRecord {
   double ms_median = 0, ms_min = 0, ms_max = 0, ratio_to_dense = 0;
   double rel_err = 0, dense_rel_err = 0;
   bool correct = false;
+  // Whole-model benchmarks (twell bench model); unset ones are written as null.
+  int64_t layers = 0;                 // 0: not a model benchmark
+  double tokens_per_ms = -1;          // < 0: unset
+  int64_t peak_mem_bytes = -1;
+  double energy_mj_per_token = -1;
   std::string note;  // why a case failed, or what was not timed
   std::string commit, command;
 };

@@ -306,6 +306,10 @@ struct LlamaCuda::Impl {
       gemm.run(attn.get(), lw.wo.view().data, proj.get(), T, H, q_dim, true, GemmEpilogue::none, stream);
       launch_add_rmsnorm(x.as<float>(), proj.as<uint16_t>(), bits(lw.post_norm), a.as<uint16_t>(), T, H,
                          1, 0, eps, stream);
+      if (o.ffn_input_hook && !decode) {
+        TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+        o.ffn_input_hook(l, dev_view(a.get(), DType::bf16, {T, H}));
+      }
       ffn(lw, T, decode, &paths[static_cast<size_t>(l)]);
     }
     // x += the last FFN output; the final norm of every row goes to `a`.

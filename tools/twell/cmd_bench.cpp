@@ -3,6 +3,7 @@
 
 #include "commands.h"
 #include "ffn_bench.h"
+#include "model_bench.h"
 
 namespace twell::cli {
 
@@ -52,6 +53,47 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     for (const auto& r : records)
       TWELL_CHECK(r.correct, "case M=", r.M, " density=", r.density, " ", r.distribution, " impl ", r.impl,
                   " failed its correctness check: ", r.note);
+  });
+
+  auto mcfg = std::make_shared<bench::ModelBenchConfig>();
+  auto model_json = std::make_shared<std::string>();
+  auto no_prefill = std::make_shared<bool>(false), no_decode = std::make_shared<bool>(false);
+  CLI::App* model = bench->add_subcommand(
+      "model", "Whole model on the GPU, dense vs twell FFN: prefill tokens/ms, decode tokens/s, memory, energy");
+  model->add_option("--layers", mcfg->layers, "decoder layers")->capture_default_str();
+  model->add_option("-H,--hidden", mcfg->hidden, "hidden size")->capture_default_str();
+  model->add_option("-I,--ffn", mcfg->ffn, "FFN width")->capture_default_str();
+  model->add_option("--heads", mcfg->heads, "attention heads")->capture_default_str();
+  model->add_option("--kv-heads", mcfg->kv_heads, "key/value heads")->capture_default_str();
+  model->add_option("--vocab", mcfg->vocab, "vocabulary size")->capture_default_str();
+  model->add_option("--batch", mcfg->batch, "prefill: sequences")->capture_default_str();
+  model->add_option("--seq", mcfg->seq, "prefill: tokens per sequence")->capture_default_str();
+  model->add_option("--decode-batch", mcfg->decode_batches, "decode: sequences per step (repeatable)")
+      ->capture_default_str();
+  model->add_option("--context", mcfg->context, "decode: prompt tokens before the timed steps")->capture_default_str();
+  model->add_option("--steps", mcfg->steps, "decode: timed steps")->capture_default_str();
+  model->add_option("-d,--density", mcfg->density, "FFN activation density the gate thresholds are calibrated to")
+      ->capture_default_str();
+  model->add_option("--warmup", mcfg->warmup, "prefill: warm-up runs")->capture_default_str();
+  model->add_option("--iters", mcfg->iters, "prefill: timed runs (median reported)")->capture_default_str();
+  model->add_option("--check-tokens", mcfg->check_tokens, "tokens of the CPU reference check (at least 2)")
+      ->capture_default_str();
+  model->add_flag("--no-prefill", *no_prefill, "skip the prefill benchmark");
+  model->add_flag("--no-decode", *no_decode, "skip the decode benchmark");
+  model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")->capture_default_str();
+  model->add_option("--json", *model_json, "write the JSON records here");
+  model->callback([=] {
+    mcfg->command = command_line;
+    mcfg->prefill = !*no_prefill;
+    mcfg->decode = !*no_decode;
+    const auto records = bench::run_model_bench(*mcfg, std::cerr);
+    bench::print_model_table(records, std::cout);
+    if (!model_json->empty()) {
+      bench::write_records(records, *model_json);
+      std::cout << "wrote " << records.size() << " records to " << *model_json << "\n";
+    }
+    for (const auto& r : records)
+      TWELL_CHECK(r.correct, r.bench, " impl ", r.impl, " failed its correctness check: ", r.note);
   });
 }
 

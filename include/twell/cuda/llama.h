@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -74,6 +75,11 @@ struct LlamaCudaOptions {
   // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill. Decode steps
   // always take the sparse path: a few tokens read the gate weights and the active rows only.
   FfnOptions ffn_options;
+  // Called before each layer's FFN in every call but decode steps, with the FFN's input
+  // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
+  // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate
+  // thresholds of a synthetic model). Slow: for calibration and inspection only.
+  std::function<void(int64_t layer, const TensorView& ffn_input)> ffn_input_hook;
 };
 
 // Which rows of the last call's output go through the final norm and the LM head.

@@ -1,0 +1,43 @@
+// `twell bench model`: whole-model prefill and decode on the GPU, dense FFN vs twell FFN, on a
+// synthetic Llama-style model (shared/BENCHMARKS.md: records "model_prefill", "model_decode").
+//
+// The model: random weights at the chosen shape (default the paper's 2B: 38 layers, hidden 2048,
+// FFN 5632, 32 heads, vocab 49152, ReLU gate, tied head). Sparse activations without a bias term:
+// channel 0 of the residual stream is a constant (embedding column 0; o_proj and down_proj never
+// write it), so after RMSNorm it acts as a per-token constant input, and column 0 of each gate
+// matrix holds a per-neuron threshold calibrated layer by layer on a sample of tokens so that each
+// neuron fires with probability `density`.
+//
+// Correctness first: the GPU model (twell FFN forced sparse, and dense) against the CPU backend
+// on the same weights for a short sequence; then the full-size prefill of the two GPU FFN modes
+// against each other. A case that fails is reported, never timed.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "ffn_bench.h"
+
+namespace twell::bench {
+
+struct ModelBenchConfig {
+  int64_t layers = 38, hidden = 2048, ffn = 5632, heads = 32, kv_heads = 32, vocab = 49152;
+  int64_t batch = 64, seq = 2048;              // prefill: batch × seq tokens, from position 0
+  std::vector<int64_t> decode_batches{1, 64};  // decode: sequences per step
+  int64_t context = 512;                       // decode: prompt length before the timed steps
+  int64_t steps = 32;                          // decode: timed steps
+  double density = 0.005;                      // FFN activation density the gates are calibrated to
+  int warmup = 2, iters = 10;                  // prefill timing
+  int64_t check_tokens = 16;                   // CPU reference check: sequence length (≥ 2)
+  bool prefill = true, decode = true;
+  uint64_t seed = 1;
+  std::string command;
+};
+
+// Throws if no Hopper GPU is present or the build has no CUDA backend.
+std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress);
+void print_model_table(const std::vector<BenchRecord>& records, std::ostream& out);
+
+}  // namespace twell::bench

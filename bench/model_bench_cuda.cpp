@@ -1,0 +1,486 @@
+// `twell bench model` (bench/model_bench.h): the synthetic model, its gate calibration, the CPU
+// reference check, and prefill/decode timing of the dense and the twell FFN in one process.
+#include "model_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+#include <random>
+#include <thread>
+
+#include "twell_git_sha.h"
+
+#if defined(TWELL_WITH_CUDA)
+#include <dlfcn.h>
+
+#include "cuda/cublaslt_gemm.h"
+#include "cuda/kernels.h"
+#include "twell/bf16.h"
+#include "twell/cuda/llama.h"
+#endif
+
+namespace twell::bench {
+
+void print_model_table(const std::vector<BenchRecord>& records, std::ostream& out) {
+  char line[256];
+  std::snprintf(line, sizeof line, "%-14s %-6s %7s %7s %10s %8s %11s %9s %10s %9s %s\n", "bench", "impl", "tokens",
+                "nnz/tok", "ms(median)", "x dense", "tokens/ms", "mem GB", "mJ/token", "rel_err", "ok");
+  out << line;
+  for (const BenchRecord& r : records) {
+    std::snprintf(line, sizeof line, "%-14s %-6s %7lld %7.1f %10.3f %8.3f %11.2f %9.1f %10.3f %9.2e %s\n",
+                  r.bench.c_str(), r.impl.c_str(), static_cast<long long>(r.M), r.nnz_per_token_mean, r.ms_median,
+                  r.ratio_to_dense, r.tokens_per_ms, r.peak_mem_bytes / 1e9, r.energy_mj_per_token, r.rel_err,
+                  r.correct ? "yes" : "FAILED");
+    out << line;
+  }
+}
+
+#if !defined(TWELL_WITH_CUDA)
+
+std::vector<BenchRecord> run_model_bench(const ModelBenchConfig&, std::ostream&) {
+  TWELL_FAIL("twell bench model needs the CUDA backend: this build has none (configure with -DTWELL_CUDA=ON)");
+}
+
+#else
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using cuda::LlamaCuda;
+using cuda::LlamaCudaOptions;
+using cuda::LlamaCudaWeights;
+
+constexpr float kConstantChannel = 4.0f;  // residual channel 0: the gates' "bias input"
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+uint16_t* bits(const cuda::DeviceTensor& t) { return static_cast<uint16_t*>(t.view().data); }
+
+// The GPU's cumulative energy through NVML, loaded at run time (CI machines have no driver).
+class EnergyMeter {
+ public:
+  EnergyMeter() {
+    lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib_) return;
+    auto init = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlInit_v2"));
+    auto by_bus = reinterpret_cast<int (*)(const char*, void**)>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
+    energy_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(dlsym(lib_, "nvmlDeviceGetTotalEnergyConsumption"));
+    char bus[32] = {};
+    int dev = 0;
+    if (!init || !by_bus || !energy_ || init() != 0 || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess || by_bus(bus, &device_) != 0)
+      device_ = nullptr;
+  }
+  ~EnergyMeter() {
+    if (lib_) {
+      if (auto shutdown = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlShutdown")); shutdown && device_) shutdown();
+      dlclose(lib_);
+    }
+  }
+  EnergyMeter(const EnergyMeter&) = delete;
+  EnergyMeter& operator=(const EnergyMeter&) = delete;
+  // Millijoules since the driver loaded; < 0 when NVML cannot tell.
+  double millijoules() const {
+    unsigned long long mj = 0;
+    return device_ && energy_(device_, &mj) == 0 ? static_cast<double>(mj) : -1;
+  }
+
+ private:
+  void* lib_ = nullptr;
+  void* device_ = nullptr;
+  int (*energy_)(void*, unsigned long long*) = nullptr;
+};
+
+io::ModelConfig model_config(const ModelBenchConfig& cfg) {
+  io::ModelConfig c;
+  c.hidden_size = cfg.hidden;
+  c.intermediate_size = cfg.ffn;
+  c.num_hidden_layers = cfg.layers;
+  c.num_attention_heads = cfg.heads;
+  c.num_key_value_heads = cfg.kv_heads;
+  TWELL_CHECK(cfg.heads > 0 && cfg.hidden % cfg.heads == 0, "--heads ", cfg.heads, " must divide --hidden ", cfg.hidden);
+  c.head_dim = cfg.hidden / cfg.heads;
+  c.vocab_size = cfg.vocab;
+  int64_t ctx = std::max(cfg.seq, cfg.check_tokens);
+  for (int64_t b : cfg.decode_batches) (void)b, ctx = std::max(ctx, cfg.context + cfg.steps + 2);
+  c.max_position_embeddings = ctx;
+  c.rope_theta = 1e5;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = true;
+  c.hidden_act = "relu";
+  c.torch_dtype = "bfloat16";
+  return c;
+}
+
+// Random weights on the device; channel 0 of the residual stream is the constant kConstantChannel.
+std::shared_ptr<LlamaCudaWeights> make_weights(const io::ModelConfig& c, uint64_t seed) {
+  auto w = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::allocate(c));
+  const int64_t H = c.hidden_size, I = c.intermediate_size, q_dim = c.num_attention_heads * c.head_dim;
+  auto uniform = [&](const cuda::DeviceTensor& t, double stddev) {  // uniform with this standard deviation
+    const auto a = static_cast<float>(stddev * std::sqrt(3.0));
+    const int64_t cols = t.view().shape.back(), rows = t.view().numel() / cols;
+    cuda::fill_uniform_bf16(bits(t), rows, cols, cols, -a, a, seed++, nullptr);
+  };
+  auto constant = [](uint16_t* p, int64_t rows, int64_t cols, int64_t ld, float v) {
+    cuda::fill_uniform_bf16(p, rows, cols, ld, v, v, 0, nullptr);
+  };
+  uniform(w->embed, 1.0);
+  constant(bits(w->embed), c.vocab_size, 1, H, kConstantChannel);
+  for (cuda::LlamaCudaLayer& l : w->layers) {
+    constant(bits(l.input_norm), 1, H, H, 1.f);
+    constant(bits(l.post_norm), 1, H, H, 1.f);
+    uniform(l.wqkv, 1.0 / std::sqrt(double(H)));
+    uniform(l.wo, 1.0 / std::sqrt(double(q_dim)));
+    constant(bits(l.wo), 1, q_dim, q_dim, 0.f);  // attention never writes channel 0
+    uniform(l.wg, 1.0 / std::sqrt(double(H)));
+    constant(bits(l.wg), I, 1, H, 0.f);          // the thresholds, calibrated later
+    uniform(l.wu, 1.0 / std::sqrt(double(H)));
+    uniform(l.wd, 1.0 / std::sqrt(double(I)));
+    constant(bits(l.wd), I, 1, H, 0.f);          // nor does the FFN
+  }
+  constant(bits(w->final_norm), 1, H, H, 1.f);
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  return w;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& v : t) v = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  return t;
+}
+
+struct Calibration {
+  std::vector<double> density;  // per layer, on the calibration sample
+  double mean_nnz = 0, max_layer_nnz = 0;
+};
+
+// Layer by layer on one sequence: s = a·Wgᵀ without the threshold column, then Wg[j, 0] is set to
+// the `density`-quantile of −s/a₀ over the sample, so that g_j = s + a₀·Wg[j, 0] > 0 for that
+// fraction of tokens. The layer's FFN then runs with its thresholds in place, so the next layer
+// is calibrated on the activations it will really see.
+Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density, int64_t tokens, uint64_t seed,
+                      std::ostream& progress) {
+  const io::ModelConfig& c = w->config;
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  cudaStream_t stream = nullptr;
+  TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cuda::LtGemm gemm;
+  cuda::DeviceBuffer s_dev(static_cast<size_t>(tokens * I) * 2);
+  std::vector<uint16_t> s(static_cast<size_t>(tokens * I)), a(static_cast<size_t>(tokens * H)), b(static_cast<size_t>(I));
+  Calibration cal;
+  const auto t0 = Clock::now();
+
+  LlamaCudaOptions o;
+  o.kv_cache = false;
+  o.max_context = tokens;
+  o.ffn = cuda::FfnMode::dense;
+  o.ffn_input_hook = [&](int64_t layer, const TensorView& in) {
+    const cuda::LlamaCudaLayer& l = w->layers[static_cast<size_t>(layer)];
+    gemm.run(in.data, l.wg.view().data, s_dev.get(), tokens, I, H, true, cuda::GemmEpilogue::none, stream);
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(s.data(), s_dev.get(), s.size() * 2, cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(a.data(), in.data, a.size() * 2, cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto k = static_cast<size_t>(std::clamp<double>(std::floor(density * tokens), 0, tokens - 1));
+    std::vector<int64_t> fired(8, 0);
+    auto work = [&](int part) {
+      std::vector<float> r(static_cast<size_t>(tokens));
+      for (int64_t j = part; j < I; j += 8) {
+        for (int64_t t = 0; t < tokens; ++t)
+          r[t] = -bf16_bits_to_float(s[t * I + j]) / bf16_bits_to_float(a[t * H]);
+        std::vector<float> sorted = r;
+        std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(k), sorted.end());
+        b[j] = float_to_bf16_bits(sorted[k]);
+        const float bj = bf16_bits_to_float(b[j]);
+        for (int64_t t = 0; t < tokens; ++t) fired[part] += r[t] < bj;
+      }
+    };
+    std::vector<std::thread> pool;
+    for (int p = 0; p < 8; ++p) pool.emplace_back(work, p);
+    for (auto& t : pool) t.join();
+    TWELL_CUDA_CHECK(cudaMemcpy2DAsync(l.wg.view().data, static_cast<size_t>(H) * 2, b.data(), 2, 2,
+                                       static_cast<size_t>(I), cudaMemcpyHostToDevice, stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    int64_t total = 0;
+    for (int64_t f : fired) total += f;
+    cal.density.push_back(double(total) / double(tokens * I));
+    progress << "\rcalibrating gate thresholds: layer " << layer + 1 << "/" << c.num_hidden_layers << std::flush;
+  };
+  {
+    LlamaCuda m(w, o);
+    m.logits(random_tokens(tokens, c.vocab_size, seed));
+  }
+  cudaStreamDestroy(stream);
+  for (double d : cal.density) {
+    cal.mean_nnz += d * I / static_cast<double>(cal.density.size());
+    cal.max_layer_nnz = std::max(cal.max_layer_nnz, d * I);
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "\rcalibrated %zu layers on %lld tokens: %.1f non-zeros per token (max layer %.1f), %.1f s\n",
+                cal.density.size(), static_cast<long long>(tokens), cal.mean_nnz, cal.max_layer_nnz, seconds_since(t0));
+  progress << line;
+  return cal;
+}
+
+struct CheckResult {
+  double prefill_dense = -1, prefill_twell = -1, decode_dense = -1, decode_twell = -1;
+};
+
+// GPU logits of a short sequence (full forward; prefill + one decode step) against the CPU
+// backend on the same bf16 weights; the twell FFN is forced onto its sparse path.
+CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, int64_t T, uint64_t seed,
+                              std::ostream& progress) {
+  CheckResult r;
+  TWELL_CHECK(T >= 2, "bench model: the reference check needs at least 2 tokens, got ", T);
+  const auto t0 = Clock::now();
+  progress << "reference check: downloading weights, CPU forward of " << T << " tokens ..." << std::flush;
+  const model::LlamaCpu cpu(w->download());
+  const auto tokens = random_tokens(T, w->config.vocab_size, seed + 7);
+  const Tensor ref = cpu.logits(tokens);
+  const int64_t V = w->config.vocab_size;
+  const TensorView last_ref(ref.ptr<float>() + (T - 1) * V, DType::f32, {V});
+  for (cuda::FfnMode mode : {cuda::FfnMode::dense, cuda::FfnMode::twell}) {
+    LlamaCudaOptions o;
+    o.ffn = mode;
+    o.max_context = T;
+    o.ffn_options.dispatch = cuda::Dispatch::always_sparse;
+    LlamaCuda m(w, o);
+    const double full = relative_error(m.logits(tokens), ref);
+    m.prefill(std::vector<int32_t>(tokens.begin(), tokens.end() - 1));
+    const double step = relative_error(m.decode_step(tokens.back()), last_ref);
+    (mode == cuda::FfnMode::dense ? r.prefill_dense : r.prefill_twell) = full;
+    (mode == cuda::FfnMode::dense ? r.decode_dense : r.decode_twell) = step;
+  }
+  char line[200];
+  std::snprintf(line, sizeof line,
+                " %.1f s\n  rel err vs CPU: full forward dense %.2e twell %.2e; decode step dense %.2e twell %.2e\n",
+                seconds_since(t0), r.prefill_dense, r.prefill_twell, r.decode_dense, r.decode_twell);
+  progress << line;
+  return r;
+}
+
+// Dense is correct within bf16 noise of a deep random model; twell within twice dense's error.
+constexpr double kDenseTolerance = 5e-2;
+bool twell_ok(double twell, double dense) { return twell >= 0 && twell <= 2 * dense + 1e-3; }
+
+struct Timing {
+  std::vector<double> ms;
+  double energy_mj = 0;
+  bool energy_known = true;
+  double median() const {
+    std::vector<double> v = ms;
+    std::sort(v.begin(), v.end());
+    return v.empty() ? NAN : v[v.size() / 2];
+  }
+};
+
+BenchRecord record(const char* bench, const char* impl, const ModelBenchConfig& cfg, int64_t tokens,
+                   const Timing& t, double tokens_per_run, size_t mem, const Calibration& cal) {
+  BenchRecord r;
+  r.bench = bench;
+  r.impl = impl;
+  r.gpu = cuda::device_info().name;
+  r.M = tokens;
+  r.H = cfg.hidden;
+  r.I = cfg.ffn;
+  r.layers = cfg.layers;
+  r.distribution = "calibrated";
+  r.density = cfg.density;
+  r.nnz_per_token_mean = cal.mean_nnz;
+  r.nnz_per_token_max = static_cast<int64_t>(std::ceil(cal.max_layer_nnz));
+  r.ms_median = t.median();
+  r.ms_min = *std::min_element(t.ms.begin(), t.ms.end());
+  r.ms_max = *std::max_element(t.ms.begin(), t.ms.end());
+  r.tokens_per_ms = tokens_per_run / r.ms_median;
+  r.peak_mem_bytes = static_cast<int64_t>(mem);
+  if (t.energy_known) r.energy_mj_per_token = t.energy_mj / (tokens_per_run * static_cast<double>(t.ms.size()));
+  r.commit = TWELL_GIT_SHA;
+  r.command = cfg.command;
+  return r;
+}
+
+void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, const Calibration& cal,
+                   const CheckResult& check, const EnergyMeter& energy, std::vector<BenchRecord>& out,
+                   std::ostream& progress) {
+  const int64_t B = cfg.batch, S = cfg.seq, T = B * S;
+  LlamaCudaOptions o;
+  o.kv_cache = false;
+  o.max_batch = B;
+  o.max_context = S;
+  o.max_tokens = T;
+  o.ffn = cuda::FfnMode::dense;
+  LlamaCuda dense(w, o);
+  o.ffn = cuda::FfnMode::twell;
+  LlamaCuda twell(w, o);
+  LlamaCuda* models[2] = {&dense, &twell};
+  const std::vector<int32_t> host_tokens = random_tokens(T, cfg.vocab, cfg.seed + 11);
+  cuda::DeviceBuffer tokens(static_cast<size_t>(T) * 4);
+  TWELL_CUDA_CHECK(cudaMemcpy(tokens.get(), host_tokens.data(), tokens.bytes(), cudaMemcpyHostToDevice));
+
+  // Full-size agreement of the two FFN modes: the final residual stream of a row sample.
+  std::vector<Tensor> hidden;
+  for (LlamaCuda* m : models) {
+    m->enqueue(tokens.as<int32_t>(), B, S, cuda::Head::none);
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(m->stream()));
+    const int64_t rows = std::min<int64_t>(T, 256);
+    Tensor h(DType::f32, {rows, cfg.hidden});
+    const TensorView d = m->hidden_device();
+    TWELL_CUDA_CHECK(cudaMemcpy(h.view().data, static_cast<const float*>(d.data) + (T - rows) * cfg.hidden, h.nbytes(),
+                                cudaMemcpyDeviceToHost));
+    hidden.push_back(std::move(h));
+  }
+  const double agreement = relative_error(hidden[1], hidden[0]);
+  int sparse_layers = 0;
+  for (cuda::FfnPath p : twell.ffn_paths()) sparse_layers += p == cuda::FfnPath::sparse;
+  char line[200];
+  std::snprintf(line, sizeof line, "prefill %lld x %lld: twell vs dense final hidden state rel err %.2e; twell took the sparse path in %d/%lld layers\n",
+                static_cast<long long>(B), static_cast<long long>(S), agreement, sparse_layers,
+                static_cast<long long>(cfg.layers));
+  progress << line;
+
+  cudaEvent_t start, stop;
+  TWELL_CUDA_CHECK(cudaEventCreate(&start));
+  TWELL_CUDA_CHECK(cudaEventCreate(&stop));
+  Timing timing[2];
+  std::mt19937 order_rng(static_cast<unsigned>(cfg.seed));
+  for (int it = 0; it < cfg.warmup + cfg.iters; ++it) {
+    int order[2] = {0, 1};
+    if (order_rng() & 1) std::swap(order[0], order[1]);
+    for (int k : order) {
+      LlamaCuda& m = *models[k];
+      const double e0 = energy.millijoules();
+      TWELL_CUDA_CHECK(cudaEventRecord(start, m.stream()));
+      m.enqueue(tokens.as<int32_t>(), B, S, cuda::Head::none);
+      TWELL_CUDA_CHECK(cudaEventRecord(stop, m.stream()));
+      TWELL_CUDA_CHECK(cudaEventSynchronize(stop));
+      const double e1 = energy.millijoules();
+      float ms = 0;
+      TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (it < cfg.warmup) continue;
+      timing[k].ms.push_back(ms);
+      timing[k].energy_known = timing[k].energy_known && e0 >= 0 && e1 >= 0;
+      timing[k].energy_mj += e1 - e0;
+    }
+    progress << "\rprefill timing: " << it + 1 << "/" << cfg.warmup + cfg.iters << std::flush;
+  }
+  progress << "\n";
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+
+  const char* names[2] = {"dense", "twell"};
+  const double dense_ms = timing[0].median();
+  for (int k = 0; k < 2; ++k) {
+    BenchRecord r = record("model_prefill", names[k], cfg, T, timing[k], double(T),
+                           w->bytes() + models[k]->workspace_bytes(), cal);
+    r.ratio_to_dense = r.ms_median / dense_ms;
+    r.dense_rel_err = check.prefill_dense;
+    r.rel_err = k == 0 ? check.prefill_dense : check.prefill_twell;
+    r.correct = check.prefill_dense >= 0 && check.prefill_dense <= kDenseTolerance &&
+                (k == 0 || twell_ok(check.prefill_twell, check.prefill_dense));
+    std::snprintf(line, sizeof line, "twell vs dense final hidden state rel err %.2e (full size); sparse layers %d/%lld",
+                  agreement, sparse_layers, static_cast<long long>(cfg.layers));
+    r.note = line;
+    out.push_back(r);
+  }
+}
+
+void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, int64_t B,
+                  const Calibration& cal, const CheckResult& check, const EnergyMeter& energy,
+                  std::vector<BenchRecord>& out, std::ostream& progress) {
+  LlamaCudaOptions o;
+  o.max_batch = B;
+  o.max_context = cfg.context + cfg.steps + 2;
+  o.max_tokens = B * cfg.context;
+  o.ffn = cuda::FfnMode::dense;
+  LlamaCuda dense(w, o);
+  o.ffn = cuda::FfnMode::twell;
+  LlamaCuda twell(w, o);
+  LlamaCuda* models[2] = {&dense, &twell};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t b = 0; b < B; ++b) prompts.push_back(random_tokens(cfg.context, cfg.vocab, cfg.seed + 100 + b));
+  for (LlamaCuda* m : models) m->prefill_batch(prompts);
+  const std::vector<int32_t> next = random_tokens(B, cfg.vocab, cfg.seed + 99);
+  for (LlamaCuda* m : models) m->decode_batch(next), m->decode_batch(next);  // eager step, then the capture
+
+  Timing timing[2];
+  for (int64_t s = 0; s < cfg.steps; ++s) {
+    for (int k : {int(s & 1), int(!(s & 1))}) {  // alternate which model goes first
+      const double e0 = energy.millijoules();
+      const auto t0 = Clock::now();
+      models[k]->decode_batch(next);  // tokens up, graph replay, logits down: a whole step
+      timing[k].ms.push_back(seconds_since(t0) * 1e3);
+      const double e1 = energy.millijoules();
+      timing[k].energy_known = timing[k].energy_known && e0 >= 0 && e1 >= 0;
+      timing[k].energy_mj += e1 - e0;
+    }
+  }
+  const char* names[2] = {"dense", "twell"};
+  const double dense_ms = timing[0].median();
+  for (int k = 0; k < 2; ++k) {
+    BenchRecord r = record("model_decode", names[k], cfg, B, timing[k], double(B),
+                           w->bytes() + models[k]->workspace_bytes(), cal);
+    r.ratio_to_dense = r.ms_median / dense_ms;
+    r.dense_rel_err = check.decode_dense;
+    r.rel_err = k == 0 ? check.decode_dense : check.decode_twell;
+    r.correct = check.decode_dense >= 0 && check.decode_dense <= kDenseTolerance &&
+                (k == 0 || twell_ok(check.decode_twell, check.decode_dense));
+    r.note = "batch " + std::to_string(B) + ", context " + std::to_string(cfg.context) +
+             ", per step: tokens up, graph replay, logits down";
+    out.push_back(r);
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "decode batch %lld: dense %.3f ms/step, twell %.3f ms/step\n",
+                static_cast<long long>(B), timing[0].median(), timing[1].median());
+  progress << line;
+}
+
+}  // namespace
+
+std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress) {
+  std::string why;
+  TWELL_CHECK(cuda::hopper_available(&why), "twell bench model needs a Hopper GPU: ", why);
+  TWELL_CHECK(cfg.iters >= 1 && cfg.warmup >= 0 && cfg.steps >= 1, "bench model: --iters and --steps must be positive");
+  const io::ModelConfig c = model_config(cfg);
+  const auto t0 = Clock::now();
+  auto w = make_weights(c, cfg.seed);
+  char line[200];
+  std::snprintf(line, sizeof line, "model: %lld layers, hidden %lld, FFN %lld, %lld heads (head_dim %lld), vocab %lld: %.2f GB of bf16 weights (%.1f s)\n",
+                static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
+                static_cast<long long>(c.intermediate_size), static_cast<long long>(c.num_attention_heads),
+                static_cast<long long>(c.head_dim), static_cast<long long>(c.vocab_size), w->bytes() / 1e9,
+                seconds_since(t0));
+  progress << line;
+  const Calibration cal = calibrate(w, cfg.density, std::min<int64_t>(2048, c.max_position_embeddings), cfg.seed, progress);
+  const CheckResult check = check_against_cpu(w, cfg.check_tokens, cfg.seed, progress);
+  const EnergyMeter energy;
+  std::vector<BenchRecord> out;
+  const bool dense_ok = check.prefill_dense >= 0 && check.prefill_dense <= kDenseTolerance &&
+                        check.decode_dense >= 0 && check.decode_dense <= kDenseTolerance;
+  if (!dense_ok || !twell_ok(check.prefill_twell, check.prefill_dense) ||
+      !twell_ok(check.decode_twell, check.decode_dense)) {  // reported, never timed
+    for (const char* bench : {"model_prefill", "model_decode"})
+      for (const char* impl : {"dense", "twell"}) {
+        BenchRecord r;
+        r.bench = bench, r.impl = impl, r.gpu = cuda::device_info().name, r.layers = cfg.layers;
+        r.H = cfg.hidden, r.I = cfg.ffn, r.density = cfg.density, r.nnz_per_token_mean = cal.mean_nnz;
+        const bool prefill = bench[6] == 'p';
+        r.dense_rel_err = prefill ? check.prefill_dense : check.decode_dense;
+        r.rel_err = impl[0] == 'd' ? r.dense_rel_err : prefill ? check.prefill_twell : check.decode_twell;
+        r.note = "failed the CPU reference check: not timed";
+        r.commit = TWELL_GIT_SHA;
+        r.command = cfg.command;
+        out.push_back(r);
+      }
+    return out;
+  }
+  if (cfg.prefill) prefill_bench(w, cfg, cal, check, energy, out, progress);
+  if (cfg.decode)
+    for (int64_t B : cfg.decode_batches) decode_bench(w, cfg, B, cal, check, energy, out, progress);
+  return out;
+}
+
+#endif
+
+}  // namespace twell::bench
