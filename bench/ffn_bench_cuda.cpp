@@ -42,6 +42,7 @@ class CudaBackend : public FfnBackend {
     prepare(p, cfg);
     cuda::FfnOptions o = options(cfg);
     o.dispatch = cuda::Dispatch::always_sparse;
+    o.gather_max_tokens = 0;  // the TwELL matrix itself
     cuda::FfnForward ffn(shape(p), o);
     ffn.forward(state_->x[0], weights(), state_->y_twell, stream_);
     return twell_occupancy(ffn.download_activation(stream_));

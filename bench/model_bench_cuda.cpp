@@ -155,6 +155,8 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 struct Calibration {
   std::vector<double> density;  // per layer, on the calibration sample
   double mean_nnz = 0, max_layer_nnz = 0;
+  double token_p99 = 0, token_max = 0;  // per-token counts, the largest over layers
+  double first_token_max = 0;           // position 0 (attends to itself only)
 };
 
 // Layer by layer on one sequence: s = a·Wgᵀ without the threshold column, then Wg[j, 0] is set to
@@ -185,6 +187,7 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto k = static_cast<size_t>(std::clamp<double>(std::floor(density * tokens), 0, tokens - 1));
     std::vector<int64_t> fired(8, 0);
+    std::vector<std::vector<int32_t>> per_token(8, std::vector<int32_t>(static_cast<size_t>(tokens), 0));
     auto work = [&](int part) {
       std::vector<float> r(static_cast<size_t>(tokens));
       for (int64_t j = part; j < I; j += 8) {
@@ -194,7 +197,10 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
         std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(k), sorted.end());
         b[j] = float_to_bf16_bits(sorted[k]);
         const float bj = bf16_bits_to_float(b[j]);
-        for (int64_t t = 0; t < tokens; ++t) fired[part] += r[t] < bj;
+        for (int64_t t = 0; t < tokens; ++t) {
+          fired[part] += r[t] < bj;
+          per_token[part][t] += r[t] < bj;
+        }
       }
     };
     std::vector<std::thread> pool;
@@ -206,6 +212,14 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
     int64_t total = 0;
     for (int64_t f : fired) total += f;
     cal.density.push_back(double(total) / double(tokens * I));
+    std::vector<int32_t> counts(static_cast<size_t>(tokens), 0);
+    for (const auto& part : per_token)
+      for (int64_t t = 0; t < tokens; ++t) counts[t] += part[t];
+    std::vector<int32_t> sorted = counts;
+    std::sort(sorted.begin(), sorted.end());
+    cal.token_p99 = std::max<double>(cal.token_p99, sorted[static_cast<size_t>(0.99 * (tokens - 1))]);
+    cal.token_max = std::max<double>(cal.token_max, sorted.back());
+    cal.first_token_max = std::max<double>(cal.first_token_max, counts[0]);
     progress << "\rcalibrating gate thresholds: layer " << layer + 1 << "/" << c.num_hidden_layers << std::flush;
   };
   {
@@ -220,6 +234,9 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
   char line[160];
   std::snprintf(line, sizeof line, "\rcalibrated %zu layers on %lld tokens: %.1f non-zeros per token (max layer %.1f), %.1f s\n",
                 cal.density.size(), static_cast<long long>(tokens), cal.mean_nnz, cal.max_layer_nnz, seconds_since(t0));
+  progress << line;
+  std::snprintf(line, sizeof line, "  non-zeros per token, worst layer: p99 %.0f, max %.0f (position 0: %.0f)\n",
+                cal.token_p99, cal.token_max, cal.first_token_max);
   progress << line;
   return cal;
 }
@@ -333,7 +350,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   }
   const double agreement = relative_error(hidden[1], hidden[0]);
   int sparse_layers = 0;
-  for (cuda::FfnPath p : twell.ffn_paths()) sparse_layers += p == cuda::FfnPath::sparse;
+  for (cuda::FfnPath p : twell.ffn_paths()) sparse_layers += p != cuda::FfnPath::dense;
   char line[200];
   std::snprintf(line, sizeof line, "prefill %lld x %lld: twell vs dense final hidden state rel err %.2e; twell took the sparse path in %d/%lld layers\n",
                 static_cast<long long>(B), static_cast<long long>(S), agreement, sparse_layers,

@@ -19,6 +19,9 @@ struct FfnForward::Impl {
   DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
+  // Gather path (M <= gather_tokens): index lists, counts, h, and the down pass's partial sums.
+  int64_t gather_tokens = 0;
+  DeviceBuffer gather_idx, gather_count, gather_h, gather_partial;
   // Device counters of the sparse path: kNnzCounters non-zero partial sums, spilled tiles, the
   // overflow flag; and, apart, the dispatch sample's count.
   struct Counters {
@@ -48,6 +51,16 @@ struct FfnForward::Impl {
     act = TwellDeviceMatrix(TwellLayout{s.max_tokens, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());
     if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
+    gather_tokens = std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0));
+    if (gather_tokens > 0) {
+      const auto n = static_cast<size_t>(gather_tokens * s.ffn);
+      gather_idx = DeviceBuffer(n * 4);
+      gather_count = DeviceBuffer(static_cast<size_t>(gather_tokens) * 4);
+      gather_h = DeviceBuffer(n * 4);
+      int64_t partial = 0;  // the largest splits·M over the M the path takes
+      for (int64_t m = 1; m <= gather_tokens; ++m) partial = std::max(partial, gather_down_splits(m) * m);
+      gather_partial = DeviceBuffer(static_cast<size_t>(partial * s.hidden) * 4);
+    }
     counters = DeviceBuffer(sizeof(Counters));
     sample_count = DeviceBuffer(sizeof(unsigned long long));
     TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), sizeof(Counters)));
@@ -138,6 +151,23 @@ struct FfnForward::Impl {
     counts_pending = true;
   }
 
+  void run_gather(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {
+    GatherArgs a;
+    a.g = g.as<uint16_t>();
+    a.x = xp;
+    a.wu = static_cast<const uint16_t*>(w.wu.data);
+    a.wd = static_cast<const uint16_t*>(w.wd.data);
+    a.idx = gather_idx.as<int32_t>();
+    a.count = gather_count.as<int32_t>();
+    a.h = gather_h.as<float>();
+    a.partial = gather_partial.as<float>();
+    a.y = yp;
+    a.M = M, a.H = shape.hidden, a.I = shape.ffn;
+    a.gated = shape.gated;
+    a.h_fp32 = options.precision == Precision::h_fp32;
+    launch_ffn_gather(a, stream);
+  }
+
   // Reads the counts of the last sparse call if they are available (or waits for them).
   void collect_counts(bool wait) {
     if (!counts_pending) return;
@@ -183,7 +213,9 @@ struct FfnForward::Impl {
       stats.sampled_density = previous_density;
       path = previous_density >= options.dense_above_density ? FfnPath::dense : FfnPath::sparse;
     }
+    if (path == FfnPath::sparse && M <= gather_tokens) path = FfnPath::gather;
     stats.path = path;
+    if (path == FfnPath::gather) return run_gather(M, xp, w, yp, stream);
     if (path == FfnPath::sparse) return run_sparse(M, xp, w, yp, stream);
 
     if (shape.gated) {
@@ -210,7 +242,8 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
-  return m.g.bytes() + m.u.bytes() + m.act.bytes() + m.u_vals.bytes() + m.counters.bytes() + m.sample_count.bytes();
+  return m.g.bytes() + m.u.bytes() + m.act.bytes() + m.u_vals.bytes() + m.counters.bytes() + m.sample_count.bytes() +
+         m.gather_idx.bytes() + m.gather_count.bytes() + m.gather_h.bytes() + m.gather_partial.bytes();
 }
 
 FfnStats FfnForward::last_stats() const {
@@ -220,7 +253,8 @@ FfnStats FfnForward::last_stats() const {
 
 TwellMatrix FfnForward::download_activation(cudaStream_t stream) const {
   impl_->collect_counts(true);
-  TWELL_CHECK(impl_->stats.path == FfnPath::sparse, "FfnForward: the last call took the dense path and packed nothing");
+  TWELL_CHECK(impl_->stats.path == FfnPath::sparse, "FfnForward: the last call took the ",
+              impl_->stats.path == FfnPath::dense ? "dense" : "gather", " path and packed nothing");
   TwellMatrix m = impl_->act.download(stream);
   const TwellLayout l{impl_->stats.tokens, impl_->shape.ffn, impl_->options.tile, impl_->options.compression};
   m.layout = l;

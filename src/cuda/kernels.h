@@ -43,6 +43,26 @@ int64_t twell_u_size(const TwellDeviceView& act);
 void check_twell_ffn_sparse(const SparseFfnArgs& a);
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, cudaStream_t stream);
 
+// ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing. g [M, I] is the ReLU'd
+// gate (non-gated: h itself); y [M, H] bf16. Workspace: idx [M, I] int32, count [M], h [M, I] f32,
+// partial gather_down_splits(M)·M·H f32.
+struct GatherArgs {
+  const uint16_t* g = nullptr;
+  const uint16_t* x = nullptr;
+  const uint16_t* wu = nullptr;
+  const uint16_t* wd = nullptr;
+  int32_t* idx = nullptr;
+  int32_t* count = nullptr;
+  float* h = nullptr;
+  float* partial = nullptr;
+  uint16_t* y = nullptr;
+  int64_t M = 0, H = 0, I = 0;
+  bool gated = true;
+  bool h_fp32 = false;
+};
+int gather_down_splits(int64_t M);
+void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream);
+
 // elementwise.cu (dense paths), n elements, 16-byte aligned, n % 8 == 0:
 //   out = bf16(g · u)           (g already ReLU'd by the GEMM epilogue)
 //   g   = relu(g) in place       (the unfused, PyTorch-style pipeline)

@@ -73,8 +73,9 @@ Tensor rows(const Tensor& t, int64_t r0, int64_t n) {
   return Tensor::copy_of(TensorView(t.ptr<float>() + r0 * V, DType::f32, {n, V}));
 }
 
-// bf16 activations through two layers against the fp32 CPU model on the same bf16 weights.
-constexpr double kTol = 1e-2;
+// bf16 activations through two layers against the fp32 CPU model on the same bf16 weights:
+// measured up to 9e-3 over whole logit matrices, and single rows fluctuate more.
+constexpr double kTol = 1.5e-2;
 
 class LlamaCudaShapes : public ::testing::TestWithParam<Shape> {};
 

@@ -63,11 +63,18 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
   DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
   const FfnWeights w{c.gated ? wg.view() : TensorView{}, wu.view(), wd.view()};
 
-  for (Dispatch d : {Dispatch::always_sparse, Dispatch::always_dense, Dispatch::observe}) {
-    SCOPED_TRACE(d == Dispatch::always_sparse ? "sparse" : d == Dispatch::always_dense ? "dense" : "observe");
+  // always_sparse twice: TwELL (gather off) and the gather path (these cases have M <= 300).
+  const std::pair<Dispatch, int64_t> runs[] = {{Dispatch::always_sparse, 0},
+                                               {Dispatch::always_sparse, 1024},
+                                               {Dispatch::always_dense, 0},
+                                               {Dispatch::observe, 0}};
+  for (const auto& [d, gather] : runs) {
+    SCOPED_TRACE(d == Dispatch::always_sparse ? (gather ? "gather" : "sparse")
+                                              : d == Dispatch::always_dense ? "dense" : "observe");
     cuda::FfnOptions o;
     o.dispatch = d;
     o.sparse_min_tokens = 0;
+    o.gather_max_tokens = gather;
     cuda::FfnForward ffn({c.M, c.H, c.I, c.gated}, o);
     DeviceTensor y(DType::bf16, {c.M, c.H});
     cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);  // poison: NaN
@@ -81,6 +88,7 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
     const cuda::FfnStats st = ffn.last_stats();
     EXPECT_EQ(st.path == cuda::FfnPath::dense, d == Dispatch::always_dense ||
                                                    (d == Dispatch::observe && st.sampled_density >= o.dense_above_density));
+    EXPECT_EQ(st.path == cuda::FfnPath::gather, gather > 0);
     if (st.path == cuda::FfnPath::sparse) {
       const TwellMatrix act = ffn.download_activation(nullptr);
       ASSERT_NO_THROW(twell_validate(act));
@@ -134,6 +142,15 @@ TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
   cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
   ffn.forward(p.x, p.w(), p.y, nullptr);
   EXPECT_TRUE(test::bit_equal(p.y.download(), first));
+
+  o.gather_max_tokens = 1024;  // the gather path's split sums are added in a fixed order too
+  cuda::FfnForward gather({513, 1024, 2816, true}, o);
+  gather.forward(p.x, p.w(), p.y, nullptr);
+  const Tensor g1 = p.y.download();
+  cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
+  gather.forward(p.x, p.w(), p.y, nullptr);
+  EXPECT_EQ(gather.last_stats().path, cuda::FfnPath::gather);
+  EXPECT_TRUE(test::bit_equal(p.y.download(), g1));
 }
 
 TEST(FfnForwardGpuDispatch, ObserveChoosesByThisCallsDensity) {
@@ -143,6 +160,7 @@ TEST(FfnForwardGpuDispatch, ObserveChoosesByThisCallsDensity) {
   o.dispatch = Dispatch::observe;
   o.dense_above_density = 0.05;
   o.sparse_min_tokens = 0;
+  o.gather_max_tokens = 0;  // M = 256: TwELL, not the gather path
   cuda::FfnForward ffn({256, 256, 1024, true}, o);
   ffn.forward(sparse.x, sparse.w(), sparse.y, nullptr);
   EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::sparse);
@@ -157,6 +175,7 @@ TEST(FfnForwardGpuDispatch, PreviousLagsOneCallAndFewTokensGoDense) {
   cuda::FfnOptions o;  // Dispatch::previous
   o.dense_above_density = 0.05;
   o.sparse_min_tokens = 0;
+  o.gather_max_tokens = 0;
   cuda::FfnForward ffn({256, 256, 1024, true}, o);
   ffn.forward(sparse.x, sparse.w(), sparse.y, nullptr);  // first call samples and waits
   EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::sparse);

@@ -6,6 +6,8 @@
 //
 // Sparse path: gate GEMM (cuBLASLt, ReLU fused) -> pack g into TwELL (hybrid: over-capacity
 // tiles spill to a dense backup, nothing is dropped) -> up/down kernel over the active set only.
+// A sparse call of at most gather_max_tokens tokens (decode) takes the gather path instead: the
+// same gate GEMM, then per-token index lists and kernels that spread each token over many blocks.
 // Dense path: gate+up GEMM, ReLU·product kernel, down GEMM (all cuBLASLt).
 // Everything is enqueued on the caller's stream. Dispatch counts the non-zeros of a sample of up
 // to 1024 rows of g (a few MB read). `Dispatch::observe` waits for that count (one stream
@@ -24,7 +26,9 @@
 
 namespace twell::cuda {
 
-enum class FfnPath { sparse, dense };
+// sparse: TwELL pack + up/down kernels; gather: few tokens, active rows read through a per-token
+// index list (no packing); dense: cuBLASLt.
+enum class FfnPath { sparse, gather, dense };
 enum class Dispatch { observe, previous, always_sparse, always_dense };
 
 struct FfnShape {
@@ -46,6 +50,10 @@ struct FfnOptions {
   // path (the dense path's product kernel rounds h to bf16 for the down GEMM).
   Precision precision = Precision::bf16;
   int32_t tile = 256, compression = 8;    // TwELL layout
+  // Sparse calls with at most this many tokens take the gather path (decode): each token's active
+  // rows of Wu and Wd are read through an index list, the work spread over many blocks, where the
+  // TwELL kernels give each token one block. 0: always TwELL.
+  int64_t gather_max_tokens = 256;
   // Copy the sparse path's non-zero count back to the host after each call (read by last_stats).
   // false: nothing is copied, so calls with dispatch always_sparse or always_dense are pure stream
   // work and can be captured in a CUDA graph; last_stats then has no counts (-1).
