@@ -52,14 +52,17 @@ struct FfnForward::Impl {
     check_twell_pack(act.layout());
     if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
     gather_tokens = std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0));
-    if (gather_tokens > 0) {
-      const auto n = static_cast<size_t>(gather_tokens * s.ffn);
-      gather_idx = DeviceBuffer(n * 4);
-      gather_count = DeviceBuffer(static_cast<size_t>(gather_tokens) * 4);
-      gather_h = DeviceBuffer(n * 4);
-      int64_t partial = 0;  // the largest splits·M over the M the path takes
-      for (int64_t m = 1; m <= gather_tokens; ++m) partial = std::max(partial, gather_down_splits(m) * m);
-      gather_partial = DeviceBuffer(static_cast<size_t>(partial * s.hidden) * 4);
+    if (gather_tokens > 0) {  // sized for the largest need over the M the path takes
+      int64_t list = 0, segments = 0, partial = 0;
+      for (int64_t m = 1; m <= gather_tokens; ++m) {
+        list = std::max(list, gather_list_size(m, s.ffn));
+        segments = std::max(segments, m * gather_splits(m));
+        partial = std::max(partial, m * gather_splits(m) * s.hidden);
+      }
+      gather_idx = DeviceBuffer(static_cast<size_t>(list) * 4);
+      gather_h = DeviceBuffer(static_cast<size_t>(list) * 4);
+      gather_count = DeviceBuffer(static_cast<size_t>(segments) * 4);
+      gather_partial = DeviceBuffer(static_cast<size_t>(partial) * 4);
     }
     counters = DeviceBuffer(sizeof(Counters));
     sample_count = DeviceBuffer(sizeof(unsigned long long));

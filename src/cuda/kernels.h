@@ -44,8 +44,8 @@ void check_twell_ffn_sparse(const SparseFfnArgs& a);
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, cudaStream_t stream);
 
 // ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing. g [M, I] is the ReLU'd
-// gate (non-gated: h itself); y [M, H] bf16. Workspace: idx [M, I] int32, count [M], h [M, I] f32,
-// partial gather_down_splits(M)·M·H f32.
+// gate (non-gated: h itself); y [M, H] bf16. Workspace: idx (int32) and h (f32) of
+// gather_list_size(M, I) entries each, count of M·S, partial S·M·H f32, S = gather_splits(M).
 struct GatherArgs {
   const uint16_t* g = nullptr;
   const uint16_t* x = nullptr;
@@ -60,7 +60,8 @@ struct GatherArgs {
   bool gated = true;
   bool h_fp32 = false;
 };
-int gather_down_splits(int64_t M);
+int gather_splits(int64_t M);
+int64_t gather_list_size(int64_t M, int64_t I);
 void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream);
 
 // elementwise.cu (dense paths), n elements, 16-byte aligned, n % 8 == 0:

@@ -1,13 +1,14 @@
 // The gather path of the sparse FFN, for a few tokens (decode): after the dense gate GEMV, only
 // the rows of Wu and Wd of each token's active neurons are read, and the work of one token is
-// spread over many blocks (the TwELL kernels give a token one block, which a token with thousands
-// of active neurons would serialise).
+// spread over S blocks, each owning a contiguous range of R = ⌈I/S⌉ neurons (the TwELL kernels
+// give a token one block, which a token with thousands of active neurons would serialise).
 //
-//   compact   one block per token: ascending indices of g[t, :] ≠ 0 (any bf16 pattern but
-//             0x0000, as TwELL), exact at any density (room for all I)
-//   up        warp per entry: h = bf16(g · bf16(x_t · Wu[j]))   (non-gated: h = g)
-//   down      block (token, split): a contiguous range of the token's entries, 8 columns a
-//             thread, fp32; the splits' partial sums are added in split order (deterministic)
+//   up     block (token t, range s): finds the non-zeros of g[t, range] (any bf16 pattern but
+//          0x0000, as TwELL) in ascending order, writes them to the segment (t, s) of the index
+//          list (room for all R: exact at any density), then a warp per entry computes
+//          h = bf16(g · bf16(x_t · Wu[j]))   (non-gated: h = g)
+//   down   block (token t, range s), 8 columns a thread: Σ h·Wd[j] over the segment in fp32;
+//          the ranges' partial sums are then added in range order (deterministic)
 // Covered by tests/cuda/test_twell_ffn.cu (FfnForward, gather path) and the model tests.
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
@@ -17,46 +18,57 @@
 namespace twell::cuda {
 namespace {
 
-constexpr int kCompactThreads = 256, kUpThreads = 256;
+constexpr int kUpThreads = 256;
 
-__global__ void __launch_bounds__(kCompactThreads) compact_kernel(const GatherArgs a) {
-  using Scan = cub::BlockScan<int, kCompactThreads>;
+int64_t range_of(int64_t I, int splits) { return (I / 8 + splits - 1) / splits * 8; }
+
+__global__ void __launch_bounds__(kUpThreads) up_kernel(const GatherArgs a, int splits, int64_t R) {
+  using Scan = cub::BlockScan<int, kUpThreads>;
   __shared__ typename Scan::TempStorage scan;
   const int64_t t = blockIdx.x;
+  const int s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t j_begin = s * R, j_end = min(a.I, j_begin + R);
+  const int64_t seg = t * splits + s;
+  int32_t* idx = a.idx + seg * R;
+  float* h = a.h + seg * R;
   const uint16_t* g = a.g + t * a.I;
-  const int64_t per = (a.I + kCompactThreads - 1) / kCompactThreads;  // contiguous segment per thread
-  const int64_t j0 = threadIdx.x * per, j1 = min(a.I, j0 + per);
-  int n = 0;
-  for (int64_t j = j0; j < j1; ++j) n += g[j] != 0;
-  int offset = 0, total = 0;
-  Scan(scan).ExclusiveSum(n, offset, total);
-  int32_t* idx = a.idx + t * a.I;
-  for (int64_t j = j0; j < j1; ++j)
-    if (g[j] != 0) idx[offset++] = static_cast<int32_t>(j);
-  if (threadIdx.x == 0) a.count[t] = total;
-}
 
-// Block (token t, split s): warps take entries s·8 + w, stepping by splits·8.
-__global__ void __launch_bounds__(kUpThreads) up_kernel(const GatherArgs a, int splits) {
-  const int64_t t = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n = a.count[t];
-  const int32_t* idx = a.idx + t * a.I;
-  const uint16_t* g = a.g + t * a.I;
-  float* h = a.h + t * a.I;
+  // 1. Ordered compaction of the range, 8 neurons (one 16-byte load) per thread per pass.
+  int n = 0;
+  for (int64_t base = j_begin; base < j_end; base += kUpThreads * 8) {
+    const int64_t j0 = base + threadIdx.x * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (j0 < j_end) v = *reinterpret_cast<const uint4*>(g + j0);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    int mine = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mine += ((w[i] & 0xffffu) != 0) + ((w[i] >> 16) != 0);
+    int offset = 0, total = 0;
+    Scan(scan).ExclusiveSum(mine, offset, total);
+    offset += n;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t bits = i % 2 ? w[i / 2] >> 16 : w[i / 2] & 0xffffu;
+      if (bits != 0) {
+        idx[offset] = static_cast<int32_t>(j0 + i);
+        h[offset++] = bf16_bits_to_float(static_cast<uint16_t>(bits));  // g for now
+      }
+    }
+    n += total;
+    __syncthreads();  // the scan storage is reused
+  }
+  if (threadIdx.x == 0) a.count[seg] = n;
+  if (!a.gated) return;  // h = g
+  __syncthreads();       // the list is read back by other warps
+
+  // 2. u and h, a warp per entry.
   const uint4* x = reinterpret_cast<const uint4*>(a.x + t * a.H);
   const int64_t chunks = a.H / 8;
-  for (int k = blockIdx.y * (kUpThreads / 32) + warp; k < n; k += splits * (kUpThreads / 32)) {
-    const int64_t j = idx[k];
-    const float gv = bf16_bits_to_float(g[j]);
-    if (!a.gated) {
-      if (lane == 0) h[k] = gv;
-      continue;
-    }
-    const uint4* w = reinterpret_cast<const uint4*>(a.wu + j * a.H);
+  for (int k = warp; k < n; k += kUpThreads / 32) {
+    const uint4* wrow = reinterpret_cast<const uint4*>(a.wu + static_cast<int64_t>(idx[k]) * a.H);
     float dot = 0.f;
     for (int64_t c = lane; c < chunks; c += 32) {
-      const uint4 xv = x[c], wv = __ldg(w + c);
+      const uint4 xv = x[c], wv = __ldg(wrow + c);
       const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w}, ws[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i)
@@ -65,31 +77,48 @@ __global__ void __launch_bounds__(kUpThreads) up_kernel(const GatherArgs a, int 
     }
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     if (lane == 0) {
-      const float hv = gv * round_bf16(dot);  // u rounded as the bf16 up GEMM rounds it
+      const float hv = h[k] * round_bf16(dot);  // u rounded as the bf16 up GEMM rounds it
       h[k] = a.h_fp32 ? hv : round_bf16(hv);
     }
   }
 }
 
-// Block (token t, split s), thread = 8 columns; entries [s·chunk, (s+1)·chunk) of the token.
-__global__ void down_kernel(const GatherArgs a, int splits) {
+// Block (token t, range s), thread = 8 columns.
+__global__ void down_kernel(const GatherArgs a, int splits, int64_t R) {
   const int64_t t = blockIdx.x;
   const int s = blockIdx.y;
   const int64_t col0 = static_cast<int64_t>(threadIdx.x) * 8;
   if (col0 >= a.H) return;
-  const int n = a.count[t], chunk = (n + splits - 1) / splits;
-  const int k0 = s * chunk, k1 = min(n, k0 + chunk);
-  const int32_t* idx = a.idx + t * a.I;
-  const float* h = a.h + t * a.I;
+  const int64_t seg = t * splits + s;
+  const int n = a.count[seg];
+  const int32_t* idx = a.idx + seg * R;
+  const float* h = a.h + seg * R;
   float acc[8] = {};
-  for (int k = k0; k < k1; ++k) {
+  int k = 0;
+  for (; k + 4 <= n; k += 4) {  // four rows' loads in flight
+    uint4 wv[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      wv[i] = __ldg(reinterpret_cast<const uint4*>(a.wd + static_cast<int64_t>(idx[k + i]) * a.H + col0));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float hv = h[k + i];
+      const uint32_t ws[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        acc[2 * q] = fmaf(hv, bits_float(ws[q] << 16), acc[2 * q]);
+        acc[2 * q + 1] = fmaf(hv, bits_float(ws[q] & 0xffff0000u), acc[2 * q + 1]);
+      }
+    }
+  }
+  for (; k < n; ++k) {
     const float hv = h[k];
     const uint4 wv = __ldg(reinterpret_cast<const uint4*>(a.wd + static_cast<int64_t>(idx[k]) * a.H + col0));
     const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc[2 * i] = fmaf(hv, bits_float(ws[i] << 16), acc[2 * i]);
-      acc[2 * i + 1] = fmaf(hv, bits_float(ws[i] & 0xffff0000u), acc[2 * i + 1]);
+    for (int q = 0; q < 4; ++q) {
+      acc[2 * q] = fmaf(hv, bits_float(ws[q] << 16), acc[2 * q]);
+      acc[2 * q + 1] = fmaf(hv, bits_float(ws[q] & 0xffff0000u), acc[2 * q + 1]);
     }
   }
   if (splits == 1) {
@@ -116,20 +145,22 @@ __global__ void reduce_kernel(const GatherArgs a, int splits) {
 
 }  // namespace
 
-int gather_down_splits(int64_t M) { return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(32, 1024 / std::max<int64_t>(M, 1)))); }
+int gather_splits(int64_t M) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(32, 2048 / std::max<int64_t>(M, 1))));
+}
+
+int64_t gather_list_size(int64_t M, int64_t I) { return M * gather_splits(M) * range_of(I, gather_splits(M)); }
 
 void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream) {
-  TWELL_CHECK(a.H % 8 == 0 && a.H <= 8192, "FFN gather path: H = ", a.H, " must be a multiple of 8 and at most 8192");
+  TWELL_CHECK(a.H % 8 == 0 && a.H <= 8192 && a.I % 8 == 0, "FFN gather path: H = ", a.H, " and I = ", a.I,
+              " must be multiples of 8, H at most 8192");
   if (a.M == 0) return;
-  const unsigned M = static_cast<unsigned>(a.M);
-  compact_kernel<<<M, kCompactThreads, 0, stream>>>(a);
+  const int splits = gather_splits(a.M);
+  const int64_t R = range_of(a.I, splits);
+  const dim3 grid(static_cast<unsigned>(a.M), static_cast<unsigned>(splits));
+  up_kernel<<<grid, kUpThreads, 0, stream>>>(a, splits, R);
   TWELL_CUDA_CHECK(cudaGetLastError());
-  const int up_splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(16, 512 / a.M)));
-  up_kernel<<<dim3(M, up_splits), kUpThreads, 0, stream>>>(a, up_splits);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-  const int splits = gather_down_splits(a.M);
-  const int threads = static_cast<int>((a.H / 8 + 31) / 32 * 32);
-  down_kernel<<<dim3(M, splits), threads, 0, stream>>>(a, splits);
+  down_kernel<<<grid, static_cast<unsigned>((a.H / 8 + 31) / 32 * 32), 0, stream>>>(a, splits, R);
   TWELL_CUDA_CHECK(cudaGetLastError());
   if (splits > 1) {
     const int64_t n = a.M * a.H;
