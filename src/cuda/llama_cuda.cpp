@@ -148,6 +148,7 @@ struct LlamaCuda::Impl {
   std::vector<FfnPath> paths;
   std::map<int64_t, cudaGraphExec_t> graphs;   // decode step per batch size
   std::map<int64_t, int> eager_steps;          // decode steps run before capture, per batch size
+  cudaEvent_t gpu_begin = nullptr, gpu_end = nullptr;  // around the device work of the last call
 
   Impl(std::shared_ptr<const LlamaCudaWeights> weights, const LlamaCudaOptions& options)
       : w(std::move(weights)), o(options), c(w->config) {
@@ -169,6 +170,8 @@ struct LlamaCuda::Impl {
     TWELL_CHECK(o.max_tokens >= o.max_batch, "LlamaCuda: max_tokens ", o.max_tokens, " is below max_batch ",
                 o.max_batch);
     TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    TWELL_CUDA_CHECK(cudaEventCreate(&gpu_begin));
+    TWELL_CUDA_CHECK(cudaEventCreate(&gpu_end));
 
     const int64_t T = o.max_tokens;
     tokens = DeviceBuffer(static_cast<size_t>(T) * 4);
@@ -216,6 +219,8 @@ struct LlamaCuda::Impl {
 
   ~Impl() {
     for (auto& [b, exec] : graphs) cudaGraphExecDestroy(exec);
+    if (gpu_begin) cudaEventDestroy(gpu_begin);
+    if (gpu_end) cudaEventDestroy(gpu_end);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -330,7 +335,9 @@ struct LlamaCuda::Impl {
     check_call(B, S);
     if (head != Head::none) ensure_logits(head == Head::all ? B * S : B);
     upload_inputs(nullptr, 0);
+    TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
     body(tok, B, S, head, false);
+    TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
     finish(B, S);
   }
 
@@ -363,7 +370,9 @@ struct LlamaCuda::Impl {
     check_call(B, S);
     ensure_logits(B);
     upload_inputs(flat.data(), B * S);
+    TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
     body(tokens.as<int32_t>(), B, S, Head::last, false);
+    TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
     finish(B, S);
     return download_logits(B);
   }
@@ -377,6 +386,7 @@ struct LlamaCuda::Impl {
     upload_inputs(toks.data(), B);
     // The first step of a batch size runs eagerly (it loads kernels and makes cuBLASLt plans);
     // the next one is captured, and every later one replays the graph.
+    TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
     auto it = graphs.find(B);
     if (it != graphs.end()) {
       TWELL_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
@@ -400,6 +410,7 @@ struct LlamaCuda::Impl {
       graphs[B] = exec;
       TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     }
+    TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
     finish(B, 1);
     return download_logits(B);
   }
@@ -471,5 +482,12 @@ size_t LlamaCuda::workspace_bytes() const {
 }
 
 const LlamaCudaOptions& LlamaCuda::options() const { return impl_->o; }
+
+float LlamaCuda::last_gpu_ms() const {
+  TWELL_CUDA_CHECK(cudaEventSynchronize(impl_->gpu_end));
+  float ms = 0;
+  TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, impl_->gpu_begin, impl_->gpu_end));
+  return ms;
+}
 
 }  // namespace twell::cuda

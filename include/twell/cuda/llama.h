@@ -117,6 +117,9 @@ class LlamaCuda final : public model::LanguageModel {
   // The FFN path each layer took in the last call.
   std::vector<FfnPath> ffn_paths() const;
   size_t workspace_bytes() const;
+  // GPU time of the last prefill, decode or enqueue call's device work (the model's layers and
+  // head; not the token and logit copies). Waits for it.
+  float last_gpu_ms() const;
 
   const LlamaCudaOptions& options() const;
 

@@ -1,9 +1,9 @@
 // Causal grouped-query attention for the model runtime (src/cuda/llama_cuda.cpp).
 //
 // Prefill (S new tokens per sequence, S ≥ 1): a flash-attention kernel on the tensor cores
-// (mma.sync m16n8k16 bf16, fp32 accumulation). A block of 4 warps owns 64 query rows of one head
-// of one sequence; each warp owns 16 rows. Key/value tiles of 64 rows stream through shared
-// memory with cp.async, double-buffered. S = Q Kᵀ stays in registers, the online softmax runs in
+// (mma.sync m16n8k16 bf16, fp32 accumulation; K and V fragments through ldmatrix). A block of 4
+// warps owns 64 query rows of one head of one sequence; each warp owns 16 rows. Key/value tiles
+// of 64 rows stream through shared memory with cp.async, double-buffered. S = Q Kᵀ stays in registers, the online softmax runs in
 // the exp2 domain, P is rounded to bf16 (as every flash-attention kernel does) and feeds the P V
 // product straight from the accumulator registers.
 //
@@ -46,6 +46,13 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
@@ -129,14 +136,19 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
     const uint16_t* kt = ks + buf * kTile;
     const uint16_t* vt = vs + buf * kTile;
 
-    // S = Q Kᵀ for 16 rows × 64 keys: 8 n-tiles of 8 keys.
+    // S = Q Kᵀ for 16 rows × 64 keys: 8 n-tiles of 8 keys. K rows are keys, which is the
+    // col-major B fragment already: one ldmatrix.x4 gives two n-tiles' fragments of a k-step
+    // (matrices: keys +0..7 / +8..15 × dims +0..7 / +8..15).
     float s[kKeys / 8][4] = {};
+    const int k_row = (lane >> 4) * 8 + (lane & 7), k_col = ((lane >> 3) & 1) * 8;
 #pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) {
+    for (int np = 0; np < kKeys / 16; ++np) {
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk) {
-        const uint16_t* kr = kt + (n * 8 + g) * kPitch + kk * 16 + 2 * t;
-        mma_bf16(s[n], qf[kk], lds32(kr), lds32(kr + 8));
+        uint32_t kb[4];
+        ldmatrix_x4(kb, kt + (np * 16 + k_row) * kPitch + kk * 16 + k_col);
+        mma_bf16(s[2 * np], qf[kk], kb[0], kb[1]);
+        mma_bf16(s[2 * np + 1], qf[kk], kb[2], kb[3]);
       }
     }
 
