@@ -2,7 +2,8 @@
 //
 // Prefill (S new tokens per sequence, S ≥ 1): a flash-attention kernel on the tensor cores
 // (mma.sync m16n8k16 bf16, fp32 accumulation; K and V fragments through ldmatrix). A block of 4
-// warps owns 64 query rows of one head of one sequence; each warp owns 16 rows. Key/value tiles
+// warps owns 128 query rows of one head of one sequence (64 at head_dim 128); each warp owns 32
+// (16) rows. Key/value tiles
 // of 64 rows stream through shared memory with cp.async, double-buffered. S = Q Kᵀ stays in registers, the online softmax runs in
 // the exp2 domain, P is rounded to bf16 (as every flash-attention kernel does) and feeds the P V
 // product straight from the accumulator registers.
@@ -25,7 +26,6 @@
 namespace twell::cuda {
 namespace {
 
-constexpr int kRows = 64;  // query rows per block (16 per warp)
 constexpr int kKeys = 64;  // keys per tile
 constexpr int kThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -80,9 +80,10 @@ __device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, i
   }
 }
 
-template <int HD>
+// MT m-tiles of 16 rows per warp: each K/V fragment read from shared memory feeds MT mma.
+template <int HD, int MT>
 __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const AttentionArgs a) {
-  constexpr int kPitch = HD + 8, kTile = kKeys * kPitch;
+  constexpr int kRows = 4 * 16 * MT, kPitch = HD + 8, kTile = kKeys * kPitch;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* qs = smem;                     // [kRows][kPitch]
   uint16_t* ks = smem + kRows * kPitch;    // [2][kKeys][kPitch]
@@ -105,14 +106,15 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
   load_tile<HD, kKeys>(vs, v, kv_ld, 0, kv_valid);
   cp_async_commit();
 
-  // Row positions of this thread's two rows; rows past S compute harmlessly and are not stored.
-  const int r_lo = s0 + warp * 16 + g, r_hi = r_lo + 8;
-  const int pos_lo = p0 + r_lo, pos_hi = p0 + r_hi;
+  // This thread's rows: warp_row0 + m·16 + g (+ 8). Rows past S compute harmlessly, unstored.
+  const int warp_row0 = s0 + warp * 16 * MT;
   const float scale = a.scale * kLog2e;
 
-  uint32_t qf[HD / 16][4];
-  float o[HD / 8][4] = {};
-  float m_lo = -FLT_MAX, m_hi = -FLT_MAX, l_lo = 0.f, l_hi = 0.f;
+  uint32_t qf[MT][HD / 16][4];
+  float o[MT][HD / 8][4] = {};
+  float m_run[MT][2], l_run[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) m_run[m][0] = m_run[m][1] = -FLT_MAX, l_run[m][0] = l_run[m][1] = 0.f;
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int buf = tile & 1;
@@ -124,22 +126,25 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
     cp_async_wait<1>();
     __syncthreads();
     if (tile == 0) {
-      const uint16_t* qw = qs + (warp * 16) * kPitch;
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        qf[kk][0] = lds32(qw + g * kPitch + kk * 16 + 2 * t);
-        qf[kk][1] = lds32(qw + (g + 8) * kPitch + kk * 16 + 2 * t);
-        qf[kk][2] = lds32(qw + g * kPitch + kk * 16 + 8 + 2 * t);
-        qf[kk][3] = lds32(qw + (g + 8) * kPitch + kk * 16 + 8 + 2 * t);
+      for (int m = 0; m < MT; ++m) {
+        const uint16_t* qw = qs + (warp * 16 * MT + m * 16) * kPitch;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+          qf[m][kk][0] = lds32(qw + g * kPitch + kk * 16 + 2 * t);
+          qf[m][kk][1] = lds32(qw + (g + 8) * kPitch + kk * 16 + 2 * t);
+          qf[m][kk][2] = lds32(qw + g * kPitch + kk * 16 + 8 + 2 * t);
+          qf[m][kk][3] = lds32(qw + (g + 8) * kPitch + kk * 16 + 8 + 2 * t);
+        }
       }
     }
     const uint16_t* kt = ks + buf * kTile;
     const uint16_t* vt = vs + buf * kTile;
 
-    // S = Q Kᵀ for 16 rows × 64 keys: 8 n-tiles of 8 keys. K rows are keys, which is the
+    // S = Q Kᵀ, 16·MT rows × 64 keys: 8 n-tiles of 8 keys. K rows are keys, which is the
     // col-major B fragment already: one ldmatrix.x4 gives two n-tiles' fragments of a k-step
     // (matrices: keys +0..7 / +8..15 × dims +0..7 / +8..15).
-    float s[kKeys / 8][4] = {};
+    float s[MT][kKeys / 8][4] = {};
     const int k_row = (lane >> 4) * 8 + (lane & 7), k_col = ((lane >> 3) & 1) * 8;
 #pragma unroll
     for (int np = 0; np < kKeys / 16; ++np) {
@@ -147,80 +152,100 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
       for (int kk = 0; kk < HD / 16; ++kk) {
         uint32_t kb[4];
         ldmatrix_x4(kb, kt + (np * 16 + k_row) * kPitch + kk * 16 + k_col);
-        mma_bf16(s[2 * np], qf[kk], kb[0], kb[1]);
-        mma_bf16(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          mma_bf16(s[m][2 * np], qf[m][kk], kb[0], kb[1]);
+          mma_bf16(s[m][2 * np + 1], qf[m][kk], kb[2], kb[3]);
+        }
       }
     }
 
-    // Causal mask and online softmax (base 2). Key column of s[n][j]: tile·64 + n·8 + 2t + (j & 1).
+    // Causal mask (only where the tile reaches past this warp's first row) and online softmax,
+    // base 2. Key of s[m][n][j]: tile·64 + n·8 + 2t + (j & 1); row: warp_row0 + m·16 + g + 8·(j/2).
     const int key0 = tile * kKeys;
-    float mx_lo = m_lo, mx_hi = m_hi;
+    const bool masked = key0 + kKeys - 1 > p0 + warp_row0;
 #pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) {
+    for (int m = 0; m < MT; ++m) {
+      float mx[2] = {m_run[m][0], m_run[m][1]};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int key = key0 + n * 8 + 2 * t + (j & 1);
-        const int pos = j < 2 ? pos_lo : pos_hi;
-        s[n][j] = key <= pos ? s[n][j] * scale : -INFINITY;
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int key = key0 + n * 8 + 2 * t + (j & 1);
+          const int pos = p0 + warp_row0 + m * 16 + g + 8 * (j / 2);
+          s[m][n][j] = !masked || key <= pos ? s[m][n][j] * scale : -INFINITY;
+        }
+        mx[0] = fmaxf(mx[0], fmaxf(s[m][n][0], s[m][n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[m][n][2], s[m][n][3]));
       }
-      mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
-    }
 #pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-    }
-    const float c_lo = exp2f(m_lo - mx_lo), c_hi = exp2f(m_hi - mx_hi);
-    m_lo = mx_lo, m_hi = mx_hi;
-    float sum_lo = 0.f, sum_hi = 0.f;
+      for (int off = 1; off < 4; off <<= 1) {
+        mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], off));
+        mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], off));
+      }
+      const float c0 = exp2f(m_run[m][0] - mx[0]), c1 = exp2f(m_run[m][1] - mx[1]);
+      m_run[m][0] = mx[0], m_run[m][1] = mx[1];
+      float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) {
-      s[n][0] = exp2f(s[n][0] - mx_lo), s[n][1] = exp2f(s[n][1] - mx_lo);
-      s[n][2] = exp2f(s[n][2] - mx_hi), s[n][3] = exp2f(s[n][3] - mx_hi);
-      sum_lo += s[n][0] + s[n][1];
-      sum_hi += s[n][2] + s[n][3];
-    }
-    l_lo = l_lo * c_lo + sum_lo;  // per-thread partial sums; reduced across the quad at the end
-    l_hi = l_hi * c_hi + sum_hi;
+      for (int n = 0; n < kKeys / 8; ++n) {
+        s[m][n][0] = exp2f(s[m][n][0] - mx[0]), s[m][n][1] = exp2f(s[m][n][1] - mx[0]);
+        s[m][n][2] = exp2f(s[m][n][2] - mx[1]), s[m][n][3] = exp2f(s[m][n][3] - mx[1]);
+        sum0 += s[m][n][0] + s[m][n][1];
+        sum1 += s[m][n][2] + s[m][n][3];
+      }
+      l_run[m][0] = l_run[m][0] * c0 + sum0;  // per-thread partial sums; reduced across the quad at the end
+      l_run[m][1] = l_run[m][1] * c1 + sum1;
 #pragma unroll
-    for (int n = 0; n < HD / 8; ++n) o[n][0] *= c_lo, o[n][1] *= c_lo, o[n][2] *= c_hi, o[n][3] *= c_hi;
+      for (int n = 0; n < HD / 8; ++n) o[m][n][0] *= c0, o[m][n][1] *= c0, o[m][n][2] *= c1, o[m][n][3] *= c1;
+    }
 
     // O += P V: P from the accumulators (two key n-tiles form one k16 A fragment), V through
     // ldmatrix.trans (rows are keys, so the transpose gives the col-major B fragment).
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        pa[m][0] = pack_bf16(s[m][2 * kk][0], s[m][2 * kk][1]);
+        pa[m][1] = pack_bf16(s[m][2 * kk][2], s[m][2 * kk][3]);
+        pa[m][2] = pack_bf16(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+        pa[m][3] = pack_bf16(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dn = 0; dn < HD / 16; ++dn) {
         uint32_t vb[4];
         const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = dn * 16 + (lane >> 4) * 8;
         ldmatrix_x4_trans(vb, vt + row * kPitch + col);
-        mma_bf16(o[2 * dn], pa, vb[0], vb[1]);
-        mma_bf16(o[2 * dn + 1], pa, vb[2], vb[3]);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          mma_bf16(o[m][2 * dn], pa[m], vb[0], vb[1]);
+          mma_bf16(o[m][2 * dn + 1], pa[m], vb[2], vb[3]);
+        }
       }
     }
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
   cp_async_wait<0>();
 
-#pragma unroll
-  for (int off = 1; off < 4; off <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-  }
-  const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;
   const int64_t o_ld = static_cast<int64_t>(a.nh) * HD;
   uint16_t* out = a.o + static_cast<int64_t>(b) * a.S * o_ld + h * HD;
 #pragma unroll
-  for (int n = 0; n < HD / 8; ++n) {
-    const int col = n * 8 + 2 * t;
-    if (r_lo < a.S)
-      *reinterpret_cast<uint32_t*>(out + r_lo * o_ld + col) = pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
-    if (r_hi < a.S)
-      *reinterpret_cast<uint32_t*>(out + r_hi * o_ld + col) = pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
+  for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      l_run[m][0] += __shfl_xor_sync(0xffffffffu, l_run[m][0], off);
+      l_run[m][1] += __shfl_xor_sync(0xffffffffu, l_run[m][1], off);
+    }
+    const float inv0 = 1.f / l_run[m][0], inv1 = 1.f / l_run[m][1];
+    const int r0 = warp_row0 + m * 16 + g, r1 = r0 + 8;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      const int col = n * 8 + 2 * t;
+      if (r0 < a.S)
+        *reinterpret_cast<uint32_t*>(out + r0 * o_ld + col) = pack_bf16(o[m][n][0] * inv0, o[m][n][1] * inv0);
+      if (r1 < a.S)
+        *reinterpret_cast<uint32_t*>(out + r1 * o_ld + col) = pack_bf16(o[m][n][2] * inv1, o[m][n][3] * inv1);
+    }
   }
 }
 
@@ -316,16 +341,18 @@ __global__ void decode_combine_kernel(const AttentionArgs a, const float* __rest
 
 template <int HD>
 void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
-  constexpr int kPitch = HD + 8;
+  constexpr int MT = HD <= 64 ? 2 : 1;  // registers: 128-wide heads keep one m-tile per warp
+  constexpr int kRows = 4 * 16 * MT, kPitch = HD + 8;
   const int smem = (kRows + 4 * kKeys) * kPitch * 2;
   static bool configured = false;  // the attribute is per kernel, set once per process
   if (!configured) {
-    TWELL_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    TWELL_CUDA_CHECK(
+        cudaFuncSetAttribute(flash_prefill_kernel<HD, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
   const dim3 grid(static_cast<unsigned>((a.S + kRows - 1) / kRows), static_cast<unsigned>(a.nh),
                   static_cast<unsigned>(a.B));
-  flash_prefill_kernel<HD><<<grid, kThreads, smem, stream>>>(a);
+  flash_prefill_kernel<HD, MT><<<grid, kThreads, smem, stream>>>(a);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
