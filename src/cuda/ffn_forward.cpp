@@ -19,9 +19,9 @@ struct FfnForward::Impl {
   DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
-  // Gather path (M <= gather_tokens): index lists, counts, h, and the down pass's partial sums.
+  // Gather path (M <= gather_tokens): the ranges' partial sums and the per-token done counters.
   int64_t gather_tokens = 0;
-  DeviceBuffer gather_idx, gather_count, gather_h, gather_partial;
+  DeviceBuffer gather_partial, gather_done;
   // Device counters of the sparse path: kNnzCounters non-zero partial sums, spilled tiles, the
   // overflow flag; and, apart, the dispatch sample's count.
   struct Counters {
@@ -51,18 +51,13 @@ struct FfnForward::Impl {
     act = TwellDeviceMatrix(TwellLayout{s.max_tokens, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());
     if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
-    gather_tokens = std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0));
+    gather_tokens = gather_supports(s.hidden, s.ffn) ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0)) : 0;
     if (gather_tokens > 0) {  // sized for the largest need over the M the path takes
-      int64_t list = 0, segments = 0, partial = 0;
-      for (int64_t m = 1; m <= gather_tokens; ++m) {
-        list = std::max(list, gather_list_size(m, s.ffn));
-        segments = std::max(segments, m * gather_splits(m));
-        partial = std::max(partial, m * gather_splits(m) * s.hidden);
-      }
-      gather_idx = DeviceBuffer(static_cast<size_t>(list) * 4);
-      gather_h = DeviceBuffer(static_cast<size_t>(list) * 4);
-      gather_count = DeviceBuffer(static_cast<size_t>(segments) * 4);
+      int64_t partial = 0;
+      for (int64_t m = 1; m <= gather_tokens; ++m) partial = std::max(partial, m * gather_splits(m) * s.hidden);
       gather_partial = DeviceBuffer(static_cast<size_t>(partial) * 4);
+      gather_done = DeviceBuffer(static_cast<size_t>(gather_tokens) * 4);
+      TWELL_CUDA_CHECK(cudaMemset(gather_done.get(), 0, gather_done.bytes()));
     }
     counters = DeviceBuffer(sizeof(Counters));
     sample_count = DeviceBuffer(sizeof(unsigned long long));
@@ -160,10 +155,8 @@ struct FfnForward::Impl {
     a.x = xp;
     a.wu = static_cast<const uint16_t*>(w.wu.data);
     a.wd = static_cast<const uint16_t*>(w.wd.data);
-    a.idx = gather_idx.as<int32_t>();
-    a.count = gather_count.as<int32_t>();
-    a.h = gather_h.as<float>();
     a.partial = gather_partial.as<float>();
+    a.done = gather_done.as<int32_t>();
     a.y = yp;
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
@@ -246,7 +239,7 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
   return m.g.bytes() + m.u.bytes() + m.act.bytes() + m.u_vals.bytes() + m.counters.bytes() + m.sample_count.bytes() +
-         m.gather_idx.bytes() + m.gather_count.bytes() + m.gather_h.bytes() + m.gather_partial.bytes();
+         m.gather_partial.bytes() + m.gather_done.bytes();
 }
 
 FfnStats FfnForward::last_stats() const {

@@ -43,25 +43,24 @@ int64_t twell_u_size(const TwellDeviceView& act);
 void check_twell_ffn_sparse(const SparseFfnArgs& a);
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, cudaStream_t stream);
 
-// ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing. g [M, I] is the ReLU'd
-// gate (non-gated: h itself); y [M, H] bf16. Workspace: idx (int32) and h (f32) of
-// gather_list_size(M, I) entries each, count of M·S, partial S·M·H f32, S = gather_splits(M).
+// ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing, one kernel after the
+// gate GEMM. g [M, I] is the ReLU'd gate (non-gated: h itself); y [M, H] bf16. Workspace:
+// partial S·M·H f32 with S = gather_splits(M), and done [M] int32, zero before the first call
+// (each call leaves it zero again).
 struct GatherArgs {
   const uint16_t* g = nullptr;
   const uint16_t* x = nullptr;
   const uint16_t* wu = nullptr;
   const uint16_t* wd = nullptr;
-  int32_t* idx = nullptr;
-  int32_t* count = nullptr;
-  float* h = nullptr;
   float* partial = nullptr;
+  int32_t* done = nullptr;
   uint16_t* y = nullptr;
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;
   bool h_fp32 = false;
 };
 int gather_splits(int64_t M);
-int64_t gather_list_size(int64_t M, int64_t I);
+bool gather_supports(int64_t H, int64_t I);
 void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream);
 
 // elementwise.cu (dense paths), n elements, 16-byte aligned, n % 8 == 0:

@@ -3,12 +3,15 @@
 // spread over S blocks, each owning a contiguous range of R = ⌈I/S⌉ neurons (the TwELL kernels
 // give a token one block, which a token with thousands of active neurons would serialise).
 //
-//   up     block (token t, range s): finds the non-zeros of g[t, range] (any bf16 pattern but
-//          0x0000, as TwELL) in ascending order, writes them to the segment (t, s) of the index
-//          list (room for all R: exact at any density), then a warp per entry computes
-//          h = bf16(g · bf16(x_t · Wu[j]))   (non-gated: h = g)
-//   down   block (token t, range s), 8 columns a thread: Σ h·Wd[j] over the segment in fp32;
-//          the ranges' partial sums are then added in range order (deterministic)
+// One kernel, block (token t, range s), 256 threads:
+//   1. the non-zeros of g[t, range] (any bf16 pattern but 0x0000, as TwELL) in ascending order,
+//      into shared memory (room for all R: exact at any density);
+//   2. a warp per entry: h = bf16(g · bf16(x_t · Wu[j]))   (non-gated: h = g), all of a row's
+//      loads in flight at once;
+//   3. Σ h·Wd[j] over the range's entries in fp32, 8 columns a thread;
+//   4. the range's partial sum goes to global memory; the last block of the token to finish
+//      (a counter per token) adds the S partial sums in range order and writes y. Deterministic.
+// Every step is a few dependent memory round trips, which is what a decode step waits on.
 // Covered by tests/cuda/test_twell_ffn.cu (FfnForward, gather path) and the model tests.
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
@@ -18,24 +21,38 @@
 namespace twell::cuda {
 namespace {
 
-constexpr int kUpThreads = 256;
+constexpr int kThreads = 256;
 
 int64_t range_of(int64_t I, int splits) { return (I / 8 + splits - 1) / splits * 8; }
 
-__global__ void __launch_bounds__(kUpThreads) up_kernel(const GatherArgs a, int splits, int64_t R) {
-  using Scan = cub::BlockScan<int, kUpThreads>;
+__device__ __forceinline__ void fma8(float (&acc)[8], float h, const uint4& w) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    acc[2 * q] = fmaf(h, bits_float(ws[q] << 16), acc[2 * q]);
+    acc[2 * q + 1] = fmaf(h, bits_float(ws[q] & 0xffff0000u), acc[2 * q + 1]);
+  }
+}
+
+// kUp: ⌈H/256⌉ chunks of 8 columns per lane in the dot products; kDown: ⌈H/2048⌉ groups of 8
+// columns per thread in the down sum.
+template <int kUp, int kDown>
+__global__ void __launch_bounds__(kThreads) gather_ffn_kernel(const GatherArgs a, int splits, int64_t R) {
+  using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan;
+  __shared__ bool last_block;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  int32_t* col = reinterpret_cast<int32_t*>(smem_raw);  // [R]
+  float* hv = reinterpret_cast<float*>(col + R);         // [R]
+
   const int64_t t = blockIdx.x;
   const int s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t j_begin = s * R, j_end = min(a.I, j_begin + R);
-  const int64_t seg = t * splits + s;
-  int32_t* idx = a.idx + seg * R;
-  float* h = a.h + seg * R;
   const uint16_t* g = a.g + t * a.I;
 
   // 1. Ordered compaction of the range, 8 neurons (one 16-byte load) per thread per pass.
   int n = 0;
-  for (int64_t base = j_begin; base < j_end; base += kUpThreads * 8) {
+  for (int64_t base = j_begin; base < j_end; base += kThreads * 8) {
     const int64_t j0 = base + threadIdx.x * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (j0 < j_end) v = *reinterpret_cast<const uint4*>(g + j0);
@@ -50,97 +67,125 @@ __global__ void __launch_bounds__(kUpThreads) up_kernel(const GatherArgs a, int 
     for (int i = 0; i < 8; ++i) {
       const uint32_t bits = i % 2 ? w[i / 2] >> 16 : w[i / 2] & 0xffffu;
       if (bits != 0) {
-        idx[offset] = static_cast<int32_t>(j0 + i);
-        h[offset++] = bf16_bits_to_float(static_cast<uint16_t>(bits));  // g for now
+        col[offset] = static_cast<int32_t>(j0 + i - j_begin);
+        hv[offset++] = bf16_bits_to_float(static_cast<uint16_t>(bits));  // g for now
       }
     }
     n += total;
-    __syncthreads();  // the scan storage is reused
+    __syncthreads();  // the scan storage is reused; the list is complete
   }
-  if (threadIdx.x == 0) a.count[seg] = n;
-  if (!a.gated) return;  // h = g
-  __syncthreads();       // the list is read back by other warps
 
-  // 2. u and h, a warp per entry.
-  const uint4* x = reinterpret_cast<const uint4*>(a.x + t * a.H);
-  const int64_t chunks = a.H / 8;
-  for (int k = warp; k < n; k += kUpThreads / 32) {
-    const uint4* wrow = reinterpret_cast<const uint4*>(a.wu + static_cast<int64_t>(idx[k]) * a.H);
-    float dot = 0.f;
-    for (int64_t c = lane; c < chunks; c += 32) {
-      const uint4 xv = x[c], wv = __ldg(wrow + c);
-      const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w}, ws[4] = {wv.x, wv.y, wv.z, wv.w};
+  // 2. u and h, a warp per entry; the token's x stays in registers.
+  if (a.gated && n > 0) {
+    uint4 x[kUp];
+    const uint4* xr = reinterpret_cast<const uint4*>(a.x + t * a.H);
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        dot += bits_float(xs[i] << 16) * bits_float(ws[i] << 16) +
-               bits_float(xs[i] & 0xffff0000u) * bits_float(ws[i] & 0xffff0000u);
+    for (int c = 0; c < kUp; ++c) x[c] = c * 256 + lane * 8 < a.H ? xr[c * 32 + lane] : make_uint4(0, 0, 0, 0);
+    for (int k = warp; k < n; k += kThreads / 32) {
+      const uint4* wr = reinterpret_cast<const uint4*>(a.wu + (j_begin + col[k]) * a.H);
+      uint4 w[kUp];
+#pragma unroll
+      for (int c = 0; c < kUp; ++c) w[c] = c * 256 + lane * 8 < a.H ? __ldg(wr + c * 32 + lane) : make_uint4(0, 0, 0, 0);
+      float dot = 0.f;
+#pragma unroll
+      for (int c = 0; c < kUp; ++c) {
+        const uint32_t xs[4] = {x[c].x, x[c].y, x[c].z, x[c].w}, ws[4] = {w[c].x, w[c].y, w[c].z, w[c].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          dot += bits_float(xs[i] << 16) * bits_float(ws[i] << 16) +
+                 bits_float(xs[i] & 0xffff0000u) * bits_float(ws[i] & 0xffff0000u);
+      }
+      for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if (lane == 0) {
+        const float h = hv[k] * round_bf16(dot);  // u rounded as the bf16 up GEMM rounds it
+        hv[k] = a.h_fp32 ? h : round_bf16(h);
+      }
     }
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    if (lane == 0) {
-      const float hv = h[k] * round_bf16(dot);  // u rounded as the bf16 up GEMM rounds it
-      h[k] = a.h_fp32 ? hv : round_bf16(hv);
-    }
+    __syncthreads();
   }
-}
 
-// Block (token t, range s), thread = 8 columns.
-__global__ void down_kernel(const GatherArgs a, int splits, int64_t R) {
-  const int64_t t = blockIdx.x;
-  const int s = blockIdx.y;
-  const int64_t col0 = static_cast<int64_t>(threadIdx.x) * 8;
-  if (col0 >= a.H) return;
-  const int64_t seg = t * splits + s;
-  const int n = a.count[seg];
-  const int32_t* idx = a.idx + seg * R;
-  const float* h = a.h + seg * R;
-  float acc[8] = {};
+  // 3. The range's part of y: columns (c·256 + tid)·8 .. +8.
+  float acc[kDown][8] = {};
   int k = 0;
   for (; k + 4 <= n; k += 4) {  // four rows' loads in flight
-    uint4 wv[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      wv[i] = __ldg(reinterpret_cast<const uint4*>(a.wd + static_cast<int64_t>(idx[k + i]) * a.H + col0));
+    for (int c = 0; c < kDown; ++c) {
+      const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
+      if (c0 >= a.H) continue;
+      uint4 w[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float hv = h[k + i];
-      const uint32_t ws[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+      for (int i = 0; i < 4; ++i)
+        w[i] = __ldg(reinterpret_cast<const uint4*>(a.wd + (j_begin + col[k + i]) * a.H + c0));
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        acc[2 * q] = fmaf(hv, bits_float(ws[q] << 16), acc[2 * q]);
-        acc[2 * q + 1] = fmaf(hv, bits_float(ws[q] & 0xffff0000u), acc[2 * q + 1]);
-      }
+      for (int i = 0; i < 4; ++i) fma8(acc[c], hv[k + i], w[i]);
     }
   }
   for (; k < n; ++k) {
-    const float hv = h[k];
-    const uint4 wv = __ldg(reinterpret_cast<const uint4*>(a.wd + static_cast<int64_t>(idx[k]) * a.H + col0));
-    const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      acc[2 * q] = fmaf(hv, bits_float(ws[q] << 16), acc[2 * q]);
-      acc[2 * q + 1] = fmaf(hv, bits_float(ws[q] & 0xffff0000u), acc[2 * q + 1]);
+    for (int c = 0; c < kDown; ++c) {
+      const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
+      if (c0 < a.H) fma8(acc[c], hv[k], __ldg(reinterpret_cast<const uint4*>(a.wd + (j_begin + col[k]) * a.H + c0)));
     }
   }
-  if (splits == 1) {
+
+  // 4. Partial sums; the token's last block adds them in range order.
+  auto store_y = [&](int c, const float (&v)[8]) {
+    const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
     uint32_t out[4];
+#pragma unroll
     for (int i = 0; i < 4; ++i)
-      out[i] = static_cast<uint32_t>(float_to_bf16_bits(acc[2 * i])) |
-               (static_cast<uint32_t>(float_to_bf16_bits(acc[2 * i + 1])) << 16);
-    *reinterpret_cast<uint4*>(a.y + t * a.H + col0) = make_uint4(out[0], out[1], out[2], out[3]);
+      out[i] = static_cast<uint32_t>(float_to_bf16_bits(v[2 * i])) |
+               (static_cast<uint32_t>(float_to_bf16_bits(v[2 * i + 1])) << 16);
+    *reinterpret_cast<uint4*>(a.y + t * a.H + c0) = make_uint4(out[0], out[1], out[2], out[3]);
+  };
+  if (splits == 1) {
+#pragma unroll
+    for (int c = 0; c < kDown; ++c)
+      if ((c * kThreads + threadIdx.x) * 8 < a.H) store_y(c, acc[c]);
     return;
   }
-  float4* p = reinterpret_cast<float4*>(a.partial + (static_cast<int64_t>(s) * a.M + t) * a.H + col0);
-  p[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-  p[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  float* part = a.partial + (t * splits + s) * a.H;
+#pragma unroll
+  for (int c = 0; c < kDown; ++c) {
+    const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
+    if (c0 >= a.H) continue;
+    reinterpret_cast<float4*>(part + c0)[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
+    reinterpret_cast<float4*>(part + c0)[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
+  }
+  __threadfence();  // publish the partial sum before counting this block as done
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(a.done + t, 1) == splits - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();  // see every other block's partial sum
+  const float* parts = a.partial + t * splits * a.H;
+#pragma unroll
+  for (int c = 0; c < kDown; ++c) {
+    const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
+    if (c0 >= a.H) continue;
+    float sum[8] = {};
+    for (int r = 0; r < splits; ++r) {
+      const float4 lo = __ldcg(reinterpret_cast<const float4*>(parts + r * a.H + c0));
+      const float4 hi = __ldcg(reinterpret_cast<const float4*>(parts + r * a.H + c0) + 1);
+      sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
+      sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+    }
+    store_y(c, sum);
+  }
+  if (threadIdx.x == 0) a.done[t] = 0;  // ready for the next call (and the next graph replay)
 }
 
-__global__ void reduce_kernel(const GatherArgs a, int splits) {
-  const int64_t n = a.M * a.H;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    float v = 0.f;
-    for (int s = 0; s < splits; ++s) v += a.partial[s * n + i];
-    a.y[i] = float_to_bf16_bits(v);
+template <int kUp, int kDown>
+void launch(const GatherArgs& a, int splits, int64_t R, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(R) * 8;
+  static bool configured = false;
+  if (!configured) {
+    TWELL_CUDA_CHECK(cudaFuncSetAttribute(gather_ffn_kernel<kUp, kDown>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          96 * 1024));
+    configured = true;
   }
+  gather_ffn_kernel<kUp, kDown>
+      <<<dim3(static_cast<unsigned>(a.M), static_cast<unsigned>(splits)), kThreads, smem, stream>>>(a, splits, R);
 }
 
 }  // namespace
@@ -149,24 +194,25 @@ int gather_splits(int64_t M) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(32, 2048 / std::max<int64_t>(M, 1))));
 }
 
-int64_t gather_list_size(int64_t M, int64_t I) { return M * gather_splits(M) * range_of(I, gather_splits(M)); }
+bool gather_supports(int64_t H, int64_t I) {  // x in registers; one range of neurons in shared memory
+  return H % 8 == 0 && H <= 4096 && I % 8 == 0 && I <= 12288;
+}
 
 void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream) {
-  TWELL_CHECK(a.H % 8 == 0 && a.H <= 8192 && a.I % 8 == 0, "FFN gather path: H = ", a.H, " and I = ", a.I,
-              " must be multiples of 8, H at most 8192");
+  TWELL_CHECK(gather_supports(a.H, a.I), "FFN gather path: H = ", a.H, " and I = ", a.I,
+              " must be multiples of 8 with H <= 4096");
   if (a.M == 0) return;
   const int splits = gather_splits(a.M);
   const int64_t R = range_of(a.I, splits);
-  const dim3 grid(static_cast<unsigned>(a.M), static_cast<unsigned>(splits));
-  up_kernel<<<grid, kUpThreads, 0, stream>>>(a, splits, R);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-  down_kernel<<<grid, static_cast<unsigned>((a.H / 8 + 31) / 32 * 32), 0, stream>>>(a, splits, R);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-  if (splits > 1) {
-    const int64_t n = a.M * a.H;
-    reduce_kernel<<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 132 * 8)), 256, 0, stream>>>(a, splits);
-    TWELL_CUDA_CHECK(cudaGetLastError());
+  const bool two = a.H > 2048;
+  switch ((a.H + 255) / 256) {
+    case 1: launch<1, 1>(a, splits, R, stream); break;
+    case 2: launch<2, 1>(a, splits, R, stream); break;
+    case 3: case 4: launch<4, 1>(a, splits, R, stream); break;
+    case 5: case 6: case 7: case 8: launch<8, 1>(a, splits, R, stream); break;
+    default: two ? launch<16, 2>(a, splits, R, stream) : launch<8, 1>(a, splits, R, stream);
   }
+  TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace twell::cuda
