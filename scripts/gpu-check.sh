@@ -2,12 +2,12 @@
 # Re-checks every GPU claim with one command, on a machine with a Hopper GPU and CUDA 13 (no
 # network needed: where the build dependencies are not installed, carry third_party/ made by
 # scripts/bundle-deps.sh): builds (unless given prebuilt binaries), runs the GPU tests, a subset
-# under compute-sanitizer (memcheck, racecheck), and the standard FFN benchmark, leaving logs,
-# JSON and a summary table in OUTDIR.
+# under compute-sanitizer (memcheck, racecheck), the standard FFN benchmark and the whole-model
+# benchmark (the paper's 2B shape), leaving logs, JSON and summary tables in OUTDIR.
 #
 #   scripts/gpu-check.sh OUTDIR                 configure + build in build-gpu/, then check
 #   scripts/gpu-check.sh OUTDIR --bin DIR       use prebuilt DIR/twell and DIR/twell_gpu_tests
-#   scripts/gpu-check.sh OUTDIR --quick         tests + a short benchmark (M = 16384, 131072)
+#   scripts/gpu-check.sh OUTDIR --quick         tests + short benchmarks (M = 16384, 131072; 4 layers)
 #   extra arguments after `--` go to `twell bench ffn`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +40,7 @@ tail -4 "$out/gpu_tests.log"
 
 echo "== compute-sanitizer (small cases)"
 filter='Cases/FfnForwardGpu.*M7_*:Cases/FfnForwardGpu.*M33_*:Cases/FfnForwardGpu.*d1000permille_skewed_plain:*Determinism*:Densities/TwellDevice.*/2'
+filter+=':Shapes/LlamaCudaShapes.*/hd16_gqa_relu:Shapes/LlamaCudaShapes.BatchEqualsSingleSequences/hd64_silu:LlamaCuda.*'
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/twell_gpu_tests" --gtest_brief=1 \
     --gtest_filter="$filter" >"$out/sanitizer_memcheck.log" 2>&1 || status=1
@@ -63,4 +64,11 @@ if [ "$quick" = 1 ]; then
 fi
 "$bin/twell" bench ffn --backend cuda --json "$out/ffn.json" "${bench_args[@]}" >"$out/ffn.txt" 2>"$out/ffn_progress.log" || status=1
 cat "$out/ffn.txt"
+
+echo "== twell bench model"
+model_args=()
+[ "$quick" = 1 ] && model_args=(--layers 4 --iters 3)
+"$bin/twell" bench model --json "$out/model.json" "${model_args[@]}" >"$out/model.txt" 2>"$out/model_progress.log" || status=1
+tr '\r' '\n' <"$out/model_progress.log" | grep -Ev '^(calibrating gate|prefill timing)' >"$out/model_progress.txt"
+cat "$out/model_progress.txt" "$out/model.txt"
 exit $status

@@ -190,9 +190,9 @@ void launch(const GatherArgs& a, int splits, int64_t R, cudaStream_t stream) {
 
 }  // namespace
 
-int gather_splits(int64_t M) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(32, 2048 / std::max<int64_t>(M, 1))));
-}
+// Ranges per token: many for one token (a decode step at batch 1 has the GPU to itself), one
+// from 32 tokens on (each range block loads its token's x once per warp).
+int gather_splits(int64_t M) { return static_cast<int>(std::clamp<int64_t>(32 / std::max<int64_t>(M, 1), 1, 32)); }
 
 bool gather_supports(int64_t H, int64_t I) {  // x in registers; one range of neurons in shared memory
   return H % 8 == 0 && H <= 4096 && I % 8 == 0 && I <= 12288;
