@@ -4,15 +4,15 @@
 //
 //   auto w = std::make_shared<twell::cuda::LlamaCudaWeights>(
 //       twell::cuda::LlamaCudaWeights::upload(twell::model::LlamaWeights::load_dir(dir)));
-//   twell::cuda::LlamaCuda model(w, {.ffn = twell::cuda::FfnMode::twell});
+//   twell::cuda::LlamaCuda model(w);                     // FfnMode::twell, batch 1
 //   twell::Tensor next = model.prefill(prompt);          // logits of the last token [V], f32
 //   next = model.decode_step(token);
 //
 // Per layer: fused residual-add + RMSNorm, one QKV GEMM (cuBLASLt), RoPE fused with the KV-cache
 // write, flash attention on the tensor cores (decode: split over the cached keys), the O GEMM,
 // then the FFN: a ReLU model runs twell::cuda::FfnForward (FfnMode::twell: sparse TwELL or dense,
-// chosen from the activation density it observes; FfnMode::dense: always dense cuBLASLt), a SiLU
-// model the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
+// chosen from the activation density it observes, and the gather path in decode steps;
+// FfnMode::dense: always dense cuBLASLt), a SiLU model the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
 // and replayed. Everything runs on the model's own stream.
 //
 // Batches: B sequences of equal length run together (prefill_batch, decode_batch); all of them
