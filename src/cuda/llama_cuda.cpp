@@ -15,6 +15,11 @@ namespace twell::cuda {
 
 namespace {
 
+// Decode steps of at most this many tokens take the FFN's gather path (FfnMode::twell). Above it,
+// the active rows of the batch cover much of Wu and Wd, and reading them row by row lost to the
+// dense GEMMs (bench/results/h200/model.json: batch 64 at 2.4× the dense step).
+constexpr int64_t kDecodeGatherTokens = 8;
+
 uint16_t* bits(const DeviceTensor& t) { return static_cast<uint16_t*>(t.view().data); }
 uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.view().data); }
 
@@ -139,7 +144,9 @@ struct LlamaCuda::Impl {
   bool relu;
   cudaStream_t stream = nullptr;
   LtGemm gemm;
-  std::unique_ptr<FfnForward> ffn_prefill, ffn_decode;  // ReLU models
+  // ReLU models: prefill (dispatched); decode steps: the gather path for a few tokens (twell mode)
+  // and the dense FFN, both without host round trips (graph-captured).
+  std::unique_ptr<FfnForward> ffn_prefill, ffn_gather, ffn_dense;
   DeviceBuffer tokens, p0, x, a, qkv, attn, proj, y, g, u, cos_sin, partial, logits;
   int64_t logits_rows = 0;
   std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
@@ -193,10 +200,18 @@ struct LlamaCuda::Impl {
       FfnOptions pre = o.ffn_options;
       if (!sparse) pre.dispatch = Dispatch::always_dense;
       ffn_prefill = std::make_unique<FfnForward>(FfnShape{T, H, I, true}, pre);
-      FfnOptions dec = pre;
-      dec.dispatch = sparse ? Dispatch::always_sparse : Dispatch::always_dense;
-      dec.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
-      ffn_decode = std::make_unique<FfnForward>(FfnShape{o.max_batch, H, I, true}, dec);
+      FfnOptions dense = pre;
+      dense.dispatch = Dispatch::always_dense;
+      dense.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
+      dense.gather_max_tokens = 0;
+      ffn_dense = std::make_unique<FfnForward>(FfnShape{o.max_batch, H, I, true}, dense);
+      if (sparse) {
+        FfnOptions gather = dense;
+        gather.dispatch = Dispatch::always_sparse;
+        gather.gather_max_tokens = kDecodeGatherTokens;
+        ffn_gather = std::make_unique<FfnForward>(
+            FfnShape{std::min(o.max_batch, kDecodeGatherTokens), H, I, true}, gather);
+      }
     } else {
       g = DeviceBuffer(static_cast<size_t>(T * I) * 2);
       u = DeviceBuffer(static_cast<size_t>(T * I) * 2);
@@ -259,7 +274,7 @@ struct LlamaCuda::Impl {
   void ffn(const LlamaCudaLayer& lw, int64_t T, bool decode, FfnPath* path) {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
     if (ffn_prefill) {
-      FfnForward& f = decode ? *ffn_decode : *ffn_prefill;
+      FfnForward& f = !decode ? *ffn_prefill : ffn_gather && T <= kDecodeGatherTokens ? *ffn_gather : *ffn_dense;
       f.forward(in, lw.ffn(), out, stream);
       *path = f.last_path();
       return;
@@ -477,7 +492,8 @@ size_t LlamaCuda::workspace_bytes() const {
              m.logits.bytes();
   for (const auto& b : m.k_cache) n += b.bytes();
   for (const auto& b : m.v_cache) n += b.bytes();
-  if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_decode->workspace_bytes();
+  if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_dense->workspace_bytes();
+  if (m.ffn_gather) n += m.ffn_gather->workspace_bytes();
   return n;
 }
 

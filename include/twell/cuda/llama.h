@@ -72,8 +72,9 @@ struct LlamaCudaOptions {
   // are kept at a time, every call starts at position 0, and decode is unavailable.
   bool kv_cache = true;
   bool cuda_graphs = true;   // decode steps replay a captured graph per batch size
-  // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill. Decode steps
-  // always take the sparse path: a few tokens read the gate weights and the active rows only.
+  // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill. Decode steps of
+  // up to 8 sequences take the gather path (the gate weights densely, then only the active rows
+  // of Wu and Wd); larger decode batches the dense FFN.
   FfnOptions ffn_options;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
