@@ -53,6 +53,7 @@ using cuda::LlamaCudaOptions;
 using cuda::LlamaCudaWeights;
 
 constexpr float kConstantChannel = 4.0f;  // residual channel 0: the gates' "bias input"
+constexpr int64_t kGatherTokens = 8;      // decode batches up to this also run as twell_gather
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -246,7 +247,8 @@ struct CheckResult {
 };
 
 // GPU logits of a short sequence (full forward; prefill + one decode step) against the CPU
-// backend on the same bf16 weights; the twell FFN is forced onto its sparse path.
+// backend on the same bf16 weights; the twell FFN is forced onto its sparse paths (TwELL or
+// gather in the forward, gather in the decode step).
 CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, int64_t T, uint64_t seed,
                               std::ostream& progress) {
   CheckResult r;
@@ -263,6 +265,7 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, int64_
     o.ffn = mode;
     o.max_context = T;
     o.ffn_options.dispatch = cuda::Dispatch::always_sparse;
+    o.decode_gather_tokens = kGatherTokens;  // the decode step checks the gather path
     LlamaCuda m(w, o);
     const double full = relative_error(m.logits(tokens), ref);
     m.prefill(std::vector<int32_t>(tokens.begin(), tokens.end() - 1));
@@ -414,17 +417,21 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;
   LlamaCuda twell(w, o);
-  LlamaCuda* models[2] = {&dense, &twell};
+  o.decode_gather_tokens = kGatherTokens;
+  LlamaCuda gather(w, o);
+  LlamaCuda* models[3] = {&dense, &twell, &gather};
+  const int n_models = B <= kGatherTokens ? 3 : 2;  // above, twell_gather is twell
   std::vector<std::vector<int32_t>> prompts;
   for (int64_t b = 0; b < B; ++b) prompts.push_back(random_tokens(cfg.context, cfg.vocab, cfg.seed + 100 + b));
-  for (LlamaCuda* m : models) m->prefill_batch(prompts);
+  for (int k = 0; k < n_models; ++k) models[k]->prefill_batch(prompts);
   const std::vector<int32_t> next = random_tokens(B, cfg.vocab, cfg.seed + 99);
-  for (LlamaCuda* m : models) m->decode_batch(next), m->decode_batch(next);  // eager step, then the capture
+  for (int k = 0; k < n_models; ++k) models[k]->decode_batch(next), models[k]->decode_batch(next);  // eager, capture
 
-  Timing timing[2];
-  std::vector<double> gpu_ms[2];
+  Timing timing[3];
+  std::vector<double> gpu_ms[3];
   for (int64_t s = 0; s < cfg.steps; ++s) {
-    for (int k : {int(s & 1), int(!(s & 1))}) {  // alternate which model goes first
+    for (int i = 0; i < n_models; ++i) {  // rotate which model goes first
+      const int k = static_cast<int>((s + i) % n_models);
       const double e0 = energy.millijoules();
       const auto t0 = Clock::now();
       models[k]->decode_batch(next);  // tokens up, graph replay, logits down: a whole step
@@ -435,9 +442,13 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
       timing[k].energy_mj += e1 - e0;
     }
   }
-  const char* names[2] = {"dense", "twell"};
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const char* names[3] = {"dense", "twell", "twell_gather"};
   const double dense_ms = timing[0].median();
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < n_models; ++k) {
     BenchRecord r = record("model_decode", names[k], cfg, B, timing[k], double(B),
                            w->bytes() + models[k]->workspace_bytes(), cal);
     r.ratio_to_dense = r.ms_median / dense_ms;
@@ -445,20 +456,23 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     r.rel_err = k == 0 ? check.decode_dense : check.decode_twell;
     r.correct = check.decode_dense >= 0 && check.decode_dense <= kDenseTolerance &&
                 (k == 0 || twell_ok(check.decode_twell, check.decode_dense));
+    char gpu[64];
+    std::snprintf(gpu, sizeof gpu, "; GPU %.3f ms/step", median(gpu_ms[k]));
     r.note = "batch " + std::to_string(B) + ", context " + std::to_string(cfg.context) +
-             ", per step: tokens up, graph replay, logits down";
+             ", per step: tokens up, graph replay, logits down" + gpu +
+             (k == 2 ? "; FFN through the gather path" : k == 1 ? "; decode FFN dense (default)" : "");
     out.push_back(r);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   char line[200];
-  std::snprintf(line, sizeof line,
-                "decode batch %lld: dense %.3f ms/step (GPU %.3f), twell %.3f ms/step (GPU %.3f)\n",
+  std::snprintf(line, sizeof line, "decode batch %lld: dense %.3f ms/step (GPU %.3f), twell %.3f (GPU %.3f)",
                 static_cast<long long>(B), timing[0].median(), median(gpu_ms[0]), timing[1].median(),
                 median(gpu_ms[1]));
   progress << line;
+  if (n_models == 3) {
+    std::snprintf(line, sizeof line, ", twell_gather %.3f (GPU %.3f)", timing[2].median(), median(gpu_ms[2]));
+    progress << line;
+  }
+  progress << "\n";
 }
 
 }  // namespace

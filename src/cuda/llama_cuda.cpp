@@ -15,11 +15,6 @@ namespace twell::cuda {
 
 namespace {
 
-// Decode steps of at most this many tokens take the FFN's gather path (FfnMode::twell). Above it,
-// the active rows of the batch cover much of Wu and Wd, and reading them row by row lost to the
-// dense GEMMs (bench/results/h200/model.json: batch 64 at 2.4× the dense step).
-constexpr int64_t kDecodeGatherTokens = 8;
-
 uint16_t* bits(const DeviceTensor& t) { return static_cast<uint16_t*>(t.view().data); }
 uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.view().data); }
 
@@ -205,12 +200,12 @@ struct LlamaCuda::Impl {
       dense.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
       dense.gather_max_tokens = 0;
       ffn_dense = std::make_unique<FfnForward>(FfnShape{o.max_batch, H, I, true}, dense);
-      if (sparse) {
+      if (sparse && o.decode_gather_tokens > 0) {
         FfnOptions gather = dense;
         gather.dispatch = Dispatch::always_sparse;
-        gather.gather_max_tokens = kDecodeGatherTokens;
+        gather.gather_max_tokens = o.decode_gather_tokens;
         ffn_gather = std::make_unique<FfnForward>(
-            FfnShape{std::min(o.max_batch, kDecodeGatherTokens), H, I, true}, gather);
+            FfnShape{std::min(o.max_batch, o.decode_gather_tokens), H, I, true}, gather);
       }
     } else {
       g = DeviceBuffer(static_cast<size_t>(T * I) * 2);
@@ -274,7 +269,7 @@ struct LlamaCuda::Impl {
   void ffn(const LlamaCudaLayer& lw, int64_t T, bool decode, FfnPath* path) {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
     if (ffn_prefill) {
-      FfnForward& f = !decode ? *ffn_prefill : ffn_gather && T <= kDecodeGatherTokens ? *ffn_gather : *ffn_dense;
+      FfnForward& f = !decode ? *ffn_prefill : ffn_gather && T <= o.decode_gather_tokens ? *ffn_gather : *ffn_dense;
       f.forward(in, lw.ffn(), out, stream);
       *path = f.last_path();
       return;

@@ -106,19 +106,24 @@ TEST_P(LlamaCudaShapes, PrefillDecodeMatchesFullForward) {
   LlamaWeights w = bf16_weights(c, 12);
   auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
   const LlamaCpu cpu(std::move(w));
-  LlamaCuda gpu(dw);
   const auto tokens = some_tokens(70, c.vocab_size, 5);
   const Tensor ref = cpu.logits(tokens);
-  // Prompt of 60, then 10 decode steps: the first eager, the second captured, the rest replayed.
-  const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 60);
-  Tensor last = gpu.prefill(prompt);
-  EXPECT_LT(relative_error(TensorView(last.view().data, DType::f32, {1, c.vocab_size}), rows(ref, 59, 1)), kTol);
-  for (int64_t t = 60; t < 70; ++t) {
-    last = gpu.decode_step(tokens[t]);
-    const double err = relative_error(TensorView(last.view().data, DType::f32, {1, c.vocab_size}), rows(ref, t, 1));
-    EXPECT_LT(err, kTol) << "decode position " << t;
+  for (int64_t gather : {0, 8}) {  // decode FFN: dense, and the gather path
+    LlamaCudaOptions o;
+    o.decode_gather_tokens = gather;
+    LlamaCuda gpu(dw, o);
+    // Prompt of 60, then 10 decode steps: the first eager, the second captured, the rest replayed.
+    const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 60);
+    Tensor last = gpu.prefill(prompt);
+    EXPECT_LT(relative_error(TensorView(last.view().data, DType::f32, {1, c.vocab_size}), rows(ref, 59, 1)), kTol);
+    for (int64_t t = 60; t < 70; ++t) {
+      last = gpu.decode_step(tokens[t]);
+      const double err =
+          relative_error(TensorView(last.view().data, DType::f32, {1, c.vocab_size}), rows(ref, t, 1));
+      EXPECT_LT(err, kTol) << "decode position " << t << ", gather up to " << gather;
+    }
+    EXPECT_EQ(gpu.cached_tokens(), 70);
   }
-  EXPECT_EQ(gpu.cached_tokens(), 70);
 }
 
 TEST_P(LlamaCudaShapes, BatchEqualsSingleSequences) {
@@ -127,6 +132,7 @@ TEST_P(LlamaCudaShapes, BatchEqualsSingleSequences) {
   auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 13)));
   LlamaCudaOptions o;
   o.max_batch = 3;
+  o.decode_gather_tokens = 2;  // single sequences decode through the gather path, the batch densely
   LlamaCuda batched(dw, o), single(dw, o);
   std::vector<std::vector<int32_t>> prompts;
   for (uint64_t s = 0; s < 3; ++s) prompts.push_back(some_tokens(33, c.vocab_size, 40 + s));

@@ -72,10 +72,14 @@ struct LlamaCudaOptions {
   // are kept at a time, every call starts at position 0, and decode is unavailable.
   bool kv_cache = true;
   bool cuda_graphs = true;   // decode steps replay a captured graph per batch size
-  // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill. Decode steps of
-  // up to 8 sequences take the gather path (the gate weights densely, then only the active rows
-  // of Wu and Wd); larger decode batches the dense FFN.
+  // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill.
   FfnOptions ffn_options;
+  // FfnMode::twell: decode steps of at most this many sequences take the FFN's gather path (the
+  // gate weights densely, then only the rows of Wu and Wd of each token's active neurons); other
+  // steps the dense FFN. Off by default: on an H200 the gather path wins at the FFN level (0.74×
+  // the dense FFN at one token) but the whole decode step with it measured 1.09× the dense step
+  // (bench/results/h200/model.json, docs/perf.md).
+  int64_t decode_gather_tokens = 0;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
   // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate
