@@ -54,6 +54,7 @@ using cuda::LlamaCudaWeights;
 
 constexpr float kConstantChannel = 4.0f;  // residual channel 0: the gates' "bias input"
 constexpr int64_t kGatherTokens = 8;      // decode batches up to this also run as twell_gather
+constexpr int64_t kEnergySteps = 128;     // decode steps of each model's energy reading, at most
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -105,7 +106,7 @@ io::ModelConfig model_config(const ModelBenchConfig& cfg) {
   c.head_dim = cfg.hidden / cfg.heads;
   c.vocab_size = cfg.vocab;
   int64_t ctx = std::max(cfg.seq, cfg.check_tokens);
-  for (int64_t b : cfg.decode_batches) (void)b, ctx = std::max(ctx, cfg.context + cfg.steps + 2);
+  if (!cfg.decode_batches.empty()) ctx = std::max(ctx, cfg.context + 2 + cfg.steps + kEnergySteps);
   c.max_position_embeddings = ctx;
   c.rope_theta = 1e5;
   c.rms_norm_eps = 1e-5;
@@ -411,7 +412,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                   std::vector<BenchRecord>& out, std::ostream& progress) {
   LlamaCudaOptions o;
   o.max_batch = B;
-  o.max_context = cfg.context + cfg.steps + 2;
+  o.max_context = cfg.context + 2 + cfg.steps + kEnergySteps;
   o.max_tokens = B * cfg.context;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
@@ -432,15 +433,21 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   for (int64_t s = 0; s < cfg.steps; ++s) {
     for (int i = 0; i < n_models; ++i) {  // rotate which model goes first
       const int k = static_cast<int>((s + i) % n_models);
-      const double e0 = energy.millijoules();
       const auto t0 = Clock::now();
       models[k]->decode_batch(next);  // tokens up, graph replay, logits down: a whole step
       timing[k].ms.push_back(seconds_since(t0) * 1e3);
       gpu_ms[k].push_back(models[k]->last_gpu_ms());
-      const double e1 = energy.millijoules();
-      timing[k].energy_known = timing[k].energy_known && e0 >= 0 && e1 >= 0;
-      timing[k].energy_mj += e1 - e0;
     }
+  }
+  // Energy: NVML's counter moves in steps coarser than one decode step, so each model runs a
+  // stretch of steps of its own (≥ 0.25 s) between two readings. Reported per timed step.
+  for (int k = 0; k < n_models; ++k) {
+    const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(250.0 / timing[k].median()), 1, kEnergySteps);
+    const double e0 = energy.millijoules();
+    for (int64_t s = 0; s < n; ++s) models[k]->decode_batch(next);
+    const double e1 = energy.millijoules();
+    timing[k].energy_known = e0 >= 0 && e1 >= 0;
+    timing[k].energy_mj = (e1 - e0) * static_cast<double>(timing[k].ms.size()) / static_cast<double>(n);
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
