@@ -17,9 +17,10 @@ struct CliResult {
   std::string out;
 };
 
-CliResult run_cli(const std::string& args) {
+// stdout of the CLI (and stderr too with `with_stderr`).
+CliResult run_cli(const std::string& args, bool with_stderr = false) {
   CliResult r;
-  FILE* p = popen((std::string(TWELL_CLI_PATH) + " " + args + " 2>/dev/null").c_str(), "r");
+  FILE* p = popen((std::string(TWELL_CLI_PATH) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
   char buf[4096];
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
@@ -62,6 +63,25 @@ TEST_F(CliModel, EvalPrintsPerplexity) {
   ASSERT_EQ(s.status, 0) << s.out;
   EXPECT_NE(s.out.find("nnz/token"), std::string::npos) << s.out;
   EXPECT_NE(s.out.find("\nmean "), std::string::npos) << s.out;
+}
+
+TEST_F(CliModel, DeviceSelection) {
+  const std::string args = "run " + dir_ + " --byte-tokenizer --no-stop -p 'hi' -n 5";
+  const CliResult cpu = run_cli(args + " --device cpu", true);
+  EXPECT_EQ(cpu.status, 0) << cpu.out;
+  EXPECT_NE(cpu.out.find("backend: CPU reference"), std::string::npos) << cpu.out;
+  EXPECT_NE(run_cli(args + " --device tpu").status, 0);
+  EXPECT_NE(run_cli(args + " --ffn sometimes").status, 0);
+  // On a machine without a Hopper GPU (CI), asking for one fails and says why; with one, it runs.
+  const CliResult gpu = run_cli(args + " --device cuda", true);
+  if (gpu.status != 0) {
+    EXPECT_NE(gpu.out.find("--device cuda"), std::string::npos) << gpu.out;
+  }
+  // --sparsity needs the CPU backend: with --device auto it picks it by itself.
+  const std::string text = path("t.txt");
+  std::ofstream(text) << "sparsity statistics come from the CPU backend";
+  EXPECT_EQ(run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --sparsity").status, 0);
+  EXPECT_NE(run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --sparsity --device cuda").status, 0);
 }
 
 TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {

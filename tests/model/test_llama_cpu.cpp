@@ -444,6 +444,21 @@ TEST_F(LlamaCpuTest, PerplexityIsExpOfMeanNll) {
   EXPECT_NEAR(p.perplexity, std::exp(nll), 1e-8 * std::exp(nll));
 }
 
+TEST_F(LlamaCpuTest, PerplexityFromLogitsMatchesTheModelAndChecksShapes) {
+  const LlamaCpu model = tiny();
+  const io::ModelConfig& c = model.config();
+  const std::vector<int32_t> tokens = {1, 5, 9, 2, 7, 7, 3};
+  const Perplexity a = perplexity(model, tokens);
+  const Perplexity b = perplexity_from_logits(model.logits(tokens), tokens);
+  EXPECT_EQ(a.predictions, 6);
+  EXPECT_DOUBLE_EQ(a.mean_nll, b.mean_nll);
+  const Tensor logits = model.logits(tokens);
+  EXPECT_THROW(perplexity_from_logits(logits, {1, 5, 9}), Error);  // rows != tokens
+  std::vector<int32_t> bad = tokens;
+  bad.back() = static_cast<int32_t>(c.vocab_size);
+  EXPECT_THROW(perplexity_from_logits(logits, bad), Error);  // next token outside the vocabulary
+}
+
 // ---- parity with HuggingFace transformers ----------------------------------------------------
 std::string fixture_dir(const std::string& name) {
   return (std::filesystem::path(__FILE__).parent_path() / "data" / "llama" / name).string();
