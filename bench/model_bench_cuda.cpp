@@ -286,19 +286,23 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, int64_
 constexpr double kDenseTolerance = 5e-2;
 bool twell_ok(double twell, double dense) { return twell >= 0 && twell <= 2 * dense + 1e-3; }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? NAN : v[v.size() / 2];
+}
+
 struct Timing {
   std::vector<double> ms;
   double energy_mj = 0;
   bool energy_known = true;
-  double median() const {
-    std::vector<double> v = ms;
-    std::sort(v.begin(), v.end());
-    return v.empty() ? NAN : v[v.size() / 2];
-  }
+  double median() const { return median_of(ms); }
 };
 
+// One record; `err` and `dense_err` are the CPU check's relative errors of this implementation
+// and of the dense one, `dense_ms` the dense median of the same run.
 BenchRecord record(const char* bench, const char* impl, const ModelBenchConfig& cfg, int64_t tokens,
-                   const Timing& t, double tokens_per_run, size_t mem, const Calibration& cal) {
+                   const Timing& t, double tokens_per_run, size_t mem, const Calibration& cal, double dense_ms,
+                   double dense_err, double err) {
   BenchRecord r;
   r.bench = bench;
   r.impl = impl;
@@ -317,6 +321,11 @@ BenchRecord record(const char* bench, const char* impl, const ModelBenchConfig& 
   r.tokens_per_ms = tokens_per_run / r.ms_median;
   r.peak_mem_bytes = static_cast<int64_t>(mem);
   if (t.energy_known) r.energy_mj_per_token = t.energy_mj / (tokens_per_run * static_cast<double>(t.ms.size()));
+  r.ratio_to_dense = r.ms_median / dense_ms;
+  r.dense_rel_err = dense_err;
+  r.rel_err = err;
+  const bool dense = std::string(impl) == "dense";
+  r.correct = dense_err >= 0 && dense_err <= kDenseTolerance && (dense || twell_ok(err, dense_err));
   r.commit = TWELL_GIT_SHA;
   r.command = cfg.command;
   return r;
@@ -394,12 +403,8 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   const double dense_ms = timing[0].median();
   for (int k = 0; k < 2; ++k) {
     BenchRecord r = record("model_prefill", names[k], cfg, T, timing[k], double(T),
-                           w->bytes() + models[k]->workspace_bytes(), cal);
-    r.ratio_to_dense = r.ms_median / dense_ms;
-    r.dense_rel_err = check.prefill_dense;
-    r.rel_err = k == 0 ? check.prefill_dense : check.prefill_twell;
-    r.correct = check.prefill_dense >= 0 && check.prefill_dense <= kDenseTolerance &&
-                (k == 0 || twell_ok(check.prefill_twell, check.prefill_dense));
+                           w->bytes() + models[k]->workspace_bytes(), cal, dense_ms, check.prefill_dense,
+                           k == 0 ? check.prefill_dense : check.prefill_twell);
     std::snprintf(line, sizeof line, "twell vs dense final hidden state rel err %.2e (full size); sparse layers %d/%lld",
                   agreement, sparse_layers, static_cast<long long>(cfg.layers));
     r.note = line;
@@ -449,22 +454,14 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     timing[k].energy_known = e0 >= 0 && e1 >= 0;
     timing[k].energy_mj = (e1 - e0) * static_cast<double>(timing[k].ms.size()) / static_cast<double>(n);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   const char* names[3] = {"dense", "twell", "twell_gather"};
   const double dense_ms = timing[0].median();
   for (int k = 0; k < n_models; ++k) {
     BenchRecord r = record("model_decode", names[k], cfg, B, timing[k], double(B),
-                           w->bytes() + models[k]->workspace_bytes(), cal);
-    r.ratio_to_dense = r.ms_median / dense_ms;
-    r.dense_rel_err = check.decode_dense;
-    r.rel_err = k == 0 ? check.decode_dense : check.decode_twell;
-    r.correct = check.decode_dense >= 0 && check.decode_dense <= kDenseTolerance &&
-                (k == 0 || twell_ok(check.decode_twell, check.decode_dense));
+                           w->bytes() + models[k]->workspace_bytes(), cal, dense_ms, check.decode_dense,
+                           k == 0 ? check.decode_dense : check.decode_twell);
     char gpu[64];
-    std::snprintf(gpu, sizeof gpu, "; GPU %.3f ms/step", median(gpu_ms[k]));
+    std::snprintf(gpu, sizeof gpu, "; GPU %.3f ms/step", median_of(gpu_ms[k]));
     r.note = "batch " + std::to_string(B) + ", context " + std::to_string(cfg.context) +
              ", per step: tokens up, graph replay, logits down" + gpu +
              (k == 2 ? "; FFN through the gather path" : k == 1 ? "; decode FFN dense (default)" : "");
@@ -472,11 +469,11 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   }
   char line[200];
   std::snprintf(line, sizeof line, "decode batch %lld: dense %.3f ms/step (GPU %.3f), twell %.3f (GPU %.3f)",
-                static_cast<long long>(B), timing[0].median(), median(gpu_ms[0]), timing[1].median(),
-                median(gpu_ms[1]));
+                static_cast<long long>(B), timing[0].median(), median_of(gpu_ms[0]), timing[1].median(),
+                median_of(gpu_ms[1]));
   progress << line;
   if (n_models == 3) {
-    std::snprintf(line, sizeof line, ", twell_gather %.3f (GPU %.3f)", timing[2].median(), median(gpu_ms[2]));
+    std::snprintf(line, sizeof line, ", twell_gather %.3f (GPU %.3f)", timing[2].median(), median_of(gpu_ms[2]));
     progress << line;
   }
   progress << "\n";
