@@ -46,30 +46,49 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ x, const uint16_t* __rest
     o[i] = float_to_bf16_bits(bf16_bits_to_float(w[i]) * (xr[i] * inv));
 }
 
-// One block per token; thread j < (nh + nkv)·hd/2 rotates one pair of one head of q or k.
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f[2 * i] = bits_float(w[i] << 16), f[2 * i + 1] = bits_float(w[i] & 0xffff0000u);
+}
+
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = static_cast<uint32_t>(float_to_bf16_bits(f[2 * i])) |
+           (static_cast<uint32_t>(float_to_bf16_bits(f[2 * i + 1])) << 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// One block per token; a thread rotates 8 pairs (i, i + hd/2) of one head of q or k with 16-byte
+// accesses (hd % 16 == 0), then the block copies v.
 __global__ void rope_kv_kernel(const RopeKvArgs a) {
   const int64_t t = blockIdx.x, b = t / a.S, pos = *a.p0 + t % a.S;
-  const int half = a.hd / 2, qkv_dim = (a.nh + 2 * a.nkv) * a.hd, kv_dim = a.nkv * a.hd;
+  const int half = a.hd / 2, chunks = half / 8, qkv_dim = (a.nh + 2 * a.nkv) * a.hd, kv_dim = a.nkv * a.hd;
   uint16_t* row = a.qkv + t * qkv_dim;
   const int64_t cache_row = (b * a.max_context + pos) * kv_dim;
   const float* cs = a.cos_sin + pos * a.hd;  // [cos · hd/2, sin · hd/2]
-  for (int j = threadIdx.x; j < (a.nh + a.nkv) * half; j += blockDim.x) {
-    const int head = j / half, i = j % half;
-    const float c = cs[i], s = cs[half + i];
-    const float x0 = bf16_bits_to_float(row[head * a.hd + i]);
-    const float x1 = bf16_bits_to_float(row[head * a.hd + i + half]);
-    const uint16_t r0 = float_to_bf16_bits(x0 * c - x1 * s), r1 = float_to_bf16_bits(x1 * c + x0 * s);
-    if (head < a.nh) {
-      row[head * a.hd + i] = r0;
-      row[head * a.hd + i + half] = r1;
-    } else {
-      const int64_t k = cache_row + (head - a.nh) * a.hd;
-      a.k_cache[k + i] = r0;
-      a.k_cache[k + i + half] = r1;
-    }
+  for (int j = threadIdx.x; j < (a.nh + a.nkv) * chunks; j += blockDim.x) {
+    const int head = j / chunks, i = (j % chunks) * 8;
+    uint16_t* src = row + head * a.hd + i;
+    float x0[8], x1[8], r0[8], r1[8];
+    unpack8(*reinterpret_cast<const uint4*>(src), x0);
+    unpack8(*reinterpret_cast<const uint4*>(src + half), x1);
+    const float4 c_lo = *reinterpret_cast<const float4*>(cs + i), c_hi = *reinterpret_cast<const float4*>(cs + i + 4);
+    const float4 s_lo = *reinterpret_cast<const float4*>(cs + half + i);
+    const float4 s_hi = *reinterpret_cast<const float4*>(cs + half + i + 4);
+    const float c[8] = {c_lo.x, c_lo.y, c_lo.z, c_lo.w, c_hi.x, c_hi.y, c_hi.z, c_hi.w};
+    const float s[8] = {s_lo.x, s_lo.y, s_lo.z, s_lo.w, s_hi.x, s_hi.y, s_hi.z, s_hi.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r0[e] = x0[e] * c[e] - x1[e] * s[e], r1[e] = x1[e] * c[e] + x0[e] * s[e];
+    uint16_t* dst = head < a.nh ? src : a.k_cache + cache_row + (head - a.nh) * a.hd + i;
+    *reinterpret_cast<uint4*>(dst) = pack8(r0);
+    *reinterpret_cast<uint4*>(dst + half) = pack8(r1);
   }
-  const uint16_t* v = row + (a.nh + a.nkv) * a.hd;
-  for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) a.v_cache[cache_row + j] = v[j];
+  const uint4* v = reinterpret_cast<const uint4*>(row + (a.nh + a.nkv) * a.hd);
+  uint4* vc = reinterpret_cast<uint4*>(a.v_cache + cache_row);
+  for (int j = threadIdx.x; j < kv_dim / 8; j += blockDim.x) vc[j] = v[j];
 }
 
 __global__ void silu_mul_kernel(const uint16_t* __restrict__ g, const uint16_t* __restrict__ u,
@@ -120,7 +139,7 @@ void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint
 }
 
 void launch_rope_kv(const RopeKvArgs& a, cudaStream_t stream) {
-  TWELL_CHECK(a.hd % 2 == 0, "rope: head_dim ", a.hd, " is odd");
+  TWELL_CHECK(a.hd % 16 == 0, "rope: head_dim ", a.hd, " is not a multiple of 16");
   if (a.T == 0) return;
   rope_kv_kernel<<<static_cast<unsigned>(a.T), 256, 0, stream>>>(a);
   TWELL_CUDA_CHECK(cudaGetLastError());
