@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""Plots `twell bench ffn` JSON records: time relative to the dense baseline against activation
-density, one panel per token count, one line per implementation and distribution.
+"""Plots `twell bench` JSON records.
+
+`twell bench ffn`: time relative to the dense baseline against activation density, one panel per
+token count, one line per implementation and distribution.
+`twell bench model`: prefill throughput and decode step time per implementation, and each
+relative to dense.
 
     python3 bench/plot.py bench/results/h200/ffn.json -o bench/results/h200/ffn.png
+    python3 bench/plot.py bench/results/h200/model.json -o bench/results/h200/model.png
 
 Needs matplotlib (pip install matplotlib).
 """
@@ -22,7 +27,10 @@ def main():
     ap.add_argument("-o", "--output", required=True, help="PNG to write")
     args = ap.parse_args()
 
-    records = [r for path in args.json for r in json.load(open(path)) if r.get("bench") == "ffn"]
+    all_records = [r for path in args.json for r in json.load(open(path))]
+    if any(r.get("bench", "").startswith("model_") for r in all_records):
+        return plot_model([r for r in all_records if r.get("bench", "").startswith("model_")], args.output)
+    records = [r for r in all_records if r.get("bench") == "ffn"]
     shapes = sorted({(r["H"], r["I"], r["M"]) for r in records})
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), squeeze=False, sharey=True)
     for ax, (H, I, M) in zip(axes[0], shapes):
@@ -46,6 +54,50 @@ def main():
     fig.suptitle(f"twell bench ffn on {gpu}: forward time relative to dense", fontsize=10)
     fig.tight_layout()
     fig.savefig(args.output, dpi=110)
+
+
+def plot_model(records, output):
+    impls = ["dense", "twell", "twell_gather"]
+    colors = {"dense": "tab:grey", "twell": "tab:blue", "twell_gather": "tab:orange"}
+    ok = [r for r in records if r["correct"] and r["ms_median"] is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+
+    prefill = [r for r in ok if r["bench"] == "model_prefill"]
+    ax = axes[0]
+    present = [impl for impl in impls if any(r["impl"] == impl for r in prefill)]
+    for i, impl in enumerate(present):
+        r = next(r for r in prefill if r["impl"] == impl)
+        ax.bar(i, r["tokens_per_ms"], color=colors[impl])
+        ax.text(i, r["tokens_per_ms"], f"{r['tokens_per_ms']:.1f} ({r['ratio_to_dense']:.3f}x)", ha="center",
+                va="bottom", fontsize=8)
+    ax.set_xticks(range(len(present)), present)
+    ax.margins(y=0.12)
+    ax.set_ylabel("prefill tokens / ms (higher is faster)")
+    if prefill:
+        r = prefill[0]
+        ax.set_title(f"prefill {r['M']} tokens, {r['layers']} layers", fontsize=9)
+
+    decode = [r for r in ok if r["bench"] == "model_decode"]
+    ax = axes[1]
+    batches = sorted({r["M"] for r in decode})
+    width = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        xs, ys = [], []
+        for j, b in enumerate(batches):
+            rs = [r for r in decode if r["impl"] == impl and r["M"] == b]
+            if rs:
+                xs.append(j + (i - 1) * width)
+                ys.append(rs[0]["ratio_to_dense"])
+        ax.bar(xs, ys, width=width, color=colors[impl], label=impl)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+    ax.set_ylabel("decode step time / dense (lower is faster)")
+    ax.set_title("decode, one step (graph replay + copies)", fontsize=9)
+    ax.legend(fontsize=8)
+    gpu = records[0]["gpu"] if records else ""
+    fig.suptitle(f"twell bench model on {gpu}: dense vs twell FFN", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(output, dpi=110)
 
 
 if __name__ == "__main__":
