@@ -32,8 +32,25 @@ struct FfnForward::Impl {
   DeviceBuffer counters, sample_count;
   Counters* host = nullptr;                // pinned mirror of counters
   unsigned long long* host_sample = nullptr;  // pinned mirror of sample_count
-  cudaEvent_t counts_ready = nullptr, sample_ready = nullptr;
-  bool counts_pending = false, sample_pending = false;
+
+  // A device-to-host copy in flight, marked by an event recorded after it.
+  struct Readback {
+    cudaEvent_t ready = nullptr;
+    bool pending = false;
+    void record(cudaStream_t stream) {
+      TWELL_CUDA_CHECK(cudaEventRecord(ready, stream));
+      pending = true;
+    }
+    // True (once) when the copy has landed; waits for it if `wait`.
+    bool arrived(bool wait) {
+      if (!pending) return false;
+      if (wait) TWELL_CUDA_CHECK(cudaEventSynchronize(ready));
+      else if (cudaEventQuery(ready) != cudaSuccess) return false;
+      pending = false;
+      return true;
+    }
+  };
+  Readback counts, sample;
   int64_t sample_rows = 0;       // rows the pending sample covers
   FfnStats stats;
   double previous_density = -1;  // sampled by an earlier call; -1 before any
@@ -63,14 +80,14 @@ struct FfnForward::Impl {
     sample_count = DeviceBuffer(sizeof(unsigned long long));
     TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), sizeof(Counters)));
     TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_sample), sizeof(unsigned long long)));
-    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
-    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&sample_ready, cudaEventDisableTiming));
+    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counts.ready, cudaEventDisableTiming));
+    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&sample.ready, cudaEventDisableTiming));
   }
   ~Impl() {
     if (host) cudaFreeHost(host);
     if (host_sample) cudaFreeHost(host_sample);
-    if (counts_ready) cudaEventDestroy(counts_ready);
-    if (sample_ready) cudaEventDestroy(sample_ready);
+    if (counts.ready) cudaEventDestroy(counts.ready);
+    if (sample.ready) cudaEventDestroy(sample.ready);
   }
   Counters* dev() const { return counters.as<Counters>(); }
 
@@ -95,6 +112,18 @@ struct FfnForward::Impl {
     check(w.wd, {I, H}, "FfnForward: wd");
   }
 
+  // Inside CUDA graph capture nothing may come back to the host: dispatch must be fixed and the
+  // non-zero count off (the model's decode steps run that way).
+  void check_capture(cudaStream_t stream) const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+    if (status == cudaStreamCaptureStatusNone) return;
+    const bool fixed = options.dispatch == Dispatch::always_sparse || options.dispatch == Dispatch::always_dense;
+    TWELL_CHECK(fixed && !options.count_nonzeros,
+                "FfnForward: inside CUDA graph capture the density cannot be read back on the host; use "
+                "dispatch always_sparse or always_dense with count_nonzeros = false");
+  }
+
   // View of the TwELL workspace for M tokens (the arrays are sized for max_tokens).
   TwellDeviceView act_view(int64_t M) const {
     TwellDeviceView v = act.view();
@@ -112,16 +141,12 @@ struct FfnForward::Impl {
     TWELL_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned long long), stream));
     launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sample_rows, d, stream);
     TWELL_CUDA_CHECK(cudaMemcpyAsync(host_sample, d, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
-    TWELL_CUDA_CHECK(cudaEventRecord(sample_ready, stream));
-    sample_pending = true;
+    sample.record(stream);
   }
 
   // Updates previous_density from the pending sample if it has arrived (or waits for it).
   void collect_sample(bool wait) {
-    if (!sample_pending) return;
-    if (wait) TWELL_CUDA_CHECK(cudaEventSynchronize(sample_ready));
-    else if (cudaEventQuery(sample_ready) != cudaSuccess) return;
-    sample_pending = false;
+    if (!sample.arrived(wait)) return;
     previous_density = double(*host_sample) / double(sample_rows * shape.ffn);
   }
 
@@ -145,8 +170,7 @@ struct FfnForward::Impl {
     TWELL_CUDA_CHECK(cudaMemcpyAsync(&dev()->spilled_tiles, act.view().n_backup, sizeof(uint32_t),
                                      cudaMemcpyDeviceToDevice, stream));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(host, counters.get(), sizeof(Counters), cudaMemcpyDeviceToHost, stream));
-    TWELL_CUDA_CHECK(cudaEventRecord(counts_ready, stream));
-    counts_pending = true;
+    counts.record(stream);
   }
 
   void run_gather(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {
@@ -166,10 +190,7 @@ struct FfnForward::Impl {
 
   // Reads the counts of the last sparse call if they are available (or waits for them).
   void collect_counts(bool wait) {
-    if (!counts_pending) return;
-    if (wait) TWELL_CUDA_CHECK(cudaEventSynchronize(counts_ready));
-    else if (cudaEventQuery(counts_ready) != cudaSuccess) return;
-    counts_pending = false;
+    if (!counts.arrived(wait)) return;
     // The backup is sized for every tile to spill, so this is a broken invariant, not user error.
     TWELL_CHECK(host->overflow == 0, "FfnForward: TwELL backup overflowed (internal error)");
     unsigned long long nnz = 0;
@@ -183,8 +204,9 @@ struct FfnForward::Impl {
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
     const auto* xp = static_cast<const uint16_t*>(x.data);
     auto* yp = static_cast<uint16_t*>(y.data);
+    check_capture(stream);
     collect_counts(false);   // the previous call's density, if it has arrived;
-    counts_pending = false;  // if not, it is dropped (its mirror is about to be overwritten)
+    counts.pending = false;  // if not, it is dropped (its mirror is about to be overwritten)
     stats = FfnStats{};
     stats.tokens = M;
     if (M == 0) return;  // nothing to compute (and no density to sample)

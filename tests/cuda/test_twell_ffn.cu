@@ -191,6 +191,44 @@ TEST(FfnForwardGpuDispatch, PreviousLagsOneCallAndFewTokensGoDense) {
   EXPECT_EQ(small.last_stats().path, cuda::FfnPath::dense);
 }
 
+TEST(FfnForwardGpuEdges, GraphCaptureNeedsFixedDispatchAndReplaysExactly) {
+  TWELL_REQUIRE_HOPPER();
+  GpuProblem p = make_problem(5, 256, 1024, 0.01);
+  cudaStream_t stream = nullptr;
+  TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+
+  // The default (dispatch on the previous call's sample) reads back on the host: refused.
+  cuda::FfnForward dispatched({5, 256, 1024, true});
+  TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  EXPECT_THROW(dispatched.forward(p.x, p.w(), p.y, stream), Error);
+  TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  if (graph) cudaGraphDestroy(graph);
+
+  for (int64_t gather : {0, 256}) {  // TwELL and the gather path
+    cuda::FfnOptions o;
+    o.dispatch = Dispatch::always_sparse;
+    o.count_nonzeros = false;
+    o.gather_max_tokens = gather;
+    cuda::FfnForward ffn({5, 256, 1024, true}, o);
+    ffn.forward(p.x, p.w(), p.y, stream);  // eager
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const Tensor eager = p.y.download();
+    TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    ffn.forward(p.x, p.w(), p.y, stream);
+    TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    TWELL_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, stream);
+    for (int i = 0; i < 3; ++i) TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_TRUE(test::bit_equal(p.y.download(), eager)) << "gather up to " << gather;
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
 TEST(FfnForwardGpuEdges, EmptyBatchIsANoOp) {
   TWELL_REQUIRE_HOPPER();
   GpuProblem p = make_problem(4, 128, 256, 0.05);

@@ -13,7 +13,8 @@
 // to 1024 rows of g (a few MB read). `Dispatch::observe` waits for that count (one stream
 // synchronisation per call); `previous` (the default) decides on the sample of the previous call
 // and reads this call's sample on the next one, so only its first call synchronises. Both paths
-// are exact: dispatch only decides speed.
+// are exact: dispatch only decides speed. Inside CUDA graph capture, forward() needs dispatch
+// always_sparse or always_dense and count_nonzeros = false (it throws otherwise).
 #pragma once
 
 #include <cuda_runtime_api.h>
