@@ -3,10 +3,10 @@
 // Prefill (S new tokens per sequence, S ≥ 1): a flash-attention kernel on the tensor cores
 // (mma.sync m16n8k16 bf16, fp32 accumulation; K and V fragments through ldmatrix). A block of 4
 // warps owns 128 query rows of one head of one sequence (64 at head_dim 128); each warp owns 32
-// (16) rows. Key/value tiles
-// of 64 rows stream through shared memory with cp.async, double-buffered. S = Q Kᵀ stays in registers, the online softmax runs in
-// the exp2 domain, P is rounded to bf16 (as every flash-attention kernel does) and feeds the P V
-// product straight from the accumulator registers.
+// (16) rows. Key/value tiles of 64 rows stream through shared memory with cp.async, three in
+// flight (two at head_dim 128). S = Q Kᵀ stays in registers, the online softmax runs in the exp2
+// domain, P is rounded to bf16 (as every flash-attention kernel does) and feeds the P V product
+// straight from the accumulator registers.
 //
 // Decode (one new token per sequence): split over the cached keys. Each block takes one query head
 // and one range of keys, lanes in groups of hd/8 hold one key each (16-byte loads), and a second
@@ -66,6 +66,14 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return static_cast<uint32_t>(float_to_bf16_bits(lo)) | (static_cast<uint32_t>(float_to_bf16_bits(hi)) << 16);
 }
 
+// 2^x with one MUFU instruction (exp2f adds range handling we do not need: arguments are ≤ 0,
+// and −∞ or results below the normal range give 0, as softmax wants).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 // Copies rows [row0, row0 + n) of a [*, HD] matrix (row stride `ld` elements) into a padded
@@ -81,13 +89,14 @@ __device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, i
 }
 
 // MT m-tiles of 16 rows per warp: each K/V fragment read from shared memory feeds MT mma.
-template <int HD, int MT>
+// STAGES K/V tiles in flight (cp.async ring).
+template <int HD, int MT, int STAGES>
 __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const AttentionArgs a) {
   constexpr int kRows = 4 * 16 * MT, kPitch = HD + 8, kTile = kKeys * kPitch;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* qs = smem;                     // [kRows][kPitch]
-  uint16_t* ks = smem + kRows * kPitch;    // [2][kKeys][kPitch]
-  uint16_t* vs = ks + 2 * kTile;           // [2][kKeys][kPitch]
+  uint16_t* ks = smem + kRows * kPitch;    // [STAGES][kKeys][kPitch]
+  uint16_t* vs = ks + STAGES * kTile;      // [STAGES][kKeys][kPitch]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int s0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
@@ -101,10 +110,17 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
   const int kv_end = p0 + min(s0 + kRows, a.S);                  // keys any row of this block sees
   const int n_tiles = (kv_end + kKeys - 1) / kKeys;
 
+  // Commit groups: the first holds Q and tile 0, then one group per tile (empty past the last),
+  // so that before tile i is used exactly STAGES − 1 newer groups may still be in flight.
   load_tile<HD, kRows>(qs, q, q_ld, s0, a.S);
-  load_tile<HD, kKeys>(ks, k, kv_ld, 0, kv_valid);
-  load_tile<HD, kKeys>(vs, v, kv_ld, 0, kv_valid);
-  cp_async_commit();
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < n_tiles) {
+      load_tile<HD, kKeys>(ks + i * kTile, k, kv_ld, i * kKeys, kv_valid);
+      load_tile<HD, kKeys>(vs + i * kTile, v, kv_ld, i * kKeys, kv_valid);
+    }
+    cp_async_commit();
+  }
 
   // This thread's rows: warp_row0 + m·16 + g (+ 8). Rows past S compute harmlessly, unstored.
   const int warp_row0 = s0 + warp * 16 * MT;
@@ -117,13 +133,14 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
   for (int m = 0; m < MT; ++m) m_run[m][0] = m_run[m][1] = -FLT_MAX, l_run[m][0] = l_run[m][1] = 0.f;
 
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int buf = tile & 1;
-    if (tile + 1 < n_tiles) {  // prefetch the next tile into the other buffer
-      load_tile<HD, kKeys>(ks + (buf ^ 1) * kTile, k, kv_ld, (tile + 1) * kKeys, kv_valid);
-      load_tile<HD, kKeys>(vs + (buf ^ 1) * kTile, v, kv_ld, (tile + 1) * kKeys, kv_valid);
+    const int buf = tile % STAGES;
+    const int ahead = tile + STAGES - 1;  // prefetch into the slot the previous tile used
+    if (ahead < n_tiles) {
+      load_tile<HD, kKeys>(ks + (ahead % STAGES) * kTile, k, kv_ld, ahead * kKeys, kv_valid);
+      load_tile<HD, kKeys>(vs + (ahead % STAGES) * kTile, v, kv_ld, ahead * kKeys, kv_valid);
     }
     cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<STAGES - 1>();
     __syncthreads();
     if (tile == 0) {
 #pragma unroll
@@ -161,19 +178,23 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
     }
 
     // Causal mask (only where the tile reaches past this warp's first row) and online softmax,
-    // base 2. Key of s[m][n][j]: tile·64 + n·8 + 2t + (j & 1); row: warp_row0 + m·16 + g + 8·(j/2).
+    // base 2: p = 2^(s·scale − m) with m the running row maximum of s·scale, one FFMA and one
+    // MUFU per score. Key of s[m][n][j]: tile·64 + n·8 + 2t + (j & 1); row: warp_row0 + m·16 +
+    // g + 8·(j/2).
     const int key0 = tile * kKeys;
     const bool masked = key0 + kKeys - 1 > p0 + warp_row0;
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-      float mx[2] = {m_run[m][0], m_run[m][1]};
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n) {
+        if (masked) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int key = key0 + n * 8 + 2 * t + (j & 1);
-          const int pos = p0 + warp_row0 + m * 16 + g + 8 * (j / 2);
-          s[m][n][j] = !masked || key <= pos ? s[m][n][j] * scale : -INFINITY;
+          for (int j = 0; j < 4; ++j) {
+            const int key = key0 + n * 8 + 2 * t + (j & 1);
+            const int pos = p0 + warp_row0 + m * 16 + g + 8 * (j / 2);
+            if (key > pos) s[m][n][j] = -INFINITY;
+          }
         }
         mx[0] = fmaxf(mx[0], fmaxf(s[m][n][0], s[m][n][1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[m][n][2], s[m][n][3]));
@@ -183,13 +204,16 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
         mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], off));
         mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], off));
       }
-      const float c0 = exp2f(m_run[m][0] - mx[0]), c1 = exp2f(m_run[m][1] - mx[1]);
-      m_run[m][0] = mx[0], m_run[m][1] = mx[1];
+      // New running maxima in scaled units (scale > 0 commutes with max). A row whose keys are
+      // all masked so far keeps −FLT_MAX: its p are 0 and its correction is 1.
+      const float n0 = fmaxf(m_run[m][0], mx[0] * scale), n1 = fmaxf(m_run[m][1], mx[1] * scale);
+      const float c0 = fast_exp2(m_run[m][0] - n0), c1 = fast_exp2(m_run[m][1] - n1);
+      m_run[m][0] = n0, m_run[m][1] = n1;
       float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n) {
-        s[m][n][0] = exp2f(s[m][n][0] - mx[0]), s[m][n][1] = exp2f(s[m][n][1] - mx[0]);
-        s[m][n][2] = exp2f(s[m][n][2] - mx[1]), s[m][n][3] = exp2f(s[m][n][3] - mx[1]);
+        s[m][n][0] = fast_exp2(fmaf(s[m][n][0], scale, -n0)), s[m][n][1] = fast_exp2(fmaf(s[m][n][1], scale, -n0));
+        s[m][n][2] = fast_exp2(fmaf(s[m][n][2], scale, -n1)), s[m][n][3] = fast_exp2(fmaf(s[m][n][3], scale, -n1));
         sum0 += s[m][n][0] + s[m][n][1];
         sum1 += s[m][n][2] + s[m][n][3];
       }
@@ -223,7 +247,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
         }
       }
     }
-    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+    __syncthreads();  // this slot is refilled by the next iteration's prefetch
   }
   cp_async_wait<0>();
 
@@ -341,18 +365,19 @@ __global__ void decode_combine_kernel(const AttentionArgs a, const float* __rest
 
 template <int HD>
 void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
-  constexpr int MT = HD <= 64 ? 2 : 1;  // registers: 128-wide heads keep one m-tile per warp
+  constexpr int MT = HD <= 64 ? 2 : 1;      // registers: 128-wide heads keep one m-tile per warp
+  constexpr int STAGES = HD <= 64 ? 3 : 2;  // shared memory: 128-wide heads keep two tiles
   constexpr int kRows = 4 * 16 * MT, kPitch = HD + 8;
-  const int smem = (kRows + 4 * kKeys) * kPitch * 2;
+  const int smem = (kRows + 2 * STAGES * kKeys) * kPitch * 2;
   static bool configured = false;  // the attribute is per kernel, set once per process
   if (!configured) {
-    TWELL_CUDA_CHECK(
-        cudaFuncSetAttribute(flash_prefill_kernel<HD, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    TWELL_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<HD, MT, STAGES>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
   const dim3 grid(static_cast<unsigned>((a.S + kRows - 1) / kRows), static_cast<unsigned>(a.nh),
                   static_cast<unsigned>(a.B));
-  flash_prefill_kernel<HD, MT><<<grid, kThreads, smem, stream>>>(a);
+  flash_prefill_kernel<HD, MT, STAGES><<<grid, kThreads, smem, stream>>>(a);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
