@@ -149,6 +149,7 @@ struct LlamaCuda::Impl {
   int64_t last_tokens = 0;
   std::vector<FfnPath> paths;
   std::map<int64_t, cudaGraphExec_t> graphs;   // decode step per batch size
+  std::map<int64_t, std::vector<FfnPath>> graph_paths;  // the FFN paths each graph runs
   std::map<int64_t, int> eager_steps;          // decode steps run before capture, per batch size
   cudaEvent_t gpu_begin = nullptr, gpu_end = nullptr;  // around the device work of the last call
 
@@ -158,12 +159,10 @@ struct LlamaCuda::Impl {
     nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
     q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim;
     relu = c.hidden_act == "relu";
-    TWELL_CHECK(relu || c.hidden_act == "silu", "LlamaCuda: hidden_act must be relu or silu, got ", c.hidden_act);
+    std::string why;
+    TWELL_CHECK(LlamaCuda::supports(c, &why), "LlamaCuda: this runtime does not take ", why);
     TWELL_CHECK(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
                 " layers, config has ", L);
-    check_attention(hd);
-    TWELL_CHECK(H % 8 == 0 && I % 8 == 0, "LlamaCuda: hidden_size and intermediate_size must be multiples of 8, got ",
-                H, " and ", I);
     if (o.max_context == 0) o.max_context = c.max_position_embeddings;
     TWELL_CHECK(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
                 o.max_context, " must lie in [1, max_position_embeddings = ", c.max_position_embeddings, "]");
@@ -171,9 +170,10 @@ struct LlamaCuda::Impl {
     if (o.max_tokens == 0) o.max_tokens = o.max_batch * o.max_context;
     TWELL_CHECK(o.max_tokens >= o.max_batch, "LlamaCuda: max_tokens ", o.max_tokens, " is below max_batch ",
                 o.max_batch);
-    TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    TWELL_CUDA_CHECK(cudaEventCreate(&gpu_begin));
-    TWELL_CUDA_CHECK(cudaEventCreate(&gpu_end));
+    // h_fp32 exists on FfnForward's sparse paths only: FfnMode::dense and the dense decode FFN
+    // could not honour it.
+    TWELL_CHECK(o.ffn_options.precision == Precision::bf16,
+                "LlamaCuda: ffn_options.precision must be Precision::bf16 (h_fp32 exists on the sparse FFN paths only)");
 
     const int64_t T = o.max_tokens;
     tokens = DeviceBuffer(static_cast<size_t>(T) * 4);
@@ -225,6 +225,10 @@ struct LlamaCuda::Impl {
       }
     cos_sin = DeviceBuffer(table.size() * 4);
     TWELL_CUDA_CHECK(cudaMemcpy(cos_sin.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    // Last: if anything above throws, ~Impl does not run, and only the buffers (RAII) are freed.
+    TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    TWELL_CUDA_CHECK(cudaEventCreate(&gpu_begin));
+    TWELL_CUDA_CHECK(cudaEventCreate(&gpu_end));
   }
 
   ~Impl() {
@@ -250,12 +254,15 @@ struct LlamaCuda::Impl {
                   " is outside the vocabulary [0, ", V, ")");
   }
 
-  void check_call(int64_t B, int64_t S) const {
+  // `fresh`: the call starts at position 0 (prefill, logits), whatever the cache holds now.
+  void check_call(int64_t B, int64_t S, bool fresh = false) const {
+    const int64_t start = fresh ? 0 : len;
     TWELL_CHECK(B >= 1 && S >= 1, "LlamaCuda: need at least one sequence of one token, got ", B, " × ", S);
     TWELL_CHECK(B <= o.max_batch, "LlamaCuda: ", B, " sequences exceed max_batch ", o.max_batch);
     TWELL_CHECK(B * S <= o.max_tokens, "LlamaCuda: ", B * S, " tokens exceed max_tokens ", o.max_tokens);
-    TWELL_CHECK(len + S <= o.max_context, "LlamaCuda: ", len + S, " positions exceed the context of ", o.max_context);
-    TWELL_CHECK(len == 0 || B == batch, "LlamaCuda: the cache holds ", batch, " sequences, got ", B);
+    TWELL_CHECK(start + S <= o.max_context, "LlamaCuda: ", start + S, " positions exceed the context of ",
+                o.max_context);
+    TWELL_CHECK(start == 0 || B == batch, "LlamaCuda: the cache holds ", batch, " sequences, got ", B);
   }
 
   // Host-side inputs of a call: tokens (pageable copy: the host vector may change at once) and p0.
@@ -376,8 +383,8 @@ struct LlamaCuda::Impl {
       flat.insert(flat.end(), p.begin(), p.end());
     }
     check_tokens(flat);
+    check_call(B, S, true);  // before reset(): a rejected call leaves the cache as it was
     reset();
-    check_call(B, S);
     ensure_logits(B);
     upload_inputs(flat.data(), B * S);
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
@@ -400,6 +407,7 @@ struct LlamaCuda::Impl {
     auto it = graphs.find(B);
     if (it != graphs.end()) {
       TWELL_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
+      paths = graph_paths[B];
     } else if (!o.cuda_graphs || eager_steps[B]++ == 0) {
       body(tokens.as<int32_t>(), B, 1, Head::all, true);
     } else {
@@ -418,6 +426,7 @@ struct LlamaCuda::Impl {
       cudaGraphDestroy(graph);
       TWELL_CUDA_CHECK(err);
       graphs[B] = exec;
+      graph_paths[B] = paths;
       TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     }
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
@@ -430,6 +439,20 @@ struct LlamaCuda::Impl {
     batch = 0;
   }
 };
+
+bool LlamaCuda::supports(const io::ModelConfig& c, std::string* why) {
+  std::string reason;
+  const int64_t hd = c.head_dim;
+  if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
+    reason = str("head_dim ", hd, " (the attention kernels take 16, 32, 64 or 128)");
+  else if (c.hidden_act != "relu" && c.hidden_act != "silu")
+    reason = str("hidden_act ", c.hidden_act, " (relu or silu)");
+  else if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0)
+    reason = str("hidden_size ", c.hidden_size, " and intermediate_size ", c.intermediate_size,
+                 " (multiples of 8)");
+  if (why) *why = reason;
+  return reason.empty();
+}
 
 LlamaCuda::LlamaCuda(std::shared_ptr<const LlamaCudaWeights> weights, LlamaCudaOptions options) {
   TWELL_CHECK(weights != nullptr, "LlamaCuda: no weights");
@@ -445,8 +468,8 @@ Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<Activat
   TWELL_CHECK(ffn_stats == nullptr, "LlamaCuda::logits: per-layer FFN statistics come from the CPU backend only");
   impl_->check_tokens(tokens);
   const int64_t T = static_cast<int64_t>(tokens.size());
+  impl_->check_call(1, T, true);
   impl_->reset();
-  impl_->check_call(1, T);
   impl_->ensure_logits(T);
   impl_->upload_inputs(tokens.data(), T);
   impl_->body(impl_->tokens.as<int32_t>(), 1, T, Head::all, false);

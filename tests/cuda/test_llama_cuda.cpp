@@ -85,17 +85,24 @@ TEST_P(LlamaCudaShapes, FullForwardMatchesCpu) {
   LlamaWeights w = bf16_weights(c, 11);
   auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
   const LlamaCpu cpu(std::move(w));
-  for (FfnMode mode : {FfnMode::twell, FfnMode::dense}) {
+  // twell forced onto its sparse paths at every size: TwELL (gather off), and gather (default,
+  // up to 256 tokens); then dense.
+  const struct {
+    FfnMode mode;
+    int64_t gather;
+    const char* name;
+  } runs[] = {{FfnMode::twell, 0, "twell"}, {FfnMode::twell, 256, "gather"}, {FfnMode::dense, 0, "dense"}};
+  for (const auto& run : runs) {
     LlamaCudaOptions o;
-    o.ffn = mode;
-    o.ffn_options.dispatch = Dispatch::always_sparse;  // exercise the sparse path at any size
+    o.ffn = run.mode;
+    o.ffn_options.dispatch = Dispatch::always_sparse;
+    o.ffn_options.gather_max_tokens = run.gather;
     LlamaCuda gpu(dw, o);
     for (int64_t T : {1, 63, 64, 65, 150}) {
       const auto tokens = some_tokens(T, c.vocab_size, T);
       const double err = relative_error(gpu.logits(tokens), cpu.logits(tokens));
-      std::printf("%s %s T=%lld: rel err %.2e\n", GetParam().name, mode == FfnMode::twell ? "twell" : "dense",
-                  static_cast<long long>(T), err);
-      EXPECT_LT(err, kTol) << "T=" << T;
+      std::printf("%s %s T=%lld: rel err %.2e\n", GetParam().name, run.name, static_cast<long long>(T), err);
+      EXPECT_LT(err, kTol) << run.name << " T=" << T;
     }
   }
 }
@@ -157,6 +164,19 @@ TEST_P(LlamaCudaShapes, BatchEqualsSingleSequences) {
 INSTANTIATE_TEST_SUITE_P(Shapes, LlamaCudaShapes, ::testing::ValuesIn(kShapes),
                          [](const auto& info) { return std::string(info.param.name); });
 
+TEST(LlamaCuda, SupportsSaysWhatItLacks) {  // host-only: runs without a GPU too
+  io::ModelConfig c = config_of(kShapes[2]);
+  std::string why;
+  EXPECT_TRUE(LlamaCuda::supports(c, &why)) << why;
+  c.head_dim = 100;  // e.g. OpenLLaMA-3B
+  EXPECT_FALSE(LlamaCuda::supports(c, &why));
+  EXPECT_NE(why.find("head_dim 100"), std::string::npos) << why;
+  c = config_of(kShapes[2]);
+  c.hidden_act = "gelu";
+  EXPECT_FALSE(LlamaCuda::supports(c, &why));
+  EXPECT_NE(why.find("gelu"), std::string::npos) << why;
+}
+
 TEST(LlamaCuda, GraphReplayIsBitIdenticalToEager) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(kShapes[0]);
@@ -209,6 +229,12 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   EXPECT_THROW(gpu.decode_step(4), Error);
   EXPECT_EQ(gpu.cached_tokens(), c.max_position_embeddings);
   EXPECT_THROW(gpu.decode_batch({1, 2}), Error);  // the cache holds one sequence
+  EXPECT_THROW(gpu.prefill_batch({{1}, {2}}), Error);  // rejected before the cache is touched
+  EXPECT_EQ(gpu.cached_tokens(), c.max_position_embeddings);
+
+  LlamaCudaOptions fp32_h;
+  fp32_h.ffn_options.precision = Precision::h_fp32;  // sparse-only: the dense FFNs cannot honour it
+  EXPECT_THROW(LlamaCuda(dw, fp32_h), Error);
 
   LlamaCudaOptions no_cache;
   no_cache.kv_cache = false;

@@ -13,7 +13,8 @@ void ModelArgs::add_to(CLI::App* cmd) {
   cmd->add_option("model", dir, "model directory: config.json, safetensors (single or sharded), tokenizer.json")
       ->required();
   cmd->add_flag("--byte-tokenizer", byte_tokenizer, "ids 0..255 are bytes, 256 BOS, 257 EOS (for our own small models)");
-  cmd->add_flag("--bf16-ffn", bf16_ffn, "round the ReLU FFN's g, u, h to bf16 as a bf16 model does");
+  cmd->add_flag("--bf16-ffn", bf16_ffn,
+                "CPU backend: round the ReLU FFN's g, u, h to bf16 as a bf16 model does (the GPU always does)");
   cmd->add_flag("--check-finite", check_finite, "refuse weights holding NaN or Inf");
   cmd->add_option("--device", device, "cpu, cuda, or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
@@ -38,7 +39,17 @@ bool ModelArgs::on_gpu() const {
 
 std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   const auto t0 = std::chrono::steady_clock::now();
-  const bool gpu = on_gpu();
+  bool gpu = on_gpu();
+#if TWELL_WITH_CUDA
+  if (gpu) {  // a model the GPU runtime does not take runs on the CPU under --device auto
+    std::string why;
+    if (!cuda::LlamaCuda::supports(io::read_config(dir), &why)) {
+      TWELL_CHECK(device == "auto", "--device cuda: the GPU runtime does not take this model's ", why);
+      std::fprintf(stderr, "the GPU runtime does not take this model's %s: using the CPU backend\n", why.c_str());
+      gpu = false;
+    }
+  }
+#endif
   model::LlamaLoadOptions lo;
   lo.check_finite = check_finite;
   if (gpu) lo.dtype = DType::bf16;  // the GPU's storage: convert once, at load

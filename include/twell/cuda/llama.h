@@ -11,8 +11,9 @@
 // Per layer: fused residual-add + RMSNorm, one QKV GEMM (cuBLASLt), RoPE fused with the KV-cache
 // write, flash attention on the tensor cores (decode: split over the cached keys), the O GEMM,
 // then the FFN: a ReLU model runs twell::cuda::FfnForward (FfnMode::twell: sparse TwELL or dense,
-// chosen from the activation density it observes, and the gather path in decode steps;
-// FfnMode::dense: always dense cuBLASLt), a SiLU model the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
+// chosen from the activation density it observes, in prefill; decode steps dense unless
+// decode_gather_tokens asks for the gather path; FfnMode::dense: always dense cuBLASLt), a SiLU
+// model the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
 // and replayed. Everything runs on the model's own stream.
 //
 // Batches: B sequences of equal length run together (prefill_batch, decode_batch); all of them
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "twell/cuda/ffn.h"
@@ -72,13 +74,15 @@ struct LlamaCudaOptions {
   // are kept at a time, every call starts at position 0, and decode is unavailable.
   bool kv_cache = true;
   bool cuda_graphs = true;   // decode steps replay a captured graph per batch size
-  // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill.
+  // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill. Precision must
+  // stay bf16 (h_fp32 exists on the sparse paths only).
   FfnOptions ffn_options;
   // FfnMode::twell: decode steps of at most this many sequences take the FFN's gather path (the
   // gate weights densely, then only the rows of Wu and Wd of each token's active neurons); other
   // steps the dense FFN. Off by default: on an H200 the gather path wins at the FFN level (0.74×
   // the dense FFN at one token) but the whole decode step with it measured 1.09× the dense step
-  // (bench/results/h200/model.json, docs/perf.md).
+  // (bench/results/h200/model.json, docs/perf.md). Where the gather path does not take the shape
+  // (H > 4096 or I > 12288), such steps run the TwELL kernels instead.
   int64_t decode_gather_tokens = 0;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
@@ -92,6 +96,10 @@ enum class Head { none, last, all };
 
 class LlamaCuda final : public model::LanguageModel {
  public:
+  // Whether this runtime takes a model of this configuration (head_dim 16/32/64/128, relu or silu,
+  // widths multiples of 8); if not, `why` says what it lacks. Needs no GPU.
+  static bool supports(const io::ModelConfig& c, std::string* why = nullptr);
+
   LlamaCuda(std::shared_ptr<const LlamaCudaWeights> weights, LlamaCudaOptions options = {});
   ~LlamaCuda() override;
   LlamaCuda(LlamaCuda&&) noexcept;
