@@ -404,6 +404,67 @@ std::vector<std::string_view> gpt2_split(std::string_view s) {
   return pieces;
 }
 
+// The Llama-3 pre-tokenizer regex (tiktoken's cl100k pattern)
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*
+//   |\s*[\r\n]+|\s+(?!\S)|\s+
+// by hand, alternatives in order at each position as in gpt2_split.
+std::vector<std::string_view> llama3_split(std::string_view s) {
+  const std::vector<CodePoint> cps = code_points(s);
+  const size_t n = cps.size();
+  std::vector<CharClass> cls(n);
+  for (size_t i = 0; i < n; ++i)
+    cls[i] = cps[i].cp == kInvalid ? CharClass::kOther : classify(cps[i].cp);
+  const auto run_end = [&](size_t i, CharClass c) {
+    while (i < n && cls[i] == c) ++i;
+    return i;
+  };
+  const auto lower = [&](size_t i) { return i < n && cps[i].cp < 0x80 ? cps[i].cp | 0x20u : 0u; };
+  const auto newline = [&](size_t i) { return cps[i].cp == '\r' || cps[i].cp == '\n'; };
+
+  std::vector<std::string_view> pieces;
+  for (size_t i = 0; i < n;) {
+    size_t end = i;  // one past the last code point of the match
+    if (cps[i].cp == '\'') {  // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+      const uint32_t a = lower(i + 1), b = lower(i + 2);
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') end = i + 2;
+      else if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) end = i + 3;
+    }
+    if (end == i && cls[i] == CharClass::kLetter) {  // [^\r\n\p{L}\p{N}]?\p{L}+, no prefix
+      end = run_end(i, CharClass::kLetter);
+    } else if (end == i && cls[i] != CharClass::kNumber && !newline(i) && i + 1 < n &&
+               cls[i + 1] == CharClass::kLetter) {  // ... with its one-character prefix
+      end = run_end(i + 1, CharClass::kLetter);
+    } else if (end == i && cls[i] == CharClass::kNumber) {  // \p{N}{1,3}
+      end = std::min(run_end(i, CharClass::kNumber), i + 3);
+    }
+    if (end == i) {  //  ?[^\s\p{L}\p{N}]+[\r\n]*
+      const size_t start = cps[i].cp == ' ' && i + 1 < n && cls[i + 1] == CharClass::kOther ? i + 1 : i;
+      if (cls[start] == CharClass::kOther) {
+        end = run_end(start, CharClass::kOther);
+        while (end < n && newline(end)) ++end;
+      }
+    }
+    if (end == i) {  // whitespace: \s*[\r\n]+ up to the run's last newline, else \s+(?!\S), \s+
+      const size_t ws_end = run_end(i, CharClass::kSpace);
+      size_t last_newline = ws_end;
+      for (size_t k = i; k < ws_end; ++k)
+        if (newline(k)) last_newline = k;
+      if (last_newline < ws_end) end = last_newline + 1;
+      else end = (ws_end == n || ws_end - i == 1) ? ws_end : ws_end - 1;
+    }
+    const size_t from = cps[i].pos;
+    const size_t to = end < n ? cps[end].pos : s.size();
+    pieces.push_back(s.substr(from, to - from));
+    i = end;
+  }
+  return pieces;
+}
+
+// The Split patterns we implement, as tokenizer.json spells them.
+constexpr std::string_view kLlama3Pattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 // GPT-2's reversible byte <-> unicode mapping: printable Latin-1 bytes map to themselves, the
 // other 68 bytes to U+0100.. in byte order, so that every token is printable text.
 struct ByteLevelMap {
@@ -503,13 +564,23 @@ BpeTokenizer::PreTokenizer parse_pre_tokenizer(const json* node, const std::stri
       pre.digits = get_bool(*step, "individual_digits", false, where)
                        ? BpeTokenizer::PreTokenizer::Digits::kIndividual
                        : BpeTokenizer::PreTokenizer::Digits::kContiguous;
+    } else if (step_type == "Split" && !seen_byte_level && !pre.llama3_split) {
+      const json* pattern = member(*step, "pattern");
+      const json* regex = pattern && pattern->is_object() ? member(*pattern, "Regex") : nullptr;
+      const json* behavior = member(*step, "behavior");
+      if (!regex || !regex->is_string() || regex->get<std::string>() != kLlama3Pattern || !behavior ||
+          *behavior != "Isolated" || get_bool(*step, "invert", false, where))
+        throw Error(str(where, ": unsupported pre-tokenizer 'Split' ",
+                        printable(pattern ? pattern->dump() : std::string("without a pattern"), 60),
+                        " (supported: the Llama-3 regex, behavior Isolated, not inverted)"));
+      pre.llama3_split = true;
     } else if (step_type == "ByteLevel" && !seen_byte_level) {
       seen_byte_level = true;
       pre.add_prefix_space = get_bool(*step, "add_prefix_space", true, where);
       pre.use_regex = get_bool(*step, "use_regex", true, where);
     } else {
       throw Error(str(where, ": unsupported pre-tokenizer '", printable(step_type, 40),
-                      "' (supported: ByteLevel, optionally after Digits)"));
+                      "' (supported: ByteLevel, optionally after Digits or the Llama-3 Split)"));
     }
   }
   if (!seen_byte_level)
@@ -862,10 +933,13 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
   }
 }
 
-// Text between added tokens: Digits (if configured), then ByteLevel on each resulting split.
+// Text between added tokens: Digits or the Llama-3 Split (if configured), then ByteLevel on each
+// resulting split.
 void BpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
   std::vector<std::string_view> splits;
-  if (pre_.digits == PreTokenizer::Digits::kKeep) {
+  if (pre_.llama3_split) {
+    splits = llama3_split(text);
+  } else if (pre_.digits == PreTokenizer::Digits::kKeep) {
     splits.push_back(text);
   } else {
     const bool individual = pre_.digits == PreTokenizer::Digits::kIndividual;

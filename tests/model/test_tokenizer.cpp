@@ -117,7 +117,7 @@ TEST_P(BpeMatchesHuggingFace, IdsAndDecodedText) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BpeMatchesHuggingFace,
-                         testing::Values("bpe_gpt2.json", "bpe_smollm.json", "bpe_prefix.json"),
+                         testing::Values("bpe_gpt2.json", "bpe_smollm.json", "bpe_prefix.json", "bpe_llama3.json"),
                          [](const auto& p) { return p.param.substr(4, p.param.size() - 9); });
 
 // ---- BpeTokenizer behaviour ---------------------------------------------------------------
@@ -236,6 +236,14 @@ TEST(BpeTokenizer, UnsupportedComponentsAreNamed) {
                      {"pretokenizers", J::array({{{"type", "Split"}}, j["pre_tokenizer"]})}};
                })),
                {"unsupported pre-tokenizer 'Split'"});
+  expect_error(load(edited_fixture([](J& j) {  // a Split with another regex (GPT-2's, say)
+                 j["pre_tokenizer"] = {
+                     {"type", "Sequence"},
+                     {"pretokenizers",
+                      J::array({{{"type", "Split"}, {"pattern", {{"Regex", "'s|'t| ?\\p{L}+"}}}, {"behavior", "Isolated"}},
+                                j["pre_tokenizer"]})}};
+               })),
+               {"unsupported pre-tokenizer 'Split'", "Llama-3 regex"});
   expect_error(load(edited_fixture([](J& j) { j["pre_tokenizer"] = nullptr; })),
                {"pre_tokenizer is missing"});
   expect_error(load(edited_fixture([](J& j) {

@@ -65,7 +65,9 @@ class ByteTokenizer final : public Tokenizer {
 //                continuing_subword_prefix / end_of_word_suffix null or empty.
 //   normalizer   null only.
 //   pre_tokenizer ByteLevel (add_prefix_space, use_regex), or a Sequence of Digits
-//                (individual_digits) and ByteLevel, as SmolLM ships.
+//                (individual_digits) and ByteLevel, as SmolLM ships, or a Sequence of Split
+//                with the Llama-3 regex (Isolated) and ByteLevel (use_regex false), as Llama 3
+//                ships; any other Split pattern is refused by name.
 //   decoder      ByteLevel (or null).
 //   added_tokens matched verbatim before pre-tokenization, leftmost-longest, honouring
 //                lstrip/rstrip/single_word; "normalized": false tokens first, as HF does.
@@ -107,6 +109,7 @@ class BpeTokenizer final : public Tokenizer {
     enum class Digits { kKeep, kIndividual, kContiguous } digits = Digits::kKeep;
     bool add_prefix_space = false;
     bool use_regex = true;
+    bool llama3_split = false;  // Split with the Llama-3 regex before ByteLevel
   };
 
  private:

@@ -11,6 +11,8 @@ a few dozen merges) and differ in what the C++ side must handle:
   bpe_smollm.json  ["a", "b"] merges, Sequence[Digits(individual), ByteLevel], ignore_merges,
                    chat special tokens (as SmolLM ships)
   bpe_prefix.json  Sequence[Digits(contiguous), ByteLevel(add_prefix_space)]
+  bpe_llama3.json  Sequence[Split(the Llama-3 regex, Isolated), ByteLevel(use_regex=false)],
+                   ignore_merges (as Llama 3 ships)
 """
 import json
 import random
@@ -96,8 +98,13 @@ def added_token(id_, content, special=True, normalized=False, lstrip=False, rstr
             "rstrip": rstrip, "normalized": normalized, "special": special}
 
 
-def byte_level(add_prefix_space):
-    return {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": True, "use_regex": True}
+def byte_level(add_prefix_space, use_regex=True):
+    return {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": True, "use_regex": use_regex}
+
+
+# The pre-tokenizer regex of Llama 3's tokenizer.json (tiktoken's cl100k pattern).
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 TEXTS = [
@@ -109,6 +116,11 @@ TEXTS = [
     "nbsp\u00a0here\u3000ideographic\u2003em", "tab\tsep", "\u200dzwj\ufeffbom",
     "<|endoftext|>Hello<|endoftext|>", "<|im_start|>user\nhi<|im_end|>\n", "x <mask> y",
     "a<sep>  b", "<word> in a<word>b <word>_", "<|endoftext|><|endoftext|>", "<|endoftext", "Ελληνικά Кириллица עברית العربية",
+    # for the Llama-3 pattern: case-insensitive contractions, digit triples, newline runs,
+    # punctuation that takes trailing newlines, a non-letter glued to the next word
+    "I'M YOU'RE THEY'VE IT'S 'Ll 'D", "1 12 123 1234 12345678 ٣٤٥٦", "a\n\n\nb\r\n\r\nc",
+    "end.\n\nNext!!\n x", "  \n  \n  y", "$hello #tag @user _under", "\tword\t\tword", "hi \n",
+    "x  \t\n", "...\r\n", "'hello' \"quoted\"", "a1b2c3 1a 12ab",
 ]
 
 ALPHABET = list("abcHe lo'stm\n\t1239 .,!?_-") + ["  ", "é", "e\u0301", "你", "好", "👍", "٣", "½",
@@ -182,6 +194,12 @@ def main():
                                           pre_tokenizer={"type": "Sequence",
                                                          "pretokenizers": [digits(False), byte_level(True)]},
                                           added=chat_added, ignore_merges=False),
+        "bpe_llama3.json": tokenizer_json(
+            vocab, merges, merges_as_arrays=True,
+            pre_tokenizer={"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated", "invert": False},
+                byte_level(False, use_regex=False)]},
+            added=chat_added, ignore_merges=True),
     }
     texts = TEXTS + random_texts(60, seed=5)
     expected = {"tokenizers_version": __import__("tokenizers").__version__, "cases": {}}
