@@ -209,6 +209,17 @@ void ffn(std::vector<Acc>& x, int64_t T, const LlamaLayerWeights& l, const Llama
   cpu::ffn_forward(TensorView(x.data(), dt, {T, H}), l.ffn(), TensorView(y.data(), dt, {T, H}), p, stats);
 }
 
+// Throws unless `tokens` (non-empty, in the vocabulary) fit at positions p0.. of the context.
+void check_call(const io::ModelConfig& c, const std::vector<int32_t>& tokens, int64_t p0) {
+  const int64_t T = static_cast<int64_t>(tokens.size()), V = c.vocab_size;
+  TWELL_CHECK(T > 0, "llama: no tokens to run");
+  TWELL_CHECK(p0 + T <= c.max_position_embeddings, "llama: ", p0 + T,
+              " positions exceed max_position_embeddings ", c.max_position_embeddings);
+  for (int64_t t = 0; t < T; ++t)
+    TWELL_CHECK(tokens[t] >= 0 && tokens[t] < V, "llama: token ", tokens[t], " at index ", t,
+                " is outside the vocabulary [0, ", V, ")");
+}
+
 // Runs `tokens` at positions cache.len.. through the model, appending to the cache.
 // Returns the logits of every token [T, V] (all_rows) or of the last one [1, V].
 template <class Acc>
@@ -219,12 +230,7 @@ std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<A
   const int64_t T = static_cast<int64_t>(tokens.size()), H = c.hidden_size, V = c.vocab_size;
   const int64_t p0 = cache.len, hd = c.head_dim;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, kv_dim = nkv * hd;
-  TWELL_CHECK(T > 0, "llama: no tokens to run");
-  TWELL_CHECK(p0 + T <= c.max_position_embeddings, "llama: ", p0 + T,
-              " positions exceed max_position_embeddings ", c.max_position_embeddings);
-  for (int64_t t = 0; t < T; ++t)
-    TWELL_CHECK(tokens[t] >= 0 && tokens[t] < V, "llama: token ", tokens[t], " at index ", t,
-                " is outside the vocabulary [0, ", V, ")");
+  check_call(c, tokens, p0);
 
   // x = embed[tokens]                                                  [T, H]
   std::vector<Acc> x(static_cast<size_t>(T * H));
@@ -309,6 +315,7 @@ Tensor LlamaCpu::logits(const std::vector<int32_t>& tokens, std::vector<Activati
 }
 
 Tensor LlamaCpu::prefill(const std::vector<int32_t>& tokens) {
+  check_call(config(), tokens, 0);  // before reset(): a rejected prompt leaves the cache as it was
   reset();
   const int64_t V = config().vocab_size;
   if (options_.math == DType::f64)

@@ -347,6 +347,8 @@ TEST_F(LlamaCpuTest, BadTokensAndPositionsAreRejected) {
   model.prefill(std::vector<int32_t>(32, 1));
   expect_error([&] { model.decode_step(1); }, {"max_position_embeddings"});
   EXPECT_EQ(model.cached_tokens(), 32);  // a rejected step leaves the cache as it was
+  expect_error([&] { model.prefill({1, 97}); }, {"token 97"});
+  EXPECT_EQ(model.cached_tokens(), 32);  // and so does a rejected prompt
 }
 
 // ---- sampling, generation, perplexity ---------------------------------------------------
