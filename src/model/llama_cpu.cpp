@@ -227,7 +227,7 @@ std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<A
                          const std::vector<int32_t>& tokens, bool all_rows,
                          std::vector<ActivationStats>* ffn_stats = nullptr) {
   const io::ModelConfig& c = w.config;
-  const int64_t T = static_cast<int64_t>(tokens.size()), H = c.hidden_size, V = c.vocab_size;
+  const int64_t T = static_cast<int64_t>(tokens.size()), H = c.hidden_size;
   const int64_t p0 = cache.len, hd = c.head_dim;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, kv_dim = nkv * hd;
   check_call(c, tokens, p0);
