@@ -8,6 +8,7 @@
 #include "twell/model/tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <array>
 #include <filesystem>
 #include <queue>
@@ -543,6 +544,39 @@ std::string type_of(const json& obj, const std::string& where) {
   return get_string(obj, "type", where);
 }
 
+// Llama 2's tokenizer.json, recognised exactly (anything else is refused by name):
+//   normalizer Sequence[Prepend "▁", Replace " " -> "▁"]
+//   decoder    Sequence[Replace "▁" -> " ", ByteFallback, Fuse, Strip " " start 1 stop 0]
+constexpr const char* kMetaspace = "\xE2\x96\x81";  // U+2581 "▁"
+
+bool is_string_pattern(const json& step, const char* pattern, const char* content) {
+  const json* p = member(step, "pattern");
+  const json* s = p && p->is_object() ? member(*p, "String") : nullptr;
+  const json* c = member(step, "content");
+  return s && s->is_string() && *s == pattern && c && c->is_string() && *c == content;
+}
+
+bool is_llama2_normalizer(const json& n) {
+  const json* list = n.is_object() ? member(n, "normalizers") : nullptr;
+  if (!list || !list->is_array() || list->size() != 2 || !member(n, "type") || n["type"] != "Sequence") return false;
+  const json& prepend = (*list)[0];
+  const json& replace = (*list)[1];
+  return prepend.is_object() && prepend.value("type", "") == "Prepend" && prepend.value("prepend", "") == kMetaspace &&
+         replace.is_object() && replace.value("type", "") == "Replace" && is_string_pattern(replace, " ", kMetaspace);
+}
+
+bool is_llama2_decoder(const json& d) {
+  const json* list = d.is_object() ? member(d, "decoders") : nullptr;
+  if (!list || !list->is_array() || list->size() != 4 || !member(d, "type") || d["type"] != "Sequence") return false;
+  for (const json& step : *list)
+    if (!step.is_object()) return false;
+  const json& strip = (*list)[3];
+  return (*list)[0].value("type", "") == "Replace" && is_string_pattern((*list)[0], kMetaspace, " ") &&
+         (*list)[1].value("type", "") == "ByteFallback" && (*list)[2].value("type", "") == "Fuse" &&
+         strip.value("type", "") == "Strip" && strip.value("content", "") == " " && strip.value("start", -1) == 1 &&
+         strip.value("stop", -1) == 0;
+}
+
 BpeTokenizer::PreTokenizer parse_pre_tokenizer(const json* node, const std::string& source) {
   const std::string where = source + ": pre_tokenizer";
   if (!node) throw Error(str(where, " is missing: byte-level BPE needs a ByteLevel pre-tokenizer"));
@@ -793,11 +827,23 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
     }
   }
 
-  // normalizer, pre-tokenizer, decoder
-  if (const json* normalizer = member(root, "normalizer"))
-    throw Error(str(source, ": unsupported normalizer '",
-                    printable(type_of(*normalizer, source + ": normalizer"), 40),
-                    "' (only null is supported)"));
+  // normalizer, pre-tokenizer, decoder: byte-level, or SentencePiece-style as Llama 2 ships
+  tok->byte_fallback_ = get_bool(*model, "byte_fallback", false, where);
+  if (const json* normalizer = member(root, "normalizer")) {
+    if (!is_llama2_normalizer(*normalizer))
+      throw Error(str(source, ": unsupported normalizer '",
+                      printable(type_of(*normalizer, source + ": normalizer"), 40), "' ",
+                      printable(normalizer->dump(), 80),
+                      " (supported: null, or Llama 2's Sequence[Prepend \"▁\", Replace \" \" -> \"▁\"])"));
+    if (member(root, "pre_tokenizer"))
+      throw Error(str(source, ": pre_tokenizer must be null with Llama 2's normalizer"));
+    const json* decoder = member(root, "decoder");
+    if (!decoder || !is_llama2_decoder(*decoder))
+      throw Error(str(source, ": decoder must be Llama 2's Sequence[Replace \"▁\" -> \" \", ByteFallback, Fuse, "
+                              "Strip 1 leading space] with its normalizer"));
+    tok->metaspace_ = true;
+    return tok;
+  }
   tok->pre_ = parse_pre_tokenizer(member(root, "pre_tokenizer"), source);
   if (const json* decoder = member(root, "decoder")) {
     const std::string decoder_type = type_of(*decoder, source + ": decoder");
@@ -836,8 +882,27 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
     if (id < 0 || id >= vocab_size_ || !has_id_[id])
       throw Error(str("BpeTokenizer::decode: unknown token id ", id, " at position ", i,
                       " (vocab size ", vocab_size_, ")"));
-    append_token_bytes(out, id_to_token_[id]);
+    const std::string& token = id_to_token_[id];
+    if (!metaspace_) {
+      append_token_bytes(out, token);
+      continue;
+    }
+    unsigned byte = 0;  // Llama 2's decoder: <0xHH> is a byte, "▁" a space
+    if (byte_fallback_ && token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' &&
+        std::sscanf(token.c_str() + 3, "%2x", &byte) == 1) {
+      out += static_cast<char>(byte);
+      continue;
+    }
+    for (size_t pos = 0; pos < token.size();) {
+      if (token.compare(pos, 3, kMetaspace) == 0) {
+        out += ' ';
+        pos += 3;
+      } else {
+        out += token[pos++];
+      }
+    }
   }
+  if (metaspace_ && !out.empty() && out[0] == ' ') out.erase(0, 1);  // Strip: one leading space
   return out;
 }
 
@@ -862,7 +927,24 @@ std::vector<int32_t> BpeTokenizer::merge_word(const std::string& word) const {
     if (it != vocab_.end()) {
       symbols.push_back({it->second, 0, 0, true});
       last_was_unk = false;
-    } else if (unk_) {  // characters with no token become unk (runs fused if asked); else dropped
+      continue;
+    }
+    if (byte_fallback_) {  // a character with no token becomes its bytes' <0xHH> tokens, if all exist
+      std::vector<int32_t> bytes;
+      for (size_t b = pos - len; b < pos; ++b) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", static_cast<unsigned char>(word[b]));
+        auto bt = vocab_.find(name);
+        if (bt == vocab_.end()) break;
+        bytes.push_back(bt->second);
+      }
+      if (bytes.size() == len) {
+        for (int32_t id : bytes) symbols.push_back({id, 0, 0, true});
+        last_was_unk = false;
+        continue;
+      }
+    }
+    if (unk_) {  // characters with no token become unk (runs fused if asked); else dropped
       if (!(fuse_unk_ && last_was_unk)) symbols.push_back({*unk_, 0, 0, true});
       last_was_unk = true;
     }
@@ -936,6 +1018,17 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
 // Text between added tokens: Digits or the Llama-3 Split (if configured), then ByteLevel on each
 // resulting split.
 void BpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+  if (metaspace_) {  // the whole segment is one word: "▁" in front and for every space
+    if (text.empty()) return;
+    std::string word = kMetaspace;
+    for (char c : text) {
+      if (c == ' ') word += kMetaspace;
+      else word += c;
+    }
+    const std::vector<int32_t> ids = merge_word(word);
+    out.insert(out.end(), ids.begin(), ids.end());
+    return;
+  }
   std::vector<std::string_view> splits;
   if (pre_.llama3_split) {
     splits = llama3_split(text);

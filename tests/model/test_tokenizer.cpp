@@ -117,7 +117,8 @@ TEST_P(BpeMatchesHuggingFace, IdsAndDecodedText) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BpeMatchesHuggingFace,
-                         testing::Values("bpe_gpt2.json", "bpe_smollm.json", "bpe_prefix.json", "bpe_llama3.json"),
+                         testing::Values("bpe_gpt2.json", "bpe_smollm.json", "bpe_prefix.json", "bpe_llama3.json",
+                                         "bpe_llama2.json"),
                          [](const auto& p) { return p.param.substr(4, p.param.size() - 9); });
 
 // ---- BpeTokenizer behaviour ---------------------------------------------------------------

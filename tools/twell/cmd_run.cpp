@@ -1,4 +1,5 @@
 // `twell run MODEL --prompt TEXT`: generation on the GPU or the CPU backend, streamed token by token.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -32,6 +33,11 @@ void register_run(CLI::App& app) {
     if (tok->bos_id()) ids.push_back(*tok->bos_id());
     const std::vector<int32_t> text = tok->encode(*prompt);
     ids.insert(ids.end(), text.begin(), text.end());
+    // What is printed of the continuation: decode(prompt + new tokens) past decode(prompt), so a
+    // tokenizer whose decoder depends on context (Llama 2's strips one leading space) streams
+    // the same text as a single decode of everything.
+    std::vector<int32_t> shown = text;
+    const size_t prompt_chars = tok->decode(shown).size();
     const int32_t eos = tok->eos_id() && !*no_stop ? *tok->eos_id() : -1;
 
     std::cout << *prompt << std::flush;
@@ -40,16 +46,15 @@ void register_run(CLI::App& app) {
     Tensor logits = m.prefill(ids);
     const auto t1 = std::chrono::steady_clock::now();
     int64_t generated = 0;
-    std::vector<int32_t> out;
-    size_t printed = 0;  // bytes of decode(out) already written
+    size_t printed = prompt_chars;  // bytes of decode(shown) already written
     while (generated < *max_tokens) {
       const int32_t next = sampler.sample(logits);
       ++generated;
       if (next == eos) break;
-      out.push_back(next);
-      const std::string s = tok->decode(out);  // whole text: a token may end inside a character
-      std::cout << s.substr(printed) << std::flush;
-      printed = s.size();
+      shown.push_back(next);
+      const std::string s = tok->decode(shown);  // whole text: a token may end inside a character
+      if (s.size() > printed) std::cout << s.substr(printed) << std::flush;
+      printed = std::max(printed, s.size());
       if (generated == *max_tokens) break;
       if (m.cached_tokens() >= m.config().max_position_embeddings) {
         std::fprintf(stderr, "\n(stopped: the context of %lld positions is full)", static_cast<long long>(m.cached_tokens()));

@@ -2,8 +2,9 @@
 //
 // - ByteTokenizer: ids 0..255 are the bytes themselves, optionally followed by BOS and EOS, for
 //   the small models we train ourselves.
-// - BpeTokenizer: a HuggingFace `tokenizer.json` whose model is byte-level BPE (GPT-2 style, as
-//   used by the paper's SmolLM/Llama-style checkpoints with vocab 49152).
+// - BpeTokenizer: a HuggingFace `tokenizer.json` whose model is BPE: byte-level (GPT-2 style, as
+//   used by the paper's SmolLM/Llama-style checkpoints with vocab 49152, and Llama 3) or
+//   SentencePiece-style with byte fallback (Llama 2).
 // - load_tokenizer(model_dir): the tokenizer a model directory ships with.
 //
 // encode() never adds BOS/EOS (HF's `add_special_tokens=False`): callers prepend bos_id()
@@ -63,18 +64,22 @@ class ByteTokenizer final : public Tokenizer {
 //   model        {"type": "BPE"} with "vocab", "merges" ("a b" strings or ["a", "b"] pairs),
 //                "ignore_merges", "unk_token"/"fuse_unk"; dropout must be null or 0 and
 //                continuing_subword_prefix / end_of_word_suffix null or empty.
-//   normalizer   null only.
+//   normalizer   null; or Llama 2's Sequence[Prepend "▁", Replace " " -> "▁"] with no
+//                pre-tokenizer and its decoder Sequence[Replace "▁" -> " ", ByteFallback, Fuse,
+//                Strip one leading space] (SentencePiece-style BPE: characters are the initial
+//                symbols, "byte_fallback" turns a character with no token into <0xHH> tokens).
 //   pre_tokenizer ByteLevel (add_prefix_space, use_regex), or a Sequence of Digits
 //                (individual_digits) and ByteLevel, as SmolLM ships, or a Sequence of Split
 //                with the Llama-3 regex (Isolated) and ByteLevel (use_regex false), as Llama 3
 //                ships; any other Split pattern is refused by name.
-//   decoder      ByteLevel (or null).
+//   decoder      ByteLevel (or null); Llama 2's, with its normalizer.
 //   added_tokens matched verbatim before pre-tokenization, leftmost-longest, honouring
 //                lstrip/rstrip/single_word; "normalized": false tokens first, as HF does.
 // post_processor is ignored (encode() adds no BOS/EOS) and so are padding and truncation.
 //
 // Matches HF `tokenizers` 0.23 id for id on the fixtures and on 5000 random mixed-script texts
-// (the Llama-3 split on another 4000, with upper-case contractions, newline runs and digit runs)
+// (the Llama-3 split on another 4000, with upper-case contractions, newline runs and digit runs;
+// the Llama-2 style on 4000 more, with byte fallback and special tokens inside the text)
 // (the letter/number classes of the split regex are tables probed from `tokenizers` itself,
 // Unicode 16). Known differences: decode() returns raw bytes where HF replaces invalid UTF-8
 // with U+FFFD (so a token sequence cut inside a character still concatenates correctly);
@@ -127,6 +132,10 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
   std::vector<AddedToken> added_;
   PreTokenizer pre_;
+  // SentencePiece-style BPE as Llama 2 ships it: "▁" for spaces and in front of the text, no
+  // pre-tokenizer, characters (not bytes) as the initial symbols, <0xHH> tokens for bytes.
+  bool metaspace_ = false;
+  bool byte_fallback_ = false;
   bool ignore_merges_ = false;
   std::optional<int32_t> unk_;
   bool fuse_unk_ = false;

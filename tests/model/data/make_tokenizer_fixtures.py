@@ -13,6 +13,9 @@ a few dozen merges) and differ in what the C++ side must handle:
   bpe_prefix.json  Sequence[Digits(contiguous), ByteLevel(add_prefix_space)]
   bpe_llama3.json  Sequence[Split(the Llama-3 regex, Isolated), ByteLevel(use_regex=false)],
                    ignore_merges (as Llama 3 ships)
+and one SentencePiece-style BPE with a vocabulary of its own:
+  bpe_llama2.json  normalizer Prepend("▁") + Replace(" " -> "▁"), no pre-tokenizer, characters as
+                   symbols, byte_fallback to <0xHH>, the decoder Llama 2 ships
 """
 import json
 import random
@@ -75,6 +78,43 @@ def build():
     add(bl(" "), bl("1"))
     vocab[bl(" hello")] = len(vocab)  # reachable only whole, through ignore_merges
     return vocab, merges
+
+
+LLAMA2_MERGES = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("i", "n"), ("e", "r"), ("▁", "a"), ("o", "n"),
+                 ("r", "e"), ("▁", "w"), ("o", "r"), ("l", "l"), ("▁", "s"), ("e", "n"), ("in", "g"),
+                 ("▁", "c"), ("a", "t"), ("▁c", "at"), ("▁", "H"), ("▁H", "e"), ("▁He", "ll"), ("▁Hell", "o"),
+                 ("▁w", "or"), ("l", "d"), ("▁wor", "ld"), ("1", "2"), ("▁", "▁"), ("▁▁", "▁▁"), ("c", "a"),
+                 ("ca", "f"), ("caf", "é"), ("'", "s"), ("▁", "1")]
+
+
+def llama2_tokenizer():
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    chars = ["▁"] + list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-_()[]:;") + ["é", "ñ"]
+    for c in chars:
+        vocab[c] = len(vocab)
+    for a, b in LLAMA2_MERGES:
+        assert a in vocab and b in vocab, (a, b)
+        vocab.setdefault(a + b, len(vocab))
+    special = [added_token(0, "<unk>"), added_token(1, "<s>"), added_token(2, "</s>")]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
+            "normalizer": {"type": "Sequence", "normalizers": [
+                {"type": "Prepend", "prepend": "▁"},
+                {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+            "pre_tokenizer": None,
+            "post_processor": {"type": "TemplateProcessing",
+                               "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                          {"Sequence": {"id": "A", "type_id": 0}}],
+                               "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                               "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+            "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                      "vocab": vocab, "merges": [[a, b] for a, b in LLAMA2_MERGES]}}
 
 
 def tokenizer_json(vocab, merges, *, merges_as_arrays, pre_tokenizer, added, ignore_merges):
@@ -200,6 +240,7 @@ def main():
                 {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated", "invert": False},
                 byte_level(False, use_regex=False)]},
             added=chat_added, ignore_merges=True),
+        "bpe_llama2.json": llama2_tokenizer(),
     }
     texts = TEXTS + random_texts(60, seed=5)
     expected = {"tokenizers_version": __import__("tokenizers").__version__, "cases": {}}
