@@ -10,6 +10,9 @@
 
 #include "commands.h"
 #include "twell/io/config.h"
+#if TWELL_WITH_CUDA
+#include "twell/cuda/llama.h"
+#endif
 #include "twell/io/safetensors.h"
 
 namespace twell::cli {
@@ -54,6 +57,14 @@ void print_config(const io::ModelConfig& c, const std::string& file) {
       c.rope_theta, (long long)c.max_position_embeddings);
   std::printf("  hidden_act %s, rms_norm_eps %g, torch_dtype %s\n", c.hidden_act.c_str(),
               c.rms_norm_eps, c.torch_dtype.empty() ? "(unset)" : c.torch_dtype.c_str());
+#if TWELL_WITH_CUDA
+  std::string why;
+  if (cuda::LlamaCuda::supports(c, &why))
+    std::printf("  GPU runtime: takes this model%s\n",
+                c.hidden_act == "relu" ? " (ReLU gate: the twell FFN applies)" : " (dense FFN)");
+  else
+    std::printf("  GPU runtime: does not take this model's %s (twell run/eval use the CPU backend)\n", why.c_str());
+#endif
 }
 
 void run_inspect(const std::string& path, bool check_finite) {
