@@ -361,16 +361,33 @@ void append_utf8(std::string& out, uint32_t cp) {
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // by hand: the alternatives are tried in order at each position, as a backtracking regex
 // does, and together they match every code point, so the pieces tile `s`.
-std::vector<std::string_view> gpt2_split(std::string_view s) {
-  const std::vector<CodePoint> cps = code_points(s);
-  const size_t n = cps.size();
-  std::vector<CharClass> cls(n);
-  for (size_t i = 0; i < n; ++i)
-    cls[i] = cps[i].cp == kInvalid ? CharClass::kOther : classify(cps[i].cp);
-  const auto run_end = [&](size_t i, CharClass c) {
-    while (i < n && cls[i] == c) ++i;
+// A string's code points and their classes, for the hand-written split regexes below.
+struct ClassifiedText {
+  std::string_view s;
+  std::vector<CodePoint> cps;
+  std::vector<CharClass> cls;
+
+  explicit ClassifiedText(std::string_view text) : s(text), cps(code_points(text)), cls(cps.size()) {
+    for (size_t i = 0; i < cps.size(); ++i)
+      cls[i] = cps[i].cp == kInvalid ? CharClass::kOther : classify(cps[i].cp);
+  }
+  size_t run_end(size_t i, CharClass c) const {
+    while (i < cls.size() && cls[i] == c) ++i;
     return i;
-  };
+  }
+  // The bytes of code points [i, end).
+  std::string_view piece(size_t i, size_t end) const {
+    const size_t to = end < cps.size() ? cps[end].pos : s.size();
+    return s.substr(cps[i].pos, to - cps[i].pos);
+  }
+};
+
+std::vector<std::string_view> gpt2_split(std::string_view s) {
+  const ClassifiedText t(s);
+  const std::vector<CodePoint>& cps = t.cps;
+  const std::vector<CharClass>& cls = t.cls;
+  const size_t n = cps.size();
+  const auto run_end = [&](size_t i, CharClass c) { return t.run_end(i, c); };
   const auto cp_at = [&](size_t i) { return i < n ? cps[i].cp : 0u; };
 
   std::vector<std::string_view> pieces;
@@ -397,9 +414,7 @@ std::vector<std::string_view> gpt2_split(std::string_view s) {
         end = (ws_end == n || ws_end - i == 1) ? ws_end : ws_end - 1;
       }
     }
-    const size_t from = cps[i].pos;
-    const size_t to = end < n ? cps[end].pos : s.size();
-    pieces.push_back(s.substr(from, to - from));
+    pieces.push_back(t.piece(i, end));
     i = end;
   }
   return pieces;
@@ -410,15 +425,11 @@ std::vector<std::string_view> gpt2_split(std::string_view s) {
 //   |\s*[\r\n]+|\s+(?!\S)|\s+
 // by hand, alternatives in order at each position as in gpt2_split.
 std::vector<std::string_view> llama3_split(std::string_view s) {
-  const std::vector<CodePoint> cps = code_points(s);
+  const ClassifiedText t(s);
+  const std::vector<CodePoint>& cps = t.cps;
+  const std::vector<CharClass>& cls = t.cls;
   const size_t n = cps.size();
-  std::vector<CharClass> cls(n);
-  for (size_t i = 0; i < n; ++i)
-    cls[i] = cps[i].cp == kInvalid ? CharClass::kOther : classify(cps[i].cp);
-  const auto run_end = [&](size_t i, CharClass c) {
-    while (i < n && cls[i] == c) ++i;
-    return i;
-  };
+  const auto run_end = [&](size_t i, CharClass c) { return t.run_end(i, c); };
   const auto lower = [&](size_t i) { return i < n && cps[i].cp < 0x80 ? cps[i].cp | 0x20u : 0u; };
   const auto newline = [&](size_t i) { return cps[i].cp == '\r' || cps[i].cp == '\n'; };
 
@@ -453,9 +464,7 @@ std::vector<std::string_view> llama3_split(std::string_view s) {
       if (last_newline < ws_end) end = last_newline + 1;
       else end = (ws_end == n || ws_end - i == 1) ? ws_end : ws_end - 1;
     }
-    const size_t from = cps[i].pos;
-    const size_t to = end < n ? cps[end].pos : s.size();
-    pieces.push_back(s.substr(from, to - from));
+    pieces.push_back(t.piece(i, end));
     i = end;
   }
   return pieces;
