@@ -11,6 +11,10 @@
 
 namespace twell::cuda {
 
+// Raises `kernel`'s dynamic shared memory limit to `bytes` (above the default 48 KB), once per
+// kernel and device; later calls only look it up. Thread-safe. (runtime.cpp)
+void allow_dynamic_smem(const void* kernel, int bytes);
+
 // Non-zero totals are accumulated in kNnzCounters counters (blocks spread their atomics over
 // them; one hot address would serialise ~10^5 atomics): the total is their sum.
 constexpr int kNnzCounters = 64;

@@ -1,6 +1,11 @@
 #include "twell/cuda/runtime.h"
 
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "cuda/kernels.h"
 
 namespace twell::cuda {
 
@@ -83,6 +88,18 @@ Tensor DeviceTensor::download(cudaStream_t stream) const {
 
 void fill_bytes(void* ptr, size_t bytes, uint8_t value, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaMemsetAsync(ptr, value, bytes, stream));
+}
+
+void allow_dynamic_smem(const void* kernel, int bytes) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> done;  // (kernel, device)
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!done.insert({kernel, device}).second) return;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) done.erase({kernel, device});
+  TWELL_CUDA_CHECK(err);
 }
 
 }  // namespace twell::cuda

@@ -22,6 +22,7 @@
 #include <cfloat>
 
 #include "cuda/kernels.h"
+#include "cuda/kernels/bf16_vec.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -60,10 +61,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  return static_cast<uint32_t>(float_to_bf16_bits(lo)) | (static_cast<uint32_t>(float_to_bf16_bits(hi)) << 16);
 }
 
 // 2^x with one MUFU instruction (exp2f adds range handling we do not need: arguments are ≤ 0,
@@ -230,10 +227,10 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
       uint32_t pa[MT][4];
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
-        pa[m][0] = pack_bf16(s[m][2 * kk][0], s[m][2 * kk][1]);
-        pa[m][1] = pack_bf16(s[m][2 * kk][2], s[m][2 * kk][3]);
-        pa[m][2] = pack_bf16(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-        pa[m][3] = pack_bf16(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+        pa[m][0] = pack2(s[m][2 * kk][0], s[m][2 * kk][1]);
+        pa[m][1] = pack2(s[m][2 * kk][2], s[m][2 * kk][3]);
+        pa[m][2] = pack2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+        pa[m][3] = pack2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
       }
 #pragma unroll
       for (int dn = 0; dn < HD / 16; ++dn) {
@@ -266,9 +263,9 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
     for (int n = 0; n < HD / 8; ++n) {
       const int col = n * 8 + 2 * t;
       if (r0 < a.S)
-        *reinterpret_cast<uint32_t*>(out + r0 * o_ld + col) = pack_bf16(o[m][n][0] * inv0, o[m][n][1] * inv0);
+        *reinterpret_cast<uint32_t*>(out + r0 * o_ld + col) = pack2(o[m][n][0] * inv0, o[m][n][1] * inv0);
       if (r1 < a.S)
-        *reinterpret_cast<uint32_t*>(out + r1 * o_ld + col) = pack_bf16(o[m][n][2] * inv1, o[m][n][3] * inv1);
+        *reinterpret_cast<uint32_t*>(out + r1 * o_ld + col) = pack2(o[m][n][2] * inv1, o[m][n][3] * inv1);
     }
   }
 }
@@ -369,12 +366,7 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   constexpr int STAGES = HD <= 64 ? 3 : 2;  // shared memory: 128-wide heads keep two tiles
   constexpr int kRows = 4 * 16 * MT, kPitch = HD + 8;
   const int smem = (kRows + 2 * STAGES * kKeys) * kPitch * 2;
-  static bool configured = false;  // the attribute is per kernel, set once per process
-  if (!configured) {
-    TWELL_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<HD, MT, STAGES>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = true;
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(flash_prefill_kernel<HD, MT, STAGES>), smem);
   const dim3 grid(static_cast<unsigned>((a.S + kRows - 1) / kRows), static_cast<unsigned>(a.nh),
                   static_cast<unsigned>(a.B));
   flash_prefill_kernel<HD, MT, STAGES><<<grid, kThreads, smem, stream>>>(a);

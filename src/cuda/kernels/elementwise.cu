@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda/kernels.h"
+#include "cuda/kernels/bf16_vec.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -13,7 +14,7 @@ __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
   // fp32 product of two bf16 pairs, rounded once to bf16 (as a bf16 PyTorch `g * u`).
   const float lo = bits_float(a << 16) * bits_float(b << 16);
   const float hi = bits_float(a & 0xffff0000u) * bits_float(b & 0xffff0000u);
-  return static_cast<uint32_t>(float_to_bf16_bits(lo)) | (static_cast<uint32_t>(float_to_bf16_bits(hi)) << 16);
+  return pack2(lo, hi);
 }
 
 __device__ __forceinline__ uint32_t relu2(uint32_t a) {

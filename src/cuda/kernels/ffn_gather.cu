@@ -17,6 +17,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/kernels.h"
+#include "cuda/kernels/bf16_vec.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -24,15 +25,6 @@ namespace {
 constexpr int kThreads = 256;
 
 int64_t range_of(int64_t I, int splits) { return (I / 8 + splits - 1) / splits * 8; }
-
-__device__ __forceinline__ void fma8(float (&acc)[8], float h, const uint4& w) {
-  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    acc[2 * q] = fmaf(h, bits_float(ws[q] << 16), acc[2 * q]);
-    acc[2 * q + 1] = fmaf(h, bits_float(ws[q] & 0xffff0000u), acc[2 * q + 1]);
-  }
-}
 
 // kUp: ⌈H/256⌉ chunks of 8 columns per lane in the dot products; kDown: ⌈H/2048⌉ groups of 8
 // columns per thread in the down sum.
@@ -89,11 +81,9 @@ __global__ void __launch_bounds__(kThreads) gather_ffn_kernel(const GatherArgs a
       float dot = 0.f;
 #pragma unroll
       for (int c = 0; c < kUp; ++c) {
-        const uint32_t xs[4] = {x[c].x, x[c].y, x[c].z, x[c].w}, ws[4] = {w[c].x, w[c].y, w[c].z, w[c].w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          dot += bits_float(xs[i] << 16) * bits_float(ws[i] << 16) +
-                 bits_float(xs[i] & 0xffff0000u) * bits_float(ws[i] & 0xffff0000u);
+        float xf[8];
+        unpack8(x[c], xf);
+        dot = dot8(dot, xf, w[c]);
       }
       for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
       if (lane == 0) {
@@ -131,12 +121,7 @@ __global__ void __launch_bounds__(kThreads) gather_ffn_kernel(const GatherArgs a
   // 4. Partial sums; the token's last block adds them in range order.
   auto store_y = [&](int c, const float (&v)[8]) {
     const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
-    uint32_t out[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      out[i] = static_cast<uint32_t>(float_to_bf16_bits(v[2 * i])) |
-               (static_cast<uint32_t>(float_to_bf16_bits(v[2 * i + 1])) << 16);
-    *reinterpret_cast<uint4*>(a.y + t * a.H + c0) = make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(a.y + t * a.H + c0) = pack8(v);
   };
   if (splits == 1) {
 #pragma unroll
@@ -178,12 +163,7 @@ __global__ void __launch_bounds__(kThreads) gather_ffn_kernel(const GatherArgs a
 template <int kUp, int kDown>
 void launch(const GatherArgs& a, int splits, int64_t R, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(R) * 8;
-  static bool configured = false;
-  if (!configured) {
-    TWELL_CUDA_CHECK(cudaFuncSetAttribute(gather_ffn_kernel<kUp, kDown>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          96 * 1024));
-    configured = true;
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(gather_ffn_kernel<kUp, kDown>), 96 * 1024);
   gather_ffn_kernel<kUp, kDown>
       <<<dim3(static_cast<unsigned>(a.M), static_cast<unsigned>(splits)), kThreads, smem, stream>>>(a, splits, R);
 }

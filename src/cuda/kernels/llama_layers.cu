@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cuda/kernels.h"
+#include "cuda/kernels/bf16_vec.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -44,21 +45,6 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ x, const uint16_t* __rest
   uint16_t* o = out + static_cast<int64_t>(blockIdx.x) * H;
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
     o[i] = float_to_bf16_bits(bf16_bits_to_float(w[i]) * (xr[i] * inv));
-}
-
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) f[2 * i] = bits_float(w[i] << 16), f[2 * i + 1] = bits_float(w[i] & 0xffff0000u);
-}
-
-__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    w[i] = static_cast<uint32_t>(float_to_bf16_bits(f[2 * i])) |
-           (static_cast<uint32_t>(float_to_bf16_bits(f[2 * i + 1])) << 16);
-  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // One block per token; a thread rotates 8 pairs (i, i + hd/2) of one head of q or k with 16-byte

@@ -19,6 +19,7 @@
 // then shuffle tree then warps in order; y: ascending j per column): results are deterministic.
 // Covered by tests/cuda/test_twell_ffn.cu; timed by `twell bench ffn`.
 #include "cuda/kernels.h"
+#include "cuda/kernels/bf16_vec.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -54,15 +55,6 @@ __device__ __forceinline__ uint4 load_keep(const void* p, uint64_t policy) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p), "l"(policy));
   return v;
-}
-
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = bits_float(w[i] << 16);
-    f[2 * i + 1] = bits_float(w[i] & 0xffff0000u);
-  }
 }
 
 // A token's staged non-zeros: neuron index, activation value, and where its u lives.
@@ -226,13 +218,7 @@ __global__ __launch_bounds__(kMaxDownThreads, 2) void twell_ffn_down_kernel(cons
           if (i < nb) w[i] = load_keep(p.wd + static_cast<int64_t>(s.col[b0 + i]) * p.H + col0, keep);
 #pragma unroll
         for (int i = 0; i < kDownBatch; ++i) {
-          if (i < nb) {
-            const float h = s.act[b0 + i];
-            float wf[8];
-            unpack8(w[i], wf);
-#pragma unroll
-            for (int c = 0; c < kDownCols; ++c) acc[c] = fmaf(h, wf[c], acc[c]);
-          }
+          if (i < nb) fma8(acc, s.act[b0 + i], w[i]);
         }
       }
     }
@@ -240,12 +226,7 @@ __global__ __launch_bounds__(kMaxDownThreads, 2) void twell_ffn_down_kernel(cons
   }
 
   if (owns_cols) {
-    uint32_t out[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      out[i] = static_cast<uint32_t>(float_to_bf16_bits(acc[2 * i])) |
-               (static_cast<uint32_t>(float_to_bf16_bits(acc[2 * i + 1])) << 16);
-    __stcs(reinterpret_cast<uint4*>(p.y + row * p.H + col0), make_uint4(out[0], out[1], out[2], out[3]));
+    __stcs(reinterpret_cast<uint4*>(p.y + row * p.H + col0), pack8(acc));
   }
 }
 
