@@ -97,7 +97,7 @@ LlamaCudaWeights LlamaCudaWeights::upload(const model::LlamaWeights& src) {
 
 model::LlamaWeights LlamaCudaWeights::download() const {
   const int64_t hd = config.head_dim, q_dim = config.num_attention_heads * hd,
-                kv_dim = config.num_key_value_heads * hd, H = config.hidden_size;
+                kv_dim = config.num_key_value_heads * hd;
   auto all = [](const DeviceTensor& t) { return t.download(); };
   model::LlamaWeights w;
   w.config = config;
@@ -117,7 +117,6 @@ model::LlamaWeights LlamaCudaWeights::download() const {
   }
   w.final_norm = all(final_norm);
   if (!config.tie_word_embeddings) w.lm_head = all(lm_head);
-  (void)H;
   return w;
 }
 
@@ -232,26 +231,26 @@ struct LlamaCuda::Impl {
   }
 
   ~Impl() {
-    for (auto& [b, exec] : graphs) cudaGraphExecDestroy(exec);
+    drop_graphs();
     if (gpu_begin) cudaEventDestroy(gpu_begin);
     if (gpu_end) cudaEventDestroy(gpu_end);
     if (stream) cudaStreamDestroy(stream);
   }
 
+  // Decode graphs are recorded again at the next steps.
+  void drop_graphs() {
+    for (auto& [b, exec] : graphs) cudaGraphExecDestroy(exec);
+    graphs.clear();
+    graph_paths.clear();
+    eager_steps.clear();
+  }
+
   void ensure_logits(int64_t rows) {
     if (rows <= logits_rows) return;
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be in use
-    for (auto& [b, exec] : graphs) cudaGraphExecDestroy(exec);  // they write to the old buffer
-    graphs.clear();
-    eager_steps.clear();
+    drop_graphs();  // they write to the old buffer
     logits = DeviceBuffer(static_cast<size_t>(rows * V) * 4);
     logits_rows = rows;
-  }
-
-  void check_tokens(const std::vector<int32_t>& t) const {
-    for (size_t i = 0; i < t.size(); ++i)
-      TWELL_CHECK(t[i] >= 0 && t[i] < V, "LlamaCuda: token ", t[i], " at index ", i,
-                  " is outside the vocabulary [0, ", V, ")");
   }
 
   // `fresh`: the call starts at position 0 (prefill, logits), whatever the cache holds now.
@@ -382,7 +381,7 @@ struct LlamaCuda::Impl {
                   p.size(), " and ", S);
       flat.insert(flat.end(), p.begin(), p.end());
     }
-    check_tokens(flat);
+    model::check_token_ids(c, flat);
     check_call(B, S, true);  // before reset(): a rejected call leaves the cache as it was
     reset();
     ensure_logits(B);
@@ -398,7 +397,7 @@ struct LlamaCuda::Impl {
     TWELL_CHECK(o.kv_cache, "LlamaCuda::decode: built without a KV cache (kv_cache = false)");
     TWELL_CHECK(len > 0, "LlamaCuda::decode: call prefill first");
     const int64_t B = static_cast<int64_t>(toks.size());
-    check_tokens(toks);
+    model::check_token_ids(c, toks);
     check_call(B, 1);
     upload_inputs(toks.data(), B);
     // The first step of a batch size runs eagerly (it loads kernels and makes cuBLASLt plans);
@@ -466,7 +465,7 @@ const io::ModelConfig& LlamaCuda::config() const { return impl_->c; }
 
 Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats) const {
   TWELL_CHECK(ffn_stats == nullptr, "LlamaCuda::logits: per-layer FFN statistics come from the CPU backend only");
-  impl_->check_tokens(tokens);
+  model::check_token_ids(impl_->c, tokens);
   const int64_t T = static_cast<int64_t>(tokens.size());
   impl_->check_call(1, T, true);
   impl_->reset();

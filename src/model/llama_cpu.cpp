@@ -211,13 +211,11 @@ void ffn(std::vector<Acc>& x, int64_t T, const LlamaLayerWeights& l, const Llama
 
 // Throws unless `tokens` (non-empty, in the vocabulary) fit at positions p0.. of the context.
 void check_call(const io::ModelConfig& c, const std::vector<int32_t>& tokens, int64_t p0) {
-  const int64_t T = static_cast<int64_t>(tokens.size()), V = c.vocab_size;
+  const int64_t T = static_cast<int64_t>(tokens.size());
   TWELL_CHECK(T > 0, "llama: no tokens to run");
   TWELL_CHECK(p0 + T <= c.max_position_embeddings, "llama: ", p0 + T,
               " positions exceed max_position_embeddings ", c.max_position_embeddings);
-  for (int64_t t = 0; t < T; ++t)
-    TWELL_CHECK(tokens[t] >= 0 && tokens[t] < V, "llama: token ", tokens[t], " at index ", t,
-                " is outside the vocabulary [0, ", V, ")");
+  check_token_ids(c, tokens);
 }
 
 // Runs `tokens` at positions cache.len.. through the model, appending to the cache.
@@ -282,6 +280,12 @@ Tensor to_tensor(const std::vector<Acc>& v, Shape shape) {
 }
 
 }  // namespace
+
+void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens) {
+  for (size_t t = 0; t < tokens.size(); ++t)
+    TWELL_CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size, "llama: token ", tokens[t], " at index ", t,
+                " is outside the vocabulary [0, ", c.vocab_size, ")");
+}
 
 struct LlamaCpu::Impl {
   KvCache<float> f32;

@@ -89,6 +89,9 @@ struct LlamaOptions {
   Precision relu_ffn = Precision::f64;
 };
 
+// Throws, naming the first offender, unless every token id lies in [0, c.vocab_size).
+void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens);
+
 // What generation, perplexity and the CLI need of a model, whichever backend runs it: LlamaCpu
 // here, twell::cuda::LlamaCuda (cuda/llama.h) on the GPU.
 class LanguageModel {
