@@ -19,6 +19,7 @@ struct FfnForward::Impl {
   DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
+  DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
   // Gather path (M <= gather_tokens): the ranges' partial sums and the per-token done counters.
   int64_t gather_tokens = 0;
   DeviceBuffer gather_partial, gather_done;
@@ -28,6 +29,8 @@ struct FfnForward::Impl {
     unsigned long long nnz[kNnzCounters];
     uint32_t spilled_tiles;  // copied from the format's backup counter
     uint32_t overflow;
+    uint32_t next_row[4];    // the sparse kernels' work counters
+    uint32_t heavy_count;    // rows in the heavy list
   };
   DeviceBuffer counters, sample_count;
   Counters* host = nullptr;                // pinned mirror of counters
@@ -68,6 +71,8 @@ struct FfnForward::Impl {
     act = TwellDeviceMatrix(TwellLayout{s.max_tokens, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());
     if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
+    row_nnz = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
+    heavy_rows = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
     gather_tokens = gather_supports(s.hidden, s.ffn) ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0)) : 0;
     if (gather_tokens > 0) {  // sized for the largest need over the M the path takes
       int64_t partial = 0;
@@ -161,11 +166,13 @@ struct FfnForward::Impl {
     a.wu = static_cast<const uint16_t*>(w.wu.data);
     a.wd = static_cast<const uint16_t*>(w.wd.data);
     a.y = yp;
+    a.row_counters = dev()->next_row;
+    a.rows = {row_nnz.as<uint32_t>(), heavy_rows.as<uint32_t>(), &dev()->heavy_count};
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
     a.precision = options.precision;
-    launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, sm_count, stream);
-    launch_twell_ffn_sparse(a, stream);
+    launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
+    launch_twell_ffn_sparse(a, sm_count, stream);
     if (!options.count_nonzeros) return;
     TWELL_CUDA_CHECK(cudaMemcpyAsync(&dev()->spilled_tiles, act.view().n_backup, sizeof(uint32_t),
                                      cudaMemcpyDeviceToDevice, stream));
@@ -260,7 +267,8 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
-  return m.g.bytes() + m.u.bytes() + m.act.bytes() + m.u_vals.bytes() + m.counters.bytes() + m.sample_count.bytes() +
+  return m.g.bytes() + m.u.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() + m.heavy_rows.bytes() +
+         m.counters.bytes() + m.sample_count.bytes() +
          m.gather_partial.bytes() + m.gather_done.bytes();
 }
 

@@ -21,9 +21,18 @@ constexpr int kNnzCounters = 64;
 
 // twell_pack.cu: dense bf16 g [rows, cols] -> TwELL; adds the non-zero count to nnz_total[0..64)
 // and sets *overflow if the backup ran out of room (never with the default, worst-case capacity).
+// Optionally also per row: its non-zero count, and the list of heavy rows (more than
+// kHeavyRowEntries non-zeros, in no particular order), which the sparse FFN kernels give a whole
+// block each. row_nnz and heavy_rows hold `rows` entries; *heavy_count must be zero at launch.
+constexpr uint32_t kHeavyRowEntries = 128;
+struct RowCounts {
+  uint32_t* row_nnz = nullptr;  // null: none of these is written
+  uint32_t* heavy_rows = nullptr;
+  uint32_t* heavy_count = nullptr;
+};
 void check_twell_pack(const TwellLayout& layout);
 void launch_twell_pack(const uint16_t* dense, const TwellDeviceView& m, unsigned long long* nnz_total,
-                       unsigned int* overflow, int sm_count, cudaStream_t stream);
+                       unsigned int* overflow, const RowCounts& rows, int sm_count, cudaStream_t stream);
 // Adds the non-zero count of n_sample rows spread evenly over g [rows, cols] to *out (dispatch's
 // density estimate: a few MB read instead of the whole activation).
 void launch_count_sampled_nonzeros(const uint16_t* g, int64_t rows, int64_t cols, int64_t n_sample,
@@ -39,13 +48,16 @@ struct SparseFfnArgs {
   const uint16_t* wd = nullptr;
   uint16_t* u_vals = nullptr;
   uint16_t* y = nullptr;
+  uint32_t* row_counters = nullptr;  // 4 device words, the passes' work counters (zeroed here)
+  RowCounts rows;                    // from the pack (row_nnz null: no heavy-row scheduling)
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;
   Precision precision = Precision::bf16;
 };
 int64_t twell_u_size(const TwellDeviceView& act);
 void check_twell_ffn_sparse(const SparseFfnArgs& a);
-void launch_twell_ffn_sparse(const SparseFfnArgs& a, cudaStream_t stream);
+// Persistent kernels: at most one block per SM (sm_count).
+void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream);
 
 // ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing, one kernel after the
 // gate GEMM. g [M, I] is the ReLU'd gate (non-gated: h itself); y [M, H] bf16. Workspace:

@@ -11,27 +11,35 @@
 // (ncu: 60% hit rate, 8 GB of DRAM traffic in the fused kernel); one of them at a time does. The
 // price is a second read of the format (~0.4 GB at M = 131072). docs/perf.md has the numbers.
 //
-// Both kernels: one block per token. Its non-zeros are staged in shared memory in ascending
-// column order (as many tiles at a time as fit kListCap entries; a spilled tile is scanned from
-// its dense backup). up: each warp computes whole dot products for every 4th entry, two rows in
-// flight. down: thread t owns columns [8t, 8t + 8) of y and keeps kDownBatch rows in flight. Weights are loaded with an L2 evict-last policy;
-// x, the format and y stream through with evict-first. Summation orders are fixed (u: per-thread
-// then shuffle tree then warps in order; y: ascending j per column): results are deterministic.
+// Both kernels are persistent (one block per SM, 16-20 warps) and work warp by warp: a warp
+// takes the next token from a global counter (token costs vary 10-20x in skewed activations), stages
+// its non-zeros in its own shared-memory list (ascending column order, as many tiles at a time as
+// the list holds; packed entries read 32 at a time, a spilled tile scanned from its dense backup),
+// and streams the weight rows those entries name through its own ring of D row-sized slots,
+// filled by the TMA engine (cp.async.bulk, completion on one mbarrier per slot). Rows in flight
+// live in shared memory, not registers, so the warps need few registers and many fit: the time
+// of both passes measured ~1/warps (docs/perf.md, "What was tried" 11-16). Heavy tokens (more than
+// kHeavyRowEntries non-zeros, listed by the pack) go first, a whole block each, its warps taking
+// contiguous shares of the tiles. The next token's counts, packed words and x are prefetched
+// into L2 while the current one runs. Weights are fetched with an L2 evict-last hint; x, the
+// format and y stream through with evict-first.
+// Lane l owns columns c·256 + 8l .. + 8 of every 256: row reads from shared memory are
+// conflict-free 16-byte accesses. Summation orders are fixed (u: four chains per lane in column
+// order, then a shuffle tree; y: ascending j per column; a heavy row: its warps' shares added in
+// warp order): results are deterministic, whichever warp or block takes a token.
 // Covered by tests/cuda/test_twell_ffn.cu; timed by `twell bench ffn`.
+#include <algorithm>
+
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
 
 namespace twell::cuda {
 namespace {
 
-constexpr int kListCap = 1024;  // staged non-zeros (>= the widest tile, so one tile always fits)
-// up: a warp computes whole dot products (lane holds 8 columns of every 256), 4 warps a token.
-constexpr int kUpThreads = 128;
-constexpr int kMaxUpChunks = 16;  // H <= 4096
-// down: thread t owns columns [8t, 8t + 8) of y; kDownBatch rows of Wd in flight per thread.
-constexpr int kDownCols = 8;
-constexpr int kDownBatch = 8;
-constexpr int kMaxDownThreads = 512;  // H <= 4096; the bound leaves 128 registers per thread
+constexpr int kMaxChunks = 16;     // H <= 4096: lane l holds columns c·256 + 8l .. + 8, c < kMaxChunks
+constexpr int kMaxTile = 1024;     // widest TwELL tile the list takes whole
+constexpr int kMaxSlots = 8;       // ring depth cap
+constexpr int kSmemBytes = 227 * 1024 - 256;  // the per-block maximum, less room for static shared memory
 
 struct Params {
   TwellDeviceView act;
@@ -41,7 +49,35 @@ struct Params {
   uint16_t* u_vals;
   uint16_t* y;
   int64_t H;
+  int32_t ring_slots;  // D
+  int32_t list_cap;    // entries of a warp's list (>= the tile width)
+  uint32_t* next_row;    // the pass's light-row counter (zero at launch)
+  uint32_t* next_heavy;  // the pass's heavy-row counter (zero at launch)
+  RowCounts rows;
 };
+
+// Shared memory of warp w: ring [D][H] bf16, list col [cap] and aux [cap], D mbarriers.
+struct WarpSmem {
+  char* ring;
+  int32_t* col;
+  uint32_t* aux;  // up: index into u_vals; down: h as float bits
+  uint64_t* full;
+};
+
+__device__ __forceinline__ WarpSmem warp_smem(char* smem, const Params& p, int warp, int n_warps) {
+  const int64_t ring_bytes = p.H * 2 * p.ring_slots;
+  WarpSmem s;
+  s.ring = smem + warp * ring_bytes;
+  char* lists = smem + n_warps * ring_bytes;
+  s.col = reinterpret_cast<int32_t*>(lists) + static_cast<int64_t>(warp) * 2 * p.list_cap;
+  s.aux = reinterpret_cast<uint32_t*>(s.col + p.list_cap);
+  s.full = reinterpret_cast<uint64_t*>(lists + static_cast<int64_t>(n_warps) * 2 * p.list_cap * 4) + warp * p.ring_slots;
+  return s;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
 __device__ __forceinline__ uint64_t l2_keep_policy() {
   uint64_t policy;
@@ -49,190 +85,378 @@ __device__ __forceinline__ uint64_t l2_keep_policy() {
   return policy;
 }
 
-__device__ __forceinline__ uint4 load_keep(const void* p, uint64_t policy) {
-  uint4 v;
-  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
+// Lane 0: bulk-copies `bytes` from global `src` into shared `dst`; completion lands on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
+__device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+enum class Aux { u_index, h_gated, h_gated_fp32, h_plain };
+
+// The value a list entry carries, from its activation value and its index into u_vals.
+template <Aux kAux>
+__device__ __forceinline__ uint32_t entry_aux(const Params& p, float act, uint32_t u_index) {
+  if constexpr (kAux == Aux::u_index) return u_index;
+  if constexpr (kAux == Aux::h_plain) return __float_as_uint(act);
+  const float h = act * bf16_bits_to_float(__ldcs(p.u_vals + u_index));
+  return __float_as_uint(kAux == Aux::h_gated_fp32 ? h : round_bf16(h));
+}
+
+__device__ __forceinline__ uint32_t warp_inclusive_scan(uint32_t v, int lane) {
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const uint32_t o = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += o;
+  }
   return v;
 }
 
-// A token's staged non-zeros: neuron index, activation value, and where its u lives.
-struct StagedList {
-  int32_t col[kListCap];
-  float act[kListCap];
-  uint32_t u_index[kListCap];  // index into u_vals
-  uint32_t tile_offset[32];
-  int n_tiles;
-  uint32_t len;
-};
-
-// Stages the non-zeros of tiles [t_begin, t_begin + s.n_tiles) of `row` (as many as fit) in
-// ascending column order; returns the next t_begin. Must be called by the whole block.
-__device__ int64_t stage(const TwellDeviceView& a, int64_t row, int64_t t_begin, StagedList& s) {
-  const TwellLayout& l = a.layout;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-  const int64_t n_tiles = l.n_tiles(), row_tiles = row * n_tiles;
-  if (warp == 0) {  // scan up to 32 tile counts; keep the longest prefix that fits kListCap
-    const int64_t t = t_begin + lane;
-    const uint32_t count = t < n_tiles ? __ldcs(a.counts + row_tiles + t) : 0u;
-    uint32_t incl = count;
+// Stages the non-zeros of `row` from tile `t` on, as many whole tiles as fit the list, in
+// ascending column order; advances t and returns the number staged. Whole warp. Lane i takes
+// tile t + i; the packed entries of all of them are then read 32 at a time, lane e finding its
+// tile by a binary search over the prefix sums (a lane walking its own tile serially costs a
+// memory round trip per entry: 2x slower on skewed activations, whose hot tiles hold up to 32).
+template <Aux kAux>
+__device__ uint32_t stage(const Params& p, int64_t row, int64_t& t, int64_t t_stop, int32_t* col, uint32_t* aux,
+                          int lane) {
+  const TwellLayout& l = p.act.layout;
+  const int64_t n_tiles = t_stop, row_tiles = row * l.n_tiles(), slots = l.slots();
+  const uint32_t cap = static_cast<uint32_t>(p.list_cap);
+  uint32_t len = 0;
+  while (t < n_tiles) {
+    const int64_t tt = t + lane;
+    const uint32_t count = tt < n_tiles ? __ldcs(p.act.counts + row_tiles + tt) : 0u;
+    const uint32_t incl = warp_inclusive_scan(count, lane);
+    // A prefix of lanes (incl is non-decreasing); a whole tile always fits an empty list.
+    const int n_fit = __popc(__ballot_sync(0xffffffffu, tt < n_tiles && len + incl <= cap));
+    if (n_fit == 0) break;
+    const uint32_t off = len + incl - count;  // list position of this tile's first entry
+    const bool mine = lane < n_fit, spilled = mine && twell_is_spilled(l, count);
+    const uint32_t packed = mine && !spilled ? count : 0u;
+    const uint32_t packed_incl = warp_inclusive_scan(packed, lane), packed_excl = packed_incl - packed;
+    const uint32_t n_packed = __shfl_sync(0xffffffffu, packed_incl, 31);
+    for (uint32_t e0 = 0; e0 < n_packed; e0 += 32) {
+      const uint32_t e = e0 + lane;
+      int i = 0;  // the first lane whose packed_incl exceeds e
 #pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const uint32_t o = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += o;
-    }
-    // A prefix of lanes: incl is non-decreasing, and one tile always fits (count <= T <= cap).
-    const int n_fit = __popc(__ballot_sync(0xffffffffu, t < n_tiles && incl <= kListCap));
-    const uint32_t total = __shfl_sync(0xffffffffu, incl, max(n_fit - 1, 0));
-    if (lane < n_fit) s.tile_offset[lane] = incl - count;
-    if (lane == 0) s.n_tiles = n_fit, s.len = total;
-  }
-  __syncthreads();
-  const int n_stage = s.n_tiles;
-  for (int i = warp; i < n_stage; i += n_warps) {
-    const int64_t t = t_begin + i, tile_id = row_tiles + t;
-    const uint32_t count = __ldcs(a.counts + tile_id);
-    const uint32_t* words = a.slots + tile_id * l.slots();
-    const int64_t base = t * l.tile;
-    const uint32_t off = s.tile_offset[i];
-    if (!twell_is_spilled(l, count)) {
-      for (uint32_t k = lane; k < count; k += 32) {
-        const uint32_t e = __ldcs(words + k);
-        s.col[off + k] = static_cast<int32_t>(base + twell_entry_col(e));
-        s.act[off + k] = twell_entry_value(e);
-        s.u_index[off + k] = static_cast<uint32_t>(tile_id * l.slots() + k);
+      for (int step = 16; step >= 1; step /= 2)
+        if (__shfl_sync(0xffffffffu, packed_incl, i + step - 1) <= e) i += step;
+      const uint32_t k = e - __shfl_sync(0xffffffffu, packed_excl, i);
+      const uint32_t dst = __shfl_sync(0xffffffffu, off, i) + k;
+      if (e < n_packed) {
+        const int64_t word = (row_tiles + t + i) * slots + k;
+        const uint32_t v = __ldcs(p.act.slots + word);
+        col[dst] = static_cast<int32_t>((t + i) * l.tile + twell_entry_col(v));
+        aux[dst] = entry_aux<kAux>(p, twell_entry_value(v), static_cast<uint32_t>(word));
       }
-    } else {
-      const uint32_t b = __ldcs(words);
-      const uint16_t* dense = a.backup + static_cast<int64_t>(b) * l.tile;
-      const int32_t width = l.tile_width(t);
-      uint32_t n = off;
-      for (int c0 = 0; c0 < width; c0 += 32) {
-        const int c = c0 + lane;
-        const uint16_t v = c < width ? dense[c] : 0;
-        const uint32_t mask = __ballot_sync(0xffffffffu, v != 0);
-        if (v != 0) {
-          const uint32_t k = n + __popc(mask & ((1u << lane) - 1));
-          s.col[k] = static_cast<int32_t>(base + c);
-          s.act[k] = bf16_bits_to_float(v);
-          s.u_index[k] = static_cast<uint32_t>(l.slot_size() + static_cast<int64_t>(b) * l.tile + c);
+    }
+    // Spilled tiles, one at a time, the whole warp over its dense backup, 8 columns a lane. Each
+    // lane first reads its own tile's backup index and asks L2 for the tile, so that the loop
+    // below waits on L2 once per tile rather than on DRAM twice.
+    uint32_t backup = 0;
+    if (spilled) {
+      backup = __ldcs(p.act.slots + (row_tiles + tt) * slots);
+      const uint16_t* dense = p.act.backup + static_cast<int64_t>(backup) * l.tile;
+      for (int c = 0; c < l.tile; c += 64)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(dense + c));
+    }
+    for (uint32_t spills = __ballot_sync(0xffffffffu, spilled); spills; spills &= spills - 1) {
+      const int src = __ffs(spills) - 1;
+      const int64_t ts = t + src;
+      const uint32_t b = __shfl_sync(0xffffffffu, backup, src);
+      const uint16_t* dense = p.act.backup + static_cast<int64_t>(b) * l.tile;
+      const int32_t width = l.tile_width(ts);
+      uint32_t n = __shfl_sync(0xffffffffu, off, src);
+      for (int c0 = 0; c0 < width; c0 += 256) {
+        const int c = c0 + lane * 8;
+        const uint4 q = c < width ? __ldcs(reinterpret_cast<const uint4*>(dense + c)) : make_uint4(0, 0, 0, 0);
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        uint32_t nz = 0;  // bit i: column c + i is non-zero
+#pragma unroll
+        for (int i = 0; i < 8; ++i) nz |= uint32_t{((w[i / 2] >> (16 * (i % 2))) & 0xffffu) != 0} << i;
+        const uint32_t cnt = __popc(nz), lane_incl = warp_inclusive_scan(cnt, lane);
+        uint32_t k = n + lane_incl - cnt;
+        for (uint32_t m = nz; m; m &= m - 1) {
+          const int i = __ffs(m) - 1;
+          const uint16_t v = static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2)));
+          col[k] = static_cast<int32_t>(ts * l.tile + c + i);
+          aux[k] = entry_aux<kAux>(p, bf16_bits_to_float(v),
+                                     static_cast<uint32_t>(l.slot_size() + static_cast<int64_t>(b) * l.tile + c + i));
+          ++k;
         }
-        n += __popc(mask);
+        n += __shfl_sync(0xffffffffu, lane_incl, 31);
       }
     }
+    len += __shfl_sync(0xffffffffu, incl, n_fit - 1);
+    t += n_fit;
   }
-  __syncthreads();
-  return t_begin + n_stage;
+  __syncwarp();
+  return len;
 }
 
-// up: u[m, j] = bf16(x[m] · Wu[j]) for every active (m, j). Warp w of the block takes entries
-// w, w + 4, ... of the token's list and computes each dot product over all of H, two rows in
-// flight; no barrier between entries. Lane order, then a fixed shuffle tree: deterministic.
-template <int kChunks>  // ceil(H / 256): lane holds columns c·256 + 8·lane .. + 8 of chunk c
-__global__ __launch_bounds__(kUpThreads) void twell_ffn_up_kernel(const __grid_constant__ Params p) {
-  __shared__ StagedList s;
-  const uint64_t keep = l2_keep_policy();
-  const int64_t row = blockIdx.x;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  constexpr int kWarps = kUpThreads / 32;
+// Asks L2 for what staging `row` will read (its counts, packed words and, for the gated down
+// pass, their u values; x for the up pass), one token ahead, so that staging waits on L2 rather
+// than DRAM. Lane i covers tile i (a tile's 32 slot words are one 128-byte line at C = 8).
+__device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, bool x_too, bool u_too, int lane) {
+  if (row >= p.act.layout.rows) return;
+  const TwellLayout& l = p.act.layout;
+  const int64_t n_tiles = l.n_tiles();
+  auto prefetch = [](const void* a) { asm volatile("prefetch.global.L2 [%0];" ::"l"(a)); };
+  if (lane == 0) prefetch(p.act.counts + row * n_tiles);
+  for (int64_t tt = lane; tt < n_tiles; tt += 32) {
+    const int64_t word = (row * n_tiles + tt) * l.slots();
+    prefetch(p.act.slots + word);
+    if (u_too) prefetch(p.u_vals + word);
+  }
+  if (x_too)
+    for (int64_t c = lane * 64; c < p.H; c += 32 * 64) prefetch(p.x + row * p.H + c);
+}
 
-  uint4 xq[kChunks];  // packed bf16: unpacked per use, to leave registers for rows in flight
+// The next token for this warp: dynamic, because token costs vary 10-20x in skewed activations
+// (a static round-robin measured 2x slower there: the warp with the most dense tokens decides).
+// Heavy rows (listed by the pack) are skipped here: phase 1 of warp_loop took them.
+__device__ __forceinline__ int64_t grab_row(const Params& p, int lane) {
+  uint32_t r = 0;
+  if (lane == 0) {
+    do r = atomicAdd(p.next_row, 1u);
+    while (p.rows.row_nnz && r < p.act.layout.rows && __ldcs(p.rows.row_nnz + r) > kHeavyRowEntries);
+  }
+  return __shfl_sync(0xffffffffu, r, 0);
+}
+
+// Threads a block at most: up 20 warps, down 16 (its accumulators need the registers); 8 at H > 2048.
+constexpr int threads_for(int chunks, bool up) { return chunks > 8 ? 256 : up ? 640 : 512; }
+
+// The warp's work loop, shared by both passes: for each token it grabs, begin(row), then for
+// every active entry, in order, use(aux, row_in_smem) with the entry's weight row in shared
+// memory, then end(row). The token's list is staged as many tiles at a time as the list holds;
+// its weight rows go through a ring of D slots filled by the TMA engine, up to D in flight.
+// `issued` and `consumed` count rows over the whole kernel: slot i % D is on its (i / D)-th use,
+// the parity its barrier completes with.
+// NOTE: the time of both passes scaled with 1/warps at a fixed ring size (6 to 12 warps, 3 to 8
+// slots, M = 131072: 4.74 -> 2.65 ms for up), so warps matter more than rows in flight; staging
+// the next token's list during the current token's rows (double-buffered lists, fewer warps for
+// the room) measured slower (docs/perf.md).
+template <Aux kAux, typename Begin, typename Use, typename End, typename EndHeavy>
+__device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, const WarpSmem& s, bool prefetch_x,
+                                          bool prefetch_u, int lane, Begin&& begin, Use&& use, End&& end,
+                                          EndHeavy&& end_heavy) {
+  const int64_t rows = p.act.layout.rows, n_tiles = p.act.layout.n_tiles();
+  const uint32_t D = static_cast<uint32_t>(p.ring_slots), row_bytes = static_cast<uint32_t>(p.H * 2);
+  const uint64_t keep = l2_keep_policy();
+  uint32_t issued = 0, consumed = 0;
+  auto issue = [&](uint32_t k) {
+    if (lane == 0) {
+      const uint32_t slot = issued % D;
+      bulk_load(s.ring + slot * row_bytes, w + static_cast<int64_t>(s.col[k]) * p.H, row_bytes, s.full + slot, keep);
+    }
+    ++issued;
+  };
+  auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop) {
+    while (t < t_stop) {
+      const uint32_t len = stage<kAux>(p, row, t, t_stop, s.col, s.aux, lane);
+      uint32_t k_issue = 0;
+      for (; k_issue < len && k_issue < D; ++k_issue) issue(k_issue);
+      for (uint32_t k = 0; k < len; ++k) {
+        const uint32_t slot = consumed % D;
+        wait_parity(s.full + slot, (consumed / D) & 1u);
+        use(s.aux[k], reinterpret_cast<const uint16_t*>(s.ring + slot * row_bytes));
+        ++consumed;
+        __syncwarp();  // every lane is done with the slot before the TMA overwrites it
+        if (k_issue < len) issue(k_issue++);
+      }
+    }
+  };
+
+  // Phase 1: heavy rows (10-20x the mean count in skewed activations: one warp would take as
+  // long on one of them as on ~15 ordinary rows, and the last ones to start set the kernel's
+  // end). Each goes to a whole block, warp i taking the i-th contiguous share of the tiles;
+  // end_heavy combines the warps' shares in warp order (deterministic).
+  if (p.rows.row_nnz) {
+    __shared__ int64_t heavy_row;
+    const int warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    const uint32_t n_heavy = *p.rows.heavy_count;
+    const int64_t share = (n_tiles + n_warps - 1) / n_warps;
+    const int64_t t0 = min(n_tiles, warp * share), t1 = min(n_tiles, t0 + share);
+    for (;;) {
+      if (threadIdx.x == 0) {
+        const uint32_t i = atomicAdd(p.next_heavy, 1u);
+        heavy_row = i < n_heavy ? static_cast<int64_t>(p.rows.heavy_rows[i]) : -1;
+      }
+      __syncthreads();
+      const int64_t row = heavy_row;
+      __syncthreads();
+      if (row < 0) break;
+      begin(row);
+      run_tiles(row, t0, t1);
+      end_heavy(row);
+    }
+  }
+  // Phase 2: the other rows, a warp each.
+  for (int64_t row = grab_row(p, lane), next; row < rows; row = next) {
+    next = grab_row(p, lane);  // grabbed early so that its data can be prefetched
+    prefetch_row(p, next, prefetch_x, prefetch_u, lane);
+    begin(row);
+    run_tiles(row, 0, n_tiles);
+    end(row);
+  }
+}
+
+__device__ __forceinline__ void init_barriers(const WarpSmem& s, int slots, int lane) {
+  if (lane < slots) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(s.full + lane)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncwarp();
+}
+
+template <int kChunks>
+__device__ __forceinline__ void load_x(const Params& p, int64_t row, int lane, uint4 (&xq)[kChunks]) {
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int64_t col = c * 256 + lane * 8;
     xq[c] = col < p.H ? __ldcs(reinterpret_cast<const uint4*>(p.x + row * p.H + col)) : make_uint4(0, 0, 0, 0);
   }
-  auto load = [&](uint4 (&w)[kChunks], uint32_t k) {
-    const uint16_t* base = p.wu + static_cast<int64_t>(s.col[k]) * p.H + lane * 8;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-      w[c] = c * 256 + lane * 8 < p.H ? load_keep(base + c * 256, keep) : make_uint4(0, 0, 0, 0);
-  };
-  auto finish = [&](const uint4 (&w)[kChunks], uint32_t k) {
-    float dot = 0.f;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      float wf[8], xf[8];
-      unpack8(w[c], wf);
-      unpack8(xq[c], xf);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) dot = fmaf(xf[i], wf[i], dot);
-    }
-#pragma unroll
-    for (int d = 16; d >= 1; d /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, d);
-    if (lane == 0) p.u_vals[s.u_index[k]] = float_to_bf16_bits(dot);
-  };
+}
 
-  for (int64_t t = 0; t < p.act.layout.n_tiles();) {
-    t = stage(p.act, row, t, s);
-    const uint32_t len = s.len;
-    if constexpr (kChunks <= 8) {  // two rows in flight
-      uint4 w0[kChunks], w1[kChunks];
-      if (static_cast<uint32_t>(warp) < len) load(w0, warp);
-      for (uint32_t k = warp; k < len; k += 2 * kWarps) {
-        if (k + kWarps < len) load(w1, k + kWarps);
-        finish(w0, k);
-        if (k + 2 * kWarps < len) load(w0, k + 2 * kWarps);
-        if (k + kWarps < len) finish(w1, k + kWarps);
-      }
-    } else {  // wide H: one row of 2·H bytes per warp already fills the registers
-      uint4 w0[kChunks];
-      for (uint32_t k = warp; k < len; k += kWarps) {
-        load(w0, k);
-        finish(w0, k);
-      }
-    }
-    __syncthreads();  // the next stage overwrites the list
-  }
+// up: u[m, j] = bf16(x[m] · Wu[j]) for every active (m, j).
+template <int kChunks>  // ceil(H / 256)
+__global__ __launch_bounds__(threads_for(kChunks, true), 1) void twell_ffn_up_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) char smem[];
+  const int lane = threadIdx.x % 32;
+  const WarpSmem s = warp_smem(smem, p, threadIdx.x / 32, blockDim.x / 32);
+  init_barriers(s, p.ring_slots, lane);
+  uint4 xq[kChunks];  // packed bf16, unpacked per use
+  warp_loop<Aux::u_index>(
+      p, p.wu, s, true, false, lane, [&](int64_t row) { load_x(p, row, lane, xq); },
+      [&](uint32_t u_index, const uint16_t* w) {
+        float part[4] = {};  // four independent FMA chains (one is a 64-deep latency chain)
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          if (c * 256 + lane * 8 < p.H) {
+            float wf[8], xf[8];
+            unpack8(*reinterpret_cast<const uint4*>(w + c * 256 + lane * 8), wf);
+            unpack8(xq[c], xf);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) part[i % 4] = fmaf(xf[i], wf[i], part[i % 4]);
+          }
+        }
+        float dot = (part[0] + part[1]) + (part[2] + part[3]);
+#pragma unroll
+        for (int d = 16; d >= 1; d /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, d);
+        if (lane == 0) p.u_vals[u_index] = float_to_bf16_bits(dot);
+      },
+      [](int64_t) {}, [](int64_t) {});
 }
 
 // down: y[m] = Σ_j h[m, j] · Wd[j] over the active set, ascending j.
-// NOTE: capped at 64 registers (two 512-thread blocks' worth): 4 resident blocks of 256 threads
-// ran the down pass in 2.20 ms instead of 2.43 ms at 92 registers (M = 131072, 0.5%, ncu).
-template <bool kGated, bool kHFp32>
-__global__ __launch_bounds__(kMaxDownThreads, 2) void twell_ffn_down_kernel(const __grid_constant__ Params p) {
-  __shared__ StagedList s;
-  const uint64_t keep = l2_keep_policy();
-  const int64_t row = blockIdx.x;
-  const int tid = threadIdx.x;
-  const int64_t col0 = static_cast<int64_t>(tid) * kDownCols;
-  const bool owns_cols = col0 < p.H;
-
-  float acc[kDownCols] = {};
-  for (int64_t t = 0; t < p.act.layout.n_tiles();) {
-    t = stage(p.act, row, t, s);
-    if (kGated) {  // h = g · u, rounded as a bf16 model does (h_fp32: kept in fp32)
-      for (uint32_t k = tid; k < s.len; k += blockDim.x) {
-        const float h = s.act[k] * bf16_bits_to_float(__ldcs(p.u_vals + s.u_index[k]));
-        s.act[k] = kHFp32 ? h : round_bf16(h);
-      }
-      __syncthreads();
-    }
-    if (owns_cols) {
-      for (uint32_t b0 = 0; b0 < s.len; b0 += kDownBatch) {
-        const int nb = static_cast<int>(min(static_cast<uint32_t>(kDownBatch), s.len - b0));
-        uint4 w[kDownBatch];
+template <int kChunks, Aux kAux>
+__global__ __launch_bounds__(threads_for(kChunks, false), 1) void twell_ffn_down_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) char smem[];
+  const int lane = threadIdx.x % 32;
+  const WarpSmem s = warp_smem(smem, p, threadIdx.x / 32, blockDim.x / 32);
+  init_barriers(s, p.ring_slots, lane);
+  float acc[kChunks][8] = {};
+  warp_loop<kAux>(
+      p, p.wd, s, false, kAux == Aux::h_gated || kAux == Aux::h_gated_fp32, lane, [](int64_t) {},
+      [&](uint32_t h_bits, const uint16_t* w) {
+        const float h = __uint_as_float(h_bits);
 #pragma unroll
-        for (int i = 0; i < kDownBatch; ++i)
-          if (i < nb) w[i] = load_keep(p.wd + static_cast<int64_t>(s.col[b0 + i]) * p.H + col0, keep);
+        for (int c = 0; c < kChunks; ++c)
+          if (c * 256 + lane * 8 < p.H) fma8(acc[c], h, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
+      },
+      [&](int64_t row) {
 #pragma unroll
-        for (int i = 0; i < kDownBatch; ++i) {
-          if (i < nb) fma8(acc, s.act[b0 + i], w[i]);
+        for (int c = 0; c < kChunks; ++c) {
+          const int64_t col = c * 256 + lane * 8;
+          if (col < p.H) __stcs(reinterpret_cast<uint4*>(p.y + row * p.H + col), pack8(acc[c]));
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
         }
-      }
-    }
-    __syncthreads();  // the next stage overwrites the list
-  }
+      },
+      [&](int64_t row) {  // the block's shares of a heavy row: summed in warp order
+        const int warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+        float* part = reinterpret_cast<float*>(smem);  // n_warps x H f32 over the (drained) rings
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int64_t col = c * 256 + lane * 8;
+          if (col < p.H)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) part[warp * p.H + col + e] = acc[c][e];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
+        }
+        __syncthreads();
+        for (int64_t col = 2 * threadIdx.x; col < p.H; col += 2 * blockDim.x) {
+          float lo = 0.f, hi = 0.f;
+          for (int v = 0; v < n_warps; ++v) lo += part[v * p.H + col], hi += part[v * p.H + col + 1];
+          reinterpret_cast<uint32_t*>(p.y + row * p.H)[col / 2] = pack2(lo, hi);
+        }
+        __syncthreads();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the TMA writes the rings again
+      });
+}
 
-  if (owns_cols) {
-    __stcs(reinterpret_cast<uint4*>(p.y + row * p.H + col0), pack8(acc));
-  }
+int list_cap_for(const TwellLayout& l) { return std::max<int>(l.tile, 256); }
+int64_t smem_per_warp(int64_t H, int slots, int cap) { return slots * (H * 2 + 8) + int64_t{cap} * 8; }
+
+// Warps per block and ring depth: the most warps (up to the kernel's register bound) that leave
+// room for two ring slots each, then as many slots as fit. Both passes' time measured ~1/warps and
+// flat in the slots beyond two (docs/perf.md). H = 2048, tile 256: up 20 x 2, down 16 x 3.
+struct Config {
+  int warps = 0, slots = 0;
+};
+Config config_for(int64_t H, int cap, int max_warps) {
+  auto slots_for = [&](int warps) {
+    const int64_t per_warp = kSmemBytes / warps - int64_t{cap} * 8;
+    return static_cast<int>(std::min<int64_t>(kMaxSlots, per_warp / (H * 2 + 8)));
+  };
+  int warps = max_warps;
+  while (warps > 1 && slots_for(warps) < 2) --warps;
+  return {warps, slots_for(warps)};
+}
+
+template <typename Kernel>
+void launch(Kernel kernel, Params p, bool up, int sm_count, int64_t M, cudaStream_t stream) {
+  const int chunks = static_cast<int>((p.H + 255) / 256);
+  Config c = config_for(p.H, p.list_cap, threads_for(chunks, up) / 32);
+  // >= 2: the down kernel sums a heavy row's shares (warps x H f32) over the rings.
+  TWELL_CHECK(c.slots >= 2, "sparse FFN kernel: no room for two weight rows a warp in shared memory (H = ", p.H, ")");
+  p.ring_slots = c.slots;
+  const int smem = static_cast<int>(c.warps * smem_per_warp(p.H, c.slots, p.list_cap));
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes);
+  const int64_t blocks = std::min<int64_t>(sm_count, (M + c.warps - 1) / c.warps);
+  kernel<<<static_cast<unsigned>(blocks), c.warps * 32, smem, stream>>>(p);
+  TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int kChunks>
-void launch_up(const Params& p, int64_t M, cudaStream_t stream) {
-  twell_ffn_up_kernel<kChunks><<<static_cast<unsigned>(M), kUpThreads, 0, stream>>>(p);
+void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t stream) {
+  TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 4 * sizeof(uint32_t), stream));
+  p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
+  if (!a.gated) return launch(twell_ffn_down_kernel<kChunks, Aux::h_plain>, p, false, sm_count, a.M, stream);
+  p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
+  launch(twell_ffn_up_kernel<kChunks>, p, true, sm_count, a.M, stream);
+  p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
+  if (a.precision == Precision::h_fp32)
+    launch(twell_ffn_down_kernel<kChunks, Aux::h_gated_fp32>, p, false, sm_count, a.M, stream);
+  else
+    launch(twell_ffn_down_kernel<kChunks, Aux::h_gated>, p, false, sm_count, a.M, stream);
 }
 
 }  // namespace
@@ -242,40 +466,30 @@ int64_t twell_u_size(const TwellDeviceView& act) {
 }
 
 void check_twell_ffn_sparse(const SparseFfnArgs& a) {
-  const int64_t max_h = a.gated ? kMaxUpChunks * 256 : kMaxDownThreads * kDownCols;
+  const int64_t max_h = kMaxChunks * 256;
   TWELL_CHECK(a.H % 64 == 0 && a.H <= max_h, "sparse FFN kernel: H = ", a.H, " must be a multiple of 64 and at most ",
               max_h);
-  TWELL_CHECK(a.act.layout.tile <= kListCap, "sparse FFN kernel: TwELL tile width ", a.act.layout.tile,
-              " above the supported ", kListCap);
+  TWELL_CHECK(a.act.layout.tile <= kMaxTile && a.act.layout.tile % 8 == 0 && a.I % 8 == 0,
+              "sparse FFN kernel: TwELL tile width ", a.act.layout.tile, " and I = ", a.I,
+              " must be multiples of 8, the tile at most ", kMaxTile);
   TWELL_CHECK(a.act.layout.rows == a.M && a.act.layout.cols == a.I, "sparse FFN kernel: activation is [",
               a.act.layout.rows, ", ", a.act.layout.cols, "], expected [", a.M, ", ", a.I, "]");
   TWELL_CHECK(twell_u_size(a.act) < (int64_t{1} << 32), "sparse FFN kernel: ", twell_u_size(a.act),
               " u values exceed 32-bit indexing; split the batch");
   TWELL_CHECK(a.precision != Precision::f64, "sparse FFN kernel: Precision::f64 is CPU-only");
   TWELL_CHECK(!a.gated || a.u_vals, "sparse FFN kernel: a gated FFN needs the u buffer");
+  TWELL_CHECK(a.row_counters, "sparse FFN kernel: needs two device counters (row_counters)");
 }
 
-void launch_twell_ffn_sparse(const SparseFfnArgs& a, cudaStream_t stream) {
+void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream) {
   check_twell_ffn_sparse(a);
   if (a.M == 0) return;
-  const Params p{a.act, a.x, a.wu, a.wd, a.u_vals, a.y, a.H};
-  const int threads = static_cast<int>((a.H / kDownCols + 31) / 32 * 32);
-  const dim3 grid(static_cast<unsigned>(a.M));
-  if (a.gated) {
-    const int64_t chunks = (a.H + 255) / 256;
-    if (chunks <= 2) launch_up<2>(p, a.M, stream);
-    else if (chunks <= 4) launch_up<4>(p, a.M, stream);
-    else if (chunks <= 8) launch_up<8>(p, a.M, stream);
-    else launch_up<16>(p, a.M, stream);
-    TWELL_CUDA_CHECK(cudaGetLastError());
-    if (a.precision == Precision::h_fp32)
-      twell_ffn_down_kernel<true, true><<<grid, threads, 0, stream>>>(p);
-    else
-      twell_ffn_down_kernel<true, false><<<grid, threads, 0, stream>>>(p);
-  } else {
-    twell_ffn_down_kernel<false, false><<<grid, threads, 0, stream>>>(p);
-  }
-  TWELL_CUDA_CHECK(cudaGetLastError());
+  const Params p{a.act, a.x, a.wu, a.wd, a.u_vals, a.y, a.H, 0, list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
+  const int64_t chunks = (a.H + 255) / 256;
+  if (chunks <= 2) launch_passes<2>(a, p, sm_count, stream);
+  else if (chunks <= 4) launch_passes<4>(a, p, sm_count, stream);
+  else if (chunks <= 8) launch_passes<8>(a, p, sm_count, stream);
+  else launch_passes<16>(a, p, sm_count, stream);
 }
 
 }  // namespace twell::cuda

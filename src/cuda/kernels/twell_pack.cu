@@ -107,7 +107,7 @@ constexpr int kTilesInFlight = 4;
 // registers in 0.98 ms, a later one at 80 registers in ~1.2 ms (M = 131072, ncu).
 __global__ __launch_bounds__(kThreads, 4) void twell_pack_kernel(const uint16_t* __restrict__ dense, TwellDeviceView m,
                                                              unsigned long long* __restrict__ nnz_total,
-                                                             unsigned int* __restrict__ overflow) {
+                                                             unsigned int* __restrict__ overflow, RowCounts rc) {
   const TwellLayout& l = m.layout;
   const int lane = threadIdx.x % 32;
   const int64_t n_tiles = l.n_tiles();
@@ -117,6 +117,7 @@ __global__ __launch_bounds__(kThreads, 4) void twell_pack_kernel(const uint16_t*
 
   for (int64_t row = warp_global; row < l.rows; row += warp_stride) {
     const uint16_t* in = dense + row * l.cols;
+    uint32_t row_nnz = 0;
     for (int64_t t0 = 0; t0 < n_tiles; t0 += kTilesInFlight) {
       uint4 v[kTilesInFlight];
 #pragma unroll
@@ -126,7 +127,12 @@ __global__ __launch_bounds__(kThreads, 4) void twell_pack_kernel(const uint16_t*
       }
 #pragma unroll
       for (int i = 0; i < kTilesInFlight; ++i)
-        if (t0 + i < n_tiles) my_nnz += pack_tile(dense, m, row, t0 + i, v[i], overflow, lane);
+        if (t0 + i < n_tiles) row_nnz += pack_tile(dense, m, row, t0 + i, v[i], overflow, lane);
+    }
+    my_nnz += row_nnz;
+    if (rc.row_nnz && lane == 0) {
+      rc.row_nnz[row] = row_nnz;
+      if (row_nnz > kHeavyRowEntries) rc.heavy_rows[atomicAdd(rc.heavy_count, 1u)] = static_cast<uint32_t>(row);
     }
   }
 
@@ -179,12 +185,12 @@ void check_twell_pack(const TwellLayout& l) {
 }
 
 void launch_twell_pack(const uint16_t* dense, const TwellDeviceView& m, unsigned long long* nnz_total,
-                       unsigned int* overflow, int sm_count, cudaStream_t stream) {
+                       unsigned int* overflow, const RowCounts& rows, int sm_count, cudaStream_t stream) {
   check_twell_pack(m.layout);
   const int64_t warps = m.layout.rows;  // one per row
   if (warps == 0) return;
   const int64_t blocks = std::min<int64_t>((warps * 32 + kThreads - 1) / kThreads, int64_t{sm_count} * 4);
-  twell_pack_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(dense, m, nnz_total, overflow);
+  twell_pack_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(dense, m, nnz_total, overflow, rows);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
