@@ -241,6 +241,8 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
     j["peak_mem_bytes"] = r.peak_mem_bytes >= 0 ? nlohmann::ordered_json(r.peak_mem_bytes) : nlohmann::ordered_json();
     j["energy_mj_per_token"] =
         r.energy_mj_per_token >= 0 && r.correct ? number_or_null(r.energy_mj_per_token) : nlohmann::ordered_json();
+    if (r.sm_clock_mhz >= 0) j["sm_clock_mhz"] = number_or_null(r.sm_clock_mhz);
+    if (r.power_capped >= 0) j["power_capped"] = number_or_null(r.power_capped);
     if (!r.note.empty()) j["note"] = r.note;
     j["commit"] = r.commit;
     j["command"] = r.command;

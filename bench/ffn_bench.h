@@ -45,6 +45,8 @@ struct BenchRecord {
   double tokens_per_ms = -1;          // < 0: unset
   int64_t peak_mem_bytes = -1;
   double energy_mj_per_token = -1;
+  double sm_clock_mhz = -1;  // mean SM clock over the timed runs (NVML samples)
+  double power_capped = -1;  // share of those samples with the power-cap clock limit active
   std::string note;  // why a case failed, or what was not timed
   std::string commit, command;
 };

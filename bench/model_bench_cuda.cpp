@@ -10,6 +10,7 @@
 #include <ostream>
 #include <random>
 #include <thread>
+#include <atomic>
 
 #include "twell_git_sha.h"
 
@@ -26,14 +27,18 @@ namespace twell::bench {
 
 void print_model_table(const std::vector<BenchRecord>& records, std::ostream& out) {
   char line[256];
-  std::snprintf(line, sizeof line, "%-14s %-6s %7s %7s %10s %8s %11s %9s %10s %9s %s\n", "bench", "impl", "tokens",
-                "nnz/tok", "ms(median)", "x dense", "tokens/ms", "mem GB", "mJ/token", "rel_err", "ok");
+  std::snprintf(line, sizeof line, "%-14s %-6s %7s %7s %10s %8s %11s %9s %10s %7s %7s %9s %s\n", "bench", "impl",
+                "tokens", "nnz/tok", "ms(median)", "x dense", "tokens/ms", "mem GB", "mJ/token", "SM MHz", "capped",
+                "rel_err", "ok");
   out << line;
   for (const BenchRecord& r : records) {
-    std::snprintf(line, sizeof line, "%-14s %-6s %7lld %7.1f %10.3f %8.3f %11.2f %9.1f %10.3f %9.2e %s\n",
+    char mhz[16] = "n/a", capped[16] = "n/a";  // NVML could not tell
+    if (r.sm_clock_mhz >= 0) std::snprintf(mhz, sizeof mhz, "%.0f", r.sm_clock_mhz);
+    if (r.power_capped >= 0) std::snprintf(capped, sizeof capped, "%.0f%%", 100 * r.power_capped);
+    std::snprintf(line, sizeof line, "%-14s %-6s %7lld %7.1f %10.3f %8.3f %11.2f %9.1f %10.3f %7s %7s %9.2e %s\n",
                   r.bench.c_str(), r.impl.c_str(), static_cast<long long>(r.M), r.nnz_per_token_mean, r.ms_median,
-                  r.ratio_to_dense, r.tokens_per_ms, r.peak_mem_bytes / 1e9, r.energy_mj_per_token, r.rel_err,
-                  r.correct ? "yes" : "FAILED");
+                  r.ratio_to_dense, r.tokens_per_ms, r.peak_mem_bytes / 1e9, r.energy_mj_per_token, mhz, capped,
+                  r.rel_err, r.correct ? "yes" : "FAILED");
     out << line;
   }
 }
@@ -61,39 +66,87 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 uint16_t* bits(const cuda::DeviceTensor& t) { return static_cast<uint16_t*>(t.view().data); }
 
-// The GPU's cumulative energy through NVML, loaded at run time (CI machines have no driver).
-class EnergyMeter {
+// The GPU's cumulative energy, SM clock and clock-limit reasons through NVML, loaded at run time
+// (CI machines have no driver). A prefill at this size holds the board at its power limit, where
+// time follows energy rather than work (docs/perf.md, "The whole model"), so each timed stretch
+// also reports the mean SM clock and the share of samples throttled by the power cap.
+class GpuMeter {
  public:
-  EnergyMeter() {
+  GpuMeter() {
     lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib_) return;
     auto init = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlInit_v2"));
     auto by_bus = reinterpret_cast<int (*)(const char*, void**)>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
     energy_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(dlsym(lib_, "nvmlDeviceGetTotalEnergyConsumption"));
+    clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib_, "nvmlDeviceGetClockInfo"));
+    void* reasons = dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons");  // the older name below
+    reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
+        reasons ? reasons : dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons"));
     char bus[32] = {};
     int dev = 0;
     if (!init || !by_bus || !energy_ || init() != 0 || cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess || by_bus(bus, &device_) != 0)
       device_ = nullptr;
   }
-  ~EnergyMeter() {
+  ~GpuMeter() {
+    stop();
     if (lib_) {
       if (auto shutdown = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlShutdown")); shutdown && device_) shutdown();
       dlclose(lib_);
     }
   }
-  EnergyMeter(const EnergyMeter&) = delete;
-  EnergyMeter& operator=(const EnergyMeter&) = delete;
+  GpuMeter(const GpuMeter&) = delete;
+  GpuMeter& operator=(const GpuMeter&) = delete;
   // Millijoules since the driver loaded; < 0 when NVML cannot tell.
   double millijoules() const {
     unsigned long long mj = 0;
     return device_ && energy_(device_, &mj) == 0 ? static_cast<double>(mj) : -1;
   }
 
+  // Clock samples taken every 10 ms between start() and stop().
+  struct Clocks {
+    double mhz_sum = 0, capped = 0;  // sums over the samples; capped: power-cap reason set
+    int64_t samples = 0;
+    void add(const Clocks& o) { mhz_sum += o.mhz_sum, capped += o.capped, samples += o.samples; }
+  };
+  void start() {
+    stop();
+    if (!device_ || !clock_) return;
+    running_ = true;
+    sampler_ = std::thread([this] {
+      Clocks c;
+      while (running_) {
+        unsigned mhz = 0;
+        unsigned long long why = 0;
+        if (clock_(device_, kClockSm, &mhz) == 0) {
+          c.mhz_sum += mhz;
+          c.capped += reasons_ && reasons_(device_, &why) == 0 && (why & kPowerCapReasons) ? 1 : 0;
+          ++c.samples;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      last_ = c;
+    });
+  }
+  Clocks stop() {
+    if (!sampler_.joinable()) return {};
+    running_ = false;
+    sampler_.join();
+    return last_;
+  }
+
  private:
+  static constexpr int kClockSm = 1;                          // NVML_CLOCK_SM
+  static constexpr unsigned long long kPowerCapReasons = 0x4  // software power cap
+                                                         | 0x80;  // hardware power brake
   void* lib_ = nullptr;
   void* device_ = nullptr;
   int (*energy_)(void*, unsigned long long*) = nullptr;
+  int (*clock_)(void*, int, unsigned*) = nullptr;
+  int (*reasons_)(void*, unsigned long long*) = nullptr;
+  std::thread sampler_;
+  std::atomic<bool> running_{false};
+  Clocks last_;
 };
 
 io::ModelConfig model_config(const ModelBenchConfig& cfg) {
@@ -297,6 +350,7 @@ struct Timing {
   std::vector<double> ms;
   double energy_mj = 0;
   bool energy_known = true;
+  GpuMeter::Clocks clocks;
   double median() const { return median_of(ms); }
 };
 
@@ -323,6 +377,10 @@ BenchRecord record(const char* bench, const char* impl, const ModelBenchConfig& 
   r.tokens_per_ms = tokens_per_run / r.ms_median;
   r.peak_mem_bytes = static_cast<int64_t>(mem);
   if (t.energy_known) r.energy_mj_per_token = t.energy_mj / (tokens_per_run * static_cast<double>(t.ms.size()));
+  if (t.clocks.samples > 0) {
+    r.sm_clock_mhz = t.clocks.mhz_sum / static_cast<double>(t.clocks.samples);
+    r.power_capped = t.clocks.capped / static_cast<double>(t.clocks.samples);
+  }
   r.ratio_to_dense = r.ms_median / dense_ms;
   r.dense_rel_err = dense_err;
   r.rel_err = err;
@@ -334,7 +392,7 @@ BenchRecord record(const char* bench, const char* impl, const ModelBenchConfig& 
 }
 
 void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, const Calibration& cal,
-                   const CheckResult& check, const EnergyMeter& energy, std::vector<BenchRecord>& out,
+                   const CheckResult& check, GpuMeter& energy, std::vector<BenchRecord>& out,
                    std::ostream& progress) {
   const int64_t B = cfg.batch, S = cfg.seq, T = B * S;
   LlamaCudaOptions o;
@@ -383,10 +441,12 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
     for (int k : order) {
       LlamaCuda& m = *models[k];
       const double e0 = energy.millijoules();
+      energy.start();
       TWELL_CUDA_CHECK(cudaEventRecord(start, m.stream()));
       m.enqueue(tokens.as<int32_t>(), B, S, cuda::Head::none);
       TWELL_CUDA_CHECK(cudaEventRecord(stop, m.stream()));
       TWELL_CUDA_CHECK(cudaEventSynchronize(stop));
+      const GpuMeter::Clocks clocks = energy.stop();
       const double e1 = energy.millijoules();
       float ms = 0;
       TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -394,6 +454,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
       timing[k].ms.push_back(ms);
       timing[k].energy_known = timing[k].energy_known && e0 >= 0 && e1 >= 0;
       timing[k].energy_mj += e1 - e0;
+      timing[k].clocks.add(clocks);
     }
     progress << "\rprefill timing: " << it + 1 << "/" << cfg.warmup + cfg.iters << std::flush;
   }
@@ -417,7 +478,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
 }
 
 void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, int64_t B,
-                  const Calibration& cal, const CheckResult& check, const EnergyMeter& energy,
+                  const Calibration& cal, const CheckResult& check, GpuMeter& energy,
                   std::vector<BenchRecord>& out, std::ostream& progress) {
   LlamaCudaOptions o;
   o.max_batch = B;
@@ -453,7 +514,9 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   for (int k = 0; k < n_models; ++k) {
     const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(250.0 / timing[k].median()), 1, kEnergySteps);
     const double e0 = energy.millijoules();
+    energy.start();
     for (int64_t s = 0; s < n; ++s) models[k]->decode_batch(next);
+    timing[k].clocks = energy.stop();
     const double e1 = energy.millijoules();
     timing[k].energy_known = e0 >= 0 && e1 >= 0;
     timing[k].energy_mj = (e1 - e0) * static_cast<double>(timing[k].ms.size()) / static_cast<double>(n);
@@ -501,7 +564,7 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
   progress << line;
   const Calibration cal = calibrate(w, cfg.density, std::min<int64_t>(2048, c.max_position_embeddings), cfg.seed, progress);
   const CheckResult check = check_against_cpu(w, cfg.check_tokens, cfg.seed, progress);
-  const EnergyMeter energy;
+  GpuMeter energy;
   std::vector<BenchRecord> out;
   const bool dense_ok = check.prefill_dense >= 0 && check.prefill_dense <= kDenseTolerance &&
                         check.decode_dense >= 0 && check.decode_dense <= kDenseTolerance;

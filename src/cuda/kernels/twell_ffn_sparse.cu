@@ -240,8 +240,9 @@ __device__ __forceinline__ int64_t grab_row(const Params& p, int lane) {
   return __shfl_sync(0xffffffffu, r, 0);
 }
 
-// Threads a block at most: up 20 warps, down 16 (its accumulators need the registers); 8 at H > 2048.
-constexpr int threads_for(int chunks, bool up) { return chunks > 8 ? 256 : up ? 640 : 512; }
+// Threads a block at most: up 20 warps (12 at H > 2048), down 16 (8 at H > 2048): the down
+// kernel's accumulators need the registers.
+constexpr int threads_for(int chunks, bool up) { return chunks > 8 ? (up ? 384 : 256) : (up ? 640 : 512); }
 
 // The warp's work loop, shared by both passes: for each token it grabs, begin(row), then for
 // every active entry, in order, use(aux, row_in_smem) with the entry's weight row in shared
