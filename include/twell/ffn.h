@@ -21,6 +21,12 @@ struct FfnWeights {
   int64_t ffn() const { return wu.size(0); }     // I
 };
 
+// Gradients of the FFN's inputs and weights, same shapes as the tensors they differentiate; dwg is
+// empty for a non-gated FFN. An empty view is not computed (e.g. dx of the first layer).
+struct FfnGrads {
+  TensorView dx, dwg, dwu, dwd;
+};
+
 // Where values are rounded (DESIGN.md §2). `bf16` rounds g, u, h and y to bf16 as a dense bf16
 // PyTorch model does, with fp32 accumulation. `h_fp32` ("highest precision") keeps h in fp32.
 // `f64` rounds nothing and accumulates in double: the oracle for tests.

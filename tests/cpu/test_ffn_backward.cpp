@@ -13,7 +13,7 @@ namespace {
 
 struct Grads {
   Tensor dx, dwg, dwu, dwd;
-  cpu::FfnGrads views() const { return {dx, dwg, dwu, dwd}; }
+  FfnGrads views() const { return {dx, dwg, dwu, dwd}; }
 };
 
 Grads make_grads(const Problem& p, DType dtype) {
@@ -152,7 +152,7 @@ TEST(CpuFfnBackward, DeadNeuronsGetZeroRowsAndEmptyViewsAreSkipped) {
   for (int64_t k = 0; k < 12; ++k) store_from_double(p.wg, 3 * 12 + k, 0.0);  // neuron 3: g = 0
   const Tensor dy = random_tensor(DType::f32, {6, 12}, 42);
   Grads g = make_grads(p, DType::f32);
-  cpu::FfnGrads views = g.views();
+  FfnGrads views = g.views();
   views.dx = TensorView{};
   cpu::ffn_backward(p.x, p.weights(), dy, 0.0, views, Precision::bf16);
   for (int64_t k = 0; k < 12; ++k) {

@@ -28,12 +28,14 @@ struct FfnCase {
   double density;
   bool skewed;
   bool gated;
+  int32_t tile = 256, compression = 8;  // TwELL layout
 };
 
 std::string case_name(const testing::TestParamInfo<FfnCase>& info) {
   const auto& c = info.param;
   return str("M", c.M, "_H", c.H, "_I", c.I, "_d", static_cast<int>(std::lround(c.density * 1000)), "permille_",
-             c.skewed ? "skewed" : "uniform", c.gated ? "_gated" : "_plain");
+             c.skewed ? "skewed" : "uniform", c.gated ? "_gated" : "_plain",
+             c.tile != 256 || c.compression != 8 ? str("_T", c.tile, "C", c.compression) : std::string());
 }
 
 double rms(const TensorView& t) {
@@ -75,6 +77,7 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
     o.dispatch = d;
     o.sparse_min_tokens = 0;
     o.gather_max_tokens = gather;
+    o.tile = c.tile, o.compression = c.compression;
     cuda::FfnForward ffn({c.M, c.H, c.I, c.gated}, o);
     DeviceTensor y(DType::bf16, {c.M, c.H});
     cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);  // poison: NaN
@@ -109,6 +112,11 @@ std::vector<FfnCase> ffn_cases() {
   cases.push_back({19, 4096, 576, 0.05, true, true});    // widest H the kernels take
   cases.push_back({23, 1088, 704, 0.1, false, true});    // H not a multiple of 256
   for (double d : {0.005, 0.13, 1.0}) cases.push_back({45, 256, 832, d, true, false});  // non-gated
+  // Heavy rows (> 128 non-zeros: a block each, warp shares summed in shared memory over the rings).
+  cases.push_back({19, 4096, 576, 0.3, true, true});   // at the widest H (8 warps, 16 KB rows)
+  cases.push_back({7, 512, 5632, 0.5, false, true});   // a warp's share overflows its list
+  cases.push_back({300, 512, 2048, 0.1, true, true, 1024, 16});  // the widest tile the kernels take
+  cases.push_back({300, 512, 2048, 0.1, true, true, 128, 4});    // narrow tiles, several per list fill
   return cases;
 }
 
@@ -142,6 +150,21 @@ TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
   cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
   ffn.forward(p.x, p.w(), p.y, nullptr);
   EXPECT_TRUE(test::bit_equal(p.y.download(), first));
+
+  // Mostly heavy rows (~420 non-zeros each), whose block order comes from atomics.
+  GpuProblem dense = make_problem(513, 1024, 2816, 0.15);
+  ffn.forward(dense.x, dense.w(), dense.y, nullptr);
+  const Tensor heavy = dense.y.download();
+  cuda::fill_bytes(dense.y.view().data, dense.y.nbytes(), 0xff, nullptr);
+  ffn.forward(dense.x, dense.w(), dense.y, nullptr);
+  EXPECT_TRUE(test::bit_equal(dense.y.download(), heavy));
+  // A smaller batch after a larger one: no stale per-row counts or heavy-row lists.
+  GpuProblem small = make_problem(40, 1024, 2816, 0.15);
+  ffn.forward(small.x, small.w(), small.y, nullptr);
+  const Tensor after_large = small.y.download();
+  cuda::FfnForward fresh({513, 1024, 2816, true}, o);
+  fresh.forward(small.x, small.w(), small.y, nullptr);
+  EXPECT_TRUE(test::bit_equal(small.y.download(), after_large));
 
   o.gather_max_tokens = 1024;  // the gather path's split sums are added in a fixed order too
   cuda::FfnForward gather({513, 1024, 2816, true}, o);

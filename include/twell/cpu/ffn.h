@@ -28,13 +28,8 @@ TwellMatrix ffn_pack_activation(const TensorView& x, const FfnWeights& w, TwellL
 void ffn_forward_twell(const TensorView& x, const TwellMatrix& act, const FfnWeights& w,
                        const TensorView& y, Precision p, ActivationStats* stats = nullptr);
 
-// Gradients; each view f32 or f64, same shapes as the tensors they differentiate; dwg is empty
-// for a non-gated FFN. An empty view is not computed (e.g. dx of the first layer).
-struct FfnGrads {
-  TensorView dx, dwg, dwu, dwd;
-};
-
-// Backward on the active set, with the L1 penalty's gradient `l1_coeff · sign(h)` added to dh
+// Backward (gradients in FfnGrads, twell/ffn.h, f32 or f64 here) on the active set, with the L1
+// penalty's gradient `l1_coeff · sign(h)` added to dh
 // (l1_coeff = l1_coefficient(λ, M, layers)). Precision::bf16 rounds dh, dg, du to bf16 as a bf16
 // PyTorch model does (h_fp32 keeps them in fp32); gradients are accumulated in fp32 (f64 with
 // Precision::f64). dy is [M, H], bf16, f32 or f64. Forward quantities are recomputed.

@@ -1,0 +1,351 @@
+// The machinery shared by the sparse FFN kernels over TwELL (twell_ffn_sparse.cu: forward up and
+// down passes; twell_ffn_backward.cu: the backward's dh and dx passes): a warp takes a token, stages
+// its non-zeros from the format into a shared-memory list, and streams the weight rows they name
+// through its own TMA-filled ring. The design and its measurements: the head of
+// twell_ffn_sparse.cu and docs/perf.md.
+#pragma once
+
+#include <algorithm>
+
+#include "cuda/kernels.h"
+#include "cuda/kernels/bf16_vec.cuh"
+
+namespace twell::cuda {
+namespace {
+
+constexpr int kMaxChunks = 16;     // H <= 4096: lane l holds columns c·256 + 8l .. + 8, c < kMaxChunks
+constexpr int kMaxTile = 1024;     // widest TwELL tile the list takes whole
+constexpr int kMaxSlots = 8;       // ring depth cap
+constexpr int kSmemBytes = 227 * 1024 - 256;  // the per-block maximum, less room for static shared memory
+
+struct Params {
+  TwellDeviceView act;
+  const uint16_t* x;
+  const uint16_t* wu;
+  const uint16_t* wd;
+  uint16_t* u_vals;
+  uint16_t* y;
+  int64_t H;
+  int32_t ring_slots;  // D
+  int32_t list_cap;    // entries of a warp's list (>= the tile width)
+  uint32_t* next_row;    // the pass's light-row counter (zero at launch)
+  uint32_t* next_heavy;  // the pass's heavy-row counter (zero at launch)
+  RowCounts rows;
+};
+
+// Shared memory of warp w: ring [D][H] bf16, list col [cap] and aux [cap], D mbarriers.
+struct WarpSmem {
+  char* ring;
+  int32_t* col;
+  uint32_t* aux;  // up: index into u_vals; down: h as float bits
+  uint64_t* full;
+};
+
+__device__ __forceinline__ WarpSmem warp_smem(char* smem, const Params& p, int warp, int n_warps) {
+  const int64_t ring_bytes = p.H * 2 * p.ring_slots;
+  WarpSmem s;
+  s.ring = smem + warp * ring_bytes;
+  char* lists = smem + n_warps * ring_bytes;
+  s.col = reinterpret_cast<int32_t*>(lists) + static_cast<int64_t>(warp) * 2 * p.list_cap;
+  s.aux = reinterpret_cast<uint32_t*>(s.col + p.list_cap);
+  s.full = reinterpret_cast<uint64_t*>(lists + static_cast<int64_t>(n_warps) * 2 * p.list_cap * 4) + warp * p.ring_slots;
+  return s;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint64_t l2_keep_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// Lane 0: bulk-copies `bytes` from global `src` into shared `dst`; completion lands on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
+__device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+enum class Aux { u_index, h_gated, h_gated_fp32, h_plain };
+
+// The value a list entry carries, from its activation value and its index into u_vals.
+template <Aux kAux>
+__device__ __forceinline__ uint32_t entry_aux(const Params& p, float act, uint32_t u_index) {
+  if constexpr (kAux == Aux::u_index) return u_index;
+  if constexpr (kAux == Aux::h_plain) return __float_as_uint(act);
+  const float h = act * bf16_bits_to_float(__ldcs(p.u_vals + u_index));
+  return __float_as_uint(kAux == Aux::h_gated_fp32 ? h : round_bf16(h));
+}
+
+__device__ __forceinline__ uint32_t warp_inclusive_scan(uint32_t v, int lane) {
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const uint32_t o = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += o;
+  }
+  return v;
+}
+
+// Stages the non-zeros of `row` from tile `t` on, as many whole tiles as fit the list, in
+// ascending column order; advances t and returns the number staged. Whole warp. Lane i takes
+// tile t + i; the packed entries of all of them are then read 32 at a time, lane e finding its
+// tile by a binary search over the prefix sums (a lane walking its own tile serially costs a
+// memory round trip per entry: 2x slower on skewed activations, whose hot tiles hold up to 32).
+template <Aux kAux>
+__device__ uint32_t stage(const Params& p, int64_t row, int64_t& t, int64_t t_stop, int32_t* col, uint32_t* aux,
+                          int lane) {
+  const TwellLayout& l = p.act.layout;
+  const int64_t n_tiles = t_stop, row_tiles = row * l.n_tiles(), slots = l.slots();
+  const uint32_t cap = static_cast<uint32_t>(p.list_cap);
+  uint32_t len = 0;
+  while (t < n_tiles) {
+    const int64_t tt = t + lane;
+    const uint32_t count = tt < n_tiles ? __ldcs(p.act.counts + row_tiles + tt) : 0u;
+    const uint32_t incl = warp_inclusive_scan(count, lane);
+    // A prefix of lanes (incl is non-decreasing); a whole tile always fits an empty list.
+    const int n_fit = __popc(__ballot_sync(0xffffffffu, tt < n_tiles && len + incl <= cap));
+    if (n_fit == 0) break;
+    const uint32_t off = len + incl - count;  // list position of this tile's first entry
+    const bool mine = lane < n_fit, spilled = mine && twell_is_spilled(l, count);
+    const uint32_t packed = mine && !spilled ? count : 0u;
+    const uint32_t packed_incl = warp_inclusive_scan(packed, lane), packed_excl = packed_incl - packed;
+    const uint32_t n_packed = __shfl_sync(0xffffffffu, packed_incl, 31);
+    for (uint32_t e0 = 0; e0 < n_packed; e0 += 32) {
+      const uint32_t e = e0 + lane;
+      int i = 0;  // the first lane whose packed_incl exceeds e
+#pragma unroll
+      for (int step = 16; step >= 1; step /= 2)
+        if (__shfl_sync(0xffffffffu, packed_incl, i + step - 1) <= e) i += step;
+      const uint32_t k = e - __shfl_sync(0xffffffffu, packed_excl, i);
+      const uint32_t dst = __shfl_sync(0xffffffffu, off, i) + k;
+      if (e < n_packed) {
+        const int64_t word = (row_tiles + t + i) * slots + k;
+        const uint32_t v = __ldcs(p.act.slots + word);
+        col[dst] = static_cast<int32_t>((t + i) * l.tile + twell_entry_col(v));
+        aux[dst] = entry_aux<kAux>(p, twell_entry_value(v), static_cast<uint32_t>(word));
+      }
+    }
+    // Spilled tiles, one at a time, the whole warp over its dense backup, 8 columns a lane. Each
+    // lane first reads its own tile's backup index and asks L2 for the tile, so that the loop
+    // below waits on L2 once per tile rather than on DRAM twice.
+    uint32_t backup = 0;
+    if (spilled) {
+      backup = __ldcs(p.act.slots + (row_tiles + tt) * slots);
+      const uint16_t* dense = p.act.backup + static_cast<int64_t>(backup) * l.tile;
+      for (int c = 0; c < l.tile; c += 64)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(dense + c));
+    }
+    for (uint32_t spills = __ballot_sync(0xffffffffu, spilled); spills; spills &= spills - 1) {
+      const int src = __ffs(spills) - 1;
+      const int64_t ts = t + src;
+      const uint32_t b = __shfl_sync(0xffffffffu, backup, src);
+      const uint16_t* dense = p.act.backup + static_cast<int64_t>(b) * l.tile;
+      const int32_t width = l.tile_width(ts);
+      uint32_t n = __shfl_sync(0xffffffffu, off, src);
+      for (int c0 = 0; c0 < width; c0 += 256) {
+        const int c = c0 + lane * 8;
+        const uint4 q = c < width ? __ldcs(reinterpret_cast<const uint4*>(dense + c)) : make_uint4(0, 0, 0, 0);
+        // Two 64-bit halves shifted by a run-time amount (indexing a uint32_t[4] by i / 2 at run
+        // time put the array on the stack).
+        const uint64_t lo = q.x | static_cast<uint64_t>(q.y) << 32, hi = q.z | static_cast<uint64_t>(q.w) << 32;
+        uint32_t nz = 0;  // bit i: column c + i is non-zero
+#pragma unroll
+        for (int i = 0; i < 8; ++i) nz |= uint32_t{((i < 4 ? lo >> (16 * i) : hi >> (16 * (i - 4))) & 0xffffu) != 0} << i;
+        const uint32_t cnt = __popc(nz), lane_incl = warp_inclusive_scan(cnt, lane);
+        uint32_t k = n + lane_incl - cnt;
+        for (uint32_t m = nz; m; m &= m - 1) {
+          const int i = __ffs(m) - 1;
+          const uint16_t v = static_cast<uint16_t>(i < 4 ? lo >> (16 * i) : hi >> (16 * (i - 4)));
+          col[k] = static_cast<int32_t>(ts * l.tile + c + i);
+          aux[k] = entry_aux<kAux>(p, bf16_bits_to_float(v),
+                                     static_cast<uint32_t>(l.slot_size() + static_cast<int64_t>(b) * l.tile + c + i));
+          ++k;
+        }
+        n += __shfl_sync(0xffffffffu, lane_incl, 31);
+      }
+    }
+    len += __shfl_sync(0xffffffffu, incl, n_fit - 1);
+    t += n_fit;
+  }
+  __syncwarp();
+  return len;
+}
+
+// Asks L2 for what staging `row` will read (its counts, packed words and, for the gated down
+// pass, their u values; x for the up pass), one token ahead, so that staging waits on L2 rather
+// than DRAM. Lane i covers tile i (a tile's 32 slot words are one 128-byte line at C = 8).
+__device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, bool x_too, bool u_too, int lane) {
+  if (row >= p.act.layout.rows) return;
+  const TwellLayout& l = p.act.layout;
+  const int64_t n_tiles = l.n_tiles();
+  auto prefetch = [](const void* a) { asm volatile("prefetch.global.L2 [%0];" ::"l"(a)); };
+  if (lane == 0) prefetch(p.act.counts + row * n_tiles);
+  for (int64_t tt = lane; tt < n_tiles; tt += 32) {
+    const int64_t word = (row * n_tiles + tt) * l.slots();
+    prefetch(p.act.slots + word);
+    if (u_too) prefetch(p.u_vals + word);
+  }
+  if (x_too)
+    for (int64_t c = lane * 64; c < p.H; c += 32 * 64) prefetch(p.x + row * p.H + c);
+}
+
+// The next token for this warp: dynamic, because token costs vary 10-20x in skewed activations
+// (a static round-robin measured 2x slower there: the warp with the most dense tokens decides).
+// Heavy rows (listed by the pack) are skipped here: phase 1 of warp_loop took them.
+__device__ __forceinline__ int64_t grab_row(const Params& p, int lane) {
+  uint32_t r = 0;
+  if (lane == 0) {
+    do r = atomicAdd(p.next_row, 1u);
+    while (p.rows.row_nnz && r < p.act.layout.rows && __ldcs(p.rows.row_nnz + r) > kHeavyRowEntries);
+  }
+  return __shfl_sync(0xffffffffu, r, 0);
+}
+
+// Threads a block at most: up 20 warps (12 at H > 2048), down 16 (8 at H > 2048): the down
+// kernel's accumulators need the registers.
+constexpr int threads_for(int chunks, bool up) { return chunks > 8 ? (up ? 384 : 256) : (up ? 640 : 512); }
+
+// The warp's work loop, shared by both passes: for each token it grabs, begin(row), then for
+// every active entry, in order, use(aux, row_in_smem) with the entry's weight row in shared
+// memory, then end(row). The token's list is staged as many tiles at a time as the list holds;
+// its weight rows go through a ring of D slots filled by the TMA engine, up to D in flight.
+// `issued` and `consumed` count rows over the whole kernel: slot i % D is on its (i / D)-th use,
+// the parity its barrier completes with.
+// NOTE: the time of both passes scaled with 1/warps at a fixed ring size (6 to 12 warps, 3 to 8
+// slots, M = 131072: 4.74 -> 2.65 ms for up), so warps matter more than rows in flight; staging
+// the next token's list during the current token's rows (double-buffered lists, fewer warps for
+// the room) measured slower (docs/perf.md).
+template <Aux kAux, typename Begin, typename Use, typename End, typename EndHeavy>
+__device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, const WarpSmem& s, bool prefetch_x,
+                                          bool prefetch_u, int lane, Begin&& begin, Use&& use, End&& end,
+                                          EndHeavy&& end_heavy) {
+  const int64_t rows = p.act.layout.rows, n_tiles = p.act.layout.n_tiles();
+  const uint32_t D = static_cast<uint32_t>(p.ring_slots), row_bytes = static_cast<uint32_t>(p.H * 2);
+  const uint64_t keep = l2_keep_policy();
+  uint32_t issued = 0, consumed = 0;
+  auto issue = [&](uint32_t k) {
+    if (lane == 0) {
+      const uint32_t slot = issued % D;
+      bulk_load(s.ring + slot * row_bytes, w + static_cast<int64_t>(s.col[k]) * p.H, row_bytes, s.full + slot, keep);
+    }
+    ++issued;
+  };
+  auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop) {
+    while (t < t_stop) {
+      const uint32_t len = stage<kAux>(p, row, t, t_stop, s.col, s.aux, lane);
+      uint32_t k_issue = 0;
+      for (; k_issue < len && k_issue < D; ++k_issue) issue(k_issue);
+      for (uint32_t k = 0; k < len; ++k) {
+        const uint32_t slot = consumed % D;
+        wait_parity(s.full + slot, (consumed / D) & 1u);
+        use(s.aux[k], reinterpret_cast<const uint16_t*>(s.ring + slot * row_bytes));
+        ++consumed;
+        __syncwarp();  // every lane is done with the slot before the TMA overwrites it
+        if (k_issue < len) issue(k_issue++);
+      }
+    }
+  };
+
+  // Phase 1: heavy rows (10-20x the mean count in skewed activations: one warp would take as
+  // long on one of them as on ~15 ordinary rows, and the last ones to start set the kernel's
+  // end). Each goes to a whole block, warp i taking the i-th contiguous share of the tiles;
+  // end_heavy combines the warps' shares in warp order (deterministic).
+  if (p.rows.row_nnz) {
+    __shared__ int64_t heavy_row;
+    const int warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    const uint32_t n_heavy = *p.rows.heavy_count;
+    const int64_t share = (n_tiles + n_warps - 1) / n_warps;
+    const int64_t t0 = min(n_tiles, warp * share), t1 = min(n_tiles, t0 + share);
+    for (;;) {
+      if (threadIdx.x == 0) {
+        const uint32_t i = atomicAdd(p.next_heavy, 1u);
+        heavy_row = i < n_heavy ? static_cast<int64_t>(p.rows.heavy_rows[i]) : -1;
+      }
+      __syncthreads();
+      const int64_t row = heavy_row;
+      __syncthreads();
+      if (row < 0) break;
+      begin(row);
+      run_tiles(row, t0, t1);
+      end_heavy(row);
+    }
+  }
+  // Phase 2: the other rows, a warp each.
+  for (int64_t row = grab_row(p, lane), next; row < rows; row = next) {
+    next = grab_row(p, lane);  // grabbed early so that its data can be prefetched
+    prefetch_row(p, next, prefetch_x, prefetch_u, lane);
+    begin(row);
+    run_tiles(row, 0, n_tiles);
+    end(row);
+  }
+}
+
+__device__ __forceinline__ void init_barriers(const WarpSmem& s, int slots, int lane) {
+  if (lane < slots) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(s.full + lane)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncwarp();
+}
+
+template <int kChunks>
+__device__ __forceinline__ void load_x(const Params& p, int64_t row, int lane, uint4 (&xq)[kChunks]) {
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t col = c * 256 + lane * 8;
+    xq[c] = col < p.H ? __ldcs(reinterpret_cast<const uint4*>(p.x + row * p.H + col)) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+int list_cap_for(const TwellLayout& l) { return std::max<int>(l.tile, 256); }
+int64_t smem_per_warp(int64_t H, int slots, int cap) { return slots * (H * 2 + 8) + int64_t{cap} * 8; }
+
+// Warps per block and ring depth: the most warps (up to the kernel's register bound) that leave
+// room for two ring slots each, then as many slots as fit. Both passes' time measured ~1/warps and
+// flat in the slots beyond two (docs/perf.md). H = 2048, tile 256: up 20 x 2, down 16 x 3.
+struct Config {
+  int warps = 0, slots = 0;
+};
+Config config_for(int64_t H, int cap, int max_warps) {
+  auto slots_for = [&](int warps) {
+    const int64_t per_warp = kSmemBytes / warps - int64_t{cap} * 8;
+    return static_cast<int>(std::min<int64_t>(kMaxSlots, per_warp / (H * 2 + 8)));
+  };
+  int warps = max_warps;
+  while (warps > 1 && slots_for(warps) < 2) --warps;
+  return {warps, slots_for(warps)};
+}
+
+template <typename Kernel>
+void launch(Kernel kernel, Params p, bool up, int sm_count, int64_t M, cudaStream_t stream) {
+  const int chunks = static_cast<int>((p.H + 255) / 256);
+  Config c = config_for(p.H, p.list_cap, threads_for(chunks, up) / 32);
+  // >= 2: the down kernel sums a heavy row's shares (warps x H f32) over the rings.
+  TWELL_CHECK(c.slots >= 2, "sparse FFN kernel: no room for two weight rows a warp in shared memory (H = ", p.H, ")");
+  p.ring_slots = c.slots;
+  const int smem = static_cast<int>(c.warps * smem_per_warp(p.H, c.slots, p.list_cap));
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes);
+  const int64_t blocks = std::min<int64_t>(sm_count, (M + c.warps - 1) / c.warps);
+  kernel<<<static_cast<unsigned>(blocks), c.warps * 32, smem, stream>>>(p);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+
+}  // namespace
+}  // namespace twell::cuda
