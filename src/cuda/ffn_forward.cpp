@@ -3,6 +3,7 @@
 #include "twell/cuda/ffn.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "cuda/cublaslt_gemm.h"
 #include "cuda/kernels.h"
@@ -20,6 +21,15 @@ struct FfnForward::Impl {
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
+  // The backward's workspace, allocated on its first call: dg and du beside the format, and the
+  // transpose of the active set (sized by the forward's non-zero count, grown as needed).
+  struct Backward {
+    DeviceBuffer dg_vals, du_vals, col_count, col_start, keys, vals, keys_sorted, vals_sorted, temp;
+    size_t bytes() const {
+      return dg_vals.bytes() + du_vals.bytes() + col_count.bytes() + col_start.bytes() + keys.bytes() + vals.bytes() +
+             keys_sorted.bytes() + vals_sorted.bytes() + temp.bytes();
+    }
+  } bwd;
   // Gather path (M <= gather_tokens): the ranges' partial sums and the per-token done counters.
   int64_t gather_tokens = 0;
   DeviceBuffer gather_partial, gather_done;
@@ -206,6 +216,86 @@ struct FfnForward::Impl {
     stats.spilled_tiles = host->spilled_tiles;
   }
 
+  static void grow(DeviceBuffer& b, size_t bytes) {
+    if (b.bytes() < bytes) b = DeviceBuffer(bytes);
+  }
+
+  void backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff, const FfnGrads& grads,
+                cudaStream_t stream) {
+    check_args(x, w, dy);  // dy has y's shape and dtype
+    const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
+    TWELL_CHECK(shape.gated, "FfnForward::backward: only the gated FFN has a GPU backward so far");
+    TWELL_CHECK(options.precision == Precision::bf16, "FfnForward::backward: only Precision::bf16 so far");
+    TWELL_CHECK(stats.tokens == M && (M == 0 || stats.path == FfnPath::sparse),
+                "FfnForward::backward: needs the state of a forward() of the same tokens on the TwELL path; the last "
+                "call had ", stats.tokens, " tokens on the ", stats.path == FfnPath::sparse ? "sparse" :
+                stats.path == FfnPath::dense ? "dense" : "gather",
+                " path (for training use Dispatch::always_sparse and gather_max_tokens = 0)");
+    auto check_grad = [](const TensorView& t, const Shape& s, const char* name) {
+      if (t.empty()) return;
+      check_device(t, Device::cuda, name);
+      check_dtype(t, DType::f32, name);
+      check_contiguous(t, name);
+      check_shape(t, s, name);
+      check_aligned(t, 16, name);
+    };
+    check_grad(grads.dx, {M, H}, "FfnForward::backward: grads.dx");
+    check_grad(grads.dwg, {I, H}, "FfnForward::backward: grads.dwg");
+    check_grad(grads.dwu, {I, H}, "FfnForward::backward: grads.dwu");
+    check_grad(grads.dwd, {I, H}, "FfnForward::backward: grads.dwd");
+    TWELL_CHECK(std::isfinite(l1_coeff) && l1_coeff >= 0,
+                "FfnForward::backward: l1_coeff: expected a finite value >= 0, got ", l1_coeff);
+    const bool need_dw = !grads.dwg.empty() || !grads.dwu.empty() || !grads.dwd.empty();
+    if (M == 0) {  // no tokens: the weight gradients are zero
+      for (const TensorView* t : {&grads.dwg, &grads.dwu, &grads.dwd})
+        if (!t->empty()) TWELL_CUDA_CHECK(cudaMemsetAsync(t->data, 0, static_cast<size_t>(I * H) * 4, stream));
+      return;
+    }
+    // NOTE: the one host synchronisation of the backward: the transpose is sized by the forward's
+    // non-zero count (the backup already bounds it, but at 4 x 4 bytes per possible entry).
+    collect_counts(true);
+    TWELL_CHECK(!need_dw || stats.nnz >= 0,
+                "FfnForward::backward: weight gradients need the forward's non-zero count (count_nonzeros = true)");
+    const size_t u_bytes = static_cast<size_t>(twell_u_size(act.view())) * 2;
+    grow(bwd.dg_vals, u_bytes);
+    grow(bwd.du_vals, u_bytes);
+    SparseBackwardArgs a;
+    a.act = act_view(M);
+    a.rows = {row_nnz.as<uint32_t>(), heavy_rows.as<uint32_t>(), &dev()->heavy_count};
+    a.x = static_cast<const uint16_t*>(x.data);
+    a.dy = static_cast<const uint16_t*>(dy.data);
+    a.wg = static_cast<const uint16_t*>(w.wg.data);
+    a.wu = static_cast<const uint16_t*>(w.wu.data);
+    a.wd = static_cast<const uint16_t*>(w.wd.data);
+    a.u_vals = u_vals.as<uint16_t>();
+    a.dg_vals = bwd.dg_vals.as<uint16_t>();
+    a.du_vals = bwd.du_vals.as<uint16_t>();
+    a.dx = static_cast<float*>(grads.dx.data);
+    a.dwg = static_cast<float*>(grads.dwg.data);
+    a.dwu = static_cast<float*>(grads.dwu.data);
+    a.dwd = static_cast<float*>(grads.dwd.data);
+    a.row_counters = dev()->next_row;
+    a.M = M, a.H = H, a.I = I;
+    a.l1 = static_cast<float>(l1_coeff);
+    if (need_dw) {
+      const size_t n = static_cast<size_t>(std::max<int64_t>(stats.nnz, 1)) * 4;
+      grow(bwd.col_count, static_cast<size_t>(I + 1) * 4);
+      grow(bwd.col_start, static_cast<size_t>(I + 1) * 4);
+      for (DeviceBuffer* b : {&bwd.keys, &bwd.vals, &bwd.keys_sorted, &bwd.vals_sorted}) grow(*b, n);
+      grow(bwd.temp, std::max<size_t>(twell_backward_temp_bytes(stats.nnz, I), 16));
+      a.col_count = bwd.col_count.as<uint32_t>();
+      a.col_start = bwd.col_start.as<uint32_t>();
+      a.keys = bwd.keys.as<uint32_t>();
+      a.vals = bwd.vals.as<uint32_t>();
+      a.keys_sorted = bwd.keys_sorted.as<uint32_t>();
+      a.vals_sorted = bwd.vals_sorted.as<uint32_t>();
+      a.temp = bwd.temp.get();
+      a.temp_bytes = bwd.temp.bytes();
+      a.nnz = stats.nnz;
+    }
+    launch_twell_ffn_backward(a, sm_count, stream);
+  }
+
   void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream) {
     check_args(x, w, y);
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
@@ -263,11 +353,17 @@ void FfnForward::forward(const TensorView& x, const FfnWeights& w, const TensorV
   impl_->forward(x, w, y, stream);
 }
 
+void FfnForward::backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,
+                          const FfnGrads& grads, cudaStream_t stream) {
+  impl_->backward(x, w, dy, l1_coeff, grads, stream);
+}
+
 FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
   return m.g.bytes() + m.u.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() + m.heavy_rows.bytes() +
+         m.bwd.bytes() +
          m.counters.bytes() + m.sample_count.bytes() +
          m.gather_partial.bytes() + m.gather_done.bytes();
 }

@@ -59,6 +59,28 @@ void check_twell_ffn_sparse(const SparseFfnArgs& a);
 // Persistent kernels: at most one block per SM (sm_count).
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream);
 
+// twell_ffn_backward.cu: the gated FFN's backward over the active set of the forward that filled
+// `act` and `u_vals` (same x and weights): dg, du into dg_vals/du_vals (bf16, indexed like u_vals),
+// dx [M, H] and dWg, dWu, dWd [I, H] in f32 (null: not computed). dy [M, H] bf16. The dW passes
+// need the transpose workspace: col_count, col_start [I + 1], keys, vals, keys_sorted, vals_sorted
+// [nnz] (nnz: the forward's non-zero count) and temp (twell_backward_temp_bytes).
+struct SparseBackwardArgs {
+  TwellDeviceView act;
+  RowCounts rows;
+  const uint16_t *x = nullptr, *dy = nullptr, *wg = nullptr, *wu = nullptr, *wd = nullptr, *u_vals = nullptr;
+  uint16_t *dg_vals = nullptr, *du_vals = nullptr;
+  float *dx = nullptr, *dwg = nullptr, *dwu = nullptr, *dwd = nullptr;
+  uint32_t* row_counters = nullptr;  // 4 device words (zeroed here)
+  uint32_t *col_count = nullptr, *col_start = nullptr, *keys = nullptr, *vals = nullptr, *keys_sorted = nullptr,
+           *vals_sorted = nullptr;
+  void* temp = nullptr;
+  size_t temp_bytes = 0;
+  int64_t nnz = 0, M = 0, H = 0, I = 0;
+  float l1 = 0.f;
+};
+size_t twell_backward_temp_bytes(int64_t nnz, int64_t I);
+void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaStream_t stream);
+
 // ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing, one kernel after the
 // gate GEMM. g [M, I] is the ReLU'd gate (non-gated: h itself); y [M, H] bf16. Workspace:
 // partial S·M·H f32 with S = gather_splits(M), and done [M] int32, zero before the first call

@@ -1,6 +1,7 @@
 // twell::cuda::FfnForward against the CPU reference: sparse, dense and auto-dispatched paths, at
 // every standard density, uniform and skewed, at awkward shapes (M = 1, M not a multiple of any
-// tile, I with a partial last tile), with poisoned outputs; plus determinism and bad input.
+// tile, I with a partial last tile), with poisoned outputs; plus determinism and bad input; and
+// FfnForward::backward against the CPU reference backward.
 //
 // Tolerance: the GPU computes the same roundings in another summation order (cuBLAS GEMMs, warp
 // reductions), so a bf16 rounding of g or u can land one ulp (2^-8 relative) away and a
@@ -12,6 +13,7 @@
 #include <cmath>
 
 #include "common/compare.h"
+#include "common/random.h"
 #include "gpu_test.h"
 #include "synthetic.h"
 #include "twell/cpu/ffn.h"
@@ -292,6 +294,123 @@ TEST(FfnForwardGpuErrors, RejectsBadArguments) {
     EXPECT_NE(std::string(e.what()).find("wu: expected shape [256, 128], got [256, 192]"), std::string::npos)
         << e.what();
   }
+}
+
+
+// ---- backward ----------------------------------------------------------------------------------
+// FfnForward::backward against the CPU reference backward (itself checked by finite differences,
+// tests/cpu/test_ffn_backward.cpp): each gradient's relative error against float64 at most twice
+// the CPU bf16 pipeline's (plus a 1e-4 floor), with the L1 term on; bitwise reproducible.
+struct BackwardCase {
+  int64_t M, H, I;
+  double density;
+  bool skewed;
+  int32_t tile = 256, compression = 8;
+};
+
+std::string backward_name(const testing::TestParamInfo<BackwardCase>& info) {
+  const auto& c = info.param;
+  return str("M", c.M, "_H", c.H, "_I", c.I, "_d", static_cast<int>(std::lround(c.density * 1000)), "permille_",
+             c.skewed ? "skewed" : "uniform", c.tile != 256 ? str("_T", c.tile) : std::string());
+}
+
+struct DeviceGrads {
+  DeviceTensor dx, dwg, dwu, dwd;
+  DeviceGrads(int64_t M, int64_t H, int64_t I)
+      : dx(DType::f32, {M, H}), dwg(DType::f32, {I, H}), dwu(DType::f32, {I, H}), dwd(DType::f32, {I, H}) {
+    for (DeviceTensor* t : {&dx, &dwg, &dwu, &dwd}) cuda::fill_bytes(t->view().data, t->nbytes(), 0xff, nullptr);
+  }
+  FfnGrads views() const { return {dx.view(), dwg.view(), dwu.view(), dwd.view()}; }
+};
+
+class FfnBackwardGpu : public testing::TestWithParam<BackwardCase> {};
+
+TEST_P(FfnBackwardGpu, MatchesCpuReference) {
+  TWELL_REQUIRE_HOPPER();
+  const BackwardCase& c = GetParam();
+  const bench::SyntheticFfn f = bench::make_synthetic_ffn(
+      {c.M, c.H, c.I, c.density, c.skewed ? bench::Distribution::skewed : bench::Distribution::uniform, true, 5});
+  const Tensor dy = test::random_normal(DType::bf16, {c.M, c.H}, 1.0, 17);
+  const double l1 = 0.05;  // comparable to |dh|: the sign(h) term matters
+
+  auto cpu_grads = [&](DType dtype, Precision prec) {
+    std::vector<Tensor> g;
+    g.emplace_back(dtype, Shape{c.M, c.H});
+    for (int k = 0; k < 3; ++k) g.emplace_back(dtype, Shape{c.I, c.H});
+    cpu::ffn_backward(f.x, f.weights(), dy, l1, {g[0], g[1], g[2], g[3]}, prec);
+    return g;
+  };
+  const std::vector<Tensor> g64 = cpu_grads(DType::f64, Precision::f64);
+  const std::vector<Tensor> g32 = cpu_grads(DType::f32, Precision::bf16);
+
+  DeviceTensor x = DeviceTensor::upload(f.x), wg = DeviceTensor::upload(f.wg), wu = DeviceTensor::upload(f.wu),
+               wd = DeviceTensor::upload(f.wd), dyd = DeviceTensor::upload(dy), y(DType::bf16, {c.M, c.H});
+  const FfnWeights w{wg.view(), wu.view(), wd.view()};
+  cuda::FfnOptions o;
+  o.dispatch = Dispatch::always_sparse;
+  o.gather_max_tokens = 0;
+  o.tile = c.tile, o.compression = c.compression;
+  cuda::FfnForward ffn({c.M, c.H, c.I, true}, o);
+  ffn.forward(x, w, y, nullptr);
+  DeviceGrads gpu(c.M, c.H, c.I);
+  ffn.backward(x, w, dyd, l1, gpu.views(), nullptr);
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  const Tensor got[4] = {gpu.dx.download(), gpu.dwg.download(), gpu.dwu.download(), gpu.dwd.download()};
+  const char* names[4] = {"dx", "dwg", "dwu", "dwd"};
+  for (int k = 0; k < 4; ++k) {
+    const double cpu_err = relative_error(g32[k], g64[k]), gpu_err = relative_error(got[k], g64[k]);
+    EXPECT_LE(gpu_err, 2 * cpu_err + 1e-4) << names[k] << ": cpu bf16 rel_err " << cpu_err;
+    std::printf("    %s: gpu rel err %.2e, cpu bf16 %.2e\n", names[k], gpu_err, cpu_err);
+  }
+
+  // Reproducible: a second backward (the transpose's atomics land in another order) gives the
+  // same bits.
+  DeviceGrads again(c.M, c.H, c.I);
+  ffn.backward(x, w, dyd, l1, again.views(), nullptr);
+  EXPECT_TRUE(test::bit_equal(again.dx.download(), got[0]));
+  EXPECT_TRUE(test::bit_equal(again.dwg.download(), got[1]));
+  EXPECT_TRUE(test::bit_equal(again.dwu.download(), got[2]));
+  EXPECT_TRUE(test::bit_equal(again.dwd.download(), got[3]));
+}
+
+std::vector<BackwardCase> backward_cases() {
+  return {
+      {67, 256, 1344, 0.02, true},     {67, 256, 1344, 0.3, false},  // spilled tiles, heavy rows
+      {1, 512, 1600, 0.05, true},      {33, 64, 64, 0.2, false},     // M = 1; one partial tile
+      {129, 192, 320, 0.13, true},     {65, 2048, 5632, 0.005, true},  // odd H; the paper's shape
+      {19, 4096, 576, 0.3, true},      {300, 512, 2048, 0.1, true, 128, 4},  // widest H; narrow tiles
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FfnBackwardGpu, testing::ValuesIn(backward_cases()), backward_name);
+
+TEST(FfnBackwardGpuEdges, NeedsASparseForwardOfTheSameTokensAndGoodArguments) {
+  TWELL_REQUIRE_HOPPER();
+  GpuProblem p = make_problem(16, 128, 256, 0.05);
+  DeviceTensor dy = DeviceTensor::upload(test::random_normal(DType::bf16, {16, 128}, 1.0, 3));
+  DeviceGrads g(16, 128, 256);
+  cuda::FfnOptions o;
+  o.dispatch = Dispatch::always_dense;
+  cuda::FfnForward dense({16, 128, 256, true}, o);
+  EXPECT_THROW(dense.backward(p.x, p.w(), dy, 0.0, g.views(), nullptr), Error);  // no forward yet
+  dense.forward(p.x, p.w(), p.y, nullptr);
+  EXPECT_THROW(dense.backward(p.x, p.w(), dy, 0.0, g.views(), nullptr), Error);  // dense path: no state
+
+  o.dispatch = Dispatch::always_sparse;
+  o.gather_max_tokens = 0;
+  cuda::FfnForward ffn({16, 128, 256, true}, o);
+  ffn.forward(p.x, p.w(), p.y, nullptr);
+  DeviceTensor dy32(DType::f32, {16, 128}), bad_dx(DType::f32, {16, 64}), dx_bf16(DType::bf16, {16, 128});
+  EXPECT_THROW(ffn.backward(p.x, p.w(), dy32, 0.0, g.views(), nullptr), Error);  // dy must be bf16
+  EXPECT_THROW(ffn.backward(p.x, p.w(), dy, -1.0, g.views(), nullptr), Error);   // negative l1
+  EXPECT_THROW(ffn.backward(p.x, p.w(), dy, 0.0, {bad_dx.view(), {}, {}, {}}, nullptr), Error);
+  EXPECT_THROW(ffn.backward(p.x, p.w(), dy, 0.0, {dx_bf16.view(), {}, {}, {}}, nullptr), Error);
+  GpuProblem other = make_problem(8, 128, 256, 0.05);  // not the tokens of the last forward
+  EXPECT_THROW(ffn.backward(other.x, other.w(), other.y, 0.0, g.views(), nullptr), Error);
+  // Only dx requested: the weight gradients stay untouched (poisoned).
+  ffn.backward(p.x, p.w(), dy, 0.0, {g.dx.view(), {}, {}, {}}, nullptr);
+  const Tensor dwd = g.dwd.download();
+  EXPECT_TRUE(std::isnan(load_as_double(dwd, 0)));
 }
 
 }  // namespace

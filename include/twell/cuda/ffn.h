@@ -84,6 +84,16 @@ class FfnForward {
   // argument. Then enqueues the FFN on `stream`.
   void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream);
 
+  // The backward of the last forward() (training; a gated FFN, Precision::bf16, the TwELL path:
+  // use Dispatch::always_sparse and gather_max_tokens = 0), from the state that forward kept (the
+  // TwELL activation and u on the active set): x and w must be those of that call; dy [M, H] bf16.
+  // Gradients in f32 on the device (FfnGrads, twell/ffn.h; an empty view is not computed); the L1
+  // penalty's gradient l1_coeff·sign(h) is added to dh (l1_coefficient, twell/ffn.h). Exact on the
+  // active set at any density and bitwise reproducible. Synchronises the stream once (the forward's
+  // non-zero count sizes the transpose). Not yet tuned for speed (docs/perf.md).
+  void backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,
+                const FfnGrads& grads, cudaStream_t stream);
+
   // Statistics of the last call; waits for its non-zero count if the sparse path ran.
   FfnStats last_stats() const;
   // The path of the last call, without waiting for anything.

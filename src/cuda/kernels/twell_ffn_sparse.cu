@@ -44,88 +44,25 @@ __global__ __launch_bounds__(threads_for(kChunks, true), 1) void twell_ffn_up_ke
   warp_loop<Aux::u_index>(
       p, p.wu, s, true, false, lane, [&](int64_t row) { load_x(p, row, lane, xq); },
       [&](uint32_t u_index, const uint16_t* w) {
-        float part[4] = {};  // four independent FMA chains (one is a 64-deep latency chain)
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          if (c * 256 + lane * 8 < p.H) {
-            float wf[8], xf[8];
-            unpack8(*reinterpret_cast<const uint4*>(w + c * 256 + lane * 8), wf);
-            unpack8(xq[c], xf);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) part[i % 4] = fmaf(xf[i], wf[i], part[i % 4]);
-          }
-        }
-        float dot = (part[0] + part[1]) + (part[2] + part[3]);
-#pragma unroll
-        for (int d = 16; d >= 1; d /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, d);
+        const float dot = row_dot(xq, w, p.H, lane);
         if (lane == 0) p.u_vals[u_index] = float_to_bf16_bits(dot);
       },
       [](int64_t) {}, [](int64_t) {});
 }
 
-// down: y[m] = Σ_j h[m, j] · Wd[j] over the active set, ascending j.
-template <int kChunks, Aux kAux>
-__global__ __launch_bounds__(threads_for(kChunks, false), 1) void twell_ffn_down_kernel(const __grid_constant__ Params p) {
-  extern __shared__ __align__(128) char smem[];
-  const int lane = threadIdx.x % 32;
-  const WarpSmem s = warp_smem(smem, p, threadIdx.x / 32, blockDim.x / 32);
-  init_barriers(s, p.ring_slots, lane);
-  float acc[kChunks][8] = {};
-  warp_loop<kAux>(
-      p, p.wd, s, false, kAux == Aux::h_gated || kAux == Aux::h_gated_fp32, lane, [](int64_t) {},
-      [&](uint32_t h_bits, const uint16_t* w) {
-        const float h = __uint_as_float(h_bits);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          if (c * 256 + lane * 8 < p.H) fma8(acc[c], h, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
-      },
-      [&](int64_t row) {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          const int64_t col = c * 256 + lane * 8;
-          if (col < p.H) __stcs(reinterpret_cast<uint4*>(p.y + row * p.H + col), pack8(acc[c]));
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
-        }
-      },
-      [&](int64_t row) {  // the block's shares of a heavy row: summed in warp order
-        const int warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-        float* part = reinterpret_cast<float*>(smem);  // n_warps x H f32 over the (drained) rings
-        __syncthreads();
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          const int64_t col = c * 256 + lane * 8;
-          if (col < p.H) {  // two 16-byte stores: conflict-free
-            float4* dst = reinterpret_cast<float4*>(part + warp * p.H + col);
-            dst[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
-            dst[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
-          }
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
-        }
-        __syncthreads();
-        for (int64_t col = 2 * threadIdx.x; col < p.H; col += 2 * blockDim.x) {
-          float lo = 0.f, hi = 0.f;
-          for (int v = 0; v < n_warps; ++v) lo += part[v * p.H + col], hi += part[v * p.H + col + 1];
-          reinterpret_cast<uint32_t*>(p.y + row * p.H)[col / 2] = pack2(lo, hi);
-        }
-        __syncthreads();
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the TMA writes the rings again
-      });
-}
 
 template <int kChunks>
 void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 4 * sizeof(uint32_t), stream));
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
-  if (!a.gated) return launch(twell_ffn_down_kernel<kChunks, Aux::h_plain>, p, false, sm_count, a.M, stream);
+  if (!a.gated) return launch(twell_axpy_kernel<kChunks, Aux::h_plain, Out::bf16>, p, false, sm_count, a.M, stream);
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
   launch(twell_ffn_up_kernel<kChunks>, p, true, sm_count, a.M, stream);
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
   if (a.precision == Precision::h_fp32)
-    launch(twell_ffn_down_kernel<kChunks, Aux::h_gated_fp32>, p, false, sm_count, a.M, stream);
+    launch(twell_axpy_kernel<kChunks, Aux::h_gated_fp32, Out::bf16>, p, false, sm_count, a.M, stream);
   else
-    launch(twell_ffn_down_kernel<kChunks, Aux::h_gated>, p, false, sm_count, a.M, stream);
+    launch(twell_axpy_kernel<kChunks, Aux::h_gated, Out::bf16>, p, false, sm_count, a.M, stream);
 }
 
 }  // namespace

@@ -31,6 +31,12 @@ struct Params {
   uint32_t* next_row;    // the pass's light-row counter (zero at launch)
   uint32_t* next_heavy;  // the pass's heavy-row counter (zero at launch)
   RowCounts rows;
+  // The backward (twell_ffn_backward.cu): dg and du of every active entry beside the format (bf16,
+  // indexed like u_vals), the L1 coefficient, and the f32 rows the dx passes write.
+  uint16_t* dg_vals = nullptr;
+  uint16_t* du_vals = nullptr;
+  float l1 = 0.f;
+  float* out_f32 = nullptr;
 };
 
 // Shared memory of warp w: ring [D][H] bf16, list col [cap] and aux [cap], D mbarriers.
@@ -84,13 +90,15 @@ __device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-enum class Aux { u_index, h_gated, h_gated_fp32, h_plain };
+enum class Aux { u_index, h_gated, h_gated_fp32, h_plain, dg, du };
 
 // The value a list entry carries, from its activation value and its index into u_vals.
 template <Aux kAux>
 __device__ __forceinline__ uint32_t entry_aux(const Params& p, float act, uint32_t u_index) {
   if constexpr (kAux == Aux::u_index) return u_index;
   if constexpr (kAux == Aux::h_plain) return __float_as_uint(act);
+  if constexpr (kAux == Aux::dg) return __float_as_uint(bf16_bits_to_float(__ldcs(p.dg_vals + u_index)));
+  if constexpr (kAux == Aux::du) return __float_as_uint(bf16_bits_to_float(__ldcs(p.du_vals + u_index)));
   const float h = act * bf16_bits_to_float(__ldcs(p.u_vals + u_index));
   return __float_as_uint(kAux == Aux::h_gated_fp32 ? h : round_bf16(h));
 }
@@ -311,6 +319,114 @@ __device__ __forceinline__ void load_x(const Params& p, int64_t row, int lane, u
     const int64_t col = c * 256 + lane * 8;
     xq[c] = col < p.H ? __ldcs(reinterpret_cast<const uint4*>(p.x + row * p.H + col)) : make_uint4(0, 0, 0, 0);
   }
+}
+
+// x · w over H for a row x held packed in registers (lane l: columns c·256 + 8l .. + 8) and a
+// weight row in shared memory: four FMA chains per lane in column order (one 64-deep chain was a
+// latency limit), then a fixed shuffle tree. Every lane returns the sum.
+template <int kChunks>
+__device__ __forceinline__ float row_dot(const uint4 (&xq)[kChunks], const uint16_t* w, int64_t H, int lane) {
+  float part[4] = {};
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    if (c * 256 + lane * 8 < H) {
+      float wf[8], xf[8];
+      unpack8(*reinterpret_cast<const uint4*>(w + c * 256 + lane * 8), wf);
+      unpack8(xq[c], xf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) part[i % 4] = fmaf(xf[i], wf[i], part[i % 4]);
+    }
+  }
+  float dot = (part[0] + part[1]) + (part[2] + part[3]);
+#pragma unroll
+  for (int d = 16; d >= 1; d /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, d);
+  return dot;
+}
+
+// Where an accumulate pass writes its rows: bf16 into y (the forward's down pass), or f32 into
+// out_f32, stored or added (the backward's two dx passes).
+enum class Out { bf16, f32_store, f32_add };
+
+template <Out kOut>
+__device__ __forceinline__ void write_out8(const Params& p, int64_t row, int64_t col, const float (&v)[8]) {
+  if constexpr (kOut == Out::bf16) {
+    __stcs(reinterpret_cast<uint4*>(p.y + row * p.H + col), pack8(v));
+  } else {
+    float4* dst = reinterpret_cast<float4*>(p.out_f32 + row * p.H + col);
+    float4 a = make_float4(v[0], v[1], v[2], v[3]), b = make_float4(v[4], v[5], v[6], v[7]);
+    if constexpr (kOut == Out::f32_add) {
+      const float4 a0 = dst[0], b0 = dst[1];
+      a = make_float4(a0.x + a.x, a0.y + a.y, a0.z + a.z, a0.w + a.w);
+      b = make_float4(b0.x + b.x, b0.y + b.y, b0.z + b.z, b0.w + b.w);
+    }
+    dst[0] = a, dst[1] = b;
+  }
+}
+
+template <Out kOut>
+__device__ __forceinline__ void write_out2(const Params& p, int64_t row, int64_t col, float lo, float hi) {
+  if constexpr (kOut == Out::bf16) {
+    reinterpret_cast<uint32_t*>(p.y + row * p.H)[col / 2] = pack2(lo, hi);
+  } else {
+    float2* dst = reinterpret_cast<float2*>(p.out_f32 + row * p.H + col);
+    if constexpr (kOut == Out::f32_add) {
+      const float2 o = *dst;
+      lo += o.x, hi += o.y;
+    }
+    *dst = make_float2(lo, hi);
+  }
+}
+
+// Accumulate pass (SpMM): out[m] = Σ_j a[m, j] · W[j] over the active set, ascending j, with W = wd
+// and a = the entry's aux value (h in the forward; dg or du with W = Wg or Wu in the backward).
+template <int kChunks, Aux kAux, Out kOut>
+__global__ __launch_bounds__(threads_for(kChunks, false), 1) void twell_axpy_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) char smem[];
+  const int lane = threadIdx.x % 32;
+  const WarpSmem s = warp_smem(smem, p, threadIdx.x / 32, blockDim.x / 32);
+  init_barriers(s, p.ring_slots, lane);
+  float acc[kChunks][8] = {};
+  warp_loop<kAux>(
+      p, p.wd, s, false, kAux == Aux::h_gated || kAux == Aux::h_gated_fp32, lane, [](int64_t) {},
+      [&](uint32_t a_bits, const uint16_t* w) {
+        const float a = __uint_as_float(a_bits);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+          if (c * 256 + lane * 8 < p.H) fma8(acc[c], a, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
+      },
+      [&](int64_t row) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int64_t col = c * 256 + lane * 8;
+          if (col < p.H) write_out8<kOut>(p, row, col, acc[c]);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
+        }
+      },
+      [&](int64_t row) {  // the block's shares of a heavy row: summed in warp order
+        const int warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+        float* part = reinterpret_cast<float*>(smem);  // n_warps x H f32 over the (drained) rings
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int64_t col = c * 256 + lane * 8;
+          if (col < p.H) {  // two 16-byte stores: conflict-free
+            float4* dst = reinterpret_cast<float4*>(part + warp * p.H + col);
+            dst[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
+            dst[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
+          }
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
+        }
+        __syncthreads();
+        for (int64_t col = 2 * threadIdx.x; col < p.H; col += 2 * blockDim.x) {
+          float lo = 0.f, hi = 0.f;
+          for (int v = 0; v < n_warps; ++v) lo += part[v * p.H + col], hi += part[v * p.H + col + 1];
+          write_out2<kOut>(p, row, col, lo, hi);
+        }
+        __syncthreads();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the TMA writes the rings again
+      });
 }
 
 int list_cap_for(const TwellLayout& l) { return std::max<int>(l.tile, 256); }
