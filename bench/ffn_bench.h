@@ -27,6 +27,8 @@ struct FfnBenchConfig {
   int warmup = -1, iters = -1;  // -1 = the backend's default
   uint64_t seed = 1;
   std::string from_file;  // safetensors with x, gate, up, down (DESIGN.md §2 layouts)
+  bool train = false;     // forward + backward (records "ffn_train")
+  double l1 = 1e-3;       // with train: the L1 penalty's coefficient in dh = dy Wdᵀ + l1·sign(h)
   std::string command;    // the full command line, recorded in every record
 };
 
@@ -68,6 +70,10 @@ struct FfnRunner {
   std::string impl;
   std::function<void(int token_set)> run;  // the timed work
   std::function<Tensor()> output;          // y [M, H] of the last run, on the host
+  // Training runners: dx [M, H], dWg, dWu, dWd [I, H] of the last run (f32, host), and a note
+  // (e.g. the bytes the forward keeps for the backward).
+  std::function<std::vector<Tensor>()> grads = nullptr;
+  std::function<std::string()> note = nullptr;
 };
 
 // A backend: the device it runs on, its implementations, and how it times one call.
@@ -85,6 +91,10 @@ class FfnBackend {
   virtual TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg) = 0;
   // The first runner is the dense baseline.
   virtual std::vector<FfnRunner> runners(const FfnProblem& p, const FfnBenchConfig& cfg) = 0;
+  // Forward + backward with upstream gradient dy [M, H] (bf16, host); the first is the dense baseline.
+  virtual std::vector<FfnRunner> train_runners(const FfnProblem&, const FfnBenchConfig&, const Tensor& /*dy*/) {
+    TWELL_FAIL("--train needs the CUDA backend (a Hopper GPU)");
+  }
   virtual double time_ms(const std::function<void()>& fn) = 0;
 };
 

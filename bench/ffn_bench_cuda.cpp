@@ -4,7 +4,14 @@
 //   dense_unfused  PyTorch-style: three GEMMs, a separate ReLU and a separate product
 //   twell          twell::cuda::FfnForward with Dispatch::observe (sparse or dense by density)
 //   twell_sparse   the same, forced onto the sparse path (shows what dispatch avoided)
+// With --train, forward + backward (dx, dWg, dWu, dWd in f32, L1 term on):
+//   dense_cublas   the forward above keeping g, u, h; dh = dy Wdᵀ (f32), one element-wise kernel
+//                  for dg, du; dx = [dg|du]·[Wg; Wu] as one GEMM; [dWg; dWu] = [dg|du]ᵀ x and
+//                  dWd = hᵀ dy (cuBLASLt)
+//   twell_sparse   FfnForward (sparse path) then FfnForward::backward over the active set
 #if defined(TWELL_WITH_CUDA)
+
+#include <cstring>
 
 #include "cuda/cublaslt_gemm.h"
 #include "cuda/kernels.h"
@@ -90,6 +97,103 @@ class CudaBackend : public FfnBackend {
     return r;
   }
 
+  std::vector<FfnRunner> train_runners(const FfnProblem& p, const FfnBenchConfig& cfg, const Tensor& dy_host) override {
+    prepare(p, cfg);
+    State* s = state_.get();
+    const FfnWeights w = weights();
+    const int64_t M = p.ffn.spec.M, H = p.ffn.spec.H, I = p.ffn.spec.I;
+    const float l1 = static_cast<float>(cfg.l1);
+    cudaStream_t st = stream_;
+    Train& tr = s->train;
+    tr.dy = DeviceTensor::upload(dy_host, st);
+    tr.g = DeviceTensor(DType::bf16, {M, I});
+    tr.u = DeviceTensor(DType::bf16, {M, I});
+    tr.h = DeviceTensor(DType::bf16, {M, I});
+    tr.dh = DeviceTensor(DType::f32, {M, I});
+    tr.dgu = DeviceTensor(DType::bf16, {M, 2 * I});
+    tr.wgu = DeviceTensor(DType::bf16, {2 * I, H});  // [Wg; Wu] stacked once: dx in one GEMM
+    const size_t w_bytes = static_cast<size_t>(I * H) * 2;
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(tr.wgu.view().data, w.wg.data, w_bytes, cudaMemcpyDeviceToDevice, st));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(tr.wgu.view().data) + w_bytes, w.wu.data, w_bytes,
+                                     cudaMemcpyDeviceToDevice, st));
+    for (Grads* g : {&tr.dense, &tr.sparse}) {
+      g->dx = DeviceTensor(DType::f32, {M, H});
+      g->dwgu = DeviceTensor(DType::f32, {2 * I, H});
+      g->dwd = DeviceTensor(DType::f32, {I, H});
+      for (DeviceTensor* d : {&g->dx, &g->dwgu, &g->dwd}) cuda::fill_bytes(d->view().data, d->nbytes(), 0xff, st);
+    }
+    cuda::FfnOptions sparse_opts = options(cfg);
+    sparse_opts.dispatch = cuda::Dispatch::always_sparse;
+    sparse_opts.gather_max_tokens = 0;
+    s->sparse = std::make_unique<cuda::FfnForward>(shape(p), sparse_opts);
+
+    auto download = [this](const Grads& g, int64_t n_neurons) {
+      std::vector<Tensor> out;
+      out.push_back(g.dx.download(stream_));
+      const Tensor gu = g.dwgu.download(stream_);
+      const int64_t cols = gu.shape()[1];
+      for (int k = 0; k < 2; ++k) {  // split [dWg; dWu]
+        Tensor part(DType::f32, {n_neurons, cols});
+        std::memcpy(part.view().data, static_cast<const char*>(gu.view().data) + k * n_neurons * cols * 4,
+                    part.nbytes());
+        out.push_back(std::move(part));
+      }
+      out.push_back(g.dwd.download(stream_));
+      return out;
+    };
+    auto out = [this](const DeviceTensor& y) { return [&y, this] { return y.download(stream_); }; };
+    std::vector<FfnRunner> r;
+    r.push_back({"dense_cublas",
+                 [s, w, st, M, H, I, l1](int set) {
+                   Train& tt = s->train;
+                   const void* x = s->x[set].view().data;
+                   auto* g = tt.g.ptr<bf16>();
+                   auto* u = tt.u.ptr<bf16>();
+                   auto* h = tt.h.ptr<bf16>();
+                   s->gemm.run(x, w.wg.data, g, M, I, H, true, cuda::GemmEpilogue::relu, st);
+                   s->gemm.run(x, w.wu.data, u, M, I, H, true, cuda::GemmEpilogue::none, st);
+                   cuda::launch_mul_bf16(reinterpret_cast<uint16_t*>(g), reinterpret_cast<uint16_t*>(u),
+                                         reinterpret_cast<uint16_t*>(h), M * I, st);
+                   s->gemm.run(h, w.wd.data, s->y_dense.view().data, M, H, I, false, cuda::GemmEpilogue::none, st);
+                   const void* dyp = tt.dy.view().data;
+                   s->gemm.run(dyp, w.wd.data, tt.dh.view().data, M, I, H, true, cuda::GemmEpilogue::none, st,
+                               cuda::GemmOut::f32);
+                   cuda::launch_dense_grad(reinterpret_cast<uint16_t*>(g), reinterpret_cast<uint16_t*>(u),
+                                           tt.dh.ptr<float>(), l1, reinterpret_cast<uint16_t*>(tt.dgu.ptr<bf16>()), M, I, st);
+                   s->gemm.run(tt.dgu.view().data, tt.wgu.view().data, tt.dense.dx.view().data, M, H, 2 * I, false,
+                               cuda::GemmEpilogue::none, st, cuda::GemmOut::f32);
+                   s->gemm.run_at(tt.dgu.view().data, x, tt.dense.dwgu.view().data, 2 * I, H, M, st);
+                   s->gemm.run_at(h, dyp, tt.dense.dwd.view().data, I, H, M, st);
+                 },
+                 out(s->y_dense), [download, s, I] { return download(s->train.dense, I); },
+                 [M, I] { return str("keeps g, u and h for the backward: ", 3 * M * I * 2 / 1e6, " MB"); }});
+    r.push_back({"twell_sparse",
+                 [s, w, st, l1, H, I](int set) {
+                   Train& tt = s->train;
+                   s->sparse->forward(s->x[set], w, s->y_sparse, st);
+                   const auto rows = [&](int k) {  // dWg, dWu: the halves of the stacked [2I, H]
+                     TensorView v = tt.sparse.dwgu.view();
+                     v.data = static_cast<char*>(v.data) + k * I * H * 4;
+                     v.shape = Shape{I, H};
+                     return v;
+                   };
+                   s->sparse->backward(s->x[set], w, tt.dy, l1, {tt.sparse.dx.view(), rows(0), rows(1), tt.sparse.dwd.view()},
+                                       st);
+                 },
+                 out(s->y_sparse), [download, s, I] { return download(s->train.sparse, I); },
+                 [s, M, I] {
+                   // What the backward reads of the forward's state: the TwELL counts and packed words,
+                   // the spilled tiles' backups, and u on the same slots.
+                   const cuda::FfnStats stats = s->sparse->last_stats();
+                   const TwellLayout l{M, I, s->sparse->options().tile, s->sparse->options().compression};
+                   const double slots = double(l.slot_size()) + double(std::max<int64_t>(stats.spilled_tiles, 0)) * l.tile;
+                   const double bytes = double(l.count_size()) * 4 + slots * 4 + slots * 2;
+                   return str("keeps the TwELL activation and u for the backward: ", bytes / 1e6, " MB (",
+                              100.0 * bytes / (2.0 * M * I * 2), "% of dense g and u)");
+                 }});
+    return r;
+  }
+
   double time_ms(const std::function<void()>& fn) override {
     TWELL_CUDA_CHECK(cudaEventRecord(start_, stream_));
     fn();
@@ -109,7 +213,17 @@ class CudaBackend : public FfnBackend {
     DeviceTensor y_dense, y_unfused, y_twell, y_sparse, g_unfused, u_unfused;
     cuda::LtGemm gemm;
     std::unique_ptr<cuda::FfnForward> dense, twell, sparse;
+    // --train
+    struct Grads {
+      DeviceTensor dx, dwgu, dwd;  // dWg and dWu stacked [2I, H]
+    };
+    struct Train {
+      DeviceTensor dy, g, u, h, dh, dgu, wgu;
+      Grads dense, sparse;
+    } train;
   };
+  using Grads = State::Grads;
+  using Train = State::Train;
 
   static cuda::FfnShape shape(const FfnProblem& p) {
     return {p.ffn.spec.M, p.ffn.spec.H, p.ffn.spec.I, p.ffn.spec.gated};

@@ -36,11 +36,12 @@ LtGemm::~LtGemm() {
 const LtGemm::Plan& LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [m, n, k, b_transposed, epi, out] = key;
+  const auto [m, n, k, b_transposed, epi, out, a_transposed] = key;
   auto p = std::make_unique<Plan>();
   // Column-major view: Cᵀ[N, M] = op(B_cm) · A_cm, with A_cm = Aᵀ [K, M] (ld K).
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t op_b = b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = CUBLAS_OP_N;
+  const cublasOperation_t op_b = b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = a_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
   const cublasLtEpilogue_t e = epi == static_cast<int>(GemmEpilogue::relu) ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT;
@@ -50,7 +51,10 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
     TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k, n, k));  // B [N, K] row-major
   else
     TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, n, k, n));  // B [K, N] row-major
-  TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, m, k));
+  if (a_transposed)
+    TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, m, k, m));  // A [K, M] row-major
+  else
+    TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, m, k));
   const cudaDataType_t c_type = out == static_cast<int>(GemmOut::f32) ? CUDA_R_32F : CUDA_R_16BF;
   TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, c_type, n, m, n));
 
@@ -71,7 +75,16 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
 void LtGemm::run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
                  GemmEpilogue epilogue, cudaStream_t stream, GemmOut out) {
   if (m == 0 || n == 0) return;
-  const Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out)});
+  const Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false});
+  const float alpha = 1.f, beta = 0.f;
+  TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
+                                    workspace_.get(), workspace_.bytes(), stream));
+}
+
+void LtGemm::run_at(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                    GemmOut out) {
+  if (m == 0 || n == 0) return;
+  const Plan& p = plan({m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true});
   const float alpha = 1.f, beta = 0.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));

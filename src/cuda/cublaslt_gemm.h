@@ -1,6 +1,7 @@
 // Row-major bf16 GEMMs through cuBLASLt, fp32 accumulation, optional fused ReLU:
 //   C[M, N] = A[M, K] · Bᵀ   with B stored [N, K]   (b_transposed = true:  x · Wᵀ)
 //   C[M, N] = A[M, K] · B    with B stored [K, N]   (b_transposed = false: h · Wd)
+//   C[M, N] = Aᵀ · B         with A stored [K, M]   (run_at: weight gradients, dgᵀ · x)
 // cuBLASLt is column-major, so each call computes Cᵀ = op(B)ᵀ-shaped products with the operands
 // swapped; the descriptors and the chosen algorithm are cached per problem.
 #pragma once
@@ -38,10 +39,13 @@ class LtGemm {
 
   void run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
            GemmEpilogue epilogue, cudaStream_t stream, GemmOut out = GemmOut::bf16);
+  // C[m, n] = A[k, m]ᵀ · B[k, n].
+  void run_at(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+              GemmOut out = GemmOut::f32);
 
  private:
   struct Plan;
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int, bool>;  // ..., a_transposed
   const Plan& plan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

@@ -106,6 +106,11 @@ void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream);
 //   g   = relu(g) in place       (the unfused, PyTorch-style pipeline)
 void launch_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n, cudaStream_t stream);
 void launch_relu_bf16(uint16_t* g, int64_t n, cudaStream_t stream);
+// The dense FFN backward's element-wise step: from g (ReLU'd), u [M, I] bf16 and dh32 = dy Wdᵀ
+// [M, I] f32, writes dgu [M, 2I] bf16: dg in columns [0, I), du in [I, 2I) (zero where g is),
+// rounded as cpu::ffn_backward's bf16 pipeline does (dh = bf16(dh32 + l1·sign(h))).
+void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, float l1, uint16_t* dgu, int64_t M,
+                       int64_t I, cudaStream_t stream);
 
 // ---- model runtime (llama_layers.cu, attention.cu) ----------------------------------------------
 // x[t, :] = float(table[tokens[t], :])          x [T, H] fp32, table [V, H] bf16

@@ -1,4 +1,5 @@
-// `twell bench ffn`: FFN forward benchmark (shared/BENCHMARKS.md), table on stdout, JSON to --json.
+// `twell bench ffn` (forward, or forward + backward with --train) and `twell bench model`
+// (shared/BENCHMARKS.md): table on stdout, JSON to --json.
 #include <iostream>
 
 #include "commands.h"
@@ -16,7 +17,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   auto json_path = std::make_shared<std::string>();
   auto non_gated = std::make_shared<bool>(false);
 
-  CLI::App* ffn = bench->add_subcommand("ffn", "FFN forward: dense vs TwELL sparse at chosen densities");
+  CLI::App* ffn = bench->add_subcommand("ffn", "FFN forward (or forward + backward with --train): dense vs TwELL sparse at chosen densities");
   ffn->add_option("--backend", cfg->backend, "cpu, cuda or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
@@ -38,6 +39,11 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                   "safetensors file: x [M, H], gate, up and down [I, H] (down neuron-major: the transpose of "
                   "down_proj.weight; no gate for a non-gated FFN)");
   ffn->add_option("--json", *json_path, "write the JSON records here");
+  ffn->add_flag("--train", cfg->train,
+                "time forward + backward (all four gradients, L1 term on) instead of the forward; checks dx on "
+                "sampled tokens and dWg, dWu, dWd on sampled neurons against float64 first");
+  ffn->add_option("--l1", cfg->l1, "with --train: coefficient of the L1 penalty's gradient l1·sign(h)")
+      ->capture_default_str();
 
   ffn->callback([=] {
     cfg->command = command_line;

@@ -1,5 +1,6 @@
-// Element-wise kernels of the dense FFN paths: h = bf16(g · u) and an in-place ReLU, 16-byte
-// vectors, grid-stride. Covered by tests/cuda/test_twell_ffn.cu (dense path vs CPU).
+// Element-wise kernels of the dense FFN paths: h = bf16(g · u), an in-place ReLU, and the dense
+// backward's dg, du; 16-byte vectors, grid-stride. Covered by tests/cuda/test_twell_ffn.cu (dense
+// path vs CPU) and by `twell bench ffn --train`'s check of the dense baseline.
 #include <cuda_bf16.h>
 
 #include "cuda/kernels.h"
@@ -38,6 +39,32 @@ __global__ void relu_bf16_kernel(uint4* __restrict__ g, int64_t n_vec) {
   }
 }
 
+// 8 neurons of one token: dh = bf16(dh32 + l1·sign(h)), du = bf16(dh·g), dg = bf16(dh·u) where g
+// (the ReLU'd gate) is non-zero, 0 elsewhere; h = bf16(g·u) as the forward rounded it.
+__global__ void dense_grad_kernel(const uint4* __restrict__ g, const uint4* __restrict__ u,
+                                  const float4* __restrict__ dh32, float l1, uint16_t* __restrict__ dgu, int64_t I,
+                                  int64_t n_vec) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * kThreads) {
+    float gf[8], uf[8], dg[8], du[8];
+    unpack8(g[i], gf);
+    unpack8(u[i], uf);
+    const float4 d0 = dh32[2 * i], d1 = dh32[2 * i + 1];
+    const float d[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float h = round_bf16(gf[e] * uf[e]);
+      const float sign = h > 0.f ? 1.f : h < 0.f ? -1.f : h;
+      const float dh = round_bf16(d[e] + l1 * sign);
+      const bool active = gf[e] != 0.f;
+      dg[e] = active ? dh * uf[e] : 0.f;
+      du[e] = active ? dh * gf[e] : 0.f;
+    }
+    const int64_t m = (8 * i) / I, j = (8 * i) % I;  // I % 8 == 0: the 8 stay in one row
+    *reinterpret_cast<uint4*>(dgu + m * 2 * I + j) = pack8(dg);
+    *reinterpret_cast<uint4*>(dgu + m * 2 * I + I + j) = pack8(du);
+  }
+}
+
 unsigned blocks_for(int64_t n_vec) {
   return static_cast<unsigned>(std::min<int64_t>((n_vec + kThreads - 1) / kThreads, 132 * 16));
 }
@@ -57,6 +84,18 @@ void launch_relu_bf16(uint16_t* g, int64_t n, cudaStream_t stream) {
   TWELL_CHECK(n % 8 == 0, "relu_bf16: element count ", n, " is not a multiple of 8");
   if (n == 0) return;
   relu_bf16_kernel<<<blocks_for(n / 8), kThreads, 0, stream>>>(reinterpret_cast<uint4*>(g), n / 8);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, float l1, uint16_t* dgu, int64_t M,
+                       int64_t I, cudaStream_t stream) {
+  TWELL_CHECK(I % 8 == 0, "dense_grad: I = ", I, " is not a multiple of 8");
+  if (M == 0) return;
+  const int64_t n_vec = M * I / 8;
+  dense_grad_kernel<<<blocks_for(n_vec), kThreads, 0, stream>>>(reinterpret_cast<const uint4*>(g),
+                                                                 reinterpret_cast<const uint4*>(u),
+                                                                 reinterpret_cast<const float4*>(dh32), l1, dgu, I,
+                                                                 n_vec);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
