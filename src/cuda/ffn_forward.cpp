@@ -67,6 +67,12 @@ struct FfnForward::Impl {
   int64_t sample_rows = 0;       // rows the pending sample covers
   FfnStats stats;
   double previous_density = -1;  // sampled by an earlier call; -1 before any
+  // The state a backward needs: set once a forward's sparse path has been enqueued, with the
+  // inputs it ran on (the backward must get the same ones).
+  struct SavedForward {
+    bool ready = false;
+    const void *x = nullptr, *wg = nullptr, *wu = nullptr, *wd = nullptr;
+  } saved;
 
   Impl(const FfnShape& s, const FfnOptions& o) : shape(s), options(o) {
     TWELL_CHECK(s.max_tokens >= 1 && s.hidden >= 1 && s.ffn >= 1, "FfnForward: sizes must be positive, got M=",
@@ -226,11 +232,30 @@ struct FfnForward::Impl {
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
     TWELL_CHECK(shape.gated, "FfnForward::backward: only the gated FFN has a GPU backward so far");
     TWELL_CHECK(options.precision == Precision::bf16, "FfnForward::backward: only Precision::bf16 so far");
-    TWELL_CHECK(stats.tokens == M && (M == 0 || stats.path == FfnPath::sparse),
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    TWELL_CHECK(capture == cudaStreamCaptureStatusNone,
+                "FfnForward::backward: cannot be captured in a CUDA graph yet (it reads the forward's non-zero count "
+                "back to size the transpose)");
+    TWELL_CHECK(stats.tokens == M && (M == 0 || (stats.path == FfnPath::sparse && saved.ready)),
                 "FfnForward::backward: needs the state of a forward() of the same tokens on the TwELL path; the last "
                 "call had ", stats.tokens, " tokens on the ", stats.path == FfnPath::sparse ? "sparse" :
                 stats.path == FfnPath::dense ? "dense" : "gather",
                 " path (for training use Dispatch::always_sparse and gather_max_tokens = 0)");
+    TWELL_CHECK(M == 0 || (x.data == saved.x && w.wg.data == saved.wg && w.wu.data == saved.wu && w.wd.data == saved.wd),
+                "FfnForward::backward: x and the weights must be those of the last forward() (its saved state "
+                "belongs to them)");
+    // Read-only inputs; a gradient overlapping one of them (or another gradient) would be read
+    // after it was written.
+    const TensorView* inputs[] = {&x, &dy, &w.wg, &w.wu, &w.wd, &grads.dx, &grads.dwg, &grads.dwu, &grads.dwd};
+    auto overlap = [](const TensorView& a, const TensorView& b) {
+      const char *a0 = static_cast<const char*>(a.data), *b0 = static_cast<const char*>(b.data);
+      return !a.empty() && !b.empty() && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+    };
+    for (int gi = 5; gi < 9; ++gi)
+      for (int o = 0; o < 9; ++o)
+        TWELL_CHECK(o == gi || !overlap(*inputs[gi], *inputs[o]),
+                    "FfnForward::backward: a gradient's memory overlaps another argument's");
     auto check_grad = [](const TensorView& t, const Shape& s, const char* name) {
       if (t.empty()) return;
       check_device(t, Device::cuda, name);
@@ -305,6 +330,7 @@ struct FfnForward::Impl {
     collect_counts(false);   // the previous call's density, if it has arrived;
     counts.pending = false;  // if not, it is dropped (its mirror is about to be overwritten)
     stats = FfnStats{};
+    saved = SavedForward{};
     stats.tokens = M;
     if (M == 0) return;  // nothing to compute (and no density to sample)
 
@@ -331,7 +357,11 @@ struct FfnForward::Impl {
     if (path == FfnPath::sparse && M <= gather_tokens) path = FfnPath::gather;
     stats.path = path;
     if (path == FfnPath::gather) return run_gather(M, xp, w, yp, stream);
-    if (path == FfnPath::sparse) return run_sparse(M, xp, w, yp, stream);
+    if (path == FfnPath::sparse) {
+      run_sparse(M, xp, w, yp, stream);
+      saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
+      return;
+    }
 
     if (shape.gated) {
       gemm.run(xp, w.wu.data, u.get(), M, I, H, true, GemmEpilogue::none, stream);

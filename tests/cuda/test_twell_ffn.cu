@@ -407,6 +407,10 @@ TEST(FfnBackwardGpuEdges, NeedsASparseForwardOfTheSameTokensAndGoodArguments) {
   EXPECT_THROW(ffn.backward(p.x, p.w(), dy, 0.0, {dx_bf16.view(), {}, {}, {}}, nullptr), Error);
   GpuProblem other = make_problem(8, 128, 256, 0.05);  // not the tokens of the last forward
   EXPECT_THROW(ffn.backward(other.x, other.w(), other.y, 0.0, g.views(), nullptr), Error);
+  DeviceTensor x_copy(DType::bf16, {16, 128});  // same shape, not the forward's x
+  EXPECT_THROW(ffn.backward(x_copy, p.w(), dy, 0.0, g.views(), nullptr), Error);
+  DeviceTensor shared(DType::f32, {256, 128});  // two gradients in one buffer
+  EXPECT_THROW(ffn.backward(p.x, p.w(), dy, 0.0, {{}, shared.view(), shared.view(), {}}, nullptr), Error);
   // Only dx requested: the weight gradients stay untouched (poisoned).
   ffn.backward(p.x, p.w(), dy, 0.0, {g.dx.view(), {}, {}, {}}, nullptr);
   const Tensor dwd = g.dwd.download();
