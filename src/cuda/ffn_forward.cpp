@@ -112,15 +112,19 @@ struct FfnForward::Impl {
   }
   Counters* dev() const { return counters.as<Counters>(); }
 
+  // A device operand as the kernels take it: on the GPU, of this dtype and shape, contiguous,
+  // 16-byte aligned.
+  static void check_operand(const TensorView& t, DType dtype, const Shape& s, const char* name) {
+    check_device(t, Device::cuda, name);
+    check_dtype(t, dtype, name);
+    check_contiguous(t, name);
+    check_shape(t, s, name);
+    check_aligned(t, 16, name);
+  }
+
   void check_args(const TensorView& x, const FfnWeights& w, const TensorView& y) const {
     const int64_t H = shape.hidden, I = shape.ffn;
-    auto check = [](const TensorView& t, const Shape& s, const char* name) {
-      check_device(t, Device::cuda, name);
-      check_dtype(t, DType::bf16, name);
-      check_contiguous(t, name);
-      check_shape(t, s, name);
-      check_aligned(t, 16, name);
-    };
+    auto check = [](const TensorView& t, const Shape& s, const char* name) { check_operand(t, DType::bf16, s, name); };
     TWELL_CHECK(x.rank() == 2, "FfnForward: x must be [M, H], got shape ", shape_str(x.shape));
     const int64_t M = x.shape[0];
     TWELL_CHECK(M <= shape.max_tokens, "FfnForward: x has ", M, " tokens, the workspace holds ", shape.max_tokens);
@@ -237,7 +241,7 @@ struct FfnForward::Impl {
     TWELL_CHECK(capture == cudaStreamCaptureStatusNone,
                 "FfnForward::backward: cannot be captured in a CUDA graph yet (it reads the forward's non-zero count "
                 "back to size the transpose)");
-    TWELL_CHECK(stats.tokens == M && (M == 0 || (stats.path == FfnPath::sparse && saved.ready)),
+    TWELL_CHECK(stats.tokens == M && (M == 0 || saved.ready),
                 "FfnForward::backward: needs the state of a forward() of the same tokens on the TwELL path; the last "
                 "call had ", stats.tokens, " tokens on the ", stats.path == FfnPath::sparse ? "sparse" :
                 stats.path == FfnPath::dense ? "dense" : "gather",
@@ -257,12 +261,7 @@ struct FfnForward::Impl {
         TWELL_CHECK(o == gi || !overlap(*inputs[gi], *inputs[o]),
                     "FfnForward::backward: a gradient's memory overlaps another argument's");
     auto check_grad = [](const TensorView& t, const Shape& s, const char* name) {
-      if (t.empty()) return;
-      check_device(t, Device::cuda, name);
-      check_dtype(t, DType::f32, name);
-      check_contiguous(t, name);
-      check_shape(t, s, name);
-      check_aligned(t, 16, name);
+      if (!t.empty()) check_operand(t, DType::f32, s, name);
     };
     check_grad(grads.dx, {M, H}, "FfnForward::backward: grads.dx");
     check_grad(grads.dwg, {I, H}, "FfnForward::backward: grads.dwg");

@@ -141,25 +141,27 @@ GpuProblem make_problem(int64_t M, int64_t H, int64_t I, double density) {
   return p;
 }
 
+// Runs `ffn` on `q` twice, poisoning y in between; the two outputs must be the same bits.
+void expect_repeatable(cuda::FfnForward& ffn, GpuProblem& q) {
+  ffn.forward(q.x, q.w(), q.y, nullptr);
+  const Tensor first = q.y.download();
+  cuda::fill_bytes(q.y.view().data, q.y.nbytes(), 0xff, nullptr);
+  ffn.forward(q.x, q.w(), q.y, nullptr);
+  EXPECT_TRUE(test::bit_equal(q.y.download(), first));
+}
+
 TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
   TWELL_REQUIRE_HOPPER();
   GpuProblem p = make_problem(513, 1024, 2816, 0.02);
   cuda::FfnOptions o;
   o.dispatch = Dispatch::always_sparse;
   cuda::FfnForward ffn({513, 1024, 2816, true}, o);
-  ffn.forward(p.x, p.w(), p.y, nullptr);
-  const Tensor first = p.y.download();
-  cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
-  ffn.forward(p.x, p.w(), p.y, nullptr);
-  EXPECT_TRUE(test::bit_equal(p.y.download(), first));
+  expect_repeatable(ffn, p);
 
   // Mostly heavy rows (~420 non-zeros each), whose block order comes from atomics.
   GpuProblem dense = make_problem(513, 1024, 2816, 0.15);
-  ffn.forward(dense.x, dense.w(), dense.y, nullptr);
-  const Tensor heavy = dense.y.download();
-  cuda::fill_bytes(dense.y.view().data, dense.y.nbytes(), 0xff, nullptr);
-  ffn.forward(dense.x, dense.w(), dense.y, nullptr);
-  EXPECT_TRUE(test::bit_equal(dense.y.download(), heavy));
+  expect_repeatable(ffn, dense);
+
   // A smaller batch after a larger one: no stale per-row counts or heavy-row lists.
   GpuProblem small = make_problem(40, 1024, 2816, 0.15);
   ffn.forward(small.x, small.w(), small.y, nullptr);
@@ -170,12 +172,8 @@ TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
 
   o.gather_max_tokens = 1024;  // the gather path's split sums are added in a fixed order too
   cuda::FfnForward gather({513, 1024, 2816, true}, o);
-  gather.forward(p.x, p.w(), p.y, nullptr);
-  const Tensor g1 = p.y.download();
-  cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
-  gather.forward(p.x, p.w(), p.y, nullptr);
+  expect_repeatable(gather, p);
   EXPECT_EQ(gather.last_stats().path, cuda::FfnPath::gather);
-  EXPECT_TRUE(test::bit_equal(p.y.download(), g1));
 }
 
 TEST(FfnForwardGpuDispatch, ObserveChoosesByThisCallsDensity) {

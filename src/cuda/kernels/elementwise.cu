@@ -5,6 +5,7 @@
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
+#include "cuda/kernels/ffn_grad.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -52,12 +53,8 @@ __global__ void dense_grad_kernel(const uint4* __restrict__ g, const uint4* __re
     const float d[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const float h = round_bf16(gf[e] * uf[e]);
-      const float sign = h > 0.f ? 1.f : h < 0.f ? -1.f : h;
-      const float dh = round_bf16(d[e] + l1 * sign);
-      const bool active = gf[e] != 0.f;
-      dg[e] = active ? dh * uf[e] : 0.f;
-      du[e] = active ? dh * gf[e] : 0.f;
+      gated_entry_grads(d[e], gf[e], uf[e], l1, dg[e], du[e]);
+      if (gf[e] == 0.f) dg[e] = du[e] = 0.f;  // inactive: no gradient through the ReLU
     }
     const int64_t m = (8 * i) / I, j = (8 * i) % I;  // I % 8 == 0: the 8 stay in one row
     *reinterpret_cast<uint4*>(dgu + m * 2 * I + j) = pack8(dg);

@@ -14,6 +14,7 @@
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_segmented_sort.cuh>
 
+#include "cuda/kernels/ffn_grad.cuh"
 #include "cuda/kernels/twell_rows.cuh"
 
 namespace twell::cuda {
@@ -38,12 +39,10 @@ __global__ __launch_bounds__(threads_for(kChunks, true), 1) void twell_ffn_dh_ke
       [&](uint32_t i, const uint16_t* w) {
         const float dot = row_dot(dyq, w, p.H, lane);
         if (lane == 0) {
-          const float g = entry_g(p.act, i), u = bf16_bits_to_float(p.u_vals[i]);
-          const float h = round_bf16(g * u);
-          const float sign = h > 0.f ? 1.f : h < 0.f ? -1.f : h;  // sign(±0) = ±0, NaN stays NaN
-          const float dh = round_bf16(dot + p.l1 * sign);
-          p.du_vals[i] = float_to_bf16_bits(dh * g);
-          p.dg_vals[i] = float_to_bf16_bits(dh * u);
+          float dg, du;
+          gated_entry_grads(dot, entry_g(p.act, i), bf16_bits_to_float(p.u_vals[i]), p.l1, dg, du);
+          p.du_vals[i] = float_to_bf16_bits(du);
+          p.dg_vals[i] = float_to_bf16_bits(dg);
         }
       },
       [](int64_t) {}, [](int64_t) {});
@@ -149,12 +148,7 @@ size_t twell_backward_temp_bytes(int64_t nnz, int64_t I) {
 }
 
 void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaStream_t stream) {
-  TWELL_CHECK(a.H % 64 == 0 && a.H <= kMaxChunks * 256, "sparse FFN backward: H = ", a.H,
-              " must be a multiple of 64 and at most ", kMaxChunks * 256);
-  TWELL_CHECK(a.act.layout.tile <= kMaxTile && a.act.layout.tile % 8 == 0, "sparse FFN backward: TwELL tile width ",
-              a.act.layout.tile, " must be a multiple of 8 and at most ", kMaxTile);
-  TWELL_CHECK(a.act.layout.rows == a.M && a.act.layout.cols == a.I, "sparse FFN backward: activation is [",
-              a.act.layout.rows, ", ", a.act.layout.cols, "], expected [", a.M, ", ", a.I, "]");
+  check_rows_args("sparse FFN backward", a.act, a.M, a.H, a.I);
   TWELL_CHECK(a.x && a.dy && a.wg && a.wu && a.wd && a.u_vals && a.dg_vals && a.du_vals && a.row_counters,
               "sparse FFN backward: missing input or workspace pointer");
   if (a.M == 0) return;

@@ -72,16 +72,7 @@ int64_t twell_u_size(const TwellDeviceView& act) {
 }
 
 void check_twell_ffn_sparse(const SparseFfnArgs& a) {
-  const int64_t max_h = kMaxChunks * 256;
-  TWELL_CHECK(a.H % 64 == 0 && a.H <= max_h, "sparse FFN kernel: H = ", a.H, " must be a multiple of 64 and at most ",
-              max_h);
-  TWELL_CHECK(a.act.layout.tile <= kMaxTile && a.act.layout.tile % 8 == 0 && a.I % 8 == 0,
-              "sparse FFN kernel: TwELL tile width ", a.act.layout.tile, " and I = ", a.I,
-              " must be multiples of 8, the tile at most ", kMaxTile);
-  TWELL_CHECK(a.act.layout.rows == a.M && a.act.layout.cols == a.I, "sparse FFN kernel: activation is [",
-              a.act.layout.rows, ", ", a.act.layout.cols, "], expected [", a.M, ", ", a.I, "]");
-  TWELL_CHECK(twell_u_size(a.act) < (int64_t{1} << 32), "sparse FFN kernel: ", twell_u_size(a.act),
-              " u values exceed 32-bit indexing; split the batch");
+  check_rows_args("sparse FFN kernel", a.act, a.M, a.H, a.I);
   TWELL_CHECK(a.precision != Precision::f64, "sparse FFN kernel: Precision::f64 is CPU-only");
   TWELL_CHECK(!a.gated || a.u_vals, "sparse FFN kernel: a gated FFN needs the u buffer");
   TWELL_CHECK(a.row_counters, "sparse FFN kernel: needs two device counters (row_counters)");

@@ -430,6 +430,19 @@ __global__ __launch_bounds__(threads_for(kChunks, false), 1) void twell_axpy_ker
 }
 
 int list_cap_for(const TwellLayout& l) { return std::max<int>(l.tile, 256); }
+
+// What the row-streaming kernels take: H, the tile width and I, the activation's shape, and
+// u indices within 32 bits. `what` names the caller in the message.
+void check_rows_args(const char* what, const TwellDeviceView& act, int64_t M, int64_t H, int64_t I) {
+  const int64_t max_h = kMaxChunks * 256;
+  TWELL_CHECK(H % 64 == 0 && H <= max_h, what, ": H = ", H, " must be a multiple of 64 and at most ", max_h);
+  TWELL_CHECK(act.layout.tile <= kMaxTile && act.layout.tile % 8 == 0 && I % 8 == 0, what, ": TwELL tile width ",
+              act.layout.tile, " and I = ", I, " must be multiples of 8, the tile at most ", kMaxTile);
+  TWELL_CHECK(act.layout.rows == M && act.layout.cols == I, what, ": activation is [", act.layout.rows, ", ",
+              act.layout.cols, "], expected [", M, ", ", I, "]");
+  TWELL_CHECK(twell_u_size(act) < (int64_t{1} << 32), what, ": ", twell_u_size(act),
+              " u values exceed 32-bit indexing; split the batch");
+}
 int64_t smem_per_warp(int64_t H, int slots, int cap) { return slots * (H * 2 + 8) + int64_t{cap} * 8; }
 
 // Warps per block and ring depth: the most warps (up to the kernel's register bound) that leave
@@ -452,7 +465,7 @@ template <typename Kernel>
 void launch(Kernel kernel, Params p, bool up, int sm_count, int64_t M, cudaStream_t stream) {
   const int chunks = static_cast<int>((p.H + 255) / 256);
   Config c = config_for(p.H, p.list_cap, threads_for(chunks, up) / 32);
-  // >= 2: the down kernel sums a heavy row's shares (warps x H f32) over the rings.
+  // >= 2: the accumulate kernel sums a heavy row's shares (warps x H f32) over the rings.
   TWELL_CHECK(c.slots >= 2, "sparse FFN kernel: no room for two weight rows a warp in shared memory (H = ", p.H, ")");
   p.ring_slots = c.slots;
   const int smem = static_cast<int>(c.warps * smem_per_warp(p.H, c.slots, p.list_cap));
