@@ -8,7 +8,9 @@
 //   dense_cublas   the forward above keeping g, u, h; dh = dy Wdᵀ (f32), one element-wise kernel
 //                  for dg, du; dx = [dg|du]·[Wg; Wu] as one GEMM; [dWg; dWu] = [dg|du]ᵀ x and
 //                  dWd = hᵀ dy (cuBLASLt)
-//   twell_sparse   FfnForward (sparse path) then FfnForward::backward over the active set
+//   twell          FfnForward with FfnOptions::training and dispatch (sparse or dense by density),
+//                  then FfnForward::backward on the path the forward took
+//   twell_sparse   the same forced onto the sparse path: the backward over the active set
 #if defined(TWELL_WITH_CUDA)
 
 #include <cstring>
@@ -116,7 +118,7 @@ class CudaBackend : public FfnBackend {
     TWELL_CUDA_CHECK(cudaMemcpyAsync(tr.wgu.view().data, w.wg.data, w_bytes, cudaMemcpyDeviceToDevice, st));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(tr.wgu.view().data) + w_bytes, w.wu.data, w_bytes,
                                      cudaMemcpyDeviceToDevice, st));
-    for (Grads* g : {&tr.dense, &tr.sparse}) {
+    for (Grads* g : {&tr.dense, &tr.twell, &tr.sparse}) {
       g->dx = DeviceTensor(DType::f32, {M, H});
       g->dwgu = DeviceTensor(DType::f32, {2 * I, H});
       g->dwd = DeviceTensor(DType::f32, {I, H});
@@ -126,6 +128,10 @@ class CudaBackend : public FfnBackend {
     sparse_opts.dispatch = cuda::Dispatch::always_sparse;
     sparse_opts.gather_max_tokens = 0;
     s->sparse = std::make_unique<cuda::FfnForward>(shape(p), sparse_opts);
+    cuda::FfnOptions train_opts = options(cfg);
+    train_opts.training = true;
+    train_opts.gather_max_tokens = 0;
+    s->twell = std::make_unique<cuda::FfnForward>(shape(p), train_opts);
 
     auto download = [this](const Grads& g, int64_t n_neurons) {
       std::vector<Tensor> out;
@@ -159,7 +165,8 @@ class CudaBackend : public FfnBackend {
                    s->gemm.run(dyp, w.wd.data, tt.dh.view().data, M, I, H, true, cuda::GemmEpilogue::none, st,
                                cuda::GemmOut::f32);
                    cuda::launch_dense_grad(reinterpret_cast<uint16_t*>(g), reinterpret_cast<uint16_t*>(u),
-                                           tt.dh.ptr<float>(), l1, reinterpret_cast<uint16_t*>(tt.dgu.ptr<bf16>()), M, I, st);
+                                           tt.dh.ptr<float>(), l1, reinterpret_cast<uint16_t*>(tt.dgu.ptr<bf16>()),
+                                           reinterpret_cast<uint16_t*>(tt.dgu.ptr<bf16>()) + I, 2 * I, M, I, st);
                    s->gemm.run(tt.dgu.view().data, tt.wgu.view().data, tt.dense.dx.view().data, M, H, 2 * I, false,
                                cuda::GemmEpilogue::none, st, cuda::GemmOut::f32);
                    s->gemm.run_at(tt.dgu.view().data, x, tt.dense.dwgu.view().data, 2 * I, H, M, st);
@@ -170,34 +177,40 @@ class CudaBackend : public FfnBackend {
                    return str("keeps g and u for the backward (h is recomputable): ", 2 * M * I * 2 / 1e6,
                               " MB; this baseline also keeps h: ", 3 * M * I * 2 / 1e6, " MB");
                  }});
-    r.push_back({"twell_sparse",
-                 [s, w, st, l1, H, I](int set) {
-                   Train& tt = s->train;
-                   s->sparse->forward(s->x[set], w, s->y_sparse, st);
-                   const auto rows = [&](int k) {  // dWg, dWu: the halves of the stacked [2I, H]
-                     TensorView v = tt.sparse.dwgu.view();
-                     v.data = static_cast<char*>(v.data) + k * I * H * 4;
-                     v.shape = Shape{I, H};
-                     return v;
-                   };
-                   s->sparse->backward(s->x[set], w, tt.dy, l1, {tt.sparse.dx.view(), rows(0), rows(1), tt.sparse.dwd.view()},
-                                       st);
-                 },
+    // What a backward over the active set reads of the forward's state: the TwELL counts and packed
+    // words, the spilled tiles' backups (bf16), and u beside them. What FfnForward holds in all is
+    // larger (workspace_bytes: the dense g and u buffers, a backup sized for every tile to spill,
+    // dg and du, the transpose), reported beside it.
+    auto kept = [M, I](const cuda::FfnForward& f) {
+      const cuda::FfnStats stats = f.last_stats();
+      const double dense_saved = 3.0 * M * I * 2;  // g, u, h
+      if (stats.path == cuda::FfnPath::dense)
+        return str("dense path: keeps g, u and h for the backward: ", dense_saved / 1e6, " MB");
+      const TwellLayout l{M, I, f.options().tile, f.options().compression};
+      const double backup = double(std::max<int64_t>(stats.spilled_tiles, 0)) * l.tile;
+      const double bytes = double(l.count_size()) * 4 + double(l.slot_size()) * 4 + backup * 2 +
+                           (double(l.slot_size()) + backup) * 2;
+      return str("keeps the TwELL activation and u for the backward: ", bytes / 1e6, " MB (",
+                 100.0 * bytes / dense_saved, "% of the dense FFN's saved g, u and h; ",
+                 100.0 * bytes / (2.0 * M * I * 2), "% of g and u alone); FfnForward holds ",
+                 f.workspace_bytes() / 1e6, " MB in all");
+    };
+    const auto train_step = [s, w, st, l1, H, I](cuda::FfnForward& f, DeviceTensor& y, Grads& gr, int set) {
+      f.forward(s->x[set], w, y, st);
+      const auto rows = [&](int k) {  // dWg, dWu: the halves of the stacked [2I, H]
+        TensorView v = gr.dwgu.view();
+        v.data = static_cast<char*>(v.data) + k * I * H * 4;
+        v.shape = Shape{I, H};
+        return v;
+      };
+      f.backward(s->x[set], w, s->train.dy, l1, {gr.dx.view(), rows(0), rows(1), gr.dwd.view()}, st);
+    };
+    r.push_back({"twell", [s, train_step](int set) { train_step(*s->twell, s->y_twell, s->train.twell, set); },
+                 out(s->y_twell), [download, s, I] { return download(s->train.twell, I); },
+                 [s, kept] { return kept(*s->twell); }});
+    r.push_back({"twell_sparse", [s, train_step](int set) { train_step(*s->sparse, s->y_sparse, s->train.sparse, set); },
                  out(s->y_sparse), [download, s, I] { return download(s->train.sparse, I); },
-                 [s, M, I] {
-                   // What the backward reads of the forward's state: the TwELL counts and packed words,
-                   // the spilled tiles' backups (bf16), and u beside them. What FfnForward holds in all
-                   // is larger (workspace_bytes: the dense g and u buffers, a backup sized for every
-                   // tile to spill, dg and du, the transpose), reported beside it.
-                   const cuda::FfnStats stats = s->sparse->last_stats();
-                   const TwellLayout l{M, I, s->sparse->options().tile, s->sparse->options().compression};
-                   const double backup = double(std::max<int64_t>(stats.spilled_tiles, 0)) * l.tile;
-                   const double bytes = double(l.count_size()) * 4 + double(l.slot_size()) * 4 + backup * 2 +
-                                        (double(l.slot_size()) + backup) * 2;
-                   return str("keeps the TwELL activation and u for the backward: ", bytes / 1e6, " MB (",
-                              100.0 * bytes / (2.0 * M * I * 2), "% of dense g and u); FfnForward holds ",
-                              s->sparse->workspace_bytes() / 1e6, " MB in all");
-                 }});
+                 [s, kept] { return kept(*s->sparse); }});
     return r;
   }
 
@@ -226,7 +239,7 @@ class CudaBackend : public FfnBackend {
     };
     struct Train {
       DeviceTensor dy, g, u, h, dh, dgu, wgu;
-      Grads dense, sparse;
+      Grads dense, twell, sparse;
     } train;
   };
   using Grads = State::Grads;

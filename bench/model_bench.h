@@ -32,6 +32,7 @@ struct ModelBenchConfig {
   int warmup = 2, iters = 10;                  // prefill timing
   int64_t check_tokens = 16;                   // CPU reference check: sequence length (≥ 2)
   bool prefill = true, decode = true;
+  bool cuda_graphs = true;                     // decode: replay each step as a CUDA graph
   uint64_t seed = 1;
   std::string command;
 };

@@ -484,6 +484,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   o.max_batch = B;
   o.max_context = cfg.context + 2 + cfg.steps + kEnergySteps;
   o.max_tokens = B * cfg.context;
+  o.cuda_graphs = cfg.cuda_graphs;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;
@@ -530,7 +531,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     char gpu[64];
     std::snprintf(gpu, sizeof gpu, "; GPU %.3f ms/step", median_of(gpu_ms[k]));
     r.note = "batch " + std::to_string(B) + ", context " + std::to_string(cfg.context) +
-             ", per step: tokens up, graph replay, logits down" + gpu +
+             (cfg.cuda_graphs ? ", per step: tokens up, graph replay, logits down" : ", per step: tokens up, kernels launched (no graph), logits down") + gpu +
              (k == 2 ? "; FFN through the gather path" : k == 1 ? "; decode FFN dense (default)" : "");
     out.push_back(r);
   }

@@ -36,7 +36,7 @@ LtGemm::~LtGemm() {
 const LtGemm::Plan& LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [m, n, k, b_transposed, epi, out, a_transposed] = key;
+  const auto [m, n, k, b_transposed, epi, out, a_transposed, lda] = key;
   auto p = std::make_unique<Plan>();
   // Column-major view: Cᵀ[N, M] = op(B_cm) · A_cm, with A_cm = Aᵀ [K, M] (ld K).
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -52,7 +52,7 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
   else
     TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, n, k, n));  // B [K, N] row-major
   if (a_transposed)
-    TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, m, k, m));  // A [K, M] row-major
+    TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, m, k, lda));  // A [K, M] row-major
   else
     TWELL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, m, k));
   const cudaDataType_t c_type = out == static_cast<int>(GemmOut::f32) ? CUDA_R_32F : CUDA_R_16BF;
@@ -73,18 +73,20 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
 }
 
 void LtGemm::run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
-                 GemmEpilogue epilogue, cudaStream_t stream, GemmOut out) {
+                 GemmEpilogue epilogue, cudaStream_t stream, GemmOut out, float beta) {
   if (m == 0 || n == 0) return;
-  const Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false});
-  const float alpha = 1.f, beta = 0.f;
+  const Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false, k});
+  const float alpha = 1.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));
 }
 
 void LtGemm::run_at(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                    GemmOut out) {
+                    GemmOut out, int64_t lda) {
   if (m == 0 || n == 0) return;
-  const Plan& p = plan({m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true});
+  TWELL_CHECK(lda == 0 || lda >= m, "LtGemm::run_at: lda = ", lda, " is below m = ", m);
+  const Plan& p = plan({m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true,
+                        lda == 0 ? m : lda});
   const float alpha = 1.f, beta = 0.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));

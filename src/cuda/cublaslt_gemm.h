@@ -37,15 +37,16 @@ class LtGemm {
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
 
+  // beta = 1 adds the product to C (C = A·op(B) + C).
   void run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
-           GemmEpilogue epilogue, cudaStream_t stream, GemmOut out = GemmOut::bf16);
-  // C[m, n] = A[k, m]ᵀ · B[k, n].
+           GemmEpilogue epilogue, cudaStream_t stream, GemmOut out = GemmOut::bf16, float beta = 0.f);
+  // C[m, n] = A[k, m]ᵀ · B[k, n]; A's rows lda elements apart (0: m).
   void run_at(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-              GemmOut out = GemmOut::f32);
+              GemmOut out = GemmOut::f32, int64_t lda = 0);
 
  private:
   struct Plan;
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int, bool>;  // ..., a_transposed
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int, bool, int64_t>;  // ..., a_transposed, lda
   const Plan& plan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

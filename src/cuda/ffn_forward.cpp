@@ -17,17 +17,20 @@ struct FfnForward::Impl {
   int sm_count = 0;
   LtGemm gemm;
   DeviceBuffer g;   // [max_tokens, I] bf16: ReLU'd gate output (non-gated: h)
-  DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path
+  DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path (not training)
+  DeviceBuffer h_dense;  // training: h of the dense path, apart from u
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
   // The backward's workspace, allocated on its first call: dg and du beside the format, and the
   // transpose of the active set (sized by the forward's non-zero count, grown as needed).
   struct Backward {
-    DeviceBuffer dg_vals, du_vals, col_count, col_start, keys, vals, keys_sorted, vals_sorted, temp;
+    DeviceBuffer dg_vals, du_vals, col_count, col_start, keys, vals, keys_sorted, vals_sorted, temp, dw_plan, dw_scratch;
+    DeviceBuffer dense_dh, dense_dgdu, dense_wgu;  // the dense path's dy·Wdᵀ (f32), [dg | du], [Wg; Wu]
     size_t bytes() const {
       return dg_vals.bytes() + du_vals.bytes() + col_count.bytes() + col_start.bytes() + keys.bytes() + vals.bytes() +
-             keys_sorted.bytes() + vals_sorted.bytes() + temp.bytes();
+             keys_sorted.bytes() + vals_sorted.bytes() + temp.bytes() + dw_plan.bytes() + dw_scratch.bytes() +
+             dense_dh.bytes() + dense_dgdu.bytes() + dense_wgu.bytes();
     }
   } bwd;
   // Gather path (M <= gather_tokens): the ranges' partial sums and the per-token done counters.
@@ -67,8 +70,8 @@ struct FfnForward::Impl {
   int64_t sample_rows = 0;       // rows the pending sample covers
   FfnStats stats;
   double previous_density = -1;  // sampled by an earlier call; -1 before any
-  // The state a backward needs: set once a forward's sparse path has been enqueued, with the
-  // inputs it ran on (the backward must get the same ones).
+  // The state a backward needs: set once a forward's sparse path (or, training, its dense path)
+  // has been enqueued, with the inputs it ran on (the backward must get the same ones).
   struct SavedForward {
     bool ready = false;
     const void *x = nullptr, *wg = nullptr, *wu = nullptr, *wd = nullptr;
@@ -84,6 +87,7 @@ struct FfnForward::Impl {
     const size_t act_bytes = static_cast<size_t>(s.max_tokens * s.ffn) * 2;
     g = DeviceBuffer(act_bytes);
     if (s.gated) u = DeviceBuffer(act_bytes);  // the dense path's up output (non-gated: none)
+    if (s.gated && o.training) h_dense = DeviceBuffer(act_bytes);
     act = TwellDeviceMatrix(TwellLayout{s.max_tokens, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());
     if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
@@ -242,10 +246,10 @@ struct FfnForward::Impl {
                 "FfnForward::backward: cannot be captured in a CUDA graph yet (it reads the forward's non-zero count "
                 "back to size the transpose)");
     TWELL_CHECK(stats.tokens == M && (M == 0 || saved.ready),
-                "FfnForward::backward: needs the state of a forward() of the same tokens on the TwELL path; the last "
-                "call had ", stats.tokens, " tokens on the ", stats.path == FfnPath::sparse ? "sparse" :
+                "FfnForward::backward: needs the state of a forward() of the same tokens; the last call had ",
+                stats.tokens, " tokens on the ", stats.path == FfnPath::sparse ? "sparse" :
                 stats.path == FfnPath::dense ? "dense" : "gather",
-                " path (for training use Dispatch::always_sparse and gather_max_tokens = 0)");
+                " path (for training set FfnOptions::training and gather_max_tokens = 0)");
     TWELL_CHECK(M == 0 || (x.data == saved.x && w.wg.data == saved.wg && w.wu.data == saved.wu && w.wd.data == saved.wd),
                 "FfnForward::backward: x and the weights must be those of the last forward() (its saved state "
                 "belongs to them)");
@@ -275,6 +279,7 @@ struct FfnForward::Impl {
         if (!t->empty()) TWELL_CUDA_CHECK(cudaMemsetAsync(t->data, 0, static_cast<size_t>(I * H) * 4, stream));
       return;
     }
+    if (stats.path == FfnPath::dense) return dense_backward(x, w, dy, static_cast<float>(l1_coeff), grads, stream);
     // NOTE: the one host synchronisation of the backward: the transpose is sized by the forward's
     // non-zero count (the backup already bounds it, but at 4 x 4 bytes per possible entry).
     collect_counts(true);
@@ -307,6 +312,10 @@ struct FfnForward::Impl {
       grow(bwd.col_start, static_cast<size_t>(I + 1) * 4);
       for (DeviceBuffer* b : {&bwd.keys, &bwd.vals, &bwd.keys_sorted, &bwd.vals_sorted}) grow(*b, n);
       grow(bwd.temp, std::max<size_t>(twell_backward_temp_bytes(stats.nnz, I), 16));
+      grow(bwd.dw_plan, twell_dw_plan_words(stats.nnz, I) * 4);
+      grow(bwd.dw_scratch, twell_dw_scratch_bytes(stats.nnz, H));
+      a.dw_plan = bwd.dw_plan.as<uint32_t>();
+      a.dw_scratch = bwd.dw_scratch.as<float>();
       a.col_count = bwd.col_count.as<uint32_t>();
       a.col_start = bwd.col_start.as<uint32_t>();
       a.keys = bwd.keys.as<uint32_t>();
@@ -318,6 +327,38 @@ struct FfnForward::Impl {
       a.nnz = stats.nnz;
     }
     launch_twell_ffn_backward(a, sm_count, stream);
+  }
+
+  // After a training forward on the dense path: dh = dy·Wdᵀ (f32), [dg | du] element-wise (the
+  // bf16 rounding rule of ffn_grad.cuh), dx = [dg | du]·[Wg; Wu] as one GEMM (the weights stacked
+  // by a copy: 2·I·H·2 bytes, cheaper than a second GEMM adding into f32 dx), dWg = dgᵀx,
+  // dWu = duᵀx (one GEMM when the two gradients are adjacent in memory), dWd = hᵀdy.
+  void dense_backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, float l1, const FfnGrads& grads,
+                      cudaStream_t stream) {
+    const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
+    grow(bwd.dense_dh, static_cast<size_t>(M * I) * 4);
+    grow(bwd.dense_dgdu, static_cast<size_t>(M * I) * 4);
+    auto* dgu = bwd.dense_dgdu.as<uint16_t>();  // [M, 2I]: dg in columns [0, I), du in [I, 2I)
+    gemm.run(dy.data, w.wd.data, bwd.dense_dh.get(), M, I, H, true, GemmEpilogue::none, stream, GemmOut::f32);
+    launch_dense_grad(g.as<uint16_t>(), u.as<uint16_t>(), bwd.dense_dh.as<float>(), l1, dgu, dgu + I, 2 * I, M, I,
+                      stream);
+    if (!grads.dx.empty()) {
+      const size_t w_bytes = static_cast<size_t>(I * H) * 2;
+      grow(bwd.dense_wgu, 2 * w_bytes);
+      char* wgu = static_cast<char*>(bwd.dense_wgu.get());
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(wgu, w.wg.data, w_bytes, cudaMemcpyDeviceToDevice, stream));
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(wgu + w_bytes, w.wu.data, w_bytes, cudaMemcpyDeviceToDevice, stream));
+      gemm.run(dgu, wgu, grads.dx.data, M, H, 2 * I, false, GemmEpilogue::none, stream, GemmOut::f32);
+    }
+    const bool adjacent = !grads.dwg.empty() && !grads.dwu.empty() &&
+                          grads.dwu.data == static_cast<float*>(grads.dwg.data) + I * H;
+    if (adjacent) {
+      gemm.run_at(dgu, x.data, grads.dwg.data, 2 * I, H, M, stream);
+    } else {
+      if (!grads.dwg.empty()) gemm.run_at(dgu, x.data, grads.dwg.data, I, H, M, stream, GemmOut::f32, 2 * I);
+      if (!grads.dwu.empty()) gemm.run_at(dgu + I, x.data, grads.dwu.data, I, H, M, stream, GemmOut::f32, 2 * I);
+    }
+    if (!grads.dwd.empty()) gemm.run_at(h_dense.get(), dy.data, grads.dwd.data, I, H, M, stream);
   }
 
   void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream) {
@@ -363,9 +404,13 @@ struct FfnForward::Impl {
     }
 
     if (shape.gated) {
+      // Training keeps u for the backward and writes h apart; otherwise h replaces u.
+      const bool keep = options.training;
+      uint16_t* h = keep ? h_dense.as<uint16_t>() : u.as<uint16_t>();
       gemm.run(xp, w.wu.data, u.get(), M, I, H, true, GemmEpilogue::none, stream);
-      launch_mul_bf16(g.as<uint16_t>(), u.as<uint16_t>(), u.as<uint16_t>(), M * I, stream);
-      gemm.run(u.get(), w.wd.data, yp, M, H, I, false, GemmEpilogue::none, stream);
+      launch_mul_bf16(g.as<uint16_t>(), u.as<uint16_t>(), h, M * I, stream);
+      gemm.run(h, w.wd.data, yp, M, H, I, false, GemmEpilogue::none, stream);
+      if (keep) saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
     } else {
       gemm.run(g.get(), w.wd.data, yp, M, H, I, false, GemmEpilogue::none, stream);
     }
@@ -391,7 +436,7 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
-  return m.g.bytes() + m.u.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() + m.heavy_rows.bytes() +
+  return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() + m.heavy_rows.bytes() +
          m.bwd.bytes() +
          m.counters.bytes() + m.sample_count.bytes() +
          m.gather_partial.bytes() + m.gather_done.bytes();

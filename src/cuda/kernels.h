@@ -75,10 +75,20 @@ struct SparseBackwardArgs {
            *vals_sorted = nullptr;
   void* temp = nullptr;
   size_t temp_bytes = 0;
+  // The dW pass's plan (twell_dw_plan_words) and the partial sums of neurons split over several
+  // blocks (twell_dw_scratch_bytes).
+  uint32_t* dw_plan = nullptr;
+  float* dw_scratch = nullptr;
   int64_t nnz = 0, M = 0, H = 0, I = 0;
   float l1 = 0.f;
 };
 size_t twell_backward_temp_bytes(int64_t nnz, int64_t I);
+// The dW pass cuts each neuron's token list into pieces of at most twell_dw_piece_tokens(nnz)
+// tokens, a block each; the partial sums of a neuron with several pieces meet in the scratch and
+// are added in piece order (deterministic). Sizes of the plan (uint32 words) and the scratch (bytes).
+int64_t twell_dw_piece_tokens(int64_t nnz);
+size_t twell_dw_plan_words(int64_t nnz, int64_t I);
+size_t twell_dw_scratch_bytes(int64_t nnz, int64_t H);
 void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaStream_t stream);
 
 // ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing, one kernel after the
@@ -107,10 +117,10 @@ void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream);
 void launch_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n, cudaStream_t stream);
 void launch_relu_bf16(uint16_t* g, int64_t n, cudaStream_t stream);
 // The dense FFN backward's element-wise step: from g (ReLU'd), u [M, I] bf16 and dh32 = dy Wdᵀ
-// [M, I] f32, writes dgu [M, 2I] bf16: dg in columns [0, I), du in [I, 2I) (zero where g is),
-// rounded as cpu::ffn_backward's bf16 pipeline does (dh = bf16(dh32 + l1·sign(h))).
-void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, float l1, uint16_t* dgu, int64_t M,
-                       int64_t I, cudaStream_t stream);
+// [M, I] f32, writes dg and du (bf16, rows `ld` elements apart; zero where g is), rounded as
+// cpu::ffn_backward's bf16 pipeline does (dh = bf16(dh32 + l1·sign(h))).
+void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, float l1, uint16_t* dg, uint16_t* du,
+                       int64_t ld, int64_t M, int64_t I, cudaStream_t stream);
 
 // ---- model runtime (llama_layers.cu, attention.cu) ----------------------------------------------
 // x[t, :] = float(table[tokens[t], :])          x [T, H] fp32, table [V, H] bf16

@@ -321,11 +321,9 @@ struct DeviceGrads {
   FfnGrads views() const { return {dx.view(), dwg.view(), dwu.view(), dwd.view()}; }
 };
 
-class FfnBackwardGpu : public testing::TestWithParam<BackwardCase> {};
-
-TEST_P(FfnBackwardGpu, MatchesCpuReference) {
-  TWELL_REQUIRE_HOPPER();
-  const BackwardCase& c = GetParam();
+// Forward then backward with options `o`; the path the forward must take; gradients against the
+// CPU reference, and a second backward gives the same bits.
+void check_backward(const BackwardCase& c, cuda::FfnOptions o, cuda::FfnPath expect_path) {
   const bench::SyntheticFfn f = bench::make_synthetic_ffn(
       {c.M, c.H, c.I, c.density, c.skewed ? bench::Distribution::skewed : bench::Distribution::uniform, true, 5});
   const Tensor dy = test::random_normal(DType::bf16, {c.M, c.H}, 1.0, 17);
@@ -344,12 +342,10 @@ TEST_P(FfnBackwardGpu, MatchesCpuReference) {
   DeviceTensor x = DeviceTensor::upload(f.x), wg = DeviceTensor::upload(f.wg), wu = DeviceTensor::upload(f.wu),
                wd = DeviceTensor::upload(f.wd), dyd = DeviceTensor::upload(dy), y(DType::bf16, {c.M, c.H});
   const FfnWeights w{wg.view(), wu.view(), wd.view()};
-  cuda::FfnOptions o;
-  o.dispatch = Dispatch::always_sparse;
-  o.gather_max_tokens = 0;
   o.tile = c.tile, o.compression = c.compression;
   cuda::FfnForward ffn({c.M, c.H, c.I, true}, o);
   ffn.forward(x, w, y, nullptr);
+  ASSERT_EQ(ffn.last_path(), expect_path);
   DeviceGrads gpu(c.M, c.H, c.I);
   ffn.backward(x, w, dyd, l1, gpu.views(), nullptr);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());
@@ -371,12 +367,41 @@ TEST_P(FfnBackwardGpu, MatchesCpuReference) {
   EXPECT_TRUE(test::bit_equal(again.dwd.download(), got[3]));
 }
 
+class FfnBackwardGpu : public testing::TestWithParam<BackwardCase> {};
+
+TEST_P(FfnBackwardGpu, MatchesCpuReference) {
+  TWELL_REQUIRE_HOPPER();
+  cuda::FfnOptions o;
+  o.dispatch = Dispatch::always_sparse;
+  o.gather_max_tokens = 0;
+  check_backward(GetParam(), o, cuda::FfnPath::sparse);
+}
+
+// FfnOptions::training: the dense path keeps g, u and h, and the backward follows the forward's
+// path; with dispatch on, a dense activation takes the dense path.
+TEST(FfnBackwardGpuDense, FollowsTheForwardsPath) {
+  TWELL_REQUIRE_HOPPER();
+  cuda::FfnOptions o;
+  o.training = true;
+  o.gather_max_tokens = 0;
+  o.dispatch = Dispatch::always_dense;
+  check_backward({67, 256, 1344, 0.02, true}, o, cuda::FfnPath::dense);
+  check_backward({33, 192, 320, 0.3, false}, o, cuda::FfnPath::dense);
+  o.dispatch = Dispatch::observe;
+  o.sparse_min_tokens = 1;
+  check_backward({300, 512, 2048, 0.1, false}, o, cuda::FfnPath::dense);   // above dense_above_density
+  check_backward({300, 512, 2048, 0.002, false}, o, cuda::FfnPath::sparse);  // below
+}
+
 std::vector<BackwardCase> backward_cases() {
   return {
       {67, 256, 1344, 0.02, true},     {67, 256, 1344, 0.3, false},  // spilled tiles, heavy rows
       {1, 512, 1600, 0.05, true},      {33, 64, 64, 0.2, false},     // M = 1; one partial tile
       {129, 192, 320, 0.13, true},     {65, 2048, 5632, 0.005, true},  // odd H; the paper's shape
       {19, 4096, 576, 0.3, true},      {300, 512, 2048, 0.1, true, 128, 4},  // widest H; narrow tiles
+      // Neurons with more tokens than a dW piece (256 here): every one of them at 90%, the hot
+      // ones of a skewed distribution at 5%.
+      {600, 128, 256, 0.9, false},     {2048, 256, 512, 0.05, true},
   };
 }
 

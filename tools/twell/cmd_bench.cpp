@@ -63,7 +63,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
 
   auto mcfg = std::make_shared<bench::ModelBenchConfig>();
   auto model_json = std::make_shared<std::string>();
-  auto no_prefill = std::make_shared<bool>(false), no_decode = std::make_shared<bool>(false);
+  auto no_prefill = std::make_shared<bool>(false), no_decode = std::make_shared<bool>(false),
+       no_graphs = std::make_shared<bool>(false);
   CLI::App* model = bench->add_subcommand(
       "model", "Whole model on the GPU, dense vs twell FFN: prefill tokens/ms, decode tokens/s, memory, energy");
   model->add_option("--layers", mcfg->layers, "decoder layers")->capture_default_str();
@@ -86,12 +87,14 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->capture_default_str();
   model->add_flag("--no-prefill", *no_prefill, "skip the prefill benchmark");
   model->add_flag("--no-decode", *no_decode, "skip the decode benchmark");
+  model->add_flag("--no-graphs", *no_graphs, "decode: launch every step's kernels instead of replaying a CUDA graph");
   model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")->capture_default_str();
   model->add_option("--json", *model_json, "write the JSON records here");
   model->callback([=] {
     mcfg->command = command_line;
     mcfg->prefill = !*no_prefill;
     mcfg->decode = !*no_decode;
+    mcfg->cuda_graphs = !*no_graphs;
     const auto records = bench::run_model_bench(*mcfg, std::cerr);
     bench::print_model_table(records, std::cout);
     if (!model_json->empty()) {

@@ -59,6 +59,11 @@ struct FfnOptions {
   // false: nothing is copied, so calls with dispatch always_sparse or always_dense are pure stream
   // work and can be captured in a CUDA graph; last_stats then has no counts (-1).
   bool count_nonzeros = true;
+  // Training: keep what backward() needs on the dense path too (g, u and h apart: one more
+  // [max_tokens, I] bf16 buffer), so the forward can dispatch
+  // on density and the backward follows the path it took. Without it backward() needs the TwELL
+  // path (Dispatch::always_sparse). Set gather_max_tokens = 0 as well: the gather path keeps nothing.
+  bool training = false;
 };
 
 struct FfnStats {
@@ -84,13 +89,14 @@ class FfnForward {
   // argument. Then enqueues the FFN on `stream`.
   void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream);
 
-  // The backward of the last forward() (training; a gated FFN, Precision::bf16, the TwELL path:
-  // use Dispatch::always_sparse and gather_max_tokens = 0), from the state that forward kept (the
-  // TwELL activation and u on the active set): x and w must be those of that call; dy [M, H] bf16.
-  // Gradients in f32 on the device (FfnGrads, twell/ffn.h; an empty view is not computed); the L1
-  // penalty's gradient l1_coeff·sign(h) is added to dh (l1_coefficient, twell/ffn.h). Exact on the
-  // active set at any density and bitwise reproducible. Synchronises the stream once (the forward's
-  // non-zero count sizes the transpose). Not yet tuned for speed (docs/perf.md).
+  // The backward of the last forward() (training; a gated FFN, Precision::bf16), on the path that
+  // forward took: over the active set from the state the TwELL path kept (the TwELL activation and
+  // u), or, after the dense path with FfnOptions::training, by cuBLASLt GEMMs from g, u and h.
+  // x and w must be those of that call; dy [M, H] bf16. Gradients in f32 on the device (FfnGrads,
+  // twell/ffn.h; an empty view is not computed); the L1 penalty's gradient l1_coeff·sign(h) is added
+  // to dh (l1_coefficient, twell/ffn.h). Exact at any density; the sparse path is bitwise
+  // reproducible. The sparse path synchronises the stream once (the forward's non-zero count sizes
+  // the transpose).
   void backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,
                 const FfnGrads& grads, cudaStream_t stream);
 

@@ -43,8 +43,8 @@ __global__ void relu_bf16_kernel(uint4* __restrict__ g, int64_t n_vec) {
 // 8 neurons of one token: dh = bf16(dh32 + l1·sign(h)), du = bf16(dh·g), dg = bf16(dh·u) where g
 // (the ReLU'd gate) is non-zero, 0 elsewhere; h = bf16(g·u) as the forward rounded it.
 __global__ void dense_grad_kernel(const uint4* __restrict__ g, const uint4* __restrict__ u,
-                                  const float4* __restrict__ dh32, float l1, uint16_t* __restrict__ dgu, int64_t I,
-                                  int64_t n_vec) {
+                                  const float4* __restrict__ dh32, float l1, uint16_t* __restrict__ dg_out,
+                                  uint16_t* __restrict__ du_out, int64_t ld, int64_t I, int64_t n_vec) {
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * kThreads) {
     float gf[8], uf[8], dg[8], du[8];
     unpack8(g[i], gf);
@@ -57,8 +57,8 @@ __global__ void dense_grad_kernel(const uint4* __restrict__ g, const uint4* __re
       if (gf[e] == 0.f) dg[e] = du[e] = 0.f;  // inactive: no gradient through the ReLU
     }
     const int64_t m = (8 * i) / I, j = (8 * i) % I;  // I % 8 == 0: the 8 stay in one row
-    *reinterpret_cast<uint4*>(dgu + m * 2 * I + j) = pack8(dg);
-    *reinterpret_cast<uint4*>(dgu + m * 2 * I + I + j) = pack8(du);
+    *reinterpret_cast<uint4*>(dg_out + m * ld + j) = pack8(dg);
+    *reinterpret_cast<uint4*>(du_out + m * ld + j) = pack8(du);
   }
 }
 
@@ -84,15 +84,16 @@ void launch_relu_bf16(uint16_t* g, int64_t n, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, float l1, uint16_t* dgu, int64_t M,
-                       int64_t I, cudaStream_t stream) {
-  TWELL_CHECK(I % 8 == 0, "dense_grad: I = ", I, " is not a multiple of 8");
+void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, float l1, uint16_t* dg, uint16_t* du,
+                       int64_t ld, int64_t M, int64_t I, cudaStream_t stream) {
+  TWELL_CHECK(I % 8 == 0 && ld % 8 == 0 && ld >= I, "dense_grad: I = ", I, " and ld = ", ld,
+              " must be multiples of 8 with ld >= I");
   if (M == 0) return;
   const int64_t n_vec = M * I / 8;
   dense_grad_kernel<<<blocks_for(n_vec), kThreads, 0, stream>>>(reinterpret_cast<const uint4*>(g),
                                                                  reinterpret_cast<const uint4*>(u),
-                                                                 reinterpret_cast<const float4*>(dh32), l1, dgu, I,
-                                                                 n_vec);
+                                                                 reinterpret_cast<const float4*>(dh32), l1, dg, du, ld,
+                                                                 I, n_vec);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -6,8 +6,8 @@
 //   dx passes (SpMM)         dx[m] = Σ_j dg·Wg[j], then += Σ_j du·Wu[j] (f32)
 //   transpose                the active set by neuron: counts, exclusive scan, fill, then each
 //                            neuron's tokens sorted ascending (CUB), so the order is fixed
-//   dW pass                  per neuron j, over its tokens m ascending: dWg[j] += dg·x[m],
-//                            dWu[j] += du·x[m], dWd[j] += h·dy[m] (f32)
+//   dW pass                  per neuron j, over its tokens m: dWg[j] += dg·x[m], dWu[j] += du·x[m],
+//                            dWd[j] += h·dy[m] (f32), hot neurons spread over several blocks
 // The dh and dx passes reuse the forward's row-streaming machinery (twell_rows.cuh). Every sum has
 // a fixed order, so the gradients are bitwise reproducible; nothing is dropped at any density.
 // Covered by tests/cuda/test_twell_ffn.cu (FfnBackwardGpu).
@@ -77,7 +77,24 @@ __global__ __launch_bounds__(256) void transpose_kernel(const __grid_constant__ 
   }
 }
 
-// dW pass: a block per neuron (grid-stride), thread t owns columns [8t, 8t + 8); tokens ascending.
+// dW pass. The transposed active set (each neuron's tokens ascending) is cut into pieces of at
+// most `piece` tokens; a piece is one work item, taken by a block from a global counter, so a hot
+// neuron (thousands of tokens, skewed distributions) is spread over many blocks instead of
+// serialising one. The plan, from the per-neuron counts:
+//   items[j]   = max(1, ⌈count_j / piece⌉)     (a neuron without tokens still writes its zeros)
+//   splits[j]  = items[j] if > 1, else 0       (pieces whose partial sums go to the scratch)
+// exclusive scans of both, and item_neuron[item] = j. A block runs an item with G groups of C
+// threads: thread c of group g owns columns [8c, 8c + 8) and the piece's tokens g, g + G, ...;
+// the groups' sums are added in group order, and a split neuron's pieces in piece order by the
+// reduce kernel. Every sum has a fixed order: bitwise reproducible.
+struct DwPlan {  // views into SparseBackwardArgs::dw_plan
+  uint32_t *items, *item_start, *splits, *split_start, *item_neuron, *next_item;
+  static DwPlan in(uint32_t* w, int64_t I) {
+    const int64_t n = I + 1;
+    return {w, w + n, w + 2 * n, w + 3 * n, w + 4 * n + 1, w + 4 * n};
+  }
+};
+
 struct DwArgs {
   const uint32_t* start;  // [I + 1]
   const uint32_t* keys;   // token of each entry, sorted within each neuron
@@ -85,33 +102,133 @@ struct DwArgs {
   const uint16_t* x;
   const uint16_t* dy;
   float *dwg, *dwu, *dwd;  // null: not computed
+  float* scratch;          // [split pieces][3][H]
+  DwPlan plan;
   int64_t I;
+  uint32_t piece;
 };
 
-__global__ __launch_bounds__(512) void twell_ffn_dw_kernel(const __grid_constant__ Params p, const __grid_constant__ DwArgs d) {
-  const int64_t col = static_cast<int64_t>(threadIdx.x) * 8;
-  if (col >= p.H) return;
-  for (int64_t j = blockIdx.x; j < d.I; j += gridDim.x) {
+__global__ void dw_plan_kernel(DwArgs d) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j > d.I) return;
+  uint32_t n = 0;
+  if (j < d.I) {
+    const uint32_t count = d.start[j + 1] - d.start[j];
+    n = count <= d.piece ? 1u : (count + d.piece - 1) / d.piece;
+  }
+  d.plan.items[j] = n;
+  d.plan.splits[j] = n > 1 ? n : 0u;
+  if (j == 0) *d.plan.next_item = 0;
+}
+
+__global__ void dw_item_map_kernel(DwArgs d) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= d.I) return;
+  const uint32_t first = d.plan.item_start[j], n = d.plan.items[j];
+  for (uint32_t k = 0; k < n; ++k) d.plan.item_neuron[first + k] = static_cast<uint32_t>(j);
+}
+
+constexpr int kDwThreads = 512;  // G·C, C = H/8 rounded up to a warp
+constexpr int kDwBatch = 128;    // tokens staged in shared memory at a time
+
+__global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __grid_constant__ Params p,
+                                                                     const __grid_constant__ DwArgs d, int C) {
+  __shared__ uint32_t tok[kDwBatch];
+  __shared__ float cg[kDwBatch], cu[kDwBatch], ch[kDwBatch];
+  __shared__ uint32_t item_sh;
+  extern __shared__ __align__(16) float red[];  // [G - 1][3][C·8]: the groups' sums
+  const int G = blockDim.x / C, grp = threadIdx.x / C, c = threadIdx.x % C;
+  const int64_t col = static_cast<int64_t>(c) * 8;
+  const bool owns = col < p.H;
+  const uint32_t n_items = d.plan.item_start[d.I];
+  for (;;) {
+    if (threadIdx.x == 0) item_sh = atomicAdd(d.plan.next_item, 1u);
+    __syncthreads();
+    const uint32_t item = item_sh;
+    if (item >= n_items) return;
+    const uint32_t j = d.plan.item_neuron[item], piece = item - d.plan.item_start[j];
+    const uint32_t k0 = d.start[j] + piece * d.piece, k1 = min(d.start[j + 1], k0 + d.piece);
     float ag[8] = {}, au[8] = {}, ad[8] = {};
-    const uint32_t k1 = d.start[j + 1];
-    for (uint32_t k = d.start[j]; k < k1; ++k) {
-      const uint32_t m = __ldg(d.keys + k), i = __ldg(d.vals + k);
-      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(d.x + m * p.H + col));
-      const uint4 dv = __ldg(reinterpret_cast<const uint4*>(d.dy + m * p.H + col));
-      const float h = round_bf16(entry_g(p.act, i) * bf16_bits_to_float(__ldg(p.u_vals + i)));
-      fma8(ag, bf16_bits_to_float(__ldg(p.dg_vals + i)), xv);
-      fma8(au, bf16_bits_to_float(__ldg(p.du_vals + i)), xv);
-      fma8(ad, h, dv);
+    for (uint32_t kb = k0; kb < k1; kb += kDwBatch) {
+      const int n = static_cast<int>(min(static_cast<uint32_t>(kDwBatch), k1 - kb));
+      for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        const uint32_t i = __ldg(d.vals + kb + t);
+        tok[t] = __ldg(d.keys + kb + t);
+        cg[t] = bf16_bits_to_float(__ldg(p.dg_vals + i));
+        cu[t] = bf16_bits_to_float(__ldg(p.du_vals + i));
+        ch[t] = round_bf16(entry_g(p.act, i) * bf16_bits_to_float(__ldg(p.u_vals + i)));
+      }
+      __syncthreads();
+      if (owns) {
+        int t = grp;
+        for (; t + G < n; t += 2 * G) {  // two tokens' rows in flight
+          const uint4 x0 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t] * p.H + col));
+          const uint4 y0 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t] * p.H + col));
+          const uint4 x1 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t + G] * p.H + col));
+          const uint4 y1 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t + G] * p.H + col));
+          fma8(ag, cg[t], x0), fma8(au, cu[t], x0), fma8(ad, ch[t], y0);
+          fma8(ag, cg[t + G], x1), fma8(au, cu[t + G], x1), fma8(ad, ch[t + G], y1);
+        }
+        if (t < n) {
+          const uint4 x0 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t] * p.H + col));
+          const uint4 y0 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t] * p.H + col));
+          fma8(ag, cg[t], x0), fma8(au, cu[t], x0), fma8(ad, ch[t], y0);
+        }
+      }
+      __syncthreads();  // the next batch overwrites the staged tokens
     }
-    auto store = [&](float* out, const float (&v)[8]) {
-      if (!out) return;
-      float4* dst = reinterpret_cast<float4*>(out + j * p.H + col);
+    // The groups' sums, added in group order by group 0.
+    const int64_t stride = static_cast<int64_t>(C) * 8;
+    if (grp > 0 && owns) {
+      float* r = red + (grp - 1) * 3 * stride + col;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) r[e] = ag[e], r[stride + e] = au[e], r[2 * stride + e] = ad[e];
+    }
+    __syncthreads();
+    if (grp == 0 && owns) {
+      for (int o = 1; o < G; ++o) {
+        const float* r = red + (o - 1) * 3 * stride + col;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ag[e] += r[e], au[e] += r[stride + e], ad[e] += r[2 * stride + e];
+      }
+      const uint32_t split0 = d.plan.split_start[j];
+      const bool split = d.plan.split_start[j + 1] != split0;
+      auto store = [&](float* out, int o, const float (&v)[8]) {
+        if (split) out = d.scratch + (static_cast<int64_t>(split0 + piece) * 3 + o) * p.H;
+        else if (!out) return;
+        else out += static_cast<int64_t>(j) * p.H;
+        float4* dst = reinterpret_cast<float4*>(out + col);
+        dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+      };
+      store(d.dwg, 0, ag);
+      store(d.dwu, 1, au);
+      store(d.dwd, 2, ad);
+    }
+    __syncthreads();  // red and item_sh are reused
+  }
+}
+
+// A split neuron's gradient rows: its pieces' partial sums in piece order.
+__global__ void dw_reduce_kernel(const __grid_constant__ DwArgs d, int64_t H) {
+  const int64_t col = static_cast<int64_t>(threadIdx.x) * 8;
+  if (col >= H) return;
+  float* outs[3] = {d.dwg, d.dwu, d.dwd};
+  for (int64_t j = blockIdx.x; j < d.I; j += gridDim.x) {
+    const uint32_t s0 = d.plan.split_start[j], s1 = d.plan.split_start[j + 1];
+    if (s0 == s1) continue;
+    for (int o = 0; o < 3; ++o) {
+      if (!outs[o]) continue;
+      float v[8] = {};
+      for (uint32_t s = s0; s < s1; ++s) {
+        const float4* src = reinterpret_cast<const float4*>(d.scratch + (static_cast<int64_t>(s) * 3 + o) * H + col);
+        const float4 lo = src[0], hi = src[1];
+        v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w, v[4] += hi.x, v[5] += hi.y, v[6] += hi.z, v[7] += hi.w;
+      }
+      float4* dst = reinterpret_cast<float4*>(outs[o] + j * H + col);
       dst[0] = make_float4(v[0], v[1], v[2], v[3]);
       dst[1] = make_float4(v[4], v[5], v[6], v[7]);
-    };
-    store(d.dwg, ag);
-    store(d.dwu, au);
-    store(d.dwd, ad);
+    }
   }
 }
 
@@ -181,11 +298,39 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
   bytes = a.temp_bytes;
   TWELL_CUDA_CHECK(cub::DeviceSegmentedSort::SortPairs(a.temp, bytes, a.keys, a.keys_sorted, a.vals, a.vals_sorted,
                                                        a.nnz, a.I, a.col_start, a.col_start + 1, stream));
-  const DwArgs d{a.col_start, a.keys_sorted, a.vals_sorted, a.x, a.dy, a.dwg, a.dwu, a.dwd, a.I};
-  const int threads = static_cast<int>((a.H / 8 + 31) / 32 * 32);
-  const unsigned dw_blocks = static_cast<unsigned>(std::min<int64_t>(a.I, int64_t{sm_count} * 16));
-  twell_ffn_dw_kernel<<<dw_blocks, threads, 0, stream>>>(p, d);
+  TWELL_CHECK(a.dw_plan && a.dw_scratch, "sparse FFN backward: missing dW workspace");
+  DwArgs d{a.col_start, a.keys_sorted, a.vals_sorted, a.x,  a.dy, a.dwg, a.dwu, a.dwd, a.dw_scratch,
+           DwPlan::in(a.dw_plan, a.I), a.I, static_cast<uint32_t>(twell_dw_piece_tokens(a.nnz))};
+  const unsigned plan_blocks = static_cast<unsigned>((a.I + 1 + 255) / 256);
+  dw_plan_kernel<<<plan_blocks, 256, 0, stream>>>(d);
   TWELL_CUDA_CHECK(cudaGetLastError());
+  bytes = a.temp_bytes;
+  TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, d.plan.items, d.plan.item_start, a.I + 1, stream));
+  bytes = a.temp_bytes;
+  TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, d.plan.splits, d.plan.split_start, a.I + 1, stream));
+  dw_item_map_kernel<<<plan_blocks, 256, 0, stream>>>(d);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+  const int C = static_cast<int>((a.H / 8 + 31) / 32 * 32);
+  const int G = std::max(1, kDwThreads / C);
+  const int dw_smem = (G - 1) * 3 * C * 8 * 4;  // under 48 KB for every C
+  twell_ffn_dw_kernel<<<static_cast<unsigned>(sm_count * 2), G * C, dw_smem, stream>>>(p, d, C);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+  const unsigned reduce_blocks = static_cast<unsigned>(std::min<int64_t>(a.I, int64_t{sm_count} * 8));
+  dw_reduce_kernel<<<reduce_blocks, C, 0, stream>>>(d, a.H);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+int64_t twell_dw_piece_tokens(int64_t nnz) { return std::clamp<int64_t>(nnz / 512, 256, 4096); }
+
+size_t twell_dw_plan_words(int64_t nnz, int64_t I) {
+  // Four arrays of I + 1 words, the item counter, then the item map: at most I + nnz / piece
+  // items (a neuron has max(1, ⌈count / piece⌉)).
+  return static_cast<size_t>(4 * (I + 1) + 1 + I + nnz / twell_dw_piece_tokens(nnz));
+}
+
+size_t twell_dw_scratch_bytes(int64_t nnz, int64_t H) {
+  // Split neurons have more than `piece` tokens, so their pieces number at most 2·nnz / piece.
+  return static_cast<size_t>(2 * (nnz / twell_dw_piece_tokens(nnz)) + 1) * 3 * static_cast<size_t>(H) * 4;
 }
 
 }  // namespace twell::cuda
