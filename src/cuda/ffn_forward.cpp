@@ -33,9 +33,9 @@ struct FfnForward::Impl {
              dense_dh.bytes() + dense_dgdu.bytes() + dense_wgu.bytes();
     }
   } bwd;
-  // Gather path (M <= gather_tokens): the ranges' partial sums and the per-token done counters.
+  // Gather path (M <= gather_tokens): the ranges' partial sums.
   int64_t gather_tokens = 0;
-  DeviceBuffer gather_partial, gather_done;
+  DeviceBuffer gather_partial;
   // Device counters of the sparse path: kNnzCounters non-zero partial sums, spilled tiles, the
   // overflow flag; and, apart, the dispatch sample's count.
   struct Counters {
@@ -98,8 +98,6 @@ struct FfnForward::Impl {
       int64_t partial = 0;
       for (int64_t m = 1; m <= gather_tokens; ++m) partial = std::max(partial, m * gather_splits(m) * s.hidden);
       gather_partial = DeviceBuffer(static_cast<size_t>(partial) * 4);
-      gather_done = DeviceBuffer(static_cast<size_t>(gather_tokens) * 4);
-      TWELL_CUDA_CHECK(cudaMemset(gather_done.get(), 0, gather_done.bytes()));
     }
     counters = DeviceBuffer(sizeof(Counters));
     sample_count = DeviceBuffer(sizeof(unsigned long long));
@@ -211,7 +209,6 @@ struct FfnForward::Impl {
     a.wu = static_cast<const uint16_t*>(w.wu.data);
     a.wd = static_cast<const uint16_t*>(w.wd.data);
     a.partial = gather_partial.as<float>();
-    a.done = gather_done.as<int32_t>();
     a.y = yp;
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
@@ -439,7 +436,7 @@ size_t FfnForward::workspace_bytes() const {
   return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() + m.heavy_rows.bytes() +
          m.bwd.bytes() +
          m.counters.bytes() + m.sample_count.bytes() +
-         m.gather_partial.bytes() + m.gather_done.bytes();
+         m.gather_partial.bytes();
 }
 
 FfnStats FfnForward::last_stats() const {

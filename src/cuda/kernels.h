@@ -91,17 +91,15 @@ size_t twell_dw_plan_words(int64_t nnz, int64_t I);
 size_t twell_dw_scratch_bytes(int64_t nnz, int64_t H);
 void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaStream_t stream);
 
-// ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing, one kernel after the
-// gate GEMM. g [M, I] is the ReLU'd gate (non-gated: h itself); y [M, H] bf16. Workspace:
-// partial S·M·H f32 with S = gather_splits(M), and done [M] int32, zero before the first call
-// (each call leaves it zero again).
+// ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing, after the gate GEMM (one
+// kernel, and a reduce kernel when a token is split over several ranges). g [M, I] is the ReLU'd
+// gate (non-gated: h itself); y [M, H] bf16. Workspace: partial S·M·H f32 with S = gather_splits(M).
 struct GatherArgs {
   const uint16_t* g = nullptr;
   const uint16_t* x = nullptr;
   const uint16_t* wu = nullptr;
   const uint16_t* wd = nullptr;
   float* partial = nullptr;
-  int32_t* done = nullptr;
   uint16_t* y = nullptr;
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;

@@ -3,15 +3,17 @@
 // spread over S blocks, each owning a contiguous range of R = ⌈I/S⌉ neurons (the TwELL kernels
 // give a token one block, which a token with thousands of active neurons would serialise).
 //
-// One kernel, block (token t, range s), 256 threads:
+// Block (token t, range s), 256 threads:
 //   1. the non-zeros of g[t, range] (any bf16 pattern but 0x0000, as TwELL) in ascending order,
 //      into shared memory (room for all R: exact at any density);
 //   2. a warp per entry: h = bf16(g · bf16(x_t · Wu[j]))   (non-gated: h = g), all of a row's
 //      loads in flight at once;
 //   3. Σ h·Wd[j] over the range's entries in fp32, 8 columns a thread;
-//   4. the range's partial sum goes to global memory; the last block of the token to finish
-//      (a counter per token) adds the S partial sums in range order and writes y. Deterministic.
-// Every step is a few dependent memory round trips, which is what a decode step waits on.
+//   4. the range's partial sum goes to global memory; a second kernel adds the S partial sums
+//      (block per token and 64 columns, in a fixed order) and writes y. Deterministic.
+// Every step is a few dependent memory round trips, which is what a decode step waits on. (A
+// token's last block adding all S sums itself was one round trip per range: 12 µs at S = 32 and
+// 40 µs a layer for the heavier tokens of a model's deeper layers; docs/perf.md.)
 // Covered by tests/cuda/test_twell_ffn.cu (FfnForward, gather path) and the model tests.
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
@@ -32,7 +34,6 @@ template <int kUp, int kDown>
 __global__ void __launch_bounds__(kThreads) gather_ffn_kernel(const GatherArgs a, int splits, int64_t R) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan;
-  __shared__ bool last_block;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int32_t* col = reinterpret_cast<int32_t*>(smem_raw);  // [R]
   float* hv = reinterpret_cast<float*>(col + R);         // [R]
@@ -118,15 +119,13 @@ __global__ void __launch_bounds__(kThreads) gather_ffn_kernel(const GatherArgs a
     }
   }
 
-  // 4. Partial sums; the token's last block adds them in range order.
-  auto store_y = [&](int c, const float (&v)[8]) {
-    const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
-    *reinterpret_cast<uint4*>(a.y + t * a.H + c0) = pack8(v);
-  };
+  // 4. The range's partial sum (one range: y itself); gather_reduce_kernel adds them.
   if (splits == 1) {
 #pragma unroll
-    for (int c = 0; c < kDown; ++c)
-      if ((c * kThreads + threadIdx.x) * 8 < a.H) store_y(c, acc[c]);
+    for (int c = 0; c < kDown; ++c) {
+      const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
+      if (c0 < a.H) *reinterpret_cast<uint4*>(a.y + t * a.H + c0) = pack8(acc[c]);
+    }
     return;
   }
   float* part = a.partial + (t * splits + s) * a.H;
@@ -137,27 +136,38 @@ __global__ void __launch_bounds__(kThreads) gather_ffn_kernel(const GatherArgs a
     reinterpret_cast<float4*>(part + c0)[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
     reinterpret_cast<float4*>(part + c0)[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
   }
-  __threadfence();  // publish the partial sum before counting this block as done
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(a.done + t, 1) == splits - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();  // see every other block's partial sum
-  const float* parts = a.partial + t * splits * a.H;
+}
+
+// y[t, c] = Σ_s partial[t, s, c]: block (token, 64 columns); thread (group q, column c) adds
+// ranges q, q + 4, ... with eight loads in flight, then the four groups are added in order.
+constexpr int kReduceCols = 64, kReduceGroups = kThreads / kReduceCols;
+
+__global__ void __launch_bounds__(kThreads) gather_reduce_kernel(const GatherArgs a, int splits) {
+  __shared__ float sums[kReduceGroups][kReduceCols];
+  const int64_t t = blockIdx.x;
+  const int q = threadIdx.x / kReduceCols, c = threadIdx.x % kReduceCols;
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * kReduceCols + c;
+  float sum = 0.f;
+  if (col < a.H) {
+    const float* parts = a.partial + t * splits * a.H + col;
+    int s = q;
+    for (; s + 7 * kReduceGroups < splits; s += 8 * kReduceGroups) {
+      float v[8];
 #pragma unroll
-  for (int c = 0; c < kDown; ++c) {
-    const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
-    if (c0 >= a.H) continue;
-    float sum[8] = {};
-    for (int r = 0; r < splits; ++r) {
-      const float4 lo = __ldcg(reinterpret_cast<const float4*>(parts + r * a.H + c0));
-      const float4 hi = __ldcg(reinterpret_cast<const float4*>(parts + r * a.H + c0) + 1);
-      sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
-      sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+      for (int i = 0; i < 8; ++i) v[i] = __ldcg(parts + (s + i * kReduceGroups) * a.H);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += v[i];
     }
-    store_y(c, sum);
+    for (; s < splits; s += kReduceGroups) sum += __ldcg(parts + s * a.H);
   }
-  if (threadIdx.x == 0) a.done[t] = 0;  // ready for the next call (and the next graph replay)
+  sums[q][c] = sum;
+  __syncthreads();
+  if (q == 0 && col < a.H) {
+    float y = sums[0][c];
+#pragma unroll
+    for (int i = 1; i < kReduceGroups; ++i) y += sums[i][c];
+    a.y[t * a.H + col] = float_to_bf16_bits(y);
+  }
 }
 
 template <int kUp, int kDown>
@@ -166,13 +176,17 @@ void launch(const GatherArgs& a, int splits, int64_t R, cudaStream_t stream) {
   allow_dynamic_smem(reinterpret_cast<const void*>(gather_ffn_kernel<kUp, kDown>), 96 * 1024);
   gather_ffn_kernel<kUp, kDown>
       <<<dim3(static_cast<unsigned>(a.M), static_cast<unsigned>(splits)), kThreads, smem, stream>>>(a, splits, R);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+  if (splits == 1) return;
+  const dim3 grid(static_cast<unsigned>(a.M), static_cast<unsigned>((a.H + kReduceCols - 1) / kReduceCols));
+  gather_reduce_kernel<<<grid, kThreads, 0, stream>>>(a, splits);
 }
 
 }  // namespace
 
-// Ranges per token: many for one token (a decode step at batch 1 has the GPU to itself), one
-// from 32 tokens on (each range block loads its token's x once per warp).
-int gather_splits(int64_t M) { return static_cast<int>(std::clamp<int64_t>(32 / std::max<int64_t>(M, 1), 1, 32)); }
+// Ranges per token: 128 blocks in all up to 128 tokens (a decode step has the GPU to itself, and a
+// token with hundreds of active neurons must not serialise in a few blocks), one from 128 on.
+int gather_splits(int64_t M) { return static_cast<int>(std::clamp<int64_t>(128 / std::max<int64_t>(M, 1), 1, 128)); }
 
 bool gather_supports(int64_t H, int64_t I) {  // x in registers; one range of neurons in shared memory
   return H % 8 == 0 && H <= 4096 && I % 8 == 0 && I <= 12288;
