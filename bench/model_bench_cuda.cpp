@@ -524,15 +524,19 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   }
   const char* names[3] = {"dense", "twell", "twell_gather"};
   const double dense_ms = timing[0].median();
+  const bool twell_gathers = B <= LlamaCudaOptions{}.decode_gather_tokens;  // the default options'
   for (int k = 0; k < n_models; ++k) {
+    const bool gathers = k == 2 || (k == 1 && twell_gathers);
     BenchRecord r = record("model_decode", names[k], cfg, B, timing[k], double(B),
                            w->bytes() + models[k]->workspace_bytes(), cal, dense_ms, check.decode_dense,
-                           k == 2 ? check.decode_twell : check.decode_dense);  // twell decodes densely
+                           gathers ? check.decode_twell : check.decode_dense);
     char gpu[64];
     std::snprintf(gpu, sizeof gpu, "; GPU %.3f ms/step", median_of(gpu_ms[k]));
     r.note = "batch " + std::to_string(B) + ", context " + std::to_string(cfg.context) +
              (cfg.cuda_graphs ? ", per step: tokens up, graph replay, logits down" : ", per step: tokens up, kernels launched (no graph), logits down") + gpu +
-             (k == 2 ? "; FFN through the gather path" : k == 1 ? "; decode FFN dense (default)" : "");
+             (k == 2 ? "; FFN through the gather path"
+              : k == 1 ? (twell_gathers ? "; default options: FFN through the gather path" : "; default options: decode FFN dense")
+                       : "");
     out.push_back(r);
   }
   char line[200];

@@ -11,8 +11,9 @@
 // Per layer: fused residual-add + RMSNorm, one QKV GEMM (cuBLASLt), RoPE fused with the KV-cache
 // write, flash attention on the tensor cores (decode: split over the cached keys), the O GEMM,
 // then the FFN: a ReLU model runs twell::cuda::FfnForward (FfnMode::twell: sparse TwELL or dense,
-// chosen from the activation density it observes, in prefill; decode steps dense unless
-// decode_gather_tokens asks for the gather path; FfnMode::dense: always dense cuBLASLt), a SiLU
+// chosen from the activation density it observes, in prefill; decode steps of at most
+// decode_gather_tokens sequences through the gather path, larger ones dense; FfnMode::dense:
+// always dense cuBLASLt), a SiLU
 // model the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
 // and replayed. Everything runs on the model's own stream.
 //
@@ -79,11 +80,11 @@ struct LlamaCudaOptions {
   FfnOptions ffn_options;
   // FfnMode::twell: decode steps of at most this many sequences take the FFN's gather path (the
   // gate weights densely, then only the rows of Wu and Wd of each token's active neurons); other
-  // steps the dense FFN. Off by default: on an H200 the gather path wins at the FFN level (0.74×
-  // the dense FFN at one token) but the whole decode step with it measured 1.09× the dense step
-  // (bench/results/h200/model.json, docs/perf.md). Where the gather path does not take the shape
-  // (H > 4096 or I > 12288), such steps run the TwELL kernels instead.
-  int64_t decode_gather_tokens = 0;
+  // steps the dense FFN. 1 by default: on an H200, at the paper's 2B shape, a decode step at
+  // batch 1 takes 0.92× the dense step with it, at batch 4 and 8 1.04× and 1.15×
+  // (bench/results/h200/model_decode.json, docs/perf.md). Where the gather path does not take the
+  // shape (H > 4096 or I > 12288), such steps run the TwELL kernels instead.
+  int64_t decode_gather_tokens = 1;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
   // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate

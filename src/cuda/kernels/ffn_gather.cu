@@ -42,6 +42,13 @@ __global__ void __launch_bounds__(kThreads) gather_ffn_kernel(const GatherArgs a
   const int s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t j_begin = s * R, j_end = min(a.I, j_begin + R);
   const uint16_t* g = a.g + t * a.I;
+  // The token's x, for phase 2: loaded now, its latency hidden behind phase 1.
+  uint4 x[kUp];
+  if (a.gated) {
+    const uint4* xr = reinterpret_cast<const uint4*>(a.x + t * a.H);
+#pragma unroll
+    for (int c = 0; c < kUp; ++c) x[c] = c * 256 + lane * 8 < a.H ? xr[c * 32 + lane] : make_uint4(0, 0, 0, 0);
+  }
 
   // 1. Ordered compaction of the range, 8 neurons (one 16-byte load) per thread per pass.
   int n = 0;
@@ -68,12 +75,20 @@ __global__ void __launch_bounds__(kThreads) gather_ffn_kernel(const GatherArgs a
     __syncthreads();  // the scan storage is reused; the list is complete
   }
 
+  // The Wd rows of the first kPre entries: they do not depend on h, so their loads overlap phase 2's.
+  constexpr int kPre = 8 / kDown;
+  uint4 pre[kPre][kDown];
+#pragma unroll
+  for (int i = 0; i < kPre; ++i)
+#pragma unroll
+    for (int c = 0; c < kDown; ++c) {
+      const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
+      pre[i][c] = i < n && c0 < a.H ? __ldg(reinterpret_cast<const uint4*>(a.wd + (j_begin + col[i]) * a.H + c0))
+                                    : make_uint4(0, 0, 0, 0);
+    }
+
   // 2. u and h, a warp per entry; the token's x stays in registers.
   if (a.gated && n > 0) {
-    uint4 x[kUp];
-    const uint4* xr = reinterpret_cast<const uint4*>(a.x + t * a.H);
-#pragma unroll
-    for (int c = 0; c < kUp; ++c) x[c] = c * 256 + lane * 8 < a.H ? xr[c * 32 + lane] : make_uint4(0, 0, 0, 0);
     for (int k = warp; k < n; k += kThreads / 32) {
       const uint4* wr = reinterpret_cast<const uint4*>(a.wu + (j_begin + col[k]) * a.H);
       uint4 w[kUp];
@@ -97,18 +112,24 @@ __global__ void __launch_bounds__(kThreads) gather_ffn_kernel(const GatherArgs a
 
   // 3. The range's part of y: columns (c·256 + tid)·8 .. +8.
   float acc[kDown][8] = {};
-  int k = 0;
-  for (; k + 4 <= n; k += 4) {  // four rows' loads in flight
+#pragma unroll
+  for (int i = 0; i < kPre; ++i)
+    if (i < n) {
+#pragma unroll
+      for (int c = 0; c < kDown; ++c) fma8(acc[c], hv[i], pre[i][c]);  // zero rows past H: no effect
+    }
+  int k = kPre;
+  for (; k + 8 <= n; k += 8) {  // eight rows' loads in flight
 #pragma unroll
     for (int c = 0; c < kDown; ++c) {
       const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
       if (c0 >= a.H) continue;
-      uint4 w[4];
+      uint4 w[8];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < 8; ++i)
         w[i] = __ldg(reinterpret_cast<const uint4*>(a.wd + (j_begin + col[k + i]) * a.H + c0));
 #pragma unroll
-      for (int i = 0; i < 4; ++i) fma8(acc[c], hv[k + i], w[i]);
+      for (int i = 0; i < 8; ++i) fma8(acc[c], hv[k + i], w[i]);
     }
   }
   for (; k < n; ++k) {
