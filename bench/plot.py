@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots `twell bench` JSON records.
 
-`twell bench ffn`: time relative to the dense baseline against activation density, one panel per
+`twell bench ffn` (and `--train`): time relative to the dense baseline against activation density, one panel per
 token count, one line per implementation and distribution.
 `twell bench model`: prefill throughput and decode step time per implementation, and each
 relative to dense.
@@ -30,7 +30,8 @@ def main():
     all_records = [r for path in args.json for r in json.load(open(path))]
     if any(r.get("bench", "").startswith("model_") for r in all_records):
         return plot_model([r for r in all_records if r.get("bench", "").startswith("model_")], args.output)
-    records = [r for r in all_records if r.get("bench") == "ffn"]
+    kind = "ffn_train" if any(r.get("bench") == "ffn_train" for r in all_records) else "ffn"
+    records = [r for r in all_records if r.get("bench") == kind]
     shapes = sorted({(r["H"], r["I"], r["M"]) for r in records})
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), squeeze=False, sharey=True)
     for ax, (H, I, M) in zip(axes[0], shapes):
@@ -51,7 +52,8 @@ def main():
     axes[0][0].set_ylabel("time / dense cuBLAS (lower is faster)")
     axes[0][-1].legend(fontsize=7, loc="upper left")
     gpu = records[0]["gpu"] if records else ""
-    fig.suptitle(f"twell bench ffn on {gpu}: forward time relative to dense", fontsize=10)
+    what = "forward + backward" if kind == "ffn_train" else "forward"
+    fig.suptitle(f"twell bench ffn on {gpu}: {what} time relative to dense", fontsize=10)
     fig.tight_layout()
     fig.savefig(args.output, dpi=110)
 

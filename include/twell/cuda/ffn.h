@@ -77,7 +77,8 @@ struct FfnStats {
 
 // Device memory: about 4.5 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
 // output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
-// them): 6.4 GB at max_tokens = 131072, I = 5632.
+// them): 6.4 GB at max_tokens = 131072, I = 5632. FfnOptions::training adds one [max_tokens, I]
+// bf16 buffer (h), and backward() its workspace, allocated by its first call.
 class FfnForward {
  public:
   FfnForward(const FfnShape& shape, const FfnOptions& options = {});
