@@ -208,7 +208,8 @@ class CudaBackend : public FfnBackend {
     r.push_back({"twell", [s, train_step](int set) { train_step(*s->twell, s->y_twell, s->train.twell, set); },
                  out(s->y_twell), [download, s, I] { return download(s->train.twell, I); },
                  [s, kept] { return kept(*s->twell); }});
-    r.push_back({"twell_sparse", [s, train_step](int set) { train_step(*s->sparse, s->y_sparse, s->train.sparse, set); },
+    r.push_back({"twell_sparse",
+                 [s, train_step](int set) { train_step(*s->sparse, s->y_sparse, s->train.sparse, set); },
                  out(s->y_sparse), [download, s, I] { return download(s->train.sparse, I); },
                  [s, kept] { return kept(*s->sparse); }});
     return r;

@@ -533,10 +533,12 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     char gpu[64];
     std::snprintf(gpu, sizeof gpu, "; GPU %.3f ms/step", median_of(gpu_ms[k]));
     r.note = "batch " + std::to_string(B) + ", context " + std::to_string(cfg.context) +
-             (cfg.cuda_graphs ? ", per step: tokens up, graph replay, logits down" : ", per step: tokens up, kernels launched (no graph), logits down") + gpu +
-             (k == 2 ? "; FFN through the gather path"
-              : k == 1 ? (twell_gathers ? "; default options: FFN through the gather path" : "; default options: decode FFN dense")
-                       : "");
+             (cfg.cuda_graphs ? ", per step: tokens up, graph replay, logits down"
+                              : ", per step: tokens up, kernels launched (no graph), logits down") +
+             gpu;
+    if (k == 2) r.note += "; FFN through the gather path";
+    if (k == 1)
+      r.note += twell_gathers ? "; default options: FFN through the gather path" : "; default options: decode FFN dense";
     out.push_back(r);
   }
   char line[200];

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Plots `twell bench` JSON records.
 
-`twell bench ffn` (and `--train`): time relative to the dense baseline against activation density, one panel per
-token count, one line per implementation and distribution.
+`twell bench ffn` (and `--train`): time relative to the dense baseline against activation
+density, one panel per token count, one line per implementation and distribution.
 `twell bench model`: prefill throughput and decode step time per implementation, and each
 relative to dense.
 

@@ -25,7 +25,8 @@ struct FfnForward::Impl {
   // The backward's workspace, allocated on its first call: dg and du beside the format, and the
   // transpose of the active set (sized by the forward's non-zero count, grown as needed).
   struct Backward {
-    DeviceBuffer dg_vals, du_vals, col_count, col_start, keys, vals, keys_sorted, vals_sorted, temp, dw_plan, dw_scratch;
+    DeviceBuffer dg_vals, du_vals, col_count, col_start, keys, vals, keys_sorted, vals_sorted, temp;
+    DeviceBuffer dw_plan, dw_scratch;  // the dW pass's plan and split neurons' partial sums
     DeviceBuffer dense_dh, dense_dgdu, dense_wgu;  // the dense path's dy·Wdᵀ (f32), [dg | du], [Wg; Wu]
     size_t bytes() const {
       return dg_vals.bytes() + du_vals.bytes() + col_count.bytes() + col_start.bytes() + keys.bytes() + vals.bytes() +
@@ -433,8 +434,8 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
-  return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() + m.heavy_rows.bytes() +
-         m.bwd.bytes() +
+  return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() +
+         m.heavy_rows.bytes() + m.bwd.bytes() +
          m.counters.bytes() + m.sample_count.bytes() +
          m.gather_partial.bytes();
 }

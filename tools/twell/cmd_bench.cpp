@@ -7,6 +7,16 @@
 #include "model_bench.h"
 
 namespace twell::cli {
+namespace {
+
+// --json: the records to `path` (nothing when empty), and a line saying so.
+void save_records(const std::vector<bench::BenchRecord>& records, const std::string& path) {
+  if (path.empty()) return;
+  bench::write_records(records, path);
+  std::cout << "wrote " << records.size() << " records to " << path << "\n";
+}
+
+}  // namespace
 
 void register_bench(CLI::App& app, const std::string& command_line) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks: correctness first, then timing against dense");
@@ -52,10 +62,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     for (const auto& d : *distributions) cfg->distributions.push_back(bench::distribution_from_name(d));
     const auto records = bench::run_ffn_bench(*cfg, std::cerr);
     bench::print_table(records, std::cout);
-    if (!json_path->empty()) {
-      bench::write_records(records, *json_path);
-      std::cout << "wrote " << records.size() << " records to " << *json_path << "\n";
-    }
+    save_records(records, *json_path);
     for (const auto& r : records)
       TWELL_CHECK(r.correct, "case M=", r.M, " density=", r.density, " ", r.distribution, " impl ", r.impl,
                   " failed its correctness check: ", r.note);
@@ -97,10 +104,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     mcfg->cuda_graphs = !*no_graphs;
     const auto records = bench::run_model_bench(*mcfg, std::cerr);
     bench::print_model_table(records, std::cout);
-    if (!model_json->empty()) {
-      bench::write_records(records, *model_json);
-      std::cout << "wrote " << records.size() << " records to " << *model_json << "\n";
-    }
+    save_records(records, *model_json);
     for (const auto& r : records)
       TWELL_CHECK(r.correct, r.bench, " impl ", r.impl, " failed its correctness check: ", r.note);
   });

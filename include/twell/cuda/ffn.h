@@ -60,9 +60,9 @@ struct FfnOptions {
   // work and can be captured in a CUDA graph; last_stats then has no counts (-1).
   bool count_nonzeros = true;
   // Training: keep what backward() needs on the dense path too (g, u and h apart: one more
-  // [max_tokens, I] bf16 buffer), so the forward can dispatch
-  // on density and the backward follows the path it took. Without it backward() needs the TwELL
-  // path (Dispatch::always_sparse). Set gather_max_tokens = 0 as well: the gather path keeps nothing.
+  // [max_tokens, I] bf16 buffer), so the forward can dispatch on density and the backward follows
+  // the path it took. Without it backward() needs the TwELL path (Dispatch::always_sparse). Set
+  // gather_max_tokens = 0 as well: the gather path keeps nothing.
   bool training = false;
 };
 

@@ -13,8 +13,7 @@
 // then the FFN: a ReLU model runs twell::cuda::FfnForward (FfnMode::twell: sparse TwELL or dense,
 // chosen from the activation density it observes, in prefill; decode steps of at most
 // decode_gather_tokens sequences through the gather path, larger ones dense; FfnMode::dense:
-// always dense cuBLASLt), a SiLU
-// model the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
+// always dense cuBLASLt), a SiLU model the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
 // and replayed. Everything runs on the model's own stream.
 //
 // Batches: B sequences of equal length run together (prefill_batch, decode_batch); all of them
