@@ -297,6 +297,40 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
   return cal;
 }
 
+// Non-zeros of the gate activation, per layer, of tokens in the decode bench's position: the
+// sequence's prompt (batch element 0's) then `steps` copies of its decode token, run as one
+// forward (the same activations a decode step computes), counted at the decode positions. The
+// calibration sample says how dense the average prompt token is; this says how dense the tokens
+// the decode steps really run are.
+std::vector<double> decode_token_nnz(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg,
+                                     int64_t steps) {
+  const io::ModelConfig& c = w->config;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, T = cfg.context + steps;
+  std::vector<int32_t> seq = random_tokens(cfg.context, cfg.vocab, cfg.seed + 100);  // decode_bench's prompt 0
+  const int32_t next = random_tokens(1, cfg.vocab, cfg.seed + 99)[0];               // and its decode token
+  seq.insert(seq.end(), static_cast<size_t>(steps), next);
+  cuda::LtGemm gemm;
+  cuda::DeviceBuffer g_dev(static_cast<size_t>(steps * I) * 2);
+  std::vector<uint16_t> g(static_cast<size_t>(steps * I));
+  std::vector<double> nnz;
+  LlamaCudaOptions o;
+  o.kv_cache = false;
+  o.max_context = T;
+  o.ffn = cuda::FfnMode::dense;
+  o.ffn_input_hook = [&](int64_t layer, const TensorView& in) {
+    const cuda::LlamaCudaLayer& l = w->layers[static_cast<size_t>(layer)];
+    const auto* rows = static_cast<const uint16_t*>(in.data) + cfg.context * H;  // the decode positions
+    gemm.run(rows, l.wg.view().data, g_dev.get(), steps, I, H, true, cuda::GemmEpilogue::relu, nullptr);
+    TWELL_CUDA_CHECK(cudaMemcpy(g.data(), g_dev.get(), g.size() * 2, cudaMemcpyDeviceToHost));
+    int64_t count = 0;
+    for (uint16_t v : g) count += (v & 0x7fff) != 0;
+    nnz.push_back(double(count) / double(steps));
+  };
+  LlamaCuda m(w, o);
+  m.logits(seq);
+  return nnz;
+}
+
 struct CheckResult {
   double prefill_dense = -1, prefill_twell = -1, decode_dense = -1, decode_twell = -1;
 };
@@ -522,6 +556,24 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     timing[k].energy_known = e0 >= 0 && e1 >= 0;
     timing[k].energy_mj = (e1 - e0) * static_cast<double>(timing[k].ms.size()) / static_cast<double>(n);
   }
+  // How dense the decode token is, layer by layer (batch element 0; for batch 1 only).
+  std::string active;
+  if (B == 1) {
+    const std::vector<double> nnz = decode_token_nnz(w, cfg, 4);
+    double mean = 0, lo = 1e300, hi = 0;
+    for (double v : nnz) mean += v / static_cast<double>(nnz.size()), lo = std::min(lo, v), hi = std::max(hi, v);
+    const size_t half = nnz.size() / 2;
+    double first = 0, second = 0;
+    for (size_t k = 0; k < nnz.size(); ++k) (k < half ? first : second) += nnz[k];
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "; decode token: %.1f non-zeros per layer (min %.0f, max %.0f; first half of the layers %.1f, "
+                  "second %.1f; calibration sample %.1f)",
+                  mean, lo, hi, first / std::max<size_t>(half, 1), second / std::max<size_t>(nnz.size() - half, 1),
+                  cal.mean_nnz);
+    active = buf;
+    progress << "  " << active.substr(2) << "\n";
+  }
   const char* names[3] = {"dense", "twell", "twell_gather"};
   const double dense_ms = timing[0].median();
   const bool twell_gathers = B <= LlamaCudaOptions{}.decode_gather_tokens;  // the default options'
@@ -536,6 +588,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
              (cfg.cuda_graphs ? ", per step: tokens up, graph replay, logits down"
                               : ", per step: tokens up, kernels launched (no graph), logits down") +
              gpu;
+    r.note += active;
     if (k == 2) r.note += "; FFN through the gather path";
     if (k == 1)
       r.note += twell_gathers ? "; default options: FFN through the gather path" : "; default options: decode FFN dense";

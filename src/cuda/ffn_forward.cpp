@@ -195,12 +195,13 @@ struct FfnForward::Impl {
     a.gated = shape.gated;
     a.precision = options.precision;
     launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
+    if (options.count_nonzeros) {  // the pack has them: copied before the up/down work, which can run meanwhile
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(&dev()->spilled_tiles, act.view().n_backup, sizeof(uint32_t),
+                                       cudaMemcpyDeviceToDevice, stream));
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(host, counters.get(), sizeof(Counters), cudaMemcpyDeviceToHost, stream));
+      counts.record(stream);
+    }
     launch_twell_ffn_sparse(a, sm_count, stream);
-    if (!options.count_nonzeros) return;
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(&dev()->spilled_tiles, act.view().n_backup, sizeof(uint32_t),
-                                     cudaMemcpyDeviceToDevice, stream));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(host, counters.get(), sizeof(Counters), cudaMemcpyDeviceToHost, stream));
-    counts.record(stream);
   }
 
   void run_gather(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {
@@ -278,10 +279,7 @@ struct FfnForward::Impl {
       return;
     }
     if (stats.path == FfnPath::dense) return dense_backward(x, w, dy, static_cast<float>(l1_coeff), grads, stream);
-    // NOTE: the one host synchronisation of the backward: the transpose is sized by the forward's
-    // non-zero count (the backup already bounds it, but at 4 x 4 bytes per possible entry).
-    collect_counts(true);
-    TWELL_CHECK(!need_dw || stats.nnz >= 0,
+    TWELL_CHECK(!need_dw || options.count_nonzeros,
                 "FfnForward::backward: weight gradients need the forward's non-zero count (count_nonzeros = true)");
     const size_t u_bytes = static_cast<size_t>(twell_u_size(act.view())) * 2;
     grow(bwd.dg_vals, u_bytes);
@@ -305,6 +303,11 @@ struct FfnForward::Impl {
     a.M = M, a.H = H, a.I = I;
     a.l1 = static_cast<float>(l1_coeff);
     if (need_dw) {
+      // NOTE: the one host synchronisation of the backward: the transpose is sized by the forward's
+      // non-zero count (the backup bounds it too, but at 16 bytes per possible entry: M·I·16). The
+      // count is copied right after the forward's pack, so the GPU still has the forward's up and
+      // down passes queued while the host waits here.
+      collect_counts(true);
       const size_t n = static_cast<size_t>(std::max<int64_t>(stats.nnz, 1)) * 4;
       grow(bwd.col_count, static_cast<size_t>(I + 1) * 4);
       grow(bwd.col_start, static_cast<size_t>(I + 1) * 4);
@@ -329,8 +332,9 @@ struct FfnForward::Impl {
 
   // After a training forward on the dense path: dh = dy·Wdᵀ (f32), [dg | du] element-wise (the
   // bf16 rounding rule of ffn_grad.cuh), dx = [dg | du]·[Wg; Wu] as one GEMM (the weights stacked
-  // by a copy: 2·I·H·2 bytes, cheaper than a second GEMM adding into f32 dx), dWg = dgᵀx,
-  // dWu = duᵀx (one GEMM when the two gradients are adjacent in memory), dWd = hᵀdy.
+  // by a copy: 2·I·H·2 bytes, cheaper than a second GEMM adding into f32 dx; no copy when Wu
+  // already follows Wg in memory), dWg = dgᵀx, dWu = duᵀx (one GEMM when the two gradients are
+  // adjacent in memory), dWd = hᵀdy.
   void dense_backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, float l1, const FfnGrads& grads,
                       cudaStream_t stream) {
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
@@ -342,10 +346,14 @@ struct FfnForward::Impl {
                       stream);
     if (!grads.dx.empty()) {
       const size_t w_bytes = static_cast<size_t>(I * H) * 2;
-      grow(bwd.dense_wgu, 2 * w_bytes);
-      char* wgu = static_cast<char*>(bwd.dense_wgu.get());
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(wgu, w.wg.data, w_bytes, cudaMemcpyDeviceToDevice, stream));
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(wgu + w_bytes, w.wu.data, w_bytes, cudaMemcpyDeviceToDevice, stream));
+      const void* wgu = w.wg.data;  // already stacked when Wu follows Wg (a fused gate_up weight)
+      if (w.wu.data != static_cast<const char*>(w.wg.data) + w_bytes) {
+        grow(bwd.dense_wgu, 2 * w_bytes);
+        char* stacked = static_cast<char*>(bwd.dense_wgu.get());
+        TWELL_CUDA_CHECK(cudaMemcpyAsync(stacked, w.wg.data, w_bytes, cudaMemcpyDeviceToDevice, stream));
+        TWELL_CUDA_CHECK(cudaMemcpyAsync(stacked + w_bytes, w.wu.data, w_bytes, cudaMemcpyDeviceToDevice, stream));
+        wgu = stacked;
+      }
       gemm.run(dgu, wgu, grads.dx.data, M, H, 2 * I, false, GemmEpilogue::none, stream, GemmOut::f32);
     }
     const bool adjacent = !grads.dwg.empty() && !grads.dwu.empty() &&
