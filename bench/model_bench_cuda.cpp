@@ -170,14 +170,29 @@ io::ModelConfig model_config(const ModelBenchConfig& cfg) {
   return c;
 }
 
-// Random weights on the device; channel 0 of the residual stream is the constant kConstantChannel.
+// Random weights on the device. Channel 0 of the residual stream is the constant
+// kConstantChannel (the gates' bias input, thresholds in Wg's column 0), and channels
+// [0, kTokenChannels) are written by the embedding only (attention and the FFN never write them).
+// The gates read those channels at full weight and the rest at kContextWeight: which neurons fire
+// then depends mostly on the token and a little on its context. Gates that read the whole
+// residual stream at full weight are unstable: thresholds calibrated on one sequence gave the
+// same density on that sequence only; on any other one the deeper layers fired 20-30% of their
+// neurons (a little more output from one layer grows the next layer's inputs, whose 0.5% tail
+// then holds far more; measured ~1500 non-zeros per token by layer 37, docs/perf.md).
+constexpr int64_t kTokenChannels = 256;
+constexpr double kContextWeight = 0.01;
+
 std::shared_ptr<LlamaCudaWeights> make_weights(const io::ModelConfig& c, uint64_t seed) {
   auto w = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::allocate(c));
   const int64_t H = c.hidden_size, I = c.intermediate_size, q_dim = c.num_attention_heads * c.head_dim;
-  auto uniform = [&](const cuda::DeviceTensor& t, double stddev) {  // uniform with this standard deviation
-    const auto a = static_cast<float>(stddev * std::sqrt(3.0));
+  const int64_t E = std::min(kTokenChannels, H / 2);
+  auto uniform_block = [&](uint16_t* p, int64_t rows, int64_t cols, int64_t ld, double stddev) {
+    const auto a = static_cast<float>(stddev * std::sqrt(3.0));  // uniform with this standard deviation
+    cuda::fill_uniform_bf16(p, rows, cols, ld, -a, a, seed++, nullptr);
+  };
+  auto uniform = [&](const cuda::DeviceTensor& t, double stddev) {
     const int64_t cols = t.view().shape.back(), rows = t.view().numel() / cols;
-    cuda::fill_uniform_bf16(bits(t), rows, cols, cols, -a, a, seed++, nullptr);
+    uniform_block(bits(t), rows, cols, cols, stddev);
   };
   auto constant = [](uint16_t* p, int64_t rows, int64_t cols, int64_t ld, float v) {
     cuda::fill_uniform_bf16(p, rows, cols, ld, v, v, 0, nullptr);
@@ -189,12 +204,16 @@ std::shared_ptr<LlamaCudaWeights> make_weights(const io::ModelConfig& c, uint64_
     constant(bits(l.post_norm), 1, H, H, 1.f);
     uniform(l.wqkv, 1.0 / std::sqrt(double(H)));
     uniform(l.wo, 1.0 / std::sqrt(double(q_dim)));
-    constant(bits(l.wo), 1, q_dim, q_dim, 0.f);  // attention never writes channel 0
-    uniform(l.wg, 1.0 / std::sqrt(double(H)));
-    constant(bits(l.wg), I, 1, H, 0.f);          // the thresholds, calibrated later
+    constant(bits(l.wo), E, q_dim, q_dim, 0.f);  // attention never writes the token channels
+    // Gates: the token channels at full weight, the others at kContextWeight (the norm of a row
+    // as if it read H channels at 1/sqrt(H)), column 0 the threshold, calibrated later.
+    const double token_std = std::sqrt(1.0 / (double(E - 1) + kContextWeight * kContextWeight * double(H - E)));
+    uniform_block(bits(l.wg), I, E, H, token_std);
+    uniform_block(bits(l.wg) + E, I, H - E, H, kContextWeight * token_std);
+    constant(bits(l.wg), I, 1, H, 0.f);
     uniform(l.wu, 1.0 / std::sqrt(double(H)));
     uniform(l.wd, 1.0 / std::sqrt(double(I)));
-    constant(bits(l.wd), I, 1, H, 0.f);          // nor does the FFN
+    constant(bits(l.wd), I, E, H, 0.f);  // nor does the FFN
   }
   constant(bits(w->final_norm), 1, H, H, 1.f);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());

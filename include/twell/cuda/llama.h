@@ -79,11 +79,11 @@ struct LlamaCudaOptions {
   FfnOptions ffn_options;
   // FfnMode::twell: decode steps of at most this many sequences take the FFN's gather path (the
   // gate weights densely, then only the rows of Wu and Wd of each token's active neurons); other
-  // steps the dense FFN. 1 by default: on an H200, at the paper's 2B shape, a decode step at
-  // batch 1 takes 0.92× the dense step with it, at batch 4 and 8 1.04× and 1.15×
+  // steps the dense FFN. 8 by default: on an H200, at the paper's 2B shape with ~30 non-zeros per
+  // token, the gather path's decode step is faster than the dense one at batches 1 to 8
   // (bench/results/h200/model_decode.json, docs/perf.md). Where the gather path does not take the
   // shape (H > 4096 or I > 12288), such steps run the TwELL kernels instead.
-  int64_t decode_gather_tokens = 1;
+  int64_t decode_gather_tokens = 8;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
   // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate
