@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cuda/cublaslt_gemm.h"
 #include "cuda/kernels.h"
@@ -46,7 +47,7 @@ struct FfnForward::Impl {
     uint32_t next_row[4];    // the sparse kernels' work counters
     uint32_t heavy_count;    // rows in the heavy list
   };
-  DeviceBuffer counters, sample_count;
+  DeviceBuffer counters, sample_count;     // sample_count: one counter per dispatch slot
   Counters* host = nullptr;                // pinned mirror of counters
   unsigned long long* host_sample = nullptr;  // pinned mirror of sample_count
 
@@ -67,10 +68,15 @@ struct FfnForward::Impl {
       return true;
     }
   };
-  Readback counts, sample;
-  int64_t sample_rows = 0;       // rows the pending sample covers
+  Readback counts;
+  // Dispatch::previous state, one per slot (FfnOptions::dispatch_slots: a model's layers).
+  struct Slot {
+    Readback sample;
+    int64_t sample_rows = 0;       // rows the pending sample covers
+    double previous_density = -1;  // sampled by an earlier call; -1 before any
+  };
+  std::vector<Slot> slots;
   FfnStats stats;
-  double previous_density = -1;  // sampled by an earlier call; -1 before any
   // The state a backward needs: set once a forward's sparse path (or, training, its dense path)
   // has been enqueued, with the inputs it ran on (the backward must get the same ones).
   struct SavedForward {
@@ -101,17 +107,21 @@ struct FfnForward::Impl {
       gather_partial = DeviceBuffer(static_cast<size_t>(partial) * 4);
     }
     counters = DeviceBuffer(sizeof(Counters));
-    sample_count = DeviceBuffer(sizeof(unsigned long long));
+    TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
+    const auto n_slots = static_cast<size_t>(o.dispatch_slots);
+    sample_count = DeviceBuffer(n_slots * sizeof(unsigned long long));
     TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), sizeof(Counters)));
-    TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_sample), sizeof(unsigned long long)));
+    TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_sample), n_slots * sizeof(unsigned long long)));
     TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counts.ready, cudaEventDisableTiming));
-    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&sample.ready, cudaEventDisableTiming));
+    slots.resize(n_slots);
+    for (Slot& sl : slots) TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&sl.sample.ready, cudaEventDisableTiming));
   }
   ~Impl() {
     if (host) cudaFreeHost(host);
     if (host_sample) cudaFreeHost(host_sample);
     if (counts.ready) cudaEventDestroy(counts.ready);
-    if (sample.ready) cudaEventDestroy(sample.ready);
+    for (Slot& sl : slots)
+      if (sl.sample.ready) cudaEventDestroy(sl.sample.ready);
   }
   Counters* dev() const { return counters.as<Counters>(); }
 
@@ -163,19 +173,22 @@ struct FfnForward::Impl {
   static constexpr int64_t kSampleRows = 1024;
 
   // Enqueues the count of a row sample of g and its copy to the host (read by collect_sample).
-  void launch_sample(int64_t M, cudaStream_t stream) {
-    sample_rows = std::min(M, kSampleRows);
-    auto* d = sample_count.as<unsigned long long>();
+  void launch_sample(int64_t slot, int64_t M, cudaStream_t stream) {
+    Slot& sl = slots[static_cast<size_t>(slot)];
+    sl.sample_rows = std::min(M, kSampleRows);
+    auto* d = sample_count.as<unsigned long long>() + slot;
     TWELL_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned long long), stream));
-    launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sample_rows, d, stream);
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(host_sample, d, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
-    sample.record(stream);
+    launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sl.sample_rows, d, stream);
+    TWELL_CUDA_CHECK(
+        cudaMemcpyAsync(host_sample + slot, d, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+    sl.sample.record(stream);
   }
 
   // Updates previous_density from the pending sample if it has arrived (or waits for it).
-  void collect_sample(bool wait) {
-    if (!sample.arrived(wait)) return;
-    previous_density = double(*host_sample) / double(sample_rows * shape.ffn);
+  void collect_sample(int64_t slot, bool wait) {
+    Slot& sl = slots[static_cast<size_t>(slot)];
+    if (!sl.sample.arrived(wait)) return;
+    sl.previous_density = double(host_sample[slot]) / double(sl.sample_rows * shape.ffn);
   }
 
   // Packed activation and its statistics; the counts come back to the host asynchronously.
@@ -367,8 +380,10 @@ struct FfnForward::Impl {
     if (!grads.dwd.empty()) gemm.run_at(h_dense.get(), dy.data, grads.dwd.data, I, H, M, stream);
   }
 
-  void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream) {
+  void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream, int64_t slot) {
     check_args(x, w, y);
+    TWELL_CHECK(slot >= 0 && slot < options.dispatch_slots, "FfnForward::forward: dispatch slot ", slot,
+                " out of range [0, ", options.dispatch_slots, ") (FfnOptions::dispatch_slots)");
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
     const auto* xp = static_cast<const uint16_t*>(x.data);
     auto* yp = static_cast<uint16_t*>(y.data);
@@ -387,12 +402,13 @@ struct FfnForward::Impl {
     Dispatch policy = fp32_h ? Dispatch::always_sparse : options.dispatch;
     if ((policy == Dispatch::observe || policy == Dispatch::previous) && M < options.sparse_min_tokens)
       policy = Dispatch::always_dense;  // too few tokens: the sparse path's extra launches dominate
-    if (policy == Dispatch::previous) collect_sample(false);
+    const double& previous_density = slots[static_cast<size_t>(slot)].previous_density;
+    if (policy == Dispatch::previous) collect_sample(slot, false);
     if (policy == Dispatch::observe || (policy == Dispatch::previous && previous_density < 0)) {
-      launch_sample(M, stream);
-      collect_sample(true);  // one stream synchronisation
+      launch_sample(slot, M, stream);
+      collect_sample(slot, true);  // one stream synchronisation
     } else if (policy == Dispatch::previous) {
-      launch_sample(M, stream);  // read by the next call, no synchronisation now
+      launch_sample(slot, M, stream);  // read by the next call of this slot, no synchronisation now
     }
     FfnPath path = FfnPath::sparse;
     if (policy == Dispatch::always_dense) path = FfnPath::dense;
@@ -429,8 +445,9 @@ FfnForward::~FfnForward() = default;
 FfnForward::FfnForward(FfnForward&&) noexcept = default;
 FfnForward& FfnForward::operator=(FfnForward&&) noexcept = default;
 
-void FfnForward::forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream) {
-  impl_->forward(x, w, y, stream);
+void FfnForward::forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream,
+                         int64_t dispatch_slot) {
+  impl_->forward(x, w, y, stream, dispatch_slot);
 }
 
 void FfnForward::backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,

@@ -193,6 +193,7 @@ struct LlamaCuda::Impl {
       const bool sparse = o.ffn == FfnMode::twell;
       FfnOptions pre = o.ffn_options;
       if (!sparse) pre.dispatch = Dispatch::always_dense;
+      pre.dispatch_slots = L;  // each layer dispatched on its own density
       ffn_prefill = std::make_unique<FfnForward>(FfnShape{T, H, I, true}, pre);
       FfnOptions dense = pre;
       dense.dispatch = Dispatch::always_dense;
@@ -272,11 +273,11 @@ struct LlamaCuda::Impl {
     TWELL_CUDA_CHECK(cudaMemcpyAsync(p0.get(), &pos, 4, cudaMemcpyHostToDevice, stream));
   }
 
-  void ffn(const LlamaCudaLayer& lw, int64_t T, bool decode, FfnPath* path) {
+  void ffn(const LlamaCudaLayer& lw, int64_t layer, int64_t T, bool decode, FfnPath* path) {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
     if (ffn_prefill) {
       FfnForward& f = !decode ? *ffn_prefill : ffn_gather && T <= o.decode_gather_tokens ? *ffn_gather : *ffn_dense;
-      f.forward(in, lw.ffn(), out, stream);
+      f.forward(in, lw.ffn(), out, stream, decode ? 0 : layer);
       *path = f.last_path();
       return;
     }
@@ -331,7 +332,7 @@ struct LlamaCuda::Impl {
         TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
         o.ffn_input_hook(l, dev_view(a.get(), DType::bf16, {T, H}));
       }
-      ffn(lw, T, decode, &paths[static_cast<size_t>(l)]);
+      ffn(lw, l, T, decode, &paths[static_cast<size_t>(l)]);
     }
     // x += the last FFN output; the final norm of every row goes to `a`.
     const uint16_t* fn = bits(w->final_norm);

@@ -214,6 +214,31 @@ TEST(FfnForwardGpuDispatch, PreviousLagsOneCallAndFewTokensGoDense) {
   EXPECT_EQ(small.last_stats().path, cuda::FfnPath::dense);
 }
 
+// Two "layers" of different density through one FfnForward, alternating: with a dispatch slot
+// each, every call decides on its own layer's previous sample (one slot would decide each call on
+// the other layer's).
+TEST(FfnForwardGpuDispatch, SlotsKeepEachLayersOwnSample) {
+  TWELL_REQUIRE_HOPPER();
+  GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);
+  cuda::FfnOptions o;  // Dispatch::previous
+  o.dense_above_density = 0.05;
+  o.sparse_min_tokens = 0;
+  o.gather_max_tokens = 0;
+  o.dispatch_slots = 2;
+  cuda::FfnForward ffn({256, 256, 1024, true}, o);
+  for (int round = 0; round < 3; ++round) {
+    ffn.forward(sparse.x, sparse.w(), sparse.y, nullptr, 0);
+    EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::sparse) << "round " << round;
+    ffn.forward(dense.x, dense.w(), dense.y, nullptr, 1);
+    EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::dense) << "round " << round;
+    TWELL_CUDA_CHECK(cudaDeviceSynchronize());  // the samples have landed by the next round
+  }
+  EXPECT_THROW(ffn.forward(sparse.x, sparse.w(), sparse.y, nullptr, 2), Error);   // no such slot
+  EXPECT_THROW(ffn.forward(sparse.x, sparse.w(), sparse.y, nullptr, -1), Error);
+  o.dispatch_slots = 0;
+  EXPECT_THROW(cuda::FfnForward({256, 256, 1024, true}, o), Error);
+}
+
 TEST(FfnForwardGpuEdges, GraphCaptureNeedsFixedDispatchAndReplaysExactly) {
   TWELL_REQUIRE_HOPPER();
   GpuProblem p = make_problem(5, 256, 1024, 0.01);

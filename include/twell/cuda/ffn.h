@@ -64,6 +64,10 @@ struct FfnOptions {
   // the path it took. Without it backward() needs the TwELL path (Dispatch::always_sparse). Set
   // gather_max_tokens = 0 as well: the gather path keeps nothing.
   bool training = false;
+  // Dispatch::previous keeps one density sample per slot, and forward() names the slot: a model
+  // that runs all its layers through one FfnForward gives each layer a slot, so a layer is
+  // dispatched on its own previous density, not on the layer before it.
+  int64_t dispatch_slots = 1;
 };
 
 struct FfnStats {
@@ -87,8 +91,10 @@ class FfnForward {
   FfnForward& operator=(FfnForward&&) noexcept;
 
   // Checks shapes, dtypes (bf16), devices and 16-byte alignment; throws twell::Error naming the
-  // argument. Then enqueues the FFN on `stream`.
-  void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream);
+  // argument. Then enqueues the FFN on `stream`. `dispatch_slot` < FfnOptions::dispatch_slots:
+  // whose previous density Dispatch::previous decides on.
+  void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream,
+               int64_t dispatch_slot = 0);
 
   // The backward of the last forward() (training; a gated FFN, Precision::bf16), on the path that
   // forward took: over the active set from the state the TwELL path kept (the TwELL activation and
