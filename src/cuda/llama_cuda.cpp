@@ -147,6 +147,7 @@ struct LlamaCuda::Impl {
   int64_t len = 0, batch = 0;                  // cached positions (of every sequence), sequences
   int64_t last_tokens = 0;
   std::vector<FfnPath> paths;
+  std::vector<FfnStats> stats;                 // LlamaCudaOptions::record_ffn_stats
   std::map<int64_t, cudaGraphExec_t> graphs;   // decode step per batch size
   std::map<int64_t, std::vector<FfnPath>> graph_paths;  // the FFN paths each graph runs
   std::map<int64_t, int> eager_steps;          // decode steps run before capture, per batch size
@@ -279,6 +280,7 @@ struct LlamaCuda::Impl {
       FfnForward& f = !decode ? *ffn_prefill : ffn_gather && T <= o.decode_gather_tokens ? *ffn_gather : *ffn_dense;
       f.forward(in, lw.ffn(), out, stream, decode ? 0 : layer);
       *path = f.last_path();
+      if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = f.last_stats();  // waits
       return;
     }
     // Dense cuBLASLt FFN: SiLU models, and ReLU models whose H or I is not a multiple of 64.
@@ -291,6 +293,7 @@ struct LlamaCuda::Impl {
       launch_silu_mul(g.as<uint16_t>(), u.as<uint16_t>(), g.as<uint16_t>(), T * I, stream);
     gemm.run(g.get(), lw.wd.view().data, y.get(), T, H, I, false, GemmEpilogue::none, stream);
     *path = FfnPath::dense;
+    if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = FfnStats{FfnPath::dense, T};
   }
 
   // The whole forward of B·S tokens at position p0 (device), from the tokens on the device to
@@ -300,6 +303,7 @@ struct LlamaCuda::Impl {
     const float eps = static_cast<float>(c.rms_norm_eps);
     launch_embed(tok, T, bits(w->embed), x.as<float>(), H, stream);
     paths.assign(static_cast<size_t>(L), FfnPath::dense);
+    if (o.record_ffn_stats && !decode) stats.assign(static_cast<size_t>(L), FfnStats{});
     for (int64_t l = 0; l < L; ++l) {
       const LlamaCudaLayer& lw = w->layers[l];
       const size_t cache = o.kv_cache ? static_cast<size_t>(l) : 0;
@@ -502,6 +506,7 @@ TensorView LlamaCuda::hidden_device() const {
 }
 cudaStream_t LlamaCuda::stream() const { return impl_->stream; }
 std::vector<FfnPath> LlamaCuda::ffn_paths() const { return impl_->paths; }
+std::vector<FfnStats> LlamaCuda::ffn_stats() const { return impl_->stats; }
 
 size_t LlamaCuda::workspace_bytes() const {
   const Impl& m = *impl_;

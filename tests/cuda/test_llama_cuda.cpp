@@ -177,6 +177,37 @@ TEST(LlamaCuda, SupportsSaysWhatItLacks) {  // host-only: runs without a GPU too
   EXPECT_NE(why.find("gelu"), std::string::npos) << why;
 }
 
+// record_ffn_stats: each layer's non-zero count of a prefill, against the CPU model's (the GPU's
+// bf16 activations can flip a gate value that sits at zero, hence the small tolerance).
+TEST(LlamaCuda, RecordsEachLayersFfnStats) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[1]);  // ReLU, H = 128, I = 256
+  LlamaWeights w = bf16_weights(c, 21);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
+  const LlamaCpu cpu(std::move(w));
+  const auto tokens = some_tokens(150, c.vocab_size, 9);
+  std::vector<ActivationStats> want;
+  cpu.logits(tokens, &want);
+  LlamaCudaOptions o;
+  o.ffn_options.dispatch = Dispatch::always_sparse;
+  o.ffn_options.gather_max_tokens = 0;
+  {
+    LlamaCuda quiet(dw, o);
+    quiet.logits(tokens);
+    EXPECT_TRUE(quiet.ffn_stats().empty());  // not recorded without the option
+  }
+  o.record_ffn_stats = true;
+  LlamaCuda gpu(dw, o);
+  gpu.logits(tokens);
+  const std::vector<cuda::FfnStats> got = gpu.ffn_stats();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t l = 0; l < got.size(); ++l) {
+    EXPECT_EQ(got[l].path, FfnPath::sparse);
+    EXPECT_EQ(got[l].tokens, 150);
+    EXPECT_NEAR(double(got[l].nnz), double(want[l].nnz), 4 + 0.02 * double(want[l].nnz)) << "layer " << l;
+  }
+}
+
 TEST(LlamaCuda, GraphReplayIsBitIdenticalToEager) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(kShapes[0]);

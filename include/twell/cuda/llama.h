@@ -89,6 +89,11 @@ struct LlamaCudaOptions {
   // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate
   // thresholds of a synthetic model). Slow: for calibration and inspection only.
   std::function<void(int64_t layer, const TensorView& ffn_input)> ffn_input_hook;
+  // Keep each layer's FfnStats of every call but decode steps (ffn_stats()): the path it took and,
+  // on the sparse path, its non-zero count. Waits for each layer's count (one stream
+  // synchronisation a layer): for inspection (how sparse a checkpoint really is, layer by layer),
+  // not for timed runs.
+  bool record_ffn_stats = false;
 };
 
 // Which rows of the last call's output go through the final norm and the LM head.
@@ -129,6 +134,10 @@ class LlamaCuda final : public model::LanguageModel {
   cudaStream_t stream() const;
   // The FFN path each layer took in the last call.
   std::vector<FfnPath> ffn_paths() const;
+  // With LlamaCudaOptions::record_ffn_stats: each layer's FFN statistics of the last call that was
+  // not a decode step (FfnStats::density() is non-zeros per token on the sparse path, -1 on the
+  // dense one); empty without the option.
+  std::vector<FfnStats> ffn_stats() const;
   size_t workspace_bytes() const;
   // GPU time of the last prefill, decode or enqueue call's device work (the model's layers and
   // head; not the token and logit copies). Waits for it.
