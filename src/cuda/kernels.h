@@ -124,7 +124,9 @@ void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, 
 // x[t, :] = float(table[tokens[t], :])          x [T, H] fp32, table [V, H] bf16
 void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float* x, int64_t H, cudaStream_t stream);
 // For output row r < rows, with s = r·step + offset: x[s] += delta[s] (when delta is not null),
-// then out[r] = bf16(w · x[s] / √(mean(x[s]²) + eps)). x fp32 [*, H]; delta, out, w bf16.
+// then out[r] = bf16(w · x[s] / √(mean(x[s]²) + eps)). x fp32 [*, H]; delta, out, w bf16; H a
+// multiple of 8, at most kMaxNormWidth.
+constexpr int64_t kMaxNormWidth = 16384;
 void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint16_t* out, int64_t rows, int64_t H,
                         int64_t step, int64_t offset, float eps, cudaStream_t stream);
 

@@ -454,6 +454,8 @@ bool LlamaCuda::supports(const io::ModelConfig& c, std::string* why) {
   else if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0)
     reason = str("hidden_size ", c.hidden_size, " and intermediate_size ", c.intermediate_size,
                  " (multiples of 8)");
+  else if (c.hidden_size > kMaxNormWidth)
+    reason = str("hidden_size ", c.hidden_size, " (at most ", kMaxNormWidth, ")");
   if (why) *why = reason;
   return reason.empty();
 }
