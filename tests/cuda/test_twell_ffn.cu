@@ -176,15 +176,23 @@ TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
   EXPECT_EQ(gather.last_stats().path, cuda::FfnPath::gather);
 }
 
+// The dispatch tests: a 0.5% and a 30% dense problem of 256 tokens, the threshold between them.
+struct DispatchCase {
+  GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);
+  static cuda::FfnOptions options(Dispatch d) {
+    cuda::FfnOptions o;
+    o.dispatch = d;
+    o.dense_above_density = 0.05;
+    o.sparse_min_tokens = 0;
+    o.gather_max_tokens = 0;  // M = 256: TwELL, not the gather path
+    return o;
+  }
+};
+
 TEST(FfnForwardGpuDispatch, ObserveChoosesByThisCallsDensity) {
   TWELL_REQUIRE_HOPPER();
-  GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);
-  cuda::FfnOptions o;
-  o.dispatch = Dispatch::observe;
-  o.dense_above_density = 0.05;
-  o.sparse_min_tokens = 0;
-  o.gather_max_tokens = 0;  // M = 256: TwELL, not the gather path
-  cuda::FfnForward ffn({256, 256, 1024, true}, o);
+  auto [sparse, dense] = DispatchCase{};
+  cuda::FfnForward ffn({256, 256, 1024, true}, DispatchCase::options(Dispatch::observe));
   ffn.forward(sparse.x, sparse.w(), sparse.y, nullptr);
   EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::sparse);
   ffn.forward(dense.x, dense.w(), dense.y, nullptr);
@@ -194,11 +202,8 @@ TEST(FfnForwardGpuDispatch, ObserveChoosesByThisCallsDensity) {
 
 TEST(FfnForwardGpuDispatch, PreviousLagsOneCallAndFewTokensGoDense) {
   TWELL_REQUIRE_HOPPER();
-  GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);
-  cuda::FfnOptions o;  // Dispatch::previous
-  o.dense_above_density = 0.05;
-  o.sparse_min_tokens = 0;
-  o.gather_max_tokens = 0;
+  auto [sparse, dense] = DispatchCase{};
+  cuda::FfnOptions o = DispatchCase::options(Dispatch::previous);
   cuda::FfnForward ffn({256, 256, 1024, true}, o);
   ffn.forward(sparse.x, sparse.w(), sparse.y, nullptr);  // first call samples and waits
   EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::sparse);
@@ -219,11 +224,8 @@ TEST(FfnForwardGpuDispatch, PreviousLagsOneCallAndFewTokensGoDense) {
 // the other layer's).
 TEST(FfnForwardGpuDispatch, SlotsKeepEachLayersOwnSample) {
   TWELL_REQUIRE_HOPPER();
-  GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);
-  cuda::FfnOptions o;  // Dispatch::previous
-  o.dense_above_density = 0.05;
-  o.sparse_min_tokens = 0;
-  o.gather_max_tokens = 0;
+  auto [sparse, dense] = DispatchCase{};
+  cuda::FfnOptions o = DispatchCase::options(Dispatch::previous);
   o.dispatch_slots = 2;
   cuda::FfnForward ffn({256, 256, 1024, true}, o);
   for (int round = 0; round < 3; ++round) {
