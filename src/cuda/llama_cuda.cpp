@@ -198,6 +198,7 @@ struct LlamaCuda::Impl {
       ffn_prefill = std::make_unique<FfnForward>(FfnShape{T, H, I, true}, pre);
       FfnOptions dense = pre;
       dense.dispatch = Dispatch::always_dense;
+      dense.dispatch_slots = 1;      // fixed dispatch: no samples to keep per layer
       dense.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
       dense.gather_max_tokens = 0;
       ffn_dense = std::make_unique<FfnForward>(FfnShape{o.max_batch, H, I, true}, dense);
