@@ -7,10 +7,32 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  cmake ninja-build g++ git python3 \
+  cmake ninja-build g++ git python3 python3-pip \
   libgtest-dev nlohmann-json3-dev libcli11-dev >/dev/null
 # Optional: clang with its sanitizer and libFuzzer runtimes, for the sanitizer/fuzz build of
 # scripts/test.sh (skipped, with a message, where they are missing).
 $SUDO apt-get install -y -qq --no-install-recommends clang libclang-rt-dev >/dev/null 2>&1 ||
   echo "twell: clang's sanitizer runtime is not available here; scripts/test.sh will skip the sanitizer build"
+# CUTLASS/CuTe headers for the CUDA build (header-only; the fused gate GEMM): PyPI's
+# nvidia-cutlass wheel, unpacked into third_party/cutlass/include (git-ignored).
+CUTLASS_VERSION=4.2.0.0
+cutlass_dir="$(cd "$(dirname "$0")/.." && pwd)/third_party/cutlass"
+if [ ! -f "$cutlass_dir/VERSION" ] || [ "$(cat "$cutlass_dir/VERSION")" != "$CUTLASS_VERSION" ]; then
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "nvidia-cutlass==$CUTLASS_VERSION"
+  rm -rf "$cutlass_dir" && mkdir -p "$cutlass_dir/include"
+  python3 - "$tmp"/nvidia_cutlass-*.whl "$cutlass_dir/include" <<'PY'
+import sys, zipfile
+prefix = "cutlass_library/source/include/"
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            z.extract(name, "/tmp/twell-cutlass-unpack")
+import shutil
+shutil.copytree("/tmp/twell-cutlass-unpack/" + prefix, sys.argv[2], dirs_exist_ok=True)
+shutil.rmtree("/tmp/twell-cutlass-unpack")
+PY
+  echo "$CUTLASS_VERSION" >"$cutlass_dir/VERSION"
+  rm -rf "$tmp"
+fi
 echo "twell: dependencies installed"

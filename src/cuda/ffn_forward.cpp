@@ -23,6 +23,7 @@ struct FfnForward::Impl {
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
+  DeviceBuffer gate_workspace;       // the fused gate+pack GEMM's (CUTLASS tile scheduler)
   // The backward's workspace, allocated on its first call: dg and du beside the format, and the
   // transpose of the active set (sized by the forward's non-zero count, grown as needed).
   struct Backward {
@@ -191,8 +192,24 @@ struct FfnForward::Impl {
     sl.previous_density = double(host_sample[slot]) / double(sl.sample_rows * shape.ffn);
   }
 
-  // Packed activation and its statistics; the counts come back to the host asynchronously.
-  void run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {
+  // Dispatch::previous's sample after a fused sparse call, which writes no g: the exact density,
+  // the packed non-zero total over all M rows.
+  void launch_sample_from_counts(int64_t slot, int64_t M, cudaStream_t stream) {
+    Slot& sl = slots[static_cast<size_t>(slot)];
+    sl.sample_rows = M;
+    auto* d = sample_count.as<unsigned long long>() + slot;
+    launch_sum_counters(dev()->nnz, kNnzCounters, d, stream);
+    TWELL_CUDA_CHECK(
+        cudaMemcpyAsync(host_sample + slot, d, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+    sl.sample.record(stream);
+  }
+
+  bool fused_gate_supported() const { return options.fused_gate && options.tile == 256; }
+
+  // Packed activation and its statistics; the counts come back to the host asynchronously. With
+  // `fused`, the gate is computed here by the fused gate+pack kernel; otherwise g holds it.
+  void run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream,
+                  bool fused = false) {
     TWELL_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, sizeof(Counters), stream));
     TWELL_CUDA_CHECK(cudaMemsetAsync(act.view().n_backup, 0, sizeof(uint32_t), stream));
     SparseFfnArgs a;
@@ -207,7 +224,20 @@ struct FfnForward::Impl {
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
     a.precision = options.precision;
-    launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
+    if (fused) {
+      GatePackArgs gp;
+      gp.x = xp;
+      gp.w = static_cast<const uint16_t*>(shape.gated ? w.wg.data : w.wu.data);
+      gp.M = M, gp.H = shape.hidden, gp.I = shape.ffn;
+      gp.act = a.act;
+      gp.nnz_total = dev()->nnz;
+      gp.overflow = &dev()->overflow;
+      gp.rows = a.rows;
+      grow(gate_workspace, std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16));
+      launch_gate_pack(gp, gate_workspace.get(), sm_count, stream);
+    } else {
+      launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
+    }
     if (options.count_nonzeros) {  // the pack has them: copied before the up/down work, which can run meanwhile
       TWELL_CUDA_CHECK(cudaMemcpyAsync(&dev()->spilled_tiles, act.view().n_backup, sizeof(uint32_t),
                                        cudaMemcpyDeviceToDevice, stream));
@@ -395,15 +425,28 @@ struct FfnForward::Impl {
     stats.tokens = M;
     if (M == 0) return;  // nothing to compute (and no density to sample)
 
-    // Both paths start from the ReLU'd gate (non-gated: h = relu(x Wuᵀ)).
-    gemm.run(xp, shape.gated ? w.wg.data : w.wu.data, g.get(), M, I, H, true, GemmEpilogue::relu, stream);
-
     const bool fp32_h = options.precision == Precision::h_fp32;  // the dense path rounds h to bf16
     Dispatch policy = fp32_h ? Dispatch::always_sparse : options.dispatch;
     if ((policy == Dispatch::observe || policy == Dispatch::previous) && M < options.sparse_min_tokens)
       policy = Dispatch::always_dense;  // too few tokens: the sparse path's extra launches dominate
     const double& previous_density = slots[static_cast<size_t>(slot)].previous_density;
     if (policy == Dispatch::previous) collect_sample(slot, false);
+
+    // The TwELL path known before the gate runs: the fused gate+pack kernel, no g.
+    const bool sparse_known = policy == Dispatch::always_sparse ||
+                              (policy == Dispatch::previous && previous_density >= 0 &&
+                               previous_density < options.dense_above_density);
+    if (sparse_known && M > gather_tokens && fused_gate_supported()) {
+      stats.path = FfnPath::sparse;
+      if (policy == Dispatch::previous) stats.sampled_density = previous_density;
+      run_sparse(M, xp, w, yp, stream, true);
+      if (policy == Dispatch::previous) launch_sample_from_counts(slot, M, stream);
+      saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
+      return;
+    }
+
+    // Otherwise both paths start from the ReLU'd gate in g (non-gated: h = relu(x Wuᵀ)).
+    gemm.run(xp, shape.gated ? w.wg.data : w.wu.data, g.get(), M, I, H, true, GemmEpilogue::relu, stream);
     if (policy == Dispatch::observe || (policy == Dispatch::previous && previous_density < 0)) {
       launch_sample(slot, M, stream);
       collect_sample(slot, true);  // one stream synchronisation
@@ -460,7 +503,7 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
   return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() +
-         m.heavy_rows.bytes() + m.bwd.bytes() +
+         m.heavy_rows.bytes() + m.gate_workspace.bytes() + m.bwd.bytes() +
          m.counters.bytes() + m.sample_count.bytes() +
          m.gather_partial.bytes();
 }

@@ -68,6 +68,11 @@ struct FfnOptions {
   // that runs all its layers through one FfnForward gives each layer a slot, so a layer is
   // dispatched on its own previous density, not on the layer before it.
   int64_t dispatch_slots = 1;
+  // Sparse calls whose path is known before the gate runs (Dispatch::always_sparse, or previous
+  // with an earlier density below the threshold) compute the gate with the fused gate GEMM + TwELL
+  // pack (a CUTLASS Hopper GEMM whose epilogue packs; g is never written). Needs tile = 256.
+  // false: the cuBLASLt gate GEMM writes g and a separate kernel packs it (same TwELL entries).
+  bool fused_gate = true;
 };
 
 struct FfnStats {

@@ -296,26 +296,38 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const AttentionA
   const uint16_t* vbase = a.v_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
 
   float m = -FLT_MAX, l = 0.f, acc[8] = {};
-  // The loop bound is warp-uniform (the shuffles need every lane); keys past the range are skipped.
-  for (int base = k_begin + warp * kGroups; base < k_end; base += kWarps * kGroups) {
-    const int key = base + grp;
-    const bool valid = key < k_end;
-    uint4 kr = make_uint4(0, 0, 0, 0), vr = kr;
-    if (valid) {
-      kr = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(key) * kv_ld);
-      vr = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(key) * kv_ld);
+  // kAhead steps of K/V are loaded before any of them is scored (their loads in flight together
+  // instead of one dependent round trip a step); the scoring order is unchanged, so the results
+  // are the same bit for bit. The loop bounds are warp-uniform (the shuffles need every lane);
+  // keys past the range are loaded as zeros and skipped.
+  constexpr int kAhead = 4, kStep = kWarps * kGroups;
+  for (int base0 = k_begin + warp * kGroups; base0 < k_end; base0 += kAhead * kStep) {
+    uint4 kr[kAhead], vr[kAhead];
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      const int key = base0 + s * kStep + grp;
+      kr[s] = vr[s] = make_uint4(0, 0, 0, 0);
+      if (key < k_end) {
+        kr[s] = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(key) * kv_ld);
+        vr[s] = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(key) * kv_ld);
+      }
     }
-    const uint32_t kw[4] = {kr.x, kr.y, kr.z, kr.w}, vw[4] = {vr.x, vr.y, vr.z, vr.w};
-    float dot = 0.f;
-    for (int i = 0; i < 4; ++i) dot += qv[2 * i] * bits_float(kw[i] << 16) + qv[2 * i + 1] * bits_float(kw[i] & 0xffff0000u);
-    for (int off = 1; off < L; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if (!valid) continue;
-    const float sc = dot * scale, mn = fmaxf(m, sc), c = exp2f(m - mn), p = exp2f(sc - mn);
-    m = mn;
-    l = l * c + p;
-    for (int i = 0; i < 4; ++i) {
-      acc[2 * i] = acc[2 * i] * c + p * bits_float(vw[i] << 16);
-      acc[2 * i + 1] = acc[2 * i + 1] * c + p * bits_float(vw[i] & 0xffff0000u);
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      const bool valid = base0 + s * kStep + grp < k_end;
+      const uint32_t kw[4] = {kr[s].x, kr[s].y, kr[s].z, kr[s].w}, vw[4] = {vr[s].x, vr[s].y, vr[s].z, vr[s].w};
+      float dot = 0.f;
+      for (int i = 0; i < 4; ++i)
+        dot += qv[2 * i] * bits_float(kw[i] << 16) + qv[2 * i + 1] * bits_float(kw[i] & 0xffff0000u);
+      for (int off = 1; off < L; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (!valid) continue;
+      const float sc = dot * scale, mn = fmaxf(m, sc), c = exp2f(m - mn), p = exp2f(sc - mn);
+      m = mn;
+      l = l * c + p;
+      for (int i = 0; i < 4; ++i) {
+        acc[2 * i] = acc[2 * i] * c + p * bits_float(vw[i] << 16);
+        acc[2 * i + 1] = acc[2 * i + 1] * c + p * bits_float(vw[i] & 0xffff0000u);
+      }
     }
   }
 

@@ -1,5 +1,5 @@
 // twell_pack: dense activation g [M, I] bf16 (device) -> TwELL hybrid (twell_format.h), for the
-// non-gated FFN and for tests; the gated forward packs inside its up kernel instead.
+// sparse path when the gate GEMM is not fused with the pack (gate_pack.cu), and for tests.
 // One warp per row, grid-stride, several tiles' loads in flight. Per tile, the warp loads 8
 // columns a lane (16 B), counts the non-zeros, and either writes the packed entries at warp-prefix
 // offsets (ascending column order, deterministic) or claims a backup tile with one atomic and
@@ -168,7 +168,18 @@ __global__ __launch_bounds__(kSampleThreads) void count_sampled_kernel(const uin
   }
 }
 
+__global__ void sum_counters_kernel(const unsigned long long* __restrict__ in, int n, unsigned long long* out) {
+  unsigned long long s = 0;
+  for (int i = 0; i < n; ++i) s += in[i];
+  *out = s;
+}
+
 }  // namespace
+
+void launch_sum_counters(const unsigned long long* in, int n, unsigned long long* out, cudaStream_t stream) {
+  sum_counters_kernel<<<1, 1, 0, stream>>>(in, n, out);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_count_sampled_nonzeros(const uint16_t* g, int64_t rows, int64_t cols, int64_t n_sample,
                                    unsigned long long* out, cudaStream_t stream) {

@@ -1,0 +1,269 @@
+// gate_pack: g = ReLU(x Wᵀ) computed by a CUTLASS 3 Hopper GEMM (TMA loads, wgmma, warp-specialised
+// persistent cooperative kernel, 2-CTA clusters multicasting the weight tile) whose epilogue packs
+// g straight into TwELL from the accumulator registers: g is never written to memory (the
+// cuBLASLt-gate-then-pack path writes 1.5 GB of g and reads it back at M = 131072).
+//
+// The epilogue (TwellPackEpilogue) sees one 128 × 256 output tile per call: 256 consumer threads,
+// each holding two rows' 64 values in wgmma's accumulator layout. In that layout a row's 256
+// columns live in the four lanes of a quad: lane q holds columns 8j + 2q + e (j < 32, e < 2) of
+// rows r and r + 8. A CTA tile's 256 columns are one TwELL tile (the tile width must be 256), so a
+// quad owns a whole (row, tile):
+//   - each lane builds a 64-bit mask of its non-zero bf16 values (bit 2j + e), the quad trades masks
+//     with shuffles, and every lane knows the tile's count;
+//   - fitting tile: a lane writes each of its non-zeros at its rank in ascending column order (popc
+//     of the four masks below it), so entries are deterministic and bitwise the same as the
+//     separate pack kernel's (twell_pack.cu), and zero-fills a quarter of the unused slots;
+//   - spilled tile: one atomic claims a backup tile and the quad copies its 256 values there.
+// Per row, the tile counts are added to row_nnz (atomics); the tile that takes a row past
+// kHeavyRowEntries lists it in heavy_rows. Covered by tests/cuda/test_gate_pack.cu.
+#include "cuda/kernels.h"
+
+// CUTLASS/CuTe headers (PyPI nvidia-cutlass, fetched by scripts/install-deps.sh).
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/detail.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include <cuda_bf16.h>
+
+#include "twell/error.h"
+
+namespace twell::cuda {
+namespace {
+
+using namespace cute;
+
+constexpr int kTileM = 128, kTileN = 256;  // kTileN: the TwELL tile width the epilogue packs
+
+struct PackParams {
+  TwellDeviceView act;
+  unsigned long long* nnz_total = nullptr;
+  unsigned int* overflow = nullptr;
+  RowCounts rows;
+};
+
+// Bits [0, n) of a 64-bit mask (n ≤ 64).
+__device__ __forceinline__ uint64_t below(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
+
+// An sm70-style epilogue (operator() per output tile, accumulators in registers), run by the
+// Hopper kernels through CUTLASS's Sm90TmaWarpSpecializedAdapter. It has no shared storage.
+template <class StrideCD>
+class TwellPackEpilogue {
+ public:
+  using EpilogueSchedule = cutlass::gemm::EpilogueDefault;
+  using DispatchPolicy = EpilogueSchedule;
+  using ElementC = cutlass::bfloat16_t;
+  using ElementD = cutlass::bfloat16_t;
+  using StrideC = StrideCD;
+  using StrideD = StrideCD;
+  using ElementOutput = ElementD;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  using ThreadEpilogueOp = void;  // named by GemmUniversalAdapter only
+  struct SharedStorage {};
+  using TensorStorage = SharedStorage;
+  using Arguments = PackParams;
+  using Params = PackParams;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const&) {
+    return true;
+  }
+
+  CUTLASS_HOST_DEVICE TwellPackEpilogue(Params const& p, SharedStorage const& = SharedStorage()) : p_(p) {}
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
+                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    static_assert(size<0>(BlockShapeMNK{}) == kTileM && size<1>(BlockShapeMNK{}) == kTileN);
+    // wgmma m64n256 accumulators: per thread ((2 columns, 2 row halves, 32 column groups), 1, 1).
+    static_assert(decltype(size(acc))::value == 128 && decltype(size<0>(acc))::value == 128);
+    static_assert(decltype(size<0, 0>(acc))::value == 2 && decltype(size<0, 1>(acc))::value == 2 &&
+                  decltype(size<0, 2>(acc))::value == 32);
+
+    const TwellLayout& l = p_.act.layout;
+    const auto m_coord = get<0>(blk_coord_mnkl), n_coord = get<1>(blk_coord_mnkl);
+    // This thread's first element's position in the tile (rows r0 and r0 + 8, columns c0 + 8j + e).
+    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+    cute::Tensor coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+    const int r0 = get<0>(coords(0)), c0 = get<1>(coords(0));
+    const int lane = threadIdx.x % 32, q = c0 / 2;  // q: the lane's place in its quad (c0 = 2q)
+    const int64_t t = n_coord;                      // the TwELL tile (kTileN == layout.tile)
+    const int width = l.tile_width(t);
+    const uint64_t in_width = below(2 * ((width - c0 + 7) / 8));  // column groups j with 8j + c0 < width
+    unsigned long long my_nnz = 0;
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = int64_t{m_coord} * kTileM + r0 + 8 * h;
+      // bf16 values, ReLU'd (NaN kept: never silently turned into zeros), and their non-zero mask.
+      uint32_t pairs[32];
+      uint64_t mask = 0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const float a = acc(make_coord(make_coord(0, h, j), 0, 0)), b = acc(make_coord(make_coord(1, h, j), 0, 0));
+        const __nv_bfloat162 v = __floats2bfloat162_rn(a > 0.f || a != a ? a : 0.f, b > 0.f || b != b ? b : 0.f);
+        pairs[j] = *reinterpret_cast<const uint32_t*>(&v);
+        mask |= uint64_t{(pairs[j] & 0xffffu) != 0} << (2 * j) | uint64_t{(pairs[j] >> 16) != 0} << (2 * j + 1);
+      }
+      mask &= in_width;
+      // The quad's four masks (every lane of the warp takes part in the shuffles).
+      uint64_t quad[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int src = (lane & ~3) | k;
+        quad[k] = uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask), src)} |
+                  uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask >> 32), src)} << 32;
+      }
+      const uint32_t count = __popcll(quad[0]) + __popcll(quad[1]) + __popcll(quad[2]) + __popcll(quad[3]);
+      if (row >= l.rows) continue;  // past M (no shuffles below)
+
+      const int64_t tile_id = l.tile_id(row, t);
+      uint32_t* words = p_.act.slots + tile_id * l.slots();
+      const uint32_t slots = static_cast<uint32_t>(l.slots());
+      if (q == 0) p_.act.counts[tile_id] = count;
+      if (!twell_is_spilled(l, count)) {
+        for (uint64_t m = mask; m; m &= m - 1) {
+          const int bit = __ffsll(static_cast<long long>(m)) - 1, j = bit / 2, e = bit % 2;
+          uint32_t pos = 0;  // the non-zeros of the quad's columns below this one
+#pragma unroll
+          for (int k = 0; k < 4; ++k) pos += __popcll(quad[k] & below(k < q ? 2 * j + 2 : k == q ? bit : 2 * j));
+          // pairs[j] with a dynamic j would go to local memory: select it with a static loop.
+          uint32_t pair = 0;
+#pragma unroll
+          for (int jj = 0; jj < 32; ++jj) pair = jj == j ? pairs[jj] : pair;
+          const uint16_t bits = static_cast<uint16_t>(e ? pair >> 16 : pair & 0xffffu);
+          words[pos] = twell_entry(bits, static_cast<uint32_t>(c0 + 8 * j + e));
+        }
+        for (uint32_t k = q; k < slots; k += 4)
+          if (k >= count) words[k] = 0;
+      } else {
+        // Spilled: lane 0 of the quad claims a backup tile; the quad copies the 256 values.
+        uint32_t b = 0;
+        if (q == 0) b = atomicAdd(p_.act.n_backup, 1u);
+        // The quad's four lanes (same row, same count) all get here; the rest of the warp may not.
+        b = __shfl_sync(0xfu << (lane & ~3), b, lane & ~3);
+        if (b >= p_.act.backup_capacity) {  // cannot happen with the default capacity
+          if (q == 0) atomicExch(p_.overflow, 1u);
+        } else {
+          uint32_t* out = reinterpret_cast<uint32_t*>(p_.act.backup + static_cast<int64_t>(b) * l.tile);
+#pragma unroll
+          for (int j = 0; j < 32; ++j) out[(c0 + 8 * j) / 2] = c0 + 8 * j < width ? pairs[j] : 0u;
+          if (q == 0) p_.act.backup_owner[b] = static_cast<uint32_t>(tile_id);
+          for (uint32_t k = q; k < slots; k += 4) words[k] = k == 0 ? b : 0u;
+        }
+      }
+      if (q == 0 && count) {
+        my_nnz += count;
+        if (p_.rows.row_nnz) {
+          const uint32_t before = atomicAdd(p_.rows.row_nnz + row, count);
+          if (before <= kHeavyRowEntries && before + count > kHeavyRowEntries)
+            p_.rows.heavy_rows[atomicAdd(p_.rows.heavy_count, 1u)] = static_cast<uint32_t>(row);
+        }
+      }
+    }
+    // One atomic per warp and tile for the total, spread over the counters.
+    for (int d = 16; d; d /= 2) my_nnz += __shfl_xor_sync(0xffffffffu, my_nnz, d);
+    if (lane == 0 && my_nnz)
+      atomicAdd(p_.nnz_total + (m_coord * 8 + thread_idx / 32 + n_coord) % kNnzCounters, my_nnz);
+  }
+
+ private:
+  Params p_;
+};
+
+using ElementAB = cutlass::bfloat16_t;
+using StrideCD = cutlass::gemm::TagToStrideC_t<cutlass::layout::RowMajor>;
+using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<TwellPackEpilogue<StrideCD>>;
+using TileShape = cute::Shape<Int<kTileM>, Int<kTileN>, _64>;
+using ClusterShape = cute::Shape<_2, _1, _1>;
+// x [M, H] row-major is A (K-major); W [I, H] row-major is B as K × N column-major (K-major).
+using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
+    cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+// Packed K-major strides (rows of K elements): (K, 1, rows·K).
+template <class Stride>
+Stride k_major(int rows, int K) {
+  Stride s{};
+  get<0>(s) = K;
+  get<2>(s) = int64_t{rows} * K;
+  return s;
+}
+
+typename Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
+  const int M = static_cast<int>(a.M), N = static_cast<int>(a.I), K = static_cast<int>(a.H);
+  typename Gemm::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = {M, N, K, 1};
+  args.mainloop.ptr_A = reinterpret_cast<const ElementAB*>(a.x);
+  args.mainloop.dA = k_major<typename Kernel::StrideA>(M, K);
+  args.mainloop.ptr_B = reinterpret_cast<const ElementAB*>(a.w);
+  args.mainloop.dB = k_major<typename Kernel::StrideB>(N, K);
+  args.epilogue = PackParams{a.act, a.nnz_total, a.overflow, a.rows};
+  args.hw_info.device_id = 0;
+  args.hw_info.sm_count = sm_count;
+  return args;
+}
+
+}  // namespace
+
+void check_gate_pack(const GatePackArgs& a) {
+  a.act.layout.check();
+  TWELL_CHECK(a.act.layout.tile == kTileN, "fused gate+pack: the TwELL tile width must be ", kTileN, ", got ",
+              a.act.layout.tile);
+  TWELL_CHECK(a.act.layout.rows == a.M && a.act.layout.cols == a.I, "fused gate+pack: TwELL layout ",
+              a.act.layout.rows, " x ", a.act.layout.cols, " does not match M = ", a.M, ", I = ", a.I);
+  TWELL_CHECK(a.H % 8 == 0 && a.I % 8 == 0, "fused gate+pack: H = ", a.H, " and I = ", a.I,
+              " must be multiples of 8 (16-byte rows for TMA)");
+  TWELL_CHECK(a.M <= INT32_MAX && a.H <= INT32_MAX && a.I <= INT32_MAX, "fused gate+pack: dimensions past 2^31");
+  TWELL_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
+              "fused gate+pack: x and W must be 16-byte aligned");
+}
+
+size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count) {
+  return Gemm::get_workspace_size(make_arguments(a, sm_count));
+}
+
+void launch_gate_pack(const GatePackArgs& a, void* workspace, int sm_count, cudaStream_t stream) {
+  check_gate_pack(a);
+  if (a.M == 0) return;
+  if (a.rows.row_nnz)
+    TWELL_CUDA_CHECK(cudaMemsetAsync(a.rows.row_nnz, 0, static_cast<size_t>(a.M) * sizeof(uint32_t), stream));
+  Gemm gemm;
+  const auto args = make_arguments(a, sm_count);
+  TWELL_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "fused gate+pack: CUTLASS cannot run M = ",
+              a.M, ", H = ", a.H, ", I = ", a.I);
+  TWELL_CHECK(gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess,
+              "fused gate+pack: CUTLASS initialisation failed");
+  TWELL_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "fused gate+pack: launch failed");
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace twell::cuda
