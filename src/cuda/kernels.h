@@ -52,6 +52,9 @@ size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count);
 void launch_gate_pack(const GatePackArgs& a, void* workspace, int sm_count, cudaStream_t stream);
 // Adds the non-zero count of n_sample rows spread evenly over g [rows, cols] to *out (dispatch's
 // density estimate: a few MB read instead of the whole activation).
+// Appends to rows.heavy_rows every row r < M with rows.row_nnz[r] > kHeavyRowEntries (in no
+// particular order; *rows.heavy_count must be zero before the producer ran).
+void launch_list_heavy_rows(const RowCounts& rows, int64_t M, cudaStream_t stream);
 // *out = in[0] + ... + in[n - 1] (one thread; n small: the non-zero counters).
 void launch_sum_counters(const unsigned long long* in, int n, unsigned long long* out, cudaStream_t stream);
 void launch_count_sampled_nonzeros(const uint16_t* g, int64_t rows, int64_t cols, int64_t n_sample,

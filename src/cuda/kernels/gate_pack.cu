@@ -1,21 +1,21 @@
 // gate_pack: g = ReLU(x Wᵀ) computed by a CUTLASS 3 Hopper GEMM (TMA loads, wgmma, warp-specialised
-// persistent cooperative kernel, 2-CTA clusters multicasting the weight tile) whose epilogue packs
-// g straight into TwELL from the accumulator registers: g is never written to memory (the
+// persistent ping-pong kernel, 2-CTA clusters multicasting the weight tile) whose epilogue packs g
+// straight into TwELL from the accumulator registers: g is never written to memory (the
 // cuBLASLt-gate-then-pack path writes 1.5 GB of g and reads it back at M = 131072).
 //
-// The epilogue (TwellPackEpilogue) sees one 128 × 256 output tile per call: 256 consumer threads,
-// each holding two rows' 64 values in wgmma's accumulator layout. In that layout a row's 256
-// columns live in the four lanes of a quad: lane q holds columns 8j + 2q + e (j < 32, e < 2) of
-// rows r and r + 8. A CTA tile's 256 columns are one TwELL tile (the tile width must be 256), so a
-// quad owns a whole (row, tile):
+// The epilogue (TwellPackEpilogue) sees one 64 × 256 output tile per call: the 128 threads of one
+// consumer warpgroup, each holding two rows' 64 values in wgmma's accumulator layout. In that
+// layout a row's 256 columns live in the four lanes of a quad: lane q holds columns 8j + 2q + e
+// (j < 32, e < 2) of rows r and r + 8. A tile's 256 columns are one TwELL tile (the tile width
+// must be 256), so a quad owns a whole (row, tile):
 //   - each lane builds a 64-bit mask of its non-zero bf16 values (bit 2j + e), the quad trades masks
 //     with shuffles, and every lane knows the tile's count;
 //   - fitting tile: a lane writes each of its non-zeros at its rank in ascending column order (popc
 //     of the four masks below it), so entries are deterministic and bitwise the same as the
 //     separate pack kernel's (twell_pack.cu), and zero-fills a quarter of the unused slots;
 //   - spilled tile: one atomic claims a backup tile and the quad copies its 256 values there.
-// Per row, the tile counts are added to row_nnz (atomics); the tile that takes a row past
-// kHeavyRowEntries lists it in heavy_rows. Covered by tests/cuda/test_gate_pack.cu.
+// Per row, the tile counts are added to row_nnz (atomics); a small kernel then lists the rows past
+// kHeavyRowEntries in heavy_rows. Covered by tests/cuda/test_gate_pack.cu.
 #include "cuda/kernels.h"
 
 // CUTLASS/CuTe headers (PyPI nvidia-cutlass, fetched by scripts/install-deps.sh).
@@ -36,13 +36,14 @@ namespace {
 
 using namespace cute;
 
-constexpr int kTileM = 128, kTileN = 256;  // kTileN: the TwELL tile width the epilogue packs
+constexpr int kTileN = 256;  // the TwELL tile width the epilogue packs
 
 struct PackParams {
   TwellDeviceView act;
   unsigned long long* nnz_total = nullptr;
   unsigned int* overflow = nullptr;
   RowCounts rows;
+  int32_t n_tiles = 0, slots = 0;  // of act.layout (no divisions in the epilogue)
 };
 
 // Bits [0, n) of a 64-bit mask (n ≤ 64).
@@ -97,7 +98,8 @@ class TwellPackEpilogue {
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
                                  BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
-    static_assert(size<0>(BlockShapeMNK{}) == kTileM && size<1>(BlockShapeMNK{}) == kTileN);
+    constexpr int kTileM = size<0>(BlockShapeMNK{});
+    static_assert(size<1>(BlockShapeMNK{}) == kTileN);
     // wgmma m64n256 accumulators: per thread ((2 columns, 2 row halves, 32 column groups), 1, 1).
     static_assert(decltype(size(acc))::value == 128 && decltype(size<0>(acc))::value == 128);
     static_assert(decltype(size<0, 0>(acc))::value == 2 && decltype(size<0, 1>(acc))::value == 2 &&
@@ -110,13 +112,14 @@ class TwellPackEpilogue {
     cute::Tensor coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
     const int r0 = get<0>(coords(0)), c0 = get<1>(coords(0));
     const int lane = threadIdx.x % 32, q = c0 / 2;  // q: the lane's place in its quad (c0 = 2q)
-    const int64_t t = n_coord;                      // the TwELL tile (kTileN == layout.tile)
-    const int width = l.tile_width(t);
+    const int t = n_coord;                          // the TwELL tile (kTileN == layout.tile)
+    const int width = min(kTileN, static_cast<int>(l.cols) - t * kTileN);
     const uint64_t in_width = below(2 * ((width - c0 + 7) / 8));  // column groups j with 8j + c0 < width
-    unsigned long long my_nnz = 0;
+    uint32_t my_nnz = 0;
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      __syncwarp();  // the lanes that skipped the rest of the previous row meet again for the shuffles
       const int64_t row = int64_t{m_coord} * kTileM + r0 + 8 * h;
       // bf16 values, ReLU'd (NaN kept: never silently turned into zeros), and their non-zero mask.
       uint32_t pairs[32];
@@ -140,11 +143,11 @@ class TwellPackEpilogue {
       const uint32_t count = __popcll(quad[0]) + __popcll(quad[1]) + __popcll(quad[2]) + __popcll(quad[3]);
       if (row >= l.rows) continue;  // past M (no shuffles below)
 
-      const int64_t tile_id = l.tile_id(row, t);
-      uint32_t* words = p_.act.slots + tile_id * l.slots();
-      const uint32_t slots = static_cast<uint32_t>(l.slots());
+      const int64_t tile_id = row * p_.n_tiles + t;
+      const uint32_t slots = static_cast<uint32_t>(p_.slots);
+      uint32_t* words = p_.act.slots + tile_id * slots;
       if (q == 0) p_.act.counts[tile_id] = count;
-      if (!twell_is_spilled(l, count)) {
+      if (count <= slots) {
         for (uint64_t m = mask; m; m &= m - 1) {
           const int bit = __ffsll(static_cast<long long>(m)) - 1, j = bit / 2, e = bit % 2;
           uint32_t pos = 0;  // the non-zeros of the quad's columns below this one
@@ -177,17 +180,18 @@ class TwellPackEpilogue {
       }
       if (q == 0 && count) {
         my_nnz += count;
-        if (p_.rows.row_nnz) {
-          const uint32_t before = atomicAdd(p_.rows.row_nnz + row, count);
-          if (before <= kHeavyRowEntries && before + count > kHeavyRowEntries)
-            p_.rows.heavy_rows[atomicAdd(p_.rows.heavy_count, 1u)] = static_cast<uint32_t>(row);
-        }
+        // Fire-and-forget (its result unused: a RED, no round trip); launch_gate_pack lists the
+        // heavy rows from the totals afterwards. NOTE: with the returned value deciding the heavy
+        // list here, the epilogue took 0.6 ms of the kernel's 4.16 (ncu, M = 131072).
+        if (p_.rows.row_nnz) atomicAdd(p_.rows.row_nnz + row, count);
       }
     }
-    // One atomic per warp and tile for the total, spread over the counters.
-    for (int d = 16; d; d /= 2) my_nnz += __shfl_xor_sync(0xffffffffu, my_nnz, d);
+    // One atomic per warp and tile for the total (at most 2·8·256 here), spread over the counters.
+    __syncwarp();
+    my_nnz = __reduce_add_sync(0xffffffffu, my_nnz);
     if (lane == 0 && my_nnz)
-      atomicAdd(p_.nnz_total + (m_coord * 8 + thread_idx / 32 + n_coord) % kNnzCounters, my_nnz);
+      atomicAdd(p_.nnz_total + (m_coord * 8 + threadIdx.x / 32 + n_coord) % kNnzCounters,
+                static_cast<unsigned long long>(my_nnz));
   }
 
  private:
@@ -197,16 +201,23 @@ class TwellPackEpilogue {
 using ElementAB = cutlass::bfloat16_t;
 using StrideCD = cutlass::gemm::TagToStrideC_t<cutlass::layout::RowMajor>;
 using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<TwellPackEpilogue<StrideCD>>;
-using TileShape = cute::Shape<Int<kTileM>, Int<kTileN>, _64>;
-using ClusterShape = cute::Shape<_2, _1, _1>;
+
 // x [M, H] row-major is A (K-major); W [I, H] row-major is B as K × N column-major (K-major).
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
-    cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+// Ping-pong: two consumer warpgroups take alternate 64 × 256 tiles, so one packs while the other's
+// tensor cores run (docs/perf.md, item 18: the cooperative 128 × 256 kernel ran 0.5 ms of
+// epilogue with its tensor cores idle and measured 0.68× against this kernel's 0.64×); 2-CTA
+// clusters multicast the weight tile.
+template <int TileM, class Cluster, class Schedule>
+struct GateGemm {
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
+      cutlass::layout::ColumnMajor, 8, float, cute::Shape<Int<TileM>, Int<kTileN>, _64>, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      Schedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+using GatePackGemm = GateGemm<64, cute::Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
 
 // Packed K-major strides (rows of K elements): (K, 1, rows·K).
 template <class Stride>
@@ -217,19 +228,38 @@ Stride k_major(int rows, int K) {
   return s;
 }
 
-typename Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
+template <class G>
+typename G::Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
+  using Kernel = typename G::Kernel;
   const int M = static_cast<int>(a.M), N = static_cast<int>(a.I), K = static_cast<int>(a.H);
-  typename Gemm::Arguments args{};
+  typename G::Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = {M, N, K, 1};
   args.mainloop.ptr_A = reinterpret_cast<const ElementAB*>(a.x);
   args.mainloop.dA = k_major<typename Kernel::StrideA>(M, K);
   args.mainloop.ptr_B = reinterpret_cast<const ElementAB*>(a.w);
   args.mainloop.dB = k_major<typename Kernel::StrideB>(N, K);
-  args.epilogue = PackParams{a.act, a.nnz_total, a.overflow, a.rows};
+  args.epilogue = PackParams{a.act, a.nnz_total, a.overflow, a.rows,
+                             static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()};
   args.hw_info.device_id = 0;
   args.hw_info.sm_count = sm_count;
   return args;
+}
+
+template <class G>
+size_t workspace_bytes(const GatePackArgs& a, int sm_count) {
+  return G::Gemm::get_workspace_size(make_arguments<G>(a, sm_count));
+}
+
+template <class G>
+void run(const GatePackArgs& a, void* workspace, int sm_count, cudaStream_t stream) {
+  typename G::Gemm gemm;
+  const auto args = make_arguments<G>(a, sm_count);
+  TWELL_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "fused gate+pack: CUTLASS cannot run M = ",
+              a.M, ", H = ", a.H, ", I = ", a.I);
+  TWELL_CHECK(gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess,
+              "fused gate+pack: CUTLASS initialisation failed");
+  TWELL_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "fused gate+pack: launch failed");
 }
 
 }  // namespace
@@ -248,7 +278,7 @@ void check_gate_pack(const GatePackArgs& a) {
 }
 
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count) {
-  return Gemm::get_workspace_size(make_arguments(a, sm_count));
+  return workspace_bytes<GatePackGemm>(a, sm_count);
 }
 
 void launch_gate_pack(const GatePackArgs& a, void* workspace, int sm_count, cudaStream_t stream) {
@@ -256,13 +286,8 @@ void launch_gate_pack(const GatePackArgs& a, void* workspace, int sm_count, cuda
   if (a.M == 0) return;
   if (a.rows.row_nnz)
     TWELL_CUDA_CHECK(cudaMemsetAsync(a.rows.row_nnz, 0, static_cast<size_t>(a.M) * sizeof(uint32_t), stream));
-  Gemm gemm;
-  const auto args = make_arguments(a, sm_count);
-  TWELL_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "fused gate+pack: CUTLASS cannot run M = ",
-              a.M, ", H = ", a.H, ", I = ", a.I);
-  TWELL_CHECK(gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess,
-              "fused gate+pack: CUTLASS initialisation failed");
-  TWELL_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "fused gate+pack: launch failed");
+  run<GatePackGemm>(a, workspace, sm_count, stream);
+  if (a.rows.row_nnz) launch_list_heavy_rows(a.rows, a.M, stream);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -174,7 +174,20 @@ __global__ void sum_counters_kernel(const unsigned long long* __restrict__ in, i
   *out = s;
 }
 
+__global__ void list_heavy_rows_kernel(RowCounts rc, int64_t M) {
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < M;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    if (__ldg(rc.row_nnz + r) > kHeavyRowEntries) rc.heavy_rows[atomicAdd(rc.heavy_count, 1u)] = static_cast<uint32_t>(r);
+}
+
 }  // namespace
+
+void launch_list_heavy_rows(const RowCounts& rows, int64_t M, cudaStream_t stream) {
+  if (M == 0) return;
+  const int64_t blocks = std::min<int64_t>((M + 255) / 256, 1024);
+  list_heavy_rows_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(rows, M);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_sum_counters(const unsigned long long* in, int n, unsigned long long* out, cudaStream_t stream) {
   sum_counters_kernel<<<1, 1, 0, stream>>>(in, n, out);
