@@ -67,21 +67,32 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
   DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
   const FfnWeights w{c.gated ? wg.view() : TensorView{}, wu.view(), wd.view()};
 
-  // always_sparse twice: TwELL (gather off) and the gather path (these cases have M <= 300).
-  const std::pair<Dispatch, int64_t> runs[] = {{Dispatch::always_sparse, 0},
-                                               {Dispatch::always_sparse, 1024},
-                                               {Dispatch::always_dense, 0},
-                                               {Dispatch::observe, 0}};
-  for (const auto& [d, gather] : runs) {
-    SCOPED_TRACE(d == Dispatch::always_sparse ? (gather ? "gather" : "sparse")
-                                              : d == Dispatch::always_dense ? "dense" : "observe");
+  // always_sparse three times: TwELL with the fused gate+pack (tile 256) and with the cuBLASLt
+  // gate and the pack kernel, and the gather path (these cases have M <= 300). `previous` runs
+  // twice: the first call samples g, the second decides on that (fused gate when sparse).
+  struct Run {
+    Dispatch d;
+    int64_t gather;
+    bool fused_gate;
+    const char* name;
+  };
+  const Run runs[] = {{Dispatch::always_sparse, 0, true, "sparse"},
+                      {Dispatch::always_sparse, 0, false, "sparse, unfused gate"},
+                      {Dispatch::always_sparse, 1024, true, "gather"},
+                      {Dispatch::always_dense, 0, true, "dense"},
+                      {Dispatch::observe, 0, true, "observe"},
+                      {Dispatch::previous, 0, true, "previous, second call"}};
+  for (const auto& [d, gather, fused_gate, name] : runs) {
+    SCOPED_TRACE(name);
     cuda::FfnOptions o;
     o.dispatch = d;
     o.sparse_min_tokens = 0;
     o.gather_max_tokens = gather;
+    o.fused_gate = fused_gate;
     o.tile = c.tile, o.compression = c.compression;
     cuda::FfnForward ffn({c.M, c.H, c.I, c.gated}, o);
     DeviceTensor y(DType::bf16, {c.M, c.H});
+    if (d == Dispatch::previous) ffn.forward(x, w, y, nullptr);
     cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);  // poison: NaN
     ffn.forward(x, w, y, nullptr);
     TWELL_CUDA_CHECK(cudaDeviceSynchronize());
@@ -91,8 +102,9 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
     EXPECT_TRUE(test::all_close(y_gpu, y_cpu, 0.05 * scale + 1e-6, 0.02));
 
     const cuda::FfnStats st = ffn.last_stats();
-    EXPECT_EQ(st.path == cuda::FfnPath::dense, d == Dispatch::always_dense ||
-                                                   (d == Dispatch::observe && st.sampled_density >= o.dense_above_density));
+    const bool sampled = d == Dispatch::observe || d == Dispatch::previous;
+    EXPECT_EQ(st.path == cuda::FfnPath::dense,
+              d == Dispatch::always_dense || (sampled && st.sampled_density >= o.dense_above_density));
     EXPECT_EQ(st.path == cuda::FfnPath::gather, gather > 0);
     if (st.path == cuda::FfnPath::sparse) {
       const TwellMatrix act = ffn.download_activation(nullptr);
