@@ -59,7 +59,7 @@ using cuda::LlamaCudaOptions;
 using cuda::LlamaCudaWeights;
 
 constexpr float kConstantChannel = 4.0f;  // residual channel 0: the gates' "bias input"
-constexpr int64_t kGatherTokens = 8;      // decode batches up to this also run as twell_gather
+constexpr int64_t kGatherTokens = 8;      // the gather path's batch limit for twell_gather and the check
 constexpr int64_t kEnergySteps = 128;     // decode steps of each model's energy reading, at most
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -574,7 +574,9 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;
   LlamaCuda twell(w, o);
-  const int n_models = B <= kGatherTokens ? 3 : 2;  // above, twell_gather would be twell
+  // twell_gather only where it differs from twell: batches the default options send through the
+  // dense decode FFN but the gather path still takes (none with the defaults, both 8).
+  const int n_models = B <= kGatherTokens && B > LlamaCudaOptions{}.decode_gather_tokens ? 3 : 2;
   o.decode_gather_tokens = kGatherTokens;
   std::unique_ptr<LlamaCuda> gather = n_models == 3 ? std::make_unique<LlamaCuda>(w, o) : nullptr;
   LlamaCuda* models[3] = {&dense, &twell, gather.get()};

@@ -41,6 +41,7 @@ tail -4 "$out/gpu_tests.log"
 echo "== compute-sanitizer (small cases)"
 filter='Cases/FfnForwardGpu.*M7_*:Cases/FfnForwardGpu.*M33_*:Cases/FfnForwardGpu.*d1000permille_skewed_plain:*Determinism*:Densities/TwellDevice.*/2'
 filter+=':Shapes/LlamaCudaShapes.*/hd16_gqa_relu:Shapes/LlamaCudaShapes.BatchEqualsSingleSequences/hd64_silu:LlamaCuda.*'
+filter+=':Shapes/GatePackGpu.*M77_*:Shapes/GatePackGpu.*M200_*'  # the fused gate+pack: partial tile, spills
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/twell_gpu_tests" --gtest_brief=1 \
     --gtest_filter="$filter" >"$out/sanitizer_memcheck.log" 2>&1 || status=1
