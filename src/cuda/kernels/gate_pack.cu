@@ -241,7 +241,9 @@ typename G::Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) 
   args.mainloop.dB = k_major<typename Kernel::StrideB>(N, K);
   args.epilogue = PackParams{a.act, a.nnz_total, a.overflow, a.rows,
                              static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()};
-  args.hw_info.device_id = 0;
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  args.hw_info.device_id = device;  // the current device, whose SMs the persistent grid covers
   args.hw_info.sm_count = sm_count;
   return args;
 }
