@@ -100,6 +100,12 @@ struct FfnForward::Impl {
     check_twell_pack(act.layout());
     if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
     row_nnz = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
+    if (fused_gate_supported()) {  // here, not on the first call: that may be inside graph capture
+      GatePackArgs gp;
+      gp.M = s.max_tokens, gp.H = s.hidden, gp.I = s.ffn;
+      gp.act = act.view();
+      gate_workspace = DeviceBuffer(std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16));
+    }
     heavy_rows = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
     gather_tokens = gather_supports(s.hidden, s.ffn) ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0)) : 0;
     if (gather_tokens > 0) {  // sized for the largest need over the M the path takes
@@ -207,9 +213,10 @@ struct FfnForward::Impl {
   bool fused_gate_supported() const { return options.fused_gate && options.tile == 256; }
 
   // Packed activation and its statistics; the counts come back to the host asynchronously. With
-  // `fused`, the gate is computed here by the fused gate+pack kernel; otherwise g holds it.
+  // `fused`, the gate is computed here by the fused gate+pack kernel (and, for sample_slot >= 0,
+  // the exact density becomes that slot's dispatch sample); otherwise g holds it.
   void run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream,
-                  bool fused = false) {
+                  bool fused = false, int64_t sample_slot = -1) {
     TWELL_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, sizeof(Counters), stream));
     TWELL_CUDA_CHECK(cudaMemsetAsync(act.view().n_backup, 0, sizeof(uint32_t), stream));
     SparseFfnArgs a;
@@ -233,8 +240,11 @@ struct FfnForward::Impl {
       gp.nnz_total = dev()->nnz;
       gp.overflow = &dev()->overflow;
       gp.rows = a.rows;
-      grow(gate_workspace, std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16));
+      // CUTLASS's persistent tile scheduler needs none; sized in the constructor for max_tokens.
+      TWELL_CHECK(gate_pack_workspace_bytes(gp, sm_count) <= gate_workspace.bytes(),
+                  "FfnForward: fused gate workspace too small (internal error)");
       launch_gate_pack(gp, gate_workspace.get(), sm_count, stream);
+      if (sample_slot >= 0) launch_sample_from_counts(sample_slot, M, stream);
     } else {
       launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
     }
@@ -439,8 +449,7 @@ struct FfnForward::Impl {
     if (sparse_known && M > gather_tokens && fused_gate_supported()) {
       stats.path = FfnPath::sparse;
       if (policy == Dispatch::previous) stats.sampled_density = previous_density;
-      run_sparse(M, xp, w, yp, stream, true);
-      if (policy == Dispatch::previous) launch_sample_from_counts(slot, M, stream);
+      run_sparse(M, xp, w, yp, stream, true, policy == Dispatch::previous ? slot : -1);
       saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
       return;
     }

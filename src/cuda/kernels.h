@@ -34,9 +34,10 @@ void check_twell_pack(const TwellLayout& layout);
 void launch_twell_pack(const uint16_t* dense, const TwellDeviceView& m, unsigned long long* nnz_total,
                        unsigned int* overflow, const RowCounts& rows, int sm_count, cudaStream_t stream);
 // gate_pack.cu: g = ReLU(x Wᵀ) (x [M, H], W [I, H], bf16) packed straight into TwELL by a CUTLASS
-// Hopper GEMM whose epilogue does what launch_twell_pack does (same entries, counts, backup, row
-// counts and non-zero total; *heavy_count must be zero at launch), without writing g. Needs the
-// TwELL tile width 256, H and I multiples of 8, 16-byte aligned x and W. The workspace is
+// Hopper GEMM whose epilogue does what launch_twell_pack does to a given g (the same entries,
+// counts, backup, row counts and non-zero total), without writing g. As for the pack,
+// nnz_total[0..kNnzCounters), *act.n_backup and *rows.heavy_count must be zero at launch. Needs
+// the TwELL tile width 256, H and I multiples of 8, 16-byte aligned x and W. The workspace is
 // gate_pack_workspace_bytes (CUTLASS's tile scheduler; may be 0).
 struct GatePackArgs {
   const uint16_t* x = nullptr;
@@ -50,13 +51,13 @@ struct GatePackArgs {
 void check_gate_pack(const GatePackArgs& a);
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count);
 void launch_gate_pack(const GatePackArgs& a, void* workspace, int sm_count, cudaStream_t stream);
-// Adds the non-zero count of n_sample rows spread evenly over g [rows, cols] to *out (dispatch's
-// density estimate: a few MB read instead of the whole activation).
 // Appends to rows.heavy_rows every row r < M with rows.row_nnz[r] > kHeavyRowEntries (in no
 // particular order; *rows.heavy_count must be zero before the producer ran).
 void launch_list_heavy_rows(const RowCounts& rows, int64_t M, cudaStream_t stream);
 // *out = in[0] + ... + in[n - 1] (one thread; n small: the non-zero counters).
 void launch_sum_counters(const unsigned long long* in, int n, unsigned long long* out, cudaStream_t stream);
+// Adds the non-zero count of n_sample rows spread evenly over g [rows, cols] to *out (dispatch's
+// density estimate: a few MB read instead of the whole activation).
 void launch_count_sampled_nonzeros(const uint16_t* g, int64_t rows, int64_t cols, int64_t n_sample,
                                    unsigned long long* out, cudaStream_t stream);
 

@@ -4,8 +4,8 @@
 //   - those values are ReLU(x Wᵀ) within bf16 rounding of a float64 reference (a pre-activation
 //     within fp32 accumulation error of 0 may fall either side);
 //   - the row counts, the heavy-row list and the non-zero total agree with the matrix;
-// at M = 1, M not a multiple of the 128-row tile, a partial last TwELL tile (I % 256 ≠ 0), K not a
-// multiple of the 64-wide k-block, and densities from empty rows to every tile spilled.
+// at M = 1, M not a multiple of the 64-row tile, a partial last TwELL tile (I % 256 ≠ 0), K not a
+// multiple of the 64-wide k-block, and densities from empty rows to every full tile spilled.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +28,7 @@ struct GateCase {
   int64_t M, H, I;
   double density;
   bool skewed;
+  bool spills = false, heavy = false;  // the case must have spilled tiles / heavy rows (coverage)
 };
 
 std::string case_name(const testing::TestParamInfo<GateCase>& info) {
@@ -53,7 +54,11 @@ GatePackResult run_gate_pack(const TensorView& x, const TensorView& w, const Twe
   DeviceBuffer row_nnz(std::max<int64_t>(M, 1) * 4), heavy(std::max<int64_t>(M, 1) * 4);
   cuda::fill_bytes(counters.get(), counters.bytes(), 0, nullptr);
   cuda::fill_bytes(row_nnz.get(), row_nnz.bytes(), 0xff, nullptr);  // poisoned: the launch zeroes it
+  // Poisoned: every word the launch owes must be written.
   cuda::fill_bytes(act.view().slots, static_cast<size_t>(layout.slot_size()) * 4, 0xff, nullptr);
+  cuda::fill_bytes(act.view().counts, static_cast<size_t>(layout.count_size()) * 4, 0xff, nullptr);
+  cuda::fill_bytes(act.view().backup, static_cast<size_t>(act.view().backup_capacity) * layout.tile * 2, 0xff,
+                   nullptr);
   cuda::fill_bytes(act.view().n_backup, 4, 0, nullptr);
   auto* nnz = counters.as<unsigned long long>();
   auto* overflow = reinterpret_cast<unsigned int*>(nnz + cuda::kNnzCounters);
@@ -150,6 +155,8 @@ TEST_P(GatePackGpu, PacksReluOfTheGateExactlyAsTheHostPacker) {
   EXPECT_EQ(std::set<uint32_t>(r.heavy_rows.begin(), r.heavy_rows.end()), heavy_expected);
   EXPECT_EQ(r.heavy_rows.size(), heavy_expected.size()) << "a heavy row listed twice";
   EXPECT_EQ(static_cast<int64_t>(r.nnz_total), r.act.nnz());
+  if (c.spills) EXPECT_GT(spilled, 0) << "the case no longer covers spilled tiles";
+  if (c.heavy) EXPECT_FALSE(heavy_expected.empty()) << "the case no longer covers heavy rows";
   std::printf("[ info ] nnz %lld (float64 %lld), spilled tiles %lld, heavy rows %zu\n",
               static_cast<long long>(r.act.nnz()), static_cast<long long>(ref_nnz), static_cast<long long>(spilled),
               heavy_expected.size());
@@ -157,11 +164,11 @@ TEST_P(GatePackGpu, PacksReluOfTheGateExactlyAsTheHostPacker) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GatePackGpu,
                          testing::Values(GateCase{1, 2048, 5632, 0.005, false},
-                                         GateCase{260, 2048, 5632, 0.005, true},  // heavy rows
-                                         GateCase{77, 72, 1000, 0.02, false},     // K < 64 + 8, partial tile
-                                         GateCase{129, 512, 5632, 0.1, true},      // some tiles spilled
-                                         GateCase{200, 256, 776, 0.5, false},     // every tile spilled
-                                         GateCase{130, 320, 512, 0.0, false}),    // empty rows
+                                         GateCase{260, 2048, 5632, 0.005, true, false, true},  // heavy rows
+                                         GateCase{77, 72, 1000, 0.02, false},  // K < 64 + 8, partial tile
+                                         GateCase{129, 512, 5632, 0.1, true, true, true},  // some tiles spilled
+                                         GateCase{200, 256, 776, 0.5, false, true, true},  // every full tile spilled
+                                         GateCase{130, 320, 512, 0.0, false}),             // empty rows
                          case_name);
 
 TEST(GatePackGpu, RejectsWhatItCannotRun) {

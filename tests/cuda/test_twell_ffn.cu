@@ -112,6 +112,11 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
       EXPECT_EQ(act.nnz(), st.nnz);
       EXPECT_EQ(act.n_backup(), st.spilled_tiles);
     }
+    if (d == Dispatch::previous && st.path == cuda::FfnPath::sparse && c.tile == 256) {
+      // The fused call's sample is its exact density: the next call decides on it.
+      ffn.forward(x, w, y, nullptr);
+      EXPECT_DOUBLE_EQ(ffn.last_stats().sampled_density, double(st.nnz) / double(c.M * c.I));
+    }
   }
 }
 

@@ -114,12 +114,15 @@ class TwellPackEpilogue {
     const int lane = threadIdx.x % 32, q = c0 / 2;  // q: the lane's place in its quad (c0 = 2q)
     const int t = n_coord;                          // the TwELL tile (kTileN == layout.tile)
     const int width = min(kTileN, static_cast<int>(l.cols) - t * kTileN);
-    const uint64_t in_width = below(2 * ((width - c0 + 7) / 8));  // column groups j with 8j + c0 < width
+    // Column groups j with 8j + c0 < width. (TMA reads past I as zeros, so those accumulators are 0
+    // anyway; the mask keeps the packing right whatever the GEMM leaves there.)
+    const uint64_t in_width = below(2 * ((width - c0 + 7) / 8));
     uint32_t my_nnz = 0;
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      __syncwarp();  // the lanes that skipped the rest of the previous row meet again for the shuffles
+      __syncwarp();  // the lanes that skipped the rest of the previous row meet again (defensive:
+                     // the shuffles below name the whole warp anyway)
       const int64_t row = int64_t{m_coord} * kTileM + r0 + 8 * h;
       // bf16 values, ReLU'd (NaN kept: never silently turned into zeros), and their non-zero mask.
       uint32_t pairs[32];
@@ -141,7 +144,9 @@ class TwellPackEpilogue {
                   uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask >> 32), src)} << 32;
       }
       const uint32_t count = __popcll(quad[0]) + __popcll(quad[1]) + __popcll(quad[2]) + __popcll(quad[3]);
-      if (row >= l.rows) continue;  // past M (no shuffles below)
+      // Past M: skip the row. Below, only quad-wide shuffles (spilled tiles), and a quad's four lanes
+      // hold the same row, so they skip or take them together.
+      if (row >= l.rows) continue;
 
       const int64_t tile_id = row * p_.n_tiles + t;
       const uint32_t slots = static_cast<uint32_t>(p_.slots);
@@ -280,6 +285,7 @@ void check_gate_pack(const GatePackArgs& a) {
 }
 
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count) {
+  check_gate_pack(a);
   return workspace_bytes<GatePackGemm>(a, sm_count);
 }
 
