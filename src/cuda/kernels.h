@@ -11,8 +11,8 @@
 
 namespace twell::cuda {
 
-// Raises `kernel`'s dynamic shared memory limit to `bytes` (above the default 48 KB), once per
-// kernel and device; later calls only look it up. Thread-safe. (runtime.cpp)
+// Raises `kernel`'s dynamic shared memory limit to `bytes` (above the default 48 KB) on the current
+// device when it is below; calls that need no more only look it up. Thread-safe. (runtime.cpp)
 void allow_dynamic_smem(const void* kernel, int bytes);
 
 // Non-zero totals are accumulated in kNnzCounters counters (blocks spread their atomics over

@@ -1,8 +1,8 @@
 #include "twell/cuda/runtime.h"
 
 #include <cstring>
+#include <map>
 #include <mutex>
-#include <set>
 #include <utility>
 
 #include "cuda/kernels.h"
@@ -92,14 +92,16 @@ void fill_bytes(void* ptr, size_t bytes, uint8_t value, cudaStream_t stream) {
 
 void allow_dynamic_smem(const void* kernel, int bytes) {
   static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> done;  // (kernel, device)
+  static std::map<std::pair<const void*, int>, int> limit;  // (kernel, device) -> the limit set
   int device = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mutex);
-  if (!done.insert({kernel, device}).second) return;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err != cudaSuccess) done.erase({kernel, device});
-  TWELL_CUDA_CHECK(err);
+  int& set = limit[{kernel, device}];  // 0: not set yet
+  // NOTE: raised whenever a launch needs more than the limit set so far. Setting it once, at the
+  // first call's size, made a later, larger launch of the same kernel fail (cudaErrorInvalidValue).
+  if (bytes <= set) return;
+  TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  set = bytes;
 }
 
 }  // namespace twell::cuda

@@ -1,0 +1,35 @@
+// CUDA runtime helpers: allow_dynamic_smem raises a kernel's shared memory limit whenever a launch
+// needs more than it was given before (it once kept the first call's size, and a later, larger
+// launch of the same kernel failed).
+#include <gtest/gtest.h>
+
+#include "cuda/kernels.h"
+#include "gpu_test.h"
+
+namespace twell {
+namespace {
+
+__global__ void touch_smem(int* out, int bytes) {
+  extern __shared__ int smem[];
+  const int n = bytes / 4;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) smem[i] = i;
+  __syncthreads();
+  if (threadIdx.x == 0) *out = smem[n - 1];
+}
+
+TEST(CudaRuntime, DynamicSmemLimitGrowsWithTheLargestRequest) {
+  TWELL_REQUIRE_HOPPER();
+  cuda::DeviceBuffer out(sizeof(int));
+  for (int bytes : {1024, 64 * 1024, 32 * 1024, 160 * 1024}) {
+    SCOPED_TRACE(bytes);
+    cuda::allow_dynamic_smem(reinterpret_cast<const void*>(&touch_smem), bytes);
+    touch_smem<<<1, 128, bytes>>>(out.as<int>(), bytes);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    int got = -1;
+    ASSERT_EQ(cudaMemcpy(&got, out.get(), sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(got, bytes / 4 - 1);
+  }
+}
+
+}  // namespace
+}  // namespace twell
