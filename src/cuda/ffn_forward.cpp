@@ -180,12 +180,17 @@ struct FfnForward::Impl {
   static constexpr int64_t kSampleRows = 1024;
 
   // Enqueues the count of a row sample of g and its copy to the host (read by collect_sample).
-  void launch_sample(int64_t slot, int64_t M, cudaStream_t stream) {
+  // `exact`: after a fused sparse call, which writes no g: the packed non-zero total of all M rows.
+  void launch_sample(int64_t slot, int64_t M, cudaStream_t stream, bool exact = false) {
     Slot& sl = slots[static_cast<size_t>(slot)];
-    sl.sample_rows = std::min(M, kSampleRows);
+    sl.sample_rows = exact ? M : std::min(M, kSampleRows);
     auto* d = sample_count.as<unsigned long long>() + slot;
-    TWELL_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned long long), stream));
-    launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sl.sample_rows, d, stream);
+    if (exact) {
+      launch_sum_counters(dev()->nnz, kNnzCounters, d, stream);
+    } else {
+      TWELL_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned long long), stream));
+      launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sl.sample_rows, d, stream);
+    }
     TWELL_CUDA_CHECK(
         cudaMemcpyAsync(host_sample + slot, d, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
     sl.sample.record(stream);
@@ -196,18 +201,6 @@ struct FfnForward::Impl {
     Slot& sl = slots[static_cast<size_t>(slot)];
     if (!sl.sample.arrived(wait)) return;
     sl.previous_density = double(host_sample[slot]) / double(sl.sample_rows * shape.ffn);
-  }
-
-  // Dispatch::previous's sample after a fused sparse call, which writes no g: the exact density,
-  // the packed non-zero total over all M rows.
-  void launch_sample_from_counts(int64_t slot, int64_t M, cudaStream_t stream) {
-    Slot& sl = slots[static_cast<size_t>(slot)];
-    sl.sample_rows = M;
-    auto* d = sample_count.as<unsigned long long>() + slot;
-    launch_sum_counters(dev()->nnz, kNnzCounters, d, stream);
-    TWELL_CUDA_CHECK(
-        cudaMemcpyAsync(host_sample + slot, d, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
-    sl.sample.record(stream);
   }
 
   bool fused_gate_supported() const { return options.fused_gate && options.tile == 256; }
@@ -240,11 +233,8 @@ struct FfnForward::Impl {
       gp.nnz_total = dev()->nnz;
       gp.overflow = &dev()->overflow;
       gp.rows = a.rows;
-      // CUTLASS's persistent tile scheduler needs none; sized in the constructor for max_tokens.
-      TWELL_CHECK(gate_pack_workspace_bytes(gp, sm_count) <= gate_workspace.bytes(),
-                  "FfnForward: fused gate workspace too small (internal error)");
-      launch_gate_pack(gp, gate_workspace.get(), sm_count, stream);
-      if (sample_slot >= 0) launch_sample_from_counts(sample_slot, M, stream);
+      launch_gate_pack(gp, gate_workspace.get(), gate_workspace.bytes(), sm_count, stream);
+      if (sample_slot >= 0) launch_sample(sample_slot, M, stream, true);
     } else {
       launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
     }

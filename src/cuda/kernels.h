@@ -50,7 +50,8 @@ struct GatePackArgs {
 };
 void check_gate_pack(const GatePackArgs& a);
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count);
-void launch_gate_pack(const GatePackArgs& a, void* workspace, int sm_count, cudaStream_t stream);
+void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
+                      cudaStream_t stream);
 // Appends to rows.heavy_rows every row r < M with rows.row_nnz[r] > kHeavyRowEntries (in no
 // particular order; *rows.heavy_count must be zero before the producer ran).
 void launch_list_heavy_rows(const RowCounts& rows, int64_t M, cudaStream_t stream);

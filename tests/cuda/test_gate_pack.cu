@@ -73,7 +73,7 @@ GatePackResult run_gate_pack(const TensorView& x, const TensorView& w, const Twe
   a.overflow = overflow;
   a.rows = {row_nnz.as<uint32_t>(), heavy.as<uint32_t>(), heavy_count};
   DeviceBuffer workspace(std::max<size_t>(cuda::gate_pack_workspace_bytes(a, sm_count), 1));
-  cuda::launch_gate_pack(a, workspace.get(), sm_count, nullptr);
+  cuda::launch_gate_pack(a, workspace.get(), workspace.bytes(), sm_count, nullptr);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());
 
   GatePackResult r;

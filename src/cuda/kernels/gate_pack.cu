@@ -212,17 +212,13 @@ using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAd
 // tensor cores run (docs/perf.md, item 18: the cooperative 128 × 256 kernel ran 0.5 ms of
 // epilogue with its tensor cores idle and measured 0.68× against this kernel's 0.64×); 2-CTA
 // clusters multicast the weight tile.
-template <int TileM, class Cluster, class Schedule>
-struct GateGemm {
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
-      cutlass::layout::ColumnMajor, 8, float, cute::Shape<Int<TileM>, Int<kTileN>, _64>, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      Schedule>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-};
-using GatePackGemm = GateGemm<64, cute::Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
+    cutlass::layout::ColumnMajor, 8, float, cute::Shape<_64, Int<kTileN>, _64>, cute::Shape<_2, _1, _1>,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
 // Packed K-major strides (rows of K elements): (K, 1, rows·K).
 template <class Stride>
@@ -233,17 +229,15 @@ Stride k_major(int rows, int K) {
   return s;
 }
 
-template <class G>
-typename G::Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
-  using Kernel = typename G::Kernel;
+Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
   const int M = static_cast<int>(a.M), N = static_cast<int>(a.I), K = static_cast<int>(a.H);
-  typename G::Gemm::Arguments args{};
+  Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = {M, N, K, 1};
   args.mainloop.ptr_A = reinterpret_cast<const ElementAB*>(a.x);
-  args.mainloop.dA = k_major<typename Kernel::StrideA>(M, K);
+  args.mainloop.dA = k_major<Kernel::StrideA>(M, K);
   args.mainloop.ptr_B = reinterpret_cast<const ElementAB*>(a.w);
-  args.mainloop.dB = k_major<typename Kernel::StrideB>(N, K);
+  args.mainloop.dB = k_major<Kernel::StrideB>(N, K);
   args.epilogue = PackParams{a.act, a.nnz_total, a.overflow, a.rows,
                              static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()};
   int device = 0;
@@ -251,22 +245,6 @@ typename G::Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) 
   args.hw_info.device_id = device;  // the current device, whose SMs the persistent grid covers
   args.hw_info.sm_count = sm_count;
   return args;
-}
-
-template <class G>
-size_t workspace_bytes(const GatePackArgs& a, int sm_count) {
-  return G::Gemm::get_workspace_size(make_arguments<G>(a, sm_count));
-}
-
-template <class G>
-void run(const GatePackArgs& a, void* workspace, int sm_count, cudaStream_t stream) {
-  typename G::Gemm gemm;
-  const auto args = make_arguments<G>(a, sm_count);
-  TWELL_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "fused gate+pack: CUTLASS cannot run M = ",
-              a.M, ", H = ", a.H, ", I = ", a.I);
-  TWELL_CHECK(gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess,
-              "fused gate+pack: CUTLASS initialisation failed");
-  TWELL_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "fused gate+pack: launch failed");
 }
 
 }  // namespace
@@ -286,15 +264,24 @@ void check_gate_pack(const GatePackArgs& a) {
 
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count) {
   check_gate_pack(a);
-  return workspace_bytes<GatePackGemm>(a, sm_count);
+  return Gemm::get_workspace_size(make_arguments(a, sm_count));
 }
 
-void launch_gate_pack(const GatePackArgs& a, void* workspace, int sm_count, cudaStream_t stream) {
+void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
+                      cudaStream_t stream) {
   check_gate_pack(a);
   if (a.M == 0) return;
+  const Gemm::Arguments args = make_arguments(a, sm_count);
+  TWELL_CHECK(Gemm::get_workspace_size(args) <= workspace_bytes, "fused gate+pack: workspace of ", workspace_bytes,
+              " bytes, ", Gemm::get_workspace_size(args), " needed");
   if (a.rows.row_nnz)
     TWELL_CUDA_CHECK(cudaMemsetAsync(a.rows.row_nnz, 0, static_cast<size_t>(a.M) * sizeof(uint32_t), stream));
-  run<GatePackGemm>(a, workspace, sm_count, stream);
+  Gemm gemm;
+  TWELL_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "fused gate+pack: CUTLASS cannot run M = ",
+              a.M, ", H = ", a.H, ", I = ", a.I);
+  TWELL_CHECK(gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess,
+              "fused gate+pack: CUTLASS initialisation failed");
+  TWELL_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "fused gate+pack: launch failed");
   if (a.rows.row_nnz) launch_list_heavy_rows(a.rows, a.M, stream);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
