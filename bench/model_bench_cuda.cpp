@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 
 #include "cuda/cublaslt_gemm.h"
+#include "cuda/cudnn_sdpa.h"
 #include "cuda/kernels.h"
 #include "twell/bf16.h"
 #include "twell/cuda/llama.h"
@@ -357,6 +358,13 @@ std::vector<double> decode_token_nnz(const std::shared_ptr<LlamaCudaWeights>& w,
   return nnz;
 }
 
+cuda::PrefillAttention attention_mode(const std::string& name) {
+  if (name == "auto") return cuda::PrefillAttention::automatic;
+  if (name == "cudnn") return cuda::PrefillAttention::cudnn;
+  if (name == "twell") return cuda::PrefillAttention::twell;
+  TWELL_FAIL("bench model: --attention must be auto, cudnn or twell, got '", name, "'");
+}
+
 struct CheckResult {
   double prefill_dense = -1, prefill_twell = -1, decode_dense = -1, decode_twell = -1;
 };
@@ -364,8 +372,10 @@ struct CheckResult {
 // GPU logits of a short sequence (full forward; prefill + one decode step) against the CPU
 // backend on the same bf16 weights; the twell FFN is forced onto its sparse paths (TwELL in the
 // forward, gather in the decode step).
+// The full forward runs the prefill attention the timed runs use: cuDNN's SDPA (forced even at this
+// size) unless `attention` is twell or cuDNN is unavailable.
 CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, int64_t T, uint64_t seed,
-                              std::ostream& progress) {
+                              cuda::PrefillAttention attention, std::ostream& progress) {
   CheckResult r;
   TWELL_CHECK(T >= 2, "bench model: the reference check needs at least 2 tokens, got ", T);
   const auto t0 = Clock::now();
@@ -379,6 +389,9 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, int64_
     LlamaCudaOptions o;
     o.ffn = mode;
     o.max_context = T;
+    o.prefill_attention = attention == cuda::PrefillAttention::twell || !cuda::CudnnSdpa::available()
+                              ? cuda::PrefillAttention::twell
+                              : cuda::PrefillAttention::cudnn;
     o.ffn_options.dispatch = cuda::Dispatch::always_sparse;
     o.ffn_options.gather_max_tokens = 0;     // the full forward checks the TwELL kernels,
     o.decode_gather_tokens = kGatherTokens;  // the decode step the gather path
@@ -393,6 +406,12 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, int64_
   std::snprintf(line, sizeof line,
                 " %.1f s\n  rel err vs CPU: full forward dense %.2e twell %.2e; decode step dense %.2e twell %.2e\n",
                 seconds_since(t0), r.prefill_dense, r.prefill_twell, r.decode_dense, r.decode_twell);
+  progress << line;
+  std::string why;
+  std::snprintf(line, sizeof line, "  attention of the check's full forward: %s\n",
+                attention != cuda::PrefillAttention::twell && cuda::CudnnSdpa::available(&why)
+                    ? "cuDNN SDPA"
+                    : ("twell's kernel" + (why.empty() ? std::string() : " (" + why + ")")).c_str());
   progress << line;
   return r;
 }
@@ -460,6 +479,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   o.max_batch = B;
   o.max_context = S;
   o.max_tokens = T;
+  o.prefill_attention = attention_mode(cfg.attention);
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;
@@ -489,6 +509,29 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
                 static_cast<long long>(B), static_cast<long long>(S), agreement, sparse_layers,
                 static_cast<long long>(cfg.layers));
   progress << line;
+  const std::string attention_used = twell.prefill_attention_used();
+  progress << "  prefill attention: " << attention_used << "\n";
+
+  // Full size, the attention itself: where the timed runs use cuDNN's SDPA, the dense model's
+  // final hidden states against the same model with twell's own attention kernel.
+  double attention_agreement = -1;
+  if (attention_used.rfind("cudnn", 0) == 0) {
+    LlamaCudaOptions ao = o;
+    ao.ffn = cuda::FfnMode::dense;
+    ao.prefill_attention = cuda::PrefillAttention::twell;
+    LlamaCuda own(w, ao);
+    own.enqueue(tokens.as<int32_t>(), B, S, cuda::Head::none);
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(own.stream()));
+    const int64_t rows = hidden[0].shape()[0];
+    Tensor h(DType::f32, {rows, cfg.hidden});
+    TWELL_CUDA_CHECK(cudaMemcpy(h.view().data,
+                                static_cast<const float*>(own.hidden_device().data) + (T - rows) * cfg.hidden,
+                                h.nbytes(), cudaMemcpyDeviceToHost));
+    attention_agreement = relative_error(hidden[0], h);
+    std::snprintf(line, sizeof line, "  cuDNN vs twell attention, dense model, final hidden state rel err %.2e\n",
+                  attention_agreement);
+    progress << line;
+  }
 
   cudaEvent_t start, stop;
   TWELL_CUDA_CHECK(cudaEventCreate(&start));
@@ -555,9 +598,15 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
                            k == 0 ? check.prefill_dense : check.prefill_twell);
     // At full size the twell run must also agree with the dense one within the dense error.
     if (k == 1 && !(agreement <= 2 * check.prefill_dense + 1e-3)) r.correct = false;
+    // ... and cuDNN's attention agree with twell's own at full size.
+    if (attention_agreement >= 0 && !(attention_agreement <= 2 * check.prefill_dense + 1e-3)) r.correct = false;
     std::snprintf(line, sizeof line, "twell vs dense final hidden state rel err %.2e (full size); sparse layers %d/%lld",
                   agreement, sparse_layers, static_cast<long long>(cfg.layers));
-    r.note = line + measured;
+    r.note = line + measured + "; attention: " + models[k]->prefill_attention_used();
+    if (attention_agreement >= 0) {
+      std::snprintf(line, sizeof line, " (vs twell's kernel at full size: rel err %.2e)", attention_agreement);
+      r.note += line;
+    }
     out.push_back(r);
   }
 }
@@ -679,7 +728,7 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
                 seconds_since(t0));
   progress << line;
   const Calibration cal = calibrate(w, cfg.density, std::min<int64_t>(2048, c.max_position_embeddings), cfg.seed, progress);
-  const CheckResult check = check_against_cpu(w, cfg.check_tokens, cfg.seed, progress);
+  const CheckResult check = check_against_cpu(w, cfg.check_tokens, cfg.seed, attention_mode(cfg.attention), progress);
   GpuMeter energy;
   std::vector<BenchRecord> out;
   const bool dense_ok = check.prefill_dense >= 0 && check.prefill_dense <= kDenseTolerance &&

@@ -35,4 +35,25 @@ PY
   echo "$CUTLASS_VERSION" >"$cutlass_dir/VERSION"
   rm -rf "$tmp"
 fi
+# cuDNN frontend headers (header-only; the prefill attention through cuDNN's fused SDPA, with
+# libcudnn loaded at run time): PyPI's nvidia-cudnn-frontend, its include/ unpacked into
+# third_party/cudnn_frontend/include (git-ignored). The backend headers (cudnn.h) come with the
+# CUDA/cuDNN installation; without them the build uses twell's own attention kernels only.
+CUDNN_FRONTEND_VERSION=1.32.0
+fe_dir="$(cd "$(dirname "$0")/.." && pwd)/third_party/cudnn_frontend"
+if [ ! -f "$fe_dir/VERSION" ] || [ "$(cat "$fe_dir/VERSION")" != "$CUDNN_FRONTEND_VERSION" ]; then
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" \
+    "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION"
+  rm -rf "$fe_dir" && mkdir -p "$fe_dir"
+  python3 - "$tmp"/nvidia_cudnn_frontend-*.whl "$fe_dir" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for name in z.namelist():
+        if name.startswith("include/") and not name.endswith("/"):
+            z.extract(name, sys.argv[2])
+PY
+  echo "$CUDNN_FRONTEND_VERSION" >"$fe_dir/VERSION"
+  rm -rf "$tmp"
+fi
 echo "twell: dependencies installed"

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "cuda/cublaslt_gemm.h"
+#include "cuda/cudnn_sdpa.h"
 #include "cuda/kernels.h"
 #include "twell/bf16.h"
 
@@ -138,6 +139,8 @@ struct LlamaCuda::Impl {
   bool relu;
   cudaStream_t stream = nullptr;
   LtGemm gemm;
+  CudnnSdpa sdpa;               // prefill attention (PrefillAttention)
+  std::string attention_used;   // prefill_attention_used()
   // ReLU models: prefill (dispatched); decode steps: the gather path for a few tokens (twell mode)
   // and the dense FFN, both without host round trips (graph-captured).
   std::unique_ptr<FfnForward> ffn_prefill, ffn_gather, ffn_dense;
@@ -297,6 +300,26 @@ struct LlamaCuda::Impl {
     if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = FfnStats{FfnPath::dense, T};
   }
 
+  // Attention of S > 1 tokens per sequence at position `len` (PrefillAttention); `first_layer`
+  // notes the choice in attention_used.
+  void prefill_attention(const AttentionArgs& at, bool first_layer) {
+    const PrefillAttention mode = o.prefill_attention;
+    std::string why;
+    bool done = false;
+    if (mode == PrefillAttention::twell)
+      why = "(prefill_attention = twell)";
+    else if (mode == PrefillAttention::automatic && int64_t{at.B} * at.S < kCudnnAttentionMinTokens)
+      why = str("(", int64_t{at.B} * at.S, " tokens, below the ", kCudnnAttentionMinTokens,
+                " at which cuDNN's SDPA is used)");
+    else {
+      done = sdpa.run(at, len, stream, &why);
+      TWELL_CHECK(done || mode != PrefillAttention::cudnn, "LlamaCuda: prefill_attention = cudnn, but ", why);
+      if (!done) why = "(" + why + ")";
+    }
+    if (!done) launch_attention(at, nullptr, stream);
+    if (first_layer) attention_used = done ? str("cudnn ", CudnnSdpa::version()) : "twell " + why;
+  }
+
   // The whole forward of B·S tokens at position p0 (device), from the tokens on the device to
   // the logits of the chosen rows. Only stream work: capturable.
   void body(const int32_t* tok, int64_t B, int64_t S, Head head, bool decode) {
@@ -329,7 +352,10 @@ struct LlamaCuda::Impl {
       at.B = static_cast<int>(B), at.S = static_cast<int>(S), at.nh = r.nh, at.nkv = r.nkv, at.hd = r.hd;
       at.max_context = static_cast<int>(o.max_context);
       at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      launch_attention(at, S == 1 ? partial.as<float>() : nullptr, stream);
+      if (S == 1)
+        launch_attention(at, partial.as<float>(), stream);
+      else
+        prefill_attention(at, l == 0);
       gemm.run(attn.get(), lw.wo.view().data, proj.get(), T, H, q_dim, true, GemmEpilogue::none, stream);
       launch_add_rmsnorm(x.as<float>(), proj.as<uint16_t>(), bits(lw.post_norm), a.as<uint16_t>(), T, H,
                          1, 0, eps, stream);
@@ -510,6 +536,7 @@ TensorView LlamaCuda::hidden_device() const {
 cudaStream_t LlamaCuda::stream() const { return impl_->stream; }
 std::vector<FfnPath> LlamaCuda::ffn_paths() const { return impl_->paths; }
 std::vector<FfnStats> LlamaCuda::ffn_stats() const { return impl_->stats; }
+std::string LlamaCuda::prefill_attention_used() const { return impl_->attention_used; }
 
 size_t LlamaCuda::workspace_bytes() const {
   const Impl& m = *impl_;
@@ -520,7 +547,7 @@ size_t LlamaCuda::workspace_bytes() const {
   for (const auto& b : m.v_cache) n += b.bytes();
   if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_dense->workspace_bytes();
   if (m.ffn_gather) n += m.ffn_gather->workspace_bytes();
-  return n;
+  return n + m.sdpa.workspace_bytes();
 }
 
 const LlamaCudaOptions& LlamaCuda::options() const { return impl_->o; }

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 
+#include "cuda/cudnn_sdpa.h"
 #include "gpu_test.h"
 #include "model/llama_test_util.h"
 #include "twell/cuda/llama.h"
@@ -77,6 +79,16 @@ Tensor rows(const Tensor& t, int64_t r0, int64_t n) {
 // measured up to 9e-3 over whole logit matrices, and single rows fluctuate more.
 constexpr double kTol = 1.5e-2;
 
+// Whether cuDNN's SDPA can be loaded; prints why not, and fails the test when TWELL_REQUIRE_CUDNN
+// is set (scripts/gpu-check.sh sets it where PyTorch's cuDNN is present).
+bool cudnn_or_skip_note() {
+  std::string why;
+  if (CudnnSdpa::available(&why)) return true;
+  if (std::getenv("TWELL_REQUIRE_CUDNN")) ADD_FAILURE() << "TWELL_REQUIRE_CUDNN is set, but " << why;
+  std::printf("cuDNN runs skipped: %s\n", why.c_str());
+  return false;
+}
+
 class LlamaCudaShapes : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(LlamaCudaShapes, FullForwardMatchesCpu) {
@@ -87,14 +99,21 @@ TEST_P(LlamaCudaShapes, FullForwardMatchesCpu) {
   const LlamaCpu cpu(std::move(w));
   // twell forced onto its sparse paths at every size: TwELL (gather off), and gather (default,
   // up to 256 tokens); then dense.
+  // The prefill attention: twell's kernel, and cuDNN's SDPA at every size where it loads.
   const struct {
     FfnMode mode;
     int64_t gather;
+    PrefillAttention attention;
     const char* name;
-  } runs[] = {{FfnMode::twell, 0, "twell"}, {FfnMode::twell, 256, "gather"}, {FfnMode::dense, 0, "dense"}};
+  } runs[] = {{FfnMode::twell, 0, PrefillAttention::twell, "twell"},
+              {FfnMode::twell, 256, PrefillAttention::twell, "gather"},
+              {FfnMode::dense, 0, PrefillAttention::twell, "dense"},
+              {FfnMode::twell, 0, PrefillAttention::cudnn, "twell+cudnn"}};
   for (const auto& run : runs) {
+    if (run.attention == PrefillAttention::cudnn && !cudnn_or_skip_note()) continue;
     LlamaCudaOptions o;
     o.ffn = run.mode;
+    o.prefill_attention = run.attention;
     o.ffn_options.dispatch = Dispatch::always_sparse;
     o.ffn_options.gather_max_tokens = run.gather;
     LlamaCuda gpu(dw, o);
@@ -118,6 +137,9 @@ TEST_P(LlamaCudaShapes, PrefillDecodeMatchesFullForward) {
   for (int64_t gather : {0, 8}) {  // decode FFN: dense, and the gather path
     LlamaCudaOptions o;
     o.decode_gather_tokens = gather;
+    // The prompt's attention through cuDNN (where it loads) with the dense decode FFN; the decode
+    // steps read the cache either way.
+    if (gather == 0 && cudnn_or_skip_note()) o.prefill_attention = PrefillAttention::cudnn;
     LlamaCuda gpu(dw, o);
     // Prompt of 60, then 10 decode steps: the first eager, the second captured, the rest replayed.
     const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 60);

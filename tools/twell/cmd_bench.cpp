@@ -95,6 +95,10 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_flag("--no-prefill", *no_prefill, "skip the prefill benchmark");
   model->add_flag("--no-decode", *no_decode, "skip the decode benchmark");
   model->add_flag("--no-graphs", *no_graphs, "decode: launch every step's kernels instead of replaying a CUDA graph");
+  model->add_option("--attention", mcfg->attention,
+                    "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")
+      ->check(CLI::IsMember({"auto", "cudnn", "twell"}))
+      ->capture_default_str();
   model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")->capture_default_str();
   model->add_option("--json", *model_json, "write the JSON records here");
   model->callback([=] {

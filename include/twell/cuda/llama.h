@@ -9,7 +9,8 @@
 //   next = model.decode_step(token);
 //
 // Per layer: fused residual-add + RMSNorm, one QKV GEMM (cuBLASLt), RoPE fused with the KV-cache
-// write, flash attention on the tensor cores (decode: split over the cached keys), the O GEMM,
+// write, flash attention on the tensor cores (prefill: cuDNN's fused SDPA where libcudnn 9 loads,
+// else twell's own kernel; decode: twell's kernel split over the cached keys), the O GEMM,
 // then the FFN: a ReLU model runs twell::cuda::FfnForward (FfnMode::twell: sparse TwELL or dense,
 // chosen from the activation density it observes, in prefill; decode steps of at most
 // decode_gather_tokens sequences through the gather path, larger ones dense; FfnMode::dense:
@@ -65,8 +66,19 @@ struct LlamaCudaWeights {
 
 enum class FfnMode { twell, dense };
 
+// The attention of calls with more than one token per sequence (prefill, logits, enqueue).
+//   automatic: cuDNN's fused SDPA (CudnnSdpa, libcudnn.so.9 loaded at run time) for calls of at
+//              least kCudnnAttentionMinTokens tokens when it loads and takes the shape, twell's
+//              own flash kernel otherwise (smaller calls skip cuDNN's per-shape plan build);
+//   cudnn:     cuDNN's SDPA at any size; an error if cuDNN is missing or refuses the shape;
+//   twell:     always twell's kernel.
+// Decode steps (one token per sequence) always run twell's split decode kernel.
+enum class PrefillAttention { automatic, cudnn, twell };
+constexpr int64_t kCudnnAttentionMinTokens = 2048;
+
 struct LlamaCudaOptions {
   FfnMode ffn = FfnMode::twell;
+  PrefillAttention prefill_attention = PrefillAttention::automatic;
   int64_t max_batch = 1;     // sequences per call at most
   int64_t max_tokens = 0;    // tokens (B·S) per prefill call at most; 0: max_batch · max_context
   int64_t max_context = 0;   // positions per sequence; 0: config.max_position_embeddings
@@ -139,6 +151,9 @@ class LlamaCuda final : public model::LanguageModel {
   // dense one); empty without the option.
   std::vector<FfnStats> ffn_stats() const;
   size_t workspace_bytes() const;
+  // Which attention the last call that was not a decode step ran: "cudnn <version>", or "twell"
+  // followed by why cuDNN's was not used (PrefillAttention); empty before any such call.
+  std::string prefill_attention_used() const;
   // GPU time of the last prefill, decode or enqueue call's device work (the model's layers and
   // head; not the token and logit copies). Waits for it.
   float last_gpu_ms() const;

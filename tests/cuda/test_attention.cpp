@@ -1,0 +1,182 @@
+// The prefill attention: cuDNN's fused SDPA (CudnnSdpa) and twell's own flash kernel
+// (launch_attention) against a float64 reference, on the runtime's buffers (q inside the QKV GEMM
+// output, k and v in the KV cache at positions [0, past + S)), with GQA, head_dim 32/64/128,
+// sequences that are not multiples of any tile, and a prefix already in the cache (past > 0: the
+// causal diagonal aligned to the bottom right).
+//
+// Where libcudnn cannot be loaded the cuDNN half skips with the reason, unless TWELL_REQUIRE_CUDNN
+// is set (scripts/gpu-check.sh sets it where PyTorch's cuDNN is present): then it fails.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "cuda/cudnn_sdpa.h"
+#include "cuda/kernels.h"
+#include "gpu_test.h"
+#include "twell/bf16.h"
+
+namespace twell::cuda {
+namespace {
+
+struct Case {
+  int B, S, past, nh, nkv, hd;
+};
+
+struct Buffers {
+  std::vector<uint16_t> qkv, k, v;  // host copies, bf16 bits
+  DeviceBuffer d_qkv, d_k, d_v, d_o;
+};
+
+uint16_t rnd_bf16(std::mt19937& rng, float scale) {
+  std::normal_distribution<float> n(0.f, scale);
+  return float_to_bf16_bits(n(rng));
+}
+
+// max_context = past + S + 5: the cache has unused rows past the end, as in the runtime.
+int max_context(const Case& c) { return c.past + c.S + 5; }
+
+Buffers make(const Case& c, uint64_t seed) {
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  Buffers b;
+  const int64_t qkv_ld = int64_t{c.nh + 2 * c.nkv} * c.hd, kv_ld = int64_t{c.nkv} * c.hd;
+  b.qkv.resize(static_cast<size_t>(int64_t{c.B} * c.S * qkv_ld));
+  b.k.resize(static_cast<size_t>(int64_t{c.B} * max_context(c) * kv_ld));
+  b.v.resize(b.k.size());
+  for (auto& x : b.qkv) x = rnd_bf16(rng, 1.0f);
+  for (auto& x : b.k) x = rnd_bf16(rng, 1.0f);
+  for (auto& x : b.v) x = rnd_bf16(rng, 1.0f);
+  auto up = [](const std::vector<uint16_t>& h) {
+    DeviceBuffer d(h.size() * 2);
+    TWELL_CUDA_CHECK(cudaMemcpy(d.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    return d;
+  };
+  b.d_qkv = up(b.qkv), b.d_k = up(b.k), b.d_v = up(b.v);
+  b.d_o = DeviceBuffer(static_cast<size_t>(int64_t{c.B} * c.S * c.nh * c.hd) * 2);
+  return b;
+}
+
+// o[b·S + s, h·hd + d] in float64: softmax over cache positions [0, past + s].
+std::vector<double> reference(const Case& c, const Buffers& b, float scale) {
+  const int64_t qkv_ld = int64_t{c.nh + 2 * c.nkv} * c.hd, kv_ld = int64_t{c.nkv} * c.hd;
+  std::vector<double> o(static_cast<size_t>(int64_t{c.B} * c.S * c.nh * c.hd));
+  std::vector<double> p;
+  for (int bi = 0; bi < c.B; ++bi)
+    for (int s = 0; s < c.S; ++s)
+      for (int h = 0; h < c.nh; ++h) {
+        const int kvh = h / (c.nh / c.nkv), n = c.past + s + 1;
+        const uint16_t* q = &b.qkv[static_cast<size_t>((int64_t{bi} * c.S + s) * qkv_ld + int64_t{h} * c.hd)];
+        p.assign(static_cast<size_t>(n), 0.0);
+        double mx = -1e300;
+        for (int j = 0; j < n; ++j) {
+          const uint16_t* k = &b.k[static_cast<size_t>((int64_t{bi} * max_context(c) + j) * kv_ld + kvh * c.hd)];
+          double dot = 0;
+          for (int d = 0; d < c.hd; ++d) dot += double(bf16_bits_to_float(q[d])) * bf16_bits_to_float(k[d]);
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        double* out = &o[static_cast<size_t>((int64_t{bi} * c.S + s) * c.nh * c.hd + int64_t{h} * c.hd)];
+        for (int j = 0; j < n; ++j) {
+          const uint16_t* v = &b.v[static_cast<size_t>((int64_t{bi} * max_context(c) + j) * kv_ld + kvh * c.hd)];
+          for (int d = 0; d < c.hd; ++d) out[d] += p[j] / sum * bf16_bits_to_float(v[d]);
+        }
+      }
+  return o;
+}
+
+// Relative Frobenius error of the device output against the reference; NaN anywhere fails it.
+double error_of(const DeviceBuffer& d_o, const std::vector<double>& ref) {
+  std::vector<uint16_t> o(ref.size());
+  TWELL_CUDA_CHECK(cudaMemcpy(o.data(), d_o.get(), o.size() * 2, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < o.size(); ++i) {
+    const double x = bf16_bits_to_float(o[i]);
+    if (!std::isfinite(x)) return INFINITY;
+    num += (x - ref[i]) * (x - ref[i]), den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+AttentionArgs args_of(const Case& c, const Buffers& b, const DeviceBuffer& p0) {
+  AttentionArgs a;
+  a.qkv = b.d_qkv.as<uint16_t>(), a.k_cache = b.d_k.as<uint16_t>(), a.v_cache = b.d_v.as<uint16_t>();
+  a.o = b.d_o.as<uint16_t>(), a.p0 = p0.as<int32_t>();
+  a.B = c.B, a.S = c.S, a.nh = c.nh, a.nkv = c.nkv, a.hd = c.hd, a.max_context = max_context(c);
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  return a;
+}
+
+void poison(const DeviceBuffer& d) { TWELL_CUDA_CHECK(cudaMemset(d.get(), 0xff, d.bytes())); }  // bf16 NaN
+
+const Case kCases[] = {
+    {2, 300, 0, 4, 2, 64},    // GQA, S not a multiple of 64 or 128
+    {1, 129, 70, 2, 2, 128},  // a prefix in the cache
+    {3, 17, 0, 8, 1, 32},     // multi-query, a short prompt
+    {1, 1024, 0, 2, 2, 64},   // many key tiles
+    {2, 65, 200, 4, 4, 64},   // prefix longer than the new tokens
+};
+
+class PrefillAttention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PrefillAttention, CudnnAndTwellMatchFloat64) {
+  TWELL_REQUIRE_HOPPER();
+  const Case c = GetParam();
+  Buffers b = make(c, 1000 + c.S + c.hd);
+  const std::vector<double> ref = reference(c, b, 1.0f / std::sqrt(static_cast<float>(c.hd)));
+  DeviceBuffer p0(4);
+  TWELL_CUDA_CHECK(cudaMemcpy(p0.get(), &c.past, 4, cudaMemcpyHostToDevice));
+  const AttentionArgs a = args_of(c, b, p0);
+
+  poison(b.d_o);
+  launch_attention(a, nullptr, nullptr);
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  const double own = error_of(b.d_o, ref);
+  std::printf("B=%d S=%d past=%d nh=%d nkv=%d hd=%d: twell kernel rel err %.2e\n", c.B, c.S, c.past, c.nh, c.nkv,
+              c.hd, own);
+  EXPECT_LT(own, 1e-2);
+
+  std::string why;
+  if (!CudnnSdpa::available(&why)) {
+    if (std::getenv("TWELL_REQUIRE_CUDNN")) FAIL() << "TWELL_REQUIRE_CUDNN is set, but " << why;
+    GTEST_SKIP() << "cuDNN half skipped: " << why;
+  }
+  CudnnSdpa sdpa;
+  poison(b.d_o);
+  ASSERT_TRUE(sdpa.run(a, c.past, nullptr, &why)) << why;
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  const double dnn = error_of(b.d_o, ref);
+  std::printf("  cuDNN %lld SDPA rel err %.2e\n", static_cast<long long>(CudnnSdpa::version()), dnn);
+  EXPECT_LT(dnn, 2 * own + 1e-3);
+  // A second call reuses the plan and gives the same bits.
+  std::vector<uint16_t> first(static_cast<size_t>(b.d_o.bytes() / 2)), second(first.size());
+  TWELL_CUDA_CHECK(cudaMemcpy(first.data(), b.d_o.get(), b.d_o.bytes(), cudaMemcpyDeviceToHost));
+  poison(b.d_o);
+  ASSERT_TRUE(sdpa.run(a, c.past, nullptr, &why)) << why;
+  TWELL_CUDA_CHECK(cudaMemcpy(second.data(), b.d_o.get(), b.d_o.bytes(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(first, second);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PrefillAttention, ::testing::ValuesIn(kCases), [](const auto& info) {
+  const Case& c = info.param;
+  return "B" + std::to_string(c.B) + "_S" + std::to_string(c.S) + "_past" + std::to_string(c.past) + "_h" +
+         std::to_string(c.nh) + "kv" + std::to_string(c.nkv) + "_hd" + std::to_string(c.hd);
+});
+
+TEST(CudnnSdpa, ContextOverflowIsRejected) {
+  TWELL_REQUIRE_HOPPER();
+  const Case c{1, 8, 0, 2, 2, 64};
+  Buffers b = make(c, 5);
+  DeviceBuffer p0(4);
+  AttentionArgs a = args_of(c, b, p0);
+  CudnnSdpa sdpa;
+  std::string why;
+  if (!CudnnSdpa::available(&why)) GTEST_SKIP() << why;
+  EXPECT_THROW(sdpa.run(a, a.max_context - 3, nullptr), Error);  // past + S beyond the cache
+}
+
+}  // namespace
+}  // namespace twell::cuda
