@@ -33,6 +33,7 @@ struct ModelBenchConfig {
   int64_t check_tokens = 16;                   // CPU reference check: sequence length (≥ 2)
   bool prefill = true, decode = true;
   bool cuda_graphs = true;                     // decode: replay each step as a CUDA graph
+  bool fused_qkv_rope = true;                  // prefill: QKV GEMM with RoPE in its epilogue (LlamaCudaOptions)
   std::string attention = "auto";              // prefill attention: auto, cudnn or twell (PrefillAttention)
   uint64_t seed = 1;
   std::string command;

@@ -480,6 +480,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   o.max_context = S;
   o.max_tokens = T;
   o.prefill_attention = attention_mode(cfg.attention);
+  o.fused_qkv_rope = cfg.fused_qkv_rope;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "twell/cuda/twell_device.h"
 #include "twell/ffn.h"
@@ -166,6 +167,23 @@ struct RopeKvArgs {
   int nh = 0, nkv = 0, hd = 0;
 };
 void launch_rope_kv(const RopeKvArgs& a, cudaStream_t stream);
+
+// qkv_rope.cu: the QKV GEMM x Wqkvᵀ (x [T, H], Wqkv [(nh + 2 nkv)·hd, H], bf16) with
+// launch_rope_kv's work fused into its epilogue (CUTLASS Hopper GEMM): q rotated into rope.qkv,
+// k rotated and v into the caches, with the rounding steps of the cuBLASLt GEMM followed by
+// launch_rope_kv (bf16 product, fp32 rotation, bf16), so the two agree up to the GEMMs' summation
+// order (rope.qkv's k and v columns are not written). qkv_rope_supported says which shapes
+// it takes; the workspace is qkv_rope_workspace_bytes (may be 0).
+struct QkvRopeArgs {
+  const uint16_t* x = nullptr;
+  const uint16_t* w = nullptr;
+  int64_t H = 0;
+  RopeKvArgs rope;
+};
+bool qkv_rope_supported(int64_t H, int nh, int nkv, int hd, std::string* why = nullptr);
+size_t qkv_rope_workspace_bytes(const QkvRopeArgs& a, int sm_count);
+void launch_qkv_rope(const QkvRopeArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
+                     cudaStream_t stream);
 
 // out = bf16(bf16(silu(g)) · u), n elements (the dense SiLU FFN of plain Llama checkpoints).
 void launch_silu_mul(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n, cudaStream_t stream);

@@ -140,6 +140,12 @@ struct LlamaCuda::Impl {
   cudaStream_t stream = nullptr;
   LtGemm gemm;
   CudnnSdpa sdpa;               // prefill attention (PrefillAttention)
+  // The QKV GEMM with RoPE and the KV-cache write in its epilogue (qkv_rope.cu), for calls of at
+  // least kFusedQkvMinTokens tokens where the shape allows; otherwise cuBLASLt + launch_rope_kv.
+  static constexpr int64_t kFusedQkvMinTokens = 512;
+  bool fused_qkv = false;
+  int sm_count = 0;
+  DeviceBuffer qkv_workspace;
   std::string attention_used;   // prefill_attention_used()
   // ReLU models: prefill (dispatched); decode steps: the gather path for a few tokens (twell mode)
   // and the dense FFN, both without host round trips (graph-captured).
@@ -217,6 +223,16 @@ struct LlamaCuda::Impl {
       u = DeviceBuffer(static_cast<size_t>(T * I) * 2);
     }
     ensure_logits(o.max_batch);
+    fused_qkv = o.fused_qkv_rope && hopper_available() &&
+                qkv_rope_supported(H, static_cast<int>(nh), static_cast<int>(nkv), static_cast<int>(hd));
+    if (fused_qkv) {
+      sm_count = device_info().sm_count;
+      QkvRopeArgs qa;
+      qa.H = H;
+      qa.rope.T = T, qa.rope.S = std::min(T, o.max_context), qa.rope.max_context = o.max_context;
+      qa.rope.nh = static_cast<int>(nh), qa.rope.nkv = static_cast<int>(nkv), qa.rope.hd = static_cast<int>(hd);
+      qkv_workspace = DeviceBuffer(std::max<size_t>(qkv_rope_workspace_bytes(qa, sm_count), 16));
+    }
 
     // RoPE table as the CPU reference computes it (fp32 inverse frequencies and angles).
     std::vector<float> table(static_cast<size_t>(o.max_context * hd));
@@ -333,7 +349,6 @@ struct LlamaCuda::Impl {
       const size_t cache = o.kv_cache ? static_cast<size_t>(l) : 0;
       launch_add_rmsnorm(x.as<float>(), l == 0 ? nullptr : y.as<uint16_t>(), bits(lw.input_norm),
                          a.as<uint16_t>(), T, H, 1, 0, eps, stream);
-      gemm.run(a.get(), lw.wqkv.view().data, qkv.get(), T, qkv_dim, H, true, GemmEpilogue::none, stream);
       RopeKvArgs r;
       r.qkv = qkv.as<uint16_t>();
       r.k_cache = k_cache[cache].as<uint16_t>();
@@ -342,7 +357,14 @@ struct LlamaCuda::Impl {
       r.p0 = p0.as<int32_t>();
       r.T = T, r.S = S, r.max_context = o.max_context;
       r.nh = static_cast<int>(nh), r.nkv = static_cast<int>(nkv), r.hd = static_cast<int>(hd);
-      launch_rope_kv(r, stream);
+      if (fused_qkv && T >= kFusedQkvMinTokens) {
+        QkvRopeArgs qa;
+        qa.x = a.as<uint16_t>(), qa.w = bits(lw.wqkv), qa.H = H, qa.rope = r;
+        launch_qkv_rope(qa, qkv_workspace.get(), qkv_workspace.bytes(), sm_count, stream);
+      } else {
+        gemm.run(a.get(), lw.wqkv.view().data, qkv.get(), T, qkv_dim, H, true, GemmEpilogue::none, stream);
+        launch_rope_kv(r, stream);
+      }
       AttentionArgs at;
       at.qkv = qkv.as<uint16_t>();
       at.k_cache = r.k_cache;
@@ -547,7 +569,7 @@ size_t LlamaCuda::workspace_bytes() const {
   for (const auto& b : m.v_cache) n += b.bytes();
   if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_dense->workspace_bytes();
   if (m.ffn_gather) n += m.ffn_gather->workspace_bytes();
-  return n + m.sdpa.workspace_bytes();
+  return n + m.sdpa.workspace_bytes() + m.qkv_workspace.bytes();
 }
 
 const LlamaCudaOptions& LlamaCuda::options() const { return impl_->o; }

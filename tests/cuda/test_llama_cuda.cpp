@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "cuda/cudnn_sdpa.h"
+#include "cuda/kernels.h"
 #include "gpu_test.h"
 #include "model/llama_test_util.h"
 #include "twell/cuda/llama.h"
@@ -185,6 +186,36 @@ TEST_P(LlamaCudaShapes, BatchEqualsSingleSequences) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LlamaCudaShapes, ::testing::ValuesIn(kShapes),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// Calls of 512 tokens or more take the fused QKV GEMM + RoPE (qkv_rope.cu) where the shape allows:
+// against the CPU model and against the unfused path, then decode steps from the cache it wrote.
+TEST(LlamaCuda, FusedQkvRopeMatchesCpuAndUnfused) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of({"fused_qkv", 256, 512, 4, 4, 64, 97, 640, "relu", true});
+  ASSERT_TRUE(qkv_rope_supported(c.hidden_size, 4, 4, 64));
+  LlamaWeights w = bf16_weights(c, 21);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
+  const LlamaCpu cpu(std::move(w));
+  const auto tokens = some_tokens(603, c.vocab_size, 9);
+  const Tensor ref = cpu.logits(tokens);
+  const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 600);
+  Tensor last[2];
+  for (bool fused : {false, true}) {
+    LlamaCudaOptions o;
+    o.fused_qkv_rope = fused;
+    LlamaCuda gpu(dw, o);
+    const double full = relative_error(gpu.logits(prompt), rows(ref, 0, 600));
+    last[fused] = gpu.prefill(prompt);
+    std::printf("fused %d: full forward rel err %.2e\n", fused, full);
+    EXPECT_LT(full, kTol) << "fused " << fused;
+    for (int64_t t = 600; t < 603; ++t) {
+      const Tensor step = gpu.decode_step(tokens[t]);
+      EXPECT_LT(relative_error(TensorView(step.view().data, DType::f32, {1, c.vocab_size}), rows(ref, t, 1)), kTol)
+          << "fused " << fused << ", decode position " << t;
+    }
+  }
+  EXPECT_LT(relative_error(last[1], last[0]), 2e-3);
+}
 
 TEST(LlamaCuda, SupportsSaysWhatItLacks) {  // host-only: runs without a GPU too
   io::ModelConfig c = config_of(kShapes[2]);

@@ -79,6 +79,10 @@ constexpr int64_t kCudnnAttentionMinTokens = 2048;
 struct LlamaCudaOptions {
   FfnMode ffn = FfnMode::twell;
   PrefillAttention prefill_attention = PrefillAttention::automatic;
+  // Calls of 512 tokens or more run the QKV projection as one CUTLASS GEMM with RoPE and the
+  // KV-cache write in its epilogue (head_dim 64 or 128, nh·hd and nkv·hd multiples of 256; the
+  // rounding steps of the unfused cuBLASLt GEMM + RoPE kernel, which runs otherwise).
+  bool fused_qkv_rope = true;
   int64_t max_batch = 1;     // sequences per call at most
   int64_t max_tokens = 0;    // tokens (B·S) per prefill call at most; 0: max_batch · max_context
   int64_t max_context = 0;   // positions per sequence; 0: config.max_position_embeddings

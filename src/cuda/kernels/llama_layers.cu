@@ -96,7 +96,10 @@ __global__ void rope_kv_kernel(const RopeKvArgs a) {
     const float c[8] = {c_lo.x, c_lo.y, c_lo.z, c_lo.w, c_hi.x, c_hi.y, c_hi.z, c_hi.w};
     const float s[8] = {s_lo.x, s_lo.y, s_lo.z, s_lo.w, s_hi.x, s_hi.y, s_hi.z, s_hi.w};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) r0[e] = x0[e] * c[e] - x1[e] * s[e], r1[e] = x1[e] * c[e] + x0[e] * s[e];
+    for (int e = 0; e < 8; ++e) {  // not contracted into FMAs: as the CPU reference and qkv_rope.cu
+      r0[e] = __fsub_rn(__fmul_rn(x0[e], c[e]), __fmul_rn(x1[e], s[e]));
+      r1[e] = __fadd_rn(__fmul_rn(x1[e], c[e]), __fmul_rn(x0[e], s[e]));
+    }
     uint16_t* dst = head < a.nh ? src : a.k_cache + cache_row + (head - a.nh) * a.hd + i;
     *reinterpret_cast<uint4*>(dst) = pack8(r0);
     *reinterpret_cast<uint4*>(dst + half) = pack8(r1);
