@@ -8,8 +8,8 @@
 //   twell::Tensor next = model.prefill(prompt);          // logits of the last token [V], f32
 //   next = model.decode_step(token);
 //
-// Per layer: fused residual-add + RMSNorm, one QKV GEMM (cuBLASLt), RoPE fused with the KV-cache
-// write, flash attention on the tensor cores (prefill: cuDNN's fused SDPA where libcudnn 9 loads,
+// Per layer: fused residual-add + RMSNorm, one QKV GEMM (cuBLASLt) then RoPE fused with the
+// KV-cache write (calls of 512+ tokens: all three in one CUTLASS GEMM), flash attention on the tensor cores (prefill: cuDNN's fused SDPA where libcudnn 9 loads,
 // else twell's own kernel; decode: twell's kernel split over the cached keys), the O GEMM,
 // then the FFN: a ReLU model runs twell::cuda::FfnForward (FfnMode::twell: sparse TwELL or dense,
 // chosen from the activation density it observes, in prefill; decode steps of at most
