@@ -45,8 +45,10 @@ struct FfnOptions {
   // measured on an H200 at H = 2048, I = 5632 (docs/perf.md, "Dispatch").
   double dense_above_density = 0.0075;
   // Below this many tokens observe/previous take the dense path: the sparse path's extra launches
-  // cost more than they save (measured break-even between M = 2048 and 16384; docs/perf.md).
-  int64_t sparse_min_tokens = 4096;
+  // and skewed rows cost more than they save (H200, H = 2048, I = 5632, 0.5%: at M = 4096 0.89×
+  // uniform but 1.04–1.07× skewed, and 1.04× in the 2B model's prefill of 8 × 512 tokens; from
+  // M = 6144 below 1× in every case; docs/perf.md, "Dispatch").
+  int64_t sparse_min_tokens = 8192;
   // bf16, or h_fp32: h = g·u kept in fp32 inside the down kernel. h_fp32 always takes the sparse
   // path (the dense path's product kernel rounds h to bf16 for the down GEMM).
   Precision precision = Precision::bf16;
