@@ -41,19 +41,29 @@ fi
 # CUDA/cuDNN installation; without them the build uses twell's own attention kernels only.
 CUDNN_FRONTEND_VERSION=1.32.0
 fe_dir="$(cd "$(dirname "$0")/.." && pwd)/third_party/cudnn_frontend"
-if [ ! -f "$fe_dir/VERSION" ] || [ "$(cat "$fe_dir/VERSION")" != "$CUDNN_FRONTEND_VERSION" ]; then
+fetch_cudnn_frontend() {
+  local tmp
   tmp=$(mktemp -d)
-  python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" \
-    "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION"
-  rm -rf "$fe_dir" && mkdir -p "$fe_dir"
-  python3 - "$tmp"/nvidia_cudnn_frontend-*.whl "$fe_dir" <<'PY'
+  # Any wheel holds the same headers: ask for one fixed platform, whatever this machine runs.
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check --only-binary=:all: \
+    --platform manylinux_2_28_x86_64 --python-version 3.11 --implementation cp -d "$tmp" \
+    "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION" &&
+    rm -rf "$fe_dir" && mkdir -p "$fe_dir" &&
+    python3 - "$tmp"/nvidia_cudnn_frontend-*.whl "$fe_dir" <<'PY' &&
 import sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z:
     for name in z.namelist():
         if name.startswith("include/") and not name.endswith("/"):
             z.extract(name, sys.argv[2])
 PY
-  echo "$CUDNN_FRONTEND_VERSION" >"$fe_dir/VERSION"
+    echo "$CUDNN_FRONTEND_VERSION" >"$fe_dir/VERSION"
+  local status=$?
   rm -rf "$tmp"
+  return $status
+}
+if [ ! -f "$fe_dir/VERSION" ] || [ "$(cat "$fe_dir/VERSION")" != "$CUDNN_FRONTEND_VERSION" ]; then
+  # Optional: without it the build keeps twell's own prefill attention.
+  fetch_cudnn_frontend ||
+    echo "twell: could not fetch the cuDNN frontend headers; the CUDA build will use twell's own attention only"
 fi
 echo "twell: dependencies installed"

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <map>
 #include <tuple>
+#include <unordered_map>
+#include <vector>
 
 #include "cuda/kernels.h"
 #include "twell/cuda/runtime.h"
@@ -85,13 +87,17 @@ struct CudnnSdpa::Impl {
     int64_t workspace = 0;
   };
   cudnnHandle_t handle = nullptr;
+  std::string handle_error;             // cudnnCreate failed once: not tried again
   std::map<Key, Plan> plans;
   std::map<Key, std::string> rejected;  // shapes cuDNN did not take, and why
   DeviceBuffer workspace;
 
   ~Impl() {
     plans.clear();
-    if (handle) fe::detail::destroy_handle(handle);
+    if (handle) {
+      fe::detail::set_stream(handle, nullptr);  // the caller's stream may be gone already
+      fe::detail::destroy_handle(handle);
+    }
   }
 
   // The plan of `key`, built on first use; null with `why` set when cuDNN does not take it.
@@ -101,16 +107,23 @@ struct CudnnSdpa::Impl {
       *why = it->second;
       return nullptr;
     }
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone) {
-      *why = "no cuDNN plan for this shape yet, and plans are not built while the stream is capturing";
+    if (!handle_error.empty()) {
+      *why = handle_error;
       return nullptr;
     }
-    if (!handle && fe::detail::create_handle(&handle) != CUDNN_STATUS_SUCCESS) {
-      handle = nullptr;
-      *why = "cudnnCreate failed";
-      return nullptr;
+    if (!handle) {
+      cudnnStatus_t st = CUDNN_STATUS_INTERNAL_ERROR;
+      try {
+        st = fe::detail::create_handle(&handle);
+      } catch (const std::exception& e) {
+        handle_error = str("cudnnCreate: ", e.what());
+      }
+      if (st != CUDNN_STATUS_SUCCESS) {
+        handle = nullptr;
+        if (handle_error.empty()) handle_error = str("cudnnCreate failed (status ", static_cast<int>(st), ")");
+        *why = handle_error;
+        return nullptr;
+      }
     }
     std::string reason;
     Plan p;
@@ -189,6 +202,15 @@ bool CudnnSdpa::run(const AttentionArgs& a, int64_t past, cudaStream_t stream, s
               a.max_context);
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &a.scale, 4);
+  // Not while capturing: a plan holds `past` and the workspace, and a replay at another position
+  // (or after the workspace grew) would use stale ones. Callers then run twell's kernel, which
+  // reads the position from the device.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    *why = "the stream is capturing a CUDA graph (cuDNN's plans hold the position and the workspace)";
+    return false;
+  }
   const Impl::Key key{a.B, a.S, past, a.nh, a.nkv, a.hd, a.max_context, scale_bits};
   const Impl::Plan* p = impl_->plan(key, a, past, stream, why);
   if (!p) return false;

@@ -33,9 +33,11 @@ class CudnnSdpa {
 
   // Enqueues the attention of `a` (S new tokens per sequence whose keys and values are already in
   // the cache) at host-known position `past` of every sequence: each query attends to cache
-  // positions [0, past + s]. The first call of a shape builds cuDNN's plan (not while `stream`
-  // is capturing). Returns false, enqueuing nothing, when cuDNN is unavailable or does not take
-  // the shape; `why` then says why. Throws if cuDNN fails on a plan it accepted.
+  // positions [0, past + s]. The first call of a shape builds cuDNN's plan (host work, and a
+  // stream synchronisation when the workspace grows). Returns false, enqueuing nothing, when
+  // cuDNN is unavailable, does not take the shape, or `stream` is capturing a CUDA graph (a plan
+  // holds `past` and the workspace, which a replay could not change); `why` then says why.
+  // Throws if cuDNN fails on a plan it accepted.
   bool run(const AttentionArgs& a, int64_t past, cudaStream_t stream, std::string* why = nullptr);
 
   // Device memory held for cuDNN's workspace.

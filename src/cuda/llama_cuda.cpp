@@ -146,7 +146,7 @@ struct LlamaCuda::Impl {
   bool fused_qkv = false;
   int sm_count = 0;
   DeviceBuffer qkv_workspace;
-  std::string attention_used;   // prefill_attention_used()
+  LlamaCuda::PrefillKernels kernels;  // prefill_kernels()
   // ReLU models: prefill (dispatched); decode steps: the gather path for a few tokens (twell mode)
   // and the dense FFN, both without host round trips (graph-captured).
   std::unique_ptr<FfnForward> ffn_prefill, ffn_gather, ffn_dense;
@@ -317,7 +317,7 @@ struct LlamaCuda::Impl {
   }
 
   // Attention of S > 1 tokens per sequence at position `len` (PrefillAttention); `first_layer`
-  // notes the choice in attention_used.
+  // notes the choice in `kernels`.
   void prefill_attention(const AttentionArgs& at, bool first_layer) {
     const PrefillAttention mode = o.prefill_attention;
     std::string why;
@@ -333,11 +333,13 @@ struct LlamaCuda::Impl {
       if (!done) why = "(" + why + ")";
     }
     if (!done) launch_attention(at, nullptr, stream);
-    if (first_layer) attention_used = done ? str("cudnn ", CudnnSdpa::version()) : "twell " + why;
+    if (first_layer) kernels.attention = done ? str("cudnn ", CudnnSdpa::version()) : "twell " + why;
   }
 
   // The whole forward of B·S tokens at position p0 (device), from the tokens on the device to
-  // the logits of the chosen rows. Only stream work: capturable.
+  // the logits of the chosen rows. Only stream work, capturable (under capture, calls of S > 1
+  // tokens run twell's attention kernel: CudnnSdpa refuses capture; the first cuDNN call of a
+  // shape builds its plan on the host).
   void body(const int32_t* tok, int64_t B, int64_t S, Head head, bool decode) {
     const int64_t T = B * S;
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -357,7 +359,9 @@ struct LlamaCuda::Impl {
       r.p0 = p0.as<int32_t>();
       r.T = T, r.S = S, r.max_context = o.max_context;
       r.nh = static_cast<int>(nh), r.nkv = static_cast<int>(nkv), r.hd = static_cast<int>(hd);
-      if (fused_qkv && T >= kFusedQkvMinTokens) {
+      const bool fuse = fused_qkv && T >= kFusedQkvMinTokens;
+      if (!decode && l == 0) kernels.fused_qkv_rope = fuse;
+      if (fuse) {
         QkvRopeArgs qa;
         qa.x = a.as<uint16_t>(), qa.w = bits(lw.wqkv), qa.H = H, qa.rope = r;
         launch_qkv_rope(qa, qkv_workspace.get(), qkv_workspace.bytes(), sm_count, stream);
@@ -558,7 +562,7 @@ TensorView LlamaCuda::hidden_device() const {
 cudaStream_t LlamaCuda::stream() const { return impl_->stream; }
 std::vector<FfnPath> LlamaCuda::ffn_paths() const { return impl_->paths; }
 std::vector<FfnStats> LlamaCuda::ffn_stats() const { return impl_->stats; }
-std::string LlamaCuda::prefill_attention_used() const { return impl_->attention_used; }
+LlamaCuda::PrefillKernels LlamaCuda::prefill_kernels() const { return impl_->kernels; }
 
 size_t LlamaCuda::workspace_bytes() const {
   const Impl& m = *impl_;

@@ -205,6 +205,7 @@ TEST(LlamaCuda, FusedQkvRopeMatchesCpuAndUnfused) {
     o.fused_qkv_rope = fused;
     LlamaCuda gpu(dw, o);
     const double full = relative_error(gpu.logits(prompt), rows(ref, 0, 600));
+    EXPECT_EQ(gpu.prefill_kernels().fused_qkv_rope, fused);
     last[fused] = gpu.prefill(prompt);
     std::printf("fused %d: full forward rel err %.2e\n", fused, full);
     EXPECT_LT(full, kTol) << "fused " << fused;
@@ -215,6 +216,37 @@ TEST(LlamaCuda, FusedQkvRopeMatchesCpuAndUnfused) {
     }
   }
   EXPECT_LT(relative_error(last[1], last[0]), 2e-3);
+}
+
+// cuDNN's attention over a cached prefix (past > 0, the causal diagonal aligned bottom-right):
+// prefill 60 tokens, then enqueue 40 more in one call, against the CPU model's full forward.
+TEST(LlamaCuda, CudnnAttentionOverACachedPrefix) {
+  TWELL_REQUIRE_HOPPER();
+  if (!cudnn_or_skip_note()) return;
+  for (const Shape& shape : {kShapes[2], kShapes[3]}) {  // head_dim 64 (GQA 2:1), 128 (GQA 2:1)
+    SCOPED_TRACE(shape.name);
+    const io::ModelConfig c = config_of(shape);
+    LlamaWeights w = bf16_weights(c, 23);
+    auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
+    const LlamaCpu cpu(std::move(w));
+    const auto tokens = some_tokens(100, c.vocab_size, 3);
+    const Tensor ref = cpu.logits(tokens);
+    LlamaCudaOptions o;
+    o.prefill_attention = PrefillAttention::cudnn;
+    LlamaCuda gpu(dw, o);
+    gpu.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + 60));
+    DeviceBuffer next(40 * 4);
+    TWELL_CUDA_CHECK(cudaMemcpy(next.get(), tokens.data() + 60, 40 * 4, cudaMemcpyHostToDevice));
+    gpu.enqueue(next.as<int32_t>(), 1, 40, Head::all);
+    EXPECT_EQ(gpu.prefill_kernels().attention.rfind("cudnn", 0), 0u) << gpu.prefill_kernels().attention;
+    Tensor got(DType::f32, {40, c.vocab_size});
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(gpu.stream()));
+    TWELL_CUDA_CHECK(cudaMemcpy(got.view().data, gpu.logits_device(), got.nbytes(), cudaMemcpyDeviceToHost));
+    const double err = relative_error(got, rows(ref, 60, 40));
+    std::printf("%s: 40 tokens after a cached prefix of 60, cuDNN attention: rel err %.2e\n", shape.name, err);
+    EXPECT_LT(err, kTol);
+    EXPECT_EQ(gpu.cached_tokens(), 100);
+  }
 }
 
 TEST(LlamaCuda, SupportsSaysWhatItLacks) {  // host-only: runs without a GPU too

@@ -141,7 +141,8 @@ class LlamaCuda final : public model::LanguageModel {
   Tensor decode_batch(const std::vector<int32_t>& tokens);
 
   // Low level, for benchmarks: enqueues B·S tokens already on the device (int32, sequence-major,
-  // in range: not checked) at position cached_tokens(), with no host synchronisation. Logits of
+  // in range: not checked) at position cached_tokens(), with no host synchronisation (but the
+  // first call of a shape that takes cuDNN's attention, which builds its plan). Logits of
   // the chosen rows go to logits_device() [rows, V].
   void enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head);
   const float* logits_device() const;
@@ -155,9 +156,12 @@ class LlamaCuda final : public model::LanguageModel {
   // dense one); empty without the option.
   std::vector<FfnStats> ffn_stats() const;
   size_t workspace_bytes() const;
-  // Which attention the last call that was not a decode step ran: "cudnn <version>", or "twell"
-  // followed by why cuDNN's was not used (PrefillAttention); empty before any such call.
-  std::string prefill_attention_used() const;
+  // The kernels the last call that was not a decode step ran (empty/false before any such call).
+  struct PrefillKernels {
+    std::string attention;  // "cudnn <version>", or "twell" and why cuDNN's was not used
+    bool fused_qkv_rope = false;  // the QKV GEMM with RoPE in its epilogue (fused_qkv_rope)
+  };
+  PrefillKernels prefill_kernels() const;
   // GPU time of the last prefill, decode or enqueue call's device work (the model's layers and
   // head; not the token and logit copies). Waits for it.
   float last_gpu_ms() const;
