@@ -86,6 +86,7 @@ struct CudnnSdpa::Impl {
     std::shared_ptr<fe::graph::Graph> graph;
     int64_t workspace = 0;
   };
+  static constexpr size_t kMaxPlans = 64;
   cudnnHandle_t handle = nullptr;
   std::string handle_error;             // cudnnCreate failed once: not tried again
   std::map<Key, Plan> plans;
@@ -137,6 +138,8 @@ struct CudnnSdpa::Impl {
       *why = reason;
       return nullptr;
     }
+    // Bounded: a server seeing many prompt lengths would otherwise keep every plan it ever built.
+    if (plans.size() >= kMaxPlans) plans.clear();
     if (static_cast<size_t>(p.workspace) > workspace.bytes()) {
       TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old workspace may still be in use
       workspace = DeviceBuffer(static_cast<size_t>(p.workspace));

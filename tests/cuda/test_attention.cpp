@@ -8,6 +8,7 @@
 // is set (scripts/gpu-check.sh sets it where PyTorch's cuDNN is present): then it fails.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -187,8 +188,12 @@ TEST(CudnnSdpa, OneInstanceKeepsAPlanPerShape) {
         Buffers b = make(c, 77 + c.S);
         const std::vector<double> ref = reference(c, b, 1.0f / std::sqrt(static_cast<float>(c.hd)));
         poison(b.d_o);
+        const auto t0 = std::chrono::steady_clock::now();
         if (!cudnn_runs(sdpa, args_of(c, b, p0), c.past)) return;
         TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("round %d B=%d S=%d past=%d: %.1f ms (%s)\n", round, c.B, c.S, c.past, ms,
+                    round == 0 ? "plan built" : "plan reused");
         EXPECT_LT(error_of(b.d_o, ref), 3e-3);
       }
 }
