@@ -410,9 +410,8 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, int64_
       logits = m->logits(tokens);
     }
     const double full = relative_error(logits, ref);
-    LlamaCuda& mm = *m;
-    mm.prefill(std::vector<int32_t>(tokens.begin(), tokens.end() - 1));
-    const double step = relative_error(mm.decode_step(tokens.back()), last_ref);
+    m->prefill(std::vector<int32_t>(tokens.begin(), tokens.end() - 1));
+    const double step = relative_error(m->decode_step(tokens.back()), last_ref);
     (mode == cuda::FfnMode::dense ? r.prefill_dense : r.prefill_twell) = full;
     (mode == cuda::FfnMode::dense ? r.decode_dense : r.decode_twell) = step;
   }

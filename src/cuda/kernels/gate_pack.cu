@@ -18,14 +18,7 @@
 // kHeavyRowEntries in heavy_rows. Covered by tests/cuda/test_gate_pack.cu.
 #include "cuda/kernels.h"
 
-// CUTLASS/CuTe headers (PyPI nvidia-cutlass, fetched by scripts/install-deps.sh).
-#include <cute/tensor.hpp>
-#include <cutlass/cutlass.h>
-#include <cutlass/epilogue/collective/detail.hpp>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
-#include <cutlass/gemm/dispatch_policy.hpp>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include "cuda/kernels/sm90_register_epilogue.cuh"
 
 #include <cuda_bf16.h>
 
@@ -35,8 +28,7 @@ namespace twell::cuda {
 namespace {
 
 using namespace cute;
-
-constexpr int kTileN = 256;  // the TwELL tile width the epilogue packs
+using sm90::kTileN;  // the TwELL tile width the epilogue packs
 
 struct PackParams {
   TwellDeviceView act;
@@ -51,47 +43,9 @@ __device__ __forceinline__ uint64_t below(int n) { return n >= 64 ? ~0ull : (1ul
 
 // An sm70-style epilogue (operator() per output tile, accumulators in registers), run by the
 // Hopper kernels through CUTLASS's Sm90TmaWarpSpecializedAdapter. It has no shared storage.
-template <class StrideCD>
-class TwellPackEpilogue {
+class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
  public:
-  using EpilogueSchedule = cutlass::gemm::EpilogueDefault;
-  using DispatchPolicy = EpilogueSchedule;
-  using ElementC = cutlass::bfloat16_t;
-  using ElementD = cutlass::bfloat16_t;
-  using StrideC = StrideCD;
-  using StrideD = StrideCD;
-  using ElementOutput = ElementD;
-  using ElementAccumulator = float;
-  using ElementCompute = float;
-  using ElementScalar = float;
-  using GmemTiledCopyC = void;
-  using GmemTiledCopyD = void;
-  using ThreadEpilogueOp = void;  // named by GemmUniversalAdapter only
-  struct SharedStorage {};
-  using TensorStorage = SharedStorage;
-  using Arguments = PackParams;
-  using Params = PackParams;
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const&) {
-    return true;
-  }
-
   CUTLASS_HOST_DEVICE TwellPackEpilogue(Params const& p, SharedStorage const& = SharedStorage()) : p_(p) {}
-  CUTLASS_DEVICE bool is_source_needed() { return false; }
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
@@ -203,48 +157,17 @@ class TwellPackEpilogue {
   Params p_;
 };
 
-using ElementAB = cutlass::bfloat16_t;
-using StrideCD = cutlass::gemm::TagToStrideC_t<cutlass::layout::RowMajor>;
-using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<TwellPackEpilogue<StrideCD>>;
-
-// x [M, H] row-major is A (K-major); W [I, H] row-major is B as K × N column-major (K-major).
 // Ping-pong: two consumer warpgroups take alternate 64 × 256 tiles, so one packs while the other's
 // tensor cores run (docs/perf.md, item 18: the cooperative 128 × 256 kernel ran 0.5 ms of
 // epilogue with its tensor cores idle and measured 0.68× against this kernel's 0.64×); 2-CTA
 // clusters multicast the weight tile.
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
-    cutlass::layout::ColumnMajor, 8, float, cute::Shape<_64, Int<kTileN>, _64>, cute::Shape<_2, _1, _1>,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
-using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-// Packed K-major strides (rows of K elements): (K, 1, rows·K).
-template <class Stride>
-Stride k_major(int rows, int K) {
-  Stride s{};
-  get<0>(s) = K;
-  get<2>(s) = int64_t{rows} * K;
-  return s;
-}
+using Gemm = sm90::PingPongGemm<TwellPackEpilogue>::Gemm;
 
 Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
-  const int M = static_cast<int>(a.M), N = static_cast<int>(a.I), K = static_cast<int>(a.H);
-  Gemm::Arguments args{};
-  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-  args.problem_shape = {M, N, K, 1};
-  args.mainloop.ptr_A = reinterpret_cast<const ElementAB*>(a.x);
-  args.mainloop.dA = k_major<Kernel::StrideA>(M, K);
-  args.mainloop.ptr_B = reinterpret_cast<const ElementAB*>(a.w);
-  args.mainloop.dB = k_major<Kernel::StrideB>(N, K);
-  args.epilogue = PackParams{a.act, a.nnz_total, a.overflow, a.rows,
-                             static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()};
-  int device = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&device));
-  args.hw_info.device_id = device;  // the current device, whose SMs the persistent grid covers
-  args.hw_info.sm_count = sm_count;
-  return args;
+  return sm90::gemm_arguments<Gemm>(a.x, a.w, static_cast<int>(a.M), static_cast<int>(a.I), static_cast<int>(a.H),
+                                    PackParams{a.act, a.nnz_total, a.overflow, a.rows,
+                                               static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()},
+                                    sm_count);
 }
 
 }  // namespace
@@ -271,17 +194,10 @@ void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_b
                       cudaStream_t stream) {
   check_gate_pack(a);
   if (a.M == 0) return;
-  const Gemm::Arguments args = make_arguments(a, sm_count);
-  TWELL_CHECK(Gemm::get_workspace_size(args) <= workspace_bytes, "fused gate+pack: workspace of ", workspace_bytes,
-              " bytes, ", Gemm::get_workspace_size(args), " needed");
-  if (a.rows.row_nnz)
-    TWELL_CUDA_CHECK(cudaMemsetAsync(a.rows.row_nnz, 0, static_cast<size_t>(a.M) * sizeof(uint32_t), stream));
-  Gemm gemm;
-  TWELL_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "fused gate+pack: CUTLASS cannot run M = ",
-              a.M, ", H = ", a.H, ", I = ", a.I);
-  TWELL_CHECK(gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess,
-              "fused gate+pack: CUTLASS initialisation failed");
-  TWELL_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "fused gate+pack: launch failed");
+  sm90::run_gemm<Gemm>(make_arguments(a, sm_count), workspace, workspace_bytes, stream, "fused gate+pack", [&] {
+    if (a.rows.row_nnz)
+      TWELL_CUDA_CHECK(cudaMemsetAsync(a.rows.row_nnz, 0, static_cast<size_t>(a.M) * sizeof(uint32_t), stream));
+  });
   if (a.rows.row_nnz) launch_list_heavy_rows(a.rows, a.M, stream);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }

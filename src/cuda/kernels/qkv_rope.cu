@@ -14,13 +14,7 @@
 // of 256 (qkv_rope_supported).
 #include "cuda/kernels.h"
 
-#include <cute/tensor.hpp>
-#include <cutlass/cutlass.h>
-#include <cutlass/epilogue/collective/detail.hpp>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
-#include <cutlass/gemm/dispatch_policy.hpp>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include "cuda/kernels/sm90_register_epilogue.cuh"
 
 #include <cuda_bf16.h>
 
@@ -30,8 +24,7 @@ namespace twell::cuda {
 namespace {
 
 using namespace cute;
-
-constexpr int kTileN = 256;
+using sm90::kTileN;
 
 struct RopeParams {
   uint16_t* qkv = nullptr;  // q goes here (row stride ld); k and v to the caches
@@ -49,47 +42,10 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
 }
 __device__ __forceinline__ float to_bf16_and_back(float a) { return __bfloat162float(__float2bfloat16_rn(a)); }
 
-template <int HD, class StrideCD>
-class RopeKvEpilogue {
+template <int HD>
+class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
  public:
-  using EpilogueSchedule = cutlass::gemm::EpilogueDefault;
-  using DispatchPolicy = EpilogueSchedule;
-  using ElementC = cutlass::bfloat16_t;
-  using ElementD = cutlass::bfloat16_t;
-  using StrideC = StrideCD;
-  using StrideD = StrideCD;
-  using ElementOutput = ElementD;
-  using ElementAccumulator = float;
-  using ElementCompute = float;
-  using ElementScalar = float;
-  using GmemTiledCopyC = void;
-  using GmemTiledCopyD = void;
-  using ThreadEpilogueOp = void;
-  struct SharedStorage {};
-  using TensorStorage = SharedStorage;
-  using Arguments = RopeParams;
-  using Params = RopeParams;
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const&) {
-    return true;
-  }
-
   CUTLASS_HOST_DEVICE RopeKvEpilogue(Params const& p, SharedStorage const& = SharedStorage()) : p_(p) {}
-  CUTLASS_DEVICE bool is_source_needed() { return false; }
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
@@ -157,77 +113,32 @@ class RopeKvEpilogue {
   Params p_;
 };
 
-using ElementAB = cutlass::bfloat16_t;
-using StrideCD = cutlass::gemm::TagToStrideC_t<cutlass::layout::RowMajor>;
-
-// Same configuration as gate_pack.cu's kernel (docs/perf.md, FFN items 17-18).
-// Ping-pong 64 × 256 (4.54 ms at 131072 × 6144 × 2048, ncu) beat the cooperative 128 × 256 kernel
-// with this epilogue (4.79-4.85 ms); docs/perf.md, model item 13.
-constexpr int kTileM = 64;
-using Schedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+// gate_pack.cu's kernel configuration. Ping-pong 64 × 256 (4.54 ms at 131072 × 6144 × 2048, ncu)
+// beat the cooperative 128 × 256 kernel with this epilogue (4.79-4.85 ms); docs/perf.md, model
+// item 13.
+template <int HD>
+using Gemm = typename sm90::PingPongGemm<RopeKvEpilogue<HD>>::Gemm;
 
 template <int HD>
-struct Config {
-  using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<RopeKvEpilogue<HD, StrideCD>>;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
-      cutlass::layout::ColumnMajor, 8, float, cute::Shape<Int<kTileM>, Int<kTileN>, _64>, cute::Shape<_2, _1, _1>,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      Schedule>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-};
-
-template <class Stride>
-Stride k_major(int rows, int K) {
-  Stride s{};
-  get<0>(s) = K;
-  get<2>(s) = int64_t{rows} * K;
-  return s;
-}
-
-template <int HD>
-typename Config<HD>::Gemm::Arguments make_arguments(const QkvRopeArgs& a, int sm_count) {
-  using C = Config<HD>;
+typename Gemm<HD>::Arguments make_arguments(const QkvRopeArgs& a, int sm_count) {
   const int q_dim = a.rope.nh * a.rope.hd, kv_dim = a.rope.nkv * a.rope.hd;
   const int M = static_cast<int>(a.rope.T), N = q_dim + 2 * kv_dim, K = static_cast<int>(a.H);
-  typename C::Gemm::Arguments args{};
-  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-  args.problem_shape = {M, N, K, 1};
-  args.mainloop.ptr_A = reinterpret_cast<const ElementAB*>(a.x);
-  args.mainloop.dA = k_major<typename C::Kernel::StrideA>(M, K);
-  args.mainloop.ptr_B = reinterpret_cast<const ElementAB*>(a.w);
-  args.mainloop.dB = k_major<typename C::Kernel::StrideB>(N, K);
-  RopeParams& p = args.epilogue;
+  RopeParams p;
   p.qkv = a.rope.qkv, p.k_cache = a.rope.k_cache, p.v_cache = a.rope.v_cache;
   p.cos_sin = a.rope.cos_sin, p.p0 = a.rope.p0, p.M = a.rope.T;
   p.S = static_cast<int32_t>(a.rope.S), p.max_context = static_cast<int32_t>(a.rope.max_context);
   p.ld = N, p.q_dim = q_dim, p.kv_dim = kv_dim;
-  int device = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&device));
-  args.hw_info.device_id = device;
-  args.hw_info.sm_count = sm_count;
-  return args;
+  return sm90::gemm_arguments<Gemm<HD>>(a.x, a.w, M, N, K, p, sm_count);
 }
 
 template <int HD>
 size_t workspace_of(const QkvRopeArgs& a, int sm_count) {
-  return Config<HD>::Gemm::get_workspace_size(make_arguments<HD>(a, sm_count));
+  return Gemm<HD>::get_workspace_size(make_arguments<HD>(a, sm_count));
 }
 
 template <int HD>
 void run(const QkvRopeArgs& a, void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream) {
-  using Gemm = typename Config<HD>::Gemm;
-  const typename Gemm::Arguments args = make_arguments<HD>(a, sm_count);
-  TWELL_CHECK(Gemm::get_workspace_size(args) <= workspace_bytes, "fused QKV+RoPE: workspace of ", workspace_bytes,
-              " bytes, ", Gemm::get_workspace_size(args), " needed");
-  Gemm gemm;
-  TWELL_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "fused QKV+RoPE: CUTLASS cannot run T = ", a.rope.T,
-              ", H = ", a.H);
-  TWELL_CHECK(gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess,
-              "fused QKV+RoPE: CUTLASS initialisation failed");
-  TWELL_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "fused QKV+RoPE: launch failed");
-  TWELL_CUDA_CHECK(cudaGetLastError());
+  sm90::run_gemm<Gemm<HD>>(make_arguments<HD>(a, sm_count), workspace, workspace_bytes, stream, "fused QKV+RoPE");
 }
 
 }  // namespace

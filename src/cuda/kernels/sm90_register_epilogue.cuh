@@ -1,0 +1,131 @@
+// What gate_pack.cu and qkv_rope.cu share: a CUTLASS 3 Hopper GEMM of bf16 x [M, K] (row-major)
+// by W [N, K] (row-major, i.e. K-major B), fp32 accumulation, whose epilogue is ours and works
+// from the accumulator registers (no C, no D, no shared storage).
+//
+//   RegisterEpilogue<Params>  the members CUTLASS asks of an sm70-style epilogue; a kernel's
+//                             epilogue derives from it and adds its constructor and operator()
+//   PingPongGemm<Epilogue>    the one kernel configuration both use: warp-specialised persistent
+//                             ping-pong, 64 × 256 tiles a warpgroup, 2 × 1 clusters (docs/perf.md,
+//                             FFN items 17-18, model item 13)
+//   gemm_arguments, run_gemm  arguments from pointers and sizes; the checked launch
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/detail.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include "twell/cuda/runtime.h"
+#include "twell/error.h"
+
+namespace twell::cuda::sm90 {
+
+using ElementAB = cutlass::bfloat16_t;
+using StrideCD = cutlass::gemm::TagToStrideC_t<cutlass::layout::RowMajor>;
+constexpr int kTileM = 64, kTileN = 256;
+
+template <class ParamsT>
+struct RegisterEpilogue {
+  using EpilogueSchedule = cutlass::gemm::EpilogueDefault;
+  using DispatchPolicy = EpilogueSchedule;
+  using ElementC = cutlass::bfloat16_t;
+  using ElementD = cutlass::bfloat16_t;
+  using StrideC = StrideCD;
+  using StrideD = StrideCD;
+  using ElementOutput = ElementD;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  using ThreadEpilogueOp = void;  // named by GemmUniversalAdapter only
+  struct SharedStorage {};
+  using TensorStorage = SharedStorage;
+  using Arguments = ParamsT;
+  using Params = ParamsT;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const&) {
+    return true;
+  }
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+};
+
+template <class EpilogueOp>
+struct PingPongGemm {
+  using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<EpilogueOp>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
+      cutlass::layout::ColumnMajor, 8, float, cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>,
+      cute::Shape<cute::_2, cute::_1, cute::_1>,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+// Packed K-major strides (rows of K elements): (K, 1, rows·K).
+template <class Stride>
+Stride k_major(int rows, int K) {
+  Stride s{};
+  cute::get<0>(s) = K;
+  cute::get<2>(s) = int64_t{rows} * K;
+  return s;
+}
+
+// x [M, K] · W [N, K]ᵀ on the current device's first `sm_count` SMs, with the epilogue's params.
+template <class Gemm>
+typename Gemm::Arguments gemm_arguments(const void* x, const void* w, int M, int N, int K,
+                                        typename Gemm::GemmKernel::EpilogueArguments const& epilogue, int sm_count) {
+  using Kernel = typename Gemm::GemmKernel;
+  typename Gemm::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = {M, N, K, 1};
+  args.mainloop.ptr_A = static_cast<const ElementAB*>(x);
+  args.mainloop.dA = k_major<typename Kernel::StrideA>(M, K);
+  args.mainloop.ptr_B = static_cast<const ElementAB*>(w);
+  args.mainloop.dB = k_major<typename Kernel::StrideB>(N, K);
+  args.epilogue = epilogue;
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  args.hw_info.device_id = device;  // the current device, whose SMs the persistent grid covers
+  args.hw_info.sm_count = sm_count;
+  return args;
+}
+
+// Checks the workspace and CUTLASS's own conditions, then enqueues `before` (work the epilogue
+// relies on, e.g. zeroing its counters: nothing is written if a check fails) and the GEMM; `what`
+// names the kernel in the errors.
+template <class Gemm, class Before = void (*)()>
+void run_gemm(typename Gemm::Arguments const& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+              const char* what, Before before = [] {}) {
+  TWELL_CHECK(Gemm::get_workspace_size(args) <= workspace_bytes, what, ": workspace of ", workspace_bytes,
+              " bytes, ", Gemm::get_workspace_size(args), " needed");
+  Gemm gemm;
+  const auto& shape = args.problem_shape;
+  TWELL_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, what, ": CUTLASS cannot run M = ",
+              cute::get<0>(shape), ", N = ", cute::get<1>(shape), ", K = ", cute::get<2>(shape));
+  before();
+  TWELL_CHECK(gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess, what,
+              ": CUTLASS initialisation failed");
+  TWELL_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, what, ": launch failed");
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace twell::cuda::sm90
