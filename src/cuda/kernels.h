@@ -134,6 +134,38 @@ int gather_splits(int64_t M);
 bool gather_supports(int64_t H, int64_t I);
 void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream);
 
+// One token's FFN output kept as ordered partial sums: y = bf16(Σ parts[b] over the b < count with
+// flags[b] != 0, in ascending b; fp32). launch_add_rmsnorm takes it as its delta, launch_split_sum
+// writes y.
+struct SplitSum {
+  const float* parts = nullptr;     // [count, H]
+  const uint32_t* flags = nullptr;  // [count]
+  int count = 0;
+};
+// ffn_gather.cu: the sparse FFN of one token (decode) in one kernel, the gate GEMV included: block
+// b owns rows [b·R, b·R + R) of the gate matrix, which the TMA engine copies into shared memory
+// before the previous kernel has finished (launched with programmatic dependent launch); then
+// g = bf16(relu(x·Wg_j)), and for the active rows h = bf16(g · bf16(x·Wu_j)) (non-gated: the
+// format's h from x·Wu_j) and the block's Σ h·Wd_j go to parts[b] (flags[b] = 1; 0 when the block
+// has no active row). Rounded as cpu::ffn_forward's pipeline; deterministic. H, I multiples of 8,
+// H <= 4096, 16-byte aligned pointers.
+struct DecodeFfnArgs {
+  const uint16_t* x = nullptr;      // [H]
+  const uint16_t* w_act = nullptr;  // [I, H]: the matrix whose ReLU output is the active set (Wg; non-gated: Wu)
+  const uint16_t* wu = nullptr;     // [I, H] (gated only)
+  const uint16_t* wd = nullptr;     // [I, H]
+  float* parts = nullptr;           // [decode_ffn_blocks, H]
+  uint32_t* flags = nullptr;        // [decode_ffn_blocks]
+  int64_t H = 0, I = 0;
+  bool gated = true;
+  bool h_fp32 = false;
+};
+bool decode_ffn_supported(int64_t H, int64_t I);
+int decode_ffn_blocks(int64_t H, int64_t I, int sm_count);
+void launch_decode_ffn(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream);
+// y [H] bf16 = the split sum (launched with programmatic dependent launch).
+void launch_split_sum(const SplitSum& s, int64_t H, uint16_t* y, cudaStream_t stream);
+
 // elementwise.cu (dense paths), n elements, 16-byte aligned, n % 8 == 0:
 //   out = bf16(g · u)           (g already ReLU'd by the GEMM epilogue)
 //   g   = relu(g) in place       (the unfused, PyTorch-style pipeline)
@@ -154,6 +186,10 @@ void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float
 constexpr int64_t kMaxNormWidth = 16384;
 void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint16_t* out, int64_t rows, int64_t H,
                         int64_t step, int64_t offset, float eps, cudaStream_t stream);
+// The same for one row whose delta is a split sum (launch_decode_ffn's output), added as
+// bf16(Σ parts): x[0] += delta, out[0] = the norm (launched with programmatic dependent launch).
+void launch_add_rmsnorm(float* x, const SplitSum& delta, const uint16_t* w, uint16_t* out, int64_t H, float eps,
+                        cudaStream_t stream);
 
 // RoPE ("rotate_half", fp32 math) on q in place in the QKV GEMM output and on k; k and v are
 // written to the caches at positions *p0 + s of their sequence. T = B·S tokens, sequence-major.

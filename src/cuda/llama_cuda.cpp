@@ -150,6 +150,10 @@ struct LlamaCuda::Impl {
   // ReLU models: prefill (dispatched); decode steps: the gather path for a few tokens (twell mode)
   // and the dense FFN, both without host round trips (graph-captured).
   std::unique_ptr<FfnForward> ffn_prefill, ffn_gather, ffn_dense;
+  // Decode steps of one sequence, twell mode: the fused decode FFN (LlamaCudaOptions::
+  // fused_decode_ffn), whose output stays as partial sums for the next residual add + RMSNorm.
+  int decode_blocks = 0;  // 0: not used
+  DeviceBuffer decode_parts, decode_flags;
   DeviceBuffer tokens, p0, x, a, qkv, attn, proj, y, g, u, cos_sin, partial, logits;
   int64_t logits_rows = 0;
   std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
@@ -185,6 +189,7 @@ struct LlamaCuda::Impl {
                 "LlamaCuda: ffn_options.precision must be Precision::bf16 (h_fp32 exists on the sparse FFN paths only)");
 
     const int64_t T = o.max_tokens;
+    sm_count = device_info().sm_count;
     tokens = DeviceBuffer(static_cast<size_t>(T) * 4);
     p0 = DeviceBuffer(4);
     x = DeviceBuffer(static_cast<size_t>(T * H) * 4);
@@ -217,6 +222,11 @@ struct LlamaCuda::Impl {
         gather.gather_max_tokens = o.decode_gather_tokens;
         ffn_gather = std::make_unique<FfnForward>(
             FfnShape{std::min(o.max_batch, o.decode_gather_tokens), H, I, true}, gather);
+        if (o.fused_decode_ffn && decode_ffn_supported(H, I)) {
+          decode_blocks = decode_ffn_blocks(H, I, sm_count);
+          decode_parts = DeviceBuffer(static_cast<size_t>(decode_blocks * H) * 4);
+          decode_flags = DeviceBuffer(static_cast<size_t>(decode_blocks) * 4);
+        }
       }
     } else {
       g = DeviceBuffer(static_cast<size_t>(T * I) * 2);
@@ -226,7 +236,6 @@ struct LlamaCuda::Impl {
     fused_qkv = o.fused_qkv_rope && hopper_available() &&
                 qkv_rope_supported(H, static_cast<int>(nh), static_cast<int>(nkv), static_cast<int>(hd));
     if (fused_qkv) {
-      sm_count = device_info().sm_count;
       QkvRopeArgs qa;
       qa.H = H;
       qa.rope.T = T, qa.rope.S = std::min(T, o.max_context), qa.rope.max_context = o.max_context;
@@ -294,14 +303,30 @@ struct LlamaCuda::Impl {
     TWELL_CUDA_CHECK(cudaMemcpyAsync(p0.get(), &pos, 4, cudaMemcpyHostToDevice, stream));
   }
 
-  void ffn(const LlamaCudaLayer& lw, int64_t layer, int64_t T, bool decode, FfnPath* path) {
+  // The FFN of `a` into y; returns true when it left its output as the split sum decode_split()
+  // instead (the fused decode FFN), for the next residual add + RMSNorm to add.
+  bool ffn(const LlamaCudaLayer& lw, int64_t layer, int64_t T, bool decode, FfnPath* path) {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
+    if (decode && T == 1 && decode_blocks > 0) {
+      const FfnWeights fw = lw.ffn();
+      DecodeFfnArgs d;
+      d.x = a.as<uint16_t>();
+      d.w_act = static_cast<const uint16_t*>(fw.wg.data);
+      d.wu = static_cast<const uint16_t*>(fw.wu.data);
+      d.wd = static_cast<const uint16_t*>(fw.wd.data);
+      d.parts = decode_parts.as<float>();
+      d.flags = decode_flags.as<uint32_t>();
+      d.H = H, d.I = I;
+      launch_decode_ffn(d, sm_count, stream);
+      *path = FfnPath::gather;
+      return true;
+    }
     if (ffn_prefill) {
       FfnForward& f = !decode ? *ffn_prefill : ffn_gather && T <= o.decode_gather_tokens ? *ffn_gather : *ffn_dense;
       f.forward(in, lw.ffn(), out, stream, decode ? 0 : layer);
       *path = f.last_path();
       if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = f.last_stats();  // waits
-      return;
+      return false;
     }
     // Dense cuBLASLt FFN: SiLU models, and ReLU models whose H or I is not a multiple of 64.
     gemm.run(a.get(), lw.wg.view().data, g.get(), T, I, H, true, relu ? GemmEpilogue::relu : GemmEpilogue::none,
@@ -314,7 +339,10 @@ struct LlamaCuda::Impl {
     gemm.run(g.get(), lw.wd.view().data, y.get(), T, H, I, false, GemmEpilogue::none, stream);
     *path = FfnPath::dense;
     if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = FfnStats{FfnPath::dense, T};
+    return false;
   }
+
+  SplitSum decode_split() const { return SplitSum{decode_parts.as<float>(), decode_flags.as<uint32_t>(), decode_blocks}; }
 
   // Attention of S > 1 tokens per sequence at position `len` (PrefillAttention); `first_layer`
   // notes the choice in `kernels`.
@@ -346,11 +374,19 @@ struct LlamaCuda::Impl {
     launch_embed(tok, T, bits(w->embed), x.as<float>(), H, stream);
     paths.assign(static_cast<size_t>(L), FfnPath::dense);
     if (o.record_ffn_stats && !decode) stats.assign(static_cast<size_t>(L), FfnStats{});
+    bool split = false;  // the last FFN's output is decode_split(), not y
+    // x += the last FFN's output (none before the first layer), then `a` = RMSNorm(x)·norm_w.
+    auto add_norm = [&](const uint16_t* norm_w, bool first) {
+      if (split)
+        launch_add_rmsnorm(x.as<float>(), decode_split(), norm_w, a.as<uint16_t>(), H, eps, stream);
+      else
+        launch_add_rmsnorm(x.as<float>(), first ? nullptr : y.as<uint16_t>(), norm_w, a.as<uint16_t>(), T, H, 1, 0,
+                           eps, stream);
+    };
     for (int64_t l = 0; l < L; ++l) {
       const LlamaCudaLayer& lw = w->layers[l];
       const size_t cache = o.kv_cache ? static_cast<size_t>(l) : 0;
-      launch_add_rmsnorm(x.as<float>(), l == 0 ? nullptr : y.as<uint16_t>(), bits(lw.input_norm),
-                         a.as<uint16_t>(), T, H, 1, 0, eps, stream);
+      add_norm(bits(lw.input_norm), l == 0);
       RopeKvArgs r;
       r.qkv = qkv.as<uint16_t>();
       r.k_cache = k_cache[cache].as<uint16_t>();
@@ -389,11 +425,11 @@ struct LlamaCuda::Impl {
         TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
         o.ffn_input_hook(l, dev_view(a.get(), DType::bf16, {T, H}));
       }
-      ffn(lw, l, T, decode, &paths[static_cast<size_t>(l)]);
+      split = ffn(lw, l, T, decode, &paths[static_cast<size_t>(l)]);
     }
     // x += the last FFN output; the final norm of every row goes to `a`.
     const uint16_t* fn = bits(w->final_norm);
-    launch_add_rmsnorm(x.as<float>(), y.as<uint16_t>(), fn, a.as<uint16_t>(), T, H, 1, 0, eps, stream);
+    add_norm(fn, false);
     if (head == Head::none) return;
     const uint16_t* rows = a.as<uint16_t>();
     int64_t n = T;

@@ -135,9 +135,13 @@ TEST_P(LlamaCudaShapes, PrefillDecodeMatchesFullForward) {
   const LlamaCpu cpu(std::move(w));
   const auto tokens = some_tokens(70, c.vocab_size, 5);
   const Tensor ref = cpu.logits(tokens);
-  for (int64_t gather : {0, 8}) {  // decode FFN: dense, and the gather path
+  Tensor fused_steps, unfused_steps;
+  // Decode FFN: dense, the gather path's one-kernel FFN (batch 1), and its gate GEMV + gather
+  // kernels.
+  for (const auto& [gather, fused] : {std::pair{0, true}, std::pair{8, true}, std::pair{8, false}}) {
     LlamaCudaOptions o;
     o.decode_gather_tokens = gather;
+    o.fused_decode_ffn = fused;
     // The prompt's attention through cuDNN (where it loads) with the dense decode FFN; the decode
     // steps read the cache either way.
     if (gather == 0 && cudnn_or_skip_note()) o.prefill_attention = PrefillAttention::cudnn;
@@ -150,10 +154,13 @@ TEST_P(LlamaCudaShapes, PrefillDecodeMatchesFullForward) {
       last = gpu.decode_step(tokens[t]);
       const double err =
           relative_error(TensorView(last.view().data, DType::f32, {1, c.vocab_size}), rows(ref, t, 1));
-      EXPECT_LT(err, kTol) << "decode position " << t << ", gather up to " << gather;
+      EXPECT_LT(err, kTol) << "decode position " << t << ", gather up to " << gather << (fused ? ", fused" : "");
     }
     EXPECT_EQ(gpu.cached_tokens(), 70);
+    if (gather > 0) (fused ? fused_steps : unfused_steps) = std::move(last);
   }
+  // The two gather forms add the same products in other orders: close, not bitwise.
+  EXPECT_LT(relative_error(fused_steps, unfused_steps), 2e-2);
 }
 
 TEST_P(LlamaCudaShapes, BatchEqualsSingleSequences) {

@@ -193,6 +193,61 @@ TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
   EXPECT_EQ(gather.last_stats().path, cuda::FfnPath::gather);
 }
 
+// One token on the gather path runs the fused decode kernel (gate GEMV, gather and down sum in
+// one kernel, the blocks' partial sums added by a second): against the CPU at every density, both
+// precisions, gated and not, at shapes whose row blocks are limited by shared memory (H = 4096) or
+// by the spread over the SMs; outputs poisoned, and two runs must give the same bits.
+TEST(FfnForwardGpuDecode, OneTokenMatchesCpuAtEveryDensity) {
+  TWELL_REQUIRE_HOPPER();
+  struct Shape {
+    int64_t H, I;
+  };
+  const Shape shapes[] = {{2048, 5632}, {4096, 576}, {1088, 704}, {64, 64}, {256, 13000 / 8 * 8}};
+  for (const Shape& sh : shapes)
+    for (double d : {0.0, 0.005, 0.02, 0.1, 0.5, 1.0})
+      for (bool gated : {true, false})
+        for (Precision prec : {Precision::bf16, Precision::h_fp32}) {
+          if (!gated && sh.H == 4096) continue;  // covered gated; keeps the test short
+          SCOPED_TRACE(str("H ", sh.H, " I ", sh.I, " density ", d, gated ? " gated" : " plain",
+                           prec == Precision::h_fp32 ? " h_fp32" : " bf16"));
+          const bench::SyntheticFfn f = bench::make_synthetic_ffn(
+              {1, sh.H, sh.I, d, d == 0.02 ? bench::Distribution::skewed : bench::Distribution::uniform, gated, 17});
+          Tensor y_cpu = Tensor::of<bf16>({1, sh.H});
+          Tensor y64 = Tensor::of<double>({1, sh.H});
+          cpu::ffn_forward(f.x, f.weights(), y_cpu, prec);
+          cpu::ffn_forward(f.x, f.weights(), y64, Precision::f64);
+          const double cpu_err = relative_error(y_cpu, y64);
+          DeviceTensor x = DeviceTensor::upload(f.x);
+          DeviceTensor wg = gated ? DeviceTensor::upload(f.wg) : DeviceTensor();
+          DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
+          const FfnWeights w{gated ? wg.view() : TensorView{}, wu.view(), wd.view()};
+          cuda::FfnOptions o;
+          o.dispatch = Dispatch::always_sparse;
+          o.precision = prec;
+          o.gather_max_tokens = 4;
+          cuda::FfnForward ffn({4, sh.H, sh.I, gated}, o);
+          DeviceTensor y(DType::bf16, {1, sh.H});
+          Tensor first;
+          for (int run = 0; run < 2; ++run) {
+            cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);  // poison: NaN
+            ffn.forward(x, w, y, nullptr);
+            TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+            if (run == 1) {
+              EXPECT_TRUE(test::bit_equal(y.download(), first));
+              break;
+            }
+            first = y.download();
+          }
+          EXPECT_EQ(ffn.last_path(), cuda::FfnPath::gather);
+          if (rms(y_cpu) == 0) {  // nothing active (density 0)
+            EXPECT_EQ(rms(first), 0.0);
+            continue;
+          }
+          EXPECT_LE(relative_error(first, y64), 2 * cpu_err + 1e-4) << "cpu rel_err " << cpu_err;
+          EXPECT_TRUE(test::all_close(first, y_cpu, 0.05 * rms(y_cpu) + 1e-6, 0.02));
+        }
+}
+
 // The dispatch tests: a 0.5% and a 30% dense problem of 256 tokens, the threshold between them.
 struct DispatchCase {
   GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);

@@ -71,7 +71,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   auto mcfg = std::make_shared<bench::ModelBenchConfig>();
   auto model_json = std::make_shared<std::string>();
   auto no_prefill = std::make_shared<bool>(false), no_decode = std::make_shared<bool>(false),
-       no_graphs = std::make_shared<bool>(false), unfused_qkv = std::make_shared<bool>(false);
+       no_graphs = std::make_shared<bool>(false), unfused_qkv = std::make_shared<bool>(false),
+       unfused_decode_ffn = std::make_shared<bool>(false);
   CLI::App* model = bench->add_subcommand(
       "model", "Whole model on the GPU, dense vs twell FFN: prefill tokens/ms, decode tokens/s, memory, energy");
   model->add_option("--layers", mcfg->layers, "decoder layers")->capture_default_str();
@@ -96,6 +97,9 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_flag("--no-decode", *no_decode, "skip the decode benchmark");
   model->add_flag("--unfused-qkv", *unfused_qkv,
                   "prefill: run the QKV GEMM (cuBLASLt) and RoPE as separate kernels (A/B of the fused kernel)");
+  model->add_flag("--unfused-decode-ffn", *unfused_decode_ffn,
+                  "decode, batch 1: the gate GEMV (cuBLASLt), gather and reduce kernels instead of the one-kernel "
+                  "decode FFN (A/B)");
   model->add_flag("--no-graphs", *no_graphs, "decode: launch every step's kernels instead of replaying a CUDA graph");
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")
@@ -109,6 +113,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     mcfg->decode = !*no_decode;
     mcfg->cuda_graphs = !*no_graphs;
     mcfg->fused_qkv_rope = !*unfused_qkv;
+    mcfg->fused_decode_ffn = !*unfused_decode_ffn;
     const auto records = bench::run_model_bench(*mcfg, std::cerr);
     bench::print_model_table(records, std::cout);
     save_records(records, *model_json);

@@ -101,6 +101,12 @@ struct LlamaCudaOptions {
   // (bench/results/h200/model_decode.json, docs/perf.md). Where the gather path does not take the
   // shape (H > 4096 or I > 12288), such steps run the TwELL kernels instead.
   int64_t decode_gather_tokens = 8;
+  // Decode steps of one sequence on the gather path run the FFN as one kernel, the gate GEMV
+  // included, whose weight copies start while the RMSNorm before it runs, and whose partial sums
+  // the next layer's residual add + RMSNorm adds (launch_decode_ffn). false: the gate GEMV
+  // (cuBLASLt), the gather and reduce kernels, as for larger batches (A/B). Off by default until
+  // it has been run on the GPU (written at the end of the seventh session, not yet tested there).
+  bool fused_decode_ffn = false;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
   // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate

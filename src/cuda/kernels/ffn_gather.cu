@@ -20,6 +20,8 @@
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
+#include "cuda/kernels/bulk_copy.cuh"
+#include "cuda/kernels/split_sum.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -203,6 +205,187 @@ void launch(const GatherArgs& a, int splits, int64_t R, cudaStream_t stream) {
   gather_reduce_kernel<<<grid, kThreads, 0, stream>>>(a, splits);
 }
 
+
+// ---- One token, gate GEMV included (launch_decode_ffn) --------------------------------------------
+// A decode step waits on memory round trips, so everything that does not depend on the token is
+// in flight before the token is known: a block's R rows of the gate matrix (R·H·2 bytes, ~88 KB
+// at the paper's shape, two blocks an SM) are bulk-copied into shared memory at the block's start,
+// while the kernel before it (the RMSNorm that produces x) is still running. Then:
+//   1. a warp per row: g = bf16(relu(x · W_j)) from shared memory, x in registers;
+//   2. the active rows in ascending order (a ballot over the rows);
+//   3. a warp per active row: h from x · Wu_j (one 2H-byte row from global memory), while every
+//      thread already loads its columns of the first active rows' Wd;
+//   4. Σ h·Wd_j over the active rows in order, fp32, into parts[b] and flags[b] = 1.
+// The partial sums are added by the consumer (launch_add_rmsnorm's split form, or
+// launch_split_sum), which is launched the same way.
+constexpr int kDecodeWarps = kThreads / 32;
+constexpr int kDecodeMaxRows = 256;               // rows a block owns, at most
+constexpr int kDecodeRowBytes = 100 * 1024;       // shared memory for them: two blocks an SM
+constexpr int kDecodePre = 4;                     // active rows whose Wd columns are loaded early
+
+__device__ __forceinline__ float relu_nan(float v) { return (v > 0.f || v != v) ? v : 0.f; }
+
+template <int kChunks>  // H <= kChunks·256: lane l holds x's columns c·256 + 8l .. + 8 (H > 2048: one block an SM)
+__global__ void __launch_bounds__(kThreads, kChunks <= 8 ? 2 : 1) decode_ffn_kernel(const DecodeFfnArgs a, int R) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ uint64_t bar;
+  __shared__ int n_active;
+  const int64_t H = a.H;
+  uint16_t* rows = reinterpret_cast<uint16_t*>(smem_raw);  // [R][H]
+  float* hv = reinterpret_cast<float*>(rows + R * H);       // [R]: g, then h, of the active entries
+  int32_t* list = reinterpret_cast<int32_t*>(hv + R);       // [R]: active rows, ascending
+  uint32_t* act = reinterpret_cast<uint32_t*>(list + R);    // [R]: row r active
+
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * R;
+  const int n_rows = static_cast<int>(min(static_cast<int64_t>(R), a.I - j0));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    init_barrier(&bar);
+    const uint32_t row_bytes = static_cast<uint32_t>(H * 2);
+    arrive_expect_bytes(&bar, row_bytes * n_rows);
+    const uint64_t stream_once = l2_evict_first_policy();  // read once a step
+    for (int r = 0; r < n_rows; ++r) bulk_copy(rows + r * H, a.w_act + (j0 + r) * H, row_bytes, &bar, stream_once);
+  }
+  __syncthreads();  // the barrier is initialised
+
+  wait_for_previous_grid();  // x is the previous kernel's output (and parts/flags may still be read)
+  uint4 xq[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+    xq[c] = c * 256 + lane * 8 < H ? *reinterpret_cast<const uint4*>(a.x + c * 256 + lane * 8) : make_uint4(0, 0, 0, 0);
+  wait_parity(&bar, 0);
+
+  // 1. The gate.
+  for (int r = warp; r < n_rows; r += kDecodeWarps) {
+    const uint16_t* w = rows + r * H;
+    float dot = 0.f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+      if (c * 256 + lane * 8 < H) {
+        float xf[8];
+        unpack8(xq[c], xf);
+        dot = dot8(dot, xf, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (lane == 0) {
+      const float pre = relu_nan(dot);
+      const uint16_t bits = float_to_bf16_bits(pre);
+      act[r] = bits != 0;
+      // Gated: g, multiplied by u below. Non-gated: h itself (fp32 with h_fp32, as the CPU).
+      hv[r] = a.gated || !a.h_fp32 ? bf16_bits_to_float(bits) : pre;
+    }
+  }
+  allow_dependent_launch();  // the consumer may be scheduled; it waits for this grid's end
+  __syncthreads();
+
+  // 2. The active rows in order.
+  if (warp == 0) {
+    int n = 0;
+    for (int base = 0; base < n_rows; base += 32) {
+      const bool on = base + lane < n_rows && act[base + lane];
+      const uint32_t mask = __ballot_sync(0xffffffffu, on);
+      if (on) list[n + __popc(mask & ((1u << lane) - 1))] = base + lane;
+      n += __popc(mask);
+    }
+    if (lane == 0) n_active = n;
+  }
+  __syncthreads();
+  const int n = n_active;
+  if (n == 0) {
+    if (threadIdx.x == 0) a.flags[blockIdx.x] = 0;
+    return;
+  }
+
+  // 3. h of the active rows; the first ones' Wd columns are loaded meanwhile.
+  constexpr int kDown = (kChunks + 7) / 8;  // groups of 8 columns a thread in the down sum
+  constexpr int kPre = kDecodePre / kDown;
+  uint4 pre[kPre][kDown];
+#pragma unroll
+  for (int i = 0; i < kPre; ++i)
+#pragma unroll
+    for (int c = 0; c < kDown; ++c) {
+      const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
+      pre[i][c] = i < n && c0 < H ? __ldg(reinterpret_cast<const uint4*>(a.wd + (j0 + list[i]) * H + c0))
+                                  : make_uint4(0, 0, 0, 0);
+    }
+  if (a.gated) {
+    for (int k = warp; k < n; k += kDecodeWarps) {
+      const uint4* wr = reinterpret_cast<const uint4*>(a.wu + (j0 + list[k]) * H);
+      constexpr int kGroup = kChunks < 8 ? kChunks : 8;  // a row's loads in flight (H > 2048: two rounds, no spills)
+      float dot = 0.f;
+#pragma unroll
+      for (int c0 = 0; c0 < kChunks; c0 += kGroup) {
+        uint4 w[kGroup];
+#pragma unroll
+        for (int c = 0; c < kGroup; ++c)
+          w[c] = (c0 + c) * 256 + lane * 8 < H ? __ldg(wr + (c0 + c) * 32 + lane) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int c = 0; c < kGroup; ++c) {
+          float xf[8];
+          unpack8(xq[c0 + c], xf);
+          dot = dot8(dot, xf, w[c]);
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if (lane == 0) {
+        const int r = list[k];
+        const float h = hv[r] * round_bf16(dot);  // u rounded as the bf16 up GEMM rounds it
+        hv[r] = a.h_fp32 ? h : round_bf16(h);
+      }
+    }
+    __syncthreads();
+  }
+
+  // 4. The block's part of y, rows in order (h = 0 adds nothing, as on the CPU).
+  float acc[kDown][8] = {};
+  for (int k = 0; k < n; ++k) {
+    const float h = hv[list[k]];
+#pragma unroll
+    for (int c = 0; c < kDown; ++c) {
+      const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
+      if (c0 >= H || h == 0.f) continue;
+      uint4 w;
+      if (k < kPre) {
+#pragma unroll
+        for (int i = 0; i < kPre; ++i)
+          if (i == k) w = pre[i][c];
+      } else {
+        w = __ldg(reinterpret_cast<const uint4*>(a.wd + (j0 + list[k]) * H + c0));
+      }
+      fma8(acc[c], h, w);
+    }
+  }
+  float* part = a.parts + static_cast<int64_t>(blockIdx.x) * H;
+#pragma unroll
+  for (int c = 0; c < kDown; ++c) {
+    const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
+    if (c0 >= H) continue;
+    reinterpret_cast<float4*>(part + c0)[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
+    reinterpret_cast<float4*>(part + c0)[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
+  }
+  if (threadIdx.x == 0) a.flags[blockIdx.x] = 1;
+}
+
+int decode_rows_per_block(int64_t H, int64_t I, int sm_count) {
+  const int64_t fit = std::max<int64_t>(1, kDecodeRowBytes / (2 * H));
+  const int64_t spread = (I + 2 * sm_count - 1) / (2 * static_cast<int64_t>(sm_count));
+  return static_cast<int>(std::max<int64_t>(1, std::min({spread, fit, int64_t{kDecodeMaxRows}})));
+}
+
+// y = bf16(Σ of the flagged parts in order), 8 columns a thread (launch_split_sum).
+__global__ void __launch_bounds__(kThreads) split_sum_kernel(const SplitSum s, int64_t H, uint16_t* y) {
+  __shared__ int32_t list[kMaxSplitParts];
+  wait_for_previous_grid();
+  const int n = collect_split_list<kThreads>(s, list);
+  for (int64_t c0 = threadIdx.x * 8; c0 < H; c0 += kThreads * 8) {
+    float v[8];
+    split_sum8(s, list, n, H, c0, v);
+    *reinterpret_cast<uint4*>(y + c0) = pack8(v);
+  }
+}
+
 }  // namespace
 
 // Ranges per token: 128 blocks in all up to 128 tokens (a decode step has the GPU to itself, and a
@@ -228,6 +411,50 @@ void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream) {
     default: two ? launch<16, 2>(a, splits, R, stream) : launch<8, 1>(a, splits, R, stream);
   }
   TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace twell::cuda
+
+namespace twell::cuda {
+
+bool decode_ffn_supported(int64_t H, int64_t I) {
+  return H % 8 == 0 && H >= 8 && H <= 4096 && I % 8 == 0 && I >= 8 &&
+         (I + kDecodeRowBytes / (2 * H) - 1) / (kDecodeRowBytes / (2 * H)) <= kMaxSplitParts;
+}
+
+int decode_ffn_blocks(int64_t H, int64_t I, int sm_count) {
+  const int64_t R = decode_rows_per_block(H, I, sm_count);
+  return static_cast<int>((I + R - 1) / R);
+}
+
+namespace {
+template <int kChunks>
+void launch_decode(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream) {
+  const int R = decode_rows_per_block(a.H, a.I, sm_count);
+  // rows, then hv, list and act (4 bytes a row each)
+  const size_t smem = static_cast<size_t>(R) * (a.H * 2 + 12);
+  allow_dynamic_smem(reinterpret_cast<const void*>(decode_ffn_kernel<kChunks>), kDecodeRowBytes + 12 * kDecodeMaxRows);
+  launch_dependent(decode_ffn_kernel<kChunks>, dim3(static_cast<unsigned>(decode_ffn_blocks(a.H, a.I, sm_count))),
+                   dim3(kThreads), smem, stream, a, R);
+}
+}  // namespace
+
+void launch_decode_ffn(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream) {
+  TWELL_CHECK(decode_ffn_supported(a.H, a.I), "decode FFN: H = ", a.H, " and I = ", a.I,
+              " must be multiples of 8 with H <= 4096 (and I/H small enough for ", kMaxSplitParts, " blocks)");
+  switch ((a.H + 255) / 256) {
+    case 1: launch_decode<1>(a, sm_count, stream); break;
+    case 2: launch_decode<2>(a, sm_count, stream); break;
+    case 3: case 4: launch_decode<4>(a, sm_count, stream); break;
+    case 5: case 6: case 7: case 8: launch_decode<8>(a, sm_count, stream); break;
+    default: launch_decode<16>(a, sm_count, stream);
+  }
+}
+
+void launch_split_sum(const SplitSum& s, int64_t H, uint16_t* y, cudaStream_t stream) {
+  TWELL_CHECK(s.count >= 0 && s.count <= kMaxSplitParts && H % 8 == 0, "split sum: ", s.count, " parts (at most ",
+              kMaxSplitParts, "), H = ", H, " must be a multiple of 8");
+  launch_dependent(split_sum_kernel, dim3(1), dim3(kThreads), 0, stream, s, H, y);
 }
 
 }  // namespace twell::cuda

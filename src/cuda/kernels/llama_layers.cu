@@ -6,6 +6,8 @@
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
+#include "cuda/kernels/bulk_copy.cuh"
+#include "cuda/kernels/split_sum.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -33,16 +35,29 @@ __global__ void embed_kernel(const int32_t* __restrict__ tokens, const uint16_t*
 // store, and loads its norm weights before the block's reduction: one dependent round trip less
 // than re-reading the row after it (a decode step runs this twice a layer on one row, where the
 // round trips are the whole cost).
-template <int kChunks>
+// kSplit: one row whose delta is a SplitSum (the decode FFN's partial sums, added and rounded to
+// bf16 here); launched with programmatic dependent launch, so it waits for the FFN kernel before
+// reading. Every form lets a dependent-launched successor (the decode FFN) start early.
+template <int kChunks, bool kSplit = false>
 __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x, const uint16_t* __restrict__ delta,
                                                           const uint16_t* __restrict__ w, uint16_t* __restrict__ out,
-                                                          int64_t H, int64_t step, int64_t offset, float eps) {
+                                                          int64_t H, int64_t step, int64_t offset, float eps,
+                                                          const SplitSum split) {
   __shared__ float scratch[32];
+  allow_dependent_launch();
   const int64_t src = blockIdx.x * step + offset;
   float* xr = x + src * H;
   float v[kChunks][8];
   uint4 wq[kChunks];
   float sum_sq = 0;
+  int n_split = 0;
+  int32_t* split_list = nullptr;
+  if constexpr (kSplit) {
+    __shared__ int32_t list[kMaxSplitParts];
+    wait_for_previous_grid();
+    n_split = collect_split_list<256>(split, list);
+    split_list = list;
+  }
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * 8;
@@ -52,10 +67,16 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
     const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     wq[c] = *reinterpret_cast<const uint4*>(w + i);
     float d[8] = {};
-    if (delta) unpack8(*reinterpret_cast<const uint4*>(delta + src * H + i), d);
+    if constexpr (kSplit) {
+      split_sum8(split, split_list, n_split, H, i, d);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) d[e] = round_bf16(d[e]);  // y is bf16, as the unsplit path stores it
+    } else {
+      if (delta) unpack8(*reinterpret_cast<const uint4*>(delta + src * H + i), d);
+    }
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[c][e] = f[e] + d[e];
-    if (delta) {
+    if (kSplit || delta) {
       xv[0] = make_float4(v[c][0], v[c][1], v[c][2], v[c][3]);
       xv[1] = make_float4(v[c][4], v[c][5], v[c][6], v[c][7]);
     }
@@ -155,11 +176,30 @@ void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint
               kMaxNormWidth);
   if (rows == 0) return;
   const unsigned grid = static_cast<unsigned>(rows);
-  if (H <= 256 * 8) add_rmsnorm_kernel<1><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
-  else if (H <= 2 * 256 * 8) add_rmsnorm_kernel<2><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
-  else if (H <= 4 * 256 * 8) add_rmsnorm_kernel<4><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
-  else add_rmsnorm_kernel<8><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
+  const SplitSum none;
+  if (H <= 256 * 8) add_rmsnorm_kernel<1><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps, none);
+  else if (H <= 2 * 256 * 8) add_rmsnorm_kernel<2><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps, none);
+  else if (H <= 4 * 256 * 8) add_rmsnorm_kernel<4><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps, none);
+  else add_rmsnorm_kernel<8><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps, none);
   TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_add_rmsnorm(float* x, const SplitSum& delta, const uint16_t* w, uint16_t* out, int64_t H, float eps,
+                        cudaStream_t stream) {
+  TWELL_CHECK(H % 8 == 0 && H <= kMaxNormWidth, "add_rmsnorm: H = ", H, " must be a multiple of 8, at most ",
+              kMaxNormWidth);
+  TWELL_CHECK(delta.count >= 0 && delta.count <= kMaxSplitParts, "add_rmsnorm: ", delta.count,
+              " partial sums, at most ", kMaxSplitParts);
+  const uint16_t* no_delta = nullptr;
+  const int64_t step = 1, offset = 0;
+  if (H <= 256 * 8)
+    launch_dependent(add_rmsnorm_kernel<1, true>, dim3(1), dim3(256), 0, stream, x, no_delta, w, out, H, step, offset, eps, delta);
+  else if (H <= 2 * 256 * 8)
+    launch_dependent(add_rmsnorm_kernel<2, true>, dim3(1), dim3(256), 0, stream, x, no_delta, w, out, H, step, offset, eps, delta);
+  else if (H <= 4 * 256 * 8)
+    launch_dependent(add_rmsnorm_kernel<4, true>, dim3(1), dim3(256), 0, stream, x, no_delta, w, out, H, step, offset, eps, delta);
+  else
+    launch_dependent(add_rmsnorm_kernel<8, true>, dim3(1), dim3(256), 0, stream, x, no_delta, w, out, H, step, offset, eps, delta);
 }
 
 void launch_rope_kv(const RopeKvArgs& a, cudaStream_t stream) {

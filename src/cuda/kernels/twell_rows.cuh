@@ -9,6 +9,7 @@
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
+#include "cuda/kernels/bulk_copy.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -56,38 +57,6 @@ __device__ __forceinline__ WarpSmem warp_smem(char* smem, const Params& p, int w
   s.aux = reinterpret_cast<uint32_t*>(s.col + p.list_cap);
   s.full = reinterpret_cast<uint64_t*>(lists + static_cast<int64_t>(n_warps) * 2 * p.list_cap * 4) + warp * p.ring_slots;
   return s;
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ uint64_t l2_keep_policy() {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-// Lane 0: bulk-copies `bytes` from global `src` into shared `dst`; completion lands on `bar`.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
-}
-
-__device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "wait:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
 }
 
 enum class Aux { u_index, h_gated, h_gated_fp32, h_plain, dg, du };
