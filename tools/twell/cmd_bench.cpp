@@ -113,7 +113,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     mcfg->decode = !*no_decode;
     mcfg->cuda_graphs = !*no_graphs;
     mcfg->fused_qkv_rope = !*unfused_qkv;
-    mcfg->fused_decode_ffn = !*unfused_decode_ffn;
+    if (*unfused_decode_ffn) mcfg->fused_decode_ffn = false;
     const auto records = bench::run_model_bench(*mcfg, std::cerr);
     bench::print_model_table(records, std::cout);
     save_records(records, *model_json);
