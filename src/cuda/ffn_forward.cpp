@@ -41,7 +41,6 @@ struct FfnForward::Impl {
   DeviceBuffer gather_partial;
   // One token (M = 1) on the gather path: the fused decode kernel (gate GEMV included) and its
   // blocks' partial sums (launch_decode_ffn); decode_blocks = 0 where the shape does not fit it.
-  static constexpr bool kUseDecodeKernel = false;
   int decode_blocks = 0;
   DeviceBuffer decode_parts, decode_flags;
   // Device counters of the sparse path: kNnzCounters non-zero partial sums, spilled tiles, the
@@ -462,8 +461,7 @@ struct FfnForward::Impl {
     const bool sparse_known = policy == Dispatch::always_sparse ||
                               (policy == Dispatch::previous && previous_density >= 0 &&
                                previous_density < options.dense_above_density);
-    // NOTE: not yet measured on the GPU (seventh session ended first): off until the GPU tests pass.
-    if (kUseDecodeKernel && sparse_known && M == 1 && M <= gather_tokens && decode_blocks > 0) {
+    if (sparse_known && M == 1 && M <= gather_tokens && decode_blocks > 0) {
       stats.path = FfnPath::gather;
       return run_decode(xp, w, yp, stream);
     }

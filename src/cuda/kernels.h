@@ -134,9 +134,10 @@ int gather_splits(int64_t M);
 bool gather_supports(int64_t H, int64_t I);
 void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream);
 
-// One token's FFN output kept as ordered partial sums: y = bf16(Σ parts[b] over the b < count with
-// flags[b] != 0, in ascending b; fp32). launch_add_rmsnorm takes it as its delta, launch_split_sum
-// writes y.
+// One token's FFN output kept as partial sums: y = bf16(Σ parts[b] over the b < count with
+// flags[b] != 0; fp32, in an order fixed by the flags: deterministic). launch_add_rmsnorm takes it
+// as its delta, launch_split_sum writes y; both spread the columns over 8 blocks (split_sum.cuh)
+// and need H a multiple of 32, at most 8192.
 struct SplitSum {
   const float* parts = nullptr;     // [count, H]
   const uint32_t* flags = nullptr;  // [count]
@@ -147,8 +148,8 @@ struct SplitSum {
 // before the previous kernel has finished (launched with programmatic dependent launch); then
 // g = bf16(relu(x·Wg_j)), and for the active rows h = bf16(g · bf16(x·Wu_j)) (non-gated: the
 // format's h from x·Wu_j) and the block's Σ h·Wd_j go to parts[b] (flags[b] = 1; 0 when the block
-// has no active row). Rounded as cpu::ffn_forward's pipeline; deterministic. H, I multiples of 8,
-// H <= 4096, 16-byte aligned pointers.
+// has no active row). Rounded as cpu::ffn_forward's pipeline; deterministic. H a multiple of 32,
+// at most 4096, I a multiple of 8, 16-byte aligned pointers (decode_ffn_supported).
 struct DecodeFfnArgs {
   const uint16_t* x = nullptr;      // [H]
   const uint16_t* w_act = nullptr;  // [I, H]: the matrix whose ReLU output is the active set (Wg; non-gated: Wu)

@@ -104,9 +104,8 @@ struct LlamaCudaOptions {
   // Decode steps of one sequence on the gather path run the FFN as one kernel, the gate GEMV
   // included, whose weight copies start while the RMSNorm before it runs, and whose partial sums
   // the next layer's residual add + RMSNorm adds (launch_decode_ffn). false: the gate GEMV
-  // (cuBLASLt), the gather and reduce kernels, as for larger batches (A/B). Off by default until
-  // it has been run on the GPU (written at the end of the seventh session, not yet tested there).
-  bool fused_decode_ffn = false;
+  // (cuBLASLt), the gather and reduce kernels, as for larger batches (A/B).
+  bool fused_decode_ffn = true;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
   // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate

@@ -374,16 +374,14 @@ int decode_rows_per_block(int64_t H, int64_t I, int sm_count) {
   return static_cast<int>(std::max<int64_t>(1, std::min({spread, fit, int64_t{kDecodeMaxRows}})));
 }
 
-// y = bf16(Σ of the flagged parts in order), 8 columns a thread (launch_split_sum).
-__global__ void __launch_bounds__(kThreads) split_sum_kernel(const SplitSum s, int64_t H, uint16_t* y) {
-  __shared__ int32_t list[kMaxSplitParts];
+// y = bf16(the split sum), H / kSplitBlocks columns a block (launch_split_sum).
+__global__ void __launch_bounds__(kSplitThreads) split_sum_kernel(const SplitSum s, int64_t H, uint16_t* y) {
   wait_for_previous_grid();
-  const int n = collect_split_list<kThreads>(s, list);
-  for (int64_t c0 = threadIdx.x * 8; c0 < H; c0 += kThreads * 8) {
-    float v[8];
-    split_sum8(s, list, n, H, c0, v);
-    *reinterpret_cast<uint4*>(y + c0) = pack8(v);
-  }
+  const float4 v = split_slice_sum(s, H);
+  const int64_t c0 = blockIdx.x * (H / kSplitBlocks) + 4 * threadIdx.x;
+  if (threadIdx.x < H / (4 * kSplitBlocks))
+    *reinterpret_cast<uint2*>(y + c0) =
+        make_uint2(pack2(v.x, v.y), pack2(v.z, v.w));
 }
 
 }  // namespace
@@ -418,7 +416,7 @@ void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream) {
 namespace twell::cuda {
 
 bool decode_ffn_supported(int64_t H, int64_t I) {
-  return H % 8 == 0 && H >= 8 && H <= 4096 && I % 8 == 0 && I >= 8 &&
+  return split_sum_width_ok(H) && H <= 4096 && I % 8 == 0 && I >= 8 &&
          (I + kDecodeRowBytes / (2 * H) - 1) / (kDecodeRowBytes / (2 * H)) <= kMaxSplitParts;
 }
 
@@ -452,9 +450,10 @@ void launch_decode_ffn(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream
 }
 
 void launch_split_sum(const SplitSum& s, int64_t H, uint16_t* y, cudaStream_t stream) {
-  TWELL_CHECK(s.count >= 0 && s.count <= kMaxSplitParts && H % 8 == 0, "split sum: ", s.count, " parts (at most ",
-              kMaxSplitParts, "), H = ", H, " must be a multiple of 8");
-  launch_dependent(split_sum_kernel, dim3(1), dim3(kThreads), 0, stream, s, H, y);
+  TWELL_CHECK(s.count >= 0 && s.count <= kMaxSplitParts && split_sum_width_ok(H), "split sum: ", s.count,
+              " parts (at most ", kMaxSplitParts, "), H = ", H, " must be a multiple of ", 4 * kSplitBlocks,
+              ", at most ", 4 * kSplitBlocks * kSplitThreads);
+  launch_dependent(split_sum_kernel, dim3(kSplitBlocks), dim3(kSplitThreads), 0, stream, s, H, y);
 }
 
 }  // namespace twell::cuda

@@ -4,6 +4,8 @@
 // GEMM reads is bf16. Covered by tests/cuda/test_llama_cuda.cpp (whole model vs the CPU backend).
 #include <algorithm>
 
+#include <cooperative_groups.h>
+
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
 #include "cuda/kernels/bulk_copy.cuh"
@@ -35,14 +37,11 @@ __global__ void embed_kernel(const int32_t* __restrict__ tokens, const uint16_t*
 // store, and loads its norm weights before the block's reduction: one dependent round trip less
 // than re-reading the row after it (a decode step runs this twice a layer on one row, where the
 // round trips are the whole cost).
-// kSplit: one row whose delta is a SplitSum (the decode FFN's partial sums, added and rounded to
-// bf16 here); launched with programmatic dependent launch, so it waits for the FFN kernel before
-// reading. Every form lets a dependent-launched successor (the decode FFN) start early.
-template <int kChunks, bool kSplit = false>
+// It lets a dependent-launched successor (the decode FFN) start early.
+template <int kChunks>
 __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x, const uint16_t* __restrict__ delta,
                                                           const uint16_t* __restrict__ w, uint16_t* __restrict__ out,
-                                                          int64_t H, int64_t step, int64_t offset, float eps,
-                                                          const SplitSum split) {
+                                                          int64_t H, int64_t step, int64_t offset, float eps) {
   __shared__ float scratch[32];
   allow_dependent_launch();
   const int64_t src = blockIdx.x * step + offset;
@@ -50,14 +49,6 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
   float v[kChunks][8];
   uint4 wq[kChunks];
   float sum_sq = 0;
-  int n_split = 0;
-  int32_t* split_list = nullptr;
-  if constexpr (kSplit) {
-    __shared__ int32_t list[kMaxSplitParts];
-    wait_for_previous_grid();
-    n_split = collect_split_list<256>(split, list);
-    split_list = list;
-  }
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * 8;
@@ -67,16 +58,10 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
     const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     wq[c] = *reinterpret_cast<const uint4*>(w + i);
     float d[8] = {};
-    if constexpr (kSplit) {
-      split_sum8(split, split_list, n_split, H, i, d);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) d[e] = round_bf16(d[e]);  // y is bf16, as the unsplit path stores it
-    } else {
-      if (delta) unpack8(*reinterpret_cast<const uint4*>(delta + src * H + i), d);
-    }
+    if (delta) unpack8(*reinterpret_cast<const uint4*>(delta + src * H + i), d);
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[c][e] = f[e] + d[e];
-    if (kSplit || delta) {
+    if (delta) {
       xv[0] = make_float4(v[c][0], v[c][1], v[c][2], v[c][3]);
       xv[1] = make_float4(v[c][4], v[c][5], v[c][6], v[c][7]);
     }
@@ -94,6 +79,48 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
 #pragma unroll
     for (int e = 0; e < 8; ++e) r[e] = wf[e] * (v[c][e] * inv);
     *reinterpret_cast<uint4*>(o + i) = pack8(r);
+  }
+}
+
+// The residual add + RMSNorm of one row whose delta is a SplitSum (the decode FFN's partial sums,
+// added and rounded to bf16 as the unsplit path stores y): a cluster of kSplitBlocks blocks, each
+// summing its slice of the columns (split_sum.cuh); the blocks' sums of squares are exchanged
+// through distributed shared memory and added in rank order, so every block scales by the same
+// factor. Launched with programmatic dependent launch: the norm weights are loaded before it
+// waits for the FFN kernel.
+__global__ void __cluster_dims__(kSplitBlocks, 1, 1) __launch_bounds__(kSplitThreads)
+    add_rmsnorm_split_kernel(float* __restrict__ x, const SplitSum split, const uint16_t* __restrict__ w,
+                             uint16_t* __restrict__ out, int64_t H, float eps) {
+  __shared__ float scratch[32];
+  __shared__ float block_sq;
+  allow_dependent_launch();
+  const bool mine = threadIdx.x < H / (4 * kSplitBlocks);
+  const int64_t c0 = blockIdx.x * (H / kSplitBlocks) + 4 * threadIdx.x;
+  uint2 wq = make_uint2(0, 0);
+  if (mine) wq = *reinterpret_cast<const uint2*>(w + c0);
+  wait_for_previous_grid();
+  float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (mine) xv = *reinterpret_cast<const float4*>(x + c0);
+  const float4 d = split_slice_sum(split, H);
+  const float4 v = make_float4(xv.x + round_bf16(d.x), xv.y + round_bf16(d.y), xv.z + round_bf16(d.z),
+                               xv.w + round_bf16(d.w));
+  if (mine) *reinterpret_cast<float4*>(x + c0) = v;
+  const float sq = block_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w, scratch);
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) block_sq = sq;
+  cluster.sync();
+  float total = 0.f;
+  for (unsigned r = 0; r < kSplitBlocks; ++r) total += *cluster.map_shared_rank(&block_sq, r);
+  cluster.sync();  // no block leaves while another reads its block_sq
+  const float inv = rsqrtf(total / static_cast<float>(H) + eps);
+  if (mine) {
+    const float w0 = bf16_bits_to_float(static_cast<uint16_t>(wq.x & 0xffffu));
+    const float w1 = bf16_bits_to_float(static_cast<uint16_t>(wq.x >> 16));
+    const float w2 = bf16_bits_to_float(static_cast<uint16_t>(wq.y & 0xffffu));
+    const float w3 = bf16_bits_to_float(static_cast<uint16_t>(wq.y >> 16));
+    *reinterpret_cast<uint2*>(out + c0) = make_uint2(pack2(w0 * (v.x * inv), w1 * (v.y * inv)),
+                                                     pack2(w2 * (v.z * inv), w3 * (v.w * inv)));
   }
 }
 
@@ -176,30 +203,21 @@ void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint
               kMaxNormWidth);
   if (rows == 0) return;
   const unsigned grid = static_cast<unsigned>(rows);
-  const SplitSum none;
-  if (H <= 256 * 8) add_rmsnorm_kernel<1><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps, none);
-  else if (H <= 2 * 256 * 8) add_rmsnorm_kernel<2><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps, none);
-  else if (H <= 4 * 256 * 8) add_rmsnorm_kernel<4><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps, none);
-  else add_rmsnorm_kernel<8><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps, none);
+  if (H <= 256 * 8) add_rmsnorm_kernel<1><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
+  else if (H <= 2 * 256 * 8) add_rmsnorm_kernel<2><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
+  else if (H <= 4 * 256 * 8) add_rmsnorm_kernel<4><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
+  else add_rmsnorm_kernel<8><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_add_rmsnorm(float* x, const SplitSum& delta, const uint16_t* w, uint16_t* out, int64_t H, float eps,
                         cudaStream_t stream) {
-  TWELL_CHECK(H % 8 == 0 && H <= kMaxNormWidth, "add_rmsnorm: H = ", H, " must be a multiple of 8, at most ",
-              kMaxNormWidth);
+  TWELL_CHECK(split_sum_width_ok(H), "add_rmsnorm of a split sum: H = ", H, " must be a multiple of ",
+              4 * kSplitBlocks, ", at most ", 4 * kSplitBlocks * kSplitThreads);
   TWELL_CHECK(delta.count >= 0 && delta.count <= kMaxSplitParts, "add_rmsnorm: ", delta.count,
               " partial sums, at most ", kMaxSplitParts);
-  const uint16_t* no_delta = nullptr;
-  const int64_t step = 1, offset = 0;
-  if (H <= 256 * 8)
-    launch_dependent(add_rmsnorm_kernel<1, true>, dim3(1), dim3(256), 0, stream, x, no_delta, w, out, H, step, offset, eps, delta);
-  else if (H <= 2 * 256 * 8)
-    launch_dependent(add_rmsnorm_kernel<2, true>, dim3(1), dim3(256), 0, stream, x, no_delta, w, out, H, step, offset, eps, delta);
-  else if (H <= 4 * 256 * 8)
-    launch_dependent(add_rmsnorm_kernel<4, true>, dim3(1), dim3(256), 0, stream, x, no_delta, w, out, H, step, offset, eps, delta);
-  else
-    launch_dependent(add_rmsnorm_kernel<8, true>, dim3(1), dim3(256), 0, stream, x, no_delta, w, out, H, step, offset, eps, delta);
+  launch_dependent(add_rmsnorm_split_kernel, dim3(kSplitBlocks), dim3(kSplitThreads), 0, stream, x, delta, w, out, H,
+                   eps);
 }
 
 void launch_rope_kv(const RopeKvArgs& a, cudaStream_t stream) {

@@ -1,7 +1,11 @@
-// Reading a SplitSum (kernels.h: one token's FFN output as ordered fp32 partial sums): the block
-// lists the flagged parts in ascending order, then each thread adds its 8 columns over that list
-// in the same order, so the sum does not depend on timing. Used by launch_split_sum (ffn_gather.cu)
-// and by the split form of launch_add_rmsnorm (llama_layers.cu).
+// Reading a SplitSum (kernels.h: one token's FFN output as fp32 partial sums, ~30 flagged parts of
+// H columns at the paper's shape). One block reading them all waits on its own L2 bandwidth and
+// round trips (10.7 µs a layer measured, docs/perf.md model item 15), so the columns are spread
+// over kSplitBlocks blocks: each lists the flagged parts in ascending order, and in its slice of
+// H / kSplitBlocks columns, group g of its threads adds parts g, g + G, g + 2G, ... with
+// kSplitInFlight loads in flight, then the groups' sums are added in group order. The order
+// depends only on the flags, so the sum does not depend on timing. Used by launch_split_sum
+// (ffn_gather.cu) and by the split form of launch_add_rmsnorm (llama_layers.cu, one cluster).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -12,6 +16,14 @@ namespace twell::cuda {
 namespace {
 
 constexpr int kMaxSplitParts = 2048;  // parts a SplitSum may have (the list lives in shared memory)
+constexpr int kSplitBlocks = 8;       // blocks sharing one split sum's columns (a portable cluster)
+constexpr int kSplitThreads = 256;
+constexpr int kSplitInFlight = 8;
+
+// H a split sum supports: slices of whole float4 quads, at most one quad a thread.
+constexpr bool split_sum_width_ok(int64_t H) {
+  return H > 0 && H % (4 * kSplitBlocks) == 0 && H / (4 * kSplitBlocks) <= kSplitThreads;
+}
 
 // The flagged parts of `s` in ascending order into list[0..n); returns n. Every thread of the
 // block (kThreads of them) must call it; it ends with a barrier.
@@ -32,32 +44,43 @@ __device__ int collect_split_list(const SplitSum& s, int32_t* list) {
   return n;
 }
 
-// v[e] = Σ_k parts[list[k]][c0 + e], k ascending, fp32; four parts' loads in flight.
-__device__ __forceinline__ void split_sum8(const SplitSum& s, const int32_t* list, int n, int64_t H, int64_t c0,
-                                           float (&v)[8]) {
+// This block's slice of the split sum: thread q < H / (4·kSplitBlocks) gets columns
+// blockIdx.x·H/kSplitBlocks + 4q .. + 4 (fp32, not rounded). Every thread of the block
+// (kSplitThreads) must call it; it waits on the flags and ends with a barrier.
+__device__ float4 split_slice_sum(const SplitSum& s, int64_t H) {
+  __shared__ int32_t list[kMaxSplitParts];
+  __shared__ float4 group_sum[kSplitThreads];
+  const int n = collect_split_list<kSplitThreads>(s, list);
+  const int t = static_cast<int>(threadIdx.x);
+  const int quads = static_cast<int>(H / (4 * kSplitBlocks)), groups = kSplitThreads / quads;
+  const int q = t % quads, g = t / quads;
+  const float* base = s.parts + blockIdx.x * (H / kSplitBlocks) + 4 * q;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (g < groups) {
+    int k = g;
+    for (; k + (kSplitInFlight - 1) * groups < n; k += kSplitInFlight * groups) {
+      float4 v[kSplitInFlight];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = 0.f;
-  int k = 0;
-  for (; k + 4 <= n; k += 4) {
-    float4 q[4][2];
+      for (int i = 0; i < kSplitInFlight; ++i)
+        v[i] = __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(list[k + i * groups]) * H));
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4* p = reinterpret_cast<const float4*>(s.parts + static_cast<int64_t>(list[k + i]) * H + c0);
-      q[i][0] = __ldcg(p);
-      q[i][1] = __ldcg(p + 1);
+      for (int i = 0; i < kSplitInFlight; ++i) acc.x += v[i].x, acc.y += v[i].y, acc.z += v[i].z, acc.w += v[i].w;
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[0] += q[i][0].x, v[1] += q[i][0].y, v[2] += q[i][0].z, v[3] += q[i][0].w;
-      v[4] += q[i][1].x, v[5] += q[i][1].y, v[6] += q[i][1].z, v[7] += q[i][1].w;
+    for (; k < n; k += groups) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(list[k]) * H));
+      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
     }
   }
-  for (; k < n; ++k) {
-    const float4* p = reinterpret_cast<const float4*>(s.parts + static_cast<int64_t>(list[k]) * H + c0);
-    const float4 lo = __ldcg(p), hi = __ldcg(p + 1);
-    v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w;
-    v[4] += hi.x, v[5] += hi.y, v[6] += hi.z, v[7] += hi.w;
-  }
+  group_sum[t] = acc;
+  __syncthreads();
+  float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (t < quads)
+    for (int i = 0; i < groups; ++i) {
+      const float4 v = group_sum[i * quads + t];
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+  __syncthreads();
+  return sum;
 }
 
 }  // namespace
