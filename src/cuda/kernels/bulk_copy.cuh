@@ -56,6 +56,10 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
   bulk_copy(dst, src, bytes, bar, policy);
 }
 
+// Orders this thread's earlier shared-memory accesses before later bulk copies into the same
+// memory (the TMA engine is another proxy): a slot read by threads, then refilled.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
 __device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n"

@@ -210,53 +210,55 @@ void launch(const GatherArgs& a, int splits, int64_t R, cudaStream_t stream) {
 // A decode step waits on memory round trips, so everything that does not depend on the token is
 // in flight before the token is known: a block's R rows of the gate matrix (R·H·2 bytes, ~88 KB
 // at the paper's shape, two blocks an SM) are bulk-copied into shared memory at the block's start,
-// while the kernel before it (the RMSNorm that produces x) is still running. Then:
-//   1. a warp per row: g = bf16(relu(x · W_j)) from shared memory, x in registers;
-//   2. the active rows in ascending order (a ballot over the rows);
-//   3. a warp per active row: h from x · Wu_j (one 2H-byte row from global memory), while every
-//      thread already loads its columns of the first active rows' Wd;
-//   4. Σ h·Wd_j over the active rows in order, fp32, into parts[b] and flags[b] = 1.
+// each on its own mbarrier, while the kernel before it (the RMSNorm that produces x) is still
+// running. Then a warp per row, as soon as that row has landed:
+//   1. g = bf16(relu(x · W_j)) from shared memory, x in registers;
+//   2. an active row starts the bulk copy of its Wd row into its own (consumed) slot and computes
+//      h from x · Wu_j (one 2H-byte row from global memory), so the last rows' round trips
+//      overlap the gate stream instead of following it;
+//   3. the active rows in ascending order (a ballot over the rows);
+//   4. Σ h·Wd_j over the active rows in order, fp32, from shared memory into parts[b], flags[b] = 1.
 // The partial sums are added by the consumer (launch_add_rmsnorm's split form, or
 // launch_split_sum), which is launched the same way.
 constexpr int kDecodeWarps = kThreads / 32;
 constexpr int kDecodeMaxRows = 256;               // rows a block owns, at most
 constexpr int kDecodeRowBytes = 100 * 1024;       // shared memory for them: two blocks an SM
-constexpr int kDecodePre = 4;                     // active rows whose Wd columns are loaded early
+constexpr int kDecodeRowExtra = 20;               // bytes a row besides its weights: barrier, h, list, act
 
 __device__ __forceinline__ float relu_nan(float v) { return (v > 0.f || v != v) ? v : 0.f; }
 
 template <int kChunks>  // H <= kChunks·256: lane l holds x's columns c·256 + 8l .. + 8 (H > 2048: one block an SM)
 __global__ void __launch_bounds__(kThreads, kChunks <= 8 ? 2 : 1) decode_ffn_kernel(const DecodeFfnArgs a, int R) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __shared__ uint64_t bar;
   __shared__ int n_active;
   const int64_t H = a.H;
-  uint16_t* rows = reinterpret_cast<uint16_t*>(smem_raw);  // [R][H]
-  float* hv = reinterpret_cast<float*>(rows + R * H);       // [R]: g, then h, of the active entries
-  int32_t* list = reinterpret_cast<int32_t*>(hv + R);       // [R]: active rows, ascending
-  uint32_t* act = reinterpret_cast<uint32_t*>(list + R);    // [R]: row r active
+  uint16_t* rows = reinterpret_cast<uint16_t*>(smem_raw);  // [R][H]: the gate row, then Wd's row
+  uint64_t* bar = reinterpret_cast<uint64_t*>(rows + R * H);  // [R]: phase 0 the gate row, 1 Wd's
+  float* hv = reinterpret_cast<float*>(bar + R);           // [R]: h of the active rows
+  int32_t* list = reinterpret_cast<int32_t*>(hv + R);      // [R]: active rows, ascending
+  uint32_t* act = reinterpret_cast<uint32_t*>(list + R);   // [R]: row r active
 
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * R;
   const int n_rows = static_cast<int>(min(static_cast<int64_t>(R), a.I - j0));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    init_barrier(&bar);
-    const uint32_t row_bytes = static_cast<uint32_t>(H * 2);
-    arrive_expect_bytes(&bar, row_bytes * n_rows);
-    const uint64_t stream_once = l2_evict_first_policy();  // read once a step
-    for (int r = 0; r < n_rows; ++r) bulk_copy(rows + r * H, a.w_act + (j0 + r) * H, row_bytes, &bar, stream_once);
-  }
-  __syncthreads();  // the barrier is initialised
+  const uint32_t row_bytes = static_cast<uint32_t>(H * 2);
+  const uint64_t stream_once = l2_evict_first_policy();  // weights are read once a step
+  if (threadIdx.x == 0)
+    for (int r = 0; r < n_rows; ++r) {
+      init_barrier(&bar[r]);
+      bulk_load(rows + r * H, a.w_act + (j0 + r) * H, row_bytes, &bar[r], stream_once);
+    }
+  __syncthreads();  // the barriers are initialised
 
   wait_for_previous_grid();  // x is the previous kernel's output (and parts/flags may still be read)
   uint4 xq[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c)
     xq[c] = c * 256 + lane * 8 < H ? *reinterpret_cast<const uint4*>(a.x + c * 256 + lane * 8) : make_uint4(0, 0, 0, 0);
-  wait_parity(&bar, 0);
 
-  // 1. The gate.
   for (int r = warp; r < n_rows; r += kDecodeWarps) {
+    // 1. The gate.
+    wait_parity(&bar[r], 0);
     const uint16_t* w = rows + r * H;
     float dot = 0.f;
 #pragma unroll
@@ -268,18 +270,50 @@ __global__ void __launch_bounds__(kThreads, kChunks <= 8 ? 2 : 1) decode_ffn_ker
       }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float pre = relu_nan(dot);
+    const uint16_t bits = float_to_bf16_bits(pre);
+    const bool active = bits != 0;  // the same in every lane
+    // Gated: g, multiplied by u below. Non-gated: h itself (fp32 with h_fp32, as the CPU).
+    float h = a.gated || !a.h_fp32 ? bf16_bits_to_float(bits) : pre;
+    if (active) {
+      // 2. Wd's row into the slot the gate row leaves, and h.
+      __syncwarp();  // every lane has read the gate row
+      if (lane == 0) {
+        fence_proxy_async();
+        bulk_load(rows + r * H, a.wd + (j0 + r) * H, row_bytes, &bar[r], stream_once);
+      }
+      if (a.gated) {
+        const uint4* wr = reinterpret_cast<const uint4*>(a.wu + (j0 + r) * H);
+        constexpr int kGroup = kChunks < 8 ? kChunks : 8;  // a row's loads in flight (H > 2048: two rounds, no spills)
+        float u = 0.f;
+#pragma unroll
+        for (int c0 = 0; c0 < kChunks; c0 += kGroup) {
+          uint4 wu[kGroup];
+#pragma unroll
+          for (int c = 0; c < kGroup; ++c)
+            wu[c] = (c0 + c) * 256 + lane * 8 < H ? __ldg(wr + (c0 + c) * 32 + lane) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int c = 0; c < kGroup; ++c) {
+            float xf[8];
+            unpack8(xq[c0 + c], xf);
+            u = dot8(u, xf, wu[c]);
+          }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xffffffffu, u, o);
+        h *= round_bf16(u);  // u rounded as the bf16 up GEMM rounds it
+        if (!a.h_fp32) h = round_bf16(h);
+      }
+    }
     if (lane == 0) {
-      const float pre = relu_nan(dot);
-      const uint16_t bits = float_to_bf16_bits(pre);
-      act[r] = bits != 0;
-      // Gated: g, multiplied by u below. Non-gated: h itself (fp32 with h_fp32, as the CPU).
-      hv[r] = a.gated || !a.h_fp32 ? bf16_bits_to_float(bits) : pre;
+      act[r] = active;
+      hv[r] = h;
     }
   }
   allow_dependent_launch();  // the consumer may be scheduled; it waits for this grid's end
   __syncthreads();
 
-  // 2. The active rows in order.
+  // 3. The active rows in order.
   if (warp == 0) {
     int n = 0;
     for (int base = 0; base < n_rows; base += 32) {
@@ -297,64 +331,19 @@ __global__ void __launch_bounds__(kThreads, kChunks <= 8 ? 2 : 1) decode_ffn_ker
     return;
   }
 
-  // 3. h of the active rows; the first ones' Wd columns are loaded meanwhile.
-  constexpr int kDown = (kChunks + 7) / 8;  // groups of 8 columns a thread in the down sum
-  constexpr int kPre = kDecodePre / kDown;
-  uint4 pre[kPre][kDown];
-#pragma unroll
-  for (int i = 0; i < kPre; ++i)
-#pragma unroll
-    for (int c = 0; c < kDown; ++c) {
-      const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
-      pre[i][c] = i < n && c0 < H ? __ldg(reinterpret_cast<const uint4*>(a.wd + (j0 + list[i]) * H + c0))
-                                  : make_uint4(0, 0, 0, 0);
-    }
-  if (a.gated) {
-    for (int k = warp; k < n; k += kDecodeWarps) {
-      const uint4* wr = reinterpret_cast<const uint4*>(a.wu + (j0 + list[k]) * H);
-      constexpr int kGroup = kChunks < 8 ? kChunks : 8;  // a row's loads in flight (H > 2048: two rounds, no spills)
-      float dot = 0.f;
-#pragma unroll
-      for (int c0 = 0; c0 < kChunks; c0 += kGroup) {
-        uint4 w[kGroup];
-#pragma unroll
-        for (int c = 0; c < kGroup; ++c)
-          w[c] = (c0 + c) * 256 + lane * 8 < H ? __ldg(wr + (c0 + c) * 32 + lane) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int c = 0; c < kGroup; ++c) {
-          float xf[8];
-          unpack8(xq[c0 + c], xf);
-          dot = dot8(dot, xf, w[c]);
-        }
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      if (lane == 0) {
-        const int r = list[k];
-        const float h = hv[r] * round_bf16(dot);  // u rounded as the bf16 up GEMM rounds it
-        hv[r] = a.h_fp32 ? h : round_bf16(h);
-      }
-    }
-    __syncthreads();
-  }
-
-  // 4. The block's part of y, rows in order (h = 0 adds nothing, as on the CPU).
+  // 4. The block's part of y, rows in order (h = 0 adds nothing, as on the CPU). Every Wd copy
+  // is waited for, so none is in flight when the block ends.
+  constexpr int kDown = (kChunks + 7) / 8;  // groups of 8 columns a thread
   float acc[kDown][8] = {};
   for (int k = 0; k < n; ++k) {
-    const float h = hv[list[k]];
+    const int r = list[k];
+    wait_parity(&bar[r], 1);
+    const float h = hv[r];
+    if (h == 0.f) continue;
 #pragma unroll
     for (int c = 0; c < kDown; ++c) {
       const int64_t c0 = (c * kThreads + threadIdx.x) * 8;
-      if (c0 >= H || h == 0.f) continue;
-      uint4 w;
-      if (k < kPre) {
-#pragma unroll
-        for (int i = 0; i < kPre; ++i)
-          if (i == k) w = pre[i][c];
-      } else {
-        w = __ldg(reinterpret_cast<const uint4*>(a.wd + (j0 + list[k]) * H + c0));
-      }
-      fma8(acc[c], h, w);
+      if (c0 < H) fma8(acc[c], h, *reinterpret_cast<const uint4*>(rows + r * H + c0));
     }
   }
   float* part = a.parts + static_cast<int64_t>(blockIdx.x) * H;
@@ -429,9 +418,9 @@ namespace {
 template <int kChunks>
 void launch_decode(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream) {
   const int R = decode_rows_per_block(a.H, a.I, sm_count);
-  // rows, then hv, list and act (4 bytes a row each)
-  const size_t smem = static_cast<size_t>(R) * (a.H * 2 + 12);
-  allow_dynamic_smem(reinterpret_cast<const void*>(decode_ffn_kernel<kChunks>), kDecodeRowBytes + 12 * kDecodeMaxRows);
+  const size_t smem = static_cast<size_t>(R) * (a.H * 2 + kDecodeRowExtra);
+  allow_dynamic_smem(reinterpret_cast<const void*>(decode_ffn_kernel<kChunks>),
+                     kDecodeRowBytes + kDecodeRowExtra * kDecodeMaxRows);
   launch_dependent(decode_ffn_kernel<kChunks>, dim3(static_cast<unsigned>(decode_ffn_blocks(a.H, a.I, sm_count))),
                    dim3(kThreads), smem, stream, a, R);
 }
