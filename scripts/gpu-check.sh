@@ -6,7 +6,8 @@
 # benchmark (the paper's 2B shape), leaving logs, JSON and summary tables in OUTDIR.
 #
 #   scripts/gpu-check.sh OUTDIR                 configure + build in build-gpu/, then check
-#   scripts/gpu-check.sh OUTDIR --bin DIR       use prebuilt DIR/twell and DIR/twell_gpu_tests
+#   scripts/gpu-check.sh OUTDIR --bin DIR       use prebuilt DIR/twell and DIR/twell_gpu_tests (and
+#                                               DIR/libtwell_ktrace.so for the decode timeline)
 #   scripts/gpu-check.sh OUTDIR --quick         tests + short benchmarks (M = 16384, 131072; 4 layers)
 #   extra arguments after `--` go to `twell bench ffn`.
 set -uo pipefail
@@ -28,6 +29,7 @@ if [ -z "$bin" ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWELL_CUDA=ON >"$out/configure.log" 2>&1 &&
     cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
   mkdir -p build-gpu/bin && cp build-gpu/twell build-gpu/tests/twell_gpu_tests build-gpu/bin/
+  [ -e build-gpu/libtwell_ktrace.so ] && cp build-gpu/libtwell_ktrace.so build-gpu/bin/
   bin=build-gpu/bin
 fi
 # cuDNN (the prefill attention's fused SDPA, loaded at run time): where no libcudnn.so.9 is on the
@@ -89,4 +91,14 @@ model_args=()
 "$bin/twell" bench model --json "$out/model.json" "${model_args[@]}" >"$out/model.txt" 2>"$out/model_progress.log" || status=1
 tr '\r' '\n' <"$out/model_progress.log" | grep -Ev '^(calibrating gate|prefill timing)' >"$out/model_progress.txt"
 cat "$out/model_progress.txt" "$out/model.txt"
+
+# Where the decode step's time goes, kernel by kernel inside the replayed CUDA graph (ktrace).
+if [ -e "$bin/libtwell_ktrace.so" ]; then
+  echo "== decode timeline (batch 1)"
+  CUDA_INJECTION64_PATH="$(cd "$bin" && pwd)/libtwell_ktrace.so" TWELL_KTRACE_OUT="$out/decode_trace.tsv" \
+    "$bin/twell" bench model --no-prefill --decode-batch 1 --steps 32 "${model_args[@]}" >/dev/null 2>&1 || status=1
+  scripts/ktrace.py "$out/decode_trace.tsv" --json "$out/decode_timeline.json" >"$out/decode_timeline.txt" || status=1
+  rm -f "$out/decode_trace.tsv"
+  cat "$out/decode_timeline.txt"
+fi
 exit $status

@@ -98,8 +98,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_flag("--unfused-qkv", *unfused_qkv,
                   "prefill: run the QKV GEMM (cuBLASLt) and RoPE as separate kernels (A/B of the fused kernel)");
   model->add_flag("--unfused-decode-ffn", *unfused_decode_ffn,
-                  "decode, batch 1: the gate GEMV (cuBLASLt), gather and reduce kernels instead of the one-kernel "
-                  "decode FFN (A/B)");
+                  "decode, batch 1: the FFN's partial sums added by their own kernel, then the plain residual add + "
+                  "RMSNorm, instead of inside the RMSNorm (A/B)");
   model->add_flag("--no-graphs", *no_graphs, "decode: launch every step's kernels instead of replaying a CUDA graph");
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")

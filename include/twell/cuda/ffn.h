@@ -7,7 +7,10 @@
 // Sparse path: gate GEMM (cuBLASLt, ReLU fused) -> pack g into TwELL (hybrid: over-capacity
 // tiles spill to a dense backup, nothing is dropped) -> up/down kernel over the active set only.
 // A sparse call of at most gather_max_tokens tokens (decode) takes the gather path instead: the
-// same gate GEMM, then per-token index lists and kernels that spread each token over many blocks.
+// same gate GEMM, then per-token index lists and kernels that spread each token over many blocks;
+// one token (M = 1, the sparse path known before the gate: always_sparse, or previous below the
+// threshold) runs the whole FFN in one kernel, the gate GEMV included, whose blocks' partial sums
+// a second small kernel adds (launch_decode_ffn; H a multiple of 32, at most 4096).
 // Dense path: gate+up GEMM, ReLU·product kernel, down GEMM (all cuBLASLt).
 // Everything is enqueued on the caller's stream. Dispatch counts the non-zeros of a sample of up
 // to 1024 rows of g (a few MB read). `Dispatch::observe` waits for that count (one stream

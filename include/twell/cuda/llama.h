@@ -103,8 +103,8 @@ struct LlamaCudaOptions {
   int64_t decode_gather_tokens = 8;
   // Decode steps of one sequence on the gather path run the FFN as one kernel, the gate GEMV
   // included, whose weight copies start while the RMSNorm before it runs, and whose partial sums
-  // the next layer's residual add + RMSNorm adds (launch_decode_ffn). false: the gate GEMV
-  // (cuBLASLt), the gather and reduce kernels, as for larger batches (A/B).
+  // the next layer's residual add + RMSNorm adds (launch_decode_ffn). false: FfnForward's own
+  // one-token path, whose partial sums a separate kernel adds before the plain norm (A/B).
   bool fused_decode_ffn = true;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
