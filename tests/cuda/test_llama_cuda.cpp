@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <random>
+#include <vector>
 
 #include "cuda/cudnn_sdpa.h"
 #include "cuda/kernels.h"
@@ -254,6 +256,83 @@ TEST(LlamaCuda, CudnnAttentionOverACachedPrefix) {
     EXPECT_LT(err, kTol);
     EXPECT_EQ(gpu.cached_tokens(), 100);
   }
+}
+
+// The decode FFN's partial sums (SplitSum) added by launch_split_sum and by the split form of
+// launch_add_rmsnorm (a cluster of 8 blocks), against a float64 sum of the flagged parts on the
+// host: widths from the smallest slice (H = 64: two float4 a block) to the largest (H = 8192), no
+// part flagged, one, every third, all 2048. y and the new residual within one bf16 rounding of
+// the float64 sum; the norm's output as the host computes it from the GPU's residual; two runs
+// give the same bits; widths and counts it cannot take are refused.
+TEST(SplitSum, AddedAsTheHostAddsThem) {
+  TWELL_REQUIRE_HOPPER();
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int64_t H : {64, 96, 1088, 2048, 4096, 8192})
+    for (int count : {1, 7, 256, 2048}) {
+      std::vector<float> parts(static_cast<size_t>(count) * H), x(H);
+      std::vector<uint16_t> w(H);
+      for (float& v : parts) v = normal(rng);
+      for (float& v : x) v = 4 * normal(rng);
+      for (uint16_t& v : w) v = float_to_bf16_bits(1 + 0.1f * normal(rng));
+      DeviceBuffer d_parts(parts.size() * 4), d_flags(count * 4), d_x(H * 4), d_w(H * 2), d_out(H * 2), d_y(H * 2);
+      TWELL_CUDA_CHECK(cudaMemcpy(d_parts.get(), parts.data(), d_parts.bytes(), cudaMemcpyHostToDevice));
+      TWELL_CUDA_CHECK(cudaMemcpy(d_w.get(), w.data(), d_w.bytes(), cudaMemcpyHostToDevice));
+      for (int pattern = 0; pattern < 4; ++pattern) {  // none, the first, every third, all
+        SCOPED_TRACE(str("H ", H, " parts ", count, " pattern ", pattern));
+        std::vector<uint32_t> flags(count);
+        for (int b = 0; b < count; ++b)
+          flags[b] = pattern == 3 || (pattern == 1 && b == 0) || (pattern == 2 && b % 3 == 0) ? 1u + b % 5 : 0u;
+        TWELL_CUDA_CHECK(cudaMemcpy(d_flags.get(), flags.data(), d_flags.bytes(), cudaMemcpyHostToDevice));
+        const SplitSum split{d_parts.as<float>(), d_flags.as<uint32_t>(), count};
+
+        std::vector<double> sum(H, 0.0);
+        for (int b = 0; b < count; ++b)
+          if (flags[b])
+            for (int64_t i = 0; i < H; ++i) sum[i] += parts[static_cast<size_t>(b) * H + i];
+        std::vector<uint16_t> y(H), out(H), first_out;
+        std::vector<float> x_new(H), first_x;
+        for (int run = 0; run < 2; ++run) {
+          TWELL_CUDA_CHECK(cudaMemcpy(d_x.get(), x.data(), d_x.bytes(), cudaMemcpyHostToDevice));
+          fill_bytes(d_out.get(), d_out.bytes(), 0xff, nullptr);  // poison: NaN
+          fill_bytes(d_y.get(), d_y.bytes(), 0xff, nullptr);
+          launch_split_sum(split, H, d_y.as<uint16_t>(), nullptr);
+          launch_add_rmsnorm(d_x.as<float>(), split, d_w.as<uint16_t>(), d_out.as<uint16_t>(), H, 1e-5f, nullptr);
+          TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+          TWELL_CUDA_CHECK(cudaMemcpy(y.data(), d_y.get(), H * 2, cudaMemcpyDeviceToHost));
+          TWELL_CUDA_CHECK(cudaMemcpy(out.data(), d_out.get(), H * 2, cudaMemcpyDeviceToHost));
+          TWELL_CUDA_CHECK(cudaMemcpy(x_new.data(), d_x.get(), H * 4, cudaMemcpyDeviceToHost));
+          if (run == 1) {
+            EXPECT_EQ(out, first_out);
+            EXPECT_EQ(0, std::memcmp(x_new.data(), first_x.data(), H * 4));
+          }
+          first_out = out;
+          first_x = x_new;
+        }
+        int bad_y = 0, bad_x = 0, bad_out = 0;
+        double sum_sq = 0;
+        for (int64_t i = 0; i < H; ++i) sum_sq += static_cast<double>(x_new[i]) * x_new[i];
+        const double inv = 1 / std::sqrt(sum_sq / H + 1e-5);
+        for (int64_t i = 0; i < H; ++i) {
+          // one bf16 rounding of an fp32 sum: within 2^-8 relative of the float64 sum (+ fp32 slack)
+          const double tol = std::abs(sum[i]) / 128 + 1e-5 * count;
+          if (std::abs(bf16_bits_to_float(y[i]) - sum[i]) > tol) ++bad_y;
+          if (std::abs(x_new[i] - (x[i] + sum[i])) > tol + 1e-5 * std::abs(x[i])) ++bad_x;
+          const double expect = bf16_bits_to_float(w[i]) * (x_new[i] * inv);
+          if (std::abs(bf16_bits_to_float(out[i]) - expect) > std::abs(expect) / 128 + 1e-6) ++bad_out;
+        }
+        EXPECT_EQ(bad_y, 0);
+        EXPECT_EQ(bad_x, 0);
+        EXPECT_EQ(bad_out, 0);
+      }
+    }
+  DeviceBuffer any(64 * 4);
+  const SplitSum one{any.as<float>(), any.as<uint32_t>(), 1};
+  EXPECT_THROW(launch_split_sum(one, 100, any.as<uint16_t>(), nullptr), Error);  // H not a multiple of 32
+  EXPECT_THROW(launch_add_rmsnorm(any.as<float>(), one, any.as<uint16_t>(), any.as<uint16_t>(), 16384, 1e-5f, nullptr),
+               Error);  // wider than 8 blocks × 256 threads × 4
+  const SplitSum too_many{any.as<float>(), any.as<uint32_t>(), 2049};
+  EXPECT_THROW(launch_split_sum(too_many, 64, any.as<uint16_t>(), nullptr), Error);
 }
 
 TEST(LlamaCuda, SupportsSaysWhatItLacks) {  // host-only: runs without a GPU too
