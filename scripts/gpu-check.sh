@@ -97,7 +97,8 @@ if [ -e "$bin/libtwell_ktrace.so" ]; then
   echo "== decode timeline (batch 1)"
   CUDA_INJECTION64_PATH="$(cd "$bin" && pwd)/libtwell_ktrace.so" TWELL_KTRACE_OUT="$out/decode_trace.tsv" \
     "$bin/twell" bench model --no-prefill --decode-batch 1 --steps 32 "${model_args[@]}" >/dev/null 2>&1 || status=1
-  scripts/ktrace.py "$out/decode_trace.tsv" --json "$out/decode_timeline.json" >"$out/decode_timeline.txt" || status=1
+  scripts/ktrace.py "$out/decode_trace.tsv" --json "$out/decode_timeline.json" --start rope_kv_kernel --window 12 \
+    --plot "$out/decode_timeline.png" --labels "dense FFN" "twell FFN" >"$out/decode_timeline.txt" || status=1
   rm -f "$out/decode_trace.tsv"
   cat "$out/decode_timeline.txt"
 fi

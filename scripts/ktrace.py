@@ -2,13 +2,14 @@
 """Per-kernel timeline of the CUDA graphs replayed in a run traced by ktrace (tools/ktrace).
 
     CUDA_INJECTION64_PATH=build-gpu/libtwell_ktrace.so TWELL_KTRACE_OUT=t.tsv twell bench model --no-prefill ...
-    scripts/ktrace.py t.tsv [--json out.json] [--window 16]
+    scripts/ktrace.py t.tsv [--json out.json] [--window 16] [--plot out.png]
 
 For each graph replayed at least 5 times: the median replay's wall time, then for every kernel
 name its count in a replay, the summed median duration and the summed median gap before it (the
 time from the previous kernel's end to its start: negative where programmatic dependent launch
 started it early), and a window of consecutive kernels from the middle of the graph (one layer,
 in a model). Durations are GPU time stamps, so they include the waits inside a kernel.
+--plot draws that window of each graph as a timeline, one row per graph (needs matplotlib).
 """
 import argparse
 import collections
@@ -46,7 +47,10 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--json", help="write the per-kernel table here")
     ap.add_argument("--window", type=int, default=16, help="consecutive kernels listed from the middle")
+    ap.add_argument("--start", help="start the window at the first kernel from the middle on whose name contains this")
     ap.add_argument("--min-replays", type=int, default=5)
+    ap.add_argument("--plot", help="draw each graph's window as a timeline into this PNG")
+    ap.add_argument("--labels", nargs="*", default=[], help="a name for each graph in the plot, in graph order")
     args = ap.parse_args()
 
     rows = []
@@ -86,11 +90,13 @@ def main():
             print(f"  {e['count']:5d} {e['duration_us']:10.1f} {e['gap_us']:10.1f} {e['duration_us'] / e['count']:8.2f} "
                   f"{e['gap_us'] / e['count']:8.2f}  {e['kernel']}")
         mid = max(0, nodes // 2 - args.window // 2)
+        if args.start:
+            mid = next((i for i in range(nodes // 2, nodes) if args.start in seq[i][0]), mid)
         print(f"  kernels {mid}..{mid + args.window - 1} (duration, gap before, us):")
         for name, dur, gap in seq[mid:mid + args.window]:
             print(f"    {dur:7.2f} {gap:7.2f}  {name}")
         report.append({"graph": graph, "replays": len(reps), "kernels": nodes, "wall_us": wall,
-                       "by_kernel": list(by_name.values()),
+                       "by_kernel": list(by_name.values()), "window": [mid, mid + args.window],
                        "sequence": [{"kernel": n, "duration_us": d, "gap_us": g} for n, d, g in seq]})
     if not report:
         print("no graph replayed often enough in this trace", file=sys.stderr)
@@ -98,7 +104,43 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    if args.plot:
+        plot(report, args.plot, args.labels)
     return 0
+
+
+def plot(report, path, labels):
+    """Each graph's window of kernels on a time axis (median durations, gaps chained): one row per
+    graph, kernels alternating between two lanes so that overlapping ones stay visible."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(14, 1.6 + 1.3 * len(report)))
+    colors = {}
+    palette = plt.get_cmap("tab20").colors
+    for row, g in enumerate(report):
+        lo, hi = g["window"]
+        t = 0.0
+        y = len(report) - 1 - row
+        for i, k in enumerate(g["sequence"][lo:hi]):
+            if i:
+                t += k["gap_us"]
+            c = colors.setdefault(k["kernel"], palette[len(colors) % len(palette)])
+            lane = 0.22 if i % 2 else -0.22
+            ax.barh(y + lane, k["duration_us"], left=t, height=0.4, color=c, edgecolor="black", linewidth=0.4)
+            if k["duration_us"] > 1.5:
+                ax.text(t + k["duration_us"] / 2, y + lane, k["kernel"][:18], ha="center", va="center", fontsize=6)
+            t += k["duration_us"]
+    names = [labels[i] if i < len(labels) else f"graph {g['graph']}" for i, g in enumerate(report)]
+    ax.set_yticks(range(len(report)))
+    ax.set_yticklabels(list(reversed([f"{n}\n({g['wall_us'] / 1e3:.3f} ms a replay)" for n, g in zip(names, report)])))
+    ax.set_xlabel("µs from the window's first kernel (median over replays; overlapping bars: programmatic dependent launch)")
+    ax.set_title("Kernels inside the replayed CUDA graph (ktrace)")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
