@@ -149,7 +149,8 @@ struct SplitSum {
 // g = bf16(relu(x·Wg_j)), and for the active rows h = bf16(g · bf16(x·Wu_j)) (non-gated: the
 // format's h from x·Wu_j) and the block's Σ h·Wd_j go to parts[b] (flags[b] = 1; 0 when the block
 // has no active row). Rounded as cpu::ffn_forward's pipeline; deterministic. H a multiple of 32,
-// at most 4096, I a multiple of 8, 16-byte aligned pointers (decode_ffn_supported).
+// at most 4096, I a multiple of 8, 16-byte aligned pointers (decode_ffn_supported). The gate rows
+// are read before the kernel waits for its predecessor on the stream, which must not write them.
 struct DecodeFfnArgs {
   const uint16_t* x = nullptr;      // [H]
   const uint16_t* w_act = nullptr;  // [I, H]: the matrix whose ReLU output is the active set (Wg; non-gated: Wu)

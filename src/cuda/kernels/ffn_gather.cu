@@ -405,8 +405,9 @@ void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream) {
 namespace twell::cuda {
 
 bool decode_ffn_supported(int64_t H, int64_t I) {
-  return split_sum_width_ok(H) && H <= 4096 && I % 8 == 0 && I >= 8 &&
-         (I + kDecodeRowBytes / (2 * H) - 1) / (kDecodeRowBytes / (2 * H)) <= kMaxSplitParts;
+  if (!split_sum_width_ok(H) || H > 4096 || I % 8 != 0 || I < 8) return false;
+  const int64_t most_rows = std::min<int64_t>(kDecodeRowBytes / (2 * H), kDecodeMaxRows);  // decode_rows_per_block's caps
+  return (I + most_rows - 1) / most_rows <= kMaxSplitParts;  // even where the spread over the SMs is wider
 }
 
 int decode_ffn_blocks(int64_t H, int64_t I, int sm_count) {
