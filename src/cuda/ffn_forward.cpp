@@ -40,9 +40,8 @@ struct FfnForward::Impl {
   int64_t gather_tokens = 0;
   DeviceBuffer gather_partial;
   // One token (M = 1) on the gather path: the fused decode kernel (gate GEMV included) and its
-  // blocks' partial sums (launch_decode_ffn); decode_blocks = 0 where the shape does not fit it.
-  int decode_blocks = 0;
-  DeviceBuffer decode_parts, decode_flags;
+  // blocks' partial sums; empty where the shape does not fit it.
+  DecodeFfn decode;
   // Device counters of the sparse path: kNnzCounters non-zero partial sums, spilled tiles, the
   // overflow flag; and, apart, the dispatch sample's count.
   struct Counters {
@@ -116,11 +115,7 @@ struct FfnForward::Impl {
       int64_t partial = 0;
       for (int64_t m = 1; m <= gather_tokens; ++m) partial = std::max(partial, m * gather_splits(m) * s.hidden);
       gather_partial = DeviceBuffer(static_cast<size_t>(partial) * 4);
-      if (decode_ffn_supported(s.hidden, s.ffn)) {
-        decode_blocks = decode_ffn_blocks(s.hidden, s.ffn, sm_count);
-        decode_parts = DeviceBuffer(static_cast<size_t>(decode_blocks * s.hidden) * 4);
-        decode_flags = DeviceBuffer(static_cast<size_t>(decode_blocks) * 4);
-      }
+      if (decode_ffn_supported(s.hidden, s.ffn)) decode = DecodeFfn(s.hidden, s.ffn, sm_count);
     }
     counters = DeviceBuffer(sizeof(Counters));
     TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
@@ -272,18 +267,7 @@ struct FfnForward::Impl {
 
   // One token through the fused decode kernel, its partial sums added into y.
   void run_decode(const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {
-    DecodeFfnArgs a;
-    a.x = xp;
-    a.w_act = static_cast<const uint16_t*>(shape.gated ? w.wg.data : w.wu.data);
-    a.wu = static_cast<const uint16_t*>(w.wu.data);
-    a.wd = static_cast<const uint16_t*>(w.wd.data);
-    a.parts = decode_parts.as<float>();
-    a.flags = decode_flags.as<uint32_t>();
-    a.H = shape.hidden, a.I = shape.ffn;
-    a.gated = shape.gated;
-    a.h_fp32 = options.precision == Precision::h_fp32;
-    launch_decode_ffn(a, sm_count, stream);
-    launch_split_sum(SplitSum{a.parts, a.flags, decode_blocks}, shape.hidden, yp, stream);
+    launch_split_sum(decode.run(xp, w, options.precision == Precision::h_fp32, stream), shape.hidden, yp, stream);
   }
 
   // Reads the counts of the last sparse call if they are available (or waits for them).
@@ -461,7 +445,7 @@ struct FfnForward::Impl {
     const bool sparse_known = policy == Dispatch::always_sparse ||
                               (policy == Dispatch::previous && previous_density >= 0 &&
                                previous_density < options.dense_above_density);
-    if (sparse_known && M == 1 && M <= gather_tokens && decode_blocks > 0) {
+    if (sparse_known && M == 1 && M <= gather_tokens && !decode.empty()) {
       stats.path = FfnPath::gather;
       return run_decode(xp, w, yp, stream);
     }
@@ -533,7 +517,7 @@ size_t FfnForward::workspace_bytes() const {
   return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() +
          m.heavy_rows.bytes() + m.gate_workspace.bytes() + m.bwd.bytes() +
          m.counters.bytes() + m.sample_count.bytes() +
-         m.gather_partial.bytes() + m.decode_parts.bytes() + m.decode_flags.bytes();
+         m.gather_partial.bytes() + m.decode.bytes();
 }
 
 FfnStats FfnForward::last_stats() const {

@@ -165,6 +165,23 @@ struct DecodeFfnArgs {
 bool decode_ffn_supported(int64_t H, int64_t I);
 int decode_ffn_blocks(int64_t H, int64_t I, int sm_count);
 void launch_decode_ffn(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream);
+// The decode FFN with its partial-sum buffers, for the callers that run it (FfnForward's
+// one-token path, LlamaCuda's decode steps). Default-constructed: empty (shape not supported).
+class DecodeFfn {
+ public:
+  DecodeFfn() = default;
+  DecodeFfn(int64_t H, int64_t I, int sm_count);  // H, I: decode_ffn_supported
+  bool empty() const { return blocks_ == 0; }
+  // launch_decode_ffn on x [H] bf16 with w's rows; returns output().
+  SplitSum run(const uint16_t* x, const FfnWeights& w, bool h_fp32, cudaStream_t stream);
+  SplitSum output() const { return SplitSum{parts_.as<float>(), flags_.as<uint32_t>(), blocks_}; }
+  size_t bytes() const { return parts_.bytes() + flags_.bytes(); }
+
+ private:
+  int64_t H_ = 0, I_ = 0;
+  int sm_count_ = 0, blocks_ = 0;
+  DeviceBuffer parts_, flags_;
+};
 // y [H] bf16 = the split sum (launched with programmatic dependent launch).
 void launch_split_sum(const SplitSum& s, int64_t H, uint16_t* y, cudaStream_t stream);
 

@@ -152,8 +152,7 @@ struct LlamaCuda::Impl {
   std::unique_ptr<FfnForward> ffn_prefill, ffn_gather, ffn_dense;
   // Decode steps of one sequence, twell mode: the fused decode FFN (LlamaCudaOptions::
   // fused_decode_ffn), whose output stays as partial sums for the next residual add + RMSNorm.
-  int decode_blocks = 0;  // 0: not used
-  DeviceBuffer decode_parts, decode_flags;
+  DecodeFfn decode_ffn;  // empty: not used
   DeviceBuffer tokens, p0, x, a, qkv, attn, proj, y, g, u, cos_sin, partial, logits;
   int64_t logits_rows = 0;
   std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
@@ -222,11 +221,7 @@ struct LlamaCuda::Impl {
         gather.gather_max_tokens = o.decode_gather_tokens;
         ffn_gather = std::make_unique<FfnForward>(
             FfnShape{std::min(o.max_batch, o.decode_gather_tokens), H, I, true}, gather);
-        if (o.fused_decode_ffn && decode_ffn_supported(H, I)) {
-          decode_blocks = decode_ffn_blocks(H, I, sm_count);
-          decode_parts = DeviceBuffer(static_cast<size_t>(decode_blocks * H) * 4);
-          decode_flags = DeviceBuffer(static_cast<size_t>(decode_blocks) * 4);
-        }
+        if (o.fused_decode_ffn && decode_ffn_supported(H, I)) decode_ffn = DecodeFfn(H, I, sm_count);
       }
     } else {
       g = DeviceBuffer(static_cast<size_t>(T * I) * 2);
@@ -303,21 +298,12 @@ struct LlamaCuda::Impl {
     TWELL_CUDA_CHECK(cudaMemcpyAsync(p0.get(), &pos, 4, cudaMemcpyHostToDevice, stream));
   }
 
-  // The FFN of `a` into y; returns true when it left its output as the split sum decode_split()
+  // The FFN of `a` into y; returns true when it left its output as the split sum decode_ffn.output()
   // instead (the fused decode FFN), for the next residual add + RMSNorm to add.
   bool ffn(const LlamaCudaLayer& lw, int64_t layer, int64_t T, bool decode, FfnPath* path) {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
-    if (decode && T == 1 && decode_blocks > 0) {
-      const FfnWeights fw = lw.ffn();
-      DecodeFfnArgs d;
-      d.x = a.as<uint16_t>();
-      d.w_act = static_cast<const uint16_t*>(fw.wg.data);
-      d.wu = static_cast<const uint16_t*>(fw.wu.data);
-      d.wd = static_cast<const uint16_t*>(fw.wd.data);
-      d.parts = decode_parts.as<float>();
-      d.flags = decode_flags.as<uint32_t>();
-      d.H = H, d.I = I;
-      launch_decode_ffn(d, sm_count, stream);
+    if (decode && T == 1 && !decode_ffn.empty()) {
+      decode_ffn.run(a.as<uint16_t>(), lw.ffn(), false, stream);
       *path = FfnPath::gather;
       return true;
     }
@@ -341,8 +327,6 @@ struct LlamaCuda::Impl {
     if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = FfnStats{FfnPath::dense, T};
     return false;
   }
-
-  SplitSum decode_split() const { return SplitSum{decode_parts.as<float>(), decode_flags.as<uint32_t>(), decode_blocks}; }
 
   // Attention of S > 1 tokens per sequence at position `len` (PrefillAttention); `first_layer`
   // notes the choice in `kernels`.
@@ -374,11 +358,11 @@ struct LlamaCuda::Impl {
     launch_embed(tok, T, bits(w->embed), x.as<float>(), H, stream);
     paths.assign(static_cast<size_t>(L), FfnPath::dense);
     if (o.record_ffn_stats && !decode) stats.assign(static_cast<size_t>(L), FfnStats{});
-    bool split = false;  // the last FFN's output is decode_split(), not y
+    bool split = false;  // the last FFN's output is decode_ffn.output(), not y
     // x += the last FFN's output (none before the first layer), then `a` = RMSNorm(x)·norm_w.
     auto add_norm = [&](const uint16_t* norm_w, bool first) {
       if (split)
-        launch_add_rmsnorm(x.as<float>(), decode_split(), norm_w, a.as<uint16_t>(), H, eps, stream);
+        launch_add_rmsnorm(x.as<float>(), decode_ffn.output(), norm_w, a.as<uint16_t>(), H, eps, stream);
       else
         launch_add_rmsnorm(x.as<float>(), first ? nullptr : y.as<uint16_t>(), norm_w, a.as<uint16_t>(), T, H, 1, 0,
                            eps, stream);

@@ -205,13 +205,13 @@ void launch(const GatherArgs& a, int splits, int64_t R, cudaStream_t stream) {
   gather_reduce_kernel<<<grid, kThreads, 0, stream>>>(a, splits);
 }
 
-
 // ---- One token, gate GEMV included (launch_decode_ffn) --------------------------------------------
 // A decode step waits on memory round trips, so everything that does not depend on the token is
 // in flight before the token is known: a block's R rows of the gate matrix (R·H·2 bytes, ~88 KB
 // at the paper's shape, two blocks an SM) are bulk-copied into shared memory at the block's start,
 // each on its own mbarrier, while the kernel before it (the RMSNorm that produces x) is still
-// running; the last warp issues them, so the others load x meanwhile. Then a warp per row, as soon as that row has landed:
+// running; the last warp issues them, so the others load x meanwhile. Then a warp per row, as
+// soon as that row has landed:
 //   1. g = bf16(relu(x · W_j)) from shared memory, x in registers;
 //   2. an active row starts the bulk copy of its Wd row into its own (consumed) slot and computes
 //      h from x · Wu_j (one 2H-byte row from global memory), so the last rows' round trips
@@ -428,8 +428,8 @@ void launch_decode(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream) {
 }  // namespace
 
 void launch_decode_ffn(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream) {
-  TWELL_CHECK(decode_ffn_supported(a.H, a.I), "decode FFN: H = ", a.H, " and I = ", a.I,
-              " must be multiples of 8 with H <= 4096 (and I/H small enough for ", kMaxSplitParts, " blocks)");
+  TWELL_CHECK(decode_ffn_supported(a.H, a.I), "decode FFN: H = ", a.H, " must be a multiple of 32, at most 4096, and I = ",
+              a.I, " a multiple of 8 (and I/H small enough for ", kMaxSplitParts, " blocks)");
   switch ((a.H + 255) / 256) {
     case 1: launch_decode<1>(a, sm_count, stream); break;
     case 2: launch_decode<2>(a, sm_count, stream); break;
@@ -437,6 +437,25 @@ void launch_decode_ffn(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream
     case 5: case 6: case 7: case 8: launch_decode<8>(a, sm_count, stream); break;
     default: launch_decode<16>(a, sm_count, stream);
   }
+}
+
+DecodeFfn::DecodeFfn(int64_t H, int64_t I, int sm_count)
+    : H_(H), I_(I), sm_count_(sm_count), blocks_(decode_ffn_blocks(H, I, sm_count)),
+      parts_(static_cast<size_t>(blocks_) * static_cast<size_t>(H) * 4), flags_(static_cast<size_t>(blocks_) * 4) {}
+
+SplitSum DecodeFfn::run(const uint16_t* x, const FfnWeights& w, bool h_fp32, cudaStream_t stream) {
+  DecodeFfnArgs a;
+  a.x = x;
+  a.gated = w.gated();
+  a.w_act = static_cast<const uint16_t*>(a.gated ? w.wg.data : w.wu.data);
+  a.wu = static_cast<const uint16_t*>(w.wu.data);
+  a.wd = static_cast<const uint16_t*>(w.wd.data);
+  a.parts = parts_.as<float>();
+  a.flags = flags_.as<uint32_t>();
+  a.H = H_, a.I = I_;
+  a.h_fp32 = h_fp32;
+  launch_decode_ffn(a, sm_count_, stream);
+  return output();
 }
 
 void launch_split_sum(const SplitSum& s, int64_t H, uint16_t* y, cudaStream_t stream) {
