@@ -56,21 +56,19 @@ __device__ float4 split_slice_sum(const SplitSum& s, int64_t H) {
   const int q = t % quads, g = t / quads;
   const float* base = s.parts + blockIdx.x * (H / kSplitBlocks) + 4 * q;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (g < groups) {
-    int k = g;
-    for (; k + (kSplitInFlight - 1) * groups < n; k += kSplitInFlight * groups) {
+  if (g < groups)
+    for (int k = g; k < n; k += kSplitInFlight * groups) {
+      // Up to kSplitInFlight loads in flight, then added in list order. (A tail loop of one load
+      // at a time made ~28 parts seven serial L2 round trips: the norm took 0.7 µs longer.)
       float4 v[kSplitInFlight];
 #pragma unroll
       for (int i = 0; i < kSplitInFlight; ++i)
-        v[i] = __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(list[k + i * groups]) * H));
+        if (k + i * groups < n)
+          v[i] = __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(list[k + i * groups]) * H));
 #pragma unroll
-      for (int i = 0; i < kSplitInFlight; ++i) acc.x += v[i].x, acc.y += v[i].y, acc.z += v[i].z, acc.w += v[i].w;
+      for (int i = 0; i < kSplitInFlight; ++i)
+        if (k + i * groups < n) acc.x += v[i].x, acc.y += v[i].y, acc.z += v[i].z, acc.w += v[i].w;
     }
-    for (; k < n; k += groups) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(list[k]) * H));
-      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
-    }
-  }
   group_sum[t] = acc;
   __syncthreads();
   float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
