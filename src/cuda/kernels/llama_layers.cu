@@ -92,8 +92,11 @@ __global__ void __cluster_dims__(kSplitBlocks, 1, 1) __launch_bounds__(kSplitThr
     add_rmsnorm_split_kernel(float* __restrict__ x, const SplitSum split, const uint16_t* __restrict__ w,
                              uint16_t* __restrict__ out, int64_t H, float eps) {
   __shared__ float scratch[32];
-  __shared__ float block_sq;
+  __shared__ float block_sq[kSplitBlocks];  // by rank
   allow_dependent_launch();
+  // Every block of the cluster has started before any writes into another's shared memory: this
+  // barrier phase is waited for only then, long after all have arrived.
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   const bool mine = threadIdx.x < H / (4 * kSplitBlocks);
   const int64_t c0 = blockIdx.x * (H / kSplitBlocks) + 4 * threadIdx.x;
   uint2 wq = make_uint2(0, 0);
@@ -106,13 +109,15 @@ __global__ void __cluster_dims__(kSplitBlocks, 1, 1) __launch_bounds__(kSplitThr
                                xv.w + round_bf16(d.w));
   if (mine) *reinterpret_cast<float4*>(x + c0) = v;
   const float sq = block_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w, scratch);
+  // Each block writes its sum of squares into every block's block_sq[rank]; after one cluster
+  // barrier all are local (no block reads another's memory, so none has to wait before leaving).
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) block_sq = sq;
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+  if (threadIdx.x < kSplitBlocks) *cluster.map_shared_rank(&block_sq[cluster.block_rank()], threadIdx.x) = sq;
   cluster.sync();
   float total = 0.f;
-  for (unsigned r = 0; r < kSplitBlocks; ++r) total += *cluster.map_shared_rank(&block_sq, r);
-  cluster.sync();  // no block leaves while another reads its block_sq
+  for (int r = 0; r < kSplitBlocks; ++r) total += block_sq[r];
   const float inv = rsqrtf(total / static_cast<float>(H) + eps);
   if (mine) {
     const float w0 = bf16_bits_to_float(static_cast<uint16_t>(wq.x & 0xffffu));
