@@ -115,7 +115,7 @@ struct FfnForward::Impl {
       int64_t partial = 0;
       for (int64_t m = 1; m <= gather_tokens; ++m) partial = std::max(partial, m * gather_splits(m) * s.hidden);
       gather_partial = DeviceBuffer(static_cast<size_t>(partial) * 4);
-      if (decode_ffn_supported(s.hidden, s.ffn)) decode = DecodeFfn(s.hidden, s.ffn, sm_count);
+      if (o.one_token_kernel && decode_ffn_supported(s.hidden, s.ffn)) decode = DecodeFfn(s.hidden, s.ffn, sm_count);
     }
     counters = DeviceBuffer(sizeof(Counters));
     TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);

@@ -216,12 +216,14 @@ struct LlamaCuda::Impl {
       dense.gather_max_tokens = 0;
       ffn_dense = std::make_unique<FfnForward>(FfnShape{o.max_batch, H, I, true}, dense);
       if (sparse && o.decode_gather_tokens > 0) {
+        const bool own_one_token = o.fused_decode_ffn && decode_ffn_supported(H, I);
         FfnOptions gather = dense;
         gather.dispatch = Dispatch::always_sparse;
         gather.gather_max_tokens = o.decode_gather_tokens;
+        gather.one_token_kernel = !own_one_token;  // one token goes to decode_ffn below, never to ffn_gather
         ffn_gather = std::make_unique<FfnForward>(
             FfnShape{std::min(o.max_batch, o.decode_gather_tokens), H, I, true}, gather);
-        if (o.fused_decode_ffn && decode_ffn_supported(H, I)) decode_ffn = DecodeFfn(H, I, sm_count);
+        if (own_one_token) decode_ffn = DecodeFfn(H, I, sm_count);
       }
     } else {
       g = DeviceBuffer(static_cast<size_t>(T * I) * 2);

@@ -248,6 +248,32 @@ TEST(FfnForwardGpuDecode, OneTokenMatchesCpuAtEveryDensity) {
         }
 }
 
+// one_token_kernel = false (the model's gather FfnForward, whose one-token calls the model runs
+// itself): one token takes the gather path's kernels, matches the CPU, and no decode buffers are held.
+TEST(FfnForwardGpuDecode, WithoutTheOneTokenKernel) {
+  TWELL_REQUIRE_HOPPER();
+  const bench::SyntheticFfn f =
+      bench::make_synthetic_ffn({1, 2048, 5632, 0.005, bench::Distribution::skewed, true, 23});
+  Tensor y_cpu = Tensor::of<bf16>({1, 2048});
+  cpu::ffn_forward(f.x, f.weights(), y_cpu, Precision::bf16);
+  DeviceTensor x = DeviceTensor::upload(f.x);
+  DeviceTensor wg = DeviceTensor::upload(f.wg), wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
+  const FfnWeights w{wg.view(), wu.view(), wd.view()};
+  cuda::FfnOptions o;
+  o.dispatch = Dispatch::always_sparse;
+  o.gather_max_tokens = 4;
+  cuda::FfnForward with({4, 2048, 5632, true}, o);
+  o.one_token_kernel = false;
+  cuda::FfnForward without({4, 2048, 5632, true}, o);
+  EXPECT_LT(without.workspace_bytes(), with.workspace_bytes());
+  DeviceTensor y(DType::bf16, {1, 2048});
+  cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);  // poison: NaN
+  without.forward(x, w, y, nullptr);
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(without.last_path(), cuda::FfnPath::gather);
+  EXPECT_TRUE(test::all_close(y.download(), y_cpu, 0.05 * rms(y_cpu) + 1e-6, 0.02));
+}
+
 // The dispatch tests: a 0.5% and a 30% dense problem of 256 tokens, the threshold between them.
 struct DispatchCase {
   GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);
