@@ -357,10 +357,15 @@ __global__ void __launch_bounds__(kThreads, kChunks <= 8 ? 2 : 1) decode_ffn_ker
   if (threadIdx.x == 0) a.flags[blockIdx.x] = 1;
 }
 
+// Rows a block may own: its shared memory and kDecodeMaxRows.
+int64_t decode_row_cap(int64_t H) {
+  return std::min<int64_t>(std::max<int64_t>(1, kDecodeRowBytes / (2 * H)), kDecodeMaxRows);
+}
+
+// At most decode_row_cap, and few enough for two blocks on every SM.
 int decode_rows_per_block(int64_t H, int64_t I, int sm_count) {
-  const int64_t fit = std::max<int64_t>(1, kDecodeRowBytes / (2 * H));
   const int64_t spread = (I + 2 * sm_count - 1) / (2 * static_cast<int64_t>(sm_count));
-  return static_cast<int>(std::max<int64_t>(1, std::min({spread, fit, int64_t{kDecodeMaxRows}})));
+  return static_cast<int>(std::max<int64_t>(1, std::min(spread, decode_row_cap(H))));
 }
 
 // y = bf16(the split sum), H / kSplitBlocks columns a block (launch_split_sum).
@@ -369,8 +374,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_sum_kernel(const SplitSum
   const float4 v = split_slice_sum(s, H);
   const int64_t c0 = blockIdx.x * (H / kSplitBlocks) + 4 * threadIdx.x;
   if (threadIdx.x < H / (4 * kSplitBlocks))
-    *reinterpret_cast<uint2*>(y + c0) =
-        make_uint2(pack2(v.x, v.y), pack2(v.z, v.w));
+    *reinterpret_cast<uint2*>(y + c0) = make_uint2(pack2(v.x, v.y), pack2(v.z, v.w));
 }
 
 }  // namespace
@@ -406,8 +410,8 @@ namespace twell::cuda {
 
 bool decode_ffn_supported(int64_t H, int64_t I) {
   if (!split_sum_width_ok(H) || H > 4096 || I % 8 != 0 || I < 8) return false;
-  const int64_t most_rows = std::min<int64_t>(kDecodeRowBytes / (2 * H), kDecodeMaxRows);  // decode_rows_per_block's caps
-  return (I + most_rows - 1) / most_rows <= kMaxSplitParts;  // even where the spread over the SMs is wider
+  const int64_t most_rows = decode_row_cap(H);  // fewest blocks; the spread over the SMs gives ~2 an SM
+  return (I + most_rows - 1) / most_rows <= kMaxSplitParts;
 }
 
 int decode_ffn_blocks(int64_t H, int64_t I, int sm_count) {
