@@ -28,6 +28,7 @@ namespace twell::cuda {
 namespace {
 
 constexpr int kKeys = 64;  // keys per tile
+constexpr int kMaxDecodeSplits = 16;  // key ranges of a decode step (decode_attention_splits)
 constexpr int kThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -275,14 +276,18 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
 // dims per lane), so a warp scores 32/L keys at once. Writes the range's (max, sum, unnormalised
 // output) in the base-2 domain to `partial`.
 template <int HD>
-__global__ void __launch_bounds__(kThreads) decode_split_kernel(const AttentionArgs a, float* __restrict__ partial,
-                                                                int keys_per_split) {
-  constexpr int L = HD / 8, kGroups = 32 / L, kWarps = kThreads / 32;
+__global__ void __launch_bounds__(kThreads) decode_split_kernel(const AttentionArgs a, float* __restrict__ partial) {
+  constexpr int L = HD / 8, kGroups = 32 / L, kWarps = kThreads / 32, kStep = kWarps * kGroups;
   const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / L, sub = lane % L;
   const int kvh = h / (a.nh / a.nkv);
   const int len = *a.p0 + 1;  // keys 0..p0 (the new token's own key is cached already)
   const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
+  // The ranges split the keys the sequences have now (p0 is read on the device, so a replayed
+  // graph follows the context as it grows), in whole steps of kStep keys; trailing ranges may be
+  // empty. Sizing them from max_context instead left most blocks idle: at 600 of 4096 positions,
+  // 3 of 16 ranges held every key.
+  const int keys_per_split = ((len + splits - 1) / splits + kStep - 1) / kStep * kStep;
   const int k_begin = split * keys_per_split, k_end = min(len, k_begin + keys_per_split);
 
   float qv[8];
@@ -300,7 +305,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const AttentionA
   // instead of one dependent round trip a step); the scoring order is unchanged, so the results
   // are the same bit for bit. The loop bounds are warp-uniform (the shuffles need every lane);
   // keys past the range are loaded as zeros and skipped.
-  constexpr int kAhead = 4, kStep = kWarps * kGroups;
+  constexpr int kAhead = 4;
   for (int base0 = k_begin + warp * kGroups; base0 < k_end; base0 += kAhead * kStep) {
     uint4 kr[kAhead], vr[kAhead];
 #pragma unroll
@@ -352,21 +357,29 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const AttentionA
   }
 }
 
-// One block per (head, sequence): merges the splits' states and writes o.
+// One block per (head, sequence): merges the splits' states and writes o. Every split's state is
+// loaded before any is used (one L2 round trip, not one a split); the merge order is the splits'.
 template <int HD>
 __global__ void decode_combine_kernel(const AttentionArgs a, const float* __restrict__ partial, int splits) {
   const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const float* p = partial + (static_cast<int64_t>(b) * a.nh + h) * splits * (HD + 2);
+  float sm[kMaxDecodeSplits], sl[kMaxDecodeSplits], so[kMaxDecodeSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxDecodeSplits; ++s) {
+    sl[s] = 0.f, sm[s] = so[s] = 0.f;
+    if (s < splits) sm[s] = p[s * (HD + 2)], sl[s] = p[s * (HD + 2) + 1], so[s] = p[s * (HD + 2) + 2 + d];
+  }
   float mx = -FLT_MAX;
-  for (int s = 0; s < splits; ++s)
-    if (p[s * (HD + 2) + 1] > 0.f) mx = fmaxf(mx, p[s * (HD + 2)]);
+#pragma unroll
+  for (int s = 0; s < kMaxDecodeSplits; ++s)
+    if (sl[s] > 0.f) mx = fmaxf(mx, sm[s]);
   float lt = 0.f, ot = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float* q = p + s * (HD + 2);
-    if (q[1] > 0.f) {
-      const float c = exp2f(q[0] - mx);
-      lt += q[1] * c;
-      ot += q[2 + d] * c;
+#pragma unroll
+  for (int s = 0; s < kMaxDecodeSplits; ++s) {
+    if (sl[s] > 0.f) {
+      const float c = exp2f(sm[s] - mx);
+      lt += sl[s] * c;
+      ot += so[s] * c;
     }
   }
   a.o[(static_cast<int64_t>(b) * a.nh + h) * HD + d] = float_to_bf16_bits(ot / lt);
@@ -387,9 +400,8 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
 
 template <int HD>
 void launch_decode(const AttentionArgs& a, float* partial, int splits, cudaStream_t stream) {
-  const int keys_per_split = (a.max_context + splits - 1) / splits;
   const dim3 grid(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
-  decode_split_kernel<HD><<<grid, kThreads, 0, stream>>>(a, partial, keys_per_split);
+  decode_split_kernel<HD><<<grid, kThreads, 0, stream>>>(a, partial);
   TWELL_CUDA_CHECK(cudaGetLastError());
   decode_combine_kernel<HD><<<dim3(a.nh, a.B), HD, 0, stream>>>(a, partial, splits);
   TWELL_CUDA_CHECK(cudaGetLastError());
@@ -404,7 +416,7 @@ void check_attention(int64_t head_dim) {
 
 int decode_attention_splits(int64_t max_context) {
   // Enough blocks to cover the GPU at batch 1 with 32 heads, ranges of at least 128 keys.
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(16, (max_context + 127) / 128)));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kMaxDecodeSplits, (max_context + 127) / 128)));
 }
 
 void launch_attention(const AttentionArgs& a, float* decode_partial, cudaStream_t stream) {

@@ -137,6 +137,14 @@ __global__ void rope_kv_kernel(const RopeKvArgs a) {
   uint16_t* row = a.qkv + t * qkv_dim;
   const int64_t cache_row = (b * a.max_context + pos) * kv_dim;
   const float* cs = a.cos_sin + pos * a.hd;  // [cos · hd/2, sin · hd/2]
+  const uint4* v = reinterpret_cast<const uint4*>(row + (a.nh + a.nkv) * a.hd);
+  uint4* vc = reinterpret_cast<uint4*>(a.v_cache + cache_row);
+  // Where the block holds all of v at once (decode's one token: kv_dim ≤ 8·blockDim), v is loaded
+  // before the rotation's stores, which the compiler may not move it past (they could alias): one
+  // round trip to memory instead of two.
+  const bool v_first = kv_dim / 8 <= static_cast<int>(blockDim.x);
+  uint4 v_held = make_uint4(0, 0, 0, 0);
+  if (v_first && static_cast<int>(threadIdx.x) < kv_dim / 8) v_held = v[threadIdx.x];
   for (int j = threadIdx.x; j < (a.nh + a.nkv) * chunks; j += blockDim.x) {
     const int head = j / chunks, i = (j % chunks) * 8;
     uint16_t* src = row + head * a.hd + i;
@@ -157,8 +165,10 @@ __global__ void rope_kv_kernel(const RopeKvArgs a) {
     *reinterpret_cast<uint4*>(dst) = pack8(r0);
     *reinterpret_cast<uint4*>(dst + half) = pack8(r1);
   }
-  const uint4* v = reinterpret_cast<const uint4*>(row + (a.nh + a.nkv) * a.hd);
-  uint4* vc = reinterpret_cast<uint4*>(a.v_cache + cache_row);
+  if (v_first) {
+    if (static_cast<int>(threadIdx.x) < kv_dim / 8) vc[threadIdx.x] = v_held;
+    return;
+  }
   for (int j = threadIdx.x; j < kv_dim / 8; j += blockDim.x) vc[j] = v[j];
 }
 
