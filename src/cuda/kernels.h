@@ -260,9 +260,11 @@ struct AttentionArgs {
   float scale = 1.f;                  // 1/√hd
 };
 void check_attention(int64_t head_dim);  // throws unless hd ∈ {16, 32, 64, 128}
-// Key ranges of the decode kernel; its workspace holds B·nh·splits·(hd + 2) floats.
-int decode_attention_splits(int64_t max_context);
-// S = 1 with a workspace: the split decode kernel; otherwise the flash prefill kernel.
-void launch_attention(const AttentionArgs& a, float* decode_partial, cudaStream_t stream);
+// The flash kernel, any S ≥ 1.
+void launch_attention(const AttentionArgs& a, cudaStream_t stream);
+// A decode step (S = 1): launch_rope_kv's work and the attention in one kernel, on the same buffers
+// (`r` and `a` describe the same step). q is rotated in registers: the QKV buffer is left as it
+// is; the new key and value are written into the caches at p0. Any context up to max_context.
+void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, cudaStream_t stream);
 
 }  // namespace twell::cuda

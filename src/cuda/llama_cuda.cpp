@@ -153,7 +153,7 @@ struct LlamaCuda::Impl {
   // Decode steps of one sequence, twell mode: the fused decode FFN (LlamaCudaOptions::
   // fused_decode_ffn), whose output stays as partial sums for the next residual add + RMSNorm.
   DecodeFfn decode_ffn;  // empty: not used
-  DeviceBuffer tokens, p0, x, a, qkv, attn, proj, y, g, u, cos_sin, partial, logits;
+  DeviceBuffer tokens, p0, x, a, qkv, attn, proj, y, g, u, cos_sin, logits;
   int64_t logits_rows = 0;
   std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
   int64_t len = 0, batch = 0;                  // cached positions (of every sequence), sequences
@@ -197,7 +197,6 @@ struct LlamaCuda::Impl {
     attn = DeviceBuffer(static_cast<size_t>(T * q_dim) * 2);
     proj = DeviceBuffer(static_cast<size_t>(T * H) * 2);
     y = DeviceBuffer(static_cast<size_t>(T * H) * 2);
-    partial = DeviceBuffer(static_cast<size_t>(o.max_batch * nh * decode_attention_splits(o.max_context) * (hd + 2)) * 4);
     const size_t kv_bytes = static_cast<size_t>(o.max_batch * o.max_context * kv_dim) * 2;
     for (int64_t l = 0; l < (o.kv_cache ? L : 1); ++l) {
       k_cache.emplace_back(kv_bytes);
@@ -346,7 +345,7 @@ struct LlamaCuda::Impl {
       TWELL_CHECK(done || mode != PrefillAttention::cudnn, "LlamaCuda: prefill_attention = cudnn, but ", why);
       if (!done) why = "(" + why + ")";
     }
-    if (!done) launch_attention(at, nullptr, stream);
+    if (!done) launch_attention(at, stream);
     if (first_layer) kernels.attention = done ? str("cudnn ", CudnnSdpa::version()) : "twell " + why;
   }
 
@@ -389,7 +388,6 @@ struct LlamaCuda::Impl {
         launch_qkv_rope(qa, qkv_workspace.get(), qkv_workspace.bytes(), sm_count, stream);
       } else {
         gemm.run(a.get(), lw.wqkv.view().data, qkv.get(), T, qkv_dim, H, true, GemmEpilogue::none, stream);
-        launch_rope_kv(r, stream);
       }
       AttentionArgs at;
       at.qkv = qkv.as<uint16_t>();
@@ -400,10 +398,15 @@ struct LlamaCuda::Impl {
       at.B = static_cast<int>(B), at.S = static_cast<int>(S), at.nh = r.nh, at.nkv = r.nkv, at.hd = r.hd;
       at.max_context = static_cast<int>(o.max_context);
       at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      if (S == 1)
-        launch_attention(at, partial.as<float>(), stream);
-      else
-        prefill_attention(at, l == 0);
+      if (S == 1 && !fuse) {
+        launch_decode_attention(r, at, stream);  // RoPE and the cache write inside
+      } else {
+        if (!fuse) launch_rope_kv(r, stream);
+        if (S == 1)
+          launch_attention(at, stream);
+        else
+          prefill_attention(at, l == 0);
+      }
       gemm.run(attn.get(), lw.wo.view().data, proj.get(), T, H, q_dim, true, GemmEpilogue::none, stream);
       launch_add_rmsnorm(x.as<float>(), proj.as<uint16_t>(), bits(lw.post_norm), a.as<uint16_t>(), T, H,
                          1, 0, eps, stream);
@@ -589,7 +592,7 @@ LlamaCuda::PrefillKernels LlamaCuda::prefill_kernels() const { return impl_->ker
 size_t LlamaCuda::workspace_bytes() const {
   const Impl& m = *impl_;
   size_t n = m.tokens.bytes() + m.p0.bytes() + m.x.bytes() + m.a.bytes() + m.qkv.bytes() + m.attn.bytes() +
-             m.proj.bytes() + m.y.bytes() + m.g.bytes() + m.u.bytes() + m.cos_sin.bytes() + m.partial.bytes() +
+             m.proj.bytes() + m.y.bytes() + m.g.bytes() + m.u.bytes() + m.cos_sin.bytes() +
              m.logits.bytes();
   for (const auto& b : m.k_cache) n += b.bytes();
   for (const auto& b : m.v_cache) n += b.bytes();

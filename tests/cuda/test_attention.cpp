@@ -1,5 +1,6 @@
 // The prefill attention: cuDNN's fused SDPA (CudnnSdpa) and twell's own flash kernel
-// (launch_attention) against a float64 reference, on the runtime's buffers (q inside the QKV GEMM
+// (launch_attention) against a float64 reference, and the decode step (launch_decode_attention:
+// RoPE, the cache write and the attention in one kernel) against the unfused path and float64, on the runtime's buffers (q inside the QKV GEMM
 // output, k and v in the KV cache at positions [0, past + S)), with GQA, head_dim 32/64/128,
 // sequences that are not multiples of any tile, and a prefix already in the cache (past > 0: the
 // causal diagonal aligned to the bottom right).
@@ -24,6 +25,7 @@ namespace {
 
 struct Case {
   int B, S, past, nh, nkv, hd;
+  int spare = 5;  // cache rows past the new tokens
 };
 
 struct Buffers {
@@ -36,8 +38,8 @@ uint16_t rnd_bf16(std::mt19937& rng, float scale) {
   return float_to_bf16_bits(n(rng));
 }
 
-// max_context = past + S + 5: the cache has unused rows past the end, as in the runtime.
-int max_context(const Case& c) { return c.past + c.S + 5; }
+// The cache has unused rows past the end, as in the runtime.
+int max_context(const Case& c) { return c.past + c.S + c.spare; }
 
 Buffers make(const Case& c, uint64_t seed) {
   std::mt19937 rng(static_cast<unsigned>(seed));
@@ -150,7 +152,7 @@ TEST_P(PrefillAttention, CudnnAndTwellMatchFloat64) {
   const AttentionArgs a = args_of(c, b, p0);
 
   poison(b.d_o);
-  launch_attention(a, nullptr, nullptr);
+  launch_attention(a, nullptr);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());
   const double own = error_of(b.d_o, ref);
   std::printf("B=%d S=%d past=%d nh=%d nkv=%d hd=%d: twell kernel rel err %.2e\n", c.B, c.S, c.past, c.nh, c.nkv,
@@ -203,6 +205,99 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrefillAttention, ::testing::ValuesIn(kCases), [
   return "B" + std::to_string(c.B) + "_S" + std::to_string(c.S) + "_past" + std::to_string(c.past) + "_h" +
          std::to_string(c.nh) + "kv" + std::to_string(c.nkv) + "_hd" + std::to_string(c.hd);
 });
+
+// A decode step: launch_decode_attention against launch_rope_kv + the flash kernel at S = 1 (the
+// caches bit for bit, the QKV buffer left as it was) and against float64 (from the rotated q and
+// the caches the unfused path wrote), at contexts that leave key ranges empty, fill one, or span
+// all 16 ranges of the cluster; GQA and MQA; every head_dim. Run twice: a replay gives the same bits.
+struct DecodeCase {
+  int B, past, nh, nkv, hd, max_context;
+};
+const DecodeCase kDecodeCases[] = {
+    {1, 0, 4, 2, 64, 2048},       // the first token: one key, 15 of 16 ranges empty
+    {3, 70, 8, 2, 32, 96},        // one range (max_context < 128), GQA, three sequences
+    {1, 543, 32, 32, 64, 2048},   // the benchmark's step: ranges of 48 keys, 12 of 16 busy
+    {2, 2047, 4, 1, 128, 2048},   // the last position: all 16 ranges, multi-query
+    {1, 300, 2, 2, 16, 1000},     // head_dim 16, 8 ranges
+    {2, 129, 4, 4, 64, 130},      // a 2-block cluster, the new key at its very end
+};
+
+std::vector<uint16_t> download(const DeviceBuffer& d) {
+  std::vector<uint16_t> h(d.bytes() / 2);
+  TWELL_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
+  return h;
+}
+DeviceBuffer copy_of(const DeviceBuffer& d) {
+  DeviceBuffer c(d.bytes());
+  TWELL_CUDA_CHECK(cudaMemcpy(c.get(), d.get(), d.bytes(), cudaMemcpyDeviceToDevice));
+  return c;
+}
+
+TEST(DecodeAttention, MatchesRopeThenFlashAndFloat64) {
+  TWELL_REQUIRE_HOPPER();
+  for (const DecodeCase& dc : kDecodeCases) {
+    SCOPED_TRACE(testing::Message() << "B=" << dc.B << " past=" << dc.past << " nh=" << dc.nh << " nkv=" << dc.nkv
+                                    << " hd=" << dc.hd << " max_context=" << dc.max_context);
+    Case c{dc.B, 1, dc.past, dc.nh, dc.nkv, dc.hd};
+    c.spare = dc.max_context - dc.past - 1;
+    Buffers fused = make(c, 500 + dc.past);
+    Buffers unfused;
+    unfused.d_qkv = copy_of(fused.d_qkv), unfused.d_k = copy_of(fused.d_k), unfused.d_v = copy_of(fused.d_v);
+    unfused.d_o = DeviceBuffer(fused.d_o.bytes());
+    std::vector<float> table(static_cast<size_t>(dc.max_context) * dc.hd);  // as the runtime's, θ = 10⁴
+    for (int p = 0; p < dc.max_context; ++p)
+      for (int i = 0; i < dc.hd / 2; ++i) {
+        const double angle = p * std::pow(1e4, -2.0 * i / dc.hd);
+        table[static_cast<size_t>(p) * dc.hd + i] = static_cast<float>(std::cos(angle));
+        table[static_cast<size_t>(p) * dc.hd + dc.hd / 2 + i] = static_cast<float>(std::sin(angle));
+      }
+    DeviceBuffer cos_sin(table.size() * 4), p0(4);
+    TWELL_CUDA_CHECK(cudaMemcpy(cos_sin.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    TWELL_CUDA_CHECK(cudaMemcpy(p0.get(), &dc.past, 4, cudaMemcpyHostToDevice));
+    auto rope_of = [&](Buffers& b) {
+      RopeKvArgs r;
+      r.qkv = b.d_qkv.as<uint16_t>(), r.k_cache = b.d_k.as<uint16_t>(), r.v_cache = b.d_v.as<uint16_t>();
+      r.cos_sin = cos_sin.as<float>(), r.p0 = p0.as<int32_t>();
+      r.T = dc.B, r.S = 1, r.max_context = dc.max_context, r.nh = dc.nh, r.nkv = dc.nkv, r.hd = dc.hd;
+      return r;
+    };
+    poison(unfused.d_o);
+    launch_rope_kv(rope_of(unfused), nullptr);
+    launch_attention(args_of(c, unfused, p0), nullptr);
+    const std::vector<uint16_t> qkv_before = download(fused.d_qkv);
+    std::vector<uint16_t> first;
+    for (int run = 0; run < 2; ++run) {
+      poison(fused.d_o);
+      launch_decode_attention(rope_of(fused), args_of(c, fused, p0), nullptr);
+      TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+      if (run == 0) first = download(fused.d_o);
+    }
+    EXPECT_EQ(download(fused.d_o), first) << "a second run gave other bits";
+    EXPECT_EQ(download(fused.d_qkv), qkv_before) << "the QKV buffer was modified";
+    EXPECT_EQ(download(fused.d_k), download(unfused.d_k)) << "key cache";
+    EXPECT_EQ(download(fused.d_v), download(unfused.d_v)) << "value cache";
+    // float64 from what the unfused path rotated and cached.
+    unfused.qkv = download(unfused.d_qkv), unfused.k = download(unfused.d_k), unfused.v = download(unfused.d_v);
+    const std::vector<double> ref = reference(c, unfused, 1.0f / std::sqrt(static_cast<float>(dc.hd)));
+    const double err = error_of(fused.d_o, ref), err_flash = error_of(unfused.d_o, ref);
+    std::printf("B=%d past=%d nh=%d nkv=%d hd=%d max_context=%d: decode kernel rel err %.2e (rope + flash %.2e)\n",
+                dc.B, dc.past, dc.nh, dc.nkv, dc.hd, dc.max_context, err, err_flash);
+    EXPECT_LT(err, 5e-3);
+    EXPECT_LT(err_flash, 1e-2);
+  }
+}
+
+TEST(DecodeAttention, MismatchedArgumentsAreRejected) {  // host-only checks, before any launch
+  RopeKvArgs r;
+  AttentionArgs a;
+  r.T = a.B = 1, r.S = a.S = 1, r.nh = a.nh = 4, r.nkv = a.nkv = 2, r.hd = a.hd = 64, r.max_context = a.max_context = 8;
+  a.S = 2;
+  EXPECT_THROW(launch_decode_attention(r, a, nullptr), Error);
+  a.S = 1, a.nkv = 3;
+  EXPECT_THROW(launch_decode_attention(r, a, nullptr), Error);
+  a.nkv = 2, r.hd = 32;
+  EXPECT_THROW(launch_decode_attention(r, a, nullptr), Error);
+}
 
 TEST(CudnnSdpa, ContextOverflowIsRejected) {
   TWELL_REQUIRE_HOPPER();

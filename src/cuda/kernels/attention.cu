@@ -8,14 +8,16 @@
 // domain, P is rounded to bf16 (as every flash-attention kernel does) and feeds the P V product
 // straight from the accumulator registers.
 //
-// Decode (one new token per sequence): split over the cached keys. Each block takes one query head
-// and one range of keys, lanes in groups of hd/8 hold one key each (16-byte loads), and a second
-// kernel merges the partial softmax states of the ranges.
+// Decode (one new token per sequence, launch_decode_attention): RoPE of the new token, its key
+// and value into the cache, and the attention, in one kernel. A cluster of blocks per query head
+// splits the keys; lanes in groups of hd/8 hold one key each (16-byte loads), and the ranges'
+// partial softmax states are merged through distributed shared memory.
 //
 // Layouts (all bf16): q is read in place from the QKV GEMM output [T, (nh + 2 nkv)·hd], keys and
 // values from the cache [B, max_context, nkv·hd], and o is written [T, nh·hd]. The first position
 // of the new tokens, p0, is read from device memory so that a captured CUDA graph replays for
 // every decode step.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -28,7 +30,7 @@ namespace twell::cuda {
 namespace {
 
 constexpr int kKeys = 64;  // keys per tile
-constexpr int kMaxDecodeSplits = 16;  // key ranges of a decode step (decode_attention_splits)
+constexpr int kMaxDecodeSplits = 16;  // key ranges of a decode step: a cluster of up to 16 blocks
 constexpr int kThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -272,39 +274,82 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
 }
 
 // ---- decode --------------------------------------------------------------------------------------
-// Block (head h, sequence b, key range r): 4 warps; a group of L = hd/8 lanes holds one key (8
-// dims per lane), so a warp scores 32/L keys at once. Writes the range's (max, sum, unnormalised
-// output) in the base-2 domain to `partial`.
+// One cluster of `splits` blocks per (query head h, sequence b); block (rank) r takes the r-th
+// range of the keys the sequence has now. 4 warps; a group of L = hd/8 lanes holds one key (8
+// dims per lane), so a warp scores 32/L keys at once.
+//
+// RoPE of the new token is done here, in registers (launch_rope_kv's arithmetic: a lane's 8 dims
+// and its partner's, hd/2 away, L/2 lanes over): every block rotates its q, and the new key,
+// which the block whose range ends at p0 uses without a round trip through the cache. Rank 0 of
+// the first query head of each KV group writes the new key and value into the cache at p0; no
+// block of this launch reads that row from memory.
+//
+// Each block merges its warps' states, then writes its range's (max, sum, unnormalised output),
+// base-2 domain, into rank 0's shared memory; after one cluster barrier rank 0 merges the ranges
+// in rank order and writes o. (Two kernels before: the merge was its own launch, 1.7 µs a layer
+// plus a launch gap, and RoPE another, 2.0 µs.)
 template <int HD>
-__global__ void __launch_bounds__(kThreads) decode_split_kernel(const AttentionArgs a, float* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKvArgs r, const AttentionArgs a) {
   constexpr int L = HD / 8, kGroups = 32 / L, kWarps = kThreads / 32, kStep = kWarps * kGroups;
-  const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  constexpr int kStates = kWarps * kGroups;
+  __shared__ float sm[kStates], sl[kStates], sacc[kStates][HD];                        // this block's
+  __shared__ float cm[kMaxDecodeSplits], cl[kMaxDecodeSplits], co[kMaxDecodeSplits][HD];  // rank 0: the ranges'
+  // Every block of the cluster has started before any writes into rank 0's shared memory: this
+  // barrier phase is waited for only then.
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int h = blockIdx.x, b = blockIdx.y, rank = static_cast<int>(cluster.block_rank()), splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / L, sub = lane % L;
   const int kvh = h / (a.nh / a.nkv);
-  const int len = *a.p0 + 1;  // keys 0..p0 (the new token's own key is cached already)
   const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
+  const uint16_t* row = a.qkv + b * q_ld;  // one new token a sequence
+  const uint4 q_raw = *reinterpret_cast<const uint4*>(row + h * HD + sub * 8);
+  const uint4 k_raw = *reinterpret_cast<const uint4*>(row + (a.nh + kvh) * HD + sub * 8);
+  const uint4 v_new = *reinterpret_cast<const uint4*>(row + (a.nh + a.nkv + kvh) * HD + sub * 8);
+  const int p0 = *a.p0, len = p0 + 1;  // keys 0..p0, the last one the new token's
+
+  // RoPE at p0: lanes sub < L/2 hold x0 (dims i..i+8 of the first half), their partners x1.
+  const bool low = sub < L / 2;
+  const float* cs = r.cos_sin + static_cast<int64_t>(p0) * HD + (sub % (L / 2)) * 8;
+  float c[8], sn[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) c[e] = cs[e], sn[e] = cs[HD / 2 + e];
+  auto rotate = [&](const uint4 mine) {
+    uint4 other;
+    other.x = __shfl_xor_sync(0xffffffffu, mine.x, L / 2), other.y = __shfl_xor_sync(0xffffffffu, mine.y, L / 2);
+    other.z = __shfl_xor_sync(0xffffffffu, mine.z, L / 2), other.w = __shfl_xor_sync(0xffffffffu, mine.w, L / 2);
+    float xm[8], xo[8], out[8];
+    unpack8(mine, xm);
+    unpack8(other, xo);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)  // not contracted into FMAs: as rope_kv_kernel and the CPU reference
+      out[e] = low ? __fsub_rn(__fmul_rn(xm[e], c[e]), __fmul_rn(xo[e], sn[e]))
+                   : __fadd_rn(__fmul_rn(xm[e], c[e]), __fmul_rn(xo[e], sn[e]));
+    return pack8(out);  // bf16, as the cache holds it
+  };
+  float qv[8];
+  unpack8(rotate(q_raw), qv);
+  const uint4 k_new = rotate(k_raw);
+  if (rank == 0 && h % (a.nh / a.nkv) == 0 && warp == 0 && grp == 0) {
+    const int64_t at = (static_cast<int64_t>(b) * a.max_context + p0) * kv_ld + kvh * HD + sub * 8;
+    *reinterpret_cast<uint4*>(r.k_cache + at) = k_new;
+    *reinterpret_cast<uint4*>(r.v_cache + at) = v_new;
+  }
+
   // The ranges split the keys the sequences have now (p0 is read on the device, so a replayed
   // graph follows the context as it grows), in whole steps of kStep keys; trailing ranges may be
-  // empty. Sizing them from max_context instead left most blocks idle: at 600 of 4096 positions,
-  // 3 of 16 ranges held every key.
+  // empty.
   const int keys_per_split = ((len + splits - 1) / splits + kStep - 1) / kStep * kStep;
-  const int k_begin = split * keys_per_split, k_end = min(len, k_begin + keys_per_split);
-
-  float qv[8];
-  {
-    const uint4 raw = *reinterpret_cast<const uint4*>(a.qkv + b * q_ld + h * HD + sub * 8);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-    for (int i = 0; i < 4; ++i) qv[2 * i] = bits_float(w[i] << 16), qv[2 * i + 1] = bits_float(w[i] & 0xffff0000u);
-  }
+  const int k_begin = rank * keys_per_split, k_end = min(len, k_begin + keys_per_split);
   const float scale = a.scale * kLog2e;
   const uint16_t* kbase = a.k_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
   const uint16_t* vbase = a.v_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
 
   float m = -FLT_MAX, l = 0.f, acc[8] = {};
   // kAhead steps of K/V are loaded before any of them is scored (their loads in flight together
-  // instead of one dependent round trip a step); the scoring order is unchanged, so the results
-  // are the same bit for bit. The loop bounds are warp-uniform (the shuffles need every lane);
-  // keys past the range are loaded as zeros and skipped.
+  // instead of one dependent round trip a step). The loop bounds are warp-uniform (the shuffles
+  // need every lane); keys past the range are loaded as zeros and skipped.
   constexpr int kAhead = 4;
   for (int base0 = k_begin + warp * kGroups; base0 < k_end; base0 += kAhead * kStep) {
     uint4 kr[kAhead], vr[kAhead];
@@ -312,7 +357,9 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const AttentionA
     for (int s = 0; s < kAhead; ++s) {
       const int key = base0 + s * kStep + grp;
       kr[s] = vr[s] = make_uint4(0, 0, 0, 0);
-      if (key < k_end) {
+      if (key == p0) {
+        kr[s] = k_new, vr[s] = v_new;
+      } else if (key < k_end) {
         kr[s] = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(key) * kv_ld);
         vr[s] = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(key) * kv_ld);
       }
@@ -326,62 +373,48 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const AttentionA
         dot += qv[2 * i] * bits_float(kw[i] << 16) + qv[2 * i + 1] * bits_float(kw[i] & 0xffff0000u);
       for (int off = 1; off < L; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       if (!valid) continue;
-      const float sc = dot * scale, mn = fmaxf(m, sc), c = exp2f(m - mn), p = exp2f(sc - mn);
+      const float sc = dot * scale, mn = fmaxf(m, sc), cf = exp2f(m - mn), p = exp2f(sc - mn);
       m = mn;
-      l = l * c + p;
+      l = l * cf + p;
       for (int i = 0; i < 4; ++i) {
-        acc[2 * i] = acc[2 * i] * c + p * bits_float(vw[i] << 16);
-        acc[2 * i + 1] = acc[2 * i + 1] * c + p * bits_float(vw[i] & 0xffff0000u);
+        acc[2 * i] = acc[2 * i] * cf + p * bits_float(vw[i] << 16);
+        acc[2 * i + 1] = acc[2 * i + 1] * cf + p * bits_float(vw[i] & 0xffff0000u);
       }
     }
   }
 
-  // Merge the kGroups·kWarps states of this block (all lanes of a group hold the same m and l).
-  __shared__ float sm[kWarps * kGroups], sl[kWarps * kGroups], sacc[kWarps * kGroups][HD];
+  // Merge the block's kStates states (all lanes of a group hold the same m and l) into rank 0.
   const int state = warp * kGroups + grp;
   if (sub == 0) sm[state] = m, sl[state] = l;
   for (int i = 0; i < 8; ++i) sacc[state][sub * 8 + i] = acc[i];
   __syncthreads();
-  float* out = partial + ((static_cast<int64_t>(b) * a.nh + h) * splits + split) * (HD + 2);
+  float mx = -FLT_MAX, lt = 0.f, ot = 0.f;
   if (threadIdx.x < HD) {
-    float mx = -FLT_MAX;
-    for (int s = 0; s < kWarps * kGroups; ++s) mx = fmaxf(mx, sm[s]);
-    float lt = 0.f, ot = 0.f;
-    for (int s = 0; s < kWarps * kGroups; ++s) {
-      const float c = sl[s] > 0.f ? exp2f(sm[s] - mx) : 0.f;
-      lt += sl[s] * c;
-      ot += sacc[s][threadIdx.x] * c;
-    }
-    out[2 + threadIdx.x] = ot;
-    if (threadIdx.x == 0) out[0] = mx, out[1] = lt;
-  }
-}
-
-// One block per (head, sequence): merges the splits' states and writes o. Every split's state is
-// loaded before any is used (one L2 round trip, not one a split); the merge order is the splits'.
-template <int HD>
-__global__ void decode_combine_kernel(const AttentionArgs a, const float* __restrict__ partial, int splits) {
-  const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
-  const float* p = partial + (static_cast<int64_t>(b) * a.nh + h) * splits * (HD + 2);
-  float sm[kMaxDecodeSplits], sl[kMaxDecodeSplits], so[kMaxDecodeSplits];
-#pragma unroll
-  for (int s = 0; s < kMaxDecodeSplits; ++s) {
-    sl[s] = 0.f, sm[s] = so[s] = 0.f;
-    if (s < splits) sm[s] = p[s * (HD + 2)], sl[s] = p[s * (HD + 2) + 1], so[s] = p[s * (HD + 2) + 2 + d];
-  }
-  float mx = -FLT_MAX;
-#pragma unroll
-  for (int s = 0; s < kMaxDecodeSplits; ++s)
-    if (sl[s] > 0.f) mx = fmaxf(mx, sm[s]);
-  float lt = 0.f, ot = 0.f;
-#pragma unroll
-  for (int s = 0; s < kMaxDecodeSplits; ++s) {
-    if (sl[s] > 0.f) {
-      const float c = exp2f(sm[s] - mx);
-      lt += sl[s] * c;
-      ot += so[s] * c;
+    for (int s = 0; s < kStates; ++s) mx = fmaxf(mx, sm[s]);
+    for (int s = 0; s < kStates; ++s) {
+      const float cf = sl[s] > 0.f ? exp2f(sm[s] - mx) : 0.f;
+      lt += sl[s] * cf;
+      ot += sacc[s][threadIdx.x] * cf;
     }
   }
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+  if (threadIdx.x < HD) {
+    *cluster.map_shared_rank(&co[rank][threadIdx.x], 0) = ot;
+    if (threadIdx.x == 0) *cluster.map_shared_rank(&cm[rank], 0) = mx, *cluster.map_shared_rank(&cl[rank], 0) = lt;
+  }
+  cluster.sync();
+  if (rank != 0 || threadIdx.x >= HD) return;
+  const int d = threadIdx.x;
+  mx = -FLT_MAX;
+  for (int s = 0; s < splits; ++s)
+    if (cl[s] > 0.f) mx = fmaxf(mx, cm[s]);
+  lt = ot = 0.f;
+  for (int s = 0; s < splits; ++s)
+    if (cl[s] > 0.f) {
+      const float cf = exp2f(cm[s] - mx);
+      lt += cl[s] * cf;
+      ot += co[s][d] * cf;
+    }
   a.o[(static_cast<int64_t>(b) * a.nh + h) * HD + d] = float_to_bf16_bits(ot / lt);
 }
 
@@ -398,13 +431,32 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
+// Key ranges (blocks of a cluster) of a decode step: enough blocks to cover the GPU at batch 1 with
+// 32 heads, ranges of at least 128 keys at the longest context.
+int decode_attention_splits(int64_t max_context) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kMaxDecodeSplits, (max_context + 127) / 128)));
+}
+
 template <int HD>
-void launch_decode(const AttentionArgs& a, float* partial, int splits, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
-  decode_split_kernel<HD><<<grid, kThreads, 0, stream>>>(a, partial);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-  decode_combine_kernel<HD><<<dim3(a.nh, a.B), HD, 0, stream>>>(a, partial, splits);
-  TWELL_CUDA_CHECK(cudaGetLastError());
+void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, cudaStream_t stream) {
+  const int splits = decode_attention_splits(a.max_context);
+  static const bool non_portable = [] {  // clusters of more than 8 blocks (Hopper takes 16)
+    TWELL_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<HD>,
+                                          cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    return true;
+  }();
+  (void)non_portable;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = 1, attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = static_cast<unsigned>(splits);
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_attention_kernel<HD>, r, a));
 }
 
 }  // namespace
@@ -414,22 +466,33 @@ void check_attention(int64_t head_dim) {
               "attention: head_dim must be 16, 32, 64 or 128, got ", head_dim);
 }
 
-int decode_attention_splits(int64_t max_context) {
-  // Enough blocks to cover the GPU at batch 1 with 32 heads, ranges of at least 128 keys.
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kMaxDecodeSplits, (max_context + 127) / 128)));
-}
-
-void launch_attention(const AttentionArgs& a, float* decode_partial, cudaStream_t stream) {
+void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   TWELL_CHECK(a.nkv > 0 && a.nh % a.nkv == 0, "attention: ", a.nh, " heads are not a multiple of ", a.nkv,
               " KV heads");
   if (a.B == 0 || a.S == 0) return;
-  const bool decode = a.S == 1 && decode_partial != nullptr;
-  const int splits = decode_attention_splits(a.max_context);
   switch (a.hd) {
-    case 16: return decode ? launch_decode<16>(a, decode_partial, splits, stream) : launch_prefill<16>(a, stream);
-    case 32: return decode ? launch_decode<32>(a, decode_partial, splits, stream) : launch_prefill<32>(a, stream);
-    case 64: return decode ? launch_decode<64>(a, decode_partial, splits, stream) : launch_prefill<64>(a, stream);
-    case 128: return decode ? launch_decode<128>(a, decode_partial, splits, stream) : launch_prefill<128>(a, stream);
+    case 16: return launch_prefill<16>(a, stream);
+    case 32: return launch_prefill<32>(a, stream);
+    case 64: return launch_prefill<64>(a, stream);
+    case 128: return launch_prefill<128>(a, stream);
+    default: check_attention(a.hd);
+  }
+}
+
+void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, cudaStream_t stream) {
+  TWELL_CHECK(a.nkv > 0 && a.nh % a.nkv == 0, "attention: ", a.nh, " heads are not a multiple of ", a.nkv,
+              " KV heads");
+  TWELL_CHECK(a.S == 1 && r.S == 1 && r.T == a.B && r.nh == a.nh && r.nkv == a.nkv && r.hd == a.hd &&
+                  r.qkv == a.qkv && r.k_cache == a.k_cache && r.v_cache == a.v_cache && r.p0 == a.p0 &&
+                  r.max_context == a.max_context,
+              "decode attention: the RoPE and attention arguments must describe the same step of one new token a "
+              "sequence (S = ", a.S, ")");
+  if (a.B == 0) return;
+  switch (a.hd) {
+    case 16: return launch_decode<16>(r, a, stream);
+    case 32: return launch_decode<32>(r, a, stream);
+    case 64: return launch_decode<64>(r, a, stream);
+    case 128: return launch_decode<128>(r, a, stream);
     default: check_attention(a.hd);
   }
 }
