@@ -35,6 +35,7 @@ struct ModelBenchConfig {
   bool cuda_graphs = true;                     // decode: replay each step as a CUDA graph
   bool fused_qkv_rope = true;                  // prefill: QKV GEMM with RoPE in its epilogue (LlamaCudaOptions)
   bool fused_decode_ffn = true;                // decode, batch 1: the one-kernel FFN (LlamaCudaOptions)
+  bool decode_gemv = true;                     // decode, batch 1: twell's GEMV for QKV and O (LlamaCudaOptions)
   std::string attention = "auto";              // prefill attention: auto, cudnn or twell (PrefillAttention)
   uint64_t seed = 1;
   std::string command;

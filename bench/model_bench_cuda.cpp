@@ -642,6 +642,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   o.max_tokens = B * cfg.context;
   o.cuda_graphs = cfg.cuda_graphs;
   o.fused_decode_ffn = cfg.fused_decode_ffn;
+  o.decode_gemv = cfg.decode_gemv;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;

@@ -185,6 +185,19 @@ class DecodeFfn {
 // y [H] bf16 = the split sum (launched with programmatic dependent launch).
 void launch_split_sum(const SplitSum& s, int64_t H, uint16_t* y, cudaStream_t stream);
 
+// decode_gemv.cu: y [N] = x [K] Wᵀ (W [N, K] row-major), bf16, fp32 accumulation, for one token.
+// Launched with programmatic dependent launch: W's rows are copied into shared memory before the
+// kernel waits for its predecessor on the stream (which must not write W); x is read after.
+// K a multiple of 8, at most 4096; x and W 16-byte aligned.
+struct DecodeGemvArgs {
+  const uint16_t* x = nullptr;
+  const uint16_t* w = nullptr;
+  uint16_t* y = nullptr;
+  int64_t N = 0, K = 0;
+};
+bool decode_gemv_supported(int64_t N, int64_t K);
+void launch_decode_gemv(const DecodeGemvArgs& a, int sm_count, cudaStream_t stream);
+
 // elementwise.cu (dense paths), n elements, 16-byte aligned, n % 8 == 0:
 //   out = bf16(g · u)           (g already ReLU'd by the GEMM epilogue)
 //   g   = relu(g) in place       (the unfused, PyTorch-style pipeline)

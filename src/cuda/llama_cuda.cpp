@@ -329,6 +329,18 @@ struct LlamaCuda::Impl {
     return false;
   }
 
+  // out [T, N] = in [T, K] Wᵀ: twell's GEMV for one token (LlamaCudaOptions::decode_gemv),
+  // otherwise cuBLASLt.
+  void project(const uint16_t* in, const DeviceTensor& weight, uint16_t* out, int64_t T, int64_t N, int64_t K) {
+    if (T == 1 && o.decode_gemv && decode_gemv_supported(N, K)) {
+      DecodeGemvArgs args;
+      args.x = in, args.w = bits(weight), args.y = out, args.N = N, args.K = K;
+      launch_decode_gemv(args, sm_count, stream);
+    } else {
+      gemm.run(in, weight.view().data, out, T, N, K, true, GemmEpilogue::none, stream);
+    }
+  }
+
   // Attention of S > 1 tokens per sequence at position `len` (PrefillAttention); `first_layer`
   // notes the choice in `kernels`.
   void prefill_attention(const AttentionArgs& at, bool first_layer) {
@@ -387,7 +399,7 @@ struct LlamaCuda::Impl {
         qa.x = a.as<uint16_t>(), qa.w = bits(lw.wqkv), qa.H = H, qa.rope = r;
         launch_qkv_rope(qa, qkv_workspace.get(), qkv_workspace.bytes(), sm_count, stream);
       } else {
-        gemm.run(a.get(), lw.wqkv.view().data, qkv.get(), T, qkv_dim, H, true, GemmEpilogue::none, stream);
+        project(a.as<uint16_t>(), lw.wqkv, qkv.as<uint16_t>(), T, qkv_dim, H);
       }
       AttentionArgs at;
       at.qkv = qkv.as<uint16_t>();
@@ -407,7 +419,7 @@ struct LlamaCuda::Impl {
         else
           prefill_attention(at, l == 0);
       }
-      gemm.run(attn.get(), lw.wo.view().data, proj.get(), T, H, q_dim, true, GemmEpilogue::none, stream);
+      project(attn.as<uint16_t>(), lw.wo, proj.as<uint16_t>(), T, H, q_dim);
       launch_add_rmsnorm(x.as<float>(), proj.as<uint16_t>(), bits(lw.post_norm), a.as<uint16_t>(), T, H,
                          1, 0, eps, stream);
       if (o.ffn_input_hook && !decode) {

@@ -209,17 +209,20 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrefillAttention, ::testing::ValuesIn(kCases), [
 // A decode step: launch_decode_attention against launch_rope_kv + the flash kernel at S = 1 (the
 // caches bit for bit, the QKV buffer left as it was) and against float64 (from the rotated q and
 // the caches the unfused path wrote), at contexts that leave key ranges empty, fill one, or span
-// all 16 ranges of the cluster; GQA and MQA; every head_dim. Run twice: a replay gives the same bits.
+// all 16 ranges of the cluster; one range; a batch; GQA and MQA; every head_dim. Run twice: a
+// replay gives the same bits.
 struct DecodeCase {
   int B, past, nh, nkv, hd, max_context;
 };
-const DecodeCase kDecodeCases[] = {
-    {1, 0, 4, 2, 64, 2048},       // the first token: one key, 15 of 16 ranges empty
-    {3, 70, 8, 2, 32, 96},        // one range (max_context < 128), GQA, three sequences
-    {1, 543, 32, 32, 64, 2048},   // the benchmark's step: ranges of 48 keys, 12 of 16 busy
-    {2, 2047, 4, 1, 128, 2048},   // the last position: all 16 ranges, multi-query
-    {1, 300, 2, 2, 16, 1000},     // head_dim 16, 8 ranges
-    {2, 129, 4, 4, 64, 130},      // a 2-block cluster, the new key at its very end
+const DecodeCase kDecodeCases[] = {  // ranges: decode_attention_splits on 132 SMs
+    {1, 0, 4, 2, 64, 2048},      // the first token: one key, 15 of 16 ranges empty
+    {3, 70, 8, 2, 32, 96},       // 3 ranges, GQA, three sequences
+    {1, 543, 32, 32, 64, 576},   // the benchmark's step: 16 ranges of 48 keys, 12 busy
+    {2, 2047, 4, 1, 128, 2048},  // the last position: all 16 ranges, multi-query
+    {1, 300, 2, 2, 16, 1000},    // head_dim 16
+    {2, 129, 4, 4, 64, 130},     // 5 ranges, the new key at the very end of the cache
+    {1, 20, 4, 4, 64, 24},       // one range: no cluster partner
+    {40, 33, 4, 2, 64, 64},      // a batch: 2 ranges
 };
 
 std::vector<uint16_t> download(const DeviceBuffer& d) {

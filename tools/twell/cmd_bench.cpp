@@ -72,7 +72,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   auto model_json = std::make_shared<std::string>();
   auto no_prefill = std::make_shared<bool>(false), no_decode = std::make_shared<bool>(false),
        no_graphs = std::make_shared<bool>(false), unfused_qkv = std::make_shared<bool>(false),
-       unfused_decode_ffn = std::make_shared<bool>(false);
+       unfused_decode_ffn = std::make_shared<bool>(false), cublas_projections = std::make_shared<bool>(false);
   CLI::App* model = bench->add_subcommand(
       "model", "Whole model on the GPU, dense vs twell FFN: prefill tokens/ms, decode tokens/s, memory, energy");
   model->add_option("--layers", mcfg->layers, "decoder layers")->capture_default_str();
@@ -100,6 +100,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_flag("--unfused-decode-ffn", *unfused_decode_ffn,
                   "decode, batch 1: the FFN's partial sums added by their own kernel, then the plain residual add + "
                   "RMSNorm, instead of inside the RMSNorm (A/B)");
+  model->add_flag("--cublas-decode-projections", *cublas_projections,
+                  "decode, batch 1: the QKV and output projections through cuBLASLt instead of twell's GEMV (A/B)");
   model->add_flag("--no-graphs", *no_graphs, "decode: launch every step's kernels instead of replaying a CUDA graph");
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")
@@ -114,6 +116,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     mcfg->cuda_graphs = !*no_graphs;
     mcfg->fused_qkv_rope = !*unfused_qkv;
     if (*unfused_decode_ffn) mcfg->fused_decode_ffn = false;
+    if (*cublas_projections) mcfg->decode_gemv = false;
     const auto records = bench::run_model_bench(*mcfg, std::cerr);
     bench::print_model_table(records, std::cout);
     save_records(records, *model_json);

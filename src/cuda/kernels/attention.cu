@@ -25,6 +25,7 @@
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
+#include "cuda/kernels/bulk_copy.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -297,6 +298,8 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   // Every block of the cluster has started before any writes into rank 0's shared memory: this
   // barrier phase is waited for only then.
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  // The output projection (launch_decode_gemv) may start now: it copies its weights meanwhile.
+  allow_dependent_launch();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const int h = blockIdx.x, b = blockIdx.y, rank = static_cast<int>(cluster.block_rank()), splits = gridDim.z;
@@ -431,15 +434,23 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
-// Key ranges (blocks of a cluster) of a decode step: enough blocks to cover the GPU at batch 1 with
-// 32 heads, ranges of at least 128 keys at the longest context.
-int decode_attention_splits(int64_t max_context) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kMaxDecodeSplits, (max_context + 127) / 128)));
+// Key ranges (blocks of a cluster) of a decode step: about four blocks an SM at this batch (a
+// step waits on round trips, not bandwidth: more, shorter ranges finish sooner), ranges of at
+// least 32 keys at the longest context, a cluster of at most 16.
+int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh) {
+  static const int sm_count = [] {
+    int device = 0, n = 0;
+    TWELL_CUDA_CHECK(cudaGetDevice(&device));
+    TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  const int64_t fill = (4 * int64_t{sm_count} + B * nh - 1) / (B * nh), longest = (max_context + 31) / 32;
+  return static_cast<int>(std::clamp<int64_t>(std::min(fill, longest), 1, kMaxDecodeSplits));
 }
 
 template <int HD>
 void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, cudaStream_t stream) {
-  const int splits = decode_attention_splits(a.max_context);
+  const int splits = decode_attention_splits(a.max_context, a.B, a.nh);
   static const bool non_portable = [] {  // clusters of more than 8 blocks (Hopper takes 16)
     TWELL_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<HD>,
                                           cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
