@@ -419,6 +419,20 @@ struct FfnForward::Impl {
     if (!grads.dwd.empty()) gemm.run_at(h_dense.get(), dy.data, grads.dwd.data, I, H, M, stream);
   }
 
+  // out [M, I] = (relu) x Wᵀ: twell's GEMV for one token (FfnOptions::one_token_gemv), otherwise
+  // cuBLASLt with its ReLU epilogue.
+  void project(const void* x, const void* weight, uint16_t* out, int64_t M, bool relu, cudaStream_t stream) {
+    const int64_t H = shape.hidden, I = shape.ffn;
+    if (M == 1 && options.one_token_gemv && decode_gemv_supported(I, H)) {
+      DecodeGemvArgs args;
+      args.x = static_cast<const uint16_t*>(x), args.w = static_cast<const uint16_t*>(weight), args.y = out;
+      args.N = I, args.K = H, args.relu = relu;
+      launch_decode_gemv(args, sm_count, stream);
+    } else {
+      gemm.run(x, weight, out, M, I, H, true, relu ? GemmEpilogue::relu : GemmEpilogue::none, stream);
+    }
+  }
+
   void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream, int64_t slot) {
     check_args(x, w, y);
     TWELL_CHECK(slot >= 0 && slot < options.dispatch_slots, "FfnForward::forward: dispatch slot ", slot,
@@ -458,7 +472,7 @@ struct FfnForward::Impl {
     }
 
     // Otherwise both paths start from the ReLU'd gate in g (non-gated: h = relu(x Wuᵀ)).
-    gemm.run(xp, shape.gated ? w.wg.data : w.wu.data, g.get(), M, I, H, true, GemmEpilogue::relu, stream);
+    project(xp, shape.gated ? w.wg.data : w.wu.data, g.as<uint16_t>(), M, true, stream);
     if (policy == Dispatch::observe || (policy == Dispatch::previous && previous_density < 0)) {
       launch_sample(slot, M, stream);
       collect_sample(slot, true);  // one stream synchronisation
@@ -484,7 +498,7 @@ struct FfnForward::Impl {
       // Training keeps u for the backward and writes h apart; otherwise h replaces u.
       const bool keep = options.training;
       uint16_t* h = keep ? h_dense.as<uint16_t>() : u.as<uint16_t>();
-      gemm.run(xp, w.wu.data, u.get(), M, I, H, true, GemmEpilogue::none, stream);
+      project(xp, w.wu.data, u.as<uint16_t>(), M, false, stream);
       launch_mul_bf16(g.as<uint16_t>(), u.as<uint16_t>(), h, M * I, stream);
       gemm.run(h, w.wd.data, yp, M, H, I, false, GemmEpilogue::none, stream);
       if (keep) saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};

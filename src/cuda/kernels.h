@@ -194,6 +194,7 @@ struct DecodeGemvArgs {
   const uint16_t* w = nullptr;
   uint16_t* y = nullptr;
   int64_t N = 0, K = 0;
+  bool relu = false;  // y = bf16(relu(x Wᵀ)), as cuBLASLt's ReLU epilogue
 };
 bool decode_gemv_supported(int64_t N, int64_t K);
 void launch_decode_gemv(const DecodeGemvArgs& a, int sm_count, cudaStream_t stream);

@@ -206,6 +206,7 @@ struct LlamaCuda::Impl {
       const bool sparse = o.ffn == FfnMode::twell;
       FfnOptions pre = o.ffn_options;
       if (!sparse) pre.dispatch = Dispatch::always_dense;
+      pre.one_token_gemv = pre.one_token_gemv && o.decode_gemv;
       pre.dispatch_slots = L;  // each layer dispatched on its own density
       ffn_prefill = std::make_unique<FfnForward>(FfnShape{T, H, I, true}, pre);
       FfnOptions dense = pre;

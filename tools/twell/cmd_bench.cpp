@@ -101,7 +101,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                   "decode, batch 1: the FFN's partial sums added by their own kernel, then the plain residual add + "
                   "RMSNorm, instead of inside the RMSNorm (A/B)");
   model->add_flag("--cublas-decode-projections", *cublas_projections,
-                  "decode, batch 1: the QKV and output projections through cuBLASLt instead of twell's GEMV (A/B)");
+                  "decode, batch 1: the QKV and output projections and the dense FFN's gate and up through cuBLASLt "
+                  "instead of twell's GEMV (A/B)");
   model->add_flag("--no-graphs", *no_graphs, "decode: launch every step's kernels instead of replaying a CUDA graph");
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")

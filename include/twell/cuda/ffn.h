@@ -85,6 +85,10 @@ struct FfnOptions {
   // gather path's kernels, no such buffers (for a caller that runs one-token FFNs itself, as the
   // model's decode step does).
   bool one_token_kernel = true;
+  // The dense path of one token runs its gate (with the ReLU) and up products through twell's
+  // GEMV (launch_decode_gemv, weights copied while the kernel before runs) where the shape allows;
+  // false: cuBLASLt, as for more tokens (A/B).
+  bool one_token_gemv = true;
 };
 
 struct FfnStats {

@@ -106,8 +106,9 @@ struct LlamaCudaOptions {
   // the next layer's residual add + RMSNorm adds (launch_decode_ffn). false: FfnForward's own
   // one-token path, whose partial sums a separate kernel adds before the plain norm (A/B).
   bool fused_decode_ffn = true;
-  // Calls of one token (decode at batch 1) run the QKV and output projections through twell's
-  // GEMV (launch_decode_gemv), whose weight copies start while the kernel before it runs; false:
+  // Calls of one token (decode at batch 1) run the QKV and output projections, and the dense
+  // FFN's gate and up products (FfnOptions::one_token_gemv), through twell's GEMV
+  // (launch_decode_gemv), whose weight copies start while the kernel before it runs; false:
   // cuBLASLt, as for more tokens (A/B).
   bool decode_gemv = true;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input

@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(kGemvThreads) decode_gemv_kernel(const DecodeG
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    if (lane == 0) a.y[j0 + r] = float_to_bf16_bits(dot);
+    // The ReLU keeps NaN (a NaN in x or W must not vanish).
+    if (lane == 0) a.y[j0 + r] = float_to_bf16_bits(a.relu && !(dot > 0.f || dot != dot) ? 0.f : dot);
   }
 }
 
