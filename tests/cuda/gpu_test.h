@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
+#include <vector>
 
+#include "twell/bf16.h"
 #include "twell/cuda/runtime.h"
 
 #define TWELL_REQUIRE_HOPPER()                                          \
@@ -13,3 +16,28 @@
     if (!::twell::cuda::hopper_available(&twell_why_))                  \
       GTEST_SKIP() << "GPU test skipped: " << twell_why_;               \
   } while (0)
+
+namespace twell::cuda {
+
+// Host <-> device copies of bf16 bits, and normal random bf16 values, for the kernel tests.
+inline std::vector<uint16_t> random_bf16(size_t n, float scale, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16_bits(d(rng));
+  return v;
+}
+
+inline DeviceBuffer upload(const std::vector<uint16_t>& h) {
+  DeviceBuffer d(h.size() * 2);
+  TWELL_CUDA_CHECK(cudaMemcpy(d.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  return d;
+}
+
+inline std::vector<uint16_t> download(const DeviceBuffer& d) {
+  std::vector<uint16_t> h(d.bytes() / 2);
+  TWELL_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+}  // namespace twell::cuda

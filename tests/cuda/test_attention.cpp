@@ -56,12 +56,7 @@ Buffers make(const Case& c, uint64_t seed) {
   for (size_t i = 0; i < b.k.size(); ++i)
     if ((static_cast<int64_t>(i) / kv_ld) % max_context(c) >= c.past + c.S)
       b.k[i] = float_to_bf16_bits(64.f), b.v[i] = float_to_bf16_bits(1e4f);
-  auto up = [](const std::vector<uint16_t>& h) {
-    DeviceBuffer d(h.size() * 2);
-    TWELL_CUDA_CHECK(cudaMemcpy(d.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-    return d;
-  };
-  b.d_qkv = up(b.qkv), b.d_k = up(b.k), b.d_v = up(b.v);
+  b.d_qkv = upload(b.qkv), b.d_k = upload(b.k), b.d_v = upload(b.v);
   b.d_o = DeviceBuffer(static_cast<size_t>(int64_t{c.B} * c.S * c.nh * c.hd) * 2);
   return b;
 }
@@ -225,11 +220,6 @@ const DecodeCase kDecodeCases[] = {  // ranges: decode_attention_splits on 132 S
     {40, 33, 4, 2, 64, 64},      // a batch: 2 ranges
 };
 
-std::vector<uint16_t> download(const DeviceBuffer& d) {
-  std::vector<uint16_t> h(d.bytes() / 2);
-  TWELL_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
-  return h;
-}
 DeviceBuffer copy_of(const DeviceBuffer& d) {
   DeviceBuffer c(d.bytes());
   TWELL_CUDA_CHECK(cudaMemcpy(c.get(), d.get(), d.bytes(), cudaMemcpyDeviceToDevice));

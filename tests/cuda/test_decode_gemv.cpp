@@ -20,26 +20,6 @@
 namespace twell::cuda {
 namespace {
 
-std::vector<uint16_t> random_bf16(size_t n, float scale, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = float_to_bf16_bits(d(rng));
-  return v;
-}
-
-DeviceBuffer upload(const std::vector<uint16_t>& h) {
-  DeviceBuffer d(h.size() * 2);
-  TWELL_CUDA_CHECK(cudaMemcpy(d.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-  return d;
-}
-
-std::vector<uint16_t> download(const DeviceBuffer& d) {
-  std::vector<uint16_t> h(d.bytes() / 2);
-  TWELL_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
-  return h;
-}
-
 // Relative Frobenius error of y [0, N) against the float64 product.
 double error_of(const std::vector<uint16_t>& y, const std::vector<double>& ref) {
   double num = 0, den = 0;

@@ -20,26 +20,6 @@ struct Case {
   int B, S, p0, nh, nkv, hd, H;
 };
 
-std::vector<uint16_t> random_bf16(size_t n, float scale, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = float_to_bf16_bits(d(rng));
-  return v;
-}
-
-DeviceBuffer upload(const std::vector<uint16_t>& h) {
-  DeviceBuffer d(h.size() * 2);
-  TWELL_CUDA_CHECK(cudaMemcpy(d.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-  return d;
-}
-
-std::vector<uint16_t> download(const DeviceBuffer& d) {
-  std::vector<uint16_t> h(d.bytes() / 2);
-  TWELL_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
-  return h;
-}
-
 const Case kCases[] = {
     {1, 1000, 0, 32, 32, 64, 2048},  // the paper's head shape; 1000 tokens: a partial last tile
     {2, 300, 37, 8, 4, 64, 256},     // GQA, a prefix in the cache

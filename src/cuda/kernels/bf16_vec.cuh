@@ -45,4 +45,34 @@ __device__ __forceinline__ float dot8(float dot, const float (&x)[8], const uint
   return dot;
 }
 
+// One row of K ≤ kChunks·256 bf16 values spread over a warp: lane l holds columns c·256 + 8l ..
+// + 8 of chunk c (zeros past K). The decode kernels keep x so, and take a row of weights a warp.
+template <int kChunks>
+__device__ __forceinline__ void load_row_chunks(const uint16_t* row, int64_t K, int lane, uint4 (&q)[kChunks]) {
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+    q[c] = c * 256 + lane * 8 < K ? *reinterpret_cast<const uint4*>(row + c * 256 + lane * 8) : make_uint4(0, 0, 0, 0);
+}
+
+// x · w for x held as load_row_chunks leaves it and w a row of K values (shared or global
+// memory): every piece of w is loaded before any is used (a guard around each load made each
+// its own round trip), the lane's sum runs in column order, then a butterfly over the warp;
+// every lane returns the same sum.
+template <int kChunks>
+__device__ __forceinline__ float warp_row_dot(const uint4 (&xq)[kChunks], const uint16_t* w, int64_t K, int lane) {
+  uint4 wq[kChunks];
+  load_row_chunks(w, K, lane, wq);
+  float dot = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+    if (c * 256 + lane * 8 < K) {
+      float xf[8];
+      unpack8(xq[c], xf);
+      dot = dot8(dot, xf, wq[c]);
+    }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  return dot;
+}
+
 }  // namespace twell::cuda

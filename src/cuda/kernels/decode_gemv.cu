@@ -39,25 +39,10 @@ __global__ void __launch_bounds__(kGemvThreads) decode_gemv_kernel(const DecodeG
   allow_dependent_launch();
   wait_for_previous_grid();  // x is the previous kernel's output
   uint4 xq[kChunks];
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c)
-    xq[c] = c * 256 + lane * 8 < K ? *reinterpret_cast<const uint4*>(a.x + c * 256 + lane * 8) : make_uint4(0, 0, 0, 0);
+  load_row_chunks(a.x, K, lane, xq);
   for (int r = warp; r < n_rows; r += kGemvWarps) {
     wait_parity(&bar[r], 0);
-    const uint16_t* w = rows + r * K;
-    uint4 wq[kChunks];
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-      wq[c] = c * 256 + lane * 8 < K ? *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8) : make_uint4(0, 0, 0, 0);
-    float dot = 0.f;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      float xf[8];
-      unpack8(xq[c], xf);
-      dot = dot8(dot, xf, wq[c]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float dot = warp_row_dot(xq, rows + r * K, K, lane);
     // The ReLU keeps NaN (a NaN in x or W must not vanish).
     if (lane == 0) a.y[j0 + r] = float_to_bf16_bits(a.relu && !(dot > 0.f || dot != dot) ? 0.f : dot);
   }

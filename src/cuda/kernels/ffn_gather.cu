@@ -252,24 +252,12 @@ __global__ void __launch_bounds__(kThreads, kChunks <= 8 ? 2 : 1) decode_ffn_ker
 
   wait_for_previous_grid();  // x is the previous kernel's output (and parts/flags may still be read)
   uint4 xq[kChunks];
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c)
-    xq[c] = c * 256 + lane * 8 < H ? *reinterpret_cast<const uint4*>(a.x + c * 256 + lane * 8) : make_uint4(0, 0, 0, 0);
+  load_row_chunks(a.x, H, lane, xq);
 
   for (int r = warp; r < n_rows; r += kDecodeWarps) {
     // 1. The gate.
     wait_parity(&bar[r], 0);
-    const uint16_t* w = rows + r * H;
-    float dot = 0.f;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-      if (c * 256 + lane * 8 < H) {
-        float xf[8];
-        unpack8(xq[c], xf);
-        dot = dot8(dot, xf, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
-      }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float dot = warp_row_dot(xq, rows + r * H, H, lane);
     const float pre = relu_nan(dot);
     const uint16_t bits = float_to_bf16_bits(pre);
     const bool active = bits != 0;  // the same in every lane
