@@ -215,10 +215,12 @@ void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, 
 void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float* x, int64_t H, cudaStream_t stream);
 // For output row r < rows, with s = r·step + offset: x[s] += delta[s] (when delta is not null),
 // then out[r] = bf16(w · x[s] / √(mean(x[s]²) + eps)). x fp32 [*, H]; delta, out, w bf16; H a
-// multiple of 8, at most kMaxNormWidth.
+// multiple of 8, at most kMaxNormWidth. `dependent`: launched with programmatic dependent launch
+// (the norm weights are loaded before it waits for the kernel before it; worth it only after a
+// kernel that lets its dependents start early, as launch_decode_gemv does).
 constexpr int64_t kMaxNormWidth = 16384;
 void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint16_t* out, int64_t rows, int64_t H,
-                        int64_t step, int64_t offset, float eps, cudaStream_t stream);
+                        int64_t step, int64_t offset, float eps, cudaStream_t stream, bool dependent = false);
 // The same for one row whose delta is a split sum (launch_decode_ffn's output), added as
 // bf16(Σ parts): x[0] += delta, out[0] = the norm (launched with programmatic dependent launch).
 void launch_add_rmsnorm(float* x, const SplitSum& delta, const uint16_t* w, uint16_t* out, int64_t H, float eps,

@@ -330,16 +330,17 @@ struct LlamaCuda::Impl {
     return false;
   }
 
-  // out [T, N] = in [T, K] Wᵀ: twell's GEMV for one token (LlamaCudaOptions::decode_gemv),
-  // otherwise cuBLASLt.
-  void project(const uint16_t* in, const DeviceTensor& weight, uint16_t* out, int64_t T, int64_t N, int64_t K) {
+  // out [T, N] = in [T, K] Wᵀ: twell's GEMV for one token (LlamaCudaOptions::decode_gemv; returns
+  // true), otherwise cuBLASLt.
+  bool project(const uint16_t* in, const DeviceTensor& weight, uint16_t* out, int64_t T, int64_t N, int64_t K) {
     if (T == 1 && o.decode_gemv && decode_gemv_supported(N, K)) {
       DecodeGemvArgs args;
       args.x = in, args.w = bits(weight), args.y = out, args.N = N, args.K = K;
       launch_decode_gemv(args, sm_count, stream);
-    } else {
-      gemm.run(in, weight.view().data, out, T, N, K, true, GemmEpilogue::none, stream);
+      return true;
     }
+    gemm.run(in, weight.view().data, out, T, N, K, true, GemmEpilogue::none, stream);
+    return false;
   }
 
   // Attention of S > 1 tokens per sequence at position `len` (PrefillAttention); `first_layer`
@@ -420,9 +421,11 @@ struct LlamaCuda::Impl {
         else
           prefill_attention(at, l == 0);
       }
-      project(attn.as<uint16_t>(), lw.wo, proj.as<uint16_t>(), T, H, q_dim);
+      const bool gemv = project(attn.as<uint16_t>(), lw.wo, proj.as<uint16_t>(), T, H, q_dim);
+      // After the GEMV (which lets its dependents start at once) the norm is launched as one, and
+      // lets the FFN after it start too: their weight copies begin under the projection.
       launch_add_rmsnorm(x.as<float>(), proj.as<uint16_t>(), bits(lw.post_norm), a.as<uint16_t>(), T, H,
-                         1, 0, eps, stream);
+                         1, 0, eps, stream, gemv);
       if (o.ffn_input_hook && !decode) {
         TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
         o.ffn_input_hook(l, dev_view(a.get(), DType::bf16, {T, H}));

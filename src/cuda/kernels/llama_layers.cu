@@ -48,6 +48,12 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
   float* xr = x + src * H;
   float v[kChunks][8];
   uint4 wq[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {  // the weights first: no kernel before this one writes them
+    const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * 8;
+    if (i < H) wq[c] = *reinterpret_cast<const uint4*>(w + i);
+  }
+  wait_for_previous_grid();  // launched as a dependent (launch_add_rmsnorm's `dependent`): x, delta
   float sum_sq = 0;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -56,7 +62,6 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
     float4* xv = reinterpret_cast<float4*>(xr + i);
     const float4 lo = xv[0], hi = xv[1];
     const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    wq[c] = *reinterpret_cast<const uint4*>(w + i);
     float d[8] = {};
     if (delta) unpack8(*reinterpret_cast<const uint4*>(delta + src * H + i), d);
 #pragma unroll
@@ -213,16 +218,19 @@ void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float
 }
 
 void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint16_t* out, int64_t rows,
-                        int64_t H, int64_t step, int64_t offset, float eps, cudaStream_t stream) {
+                        int64_t H, int64_t step, int64_t offset, float eps, cudaStream_t stream, bool dependent) {
   TWELL_CHECK(H % 8 == 0 && H <= kMaxNormWidth, "add_rmsnorm: H = ", H, " must be a multiple of 8, at most ",
               kMaxNormWidth);
   if (rows == 0) return;
-  const unsigned grid = static_cast<unsigned>(rows);
-  if (H <= 256 * 8) add_rmsnorm_kernel<1><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
-  else if (H <= 2 * 256 * 8) add_rmsnorm_kernel<2><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
-  else if (H <= 4 * 256 * 8) add_rmsnorm_kernel<4><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
-  else add_rmsnorm_kernel<8><<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
-  TWELL_CUDA_CHECK(cudaGetLastError());
+  auto kernel = H <= 256 * 8 ? add_rmsnorm_kernel<1> : H <= 2 * 256 * 8 ? add_rmsnorm_kernel<2>
+                : H <= 4 * 256 * 8 ? add_rmsnorm_kernel<4> : add_rmsnorm_kernel<8>;
+  const dim3 grid(static_cast<unsigned>(rows));
+  if (dependent) {
+    launch_dependent(kernel, grid, dim3(256), 0, stream, x, delta, w, out, H, step, offset, eps);
+  } else {
+    kernel<<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
+    TWELL_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 void launch_add_rmsnorm(float* x, const SplitSum& delta, const uint16_t* w, uint16_t* out, int64_t H, float eps,
