@@ -60,6 +60,7 @@ filter+=':Shapes/LlamaCudaShapes.*/hd16_gqa_relu:Shapes/LlamaCudaShapes.BatchEqu
 filter+=':Shapes/GatePackGpu.*M77_*:Shapes/GatePackGpu.*M200_*'  # the fused gate+pack: partial tile, spills
 filter+=':Cases/PrefillAttention.*B3_S17*'  # twell's flash kernel and cuDNN's SDPA on the same buffers
 filter+=':Cases/QkvRope.*B3_S77*:Cases/QkvRope.*B2_S300*'  # the fused QKV GEMM + RoPE: partial tiles, prefix
+filter+=':DecodeAttention.*:DecodeGemv.*'  # the one-kernel decode attention (clusters), the one-token GEMV
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/twell_gpu_tests" --gtest_brief=1 \
     --gtest_filter="$filter" >"$out/sanitizer_memcheck.log" 2>&1 || status=1

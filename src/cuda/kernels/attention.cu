@@ -434,9 +434,10 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
-// Key ranges (blocks of a cluster) of a decode step: about four blocks an SM at this batch (a
-// step waits on round trips, not bandwidth: more, shorter ranges finish sooner), ranges of at
-// least 32 keys at the longest context, a cluster of at most 16.
+// Key ranges (blocks of a cluster) of a decode step: about four blocks an SM at this batch, ranges
+// of at least 32 keys at the longest context, a cluster of at most 16. (Measured: at batch 64 one
+// range a head took the step from 7.45 to 6.2 ms; at batch 1, 16 ranges cost what 5 did.) The SM
+// count is the first device's that asks.
 int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh) {
   static const int sm_count = [] {
     int device = 0, n = 0;
