@@ -67,6 +67,21 @@ TEST(DecodeGemv, MatchesFloat64AndCublasLt) {
   }
 }
 
+TEST(DecodeGemv, NaNIsNotLostInTheRelu) {  // a NaN in x reaches every output, ReLU or not
+  TWELL_REQUIRE_HOPPER();
+  const int64_t N = 40, K = 264;
+  auto x = random_bf16(static_cast<size_t>(K), 1.f, 3);
+  x[100] = 0x7fc0;  // bf16 NaN
+  DeviceBuffer dx = upload(x), dw = upload(random_bf16(static_cast<size_t>(N * K), 0.1f, 4)), dy(N * 2);
+  for (const bool relu : {false, true}) {
+    TWELL_CUDA_CHECK(cudaMemset(dy.get(), 0, dy.bytes()));
+    DecodeGemvArgs a;
+    a.x = dx.as<uint16_t>(), a.w = dw.as<uint16_t>(), a.y = dy.as<uint16_t>(), a.N = N, a.K = K, a.relu = relu;
+    launch_decode_gemv(a, 132, nullptr);
+    for (const uint16_t v : download(dy)) EXPECT_TRUE(std::isnan(bf16_bits_to_float(v))) << (relu ? "relu" : "plain");
+  }
+}
+
 TEST(DecodeGemv, ShapesItDoesNotTakeAreRejected) {  // host-only: runs without a GPU too
   EXPECT_TRUE(decode_gemv_supported(2048, 2048));
   EXPECT_TRUE(decode_gemv_supported(1, 4096));
