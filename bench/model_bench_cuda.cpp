@@ -718,6 +718,9 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                               : ", per step: tokens up, kernels launched (no graph), logits down") +
              gpu;
     r.note += active;
+    if (B == 1)
+      r.note += cfg.decode_gemv ? "; QKV and O projections (and the dense FFN's gate and up): twell's one-token GEMV"
+                                : "; projections: cuBLASLt (--cublas-decode-projections)";
     if (k == 2) r.note += "; FFN through the gather path";
     if (k == 1)
       r.note += twell_gathers ? "; default options: FFN through the gather path" : "; default options: decode FFN dense";
