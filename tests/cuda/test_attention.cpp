@@ -1,9 +1,10 @@
 // The prefill attention: cuDNN's fused SDPA (CudnnSdpa) and twell's own flash kernel
-// (launch_attention) against a float64 reference, and the decode step (launch_decode_attention:
-// RoPE, the cache write and the attention in one kernel) against the unfused path and float64, on the runtime's buffers (q inside the QKV GEMM
+// (launch_attention) against a float64 reference, on the runtime's buffers (q inside the QKV GEMM
 // output, k and v in the KV cache at positions [0, past + S)), with GQA, head_dim 32/64/128,
 // sequences that are not multiples of any tile, and a prefix already in the cache (past > 0: the
-// causal diagonal aligned to the bottom right).
+// causal diagonal aligned to the bottom right). The decode step (launch_decode_attention: RoPE,
+// the cache write and the attention in one kernel) against the unfused path and float64, head_dim
+// 16 to 128 (DecodeAttention below).
 //
 // Where libcudnn cannot be loaded the cuDNN half skips with the reason, unless TWELL_REQUIRE_CUDNN
 // is set (scripts/gpu-check.sh sets it where PyTorch's cuDNN is present): then it fails.
@@ -277,6 +278,36 @@ TEST(DecodeAttention, MatchesRopeThenFlashAndFloat64) {
                 dc.B, dc.past, dc.nh, dc.nkv, dc.hd, dc.max_context, err, err_flash);
     EXPECT_LT(err, 5e-3);
     EXPECT_LT(err_flash, 1e-2);
+  }
+}
+
+// A NaN in one cached key (head 0's KV head, in one of 16 ranges) makes that head's output NaN,
+// whichever range holds it; the other heads stay finite.
+TEST(DecodeAttention, NaNInTheCacheIsNotLost) {
+  TWELL_REQUIRE_HOPPER();
+  for (const int key : {5, 150, 298}) {  // ranges 0, 4 and 9 of 16 (32 keys each); 299 is the new key
+    Case c{1, 1, 299, 4, 4, 64};
+    c.spare = 1000 - 300;
+    Buffers b = make(c, 9);
+    std::vector<uint16_t> k = download(b.d_k);
+    k[static_cast<size_t>(key) * 4 * 64 + 3] = 0x7fc0;  // key `key`, KV head 0, dim 3
+    b.d_k = upload(k);
+    std::vector<float> table(static_cast<size_t>(max_context(c)) * 64, 0.f);  // cos 1, sin 0: no rotation
+    for (int p = 0; p < max_context(c); ++p)
+      for (int i = 0; i < 32; ++i) table[static_cast<size_t>(p) * 64 + i] = 1.f;
+    DeviceBuffer cos_sin(table.size() * 4), p0(4);
+    TWELL_CUDA_CHECK(cudaMemcpy(cos_sin.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    TWELL_CUDA_CHECK(cudaMemcpy(p0.get(), &c.past, 4, cudaMemcpyHostToDevice));
+    RopeKvArgs r;
+    r.qkv = b.d_qkv.as<uint16_t>(), r.k_cache = b.d_k.as<uint16_t>(), r.v_cache = b.d_v.as<uint16_t>();
+    r.cos_sin = cos_sin.as<float>(), r.p0 = p0.as<int32_t>();
+    r.T = 1, r.S = 1, r.max_context = max_context(c), r.nh = 4, r.nkv = 4, r.hd = 64;
+    launch_decode_attention(r, args_of(c, b, p0), nullptr);
+    const std::vector<uint16_t> o = download(b.d_o);
+    for (int h = 0; h < 4; ++h)
+      for (int d = 0; d < 64; ++d)
+        EXPECT_EQ(std::isnan(bf16_bits_to_float(o[static_cast<size_t>(h) * 64 + d])), h == 0)
+            << "NaN at key " << key << ": head " << h << " dim " << d;
   }
 }
 

@@ -22,6 +22,8 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <map>
+#include <mutex>
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
@@ -408,12 +410,13 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   cluster.sync();
   if (rank != 0 || threadIdx.x >= HD) return;
   const int d = threadIdx.x;
+  // Empty ranges (l = 0) add nothing; a NaN range (a NaN in q or a key) is added, so that it shows.
   mx = -FLT_MAX;
   for (int s = 0; s < splits; ++s)
-    if (cl[s] > 0.f) mx = fmaxf(mx, cm[s]);
+    if (cl[s] != 0.f) mx = fmaxf(mx, cm[s]);
   lt = ot = 0.f;
   for (int s = 0; s < splits; ++s)
-    if (cl[s] > 0.f) {
+    if (cl[s] != 0.f) {
       const float cf = exp2f(cm[s] - mx);
       lt += cl[s] * cf;
       ot += co[s][d] * cf;
@@ -436,28 +439,31 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
 
 // Key ranges (blocks of a cluster) of a decode step: about four blocks an SM at this batch, ranges
 // of at least 32 keys at the longest context, a cluster of at most 16. (Measured: at batch 64 one
-// range a head took the step from 7.45 to 6.2 ms; at batch 1, 16 ranges cost what 5 did.) The SM
-// count is the first device's that asks.
-int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh) {
-  static const int sm_count = [] {
-    int device = 0, n = 0;
-    TWELL_CUDA_CHECK(cudaGetDevice(&device));
-    TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
+// range a head took the step from 7.45 to 6.2 ms; at batch 1, 16 ranges cost what 5 did.)
+int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count) {
   const int64_t fill = (4 * int64_t{sm_count} + B * nh - 1) / (B * nh), longest = (max_context + 31) / 32;
   return static_cast<int>(std::clamp<int64_t>(std::min(fill, longest), 1, kMaxDecodeSplits));
 }
 
+// The current device's SM count; on a device's first call, also its permission for clusters of
+// more than 8 blocks of decode_attention_kernel<HD> (a function attribute is set per device).
+template <int HD>
+int decode_device_setup() {
+  static std::mutex mutex;
+  static std::map<int, int> sm_count;  // device -> SMs, once the attribute is set there
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = sm_count.find(device); it != sm_count.end()) return it->second;
+  int n = 0;
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  TWELL_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<HD>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  return sm_count[device] = n;
+}
+
 template <int HD>
 void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, cudaStream_t stream) {
-  const int splits = decode_attention_splits(a.max_context, a.B, a.nh);
-  static const bool non_portable = [] {  // clusters of more than 8 blocks (Hopper takes 16)
-    TWELL_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<HD>,
-                                          cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    return true;
-  }();
-  (void)non_portable;
+  const int splits = decode_attention_splits(a.max_context, a.B, a.nh, decode_device_setup<HD>());
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
   config.blockDim = dim3(kThreads);
@@ -499,6 +505,7 @@ void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, cudaSt
                   r.max_context == a.max_context,
               "decode attention: the RoPE and attention arguments must describe the same step of one new token a "
               "sequence (S = ", a.S, ")");
+  TWELL_CHECK(a.B <= 65535, "decode attention: at most 65535 sequences a step, got ", a.B);
   if (a.B == 0) return;
   switch (a.hd) {
     case 16: return launch_decode<16>(r, a, stream);

@@ -1,5 +1,6 @@
-// y = x Wᵀ for one token (a decode step at batch 1), bf16 in and out, fp32 accumulation: the
-// model's QKV and output projections. cuBLASLt's kernels for M = 1 start reading the weights
+// y = x Wᵀ for one token (a decode step at batch 1), bf16 in and out, fp32 accumulation, an
+// optional ReLU: the model's QKV and output projections, and the dense FFN's gate and up products
+// (FfnOptions::one_token_gemv). cuBLASLt's kernels for M = 1 start reading the weights
 // only once the kernel before them has finished, and its 8 MB output projection ran at 1.5 TB/s
 // (5.6 µs). This kernel is launched with programmatic dependent launch: each block bulk-copies its
 // R rows of W (TMA, one mbarrier a row) into shared memory while the previous kernel (attention,
@@ -73,6 +74,7 @@ void launch_decode_gemv(const DecodeGemvArgs& a, int sm_count, cudaStream_t stre
               a.N, ")");
   TWELL_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
               "decode GEMV: x and W must be 16-byte aligned");
+  TWELL_CHECK(sm_count > 0, "decode GEMV: sm_count must be positive, got ", sm_count);
   const int64_t chunks = (a.K + 255) / 256;
   if (chunks <= 1) launch_gemv<1>(a, sm_count, stream);
   else if (chunks <= 2) launch_gemv<2>(a, sm_count, stream);

@@ -37,7 +37,9 @@ __global__ void embed_kernel(const int32_t* __restrict__ tokens, const uint16_t*
 // store, and loads its norm weights before the block's reduction: one dependent round trip less
 // than re-reading the row after it (a decode step runs this twice a layer on one row, where the
 // round trips are the whole cost).
-// It lets a dependent-launched successor (the decode FFN) start early.
+// It lets a dependent-launched successor (the decode FFN, the one-token GEMVs) start early, and can
+// itself be launched as one (launch_add_rmsnorm's `dependent`: only after a kernel that does not
+// write the norm weights, which it loads before waiting).
 template <int kChunks>
 __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x, const uint16_t* __restrict__ delta,
                                                           const uint16_t* __restrict__ w, uint16_t* __restrict__ out,
@@ -49,7 +51,7 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
   float v[kChunks][8];
   uint4 wq[kChunks];
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {  // the weights first: no kernel before this one writes them
+  for (int c = 0; c < kChunks; ++c) {  // the weights first: the kernel before does not write them
     const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * 8;
     if (i < H) wq[c] = *reinterpret_cast<const uint4*>(w + i);
   }
