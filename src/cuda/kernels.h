@@ -15,6 +15,9 @@ namespace twell::cuda {
 // Raises `kernel`'s dynamic shared memory limit to `bytes` (above the default 48 KB) on the current
 // device when it is below; calls that need no more only look it up. Thread-safe. (runtime.cpp)
 void allow_dynamic_smem(const void* kernel, int bytes);
+// Lets `kernel` run in clusters of more than 8 blocks (Hopper takes 16) on the current device: a
+// function attribute, set once per device. Thread-safe. (runtime.cpp)
+void allow_non_portable_clusters(const void* kernel);
 
 // Non-zero totals are accumulated in kNnzCounters counters (blocks spread their atomics over
 // them; one hot address would serialise ~10^5 atomics): the total is their sum.
@@ -281,6 +284,6 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream);
 // A decode step (S = 1): launch_rope_kv's work and the attention in one kernel, on the same buffers
 // (`r` and `a` describe the same step). q is rotated in registers: the QKV buffer is left as it
 // is; the new key and value are written into the caches at p0. Any context up to max_context.
-void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, cudaStream_t stream);
+void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream);
 
 }  // namespace twell::cuda

@@ -413,7 +413,7 @@ struct LlamaCuda::Impl {
       at.max_context = static_cast<int>(o.max_context);
       at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
       if (S == 1 && !fuse) {
-        launch_decode_attention(r, at, stream);  // RoPE and the cache write inside
+        launch_decode_attention(r, at, sm_count, stream);  // RoPE and the cache write inside
       } else {
         if (!fuse) launch_rope_kv(r, stream);
         if (S == 1)

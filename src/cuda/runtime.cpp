@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "cuda/kernels.h"
@@ -102,6 +103,16 @@ void allow_dynamic_smem(const void* kernel, int bytes) {
   if (bytes <= set) return;
   TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   set = bytes;
+}
+
+void allow_non_portable_clusters(const void* kernel) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> allowed;  // (kernel, device)
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!allowed.insert({kernel, device}).second) return;
+  TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 }
 
 }  // namespace twell::cuda

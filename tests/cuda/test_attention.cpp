@@ -229,6 +229,7 @@ DeviceBuffer copy_of(const DeviceBuffer& d) {
 
 TEST(DecodeAttention, MatchesRopeThenFlashAndFloat64) {
   TWELL_REQUIRE_HOPPER();
+  const int sm_count = device_info().sm_count;
   for (const DecodeCase& dc : kDecodeCases) {
     SCOPED_TRACE(testing::Message() << "B=" << dc.B << " past=" << dc.past << " nh=" << dc.nh << " nkv=" << dc.nkv
                                     << " hd=" << dc.hd << " max_context=" << dc.max_context);
@@ -262,7 +263,7 @@ TEST(DecodeAttention, MatchesRopeThenFlashAndFloat64) {
     std::vector<uint16_t> first;
     for (int run = 0; run < 2; ++run) {
       poison(fused.d_o);
-      launch_decode_attention(rope_of(fused), args_of(c, fused, p0), nullptr);
+      launch_decode_attention(rope_of(fused), args_of(c, fused, p0), sm_count, nullptr);
       TWELL_CUDA_CHECK(cudaDeviceSynchronize());
       if (run == 0) first = download(fused.d_o);
     }
@@ -285,6 +286,7 @@ TEST(DecodeAttention, MatchesRopeThenFlashAndFloat64) {
 // whichever range holds it; the other heads stay finite.
 TEST(DecodeAttention, NaNInTheCacheIsNotLost) {
   TWELL_REQUIRE_HOPPER();
+  const int sm_count = device_info().sm_count;
   for (const int key : {5, 150, 298}) {  // ranges 0, 4 and 9 of 16 (32 keys each); 299 is the new key
     Case c{1, 1, 299, 4, 4, 64};
     c.spare = 1000 - 300;
@@ -302,7 +304,7 @@ TEST(DecodeAttention, NaNInTheCacheIsNotLost) {
     r.qkv = b.d_qkv.as<uint16_t>(), r.k_cache = b.d_k.as<uint16_t>(), r.v_cache = b.d_v.as<uint16_t>();
     r.cos_sin = cos_sin.as<float>(), r.p0 = p0.as<int32_t>();
     r.T = 1, r.S = 1, r.max_context = max_context(c), r.nh = 4, r.nkv = 4, r.hd = 64;
-    launch_decode_attention(r, args_of(c, b, p0), nullptr);
+    launch_decode_attention(r, args_of(c, b, p0), sm_count, nullptr);
     const std::vector<uint16_t> o = download(b.d_o);
     for (int h = 0; h < 4; ++h)
       for (int d = 0; d < 64; ++d)
@@ -316,11 +318,13 @@ TEST(DecodeAttention, MismatchedArgumentsAreRejected) {  // host-only checks, be
   AttentionArgs a;
   r.T = a.B = 1, r.S = a.S = 1, r.nh = a.nh = 4, r.nkv = a.nkv = 2, r.hd = a.hd = 64, r.max_context = a.max_context = 8;
   a.S = 2;
-  EXPECT_THROW(launch_decode_attention(r, a, nullptr), Error);
+  EXPECT_THROW(launch_decode_attention(r, a, 132, nullptr), Error);
   a.S = 1, a.nkv = 3;
-  EXPECT_THROW(launch_decode_attention(r, a, nullptr), Error);
+  EXPECT_THROW(launch_decode_attention(r, a, 132, nullptr), Error);
   a.nkv = 2, r.hd = 32;
-  EXPECT_THROW(launch_decode_attention(r, a, nullptr), Error);
+  EXPECT_THROW(launch_decode_attention(r, a, 132, nullptr), Error);
+  r.hd = 64;
+  EXPECT_THROW(launch_decode_attention(r, a, 0, nullptr), Error);  // no SM count
 }
 
 TEST(CudnnSdpa, ContextOverflowIsRejected) {

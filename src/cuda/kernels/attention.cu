@@ -22,8 +22,6 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <map>
-#include <mutex>
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
@@ -445,25 +443,10 @@ int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_c
   return static_cast<int>(std::clamp<int64_t>(std::min(fill, longest), 1, kMaxDecodeSplits));
 }
 
-// The current device's SM count; on a device's first call, also its permission for clusters of
-// more than 8 blocks of decode_attention_kernel<HD> (a function attribute is set per device).
 template <int HD>
-int decode_device_setup() {
-  static std::mutex mutex;
-  static std::map<int, int> sm_count;  // device -> SMs, once the attribute is set there
-  int device = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  if (const auto it = sm_count.find(device); it != sm_count.end()) return it->second;
-  int n = 0;
-  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  TWELL_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<HD>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  return sm_count[device] = n;
-}
-
-template <int HD>
-void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, cudaStream_t stream) {
-  const int splits = decode_attention_splits(a.max_context, a.B, a.nh, decode_device_setup<HD>());
+void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream) {
+  const int splits = decode_attention_splits(a.max_context, a.B, a.nh, sm_count);
+  allow_non_portable_clusters(reinterpret_cast<const void*>(decode_attention_kernel<HD>));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
   config.blockDim = dim3(kThreads);
@@ -497,7 +480,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   }
 }
 
-void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, cudaStream_t stream) {
+void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream) {
   TWELL_CHECK(a.nkv > 0 && a.nh % a.nkv == 0, "attention: ", a.nh, " heads are not a multiple of ", a.nkv,
               " KV heads");
   TWELL_CHECK(a.S == 1 && r.S == 1 && r.T == a.B && r.nh == a.nh && r.nkv == a.nkv && r.hd == a.hd &&
@@ -506,12 +489,13 @@ void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, cudaSt
               "decode attention: the RoPE and attention arguments must describe the same step of one new token a "
               "sequence (S = ", a.S, ")");
   TWELL_CHECK(a.B <= 65535, "decode attention: at most 65535 sequences a step, got ", a.B);
+  TWELL_CHECK(sm_count > 0, "decode attention: sm_count must be positive, got ", sm_count);
   if (a.B == 0) return;
   switch (a.hd) {
-    case 16: return launch_decode<16>(r, a, stream);
-    case 32: return launch_decode<32>(r, a, stream);
-    case 64: return launch_decode<64>(r, a, stream);
-    case 128: return launch_decode<128>(r, a, stream);
+    case 16: return launch_decode<16>(r, a, sm_count, stream);
+    case 32: return launch_decode<32>(r, a, sm_count, stream);
+    case 64: return launch_decode<64>(r, a, sm_count, stream);
+    case 128: return launch_decode<128>(r, a, sm_count, stream);
     default: check_attention(a.hd);
   }
 }
