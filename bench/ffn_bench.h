@@ -29,9 +29,6 @@ struct FfnBenchConfig {
   std::string from_file;  // safetensors with x, gate, up, down (DESIGN.md §2 layouts)
   bool train = false;     // forward + backward (records "ffn_train")
   double l1 = 1e-3;       // with train: the L1 penalty's coefficient in dh = dy Wdᵀ + l1·sign(h)
-  // Extra forward runners "twell_pipe_K_S": the sparse path pipelined in K chunks, the gate on S SMs
-  // (FfnOptions::pipeline_*), for A/B sweeps in one run. "K:S" each.
-  std::vector<std::string> pipelines;
   std::string command;    // the full command line, recorded in every record
 };
 

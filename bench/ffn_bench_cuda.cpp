@@ -13,7 +13,6 @@
 //   twell_sparse   the same forced onto the sparse path: the backward over the active set
 #if defined(TWELL_WITH_CUDA)
 
-#include <cstdio>
 #include <cstring>
 
 #include "cuda/cublaslt_gemm.h"
@@ -97,25 +96,6 @@ class CudaBackend : public FfnBackend {
     r.push_back({"twell", [s, w, st](int set) { s->twell->forward(s->x[set], w, s->y_twell, st); }, out(s->y_twell)});
     r.push_back({"twell_sparse", [s, w, st](int set) { s->sparse->forward(s->x[set], w, s->y_sparse, st); },
                  out(s->y_sparse)});
-    s->piped.clear();
-    s->y_piped.clear();
-    s->y_piped.reserve(cfg.pipelines.size());  // runners keep references into it
-    for (const std::string& spec : cfg.pipelines) {
-      int chunks = 0, gate_sms = 0;
-      TWELL_CHECK(std::sscanf(spec.c_str(), "%d:%d", &chunks, &gate_sms) == 2,
-                  "bench ffn: --pipeline takes K:S (chunks:gate SMs), got '", spec, "'");
-      cuda::FfnOptions o = sparse_opts;
-      o.pipeline_min_tokens = 1;
-      o.pipeline_chunks = chunks;
-      o.pipeline_gate_sms = gate_sms;
-      s->piped.push_back(std::make_unique<cuda::FfnForward>(shape(p), o));
-      s->y_piped.emplace_back(DType::bf16, Shape{M, H});
-      DeviceTensor& y = s->y_piped.back();
-      cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, st);
-      cuda::FfnForward* f = s->piped.back().get();
-      r.push_back({"twell_pipe_" + std::to_string(chunks) + "_" + std::to_string(gate_sms),
-                   [s, w, st, f, &y](int set) { f->forward(s->x[set], w, y, st); }, out(y)});
-    }
     return r;
   }
 
@@ -254,8 +234,6 @@ class CudaBackend : public FfnBackend {
     DeviceTensor y_dense, y_unfused, y_twell, y_sparse, g_unfused, u_unfused;
     cuda::LtGemm gemm;
     std::unique_ptr<cuda::FfnForward> dense, twell, sparse;
-    std::vector<std::unique_ptr<cuda::FfnForward>> piped;  // --pipeline
-    std::vector<DeviceTensor> y_piped;
     // --train
     struct Grads {
       DeviceTensor dx, dwgu, dwd;  // dWg and dWu stacked [2I, H]

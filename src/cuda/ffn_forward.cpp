@@ -52,21 +52,6 @@ struct FfnForward::Impl {
     uint32_t heavy_count;    // rows in the heavy list
   };
   DeviceBuffer counters, sample_count;     // sample_count: one counter per dispatch slot
-  // The pipelined sparse path (FfnOptions::pipeline_min_tokens): each chunk's own work counters,
-  // heavy-row count and backup counter, a second stream for the passes and the events between.
-  struct ChunkCounters {
-    uint32_t next_row[4];
-    uint32_t heavy_count;
-    uint32_t n_backup;
-  };
-  struct Pipeline {
-    cudaStream_t side = nullptr;
-    std::vector<cudaEvent_t> packed;  // chunk c's gate+pack done (main stream)
-    cudaEvent_t fork = nullptr, join = nullptr;
-    DeviceBuffer counters;             // ChunkCounters per chunk
-    ChunkCounters* host = nullptr;     // pinned mirror (spilled tiles)
-    int32_t chunks = 0;                // of the last pipelined call; 0 if the last call was not
-  } pipe;
   Counters* host = nullptr;                // pinned mirror of counters
   unsigned long long* host_sample = nullptr;  // pinned mirror of sample_count
 
@@ -141,19 +126,6 @@ struct FfnForward::Impl {
     TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counts.ready, cudaEventDisableTiming));
     slots.resize(n_slots);
     for (Slot& sl : slots) TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&sl.sample.ready, cudaEventDisableTiming));
-    if (o.pipeline_min_tokens > 0 && fused_gate_supported() && !o.training) {
-      TWELL_CHECK(o.pipeline_chunks >= 1 && o.pipeline_gate_sms >= 1 && o.pipeline_gate_sms < sm_count,
-                  "FfnForward: pipeline_chunks must be >= 1 and pipeline_gate_sms in [1, ", sm_count - 1, "], got ",
-                  o.pipeline_chunks, " and ", o.pipeline_gate_sms);
-      TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&pipe.side, cudaStreamNonBlocking));
-      pipe.packed.resize(static_cast<size_t>(o.pipeline_chunks));
-      for (cudaEvent_t& e : pipe.packed) TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&pipe.fork, cudaEventDisableTiming));
-      TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&pipe.join, cudaEventDisableTiming));
-      const size_t bytes = static_cast<size_t>(o.pipeline_chunks) * sizeof(ChunkCounters);
-      pipe.counters = DeviceBuffer(bytes);
-      TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pipe.host), bytes));
-    }
   }
   ~Impl() {
     if (host) cudaFreeHost(host);
@@ -161,11 +133,6 @@ struct FfnForward::Impl {
     if (counts.ready) cudaEventDestroy(counts.ready);
     for (Slot& sl : slots)
       if (sl.sample.ready) cudaEventDestroy(sl.sample.ready);
-    for (cudaEvent_t e : pipe.packed) cudaEventDestroy(e);
-    if (pipe.fork) cudaEventDestroy(pipe.fork);
-    if (pipe.join) cudaEventDestroy(pipe.join);
-    if (pipe.side) cudaStreamDestroy(pipe.side);
-    if (pipe.host) cudaFreeHost(pipe.host);
   }
   Counters* dev() const { return counters.as<Counters>(); }
 
@@ -248,8 +215,6 @@ struct FfnForward::Impl {
   void run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream,
                   bool fused = false, int64_t sample_slot = -1) {
     TWELL_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, sizeof(Counters), stream));
-    pipe.chunks = 0;
-    if (fused && pipe.side && M >= options.pipeline_min_tokens) return run_pipelined(M, xp, w, yp, stream, sample_slot);
     TWELL_CUDA_CHECK(cudaMemsetAsync(act.view().n_backup, 0, sizeof(uint32_t), stream));
     SparseFfnArgs a;
     a.act = act_view(M);
@@ -286,100 +251,6 @@ struct FfnForward::Impl {
     launch_twell_ffn_sparse(a, sm_count, stream);
   }
 
-  // Rows [r0, r0 + rows) of the TwELL workspace as a matrix of their own, with chunk c's backup
-  // counter: its backup tiles go to the backup rows of its own tiles (the backup holds every
-  // tile), so chunks never share a backup slot and their owners are chunk-local tile ids.
-  TwellDeviceView chunk_view(int64_t r0, int64_t rows, int32_t c) const {
-    TwellDeviceView v = act.view();
-    const int64_t tiles = r0 * v.layout.n_tiles();
-    v.layout.rows = rows;
-    v.counts += tiles;
-    v.slots += tiles * v.layout.slots();
-    v.backup += tiles * v.layout.tile;
-    v.backup_owner += tiles;
-    v.backup_capacity = v.layout.count_size();
-    v.n_backup = &pipe.counters.as<ChunkCounters>()[c].n_backup;
-    return v;
-  }
-
-  // The sparse path as a pipeline (FfnOptions::pipeline_min_tokens): chunk c's gate+pack on the
-  // caller's stream, limited to pipeline_gate_sms SMs, then its up and down passes on the side
-  // stream on the other SMs, while the gate of chunk c + 1 runs. Each chunk has its own TwELL rows,
-  // backup tiles, u values, row lists and work counters; the non-zero totals are shared. The same
-  // kernels as the one-chunk path, so the same bits.
-  void run_pipelined(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream,
-                     int64_t sample_slot) {
-    const int32_t K = static_cast<int32_t>(std::min<int64_t>(options.pipeline_chunks, (M + 127) / 128));
-    const int64_t rows = (M + K - 1) / K;
-    const int64_t n_tiles = act.layout().n_tiles(), S = act.layout().slots(), T = act.layout().tile;
-    pipe.chunks = K;
-    TWELL_CUDA_CHECK(cudaMemsetAsync(pipe.counters.get(), 0, static_cast<size_t>(K) * sizeof(ChunkCounters), stream));
-    TWELL_CUDA_CHECK(cudaEventRecord(pipe.fork, stream));
-    TWELL_CUDA_CHECK(cudaStreamWaitEvent(pipe.side, pipe.fork));
-    const int gate_sms = options.pipeline_gate_sms, pass_sms = sm_count - gate_sms;
-    for (int32_t c = 0; c < K; ++c) {
-      const int64_t r0 = c * rows, mc = std::min(rows, M - r0);
-      if (mc <= 0) break;
-      ChunkCounters* cc = pipe.counters.as<ChunkCounters>() + c;
-      const RowCounts rc{row_nnz.as<uint32_t>() + r0, heavy_rows.as<uint32_t>() + r0, &cc->heavy_count};
-      const TwellDeviceView view = chunk_view(r0, mc, c);
-      GatePackArgs gp;
-      gp.x = xp + r0 * shape.hidden;
-      gp.w = static_cast<const uint16_t*>(shape.gated ? w.wg.data : w.wu.data);
-      gp.M = mc, gp.H = shape.hidden, gp.I = shape.ffn;
-      gp.act = view;
-      gp.nnz_total = dev()->nnz;
-      gp.overflow = &dev()->overflow;
-      gp.rows = rc;
-      launch_gate_pack(gp, gate_workspace.get(), gate_workspace.bytes(), gate_sms, stream);
-      TWELL_CUDA_CHECK(cudaEventRecord(pipe.packed[static_cast<size_t>(c)], stream));
-      TWELL_CUDA_CHECK(cudaStreamWaitEvent(pipe.side, pipe.packed[static_cast<size_t>(c)]));
-      SparseFfnArgs a;
-      a.act = view;
-      a.u_vals = u_vals.as<uint16_t>() + r0 * n_tiles * (S + T);  // twell_u_size of the chunk, in row order
-      a.x = gp.x;
-      a.wu = static_cast<const uint16_t*>(w.wu.data);
-      a.wd = static_cast<const uint16_t*>(w.wd.data);
-      a.y = yp + r0 * shape.hidden;
-      a.row_counters = cc->next_row;
-      a.rows = rc;
-      a.M = mc, a.H = shape.hidden, a.I = shape.ffn;
-      a.gated = shape.gated;
-      a.precision = options.precision;
-      launch_twell_ffn_sparse(a, pass_sms, pipe.side);
-    }
-    if (sample_slot >= 0) launch_sample(sample_slot, M, stream, true);
-    if (options.count_nonzeros) {  // every chunk is packed: the counts go back while the last passes run
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(host, counters.get(), sizeof(Counters), cudaMemcpyDeviceToHost, stream));
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(pipe.host, pipe.counters.get(), static_cast<size_t>(K) * sizeof(ChunkCounters),
-                                       cudaMemcpyDeviceToHost, stream));
-      counts.record(stream);
-    }
-    TWELL_CUDA_CHECK(cudaEventRecord(pipe.join, pipe.side));
-    TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, pipe.join));
-  }
-
-  // The pipelined path's chunks as one matrix of `l.rows` rows: chunk-local backup indices and
-  // owners made global.
-  TwellMatrix download_chunks(const TwellLayout& l, cudaStream_t stream) const {
-    TwellMatrix m;
-    m.layout = l;
-    const int64_t rows = (l.rows + pipe.chunks - 1) / pipe.chunks, S = l.slots();
-    for (int32_t c = 0; c < pipe.chunks && c * rows < l.rows; ++c) {
-      const int64_t r0 = c * rows;
-      TwellMatrix part = download_twell(chunk_view(r0, std::min(rows, l.rows - r0), c), stream);
-      const auto first_backup = static_cast<uint32_t>(m.n_backup());
-      for (size_t t = 0; t < part.counts.size(); ++t)
-        if (twell_is_spilled(l, part.counts[t])) part.slots[t * static_cast<size_t>(S)] += first_backup;
-      for (uint32_t& owner : part.backup_owner) owner += static_cast<uint32_t>(r0 * l.n_tiles());
-      m.counts.insert(m.counts.end(), part.counts.begin(), part.counts.end());
-      m.slots.insert(m.slots.end(), part.slots.begin(), part.slots.end());
-      m.backup.insert(m.backup.end(), part.backup.begin(), part.backup.end());
-      m.backup_owner.insert(m.backup_owner.end(), part.backup_owner.begin(), part.backup_owner.end());
-    }
-    return m;
-  }
-
   void run_gather(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {
     GatherArgs a;
     a.g = g.as<uint16_t>();
@@ -408,10 +279,6 @@ struct FfnForward::Impl {
     for (unsigned long long c : host->nnz) nnz += c;
     stats.nnz = static_cast<int64_t>(nnz);
     stats.spilled_tiles = host->spilled_tiles;
-    if (pipe.chunks > 0) {
-      stats.spilled_tiles = 0;
-      for (int32_t c = 0; c < pipe.chunks; ++c) stats.spilled_tiles += pipe.host[c].n_backup;
-    }
   }
 
   static void grow(DeviceBuffer& b, size_t bytes) {
@@ -676,9 +543,8 @@ TwellMatrix FfnForward::download_activation(cudaStream_t stream) const {
   impl_->collect_counts(true);
   TWELL_CHECK(impl_->stats.path == FfnPath::sparse, "FfnForward: the last call took the ",
               impl_->stats.path == FfnPath::dense ? "dense" : "gather", " path and packed nothing");
-  const TwellLayout l{impl_->stats.tokens, impl_->shape.ffn, impl_->options.tile, impl_->options.compression};
-  if (impl_->pipe.chunks > 0) return impl_->download_chunks(l, stream);
   TwellMatrix m = impl_->act.download(stream);
+  const TwellLayout l{impl_->stats.tokens, impl_->shape.ffn, impl_->options.tile, impl_->options.compression};
   m.layout = l;
   m.counts.resize(l.count_size());
   m.slots.resize(l.slot_size());

@@ -52,9 +52,6 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   ffn->add_flag("--train", cfg->train,
                 "time forward + backward (all four gradients, L1 term on) instead of the forward; checks dx on "
                 "sampled tokens and dWg, dWu, dWd on sampled neurons against float64 first");
-  ffn->add_option("--pipeline", cfg->pipelines,
-                  "also time the sparse path pipelined in K chunks with the gate GEMM on S SMs, as K:S (repeatable; "
-                  "runner twell_pipe_K_S)");
   ffn->add_option("--l1", cfg->l1, "with --train: coefficient of the L1 penalty's gradient l1·sign(h)")
       ->capture_default_str();
 

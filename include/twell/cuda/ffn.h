@@ -89,14 +89,6 @@ struct FfnOptions {
   // GEMV (launch_decode_gemv, weights copied while the kernel before runs) where the shape allows;
   // false: cuBLASLt, as for more tokens (A/B).
   bool one_token_gemv = true;
-  // Sparse calls on the fused gate (not training) with at least this many tokens run as a
-  // pipeline of chunks on two streams: the gate+pack GEMM of chunk c + 1 on `pipeline_gate_sms`
-  // SMs while the up and down passes of chunk c run on the others, so the tensor-core GEMM and
-  // the L2-bound gathers overlap instead of taking turns. 0: off (one gate over all M, then the
-  // passes). The results are bitwise those of the unpipelined path.
-  int64_t pipeline_min_tokens = 0;
-  int32_t pipeline_chunks = 8;
-  int32_t pipeline_gate_sms = 88;  // of the device's SMs; the rest run the passes
 };
 
 struct FfnStats {

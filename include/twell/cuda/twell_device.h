@@ -39,9 +39,6 @@ class TwellDeviceMatrix {
   TwellDeviceView view_;
 };
 
-// Copies the matrix a view describes back to the host (synchronous), as TwellDeviceMatrix::download.
-TwellMatrix download_twell(const TwellDeviceView& view, cudaStream_t stream = nullptr);
-
 // Writes the dense bf16 [rows, cols] matrix held by `m` into `dense` (device), on `stream`.
 void twell_unpack(const TwellDeviceView& m, const TensorView& dense, cudaStream_t stream);
 

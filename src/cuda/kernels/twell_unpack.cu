@@ -72,9 +72,7 @@ TwellDeviceMatrix TwellDeviceMatrix::upload(const TwellMatrix& m, cudaStream_t s
   return d;
 }
 
-TwellMatrix TwellDeviceMatrix::download(cudaStream_t stream) const { return download_twell(view_, stream); }
-
-TwellMatrix download_twell(const TwellDeviceView& view_, cudaStream_t stream) {
+TwellMatrix TwellDeviceMatrix::download(cudaStream_t stream) const {
   const TwellLayout& l = view_.layout;
   uint32_t n = 0;
   TWELL_CUDA_CHECK(cudaMemcpyAsync(&n, view_.n_backup, sizeof n, cudaMemcpyDeviceToHost, stream));
