@@ -26,26 +26,19 @@ __device__ __forceinline__ float entry_g(const TwellDeviceView& a, uint32_t i) {
   return i < slot_size ? twell_entry_value(__ldg(a.slots + i)) : bf16_bits_to_float(__ldg(a.backup + (i - slot_size)));
 }
 
-// dh pass: dy[m] · Wd[j] for every active (m, j), then dh, du, dg as the bf16 reference rounds them.
-template <int kChunks>
-__global__ __launch_bounds__(threads_for(kChunks, true), 1) void twell_ffn_dh_kernel(const __grid_constant__ Params p) {
+// dh pass: dy[m] · Wd[j] for every active (m, j) on the tensor cores (sddmm_loop), then dh, du,
+// dg as the bf16 reference rounds them.
+__global__ __launch_bounds__(kSddmmThreads, 1) void twell_ffn_dh_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) char smem[];
-  const int lane = threadIdx.x % 32;
-  const WarpSmem s = warp_smem(smem, p, threadIdx.x / 32, blockDim.x / 32);
-  init_barriers(s, p.ring_slots, lane);
-  uint4 dyq[kChunks];  // p.x is dy here
-  warp_loop<Aux::u_index>(
-      p, p.wd, s, true, false, lane, [&](int64_t row) { load_x(p, row, lane, dyq); },
-      [&](uint32_t i, const uint16_t* w) {
-        const float dot = row_dot(dyq, w, p.H, lane);
-        if (lane == 0) {
-          float dg, du;
-          gated_entry_grads(dot, entry_g(p.act, i), bf16_bits_to_float(p.u_vals[i]), p.l1, dg, du);
-          p.du_vals[i] = float_to_bf16_bits(du);
-          p.dg_vals[i] = float_to_bf16_bits(dg);
-        }
-      },
-      [](int64_t) {}, [](int64_t) {});
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int32_t* col = reinterpret_cast<int32_t*>(smem) + static_cast<int64_t>(warp) * 2 * p.list_cap;
+  sddmm_loop<Aux::u_index>(p, p.wd, col, reinterpret_cast<uint32_t*>(col + p.list_cap), lane,
+                           [&](uint32_t i, float dot) {  // p.x is dy here
+                             float dg, du;
+                             gated_entry_grads(dot, entry_g(p.act, i), bf16_bits_to_float(p.u_vals[i]), p.l1, dg, du);
+                             p.du_vals[i] = float_to_bf16_bits(du);
+                             p.dg_vals[i] = float_to_bf16_bits(dg);
+                           });
 }
 
 // Transpose, warp per row: kFill = false counts each neuron's active tokens into `count`; true
@@ -237,15 +230,15 @@ void launch_backward(const SparseBackwardArgs& a, Params p, int sm_count, cudaSt
   TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 4 * sizeof(uint32_t), stream));
   p.x = a.dy, p.wd = a.wd;
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
-  launch(twell_ffn_dh_kernel<kChunks>, p, true, sm_count, a.M, stream);
+  launch_sddmm(twell_ffn_dh_kernel, p, kSddmmThreads, sm_count, a.M, stream);
   if (a.dx) {
     p.out_f32 = a.dx;
     p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
     p.wd = a.wg;
-    launch(twell_axpy_kernel<kChunks, Aux::dg, Out::f32_store>, p, false, sm_count, a.M, stream);
+    launch(twell_axpy_kernel<kChunks, Aux::dg, Out::f32_store>, p, sm_count, a.M, stream);
     TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 4 * sizeof(uint32_t), stream));
     p.wd = a.wu;
-    launch(twell_axpy_kernel<kChunks, Aux::du, Out::f32_add>, p, false, sm_count, a.M, stream);
+    launch(twell_axpy_kernel<kChunks, Aux::du, Out::f32_add>, p, sm_count, a.M, stream);
   }
 }
 

@@ -11,58 +11,52 @@
 // (ncu: 60% hit rate, 8 GB of DRAM traffic in the fused kernel); one of them at a time does. The
 // price is a second read of the format (~0.4 GB at M = 131072). docs/perf.md has the numbers.
 //
-// Both kernels are persistent (one block per SM, 16-20 warps) and work warp by warp: a warp
-// takes the next token from a global counter (token costs vary 10-20x in skewed activations), stages
-// its non-zeros in its own shared-memory list (ascending column order, as many tiles at a time as
-// the list holds; packed entries read 32 at a time, a spilled tile scanned from its dense backup),
-// and streams the weight rows those entries name through its own ring of D row-sized slots,
-// filled by the TMA engine (cp.async.bulk, completion on one mbarrier per slot). Rows in flight
-// live in shared memory, not registers, so the warps need few registers and many fit: the time
-// of both passes measured ~1/warps (docs/perf.md, "What was tried" 11-16). Heavy tokens (more than
-// kHeavyRowEntries non-zeros, listed by the pack) go first, a whole block each, its warps taking
-// contiguous shares of the tiles. The next token's counts, packed words and x are prefetched
-// into L2 while the current one runs. Weights are fetched with an L2 evict-last hint; x, the
-// format and y stream through with evict-first.
-// Lane l owns columns c·256 + 8l .. + 8 of every 256: row reads from shared memory are
-// conflict-free 16-byte accesses. Summation orders are fixed (u: four chains per lane in column
-// order, then a shuffle tree; y: ascending j per column; a heavy row: its warps' shares added in
-// warp order): results are deterministic, whichever warp or block takes a token.
+// Both kernels are persistent (one block per SM, 16 warps) and work warp by warp: a warp takes the
+// next token from a global counter (token costs vary 10-20x in skewed activations) and stages its
+// non-zeros in its own shared-memory list (ascending column order, as many tiles at a time as
+// the list holds; packed entries read 32 at a time, a spilled tile scanned from its dense
+// backup). Heavy tokens (more than kHeavyRowEntries non-zeros, listed by the pack) go first, a
+// whole block each, its warps taking contiguous shares of the tiles. The next token's counts,
+// packed words and x are prefetched into L2 while the current one runs. Weights are fetched
+// with an L2 evict-last hint.
+//   up: 16 entries of the token at a time are the rows of an m16n8k16 tensor-core product with x
+//     (sddmm_loop in twell_rows.cuh): each lane loads 16-byte pieces of two weight rows straight
+//     from L2 into registers, 12 loads in flight, and the dot products come out of the
+//     accumulators. It replaced a shared-memory ring and CUDA-core dot products that were bound
+//     by instruction issue (docs/perf.md, item 19).
+//   down: the entries' rows stream through a ring of D row-sized shared-memory slots a warp,
+//     filled by the TMA engine (cp.async.bulk, completion on one mbarrier per slot); lane l owns
+//     columns c·256 + 8l .. + 8 of every 256 (conflict-free 16-byte reads) and accumulates in f32.
+// Summation orders are fixed (u: the tensor core's, then two accumulators added; y: ascending j
+// per column; a heavy row: its warps' shares added in warp order): results are deterministic,
+// whichever warp or block takes a token.
 // Covered by tests/cuda/test_twell_ffn.cu; timed by `twell bench ffn`.
 #include "cuda/kernels/twell_rows.cuh"
 
 namespace twell::cuda {
 namespace {
 
-// up: u[m, j] = bf16(x[m] · Wu[j]) for every active (m, j).
-template <int kChunks>  // ceil(H / 256)
-__global__ __launch_bounds__(threads_for(kChunks, true), 1) void twell_ffn_up_kernel(const __grid_constant__ Params p) {
+// up: u[m, j] = bf16(x[m] · Wu[j]) for every active (m, j), on the tensor cores (sddmm_loop).
+__global__ __launch_bounds__(kSddmmThreads, 1) void twell_ffn_up_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) char smem[];
-  const int lane = threadIdx.x % 32;
-  const WarpSmem s = warp_smem(smem, p, threadIdx.x / 32, blockDim.x / 32);
-  init_barriers(s, p.ring_slots, lane);
-  uint4 xq[kChunks];  // packed bf16, unpacked per use
-  warp_loop<Aux::u_index>(
-      p, p.wu, s, true, false, lane, [&](int64_t row) { load_x(p, row, lane, xq); },
-      [&](uint32_t u_index, const uint16_t* w) {
-        const float dot = row_dot(xq, w, p.H, lane);
-        if (lane == 0) p.u_vals[u_index] = float_to_bf16_bits(dot);
-      },
-      [](int64_t) {}, [](int64_t) {});
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int32_t* col = reinterpret_cast<int32_t*>(smem) + static_cast<int64_t>(warp) * 2 * p.list_cap;
+  sddmm_loop<Aux::u_index>(p, p.wu, col, reinterpret_cast<uint32_t*>(col + p.list_cap), lane,
+                           [&](uint32_t u_index, float dot) { p.u_vals[u_index] = float_to_bf16_bits(dot); });
 }
-
 
 template <int kChunks>
 void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 4 * sizeof(uint32_t), stream));
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
-  if (!a.gated) return launch(twell_axpy_kernel<kChunks, Aux::h_plain, Out::bf16>, p, false, sm_count, a.M, stream);
+  if (!a.gated) return launch(twell_axpy_kernel<kChunks, Aux::h_plain, Out::bf16>, p, sm_count, a.M, stream);
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
-  launch(twell_ffn_up_kernel<kChunks>, p, true, sm_count, a.M, stream);
+  launch_sddmm(twell_ffn_up_kernel, p, kSddmmThreads, sm_count, a.M, stream);
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
   if (a.precision == Precision::h_fp32)
-    launch(twell_axpy_kernel<kChunks, Aux::h_gated_fp32, Out::bf16>, p, false, sm_count, a.M, stream);
+    launch(twell_axpy_kernel<kChunks, Aux::h_gated_fp32, Out::bf16>, p, sm_count, a.M, stream);
   else
-    launch(twell_axpy_kernel<kChunks, Aux::h_gated, Out::bf16>, p, false, sm_count, a.M, stream);
+    launch(twell_axpy_kernel<kChunks, Aux::h_gated, Out::bf16>, p, sm_count, a.M, stream);
 }
 
 }  // namespace

@@ -186,7 +186,7 @@ __device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, bool 
 
 // The next token for this warp: dynamic, because token costs vary 10-20x in skewed activations
 // (a static round-robin measured 2x slower there: the warp with the most dense tokens decides).
-// Heavy rows (listed by the pack) are skipped here: phase 1 of warp_loop took them.
+// Heavy rows (listed by the pack) are skipped here: phase 1 of row_schedule took them.
 __device__ __forceinline__ int64_t grab_row(const Params& p, int lane) {
   uint32_t r = 0;
   if (lane == 0) {
@@ -196,16 +196,55 @@ __device__ __forceinline__ int64_t grab_row(const Params& p, int lane) {
   return __shfl_sync(0xffffffffu, r, 0);
 }
 
-// Threads a block at most: up 20 warps (12 at H > 2048), down 16 (8 at H > 2048): the down
-// kernel's accumulators need the registers.
-constexpr int threads_for(int chunks, bool up) { return chunks > 8 ? (up ? 384 : 256) : (up ? 640 : 512); }
+// Threads a block of the ring kernels (the accumulate passes): 16 warps, 8 at H > 2048 (their
+// accumulators need the registers).
+constexpr int threads_for(int chunks) { return chunks > 8 ? 256 : 512; }
 
-// The warp's work loop, shared by both passes: for each token it grabs, begin(row), then for
-// every active entry, in order, use(aux, row_in_smem) with the entry's weight row in shared
-// memory, then end(row). The token's list is staged as many tiles at a time as the list holds;
-// its weight rows go through a ring of D slots filled by the TMA engine, up to D in flight.
-// `issued` and `consumed` count rows over the whole kernel: slot i % D is on its (i / D)-th use,
-// the parity its barrier completes with.
+// Which rows a warp works on, shared by every row kernel: phase 1 the heavy rows (10-20x the
+// mean count in skewed activations: one warp would take as long on one of them as on ~15
+// ordinary rows, and the last ones to start set the kernel's end), each to a whole block, warp i
+// taking the i-th contiguous share of the tiles, end_heavy combining the warps' shares in warp
+// order (deterministic); phase 2 the other rows, a warp each, from a global counter.
+// run_tiles(row, t, t_stop) does the warp's work on tiles [t, t_stop) of a row.
+template <typename Begin, typename RunTiles, typename End, typename EndHeavy>
+__device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, bool prefetch_u, int lane, Begin&& begin,
+                                             RunTiles&& run_tiles, End&& end, EndHeavy&& end_heavy) {
+  const int64_t rows = p.act.layout.rows, n_tiles = p.act.layout.n_tiles();
+  if (p.rows.row_nnz) {
+    __shared__ int64_t heavy_row;
+    const int warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    const uint32_t n_heavy = *p.rows.heavy_count;
+    const int64_t share = (n_tiles + n_warps - 1) / n_warps;
+    const int64_t t0 = min(n_tiles, warp * share), t1 = min(n_tiles, t0 + share);
+    for (;;) {
+      if (threadIdx.x == 0) {
+        const uint32_t i = atomicAdd(p.next_heavy, 1u);
+        heavy_row = i < n_heavy ? static_cast<int64_t>(p.rows.heavy_rows[i]) : -1;
+      }
+      __syncthreads();
+      const int64_t row = heavy_row;
+      __syncthreads();
+      if (row < 0) break;
+      begin(row);
+      run_tiles(row, t0, t1);
+      end_heavy(row);
+    }
+  }
+  for (int64_t row = grab_row(p, lane), next; row < rows; row = next) {
+    next = grab_row(p, lane);  // grabbed early so that its data can be prefetched
+    prefetch_row(p, next, prefetch_x, prefetch_u, lane);
+    begin(row);
+    run_tiles(row, 0, n_tiles);
+    end(row);
+  }
+}
+
+// The ring kernels' work loop (the down pass, the backward's): for each token it grabs,
+// begin(row), then for every active entry, in order, use(aux, row_in_smem) with the entry's
+// weight row in shared memory, then end(row). The token's list is staged as many tiles at a time
+// as the list holds; its weight rows go through a ring of D slots filled by the TMA engine, up to
+// D in flight. `issued` and `consumed` count rows over the whole kernel: slot i % D is on its
+// (i / D)-th use, the parity its barrier completes with.
 // NOTE: the time of both passes scaled with 1/warps at a fixed ring size (6 to 12 warps, 3 to 8
 // slots, M = 131072: 4.74 -> 2.65 ms for up), so warps matter more than rows in flight; staging
 // the next token's list during the current token's rows (double-buffered lists, fewer warps for
@@ -214,7 +253,6 @@ template <Aux kAux, typename Begin, typename Use, typename End, typename EndHeav
 __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, const WarpSmem& s, bool prefetch_x,
                                           bool prefetch_u, int lane, Begin&& begin, Use&& use, End&& end,
                                           EndHeavy&& end_heavy) {
-  const int64_t rows = p.act.layout.rows, n_tiles = p.act.layout.n_tiles();
   const uint32_t D = static_cast<uint32_t>(p.ring_slots), row_bytes = static_cast<uint32_t>(p.H * 2);
   const uint64_t keep = l2_keep_policy();
   uint32_t issued = 0, consumed = 0;
@@ -240,76 +278,94 @@ __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, co
       }
     }
   };
+  row_schedule(p, prefetch_x, prefetch_u, lane, begin, run_tiles, end, end_heavy);
+}
 
-  // Phase 1: heavy rows (10-20x the mean count in skewed activations: one warp would take as
-  // long on one of them as on ~15 ordinary rows, and the last ones to start set the kernel's
-  // end). Each goes to a whole block, warp i taking the i-th contiguous share of the tiles;
-  // end_heavy combines the warps' shares in warp order (deterministic).
-  if (p.rows.row_nnz) {
-    __shared__ int64_t heavy_row;
-    const int warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    const uint32_t n_heavy = *p.rows.heavy_count;
-    const int64_t share = (n_tiles + n_warps - 1) / n_warps;
-    const int64_t t0 = min(n_tiles, warp * share), t1 = min(n_tiles, t0 + share);
-    for (;;) {
-      if (threadIdx.x == 0) {
-        const uint32_t i = atomicAdd(p.next_heavy, 1u);
-        heavy_row = i < n_heavy ? static_cast<int64_t>(p.rows.heavy_rows[i]) : -1;
+// D += A·B, one m16n8k16 tensor-core product (bf16 in, f32 accumulate): a0..a3 the A fragment
+// (row g = lane / 4: a0 = A[g][2q, 2q+1], a1 = A[g+8][2q..], a2 = A[g][2q+8..], a3 = A[g+8][2q+8..],
+// q = lane % 4), b0, b1 the B fragment (B[2q, 2q+1][g], B[2q+8, 2q+9][g]); d0, d1 = D[g][2q, 2q+1],
+// d2, d3 = D[g+8][2q, 2q+1].
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 bytes of a weight row, read through L2 (kept there: evict-last) without a place in L1.
+__device__ __forceinline__ uint4 load_weight16(const uint16_t* p, uint64_t policy) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "l"(policy));
+  return v;
+}
+
+// 32 columns of 16 rows of W against x, accumulated into d / e: lane (g, q) holds the 8 columns
+// k + 8q .. + 8 of rows a (entry g) and b (entry g + 8) and of x. The dot products need no column
+// order, so each 16-byte piece feeds two products whose k-slots name it in place: slots (2q, 2q+1,
+// 2q+8, 2q+9) of the first are columns 8q .. 8q+3, of the second 8q+4 .. 8q+7; x, the B operand,
+// is every column of B, so every column of D holds the 16 dot products.
+template <int kSteps>
+__device__ __forceinline__ void sddmm_steps(float (&d)[4], float (&e)[4], const uint16_t* wa, const uint16_t* wb,
+                                            const uint16_t* x, bool va, bool vb, uint64_t policy) {
+  uint4 a[kSteps], b[kSteps], xv[kSteps];
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    a[s] = va ? load_weight16(wa + 32 * s, policy) : make_uint4(0, 0, 0, 0);
+    b[s] = vb ? load_weight16(wb + 32 * s, policy) : make_uint4(0, 0, 0, 0);
+    xv[s] = __ldg(reinterpret_cast<const uint4*>(x + 32 * s));
+  }
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    mma_16816(d, a[s].x, b[s].x, a[s].y, b[s].y, xv[s].x, xv[s].y);
+    mma_16816(e, a[s].z, b[s].z, a[s].w, b[s].w, xv[s].z, xv[s].w);
+  }
+}
+
+// The SDDMM kernels' work (the forward's up pass, the backward's dh pass): for every active
+// (m, j), dot = x[m] · W[j] in f32 on the tensor cores, then epilogue(aux, dot) by one lane.
+// A warp takes a token (row_schedule), stages its entries (at most list_cap at a time) in its
+// list col/aux, and runs them 16 at a time as the rows of an m16n8k16 A operand, straight from
+// L2 into registers (no shared-memory ring: a lane keeps 12 16-byte loads in flight), x as B.
+// Fixed summation order (the products' order inside the hardware, then d + e): deterministic.
+constexpr int kSddmmUnroll = 4;     // 128 columns an iteration
+constexpr int kSddmmThreads = 512;  // 16 warps (108 registers); 24 or 32 spill and measured slower
+template <Aux kAux, typename Epilogue>
+__device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, int32_t* col, uint32_t* aux, int lane,
+                                           Epilogue&& epilogue) {
+  const uint64_t keep = l2_keep_policy();
+  const int g = lane / 4, q = lane % 4;
+  auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop) {
+    const uint16_t* x = p.x + row * p.H + 8 * q;
+    while (t < t_stop) {
+      const uint32_t len = stage<kAux>(p, row, t, t_stop, col, aux, lane);
+      for (uint32_t e0 = 0; e0 < len; e0 += 16) {
+        const uint32_t ia = e0 + g, ib = e0 + g + 8;
+        const bool va = ia < len, vb = ib < len;
+        const uint16_t* wa = w + static_cast<int64_t>(col[va ? ia : e0]) * p.H + 8 * q;
+        const uint16_t* wb = w + static_cast<int64_t>(col[vb ? ib : e0]) * p.H + 8 * q;
+        float d[4] = {}, e[4] = {};
+        int64_t k = 0;
+        for (; k + 32 * kSddmmUnroll <= p.H; k += 32 * kSddmmUnroll)
+          sddmm_steps<kSddmmUnroll>(d, e, wa + k, wb + k, x + k, va, vb, keep);
+        for (; k < p.H; k += 32) sddmm_steps<1>(d, e, wa + k, wb + k, x + k, va, vb, keep);
+        if (q == 0) {
+          if (va) epilogue(aux[ia], d[0] + e[0]);
+          if (vb) epilogue(aux[ib], d[2] + e[2]);
+        }
       }
-      __syncthreads();
-      const int64_t row = heavy_row;
-      __syncthreads();
-      if (row < 0) break;
-      begin(row);
-      run_tiles(row, t0, t1);
-      end_heavy(row);
+      __syncwarp();  // the list is rewritten by the next stage
     }
-  }
-  // Phase 2: the other rows, a warp each.
-  for (int64_t row = grab_row(p, lane), next; row < rows; row = next) {
-    next = grab_row(p, lane);  // grabbed early so that its data can be prefetched
-    prefetch_row(p, next, prefetch_x, prefetch_u, lane);
-    begin(row);
-    run_tiles(row, 0, n_tiles);
-    end(row);
-  }
+  };
+  row_schedule(p, true, false, lane, [](int64_t) {}, run_tiles, [](int64_t) {}, [](int64_t) {});
 }
 
 __device__ __forceinline__ void init_barriers(const WarpSmem& s, int slots, int lane) {
   if (lane < slots) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(s.full + lane)) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   __syncwarp();
-}
-
-template <int kChunks>
-__device__ __forceinline__ void load_x(const Params& p, int64_t row, int lane, uint4 (&xq)[kChunks]) {
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int64_t col = c * 256 + lane * 8;
-    xq[c] = col < p.H ? __ldcs(reinterpret_cast<const uint4*>(p.x + row * p.H + col)) : make_uint4(0, 0, 0, 0);
-  }
-}
-
-// x · w over H for a row x held packed in registers (lane l: columns c·256 + 8l .. + 8) and a
-// weight row in shared memory: four FMA chains per lane in column order (one 64-deep chain was a
-// latency limit), then a fixed shuffle tree. Every lane returns the sum.
-template <int kChunks>
-__device__ __forceinline__ float row_dot(const uint4 (&xq)[kChunks], const uint16_t* w, int64_t H, int lane) {
-  float part[4] = {};
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    if (c * 256 + lane * 8 < H) {
-      float wf[8], xf[8];
-      unpack8(*reinterpret_cast<const uint4*>(w + c * 256 + lane * 8), wf);
-      unpack8(xq[c], xf);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) part[i % 4] = fmaf(xf[i], wf[i], part[i % 4]);
-    }
-  }
-  float dot = (part[0] + part[1]) + (part[2] + part[3]);
-#pragma unroll
-  for (int d = 16; d >= 1; d /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, d);
-  return dot;
 }
 
 // Where an accumulate pass writes its rows: bf16 into y (the forward's down pass), or f32 into
@@ -349,7 +405,7 @@ __device__ __forceinline__ void write_out2(const Params& p, int64_t row, int64_t
 // Accumulate pass (SpMM): out[m] = Σ_j a[m, j] · W[j] over the active set, ascending j, with W = wd
 // and a = the entry's aux value (h in the forward; dg or du with W = Wg or Wu in the backward).
 template <int kChunks, Aux kAux, Out kOut>
-__global__ __launch_bounds__(threads_for(kChunks, false), 1) void twell_axpy_kernel(const __grid_constant__ Params p) {
+__global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) char smem[];
   const int lane = threadIdx.x % 32;
   const WarpSmem s = warp_smem(smem, p, threadIdx.x / 32, blockDim.x / 32);
@@ -416,7 +472,7 @@ int64_t smem_per_warp(int64_t H, int slots, int cap) { return slots * (H * 2 + 8
 
 // Warps per block and ring depth: the most warps (up to the kernel's register bound) that leave
 // room for two ring slots each, then as many slots as fit. Both passes' time measured ~1/warps and
-// flat in the slots beyond two (docs/perf.md). H = 2048, tile 256: up 20 x 2, down 16 x 3.
+// flat in the slots beyond two (docs/perf.md). H = 2048, tile 256: 16 warps x 3 slots.
 struct Config {
   int warps = 0, slots = 0;
 };
@@ -430,10 +486,21 @@ Config config_for(int64_t H, int cap, int max_warps) {
   return {warps, slots_for(warps)};
 }
 
+// The SDDMM kernels (sddmm_loop): a list of list_cap entries a warp, no ring.
 template <typename Kernel>
-void launch(Kernel kernel, Params p, bool up, int sm_count, int64_t M, cudaStream_t stream) {
+void launch_sddmm(Kernel kernel, const Params& p, int threads, int sm_count, int64_t M, cudaStream_t stream) {
+  const int warps = threads / 32;
+  const int smem = warps * p.list_cap * 8;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+  const int64_t blocks = std::min<int64_t>(sm_count, (M + warps - 1) / warps);
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename Kernel>
+void launch(Kernel kernel, Params p, int sm_count, int64_t M, cudaStream_t stream) {
   const int chunks = static_cast<int>((p.H + 255) / 256);
-  Config c = config_for(p.H, p.list_cap, threads_for(chunks, up) / 32);
+  Config c = config_for(p.H, p.list_cap, threads_for(chunks) / 32);
   // >= 2: the accumulate kernel sums a heavy row's shares (warps x H f32) over the rings.
   TWELL_CHECK(c.slots >= 2, "sparse FFN kernel: no room for two weight rows a warp in shared memory (H = ", p.H, ")");
   p.ring_slots = c.slots;
