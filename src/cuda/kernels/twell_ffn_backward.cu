@@ -28,11 +28,9 @@ __device__ __forceinline__ float entry_g(const TwellDeviceView& a, uint32_t i) {
 
 // dh pass: dy[m] · Wd[j] for every active (m, j) on the tensor cores (sddmm_loop), then dh, du,
 // dg as the bf16 reference rounds them.
-__global__ __launch_bounds__(kSddmmThreads, 1) void twell_ffn_dh_kernel(const __grid_constant__ Params p) {
+__global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_dh_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) char smem[];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int32_t* col = reinterpret_cast<int32_t*>(smem) + static_cast<int64_t>(warp) * 2 * p.list_cap;
-  sddmm_loop<Aux::u_index>(p, p.wd, col, reinterpret_cast<uint32_t*>(col + p.list_cap), lane,
+  sddmm_loop<Aux::u_index>(p, p.wd, smem, threadIdx.x % 32,
                            [&](uint32_t i, float dot) {  // p.x is dy here
                              float dg, du;
                              gated_entry_grads(dot, entry_g(p.act, i), bf16_bits_to_float(p.u_vals[i]), p.l1, dg, du);
@@ -230,7 +228,7 @@ void launch_backward(const SparseBackwardArgs& a, Params p, int sm_count, cudaSt
   TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 4 * sizeof(uint32_t), stream));
   p.x = a.dy, p.wd = a.wd;
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
-  launch_sddmm(twell_ffn_dh_kernel, p, kSddmmThreads, sm_count, a.M, stream);
+  launch_sddmm(twell_ffn_dh_kernel, p, sm_count, a.M, stream);
   if (a.dx) {
     p.out_f32 = a.dx;
     p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;

@@ -20,10 +20,9 @@
 // packed words and x are prefetched into L2 while the current one runs. Weights are fetched
 // with an L2 evict-last hint.
 //   up: 16 entries of the token at a time are the rows of an m16n8k16 tensor-core product with x
-//     (sddmm_loop in twell_rows.cuh): each lane loads 16-byte pieces of two weight rows straight
-//     from L2 into registers, 12 loads in flight, and the dot products come out of the
-//     accumulators. It replaced a shared-memory ring and CUDA-core dot products that were bound
-//     by instruction issue (docs/perf.md, item 19).
+//     (sddmm_loop in twell_rows.cuh), streamed through shared memory 64 columns at a time by
+//     cp.async, read by ldmatrix. It replaced CUDA-core dot products that were bound by
+//     instruction issue (docs/perf.md, item 20).
 //   down: the entries' rows stream through a ring of D row-sized shared-memory slots a warp,
 //     filled by the TMA engine (cp.async.bulk, completion on one mbarrier per slot); lane l owns
 //     columns c·256 + 8l .. + 8 of every 256 (conflict-free 16-byte reads) and accumulates in f32.
@@ -37,11 +36,9 @@ namespace twell::cuda {
 namespace {
 
 // up: u[m, j] = bf16(x[m] · Wu[j]) for every active (m, j), on the tensor cores (sddmm_loop).
-__global__ __launch_bounds__(kSddmmThreads, 1) void twell_ffn_up_kernel(const __grid_constant__ Params p) {
+__global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_up_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) char smem[];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int32_t* col = reinterpret_cast<int32_t*>(smem) + static_cast<int64_t>(warp) * 2 * p.list_cap;
-  sddmm_loop<Aux::u_index>(p, p.wu, col, reinterpret_cast<uint32_t*>(col + p.list_cap), lane,
+  sddmm_loop<Aux::u_index>(p, p.wu, smem, threadIdx.x % 32,
                            [&](uint32_t u_index, float dot) { p.u_vals[u_index] = float_to_bf16_bits(dot); });
 }
 
@@ -51,7 +48,7 @@ void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t 
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
   if (!a.gated) return launch(twell_axpy_kernel<kChunks, Aux::h_plain, Out::bf16>, p, sm_count, a.M, stream);
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
-  launch_sddmm(twell_ffn_up_kernel, p, kSddmmThreads, sm_count, a.M, stream);
+  launch_sddmm(twell_ffn_up_kernel, p, sm_count, a.M, stream);
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
   if (a.precision == Precision::h_fp32)
     launch(twell_axpy_kernel<kChunks, Aux::h_gated_fp32, Out::bf16>, p, sm_count, a.M, stream);

@@ -10,6 +10,7 @@
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
 #include "cuda/kernels/bulk_copy.cuh"
+#include "cuda/kernels/mma_sync.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -281,82 +282,112 @@ __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, co
   row_schedule(p, prefetch_x, prefetch_u, lane, begin, run_tiles, end, end_heavy);
 }
 
-// D += A·B, one m16n8k16 tensor-core product (bf16 in, f32 accumulate): a0..a3 the A fragment
-// (row g = lane / 4: a0 = A[g][2q, 2q+1], a1 = A[g+8][2q..], a2 = A[g][2q+8..], a3 = A[g+8][2q+8..],
-// q = lane % 4), b0, b1 the B fragment (B[2q, 2q+1][g], B[2q+8, 2q+9][g]); d0, d1 = D[g][2q, 2q+1],
-// d2, d3 = D[g+8][2q, 2q+1].
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// 16 bytes of a weight row, read through L2 (kept there: evict-last) without a place in L1.
-__device__ __forceinline__ uint4 load_weight16(const uint16_t* p, uint64_t policy) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "l"(policy));
-  return v;
-}
-
-// 32 columns of 16 rows of W against x, accumulated into d / e: lane (g, q) holds the 8 columns
-// k + 8q .. + 8 of rows a (entry g) and b (entry g + 8) and of x. The dot products need no column
-// order, so each 16-byte piece feeds two products whose k-slots name it in place: slots (2q, 2q+1,
-// 2q+8, 2q+9) of the first are columns 8q .. 8q+3, of the second 8q+4 .. 8q+7; x, the B operand,
-// is every column of B, so every column of D holds the 16 dot products.
-template <int kSteps>
-__device__ __forceinline__ void sddmm_steps(float (&d)[4], float (&e)[4], const uint16_t* wa, const uint16_t* wb,
-                                            const uint16_t* x, bool va, bool vb, uint64_t policy) {
-  uint4 a[kSteps], b[kSteps], xv[kSteps];
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    a[s] = va ? load_weight16(wa + 32 * s, policy) : make_uint4(0, 0, 0, 0);
-    b[s] = vb ? load_weight16(wb + 32 * s, policy) : make_uint4(0, 0, 0, 0);
-    xv[s] = __ldg(reinterpret_cast<const uint4*>(x + 32 * s));
-  }
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    mma_16816(d, a[s].x, b[s].x, a[s].y, b[s].y, xv[s].x, xv[s].y);
-    mma_16816(e, a[s].z, b[s].z, a[s].w, b[s].w, xv[s].z, xv[s].w);
-  }
-}
-
 // The SDDMM kernels' work (the forward's up pass, the backward's dh pass): for every active
 // (m, j), dot = x[m] · W[j] in f32 on the tensor cores, then epilogue(aux, dot) by one lane.
 // A warp takes a token (row_schedule), stages its entries (at most list_cap at a time) in its
-// list col/aux, and runs them 16 at a time as the rows of an m16n8k16 A operand, straight from
-// L2 into registers (no shared-memory ring: a lane keeps 12 16-byte loads in flight), x as B.
-// Fixed summation order (the products' order inside the hardware, then d + e): deterministic.
-constexpr int kSddmmUnroll = 4;     // 128 columns an iteration
-constexpr int kSddmmThreads = 512;  // 16 warps (108 registers); 24 or 32 spill and measured slower
+// list col/aux, and runs them 16 at a time as the rows of an m16n8k16 A operand against x, which
+// is every column of B (so every column of D holds the 16 dot products). x goes into the warp's
+// shared memory once per token; the 16 rows stream through a ring of kSddmmStages stages of 64
+// columns (2 KB: 16 rows x one 128-byte line), filled by cp.async with a full line a row per
+// instruction (eight lanes x 16 bytes: loads straight into registers in the fragment layout
+// cover only 64 bytes of a row, and the L2 then ran out of tag lookups, perf.md item 20), read
+// by ldmatrix, 16-byte chunks XOR-swizzled by row so that both are free of bank conflicts.
+// The stages of all the list's groups form one sequence, so the next group's rows load while
+// the current one finishes. Fixed summation order (the tensor core's, even and odd k16 steps in
+// two accumulators, then added): deterministic.
+constexpr int kSddmmStages = 4;
+constexpr int kSddmmStageBytes = 16 * 128;
+constexpr int kSddmmMaxWarps = 16;
+// Shared memory of one warp: the list (col, aux), x, the ring.
+constexpr int64_t sddmm_warp_bytes(int64_t H, int cap) { return int64_t{cap} * 8 + H * 2 + kSddmmStages * kSddmmStageBytes; }
+
 template <Aux kAux, typename Epilogue>
-__device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, int32_t* col, uint32_t* aux, int lane,
-                                           Epilogue&& epilogue) {
+__device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, char* smem, int lane, Epilogue&& epilogue) {
+  char* base = smem + (threadIdx.x / 32) * sddmm_warp_bytes(p.H, p.list_cap);
+  int32_t* col = reinterpret_cast<int32_t*>(base);
+  uint32_t* aux = reinterpret_cast<uint32_t*>(col + p.list_cap);
+  uint16_t* xs = reinterpret_cast<uint16_t*>(aux + p.list_cap);
+  char* ring = reinterpret_cast<char*>(xs + p.H);
   const uint64_t keep = l2_keep_policy();
-  const int g = lane / 4, q = lane % 4;
+  // cp.async: lane copies 16-byte chunk copy_chunk of rows copy_row + 4i (4 rows an instruction);
+  // ldmatrix of A: lane gives row frag_row, chunk 2s + frag_chunk of k16 step s. Chunks are
+  // XOR-swizzled by row within a row's 128 bytes.
+  const int copy_row = lane / 8, copy_chunk = lane % 8;
+  const int frag_row = lane % 8 + 8 * (lane / 8 % 2), frag_chunk = lane / 16;
+  int dst_off[4], frag_chunk_off[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = copy_row + 4 * i;
+    dst_off[i] = r * 128 + (copy_chunk ^ (r % 8)) * 16;
+    frag_chunk_off[i] = ((2 * i + frag_chunk) ^ (frag_row % 8)) * 16;
+  }
+  const int frag_off = frag_row * 128;
   auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop) {
-    const uint16_t* x = p.x + row * p.H + 8 * q;
+    if (t >= t_stop) return;  // an empty share of a heavy row: x is not copied (nothing would wait for it)
+    const uint16_t* x = p.x + row * p.H;
+    for (int c = lane; c < p.H / 8; c += 32) cp_async16(xs + 8 * c, x + 8 * c, true);  // with stage 0's group
     while (t < t_stop) {
       const uint32_t len = stage<kAux>(p, row, t, t_stop, col, aux, lane);
-      for (uint32_t e0 = 0; e0 < len; e0 += 16) {
-        const uint32_t ia = e0 + g, ib = e0 + g + 8;
-        const bool va = ia < len, vb = ib < len;
-        const uint16_t* wa = w + static_cast<int64_t>(col[va ? ia : e0]) * p.H + 8 * q;
-        const uint16_t* wb = w + static_cast<int64_t>(col[vb ? ib : e0]) * p.H + 8 * q;
+      const int groups = static_cast<int>((len + 15) / 16);
+      // The copy side runs kSddmmStages - 1 stages ahead: group `ig`, columns `ik`, buffer `ibuf`;
+      // src[i] is this lane's piece of row copy_row + 4i of group ig (zeros past the list).
+      int ig = 0, ik = 0, ibuf = 0;
+      const uint16_t* src[4];
+      bool valid[4];
+      auto rows_of = [&](int g) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t e = static_cast<uint32_t>(g * 16 + copy_row + 4 * i);
+          valid[i] = e < len;
+          src[i] = w + static_cast<int64_t>(col[valid[i] ? e : 0]) * p.H + 8 * copy_chunk;
+        }
+      };
+      rows_of(0);
+      auto issue = [&] {
+        if (ig < groups) {
+          char* buf = ring + ibuf * kSddmmStageBytes;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) cp_async16(buf + dst_off[i], src[i] + ik, valid[i], keep);
+          ik += 64;
+          if (ik == p.H) {
+            ik = 0;
+            if (++ig < groups) rows_of(ig);
+          }
+          ibuf = ibuf + 1 == kSddmmStages ? 0 : ibuf + 1;
+        }
+        cp_async_commit();  // empty groups past the end keep the wait count uniform
+      };
+#pragma unroll
+      for (int j = 0; j < kSddmmStages - 1; ++j) issue();
+      int buf_i = 0;
+      for (int g = 0; g < groups; ++g) {
         float d[4] = {}, e[4] = {};
-        int64_t k = 0;
-        for (; k + 32 * kSddmmUnroll <= p.H; k += 32 * kSddmmUnroll)
-          sddmm_steps<kSddmmUnroll>(d, e, wa + k, wb + k, x + k, va, vb, keep);
-        for (; k < p.H; k += 32) sddmm_steps<1>(d, e, wa + k, wb + k, x + k, va, vb, keep);
-        if (q == 0) {
-          if (va) epilogue(aux[ia], d[0] + e[0]);
-          if (vb) epilogue(aux[ib], d[2] + e[2]);
+        for (int k0 = 0; k0 < p.H; k0 += 64) {
+          cp_async_wait<kSddmmStages - 2>();
+          __syncwarp();  // this stage (and x) visible to every lane; the previous stage's buffer read by all
+          issue();
+          const char* frag = ring + buf_i * kSddmmStageBytes + frag_off;
+          const uint16_t* xk = xs + k0 + 8 * (lane / 8);
+          buf_i = buf_i + 1 == kSddmmStages ? 0 : buf_i + 1;
+#pragma unroll
+          for (int s = 0; s < 4; s += 2) {  // two k16 steps: x for both in one ldmatrix (every row the same)
+            uint32_t xb[4], a[4];
+            ldmatrix_x4(xb, xk + 16 * s);
+            ldmatrix_x4(a, frag + frag_chunk_off[s]);
+            mma_bf16(d, a, xb[0], xb[1]);
+            ldmatrix_x4(a, frag + frag_chunk_off[s + 1]);
+            mma_bf16(e, a, xb[2], xb[3]);
+          }
+        }
+        // The group's 16 dot products: entry g·16 + lane/4 in d[0], + 8 in d[2].
+        const uint32_t ia = static_cast<uint32_t>(g * 16 + lane / 4), ib = ia + 8;
+        if (lane % 4 == 0) {
+          if (ia < len) epilogue(aux[ia], d[0] + e[0]);
+          if (ib < len) epilogue(aux[ib], d[2] + e[2]);
         }
       }
-      __syncwarp();  // the list is rewritten by the next stage
+      cp_async_wait<0>();
+      __syncwarp();  // the list and the ring are rewritten by the next stage
     }
   };
   row_schedule(p, true, false, lane, [](int64_t) {}, run_tiles, [](int64_t) {}, [](int64_t) {});
@@ -486,14 +517,17 @@ Config config_for(int64_t H, int cap, int max_warps) {
   return {warps, slots_for(warps)};
 }
 
-// The SDDMM kernels (sddmm_loop): a list of list_cap entries a warp, no ring.
+// The SDDMM kernels (sddmm_loop, launch bounds kSddmmMaxWarps·32): as many warps as their shared
+// memory allows (16 at H = 2048, 12 at H = 4096).
 template <typename Kernel>
-void launch_sddmm(Kernel kernel, const Params& p, int threads, int sm_count, int64_t M, cudaStream_t stream) {
-  const int warps = threads / 32;
-  const int smem = warps * p.list_cap * 8;
+void launch_sddmm(Kernel kernel, const Params& p, int sm_count, int64_t M, cudaStream_t stream) {
+  const int64_t per_warp = sddmm_warp_bytes(p.H, p.list_cap);
+  const int warps = static_cast<int>(std::min<int64_t>(kSddmmMaxWarps, kSmemBytes / per_warp));
+  TWELL_CHECK(warps >= 1, "sparse FFN kernel: no room for one warp's shared memory (H = ", p.H, ")");
+  const int smem = static_cast<int>(warps * per_warp);
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   const int64_t blocks = std::min<int64_t>(sm_count, (M + warps - 1) / warps);
-  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
+  kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(p);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
