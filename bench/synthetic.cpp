@@ -30,22 +30,58 @@ double normal_quantile(double q) {
   return 0.5 * (lo + hi);
 }
 
+// Tokens of `skewed` with a heat shift, and the range of the shift (standard deviations).
+constexpr double kHotTokens = 0.02, kHeatMin = 1.0, kHeatMax = 1.5;
+
+// Expected non-zeros per token over all tokens: (1 - kHotTokens)·Σ p_j for the tokens without heat,
+// and for the hot ones Σ Φ(heat - z_j), z_j = Φ⁻¹(1 - p_j), averaged over heat uniform in
+// [kHeatMin, kHeatMax] (midpoint rule, 8 points).
+static double expected_nnz(const std::vector<double>& p, bool hot) {
+  double base = 0;
+  for (double v : p) base += v;
+  if (!hot) return base;
+  constexpr int kPoints = 8;
+  double heated = 0;
+  for (double v : p) {
+    if (v <= 0) continue;
+    const double z = v >= 1 ? -40.0 : normal_quantile(1.0 - v);
+    for (int i = 0; i < kPoints; ++i) {
+      const double heat = kHeatMin + (kHeatMax - kHeatMin) * (i + 0.5) / kPoints;
+      heated += 0.5 * std::erfc(-(heat - z) / std::sqrt(2.0)) / kPoints;
+    }
+  }
+  return (1 - kHotTokens) * base + kHotTokens * heated;
+}
+
 static std::vector<double> firing_rates(const SyntheticSpec& s, std::mt19937_64& rng) {
   TWELL_CHECK(s.density >= 0 && s.density <= 1, "density must be in [0, 1], got ", s.density);
   std::vector<double> p(static_cast<size_t>(s.I), s.density);
   if (s.distribution == Distribution::uniform || s.density == 0 || s.density == 1) return p;
   std::uniform_real_distribution<double> unit(0, 1);
   std::lognormal_distribution<double> rate(0.0, 1.0);
-  for (auto& v : p) v = unit(rng) < 0.3 ? 0.0 : rate(rng);
-  // Scale so the mean is `density`; clipping at 0.95 removes mass, so rescale the unclipped rest.
-  for (int iter = 0; iter < 50; ++iter) {
-    double sum = 0;
-    for (double v : p) sum += v;
-    if (sum == 0) break;
-    double scale = s.density * s.I / sum;
-    if (std::abs(scale - 1) < 1e-12) break;
-    for (auto& v : p) v = std::min(0.95, v * scale);
+  std::vector<double> r(p.size());
+  for (auto& v : r) v = unit(rng) < 0.3 ? 0.0 : rate(rng);
+  // Rates scale · r_j, clipped at 0.95, with the scale that makes the expected non-zeros per token
+  // over all tokens, the hot ones included, density · I (bisection on the scale; the count grows
+  // with it). Where even the largest scale falls short (densities near 1), the largest is used.
+  auto rates = [&](double scale) {
+    for (size_t j = 0; j < p.size(); ++j) p[j] = std::min(0.95, scale * r[j]);
+  };
+  double sum_r = 0;
+  for (double v : r) sum_r += v;
+  if (sum_r == 0) return std::vector<double>(p.size(), 0.0);
+  const double target = s.density * static_cast<double>(s.I);
+  double lo = 0, hi = target / sum_r;  // the scale without hot tokens or clipping: at least enough
+  for (int i = 0; i < 30; ++i, hi *= 2) {
+    rates(hi);
+    if (expected_nnz(p, true) >= target) break;
   }
+  for (int i = 0; i < 40 && hi - lo > 1e-7 * hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    rates(mid);
+    (expected_nnz(p, true) < target ? lo : hi) = mid;
+  }
+  rates(0.5 * (lo + hi));
   return p;
 }
 
@@ -90,7 +126,8 @@ static void fill_tokens(const SyntheticSpec& s, uint64_t seed, const Tensor& x) 
   for (int64_t m = 0; m < s.M; ++m) {
     SplitMix rng{row_seed(seed, 2, m)};
     double heat = 0;
-    if (s.distribution == Distribution::skewed && rng.unit() < 0.02) heat = 1.0 + 0.5 * rng.unit();
+    if (s.distribution == Distribution::skewed && rng.unit() < kHotTokens)
+      heat = kHeatMin + (kHeatMax - kHeatMin) * rng.unit();
     px[m * s.H + 0] = bf16(1.f);
     px[m * s.H + 1] = bf16(static_cast<float>(heat));
   }

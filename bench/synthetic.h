@@ -13,8 +13,11 @@
 //
 // Distributions:
 //   uniform  every neuron fires with probability `density`; every token has heat 0.
-//   skewed   30% dead neurons; the others' rates log-normal (σ = 1), scaled so the mean rate is
-//            `density`; 2% of tokens have heat in [1.0, 1.5] (10-20x the mean count at 0.5%).
+//   skewed   30% dead neurons; the others' rates log-normal (σ = 1); 2% of tokens have heat in
+//            [1.0, 1.5] (about 10-20x the mean count at 0.5%); the rates are scaled so that the
+//            expected non-zeros per token over all tokens, hot ones included, is density · I.
+//            (Before the eleventh session the scale made `density` the mean of the tokens without
+//            heat only, and the hot tokens raised the mean by ~26% at 0.5%: 35.4 for 28.2.)
 #pragma once
 
 #include <cstdint>
@@ -32,7 +35,7 @@ const char* distribution_name(Distribution d);
 
 struct SyntheticSpec {
   int64_t M = 128, H = 2048, I = 5632;
-  double density = 0.005;  // expected non-zeros per token / I (for heat-0 tokens)
+  double density = 0.005;  // expected non-zeros per token / I, over all tokens
   Distribution distribution = Distribution::uniform;
   bool gated = true;
   uint64_t seed = 1;

@@ -2,10 +2,14 @@
 // a problem from a safetensors file, and bad input is refused with a clear error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <vector>
 
 #include "ffn_bench.h"
+#include "synthetic.h"
+#include "twell/bf16.h"
 #include "twell/io/safetensors.h"
 
 namespace twell {
@@ -73,6 +77,42 @@ TEST(BenchFfn, FromFileRunsTheGivenTensors) {
     EXPECT_NE(std::string(e.what()).find("down"), std::string::npos) << e.what();
   }
   std::remove(path.c_str());
+}
+
+
+// The synthetic activations' density is the mean over all tokens, hot ones included
+// (shared/BENCHMARKS.md: non-zeros per token / I), and `skewed` keeps its shape: dead neurons, and
+// hot tokens with 10-20x the mean count.
+TEST(BenchSynthetic, DensityIsTheMeanOverAllTokens) {
+  const int64_t M = 2048, H = 256, I = 1024;
+  for (const auto dist : {bench::Distribution::uniform, bench::Distribution::skewed}) {
+    SCOPED_TRACE(bench::distribution_name(dist));
+    const bench::SyntheticFfn f = bench::make_synthetic_ffn({M, H, I, 0.01, dist, true, 5});
+    const auto* x = f.x.ptr<bf16>();
+    const auto* w = f.wg.ptr<bf16>();
+    std::vector<float> xf(static_cast<size_t>(M * H)), wf(static_cast<size_t>(I * H));
+    for (size_t i = 0; i < xf.size(); ++i) xf[i] = float(x[i]);
+    for (size_t i = 0; i < wf.size(); ++i) wf[i] = float(w[i]);
+    std::vector<int64_t> per_token(static_cast<size_t>(M));
+    std::vector<int64_t> per_neuron(static_cast<size_t>(I));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < I; ++j) {
+        float dot = 0;
+        for (int64_t k = 0; k < H; ++k) dot += xf[static_cast<size_t>(m * H + k)] * wf[static_cast<size_t>(j * H + k)];
+        if (dot > 0) ++per_token[static_cast<size_t>(m)], ++per_neuron[static_cast<size_t>(j)];
+      }
+    int64_t total = 0, max_token = 0, dead = 0;
+    for (int64_t c : per_token) total += c, max_token = std::max(max_token, c);
+    for (int64_t c : per_neuron) dead += c == 0;
+    const double mean = double(total) / double(M);
+    EXPECT_NEAR(mean, 0.01 * I, 0.06 * 0.01 * I);  // 10.24 expected
+    if (dist == bench::Distribution::skewed) {
+      EXPECT_GE(max_token, 8 * mean);
+      EXPECT_GT(dead, I / 5);  // 30% are dead by construction (a few live ones may not fire)
+    } else {
+      EXPECT_LT(max_token, 4 * mean);
+    }
+  }
 }
 
 }  // namespace
