@@ -207,6 +207,11 @@ struct FfnForward::Impl {
     sl.previous_density = double(host_sample[slot]) / double(sl.sample_rows * shape.ffn);
   }
 
+  // Dispatch's threshold: inference's or training's (their break-evens differ).
+  double dense_above() const {
+    return options.training ? options.training_dense_above_density : options.dense_above_density;
+  }
+
   bool fused_gate_supported() const { return options.fused_gate && options.tile == 256; }
 
   // Packed activation and its statistics; the counts come back to the host asynchronously. With
@@ -458,7 +463,7 @@ struct FfnForward::Impl {
     // The TwELL path known before the gate runs: the fused gate+pack kernel, no g.
     const bool sparse_known = policy == Dispatch::always_sparse ||
                               (policy == Dispatch::previous && previous_density >= 0 &&
-                               previous_density < options.dense_above_density);
+                               previous_density < dense_above());
     if (sparse_known && M == 1 && M <= gather_tokens && !decode.empty()) {
       stats.path = FfnPath::gather;
       return run_decode(xp, w, yp, stream);
@@ -483,7 +488,7 @@ struct FfnForward::Impl {
     if (policy == Dispatch::always_dense) path = FfnPath::dense;
     if (policy == Dispatch::observe || policy == Dispatch::previous) {
       stats.sampled_density = previous_density;
-      path = previous_density >= options.dense_above_density ? FfnPath::dense : FfnPath::sparse;
+      path = previous_density >= dense_above() ? FfnPath::dense : FfnPath::sparse;
     }
     if (path == FfnPath::sparse && M <= gather_tokens) path = FfnPath::gather;
     stats.path = path;
