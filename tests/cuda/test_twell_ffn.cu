@@ -514,7 +514,7 @@ TEST(FfnBackwardGpuDense, FollowsTheForwardsPath) {
   check_backward({33, 192, 320, 0.3, false}, o, cuda::FfnPath::dense);
   o.dispatch = Dispatch::observe;
   o.sparse_min_tokens = 1;
-  check_backward({300, 512, 2048, 0.1, false}, o, cuda::FfnPath::dense);   // above dense_above_density
+  check_backward({300, 512, 2048, 0.1, false}, o, cuda::FfnPath::dense);   // above training_dense_above_density
   check_backward({300, 512, 2048, 0.002, false}, o, cuda::FfnPath::sparse);  // below
 }
 

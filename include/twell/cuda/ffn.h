@@ -48,8 +48,8 @@ struct FfnOptions {
   // measured on an H200 at H = 2048, I = 5632 (docs/perf.md, "Dispatch"): forced sparse is
   // 0.87-0.94x dense at 1% and 1.47-1.55x at 2%, uniform and skewed, M = 16384 and 131072.
   double dense_above_density = 0.011;
-  // The same for training (FfnOptions::training): forward + backward forced sparse is 0.94-1.05x
-  // at 1%, so training switches earlier.
+  // Used instead of dense_above_density when FfnOptions::training is set: forward + backward
+  // forced sparse is 0.94-1.05x at 1%, so training switches earlier.
   double training_dense_above_density = 0.0075;
   // Below this many tokens observe/previous take the dense path: the sparse path's extra launches
   // and skewed rows cost more than they save (H200, H = 2048, I = 5632, 0.5%: at M = 4096 0.89×

@@ -342,7 +342,7 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
           src[i] = w + static_cast<int64_t>(col[valid[i] ? e : 0]) * p.H + 8 * copy_chunk;
         }
       };
-      rows_of(0);
+      if (groups > 0) rows_of(0);  // an empty list (all tiles of a share empty) reads no row
       auto issue = [&] {
         if (ig < groups) {
           char* buf = ring + ibuf * kSddmmStageBytes;
