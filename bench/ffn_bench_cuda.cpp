@@ -96,11 +96,6 @@ class CudaBackend : public FfnBackend {
     r.push_back({"twell", [s, w, st](int set) { s->twell->forward(s->x[set], w, s->y_twell, st); }, out(s->y_twell)});
     r.push_back({"twell_sparse", [s, w, st](int set) { s->sparse->forward(s->x[set], w, s->y_sparse, st); },
                  out(s->y_sparse)});
-    cuda::FfnOptions reuse_opts = sparse_opts;  // the down pass with weight reuse (FfnOptions::reuse_down)
-    reuse_opts.reuse_down = true;
-    s->reuse = std::make_unique<cuda::FfnForward>(shape(p), reuse_opts);
-    r.push_back({"twell_reuse", [s, w, st](int set) { s->reuse->forward(s->x[set], w, s->y_reuse, st); },
-                 out(s->y_reuse)});
     return r;
   }
 
@@ -236,9 +231,9 @@ class CudaBackend : public FfnBackend {
     int64_t case_id = -1;
     DeviceTensor wg, wu, wd;
     std::vector<DeviceTensor> x;
-    DeviceTensor y_dense, y_unfused, y_twell, y_sparse, y_reuse, g_unfused, u_unfused;
+    DeviceTensor y_dense, y_unfused, y_twell, y_sparse, g_unfused, u_unfused;
     cuda::LtGemm gemm;
-    std::unique_ptr<cuda::FfnForward> dense, twell, sparse, reuse;
+    std::unique_ptr<cuda::FfnForward> dense, twell, sparse;
     // --train
     struct Grads {
       DeviceTensor dx, dwgu, dwd;  // dWg and dWu stacked [2I, H]
@@ -277,7 +272,7 @@ class CudaBackend : public FfnBackend {
     s->wd = DeviceTensor::upload(p.ffn.wd, stream_);
     for (int i = 0; i < p.n_token_sets(); ++i) s->x.push_back(DeviceTensor::upload(p.x(i), stream_));
     const Shape y_shape{p.ffn.spec.M, p.ffn.spec.H};
-    for (DeviceTensor* y : {&s->y_dense, &s->y_unfused, &s->y_twell, &s->y_sparse, &s->y_reuse}) {
+    for (DeviceTensor* y : {&s->y_dense, &s->y_unfused, &s->y_twell, &s->y_sparse}) {
       *y = DeviceTensor(DType::bf16, y_shape);
       cuda::fill_bytes(y->view().data, y->nbytes(), 0xff, stream_);  // poison: NaN until written
     }

@@ -24,7 +24,6 @@ struct FfnForward::Impl {
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
   DeviceBuffer gate_workspace;       // the fused gate+pack GEMM's (CUTLASS tile scheduler)
-  DeviceBuffer reuse_entries, reuse_count, reuse_fallback;  // FfnOptions::reuse_down
   // The backward's workspace, allocated on its first call: dg and du beside the format, and the
   // transpose of the active set (sized by the forward's non-zero count, grown as needed).
   struct Backward {
@@ -111,11 +110,6 @@ struct FfnForward::Impl {
       gate_workspace = DeviceBuffer(std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16));
     }
     heavy_rows = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
-    if (o.reuse_down && twell_reuse_down_supported(s.hidden, s.ffn, o.precision)) {
-      reuse_entries = DeviceBuffer(static_cast<size_t>(kReuseMaxEntries) * static_cast<size_t>(s.max_tokens) * 4);
-      reuse_count = DeviceBuffer(static_cast<size_t>(s.max_tokens));
-      reuse_fallback = DeviceBuffer(static_cast<size_t>(s.max_tokens + 1) * 4);  // the list, then its count
-    }
     gather_tokens = gather_supports(s.hidden, s.ffn) ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0)) : 0;
     if (gather_tokens > 0) {  // sized for the largest need over the M the path takes
       int64_t partial = 0;
@@ -239,13 +233,6 @@ struct FfnForward::Impl {
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
     a.precision = options.precision;
-    if (reuse_entries.get()) {
-      a.reuse.entries = reuse_entries.as<uint32_t>();
-      a.reuse.count = reuse_count.as<uint8_t>();
-      a.reuse.fallback = reuse_fallback.as<uint32_t>();
-      a.reuse.fallback_count = reuse_fallback.as<uint32_t>() + shape.max_tokens;
-      a.reuse.min_tokens = options.reuse_down_min_tokens;
-    }
     if (fused) {
       GatePackArgs gp;
       gp.x = xp;
@@ -547,8 +534,7 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
   return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() +
-         m.heavy_rows.bytes() + m.gate_workspace.bytes() + m.reuse_entries.bytes() + m.reuse_count.bytes() +
-         m.reuse_fallback.bytes() + m.bwd.bytes() +
+         m.heavy_rows.bytes() + m.gate_workspace.bytes() + m.bwd.bytes() +
          m.counters.bytes() + m.sample_count.bytes() +
          m.gather_partial.bytes() + m.decode.bytes();
 }

@@ -81,20 +81,7 @@ struct SparseFfnArgs {
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;
   Precision precision = Precision::bf16;
-  // The reuse down pass (twell_reuse_down_supported; all null: the ring kernel for every row):
-  // entries [kReuseMaxEntries][M] and count [M] written by its compaction, fallback [M] the rows
-  // left to the ring kernel and fallback_count their number.
-  struct Reuse {
-    uint32_t* entries = nullptr;
-    uint8_t* count = nullptr;
-    uint32_t* fallback = nullptr;
-    uint32_t* fallback_count = nullptr;
-    int64_t min_tokens = 0;  // fewer tokens: the ring kernel for every row
-  } reuse;
 };
-// The reuse down pass: rows with at most this many entries, I·32 bytes of shared memory.
-constexpr int kReuseMaxEntries = 40;
-bool twell_reuse_down_supported(int64_t H, int64_t I, Precision precision);
 int64_t twell_u_size(const TwellDeviceView& act);
 void check_twell_ffn_sparse(const SparseFfnArgs& a);
 // Persistent kernels: at most one block per SM (sm_count).

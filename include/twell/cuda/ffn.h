@@ -93,11 +93,6 @@ struct FfnOptions {
   // GEMV (launch_decode_gemv, weights copied while the kernel before runs) where the shape allows;
   // false: cuBLASLt, as for more tokens (A/B).
   bool one_token_gemv = true;
-  // UNTESTED DRAFT: the sparse path's down pass with weight reuse (a thread per token, Wd streamed
-  // through shared memory 16 columns at a time; rows with more than 40 entries keep the ring
-  // kernel). Bitwise the same y. Holds [40, max_tokens] words of entries beside the workspace.
-  bool reuse_down = false;
-  int64_t reuse_down_min_tokens = 65536;  // fewer tokens: too few blocks of 512 to fill the GPU
 };
 
 struct FfnStats {

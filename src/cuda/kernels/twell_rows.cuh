@@ -33,10 +33,6 @@ struct Params {
   uint32_t* next_row;    // the pass's light-row counter (zero at launch)
   uint32_t* next_heavy;  // the pass's heavy-row counter (zero at launch)
   RowCounts rows;
-  // A row list (null: every row): phase 2 of row_schedule takes rows row_list[0 .. *row_list_count)
-  // instead of 0 .. rows (the reuse down pass leaves its rows with many entries to the ring kernel).
-  const uint32_t* row_list = nullptr;
-  const uint32_t* row_list_count = nullptr;
   // The backward (twell_ffn_backward.cu): dg and du of every active entry beside the format (bf16,
   // indexed like u_vals), the L1 coefficient, and the f32 rows the dx passes write.
   uint16_t* dg_vals = nullptr;
@@ -193,15 +189,10 @@ __device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, bool 
 // (a static round-robin measured 2x slower there: the warp with the most dense tokens decides).
 // Heavy rows (listed by the pack) are skipped here: phase 1 of row_schedule took them.
 __device__ __forceinline__ int64_t grab_row(const Params& p, int lane) {
-  int64_t r = 0;
+  uint32_t r = 0;
   if (lane == 0) {
-    const int64_t rows = p.act.layout.rows;
-    for (;;) {
-      const uint32_t i = atomicAdd(p.next_row, 1u);
-      if (p.row_list) r = i < *p.row_list_count ? int64_t{p.row_list[i]} : rows;
-      else r = i;
-      if (!(p.rows.row_nnz && r < rows && __ldcs(p.rows.row_nnz + r) > kHeavyRowEntries)) break;
-    }
+    do r = atomicAdd(p.next_row, 1u);
+    while (p.rows.row_nnz && r < p.act.layout.rows && __ldcs(p.rows.row_nnz + r) > kHeavyRowEntries);
   }
   return __shfl_sync(0xffffffffu, r, 0);
 }
