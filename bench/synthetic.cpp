@@ -36,10 +36,9 @@ constexpr double kHotTokens = 0.02, kHeatMin = 1.0, kHeatMax = 1.5;
 // Expected non-zeros per token over all tokens: (1 - kHotTokens)·Σ p_j for the tokens without heat,
 // and for the hot ones Σ Φ(heat - z_j), z_j = Φ⁻¹(1 - p_j), averaged over heat uniform in
 // [kHeatMin, kHeatMax] (midpoint rule, 8 points).
-static double expected_nnz(const std::vector<double>& p, bool hot) {
+static double expected_nnz(const std::vector<double>& p) {
   double base = 0;
   for (double v : p) base += v;
-  if (!hot) return base;
   constexpr int kPoints = 8;
   double heated = 0;
   for (double v : p) {
@@ -74,12 +73,12 @@ static std::vector<double> firing_rates(const SyntheticSpec& s, std::mt19937_64&
   double lo = 0, hi = target / sum_r;  // the scale without hot tokens or clipping: at least enough
   for (int i = 0; i < 30; ++i, hi *= 2) {
     rates(hi);
-    if (expected_nnz(p, true) >= target) break;
+    if (expected_nnz(p) >= target) break;
   }
   for (int i = 0; i < 40 && hi - lo > 1e-7 * hi; ++i) {
     const double mid = 0.5 * (lo + hi);
     rates(mid);
-    (expected_nnz(p, true) < target ? lo : hi) = mid;
+    (expected_nnz(p) < target ? lo : hi) = mid;
   }
   rates(0.5 * (lo + hi));
   return p;

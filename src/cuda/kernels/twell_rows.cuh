@@ -1,8 +1,10 @@
 // The machinery shared by the sparse FFN kernels over TwELL (twell_ffn_sparse.cu: forward up and
-// down passes; twell_ffn_backward.cu: the backward's dh and dx passes): a warp takes a token, stages
-// its non-zeros from the format into a shared-memory list, and streams the weight rows they name
-// through its own TMA-filled ring. The design and its measurements: the head of
-// twell_ffn_sparse.cu and docs/perf.md.
+// down passes; twell_ffn_backward.cu: the backward's dh and dx passes): a warp takes a token
+// (row_schedule) and stages its non-zeros from the format into a shared-memory list; the
+// accumulate passes (down, dx) stream the weight rows those name through the warp's TMA-filled
+// ring (warp_loop), the SDDMM passes (up, dh) run them 16 at a time on the tensor cores through a
+// cp.async ring (sddmm_loop). The design and its measurements: the head of twell_ffn_sparse.cu
+// and docs/perf.md.
 #pragma once
 
 #include <algorithm>
