@@ -27,12 +27,12 @@ struct FfnForward::Impl {
   // The backward's workspace, allocated on its first call: dg and du beside the format, and the
   // transpose of the active set (sized by the forward's non-zero count, grown as needed).
   struct Backward {
-    DeviceBuffer dg_vals, du_vals, col_count, col_start, keys, vals, keys_sorted, vals_sorted, temp;
+    DeviceBuffer dg_vals, du_vals, row_start, col_start, keys, pairs, keys_sorted, pairs_sorted, temp;
     DeviceBuffer dw_plan, dw_scratch;  // the dW pass's plan and split neurons' partial sums
     DeviceBuffer dense_dh, dense_dgdu, dense_wgu;  // the dense path's dy·Wdᵀ (f32), [dg | du], [Wg; Wu]
     size_t bytes() const {
-      return dg_vals.bytes() + du_vals.bytes() + col_count.bytes() + col_start.bytes() + keys.bytes() + vals.bytes() +
-             keys_sorted.bytes() + vals_sorted.bytes() + temp.bytes() + dw_plan.bytes() + dw_scratch.bytes() +
+      return dg_vals.bytes() + du_vals.bytes() + row_start.bytes() + col_start.bytes() + keys.bytes() + pairs.bytes() +
+             keys_sorted.bytes() + pairs_sorted.bytes() + temp.bytes() + dw_plan.bytes() + dw_scratch.bytes() +
              dense_dh.bytes() + dense_dgdu.bytes() + dense_wgu.bytes();
     }
   } bwd;
@@ -366,20 +366,21 @@ struct FfnForward::Impl {
       // down passes queued while the host waits here.
       collect_counts(true);
       const size_t n = static_cast<size_t>(std::max<int64_t>(stats.nnz, 1)) * 4;
-      grow(bwd.col_count, static_cast<size_t>(I + 1) * 4);
+      grow(bwd.row_start, static_cast<size_t>(M + 1) * 4);
       grow(bwd.col_start, static_cast<size_t>(I + 1) * 4);
-      for (DeviceBuffer* b : {&bwd.keys, &bwd.vals, &bwd.keys_sorted, &bwd.vals_sorted}) grow(*b, n);
-      grow(bwd.temp, std::max<size_t>(twell_backward_temp_bytes(stats.nnz, I), 16));
+      for (DeviceBuffer* b : {&bwd.keys, &bwd.keys_sorted}) grow(*b, n);
+      for (DeviceBuffer* b : {&bwd.pairs, &bwd.pairs_sorted}) grow(*b, 2 * n);
+      grow(bwd.temp, std::max<size_t>(twell_backward_temp_bytes(stats.nnz, M, I), 16));
       grow(bwd.dw_plan, twell_dw_plan_words(stats.nnz, I) * 4);
       grow(bwd.dw_scratch, twell_dw_scratch_bytes(stats.nnz, H));
       a.dw_plan = bwd.dw_plan.as<uint32_t>();
       a.dw_scratch = bwd.dw_scratch.as<float>();
-      a.col_count = bwd.col_count.as<uint32_t>();
+      a.row_start = bwd.row_start.as<uint32_t>();
       a.col_start = bwd.col_start.as<uint32_t>();
       a.keys = bwd.keys.as<uint32_t>();
-      a.vals = bwd.vals.as<uint32_t>();
       a.keys_sorted = bwd.keys_sorted.as<uint32_t>();
-      a.vals_sorted = bwd.vals_sorted.as<uint32_t>();
+      a.pairs = bwd.pairs.as<uint64_t>();
+      a.pairs_sorted = bwd.pairs_sorted.as<uint64_t>();
       a.temp = bwd.temp.get();
       a.temp_bytes = bwd.temp.bytes();
       a.nnz = stats.nnz;

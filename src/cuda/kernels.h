@@ -99,8 +99,10 @@ struct SparseBackwardArgs {
   uint16_t *dg_vals = nullptr, *du_vals = nullptr;
   float *dx = nullptr, *dwg = nullptr, *dwu = nullptr, *dwd = nullptr;
   uint32_t* row_counters = nullptr;  // 4 device words (zeroed here)
-  uint32_t *col_count = nullptr, *col_start = nullptr, *keys = nullptr, *vals = nullptr, *keys_sorted = nullptr,
-           *vals_sorted = nullptr;
+  // The transpose of the active set (twell_ffn_backward.cu): row_start [M + 1], col_start [I + 1],
+  // keys and keys_sorted [nnz] (neurons), pairs and pairs_sorted [nnz] ((token << 32) | u index).
+  uint32_t *row_start = nullptr, *col_start = nullptr, *keys = nullptr, *keys_sorted = nullptr;
+  uint64_t *pairs = nullptr, *pairs_sorted = nullptr;
   void* temp = nullptr;
   size_t temp_bytes = 0;
   // The dW pass's plan (twell_dw_plan_words) and the partial sums of neurons split over several
@@ -110,7 +112,7 @@ struct SparseBackwardArgs {
   int64_t nnz = 0, M = 0, H = 0, I = 0;
   float l1 = 0.f;
 };
-size_t twell_backward_temp_bytes(int64_t nnz, int64_t I);
+size_t twell_backward_temp_bytes(int64_t nnz, int64_t M, int64_t I);
 // The dW pass cuts each neuron's token list into pieces of at most twell_dw_piece_tokens(nnz)
 // tokens, a block each; the partial sums of a neuron with several pieces meet in the scratch and
 // are added in piece order (deterministic). Sizes of the plan (uint32 words) and the scratch (bytes).

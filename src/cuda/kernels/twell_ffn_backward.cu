@@ -4,15 +4,16 @@
 //                            du = bf16(dh·g), dg = bf16(dh·u), stored beside the format (dg_vals,
 //                            du_vals, indexed like u_vals); g from the format, u from the forward
 //   dx passes (SpMM)         dx[m] = Σ_j dg·Wg[j], then += Σ_j du·Wu[j] (f32)
-//   transpose                the active set by neuron: counts, exclusive scan, fill, then each
-//                            neuron's tokens sorted ascending (CUB), so the order is fixed
+//   transpose                the active set by neuron: each row's entries written at the row's
+//                            offset (a scan of the pack's row counts), in row-major order, then a
+//                            stable radix sort by neuron (CUB): each neuron's tokens ascending
 //   dW pass                  per neuron j, over its tokens m: dWg[j] += dg·x[m], dWu[j] += du·x[m],
 //                            dWd[j] += h·dy[m] (f32), hot neurons spread over several blocks
 // The dh and dx passes reuse the forward's row-streaming machinery (twell_rows.cuh). Every sum has
 // a fixed order, so the gradients are bitwise reproducible; nothing is dropped at any density.
 // Covered by tests/cuda/test_twell_ffn.cu (FfnBackwardGpu).
 #include <cub/device/device_scan.cuh>
-#include <cub/device/device_segmented_sort.cuh>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/kernels/ffn_grad.cuh"
 #include "cuda/kernels/twell_rows.cuh"
@@ -39,11 +40,11 @@ __global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_dh_kernel(co
                            });
 }
 
-// Transpose, warp per row: kFill = false counts each neuron's active tokens into `count`; true
-// writes (token, u index) pairs at start[j] + a per-neuron cursor (order fixed by the sort after).
-template <bool kFill>
-__global__ __launch_bounds__(256) void transpose_kernel(const __grid_constant__ Params p, uint32_t* count,
-                                                        const uint32_t* start, uint32_t* keys, uint32_t* vals) {
+// Transpose, warp per row: row r's entries, in ascending column order, at row_start[r] ..:
+// key = the neuron, pair = (r << 32) | the entry's u index. Every position is fixed by the data
+// (no atomics), so the stable sort after leaves each neuron's tokens ascending.
+__global__ __launch_bounds__(256) void transpose_fill_kernel(const __grid_constant__ Params p, const uint32_t* row_start,
+                                                             uint32_t* keys, uint64_t* pairs) {
   extern __shared__ __align__(16) char smem[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
   int32_t* col = reinterpret_cast<int32_t*>(smem) + static_cast<int64_t>(warp) * 2 * p.list_cap;
@@ -51,21 +52,30 @@ __global__ __launch_bounds__(256) void transpose_kernel(const __grid_constant__ 
   const int64_t n_tiles = p.act.layout.n_tiles();
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * n_warps + warp; row < p.act.layout.rows;
        row += static_cast<int64_t>(gridDim.x) * n_warps) {
+    uint32_t pos = __ldg(row_start + row);
     for (int64_t t = 0; t < n_tiles;) {
       const uint32_t len = stage<Aux::u_index>(p, row, t, n_tiles, col, aux, lane);
       for (uint32_t k = lane; k < len; k += 32) {
-        const uint32_t j = static_cast<uint32_t>(col[k]);
-        if constexpr (kFill) {
-          const uint32_t pos = start[j] + atomicAdd(count + j, 1u);
-          keys[pos] = static_cast<uint32_t>(row);
-          vals[pos] = aux[k];
-        } else {
-          atomicAdd(count + j, 1u);
-        }
+        keys[pos + k] = static_cast<uint32_t>(col[k]);
+        pairs[pos + k] = static_cast<uint64_t>(row) << 32 | aux[k];
       }
+      pos += len;
       __syncwarp();  // the next stage overwrites the list
     }
   }
+}
+
+// col_start[j] = the first position of neuron j in the sorted keys (j = I: nnz).
+__global__ void column_starts_kernel(const uint32_t* keys_sorted, int64_t nnz, int64_t I, uint32_t* col_start) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j > I) return;
+  int64_t lo = 0, hi = nnz;  // lower bound of j
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (__ldg(keys_sorted + mid) < static_cast<uint32_t>(j)) lo = mid + 1;
+    else hi = mid;
+  }
+  col_start[j] = static_cast<uint32_t>(lo);
 }
 
 // dW pass. The transposed active set (each neuron's tokens ascending) is cut into pieces of at
@@ -88,8 +98,7 @@ struct DwPlan {  // views into SparseBackwardArgs::dw_plan
 
 struct DwArgs {
   const uint32_t* start;  // [I + 1]
-  const uint32_t* keys;   // token of each entry, sorted within each neuron
-  const uint32_t* vals;   // its index into u_vals / dg_vals / du_vals
+  const uint64_t* pairs;  // (token << 32) | index into u_vals / dg_vals / du_vals, tokens ascending within a neuron
   const uint16_t* x;
   const uint16_t* dy;
   float *dwg, *dwu, *dwd;  // null: not computed
@@ -143,8 +152,9 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
     for (uint32_t kb = k0; kb < k1; kb += kDwBatch) {
       const int n = static_cast<int>(min(static_cast<uint32_t>(kDwBatch), k1 - kb));
       for (int t = threadIdx.x; t < n; t += blockDim.x) {
-        const uint32_t i = __ldg(d.vals + kb + t);
-        tok[t] = __ldg(d.keys + kb + t);
+        const uint64_t e = __ldg(d.pairs + kb + t);
+        const auto i = static_cast<uint32_t>(e);
+        tok[t] = static_cast<uint32_t>(e >> 32);
         cg[t] = bf16_bits_to_float(__ldg(p.dg_vals + i));
         cu[t] = bf16_bits_to_float(__ldg(p.du_vals + i));
         ch[t] = round_bf16(entry_g(p.act, i) * bf16_bits_to_float(__ldg(p.u_vals + i)));
@@ -244,14 +254,20 @@ constexpr int kTransposeThreads = 256;
 
 }  // namespace
 
-size_t twell_backward_temp_bytes(int64_t nnz, int64_t I) {
+// Bits of a neuron index: the radix sort looks at no more.
+static int neuron_bits(int64_t I) {
+  int bits = 1;
+  while ((int64_t{1} << bits) < I) ++bits;
+  return bits;
+}
+
+size_t twell_backward_temp_bytes(int64_t nnz, int64_t M, int64_t I) {
   size_t scan = 0, sort = 0;
   TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const uint32_t*>(nullptr),
-                                                 static_cast<uint32_t*>(nullptr), I + 1));
-  TWELL_CUDA_CHECK(cub::DeviceSegmentedSort::SortPairs(
-      nullptr, sort, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-      static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr), nnz, I,
-      static_cast<const uint32_t*>(nullptr), static_cast<const uint32_t*>(nullptr)));
+                                                 static_cast<uint32_t*>(nullptr), std::max(M, I) + 1));
+  TWELL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort, static_cast<const uint32_t*>(nullptr),
+                                                   static_cast<uint32_t*>(nullptr), static_cast<const uint64_t*>(nullptr),
+                                                   static_cast<uint64_t*>(nullptr), nnz, 0, neuron_bits(I)));
   return std::max(scan, sort);
 }
 
@@ -270,27 +286,29 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
   else launch_backward<16>(a, p, sm_count, stream);
 
   if (!a.dwg && !a.dwu && !a.dwd) return;
-  TWELL_CHECK(a.col_count && a.col_start && a.keys && a.vals && a.keys_sorted && a.vals_sorted && a.temp,
+  TWELL_CHECK(a.row_start && a.col_start && a.keys && a.pairs && a.keys_sorted && a.pairs_sorted && a.temp,
               "sparse FFN backward: missing transpose workspace");
+  TWELL_CHECK(a.rows.row_nnz, "sparse FFN backward: the transpose needs the pack's row counts");
+  TWELL_CHECK(a.M < (int64_t{1} << 32) && a.nnz < (int64_t{1} << 32), "sparse FFN backward: M = ", a.M, ", nnz = ",
+              a.nnz, " past 32-bit indexing");
   const int smem = kTransposeThreads / 32 * 2 * p.list_cap * 4;
   constexpr int kMaxTransposeSmem = kTransposeThreads / 32 * 2 * kMaxTile * 4;  // the attribute is set once
-  allow_dynamic_smem(reinterpret_cast<const void*>(transpose_kernel<false>), kMaxTransposeSmem);
-  allow_dynamic_smem(reinterpret_cast<const void*>(transpose_kernel<true>), kMaxTransposeSmem);
+  allow_dynamic_smem(reinterpret_cast<const void*>(transpose_fill_kernel), kMaxTransposeSmem);
   const unsigned blocks = static_cast<unsigned>(
       std::min<int64_t>(int64_t{sm_count} * 8, (a.M + kTransposeThreads / 32 - 1) / (kTransposeThreads / 32)));
-  TWELL_CUDA_CHECK(cudaMemsetAsync(a.col_count, 0, static_cast<size_t>(a.I + 1) * 4, stream));
-  transpose_kernel<false><<<blocks, kTransposeThreads, smem, stream>>>(p, a.col_count, nullptr, nullptr, nullptr);
-  TWELL_CUDA_CHECK(cudaGetLastError());
+  // row_start = exclusive scan of the pack's row counts (the fill needs no total).
   size_t bytes = a.temp_bytes;
-  TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, a.col_count, a.col_start, a.I + 1, stream));
-  TWELL_CUDA_CHECK(cudaMemsetAsync(a.col_count, 0, static_cast<size_t>(a.I + 1) * 4, stream));
-  transpose_kernel<true><<<blocks, kTransposeThreads, smem, stream>>>(p, a.col_count, a.col_start, a.keys, a.vals);
+  TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, a.rows.row_nnz, a.row_start, a.M, stream));
+  transpose_fill_kernel<<<blocks, kTransposeThreads, smem, stream>>>(p, a.row_start, a.keys, a.pairs);
   TWELL_CUDA_CHECK(cudaGetLastError());
   bytes = a.temp_bytes;
-  TWELL_CUDA_CHECK(cub::DeviceSegmentedSort::SortPairs(a.temp, bytes, a.keys, a.keys_sorted, a.vals, a.vals_sorted,
-                                                       a.nnz, a.I, a.col_start, a.col_start + 1, stream));
+  TWELL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(a.temp, bytes, a.keys, a.keys_sorted, a.pairs, a.pairs_sorted, a.nnz,
+                                                   0, neuron_bits(a.I), stream));
+  column_starts_kernel<<<static_cast<unsigned>((a.I + 1 + 255) / 256), 256, 0, stream>>>(a.keys_sorted, a.nnz, a.I,
+                                                                                       a.col_start);
+  TWELL_CUDA_CHECK(cudaGetLastError());
   TWELL_CHECK(a.dw_plan && a.dw_scratch, "sparse FFN backward: missing dW workspace");
-  DwArgs d{a.col_start, a.keys_sorted, a.vals_sorted, a.x,  a.dy, a.dwg, a.dwu, a.dwd, a.dw_scratch,
+  DwArgs d{a.col_start, a.pairs_sorted, a.x,  a.dy, a.dwg, a.dwu, a.dwd, a.dw_scratch,
            DwPlan::in(a.dw_plan, a.I), a.I, static_cast<uint32_t>(twell_dw_piece_tokens(a.nnz))};
   const unsigned plan_blocks = static_cast<unsigned>((a.I + 1 + 255) / 256);
   dw_plan_kernel<<<plan_blocks, 256, 0, stream>>>(d);
