@@ -3,7 +3,8 @@
 //   dh pass (SDDMM over Wd)  per active (m, j): dh = bf16(dy[m] · Wd[j] + l1·sign(h)),
 //                            du = bf16(dh·g), dg = bf16(dh·u), stored beside the format (dg_vals,
 //                            du_vals, indexed like u_vals); g from the format, u from the forward
-//   dx passes (SpMM)         dx[m] = Σ_j dg·Wg[j], then += Σ_j du·Wu[j] (f32)
+//   dx pass (SpMM)           dx[m] = Σ_j (dg·Wg[j] + du·Wu[j]) (f32), both rows of an entry
+//                            through the same ring
 //   transpose                the active set by neuron: each row's entries written at the row's
 //                            offset (a scan of the pack's row counts), in row-major order, then a
 //                            stable radix sort by neuron (CUB): each neuron's tokens ascending
@@ -242,11 +243,8 @@ void launch_backward(const SparseBackwardArgs& a, Params p, int sm_count, cudaSt
   if (a.dx) {
     p.out_f32 = a.dx;
     p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
-    p.wd = a.wg;
-    launch(twell_axpy_kernel<kChunks, Aux::dg, Out::f32_store>, p, sm_count, a.M, stream);
-    TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 4 * sizeof(uint32_t), stream));
-    p.wd = a.wu;
-    launch(twell_axpy_kernel<kChunks, Aux::du, Out::f32_add>, p, sm_count, a.M, stream);
+    p.wd = a.wg, p.wu = a.wu;
+    launch(twell_axpy_kernel<kChunks, Aux::dg_du, Out::f32_store>, p, sm_count, a.M, stream);
   }
 }
 

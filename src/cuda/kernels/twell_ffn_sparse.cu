@@ -15,8 +15,9 @@
 // next token from a global counter (token costs vary 10-20x in skewed activations) and stages its
 // non-zeros in its own shared-memory list (ascending column order, as many tiles at a time as
 // the list holds; packed entries read 32 at a time, a spilled tile scanned from its dense
-// backup). Heavy tokens (more than kHeavyRowEntries non-zeros, listed by the pack) go first, a
-// whole block each, its warps taking contiguous shares of the tiles. The next token's counts,
+// backup). Heavy tokens (more than kHeavyRowEntries non-zeros, listed by the pack) go first: in
+// the down pass a group of warps each (its warps taking contiguous shares of the tiles, summed in
+// shared memory), in the up pass a warp for every 2-tile share (row_schedule). The next token's counts,
 // packed words and x are prefetched into L2 while the current one runs. Weights are fetched
 // with an L2 evict-last hint.
 //   up: 16 entries of the token at a time are the rows of an m16n8k16 tensor-core product with x
@@ -27,7 +28,7 @@
 //     filled by the TMA engine (cp.async.bulk, completion on one mbarrier per slot); lane l owns
 //     columns c·256 + 8l .. + 8 of every 256 (conflict-free 16-byte reads) and accumulates in f32.
 // Summation orders are fixed (u: the tensor core's, then two accumulators added; y: ascending j
-// per column; a heavy row: its warps' shares added in warp order): results are deterministic,
+// per column; a heavy row: its group's shares added in warp order): results are deterministic,
 // whichever warp or block takes a token.
 // Covered by tests/cuda/test_twell_ffn.cu; timed by `twell bench ffn`.
 #include "cuda/kernels/twell_rows.cuh"

@@ -36,7 +36,7 @@ struct Params {
   uint32_t* next_heavy;  // the pass's heavy-row counter (zero at launch)
   RowCounts rows;
   // The backward (twell_ffn_backward.cu): dg and du of every active entry beside the format (bf16,
-  // indexed like u_vals), the L1 coefficient, and the f32 rows the dx passes write.
+  // indexed like u_vals), the L1 coefficient, and the f32 rows the dx pass writes.
   uint16_t* dg_vals = nullptr;
   uint16_t* du_vals = nullptr;
   float l1 = 0.f;
@@ -62,15 +62,14 @@ __device__ __forceinline__ WarpSmem warp_smem(char* smem, const Params& p, int w
   return s;
 }
 
-enum class Aux { u_index, h_gated, h_gated_fp32, h_plain, dg, du };
+enum class Aux { u_index, h_gated, h_gated_fp32, h_plain, dg_du };
 
 // The value a list entry carries, from its activation value and its index into u_vals.
 template <Aux kAux>
 __device__ __forceinline__ uint32_t entry_aux(const Params& p, float act, uint32_t u_index) {
   if constexpr (kAux == Aux::u_index) return u_index;
   if constexpr (kAux == Aux::h_plain) return __float_as_uint(act);
-  if constexpr (kAux == Aux::dg) return __float_as_uint(bf16_bits_to_float(__ldcs(p.dg_vals + u_index)));
-  if constexpr (kAux == Aux::du) return __float_as_uint(bf16_bits_to_float(__ldcs(p.du_vals + u_index)));
+  if constexpr (kAux == Aux::dg_du) return __ldcs(p.dg_vals + u_index) | uint32_t{__ldcs(p.du_vals + u_index)} << 16;
   const float h = act * bf16_bits_to_float(__ldcs(p.u_vals + u_index));
   return __float_as_uint(kAux == Aux::h_gated_fp32 ? h : round_bf16(h));
 }
@@ -203,34 +202,73 @@ __device__ __forceinline__ int64_t grab_row(const Params& p, int lane) {
 // accumulators need the registers).
 constexpr int threads_for(int chunks) { return chunks > 8 ? 256 : 512; }
 
-// Which rows a warp works on, shared by every row kernel: phase 1 the heavy rows (10-20x the
+// The warps that share a heavy row (row_schedule, kReduce): their tile shares are equal but for
+// the last, so the most even split of n_tiles over a group that divides the block's warps, from
+// n_warps down to 4 (H = 2048, 16 warps, 22 tiles: 8 warps of 3 tiles each, 92% busy, where the
+// whole block took 2 tiles a warp with 5 of its 16 warps idle).
+struct HeavyGroup {
+  int index, warp, warps;  // the group's index in the block, this warp's place in it, its size
+  int64_t t0, t1;          // this warp's tiles of the row
+};
+__device__ __forceinline__ HeavyGroup heavy_group(int64_t n_tiles) {
+  const int n_warps = blockDim.x / 32, warp = threadIdx.x / 32;
+  auto busy = [&](int g) { return float(n_tiles) / float(g * ((n_tiles + g - 1) / g)); };
+  int g = n_warps;
+  for (int c = n_warps / 2; c >= 4 && n_warps % c == 0; c /= 2)
+    if (busy(c) > busy(g) + 0.05f) g = c;
+  HeavyGroup h{warp / g, warp % g, g, 0, 0};
+  const int64_t share = (n_tiles + g - 1) / g;
+  h.t0 = min(n_tiles, h.warp * share), h.t1 = min(n_tiles, h.t0 + share);
+  return h;
+}
+__device__ __forceinline__ void group_sync(const HeavyGroup& h) {
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + h.index), "r"(32 * h.warps) : "memory");
+}
+
+// Which rows a warp works on, shared by every row kernel. Phase 1, the heavy rows (10-20x the
 // mean count in skewed activations: one warp would take as long on one of them as on ~15
-// ordinary rows, and the last ones to start set the kernel's end), each to a whole block, warp i
-// taking the i-th contiguous share of the tiles, end_heavy combining the warps' shares in warp
-// order (deterministic); phase 2 the other rows, a warp each, from a global counter.
-// run_tiles(row, t, t_stop) does the warp's work on tiles [t, t_stop) of a row.
-template <typename Begin, typename RunTiles, typename End, typename EndHeavy>
+// ordinary rows, and the last ones to start set the kernel's end): with kReduce (the accumulate
+// passes, whose row is one sum) a group of warps (heavy_group) takes a row, each warp a
+// contiguous share of its tiles, and end_heavy(row, group) combines the shares in warp order
+// (deterministic); without (the SDDMM passes, whose entries are independent) a warp takes one
+// share of kHeavyShareTiles tiles of a row at a time, from a global counter. Phase 2, the other
+// rows, a warp each, from a global counter. run_tiles(row, t, t_stop) does the warp's work on
+// tiles [t, t_stop) of a row.
+constexpr int64_t kHeavyShareTiles = 2;
+template <bool kReduce, typename Begin, typename RunTiles, typename End, typename EndHeavy>
 __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, bool prefetch_u, int lane, Begin&& begin,
                                              RunTiles&& run_tiles, End&& end, EndHeavy&& end_heavy) {
   const int64_t rows = p.act.layout.rows, n_tiles = p.act.layout.n_tiles();
   if (p.rows.row_nnz) {
-    __shared__ int64_t heavy_row;
-    const int warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
     const uint32_t n_heavy = *p.rows.heavy_count;
-    const int64_t share = (n_tiles + n_warps - 1) / n_warps;
-    const int64_t t0 = min(n_tiles, warp * share), t1 = min(n_tiles, t0 + share);
-    for (;;) {
-      if (threadIdx.x == 0) {
-        const uint32_t i = atomicAdd(p.next_heavy, 1u);
-        heavy_row = i < n_heavy ? static_cast<int64_t>(p.rows.heavy_rows[i]) : -1;
+    if constexpr (kReduce) {
+      __shared__ int64_t heavy_row[4];  // a group's row (groups of >= 4 warps, <= 16 warps a block)
+      const HeavyGroup g = heavy_group(n_tiles);
+      for (;;) {
+        if (g.warp == 0 && lane == 0) {
+          const uint32_t i = atomicAdd(p.next_heavy, 1u);
+          heavy_row[g.index] = i < n_heavy ? static_cast<int64_t>(p.rows.heavy_rows[i]) : -1;
+        }
+        group_sync(g);
+        const int64_t row = heavy_row[g.index];
+        group_sync(g);
+        if (row < 0) break;
+        begin(row);
+        run_tiles(row, g.t0, g.t1);
+        end_heavy(row, g);
       }
-      __syncthreads();
-      const int64_t row = heavy_row;
-      __syncthreads();
-      if (row < 0) break;
-      begin(row);
-      run_tiles(row, t0, t1);
-      end_heavy(row);
+    } else {
+      const int64_t pieces = (n_tiles + kHeavyShareTiles - 1) / kHeavyShareTiles;
+      for (;;) {
+        uint32_t i = 0;
+        if (lane == 0) i = atomicAdd(p.next_heavy, 1u);
+        i = __shfl_sync(0xffffffffu, i, 0);
+        if (int64_t{i} >= int64_t{n_heavy} * pieces) break;
+        const int64_t row = p.rows.heavy_rows[i / pieces], t0 = (i % pieces) * kHeavyShareTiles;
+        begin(row);
+        run_tiles(row, t0, min(n_tiles, t0 + kHeavyShareTiles));
+        end_heavy(row, HeavyGroup{});
+      }
     }
   }
   for (int64_t row = grab_row(p, lane), next; row < rows; row = next) {
@@ -242,46 +280,51 @@ __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, b
   }
 }
 
-// The ring kernels' work loop (the down pass, the backward's): for each token it grabs,
-// begin(row), then for every active entry, in order, use(aux, row_in_smem) with the entry's
-// weight row in shared memory, then end(row). The token's list is staged as many tiles at a time
+// The ring kernels' work loop (the down pass, the backward's dx pass): for each token it grabs,
+// begin(row), then for every active entry, in order, use(aux, row_in_smem, 0) with the entry's
+// row of w in shared memory and, when w2 is given (the dx pass: Wg then Wu), use(aux,
+// row_of_w2, 1) after it, then end(row). The token's list is staged as many tiles at a time
 // as the list holds; its weight rows go through a ring of D slots filled by the TMA engine, up to
 // D in flight. `issued` and `consumed` count rows over the whole kernel: slot i % D is on its
-// (i / D)-th use, the parity its barrier completes with.
+// (i / D)-th use, the parity its barrier completes with. The list's k-th row is entry k / kRows's
+// row of w (k even or kRows = 1) or of w2.
 // NOTE: the time of both passes scaled with 1/warps at a fixed ring size (6 to 12 warps, 3 to 8
 // slots, M = 131072: 4.74 -> 2.65 ms for up), so warps matter more than rows in flight; staging
 // the next token's list during the current token's rows (double-buffered lists, fewer warps for
 // the room) measured slower (docs/perf.md).
-template <Aux kAux, typename Begin, typename Use, typename End, typename EndHeavy>
-__device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, const WarpSmem& s, bool prefetch_x,
-                                          bool prefetch_u, int lane, Begin&& begin, Use&& use, End&& end,
-                                          EndHeavy&& end_heavy) {
+template <Aux kAux, int kRows, typename Begin, typename Use, typename End, typename EndHeavy>
+__device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, const uint16_t* w2, const WarpSmem& s,
+                                          bool prefetch_x, bool prefetch_u, int lane, Begin&& begin, Use&& use,
+                                          End&& end, EndHeavy&& end_heavy) {
+  static_assert(kRows == 1 || kRows == 2);
   const uint32_t D = static_cast<uint32_t>(p.ring_slots), row_bytes = static_cast<uint32_t>(p.H * 2);
   const uint64_t keep = l2_keep_policy();
   uint32_t issued = 0, consumed = 0;
   auto issue = [&](uint32_t k) {
     if (lane == 0) {
       const uint32_t slot = issued % D;
-      bulk_load(s.ring + slot * row_bytes, w + static_cast<int64_t>(s.col[k]) * p.H, row_bytes, s.full + slot, keep);
+      const uint16_t* src = kRows == 2 && k % 2 ? w2 : w;
+      bulk_load(s.ring + slot * row_bytes, src + static_cast<int64_t>(s.col[k / kRows]) * p.H, row_bytes, s.full + slot,
+                keep);
     }
     ++issued;
   };
   auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop) {
     while (t < t_stop) {
-      const uint32_t len = stage<kAux>(p, row, t, t_stop, s.col, s.aux, lane);
+      const uint32_t len = kRows * stage<kAux>(p, row, t, t_stop, s.col, s.aux, lane);
       uint32_t k_issue = 0;
       for (; k_issue < len && k_issue < D; ++k_issue) issue(k_issue);
       for (uint32_t k = 0; k < len; ++k) {
         const uint32_t slot = consumed % D;
         wait_parity(s.full + slot, (consumed / D) & 1u);
-        use(s.aux[k], reinterpret_cast<const uint16_t*>(s.ring + slot * row_bytes));
+        use(s.aux[k / kRows], reinterpret_cast<const uint16_t*>(s.ring + slot * row_bytes), k % kRows);
         ++consumed;
         __syncwarp();  // every lane is done with the slot before the TMA overwrites it
         if (k_issue < len) issue(k_issue++);
       }
     }
   };
-  row_schedule(p, prefetch_x, prefetch_u, lane, begin, run_tiles, end, end_heavy);
+  row_schedule<true>(p, prefetch_x, prefetch_u, lane, begin, run_tiles, end, end_heavy);
 }
 
 // The SDDMM kernels' work (the forward's up pass, the backward's dh pass): for every active
@@ -392,7 +435,7 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
       __syncwarp();  // the list and the ring are rewritten by the next stage
     }
   };
-  row_schedule(p, true, false, lane, [](int64_t) {}, run_tiles, [](int64_t) {}, [](int64_t) {});
+  row_schedule<false>(p, true, false, lane, [](int64_t) {}, run_tiles, [](int64_t) {}, [](int64_t, const HeavyGroup&) {});
 }
 
 __device__ __forceinline__ void init_barriers(const WarpSmem& s, int slots, int lane) {
@@ -402,8 +445,8 @@ __device__ __forceinline__ void init_barriers(const WarpSmem& s, int slots, int 
 }
 
 // Where an accumulate pass writes its rows: bf16 into y (the forward's down pass), or f32 into
-// out_f32, stored or added (the backward's two dx passes).
-enum class Out { bf16, f32_store, f32_add };
+// out_f32 (the backward's dx pass).
+enum class Out { bf16, f32_store };
 
 template <Out kOut>
 __device__ __forceinline__ void write_out8(const Params& p, int64_t row, int64_t col, const float (&v)[8]) {
@@ -411,13 +454,8 @@ __device__ __forceinline__ void write_out8(const Params& p, int64_t row, int64_t
     __stcs(reinterpret_cast<uint4*>(p.y + row * p.H + col), pack8(v));
   } else {
     float4* dst = reinterpret_cast<float4*>(p.out_f32 + row * p.H + col);
-    float4 a = make_float4(v[0], v[1], v[2], v[3]), b = make_float4(v[4], v[5], v[6], v[7]);
-    if constexpr (kOut == Out::f32_add) {
-      const float4 a0 = dst[0], b0 = dst[1];
-      a = make_float4(a0.x + a.x, a0.y + a.y, a0.z + a.z, a0.w + a.w);
-      b = make_float4(b0.x + b.x, b0.y + b.y, b0.z + b.z, b0.w + b.w);
-    }
-    dst[0] = a, dst[1] = b;
+    dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+    dst[1] = make_float4(v[4], v[5], v[6], v[7]);
   }
 }
 
@@ -426,17 +464,13 @@ __device__ __forceinline__ void write_out2(const Params& p, int64_t row, int64_t
   if constexpr (kOut == Out::bf16) {
     reinterpret_cast<uint32_t*>(p.y + row * p.H)[col / 2] = pack2(lo, hi);
   } else {
-    float2* dst = reinterpret_cast<float2*>(p.out_f32 + row * p.H + col);
-    if constexpr (kOut == Out::f32_add) {
-      const float2 o = *dst;
-      lo += o.x, hi += o.y;
-    }
-    *dst = make_float2(lo, hi);
+    *reinterpret_cast<float2*>(p.out_f32 + row * p.H + col) = make_float2(lo, hi);
   }
 }
 
 // Accumulate pass (SpMM): out[m] = Σ_j a[m, j] · W[j] over the active set, ascending j, with W = wd
-// and a = the entry's aux value (h in the forward; dg or du with W = Wg or Wu in the backward).
+// and a = the entry's aux value (h in the forward). The backward's dx (Aux::dg_du, W = wd holding
+// Wg): out[m] = Σ_j (dg·Wg[j] + du·Wu[j]), one f32 sum in the order dg·Wg[j0], du·Wu[j0], dg·Wg[j1], ...
 template <int kChunks, Aux kAux, Out kOut>
 __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) char smem[];
@@ -444,10 +478,13 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
   const WarpSmem s = warp_smem(smem, p, threadIdx.x / 32, blockDim.x / 32);
   init_barriers(s, p.ring_slots, lane);
   float acc[kChunks][8] = {};
-  warp_loop<kAux>(
-      p, p.wd, s, false, kAux == Aux::h_gated || kAux == Aux::h_gated_fp32, lane, [](int64_t) {},
-      [&](uint32_t a_bits, const uint16_t* w) {
-        const float a = __uint_as_float(a_bits);
+  constexpr int kRows = kAux == Aux::dg_du ? 2 : 1;
+  warp_loop<kAux, kRows>(
+      p, p.wd, kRows == 2 ? p.wu : nullptr, s, false, kAux == Aux::h_gated || kAux == Aux::h_gated_fp32, lane,
+      [](int64_t) {},
+      [&](uint32_t a_bits, const uint16_t* w, int which) {
+        const float a = kRows == 1 ? __uint_as_float(a_bits)
+                                   : bf16_bits_to_float(static_cast<uint16_t>(which ? a_bits >> 16 : a_bits & 0xffffu));
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
           if (c * 256 + lane * 8 < p.H) fma8(acc[c], a, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
@@ -461,28 +498,28 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
           for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
         }
       },
-      [&](int64_t row) {  // the block's shares of a heavy row: summed in warp order
-        const int warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-        float* part = reinterpret_cast<float*>(smem);  // n_warps x H f32 over the (drained) rings
-        __syncthreads();
+      [&](int64_t row, const HeavyGroup& g) {  // the group's shares of a heavy row: summed in warp order
+        // g.warps x H f32 over the group's (drained) rings
+        float* part = reinterpret_cast<float*>(smem + int64_t{g.index} * g.warps * p.H * 2 * p.ring_slots);
+        group_sync(g);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
           const int64_t col = c * 256 + lane * 8;
           if (col < p.H) {  // two 16-byte stores: conflict-free
-            float4* dst = reinterpret_cast<float4*>(part + warp * p.H + col);
+            float4* dst = reinterpret_cast<float4*>(part + g.warp * p.H + col);
             dst[0] = make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]);
             dst[1] = make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]);
           }
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
         }
-        __syncthreads();
-        for (int64_t col = 2 * threadIdx.x; col < p.H; col += 2 * blockDim.x) {
+        group_sync(g);
+        for (int64_t col = 2 * (g.warp * 32 + lane); col < p.H; col += 2 * 32 * g.warps) {
           float lo = 0.f, hi = 0.f;
-          for (int v = 0; v < n_warps; ++v) lo += part[v * p.H + col], hi += part[v * p.H + col + 1];
+          for (int v = 0; v < g.warps; ++v) lo += part[v * p.H + col], hi += part[v * p.H + col + 1];
           write_out2<kOut>(p, row, col, lo, hi);
         }
-        __syncthreads();
+        group_sync(g);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the TMA writes the rings again
       });
 }
