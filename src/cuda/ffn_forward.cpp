@@ -3,6 +3,7 @@
 #include "twell/cuda/ffn.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <vector>
 
@@ -73,6 +74,11 @@ struct FfnForward::Impl {
     }
   };
   Readback counts;
+  // The backward's side stream (its transpose runs beside the passes: launch_twell_ffn_backward),
+  // created by the first backward; `packed` is recorded after each training forward's pack.
+  cudaStream_t side = nullptr;
+  cudaEvent_t packed = nullptr, side_done = nullptr;
+  bool packed_recorded = false;
   // Dispatch::previous state, one per slot (FfnOptions::dispatch_slots: a model's layers).
   struct Slot {
     Readback sample;
@@ -126,6 +132,13 @@ struct FfnForward::Impl {
     TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counts.ready, cudaEventDisableTiming));
     slots.resize(n_slots);
     for (Slot& sl : slots) TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&sl.sample.ready, cudaEventDisableTiming));
+    if (o.training) {
+      TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&packed, cudaEventDisableTiming));
+      TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&side_done, cudaEventDisableTiming));
+      int least = 0, greatest = 0;  // the side stream's small kernels take SMs first as the passes free them
+      TWELL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      TWELL_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, greatest));
+    }
   }
   ~Impl() {
     if (host) cudaFreeHost(host);
@@ -133,6 +146,9 @@ struct FfnForward::Impl {
     if (counts.ready) cudaEventDestroy(counts.ready);
     for (Slot& sl : slots)
       if (sl.sample.ready) cudaEventDestroy(sl.sample.ready);
+    if (packed) cudaEventDestroy(packed);
+    if (side_done) cudaEventDestroy(side_done);
+    if (side) cudaStreamDestroy(side);
   }
   Counters* dev() const { return counters.as<Counters>(); }
 
@@ -189,14 +205,15 @@ struct FfnForward::Impl {
     Slot& sl = slots[static_cast<size_t>(slot)];
     sl.sample_rows = exact ? M : std::min(M, kSampleRows);
     auto* d = sample_count.as<unsigned long long>() + slot;
+    // Into the pinned mirror by a kernel: a copy in the stream left the GPU idle ~15 µs.
     if (exact) {
-      launch_sum_counters(dev()->nnz, kNnzCounters, d, stream);
+      launch_sum_counters(dev()->nnz, kNnzCounters, host_sample + slot, stream);
     } else {
       TWELL_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned long long), stream));
       launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sl.sample_rows, d, stream);
+      launch_copy_words(reinterpret_cast<const uint32_t*>(d), reinterpret_cast<uint32_t*>(host_sample + slot), 2,
+                        nullptr, -1, stream);
     }
-    TWELL_CUDA_CHECK(
-        cudaMemcpyAsync(host_sample + slot, d, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
     sl.sample.record(stream);
   }
 
@@ -247,10 +264,12 @@ struct FfnForward::Impl {
     } else {
       launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
     }
+    packed_recorded = packed != nullptr;
+    if (packed_recorded) TWELL_CUDA_CHECK(cudaEventRecord(packed, stream));
     if (options.count_nonzeros) {  // the pack has them: copied before the up/down work, which can run meanwhile
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(&dev()->spilled_tiles, act.view().n_backup, sizeof(uint32_t),
-                                       cudaMemcpyDeviceToDevice, stream));
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(host, counters.get(), sizeof(Counters), cudaMemcpyDeviceToHost, stream));
+      static_assert(sizeof(Counters) % 4 == 0 && offsetof(Counters, spilled_tiles) % 4 == 0);
+      launch_copy_words(reinterpret_cast<const uint32_t*>(dev()), reinterpret_cast<uint32_t*>(host),
+                        sizeof(Counters) / 4, act.view().n_backup, offsetof(Counters, spilled_tiles) / 4, stream);
       counts.record(stream);
     }
     launch_twell_ffn_sparse(a, sm_count, stream);
@@ -384,6 +403,7 @@ struct FfnForward::Impl {
       a.temp = bwd.temp.get();
       a.temp_bytes = bwd.temp.bytes();
       a.nnz = stats.nnz;
+      if (side && packed_recorded) a.side = side, a.packed = packed, a.join = side_done;
     }
     launch_twell_ffn_backward(a, sm_count, stream);
   }

@@ -59,7 +59,12 @@ void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_b
 // Appends to rows.heavy_rows every row r < M with rows.row_nnz[r] > kHeavyRowEntries (in no
 // particular order; *rows.heavy_count must be zero before the producer ran).
 void launch_list_heavy_rows(const RowCounts& rows, int64_t M, cudaStream_t stream);
-// *out = in[0] + ... + in[n - 1] (one thread; n small: the non-zero counters).
+// dst[i] = src[i] for i < n_words, but dst[patch_at] = *patch (when patch is given): the sparse
+// path's counters into pinned host memory by one small kernel (two copies in the stream left the
+// GPU idle ~15 µs).
+void launch_copy_words(const uint32_t* src, uint32_t* dst, int n_words, const uint32_t* patch, int patch_at,
+                       cudaStream_t stream);
+// *out = in[0] + ... + in[n - 1] (one thread; n small: the non-zero counters); out may be pinned host memory.
 void launch_sum_counters(const unsigned long long* in, int n, unsigned long long* out, cudaStream_t stream);
 // Adds the non-zero count of n_sample rows spread evenly over g [rows, cols] to *out (dispatch's
 // density estimate: a few MB read instead of the whole activation).
@@ -111,6 +116,12 @@ struct SparseBackwardArgs {
   float* dw_scratch = nullptr;
   int64_t nnz = 0, M = 0, H = 0, I = 0;
   float l1 = 0.f;
+  // Optional: a second stream for the transpose and the dW plan, which need only the forward's
+  // format and so run beside the up, down, dh and dx passes. `packed`: recorded on the caller's
+  // stream once the format is complete (after the forward's pack); `join`: recorded here on
+  // `side`, waited for before the dW pass. Without `side` everything runs on the caller's stream.
+  cudaStream_t side = nullptr;
+  cudaEvent_t packed = nullptr, join = nullptr;
 };
 size_t twell_backward_temp_bytes(int64_t nnz, int64_t M, int64_t I);
 // The dW pass cuts each neuron's token list into pieces of at most twell_dw_piece_tokens(nnz)

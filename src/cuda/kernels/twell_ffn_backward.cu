@@ -277,46 +277,61 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
   Params p{a.act,   a.x, a.wu, a.wd, const_cast<uint16_t*>(a.u_vals),  // read only here
            nullptr, a.H, 0,    list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
   p.dg_vals = a.dg_vals, p.du_vals = a.du_vals, p.l1 = a.l1;
+  const bool need_dw = a.dwg || a.dwu || a.dwd;
+  DwArgs d{};
+  if (need_dw) {
+    // The transpose and the dW plan need only the forward's format: on the side stream (when
+    // given) they run while the passes do, in their tails and gaps.
+    TWELL_CHECK(a.row_start && a.col_start && a.keys && a.pairs && a.keys_sorted && a.pairs_sorted && a.temp,
+                "sparse FFN backward: missing transpose workspace");
+    TWELL_CHECK(a.rows.row_nnz, "sparse FFN backward: the transpose needs the pack's row counts");
+    TWELL_CHECK(a.M < (int64_t{1} << 32) && a.nnz < (int64_t{1} << 32), "sparse FFN backward: M = ", a.M, ", nnz = ",
+                a.nnz, " past 32-bit indexing");
+    TWELL_CHECK(a.dw_plan && a.dw_scratch, "sparse FFN backward: missing dW workspace");
+    TWELL_CHECK(!a.side || (a.packed && a.join), "sparse FFN backward: a side stream needs its two events");
+    cudaStream_t s = stream;
+    if (a.side) {
+      TWELL_CUDA_CHECK(cudaStreamWaitEvent(a.side, a.packed, 0));
+      s = a.side;
+    }
+    const int smem = kTransposeThreads / 32 * 2 * p.list_cap * 4;
+    constexpr int kMaxTransposeSmem = kTransposeThreads / 32 * 2 * kMaxTile * 4;  // the attribute is set once
+    allow_dynamic_smem(reinterpret_cast<const void*>(transpose_fill_kernel), kMaxTransposeSmem);
+    const unsigned blocks = static_cast<unsigned>(
+        std::min<int64_t>(int64_t{sm_count} * 8, (a.M + kTransposeThreads / 32 - 1) / (kTransposeThreads / 32)));
+    // row_start = exclusive scan of the pack's row counts (the fill needs no total).
+    size_t bytes = a.temp_bytes;
+    TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, a.rows.row_nnz, a.row_start, a.M, s));
+    transpose_fill_kernel<<<blocks, kTransposeThreads, smem, s>>>(p, a.row_start, a.keys, a.pairs);
+    TWELL_CUDA_CHECK(cudaGetLastError());
+    bytes = a.temp_bytes;
+    TWELL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(a.temp, bytes, a.keys, a.keys_sorted, a.pairs, a.pairs_sorted,
+                                                     a.nnz, 0, neuron_bits(a.I), s));
+    column_starts_kernel<<<static_cast<unsigned>((a.I + 1 + 255) / 256), 256, 0, s>>>(a.keys_sorted, a.nnz, a.I,
+                                                                                     a.col_start);
+    TWELL_CUDA_CHECK(cudaGetLastError());
+    d = DwArgs{a.col_start, a.pairs_sorted, a.x,  a.dy, a.dwg, a.dwu, a.dwd, a.dw_scratch,
+               DwPlan::in(a.dw_plan, a.I), a.I, static_cast<uint32_t>(twell_dw_piece_tokens(a.nnz))};
+    const unsigned plan_blocks = static_cast<unsigned>((a.I + 1 + 255) / 256);
+    dw_plan_kernel<<<plan_blocks, 256, 0, s>>>(d);
+    TWELL_CUDA_CHECK(cudaGetLastError());
+    bytes = a.temp_bytes;
+    TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, d.plan.items, d.plan.item_start, a.I + 1, s));
+    bytes = a.temp_bytes;
+    TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, d.plan.splits, d.plan.split_start, a.I + 1, s));
+    dw_item_map_kernel<<<plan_blocks, 256, 0, s>>>(d);
+    TWELL_CUDA_CHECK(cudaGetLastError());
+    if (a.side) TWELL_CUDA_CHECK(cudaEventRecord(a.join, a.side));
+  }
+
   const int64_t chunks = (a.H + 255) / 256;
   if (chunks <= 2) launch_backward<2>(a, p, sm_count, stream);
   else if (chunks <= 4) launch_backward<4>(a, p, sm_count, stream);
   else if (chunks <= 8) launch_backward<8>(a, p, sm_count, stream);
   else launch_backward<16>(a, p, sm_count, stream);
+  if (!need_dw) return;
 
-  if (!a.dwg && !a.dwu && !a.dwd) return;
-  TWELL_CHECK(a.row_start && a.col_start && a.keys && a.pairs && a.keys_sorted && a.pairs_sorted && a.temp,
-              "sparse FFN backward: missing transpose workspace");
-  TWELL_CHECK(a.rows.row_nnz, "sparse FFN backward: the transpose needs the pack's row counts");
-  TWELL_CHECK(a.M < (int64_t{1} << 32) && a.nnz < (int64_t{1} << 32), "sparse FFN backward: M = ", a.M, ", nnz = ",
-              a.nnz, " past 32-bit indexing");
-  const int smem = kTransposeThreads / 32 * 2 * p.list_cap * 4;
-  constexpr int kMaxTransposeSmem = kTransposeThreads / 32 * 2 * kMaxTile * 4;  // the attribute is set once
-  allow_dynamic_smem(reinterpret_cast<const void*>(transpose_fill_kernel), kMaxTransposeSmem);
-  const unsigned blocks = static_cast<unsigned>(
-      std::min<int64_t>(int64_t{sm_count} * 8, (a.M + kTransposeThreads / 32 - 1) / (kTransposeThreads / 32)));
-  // row_start = exclusive scan of the pack's row counts (the fill needs no total).
-  size_t bytes = a.temp_bytes;
-  TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, a.rows.row_nnz, a.row_start, a.M, stream));
-  transpose_fill_kernel<<<blocks, kTransposeThreads, smem, stream>>>(p, a.row_start, a.keys, a.pairs);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-  bytes = a.temp_bytes;
-  TWELL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(a.temp, bytes, a.keys, a.keys_sorted, a.pairs, a.pairs_sorted, a.nnz,
-                                                   0, neuron_bits(a.I), stream));
-  column_starts_kernel<<<static_cast<unsigned>((a.I + 1 + 255) / 256), 256, 0, stream>>>(a.keys_sorted, a.nnz, a.I,
-                                                                                       a.col_start);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-  TWELL_CHECK(a.dw_plan && a.dw_scratch, "sparse FFN backward: missing dW workspace");
-  DwArgs d{a.col_start, a.pairs_sorted, a.x,  a.dy, a.dwg, a.dwu, a.dwd, a.dw_scratch,
-           DwPlan::in(a.dw_plan, a.I), a.I, static_cast<uint32_t>(twell_dw_piece_tokens(a.nnz))};
-  const unsigned plan_blocks = static_cast<unsigned>((a.I + 1 + 255) / 256);
-  dw_plan_kernel<<<plan_blocks, 256, 0, stream>>>(d);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-  bytes = a.temp_bytes;
-  TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, d.plan.items, d.plan.item_start, a.I + 1, stream));
-  bytes = a.temp_bytes;
-  TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, d.plan.splits, d.plan.split_start, a.I + 1, stream));
-  dw_item_map_kernel<<<plan_blocks, 256, 0, stream>>>(d);
-  TWELL_CUDA_CHECK(cudaGetLastError());
+  if (a.side) TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, a.join, 0));
   const int C = static_cast<int>((a.H / 8 + 31) / 32 * 32);
   const int G = std::max(1, kDwThreads / C);
   const int dw_smem = (G - 1) * 3 * C * 8 * 4;  // under 48 KB for every C

@@ -172,6 +172,12 @@ __global__ void sum_counters_kernel(const unsigned long long* __restrict__ in, i
   unsigned long long s = 0;
   for (int i = 0; i < n; ++i) s += in[i];
   *out = s;
+  __threadfence_system();  // out may be host memory
+}
+
+__global__ void copy_words_kernel(const uint32_t* src, uint32_t* dst, int n, const uint32_t* patch, int patch_at) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = patch && i == patch_at ? *patch : src[i];
+  __threadfence_system();  // dst may be host memory: visible there once the kernel is done
 }
 
 __global__ void list_heavy_rows_kernel(RowCounts rc, int64_t M) {
@@ -186,6 +192,12 @@ void launch_list_heavy_rows(const RowCounts& rows, int64_t M, cudaStream_t strea
   if (M == 0) return;
   const int64_t blocks = std::min<int64_t>((M + 255) / 256, 1024);
   list_heavy_rows_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(rows, M);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_copy_words(const uint32_t* src, uint32_t* dst, int n_words, const uint32_t* patch, int patch_at,
+                       cudaStream_t stream) {
+  copy_words_kernel<<<1, 64, 0, stream>>>(src, dst, n_words, patch, patch_at);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
