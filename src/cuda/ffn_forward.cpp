@@ -24,7 +24,6 @@ struct FfnForward::Impl {
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
-  DeviceBuffer row_scratch;          // the sparse passes' partial rows (twell_row_scratch_bytes)
   DeviceBuffer gate_workspace;       // the fused gate+pack GEMM's (CUTLASS tile scheduler)
   // The backward's workspace, allocated on its first call: dg and du beside the format, and the
   // transpose of the active set (sized by the forward's non-zero count, grown as needed).
@@ -117,7 +116,6 @@ struct FfnForward::Impl {
       gate_workspace = DeviceBuffer(std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16));
     }
     heavy_rows = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
-    row_scratch = DeviceBuffer(twell_row_scratch_bytes(s.hidden, sm_count));
     gather_tokens = gather_supports(s.hidden, s.ffn) ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0)) : 0;
     if (gather_tokens > 0) {  // sized for the largest need over the M the path takes
       int64_t partial = 0;
@@ -249,7 +247,6 @@ struct FfnForward::Impl {
     a.y = yp;
     a.row_counters = dev()->next_row;
     a.rows = {row_nnz.as<uint32_t>(), heavy_rows.as<uint32_t>(), &dev()->heavy_count};
-    a.row_scratch = row_scratch.as<float>();
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
     a.precision = options.precision;
@@ -379,7 +376,6 @@ struct FfnForward::Impl {
     a.dwu = static_cast<float*>(grads.dwu.data);
     a.dwd = static_cast<float*>(grads.dwd.data);
     a.row_counters = dev()->next_row;
-    a.row_scratch = row_scratch.as<float>();
     a.M = M, a.H = H, a.I = I;
     a.l1 = static_cast<float>(l1_coeff);
     if (need_dw) {

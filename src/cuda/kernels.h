@@ -83,15 +83,11 @@ struct SparseFfnArgs {
   uint16_t* y = nullptr;
   uint32_t* row_counters = nullptr;  // 4 device words, the passes' work counters (zeroed here)
   RowCounts rows;                    // from the pack (row_nnz null: no heavy-row scheduling)
-  float* row_scratch = nullptr;      // twell_row_scratch_bytes
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;
   Precision precision = Precision::bf16;
 };
 int64_t twell_u_size(const TwellDeviceView& act);
-// The sparse passes' scratch (forward and backward): a partial output row a warp, for tokens with
-// more non-zeros than one staged list holds.
-size_t twell_row_scratch_bytes(int64_t H, int sm_count);
 void check_twell_ffn_sparse(const SparseFfnArgs& a);
 // Persistent kernels: at most one block per SM (sm_count).
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream);
@@ -108,7 +104,6 @@ struct SparseBackwardArgs {
   uint16_t *dg_vals = nullptr, *du_vals = nullptr;
   float *dx = nullptr, *dwg = nullptr, *dwu = nullptr, *dwd = nullptr;
   uint32_t* row_counters = nullptr;  // 4 device words (zeroed here)
-  float* row_scratch = nullptr;      // twell_row_scratch_bytes
   // The transpose of the active set (twell_ffn_backward.cu): row_start [M + 1], col_start [I + 1],
   // keys and keys_sorted [nnz] (neurons), pairs and pairs_sorted [nnz] ((token << 32) | u index).
   uint32_t *row_start = nullptr, *col_start = nullptr, *keys = nullptr, *keys_sorted = nullptr;

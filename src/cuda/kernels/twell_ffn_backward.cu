@@ -16,10 +16,30 @@
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
+#include "cuda/kernels/ffn_grad.cuh"
 #include "cuda/kernels/twell_rows.cuh"
 
 namespace twell::cuda {
 namespace {
+
+// g of an active entry from its index into u_vals: the packed word, or the backup's value.
+__device__ __forceinline__ float entry_g(const TwellDeviceView& a, uint32_t i) {
+  const int64_t slot_size = a.layout.slot_size();
+  return i < slot_size ? twell_entry_value(__ldg(a.slots + i)) : bf16_bits_to_float(__ldg(a.backup + (i - slot_size)));
+}
+
+// dh pass: dy[m] · Wd[j] for every active (m, j) on the tensor cores (sddmm_loop), then dh, du,
+// dg as the bf16 reference rounds them.
+__global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_dh_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) char smem[];
+  sddmm_loop<Aux::u_index>(p, p.wd, smem, threadIdx.x % 32,
+                           [&](uint32_t i, float dot) {  // p.x is dy here
+                             float dg, du;
+                             gated_entry_grads(dot, entry_g(p.act, i), bf16_bits_to_float(p.u_vals[i]), p.l1, dg, du);
+                             p.du_vals[i] = float_to_bf16_bits(du);
+                             p.dg_vals[i] = float_to_bf16_bits(dg);
+                           });
+}
 
 // Transpose, warp per row: row r's entries, in ascending column order, at row_start[r] ..:
 // key = the neuron, pair = (r << 32) | the entry's u index. Every position is fixed by the data
@@ -219,12 +239,12 @@ void launch_backward(const SparseBackwardArgs& a, Params p, int sm_count, cudaSt
   TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 4 * sizeof(uint32_t), stream));
   p.x = a.dy, p.wd = a.wd;
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
-  launch<kChunks, Pass::dh>(p, sm_count, a.M, stream);
+  launch_sddmm(twell_ffn_dh_kernel, p, sm_count, a.M, stream);
   if (a.dx) {
     p.out_f32 = a.dx;
     p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
-    p.wg = a.wg, p.wu = a.wu;
-    launch<kChunks, Pass::dx>(p, sm_count, a.M, stream);
+    p.wd = a.wg, p.wu = a.wu;
+    launch(twell_axpy_kernel<kChunks, Aux::dg_du, Out::f32_store>, p, sm_count, a.M, stream);
   }
 }
 
@@ -251,13 +271,12 @@ size_t twell_backward_temp_bytes(int64_t nnz, int64_t M, int64_t I) {
 
 void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaStream_t stream) {
   check_rows_args("sparse FFN backward", a.act, a.M, a.H, a.I);
-  TWELL_CHECK(a.x && a.dy && a.wg && a.wu && a.wd && a.u_vals && a.dg_vals && a.du_vals && a.row_counters &&
-                  a.row_scratch,
+  TWELL_CHECK(a.x && a.dy && a.wg && a.wu && a.wd && a.u_vals && a.dg_vals && a.du_vals && a.row_counters,
               "sparse FFN backward: missing input or workspace pointer");
   if (a.M == 0) return;
   Params p{a.act,   a.x, a.wu, a.wd, const_cast<uint16_t*>(a.u_vals),  // read only here
            nullptr, a.H, 0,    list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
-  p.dg_vals = a.dg_vals, p.du_vals = a.du_vals, p.l1 = a.l1, p.row_scratch = a.row_scratch;
+  p.dg_vals = a.dg_vals, p.du_vals = a.du_vals, p.l1 = a.l1;
   const bool need_dw = a.dwg || a.dwu || a.dwd;
   DwArgs d{};
   if (need_dw) {
@@ -305,12 +324,11 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
     if (a.side) TWELL_CUDA_CHECK(cudaEventRecord(a.join, a.side));
   }
 
-  switch (chunks_for(a.H)) {
-    case 2: launch_backward<2>(a, p, sm_count, stream); break;
-    case 4: launch_backward<4>(a, p, sm_count, stream); break;
-    case 8: launch_backward<8>(a, p, sm_count, stream); break;
-    default: launch_backward<16>(a, p, sm_count, stream);
-  }
+  const int64_t chunks = (a.H + 255) / 256;
+  if (chunks <= 2) launch_backward<2>(a, p, sm_count, stream);
+  else if (chunks <= 4) launch_backward<4>(a, p, sm_count, stream);
+  else if (chunks <= 8) launch_backward<8>(a, p, sm_count, stream);
+  else launch_backward<16>(a, p, sm_count, stream);
   if (!need_dw) return;
 
   if (a.side) TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, a.join, 0));

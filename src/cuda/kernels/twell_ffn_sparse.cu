@@ -36,13 +36,25 @@
 namespace twell::cuda {
 namespace {
 
+// up: u[m, j] = bf16(x[m] · Wu[j]) for every active (m, j), on the tensor cores (sddmm_loop).
+__global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_up_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) char smem[];
+  sddmm_loop<Aux::u_index>(p, p.wu, smem, threadIdx.x % 32,
+                           [&](uint32_t u_index, float dot) { p.u_vals[u_index] = float_to_bf16_bits(dot); });
+}
+
 template <int kChunks>
 void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t stream) {
-  TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 2 * sizeof(uint32_t), stream));
-  p.next_row = a.row_counters, p.next_heavy = a.row_counters + 1;
-  if (!a.gated) launch<kChunks, Pass::down_plain>(p, sm_count, a.M, stream);
-  else if (a.precision == Precision::h_fp32) launch<kChunks, Pass::up_down_fp32>(p, sm_count, a.M, stream);
-  else launch<kChunks, Pass::up_down>(p, sm_count, a.M, stream);
+  TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 4 * sizeof(uint32_t), stream));
+  p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
+  if (!a.gated) return launch(twell_axpy_kernel<kChunks, Aux::h_plain, Out::bf16>, p, sm_count, a.M, stream);
+  p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
+  launch_sddmm(twell_ffn_up_kernel, p, sm_count, a.M, stream);
+  p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
+  if (a.precision == Precision::h_fp32)
+    launch(twell_axpy_kernel<kChunks, Aux::h_gated_fp32, Out::bf16>, p, sm_count, a.M, stream);
+  else
+    launch(twell_axpy_kernel<kChunks, Aux::h_gated, Out::bf16>, p, sm_count, a.M, stream);
 }
 
 }  // namespace
@@ -51,30 +63,22 @@ int64_t twell_u_size(const TwellDeviceView& act) {
   return act.layout.slot_size() + act.backup_capacity * act.layout.tile;
 }
 
-size_t twell_row_scratch_bytes(int64_t H, int sm_count) {
-  const int chunks = static_cast<int>(chunks_for(H));
-  return static_cast<size_t>(sm_count) * (threads_for(chunks) / 32) * chunks * 256 * 4;
-}
-
 void check_twell_ffn_sparse(const SparseFfnArgs& a) {
   check_rows_args("sparse FFN kernel", a.act, a.M, a.H, a.I);
   TWELL_CHECK(a.precision != Precision::f64, "sparse FFN kernel: Precision::f64 is CPU-only");
   TWELL_CHECK(!a.gated || a.u_vals, "sparse FFN kernel: a gated FFN needs the u buffer");
   TWELL_CHECK(a.row_counters, "sparse FFN kernel: needs two device counters (row_counters)");
-  TWELL_CHECK(a.row_scratch, "sparse FFN kernel: needs the row scratch (twell_row_scratch_bytes)");
 }
 
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream) {
   check_twell_ffn_sparse(a);
   if (a.M == 0) return;
-  Params p{a.act, a.x, a.wu, a.wd, a.u_vals, a.y, a.H, 0, list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
-  p.row_scratch = a.row_scratch;
-  switch (chunks_for(a.H)) {
-    case 2: return launch_passes<2>(a, p, sm_count, stream);
-    case 4: return launch_passes<4>(a, p, sm_count, stream);
-    case 8: return launch_passes<8>(a, p, sm_count, stream);
-    default: return launch_passes<16>(a, p, sm_count, stream);
-  }
+  const Params p{a.act, a.x, a.wu, a.wd, a.u_vals, a.y, a.H, 0, list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
+  const int64_t chunks = (a.H + 255) / 256;
+  if (chunks <= 2) launch_passes<2>(a, p, sm_count, stream);
+  else if (chunks <= 4) launch_passes<4>(a, p, sm_count, stream);
+  else if (chunks <= 8) launch_passes<8>(a, p, sm_count, stream);
+  else launch_passes<16>(a, p, sm_count, stream);
 }
 
 }  // namespace twell::cuda
