@@ -75,7 +75,8 @@ struct FfnForward::Impl {
   };
   Readback counts;
   // The backward's side stream (its transpose runs beside the passes: launch_twell_ffn_backward),
-  // created by the first backward; `packed` is recorded after each training forward's pack.
+  // created by the first backward (inference never pays for it); from then on `packed` is recorded
+  // after each sparse forward's pack, outside graph capture.
   cudaStream_t side = nullptr;
   cudaEvent_t packed = nullptr, side_done = nullptr;
   bool packed_recorded = false;
@@ -132,13 +133,6 @@ struct FfnForward::Impl {
     TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counts.ready, cudaEventDisableTiming));
     slots.resize(n_slots);
     for (Slot& sl : slots) TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&sl.sample.ready, cudaEventDisableTiming));
-    if (o.training) {
-      TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&packed, cudaEventDisableTiming));
-      TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&side_done, cudaEventDisableTiming));
-      int least = 0, greatest = 0;  // the side stream's small kernels take SMs first as the passes free them
-      TWELL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      TWELL_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, greatest));
-    }
   }
   ~Impl() {
     if (host) cudaFreeHost(host);
@@ -264,8 +258,13 @@ struct FfnForward::Impl {
     } else {
       launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
     }
-    packed_recorded = packed != nullptr;
-    if (packed_recorded) TWELL_CUDA_CHECK(cudaEventRecord(packed, stream));
+    packed_recorded = false;
+    if (packed) {  // a backward has run: the next one's transpose may start from here
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+      packed_recorded = capture == cudaStreamCaptureStatusNone;
+      if (packed_recorded) TWELL_CUDA_CHECK(cudaEventRecord(packed, stream));
+    }
     if (options.count_nonzeros) {  // the pack has them: copied before the up/down work, which can run meanwhile
       static_assert(sizeof(Counters) % 4 == 0 && offsetof(Counters, spilled_tiles) % 4 == 0);
       launch_copy_words(reinterpret_cast<const uint32_t*>(dev()), reinterpret_cast<uint32_t*>(host),
@@ -403,7 +402,14 @@ struct FfnForward::Impl {
       a.temp = bwd.temp.get();
       a.temp_bytes = bwd.temp.bytes();
       a.nnz = stats.nnz;
-      if (side && packed_recorded) a.side = side, a.packed = packed, a.join = side_done;
+      if (!side) {
+        TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&packed, cudaEventDisableTiming));
+        TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&side_done, cudaEventDisableTiming));
+        int least = 0, greatest = 0;  // the side stream's small kernels take SMs first as the passes free them
+        TWELL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        TWELL_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, greatest));
+      }
+      if (packed_recorded) a.side = side, a.packed = packed, a.join = side_done;
     }
     launch_twell_ffn_backward(a, sm_count, stream);
   }

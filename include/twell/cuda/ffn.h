@@ -49,8 +49,9 @@ struct FfnOptions {
   // 0.87-0.94x dense at 1% and 1.47-1.55x at 2%, uniform and skewed, M = 16384 and 131072.
   double dense_above_density = 0.011;
   // Used instead of dense_above_density when FfnOptions::training is set: forward + backward
-  // forced sparse is 0.94-1.05x at 1%, so training switches earlier.
-  double training_dense_above_density = 0.0075;
+  // forced sparse is 0.87-0.95x dense at 1% and 1.55-1.73x at 2% (twelfth session, M = 16384 and
+  // 131072, uniform and skewed), the same break-even as inference's.
+  double training_dense_above_density = 0.011;
   // Below this many tokens observe/previous take the dense path: the sparse path's extra launches
   // and skewed rows cost more than they save (H200, H = 2048, I = 5632, 0.5%: at M = 4096 0.89×
   // uniform but 1.04–1.07× skewed, and 1.04× in the 2B model's prefill of 8 × 512 tokens; from
