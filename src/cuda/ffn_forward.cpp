@@ -76,7 +76,7 @@ struct FfnForward::Impl {
   Readback counts;
   // The backward's side stream (its transpose runs beside the passes: launch_twell_ffn_backward),
   // created by the first backward (inference never pays for it); from then on `packed` is recorded
-  // after each sparse forward's pack, outside graph capture.
+  // after each sparse forward's pack, outside graph capture, for the next backward only.
   cudaStream_t side = nullptr;
   cudaEvent_t packed = nullptr, side_done = nullptr;
   bool packed_recorded = false;
@@ -409,7 +409,12 @@ struct FfnForward::Impl {
         TWELL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
         TWELL_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, greatest));
       }
-      if (packed_recorded) a.side = side, a.packed = packed, a.join = side_done;
+      // The forward's event orders the side stream after the pack only, not after what this
+      // stream queued since (an earlier backward's dW still reading col_start, pairs_sorted and the
+      // dW plan): it serves one backward; a further one records the event here.
+      if (!packed_recorded) TWELL_CUDA_CHECK(cudaEventRecord(packed, stream));
+      packed_recorded = false;
+      a.side = side, a.packed = packed, a.join = side_done;
     }
     launch_twell_ffn_backward(a, sm_count, stream);
   }

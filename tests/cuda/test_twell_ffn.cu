@@ -484,16 +484,25 @@ void check_backward(const BackwardCase& c, cuda::FfnOptions o, cuda::FfnPath exp
 
   // Reproducible: a second backward gives the same bits, and so does a third after another
   // forward, whose transpose runs on the side stream the first backward created (from the event
-  // the forward records after its pack), beside the dh and dx passes.
-  for (int run = 0; run < 2; ++run) {
-    if (run == 1) ffn.forward(x, w, y, nullptr);
-    DeviceGrads again(c.M, c.H, c.I);
-    ffn.backward(x, w, dyd, l1, again.views(), nullptr);
-    EXPECT_TRUE(test::bit_equal(again.dx.download(), got[0])) << "run " << run;
-    EXPECT_TRUE(test::bit_equal(again.dwg.download(), got[1])) << "run " << run;
-    EXPECT_TRUE(test::bit_equal(again.dwu.download(), got[2])) << "run " << run;
-    EXPECT_TRUE(test::bit_equal(again.dwd.download(), got[3])) << "run " << run;
-  }
+  // the forward records after its pack), beside the dh and dx passes; and so do two backwards of
+  // that forward queued back to back (the second's transpose must wait for the first's dW).
+  auto expect_same = [&](DeviceGrads& again, const char* what) {
+    EXPECT_TRUE(test::bit_equal(again.dx.download(), got[0])) << what;
+    EXPECT_TRUE(test::bit_equal(again.dwg.download(), got[1])) << what;
+    EXPECT_TRUE(test::bit_equal(again.dwu.download(), got[2])) << what;
+    EXPECT_TRUE(test::bit_equal(again.dwd.download(), got[3])) << what;
+  };
+  DeviceGrads second(c.M, c.H, c.I), third(c.M, c.H, c.I), fourth(c.M, c.H, c.I), fifth(c.M, c.H, c.I);
+  ffn.backward(x, w, dyd, l1, second.views(), nullptr);
+  expect_same(second, "second backward");
+  ffn.forward(x, w, y, nullptr);
+  ffn.backward(x, w, dyd, l1, third.views(), nullptr);
+  expect_same(third, "backward after another forward");
+  ffn.forward(x, w, y, nullptr);
+  ffn.backward(x, w, dyd, l1, fourth.views(), nullptr);
+  ffn.backward(x, w, dyd, l1, fifth.views(), nullptr);
+  expect_same(fourth, "first of two queued backwards");
+  expect_same(fifth, "second of two queued backwards");
 }
 
 class FfnBackwardGpu : public testing::TestWithParam<BackwardCase> {};
