@@ -22,15 +22,6 @@
 namespace twell::cuda {
 namespace {
 
-// 16 bytes from global memory, read-only, with an L2 eviction policy (createpolicy).
-__device__ __forceinline__ uint4 ldg16_policy(const uint16_t* p, uint64_t policy) {
-  uint4 v;
-  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
-}
-
 // g of an active entry from its index into u_vals: the packed word, or the backup's value.
 __device__ __forceinline__ float entry_g(const TwellDeviceView& a, uint32_t i) {
   const int64_t slot_size = a.layout.slot_size();
@@ -151,7 +142,6 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
   const int64_t col = static_cast<int64_t>(c) * 8;
   const bool owns = col < p.H;
   const uint32_t n_items = d.plan.item_start[d.I];
-  const uint64_t keep_x = l2_keep_policy(), drop_dy = l2_evict_first_policy();
   for (;;) {
     if (threadIdx.x == 0) item_sh = atomicAdd(d.plan.next_item, 1u);
     __syncthreads();
@@ -172,19 +162,18 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
       }
       __syncthreads();
       if (owns) {
-        // x rows kept in L2 before dy rows: the two (2 · M · H · 2 bytes, 134 MB at M = 16384)
-        // do not fit, and with no preference the rows hit ~30% (perf.md training item 10).
-        auto row_x = [&](uint32_t tk) { return ldg16_policy(d.x + int64_t{tk} * p.H + col, keep_x); };
-        auto row_dy = [&](uint32_t tk) { return ldg16_policy(d.dy + int64_t{tk} * p.H + col, drop_dy); };
         int t = grp;
         for (; t + G < n; t += 2 * G) {  // two tokens' rows in flight
-          const uint4 x0 = row_x(tok[t]), y0 = row_dy(tok[t]);
-          const uint4 x1 = row_x(tok[t + G]), y1 = row_dy(tok[t + G]);
+          const uint4 x0 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t] * p.H + col));
+          const uint4 y0 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t] * p.H + col));
+          const uint4 x1 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t + G] * p.H + col));
+          const uint4 y1 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t + G] * p.H + col));
           fma8(ag, cg[t], x0), fma8(au, cu[t], x0), fma8(ad, ch[t], y0);
           fma8(ag, cg[t + G], x1), fma8(au, cu[t + G], x1), fma8(ad, ch[t + G], y1);
         }
         if (t < n) {
-          const uint4 x0 = row_x(tok[t]), y0 = row_dy(tok[t]);
+          const uint4 x0 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t] * p.H + col));
+          const uint4 y0 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t] * p.H + col));
           fma8(ag, cg[t], x0), fma8(au, cu[t], x0), fma8(ad, ch[t], y0);
         }
       }
@@ -210,9 +199,9 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
         if (split) out = d.scratch + (static_cast<int64_t>(split0 + piece) * 3 + o) * p.H;
         else if (!out) return;
         else out += static_cast<int64_t>(j) * p.H;
-        float4* dst = reinterpret_cast<float4*>(out + col);  // written once: evict-first
-        __stcs(dst, make_float4(v[0], v[1], v[2], v[3]));
-        __stcs(dst + 1, make_float4(v[4], v[5], v[6], v[7]));
+        float4* dst = reinterpret_cast<float4*>(out + col);
+        dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_float4(v[4], v[5], v[6], v[7]);
       };
       store(d.dwg, 0, ag);
       store(d.dwu, 1, au);
