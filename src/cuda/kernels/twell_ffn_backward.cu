@@ -88,8 +88,7 @@ __global__ void column_starts_kernel(const uint32_t* keys_sorted, int64_t nnz, i
 // exclusive scans of both, and item_neuron[item] = j. A block runs an item with G groups of C
 // threads: thread c of group g owns columns [8c, 8c + 8) and the piece's tokens g, g + G, ...;
 // the groups' sums are added in group order, and a split neuron's pieces in piece order by the
-// block that finishes its last piece (splits[j] counts them down). Every sum has a fixed order:
-// bitwise reproducible.
+// reduce kernel. Every sum has a fixed order: bitwise reproducible.
 struct DwPlan {  // views into SparseBackwardArgs::dw_plan
   uint32_t *items, *item_start, *splits, *split_start, *item_neuron, *next_item;
   static DwPlan in(uint32_t* w, int64_t I) {
@@ -138,7 +137,6 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
   __shared__ uint32_t tok[kDwBatch];
   __shared__ float cg[kDwBatch], cu[kDwBatch], ch[kDwBatch];
   __shared__ uint32_t item_sh;
-  __shared__ bool last_sh;
   extern __shared__ __align__(16) float red[];  // [G - 1][3][C·8]: the groups' sums
   const int G = blockDim.x / C, grp = threadIdx.x / C, c = threadIdx.x % C;
   const int64_t col = static_cast<int64_t>(c) * 8;
@@ -189,14 +187,14 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
       for (int e = 0; e < 8; ++e) r[e] = ag[e], r[stride + e] = au[e], r[2 * stride + e] = ad[e];
     }
     __syncthreads();
-    const uint32_t split0 = d.plan.split_start[j], split1 = d.plan.split_start[j + 1];
-    const bool split = split1 != split0;
     if (grp == 0 && owns) {
       for (int o = 1; o < G; ++o) {
         const float* r = red + (o - 1) * 3 * stride + col;
 #pragma unroll
         for (int e = 0; e < 8; ++e) ag[e] += r[e], au[e] += r[stride + e], ad[e] += r[2 * stride + e];
       }
+      const uint32_t split0 = d.plan.split_start[j];
+      const bool split = d.plan.split_start[j + 1] != split0;
       auto store = [&](float* out, int o, const float (&v)[8]) {
         if (split) out = d.scratch + (static_cast<int64_t>(split0 + piece) * 3 + o) * p.H;
         else if (!out) return;
@@ -209,32 +207,30 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
       store(d.dwu, 1, au);
       store(d.dwd, 2, ad);
     }
-    if (split) {
-      // The split neuron's last piece to finish adds the pieces' partial sums in piece order
-      // (fixed, whichever block comes last: deterministic). plan.splits[j] starts at the piece
-      // count (the scan of it is done) and counts the pieces down.
-      __threadfence();  // this piece's rows visible to the block that comes last
-      __syncthreads();
-      if (threadIdx.x == 0) last_sh = atomicSub(d.plan.splits + j, 1u) == 1u;
-      __syncthreads();
-      if (last_sh && grp == 0 && owns) {
-        __threadfence();  // the other pieces' rows, read past L1
-        float* outs[3] = {d.dwg, d.dwu, d.dwd};
-        for (int o = 0; o < 3; ++o) {
-          if (!outs[o]) continue;
-          float v[8] = {};
-          for (uint32_t sp = split0; sp < split1; ++sp) {
-            const float4* src = reinterpret_cast<const float4*>(d.scratch + (static_cast<int64_t>(sp) * 3 + o) * p.H + col);
-            const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
-            v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w, v[4] += hi.x, v[5] += hi.y, v[6] += hi.z, v[7] += hi.w;
-          }
-          float4* dst = reinterpret_cast<float4*>(outs[o] + j * p.H + col);
-          dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-          dst[1] = make_float4(v[4], v[5], v[6], v[7]);
-        }
+    __syncthreads();  // red and item_sh are reused
+  }
+}
+
+// A split neuron's gradient rows: its pieces' partial sums in piece order.
+__global__ void dw_reduce_kernel(const __grid_constant__ DwArgs d, int64_t H) {
+  const int64_t col = static_cast<int64_t>(threadIdx.x) * 8;
+  if (col >= H) return;
+  float* outs[3] = {d.dwg, d.dwu, d.dwd};
+  for (int64_t j = blockIdx.x; j < d.I; j += gridDim.x) {
+    const uint32_t s0 = d.plan.split_start[j], s1 = d.plan.split_start[j + 1];
+    if (s0 == s1) continue;
+    for (int o = 0; o < 3; ++o) {
+      if (!outs[o]) continue;
+      float v[8] = {};
+      for (uint32_t s = s0; s < s1; ++s) {
+        const float4* src = reinterpret_cast<const float4*>(d.scratch + (static_cast<int64_t>(s) * 3 + o) * H + col);
+        const float4 lo = src[0], hi = src[1];
+        v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w, v[4] += hi.x, v[5] += hi.y, v[6] += hi.z, v[7] += hi.w;
       }
+      float4* dst = reinterpret_cast<float4*>(outs[o] + j * H + col);
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
     }
-    __syncthreads();  // red, item_sh and last_sh are reused
   }
 }
 
@@ -340,6 +336,9 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
   const int G = std::max(1, kDwThreads / C);
   const int dw_smem = (G - 1) * 3 * C * 8 * 4;  // under 48 KB for every C
   twell_ffn_dw_kernel<<<static_cast<unsigned>(sm_count * 2), G * C, dw_smem, stream>>>(p, d, C);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+  const unsigned reduce_blocks = static_cast<unsigned>(std::min<int64_t>(a.I, int64_t{sm_count} * 8));
+  dw_reduce_kernel<<<reduce_blocks, C, 0, stream>>>(d, a.H);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
