@@ -10,6 +10,15 @@ time from the previous kernel's end to its start: negative where programmatic de
 started it early), and a window of consecutive kernels from the middle of the graph (one layer,
 in a model). Durations are GPU time stamps, so they include the waits inside a kernel.
 --plot draws that window of each graph as a timeline, one row per graph (needs matplotlib).
+
+Kernels launched eagerly (not in a graph), e.g. a training step of `twell bench ffn --train`:
+
+    scripts/ktrace.py t.tsv --steps TwellPackEpilogue --step-end nvjet
+
+cuts the timeline into steps, each from a kernel whose full name contains the --steps text up to
+the next one, or to the first kernel whose name contains the --step-end text; for the steps with
+the usual kernel count it prints the median span, the median time no kernel was running (on any
+stream), and per kernel name the median summed duration in a step.
 """
 import argparse
 import collections
@@ -51,6 +60,8 @@ def main():
     ap.add_argument("--min-replays", type=int, default=5)
     ap.add_argument("--plot", help="draw each graph's window as a timeline into this PNG")
     ap.add_argument("--labels", nargs="*", default=[], help="a name for each graph in the plot, in graph order")
+    ap.add_argument("--steps", help="eager kernels: a step starts at each kernel whose full name contains this")
+    ap.add_argument("--step-end", help="eager kernels: a step also ends before a kernel whose full name contains this")
     args = ap.parse_args()
 
     rows = []
@@ -61,6 +72,8 @@ def main():
             rows.append({"start": int(v["start_ns"]), "end": int(v["end_ns"]), "graph": int(v["graph"]),
                          "node": int(v["node"]), "name": v["name"]})
     names = short_names(sorted({r["name"] for r in rows}))
+    if args.steps:
+        return eager_steps(rows, names, args.steps, args.step_end, args.json)
     graphs = collections.defaultdict(list)
     for r in rows:
         if r["graph"]:
@@ -107,6 +120,76 @@ def main():
     if args.plot:
         plot(report, args.plot, args.labels)
     return 0
+
+
+def full_names(mangled):
+    """Demangled names (c++filt where installed), to match --steps and --step-end against."""
+    names = list(mangled)
+    if shutil.which("c++filt"):
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout
+        names = out.splitlines() if len(out.splitlines()) == len(names) else names
+    return dict(zip(mangled, names))
+
+
+def eager_steps(rows, names, start, stop, json_path):
+    """Steps of eagerly launched kernels (see the module's help)."""
+    full = full_names(sorted({r["name"] for r in rows}))
+    steps, cur = [], None
+    for r in sorted((r for r in rows if not r["graph"]), key=lambda r: r["start"]):
+        name = full[r["name"]] + " " + r["name"]
+        if start in name:
+            cur = [r]
+            steps.append(cur)
+        elif cur is not None and stop and stop in name:
+            cur = None
+        elif cur is not None:
+            cur.append(r)
+    if not steps:
+        print(f"no kernel's name contains {start!r}", file=sys.stderr)
+        return 1
+    report = []
+    # Steps of different kernel counts are different runs (e.g. a benchmark's runners): each apart.
+    for usual, n_steps in collections.Counter(len(s) for s in steps).most_common():
+        if n_steps < 3:
+            continue
+        group = [s for s in steps if len(s) == usual]
+        report.append(step_table(group, usual, names))
+    if not report:
+        print("no step shape seen 3 times", file=sys.stderr)
+        return 1
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+def step_table(steps, usual, names):
+    def idle(step):  # time inside the step's span with no kernel running
+        t, gap = step[0]["start"], 0
+        for k in sorted(step, key=lambda k: k["start"]):
+            gap += max(0, k["start"] - t)
+            t = max(t, k["end"])
+        return gap
+
+    span = statistics.median(max(k["end"] for k in s) - s[0]["start"] for s in steps) / 1e3
+    quiet = statistics.median(idle(s) for s in steps) / 1e3
+    per_name = collections.OrderedDict()
+    for k in steps[0]:
+        per_name.setdefault(names[k["name"]], [])
+    for s in steps:
+        totals = collections.Counter()
+        for k in s:
+            totals[names[k["name"]]] += k["end"] - k["start"]
+        for n in per_name:
+            per_name[n].append(totals[n] / 1e3)
+    print(f"{len(steps)} steps of {usual} kernels: median span {span:.1f} us, no kernel running {quiet:.1f} us of it")
+    print(f"  {'count':>5} {'dur us':>9}  kernel")
+    counts = collections.Counter(names[k["name"]] for k in steps[0])
+    table = []
+    for n, durs in per_name.items():
+        table.append({"kernel": n, "count": counts[n], "duration_us": statistics.median(durs)})
+        print(f"  {counts[n]:5d} {statistics.median(durs):9.1f}  {n}")
+    return {"steps": len(steps), "kernels": usual, "span_us": span, "idle_us": quiet, "by_kernel": table}
 
 
 def plot(report, path, labels):
