@@ -29,14 +29,19 @@ import subprocess
 import sys
 
 
-def short_names(mangled):
-    """Readable kernel names: demangled (c++filt where installed), without namespaces or arguments."""
+def demangled(mangled):
+    """Demangled names (c++filt where installed, else the mangled ones), by mangled name."""
     names = list(mangled)
     if shutil.which("c++filt"):
         out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout
         names = out.splitlines() if len(out.splitlines()) == len(names) else names
+    return dict(zip(mangled, names))
+
+
+def short_names(mangled):
+    """Readable kernel names: demangled, without namespaces or arguments."""
     result = {}
-    for m, d in zip(mangled, names):
+    for m, d in demangled(mangled).items():
         s = d.replace("(anonymous namespace)::", "").split("(")[0]
         for prefix in ("void ", "twell::cuda::", "twell::", "cutlass::"):
             s = s.replace(prefix, "")
@@ -122,18 +127,9 @@ def main():
     return 0
 
 
-def full_names(mangled):
-    """Demangled names (c++filt where installed), to match --steps and --step-end against."""
-    names = list(mangled)
-    if shutil.which("c++filt"):
-        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout
-        names = out.splitlines() if len(out.splitlines()) == len(names) else names
-    return dict(zip(mangled, names))
-
-
 def eager_steps(rows, names, start, stop, json_path):
     """Steps of eagerly launched kernels (see the module's help)."""
-    full = full_names(sorted({r["name"] for r in rows}))
+    full = demangled(sorted({r["name"] for r in rows}))
     steps, cur = [], None
     for r in sorted((r for r in rows if not r["graph"]), key=lambda r: r["start"]):
         name = full[r["name"]] + " " + r["name"]

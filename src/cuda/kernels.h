@@ -27,7 +27,8 @@ constexpr int kNnzCounters = 64;
 // and sets *overflow if the backup ran out of room (never with the default, worst-case capacity).
 // Optionally also per row: its non-zero count, and the list of heavy rows (more than
 // kHeavyRowEntries non-zeros, in no particular order), which the sparse FFN kernels give a group
-// of warps each (row_schedule in twell_rows.cuh). row_nnz and heavy_rows hold `rows` entries; *heavy_count must be zero at launch.
+// of warps each (row_schedule in twell_rows.cuh). row_nnz and heavy_rows hold `rows` entries;
+// *heavy_count must be zero at launch.
 constexpr uint32_t kHeavyRowEntries = 128;
 struct RowCounts {
   uint32_t* row_nnz = nullptr;  // null: none of these is written
