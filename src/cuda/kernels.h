@@ -129,8 +129,6 @@ size_t twell_backward_temp_bytes(int64_t nnz, int64_t M, int64_t I);
 // tokens, a block each; the partial sums of a neuron with several pieces meet in the scratch and
 // are added in piece order (deterministic). Sizes of the plan (uint32 words) and the scratch (bytes).
 int64_t twell_dw_piece_tokens(int64_t nnz);
-// Column slices of the dW pass (its x and dy columns in L2 at a time).
-int64_t twell_dw_slices(int64_t M, int64_t H);
 size_t twell_dw_plan_words(int64_t nnz, int64_t I);
 size_t twell_dw_scratch_bytes(int64_t nnz, int64_t H);
 void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaStream_t stream);

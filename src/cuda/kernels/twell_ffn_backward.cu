@@ -13,8 +13,6 @@
 // The dh and dx passes reuse the forward's row-streaming machinery (twell_rows.cuh). Every sum has
 // a fixed order, so the gradients are bitwise reproducible; nothing is dropped at any density.
 // Covered by tests/cuda/test_twell_ffn.cu (FfnBackwardGpu).
-#include <cstdlib>
-
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -109,8 +107,6 @@ struct DwArgs {
   DwPlan plan;
   int64_t I;
   uint32_t piece;
-  int64_t width;    // columns of a slice (H / slices, a multiple of 8)
-  uint32_t slices;  // column slices: each item runs once per slice, slice-major
 };
 
 __global__ void dw_plan_kernel(DwArgs d) {
@@ -133,7 +129,7 @@ __global__ void dw_item_map_kernel(DwArgs d) {
   for (uint32_t k = 0; k < n; ++k) d.plan.item_neuron[first + k] = static_cast<uint32_t>(j);
 }
 
-constexpr int kDwThreads = 512;  // G·C, C = W/8 rounded up to a warp
+constexpr int kDwThreads = 512;  // G·C, C = H/8 rounded up to a warp
 constexpr int kDwBatch = 128;    // tokens staged in shared memory at a time
 
 __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __grid_constant__ Params p,
@@ -141,21 +137,16 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
   __shared__ uint32_t tok[kDwBatch];
   __shared__ float cg[kDwBatch], cu[kDwBatch], ch[kDwBatch];
   __shared__ uint32_t item_sh;
-  extern __shared__ __align__(16) float red[];  // [G][3][C·8]: the groups' sums
+  extern __shared__ __align__(16) float red[];  // [G - 1][3][C·8]: the groups' sums
   const int G = blockDim.x / C, grp = threadIdx.x / C, c = threadIdx.x % C;
-  const int64_t stride = static_cast<int64_t>(C) * 8;
-  const int64_t W = d.width;
-  const bool owns = c * 8 < W;
+  const int64_t col = static_cast<int64_t>(c) * 8;
+  const bool owns = col < p.H;
   const uint32_t n_items = d.plan.item_start[d.I];
-  const uint32_t n_total = n_items * d.slices;
   for (;;) {
     if (threadIdx.x == 0) item_sh = atomicAdd(d.plan.next_item, 1u);
     __syncthreads();
-    const uint32_t slice_item = item_sh;
-    if (slice_item >= n_total) return;
-    // Slice-major: every block works in the same column slice, whose rows of x and dy fit the L2.
-    const uint32_t slice = slice_item / n_items, item = slice_item - slice * n_items;
-    const int64_t w0 = static_cast<int64_t>(slice) * W, col = w0 + c * 8;
+    const uint32_t item = item_sh;
+    if (item >= n_items) return;
     const uint32_t j = d.plan.item_neuron[item], piece = item - d.plan.item_start[j];
     const uint32_t k0 = d.start[j] + piece * d.piece, k1 = min(d.start[j + 1], k0 + d.piece);
     float ag[8] = {}, au[8] = {}, ad[8] = {};
@@ -188,29 +179,33 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
       }
       __syncthreads();  // the next batch overwrites the staged tokens
     }
-    // The groups' sums, added in group order by all threads: 3·W/4 float4 outputs.
-    if (owns) {
-      float* r = red + grp * 3 * stride + c * 8;
+    // The groups' sums, added in group order by group 0.
+    const int64_t stride = static_cast<int64_t>(C) * 8;
+    if (grp > 0 && owns) {
+      float* r = red + (grp - 1) * 3 * stride + col;
 #pragma unroll
       for (int e = 0; e < 8; ++e) r[e] = ag[e], r[stride + e] = au[e], r[2 * stride + e] = ad[e];
     }
     __syncthreads();
-    const uint32_t split0 = d.plan.split_start[j];
-    const bool split = d.plan.split_start[j + 1] != split0;
-    const int quads = static_cast<int>(W / 4);
-    for (int v = threadIdx.x; v < 3 * quads; v += blockDim.x) {
-      const int o = v / quads, k = (v - o * quads) * 4;
-      float* out = o == 0 ? d.dwg : o == 1 ? d.dwu : d.dwd;
-      if (split) out = d.scratch + (static_cast<int64_t>(split0 + piece) * 3 + o) * p.H;
-      else if (!out) continue;
-      else out += static_cast<int64_t>(j) * p.H;
-      const float* r = red + o * stride + k;
-      float4 sum = *reinterpret_cast<const float4*>(r);
-      for (int g = 1; g < G; ++g) {
-        const float4 a = *reinterpret_cast<const float4*>(r + g * 3 * stride);
-        sum.x += a.x, sum.y += a.y, sum.z += a.z, sum.w += a.w;
+    if (grp == 0 && owns) {
+      for (int o = 1; o < G; ++o) {
+        const float* r = red + (o - 1) * 3 * stride + col;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ag[e] += r[e], au[e] += r[stride + e], ad[e] += r[2 * stride + e];
       }
-      *reinterpret_cast<float4*>(out + w0 + k) = sum;
+      const uint32_t split0 = d.plan.split_start[j];
+      const bool split = d.plan.split_start[j + 1] != split0;
+      auto store = [&](float* out, int o, const float (&v)[8]) {
+        if (split) out = d.scratch + (static_cast<int64_t>(split0 + piece) * 3 + o) * p.H;
+        else if (!out) return;
+        else out += static_cast<int64_t>(j) * p.H;
+        float4* dst = reinterpret_cast<float4*>(out + col);
+        dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+      };
+      store(d.dwg, 0, ag);
+      store(d.dwu, 1, au);
+      store(d.dwd, 2, ad);
     }
     __syncthreads();  // red and item_sh are reused
   }
@@ -218,25 +213,24 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
 
 // A split neuron's gradient rows: its pieces' partial sums in piece order.
 __global__ void dw_reduce_kernel(const __grid_constant__ DwArgs d, int64_t H) {
+  const int64_t col = static_cast<int64_t>(threadIdx.x) * 8;
+  if (col >= H) return;
   float* outs[3] = {d.dwg, d.dwu, d.dwd};
   for (int64_t j = blockIdx.x; j < d.I; j += gridDim.x) {
     const uint32_t s0 = d.plan.split_start[j], s1 = d.plan.split_start[j + 1];
     if (s0 == s1) continue;
-    for (int64_t col = static_cast<int64_t>(threadIdx.x) * 8; col < H; col += int64_t{blockDim.x} * 8)
-      for (int o = 0; o < 3; ++o) {
-        if (!outs[o]) continue;
-        float v[8] = {};
-        for (uint32_t s = s0; s < s1; ++s) {
-          const float4* src =
-              reinterpret_cast<const float4*>(d.scratch + (static_cast<int64_t>(s) * 3 + o) * H + col);
-          const float4 lo = src[0], hi = src[1];
-          v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w, v[4] += hi.x, v[5] += hi.y, v[6] += hi.z,
-              v[7] += hi.w;
-        }
-        float4* dst = reinterpret_cast<float4*>(outs[o] + j * H + col);
-        dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-        dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    for (int o = 0; o < 3; ++o) {
+      if (!outs[o]) continue;
+      float v[8] = {};
+      for (uint32_t s = s0; s < s1; ++s) {
+        const float4* src = reinterpret_cast<const float4*>(d.scratch + (static_cast<int64_t>(s) * 3 + o) * H + col);
+        const float4 lo = src[0], hi = src[1];
+        v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w, v[4] += hi.x, v[5] += hi.y, v[6] += hi.z, v[7] += hi.w;
       }
+      float4* dst = reinterpret_cast<float4*>(outs[o] + j * H + col);
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
   }
 }
 
@@ -338,29 +332,14 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
   if (!need_dw) return;
 
   if (a.side) TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, a.join, 0));
-  d.slices = static_cast<uint32_t>(twell_dw_slices(a.M, a.H));
-  d.width = a.H / d.slices;
-  const int C = static_cast<int>((d.width / 8 + 31) / 32 * 32);
-  const int G = kDwThreads / C;
-  const int dw_smem = G * 3 * C * 8 * 4;  // 48 KB for every C
-  allow_dynamic_smem(reinterpret_cast<const void*>(twell_ffn_dw_kernel), dw_smem);
+  const int C = static_cast<int>((a.H / 8 + 31) / 32 * 32);
+  const int G = std::max(1, kDwThreads / C);
+  const int dw_smem = (G - 1) * 3 * C * 8 * 4;  // under 48 KB for every C
   twell_ffn_dw_kernel<<<static_cast<unsigned>(sm_count * 2), G * C, dw_smem, stream>>>(p, d, C);
   TWELL_CUDA_CHECK(cudaGetLastError());
   const unsigned reduce_blocks = static_cast<unsigned>(std::min<int64_t>(a.I, int64_t{sm_count} * 8));
-  const int reduce_threads = static_cast<int>(std::min<int64_t>((a.H / 8 + 31) / 32 * 32, kDwThreads));
-  dw_reduce_kernel<<<reduce_blocks, reduce_threads, 0, stream>>>(d, a.H);
+  dw_reduce_kernel<<<reduce_blocks, C, 0, stream>>>(d, a.H);
   TWELL_CUDA_CHECK(cudaGetLastError());
-}
-
-int64_t twell_dw_slices(int64_t M, int64_t H) {
-  if (const char* e = std::getenv("TWELL_DW_WIDTH")) {  // EXPERIMENT
-    const int64_t w = std::atoll(e);
-    if (w > 0 && H % w == 0 && w % 8 == 0 && w / 8 <= kDwThreads) return H / w;
-  }
-  (void)M;
-  int64_t slices = 1;
-  while (H % slices != 0 || (H / slices) % 8 != 0 || H / slices / 8 > kDwThreads) ++slices;
-  return slices;
 }
 
 int64_t twell_dw_piece_tokens(int64_t nnz) { return std::clamp<int64_t>(nnz / 512, 256, 4096); }
