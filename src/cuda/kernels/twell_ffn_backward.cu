@@ -13,8 +13,6 @@
 // The dh and dx passes reuse the forward's row-streaming machinery (twell_rows.cuh). Every sum has
 // a fixed order, so the gradients are bitwise reproducible; nothing is dropped at any density.
 // Covered by tests/cuda/test_twell_ffn.cu (FfnBackwardGpu).
-#include <cstdlib>
-
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -82,20 +80,15 @@ __global__ void column_starts_kernel(const uint32_t* keys_sorted, int64_t nnz, i
 }
 
 // dW pass. The transposed active set (each neuron's tokens ascending) is cut into pieces of at
-// most `piece` tokens, and the columns into slices of kDwSlice; a (slice, piece) is one work item,
-// taken by a warp from a global counter, slice-major: every warp works in the same slice, whose
-// columns of x and dy (2 · M · kDwSlice · 2 bytes, 16.8 MB at M = 16384) stay in L2, where whole
-// rows (134 MB) hit ~30% and the pass was bound by the DRAM refills. A hot neuron (thousands of
-// tokens, skewed distributions) is spread over many warps instead of serialising one. The plan,
-// from the per-neuron counts:
+// most `piece` tokens; a piece is one work item, taken by a block from a global counter, so a hot
+// neuron (thousands of tokens, skewed distributions) is spread over many blocks instead of
+// serialising one. The plan, from the per-neuron counts:
 //   items[j]   = max(1, ⌈count_j / piece⌉)     (a neuron without tokens still writes its zeros)
 //   splits[j]  = items[j] if > 1, else 0       (pieces whose partial sums go to the scratch)
-// exclusive scans of both, and item_neuron[item] = j. The warp stages its piece's tokens and
-// coefficients kDwList at a time, and streams their x and dy slices through a ring of TMA-filled
-// slots (many in flight per SM: a block-wide item with two tokens in flight a thread measured
-// latency-bound once sliced); lane l owns columns 8l .. 8l + 8 of the slice and adds the tokens
-// in order, and a split neuron's pieces are added in piece order by the reduce kernel. Every sum
-// has a fixed order: bitwise reproducible.
+// exclusive scans of both, and item_neuron[item] = j. A block runs an item with G groups of C
+// threads: thread c of group g owns columns [8c, 8c + 8) and the piece's tokens g, g + G, ...;
+// the groups' sums are added in group order, and a split neuron's pieces in piece order by the
+// reduce kernel. Every sum has a fixed order: bitwise reproducible.
 struct DwPlan {  // views into SparseBackwardArgs::dw_plan
   uint32_t *items, *item_start, *splits, *split_start, *item_neuron, *next_item;
   static DwPlan in(uint32_t* w, int64_t I) {
@@ -114,7 +107,6 @@ struct DwArgs {
   DwPlan plan;
   int64_t I;
   uint32_t piece;
-  uint32_t slots;  // ring depth of a warp
 };
 
 __global__ void dw_plan_kernel(DwArgs d) {
@@ -137,49 +129,30 @@ __global__ void dw_item_map_kernel(DwArgs d) {
   for (uint32_t k = 0; k < n; ++k) d.plan.item_neuron[first + k] = static_cast<uint32_t>(j);
 }
 
-constexpr int kDwSlice = 256;  // columns of a slice: 8 a lane
-constexpr int kDwWarps = 8;    // warps of a block
-constexpr int kDwList = 128;   // tokens a warp stages at a time
-constexpr int kDwSlotBytes = 2 * kDwSlice * 2;  // a token's x and dy slices
-constexpr int kDwListBytes = kDwList * 16;      // token, cg, cu, ch
+constexpr int kDwThreads = 512;  // G·C, C = H/8 rounded up to a warp
+constexpr int kDwBatch = 128;    // tokens staged in shared memory at a time
 
-int dw_warp_smem_bytes(int slots) { return slots * (kDwSlotBytes + 8) + kDwListBytes; }
-
-__global__ __launch_bounds__(kDwWarps * 32) void twell_ffn_dw_kernel(const __grid_constant__ Params p,
-                                                                     const __grid_constant__ DwArgs d) {
-  extern __shared__ __align__(128) char smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const uint32_t D = d.slots;
-  char* base = smem + warp * (D * kDwSlotBytes + kDwListBytes);  // ring, then list; barriers after all warps'
-  char* ring = base;
-  uint32_t* tok = reinterpret_cast<uint32_t*>(base + D * kDwSlotBytes);
-  float* cg = reinterpret_cast<float*>(tok + kDwList);
-  float* cu = cg + kDwList;
-  float* ch = cu + kDwList;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kDwWarps * (D * kDwSlotBytes + kDwListBytes)) + warp * D;
-  if (lane < static_cast<int>(D)) init_barrier(full + lane);
-  __syncwarp();
-  uint64_t normal;
-  asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
+__global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __grid_constant__ Params p,
+                                                                     const __grid_constant__ DwArgs d, int C) {
+  __shared__ uint32_t tok[kDwBatch];
+  __shared__ float cg[kDwBatch], cu[kDwBatch], ch[kDwBatch];
+  __shared__ uint32_t item_sh;
+  extern __shared__ __align__(16) float red[];  // [G - 1][3][C·8]: the groups' sums
+  const int G = blockDim.x / C, grp = threadIdx.x / C, c = threadIdx.x % C;
+  const int64_t col = static_cast<int64_t>(c) * 8;
+  const bool owns = col < p.H;
   const uint32_t n_items = d.plan.item_start[d.I];
-  const auto slices = static_cast<uint32_t>((p.H + kDwSlice - 1) / kDwSlice);
-  const uint32_t n_total = n_items * slices;
-  uint32_t issued = 0, consumed = 0;
   for (;;) {
-    uint32_t it = 0;
-    if (lane == 0) it = atomicAdd(d.plan.next_item, 1u);
-    it = __shfl_sync(0xffffffffu, it, 0);
-    if (it >= n_total) return;
-    const uint32_t slice = it / n_items, item = it - slice * n_items;
-    const int64_t w0 = static_cast<int64_t>(slice) * kDwSlice, col = w0 + lane * 8;
-    const bool owns = col < p.H;
-    const auto bytes = static_cast<uint32_t>((p.H - w0 < kDwSlice ? p.H - w0 : kDwSlice) * 2);  // a multiple of 128
+    if (threadIdx.x == 0) item_sh = atomicAdd(d.plan.next_item, 1u);
+    __syncthreads();
+    const uint32_t item = item_sh;
+    if (item >= n_items) return;
     const uint32_t j = d.plan.item_neuron[item], piece = item - d.plan.item_start[j];
     const uint32_t k0 = d.start[j] + piece * d.piece, k1 = min(d.start[j + 1], k0 + d.piece);
     float ag[8] = {}, au[8] = {}, ad[8] = {};
-    for (uint32_t kb = k0; kb < k1; kb += kDwList) {
-      const int n = static_cast<int>(min(static_cast<uint32_t>(kDwList), k1 - kb));
-      for (int t = lane; t < n; t += 32) {
+    for (uint32_t kb = k0; kb < k1; kb += kDwBatch) {
+      const int n = static_cast<int>(min(static_cast<uint32_t>(kDwBatch), k1 - kb));
+      for (int t = threadIdx.x; t < n; t += blockDim.x) {
         const uint64_t e = __ldg(d.pairs + kb + t);
         const auto i = static_cast<uint32_t>(e);
         tok[t] = static_cast<uint32_t>(e >> 32);
@@ -187,35 +160,39 @@ __global__ __launch_bounds__(kDwWarps * 32) void twell_ffn_dw_kernel(const __gri
         cu[t] = bf16_bits_to_float(__ldg(p.du_vals + i));
         ch[t] = round_bf16(entry_g(p.act, i) * bf16_bits_to_float(__ldg(p.u_vals + i)));
       }
-      __syncwarp();
-      auto issue = [&](int k) {
-        if (lane == 0) {
-          const uint32_t slot = issued % D;
-          char* dst = ring + slot * kDwSlotBytes;
-          const int64_t at = static_cast<int64_t>(tok[k]) * p.H + w0;
-          arrive_expect_bytes(full + slot, 2 * bytes);
-          bulk_copy(dst, d.x + at, bytes, full + slot, normal);
-          bulk_copy(dst + kDwSlotBytes / 2, d.dy + at, bytes, full + slot, normal);
+      __syncthreads();
+      if (owns) {
+        int t = grp;
+        for (; t + G < n; t += 2 * G) {  // two tokens' rows in flight
+          const uint4 x0 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t] * p.H + col));
+          const uint4 y0 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t] * p.H + col));
+          const uint4 x1 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t + G] * p.H + col));
+          const uint4 y1 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t + G] * p.H + col));
+          fma8(ag, cg[t], x0), fma8(au, cu[t], x0), fma8(ad, ch[t], y0);
+          fma8(ag, cg[t + G], x1), fma8(au, cu[t + G], x1), fma8(ad, ch[t + G], y1);
         }
-        ++issued;
-      };
-      int k_issue = 0;
-      for (; k_issue < n && k_issue < static_cast<int>(D); ++k_issue) issue(k_issue);
-      for (int k = 0; k < n; ++k) {
-        const uint32_t slot = consumed % D;
-        wait_parity(full + slot, (consumed / D) & 1u);
-        if (owns) {
-          const char* src = ring + slot * kDwSlotBytes + lane * 16;
-          const uint4 xv = *reinterpret_cast<const uint4*>(src);
-          const uint4 yv = *reinterpret_cast<const uint4*>(src + kDwSlotBytes / 2);
-          fma8(ag, cg[k], xv), fma8(au, cu[k], xv), fma8(ad, ch[k], yv);
+        if (t < n) {
+          const uint4 x0 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t] * p.H + col));
+          const uint4 y0 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t] * p.H + col));
+          fma8(ag, cg[t], x0), fma8(au, cu[t], x0), fma8(ad, ch[t], y0);
         }
-        ++consumed;
-        __syncwarp();  // every lane is done with the slot before the TMA overwrites it
-        if (k_issue < n) issue(k_issue++);
       }
+      __syncthreads();  // the next batch overwrites the staged tokens
     }
-    if (owns) {
+    // The groups' sums, added in group order by group 0.
+    const int64_t stride = static_cast<int64_t>(C) * 8;
+    if (grp > 0 && owns) {
+      float* r = red + (grp - 1) * 3 * stride + col;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) r[e] = ag[e], r[stride + e] = au[e], r[2 * stride + e] = ad[e];
+    }
+    __syncthreads();
+    if (grp == 0 && owns) {
+      for (int o = 1; o < G; ++o) {
+        const float* r = red + (o - 1) * 3 * stride + col;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ag[e] += r[e], au[e] += r[stride + e], ad[e] += r[2 * stride + e];
+      }
       const uint32_t split0 = d.plan.split_start[j];
       const bool split = d.plan.split_start[j + 1] != split0;
       auto store = [&](float* out, int o, const float (&v)[8]) {
@@ -230,7 +207,7 @@ __global__ __launch_bounds__(kDwWarps * 32) void twell_ffn_dw_kernel(const __gri
       store(d.dwu, 1, au);
       store(d.dwd, 2, ad);
     }
-    __syncwarp();  // the next item's staging overwrites the list
+    __syncthreads();  // red and item_sh are reused
   }
 }
 
@@ -355,24 +332,17 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
   if (!need_dw) return;
 
   if (a.side) TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, a.join, 0));
-  d.slots = 8;
-  if (const char* e = std::getenv("TWELL_DW_SLOTS")) d.slots = static_cast<uint32_t>(std::atoi(e));  // EXPERIMENT
-  const int dw_smem = kDwWarps * dw_warp_smem_bytes(static_cast<int>(d.slots));
-  allow_dynamic_smem(reinterpret_cast<const void*>(twell_ffn_dw_kernel), dw_smem);
-  const int dw_blocks_per_sm = std::max(1, std::min(4, kSmemBytes / dw_smem));
-  twell_ffn_dw_kernel<<<static_cast<unsigned>(sm_count * dw_blocks_per_sm), kDwWarps * 32, dw_smem, stream>>>(p, d);
-  TWELL_CUDA_CHECK(cudaGetLastError());
   const int C = static_cast<int>((a.H / 8 + 31) / 32 * 32);
+  const int G = std::max(1, kDwThreads / C);
+  const int dw_smem = (G - 1) * 3 * C * 8 * 4;  // under 48 KB for every C
+  twell_ffn_dw_kernel<<<static_cast<unsigned>(sm_count * 2), G * C, dw_smem, stream>>>(p, d, C);
+  TWELL_CUDA_CHECK(cudaGetLastError());
   const unsigned reduce_blocks = static_cast<unsigned>(std::min<int64_t>(a.I, int64_t{sm_count} * 8));
   dw_reduce_kernel<<<reduce_blocks, C, 0, stream>>>(d, a.H);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
-int64_t twell_dw_piece_tokens(int64_t nnz) {
-  int64_t div = 512;
-  if (const char* e = std::getenv("TWELL_DW_PIECE_DIV")) div = std::max(1, std::atoi(e));  // EXPERIMENT
-  return std::clamp<int64_t>(nnz / div, 64, 4096);
-}
+int64_t twell_dw_piece_tokens(int64_t nnz) { return std::clamp<int64_t>(nnz / 512, 256, 4096); }
 
 size_t twell_dw_plan_words(int64_t nnz, int64_t I) {
   // Four arrays of I + 1 words, the item counter, then the item map: at most I + nnz / piece
