@@ -17,6 +17,7 @@ struct FfnForward::Impl {
   FfnShape shape;
   FfnOptions options;
   int sm_count = 0;
+  size_t l2_bytes = 0;
   LtGemm gemm;
   DeviceBuffer g;   // [max_tokens, I] bf16: ReLU'd gate output (non-gated: h)
   DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path (not training)
@@ -101,7 +102,12 @@ struct FfnForward::Impl {
     TWELL_CHECK(s.hidden % 64 == 0 && s.ffn % 64 == 0, "FfnForward: H and I must be multiples of 64, got H=",
                 s.hidden, " I=", s.ffn);
     TWELL_CHECK(o.precision != Precision::f64, "FfnForward: Precision::f64 is CPU-only");
-    sm_count = device_info().sm_count;
+    const int64_t w = o.dw_slice_columns;
+    TWELL_CHECK(w == 0 || (w > 0 && w % 8 == 0 && s.hidden % w == 0), "FfnForward: dw_slice_columns = ", w,
+                " must be 0 or a multiple of 8 dividing H = ", s.hidden);
+    const DeviceInfo info = device_info();
+    sm_count = info.sm_count;
+    l2_bytes = info.l2_bytes;
     const size_t act_bytes = static_cast<size_t>(s.max_tokens * s.ffn) * 2;
     g = DeviceBuffer(act_bytes);
     if (s.gated) u = DeviceBuffer(act_bytes);  // the dense path's up output (non-gated: none)
@@ -377,6 +383,7 @@ struct FfnForward::Impl {
     a.row_counters = dev()->next_row;
     a.M = M, a.H = H, a.I = I;
     a.l1 = static_cast<float>(l1_coeff);
+    a.dw_slice = options.dw_slice_columns > 0 ? options.dw_slice_columns : twell_dw_slice_columns(M, H, l2_bytes);
     if (need_dw) {
       // NOTE: the one host synchronisation of the backward: the transpose is sized by the forward's
       // non-zero count (the backup bounds it too, but at 16 bytes per possible entry: M·I·16). The

@@ -117,6 +117,7 @@ struct SparseBackwardArgs {
   float* dw_scratch = nullptr;
   int64_t nnz = 0, M = 0, H = 0, I = 0;
   float l1 = 0.f;
+  int64_t dw_slice = 0;  // the dW pass's columns a slice (twell_dw_slice_columns); 0: H
   // Optional: a second stream for the transpose and the dW plan, which need only the forward's
   // format and so run beside the up, down, dh and dx passes. `packed`: recorded on the caller's
   // stream once the format is complete (after the forward's pack); `join`: recorded here on
@@ -131,6 +132,9 @@ size_t twell_backward_temp_bytes(int64_t nnz, int64_t M, int64_t I);
 int64_t twell_dw_piece_tokens(int64_t nnz);
 size_t twell_dw_plan_words(int64_t nnz, int64_t I);
 size_t twell_dw_scratch_bytes(int64_t nnz, int64_t H);
+// The dW pass's slice width for M tokens (FfnOptions::dw_slice_columns = 0): the widest of H,
+// H/2, ... not under 512 columns whose x and dy columns (4·M bytes a column) fit `l2_bytes`.
+int64_t twell_dw_slice_columns(int64_t M, int64_t H, size_t l2_bytes);
 void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaStream_t stream);
 
 // ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing, after the gate GEMM (one

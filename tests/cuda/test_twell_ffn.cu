@@ -429,12 +429,14 @@ struct BackwardCase {
   double density;
   bool skewed;
   int32_t tile = 256, compression = 8;
+  int64_t dw_slice = 0;  // FfnOptions::dw_slice_columns
 };
 
 std::string backward_name(const testing::TestParamInfo<BackwardCase>& info) {
   const auto& c = info.param;
   return str("M", c.M, "_H", c.H, "_I", c.I, "_d", static_cast<int>(std::lround(c.density * 1000)), "permille_",
-             c.skewed ? "skewed" : "uniform", c.tile != 256 ? str("_T", c.tile) : std::string());
+             c.skewed ? "skewed" : "uniform", c.tile != 256 ? str("_T", c.tile) : std::string(),
+             c.dw_slice ? str("_slice", c.dw_slice) : std::string());
 }
 
 struct DeviceGrads {
@@ -468,6 +470,7 @@ void check_backward(const BackwardCase& c, cuda::FfnOptions o, cuda::FfnPath exp
                wd = DeviceTensor::upload(f.wd), dyd = DeviceTensor::upload(dy), y(DType::bf16, {c.M, c.H});
   const FfnWeights w{wg.view(), wu.view(), wd.view()};
   o.tile = c.tile, o.compression = c.compression;
+  o.dw_slice_columns = c.dw_slice;
   cuda::FfnForward ffn({c.M, c.H, c.I, true}, o);
   ffn.forward(x, w, y, nullptr);
   ASSERT_EQ(ffn.last_path(), expect_path);
@@ -582,9 +585,13 @@ std::vector<BackwardCase> backward_cases() {
       {1, 512, 1600, 0.05, true},      {33, 64, 64, 0.2, false},     // M = 1; one partial tile
       {129, 192, 320, 0.13, true},     {65, 2048, 5632, 0.005, true},  // odd H; the paper's shape
       {19, 4096, 576, 0.3, true},      {300, 512, 2048, 0.1, true, 128, 4},  // widest H; narrow tiles
-      // Neurons with more tokens than a dW piece (256 here): every one of them at 90%, the hot
+      // Neurons with more tokens than a dW piece (64 here): every one of them at 90%, the hot
       // ones of a skewed distribution at 5%.
       {600, 128, 256, 0.9, false},     {2048, 256, 512, 0.05, true},
+      // dW in column slices (the default slices only past the L2: M in the thousands): 64 of
+      // H = 192 (odd), 8 of 2048, and a slice of 8 columns, a lane each.
+      {129, 192, 320, 0.13, true, 256, 8, 64}, {65, 2048, 5632, 0.005, true, 256, 8, 256},
+      {600, 128, 256, 0.9, false, 256, 8, 8},
   };
 }
 
@@ -621,6 +628,11 @@ TEST(FfnBackwardGpuEdges, NeedsASparseForwardOfTheSameTokensAndGoodArguments) {
   ffn.backward(p.x, p.w(), dy, 0.0, {g.dx.view(), {}, {}, {}}, nullptr);
   const Tensor dwd = g.dwd.download();
   EXPECT_TRUE(std::isnan(load_as_double(dwd, 0)));
+  // A dW slice must be a multiple of 8 dividing H.
+  for (int64_t bad : {-8, 12, 96, 256}) {
+    o.dw_slice_columns = bad;
+    EXPECT_THROW(cuda::FfnForward({16, 128, 256, true}, o), Error) << bad;
+  }
 }
 
 }  // namespace

@@ -94,6 +94,11 @@ struct FfnOptions {
   // GEMV (launch_decode_gemv, weights copied while the kernel before runs) where the shape allows;
   // false: cuBLASLt, as for more tokens (A/B).
   bool one_token_gemv = true;
+  // The backward's dW pass works in column slices of this many columns, one after another, so
+  // that the slice's columns of x and dy stay in L2 (each row is read once per active neuron of
+  // its token). 0: the widest of H, H/2, H/4, ... (not under 512) whose x and dy columns fit the
+  // L2. Otherwise a multiple of 8 dividing H (tests set narrow slices to cover them at small M).
+  int64_t dw_slice_columns = 0;
 };
 
 struct FfnStats {

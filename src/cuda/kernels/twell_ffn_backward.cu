@@ -80,15 +80,22 @@ __global__ void column_starts_kernel(const uint32_t* keys_sorted, int64_t nnz, i
 }
 
 // dW pass. The transposed active set (each neuron's tokens ascending) is cut into pieces of at
-// most `piece` tokens; a piece is one work item, taken by a block from a global counter, so a hot
-// neuron (thousands of tokens, skewed distributions) is spread over many blocks instead of
-// serialising one. The plan, from the per-neuron counts:
+// most `piece` tokens (~nnz / 2048: 225 at M = 16384, 0.5%; nnz / 512 left the skewed step's
+// tail 70-110 µs longer), and the columns into slices (twell_dw_slice_columns). A (slice, piece)
+// is one work item, taken by a block from a global counter, slice-major: every block works in
+// the same slice, whose columns of x and dy stay in L2 (at M = 16384, H = 2048: four slices of
+// 512 columns, 33.5 MB; whole rows, 134 MB, hit 37-52% and the pass was bound by the DRAM
+// refills). A hot neuron (thousands of tokens, skewed distributions) is spread over many blocks
+// instead of serialising one. The plan, from the per-neuron counts:
 //   items[j]   = max(1, ⌈count_j / piece⌉)     (a neuron without tokens still writes its zeros)
 //   splits[j]  = items[j] if > 1, else 0       (pieces whose partial sums go to the scratch)
-// exclusive scans of both, and item_neuron[item] = j. A block runs an item with G groups of C
-// threads: thread c of group g owns columns [8c, 8c + 8) and the piece's tokens g, g + G, ...;
-// the groups' sums are added in group order, and a split neuron's pieces in piece order by the
-// reduce kernel. Every sum has a fixed order: bitwise reproducible.
+// exclusive scans of both, and item_neuron[item] = j. A block of C threads runs an item: thread c
+// owns columns [8c, 8c + 8) of the slice and adds the piece's tokens in order, two rows in
+// flight; a split neuron's pieces are added in piece order by the reduce kernel. Every sum has a
+// fixed order: bitwise reproducible. An item starts with a chain of dependent loads (the item,
+// its neuron, its tokens and their coefficients, then the rows), so blocks of C threads, 1024
+// threads an SM each on its own item, hide it better than blocks of 512 splitting an item in two
+// token groups (docs/perf.md, training item 10).
 struct DwPlan {  // views into SparseBackwardArgs::dw_plan
   uint32_t *items, *item_start, *splits, *split_start, *item_neuron, *next_item;
   static DwPlan in(uint32_t* w, int64_t I) {
@@ -107,6 +114,8 @@ struct DwArgs {
   DwPlan plan;
   int64_t I;
   uint32_t piece;
+  int64_t width;    // columns of a slice: H / slices, a multiple of 8
+  uint32_t slices;  // each piece runs once per slice, slice-major
 };
 
 __global__ void dw_plan_kernel(DwArgs d) {
@@ -129,24 +138,25 @@ __global__ void dw_item_map_kernel(DwArgs d) {
   for (uint32_t k = 0; k < n; ++k) d.plan.item_neuron[first + k] = static_cast<uint32_t>(j);
 }
 
-constexpr int kDwThreads = 512;  // G·C, C = H/8 rounded up to a warp
-constexpr int kDwBatch = 128;    // tokens staged in shared memory at a time
+constexpr int kDwSmThreads = 1024;  // threads an SM: its blocks of C each, on their own items
+constexpr int kDwBatch = 128;       // tokens staged in shared memory at a time
 
-__global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __grid_constant__ Params p,
-                                                                     const __grid_constant__ DwArgs d, int C) {
+// At most 64 registers (1024 threads an SM at every C): without the cap one barrier more took
+// the kernel to 81 and 12 blocks of 64 an SM, and the step from 2.50 to 2.63 ms (skewed).
+__global__ __launch_bounds__(512, 2) void twell_ffn_dw_kernel(const __grid_constant__ Params p,
+                                                              const __grid_constant__ DwArgs d) {
   __shared__ uint32_t tok[kDwBatch];
   __shared__ float cg[kDwBatch], cu[kDwBatch], ch[kDwBatch];
   __shared__ uint32_t item_sh;
-  extern __shared__ __align__(16) float red[];  // [G - 1][3][C·8]: the groups' sums
-  const int G = blockDim.x / C, grp = threadIdx.x / C, c = threadIdx.x % C;
-  const int64_t col = static_cast<int64_t>(c) * 8;
-  const bool owns = col < p.H;
+  const bool owns = threadIdx.x * 8 < d.width;
   const uint32_t n_items = d.plan.item_start[d.I];
   for (;;) {
     if (threadIdx.x == 0) item_sh = atomicAdd(d.plan.next_item, 1u);
     __syncthreads();
-    const uint32_t item = item_sh;
-    if (item >= n_items) return;
+    const uint32_t slice_item = item_sh;
+    if (slice_item >= n_items * d.slices) return;
+    const uint32_t slice = slice_item / n_items, item = slice_item - slice * n_items;
+    const int64_t col = slice * d.width + threadIdx.x * 8;
     const uint32_t j = d.plan.item_neuron[item], piece = item - d.plan.item_start[j];
     const uint32_t k0 = d.start[j] + piece * d.piece, k1 = min(d.start[j + 1], k0 + d.piece);
     float ag[8] = {}, au[8] = {}, ad[8] = {};
@@ -162,14 +172,14 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
       }
       __syncthreads();
       if (owns) {
-        int t = grp;
-        for (; t + G < n; t += 2 * G) {  // two tokens' rows in flight
+        int t = 0;
+        for (; t + 1 < n; t += 2) {  // two tokens' rows in flight
           const uint4 x0 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t] * p.H + col));
           const uint4 y0 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t] * p.H + col));
-          const uint4 x1 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t + G] * p.H + col));
-          const uint4 y1 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t + G] * p.H + col));
+          const uint4 x1 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t + 1] * p.H + col));
+          const uint4 y1 = __ldg(reinterpret_cast<const uint4*>(d.dy + tok[t + 1] * p.H + col));
           fma8(ag, cg[t], x0), fma8(au, cu[t], x0), fma8(ad, ch[t], y0);
-          fma8(ag, cg[t + G], x1), fma8(au, cu[t + G], x1), fma8(ad, ch[t + G], y1);
+          fma8(ag, cg[t + 1], x1), fma8(au, cu[t + 1], x1), fma8(ad, ch[t + 1], y1);
         }
         if (t < n) {
           const uint4 x0 = __ldg(reinterpret_cast<const uint4*>(d.x + tok[t] * p.H + col));
@@ -179,20 +189,7 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
       }
       __syncthreads();  // the next batch overwrites the staged tokens
     }
-    // The groups' sums, added in group order by group 0.
-    const int64_t stride = static_cast<int64_t>(C) * 8;
-    if (grp > 0 && owns) {
-      float* r = red + (grp - 1) * 3 * stride + col;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) r[e] = ag[e], r[stride + e] = au[e], r[2 * stride + e] = ad[e];
-    }
-    __syncthreads();
-    if (grp == 0 && owns) {
-      for (int o = 1; o < G; ++o) {
-        const float* r = red + (o - 1) * 3 * stride + col;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) ag[e] += r[e], au[e] += r[stride + e], ad[e] += r[2 * stride + e];
-      }
+    if (owns) {
       const uint32_t split0 = d.plan.split_start[j];
       const bool split = d.plan.split_start[j + 1] != split0;
       auto store = [&](float* out, int o, const float (&v)[8]) {
@@ -207,7 +204,7 @@ __global__ __launch_bounds__(kDwThreads, 2) void twell_ffn_dw_kernel(const __gri
       store(d.dwu, 1, au);
       store(d.dwd, 2, ad);
     }
-    __syncthreads();  // red and item_sh are reused
+    __syncthreads();  // item_sh is reused (an item without tokens has no barrier before)
   }
 }
 
@@ -273,6 +270,9 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
   check_rows_args("sparse FFN backward", a.act, a.M, a.H, a.I);
   TWELL_CHECK(a.x && a.dy && a.wg && a.wu && a.wd && a.u_vals && a.dg_vals && a.du_vals && a.row_counters,
               "sparse FFN backward: missing input or workspace pointer");
+  const int64_t width = a.dw_slice > 0 ? a.dw_slice : a.H;
+  TWELL_CHECK(width % 8 == 0 && a.H % width == 0, "sparse FFN backward: dW slice of ", width,
+              " columns must be a multiple of 8 dividing H = ", a.H);
   if (a.M == 0) return;
   Params p{a.act,   a.x, a.wu, a.wd, const_cast<uint16_t*>(a.u_vals),  // read only here
            nullptr, a.H, 0,    list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
@@ -332,17 +332,27 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
   if (!need_dw) return;
 
   if (a.side) TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, a.join, 0));
-  const int C = static_cast<int>((a.H / 8 + 31) / 32 * 32);
-  const int G = std::max(1, kDwThreads / C);
-  const int dw_smem = (G - 1) * 3 * C * 8 * 4;  // under 48 KB for every C
-  twell_ffn_dw_kernel<<<static_cast<unsigned>(sm_count * 2), G * C, dw_smem, stream>>>(p, d, C);
+  d.slices = static_cast<uint32_t>(a.H / width);
+  d.width = a.H / d.slices;
+  const int C = static_cast<int>((d.width / 8 + 31) / 32 * 32);  // <= 512: check_rows_args holds H <= 4096
+  const int blocks_per_sm = std::min(32, kDwSmThreads / C);
+  twell_ffn_dw_kernel<<<static_cast<unsigned>(sm_count * blocks_per_sm), C, 0, stream>>>(p, d);
   TWELL_CUDA_CHECK(cudaGetLastError());
+  const int C_reduce = static_cast<int>((a.H / 8 + 31) / 32 * 32);
   const unsigned reduce_blocks = static_cast<unsigned>(std::min<int64_t>(a.I, int64_t{sm_count} * 8));
-  dw_reduce_kernel<<<reduce_blocks, C, 0, stream>>>(d, a.H);
+  dw_reduce_kernel<<<reduce_blocks, C_reduce, 0, stream>>>(d, a.H);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
-int64_t twell_dw_piece_tokens(int64_t nnz) { return std::clamp<int64_t>(nnz / 512, 256, 4096); }
+int64_t twell_dw_slice_columns(int64_t M, int64_t H, size_t l2_bytes) {
+  // Narrower than 512 the items' fixed costs (the dependent loads before an item's rows) outweigh
+  // the hits: M = 16384, H = 2048, 0.5%, training step 2.44 ms at 256 against 2.40 at 512.
+  int64_t w = H;
+  while (w % 16 == 0 && w / 2 >= 512 && static_cast<double>(4 * M) * w > static_cast<double>(l2_bytes)) w /= 2;
+  return w;
+}
+
+int64_t twell_dw_piece_tokens(int64_t nnz) { return std::clamp<int64_t>(nnz / 2048, 64, 4096); }
 
 size_t twell_dw_plan_words(int64_t nnz, int64_t I) {
   // Four arrays of I + 1 words, the item counter, then the item map: at most I + nnz / piece
