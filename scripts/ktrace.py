@@ -19,6 +19,15 @@ cuts the timeline into steps, each from a kernel whose full name contains the --
 the next one, or to the first kernel whose name contains the --step-end text; for the steps with
 the usual kernel count it prints the median span, the median time no kernel was running (on any
 stream), and per kernel name the median summed duration in a step.
+
+Where the GPU waits for the host (a trace taken with TWELL_KTRACE_HOST=1, which also writes
+t.tsv.host.tsv: the host's CUDA calls and the memsets):
+
+    scripts/ktrace.py t.tsv --host TwellPackEpilogue [--index -2] [--before 60] [--min-call-us 1]
+
+prints one stretch of the merged timeline, from --before µs ahead of the --index-th kernel whose
+full name contains the --host text up to the next one: kernels (with their stream), memsets, and
+host calls longer than --min-call-us, in µs from that kernel's start.
 """
 import argparse
 import collections
@@ -67,6 +76,10 @@ def main():
     ap.add_argument("--labels", nargs="*", default=[], help="a name for each graph in the plot, in graph order")
     ap.add_argument("--steps", help="eager kernels: a step starts at each kernel whose full name contains this")
     ap.add_argument("--step-end", help="eager kernels: a step also ends before a kernel whose full name contains this")
+    ap.add_argument("--host", help="with <trace>.host.tsv: the timeline around a kernel whose full name contains this")
+    ap.add_argument("--index", type=int, default=-2, help="--host: which of those kernels (Python index)")
+    ap.add_argument("--before", type=float, default=60, help="--host: µs shown before it")
+    ap.add_argument("--min-call-us", type=float, default=1, help="--host: shorter host calls are left out")
     args = ap.parse_args()
 
     rows = []
@@ -75,8 +88,10 @@ def main():
         for line in f:
             v = dict(zip(header, line.rstrip("\n").split("\t")))
             rows.append({"start": int(v["start_ns"]), "end": int(v["end_ns"]), "graph": int(v["graph"]),
-                         "node": int(v["node"]), "name": v["name"]})
+                         "node": int(v["node"]), "stream": v["stream"], "name": v["name"]})
     names = short_names(sorted({r["name"] for r in rows}))
+    if args.host:
+        return host_timeline(args.trace + ".host.tsv", rows, names, args)
     if args.steps:
         return eager_steps(rows, names, args.steps, args.step_end, args.json)
     graphs = collections.defaultdict(list)
@@ -124,6 +139,41 @@ def main():
             json.dump(report, f, indent=1)
     if args.plot:
         plot(report, args.plot, args.labels)
+    return 0
+
+
+def host_timeline(path, rows, names, args):
+    """Kernels, memsets and host calls from args.before µs ahead of the chosen kernel to the next."""
+    try:
+        with open(path) as f:
+            header = f.readline().rstrip("\n").split("\t")
+            calls = [dict(zip(header, line.rstrip("\n").split("\t"))) for line in f]
+    except OSError as e:
+        print(f"cannot read {path} (trace with TWELL_KTRACE_HOST=1): {e}", file=sys.stderr)
+        return 1
+    events = [(r["start"], r["end"], f"K s{r['stream']}", names[r["name"]]) for r in rows]
+    for c in calls:
+        start, end = int(c["start_ns"]), int(c["end_ns"])
+        if c["kind"] == "memset":
+            events.append((start, end, f"memset s{c['stream']}", f"{c['name']} bytes"))
+        elif (end - start) / 1e3 >= args.min_call_us:
+            events.append((start, end, "host", c["name"].split("_v")[0]))
+    events.sort()
+    marks = sorted(r["start"] for r in rows if args.host in r["name"])
+    if not marks:
+        print(f"no kernel named like {args.host!r} in the trace", file=sys.stderr)
+        return 1
+    try:
+        t0 = marks[args.index]
+    except IndexError:
+        print(f"--index {args.index}: only {len(marks)} such kernels", file=sys.stderr)
+        return 1
+    later = [m for m in marks if m > t0]
+    t1 = later[0] if later else events[-1][1]
+    print(f"{'start us':>9} {'end us':>9} {'dur us':>8}  {'kind':<10} name   (0 = that kernel's start)")
+    for start, end, kind, name in events:
+        if t0 - args.before * 1e3 <= start <= t1:
+            print(f"{(start - t0) / 1e3:9.1f} {(end - t0) / 1e3:9.1f} {(end - start) / 1e3:8.1f}  {kind:<10} {name}")
     return 0
 
 
