@@ -127,13 +127,14 @@ struct SparseBackwardArgs {
 };
 size_t twell_backward_temp_bytes(int64_t nnz, int64_t M, int64_t I);
 // The dW pass cuts each neuron's token list into pieces of at most twell_dw_piece_tokens(nnz)
-// tokens, a block each; the partial sums of a neuron with several pieces meet in the scratch and
+// tokens, a block each per column slice; the partial sums of a neuron with several pieces meet in the scratch and
 // are added in piece order (deterministic). Sizes of the plan (uint32 words) and the scratch (bytes).
 int64_t twell_dw_piece_tokens(int64_t nnz);
 size_t twell_dw_plan_words(int64_t nnz, int64_t I);
 size_t twell_dw_scratch_bytes(int64_t nnz, int64_t H);
 // The dW pass's slice width for M tokens (FfnOptions::dw_slice_columns = 0): the widest of H,
-// H/2, ... not under 512 columns whose x and dy columns (4·M bytes a column) fit `l2_bytes`.
+// H/2, ... not under 512 columns whose x and dy columns (4·M bytes a column) fit `l2_bytes`;
+// where none fits, the narrowest of them (H itself when H < 1024 or H / 2 is not a multiple of 8).
 int64_t twell_dw_slice_columns(int64_t M, int64_t H, size_t l2_bytes);
 void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaStream_t stream);
 

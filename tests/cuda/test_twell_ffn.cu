@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "common/compare.h"
+#include "cuda/kernels.h"
 #include "common/random.h"
 #include "gpu_test.h"
 #include "synthetic.h"
@@ -585,8 +586,8 @@ std::vector<BackwardCase> backward_cases() {
       {1, 512, 1600, 0.05, true},      {33, 64, 64, 0.2, false},     // M = 1; one partial tile
       {129, 192, 320, 0.13, true},     {65, 2048, 5632, 0.005, true},  // odd H; the paper's shape
       {19, 4096, 576, 0.3, true},      {300, 512, 2048, 0.1, true, 128, 4},  // widest H; narrow tiles
-      // Neurons with more tokens than a dW piece (64 here): every one of them at 90%, the hot
-      // ones of a skewed distribution at 5%.
+      // Neurons with more tokens than a dW piece (64-67 here): every one of them at 90%, the
+      // hot ones of a skewed distribution at 5%.
       {600, 128, 256, 0.9, false},     {2048, 256, 512, 0.05, true},
       // dW in column slices (the default slices only past the L2: M in the thousands): 64 of
       // H = 192 (odd), 8 of 2048, and a slice of 8 columns, a lane each.
@@ -596,6 +597,46 @@ std::vector<BackwardCase> backward_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FfnBackwardGpu, testing::ValuesIn(backward_cases()), backward_name);
+
+// The dW pass's column slices change which block adds what, not any sum's order: every slice
+// width gives the bits of whole rows.
+TEST(FfnBackwardGpuSlices, GiveTheBitsOfWholeRows) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 300, H = 192, I = 640;
+  GpuProblem p = make_problem(M, H, I, 0.1);
+  DeviceTensor dy = DeviceTensor::upload(test::random_normal(DType::bf16, {M, H}, 1.0, 23));
+  auto grads = [&](int64_t slice) {
+    cuda::FfnOptions o;
+    o.dispatch = Dispatch::always_sparse;
+    o.gather_max_tokens = 0;
+    o.dw_slice_columns = slice;
+    cuda::FfnForward ffn({M, H, I, true}, o);
+    ffn.forward(p.x, p.w(), p.y, nullptr);
+    DeviceGrads g(M, H, I);
+    ffn.backward(p.x, p.w(), dy, 0.05, g.views(), nullptr);
+    std::vector<Tensor> out;
+    for (const DeviceTensor* t : {&g.dx, &g.dwg, &g.dwu, &g.dwd}) out.push_back(t->download());
+    return out;
+  };
+  const std::vector<Tensor> whole = grads(0);
+  for (int64_t slice : {96, 64, 8}) {
+    const std::vector<Tensor> sliced = grads(slice);
+    for (size_t k = 0; k < whole.size(); ++k) EXPECT_TRUE(test::bit_equal(sliced[k], whole[k])) << slice << " " << k;
+  }
+}
+
+// The slice width the dW pass takes by default (host only): the widest of H, H/2, ... not under
+// 512 columns whose x and dy columns (4·M bytes a column) fit the L2, else the narrowest.
+TEST(FfnBackwardDwSlices, WidestThatFitsTheL2) {
+  const size_t l2 = size_t{50} << 20;
+  EXPECT_EQ(cuda::twell_dw_slice_columns(16384, 2048, l2), 512);   // 33.5 MB
+  EXPECT_EQ(cuda::twell_dw_slice_columns(16384, 4096, l2), 512);
+  EXPECT_EQ(cuda::twell_dw_slice_columns(2048, 2048, l2), 2048);   // whole rows fit: 16.8 MB
+  EXPECT_EQ(cuda::twell_dw_slice_columns(131072, 2048, l2), 512);  // none fits: the narrowest
+  EXPECT_EQ(cuda::twell_dw_slice_columns(1 << 20, 960, 0), 960);   // H / 2 under 512
+  EXPECT_EQ(cuda::twell_dw_slice_columns(1 << 20, 3008, 0), 752);
+  EXPECT_EQ(cuda::twell_dw_slice_columns(0, 4096, l2), 4096);
+}
 
 TEST(FfnBackwardGpuEdges, NeedsASparseForwardOfTheSameTokensAndGoodArguments) {
   TWELL_REQUIRE_HOPPER();
@@ -629,7 +670,7 @@ TEST(FfnBackwardGpuEdges, NeedsASparseForwardOfTheSameTokensAndGoodArguments) {
   const Tensor dwd = g.dwd.download();
   EXPECT_TRUE(std::isnan(load_as_double(dwd, 0)));
   // A dW slice must be a multiple of 8 dividing H.
-  for (int64_t bad : {-8, 12, 96, 256}) {
+  for (int64_t bad : {-8, 4, 12, 96, 256}) {
     o.dw_slice_columns = bad;
     EXPECT_THROW(cuda::FfnForward({16, 128, 256, true}, o), Error) << bad;
   }

@@ -97,7 +97,8 @@ struct FfnOptions {
   // The backward's dW pass works in column slices of this many columns, one after another, so
   // that the slice's columns of x and dy stay in L2 (each row is read once per active neuron of
   // its token). 0: the widest of H, H/2, H/4, ... (not under 512) whose x and dy columns fit the
-  // L2. Otherwise a multiple of 8 dividing H (tests set narrow slices to cover them at small M).
+  // L2, or the narrowest of them where none does. Otherwise a multiple of 8 dividing H (tests set
+  // narrow slices to cover them at small M).
   int64_t dw_slice_columns = 0;
 };
 

@@ -139,11 +139,13 @@ __global__ void dw_item_map_kernel(DwArgs d) {
 }
 
 constexpr int kDwSmThreads = 1024;  // threads an SM: its blocks of C each, on their own items
+constexpr int kDwMaxC = 512;        // C = a slice's columns / 8, rounded up to a warp
+static_assert(kMaxChunks * 256 / 8 <= kDwMaxC, "a whole row of the widest H must fit a block");
 constexpr int kDwBatch = 128;       // tokens staged in shared memory at a time
 
-// At most 64 registers (1024 threads an SM at every C): without the cap one barrier more took
-// the kernel to 81 and 12 blocks of 64 an SM, and the step from 2.50 to 2.63 ms (skewed).
-__global__ __launch_bounds__(512, 2) void twell_ffn_dw_kernel(const __grid_constant__ Params p,
+// At most 64 registers, so that 1024 threads an SM fit at every C: without the cap one barrier
+// more took the kernel to 81 and 12 blocks of 64 an SM, and the step from 2.50 to 2.63 ms (skewed).
+__global__ __launch_bounds__(kDwMaxC, kDwSmThreads / kDwMaxC) void twell_ffn_dw_kernel(const __grid_constant__ Params p,
                                                               const __grid_constant__ DwArgs d) {
   __shared__ uint32_t tok[kDwBatch];
   __shared__ float cg[kDwBatch], cu[kDwBatch], ch[kDwBatch];
@@ -270,9 +272,16 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
   check_rows_args("sparse FFN backward", a.act, a.M, a.H, a.I);
   TWELL_CHECK(a.x && a.dy && a.wg && a.wu && a.wd && a.u_vals && a.dg_vals && a.du_vals && a.row_counters,
               "sparse FFN backward: missing input or workspace pointer");
+  TWELL_CHECK(a.dw_slice >= 0, "sparse FFN backward: dW slice of ", a.dw_slice, " columns");
   const int64_t width = a.dw_slice > 0 ? a.dw_slice : a.H;
   TWELL_CHECK(width % 8 == 0 && a.H % width == 0, "sparse FFN backward: dW slice of ", width,
               " columns must be a multiple of 8 dividing H = ", a.H);
+  const int C = static_cast<int>((width / 8 + 31) / 32 * 32);  // <= kDwMaxC: check_rows_args holds H
+  const int blocks_per_sm = std::min(32, kDwSmThreads / C);
+  // The dW work counter runs to items · slices + the blocks (each takes one past the end).
+  const int64_t max_items = a.I + a.nnz / twell_dw_piece_tokens(a.nnz);
+  TWELL_CHECK(max_items * (a.H / width) + int64_t{sm_count} * blocks_per_sm < (int64_t{1} << 32),
+              "sparse FFN backward: ", max_items, " dW items in ", a.H / width, " slices past 32-bit counting");
   if (a.M == 0) return;
   Params p{a.act,   a.x, a.wu, a.wd, const_cast<uint16_t*>(a.u_vals),  // read only here
            nullptr, a.H, 0,    list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
@@ -333,9 +342,7 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
 
   if (a.side) TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, a.join, 0));
   d.slices = static_cast<uint32_t>(a.H / width);
-  d.width = a.H / d.slices;
-  const int C = static_cast<int>((d.width / 8 + 31) / 32 * 32);  // <= 512: check_rows_args holds H <= 4096
-  const int blocks_per_sm = std::min(32, kDwSmThreads / C);
+  d.width = width;
   twell_ffn_dw_kernel<<<static_cast<unsigned>(sm_count * blocks_per_sm), C, 0, stream>>>(p, d);
   TWELL_CUDA_CHECK(cudaGetLastError());
   const int C_reduce = static_cast<int>((a.H / 8 + 31) / 32 * 32);
@@ -361,7 +368,9 @@ size_t twell_dw_plan_words(int64_t nnz, int64_t I) {
 }
 
 size_t twell_dw_scratch_bytes(int64_t nnz, int64_t H) {
-  // Split neurons have more than `piece` tokens, so their pieces number at most 2·nnz / piece.
+  // Split neurons have more than `piece` tokens, so their pieces number at most 2·nnz / piece
+  // (tight: neurons of piece + 1 tokens). At nnz >= 131072 that is 4097 pieces, 12·H bytes each:
+  // 100 MB at H = 2048, allocated whether or not anything splits.
   return static_cast<size_t>(2 * (nnz / twell_dw_piece_tokens(nnz)) + 1) * 3 * static_cast<size_t>(H) * 4;
 }
 
