@@ -45,7 +45,7 @@ __global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_dh_kernel(co
 // key = the neuron, pair = (r << 32) | the entry's u index. Every position is fixed by the data
 // (no atomics), so the stable sort after leaves each neuron's tokens ascending.
 __global__ __launch_bounds__(256) void transpose_fill_kernel(const __grid_constant__ Params p, const uint32_t* row_start,
-                                                             uint32_t* keys, uint64_t* pairs, uint32_t* col_count) {
+                                                             uint32_t* keys, uint64_t* pairs) {
   extern __shared__ __align__(16) char smem[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
   int32_t* col = reinterpret_cast<int32_t*>(smem) + static_cast<int64_t>(warp) * 2 * p.list_cap;
@@ -59,12 +59,24 @@ __global__ __launch_bounds__(256) void transpose_fill_kernel(const __grid_consta
       for (uint32_t k = lane; k < len; k += 32) {
         keys[pos + k] = static_cast<uint32_t>(col[k]);
         pairs[pos + k] = static_cast<uint64_t>(row) << 32 | aux[k];
-        atomicAdd(col_count + col[k], 1u);  // a count: the same whatever the order
       }
       pos += len;
       __syncwarp();  // the next stage overwrites the list
     }
   }
+}
+
+// col_start[j] = the first position of neuron j in the sorted keys (j = I: nnz).
+__global__ void column_starts_kernel(const uint32_t* keys_sorted, int64_t nnz, int64_t I, uint32_t* col_start) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j > I) return;
+  int64_t lo = 0, hi = nnz;  // lower bound of j
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (__ldg(keys_sorted + mid) < static_cast<uint32_t>(j)) lo = mid + 1;
+    else hi = mid;
+  }
+  col_start[j] = static_cast<uint32_t>(lo);
 }
 
 // dW pass. The transposed active set (each neuron's tokens ascending) is cut into pieces of at
@@ -250,9 +262,6 @@ size_t twell_backward_temp_bytes(int64_t nnz, int64_t M, int64_t I) {
   size_t scan = 0, sort = 0;
   TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const uint32_t*>(nullptr),
                                                  static_cast<uint32_t*>(nullptr), std::max(M, I) + 1));
-  size_t scan_in_place = 0;  // the column counts into their starts
-  TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_in_place, static_cast<uint32_t*>(nullptr), I + 1));
-  scan = std::max(scan, scan_in_place);
   TWELL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort, static_cast<const uint32_t*>(nullptr),
                                                    static_cast<uint32_t*>(nullptr), static_cast<const uint64_t*>(nullptr),
                                                    static_cast<uint64_t*>(nullptr), nnz, 0, neuron_bits(I)));
@@ -299,18 +308,17 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
     allow_dynamic_smem(reinterpret_cast<const void*>(transpose_fill_kernel), kMaxTransposeSmem);
     const unsigned blocks = static_cast<unsigned>(
         std::min<int64_t>(int64_t{sm_count} * 8, (a.M + kTransposeThreads / 32 - 1) / (kTransposeThreads / 32)));
-    // row_start = exclusive scan of the pack's row counts (the fill needs no total); the fill
-    // counts each neuron's entries into col_start, whose exclusive scan is then where each
-    // neuron's tokens start after the (stable) sort, col_start[I] = nnz. So the dW plan is made
-    // before the sort, and dW waits on the sort alone (it ends in the dh pass's tail; the plan
-    // after it had to wait for the dx pass to free SMs).
+    // row_start = exclusive scan of the pack's row counts (the fill needs no total).
     size_t bytes = a.temp_bytes;
     TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, a.rows.row_nnz, a.row_start, a.M, s));
-    TWELL_CUDA_CHECK(cudaMemsetAsync(a.col_start, 0, static_cast<size_t>(a.I + 1) * 4, s));
-    transpose_fill_kernel<<<blocks, kTransposeThreads, smem, s>>>(p, a.row_start, a.keys, a.pairs, a.col_start);
+    transpose_fill_kernel<<<blocks, kTransposeThreads, smem, s>>>(p, a.row_start, a.keys, a.pairs);
     TWELL_CUDA_CHECK(cudaGetLastError());
     bytes = a.temp_bytes;
-    TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, a.col_start, a.I + 1, s));  // in place
+    TWELL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(a.temp, bytes, a.keys, a.keys_sorted, a.pairs, a.pairs_sorted,
+                                                     a.nnz, 0, neuron_bits(a.I), s));
+    column_starts_kernel<<<static_cast<unsigned>((a.I + 1 + 255) / 256), 256, 0, s>>>(a.keys_sorted, a.nnz, a.I,
+                                                                                     a.col_start);
+    TWELL_CUDA_CHECK(cudaGetLastError());
     d = DwArgs{a.col_start, a.pairs_sorted, a.x,  a.dy, a.dwg, a.dwu, a.dwd, a.dw_scratch,
                DwPlan::in(a.dw_plan, a.I), a.I, static_cast<uint32_t>(twell_dw_piece_tokens(a.nnz))};
     const unsigned plan_blocks = static_cast<unsigned>((a.I + 1 + 255) / 256);
@@ -322,9 +330,6 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
     TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.temp, bytes, d.plan.splits, d.plan.split_start, a.I + 1, s));
     dw_item_map_kernel<<<plan_blocks, 256, 0, s>>>(d);
     TWELL_CUDA_CHECK(cudaGetLastError());
-    bytes = a.temp_bytes;
-    TWELL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(a.temp, bytes, a.keys, a.keys_sorted, a.pairs, a.pairs_sorted,
-                                                     a.nnz, 0, neuron_bits(a.I), s));
     if (a.side) TWELL_CUDA_CHECK(cudaEventRecord(a.join, a.side));
   }
 
