@@ -127,8 +127,9 @@ struct SparseBackwardArgs {
 };
 size_t twell_backward_temp_bytes(int64_t nnz, int64_t M, int64_t I);
 // The dW pass cuts each neuron's token list into pieces of at most twell_dw_piece_tokens(nnz)
-// tokens, a block each per column slice; the partial sums of a neuron with several pieces meet in the scratch and
-// are added in piece order (deterministic). Sizes of the plan (uint32 words) and the scratch (bytes).
+// tokens, a block each per column slice; the partial sums of a neuron with several pieces meet in
+// the scratch and are added in piece order (deterministic). Sizes of the plan (uint32 words) and
+// the scratch (bytes).
 int64_t twell_dw_piece_tokens(int64_t nnz);
 size_t twell_dw_plan_words(int64_t nnz, int64_t I);
 size_t twell_dw_scratch_bytes(int64_t nnz, int64_t H);

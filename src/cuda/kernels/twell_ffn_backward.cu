@@ -95,7 +95,7 @@ __global__ void column_starts_kernel(const uint32_t* keys_sorted, int64_t nnz, i
 // fixed order: bitwise reproducible. An item starts with a chain of dependent loads (the item,
 // its neuron, its tokens and their coefficients, then the rows), so blocks of C threads, 1024
 // threads an SM each on its own item, hide it better than blocks of 512 splitting an item in two
-// token groups (docs/perf.md, training item 10).
+// token groups (docs/perf.md, training items 11-13).
 struct DwPlan {  // views into SparseBackwardArgs::dw_plan
   uint32_t *items, *item_start, *splits, *split_start, *item_neuron, *next_item;
   static DwPlan in(uint32_t* w, int64_t I) {
@@ -278,15 +278,15 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
               " columns must be a multiple of 8 dividing H = ", a.H);
   const int C = static_cast<int>((width / 8 + 31) / 32 * 32);  // <= kDwMaxC: check_rows_args holds H
   const int blocks_per_sm = std::min(32, kDwSmThreads / C);
+  const bool need_dw = a.dwg || a.dwu || a.dwd;
   // The dW work counter runs to items · slices + the blocks (each takes one past the end).
   const int64_t max_items = a.I + a.nnz / twell_dw_piece_tokens(a.nnz);
-  TWELL_CHECK(max_items * (a.H / width) + int64_t{sm_count} * blocks_per_sm < (int64_t{1} << 32),
+  TWELL_CHECK(!need_dw || max_items * (a.H / width) + int64_t{sm_count} * blocks_per_sm < (int64_t{1} << 32),
               "sparse FFN backward: ", max_items, " dW items in ", a.H / width, " slices past 32-bit counting");
   if (a.M == 0) return;
   Params p{a.act,   a.x, a.wu, a.wd, const_cast<uint16_t*>(a.u_vals),  // read only here
            nullptr, a.H, 0,    list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
   p.dg_vals = a.dg_vals, p.du_vals = a.du_vals, p.l1 = a.l1;
-  const bool need_dw = a.dwg || a.dwu || a.dwd;
   DwArgs d{};
   if (need_dw) {
     // The transpose and the dW plan need only the forward's format: on the side stream (when
