@@ -236,8 +236,11 @@ struct FfnForward::Impl {
   // the exact density becomes that slot's dispatch sample); otherwise g holds it.
   void run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream,
                   bool fused = false, int64_t sample_slot = -1) {
-    TWELL_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, sizeof(Counters), stream));
-    TWELL_CUDA_CHECK(cudaMemsetAsync(act.view().n_backup, 0, sizeof(uint32_t), stream));
+    static_assert(sizeof(Counters) % 4 == 0);
+    ZeroWords zero;  // one launch: the counters (the passes' among them), the backup's, the row counts
+    zero.add(counters.get(), sizeof(Counters) / 4).add(act.view().n_backup, 1);
+    if (fused) zero.add(row_nnz.get(), M);  // the fused gate adds to them; the pack kernel writes them
+    launch_zero_words(zero, stream);
     SparseFfnArgs a;
     a.act = act_view(M);
     a.u_vals = u_vals.as<uint16_t>();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "twell/cuda/twell_device.h"
+#include "twell/error.h"
 #include "twell/ffn.h"
 
 namespace twell::cuda {
@@ -41,7 +42,8 @@ void launch_twell_pack(const uint16_t* dense, const TwellDeviceView& m, unsigned
 // gate_pack.cu: g = ReLU(x Wᵀ) (x [M, H], W [I, H], bf16) packed straight into TwELL by a CUTLASS
 // Hopper GEMM whose epilogue does what launch_twell_pack does to a given g (the same entries,
 // counts, backup, row counts and non-zero total), without writing g. As for the pack,
-// nnz_total[0..kNnzCounters), *act.n_backup and *rows.heavy_count must be zero at launch. Needs
+// nnz_total[0..kNnzCounters), *act.n_backup and *rows.heavy_count must be zero at launch, and so
+// must rows.row_nnz[0..M) (the epilogue adds each tile's count to it). Needs
 // the TwELL tile width 256, H and I multiples of 8, 16-byte aligned x and W. The workspace is
 // gate_pack_workspace_bytes (CUTLASS's tile scheduler; may be 0).
 struct GatePackArgs {
@@ -60,6 +62,23 @@ void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_b
 // Appends to rows.heavy_rows every row r < M with rows.row_nnz[r] > kHeavyRowEntries (in no
 // particular order; *rows.heavy_count must be zero before the producer ran).
 void launch_list_heavy_rows(const RowCounts& rows, int64_t M, cudaStream_t stream);
+// Zeroes up to ZeroWords::kMax ranges of device words in one launch: the sparse path's counters
+// and row counts before the gate GEMM (three memsets there cost ~10 µs of host time, which a
+// single call shows as idle GPU).
+struct ZeroWords {
+  static constexpr int kMax = 4;
+  struct Range {
+    uint32_t* ptr = nullptr;
+    int64_t words = 0;
+  } range[kMax];
+  int n = 0;
+  ZeroWords& add(void* ptr, int64_t words) {
+    TWELL_CHECK(n < kMax, "zero_words: more than ", kMax, " ranges");
+    range[n++] = {static_cast<uint32_t*>(ptr), words};
+    return *this;
+  }
+};
+void launch_zero_words(const ZeroWords& z, cudaStream_t stream);
 // dst[i] = src[i] for i < n_words, but dst[patch_at] = *patch (when patch is given): the sparse
 // path's counters into pinned host memory by one small kernel (two copies in the stream left the
 // GPU idle ~15 µs).
@@ -82,7 +101,7 @@ struct SparseFfnArgs {
   const uint16_t* wd = nullptr;
   uint16_t* u_vals = nullptr;
   uint16_t* y = nullptr;
-  uint32_t* row_counters = nullptr;  // 4 device words, the passes' work counters (zeroed here)
+  uint32_t* row_counters = nullptr;  // 4 device words, the passes' work counters: zero at launch
   RowCounts rows;                    // from the pack (row_nnz null: no heavy-row scheduling)
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;

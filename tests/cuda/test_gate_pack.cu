@@ -53,7 +53,7 @@ GatePackResult run_gate_pack(const TensorView& x, const TensorView& w, const Twe
   DeviceBuffer counters((cuda::kNnzCounters + 2) * sizeof(unsigned long long));  // nnz, overflow, heavy count
   DeviceBuffer row_nnz(std::max<int64_t>(M, 1) * 4), heavy(std::max<int64_t>(M, 1) * 4);
   cuda::fill_bytes(counters.get(), counters.bytes(), 0, nullptr);
-  cuda::fill_bytes(row_nnz.get(), row_nnz.bytes(), 0xff, nullptr);  // poisoned: the launch zeroes it
+  cuda::fill_bytes(row_nnz.get(), row_nnz.bytes(), 0, nullptr);  // zero at launch: the epilogue adds to it
   // Poisoned: every word the launch owes must be written.
   cuda::fill_bytes(act.view().slots, static_cast<size_t>(layout.slot_size()) * 4, 0xff, nullptr);
   cuda::fill_bytes(act.view().counts, static_cast<size_t>(layout.count_size()) * 4, 0xff, nullptr);

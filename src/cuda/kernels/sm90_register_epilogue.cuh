@@ -7,7 +7,8 @@
 //   PingPongGemm<Epilogue>    the one kernel configuration both use: warp-specialised persistent
 //                             ping-pong, 64 × 256 tiles a warpgroup, 2 × 1 clusters (docs/perf.md,
 //                             FFN items 17-18, model item 13)
-//   gemm_arguments, run_gemm  arguments from pointers and sizes; the checked launch
+//   gemm_arguments, run_gemm  arguments from pointers and sizes; the checked launch (attributes
+//                             set once a device)
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -17,6 +18,9 @@
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include <mutex>
+#include <set>
 
 #include "twell/cuda/runtime.h"
 #include "twell/error.h"
@@ -109,22 +113,60 @@ typename Gemm::Arguments gemm_arguments(const void* x, const void* w, int M, int
   return args;
 }
 
+// The kernel's function attributes (its shared memory, clusters past the portable size), set once
+// a device: GemmUniversalAdapter::initialize and its cluster launcher set both on every call,
+// ~5 µs of host time that a single call shows as idle GPU.
+template <class Kernel>
+void set_attributes_once() {
+  static std::mutex mutex;
+  static std::set<int> done;  // devices
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.count(device)) return;
+  const auto* kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
+  TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(Kernel::SharedStorageSize)));
+  TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  done.insert(device);
+}
+
 // Checks the workspace and CUTLASS's own conditions, then enqueues `before` (work the epilogue
-// relies on, e.g. zeroing its counters: nothing is written if a check fails) and the GEMM; `what`
-// names the kernel in the errors.
+// relies on: nothing is written if a check fails) and the GEMM, launched here as CUTLASS's
+// adapter would (grid, block, cluster and shared memory from the kernel) but without re-setting
+// the attributes; `what` names the kernel in the errors.
 template <class Gemm, class Before = void (*)()>
 void run_gemm(typename Gemm::Arguments const& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
               const char* what, Before before = [] {}) {
+  using Kernel = typename Gemm::GemmKernel;
   TWELL_CHECK(Gemm::get_workspace_size(args) <= workspace_bytes, what, ": workspace of ", workspace_bytes,
               " bytes, ", Gemm::get_workspace_size(args), " needed");
-  Gemm gemm;
   const auto& shape = args.problem_shape;
-  TWELL_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, what, ": CUTLASS cannot run M = ",
+  TWELL_CHECK(Gemm::can_implement(args) == cutlass::Status::kSuccess, what, ": CUTLASS cannot run M = ",
               cute::get<0>(shape), ", N = ", cute::get<1>(shape), ", K = ", cute::get<2>(shape));
+  set_attributes_once<Kernel>();
   before();
-  TWELL_CHECK(gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess, what,
-              ": CUTLASS initialisation failed");
-  TWELL_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, what, ": launch failed");
+  TWELL_CHECK(Kernel::initialize_workspace(args, workspace, stream) == cutlass::Status::kSuccess, what,
+              ": CUTLASS could not initialise its workspace");
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+
+  using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = cute::size<0>(Cluster{});
+  cluster.val.clusterDim.y = cute::size<1>(Cluster{});
+  cluster.val.clusterDim.z = cute::size<2>(Cluster{});
+  cudaLaunchConfig_t config{};
+  config.gridDim = Kernel::get_grid_shape(params);
+  config.blockDim = Kernel::get_block_shape();
+  config.dynamicSmemBytes = Kernel::SharedStorageSize;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  void* kernel_args[] = {&params};
+  const cudaError_t launched =
+      cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>), kernel_args);
+  TWELL_CHECK(launched == cudaSuccess, what, ": launch failed: ", cudaGetErrorString(launched));
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -45,7 +45,6 @@ __global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_up_kernel(co
 
 template <int kChunks>
 void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t stream) {
-  TWELL_CUDA_CHECK(cudaMemsetAsync(a.row_counters, 0, 4 * sizeof(uint32_t), stream));
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
   if (!a.gated) return launch(twell_axpy_kernel<kChunks, Aux::h_plain, Out::bf16>, p, sm_count, a.M, stream);
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;

@@ -180,6 +180,13 @@ __global__ void copy_words_kernel(const uint32_t* src, uint32_t* dst, int n, con
   __threadfence_system();  // dst may be host memory: visible there once the kernel is done
 }
 
+__global__ void zero_words_kernel(ZeroWords z) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int r = 0; r < z.n; ++r)
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < z.range[r].words; i += stride)
+      z.range[r].ptr[i] = 0;
+}
+
 __global__ void list_heavy_rows_kernel(RowCounts rc, int64_t M) {
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < M;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -192,6 +199,20 @@ void launch_list_heavy_rows(const RowCounts& rows, int64_t M, cudaStream_t strea
   if (M == 0) return;
   const int64_t blocks = std::min<int64_t>((M + 255) / 256, 1024);
   list_heavy_rows_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(rows, M);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_zero_words(const ZeroWords& z, cudaStream_t stream) {
+  TWELL_CHECK(z.n >= 0 && z.n <= ZeroWords::kMax, "zero_words: ", z.n, " ranges, at most ", ZeroWords::kMax);
+  int64_t most = 0;
+  for (int r = 0; r < z.n; ++r) {
+    TWELL_CHECK(z.range[r].words >= 0 && (z.range[r].ptr || z.range[r].words == 0), "zero_words: range ", r,
+                " is null or negative");
+    most = std::max(most, z.range[r].words);
+  }
+  if (most == 0) return;
+  const int64_t blocks = std::min<int64_t>((most + 255) / 256, 512);
+  zero_words_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(z);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
