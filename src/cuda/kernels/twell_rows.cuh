@@ -285,9 +285,9 @@ __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, b
 // row of w in shared memory and, when w2 is given (the dx pass: Wg then Wu), use(aux,
 // row_of_w2, 1) after it, then end(row). The token's list is staged as many tiles at a time
 // as the list holds; its weight rows go through a ring of D slots filled by the TMA engine, up to
-// D in flight. `issued` and `consumed` count rows over the whole kernel: slot i % D is on its
-// (i / D)-th use, the parity its barrier completes with. The list's k-th row is entry k / kRows's
-// row of w (k even or kRows = 1) or of w2.
+// D in flight, in slot order over the whole kernel: a slot's barrier completes with parity 0 on
+// its first use, 1 on its second, and so on. The list's k-th row is entry k / kRows's row of w (k
+// even or kRows = 1) or of w2.
 // NOTE: the time of both passes scaled with 1/warps at a fixed ring size (6 to 12 warps, 3 to 8
 // slots, M = 131072: 4.74 -> 2.65 ms for up), so warps matter more than rows in flight; staging
 // the next token's list during the current token's rows (double-buffered lists, fewer warps for
@@ -299,15 +299,16 @@ __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, co
   static_assert(kRows == 1 || kRows == 2);
   const uint32_t D = static_cast<uint32_t>(p.ring_slots), row_bytes = static_cast<uint32_t>(p.H * 2);
   const uint64_t keep = l2_keep_policy();
-  uint32_t issued = 0, consumed = 0;
+  // The ring's next slot to fill, next slot to use and the parity that use waits for, kept as
+  // counters (no division by D: two of them an entry were ~25 of its ~316 instructions).
+  uint32_t issue_slot = 0, use_slot = 0, use_parity = 0;
   auto issue = [&](uint32_t k) {
     if (lane == 0) {
-      const uint32_t slot = issued % D;
       const uint16_t* src = kRows == 2 && k % 2 ? w2 : w;
-      bulk_load(s.ring + slot * row_bytes, src + static_cast<int64_t>(s.col[k / kRows]) * p.H, row_bytes, s.full + slot,
-                keep);
+      bulk_load(s.ring + issue_slot * row_bytes, src + static_cast<int64_t>(s.col[k / kRows]) * p.H, row_bytes,
+                s.full + issue_slot, keep);
     }
-    ++issued;
+    issue_slot = issue_slot + 1 == D ? 0 : issue_slot + 1;
   };
   auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop) {
     while (t < t_stop) {
@@ -315,10 +316,9 @@ __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, co
       uint32_t k_issue = 0;
       for (; k_issue < len && k_issue < D; ++k_issue) issue(k_issue);
       for (uint32_t k = 0; k < len; ++k) {
-        const uint32_t slot = consumed % D;
-        wait_parity(s.full + slot, (consumed / D) & 1u);
-        use(s.aux[k / kRows], reinterpret_cast<const uint16_t*>(s.ring + slot * row_bytes), k % kRows);
-        ++consumed;
+        wait_parity(s.full + use_slot, use_parity);
+        use(s.aux[k / kRows], reinterpret_cast<const uint16_t*>(s.ring + use_slot * row_bytes), k % kRows);
+        if (++use_slot == D) use_slot = 0, use_parity ^= 1u;
         __syncwarp();  // every lane is done with the slot before the TMA overwrites it
         if (k_issue < len) issue(k_issue++);
       }
@@ -485,9 +485,14 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
       [&](uint32_t a_bits, const uint16_t* w, int which) {
         const float a = kRows == 1 ? __uint_as_float(a_bits)
                                    : bf16_bits_to_float(static_cast<uint16_t>(which ? a_bits >> 16 : a_bits & 0xffffu));
+        if (p.H == kChunks * 256) {  // every chunk whole: no test and branch around each (4 instructions)
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          if (c * 256 + lane * 8 < p.H) fma8(acc[c], a, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
+          for (int c = 0; c < kChunks; ++c) fma8(acc[c], a, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
+        } else {
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c)
+            if (c * 256 + lane * 8 < p.H) fma8(acc[c], a, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
+        }
       },
       [&](int64_t row) {
 #pragma unroll
