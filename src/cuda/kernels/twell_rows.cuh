@@ -305,8 +305,9 @@ __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, co
   auto issue = [&](uint32_t k) {
     if (lane == 0) {
       const uint16_t* src = kRows == 2 && k % 2 ? w2 : w;
-      bulk_load(s.ring + issue_slot * row_bytes, src + static_cast<int64_t>(s.col[k / kRows]) * p.H, row_bytes,
-                s.full + issue_slot, keep);
+      // 32-bit product: check_rows_args holds I * H below 2^32.
+      bulk_load(s.ring + issue_slot * row_bytes, src + static_cast<uint32_t>(s.col[k / kRows]) * (row_bytes / 2),
+                row_bytes, s.full + issue_slot, keep);
     }
     issue_slot = issue_slot + 1 == D ? 0 : issue_slot + 1;
   };
@@ -353,6 +354,7 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
   uint32_t* aux = reinterpret_cast<uint32_t*>(col + p.list_cap);
   uint16_t* xs = reinterpret_cast<uint16_t*>(aux + p.list_cap);
   char* ring = reinterpret_cast<char*>(xs + p.H);
+  const int H = static_cast<int>(p.H);  // <= kMaxChunks * 256: 32-bit loop tests (64-bit ones cost two instructions)
   const uint64_t keep = l2_keep_policy();
   // cp.async: lane copies 16-byte chunk copy_chunk of rows copy_row + 4i (4 rows an instruction);
   // ldmatrix of A: lane gives row frag_row, chunk 2s + frag_chunk of k16 step s. Chunks are
@@ -384,7 +386,7 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
         for (int i = 0; i < 4; ++i) {
           const uint32_t e = static_cast<uint32_t>(g * 16 + copy_row + 4 * i);
           valid[i] = e < len;
-          src[i] = w + static_cast<int64_t>(col[valid[i] ? e : 0]) * p.H + 8 * copy_chunk;
+          src[i] = w + static_cast<uint32_t>(col[valid[i] ? e : 0]) * static_cast<uint32_t>(H) + 8 * copy_chunk;
         }
       };
       if (groups > 0) rows_of(0);  // an empty list (all tiles of a share empty) reads no row
@@ -394,7 +396,7 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
 #pragma unroll
           for (int i = 0; i < 4; ++i) cp_async16(buf + dst_off[i], src[i] + ik, valid[i], keep);
           ik += 64;
-          if (ik == p.H) {
+          if (ik == H) {
             ik = 0;
             if (++ig < groups) rows_of(ig);
           }
@@ -407,7 +409,7 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
       int buf_i = 0;
       for (int g = 0; g < groups; ++g) {
         float d[4] = {}, e[4] = {};
-        for (int k0 = 0; k0 < p.H; k0 += 64) {
+        for (int k0 = 0; k0 < H; k0 += 64) {
           cp_async_wait<kSddmmStages - 2>();
           __syncwarp();  // this stage (and x) visible to every lane; the previous stage's buffer read by all
           issue();
@@ -542,6 +544,7 @@ void check_rows_args(const char* what, const TwellDeviceView& act, int64_t M, in
               act.layout.cols, "], expected [", M, ", ", I, "]");
   TWELL_CHECK(twell_u_size(act) < (int64_t{1} << 32), what, ": ", twell_u_size(act),
               " u values exceed 32-bit indexing; split the batch");
+  TWELL_CHECK(I * H < (int64_t{1} << 32), what, ": I * H = ", I * H, " weights exceed 32-bit row offsets");
 }
 int64_t smem_per_warp(int64_t H, int slots, int cap) { return slots * (H * 2 + 8) + int64_t{cap} * 8; }
 
