@@ -11,11 +11,6 @@
 #include "cuda/kernels.h"
 #include "twell/cuda/twell_device.h"
 
-#ifndef TWELL_PACKED_DOWN
-#define TWELL_PACKED_DOWN 1  // EXPERIMENT
-#endif
-#include <cstdio>
-
 namespace twell::cuda {
 
 struct FfnForward::Impl {
@@ -30,8 +25,6 @@ struct FfnForward::Impl {
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
-  DeviceBuffer wd_packed, wd_base, wd_unfit;  // EXPERIMENT (TWELL_PACKED_DOWN): Wd packed every sparse call
-  bool unfit_reported = false;
   DeviceBuffer gate_workspace;       // the fused gate+pack GEMM's (CUTLASS tile scheduler)
   // The backward's workspace, allocated on its first call: dg and du beside the format, and the
   // transpose of the active set (sized by the forward's non-zero count, grown as needed).
@@ -123,12 +116,6 @@ struct FfnForward::Impl {
     check_twell_pack(act.layout());
     if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
     row_nnz = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
-    if (TWELL_PACKED_DOWN) {
-      wd_packed = DeviceBuffer(static_cast<size_t>(s.ffn * s.hidden * 3 / 2));
-      wd_base = DeviceBuffer(static_cast<size_t>(s.ffn));
-      wd_unfit = DeviceBuffer(4);
-      TWELL_CUDA_CHECK(cudaMemset(wd_unfit.get(), 0, 4));
-    }
     if (fused_gate_supported()) {  // here, not on the first call: that may be inside graph capture
       GatePackArgs gp;
       gp.M = s.max_tokens, gp.H = s.hidden, gp.I = s.ffn;
@@ -292,17 +279,6 @@ struct FfnForward::Impl {
       launch_copy_words(reinterpret_cast<const uint32_t*>(dev()), reinterpret_cast<uint32_t*>(host),
                         sizeof(Counters) / 4, act.view().n_backup, offsetof(Counters, spilled_tiles) / 4, stream);
       counts.record(stream);
-    }
-    if (TWELL_PACKED_DOWN) {
-      launch_pack_rows(a.wd, a.I, a.H, wd_packed.as<uint8_t>(), wd_base.as<uint8_t>(), wd_unfit.as<uint32_t>(), stream);
-      a.wd_packed = wd_packed.as<uint8_t>(), a.wd_base = wd_base.as<uint8_t>();
-      if (!unfit_reported) {
-        unfit_reported = true;
-        uint32_t n = 0;
-        TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-        TWELL_CUDA_CHECK(cudaMemcpy(&n, wd_unfit.get(), 4, cudaMemcpyDeviceToHost));
-        std::fprintf(stderr, "[packed down] %u of %lld rows of Wd do not pack\n", n, static_cast<long long>(a.I));
-      }
     }
     launch_twell_ffn_sparse(a, sm_count, stream);
   }

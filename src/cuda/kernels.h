@@ -103,17 +103,12 @@ struct SparseFfnArgs {
   uint16_t* y = nullptr;
   uint32_t* row_counters = nullptr;  // 4 device words, the passes' work counters: zero at launch
   RowCounts rows;                    // from the pack (row_nnz null: no heavy-row scheduling)
-  const uint8_t* wd_packed = nullptr;  // EXPERIMENT: launch_pack_rows's Wd (null: bf16 rows)
-  const uint8_t* wd_base = nullptr;
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;
   Precision precision = Precision::bf16;
 };
 int64_t twell_u_size(const TwellDeviceView& act);
 void check_twell_ffn_sparse(const SparseFfnArgs& a);
-// EXPERIMENT (perf.md FFN item 26): w [I, H] bf16 packed to 12 bits a weight for the down pass.
-void launch_pack_rows(const uint16_t* w, int64_t I, int64_t H, uint8_t* packed, uint8_t* base, uint32_t* unfit,
-                      cudaStream_t stream);
 // Persistent kernels: at most one block per SM (sm_count).
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream);
 
