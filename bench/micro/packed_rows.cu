@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
       w[size_t(j) * kH + c] = b;
     }
     if (hi_e - lo_e > 7) ++unfit_rows;
-    base[j] = static_cast<uint8_t>(hi_e - 7);  // window [hi - 7, hi]
+    base[j] = static_cast<uint8_t>(std::max(hi_e - 7, 0));  // window [hi - 7, hi]
     for (int c = 0; c < kH; ++c) {
       uint16_t& b = w[size_t(j) * kH + c];
       while (((b >> 8) & 0x7f) < base[j] || ((b >> 8) & 0x7f) > base[j] + 7) b = float_to_bf16(gauss(rng));

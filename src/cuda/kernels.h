@@ -123,7 +123,8 @@ struct SparseBackwardArgs {
   const uint16_t *x = nullptr, *dy = nullptr, *wg = nullptr, *wu = nullptr, *wd = nullptr, *u_vals = nullptr;
   uint16_t *dg_vals = nullptr, *du_vals = nullptr;
   float *dx = nullptr, *dwg = nullptr, *dwu = nullptr, *dwd = nullptr;
-  uint32_t* row_counters = nullptr;  // 4 device words (zeroed here)
+  uint32_t* row_counters = nullptr;  // 4 device words, zeroed here (unlike the forward's: the same words
+                                     // were the forward's counters, so the backward resets them itself)
   // The transpose of the active set (twell_ffn_backward.cu): row_start [M + 1], col_start [I + 1],
   // keys and keys_sorted [nnz] (neurons), pairs and pairs_sorted [nnz] ((token << 32) | u index).
   uint32_t *row_start = nullptr, *col_start = nullptr, *keys = nullptr, *keys_sorted = nullptr;

@@ -19,9 +19,7 @@
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
-#include <mutex>
-#include <set>
-
+#include "cuda/kernels.h"
 #include "twell/cuda/runtime.h"
 #include "twell/error.h"
 
@@ -113,39 +111,23 @@ typename Gemm::Arguments gemm_arguments(const void* x, const void* w, int M, int
   return args;
 }
 
-// The kernel's function attributes (its shared memory, clusters past the portable size), set once
-// a device: GemmUniversalAdapter::initialize and its cluster launcher set both on every call,
-// ~5 µs of host time that a single call shows as idle GPU.
-template <class Kernel>
-void set_attributes_once() {
-  static std::mutex mutex;
-  static std::set<int> done;  // devices
-  int device = 0;
-  TWELL_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  if (done.count(device)) return;
-  const auto* kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
-  TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(Kernel::SharedStorageSize)));
-  TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  done.insert(device);
-}
-
-// Checks the workspace and CUTLASS's own conditions, then enqueues `before` (work the epilogue
-// relies on: nothing is written if a check fails) and the GEMM, launched here as CUTLASS's
-// adapter would (grid, block, cluster and shared memory from the kernel) but without re-setting
-// the attributes; `what` names the kernel in the errors.
-template <class Gemm, class Before = void (*)()>
+// Checks the workspace and CUTLASS's own conditions, then launches the GEMM as CUTLASS's adapter
+// would (grid, block, cluster and shared memory from the kernel). The kernel's attributes go
+// through allow_dynamic_smem and allow_non_portable_clusters, which set them once per device: the
+// adapter's initialize and its cluster launcher set both on every call, ~5 µs of host time that a
+// single call shows as idle GPU. `what` names the kernel in the errors.
+template <class Gemm>
 void run_gemm(typename Gemm::Arguments const& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-              const char* what, Before before = [] {}) {
+              const char* what) {
   using Kernel = typename Gemm::GemmKernel;
   TWELL_CHECK(Gemm::get_workspace_size(args) <= workspace_bytes, what, ": workspace of ", workspace_bytes,
               " bytes, ", Gemm::get_workspace_size(args), " needed");
   const auto& shape = args.problem_shape;
   TWELL_CHECK(Gemm::can_implement(args) == cutlass::Status::kSuccess, what, ": CUTLASS cannot run M = ",
               cute::get<0>(shape), ", N = ", cute::get<1>(shape), ", K = ", cute::get<2>(shape));
-  set_attributes_once<Kernel>();
-  before();
+  const auto* kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
+  allow_dynamic_smem(kernel, static_cast<int>(Kernel::SharedStorageSize));
+  allow_non_portable_clusters(kernel);
   TWELL_CHECK(Kernel::initialize_workspace(args, workspace, stream) == cutlass::Status::kSuccess, what,
               ": CUTLASS could not initialise its workspace");
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
@@ -164,10 +146,9 @@ void run_gemm(typename Gemm::Arguments const& args, void* workspace, size_t work
   config.attrs = &cluster;
   config.numAttrs = 1;
   void* kernel_args[] = {&params};
-  const cudaError_t launched =
-      cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>), kernel_args);
+  const cudaError_t launched = cudaLaunchKernelExC(&config, kernel, kernel_args);
+  if (launched != cudaSuccess) (void)cudaGetLastError();  // cleared: reported here, not by the next check
   TWELL_CHECK(launched == cudaSuccess, what, ": launch failed: ", cudaGetErrorString(launched));
-  TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace twell::cuda::sm90

@@ -66,7 +66,7 @@ void check_twell_ffn_sparse(const SparseFfnArgs& a) {
   check_rows_args("sparse FFN kernel", a.act, a.M, a.H, a.I);
   TWELL_CHECK(a.precision != Precision::f64, "sparse FFN kernel: Precision::f64 is CPU-only");
   TWELL_CHECK(!a.gated || a.u_vals, "sparse FFN kernel: a gated FFN needs the u buffer");
-  TWELL_CHECK(a.row_counters, "sparse FFN kernel: needs two device counters (row_counters)");
+  TWELL_CHECK(a.row_counters, "sparse FFN kernel: needs four device counters, zero at launch (row_counters)");
 }
 
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream) {

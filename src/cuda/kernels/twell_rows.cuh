@@ -533,8 +533,9 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
 
 int list_cap_for(const TwellLayout& l) { return std::max<int>(l.tile, 256); }
 
-// What the row-streaming kernels take: H, the tile width and I, the activation's shape, and
-// u indices within 32 bits. `what` names the caller in the message.
+// What the row-streaming kernels take: H, the tile width and I, the activation's shape, u
+// indices within 32 bits and weight-row offsets (I · H) within 32 bits. `what` names the caller
+// in the message.
 void check_rows_args(const char* what, const TwellDeviceView& act, int64_t M, int64_t H, int64_t I) {
   const int64_t max_h = kMaxChunks * 256;
   TWELL_CHECK(H % 64 == 0 && H <= max_h, what, ": H = ", H, " must be a multiple of 64 and at most ", max_h);
