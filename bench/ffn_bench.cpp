@@ -93,6 +93,8 @@ FfnProblem load_problem(const std::string& path) {
 
 }  // namespace
 
+const char* timing_name(Timing t) { return t == Timing::gpu ? "gpu" : "host"; }
+
 std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress) {
   std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, progress);
   const auto tokens = cfg.tokens.empty() ? backend->default_tokens() : cfg.tokens;
@@ -100,6 +102,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
   const int warmup = cfg.warmup >= 0 ? cfg.warmup : backend->default_warmup();
   const int iters = cfg.iters > 0 ? cfg.iters : backend->default_iters();
   const bool from_file = !cfg.from_file.empty();
+  const Timing timing = backend->timing_used(cfg.train ? Timing::host : cfg.timing);
   TWELL_CHECK(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
               "--from takes M, H, I and the density from the file; drop -M and -d");
 
@@ -170,6 +173,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
           r.nnz_per_token_max = occ.max_row_count;
           r.commit = TWELL_GIT_SHA;
           r.command = cfg.command;
+          r.timing = timing_name(timing);
           // Correctness first: a case that fails is reported, never timed.
           if (cfg.train) r.bench = "ffn_train";
           runners[i].run(0);
@@ -219,7 +223,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
           for (size_t i : order) {
             if (!recs[i].correct) continue;
             const int set = static_cast<int>((it + warmup) % p.n_token_sets());
-            const double ms = backend->time_ms([&] { runners[i].run(set); });
+            const double ms = backend->time_ms([&] { runners[i].run(set); }, timing);
             if (it >= 0) times[i].push_back(ms);
           }
         }
@@ -288,6 +292,7 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
         r.energy_mj_per_token >= 0 && r.correct ? number_or_null(r.energy_mj_per_token) : nlohmann::ordered_json();
     if (r.sm_clock_mhz >= 0) j["sm_clock_mhz"] = number_or_null(r.sm_clock_mhz);
     if (r.power_capped >= 0) j["power_capped"] = number_or_null(r.power_capped);
+    if (!r.timing.empty()) j["timing"] = r.timing;
     if (!r.note.empty()) j["note"] = r.note;
     j["commit"] = r.commit;
     j["command"] = r.command;

@@ -16,6 +16,9 @@
 
 namespace twell::bench {
 
+enum class Timing { gpu, host };
+const char* timing_name(Timing t);
+
 struct FfnBenchConfig {
   std::string backend = "auto";  // cpu | cuda | auto (cuda when a Hopper GPU is present)
   std::vector<int64_t> tokens;   // M values; empty = the backend's default
@@ -29,6 +32,11 @@ struct FfnBenchConfig {
   std::string from_file;  // safetensors with x, gate, up, down (DESIGN.md §2 layouts)
   bool train = false;     // forward + backward (records "ffn_train")
   double l1 = 1e-3;       // with train: the L1 penalty's coefficient in dh = dy Wdᵀ + l1·sign(h)
+  // How a GPU call is timed. Timing::gpu: the whole call is enqueued behind a kernel that holds the
+  // stream, then released (nvbench's blocking kernel), so the events time the GPU's work alone,
+  // as in a model whose host runs ahead. Timing::host: from an idle GPU, so the host's work before
+  // the first kernel counts too. --train always times host: the backward synchronises once.
+  Timing timing = Timing::gpu;
   std::string command;    // the full command line, recorded in every record
 };
 
@@ -50,6 +58,7 @@ struct BenchRecord {
   double sm_clock_mhz = -1;  // mean SM clock over the timed runs (NVML samples)
   double power_capped = -1;  // share of those samples with the power-cap clock limit active
   std::string note;  // why a case failed, or what was not timed
+  std::string timing;  // "gpu" or "host" (FfnBenchConfig::timing); empty: not recorded (CPU, model)
   std::string commit, command;
 };
 
@@ -95,7 +104,10 @@ class FfnBackend {
   virtual std::vector<FfnRunner> train_runners(const FfnProblem&, const FfnBenchConfig&, const Tensor& /*dy*/) {
     TWELL_FAIL("--train needs the CUDA backend (a Hopper GPU)");
   }
-  virtual double time_ms(const std::function<void()>& fn) = 0;
+  // One timed call of fn, in ms. Timing::gpu where the backend can (the CUDA one), else host.
+  virtual double time_ms(const std::function<void()>& fn, Timing timing) = 0;
+  // The timing time_ms really used for `requested` (the CPU backend always times host).
+  virtual Timing timing_used(Timing requested) const { return requested; }
 };
 
 std::unique_ptr<FfnBackend> make_cpu_backend();

@@ -25,6 +25,7 @@ struct FfnForward::Impl {
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
+  DeviceBuffer row_ready;            // the up -> down overlap's per-row counters (SparseFfnArgs)
   DeviceBuffer gate_workspace;       // the fused gate+pack GEMM's (CUTLASS tile scheduler)
   // The backward's workspace, allocated on its first call: dg and du beside the format, and the
   // transpose of the active set (sized by the forward's non-zero count, grown as needed).
@@ -123,6 +124,7 @@ struct FfnForward::Impl {
       gate_workspace = DeviceBuffer(std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16));
     }
     heavy_rows = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
+    if (s.gated && o.overlap_passes) row_ready = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
     gather_tokens = gather_supports(s.hidden, s.ffn) ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0)) : 0;
     if (gather_tokens > 0) {  // sized for the largest need over the M the path takes
       int64_t partial = 0;
@@ -200,21 +202,31 @@ struct FfnForward::Impl {
   static constexpr int64_t kSampleRows = 1024;
 
   // Enqueues the count of a row sample of g and its copy to the host (read by collect_sample).
-  // `exact`: after a fused sparse call, which writes no g: the packed non-zero total of all M rows.
-  void launch_sample(int64_t slot, int64_t M, cudaStream_t stream, bool exact = false) {
+  void launch_sample(int64_t slot, int64_t M, cudaStream_t stream) {
     Slot& sl = slots[static_cast<size_t>(slot)];
-    sl.sample_rows = exact ? M : std::min(M, kSampleRows);
+    sl.sample_rows = std::min(M, kSampleRows);
     auto* d = sample_count.as<unsigned long long>() + slot;
     // Into the pinned mirror by a kernel: a copy in the stream left the GPU idle ~15 µs.
-    if (exact) {
-      launch_sum_counters(dev()->nnz, kNnzCounters, host_sample + slot, stream);
-    } else {
-      TWELL_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned long long), stream));
-      launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sl.sample_rows, d, stream);
-      launch_copy_words(reinterpret_cast<const uint32_t*>(d), reinterpret_cast<uint32_t*>(host_sample + slot), 2,
-                        nullptr, -1, stream);
-    }
+    TWELL_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned long long), stream));
+    launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sl.sample_rows, d, stream);
+    launch_copy_words(reinterpret_cast<const uint32_t*>(d), reinterpret_cast<uint32_t*>(host_sample + slot), 2,
+                      nullptr, -1, stream);
     sl.sample.record(stream);
+  }
+  // A fused sparse call, which writes no g, samples exactly: the packed non-zero total of all M
+  // rows, summed into the slot's pinned word (PackReport); the caller records the event after.
+  unsigned long long* exact_sample(int64_t slot, int64_t M) {
+    slots[static_cast<size_t>(slot)].sample_rows = M;
+    return host_sample + slot;
+  }
+  // The counters into their pinned mirror, the backup's count in place of spilled_tiles.
+  void counts_report(PackReport& r) {
+    static_assert(sizeof(Counters) % 4 == 0 && offsetof(Counters, spilled_tiles) % 4 == 0);
+    r.copy_src = reinterpret_cast<const uint32_t*>(dev());
+    r.copy_dst = reinterpret_cast<uint32_t*>(host);
+    r.copy_words = sizeof(Counters) / 4;
+    r.patch = act.view().n_backup;
+    r.patch_at = offsetof(Counters, spilled_tiles) / 4;
   }
 
   // Updates previous_density from the pending sample if it has arrived (or waits for it).
@@ -240,6 +252,7 @@ struct FfnForward::Impl {
     ZeroWords zero;  // one launch: the counters (the passes' among them), the backup's, the row counts
     zero.add(counters.get(), sizeof(Counters) / 4).add(act.view().n_backup, 1);
     if (fused) zero.add(row_nnz.get(), M);  // the fused gate adds to them; the pack kernel writes them
+    if (row_ready.get()) zero.add(row_ready.get(), M);
     launch_zero_words(zero, stream);
     SparseFfnArgs a;
     a.act = act_view(M);
@@ -250,6 +263,7 @@ struct FfnForward::Impl {
     a.y = yp;
     a.row_counters = dev()->next_row;
     a.rows = {row_nnz.as<uint32_t>(), heavy_rows.as<uint32_t>(), &dev()->heavy_count};
+    a.row_ready = row_ready.as<uint32_t>();
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
     a.precision = options.precision;
@@ -262,23 +276,30 @@ struct FfnForward::Impl {
       gp.nnz_total = dev()->nnz;
       gp.overflow = &dev()->overflow;
       gp.rows = a.rows;
+      // The dispatch sample (the exact density) and the counts for the host: made by the kernel
+      // after the gate, not by two launches of their own.
+      if (sample_slot >= 0) {
+        gp.report.sum_in = dev()->nnz, gp.report.sum_n = kNnzCounters;
+        gp.report.sum_out = exact_sample(sample_slot, M);
+      }
+      if (options.count_nonzeros) counts_report(gp.report);
       launch_gate_pack(gp, gate_workspace.get(), gate_workspace.bytes(), sm_count, stream);
-      if (sample_slot >= 0) launch_sample(sample_slot, M, stream, true);
+      if (sample_slot >= 0) slots[static_cast<size_t>(sample_slot)].sample.record(stream);
     } else {
       launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
+      if (options.count_nonzeros) {
+        PackReport r;
+        counts_report(r);
+        launch_copy_words(r.copy_src, r.copy_dst, r.copy_words, r.patch, r.patch_at, stream);
+      }
     }
+    if (options.count_nonzeros) counts.record(stream);
     packed_recorded = false;
     if (packed) {  // a backward has run: the next one's transpose may start from here
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
       packed_recorded = capture == cudaStreamCaptureStatusNone;
       if (packed_recorded) TWELL_CUDA_CHECK(cudaEventRecord(packed, stream));
-    }
-    if (options.count_nonzeros) {  // the pack has them: copied before the up/down work, which can run meanwhile
-      static_assert(sizeof(Counters) % 4 == 0 && offsetof(Counters, spilled_tiles) % 4 == 0);
-      launch_copy_words(reinterpret_cast<const uint32_t*>(dev()), reinterpret_cast<uint32_t*>(host),
-                        sizeof(Counters) / 4, act.view().n_backup, offsetof(Counters, spilled_tiles) / 4, stream);
-      counts.record(stream);
     }
     launch_twell_ffn_sparse(a, sm_count, stream);
   }
@@ -576,7 +597,7 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
   return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() +
-         m.heavy_rows.bytes() + m.gate_workspace.bytes() + m.bwd.bytes() +
+         m.heavy_rows.bytes() + m.row_ready.bytes() + m.gate_workspace.bytes() + m.bwd.bytes() +
          m.counters.bytes() + m.sample_count.bytes() +
          m.gather_partial.bytes() + m.decode.bytes();
 }

@@ -46,6 +46,21 @@ void launch_twell_pack(const uint16_t* dense, const TwellDeviceView& m, unsigned
 // must rows.row_nnz[0..M) (the epilogue adds each tile's count to it). Needs
 // the TwELL tile width 256, H and I multiples of 8, 16-byte aligned x and W. The workspace is
 // gate_pack_workspace_bytes (CUTLASS's tile scheduler; may be 0).
+// Reports to pinned host memory that the kernel after the fused gate (the heavy-row list's) makes
+// on the side, so that they cost no launch of their own between the gate and the up pass: what
+// launch_copy_words does, and a sum of the non-zero counters, each where its pointers are set.
+struct PackReport {
+  const uint32_t* copy_src = nullptr;  // copy_dst[i] = copy_src[i], i < copy_words, but
+  uint32_t* copy_dst = nullptr;        // copy_dst[patch_at] = *patch where patch is set
+  int copy_words = 0;
+  const uint32_t* patch = nullptr;
+  int patch_at = -1;
+  const unsigned long long* sum_in = nullptr;  // *sum_out = sum_in[0] + ... + sum_in[sum_n - 1]
+  int sum_n = 0;
+  unsigned long long* sum_out = nullptr;
+  bool any() const { return copy_dst || sum_out; }
+};
+
 struct GatePackArgs {
   const uint16_t* x = nullptr;
   const uint16_t* w = nullptr;
@@ -54,14 +69,17 @@ struct GatePackArgs {
   unsigned long long* nnz_total = nullptr;
   unsigned int* overflow = nullptr;
   RowCounts rows;
+  PackReport report;  // made once the gate is done
 };
 void check_gate_pack(const GatePackArgs& a);
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count);
 void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
                       cudaStream_t stream);
 // Appends to rows.heavy_rows every row r < M with rows.row_nnz[r] > kHeavyRowEntries (in no
-// particular order; *rows.heavy_count must be zero before the producer ran).
-void launch_list_heavy_rows(const RowCounts& rows, int64_t M, cudaStream_t stream);
+// particular order; *rows.heavy_count must be zero before the producer ran; row_nnz null: none),
+// and makes `report` (its copies see the counters as the producer left them; heavy_count may be
+// partly counted).
+void launch_list_heavy_rows(const RowCounts& rows, int64_t M, const PackReport& report, cudaStream_t stream);
 // Zeroes up to ZeroWords::kMax ranges of device words in one launch: the sparse path's counters
 // and row counts before the gate GEMM (three memsets there cost ~10 µs of host time, which a
 // single call shows as idle GPU).
@@ -84,8 +102,11 @@ void launch_zero_words(const ZeroWords& z, cudaStream_t stream);
 // GPU idle ~15 µs).
 void launch_copy_words(const uint32_t* src, uint32_t* dst, int n_words, const uint32_t* patch, int patch_at,
                        cudaStream_t stream);
-// *out = in[0] + ... + in[n - 1] (one thread; n small: the non-zero counters); out may be pinned host memory.
-void launch_sum_counters(const unsigned long long* in, int n, unsigned long long* out, cudaStream_t stream);
+// stream_hold.cu: holds `stream` until *release (pinned host memory) becomes non-zero, or for
+// timeout_ns, after which it sets *timed_out (pinned) and lets the stream go on. A benchmark
+// enqueues its timed call behind it, then releases it: the events then time the GPU's work alone.
+void launch_hold_stream(const volatile uint32_t* release, uint32_t* timed_out, uint64_t timeout_ns,
+                        cudaStream_t stream);
 // Adds the non-zero count of n_sample rows spread evenly over g [rows, cols] to *out (dispatch's
 // density estimate: a few MB read instead of the whole activation).
 void launch_count_sampled_nonzeros(const uint16_t* g, int64_t rows, int64_t cols, int64_t n_sample,
@@ -103,6 +124,10 @@ struct SparseFfnArgs {
   uint16_t* y = nullptr;
   uint32_t* row_counters = nullptr;  // 4 device words, the passes' work counters: zero at launch
   RowCounts rows;                    // from the pack (row_nnz null: no heavy-row scheduling)
+  // M device words, zero at launch (gated only; may be null): the up pass counts each row's
+  // finished pieces there, and the down pass starts on the SMs the up pass's tail leaves,
+  // taking a row once it is complete. Null: the down pass starts after the up pass.
+  uint32_t* row_ready = nullptr;
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;
   Precision precision = Precision::bf16;

@@ -26,6 +26,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   auto distributions = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"uniform", "skewed"});
   auto json_path = std::make_shared<std::string>();
   auto non_gated = std::make_shared<bool>(false);
+  auto timing = std::make_shared<std::string>("gpu");
 
   CLI::App* ffn = bench->add_subcommand("ffn", "FFN forward (or forward + backward with --train): dense vs TwELL sparse at chosen densities");
   ffn->add_option("--backend", cfg->backend, "cpu, cuda or auto (cuda when a Hopper GPU is present)")
@@ -48,6 +49,12 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   ffn->add_option("--from", cfg->from_file,
                   "safetensors file: x [M, H], gate, up and down [I, H] (down neuron-major: the transpose of "
                   "down_proj.weight; no gate for a non-gated FFN)");
+  ffn->add_option("--timing", *timing,
+                  "gpu: each call is enqueued behind a kernel that holds the stream, so the CUDA events time the "
+                  "GPU's work alone (nvbench's method; a model's host runs ahead like this); host: from an idle "
+                  "GPU, the host's launch work included. --train always times host")
+      ->check(CLI::IsMember({"gpu", "host"}))
+      ->capture_default_str();
   ffn->add_option("--json", *json_path, "write the JSON records here");
   ffn->add_flag("--train", cfg->train,
                 "time forward + backward (all four gradients, L1 term on) instead of the forward; checks dx on "
@@ -58,6 +65,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   ffn->callback([=] {
     cfg->command = command_line;
     cfg->gated = !*non_gated;
+    cfg->timing = *timing == "host" ? bench::Timing::host : bench::Timing::gpu;
     cfg->distributions.clear();
     for (const auto& d : *distributions) cfg->distributions.push_back(bench::distribution_from_name(d));
     const auto records = bench::run_ffn_bench(*cfg, std::cerr);

@@ -195,7 +195,7 @@ void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_b
   check_gate_pack(a);
   if (a.M == 0) return;
   sm90::run_gemm<Gemm>(make_arguments(a, sm_count), workspace, workspace_bytes, stream, "fused gate+pack");
-  if (a.rows.row_nnz) launch_list_heavy_rows(a.rows, a.M, stream);
+  launch_list_heavy_rows(a.rows, a.M, a.report, stream);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 

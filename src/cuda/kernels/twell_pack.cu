@@ -168,13 +168,6 @@ __global__ __launch_bounds__(kSampleThreads) void count_sampled_kernel(const uin
   }
 }
 
-__global__ void sum_counters_kernel(const unsigned long long* __restrict__ in, int n, unsigned long long* out) {
-  unsigned long long s = 0;
-  for (int i = 0; i < n; ++i) s += in[i];
-  *out = s;
-  __threadfence_system();  // out may be host memory
-}
-
 __global__ void copy_words_kernel(const uint32_t* src, uint32_t* dst, int n, const uint32_t* patch, int patch_at) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = patch && i == patch_at ? *patch : src[i];
   __threadfence_system();  // dst may be host memory: visible there once the kernel is done
@@ -187,7 +180,18 @@ __global__ void zero_words_kernel(ZeroWords z) {
       z.range[r].ptr[i] = 0;
 }
 
-__global__ void list_heavy_rows_kernel(RowCounts rc, int64_t M) {
+__global__ void list_heavy_rows_kernel(RowCounts rc, int64_t M, PackReport report) {
+  if (blockIdx.x == 0 && (report.copy_dst || report.sum_out)) {
+    for (int i = threadIdx.x; report.copy_dst && i < report.copy_words; i += blockDim.x)
+      report.copy_dst[i] = report.patch && i == report.patch_at ? *report.patch : report.copy_src[i];
+    if (threadIdx.x == 0 && report.sum_out) {
+      unsigned long long s = 0;
+      for (int i = 0; i < report.sum_n; ++i) s += report.sum_in[i];
+      *report.sum_out = s;
+    }
+    __threadfence_system();  // host memory: visible there once the kernel is done
+  }
+  if (!rc.row_nnz) return;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < M;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x)
     if (__ldg(rc.row_nnz + r) > kHeavyRowEntries) rc.heavy_rows[atomicAdd(rc.heavy_count, 1u)] = static_cast<uint32_t>(r);
@@ -195,10 +199,10 @@ __global__ void list_heavy_rows_kernel(RowCounts rc, int64_t M) {
 
 }  // namespace
 
-void launch_list_heavy_rows(const RowCounts& rows, int64_t M, cudaStream_t stream) {
-  if (M == 0) return;
-  const int64_t blocks = std::min<int64_t>((M + 255) / 256, 1024);
-  list_heavy_rows_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(rows, M);
+void launch_list_heavy_rows(const RowCounts& rows, int64_t M, const PackReport& report, cudaStream_t stream) {
+  if ((M == 0 || !rows.row_nnz) && !report.any()) return;
+  const int64_t blocks = rows.row_nnz ? std::max<int64_t>(1, std::min<int64_t>((M + 255) / 256, 1024)) : 1;
+  list_heavy_rows_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(rows, M, report);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -219,11 +223,6 @@ void launch_zero_words(const ZeroWords& z, cudaStream_t stream) {
 void launch_copy_words(const uint32_t* src, uint32_t* dst, int n_words, const uint32_t* patch, int patch_at,
                        cudaStream_t stream) {
   copy_words_kernel<<<1, 64, 0, stream>>>(src, dst, n_words, patch, patch_at);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-}
-
-void launch_sum_counters(const unsigned long long* in, int n, unsigned long long* out, cudaStream_t stream) {
-  sum_counters_kernel<<<1, 1, 0, stream>>>(in, n, out);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
