@@ -25,7 +25,6 @@ struct FfnForward::Impl {
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
-  DeviceBuffer row_ready;            // the up -> down overlap's per-row counters (SparseFfnArgs)
   DeviceBuffer gate_workspace;       // the fused gate+pack GEMM's (CUTLASS tile scheduler)
   // The backward's workspace, allocated on its first call: dg and du beside the format, and the
   // transpose of the active set (sized by the forward's non-zero count, grown as needed).
@@ -124,7 +123,6 @@ struct FfnForward::Impl {
       gate_workspace = DeviceBuffer(std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16));
     }
     heavy_rows = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
-    if (s.gated && o.overlap_passes) row_ready = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
     gather_tokens = gather_supports(s.hidden, s.ffn) ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0)) : 0;
     if (gather_tokens > 0) {  // sized for the largest need over the M the path takes
       int64_t partial = 0;
@@ -252,7 +250,6 @@ struct FfnForward::Impl {
     ZeroWords zero;  // one launch: the counters (the passes' among them), the backup's, the row counts
     zero.add(counters.get(), sizeof(Counters) / 4).add(act.view().n_backup, 1);
     if (fused) zero.add(row_nnz.get(), M);  // the fused gate adds to them; the pack kernel writes them
-    if (row_ready.get()) zero.add(row_ready.get(), M);
     launch_zero_words(zero, stream);
     SparseFfnArgs a;
     a.act = act_view(M);
@@ -263,7 +260,6 @@ struct FfnForward::Impl {
     a.y = yp;
     a.row_counters = dev()->next_row;
     a.rows = {row_nnz.as<uint32_t>(), heavy_rows.as<uint32_t>(), &dev()->heavy_count};
-    a.row_ready = row_ready.as<uint32_t>();
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
     a.precision = options.precision;
@@ -597,7 +593,7 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
   return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() +
-         m.heavy_rows.bytes() + m.row_ready.bytes() + m.gate_workspace.bytes() + m.bwd.bytes() +
+         m.heavy_rows.bytes() + m.gate_workspace.bytes() + m.bwd.bytes() +
          m.counters.bytes() + m.sample_count.bytes() +
          m.gather_partial.bytes() + m.decode.bytes();
 }

@@ -124,10 +124,6 @@ struct SparseFfnArgs {
   uint16_t* y = nullptr;
   uint32_t* row_counters = nullptr;  // 4 device words, the passes' work counters: zero at launch
   RowCounts rows;                    // from the pack (row_nnz null: no heavy-row scheduling)
-  // M device words, zero at launch (gated only; may be null): the up pass counts each row's
-  // finished pieces there, and the down pass starts on the SMs the up pass's tail leaves,
-  // taking a row once it is complete. Null: the down pass starts after the up pass.
-  uint32_t* row_ready = nullptr;
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;
   Precision precision = Precision::bf16;

@@ -194,34 +194,6 @@ TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
   EXPECT_EQ(gather.last_stats().path, cuda::FfnPath::gather);
 }
 
-// FfnOptions::overlap_passes: the down pass, launched into the up pass's tail, takes a row only
-// once the up pass has written all its u values (a heavy row's by several warps). Its output must
-// be the bits of the passes run one after the other, over many rows a warp and over heavy rows.
-TEST(FfnForwardGpuDeterminism, OverlappedPassesGiveTheBitsOfSequentialOnes) {
-  TWELL_REQUIRE_HOPPER();
-  struct Shape {
-    int64_t M, H, I;
-    double density;
-  };
-  for (const Shape& sh : {Shape{5000, 256, 1344, 0.02}, Shape{1500, 1024, 2816, 0.15}}) {
-    SCOPED_TRACE(str("M = ", sh.M, ", density ", sh.density));
-    GpuProblem p = make_problem(sh.M, sh.H, sh.I, sh.density);
-    cuda::FfnOptions o;
-    o.dispatch = Dispatch::always_sparse;
-    o.overlap_passes = false;
-    cuda::FfnForward sequential({sh.M, sh.H, sh.I, true}, o);
-    sequential.forward(p.x, p.w(), p.y, nullptr);
-    const Tensor expected = p.y.download();
-    o.overlap_passes = true;
-    cuda::FfnForward overlapped({sh.M, sh.H, sh.I, true}, o);
-    for (int run = 0; run < 3; ++run) {
-      cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
-      overlapped.forward(p.x, p.w(), p.y, nullptr);
-      EXPECT_TRUE(test::bit_equal(p.y.download(), expected)) << "run " << run;
-    }
-  }
-}
-
 // One token on the gather path runs the fused decode kernel (gate GEMV, gather and down sum in
 // one kernel, the blocks' partial sums added by a second): against the CPU at every density, both
 // precisions, gated and not, at shapes whose row blocks are limited by shared memory (H = 4096) or

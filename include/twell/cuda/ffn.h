@@ -85,10 +85,6 @@ struct FfnOptions {
   // same g; the two GEMMs add in different orders, so a value may differ by one bf16 rounding and
   // one within rounding of 0 may be active in one and not the other).
   bool fused_gate = true;
-  // Gated sparse path: the down pass starts on the SMs that the up pass's last rows leave idle,
-  // taking each row once its u values are complete (a counter per row: max_tokens words). false:
-  // the down pass starts after the up pass. The results are the same bit for bit.
-  bool overlap_passes = true;
   // One-token sparse calls (M = 1, the path known before the gate) run the one-kernel decode FFN,
   // whose partial-sum buffers (~2 MB at H = 2048, I = 5632) this object then holds. false: the
   // gather path's kernels, no such buffers (for a caller that runs one-token FFNs itself, as the

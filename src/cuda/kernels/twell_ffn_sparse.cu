@@ -39,8 +39,6 @@ namespace {
 // up: u[m, j] = bf16(x[m] · Wu[j]) for every active (m, j), on the tensor cores (sddmm_loop).
 __global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_up_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) char smem[];
-  // The down pass may launch now (row_ready): its blocks take each SM this kernel leaves.
-  asm volatile("griddepcontrol.launch_dependents;");
   sddmm_loop<Aux::u_index>(p, p.wu, smem, threadIdx.x % 32,
                            [&](uint32_t u_index, float dot) { p.u_vals[u_index] = float_to_bf16_bits(dot); });
 }
@@ -52,11 +50,10 @@ void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t 
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
   launch_sddmm(twell_ffn_up_kernel, p, sm_count, a.M, stream);
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
-  const bool overlap = p.row_ready != nullptr;
   if (a.precision == Precision::h_fp32)
-    launch(twell_axpy_kernel<kChunks, Aux::h_gated_fp32, Out::bf16>, p, sm_count, a.M, stream, overlap);
+    launch(twell_axpy_kernel<kChunks, Aux::h_gated_fp32, Out::bf16>, p, sm_count, a.M, stream);
   else
-    launch(twell_axpy_kernel<kChunks, Aux::h_gated, Out::bf16>, p, sm_count, a.M, stream, overlap);
+    launch(twell_axpy_kernel<kChunks, Aux::h_gated, Out::bf16>, p, sm_count, a.M, stream);
 }
 
 }  // namespace
@@ -75,8 +72,7 @@ void check_twell_ffn_sparse(const SparseFfnArgs& a) {
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream) {
   check_twell_ffn_sparse(a);
   if (a.M == 0) return;
-  Params p{a.act, a.x, a.wu, a.wd, a.u_vals, a.y, a.H, 0, list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
-  p.row_ready = a.gated ? a.row_ready : nullptr;
+  const Params p{a.act, a.x, a.wu, a.wd, a.u_vals, a.y, a.H, 0, list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
   const int64_t chunks = (a.H + 255) / 256;
   if (chunks <= 2) launch_passes<2>(a, p, sm_count, stream);
   else if (chunks <= 4) launch_passes<4>(a, p, sm_count, stream);

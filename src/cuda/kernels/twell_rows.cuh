@@ -41,11 +41,6 @@ struct Params {
   uint16_t* du_vals = nullptr;
   float l1 = 0.f;
   float* out_f32 = nullptr;
-  // The forward's up -> down overlap (launch_passes): row_ready[m] counts the pieces of row m whose u
-  // values the up pass has written (a light row is one piece, a heavy row's shares are
-  // heavy_pieces), so that the down pass, launched while the up pass runs its last rows, takes a
-  // row only once it is complete. Null: the passes do not overlap (the backward).
-  uint32_t* row_ready = nullptr;
 };
 
 // Shared memory of warp w: ring [D][H] bf16, list col [cap] and aux [cap], D mbarriers.
@@ -75,8 +70,7 @@ __device__ __forceinline__ uint32_t entry_aux(const Params& p, float act, uint32
   if constexpr (kAux == Aux::u_index) return u_index;
   if constexpr (kAux == Aux::h_plain) return __float_as_uint(act);
   if constexpr (kAux == Aux::dg_du) return __ldcs(p.dg_vals + u_index) | uint32_t{__ldcs(p.du_vals + u_index)} << 16;
-  // L2 only: with the overlap, u was written by another SM after this kernel started.
-  const float h = act * bf16_bits_to_float(__ldcg(p.u_vals + u_index));
+  const float h = act * bf16_bits_to_float(__ldcs(p.u_vals + u_index));
   return __float_as_uint(kAux == Aux::h_gated_fp32 ? h : round_bf16(h));
 }
 
@@ -241,30 +235,6 @@ __device__ __forceinline__ void group_sync(const HeavyGroup& h) {
 // rows, a warp each, from a global counter. run_tiles(row, t, t_stop) does the warp's work on
 // tiles [t, t_stop) of a row.
 constexpr int64_t kHeavyShareTiles = 2;
-__device__ __forceinline__ uint32_t heavy_pieces(int64_t n_tiles) {
-  return static_cast<uint32_t>((n_tiles + kHeavyShareTiles - 1) / kHeavyShareTiles);
-}
-
-// The up pass: one more piece of `row` has its u values written (by every lane of this warp).
-__device__ __forceinline__ void signal_ready(const Params& p, int64_t row, int lane) {
-  if (!p.row_ready) return;
-  __threadfence();  // each lane's u stores before the count (with the barrier: release by lane 0)
-  __syncwarp();
-  if (lane == 0) atomicAdd(p.row_ready + row, 1u);
-}
-// The down pass: waits until the up pass has written all `pieces` of `row` (whole warp).
-__device__ __forceinline__ void wait_ready(const Params& p, int64_t row, uint32_t pieces, int lane) {
-  if (!p.row_ready) return;
-  if (lane == 0) {
-    for (;;) {
-      uint32_t v;
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p.row_ready + row) : "memory");
-      if (v >= pieces) break;
-      __nanosleep(256);
-    }
-  }
-  __syncwarp();
-}
 template <bool kReduce, typename Begin, typename RunTiles, typename End, typename EndHeavy>
 __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, bool prefetch_u, int lane, Begin&& begin,
                                              RunTiles&& run_tiles, End&& end, EndHeavy&& end_heavy) {
@@ -283,13 +253,12 @@ __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, b
         const int64_t row = heavy_row[g.index];
         group_sync(g);
         if (row < 0) break;
-        wait_ready(p, row, heavy_pieces(n_tiles), lane);
         begin(row);
         run_tiles(row, g.t0, g.t1);
         end_heavy(row, g);
       }
     } else {
-      const int64_t pieces = heavy_pieces(n_tiles);
+      const int64_t pieces = (n_tiles + kHeavyShareTiles - 1) / kHeavyShareTiles;
       for (;;) {
         uint32_t i = 0;
         if (lane == 0) i = atomicAdd(p.next_heavy, 1u);
@@ -305,7 +274,6 @@ __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, b
   for (int64_t row = grab_row(p, lane), next; row < rows; row = next) {
     next = grab_row(p, lane);  // grabbed early so that its data can be prefetched
     prefetch_row(p, next, prefetch_x, prefetch_u, lane);
-    if constexpr (kReduce) wait_ready(p, row, 1, lane);
     begin(row);
     run_tiles(row, 0, n_tiles);
     end(row);
@@ -469,9 +437,7 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
       __syncwarp();  // the list and the ring are rewritten by the next stage
     }
   };
-  row_schedule<false>(
-      p, true, false, lane, [](int64_t) {}, run_tiles, [&](int64_t row) { signal_ready(p, row, lane); },
-      [&](int64_t row, const HeavyGroup&) { signal_ready(p, row, lane); });
+  row_schedule<false>(p, true, false, lane, [](int64_t) {}, run_tiles, [](int64_t) {}, [](int64_t, const HeavyGroup&) {});
 }
 
 __device__ __forceinline__ void init_barriers(const WarpSmem& s, int slots, int lane) {
@@ -563,9 +529,6 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
         group_sync(g);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the TMA writes the rings again
       });
-  // Launched during the up pass (row_ready): not done before it is, so that the stream's next
-  // work cannot overtake the up pass's last instructions. A no-op in an ordinary launch.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 int list_cap_for(const TwellLayout& l) { return std::max<int>(l.tile, 256); }
@@ -616,11 +579,8 @@ void launch_sddmm(Kernel kernel, const Params& p, int sm_count, int64_t M, cudaS
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
-// `overlap`: the kernel may start while the stream's previous kernel runs (programmatic dependent
-// launch; that kernel lets it with griddepcontrol.launch_dependents): the up -> down overlap, whose
-// order row_ready keeps.
 template <typename Kernel>
-void launch(Kernel kernel, Params p, int sm_count, int64_t M, cudaStream_t stream, bool overlap = false) {
+void launch(Kernel kernel, Params p, int sm_count, int64_t M, cudaStream_t stream) {
   const int chunks = static_cast<int>((p.H + 255) / 256);
   Config c = config_for(p.H, p.list_cap, threads_for(chunks) / 32);
   // >= 2: the accumulate kernel sums a heavy row's shares (warps x H f32) over the rings.
@@ -629,17 +589,8 @@ void launch(Kernel kernel, Params p, int sm_count, int64_t M, cudaStream_t strea
   const int smem = static_cast<int>(c.warps * smem_per_warp(p.H, c.slots, p.list_cap));
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes);
   const int64_t blocks = std::min<int64_t>(sm_count, (M + c.warps - 1) / c.warps);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(c.warps * 32));
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = overlap ? 1 : 0;
-  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  kernel<<<static_cast<unsigned>(blocks), c.warps * 32, smem, stream>>>(p);
+  TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
 
