@@ -240,6 +240,17 @@ TEST(FfnForwardGpuDecode, OneTokenMatchesCpuAtEveryDensity) {
             first = y.download();
           }
           EXPECT_EQ(ffn.last_path(), cuda::FfnPath::gather);
+          // Dispatch (previous, the default) takes the same kernel for one token at any density.
+          cuda::FfnOptions od;
+          od.precision = prec;
+          od.gather_max_tokens = 4;
+          cuda::FfnForward dispatched({4, sh.H, sh.I, gated}, od);
+          for (int run = 0; run < 2; ++run) {
+            cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);
+            dispatched.forward(x, w, y, nullptr);
+            EXPECT_EQ(dispatched.last_path(), cuda::FfnPath::gather);
+            EXPECT_TRUE(test::bit_equal(y.download(), first));
+          }
           if (rms(y_cpu) == 0) {  // nothing active (density 0)
             EXPECT_EQ(rms(first), 0.0);
             continue;

@@ -8,9 +8,10 @@
 // tiles spill to a dense backup, nothing is dropped) -> up/down kernel over the active set only.
 // A sparse call of at most gather_max_tokens tokens (decode) takes the gather path instead: the
 // same gate GEMM, then per-token index lists and kernels that spread each token over many blocks;
-// one token (M = 1, the sparse path known before the gate: always_sparse, or previous below the
-// threshold) runs the whole FFN in one kernel, the gate GEMV included, whose blocks' partial sums
-// a second small kernel adds (launch_decode_ffn; H a multiple of 32, at most 4096).
+// one token (M = 1: always_sparse, and observe or previous at any density, since it never reads
+// more than the dense path; not in training) runs the whole FFN in one kernel, the gate GEMV
+// included, whose blocks' partial sums a second small kernel adds (launch_decode_ffn; H a multiple
+// of 32, at most 4096).
 // Dense path: gate+up GEMM, ReLU·product kernel, down GEMM (all cuBLASLt).
 // Everything is enqueued on the caller's stream. Dispatch counts the non-zeros of a sample of up
 // to 1024 rows of g (a few MB read). `Dispatch::observe` waits for that count (one stream
@@ -52,10 +53,11 @@ struct FfnOptions {
   // forced sparse is 0.87-0.95x dense at 1% and 1.55-1.73x at 2% (twelfth session, M = 16384 and
   // 131072, uniform and skewed), the same break-even as inference's.
   double training_dense_above_density = 0.011;
-  // Below this many tokens observe/previous take the dense path: the sparse path's extra launches
-  // and skewed rows cost more than they save (H200, H = 2048, I = 5632, 0.5%: at M = 4096 0.89×
-  // uniform but 1.04–1.07× skewed, and 1.04× in the 2B model's prefill of 8 × 512 tokens; from
-  // M = 6144 below 1× in every case; docs/perf.md, "Dispatch").
+  // Below this many tokens (but one: see the head of this file) observe/previous take the dense
+  // path: the sparse path's extra launches and skewed rows cost more than they save (H200,
+  // H = 2048, I = 5632, 0.5%: at M = 4096 0.89× uniform but 1.04–1.07× skewed, and 1.04× in the
+  // 2B model's prefill of 8 × 512 tokens; from M = 6144 below 1× in every case; docs/perf.md,
+  // "Dispatch").
   int64_t sparse_min_tokens = 8192;
   // bf16, or h_fp32: h = g·u kept in fp32 inside the down kernel. h_fp32 always takes the sparse
   // path (the dense path's product kernel rounds h to bf16 for the down GEMM).
