@@ -36,9 +36,11 @@ TEST(BenchFfn, SyntheticCasesAreCheckedAndTimed) {
     EXPECT_TRUE(r.correct) << r.impl << " " << r.note;
     EXPECT_GT(r.ms_median, 0);
     EXPECT_EQ(r.M, 9);
+    EXPECT_EQ(r.timing, "host");  // the CPU backend has no GPU timing: the records say what it used
   }
   EXPECT_NE(progress.str().find("[4/4]"), std::string::npos) << progress.str();
   EXPECT_NE(bench::records_to_json(records).find("\"ratio_to_dense\""), std::string::npos);
+  EXPECT_NE(bench::records_to_json(records).find("\"timing\": \"host\""), std::string::npos);
 }
 
 TEST(BenchFfn, FromFileRunsTheGivenTensors) {
