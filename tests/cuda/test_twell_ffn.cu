@@ -351,6 +351,25 @@ TEST(FfnForwardGpuDispatch, SlotsKeepEachLayersOwnSample) {
   EXPECT_THROW(cuda::FfnForward({256, 256, 1024, true}, o), Error);
 }
 
+// One token: observe and previous take the one-kernel decode FFN at any density (it never reads
+// more than the dense path), but not in training, whose backward needs the TwELL or dense state.
+TEST(FfnForwardGpuDispatch, OneTokenTakesTheDecodeKernelOutsideTraining) {
+  TWELL_REQUIRE_HOPPER();
+  GpuProblem p = make_problem(1, 256, 1024, 0.5);
+  for (Dispatch d : {Dispatch::observe, Dispatch::previous}) {
+    SCOPED_TRACE(d == Dispatch::observe ? "observe" : "previous");
+    cuda::FfnOptions o;
+    o.dispatch = d;
+    cuda::FfnForward ffn({1, 256, 1024, true}, o);
+    ffn.forward(p.x, p.w(), p.y, nullptr);
+    EXPECT_EQ(ffn.last_stats().path, cuda::FfnPath::gather);
+    o.training = true;
+    cuda::FfnForward train({1, 256, 1024, true}, o);
+    train.forward(p.x, p.w(), p.y, nullptr);
+    EXPECT_EQ(train.last_stats().path, cuda::FfnPath::dense);
+  }
+}
+
 TEST(FfnForwardGpuEdges, GraphCaptureNeedsFixedDispatchAndReplaysExactly) {
   TWELL_REQUIRE_HOPPER();
   GpuProblem p = make_problem(5, 256, 1024, 0.01);

@@ -8,14 +8,15 @@
 // tiles spill to a dense backup, nothing is dropped) -> up/down kernel over the active set only.
 // A sparse call of at most gather_max_tokens tokens (decode) takes the gather path instead: the
 // same gate GEMM, then per-token index lists and kernels that spread each token over many blocks;
-// one token (M = 1: always_sparse, and observe or previous at any density, since it never reads
-// more than the dense path; not in training) runs the whole FFN in one kernel, the gate GEMV
-// included, whose blocks' partial sums a second small kernel adds (launch_decode_ffn; H a multiple
-// of 32, at most 4096).
+// one token (M = 1) runs the whole FFN in one kernel, the gate GEMV included, whose blocks'
+// partial sums a second small kernel adds (launch_decode_ffn; H a multiple of 32, at most 4096):
+// with always_sparse, and with observe or previous (not in training) at any density, since it
+// never reads more than the dense path.
 // Dense path: gate+up GEMM, ReLU·product kernel, down GEMM (all cuBLASLt).
 // Everything is enqueued on the caller's stream. Dispatch counts the non-zeros of a sample of up
 // to 1024 rows of g (a few MB read). `Dispatch::observe` waits for that count (one stream
-// synchronisation per call); `previous` (the default) decides on the sample of the previous call
+// synchronisation per call, except where the tokens alone decide: one token, or fewer than
+// sparse_min_tokens); `previous` (the default) decides on the sample of the previous call
 // and reads this call's sample on the next one, so only its first call synchronises. Both paths
 // are exact: dispatch only decides speed. Inside CUDA graph capture, forward() needs dispatch
 // always_sparse or always_dense and count_nonzeros = false (it throws otherwise).
@@ -87,7 +88,7 @@ struct FfnOptions {
   // same g; the two GEMMs add in different orders, so a value may differ by one bf16 rounding and
   // one within rounding of 0 may be active in one and not the other).
   bool fused_gate = true;
-  // One-token sparse calls (M = 1, the path known before the gate) run the one-kernel decode FFN,
+  // One-token calls (M = 1: always_sparse, or observe/previous outside training) run the one-kernel decode FFN,
   // whose partial-sum buffers (~2 MB at H = 2048, I = 5632) this object then holds. false: the
   // gather path's kernels, no such buffers (for a caller that runs one-token FFNs itself, as the
   // model's decode step does).
