@@ -92,6 +92,27 @@ GatePackResult run_gate_pack(const TensorView& x, const TensorView& w, const Twe
 
 class GatePackGpu : public testing::TestWithParam<GateCase> {};
 
+// A NaN in x makes its row of g NaN: the ReLU must not turn it into zeros, so every value of that
+// row is an active NaN (its tiles spill), and the other rows are untouched.
+TEST(GatePackGpu, NaNInXIsNotLost) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 70, H = 128, I = 576, nan_row = 5;
+  const bench::SyntheticFfn f =
+      bench::make_synthetic_ffn({M, H, I, 0.02, bench::Distribution::uniform, true, 7});
+  Tensor x = f.x.clone();
+  x.ptr<bf16>()[nan_row * H + 3] = bf16(std::nanf(""));
+  const TwellLayout layout{M, I, 256, 8};
+  const GatePackResult r = run_gate_pack(x, f.wg, layout);
+  twell_validate(r.act);
+  Tensor g = Tensor::of<bf16>({M, I});
+  twell_unpack(r.act, g);
+  const auto* gp = g.view().ptr<bf16>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < I; ++i)
+      ASSERT_EQ(std::isnan(float(gp[m * I + i])), m == nan_row) << "row " << m << " column " << i;
+  EXPECT_EQ(r.row_nnz[nan_row], static_cast<uint32_t>(I));
+}
+
 TEST_P(GatePackGpu, PacksReluOfTheGateExactlyAsTheHostPacker) {
   TWELL_REQUIRE_HOPPER();
   const GateCase& c = GetParam();
