@@ -22,9 +22,6 @@
 
 #include <cuda_bf16.h>
 
-#include <algorithm>
-#include <cstdlib>
-
 #include "twell/error.h"
 
 namespace twell::cuda {
@@ -43,14 +40,6 @@ struct PackParams {
 
 // Bits [0, n) of a 64-bit mask (n ≤ 64).
 __device__ __forceinline__ uint64_t below(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
-
-// bf16x2 {lo, hi} of ReLU(lo), ReLU(hi), rounded to nearest, in one instruction: negatives become
-// +0, NaN stays NaN (the canonical one, as __floats2bfloat162_rn gives it).
-__device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
-  uint32_t d;
-  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-}
 
 // An sm70-style epilogue (operator() per output tile, accumulators in registers), run by the
 // Hopper kernels through CUTLASS's Sm90TmaWarpSpecializedAdapter. It has no shared storage.
@@ -90,22 +79,16 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
                      // the shuffles below name the whole warp anyway)
       const int64_t row = int64_t{m_coord} * kTileM + r0 + 8 * h;
       // bf16 values, ReLU'd (NaN kept: never silently turned into zeros), and their non-zero mask.
-      // Most of a thread's 64 values are zero (at 0.5% all of them, 3 times in 4), so the mask is
-      // built only where one is not: one instruction a pair plus an OR in the common case.
       uint32_t pairs[32];
-      uint32_t any = 0;
+      uint64_t mask = 0;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
-        pairs[j] = relu_bf16x2(acc(make_coord(make_coord(0, h, j), 0, 0)), acc(make_coord(make_coord(1, h, j), 0, 0)));
-        any |= pairs[j];
+        const float a = acc(make_coord(make_coord(0, h, j), 0, 0)), b = acc(make_coord(make_coord(1, h, j), 0, 0));
+        const __nv_bfloat162 v = __floats2bfloat162_rn(a > 0.f || a != a ? a : 0.f, b > 0.f || b != b ? b : 0.f);
+        pairs[j] = *reinterpret_cast<const uint32_t*>(&v);
+        mask |= uint64_t{(pairs[j] & 0xffffu) != 0} << (2 * j) | uint64_t{(pairs[j] >> 16) != 0} << (2 * j + 1);
       }
-      uint64_t mask = 0;
-      if (any != 0) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          mask |= uint64_t{(pairs[j] & 0xffffu) != 0} << (2 * j) | uint64_t{(pairs[j] >> 16) != 0} << (2 * j + 1);
-        mask &= in_width;
-      }
+      mask &= in_width;
       // The quad's four masks (every lane of the warp takes part in the shuffles).
       uint64_t quad[4];
 #pragma unroll
@@ -180,35 +163,12 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
 // clusters multicast the weight tile.
 using Gemm = sm90::PingPongGemm<TwellPackEpilogue>::Gemm;
 
-// EXPERIMENT (TWELL_GATE_COOP=1): the cooperative 128 × 256 kernel with the same epilogue.
-struct CoopGemmT {
-  using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<TwellPackEpilogue>;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, sm90::ElementAB, cutlass::layout::RowMajor, 8,
-      sm90::ElementAB, cutlass::layout::ColumnMajor, 8, float, cute::Shape<cute::_128, cute::_256, cute::_64>,
-      cute::Shape<cute::_2, cute::_1, cute::_1>,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-};
-using CoopGemm = CoopGemmT::Gemm;
-bool use_coop() {
-  static const bool on = [] {
-    const char* e = std::getenv("TWELL_GATE_COOP");
-    return e && e[0] == '1';
-  }();
-  return on;
+Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
+  return sm90::gemm_arguments<Gemm>(a.x, a.w, static_cast<int>(a.M), static_cast<int>(a.I), static_cast<int>(a.H),
+                                    PackParams{a.act, a.nnz_total, a.overflow, a.rows,
+                                               static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()},
+                                    sm_count);
 }
-
-template <class G>
-typename G::Arguments make_arguments_for(const GatePackArgs& a, int sm_count) {
-  return sm90::gemm_arguments<G>(a.x, a.w, static_cast<int>(a.M), static_cast<int>(a.I), static_cast<int>(a.H),
-                                 PackParams{a.act, a.nnz_total, a.overflow, a.rows,
-                                            static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()},
-                                 sm_count);
-}
-Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) { return make_arguments_for<Gemm>(a, sm_count); }
 
 }  // namespace
 
@@ -227,18 +187,13 @@ void check_gate_pack(const GatePackArgs& a) {
 
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count) {
   check_gate_pack(a);
-  return std::max(Gemm::get_workspace_size(make_arguments(a, sm_count)),
-                  CoopGemm::get_workspace_size(make_arguments_for<CoopGemm>(a, sm_count)));
+  return Gemm::get_workspace_size(make_arguments(a, sm_count));
 }
 
 void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
                       cudaStream_t stream) {
   check_gate_pack(a);
-  if (a.M > 0 && use_coop())
-    sm90::run_gemm<CoopGemm>(make_arguments_for<CoopGemm>(a, sm_count), workspace, workspace_bytes, stream,
-                             "fused gate+pack (cooperative)");
-  else if (a.M > 0)
-    sm90::run_gemm<Gemm>(make_arguments(a, sm_count), workspace, workspace_bytes, stream, "fused gate+pack");
+  if (a.M > 0) sm90::run_gemm<Gemm>(make_arguments(a, sm_count), workspace, workspace_bytes, stream, "fused gate+pack");
   launch_list_heavy_rows(a.rows, a.M, a.report, stream);  // the report even for M = 0
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
