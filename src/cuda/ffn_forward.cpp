@@ -25,10 +25,10 @@ struct FfnForward::Impl {
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size); the list path's entries
   DeviceBuffer row_off, scan_temp;   // the list path's row offsets and their scan's workspace
-  // Weights prepared by prepare(): Wu's and Wd's 12-bit packed rows, by their addresses.
+  // Weights prepared by prepare(): Wd's 12-bit packed rows, by Wd's address.
   struct Prepared {
-    const void *wu = nullptr, *wd = nullptr;
-    DeviceBuffer wu_rows, wd_rows;
+    const void* wd = nullptr;
+    DeviceBuffer rows;
   };
   std::vector<Prepared> prepared;
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
@@ -262,34 +262,30 @@ struct FfnForward::Impl {
     return options.list_passes && !options.training && twell_ffn_list_supported(a);
   }
 
-  const Prepared* prepared_for(const FfnWeights& w) const {
+  const uint8_t* prepared_rows(const void* wd) const {
     for (const Prepared& p : prepared)
-      if (p.wu == w.wu.data && p.wd == w.wd.data) return &p;
+      if (p.wd == wd) return p.rows.as<uint8_t>();
     return nullptr;
   }
 
   PreparedWeights prepare(const FfnWeights& w, cudaStream_t stream) {
     const int64_t H = shape.hidden, I = shape.ffn;
-    check_operand(w.wu, DType::bf16, {I, H}, "FfnForward::prepare: w.wu");
     check_operand(w.wd, DType::bf16, {I, H}, "FfnForward::prepare: w.wd");
     PreparedWeights r;
     r.rows = I;
     if (!list_possible()) return r;  // the passes that read packed rows do not run: nothing to do
-    Prepared p{w.wu.data, w.wd.data, DeviceBuffer(static_cast<size_t>(packed_rows_bytes(I, H))),
-               DeviceBuffer(static_cast<size_t>(packed_rows_bytes(I, H)))};
-    DeviceBuffer unpacked(8);
-    TWELL_CUDA_CHECK(cudaMemsetAsync(unpacked.get(), 0, 8, stream));
-    launch_pack_rows(static_cast<const uint16_t*>(w.wu.data), I, H, p.wu_rows.as<uint8_t>(), unpacked.as<uint32_t>(),
-                     stream);
-    launch_pack_rows(static_cast<const uint16_t*>(w.wd.data), I, H, p.wd_rows.as<uint8_t>(),
-                     unpacked.as<uint32_t>() + 1, stream);
-    uint32_t n_unpacked[2] = {0, 0};
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(n_unpacked, unpacked.get(), 8, cudaMemcpyDeviceToHost, stream));
+    TWELL_CHECK(reinterpret_cast<uintptr_t>(w.wd.data) % 16 == 0, "FfnForward::prepare: w.wd must be 16-byte aligned");
+    DeviceBuffer rows(static_cast<size_t>(packed_rows_bytes(I, H)));
+    DeviceBuffer unpacked(4);
+    TWELL_CUDA_CHECK(cudaMemsetAsync(unpacked.get(), 0, 4, stream));
+    launch_pack_rows(static_cast<const uint16_t*>(w.wd.data), I, H, rows.as<uint8_t>(), unpacked.as<uint32_t>(), stream);
+    uint32_t n_unpacked = 0;
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(&n_unpacked, unpacked.get(), 4, cudaMemcpyDeviceToHost, stream));
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    r.wu_rows_packed = I - n_unpacked[0], r.wd_rows_packed = I - n_unpacked[1];
-    auto it = std::find_if(prepared.begin(), prepared.end(), [&](const Prepared& q) { return q.wd == w.wd.data; });
-    if (it == prepared.end()) prepared.push_back(std::move(p));
-    else *it = std::move(p);
+    r.rows_packed = I - n_unpacked;
+    auto it = std::find_if(prepared.begin(), prepared.end(), [&](const Prepared& p) { return p.wd == w.wd.data; });
+    if (it == prepared.end()) it = prepared.insert(prepared.end(), Prepared{w.wd.data, DeviceBuffer()});
+    it->rows = std::move(rows);
     return r;
   }
 
@@ -316,13 +312,13 @@ struct FfnForward::Impl {
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
     a.precision = options.precision;
-    const Prepared* prep = list_possible() ? prepared_for(w) : nullptr;
-    const bool list = prep != nullptr;
+    const uint8_t* wd_packed = list_possible() ? prepared_rows(w.wd.data) : nullptr;
+    const bool list = wd_packed != nullptr;
     if (list) {
       a.entries = u_vals.as<uint32_t>();
       a.row_off = row_off.as<uint32_t>();
       a.scan_temp = scan_temp.get(), a.scan_temp_bytes = scan_temp.bytes();
-      a.wu_packed = prep->wu_rows.as<uint8_t>(), a.wd_packed = prep->wd_rows.as<uint8_t>();
+      a.wd_packed = wd_packed;
     }
     if (fused) {
       GatePackArgs gp;
@@ -663,7 +659,7 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
   size_t prepared = 0;
-  for (const auto& p : m.prepared) prepared += p.wu_rows.bytes() + p.wd_rows.bytes();
+  for (const auto& p : m.prepared) prepared += p.rows.bytes();
   return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() +
          m.row_off.bytes() + m.scan_temp.bytes() + prepared +
          m.heavy_rows.bytes() + m.gate_workspace.bytes() + m.bwd.bytes() +

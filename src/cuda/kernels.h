@@ -109,7 +109,7 @@ void launch_hold_stream(const volatile uint32_t* release, uint32_t* timed_out, u
                         cudaStream_t stream);
 // packed_rows.cu: w [I, H] bf16 -> its rows packed losslessly to 12 bits a weight where they fit
 // (the format: kernels/packed_rows.cuh), packed_rows_bytes(I, H) bytes; adds the number of rows
-// that do not pack (kept as bf16, table kUnpackedRow) to *n_unpacked. H a multiple of 256.
+// that do not pack (kept as bf16: base kUnpackedRow) to *n_unpacked. H a multiple of 256.
 int64_t packed_rows_bytes(int64_t I, int64_t H);
 void launch_pack_rows(const uint16_t* w, int64_t I, int64_t H, uint8_t* packed, uint32_t* n_unpacked,
                       cudaStream_t stream);
@@ -133,17 +133,16 @@ struct SparseFfnArgs {
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;
   Precision precision = Precision::bf16;
-  // The list path (twell_ffn_list_supported): the up pass reads Wu's prepared rows (wu_packed,
-  // launch_pack_rows) and writes every active entry as j | bf16(h) << 16 into `entries` at
-  // row_off[m] + its rank in row m (ascending j), and the down pass reads Wd's prepared rows
-  // (wd_packed) through that list with no TwELL staging and no ring. entries hold as many words as
+  // The list path (twell_ffn_list_supported): the up pass writes every active entry as
+  // j | bf16(h) << 16 into `entries` at row_off[m] + its rank in row m (ascending j), and the down
+  // pass reads its rows of Wd through that list with no TwELL staging and no ring, from the 12-bit
+  // packed rows `wd_packed` (launch_pack_rows; null: the bf16 rows). entries hold as many words as
   // u_vals holds values; row_off [M] is the exclusive scan of rows.row_nnz (scan_temp:
   // twell_list_scan_temp_bytes(M)). entries null: the ring down pass over TwELL.
   uint32_t* entries = nullptr;
   uint32_t* row_off = nullptr;
   void* scan_temp = nullptr;
   size_t scan_temp_bytes = 0;
-  const uint8_t* wu_packed = nullptr;
   const uint8_t* wd_packed = nullptr;
 };
 // Whether the list path takes this FFN: gated, Precision::bf16, H a multiple of 256 up to 2048,

@@ -112,12 +112,11 @@ struct FfnOptions {
   int64_t dw_slice_columns = 0;
 };
 
-// What prepare() made: of Wu's and Wd's rows, how many are kept packed (12 bits a weight,
-// losslessly) rather than as bf16 (rows with more than 8 distinct values of the exponent's upper
-// 7 bits: weights spread over more than ~16 octaves).
+// What prepare() made: of Wd's rows, how many are kept packed (12 bits a weight, losslessly)
+// rather than as bf16 (rows whose exponents span more than 2^16: an exact zero weight, say).
 struct PreparedWeights {
   int64_t rows = 0;
-  int64_t wu_rows_packed = 0, wd_rows_packed = 0;
+  int64_t rows_packed = 0;
 };
 
 struct FfnStats {
@@ -132,7 +131,7 @@ struct FfnStats {
 // Device memory: about 4.5 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
 // output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
 // them): 6.4 GB at max_tokens = 131072, I = 5632; with the list passes u's place holds a word
-// an entry (+1.6 GB there), and prepare() adds 4 · I · H bytes a layer. FfnOptions::training adds one [max_tokens, I]
+// an entry (+1.6 GB there), and prepare() adds 1.5 · I · H bytes a Wd. FfnOptions::training adds one [max_tokens, I]
 // bf16 buffer (h), and backward() its workspace, allocated by its first call.
 class FfnForward {
  public:
@@ -158,12 +157,12 @@ class FfnForward {
   void backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,
                 const FfnGrads& grads, cudaStream_t stream);
 
-  // For inference: packs w.wu's and w.wd's rows losslessly to 12 bits a weight where they fit (a
-  // quarter fewer bytes for the sparse passes to read), kept by this object for the forward()
-  // calls given the same w.wu and w.wd (by address), which then take the list passes
-  // (FfnOptions::list_passes): for a model, once per layer at load. Waits for `stream`. Call it
-  // again after changing their values in place (the packed copy would be stale). Does nothing
-  // where the list passes do not run.
+  // For inference: packs w.wd's rows losslessly to 12 bits a weight where they fit (a quarter
+  // fewer bytes for the sparse down pass to read), kept by this object for the forward() calls
+  // given the same w.wd (by address), which then take the list passes (FfnOptions::list_passes):
+  // for a model, once per layer at load. Waits for `stream`. Call it again after changing Wd's
+  // values in place (the packed copy would be stale). Does nothing where the list passes do not
+  // run.
   PreparedWeights prepare(const FfnWeights& w, cudaStream_t stream);
 
   // Statistics of the last call; waits for its non-zero count if the sparse path ran.

@@ -1,9 +1,9 @@
 // Packs weight rows to 12 bits a weight (the format: packed_rows.cuh), a warp a row: the set of
 // the row's upper exponent values (a 128-bit mask, OR-reduced over the warp) decides whether it
 // packs and makes its table, then each lane writes its 8-weight groups' low bytes and selector
-// words. Rows that do not pack get the table kUnpackedRow and their bf16 row in the slot.
+// words. Rows that do not pack get the table kUnpackedRow and their planes are left unwritten
+// (the kernels read the bf16 row instead).
 #include <algorithm>
-#include <cstdlib>
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/packed_rows.cuh"
@@ -24,7 +24,7 @@ __device__ __forceinline__ uint32_t table_index(const uint32_t (&m)[4], uint32_t
 }
 
 __global__ void pack_rows_kernel(const uint16_t* __restrict__ w, int64_t I, int64_t H, uint8_t* __restrict__ rows,
-                                 uint2* __restrict__ tables, uint32_t* __restrict__ n_unpacked, bool allow) {
+                                 uint2* __restrict__ tables, uint32_t* __restrict__ n_unpacked) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
   for (int64_t j = int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32; j < I; j += warps) {
@@ -44,7 +44,7 @@ __global__ void pack_rows_kernel(const uint16_t* __restrict__ w, int64_t I, int6
     for (int k = 0; k < 4; ++k)
 #pragma unroll
       for (int d = 16; d >= 1; d /= 2) m[k] |= __shfl_xor_sync(0xffffffffu, m[k], d);
-    const bool packs = allow && __popc(m[0]) + __popc(m[1]) + __popc(m[2]) + __popc(m[3]) <= 8;
+    const bool packs = __popc(m[0]) + __popc(m[1]) + __popc(m[2]) + __popc(m[3]) <= 8;
     if (lane == 0) {
       uint8_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       int n = 0;
@@ -59,12 +59,9 @@ __global__ void pack_rows_kernel(const uint16_t* __restrict__ w, int64_t I, int6
       }
       tables[j] = tw;
     }
-    uint8_t* out = rows + j * H * 2;
-    if (!packs) {  // the bf16 row as it is
-      for (int64_t g = lane; g < H / 8; g += 32) reinterpret_cast<uint4*>(out)[g] = row[g];
-      continue;
-    }
-    for (int64_t g = lane; g < H / 8; g += 32) {  // 8 weights: block g / 8, group g % 8
+    if (!packs) continue;
+    uint8_t* out = rows + j * packed_row_bytes(H);
+    for (int64_t g = lane; g < H / 8; g += 32) {
       const uint4 q = row[g];
       const uint32_t v[4] = {q.x, q.y, q.z, q.w};
       uint32_t low[2] = {0, 0}, sel = 0;
@@ -75,16 +72,15 @@ __global__ void pack_rows_kernel(const uint16_t* __restrict__ w, int64_t I, int6
         sel |= table_index(m, (b >> 8) & 0x7fu) << (4 * k);
         sel |= (b >> 15) << (k < 4 ? 8 * k + 7 : 8 * (k - 4) + 3);
       }
-      uint8_t* block = out + (g / 8) * kPackedBlockBytes;
-      reinterpret_cast<uint2*>(block)[g % 8] = make_uint2(low[0], low[1]);
-      reinterpret_cast<uint32_t*>(block + 64)[g % 8] = sel;
+      reinterpret_cast<uint2*>(out)[g] = make_uint2(low[0], low[1]);
+      reinterpret_cast<uint32_t*>(out + H)[g] = sel;
     }
   }
 }
 
 }  // namespace
 
-int64_t packed_rows_bytes(int64_t I, int64_t H) { return I * H * 2 + I * 8; }
+int64_t packed_rows_bytes(int64_t I, int64_t H) { return I * packed_row_bytes(H) + I * 8; }
 
 void launch_pack_rows(const uint16_t* w, int64_t I, int64_t H, uint8_t* packed, uint32_t* n_unpacked,
                       cudaStream_t stream) {
@@ -92,8 +88,7 @@ void launch_pack_rows(const uint16_t* w, int64_t I, int64_t H, uint8_t* packed, 
               " positive");
   const int64_t blocks = std::min<int64_t>((I + 7) / 8, 4096);
   pack_rows_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-      w, I, H, packed, reinterpret_cast<uint2*>(packed + I * H * 2), n_unpacked,
-      !(std::getenv("TWELL_PACK_NONE")));  // EXPERIMENT
+      w, I, H, packed, reinterpret_cast<uint2*>(packed + I * packed_row_bytes(H)), n_unpacked);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 

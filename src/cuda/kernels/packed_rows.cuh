@@ -7,13 +7,13 @@
 // more than ~16 octaves besides zeros) is not packed: its table is kUnpackedRow and the bf16 row
 // is read instead.
 //
-// Row j of a prepared matrix [I, H] (H a multiple of 256) has a slot of 2H bytes at j · 2H. A
-// packed row fills 3/4 of it, 64-column block by block (the unit the passes stage): block b at
-// 96b holds its 64 low bytes, then 8 selector words, word g for columns 64b + 8g .. + 8. In the
-// selector word of those 8 weights, bits 4k .. 4k + 2 hold weight k's table index, and the free
-// bits 4k + 3 hold the signs where the decode wants them: weight i < 4's at bit 8i + 7, weight
-// 4 + i's at bit 8i + 3. A row that does not pack is its bf16 row (block b at 128b). The tables
-// follow the I slots: 8 bytes a row, entry i in byte i (the upper exponent bits, below 128).
+// Row j of a packed matrix [I, H] (H a multiple of 256) is H * 3 / 2 bytes at j * H * 3 / 2: the
+// low bytes (H), then a 32-bit selector word per 8 weights (H / 2 bytes). In the selector word of
+// weights 0..7, bits 4k .. 4k + 2 hold weight k's table index, and the free bits 4k + 3 hold the
+// signs where the decode wants them: weight i < 4's at bit 8i + 7 and weight 4 + i's at bit 8i + 3.
+// Lane l of a warp reading chunk c of a row (columns c·256 + 8l .. + 8, as the accumulate kernels
+// hold a row) loads one 8-byte word of low bytes and one selector word. The tables follow the I
+// rows: 8 bytes a row, entry i in byte i (the upper exponent bits, below 128).
 //
 // The decode of 8 weights is 12 instructions: two byte permutes look the 4 + 4 upper exponent
 // bits up in the table (a permute picks bytes of its two 32-bit operands by 3-bit selectors: the
@@ -29,7 +29,7 @@ namespace twell::cuda {
 
 constexpr uint32_t kUnpackedRow = 0xffffffffu;  // a table's first word: the row is bf16
 
-constexpr int kPackedBlockBytes = 96;  // a packed 64-column block: 64 low bytes, 8 selector words
+__host__ __device__ constexpr int64_t packed_row_bytes(int64_t H) { return H * 3 / 2; }
 
 // The 8 bf16 weights (as a uint4, lower index in the low half of each word) from their 8 low
 // bytes, their selector word and the row's table (t0: entries 0-3, t1: entries 4-7).

@@ -63,7 +63,7 @@ __global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_up_kernel(co
 // (entry_aux<Aux::h_gated>).
 __global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_up_list_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) char smem[];
-  sddmm_loop<Aux::h_plain, true>(p, reinterpret_cast<const uint16_t*>(p.wu_packed), p.row_off, smem, threadIdx.x % 32,
+  sddmm_loop<Aux::h_plain>(p, p.wu, p.row_off, smem, threadIdx.x % 32,
                            [&](uint32_t act_bits, float dot, uint32_t j, uint32_t rank) {
                              const float h = round_bf16(__uint_as_float(act_bits) * round_bf16(dot));
                              p.entries[rank] = j | (__float_as_uint(h) & 0xffff0000u);
@@ -101,27 +101,25 @@ __device__ __forceinline__ void list_accumulate(const Params& p, const uint2* ta
   for (uint32_t e0 = b; e0 < e; e0 += 32) {
     const uint32_t n = min(32u, e - e0);
     const uint32_t mine = lane < n ? __ldcs(p.entries + e0 + lane) : 0u;  // read once: evict first
-    const uint2 mine_table = lane < n ? __ldg(tables + (mine & 0xffffu)) : make_uint2(kUnpackedRow, 0u);
+    const uint2 mine_table = tables && lane < n ? __ldg(tables + (mine & 0xffffu)) : make_uint2(kUnpackedRow, 0u);
     for (uint32_t k = 0; k < n; ++k) {
       const uint32_t ent = __shfl_sync(0xffffffffu, mine, k);
       const uint32_t t0 = __shfl_sync(0xffffffffu, mine_table.x, k), t1 = __shfl_sync(0xffffffffu, mine_table.y, k);
       const float h = __uint_as_float(ent & 0xffff0000u);
       const uint32_t j = ent & 0xffffu;
-      const uint8_t* slot = p.wd_packed + j * static_cast<uint32_t>(2 * H);  // < 2^32: I < 2^16
       if (t0 != kUnpackedRow) {
-        // Columns c·256 + 8·lane .. + 8: block 4c + lane / 8, group lane % 8.
-        const uint8_t* block = slot + (lane / 8) * kPackedBlockBytes;
+        const uint8_t* row = p.wd_packed + j * static_cast<uint32_t>(packed_row_bytes(H));  // < 2^32: I < 2^16
         uint2 lo[kChunks];
         uint32_t sel[kChunks];
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-          lo[c] = ldg_keep(reinterpret_cast<const uint2*>(block + 4 * c * kPackedBlockBytes) + lane % 8, keep);
-          sel[c] = ldg_keep(reinterpret_cast<const uint32_t*>(block + 4 * c * kPackedBlockBytes + 64) + lane % 8, keep);
+          lo[c] = ldg_keep(reinterpret_cast<const uint2*>(row) + c * 32 + lane, keep);
+          sel[c] = ldg_keep(reinterpret_cast<const uint32_t*>(row + H) + c * 32 + lane, keep);
         }
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) fma8(acc[c], h, unpack_packed8(lo[c], sel[c], t0, t1));
       } else {
-        const uint4* row = reinterpret_cast<const uint4*>(slot);
+        const uint4* row = reinterpret_cast<const uint4*>(p.wd + j * static_cast<uint32_t>(H));
         uint4 w[kChunks];
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) w[c] = ldg_keep(row + c * 32 + lane, keep);
@@ -141,7 +139,7 @@ __global__ __launch_bounds__(kListWarps * 32, 1) void twell_ffn_down_list_kernel
   constexpr int H = kChunks * 256;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t I = p.act.layout.cols;
-  const uint2* tables = reinterpret_cast<const uint2*>(p.wd_packed + I * 2 * H);
+  const uint2* tables = p.wd_packed ? reinterpret_cast<const uint2*>(p.wd_packed + I * packed_row_bytes(H)) : nullptr;
   float acc[kChunks][8];
   auto zero = [&] {
 #pragma unroll
@@ -205,7 +203,7 @@ void launch_down_list(const Params& p, int sm_count, int64_t M, cudaStream_t str
 void launch_list_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t stream) {
   size_t temp_bytes = a.scan_temp_bytes;
   TWELL_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(a.scan_temp, temp_bytes, a.rows.row_nnz, a.row_off, a.M, stream));
-  p.entries = a.entries, p.row_off = a.row_off, p.wu_packed = a.wu_packed, p.wd_packed = a.wd_packed;
+  p.entries = a.entries, p.row_off = a.row_off, p.wd_packed = a.wd_packed;
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
   launch_sddmm(twell_ffn_up_list_kernel, p, sm_count, a.M, stream);
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
@@ -260,9 +258,8 @@ void check_twell_ffn_sparse(const SparseFfnArgs& a) {
   if (a.entries) {
     TWELL_CHECK(twell_ffn_list_supported(a), "sparse FFN kernel: the list path needs a gated bf16 FFN, H a multiple of "
                 "256 up to 2048, I <= 65536 and row counts; got H = ", a.H, ", I = ", a.I);
-    TWELL_CHECK(a.row_off && a.scan_temp && a.scan_temp_bytes >= twell_list_scan_temp_bytes(a.M) && a.wu_packed &&
-                    a.wd_packed,
-                "sparse FFN kernel: the list path needs row_off, the scan's workspace and prepared Wu and Wd");
+    TWELL_CHECK(a.row_off && a.scan_temp && a.scan_temp_bytes >= twell_list_scan_temp_bytes(a.M),
+                "sparse FFN kernel: the list path needs row_off and the scan's workspace");
   }
 }
 

@@ -13,7 +13,6 @@
 #include "cuda/kernels/bf16_vec.cuh"
 #include "cuda/kernels/bulk_copy.cuh"
 #include "cuda/kernels/mma_sync.cuh"
-#include "cuda/kernels/packed_rows.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -46,7 +45,6 @@ struct Params {
   // entry, and Wd's packed rows (null: bf16 rows only).
   uint32_t* entries = nullptr;
   const uint32_t* row_off = nullptr;
-  const uint8_t* wu_packed = nullptr;
   const uint8_t* wd_packed = nullptr;
 };
 
@@ -356,13 +354,7 @@ constexpr int kSddmmMaxWarps = 16;
 // Shared memory of one warp: the list (col, aux), x, the ring.
 constexpr int64_t sddmm_warp_bytes(int64_t H, int cap) { return int64_t{cap} * 8 + H * 2 + kSddmmStages * kSddmmStageBytes; }
 
-//
-// kPacked: w is a prepared matrix (packed_rows.cuh: 2H-byte slots, 64-column blocks of 96 bytes
-// where the row packs). The stages take a packed block's 96 bytes (6 of the 8 chunks) or an
-// unpacked row's 128, and each stage is decoded in place to bf16 before the ldmatrix: lane l
-// decodes the 4 groups of 8 weights 4(l % 2) .. + 4 of row l / 2. A list entry's row is marked
-// unpacked by bit 31 of its col (set after staging from the tables).
-template <Aux kAux, bool kPacked = false, typename Epilogue>
+template <Aux kAux, typename Epilogue>
 __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, const uint32_t* row_off, char* smem,
                                            int lane, Epilogue&& epilogue) {
   char* base = smem + (threadIdx.x / 32) * sddmm_warp_bytes(p.H, p.list_cap);
@@ -371,8 +363,6 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
   uint16_t* xs = reinterpret_cast<uint16_t*>(aux + p.list_cap);
   char* ring = reinterpret_cast<char*>(xs + p.H);
   const int H = static_cast<int>(p.H);  // <= kMaxChunks * 256: 32-bit loop tests (64-bit ones cost two instructions)
-  const uint2* tables =
-      kPacked ? reinterpret_cast<const uint2*>(reinterpret_cast<const char*>(w) + p.act.layout.cols * 2 * p.H) : nullptr;
   const uint64_t keep = l2_keep_policy();
   // cp.async: lane copies 16-byte chunk copy_chunk of rows copy_row + 4i (4 rows an instruction);
   // ldmatrix of A: lane gives row frag_row, chunk 2s + frag_chunk of k16 step s. Chunks are
@@ -404,24 +394,17 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
     while (t < t_stop) {
       const uint32_t len = stage<kAux>(p, row, t, t_stop, col, aux, lane);
       const int groups = static_cast<int>((len + 15) / 16);
-      if constexpr (kPacked) {  // mark the rows that are bf16 in the prepared matrix
-        for (uint32_t e = lane; e < len; e += 32)
-          if (__ldg(tables + col[e]).x == kUnpackedRow) col[e] |= int32_t{-0x7fffffff - 1};
-        __syncwarp();
-      }
       // The copy side runs kSddmmStages - 1 stages ahead: group `ig`, columns `ik`, buffer `ibuf`;
       // src[i] is this lane's piece of row copy_row + 4i of group ig (zeros past the list).
       int ig = 0, ik = 0, ibuf = 0;
-      const char* src[4];
-      bool valid[4], packed[4];
+      const uint16_t* src[4];
+      bool valid[4];
       auto rows_of = [&](int g) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const uint32_t e = static_cast<uint32_t>(g * 16 + copy_row + 4 * i);
           valid[i] = e < len;
-          const uint32_t c = static_cast<uint32_t>(col[valid[i] ? e : 0]);
-          packed[i] = kPacked && valid[i] && c < 0x80000000u;
-          src[i] = reinterpret_cast<const char*>(w) + (c & 0x7fffffffu) * static_cast<uint32_t>(2 * H) + 16 * copy_chunk;
+          src[i] = w + static_cast<uint32_t>(col[valid[i] ? e : 0]) * static_cast<uint32_t>(H) + 8 * copy_chunk;
         }
       };
       if (groups > 0) rows_of(0);  // an empty list (all tiles of a share empty) reads no row
@@ -429,9 +412,7 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
         if (ig < groups) {
           char* buf = ring + ibuf * kSddmmStageBytes;
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            if (!packed[i]) cp_async16(buf + dst_off[i], src[i] + 2 * ik, valid[i], keep);
-            else if (copy_chunk < 6) cp_async16(buf + dst_off[i], src[i] + ik / 64 * kPackedBlockBytes, true, keep);
+          for (int i = 0; i < 4; ++i) cp_async16(buf + dst_off[i], src[i] + ik, valid[i], keep);
           ik += 64;
           if (ik == H) {
             ik = 0;
@@ -444,43 +425,12 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
 #pragma unroll
       for (int j = 0; j < kSddmmStages - 1; ++j) issue();
       int buf_i = 0;
-      // kPacked: the table of this lane's decode row (row lane / 2 of a group), a group ahead.
-      auto table_of = [&](int g) {
-        const uint32_t e = static_cast<uint32_t>(g * 16 + lane / 2);
-        const uint32_t c = e < len ? static_cast<uint32_t>(col[e]) : 0x80000000u;
-        return c < 0x80000000u ? __ldg(tables + c) : make_uint2(kUnpackedRow, 0u);
-      };
-      uint2 next_table = make_uint2(kUnpackedRow, 0u);
-      if (kPacked && groups > 0) next_table = table_of(0);
       for (int g = 0; g < groups; ++g) {
         float d[4] = {}, e[4] = {};
-        const uint2 table = next_table;
-        if (kPacked && g + 1 < groups) next_table = table_of(g + 1);
         for (int k0 = 0; k0 < H; k0 += 64) {
           cp_async_wait<kSddmmStages - 2>();
           __syncwarp();  // this stage (and x) visible to every lane; the previous stage's buffer read by all
           issue();
-          if constexpr (kPacked) {  // decode the stage's packed rows in place (read all, then write)
-            char* row_bytes = ring + buf_i * kSddmmStageBytes + (lane / 2) * 128;
-            const int half = lane % 2, swz = (lane / 2) % 8;
-            const bool decode = table.x != kUnpackedRow;
-            uint4 lo_a, lo_b, sel;
-            if (decode) {
-              lo_a = *reinterpret_cast<const uint4*>(row_bytes + ((2 * half) ^ swz) * 16);
-              lo_b = *reinterpret_cast<const uint4*>(row_bytes + ((2 * half + 1) ^ swz) * 16);
-              sel = *reinterpret_cast<const uint4*>(row_bytes + ((4 + half) ^ swz) * 16);
-            }
-            __syncwarp();
-            if (decode) {
-              const uint4 q[4] = {unpack_packed8(make_uint2(lo_a.x, lo_a.y), sel.x, table.x, table.y),
-                                  unpack_packed8(make_uint2(lo_a.z, lo_a.w), sel.y, table.x, table.y),
-                                  unpack_packed8(make_uint2(lo_b.x, lo_b.y), sel.z, table.x, table.y),
-                                  unpack_packed8(make_uint2(lo_b.z, lo_b.w), sel.w, table.x, table.y)};
-#pragma unroll
-              for (int c = 0; c < 4; ++c) *reinterpret_cast<uint4*>(row_bytes + ((4 * half + c) ^ swz) * 16) = q[c];
-            }
-            __syncwarp();
-          }
           const char* frag = ring + buf_i * kSddmmStageBytes + frag_off;
           const uint16_t* xk = xs + k0 + 8 * (lane / 8);
           buf_i = buf_i + 1 == kSddmmStages ? 0 : buf_i + 1;
@@ -497,8 +447,8 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
         // The group's 16 dot products: entry g·16 + lane/4 in d[0], + 8 in d[2].
         const uint32_t ia = static_cast<uint32_t>(g * 16 + lane / 4), ib = ia + 8;
         if (lane % 4 == 0) {
-          if (ia < len) epilogue(aux[ia], d[0] + e[0], static_cast<uint32_t>(col[ia]) & 0x7fffffffu, rank0 + ia);
-          if (ib < len) epilogue(aux[ib], d[2] + e[2], static_cast<uint32_t>(col[ib]) & 0x7fffffffu, rank0 + ib);
+          if (ia < len) epilogue(aux[ia], d[0] + e[0], static_cast<uint32_t>(col[ia]), rank0 + ia);
+          if (ib < len) epilogue(aux[ib], d[2] + e[2], static_cast<uint32_t>(col[ib]), rank0 + ib);
         }
       }
       rank0 += len;
