@@ -72,10 +72,6 @@ class CudaBackend : public FfnBackend {
     s->dense = std::make_unique<cuda::FfnForward>(shape(p), dense_opts);
     s->twell = std::make_unique<cuda::FfnForward>(shape(p), auto_opts);
     s->sparse = std::make_unique<cuda::FfnForward>(shape(p), sparse_opts);
-    if (cfg.down == "packed") {  // as a model does at load (untimed)
-      s->twell->prepare(w, stream_);
-      s->sparse->prepare(w, stream_);
-    }
     const int64_t M = p.ffn.spec.M, H = p.ffn.spec.H, I = p.ffn.spec.I;
     s->g_unfused = DeviceTensor(DType::bf16, {M, I});
     s->u_unfused = DeviceTensor(DType::bf16, {M, I});

@@ -11,8 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <set>
-#include <tuple>
 
 #include "common/compare.h"
 #include "cuda/kernels.h"
@@ -70,40 +68,30 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
   DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
   const FfnWeights w{c.gated ? wg.view() : TensorView{}, wu.view(), wd.view()};
 
-  // always_sparse five times: TwELL with the fused gate+pack (tile 256) and with the cuBLASLt
-  // gate and the pack kernel, with the ring down pass (weights not prepared, or list passes off)
-  // and with the list passes over prepared (12-bit packed) weights where the shape takes them, and
-  // the gather path (these cases have M <= 300). `previous` runs twice: the first call samples g, the second decides on that (fused
-  // gate when sparse).
+  // always_sparse three times: TwELL with the fused gate+pack (tile 256) and with the cuBLASLt
+  // gate and the pack kernel, and the gather path (these cases have M <= 300). `previous` runs
+  // twice: the first call samples g, the second decides on that (fused gate when sparse).
   struct Run {
     Dispatch d;
     int64_t gather;
-    bool fused_gate, list, prepare;
+    bool fused_gate;
     const char* name;
   };
-  const Run runs[] = {{Dispatch::always_sparse, 0, true, true, false, "sparse"},
-                      {Dispatch::always_sparse, 0, true, true, true, "sparse, prepared"},
-                      {Dispatch::always_sparse, 0, true, false, false, "sparse, ring down pass"},
-                      {Dispatch::always_sparse, 0, false, true, true, "sparse, unfused gate, prepared"},
-                      {Dispatch::always_sparse, 1024, true, true, false, "gather"},
-                      {Dispatch::always_dense, 0, true, true, false, "dense"},
-                      {Dispatch::observe, 0, true, true, true, "observe"},
-                      {Dispatch::previous, 0, true, true, true, "previous, second call"}};
-  for (const auto& [d, gather, fused_gate, list, prepare, name] : runs) {
+  const Run runs[] = {{Dispatch::always_sparse, 0, true, "sparse"},
+                      {Dispatch::always_sparse, 0, false, "sparse, unfused gate"},
+                      {Dispatch::always_sparse, 1024, true, "gather"},
+                      {Dispatch::always_dense, 0, true, "dense"},
+                      {Dispatch::observe, 0, true, "observe"},
+                      {Dispatch::previous, 0, true, "previous, second call"}};
+  for (const auto& [d, gather, fused_gate, name] : runs) {
     SCOPED_TRACE(name);
     cuda::FfnOptions o;
     o.dispatch = d;
     o.sparse_min_tokens = 0;
     o.gather_max_tokens = gather;
     o.fused_gate = fused_gate;
-    o.list_passes = list;
     o.tile = c.tile, o.compression = c.compression;
     cuda::FfnForward ffn({c.M, c.H, c.I, c.gated}, o);
-    if (prepare) {
-      const cuda::PreparedWeights pw = ffn.prepare(w, nullptr);
-      EXPECT_EQ(pw.rows, c.I);
-      EXPECT_LE(pw.rows_packed, c.I);
-    }
     DeviceTensor y(DType::bf16, {c.M, c.H});
     if (d == Dispatch::previous) ffn.forward(x, w, y, nullptr);
     cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);  // poison: NaN
@@ -169,57 +157,6 @@ GpuProblem make_problem(int64_t M, int64_t H, int64_t I, double density) {
   p.wd = DeviceTensor::upload(p.f.wd);
   p.y = DeviceTensor(DType::bf16, {M, H});
   return p;
-}
-
-// The list passes (prepared weights) give the ring down pass's bits where no row is heavy (the
-// same sums in the same order, and the 12-bit decode is exact), over packed rows and over the
-// rows that do not pack (more than 8 distinct upper exponent values); prepare() reports those.
-// A backward after them is refused: they keep no u.
-TEST(FfnForwardGpuListPasses, SameBitsAsTheRingPassAndLosslessPacking) {
-  TWELL_REQUIRE_HOPPER();
-  for (const auto& [M, H, I, density] : {std::tuple<int64_t, int64_t, int64_t, double>{300, 2048, 5632, 0.005},
-                                         {257, 768, 1344, 0.02}, {64, 256, 704, 0.1}}) {
-    SCOPED_TRACE(str("M", M, " H", H, " I", I, " d", density));
-    bench::SyntheticFfn f = bench::make_synthetic_ffn({M, H, I, density, bench::Distribution::uniform, true, 3});
-    auto* wd_bits = static_cast<uint16_t*>(f.wd.view().data);
-    // Row 1 cannot pack: 2^-1, 2^-3, ..., 2^-17 are 9 distinct upper exponent values. Row 2 packs
-    // though it holds zeros, Infs and NaNs (4 distinct values: any 8 make a table).
-    for (int i = 0; i < 9; ++i) wd_bits[1 * H + 3 * i] = static_cast<uint16_t>((127 - 1 - 2 * i) << 7);
-    const uint16_t odd[] = {0x0000, 0x7f80, 0xffc1, 0x3fc0, 0xbf40, 0x3c01};  // 0, Inf, NaN, 1.5, -0.75, ~0.0079
-    for (int64_t k = 0; k < H; ++k) wd_bits[2 * H + k] = odd[k % 6];
-    const DeviceTensor x = DeviceTensor::upload(f.x), wg = DeviceTensor::upload(f.wg);
-    const DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
-    const FfnWeights w{wg.view(), wu.view(), wd.view()};
-
-    int64_t expect_unpacked = 0;
-    for (int64_t j = 0; j < I; ++j) {
-      std::set<int> values;
-      for (int64_t k = 0; k < H; ++k) values.insert((wd_bits[j * H + k] >> 8) & 0x7f);
-      expect_unpacked += values.size() > 8;
-    }
-    EXPECT_GE(expect_unpacked, 1);
-
-    cuda::FfnOptions o;
-    o.dispatch = Dispatch::always_sparse;
-    o.gather_max_tokens = 0;
-    cuda::FfnForward ring({M, H, I, true}, o), list({M, H, I, true}, o);
-    DeviceTensor y_ring(DType::bf16, {M, H}), y(DType::bf16, {M, H});
-    ring.forward(x, w, y_ring, nullptr);  // not prepared: the ring down pass
-    ASSERT_EQ(ring.last_stats().path, cuda::FfnPath::sparse);
-    const cuda::PreparedWeights pw = list.prepare(w, nullptr);
-    EXPECT_EQ(pw.rows, I);
-    EXPECT_EQ(pw.rows - pw.rows_packed, expect_unpacked);
-    cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);
-    list.forward(x, w, y, nullptr);
-    EXPECT_TRUE(test::bit_equal(y.download(), y_ring.download()));
-
-    DeviceTensor dx(DType::f32, {M, H});
-    FfnGrads grads;
-    grads.dx = dx.view();
-    EXPECT_THROW(list.backward(x, w, y, 0.0, grads, nullptr), Error);
-    ring.forward(x, w, y_ring, nullptr);  // the ring pass keeps u: its backward runs
-    EXPECT_NO_THROW(ring.backward(x, w, y, 0.0, grads, nullptr));
-  }
 }
 
 // Runs `ffn` on `q` twice, poisoning y in between; the two outputs must be the same bits.

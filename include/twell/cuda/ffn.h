@@ -93,13 +93,6 @@ struct FfnOptions {
   // gather path's kernels, no such buffers (for a caller that runs one-token FFNs itself, as the
   // model's decode step does).
   bool one_token_kernel = true;
-  // The sparse path's list passes, for weights given to prepare() (inference: FfnOptions::training
-  // unset; gated, Precision::bf16, H a multiple of 256 up to 2048, I <= 65536): the up pass lists
-  // each token's entries (neuron and h) contiguously, and the down pass reads Wd's rows through
-  // that list, 12-bit packed (a quarter fewer bytes) where they pack; the same sums in the same
-  // order as the ring down pass for tokens of up to 128 non-zeros. They keep no u, so a backward
-  // after them is refused. false, or weights not prepared: the ring down pass over TwELL (A/B).
-  bool list_passes = true;
   // The dense path of one token runs its gate (with the ReLU) and up products through twell's
   // GEMV (launch_decode_gemv, weights copied while the kernel before runs) where the shape allows;
   // false: cuBLASLt, as for more tokens (A/B).
@@ -110,13 +103,6 @@ struct FfnOptions {
   // L2, or the narrowest of them where none does. Otherwise a multiple of 8 dividing H (tests set
   // narrow slices to cover them at small M).
   int64_t dw_slice_columns = 0;
-};
-
-// What prepare() made: of Wd's rows, how many are kept packed (12 bits a weight, losslessly)
-// rather than as bf16 (rows whose exponents span more than 2^16: an exact zero weight, say).
-struct PreparedWeights {
-  int64_t rows = 0;
-  int64_t rows_packed = 0;
 };
 
 struct FfnStats {
@@ -130,8 +116,7 @@ struct FfnStats {
 
 // Device memory: about 4.5 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
 // output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
-// them): 6.4 GB at max_tokens = 131072, I = 5632; with the list passes u's place holds a word
-// an entry (+1.6 GB there), and prepare() adds 1.5 · I · H bytes a Wd. FfnOptions::training adds one [max_tokens, I]
+// them): 6.4 GB at max_tokens = 131072, I = 5632. FfnOptions::training adds one [max_tokens, I]
 // bf16 buffer (h), and backward() its workspace, allocated by its first call.
 class FfnForward {
  public:
@@ -156,14 +141,6 @@ class FfnForward {
   // the transpose).
   void backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,
                 const FfnGrads& grads, cudaStream_t stream);
-
-  // For inference: packs w.wd's rows losslessly to 12 bits a weight where they fit (a quarter
-  // fewer bytes for the sparse down pass to read), kept by this object for the forward() calls
-  // given the same w.wd (by address), which then take the list passes (FfnOptions::list_passes):
-  // for a model, once per layer at load. Waits for `stream`. Call it again after changing Wd's
-  // values in place (the packed copy would be stale). Does nothing where the list passes do not
-  // run.
-  PreparedWeights prepare(const FfnWeights& w, cudaStream_t stream);
 
   // Statistics of the last call; waits for its non-zero count if the sparse path ran.
   FfnStats last_stats() const;
