@@ -23,8 +23,9 @@
 // 32 entries. The rows stream through a warp's ring of 4 KB stages (32 rows x 64 columns, a
 // 128-byte line a row, cp.async, chunks XOR-swizzled by row: as the forward's up pass stages
 // them); y goes out 64 columns at a time through 128 bytes of shared memory. The tensor core adds
-// in its own order, so this variant is checked against float64, not bitwise. (Written in the
-// fifteenth session, when no device time was left: not yet run.)
+// in its own order, so this variant is checked against float64, not bitwise. Measured (H200,
+// sixteenth session, docs/perf.md FFN item 33): as accurate as the gather, and as fast (1.618
+// against 1.634 ms at M = 131072): the L2's bandwidth bounds both.
 // Built as twell_micro_packed_rows with TWELL_CUDA (or: nvcc -O3 -std=c++17 -arch=sm_90a
 // bench/micro/packed_rows.cu -o packed_rows); run: twell_micro_packed_rows [M = 131072] [E = 28] [mixed].
 #include <cuda_runtime.h>
