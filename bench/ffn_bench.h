@@ -37,9 +37,6 @@ struct FfnBenchConfig {
   // as in a model whose host runs ahead. Timing::host: from an idle GPU, so the host's work before
   // the first kernel counts too. --train always times host: the backward synchronises once.
   Timing timing = Timing::gpu;
-  // The twell FFN's sparse down pass in inference: "packed" (FfnForward::prepare, the list passes)
-  // or "ring" (weights not prepared).
-  std::string down = "packed";
   std::string command;    // the full command line, recorded in every record
 };
 

@@ -14,7 +14,6 @@
 //   twell_sparse   the same forced onto the sparse path: the backward over the active set
 #if defined(TWELL_WITH_CUDA)
 
-#include <cstdio>
 #include <cstring>
 
 #include "cuda/cublaslt_gemm.h"
@@ -73,13 +72,6 @@ class CudaBackend : public FfnBackend {
     s->dense = std::make_unique<cuda::FfnForward>(shape(p), dense_opts);
     s->twell = std::make_unique<cuda::FfnForward>(shape(p), auto_opts);
     s->sparse = std::make_unique<cuda::FfnForward>(shape(p), sparse_opts);
-    if (cfg.down == "packed") {  // as a model does at load (untimed)
-      const cuda::PreparedWeights pw = s->twell->prepare(w, stream_);
-      s->sparse->prepare(w, stream_);
-      if (pw.rows_packed > 0)
-        std::fprintf(stderr, "prepared: %lld of %lld rows of Wd packed to 12 bits\n",
-                     static_cast<long long>(pw.rows_packed), static_cast<long long>(pw.rows));
-    }
     const int64_t M = p.ffn.spec.M, H = p.ffn.spec.H, I = p.ffn.spec.I;
     s->g_unfused = DeviceTensor(DType::bf16, {M, I});
     s->u_unfused = DeviceTensor(DType::bf16, {M, I});

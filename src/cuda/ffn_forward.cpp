@@ -23,14 +23,7 @@ struct FfnForward::Impl {
   DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path (not training)
   DeviceBuffer h_dense;  // training: h of the dense path, apart from u
   TwellDeviceMatrix act;
-  DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size); the list path's entries
-  DeviceBuffer row_off, scan_temp;   // the list path's row offsets and their scan's workspace
-  // Weights prepared by prepare(): Wd's 12-bit packed rows, by Wd's address.
-  struct Prepared {
-    const void* wd = nullptr;
-    DeviceBuffer rows;
-  };
-  std::vector<Prepared> prepared;
+  DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
   DeviceBuffer gate_workspace;       // the fused gate+pack GEMM's (CUTLASS tile scheduler)
   // The backward's workspace, allocated on its first call: dg and du beside the format, and the
@@ -121,7 +114,7 @@ struct FfnForward::Impl {
     if (s.gated && o.training) h_dense = DeviceBuffer(act_bytes);
     act = TwellDeviceMatrix(TwellLayout{s.max_tokens, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());
-    if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);  // prepare() may grow it
+    if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
     row_nnz = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
     if (fused_gate_supported()) {  // here, not on the first call: that may be inside graph capture
       GatePackArgs gp;
@@ -247,58 +240,11 @@ struct FfnForward::Impl {
   }
 
   bool fused_gate_supported() const { return options.fused_gate && options.tile == 256; }
-  // The sparse path's list passes (twell_ffn_list_supported): inference only, since they keep no u
-  // for a backward.
-  bool list_possible() const {
-    SparseFfnArgs a;
-    a.gated = shape.gated, a.precision = options.precision, a.H = shape.hidden, a.I = shape.ffn;
-    uint32_t word = 0;
-    a.rows = {&word, &word, &word};
-    return options.list_passes && !options.training && twell_ffn_list_supported(a);
-  }
-
-  const uint8_t* prepared_rows(const void* wd) const {
-    for (const Prepared& p : prepared)
-      if (p.wd == wd) return p.rows.as<uint8_t>();
-    return nullptr;
-  }
-
-  PreparedWeights prepare(const FfnWeights& w, cudaStream_t stream) {
-    const int64_t H = shape.hidden, I = shape.ffn;
-    check_operand(w.wd, DType::bf16, {I, H}, "FfnForward::prepare: w.wd");
-    PreparedWeights r;
-    r.rows = I;
-    if (!list_possible()) return r;  // the passes that read packed rows do not run: nothing to do
-    // The list passes' buffers, made by the first prepare(): the entries (a word each) take u's
-    // place, since the list passes keep no u. Work enqueued on any stream may still use u.
-    if (row_off.bytes() == 0) {
-      TWELL_CUDA_CHECK(cudaDeviceSynchronize());
-      saved = SavedForward{};  // u is gone: the last forward's backward is refused
-      u_vals = DeviceBuffer();
-      u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 4);
-      row_off = DeviceBuffer(static_cast<size_t>(shape.max_tokens) * 4);
-      scan_temp = DeviceBuffer(std::max<size_t>(twell_list_scan_temp_bytes(shape.max_tokens), 16));
-    }
-    TWELL_CHECK(reinterpret_cast<uintptr_t>(w.wd.data) % 16 == 0, "FfnForward::prepare: w.wd must be 16-byte aligned");
-    DeviceBuffer rows(static_cast<size_t>(packed_rows_bytes(I, H)));
-    DeviceBuffer unpacked(4);
-    TWELL_CUDA_CHECK(cudaMemsetAsync(unpacked.get(), 0, 4, stream));
-    launch_pack_rows(static_cast<const uint16_t*>(w.wd.data), I, H, rows.as<uint8_t>(), unpacked.as<uint32_t>(), stream);
-    uint32_t n_unpacked = 0;
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(&n_unpacked, unpacked.get(), 4, cudaMemcpyDeviceToHost, stream));
-    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    r.rows_packed = I - n_unpacked;
-    auto it = std::find_if(prepared.begin(), prepared.end(), [&](const Prepared& p) { return p.wd == w.wd.data; });
-    if (it == prepared.end()) it = prepared.insert(prepared.end(), Prepared{w.wd.data, DeviceBuffer()});
-    it->rows = std::move(rows);
-    return r;
-  }
 
   // Packed activation and its statistics; the counts come back to the host asynchronously. With
   // `fused`, the gate is computed here by the fused gate+pack kernel (and, for sample_slot >= 0,
   // the exact density becomes that slot's dispatch sample); otherwise g holds it.
-  // Returns whether the list passes ran (they keep no state for a backward).
-  bool run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream,
+  void run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream,
                   bool fused = false, int64_t sample_slot = -1) {
     static_assert(sizeof(Counters) % 4 == 0);
     ZeroWords zero;  // one launch: the counters (the passes' among them), the backup's, the row counts
@@ -317,14 +263,6 @@ struct FfnForward::Impl {
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
     a.precision = options.precision;
-    const uint8_t* wd_packed = list_possible() ? prepared_rows(w.wd.data) : nullptr;
-    const bool list = wd_packed != nullptr;
-    if (list) {
-      a.entries = u_vals.as<uint32_t>();
-      a.row_off = row_off.as<uint32_t>();
-      a.scan_temp = scan_temp.get(), a.scan_temp_bytes = scan_temp.bytes();
-      a.wd_packed = wd_packed;
-    }
     if (fused) {
       GatePackArgs gp;
       gp.x = xp;
@@ -360,7 +298,6 @@ struct FfnForward::Impl {
       if (packed_recorded) TWELL_CUDA_CHECK(cudaEventRecord(packed, stream));
     }
     launch_twell_ffn_sparse(a, sm_count, stream);
-    return list;
   }
 
   void run_gather(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {
@@ -412,8 +349,7 @@ struct FfnForward::Impl {
                 "FfnForward::backward: needs the state of a forward() of the same tokens; the last call had ",
                 stats.tokens, " tokens on the ", stats.path == FfnPath::sparse ? "sparse" :
                 stats.path == FfnPath::dense ? "dense" : "gather",
-                " path (for training set FfnOptions::training and gather_max_tokens = 0: without it the sparse "
-                "path keeps no u)");
+                " path (for training set FfnOptions::training and gather_max_tokens = 0)");
     TWELL_CHECK(M == 0 || (x.data == saved.x && w.wg.data == saved.wg && w.wu.data == saved.wu && w.wd.data == saved.wd),
                 "FfnForward::backward: x and the weights must be those of the last forward() (its saved state "
                 "belongs to them)");
@@ -600,8 +536,8 @@ struct FfnForward::Impl {
     if (sparse_known && M > gather_tokens && fused_gate_supported()) {
       stats.path = FfnPath::sparse;
       if (policy == Dispatch::previous) stats.sampled_density = previous_density;
-      if (!run_sparse(M, xp, w, yp, stream, true, policy == Dispatch::previous ? slot : -1))
-        saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
+      run_sparse(M, xp, w, yp, stream, true, policy == Dispatch::previous ? slot : -1);
+      saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
       return;
     }
 
@@ -623,7 +559,8 @@ struct FfnForward::Impl {
     stats.path = path;
     if (path == FfnPath::gather) return run_gather(M, xp, w, yp, stream);
     if (path == FfnPath::sparse) {
-      if (!run_sparse(M, xp, w, yp, stream)) saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
+      run_sparse(M, xp, w, yp, stream);
+      saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
       return;
     }
 
@@ -657,17 +594,11 @@ void FfnForward::backward(const TensorView& x, const FfnWeights& w, const Tensor
   impl_->backward(x, w, dy, l1_coeff, grads, stream);
 }
 
-PreparedWeights FfnForward::prepare(const FfnWeights& w, cudaStream_t stream) { return impl_->prepare(w, stream); }
-void FfnForward::clear_prepared() { impl_->prepared.clear(); }
-
 FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;
-  size_t prepared = 0;
-  for (const auto& p : m.prepared) prepared += p.rows.bytes();
   return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() +
-         m.row_off.bytes() + m.scan_temp.bytes() + prepared +
          m.heavy_rows.bytes() + m.gate_workspace.bytes() + m.bwd.bytes() +
          m.counters.bytes() + m.sample_count.bytes() +
          m.gather_partial.bytes() + m.decode.bytes();

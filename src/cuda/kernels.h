@@ -107,12 +107,6 @@ void launch_copy_words(const uint32_t* src, uint32_t* dst, int n_words, const ui
 // enqueues its timed call behind it, then releases it: the events then time the GPU's work alone.
 void launch_hold_stream(const volatile uint32_t* release, uint32_t* timed_out, uint64_t timeout_ns,
                         cudaStream_t stream);
-// packed_rows.cu: w [I, H] bf16 -> its rows packed losslessly to 12 bits a weight where they fit
-// (the format: kernels/packed_rows.cuh), packed_rows_bytes(I, H) bytes; adds the number of rows
-// that do not pack (kept as bf16, table kUnpackedRow) to *n_unpacked. H a multiple of 64.
-int64_t packed_rows_bytes(int64_t I, int64_t H);
-void launch_pack_rows(const uint16_t* w, int64_t I, int64_t H, uint8_t* packed, uint32_t* n_unpacked,
-                      cudaStream_t stream);
 // Adds the non-zero count of n_sample rows spread evenly over g [rows, cols] to *out (dispatch's
 // density estimate: a few MB read instead of the whole activation).
 void launch_count_sampled_nonzeros(const uint16_t* g, int64_t rows, int64_t cols, int64_t n_sample,
@@ -133,22 +127,7 @@ struct SparseFfnArgs {
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;
   Precision precision = Precision::bf16;
-  // The list path (twell_ffn_list_supported): the up pass writes every active entry as
-  // j | bf16(h) << 16 into `entries` at row_off[m] + its rank in row m (ascending j), and the down
-  // pass reads its rows of Wd through that list with no TwELL staging and no TMA ring, on the tensor
-  // cores, from Wd's prepared rows `wd_packed` (launch_pack_rows). entries hold as many words as
-  // u_vals holds values; row_off [M] is the exclusive scan of rows.row_nnz (scan_temp:
-  // twell_list_scan_temp_bytes(M)). entries null: the ring down pass over TwELL.
-  uint32_t* entries = nullptr;
-  uint32_t* row_off = nullptr;
-  void* scan_temp = nullptr;
-  size_t scan_temp_bytes = 0;
-  const uint8_t* wd_packed = nullptr;
 };
-// Whether the list path takes this FFN: gated, Precision::bf16, H a multiple of 64, I at most
-// 65536 (a neuron in 16 bits), and row counts from the pack.
-bool twell_ffn_list_supported(const SparseFfnArgs& a);
-size_t twell_list_scan_temp_bytes(int64_t M);
 int64_t twell_u_size(const TwellDeviceView& act);
 void check_twell_ffn_sparse(const SparseFfnArgs& a);
 // Persistent kernels: at most one block per SM (sm_count).

@@ -227,9 +227,6 @@ struct LlamaCuda::Impl {
       pre.one_token_gemv = pre.one_token_gemv && o.decode_gemv;
       pre.dispatch_slots = L;  // each layer dispatched on its own density
       ffn_prefill = std::make_unique<FfnForward>(FfnShape{T, H, I, true}, pre);
-      // Each layer's Wd packed to 12-bit rows for the sparse down pass (the weights are const).
-      if (sparse)
-        for (const LlamaCudaLayer& lw : w->layers) ffn_prefill->prepare(lw.ffn(), stream);
       FfnOptions dense = pre;
       dense.dispatch = Dispatch::always_dense;
       dense.dispatch_slots = 1;      // fixed dispatch: no samples to keep per layer

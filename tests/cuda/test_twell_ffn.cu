@@ -11,13 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
-#include <set>
-#include <tuple>
 
 #include "common/compare.h"
 #include "cuda/kernels.h"
-#include "cuda/kernels/packed_rows.cuh"
 #include "common/random.h"
 #include "gpu_test.h"
 #include "synthetic.h"
@@ -72,40 +68,30 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
   DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
   const FfnWeights w{c.gated ? wg.view() : TensorView{}, wu.view(), wd.view()};
 
-  // always_sparse five times: TwELL with the fused gate+pack (tile 256) and with the cuBLASLt
-  // gate and the pack kernel, with the ring down pass (weights not prepared, or list passes off)
-  // and with the list passes over prepared (12-bit packed) weights where the shape takes them, and
-  // the gather path (these cases have M <= 300). `previous` runs twice: the first call samples g, the second decides on that (fused
-  // gate when sparse).
+  // always_sparse three times: TwELL with the fused gate+pack (tile 256) and with the cuBLASLt
+  // gate and the pack kernel, and the gather path (these cases have M <= 300). `previous` runs
+  // twice: the first call samples g, the second decides on that (fused gate when sparse).
   struct Run {
     Dispatch d;
     int64_t gather;
-    bool fused_gate, list, prepare;
+    bool fused_gate;
     const char* name;
   };
-  const Run runs[] = {{Dispatch::always_sparse, 0, true, true, false, "sparse"},
-                      {Dispatch::always_sparse, 0, true, true, true, "sparse, prepared"},
-                      {Dispatch::always_sparse, 0, true, false, false, "sparse, ring down pass"},
-                      {Dispatch::always_sparse, 0, false, true, true, "sparse, unfused gate, prepared"},
-                      {Dispatch::always_sparse, 1024, true, true, false, "gather"},
-                      {Dispatch::always_dense, 0, true, true, false, "dense"},
-                      {Dispatch::observe, 0, true, true, true, "observe"},
-                      {Dispatch::previous, 0, true, true, true, "previous, second call"}};
-  for (const auto& [d, gather, fused_gate, list, prepare, name] : runs) {
+  const Run runs[] = {{Dispatch::always_sparse, 0, true, "sparse"},
+                      {Dispatch::always_sparse, 0, false, "sparse, unfused gate"},
+                      {Dispatch::always_sparse, 1024, true, "gather"},
+                      {Dispatch::always_dense, 0, true, "dense"},
+                      {Dispatch::observe, 0, true, "observe"},
+                      {Dispatch::previous, 0, true, "previous, second call"}};
+  for (const auto& [d, gather, fused_gate, name] : runs) {
     SCOPED_TRACE(name);
     cuda::FfnOptions o;
     o.dispatch = d;
     o.sparse_min_tokens = 0;
     o.gather_max_tokens = gather;
     o.fused_gate = fused_gate;
-    o.list_passes = list;
     o.tile = c.tile, o.compression = c.compression;
     cuda::FfnForward ffn({c.M, c.H, c.I, c.gated}, o);
-    if (prepare) {
-      const cuda::PreparedWeights pw = ffn.prepare(w, nullptr);
-      EXPECT_EQ(pw.rows, c.I);
-      EXPECT_LE(pw.rows_packed, c.I);
-    }
     DeviceTensor y(DType::bf16, {c.M, c.H});
     if (d == Dispatch::previous) ffn.forward(x, w, y, nullptr);
     cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);  // poison: NaN
@@ -171,171 +157,6 @@ GpuProblem make_problem(int64_t M, int64_t H, int64_t I, double density) {
   p.wd = DeviceTensor::upload(p.f.wd);
   p.y = DeviceTensor(DType::bf16, {M, H});
   return p;
-}
-
-// Decodes a prepared matrix back to bf16 [I, H], one 8-weight group a thread, as the list pass
-// does (unpack_packed8 on packed rows, the slot's bf16 on the others).
-__global__ void unpack_prepared_kernel(const uint8_t* prepared, int64_t I, int64_t H, uint4* out) {
-  const uint2* tables = reinterpret_cast<const uint2*>(prepared + I * 2 * H);
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < I * H / 8; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t j = i / (H / 8), g = i % (H / 8);
-    const uint8_t* slot = prepared + j * 2 * H;
-    const uint2 t = tables[j];
-    if (t.x == cuda::kUnpackedRow) {
-      out[i] = reinterpret_cast<const uint4*>(slot)[g];
-    } else {
-      const uint8_t* block = slot + (g / 8) * cuda::kPackedBlockBytes;
-      out[i] = cuda::unpack_packed8(reinterpret_cast<const uint2*>(block)[g % 8],
-                                    reinterpret_cast<const uint32_t*>(block + 64)[g % 8], t.x, t.y);
-    }
-  }
-}
-
-// The 12-bit packing is lossless: every bit of every weight comes back, zeros, -0, Infs, NaN
-// payloads and subnormals included, and exactly the rows with more than 8 distinct upper
-// exponent values stay bf16.
-TEST(PackedRowsGpu, RoundTripIsExact) {
-  TWELL_REQUIRE_HOPPER();
-  const int64_t I = 301, H = 320;
-  std::mt19937_64 rng(7);
-  std::vector<uint16_t> w(static_cast<size_t>(I * H));
-  const uint16_t specials[] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc1, 0xffff, 0x0001, 0x8003, 0x7f7f};
-  int64_t expect_unpacked = 0;
-  for (int64_t j = 0; j < I; ++j) {
-    const int n_values = 1 + static_cast<int>(j % 10);  // 1..10 distinct upper exponent values
-    std::vector<uint16_t> upper(static_cast<size_t>(n_values));
-    for (auto& u : upper) u = static_cast<uint16_t>(rng() % 128);
-    std::set<int> seen;
-    for (int64_t k = 0; k < H; ++k) {
-      uint16_t v = static_cast<uint16_t>((rng() % 2) << 15 | upper[static_cast<size_t>(k) % upper.size()] << 8 | rng() % 256);
-      if (j % 7 == 3 && k % 37 == 0) v = specials[static_cast<size_t>(k / 37) % 9];
-      w[static_cast<size_t>(j * H + k)] = v;
-      seen.insert((v >> 8) & 0x7f);
-    }
-    expect_unpacked += seen.size() > 8;
-  }
-  EXPECT_GT(expect_unpacked, 0);
-  EXPECT_LT(expect_unpacked, I);
-  cuda::DeviceBuffer wd(w.size() * 2), prepared(static_cast<size_t>(cuda::packed_rows_bytes(I, H))), back(w.size() * 2),
-      n_unpacked(4);
-  TWELL_CUDA_CHECK(cudaMemcpy(wd.get(), w.data(), w.size() * 2, cudaMemcpyHostToDevice));
-  TWELL_CUDA_CHECK(cudaMemset(n_unpacked.get(), 0, 4));
-  cuda::launch_pack_rows(wd.as<uint16_t>(), I, H, prepared.as<uint8_t>(), n_unpacked.as<uint32_t>(), nullptr);
-  unpack_prepared_kernel<<<64, 256>>>(prepared.as<uint8_t>(), I, H, back.as<uint4>());
-  TWELL_CUDA_CHECK(cudaGetLastError());
-  std::vector<uint16_t> got(w.size());
-  uint32_t unpacked = 0;
-  TWELL_CUDA_CHECK(cudaMemcpy(got.data(), back.get(), got.size() * 2, cudaMemcpyDeviceToHost));
-  TWELL_CUDA_CHECK(cudaMemcpy(&unpacked, n_unpacked.get(), 4, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(unpacked, expect_unpacked);
-  int64_t wrong = 0;
-  for (size_t i = 0; i < w.size(); ++i) wrong += got[i] != w[i];
-  EXPECT_EQ(wrong, 0);
-}
-
-// The list passes (prepared weights: the up pass lists each token's entries, the down pass runs
-// them on the tensor cores over 12-bit packed rows) against the CPU reference, with the tolerance
-// of MatchesCpuReferenceOnEveryPath, at light and heavy rows (more than 128 entries: split over a
-// block's warps by columns, in segments of 128), uniform and skewed; bitwise repeatable; prepare()
-// counts the rows that do not pack (more than 8 distinct upper exponent values). A backward after
-// them is refused: they keep no u.
-TEST(FfnForwardGpuListPasses, MatchCpuReferenceAndPackLosslessly) {
-  TWELL_REQUIRE_HOPPER();
-  struct ListCase {
-    int64_t M, H, I;
-    double density;
-    bench::Distribution dist;
-  };
-  for (const ListCase& c : {ListCase{300, 2048, 5632, 0.005, bench::Distribution::uniform},
-                            ListCase{300, 2048, 5632, 0.005, bench::Distribution::skewed},
-                            ListCase{257, 768, 1344, 0.02, bench::Distribution::skewed},
-                            ListCase{64, 256, 704, 0.4, bench::Distribution::uniform},  // heavy: ~280 a row
-                            ListCase{33, 512, 2048, 1.0, bench::Distribution::uniform}}) {  // every row heavy
-    SCOPED_TRACE(str("M", c.M, " H", c.H, " I", c.I, " d", c.density));
-    bench::SyntheticFfn f = bench::make_synthetic_ffn({c.M, c.H, c.I, c.density, c.dist, true, 3});
-    auto* wd_bits = static_cast<uint16_t*>(f.wd.view().data);
-    // Row 1 cannot pack: 2^-1, 2^-3, ..., 2^-17 are 9 distinct upper exponent values.
-    for (int i = 0; i < 9; ++i) wd_bits[1 * c.H + 3 * i] = static_cast<uint16_t>((127 - 1 - 2 * i) << 7);
-    int64_t expect_unpacked = 0;
-    for (int64_t j = 0; j < c.I; ++j) {
-      std::set<int> values;
-      for (int64_t k = 0; k < c.H; ++k) values.insert((wd_bits[j * c.H + k] >> 8) & 0x7f);
-      expect_unpacked += values.size() > 8;
-    }
-    EXPECT_GE(expect_unpacked, 1);
-    Tensor y_cpu = Tensor::of<bf16>({c.M, c.H}), y64 = Tensor::of<double>({c.M, c.H});
-    cpu::ffn_forward(f.x, f.weights(), y_cpu, Precision::bf16);
-    cpu::ffn_forward(f.x, f.weights(), y64, Precision::f64);
-    const double cpu_err = relative_error(y_cpu, y64);
-
-    const DeviceTensor x = DeviceTensor::upload(f.x), wg = DeviceTensor::upload(f.wg);
-    const DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
-    const FfnWeights w{wg.view(), wu.view(), wd.view()};
-    cuda::FfnOptions o;
-    o.dispatch = Dispatch::always_sparse;
-    o.gather_max_tokens = 0;
-    cuda::FfnForward list({c.M, c.H, c.I, true}, o);
-    const cuda::PreparedWeights pw = list.prepare(w, nullptr);
-    EXPECT_EQ(pw.rows, c.I);
-    EXPECT_EQ(pw.rows - pw.rows_packed, expect_unpacked);
-    DeviceTensor y(DType::bf16, {c.M, c.H});
-    cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);
-    list.forward(x, w, y, nullptr);
-    const Tensor y_gpu = y.download();
-    EXPECT_LE(relative_error(y_gpu, y64), 2 * cpu_err + 1e-4) << "cpu bf16 rel_err " << cpu_err;
-    EXPECT_TRUE(test::all_close(y_gpu, y_cpu, 0.05 * rms(y_cpu) + 1e-6, 0.02));
-    cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);
-    list.forward(x, w, y, nullptr);
-    EXPECT_TRUE(test::bit_equal(y.download(), y_gpu));
-
-    DeviceTensor dx(DType::f32, {c.M, c.H});
-    FfnGrads grads;
-    grads.dx = dx.view();
-    try {
-      list.backward(x, w, y, 0.0, grads, nullptr);
-      ADD_FAILURE() << "a backward after the list passes must be refused";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("keeps no u"), std::string::npos) << e.what();
-    }
-  }
-}
-
-// Zeros, Infs and NaNs in Wd pack (any 8 upper exponent values make a table), and a token's output
-// is Inf or NaN where the ring pass's is: the decode is exact and the tensor core propagates them.
-TEST(FfnForwardGpuListPasses, NonFiniteWeightsPropagateAsOnTheRingPass) {
-  TWELL_REQUIRE_HOPPER();
-  const int64_t M = 200, H = 512, I = 1024;
-  bench::SyntheticFfn f = bench::make_synthetic_ffn({M, H, I, 0.02, bench::Distribution::uniform, true, 4});
-  auto* wd_bits = static_cast<uint16_t*>(f.wd.view().data);
-  const uint16_t odd[] = {0x0000, 0x7f80, 0xffc1, 0x3fc0, 0xbf40, 0x3c01};  // 0, Inf, NaN, 1.5, -0.75, ~0.0079
-  for (int64_t k = 0; k < H; ++k) wd_bits[2 * H + k] = odd[k % 6];  // 4 distinct values: packs
-  for (int64_t k = 0; k < H; ++k) wd_bits[3 * H + k] = k % 2 ? 0x7f80 : 0x3f80;  // Inf and 1: no NaN but Inf
-  const DeviceTensor x = DeviceTensor::upload(f.x), wg = DeviceTensor::upload(f.wg);
-  const DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
-  const FfnWeights w{wg.view(), wu.view(), wd.view()};
-  cuda::FfnOptions o;
-  o.dispatch = Dispatch::always_sparse;
-  o.gather_max_tokens = 0;
-  cuda::FfnForward ring({M, H, I, true}, o), list({M, H, I, true}, o);
-  int64_t expect_packed = 0;
-  for (int64_t j = 0; j < I; ++j) {
-    std::set<int> values;
-    for (int64_t k = 0; k < H; ++k) values.insert((wd_bits[j * H + k] >> 8) & 0x7f);
-    expect_packed += values.size() <= 8;
-  }
-  EXPECT_EQ(list.prepare(w, nullptr).rows_packed, expect_packed);
-  DeviceTensor y_ring(DType::bf16, {M, H}), y(DType::bf16, {M, H});
-  ring.forward(x, w, y_ring, nullptr);
-  list.forward(x, w, y, nullptr);
-  const Tensor a = y.download(), b = y_ring.download();
-  int64_t non_finite = 0, mismatched = 0;
-  for (int64_t i = 0; i < M * H; ++i) {
-    const double u = load_as_double(a, i), v = load_as_double(b, i);
-    non_finite += !std::isfinite(v);
-    mismatched += std::isnan(u) != std::isnan(v) || (std::isinf(u) || std::isinf(v) ? u != v : false);
-  }
-  EXPECT_GT(non_finite, 0);
-  EXPECT_EQ(mismatched, 0);
 }
 
 // Runs `ffn` on `q` twice, poisoning y in between; the two outputs must be the same bits.

@@ -55,11 +55,6 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                   "GPU, the host's launch work included. --train always times host")
       ->check(CLI::IsMember({"gpu", "host"}))
       ->capture_default_str();
-  ffn->add_option("--down", cfg->down,
-                  "the sparse down pass (inference): packed (FfnForward::prepare packs Wd's rows losslessly to 12 "
-                  "bits, untimed, and the list passes read them) or ring (TMA ring over TwELL's bf16 rows; A/B)")
-      ->check(CLI::IsMember({"packed", "ring"}))
-      ->capture_default_str();
   ffn->add_option("--json", *json_path, "write the JSON records here");
   ffn->add_flag("--train", cfg->train,
                 "time forward + backward (all four gradients, L1 term on) instead of the forward; checks dx on "

@@ -93,13 +93,6 @@ struct FfnOptions {
   // gather path's kernels, no such buffers (for a caller that runs one-token FFNs itself, as the
   // model's decode step does).
   bool one_token_kernel = true;
-  // The sparse path's list passes, for weights given to prepare() (inference: FfnOptions::training
-  // unset; gated, Precision::bf16, I <= 65536): the up pass lists each token's entries (neuron
-  // and h) contiguously, and the down pass runs them on the tensor cores over Wd's rows packed to
-  // 12 bits (a quarter fewer bytes) where they pack. Its sums are the tensor core's, in a fixed
-  // order: deterministic, within the ring pass's error. They keep no u, so a backward after them is
-  // refused. false, or weights not prepared: the ring down pass over TwELL (A/B).
-  bool list_passes = true;
   // The dense path of one token runs its gate (with the ReLU) and up products through twell's
   // GEMV (launch_decode_gemv, weights copied while the kernel before runs) where the shape allows;
   // false: cuBLASLt, as for more tokens (A/B).
@@ -110,14 +103,6 @@ struct FfnOptions {
   // L2, or the narrowest of them where none does. Otherwise a multiple of 8 dividing H (tests set
   // narrow slices to cover them at small M).
   int64_t dw_slice_columns = 0;
-};
-
-// What prepare() made: of Wd's rows, how many are kept packed (12 bits a weight, losslessly)
-// rather than as bf16 (rows with more than 8 distinct values of the exponent's upper 7 bits:
-// weights spread over more than ~16 octaves; zeros, Infs and NaNs take one value each).
-struct PreparedWeights {
-  int64_t rows = 0;
-  int64_t rows_packed = 0;
 };
 
 struct FfnStats {
@@ -131,8 +116,7 @@ struct FfnStats {
 
 // Device memory: about 4.5 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
 // output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
-// them): 6.4 GB at max_tokens = 131072, I = 5632; with the list passes u's place holds a word
-// an entry (+1.6 GB there), and prepare() adds 2 · I · H bytes a Wd. FfnOptions::training adds one [max_tokens, I]
+// them): 6.4 GB at max_tokens = 131072, I = 5632. FfnOptions::training adds one [max_tokens, I]
 // bf16 buffer (h), and backward() its workspace, allocated by its first call.
 class FfnForward {
  public:
@@ -157,18 +141,6 @@ class FfnForward {
   // the transpose).
   void backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,
                 const FfnGrads& grads, cudaStream_t stream);
-
-  // For inference: packs w.wd's rows losslessly to 12 bits a weight where they fit (a quarter
-  // fewer bytes for the sparse down pass to read), kept by this object for the forward() calls
-  // given the same w.wd (by address), which then take the list passes (FfnOptions::list_passes):
-  // for a model, once per layer at load. Waits for the whole device (its first call allocates the
-  // list passes' buffers, and a backward of an earlier forward is then refused). Call it again
-  // after changing Wd's values in place, and clear_prepared() before Wd's memory is freed and
-  // reused: the packed copy is found by address and would be stale. Does nothing where the list
-  // passes do not run.
-  PreparedWeights prepare(const FfnWeights& w, cudaStream_t stream);
-  // Forgets every prepared Wd: forward() reads the bf16 rows again (the ring down pass).
-  void clear_prepared();
 
   // Statistics of the last call; waits for its non-zero count if the sparse path ran.
   FfnStats last_stats() const;

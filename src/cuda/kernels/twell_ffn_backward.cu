@@ -32,8 +32,8 @@ __device__ __forceinline__ float entry_g(const TwellDeviceView& a, uint32_t i) {
 // dg as the bf16 reference rounds them.
 __global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_dh_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) char smem[];
-  sddmm_loop<Aux::u_index>(p, p.wd, nullptr, smem, threadIdx.x % 32,
-                           [&](uint32_t i, float dot, uint32_t, uint32_t) {  // p.x is dy here
+  sddmm_loop<Aux::u_index>(p, p.wd, smem, threadIdx.x % 32,
+                           [&](uint32_t i, float dot) {  // p.x is dy here
                              float dg, du;
                              gated_entry_grads(dot, entry_g(p.act, i), bf16_bits_to_float(p.u_vals[i]), p.l1, dg, du);
                              p.du_vals[i] = float_to_bf16_bits(du);

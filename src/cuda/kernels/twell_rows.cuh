@@ -41,11 +41,6 @@ struct Params {
   uint16_t* du_vals = nullptr;
   float l1 = 0.f;
   float* out_f32 = nullptr;
-  // The forward's list path (twell_ffn_sparse.cu): the entries the up pass writes, each row's first
-  // entry, and Wd's prepared rows (packed_rows.cuh).
-  uint32_t* entries = nullptr;
-  const uint32_t* row_off = nullptr;
-  const uint8_t* wd_packed = nullptr;
 };
 
 // Shared memory of warp w: ring [D][H] bf16, list col [cap] and aux [cap], D mbarriers.
@@ -334,9 +329,7 @@ __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, co
 }
 
 // The SDDMM kernels' work (the forward's up pass, the backward's dh pass): for every active
-// (m, j), dot = x[m] · W[j] in f32 on the tensor cores, then epilogue(aux, dot, j, rank) by one
-// lane, rank being the entry's place among row m's entries in ascending j plus row_off[m]
-// (row_off null: rank 0 for every entry, unused).
+// (m, j), dot = x[m] · W[j] in f32 on the tensor cores, then epilogue(aux, dot) by one lane.
 // A warp takes a token (row_schedule), stages its entries (at most list_cap at a time) in its
 // list col/aux, and runs them 16 at a time as the rows of an m16n8k16 A operand against x, which
 // is every column of B (so every column of D holds the 16 dot products). x goes into the warp's
@@ -355,8 +348,7 @@ constexpr int kSddmmMaxWarps = 16;
 constexpr int64_t sddmm_warp_bytes(int64_t H, int cap) { return int64_t{cap} * 8 + H * 2 + kSddmmStages * kSddmmStageBytes; }
 
 template <Aux kAux, typename Epilogue>
-__device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, const uint32_t* row_off, char* smem,
-                                           int lane, Epilogue&& epilogue) {
+__device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, char* smem, int lane, Epilogue&& epilogue) {
   char* base = smem + (threadIdx.x / 32) * sddmm_warp_bytes(p.H, p.list_cap);
   int32_t* col = reinterpret_cast<int32_t*>(base);
   uint32_t* aux = reinterpret_cast<uint32_t*>(col + p.list_cap);
@@ -381,16 +373,6 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
     if (t >= t_stop) return;  // an empty share of a heavy row: x is not copied (nothing would wait for it)
     const uint16_t* x = p.x + row * p.H;
     for (int c = lane; c < p.H / 8; c += 32) cp_async16(xs + 8 * c, x + 8 * c, true);  // with stage 0's group
-    // The rank of the list's first entry: the row's offset and the entries of its tiles before t
-    // (a heavy row's later shares).
-    uint32_t rank0 = 0;
-    if (row_off) {
-      const uint32_t* counts = p.act.counts + row * p.act.layout.n_tiles();
-      for (int64_t tt = lane; tt < t; tt += 32) rank0 += __ldg(counts + tt);
-#pragma unroll
-      for (int d = 16; d >= 1; d /= 2) rank0 += __shfl_xor_sync(0xffffffffu, rank0, d);
-      rank0 += __ldg(row_off + row);
-    }
     while (t < t_stop) {
       const uint32_t len = stage<kAux>(p, row, t, t_stop, col, aux, lane);
       const int groups = static_cast<int>((len + 15) / 16);
@@ -447,11 +429,10 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
         // The group's 16 dot products: entry g·16 + lane/4 in d[0], + 8 in d[2].
         const uint32_t ia = static_cast<uint32_t>(g * 16 + lane / 4), ib = ia + 8;
         if (lane % 4 == 0) {
-          if (ia < len) epilogue(aux[ia], d[0] + e[0], static_cast<uint32_t>(col[ia]), rank0 + ia);
-          if (ib < len) epilogue(aux[ib], d[2] + e[2], static_cast<uint32_t>(col[ib]), rank0 + ib);
+          if (ia < len) epilogue(aux[ia], d[0] + e[0]);
+          if (ib < len) epilogue(aux[ib], d[2] + e[2]);
         }
       }
-      rank0 += len;
       cp_async_wait<0>();
       __syncwarp();  // the list and the ring are rewritten by the next stage
     }
