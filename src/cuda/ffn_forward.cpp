@@ -207,8 +207,11 @@ struct FfnForward::Impl {
     // Into the pinned mirror by a kernel: a copy in the stream left the GPU idle ~15 µs.
     TWELL_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(unsigned long long), stream));
     launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sl.sample_rows, d, stream);
-    launch_copy_words(reinterpret_cast<const uint32_t*>(d), reinterpret_cast<uint32_t*>(host_sample + slot), 2,
-                      nullptr, -1, stream);
+    PackReport copy;
+    copy.copy_src = reinterpret_cast<const uint32_t*>(d);
+    copy.copy_dst = reinterpret_cast<uint32_t*>(host_sample + slot);
+    copy.copy_words = 2;
+    launch_report(copy, stream);
     sl.sample.record(stream);
   }
   // A fused sparse call, which writes no g, samples exactly: the packed non-zero total of all M
@@ -286,7 +289,7 @@ struct FfnForward::Impl {
       if (options.count_nonzeros) {
         PackReport r;
         counts_report(r);
-        launch_copy_words(r.copy_src, r.copy_dst, r.copy_words, r.patch, r.patch_at, stream);
+        launch_report(r, stream);
       }
     }
     if (options.count_nonzeros) counts.record(stream);

@@ -46,9 +46,10 @@ void launch_twell_pack(const uint16_t* dense, const TwellDeviceView& m, unsigned
 // must rows.row_nnz[0..M) (the epilogue adds each tile's count to it). Needs
 // the TwELL tile width 256, H and I multiples of 8, 16-byte aligned x and W. The workspace is
 // gate_pack_workspace_bytes (CUTLASS's tile scheduler; may be 0).
-// Reports to pinned host memory that the kernel after the fused gate (the heavy-row list's) makes
-// on the side, so that they cost no launch of their own between the gate and the up pass: what
-// launch_copy_words does, and a sum of the non-zero counters, each where its pointers are set.
+// Reports to pinned host memory: a copy of device words with one patched, and a sum of the
+// non-zero counters, each made where its pointers are set. The kernel after the fused gate (the
+// heavy-row list's) makes them on the side, so that they cost no launch of their own between the
+// gate and the up pass; launch_report makes them alone.
 struct PackReport {
   const uint32_t* copy_src = nullptr;  // copy_dst[i] = copy_src[i], i < copy_words, but
   uint32_t* copy_dst = nullptr;        // copy_dst[patch_at] = *patch where patch is set
@@ -58,7 +59,7 @@ struct PackReport {
   const unsigned long long* sum_in = nullptr;  // *sum_out = sum_in[0] + ... + sum_in[sum_n - 1]
   int sum_n = 0;
   unsigned long long* sum_out = nullptr;
-  bool any() const { return copy_dst || sum_out; }
+  TWELL_HD bool any() const { return copy_dst || sum_out; }
 };
 
 struct GatePackArgs {
@@ -97,11 +98,9 @@ struct ZeroWords {
   }
 };
 void launch_zero_words(const ZeroWords& z, cudaStream_t stream);
-// dst[i] = src[i] for i < n_words, but dst[patch_at] = *patch (when patch is given): the sparse
-// path's counters into pinned host memory by one small kernel (two copies in the stream left the
-// GPU idle ~15 µs).
-void launch_copy_words(const uint32_t* src, uint32_t* dst, int n_words, const uint32_t* patch, int patch_at,
-                       cudaStream_t stream);
+// Makes `report` by one small kernel: the sparse path's counters or a dispatch sample into pinned
+// host memory (copies in the stream left the GPU idle ~15 µs).
+void launch_report(const PackReport& report, cudaStream_t stream);
 // stream_hold.cu: holds `stream` until *release (pinned host memory) becomes non-zero, or for
 // timeout_ns, after which it sets *timed_out (pinned) and lets the stream go on. A benchmark
 // enqueues its timed call behind it, then releases it: the events then time the GPU's work alone.

@@ -168,10 +168,19 @@ __global__ __launch_bounds__(kSampleThreads) void count_sampled_kernel(const uin
   }
 }
 
-__global__ void copy_words_kernel(const uint32_t* src, uint32_t* dst, int n, const uint32_t* patch, int patch_at) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = patch && i == patch_at ? *patch : src[i];
-  __threadfence_system();  // dst may be host memory: visible there once the kernel is done
+// PackReport's copy and sum, by one block.
+__device__ void make_report(const PackReport& r) {
+  for (int i = threadIdx.x; r.copy_dst && i < r.copy_words; i += blockDim.x)
+    r.copy_dst[i] = r.patch && i == r.patch_at ? *r.patch : r.copy_src[i];
+  if (threadIdx.x == 0 && r.sum_out) {
+    unsigned long long s = 0;
+    for (int i = 0; i < r.sum_n; ++i) s += r.sum_in[i];
+    *r.sum_out = s;
+  }
+  __threadfence_system();  // host memory: visible there once the kernel is done
 }
+
+__global__ void report_kernel(PackReport r) { make_report(r); }
 
 __global__ void zero_words_kernel(ZeroWords z) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -181,16 +190,7 @@ __global__ void zero_words_kernel(ZeroWords z) {
 }
 
 __global__ void list_heavy_rows_kernel(RowCounts rc, int64_t M, PackReport report) {
-  if (blockIdx.x == 0 && (report.copy_dst || report.sum_out)) {
-    for (int i = threadIdx.x; report.copy_dst && i < report.copy_words; i += blockDim.x)
-      report.copy_dst[i] = report.patch && i == report.patch_at ? *report.patch : report.copy_src[i];
-    if (threadIdx.x == 0 && report.sum_out) {
-      unsigned long long s = 0;
-      for (int i = 0; i < report.sum_n; ++i) s += report.sum_in[i];
-      *report.sum_out = s;
-    }
-    __threadfence_system();  // host memory: visible there once the kernel is done
-  }
+  if (blockIdx.x == 0 && report.any()) make_report(report);
   if (!rc.row_nnz) return;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < M;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -220,9 +220,9 @@ void launch_zero_words(const ZeroWords& z, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_copy_words(const uint32_t* src, uint32_t* dst, int n_words, const uint32_t* patch, int patch_at,
-                       cudaStream_t stream) {
-  copy_words_kernel<<<1, 64, 0, stream>>>(src, dst, n_words, patch, patch_at);
+void launch_report(const PackReport& report, cudaStream_t stream) {
+  if (!report.any()) return;
+  report_kernel<<<1, 64, 0, stream>>>(report);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
