@@ -33,13 +33,9 @@ class CudaBackend : public FfnBackend {
     TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     TWELL_CUDA_CHECK(cudaEventCreate(&start_));
     TWELL_CUDA_CHECK(cudaEventCreate(&stop_));
-    void* hold = nullptr;
-    TWELL_CUDA_CHECK(cudaHostAlloc(&hold, 2 * sizeof(uint32_t), cudaHostAllocMapped));
-    hold_ = static_cast<uint32_t*>(hold);
   }
   ~CudaBackend() override {
     state_.reset();
-    cudaFreeHost(hold_);
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
     cudaStreamDestroy(stream_);
@@ -232,19 +228,19 @@ class CudaBackend : public FfnBackend {
       }
     } release{nullptr};
     if (hold) {  // the stream waits here until the whole call is enqueued
-      hold_[0] = 0, hold_[1] = 0;
-      cuda::launch_hold_stream(hold_, hold_ + 1, kHoldTimeoutNs, stream_);
-      release.word = hold_;
+      hold_word()[0] = 0, hold_word()[1] = 0;
+      cuda::launch_hold_stream(hold_word(), hold_word() + 1, kHoldTimeoutNs, stream_);
+      release.word = hold_word();
     }
     TWELL_CUDA_CHECK(cudaEventRecord(start_, stream_));
     fn();
     TWELL_CUDA_CHECK(cudaEventRecord(stop_, stream_));
-    if (hold) __atomic_store_n(&hold_[0], 1u, __ATOMIC_RELEASE);
+    if (hold) __atomic_store_n(&hold_word()[0], 1u, __ATOMIC_RELEASE);
     TWELL_CUDA_CHECK(cudaEventSynchronize(stop_));
     // A call that synchronises inside outlasts the hold, which then lets the stream go: its time
     // includes the host's latency after all. From here on this backend times host (timing_used
     // says so, and run_ffn_bench times the case again).
-    if (hold && __atomic_load_n(&hold_[1], __ATOMIC_ACQUIRE) != 0) hold_failed_ = true;
+    if (hold && __atomic_load_n(&hold_word()[1], __ATOMIC_ACQUIRE) != 0) hold_failed_ = true;
     float ms = 0;
     TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
     return ms;
@@ -309,7 +305,8 @@ class CudaBackend : public FfnBackend {
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   // Timing::gpu's hold kernel: [0] the host's release, [1] set by the kernel if it gave up waiting.
   static constexpr uint64_t kHoldTimeoutNs = 100'000'000;
-  uint32_t* hold_ = nullptr;
+  cuda::PinnedBuffer hold_words_{2 * sizeof(uint32_t), cudaHostAllocMapped};
+  uint32_t* hold_word() const { return hold_words_.as<uint32_t>(); }
   bool hold_failed_ = false;  // a held call outlasted the hold: time host from then on
   std::unique_ptr<State> state_;
 };

@@ -54,8 +54,9 @@ struct FfnForward::Impl {
     uint32_t heavy_count;    // rows in the heavy list
   };
   DeviceBuffer counters, sample_count;     // sample_count: one counter per dispatch slot
-  Counters* host = nullptr;                // pinned mirror of counters
-  unsigned long long* host_sample = nullptr;  // pinned mirror of sample_count
+  PinnedBuffer host_counters, host_samples;  // pinned mirrors of counters and sample_count
+  Counters* host() const { return host_counters.as<Counters>(); }
+  unsigned long long* host_sample() const { return host_samples.as<unsigned long long>(); }
 
   // A device-to-host copy in flight, marked by an event recorded after it.
   struct Readback {
@@ -134,15 +135,13 @@ struct FfnForward::Impl {
     TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
     const auto n_slots = static_cast<size_t>(o.dispatch_slots);
     sample_count = DeviceBuffer(n_slots * sizeof(unsigned long long));
-    TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), sizeof(Counters)));
-    TWELL_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_sample), n_slots * sizeof(unsigned long long)));
+    host_counters = PinnedBuffer(sizeof(Counters));
+    host_samples = PinnedBuffer(n_slots * sizeof(unsigned long long));
     TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counts.ready, cudaEventDisableTiming));
     slots.resize(n_slots);
     for (Slot& sl : slots) TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&sl.sample.ready, cudaEventDisableTiming));
   }
   ~Impl() {
-    if (host) cudaFreeHost(host);
-    if (host_sample) cudaFreeHost(host_sample);
     if (counts.ready) cudaEventDestroy(counts.ready);
     for (Slot& sl : slots)
       if (sl.sample.ready) cudaEventDestroy(sl.sample.ready);
@@ -209,7 +208,7 @@ struct FfnForward::Impl {
     launch_count_sampled_nonzeros(g.as<uint16_t>(), M, shape.ffn, sl.sample_rows, d, stream);
     PackReport copy;
     copy.copy_src = reinterpret_cast<const uint32_t*>(d);
-    copy.copy_dst = reinterpret_cast<uint32_t*>(host_sample + slot);
+    copy.copy_dst = reinterpret_cast<uint32_t*>(host_sample() + slot);
     copy.copy_words = 2;
     launch_report(copy, stream);
     sl.sample.record(stream);
@@ -218,13 +217,13 @@ struct FfnForward::Impl {
   // rows, summed into the slot's pinned word (PackReport); the caller records the event after.
   unsigned long long* exact_sample(int64_t slot, int64_t M) {
     slots[static_cast<size_t>(slot)].sample_rows = M;
-    return host_sample + slot;
+    return host_sample() + slot;
   }
   // The counters into their pinned mirror, the backup's count in place of spilled_tiles.
   void counts_report(PackReport& r) {
     static_assert(sizeof(Counters) % 4 == 0 && offsetof(Counters, spilled_tiles) % 4 == 0);
     r.copy_src = reinterpret_cast<const uint32_t*>(dev());
-    r.copy_dst = reinterpret_cast<uint32_t*>(host);
+    r.copy_dst = reinterpret_cast<uint32_t*>(host());
     r.copy_words = sizeof(Counters) / 4;
     r.patch = act.view().n_backup;
     r.patch_at = offsetof(Counters, spilled_tiles) / 4;
@@ -234,7 +233,7 @@ struct FfnForward::Impl {
   void collect_sample(int64_t slot, bool wait) {
     Slot& sl = slots[static_cast<size_t>(slot)];
     if (!sl.sample.arrived(wait)) return;
-    sl.previous_density = double(host_sample[slot]) / double(sl.sample_rows * shape.ffn);
+    sl.previous_density = double(host_sample()[slot]) / double(sl.sample_rows * shape.ffn);
   }
 
   // Dispatch's threshold: inference's or training's (their break-evens differ).
@@ -326,11 +325,11 @@ struct FfnForward::Impl {
   void collect_counts(bool wait) {
     if (!counts.arrived(wait)) return;
     // The backup is sized for every tile to spill, so this is a broken invariant, not user error.
-    TWELL_CHECK(host->overflow == 0, "FfnForward: TwELL backup overflowed (internal error)");
+    TWELL_CHECK(host()->overflow == 0, "FfnForward: TwELL backup overflowed (internal error)");
     unsigned long long nnz = 0;
-    for (unsigned long long c : host->nnz) nnz += c;
+    for (unsigned long long c : host()->nnz) nnz += c;
     stats.nnz = static_cast<int64_t>(nnz);
-    stats.spilled_tiles = host->spilled_tiles;
+    stats.spilled_tiles = host()->spilled_tiles;
   }
 
   static void grow(DeviceBuffer& b, size_t bytes) {

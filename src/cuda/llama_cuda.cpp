@@ -158,20 +158,7 @@ struct LlamaCuda::Impl {
   // Pinned staging of a call's inputs (tokens, then the position) and of small logits: copies
   // from and to pageable memory cost the host more per decode step. `staged` is recorded after the
   // input copies, which read the staging when they run.
-  struct Pinned {
-    void* ptr = nullptr;
-    size_t bytes = 0;
-    void reserve(size_t n) {
-      if (n <= bytes) return;
-      if (ptr) TWELL_CUDA_CHECK(cudaFreeHost(ptr));
-      ptr = nullptr, bytes = 0;
-      TWELL_CUDA_CHECK(cudaHostAlloc(&ptr, n, cudaHostAllocDefault));
-      bytes = n;
-    }
-    ~Pinned() {
-      if (ptr) cudaFreeHost(ptr);
-    }
-  } pinned_in, pinned_logits;
+  PinnedBuffer pinned_in, pinned_logits;
   cudaEvent_t staged = nullptr;
   std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
   int64_t len = 0, batch = 0;                  // cached positions (of every sequence), sequences
@@ -317,7 +304,7 @@ struct LlamaCuda::Impl {
   void upload_inputs(const int32_t* host_tokens, int64_t n) {
     TWELL_CUDA_CHECK(cudaEventSynchronize(staged));  // the previous call's copies have read the staging
     pinned_in.reserve(static_cast<size_t>(n + 1) * 4);
-    auto* in = static_cast<int32_t*>(pinned_in.ptr);
+    auto* in = pinned_in.as<int32_t>();
     if (host_tokens && n > 0) std::memcpy(in, host_tokens, static_cast<size_t>(n) * 4);
     in[n] = static_cast<int32_t>(len);
     if (host_tokens && n > 0)
@@ -503,9 +490,9 @@ struct LlamaCuda::Impl {
       return out;
     }
     pinned_logits.reserve(bytes);
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(pinned_logits.ptr, logits.get(), bytes, cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(pinned_logits.get(), logits.get(), bytes, cudaMemcpyDeviceToHost, stream));
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return Tensor::copy_of(TensorView(pinned_logits.ptr, DType::f32, {rows, V}));
+    return Tensor::copy_of(TensorView(pinned_logits.get(), DType::f32, {rows, V}));
   }
 
   Tensor prefill(const std::vector<std::vector<int32_t>>& prompts) {

@@ -65,6 +65,29 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 
+PinnedBuffer::PinnedBuffer(size_t bytes, unsigned int flags) : bytes_(bytes) {
+  if (bytes) TWELL_CUDA_CHECK(cudaHostAlloc(&ptr_, bytes, flags));
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (ptr_) cudaFreeHost(ptr_);
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFreeHost(ptr_);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void PinnedBuffer::reserve(size_t bytes) {
+  if (bytes <= bytes_) return;
+  *this = PinnedBuffer();
+  *this = PinnedBuffer(bytes);
+}
+
 DeviceTensor::DeviceTensor(DType t, Shape s) {
   view_ = TensorView(nullptr, t, std::move(s), Device::cuda);
   buf_ = DeviceBuffer(view_.nbytes());

@@ -1,6 +1,7 @@
 // CUDA runtime helpers: allow_dynamic_smem raises a kernel's shared memory limit whenever a launch
 // needs more than it was given before (it once kept the first call's size, and a later, larger
-// launch of the same kernel failed).
+// launch of the same kernel failed); PinnedBuffer owns, moves and grows page-locked memory that
+// copies land in.
 #include <gtest/gtest.h>
 
 #include "cuda/kernels.h"
@@ -29,6 +30,29 @@ TEST(CudaRuntime, DynamicSmemLimitGrowsWithTheLargestRequest) {
     ASSERT_EQ(cudaMemcpy(&got, out.get(), sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(got, bytes / 4 - 1);
   }
+}
+
+TEST(CudaRuntime, PinnedBufferOwnsMovesAndGrows) {
+  TWELL_REQUIRE_HOPPER();
+  cuda::PinnedBuffer a(64);
+  ASSERT_NE(a.get(), nullptr);
+  EXPECT_EQ(a.bytes(), 64u);
+  cuda::DeviceBuffer d(64);
+  cuda::fill_bytes(d.get(), 64, 0x5a, nullptr);
+  ASSERT_EQ(cudaMemcpy(a.get(), d.get(), 64, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(a.as<uint8_t>()[63], 0x5a);
+  void* const p = a.get();
+  cuda::PinnedBuffer b(std::move(a));
+  EXPECT_EQ(b.get(), p);
+  EXPECT_EQ(a.get(), nullptr);
+  EXPECT_EQ(a.bytes(), 0u);
+  b.reserve(32);  // room already: kept
+  EXPECT_EQ(b.get(), p);
+  b.reserve(1 << 20);
+  EXPECT_GE(b.bytes(), size_t{1} << 20);
+  b.as<uint8_t>()[(1 << 20) - 1] = 1;  // writable to its end
+  cuda::PinnedBuffer mapped(8, cudaHostAllocMapped);
+  EXPECT_NE(mapped.get(), nullptr);
 }
 
 }  // namespace

@@ -66,6 +66,33 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Owning page-locked host allocation (cudaHostAlloc with `flags`), movable, freed on destruction:
+// what copies and kernels write to the host through, without a staging copy of their own.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes, unsigned int flags = cudaHostAllocDefault);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  // Makes room for at least `bytes` (cudaHostAllocDefault), the old contents dropped; no-op when
+  // there is room already. The old allocation is freed first.
+  void reserve(size_t bytes);
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // Owning device tensor: a DeviceBuffer with a dtype and shape.
 class DeviceTensor {
  public:
