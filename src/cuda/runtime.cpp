@@ -48,38 +48,17 @@ bool hopper_available(std::string* why) {
   return true;
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+void detail::free_device(void* p) { cudaFree(p); }
+void detail::free_pinned(void* p) { cudaFreeHost(p); }
+
+DeviceBuffer::DeviceBuffer(size_t bytes) {
   if (bytes) TWELL_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  bytes_ = bytes;
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) cudaFree(ptr_);
-}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    if (ptr_) cudaFree(ptr_);
-    ptr_ = std::exchange(o.ptr_, nullptr);
-    bytes_ = std::exchange(o.bytes_, 0);
-  }
-  return *this;
-}
-
-PinnedBuffer::PinnedBuffer(size_t bytes, unsigned int flags) : bytes_(bytes) {
+PinnedBuffer::PinnedBuffer(size_t bytes, unsigned int flags) {
   if (bytes) TWELL_CUDA_CHECK(cudaHostAlloc(&ptr_, bytes, flags));
-}
-
-PinnedBuffer::~PinnedBuffer() {
-  if (ptr_) cudaFreeHost(ptr_);
-}
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
-  if (this != &o) {
-    if (ptr_) cudaFreeHost(ptr_);
-    ptr_ = std::exchange(o.ptr_, nullptr);
-    bytes_ = std::exchange(o.bytes_, 0);
-  }
-  return *this;
+  bytes_ = bytes;
 }
 
 void PinnedBuffer::reserve(size_t bytes) {

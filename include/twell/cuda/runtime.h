@@ -43,16 +43,30 @@ DeviceInfo device_info(int device = -1);  // -1: the current device
 // otherwise `why` says what is missing.
 bool hopper_available(std::string* why = nullptr);
 
-// Owning device allocation (cudaMalloc), movable, freed on destruction.
-class DeviceBuffer {
+namespace detail {
+void free_device(void* p);  // cudaFree
+void free_pinned(void* p);  // cudaFreeHost
+
+// An owning allocation of `bytes` bytes that Free releases: movable, freed on destruction. The
+// buffers below differ only in how they allocate.
+template <void (*Free)(void*)>
+class OwnedBytes {
  public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes);
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  OwnedBytes() = default;
+  ~OwnedBytes() {
+    if (ptr_) Free(ptr_);
+  }
+  OwnedBytes(OwnedBytes&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  OwnedBytes& operator=(OwnedBytes&& o) noexcept {
+    if (this != &o) {
+      if (ptr_) Free(ptr_);
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  OwnedBytes(const OwnedBytes&) = delete;
+  OwnedBytes& operator=(const OwnedBytes&) = delete;
 
   void* get() const { return ptr_; }
   template <class T>
@@ -61,36 +75,28 @@ class DeviceBuffer {
   }
   size_t bytes() const { return bytes_; }
 
- private:
+ protected:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+}  // namespace detail
+
+// Owning device allocation (cudaMalloc), movable, freed on destruction.
+class DeviceBuffer : public detail::OwnedBytes<&detail::free_device> {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
 };
 
 // Owning page-locked host allocation (cudaHostAlloc with `flags`), movable, freed on destruction:
 // what copies and kernels write to the host through, without a staging copy of their own.
-class PinnedBuffer {
+class PinnedBuffer : public detail::OwnedBytes<&detail::free_pinned> {
  public:
   PinnedBuffer() = default;
   explicit PinnedBuffer(size_t bytes, unsigned int flags = cudaHostAllocDefault);
-  ~PinnedBuffer();
-  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
   // Makes room for at least `bytes` (cudaHostAllocDefault), the old contents dropped; no-op when
   // there is room already. The old allocation is freed first.
   void reserve(size_t bytes);
-  void* get() const { return ptr_; }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
 };
 
 // Owning device tensor: a DeviceBuffer with a dtype and shape.
