@@ -344,6 +344,11 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream);
 // A decode step (S = 1): launch_rope_kv's work and the attention in one kernel, on the same buffers
 // (`r` and `a` describe the same step). q is rotated in registers: the QKV buffer is left as it
 // is; the new key and value are written into the caches at p0. Any context up to max_context.
-void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream);
+// `dependent`: launched with programmatic dependent launch, after a kernel that lets its
+// dependents start early (the one-token GEMV of the QKV projection). The kernel then runs while
+// that one does, and reads *p0, the RoPE table and the cached keys and values before p0 before
+// waiting for it: none of those may be written by a kernel still running when it starts.
+void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
+                             bool dependent = false);
 
 }  // namespace twell::cuda

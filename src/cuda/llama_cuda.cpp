@@ -409,12 +409,13 @@ struct LlamaCuda::Impl {
       r.nh = static_cast<int>(nh), r.nkv = static_cast<int>(nkv), r.hd = static_cast<int>(hd);
       const bool fuse = fused_qkv && T >= kFusedQkvMinTokens;
       if (!decode && l == 0) kernels.fused_qkv_rope = fuse;
+      bool qkv_gemv = false;  // the one-token GEMV, which lets the decode attention start under it
       if (fuse) {
         QkvRopeArgs qa;
         qa.x = a.as<uint16_t>(), qa.w = bits(lw.wqkv), qa.H = H, qa.rope = r;
         launch_qkv_rope(qa, qkv_workspace.get(), qkv_workspace.bytes(), sm_count, stream);
       } else {
-        project(a.as<uint16_t>(), lw.wqkv, qkv.as<uint16_t>(), T, qkv_dim, H);
+        qkv_gemv = project(a.as<uint16_t>(), lw.wqkv, qkv.as<uint16_t>(), T, qkv_dim, H);
       }
       AttentionArgs at;
       at.qkv = qkv.as<uint16_t>();
@@ -426,7 +427,7 @@ struct LlamaCuda::Impl {
       at.max_context = static_cast<int>(o.max_context);
       at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
       if (S == 1 && !fuse) {
-        launch_decode_attention(r, at, sm_count, stream);  // RoPE and the cache write inside
+        launch_decode_attention(r, at, sm_count, stream, qkv_gemv);  // RoPE and the cache write inside
       } else {
         if (!fuse) launch_rope_kv(r, stream);
         if (S == 1)

@@ -205,8 +205,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrefillAttention, ::testing::ValuesIn(kCases), [
 // A decode step: launch_decode_attention against launch_rope_kv + the flash kernel at S = 1 (the
 // caches bit for bit, the QKV buffer left as it was) and against float64 (from the rotated q and
 // the caches the unfused path wrote), at contexts that leave key ranges empty, fill one, or span
-// all 16 ranges of the cluster; one range; a batch; GQA and MQA; every head_dim. Run twice: a
-// replay gives the same bits.
+// all 16 ranges of the cluster; one range; a batch; GQA and MQA; every head_dim. Run twice, the
+// second time launched as a programmatic dependent: the same bits.
 struct DecodeCase {
   int B, past, nh, nkv, hd, max_context;
 };
@@ -263,7 +263,7 @@ TEST(DecodeAttention, MatchesRopeThenFlashAndFloat64) {
     std::vector<uint16_t> first;
     for (int run = 0; run < 2; ++run) {
       poison(fused.d_o);
-      launch_decode_attention(rope_of(fused), args_of(c, fused, p0), sm_count, nullptr);
+      launch_decode_attention(rope_of(fused), args_of(c, fused, p0), sm_count, nullptr, /*dependent=*/run == 1);
       TWELL_CUDA_CHECK(cudaDeviceSynchronize());
       if (run == 0) first = download(fused.d_o);
     }

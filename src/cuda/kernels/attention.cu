@@ -254,6 +254,10 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
 // the first query head of each KV group writes the new key and value into the cache at p0; no
 // block of this launch reads that row from memory.
 //
+// Programmatic dependent launch: p0, the RoPE table and the first kAhead steps of cached keys and
+// values (positions before p0, which no kernel of this step writes) are loaded before the kernel
+// waits for the QKV projection, so its launch and its first DRAM round trip overlap that GEMV.
+//
 // Each block merges its warps' states, then writes its range's (max, sum, unnormalised output),
 // base-2 domain, into rank 0's shared memory; after one cluster barrier rank 0 merges the ranges
 // in rank order and writes o. (Two kernels before: the merge was its own launch, 1.7 µs a layer
@@ -275,18 +279,51 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / L, sub = lane % L;
   const int kvh = h / (a.nh / a.nkv);
   const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
-  const uint16_t* row = a.qkv + b * q_ld;  // one new token a sequence
-  const uint4 q_raw = *reinterpret_cast<const uint4*>(row + h * HD + sub * 8);
-  const uint4 k_raw = *reinterpret_cast<const uint4*>(row + (a.nh + kvh) * HD + sub * 8);
-  const uint4 v_new = *reinterpret_cast<const uint4*>(row + (a.nh + a.nkv + kvh) * HD + sub * 8);
   const int p0 = *a.p0, len = p0 + 1;  // keys 0..p0, the last one the new token's
 
-  // RoPE at p0: lanes sub < L/2 hold x0 (dims i..i+8 of the first half), their partners x1.
+  // The ranges split the keys the sequences have now (p0 is read on the device, so a replayed
+  // graph follows the context as it grows), in whole steps of kStep keys; trailing ranges may be
+  // empty.
+  const int keys_per_split = ((len + splits - 1) / splits + kStep - 1) / kStep * kStep;
+  const int k_begin = rank * keys_per_split, k_end = min(len, k_begin + keys_per_split);
+  const uint16_t* kbase = a.k_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
+  const uint16_t* vbase = a.v_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
+  // kAhead steps of K/V are loaded before any of them is scored (their loads in flight together
+  // instead of one dependent round trip a step). The loop bounds are warp-uniform (the shuffles
+  // need every lane); keys past the range are loaded as zeros and skipped, and the new key (p0)
+  // is taken from registers once it is known.
+  constexpr int kAhead = 4;
+  uint4 kr[kAhead], vr[kAhead];
+  auto load_cached = [&](int base0) {
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      const int key = base0 + s * kStep + grp;
+      kr[s] = vr[s] = make_uint4(0, 0, 0, 0);
+      if (key < k_end && key != p0) {
+        kr[s] = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(key) * kv_ld);
+        vr[s] = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(key) * kv_ld);
+      }
+    }
+  };
+  // p0, the RoPE table and the cached keys before p0 are not written by the kernel before this
+  // one (p0 is uploaded before the step's first kernel, and the cache rows by earlier steps), so
+  // they are read before waiting for it: the first step's K/V loads and the launch itself overlap
+  // the QKV projection.
+  const int first = k_begin + warp * kGroups;
+  if (first < k_end) load_cached(first);
   const bool low = sub < L / 2;
   const float* cs = r.cos_sin + static_cast<int64_t>(p0) * HD + (sub % (L / 2)) * 8;
   float c[8], sn[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) c[e] = cs[e], sn[e] = cs[HD / 2 + e];
+  wait_for_previous_grid();  // q, k and v of the new token are the QKV projection's output
+
+  const uint16_t* row = a.qkv + b * q_ld;  // one new token a sequence
+  const uint4 q_raw = *reinterpret_cast<const uint4*>(row + h * HD + sub * 8);
+  const uint4 k_raw = *reinterpret_cast<const uint4*>(row + (a.nh + kvh) * HD + sub * 8);
+  const uint4 v_new = *reinterpret_cast<const uint4*>(row + (a.nh + a.nkv + kvh) * HD + sub * 8);
+
+  // RoPE at p0: lanes sub < L/2 hold x0 (dims i..i+8 of the first half), their partners x1.
   auto rotate = [&](const uint4 mine) {
     uint4 other;
     other.x = __shfl_xor_sync(0xffffffffu, mine.x, L / 2), other.y = __shfl_xor_sync(0xffffffffu, mine.y, L / 2);
@@ -309,33 +346,13 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
     *reinterpret_cast<uint4*>(r.v_cache + at) = v_new;
   }
 
-  // The ranges split the keys the sequences have now (p0 is read on the device, so a replayed
-  // graph follows the context as it grows), in whole steps of kStep keys; trailing ranges may be
-  // empty.
-  const int keys_per_split = ((len + splits - 1) / splits + kStep - 1) / kStep * kStep;
-  const int k_begin = rank * keys_per_split, k_end = min(len, k_begin + keys_per_split);
   const float scale = a.scale * kLog2e;
-  const uint16_t* kbase = a.k_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
-  const uint16_t* vbase = a.v_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
-
   float m = -FLT_MAX, l = 0.f, acc[8] = {};
-  // kAhead steps of K/V are loaded before any of them is scored (their loads in flight together
-  // instead of one dependent round trip a step). The loop bounds are warp-uniform (the shuffles
-  // need every lane); keys past the range are loaded as zeros and skipped.
-  constexpr int kAhead = 4;
-  for (int base0 = k_begin + warp * kGroups; base0 < k_end; base0 += kAhead * kStep) {
-    uint4 kr[kAhead], vr[kAhead];
+  for (int base0 = first; base0 < k_end; base0 += kAhead * kStep) {
+    if (base0 != first) load_cached(base0);
 #pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      const int key = base0 + s * kStep + grp;
-      kr[s] = vr[s] = make_uint4(0, 0, 0, 0);
-      if (key == p0) {
-        kr[s] = k_new, vr[s] = v_new;
-      } else if (key < k_end) {
-        kr[s] = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(key) * kv_ld);
-        vr[s] = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(key) * kv_ld);
-      }
-    }
+    for (int s = 0; s < kAhead; ++s)
+      if (base0 + s * kStep + grp == p0) kr[s] = k_new, vr[s] = v_new;
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
       const bool valid = base0 + s * kStep + grp < k_end;
@@ -413,19 +430,21 @@ int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_c
 }
 
 template <int HD>
-void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream) {
+void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, bool dependent, cudaStream_t stream) {
   const int splits = decode_attention_splits(a.max_context, a.B, a.nh, sm_count);
   allow_non_portable_clusters(reinterpret_cast<const void*>(decode_attention_kernel<HD>));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
   config.blockDim = dim3(kThreads);
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
+  cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
   attribute[0].val.clusterDim.x = 1, attribute[0].val.clusterDim.y = 1;
   attribute[0].val.clusterDim.z = static_cast<unsigned>(splits);
+  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see wait_for_previous_grid in the kernel
+  attribute[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  config.numAttrs = dependent ? 2 : 1;
   TWELL_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_attention_kernel<HD>, r, a));
 }
 
@@ -449,7 +468,8 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   }
 }
 
-void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream) {
+void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
+                             bool dependent) {
   TWELL_CHECK(a.nkv > 0 && a.nh % a.nkv == 0, "attention: ", a.nh, " heads are not a multiple of ", a.nkv,
               " KV heads");
   TWELL_CHECK(a.S == 1 && r.S == 1 && r.T == a.B && r.nh == a.nh && r.nkv == a.nkv && r.hd == a.hd &&
@@ -461,10 +481,10 @@ void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm
   TWELL_CHECK(sm_count > 0, "decode attention: sm_count must be positive, got ", sm_count);
   if (a.B == 0) return;
   switch (a.hd) {
-    case 16: return launch_decode<16>(r, a, sm_count, stream);
-    case 32: return launch_decode<32>(r, a, sm_count, stream);
-    case 64: return launch_decode<64>(r, a, sm_count, stream);
-    case 128: return launch_decode<128>(r, a, sm_count, stream);
+    case 16: return launch_decode<16>(r, a, sm_count, dependent, stream);
+    case 32: return launch_decode<32>(r, a, sm_count, dependent, stream);
+    case 64: return launch_decode<64>(r, a, sm_count, dependent, stream);
+    case 128: return launch_decode<128>(r, a, sm_count, dependent, stream);
     default: check_attention(a.hd);
   }
 }
