@@ -53,12 +53,12 @@ std::unique_ptr<FfnBackend> pick_backend(const std::string& name, std::ostream& 
   std::string why;
   if (name == "cuda" || name == "auto") {
     if (cuda_backend_available(&why)) return make_cuda_backend();
-    TWELL_CHECK(name == "auto", "--backend cuda: ", why);
+    TWELL_REQUIRE(name == "auto", "--backend cuda: ", why);
     progress << "no usable GPU (" << why << "): running the CPU backend\n";
     return make_cpu_backend();
   }
 #else
-  TWELL_CHECK(name == "auto", "--backend ", name, ": this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
+  TWELL_REQUIRE(name == "auto", "--backend ", name, ": this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
   if (name == "auto") return make_cpu_backend();
 #endif
   TWELL_FAIL("unknown backend '", name, "' (expected cpu, cuda or auto)");
@@ -70,7 +70,7 @@ std::unique_ptr<FfnBackend> pick_backend(const std::string& name, std::ostream& 
 FfnProblem load_problem(const std::string& path) {
   const io::SafetensorsFile f = io::SafetensorsFile::open(path);
   for (const char* name : {"x", "up", "down"})
-    TWELL_CHECK(f.has(name), path, ": no tensor '", name, "' (--from needs x [M, H], up and down [I, H], "
+    TWELL_REQUIRE(f.has(name), path, ": no tensor '", name, "' (--from needs x [M, H], up and down [I, H], "
                 "and gate [I, H] for a gated FFN)");
   FfnProblem p;
   p.ffn.x = f.read_as("x", DType::bf16);
@@ -78,8 +78,10 @@ FfnProblem load_problem(const std::string& path) {
   p.ffn.wd = f.read_as("down", DType::bf16);
   const bool gated = f.has("gate");
   if (gated) p.ffn.wg = f.read_as("gate", DType::bf16);
-  TWELL_CHECK(p.ffn.x.shape().size() == 2, path, ": x must be [M, H], got ", shape_str(p.ffn.x.shape()));
+  TWELL_REQUIRE(p.ffn.x.shape().size() == 2, path, ": x must be [M, H], got ", shape_str(p.ffn.x.shape()));
   const int64_t M = p.ffn.x.shape()[0], H = p.ffn.x.shape()[1], I = p.ffn.wu.shape().at(0);
+  TWELL_REQUIRE(M >= 1 && H >= 1 && I >= 1, path, ": --from needs at least one token, one input and one neuron: x is ",
+              shape_str(p.ffn.x.shape()), ", up ", shape_str(p.ffn.wu.shape()));
   check_shape(p.ffn.wu, {I, H}, "--from: up");
   check_shape(p.ffn.wd, {I, H}, "--from: down (neuron-major [I, H])");
   if (gated) check_shape(p.ffn.wg, {I, H}, "--from: gate");
@@ -97,13 +99,23 @@ const char* timing_name(Timing t) { return t == Timing::gpu ? "gpu" : "host"; }
 
 std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress) {
   std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, progress);
-  const auto tokens = cfg.tokens.empty() ? backend->default_tokens() : cfg.tokens;
-  const auto densities = cfg.densities.empty() ? backend->default_densities() : cfg.densities;
+  // Each case once, in the order given (-M 16 -M 16 is one case).
+  auto once = [](auto values) {
+    auto end = values.begin();
+    for (auto it = values.begin(); it != values.end(); ++it)
+      if (std::find(values.begin(), end, *it) == end) *end++ = *it;
+    values.erase(end, values.end());
+    return values;
+  };
+  const auto tokens = once(cfg.tokens.empty() ? backend->default_tokens() : cfg.tokens);
+  const auto densities = once(cfg.densities.empty() ? backend->default_densities() : cfg.densities);
+  TWELL_REQUIRE(cfg.warmup >= -1 && (cfg.iters == -1 || cfg.iters >= 1), "--warmup must be >= 0 and --iters >= 1, got ",
+              cfg.warmup, " and ", cfg.iters);  // -1: the backend's default
   const int warmup = cfg.warmup >= 0 ? cfg.warmup : backend->default_warmup();
   const int iters = cfg.iters > 0 ? cfg.iters : backend->default_iters();
   const bool from_file = !cfg.from_file.empty();
   Timing timing = backend->timing_used(cfg.train ? Timing::host : cfg.timing);
-  TWELL_CHECK(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
+  TWELL_REQUIRE(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
               "--from takes M, H, I and the density from the file; drop -M and -d");
 
   std::vector<BenchRecord> records;
@@ -144,7 +156,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
         std::vector<int64_t> neurons;
         std::vector<Tensor> grad_ref;  // dx rows, dWg rows, dWu rows, dWd rows
         if (cfg.train) {
-          TWELL_CHECK(p.ffn.spec.gated, "--train: only the gated FFN has a backward so far");
+          TWELL_REQUIRE(p.ffn.spec.gated, "--train: only the gated FFN has a backward so far");
           dy = make_synthetic_tokens(p.ffn.spec, cfg.seed * 7919 + 3);
           for (int64_t i = 0; i < 16; ++i) neurons.push_back(i * (I - 1) / 15);
           neurons.erase(std::unique(neurons.begin(), neurons.end()), neurons.end());
@@ -314,6 +326,11 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
 
 void write_records(const std::vector<BenchRecord>& records, const std::string& path) {
   io::detail::write_file_atomically(path, records_to_json(records));
+}
+
+void check_records_path(const std::string& path) {
+  if (path.empty()) return;
+  io::detail::AtomicFile probe(path);  // creates the temporary next to `path`; removed, as it is never committed
 }
 
 }  // namespace twell::bench

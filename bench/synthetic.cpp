@@ -53,7 +53,7 @@ static double expected_nnz(const std::vector<double>& p) {
 }
 
 static std::vector<double> firing_rates(const SyntheticSpec& s, std::mt19937_64& rng) {
-  TWELL_CHECK(s.density >= 0 && s.density <= 1, "density must be in [0, 1], got ", s.density);
+  TWELL_REQUIRE(s.density >= 0 && s.density <= 1, "density must be in [0, 1], got ", s.density);
   std::vector<double> p(static_cast<size_t>(s.I), s.density);
   if (s.distribution == Distribution::uniform || s.density == 0 || s.density == 1) return p;
   std::uniform_real_distribution<double> unit(0, 1);
@@ -133,7 +133,7 @@ static void fill_tokens(const SyntheticSpec& s, uint64_t seed, const Tensor& x) 
 }
 
 Tensor make_synthetic_tokens(const SyntheticSpec& s, uint64_t seed) {
-  TWELL_CHECK(s.M >= 1 && s.H >= 3 && s.I >= 1, "synthetic FFN needs M >= 1, H >= 3, I >= 1; got M=",
+  TWELL_REQUIRE(s.M >= 1 && s.H >= 3 && s.I >= 1, "synthetic FFN needs M >= 1, H >= 3, I >= 1; got M=",
               s.M, " H=", s.H, " I=", s.I);
   Tensor x = Tensor::of<bf16>({s.M, s.H});
   fill_tokens(s, seed, x);

@@ -34,3 +34,10 @@ namespace detail {
   } while (0)
 
 #define TWELL_FAIL(...) ::twell::detail::throw_error(__FILE__, __LINE__, ::twell::str(__VA_ARGS__))
+
+// Throws twell::Error("<message>") unless `cond` holds: for what a user gave (arguments, files),
+// where the message says everything and a source location would only add noise.
+#define TWELL_REQUIRE(cond, ...)                                 \
+  do {                                                           \
+    if (!(cond)) throw ::twell::Error(::twell::str(__VA_ARGS__)); \
+  } while (0)

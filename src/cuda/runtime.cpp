@@ -36,7 +36,13 @@ bool hopper_available(std::string* why) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
-    if (why) *why = err != cudaSuccess ? str("no CUDA device (", cudaGetErrorString(err), ")") : "no CUDA device";
+    int driver = 0;
+    if (why) {
+      if (err == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0)
+        *why = "no NVIDIA driver is installed (no GPU to run on)";  // what CUDA calls an insufficient driver
+      else
+        *why = err != cudaSuccess ? str("no CUDA device (", cudaGetErrorString(err), ")") : "no CUDA device";
+    }
     cudaGetLastError();  // clear the sticky-free error state
     return false;
   }

@@ -21,7 +21,11 @@ std::vector<double> logit_row(const TensorView& logits) {
   TWELL_CHECK(logits.rank() == 1 || (logits.rank() == 2 && logits.shape[0] == 1),
               "sample: logits must be [V] or [1, V], got ", shape_str(logits.shape));
   TWELL_CHECK(logits.numel() > 0, "sample: empty logits");
-  return to_f64(logits);
+  std::vector<double> row = to_f64(logits);
+  for (size_t i = 0; i < row.size(); ++i)  // -inf (a token ruled out) is fine
+    TWELL_REQUIRE(!std::isnan(row[i]) && row[i] != HUGE_VAL, "sample: logit ", i, " is ", row[i],
+                ": the model's activations are not finite (weights with NaN or Inf, or an overflow)");
+  return row;
 }
 
 int32_t argmax(const std::vector<double>& row) {
@@ -30,13 +34,13 @@ int32_t argmax(const std::vector<double>& row) {
 
 }  // namespace
 
-Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
-  TWELL_CHECK(options.temperature >= 0, "Sampler: temperature must be >= 0, got ",
-              options.temperature);
-  TWELL_CHECK(options.top_k >= 0, "Sampler: top_k must be >= 0, got ", options.top_k);
-  TWELL_CHECK(options.top_p > 0 && options.top_p <= 1, "Sampler: top_p must be in (0, 1], got ",
-              options.top_p);
+void SamplingOptions::check() const {
+  TWELL_REQUIRE(temperature >= 0, "sampling: temperature must be >= 0, got ", temperature);
+  TWELL_REQUIRE(top_k >= 0, "sampling: top_k must be >= 0, got ", top_k);
+  TWELL_REQUIRE(top_p > 0 && top_p <= 1, "sampling: top_p must be in (0, 1], got ", top_p);
 }
+
+Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) { options.check(); }
 
 double Sampler::uniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;

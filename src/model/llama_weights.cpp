@@ -1,13 +1,17 @@
 // Loading a Llama-style HuggingFace checkpoint into LlamaWeights (include/twell/model/llama.h).
 //
 // Every tensor is checked before any is converted: present, a float dtype (BF16, F16, F32), and
-// the shape the config implies. Errors describe the input, so they carry no source location:
+// the shape the config implies; a layer the config does not have is refused (a config that
+// undercounts the layers would otherwise run a truncated model), and other tensors the model does
+// not use are listed in LlamaWeights::unused. Errors describe the input, so they carry no source location:
 //   "<ckpt>: tensor 'model.layers.0.self_attn.k_proj.weight': expected shape [32, 64], got [64,
 //   64]"
 // Conversion happens once: to the storage dtype (f32 or bf16), and down_proj.weight [H, I] is
 // transposed to neuron-major [I, H] (DESIGN.md §2).
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unordered_set>
 
 #include "twell/error.h"
 #include "twell/model/llama.h"
@@ -64,6 +68,37 @@ void check_tensor(const io::Checkpoint& ckpt, const Expected& e, bool tied) {
                     ", got ", shape_str(info.shape)));
 }
 
+// The layer a "model.layers.<n>." tensor belongs to, or -1.
+int64_t layer_of(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  const char* digits = name.c_str() + prefix.size();
+  char* end = nullptr;
+  const long long n = std::strtoll(digits, &end, 10);
+  return end != digits && *end == '.' ? n : -1;
+}
+
+// Checkpoint tensors outside `expected`: an error for a layer past the config's, else listed
+// (HF's rotary_emb.inv_freq buffers, which transformers recomputes too, are skipped).
+std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::vector<Expected>& expected,
+                                        int64_t layers) {
+  std::unordered_set<std::string> names;
+  for (const Expected& e : expected) names.insert(e.name);
+  std::vector<std::string> unused;
+  for (const io::TensorInfo& t : ckpt.tensors()) {
+    if (names.count(t.name)) continue;
+    const int64_t layer = layer_of(t.name);
+    if (layer >= layers)
+      throw Error(str(ckpt.path(), ": tensor '", t.name, "' belongs to layer ", layer,
+                      ", but config.json has num_hidden_layers = ", layers));
+    const std::string inv_freq = "rotary_emb.inv_freq";
+    if (t.name.size() >= inv_freq.size() && t.name.compare(t.name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0)
+      continue;
+    unused.push_back(t.name);
+  }
+  return unused;
+}
+
 // [rows, cols] -> [cols, rows], any 2-byte or 4-byte element.
 Tensor transpose(const Tensor& t) {
   const int64_t rows = t.shape()[0], cols = t.shape()[1];
@@ -79,25 +114,31 @@ Tensor transpose(const Tensor& t) {
 
 }  // namespace
 
-LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
-                                const LlamaLoadOptions& options) {
+std::vector<std::string> LlamaWeights::check(const io::Checkpoint& ckpt, const io::ModelConfig& config) {
   config.validate("config");
   if (config.hidden_act != "relu" && config.hidden_act != "silu")
     throw Error(
         str("config: hidden_act must be \"relu\" or \"silu\", got \"", config.hidden_act, "\""));
+  const std::vector<Expected> expected = expected_tensors(config);
+  for (const Expected& e : expected) check_tensor(ckpt, e, config.tie_word_embeddings);
+  return unused_tensors(ckpt, expected, config.num_hidden_layers);
+}
+
+LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
+                                const LlamaLoadOptions& options) {
   if (options.dtype != DType::f32 && options.dtype != DType::bf16)
     throw Error(str("LlamaWeights::load: storage dtype must be f32 or bf16, got ",
                     dtype_name(options.dtype)));
-
   // Validate everything first, so a bad checkpoint fails fast and names its first bad tensor.
+  std::vector<std::string> unused = check(ckpt, config);
   const std::vector<Expected> expected = expected_tensors(config);
-  for (const Expected& e : expected) check_tensor(ckpt, e, config.tie_word_embeddings);
   if (options.check_finite)
     for (const Expected& e : expected) ckpt.check_finite(e.name);
 
   auto read = [&](const std::string& name) { return ckpt.read_as(name, options.dtype); };
   LlamaWeights w;
   w.config = config;
+  w.unused = std::move(unused);
   w.embed = read("model.embed_tokens.weight");
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     LlamaLayerWeights l;

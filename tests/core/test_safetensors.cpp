@@ -12,6 +12,7 @@
 
 #include "core/atomic_file.h"
 #include "core/io_test_util.h"
+#include "model/llama_test_util.h"
 #include "twell/io/config.h"
 #include "twell/io/safetensors.h"
 
@@ -430,13 +431,30 @@ TEST_F(InspectCli, PrintsConfigTensorsAndTotals) {
   Tensor norm = f32_tensor({2}, {1, 1});
   io::write_safetensors(path("model.safetensors"),
                         {{"model.layers.0.mlp.up_proj.weight", up}, {"model.norm.weight", norm}});
-  CliResult r = inspect("'" + dir_ + "'");
+  CliResult r = inspect("'" + path("model.safetensors") + "'");  // a file: its tensors, not the model check
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(r.err.empty()) << r.err;
   EXPECT_NE(r.out.find("hidden 64, intermediate 176"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("model.layers.0.mlp.up_proj.weight"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[176, 64]"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("2 tensors, 11,266 parameters, 22,536 bytes"), std::string::npos) << r.out;
+  // The directory: the same table, then the loader's verdict on the pair (layer 0 lacks tensors).
+  CliResult dir = inspect("'" + dir_ + "'");
+  EXPECT_NE(dir.out.find("2 tensors, 11,266 parameters"), std::string::npos) << dir.out;
+  expect_clean_failure(dir, "twell run and twell eval refuse this checkpoint: ");
+  EXPECT_NE(dir.err.find("missing tensor"), std::string::npos) << dir.err;
+}
+
+// A directory whose tensors match its config: said so, exit 0.
+TEST_F(InspectCli, SaysWhenTheModelLoads) {
+  io::ModelConfig c = model::tiny_config("relu", true);
+  model::write_hf(dir_, c, model::random_hf_tensors(c, 3));
+  CliResult r = inspect("'" + dir_ + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("model: the tensors match config.json"), std::string::npos) << r.out;
+  c.num_hidden_layers = 1;  // the checkpoint holds a second layer
+  io::write_config(dir_, c);
+  expect_clean_failure(inspect("'" + dir_ + "'"), "belongs to layer 1");
 }
 
 TEST_F(InspectCli, FailsCleanlyOnTruncatedFile) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <sstream>
 #include <vector>
 
@@ -78,7 +79,34 @@ TEST(BenchFfn, FromFileRunsTheGivenTensors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("down"), std::string::npos) << e.what();
   }
+  // No tokens: refused, not a row of NaN ratios.
+  io::write_safetensors(path, {{"x", Tensor(DType::bf16, {0, 64})}, {"gate", f.wg}, {"up", f.wu}, {"down", f.wd}});
+  try {
+    bench::run_ffn_bench(cfg, progress);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("at least one token"), std::string::npos) << e.what();
+  }
   std::remove(path.c_str());
+}
+
+// Timed runs below 1 are refused (they were replaced by the backend's default, while the record's
+// command said otherwise); a --json path that cannot be written fails before anything runs.
+TEST(BenchFfn, BadRunCountsAndJsonPathAreRefused) {
+  bench::FfnBenchConfig cfg = small_config();
+  cfg.tokens = {9};
+  cfg.H = 64;
+  cfg.I = 320;
+  std::ostringstream progress;
+  for (const auto& [warmup, iters] : {std::pair{0, 0}, {0, -3}, {-2, 2}}) {
+    cfg.warmup = warmup, cfg.iters = iters;
+    EXPECT_THROW(bench::run_ffn_bench(cfg, progress), Error) << warmup << " " << iters;
+  }
+  EXPECT_THROW(bench::check_records_path("/nonexistent-folder/twell.json"), Error);
+  const std::string ok = testing::TempDir() + "/twell_bench_records.json";
+  EXPECT_NO_THROW(bench::check_records_path(ok));
+  EXPECT_FALSE(std::ifstream(ok).good());  // the probe leaves nothing behind
+  EXPECT_NO_THROW(bench::check_records_path(""));
 }
 
 

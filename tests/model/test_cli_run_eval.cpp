@@ -2,6 +2,7 @@
 // streams text and stops at the token limit, eval prints a perplexity, bad input fails cleanly.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -87,6 +88,63 @@ TEST_F(CliModel, DeviceSelection) {
 TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
   EXPECT_NE(run_cli("run " + dir_ + " -p hi").status, 0);  // no tokenizer.json, no --byte-tokenizer
   EXPECT_NE(run_cli("run " + path("nothing") + " --byte-tokenizer -p hi").status, 0);
+  const CliResult file = run_cli("run " + dir_ + "/model.safetensors --byte-tokenizer -p hi", true);
+  EXPECT_NE(file.status, 0);
+  EXPECT_NE(file.out.find("must be a model directory"), std::string::npos) << file.out;
+}
+
+// Values out of range fail before the model loads, with the option's name; nothing runs.
+TEST_F(CliModel, BadOptionsFailBeforeLoading) {
+  for (const char* bad : {"--temperature -1", "--top-p 0", "--top-p nan", "--top-k -3", "-n -1"}) {
+    const CliResult r = run_cli("run " + dir_ + " --byte-tokenizer -p hi " + bad, true);
+    EXPECT_NE(r.status, 0) << bad;
+    EXPECT_EQ(r.out.find("loaded "), std::string::npos) << bad << ": " << r.out;
+  }
+  const std::string text = path("t.txt");
+  std::ofstream(text) << "some text";
+  for (const char* bad : {"--context 0", "--context -5", "--max-windows -1"})
+    EXPECT_NE(run_cli("eval " + dir_ + " " + text + " --byte-tokenizer " + bad).status, 0) << bad;
+  const std::string empty = path("empty.txt");
+  std::ofstream(empty).flush();
+  const CliResult e = run_cli("eval " + dir_ + " " + empty + " --byte-tokenizer", true);
+  EXPECT_NE(e.status, 0);
+  EXPECT_NE(e.out.find("the file is empty"), std::string::npos) << e.out;
+}
+
+// NaN in the weights: refused at load by default, naming the tensor; with the scan skipped, the
+// NaN logits stop eval and run with an error (exit status 1), not a NaN perplexity or NUL bytes.
+TEST_F(CliModel, NonFiniteWeightsFail) {
+  io::ModelConfig c = tiny_config("relu", true);
+  c.vocab_size = 258;
+  c.max_position_embeddings = 64;
+  HfTensors hf = random_hf_tensors(c, 11);
+  hf["model.layers.1.mlp.gate_proj.weight"].ptr<float>()[0] = NAN;
+  const std::string bad = path("nan_model");
+  write_hf(bad, c, hf);
+  const std::string text = path("t.txt");
+  std::ofstream(text) << "some text to evaluate";
+  const CliResult load = run_cli("eval " + bad + " " + text + " --byte-tokenizer --device cpu", true);
+  EXPECT_NE(load.status, 0);
+  EXPECT_NE(load.out.find("model.layers.1.mlp.gate_proj.weight"), std::string::npos) << load.out;
+  EXPECT_NE(load.out.find("NaN"), std::string::npos) << load.out;
+  const CliResult eval = run_cli("eval " + bad + " " + text + " --byte-tokenizer --device cpu --no-check-finite", true);
+  EXPECT_NE(eval.status, 0);
+  EXPECT_NE(eval.out.find("not finite"), std::string::npos) << eval.out;
+  const CliResult run = run_cli("run " + bad + " --byte-tokenizer --device cpu --no-check-finite -p hi -n 4", true);
+  EXPECT_NE(run.status, 0);
+  EXPECT_NE(run.out.find("not finite"), std::string::npos) << run.out;
+}
+
+// A config with fewer layers than the checkpoint would run a truncated model: refused.
+TEST_F(CliModel, ConfigWithFewerLayersFails) {
+  io::ModelConfig c = io::read_config(dir_);
+  c.num_hidden_layers -= 1;
+  io::write_config(dir_, c);
+  const std::string text = path("t.txt");
+  std::ofstream(text) << "some text";
+  const CliResult r = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --device cpu", true);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("num_hidden_layers"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -332,6 +332,24 @@ TEST_F(LlamaLoadErrors, NonFiniteWeightWhenChecked) {
                {"model.layers.1.mlp.gate_proj.weight"});
 }
 
+// A config that undercounts the layers would run a truncated model: refused, naming the tensor.
+TEST_F(LlamaLoadErrors, LayerPastTheConfigIsRefused) {
+  write_hf(dir_, c, hf);
+  io::ModelConfig fewer = c;
+  fewer.num_hidden_layers = 1;
+  io::write_config(dir_, fewer);
+  expect_error([&] { load(); }, {"tensor 'model.layers.1.", "belongs to layer 1", "num_hidden_layers = 1"});
+}
+
+// Other tensors the model does not read are listed (rotary_emb.inv_freq, which HF recomputes, is not).
+TEST_F(LlamaLoadErrors, UnusedTensorsAreListed) {
+  hf["model.layers.0.self_attn.rotary_emb.inv_freq"] = Tensor(DType::f32, {8});
+  hf["model.extra.weight"] = Tensor(DType::f32, {4});
+  write_hf(dir_, c, hf);
+  const LlamaWeights w = LlamaWeights::load_dir(dir_);
+  EXPECT_EQ(w.unused, std::vector<std::string>{"model.extra.weight"});
+}
+
 TEST_F(LlamaLoadErrors, UnsupportedActivation) {
   c.hidden_act = "gelu";
   write_hf(dir_, c, hf);
@@ -394,6 +412,21 @@ TEST(LlamaSampling, FrequenciesFollowSoftmaxAndFilters) {
     EXPECT_GE(k2.sample(four), 2);
     EXPECT_GE(p6.sample(four), 2);
   }
+}
+
+// NaN or +inf logits (non-finite weights, an overflow) stop generation with an error instead of
+// picking token 0; -inf, a token ruled out, is fine. Bad options are refused, NaN included.
+TEST(LlamaSampling, NonFiniteLogitsAndBadOptionsAreRefused) {
+  Sampler greedy({}), hot({1.0, 0, 1.0, 5});
+  expect_error([&] { greedy.sample(logit_row({0.1f, NAN, 0.3f})); }, {"logit 1 is nan", "not finite"});
+  expect_error([&] { hot.sample(logit_row({INFINITY, 0.3f})); }, {"logit 0 is inf"});
+  EXPECT_EQ(greedy.sample(logit_row({-INFINITY, 0.3f, 0.1f})), 1);
+  EXPECT_EQ(hot.sample(logit_row({-INFINITY, 0.3f})), 1);
+  expect_error([] { Sampler({-1.0, 0, 1.0, 0}); }, {"temperature must be >= 0"});
+  expect_error([] { Sampler({NAN, 0, 1.0, 0}); }, {"temperature"});
+  expect_error([] { Sampler({1.0, -3, 1.0, 0}); }, {"top_k must be >= 0"});
+  expect_error([] { Sampler({1.0, 0, 1.5, 0}); }, {"top_p must be in (0, 1]"});
+  expect_error([] { Sampler({1.0, 0, NAN, 0}); }, {"top_p"});
 }
 
 TEST(LlamaSampling, SameSeedSameTokens) {

@@ -1,5 +1,6 @@
 // `twell bench ffn` (forward, or forward + backward with --train) and `twell bench model`
 // (shared/BENCHMARKS.md): table on stdout, JSON to --json.
+#include <algorithm>
 #include <iostream>
 
 #include "commands.h"
@@ -43,12 +44,13 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   ffn->add_option("--tile", cfg->tile, "TwELL tile width T")->capture_default_str();
   ffn->add_option("--compression", cfg->compression, "TwELL compression factor C (capacity T/C per tile)")
       ->capture_default_str();
-  ffn->add_option("--warmup", cfg->warmup, "warm-up runs (default: backend's)");
-  ffn->add_option("--iters", cfg->iters, "timed runs, median reported (default: backend's)");
+  ffn->add_option("--warmup", cfg->warmup, "warm-up runs (default: backend's)")->check(at_least(0));
+  ffn->add_option("--iters", cfg->iters, "timed runs, median reported (default: backend's)")->check(at_least(1));
   ffn->add_option("--seed", cfg->seed, "random seed of the synthetic problem")->capture_default_str();
-  ffn->add_option("--from", cfg->from_file,
-                  "safetensors file: x [M, H], gate, up and down [I, H] (down neuron-major: the transpose of "
-                  "down_proj.weight; no gate for a non-gated FFN)");
+  CLI::Option* from = ffn->add_option("--from", cfg->from_file,
+                                      "safetensors file: x [M, H], gate, up and down [I, H] (down neuron-major: the "
+                                      "transpose of down_proj.weight; no gate for a non-gated FFN); M, H, I, the "
+                                      "density and gating come from the file");
   ffn->add_option("--timing", *timing,
                   "gpu: each call is enqueued behind a kernel that holds the stream, so the CUDA events time the "
                   "GPU's work alone (nvbench's method; a model's host runs ahead like this); host: from an idle "
@@ -58,16 +60,23 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   ffn->add_option("--json", *json_path, "write the JSON records here");
   ffn->add_flag("--train", cfg->train,
                 "time forward + backward (all four gradients, L1 term on) instead of the forward; checks dx on "
-                "sampled tokens and dWg, dWu, dWd on sampled neurons against float64 first");
+                "sampled tokens and dWg, dWu, dWd on sampled neurons against float64 first (CUDA backend)");
   ffn->add_option("--l1", cfg->l1, "with --train: coefficient of the L1 penalty's gradient l1·sign(h)")
       ->capture_default_str();
 
+  for (const char* shape_option : {"-M", "-H", "-I", "-d", "--distribution", "--non-gated"})
+    from->excludes(ffn->get_option(shape_option));
   ffn->callback([=] {
+    bench::check_records_path(*json_path);  // before a run of minutes, not after it
     cfg->command = command_line;
     cfg->gated = !*non_gated;
     cfg->timing = *timing == "host" ? bench::Timing::host : bench::Timing::gpu;
     cfg->distributions.clear();
-    for (const auto& d : *distributions) cfg->distributions.push_back(bench::distribution_from_name(d));
+    for (const auto& d : *distributions) {
+      const bench::Distribution dist = bench::distribution_from_name(d);
+      if (std::find(cfg->distributions.begin(), cfg->distributions.end(), dist) == cfg->distributions.end())
+        cfg->distributions.push_back(dist);
+    }
     const auto records = bench::run_ffn_bench(*cfg, std::cerr);
     bench::print_table(records, std::cout);
     save_records(records, *json_path);
@@ -97,8 +106,10 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_option("--steps", mcfg->steps, "decode: timed steps")->capture_default_str();
   model->add_option("-d,--density", mcfg->density, "FFN activation density the gate thresholds are calibrated to")
       ->capture_default_str();
-  model->add_option("--warmup", mcfg->warmup, "prefill: warm-up runs")->capture_default_str();
-  model->add_option("--iters", mcfg->iters, "prefill: timed runs (median reported)")->capture_default_str();
+  model->add_option("--warmup", mcfg->warmup, "prefill: warm-up runs")->check(at_least(0))->capture_default_str();
+  model->add_option("--iters", mcfg->iters, "prefill: timed runs (median reported)")
+      ->check(at_least(1))
+      ->capture_default_str();
   model->add_option("--check-tokens", mcfg->check_tokens, "tokens of the CPU reference check (at least 2)")
       ->capture_default_str();
   model->add_flag("--no-prefill", *no_prefill, "skip the prefill benchmark");
@@ -119,6 +130,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")->capture_default_str();
   model->add_option("--json", *model_json, "write the JSON records here");
   model->callback([=] {
+    bench::check_records_path(*model_json);
     mcfg->command = command_line;
     mcfg->prefill = !*no_prefill;
     mcfg->decode = !*no_decode;

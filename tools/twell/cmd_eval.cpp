@@ -44,12 +44,22 @@ void register_eval(CLI::App& app) {
   args->add_to(eval);
   eval->add_flag("--sparsity", *sparsity, "also print each layer's FFN activation sparsity (ReLU models, CPU backend)");
   eval->add_option("file", *file, "text file (UTF-8)")->required()->check(CLI::ExistingFile);
-  eval->add_option("--context", *context, "tokens per window (default: max_position_embeddings)");
-  eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)");
+  eval->add_option("--context", *context,
+                   "tokens per window (default: max_position_embeddings); windows do not overlap, so each "
+                   "window's first token is context, not predicted")
+      ->check(at_least(2));
+  eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)")
+      ->check(at_least(0))
+      ->capture_default_str();
 
   eval->callback([=] {
     if (*sparsity && args->device == "auto") args->device = "cpu";  // statistics come from the CPU backend
-    TWELL_CHECK(!*sparsity || args->device == "cpu", "--sparsity needs the CPU backend (--device cpu)");
+    TWELL_REQUIRE(!*sparsity || args->device == "cpu", "--sparsity needs the CPU backend (--device cpu)");
+    if (*sparsity) {  // before the load and the whole evaluation
+      const io::ModelConfig c = io::read_config(args->dir);
+      TWELL_REQUIRE(c.hidden_act == "relu", "--sparsity needs a ReLU-gated FFN; this model's hidden_act is ",
+                  c.hidden_act);
+    }
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
     const model::LanguageModel& m = *model;
     const auto tok = args->load_tokenizer(m);
@@ -59,10 +69,12 @@ void register_eval(CLI::App& app) {
     std::vector<int32_t> ids;
     if (tok->bos_id()) ids.push_back(*tok->bos_id());
     const std::vector<int32_t> body = tok->encode(text.str());
+    TWELL_REQUIRE(!body.empty(), *file, ": no text to evaluate (the file is empty)");
     ids.insert(ids.end(), body.begin(), body.end());
     const int64_t ctx = *context > 0 ? *context : m.config().max_position_embeddings;
-    TWELL_CHECK(ctx >= 2, "--context must be at least 2, got ", ctx);
-    TWELL_CHECK(ids.size() >= 2, *file, ": needs at least 2 tokens, has ", ids.size());
+    TWELL_REQUIRE(ctx >= 2, "--context must be at least 2, got ", ctx);
+    TWELL_REQUIRE(ids.size() >= 2, *file, ": needs at least 2 tokens, has ", ids.size(),
+                " (one token of text, and no BOS token to predict it from)");
 
     // Non-overlapping windows; each predicts its tokens 1..n-1 from the ones before.
     int64_t windows = (static_cast<int64_t>(ids.size()) + ctx - 1) / ctx;
@@ -86,6 +98,8 @@ void register_eval(CLI::App& app) {
               std::max(layer_total[l].max_nnz_per_token, layer_window[l].max_nnz_per_token);
         }
       }
+      TWELL_REQUIRE(std::isfinite(p.mean_nll), "window ", w + 1, " of ", *file, ": the mean NLL is ", p.mean_nll,
+                  ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
       nll_sum += p.mean_nll * p.predictions;
       predictions += p.predictions;
       const int bar = static_cast<int>(30 * (w + 1) / windows);

@@ -1,5 +1,7 @@
 // `twell inspect PATH`: prints a checkpoint's config (config.json inside PATH or beside it), a
-// table of its tensors and totals; with --check-finite also scans every float tensor for NaN/Inf.
+// table of its tensors and totals; for a directory with a config, whether `twell run` and `twell
+// eval` take the pair (the loader's checks: an error exit if not); with --check-finite also scans
+// every float tensor for NaN/Inf.
 // PATH is a .safetensors file, a model.safetensors.index.json, or a directory holding either.
 #include <sys/stat.h>
 
@@ -14,6 +16,7 @@
 #include "twell/cuda/llama.h"
 #endif
 #include "twell/io/safetensors.h"
+#include "twell/model/llama.h"
 
 namespace twell::cli {
 
@@ -57,6 +60,20 @@ void print_config(const io::ModelConfig& c, const std::string& file) {
       c.rope_theta, (long long)c.max_position_embeddings);
   std::printf("  hidden_act %s, rms_norm_eps %g, torch_dtype %s\n", c.hidden_act.c_str(),
               c.rms_norm_eps, c.torch_dtype.empty() ? "(unset)" : c.torch_dtype.c_str());
+}
+
+// Whether `twell run` and `twell eval` take the checkpoint with this config (the loader's checks,
+// no tensor data read), and on which backend. Throws what the loader would.
+void print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
+  std::vector<std::string> unused;
+  try {
+    unused = model::LlamaWeights::check(ckpt, c);
+  } catch (const Error& e) {
+    throw Error(str("twell run and twell eval refuse this checkpoint: ", e.what()));
+  }
+  std::printf("\nmodel: the tensors match config.json");
+  if (!unused.empty()) std::printf(" (%zu more not used, e.g. %s)", unused.size(), unused.front().c_str());
+  std::printf("\n");
 #if TWELL_WITH_CUDA
   std::string why;
   if (cuda::LlamaCuda::supports(c, &why))
@@ -69,10 +86,12 @@ void print_config(const io::ModelConfig& c, const std::string& file) {
 
 void run_inspect(const std::string& path, bool check_finite) {
   const std::string config_file = find_config(path);
+  std::unique_ptr<io::ModelConfig> config;
   if (!config_file.empty()) {
-    print_config(io::read_config(config_file), config_file);
+    config = std::make_unique<io::ModelConfig>(io::read_config(config_file));
+    print_config(*config, config_file);
   } else {
-    std::printf("config: none found\n");
+    std::printf("config: none found (twell run and twell eval need a config.json beside the weights)\n");
   }
 
   const io::Checkpoint ckpt = io::Checkpoint::open(path);
@@ -104,6 +123,10 @@ void run_inspect(const std::string& path, bool check_finite) {
   }
   std::printf("\n%zu tensors, %s parameters, %s bytes (%.2f MB)\n", ckpt.tensors().size(),
               grouped(params).c_str(), grouped(bytes).c_str(), bytes / 1e6);
+  std::fflush(stdout);
+  struct stat st;
+  const bool whole = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);  // a lone shard would miss tensors
+  if (config && whole) print_model_check(ckpt, *config);
   if (!check_finite) return;
 
   size_t scanned = 0, bad = 0;

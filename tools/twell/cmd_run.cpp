@@ -18,7 +18,9 @@ void register_run(CLI::App& app) {
   auto no_stop = std::make_shared<bool>(false);
   args->add_to(run);
   run->add_option("-p,--prompt", *prompt, "the text to continue")->required();
-  run->add_option("-n,--max-tokens", *max_tokens, "tokens to generate at most")->capture_default_str();
+  run->add_option("-n,--max-tokens", *max_tokens, "tokens to generate at most")
+      ->check(at_least(0))
+      ->capture_default_str();
   run->add_option("--temperature", sampling->temperature, "0 = greedy")->capture_default_str();
   run->add_option("--top-k", sampling->top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
   run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")->capture_default_str();
@@ -26,6 +28,7 @@ void register_run(CLI::App& app) {
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
 
   run->callback([=] {
+    sampling->check();  // before the load, which can take a while
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
     model::LanguageModel& m = *model;
     const auto tok = args->load_tokenizer(m);
@@ -43,24 +46,30 @@ void register_run(CLI::App& app) {
     std::cout << *prompt << std::flush;
     const auto t0 = std::chrono::steady_clock::now();
     model::Sampler sampler(*sampling);
-    Tensor logits = m.prefill(ids);
-    const auto t1 = std::chrono::steady_clock::now();
+    auto t1 = t0;
     int64_t generated = 0;
     size_t printed = prompt_chars;  // bytes of decode(shown) already written
-    while (generated < *max_tokens) {
-      const int32_t next = sampler.sample(logits);
-      ++generated;
-      if (next == eos) break;
-      shown.push_back(next);
-      const std::string s = tok->decode(shown);  // whole text: a token may end inside a character
-      if (s.size() > printed) std::cout << s.substr(printed) << std::flush;
-      printed = std::max(printed, s.size());
-      if (generated == *max_tokens) break;
-      if (m.cached_tokens() >= m.config().max_position_embeddings) {
-        std::fprintf(stderr, "\n(stopped: the context of %lld positions is full)", static_cast<long long>(m.cached_tokens()));
-        break;
+    try {  // an error ends the streamed line first, so that it is not glued to the text
+      Tensor logits = m.prefill(ids);
+      t1 = std::chrono::steady_clock::now();
+      while (generated < *max_tokens) {
+        const int32_t next = sampler.sample(logits);
+        ++generated;
+        if (next == eos) break;
+        shown.push_back(next);
+        const std::string s = tok->decode(shown);  // whole text: a token may end inside a character
+        if (s.size() > printed) std::cout << s.substr(printed) << std::flush;
+        printed = std::max(printed, s.size());
+        if (generated == *max_tokens) break;
+        if (m.cached_tokens() >= m.config().max_position_embeddings) {
+          std::fprintf(stderr, "\n(stopped: the context of %lld positions is full)", static_cast<long long>(m.cached_tokens()));
+          break;
+        }
+        logits = m.decode_step(next);
       }
-      logits = m.decode_step(next);
+    } catch (...) {
+      std::cout << std::endl;
+      throw;
     }
     const auto t2 = std::chrono::steady_clock::now();
     std::cout << "\n";

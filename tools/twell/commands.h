@@ -6,6 +6,17 @@
 
 namespace twell::cli {
 
+// An integer option's lower bound, with a plain message ("--iters: must be at least 1, got 0").
+inline CLI::Validator at_least(long long min) {
+  return CLI::Validator(
+      [min](std::string& value) -> std::string {
+        long long v = 0;
+        if (!CLI::detail::lexical_cast(value, v)) return "must be an integer, got " + value;
+        return v >= min ? std::string() : "must be at least " + std::to_string(min) + ", got " + value;
+      },
+      ">=" + std::to_string(min));
+}
+
 // `command_line` is the full invocation, recorded in benchmark results.
 void register_bench(CLI::App& app, const std::string& command_line);
 void register_inspect(CLI::App& app);

@@ -15,6 +15,20 @@ int main(int argc, char** argv) {
   twell::cli::register_inspect(app);
   twell::cli::register_run(app);
   twell::cli::register_eval(app);
+  // CLI11 would say "A subcommand is required" for a misspelt one.
+  bool known = true;
+  if (argc > 1 && argv[1][0] != '-') {
+    try {
+      app.get_subcommand(argv[1]);
+    } catch (const CLI::OptionNotFound&) {
+      known = false;
+    }
+  }
+  if (!known) {
+    std::fprintf(stderr, "twell: unknown command '%s' (commands: bench, inspect, run, eval; see twell --help)\n",
+                 argv[1]);
+    return 1;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

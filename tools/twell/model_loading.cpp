@@ -11,11 +11,20 @@ namespace twell::cli {
 
 void ModelArgs::add_to(CLI::App* cmd) {
   cmd->add_option("model", dir, "model directory: config.json, safetensors (single or sharded), tokenizer.json")
-      ->required();
+      ->required()
+      ->check(CLI::Validator(
+          [](std::string& path) -> std::string {
+            if (CLI::ExistingDirectory(path).empty()) return {};
+            return CLI::ExistingFile(path).empty()
+                       ? "must be a model directory (config.json, safetensors, tokenizer.json), got the file " + path
+                       : "no such directory: " + path;
+          },
+          "DIR"));
   cmd->add_flag("--byte-tokenizer", byte_tokenizer, "ids 0..255 are bytes, 256 BOS, 257 EOS (for our own small models)");
   cmd->add_flag("--bf16-ffn", bf16_ffn,
                 "CPU backend: round the ReLU FFN's g, u, h to bf16 as a bf16 model does (the GPU always does)");
-  cmd->add_flag("--check-finite", check_finite, "refuse weights holding NaN or Inf");
+  cmd->add_flag("--check-finite,!--no-check-finite", check_finite,
+                "refuse weights holding NaN or Inf (the default; --no-check-finite skips this scan of the weights)");
   cmd->add_option("--device", device, "cpu, cuda, or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
@@ -29,10 +38,10 @@ bool ModelArgs::on_gpu() const {
 #if TWELL_WITH_CUDA
   std::string why;
   const bool gpu = cuda::hopper_available(&why);
-  TWELL_CHECK(gpu || device == "auto", "--device cuda: ", why);
+  TWELL_REQUIRE(gpu || device == "auto", "--device cuda: ", why);
   return gpu;
 #else
-  TWELL_CHECK(device == "auto", "--device cuda: this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
+  TWELL_REQUIRE(device == "auto", "--device cuda: this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
   return false;
 #endif
 }
@@ -44,7 +53,7 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   if (gpu) {  // a model the GPU runtime does not take runs on the CPU under --device auto
     std::string why;
     if (!cuda::LlamaCuda::supports(io::read_config(dir), &why)) {
-      TWELL_CHECK(device == "auto", "--device cuda: the GPU runtime does not take this model's ", why);
+      TWELL_REQUIRE(device == "auto", "--device cuda: the GPU runtime does not take this model's ", why);
       std::fprintf(stderr, "the GPU runtime does not take this model's %s: using the CPU backend\n", why.c_str());
       gpu = false;
     }
@@ -55,6 +64,13 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   if (gpu) lo.dtype = DType::bf16;  // the GPU's storage: convert once, at load
   model::LlamaWeights w = model::LlamaWeights::load_dir(dir, lo);
   const io::ModelConfig& c = w.config;
+  if (!w.unused.empty()) {
+    std::string names;
+    for (size_t i = 0; i < w.unused.size() && i < 3; ++i) names += (i ? ", " : "") + w.unused[i];
+    if (w.unused.size() > 3) names += str(", and ", w.unused.size() - 3, " more");
+    std::fprintf(stderr, "note: %zu tensor%s in the checkpoint %s not used by the model: %s\n", w.unused.size(),
+                 w.unused.size() == 1 ? "" : "s", w.unused.size() == 1 ? "is" : "are", names.c_str());
+  }
   std::fprintf(stderr, "loaded %s: %lld layers, hidden %lld, FFN %lld (%s), %lld heads / %lld KV heads, vocab %lld (%.1f s)\n",
                dir.c_str(), static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
                static_cast<long long>(c.intermediate_size), c.hidden_act.c_str(),
@@ -83,7 +99,7 @@ std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const model::Languag
     tok = std::make_unique<model::ByteTokenizer>(true, true);
   else
     tok = model::load_tokenizer(dir);
-  TWELL_CHECK(tok->vocab_size() <= m.config().vocab_size, "the tokenizer has ", tok->vocab_size(),
+  TWELL_REQUIRE(tok->vocab_size() <= m.config().vocab_size, "the tokenizer has ", tok->vocab_size(),
               " ids but the model's vocabulary is ", m.config().vocab_size);
   return tok;
 }

@@ -14,7 +14,7 @@ struct ModelArgs {
   std::string dir;
   bool byte_tokenizer = false;  // ids 0..255 are bytes, BOS 256, EOS 257 (our own small models)
   bool bf16_ffn = false;        // round the ReLU FFN like a bf16 model (default: fp32 math)
-  bool check_finite = false;
+  bool check_finite = true;    // refuse NaN/Inf weights (--no-check-finite skips the scan)
   std::string device = "auto";  // cpu, cuda, auto (cuda when a Hopper GPU is present)
   std::string ffn = "twell";    // GPU FFN of ReLU models: twell (sparse when it pays) or dense
 

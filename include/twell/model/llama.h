@@ -37,7 +37,8 @@ namespace twell::model {
 struct LlamaLoadOptions {
   // Storage dtype of the loaded weights: f32 (default) or bf16. Converted once at load.
   DType dtype = DType::f32;
-  // Reject NaN/Inf in any tensor (reads every element once more).
+  // Reject NaN/Inf in any tensor (reads every element once more). `twell run` and `twell eval`
+  // set it unless told --no-check-finite.
   bool check_finite = false;
 };
 
@@ -61,13 +62,19 @@ struct LlamaWeights {
   std::vector<LlamaLayerWeights> layers;
   Tensor final_norm;  // [H]     model.norm.weight
   Tensor lm_head;     // [V, H]  lm_head.weight; empty when config.tie_word_embeddings
+  // Checkpoint tensors the model does not use (lm_head.weight of a tied model, say), by name;
+  // HF's rotary_emb.inv_freq buffers are not listed.
+  std::vector<std::string> unused;
 
   // Validates every tensor's presence, shape and dtype (float: BF16, F16 or F32) against
   // `config`, then converts. Errors name the tensor, e.g. "<ckpt>: tensor
-  // 'model.layers.1.mlp.up_proj.weight': expected shape [176, 64], got [176, 63]". Tensors the
-  // model does not use are ignored (also lm_head.weight when the embeddings are tied).
+  // 'model.layers.1.mlp.up_proj.weight': expected shape [176, 64], got [176, 63]". A tensor of
+  // a layer past config.num_hidden_layers is an error; other tensors the model does not use are
+  // listed in `unused`.
   static LlamaWeights load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
                            const LlamaLoadOptions& options = {});
+  // load's checks alone, reading no tensor data: throws what load would, else returns `unused`.
+  static std::vector<std::string> check(const io::Checkpoint& ckpt, const io::ModelConfig& config);
   // config.json + safetensors from one directory (io::read_config, io::Checkpoint::open).
   static LlamaWeights load_dir(const std::string& dir, const LlamaLoadOptions& options = {});
 
@@ -152,6 +159,8 @@ struct SamplingOptions {
   int64_t top_k = 0;   // keep the k most likely tokens; 0 = all
   double top_p = 1.0;  // keep the smallest set whose probability reaches top_p; 1 = all
   uint64_t seed = 0;   // RNG seed; the same seed gives the same tokens on every platform
+
+  void check() const;  // throws twell::Error on a value out of range (NaN included)
 };
 
 // Draws tokens from logit rows. Deterministic for a seed: std::mt19937_64 and our own
