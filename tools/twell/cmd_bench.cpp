@@ -35,7 +35,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->capture_default_str();
   ffn->add_option("-M,--tokens", cfg->tokens, "token counts M (default: backend's standard set)");
   ffn->add_option("-H,--hidden", cfg->H, "model width H")->capture_default_str();
-  ffn->add_option("-I,--ffn", cfg->I, "FFN width I")->capture_default_str();
+  ffn->add_option("-I,--intermediate", cfg->I, "FFN width I (HF: intermediate_size)")->capture_default_str();
   ffn->add_option("-d,--density", cfg->densities, "activation densities, non-zeros per token / I (e.g. 0.005)");
   ffn->add_option("--distribution", *distributions, "uniform and/or skewed")
       ->check(CLI::IsMember({"uniform", "skewed"}))
@@ -94,7 +94,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       "model", "Whole model on the GPU, dense vs twell FFN: prefill tokens/ms, decode tokens/s, memory, energy");
   model->add_option("--layers", mcfg->layers, "decoder layers")->capture_default_str();
   model->add_option("-H,--hidden", mcfg->hidden, "hidden size")->capture_default_str();
-  model->add_option("-I,--ffn", mcfg->ffn, "FFN width")->capture_default_str();
+  model->add_option("-I,--intermediate", mcfg->ffn, "FFN width (HF: intermediate_size)")->capture_default_str();
   model->add_option("--heads", mcfg->heads, "attention heads")->capture_default_str();
   model->add_option("--kv-heads", mcfg->kv_heads, "key/value heads")->capture_default_str();
   model->add_option("--vocab", mcfg->vocab, "vocabulary size")->capture_default_str();
