@@ -249,7 +249,11 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
                    << timing_name(used) << ")" << std::endl;
           timing = used;
         }
-        for (BenchRecord& r : recs) r.timing = timing_name(timing);
+        for (BenchRecord& r : recs) {
+          r.timing = timing_name(timing);
+          r.gated = p.ffn.spec.gated ? 1 : 0;
+          r.warmup = warmup, r.iters = iters;
+        }
         for (size_t i = 0; i < runners.size(); ++i) {
           if (!recs[i].correct) continue;
           recs[i].ms_median = median(times[i]);
@@ -316,6 +320,8 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
     if (r.sm_clock_mhz >= 0) j["sm_clock_mhz"] = number_or_null(r.sm_clock_mhz);
     if (r.power_capped >= 0) j["power_capped"] = number_or_null(r.power_capped);
     if (!r.timing.empty()) j["timing"] = r.timing;
+    if (r.gated >= 0) j["gated"] = r.gated == 1;
+    if (r.iters >= 0) j["warmup"] = r.warmup, j["iters"] = r.iters;
     if (!r.note.empty()) j["note"] = r.note;
     j["commit"] = r.commit;
     j["command"] = r.command;

@@ -59,6 +59,9 @@ struct BenchRecord {
   double power_capped = -1;  // share of those samples with the power-cap clock limit active
   std::string note;  // why a case failed, or what was not timed
   std::string timing;  // "gpu" or "host" (FfnBenchConfig::timing); empty: not recorded (CPU, model)
+  // FFN benchmarks: gated or not (-1: not an FFN record), and the run's warm-up and timed runs.
+  int gated = -1;
+  int warmup = -1, iters = -1;
   std::string commit, command;
 };
 

@@ -42,6 +42,9 @@ TEST(BenchFfn, SyntheticCasesAreCheckedAndTimed) {
   EXPECT_NE(progress.str().find("[4/4]"), std::string::npos) << progress.str();
   EXPECT_NE(bench::records_to_json(records).find("\"ratio_to_dense\""), std::string::npos);
   EXPECT_NE(bench::records_to_json(records).find("\"timing\": \"host\""), std::string::npos);
+  // What was run is in the record, not only in its command line.
+  EXPECT_NE(bench::records_to_json(records).find("\"gated\": true"), std::string::npos);
+  EXPECT_NE(bench::records_to_json(records).find("\"iters\": 2"), std::string::npos);
 }
 
 TEST(BenchFfn, FromFileRunsTheGivenTensors) {
