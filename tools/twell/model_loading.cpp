@@ -20,7 +20,8 @@ void ModelArgs::add_to(CLI::App* cmd) {
                        : "no such directory: " + path;
           },
           "DIR"));
-  cmd->add_flag("--byte-tokenizer", byte_tokenizer, "ids 0..255 are bytes, 256 BOS, 257 EOS (our own small models; a vocabulary of at least 258)");
+  cmd->add_flag("--byte-tokenizer", byte_tokenizer,
+                "ids 0..255 are bytes, 256 BOS, 257 EOS (our own small models; a vocabulary of at least 258)");
   cmd->add_flag("--bf16-ffn", bf16_ffn,
                 "CPU backend: round the ReLU FFN's g, u, h to bf16 as a bf16 model does (the GPU always does)");
   cmd->add_flag("--check-finite,!--no-check-finite", check_finite,
