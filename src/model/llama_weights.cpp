@@ -92,8 +92,8 @@ std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::v
       throw Error(str(ckpt.path(), ": tensor '", t.name, "' belongs to layer ", layer,
                       ", but config.json has num_hidden_layers = ", layers));
     const std::string inv_freq = "rotary_emb.inv_freq";
-    if (t.name.size() >= inv_freq.size() && t.name.compare(t.name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0)
-      continue;
+    const size_t n = t.name.size(), k = inv_freq.size();
+    if (n >= k && t.name.compare(n - k, k, inv_freq) == 0) continue;
     unused.push_back(t.name);
   }
   return unused;

@@ -62,7 +62,8 @@ void register_run(CLI::App& app) {
         printed = std::max(printed, s.size());
         if (generated == *max_tokens) break;
         if (m.cached_tokens() >= m.config().max_position_embeddings) {
-          std::fprintf(stderr, "\n(stopped: the context of %lld positions is full)", static_cast<long long>(m.cached_tokens()));
+          std::fprintf(stderr, "\n(stopped: the context of %lld positions is full)",
+                       static_cast<long long>(m.cached_tokens()));
           break;
         }
         logits = m.decode_step(next);
