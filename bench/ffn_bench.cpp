@@ -1,5 +1,7 @@
 #include "ffn_bench.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -79,6 +81,7 @@ FfnProblem load_problem(const std::string& path) {
   const bool gated = f.has("gate");
   if (gated) p.ffn.wg = f.read_as("gate", DType::bf16);
   TWELL_REQUIRE(p.ffn.x.shape().size() == 2, path, ": x must be [M, H], got ", shape_str(p.ffn.x.shape()));
+  TWELL_REQUIRE(p.ffn.wu.shape().size() == 2, path, ": up must be [I, H], got ", shape_str(p.ffn.wu.shape()));
   const int64_t M = p.ffn.x.shape()[0], H = p.ffn.x.shape()[1], I = p.ffn.wu.shape().at(0);
   TWELL_REQUIRE(M >= 1 && H >= 1 && I >= 1, path, ": --from needs at least one token, one input and one neuron: x is ",
               shape_str(p.ffn.x.shape()), ", up ", shape_str(p.ffn.wu.shape()));
@@ -336,6 +339,9 @@ void write_records(const std::vector<BenchRecord>& records, const std::string& p
 
 void check_records_path(const std::string& path) {
   if (path.empty()) return;
+  struct stat st;
+  TWELL_REQUIRE(path.back() != '/' && !(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)), "--json ", path,
+                ": is a directory; name a file");
   io::detail::AtomicFile probe(path);  // creates the temporary next to `path`; removed, as it is never committed
 }
 

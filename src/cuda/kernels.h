@@ -346,8 +346,11 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream);
 // is; the new key and value are written into the caches at p0. Any context up to max_context.
 // `dependent`: launched with programmatic dependent launch, after a kernel that lets its
 // dependents start early (the one-token GEMV of the QKV projection). The kernel then runs while
-// that one does, and reads *p0, the RoPE table and the cached keys and values before p0 before
-// waiting for it: none of those may be written by a kernel still running when it starts.
+// that one does (and, as every kernel of the chain triggers at its start, while kernels further
+// back may still run), and reads *p0, the RoPE table and the cached keys and values before p0
+// before waiting for it: none of those may be written by a kernel still running when it starts.
+// In LlamaCuda that holds because each layer has its own cache, whose rows before p0 earlier
+// calls wrote, and p0 is copied from the host before each call's first (non-dependent) kernel.
 void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
                              bool dependent = false);
 

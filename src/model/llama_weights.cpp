@@ -1,9 +1,9 @@
 // Loading a Llama-style HuggingFace checkpoint into LlamaWeights (include/twell/model/llama.h).
 //
 // Every tensor is checked before any is converted: present, a float dtype (BF16, F16, F32), and
-// the shape the config implies; a layer the config does not have is refused (a config that
-// undercounts the layers would otherwise run a truncated model), and other tensors the model does
-// not use are listed in LlamaWeights::unused. Errors describe the input, so they carry no source location:
+// the shape the config implies; a tensor the Llama layer does not have, inside a layer the model
+// runs, is refused (another architecture's weights); layers past num_hidden_layers and other
+// tensors the model does not use are listed in LlamaWeights::unused. Errors describe the input, so they carry no source location:
 //   "<ckpt>: tensor 'model.layers.0.self_attn.k_proj.weight': expected shape [32, 64], got [64,
 //   64]"
 // Conversion happens once: to the storage dtype (f32 or bf16), and down_proj.weight [H, I] is
@@ -68,32 +68,37 @@ void check_tensor(const io::Checkpoint& ckpt, const Expected& e, bool tied) {
                     ", got ", shape_str(info.shape)));
 }
 
-// The layer a "model.layers.<n>." tensor belongs to, or -1.
-int64_t layer_of(const std::string& name) {
+}  // namespace
+
+int64_t LlamaWeights::layer_of(const std::string& name) {
   static const std::string prefix = "model.layers.";
   if (name.compare(0, prefix.size(), prefix) != 0) return -1;
   const char* digits = name.c_str() + prefix.size();
   char* end = nullptr;
   const long long n = std::strtoll(digits, &end, 10);
-  return end != digits && *end == '.' ? n : -1;
+  return end != digits && digits[0] >= '0' && digits[0] <= '9' && *end == '.' ? n : -1;
 }
 
-// Checkpoint tensors outside `expected`: an error for a layer past the config's, else listed
-// (HF's rotary_emb.inv_freq buffers, which transformers recomputes too, are skipped).
+namespace {
+
+// Checkpoint tensors outside `expected`. One inside a layer the model runs is an error: weights
+// of another architecture (attention biases, extra norms) that would be dropped silently. Layers
+// past the config's, and tensors outside the layers, are listed; HF's rotary_emb.inv_freq
+// buffers, which transformers recomputes too, are skipped.
 std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::vector<Expected>& expected,
-                                        int64_t layers) {
+                                        const io::ModelConfig& c) {
   std::unordered_set<std::string> names;
   for (const Expected& e : expected) names.insert(e.name);
   std::vector<std::string> unused;
   for (const io::TensorInfo& t : ckpt.tensors()) {
     if (names.count(t.name)) continue;
-    const int64_t layer = layer_of(t.name);
-    if (layer >= layers)
-      throw Error(str(ckpt.path(), ": tensor '", t.name, "' belongs to layer ", layer,
-                      ", but config.json has num_hidden_layers = ", layers));
     const std::string inv_freq = "rotary_emb.inv_freq";
     const size_t n = t.name.size(), k = inv_freq.size();
     if (n >= k && t.name.compare(n - k, k, inv_freq) == 0) continue;
+    const int64_t layer = LlamaWeights::layer_of(t.name);
+    if (layer >= 0 && layer < c.num_hidden_layers)
+      throw Error(str(ckpt.path(), ": tensor '", t.name, "' is not part of the Llama layer twell runs (model_type ",
+                      c.model_type, "): its model (attention biases? extra norms?) would run wrong without it"));
     unused.push_back(t.name);
   }
   return unused;
@@ -121,7 +126,7 @@ std::vector<std::string> LlamaWeights::check(const io::Checkpoint& ckpt, const i
         str("config: hidden_act must be \"relu\" or \"silu\", got \"", config.hidden_act, "\""));
   const std::vector<Expected> expected = expected_tensors(config);
   for (const Expected& e : expected) check_tensor(ckpt, e, config.tie_word_embeddings);
-  return unused_tensors(ckpt, expected, config.num_hidden_layers);
+  return unused_tensors(ckpt, expected, config);
 }
 
 LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfig& config,

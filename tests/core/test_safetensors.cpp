@@ -440,9 +440,10 @@ TEST_F(InspectCli, PrintsConfigTensorsAndTotals) {
   EXPECT_NE(r.out.find("2 tensors, 11,266 parameters, 22,536 bytes"), std::string::npos) << r.out;
   // The directory: the same table, then the loader's verdict on the pair (layer 0 lacks tensors).
   CliResult dir = inspect("'" + dir_ + "'");
+  EXPECT_EQ(dir.exit_code, 0) << dir.err;
   EXPECT_NE(dir.out.find("2 tensors, 11,266 parameters"), std::string::npos) << dir.out;
-  expect_clean_failure(dir, "twell run and twell eval refuse this checkpoint: ");
-  EXPECT_NE(dir.err.find("missing tensor"), std::string::npos) << dir.err;
+  EXPECT_NE(dir.out.find("model: twell run and twell eval refuse this checkpoint: "), std::string::npos) << dir.out;
+  EXPECT_NE(dir.out.find("missing tensor"), std::string::npos) << dir.out;
 }
 
 // A directory whose tensors match its config: said so, exit 0.
@@ -452,9 +453,17 @@ TEST_F(InspectCli, SaysWhenTheModelLoads) {
   CliResult r = inspect("'" + dir_ + "'");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("model: the tensors match config.json"), std::string::npos) << r.out;
-  c.num_hidden_layers = 1;  // the checkpoint holds a second layer
-  io::write_config(dir_, c);
-  expect_clean_failure(inspect("'" + dir_ + "'"), "belongs to layer 1");
+  CliResult index = inspect("'" + path("model.safetensors") + "'");  // the whole checkpoint as one file
+  EXPECT_NE(index.out.find("model: the tensors match config.json"), std::string::npos) << index.out;
+  // An attention bias (another architecture): refused, and --check-finite still scans.
+  model::HfTensors hf = model::random_hf_tensors(c, 3);
+  hf["model.layers.0.self_attn.q_proj.bias"] = Tensor(DType::f32, {64});
+  hf["model.norm.weight"].ptr<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  model::write_hf(dir_, c, hf);
+  CliResult bias = inspect("--check-finite '" + dir_ + "'");
+  EXPECT_NE(bias.out.find("refuse this checkpoint: "), std::string::npos) << bias.out;
+  EXPECT_NE(bias.out.find("q_proj.bias"), std::string::npos) << bias.out;
+  expect_clean_failure(bias, "float tensors hold NaN or Inf");
 }
 
 TEST_F(InspectCli, FailsCleanlyOnTruncatedFile) {

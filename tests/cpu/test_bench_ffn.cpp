@@ -106,6 +106,7 @@ TEST(BenchFfn, BadRunCountsAndJsonPathAreRefused) {
     EXPECT_THROW(bench::run_ffn_bench(cfg, progress), Error) << warmup << " " << iters;
   }
   EXPECT_THROW(bench::check_records_path("/nonexistent-folder/twell.json"), Error);
+  EXPECT_THROW(bench::check_records_path(testing::TempDir()), Error);  // a directory, not a file
   const std::string ok = testing::TempDir() + "/twell_bench_records.json";
   EXPECT_NO_THROW(bench::check_records_path(ok));
   EXPECT_FALSE(std::ifstream(ok).good());  // the probe leaves nothing behind

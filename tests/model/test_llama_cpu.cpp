@@ -332,13 +332,28 @@ TEST_F(LlamaLoadErrors, NonFiniteWeightWhenChecked) {
                {"model.layers.1.mlp.gate_proj.weight"});
 }
 
-// A config that undercounts the layers would run a truncated model: refused, naming the tensor.
-TEST_F(LlamaLoadErrors, LayerPastTheConfigIsRefused) {
+// Layers past the config's num_hidden_layers load as a shorter model (HF does the same), listed in
+// `unused` so that a caller can say so.
+TEST_F(LlamaLoadErrors, LayersPastTheConfigAreListed) {
   write_hf(dir_, c, hf);
   io::ModelConfig fewer = c;
   fewer.num_hidden_layers = 1;
   io::write_config(dir_, fewer);
-  expect_error([&] { load(); }, {"tensor 'model.layers.1.", "belongs to layer 1", "num_hidden_layers = 1"});
+  const LlamaWeights w = LlamaWeights::load_dir(dir_);
+  EXPECT_EQ(w.layers.size(), 1u);
+  ASSERT_EQ(w.unused.size(), 9u);  // layer 1's nine tensors
+  for (const std::string& name : w.unused) EXPECT_EQ(LlamaWeights::layer_of(name), 1) << name;
+  EXPECT_EQ(LlamaWeights::layer_of("model.layers.12.mlp.up_proj.weight"), 12);
+  EXPECT_EQ(LlamaWeights::layer_of("model.layers.x.y"), -1);
+  EXPECT_EQ(LlamaWeights::layer_of("lm_head.weight"), -1);
+}
+
+// A tensor the Llama layer does not have, inside a layer the model runs (a Qwen2-style attention
+// bias): that model would run wrong without it, so it is refused, naming the tensor.
+TEST_F(LlamaLoadErrors, ForeignTensorInALayerIsRefused) {
+  hf["model.layers.0.self_attn.q_proj.bias"] = Tensor(DType::f32, {64});
+  write_hf(dir_, c, hf);
+  expect_error([&] { load(); }, {"tensor 'model.layers.0.self_attn.q_proj.bias'", "is not part of the Llama layer"});
 }
 
 // Other tensors the model does not read are listed (rotary_emb.inv_freq, which HF recomputes, is not).

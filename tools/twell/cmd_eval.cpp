@@ -71,7 +71,7 @@ void register_eval(CLI::App& app) {
     std::vector<int32_t> ids;
     if (tok->bos_id()) ids.push_back(*tok->bos_id());
     const std::vector<int32_t> body = tok->encode(text.str());
-    TWELL_REQUIRE(!body.empty(), *file, ": no text to evaluate (the file is empty)");
+    TWELL_REQUIRE(!body.empty(), *file, ": no text to evaluate (it encodes to no tokens)");
     ids.insert(ids.end(), body.begin(), body.end());
     const int64_t ctx = *context > 0 ? *context : m.config().max_position_embeddings;
     TWELL_REQUIRE(ctx >= 2, "--context must be at least 2, got ", ctx);
@@ -79,7 +79,7 @@ void register_eval(CLI::App& app) {
                 " (one token of text, and no BOS token to predict it from)");
 
     // Non-overlapping windows; each predicts its tokens 1..n-1 from the ones before.
-    int64_t windows = (static_cast<int64_t>(ids.size()) + ctx - 1) / ctx;
+    int64_t windows = (static_cast<int64_t>(ids.size()) + ctx - 2) / ctx;  // those with 2 tokens or more
     if (*max_windows > 0) windows = std::min(windows, *max_windows);
     const bool tty = isatty(fileno(stderr));
     double nll_sum = 0;

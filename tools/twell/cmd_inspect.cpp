@@ -1,7 +1,7 @@
 // `twell inspect PATH`: prints a checkpoint's config (config.json inside PATH or beside it), a
-// table of its tensors and totals; for a directory with a config, whether `twell run` and `twell
-// eval` take the pair (the loader's checks: an error exit if not); with --check-finite also scans
-// every float tensor for NaN/Inf.
+// table of its tensors and totals; for a whole checkpoint with a config, whether `twell run` and
+// `twell eval` take the pair (the loader's checks); with --check-finite also scans every float
+// tensor for NaN/Inf (an error exit if one holds any).
 // PATH is a .safetensors file, a model.safetensors.index.json, or a directory holding either.
 #include <sys/stat.h>
 
@@ -63,13 +63,14 @@ void print_config(const io::ModelConfig& c, const std::string& file) {
 }
 
 // Whether `twell run` and `twell eval` take the checkpoint with this config (the loader's checks,
-// no tensor data read), and on which backend. Throws what the loader would.
+// no tensor data read), and on which backend.
 void print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
   std::vector<std::string> unused;
   try {
     unused = model::LlamaWeights::check(ckpt, c);
   } catch (const Error& e) {
-    throw Error(str("twell run and twell eval refuse this checkpoint: ", e.what()));
+    std::printf("\nmodel: twell run and twell eval refuse this checkpoint: %s\n", e.what());
+    return;
   }
   std::printf("\nmodel: the tensors match config.json");
   if (!unused.empty()) std::printf(" (%zu more not used, e.g. %s)", unused.size(), unused.front().c_str());
@@ -124,8 +125,11 @@ void run_inspect(const std::string& path, bool check_finite) {
   std::printf("\n%zu tensors, %s parameters, %s bytes (%.2f MB)\n", ckpt.tensors().size(),
               grouped(params).c_str(), grouped(bytes).c_str(), bytes / 1e6);
   std::fflush(stdout);
+  // The whole checkpoint (a lone shard would miss tensors): a directory, an index, model.safetensors.
   struct stat st;
-  const bool whole = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);  // a lone shard would miss tensors
+  const std::string base = path.substr(path.find_last_of('/') + 1);
+  const bool whole = (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) || base == "model.safetensors" ||
+                     (base.size() > 11 && base.compare(base.size() - 11, 11, ".index.json") == 0);
   if (config && whole) print_model_check(ckpt, *config);
   if (!check_finite) return;
 

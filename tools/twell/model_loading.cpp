@@ -1,5 +1,6 @@
 #include "model_loading.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -65,6 +66,12 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   if (gpu) lo.dtype = DType::bf16;  // the GPU's storage: convert once, at load
   model::LlamaWeights w = model::LlamaWeights::load_dir(dir, lo);
   const io::ModelConfig& c = w.config;
+  int64_t last_layer = -1;  // the checkpoint's, where it holds more layers than the config runs
+  for (const std::string& name : w.unused) last_layer = std::max(last_layer, model::LlamaWeights::layer_of(name));
+  if (last_layer >= 0)
+    std::fprintf(stderr, "warning: the checkpoint holds %lld layers; config.json's num_hidden_layers = %lld runs only "
+                 "the first %lld\n", static_cast<long long>(last_layer + 1),
+                 static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.num_hidden_layers));
   if (!w.unused.empty()) {
     std::string names;
     for (size_t i = 0; i < w.unused.size() && i < 3; ++i) names += (i ? ", " : "") + w.unused[i];

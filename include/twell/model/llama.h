@@ -62,19 +62,21 @@ struct LlamaWeights {
   std::vector<LlamaLayerWeights> layers;
   Tensor final_norm;  // [H]     model.norm.weight
   Tensor lm_head;     // [V, H]  lm_head.weight; empty when config.tie_word_embeddings
-  // Checkpoint tensors the model does not use (lm_head.weight of a tied model, say), by name;
-  // HF's rotary_emb.inv_freq buffers are not listed.
+  // Checkpoint tensors the model does not use, by name: lm_head.weight of a tied model, say, or
+  // layers past config.num_hidden_layers. HF's rotary_emb.inv_freq buffers are not listed.
   std::vector<std::string> unused;
 
   // Validates every tensor's presence, shape and dtype (float: BF16, F16 or F32) against
   // `config`, then converts. Errors name the tensor, e.g. "<ckpt>: tensor
-  // 'model.layers.1.mlp.up_proj.weight': expected shape [176, 64], got [176, 63]". A tensor of
-  // a layer past config.num_hidden_layers is an error; other tensors the model does not use are
-  // listed in `unused`.
+  // 'model.layers.1.mlp.up_proj.weight': expected shape [176, 64], got [176, 63]". A tensor the
+  // Llama layer does not have (q_proj.bias, say) inside a layer the model runs is an error: that
+  // model would run wrong. Other tensors the model does not use are listed in `unused`.
   static LlamaWeights load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
                            const LlamaLoadOptions& options = {});
   // load's checks alone, reading no tensor data: throws what load would, else returns `unused`.
   static std::vector<std::string> check(const io::Checkpoint& ckpt, const io::ModelConfig& config);
+  // The layer of a "model.layers.<n>.…" tensor name, or -1.
+  static int64_t layer_of(const std::string& name);
   // config.json + safetensors from one directory (io::read_config, io::Checkpoint::open).
   static LlamaWeights load_dir(const std::string& dir, const LlamaLoadOptions& options = {});
 
