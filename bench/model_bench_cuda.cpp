@@ -157,7 +157,7 @@ io::ModelConfig model_config(const ModelBenchConfig& cfg) {
   c.num_hidden_layers = cfg.layers;
   c.num_attention_heads = cfg.heads;
   c.num_key_value_heads = cfg.kv_heads;
-  TWELL_CHECK(cfg.heads > 0 && cfg.hidden % cfg.heads == 0, "--heads ", cfg.heads, " must divide --hidden ", cfg.hidden);
+  TWELL_REQUIRE(cfg.heads > 0 && cfg.hidden % cfg.heads == 0, "--heads ", cfg.heads, " must divide --hidden ", cfg.hidden);
   c.head_dim = cfg.hidden / cfg.heads;
   c.vocab_size = cfg.vocab;
   int64_t ctx = std::max(cfg.seq, cfg.check_tokens);
@@ -168,6 +168,7 @@ io::ModelConfig model_config(const ModelBenchConfig& cfg) {
   c.tie_word_embeddings = true;
   c.hidden_act = "relu";
   c.torch_dtype = "bfloat16";
+  c.validate("bench model (--layers, --hidden, --intermediate, --heads, --kv-heads, --vocab)");
   return c;
 }
 
@@ -741,10 +742,17 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
 }  // namespace
 
 std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress) {
-  std::string why;
-  TWELL_CHECK(cuda::hopper_available(&why), "twell bench model needs a Hopper GPU: ", why);
-  TWELL_CHECK(cfg.iters >= 1 && cfg.warmup >= 0 && cfg.steps >= 1, "bench model: --iters and --steps must be positive");
+  // The arguments first, so that a typo fails at once, on any machine.
+  TWELL_REQUIRE(cfg.iters >= 1 && cfg.warmup >= 0 && cfg.steps >= 1, "bench model: --iters and --steps must be positive");
+  TWELL_REQUIRE(cfg.batch >= 1 && cfg.seq >= 1 && cfg.context >= 1, "bench model: --batch, --seq and --context must be "
+                "positive, got ", cfg.batch, ", ", cfg.seq, ", ", cfg.context);
+  for (const int64_t b : cfg.decode_batches)
+    TWELL_REQUIRE(b >= 1, "bench model: --decode-batch must be positive, got ", b);
+  TWELL_REQUIRE(cfg.density > 0 && cfg.density <= 1, "bench model: --density must be in (0, 1], got ", cfg.density);
+  TWELL_REQUIRE(cfg.check_tokens >= 2, "bench model: --check-tokens must be at least 2, got ", cfg.check_tokens);
   const io::ModelConfig c = model_config(cfg);
+  std::string why;
+  TWELL_REQUIRE(cuda::hopper_available(&why), "twell bench model needs a Hopper GPU: ", why);
   const auto t0 = Clock::now();
   auto w = make_weights(c, cfg.seed);
   char line[200];

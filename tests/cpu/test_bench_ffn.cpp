@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ffn_bench.h"
+#include "model_bench.h"
 #include "synthetic.h"
 #include "twell/bf16.h"
 #include "twell/io/safetensors.h"
@@ -113,6 +114,38 @@ TEST(BenchFfn, BadRunCountsAndJsonPathAreRefused) {
   EXPECT_NO_THROW(bench::check_records_path(""));
 }
 
+
+// `twell bench model`'s arguments are checked before it looks for a GPU, so a typo fails at once
+// on any machine, with the option's name.
+TEST(BenchModel, BadArgumentsFailFirst) {
+  const auto fails_with = [](bench::ModelBenchConfig cfg, const std::string& part) {
+    std::ostringstream progress;
+    try {
+      bench::run_model_bench(cfg, progress);
+      ADD_FAILURE() << "expected an error with '" << part << "'";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      // A build without CUDA refuses first, whatever the arguments.
+      if (what.find("needs the CUDA backend") == std::string::npos)
+        EXPECT_NE(what.find(part), std::string::npos) << what;
+    }
+  };
+  bench::ModelBenchConfig cfg;
+  cfg.layers = 0;
+  fails_with(cfg, "num_hidden_layers must be positive");
+  cfg = {};
+  cfg.heads = 3;
+  fails_with(cfg, "--heads 3 must divide --hidden 2048");
+  cfg = {};
+  cfg.decode_batches = {1, 0};
+  fails_with(cfg, "--decode-batch must be positive");
+  cfg = {};
+  cfg.density = 0;
+  fails_with(cfg, "--density must be in (0, 1]");
+  cfg = {};
+  cfg.check_tokens = 1;
+  fails_with(cfg, "--check-tokens must be at least 2");
+}
 
 // The synthetic activations' density is the mean over all tokens, hot ones included
 // (shared/BENCHMARKS.md: non-zeros per token / I), and `skewed` keeps its shape: dead neurons, and
