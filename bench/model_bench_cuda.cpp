@@ -1,6 +1,7 @@
 // `twell bench model` (bench/model_bench.h): the synthetic model, its gate calibration, the CPU
 // reference check, and prefill/decode timing of the dense and the twell FFN in one process.
 #include "model_bench.h"
+#include "progress.h"
 
 #include <algorithm>
 #include <chrono>
@@ -256,6 +257,7 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
   o.kv_cache = false;
   o.max_context = tokens;
   o.ffn = cuda::FfnMode::dense;
+  StepProgress steps(progress, "calibrating gate thresholds: layer ", c.num_hidden_layers);
   o.ffn_input_hook = [&](int64_t layer, const TensorView& in) {
     const cuda::LlamaCudaLayer& l = w->layers[static_cast<size_t>(layer)];
     gemm.run(in.data, l.wg.view().data, s_dev.get(), tokens, I, H, true, cuda::GemmEpilogue::none, stream);
@@ -297,7 +299,7 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
     cal.token_p99 = std::max<double>(cal.token_p99, sorted[static_cast<size_t>(0.99 * (tokens - 1))]);
     cal.token_max = std::max<double>(cal.token_max, sorted.back());
     cal.first_token_max = std::max<double>(cal.first_token_max, counts[0]);
-    progress << "\rcalibrating gate thresholds: layer " << layer + 1 << "/" << c.num_hidden_layers << std::flush;
+    steps.step(layer + 1);
   };
   {
     LlamaCuda m(w, o);
@@ -309,7 +311,8 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
     cal.max_layer_nnz = std::max(cal.max_layer_nnz, d * I);
   }
   char line[160];
-  std::snprintf(line, sizeof line, "\rcalibrated %zu layers on %lld tokens: %.1f non-zeros per token (max layer %.1f), %.1f s\n",
+  steps.finish();
+  std::snprintf(line, sizeof line, "calibrated %zu layers on %lld tokens: %.1f non-zeros per token (max layer %.1f), %.1f s\n",
                 cal.density.size(), static_cast<long long>(tokens), cal.mean_nnz, cal.max_layer_nnz, seconds_since(t0));
   progress << line;
   std::snprintf(line, sizeof line, "  non-zeros per token, worst layer: p99 %.0f, max %.0f (position 0: %.0f)\n",
@@ -558,6 +561,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   TWELL_CUDA_CHECK(cudaEventCreate(&stop));
   Timing timing[2];
   std::mt19937 order_rng(static_cast<unsigned>(cfg.seed));
+  StepProgress timing_steps(progress, "prefill timing: ", cfg.warmup + cfg.iters);
   for (int it = 0; it < cfg.warmup + cfg.iters; ++it) {
     int order[2] = {0, 1};
     if (order_rng() & 1) std::swap(order[0], order[1]);
@@ -579,9 +583,9 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
       timing[k].energy_mj += e1 - e0;
       timing[k].clocks.add(clocks);
     }
-    progress << "\rprefill timing: " << it + 1 << "/" << cfg.warmup + cfg.iters << std::flush;
+    timing_steps.step(it + 1);
   }
-  progress << "\n";
+  timing_steps.finish();
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
 

@@ -10,6 +10,7 @@
 
 #include "ffn_bench.h"
 #include "model_bench.h"
+#include "progress.h"
 #include "synthetic.h"
 #include "twell/bf16.h"
 #include "twell/io/safetensors.h"
@@ -114,6 +115,23 @@ TEST(BenchFfn, BadRunCountsAndJsonPathAreRefused) {
   EXPECT_NO_THROW(bench::check_records_path(""));
 }
 
+
+// Into a file or pipe, a counted loop's progress is a line at each tenth of the way, the last
+// step always included; no carriage returns.
+TEST(BenchProgress, LinesAtTenthsWhenNotATerminal) {
+  std::ostringstream out;
+  bench::StepProgress steps(out, "layer ", 38);
+  for (int64_t i = 1; i <= 38; ++i) steps.step(i);
+  steps.finish();
+  const std::string text = out.str();
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 10) << text;
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+  EXPECT_NE(text.find("layer 38/38\n"), std::string::npos) << text;
+  std::ostringstream few;
+  bench::StepProgress three(few, "step ", 3);
+  for (int64_t i = 1; i <= 3; ++i) three.step(i);
+  EXPECT_EQ(few.str(), "step 1/3\nstep 2/3\nstep 3/3\n");
+}
 
 // `twell bench model`'s arguments are checked before it looks for a GPU, so a typo fails at once
 // on any machine, with the option's name.

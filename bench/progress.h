@@ -1,0 +1,45 @@
+// Progress of a counted loop on a benchmark's progress stream: redrawn in place ("\r") when the
+// stream is a terminal; into a file or pipe, one line at each tenth of the way, so that logs stay
+// readable.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <iostream>
+#include <string>
+
+namespace twell::bench {
+
+inline bool is_terminal(const std::ostream& s) {
+  if (&s == &std::cerr || &s == &std::clog) return isatty(STDERR_FILENO);
+  if (&s == &std::cout) return isatty(STDOUT_FILENO);
+  return false;
+}
+
+class StepProgress {
+ public:
+  StepProgress(std::ostream& out, std::string label, int64_t total)
+      : out_(out), label_(std::move(label)), total_(total), live_(is_terminal(out)) {}
+
+  // Step `done` of total (1-based) has finished.
+  void step(int64_t done) {
+    if (live_) {
+      out_ << "\r" << label_ << done << "/" << total_ << std::flush;
+    } else if (done == total_ || (10 * done) / total_ != (10 * (done - 1)) / total_) {
+      out_ << label_ << done << "/" << total_ << "\n" << std::flush;
+    }
+  }
+  // Ends the redrawn line (a terminal's): call once after the last step, before other output.
+  void finish() {
+    if (live_) out_ << "\n";
+  }
+
+ private:
+  std::ostream& out_;
+  std::string label_;
+  int64_t total_;
+  bool live_;
+};
+
+}  // namespace twell::bench
