@@ -34,13 +34,14 @@ void print_model_table(const std::vector<BenchRecord>& records, std::ostream& ou
                 "rel_err", "ok");
   out << line;
   for (const BenchRecord& r : records) {
-    char mhz[16] = "n/a", capped[16] = "n/a";  // NVML could not tell
+    char mhz[16] = "n/a", capped[16] = "n/a", energy[16] = "n/a";  // NVML could not tell
     if (r.sm_clock_mhz >= 0) std::snprintf(mhz, sizeof mhz, "%.0f", r.sm_clock_mhz);
     if (r.power_capped >= 0) std::snprintf(capped, sizeof capped, "%.0f%%", 100 * r.power_capped);
-    std::snprintf(line, sizeof line, "%-14s %-6s %7lld %7.1f %10.3f %8.3f %11.2f %9.1f %10.3f %7s %7s %9.2e %s\n",
+    if (r.energy_mj_per_token >= 0) std::snprintf(energy, sizeof energy, "%.3f", r.energy_mj_per_token);
+    std::snprintf(line, sizeof line, "%-14s %-6s %7lld %7.1f %10.3f %8.3f %11.2f %9.1f %10s %7s %7s %9.2e %s\n",
                   r.bench.c_str(), r.impl.c_str(), static_cast<long long>(r.M), r.nnz_per_token_mean, r.ms_median,
-                  r.ratio_to_dense, r.tokens_per_ms, r.peak_mem_bytes / 1e9, r.energy_mj_per_token, mhz, capped,
-                  r.rel_err, r.correct ? "yes" : "FAILED");
+                  r.ratio_to_dense, r.tokens_per_ms, r.peak_mem_bytes / 1e9, energy, mhz, capped, r.rel_err,
+                  r.correct ? "yes" : "FAILED");
     out << line;
   }
 }
@@ -471,7 +472,9 @@ BenchRecord record(const char* bench, const char* impl, const ModelBenchConfig& 
   r.ms_max = *std::max_element(t.ms.begin(), t.ms.end());
   r.tokens_per_ms = tokens_per_run / r.ms_median;
   r.peak_mem_bytes = static_cast<int64_t>(mem);
-  if (t.energy_known) r.energy_mj_per_token = t.energy_mj / (tokens_per_run * static_cast<double>(t.ms.size()));
+  // NVML's energy counter moves in coarse steps: runs too short for it to move have no figure.
+  if (t.energy_known && t.energy_mj > 0)
+    r.energy_mj_per_token = t.energy_mj / (tokens_per_run * static_cast<double>(t.ms.size()));
   if (t.clocks.samples > 0) {
     r.sm_clock_mhz = t.clocks.mhz_sum / static_cast<double>(t.clocks.samples);
     r.power_capped = t.clocks.capped / static_cast<double>(t.clocks.samples);

@@ -133,6 +133,17 @@ TEST(BenchProgress, LinesAtTenthsWhenNotATerminal) {
   EXPECT_EQ(few.str(), "step 1/3\nstep 2/3\nstep 3/3\n");
 }
 
+// An energy NVML could not measure (its counter did not move) is "n/a" in the table, not 0 or -1.
+TEST(BenchModel, UnknownEnergyIsNotANumber) {
+  bench::BenchRecord r;
+  r.bench = "model_decode", r.impl = "twell", r.M = 1, r.ms_median = 1.25, r.ratio_to_dense = 0.66, r.correct = true;
+  std::ostringstream table;
+  bench::print_model_table({r}, table);
+  EXPECT_NE(table.str().find(" n/a "), std::string::npos) << table.str();
+  EXPECT_EQ(table.str().find("-1.000"), std::string::npos) << table.str();
+  EXPECT_NE(bench::records_to_json({r}).find("\"energy_mj_per_token\": null"), std::string::npos);
+}
+
 // `twell bench model`'s arguments are checked before it looks for a GPU, so a typo fails at once
 // on any machine, with the option's name.
 TEST(BenchModel, BadArgumentsFailFirst) {
