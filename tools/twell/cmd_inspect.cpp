@@ -86,6 +86,8 @@ void print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
 }
 
 void run_inspect(const std::string& path, bool check_finite) {
+  struct stat st;
+  TWELL_REQUIRE(::stat(path.c_str(), &st) == 0, path, ": no such file or directory");
   const std::string config_file = find_config(path);
   std::unique_ptr<io::ModelConfig> config;
   if (!config_file.empty()) {
@@ -126,9 +128,8 @@ void run_inspect(const std::string& path, bool check_finite) {
               grouped(params).c_str(), grouped(bytes).c_str(), bytes / 1e6);
   std::fflush(stdout);
   // The whole checkpoint (a lone shard would miss tensors): a directory, an index, model.safetensors.
-  struct stat st;
   const std::string base = path.substr(path.find_last_of('/') + 1);
-  const bool whole = (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) || base == "model.safetensors" ||
+  const bool whole = S_ISDIR(st.st_mode) || base == "model.safetensors" ||
                      (base.size() > 11 && base.compare(base.size() - 11, 11, ".index.json") == 0);
   if (config && whole) print_model_check(ckpt, *config);
   if (!check_finite) return;
