@@ -60,6 +60,34 @@ bool read_string(const json& root, const char* key, const std::string& source, s
   return true;
 }
 
+// Keys that change the attention's arithmetic in ways twell does not implement: refused, since
+// the model would otherwise run, wrongly. RoPE scaling (Llama 3.1's "llama3", "linear", "dynamic",
+// "yarn", ...) changes every rotation; a sliding window shorter than the context changes which
+// keys a query sees. Null, "default" and a window switched off (use_sliding_window false) pass.
+void refuse_unsupported_attention(const json& root, const ModelConfig& c, const std::string& source) {
+  auto rope_type = [](const json& scaling) -> std::string {
+    if (!scaling.is_object()) return scaling.dump();
+    for (const char* key : {"rope_type", "type"})
+      if (const json* t = find_key(scaling, key); t && t->is_string()) return t->get<std::string>();
+    return "default";
+  };
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const json* scaling = find_key(root, key);
+    if (!scaling) continue;
+    const std::string type = rope_type(*scaling);
+    if (type != "default")
+      throw Error(str(source, ": ", key, " of type '", detail::printable(type, 40),
+                      "' is not supported: twell applies plain RoPE (rope_theta ", c.rope_theta,
+                      "), so this model would run wrong"));
+  }
+  const json* window = find_key(root, "sliding_window");
+  const json* use = find_key(root, "use_sliding_window");
+  const bool used = !use || !use->is_boolean() || use->get<bool>();
+  if (window && window->is_number_integer() && used && window->get<int64_t>() < c.max_position_embeddings)
+    throw Error(str(source, ": sliding_window ", window->get<int64_t>(), " (shorter than max_position_embeddings ",
+                    c.max_position_embeddings, ") is not supported: twell attends over the whole context"));
+}
+
 bool is_directory(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -97,6 +125,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   read_string(root, "hidden_act", source, &c.hidden_act);
   if (!read_string(root, "torch_dtype", source, &c.torch_dtype))
     read_string(root, "dtype", source, &c.torch_dtype);
+  refuse_unsupported_attention(root, c, source);
   c.validate(source);
   return c;
 }

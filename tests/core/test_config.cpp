@@ -105,6 +105,27 @@ TEST(ModelConfig, ErrorsNameTheKeyAndTheFile) {
                {"c.json", "'hidden_size' twice"});
 }
 
+// Attention variants twell does not implement are refused rather than run wrong; their "off"
+// spellings (null, "default", a window switched off or as long as the context) pass.
+TEST(ModelConfig, RefusesRopeScalingAndSlidingWindows) {
+  expect_error(
+      [] {
+        ModelConfig::from_json(minimal(R"("rope_scaling": {"factor": 32.0, "rope_type": "llama3"})"), "c.json");
+      },
+      {"c.json", "rope_scaling of type 'llama3' is not supported"});
+  expect_error([] { ModelConfig::from_json(minimal(R"("rope_scaling": {"type": "linear", "factor": 2})"), "c.json"); },
+               {"rope_scaling of type 'linear'"});
+  expect_error(
+      [] { ModelConfig::from_json(minimal(R"("rope_parameters": {"rope_theta": 1e4, "rope_type": "yarn"})"), "c.json"); },
+      {"rope_parameters of type 'yarn'"});
+  expect_error([] { ModelConfig::from_json(minimal(R"("sliding_window": 16)"), "c.json"); },
+               {"sliding_window 16", "not supported"});
+  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("rope_scaling": null, "sliding_window": null)")));
+  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("rope_parameters": {"rope_theta": 1e4, "rope_type": "default"})")));
+  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": 16, "use_sliding_window": false)")));
+  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": 100000)")));
+}
+
 TEST(ModelConfig, ValidateExplainsInconsistencies) {
   auto with = [](auto edit) {
     ModelConfig c = small_config();
