@@ -102,7 +102,7 @@ const char* timing_name(Timing t) { return t == Timing::gpu ? "gpu" : "host"; }
 
 std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress) {
   std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, progress);
-  // Each case once, in the order given (-M 16 -M 16 is one case).
+  // Each case once, in the order given (-M 16 -M 16 is one case, and so for -d and --distribution).
   auto once = [](auto values) {
     auto end = values.begin();
     for (auto it = values.begin(); it != values.end(); ++it)
@@ -112,6 +112,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
   };
   const auto tokens = once(cfg.tokens.empty() ? backend->default_tokens() : cfg.tokens);
   const auto densities = once(cfg.densities.empty() ? backend->default_densities() : cfg.densities);
+  const auto distributions = once(cfg.distributions);
   TWELL_REQUIRE(cfg.warmup >= -1 && (cfg.iters == -1 || cfg.iters >= 1), "--warmup must be >= 0 and --iters >= 1, got ",
               cfg.warmup, " and ", cfg.iters);  // -1: the backend's default
   const int warmup = cfg.warmup >= 0 ? cfg.warmup : backend->default_warmup();
@@ -122,14 +123,14 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
               "--from takes M, H, I and the density from the file; drop -M and -d");
 
   std::vector<BenchRecord> records;
-  const size_t n_cases = from_file ? 1 : tokens.size() * densities.size() * cfg.distributions.size();
+  const size_t n_cases = from_file ? 1 : tokens.size() * densities.size() * distributions.size();
   for (size_t case_no = 1; case_no <= n_cases; ++case_no) {
         FfnProblem p;
         if (from_file) {
           p = load_problem(cfg.from_file);
         } else {
-          const size_t c = case_no - 1, n_dist = cfg.distributions.size(), n_dens = densities.size();
-          const Distribution dist = cfg.distributions[c % n_dist];
+          const size_t c = case_no - 1, n_dist = distributions.size(), n_dens = densities.size();
+          const Distribution dist = distributions[c % n_dist];
           const SyntheticSpec spec{tokens[c / (n_dist * n_dens)], cfg.H, cfg.I, densities[(c / n_dist) % n_dens], dist,
                                    cfg.gated, cfg.seed};
           p.ffn = make_synthetic_ffn(spec);

@@ -22,12 +22,14 @@ class StepProgress {
   StepProgress(std::ostream& out, std::string label, int64_t total)
       : out_(out), label_(std::move(label)), total_(total), live_(is_terminal(out)) {}
 
-  // Step `done` of total (1-based) has finished.
-  void step(int64_t done) {
+  // Step `done` of total (1-based) has finished: "<label><done>/<total>".
+  void step(int64_t done) { show(done, label_ + std::to_string(done) + "/" + std::to_string(total_)); }
+  // The same, with a line of the caller's own.
+  void show(int64_t done, const std::string& line) {
     if (live_) {
-      out_ << "\r" << label_ << done << "/" << total_ << std::flush;
+      out_ << "\r" << line << std::flush;
     } else if (done == total_ || (10 * done) / total_ != (10 * (done - 1)) / total_) {
-      out_ << label_ << done << "/" << total_ << "\n" << std::flush;
+      out_ << line << "\n" << std::flush;
     }
   }
   // Ends the redrawn line (a terminal's): call once after the last step, before other output.

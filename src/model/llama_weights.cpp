@@ -3,7 +3,8 @@
 // Every tensor is checked before any is converted: present, a float dtype (BF16, F16, F32), and
 // the shape the config implies; a tensor the Llama layer does not have, inside a layer the model
 // runs, is refused (another architecture's weights); layers past num_hidden_layers and other
-// tensors the model does not use are listed in LlamaWeights::unused. Errors describe the input, so they carry no source location:
+// tensors the model does not use are listed in LlamaWeights::unused. Errors describe the input,
+// so they carry no source location:
 //   "<ckpt>: tensor 'model.layers.0.self_attn.k_proj.weight': expected shape [32, 64], got [64,
 //   64]"
 // Conversion happens once: to the storage dtype (f32 or bf16), and down_proj.weight [H, I] is
@@ -119,14 +120,23 @@ Tensor transpose(const Tensor& t) {
 
 }  // namespace
 
-std::vector<std::string> LlamaWeights::check(const io::Checkpoint& ckpt, const io::ModelConfig& config) {
+namespace {
+
+// LlamaWeights::check, given the config's expected tensors (load needs them too).
+std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::ModelConfig& config,
+                                       const std::vector<Expected>& expected) {
   config.validate("config");
   if (config.hidden_act != "relu" && config.hidden_act != "silu")
     throw Error(
         str("config: hidden_act must be \"relu\" or \"silu\", got \"", config.hidden_act, "\""));
-  const std::vector<Expected> expected = expected_tensors(config);
   for (const Expected& e : expected) check_tensor(ckpt, e, config.tie_word_embeddings);
   return unused_tensors(ckpt, expected, config);
+}
+
+}  // namespace
+
+std::vector<std::string> LlamaWeights::check(const io::Checkpoint& ckpt, const io::ModelConfig& config) {
+  return check_against(ckpt, config, expected_tensors(config));
 }
 
 LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
@@ -135,8 +145,8 @@ LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfi
     throw Error(str("LlamaWeights::load: storage dtype must be f32 or bf16, got ",
                     dtype_name(options.dtype)));
   // Validate everything first, so a bad checkpoint fails fast and names its first bad tensor.
-  std::vector<std::string> unused = check(ckpt, config);
   const std::vector<Expected> expected = expected_tensors(config);
+  std::vector<std::string> unused = check_against(ckpt, config, expected);
   if (options.check_finite)
     for (const Expected& e : expected) ckpt.check_finite(e.name);
 

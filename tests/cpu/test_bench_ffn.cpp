@@ -155,8 +155,9 @@ TEST(BenchModel, BadArgumentsFailFirst) {
     } catch (const Error& e) {
       const std::string what = e.what();
       // A build without CUDA refuses first, whatever the arguments.
-      if (what.find("needs the CUDA backend") == std::string::npos)
+      if (what.find("needs the CUDA backend") == std::string::npos) {
         EXPECT_NE(what.find(part), std::string::npos) << what;
+      }
     }
   };
   bench::ModelBenchConfig cfg;

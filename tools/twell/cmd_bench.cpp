@@ -1,6 +1,5 @@
 // `twell bench ffn` (forward, or forward + backward with --train) and `twell bench model`
 // (shared/BENCHMARKS.md): table on stdout, JSON to --json.
-#include <algorithm>
 #include <iostream>
 
 #include "commands.h"
@@ -72,11 +71,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     cfg->gated = !*non_gated;
     cfg->timing = *timing == "host" ? bench::Timing::host : bench::Timing::gpu;
     cfg->distributions.clear();
-    for (const auto& d : *distributions) {
-      const bench::Distribution dist = bench::distribution_from_name(d);
-      if (std::find(cfg->distributions.begin(), cfg->distributions.end(), dist) == cfg->distributions.end())
-        cfg->distributions.push_back(dist);
-    }
+    for (const auto& d : *distributions) cfg->distributions.push_back(bench::distribution_from_name(d));
     const auto records = bench::run_ffn_bench(*cfg, std::cerr);
     bench::print_table(records, std::cout);
     save_records(records, *json_path);

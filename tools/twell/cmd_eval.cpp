@@ -1,7 +1,5 @@
 // `twell eval MODEL FILE`: perplexity of a text file on the GPU or the CPU backend, in windows of
 // the model's context, with a progress bar on stderr.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +9,7 @@
 
 #include "commands.h"
 #include "model_loading.h"
+#include "progress.h"
 
 namespace twell::cli {
 
@@ -81,7 +80,7 @@ void register_eval(CLI::App& app) {
     // Non-overlapping windows; each predicts its tokens 1..n-1 from the ones before.
     int64_t windows = (static_cast<int64_t>(ids.size()) + ctx - 2) / ctx;  // those with 2 tokens or more
     if (*max_windows > 0) windows = std::min(windows, *max_windows);
-    const bool tty = isatty(fileno(stderr));
+    bench::StepProgress progress(std::cerr, "", windows);
     double nll_sum = 0;
     int64_t predictions = 0;
     std::vector<ActivationStats> layer_total, layer_window;
@@ -105,14 +104,14 @@ void register_eval(CLI::App& app) {
                   ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
       nll_sum += p.mean_nll * p.predictions;
       predictions += p.predictions;
-      // A bar redrawn in place on a terminal; into a file or pipe, a line every tenth of the way.
       const int bar = static_cast<int>(30 * (w + 1) / windows);
-      if (tty || (10 * (w + 1)) / windows != (10 * w) / windows || w + 1 == windows)
-        std::fprintf(stderr, "%s[%-30s] %lld/%lld windows, perplexity so far %.4f%s", tty ? "\r" : "",
-                     std::string(bar, '#').c_str(), static_cast<long long>(w + 1), static_cast<long long>(windows),
-                     std::exp(nll_sum / predictions), tty ? "" : "\n");
+      char line[160];
+      std::snprintf(line, sizeof line, "[%-30s] %lld/%lld windows, perplexity so far %.4f",
+                    std::string(bar, '#').c_str(), static_cast<long long>(w + 1), static_cast<long long>(windows),
+                    std::exp(nll_sum / predictions));
+      progress.show(w + 1, line);  // redrawn on a terminal, a line each tenth of the way into a file
     }
-    if (tty) std::fprintf(stderr, "\n");
+    progress.finish();
     std::printf("%s: %lld tokens predicted, mean NLL %.6f nats, perplexity %.4f\n", file->c_str(),
                 static_cast<long long>(predictions), nll_sum / predictions, std::exp(nll_sum / predictions));
     if (*sparsity) print_sparsity(layer_total, m.config());
