@@ -60,26 +60,55 @@ bool read_string(const json& root, const char* key, const std::string& source, s
   return true;
 }
 
-// Keys that change the attention's arithmetic in ways twell does not implement: refused, since
-// the model would otherwise run, wrongly. RoPE scaling (Llama 3.1's "llama3", "linear", "dynamic",
-// "yarn", ...) changes every rotation; a sliding window shorter than the context changes which
-// keys a query sees. Null, "default" and a window switched off (use_sliding_window false) pass.
-void refuse_unsupported_attention(const json& root, const ModelConfig& c, const std::string& source) {
-  auto rope_type = [](const json& scaling) -> std::string {
-    if (!scaling.is_object()) return scaling.dump();
-    for (const char* key : {"rope_type", "type"})
-      if (const json* t = find_key(scaling, key); t && t->is_string()) return t->get<std::string>();
-    return "default";
+// One "rope_scaling" / "rope_parameters" object: its kind and the keys that kind needs (their
+// values are checked by validate()). Kinds twell does not implement are refused, since the model
+// would otherwise run, wrongly. No type, or "default", means no scaling.
+RopeScaling read_rope_scaling(const json& scaling, const char* key, const std::string& source) {
+  RopeScaling r;
+  if (!scaling.is_object()) wrong_type(source, key, "an object", scaling);
+  for (const char* type_key : {"rope_type", "type"})
+    if (read_string(scaling, type_key, source, &r.type)) break;
+  if (r.none()) return r;
+  if (r.type != "linear" && r.type != "llama3")
+    throw Error(str(source, ": ", key, " of type '", detail::printable(r.type, 40),
+                    "' is not supported (twell implements 'linear' and 'llama3'), so this model would run wrong"));
+  const std::string where = str(source, ": ", key);
+  auto missing = [&](const char* name) {
+    return Error(str(where, " of type '", r.type, "' needs the key '", name, "'"));
   };
+  if (!read_number(scaling, "factor", where, &r.factor)) throw missing("factor");
+  if (r.type == "llama3") {
+    if (!read_number(scaling, "low_freq_factor", where, &r.low_freq_factor)) throw missing("low_freq_factor");
+    if (!read_number(scaling, "high_freq_factor", where, &r.high_freq_factor)) throw missing("high_freq_factor");
+    if (!read_int(scaling, "original_max_position_embeddings", where, &r.original_max_position_embeddings))
+      throw missing("original_max_position_embeddings");
+  }
+  return r;
+}
+
+// The RoPE scaling of "rope_scaling" and "rope_parameters" (newer transformers); when both name
+// a kind of scaling, they must agree.
+RopeScaling read_rope(const json& root, const std::string& source) {
+  RopeScaling found;
+  const char* found_in = nullptr;
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     const json* scaling = find_key(root, key);
     if (!scaling) continue;
-    const std::string type = rope_type(*scaling);
-    if (type != "default")
-      throw Error(str(source, ": ", key, " of type '", detail::printable(type, 40),
-                      "' is not supported: twell applies plain RoPE (rope_theta ", c.rope_theta,
-                      "), so this model would run wrong"));
+    const RopeScaling r = read_rope_scaling(*scaling, key, source);
+    if (r.none()) continue;
+    if (found_in && (r.type != found.type || r.factor != found.factor || r.low_freq_factor != found.low_freq_factor ||
+                     r.high_freq_factor != found.high_freq_factor ||
+                     r.original_max_position_embeddings != found.original_max_position_embeddings))
+      throw Error(str(source, ": ", found_in, " and ", key, " disagree"));
+    found = r, found_in = key;
   }
+  return found;
+}
+
+// A sliding window shorter than the context changes which keys a query sees: refused, since the
+// model would otherwise run, wrongly. Null and a window switched off (use_sliding_window false)
+// pass.
+void refuse_sliding_window(const json& root, const ModelConfig& c, const std::string& source) {
   const json* window = find_key(root, "sliding_window");
   const json* use = find_key(root, "use_sliding_window");
   const bool used = !use || !use->is_boolean() || use->get<bool>();
@@ -125,7 +154,8 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   read_string(root, "hidden_act", source, &c.hidden_act);
   if (!read_string(root, "torch_dtype", source, &c.torch_dtype))
     read_string(root, "dtype", source, &c.torch_dtype);
-  refuse_unsupported_attention(root, c, source);
+  c.rope_scaling = read_rope(root, source);
+  refuse_sliding_window(root, c, source);
   c.validate(source);
   return c;
 }
@@ -143,6 +173,17 @@ std::string ModelConfig::to_json() const {
   j["vocab_size"] = vocab_size;
   j["max_position_embeddings"] = max_position_embeddings;
   j["rope_theta"] = rope_theta;
+  if (!rope_scaling.none()) {
+    nlohmann::ordered_json r;
+    r["rope_type"] = rope_scaling.type;
+    r["factor"] = rope_scaling.factor;
+    if (rope_scaling.type == "llama3") {
+      r["low_freq_factor"] = rope_scaling.low_freq_factor;
+      r["high_freq_factor"] = rope_scaling.high_freq_factor;
+      r["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+    }
+    j["rope_scaling"] = r;
+  }
   j["rms_norm_eps"] = rms_norm_eps;
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["hidden_act"] = hidden_act;
@@ -172,6 +213,23 @@ void ModelConfig::validate(const std::string& source) const {
     throw Error(str(source, ": head_dim must be even for rotary embeddings, got ", head_dim));
   if (!(std::isfinite(rope_theta) && rope_theta > 0))
     throw Error(str(source, ": rope_theta must be a positive number, got ", rope_theta));
+  const RopeScaling& r = rope_scaling;
+  if (!r.none()) {
+    if (r.type != "linear" && r.type != "llama3")
+      throw Error(str(source, ": rope_scaling type must be default, linear or llama3, got '",
+                      detail::printable(r.type, 40), "'"));
+    if (!(std::isfinite(r.factor) && r.factor > 0))
+      throw Error(str(source, ": rope_scaling factor must be a positive number, got ", r.factor));
+  }
+  if (r.type == "llama3") {
+    if (!(std::isfinite(r.low_freq_factor) && r.low_freq_factor > 0 && std::isfinite(r.high_freq_factor) &&
+          r.high_freq_factor > r.low_freq_factor))
+      throw Error(str(source, ": rope_scaling needs 0 < low_freq_factor < high_freq_factor, got ", r.low_freq_factor,
+                      " and ", r.high_freq_factor));
+    if (r.original_max_position_embeddings <= 0)
+      throw Error(str(source, ": rope_scaling original_max_position_embeddings must be positive, got ",
+                      r.original_max_position_embeddings));
+  }
   if (!(std::isfinite(rms_norm_eps) && rms_norm_eps > 0))
     throw Error(str(source, ": rms_norm_eps must be a positive number, got ", rms_norm_eps));
   static const char* const kActivations[] = {"relu", "silu", "gelu", "gelu_pytorch_tanh"};

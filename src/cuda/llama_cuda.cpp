@@ -250,8 +250,7 @@ struct LlamaCuda::Impl {
     const int64_t half = hd / 2;
     for (int64_t p = 0; p < o.max_context; ++p)
       for (int64_t i = 0; i < half; ++i) {
-        const float inv_freq = 1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / hd);
-        const float angle = inv_freq * static_cast<float>(p);
+        const float angle = c.rope_inv_freq<float>(i) * static_cast<float>(p);
         table[p * hd + i] = std::cos(angle);
         table[p * hd + half + i] = std::sin(angle);
       }

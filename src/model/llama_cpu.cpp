@@ -102,15 +102,12 @@ void rmsnorm(const std::vector<Acc>& x, int64_t T, const TensorView& w, double e
 // cos and sin of position p for the hd/2 frequencies, as HF computes them: inverse frequencies
 // and angles in fp32 for an fp32 model (in double for the f64 oracle).
 template <class Acc>
-void rope_table(int64_t p, int64_t hd, double theta, std::vector<Acc>& cos_p,
-                std::vector<Acc>& sin_p) {
-  const int64_t half = hd / 2;
+void rope_table(int64_t p, const io::ModelConfig& c, std::vector<Acc>& cos_p, std::vector<Acc>& sin_p) {
+  const int64_t half = c.head_dim / 2;
   cos_p.resize(static_cast<size_t>(half));
   sin_p.resize(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
-    const Acc exponent = static_cast<Acc>(2 * i) / static_cast<Acc>(hd);
-    const Acc inv_freq = Acc(1) / std::pow(static_cast<Acc>(theta), exponent);
-    const Acc angle = inv_freq * static_cast<Acc>(p);
+    const Acc angle = c.rope_inv_freq<Acc>(i) * static_cast<Acc>(p);
     cos_p[i] = std::cos(angle);
     sin_p[i] = std::sin(angle);
   }
@@ -237,7 +234,7 @@ std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<A
       x[t * H + i] = widen_one<Acc>(w.embed, int64_t{tokens[t]} * H + i);
 
   std::vector<std::vector<Acc>> cos_t(T), sin_t(T);
-  for (int64_t t = 0; t < T; ++t) rope_table(p0 + t, hd, c.rope_theta, cos_t[t], sin_t[t]);
+  for (int64_t t = 0; t < T; ++t) rope_table(p0 + t, c, cos_t[t], sin_t[t]);
 
   std::vector<Acc> a, q, k, v, attn, o_proj, y;
   if (ffn_stats) ffn_stats->assign(static_cast<size_t>(c.num_hidden_layers), ActivationStats{});

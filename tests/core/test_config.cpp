@@ -105,25 +105,95 @@ TEST(ModelConfig, ErrorsNameTheKeyAndTheFile) {
                {"c.json", "'hidden_size' twice"});
 }
 
-// Attention variants twell does not implement are refused rather than run wrong; their "off"
-// spellings (null, "default", a window switched off or as long as the context) pass.
-TEST(ModelConfig, RefusesRopeScalingAndSlidingWindows) {
-  expect_error(
-      [] {
-        ModelConfig::from_json(minimal(R"("rope_scaling": {"factor": 32.0, "rope_type": "llama3"})"), "c.json");
-      },
-      {"c.json", "rope_scaling of type 'llama3' is not supported"});
-  expect_error([] { ModelConfig::from_json(minimal(R"("rope_scaling": {"type": "linear", "factor": 2})"), "c.json"); },
-               {"rope_scaling of type 'linear'"});
-  expect_error(
-      [] { ModelConfig::from_json(minimal(R"("rope_parameters": {"rope_theta": 1e4, "rope_type": "yarn"})"), "c.json"); },
-      {"rope_parameters of type 'yarn'"});
-  expect_error([] { ModelConfig::from_json(minimal(R"("sliding_window": 16)"), "c.json"); },
-               {"sliding_window 16", "not supported"});
-  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("rope_scaling": null, "sliding_window": null)")));
-  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("rope_parameters": {"rope_theta": 1e4, "rope_type": "default"})")));
+// RoPE scaling: Llama 3.1's "llama3" and "linear" are read (both spellings of the type key, and
+// newer transformers' "rope_parameters"); other kinds are refused rather than run wrong, as is a
+// sliding window shorter than the context. The "off" spellings (null, "default", a window
+// switched off or as long as the context) pass.
+TEST(ModelConfig, ReadsLlama3AndLinearRopeScaling) {
+  const ModelConfig l3 = ModelConfig::from_json(minimal(
+      R"("rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                          "original_max_position_embeddings": 8192, "rope_type": "llama3"})"));
+  EXPECT_EQ(l3.rope_scaling.type, "llama3");
+  EXPECT_EQ(l3.rope_scaling.factor, 32.0);
+  EXPECT_EQ(l3.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(l3.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(l3.rope_scaling.original_max_position_embeddings, 8192);
+  const ModelConfig lin = ModelConfig::from_json(minimal(R"("rope_scaling": {"type": "linear", "factor": 2})"));
+  EXPECT_EQ(lin.rope_scaling.type, "linear");
+  EXPECT_EQ(lin.rope_scaling.factor, 2.0);
+  const ModelConfig v5 = ModelConfig::from_json(minimal(
+      R"("rope_parameters": {"rope_theta": 5e5, "rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
+                             "high_freq_factor": 4, "original_max_position_embeddings": 8192})"));
+  EXPECT_EQ(v5.rope_theta, 5e5);
+  EXPECT_EQ(v5.rope_scaling.type, "llama3");
+  EXPECT_EQ(v5.rope_scaling.factor, 8.0);
+  EXPECT_TRUE(ModelConfig::from_json(minimal(R"("rope_scaling": null)")).rope_scaling.none());
+  EXPECT_TRUE(ModelConfig::from_json(minimal(R"("rope_parameters": {"rope_theta": 1e4, "rope_type": "default"})"))
+                  .rope_scaling.none());
+  // Written back so that HF and from_json read the same scaling.
+  EXPECT_EQ(ModelConfig::from_json(l3.to_json()).to_json(), l3.to_json());
+  EXPECT_NE(l3.to_json().find("\"rope_scaling\""), std::string::npos);
+  EXPECT_EQ(small_config().to_json().find("rope_scaling"), std::string::npos);
+}
+
+// Inverse frequencies against HF's (transformers 5.24, float32) for Llama 3.2's RoPE: head_dim 64,
+// theta 5e5, llama3 scaling by 32 from an 8192 context. Pair 14 is a high frequency (kept), 15 and
+// 16 are in the interpolated band, 17 and 31 are low frequencies (divided by the factor).
+TEST(ModelConfig, RopeInverseFrequenciesMatchHuggingFace) {
+  ModelConfig c = ModelConfig::from_json(R"({"hidden_size": 2048, "intermediate_size": 8192,
+      "num_hidden_layers": 1, "num_attention_heads": 32, "head_dim": 64, "vocab_size": 100,
+      "max_position_embeddings": 131072, "rope_theta": 500000.0,
+      "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})");
+  const std::pair<int, double> hf[] = {{0, 1.0},
+                                       {14, 0.0032114461064338684},
+                                       {15, 0.0012905480107292533},
+                                       {16, 0.000429556705057621},
+                                       {17, 9.708286233944818e-05},
+                                       {31, 9.418306490260875e-08}};
+  for (const auto& [i, want] : hf) {
+    EXPECT_NEAR(c.rope_inv_freq<float>(i), want, 2e-7 * want) << "pair " << i;
+    EXPECT_NEAR(c.rope_inv_freq<double>(i), want, 1e-6 * want) << "pair " << i;
+  }
+  c.rope_scaling = io::RopeScaling{};
+  c.rope_scaling.type = "linear", c.rope_scaling.factor = 4.0;
+  EXPECT_NEAR(c.rope_inv_freq<float>(5), 0.03217184543609619, 2e-7 * 0.0322);
+  c.rope_scaling = io::RopeScaling{};
+  EXPECT_NEAR(c.rope_inv_freq<double>(5), std::pow(5e5, -10.0 / 64), 1e-15);
+}
+
+TEST(ModelConfig, RefusesUnsupportedRopeScalingAndSlidingWindows) {
+  auto refused = [](const std::string& extra, std::initializer_list<std::string> parts) {
+    expect_error([&] { ModelConfig::from_json(minimal(extra), "c.json"); }, parts);
+  };
+  refused(R"("rope_scaling": {"type": "dynamic", "factor": 2})",
+          {"c.json", "rope_scaling of type 'dynamic' is not supported", "'linear' and 'llama3'"});
+  refused(R"("rope_parameters": {"rope_theta": 1e4, "rope_type": "yarn", "factor": 4})", {"rope_parameters", "'yarn'"});
+  refused(R"("rope_scaling": {"rope_type": "longrope"})", {"'longrope'"});
+  refused(R"("rope_scaling": 2)", {"'rope_scaling' must be an object"});
+  refused(R"("rope_scaling": {"rope_type": "linear"})", {"c.json: rope_scaling", "needs the key 'factor'"});
+  refused(R"("rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4})",
+          {"needs the key 'original_max_position_embeddings'"});
+  refused(R"("rope_scaling": {"rope_type": "linear", "factor": "2"})", {"'factor' must be a number"});
+  refused(R"("rope_scaling": {"rope_type": "linear", "factor": 0})", {"rope_scaling factor must be a positive number"});
+  refused(R"("rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4,
+                              "original_max_position_embeddings": 8192})",
+          {"0 < low_freq_factor < high_freq_factor"});
+  refused(R"("rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
+                              "original_max_position_embeddings": 0})",
+          {"original_max_position_embeddings must be positive"});
+  refused(R"("rope_scaling": {"rope_type": "linear", "factor": 2},
+             "rope_parameters": {"rope_type": "linear", "factor": 4})",
+          {"rope_scaling and rope_parameters disagree"});
+  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("rope_scaling": {"rope_type": "linear", "factor": 2},
+             "rope_parameters": {"rope_type": "linear", "factor": 2, "rope_theta": 1e5})")));
+  refused(R"("sliding_window": 16)", {"sliding_window 16", "not supported"});
+  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": null)")));
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": 16, "use_sliding_window": false)")));
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": 100000)")));
+  ModelConfig c = small_config();
+  c.rope_scaling.type = "yarn";
+  expect_error([&] { c.validate("x.json"); }, {"x.json", "rope_scaling type must be default, linear or llama3"});
 }
 
 TEST(ModelConfig, ValidateExplainsInconsistencies) {

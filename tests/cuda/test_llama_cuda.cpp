@@ -491,7 +491,7 @@ TEST_P(LlamaCudaHfParity, LogitsMatchTransformers) {
   EXPECT_LT(err32, 1e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCudaHfParity, ::testing::Values("gpu_relu_tied", "gpu_silu_untied"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCudaHfParity, ::testing::Values("gpu_relu_tied", "gpu_silu_untied", "gpu_relu_llama3"));
 
 }  // namespace
 }  // namespace twell::cuda

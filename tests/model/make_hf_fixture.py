@@ -42,18 +42,30 @@ MODELS = {
     # Standard Llama FFN with an untied LM head.
     "silu_untied": dict(hidden_act="silu", tie_word_embeddings=False, seed=2, shape=SMALL),
     # GPU runtime: head_dim 32 with GQA, and head_dim 64 without.
+    # Llama 3.1's RoPE scaling (factor 8 from a 256-token context): head_dim 8 puts one rotary pair
+    # in each of its three bands (kept, interpolated, divided by the factor), plus a fourth low one.
+    "llama3_rope": dict(hidden_act="silu", tie_word_embeddings=True, seed=5, shape=SMALL,
+                        rope=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                  original_max_position_embeddings=256)),
     "gpu_relu_tied": dict(hidden_act="relu", tie_word_embeddings=True, seed=3, tokens=LONG_TOKENS, init=0.05,
                           shape=dict(vocab_size=97, hidden_size=128, intermediate_size=256, num_attention_heads=4,
                                      num_key_value_heads=2, max_position_embeddings=128)),
     "gpu_silu_untied": dict(hidden_act="silu", tie_word_embeddings=False, seed=4, tokens=LONG_TOKENS, init=0.05,
                             shape=dict(vocab_size=97, hidden_size=128, intermediate_size=320, num_attention_heads=2,
                                        num_key_value_heads=2, max_position_embeddings=128)),
+    # The GPU's RoPE table with llama3 scaling: head_dim 32, pairs 5 and 6 interpolated, 7-15 divided.
+    "gpu_relu_llama3": dict(hidden_act="relu", tie_word_embeddings=True, seed=6, tokens=LONG_TOKENS, init=0.05,
+                            rope=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                      original_max_position_embeddings=512),
+                            shape=dict(vocab_size=97, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=128)),
 }
 
 
-def make(name, hidden_act, tie_word_embeddings, seed, shape, tokens=TOKENS, init=0.2):
+def make(name, hidden_act, tie_word_embeddings, seed, shape, tokens=TOKENS, init=0.2, rope=None):
     torch.manual_seed(seed)
     config = LlamaConfig(
+        **({"rope_scaling": rope} if rope else {}),
         **shape,
         num_hidden_layers=2,
         hidden_act=hidden_act,

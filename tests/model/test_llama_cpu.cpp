@@ -541,7 +541,7 @@ TEST_P(LlamaHfParity, LogitsMatchTransformers) {
   std::printf("[ parity   ] %s: f32 rel err %.3g, f64 rel err %.3g\n", GetParam(), err32, err64);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaHfParity, testing::Values("relu_tied", "silu_untied"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaHfParity, testing::Values("relu_tied", "silu_untied", "llama3_rope"));
 
 }  // namespace
 }  // namespace twell::model

@@ -58,6 +58,11 @@ void print_config(const io::ModelConfig& c, const std::string& file) {
       "  attention: %lld heads, %lld kv heads, head_dim %lld, rope_theta %g, context %lld\n",
       (long long)c.num_attention_heads, (long long)c.num_key_value_heads, (long long)c.head_dim,
       c.rope_theta, (long long)c.max_position_embeddings);
+  const io::RopeScaling& r = c.rope_scaling;
+  if (r.type == "linear") std::printf("  rope_scaling linear, factor %g\n", r.factor);
+  if (r.type == "llama3")
+    std::printf("  rope_scaling llama3, factor %g, low_freq_factor %g, high_freq_factor %g, original context %lld\n",
+                r.factor, r.low_freq_factor, r.high_freq_factor, (long long)r.original_max_position_embeddings);
   std::printf("  hidden_act %s, rms_norm_eps %g, torch_dtype %s\n", c.hidden_act.c_str(),
               c.rms_norm_eps, c.torch_dtype.empty() ? "(unset)" : c.torch_dtype.c_str());
 }

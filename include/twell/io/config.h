@@ -2,10 +2,34 @@
 // strictly (types checked, required keys named in errors) and written atomically.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
 namespace twell::io {
+
+// RoPE frequency scaling, from config.json's "rope_scaling" (or, in newer transformers,
+// "rope_parameters"). Two kinds are implemented, as HF's rotary embedding computes them:
+//   linear: every inverse frequency divided by `factor` (positions stretched);
+//   llama3: Llama 3.1's: low frequencies (wavelength > original_max_position_embeddings /
+//           low_freq_factor) divided by `factor`, high ones (wavelength <
+//           original_max_position_embeddings / high_freq_factor) kept, and the band between
+//           interpolated. Neither scales the attention.
+// Other kinds ("dynamic", "yarn", "longrope", ...) are refused by from_json.
+struct RopeScaling {
+  std::string type = "default";  // "default" (none), "linear" or "llama3"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;                  // llama3
+  double high_freq_factor = 4.0;                 // llama3
+  int64_t original_max_position_embeddings = 0;  // llama3
+
+  bool none() const { return type == "default"; }
+  // The inverse frequency of rotary pair i (of head_dim / 2) after scaling, `inv_freq` the
+  // unscaled theta^(-2i / head_dim). In Acc arithmetic (float or double), as HF's float32
+  // tensors compute it when Acc is float.
+  template <class Acc>
+  Acc scale(Acc inv_freq) const;
+};
 
 struct ModelConfig {
   std::string model_type = "llama";
@@ -18,6 +42,7 @@ struct ModelConfig {
   int64_t vocab_size = 0;               // required
   int64_t max_position_embeddings = 0;  // required
   double rope_theta = 10000.0;          // also read from "rope_parameters": {"rope_theta": ..}
+  RopeScaling rope_scaling;             // "rope_scaling" or "rope_parameters"; none by default
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   std::string hidden_act = "silu";  // "relu" for the paper's sparse models
@@ -30,7 +55,33 @@ struct ModelConfig {
   std::string to_json() const;
   // Throws "<source>: <what is wrong, expected vs actual>" on the first inconsistency.
   void validate(const std::string& source = "config") const;
+
+  // The inverse frequency of rotary pair i, 0 <= i < head_dim / 2: rope_theta^(-2i / head_dim),
+  // then rope_scaling. Both backends build their RoPE tables from it.
+  template <class Acc>
+  Acc rope_inv_freq(int64_t i) const {
+    const Acc exponent = static_cast<Acc>(2 * i) / static_cast<Acc>(head_dim);
+    return rope_scaling.scale(Acc(1) / std::pow(static_cast<Acc>(rope_theta), exponent));
+  }
 };
+
+template <class Acc>
+Acc RopeScaling::scale(Acc inv_freq) const {
+  if (type == "linear") return inv_freq / static_cast<Acc>(factor);
+  if (type != "llama3") return inv_freq;
+  // HF's _compute_llama3_parameters, one element at a time (python floats for the constants).
+  const Acc kTwoPi = static_cast<Acc>(6.283185307179586);
+  const double old_len = static_cast<double>(original_max_position_embeddings);
+  const Acc low_wavelen = static_cast<Acc>(old_len / low_freq_factor);
+  const Acc high_wavelen = static_cast<Acc>(old_len / high_freq_factor);
+  const Acc f = static_cast<Acc>(factor);
+  const Acc wavelen = kTwoPi / inv_freq;
+  const Acc scaled = wavelen > low_wavelen ? inv_freq / f : inv_freq;
+  if (wavelen < high_wavelen || wavelen > low_wavelen) return scaled;
+  const Acc smooth = (static_cast<Acc>(old_len) / wavelen - static_cast<Acc>(low_freq_factor)) /
+                     static_cast<Acc>(high_freq_factor - low_freq_factor);
+  return (Acc(1) - smooth) * scaled / f + smooth * scaled;
+}
 
 // `path` is a config.json or a directory that holds one.
 ModelConfig read_config(const std::string& path);
