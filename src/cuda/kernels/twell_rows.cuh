@@ -8,8 +8,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
@@ -43,10 +41,6 @@ struct Params {
   uint16_t* du_vals = nullptr;
   float l1 = 0.f;
   float* out_f32 = nullptr;
-  // The SDDMM passes' last rows (row_schedule, phase 2): rows from tail_first on are handed out as
-  // tail_pieces shares of their tiles, so that the pass ends evenly. Off by default.
-  uint32_t tail_first = 0xffffffffu;
-  uint32_t tail_pieces = 1;
 };
 
 // Shared memory of warp w: ring [D][H] bf16, list col [cap] and aux [cap], D mbarriers.
@@ -192,28 +186,16 @@ __device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, bool 
     for (int64_t c = lane * 64; c < p.H; c += 32 * 64) prefetch(p.x + row * p.H + c);
 }
 
-// The next work item for this warp: dynamic, because token costs vary 10-20x in skewed
-// activations (a static round-robin measured 2x slower there: the warp with the most dense tokens
-// decides). An item is a row (tiles [t0, t1) = all), or, for rows from p.tail_first on, one of
-// p.tail_pieces equal shares of its tiles. Heavy rows (listed by the pack) are skipped here:
-// phase 1 of row_schedule took them.
-struct WorkItem {
-  int64_t row, t0, t1;
-};
-__device__ __forceinline__ WorkItem grab_item(const Params& p, int lane, int64_t n_tiles) {
-  const uint32_t first = p.tail_first, pieces = p.tail_pieces;
-  uint32_t r = 0, row = 0;
+// The next token for this warp: dynamic, because token costs vary 10-20x in skewed activations
+// (a static round-robin measured 2x slower there: the warp with the most dense tokens decides).
+// Heavy rows (listed by the pack) are skipped here: phase 1 of row_schedule took them.
+__device__ __forceinline__ int64_t grab_row(const Params& p, int lane) {
+  uint32_t r = 0;
   if (lane == 0) {
-    do {
-      r = atomicAdd(p.next_row, 1u);
-      row = r < first ? r : first + (r - first) / pieces;
-    } while (p.rows.row_nnz && row < p.act.layout.rows && __ldcs(p.rows.row_nnz + row) > kHeavyRowEntries);
+    do r = atomicAdd(p.next_row, 1u);
+    while (p.rows.row_nnz && r < p.act.layout.rows && __ldcs(p.rows.row_nnz + r) > kHeavyRowEntries);
   }
-  r = __shfl_sync(0xffffffffu, r, 0);
-  row = __shfl_sync(0xffffffffu, row, 0);
-  if (r < first) return {row, 0, n_tiles};
-  const int64_t share = (n_tiles + pieces - 1) / pieces, t0 = min(n_tiles, (r - first) % pieces * share);
-  return {row, t0, min(n_tiles, t0 + share)};
+  return __shfl_sync(0xffffffffu, r, 0);
 }
 
 // Threads a block of the ring kernels (the accumulate passes): 16 warps, 8 at H > 2048 (their
@@ -250,9 +232,8 @@ __device__ __forceinline__ void group_sync(const HeavyGroup& h) {
 // contiguous share of its tiles, and end_heavy(row, group) combines the shares in warp order
 // (deterministic); without (the SDDMM passes, whose entries are independent) a warp takes one
 // share of kHeavyShareTiles tiles of a row at a time, from a global counter. Phase 2, the other
-// rows, a warp each, from a global counter; the SDDMM passes hand out their last rows in shares
-// (grab_item, Params::tail_first). run_tiles(row, t, t_stop) does the warp's work on tiles
-// [t, t_stop) of a row.
+// rows, a warp each, from a global counter. run_tiles(row, t, t_stop) does the warp's work on
+// tiles [t, t_stop) of a row.
 constexpr int64_t kHeavyShareTiles = 2;
 template <bool kReduce, typename Begin, typename RunTiles, typename End, typename EndHeavy>
 __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, bool prefetch_u, int lane, Begin&& begin,
@@ -290,12 +271,12 @@ __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, b
       }
     }
   }
-  for (WorkItem it = grab_item(p, lane, n_tiles), next; it.row < rows; it = next) {
-    next = grab_item(p, lane, n_tiles);  // grabbed early so that its data can be prefetched
-    if (next.row != it.row) prefetch_row(p, next.row, prefetch_x, prefetch_u, lane);
-    begin(it.row);
-    run_tiles(it.row, it.t0, it.t1);
-    end(it.row);
+  for (int64_t row = grab_row(p, lane), next; row < rows; row = next) {
+    next = grab_row(p, lane);  // grabbed early so that its data can be prefetched
+    prefetch_row(p, next, prefetch_x, prefetch_u, lane);
+    begin(row);
+    run_tiles(row, 0, n_tiles);
+    end(row);
   }
 }
 
@@ -586,34 +567,14 @@ Config config_for(int64_t H, int cap, int max_warps) {
 
 // The SDDMM kernels (sddmm_loop, launch bounds kSddmmMaxWarps·32): as many warps as their shared
 // memory allows (16 at H = 2048, 12 at H = 4096).
-// Their last rows, about `rounds` for every warp, go out in `pieces` shares each (row_schedule),
-// which costs one more copy of x a share.
-struct SddmmTail {
-  int pieces = 1, rounds = 0;
-};
-inline SddmmTail sddmm_tail() {
-  static const SddmmTail t = [] {
-    SddmmTail v;
-    if (const char* e = std::getenv("TWELL_SDDMM_TAIL")) std::sscanf(e, "%d,%d", &v.pieces, &v.rounds);  // EXPERIMENT
-    v.pieces = std::max(1, std::min(v.pieces, 64));
-    v.rounds = std::max(0, std::min(v.rounds, 16));
-    return v;
-  }();
-  return t;
-}
 template <typename Kernel>
-void launch_sddmm(Kernel kernel, Params p, int sm_count, int64_t M, cudaStream_t stream) {
+void launch_sddmm(Kernel kernel, const Params& p, int sm_count, int64_t M, cudaStream_t stream) {
   const int64_t per_warp = sddmm_warp_bytes(p.H, p.list_cap);
   const int warps = static_cast<int>(std::min<int64_t>(kSddmmMaxWarps, kSmemBytes / per_warp));
   TWELL_CHECK(warps >= 1, "sparse FFN kernel: no room for one warp's shared memory (H = ", p.H, ")");
   const int smem = static_cast<int>(warps * per_warp);
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   const int64_t blocks = std::min<int64_t>(sm_count, (M + warps - 1) / warps);
-  const SddmmTail tail = sddmm_tail();
-  if (tail.pieces > 1 && tail.rounds > 0) {
-    p.tail_first = static_cast<uint32_t>(std::max<int64_t>(0, M - int64_t{tail.rounds} * blocks * warps));
-    p.tail_pieces = static_cast<uint32_t>(tail.pieces);
-  }
   kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(p);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
