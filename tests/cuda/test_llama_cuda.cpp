@@ -466,16 +466,26 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   EXPECT_THROW(LlamaCuda(std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::allocate(bad))), Error);
 }
 
-// HuggingFace transformers' logits on the gpu_* fixtures (made by tests/model/make_hf_fixture.py).
-class LlamaCudaHfParity : public ::testing::TestWithParam<const char*> {};
+// HuggingFace transformers' logits on the gpu_* fixtures (made by tests/model/make_hf_fixture.py):
+// our bf16 model against HF's fp32 one, within the 1e-2. gpu_relu_llama3 checks the RoPE
+// table with llama3 scaling (the CPU backend's fixture llama3_rope checks the formula to 1e-5;
+// without the scaling the error is ~0.1); the bf16 rounding of its weights alone moves HF's own
+// logits by 1.3e-2, so there the bound is HF's bf16 model's distance from fp32.
+struct HfFixture {
+  const char* name;
+  bool bound_by_hf_bf16;
+};
+std::ostream& operator<<(std::ostream& os, const HfFixture& f) { return os << f.name; }
+class LlamaCudaHfParity : public ::testing::TestWithParam<HfFixture> {};
 
 TEST_P(LlamaCudaHfParity, LogitsMatchTransformers) {
   TWELL_REQUIRE_HOPPER();
   // Next to this source file, or (binaries built elsewhere, run from the repository root) in ./tests.
-  std::string dir = (std::filesystem::path(__FILE__).parent_path().parent_path() / "model/data/llama" / GetParam()).string();
-  if (!std::filesystem::exists(dir)) dir = std::string("tests/model/data/llama/") + GetParam();
+  const char* name = GetParam().name;
+  std::string dir = (std::filesystem::path(__FILE__).parent_path().parent_path() / "model/data/llama" / name).string();
+  if (!std::filesystem::exists(dir)) dir = std::string("tests/model/data/llama/") + name;
   ASSERT_TRUE(std::filesystem::exists(dir + "/logits.safetensors"))
-      << dir << " missing: run tests/model/make_hf_fixture.py " << GetParam();
+      << dir << " missing: run tests/model/make_hf_fixture.py " << name;
   const io::SafetensorsFile ref = io::SafetensorsFile::open(dir + "/logits.safetensors");
   const TensorView tok = ref.view("tokens");
   const std::vector<int32_t> tokens(tok.ptr<int32_t>(), tok.ptr<int32_t>() + tok.numel());
@@ -486,12 +496,15 @@ TEST_P(LlamaCudaHfParity, LogitsMatchTransformers) {
   const Tensor out = gpu.logits(tokens);
   const double err32 = relative_error(out, ref.view("logits")), err_bf16 = relative_error(out, ref.view("logits_bf16"));
   const double hf_bf16 = relative_error(ref.view("logits_bf16"), ref.view("logits"));
-  std::printf("%s: rel err vs HF fp32 %.2e, vs HF bf16 %.2e (HF bf16 vs HF fp32: %.2e)\n", GetParam(), err32, err_bf16,
+  std::printf("%s: rel err vs HF fp32 %.2e, vs HF bf16 %.2e (HF bf16 vs HF fp32: %.2e)\n", name, err32, err_bf16,
               hf_bf16);
-  EXPECT_LT(err32, 1e-2);
+  EXPECT_LT(err32, GetParam().bound_by_hf_bf16 ? hf_bf16 : 1e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCudaHfParity, ::testing::Values("gpu_relu_tied", "gpu_silu_untied", "gpu_relu_llama3"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCudaHfParity,
+                         ::testing::Values(HfFixture{"gpu_relu_tied", false}, HfFixture{"gpu_silu_untied", false},
+                                           HfFixture{"gpu_relu_llama3", true}),
+                         [](const ::testing::TestParamInfo<HfFixture>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace twell::cuda

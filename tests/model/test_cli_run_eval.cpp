@@ -71,6 +71,10 @@ TEST_F(CliModel, DeviceSelection) {
   const CliResult cpu = run_cli(args + " --device cpu", true);
   EXPECT_EQ(cpu.status, 0) << cpu.out;
   EXPECT_NE(cpu.out.find("backend: CPU reference"), std::string::npos) << cpu.out;
+  // --backend, as `twell bench ffn` spells it, is the same option.
+  const CliResult alias = run_cli(args + " --backend cpu", true);
+  EXPECT_EQ(alias.status, 0) << alias.out;
+  EXPECT_NE(alias.out.find("backend: CPU reference"), std::string::npos) << alias.out;
   EXPECT_NE(run_cli(args + " --device tpu").status, 0);
   EXPECT_NE(run_cli(args + " --ffn sometimes").status, 0);
   // On a machine without a Hopper GPU (CI), asking for one fails and says why; with one, it runs.

@@ -29,7 +29,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   auto timing = std::make_shared<std::string>("gpu");
 
   CLI::App* ffn = bench->add_subcommand("ffn", "FFN forward (or forward + backward with --train): dense vs TwELL sparse at chosen densities");
-  ffn->add_option("--backend", cfg->backend, "cpu, cuda or auto (cuda when a Hopper GPU is present)")
+  ffn->add_option("--backend,--device", cfg->backend, "cpu, cuda or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   ffn->add_option("-M,--tokens", cfg->tokens, "token counts M (default: backend's standard set)");

@@ -27,7 +27,7 @@ void ModelArgs::add_to(CLI::App* cmd) {
                 "CPU backend: round the ReLU FFN's g, u, h to bf16 as a bf16 model does (the GPU always does)");
   cmd->add_flag("--check-finite,!--no-check-finite", check_finite,
                 "refuse weights holding NaN or Inf (the default; --no-check-finite skips this scan of the weights)");
-  cmd->add_option("--device", device, "cpu, cuda, or auto (cuda when a Hopper GPU is present)")
+  cmd->add_option("--device,--backend", device, "cpu, cuda, or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   cmd->add_option("--ffn", ffn, "GPU FFN of ReLU models: twell (sparse TwELL where it pays) or dense")
