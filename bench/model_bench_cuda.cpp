@@ -63,16 +63,25 @@ using cuda::LlamaCudaWeights;
 
 constexpr float kConstantChannel = 4.0f;  // residual channel 0: the gates' "bias input"
 constexpr int64_t kGatherTokens = 8;      // the gather path's batch limit for twell_gather and the check
-constexpr int64_t kEnergySteps = 128;     // decode steps of each model's energy reading, at most
+constexpr int64_t kEnergySteps = 128;     // decode context for the energy stretches, beyond the timed steps
+constexpr double kEnergyStretchMs = 500;  // an energy stretch of decode steps, at most
+constexpr int kEnergyStretches = 8;       // stretches a model runs at most (until its power is measured over 1 s)
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 uint16_t* bits(const cuda::DeviceTensor& t) { return static_cast<uint16_t*>(t.view().data); }
 
-// The GPU's cumulative energy, SM clock and clock-limit reasons through NVML, loaded at run time
-// (CI machines have no driver). A prefill at this size holds the board at its power limit, where
-// time follows energy rather than work (docs/perf.md, "The whole model"), so each timed stretch
-// also reports the mean SM clock and the share of samples throttled by the power cap.
+// The GPU's energy, SM clock and clock-limit reasons through NVML, loaded at run time (CI machines
+// have no driver). A prefill at this size holds the board at its power limit, where time follows
+// energy rather than work (docs/perf.md, "The whole model"), so each timed stretch also reports the
+// mean SM clock and the share of samples throttled by the power cap.
+//
+// Energy: on the H200 (driver 580) the cumulative counter moves every 100 ms, and reading it takes
+// ~4 ms (`nvml_probe.txt`). A reading before and after a stretch is therefore off by up to a move
+// (0.16 s decode stretches read 290 or 640 mJ a step), and a reading between decode steps stalls
+// them. So a sampler thread polls the counter during start() .. stop() and keeps its moves; the
+// mean power is the energy between the first and the last move over the time between them (each
+// end seen up to one read late), and a stretch's energy is that power times its length.
 class GpuMeter {
  public:
   GpuMeter() {
@@ -100,38 +109,59 @@ class GpuMeter {
   }
   GpuMeter(const GpuMeter&) = delete;
   GpuMeter& operator=(const GpuMeter&) = delete;
-  // Millijoules since the driver loaded; < 0 when NVML cannot tell.
-  double millijoules() const {
-    unsigned long long mj = 0;
-    return device_ && energy_(device_, &mj) == 0 ? static_cast<double>(mj) : -1;
-  }
+  bool available() const { return device_ != nullptr; }
 
-  // Clock samples taken every 10 ms between start() and stop().
+  // What the sampler saw between start() and stop(): clock samples every 10 ms, and the counter's
+  // first and last moves.
   struct Clocks {
     double mhz_sum = 0, capped = 0;  // sums over the samples; capped: power-cap reason set
     int64_t samples = 0;
     void add(const Clocks& o) { mhz_sum += o.mhz_sum, capped += o.capped, samples += o.samples; }
   };
+  struct Reading {
+    Clocks clocks;
+    double mj = 0, seconds = 0;  // energy and time between the counter's first and last move; 0: fewer than 2
+    double watts() const { return seconds > 0 ? mj / 1e3 / seconds : -1; }
+  };
   void start() {
     stop();
-    if (!device_ || !clock_) return;
+    if (!device_) return;
     running_ = true;
     sampler_ = std::thread([this] {
-      Clocks c;
+      Reading r;
+      double prev = -1, first_mj = -1, last_mj = -1;  // the last value read; the values at the first and last move
+      Clock::time_point first_t, last_t, next_clock = Clock::now();
       while (running_) {
-        unsigned mhz = 0;
-        unsigned long long why = 0;
-        if (clock_(device_, kClockSm, &mhz) == 0) {
-          c.mhz_sum += mhz;
-          c.capped += reasons_ && reasons_(device_, &why) == 0 && (why & kPowerCapReasons) ? 1 : 0;
-          ++c.samples;
+        unsigned long long mj = 0;
+        if (energy_(device_, &mj) == 0) {
+          const double v = static_cast<double>(mj);
+          if (prev >= 0 && v != prev) {
+            const Clock::time_point now = Clock::now();
+            if (first_mj < 0) first_mj = v, first_t = now;
+            last_mj = v, last_t = now;
+          }
+          prev = v;
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (clock_ && Clock::now() >= next_clock) {
+          unsigned mhz = 0;
+          unsigned long long why = 0;
+          if (clock_(device_, kClockSm, &mhz) == 0) {
+            r.clocks.mhz_sum += mhz;
+            r.clocks.capped += reasons_ && reasons_(device_, &why) == 0 && (why & kPowerCapReasons) ? 1 : 0;
+            ++r.clocks.samples;
+          }
+          next_clock = Clock::now() + std::chrono::milliseconds(10);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));  // where a read is quick, no busy loop
       }
-      last_ = c;
+      if (first_mj >= 0 && last_t > first_t) {
+        r.mj = last_mj - first_mj;
+        r.seconds = std::chrono::duration<double>(last_t - first_t).count();
+      }
+      last_ = r;
     });
   }
-  Clocks stop() {
+  Reading stop() {
     if (!sampler_.joinable()) return {};
     running_ = false;
     sampler_.join();
@@ -149,7 +179,7 @@ class GpuMeter {
   int (*reasons_)(void*, unsigned long long*) = nullptr;
   std::thread sampler_;
   std::atomic<bool> running_{false};
-  Clocks last_;
+  Reading last_;
 };
 
 io::ModelConfig model_config(const ModelBenchConfig& cfg) {
@@ -446,6 +476,7 @@ struct Timing {
   std::vector<double> ms;
   double energy_mj = 0;
   bool energy_known = true;
+  double energy_seconds = 0;  // decode: the time the energy was measured over
   GpuMeter::Clocks clocks;
   double median() const { return median_of(ms); }
 };
@@ -570,21 +601,19 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
     if (order_rng() & 1) std::swap(order[0], order[1]);
     for (int k : order) {
       LlamaCuda& m = *models[k];
-      const double e0 = energy.millijoules();
       energy.start();
       TWELL_CUDA_CHECK(cudaEventRecord(start, m.stream()));
       m.enqueue(tokens.as<int32_t>(), B, S, cuda::Head::none);
       TWELL_CUDA_CHECK(cudaEventRecord(stop, m.stream()));
       TWELL_CUDA_CHECK(cudaEventSynchronize(stop));
-      const GpuMeter::Clocks clocks = energy.stop();
-      const double e1 = energy.millijoules();
+      const GpuMeter::Reading reading = energy.stop();
       float ms = 0;
       TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
       if (it < cfg.warmup) continue;
       timing[k].ms.push_back(ms);
-      timing[k].energy_known = timing[k].energy_known && e0 >= 0 && e1 >= 0;
-      timing[k].energy_mj += e1 - e0;
-      timing[k].clocks.add(clocks);
+      timing[k].energy_known = timing[k].energy_known && reading.seconds > 0;
+      timing[k].energy_mj += reading.watts() * ms;  // W x ms = mJ
+      timing[k].clocks.add(reading.clocks);
     }
     timing_steps.step(it + 1);
   }
@@ -680,17 +709,33 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
       gpu_ms[k].push_back(models[k]->last_gpu_ms());
     }
   }
-  // Energy: NVML's counter moves in steps coarser than one decode step, so each model runs a
-  // stretch of steps of its own (≥ 0.25 s) between two readings. Reported per timed step.
+  // Energy of a step: the mean power of a stretch of steps (GpuMeter) times its mean step. A stretch
+  // starts from a shorter prompt, so that its contexts are centred on the timed steps' (the
+  // attention's cost grows with the context); stretches repeat until the counter's moves span about
+  // a second.
+  const int64_t center = cfg.context + 2 + cfg.steps / 2, room = o.max_context - 1 - center;
   for (int k = 0; k < n_models; ++k) {
-    const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(250.0 / timing[k].median()), 1, kEnergySteps);
-    const double e0 = energy.millijoules();
-    energy.start();
-    for (int64_t s = 0; s < n; ++s) models[k]->decode_batch(decode_step_tokens(cfg, B, step + s));
-    timing[k].clocks = energy.stop();
-    const double e1 = energy.millijoules();
-    timing[k].energy_known = e0 >= 0 && e1 >= 0;
-    timing[k].energy_mj = (e1 - e0) * static_cast<double>(timing[k].ms.size()) / static_cast<double>(n);
+    const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(kEnergyStretchMs / timing[k].median()), 2,
+                                          2 * std::min(room, center - 1));
+    std::vector<std::vector<int32_t>> shorter;
+    for (const auto& p : prompts) shorter.emplace_back(p.begin(), p.begin() + (center - n / 2));
+    double mj = 0, seconds = 0, stretch_ms = 0;
+    int64_t stretch_steps = 0;
+    for (int stretch = 0; energy.available() && stretch < kEnergyStretches && seconds < 1.0; ++stretch) {
+      models[k]->prefill_batch(shorter);
+      energy.start();
+      const auto t0 = Clock::now();
+      for (int64_t s = 0; s < n; ++s) models[k]->decode_batch(decode_step_tokens(cfg, B, step + s));
+      stretch_ms += seconds_since(t0) * 1e3, stretch_steps += n;
+      const GpuMeter::Reading reading = energy.stop();
+      timing[k].clocks.add(reading.clocks);
+      mj += reading.mj, seconds += reading.seconds;  // nothing where the counter moved less than twice
+    }
+    timing[k].energy_known = seconds > 0;
+    timing[k].energy_seconds = seconds;
+    // Reported per timed step (record() divides by the steps).
+    const double step_ms = stretch_steps > 0 ? stretch_ms / static_cast<double>(stretch_steps) : 0;
+    timing[k].energy_mj = seconds > 0 ? mj / 1e3 / seconds * step_ms * static_cast<double>(timing[k].ms.size()) : 0;
   }
   // How dense the decode token is, layer by layer (batch element 0; for batch 1 only).
   std::string active;
@@ -726,6 +771,10 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                               : ", per step: tokens up, kernels launched (no graph), logits down") +
              gpu;
     r.note += active;
+    char energy_note[96];
+    std::snprintf(energy_note, sizeof energy_note, "; energy: mean power over %.2f s of steps (NVML)",
+                  timing[k].energy_seconds);
+    r.note += energy_note;
     if (B == 1)
       r.note += cfg.decode_gemv ? "; QKV and O projections (and the dense FFN's gate and up): twell's one-token GEMV"
                                 : "; projections: cuBLASLt (--cublas-decode-projections)";
