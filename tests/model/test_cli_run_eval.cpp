@@ -108,6 +108,16 @@ TEST_F(CliModel, BadOptionsFailBeforeLoading) {
   std::ofstream(text) << "some text";
   for (const char* bad : {"--context 0", "--context -5", "--max-windows -1"})
     EXPECT_NE(run_cli("eval " + dir_ + " " + text + " --byte-tokenizer " + bad).status, 0) << bad;
+  // Longer than the model's context (64 positions): refused before the weights load.
+  const CliResult long_window = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --context 65", true);
+  EXPECT_NE(long_window.status, 0);
+  EXPECT_NE(long_window.out.find("longer than the model's context of 64"), std::string::npos) << long_window.out;
+  EXPECT_EQ(long_window.out.find("loaded "), std::string::npos) << long_window.out;
+  const CliResult long_prompt = run_cli("run " + dir_ + " --byte-tokenizer -p " + std::string(70, 'a'), true);
+  EXPECT_NE(long_prompt.status, 0);
+  EXPECT_NE(long_prompt.out.find("the prompt is 71 tokens, longer than the model's context of 64"), std::string::npos)
+      << long_prompt.out;
+  EXPECT_EQ(long_prompt.out.find("loaded "), std::string::npos) << long_prompt.out;
   const std::string empty = path("empty.txt");
   std::ofstream(empty).flush();
   const CliResult e = run_cli("eval " + dir_ + " " + empty + " --byte-tokenizer", true);

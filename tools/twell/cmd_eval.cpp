@@ -61,9 +61,16 @@ void register_eval(CLI::App& app) {
       TWELL_REQUIRE(c.hidden_act == "relu", "--sparsity needs a ReLU-gated FFN; this model's hidden_act is ",
                   c.hidden_act);
     }
+    const io::ModelConfig config = io::read_config(args->dir);
+    const auto tok = args->load_tokenizer(config);
+    const int64_t ctx = *context > 0 ? *context : config.max_position_embeddings;
+    TWELL_REQUIRE(ctx >= 2, "--context must be at least 2, got ", ctx);
+    TWELL_REQUIRE(ctx <= config.max_position_embeddings, "--context ", ctx, " is longer than the model's context of ",
+                  config.max_position_embeddings);
+    args->gpu_context = ctx;  // windows of ctx tokens, each one forward: no KV cache
+    args->gpu_kv_cache = false;
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
     const model::LanguageModel& m = *model;
-    const auto tok = args->load_tokenizer(m);
     std::ifstream in(*file, std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
@@ -72,8 +79,6 @@ void register_eval(CLI::App& app) {
     const std::vector<int32_t> body = tok->encode(text.str());
     TWELL_REQUIRE(!body.empty(), *file, ": no text to evaluate (it encodes to no tokens)");
     ids.insert(ids.end(), body.begin(), body.end());
-    const int64_t ctx = *context > 0 ? *context : m.config().max_position_embeddings;
-    TWELL_REQUIRE(ctx >= 2, "--context must be at least 2, got ", ctx);
     TWELL_REQUIRE(ids.size() >= 2, *file, ": needs at least 2 tokens, has ", ids.size(),
                 " (one token of text, and no BOS token to predict it from)");
 

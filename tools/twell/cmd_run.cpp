@@ -29,13 +29,18 @@ void register_run(CLI::App& app) {
 
   run->callback([=] {
     sampling->check();  // before the load, which can take a while
-    const std::unique_ptr<model::LanguageModel> model = args->load_model();
-    model::LanguageModel& m = *model;
-    const auto tok = args->load_tokenizer(m);
+    const io::ModelConfig config = io::read_config(args->dir);
+    const auto tok = args->load_tokenizer(config);
     std::vector<int32_t> ids;
     if (tok->bos_id()) ids.push_back(*tok->bos_id());
     const std::vector<int32_t> text = tok->encode(*prompt);
     ids.insert(ids.end(), text.begin(), text.end());
+    const int64_t n_prompt = static_cast<int64_t>(ids.size());
+    TWELL_REQUIRE(n_prompt <= config.max_position_embeddings, "the prompt is ", n_prompt,
+                  " tokens, longer than the model's context of ", config.max_position_embeddings);
+    args->gpu_context = n_prompt + *max_tokens;  // the GPU's buffers for this job, not the config's whole context
+    const std::unique_ptr<model::LanguageModel> model = args->load_model();
+    model::LanguageModel& m = *model;
     // What is printed of the continuation: decode(prompt + new tokens) past decode(prompt), so a
     // tokenizer whose decoder depends on context (Llama 2's strips one leading space) streams
     // the same text as a single decode of everything.

@@ -89,6 +89,8 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   if (gpu) {
     cuda::LlamaCudaOptions co;
     co.ffn = ffn == "dense" ? cuda::FfnMode::dense : cuda::FfnMode::twell;
+    co.max_context = gpu_context > 0 ? std::min(gpu_context, c.max_position_embeddings) : 0;
+    co.kv_cache = gpu_kv_cache;
     auto dw = std::make_shared<cuda::LlamaCudaWeights>(cuda::LlamaCudaWeights::upload(w));
     std::fprintf(stderr, "backend: %s (GPU), %.2f GB of weights, %s FFN\n", cuda::device_info().name.c_str(),
                  dw->bytes() / 1e9, ffn.c_str());
@@ -101,14 +103,14 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   return std::make_unique<model::LlamaCpu>(std::move(w), mo);
 }
 
-std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const model::LanguageModel& m) const {
+std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const io::ModelConfig& c) const {
   std::unique_ptr<model::Tokenizer> tok;
   if (byte_tokenizer)
     tok = std::make_unique<model::ByteTokenizer>(true, true);
   else
     tok = model::load_tokenizer(dir);
-  TWELL_REQUIRE(tok->vocab_size() <= m.config().vocab_size, "the tokenizer has ", tok->vocab_size(),
-              " ids but the model's vocabulary is ", m.config().vocab_size);
+  TWELL_REQUIRE(tok->vocab_size() <= c.vocab_size, "the tokenizer has ", tok->vocab_size(),
+              " ids but the model's vocabulary is ", c.vocab_size);
   return tok;
 }
 

@@ -17,12 +17,18 @@ struct ModelArgs {
   bool check_finite = true;    // refuse NaN/Inf weights (--no-check-finite skips the scan)
   std::string device = "auto";  // cpu, cuda, auto (cuda when a Hopper GPU is present)
   std::string ffn = "twell";    // GPU FFN of ReLU models: twell (sparse when it pays) or dense
+  // What the GPU runtime allocates for (LlamaCudaOptions), set by the command from its job: the
+  // positions a sequence holds, which are also the most tokens one call takes (0: the config's
+  // max_position_embeddings, 131072 for Llama 3.1), and whether decode steps will follow.
+  int64_t gpu_context = 0;
+  bool gpu_kv_cache = true;
 
   void add_to(CLI::App* cmd);
   // Prints what it loads, and on which backend, on stderr.
   std::unique_ptr<model::LanguageModel> load_model() const;
   bool on_gpu() const;  // the backend load_model picks
-  std::unique_ptr<model::Tokenizer> load_tokenizer(const model::LanguageModel& m) const;
+  // Checked against the config's vocabulary; needs no weights, so commands load it first.
+  std::unique_ptr<model::Tokenizer> load_tokenizer(const io::ModelConfig& c) const;
 };
 
 }  // namespace twell::cli
