@@ -298,6 +298,12 @@ TEST(LlamaCuda, Llama32ShapeMatchesCpu) {
   EXPECT_LT(prefill, kTol);
   EXPECT_LT(decode, kTol);
   EXPECT_EQ(gpu.cached_tokens(), 44);
+  // What the declared context costs: the buffers for 131072 positions against those `twell run`
+  // allocates for a 40-token prompt and 64 new tokens.
+  LlamaCudaOptions sized;
+  sized.max_context = 104;
+  std::printf("buffers beside the weights: %.2f GB for the config's context, %.3f GB for 104 positions\n",
+              gpu.workspace_bytes() / 1e9, LlamaCuda(dw, sized).workspace_bytes() / 1e9);
 }
 
 // cuDNN's attention over a cached prefix (past > 0, the causal diagonal aligned bottom-right):
