@@ -63,7 +63,7 @@ using cuda::LlamaCudaWeights;
 
 constexpr float kConstantChannel = 4.0f;  // residual channel 0: the gates' "bias input"
 constexpr int64_t kGatherTokens = 8;      // the gather path's batch limit for twell_gather and the check
-constexpr int64_t kEnergySteps = 128;     // decode context for the energy stretches, beyond the timed steps
+constexpr int64_t kEnergyContext = 128;   // decode positions for the energy stretches, beyond the timed steps
 constexpr double kEnergyStretchMs = 500;  // an energy stretch of decode steps, at most
 constexpr int kEnergyStretches = 8;       // stretches a model runs at most (until its power is measured over 1 s)
 
@@ -193,7 +193,7 @@ io::ModelConfig model_config(const ModelBenchConfig& cfg) {
   c.head_dim = cfg.hidden / cfg.heads;
   c.vocab_size = cfg.vocab;
   int64_t ctx = std::max(cfg.seq, cfg.check_tokens);
-  if (!cfg.decode_batches.empty()) ctx = std::max(ctx, cfg.context + 2 + cfg.steps + kEnergySteps);
+  if (!cfg.decode_batches.empty()) ctx = std::max(ctx, cfg.context + 2 + cfg.steps + kEnergyContext);
   c.max_position_embeddings = ctx;
   c.rope_theta = 1e5;
   c.rms_norm_eps = 1e-5;
@@ -474,9 +474,10 @@ double median_of(std::vector<double> v) {
 
 struct Timing {
   std::vector<double> ms;
-  double energy_mj = 0;
-  bool energy_known = true;
-  double energy_seconds = 0;  // decode: the time the energy was measured over
+  double energy_mj = 0;       // over all timed runs or steps; set when energy_seconds > 0
+  bool energy_known = false;
+  double energy_seconds = 0;  // the time the mean power was measured over
+  double stretch_step_ms = 0;  // decode: a step of the energy stretches (sampler running), against the timed
   GpuMeter::Clocks clocks;
   double median() const { return median_of(ms); }
 };
@@ -594,6 +595,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   TWELL_CUDA_CHECK(cudaEventCreate(&start));
   TWELL_CUDA_CHECK(cudaEventCreate(&stop));
   Timing timing[2];
+  double prefill_mj[2] = {0, 0};  // energy between the counter's moves within each model's runs
   std::mt19937 order_rng(static_cast<unsigned>(cfg.seed));
   StepProgress timing_steps(progress, "prefill timing: ", cfg.warmup + cfg.iters);
   for (int it = 0; it < cfg.warmup + cfg.iters; ++it) {
@@ -611,13 +613,18 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
       TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
       if (it < cfg.warmup) continue;
       timing[k].ms.push_back(ms);
-      timing[k].energy_known = timing[k].energy_known && reading.seconds > 0;
-      timing[k].energy_mj += reading.watts() * ms;  // W x ms = mJ
+      prefill_mj[k] += reading.mj, timing[k].energy_seconds += reading.seconds;
       timing[k].clocks.add(reading.clocks);
     }
     timing_steps.step(it + 1);
   }
   timing_steps.finish();
+  for (int k = 0; k < 2; ++k) {  // the mean power over the runs' measured spans, times the runs' time (W x ms = mJ)
+    double ms = 0;
+    for (double m : timing[k].ms) ms += m;
+    timing[k].energy_known = timing[k].energy_seconds > 0;
+    if (timing[k].energy_known) timing[k].energy_mj = prefill_mj[k] / 1e3 / timing[k].energy_seconds * ms;
+  }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
 
@@ -675,7 +682,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                   std::vector<BenchRecord>& out, std::ostream& progress) {
   LlamaCudaOptions o;
   o.max_batch = B;
-  o.max_context = cfg.context + 2 + cfg.steps + kEnergySteps;
+  o.max_context = cfg.context + 2 + cfg.steps + kEnergyContext;
   o.max_tokens = B * cfg.context;
   o.cuda_graphs = cfg.cuda_graphs;
   o.fused_decode_ffn = cfg.fused_decode_ffn;
@@ -715,8 +722,10 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   // a second.
   const int64_t center = cfg.context + 2 + cfg.steps / 2, room = o.max_context - 1 - center;
   for (int k = 0; k < n_models; ++k) {
-    const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(kEnergyStretchMs / timing[k].median()), 2,
-                                          2 * std::min(room, center - 1));
+    // At least 2·(center - context) steps, so that the stretch's prompt is no longer than the
+    // prompts (never more than the room left: room >= 127 + steps/2).
+    const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(kEnergyStretchMs / timing[k].median()),
+                                          2 * (center - cfg.context), 2 * std::min(room, center - 1));
     std::vector<std::vector<int32_t>> shorter;
     for (const auto& p : prompts) shorter.emplace_back(p.begin(), p.begin() + (center - n / 2));
     double mj = 0, seconds = 0, stretch_ms = 0;
@@ -733,9 +742,10 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     }
     timing[k].energy_known = seconds > 0;
     timing[k].energy_seconds = seconds;
+    timing[k].stretch_step_ms = stretch_steps > 0 ? stretch_ms / static_cast<double>(stretch_steps) : 0;
     // Reported per timed step (record() divides by the steps).
-    const double step_ms = stretch_steps > 0 ? stretch_ms / static_cast<double>(stretch_steps) : 0;
-    timing[k].energy_mj = seconds > 0 ? mj / 1e3 / seconds * step_ms * static_cast<double>(timing[k].ms.size()) : 0;
+    timing[k].energy_mj =
+        seconds > 0 ? mj / 1e3 / seconds * timing[k].stretch_step_ms * static_cast<double>(timing[k].ms.size()) : 0;
   }
   // How dense the decode token is, layer by layer (batch element 0; for batch 1 only).
   std::string active;
@@ -771,10 +781,13 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                               : ", per step: tokens up, kernels launched (no graph), logits down") +
              gpu;
     r.note += active;
-    char energy_note[96];
-    std::snprintf(energy_note, sizeof energy_note, "; energy: mean power over %.2f s of steps (NVML)",
-                  timing[k].energy_seconds);
-    r.note += energy_note;
+    if (timing[k].energy_known) {
+      char energy_note[160];
+      std::snprintf(energy_note, sizeof energy_note,
+                    "; energy: NVML's mean power over %.2f s of steps (%.3f ms a step there, beside the sampler)",
+                    timing[k].energy_seconds, timing[k].stretch_step_ms);
+      r.note += energy_note;
+    }
     if (B == 1)
       r.note += cfg.decode_gemv ? "; QKV and O projections (and the dense FFN's gate and up): twell's one-token GEMV"
                                 : "; projections: cuBLASLt (--cublas-decode-projections)";

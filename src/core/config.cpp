@@ -66,13 +66,13 @@ bool read_string(const json& root, const char* key, const std::string& source, s
 RopeScaling read_rope_scaling(const json& scaling, const char* key, const std::string& source) {
   RopeScaling r;
   if (!scaling.is_object()) wrong_type(source, key, "an object", scaling);
+  const std::string where = str(source, ": ", key);
   for (const char* type_key : {"rope_type", "type"})
-    if (read_string(scaling, type_key, source, &r.type)) break;
+    if (read_string(scaling, type_key, where, &r.type)) break;
   if (r.none()) return r;
   if (r.type != "linear" && r.type != "llama3")
-    throw Error(str(source, ": ", key, " of type '", detail::printable(r.type, 40),
+    throw Error(str(where, " of type '", detail::printable(r.type, 40),
                     "' is not supported (twell implements 'linear' and 'llama3'), so this model would run wrong"));
-  const std::string where = str(source, ": ", key);
   auto missing = [&](const char* name) {
     return Error(str(where, " of type '", r.type, "' needs the key '", name, "'"));
   };
@@ -86,23 +86,20 @@ RopeScaling read_rope_scaling(const json& scaling, const char* key, const std::s
   return r;
 }
 
-// The RoPE scaling of "rope_scaling" and "rope_parameters" (newer transformers); when both name
-// a kind of scaling, they must agree.
+// The RoPE scaling of "rope_scaling" and "rope_parameters" (newer transformers); where both are
+// given they must say the same, "default" included (transformers reads one or the other).
 RopeScaling read_rope(const json& root, const std::string& source) {
-  RopeScaling found;
-  const char* found_in = nullptr;
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    const json* scaling = find_key(root, key);
-    if (!scaling) continue;
-    const RopeScaling r = read_rope_scaling(*scaling, key, source);
-    if (r.none()) continue;
-    if (found_in && (r.type != found.type || r.factor != found.factor || r.low_freq_factor != found.low_freq_factor ||
-                     r.high_freq_factor != found.high_freq_factor ||
-                     r.original_max_position_embeddings != found.original_max_position_embeddings))
-      throw Error(str(source, ": ", found_in, " and ", key, " disagree"));
-    found = r, found_in = key;
-  }
-  return found;
+  const json* legacy = find_key(root, "rope_scaling");
+  const json* params = find_key(root, "rope_parameters");
+  const RopeScaling a = legacy ? read_rope_scaling(*legacy, "rope_scaling", source) : RopeScaling{};
+  const RopeScaling b = params ? read_rope_scaling(*params, "rope_parameters", source) : RopeScaling{};
+  if (legacy && params &&
+      (a.type != b.type || (!a.none() && (a.factor != b.factor || a.low_freq_factor != b.low_freq_factor ||
+                                          a.high_freq_factor != b.high_freq_factor ||
+                                          a.original_max_position_embeddings != b.original_max_position_embeddings))))
+    throw Error(str(source, ": rope_scaling and rope_parameters disagree (types '", detail::printable(a.type, 40),
+                    "' and '", detail::printable(b.type, 40), "')"));
+  return params ? b : a;
 }
 
 // A sliding window shorter than the context changes which keys a query sees: refused, since the

@@ -155,6 +155,19 @@ TEST(ModelConfig, RopeInverseFrequenciesMatchHuggingFace) {
     EXPECT_NEAR(c.rope_inv_freq<float>(i), want, 2e-7 * want) << "pair " << i;
     EXPECT_NEAR(c.rope_inv_freq<double>(i), want, 1e-6 * want) << "pair " << i;
   }
+  // The scaling alone, bit for bit against transformers (float32): theta 1e4, head_dim 32, factor 2
+  // from a 4096 context. Pairs 9-11 are interpolated, where a single division for 2π / inv_freq
+  // (PyTorch takes the reciprocal, then multiplies) rounds pair 11 one ulp off; 5 is kept, 12
+  // halved. Inputs are HF's unscaled inverse frequencies.
+  io::RopeScaling r;
+  r.type = "llama3", r.factor = 2, r.low_freq_factor = 1, r.high_freq_factor = 4;
+  r.original_max_position_embeddings = 4096;
+  const std::pair<float, float> scaled[] = {{0x1.ccab84p-5f, 0x1.ccab84p-5f},
+                                            {0x1.708938p-8f, 0x1.5c03b2p-8f},
+                                            {0x1.9e7c70p-9f, 0x1.18924cp-9f},
+                                            {0x1.d22a50p-10f, 0x1.eae982p-11f},
+                                            {0x1.0624dep-10f, 0x1.0624dep-11f}};
+  for (const auto& [in, want] : scaled) EXPECT_EQ(r.scale(in), want) << std::hexfloat << in;
   c.rope_scaling = io::RopeScaling{};
   c.rope_scaling.type = "linear", c.rope_scaling.factor = 4.0;
   EXPECT_NEAR(c.rope_inv_freq<float>(5), 0.03217184543609619, 2e-7 * 0.0322);
@@ -185,6 +198,10 @@ TEST(ModelConfig, RefusesUnsupportedRopeScalingAndSlidingWindows) {
   refused(R"("rope_scaling": {"rope_type": "linear", "factor": 2},
              "rope_parameters": {"rope_type": "linear", "factor": 4})",
           {"rope_scaling and rope_parameters disagree"});
+  refused(R"("rope_scaling": {"rope_type": "default"},
+             "rope_parameters": {"rope_type": "linear", "factor": 4})",
+          {"rope_scaling and rope_parameters disagree", "'default' and 'linear'"});
+  refused(R"("rope_scaling": {"rope_type": 3})", {"c.json: rope_scaling: key 'rope_type' must be a string"});
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("rope_scaling": {"rope_type": "linear", "factor": 2},
              "rope_parameters": {"rope_type": "linear", "factor": 2, "rope_theta": 1e5})")));
   refused(R"("sliding_window": 16)", {"sliding_window 16", "not supported"});

@@ -234,6 +234,8 @@ TEST(LlamaCuda, FusedQkvRopeMatchesCpuAndUnfused) {
 // the config declares (the KV cache and the RoPE table at full length). Weights are built in memory
 // (uniform, standard deviation 1/sqrt(fan-in); q and k halved) from a counter-based hash, which is
 // fast at 400 M weights. Full forward, prefill and graph-replayed decode against the CPU backend.
+// Both backends build their RoPE tables from ModelConfig::rope_inv_freq, so this checks the shapes,
+// not the scaling: the gpu_relu_llama3 fixture (HF parity, below) and ModelConfig's tests do that.
 TEST(LlamaCuda, Llama32ShapeMatchesCpu) {
   TWELL_REQUIRE_HOPPER();
   io::ModelConfig c = model::tiny_config("silu", true);

@@ -78,9 +78,12 @@ TEST_F(CliModel, DeviceSelection) {
   EXPECT_NE(run_cli(args + " --device tpu").status, 0);
   EXPECT_NE(run_cli(args + " --ffn sometimes").status, 0);
   // On a machine without a Hopper GPU (CI), asking for one fails and says why; with one, it runs.
+  EXPECT_NE(cpu.out.find("generated 5 tokens"), std::string::npos) << cpu.out;
   const CliResult gpu = run_cli(args + " --device cuda", true);
   if (gpu.status != 0) {
     EXPECT_NE(gpu.out.find("--device cuda"), std::string::npos) << gpu.out;
+  } else {  // sized for the prompt (3 tokens with BOS) and -n 5: all five come out
+    EXPECT_NE(gpu.out.find("generated 5 tokens"), std::string::npos) << gpu.out;
   }
   // --sparsity needs the CPU backend: with --device auto it picks it by itself.
   const std::string text = path("t.txt");

@@ -56,21 +56,16 @@ void register_eval(CLI::App& app) {
   eval->callback([=] {
     if (*sparsity && args->device == "auto") args->device = "cpu";  // statistics come from the CPU backend
     TWELL_REQUIRE(!*sparsity || args->device == "cpu", "--sparsity needs the CPU backend (--device cpu)");
-    if (*sparsity) {  // before the load and the whole evaluation
-      const io::ModelConfig c = io::read_config(args->dir);
-      TWELL_REQUIRE(c.hidden_act == "relu", "--sparsity needs a ReLU-gated FFN; this model's hidden_act is ",
-                  c.hidden_act);
-    }
+    // Everything that can be wrong with the arguments, the tokenizer or the text is found before
+    // the weights load.
     const io::ModelConfig config = io::read_config(args->dir);
+    TWELL_REQUIRE(!*sparsity || config.hidden_act == "relu",
+                  "--sparsity needs a ReLU-gated FFN; this model's hidden_act is ", config.hidden_act);
     const auto tok = args->load_tokenizer(config);
     const int64_t ctx = *context > 0 ? *context : config.max_position_embeddings;
     TWELL_REQUIRE(ctx >= 2, "--context must be at least 2, got ", ctx);
     TWELL_REQUIRE(ctx <= config.max_position_embeddings, "--context ", ctx, " is longer than the model's context of ",
                   config.max_position_embeddings);
-    args->gpu_context = ctx;  // windows of ctx tokens, each one forward: no KV cache
-    args->gpu_kv_cache = false;
-    const std::unique_ptr<model::LanguageModel> model = args->load_model();
-    const model::LanguageModel& m = *model;
     std::ifstream in(*file, std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
@@ -81,6 +76,11 @@ void register_eval(CLI::App& app) {
     ids.insert(ids.end(), body.begin(), body.end());
     TWELL_REQUIRE(ids.size() >= 2, *file, ": needs at least 2 tokens, has ", ids.size(),
                 " (one token of text, and no BOS token to predict it from)");
+    // The GPU's buffers for one window (a forward each: no KV cache), no longer than the text.
+    args->gpu_context = std::min(ctx, static_cast<int64_t>(ids.size()));
+    args->gpu_kv_cache = false;
+    const std::unique_ptr<model::LanguageModel> model = args->load_model();
+    const model::LanguageModel& m = *model;
 
     // Non-overlapping windows; each predicts its tokens 1..n-1 from the ones before.
     int64_t windows = (static_cast<int64_t>(ids.size()) + ctx - 2) / ctx;  // those with 2 tokens or more

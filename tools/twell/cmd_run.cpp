@@ -38,7 +38,8 @@ void register_run(CLI::App& app) {
     const int64_t n_prompt = static_cast<int64_t>(ids.size());
     TWELL_REQUIRE(n_prompt <= config.max_position_embeddings, "the prompt is ", n_prompt,
                   " tokens, longer than the model's context of ", config.max_position_embeddings);
-    args->gpu_context = n_prompt + *max_tokens;  // the GPU's buffers for this job, not the config's whole context
+    // The GPU's buffers for this job, not the config's whole context (load_model caps it there).
+    args->gpu_context = n_prompt + std::min(*max_tokens, config.max_position_embeddings);
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
     model::LanguageModel& m = *model;
     // What is printed of the continuation: decode(prompt + new tokens) past decode(prompt), so a

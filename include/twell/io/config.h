@@ -69,17 +69,19 @@ template <class Acc>
 Acc RopeScaling::scale(Acc inv_freq) const {
   if (type == "linear") return inv_freq / static_cast<Acc>(factor);
   if (type != "llama3") return inv_freq;
-  // HF's _compute_llama3_parameters, one element at a time (python floats for the constants).
+  // HF's _compute_llama3_parameters, one element at a time, rounded as PyTorch rounds it: python
+  // numbers meet the float32 tensor as float32, and `number / tensor` is the tensor's reciprocal
+  // times the number (not one division: 1 ulp apart for many configs).
   const Acc kTwoPi = static_cast<Acc>(6.283185307179586);
   const double old_len = static_cast<double>(original_max_position_embeddings);
   const Acc low_wavelen = static_cast<Acc>(old_len / low_freq_factor);
   const Acc high_wavelen = static_cast<Acc>(old_len / high_freq_factor);
   const Acc f = static_cast<Acc>(factor);
-  const Acc wavelen = kTwoPi / inv_freq;
+  const Acc wavelen = (Acc(1) / inv_freq) * kTwoPi;  // 2π / inv_freq
   const Acc scaled = wavelen > low_wavelen ? inv_freq / f : inv_freq;
   if (wavelen < high_wavelen || wavelen > low_wavelen) return scaled;
-  const Acc smooth = (static_cast<Acc>(old_len) / wavelen - static_cast<Acc>(low_freq_factor)) /
-                     static_cast<Acc>(high_freq_factor - low_freq_factor);
+  const Acc smooth = ((Acc(1) / wavelen) * static_cast<Acc>(old_len) - static_cast<Acc>(low_freq_factor)) /
+                     static_cast<Acc>(high_freq_factor - low_freq_factor);  // (old_len / wavelen - lo) / (hi - lo)
   return (Acc(1) - smooth) * scaled / f + smooth * scaled;
 }
 
