@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <cstdlib>
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
@@ -426,7 +425,6 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
 // of at least 32 keys at the longest context, a cluster of at most 16. (Measured: at batch 64 one
 // range a head took the step from 7.45 to 6.2 ms; at batch 1, 16 ranges cost what 5 did.)
 int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count) {
-  if (const char* e = std::getenv("TWELL_DECODE_SPLITS")) return std::clamp(std::atoi(e), 1, kMaxDecodeSplits);  // EXPERIMENT
   const int64_t fill = (4 * int64_t{sm_count} + B * nh - 1) / (B * nh), longest = (max_context + 31) / 32;
   return static_cast<int>(std::clamp<int64_t>(std::min(fill, longest), 1, kMaxDecodeSplits));
 }
