@@ -351,7 +351,11 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream);
 // before waiting for it: none of those may be written by a kernel still running when it starts.
 // In LlamaCuda that holds because each layer has its own cache, whose rows before p0 earlier
 // calls wrote, and p0 is copied from the host before each call's first (non-dependent) kernel.
+// `splits`: key ranges a head (blocks of a cluster, 1 to 16); 0: decode_attention_splits' choice.
 void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
-                             bool dependent = false);
+                             bool dependent = false, int splits = 0);
+// The decode attention's key ranges a head by default: about four blocks an SM at this batch,
+// ranges of at least 32 keys at the longest context, at most 16.
+int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count);
 
 }  // namespace twell::cuda

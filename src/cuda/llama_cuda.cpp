@@ -184,6 +184,8 @@ struct LlamaCuda::Impl {
     TWELL_CHECK(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
                 o.max_context, " must lie in [1, max_position_embeddings = ", c.max_position_embeddings, "]");
     TWELL_CHECK(o.max_batch >= 1, "LlamaCuda: max_batch must be at least 1, got ", o.max_batch);
+    TWELL_CHECK(o.decode_attention_splits >= 0 && o.decode_attention_splits <= 16,
+                "LlamaCuda: decode_attention_splits must lie in [0, 16], got ", o.decode_attention_splits);
     if (o.max_tokens == 0) o.max_tokens = o.max_batch * o.max_context;
     TWELL_CHECK(o.max_tokens >= o.max_batch, "LlamaCuda: max_tokens ", o.max_tokens, " is below max_batch ",
                 o.max_batch);
@@ -426,7 +428,10 @@ struct LlamaCuda::Impl {
       at.max_context = static_cast<int>(o.max_context);
       at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
       if (S == 1 && !fuse) {
-        launch_decode_attention(r, at, sm_count, stream, qkv_gemv);  // RoPE and the cache write inside
+        int splits = o.decode_attention_splits;
+        if (splits == 0 && decode && T == 1 && !decode_ffn.empty())  // LlamaCudaOptions::decode_attention_splits
+          splits = std::max(1, cuda::decode_attention_splits(o.max_context, B, nh, sm_count) / 2);
+        launch_decode_attention(r, at, sm_count, stream, qkv_gemv, splits);  // RoPE and the cache write inside
       } else {
         if (!fuse) launch_rope_kv(r, stream);
         if (S == 1)

@@ -279,6 +279,15 @@ TEST(DecodeAttention, MatchesRopeThenFlashAndFloat64) {
                 dc.B, dc.past, dc.nh, dc.nkv, dc.hd, dc.max_context, err, err_flash);
     EXPECT_LT(err, 5e-3);
     EXPECT_LT(err_flash, 1e-2);
+    // Key ranges the caller chooses (LlamaCudaOptions::decode_attention_splits): other merge
+    // orders, the same accuracy.
+    for (const int splits : {1, 3, 8, 16}) {
+      poison(fused.d_o);
+      launch_decode_attention(rope_of(fused), args_of(c, fused, p0), sm_count, nullptr, false, splits);
+      TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_LT(error_of(fused.d_o, ref), 5e-3) << splits << " ranges";
+    }
+    EXPECT_THROW(launch_decode_attention(rope_of(fused), args_of(c, fused, p0), sm_count, nullptr, false, 17), Error);
   }
 }
 

@@ -533,6 +533,9 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   LlamaCudaOptions fp32_h;
   fp32_h.ffn_options.precision = Precision::h_fp32;  // sparse-only: the dense FFNs cannot honour it
   EXPECT_THROW(LlamaCuda(dw, fp32_h), Error);
+  LlamaCudaOptions ranges;
+  ranges.decode_attention_splits = 17;  // at most 16 (a cluster)
+  EXPECT_THROW(LlamaCuda(dw, ranges), Error);
 
   LlamaCudaOptions no_cache;
   no_cache.kv_cache = false;

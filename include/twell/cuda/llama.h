@@ -111,6 +111,12 @@ struct LlamaCudaOptions {
   // (launch_decode_gemv), whose weight copies start while the kernel before it runs; false:
   // cuBLASLt, as for more tokens (A/B).
   bool decode_gemv = true;
+  // Key ranges a head of the decode attention splits the cache into (1 to 16); 0: the kernel's
+  // choice (decode_attention_splits, about four blocks an SM: 16 at batch 1 on an H200), halved
+  // where the step runs twell's one-kernel decode FFN. At the paper's 2B shape, batch 1, the twell
+  // step measured 2.4% faster with 8 ranges than with 16 and the dense step 2.3% slower, so each
+  // takes its own (docs/perf.md, model item 23).
+  int decode_attention_splits = 0;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
   // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate

@@ -421,17 +421,8 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
-// Key ranges (blocks of a cluster) of a decode step: about four blocks an SM at this batch, ranges
-// of at least 32 keys at the longest context, a cluster of at most 16. (Measured: at batch 64 one
-// range a head took the step from 7.45 to 6.2 ms; at batch 1, 16 ranges cost what 5 did.)
-int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count) {
-  const int64_t fill = (4 * int64_t{sm_count} + B * nh - 1) / (B * nh), longest = (max_context + 31) / 32;
-  return static_cast<int>(std::clamp<int64_t>(std::min(fill, longest), 1, kMaxDecodeSplits));
-}
-
 template <int HD>
-void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, bool dependent, cudaStream_t stream) {
-  const int splits = decode_attention_splits(a.max_context, a.B, a.nh, sm_count);
+void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool dependent, cudaStream_t stream) {
   allow_non_portable_clusters(reinterpret_cast<const void*>(decode_attention_kernel<HD>));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
@@ -449,6 +440,13 @@ void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, bo
 }
 
 }  // namespace
+
+// (Measured: at batch 64 one range a head took the step from 7.45 to 6.2 ms; at batch 1, 16 ranges
+// cost what 5 did.)
+int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count) {
+  const int64_t fill = (4 * int64_t{sm_count} + B * nh - 1) / (B * nh), longest = (max_context + 31) / 32;
+  return static_cast<int>(std::clamp<int64_t>(std::min(fill, longest), 1, kMaxDecodeSplits));
+}
 
 void check_attention(int64_t head_dim) {
   TWELL_CHECK(head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128,
@@ -469,7 +467,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
 }
 
 void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
-                             bool dependent) {
+                             bool dependent, int splits) {
   TWELL_CHECK(a.nkv > 0 && a.nh % a.nkv == 0, "attention: ", a.nh, " heads are not a multiple of ", a.nkv,
               " KV heads");
   TWELL_CHECK(a.S == 1 && r.S == 1 && r.T == a.B && r.nh == a.nh && r.nkv == a.nkv && r.hd == a.hd &&
@@ -479,12 +477,15 @@ void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm
               "sequence (S = ", a.S, ")");
   TWELL_CHECK(a.B <= 65535, "decode attention: at most 65535 sequences a step, got ", a.B);
   TWELL_CHECK(sm_count > 0, "decode attention: sm_count must be positive, got ", sm_count);
+  TWELL_CHECK(splits >= 0 && splits <= kMaxDecodeSplits, "decode attention: splits must lie in [0, ",
+              kMaxDecodeSplits, "], got ", splits);
   if (a.B == 0) return;
+  if (splits == 0) splits = decode_attention_splits(a.max_context, a.B, a.nh, sm_count);
   switch (a.hd) {
-    case 16: return launch_decode<16>(r, a, sm_count, dependent, stream);
-    case 32: return launch_decode<32>(r, a, sm_count, dependent, stream);
-    case 64: return launch_decode<64>(r, a, sm_count, dependent, stream);
-    case 128: return launch_decode<128>(r, a, sm_count, dependent, stream);
+    case 16: return launch_decode<16>(r, a, splits, dependent, stream);
+    case 32: return launch_decode<32>(r, a, splits, dependent, stream);
+    case 64: return launch_decode<64>(r, a, splits, dependent, stream);
+    case 128: return launch_decode<128>(r, a, splits, dependent, stream);
     default: check_attention(a.hd);
   }
 }
