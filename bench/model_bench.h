@@ -36,6 +36,7 @@ struct ModelBenchConfig {
   bool fused_qkv_rope = true;                  // prefill: QKV GEMM with RoPE in its epilogue (LlamaCudaOptions)
   bool fused_decode_ffn = true;                // decode, batch 1: the one-kernel FFN (LlamaCudaOptions)
   bool decode_gemv = true;                     // decode, batch 1: twell's GEMV for QKV and O (LlamaCudaOptions)
+  int decode_attention_splits = 0;             // decode: key ranges a head in both models; 0: each model's own
   std::string attention = "auto";              // prefill attention: auto, cudnn or twell (PrefillAttention)
   uint64_t seed = 1;
   std::string command;

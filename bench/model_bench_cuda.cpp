@@ -687,6 +687,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   o.cuda_graphs = cfg.cuda_graphs;
   o.fused_decode_ffn = cfg.fused_decode_ffn;
   o.decode_gemv = cfg.decode_gemv;
+  o.decode_attention_splits = cfg.decode_attention_splits;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;
@@ -791,6 +792,8 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     if (B == 1)
       r.note += cfg.decode_gemv ? "; QKV and O projections (and the dense FFN's gate and up): twell's one-token GEMV"
                                 : "; projections: cuBLASLt (--cublas-decode-projections)";
+    if (cfg.decode_attention_splits > 0)
+      r.note += "; decode attention: " + std::to_string(cfg.decode_attention_splits) + " key ranges a head (A/B)";
     if (k == 2) r.note += "; FFN through the gather path";
     if (k == 1)
       r.note += twell_gathers ? "; default options: FFN through the gather path" : "; default options: decode FFN dense";
@@ -819,6 +822,8 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
     TWELL_REQUIRE(b >= 1, "bench model: --decode-batch must be positive, got ", b);
   TWELL_REQUIRE(cfg.density > 0 && cfg.density <= 1, "bench model: --density must be in (0, 1], got ", cfg.density);
   TWELL_REQUIRE(cfg.check_tokens >= 2, "bench model: --check-tokens must be at least 2, got ", cfg.check_tokens);
+  TWELL_REQUIRE(cfg.decode_attention_splits >= 0 && cfg.decode_attention_splits <= 16,
+                "bench model: --decode-attention-splits must lie in [0, 16], got ", cfg.decode_attention_splits);
   const io::ModelConfig c = model_config(cfg);
   std::string why;
   TWELL_REQUIRE(cuda::hopper_available(&why), "twell bench model needs a Hopper GPU: ", why);

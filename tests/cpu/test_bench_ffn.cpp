@@ -175,6 +175,9 @@ TEST(BenchModel, BadArgumentsFailFirst) {
   cfg = {};
   cfg.check_tokens = 1;
   fails_with(cfg, "--check-tokens must be at least 2");
+  cfg = {};
+  cfg.decode_attention_splits = 17;
+  fails_with(cfg, "--decode-attention-splits must lie in [0, 16], got 17");
 }
 
 // The synthetic activations' density is the mean over all tokens, hot ones included

@@ -118,6 +118,10 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                   "decode, batch 1: the QKV and output projections and the dense FFN's gate and up through cuBLASLt "
                   "instead of twell's GEMV (A/B)");
   model->add_flag("--no-graphs", *no_graphs, "decode: launch every step's kernels instead of replaying a CUDA graph");
+  model->add_option("--decode-attention-splits", mcfg->decode_attention_splits,
+                    "decode: key ranges a head of the attention, 1 to 16, in both models (A/B); 0: each model's own "
+                    "(LlamaCudaOptions::decode_attention_splits)")
+      ->capture_default_str();
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")
       ->check(CLI::IsMember({"auto", "cudnn", "twell"}))
