@@ -122,6 +122,7 @@ class GpuMeter {
     Clocks clocks;
     double mj = 0, seconds = 0;  // energy and time between the counter's first and last move; 0: fewer than 2
     double watts() const { return seconds > 0 ? mj / 1e3 / seconds : -1; }
+    void add(const Reading& o) { clocks.add(o.clocks), mj += o.mj, seconds += o.seconds; }
   };
   void start() {
     stop();
@@ -474,11 +475,8 @@ double median_of(std::vector<double> v) {
 
 struct Timing {
   std::vector<double> ms;
-  double energy_mj = 0;       // over all timed runs or steps; set when energy_seconds > 0
-  bool energy_known = false;
-  double energy_seconds = 0;  // the time the mean power was measured over
+  GpuMeter::Reading meter;     // summed over the prefill runs or the decode energy stretches
   double stretch_step_ms = 0;  // decode: a step of the energy stretches (sampler running), against the timed
-  GpuMeter::Clocks clocks;
   double median() const { return median_of(ms); }
 };
 
@@ -504,12 +502,19 @@ BenchRecord record(const char* bench, const char* impl, const ModelBenchConfig& 
   r.ms_max = *std::max_element(t.ms.begin(), t.ms.end());
   r.tokens_per_ms = tokens_per_run / r.ms_median;
   r.peak_mem_bytes = static_cast<int64_t>(mem);
-  // NVML's energy counter moves in coarse steps: runs too short for it to move have no figure.
-  if (t.energy_known && t.energy_mj > 0)
-    r.energy_mj_per_token = t.energy_mj / (tokens_per_run * static_cast<double>(t.ms.size()));
-  if (t.clocks.samples > 0) {
-    r.sm_clock_mhz = t.clocks.mhz_sum / static_cast<double>(t.clocks.samples);
-    r.power_capped = t.clocks.capped / static_cast<double>(t.clocks.samples);
+  // The mean power times a run's time: a prefill run's mean, or a step of the decode energy stretches.
+  // NVML's energy counter moves in coarse steps: runs too short for it to move twice have no figure.
+  if (t.meter.seconds > 0 && t.meter.mj > 0) {
+    double run_ms = t.stretch_step_ms;
+    if (run_ms <= 0) {
+      for (double m : t.ms) run_ms += m / static_cast<double>(t.ms.size());
+    }
+    r.energy_mj_per_token = t.meter.watts() * run_ms / tokens_per_run;  // W x ms = mJ
+  }
+  const GpuMeter::Clocks& clocks = t.meter.clocks;
+  if (clocks.samples > 0) {
+    r.sm_clock_mhz = clocks.mhz_sum / static_cast<double>(clocks.samples);
+    r.power_capped = clocks.capped / static_cast<double>(clocks.samples);
   }
   r.ratio_to_dense = r.ms_median / dense_ms;
   r.dense_rel_err = dense_err;
@@ -595,7 +600,6 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   TWELL_CUDA_CHECK(cudaEventCreate(&start));
   TWELL_CUDA_CHECK(cudaEventCreate(&stop));
   Timing timing[2];
-  double prefill_mj[2] = {0, 0};  // energy between the counter's moves within each model's runs
   std::mt19937 order_rng(static_cast<unsigned>(cfg.seed));
   StepProgress timing_steps(progress, "prefill timing: ", cfg.warmup + cfg.iters);
   for (int it = 0; it < cfg.warmup + cfg.iters; ++it) {
@@ -613,18 +617,11 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
       TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
       if (it < cfg.warmup) continue;
       timing[k].ms.push_back(ms);
-      prefill_mj[k] += reading.mj, timing[k].energy_seconds += reading.seconds;
-      timing[k].clocks.add(reading.clocks);
+      timing[k].meter.add(reading);
     }
     timing_steps.step(it + 1);
   }
   timing_steps.finish();
-  for (int k = 0; k < 2; ++k) {  // the mean power over the runs' measured spans, times the runs' time (W x ms = mJ)
-    double ms = 0;
-    for (double m : timing[k].ms) ms += m;
-    timing[k].energy_known = timing[k].energy_seconds > 0;
-    if (timing[k].energy_known) timing[k].energy_mj = prefill_mj[k] / 1e3 / timing[k].energy_seconds * ms;
-  }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
 
@@ -729,24 +726,18 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                                           2 * (center - cfg.context), 2 * std::min(room, center - 1));
     std::vector<std::vector<int32_t>> shorter;
     for (const auto& p : prompts) shorter.emplace_back(p.begin(), p.begin() + (center - n / 2));
-    double mj = 0, seconds = 0, stretch_ms = 0;
+    double stretch_ms = 0;
     int64_t stretch_steps = 0;
-    for (int stretch = 0; energy.available() && stretch < kEnergyStretches && seconds < 1.0; ++stretch) {
+    for (int stretch = 0; energy.available() && stretch < kEnergyStretches && timing[k].meter.seconds < 1.0;
+         ++stretch) {
       models[k]->prefill_batch(shorter);
       energy.start();
       const auto t0 = Clock::now();
       for (int64_t s = 0; s < n; ++s) models[k]->decode_batch(decode_step_tokens(cfg, B, step + s));
       stretch_ms += seconds_since(t0) * 1e3, stretch_steps += n;
-      const GpuMeter::Reading reading = energy.stop();
-      timing[k].clocks.add(reading.clocks);
-      mj += reading.mj, seconds += reading.seconds;  // nothing where the counter moved less than twice
+      timing[k].meter.add(energy.stop());  // adds nothing where the counter moved less than twice
     }
-    timing[k].energy_known = seconds > 0;
-    timing[k].energy_seconds = seconds;
     timing[k].stretch_step_ms = stretch_steps > 0 ? stretch_ms / static_cast<double>(stretch_steps) : 0;
-    // Reported per timed step (record() divides by the steps).
-    timing[k].energy_mj =
-        seconds > 0 ? mj / 1e3 / seconds * timing[k].stretch_step_ms * static_cast<double>(timing[k].ms.size()) : 0;
   }
   // How dense the decode token is, layer by layer (batch element 0; for batch 1 only).
   std::string active;
@@ -782,11 +773,11 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                               : ", per step: tokens up, kernels launched (no graph), logits down") +
              gpu;
     r.note += active;
-    if (timing[k].energy_known) {
+    if (timing[k].meter.seconds > 0) {
       char energy_note[160];
       std::snprintf(energy_note, sizeof energy_note,
                     "; energy: NVML's mean power over %.2f s of steps (%.3f ms a step there, beside the sampler)",
-                    timing[k].energy_seconds, timing[k].stretch_step_ms);
+                    timing[k].meter.seconds, timing[k].stretch_step_ms);
       r.note += energy_note;
     }
     if (B == 1)
@@ -822,8 +813,9 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
     TWELL_REQUIRE(b >= 1, "bench model: --decode-batch must be positive, got ", b);
   TWELL_REQUIRE(cfg.density > 0 && cfg.density <= 1, "bench model: --density must be in (0, 1], got ", cfg.density);
   TWELL_REQUIRE(cfg.check_tokens >= 2, "bench model: --check-tokens must be at least 2, got ", cfg.check_tokens);
-  TWELL_REQUIRE(cfg.decode_attention_splits >= 0 && cfg.decode_attention_splits <= 16,
-                "bench model: --decode-attention-splits must lie in [0, 16], got ", cfg.decode_attention_splits);
+  TWELL_REQUIRE(cfg.decode_attention_splits >= 0 && cfg.decode_attention_splits <= cuda::kMaxDecodeAttentionSplits,
+                "bench model: --decode-attention-splits must lie in [0, ", cuda::kMaxDecodeAttentionSplits, "], got ",
+                cfg.decode_attention_splits);
   const io::ModelConfig c = model_config(cfg);
   std::string why;
   TWELL_REQUIRE(cuda::hopper_available(&why), "twell bench model needs a Hopper GPU: ", why);
