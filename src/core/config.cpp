@@ -93,10 +93,7 @@ RopeScaling read_rope(const json& root, const std::string& source) {
   const json* params = find_key(root, "rope_parameters");
   const RopeScaling a = legacy ? read_rope_scaling(*legacy, "rope_scaling", source) : RopeScaling{};
   const RopeScaling b = params ? read_rope_scaling(*params, "rope_parameters", source) : RopeScaling{};
-  if (legacy && params &&
-      (a.type != b.type || (!a.none() && (a.factor != b.factor || a.low_freq_factor != b.low_freq_factor ||
-                                          a.high_freq_factor != b.high_freq_factor ||
-                                          a.original_max_position_embeddings != b.original_max_position_embeddings))))
+  if (legacy && params && a != b)  // a "default" one holds the defaults of every parameter
     throw Error(str(source, ": rope_scaling and rope_parameters disagree (types '", detail::printable(a.type, 40),
                     "' and '", detail::printable(b.type, 40), "')"));
   return params ? b : a;

@@ -351,7 +351,9 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream);
 // before waiting for it: none of those may be written by a kernel still running when it starts.
 // In LlamaCuda that holds because each layer has its own cache, whose rows before p0 earlier
 // calls wrote, and p0 is copied from the host before each call's first (non-dependent) kernel.
-// `splits`: key ranges a head (blocks of a cluster, 1 to 16); 0: decode_attention_splits' choice.
+// `splits`: key ranges a head (blocks of a cluster, 1 to kMaxDecodeAttentionSplits); 0:
+// decode_attention_splits' choice.
+constexpr int kMaxDecodeAttentionSplits = 16;
 void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
                              bool dependent = false, int splits = 0);
 // The decode attention's key ranges a head by default: about four blocks an SM at this batch,

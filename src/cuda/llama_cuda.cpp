@@ -184,8 +184,9 @@ struct LlamaCuda::Impl {
     TWELL_CHECK(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
                 o.max_context, " must lie in [1, max_position_embeddings = ", c.max_position_embeddings, "]");
     TWELL_CHECK(o.max_batch >= 1, "LlamaCuda: max_batch must be at least 1, got ", o.max_batch);
-    TWELL_CHECK(o.decode_attention_splits >= 0 && o.decode_attention_splits <= 16,
-                "LlamaCuda: decode_attention_splits must lie in [0, 16], got ", o.decode_attention_splits);
+    TWELL_CHECK(o.decode_attention_splits >= 0 && o.decode_attention_splits <= kMaxDecodeAttentionSplits,
+                "LlamaCuda: decode_attention_splits must lie in [0, ", kMaxDecodeAttentionSplits, "], got ",
+                o.decode_attention_splits);
     if (o.max_tokens == 0) o.max_tokens = o.max_batch * o.max_context;
     TWELL_CHECK(o.max_tokens >= o.max_batch, "LlamaCuda: max_tokens ", o.max_tokens, " is below max_batch ",
                 o.max_batch);
@@ -314,11 +315,14 @@ struct LlamaCuda::Impl {
     TWELL_CUDA_CHECK(cudaEventRecord(staged, stream));
   }
 
+  // Whether a call's FFN is twell's one-kernel decode FFN (decode_ffn): a decode step of one token.
+  bool runs_decode_ffn(bool decode, int64_t T) const { return decode && T == 1 && !decode_ffn.empty(); }
+
   // The FFN of `a` into y; returns true when it left its output as the split sum decode_ffn.output()
   // instead (the fused decode FFN), for the next residual add + RMSNorm to add.
   bool ffn(const LlamaCudaLayer& lw, int64_t layer, int64_t T, bool decode, FfnPath* path) {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
-    if (decode && T == 1 && !decode_ffn.empty()) {
+    if (runs_decode_ffn(decode, T)) {
       decode_ffn.run(a.as<uint16_t>(), lw.ffn(), false, stream);
       *path = FfnPath::gather;
       return true;
@@ -429,7 +433,7 @@ struct LlamaCuda::Impl {
       at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
       if (S == 1 && !fuse) {
         int splits = o.decode_attention_splits;
-        if (splits == 0 && decode && T == 1 && !decode_ffn.empty())  // LlamaCudaOptions::decode_attention_splits
+        if (splits == 0 && runs_decode_ffn(decode, T))  // LlamaCudaOptions::decode_attention_splits
           splits = std::max(1, cuda::decode_attention_splits(o.max_context, B, nh, sm_count) / 2);
         launch_decode_attention(r, at, sm_count, stream, qkv_gemv, splits);  // RoPE and the cache write inside
       } else {

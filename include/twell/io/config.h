@@ -24,6 +24,11 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;  // llama3
 
   bool none() const { return type == "default"; }
+  bool operator==(const RopeScaling& o) const {
+    return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor &&
+           high_freq_factor == o.high_freq_factor && original_max_position_embeddings == o.original_max_position_embeddings;
+  }
+  bool operator!=(const RopeScaling& o) const { return !(*this == o); }
   // The inverse frequency of rotary pair i (of head_dim / 2) after scaling, `inv_freq` the
   // unscaled theta^(-2i / head_dim). In Acc arithmetic (float or double), as HF's float32
   // tensors compute it when Acc is float.

@@ -32,7 +32,6 @@ namespace twell::cuda {
 namespace {
 
 constexpr int kKeys = 64;  // keys per tile
-constexpr int kMaxDecodeSplits = 16;  // key ranges of a decode step: a cluster of up to 16 blocks
 constexpr int kThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -267,7 +266,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   constexpr int L = HD / 8, kGroups = 32 / L, kWarps = kThreads / 32, kStep = kWarps * kGroups;
   constexpr int kStates = kWarps * kGroups;
   __shared__ float sm[kStates], sl[kStates], sacc[kStates][HD];                        // this block's
-  __shared__ float cm[kMaxDecodeSplits], cl[kMaxDecodeSplits], co[kMaxDecodeSplits][HD];  // rank 0: the ranges'
+  __shared__ float cm[kMaxDecodeAttentionSplits], cl[kMaxDecodeAttentionSplits], co[kMaxDecodeAttentionSplits][HD];  // rank 0: the ranges'
   // Every block of the cluster has started before any writes into rank 0's shared memory: this
   // barrier phase is waited for only then.
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
@@ -445,7 +444,7 @@ void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool
 // cost what 5 did.)
 int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count) {
   const int64_t fill = (4 * int64_t{sm_count} + B * nh - 1) / (B * nh), longest = (max_context + 31) / 32;
-  return static_cast<int>(std::clamp<int64_t>(std::min(fill, longest), 1, kMaxDecodeSplits));
+  return static_cast<int>(std::clamp<int64_t>(std::min(fill, longest), 1, kMaxDecodeAttentionSplits));
 }
 
 void check_attention(int64_t head_dim) {
@@ -477,8 +476,8 @@ void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm
               "sequence (S = ", a.S, ")");
   TWELL_CHECK(a.B <= 65535, "decode attention: at most 65535 sequences a step, got ", a.B);
   TWELL_CHECK(sm_count > 0, "decode attention: sm_count must be positive, got ", sm_count);
-  TWELL_CHECK(splits >= 0 && splits <= kMaxDecodeSplits, "decode attention: splits must lie in [0, ",
-              kMaxDecodeSplits, "], got ", splits);
+  TWELL_CHECK(splits >= 0 && splits <= kMaxDecodeAttentionSplits, "decode attention: splits must lie in [0, ",
+              kMaxDecodeAttentionSplits, "], got ", splits);
   if (a.B == 0) return;
   if (splits == 0) splits = decode_attention_splits(a.max_context, a.B, a.nh, sm_count);
   switch (a.hd) {
