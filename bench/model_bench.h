@@ -35,6 +35,7 @@ struct ModelBenchConfig {
   bool cuda_graphs = true;                     // decode: replay each step as a CUDA graph
   bool fused_qkv_rope = true;                  // prefill: QKV GEMM with RoPE in its epilogue (LlamaCudaOptions)
   bool fused_decode_ffn = true;                // decode, batch 1: the one-kernel FFN (LlamaCudaOptions)
+  bool ffn_residual_norm = true;               // the add + RMSNorm after the FFN run by it (LlamaCudaOptions)
   bool decode_gemv = true;                     // decode, batch 1: twell's GEMV for QKV and O (LlamaCudaOptions)
   int decode_attention_splits = 0;             // decode: key ranges a head in both models; 0: each model's own
   std::string attention = "auto";              // prefill attention: auto, cudnn or twell (PrefillAttention)

@@ -537,6 +537,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   o.max_tokens = T;
   o.prefill_attention = attention_mode(cfg.attention);
   o.fused_qkv_rope = cfg.fused_qkv_rope;
+  o.ffn_residual_norm = cfg.ffn_residual_norm;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;
@@ -568,7 +569,9 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   progress << line;
   const LlamaCuda::PrefillKernels kernels = twell.prefill_kernels();
   const std::string kernels_note =
-      "attention: " + kernels.attention + (kernels.fused_qkv_rope ? "; QKV+RoPE fused" : "; QKV, RoPE unfused");
+      "attention: " + kernels.attention + (kernels.fused_qkv_rope ? "; QKV+RoPE fused" : "; QKV, RoPE unfused") +
+      (cfg.ffn_residual_norm ? "; the add + RMSNorm after the FFN in twell's down pass"
+                             : "; the add + RMSNorm after the FFN separate (--separate-ffn-norm)");
   progress << "  prefill " << kernels_note << "\n";
 
   // Full size, the attention and QKV kernels themselves (the CPU check's 16 tokens take neither
@@ -664,6 +667,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
                   agreement, sparse_layers, static_cast<long long>(cfg.layers));
     const LlamaCuda::PrefillKernels mk = models[k]->prefill_kernels();
     r.note = line + measured + "; attention: " + mk.attention + (mk.fused_qkv_rope ? "; QKV+RoPE fused" : "");
+    if (!cfg.ffn_residual_norm) r.note += "; add + RMSNorm after the FFN separate (--separate-ffn-norm)";
     if (attention_agreement >= 0) {
       std::snprintf(line, sizeof line,
                     " (dense model against twell's attention and the unfused QKV at full size: rel err %.2e)",
@@ -685,6 +689,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   o.fused_decode_ffn = cfg.fused_decode_ffn;
   o.decode_gemv = cfg.decode_gemv;
   o.decode_attention_splits = cfg.decode_attention_splits;
+  o.ffn_residual_norm = cfg.ffn_residual_norm;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;

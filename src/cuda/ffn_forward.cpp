@@ -246,8 +246,8 @@ struct FfnForward::Impl {
   // Packed activation and its statistics; the counts come back to the host asynchronously. With
   // `fused`, the gate is computed here by the fused gate+pack kernel (and, for sample_slot >= 0,
   // the exact density becomes that slot's dispatch sample); otherwise g holds it.
-  void run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream,
-                  bool fused = false, int64_t sample_slot = -1) {
+  void run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, const ResidualNormOut& then,
+                  cudaStream_t stream, bool fused = false, int64_t sample_slot = -1) {
     static_assert(sizeof(Counters) % 4 == 0);
     ZeroWords zero;  // one launch: the counters (the passes' among them), the backup's, the row counts
     zero.add(counters.get(), sizeof(Counters) / 4).add(act.view().n_backup, 1);
@@ -265,6 +265,7 @@ struct FfnForward::Impl {
     a.M = M, a.H = shape.hidden, a.I = shape.ffn;
     a.gated = shape.gated;
     a.precision = options.precision;
+    a.then = then;
     if (fused) {
       GatePackArgs gp;
       gp.x = xp;
@@ -499,8 +500,35 @@ struct FfnForward::Impl {
     }
   }
 
-  void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream, int64_t slot) {
+  void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream, int64_t slot,
+               const ResidualNorm* then) {
     check_args(x, w, y);
+    ResidualNormOut fused;
+    if (then) {
+      const int64_t M = x.shape[0], H = shape.hidden;
+      check_operand(then->residual, DType::f32, {M, H}, "FfnForward: then.residual");
+      check_operand(then->weight, DType::bf16, {H}, "FfnForward: then.weight");
+      check_operand(then->normed, DType::bf16, {M, H}, "FfnForward: then.normed");
+      TWELL_CHECK(H % 8 == 0 && H <= kMaxNormWidth, "FfnForward: the residual RMSNorm takes H a multiple of 8 up to ",
+                  kMaxNormWidth, ", got ", H);
+      TWELL_CHECK(std::isfinite(then->eps) && then->eps >= 0.f, "FfnForward: then.eps ", then->eps,
+                  " must be finite and >= 0");
+      const void* yd = y.data;
+      TWELL_CHECK(then->normed.data != yd && then->residual.data != yd && then->normed.data != then->residual.data,
+                  "FfnForward: then.normed, then.residual and y must be distinct buffers");
+      fused = {static_cast<float*>(then->residual.data), static_cast<const uint16_t*>(then->weight.data),
+               static_cast<uint16_t*>(then->normed.data), then->eps};
+    }
+    // The sparse path's down pass does the step itself; after the others it is a kernel of its own.
+    if (!compute(x, w, y, stream, slot, fused) && then)
+      launch_add_rmsnorm(fused.resid, static_cast<const uint16_t*>(y.data), fused.w, fused.normed, x.shape[0],
+                         shape.hidden, 1, 0, fused.eps, stream);
+  }
+
+  // The FFN of forward() into y; with `then` (then.resid not null) the sparse path instead adds y
+  // into the residual and normalises, and returns true (as it does for no tokens).
+  bool compute(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream, int64_t slot,
+               const ResidualNormOut& then) {
     TWELL_CHECK(slot >= 0 && slot < options.dispatch_slots, "FfnForward::forward: dispatch slot ", slot,
                 " out of range [0, ", options.dispatch_slots, ") (FfnOptions::dispatch_slots)");
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
@@ -512,7 +540,7 @@ struct FfnForward::Impl {
     stats = FfnStats{};
     saved = SavedForward{};
     stats.tokens = M;
-    if (M == 0) return;  // nothing to compute (and no density to sample)
+    if (M == 0) return true;  // nothing to compute (and no density to sample)
 
     const bool fp32_h = options.precision == Precision::h_fp32;  // the dense path rounds h to bf16
     Dispatch policy = fp32_h ? Dispatch::always_sparse : options.dispatch;
@@ -533,14 +561,15 @@ struct FfnForward::Impl {
                                previous_density < dense_above());
     if (sparse_known && one_token) {
       stats.path = FfnPath::gather;
-      return run_decode(xp, w, yp, stream);
+      run_decode(xp, w, yp, stream);
+      return false;
     }
     if (sparse_known && M > gather_tokens && fused_gate_supported()) {
       stats.path = FfnPath::sparse;
       if (policy == Dispatch::previous) stats.sampled_density = previous_density;
-      run_sparse(M, xp, w, yp, stream, true, policy == Dispatch::previous ? slot : -1);
+      run_sparse(M, xp, w, yp, then, stream, true, policy == Dispatch::previous ? slot : -1);
       saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
-      return;
+      return true;
     }
 
     // Otherwise both paths start from the ReLU'd gate in g (non-gated: h = relu(x Wuᵀ)).
@@ -559,11 +588,14 @@ struct FfnForward::Impl {
     }
     if (path == FfnPath::sparse && M <= gather_tokens) path = FfnPath::gather;
     stats.path = path;
-    if (path == FfnPath::gather) return run_gather(M, xp, w, yp, stream);
+    if (path == FfnPath::gather) {
+      run_gather(M, xp, w, yp, stream);
+      return false;
+    }
     if (path == FfnPath::sparse) {
-      run_sparse(M, xp, w, yp, stream);
+      run_sparse(M, xp, w, yp, then, stream);
       saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
-      return;
+      return true;
     }
 
     if (shape.gated) {
@@ -577,6 +609,7 @@ struct FfnForward::Impl {
     } else {
       gemm.run(g.get(), w.wd.data, yp, M, H, I, false, GemmEpilogue::none, stream);
     }
+    return false;
   }
 };
 
@@ -587,8 +620,8 @@ FfnForward::FfnForward(FfnForward&&) noexcept = default;
 FfnForward& FfnForward::operator=(FfnForward&&) noexcept = default;
 
 void FfnForward::forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream,
-                         int64_t dispatch_slot) {
-  impl_->forward(x, w, y, stream, dispatch_slot);
+                         int64_t dispatch_slot, const ResidualNorm* then) {
+  impl_->forward(x, w, y, stream, dispatch_slot, then);
 }
 
 void FfnForward::backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,

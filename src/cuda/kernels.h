@@ -111,9 +111,22 @@ void launch_hold_stream(const volatile uint32_t* release, uint32_t* timed_out, u
 void launch_count_sampled_nonzeros(const uint16_t* g, int64_t rows, int64_t cols, int64_t n_sample,
                                    unsigned long long* out, cudaStream_t stream);
 
+// A transformer block's next step after its FFN, done by the FFN's down pass in place of writing
+// y (resid null: y is written): resid[m] += bf16(y[m]) in f32, then normed[m] = bf16(w · resid[m]
+// / √(mean(resid[m]²) + eps)), as launch_add_rmsnorm computes them (its sum of squares in another
+// order). resid [M, H] f32; w [H], normed [M, H] bf16, 16-byte aligned.
+struct ResidualNormOut {
+  float* resid = nullptr;
+  const uint16_t* w = nullptr;
+  uint16_t* normed = nullptr;
+  float eps = 0.f;
+};
+
 // twell_ffn_sparse.cu: y = h Wd over the active set held by `act`. Gated: an up pass writes
 // u = bf16(x Wuᵀ) for every active entry into `u_vals` (twell_u_size(act) values), then the down
 // pass uses h = g ⊙ u. Non-gated: h = act. x, y [M, H]; wu, wd [I, H]; all bf16, row-major.
+// With `then` (then.resid not null) the down pass adds y into the residual and normalises
+// instead of writing y (normed may be x: the up pass has read it by then).
 struct SparseFfnArgs {
   TwellDeviceView act;
   const uint16_t* x = nullptr;
@@ -126,6 +139,7 @@ struct SparseFfnArgs {
   int64_t M = 0, H = 0, I = 0;
   bool gated = true;
   Precision precision = Precision::bf16;
+  ResidualNormOut then;
 };
 int64_t twell_u_size(const TwellDeviceView& act);
 void check_twell_ffn_sparse(const SparseFfnArgs& a);

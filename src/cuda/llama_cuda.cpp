@@ -318,21 +318,31 @@ struct LlamaCuda::Impl {
   // Whether a call's FFN is twell's one-kernel decode FFN (decode_ffn): a decode step of one token.
   bool runs_decode_ffn(bool decode, int64_t T) const { return decode && T == 1 && !decode_ffn.empty(); }
 
-  // The FFN of `a` into y; returns true when it left its output as the split sum decode_ffn.output()
-  // instead (the fused decode FFN), for the next residual add + RMSNorm to add.
-  bool ffn(const LlamaCudaLayer& lw, int64_t layer, int64_t T, bool decode, FfnPath* path) {
+  // How the FFN leaves its output for the residual add + RMSNorm that follows it.
+  enum class FfnOut {
+    y,          // in y
+    split,      // as the split sum decode_ffn.output() (the fused decode FFN)
+    normalised  // already added into x, and x normalised by next_norm into `a` (FfnForward's then)
+  };
+
+  // The FFN of `a`; next_norm: the weights of the RMSNorm after it.
+  FfnOut ffn(const LlamaCudaLayer& lw, int64_t layer, int64_t T, bool decode, const uint16_t* next_norm,
+             FfnPath* path) {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
     if (runs_decode_ffn(decode, T)) {
       decode_ffn.run(a.as<uint16_t>(), lw.ffn(), false, stream);
       *path = FfnPath::gather;
-      return true;
+      return FfnOut::split;
     }
     if (ffn_prefill) {
       FfnForward& f = !decode ? *ffn_prefill : ffn_gather && T <= o.decode_gather_tokens ? *ffn_gather : *ffn_dense;
-      f.forward(in, lw.ffn(), out, stream, decode ? 0 : layer);
+      ResidualNorm then{dev_view(x.get(), DType::f32, {T, H}),
+                        dev_view(const_cast<uint16_t*>(next_norm), DType::bf16, {H}), in,
+                        static_cast<float>(c.rms_norm_eps)};
+      f.forward(in, lw.ffn(), out, stream, decode ? 0 : layer, o.ffn_residual_norm ? &then : nullptr);
       *path = f.last_path();
       if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = f.last_stats();  // waits
-      return false;
+      return o.ffn_residual_norm ? FfnOut::normalised : FfnOut::y;
     }
     // Dense cuBLASLt FFN: SiLU models, and ReLU models whose H or I is not a multiple of 64.
     gemm.run(a.get(), lw.wg.view().data, g.get(), T, I, H, true, relu ? GemmEpilogue::relu : GemmEpilogue::none,
@@ -345,7 +355,7 @@ struct LlamaCuda::Impl {
     gemm.run(g.get(), lw.wd.view().data, y.get(), T, H, I, false, GemmEpilogue::none, stream);
     *path = FfnPath::dense;
     if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = FfnStats{FfnPath::dense, T};
-    return false;
+    return FfnOut::y;
   }
 
   // out [T, N] = in [T, K] Wᵀ: twell's GEMV for one token (LlamaCudaOptions::decode_gemv; returns
@@ -391,12 +401,12 @@ struct LlamaCuda::Impl {
     launch_embed(tok, T, bits(w->embed), x.as<float>(), H, stream);
     paths.assign(static_cast<size_t>(L), FfnPath::dense);
     if (o.record_ffn_stats && !decode) stats.assign(static_cast<size_t>(L), FfnStats{});
-    bool split = false;  // the last FFN's output is decode_ffn.output(), not y
+    FfnOut last = FfnOut::y;  // where the last FFN left its output
     // x += the last FFN's output (none before the first layer), then `a` = RMSNorm(x)·norm_w.
     auto add_norm = [&](const uint16_t* norm_w, bool first) {
-      if (split)
+      if (last == FfnOut::split)
         launch_add_rmsnorm(x.as<float>(), decode_ffn.output(), norm_w, a.as<uint16_t>(), H, eps, stream);
-      else
+      else if (last == FfnOut::y)
         launch_add_rmsnorm(x.as<float>(), first ? nullptr : y.as<uint16_t>(), norm_w, a.as<uint16_t>(), T, H, 1, 0,
                            eps, stream);
     };
@@ -452,7 +462,8 @@ struct LlamaCuda::Impl {
         TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
         o.ffn_input_hook(l, dev_view(a.get(), DType::bf16, {T, H}));
       }
-      split = ffn(lw, l, T, decode, &paths[static_cast<size_t>(l)]);
+      const uint16_t* next_norm = l + 1 < L ? bits(w->layers[l + 1].input_norm) : bits(w->final_norm);
+      last = ffn(lw, l, T, decode, next_norm, &paths[static_cast<size_t>(l)]);
     }
     // x += the last FFN output; the final norm of every row goes to `a`.
     const uint16_t* fn = bits(w->final_norm);

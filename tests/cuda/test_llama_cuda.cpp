@@ -229,6 +229,43 @@ TEST(LlamaCuda, FusedQkvRopeMatchesCpuAndUnfused) {
   EXPECT_LT(relative_error(last[1], last[0]), 2e-3);
 }
 
+// The residual add + RMSNorm after each FFN run by the FFN (LlamaCudaOptions::ffn_residual_norm:
+// on twell's TwELL path by its down pass, heavy rows included at this density) against the separate
+// kernel: prefill and decode steps, both against the CPU model and close to each other (only the
+// sum of squares is added in another order).
+TEST(LlamaCuda, FfnResidualNormMatchesTheSeparateKernel) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of({"ffn_norm", 256, 1024, 4, 4, 64, 97, 640, "relu", false});
+  LlamaWeights w = bf16_weights(c, 23);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
+  const LlamaCpu cpu(std::move(w));
+  const auto tokens = some_tokens(203, c.vocab_size, 5);
+  const Tensor ref = cpu.logits(tokens);
+  const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 200);
+  Tensor full[2], steps[2];
+  for (bool fused : {false, true}) {
+    LlamaCudaOptions o;
+    o.ffn_residual_norm = fused;
+    o.ffn_options.dispatch = Dispatch::always_sparse;
+    o.ffn_options.gather_max_tokens = 0;  // TwELL for the decode steps too
+    LlamaCuda gpu(dw, o);
+    full[fused] = gpu.logits(prompt);
+    const double err = relative_error(full[fused], rows(ref, 0, 200));
+    std::printf("ffn_residual_norm %d: full forward rel err %.2e\n", fused, err);
+    EXPECT_LT(err, kTol) << "fused " << fused;
+    (void)gpu.prefill(prompt);
+    steps[fused] = Tensor::of<float>({3, c.vocab_size});
+    for (int64_t t = 200; t < 203; ++t) {
+      const Tensor step = gpu.decode_step(tokens[t]);
+      EXPECT_LT(relative_error(TensorView(step.view().data, DType::f32, {1, c.vocab_size}), rows(ref, t, 1)), kTol)
+          << "fused " << fused << ", decode position " << t;
+      std::memcpy(steps[fused].ptr<float>() + (t - 200) * c.vocab_size, step.view().data, c.vocab_size * 4);
+    }
+  }
+  EXPECT_LT(relative_error(full[1], full[0]), 2e-3);
+  EXPECT_LT(relative_error(steps[1], steps[0]), 2e-3);
+}
+
 // Llama 3.2 1B's shape in two layers: GQA 32:8, a 128256-token vocabulary (ids past 65535), a
 // SiLU FFN of 8192, RoPE theta 5e5 with llama3 scaling, a tied head, and the 131072-position context
 // the config declares (the KV cache and the RoPE table at full length). Weights are built in memory

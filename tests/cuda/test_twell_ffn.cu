@@ -47,6 +47,45 @@ double rms(const TensorView& t) {
   return std::sqrt(s / std::max<int64_t>(t.numel(), 1));
 }
 
+// forward() with a ResidualNorm on the path `ffn` takes (on the sparse path the down pass does the
+// step): the residual must be r + bf16(y) exactly, with y the same call's output without it (the
+// paths are deterministic), and normed within one bf16 rounding of float64's norm of that
+// residual (the f32 sum of squares in another order may move a rounding). `ffn` has run before
+// on x, so a sampling dispatch takes the path it took last.
+void expect_residual_norm(cuda::FfnForward& ffn, const DeviceTensor& x, const FfnWeights& w, const Tensor& y_ref) {
+  SCOPED_TRACE("with the residual add + RMSNorm");
+  const int64_t M = y_ref.shape()[0], H = y_ref.shape()[1];
+  const float eps = 1e-5f;
+  const Tensor r0 = test::random_normal(DType::f32, {M, H}, 2.0, 17);
+  const Tensor norm_w = test::random_normal(DType::bf16, {H}, 1.0, 18);
+  DeviceTensor resid = DeviceTensor::upload(r0), wn = DeviceTensor::upload(norm_w);
+  DeviceTensor normed(DType::bf16, {M, H}), y(DType::bf16, {M, H});
+  const cuda::ResidualNorm then{resid.view(), wn.view(), normed.view(), eps};
+  cuda::fill_bytes(normed.view().data, normed.nbytes(), 0xff, nullptr);  // poison: NaN
+  ffn.forward(x, w, y, nullptr, 0, &then);
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  const Tensor r1 = resid.download(), n1 = normed.download();
+  int64_t bad_resid = 0, bad_norm = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    double sum_sq = 0;
+    for (int64_t j = 0; j < H; ++j) {
+      const int64_t i = m * H + j;
+      const float expect = r0.ptr<float>()[i] + static_cast<float>(y_ref.ptr<bf16>()[i]);
+      bad_resid += !(r1.ptr<float>()[i] == expect);
+      sum_sq += double(r1.ptr<float>()[i]) * r1.ptr<float>()[i];
+    }
+    const double inv = 1.0 / std::sqrt(sum_sq / double(H) + eps);
+    for (int64_t j = 0; j < H; ++j) {
+      const int64_t i = m * H + j;
+      const double ref = double(static_cast<float>(norm_w.ptr<bf16>()[j])) * r1.ptr<float>()[i] * inv;
+      const double got = static_cast<float>(n1.ptr<bf16>()[i]);
+      bad_norm += !(std::abs(got - ref) <= std::abs(ref) / 128 + 1e-30);
+    }
+  }
+  EXPECT_EQ(bad_resid, 0) << "of " << M * H << " residual values";
+  EXPECT_EQ(bad_norm, 0) << "of " << M * H << " normed values";
+}
+
 class FfnForwardGpu : public testing::TestWithParam<FfnCase> {};
 
 TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
@@ -118,6 +157,7 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
       ffn.forward(x, w, y, nullptr);
       EXPECT_DOUBLE_EQ(ffn.last_stats().sampled_density, double(st.nnz) / double(c.M * c.I));
     }
+    expect_residual_norm(ffn, x, w, y_gpu);
   }
 }
 
@@ -442,6 +482,18 @@ TEST(FfnForwardGpuErrors, RejectsBadArguments) {
   EXPECT_THROW(ffn.forward(big.x, big.w(), big.y, nullptr), Error);
   // Unsupported sizes.
   EXPECT_THROW(cuda::FfnForward({16, 100, 256, true}), Error);
+  // The residual add + RMSNorm: the residual in bf16, a weight vector of the wrong length, normed
+  // in y's buffer, a negative eps. Nothing runs, so the residual keeps its bits.
+  DeviceTensor resid(DType::f32, {16, 128}), resid16(DType::bf16, {16, 128}), nw(DType::bf16, {128}),
+      nw_short(DType::bf16, {64}), normed(DType::bf16, {16, 128});
+  cuda::fill_bytes(resid.view().data, resid.nbytes(), 0x3f, nullptr);
+  const Tensor resid_before = resid.download();
+  const cuda::ResidualNorm bad[] = {{resid16.view(), nw.view(), normed.view()},
+                                    {resid.view(), nw_short.view(), normed.view()},
+                                    {resid.view(), nw.view(), p.y.view()},
+                                    {resid.view(), nw.view(), normed.view(), -1.f}};
+  for (const cuda::ResidualNorm& then : bad) EXPECT_THROW(ffn.forward(p.x, p.w(), p.y, nullptr, 0, &then), Error);
+  EXPECT_TRUE(test::bit_equal(resid.download(), resid_before));
   try {
     ffn.forward(p.x, {p.wg.view(), bad_w.view(), p.wd.view()}, p.y, nullptr);
   } catch (const Error& e) {

@@ -105,6 +105,21 @@ struct FfnOptions {
   int64_t dw_slice_columns = 0;
 };
 
+// What forward() may do with y before it returns: a transformer block's residual add and the next
+// RMSNorm (Llama's step after the FFN), residual[m] += bf16(y[m]) in f32, then normed[m] =
+// bf16(weight · residual[m] / √(mean(residual[m]²) + eps)). The sparse path does it in its down
+// pass, which holds each token's whole row of y, and then never writes y (the separate kernel's
+// read and write of y and of the residual are saved); the other paths write y and run the step as
+// a kernel of its own. Same results either way, but for the order in which the sum of squares is
+// added. residual [M, H] f32, weight [H] bf16, normed [M, H] bf16, on the device, 16-byte
+// aligned; normed may be x (read before it is written), not y or the residual.
+struct ResidualNorm {
+  TensorView residual;
+  TensorView weight;
+  TensorView normed;
+  float eps = 1e-5f;
+};
+
 struct FfnStats {
   FfnPath path = FfnPath::sparse;
   int64_t tokens = 0;
@@ -127,9 +142,10 @@ class FfnForward {
 
   // Checks shapes, dtypes (bf16), devices and 16-byte alignment; throws twell::Error naming the
   // argument. Then enqueues the FFN on `stream`. `dispatch_slot` < FfnOptions::dispatch_slots:
-  // whose previous density Dispatch::previous decides on.
+  // whose previous density Dispatch::previous decides on. With `then`, the residual add and
+  // RMSNorm that follow (ResidualNorm); y is then scratch, left unwritten by the sparse path.
   void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream,
-               int64_t dispatch_slot = 0);
+               int64_t dispatch_slot = 0, const ResidualNorm* then = nullptr);
 
   // The backward of the last forward() (training; a gated FFN, Precision::bf16), on the path that
   // forward took: over the active set from the state the TwELL path kept (the TwELL activation and

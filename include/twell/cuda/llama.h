@@ -117,6 +117,12 @@ struct LlamaCudaOptions {
   // step measured 2.4% faster with 8 ranges than with 16 and the dense step 2.3% slower, so each
   // takes its own (docs/perf.md, model item 23).
   int decode_attention_splits = 0;
+  // The residual add and RMSNorm after each FFN run by the FFN (FfnForward's ResidualNorm): on the
+  // twell FFN's sparse path its down pass does them, so the separate kernel's passes over y and
+  // the f32 residual are saved; on the other paths the same kernel runs inside FfnForward. The
+  // normalised rows differ from the separate kernel's only by the order of the sum of squares.
+  // false: the separate kernel after every FFN (A/B).
+  bool ffn_residual_norm = true;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
   // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate

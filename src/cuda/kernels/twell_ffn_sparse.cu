@@ -33,6 +33,8 @@
 // Covered by tests/cuda/test_twell_ffn.cu; timed by `twell bench ffn`.
 #include "cuda/kernels/twell_rows.cuh"
 
+#include <cmath>
+
 namespace twell::cuda {
 namespace {
 
@@ -43,17 +45,26 @@ __global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_up_kernel(co
                            [&](uint32_t u_index, float dot) { p.u_vals[u_index] = float_to_bf16_bits(dot); });
 }
 
+// down: y written, or added into the residual and normalised (SparseFfnArgs::then).
+template <int kChunks, Aux kAux>
+void launch_down(const Params& p, int sm_count, int64_t M, cudaStream_t stream) {
+  if (p.then.resid)
+    launch(twell_axpy_kernel<kChunks, kAux, Out::residual_norm>, p, sm_count, M, stream);
+  else
+    launch(twell_axpy_kernel<kChunks, kAux, Out::bf16>, p, sm_count, M, stream);
+}
+
 template <int kChunks>
 void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t stream) {
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
-  if (!a.gated) return launch(twell_axpy_kernel<kChunks, Aux::h_plain, Out::bf16>, p, sm_count, a.M, stream);
+  if (!a.gated) return launch_down<kChunks, Aux::h_plain>(p, sm_count, a.M, stream);
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
   launch_sddmm(twell_ffn_up_kernel, p, sm_count, a.M, stream);
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
   if (a.precision == Precision::h_fp32)
-    launch(twell_axpy_kernel<kChunks, Aux::h_gated_fp32, Out::bf16>, p, sm_count, a.M, stream);
+    launch_down<kChunks, Aux::h_gated_fp32>(p, sm_count, a.M, stream);
   else
-    launch(twell_axpy_kernel<kChunks, Aux::h_gated, Out::bf16>, p, sm_count, a.M, stream);
+    launch_down<kChunks, Aux::h_gated>(p, sm_count, a.M, stream);
 }
 
 }  // namespace
@@ -67,12 +78,20 @@ void check_twell_ffn_sparse(const SparseFfnArgs& a) {
   TWELL_CHECK(a.precision != Precision::f64, "sparse FFN kernel: Precision::f64 is CPU-only");
   TWELL_CHECK(!a.gated || a.u_vals, "sparse FFN kernel: a gated FFN needs the u buffer");
   TWELL_CHECK(a.row_counters, "sparse FFN kernel: needs four device counters, zero at launch (row_counters)");
+  if (a.then.resid) {
+    auto aligned = [](const void* q) { return q && reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    TWELL_CHECK(aligned(a.then.resid) && aligned(a.then.w) && aligned(a.then.normed),
+                "sparse FFN kernel: the residual, the norm weights and the normed rows must be 16-byte aligned");
+    TWELL_CHECK(std::isfinite(a.then.eps) && a.then.eps >= 0.f, "sparse FFN kernel: RMSNorm eps ", a.then.eps,
+                " must be finite and >= 0");
+  }
 }
 
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream) {
   check_twell_ffn_sparse(a);
   if (a.M == 0) return;
-  const Params p{a.act, a.x, a.wu, a.wd, a.u_vals, a.y, a.H, 0, list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
+  Params p{a.act, a.x, a.wu, a.wd, a.u_vals, a.y, a.H, 0, list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
+  p.then = a.then;
   const int64_t chunks = (a.H + 255) / 256;
   if (chunks <= 2) launch_passes<2>(a, p, sm_count, stream);
   else if (chunks <= 4) launch_passes<4>(a, p, sm_count, stream);

@@ -41,6 +41,8 @@ struct Params {
   uint16_t* du_vals = nullptr;
   float l1 = 0.f;
   float* out_f32 = nullptr;
+  // The forward's down pass with Out::residual_norm: the residual add + RMSNorm in place of y.
+  ResidualNormOut then;
 };
 
 // Shared memory of warp w: ring [D][H] bf16, list col [cap] and aux [cap], D mbarriers.
@@ -446,9 +448,10 @@ __device__ __forceinline__ void init_barriers(const WarpSmem& s, int slots, int 
   __syncwarp();
 }
 
-// Where an accumulate pass writes its rows: bf16 into y (the forward's down pass), or f32 into
-// out_f32 (the backward's dx pass).
-enum class Out { bf16, f32_store };
+// Where an accumulate pass writes its rows: bf16 into y (the forward's down pass), f32 into
+// out_f32 (the backward's dx pass), or, for the forward's down pass with Params::then, added into
+// the residual and normalised (y not written).
+enum class Out { bf16, f32_store, residual_norm };
 
 template <Out kOut>
 __device__ __forceinline__ void write_out8(const Params& p, int64_t row, int64_t col, const float (&v)[8]) {
@@ -467,6 +470,47 @@ __device__ __forceinline__ void write_out2(const Params& p, int64_t row, int64_t
     reinterpret_cast<uint32_t*>(p.y + row * p.H)[col / 2] = pack2(lo, hi);
   } else {
     *reinterpret_cast<float2*>(p.out_f32 + row * p.H + col) = make_float2(lo, hi);
+  }
+}
+
+// Out::residual_norm for a row the warp holds whole (lane l: columns c·256 + 8l .. + 8 of y in
+// acc[c]): resid[row] += bf16(y[row]), normed[row] = bf16(w · resid[row] / √(mean(resid[row]²) +
+// eps)), the sum of squares over the lanes by a butterfly (every lane gets the same total). The
+// arithmetic of add_rmsnorm_kernel but for the sum's order. Leaves acc zeroed.
+template <int kChunks>
+__device__ __forceinline__ void residual_norm_row(const Params& p, int64_t row, float (&acc)[kChunks][8], int lane) {
+  float* xr = p.then.resid + row * p.H;
+  float sum_sq = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t col = c * 256 + lane * 8;
+    if (col >= p.H) continue;
+    float4* xv = reinterpret_cast<float4*>(xr + col);
+    const float4 lo = __ldcs(xv), hi = __ldcs(xv + 1);  // read once here, next by the next layer
+    const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[c][e] = f[e] + round_bf16(acc[c][e]);
+    __stcs(xv, make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]));
+    __stcs(xv + 1, make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]));
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum_sq += acc[c][e] * acc[c][e];
+  }
+#pragma unroll
+  for (int d = 16; d >= 1; d /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, d);
+  const float inv = rsqrtf(sum_sq / static_cast<float>(p.H) + p.then.eps);
+  uint16_t* o = p.then.normed + row * p.H;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t col = c * 256 + lane * 8;
+    if (col < p.H) {
+      float wf[8];
+      unpack8(__ldg(reinterpret_cast<const uint4*>(p.then.w + col)), wf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[c][e] = wf[e] * (acc[c][e] * inv);
+      *reinterpret_cast<uint4*>(o + col) = pack8(acc[c]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
   }
 }
 
@@ -497,12 +541,16 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
         }
       },
       [&](int64_t row) {
+        if constexpr (kOut == Out::residual_norm) {
+          residual_norm_row<kChunks>(p, row, acc, lane);
+        } else {
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          const int64_t col = c * 256 + lane * 8;
-          if (col < p.H) write_out8<kOut>(p, row, col, acc[c]);
+          for (int c = 0; c < kChunks; ++c) {
+            const int64_t col = c * 256 + lane * 8;
+            if (col < p.H) write_out8<kOut>(p, row, col, acc[c]);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
+            for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
+          }
         }
       },
       [&](int64_t row, const HeavyGroup& g) {  // the group's shares of a heavy row: summed in warp order
@@ -521,10 +569,38 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
           for (int e = 0; e < 8; ++e) acc[c][e] = 0.f;
         }
         group_sync(g);
-        for (int64_t col = 2 * (g.warp * 32 + lane); col < p.H; col += 2 * 32 * g.warps) {
+        const int64_t col0 = 2 * (g.warp * 32 + lane), col_step = 2 * 32 * g.warps;
+        float sum_sq = 0.f;  // Out::residual_norm: this lane's part of the row's sum of squares
+        for (int64_t col = col0; col < p.H; col += col_step) {
           float lo = 0.f, hi = 0.f;
           for (int v = 0; v < g.warps; ++v) lo += part[v * p.H + col], hi += part[v * p.H + col + 1];
-          write_out2<kOut>(p, row, col, lo, hi);
+          if constexpr (kOut == Out::residual_norm) {
+            float2* xv = reinterpret_cast<float2*>(p.then.resid + row * p.H + col);
+            float2 r = *xv;
+            r.x += round_bf16(lo), r.y += round_bf16(hi);
+            *xv = r;
+            sum_sq += r.x * r.x + r.y * r.y;
+          } else {
+            write_out2<kOut>(p, row, col, lo, hi);
+          }
+        }
+        if constexpr (kOut == Out::residual_norm) {
+          // The warps' sums, added in warp order through the first words of `part` (once every
+          // warp has read its shares from there), then each lane normalises the columns it added.
+#pragma unroll
+          for (int d = 16; d >= 1; d /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, d);
+          group_sync(g);
+          if (lane == 0) part[g.warp] = sum_sq;
+          group_sync(g);
+          float total = 0.f;
+          for (int v = 0; v < g.warps; ++v) total += part[v];
+          const float inv = rsqrtf(total / static_cast<float>(p.H) + p.then.eps);
+          for (int64_t col = col0; col < p.H; col += col_step) {
+            const float2 r = *reinterpret_cast<const float2*>(p.then.resid + row * p.H + col);
+            const uint32_t w2 = __ldg(reinterpret_cast<const uint32_t*>(p.then.w + col));
+            reinterpret_cast<uint32_t*>(p.then.normed + row * p.H)[col / 2] =
+                pack2(bits_float(w2 << 16) * (r.x * inv), bits_float(w2 & 0xffff0000u) * (r.y * inv));
+          }
         }
         group_sync(g);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before the TMA writes the rings again
