@@ -27,6 +27,12 @@
 //   down: the entries' rows stream through a ring of D row-sized shared-memory slots a warp,
 //     filled by the TMA engine (cp.async.bulk, completion on one mbarrier per slot); lane l owns
 //     columns c·256 + 8l .. + 8 of every 256 (conflict-free 16-byte reads) and accumulates in f32.
+//   down with SparseFfnArgs::then: a warp holds its token's whole row of y at the end, so it adds
+//     the row into the f32 residual and normalises it (the transformer block's next step) instead
+//     of writing y; a heavy row's group adds its warps' sums of squares in warp order. In the 2B
+//     model's prefill this saved the separate kernel (0.78 ms a layer) but made the pass 0.5 ms
+//     slower: the residual's extra L2 traffic and a dependent load at each token's end (perf.md,
+//     model item 24).
 // Summation orders are fixed (u: the tensor core's, then two accumulators added; y: ascending j
 // per column; a heavy row: its group's shares added in warp order): results are deterministic,
 // whichever warp or block takes a token.
