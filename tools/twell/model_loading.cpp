@@ -40,10 +40,10 @@ bool ModelArgs::on_gpu() const {
 #if TWELL_WITH_CUDA
   std::string why;
   const bool gpu = cuda::hopper_available(&why);
-  TWELL_REQUIRE(gpu || device == "auto", "--device cuda: ", why);
+  TWELL_REQUIRE(gpu || device == "auto", "--device (--backend) cuda: ", why);
   return gpu;
 #else
-  TWELL_REQUIRE(device == "auto", "--device cuda: this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
+  TWELL_REQUIRE(device == "auto", "--device (--backend) cuda: this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
   return false;
 #endif
 }
@@ -55,7 +55,7 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   if (gpu) {  // a model the GPU runtime does not take runs on the CPU under --device auto
     std::string why;
     if (!cuda::LlamaCuda::supports(io::read_config(dir), &why)) {
-      TWELL_REQUIRE(device == "auto", "--device cuda: the GPU runtime does not take this model's ", why);
+      TWELL_REQUIRE(device == "auto", "--device (--backend) cuda: the GPU runtime does not take this model's ", why);
       std::fprintf(stderr, "the GPU runtime does not take this model's %s: using the CPU backend\n", why.c_str());
       gpu = false;
     }
