@@ -234,8 +234,8 @@ __device__ __forceinline__ void group_sync(const HeavyGroup& h) {
 // contiguous share of its tiles, and end_heavy(row, group) combines the shares in warp order
 // (deterministic); without (the SDDMM passes, whose entries are independent) a warp takes one
 // share of kHeavyShareTiles tiles of a row at a time, from a global counter. Phase 2, the other
-// rows, a warp each, from a global counter. run_tiles(row, t, t_stop, whole) does the warp's work
-// on tiles [t, t_stop) of a row (whole: all of a light row's tiles, end(row) follows).
+// rows, a warp each, from a global counter. run_tiles(row, t, t_stop) does the warp's work on
+// tiles [t, t_stop) of a row.
 constexpr int64_t kHeavyShareTiles = 2;
 template <bool kReduce, typename Begin, typename RunTiles, typename End, typename EndHeavy>
 __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, bool prefetch_u, int lane, Begin&& begin,
@@ -256,7 +256,7 @@ __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, b
         group_sync(g);
         if (row < 0) break;
         begin(row);
-        run_tiles(row, g.t0, g.t1, false);
+        run_tiles(row, g.t0, g.t1);
         end_heavy(row, g);
       }
     } else {
@@ -268,7 +268,7 @@ __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, b
         if (int64_t{i} >= int64_t{n_heavy} * pieces) break;
         const int64_t row = p.rows.heavy_rows[i / pieces], t0 = (i % pieces) * kHeavyShareTiles;
         begin(row);
-        run_tiles(row, t0, min(n_tiles, t0 + kHeavyShareTiles), false);
+        run_tiles(row, t0, min(n_tiles, t0 + kHeavyShareTiles));
         end_heavy(row, HeavyGroup{});
       }
     }
@@ -277,7 +277,7 @@ __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, b
     next = grab_row(p, lane);  // grabbed early so that its data can be prefetched
     prefetch_row(p, next, prefetch_x, prefetch_u, lane);
     begin(row);
-    run_tiles(row, 0, n_tiles, true);
+    run_tiles(row, 0, n_tiles);
     end(row);
   }
 }
@@ -294,10 +294,7 @@ __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, b
 // slots, M = 131072: 4.74 -> 2.65 ms for up), so warps matter more than rows in flight; staging
 // the next token's list during the current token's rows (double-buffered lists, fewer warps for
 // the room) measured slower (docs/perf.md).
-// With kResidualTail, a light row's residual (p.then.resid, f32: two ring rows of H bf16's bytes)
-// streams through the ring behind its last weight rows, and end(row, lo, hi) gets the two slots
-// (else end(row, ...) with pointers to ignore); they stay untouched until the next row's first copy.
-template <Aux kAux, int kRows, bool kResidualTail, typename Begin, typename Use, typename End, typename EndHeavy>
+template <Aux kAux, int kRows, typename Begin, typename Use, typename End, typename EndHeavy>
 __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, const uint16_t* w2, const WarpSmem& s,
                                           bool prefetch_x, bool prefetch_u, int lane, Begin&& begin, Use&& use,
                                           End&& end, EndHeavy&& end_heavy) {
@@ -316,42 +313,21 @@ __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, co
     }
     issue_slot = issue_slot + 1 == D ? 0 : issue_slot + 1;
   };
-  uint32_t tail_slot = 0;  // the slot of this row's first residual half in the ring; the second follows it
-  auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop, bool whole) {
+  auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop) {
     while (t < t_stop) {
       const uint32_t len = kRows * stage<kAux>(p, row, t, t_stop, s.col, s.aux, lane);
-      const uint32_t n = len + (kResidualTail && whole && t >= t_stop ? 2u : 0u);  // the last list: + the residual
-      auto issue_k = [&](uint32_t k) {
-        if (k < len) return issue(k);
-        if (lane == 0)
-          bulk_load(s.ring + issue_slot * row_bytes,
-                    reinterpret_cast<const char*>(p.then.resid + row * p.H) + (k - len) * row_bytes, row_bytes,
-                    s.full + issue_slot, l2_evict_first_policy());
-        issue_slot = issue_slot + 1 == D ? 0 : issue_slot + 1;
-      };
       uint32_t k_issue = 0;
-      for (; k_issue < n && k_issue < D; ++k_issue) issue_k(k_issue);
+      for (; k_issue < len && k_issue < D; ++k_issue) issue(k_issue);
       for (uint32_t k = 0; k < len; ++k) {
         wait_parity(s.full + use_slot, use_parity);
         use(s.aux[k / kRows], reinterpret_cast<const uint16_t*>(s.ring + use_slot * row_bytes), k % kRows);
         if (++use_slot == D) use_slot = 0, use_parity ^= 1u;
         __syncwarp();  // every lane is done with the slot before the TMA overwrites it
-        if (k_issue < n) issue_k(k_issue++);
-      }
-      for (uint32_t k = len; k < n; ++k) {  // D >= 2: both halves are in flight by now
-        wait_parity(s.full + use_slot, use_parity);
-        if (k == len) tail_slot = use_slot;
-        if (++use_slot == D) use_slot = 0, use_parity ^= 1u;
+        if (k_issue < len) issue(k_issue++);
       }
     }
   };
-  auto end_row = [&](int64_t row) {
-    const char* first = s.ring + tail_slot * row_bytes;
-    end(row, reinterpret_cast<const float*>(first),
-        reinterpret_cast<const float*>(tail_slot + 1 == D ? s.ring : first + row_bytes));
-    if constexpr (kResidualTail) __syncwarp();  // the halves read by every lane before the ring is refilled
-  };
-  row_schedule<true>(p, prefetch_x, prefetch_u, lane, begin, run_tiles, end_row, end_heavy);
+  row_schedule<true>(p, prefetch_x, prefetch_u, lane, begin, run_tiles, end, end_heavy);
 }
 
 // The SDDMM kernels' work (the forward's up pass, the backward's dh pass): for every active
@@ -395,7 +371,7 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
     frag_chunk_off[i] = ((2 * i + frag_chunk) ^ (frag_row % 8)) * 16;
   }
   const int frag_off = frag_row * 128;
-  auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop, bool) {
+  auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop) {
     if (t >= t_stop) return;  // an empty share of a heavy row: x is not copied (nothing would wait for it)
     const uint16_t* x = p.x + row * p.H;
     for (int c = lane; c < p.H / 8; c += 32) cp_async16(xs + 8 * c, x + 8 * c, true);  // with stage 0's group
@@ -502,19 +478,15 @@ __device__ __forceinline__ void write_out2(const Params& p, int64_t row, int64_t
 // eps)), the sum of squares over the lanes by a butterfly (every lane gets the same total). The
 // arithmetic of add_rmsnorm_kernel but for the sum's order. Leaves acc zeroed.
 template <int kChunks>
-__device__ __forceinline__ void residual_norm_row(const Params& p, int64_t row, float (&acc)[kChunks][8],
-                                                  const float* tail_lo, const float* tail_hi, int lane) {
+__device__ __forceinline__ void residual_norm_row(const Params& p, int64_t row, float (&acc)[kChunks][8], int lane) {
   float* xr = p.then.resid + row * p.H;
-  const int64_t half = p.H / 2;  // a multiple of 32: no lane's 8 columns straddle the halves
   float sum_sq = 0.f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int64_t col = c * 256 + lane * 8;
     if (col >= p.H) continue;
     float4* xv = reinterpret_cast<float4*>(xr + col);
-    // The residual, brought into the ring behind the row's last weight rows (warp_loop's tail).
-    const float4* tv = reinterpret_cast<const float4*>(col < half ? tail_lo + col : tail_hi + (col - half));
-    const float4 lo = tv[0], hi = tv[1];
+    const float4 lo = __ldcs(xv), hi = __ldcs(xv + 1);  // read once here, next by the next layer
     const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[c][e] = f[e] + round_bf16(acc[c][e]);
@@ -553,7 +525,7 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
   init_barriers(s, p.ring_slots, lane);
   float acc[kChunks][8] = {};
   constexpr int kRows = kAux == Aux::dg_du ? 2 : 1;
-  warp_loop<kAux, kRows, kOut == Out::residual_norm>(
+  warp_loop<kAux, kRows>(
       p, p.wd, kRows == 2 ? p.wu : nullptr, s, false, kAux == Aux::h_gated || kAux == Aux::h_gated_fp32, lane,
       [](int64_t) {},
       [&](uint32_t a_bits, const uint16_t* w, int which) {
@@ -568,9 +540,9 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
             if (c * 256 + lane * 8 < p.H) fma8(acc[c], a, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
         }
       },
-      [&](int64_t row, const float* tail_lo, const float* tail_hi) {
+      [&](int64_t row) {
         if constexpr (kOut == Out::residual_norm) {
-          residual_norm_row<kChunks>(p, row, acc, tail_lo, tail_hi, lane);
+          residual_norm_row<kChunks>(p, row, acc, lane);
         } else {
 #pragma unroll
           for (int c = 0; c < kChunks; ++c) {
