@@ -81,7 +81,7 @@ TEST_F(CliModel, DeviceSelection) {
   EXPECT_NE(cpu.out.find("generated 5 tokens"), std::string::npos) << cpu.out;
   const CliResult gpu = run_cli(args + " --device cuda", true);
   if (gpu.status != 0) {
-    EXPECT_NE(gpu.out.find("--device cuda"), std::string::npos) << gpu.out;
+    EXPECT_NE(gpu.out.find("--device (--backend) cuda: "), std::string::npos) << gpu.out;
   } else {  // sized for the prompt (3 tokens with BOS) and -n 5: all five come out
     EXPECT_NE(gpu.out.find("generated 5 tokens"), std::string::npos) << gpu.out;
   }
