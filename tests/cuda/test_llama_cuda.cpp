@@ -69,6 +69,17 @@ LlamaWeights bf16_weights(const io::ModelConfig& c, uint64_t seed) {
   return w;
 }
 
+// One model on both backends: the GPU's weights and the CPU reference, over the same bf16 weights.
+struct BothBackends {
+  std::shared_ptr<LlamaCudaWeights> gpu;
+  LlamaCpu cpu;
+};
+BothBackends both_backends(const io::ModelConfig& c, uint64_t seed) {
+  LlamaWeights w = bf16_weights(c, seed);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
+  return {std::move(dw), LlamaCpu(std::move(w))};
+}
+
 std::vector<int32_t> some_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((seed * 131 + i * i * 7 + i * 3) % vocab);
@@ -99,9 +110,7 @@ class LlamaCudaShapes : public ::testing::TestWithParam<Shape> {};
 TEST_P(LlamaCudaShapes, FullForwardMatchesCpu) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(GetParam());
-  LlamaWeights w = bf16_weights(c, 11);
-  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
-  const LlamaCpu cpu(std::move(w));
+  const auto [dw, cpu] = both_backends(c, 11);
   // twell forced onto its sparse paths at every size: TwELL (gather off), and gather (default,
   // up to 256 tokens); then dense.
   // The prefill attention: twell's kernel, and cuDNN's SDPA at every size where it loads.
@@ -134,9 +143,7 @@ TEST_P(LlamaCudaShapes, FullForwardMatchesCpu) {
 TEST_P(LlamaCudaShapes, PrefillDecodeMatchesFullForward) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(GetParam());
-  LlamaWeights w = bf16_weights(c, 12);
-  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
-  const LlamaCpu cpu(std::move(w));
+  const auto [dw, cpu] = both_backends(c, 12);
   const auto tokens = some_tokens(70, c.vocab_size, 5);
   const Tensor ref = cpu.logits(tokens);
   Tensor fused_steps, unfused_steps;
@@ -204,9 +211,7 @@ TEST(LlamaCuda, FusedQkvRopeMatchesCpuAndUnfused) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of({"fused_qkv", 256, 512, 4, 4, 64, 97, 640, "relu", true});
   ASSERT_TRUE(qkv_rope_supported(c.hidden_size, 4, 4, 64));
-  LlamaWeights w = bf16_weights(c, 21);
-  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
-  const LlamaCpu cpu(std::move(w));
+  const auto [dw, cpu] = both_backends(c, 21);
   const auto tokens = some_tokens(603, c.vocab_size, 9);
   const Tensor ref = cpu.logits(tokens);
   const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 600);
@@ -236,9 +241,7 @@ TEST(LlamaCuda, FusedQkvRopeMatchesCpuAndUnfused) {
 TEST(LlamaCuda, FfnResidualNormMatchesTheSeparateKernel) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of({"ffn_norm", 256, 1024, 4, 4, 64, 97, 640, "relu", false});
-  LlamaWeights w = bf16_weights(c, 23);
-  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
-  const LlamaCpu cpu(std::move(w));
+  const auto [dw, cpu] = both_backends(c, 23);
   const auto tokens = some_tokens(203, c.vocab_size, 5);
   const Tensor ref = cpu.logits(tokens);
   const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 200);
@@ -353,9 +356,7 @@ TEST(LlamaCuda, CudnnAttentionOverACachedPrefix) {
   for (const Shape& shape : {kShapes[2], kShapes[3]}) {  // head_dim 64 (GQA 2:1), 128 (GQA 2:1)
     SCOPED_TRACE(shape.name);
     const io::ModelConfig c = config_of(shape);
-    LlamaWeights w = bf16_weights(c, 23);
-    auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
-    const LlamaCpu cpu(std::move(w));
+    const auto [dw, cpu] = both_backends(c, 23);
     const auto tokens = some_tokens(100, c.vocab_size, 3);
     const Tensor ref = cpu.logits(tokens);
     LlamaCudaOptions o;
@@ -486,9 +487,7 @@ TEST(LlamaCuda, SupportsSaysWhatItLacks) {  // host-only: runs without a GPU too
 TEST(LlamaCuda, RecordsEachLayersFfnStats) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(kShapes[1]);  // ReLU, H = 128, I = 256
-  LlamaWeights w = bf16_weights(c, 21);
-  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
-  const LlamaCpu cpu(std::move(w));
+  const auto [dw, cpu] = both_backends(c, 21);
   const auto tokens = some_tokens(150, c.vocab_size, 9);
   std::vector<ActivationStats> want;
   cpu.logits(tokens, &want);
