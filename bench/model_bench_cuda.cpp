@@ -526,6 +526,9 @@ BenchRecord record(const char* bench, const char* impl, const ModelBenchConfig& 
   return r;
 }
 
+// How the prefill's progress line and records say that --separate-ffn-norm was given.
+constexpr const char* kSeparateFfnNormNote = "; the add + RMSNorm after the FFN separate (--separate-ffn-norm)";
+
 void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, const Calibration& cal,
                    const CheckResult& check, GpuMeter& energy, std::vector<BenchRecord>& out,
                    std::ostream& progress) {
@@ -570,8 +573,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   const LlamaCuda::PrefillKernels kernels = twell.prefill_kernels();
   const std::string kernels_note =
       "attention: " + kernels.attention + (kernels.fused_qkv_rope ? "; QKV+RoPE fused" : "; QKV, RoPE unfused") +
-      (cfg.ffn_residual_norm ? "; the add + RMSNorm after the FFN in twell's down pass"
-                             : "; the add + RMSNorm after the FFN separate (--separate-ffn-norm)");
+      (cfg.ffn_residual_norm ? "; the add + RMSNorm after the FFN in twell's down pass" : kSeparateFfnNormNote);
   progress << "  prefill " << kernels_note << "\n";
 
   // Full size, the attention and QKV kernels themselves (the CPU check's 16 tokens take neither
@@ -667,7 +669,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
                   agreement, sparse_layers, static_cast<long long>(cfg.layers));
     const LlamaCuda::PrefillKernels mk = models[k]->prefill_kernels();
     r.note = line + measured + "; attention: " + mk.attention + (mk.fused_qkv_rope ? "; QKV+RoPE fused" : "");
-    if (!cfg.ffn_residual_norm) r.note += "; add + RMSNorm after the FFN separate (--separate-ffn-norm)";
+    if (!cfg.ffn_residual_norm) r.note += kSeparateFfnNormNote;
     if (attention_agreement >= 0) {
       std::snprintf(line, sizeof line,
                     " (dense model against twell's attention and the unfused QKV at full size: rel err %.2e)",
