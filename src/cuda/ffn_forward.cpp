@@ -275,15 +275,16 @@ struct FfnForward::Impl {
       gp.nnz_total = dev()->nnz;
       gp.overflow = &dev()->overflow;
       gp.rows = a.rows;
-      // The dispatch sample (the exact density) and the counts for the host: made by the kernel
-      // after the gate, not by two launches of their own.
+      // The dispatch sample (the exact density) and the counts for the host: made by the first
+      // pass once the gate is done, not by launches of their own.
       if (sample_slot >= 0) {
-        gp.report.sum_in = dev()->nnz, gp.report.sum_n = kNnzCounters;
-        gp.report.sum_out = exact_sample(sample_slot, M);
+        a.report.sum_in = dev()->nnz, a.report.sum_n = kNnzCounters;
+        a.report.sum_out = exact_sample(sample_slot, M);
       }
-      if (options.count_nonzeros) counts_report(gp.report);
-      launch_gate_pack(gp, gate_workspace.get(), gate_workspace.bytes(), sm_count, stream);
-      if (sample_slot >= 0) slots[static_cast<size_t>(sample_slot)].sample.record(stream);
+      if (options.count_nonzeros) counts_report(a.report);
+      // Started under zero_words, whose words its loads wait for.
+      launch_gate_pack(gp, gate_workspace.get(), gate_workspace.bytes(), sm_count, stream, true);
+      a.dependent = true;  // the passes follow the gate directly (unless an event goes between, below)
     } else {
       launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
       if (options.count_nonzeros) {
@@ -292,15 +293,20 @@ struct FfnForward::Impl {
         launch_report(r, stream);
       }
     }
-    if (options.count_nonzeros) counts.record(stream);
     packed_recorded = false;
     if (packed) {  // a backward has run: the next one's transpose may start from here
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
       packed_recorded = capture == cudaStreamCaptureStatusNone;
-      if (packed_recorded) TWELL_CUDA_CHECK(cudaEventRecord(packed, stream));
+      if (packed_recorded) {
+        TWELL_CUDA_CHECK(cudaEventRecord(packed, stream));
+        a.dependent = false;
+      }
     }
     launch_twell_ffn_sparse(a, sm_count, stream);
+    // After the passes: the fused path's report is made by the first of them.
+    if (fused && sample_slot >= 0) slots[static_cast<size_t>(sample_slot)].sample.record(stream);
+    if (options.count_nonzeros) counts.record(stream);
   }
 
   void run_gather(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {

@@ -41,15 +41,30 @@ void launch_twell_pack(const uint16_t* dense, const TwellDeviceView& m, unsigned
                        unsigned int* overflow, const RowCounts& rows, int sm_count, cudaStream_t stream);
 // gate_pack.cu: g = ReLU(x Wᵀ) (x [M, H], W [I, H], bf16) packed straight into TwELL by a CUTLASS
 // Hopper GEMM whose epilogue does what launch_twell_pack does to a given g (the same entries,
-// counts, backup, row counts and non-zero total), without writing g. As for the pack,
-// nnz_total[0..kNnzCounters), *act.n_backup and *rows.heavy_count must be zero at launch, and so
-// must rows.row_nnz[0..M) (the epilogue adds each tile's count to it). Needs
-// the TwELL tile width 256, H and I multiples of 8, 16-byte aligned x and W. The workspace is
-// gate_pack_workspace_bytes (CUTLASS's tile scheduler; may be 0).
+// counts, backup, row counts, heavy-row list and non-zero total), without writing g. As for the
+// pack, nnz_total[0..kNnzCounters), *act.n_backup and *rows.heavy_count must be zero at launch, and
+// so must rows.row_nnz[0..M) (the epilogue adds each tile's count to it, and lists a row as heavy
+// when its count crosses kHeavyRowEntries). Needs the TwELL tile width 256, H and I multiples of 8,
+// 16-byte aligned x and W. The workspace is gate_pack_workspace_bytes (CUTLASS's tile scheduler;
+// may be 0). `dependent`: launched as a programmatic dependent of the kernel before it on the
+// stream (its loads wait for that kernel; see launch_dependent in kernels/bulk_copy.cuh).
+struct GatePackArgs {
+  const uint16_t* x = nullptr;
+  const uint16_t* w = nullptr;
+  int64_t M = 0, H = 0, I = 0;
+  TwellDeviceView act;  // layout rows = M, cols = I
+  unsigned long long* nnz_total = nullptr;
+  unsigned int* overflow = nullptr;
+  RowCounts rows;
+};
+void check_gate_pack(const GatePackArgs& a);
+size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count);
+void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
+                      cudaStream_t stream, bool dependent = false);
 // Reports to pinned host memory: a copy of device words with one patched, and a sum of the
-// non-zero counters, each made where its pointers are set. The kernel after the fused gate (the
-// heavy-row list's) makes them on the side, so that they cost no launch of their own between the
-// gate and the up pass; launch_report makes them alone.
+// non-zero counters, each made where its pointers are set. The first of the sparse FFN's passes
+// makes them on the side (SparseFfnArgs::report), so that they cost no launch of their own between
+// the gate and the passes; launch_report makes them alone.
 struct PackReport {
   const uint32_t* copy_src = nullptr;  // copy_dst[i] = copy_src[i], i < copy_words, but
   uint32_t* copy_dst = nullptr;        // copy_dst[patch_at] = *patch where patch is set
@@ -61,29 +76,10 @@ struct PackReport {
   unsigned long long* sum_out = nullptr;
   TWELL_HD bool any() const { return copy_dst || sum_out; }
 };
-
-struct GatePackArgs {
-  const uint16_t* x = nullptr;
-  const uint16_t* w = nullptr;
-  int64_t M = 0, H = 0, I = 0;
-  TwellDeviceView act;  // layout rows = M, cols = I
-  unsigned long long* nnz_total = nullptr;
-  unsigned int* overflow = nullptr;
-  RowCounts rows;
-  PackReport report;  // made once the gate is done
-};
-void check_gate_pack(const GatePackArgs& a);
-size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count);
-void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
-                      cudaStream_t stream);
-// Appends to rows.heavy_rows every row r < M with rows.row_nnz[r] > kHeavyRowEntries (in no
-// particular order; *rows.heavy_count must be zero before the producer ran; row_nnz null: none),
-// and makes `report` (its copies see the counters as the producer left them; heavy_count may be
-// partly counted).
-void launch_list_heavy_rows(const RowCounts& rows, int64_t M, const PackReport& report, cudaStream_t stream);
 // Zeroes up to ZeroWords::kMax ranges of device words in one launch: the sparse path's counters
 // and row counts before the gate GEMM (three memsets there cost ~10 µs of host time, which a
-// single call shows as idle GPU).
+// single call shows as idle GPU). The kernel lets a programmatic dependent (the fused gate) start
+// at once.
 struct ZeroWords {
   static constexpr int kMax = 4;
   struct Range {
@@ -140,6 +136,10 @@ struct SparseFfnArgs {
   bool gated = true;
   Precision precision = Precision::bf16;
   ResidualNormOut then;
+  PackReport report;       // made by the first pass, once the pack is done
+  // The first pass launched as a programmatic dependent of the kernel before it on the stream (the
+  // fused gate). The down pass always is one of the up pass.
+  bool dependent = false;
 };
 int64_t twell_u_size(const TwellDeviceView& act);
 void check_twell_ffn_sparse(const SparseFfnArgs& a);

@@ -82,12 +82,12 @@ __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddep
 
 }  // namespace
 
-// Launches `kernel` with programmatic stream serialisation: it may start before the previous
-// kernel on the stream has finished, and must call wait_for_previous_grid() (above) before
-// it touches that kernel's data. (Captured into CUDA graphs as a programmatic edge.)
+// Launches `kernel`, with programmatic stream serialisation where `dependent`: it may then start
+// before the previous kernel on the stream has finished, and must call wait_for_previous_grid()
+// (above) before it touches that kernel's data. (Captured into CUDA graphs as a programmatic edge.)
 template <class... Params, class... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      Args&&... args) {
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool dependent,
+                   Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -97,8 +97,13 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  config.numAttrs = dependent ? 1 : 0;
   TWELL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
+  launch_kernel(kernel, grid, block, smem, stream, true, std::forward<Args>(args)...);
 }
 
 }  // namespace twell::cuda

@@ -14,8 +14,8 @@
 //     of the four masks below it), so entries are deterministic and bitwise the same as the
 //     separate pack kernel's (twell_pack.cu), and zero-fills a quarter of the unused slots;
 //   - spilled tile: one atomic claims a backup tile and the quad copies its 256 values there.
-// Per row, the tile counts are added to row_nnz (atomics); a small kernel then lists the rows past
-// kHeavyRowEntries in heavy_rows. Covered by tests/cuda/test_gate_pack.cu.
+// Per row, the tile counts are added to row_nnz (atomics), and the tile whose count takes the row
+// past kHeavyRowEntries appends it to heavy_rows. Covered by tests/cuda/test_gate_pack.cu.
 #include "cuda/kernels.h"
 
 #include "cuda/kernels/sm90_register_epilogue.cuh"
@@ -139,10 +139,14 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
       }
       if (q == 0 && count) {
         my_nnz += count;
-        // Fire-and-forget (its result unused: a RED, no round trip in the epilogue); launch_gate_pack
-        // lists the heavy rows from the totals afterwards. (Deciding them here from the returned
-        // value measured the same, ncu; this keeps the epilogue free of waits.)
-        if (p_.rows.row_nnz) atomicAdd(p_.rows.row_nnz + row, count);
+        // The tile whose count takes the row past kHeavyRowEntries lists it (once: the counts only
+        // grow). The round trip hides under the other warpgroup's MMA; a kernel of its own to list
+        // them after the gate cost 4 µs a call (perf.md, FFN item 37).
+        if (p_.rows.row_nnz) {
+          const uint32_t before = atomicAdd(p_.rows.row_nnz + row, count);
+          if (before <= kHeavyRowEntries && before + count > kHeavyRowEntries)
+            p_.rows.heavy_rows[atomicAdd(p_.rows.heavy_count, 1u)] = static_cast<uint32_t>(row);
+        }
       }
     }
     // One atomic per warp and tile for the total (at most 2·8·256 here), spread over the counters.
@@ -191,11 +195,10 @@ size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count) {
 }
 
 void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool dependent) {
   check_gate_pack(a);
-  if (a.M > 0) sm90::run_gemm<Gemm>(make_arguments(a, sm_count), workspace, workspace_bytes, stream, "fused gate+pack");
-  launch_list_heavy_rows(a.rows, a.M, a.report, stream);  // the report even for M = 0
-  TWELL_CUDA_CHECK(cudaGetLastError());
+  if (a.M > 0)
+    sm90::run_gemm<Gemm>(make_arguments(a, sm_count), workspace, workspace_bytes, stream, "fused gate+pack", dependent);
 }
 
 }  // namespace twell::cuda

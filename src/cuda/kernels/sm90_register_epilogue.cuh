@@ -8,8 +8,15 @@
 //                             ping-pong, 64 × 256 tiles a warpgroup, 2 × 1 clusters (docs/perf.md,
 //                             FFN items 17-18, model item 13)
 //   gemm_arguments, run_gemm  arguments from pointers and sizes; the checked launch (attributes
-//                             set once a device)
+//                             set once a device), optionally as a programmatic dependent
 #pragma once
+
+// The kernels' grid-dependency control (griddepcontrol): the producer warps' loads wait for the
+// kernel before (no-ops unless launched as a programmatic dependent), and a consumer's last tile
+// lets the next kernel launch. Defined here, the one place that includes CUTLASS.
+#ifndef CUTLASS_ENABLE_GDC_FOR_SM90
+#define CUTLASS_ENABLE_GDC_FOR_SM90 1
+#endif
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -115,10 +122,13 @@ typename Gemm::Arguments gemm_arguments(const void* x, const void* w, int M, int
 // would (grid, block, cluster and shared memory from the kernel). The kernel's attributes go
 // through allow_dynamic_smem and allow_non_portable_clusters, which set them once per device: the
 // adapter's initialize and its cluster launcher set both on every call, ~5 µs of host time that a
-// single call shows as idle GPU. `what` names the kernel in the errors.
+// single call shows as idle GPU. `what` names the kernel in the errors. `dependent`: launched with
+// programmatic stream serialisation, so that its prologue runs under the kernel before, whose
+// results its producer warps wait for (CUTLASS_ENABLE_GDC_FOR_SM90 above). The epilogue's writes
+// follow the loads, so they wait too.
 template <class Gemm>
 void run_gemm(typename Gemm::Arguments const& args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-              const char* what) {
+              const char* what, bool dependent = false) {
   using Kernel = typename Gemm::GemmKernel;
   TWELL_CHECK(Gemm::get_workspace_size(args) <= workspace_bytes, what, ": workspace of ", workspace_bytes,
               " bytes, ", Gemm::get_workspace_size(args), " needed");
@@ -133,18 +143,20 @@ void run_gemm(typename Gemm::Arguments const& args, void* workspace, size_t work
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
 
   using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = cute::size<0>(Cluster{});
-  cluster.val.clusterDim.y = cute::size<1>(Cluster{});
-  cluster.val.clusterDim.z = cute::size<2>(Cluster{});
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = cute::size<0>(Cluster{});
+  attrs[0].val.clusterDim.y = cute::size<1>(Cluster{});
+  attrs[0].val.clusterDim.z = cute::size<2>(Cluster{});
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = Kernel::get_grid_shape(params);
   config.blockDim = Kernel::get_block_shape();
   config.dynamicSmemBytes = Kernel::SharedStorageSize;
   config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = dependent ? 2 : 1;
   void* kernel_args[] = {&params};
   const cudaError_t launched = cudaLaunchKernelExC(&config, kernel, kernel_args);
   if (launched != cudaSuccess) (void)cudaGetLastError();  // cleared: reported here, not by the next check

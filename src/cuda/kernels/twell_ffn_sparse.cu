@@ -47,30 +47,35 @@ namespace {
 // up: u[m, j] = bf16(x[m] · Wu[j]) for every active (m, j), on the tensor cores (sddmm_loop).
 __global__ __launch_bounds__(kSddmmMaxWarps * 32, 1) void twell_ffn_up_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) char smem[];
+  start_pass(p);
   sddmm_loop<Aux::u_index>(p, p.wu, smem, threadIdx.x % 32,
                            [&](uint32_t u_index, float dot) { p.u_vals[u_index] = float_to_bf16_bits(dot); });
 }
 
 // down: y written, or added into the residual and normalised (SparseFfnArgs::then).
 template <int kChunks, Aux kAux>
-void launch_down(const Params& p, int sm_count, int64_t M, cudaStream_t stream) {
+void launch_down(const Params& p, int sm_count, int64_t M, cudaStream_t stream, bool dependent) {
   if (p.then.resid)
-    launch(twell_axpy_kernel<kChunks, kAux, Out::residual_norm>, p, sm_count, M, stream);
+    launch(twell_axpy_kernel<kChunks, kAux, Out::residual_norm>, p, sm_count, M, stream, dependent);
   else
-    launch(twell_axpy_kernel<kChunks, kAux, Out::bf16>, p, sm_count, M, stream);
+    launch(twell_axpy_kernel<kChunks, kAux, Out::bf16>, p, sm_count, M, stream, dependent);
 }
 
+// The first pass makes the report and is a dependent of the kernel before where the caller says;
+// the down pass of a gated FFN always is one of the up pass (both call start_pass).
 template <int kChunks>
 void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t stream) {
+  p.report = a.report;
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
-  if (!a.gated) return launch_down<kChunks, Aux::h_plain>(p, sm_count, a.M, stream);
+  if (!a.gated) return launch_down<kChunks, Aux::h_plain>(p, sm_count, a.M, stream, a.dependent);
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
-  launch_sddmm(twell_ffn_up_kernel, p, sm_count, a.M, stream);
+  launch_sddmm(twell_ffn_up_kernel, p, sm_count, a.M, stream, a.dependent);
+  p.report = PackReport{};
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
   if (a.precision == Precision::h_fp32)
-    launch_down<kChunks, Aux::h_gated_fp32>(p, sm_count, a.M, stream);
+    launch_down<kChunks, Aux::h_gated_fp32>(p, sm_count, a.M, stream, true);
   else
-    launch_down<kChunks, Aux::h_gated>(p, sm_count, a.M, stream);
+    launch_down<kChunks, Aux::h_gated>(p, sm_count, a.M, stream, true);
 }
 
 }  // namespace
@@ -95,7 +100,7 @@ void check_twell_ffn_sparse(const SparseFfnArgs& a) {
 
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream) {
   check_twell_ffn_sparse(a);
-  if (a.M == 0) return;
+  if (a.M == 0) return launch_report(a.report, stream);
   Params p{a.act, a.x, a.wu, a.wd, a.u_vals, a.y, a.H, 0, list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
   p.then = a.then;
   const int64_t chunks = (a.H + 255) / 256;

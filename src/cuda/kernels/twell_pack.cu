@@ -8,6 +8,8 @@
 // would serialise millions of atomics). Also: count_sampled_nonzeros for dispatch.
 // Covered by tests/cuda/test_twell_ffn.cu.
 #include "cuda/kernels.h"
+#include "cuda/kernels/bulk_copy.cuh"
+#include "cuda/kernels/pack_report.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -168,43 +170,17 @@ __global__ __launch_bounds__(kSampleThreads) void count_sampled_kernel(const uin
   }
 }
 
-// PackReport's copy and sum, by one block.
-__device__ void make_report(const PackReport& r) {
-  for (int i = threadIdx.x; r.copy_dst && i < r.copy_words; i += blockDim.x)
-    r.copy_dst[i] = r.patch && i == r.patch_at ? *r.patch : r.copy_src[i];
-  if (threadIdx.x == 0 && r.sum_out) {
-    unsigned long long s = 0;
-    for (int i = 0; i < r.sum_n; ++i) s += r.sum_in[i];
-    *r.sum_out = s;
-  }
-  __threadfence_system();  // host memory: visible there once the kernel is done
-}
-
-__global__ void report_kernel(PackReport r) { make_report(r); }
+__global__ void report_kernel(PackReport r) { make_report(r, threadIdx.x, blockDim.x); }
 
 __global__ void zero_words_kernel(ZeroWords z) {
+  allow_dependent_launch();  // the fused gate's loads wait for this kernel anyway
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int r = 0; r < z.n; ++r)
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < z.range[r].words; i += stride)
       z.range[r].ptr[i] = 0;
 }
 
-__global__ void list_heavy_rows_kernel(RowCounts rc, int64_t M, PackReport report) {
-  if (blockIdx.x == 0 && report.any()) make_report(report);
-  if (!rc.row_nnz) return;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < M;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    if (__ldg(rc.row_nnz + r) > kHeavyRowEntries) rc.heavy_rows[atomicAdd(rc.heavy_count, 1u)] = static_cast<uint32_t>(r);
-}
-
 }  // namespace
-
-void launch_list_heavy_rows(const RowCounts& rows, int64_t M, const PackReport& report, cudaStream_t stream) {
-  if ((M == 0 || !rows.row_nnz) && !report.any()) return;
-  const int64_t blocks = rows.row_nnz ? std::max<int64_t>(1, std::min<int64_t>((M + 255) / 256, 1024)) : 1;
-  list_heavy_rows_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(rows, M, report);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-}
 
 void launch_zero_words(const ZeroWords& z, cudaStream_t stream) {
   TWELL_CHECK(z.n >= 0 && z.n <= ZeroWords::kMax, "zero_words: ", z.n, " ranges, at most ", ZeroWords::kMax);

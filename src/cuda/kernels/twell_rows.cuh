@@ -13,6 +13,7 @@
 #include "cuda/kernels/bf16_vec.cuh"
 #include "cuda/kernels/bulk_copy.cuh"
 #include "cuda/kernels/mma_sync.cuh"
+#include "cuda/kernels/pack_report.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -43,6 +44,7 @@ struct Params {
   float* out_f32 = nullptr;
   // The forward's down pass with Out::residual_norm: the residual add + RMSNorm in place of y.
   ResidualNormOut then;
+  PackReport report;  // made by the pass (start_pass), where set
 };
 
 // Shared memory of warp w: ring [D][H] bf16, list col [cap] and aux [cap], D mbarriers.
@@ -442,6 +444,17 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
   row_schedule<false>(p, true, false, lane, [](int64_t) {}, run_tiles, [](int64_t) {}, [](int64_t, const HeavyGroup&) {});
 }
 
+// The forward's passes (twell_ffn_sparse.cu) start with this, after their shared-memory setup.
+// Launched as programmatic dependents (launch_sddmm, launch: `dependent`), they wait here for the
+// kernel before, then let the next pass launch onto the SMs their blocks leave. The last warp of
+// block 0 makes the pack's report (Params::report) on the side before it takes rows.
+__device__ __forceinline__ void start_pass(const Params& p) {
+  wait_for_previous_grid();
+  allow_dependent_launch();
+  if (p.report.any() && blockIdx.x == 0 && threadIdx.x / 32 == blockDim.x / 32 - 1)
+    make_report(p.report, threadIdx.x % 32, 32);
+}
+
 __device__ __forceinline__ void init_barriers(const WarpSmem& s, int slots, int lane) {
   if (lane < slots) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(s.full + lane)) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -523,6 +536,7 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
   const int lane = threadIdx.x % 32;
   const WarpSmem s = warp_smem(smem, p, threadIdx.x / 32, blockDim.x / 32);
   init_barriers(s, p.ring_slots, lane);
+  start_pass(p);
   float acc[kChunks][8] = {};
   constexpr int kRows = kAux == Aux::dg_du ? 2 : 1;
   warp_loop<kAux, kRows>(
@@ -643,20 +657,21 @@ Config config_for(int64_t H, int cap, int max_warps) {
 
 // The SDDMM kernels (sddmm_loop, launch bounds kSddmmMaxWarps·32): as many warps as their shared
 // memory allows (16 at H = 2048, 12 at H = 4096).
+// `dependent`: a programmatic dependent of the kernel before it (start_pass).
 template <typename Kernel>
-void launch_sddmm(Kernel kernel, const Params& p, int sm_count, int64_t M, cudaStream_t stream) {
+void launch_sddmm(Kernel kernel, const Params& p, int sm_count, int64_t M, cudaStream_t stream,
+                  bool dependent = false) {
   const int64_t per_warp = sddmm_warp_bytes(p.H, p.list_cap);
   const int warps = static_cast<int>(std::min<int64_t>(kSddmmMaxWarps, kSmemBytes / per_warp));
   TWELL_CHECK(warps >= 1, "sparse FFN kernel: no room for one warp's shared memory (H = ", p.H, ")");
   const int smem = static_cast<int>(warps * per_warp);
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   const int64_t blocks = std::min<int64_t>(sm_count, (M + warps - 1) / warps);
-  kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(p);
-  TWELL_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(warps * 32), smem, stream, dependent, p);
 }
 
 template <typename Kernel>
-void launch(Kernel kernel, Params p, int sm_count, int64_t M, cudaStream_t stream) {
+void launch(Kernel kernel, Params p, int sm_count, int64_t M, cudaStream_t stream, bool dependent = false) {
   const int chunks = static_cast<int>((p.H + 255) / 256);
   Config c = config_for(p.H, p.list_cap, threads_for(chunks) / 32);
   // >= 2: the accumulate kernel sums a heavy row's shares (warps x H f32) over the rings.
@@ -665,8 +680,7 @@ void launch(Kernel kernel, Params p, int sm_count, int64_t M, cudaStream_t strea
   const int smem = static_cast<int>(c.warps * smem_per_warp(p.H, c.slots, p.list_cap));
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes);
   const int64_t blocks = std::min<int64_t>(sm_count, (M + c.warps - 1) / c.warps);
-  kernel<<<static_cast<unsigned>(blocks), c.warps * 32, smem, stream>>>(p);
-  TWELL_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(c.warps * 32), smem, stream, dependent, p);
 }
 
 
