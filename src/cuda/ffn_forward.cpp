@@ -275,16 +275,23 @@ struct FfnForward::Impl {
       gp.nnz_total = dev()->nnz;
       gp.overflow = &dev()->overflow;
       gp.rows = a.rows;
-      // The dispatch sample (the exact density) and the counts for the host: made by the first
-      // pass once the gate is done, not by launches of their own.
+      // The dispatch sample (the exact density) and the counts for the host.
+      PackReport report;
       if (sample_slot >= 0) {
-        a.report.sum_in = dev()->nnz, a.report.sum_n = kNnzCounters;
-        a.report.sum_out = exact_sample(sample_slot, M);
+        report.sum_in = dev()->nnz, report.sum_n = kNnzCounters;
+        report.sum_out = exact_sample(sample_slot, M);
       }
-      if (options.count_nonzeros) counts_report(a.report);
+      if (options.count_nonzeros) counts_report(report);
       // Started under zero_words, whose words its loads wait for.
       launch_gate_pack(gp, gate_workspace.get(), gate_workspace.bytes(), sm_count, stream, true);
-      a.dependent = true;  // the passes follow the gate directly (unless an event goes between, below)
+      if (options.training) {
+        // The backward waits on the host for the counts (collect_counts): made right after the
+        // gate, they let the host queue the backward's side stream while the passes still run.
+        launch_report(report, stream);
+      } else {
+        a.report = report;   // made by the first pass, on the side
+        a.dependent = true;  // so nothing goes between the gate and the passes
+      }
     } else {
       launch_twell_pack(g.as<uint16_t>(), a.act, dev()->nnz, &dev()->overflow, a.rows, sm_count, stream);
       if (options.count_nonzeros) {
@@ -293,6 +300,13 @@ struct FfnForward::Impl {
         launch_report(r, stream);
       }
     }
+    // The host's events for the reports, recorded after whichever kernel makes them.
+    const bool reported_by_pass = a.report.any();
+    auto record_reports = [&] {
+      if (fused && sample_slot >= 0) slots[static_cast<size_t>(sample_slot)].sample.record(stream);
+      if (options.count_nonzeros) counts.record(stream);
+    };
+    if (!reported_by_pass) record_reports();
     packed_recorded = false;
     if (packed) {  // a backward has run: the next one's transpose may start from here
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -304,9 +318,7 @@ struct FfnForward::Impl {
       }
     }
     launch_twell_ffn_sparse(a, sm_count, stream);
-    // After the passes: the fused path's report is made by the first of them.
-    if (fused && sample_slot >= 0) slots[static_cast<size_t>(sample_slot)].sample.record(stream);
-    if (options.count_nonzeros) counts.record(stream);
+    if (reported_by_pass) record_reports();
   }
 
   void run_gather(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {
@@ -415,9 +427,9 @@ struct FfnForward::Impl {
     a.dw_slice = options.dw_slice_columns > 0 ? options.dw_slice_columns : twell_dw_slice_columns(M, H, l2_bytes);
     if (need_dw) {
       // NOTE: the one host synchronisation of the backward: the transpose is sized by the forward's
-      // non-zero count (the backup bounds it too, but at 16 bytes per possible entry: M·I·16). The
-      // count is copied right after the forward's pack, so the GPU still has the forward's up and
-      // down passes queued while the host waits here.
+      // non-zero count (the backup bounds it too, but at 16 bytes per possible entry: M·I·16). In
+      // training (FfnOptions::training) the count is copied right after the forward's pack, so the
+      // GPU still has the forward's up and down passes queued while the host waits here.
       collect_counts(true);
       const size_t n = static_cast<size_t>(std::max<int64_t>(stats.nnz, 1)) * 4;
       grow(bwd.row_start, static_cast<size_t>(M + 1) * 4);

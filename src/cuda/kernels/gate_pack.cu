@@ -44,6 +44,11 @@ __device__ __forceinline__ uint64_t below(int n) { return n >= 64 ? ~0ull : (1ul
 // An sm70-style epilogue (operator() per output tile, accumulators in registers), run by the
 // Hopper kernels through CUTLASS's Sm90TmaWarpSpecializedAdapter. It has no shared storage.
 class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
+#ifdef __CUDA_ARCH__
+  // launch_gate_pack's `dependent` launch needs the producer's wait (sm90_register_epilogue.cuh).
+  static_assert(cutlass::arch::IsGdcGloballyEnabled, "CUTLASS built without grid-dependency control");
+#endif
+
  public:
   CUTLASS_HOST_DEVICE TwellPackEpilogue(Params const& p, SharedStorage const& = SharedStorage()) : p_(p) {}
 

@@ -444,10 +444,12 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
   row_schedule<false>(p, true, false, lane, [](int64_t) {}, run_tiles, [](int64_t) {}, [](int64_t, const HeavyGroup&) {});
 }
 
-// The forward's passes (twell_ffn_sparse.cu) start with this, after their shared-memory setup.
-// Launched as programmatic dependents (launch_sddmm, launch: `dependent`), they wait here for the
-// kernel before, then let the next pass launch onto the SMs their blocks leave. The last warp of
-// block 0 makes the pack's report (Params::report) on the side before it takes rows.
+// The forward's passes (twell_ffn_sparse.cu) call this before they touch global memory (after
+// setting up their own shared memory at most). Launched as programmatic dependents (launch_sddmm,
+// launch: `dependent`), they wait here for the kernel before, then let the next pass launch onto
+// the SMs their blocks leave. The last warp of block 0 makes the pack's report (Params::report) on
+// the side before it takes rows; its copy of the counters sees the passes' own work counters
+// mid-count (the host reads only the pack's).
 __device__ __forceinline__ void start_pass(const Params& p) {
   wait_for_previous_grid();
   allow_dependent_launch();
