@@ -121,6 +121,12 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
   Timing timing = backend->timing_used(cfg.train ? Timing::host : cfg.timing);
   TWELL_REQUIRE(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
               "--from takes M, H, I and the density from the file; drop -M and -d");
+  if (cfg.energy) {
+    std::string why;
+    TWELL_REQUIRE(backend->energy_available(&why), "--energy: ", why);
+    TWELL_REQUIRE(cfg.energy_seconds >= 0.5 && cfg.energy_seconds <= 60, "--energy-seconds must be in [0.5, 60], got ",
+                  cfg.energy_seconds, " (the H200's energy counter moves every 100 ms)");
+  }
 
   std::vector<BenchRecord> records;
   const size_t n_cases = from_file ? 1 : tokens.size() * densities.size() * distributions.size();
@@ -266,12 +272,25 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
         }
         for (BenchRecord& r : recs)
           r.ratio_to_dense = r.correct && recs[0].correct ? r.ms_median / recs[0].ms_median : NAN;
+        // --energy: each implementation back to back, after all of them were timed (so that the
+        // interleaved timing above does not see one's heat more than another's).
+        for (size_t i = 0; cfg.energy && i < runners.size(); ++i) {
+          if (!recs[i].correct) continue;
+          const FfnBackend::Sustained e =
+              backend->sustained([&](int call) { runners[i].run(call % p.n_token_sets()); }, cfg.energy_seconds);
+          recs[i].ms_sustained = e.ms_per_call;
+          if (e.mj_per_call >= 0) recs[i].energy_mj_per_token = e.mj_per_call / static_cast<double>(recs[i].M);
+          recs[i].sm_clock_mhz = e.sm_clock_mhz;
+          recs[i].power_capped = e.power_capped;
+        }
 
         progress << "[" << case_no << "/" << n_cases << "] M=" << M << " density=" << p.density * 100 << "% "
                  << p.distribution << " (" << std::fixed << std::setprecision(1) << recs[0].nnz_per_token_mean << " nnz/token):";
-        for (const BenchRecord& r : recs)
+        for (const BenchRecord& r : recs) {
           progress << "  " << r.impl << " " << std::setprecision(3) << r.ms_median << " ms"
                    << (r.correct ? "" : " FAILED");
+          if (r.energy_mj_per_token >= 0) progress << " (" << std::setprecision(4) << r.energy_mj_per_token << " mJ/token)";
+        }
         progress << std::defaultfloat << std::endl;
         records.insert(records.end(), recs.begin(), recs.end());
       }
@@ -279,17 +298,34 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
 }
 
 void print_table(const std::vector<BenchRecord>& records, std::ostream& out) {
-  char line[256];
-  std::snprintf(line, sizeof line, "%-8s %6s %6s %7s %-8s %9s %8s %-16s %10s %8s %9s %s\n", "M", "H", "I",
-                "density", "dist", "nnz/tok", "max", "impl", "ms(median)", "x dense", "rel_err", "ok");
+  // --energy's columns where a record has them.
+  const bool energy = std::any_of(records.begin(), records.end(), [](const BenchRecord& r) { return r.ms_sustained >= 0; });
+  char line[320];
+  std::snprintf(line, sizeof line, "%-8s %6s %6s %7s %-8s %9s %8s %-16s %10s %8s %9s %s", "M", "H", "I", "density",
+                "dist", "nnz/tok", "max", "impl", "ms(median)", "x dense", "rel_err", "ok");
   out << line;
+  if (energy) {
+    std::snprintf(line, sizeof line, "  %10s %9s %7s %7s", "sustained", "mJ/token", "SM MHz", "capped");
+    out << line;
+  }
+  out << "\n";
   for (const BenchRecord& r : records) {
-    std::snprintf(line, sizeof line, "%-8lld %6lld %6lld %6.2f%% %-8s %9.1f %8lld %-16s %10.3f %8.3f %9.2e %s\n",
+    std::snprintf(line, sizeof line, "%-8lld %6lld %6lld %6.2f%% %-8s %9.1f %8lld %-16s %10.3f %8.3f %9.2e %-3s",
                   static_cast<long long>(r.M), static_cast<long long>(r.H), static_cast<long long>(r.I),
                   r.density * 100, r.distribution.c_str(), r.nnz_per_token_mean,
                   static_cast<long long>(r.nnz_per_token_max), r.impl.c_str(), r.ms_median, r.ratio_to_dense,
                   r.rel_err, r.correct ? "yes" : "FAILED");
     out << line;
+    if (energy) {
+      char sustained[16] = "n/a", mj[16] = "n/a", mhz[16] = "n/a", capped[16] = "n/a";  // not measured
+      if (r.ms_sustained >= 0) std::snprintf(sustained, sizeof sustained, "%.3f", r.ms_sustained);
+      if (r.energy_mj_per_token >= 0) std::snprintf(mj, sizeof mj, "%.4f", r.energy_mj_per_token);
+      if (r.sm_clock_mhz >= 0) std::snprintf(mhz, sizeof mhz, "%.0f", r.sm_clock_mhz);
+      if (r.power_capped >= 0) std::snprintf(capped, sizeof capped, "%.0f%%", 100 * r.power_capped);
+      std::snprintf(line, sizeof line, "%12s %9s %7s %7s", sustained, mj, mhz, capped);
+      out << line;
+    }
+    out << "\n";
   }
 }
 
@@ -321,6 +357,7 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
     j["peak_mem_bytes"] = r.peak_mem_bytes >= 0 ? nlohmann::ordered_json(r.peak_mem_bytes) : nlohmann::ordered_json();
     j["energy_mj_per_token"] =
         r.energy_mj_per_token >= 0 && r.correct ? number_or_null(r.energy_mj_per_token) : nlohmann::ordered_json();
+    if (r.ms_sustained >= 0) j["ms_sustained"] = r.correct ? number_or_null(r.ms_sustained) : nlohmann::ordered_json();
     if (r.sm_clock_mhz >= 0) j["sm_clock_mhz"] = number_or_null(r.sm_clock_mhz);
     if (r.power_capped >= 0) j["power_capped"] = number_or_null(r.power_capped);
     if (!r.timing.empty()) j["timing"] = r.timing;

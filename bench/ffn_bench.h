@@ -37,6 +37,11 @@ struct FfnBenchConfig {
   // as in a model whose host runs ahead. Timing::host: from an idle GPU, so the host's work before
   // the first kernel counts too. --train always times host: the backward synchronises once.
   Timing timing = Timing::gpu;
+  // After timing a case: each implementation run back to back for energy_seconds, its mean power
+  // read through NVML (CUDA backend): energy per token, the sustained time a call, the SM clock and
+  // the share of time at the power cap. Where the board sits at its cap, time follows energy.
+  bool energy = false;
+  double energy_seconds = 1.5;
   std::string command;    // the full command line, recorded in every record
 };
 
@@ -55,6 +60,7 @@ struct BenchRecord {
   double tokens_per_ms = -1;          // < 0: unset
   int64_t peak_mem_bytes = -1;
   double energy_mj_per_token = -1;
+  double ms_sustained = -1;  // FFN --energy: the mean time a call, run back to back
   double sm_clock_mhz = -1;  // mean SM clock over the timed runs (NVML samples)
   double power_capped = -1;  // share of those samples with the power-cap clock limit active
   std::string note;  // why a case failed, or what was not timed
@@ -107,6 +113,17 @@ class FfnBackend {
   virtual std::vector<FfnRunner> train_runners(const FfnProblem&, const FfnBenchConfig&, const Tensor& /*dy*/) {
     TWELL_FAIL("--train needs the CUDA backend (a Hopper GPU)");
   }
+  // --energy: fn(call) run back to back for about `seconds` (call = 0, 1, ...), with the GPU's
+  // power read meanwhile. Unset fields (< 0) where the backend or the driver cannot tell.
+  struct Sustained {
+    double ms_per_call = -1, mj_per_call = -1, sm_clock_mhz = -1, power_capped = -1;
+  };
+  // Whether sustained() can measure energy here; if not, why.
+  virtual bool energy_available(std::string* why) {
+    if (why) *why = "energy needs the CUDA backend (NVML)";
+    return false;
+  }
+  virtual Sustained sustained(const std::function<void(int call)>& /*fn*/, double /*seconds*/) { return {}; }
   // One timed call of fn, in ms. Timing::gpu where the backend can (the CUDA one), else host.
   virtual double time_ms(const std::function<void()>& fn, Timing timing) = 0;
   // The timing time_ms really used for `requested` (the CPU backend always times host).

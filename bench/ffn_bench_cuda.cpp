@@ -14,11 +14,13 @@
 //   twell_sparse   the same forced onto the sparse path: the backward over the active set
 #if defined(TWELL_WITH_CUDA)
 
+#include <chrono>
 #include <cstring>
 
 #include "cuda/cublaslt_gemm.h"
 #include "cuda/kernels.h"
 #include "ffn_bench.h"
+#include "gpu_meter.h"
 #include "twell/cuda/ffn.h"
 #include "twell/cuda/runtime.h"
 
@@ -246,6 +248,52 @@ class CudaBackend : public FfnBackend {
     return ms;
   }
 
+  bool energy_available(std::string* why) override {
+    if (!meter_) meter_ = std::make_unique<GpuMeter>();
+    if (!meter_->available() && why) *why = "NVML (libnvidia-ml.so.1) cannot read this GPU's energy counter";
+    return meter_->available();
+  }
+
+  // Calls enqueued back to back, at most two batches ahead of the GPU (an event a batch), so the
+  // GPU never waits for the host and the host never runs far ahead; CUDA events time the whole
+  // stretch. The energy of a call is the stretch's mean power times its mean time.
+  Sustained sustained(const std::function<void(int)>& fn, double seconds) override {
+    Sustained out;
+    if (!energy_available(nullptr)) return out;
+    using Clock = std::chrono::steady_clock;
+    constexpr int kBatch = 8;
+    cudaEvent_t batch_done[2] = {};
+    for (cudaEvent_t& e : batch_done) TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    struct Destroy {
+      cudaEvent_t* e;
+      ~Destroy() { cudaEventDestroy(e[0]), cudaEventDestroy(e[1]); }
+    } destroy{batch_done};
+    int calls = 0;
+    for (; calls < kBatch; ++calls) fn(calls);  // into the stretch's steady state
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    meter_->start();
+    TWELL_CUDA_CHECK(cudaEventRecord(start_, stream_));
+    const Clock::time_point t0 = Clock::now();
+    int timed = 0;
+    for (int batch = 0; std::chrono::duration<double>(Clock::now() - t0).count() < seconds; ++batch) {
+      for (int k = 0; k < kBatch; ++k, ++timed) fn(calls++);
+      TWELL_CUDA_CHECK(cudaEventRecord(batch_done[batch % 2], stream_));
+      if (batch > 0) TWELL_CUDA_CHECK(cudaEventSynchronize(batch_done[(batch + 1) % 2]));
+    }
+    TWELL_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+    TWELL_CUDA_CHECK(cudaEventSynchronize(stop_));
+    const GpuMeter::Reading r = meter_->stop();
+    float ms = 0;
+    TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    out.ms_per_call = ms / timed;
+    if (r.watts() > 0) out.mj_per_call = r.watts() * out.ms_per_call;  // W x ms = mJ
+    if (r.clocks.samples > 0) {
+      out.sm_clock_mhz = r.clocks.mhz_sum / r.clocks.samples;
+      out.power_capped = r.clocks.capped / r.clocks.samples;
+    }
+    return out;
+  }
+
  private:
   struct State {
     const FfnProblem* problem = nullptr;
@@ -308,6 +356,7 @@ class CudaBackend : public FfnBackend {
   cuda::PinnedBuffer hold_words_{2 * sizeof(uint32_t), cudaHostAllocMapped};
   uint32_t* hold_word() const { return hold_words_.as<uint32_t>(); }
   bool hold_failed_ = false;  // a held call outlasted the hold: time host from then on
+  std::unique_ptr<GpuMeter> meter_;  // --energy, made on first use
   std::unique_ptr<State> state_;
 };
 

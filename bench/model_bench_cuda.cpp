@@ -1,6 +1,7 @@
 // `twell bench model` (bench/model_bench.h): the synthetic model, its gate calibration, the CPU
 // reference check, and prefill/decode timing of the dense and the twell FFN in one process.
 #include "model_bench.h"
+#include "gpu_meter.h"
 #include "progress.h"
 
 #include <algorithm>
@@ -11,13 +12,10 @@
 #include <ostream>
 #include <random>
 #include <thread>
-#include <atomic>
 
 #include "twell_git_sha.h"
 
 #if defined(TWELL_WITH_CUDA)
-#include <dlfcn.h>
-
 #include "cuda/cublaslt_gemm.h"
 #include "cuda/cudnn_sdpa.h"
 #include "cuda/kernels.h"
@@ -70,118 +68,6 @@ constexpr int kEnergyStretches = 8;       // stretches a model runs at most (unt
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 uint16_t* bits(const cuda::DeviceTensor& t) { return static_cast<uint16_t*>(t.view().data); }
-
-// The GPU's energy, SM clock and clock-limit reasons through NVML, loaded at run time (CI machines
-// have no driver). A prefill at this size holds the board at its power limit, where time follows
-// energy rather than work (docs/perf.md, "The whole model"), so each timed stretch also reports the
-// mean SM clock and the share of samples throttled by the power cap.
-//
-// Energy: on the H200 (driver 580) the cumulative counter moves every 100 ms, and reading it takes
-// ~4 ms (`nvml_probe.txt`). A reading before and after a stretch is therefore off by up to a move
-// (0.16 s decode stretches read 290 or 640 mJ a step), and a reading between decode steps stalls
-// them. So a sampler thread polls the counter during start() .. stop() and keeps its moves; the
-// mean power is the energy between the first and the last move over the time between them (each
-// end seen up to one read late), and a stretch's energy is that power times its length.
-class GpuMeter {
- public:
-  GpuMeter() {
-    lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib_) return;
-    auto init = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlInit_v2"));
-    auto by_bus = reinterpret_cast<int (*)(const char*, void**)>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
-    energy_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(dlsym(lib_, "nvmlDeviceGetTotalEnergyConsumption"));
-    clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib_, "nvmlDeviceGetClockInfo"));
-    void* reasons = dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons");  // the older name below
-    reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
-        reasons ? reasons : dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons"));
-    char bus[32] = {};
-    int dev = 0;
-    if (!init || !by_bus || !energy_ || init() != 0 || cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess || by_bus(bus, &device_) != 0)
-      device_ = nullptr;
-  }
-  ~GpuMeter() {
-    stop();
-    if (lib_) {
-      if (auto shutdown = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlShutdown")); shutdown && device_) shutdown();
-      dlclose(lib_);
-    }
-  }
-  GpuMeter(const GpuMeter&) = delete;
-  GpuMeter& operator=(const GpuMeter&) = delete;
-  bool available() const { return device_ != nullptr; }
-
-  // What the sampler saw between start() and stop(): clock samples every 10 ms, and the counter's
-  // first and last moves.
-  struct Clocks {
-    double mhz_sum = 0, capped = 0;  // sums over the samples; capped: power-cap reason set
-    int64_t samples = 0;
-    void add(const Clocks& o) { mhz_sum += o.mhz_sum, capped += o.capped, samples += o.samples; }
-  };
-  struct Reading {
-    Clocks clocks;
-    double mj = 0, seconds = 0;  // energy and time between the counter's first and last move; 0: fewer than 2
-    double watts() const { return seconds > 0 ? mj / 1e3 / seconds : -1; }
-    void add(const Reading& o) { clocks.add(o.clocks), mj += o.mj, seconds += o.seconds; }
-  };
-  void start() {
-    stop();
-    if (!device_) return;
-    running_ = true;
-    sampler_ = std::thread([this] {
-      Reading r;
-      double prev = -1, first_mj = -1, last_mj = -1;  // the last value read; the values at the first and last move
-      Clock::time_point first_t, last_t, next_clock = Clock::now();
-      while (running_) {
-        unsigned long long mj = 0;
-        if (energy_(device_, &mj) == 0) {
-          const double v = static_cast<double>(mj);
-          if (prev >= 0 && v != prev) {
-            const Clock::time_point now = Clock::now();
-            if (first_mj < 0) first_mj = v, first_t = now;
-            last_mj = v, last_t = now;
-          }
-          prev = v;
-        }
-        if (clock_ && Clock::now() >= next_clock) {
-          unsigned mhz = 0;
-          unsigned long long why = 0;
-          if (clock_(device_, kClockSm, &mhz) == 0) {
-            r.clocks.mhz_sum += mhz;
-            r.clocks.capped += reasons_ && reasons_(device_, &why) == 0 && (why & kPowerCapReasons) ? 1 : 0;
-            ++r.clocks.samples;
-          }
-          next_clock = Clock::now() + std::chrono::milliseconds(10);
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));  // where a read is quick, no busy loop
-      }
-      if (first_mj >= 0 && last_t > first_t) {
-        r.mj = last_mj - first_mj;
-        r.seconds = std::chrono::duration<double>(last_t - first_t).count();
-      }
-      last_ = r;
-    });
-  }
-  Reading stop() {
-    if (!sampler_.joinable()) return {};
-    running_ = false;
-    sampler_.join();
-    return last_;
-  }
-
- private:
-  static constexpr int kClockSm = 1;                          // NVML_CLOCK_SM
-  static constexpr unsigned long long kPowerCapReasons = 0x4  // software power cap
-                                                         | 0x80;  // hardware power brake
-  void* lib_ = nullptr;
-  void* device_ = nullptr;
-  int (*energy_)(void*, unsigned long long*) = nullptr;
-  int (*clock_)(void*, int, unsigned*) = nullptr;
-  int (*reasons_)(void*, unsigned long long*) = nullptr;
-  std::thread sampler_;
-  std::atomic<bool> running_{false};
-  Reading last_;
-};
 
 io::ModelConfig model_config(const ModelBenchConfig& cfg) {
   io::ModelConfig c;

@@ -95,6 +95,44 @@ TEST(BenchFfn, FromFileRunsTheGivenTensors) {
   std::remove(path.c_str());
 }
 
+// --energy needs the CUDA backend's NVML reading: refused up front on the CPU backend, nothing run.
+TEST(BenchFfn, EnergyIsRefusedWithoutTheCudaBackend) {
+  bench::FfnBenchConfig cfg = small_config();
+  cfg.tokens = {9};
+  cfg.H = 64;
+  cfg.I = 320;
+  cfg.energy = true;
+  std::ostringstream progress;
+  try {
+    bench::run_ffn_bench(cfg, progress);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--energy"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(progress.str().find("M=9"), std::string::npos) << "a case ran: " << progress.str();
+}
+
+// The table's energy columns appear only where a record has them, "n/a" for what was not measured.
+TEST(BenchFfn, TableShowsEnergyColumnsOnlyWhenMeasured) {
+  bench::BenchRecord r;
+  r.M = 16, r.H = 64, r.I = 320, r.impl = "twell", r.distribution = "uniform", r.correct = true;
+  std::ostringstream plain;
+  bench::print_table({r}, plain);
+  EXPECT_EQ(plain.str().find("mJ/token"), std::string::npos) << plain.str();
+  bench::BenchRecord e = r;
+  e.ms_sustained = 1.25, e.energy_mj_per_token = 0.0421, e.sm_clock_mhz = 1650, e.power_capped = 0.5;
+  std::ostringstream with;
+  bench::print_table({e, r}, with);
+  EXPECT_NE(with.str().find("mJ/token"), std::string::npos) << with.str();
+  EXPECT_NE(with.str().find("0.0421"), std::string::npos) << with.str();
+  EXPECT_NE(with.str().find("50%"), std::string::npos) << with.str();
+  EXPECT_NE(with.str().find("n/a"), std::string::npos) << with.str();  // the second record's
+  const std::string json = bench::records_to_json({e});
+  EXPECT_NE(json.find("\"ms_sustained\": 1.25"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"energy_mj_per_token\": 0.0421"), std::string::npos) << json;
+}
+
 // Timed runs below 1 are refused (they were replaced by the backend's default, while the record's
 // command said otherwise); a --json path that cannot be written fails before anything runs.
 TEST(BenchFfn, BadRunCountsAndJsonPathAreRefused) {
