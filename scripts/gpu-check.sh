@@ -2,7 +2,8 @@
 # Re-checks every GPU claim with one command, on a machine with a Hopper GPU and CUDA 13 (no
 # network needed: where the build dependencies are not installed, carry third_party/ made by
 # scripts/bundle-deps.sh): builds (unless given prebuilt binaries), runs the GPU tests, a subset
-# under compute-sanitizer (memcheck, racecheck), the standard FFN benchmark and the whole-model
+# under compute-sanitizer (memcheck, racecheck), the standard FFN benchmark (and its headline cases
+# with --energy) and the whole-model
 # benchmark (the paper's 2B shape), leaving logs, JSON and summary tables in OUTDIR.
 #
 #   scripts/gpu-check.sh OUTDIR                 configure + build in build-gpu/, then check
@@ -85,6 +86,13 @@ if [ "$quick" = 1 ]; then
 fi
 "$bin/twell" bench ffn --backend cuda --json "$out/ffn.json" "${bench_args[@]}" >"$out/ffn.txt" 2>"$out/ffn_progress.log" || status=1
 cat "$out/ffn.txt"
+
+# The headline cases again, each implementation alone and back to back: at the power cap their time
+# follows their energy, which this reads through NVML (docs/perf.md, twentieth session).
+echo "== twell bench ffn --energy"
+"$bin/twell" bench ffn --backend cuda -M 16384 -M 131072 -d 0.005 --energy --json "$out/ffn_energy.json" \
+  >"$out/ffn_energy.txt" 2>"$out/ffn_energy_progress.log" || status=1
+cat "$out/ffn_energy.txt"
 
 echo "== twell bench model"
 model_args=()
