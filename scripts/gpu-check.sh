@@ -3,8 +3,8 @@
 # network needed: where the build dependencies are not installed, carry third_party/ made by
 # scripts/bundle-deps.sh): builds (unless given prebuilt binaries), runs the GPU tests, a subset
 # under compute-sanitizer (memcheck, racecheck), the standard FFN benchmark (and its headline cases
-# with --energy) and the whole-model
-# benchmark (the paper's 2B shape), leaving logs, JSON and summary tables in OUTDIR.
+# with --energy) and the whole-model benchmark (the paper's 2B shape), leaving logs, JSON and
+# summary tables in OUTDIR.
 #
 #   scripts/gpu-check.sh OUTDIR                 configure + build in build-gpu/, then check
 #   scripts/gpu-check.sh OUTDIR --bin DIR       use prebuilt DIR/twell and DIR/twell_gpu_tests (and
