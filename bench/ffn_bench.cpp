@@ -238,6 +238,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
         // A case whose calls turn out not to allow Timing::gpu (one synchronised inside) is timed
         // again with the timing the backend falls back to, so that no case mixes the two.
         std::vector<std::vector<double>> times;
+        if (cfg.energy) backend->meter_start();  // the clock the interleaved timing ran at
         for (;;) {
           times.assign(runners.size(), {});
           std::vector<size_t> order(runners.size());
@@ -273,15 +274,27 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
         for (BenchRecord& r : recs)
           r.ratio_to_dense = r.correct && recs[0].correct ? r.ms_median / recs[0].ms_median : NAN;
         // --energy: each implementation back to back, after all of them were timed (so that the
-        // interleaved timing above does not see one's heat more than another's).
-        for (size_t i = 0; cfg.energy && i < runners.size(); ++i) {
-          if (!recs[i].correct) continue;
-          const FfnBackend::Sustained e =
-              backend->sustained([&](int call) { runners[i].run(call % p.n_token_sets()); }, cfg.energy_seconds);
-          recs[i].ms_sustained = e.ms_per_call;
-          if (e.mj_per_call >= 0) recs[i].energy_mj_per_token = e.mj_per_call / static_cast<double>(recs[i].M);
-          recs[i].sm_clock_mhz = e.sm_clock_mhz;
-          recs[i].power_capped = e.power_capped;
+        // interleaved timing above does not see one's heat more than another's), in order and then
+        // in reverse (the board heats over the stretches: each one's mean place is the same).
+        FfnBackend::EnergySums mix;
+        if (cfg.energy) {
+          mix = backend->meter_stop();
+          std::vector<FfnBackend::EnergySums> sums(runners.size());
+          std::vector<size_t> order(runners.size());
+          std::iota(order.begin(), order.end(), size_t{0});
+          for (int pass = 0; pass < 2; ++pass, std::reverse(order.begin(), order.end()))
+            for (size_t i : order)
+              if (recs[i].correct)
+                sums[i].add(backend->sustained([&](int call) { runners[i].run(call % p.n_token_sets()); },
+                                               cfg.energy_seconds));
+          for (size_t i = 0; i < runners.size(); ++i) {
+            if (!recs[i].correct) continue;
+            recs[i].ms_sustained = sums[i].ms_per_call();
+            if (sums[i].mj_per_call() > 0)
+              recs[i].energy_mj_per_token = sums[i].mj_per_call() / static_cast<double>(recs[i].M);
+            recs[i].sm_clock_mhz = sums[i].mhz();
+            recs[i].power_capped = sums[i].capped();
+          }
         }
 
         progress << "[" << case_no << "/" << n_cases << "] M=" << M << " density=" << p.density * 100 << "% "
@@ -291,6 +304,9 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
                    << (r.correct ? "" : " FAILED");
           if (r.energy_mj_per_token >= 0) progress << " (" << std::setprecision(4) << r.energy_mj_per_token << " mJ/token)";
         }
+        if (mix.mhz() >= 0)
+          progress << "; timed interleaved at " << std::setprecision(0) << mix.mhz() << " MHz, "
+                   << 100 * mix.capped() << "% at the power cap";
         progress << std::defaultfloat << std::endl;
         records.insert(records.end(), recs.begin(), recs.end());
       }
@@ -304,17 +320,17 @@ void print_table(const std::vector<BenchRecord>& records, std::ostream& out) {
   std::snprintf(line, sizeof line, "%-8s %6s %6s %7s %-8s %9s %8s %-16s %10s %8s %9s %s", "M", "H", "I", "density",
                 "dist", "nnz/tok", "max", "impl", "ms(median)", "x dense", "rel_err", "ok");
   out << line;
-  if (energy) {
-    std::snprintf(line, sizeof line, "  %10s %9s %7s %7s", "sustained", "mJ/token", "SM MHz", "capped");
+  if (energy) {  // after "ok" padded as the rows' "yes" / "FAILED" are
+    std::snprintf(line, sizeof line, "%-4s %10s %9s %7s %7s", "", "sustained", "mJ/token", "SM MHz", "capped");
     out << line;
   }
   out << "\n";
   for (const BenchRecord& r : records) {
-    std::snprintf(line, sizeof line, "%-8lld %6lld %6lld %6.2f%% %-8s %9.1f %8lld %-16s %10.3f %8.3f %9.2e %-3s",
+    std::snprintf(line, sizeof line, "%-8lld %6lld %6lld %6.2f%% %-8s %9.1f %8lld %-16s %10.3f %8.3f %9.2e %-*s",
                   static_cast<long long>(r.M), static_cast<long long>(r.H), static_cast<long long>(r.I),
                   r.density * 100, r.distribution.c_str(), r.nnz_per_token_mean,
                   static_cast<long long>(r.nnz_per_token_max), r.impl.c_str(), r.ms_median, r.ratio_to_dense,
-                  r.rel_err, r.correct ? "yes" : "FAILED");
+                  r.rel_err, energy ? 6 : 0, r.correct ? "yes" : "FAILED");
     out << line;
     if (energy) {
       char sustained[16] = "n/a", mj[16] = "n/a", mhz[16] = "n/a", capped[16] = "n/a";  // not measured
@@ -322,7 +338,7 @@ void print_table(const std::vector<BenchRecord>& records, std::ostream& out) {
       if (r.energy_mj_per_token >= 0) std::snprintf(mj, sizeof mj, "%.4f", r.energy_mj_per_token);
       if (r.sm_clock_mhz >= 0) std::snprintf(mhz, sizeof mhz, "%.0f", r.sm_clock_mhz);
       if (r.power_capped >= 0) std::snprintf(capped, sizeof capped, "%.0f%%", 100 * r.power_capped);
-      std::snprintf(line, sizeof line, "%12s %9s %7s %7s", sustained, mj, mhz, capped);
+      std::snprintf(line, sizeof line, " %10s %9s %7s %7s", sustained, mj, mhz, capped);
       out << line;
     }
     out << "\n";
@@ -357,7 +373,7 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
     j["peak_mem_bytes"] = r.peak_mem_bytes >= 0 ? nlohmann::ordered_json(r.peak_mem_bytes) : nlohmann::ordered_json();
     j["energy_mj_per_token"] =
         r.energy_mj_per_token >= 0 && r.correct ? number_or_null(r.energy_mj_per_token) : nlohmann::ordered_json();
-    if (r.ms_sustained >= 0) j["ms_sustained"] = r.correct ? number_or_null(r.ms_sustained) : nlohmann::ordered_json();
+    if (r.ms_sustained >= 0) j["ms_sustained"] = number_or_null(r.ms_sustained);
     if (r.sm_clock_mhz >= 0) j["sm_clock_mhz"] = number_or_null(r.sm_clock_mhz);
     if (r.power_capped >= 0) j["power_capped"] = number_or_null(r.power_capped);
     if (!r.timing.empty()) j["timing"] = r.timing;

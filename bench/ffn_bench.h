@@ -37,11 +37,13 @@ struct FfnBenchConfig {
   // as in a model whose host runs ahead. Timing::host: from an idle GPU, so the host's work before
   // the first kernel counts too. --train always times host: the backward synchronises once.
   Timing timing = Timing::gpu;
-  // After timing a case: each implementation run back to back for energy_seconds, its mean power
-  // read through NVML (CUDA backend): energy per token, the sustained time a call, the SM clock and
-  // the share of time at the power cap. Where the board sits at its cap, time follows energy.
+  // After timing a case: each implementation run back to back for energy_seconds, twice (in order,
+  // then in reverse, so that each one's mean place in the run is the same: the board heats as it
+  // goes), its mean power read through NVML (CUDA backend): energy per token, the sustained time a
+  // call, the SM clock and the share of time at the power cap. Where the board sits at its cap,
+  // time follows energy.
   bool energy = false;
-  double energy_seconds = 1.5;
+  double energy_seconds = 1.0;
   std::string command;    // the full command line, recorded in every record
 };
 
@@ -61,7 +63,7 @@ struct BenchRecord {
   int64_t peak_mem_bytes = -1;
   double energy_mj_per_token = -1;
   double ms_sustained = -1;  // FFN --energy: the mean time a call, run back to back
-  double sm_clock_mhz = -1;  // mean SM clock over the timed runs (NVML samples)
+  double sm_clock_mhz = -1;  // mean SM clock (NVML samples): the model's timed runs, an FFN's --energy stretches
   double power_capped = -1;  // share of those samples with the power-cap clock limit active
   std::string note;  // why a case failed, or what was not timed
   std::string timing;  // "gpu" or "host" (FfnBenchConfig::timing); empty: not recorded (CPU, model)
@@ -113,17 +115,34 @@ class FfnBackend {
   virtual std::vector<FfnRunner> train_runners(const FfnProblem&, const FfnBenchConfig&, const Tensor& /*dy*/) {
     TWELL_FAIL("--train needs the CUDA backend (a Hopper GPU)");
   }
-  // --energy: fn(call) run back to back for about `seconds` (call = 0, 1, ...), with the GPU's
-  // power read meanwhile. Unset fields (< 0) where the backend or the driver cannot tell.
-  struct Sustained {
-    double ms_per_call = -1, mj_per_call = -1, sm_clock_mhz = -1, power_capped = -1;
+  // --energy (CUDA backend): the board's energy counter and SM clock, read through NVML while the
+  // calls run. Sums, so that stretches add up; the derived values are < 0 where nothing was read.
+  struct EnergySums {
+    double gpu_ms = 0;              // the calls' GPU time (sustained() only)
+    int64_t calls = 0;
+    double mj = 0, seconds = 0;     // energy between the counter's first and last move, and that time
+    double mhz_sum = 0, capped_sum = 0;  // over the clock samples; capped: the power-cap reason set
+    int64_t clock_samples = 0;
+    void add(const EnergySums& o) {
+      gpu_ms += o.gpu_ms, calls += o.calls, mj += o.mj, seconds += o.seconds;
+      mhz_sum += o.mhz_sum, capped_sum += o.capped_sum, clock_samples += o.clock_samples;
+    }
+    double ms_per_call() const { return calls > 0 ? gpu_ms / static_cast<double>(calls) : -1; }
+    double watts() const { return seconds > 0 && mj > 0 ? mj / 1e3 / seconds : -1; }
+    double mj_per_call() const { return watts() > 0 && calls > 0 ? watts() * ms_per_call() : -1; }  // W x ms
+    double mhz() const { return clock_samples > 0 ? mhz_sum / static_cast<double>(clock_samples) : -1; }
+    double capped() const { return clock_samples > 0 ? capped_sum / static_cast<double>(clock_samples) : -1; }
   };
-  // Whether sustained() can measure energy here; if not, why.
+  // Whether the energy can be read here; if not, why.
   virtual bool energy_available(std::string* why) {
     if (why) *why = "energy needs the CUDA backend (NVML)";
     return false;
   }
-  virtual Sustained sustained(const std::function<void(int call)>& /*fn*/, double /*seconds*/) { return {}; }
+  // fn(call) run back to back for about `seconds` > 0 (call = 0, 1, ...), metered.
+  virtual EnergySums sustained(const std::function<void(int call)>& /*fn*/, double /*seconds*/) { return {}; }
+  // The meter alone, around whatever runs between the two calls (the interleaved timing).
+  virtual void meter_start() {}
+  virtual EnergySums meter_stop() { return {}; }
   // One timed call of fn, in ms. Timing::gpu where the backend can (the CUDA one), else host.
   virtual double time_ms(const std::function<void()>& fn, Timing timing) = 0;
   // The timing time_ms really used for `requested` (the CPU backend always times host).

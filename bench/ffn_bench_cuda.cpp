@@ -35,11 +35,13 @@ class CudaBackend : public FfnBackend {
     TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     TWELL_CUDA_CHECK(cudaEventCreate(&start_));
     TWELL_CUDA_CHECK(cudaEventCreate(&stop_));
+    for (cudaEvent_t& e : batch_done_) TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   ~CudaBackend() override {
     state_.reset();
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
+    for (cudaEvent_t e : batch_done_) cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
   }
 
@@ -254,43 +256,42 @@ class CudaBackend : public FfnBackend {
     return meter_->available();
   }
 
+  void meter_start() override {
+    if (energy_available(nullptr)) meter_->start();
+  }
+  EnergySums meter_stop() override { return meter_ ? sums(meter_->stop()) : EnergySums{}; }
+
   // Calls enqueued back to back, at most two batches ahead of the GPU (an event a batch), so the
-  // GPU never waits for the host and the host never runs far ahead; CUDA events time the whole
-  // stretch. The energy of a call is the stretch's mean power times its mean time.
-  Sustained sustained(const std::function<void(int)>& fn, double seconds) override {
-    Sustained out;
-    if (!energy_available(nullptr)) return out;
+  // GPU does not wait for the host unless a call synchronises inside (a --train step waits once for
+  // its counts, and tiny calls enqueue slower than they run: then the host's gaps count too, as in
+  // a real loop). CUDA events time the whole stretch.
+  EnergySums sustained(const std::function<void(int)>& fn, double seconds) override {
+    TWELL_CHECK(seconds > 0, "sustained: ", seconds, " seconds");
+    if (!energy_available(nullptr)) return {};
     using Clock = std::chrono::steady_clock;
     constexpr int kBatch = 8;
-    cudaEvent_t batch_done[2] = {};
-    for (cudaEvent_t& e : batch_done) TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    struct Destroy {
-      cudaEvent_t* e;
-      ~Destroy() { cudaEventDestroy(e[0]), cudaEventDestroy(e[1]); }
-    } destroy{batch_done};
     int calls = 0;
     for (; calls < kBatch; ++calls) fn(calls);  // into the stretch's steady state
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    struct Stop {  // the sampler stops however the stretch ends
+      GpuMeter& m;
+      ~Stop() { m.stop(); }
+    } stop_sampler{*meter_};
     meter_->start();
     TWELL_CUDA_CHECK(cudaEventRecord(start_, stream_));
     const Clock::time_point t0 = Clock::now();
     int timed = 0;
-    for (int batch = 0; std::chrono::duration<double>(Clock::now() - t0).count() < seconds; ++batch) {
+    for (int batch = 0; timed == 0 || std::chrono::duration<double>(Clock::now() - t0).count() < seconds; ++batch) {
       for (int k = 0; k < kBatch; ++k, ++timed) fn(calls++);
-      TWELL_CUDA_CHECK(cudaEventRecord(batch_done[batch % 2], stream_));
-      if (batch > 0) TWELL_CUDA_CHECK(cudaEventSynchronize(batch_done[(batch + 1) % 2]));
+      TWELL_CUDA_CHECK(cudaEventRecord(batch_done_[batch % 2], stream_));
+      if (batch > 0) TWELL_CUDA_CHECK(cudaEventSynchronize(batch_done_[(batch + 1) % 2]));
     }
     TWELL_CUDA_CHECK(cudaEventRecord(stop_, stream_));
     TWELL_CUDA_CHECK(cudaEventSynchronize(stop_));
-    const GpuMeter::Reading r = meter_->stop();
+    EnergySums out = sums(meter_->stop());
     float ms = 0;
     TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-    out.ms_per_call = ms / timed;
-    if (r.watts() > 0) out.mj_per_call = r.watts() * out.ms_per_call;  // W x ms = mJ
-    if (r.clocks.samples > 0) {
-      out.sm_clock_mhz = r.clocks.mhz_sum / r.clocks.samples;
-      out.power_capped = r.clocks.capped / r.clocks.samples;
-    }
+    out.gpu_ms = ms, out.calls = timed;
     return out;
   }
 
@@ -357,6 +358,13 @@ class CudaBackend : public FfnBackend {
   uint32_t* hold_word() const { return hold_words_.as<uint32_t>(); }
   bool hold_failed_ = false;  // a held call outlasted the hold: time host from then on
   std::unique_ptr<GpuMeter> meter_;  // --energy, made on first use
+  cudaEvent_t batch_done_[2] = {};   // sustained()'s batches
+  static EnergySums sums(const GpuMeter::Reading& r) {
+    EnergySums e;
+    e.mj = r.mj, e.seconds = r.seconds;
+    e.mhz_sum = r.clocks.mhz_sum, e.capped_sum = r.clocks.capped, e.clock_samples = r.clocks.samples;
+    return e;
+  }
   std::unique_ptr<State> state_;
 };
 

@@ -27,8 +27,10 @@ GpuMeter::GpuMeter() {
       reasons ? reasons : dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons"));
   char bus[32] = {};
   int dev = 0;
+  unsigned long long probe = 0;  // a board or container may give a handle but not the counter
   if (!init || !by_bus || !energy_ || init() != 0 || cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess || by_bus(bus, &device_) != 0)
+      cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess || by_bus(bus, &device_) != 0 ||
+      energy_(device_, &probe) != 0)
     device_ = nullptr;
 }
 

@@ -9,7 +9,8 @@
 // (0.16 s decode stretches read 290 or 640 mJ a step), and a reading between decode steps stalls
 // them. So a sampler thread polls the counter during start() .. stop() and keeps its moves; the
 // mean power is the energy between the first and the last move over the time between them (each
-// end seen up to one read late), and a stretch's energy is that power times its length.
+// end seen up to one read late), and a stretch's energy is that power times its length. The
+// counter is the whole board's: other processes on the GPU count too.
 #pragma once
 
 #if defined(TWELL_WITH_CUDA)
@@ -21,7 +22,7 @@ namespace twell::bench {
 
 class GpuMeter {
  public:
-  GpuMeter();  // of the current CUDA device; available() says whether NVML could be used
+  GpuMeter();  // of the current CUDA device; available(): NVML read its energy counter once
   ~GpuMeter();
   GpuMeter(const GpuMeter&) = delete;
   GpuMeter& operator=(const GpuMeter&) = delete;

@@ -1,6 +1,6 @@
 """How NVML's energy counter behaves on this GPU: the cost of a read, how often the counter moves,
 and the mean power it gives against nvmlDeviceGetPowerUsage, idle and under a copy load.
-`twell bench model` measures energy as it does (GpuMeter in bench/model_bench_cuda.cpp) because of
+`twell bench model` measures energy as it does (GpuMeter in bench/gpu_meter.cpp) because of
 what this printed on the H200 (bench/results/h200/nvml_probe.txt): a read takes ~4 ms and the counter
 moves every 100 ms.
 

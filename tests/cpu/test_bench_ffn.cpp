@@ -119,6 +119,8 @@ TEST(BenchFfn, TableShowsEnergyColumnsOnlyWhenMeasured) {
   r.M = 16, r.H = 64, r.I = 320, r.impl = "twell", r.distribution = "uniform", r.correct = true;
   std::ostringstream plain;
   bench::print_table({r}, plain);
+  EXPECT_EQ(plain.str().substr(0, plain.str().find('\n')),
+            "M             H      I density dist       nnz/tok      max impl             ms(median)  x dense   rel_err ok");
   EXPECT_EQ(plain.str().find("mJ/token"), std::string::npos) << plain.str();
   bench::BenchRecord e = r;
   e.ms_sustained = 1.25, e.energy_mj_per_token = 0.0421, e.sm_clock_mhz = 1650, e.power_capped = 0.5;
@@ -128,6 +130,11 @@ TEST(BenchFfn, TableShowsEnergyColumnsOnlyWhenMeasured) {
   EXPECT_NE(with.str().find("0.0421"), std::string::npos) << with.str();
   EXPECT_NE(with.str().find("50%"), std::string::npos) << with.str();
   EXPECT_NE(with.str().find("n/a"), std::string::npos) << with.str();  // the second record's
+  // Each value ends where its header does.
+  const std::string table = with.str();
+  const size_t row = table.find('\n') + 1;
+  EXPECT_EQ(table.find("sustained") + 9, table.find("1.250", row) + 5 - row) << table;
+  EXPECT_EQ(table.find("mJ/token") + 8, table.find("0.0421", row) + 6 - row) << table;
   const std::string json = bench::records_to_json({e});
   EXPECT_NE(json.find("\"ms_sustained\": 1.25"), std::string::npos) << json;
   EXPECT_NE(json.find("\"energy_mj_per_token\": 0.0421"), std::string::npos) << json;

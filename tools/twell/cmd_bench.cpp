@@ -57,11 +57,14 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->check(CLI::IsMember({"gpu", "host"}))
       ->capture_default_str();
   ffn->add_option("--json", *json_path, "write the JSON records here");
-  ffn->add_flag("--energy", cfg->energy,
-                "after timing a case, run each implementation back to back and read the GPU's power through NVML: "
-                "energy per token, the sustained time a call, the SM clock and the time at the power cap (CUDA)");
-  ffn->add_option("--energy-seconds", cfg->energy_seconds, "with --energy: seconds each implementation runs")
+  CLI::Option* energy = ffn->add_flag(
+      "--energy", cfg->energy,
+      "after timing a case, run each implementation back to back (twice, in order and in reverse) and read the "
+      "GPU's power through NVML: energy per token, the sustained time a call, the SM clock and the time at the "
+      "power cap (CUDA backend)");
+  ffn->add_option("--energy-seconds", cfg->energy_seconds, "with --energy: seconds each implementation runs, each time")
       ->check(CLI::Range(0.5, 60.0))
+      ->needs(energy)
       ->capture_default_str();
   ffn->add_flag("--train", cfg->train,
                 "time forward + backward (all four gradients, L1 term on) instead of the forward; checks dx on "
