@@ -276,7 +276,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
         // --energy: each implementation back to back, after all of them were timed (so that the
         // interleaved timing above does not see one's heat more than another's), in order and then
         // in reverse (the board heats over the stretches: each one's mean place is the same).
-        FfnBackend::EnergySums mix;
+        MeterReading mix;  // during the interleaved timing
         if (cfg.energy) {
           mix = backend->meter_stop();
           std::vector<FfnBackend::EnergySums> sums(runners.size());
@@ -292,8 +292,8 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
             recs[i].ms_sustained = sums[i].ms_per_call();
             if (sums[i].mj_per_call() > 0)
               recs[i].energy_mj_per_token = sums[i].mj_per_call() / static_cast<double>(recs[i].M);
-            recs[i].sm_clock_mhz = sums[i].mhz();
-            recs[i].power_capped = sums[i].capped();
+            recs[i].sm_clock_mhz = sums[i].meter.mhz();
+            recs[i].power_capped = sums[i].meter.capped();
           }
         }
 

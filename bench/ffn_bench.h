@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_meter.h"
 #include "synthetic.h"
 #include "twell/formats/twell_format.h"
 
@@ -115,23 +116,15 @@ class FfnBackend {
   virtual std::vector<FfnRunner> train_runners(const FfnProblem&, const FfnBenchConfig&, const Tensor& /*dy*/) {
     TWELL_FAIL("--train needs the CUDA backend (a Hopper GPU)");
   }
-  // --energy (CUDA backend): the board's energy counter and SM clock, read through NVML while the
-  // calls run. Sums, so that stretches add up; the derived values are < 0 where nothing was read.
+  // --energy (CUDA backend): a stretch of calls, with what the GPU meter (gpu_meter.h) saw meanwhile.
+  // Sums, so that stretches add up; the derived values are < 0 where nothing was read.
   struct EnergySums {
-    double gpu_ms = 0;              // the calls' GPU time (sustained() only)
+    double gpu_ms = 0;  // the calls' GPU time
     int64_t calls = 0;
-    double mj = 0, seconds = 0;     // energy between the counter's first and last move, and that time
-    double mhz_sum = 0, capped_sum = 0;  // over the clock samples; capped: the power-cap reason set
-    int64_t clock_samples = 0;
-    void add(const EnergySums& o) {
-      gpu_ms += o.gpu_ms, calls += o.calls, mj += o.mj, seconds += o.seconds;
-      mhz_sum += o.mhz_sum, capped_sum += o.capped_sum, clock_samples += o.clock_samples;
-    }
+    MeterReading meter;
+    void add(const EnergySums& o) { gpu_ms += o.gpu_ms, calls += o.calls, meter.add(o.meter); }
     double ms_per_call() const { return calls > 0 ? gpu_ms / static_cast<double>(calls) : -1; }
-    double watts() const { return seconds > 0 && mj > 0 ? mj / 1e3 / seconds : -1; }
-    double mj_per_call() const { return watts() > 0 && calls > 0 ? watts() * ms_per_call() : -1; }  // W x ms
-    double mhz() const { return clock_samples > 0 ? mhz_sum / static_cast<double>(clock_samples) : -1; }
-    double capped() const { return clock_samples > 0 ? capped_sum / static_cast<double>(clock_samples) : -1; }
+    double mj_per_call() const { return meter.watts() > 0 && calls > 0 ? meter.watts() * ms_per_call() : -1; }  // W x ms
   };
   // Whether the energy can be read here; if not, why.
   virtual bool energy_available(std::string* why) {
@@ -142,7 +135,7 @@ class FfnBackend {
   virtual EnergySums sustained(const std::function<void(int call)>& /*fn*/, double /*seconds*/) { return {}; }
   // The meter alone, around whatever runs between the two calls (the interleaved timing).
   virtual void meter_start() {}
-  virtual EnergySums meter_stop() { return {}; }
+  virtual MeterReading meter_stop() { return {}; }
   // One timed call of fn, in ms. Timing::gpu where the backend can (the CUDA one), else host.
   virtual double time_ms(const std::function<void()>& fn, Timing timing) = 0;
   // The timing time_ms really used for `requested` (the CPU backend always times host).

@@ -259,7 +259,7 @@ class CudaBackend : public FfnBackend {
   void meter_start() override {
     if (energy_available(nullptr)) meter_->start();
   }
-  EnergySums meter_stop() override { return meter_ ? sums(meter_->stop()) : EnergySums{}; }
+  MeterReading meter_stop() override { return meter_ ? meter_->stop() : MeterReading{}; }
 
   // Calls enqueued back to back, at most two batches ahead of the GPU (an event a batch), so the
   // GPU does not wait for the host unless a call synchronises inside (a --train step waits once for
@@ -288,7 +288,8 @@ class CudaBackend : public FfnBackend {
     }
     TWELL_CUDA_CHECK(cudaEventRecord(stop_, stream_));
     TWELL_CUDA_CHECK(cudaEventSynchronize(stop_));
-    EnergySums out = sums(meter_->stop());
+    EnergySums out;
+    out.meter = meter_->stop();
     float ms = 0;
     TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
     out.gpu_ms = ms, out.calls = timed;
@@ -359,12 +360,6 @@ class CudaBackend : public FfnBackend {
   bool hold_failed_ = false;  // a held call outlasted the hold: time host from then on
   std::unique_ptr<GpuMeter> meter_;  // --energy, made on first use
   cudaEvent_t batch_done_[2] = {};   // sustained()'s batches
-  static EnergySums sums(const GpuMeter::Reading& r) {
-    EnergySums e;
-    e.mj = r.mj, e.seconds = r.seconds;
-    e.mhz_sum = r.clocks.mhz_sum, e.capped_sum = r.clocks.capped, e.clock_samples = r.clocks.samples;
-    return e;
-  }
   std::unique_ptr<State> state_;
 };
 

@@ -47,7 +47,7 @@ void GpuMeter::start() {
   if (!device_) return;
   running_ = true;
   sampler_ = std::thread([this] {
-    Reading r;
+    MeterReading r;
     double prev = -1, first_mj = -1, last_mj = -1;  // the last value read; the values at the first and last move
     Clock::time_point first_t, last_t, next_clock = Clock::now();
     while (running_) {
@@ -65,9 +65,9 @@ void GpuMeter::start() {
         unsigned mhz = 0;
         unsigned long long why = 0;
         if (clock_(device_, kClockSm, &mhz) == 0) {
-          r.clocks.mhz_sum += mhz;
-          r.clocks.capped += reasons_ && reasons_(device_, &why) == 0 && (why & kPowerCapReasons) ? 1 : 0;
-          ++r.clocks.samples;
+          r.mhz_sum += mhz;
+          r.capped_sum += reasons_ && reasons_(device_, &why) == 0 && (why & kPowerCapReasons) ? 1 : 0;
+          ++r.samples;
         }
         next_clock = Clock::now() + std::chrono::milliseconds(10);
       }
@@ -81,7 +81,7 @@ void GpuMeter::start() {
   });
 }
 
-GpuMeter::Reading GpuMeter::stop() {
+MeterReading GpuMeter::stop() {
   if (!sampler_.joinable()) return {};
   running_ = false;
   sampler_.join();

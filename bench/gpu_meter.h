@@ -13,9 +13,29 @@
 // counter is the whole board's: other processes on the GPU count too.
 #pragma once
 
+#include <cstdint>
+
+namespace twell::bench {
+
+// What a GpuMeter saw between start() and stop(): sums, so that readings add up. Declared in every
+// build, since the benchmarks' records are built from it without CUDA too.
+struct MeterReading {
+  double mj = 0, seconds = 0;  // energy and time between the counter's first and last move; 0: fewer than 2
+  double mhz_sum = 0, capped_sum = 0;  // over the clock samples (every 10 ms); capped: power-cap reason set
+  int64_t samples = 0;
+  void add(const MeterReading& o) {
+    mj += o.mj, seconds += o.seconds, mhz_sum += o.mhz_sum, capped_sum += o.capped_sum, samples += o.samples;
+  }
+  // The derived values; < 0 where nothing was read.
+  double watts() const { return seconds > 0 && mj > 0 ? mj / 1e3 / seconds : -1; }
+  double mhz() const { return samples > 0 ? mhz_sum / static_cast<double>(samples) : -1; }
+  double capped() const { return samples > 0 ? capped_sum / static_cast<double>(samples) : -1; }
+};
+
+}  // namespace twell::bench
+
 #if defined(TWELL_WITH_CUDA)
 #include <atomic>
-#include <cstdint>
 #include <thread>
 
 namespace twell::bench {
@@ -28,21 +48,8 @@ class GpuMeter {
   GpuMeter& operator=(const GpuMeter&) = delete;
   bool available() const { return device_ != nullptr; }
 
-  // What the sampler saw between start() and stop(): clock samples every 10 ms, and the counter's
-  // first and last moves.
-  struct Clocks {
-    double mhz_sum = 0, capped = 0;  // sums over the samples; capped: power-cap reason set
-    int64_t samples = 0;
-    void add(const Clocks& o) { mhz_sum += o.mhz_sum, capped += o.capped, samples += o.samples; }
-  };
-  struct Reading {
-    Clocks clocks;
-    double mj = 0, seconds = 0;  // energy and time between the counter's first and last move; 0: fewer than 2
-    double watts() const { return seconds > 0 ? mj / 1e3 / seconds : -1; }
-    void add(const Reading& o) { clocks.add(o.clocks), mj += o.mj, seconds += o.seconds; }
-  };
   void start();
-  Reading stop();
+  MeterReading stop();
 
  private:
   void* lib_ = nullptr;
@@ -52,7 +59,7 @@ class GpuMeter {
   int (*reasons_)(void*, unsigned long long*) = nullptr;
   std::thread sampler_;
   std::atomic<bool> running_{false};
-  Reading last_;
+  MeterReading last_;
 };
 
 }  // namespace twell::bench

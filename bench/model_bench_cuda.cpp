@@ -361,7 +361,7 @@ double median_of(std::vector<double> v) {
 
 struct Timing {
   std::vector<double> ms;
-  GpuMeter::Reading meter;     // summed over the prefill runs or the decode energy stretches
+  MeterReading meter;          // summed over the prefill runs or the decode energy stretches
   double stretch_step_ms = 0;  // decode: a step of the energy stretches (sampler running), against the timed
   double median() const { return median_of(ms); }
 };
@@ -390,18 +390,15 @@ BenchRecord record(const char* bench, const char* impl, const ModelBenchConfig& 
   r.peak_mem_bytes = static_cast<int64_t>(mem);
   // The mean power times a run's time: a prefill run's mean, or a step of the decode energy stretches.
   // NVML's energy counter moves in coarse steps: runs too short for it to move twice have no figure.
-  if (t.meter.seconds > 0 && t.meter.mj > 0) {
+  if (t.meter.watts() > 0) {
     double run_ms = t.stretch_step_ms;
     if (run_ms <= 0) {
       for (double m : t.ms) run_ms += m / static_cast<double>(t.ms.size());
     }
     r.energy_mj_per_token = t.meter.watts() * run_ms / tokens_per_run;  // W x ms = mJ
   }
-  const GpuMeter::Clocks& clocks = t.meter.clocks;
-  if (clocks.samples > 0) {
-    r.sm_clock_mhz = clocks.mhz_sum / static_cast<double>(clocks.samples);
-    r.power_capped = clocks.capped / static_cast<double>(clocks.samples);
-  }
+  r.sm_clock_mhz = t.meter.mhz();  // -1 (unset) where no sample was taken
+  r.power_capped = t.meter.capped();
   r.ratio_to_dense = r.ms_median / dense_ms;
   r.dense_rel_err = dense_err;
   r.rel_err = err;
@@ -503,7 +500,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
       m.enqueue(tokens.as<int32_t>(), B, S, cuda::Head::none);
       TWELL_CUDA_CHECK(cudaEventRecord(stop, m.stream()));
       TWELL_CUDA_CHECK(cudaEventSynchronize(stop));
-      const GpuMeter::Reading reading = energy.stop();
+      const MeterReading reading = energy.stop();
       float ms = 0;
       TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
       if (it < cfg.warmup) continue;
