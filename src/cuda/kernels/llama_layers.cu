@@ -9,6 +9,7 @@
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
 #include "cuda/kernels/bulk_copy.cuh"
+#include "cuda/kernels/rms_norm.cuh"
 #include "cuda/kernels/split_sum.cuh"
 
 namespace twell::cuda {
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
 #pragma unroll
     for (int e = 0; e < 8; ++e) sum_sq += v[c][e] * v[c][e];
   }
-  const float inv = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(H) + eps);
+  const float inv = rms_inv(block_sum(sum_sq, scratch), H, eps);
   uint16_t* o = out + static_cast<int64_t>(blockIdx.x) * H;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
     float wf[8], r[8];
     unpack8(wq[c], wf);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) r[e] = wf[e] * (v[c][e] * inv);
+    for (int e = 0; e < 8; ++e) r[e] = rms_scaled(wf[e], v[c][e], inv);
     *reinterpret_cast<uint4*>(o + i) = pack8(r);
   }
 }
@@ -125,14 +126,14 @@ __global__ void __cluster_dims__(kSplitBlocks, 1, 1) __launch_bounds__(kSplitThr
   cluster.sync();
   float total = 0.f;
   for (int r = 0; r < kSplitBlocks; ++r) total += block_sq[r];
-  const float inv = rsqrtf(total / static_cast<float>(H) + eps);
+  const float inv = rms_inv(total, H, eps);
   if (mine) {
     const float w0 = bf16_bits_to_float(static_cast<uint16_t>(wq.x & 0xffffu));
     const float w1 = bf16_bits_to_float(static_cast<uint16_t>(wq.x >> 16));
     const float w2 = bf16_bits_to_float(static_cast<uint16_t>(wq.y & 0xffffu));
     const float w3 = bf16_bits_to_float(static_cast<uint16_t>(wq.y >> 16));
-    *reinterpret_cast<uint2*>(out + c0) = make_uint2(pack2(w0 * (v.x * inv), w1 * (v.y * inv)),
-                                                     pack2(w2 * (v.z * inv), w3 * (v.w * inv)));
+    *reinterpret_cast<uint2*>(out + c0) = make_uint2(pack2(rms_scaled(w0, v.x, inv), rms_scaled(w1, v.y, inv)),
+                                                     pack2(rms_scaled(w2, v.z, inv), rms_scaled(w3, v.w, inv)));
   }
 }
 

@@ -14,6 +14,7 @@
 #include "cuda/kernels/bulk_copy.cuh"
 #include "cuda/kernels/mma_sync.cuh"
 #include "cuda/kernels/pack_report.cuh"
+#include "cuda/kernels/rms_norm.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -491,7 +492,7 @@ __device__ __forceinline__ void write_out2(const Params& p, int64_t row, int64_t
 // Out::residual_norm for a row the warp holds whole (lane l: columns c·256 + 8l .. + 8 of y in
 // acc[c]): resid[row] += bf16(y[row]), normed[row] = bf16(w · resid[row] / √(mean(resid[row]²) +
 // eps)), the sum of squares over the lanes by a butterfly (every lane gets the same total). The
-// arithmetic of add_rmsnorm_kernel but for the sum's order. Leaves acc zeroed.
+// arithmetic of add_rmsnorm_kernel (rms_norm.cuh) but for the sum's order. Leaves acc zeroed.
 template <int kChunks>
 __device__ __forceinline__ void residual_norm_row(const Params& p, int64_t row, float (&acc)[kChunks][8], int lane) {
   float* xr = p.then.resid + row * p.H;
@@ -512,7 +513,7 @@ __device__ __forceinline__ void residual_norm_row(const Params& p, int64_t row, 
   }
 #pragma unroll
   for (int d = 16; d >= 1; d /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, d);
-  const float inv = rsqrtf(sum_sq / static_cast<float>(p.H) + p.then.eps);
+  const float inv = rms_inv(sum_sq, p.H, p.then.eps);
   uint16_t* o = p.then.normed + row * p.H;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -521,7 +522,7 @@ __device__ __forceinline__ void residual_norm_row(const Params& p, int64_t row, 
       float wf[8];
       unpack8(__ldg(reinterpret_cast<const uint4*>(p.then.w + col)), wf);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[c][e] = wf[e] * (acc[c][e] * inv);
+      for (int e = 0; e < 8; ++e) acc[c][e] = rms_scaled(wf[e], acc[c][e], inv);
       *reinterpret_cast<uint4*>(o + col) = pack8(acc[c]);
     }
 #pragma unroll
@@ -610,12 +611,12 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
           group_sync(g);
           float total = 0.f;
           for (int v = 0; v < g.warps; ++v) total += part[v];
-          const float inv = rsqrtf(total / static_cast<float>(p.H) + p.then.eps);
+          const float inv = rms_inv(total, p.H, p.then.eps);
           for (int64_t col = col0; col < p.H; col += col_step) {
             const float2 r = *reinterpret_cast<const float2*>(p.then.resid + row * p.H + col);
             const uint32_t w2 = __ldg(reinterpret_cast<const uint32_t*>(p.then.w + col));
             reinterpret_cast<uint32_t*>(p.then.normed + row * p.H)[col / 2] =
-                pack2(bits_float(w2 << 16) * (r.x * inv), bits_float(w2 & 0xffff0000u) * (r.y * inv));
+                pack2(rms_scaled(bits_float(w2 << 16), r.x, inv), rms_scaled(bits_float(w2 & 0xffff0000u), r.y, inv));
           }
         }
         group_sync(g);
