@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -111,6 +112,24 @@ void refuse_sliding_window(const json& root, const ModelConfig& c, const std::st
                     c.max_position_embeddings, ") is not supported: twell attends over the whole context"));
 }
 
+// "eos_token_id" and the like: absent, null, one id or a list of ids (Llama 3 Instruct's three).
+std::vector<int32_t> read_token_ids(const json& root, const char* key, const std::string& source) {
+  const json* v = find_key(root, key);
+  if (!v) return {};
+  auto id = [&](const json& e) {
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      wrong_type(source, key, "a token id or a list of token ids", *v);
+    return static_cast<int32_t>(e.get<int64_t>());
+  };
+  std::vector<int32_t> ids;
+  if (v->is_array()) {
+    for (const json& e : *v) ids.push_back(id(e));
+  } else {
+    ids.push_back(id(*v));
+  }
+  return ids;
+}
+
 bool is_directory(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -135,10 +154,14 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
     c.num_key_value_heads = c.num_attention_heads;
   if (!read_int(root, "head_dim", source, &c.head_dim) && c.num_attention_heads > 0)
     c.head_dim = c.hidden_size / c.num_attention_heads;  // validate() rejects a remainder
-  if (!read_number(root, "rope_theta", source, &c.rope_theta)) {
-    // Recent transformers versions move it into "rope_parameters".
-    if (const json* rope = find_key(root, "rope_parameters"); rope && rope->is_object())
-      read_number(*rope, "rope_theta", source, &c.rope_theta);
+  // Recent transformers versions move rope_theta into "rope_parameters"; where both say it, they
+  // must agree (as rope_scaling and rope_parameters must, below).
+  const bool top_theta = read_number(root, "rope_theta", source, &c.rope_theta);
+  if (const json* rope = find_key(root, "rope_parameters"); rope && rope->is_object()) {
+    double theta = c.rope_theta;
+    if (read_number(*rope, "rope_theta", source, &theta) && top_theta && theta != c.rope_theta)
+      throw Error(str(source, ": rope_theta ", c.rope_theta, " and rope_parameters.rope_theta ", theta, " disagree"));
+    c.rope_theta = theta;
   }
   read_number(root, "rms_norm_eps", source, &c.rms_norm_eps);
   if (const json* tie = find_key(root, "tie_word_embeddings")) {
@@ -150,6 +173,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
     read_string(root, "dtype", source, &c.torch_dtype);
   c.rope_scaling = read_rope(root, source);
   refuse_sliding_window(root, c, source);
+  c.eos_token_ids = read_token_ids(root, "eos_token_id", source);
   c.validate(source);
   return c;
 }
@@ -182,6 +206,8 @@ std::string ModelConfig::to_json() const {
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["hidden_act"] = hidden_act;
   if (!torch_dtype.empty()) j["torch_dtype"] = torch_dtype;
+  if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
+  if (eos_token_ids.size() > 1) j["eos_token_id"] = eos_token_ids;
   return j.dump(2) + "\n";
 }
 
@@ -189,6 +215,11 @@ void ModelConfig::validate(const std::string& source) const {
   auto positive = [&](const char* key, int64_t v) {
     if (v <= 0) throw Error(str(source, ": ", key, " must be positive, got ", v));
   };
+  // Architectures with Llama's tensor names but other arithmetic (Granite's and MiniCPM's
+  // multipliers, SmolLM3's layers without RoPE) would load and run, wrongly.
+  if (model_type != "llama" && model_type != "mistral")
+    throw Error(str(source, ": model_type '", detail::printable(model_type, 40),
+                    "' is not supported: twell runs 'llama' (and 'mistral' without a sliding window)"));
   positive("hidden_size", hidden_size);
   positive("intermediate_size", intermediate_size);
   positive("num_hidden_layers", num_hidden_layers);
@@ -236,8 +267,22 @@ void ModelConfig::validate(const std::string& source) const {
 }
 
 ModelConfig read_config(const std::string& path) {
-  const std::string file = is_directory(path) ? path + "/config.json" : path;
-  return ModelConfig::from_json(detail::read_text_file(file), file);
+  const bool dir = is_directory(path);
+  const std::string file = dir ? path + "/config.json" : path;
+  ModelConfig c = ModelConfig::from_json(detail::read_text_file(file), file);
+  // generate() in transformers stops on generation_config.json's eos_token_id, which may list
+  // more ids than config.json's (Llama 3 Instruct): both are kept.
+  const std::string gen = path + "/generation_config.json";
+  struct stat st;
+  if (dir && ::stat(gen.c_str(), &st) == 0) {
+    const std::string text = detail::read_text_file(gen);
+    const json root = detail::parse_json_strict(text.data(), text.data() + text.size(), gen, "generation config");
+    if (!root.is_object()) throw Error(str(gen, ": must be a JSON object, got ", root.type_name()));
+    for (int32_t id : read_token_ids(root, "eos_token_id", gen))
+      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+        c.eos_token_ids.push_back(id);
+  }
+  return c;
 }
 
 void write_config(const std::string& path, const ModelConfig& config) {

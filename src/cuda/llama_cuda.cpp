@@ -637,6 +637,7 @@ Tensor LlamaCuda::prefill_batch(const std::vector<std::vector<int32_t>>& prompts
 Tensor LlamaCuda::decode_batch(const std::vector<int32_t>& tokens) { return impl_->decode(tokens); }
 
 int64_t LlamaCuda::cached_tokens() const { return impl_->len; }
+int64_t LlamaCuda::context() const { return impl_->o.max_context; }
 void LlamaCuda::reset() { impl_->reset(); }
 
 void LlamaCuda::enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head) { impl_->enqueue(tokens, B, S, head); }

@@ -16,12 +16,13 @@ namespace twell::model {
 
 namespace {
 
-// A [V] or [1, V] float row as doubles.
-std::vector<double> logit_row(const TensorView& logits) {
+// A [V] or [1, V] float row as doubles, its first `limit` entries where limit is in (0, V).
+std::vector<double> logit_row(const TensorView& logits, int64_t limit) {
   TWELL_CHECK(logits.rank() == 1 || (logits.rank() == 2 && logits.shape[0] == 1),
               "sample: logits must be [V] or [1, V], got ", shape_str(logits.shape));
   TWELL_CHECK(logits.numel() > 0, "sample: empty logits");
   std::vector<double> row = to_f64(logits);
+  if (limit > 0 && limit < static_cast<int64_t>(row.size())) row.resize(static_cast<size_t>(limit));
   for (size_t i = 0; i < row.size(); ++i)  // -inf (a token ruled out) is fine
     TWELL_REQUIRE(!std::isnan(row[i]) && row[i] != HUGE_VAL, "sample: logit ", i, " is ", row[i],
                 ": the model's activations are not finite (weights with NaN or Inf, or an overflow)");
@@ -35,7 +36,9 @@ int32_t argmax(const std::vector<double>& row) {
 }  // namespace
 
 void SamplingOptions::check() const {
-  TWELL_REQUIRE(temperature >= 0, "sampling: temperature must be >= 0, got ", temperature);
+  TWELL_REQUIRE(temperature >= 0 && std::isfinite(temperature), "sampling: temperature must be finite and >= 0, got ",
+                temperature);
+  TWELL_REQUIRE(vocab_limit >= 0, "sampling: vocab_limit must be >= 0, got ", vocab_limit);
   TWELL_REQUIRE(top_k >= 0, "sampling: top_k must be >= 0, got ", top_k);
   TWELL_REQUIRE(top_p > 0 && top_p <= 1, "sampling: top_p must be in (0, 1], got ", top_p);
 }
@@ -47,7 +50,7 @@ double Sampler::uniform() {
 }
 
 int32_t Sampler::sample(const TensorView& logits) {
-  const std::vector<double> row = logit_row(logits);
+  const std::vector<double> row = logit_row(logits, options_.vocab_limit);
   if (options_.temperature == 0) return argmax(row);
 
   // Candidates sorted by logit, descending; ties by token id.
@@ -60,7 +63,10 @@ int32_t Sampler::sample(const TensorView& logits) {
 
   // Softmax of logit / temperature over the kept candidates.
   std::vector<double> p(keep);
+  // A temperature so small that the top logit over it overflows is greedy (the draw below would
+  // otherwise see NaN and return the least likely candidate).
   const double top = row[order[0]] / options_.temperature;
+  if (!std::isfinite(top)) return order[0];
   double sum = 0;
   for (size_t i = 0; i < keep; ++i)
     sum += p[i] = std::exp(row[order[i]] / options_.temperature - top);
@@ -87,7 +93,7 @@ int32_t Sampler::sample(const TensorView& logits) {
 
 std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt,
                               int64_t max_new_tokens, const SamplingOptions& sampling,
-                              int32_t eos_token) {
+                              const std::vector<int32_t>& stop_tokens) {
   TWELL_CHECK(!prompt.empty(), "generate: empty prompt");
   Sampler sampler(sampling);
   std::vector<int32_t> out;
@@ -96,7 +102,9 @@ std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& 
   while (true) {
     const int32_t token = sampler.sample(logits);
     out.push_back(token);
-    if (token == eos_token || static_cast<int64_t>(out.size()) >= max_new_tokens) break;
+    if (std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end() ||
+        static_cast<int64_t>(out.size()) >= max_new_tokens || model.cached_tokens() >= model.context())
+      break;
     logits = model.decode_step(token);
   }
   return out;
@@ -113,11 +121,13 @@ Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<in
   const int64_t T = static_cast<int64_t>(tokens.size());
   TWELL_CHECK(logits.rank() == 2 && logits.shape[0] == T, "perplexity: logits ", shape_str(logits.shape),
               " do not hold one row per token (", T, ")");
-  const std::vector<double> all = to_f64(logits);
   const int64_t V = logits.shape[1];
+  const size_t row_bytes = static_cast<size_t>(V) * dtype_size(logits.dtype);
   double nll_sum = 0;
-  for (int64_t t = 0; t + 1 < T; ++t) {
-    const double* row = all.data() + t * V;
+  for (int64_t t = 0; t + 1 < T; ++t) {  // a row at a time: [T, V] in double would be 8·T·V bytes
+    const std::vector<double> all =
+        to_f64(TensorView(static_cast<char*>(logits.data) + static_cast<size_t>(t) * row_bytes, logits.dtype, {V}));
+    const double* row = all.data();
     const double top = *std::max_element(row, row + V);
     double sum = 0;
     for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - top);

@@ -553,6 +553,50 @@ std::string type_of(const json& obj, const std::string& where) {
   return get_string(obj, "type", where);
 }
 
+// The token HF's post-processor puts in front of one sequence (add_special_tokens=True): that of
+// a TemplateProcessing whose "single" template starts with a SpecialToken, on its own or in a
+// Sequence of processors (as Llama 3 ships). None for ByteLevel, null, or a template that starts
+// with the text. Special tokens after the text (an EOS appended) are not added: a prompt to
+// continue must not end in one. Processors that wrap the text on both sides (Bert, Roberta) are
+// refused.
+std::optional<int32_t> leading_special_token(const json* pp, const BpeTokenizer& tok, const std::string& where) {
+  if (!pp) return std::nullopt;
+  const std::string type = type_of(*pp, where);
+  if (type == "ByteLevel") return std::nullopt;
+  if (type == "Sequence") {
+    const json* list = member(*pp, "processors");
+    if (!list || !list->is_array()) throw Error(str(where, ": a Sequence needs a 'processors' array"));
+    std::optional<int32_t> first;
+    for (size_t i = 0; i < list->size(); ++i) {
+      const std::optional<int32_t> id = leading_special_token(&(*list)[i], tok, str(where, ".processors[", i, "]"));
+      if (id && first && *id != *first) throw Error(str(where, ": two processors put different tokens first"));
+      if (id) first = id;
+    }
+    return first;
+  }
+  if (type != "TemplateProcessing")
+    throw Error(str(where, ": unsupported post-processor '", printable(type, 40),
+                    "' (supported: null, ByteLevel, TemplateProcessing, a Sequence of them)"));
+  const json* single = member(*pp, "single");
+  if (!single || !single->is_array() || single->empty())
+    throw Error(str(where, ": TemplateProcessing needs a non-empty 'single' template"));
+  const json& head = (*single)[0];
+  const json* special = head.is_object() ? member(head, "SpecialToken") : nullptr;
+  if (!special) return std::nullopt;
+  const std::string name = special->is_object() ? get_string(*special, "id", where + ".single[0]") : "";
+  const json* specials = member(*pp, "special_tokens");
+  const json* entry = specials && specials->is_object() ? member(*specials, name.c_str()) : nullptr;
+  const json* ids = entry && entry->is_object() ? member(*entry, "ids") : nullptr;
+  if (!ids || !ids->is_array() || ids->size() != 1)
+    throw Error(str(where, ": the template's first token '", printable(name, 60), "' needs one id in special_tokens['",
+                    printable(name, 60), "'].ids"));
+  const int32_t id = get_id((*ids)[0], where + ".special_tokens");
+  if (tok.token_to_id(name) != id)
+    throw Error(str(where, ": the template's first token '", printable(name, 60), "' (id ", id,
+                    ") is not that token of the vocabulary"));
+  return id;
+}
+
 // Llama 2's tokenizer.json, recognised exactly (anything else is refused by name):
 //   normalizer Sequence[Prepend "▁", Replace " " -> "▁"]
 //   decoder    Sequence[Replace "▁" -> " ", ByteFallback, Fuse, Strip " " start 1 stop 0]
@@ -836,6 +880,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
     }
   }
 
+  tok->bos_ = tok->bos_to_add_ =
+      leading_special_token(member(root, "post_processor"), *tok, source + ": post_processor");
+
   // normalizer, pre-tokenizer, decoder: byte-level, or SentencePiece-style as Llama 2 ships
   tok->byte_fallback_ = get_bool(*model, "byte_fallback", false, where);
   if (const json* normalizer = member(root, "normalizer")) {
@@ -863,13 +910,14 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
   return tok;
 }
 
-void BpeTokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos) {
+void BpeTokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos, std::optional<bool> add_bos) {
   for (const auto& id : {bos, eos}) {
     if (id && (*id < 0 || *id >= vocab_size_ || !has_id_[*id]))
       throw Error(str("BpeTokenizer::set_bos_eos: id ", *id, " is not in the vocabulary"));
   }
   bos_ = bos;
   eos_ = eos;
+  if (add_bos) bos_to_add_ = *add_bos ? bos_ : std::nullopt;
 }
 
 std::string BpeTokenizer::id_to_token(int32_t id) const {
@@ -1150,8 +1198,13 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
                                                       source, "tokenizer_config.json", 64);
     if (!config.is_object())
       throw Error(str(source, ": tokenizer_config.json must be a JSON object"));
-    tok->set_bos_eos(special_from_config(config, "bos_token", *tok, source),
-                     special_from_config(config, "eos_token", *tok, source));
+    std::optional<bool> add_bos;
+    if (const json* v = member(config, "add_bos_token")) {
+      if (!v->is_boolean()) throw Error(str(source, ": 'add_bos_token' must be true or false"));
+      add_bos = v->get<bool>();
+    }
+    const std::optional<int32_t> bos = special_from_config(config, "bos_token", *tok, source);
+    tok->set_bos_eos(bos ? bos : tok->bos_id(), special_from_config(config, "eos_token", *tok, source), add_bos);
   }
   return tok;
 }

@@ -213,6 +213,37 @@ TEST(ModelConfig, RefusesUnsupportedRopeScalingAndSlidingWindows) {
   expect_error([&] { c.validate("x.json"); }, {"x.json", "rope_scaling type must be default, linear or llama3"});
 }
 
+// Other architectures that share Llama's tensor names (Granite's multipliers, MiniCPM's scales,
+// SmolLM3's layers without RoPE) would load and run wrong: refused by model_type. Mistral without
+// a sliding window is Llama's arithmetic; no model_type means llama, as twell writes it.
+TEST(ModelConfig, RefusesOtherArchitecturesByModelType) {
+  for (const char* other : {"granite", "minicpm", "smollm3", "qwen2", ""})
+    expect_error([&] { ModelConfig::from_json(minimal(str("\"model_type\": \"", other, "\"")), "c.json"); },
+                 {"c.json", str("model_type '", other, "' is not supported")});
+  EXPECT_EQ(ModelConfig::from_json(minimal(R"("model_type": "mistral", "sliding_window": null)")).model_type,
+            "mistral");
+  EXPECT_EQ(ModelConfig::from_json(minimal()).model_type, "llama");
+}
+
+// rope_theta at the top level and in rope_parameters must agree; eos_token_id is one id or a
+// list (Llama 3 Instruct's three), and is written back.
+TEST(ModelConfig, ReadsRopeThetaOnceAndEosIds) {
+  expect_error(
+      [] { ModelConfig::from_json(minimal(R"("rope_theta": 1e4, "rope_parameters": {"rope_theta": 5e5})"), "c.json"); },
+      {"c.json", "rope_theta 10000 and rope_parameters.rope_theta 500000 disagree"});
+  EXPECT_EQ(ModelConfig::from_json(minimal(R"("rope_theta": 5e5, "rope_parameters": {"rope_theta": 5e5})")).rope_theta,
+            5e5);
+  EXPECT_TRUE(ModelConfig::from_json(minimal()).eos_token_ids.empty());
+  EXPECT_TRUE(ModelConfig::from_json(minimal(R"("eos_token_id": null)")).eos_token_ids.empty());
+  EXPECT_EQ(ModelConfig::from_json(minimal(R"("eos_token_id": 2)")).eos_token_ids, std::vector<int32_t>{2});
+  const ModelConfig l3 = ModelConfig::from_json(minimal(R"("eos_token_id": [128001, 128008, 128009])"));
+  EXPECT_EQ(l3.eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
+  EXPECT_EQ(ModelConfig::from_json(l3.to_json()).eos_token_ids, l3.eos_token_ids);
+  for (const char* bad : {R"("eos_token_id": "2")", R"("eos_token_id": [1, -2])", R"("eos_token_id": 1e12)"})
+    expect_error([&] { ModelConfig::from_json(minimal(bad), "c.json"); },
+                 {"c.json", "'eos_token_id' must be a token id or a list of token ids"});
+}
+
 TEST(ModelConfig, ValidateExplainsInconsistencies) {
   auto with = [](auto edit) {
     ModelConfig c = small_config();
@@ -263,6 +294,17 @@ TEST_F(ConfigFile, FailedWriteKeepsTheOldFile) {
   expect_error([&] { io::write_config(dir_, bad); }, {"config.json", "hidden_size 65"});
   EXPECT_EQ(read_file(path("config.json")), before);
   EXPECT_EQ(listing(), std::vector<std::string>{"config.json"});
+}
+
+// A model directory's generation_config.json adds its end-of-sequence ids to config.json's.
+TEST_F(ConfigFile, GenerationConfigAddsEosIds) {
+  write_file(path("config.json"), minimal(R"("eos_token_id": 128001)"));
+  EXPECT_EQ(io::read_config(dir_).eos_token_ids, std::vector<int32_t>{128001});
+  write_file(path("generation_config.json"), R"({"eos_token_id": [128001, 128008, 128009], "do_sample": true})");
+  EXPECT_EQ(io::read_config(dir_).eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
+  EXPECT_EQ(io::read_config(path("config.json")).eos_token_ids, std::vector<int32_t>{128001});  // the file alone
+  write_file(path("generation_config.json"), R"({"eos_token_id": "x"})");
+  expect_error([&] { io::read_config(dir_); }, {"generation_config.json", "'eos_token_id' must be a token id"});
 }
 
 TEST_F(ConfigFile, ReadErrorsNameTheFile) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -102,7 +103,8 @@ TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
 
 // Values out of range fail before the model loads, with the option's name; nothing runs.
 TEST_F(CliModel, BadOptionsFailBeforeLoading) {
-  for (const char* bad : {"--temperature -1", "--top-p 0", "--top-p nan", "--top-k -3", "-n -1"}) {
+  for (const char* bad : {"--temperature -1", "--temperature inf", "--top-p 0", "--top-p nan", "--top-k -3", "-n -1",
+                          "--seed -1", "--seed 18446744073709551616"}) {
     const CliResult r = run_cli("run " + dir_ + " --byte-tokenizer -p hi " + bad, true);
     EXPECT_NE(r.status, 0) << bad;
     EXPECT_EQ(r.out.find("loaded "), std::string::npos) << bad << ": " << r.out;
@@ -126,6 +128,30 @@ TEST_F(CliModel, BadOptionsFailBeforeLoading) {
   const CliResult e = run_cli("eval " + dir_ + " " + empty + " --byte-tokenizer", true);
   EXPECT_NE(e.status, 0);
   EXPECT_NE(e.out.find("encodes to no tokens"), std::string::npos) << e.out;
+}
+
+// A model whose embedding rows are padded past its tokenizer (vocab_size 400, a 308-id byte-level
+// BPE with no BOS): hot sampling never draws an id the tokenizer cannot print, an empty prompt is
+// refused before loading (nothing to continue from), and the summary on stderr starts a line of
+// its own after the streamed text.
+TEST_F(CliModel, PaddedVocabularyAndEmptyPrompt) {
+  const std::string padded = path("padded");
+  io::ModelConfig c = tiny_config("relu", true);
+  c.vocab_size = 400;
+  c.max_position_embeddings = 64;
+  write_hf(padded, c, random_hf_tensors(c, 12));
+  std::ofstream(padded + "/tokenizer.json")
+      << test::read_file((std::filesystem::path(__FILE__).parent_path() / "data" / "bpe_gpt2.json").string());
+  for (int seed = 1; seed <= 4; ++seed) {
+    const CliResult r =
+        run_cli("run " + padded + " -p hello -n 40 --temperature 5 --seed " + std::to_string(seed), true);
+    EXPECT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("\nprompt "), std::string::npos) << r.out;
+  }
+  const CliResult empty = run_cli("run " + padded + " -p ''", true);
+  EXPECT_NE(empty.status, 0);
+  EXPECT_NE(empty.out.find("the prompt is empty"), std::string::npos) << empty.out;
+  EXPECT_EQ(empty.out.find("loaded "), std::string::npos) << empty.out;
 }
 
 // NaN in the weights: refused at load by default, naming the tensor; with the scan skipped, the

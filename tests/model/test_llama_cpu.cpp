@@ -437,11 +437,32 @@ TEST(LlamaSampling, NonFiniteLogitsAndBadOptionsAreRefused) {
   expect_error([&] { hot.sample(logit_row({INFINITY, 0.3f})); }, {"logit 0 is inf"});
   EXPECT_EQ(greedy.sample(logit_row({-INFINITY, 0.3f, 0.1f})), 1);
   EXPECT_EQ(hot.sample(logit_row({-INFINITY, 0.3f})), 1);
-  expect_error([] { Sampler({-1.0, 0, 1.0, 0}); }, {"temperature must be >= 0"});
+  expect_error([] { Sampler({-1.0, 0, 1.0, 0}); }, {"temperature must be finite and >= 0"});
   expect_error([] { Sampler({NAN, 0, 1.0, 0}); }, {"temperature"});
+  expect_error([] { Sampler({INFINITY, 0, 1.0, 0}); }, {"temperature must be finite"});
+  expect_error([] { Sampler({1.0, 0, 1.0, 0, -1}); }, {"vocab_limit must be >= 0"});
   expect_error([] { Sampler({1.0, -3, 1.0, 0}); }, {"top_k must be >= 0"});
   expect_error([] { Sampler({1.0, 0, 1.5, 0}); }, {"top_p must be in (0, 1]"});
   expect_error([] { Sampler({1.0, 0, NAN, 0}); }, {"top_p"});
+}
+
+// A temperature so small that logit / temperature overflows samples the most likely token (the
+// draw saw NaN probabilities and returned the least likely one).
+TEST(LlamaSampling, TinyTemperatureIsGreedy) {
+  const Tensor row = logit_row({0.5f, -2.0f, 3.0f, 1.0f});
+  for (double t : {1e-320, 1e-300, 1e-30}) {
+    Sampler s({t, 0, 1.0, 9});
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(row), 2) << "temperature " << t;
+  }
+}
+
+// vocab_limit keeps draws below the tokenizer's vocabulary when the model's rows are padded.
+TEST(LlamaSampling, VocabLimitExcludesPaddedIds) {
+  const Tensor row = logit_row({0.0f, 0.1f, 9.0f, 9.5f});
+  Sampler greedy({0.0, 0, 1.0, 0, 2}), hot({5.0, 0, 1.0, 3, 2});
+  EXPECT_EQ(greedy.sample(row), 1);
+  for (int i = 0; i < 200; ++i) EXPECT_LT(hot.sample(row), 2);
+  EXPECT_EQ(Sampler({0.0, 0, 1.0, 0, 9}).sample(row), 3);  // a limit past V changes nothing
 }
 
 TEST(LlamaSampling, SameSeedSameTokens) {
@@ -470,9 +491,14 @@ TEST_F(LlamaCpuTest, GreedyGenerationFollowsFullForward) {
     EXPECT_EQ(token, std::max_element(last.begin(), last.end()) - last.begin());
     seq.push_back(token);
   }
-  // Stops right after the end-of-sequence token.
-  EXPECT_EQ(generate(model, prompt, 8, {}, out[2]).size(),
+  // Stops right after the first of the end-of-sequence tokens, and when the context is full,
+  // keeping what it made (the last token drawn needs no position of its own).
+  EXPECT_EQ(generate(model, prompt, 8, {}, {-5, out[2]}).size(),
             size_t(std::find(out.begin(), out.end(), out[2]) - out.begin() + 1));
+  const int64_t room = model.context() - int64_t(prompt.size());
+  ASSERT_GT(room, 0);
+  ASSERT_LT(room, 1000);
+  EXPECT_EQ(generate(model, prompt, 1000, {}).size(), size_t(room + 1));
 }
 
 TEST_F(LlamaCpuTest, PerplexityIsExpOfMeanNll) {

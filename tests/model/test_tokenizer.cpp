@@ -78,6 +78,7 @@ TEST(ByteTokenizer, BosEosFollowTheBytesAndDecodeSkipsThem) {
   EXPECT_EQ(tok.vocab_size(), 258);
   EXPECT_EQ(tok.bos_id(), 256);
   EXPECT_EQ(tok.eos_id(), 257);
+  EXPECT_EQ(tok.bos_to_add(), 256);  // our own models are trained with BOS in front
   EXPECT_EQ(tok.decode({256, 'h', 'i', 257}), "hi");
   EXPECT_EQ(tok.id_to_token(256), "<bos>");
   EXPECT_EQ(tok.id_to_token('a'), "a");
@@ -260,6 +261,48 @@ TEST(BpeTokenizer, UnsupportedComponentsAreNamed) {
                {"continuing_subword_prefix"});
 }
 
+// The token put in front of a text is the post-processor's: Llama 2's template <s>; Llama 3's
+// Sequence[ByteLevel, TemplateProcessing]; none for ByteLevel (GPT-2, SmolLM). Processors that
+// would add tokens twell does not add are refused by name.
+TEST(BpeTokenizer, PostProcessorSaysWhichTokenGoesFirst) {
+  using J = nlohmann::json;
+  const auto llama2 = BpeTokenizer::from_file(data_path("bpe_llama2.json"));
+  EXPECT_EQ(llama2->bos_to_add(), 1);
+  EXPECT_EQ(llama2->bos_id(), 1);
+  EXPECT_FALSE(llama2->eos_id());
+  const auto gpt2 = BpeTokenizer::from_file(data_path("bpe_gpt2.json"));
+  EXPECT_FALSE(gpt2->bos_to_add());
+  EXPECT_FALSE(gpt2->bos_id());
+
+  const J tmpl = {{"type", "TemplateProcessing"},
+                  {"single", J::array({{{"SpecialToken", {{"id", "<sep>"}, {"type_id", 0}}}},
+                                       {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+                  {"special_tokens", {{"<sep>", {{"id", "<sep>"}, {"ids", {306}}, {"tokens", {"<sep>"}}}}}}};
+  const auto llama3_style = BpeTokenizer::from_json(edited_fixture([&](J& j) {
+    j["post_processor"] = {{"type", "Sequence"}, {"processors", J::array({j["post_processor"], tmpl})}};
+  }));
+  EXPECT_EQ(llama3_style->bos_to_add(), 306);
+  const auto text_first = BpeTokenizer::from_json(edited_fixture([&](J& j) {
+    j["post_processor"] = tmpl;
+    std::swap(j["post_processor"]["single"][0], j["post_processor"]["single"][1]);  // <sep> after the text
+  }));
+  EXPECT_FALSE(text_first->bos_to_add());
+
+  const auto load = [](const std::string& text) { return [text] { BpeTokenizer::from_json(text, "tok.json"); }; };
+  expect_error(load(edited_fixture([](J& j) { j["post_processor"] = {{"type", "RobertaProcessing"}}; })),
+               {"tok.json: post_processor", "unsupported post-processor 'RobertaProcessing'"});
+  expect_error(load(edited_fixture([&](J& j) {
+                 j["post_processor"] = tmpl;
+                 j["post_processor"]["special_tokens"]["<sep>"]["ids"] = {305};
+               })),
+               {"the template's first token '<sep>' (id 305) is not that token"});
+  expect_error(load(edited_fixture([&](J& j) {
+                 j["post_processor"] = tmpl;
+                 j["post_processor"].erase("special_tokens");
+               })),
+               {"needs one id in special_tokens['<sep>'].ids"});
+}
+
 // ---- load_tokenizer ------------------------------------------------------------------------
 
 class LoadTokenizer : public test::ScratchDirTest {};
@@ -279,9 +322,26 @@ TEST_F(LoadTokenizer, ReadsTokenizerJsonAndBosEosFromTheConfig) {
   EXPECT_EQ(tok->bos_id(), tok->token_to_id("<|im_start|>"));
   EXPECT_EQ(tok->eos_id(), tok->token_to_id("<|im_end|>"));
 
+  EXPECT_FALSE(tok->bos_to_add());  // a GPT-2-style tokenizer names a BOS but HF adds none
+  write_file(path("tokenizer_config.json"), R"({"bos_token": "<|im_start|>", "add_bos_token": true})");
+  EXPECT_EQ(load_tokenizer(dir_)->bos_to_add(), tok->token_to_id("<|im_start|>"));
+
   write_file(path("tokenizer_config.json"), R"({"bos_token": "<s>"})");
   expect_error([&] { load_tokenizer(dir_); },
                {"tokenizer_config.json", "bos_token '<s>'", "not in"});
+  write_file(path("tokenizer_config.json"), R"({"add_bos_token": "yes"})");
+  expect_error([&] { load_tokenizer(dir_); }, {"tokenizer_config.json", "'add_bos_token' must be true or false"});
+}
+
+// Llama 2's template adds <s> with no tokenizer_config.json; add_bos_token false there turns it off.
+TEST_F(LoadTokenizer, AddBosTokenOverridesThePostProcessor) {
+  write_file(path("tokenizer.json"), fixture_text("bpe_llama2.json"));
+  EXPECT_EQ(load_tokenizer(dir_)->bos_to_add(), 1);
+  write_file(path("tokenizer_config.json"), R"({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": false})");
+  auto off = load_tokenizer(dir_);
+  EXPECT_FALSE(off->bos_to_add());
+  EXPECT_EQ(off->bos_id(), 1);
+  EXPECT_EQ(off->eos_id(), 2);
 }
 
 TEST_F(LoadTokenizer, MissingTokenizerSaysWhatWasLookedFor) {

@@ -45,7 +45,9 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->capture_default_str();
   ffn->add_option("--warmup", cfg->warmup, "warm-up runs (default: backend's)")->check(at_least(0));
   ffn->add_option("--iters", cfg->iters, "timed runs, median reported (default: backend's)")->check(at_least(1));
-  ffn->add_option("--seed", cfg->seed, "random seed of the synthetic problem")->capture_default_str();
+  ffn->add_option("--seed", cfg->seed, "random seed of the synthetic problem")
+      ->check(seed_value())
+      ->capture_default_str();
   CLI::Option* from = ffn->add_option("--from", cfg->from_file,
                                       "safetensors file: x [M, H], gate, up and down [I, H] (down neuron-major: the "
                                       "transpose of down_proj.weight; no gate for a non-gated FFN); M, H, I, the "
@@ -139,7 +141,9 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")
       ->check(CLI::IsMember({"auto", "cudnn", "twell"}))
       ->capture_default_str();
-  model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")->capture_default_str();
+  model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")
+      ->check(seed_value())
+      ->capture_default_str();
   model->add_option("--json", *model_json, "write the JSON records here");
   model->callback([=] {
     bench::check_records_path(*model_json);

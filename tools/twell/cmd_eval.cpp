@@ -46,8 +46,9 @@ void register_eval(CLI::App& app) {
   eval->add_flag("--sparsity", *sparsity, "also print each layer's FFN activation sparsity (ReLU models, CPU backend)");
   eval->add_option("file", *file, "text file (UTF-8)")->required()->check(CLI::ExistingFile);
   eval->add_option("--context", *context,
-                   "tokens per window (default: max_position_embeddings); windows do not overlap, so each "
-                   "window's first token is context, not predicted")
+                   "tokens per window (default: max_position_embeddings, at most 8192: a window's logits are "
+                   "4·window·vocab bytes); windows do not overlap, so each window's first token is context, "
+                   "not predicted")
       ->check(at_least(2));
   eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)")
       ->check(at_least(0))
@@ -62,7 +63,7 @@ void register_eval(CLI::App& app) {
     TWELL_REQUIRE(!*sparsity || config.hidden_act == "relu",
                   "--sparsity needs a ReLU-gated FFN; this model's hidden_act is ", config.hidden_act);
     const auto tok = args->load_tokenizer(config);
-    const int64_t ctx = *context > 0 ? *context : config.max_position_embeddings;
+    const int64_t ctx = *context > 0 ? *context : std::min<int64_t>(config.max_position_embeddings, 8192);
     TWELL_REQUIRE(ctx >= 2, "--context must be at least 2, got ", ctx);
     TWELL_REQUIRE(ctx <= config.max_position_embeddings, "--context ", ctx, " is longer than the model's context of ",
                   config.max_position_embeddings);
@@ -70,7 +71,7 @@ void register_eval(CLI::App& app) {
     std::stringstream text;
     text << in.rdbuf();
     std::vector<int32_t> ids;
-    if (tok->bos_id()) ids.push_back(*tok->bos_id());
+    if (tok->bos_to_add()) ids.push_back(*tok->bos_to_add());
     const std::vector<int32_t> body = tok->encode(text.str());
     TWELL_REQUIRE(!body.empty(), *file, ": no text to evaluate (it encodes to no tokens)");
     ids.insert(ids.end(), body.begin(), body.end());
@@ -117,8 +118,9 @@ void register_eval(CLI::App& app) {
       progress.show(w + 1, line);  // redrawn on a terminal, a line each tenth of the way into a file
     }
     progress.finish();
-    std::printf("%s: %lld tokens predicted, mean NLL %.6f nats, perplexity %.4f\n", file->c_str(),
-                static_cast<long long>(predictions), nll_sum / predictions, std::exp(nll_sum / predictions));
+    std::printf("%s: %lld tokens predicted in %lld windows of up to %lld, mean NLL %.6f nats, perplexity %.4f\n",
+                file->c_str(), static_cast<long long>(predictions), static_cast<long long>(windows),
+                static_cast<long long>(ctx), nll_sum / predictions, std::exp(nll_sum / predictions));
     if (*sparsity) print_sparsity(layer_total, m.config());
   });
 }

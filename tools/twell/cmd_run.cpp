@@ -24,7 +24,7 @@ void register_run(CLI::App& app) {
   run->add_option("--temperature", sampling->temperature, "0 = greedy")->capture_default_str();
   run->add_option("--top-k", sampling->top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
   run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")->capture_default_str();
-  run->add_option("--seed", sampling->seed, "sampling seed")->capture_default_str();
+  run->add_option("--seed", sampling->seed, "sampling seed")->check(seed_value())->capture_default_str();
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
 
   run->callback([=] {
@@ -32,9 +32,11 @@ void register_run(CLI::App& app) {
     const io::ModelConfig config = io::read_config(args->dir);
     const auto tok = args->load_tokenizer(config);
     std::vector<int32_t> ids;
-    if (tok->bos_id()) ids.push_back(*tok->bos_id());
+    if (tok->bos_to_add()) ids.push_back(*tok->bos_to_add());
     const std::vector<int32_t> text = tok->encode(*prompt);
     ids.insert(ids.end(), text.begin(), text.end());
+    TWELL_REQUIRE(!ids.empty(), "the prompt is empty and this tokenizer puts no BOS token in front of a text: "
+                  "there is nothing to continue from");
     const int64_t n_prompt = static_cast<int64_t>(ids.size());
     TWELL_REQUIRE(n_prompt <= config.max_position_embeddings, "the prompt is ", n_prompt,
                   " tokens, longer than the model's context of ", config.max_position_embeddings);
@@ -47,7 +49,15 @@ void register_run(CLI::App& app) {
     // the same text as a single decode of everything.
     std::vector<int32_t> shown = text;
     const size_t prompt_chars = tok->decode(shown).size();
-    const int32_t eos = tok->eos_id() && !*no_stop ? *tok->eos_id() : -1;
+    // End of sequence: the tokenizer's EOS and config.json's / generation_config.json's ids
+    // (Llama 3 Instruct ends a turn with any of three).
+    std::vector<int32_t> stops;
+    if (!*no_stop) {
+      stops = config.eos_token_ids;
+      if (tok->eos_id()) stops.push_back(*tok->eos_id());
+    }
+    // A model whose embedding is padded past the tokenizer must not draw ids it cannot print.
+    sampling->vocab_limit = tok->vocab_size();
 
     std::cout << *prompt << std::flush;
     const auto t0 = std::chrono::steady_clock::now();
@@ -61,14 +71,15 @@ void register_run(CLI::App& app) {
       while (generated < *max_tokens) {
         const int32_t next = sampler.sample(logits);
         ++generated;
-        if (next == eos) break;
+        if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
         shown.push_back(next);
         const std::string s = tok->decode(shown);  // whole text: a token may end inside a character
         if (s.size() > printed) std::cout << s.substr(printed) << std::flush;
         printed = std::max(printed, s.size());
         if (generated == *max_tokens) break;
-        if (m.cached_tokens() >= m.config().max_position_embeddings) {
-          std::fprintf(stderr, "\n(stopped: the context of %lld positions is full)",
+        if (m.cached_tokens() >= m.context()) {
+          std::cout << std::endl;
+          std::fprintf(stderr, "(stopped: the context of %lld positions is full)",
                        static_cast<long long>(m.cached_tokens()));
           break;
         }
@@ -79,7 +90,7 @@ void register_run(CLI::App& app) {
       throw;
     }
     const auto t2 = std::chrono::steady_clock::now();
-    std::cout << "\n";
+    std::cout << std::endl;  // flushed before the summary on stderr, which may share a terminal or a pipe
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
     const double decode_s = std::chrono::duration<double>(t2 - t1).count();
     std::fprintf(stderr, "prompt %zu tokens in %.3f s; generated %lld tokens in %.3f s (%.1f tokens/s)\n", ids.size(),

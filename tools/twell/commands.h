@@ -17,6 +17,18 @@ inline CLI::Validator at_least(long long min) {
       ">=" + std::to_string(min));
 }
 
+// A 64-bit seed: decimal digits only, at most 2^64 - 1 (a sign or an overflow would otherwise wrap).
+inline CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        const bool digits = !value.empty() && value.size() <= 20 &&
+                            value.find_first_not_of("0123456789") == std::string::npos;
+        if (digits && (value.size() < 20 || value <= "18446744073709551615")) return {};
+        return "must be an integer from 0 to 18446744073709551615, got " + value;
+      },
+      "UINT64");
+}
+
 // `command_line` is the full invocation, recorded in benchmark results.
 void register_bench(CLI::App& app, const std::string& command_line);
 void register_inspect(CLI::App& app);

@@ -156,6 +156,7 @@ class LlamaCuda final : public model::LanguageModel {
   Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]
   Tensor decode_step(int32_t token) override;                   // [V]
   int64_t cached_tokens() const override;
+  int64_t context() const override;  // LlamaOptions::max_context
   void reset() override;
 
   // Batches of equal-length sequences: prompts [B][S] -> logits of each last token [B, V];

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace twell::io {
 
@@ -37,7 +38,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type = "llama";
+  std::string model_type = "llama";    // "llama" or "mistral" (validate() refuses others)
   int64_t hidden_size = 0;              // H, required
   int64_t intermediate_size = 0;        // I, required
   int64_t num_hidden_layers = 0;        // required
@@ -52,6 +53,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   std::string hidden_act = "silu";  // "relu" for the paper's sparse models
   std::string torch_dtype;          // e.g. "bfloat16"; also read from "dtype"; may be empty
+  std::vector<int32_t> eos_token_ids;  // "eos_token_id": one id or a list; empty when absent
 
   // Parses config.json text, fills the defaults above and validates; `source` names the file in
   // errors. Keys we do not use are ignored.
@@ -90,7 +92,8 @@ Acc RopeScaling::scale(Acc inv_freq) const {
   return (Acc(1) - smooth) * scaled / f + smooth * scaled;
 }
 
-// `path` is a config.json or a directory that holds one.
+// `path` is a config.json or a directory that holds one (and then also generation_config.json,
+// whose eos_token_id is added to eos_token_ids).
 ModelConfig read_config(const std::string& path);
 // Validates, then writes `path` (a file, or a directory to hold config.json) atomically.
 void write_config(const std::string& path, const ModelConfig& config);

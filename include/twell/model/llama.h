@@ -114,6 +114,9 @@ class LanguageModel {
   virtual Tensor prefill(const std::vector<int32_t>& tokens) = 0;
   virtual Tensor decode_step(int32_t token) = 0;  // [V]
   virtual int64_t cached_tokens() const = 0;
+  // Positions the KV cache holds at most: max_position_embeddings, or less where the backend was
+  // built for shorter sequences.
+  virtual int64_t context() const = 0;
   virtual void reset() = 0;
 };
 
@@ -145,7 +148,8 @@ class LlamaCpu final : public LanguageModel {
   Tensor prefill(const std::vector<int32_t>& tokens) override;
   Tensor decode_step(int32_t token) override;
   int64_t cached_tokens() const override;  // positions held by the KV cache
-  void reset() override;                   // empties the KV cache
+  int64_t context() const override { return config().max_position_embeddings; }
+  void reset() override;  // empties the KV cache
 
  private:
   struct Impl;  // the KV cache and scratch (llama_cpu.cpp)
@@ -161,6 +165,9 @@ struct SamplingOptions {
   int64_t top_k = 0;   // keep the k most likely tokens; 0 = all
   double top_p = 1.0;  // keep the smallest set whose probability reaches top_p; 1 = all
   uint64_t seed = 0;   // RNG seed; the same seed gives the same tokens on every platform
+  // Draw only ids below this (0 = any): for a model whose embedding rows are padded past its
+  // tokenizer's vocabulary, whose extra ids could not be decoded.
+  int64_t vocab_limit = 0;
 
   void check() const;  // throws twell::Error on a value out of range (NaN included)
 };
@@ -181,10 +188,11 @@ class Sampler {
 };
 
 // Prefills `prompt`, then samples up to `max_new_tokens` tokens with decode_step, stopping after
-// `eos_token` (if ≥ 0). Returns the new tokens only. Uses (and resets) model's KV cache.
+// any of `stop_tokens` (end-of-sequence ids; it is returned) or when the model's context is full.
+// Returns the new tokens only. Uses (and resets) model's KV cache.
 std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt,
                               int64_t max_new_tokens, const SamplingOptions& sampling,
-                              int32_t eos_token = -1);
+                              const std::vector<int32_t>& stop_tokens = {});
 
 struct Perplexity {
   int64_t predictions = 0;  // T − 1

@@ -7,8 +7,8 @@
 //   SentencePiece-style with byte fallback (Llama 2).
 // - load_tokenizer(model_dir): the tokenizer a model directory ships with.
 //
-// encode() never adds BOS/EOS (HF's `add_special_tokens=False`): callers prepend bos_id()
-// themselves. All errors throw twell::Error with a one-line message.
+// encode() never adds BOS/EOS (HF's `add_special_tokens=False`): callers put bos_to_add() in
+// front of a text the model reads. All errors throw twell::Error with a one-line message.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +34,9 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   virtual std::optional<int32_t> bos_id() const = 0;
   virtual std::optional<int32_t> eos_id() const = 0;
+  // The token HF puts in front of a text (add_special_tokens=True), if any: BOS for Llama 2 and
+  // 3, none for GPT-2-style tokenizers (SmolLM, the paper's), even when they name a bos_token.
+  virtual std::optional<int32_t> bos_to_add() const = 0;
 
   // The vocabulary entry of `id` as stored (for BPE: the byte-level form, e.g. "Ġthe").
   // Throws for an unknown id.
@@ -52,6 +55,7 @@ class ByteTokenizer final : public Tokenizer {
   int32_t vocab_size() const override { return vocab_size_; }
   std::optional<int32_t> bos_id() const override { return bos_; }
   std::optional<int32_t> eos_id() const override { return eos_; }
+  std::optional<int32_t> bos_to_add() const override { return bos_; }
   std::string id_to_token(int32_t id) const override;
   std::optional<int32_t> token_to_id(std::string_view token) const override;
 
@@ -75,7 +79,9 @@ class ByteTokenizer final : public Tokenizer {
 //   decoder      ByteLevel (or null); Llama 2's, with its normalizer.
 //   added_tokens matched verbatim before pre-tokenization, leftmost-longest, honouring
 //                lstrip/rstrip/single_word; "normalized": false tokens first, as HF does.
-// post_processor is ignored (encode() adds no BOS/EOS) and so are padding and truncation.
+//   post_processor null, ByteLevel, or TemplateProcessing (alone or in a Sequence): only the
+//                special token a template puts first is used, as bos_to_add(); encode() adds
+//                no BOS/EOS. Padding and truncation are ignored.
 //
 // Matches HF `tokenizers` 0.23 id for id on the fixtures and on 5000 random mixed-script texts
 // (the Llama-3 split on another 4000, with upper-case contractions, newline runs and digit runs;
@@ -97,12 +103,15 @@ class BpeTokenizer final : public Tokenizer {
   int32_t vocab_size() const override { return vocab_size_; }
   std::optional<int32_t> bos_id() const override { return bos_; }
   std::optional<int32_t> eos_id() const override { return eos_; }
+  std::optional<int32_t> bos_to_add() const override { return bos_to_add_; }
   std::string id_to_token(int32_t id) const override;
   std::optional<int32_t> token_to_id(std::string_view token) const override;
 
-  // tokenizer.json does not say which tokens are BOS/EOS (tokenizer_config.json does);
-  // load_tokenizer sets them. Throws for ids outside the vocabulary.
-  void set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos);
+  // tokenizer.json names only the token its post-processor puts first (bos_id() and
+  // bos_to_add() start as that); tokenizer_config.json names BOS and EOS, and add_bos_token says
+  // whether BOS is added (absent: as the post-processor does). load_tokenizer sets them. Throws
+  // for ids outside the vocabulary.
+  void set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos, std::optional<bool> add_bos = {});
 
   struct AddedToken {
     std::string content;
@@ -140,7 +149,7 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> unk_;
   bool fuse_unk_ = false;
   int32_t vocab_size_ = 0;
-  std::optional<int32_t> bos_, eos_;
+  std::optional<int32_t> bos_, eos_, bos_to_add_;
 
   // Words seen before -> their ids, as HF's BPE cache; bounded, cleared when full.
   mutable std::mutex cache_mutex_;
@@ -148,7 +157,7 @@ class BpeTokenizer final : public Tokenizer {
 };
 
 // `<model_dir>/tokenizer.json` as a BpeTokenizer, with BOS/EOS taken from
-// tokenizer_config.json ("bos_token"/"eos_token") when that file exists.
+// tokenizer_config.json ("bos_token"/"eos_token", "add_bos_token") when that file exists.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
 
 }  // namespace twell::model
