@@ -100,7 +100,21 @@ FfnProblem load_problem(const std::string& path) {
 
 const char* timing_name(Timing t) { return t == Timing::gpu ? "gpu" : "host"; }
 
+// Every value a case will use, checked before the first case runs (a bad one found at case 7 of
+// 12 would throw away minutes of results), in the options' own names.
+static void check_config(const FfnBenchConfig& cfg) {
+  for (int64_t M : cfg.tokens) TWELL_REQUIRE(M >= 1, "-M must be at least 1, got ", M);
+  for (double d : cfg.densities) TWELL_REQUIRE(d >= 0 && d <= 1, "-d must be a density in [0, 1], got ", d);
+  if (cfg.from_file.empty())
+    TWELL_REQUIRE(cfg.H >= 3 && cfg.I >= 1, "-H must be at least 3 and -I at least 1, got ", cfg.H, " and ", cfg.I);
+  TWELL_REQUIRE(cfg.tile >= 1 && cfg.tile <= 65536, "--tile must be in [1, 65536], got ", cfg.tile);
+  TWELL_REQUIRE(cfg.compression >= 1 && cfg.tile % cfg.compression == 0,
+                "--compression must be at least 1 and divide --tile (", cfg.tile, "), got ", cfg.compression);
+  TWELL_REQUIRE(std::isfinite(cfg.l1) && cfg.l1 >= 0, "--l1 must be finite and >= 0, got ", cfg.l1);
+}
+
 std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress) {
+  check_config(cfg);
   std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, progress);
   // Each case once, in the order given (-M 16 -M 16 is one case, and so for -d and --distribution).
   auto once = [](auto values) {

@@ -2,10 +2,12 @@
 #include "atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "twell/error.h"
@@ -24,10 +26,29 @@ std::string parent_dir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// The file a write to `path` must replace: `path` itself, or the file a symbolic link there names
+// (renaming over the link would replace the link, not the file). Refuses what is not a regular
+// file: renaming over /dev/null or a FIFO would replace it with a plain file.
+std::string target_of(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return path;  // a new file
+  std::string target = path;
+  if (S_ISLNK(st.st_mode)) {
+    char* resolved = ::realpath(path.c_str(), nullptr);
+    if (!resolved) throw Error(str(path, ": a symbolic link that cannot be followed: ", errno_text()));
+    target = resolved;
+    std::free(resolved);
+    if (::stat(target.c_str(), &st) != 0) throw Error(str(path, ": cannot stat '", target, "': ", errno_text()));
+  }
+  if (!S_ISREG(st.st_mode))
+    throw Error(str(path, ": not a regular file (a directory, device, FIFO or socket); name a file to write"));
+  return target;
+}
+
 }  // namespace
 
 AtomicFile::AtomicFile(std::string path)
-    : path_(std::move(path)), temp_path_(path_ + ".tmp." + std::to_string(::getpid())) {
+    : path_(target_of(path)), temp_path_(path_ + ".tmp." + std::to_string(::getpid())) {
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw Error(str(path_, ": cannot create temporary file '", temp_path_, "': ", errno_text()));

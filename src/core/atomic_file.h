@@ -1,6 +1,8 @@
 // AtomicFile: writes a file so that readers see either the old contents or the complete new
 // contents, never a torn file. Bytes go to `<path>.tmp.<pid>` in the same directory; commit()
-// fsyncs it, renames it over `path` and fsyncs the directory. Destroying an uncommitted
+// fsyncs it, renames it over `path` and fsyncs the directory. Where `path` is a symbolic link, the
+// file it names is replaced (the link stays); a path that is not a regular file (a device such as
+// /dev/null, a FIFO) is refused. Destroying an uncommitted
 // AtomicFile (an exception on the way) removes the temporary and leaves `path` untouched.
 // Used by every writer in src/core (safetensors, config.json).
 #pragma once

@@ -1,6 +1,7 @@
 // Safetensors reader/writer and sharded Checkpoint: bit-exact round trips, every malformed-input
 // error (one line, naming file and tensor), atomic writes, NaN/Inf detection, and the `twell
 // inspect` CLI failing cleanly on broken files.
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -353,6 +354,18 @@ TEST_F(Safetensors, WriteIsAtomic) {
         io::write_safetensors(path("no/such/dir/x.safetensors"), {{"w", w}});
       },
       {"no/such/dir/x.safetensors", "cannot create"});
+
+  // Through a symbolic link the file it names is replaced and the link stays; a FIFO (as a
+  // device such as /dev/null would be) is refused and left as it was, not replaced by a file.
+  std::filesystem::create_symlink(file, path("link.safetensors"));
+  io::detail::write_file_atomically(path("link.safetensors"), "through the link");
+  EXPECT_TRUE(std::filesystem::is_symlink(path("link.safetensors")));
+  EXPECT_EQ(read_file(file), "through the link");
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
+  expect_error([&] { io::detail::write_file_atomically(path("fifo"), "x"); }, {"fifo", "not a regular file"});
+  EXPECT_TRUE(std::filesystem::is_fifo(path("fifo")));
+  std::filesystem::create_symlink(path("missing"), path("dangling"));
+  expect_error([&] { io::detail::write_file_atomically(path("dangling"), "x"); }, {"dangling", "cannot be followed"});
 }
 
 TEST_F(Safetensors, NonFiniteValuesAreFoundAndNamed) {
@@ -431,19 +444,28 @@ TEST_F(InspectCli, PrintsConfigTensorsAndTotals) {
   Tensor norm = f32_tensor({2}, {1, 1});
   io::write_safetensors(path("model.safetensors"),
                         {{"model.layers.0.mlp.up_proj.weight", up}, {"model.norm.weight", norm}});
-  CliResult r = inspect("'" + path("model.safetensors") + "'");  // a file: its tensors, not the model check
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(r.err.empty()) << r.err;
+  CliResult r = inspect("'" + path("model.safetensors") + "'");  // the whole checkpoint as one file
+  expect_clean_failure(r, "twell run and twell eval refuse this checkpoint (above)");  // layer 0 lacks tensors
   EXPECT_NE(r.out.find("hidden 64, intermediate 176"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("model.layers.0.mlp.up_proj.weight"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[176, 64]"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("2 tensors, 11,266 parameters, 22,536 bytes"), std::string::npos) << r.out;
-  // The directory: the same table, then the loader's verdict on the pair (layer 0 lacks tensors).
+  // The directory: the same table, then the loader's verdict on the pair (layer 0 lacks tensors),
+  // and an error exit for scripts.
   CliResult dir = inspect("'" + dir_ + "'");
-  EXPECT_EQ(dir.exit_code, 0) << dir.err;
   EXPECT_NE(dir.out.find("2 tensors, 11,266 parameters"), std::string::npos) << dir.out;
   EXPECT_NE(dir.out.find("model: twell run and twell eval refuse this checkpoint: "), std::string::npos) << dir.out;
   EXPECT_NE(dir.out.find("missing tensor"), std::string::npos) << dir.out;
+  expect_clean_failure(dir, "twell run and twell eval refuse this checkpoint (above)");
+  // A config twell does not run (YaRN RoPE): said so, and the tensors are still listed.
+  write_file(path("config.json"), R"({"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "vocab_size": 100, "max_position_embeddings": 128,
+      "rope_scaling": {"rope_type": "yarn", "factor": 4}})");
+  CliResult yarn = inspect("'" + path("model.safetensors") + "'");
+  EXPECT_NE(yarn.out.find("refused: "), std::string::npos) << yarn.out;
+  EXPECT_NE(yarn.out.find("'yarn'"), std::string::npos) << yarn.out;
+  EXPECT_NE(yarn.out.find("2 tensors, 11,266 parameters"), std::string::npos) << yarn.out;
+  expect_clean_failure(yarn, "refuse its config.json");
 }
 
 // A directory whose tensors match its config: said so, exit 0.
@@ -463,6 +485,8 @@ TEST_F(InspectCli, SaysWhenTheModelLoads) {
   CliResult bias = inspect("--check-finite '" + dir_ + "'");
   EXPECT_NE(bias.out.find("refuse this checkpoint: "), std::string::npos) << bias.out;
   EXPECT_NE(bias.out.find("q_proj.bias"), std::string::npos) << bias.out;
+  EXPECT_NE(bias.out.find("non-finite: "), std::string::npos) << bias.out;
+  expect_clean_failure(bias, "refuse this checkpoint; 1 of ");
   expect_clean_failure(bias, "float tensors hold NaN or Inf");
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/io_test_util.h"
 #include "ffn_bench.h"
 #include "model_bench.h"
 #include "progress.h"
@@ -158,6 +159,28 @@ TEST(BenchFfn, BadRunCountsAndJsonPathAreRefused) {
   EXPECT_NO_THROW(bench::check_records_path(ok));
   EXPECT_FALSE(std::ifstream(ok).good());  // the probe leaves nothing behind
   EXPECT_NO_THROW(bench::check_records_path(""));
+  EXPECT_THROW(bench::check_records_path("/dev/null"), Error);  // would be replaced by a plain file
+}
+
+// A bad value anywhere in the lists fails before the first case runs, naming its option.
+TEST(BenchFfn, EveryCaseIsCheckedBeforeAnyRuns) {
+  const auto refused = [](auto edit, const std::string& what) {
+    bench::FfnBenchConfig cfg = small_config();
+    cfg.tokens = {9};
+    cfg.H = 64;
+    cfg.I = 320;
+    edit(cfg);
+    std::ostringstream progress;
+    test::expect_error([&] { bench::run_ffn_bench(cfg, progress); }, {what});
+    EXPECT_EQ(progress.str().find("[1/"), std::string::npos) << progress.str();
+  };
+  refused([](bench::FfnBenchConfig& c) { c.tokens = {9, 0}; }, "-M must be at least 1, got 0");
+  refused([](bench::FfnBenchConfig& c) { c.densities = {0.01, 1.5}; }, "-d must be a density in [0, 1], got 1.5");
+  refused([](bench::FfnBenchConfig& c) { c.densities = {NAN}; }, "-d must be a density");
+  refused([](bench::FfnBenchConfig& c) { c.H = 2; }, "-H must be at least 3");
+  refused([](bench::FfnBenchConfig& c) { c.tile = 0; }, "--tile must be in [1, 65536], got 0");
+  refused([](bench::FfnBenchConfig& c) { c.compression = 3; }, "--compression must be at least 1 and divide --tile");
+  refused([](bench::FfnBenchConfig& c) { c.l1 = -1; }, "--l1 must be finite and >= 0");
 }
 
 

@@ -72,6 +72,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                 "time forward + backward (all four gradients, L1 term on) instead of the forward; checks dx on "
                 "sampled tokens and dWg, dWu, dWd on sampled neurons against float64 first (CUDA backend)");
   ffn->add_option("--l1", cfg->l1, "with --train: coefficient of the L1 penalty's gradient l1·sign(h)")
+      ->needs(ffn->get_option("--train"))
       ->capture_default_str();
 
   for (const char* shape_option : {"-M", "-H", "-I", "-d", "--distribution", "--non-gated"})

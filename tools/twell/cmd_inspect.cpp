@@ -1,7 +1,8 @@
 // `twell inspect PATH`: prints a checkpoint's config (config.json inside PATH or beside it), a
 // table of its tensors and totals; for a whole checkpoint with a config, whether `twell run` and
 // `twell eval` take the pair (the loader's checks); with --check-finite also scans every float
-// tensor for NaN/Inf (an error exit if one holds any).
+// tensor for NaN/Inf. Everything is printed first; then an error exit if the config is refused,
+// the loader would refuse the checkpoint, or a tensor holds NaN/Inf.
 // PATH is a .safetensors file, a model.safetensors.index.json, or a directory holding either.
 #include <sys/stat.h>
 
@@ -69,13 +70,14 @@ void print_config(const io::ModelConfig& c, const std::string& file) {
 
 // Whether `twell run` and `twell eval` take the checkpoint with this config (the loader's checks,
 // no tensor data read), and on which backend.
-void print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
+// Returns false where they refuse it.
+bool print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
   std::vector<std::string> unused;
   try {
     unused = model::LlamaWeights::check(ckpt, c);
   } catch (const Error& e) {
     std::printf("\nmodel: twell run and twell eval refuse this checkpoint: %s\n", e.what());
-    return;
+    return false;
   }
   std::printf("\nmodel: the tensors match config.json");
   if (!unused.empty()) std::printf(" (%zu more not used, e.g. %s)", unused.size(), unused.front().c_str());
@@ -88,6 +90,7 @@ void print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
   else
     std::printf("  GPU runtime: does not take this model's %s (twell run/eval use the CPU backend)\n", why.c_str());
 #endif
+  return true;
 }
 
 void run_inspect(const std::string& path, bool check_finite) {
@@ -95,9 +98,15 @@ void run_inspect(const std::string& path, bool check_finite) {
   TWELL_REQUIRE(::stat(path.c_str(), &st) == 0, path, ": no such file or directory");
   const std::string config_file = find_config(path);
   std::unique_ptr<io::ModelConfig> config;
+  std::vector<std::string> problems;  // the error exit's reasons, once everything is printed
   if (!config_file.empty()) {
-    config = std::make_unique<io::ModelConfig>(io::read_config(config_file));
-    print_config(*config, config_file);
+    try {
+      config = std::make_unique<io::ModelConfig>(io::read_config(config_file));
+      print_config(*config, config_file);
+    } catch (const Error& e) {  // the tensors are still worth seeing
+      std::printf("config: %s: refused: %s\n", config_file.c_str(), e.what());
+      problems.push_back("twell run and twell eval refuse its config.json");
+    }
   } else {
     std::printf("config: none found (twell run and twell eval need a config.json beside the weights)\n");
   }
@@ -136,8 +145,15 @@ void run_inspect(const std::string& path, bool check_finite) {
   const std::string base = path.substr(path.find_last_of('/') + 1);
   const bool whole = S_ISDIR(st.st_mode) || base == "model.safetensors" ||
                      (base.size() > 11 && base.compare(base.size() - 11, 11, ".index.json") == 0);
-  if (config && whole) print_model_check(ckpt, *config);
-  if (!check_finite) return;
+  if (config && whole && !print_model_check(ckpt, *config))
+    problems.push_back("twell run and twell eval refuse this checkpoint");
+  auto fail_if_any = [&] {
+    std::fflush(stdout);
+    std::string all;
+    for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
+    if (!all.empty()) throw Error(all + " (above)");
+  };
+  if (!check_finite) return fail_if_any();
 
   size_t scanned = 0, bad = 0;
   for (const io::TensorInfo& t : ckpt.tensors()) {
@@ -152,9 +168,9 @@ void run_inspect(const std::string& path, bool check_finite) {
       ++bad;
     }
   }
-  std::fflush(stdout);
-  if (bad) throw Error(str(bad, " of ", scanned, " float tensors hold NaN or Inf"));
-  std::printf("finite: all %zu float tensors hold only finite values\n", scanned);
+  if (bad) problems.push_back(str(bad, " of ", scanned, " float tensors hold NaN or Inf"));
+  else std::printf("finite: all %zu float tensors hold only finite values\n", scanned);
+  fail_if_any();
 }
 
 }  // namespace

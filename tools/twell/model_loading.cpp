@@ -1,5 +1,7 @@
 #include "model_loading.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -107,8 +109,14 @@ std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const io::ModelConfi
   std::unique_ptr<model::Tokenizer> tok;
   if (byte_tokenizer)
     tok = std::make_unique<model::ByteTokenizer>(true, true);
-  else
+  else if (struct stat st; ::stat((dir + "/tokenizer.json").c_str(), &st) == 0)
     tok = model::load_tokenizer(dir);
+  else
+    try {
+      tok = model::load_tokenizer(dir);  // throws, saying what it looked for
+    } catch (const Error& e) {
+      throw Error(str(e.what(), "; a model of our own trained on bytes runs with --byte-tokenizer"));
+    }
   TWELL_REQUIRE(tok->vocab_size() <= c.vocab_size, "the tokenizer has ", tok->vocab_size(),
               " ids but the model's vocabulary is ", c.vocab_size);
   return tok;
