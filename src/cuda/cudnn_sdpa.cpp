@@ -3,8 +3,6 @@
 // only), so nothing here needs cuDNN at link time.
 #include "cuda/cudnn_sdpa.h"
 
-#include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <tuple>
@@ -87,7 +85,6 @@ struct CudnnSdpa::Impl {
   struct Plan {
     std::shared_ptr<fe::graph::Graph> graph;
     int64_t workspace = 0;
-    bool tuned = true;  // false: every plan built, the fastest to be picked on the first run
   };
   static constexpr size_t kMaxPlans = 64;
   cudnnHandle_t handle = nullptr;
@@ -105,7 +102,7 @@ struct CudnnSdpa::Impl {
   }
 
   // The plan of `key`, built on first use; null with `why` set when cuDNN does not take it.
-  Plan* plan(const Key& key, const AttentionArgs& a, int64_t past, cudaStream_t stream, std::string* why) {
+  const Plan* plan(const Key& key, const AttentionArgs& a, int64_t past, cudaStream_t stream, std::string* why) {
     if (auto it = plans.find(key); it != plans.end()) return &it->second;
     if (auto it = rejected.find(key); it != rejected.end()) {
       *why = it->second;
@@ -179,22 +176,11 @@ struct CudnnSdpa::Impl {
     if (auto e = g->create_execution_plans({fe::HeurMode_t::A}); e.is_bad())
       return fe_message("create_execution_plans", e);
     if (auto e = g->check_support(handle); e.is_bad()) return fe_message("check_support", e);
-    // TWELL_SDPA_AUTOTUNE=1 (an experiment): every plan cuDNN's heuristics offer is built, and the
-    // first run times them all and keeps the fastest.
-    const char* tune_env = std::getenv("TWELL_SDPA_AUTOTUNE");
-    const bool tune = tune_env && std::string(tune_env) == "1";
-    if (auto e = g->build_plans(handle, tune ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
-        e.is_bad())
-      return fe_message("build_plans", e);
+    if (auto e = g->build_plans(handle); e.is_bad()) return fe_message("build_plans", e);
     int64_t ws = 0;
     if (auto e = g->get_workspace_size(ws); e.is_bad()) return fe_message("get_workspace_size", e);
-    for (int64_t i = 0; tune && i < g->get_execution_plan_count(); ++i) {
-      int64_t plan_ws = 0;
-      if (g->get_workspace_size_plan_at_index(i, plan_ws).is_good()) ws = std::max(ws, plan_ws);
-    }
     out->graph = std::move(g);
     out->workspace = ws;
-    out->tuned = !tune;
     return {};
   }
 };
@@ -229,7 +215,7 @@ bool CudnnSdpa::run(const AttentionArgs& a, int64_t past, cudaStream_t stream, s
     return false;
   }
   const Impl::Key key{a.B, a.S, past, a.nh, a.nkv, a.hd, a.max_context, scale_bits};
-  Impl::Plan* p = impl_->plan(key, a, past, stream, why);
+  const Impl::Plan* p = impl_->plan(key, a, past, stream, why);
   if (!p) return false;
   if (fe::detail::set_stream(impl_->handle, stream) != CUDNN_STATUS_SUCCESS)
     throw Error("CudnnSdpa: cudnnSetStream failed");
@@ -237,13 +223,6 @@ bool CudnnSdpa::run(const AttentionArgs& a, int64_t past, cudaStream_t stream, s
                                           {kK, const_cast<uint16_t*>(a.k_cache)},
                                           {kV, const_cast<uint16_t*>(a.v_cache)},
                                           {kO, a.o}};
-  if (!p->tuned) {
-    if (auto e = p->graph->autotune(impl_->handle, pack, impl_->workspace.get()); e.is_bad())
-      throw Error(fe_message("autotune", e));
-    p->tuned = true;
-    std::fprintf(stderr, "cuDNN SDPA: timed %lld plans for %d x %d tokens\n",
-                 static_cast<long long>(p->graph->get_execution_plan_count()), a.B, a.S);
-  }
   if (auto e = p->graph->execute(impl_->handle, pack, impl_->workspace.get()); e.is_bad())
     throw Error(fe_message("execute", e));
   return true;
