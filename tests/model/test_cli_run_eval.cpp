@@ -101,6 +101,17 @@ TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
   EXPECT_NE(file.out.find("must be a model directory"), std::string::npos) << file.out;
 }
 
+// A misspelt command, at either level, is named with the ones that exist.
+TEST(Cli, UnknownCommandsAreNamed) {
+  const CliResult top = run_cli("bnech", true);
+  EXPECT_NE(top.status, 0);
+  EXPECT_NE(top.out.find("twell: unknown command 'bnech' (commands: bench, inspect, run, eval"), std::string::npos)
+      << top.out;
+  const CliResult sub = run_cli("bench ffm -M 4", true);
+  EXPECT_NE(sub.status, 0);
+  EXPECT_NE(sub.out.find("twell bench: unknown command 'ffm' (commands: ffn, model"), std::string::npos) << sub.out;
+}
+
 // Values out of range fail before the model loads, with the option's name; nothing runs.
 TEST_F(CliModel, BadOptionsFailBeforeLoading) {
   for (const char* bad : {"--temperature -1", "--temperature inf", "--top-p 0", "--top-p nan", "--top-k -3", "-n -1",

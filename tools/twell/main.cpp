@@ -15,19 +15,24 @@ int main(int argc, char** argv) {
   twell::cli::register_inspect(app);
   twell::cli::register_run(app);
   twell::cli::register_eval(app);
-  // CLI11 would say "A subcommand is required" for a misspelt one.
-  bool known = true;
-  if (argc > 1 && argv[1][0] != '-') {
+  // CLI11 would say "A subcommand is required" for a misspelt one (`twell bnech`, `twell bench ffm`).
+  CLI::App* level = &app;
+  std::string path = "twell";
+  for (int i = 1; i < argc && argv[i][0] != '-' && !level->get_subcommands({}).empty(); ++i) {
+    CLI::App* sub = nullptr;
     try {
-      app.get_subcommand(argv[1]);
+      sub = level->get_subcommand(argv[i]);
     } catch (const CLI::OptionNotFound&) {
-      known = false;
     }
-  }
-  if (!known) {
-    std::fprintf(stderr, "twell: unknown command '%s' (commands: bench, inspect, run, eval; see twell --help)\n",
-                 argv[1]);
-    return 1;
+    if (!sub) {
+      std::string names;
+      for (const CLI::App* s : level->get_subcommands({})) names += (names.empty() ? "" : ", ") + s->get_name();
+      std::fprintf(stderr, "%s: unknown command '%s' (commands: %s; see %s --help)\n", path.c_str(), argv[i],
+                   names.c_str(), path.c_str());
+      return 1;
+    }
+    level = sub;
+    path += std::string(" ") + argv[i];
   }
   try {
     app.parse(argc, argv);
