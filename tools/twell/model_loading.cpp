@@ -32,9 +32,9 @@ void ModelArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--device,--backend", device, "cpu, cuda, or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
-  cmd->add_option("--ffn", ffn, "GPU FFN of ReLU models: twell (sparse TwELL where it pays) or dense")
-      ->check(CLI::IsMember({"twell", "dense"}))
-      ->capture_default_str();
+  ffn_option = cmd->add_option("--ffn", ffn, "GPU FFN of ReLU models: twell (sparse TwELL where it pays) or dense")
+                   ->check(CLI::IsMember({"twell", "dense"}))
+                   ->capture_default_str();
 }
 
 bool ModelArgs::on_gpu() const {
@@ -99,7 +99,8 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
     return std::make_unique<cuda::LlamaCuda>(std::move(dw), co);
   }
 #endif
-  std::fprintf(stderr, "backend: CPU reference\n");
+  std::fprintf(stderr, "backend: CPU reference%s\n",
+               ffn_option && ffn_option->count() ? " (--ffn picks the GPU's FFN; the CPU runs its reference FFN)" : "");
   model::LlamaOptions mo;
   if (bf16_ffn) mo.relu_ffn = Precision::bf16;
   return std::make_unique<model::LlamaCpu>(std::move(w), mo);

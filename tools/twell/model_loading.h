@@ -17,6 +17,7 @@ struct ModelArgs {
   bool check_finite = true;    // refuse NaN/Inf weights (--no-check-finite skips the scan)
   std::string device = "auto";  // cpu, cuda, auto (cuda when a Hopper GPU is present)
   std::string ffn = "twell";    // GPU FFN of ReLU models: twell (sparse when it pays) or dense
+  const CLI::Option* ffn_option = nullptr;  // given on the command line? (it means nothing on the CPU)
   // What the GPU runtime allocates for (LlamaCudaOptions), set by the command from its job: the
   // positions a sequence holds, which are also the most tokens one call takes (0: the config's
   // max_position_embeddings, 131072 for Llama 3.1), and whether decode steps will follow.
