@@ -26,32 +26,55 @@ std::string parent_dir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// The file a write to `path` must replace: `path` itself, or the file a symbolic link there names
-// (renaming over the link would replace the link, not the file). Refuses what is not a regular
-// file: renaming over /dev/null or a FIFO would replace it with a plain file.
-std::string target_of(const std::string& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return path;  // a new file
+// The file a write to `path` must replace (atomic_file.h), and in *mode the permissions it has
+// (kNewFile for a file that does not exist yet). Renaming over a link would replace the link, not the file; renaming over
+// /dev/null or a FIFO would replace it with a plain file.
+constexpr mode_t kNewFile = ~mode_t{0};
+
+std::string target_of(const std::string& path, mode_t* mode) {
+  *mode = kNewFile;
+  struct stat link;
+  if (::lstat(path.c_str(), &link) != 0) return path;  // a new file
+  struct stat st = link;
   std::string target = path;
-  if (S_ISLNK(st.st_mode)) {
+  if (S_ISLNK(link.st_mode)) {
+    if (::stat(path.c_str(), &st) != 0)
+      throw Error(str(path, ": a symbolic link to nothing that exists (", errno_text(), "); name a file to write"));
+    if (!S_ISREG(st.st_mode))
+      throw Error(str(path, ": a link to what is not a regular file (a directory, device, FIFO, socket or pipe)"));
+    if (link.st_uid != ::geteuid())
+      throw Error(str(path, ": a symbolic link owned by another user; write to the file it names instead"));
     char* resolved = ::realpath(path.c_str(), nullptr);
-    if (!resolved) throw Error(str(path, ": a symbolic link that cannot be followed: ", errno_text()));
+    if (!resolved) throw Error(str(path, ": cannot resolve the symbolic link: ", errno_text()));
     target = resolved;
     std::free(resolved);
-    if (::stat(target.c_str(), &st) != 0) throw Error(str(path, ": cannot stat '", target, "': ", errno_text()));
   }
   if (!S_ISREG(st.st_mode))
-    throw Error(str(path, ": not a regular file (a directory, device, FIFO or socket); name a file to write"));
+    throw Error(str(path, ": not a regular file (a directory, device, FIFO, socket or pipe); name a file to write"));
+  *mode = st.st_mode & 07777;
   return target;
 }
 
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path)
-    : path_(target_of(path)), temp_path_(path_ + ".tmp." + std::to_string(::getpid())) {
-  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+AtomicFile::AtomicFile(std::string path) {
+  mode_t mode = kNewFile;  // a new file is created with 0644 less the umask
+  path_ = target_of(path, &mode);
+  temp_path_ = path_ + ".tmp." + std::to_string(::getpid());
+  // O_EXCL | O_NOFOLLOW: never through a link planted at the temporary's name. A temporary left
+  // by a crashed process with our pid is removed first (unlink removes a link, not its target).
+  for (int attempt = 0; attempt < 2 && fd_ < 0; ++attempt) {
+    fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd_ < 0 && errno == EEXIST && attempt == 0) ::unlink(temp_path_.c_str());
+  }
   if (fd_ < 0)
     throw Error(str(path_, ": cannot create temporary file '", temp_path_, "': ", errno_text()));
+  if (mode != kNewFile && ::fchmod(fd_, mode) != 0) {  // a replaced file keeps its permissions
+    const std::string why = errno_text();
+    ::close(fd_);  // no destructor runs for a constructor that throws
+    ::unlink(temp_path_.c_str());
+    throw Error(str(path_, ": cannot set the permissions of '", temp_path_, "': ", why));
+  }
 }
 
 AtomicFile::~AtomicFile() {

@@ -1,10 +1,12 @@
 // AtomicFile: writes a file so that readers see either the old contents or the complete new
-// contents, never a torn file. Bytes go to `<path>.tmp.<pid>` in the same directory; commit()
-// fsyncs it, renames it over `path` and fsyncs the directory. Where `path` is a symbolic link, the
-// file it names is replaced (the link stays); a path that is not a regular file (a device such as
-// /dev/null, a FIFO) is refused. Destroying an uncommitted
-// AtomicFile (an exception on the way) removes the temporary and leaves `path` untouched.
-// Used by every writer in src/core (safetensors, config.json).
+// contents, never a torn file. Bytes go to `<target>.tmp.<pid>` beside the target; commit() fsyncs
+// it, renames it over the target and fsyncs the directory. The target is `path`, or, where `path`
+// is a symbolic link of our own, the file it names (the link stays; another user's link is
+// refused: following it would let them choose what we overwrite). A replaced file keeps its
+// permissions. A path that is not a regular file (a device such as /dev/null, a FIFO, a pipe
+// behind /dev/stdout) is refused. Destroying an uncommitted AtomicFile (an exception on the way)
+// removes the temporary and leaves the target untouched. Used by every writer in src/core
+// (safetensors, config.json) and by the benchmarks' --json.
 #pragma once
 
 #include <cstddef>
@@ -25,7 +27,7 @@ class AtomicFile {
   const std::string& temp_path() const { return temp_path_; }
 
  private:
-  std::string path_;
+  std::string path_;  // the target
   std::string temp_path_;
   int fd_ = -1;
   bool committed_ = false;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "atomic_file.h"
@@ -112,6 +113,13 @@ void refuse_sliding_window(const json& root, const ModelConfig& c, const std::st
                     c.max_position_embeddings, ") is not supported: twell attends over the whole context"));
 }
 
+// All the digits a double needs to be read back as itself (1000001, not 1e+06).
+std::string exact(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
 // "eos_token_id" and the like: absent, null, one id or a list of ids (Llama 3 Instruct's three).
 std::vector<int32_t> read_token_ids(const json& root, const char* key, const std::string& source) {
   const json* v = find_key(root, key);
@@ -160,7 +168,8 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   if (const json* rope = find_key(root, "rope_parameters"); rope && rope->is_object()) {
     double theta = c.rope_theta;
     if (read_number(*rope, "rope_theta", source, &theta) && top_theta && theta != c.rope_theta)
-      throw Error(str(source, ": rope_theta ", c.rope_theta, " and rope_parameters.rope_theta ", theta, " disagree"));
+      throw Error(str(source, ": rope_theta ", exact(c.rope_theta), " and rope_parameters.rope_theta ", exact(theta),
+                      " disagree"));
     c.rope_theta = theta;
   }
   read_number(root, "rms_norm_eps", source, &c.rms_norm_eps);

@@ -121,13 +121,15 @@ Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<in
   const int64_t T = static_cast<int64_t>(tokens.size());
   TWELL_CHECK(logits.rank() == 2 && logits.shape[0] == T, "perplexity: logits ", shape_str(logits.shape),
               " do not hold one row per token (", T, ")");
+  check_device(logits, Device::cpu, "perplexity: logits");
+  check_contiguous(logits, "perplexity: logits");
   const int64_t V = logits.shape[1];
   const size_t row_bytes = static_cast<size_t>(V) * dtype_size(logits.dtype);
   double nll_sum = 0;
   for (int64_t t = 0; t + 1 < T; ++t) {  // a row at a time: [T, V] in double would be 8·T·V bytes
-    const std::vector<double> all =
+    const std::vector<double> values =
         to_f64(TensorView(static_cast<char*>(logits.data) + static_cast<size_t>(t) * row_bytes, logits.dtype, {V}));
-    const double* row = all.data();
+    const double* row = values.data();
     const double top = *std::max_element(row, row + V);
     double sum = 0;
     for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - top);

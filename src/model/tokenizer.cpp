@@ -1198,13 +1198,32 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
                                                       source, "tokenizer_config.json", 64);
     if (!config.is_object())
       throw Error(str(source, ": tokenizer_config.json must be a JSON object"));
-    std::optional<bool> add_bos;
-    if (const json* v = member(config, "add_bos_token")) {
-      if (!v->is_boolean()) throw Error(str(source, ": 'add_bos_token' must be true or false"));
-      add_bos = v->get<bool>();
-    }
+    // Whether BOS goes in front of a text, as transformers 5 decides it: add_bos_token where given;
+    // true for the Llama-family tokenizer classes, which rebuild the template from it (default
+    // true); false where only add_eos_token is given (the template is rebuilt, the missing flag
+    // false); otherwise what tokenizer.json's post-processor does.
+    auto flag = [&](const char* key) -> std::optional<bool> {
+      const json* v = member(config, key);
+      if (!v) return std::nullopt;
+      if (!v->is_boolean()) throw Error(str(source, ": '", key, "' must be true or false"));
+      return v->get<bool>();
+    };
+    static const char* const kBosByDefault[] = {"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer",
+                                                "CodeLlamaTokenizerFast", "GemmaTokenizer", "GemmaTokenizerFast"};
+    const json* cls = member(config, "tokenizer_class");
+    const bool llama_class =
+        cls && cls->is_string() &&
+        std::find(std::begin(kBosByDefault), std::end(kBosByDefault), cls->get<std::string>()) !=
+            std::end(kBosByDefault);
+    std::optional<bool> add_bos = flag("add_bos_token");
+    if (!add_bos && llama_class) add_bos = true;
+    if (!add_bos && flag("add_eos_token")) add_bos = false;
     const std::optional<int32_t> bos = special_from_config(config, "bos_token", *tok, source);
-    tok->set_bos_eos(bos ? bos : tok->bos_id(), special_from_config(config, "eos_token", *tok, source), add_bos);
+    const std::optional<int32_t> bos_id = bos ? bos : tok->bos_id();
+    if (add_bos.value_or(false) && !bos_id)
+      throw Error(str(source, ": BOS is to be added (add_bos_token, or a Llama tokenizer class) but no bos_token "
+                              "is named"));
+    tok->set_bos_eos(bos_id, special_from_config(config, "eos_token", *tok, source), add_bos);
   }
   return tok;
 }

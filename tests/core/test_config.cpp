@@ -233,6 +233,9 @@ TEST(ModelConfig, ReadsRopeThetaOnceAndEosIds) {
       {"c.json", "rope_theta 10000 and rope_parameters.rope_theta 500000 disagree"});
   EXPECT_EQ(ModelConfig::from_json(minimal(R"("rope_theta": 5e5, "rope_parameters": {"rope_theta": 5e5})")).rope_theta,
             5e5);
+  expect_error(  // every digit, where 6 would print the same number twice
+      [] { ModelConfig::from_json(minimal(R"("rope_theta": 1000000, "rope_parameters": {"rope_theta": 1000001})")); },
+      {"rope_theta 1000000 and rope_parameters.rope_theta 1000001 disagree"});
   EXPECT_TRUE(ModelConfig::from_json(minimal()).eos_token_ids.empty());
   EXPECT_TRUE(ModelConfig::from_json(minimal(R"("eos_token_id": null)")).eos_token_ids.empty());
   EXPECT_EQ(ModelConfig::from_json(minimal(R"("eos_token_id": 2)")).eos_token_ids, std::vector<int32_t>{2});

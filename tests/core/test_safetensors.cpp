@@ -364,8 +364,24 @@ TEST_F(Safetensors, WriteIsAtomic) {
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
   expect_error([&] { io::detail::write_file_atomically(path("fifo"), "x"); }, {"fifo", "not a regular file"});
   EXPECT_TRUE(std::filesystem::is_fifo(path("fifo")));
+  std::filesystem::create_symlink(path("fifo"), path("fifo_link"));
+  expect_error([&] { io::detail::write_file_atomically(path("fifo_link"), "x"); },
+               {"fifo_link", "a link to what is not a regular file"});
   std::filesystem::create_symlink(path("missing"), path("dangling"));
-  expect_error([&] { io::detail::write_file_atomically(path("dangling"), "x"); }, {"dangling", "cannot be followed"});
+  expect_error([&] { io::detail::write_file_atomically(path("dangling"), "x"); },
+               {"dangling", "a symbolic link to nothing that exists"});
+  // A replaced file keeps its permissions (a 0600 file is not made readable by everyone).
+  ASSERT_EQ(::chmod(file.c_str(), 0600), 0);
+  io::detail::write_file_atomically(file, "private");
+  struct stat st;
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  // A temporary left behind under our pid (or a link planted there) is replaced, never followed.
+  const std::string temp = file + ".tmp." + std::to_string(::getpid());
+  std::filesystem::create_symlink(path("victim"), temp);
+  io::detail::write_file_atomically(file, "again");
+  EXPECT_EQ(read_file(file), "again");
+  EXPECT_FALSE(std::filesystem::exists(path("victim")));
 }
 
 TEST_F(Safetensors, NonFiniteValuesAreFoundAndNamed) {

@@ -51,8 +51,10 @@ TEST_F(CliModel, RunGeneratesAtMostMaxTokens) {
 }
 
 TEST_F(CliModel, RunStopsAtTheContextLength) {
-  const CliResult r = run_cli("run " + dir_ + " --byte-tokenizer --no-stop -p 'abc' -n 500");
+  const CliResult r = run_cli("run " + dir_ + " --byte-tokenizer --no-stop -p 'abc' -n 500", true);
   EXPECT_EQ(r.status, 0) << r.out;
+  // Said on a line of its own, after the text and before the summary.
+  EXPECT_NE(r.out.find("\n(stopped: the context of 64 positions is full)\nprompt 4 tokens"), std::string::npos) << r.out;
 }
 
 TEST_F(CliModel, EvalPrintsPerplexity) {
@@ -101,6 +103,24 @@ TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
   EXPECT_NE(file.out.find("must be a model directory"), std::string::npos) << file.out;
 }
 
+// Without --context, eval's windows are the model's context up to 8192 tokens (a window's logits
+// are 4·window·vocab bytes), and the summary says how many windows of what length it used.
+TEST_F(CliModel, EvalWindowDefaultsToTheContextUpTo8192) {
+  const std::string text = path("text.txt");
+  std::ofstream(text) << std::string(150, 'a');
+  const CliResult r = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("148 tokens predicted in 3 windows of up to 64,"), std::string::npos) << r.out;
+  const std::string long_ctx = path("long");
+  io::ModelConfig c = tiny_config("relu", true);
+  c.vocab_size = 258;
+  c.max_position_embeddings = 100000;
+  write_hf(long_ctx, c, random_hf_tensors(c, 13));
+  const CliResult l = run_cli("eval " + long_ctx + " " + text + " --byte-tokenizer");
+  ASSERT_EQ(l.status, 0) << l.out;
+  EXPECT_NE(l.out.find("150 tokens predicted in 1 windows of up to 8192,"), std::string::npos) << l.out;
+}
+
 // A misspelt command, at either level, is named with the ones that exist.
 TEST(Cli, UnknownCommandsAreNamed) {
   const CliResult top = run_cli("bnech", true);
@@ -110,6 +130,9 @@ TEST(Cli, UnknownCommandsAreNamed) {
   const CliResult sub = run_cli("bench ffm -M 4", true);
   EXPECT_NE(sub.status, 0);
   EXPECT_NE(sub.out.find("twell bench: unknown command 'ffm' (commands: ffn, model"), std::string::npos) << sub.out;
+  const CliResult l1 = run_cli("bench ffn --backend cpu -M 4 -H 64 -I 256 --l1 0.1", true);  // means nothing alone
+  EXPECT_NE(l1.status, 0);
+  EXPECT_NE(l1.out.find("--l1 requires --train"), std::string::npos) << l1.out;
 }
 
 // Values out of range fail before the model loads, with the option's name; nothing runs.

@@ -342,6 +342,22 @@ TEST_F(LoadTokenizer, AddBosTokenOverridesThePostProcessor) {
   EXPECT_FALSE(off->bos_to_add());
   EXPECT_EQ(off->bos_id(), 1);
   EXPECT_EQ(off->eos_id(), 2);
+  // As transformers 5: add_eos_token alone rebuilds the template with BOS off.
+  write_file(path("tokenizer_config.json"), R"({"bos_token": "<s>", "add_eos_token": false})");
+  EXPECT_FALSE(load_tokenizer(dir_)->bos_to_add());
+}
+
+// A Llama-family tokenizer class adds BOS by default even where tokenizer.json's post-processor
+// does not; BOS to be added with no BOS token named is an error.
+TEST_F(LoadTokenizer, LlamaTokenizerClassesAddBosByDefault) {
+  write_file(path("tokenizer.json"), fixture_text("bpe_smollm.json"));
+  write_file(path("tokenizer_config.json"), R"({"bos_token": "<|im_start|>", "tokenizer_class": "LlamaTokenizerFast"})");
+  auto tok = load_tokenizer(dir_);
+  EXPECT_EQ(tok->bos_to_add(), tok->token_to_id("<|im_start|>"));
+  write_file(path("tokenizer_config.json"), R"({"bos_token": "<|im_start|>", "tokenizer_class": "GPT2Tokenizer"})");
+  EXPECT_FALSE(load_tokenizer(dir_)->bos_to_add());
+  write_file(path("tokenizer_config.json"), R"({"add_bos_token": true})");
+  expect_error([&] { load_tokenizer(dir_); }, {"tokenizer_config.json", "no bos_token is named"});
 }
 
 TEST_F(LoadTokenizer, MissingTokenizerSaysWhatWasLookedFor) {

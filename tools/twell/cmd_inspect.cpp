@@ -101,10 +101,12 @@ void run_inspect(const std::string& path, bool check_finite) {
   std::vector<std::string> problems;  // the error exit's reasons, once everything is printed
   if (!config_file.empty()) {
     try {
-      config = std::make_unique<io::ModelConfig>(io::read_config(config_file));
+      // The directory, as run and eval read it: config.json and generation_config.json.
+      config = std::make_unique<io::ModelConfig>(
+          io::read_config(config_file.substr(0, config_file.size() - std::string("/config.json").size())));
       print_config(*config, config_file);
     } catch (const Error& e) {  // the tensors are still worth seeing
-      std::printf("config: %s: refused: %s\n", config_file.c_str(), e.what());
+      std::printf("config: refused: %s\n", e.what());
       problems.push_back("twell run and twell eval refuse its config.json");
     }
   } else {
@@ -153,7 +155,10 @@ void run_inspect(const std::string& path, bool check_finite) {
     for (const std::string& p : problems) all += (all.empty() ? "" : "; ") + p;
     if (!all.empty()) throw Error(all + " (above)");
   };
-  if (!check_finite) return fail_if_any();
+  if (!check_finite) {
+    fail_if_any();
+    return;
+  }
 
   size_t scanned = 0, bad = 0;
   for (const io::TensorInfo& t : ckpt.tensors()) {
@@ -168,8 +173,11 @@ void run_inspect(const std::string& path, bool check_finite) {
       ++bad;
     }
   }
-  if (bad) problems.push_back(str(bad, " of ", scanned, " float tensors hold NaN or Inf"));
-  else std::printf("finite: all %zu float tensors hold only finite values\n", scanned);
+  if (bad) {
+    problems.push_back(str(bad, " of ", scanned, " float tensors hold NaN or Inf"));
+  } else {
+    std::printf("finite: all %zu float tensors hold only finite values\n", scanned);
+  }
   fail_if_any();
 }
 

@@ -65,6 +65,7 @@ void register_run(CLI::App& app) {
     auto t1 = t0;
     int64_t generated = 0;
     size_t printed = prompt_chars;  // bytes of decode(shown) already written
+    bool context_full = false;
     try {  // an error ends the streamed line first, so that it is not glued to the text
       Tensor logits = m.prefill(ids);
       t1 = std::chrono::steady_clock::now();
@@ -78,9 +79,7 @@ void register_run(CLI::App& app) {
         printed = std::max(printed, s.size());
         if (generated == *max_tokens) break;
         if (m.cached_tokens() >= m.context()) {
-          std::cout << std::endl;
-          std::fprintf(stderr, "(stopped: the context of %lld positions is full)",
-                       static_cast<long long>(m.cached_tokens()));
+          context_full = true;
           break;
         }
         logits = m.decode_step(next);
@@ -91,6 +90,9 @@ void register_run(CLI::App& app) {
     }
     const auto t2 = std::chrono::steady_clock::now();
     std::cout << std::endl;  // flushed before the summary on stderr, which may share a terminal or a pipe
+    if (context_full)
+      std::fprintf(stderr, "(stopped: the context of %lld positions is full)\n",
+                   static_cast<long long>(m.cached_tokens()));
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
     const double decode_s = std::chrono::duration<double>(t2 - t1).count();
     std::fprintf(stderr, "prompt %zu tokens in %.3f s; generated %lld tokens in %.3f s (%.1f tokens/s)\n", ids.size(),

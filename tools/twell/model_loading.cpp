@@ -110,14 +110,18 @@ std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const io::ModelConfi
   std::unique_ptr<model::Tokenizer> tok;
   if (byte_tokenizer)
     tok = std::make_unique<model::ByteTokenizer>(true, true);
-  else if (struct stat st; ::stat((dir + "/tokenizer.json").c_str(), &st) == 0)
-    tok = model::load_tokenizer(dir);
-  else
+  else {
     try {
-      tok = model::load_tokenizer(dir);  // throws, saying what it looked for
+      tok = model::load_tokenizer(dir);
     } catch (const Error& e) {
+      // Where there is no tokenizer at all, the model may be one of ours, trained on bytes.
+      struct stat st;
+      const bool none = ::stat((dir + "/tokenizer.json").c_str(), &st) != 0 &&
+                        ::stat((dir + "/tokenizer.model").c_str(), &st) != 0;
+      if (!none) throw;
       throw Error(str(e.what(), "; a model of our own trained on bytes runs with --byte-tokenizer"));
     }
+  }
   TWELL_REQUIRE(tok->vocab_size() <= c.vocab_size, "the tokenizer has ", tok->vocab_size(),
               " ids but the model's vocabulary is ", c.vocab_size);
   return tok;
