@@ -330,9 +330,12 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
 void print_table(const std::vector<BenchRecord>& records, std::ostream& out) {
   // --energy's columns where a record has them.
   const bool energy = std::any_of(records.begin(), records.end(), [](const BenchRecord& r) { return r.ms_sustained >= 0; });
-  char line[320];
-  std::snprintf(line, sizeof line, "%-8s %6s %6s %7s %-8s %9s %8s %-16s %10s %8s %9s %s", "M", "H", "I", "density",
-                "dist", "nnz/tok", "max", "impl", "ms(median)", "x dense", "rel_err", "ok");
+  int dist_w = 8;  // --from's "file:NAME" can be longer than uniform / skewed
+  for (const BenchRecord& r : records)
+    dist_w = std::max(dist_w, static_cast<int>(std::min<size_t>(r.distribution.size(), 64)));
+  char line[400];
+  std::snprintf(line, sizeof line, "%-8s %6s %6s %7s %-*s %9s %8s %-16s %10s %8s %9s %s", "M", "H", "I", "density",
+                dist_w, "dist", "nnz/tok", "max", "impl", "ms(median)", "x dense", "rel_err", "ok");
   out << line;
   if (energy) {  // after "ok" padded as the rows' "yes" / "FAILED" are
     std::snprintf(line, sizeof line, "%-4s %10s %9s %7s %7s", "", "sustained", "mJ/token", "SM MHz", "capped");
@@ -340,9 +343,9 @@ void print_table(const std::vector<BenchRecord>& records, std::ostream& out) {
   }
   out << "\n";
   for (const BenchRecord& r : records) {
-    std::snprintf(line, sizeof line, "%-8lld %6lld %6lld %6.2f%% %-8s %9.1f %8lld %-16s %10.3f %8.3f %9.2e %-*s",
+    std::snprintf(line, sizeof line, "%-8lld %6lld %6lld %6.2f%% %-*.*s %9.1f %8lld %-16s %10.3f %8.3f %9.2e %-*s",
                   static_cast<long long>(r.M), static_cast<long long>(r.H), static_cast<long long>(r.I),
-                  r.density * 100, r.distribution.c_str(), r.nnz_per_token_mean,
+                  r.density * 100, dist_w, dist_w, r.distribution.c_str(), r.nnz_per_token_mean,
                   static_cast<long long>(r.nnz_per_token_max), r.impl.c_str(), r.ms_median, r.ratio_to_dense,
                   r.rel_err, energy ? 6 : 0, r.correct ? "yes" : "FAILED");
     out << line;

@@ -136,6 +136,15 @@ TEST(BenchFfn, TableShowsEnergyColumnsOnlyWhenMeasured) {
   const size_t row = table.find('\n') + 1;
   EXPECT_EQ(table.find("sustained") + 9, table.find("1.250", row) + 5 - row) << table;
   EXPECT_EQ(table.find("mJ/token") + 8, table.find("0.0421", row) + 6 - row) << table;
+  // A --from case's long distribution name widens its column for every row.
+  bench::BenchRecord f = r;
+  f.distribution = "file:from_a_checkpoint.safetensors";
+  std::ostringstream from;
+  bench::print_table({f, r}, from);
+  const std::string ft = from.str();
+  const size_t r1 = ft.find('\n') + 1, r2 = ft.find('\n', r1) + 1;
+  EXPECT_EQ(ft.find("impl"), ft.find("twell", r1) - r1) << ft;
+  EXPECT_EQ(ft.find("impl"), ft.find("twell", r2) - r2) << ft;
   const std::string json = bench::records_to_json({e});
   EXPECT_NE(json.find("\"ms_sustained\": 1.25"), std::string::npos) << json;
   EXPECT_NE(json.find("\"energy_mj_per_token\": 0.0421"), std::string::npos) << json;
