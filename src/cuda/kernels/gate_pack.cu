@@ -22,9 +22,6 @@
 
 #include <cuda_bf16.h>
 
-#include <algorithm>
-#include <cstdlib>
-
 #include "twell/error.h"
 
 namespace twell::cuda {
@@ -39,7 +36,6 @@ struct PackParams {
   unsigned int* overflow = nullptr;
   RowCounts rows;
   int32_t n_tiles = 0, slots = 0;  // of act.layout (no divisions in the epilogue)
-  int skip_pack = 0;  // experiment: TWELL_GATE_STAGED=2 hands the tiles over but packs nothing
 };
 
 // Bits [0, n) of a 64-bit mask (n ≤ 64).
@@ -170,224 +166,17 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
   Params p_;
 };
 
-// ---- The cooperative kernel with the pack in the producer warpgroup (experiment) -------------
-//
-// Both consumer warpgroups work on one 128 × 256 tile (CUTLASS's cooperative kernel: 40% fewer
-// bytes through shared memory and L2 a FLOP than two 64 × 256 tiles; its GEMM alone ran 3.47 ms
-// against the ping-pong's 3.92, docs/perf.md item 18). Its epilogue used to pack from the
-// accumulators with the tensor cores idle; here the consumers only round g to bf16 (ReLU'd) into a
-// shared-memory tile and go on to the next tile's MMA, and the producer warpgroup's epilogue warp,
-// idle otherwise, packs that tile a row at a time while they compute. Two named barriers hand the
-// tile over: kStaged (the consumers' 256 threads arrive, the packer waits) and kFree (the packer
-// arrives once it has read a tile, the consumers wait before writing the next).
-
-// The staged tile: 128 rows of 256 bf16 (512 bytes), the 16-byte chunks of row r XOR-swizzled by
-// r % 8, so that both the consumers' stores (a warp writes 8 rows' same chunk) and the packer's
-// loads (a warp reads a row) are free of bank conflicts.
-constexpr int kStagedRows = 128;
-struct StagedTile {
-  alignas(128) uint32_t words[kStagedRows * kTileN / 2];
-  // Row r's non-zero masks, one a lane of its quad in wgmma's layout: bit 2j + e of masks[r][q]
-  // is column 8j + 2q + e.
-  alignas(16) unsigned long long masks[kStagedRows][4];
-};
-__device__ __forceinline__ int staged_word(int row, int col) {  // col even: the word of (col, col + 1)
-  return row * (kTileN / 2) + (((col / 8) ^ (row & 7)) * 4) + (col % 8) / 2;
-}
-
-enum : uint32_t { kStaged = 8, kFree = 9, kHandOffThreads = 256 + 32 };  // CUTLASS reserves ids 0-7
-__device__ __forceinline__ void bar_sync(uint32_t id) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(kHandOffThreads) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(uint32_t id) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(kHandOffThreads) : "memory");
-}
-
-// The sm70-style operation the adapter wraps (its members; the kernel calls StagedPackEpilogue's).
-class StagedPackOp : public sm90::RegisterEpilogue<PackParams> {
- public:
-  using SharedStorage = StagedTile;
-  using TensorStorage = StagedTile;
-  CUTLASS_HOST_DEVICE StagedPackOp(Params const& p, SharedStorage const& = SharedStorage()) : p_(p) {}
-
- protected:
-  Params p_;
-};
-
-class StagedPackEpilogue : public cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<StagedPackOp> {
-  using Base = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<StagedPackOp>;
-#ifdef __CUDA_ARCH__
-  static_assert(cutlass::arch::IsGdcGloballyEnabled, "CUTLASS built without grid-dependency control");
-#endif
-
- public:
-  CUTLASS_HOST_DEVICE StagedPackEpilogue(Params const& p, TensorStorage& s) : Base(p, s), tile_(&s) {}
-
-  // The producer warpgroup's epilogue warp runs load() for each of the CTA's tiles, in the
-  // consumers' order: it packs the tile once they have staged it.
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return true; }
-
-  template <class ProblemShapeMNKL, class CtaTileMNK, class CtaCoordMNKL, class TiledMma>
-  CUTLASS_DEVICE LoadPipelineState load(LoadPipeline, LoadPipelineState state, ProblemShapeMNKL, CtaTileMNK,
-                                        CtaCoordMNKL coord, TiledMma, int, TensorStorage&, int = -1) {
-    if (tiles_++ > 0) bar_arrive(kFree);  // the previous tile is read: the consumers may stage this one
-    bar_sync(kStaged);
-    if (!p_.skip_pack) pack(static_cast<int64_t>(get<0>(coord)), static_cast<int>(get<1>(coord)));
-    return state;
-  }
-
-  template <class ProblemShapeMNKL, class CtaTileMNK, class CtaCoordMNKL, class AccEngine, class AccLayout,
-            class TiledMma>
-  CUTLASS_DEVICE auto store(LoadPipeline, LoadPipelineState load_state, StorePipeline, StorePipelineState store_state,
-                            ProblemShapeMNKL, CtaTileMNK, CtaCoordMNKL, cute::Tensor<AccEngine, AccLayout> acc,
-                            TiledMma tiled_mma, int thread_idx, TensorStorage&, int = -1) {
-    static_assert(size<0>(CtaTileMNK{}) == kStagedRows && size<1>(CtaTileMNK{}) == kTileN);
-    // wgmma m64n256 accumulators: per thread ((2 columns, 2 row halves, 32 column groups), 1, 1).
-    static_assert(decltype(size(acc))::value == 128 && decltype(size<0, 2>(acc))::value == 32);
-    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
-    cute::Tensor coords =
-        thr_mma.partition_C(make_identity_tensor(make_shape(Int<kStagedRows>{}, Int<kTileN>{})));
-    const int r0 = get<0>(coords(0)), c0 = get<1>(coords(0));
-    if (tiles_++ > 0) bar_sync(kFree);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      unsigned long long mask = 0;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        // ReLU, NaN kept (never silently turned into a zero), rounded to bf16 as the pack stores it.
-        const float a = acc(make_coord(make_coord(0, h, j), 0, 0)), b = acc(make_coord(make_coord(1, h, j), 0, 0));
-        const __nv_bfloat162 v = __floats2bfloat162_rn(a > 0.f || a != a ? a : 0.f, b > 0.f || b != b ? b : 0.f);
-        const uint32_t pair = *reinterpret_cast<const uint32_t*>(&v);
-        tile_->words[staged_word(r0 + 8 * h, c0 + 8 * j)] = pair;
-        mask |= (unsigned long long){(pair & 0xffffu) != 0} << (2 * j) | (unsigned long long){(pair >> 16) != 0} << (2 * j + 1);
-      }
-      tile_->masks[r0 + 8 * h][c0 / 2] = mask;
-    }
-    bar_arrive(kStaged);
-    return cute::make_tuple(load_state, store_state);
-  }
-
- private:
-  // The staged tile (m_coord, t) into TwELL by the one warp, a lane a row (32 rows at a time): the
-  // lane walks its row's 32 chunks of 8 values in column order, so entries land at their rank with
-  // no exchange between lanes (the ping-pong epilogue's and the pack kernel's exact output). Its
-  // slots are zero-filled first with 16-byte stores, and the entries written over them; a lane
-  // reading chunk c of row r reads physical chunk c ^ (r % 8), so the warp's 32 loads cover 4 bank
-  // wavefronts, the least 512 bytes take. The row counts' atomics, whose returned values list the
-  // heavy rows, go out together, a lane a row.
-  CUTLASS_DEVICE void pack(int64_t m_coord, int t) {
-    const PackParams& p = p_;
-    const TwellLayout& l = p.act.layout;
-    const int lane = threadIdx.x % 32;
-    const int width = min(kTileN, static_cast<int>(l.cols) - t * kTileN);  // a multiple of 8
-    const uint32_t slots = static_cast<uint32_t>(p.slots);
-    const int64_t first_row = m_coord * kStagedRows;
-    const int rows = static_cast<int>(min<int64_t>(kStagedRows, l.rows - first_row));
-    uint32_t tile_nnz = 0;
-    for (int r = lane; r < 32 * ((rows + 31) / 32); r += 32) {
-      const bool live = r < rows;
-      const int64_t row = first_row + r;
-      const int64_t tile_id = row * p.n_tiles + t;
-      uint32_t* words = p.act.slots + tile_id * slots;
-      if (live) {
-        if (slots % 4 == 0) {
-          for (uint32_t k = 0; k < slots; k += 4) *reinterpret_cast<uint4*>(words + k) = make_uint4(0, 0, 0, 0);
-        } else {
-          for (uint32_t k = 0; k < slots; ++k) words[k] = 0;
-        }
-      }
-      // The row's four masks, limited to the tile's width (TMA reads past I as zeros anyway).
-      unsigned long long m[4] = {0, 0, 0, 0};
-      uint32_t count = 0;
-      if (live) {
-        const ulonglong2 lo = *reinterpret_cast<const ulonglong2*>(&tile_->masks[r][0]);
-        const ulonglong2 hi = *reinterpret_cast<const ulonglong2*>(&tile_->masks[r][2]);
-        m[0] = lo.x, m[1] = lo.y, m[2] = hi.x, m[3] = hi.y;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          m[q] &= below(2 * ((width - 2 * q + 7) / 8));
-          count += __popcll(m[q]);
-        }
-      }
-      if (live && count <= slots) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          for (unsigned long long bits_left = m[q]; bits_left; bits_left &= bits_left - 1) {
-            const int bit = __ffsll(static_cast<long long>(bits_left)) - 1, j = bit / 2, e = bit % 2;
-            uint32_t rank = 0;  // the non-zeros in the columns before 8j + 2q + e
-#pragma unroll
-            for (int k = 0; k < 4; ++k) rank += __popcll(m[k] & below(k < q ? 2 * j + 2 : k == q ? bit : 2 * j));
-            const int col = 8 * j + 2 * q + e;
-            const uint32_t pair = tile_->words[staged_word(r, col - e)];
-            words[rank] = twell_entry(static_cast<uint16_t>(e ? pair >> 16 : pair & 0xffffu), static_cast<uint32_t>(col));
-          }
-      }
-      if (live) p.act.counts[tile_id] = count;
-      if (live && count > slots) {  // spilled: the 256 values to a backup tile, its index in slot 0
-        const uint32_t b = atomicAdd(p.act.n_backup, 1u);
-        if (b >= p.act.backup_capacity) {  // cannot happen with the default capacity
-          atomicExch(p.overflow, 1u);
-        } else {
-          uint4* out = reinterpret_cast<uint4*>(p.act.backup + static_cast<int64_t>(b) * l.tile);
-          for (int c = 0; c < kTileN / 8; ++c)
-            out[c] = 8 * c < width ? *reinterpret_cast<const uint4*>(&tile_->words[staged_word(r, 8 * c)])
-                                   : make_uint4(0, 0, 0, 0);
-          p.act.backup_owner[b] = static_cast<uint32_t>(tile_id);
-          for (uint32_t k = 0; k < slots; ++k) words[k] = k == 0 ? b : 0u;
-        }
-      }
-      if (live && count) {
-        tile_nnz += count;
-        if (p.rows.row_nnz) {
-          const uint32_t had = atomicAdd(p.rows.row_nnz + row, count);
-          if (had <= kHeavyRowEntries && had + count > kHeavyRowEntries)
-            p.rows.heavy_rows[atomicAdd(p.rows.heavy_count, 1u)] = static_cast<uint32_t>(row);
-        }
-      }
-    }
-    tile_nnz = __reduce_add_sync(0xffffffffu, tile_nnz);
-    if (lane == 0 && tile_nnz)
-      atomicAdd(p.nnz_total + (m_coord * 8 + t) % kNnzCounters, static_cast<unsigned long long>(tile_nnz));
-  }
-
-  StagedTile* tile_;
-  int tiles_ = 0;  // tiles handed over so far (by this warp: stored, or packed)
-};
-
-struct CooperativeStagedGemm {
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, sm90::ElementAB, cutlass::layout::RowMajor, 8,
-      sm90::ElementAB, cutlass::layout::ColumnMajor, 8, float,
-      cute::Shape<cute::Int<kStagedRows>, cute::Int<kTileN>, cute::_64>, cute::Shape<cute::_2, cute::_1, cute::_1>,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(StagedTile))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, StagedPackEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-};
-using StagedGemm = CooperativeStagedGemm::Gemm;
-
-// TWELL_GATE_STAGED=1: the cooperative kernel above (an experiment's switch, read once).
-bool use_staged() {
-  static const bool staged = [] {
-    const char* e = std::getenv("TWELL_GATE_STAGED");
-    return e && (e[0] == '1' || e[0] == '2');
-  }();
-  return staged;
-}
-
 // Ping-pong: two consumer warpgroups take alternate 64 × 256 tiles, so one packs while the other's
 // tensor cores run (docs/perf.md, item 18: the cooperative 128 × 256 kernel ran 0.5 ms of
 // epilogue with its tensor cores idle and measured 0.68× against this kernel's 0.64×); 2-CTA
 // clusters multicast the weight tile.
 using Gemm = sm90::PingPongGemm<TwellPackEpilogue>::Gemm;
 
-template <class G>
-typename G::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
-  return sm90::gemm_arguments<G>(a.x, a.w, static_cast<int>(a.M), static_cast<int>(a.I), static_cast<int>(a.H),
-                                 PackParams{a.act, a.nnz_total, a.overflow, a.rows,
-                                            static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots(),
-                                            std::getenv("TWELL_GATE_STAGED") && std::getenv("TWELL_GATE_STAGED")[0] == '2'},
-                                 sm_count);
+Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
+  return sm90::gemm_arguments<Gemm>(a.x, a.w, static_cast<int>(a.M), static_cast<int>(a.I), static_cast<int>(a.H),
+                                    PackParams{a.act, a.nnz_total, a.overflow, a.rows,
+                                               static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()},
+                                    sm_count);
 }
 
 }  // namespace
@@ -407,20 +196,14 @@ void check_gate_pack(const GatePackArgs& a) {
 
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count) {
   check_gate_pack(a);
-  return std::max(Gemm::get_workspace_size(make_arguments<Gemm>(a, sm_count)),
-                  StagedGemm::get_workspace_size(make_arguments<StagedGemm>(a, sm_count)));
+  return Gemm::get_workspace_size(make_arguments(a, sm_count));
 }
 
 void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
                       cudaStream_t stream, bool dependent) {
   check_gate_pack(a);
-  if (a.M == 0) return;
-  if (use_staged())
-    sm90::run_gemm<StagedGemm>(make_arguments<StagedGemm>(a, sm_count), workspace, workspace_bytes, stream,
-                               "fused gate+pack (cooperative)", dependent);
-  else
-    sm90::run_gemm<Gemm>(make_arguments<Gemm>(a, sm_count), workspace, workspace_bytes, stream, "fused gate+pack",
-                         dependent);
+  if (a.M > 0)
+    sm90::run_gemm<Gemm>(make_arguments(a, sm_count), workspace, workspace_bytes, stream, "fused gate+pack", dependent);
 }
 
 }  // namespace twell::cuda
