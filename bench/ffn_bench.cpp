@@ -133,6 +133,9 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
   const int iters = cfg.iters > 0 ? cfg.iters : backend->default_iters();
   const bool from_file = !cfg.from_file.empty();
   Timing timing = backend->timing_used(cfg.train ? Timing::host : cfg.timing);
+  TWELL_REQUIRE(!cfg.timing_given || cfg.train || timing == cfg.timing, "--timing ", timing_name(cfg.timing),
+                ": this backend times every call from the host (--timing host); the GPU's timing needs the CUDA "
+                "backend");
   TWELL_REQUIRE(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
               "--from takes M, H, I and the density from the file; drop -M and -d");
   if (cfg.energy) {
@@ -277,6 +280,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
         for (BenchRecord& r : recs) {
           r.timing = timing_name(timing);
           r.gated = p.ffn.spec.gated ? 1 : 0;
+          r.tile = cfg.tile, r.compression = cfg.compression;
           r.warmup = warmup, r.iters = iters;
         }
         for (size_t i = 0; i < runners.size(); ++i) {
@@ -395,6 +399,7 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
     if (r.power_capped >= 0) j["power_capped"] = number_or_null(r.power_capped);
     if (!r.timing.empty()) j["timing"] = r.timing;
     if (r.gated >= 0) j["gated"] = r.gated == 1;
+    if (r.tile > 0) j["tile"] = r.tile, j["compression"] = r.compression;
     if (r.iters >= 0) j["warmup"] = r.warmup, j["iters"] = r.iters;
     if (!r.note.empty()) j["note"] = r.note;
     j["commit"] = r.commit;

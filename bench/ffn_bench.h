@@ -38,6 +38,7 @@ struct FfnBenchConfig {
   // as in a model whose host runs ahead. Timing::host: from an idle GPU, so the host's work before
   // the first kernel counts too. --train always times host: the backward synchronises once.
   Timing timing = Timing::gpu;
+  bool timing_given = false;  // --timing was on the command line: a backend that cannot honour it is an error
   // After timing a case: each implementation run back to back for energy_seconds, twice (in order,
   // then in reverse, so that each one's mean place in the run is the same: the board heats as it
   // goes), its mean power read through NVML (CUDA backend): energy per token, the sustained time a
@@ -70,6 +71,7 @@ struct BenchRecord {
   std::string timing;  // "gpu" or "host" (FfnBenchConfig::timing); empty: not recorded (CPU, model)
   // FFN benchmarks: gated or not (-1: not an FFN record), and the run's warm-up and timed runs.
   int gated = -1;
+  int tile = -1, compression = -1;  // FFN benchmarks: the TwELL layout asked for (-1: not an FFN record)
   int warmup = -1, iters = -1;
   std::string commit, command;
 };

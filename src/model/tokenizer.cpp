@@ -1156,6 +1156,15 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   return ids;
 }
 
+size_t first_invalid_utf8(std::string_view text) {
+  for (size_t pos = 0; pos < text.size();) {
+    const CodePoint cp = decode_utf8(text, pos);
+    if (cp.cp == kInvalid) return pos;
+    pos += cp.len;
+  }
+  return std::string_view::npos;
+}
+
 // ---- load_tokenizer -------------------------------------------------------------------------
 
 namespace {

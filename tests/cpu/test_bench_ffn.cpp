@@ -48,6 +48,8 @@ TEST(BenchFfn, SyntheticCasesAreCheckedAndTimed) {
   // What was run is in the record, not only in its command line.
   EXPECT_NE(bench::records_to_json(records).find("\"gated\": true"), std::string::npos);
   EXPECT_NE(bench::records_to_json(records).find("\"iters\": 2"), std::string::npos);
+  EXPECT_NE(bench::records_to_json(records).find("\"tile\": 256"), std::string::npos);
+  EXPECT_NE(bench::records_to_json(records).find("\"compression\": 8"), std::string::npos);
 }
 
 TEST(BenchFfn, FromFileRunsTheGivenTensors) {
@@ -190,6 +192,8 @@ TEST(BenchFfn, EveryCaseIsCheckedBeforeAnyRuns) {
   refused([](bench::FfnBenchConfig& c) { c.tile = 0; }, "--tile must be in [1, 65536], got 0");
   refused([](bench::FfnBenchConfig& c) { c.compression = 3; }, "--compression must be at least 1 and divide --tile");
   refused([](bench::FfnBenchConfig& c) { c.l1 = -1; }, "--l1 must be finite and >= 0");
+  // --timing gpu asked for on the CPU backend, which times on the host: said, not recorded as host.
+  refused([](bench::FfnBenchConfig& c) { c.timing_given = true; }, "--timing gpu: this backend times every call");
 }
 
 

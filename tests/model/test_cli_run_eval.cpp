@@ -119,6 +119,12 @@ TEST_F(CliModel, EvalWindowDefaultsToTheContextUpTo8192) {
   const CliResult l = run_cli("eval " + long_ctx + " " + text + " --byte-tokenizer");
   ASSERT_EQ(l.status, 0) << l.out;
   EXPECT_NE(l.out.find("150 tokens predicted in 1 windows of up to 8192,"), std::string::npos) << l.out;
+  // Text that is not UTF-8 is evaluated byte for byte, with a note on where it stops being UTF-8.
+  const std::string bytes = path("bytes.txt");
+  std::ofstream(bytes) << "abc\xff\xfe" << std::string(40, 'a');
+  const CliResult b = run_cli("eval " + dir_ + " " + bytes + " --byte-tokenizer", true);
+  ASSERT_EQ(b.status, 0) << b.out;
+  EXPECT_NE(b.out.find("is not valid UTF-8 from byte 3 on"), std::string::npos) << b.out;
 }
 
 // A misspelt command, at either level, is named with the ones that exist.

@@ -52,7 +52,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                                       "safetensors file: x [M, H], gate, up and down [I, H] (down neuron-major: the "
                                       "transpose of down_proj.weight; no gate for a non-gated FFN); M, H, I, the "
                                       "density and gating come from the file");
-  ffn->add_option("--timing", *timing,
+  CLI::Option* timing_option = ffn->add_option("--timing", *timing,
                   "gpu: each call is enqueued behind a kernel that holds the stream, so the CUDA events time the "
                   "GPU's work alone (nvbench's method; a model's host runs ahead like this); host: from an idle "
                   "GPU, the host's launch work included. --train always times host")
@@ -82,6 +82,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     cfg->command = command_line;
     cfg->gated = !*non_gated;
     cfg->timing = *timing == "host" ? bench::Timing::host : bench::Timing::gpu;
+    cfg->timing_given = timing_option->count() > 0;
     cfg->distributions.clear();
     for (const auto& d : *distributions) cfg->distributions.push_back(bench::distribution_from_name(d));
     const auto records = bench::run_ffn_bench(*cfg, std::cerr);

@@ -156,6 +156,10 @@ class BpeTokenizer final : public Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
+// Where `text` stops being valid UTF-8: the offset of the first byte that does not start a valid
+// sequence (overlong forms, surrogates and code points past U+10FFFF included), or npos.
+size_t first_invalid_utf8(std::string_view text);
+
 // `<model_dir>/tokenizer.json` as a BpeTokenizer, with BOS/EOS taken from
 // tokenizer_config.json ("bos_token"/"eos_token", "add_bos_token") when that file exists.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
