@@ -142,6 +142,8 @@ class FfnBackend {
   virtual double time_ms(const std::function<void()>& fn, Timing timing) = 0;
   // The timing time_ms really used for `requested` (the CPU backend always times host).
   virtual Timing timing_used(Timing requested) const { return requested; }
+  // Whether a case takes long enough here (seconds, on the CPU) to be announced when it starts.
+  virtual bool slow() const { return false; }
 };
 
 std::unique_ptr<FfnBackend> make_cpu_backend();

@@ -50,6 +50,7 @@ class CpuBackend : public FfnBackend {
   }
 
   Timing timing_used(Timing) const override { return Timing::host; }
+  bool slow() const override { return true; }
   double time_ms(const std::function<void()>& fn, Timing) override {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
