@@ -307,10 +307,10 @@ TEST(Utf8, FirstInvalidByteIsFound) {
   EXPECT_EQ(first_invalid_utf8(""), std::string_view::npos);
   EXPECT_EQ(first_invalid_utf8("plain \xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80"), std::string_view::npos);
   EXPECT_EQ(first_invalid_utf8("ab\xff"), 2u);
-  EXPECT_EQ(first_invalid_utf8("a\xc0\xafb"), 1u);          // overlong '/'
-  EXPECT_EQ(first_invalid_utf8("xy\xed\xa0\x80"), 2u);      // a surrogate
-  EXPECT_EQ(first_invalid_utf8("\xf4\x90\x80\x80"), 0u);   // past U+10FFFF
-  EXPECT_EQ(first_invalid_utf8("\xe2\x82"), 0u);             // cut short
+  EXPECT_EQ(first_invalid_utf8("a\xc0\xaf" "b"), 1u);      // overlong '/'
+  EXPECT_EQ(first_invalid_utf8("xy\xed\xa0\x80"), 2u);     // a surrogate
+  EXPECT_EQ(first_invalid_utf8("\xf4\x90\x80\x80"), 0u);  // past U+10FFFF
+  EXPECT_EQ(first_invalid_utf8("\xe2\x82"), 0u);            // cut short
 }
 
 // ---- load_tokenizer ------------------------------------------------------------------------
