@@ -26,11 +26,11 @@ std::string parent_dir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// The file a write to `path` must replace (atomic_file.h), and in *mode the permissions it has
-// (kNewFile for a file that does not exist yet). Renaming over a link would replace the link, not the file; renaming over
-// /dev/null or a FIFO would replace it with a plain file.
-constexpr mode_t kNewFile = ~mode_t{0};
+constexpr mode_t kNewFile = ~mode_t{0};  // target_of's mode for a file that does not exist yet
 
+// The file a write to `path` must replace (atomic_file.h), and in *mode the permissions it has.
+// Renaming over a link would replace the link, not the file; renaming over /dev/null or a FIFO
+// would replace it with a plain file.
 std::string target_of(const std::string& path, mode_t* mode) {
   *mode = kNewFile;
   struct stat link;

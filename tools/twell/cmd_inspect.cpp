@@ -28,15 +28,16 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-// config.json inside PATH (a directory) or in the directory of PATH (a file); "" if none.
-std::string find_config(const std::string& path) {
+// The directory holding config.json: PATH (a directory) or the directory of PATH (a file); "" if
+// it has none.
+std::string find_config_dir(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    return file_exists(path + "/config.json") ? path + "/config.json" : "";
+  std::string dir = path;
+  if (!(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) {
+    const size_t slash = path.find_last_of('/');
+    dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
   }
-  size_t slash = path.find_last_of('/');
-  std::string dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
-  return file_exists(dir + "/config.json") ? dir + "/config.json" : "";
+  return file_exists(dir + "/config.json") ? dir : "";
 }
 
 // 1234567 -> "1,234,567".
@@ -96,15 +97,14 @@ bool print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
 void run_inspect(const std::string& path, bool check_finite) {
   struct stat st;
   TWELL_REQUIRE(::stat(path.c_str(), &st) == 0, path, ": no such file or directory");
-  const std::string config_file = find_config(path);
+  const std::string config_dir = find_config_dir(path);
   std::unique_ptr<io::ModelConfig> config;
   std::vector<std::string> problems;  // the error exit's reasons, once everything is printed
-  if (!config_file.empty()) {
+  if (!config_dir.empty()) {
     try {
       // The directory, as run and eval read it: config.json and generation_config.json.
-      config = std::make_unique<io::ModelConfig>(
-          io::read_config(config_file.substr(0, config_file.size() - std::string("/config.json").size())));
-      print_config(*config, config_file);
+      config = std::make_unique<io::ModelConfig>(io::read_config(config_dir));
+      print_config(*config, config_dir + "/config.json");
     } catch (const Error& e) {  // the tensors are still worth seeing
       std::printf("config: refused: %s\n", e.what());
       problems.push_back("twell run and twell eval refuse its config.json");

@@ -45,7 +45,8 @@ bool ModelArgs::on_gpu() const {
   TWELL_REQUIRE(gpu || device == "auto", "--device (--backend) cuda: ", why);
   return gpu;
 #else
-  TWELL_REQUIRE(device == "auto", "--device (--backend) cuda: this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
+  TWELL_REQUIRE(device == "auto",
+                "--device (--backend) cuda: this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
   return false;
 #endif
 }
