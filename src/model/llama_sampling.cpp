@@ -6,6 +6,7 @@
 // reaches top_p; always at least one token), then one draw from the renormalised distribution.
 // Ties in sorting are broken by the lower token id, so results are deterministic.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -91,23 +92,36 @@ int32_t Sampler::sample(const TensorView& logits) {
   return order[keep - 1];  // r within rounding of 1
 }
 
-std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt,
-                              int64_t max_new_tokens, const SamplingOptions& sampling,
-                              const std::vector<int32_t>& stop_tokens) {
+Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                    const SamplingOptions& sampling, const std::vector<int32_t>& stop_tokens,
+                    const std::function<void(int32_t)>& on_token) {
   TWELL_CHECK(!prompt.empty(), "generate: empty prompt");
+  TWELL_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be at least 0, got ", max_new_tokens);
+  using clock = std::chrono::steady_clock;
   Sampler sampler(sampling);
-  std::vector<int32_t> out;
-  if (max_new_tokens <= 0) return out;
+  Generation g;
+  const auto t0 = clock::now();
   Tensor logits = model.prefill(prompt);
-  while (true) {
+  const auto t1 = clock::now();
+  while (static_cast<int64_t>(g.tokens.size()) < max_new_tokens) {
     const int32_t token = sampler.sample(logits);
-    out.push_back(token);
-    if (std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end() ||
-        static_cast<int64_t>(out.size()) >= max_new_tokens || model.cached_tokens() >= model.context())
+    g.tokens.push_back(token);
+    if (on_token) on_token(token);
+    if (std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end()) {
+      g.reason = StopReason::stop_token;
       break;
+    }
+    if (static_cast<int64_t>(g.tokens.size()) == max_new_tokens) break;
+    if (model.cached_tokens() >= model.context()) {
+      g.reason = StopReason::context_full;
+      break;
+    }
     logits = model.decode_step(token);
   }
-  return out;
+  const auto t2 = clock::now();
+  g.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  g.decode_seconds = std::chrono::duration<double>(t2 - t1).count();
+  return g;
 }
 
 Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,

@@ -482,7 +482,9 @@ TEST(LlamaSampling, SameSeedSameTokens) {
 TEST_F(LlamaCpuTest, GreedyGenerationFollowsFullForward) {
   LlamaCpu model = tiny(false);
   const std::vector<int32_t> prompt = {5, 9, 11};
-  const std::vector<int32_t> out = generate(model, prompt, 8, {});
+  const Generation g = generate(model, prompt, 8, {});
+  EXPECT_EQ(g.reason, StopReason::max_tokens);
+  const std::vector<int32_t>& out = g.tokens;
   ASSERT_EQ(out.size(), 8u);
   std::vector<int32_t> seq = prompt;
   for (int32_t token : out) {
@@ -493,12 +495,29 @@ TEST_F(LlamaCpuTest, GreedyGenerationFollowsFullForward) {
   }
   // Stops right after the first of the end-of-sequence tokens, and when the context is full,
   // keeping what it made (the last token drawn needs no position of its own).
-  EXPECT_EQ(generate(model, prompt, 8, {}, {-5, out[2]}).size(),
-            size_t(std::find(out.begin(), out.end(), out[2]) - out.begin() + 1));
+  // The callback sees every token, the stop token included, in order.
+  std::vector<int32_t> seen;
+  const Generation stopped = generate(model, prompt, 8, {}, {-5, out[2]}, [&](int32_t t) { seen.push_back(t); });
+  EXPECT_EQ(stopped.tokens.size(), size_t(std::find(out.begin(), out.end(), out[2]) - out.begin() + 1));
+  EXPECT_EQ(stopped.reason, StopReason::stop_token);
+  EXPECT_EQ(seen, stopped.tokens);
   const int64_t room = model.context() - int64_t(prompt.size());
   ASSERT_GT(room, 0);
   ASSERT_LT(room, 1000);
-  EXPECT_EQ(generate(model, prompt, 1000, {}).size(), size_t(room + 1));
+  const Generation full = generate(model, prompt, 1000, {});
+  EXPECT_EQ(full.tokens.size(), size_t(room + 1));
+  EXPECT_EQ(full.reason, StopReason::context_full);
+  // The token limit wins over a full context when both are reached by the same token.
+  EXPECT_EQ(generate(model, prompt, room + 1, {}).reason, StopReason::max_tokens);
+  // 0 new tokens still runs the prompt (`twell run -n 0` times it); a negative count is an error.
+  const Generation none = generate(model, prompt, 0, {});
+  EXPECT_TRUE(none.tokens.empty());
+  EXPECT_EQ(model.cached_tokens(), int64_t(prompt.size()));
+  EXPECT_THROW(generate(model, prompt, -1, {}), Error);
+  // An exception from the callback propagates and stops the generation.
+  int calls = 0;
+  EXPECT_THROW(generate(model, prompt, 8, {}, {}, [&](int32_t) { if (++calls == 3) throw Error("stop"); }), Error);
+  EXPECT_EQ(calls, 3);
 }
 
 TEST_F(LlamaCpuTest, PerplexityIsExpOfMeanNll) {

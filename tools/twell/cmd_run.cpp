@@ -1,7 +1,7 @@
 // `twell run MODEL --prompt TEXT`: generation on the GPU or the CPU backend, streamed token by token.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 
 #include "commands.h"
@@ -43,7 +43,6 @@ void register_run(CLI::App& app) {
     // The GPU's buffers for this job, not the config's whole context (load_model caps it there).
     args->gpu_context = n_prompt + std::min(*max_tokens, config.max_position_embeddings);
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
-    model::LanguageModel& m = *model;
     // What is printed of the continuation: decode(prompt + new tokens) past decode(prompt), so a
     // tokenizer whose decoder depends on context (Llama 2's strips one leading space) streams
     // the same text as a single decode of everything.
@@ -60,43 +59,29 @@ void register_run(CLI::App& app) {
     sampling->vocab_limit = tok->vocab_size();
 
     std::cout << *prompt << std::flush;
-    const auto t0 = std::chrono::steady_clock::now();
-    model::Sampler sampler(*sampling);
-    auto t1 = t0;
-    int64_t generated = 0;
     size_t printed = prompt_chars;  // bytes of decode(shown) already written
-    bool context_full = false;
+    const std::function<void(int32_t)> stream = [&](int32_t token) {
+      if (std::find(stops.begin(), stops.end(), token) != stops.end()) return;  // not part of the text
+      shown.push_back(token);
+      const std::string s = tok->decode(shown);  // whole text: a token may end inside a character
+      if (s.size() > printed) std::cout << s.substr(printed) << std::flush;
+      printed = std::max(printed, s.size());
+    };
+    model::Generation g;
     try {  // an error ends the streamed line first, so that it is not glued to the text
-      Tensor logits = m.prefill(ids);
-      t1 = std::chrono::steady_clock::now();
-      while (generated < *max_tokens) {
-        const int32_t next = sampler.sample(logits);
-        ++generated;
-        if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
-        shown.push_back(next);
-        const std::string s = tok->decode(shown);  // whole text: a token may end inside a character
-        if (s.size() > printed) std::cout << s.substr(printed) << std::flush;
-        printed = std::max(printed, s.size());
-        if (generated == *max_tokens) break;
-        if (m.cached_tokens() >= m.context()) {
-          context_full = true;
-          break;
-        }
-        logits = m.decode_step(next);
-      }
+      g = model::generate(*model, ids, *max_tokens, *sampling, stops, stream);
     } catch (...) {
       std::cout << std::endl;
       throw;
     }
-    const auto t2 = std::chrono::steady_clock::now();
     std::cout << std::endl;  // flushed before the summary on stderr, which may share a terminal or a pipe
-    if (context_full)
+    if (g.reason == model::StopReason::context_full)
       std::fprintf(stderr, "(stopped: the context of %lld positions is full)\n",
-                   static_cast<long long>(m.cached_tokens()));
-    const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
-    const double decode_s = std::chrono::duration<double>(t2 - t1).count();
+                   static_cast<long long>(model->cached_tokens()));
+    const int64_t generated = static_cast<int64_t>(g.tokens.size());
     std::fprintf(stderr, "prompt %zu tokens in %.3f s; generated %lld tokens in %.3f s (%.1f tokens/s)\n", ids.size(),
-                 prefill_s, static_cast<long long>(generated), decode_s, decode_s > 0 ? generated / decode_s : 0.0);
+                 g.prefill_seconds, static_cast<long long>(generated), g.decode_seconds,
+                 g.decode_seconds > 0 ? generated / g.decode_seconds : 0.0);
   });
 }
 

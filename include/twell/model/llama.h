@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -187,12 +188,29 @@ class Sampler {
   std::mt19937_64 rng_;
 };
 
-// Prefills `prompt`, then samples up to `max_new_tokens` tokens with decode_step, stopping after
-// any of `stop_tokens` (end-of-sequence ids; it is returned) or when the model's context is full.
-// Returns the new tokens only. Uses (and resets) model's KV cache.
-std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt,
-                              int64_t max_new_tokens, const SamplingOptions& sampling,
-                              const std::vector<int32_t>& stop_tokens = {});
+// Why generate() stopped, in the order it checks after each token.
+enum class StopReason {
+  stop_token,    // the last token is one of `stop_tokens`
+  max_tokens,    // `max_new_tokens` were drawn
+  context_full,  // the KV cache holds the model's whole context: the last token has no position
+};
+
+struct Generation {
+  std::vector<int32_t> tokens;  // the new tokens only, ending with the stop token if one ended it
+  StopReason reason = StopReason::max_tokens;
+  double prefill_seconds = 0;  // wall time of the prompt's forward
+  double decode_seconds = 0;   // wall time from then to the end, sampling and callbacks included
+};
+
+// Prefills `prompt` (even when max_new_tokens is 0, which times the prompt alone), then samples
+// up to `max_new_tokens` tokens with decode_step, stopping after any of `stop_tokens`
+// (end-of-sequence ids) or when the model's context is full. `on_token`, if given, sees each token
+// as soon as it is drawn, the stop token included, before the next step is computed: for
+// streaming. If it or the model throws, the exception propagates. Uses (and resets) the model's
+// KV cache.
+Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                    const SamplingOptions& sampling, const std::vector<int32_t>& stop_tokens = {},
+                    const std::function<void(int32_t)>& on_token = {});
 
 struct Perplexity {
   int64_t predictions = 0;  // T − 1
