@@ -447,7 +447,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   }
   const double agreement = relative_error(hidden[1], hidden[0]);
   int sparse_layers = 0;
-  for (cuda::FfnPath p : twell.ffn_paths()) sparse_layers += p != cuda::FfnPath::dense;
+  for (cuda::FfnPath p : twell.ffn_paths()) sparse_layers += p == cuda::FfnPath::sparse || p == cuda::FfnPath::gather;
   char line[200];
   std::snprintf(line, sizeof line, "prefill %lld x %lld: twell vs dense final hidden state rel err %.2e; twell took the sparse path in %d/%lld layers\n",
                 static_cast<long long>(B), static_cast<long long>(S), agreement, sparse_layers,
@@ -525,8 +525,9 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
     double sum = 0, lo = 1e300, hi = 0;
     int counted = 0;
     for (const cuda::FfnStats& st : probe.ffn_stats()) {
-      if (st.density() < 0) continue;  // dense path: not counted
-      sum += st.density(), lo = std::min(lo, st.density()), hi = std::max(hi, st.density()), ++counted;
+      const double n = st.nnz_per_token();
+      if (n < 0) continue;  // dense path: not counted
+      sum += n, lo = std::min(lo, n), hi = std::max(hi, n), ++counted;
     }
     char buf[160];
     if (counted > 0)

@@ -59,6 +59,14 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+namespace {
+// `strides` is either empty (contiguous) or one per dimension.
+void check_strides(const TensorView& t) {
+  TWELL_CHECK(t.strides.empty() || t.strides.size() == t.shape.size(), "a tensor of shape ", shape_str(t.shape),
+              " has ", t.strides.size(), " strides: expected none (contiguous) or ", t.shape.size());
+}
+}  // namespace
+
 int64_t TensorView::size(int dim) const {
   TWELL_CHECK(dim >= 0 && dim < rank(), "dimension ", dim, " out of range for shape ", shape_str(shape));
   return shape[dim];
@@ -66,6 +74,7 @@ int64_t TensorView::size(int dim) const {
 
 int64_t TensorView::stride(int dim) const {
   TWELL_CHECK(dim >= 0 && dim < rank(), "dimension ", dim, " out of range for shape ", shape_str(shape));
+  check_strides(*this);
   if (!strides.empty()) return strides[dim];
   int64_t s = 1;
   for (int d = rank() - 1; d > dim; --d) s *= shape[d];
@@ -73,6 +82,7 @@ int64_t TensorView::stride(int dim) const {
 }
 
 bool TensorView::is_contiguous() const {
+  check_strides(*this);
   if (strides.empty()) return true;
   int64_t s = 1;
   for (int d = rank() - 1; d >= 0; --d) {
@@ -107,6 +117,7 @@ void check_device(const TensorView& t, Device expected, const char* name) {
 }
 
 void check_contiguous(const TensorView& t, const char* name) {
+  for (int64_t d : t.shape) TWELL_CHECK(d >= 0, name, ": negative dimension in shape ", shape_str(t.shape));
   TWELL_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor of shape ", shape_str(t.shape));
 }
 

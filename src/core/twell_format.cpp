@@ -62,6 +62,7 @@ TwellMatrix twell_pack(const TensorView& dense, TwellLayout layout, Spill spill)
 }
 
 void twell_unpack(const TwellMatrix& m, const TensorView& dense) {
+  twell_validate(m);  // a column or backup index out of range would write outside its tile
   const TwellLayout& l = m.layout;
   check_device(dense, Device::cpu, "twell_unpack: dense");
   check_dtype(dense, DType::bf16, "twell_unpack: dense");

@@ -168,6 +168,7 @@ void ffn_backward(const TensorView& x, const FfnWeights& w, const TensorView& dy
   }
   TWELL_CHECK(std::isfinite(l1_coeff) && l1_coeff >= 0, op,
               ": l1_coeff: expected a finite value >= 0, got ", l1_coeff);
+  check_ffn_grads_disjoint(op, x, w, dy, grads);
 
   auto run = [&](auto acc_tag) {
     using Acc = decltype(acc_tag);

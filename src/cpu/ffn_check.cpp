@@ -42,6 +42,7 @@ FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& 
   TWELL_CHECK(w.wu.rank() == 2, op, ": w.wu: expected a 2-d tensor [I, H], got shape ",
               shape_str(w.wu.shape));
   const int64_t M = x.shape[0], H = x.shape[1], I = w.wu.shape[0];
+  TWELL_CHECK(M >= 0, op, ": x: expected M >= 0 tokens, got shape ", shape_str(x.shape));
   TWELL_CHECK(H >= 1, op, ": x: expected H >= 1, got shape ", shape_str(x.shape));
   TWELL_CHECK(I >= 1, op, ": w.wu: expected I >= 1, got shape ", shape_str(w.wu.shape));
   check_matrix(op, "x", x, {M, H}, kFloatTypes, host);
@@ -61,6 +62,20 @@ void check_output(const char* op, const char* name, const TensorView& t, const S
 void check_ffn_args(const TensorView& x, const FfnWeights& w, const TensorView& y) {
   const auto d = cpu::detail::check_ffn_inputs("ffn", x, w, /*host=*/false);
   cpu::detail::check_output("ffn", "y", y, {d.M, d.H}, cpu::detail::kFloatTypes, /*host=*/false);
+}
+
+void check_ffn_grads_disjoint(const char* op, const TensorView& x, const FfnWeights& w, const TensorView& dy,
+                              const FfnGrads& grads) {
+  const TensorView* views[] = {&grads.dx, &grads.dwg, &grads.dwu, &grads.dwd, &x, &dy, &w.wg, &w.wu, &w.wd};
+  const char* names[] = {"grads.dx", "grads.dwg", "grads.dwu", "grads.dwd", "x", "dy", "w.wg", "w.wu", "w.wd"};
+  auto overlap = [](const TensorView& a, const TensorView& b) {
+    const char *a0 = static_cast<const char*>(a.data), *b0 = static_cast<const char*>(b.data);
+    return !a.empty() && !b.empty() && a.device == b.device && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  };
+  for (int g = 0; g < 4; ++g)
+    for (int o = 0; o < 9; ++o)
+      TWELL_CHECK(o == g || !overlap(*views[g], *views[o]), op, ": ", names[g], "'s memory overlaps ", names[o],
+                  "'s (a gradient is written while the other arguments are read)");
 }
 
 }  // namespace twell

@@ -22,7 +22,9 @@
 // FFN and bf16(relu(dot(x, Wu_j))) for a non-gated one, in every precision except f64 (where it
 // is relu(dot) > 0). That is exactly the set of entries the TwELL format holds, so the sparse
 // path sees the same set. u, h, dh, du, dg are computed only on the active set; elsewhere they
-// are 0 (the dense and sparse paths agree even for inf/NaN weights outside the active set).
+// are 0 (the dense and sparse paths agree even where Wu holds Inf/NaN or an up product overflows
+// outside the active set; Wd must be finite there, since the dense path's down GEMM multiplies
+// every row of Wd by h, zeros included).
 // relu propagates NaN (as torch.relu does): relu(NaN) = NaN, which is non-zero, so active.
 //
 // Summation order (fixed, so results do not depend on threads or on dense vs sparse):

@@ -103,6 +103,13 @@ struct FfnForward::Impl {
     TWELL_CHECK(s.hidden % 64 == 0 && s.ffn % 64 == 0, "FfnForward: H and I must be multiples of 64, got H=",
                 s.hidden, " I=", s.ffn);
     TWELL_CHECK(o.precision != Precision::f64, "FfnForward: Precision::f64 is CPU-only");
+    // A non-gated FFN's multi-token kernels take h from the packed bf16 activation; only the
+    // one-token kernel keeps relu(x·Wu) in fp32.
+    TWELL_CHECK(s.gated || o.precision != Precision::h_fp32 ||
+                    (s.max_tokens == 1 && o.one_token_kernel && o.gather_max_tokens >= 1 &&
+                     gather_supports(s.hidden, s.ffn) && decode_ffn_supported(s.hidden, s.ffn)),
+                "FfnForward: Precision::h_fp32 for a non-gated FFN exists only for one token (max_tokens = 1, "
+                "one_token_kernel, H a multiple of 32 up to 4096); its other paths round h to bf16");
     const int64_t w = o.dw_slice_columns;
     TWELL_CHECK(w == 0 || (w > 0 && w % 8 == 0 && s.hidden % w == 0), "FfnForward: dw_slice_columns = ", w,
                 " must be 0 or a multiple of 8 dividing H = ", s.hidden);
@@ -368,23 +375,12 @@ struct FfnForward::Impl {
                 "back to size the transpose)");
     TWELL_CHECK(stats.tokens == M && (M == 0 || saved.ready),
                 "FfnForward::backward: needs the state of a forward() of the same tokens; the last call had ",
-                stats.tokens, " tokens on the ", stats.path == FfnPath::sparse ? "sparse" :
-                stats.path == FfnPath::dense ? "dense" : "gather",
+                stats.tokens, " tokens on the ", to_string(stats.path),
                 " path (for training set FfnOptions::training and gather_max_tokens = 0)");
     TWELL_CHECK(M == 0 || (x.data == saved.x && w.wg.data == saved.wg && w.wu.data == saved.wu && w.wd.data == saved.wd),
                 "FfnForward::backward: x and the weights must be those of the last forward() (its saved state "
                 "belongs to them)");
-    // Read-only inputs; a gradient overlapping one of them (or another gradient) would be read
-    // after it was written.
-    const TensorView* inputs[] = {&x, &dy, &w.wg, &w.wu, &w.wd, &grads.dx, &grads.dwg, &grads.dwu, &grads.dwd};
-    auto overlap = [](const TensorView& a, const TensorView& b) {
-      const char *a0 = static_cast<const char*>(a.data), *b0 = static_cast<const char*>(b.data);
-      return !a.empty() && !b.empty() && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-    };
-    for (int gi = 5; gi < 9; ++gi)
-      for (int o = 0; o < 9; ++o)
-        TWELL_CHECK(o == gi || !overlap(*inputs[gi], *inputs[o]),
-                    "FfnForward::backward: a gradient's memory overlaps another argument's");
+    check_ffn_grads_disjoint("FfnForward::backward", x, w, dy, grads);
     auto check_grad = [](const TensorView& t, const Shape& s, const char* name) {
       if (!t.empty()) check_operand(t, DType::f32, s, name);
     };
@@ -531,9 +527,17 @@ struct FfnForward::Impl {
                   kMaxNormWidth, ", got ", H);
       TWELL_CHECK(std::isfinite(then->eps) && then->eps >= 0.f, "FfnForward: then.eps ", then->eps,
                   " must be finite and >= 0");
-      const void* yd = y.data;
-      TWELL_CHECK(then->normed.data != yd && then->residual.data != yd && then->normed.data != then->residual.data,
-                  "FfnForward: then.normed, then.residual and y must be distinct buffers");
+      auto overlap = [](const TensorView& a, const TensorView& b) {
+        const char *a0 = static_cast<const char*>(a.data), *b0 = static_cast<const char*>(b.data);
+        return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+      };
+      TWELL_CHECK(!overlap(then->normed, y) && !overlap(then->residual, y) && !overlap(then->normed, then->residual) &&
+                      !overlap(then->residual, x),
+                  "FfnForward: then.normed, then.residual and y must not overlap, nor then.residual x");
+      TWELL_CHECK(then->normed.data == x.data || !overlap(then->normed, x),
+                  "FfnForward: then.normed must be x or not overlap it");
+      TWELL_CHECK(!options.training || !overlap(then->normed, x),
+                  "FfnForward: with FfnOptions::training, then.normed must not be x: backward() reads x again");
       fused = {static_cast<float*>(then->residual.data), static_cast<const uint16_t*>(then->weight.data),
                static_cast<uint16_t*>(then->normed.data), then->eps};
     }
@@ -555,7 +559,7 @@ struct FfnForward::Impl {
     check_capture(stream);
     collect_counts(false);   // the previous call's density, if it has arrived;
     counts.pending = false;  // if not, it is dropped (its mirror is about to be overwritten)
-    stats = FfnStats{};
+    stats = FfnStats{};  // path none until one runs
     saved = SavedForward{};
     stats.tokens = M;
     if (M == 0) return true;  // nothing to compute (and no density to sample)
@@ -665,7 +669,7 @@ FfnStats FfnForward::last_stats() const {
 TwellMatrix FfnForward::download_activation(cudaStream_t stream) const {
   impl_->collect_counts(true);
   TWELL_CHECK(impl_->stats.path == FfnPath::sparse, "FfnForward: the last call took the ",
-              impl_->stats.path == FfnPath::dense ? "dense" : "gather", " path and packed nothing");
+              to_string(impl_->stats.path), " path and packed nothing");
   TwellMatrix m = impl_->act.download(stream);
   const TwellLayout l{impl_->stats.tokens, impl_->shape.ffn, impl_->options.tile, impl_->options.compression};
   m.layout = l;

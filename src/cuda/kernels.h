@@ -277,7 +277,7 @@ bool decode_gemv_supported(int64_t N, int64_t K);
 void launch_decode_gemv(const DecodeGemvArgs& a, int sm_count, cudaStream_t stream);
 
 // elementwise.cu (dense paths), n elements, 16-byte aligned, n % 8 == 0:
-//   out = bf16(g · u)           (g already ReLU'd by the GEMM epilogue)
+//   out = bf16(g · u), +0 where g = ±0 (g already ReLU'd; out may be u)
 //   g   = relu(g) in place       (the unfused, PyTorch-style pipeline)
 void launch_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n, cudaStream_t stream);
 void launch_relu_bf16(uint16_t* g, int64_t n, cudaStream_t stream);

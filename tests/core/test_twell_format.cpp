@@ -185,5 +185,16 @@ TEST_F(TwellCorruption, BackupValuesDisagreeWithCount) {
 }
 TEST_F(TwellCorruption, TruncatedArrays) { m.slots.pop_back(); expect_invalid("slots size"); }
 
+// Unpacking a broken matrix throws before it writes: a column past the tile width would land in
+// the next tile (or past the buffer in the last one).
+TEST_F(TwellCorruption, UnpackRefusesABrokenMatrixAndWritesNothing) {
+  const size_t tile = packed_tile();
+  m.slots[tile * 32 + m.counts[tile] - 1] = twell_entry(bf16(1.f).bits, 300);
+  Tensor dense = Tensor::of<bf16>({8, 600});
+  std::fill(dense.ptr<bf16>(), dense.ptr<bf16>() + 8 * 600, bf16(7.f));
+  EXPECT_THROW(twell_unpack(m, dense), Error);
+  for (int64_t i = 0; i < 8 * 600; ++i) ASSERT_EQ(float(dense.ptr<bf16>()[i]), 7.f) << i;
+}
+
 }  // namespace
 }  // namespace twell

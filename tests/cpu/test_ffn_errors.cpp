@@ -125,6 +125,31 @@ TEST_F(CpuFfnErrors, BackwardChecksEveryGradient) {
         cpu::ffn_backward(p.x, p.weights(), dy, -1.0, {dx, dwg, dwu, dwd}, Precision::bf16);
       },
       {"l1_coeff"});
+  // Gradients are written while the inputs are read: overlapping memory is refused, not corrupted.
+  expect_error([&] { cpu::ffn_backward(p.x, p.weights(), dy, 0.0, {dx, dwg, dwd, dwd}, Precision::bf16); },
+               {"ffn_backward", "grads.dwu", "overlaps", "grads.dwd"});
+  const TensorView dy_as_dx = dy.view();
+  expect_error([&] { cpu::ffn_backward(p.x, p.weights(), dy, 0.0, {dy_as_dx, {}, {}, {}}, Precision::bf16); },
+               {"grads.dx", "overlaps", "dy"});
+  Tensor dw_in_place = p.wd.clone();
+  FfnWeights w = p.weights();
+  w.wd = dw_in_place;
+  const TensorView dwd_over_wd = dw_in_place.view();
+  expect_error([&] { cpu::ffn_backward(p.x, w, dy, 0.0, {{}, {}, {}, dwd_over_wd}, Precision::bf16); },
+               {"grads.dwd", "overlaps", "w.wd"});
+}
+
+TEST_F(CpuFfnErrors, NegativeSizesAndShortStridesAreRefused) {
+  TensorView x_neg = p.x.view();
+  x_neg.shape = {-1, H};
+  TensorView y_neg = y.view();
+  y_neg.shape = {-1, H};
+  expect_error([&] { check_ffn_args(x_neg, p.weights(), y_neg); }, {"x", "M >= 0", "[-1, 5]"});
+  expect_error([&] { cpu::ffn_forward(x_neg, p.weights(), y_neg, Precision::bf16); }, {"M >= 0"});
+  TensorView strided = p.x.view();
+  strided.strides = {H};  // one stride for two dimensions
+  expect_error([&] { (void)strided.is_contiguous(); }, {"[3, 5]", "1 strides", "2"});
+  expect_error([&] { (void)strided.stride(1); }, {"strides"});
 }
 
 TEST_F(CpuFfnErrors, SparseForwardChecksTheActivationAndPrecision) {

@@ -266,7 +266,9 @@ TEST(FfnForwardGpuDecode, OneTokenMatchesCpuAtEveryDensity) {
           o.dispatch = Dispatch::always_sparse;
           o.precision = prec;
           o.gather_max_tokens = 4;
-          cuda::FfnForward ffn({4, sh.H, sh.I, gated}, o);
+          // h_fp32 for a non-gated FFN exists for one-token objects only
+          const int64_t max_tokens = !gated && prec == Precision::h_fp32 ? 1 : 4;
+          cuda::FfnForward ffn({max_tokens, sh.H, sh.I, gated}, o);
           DeviceTensor y(DType::bf16, {1, sh.H});
           Tensor first;
           for (int run = 0; run < 2; ++run) {
@@ -451,11 +453,119 @@ TEST(FfnForwardGpuEdges, GraphCaptureNeedsFixedDispatchAndReplaysExactly) {
 TEST(FfnForwardGpuEdges, EmptyBatchIsANoOp) {
   TWELL_REQUIRE_HOPPER();
   GpuProblem p = make_problem(4, 128, 256, 0.05);
-  cuda::FfnForward ffn({4, 128, 256, true});
+  cuda::FfnOptions o;
+  o.dispatch = Dispatch::always_sparse, o.gather_max_tokens = 0;
+  cuda::FfnForward ffn({4, 128, 256, true}, o);
+  EXPECT_EQ(ffn.last_path(), cuda::FfnPath::none);
+  EXPECT_THROW(ffn.download_activation(nullptr), Error);  // nothing packed yet
+  ffn.forward(p.x, p.w(), p.y, nullptr);
+  EXPECT_EQ(ffn.last_path(), cuda::FfnPath::sparse);
   DeviceTensor x0(DType::bf16, {0, 128}), y0(DType::bf16, {0, 128});
   EXPECT_NO_THROW(ffn.forward(x0, p.w(), y0, nullptr));
   EXPECT_EQ(ffn.last_stats().tokens, 0);
+  EXPECT_EQ(ffn.last_path(), cuda::FfnPath::none);
+  EXPECT_THROW(ffn.download_activation(nullptr), Error);  // not the previous call's tiles
   ffn.forward(p.x, p.w(), p.y, nullptr);  // and the next call works as usual
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Non-finite values give the same rows as the CPU reference on every path: a NaN in x makes its
+// row of y NaN (the ReLU must not turn the NaN gate into zeros), and an Inf in a row of Wu reaches
+// only the tokens where that neuron is active (an inactive neuron's h is 0, never 0 · Inf).
+TEST(FfnForwardGpuEdges, NonFiniteValuesReachTheSameRowsOnEveryPath) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 64, H = 128, I = 256;
+  const bench::SyntheticFfn f = bench::make_synthetic_ffn({M, H, I, 0.05, bench::Distribution::uniform, true, 3});
+  Tensor h = Tensor::of<bf16>({M, I});
+  Tensor y_ref = Tensor::of<bf16>({M, H});
+  cpu::ffn_forward(f.x, f.weights(), y_ref, Precision::bf16, nullptr, h);
+  int64_t j = -1, active = 0;  // a neuron active for some tokens, not all
+  for (int64_t n = 0; n < I && j < 0; ++n) {
+    active = 0;
+    for (int64_t m = 0; m < M; ++m) active += float(h.ptr<bf16>()[m * I + n]) != 0.f;
+    if (active >= 2 && active <= M - 2) j = n;
+  }
+  ASSERT_GE(j, 0);
+  struct Poison {
+    const char* name;
+    bool nan_in_x;
+  };
+  for (const Poison& poison : {Poison{"NaN in x", true}, Poison{"Inf in a row of Wu", false}}) {
+    SCOPED_TRACE(poison.name);
+    Tensor x = f.x.clone(), wu = f.wu.clone();
+    if (poison.nan_in_x)
+      x.ptr<bf16>()[5 * H + 7] = bf16(std::nanf(""));
+    else
+      for (int64_t k = 0; k < H; ++k) wu.ptr<bf16>()[j * H + k] = bf16(k % 2 ? INFINITY : -INFINITY);
+    const FfnWeights wh{f.wg.view(), wu.view(), f.wd.view()};
+    Tensor y_cpu = Tensor::of<bf16>({M, H});
+    cpu::ffn_forward(x, wh, y_cpu, Precision::bf16);
+    auto bad_rows = [&](const Tensor& y) {
+      std::vector<int64_t> rows;
+      for (int64_t m = 0; m < M; ++m) {
+        bool bad = false;
+        for (int64_t k = 0; k < H; ++k) bad = bad || !std::isfinite(float(y.ptr<bf16>()[m * H + k]));
+        if (bad) rows.push_back(m);
+      }
+      return rows;
+    };
+    const std::vector<int64_t> expect = bad_rows(y_cpu);
+    ASSERT_EQ(expect.size(), poison.nan_in_x ? size_t{1} : size_t(active));  // the test can fail
+    DeviceTensor xd = DeviceTensor::upload(x), wg = DeviceTensor::upload(f.wg), wud = DeviceTensor::upload(wu),
+                 wd = DeviceTensor::upload(f.wd);
+    const FfnWeights w{wg.view(), wud.view(), wd.view()};
+    struct Run {
+      Dispatch d;
+      int64_t gather;
+      bool fused_gate, training;
+      const char* name;
+    };
+    const Run runs[] = {{Dispatch::always_dense, 0, true, false, "dense"},
+                        {Dispatch::always_dense, 0, true, true, "dense, training"},
+                        {Dispatch::always_sparse, 0, true, false, "sparse"},
+                        {Dispatch::always_sparse, 0, false, false, "sparse, unfused gate"},
+                        {Dispatch::always_sparse, 256, true, false, "gather"}};
+    for (const Run& r : runs) {
+      SCOPED_TRACE(r.name);
+      cuda::FfnOptions o;
+      o.dispatch = r.d, o.gather_max_tokens = r.gather, o.fused_gate = r.fused_gate, o.training = r.training;
+      cuda::FfnForward ffn({M, H, I, true}, o);
+      DeviceTensor y(DType::bf16, {M, H});
+      cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, nullptr);  // poison: NaN
+      ffn.forward(xd, w, y, nullptr);
+      const Tensor y_gpu = y.download();
+      EXPECT_EQ(bad_rows(y_gpu), expect);
+    }
+  }
+}
+
+TEST(FfnForwardGpuErrors, RefusesWhatItCannotHonour) {
+  TWELL_REQUIRE_HOPPER();
+  // h_fp32 of a non-gated FFN exists only in the one-token kernel: the other paths round h.
+  cuda::FfnOptions fp32;
+  fp32.precision = Precision::h_fp32;
+  EXPECT_THROW(cuda::FfnForward({16, 128, 256, false}, fp32), Error);
+  EXPECT_NO_THROW(cuda::FfnForward({1, 128, 256, false}, fp32));
+  EXPECT_NO_THROW(cuda::FfnForward({16, 128, 256, true}, fp32));
+  // In training, the residual norm may not write its output over x: backward() reads x again.
+  GpuProblem p = make_problem(16, 128, 256, 0.05);
+  DeviceTensor resid(DType::f32, {16, 128}), nw(DType::bf16, {128});
+  cuda::FfnOptions train;
+  train.training = true, train.dispatch = Dispatch::always_sparse, train.gather_max_tokens = 0;
+  cuda::FfnForward trainer({16, 128, 256, true}, train);
+  const cuda::ResidualNorm over_x{resid.view(), nw.view(), p.x.view()};
+  EXPECT_THROW(trainer.forward(p.x, p.w(), p.y, nullptr, 0, &over_x), Error);
+  cuda::FfnForward inference({16, 128, 256, true});
+  EXPECT_NO_THROW(inference.forward(p.x, p.w(), p.y, nullptr, 0, &over_x));  // read before written
+  // A partial overlap is refused everywhere.
+  TensorView shifted = p.x.view();
+  shifted.data = static_cast<char*>(shifted.data) + 128 * 2;
+  shifted.shape = {15, 128};
+  DeviceTensor resid15(DType::f32, {15, 128}), y15(DType::bf16, {15, 128});
+  TensorView x15 = p.x.view();
+  x15.shape = {15, 128};
+  const cuda::ResidualNorm partial{resid15.view(), nw.view(), shifted};
+  EXPECT_THROW(inference.forward(x15, p.w(), y15, nullptr, 0, &partial), Error);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

@@ -13,7 +13,9 @@
 // with always_sparse, and with observe or previous (not in training) at any density, since it
 // never reads more than the dense path.
 // Dense path: gate+up GEMM, ReLU·product kernel, down GEMM (all cuBLASLt).
-// Everything is enqueued on the caller's stream. Dispatch counts the non-zeros of a sample of up
+// Everything is enqueued on the caller's stream. An FfnForward owns its workspace, as a cuBLAS
+// handle does: calls on one object must be ordered (one stream, or events between streams), and
+// a host thread each at a time. Dispatch counts the non-zeros of a sample of up
 // to 1024 rows of g (a few MB read). `Dispatch::observe` waits for that count (one stream
 // synchronisation per call, except where the tokens alone decide: one token, or fewer than
 // sparse_min_tokens); `previous` (the default) decides on the sample of the previous call
@@ -33,8 +35,17 @@
 namespace twell::cuda {
 
 // sparse: TwELL pack + up/down kernels; gather: few tokens, active rows read through a per-token
-// index list (no packing); dense: cuBLASLt.
-enum class FfnPath { sparse, gather, dense };
+// index list (no packing); dense: cuBLASLt; none: no call yet, or a call with no tokens.
+enum class FfnPath { sparse, gather, dense, none };
+inline const char* to_string(FfnPath p) {
+  switch (p) {
+    case FfnPath::sparse: return "sparse";
+    case FfnPath::gather: return "gather";
+    case FfnPath::dense: return "dense";
+    case FfnPath::none: return "none";
+  }
+  return "?";
+}
 enum class Dispatch { observe, previous, always_sparse, always_dense };
 
 struct FfnShape {
@@ -61,7 +72,8 @@ struct FfnOptions {
   // "Dispatch").
   int64_t sparse_min_tokens = 8192;
   // bf16, or h_fp32: h = g·u kept in fp32 inside the down kernel. h_fp32 always takes the sparse
-  // path (the dense path's product kernel rounds h to bf16 for the down GEMM).
+  // path (the dense path's product kernel rounds h to bf16 for the down GEMM). A non-gated FFN has
+  // h_fp32 only with max_tokens = 1 (the one-token kernel); the constructor refuses the rest.
   Precision precision = Precision::bf16;
   int32_t tile = 256, compression = 8;    // TwELL layout
   // Sparse calls with at most this many tokens take the gather path (decode): each token's active
@@ -112,7 +124,8 @@ struct FfnOptions {
 // read and write of y and of the residual are saved); the other paths write y and run the step as
 // a kernel of its own. Same results either way, but for the order in which the sum of squares is
 // added. residual [M, H] f32, weight [H] bf16, normed [M, H] bf16, on the device, 16-byte
-// aligned; normed may be x (read before it is written), not y or the residual.
+// aligned; normed may be x (read before it is written; not in training, whose backward reads x
+// again), none of them may overlap y or each other.
 struct ResidualNorm {
   TensorView residual;
   TensorView weight;
@@ -121,18 +134,21 @@ struct ResidualNorm {
 };
 
 struct FfnStats {
-  FfnPath path = FfnPath::sparse;
+  FfnPath path = FfnPath::none;
   int64_t tokens = 0;
   int64_t nnz = -1;              // non-zeros of g, counted by the sparse path (-1 on the dense path)
   int64_t spilled_tiles = -1;
-  double sampled_density = -1;   // the density dispatch decided on (-1 when it did not sample)
-  double density() const { return tokens > 0 && nnz >= 0 ? double(nnz) / tokens : -1; }
+  double sampled_density = -1;   // the fraction of g dispatch decided on (-1 when it did not sample)
+  // Mean non-zeros a token (not a fraction like sampled_density: divide by I for that); -1 when
+  // not counted.
+  double nnz_per_token() const { return tokens > 0 && nnz >= 0 ? double(nnz) / tokens : -1; }
 };
 
 // Device memory: about 4.5 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
 // output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
 // them): 6.4 GB at max_tokens = 131072, I = 5632. FfnOptions::training adds one [max_tokens, I]
-// bf16 buffer (h), and backward() its workspace, allocated by its first call.
+// bf16 buffer (h), and backward() its workspace, which grows with the largest M and non-zero count
+// seen so far: a call that needs more frees and reallocates it (cudaFree synchronises the device).
 class FfnForward {
  public:
   FfnForward(const FfnShape& shape, const FfnOptions& options = {});

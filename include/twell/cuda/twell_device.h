@@ -24,6 +24,8 @@ class TwellDeviceMatrix {
   TwellDeviceMatrix() = default;
   // Room for every tile to spill when backup_capacity < 0 (exact at any density).
   TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity = -1);
+  // Validates m (twell_validate: throws on a broken invariant, copying nothing), copies it, and
+  // synchronises `stream` before returning.
   static TwellDeviceMatrix upload(const TwellMatrix& m, cudaStream_t stream = nullptr);
   // Copies back (synchronous); throws if the producer claimed more backup tiles than it had.
   TwellMatrix download(cudaStream_t stream = nullptr) const;

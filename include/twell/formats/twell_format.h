@@ -83,7 +83,8 @@ enum class Spill { forbid, allow };
 // Packs a dense bf16 [rows, cols] matrix. With Spill::forbid (plain TwELL) a tile over capacity
 // throws an Error naming the row, tile and count; with Spill::allow (hybrid) it goes to backup.
 TwellMatrix twell_pack(const TensorView& dense, TwellLayout layout, Spill spill = Spill::allow);
-// Writes the dense bf16 [rows, cols] matrix the format holds (every element is written).
+// Writes the dense bf16 [rows, cols] matrix the format holds (every element is written), after
+// twell_validate(m): a broken matrix throws and writes nothing.
 void twell_unpack(const TwellMatrix& m, const TensorView& dense);
 // Checks every invariant of the format; throws an Error naming the first violation.
 void twell_validate(const TwellMatrix& m);

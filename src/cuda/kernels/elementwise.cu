@@ -12,10 +12,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
-  // fp32 product of two bf16 pairs, rounded once to bf16 (as a bf16 PyTorch `g * u`).
-  const float lo = bits_float(a << 16) * bits_float(b << 16);
-  const float hi = bits_float(a & 0xffff0000u) * bits_float(b & 0xffff0000u);
+__device__ __forceinline__ uint32_t mul2(uint32_t g, uint32_t u) {
+  // fp32 product of two bf16 pairs, rounded once to bf16 (as a bf16 PyTorch `g * u`), except that
+  // an inactive neuron (g = ±0) gives +0 even where u is Inf or NaN: h is defined on the active
+  // set only, as on the sparse path and in the CPU reference (cpu/ffn_common.h).
+  const float lo = (g & 0x7fffu) ? bits_float(g << 16) * bits_float(u << 16) : 0.f;
+  const float hi = (g & 0x7fff0000u) ? bits_float(g & 0xffff0000u) * bits_float(u & 0xffff0000u) : 0.f;
   return pack2(lo, hi);
 }
 
@@ -25,8 +27,8 @@ __device__ __forceinline__ uint32_t relu2(uint32_t a) {
   return lo | hi;
 }
 
-__global__ void mul_bf16_kernel(const uint4* __restrict__ g, const uint4* __restrict__ u, uint4* __restrict__ out,
-                                int64_t n_vec) {
+__global__ void mul_bf16_kernel(const uint4* __restrict__ g, const uint4* u, uint4* out, int64_t n_vec) {
+  // out may be u (in place): each element is read before it is written, by the same thread.
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * kThreads) {
     const uint4 a = g[i], b = u[i];
     out[i] = make_uint4(mul2(a.x, b.x), mul2(a.y, b.y), mul2(a.z, b.z), mul2(a.w, b.w));

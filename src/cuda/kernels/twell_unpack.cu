@@ -26,7 +26,10 @@ __global__ void twell_unpack_kernel(const TwellDeviceView m, uint16_t* __restric
   }
   for (int c = lane; c < width; c += 32) out[c] = 0;
   __syncwarp();
-  for (uint32_t k = lane; k < count; k += 32) out[twell_entry_col(words[k])] = twell_entry_value_bits(words[k]);
+  for (uint32_t k = lane; k < count; k += 32) {
+    const uint32_t col = twell_entry_col(words[k]);
+    if (col < static_cast<uint32_t>(width)) out[col] = twell_entry_value_bits(words[k]);  // never outside the tile
+  }
 }
 
 }  // namespace
@@ -58,6 +61,7 @@ TwellDeviceMatrix::TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_c
 }
 
 TwellDeviceMatrix TwellDeviceMatrix::upload(const TwellMatrix& m, cudaStream_t stream) {
+  twell_validate(m);  // the kernels trust the format: sizes, columns and backup indices
   TwellDeviceMatrix d(m.layout, m.n_backup());
   auto copy = [&](void* dst, const void* src, size_t bytes) {
     if (bytes) TWELL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
