@@ -103,13 +103,6 @@ struct FfnForward::Impl {
     TWELL_CHECK(s.hidden % 64 == 0 && s.ffn % 64 == 0, "FfnForward: H and I must be multiples of 64, got H=",
                 s.hidden, " I=", s.ffn);
     TWELL_CHECK(o.precision != Precision::f64, "FfnForward: Precision::f64 is CPU-only");
-    // A non-gated FFN's multi-token kernels take h from the packed bf16 activation; only the
-    // one-token kernel keeps relu(x·Wu) in fp32.
-    TWELL_CHECK(s.gated || o.precision != Precision::h_fp32 ||
-                    (s.max_tokens == 1 && o.one_token_kernel && o.gather_max_tokens >= 1 &&
-                     gather_supports(s.hidden, s.ffn) && decode_ffn_supported(s.hidden, s.ffn)),
-                "FfnForward: Precision::h_fp32 for a non-gated FFN exists only for one token (max_tokens = 1, "
-                "one_token_kernel, H a multiple of 32 up to 4096); its other paths round h to bf16");
     const int64_t w = o.dw_slice_columns;
     TWELL_CHECK(w == 0 || (w > 0 && w % 8 == 0 && s.hidden % w == 0), "FfnForward: dw_slice_columns = ", w,
                 " must be 0 or a multiple of 8 dividing H = ", s.hidden);
@@ -556,6 +549,13 @@ struct FfnForward::Impl {
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
     const auto* xp = static_cast<const uint16_t*>(x.data);
     auto* yp = static_cast<uint16_t*>(y.data);
+    // A non-gated FFN's multi-token kernels take h from the packed bf16 activation; only the
+    // one-token kernel keeps relu(x·Wu) in fp32.
+    const bool one_token_kernel = M == 1 && M <= gather_tokens && !decode.empty();
+    TWELL_CHECK(shape.gated || options.precision != Precision::h_fp32 || M == 0 || one_token_kernel,
+                "FfnForward: Precision::h_fp32 for a non-gated FFN exists only for one-token calls (M = 1, with "
+                "one_token_kernel and gather_max_tokens >= 1, H a multiple of 32 up to 4096); got M = ", M,
+                ", whose kernels would round h to bf16");
     check_capture(stream);
     collect_counts(false);   // the previous call's density, if it has arrived;
     counts.pending = false;  // if not, it is dropped (its mirror is about to be overwritten)

@@ -266,9 +266,7 @@ TEST(FfnForwardGpuDecode, OneTokenMatchesCpuAtEveryDensity) {
           o.dispatch = Dispatch::always_sparse;
           o.precision = prec;
           o.gather_max_tokens = 4;
-          // h_fp32 for a non-gated FFN exists for one-token objects only
-          const int64_t max_tokens = !gated && prec == Precision::h_fp32 ? 1 : 4;
-          cuda::FfnForward ffn({max_tokens, sh.H, sh.I, gated}, o);
+          cuda::FfnForward ffn({4, sh.H, sh.I, gated}, o);
           DeviceTensor y(DType::bf16, {1, sh.H});
           Tensor first;
           for (int run = 0; run < 2; ++run) {
@@ -542,13 +540,17 @@ TEST(FfnForwardGpuEdges, NonFiniteValuesReachTheSameRowsOnEveryPath) {
 TEST(FfnForwardGpuErrors, RefusesWhatItCannotHonour) {
   TWELL_REQUIRE_HOPPER();
   // h_fp32 of a non-gated FFN exists only in the one-token kernel: the other paths round h.
+  GpuProblem p = make_problem(16, 128, 256, 0.05);
   cuda::FfnOptions fp32;
   fp32.precision = Precision::h_fp32;
-  EXPECT_THROW(cuda::FfnForward({16, 128, 256, false}, fp32), Error);
-  EXPECT_NO_THROW(cuda::FfnForward({1, 128, 256, false}, fp32));
-  EXPECT_NO_THROW(cuda::FfnForward({16, 128, 256, true}, fp32));
+  cuda::FfnForward plain({16, 128, 256, false}, fp32);
+  const FfnWeights plain_w{TensorView{}, p.wu.view(), p.wd.view()};
+  EXPECT_THROW(plain.forward(p.x, plain_w, p.y, nullptr), Error);
+  TensorView x1 = p.x.view(), y1 = p.y.view();
+  x1.shape = {1, 128}, y1.shape = {1, 128};
+  EXPECT_NO_THROW(plain.forward(x1, plain_w, y1, nullptr));
+  EXPECT_EQ(plain.last_path(), cuda::FfnPath::gather);
   // In training, the residual norm may not write its output over x: backward() reads x again.
-  GpuProblem p = make_problem(16, 128, 256, 0.05);
   DeviceTensor resid(DType::f32, {16, 128}), nw(DType::bf16, {128});
   cuda::FfnOptions train;
   train.training = true, train.dispatch = Dispatch::always_sparse, train.gather_max_tokens = 0;

@@ -73,7 +73,7 @@ struct FfnOptions {
   int64_t sparse_min_tokens = 8192;
   // bf16, or h_fp32: h = g·u kept in fp32 inside the down kernel. h_fp32 always takes the sparse
   // path (the dense path's product kernel rounds h to bf16 for the down GEMM). A non-gated FFN has
-  // h_fp32 only with max_tokens = 1 (the one-token kernel); the constructor refuses the rest.
+  // h_fp32 only in one-token calls (the one-token kernel); forward() refuses more tokens.
   Precision precision = Precision::bf16;
   int32_t tile = 256, compression = 8;    // TwELL layout
   // Sparse calls with at most this many tokens take the gather path (decode): each token's active
