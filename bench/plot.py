@@ -14,11 +14,16 @@ Needs matplotlib (pip install matplotlib).
 import argparse
 import collections
 import json
+import textwrap
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
+
+# What `ratio_to_dense` divides by: the dense implementation each backend's bench times.
+BASELINES = {"dense_cublas": "dense cuBLAS", "dense_cpu": "dense (CPU reference)"}
 
 
 def main():
@@ -33,6 +38,9 @@ def main():
     kind = "ffn_train" if any(r.get("bench") == "ffn_train" for r in all_records) else "ffn"
     records = [r for r in all_records if r.get("bench") == kind]
     shapes = sorted({(r["H"], r["I"], r["M"]) for r in records})
+    baselines = {BASELINES[r["impl"]] for r in records if r["impl"] in BASELINES}
+    baseline = baselines.pop() if len(baselines) == 1 else "dense"
+    ratios = [r["ratio_to_dense"] for r in records if r["correct"] and r["ratio_to_dense"] is not None]
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), squeeze=False, sharey=True)
     for ax, (H, I, M) in zip(axes[0], shapes):
         lines = collections.defaultdict(list)
@@ -46,16 +54,30 @@ def main():
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        plain_ticks_if_narrow(ax.xaxis, [x for pts in lines.values() for x, _ in pts])
+        plain_ticks_if_narrow(ax.yaxis, ratios)
         ax.set_title(f"M={M}, H={H}, I={I}", fontsize=9)
         ax.set_xlabel("activation density (%)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("time / dense cuBLAS (lower is faster)")
+    axes[0][0].set_ylabel(f"time / {baseline} (lower is faster)")
     axes[0][-1].legend(fontsize=7, loc="upper left")
     gpu = records[0]["gpu"] if records else ""
     what = "forward + backward" if kind == "ffn_train" else "forward"
-    fig.suptitle(f"twell bench ffn on {gpu}: {what} time relative to dense", fontsize=10)
+    # About 12 characters of 10 pt text to the inch; one panel is too narrow for the title on one line.
+    title = f"twell bench ffn on {gpu}: {what} time relative to dense"
+    fig.suptitle(textwrap.fill(title, width=int(12 * fig.get_figwidth())), fontsize=10)
     fig.tight_layout()
     fig.savefig(args.output, dpi=110)
+
+
+def plain_ticks_if_narrow(axis, values):
+    """On a log axis spanning less than a decade, the default ticks are one or two labels like 1.2×10⁰:
+    put plain numbers (0.8, 1, 1.2) at linearly spaced values instead. Wider ranges keep the default."""
+    if not values or max(values) >= 10 * min(values):
+        return
+    axis.set_major_locator(ticker.MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def plot_model(records, output):
