@@ -67,6 +67,8 @@ AtomicFile::AtomicFile(std::string path) {
     fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd_ < 0 && errno == EEXIST && attempt == 0) ::unlink(temp_path_.c_str());
   }
+  if (fd_ < 0 && (errno == ENOENT || errno == ENOTDIR))
+    throw Error(str(path_, ": cannot write it: its directory does not exist"));
   if (fd_ < 0)
     throw Error(str(path_, ": cannot create temporary file '", temp_path_, "': ", errno_text()));
   if (mode != kNewFile && ::fchmod(fd_, mode) != 0) {  // a replaced file keeps its permissions

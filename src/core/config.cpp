@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -278,11 +279,13 @@ void ModelConfig::validate(const std::string& source) const {
 ModelConfig read_config(const std::string& path) {
   const bool dir = is_directory(path);
   const std::string file = dir ? path + "/config.json" : path;
+  struct stat st;
+  if (dir && ::stat(file.c_str(), &st) != 0 && errno == ENOENT)
+    throw Error(str(path, ": not a model directory (no config.json)"));
   ModelConfig c = ModelConfig::from_json(detail::read_text_file(file), file);
   // generate() in transformers stops on generation_config.json's eos_token_id, which may list
   // more ids than config.json's (Llama 3 Instruct): both are kept.
   const std::string gen = path + "/generation_config.json";
-  struct stat st;
   if (dir && ::stat(gen.c_str(), &st) == 0) {
     const std::string text = detail::read_text_file(gen);
     const json root = detail::parse_json_strict(text.data(), text.data() + text.size(), gen, "generation config");

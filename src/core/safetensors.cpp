@@ -239,8 +239,8 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* data, size_t size, std::st
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];  // little endian
   if (header_len > kMaxHeaderBytes)
-    fail(name, str("header length ", header_len, " exceeds the ", kMaxHeaderBytes,
-                   "-byte limit (not a safetensors file?)"));
+    fail(name, str("not a safetensors file? Its first 8 bytes, read as the header length, say ", header_len,
+                   " bytes, over the ", kMaxHeaderBytes, "-byte limit"));
   if (header_len > size - 8)
     fail(name, str("header length ", header_len, " runs past the end of the file (", size,
                    " bytes) (truncated file?)"));

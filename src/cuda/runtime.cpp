@@ -39,7 +39,7 @@ bool hopper_available(std::string* why) {
     int driver = 0;
     if (why) {
       if (err == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0)
-        *why = "no NVIDIA driver is installed (no GPU to run on)";  // what CUDA calls an insufficient driver
+        *why = "no NVIDIA driver is installed, so no GPU to run on";  // what CUDA calls an insufficient driver
       else
         *why = err != cudaSuccess ? str("no CUDA device (", cudaGetErrorString(err), ")") : "no CUDA device";
     }

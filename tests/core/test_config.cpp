@@ -311,7 +311,8 @@ TEST_F(ConfigFile, GenerationConfigAddsEosIds) {
 }
 
 TEST_F(ConfigFile, ReadErrorsNameTheFile) {
-  expect_error([&] { io::read_config(dir_); }, {dir_ + "/config.json", "cannot read"});
+  expect_error([&] { io::read_config(dir_); }, {dir_, "not a model directory (no config.json)"});
+  expect_error([&] { io::read_config(path("config.json")); }, {dir_ + "/config.json", "cannot read"});
   write_file(path("config.json"), R"({"hidden_size": 64})");
   expect_error([&] { io::read_config(dir_); },
                {dir_ + "/config.json", "missing required key 'intermediate_size'"});

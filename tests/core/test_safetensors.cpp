@@ -245,7 +245,7 @@ TEST_F(Safetensors, TruncatedFileIsReportedAtEveryCut) {
 TEST(SafetensorsParse, BadHeaderLength) {
   std::string huge(8, '\0');
   huge[5] = 1;  // 2^40
-  expect_parse_error(huge + "{}", {"mem.safetensors", "header length 1099511627776", "limit"});
+  expect_parse_error(huge + "{}", {"mem.safetensors", "not a safetensors file", "1099511627776", "limit"});
   std::string past = raw_file("{}", 0);
   past[0] = 10;
   expect_parse_error(past, {"mem.safetensors", "runs past the end", "10 bytes"});
@@ -353,7 +353,7 @@ TEST_F(Safetensors, WriteIsAtomic) {
       [&] {
         io::write_safetensors(path("no/such/dir/x.safetensors"), {{"w", w}});
       },
-      {"no/such/dir/x.safetensors", "cannot create"});
+      {"no/such/dir/x.safetensors", "its directory does not exist"});
 
   // Through a symbolic link the file it names is replaced and the link stays; a FIFO (as a
   // device such as /dev/null would be) is refused and left as it was, not replaced by a file.
@@ -484,12 +484,17 @@ TEST_F(InspectCli, PrintsConfigTensorsAndTotals) {
   expect_clean_failure(yarn, "refuse its config.json");
 }
 
-// A directory whose tensors match its config: said so, exit 0.
+// A directory whose tensors match its config: said so, exit 0 (with no tokenizer, only where
+// --byte-tokenizer can serve the vocabulary).
 TEST_F(InspectCli, SaysWhenTheModelLoads) {
   io::ModelConfig c = model::tiny_config("relu", true);
   model::write_hf(dir_, c, model::random_hf_tensors(c, 3));
+  expect_clean_failure(inspect("'" + dir_ + "'"), "too small for --byte-tokenizer");
+  c.vocab_size = 300;
+  model::write_hf(dir_, c, model::random_hf_tensors(c, 3));
   CliResult r = inspect("'" + dir_ + "'");
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("tokenizer: none"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("model: the tensors match config.json"), std::string::npos) << r.out;
   CliResult index = inspect("'" + path("model.safetensors") + "'");  // the whole checkpoint as one file
   EXPECT_NE(index.out.find("model: the tensors match config.json"), std::string::npos) << index.out;
@@ -534,9 +539,10 @@ TEST_F(InspectCli, FailsCleanlyOnCorruptedHeader) {
 TEST_F(InspectCli, CheckFiniteReportsNaN) {
   Tensor w = f32_tensor({2}, {1.0f, std::numeric_limits<float>::quiet_NaN()});
   io::write_safetensors(path("model.safetensors"), {{"bad.weight", w}});
-  CliResult plain = inspect("'" + dir_ + "'");
+  CliResult plain = inspect("'" + path("model.safetensors") + "'");  // a file: no config.json needed
   EXPECT_EQ(plain.exit_code, 0) << plain.err;
-  CliResult r = inspect("--check-finite '" + dir_ + "'");
+  expect_clean_failure(inspect("'" + dir_ + "'"), "need a config.json in a model directory");
+  CliResult r = inspect("--check-finite '" + path("model.safetensors") + "'");
   expect_clean_failure(r, "1 of 1 float tensors hold NaN or Inf");
   EXPECT_NE(r.out.find("tensor 'bad.weight': element 1"), std::string::npos) << r.out;
 }

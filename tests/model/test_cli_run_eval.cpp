@@ -139,6 +139,14 @@ TEST(Cli, UnknownCommandsAreNamed) {
   const CliResult l1 = run_cli("bench ffn --backend cpu -M 4 -H 64 -I 256 --l1 0.1", true);  // means nothing alone
   EXPECT_NE(l1.status, 0);
   EXPECT_NE(l1.out.find("--l1 requires --train"), std::string::npos) << l1.out;
+  // A misspelt option: named first (not after its value, as CLI11 lists extras), with the nearest.
+  const CliResult opt = run_cli("bench ffn --backnd cpu -M 4", true);
+  EXPECT_NE(opt.status, 0);
+  EXPECT_NE(opt.out.find("twell bench ffn: unknown option '--backnd' (did you mean --backend?)"), std::string::npos)
+      << opt.out;
+  const CliResult far = run_cli("run . -p hi --zzzzzz", true);
+  EXPECT_NE(far.status, 0);
+  EXPECT_NE(far.out.find("twell run: unknown option '--zzzzzz'; see twell run --help"), std::string::npos) << far.out;
 }
 
 // Values out of range fail before the model loads, with the option's name; nothing runs.

@@ -18,6 +18,7 @@
 #endif
 #include "twell/io/safetensors.h"
 #include "twell/model/llama.h"
+#include "twell/model/tokenizer.h"
 
 namespace twell::cli {
 
@@ -111,6 +112,28 @@ void run_inspect(const std::string& path, bool check_finite) {
     }
   } else {
     std::printf("config: none found (twell run and twell eval need a config.json beside the weights)\n");
+    if (S_ISDIR(st.st_mode)) problems.push_back("twell run and twell eval need a config.json in a model directory");
+  }
+  if (S_ISDIR(st.st_mode)) {  // what run and eval will encode with
+    if (!file_exists(path + "/tokenizer.json") && !file_exists(path + "/tokenizer.model")) {
+      std::printf("tokenizer: none (twell run and twell eval then need --byte-tokenizer: a byte-vocabulary model)\n");
+      if (config && config->vocab_size < 258)  // model::ByteTokenizer's 256 bytes, BOS and EOS
+        problems.push_back(str("no tokenizer, and a vocabulary of ", config->vocab_size,
+                               " is too small for --byte-tokenizer (258 ids)"));
+    } else {
+      try {
+        const std::unique_ptr<model::Tokenizer> tok = model::load_tokenizer(path);
+        std::printf("tokenizer: %lld ids%s%s\n", static_cast<long long>(tok->vocab_size()),
+                    tok->bos_to_add() ? ", adds BOS " : ", no BOS added",
+                    tok->bos_to_add() ? std::to_string(*tok->bos_to_add()).c_str() : "");
+        if (config && tok->vocab_size() > config->vocab_size)
+          problems.push_back(str("the tokenizer has ", tok->vocab_size(), " ids but the model's vocabulary is ",
+                                 config->vocab_size));
+      } catch (const Error& e) {
+        std::printf("tokenizer: refused: %s\n", e.what());
+        problems.push_back("twell run and twell eval refuse its tokenizer");
+      }
+    }
   }
 
   const io::Checkpoint ckpt = io::Checkpoint::open(path);

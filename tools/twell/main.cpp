@@ -1,9 +1,57 @@
 // twell: command-line tool. `twell --help` lists the subcommands.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "commands.h"
+
+namespace {
+
+// Edit distance (insertions, deletions, substitutions), for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The first argument that looks like an option `app` does not have, or "" (CLI11's own message for
+// it lists the extras last first: "The following arguments were not expected: cpu --backnd").
+std::string unknown_option(const CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-' || (arg[1] >= '0' && arg[1] <= '9') || arg[1] == '.') continue;
+    const std::string name = arg.substr(0, arg.find('='));
+    if (name.size() > 2 && name[1] != '-') continue;  // -d0.005: a short option with its value
+    if (!app.get_option_no_throw(name)) return name;
+  }
+  return {};
+}
+
+// "did you mean --backend?" for the nearest long option of `app` within a few edits, or "".
+std::string nearest_option(const CLI::App& app, const std::string& name) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, name.size() / 3) + 1;
+  for (const CLI::Option* o : app.get_options())
+    for (const std::string& l : o->get_lnames()) {
+      const size_t d = edit_distance(name, "--" + l);
+      if (d < best_d) best_d = d, best = "--" + l;
+    }
+  return best;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"twell: sparse-activation transformer FFNs (TwELL format and kernels)", "twell"};
@@ -36,6 +84,14 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError& e) {
+    const std::string bad = unknown_option(*level, argc, argv);
+    if (bad.empty()) return app.exit(e);
+    const std::string near = nearest_option(*level, bad);
+    const std::string hint = near.empty() ? "" : " (did you mean " + near + "?)";
+    std::fprintf(stderr, "%s: unknown option '%s'%s; see %s --help\n", path.c_str(), bad.c_str(), hint.c_str(),
+                 path.c_str());
+    return 1;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {

@@ -27,8 +27,8 @@ void ModelArgs::add_to(CLI::App* cmd) {
                 "ids 0..255 are bytes, 256 BOS, 257 EOS (our own small models; a vocabulary of at least 258)");
   cmd->add_flag("--bf16-ffn", bf16_ffn,
                 "CPU backend: round the ReLU FFN's g, u, h to bf16 as a bf16 model does (the GPU always does)");
-  cmd->add_flag("--check-finite,!--no-check-finite", check_finite,
-                "refuse weights holding NaN or Inf (the default; --no-check-finite skips this scan of the weights)");
+  cmd->add_flag("--check-finite", check_finite, "refuse weights holding NaN or Inf (on by default)");
+  cmd->add_flag_callback("--no-check-finite", [this] { check_finite = false; }, "skip that scan of the weights");
   cmd->add_option("--device,--backend", device, "cpu, cuda, or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
