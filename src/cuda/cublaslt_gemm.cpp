@@ -1,12 +1,19 @@
 #include "cuda/cublaslt_gemm.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace twell::cuda {
 
 namespace {
 constexpr size_t kWorkspaceBytes = 64u << 20;  // cuBLASLt's recommendation for Hopper is 32 MiB+
+
+// The largest power of two, up to 256, that divides the address.
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(a & (~a + 1), 256));
 }
+}  // namespace
 
 [[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
   const char* base = std::strrchr(file, '/');
@@ -36,7 +43,7 @@ LtGemm::~LtGemm() {
 const LtGemm::Plan& LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [m, n, k, b_transposed, epi, out, a_transposed, lda] = key;
+  const auto [m, n, k, b_transposed, epi, out, a_transposed, lda, align_a, align_b, align_c] = key;
   auto p = std::make_unique<Plan>();
   // Column-major view: Cᵀ[N, M] = op(B_cm) · A_cm, with A_cm = Aᵀ [K, M] (ld K).
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -62,6 +69,12 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
   TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = workspace_.bytes();
   TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  // Only algorithms that work at the pointers' alignment (cuBLAS's "A" is our b, its "B" our a).
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+  for (const auto& [attr, bytes] : aligns)
+    TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
@@ -75,7 +88,8 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
 void LtGemm::run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
                  GemmEpilogue epilogue, cudaStream_t stream, GemmOut out, float beta) {
   if (m == 0 || n == 0) return;
-  const Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false, k});
+  const Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false, k,
+                        alignment_of(a), alignment_of(b), alignment_of(c)});
   const float alpha = 1.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));
@@ -86,7 +100,7 @@ void LtGemm::run_at(const void* a, const void* b, void* c, int64_t m, int64_t n,
   if (m == 0 || n == 0) return;
   TWELL_CHECK(lda == 0 || lda >= m, "LtGemm::run_at: lda = ", lda, " is below m = ", m);
   const Plan& p = plan({m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true,
-                        lda == 0 ? m : lda});
+                        lda == 0 ? m : lda, alignment_of(a), alignment_of(b), alignment_of(c)});
   const float alpha = 1.f, beta = 0.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));

@@ -46,7 +46,9 @@ class LtGemm {
 
  private:
   struct Plan;
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int, bool, int64_t>;  // ..., a_transposed, lda
+  // m, n, k, b_transposed, epilogue, out, a_transposed, lda, and the alignment in bytes of the
+  // pointers a, b and c (a power of two up to 256: cuBLASLt's heuristics assume 256 unless told).
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int, bool, int64_t, uint32_t, uint32_t, uint32_t>;
   const Plan& plan(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

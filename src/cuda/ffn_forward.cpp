@@ -40,6 +40,7 @@ struct FfnForward::Impl {
   } bwd;
   // Gather path (M <= gather_tokens): the ranges' partial sums.
   int64_t gather_tokens = 0;
+  std::string twell_unsupported;  // why the TwELL kernels cannot take this shape, or ""
   DeviceBuffer gather_partial;
   // One token (M = 1) on the gather path: the fused decode kernel (gate GEMV included) and its
   // blocks' partial sums; empty where the shape does not fit it.
@@ -115,7 +116,8 @@ struct FfnForward::Impl {
     if (s.gated && o.training) h_dense = DeviceBuffer(act_bytes);
     act = TwellDeviceMatrix(TwellLayout{s.max_tokens, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());
-    if (s.gated) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
+    twell_unsupported = twell_ffn_sparse_unsupported(act.view(), s.hidden, s.ffn);
+    if (s.gated && twell_unsupported.empty()) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
     row_nnz = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
     if (fused_gate_supported()) {  // here, not on the first call: that may be inside graph capture
       GatePackArgs gp;
@@ -549,10 +551,13 @@ struct FfnForward::Impl {
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
     const auto* xp = static_cast<const uint16_t*>(x.data);
     auto* yp = static_cast<uint16_t*>(y.data);
+    // One token: the one-kernel decode FFN reads the gate's weights and then only the active rows
+    // of Wu and Wd, never more than the dense path reads (H200, H = 2048, I = 5632: 0.018 against
+    // 0.031 ms at every density measured, 0.5% to 50%), so dispatch takes it whatever the density.
+    const bool one_token = M == 1 && M <= gather_tokens && !decode.empty();
     // A non-gated FFN's multi-token kernels take h from the packed bf16 activation; only the
     // one-token kernel keeps relu(x·Wu) in fp32.
-    const bool one_token_kernel = M == 1 && M <= gather_tokens && !decode.empty();
-    TWELL_CHECK(shape.gated || options.precision != Precision::h_fp32 || M == 0 || one_token_kernel,
+    TWELL_CHECK(shape.gated || options.precision != Precision::h_fp32 || M == 0 || one_token,
                 "FfnForward: Precision::h_fp32 for a non-gated FFN exists only for one-token calls (M = 1, with "
                 "one_token_kernel and gather_max_tokens >= 1, H a multiple of 32 up to 4096); got M = ", M,
                 ", whose kernels would round h to bf16");
@@ -566,14 +571,15 @@ struct FfnForward::Impl {
 
     const bool fp32_h = options.precision == Precision::h_fp32;  // the dense path rounds h to bf16
     Dispatch policy = fp32_h ? Dispatch::always_sparse : options.dispatch;
-    // One token: the one-kernel decode FFN reads the gate's weights and then only the active rows
-    // of Wu and Wd, never more than the dense path reads (H200, H = 2048, I = 5632: 0.018 against
-    // 0.031 ms at every density measured, 0.5% to 50%), so dispatch takes it whatever the density.
-    const bool one_token = M == 1 && M <= gather_tokens && !decode.empty();
     if (one_token && !options.training && (policy == Dispatch::observe || policy == Dispatch::previous))
       policy = Dispatch::always_sparse;
     if ((policy == Dispatch::observe || policy == Dispatch::previous) && M < options.sparse_min_tokens)
       policy = Dispatch::always_dense;  // too few tokens: the sparse path's extra launches dominate
+    // A shape the TwELL kernels cannot take runs dense, or fails here, before anything is queued.
+    if (!twell_unsupported.empty() && M > gather_tokens) {
+      TWELL_CHECK(policy != Dispatch::always_sparse, "FfnForward: Dispatch::always_sparse, but ", twell_unsupported);
+      policy = Dispatch::always_dense;
+    }
     const double& previous_density = slots[static_cast<size_t>(slot)].previous_density;
     if (policy == Dispatch::previous) collect_sample(slot, false);
 

@@ -142,6 +142,9 @@ struct SparseFfnArgs {
   bool dependent = false;
 };
 int64_t twell_u_size(const TwellDeviceView& act);
+// Why the TwELL up/down kernels (and the sparse backward) cannot take an activation laid out as
+// `act` with these H and I, or "" where they can: decided by the shape alone, before any launch.
+std::string twell_ffn_sparse_unsupported(const TwellDeviceView& act, int64_t H, int64_t I);
 void check_twell_ffn_sparse(const SparseFfnArgs& a);
 // Persistent kernels: at most one block per SM (sm_count).
 void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t stream);

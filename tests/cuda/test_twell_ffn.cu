@@ -537,6 +537,50 @@ TEST(FfnForwardGpuEdges, NonFiniteValuesReachTheSameRowsOnEveryPath) {
   }
 }
 
+// Operands 16 bytes past a 256-byte boundary (the alignment forward() asks for, not the 256
+// cuBLASLt's heuristics assume unless told) give the right result on every path (cuBLASLt may pick
+// another algorithm for them, so not always the aligned call's bits).
+TEST(FfnForwardGpuEdges, SixteenByteAlignedOperandsGiveTheSameBits) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 37, H = 256, I = 512;
+  const bench::SyntheticFfn f = bench::make_synthetic_ffn({M, H, I, 0.05, bench::Distribution::uniform, true, 4});
+  Tensor y_cpu = Tensor::of<bf16>({M, H}), y64 = Tensor::of<double>({M, H});
+  cpu::ffn_forward(f.x, f.weights(), y_cpu, Precision::bf16);
+  cpu::ffn_forward(f.x, f.weights(), y64, Precision::f64);
+  const double cpu_err = relative_error(y_cpu, y64);
+  constexpr int64_t kShift = 8;  // bf16 elements: 16 bytes
+  std::vector<DeviceTensor> keep;
+  auto shifted = [&](const Tensor& host) {  // a device copy whose data starts 16 bytes into its buffer
+    keep.emplace_back(DType::bf16, Shape{host.numel() + kShift});
+    TensorView v = keep.back().view();
+    v.data = static_cast<char*>(v.data) + kShift * 2;
+    v.shape = host.shape();
+    TWELL_CUDA_CHECK(cudaMemcpy(v.data, host.view().data, host.nbytes(), cudaMemcpyHostToDevice));
+    return v;
+  };
+  const DeviceTensor xa = DeviceTensor::upload(f.x), wga = DeviceTensor::upload(f.wg),
+                     wua = DeviceTensor::upload(f.wu), wda = DeviceTensor::upload(f.wd);
+  const TensorView xs = shifted(f.x), wgs = shifted(f.wg), wus = shifted(f.wu), wds = shifted(f.wd),
+                   ys = shifted(Tensor::of<bf16>({M, H}));
+  DeviceTensor ya(DType::bf16, {M, H});
+  for (Dispatch d : {Dispatch::always_dense, Dispatch::always_sparse}) {
+    for (int64_t gather : {int64_t{0}, int64_t{64}}) {
+      SCOPED_TRACE(str(d == Dispatch::always_dense ? "dense" : "sparse", gather ? ", gather" : ""));
+      cuda::FfnOptions o;
+      o.dispatch = d, o.gather_max_tokens = gather, o.fused_gate = false;
+      cuda::FfnForward ffn({M, H, I, true}, o);
+      ffn.forward(xa, {wga.view(), wua.view(), wda.view()}, ya, nullptr);
+      const Tensor aligned = ya.download();
+      cuda::fill_bytes(ys.data, ys.nbytes(), 0xff, nullptr);  // poison: NaN
+      ffn.forward(xs, {wgs, wus, wds}, ys, nullptr);
+      Tensor got = Tensor::of<bf16>({M, H});
+      TWELL_CUDA_CHECK(cudaMemcpy(got.view().data, ys.data, got.nbytes(), cudaMemcpyDeviceToHost));
+      EXPECT_LE(relative_error(got, y64), 2 * cpu_err + 1e-4);
+      EXPECT_LE(relative_error(aligned, y64), 2 * cpu_err + 1e-4);
+    }
+  }
+}
+
 TEST(FfnForwardGpuErrors, RefusesWhatItCannotHonour) {
   TWELL_REQUIRE_HOPPER();
   // h_fp32 of a non-gated FFN exists only in the one-token kernel: the other paths round h.
@@ -569,6 +613,26 @@ TEST(FfnForwardGpuErrors, RefusesWhatItCannotHonour) {
   const cuda::ResidualNorm partial{resid15.view(), nw.view(), shifted};
   EXPECT_THROW(inference.forward(x15, p.w(), y15, nullptr, 0, &partial), Error);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  // H past what the TwELL kernels take (4096): dispatch runs the dense path, and always_sparse is
+  // refused before anything is queued (y keeps its poison).
+  const int64_t Hw = 4160, Iw = 128;
+  GpuProblem wide = make_problem(16, Hw, Iw, 0.05);
+  Tensor y_cpu = Tensor::of<bf16>({16, Hw}), y64 = Tensor::of<double>({16, Hw});
+  cpu::ffn_forward(wide.f.x, wide.f.weights(), y_cpu, Precision::bf16);
+  cpu::ffn_forward(wide.f.x, wide.f.weights(), y64, Precision::f64);
+  cuda::FfnOptions forced;
+  forced.dispatch = Dispatch::always_sparse;
+  cuda::FfnForward forced_ffn({16, Hw, Iw, true}, forced);
+  cuda::fill_bytes(wide.y.view().data, wide.y.nbytes(), 0xff, nullptr);
+  const Tensor poisoned = wide.y.download();
+  EXPECT_THROW(forced_ffn.forward(wide.x, wide.w(), wide.y, nullptr), Error);
+  EXPECT_TRUE(test::bit_equal(wide.y.download(), poisoned));
+  cuda::FfnOptions observe;
+  observe.dispatch = Dispatch::observe, observe.sparse_min_tokens = 0;
+  cuda::FfnForward dispatched({16, Hw, Iw, true}, observe);
+  dispatched.forward(wide.x, wide.w(), wide.y, nullptr);
+  EXPECT_EQ(dispatched.last_path(), cuda::FfnPath::dense);
+  EXPECT_LE(relative_error(wide.y.download(), y64), 2 * relative_error(y_cpu, y64) + 1e-4);
 }
 
 TEST(FfnForwardGpuErrors, RejectsBadArguments) {

@@ -13,6 +13,9 @@
 // with always_sparse, and with observe or previous (not in training) at any density, since it
 // never reads more than the dense path.
 // Dense path: gate+up GEMM, ReLU·product kernel, down GEMM (all cuBLASLt).
+// Shapes: H and I multiples of 64, any M up to max_tokens. The TwELL kernels take H up to 4096
+// and fewer than 2^32 stored values; for a shape past that, observe and previous run the dense
+// path and always_sparse throws before anything is queued.
 // Everything is enqueued on the caller's stream. An FfnForward owns its workspace, as a cuBLAS
 // handle does: calls on one object must be ordered (one stream, or events between streams), and
 // a host thread each at a time. Dispatch counts the non-zeros of a sample of up

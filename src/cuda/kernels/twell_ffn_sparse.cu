@@ -84,6 +84,10 @@ int64_t twell_u_size(const TwellDeviceView& act) {
   return act.layout.slot_size() + act.backup_capacity * act.layout.tile;
 }
 
+std::string twell_ffn_sparse_unsupported(const TwellDeviceView& act, int64_t H, int64_t I) {
+  return rows_args_problem("the sparse FFN kernels", act, act.layout.rows, H, I);
+}
+
 void check_twell_ffn_sparse(const SparseFfnArgs& a) {
   check_rows_args("sparse FFN kernel", a.act, a.M, a.H, a.I);
   TWELL_CHECK(a.precision != Precision::f64, "sparse FFN kernel: Precision::f64 is CPU-only");

@@ -627,18 +627,24 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
 int list_cap_for(const TwellLayout& l) { return std::max<int>(l.tile, 256); }
 
 // What the row-streaming kernels take: H, the tile width and I, the activation's shape, u
-// indices within 32 bits and weight-row offsets (I · H) within 32 bits. `what` names the caller
-// in the message.
-void check_rows_args(const char* what, const TwellDeviceView& act, int64_t M, int64_t H, int64_t I) {
+// indices within 32 bits and weight-row offsets (I · H) within 32 bits. Returns why not, naming
+// the caller (`what`), or "" where they take it.
+std::string rows_args_problem(const char* what, const TwellDeviceView& act, int64_t M, int64_t H, int64_t I) {
   const int64_t max_h = kMaxChunks * 256;
-  TWELL_CHECK(H % 64 == 0 && H <= max_h, what, ": H = ", H, " must be a multiple of 64 and at most ", max_h);
-  TWELL_CHECK(act.layout.tile <= kMaxTile && act.layout.tile % 8 == 0 && I % 8 == 0, what, ": TwELL tile width ",
-              act.layout.tile, " and I = ", I, " must be multiples of 8, the tile at most ", kMaxTile);
-  TWELL_CHECK(act.layout.rows == M && act.layout.cols == I, what, ": activation is [", act.layout.rows, ", ",
-              act.layout.cols, "], expected [", M, ", ", I, "]");
-  TWELL_CHECK(twell_u_size(act) < (int64_t{1} << 32), what, ": ", twell_u_size(act),
-              " u values exceed 32-bit indexing; split the batch");
-  TWELL_CHECK(I * H < (int64_t{1} << 32), what, ": I * H = ", I * H, " weights exceed 32-bit row offsets");
+  if (!(H % 64 == 0 && H <= max_h)) return str(what, ": H = ", H, " must be a multiple of 64 and at most ", max_h);
+  if (!(act.layout.tile <= kMaxTile && act.layout.tile % 8 == 0 && I % 8 == 0))
+    return str(what, ": TwELL tile width ", act.layout.tile, " and I = ", I,
+               " must be multiples of 8, the tile at most ", kMaxTile);
+  if (!(act.layout.rows == M && act.layout.cols == I))
+    return str(what, ": activation is [", act.layout.rows, ", ", act.layout.cols, "], expected [", M, ", ", I, "]");
+  if (twell_u_size(act) >= (int64_t{1} << 32))
+    return str(what, ": ", twell_u_size(act), " u values exceed 32-bit indexing; split the batch");
+  if (I * H >= (int64_t{1} << 32)) return str(what, ": I * H = ", I * H, " weights exceed 32-bit row offsets");
+  return {};
+}
+void check_rows_args(const char* what, const TwellDeviceView& act, int64_t M, int64_t H, int64_t I) {
+  const std::string problem = rows_args_problem(what, act, M, H, I);
+  TWELL_CHECK(problem.empty(), problem);
 }
 int64_t smem_per_warp(int64_t H, int slots, int cap) { return slots * (H * 2 + 8) + int64_t{cap} * 8; }
 
