@@ -177,13 +177,16 @@ class FfnForward {
   void backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,
                 const FfnGrads& grads, cudaStream_t stream);
 
-  // Statistics of the last call; waits for its non-zero count if the sparse path ran.
+  // Statistics of the last call; waits for its non-zero count if the sparse path ran. Under graph
+  // capture these describe the captured call, not later replays of the graph.
   FfnStats last_stats() const;
   // The path of the last call, without waiting for anything.
   FfnPath last_path() const;
   // Device memory this object holds.
   size_t workspace_bytes() const;
-  // The TwELL matrix of the last sparse call (device), for tests and inspection.
+  // The TwELL matrix of the last sparse call (device), for tests and inspection; throws if the
+  // last call packed nothing. Copies on `stream` and synchronises it: pass the forward's stream
+  // (or order the two), since with count_nonzeros = false nothing else waits for the pack.
   TwellMatrix download_activation(cudaStream_t stream) const;
 
   const FfnShape& shape() const;
