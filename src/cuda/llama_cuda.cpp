@@ -29,8 +29,19 @@ Tensor to_bf16(const TensorView& t) {
 
 DeviceTensor upload_bf16(const TensorView& t) { return DeviceTensor::upload(to_bf16(t).view()); }
 
-// Copies rows of host tensors, converted to bf16, one after another into `dst`.
-void upload_rows(DeviceTensor& dst, std::initializer_list<const TensorView*> parts) {
+// Copies rows of host tensors, converted to bf16, one after another into `dst`, whose shape they
+// must fill exactly: [rows of all parts together, columns of each]. `what` names it in errors.
+void upload_rows(DeviceTensor& dst, std::initializer_list<const TensorView*> parts, const char* what) {
+  const Shape& want = dst.view().shape;
+  int64_t rows = 0;
+  for (const TensorView* p : parts) {
+    TWELL_CHECK(!p->empty() && static_cast<size_t>(p->rank()) == want.size() && (want.size() == 1 || p->shape[1] == want[1]),
+                "LlamaCudaWeights: ", what, ": a part of shape ", shape_str(p->shape), " does not fit ",
+                shape_str(want), p->empty() ? " (missing)" : "");
+    rows += p->shape[0];
+  }
+  TWELL_CHECK(rows == want[0], "LlamaCudaWeights: ", what, ": its parts hold ", rows, " rows, the config's shape is ",
+              shape_str(want));
   size_t offset = 0;
   for (const TensorView* p : parts) {
     const Tensor b = to_bf16(*p);
@@ -79,20 +90,20 @@ LlamaCudaWeights LlamaCudaWeights::upload(const model::LlamaWeights& src) {
   TWELL_CHECK(static_cast<int64_t>(src.layers.size()) == src.config.num_hidden_layers, "LlamaCudaWeights: ",
               src.layers.size(), " layers loaded, config has ", src.config.num_hidden_layers);
   LlamaCudaWeights w = allocate(src.config);
-  upload_rows(w.embed, {&src.embed.view()});
+  upload_rows(w.embed, {&src.embed.view()}, "embed");
   for (size_t l = 0; l < src.layers.size(); ++l) {
     const model::LlamaLayerWeights& s = src.layers[l];
     LlamaCudaLayer& d = w.layers[l];
-    upload_rows(d.input_norm, {&s.input_norm.view()});
-    upload_rows(d.wqkv, {&s.wq.view(), &s.wk.view(), &s.wv.view()});
-    upload_rows(d.wo, {&s.wo.view()});
-    upload_rows(d.post_norm, {&s.post_norm.view()});
-    upload_rows(d.wg, {&s.wg.view()});
-    upload_rows(d.wu, {&s.wu.view()});
-    upload_rows(d.wd, {&s.wd.view()});
+    upload_rows(d.input_norm, {&s.input_norm.view()}, "input_norm");
+    upload_rows(d.wqkv, {&s.wq.view(), &s.wk.view(), &s.wv.view()}, "wq, wk, wv");
+    upload_rows(d.wo, {&s.wo.view()}, "wo");
+    upload_rows(d.post_norm, {&s.post_norm.view()}, "post_norm");
+    upload_rows(d.wg, {&s.wg.view()}, "wg");
+    upload_rows(d.wu, {&s.wu.view()}, "wu");
+    upload_rows(d.wd, {&s.wd.view()}, "wd");
   }
-  upload_rows(w.final_norm, {&src.final_norm.view()});
-  if (!src.config.tie_word_embeddings) upload_rows(w.lm_head, {&src.lm_head.view()});
+  upload_rows(w.final_norm, {&src.final_norm.view()}, "final_norm");
+  if (!src.config.tie_word_embeddings) upload_rows(w.lm_head, {&src.lm_head.view()}, "lm_head");
   return w;
 }
 
@@ -223,7 +234,9 @@ struct LlamaCuda::Impl {
       dense.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
       dense.gather_max_tokens = 0;
       ffn_dense = std::make_unique<FfnForward>(FfnShape{o.max_batch, H, I, true}, dense);
-      if (sparse && o.decode_gather_tokens > 0) {
+      // Decode steps of a few sequences take the gather path, where its kernels take the shape
+      // (H up to 4096); otherwise, and above decode_gather_tokens, the dense FFN.
+      if (sparse && o.decode_gather_tokens > 0 && gather_supports(H, I)) {
         const bool own_one_token = o.fused_decode_ffn && decode_ffn_supported(H, I);
         FfnOptions gather = dense;
         gather.dispatch = Dispatch::always_sparse;
@@ -441,6 +454,8 @@ struct LlamaCuda::Impl {
       at.B = static_cast<int>(B), at.S = static_cast<int>(S), at.nh = r.nh, at.nkv = r.nkv, at.hd = r.hd;
       at.max_context = static_cast<int>(o.max_context);
       at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      if (!decode && l == 0 && S == 1)  // prefill_attention() names its kernel; one token a sequence:
+        kernels.attention = fuse ? "twell flash kernel (one token a sequence)" : "twell decode kernel (one token a sequence)";
       if (S == 1 && !fuse) {
         int splits = o.decode_attention_splits;
         if (splits == 0 && runs_decode_ffn(decode, T))  // LlamaCudaOptions::decode_attention_splits

@@ -584,6 +584,39 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   bad.head_dim = 8;
   bad.num_attention_heads = 8, bad.num_key_value_heads = 4;
   EXPECT_THROW(LlamaCuda(std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::allocate(bad))), Error);
+
+  // Hand-made weights that do not fit their config are refused, not copied short or past the end.
+  LlamaWeights untied = bf16_weights(c, 16);
+  untied.config.tie_word_embeddings = false;  // and no lm_head
+  EXPECT_THROW(LlamaCudaWeights::upload(untied), Error);
+  LlamaWeights short_q = bf16_weights(c, 16);
+  short_q.layers[0].wq = Tensor(DType::bf16, {short_q.layers[0].wq.shape()[0] - 1, c.hidden_size});
+  EXPECT_THROW(LlamaCudaWeights::upload(short_q), Error);
+
+  // prefill_kernels() describes the last call, also a call of one token a sequence.
+  gpu.prefill(some_tokens(5, c.vocab_size, 4));
+  EXPECT_EQ(gpu.prefill_kernels().attention.find("one token"), std::string::npos);
+  gpu.prefill({5});
+  EXPECT_NE(gpu.prefill_kernels().attention.find("one token"), std::string::npos) << gpu.prefill_kernels().attention;
+}
+
+// A ReLU model wider than the TwELL and gather kernels take (H > 4096): FfnMode::twell runs its
+// prefill and its decode steps on the dense FFN, and matches the CPU.
+TEST(LlamaCuda, ReluModelWiderThanTheSparseKernelsRunsDense) {
+  TWELL_REQUIRE_HOPPER();
+  io::ModelConfig c = config_of({"wide_relu", 4160, 128, 4, 2, 64, 97, 64, "relu", true});
+  ASSERT_TRUE(LlamaCuda::supports(c));
+  BothBackends m = both_backends(c, 21);
+  LlamaCuda gpu(m.gpu);
+  const std::vector<int32_t> tokens = some_tokens(12, c.vocab_size, 5);
+  const Tensor ref = m.cpu.logits(tokens);
+  Tensor last = gpu.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + 9));
+  EXPECT_LT(relative_error(TensorView(last.view().data, DType::f32, {1, c.vocab_size}), rows(ref, 8, 1)), kTol);
+  for (int64_t t = 9; t < 12; ++t) {
+    last = gpu.decode_step(tokens[t]);
+    EXPECT_LT(relative_error(TensorView(last.view().data, DType::f32, {1, c.vocab_size}), rows(ref, t, 1)), kTol)
+        << "decode step at " << t;
+  }
 }
 
 // HuggingFace transformers' logits on the gpu_* fixtures (made by tests/model/make_hf_fixture.py):

@@ -9,12 +9,15 @@
 //   next = model.decode_step(token);
 //
 // Per layer: fused residual-add + RMSNorm, one QKV GEMM (cuBLASLt) then RoPE fused with the
-// KV-cache write (calls of 512+ tokens: all three in one CUTLASS GEMM), flash attention on the tensor cores (prefill: cuDNN's fused SDPA where libcudnn 9 loads,
-// else twell's own kernel; decode: twell's kernel split over the cached keys), the O GEMM,
-// then the FFN: a ReLU model runs twell::cuda::FfnForward (FfnMode::twell: sparse TwELL or dense,
-// chosen from the activation density it observes, in prefill; decode steps of at most
-// decode_gather_tokens sequences through the gather path, larger ones dense; FfnMode::dense:
-// always dense cuBLASLt), a SiLU model the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
+// KV-cache write (calls of 512+ tokens: all three in one CUTLASS GEMM), flash attention on the
+// tensor cores (prefill: cuDNN's fused SDPA for calls of kCudnnAttentionMinTokens tokens or more
+// where libcudnn 9 loads, else twell's own kernel; decode: twell's kernel split over the cached
+// keys, except steps of 512+ tokens, which take the fused GEMM and the prefill kernel), the O GEMM,
+// then the FFN: a ReLU model whose H and I are multiples of 64 runs twell::cuda::FfnForward
+// (FfnMode::twell: sparse TwELL or dense, chosen from the activation density it observes, in
+// prefill; decode steps of at most decode_gather_tokens sequences through the gather path where
+// its kernels take the shape, others dense; FfnMode::dense: always dense cuBLASLt); a SiLU model,
+// or a ReLU model of other widths, the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
 // and replayed. Everything runs on the model's own stream.
 //
 // Batches: B sequences of equal length run together (prefill_batch, decode_batch); all of them
@@ -73,7 +76,8 @@ enum class FfnMode { twell, dense };
 //              ms on an H200 the first time a shape is seen);
 //   cudnn:     cuDNN's SDPA at any size; an error if cuDNN is missing or refuses the shape;
 //   twell:     always twell's kernel.
-// Decode steps (one token per sequence) always run twell's split decode kernel.
+// Decode steps (one token per sequence) run twell's split decode kernel (steps of 512+ sequences
+// twell's flash kernel).
 enum class PrefillAttention { automatic, cudnn, twell };
 constexpr int64_t kCudnnAttentionMinTokens = 2048;
 
@@ -99,7 +103,7 @@ struct LlamaCudaOptions {
   // steps the dense FFN. 8 by default: on an H200, at the paper's 2B shape with ~30 non-zeros per
   // token, the gather path's decode step is faster than the dense one at batches 1 to 8
   // (bench/results/h200/model_decode.json, docs/perf.md). Where the gather path does not take the
-  // shape (H > 4096 or I > 12288), such steps run the TwELL kernels instead.
+  // shape (H > 4096 or I > 12288), every decode step runs the dense FFN.
   int64_t decode_gather_tokens = 8;
   // Decode steps of one sequence on the gather path run the FFN as one kernel, the gate GEMV
   // included, whose weight copies start while the RMSNorm before it runs, and whose partial sums
@@ -141,7 +145,8 @@ enum class Head { none, last, all };
 class LlamaCuda final : public model::LanguageModel {
  public:
   // Whether this runtime takes a model of this configuration (head_dim 16/32/64/128, relu or silu,
-  // widths multiples of 8); if not, `why` says what it lacks. Needs no GPU.
+  // widths multiples of 8, hidden_size at most 16384); if not, `why` says what it lacks.
+  // Needs no GPU.
   static bool supports(const io::ModelConfig& c, std::string* why = nullptr);
 
   LlamaCuda(std::shared_ptr<const LlamaCudaWeights> weights, LlamaCudaOptions options = {});
@@ -156,7 +161,7 @@ class LlamaCuda final : public model::LanguageModel {
   Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]
   Tensor decode_step(int32_t token) override;                   // [V]
   int64_t cached_tokens() const override;
-  int64_t context() const override;  // LlamaOptions::max_context
+  int64_t context() const override;  // LlamaCudaOptions::max_context
   void reset() override;
 
   // Batches of equal-length sequences: prompts [B][S] -> logits of each last token [B, V];
