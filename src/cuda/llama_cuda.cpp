@@ -35,7 +35,9 @@ void upload_rows(DeviceTensor& dst, std::initializer_list<const TensorView*> par
   const Shape& want = dst.view().shape;
   int64_t rows = 0;
   for (const TensorView* p : parts) {
-    TWELL_CHECK(!p->empty() && static_cast<size_t>(p->rank()) == want.size() && (want.size() == 1 || p->shape[1] == want[1]),
+    const bool fits = !p->empty() && static_cast<size_t>(p->rank()) == want.size() &&
+                      (want.size() == 1 || p->shape[1] == want[1]);
+    TWELL_CHECK(fits,
                 "LlamaCudaWeights: ", what, ": a part of shape ", shape_str(p->shape), " does not fit ",
                 shape_str(want), p->empty() ? " (missing)" : "");
     rows += p->shape[0];
@@ -194,7 +196,8 @@ struct LlamaCuda::Impl {
     if (o.max_context == 0) o.max_context = c.max_position_embeddings;
     TWELL_CHECK(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
                 o.max_context, " must lie in [1, max_position_embeddings = ", c.max_position_embeddings, "]");
-    TWELL_CHECK(o.max_batch >= 1, "LlamaCuda: max_batch must be at least 1, got ", o.max_batch);
+    TWELL_CHECK(o.max_batch >= 1 && o.max_batch <= 65535, "LlamaCuda: max_batch must lie in [1, 65535] (the kernels' "
+                "grid), got ", o.max_batch);
     TWELL_CHECK(o.decode_attention_splits >= 0 && o.decode_attention_splits <= kMaxDecodeAttentionSplits,
                 "LlamaCuda: decode_attention_splits must lie in [0, ", kMaxDecodeAttentionSplits, "], got ",
                 o.decode_attention_splits);
@@ -455,7 +458,8 @@ struct LlamaCuda::Impl {
       at.max_context = static_cast<int>(o.max_context);
       at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
       if (!decode && l == 0 && S == 1)  // prefill_attention() names its kernel; one token a sequence:
-        kernels.attention = fuse ? "twell flash kernel (one token a sequence)" : "twell decode kernel (one token a sequence)";
+        kernels.attention =
+            fuse ? "twell flash kernel (one token a sequence)" : "twell decode kernel (one token a sequence)";
       if (S == 1 && !fuse) {
         int splits = o.decode_attention_splits;
         if (splits == 0 && runs_decode_ffn(decode, T))  // LlamaCudaOptions::decode_attention_splits

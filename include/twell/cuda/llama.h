@@ -17,8 +17,8 @@
 // (FfnMode::twell: sparse TwELL or dense, chosen from the activation density it observes, in
 // prefill; decode steps of at most decode_gather_tokens sequences through the gather path where
 // its kernels take the shape, others dense; FfnMode::dense: always dense cuBLASLt); a SiLU model,
-// or a ReLU model of other widths, the dense cuBLASLt FFN. Decode steps are captured once per batch size in a CUDA graph
-// and replayed. Everything runs on the model's own stream.
+// or a ReLU model of other widths, the dense cuBLASLt FFN. Decode steps are captured once per
+// batch size in a CUDA graph and replayed. Everything runs on the model's own stream.
 //
 // Batches: B sequences of equal length run together (prefill_batch, decode_batch); all of them
 // share one position counter. Tokens are checked on the host before anything is enqueued.

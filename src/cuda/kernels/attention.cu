@@ -455,6 +455,8 @@ void check_attention(int64_t head_dim) {
 void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   TWELL_CHECK(a.nkv > 0 && a.nh % a.nkv == 0, "attention: ", a.nh, " heads are not a multiple of ", a.nkv,
               " KV heads");
+  TWELL_CHECK(a.B <= 65535 && a.nh <= 65535,
+              "attention: at most 65535 sequences and heads a call (the grid's y and z), got ", a.B, " and ", a.nh);
   if (a.B == 0 || a.S == 0) return;
   switch (a.hd) {
     case 16: return launch_prefill<16>(a, stream);
