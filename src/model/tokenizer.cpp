@@ -1186,6 +1186,13 @@ std::optional<int32_t> special_from_config(const json& config, const char* key,
 
 }  // namespace
 
+bool has_tokenizer_file(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir(model_dir);
+  return fs::exists(dir / "tokenizer.json", ec) || fs::exists(dir / "tokenizer.model", ec);
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   namespace fs = std::filesystem;
   const fs::path dir(model_dir);

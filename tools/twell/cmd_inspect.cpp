@@ -115,7 +115,7 @@ void run_inspect(const std::string& path, bool check_finite) {
     if (S_ISDIR(st.st_mode)) problems.push_back("twell run and twell eval need a config.json in a model directory");
   }
   if (S_ISDIR(st.st_mode)) {  // what run and eval will encode with
-    if (!file_exists(path + "/tokenizer.json") && !file_exists(path + "/tokenizer.model")) {
+    if (!model::has_tokenizer_file(path)) {
       std::printf("tokenizer: none (twell run and twell eval then need --byte-tokenizer: a byte-vocabulary model)\n");
       if (config && config->vocab_size < 258)  // model::ByteTokenizer's 256 bytes, BOS and EOS
         problems.push_back(str("no tokenizer, and a vocabulary of ", config->vocab_size,

@@ -1,6 +1,5 @@
 #include "model_loading.h"
 
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -116,10 +115,7 @@ std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const io::ModelConfi
       tok = model::load_tokenizer(dir);
     } catch (const Error& e) {
       // Where there is no tokenizer at all, the model may be one of ours, trained on bytes.
-      struct stat st;
-      const bool none = ::stat((dir + "/tokenizer.json").c_str(), &st) != 0 &&
-                        ::stat((dir + "/tokenizer.model").c_str(), &st) != 0;
-      if (!none) throw;
+      if (model::has_tokenizer_file(dir)) throw;
       throw Error(str(e.what(), "; a model of our own trained on bytes runs with --byte-tokenizer"));
     }
   }

@@ -163,5 +163,9 @@ size_t first_invalid_utf8(std::string_view text);
 // `<model_dir>/tokenizer.json` as a BpeTokenizer, with BOS/EOS taken from
 // tokenizer_config.json ("bos_token"/"eos_token", "add_bos_token") when that file exists.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
+// Whether the directory has a tokenizer file at all (tokenizer.json, or SentencePiece's
+// tokenizer.model, which load_tokenizer names and refuses); where not, the model may be one of
+// ours with a byte vocabulary.
+bool has_tokenizer_file(const std::string& model_dir);
 
 }  // namespace twell::model
