@@ -63,6 +63,10 @@ struct TensorView {
   }
 };
 
+// Whether two views' byte ranges [data, data + nbytes) intersect (empty views never do; views on
+// different devices are taken as disjoint).
+bool memory_overlaps(const TensorView& a, const TensorView& b);
+
 // Precondition checks with messages that say what was expected and what was given.
 void check_shape(const TensorView& t, const Shape& expected, const char* name);
 void check_dtype(const TensorView& t, DType expected, const char* name);

@@ -92,6 +92,12 @@ bool TensorView::is_contiguous() const {
   return true;
 }
 
+bool memory_overlaps(const TensorView& a, const TensorView& b) {
+  if (a.empty() || b.empty() || a.device != b.device) return false;
+  const char *a0 = static_cast<const char*>(a.data), *b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 void check_shape(const TensorView& t, const Shape& expected, const char* name) {
   TWELL_CHECK(t.shape == expected, name, ": expected shape ", shape_str(expected), ", got ",
               shape_str(t.shape));

@@ -68,13 +68,9 @@ void check_ffn_grads_disjoint(const char* op, const TensorView& x, const FfnWeig
                               const FfnGrads& grads) {
   const TensorView* views[] = {&grads.dx, &grads.dwg, &grads.dwu, &grads.dwd, &x, &dy, &w.wg, &w.wu, &w.wd};
   const char* names[] = {"grads.dx", "grads.dwg", "grads.dwu", "grads.dwd", "x", "dy", "w.wg", "w.wu", "w.wd"};
-  auto overlap = [](const TensorView& a, const TensorView& b) {
-    const char *a0 = static_cast<const char*>(a.data), *b0 = static_cast<const char*>(b.data);
-    return !a.empty() && !b.empty() && a.device == b.device && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-  };
   for (int g = 0; g < 4; ++g)
     for (int o = 0; o < 9; ++o)
-      TWELL_CHECK(o == g || !overlap(*views[g], *views[o]), op, ": ", names[g], "'s memory overlaps ", names[o],
+      TWELL_CHECK(o == g || !memory_overlaps(*views[g], *views[o]), op, ": ", names[g], "'s memory overlaps ", names[o],
                   "'s (a gradient is written while the other arguments are read)");
 }
 

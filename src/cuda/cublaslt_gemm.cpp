@@ -67,6 +67,8 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
 
   cublasLtMatmulPreference_t pref = nullptr;
   TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)> owned(
+      pref, cublasLtMatmulPreferenceDestroy);  // destroyed on every way out
   const size_t ws = workspace_.bytes();
   TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   // Only algorithms that work at the pointers' alignment (cuBLAS's "A" is our b, its "B" our a).
@@ -77,9 +79,7 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
     TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  TWELL_CUBLAS_CHECK(st);
+  TWELL_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found));
   TWELL_CHECK(found > 0, "cuBLASLt has no algorithm for bf16 GEMM M=", m, " N=", n, " K=", k);
   p->algo = result.algo;
   return *plans_.emplace(key, std::move(p)).first->second;

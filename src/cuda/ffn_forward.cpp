@@ -375,7 +375,6 @@ struct FfnForward::Impl {
     TWELL_CHECK(M == 0 || (x.data == saved.x && w.wg.data == saved.wg && w.wu.data == saved.wu && w.wd.data == saved.wd),
                 "FfnForward::backward: x and the weights must be those of the last forward() (its saved state "
                 "belongs to them)");
-    check_ffn_grads_disjoint("FfnForward::backward", x, w, dy, grads);
     auto check_grad = [](const TensorView& t, const Shape& s, const char* name) {
       if (!t.empty()) check_operand(t, DType::f32, s, name);
     };
@@ -383,6 +382,7 @@ struct FfnForward::Impl {
     check_grad(grads.dwg, {I, H}, "FfnForward::backward: grads.dwg");
     check_grad(grads.dwu, {I, H}, "FfnForward::backward: grads.dwu");
     check_grad(grads.dwd, {I, H}, "FfnForward::backward: grads.dwd");
+    check_ffn_grads_disjoint("FfnForward::backward", x, w, dy, grads);
     TWELL_CHECK(std::isfinite(l1_coeff) && l1_coeff >= 0,
                 "FfnForward::backward: l1_coeff: expected a finite value >= 0, got ", l1_coeff);
     const bool need_dw = !grads.dwg.empty() || !grads.dwu.empty() || !grads.dwd.empty();
@@ -522,10 +522,7 @@ struct FfnForward::Impl {
                   kMaxNormWidth, ", got ", H);
       TWELL_CHECK(std::isfinite(then->eps) && then->eps >= 0.f, "FfnForward: then.eps ", then->eps,
                   " must be finite and >= 0");
-      auto overlap = [](const TensorView& a, const TensorView& b) {
-        const char *a0 = static_cast<const char*>(a.data), *b0 = static_cast<const char*>(b.data);
-        return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-      };
+      auto overlap = memory_overlaps;
       TWELL_CHECK(!overlap(then->normed, y) && !overlap(then->residual, y) && !overlap(then->normed, then->residual) &&
                       !overlap(then->residual, x),
                   "FfnForward: then.normed, then.residual and y must not overlap, nor then.residual x");
@@ -541,6 +538,8 @@ struct FfnForward::Impl {
       launch_add_rmsnorm(fused.resid, static_cast<const uint16_t*>(y.data), fused.w, fused.normed, x.shape[0],
                          shape.hidden, 1, 0, fused.eps, stream);
   }
+
+  bool sparse_supported(int64_t M) const { return M <= gather_tokens || twell_unsupported.empty(); }
 
   // The FFN of forward() into y; with `then` (then.resid not null) the sparse path instead adds y
   // into the residual and normalises, and returns true (as it does for no tokens).
@@ -558,9 +557,16 @@ struct FfnForward::Impl {
     // A non-gated FFN's multi-token kernels take h from the packed bf16 activation; only the
     // one-token kernel keeps relu(x·Wu) in fp32.
     TWELL_CHECK(shape.gated || options.precision != Precision::h_fp32 || M == 0 || one_token,
-                "FfnForward: Precision::h_fp32 for a non-gated FFN exists only for one-token calls (M = 1, with "
-                "one_token_kernel and gather_max_tokens >= 1, H a multiple of 32 up to 4096); got M = ", M,
+                "FfnForward: Precision::h_fp32 for a non-gated FFN exists only for one-token calls on the one-token "
+                "kernel (FfnOptions::one_token_kernel, gather_max_tokens >= 1, a shape it takes); got M = ", M,
                 ", whose kernels would round h to bf16");
+    // A shape the sparse kernels cannot take: refused here where the call must be sparse (dispatch
+    // runs it dense below), before the object's state or the stream is touched.
+    const bool sparse_ok = sparse_supported(M);
+    TWELL_CHECK(M == 0 || sparse_ok ||
+                    (options.dispatch != Dispatch::always_sparse && options.precision != Precision::h_fp32),
+                "FfnForward: ", options.precision == Precision::h_fp32 ? "Precision::h_fp32" : "Dispatch::always_sparse",
+                " needs a sparse path, but ", twell_unsupported);
     check_capture(stream);
     collect_counts(false);   // the previous call's density, if it has arrived;
     counts.pending = false;  // if not, it is dropped (its mirror is about to be overwritten)
@@ -575,11 +581,7 @@ struct FfnForward::Impl {
       policy = Dispatch::always_sparse;
     if ((policy == Dispatch::observe || policy == Dispatch::previous) && M < options.sparse_min_tokens)
       policy = Dispatch::always_dense;  // too few tokens: the sparse path's extra launches dominate
-    // A shape the TwELL kernels cannot take runs dense, or fails here, before anything is queued.
-    if (!twell_unsupported.empty() && M > gather_tokens) {
-      TWELL_CHECK(policy != Dispatch::always_sparse, "FfnForward: Dispatch::always_sparse, but ", twell_unsupported);
-      policy = Dispatch::always_dense;
-    }
+    if (!sparse_ok) policy = Dispatch::always_dense;
     const double& previous_density = slots[static_cast<size_t>(slot)].previous_density;
     if (policy == Dispatch::previous) collect_sample(slot, false);
 
@@ -658,6 +660,8 @@ void FfnForward::backward(const TensorView& x, const FfnWeights& w, const Tensor
 }
 
 FfnPath FfnForward::last_path() const { return impl_->stats.path; }
+
+bool FfnForward::sparse_supported(int64_t tokens) const { return impl_->sparse_supported(tokens); }
 
 size_t FfnForward::workspace_bytes() const {
   const Impl& m = *impl_;

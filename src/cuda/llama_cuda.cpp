@@ -237,9 +237,7 @@ struct LlamaCuda::Impl {
       dense.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
       dense.gather_max_tokens = 0;
       ffn_dense = std::make_unique<FfnForward>(FfnShape{o.max_batch, H, I, true}, dense);
-      // Decode steps of a few sequences take the gather path, where its kernels take the shape
-      // (H up to 4096); otherwise, and above decode_gather_tokens, the dense FFN.
-      if (sparse && o.decode_gather_tokens > 0 && gather_supports(H, I)) {
+      if (sparse && o.decode_gather_tokens > 0) {
         const bool own_one_token = o.fused_decode_ffn && decode_ffn_supported(H, I);
         FfnOptions gather = dense;
         gather.dispatch = Dispatch::always_sparse;
@@ -351,7 +349,10 @@ struct LlamaCuda::Impl {
       return FfnOut::split;
     }
     if (ffn_prefill) {
-      FfnForward& f = !decode ? *ffn_prefill : ffn_gather && T <= o.decode_gather_tokens ? *ffn_gather : *ffn_dense;
+      // Decode steps of a few sequences take the sparse FFN where it has a path for them (not
+      // where the model is wider than its kernels), the others the dense FFN.
+      const bool gather = ffn_gather && T <= o.decode_gather_tokens && ffn_gather->sparse_supported(T);
+      FfnForward& f = !decode ? *ffn_prefill : gather ? *ffn_gather : *ffn_dense;
       ResidualNorm then{dev_view(x.get(), DType::f32, {T, H}),
                         dev_view(const_cast<uint16_t*>(next_norm), DType::bf16, {H}), in,
                         static_cast<float>(c.rms_norm_eps)};

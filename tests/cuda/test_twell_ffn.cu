@@ -540,7 +540,7 @@ TEST(FfnForwardGpuEdges, NonFiniteValuesReachTheSameRowsOnEveryPath) {
 // Operands 16 bytes past a 256-byte boundary (the alignment forward() asks for, not the 256
 // cuBLASLt's heuristics assume unless told) give the right result on every path (cuBLASLt may pick
 // another algorithm for them, so not always the aligned call's bits).
-TEST(FfnForwardGpuEdges, SixteenByteAlignedOperandsGiveTheSameBits) {
+TEST(FfnForwardGpuEdges, SixteenByteAlignedOperandsGiveCorrectResults) {
   TWELL_REQUIRE_HOPPER();
   const int64_t M = 37, H = 256, I = 512;
   const bench::SyntheticFfn f = bench::make_synthetic_ffn({M, H, I, 0.05, bench::Distribution::uniform, true, 4});

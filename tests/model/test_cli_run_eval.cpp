@@ -218,6 +218,11 @@ TEST_F(CliModel, NonFiniteWeightsFail) {
   EXPECT_NE(load.status, 0);
   EXPECT_NE(load.out.find("model.layers.1.mlp.gate_proj.weight"), std::string::npos) << load.out;
   EXPECT_NE(load.out.find("NaN"), std::string::npos) << load.out;
+  // --check-finite wins over --no-check-finite, in either order.
+  for (const char* flags : {"--no-check-finite --check-finite", "--check-finite --no-check-finite"}) {
+    const CliResult both = run_cli("eval " + bad + " " + text + " --byte-tokenizer --device cpu " + flags, true);
+    EXPECT_NE(both.out.find("model.layers.1.mlp.gate_proj.weight"), std::string::npos) << flags << ": " << both.out;
+  }
   const CliResult eval = run_cli("eval " + bad + " " + text + " --byte-tokenizer --device cpu --no-check-finite", true);
   EXPECT_NE(eval.status, 0);
   EXPECT_NE(eval.out.find("not finite"), std::string::npos) << eval.out;

@@ -117,9 +117,10 @@ void run_inspect(const std::string& path, bool check_finite) {
   if (S_ISDIR(st.st_mode)) {  // what run and eval will encode with
     if (!model::has_tokenizer_file(path)) {
       std::printf("tokenizer: none (twell run and twell eval then need --byte-tokenizer: a byte-vocabulary model)\n");
-      if (config && config->vocab_size < 258)  // model::ByteTokenizer's 256 bytes, BOS and EOS
+      const int64_t byte_ids = model::ByteTokenizer(true, true).vocab_size();  // --byte-tokenizer's
+      if (config && config->vocab_size < byte_ids)
         problems.push_back(str("no tokenizer, and a vocabulary of ", config->vocab_size,
-                               " is too small for --byte-tokenizer (258 ids)"));
+                               " is too small for --byte-tokenizer (", byte_ids, " ids)"));
     } else {
       try {
         const std::unique_ptr<model::Tokenizer> tok = model::load_tokenizer(path);

@@ -9,40 +9,36 @@
 
 namespace {
 
-// Edit distance (insertions, deletions, substitutions), for "did you mean".
+// Edit distance (insertions, deletions, substitutions and swaps of neighbours), for "did you mean".
 size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
     for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
-  }
-  return row[b.size()];
+  return d[a.size()][b.size()];
 }
 
-// The first argument that looks like an option `app` does not have, or "" (CLI11's own message for
-// it lists the extras last first: "The following arguments were not expected: cpu --backnd").
-std::string unknown_option(const CLI::App& app, int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--") break;
+// The first of the arguments CLI11 did not take that looks like an option, or "" (its own message
+// lists them last first: "The following arguments were not expected: cpu --backnd").
+std::string unknown_option(const CLI::App& app) {
+  for (const std::string& arg : app.remaining(true)) {
     if (arg.size() < 2 || arg[0] != '-' || (arg[1] >= '0' && arg[1] <= '9') || arg[1] == '.') continue;
-    const std::string name = arg.substr(0, arg.find('='));
-    if (name.size() > 2 && name[1] != '-') continue;  // -d0.005: a short option with its value
-    if (!app.get_option_no_throw(name)) return name;
+    return arg.substr(0, arg.find('='));
   }
   return {};
 }
 
-// "did you mean --backend?" for the nearest long option of `app` within a few edits, or "".
+// "did you mean --backend?" for the nearest long option of `app` within an edit for every three
+// letters of the name (at least one), or "".
 std::string nearest_option(const CLI::App& app, const std::string& name) {
   std::string best;
-  size_t best_d = std::max<size_t>(2, name.size() / 3) + 1;
+  const size_t letters = name.size() - std::min<size_t>(name.find_first_not_of('-'), name.size());
+  size_t best_d = std::max<size_t>(1, letters / 3) + 1;
   for (const CLI::Option* o : app.get_options())
     for (const std::string& l : o->get_lnames()) {
       const size_t d = edit_distance(name, "--" + l);
@@ -85,7 +81,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ExtrasError& e) {
-    const std::string bad = unknown_option(*level, argc, argv);
+    const std::string bad = unknown_option(app);
     if (bad.empty()) return app.exit(e);
     const std::string near = nearest_option(*level, bad);
     const std::string hint = near.empty() ? "" : " (did you mean " + near + "?)";

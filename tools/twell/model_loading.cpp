@@ -26,8 +26,8 @@ void ModelArgs::add_to(CLI::App* cmd) {
                 "ids 0..255 are bytes, 256 BOS, 257 EOS (our own small models; a vocabulary of at least 258)");
   cmd->add_flag("--bf16-ffn", bf16_ffn,
                 "CPU backend: round the ReLU FFN's g, u, h to bf16 as a bf16 model does (the GPU always does)");
-  cmd->add_flag("--check-finite", check_finite, "refuse weights holding NaN or Inf (on by default)");
-  cmd->add_flag_callback("--no-check-finite", [this] { check_finite = false; }, "skip that scan of the weights");
+  cmd->add_flag("--check-finite", force_check_finite, "refuse weights holding NaN or Inf (on by default)");
+  cmd->add_flag("--no-check-finite", skip_check_finite, "skip that scan of the weights (--check-finite wins)");
   cmd->add_option("--device,--backend", device, "cpu, cuda, or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
@@ -64,7 +64,7 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   }
 #endif
   model::LlamaLoadOptions lo;
-  lo.check_finite = check_finite;
+  lo.check_finite = force_check_finite || !skip_check_finite;
   if (gpu) lo.dtype = DType::bf16;  // the GPU's storage: convert once, at load
   model::LlamaWeights w = model::LlamaWeights::load_dir(dir, lo);
   const io::ModelConfig& c = w.config;

@@ -14,7 +14,8 @@ struct ModelArgs {
   std::string dir;
   bool byte_tokenizer = false;  // ids 0..255 are bytes, BOS 256, EOS 257 (our own small models)
   bool bf16_ffn = false;        // round the ReLU FFN like a bf16 model (default: fp32 math)
-  bool check_finite = true;    // refuse NaN/Inf weights (--no-check-finite skips the scan)
+  bool force_check_finite = false;  // --check-finite: the default, and it wins over --no-check-finite
+  bool skip_check_finite = false;   // --no-check-finite: weights are not scanned for NaN/Inf
   std::string device = "auto";  // cpu, cuda, auto (cuda when a Hopper GPU is present)
   std::string ffn = "twell";    // GPU FFN of ReLU models: twell (sparse when it pays) or dense
   const CLI::Option* ffn_option = nullptr;  // given on the command line? (it means nothing on the CPU)

@@ -14,8 +14,8 @@
 // never reads more than the dense path.
 // Dense path: gate+up GEMM, ReLU·product kernel, down GEMM (all cuBLASLt).
 // Shapes: H and I multiples of 64, any M up to max_tokens. The TwELL kernels take H up to 4096
-// and fewer than 2^32 stored values; for a shape past that, observe and previous run the dense
-// path and always_sparse throws before anything is queued.
+// and fewer than 2^32 stored values at max_tokens; for a shape past that, observe and previous run
+// the dense path and always_sparse throws before anything is queued (sparse_supported says which).
 // Everything is enqueued on the caller's stream. An FfnForward owns its workspace, as a cuBLAS
 // handle does: calls on one object must be ordered (one stream, or events between streams), and
 // a host thread each at a time. Dispatch counts the non-zeros of a sample of up
@@ -182,6 +182,10 @@ class FfnForward {
   FfnStats last_stats() const;
   // The path of the last call, without waiting for anything.
   FfnPath last_path() const;
+  // Whether a call of this many tokens has a sparse path: the gather path up to gather_max_tokens
+  // where its kernels take the shape, the TwELL kernels otherwise. Where not, dispatch runs it
+  // dense and Dispatch::always_sparse (or h_fp32) throws.
+  bool sparse_supported(int64_t tokens) const;
   // Device memory this object holds.
   size_t workspace_bytes() const;
   // The TwELL matrix of the last sparse call (device), for tests and inspection; throws if the

@@ -15,8 +15,8 @@
 // keys, except steps of 512+ tokens, which take the fused GEMM and the prefill kernel), the O GEMM,
 // then the FFN: a ReLU model whose H and I are multiples of 64 runs twell::cuda::FfnForward
 // (FfnMode::twell: sparse TwELL or dense, chosen from the activation density it observes, in
-// prefill; decode steps of at most decode_gather_tokens sequences through the gather path where
-// its kernels take the shape, others dense; FfnMode::dense: always dense cuBLASLt); a SiLU model,
+// prefill; decode steps of at most decode_gather_tokens sequences on its sparse paths where its
+// kernels take the shape, others dense; FfnMode::dense: always dense cuBLASLt); a SiLU model,
 // or a ReLU model of other widths, the dense cuBLASLt FFN. Decode steps are captured once per
 // batch size in a CUDA graph and replayed. Everything runs on the model's own stream.
 //
@@ -103,7 +103,7 @@ struct LlamaCudaOptions {
   // steps the dense FFN. 8 by default: on an H200, at the paper's 2B shape with ~30 non-zeros per
   // token, the gather path's decode step is faster than the dense one at batches 1 to 8
   // (bench/results/h200/model_decode.json, docs/perf.md). Where the gather path does not take the
-  // shape (H > 4096 or I > 12288), every decode step runs the dense FFN.
+  // shape (I > 12288), such steps run the TwELL kernels; where neither does (H > 4096), the dense FFN.
   int64_t decode_gather_tokens = 8;
   // Decode steps of one sequence on the gather path run the FFN as one kernel, the gate GEMV
   // included, whose weight copies start while the RMSNorm before it runs, and whose partial sums
@@ -181,7 +181,7 @@ class LlamaCuda final : public model::LanguageModel {
   // The FFN path each layer took in the last call.
   std::vector<FfnPath> ffn_paths() const;
   // With LlamaCudaOptions::record_ffn_stats: each layer's FFN statistics of the last call that was
-  // not a decode step (FfnStats::density() is non-zeros per token on the sparse path, -1 on the
+  // not a decode step (FfnStats::nnz_per_token() is non-zeros per token on the sparse path, -1 on the
   // dense one); empty without the option.
   std::vector<FfnStats> ffn_stats() const;
   size_t workspace_bytes() const;
