@@ -223,8 +223,12 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
           r.nnz_per_token_max = occ.max_row_count;
           r.commit = TWELL_GIT_SHA;
           r.command = cfg.command;
-          // Correctness first: a case that fails is reported, never timed.
+          // Correctness first: a case that fails is reported, never timed. The checked run is one
+          // the timed calls resemble (after a first call where dispatch depends on it), and writes
+          // into poisoned outputs.
           if (cfg.train) r.bench = "ffn_train";
+          if (backend->stateful()) runners[i].run(0);
+          if (runners[i].poison) runners[i].poison();
           runners[i].run(0);
           const Tensor y = runners[i].output();
           errs[i].push_back(relative_error(gather_rows(y, rows), y_ref));
@@ -245,7 +249,9 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
           bool ok = std::isfinite(r.rel_err);
           std::string why;
           for (size_t k = 0; k < errs[i].size(); ++k) {
-            const double bound = i == 0 ? 2e-2 : std::max(2 * errs[0][k], 1e-5);
+            // Twice the dense pipeline's error, and never more than twice the bound dense itself has
+            // to meet (a broken baseline must not let the others through).
+            const double bound = i == 0 ? 2e-2 : std::min(std::max(2 * errs[0][k], 1e-5), 4e-2);
             if (!(errs[i][k] <= bound)) ok = false, why += str(k == 0 ? "y" : k == 1 ? "dx" : k == 2 ? "dWg" : k == 3 ? "dWu" : "dWd",
                                                                 " rel_err ", errs[i][k], " above the bound ", bound, "; ");
           }

@@ -97,6 +97,8 @@ struct FfnRunner {
   // (e.g. the bytes the forward keeps for the backward).
   std::function<std::vector<Tensor>()> grads = nullptr;
   std::function<std::string()> note = nullptr;
+  // Fills this runner's outputs with NaN, so that the checked run must write every value.
+  std::function<void()> poison = nullptr;
 };
 
 // A backend: the device it runs on, its implementations, and how it times one call.
@@ -110,6 +112,10 @@ class FfnBackend {
   virtual int default_iters() const = 0;
   // Bytes of x per token set below which inputs are rotated (so that timed data is not cached).
   virtual size_t rotate_below_bytes() const = 0;
+  // Whether a call depends on the calls before it (the GPU FFN dispatches on the previous call's
+  // density): then each implementation runs once before its checked run, so that the check sees
+  // the path the timed calls take.
+  virtual bool stateful() const { return false; }
   // Occupancy of the problem's packed activation (token set 0), computed by this backend.
   virtual TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg) = 0;
   // The first runner is the dense baseline.

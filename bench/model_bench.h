@@ -29,7 +29,7 @@ struct ModelBenchConfig {
   int64_t context = 512;                       // decode: prompt length before the timed steps
   int64_t steps = 32;                          // decode: timed steps
   double density = 0.005;                      // FFN activation density the gates are calibrated to
-  int warmup = 2, iters = 10;                  // prefill timing
+  int warmup = 2, iters = 20;                  // prefill timing: the median of 20
   int64_t check_tokens = 16;                   // CPU reference check: sequence length (≥ 2)
   bool prefill = true, decode = true;
   bool cuda_graphs = true;                     // decode: replay each step as a CUDA graph

@@ -283,6 +283,9 @@ void launch_decode_gemv(const DecodeGemvArgs& a, int sm_count, cudaStream_t stre
 //   out = bf16(g · u), +0 where g = ±0 (g already ReLU'd; out may be u)
 //   g   = relu(g) in place       (the unfused, PyTorch-style pipeline)
 void launch_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n, cudaStream_t stream);
+// Reads `bytes` (a multiple of 16, 16-byte aligned) of p and writes nothing unless it holds one
+// pattern: a benchmark's L2 flush that leaves only clean lines behind.
+void launch_read_through(const void* p, size_t bytes, uint32_t* sink, cudaStream_t stream);
 void launch_relu_bf16(uint16_t* g, int64_t n, cudaStream_t stream);
 // The dense FFN backward's element-wise step: from g (ReLU'd), u [M, I] bf16 and dh32 = dy Wdᵀ
 // [M, I] f32, writes dg and du (bf16, rows `ld` elements apart; zero where g is), rounded as
