@@ -295,9 +295,10 @@ struct CheckResult {
 // backend on the same bf16 weights; the twell FFN is forced onto its sparse paths (TwELL in the
 // forward, gather in the decode step).
 // The full forward runs the prefill attention the timed runs use: cuDNN's SDPA (forced even at this
-// size) unless `attention` is twell or cuDNN is unavailable.
-CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, int64_t T, uint64_t seed,
-                              cuda::PrefillAttention attention, std::ostream& progress) {
+// size) unless `attention` is twell or cuDNN is unavailable; the models take the A/B switches of
+// `cfg` the timed ones take.
+CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, int64_t T,
+                              uint64_t seed, cuda::PrefillAttention attention, std::ostream& progress) {
   CheckResult r;
   TWELL_CHECK(T >= 2, "bench model: the reference check needs at least 2 tokens, got ", T);
   const auto t0 = Clock::now();
@@ -320,6 +321,13 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, int64_
     o.ffn_options.gather_max_tokens = 0;     // the full forward checks the TwELL kernels,
     o.decode_gather_tokens = kGatherTokens;  // the decode step the gather path
     o.prefill_attention = check_attention;
+    // The A/B switches the timed models run with.
+    o.fused_qkv_rope = cfg.fused_qkv_rope;
+    o.ffn_residual_norm = cfg.ffn_residual_norm;
+    o.cuda_graphs = cfg.cuda_graphs;
+    o.fused_decode_ffn = cfg.fused_decode_ffn;
+    o.decode_gemv = cfg.decode_gemv;
+    o.decode_attention_splits = cfg.decode_attention_splits;
     auto m = std::make_unique<LlamaCuda>(w, o);
     Tensor logits;
     try {
@@ -725,7 +733,8 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
                 seconds_since(t0));
   progress << line;
   const Calibration cal = calibrate(w, cfg.density, std::min<int64_t>(2048, c.max_position_embeddings), cfg.seed, progress);
-  const CheckResult check = check_against_cpu(w, cfg.check_tokens, cfg.seed, attention_mode(cfg.attention), progress);
+  const CheckResult check =
+      check_against_cpu(w, cfg, cfg.check_tokens, cfg.seed, attention_mode(cfg.attention), progress);
   GpuMeter energy;
   std::vector<BenchRecord> out;
   const bool dense_ok = check.prefill_dense >= 0 && check.prefill_dense <= kDenseTolerance &&
