@@ -12,7 +12,8 @@
 // partial sums a second small kernel adds (launch_decode_ffn; H a multiple of 32, at most 4096):
 // with always_sparse, and with observe or previous (not in training) at any density, since it
 // never reads more than the dense path.
-// Dense path: gate+up GEMM, ReLU·product kernel, down GEMM (all cuBLASLt).
+// Dense path: the gate GEMM (ReLU in its epilogue), the up GEMM, the product kernel, the down GEMM
+// (all cuBLASLt).
 // Shapes: H and I multiples of 64, any M up to max_tokens. The TwELL kernels take H up to 4096
 // and fewer than 2^32 stored values at max_tokens; for a shape past that, observe and previous run
 // the dense path and always_sparse throws before anything is queued (sparse_supported says which).
