@@ -522,13 +522,12 @@ struct FfnForward::Impl {
                   kMaxNormWidth, ", got ", H);
       TWELL_CHECK(std::isfinite(then->eps) && then->eps >= 0.f, "FfnForward: then.eps ", then->eps,
                   " must be finite and >= 0");
-      auto overlap = memory_overlaps;
-      TWELL_CHECK(!overlap(then->normed, y) && !overlap(then->residual, y) && !overlap(then->normed, then->residual) &&
-                      !overlap(then->residual, x),
+      TWELL_CHECK(!memory_overlaps(then->normed, y) && !memory_overlaps(then->residual, y) &&
+                      !memory_overlaps(then->normed, then->residual) && !memory_overlaps(then->residual, x),
                   "FfnForward: then.normed, then.residual and y must not overlap, nor then.residual x");
-      TWELL_CHECK(then->normed.data == x.data || !overlap(then->normed, x),
+      TWELL_CHECK(then->normed.data == x.data || !memory_overlaps(then->normed, x),
                   "FfnForward: then.normed must be x or not overlap it");
-      TWELL_CHECK(!options.training || !overlap(then->normed, x),
+      TWELL_CHECK(!options.training || !memory_overlaps(then->normed, x),
                   "FfnForward: with FfnOptions::training, then.normed must not be x: backward() reads x again");
       fused = {static_cast<float*>(then->residual.data), static_cast<const uint16_t*>(then->weight.data),
                static_cast<uint16_t*>(then->normed.data), then->eps};

@@ -127,26 +127,24 @@ TEST_F(CliModel, EvalWindowDefaultsToTheContextUpTo8192) {
   EXPECT_NE(b.out.find("is not valid UTF-8 from byte 3 on"), std::string::npos) << b.out;
 }
 
-// A misspelt command, at either level, is named with the ones that exist.
+// A misspelt command, at either level, is named with the ones that exist; a misspelt option is
+// named first (not after its value, as CLI11 lists extras), with the nearest one.
 TEST(Cli, UnknownCommandsAreNamed) {
-  const CliResult top = run_cli("bnech", true);
-  EXPECT_NE(top.status, 0);
-  EXPECT_NE(top.out.find("twell: unknown command 'bnech' (commands: bench, inspect, run, eval"), std::string::npos)
-      << top.out;
-  const CliResult sub = run_cli("bench ffm -M 4", true);
-  EXPECT_NE(sub.status, 0);
-  EXPECT_NE(sub.out.find("twell bench: unknown command 'ffm' (commands: ffn, model"), std::string::npos) << sub.out;
-  const CliResult l1 = run_cli("bench ffn --backend cpu -M 4 -H 64 -I 256 --l1 0.1", true);  // means nothing alone
-  EXPECT_NE(l1.status, 0);
-  EXPECT_NE(l1.out.find("--l1 requires --train"), std::string::npos) << l1.out;
-  // A misspelt option: named first (not after its value, as CLI11 lists extras), with the nearest.
-  const CliResult opt = run_cli("bench ffn --backnd cpu -M 4", true);
-  EXPECT_NE(opt.status, 0);
-  EXPECT_NE(opt.out.find("twell bench ffn: unknown option '--backnd' (did you mean --backend?)"), std::string::npos)
-      << opt.out;
-  const CliResult far = run_cli("run . -p hi --zzzzzz", true);
-  EXPECT_NE(far.status, 0);
-  EXPECT_NE(far.out.find("twell run: unknown option '--zzzzzz'; see twell run --help"), std::string::npos) << far.out;
+  const struct {
+    const char* args;
+    const char* message;
+  } cases[] = {
+      {"bnech", "twell: unknown command 'bnech' (commands: bench, inspect, run, eval"},
+      {"bench ffm -M 4", "twell bench: unknown command 'ffm' (commands: ffn, model"},
+      {"bench ffn --backend cpu -M 4 -H 64 -I 256 --l1 0.1", "--l1 requires --train"},  // means nothing alone
+      {"bench ffn --backnd cpu -M 4", "twell bench ffn: unknown option '--backnd' (did you mean --backend?)"},
+      {"run . -p hi --zzzzzz", "twell run: unknown option '--zzzzzz'; see twell run --help"},
+  };
+  for (const auto& c : cases) {
+    const CliResult r = run_cli(c.args, true);
+    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << ": " << r.out;
+  }
 }
 
 // Values out of range fail before the model loads, with the option's name; nothing runs.

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "commands.h"
+#include "model_loading.h"
 #include "twell/io/config.h"
 #if TWELL_WITH_CUDA
 #include "twell/cuda/llama.h"
@@ -127,9 +128,7 @@ void run_inspect(const std::string& path, bool check_finite) {
         std::printf("tokenizer: %lld ids%s%s\n", static_cast<long long>(tok->vocab_size()),
                     tok->bos_to_add() ? ", adds BOS " : ", no BOS added",
                     tok->bos_to_add() ? std::to_string(*tok->bos_to_add()).c_str() : "");
-        if (config && tok->vocab_size() > config->vocab_size)
-          problems.push_back(str("the tokenizer has ", tok->vocab_size(), " ids but the model's vocabulary is ",
-                                 config->vocab_size));
+        if (config) check_tokenizer_fits(*tok, *config);
       } catch (const Error& e) {
         std::printf("tokenizer: refused: %s\n", e.what());
         problems.push_back("twell run and twell eval refuse its tokenizer");

@@ -119,9 +119,13 @@ std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const io::ModelConfi
       throw Error(str(e.what(), "; a model of our own trained on bytes runs with --byte-tokenizer"));
     }
   }
-  TWELL_REQUIRE(tok->vocab_size() <= c.vocab_size, "the tokenizer has ", tok->vocab_size(),
-              " ids but the model's vocabulary is ", c.vocab_size);
+  check_tokenizer_fits(*tok, c);
   return tok;
+}
+
+void check_tokenizer_fits(const model::Tokenizer& tok, const io::ModelConfig& c) {
+  TWELL_REQUIRE(tok.vocab_size() <= c.vocab_size, "the tokenizer has ", tok.vocab_size(),
+                " ids but the model's vocabulary is ", c.vocab_size);
 }
 
 }  // namespace twell::cli

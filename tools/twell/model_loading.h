@@ -33,4 +33,7 @@ struct ModelArgs {
   std::unique_ptr<model::Tokenizer> load_tokenizer(const io::ModelConfig& c) const;
 };
 
+// Throws unless every id of the tokenizer has a row in the model's embedding.
+void check_tokenizer_fits(const model::Tokenizer& tok, const io::ModelConfig& c);
+
 }  // namespace twell::cli
