@@ -608,16 +608,43 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
 
   Timing timing[3];
   std::vector<double> gpu_ms[3];
+  Tensor first_step[3];  // each model's logits [B, V] of the first timed step, checked below
+  const int64_t checked_step = step;
   for (int64_t s = 0; s < cfg.steps; ++s, ++step) {
     const std::vector<int32_t> next = decode_step_tokens(cfg, B, step);
     for (int i = 0; i < n_models; ++i) {  // rotate which model goes first
       const int k = static_cast<int>((s + i) % n_models);
       const auto t0 = Clock::now();
-      models[k]->decode_batch(next);  // tokens up, graph replay, logits down: a whole step
+      Tensor logits = models[k]->decode_batch(next);  // tokens up, graph replay, logits down: a whole step
       timing[k].ms.push_back(seconds_since(t0) * 1e3);
       gpu_ms[k].push_back(models[k]->last_gpu_ms());
+      if (s == 0) first_step[k] = std::move(logits);
     }
   }
+  // The CPU check ran one sequence on the one-token path; the timed step runs B sequences, on
+  // the batch kernels where B > 1. So the timed step's logits are checked too: sequences 0 and
+  // B - 1 against the last row of a full forward over the same tokens (prompt and steps), by a
+  // one-sequence dense model, whose prefill path the full-size check above compared.
+  double step_err[3] = {0, 0, 0};
+  {
+    LlamaCudaOptions ro = o;
+    ro.ffn = cuda::FfnMode::dense;
+    ro.max_batch = 1;
+    ro.max_context = ro.max_tokens = cfg.context + checked_step + 1;
+    LlamaCuda ref(w, ro);
+    const int64_t V = w->config.vocab_size;
+    for (const int64_t b : {int64_t{0}, B - 1}) {
+      std::vector<int32_t> seq = prompts[static_cast<size_t>(b)];
+      for (int64_t st = 0; st <= checked_step; ++st) seq.push_back(decode_step_tokens(cfg, B, st)[static_cast<size_t>(b)]);
+      const Tensor full = ref.logits(seq);
+      const TensorView want(full.ptr<float>() + (static_cast<int64_t>(seq.size()) - 1) * V, DType::f32, {V});
+      for (int k = 0; k < n_models; ++k)
+        step_err[k] = std::max(step_err[k], relative_error(TensorView(first_step[k].ptr<float>() + b * V,
+                                                                      DType::f32, {V}), want));
+      if (B == 1) break;
+    }
+  }
+  const double step_tolerance = 2 * std::max(check.decode_dense, check.prefill_dense) + 1e-3;
   // Energy of a step: the mean power of a stretch of steps (GpuMeter) times its mean step. A stretch
   // starts from a shorter prompt, so that its contexts are centred on the timed steps' (the
   // attention's cost grows with the context); stretches repeat until the counter's moves span about
@@ -669,7 +696,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     BenchRecord r = record("model_decode", names[k], cfg, B, timing[k], double(B),
                            w->bytes() + models[k]->workspace_bytes(), cal, dense_ms, check.decode_dense,
                            gathers ? check.decode_twell : check.decode_dense);
-    char gpu[64];
+    char gpu[96];
     std::snprintf(gpu, sizeof gpu, "; GPU %.3f ms/step", median_of(gpu_ms[k]));
     r.note = "batch " + std::to_string(B) + ", context " + std::to_string(cfg.context) +
              ", a new random token per sequence each step" +
@@ -677,6 +704,12 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                               : ", per step: tokens up, kernels launched (no graph), logits down") +
              gpu;
     r.note += active;
+    std::snprintf(gpu, sizeof gpu, "; first timed step against a full forward: rel err %.2e", step_err[k]);
+    r.note += gpu;
+    if (!(step_err[k] <= step_tolerance) || !(step_err[0] <= step_tolerance)) {
+      r.correct = false, r.ratio_to_dense = NAN;
+      r.note += " (over the bound " + std::to_string(step_tolerance) + ")";
+    }
     if (timing[k].meter.seconds > 0) {
       char energy_note[160];
       std::snprintf(energy_note, sizeof energy_note,
@@ -703,7 +736,9 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     std::snprintf(line, sizeof line, ", twell_gather %.3f (GPU %.3f)", timing[2].median(), median_of(gpu_ms[2]));
     progress << line;
   }
-  progress << "\n";
+  std::snprintf(line, sizeof line, "\n  first timed step against a full forward: rel err dense %.2e, twell %.2e (bound %.2e)\n",
+                step_err[0], step_err[1], step_tolerance);
+  progress << line;
 }
 
 }  // namespace

@@ -633,6 +633,11 @@ Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<Activat
   model::check_token_ids(impl_->c, tokens);
   const int64_t T = static_cast<int64_t>(tokens.size());
   impl_->check_call(1, T, true);
+  // It runs in the KV cache's memory: a generation in progress would be lost, and a const call
+  // must not end it. So it is refused, and nothing changes.
+  TWELL_CHECK(impl_->len == 0, "LlamaCuda::logits: the KV cache holds ", impl_->len,
+              " positions of a generation in progress, which logits() would overwrite; call reset() first, "
+              "or run logits() on a second LlamaCuda over the same weights");
   impl_->reset();
   impl_->ensure_logits(T);
   impl_->upload_inputs(tokens.data(), T);

@@ -565,6 +565,19 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   EXPECT_THROW(gpu.decode_batch({1, 2}), Error);  // the cache holds one sequence
   EXPECT_THROW(gpu.prefill_batch({{1}, {2}}), Error);  // rejected before the cache is touched
   EXPECT_EQ(gpu.cached_tokens(), c.max_position_embeddings);
+  // logits() would overwrite the generation in progress: refused until reset().
+  const auto short_prompt = some_tokens(6, c.vocab_size, 3);
+  (void)gpu.prefill(short_prompt);
+  EXPECT_THROW(gpu.logits({1, 2}), Error);
+  EXPECT_EQ(gpu.cached_tokens(), 6);
+  const Tensor next = gpu.decode_step(7);  // the cache is intact: as a fresh model's step
+  {
+    LlamaCuda fresh(dw);
+    fresh.prefill(short_prompt);
+    EXPECT_EQ(relative_error(fresh.decode_step(7), next), 0.0);
+  }
+  gpu.reset();
+  EXPECT_EQ(gpu.logits({1, 2}).shape()[0], 2);
 
   LlamaCudaOptions fp32_h;
   fp32_h.ffn_options.precision = Precision::h_fp32;  // sparse-only: the dense FFNs cannot honour it

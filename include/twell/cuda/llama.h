@@ -154,8 +154,10 @@ class LlamaCuda final : public model::LanguageModel {
   LlamaCuda(LlamaCuda&&) noexcept;
   LlamaCuda& operator=(LlamaCuda&&) noexcept;
 
-  // model::LanguageModel (one sequence). `logits` runs from position 0 and leaves the KV cache
-  // empty; it cannot report per-layer FFN statistics (ffn_stats must be null: use the CPU backend).
+  // model::LanguageModel (one sequence). `logits` runs from position 0 in the KV cache's memory, so
+  // it refuses (throws, changing nothing) while a generation is cached: after prefill or
+  // decode_step, until reset(). It leaves the cache empty, and cannot report per-layer FFN
+  // statistics (ffn_stats must be null: use the CPU backend).
   const io::ModelConfig& config() const override;
   Tensor logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats = nullptr) const override;
   Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]

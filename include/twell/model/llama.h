@@ -108,7 +108,8 @@ class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
   virtual const io::ModelConfig& config() const = 0;
-  // Logits of every position [T, V] of one sequence from position 0.
+  // Logits of every position [T, V] of one sequence from position 0. A backend may refuse it while
+  // a generation is cached (LlamaCuda, whose forward runs in the cache's memory): reset() first.
   virtual Tensor logits(const std::vector<int32_t>& tokens,
                         std::vector<ActivationStats>* ffn_stats = nullptr) const = 0;
   // KV-cache decoding: prefill clears the cache and returns the last token's logits [V].
