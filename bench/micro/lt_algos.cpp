@@ -7,6 +7,7 @@
 //   1. another of the heuristic's algorithms (up to 16 are asked for and each is timed: autotune);
 //   2. the gate and up products as one GEMM over the stacked weights [Wg; Wu] (N = 2I; the ReLU
 //      would then move into the product kernel, which reads both halves anyway).
+// The model's attention output projection (N = K = H) is timed the same way.
 // Each algorithm's output is checked first: 128 sampled entries against float64, and every 64th
 // row against the first algorithm's (the sums may be ordered differently, so not bitwise). Then each
 // is timed back to back (2 warm-ups, the median of 15 calls at M ≥ 65536, of 40 below; CUDA events), and the fastest against
@@ -257,7 +258,8 @@ int main(int argc, char** argv) {
     const Gemm gemms[] = {{"gate+relu", m, kI, kH, true, true},
                           {"up", m, kI, kH, true, false},
                           {"down", m, kH, kI, false, false},
-                          {"stacked gate|up", m, 2 * kI, kH, true, false}};
+                          {"stacked gate|up", m, 2 * kI, kH, true, false},
+                          {"attention output (O)", m, kH, kH, true, false}};
     double first_sum = 0, best_sum = 0;
     for (const Gemm& g : gemms) {
       Problem p(lt, g, 1234 + static_cast<uint64_t>(m));
