@@ -1,7 +1,10 @@
 #include "cuda/cublaslt_gemm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace twell::cuda {
 
@@ -21,10 +24,28 @@ uint32_t alignment_of(const void* p) {
                   " (", base ? base + 1 : file, ":", line, ")"));
 }
 
+// What decides the order of each output's sums: algorithms alike in these (they differ in tile
+// and stage counts) give the same bits (bench/results/h200/lt_algos.txt).
+struct SumOrder {
+  int id = -1, split_k = 1, reduction = 0;
+  explicit SumOrder(const cublasLtMatmulAlgo_t& algo) {
+    size_t n = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &n);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k, &n);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction, sizeof reduction,
+                                         &n);
+  }
+  bool operator==(const SumOrder& o) const { return id == o.id && split_k == o.split_k && reduction == o.reduction; }
+};
+constexpr int kHeuristicAlgos = 8, kTuneRounds = 3;
+
 struct LtGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t algo{};  // candidates[0] until tuned
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristics' algorithms with candidates[0]'s sum order
+  bool tuned = false;
+  size_t c_bytes = 0;
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -33,14 +54,25 @@ struct LtGemm::Plan {
   }
 };
 
-LtGemm::LtGemm() : workspace_(kWorkspaceBytes) { TWELL_CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+// TWELL_LT_AUTOTUNE=0: every plan takes the heuristics' first algorithm (A/B of the autotune).
+bool LtGemm::autotune_default() {
+  static const bool on = [] {
+    const char* v = std::getenv("TWELL_LT_AUTOTUNE");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+LtGemm::LtGemm(bool autotune) : workspace_(kWorkspaceBytes), autotune_(autotune) {
+  TWELL_CUBLAS_CHECK(cublasLtCreate(&handle_));
+}
 
 LtGemm::~LtGemm() {
   plans_.clear();
   if (handle_) cublasLtDestroy(handle_);
 }
 
-const LtGemm::Plan& LtGemm::plan(const Key& key) {
+LtGemm::Plan& LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   const auto [m, n, k, b_transposed, epi, out, a_transposed, lda, align_a, align_b, align_c] = key;
@@ -77,19 +109,76 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
   for (const auto& [attr, bytes] : aligns)
     TWELL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kHeuristicAlgos]{};
   int found = 0;
-  TWELL_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found));
+  TWELL_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, kHeuristicAlgos,
+                                                    results, &found));
   TWELL_CHECK(found > 0, "cuBLASLt has no algorithm for bf16 GEMM M=", m, " N=", n, " K=", k);
-  p->algo = result.algo;
+  const SumOrder first(results[0].algo);
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && SumOrder(results[i].algo) == first)
+      p->candidates.push_back(results[i].algo);
+  p->algo = results[0].algo;
+  p->tuned = p->candidates.size() <= 1 || !autotune_;
+  p->c_bytes = static_cast<size_t>(m * n) * (c_type == CUDA_R_32F ? 4 : 2);
   return *plans_.emplace(key, std::move(p)).first->second;
+}
+
+// The heuristics' first choice is often not the fastest: on an H200 at the FFN's shapes another
+// tile shape was 3-7% faster (lt_algos.txt). So the first call of a plan times each candidate,
+// kTuneRounds times in turn (one warm-up first), on the call's own operands, and keeps the lowest
+// median. Under stream capture nothing is timed (the heuristics' choice runs) and the next call
+// outside a capture tunes.
+void LtGemm::tune(Plan& p, const void* a, const void* b, void* c, float beta, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
+  // With beta = 0 the call overwrites C anyway; otherwise C's contents are kept by timing into a
+  // scratch copy of it.
+  DeviceBuffer scratch;
+  void* out = c;
+  if (beta != 0.f) {
+    scratch = DeviceBuffer(p.c_bytes);
+    TWELL_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, p.c_bytes, stream));
+    out = scratch.get();
+  }
+  const float alpha = 1.f;
+  const size_t n = p.candidates.size();
+  std::vector<cudaEvent_t> events(2 * n * kTuneRounds);
+  for (auto& e : events) TWELL_CUDA_CHECK(cudaEventCreate(&e));
+  std::vector<bool> usable(n, true);
+  for (size_t i = 0; i < n; ++i)  // warm-up; an algorithm that refuses these operands is dropped
+    usable[i] = cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c, &p.candidates[i],
+                               workspace_.get(), workspace_.bytes(), stream) == CUBLAS_STATUS_SUCCESS;
+  for (int r = 0; r < kTuneRounds; ++r)
+    for (size_t i = 0; i < n; ++i) {
+      if (!usable[i]) continue;
+      cudaEvent_t* e = &events[2 * (r * n + i)];
+      TWELL_CUDA_CHECK(cudaEventRecord(e[0], stream));
+      TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c,
+                                        &p.candidates[i], workspace_.get(), workspace_.bytes(), stream));
+      TWELL_CUDA_CHECK(cudaEventRecord(e[1], stream));
+    }
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  float best = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!usable[i]) continue;
+    float ms[kTuneRounds];
+    for (int r = 0; r < kTuneRounds; ++r)
+      TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms[r], events[2 * (r * n + i)], events[2 * (r * n + i) + 1]));
+    std::sort(ms, ms + kTuneRounds);
+    if (best == 0 || ms[kTuneRounds / 2] < best) best = ms[kTuneRounds / 2], p.algo = p.candidates[i];
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  p.tuned = true;
 }
 
 void LtGemm::run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
                  GemmEpilogue epilogue, cudaStream_t stream, GemmOut out, float beta) {
   if (m == 0 || n == 0) return;
-  const Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false, k,
-                        alignment_of(a), alignment_of(b), alignment_of(c)});
+  Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false, k,
+                  alignment_of(a), alignment_of(b), alignment_of(c)});
+  if (!p.tuned) tune(p, a, b, c, beta, stream);
   const float alpha = 1.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));
@@ -99,9 +188,10 @@ void LtGemm::run_at(const void* a, const void* b, void* c, int64_t m, int64_t n,
                     GemmOut out, int64_t lda) {
   if (m == 0 || n == 0) return;
   TWELL_CHECK(lda == 0 || lda >= m, "LtGemm::run_at: lda = ", lda, " is below m = ", m);
-  const Plan& p = plan({m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true,
-                        lda == 0 ? m : lda, alignment_of(a), alignment_of(b), alignment_of(c)});
+  Plan& p = plan({m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true,
+                  lda == 0 ? m : lda, alignment_of(a), alignment_of(b), alignment_of(c)});
   const float alpha = 1.f, beta = 0.f;
+  if (!p.tuned) tune(p, a, b, c, beta, stream);
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));
 }

@@ -4,6 +4,10 @@
 //   C[M, N] = Aᵀ · B         with A stored [K, M]   (run_at: weight gradients, dgᵀ · x)
 // cuBLASLt is column-major, so each call computes Cᵀ = op(B)ᵀ-shaped products with the operands
 // swapped; the descriptors and the chosen algorithm are cached per problem.
+// The first call of a problem (outside stream capture) times cuBLASLt's candidate algorithms on
+// its operands and keeps the fastest: that call synchronises its stream and takes a few times a
+// GEMM's time. Only candidates that order each output's sums as the heuristics' first does are
+// timed, so the result has the same bits whichever wins. TWELL_LT_AUTOTUNE=0 turns it off.
 #pragma once
 
 #include <cublasLt.h>
@@ -32,7 +36,10 @@ enum class GemmOut { bf16, f32 };  // C's type (the logits of the LM head are f3
 
 class LtGemm {
  public:
-  LtGemm();
+  // autotune: time the candidates at each problem's first call (the default: on, unless the
+  // environment sets TWELL_LT_AUTOTUNE=0); false: the heuristics' first algorithm.
+  explicit LtGemm(bool autotune = autotune_default());
+  static bool autotune_default();
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
@@ -49,10 +56,12 @@ class LtGemm {
   // m, n, k, b_transposed, epilogue, out, a_transposed, lda, and the alignment in bytes of the
   // pointers a, b and c (a power of two up to 256: cuBLASLt's heuristics assume 256 unless told).
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int, bool, int64_t, uint32_t, uint32_t, uint32_t>;
-  const Plan& plan(const Key& key);
+  Plan& plan(const Key& key);
+  void tune(Plan& p, const void* a, const void* b, void* c, float beta, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
+  bool autotune_ = true;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 

@@ -1,0 +1,81 @@
+// LtGemm's autotune (the first call of a problem times cuBLASLt's candidates and keeps the fastest)
+// against the heuristics' first algorithm: the same bits at every shape and kind of call, for the
+// first (tuning) call and the ones after it, and beta = 1 adds the product once: the timed
+// candidates write to a scratch copy, not to C.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cuda/cublaslt_gemm.h"
+#include "gpu_test.h"
+#include "twell/error.h"
+
+namespace twell::cuda {
+namespace {
+
+struct Call {
+  int64_t m, n, k;
+  bool b_transposed, relu, f32, at;  // at: run_at (Aᵀ·B)
+  float beta;
+};
+
+std::vector<uint8_t> run_twice(LtGemm& gemm, const Call& c, const DeviceBuffer& a, const DeviceBuffer& b,
+                               const std::vector<uint8_t>& c_init, std::vector<uint8_t>* first_call) {
+  DeviceBuffer out(c_init.size());
+  std::vector<uint8_t> result(c_init.size());
+  for (int call = 0; call < 2; ++call) {
+    TWELL_CUDA_CHECK(cudaMemcpy(out.get(), c_init.data(), c_init.size(), cudaMemcpyHostToDevice));
+    if (c.at)
+      gemm.run_at(a.get(), b.get(), out.get(), c.m, c.n, c.k, nullptr, c.f32 ? GemmOut::f32 : GemmOut::bf16);
+    else
+      gemm.run(a.get(), b.get(), out.get(), c.m, c.n, c.k, c.b_transposed, c.relu ? GemmEpilogue::relu : GemmEpilogue::none,
+               nullptr, c.f32 ? GemmOut::f32 : GemmOut::bf16, c.beta);
+    TWELL_CUDA_CHECK(cudaMemcpy(result.data(), out.get(), result.size(), cudaMemcpyDeviceToHost));
+    if (call == 0) *first_call = result;
+  }
+  return result;
+}
+
+TEST(LtGemm, AutotuneGivesTheHeuristicsBits) {
+  TWELL_REQUIRE_HOPPER();
+  const Call calls[] = {
+      {1, 2048, 2048, true, false, false, false, 0.f},     // a decode projection
+      {64, 5632, 2048, true, true, false, false, 0.f},     // the dense FFN's gate at batch 64
+      {4096, 5632, 2048, true, true, false, false, 0.f},   // ... in a prefill
+      {4096, 2048, 5632, false, false, false, false, 0.f}, // its down product
+      {333, 200, 72, true, false, false, false, 0.f},      // awkward sizes
+      {4096, 2048, 2048, true, false, true, false, 1.f},   // f32 output, accumulated (beta = 1)
+      {2048, 512, 4096, false, false, true, true, 0.f},    // a weight gradient (run_at)
+  };
+  LtGemm tuned(true), heuristic(false);
+  for (const Call& c : calls) {
+    SCOPED_TRACE(testing::Message() << "M=" << c.m << " N=" << c.n << " K=" << c.k << (c.at ? " run_at" : "")
+                                    << " beta=" << c.beta);
+    const int64_t a_elems = c.m * c.k, b_elems = c.n * c.k;
+    const auto a_host = random_bf16(static_cast<size_t>(a_elems), 1.f, static_cast<unsigned>(c.m + c.k));
+    const auto b_host = random_bf16(static_cast<size_t>(b_elems), 0.05f, static_cast<unsigned>(c.n + 3 * c.k));
+    DeviceBuffer a(static_cast<size_t>(a_elems) * 2), b(static_cast<size_t>(b_elems) * 2);
+    TWELL_CUDA_CHECK(cudaMemcpy(a.get(), a_host.data(), a.bytes(), cudaMemcpyHostToDevice));
+    TWELL_CUDA_CHECK(cudaMemcpy(b.get(), b_host.data(), b.bytes(), cudaMemcpyHostToDevice));
+    // C's initial contents: values to accumulate onto with beta = 1, else NaN (all ones bits).
+    const size_t c_bytes = static_cast<size_t>(c.m * c.n) * (c.f32 ? 4 : 2);
+    std::vector<uint8_t> c_init(c_bytes, 0xff);
+    if (c.beta != 0.f) {
+      const auto init = random_bf16(static_cast<size_t>(c.m * c.n), 1.f, 99);
+      for (size_t i = 0; i < init.size(); ++i) {
+        const uint32_t bits = static_cast<uint32_t>(init[i]) << 16;  // the bf16 values as f32
+        std::memcpy(&c_init[i * 4], &bits, 4);
+      }
+    }
+    std::vector<uint8_t> tuned_first, heuristic_first;
+    const auto t = run_twice(tuned, c, a, b, c_init, &tuned_first);
+    const auto h = run_twice(heuristic, c, a, b, c_init, &heuristic_first);
+    EXPECT_TRUE(h == heuristic_first) << "the heuristics' algorithm is not deterministic";
+    EXPECT_TRUE(tuned_first == h) << "the tuning call differs from the heuristics' algorithm";
+    EXPECT_TRUE(t == h) << "the tuned algorithm differs from the heuristics' algorithm";
+  }
+}
+
+}  // namespace
+}  // namespace twell::cuda
