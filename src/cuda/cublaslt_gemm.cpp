@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
+
+#include "cuda/kernels.h"
 
 namespace twell::cuda {
 
@@ -125,38 +128,88 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
 }
 
 // The heuristics' first choice is often not the fastest: on an H200 at the FFN's shapes another
-// tile shape was 3-7% faster (lt_algos.txt). So the first call of a plan times each candidate,
-// kTuneRounds times in turn (one warm-up first), on the call's own operands, and keeps the lowest
-// median. Under stream capture nothing is timed (the heuristics' choice runs) and the next call
-// outside a capture tunes.
-void LtGemm::tune(Plan& p, const void* a, const void* b, void* c, float beta, cudaStream_t stream) {
+// tile shape was 3-7% faster (lt_algos.txt). So the first call of a problem in a process, outside
+// stream capture, runs each candidate once on the call's own operands and keeps only those whose
+// output has the bits of the heuristics' first (candidates alike in algorithm, split-K and
+// reduction can still sum in another order: tile shapes with sliced K); then times those,
+// kTuneRounds times in turn, and keeps the lowest median. The choice is remembered for the
+// process, so every LtGemm of it runs the same algorithm. Beside C it needs one scratch output
+// (two where beta != 0, which must not change C); where that is over kMaxTuneScratch or cannot be
+// allocated, the heuristics' first is kept.
+constexpr size_t kMaxTuneScratch = size_t{2} << 30;
+
+namespace {
+std::mutex& tuned_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::pair<int, LtGemm::Key>, cublasLtMatmulAlgo_t>& tuned_algos() {  // (device, problem) -> algorithm
+  static std::map<std::pair<int, LtGemm::Key>, cublasLtMatmulAlgo_t> m;
+  return m;
+}
+}  // namespace
+
+void LtGemm::tune(Plan& p, const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return;
-  // With beta = 0 the call overwrites C anyway; otherwise C's contents are kept by timing into a
-  // scratch copy of it.
-  DeviceBuffer scratch;
-  void* out = c;
-  if (beta != 0.f) {
-    scratch = DeviceBuffer(p.c_bytes);
-    TWELL_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, p.c_bytes, stream));
-    out = scratch.get();
+  if (capture != cudaStreamCaptureStatusNone) return;  // the heuristics' choice this time
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  {
+    std::lock_guard<std::mutex> lock(tuned_mutex());
+    const auto it = tuned_algos().find({device, key});
+    if (it != tuned_algos().end()) {
+      p.algo = it->second, p.tuned = true;
+      return;
+    }
   }
-  const float alpha = 1.f;
+  p.tuned = true;  // from here on, whatever happens, the plan keeps its algorithm
+  const bool accumulate = beta != 0.f;
+  if (p.c_bytes * (accumulate ? 2 : 1) > kMaxTuneScratch) return;
+  DeviceBuffer out, ref, flags;
+  try {
+    out = DeviceBuffer(p.c_bytes);
+    if (accumulate) ref = DeviceBuffer(p.c_bytes);
+    flags = DeviceBuffer(sizeof(uint32_t) * p.candidates.size());
+  } catch (const Error&) {
+    (void)cudaGetLastError();  // an allocation that failed is not sticky: clear it
+    return;
+  }
   const size_t n = p.candidates.size();
+  const float alpha = 1.f;
+  // The reference: the heuristics' first algorithm into C itself (beta = 0: the call overwrites it
+  // anyway) or into a copy of C.
+  void* reference = c;
+  if (accumulate) {
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(ref.get(), c, p.c_bytes, cudaMemcpyDeviceToDevice, stream));
+    reference = ref.get();
+  }
+  auto matmul = [&](size_t i, void* d) {
+    return cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, d, p.c, d, p.c, &p.candidates[i],
+                          workspace_.get(), workspace_.bytes(), stream) == CUBLAS_STATUS_SUCCESS;
+  };
+  std::vector<bool> usable(n, true);
+  usable[0] = matmul(0, reference);
+  if (!usable[0]) return;
+  TWELL_CUDA_CHECK(cudaMemsetAsync(flags.get(), 0, flags.bytes(), stream));
+  for (size_t i = 1; i < n; ++i) {
+    if (accumulate) TWELL_CUDA_CHECK(cudaMemcpyAsync(out.get(), c, p.c_bytes, cudaMemcpyDeviceToDevice, stream));
+    usable[i] = matmul(i, out.get());
+    if (usable[i]) launch_count_differences(reference, out.get(), p.c_bytes, flags.as<uint32_t>() + i, stream);
+  }
+  std::vector<uint32_t> differences(n);
+  TWELL_CUDA_CHECK(cudaMemcpyAsync(differences.data(), flags.get(), flags.bytes(), cudaMemcpyDeviceToHost, stream));
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (size_t i = 1; i < n; ++i) usable[i] = usable[i] && differences[i] == 0;
+
   std::vector<cudaEvent_t> events(2 * n * kTuneRounds);
   for (auto& e : events) TWELL_CUDA_CHECK(cudaEventCreate(&e));
-  std::vector<bool> usable(n, true);
-  for (size_t i = 0; i < n; ++i)  // warm-up; an algorithm that refuses these operands is dropped
-    usable[i] = cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c, &p.candidates[i],
-                               workspace_.get(), workspace_.bytes(), stream) == CUBLAS_STATUS_SUCCESS;
   for (int r = 0; r < kTuneRounds; ++r)
     for (size_t i = 0; i < n; ++i) {
       if (!usable[i]) continue;
       cudaEvent_t* e = &events[2 * (r * n + i)];
       TWELL_CUDA_CHECK(cudaEventRecord(e[0], stream));
-      TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c,
-                                        &p.candidates[i], workspace_.get(), workspace_.bytes(), stream));
+      matmul(i, out.get());
       TWELL_CUDA_CHECK(cudaEventRecord(e[1], stream));
     }
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -170,15 +223,17 @@ void LtGemm::tune(Plan& p, const void* a, const void* b, void* c, float beta, cu
     if (best == 0 || ms[kTuneRounds / 2] < best) best = ms[kTuneRounds / 2], p.algo = p.candidates[i];
   }
   for (auto& e : events) cudaEventDestroy(e);
-  p.tuned = true;
+  std::lock_guard<std::mutex> lock(tuned_mutex());
+  tuned_algos().emplace(std::make_pair(device, key), p.algo);
 }
 
 void LtGemm::run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
                  GemmEpilogue epilogue, cudaStream_t stream, GemmOut out, float beta) {
   if (m == 0 || n == 0) return;
-  Plan& p = plan({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false, k,
-                  alignment_of(a), alignment_of(b), alignment_of(c)});
-  if (!p.tuned) tune(p, a, b, c, beta, stream);
+  const Key key{m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false, k,
+                alignment_of(a), alignment_of(b), alignment_of(c)};
+  Plan& p = plan(key);
+  if (!p.tuned) tune(p, key, a, b, c, beta, stream);
   const float alpha = 1.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));
@@ -188,10 +243,11 @@ void LtGemm::run_at(const void* a, const void* b, void* c, int64_t m, int64_t n,
                     GemmOut out, int64_t lda) {
   if (m == 0 || n == 0) return;
   TWELL_CHECK(lda == 0 || lda >= m, "LtGemm::run_at: lda = ", lda, " is below m = ", m);
-  Plan& p = plan({m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true,
-                  lda == 0 ? m : lda, alignment_of(a), alignment_of(b), alignment_of(c)});
+  const Key key{m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true,
+                lda == 0 ? m : lda, alignment_of(a), alignment_of(b), alignment_of(c)};
+  Plan& p = plan(key);
   const float alpha = 1.f, beta = 0.f;
-  if (!p.tuned) tune(p, a, b, c, beta, stream);
+  if (!p.tuned) tune(p, key, a, b, c, beta, stream);
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));
 }

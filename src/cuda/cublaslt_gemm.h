@@ -4,10 +4,10 @@
 //   C[M, N] = Aᵀ · B         with A stored [K, M]   (run_at: weight gradients, dgᵀ · x)
 // cuBLASLt is column-major, so each call computes Cᵀ = op(B)ᵀ-shaped products with the operands
 // swapped; the descriptors and the chosen algorithm are cached per problem.
-// The first call of a problem (outside stream capture) times cuBLASLt's candidate algorithms on
-// its operands and keeps the fastest: that call synchronises its stream and takes a few times a
-// GEMM's time. Only candidates that order each output's sums as the heuristics' first does are
-// timed, so the result has the same bits whichever wins. TWELL_LT_AUTOTUNE=0 turns it off.
+// The first call of a problem in a process (outside stream capture) times cuBLASLt's candidate
+// algorithms on its operands and keeps the fastest for the process: that call synchronises its
+// stream and takes a few times a GEMM's time. Only candidates whose output on those operands has
+// the bits of the heuristics' first are timed. TWELL_LT_AUTOTUNE=0 turns it off.
 #pragma once
 
 #include <cublasLt.h>
@@ -51,13 +51,14 @@ class LtGemm {
   void run_at(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
               GemmOut out = GemmOut::f32, int64_t lda = 0);
 
+  // A problem: m, n, k, b_transposed, epilogue, out, a_transposed, lda, and the alignment in bytes
+  // of the pointers a, b and c (a power of two up to 256: cuBLASLt's heuristics assume 256 unless told).
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int, bool, int64_t, uint32_t, uint32_t, uint32_t>;
+
  private:
   struct Plan;
-  // m, n, k, b_transposed, epilogue, out, a_transposed, lda, and the alignment in bytes of the
-  // pointers a, b and c (a power of two up to 256: cuBLASLt's heuristics assume 256 unless told).
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int, bool, int64_t, uint32_t, uint32_t, uint32_t>;
   Plan& plan(const Key& key);
-  void tune(Plan& p, const void* a, const void* b, void* c, float beta, cudaStream_t stream);
+  void tune(Plan& p, const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;

@@ -287,6 +287,9 @@ void launch_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_
 // pattern: a benchmark's L2 flush that leaves only clean lines behind.
 void launch_read_through(const void* p, size_t bytes, uint32_t* sink, cudaStream_t stream);
 void launch_relu_bf16(uint16_t* g, int64_t n, cudaStream_t stream);
+// Adds to *count the number of 16-bit words in which a and b (`bytes` each, even, 16-byte aligned)
+// differ: a bitwise comparison of two outputs on the device.
+void launch_count_differences(const void* a, const void* b, size_t bytes, uint32_t* count, cudaStream_t stream);
 // The dense FFN backward's element-wise step: from g (ReLU'd), u [M, I] bf16 and dh32 = dy Wdᵀ
 // [M, I] f32, writes dg and du (bf16, rows `ld` elements apart; zero where g is), rounded as
 // cpu::ffn_backward's bf16 pipeline does (dh = bf16(dh32 + l1·sign(h))).
