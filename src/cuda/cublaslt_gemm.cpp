@@ -135,7 +135,7 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
 // kTuneRounds times in turn, and keeps the lowest median. The choice is remembered for the
 // process, so every LtGemm of it runs the same algorithm. Beside C it needs one scratch output
 // (two where beta != 0, which must not change C); where that is over kMaxTuneScratch or cannot be
-// allocated, the heuristics' first is kept.
+// allocated, or where C is not 16-byte aligned, the heuristics' first is kept.
 constexpr size_t kMaxTuneScratch = size_t{2} << 30;
 
 namespace {
@@ -166,6 +166,7 @@ void LtGemm::tune(Plan& p, const Key& key, const void* a, const void* b, void* c
   p.tuned = true;  // from here on, whatever happens, the plan keeps its algorithm
   const bool accumulate = beta != 0.f;
   if (p.c_bytes * (accumulate ? 2 : 1) > kMaxTuneScratch) return;
+  if (reinterpret_cast<uintptr_t>(c) % 16 != 0) return;  // launch_count_differences reads 16 bytes at a time
   DeviceBuffer out, ref, flags;
   try {
     out = DeviceBuffer(p.c_bytes);
