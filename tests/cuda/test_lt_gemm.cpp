@@ -1,13 +1,14 @@
 // LtGemm's autotune (the first call of a problem times cuBLASLt's candidates and keeps the fastest)
 // against the heuristics' first algorithm: the same bits at every shape and kind of call, for the
 // first (tuning) call and the ones after it, and beta = 1 adds the product once: the timed
-// candidates write to a scratch copy, not to C.
+// candidates write to a scratch copy, not to C. Then the device comparison the autotune relies on.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
 #include "cuda/cublaslt_gemm.h"
+#include "cuda/kernels.h"
 #include "gpu_test.h"
 #include "twell/error.h"
 
@@ -74,6 +75,30 @@ TEST(LtGemm, AutotuneGivesTheHeuristicsBits) {
     EXPECT_TRUE(h == heuristic_first) << "the heuristics' algorithm is not deterministic";
     EXPECT_TRUE(tuned_first == h) << "the tuning call differs from the heuristics' algorithm";
     EXPECT_TRUE(t == h) << "the tuned algorithm differs from the heuristics' algorithm";
+  }
+}
+
+// The device comparison the autotune trusts: every differing 16-bit word counted, in the 16-byte
+// body and in a tail of 1 to 7 words, and nothing counted for equal buffers.
+TEST(LtGemm, CountDifferencesCountsEveryWord) {
+  TWELL_REQUIRE_HOPPER();
+  for (const size_t words : {size_t{1}, size_t{7}, size_t{8}, size_t{1000}, size_t{4099}}) {
+    SCOPED_TRACE(testing::Message() << words << " words");
+    std::vector<uint16_t> a(words), b(words);
+    for (size_t i = 0; i < words; ++i) a[i] = b[i] = static_cast<uint16_t>(i * 2654435761u);
+    DeviceBuffer da(words * 2), db(words * 2), count(4);
+    TWELL_CUDA_CHECK(cudaMemcpy(da.get(), a.data(), words * 2, cudaMemcpyHostToDevice));
+    auto differences = [&] {
+      TWELL_CUDA_CHECK(cudaMemcpy(db.get(), b.data(), words * 2, cudaMemcpyHostToDevice));
+      TWELL_CUDA_CHECK(cudaMemset(count.get(), 0, 4));
+      launch_count_differences(da.get(), db.get(), words * 2, count.as<uint32_t>(), nullptr);
+      uint32_t n = 0;
+      TWELL_CUDA_CHECK(cudaMemcpy(&n, count.get(), 4, cudaMemcpyDeviceToHost));
+      return n;
+    };
+    EXPECT_EQ(differences(), 0u);
+    b[0] ^= 1, b[words - 1] ^= 0x8000, b[words / 2] ^= 0x0100;  // first, last (the tail) and middle
+    EXPECT_EQ(differences(), words == 1 ? 1u : 3u);  // one word holds all three flips when there is one
   }
 }
 
