@@ -131,10 +131,11 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
 // tile shape was 3-7% faster (lt_algos.txt). So the first call of a problem in a process, outside
 // stream capture, runs each candidate once on the call's own operands and keeps only those whose
 // output has the bits of the heuristics' first (candidates alike in algorithm, split-K and
-// reduction can still sum in another order: tile shapes with sliced K); then times those,
-// kTuneRounds times in turn, and keeps the lowest median. The choice is remembered for the
-// process, so every LtGemm of it runs the same algorithm. Beside C it needs one scratch output
-// (two where beta != 0, which must not change C); where that is over kMaxTuneScratch or cannot be
+// reduction can still sum in another order: tile shapes with sliced K; the comparison is on those
+// operands only, so across processes a different choice may still change last bits); then times
+// those, kTuneRounds times in turn, and keeps the lowest median. The choice is remembered for the
+// process, so every LtGemm of it runs the same algorithm. Beside C it needs one scratch output (two
+// where beta != 0, which must not change C); where that is over kMaxTuneScratch or cannot be
 // allocated, or where C is not 16-byte aligned, the heuristics' first is kept.
 constexpr size_t kMaxTuneScratch = size_t{2} << 30;
 
@@ -203,14 +204,24 @@ void LtGemm::tune(Plan& p, const Key& key, const void* a, const void* b, void* c
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
   for (size_t i = 1; i < n; ++i) usable[i] = usable[i] && differences[i] == 0;
 
-  std::vector<cudaEvent_t> events(2 * n * kTuneRounds);
-  for (auto& e : events) TWELL_CUDA_CHECK(cudaEventCreate(&e));
+  struct Events {  // destroyed on every way out
+    std::vector<cudaEvent_t> e;
+    ~Events() {
+      for (cudaEvent_t x : e) cudaEventDestroy(x);
+    }
+  } events;
+  events.e.reserve(2 * n * kTuneRounds);
+  for (size_t i = 0; i < 2 * n * kTuneRounds; ++i) {
+    cudaEvent_t e = nullptr;
+    TWELL_CUDA_CHECK(cudaEventCreate(&e));
+    events.e.push_back(e);
+  }
   for (int r = 0; r < kTuneRounds; ++r)
     for (size_t i = 0; i < n; ++i) {
       if (!usable[i]) continue;
-      cudaEvent_t* e = &events[2 * (r * n + i)];
+      cudaEvent_t* e = &events.e[2 * (r * n + i)];
       TWELL_CUDA_CHECK(cudaEventRecord(e[0], stream));
-      matmul(i, out.get());
+      usable[i] = matmul(i, out.get());  // a call that fails times nothing: never chosen
       TWELL_CUDA_CHECK(cudaEventRecord(e[1], stream));
     }
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -219,13 +230,19 @@ void LtGemm::tune(Plan& p, const Key& key, const void* a, const void* b, void* c
     if (!usable[i]) continue;
     float ms[kTuneRounds];
     for (int r = 0; r < kTuneRounds; ++r)
-      TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms[r], events[2 * (r * n + i)], events[2 * (r * n + i) + 1]));
+      TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms[r], events.e[2 * (r * n + i)], events.e[2 * (r * n + i) + 1]));
     std::sort(ms, ms + kTuneRounds);
     if (best == 0 || ms[kTuneRounds / 2] < best) best = ms[kTuneRounds / 2], p.algo = p.candidates[i];
   }
-  for (auto& e : events) cudaEventDestroy(e);
+  if (best == 0) p.algo = p.candidates[0];  // none timed: the heuristics' first
+  // Another thread may have tuned the same problem meanwhile: its choice is the process's.
   std::lock_guard<std::mutex> lock(tuned_mutex());
-  tuned_algos().emplace(std::make_pair(device, key), p.algo);
+  p.algo = tuned_algos().emplace(std::make_pair(device, key), p.algo).first->second;
+}
+
+void LtGemm::forget_tuning() {
+  std::lock_guard<std::mutex> lock(tuned_mutex());
+  tuned_algos().clear();
 }
 
 void LtGemm::run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,

@@ -7,7 +7,8 @@
 // The first call of a problem in a process (outside stream capture) times cuBLASLt's candidate
 // algorithms on its operands and keeps the fastest for the process: that call synchronises its
 // stream and takes a few times a GEMM's time. Only candidates whose output on those operands has
-// the bits of the heuristics' first are timed. TWELL_LT_AUTOTUNE=0 turns it off.
+// the bits of the heuristics' first are timed (equal on those operands: another process may
+// choose another and differ in last bits). TWELL_LT_AUTOTUNE=0 turns it off.
 #pragma once
 
 #include <cublasLt.h>
@@ -40,6 +41,8 @@ class LtGemm {
   // environment sets TWELL_LT_AUTOTUNE=0); false: the heuristics' first algorithm.
   explicit LtGemm(bool autotune = autotune_default());
   static bool autotune_default();
+  // Forgets the process's tuned choices (tests: the next call of each problem tunes again).
+  static void forget_tuning();
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;

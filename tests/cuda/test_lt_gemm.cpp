@@ -1,7 +1,8 @@
 // LtGemm's autotune (the first call of a problem times cuBLASLt's candidates and keeps the fastest)
 // against the heuristics' first algorithm: the same bits at every shape and kind of call, for the
-// first (tuning) call and the ones after it, and beta = 1 adds the product once: the timed
-// candidates write to a scratch copy, not to C. Then the device comparison the autotune relies on.
+// first (tuning) call and the ones after it, on the operands it tuned on and on others, and
+// beta = 1 adds the product once: the timed candidates write to a scratch copy, not to C. Then the
+// device comparison the autotune relies on.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -49,13 +50,16 @@ TEST(LtGemm, AutotuneGivesTheHeuristicsBits) {
       {4096, 2048, 2048, true, false, true, false, 1.f},   // f32 output, accumulated (beta = 1)
       {2048, 512, 4096, false, false, true, true, 0.f},    // a weight gradient (run_at)
   };
+  LtGemm::forget_tuning();  // earlier tests may have tuned some of these problems
   LtGemm tuned(true), heuristic(false);
-  for (const Call& c : calls) {
+  for (const Call& c : calls)
+  for (const unsigned set : {0u, 1u}) {  // set 0 tunes; set 1: other operands, the choice kept
     SCOPED_TRACE(testing::Message() << "M=" << c.m << " N=" << c.n << " K=" << c.k << (c.at ? " run_at" : "")
-                                    << " beta=" << c.beta);
+                                    << " beta=" << c.beta << " operand set " << set);
     const int64_t a_elems = c.m * c.k, b_elems = c.n * c.k;
-    const auto a_host = random_bf16(static_cast<size_t>(a_elems), 1.f, static_cast<unsigned>(c.m + c.k));
-    const auto b_host = random_bf16(static_cast<size_t>(b_elems), 0.05f, static_cast<unsigned>(c.n + 3 * c.k));
+    const auto a_host = random_bf16(static_cast<size_t>(a_elems), 1.f, static_cast<unsigned>(c.m + c.k) + 1000 * set);
+    const auto b_host =
+        random_bf16(static_cast<size_t>(b_elems), 0.05f, static_cast<unsigned>(c.n + 3 * c.k) + 1000 * set);
     DeviceBuffer a(static_cast<size_t>(a_elems) * 2), b(static_cast<size_t>(b_elems) * 2);
     TWELL_CUDA_CHECK(cudaMemcpy(a.get(), a_host.data(), a.bytes(), cudaMemcpyHostToDevice));
     TWELL_CUDA_CHECK(cudaMemcpy(b.get(), b_host.data(), b.bytes(), cudaMemcpyHostToDevice));
@@ -63,7 +67,7 @@ TEST(LtGemm, AutotuneGivesTheHeuristicsBits) {
     const size_t c_bytes = static_cast<size_t>(c.m * c.n) * (c.f32 ? 4 : 2);
     std::vector<uint8_t> c_init(c_bytes, 0xff);
     if (c.beta != 0.f) {
-      const auto init = random_bf16(static_cast<size_t>(c.m * c.n), 1.f, 99);
+      const auto init = random_bf16(static_cast<size_t>(c.m * c.n), 1.f, 99 + set);
       for (size_t i = 0; i < init.size(); ++i) {
         const uint32_t bits = static_cast<uint32_t>(init[i]) << 16;  // the bf16 values as f32
         std::memcpy(&c_init[i * 4], &bits, 4);
@@ -73,7 +77,7 @@ TEST(LtGemm, AutotuneGivesTheHeuristicsBits) {
     const auto t = run_twice(tuned, c, a, b, c_init, &tuned_first);
     const auto h = run_twice(heuristic, c, a, b, c_init, &heuristic_first);
     EXPECT_TRUE(h == heuristic_first) << "the heuristics' algorithm is not deterministic";
-    EXPECT_TRUE(tuned_first == h) << "the tuning call differs from the heuristics' algorithm";
+    EXPECT_TRUE(tuned_first == h) << "the first call differs from the heuristics' algorithm";
     EXPECT_TRUE(t == h) << "the tuned algorithm differs from the heuristics' algorithm";
   }
 }

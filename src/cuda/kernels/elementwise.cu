@@ -112,6 +112,8 @@ void launch_read_through(const void* p, size_t bytes, uint32_t* sink, cudaStream
 
 void launch_count_differences(const void* a, const void* b, size_t bytes, uint32_t* count, cudaStream_t stream) {
   TWELL_CHECK(bytes % 2 == 0, "count_differences: ", bytes, " bytes is not a whole number of 16-bit words");
+  TWELL_CHECK((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16 == 0,
+              "count_differences: the buffers must be 16-byte aligned");
   const int64_t n_vec = static_cast<int64_t>(bytes / 16);
   const int tail = static_cast<int>((bytes % 16) / 2);
   if (n_vec == 0 && tail == 0) return;
