@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Re-checks every GPU claim with one command, on a machine with a Hopper GPU and CUDA 13 (no
 # network needed: where the build dependencies are not installed, carry third_party/ made by
-# scripts/bundle-deps.sh): builds (unless given prebuilt binaries), runs the GPU tests, a subset
+# scripts/bundle-deps.sh): builds (unless given prebuilt binaries), runs the GPU tests (and, from
+# its own build, the CLI and loader tests with the GPU present), a subset
 # under compute-sanitizer (memcheck, racecheck), the standard FFN benchmark (and its headline cases
 # with --energy) and the whole-model benchmark (the paper's 2B shape), leaving logs, JSON and
 # summary tables in OUTDIR.
@@ -55,6 +56,16 @@ echo "== GPU tests"
 "$bin/twell_gpu_tests" --gtest_brief=1 --gtest_output=json:"$out/gpu_tests.json" >"$out/gpu_tests.log" 2>&1 || status=1
 tail -4 "$out/gpu_tests.log"
 
+# The CLI and loader tests with the GPU present (twell run/eval on the CUDA backend): only from a
+# build made here, whose test binary knows where its twell is.
+if [ -x build-gpu/tests/twell_tests ] && [ "$bin" = build-gpu/bin ]; then
+  echo "== CLI and loader tests"
+  build-gpu/tests/twell_tests --gtest_brief=1 \
+    --gtest_filter='CliModel*:InspectCli*:LlamaLoad*:LlamaSampling*:Cli.*:LoadTokenizer*' >"$out/cli_tests_gpu.log" 2>&1 ||
+    status=1
+  tail -3 "$out/cli_tests_gpu.log"
+fi
+
 echo "== compute-sanitizer (small cases)"
 filter='Cases/FfnForwardGpu.*M7_*:Cases/FfnForwardGpu.*M33_*:Cases/FfnForwardGpu.*d1000permille_skewed_plain:*Determinism*:Densities/TwellDevice.*/2'
 filter+=':Shapes/LlamaCudaShapes.*/hd16_gqa_relu:Shapes/LlamaCudaShapes.BatchEqualsSingleSequences/hd64_silu:LlamaCuda.*'
@@ -62,6 +73,7 @@ filter+=':Shapes/GatePackGpu.*M77_*:Shapes/GatePackGpu.*M200_*'  # the fused gat
 filter+=':Cases/PrefillAttention.*B3_S17*'  # twell's flash kernel and cuDNN's SDPA on the same buffers
 filter+=':Cases/QkvRope.*B3_S77*:Cases/QkvRope.*B2_S300*'  # the fused QKV GEMM + RoPE: partial tiles, prefix
 filter+=':DecodeAttention.*:DecodeGemv.*'  # the one-kernel decode attention (clusters), the one-token GEMV
+filter+=':LtGemm.*'  # cuBLASLt's autotune: scratch outputs, the device comparison
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/twell_gpu_tests" --gtest_brief=1 \
     --gtest_filter="$filter" >"$out/sanitizer_memcheck.log" 2>&1 || status=1
