@@ -27,8 +27,8 @@ uint32_t alignment_of(const void* p) {
                   " (", base ? base + 1 : file, ":", line, ")"));
 }
 
-// What decides the order of each output's sums: algorithms alike in these (they differ in tile
-// and stage counts) give the same bits (bench/results/h200/lt_algos.txt).
+// Algorithms that differ in these sum each output in another order, so they are not candidates.
+// Alike in these they may still differ (tile shapes with sliced K): tune() compares the outputs.
 struct SumOrder {
   int id = -1, split_k = 1, reduction = 0;
   explicit SumOrder(const cublasLtMatmulAlgo_t& algo) {
@@ -248,24 +248,24 @@ void LtGemm::forget_tuning() {
 void LtGemm::run(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, bool b_transposed,
                  GemmEpilogue epilogue, cudaStream_t stream, GemmOut out, float beta) {
   if (m == 0 || n == 0) return;
-  const Key key{m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false, k,
-                alignment_of(a), alignment_of(b), alignment_of(c)};
-  Plan& p = plan(key);
-  if (!p.tuned) tune(p, key, a, b, c, beta, stream);
-  const float alpha = 1.f;
-  TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
-                                    workspace_.get(), workspace_.bytes(), stream));
+  launch({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false, k, alignment_of(a),
+          alignment_of(b), alignment_of(c)},
+         a, b, c, beta, stream);
 }
 
 void LtGemm::run_at(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
                     GemmOut out, int64_t lda) {
   if (m == 0 || n == 0) return;
   TWELL_CHECK(lda == 0 || lda >= m, "LtGemm::run_at: lda = ", lda, " is below m = ", m);
-  const Key key{m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true,
-                lda == 0 ? m : lda, alignment_of(a), alignment_of(b), alignment_of(c)};
+  launch({m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true, lda == 0 ? m : lda,
+          alignment_of(a), alignment_of(b), alignment_of(c)},
+         a, b, c, 0.f, stream);
+}
+
+void LtGemm::launch(const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream) {
   Plan& p = plan(key);
-  const float alpha = 1.f, beta = 0.f;
   if (!p.tuned) tune(p, key, a, b, c, beta, stream);
+  const float alpha = 1.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));
 }

@@ -62,6 +62,8 @@ class LtGemm {
   struct Plan;
   Plan& plan(const Key& key);
   void tune(Plan& p, const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream);
+  // The plan of `key` (made and tuned at its first call), run on these operands.
+  void launch(const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
