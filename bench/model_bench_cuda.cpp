@@ -647,10 +647,11 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   // Each model against the reference within twice the larger of its own CPU decode error and the
   // reference path's (the full forward's), plus 1e-3: both sit that close to the CPU model.
   const bool twell_gathers = B <= LlamaCudaOptions{}.decode_gather_tokens;  // the default options'
-  double step_tolerance[3];
+  double cpu_err[3], step_tolerance[3];  // each model's CPU check error: its decode path's
   for (int k = 0; k < n_models; ++k) {
     const bool gathers = k == 2 || (k == 1 && twell_gathers);
-    step_tolerance[k] = 2 * std::max(gathers ? check.decode_twell : check.decode_dense, check.prefill_dense) + 1e-3;
+    cpu_err[k] = gathers ? check.decode_twell : check.decode_dense;
+    step_tolerance[k] = 2 * std::max(cpu_err[k], check.prefill_dense) + 1e-3;
   }
   // Energy of a step: the mean power of a stretch of steps (GpuMeter) times its mean step. A stretch
   // starts from a shorter prompt, so that its contexts are centred on the timed steps' (the
@@ -698,10 +699,8 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   const char* names[3] = {"dense", "twell", "twell_gather"};
   const double dense_ms = timing[0].median();
   for (int k = 0; k < n_models; ++k) {
-    const bool gathers = k == 2 || (k == 1 && twell_gathers);
     BenchRecord r = record("model_decode", names[k], cfg, B, timing[k], double(B),
-                           w->bytes() + models[k]->workspace_bytes(), cal, dense_ms, check.decode_dense,
-                           gathers ? check.decode_twell : check.decode_dense);
+                           w->bytes() + models[k]->workspace_bytes(), cal, dense_ms, check.decode_dense, cpu_err[k]);
     char gpu[96];
     std::snprintf(gpu, sizeof gpu, "; GPU %.3f ms/step", median_of(gpu_ms[k]));
     r.note = "batch " + std::to_string(B) + ", context " + std::to_string(cfg.context) +
