@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdlib>
 #include <cmath>
-#include <string>
 #include <vector>
 
 #include "cuda/cublaslt_gemm.h"
@@ -245,15 +243,6 @@ struct FfnForward::Impl {
     return options.training ? options.training_dense_above_density : options.dense_above_density;
   }
 
-  // Whether the up pass runs by tiles (FfnOptions::up_kernel; the launch still checks the layout).
-  bool up_tiles(int64_t M) const {
-    static const char* env = std::getenv("TWELL_UP_KERNEL");
-    UpKernel k = options.up_kernel;
-    if (k == UpKernel::automatic && env && std::string(env) == "rows") k = UpKernel::rows;
-    if (k == UpKernel::automatic && env && std::string(env) == "tiles") k = UpKernel::tiles;
-    return k == UpKernel::tiles || (k == UpKernel::automatic && M >= kUpTilesMinTokens);
-  }
-
   bool fused_gate_supported() const { return options.fused_gate && options.tile == 256; }
 
   // Packed activation and its statistics; the counts come back to the host asynchronously. With
@@ -279,7 +268,6 @@ struct FfnForward::Impl {
     a.gated = shape.gated;
     a.precision = options.precision;
     a.then = then;
-    a.up_tiles = up_tiles(M);
     if (fused) {
       GatePackArgs gp;
       gp.x = xp;

@@ -140,11 +140,7 @@ struct SparseFfnArgs {
   // The first pass launched as a programmatic dependent of the kernel before it on the stream (the
   // fused gate). The down pass always is one of the up pass.
   bool dependent = false;
-  // The up pass by tiles of tokens x neurons (up_tiles.cuh), where up_tiles_supported; else by rows.
-  bool up_tiles = false;
 };
-// Whether the tiled up pass takes this layout and width.
-bool up_tiles_supported(const TwellLayout& l, int64_t H);
 int64_t twell_u_size(const TwellDeviceView& act);
 // Why the TwELL up/down kernels (and the sparse backward) cannot take an activation laid out as
 // `act` with these H and I, or "" where they can: decided by the shape alone, before any launch.

@@ -25,7 +25,6 @@ namespace {
 
 using cuda::DeviceTensor;
 using cuda::Dispatch;
-using cuda::UpKernel;
 
 struct FfnCase {
   int64_t M, H, I;
@@ -108,32 +107,28 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
   DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
   const FfnWeights w{c.gated ? wg.view() : TensorView{}, wu.view(), wd.view()};
 
-  // always_sparse four times: TwELL with the fused gate+pack (tile 256), with the up pass by tiles
-  // (UpKernel::tiles; at these sizes automatic takes rows), with the cuBLASLt gate and the pack
-  // kernel, and the gather path (these cases have M <= 300). `previous` runs
+  // always_sparse three times: TwELL with the fused gate+pack (tile 256) and with the cuBLASLt
+  // gate and the pack kernel, and the gather path (these cases have M <= 300). `previous` runs
   // twice: the first call samples g, the second decides on that (fused gate when sparse).
   struct Run {
     Dispatch d;
     int64_t gather;
     bool fused_gate;
-    UpKernel up;
     const char* name;
   };
-  const Run runs[] = {{Dispatch::always_sparse, 0, true, UpKernel::rows, "sparse"},
-                      {Dispatch::always_sparse, 0, true, UpKernel::tiles, "sparse, up by tiles"},
-                      {Dispatch::always_sparse, 0, false, UpKernel::tiles, "sparse, unfused gate"},
-                      {Dispatch::always_sparse, 1024, true, UpKernel::automatic, "gather"},
-                      {Dispatch::always_dense, 0, true, UpKernel::automatic, "dense"},
-                      {Dispatch::observe, 0, true, UpKernel::automatic, "observe"},
-                      {Dispatch::previous, 0, true, UpKernel::automatic, "previous, second call"}};
-  for (const auto& [d, gather, fused_gate, up, name] : runs) {
+  const Run runs[] = {{Dispatch::always_sparse, 0, true, "sparse"},
+                      {Dispatch::always_sparse, 0, false, "sparse, unfused gate"},
+                      {Dispatch::always_sparse, 1024, true, "gather"},
+                      {Dispatch::always_dense, 0, true, "dense"},
+                      {Dispatch::observe, 0, true, "observe"},
+                      {Dispatch::previous, 0, true, "previous, second call"}};
+  for (const auto& [d, gather, fused_gate, name] : runs) {
     SCOPED_TRACE(name);
     cuda::FfnOptions o;
     o.dispatch = d;
     o.sparse_min_tokens = 0;
     o.gather_max_tokens = gather;
     o.fused_gate = fused_gate;
-    o.up_kernel = up;
     o.tile = c.tile, o.compression = c.compression;
     cuda::FfnForward ffn({c.M, c.H, c.I, c.gated}, o);
     DeviceTensor y(DType::bf16, {c.M, c.H});
@@ -220,12 +215,6 @@ TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
   o.dispatch = Dispatch::always_sparse;
   cuda::FfnForward ffn({513, 1024, 2816, true}, o);
   expect_repeatable(ffn, p);
-  {
-    cuda::FfnOptions ot = o;
-    ot.up_kernel = UpKernel::tiles;  // its blocks' pair lists come from a scan, in token order
-    cuda::FfnForward tiles({513, 1024, 2816, true}, ot);
-    expect_repeatable(tiles, p);
-  }
 
   // Mostly heavy rows (~420 non-zeros each), whose block order comes from atomics.
   GpuProblem dense = make_problem(513, 1024, 2816, 0.15);

@@ -52,15 +52,6 @@ inline const char* to_string(FfnPath p) {
 }
 enum class Dispatch { observe, previous, always_sparse, always_dense };
 
-// The sparse path's up pass (u = x · Wuᵀ at the active pairs): `rows` takes a token a warp and reads
-// a row of Wu for every active pair; `tiles` takes tiles of tokens x neurons and reads each row of
-// x and Wu once a tile (src/cuda/kernels/up_tiles.cuh); `automatic` takes tiles from
-// kUpTilesMinTokens tokens on where the layout allows (tile 256, at most 64 slots, H a multiple of
-// 32), rows below. The environment variable TWELL_UP_KERNEL=rows|tiles overrides `automatic` (for
-// A/B runs of `twell bench`). Both are exact; their u can differ by a rounding (summation order).
-enum class UpKernel { automatic, rows, tiles };
-constexpr int64_t kUpTilesMinTokens = 8192;
-
 struct FfnShape {
   int64_t max_tokens = 0;  // M the workspace is sized for; any M <= max_tokens runs
   int64_t hidden = 0;      // H
@@ -113,7 +104,6 @@ struct FfnOptions {
   // same g; the two GEMMs add in different orders, so a value may differ by one bf16 rounding and
   // one within rounding of 0 may be active in one and not the other).
   bool fused_gate = true;
-  UpKernel up_kernel = UpKernel::automatic;
   // One-token calls (M = 1: always_sparse, or observe/previous outside training) run the one-kernel decode FFN,
   // whose partial-sum buffers (~2 MB at H = 2048, I = 5632) this object then holds. false: the
   // gather path's kernels, no such buffers (for a caller that runs one-token FFNs itself, as the

@@ -38,7 +38,6 @@
 // whichever warp or block takes a token.
 // Covered by tests/cuda/test_twell_ffn.cu; timed by `twell bench ffn`.
 #include "cuda/kernels/twell_rows.cuh"
-#include "cuda/kernels/up_tiles.cuh"
 
 #include <cmath>
 
@@ -70,15 +69,7 @@ void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t 
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
   if (!a.gated) return launch_down<kChunks, Aux::h_plain>(p, sm_count, a.M, stream, a.dependent);
   p.next_row = a.row_counters, p.next_heavy = a.row_counters + 2;
-  if (a.up_tiles && up_tiles_supported(a.act.layout, a.H)) {
-    // 512 tokens a tile where that fills two blocks an SM, 256 below (M = 16384: 384 blocks).
-    if ((a.M + 511) / 512 * ((a.act.layout.n_tiles() + 3) / 4) >= 2 * sm_count)
-      launch_up_tiles<512, 4>(p, stream, a.dependent);
-    else
-      launch_up_tiles<256, 4>(p, stream, a.dependent);
-  } else {
-    launch_sddmm(twell_ffn_up_kernel, p, sm_count, a.M, stream, a.dependent);
-  }
+  launch_sddmm(twell_ffn_up_kernel, p, sm_count, a.M, stream, a.dependent);
   p.report = PackReport{};
   p.next_row = a.row_counters + 1, p.next_heavy = a.row_counters + 3;
   if (a.precision == Precision::h_fp32)
@@ -88,10 +79,6 @@ void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t 
 }
 
 }  // namespace
-
-bool up_tiles_supported(const TwellLayout& l, int64_t H) {
-  return l.tile == 256 && l.slots() <= 64 && H % kTileKC == 0;
-}
 
 int64_t twell_u_size(const TwellDeviceView& act) {
   return act.layout.slot_size() + act.backup_capacity * act.layout.tile;
