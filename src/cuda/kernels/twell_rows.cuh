@@ -374,8 +374,6 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
     frag_chunk_off[i] = ((2 * i + frag_chunk) ^ (frag_row % 8)) * 16;
   }
   const int frag_off = frag_row * 128;
-  // Only column 0 of D is read: B's other columns (lanes 4-31 hold them) are zeros, not copies of x.
-  const uint32_t x_cols = lane < 4 ? ~0u : 0u;
   auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop) {
     if (t >= t_stop) return;  // an empty share of a heavy row: x is not copied (nothing would wait for it)
     const uint16_t* x = p.x + row * p.H;
@@ -427,8 +425,6 @@ __device__ __forceinline__ void sddmm_loop(const Params& p, const uint16_t* w, c
           for (int s = 0; s < 4; s += 2) {  // two k16 steps: x for both in one ldmatrix (every row the same)
             uint32_t xb[4], a[4];
             ldmatrix_x4(xb, xk + 16 * s);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) xb[i] &= x_cols;
             ldmatrix_x4(a, frag + frag_chunk_off[s]);
             mma_bf16(d, a, xb[0], xb[1]);
             ldmatrix_x4(a, frag + frag_chunk_off[s + 1]);
