@@ -170,24 +170,13 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
 // tensor cores run (docs/perf.md, item 18: the cooperative 128 × 256 kernel ran 0.5 ms of
 // epilogue with its tensor cores idle and measured 0.68× against this kernel's 0.64×); 2-CTA
 // clusters multicast the weight tile.
-#ifndef TWELL_GATE_CLUSTER_M
-#define TWELL_GATE_CLUSTER_M 2
-#define TWELL_GATE_CLUSTER_N 1
-#endif
-using Gemm = sm90::PingPongGemm<TwellPackEpilogue, TWELL_GATE_CLUSTER_M, TWELL_GATE_CLUSTER_N>::Gemm;
+using Gemm = sm90::PingPongGemm<TwellPackEpilogue>::Gemm;
 
 Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
-  auto args = sm90::gemm_arguments<Gemm>(a.x, a.w, static_cast<int>(a.M), static_cast<int>(a.I), static_cast<int>(a.H),
+  return sm90::gemm_arguments<Gemm>(a.x, a.w, static_cast<int>(a.M), static_cast<int>(a.I), static_cast<int>(a.H),
                                     PackParams{a.act, a.nnz_total, a.overflow, a.rows,
                                                static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()},
                                     sm_count);
-#ifdef TWELL_GATE_SWIZZLE
-  args.scheduler.max_swizzle_size = TWELL_GATE_SWIZZLE;
-#endif
-#ifdef TWELL_GATE_RASTER
-  args.scheduler.raster_order = static_cast<decltype(args.scheduler.raster_order)>(TWELL_GATE_RASTER);
-#endif
-  return args;
 }
 
 }  // namespace

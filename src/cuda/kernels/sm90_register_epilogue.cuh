@@ -76,13 +76,13 @@ struct RegisterEpilogue {
   CUTLASS_DEVICE bool is_source_needed() { return false; }
 };
 
-template <class EpilogueOp, int ClusterM = 2, int ClusterN = 1>
+template <class EpilogueOp>
 struct PingPongGemm {
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<EpilogueOp>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
       cutlass::layout::ColumnMajor, 8, float, cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>,
-      cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>,
+      cute::Shape<cute::_2, cute::_1, cute::_1>,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
@@ -115,28 +115,6 @@ typename Gemm::Arguments gemm_arguments(const void* x, const void* w, int M, int
   TWELL_CUDA_CHECK(cudaGetDevice(&device));
   args.hw_info.device_id = device;  // the current device, whose SMs the persistent grid covers
   args.hw_info.sm_count = sm_count;
-  using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
-  constexpr int cluster_size = cute::size(Cluster{});
-  if constexpr (cluster_size > 2) {
-    // Clusters of more than two CTAs may not tile every GPC: ask how many fit at once.
-    const auto* kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
-    allow_dynamic_smem(kernel, static_cast<int>(Kernel::SharedStorageSize));
-    allow_non_portable_clusters(kernel);
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = cute::size<0>(Cluster{});
-    attr.val.clusterDim.y = cute::size<1>(Cluster{});
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(cute::size<0>(Cluster{}) * 16, cute::size<1>(Cluster{}), 1);
-    config.blockDim = Kernel::get_block_shape();
-    config.dynamicSmemBytes = Kernel::SharedStorageSize;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    int clusters = 0;
-    TWELL_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-    args.hw_info.max_active_clusters = clusters;
-  }
   return args;
 }
 
