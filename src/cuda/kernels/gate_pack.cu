@@ -72,6 +72,10 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
     const int r0 = get<0>(coords(0)), c0 = get<1>(coords(0));
     const int lane = threadIdx.x % 32, q = c0 / 2;  // q: the lane's place in its quad (c0 = 2q)
     const int t = n_coord;                          // the TwELL tile (kTileN == layout.tile)
+    // A tile past I writes nothing. The scheduler hands such tiles out when it rounds its grid up
+    // to the cluster's N or to a swizzle (neither in this configuration: a swizzle of 4 did, and
+    // its tiles wrote over the next row's; docs/perf.md, FFN item 39).
+    if (t >= p_.n_tiles) return;
     const int width = min(kTileN, static_cast<int>(l.cols) - t * kTileN);
     // Column groups j with 8j + c0 < width. (TMA reads past I as zeros, so those accumulators are 0
     // anyway; the mask keeps the packing right whatever the GEMM leaves there.)

@@ -63,6 +63,7 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
     cute::Tensor coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
     const int r0 = get<0>(coords(0)), c0 = get<1>(coords(0));
     const int n0 = n_coord * kTileN;
+    if (n0 >= p_.q_dim + 2 * p_.kv_dim) return;  // a tile past N (see gate_pack.cu) writes nothing
     // 0: q, 1: k, 2: v (a tile lies in one of them); c: the tile's first column in that part.
     const int part = n0 < p_.q_dim ? 0 : n0 < p_.q_dim + p_.kv_dim ? 1 : 2;
     const int c = part == 0 ? n0 : part == 1 ? n0 - p_.q_dim : n0 - p_.q_dim - p_.kv_dim;
