@@ -114,14 +114,22 @@ struct FfnForward::Impl {
     g = DeviceBuffer(act_bytes);
     if (s.gated) u = DeviceBuffer(act_bytes);  // the dense path's up output (non-gated: none)
     if (s.gated && o.training) h_dense = DeviceBuffer(act_bytes);
-    act = TwellDeviceMatrix(TwellLayout{s.max_tokens, s.ffn, o.tile, o.compression});
+    // The TwELL kernels index the stored values (the packed slots, then backup room for every tile
+    // to spill) with 32 bits: (slots + tile) a tile, ~1.125·I a token. So the format is sized for
+    // the calls of up to sparse_rows tokens (~678K at I = 5632); larger calls run dense, whatever
+    // max_tokens is (docs/perf.md, twenty-fifth session).
+    const TwellLayout full{s.max_tokens, s.ffn, o.tile, o.compression};
+    full.check();
+    const int64_t values_per_row = full.n_tiles() * (full.slots() + full.tile);
+    const int64_t sparse_rows = std::min(s.max_tokens, ((int64_t{1} << 32) - 1) / values_per_row);
+    act = TwellDeviceMatrix(TwellLayout{sparse_rows, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());
     twell_unsupported = twell_ffn_sparse_unsupported(act.view(), s.hidden, s.ffn);
     if (s.gated && twell_unsupported.empty()) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
     row_nnz = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
     if (fused_gate_supported()) {  // here, not on the first call: that may be inside graph capture
       GatePackArgs gp;
-      gp.M = s.max_tokens, gp.H = s.hidden, gp.I = s.ffn;
+      gp.M = sparse_rows, gp.H = s.hidden, gp.I = s.ffn;
       gp.act = act.view();
       gate_workspace = DeviceBuffer(std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16));
     }
@@ -190,7 +198,7 @@ struct FfnForward::Impl {
                 "dispatch always_sparse or always_dense with count_nonzeros = false");
   }
 
-  // View of the TwELL workspace for M tokens (the arrays are sized for max_tokens).
+  // View of the TwELL workspace for M tokens (the arrays are sized for sparse_rows() tokens).
   TwellDeviceView act_view(int64_t M) const {
     TwellDeviceView v = act.view();
     v.layout.rows = M;
@@ -538,7 +546,18 @@ struct FfnForward::Impl {
                          shape.hidden, 1, 0, fused.eps, stream);
   }
 
-  bool sparse_supported(int64_t M) const { return M <= gather_tokens || twell_unsupported.empty(); }
+  int64_t sparse_rows() const { return act.layout().rows; }
+  bool sparse_supported(int64_t M) const {
+    return M <= gather_tokens || (twell_unsupported.empty() && M <= sparse_rows());
+  }
+  // Why a call of M tokens has no sparse path (sparse_supported(M) is false).
+  std::string sparse_problem(int64_t M) const {
+    if (!twell_unsupported.empty()) return twell_unsupported;
+    const TwellLayout& l = act.layout();
+    return str("a call of ", M, " tokens would store ", M * l.n_tiles() * (l.slots() + l.tile),
+               " TwELL values, past the kernels' 32-bit indexing: at I = ", l.cols, " they take at most ",
+               sparse_rows(), " tokens a call; split the batch");
+  }
 
   // The FFN of forward() into y; with `then` (then.resid not null) the sparse path instead adds y
   // into the residual and normalises, and returns true (as it does for no tokens).
@@ -565,7 +584,7 @@ struct FfnForward::Impl {
     TWELL_CHECK(M == 0 || sparse_ok ||
                     (options.dispatch != Dispatch::always_sparse && options.precision != Precision::h_fp32),
                 "FfnForward: ", options.precision == Precision::h_fp32 ? "Precision::h_fp32" : "Dispatch::always_sparse",
-                " needs a sparse path, but ", twell_unsupported);
+                " needs a sparse path, but ", sparse_problem(M));
     check_capture(stream);
     collect_counts(false);   // the previous call's density, if it has arrived;
     counts.pending = false;  // if not, it is dropped (its mirror is about to be overwritten)

@@ -635,6 +635,64 @@ TEST(FfnForwardGpuErrors, RefusesWhatItCannotHonour) {
   EXPECT_LE(relative_error(wide.y.download(), y64), 2 * relative_error(y_cpu, y64) + 1e-4);
 }
 
+// The TwELL kernels index a call's stored values with 32 bits: 32 slots + 256 backup values a
+// 256-wide tile a token. That limit is a call's, not the workspace's: an object built for more
+// tokens still runs smaller calls sparse (with the bits of a small object), and a call past it
+// runs dense under dispatch, or is refused under always_sparse before anything is queued.
+TEST(FfnForwardGpuEdges, TheFormatsIndexLimitIsJudgedPerCall) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t H = 64, I = 64, limit = ((int64_t{1} << 32) - 1) / 288, big = limit + 1;
+  size_t free_bytes = 0, total_bytes = 0;
+  TWELL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < (size_t{64} << 30))
+    GTEST_SKIP() << "needs 64 GB of free device memory for two workspaces of " << big << " tokens";
+  GpuProblem p = make_problem(300, H, I, 0.05);
+  cuda::FfnOptions forced;
+  forced.dispatch = Dispatch::always_sparse, forced.gather_max_tokens = 0;
+  cuda::FfnForward small({300, H, I, true}, forced);
+  small.forward(p.x, p.w(), p.y, nullptr);
+  const Tensor expect = p.y.download();
+
+  cuda::FfnForward large({big, H, I, true}, forced);
+  EXPECT_TRUE(large.sparse_supported(limit));
+  EXPECT_FALSE(large.sparse_supported(big));
+  cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
+  large.forward(p.x, p.w(), p.y, nullptr);
+  EXPECT_EQ(large.last_path(), cuda::FfnPath::sparse);
+  EXPECT_TRUE(test::bit_equal(p.y.download(), expect));
+
+  // big tokens: p.x's 300 rows, then zeros.
+  DeviceTensor xb(DType::bf16, {big, H}), yb(DType::bf16, {big, H});
+  cuda::fill_bytes(xb.view().data, xb.nbytes(), 0, nullptr);
+  TWELL_CUDA_CHECK(cudaMemcpy(xb.view().data, p.x.view().data, p.x.nbytes(), cudaMemcpyDeviceToDevice));
+  cuda::fill_bytes(yb.view().data, yb.nbytes(), 0xff, nullptr);
+  try {
+    large.forward(xb, p.w(), yb, nullptr);
+    ADD_FAILURE() << "always_sparse ran a call past the format's indexing";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("split the batch"), std::string::npos) << e.what();
+  }
+  const auto first_rows = [&] {  // y's first 300 rows, on the host
+    Tensor t = Tensor::of<bf16>({300, H});
+    TWELL_CUDA_CHECK(cudaMemcpy(t.ptr<bf16>(), yb.view().data, t.nbytes(), cudaMemcpyDeviceToHost));
+    return t;
+  };
+  const Tensor untouched = first_rows();
+  int64_t written = 0;
+  for (int64_t i = 0; i < 300 * H; ++i) written += !std::isnan(static_cast<float>(untouched.ptr<bf16>()[i]));
+  EXPECT_EQ(written, 0) << "the refused call wrote y";
+
+  cuda::FfnOptions observe;
+  observe.dispatch = Dispatch::observe, observe.gather_max_tokens = 0;
+  cuda::FfnForward dispatched({big, H, I, true}, observe);
+  dispatched.forward(xb, p.w(), yb, nullptr);
+  EXPECT_EQ(dispatched.last_path(), cuda::FfnPath::dense);
+  Tensor y_cpu = Tensor::of<bf16>({300, H}), y64 = Tensor::of<double>({300, H});
+  cpu::ffn_forward(p.f.x, p.f.weights(), y_cpu, Precision::bf16);
+  cpu::ffn_forward(p.f.x, p.f.weights(), y64, Precision::f64);
+  EXPECT_LE(relative_error(first_rows(), y64), 2 * relative_error(y_cpu, y64) + 1e-4);
+}
+
 TEST(FfnForwardGpuErrors, RejectsBadArguments) {
   TWELL_REQUIRE_HOPPER();
   GpuProblem p = make_problem(16, 128, 256, 0.05);
