@@ -120,9 +120,46 @@ static void check_config(const FfnBenchConfig& cfg) {
   TWELL_REQUIRE(std::isfinite(cfg.l1) && cfg.l1 >= 0, "--l1 must be finite and >= 0, got ", cfg.l1);
 }
 
-std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress) {
+// MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read.
+static double available_host_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  double kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
+
+static std::string format_gb(double bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << bytes / 1e9 << " GB";
+  return os.str();
+}
+
+// The host memory a synthetic case needs at least (x, y and the output sample's rows are small
+// beside these): x [M, H] and the three weights [I, H] in bf16, and one [M, I] activation in bf16.
+// Checked against what the machine has free before the first case, so that a mistyped -M, -H or
+// -I fails at once with its numbers, not by the out-of-memory killer minutes later.
+static void check_host_memory(const FfnBenchConfig& cfg, const std::vector<int64_t>& tokens) {
+  const double available = available_host_bytes();
+  if (available <= 0) return;  // unknown here
+  const double H = static_cast<double>(cfg.H), I = static_cast<double>(cfg.I);
+  for (int64_t M : tokens) {
+    const double need = 2 * (static_cast<double>(M) * H + 3 * I * H + static_cast<double>(M) * I);
+    TWELL_REQUIRE(need <= available, "-M ", M, " -H ", cfg.H, " -I ", cfg.I, " needs at least ",
+                  format_gb(need), " of host memory; ", format_gb(available), " is available");
+  }
+}
+
+std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress,
+                                       std::vector<BenchRecord>* finished) {
   check_config(cfg);
   std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, progress);
+  TWELL_REQUIRE(!cfg.train || backend->train_available(), "--train needs the CUDA backend (a Hopper GPU)");
+  TWELL_REQUIRE(!cfg.train || cfg.gated || !cfg.from_file.empty(),
+                "--train: only the gated FFN has a backward so far; drop --non-gated");
   // Each case once, in the order given (-M 16 -M 16 is one case, and so for -d and --distribution).
   auto once = [](auto values) {
     auto end = values.begin();
@@ -151,6 +188,8 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
     TWELL_REQUIRE(cfg.energy_seconds >= 0.5 && cfg.energy_seconds <= 60, "--energy-seconds must be in [0.5, 60], got ",
                   cfg.energy_seconds, " (the H200's energy counter moves every 100 ms)");
   }
+
+  if (!from_file) check_host_memory(cfg, tokens);
 
   std::vector<BenchRecord> records;
   const size_t n_cases = from_file ? 1 : tokens.size() * densities.size() * distributions.size();
@@ -344,6 +383,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
                    << 100 * mix.capped() << "% at the power cap";
         progress << std::defaultfloat << std::endl;
         records.insert(records.end(), recs.begin(), recs.end());
+        if (finished) finished->insert(finished->end(), recs.begin(), recs.end());
       }
   return records;
 }

@@ -121,8 +121,9 @@ class FfnBackend {
   // The first runner is the dense baseline.
   virtual std::vector<FfnRunner> runners(const FfnProblem& p, const FfnBenchConfig& cfg) = 0;
   // Forward + backward with upstream gradient dy [M, H] (bf16, host); the first is the dense baseline.
+  virtual bool train_available() const { return false; }
   virtual std::vector<FfnRunner> train_runners(const FfnProblem&, const FfnBenchConfig&, const Tensor& /*dy*/) {
-    TWELL_FAIL("--train needs the CUDA backend (a Hopper GPU)");
+    TWELL_FAIL("--train needs the CUDA backend (a Hopper GPU)");  // run_ffn_bench checks train_available first
   }
   // --energy (CUDA backend): a stretch of calls, with what the GPU meter (gpu_meter.h) saw meanwhile.
   // Sums, so that stretches add up; the derived values are < 0 where nothing was read.
@@ -158,7 +159,10 @@ std::unique_ptr<FfnBackend> make_cuda_backend();  // nullptr without a suitable 
 bool cuda_backend_available(std::string* why);
 #endif
 
-std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress);
+// Runs every case; `finished`, when given, gets each case's records as soon as the case is done,
+// so that a caller that catches an error from a later case still has them.
+std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress,
+                                       std::vector<BenchRecord>* finished = nullptr);
 void print_table(const std::vector<BenchRecord>& records, std::ostream& out);
 std::string records_to_json(const std::vector<BenchRecord>& records);
 // Writes the records atomically (temporary file + rename).

@@ -109,6 +109,7 @@ class CudaBackend : public FfnBackend {
     return r;
   }
 
+  bool train_available() const override { return true; }
   std::vector<FfnRunner> train_runners(const FfnProblem& p, const FfnBenchConfig& cfg, const Tensor& dy_host) override {
     prepare(p, cfg);
     State* s = state_.get();

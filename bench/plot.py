@@ -14,9 +14,13 @@ Needs matplotlib (pip install matplotlib).
 import argparse
 import collections
 import json
+import sys
 import textwrap
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit("bench/plot.py needs matplotlib: pip install matplotlib")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -98,14 +98,15 @@ bool memory_overlaps(const TensorView& a, const TensorView& b) {
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
+// The checks of what a caller gave: the message names the argument, so no source location.
 void check_shape(const TensorView& t, const Shape& expected, const char* name) {
-  TWELL_CHECK(t.shape == expected, name, ": expected shape ", shape_str(expected), ", got ",
-              shape_str(t.shape));
+  TWELL_REQUIRE(t.shape == expected, name, ": expected shape ", shape_str(expected), ", got ",
+                shape_str(t.shape));
 }
 
 void check_dtype(const TensorView& t, DType expected, const char* name) {
-  TWELL_CHECK(t.dtype == expected, name, ": expected dtype ", dtype_name(expected), ", got ",
-              dtype_name(t.dtype));
+  TWELL_REQUIRE(t.dtype == expected, name, ": expected dtype ", dtype_name(expected), ", got ",
+                dtype_name(t.dtype));
 }
 
 void check_dtype(const TensorView& t, std::initializer_list<DType> allowed, const char* name) {
@@ -114,23 +115,23 @@ void check_dtype(const TensorView& t, std::initializer_list<DType> allowed, cons
     if (d == t.dtype) return;
     names += (names.empty() ? "" : " or ") + std::string(dtype_name(d));
   }
-  TWELL_FAIL(name, ": expected dtype ", names, ", got ", dtype_name(t.dtype));
+  throw Error(str(name, ": expected dtype ", names, ", got ", dtype_name(t.dtype)));
 }
 
 void check_device(const TensorView& t, Device expected, const char* name) {
-  TWELL_CHECK(t.device == expected, name, ": expected a ", expected == Device::cpu ? "host" : "device",
-              " tensor, got a ", t.device == Device::cpu ? "host" : "device", " tensor");
+  TWELL_REQUIRE(t.device == expected, name, ": expected a ", expected == Device::cpu ? "host" : "device",
+                " tensor, got a ", t.device == Device::cpu ? "host" : "device", " tensor");
 }
 
 void check_contiguous(const TensorView& t, const char* name) {
-  for (int64_t d : t.shape) TWELL_CHECK(d >= 0, name, ": negative dimension in shape ", shape_str(t.shape));
-  TWELL_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor of shape ", shape_str(t.shape));
+  for (int64_t d : t.shape) TWELL_REQUIRE(d >= 0, name, ": negative dimension in shape ", shape_str(t.shape));
+  TWELL_REQUIRE(t.is_contiguous(), name, ": expected a contiguous tensor of shape ", shape_str(t.shape));
 }
 
 void check_aligned(const TensorView& t, size_t alignment, const char* name) {
   auto addr = reinterpret_cast<uintptr_t>(t.data);
-  TWELL_CHECK(addr % alignment == 0, name, ": expected ", alignment, "-byte alignment, address is ",
-              addr % alignment, " bytes past a boundary");
+  TWELL_REQUIRE(addr % alignment == 0, name, ": expected ", alignment, "-byte alignment, address is ",
+                addr % alignment, " bytes past a boundary");
 }
 
 void Tensor::Free::operator()(void* p) const { std::free(p); }
@@ -141,7 +142,7 @@ Tensor::Tensor(DType t, Shape s) {
   size_t bytes = v.nbytes();
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded ? rounded : 64);
-  TWELL_CHECK(p, "out of host memory allocating ", bytes, " bytes");
+  TWELL_REQUIRE(p, "out of host memory allocating ", bytes, " bytes (", shape_str(v.shape), " ", dtype_name(t), ")");
   std::memset(p, 0, rounded ? rounded : 64);
   storage_.reset(p);
   v.data = p;

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <string>
 
+#include <sys/wait.h>
+
 #include "core/io_test_util.h"
 #include "model/llama_test_util.h"
 
@@ -118,7 +120,7 @@ TEST_F(CliModel, EvalWindowDefaultsToTheContextUpTo8192) {
   write_hf(long_ctx, c, random_hf_tensors(c, 13));
   const CliResult l = run_cli("eval " + long_ctx + " " + text + " --byte-tokenizer");
   ASSERT_EQ(l.status, 0) << l.out;
-  EXPECT_NE(l.out.find("150 tokens predicted in 1 windows of up to 8192,"), std::string::npos) << l.out;
+  EXPECT_NE(l.out.find("150 tokens predicted in 1 window of up to 8192,"), std::string::npos) << l.out;
   // Text that is not UTF-8 is evaluated byte for byte, with a note on where it stops being UTF-8.
   const std::string bytes = path("bytes.txt");
   std::ofstream(bytes) << "abc\xff\xfe" << std::string(40, 'a');
@@ -139,11 +141,21 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"bench ffn --backend cpu -M 4 -H 64 -I 256 --l1 0.1", "--l1 requires --train"},  // means nothing alone
       {"bench ffn --backnd cpu -M 4", "twell bench ffn: unknown option '--backnd' (did you mean --backend?)"},
       {"run . -p hi --zzzzzz", "twell run: unknown option '--zzzzzz'; see twell run --help"},
+      {"--bogus", "twell: unknown option '--bogus'; see twell --help"},
+      // Every command-line error in one form, exit status 1.
+      {"run .", "twell run: --prompt is required; see twell run --help"},
+      {"bench ffn --json ''", "twell bench ffn: --json: expected a file name, got an empty one"},
+      {"bench ffn --json -", "twell bench ffn: --json: expected a file name, got '-'"},
+      // Refused before the first case runs, in the options' own terms.
+      {"bench ffn --backend cpu -M 4 -H 64 -I 256 --train", "twell: error: --train needs the CUDA backend"},
+      {"bench ffn --backend cpu -M 99999999999 -H 64 -I 256", "-M 99999999999 -H 64 -I 256 needs at least 64000.0 GB"},
   };
   for (const auto& c : cases) {
     const CliResult r = run_cli(c.args, true);
-    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_EQ(WEXITSTATUS(r.status), 1) << c.args;
     EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << ": " << r.out;
+    EXPECT_EQ(r.out.find(".cpp:"), std::string::npos) << c.args << ": a source location in " << r.out;
+    EXPECT_EQ(r.out.find("checking against float64"), std::string::npos) << c.args << ": a case ran: " << r.out;
   }
 }
 

@@ -55,10 +55,11 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   CLI::Option* timing_option = ffn->add_option("--timing", *timing,
                   "gpu: each call is enqueued behind a kernel that holds the stream, so the CUDA events time the "
                   "GPU's work alone (nvbench's method; a model's host runs ahead like this); host: from an idle "
-                  "GPU, the host's launch work included. --train always times host")
+                  "GPU, the host's launch work included. --train always times host, and so does the CPU "
+                  "backend")
       ->check(CLI::IsMember({"gpu", "host"}))
       ->capture_default_str();
-  ffn->add_option("--json", *json_path, "write the JSON records here");
+  ffn->add_option("--json", *json_path, "write the JSON records here")->check(file_name());
   CLI::Option* energy = ffn->add_flag(
       "--energy", cfg->energy,
       "after timing a case, run each implementation back to back (twice, in order and in reverse) and read the "
@@ -85,11 +86,25 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     cfg->timing_given = timing_option->count() > 0;
     cfg->distributions.clear();
     for (const auto& d : *distributions) cfg->distributions.push_back(bench::distribution_from_name(d));
-    const auto records = bench::run_ffn_bench(*cfg, std::cerr);
+    std::vector<bench::BenchRecord> records, finished;
+    try {
+      records = bench::run_ffn_bench(*cfg, std::cerr, &finished);
+    } catch (const std::exception&) {
+      // A case failed to run: the cases done before it are not thrown away (table and JSON of
+      // those, said to be so), and the error follows.
+      if (finished.empty()) throw;
+      bench::print_table(finished, std::cout);
+      if (!json_path->empty()) {
+        bench::write_records(finished, *json_path);
+        std::cout << "wrote the " << finished.size() << " records of the cases done before the error to "
+                  << *json_path << "\n";
+      }
+      throw;
+    }
     bench::print_table(records, std::cout);
     save_records(records, *json_path);
     for (const auto& r : records)
-      TWELL_CHECK(r.correct, "case M=", r.M, " density=", r.density, " ", r.distribution, " impl ", r.impl,
+      TWELL_REQUIRE(r.correct, "case M=", r.M, " density=", r.density, " ", r.distribution, " impl ", r.impl,
                   " failed its correctness check: ", r.note);
   });
 
@@ -146,7 +161,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")
       ->check(seed_value())
       ->capture_default_str();
-  model->add_option("--json", *model_json, "write the JSON records here");
+  model->add_option("--json", *model_json, "write the JSON records here")->check(file_name());
   model->callback([=] {
     bench::check_records_path(*model_json);
     mcfg->command = command_line;

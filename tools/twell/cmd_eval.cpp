@@ -123,8 +123,9 @@ void register_eval(CLI::App& app) {
       progress.show(w + 1, line);  // redrawn on a terminal, a line each tenth of the way into a file
     }
     progress.finish();
-    std::printf("%s: %lld tokens predicted in %lld windows of up to %lld, mean NLL %.6f nats, perplexity %.4f\n",
-                file->c_str(), static_cast<long long>(predictions), static_cast<long long>(windows),
+    std::printf("%s: %lld token%s predicted in %lld window%s of up to %lld, mean NLL %.6f nats, perplexity %.4f\n",
+                file->c_str(), static_cast<long long>(predictions), predictions == 1 ? "" : "s",
+                static_cast<long long>(windows), windows == 1 ? "" : "s",
                 static_cast<long long>(ctx), nll_sum / predictions, std::exp(nll_sum / predictions));
     if (*sparsity) print_sparsity(layer_total, m.config());
   });

@@ -179,6 +179,8 @@ void run_inspect(const std::string& path, bool check_finite) {
     if (!all.empty()) throw Error(all + " (above)");
   };
   if (!check_finite) {
+    std::printf("finite: not scanned (the values were not read); --check-finite scans every float tensor, as "
+                "twell run and eval do when they load it\n");
     fail_if_any();
     return;
   }

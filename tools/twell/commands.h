@@ -29,6 +29,16 @@ inline CLI::Validator seed_value() {
       "UINT64");
 }
 
+// An output file's name: not empty, and not "-" (the records are not written to stdout).
+inline CLI::Validator file_name() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        if (value.empty()) return "expected a file name, got an empty one";
+        return value == "-" ? "expected a file name, got '-' (stdout is not supported)" : std::string();
+      },
+      "FILE");
+}
+
 // `command_line` is the full invocation, recorded in benchmark results.
 void register_bench(CLI::App& app, const std::string& command_line);
 void register_inspect(CLI::App& app);

@@ -80,16 +80,23 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ExtrasError& e) {
-    const std::string bad = unknown_option(app);
-    if (bad.empty()) return app.exit(e);
-    const std::string near = nearest_option(*level, bad);
-    const std::string hint = near.empty() ? "" : " (did you mean " + near + "?)";
-    std::fprintf(stderr, "%s: unknown option '%s'%s; see %s --help\n", path.c_str(), bad.c_str(), hint.c_str(),
-                 path.c_str());
-    return 1;
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // Every command-line error in one form, "twell run: <what>; see twell run --help", exit status
+    // 1 as for any other error. An unknown option is named first (CLI11 may report something else
+    // about it, e.g. "A subcommand is required" for `twell --bogus`), with the nearest real one.
+    const std::string bad = unknown_option(app);
+    if (!bad.empty()) {
+      const std::string near = nearest_option(*level, bad);
+      const std::string hint = near.empty() ? "" : " (did you mean " + near + "?)";
+      std::fprintf(stderr, "%s: unknown option '%s'%s; see %s --help\n", path.c_str(), bad.c_str(), hint.c_str(),
+                   path.c_str());
+      return 1;
+    }
+    std::string what = e.what();
+    while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+    std::fprintf(stderr, "%s: %s; see %s --help\n", path.c_str(), what.c_str(), path.c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "twell: error: %s\n", e.what());
     return 1;

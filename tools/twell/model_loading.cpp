@@ -81,8 +81,9 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
     std::fprintf(stderr, "note: %zu tensor%s in the checkpoint %s not used by the model: %s\n", w.unused.size(),
                  w.unused.size() == 1 ? "" : "s", w.unused.size() == 1 ? "is" : "are", names.c_str());
   }
-  std::fprintf(stderr, "loaded %s: %lld layers, hidden %lld, FFN %lld (%s), %lld heads / %lld KV heads, vocab %lld (%.1f s)\n",
-               dir.c_str(), static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
+  std::fprintf(stderr, "loaded %s: %lld layer%s, hidden %lld, FFN %lld (%s), %lld heads / %lld KV heads, vocab %lld (%.1f s)\n",
+               dir.c_str(), static_cast<long long>(c.num_hidden_layers), c.num_hidden_layers == 1 ? "" : "s",
+               static_cast<long long>(c.hidden_size),
                static_cast<long long>(c.intermediate_size), c.hidden_act.c_str(),
                static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
                static_cast<long long>(c.vocab_size),
@@ -94,13 +95,14 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
     co.max_context = gpu_context > 0 ? std::min(gpu_context, c.max_position_embeddings) : 0;
     co.kv_cache = gpu_kv_cache;
     auto dw = std::make_shared<cuda::LlamaCudaWeights>(cuda::LlamaCudaWeights::upload(w));
-    std::fprintf(stderr, "backend: %s (GPU), %.2f GB of weights, %s FFN\n", cuda::device_info().name.c_str(),
-                 dw->bytes() / 1e9, ffn.c_str());
+    std::fprintf(stderr, "backend: %s (GPU), %.2f GB of weights, %s FFN%s\n", cuda::device_info().name.c_str(),
+                 dw->bytes() / 1e9, ffn.c_str(), bf16_ffn ? " (--bf16-ffn: the GPU rounds to bf16 anyway)" : "");
     return std::make_unique<cuda::LlamaCuda>(std::move(dw), co);
   }
 #endif
-  std::fprintf(stderr, "backend: CPU reference%s\n",
-               ffn_option && ffn_option->count() ? " (--ffn picks the GPU's FFN; the CPU runs its reference FFN)" : "");
+  std::fprintf(stderr, "backend: CPU reference%s%s\n",
+               ffn_option && ffn_option->count() ? " (--ffn picks the GPU's FFN; the CPU runs its reference FFN)" : "",
+               bf16_ffn && c.hidden_act != "relu" ? " (--bf16-ffn rounds a ReLU FFN; this model's is not one)" : "");
   model::LlamaOptions mo;
   if (bf16_ffn) mo.relu_ffn = Precision::bf16;
   return std::make_unique<model::LlamaCpu>(std::move(w), mo);
