@@ -214,8 +214,10 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
         p.case_id = static_cast<int64_t>(case_no);
         const int64_t M = p.ffn.spec.M, H = p.ffn.spec.H, I = p.ffn.spec.I;
         if (backend->slow())
-          progress << "[" << case_no << "/" << n_cases << "] M=" << M << " density=" << p.density * 100 << "% "
-                   << p.distribution << ": checking against float64, then " << warmup << " + " << iters
+          progress << "[" << case_no << "/" << n_cases << "] M=" << M
+                   << (from_file ? std::string(" from ") + cfg.from_file
+                                 : str(" density=", p.density * 100, "% ", p.distribution))
+                   << ": checking against float64, then " << warmup << " + " << iters
                    << " runs of each implementation ..." << std::endl;
 
         // Reference: float64 FFN on sampled rows of token set 0.
