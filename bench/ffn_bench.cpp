@@ -138,17 +138,18 @@ static std::string format_gb(double bytes) {
   return os.str();
 }
 
-// The host memory a synthetic case needs at least (x, y and the output sample's rows are small
-// beside these): x [M, H] and the three weights [I, H] in bf16, and one [M, I] activation in bf16.
+// The host memory a synthetic case needs at least (the sampled rows are small beside these):
+// x [M, H] and the weights [I, H] in bf16, and on the CPU backend one [M, I] activation in bf16.
 // Checked against what the machine has free before the first case, so that a mistyped -M, -H or
 // -I fails at once with its numbers, not by the out-of-memory killer minutes later.
-static void check_host_memory(const FfnBenchConfig& cfg, const std::vector<int64_t>& tokens) {
+static void check_host_memory(const FfnBenchConfig& cfg, const std::vector<int64_t>& tokens, bool activations) {
   const double available = available_host_bytes();
   if (available <= 0) return;  // unknown here
   const double H = static_cast<double>(cfg.H), I = static_cast<double>(cfg.I);
   for (int64_t M : tokens) {
-    const double need = 2 * (static_cast<double>(M) * H + 3 * I * H + static_cast<double>(M) * I);
-    TWELL_REQUIRE(need <= available, "-M ", M, " -H ", cfg.H, " -I ", cfg.I, " needs at least ",
+    const double m = static_cast<double>(M);
+    const double need = 2 * (m * H + (cfg.gated ? 3 : 2) * I * H + (activations ? m * I : 0));
+    TWELL_REQUIRE(need <= available, "M = ", M, ", H = ", cfg.H, ", I = ", cfg.I, " (-M, -H, -I) needs at least ",
                   format_gb(need), " of host memory; ", format_gb(available), " is available");
   }
 }
@@ -189,7 +190,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
                   cfg.energy_seconds, " (the H200's energy counter moves every 100 ms)");
   }
 
-  if (!from_file) check_host_memory(cfg, tokens);
+  if (!from_file) check_host_memory(cfg, tokens, backend->activations_on_host());
 
   std::vector<BenchRecord> records;
   const size_t n_cases = from_file ? 1 : tokens.size() * densities.size() * distributions.size();

@@ -112,6 +112,8 @@ class FfnBackend {
   virtual int default_iters() const = 0;
   // Bytes of x per token set below which inputs are rotated (so that timed data is not cached).
   virtual size_t rotate_below_bytes() const = 0;
+  // Whether the case's [M, I] activations live in host memory (the CPU backend) or the device's.
+  virtual bool activations_on_host() const { return true; }
   // Whether a call depends on the calls before it (the GPU FFN dispatches on the previous call's
   // density): then each implementation runs once before its checked run, so that the check sees
   // the path the timed calls take.
@@ -120,8 +122,8 @@ class FfnBackend {
   virtual TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg) = 0;
   // The first runner is the dense baseline.
   virtual std::vector<FfnRunner> runners(const FfnProblem& p, const FfnBenchConfig& cfg) = 0;
-  // Forward + backward with upstream gradient dy [M, H] (bf16, host); the first is the dense baseline.
   virtual bool train_available() const { return false; }
+  // Forward + backward with upstream gradient dy [M, H] (bf16, host); the first is the dense baseline.
   virtual std::vector<FfnRunner> train_runners(const FfnProblem&, const FfnBenchConfig&, const Tensor& /*dy*/) {
     TWELL_FAIL("--train needs the CUDA backend (a Hopper GPU)");  // run_ffn_bench checks train_available first
   }

@@ -110,6 +110,7 @@ class CudaBackend : public FfnBackend {
   }
 
   bool train_available() const override { return true; }
+  bool activations_on_host() const override { return false; }
   std::vector<FfnRunner> train_runners(const FfnProblem& p, const FfnBenchConfig& cfg, const Tensor& dy_host) override {
     prepare(p, cfg);
     State* s = state_.get();

@@ -118,9 +118,9 @@ struct FfnForward::Impl {
     // to spill) with 32 bits: (slots + tile) a tile, ~1.125·I a token. So the format is sized for
     // the calls of up to sparse_rows tokens (~678K at I = 5632); larger calls run dense, whatever
     // max_tokens is (docs/perf.md, twenty-fifth session).
-    const TwellLayout full{s.max_tokens, s.ffn, o.tile, o.compression};
-    full.check();
-    const int64_t values_per_row = full.n_tiles() * (full.slots() + full.tile);
+    const TwellLayout row{1, s.ffn, o.tile, o.compression};
+    row.check();  // the tile and compression (at one row: no limit of max_tokens here)
+    const int64_t values_per_row = row.n_tiles() * (row.slots() + row.tile);
     const int64_t sparse_rows = std::min(s.max_tokens, ((int64_t{1} << 32) - 1) / values_per_row);
     act = TwellDeviceMatrix(TwellLayout{sparse_rows, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());

@@ -665,6 +665,18 @@ TEST(FfnForwardGpuEdges, TheFormatsIndexLimitIsJudgedPerCall) {
   DeviceTensor xb(DType::bf16, {big, H}), yb(DType::bf16, {big, H});
   cuda::fill_bytes(xb.view().data, xb.nbytes(), 0, nullptr);
   TWELL_CUDA_CHECK(cudaMemcpy(xb.view().data, p.x.view().data, p.x.nbytes(), cudaMemcpyDeviceToDevice));
+  const auto first_rows = [&] {  // y's first 300 rows, on the host
+    Tensor t = Tensor::of<bf16>({300, H});
+    TWELL_CUDA_CHECK(cudaMemcpy(t.ptr<bf16>(), yb.view().data, t.nbytes(), cudaMemcpyDeviceToHost));
+    return t;
+  };
+  // Exactly at the limit: sparse, and the first rows have the small object's bits.
+  TensorView x_limit = xb.view(), y_limit = yb.view();
+  x_limit.shape = {limit, H}, y_limit.shape = {limit, H};
+  cuda::fill_bytes(yb.view().data, yb.nbytes(), 0xff, nullptr);
+  large.forward(x_limit, p.w(), y_limit, nullptr);
+  EXPECT_EQ(large.last_path(), cuda::FfnPath::sparse);
+  EXPECT_TRUE(test::bit_equal(first_rows(), expect));
   cuda::fill_bytes(yb.view().data, yb.nbytes(), 0xff, nullptr);
   try {
     large.forward(xb, p.w(), yb, nullptr);
@@ -672,11 +684,6 @@ TEST(FfnForwardGpuEdges, TheFormatsIndexLimitIsJudgedPerCall) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("split the batch"), std::string::npos) << e.what();
   }
-  const auto first_rows = [&] {  // y's first 300 rows, on the host
-    Tensor t = Tensor::of<bf16>({300, H});
-    TWELL_CUDA_CHECK(cudaMemcpy(t.ptr<bf16>(), yb.view().data, t.nbytes(), cudaMemcpyDeviceToHost));
-    return t;
-  };
   const Tensor untouched = first_rows();
   int64_t written = 0;
   for (int64_t i = 0; i < 300 * H; ++i) written += !std::isnan(static_cast<float>(untouched.ptr<bf16>()[i]));

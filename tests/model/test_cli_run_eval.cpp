@@ -148,7 +148,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"bench ffn --json -", "twell bench ffn: --json: expected a file name, got '-'"},
       // Refused before the first case runs, in the options' own terms.
       {"bench ffn --backend cpu -M 4 -H 64 -I 256 --train", "twell: error: --train needs the CUDA backend"},
-      {"bench ffn --backend cpu -M 99999999999 -H 64 -I 256", "-M 99999999999 -H 64 -I 256 needs at least 64000.0 GB"},
+      {"bench ffn --backend cpu -M 99999999999 -H 64 -I 256", "M = 99999999999, H = 64, I = 256 (-M, -H, -I) needs at least 64000.0 GB"},
   };
   for (const auto& c : cases) {
     const CliResult r = run_cli(c.args, true);

@@ -93,11 +93,15 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       // A case failed to run: the cases done before it are not thrown away (table and JSON of
       // those, said to be so), and the error follows.
       if (finished.empty()) throw;
-      bench::print_table(finished, std::cout);
-      if (!json_path->empty()) {
-        bench::write_records(finished, *json_path);
-        std::cout << "wrote the " << finished.size() << " records of the cases done before the error to "
-                  << *json_path << "\n";
+      try {
+        bench::print_table(finished, std::cout);
+        if (!json_path->empty()) {
+          bench::write_records(finished, *json_path);
+          std::cout << "wrote the " << finished.size() << " records of the cases done before the error to "
+                    << *json_path << "\n";
+        }
+      } catch (const std::exception& e) {  // the case's error is the one to report
+        std::cerr << "could not save the finished cases: " << e.what() << "\n";
       }
       throw;
     }

@@ -15,8 +15,8 @@
 // Dense path: the gate GEMM (ReLU in its epilogue), the up GEMM, the product kernel, the down GEMM
 // (all cuBLASLt).
 // Shapes: H and I multiples of 64, any M up to max_tokens. The TwELL kernels take H up to 4096
-// and calls of fewer than 2^32 stored values, (1 + 1/compression)·I a token (~678K tokens at
-// I = 5632, tile 256, compression 8); for a call past that, observe and previous run the dense
+// and calls of fewer than 2^32 stored values, ceil(I / tile)·(tile + tile / compression) a token
+// (~678K tokens at I = 5632, tile 256, compression 8); for a call past that, observe and previous run the dense
 // path and always_sparse throws before anything is queued (sparse_supported says which).
 // Everything is enqueued on the caller's stream. An FfnForward owns its workspace, as a cuBLAS
 // handle does: calls on one object must be ordered (one stream, or events between streams), and
