@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cmath>
-#include <cstdlib>
 #include <vector>
 
 #include "cuda/cublaslt_gemm.h"
@@ -20,7 +19,6 @@ struct FfnForward::Impl {
   int sm_count = 0;
   size_t l2_bytes = 0;
   LtGemm gemm;
-  DeviceBuffer wd_packed, wd_base;  // EXPERIMENT (perf.md FFN item 40, TWELL_PACKED_DOWN=1)
   DeviceBuffer g;   // [max_tokens, I] bf16: ReLU'd gate output (non-gated: h)
   DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path (not training)
   DeviceBuffer h_dense;  // training: h of the dense path, apart from u
@@ -129,10 +127,6 @@ struct FfnForward::Impl {
     twell_unsupported = twell_ffn_sparse_unsupported(act.view(), s.hidden, s.ffn);
     if (s.gated && twell_unsupported.empty()) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
     row_nnz = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
-    if (const char* e = std::getenv("TWELL_PACKED_DOWN"); e && e[0] == '1') {  // EXPERIMENT: perf.md FFN item 40
-      wd_packed = DeviceBuffer(static_cast<size_t>(s.ffn * s.hidden) * 3 / 2);
-      wd_base = DeviceBuffer(static_cast<size_t>(s.ffn));
-    }
     if (fused_gate_supported()) {  // here, not on the first call: that may be inside graph capture
       GatePackArgs gp;
       gp.M = sparse_rows, gp.H = s.hidden, gp.I = s.ffn;
@@ -265,9 +259,6 @@ struct FfnForward::Impl {
   void run_sparse(int64_t M, const uint16_t* xp, const FfnWeights& w, uint16_t* yp, const ResidualNormOut& then,
                   cudaStream_t stream, bool fused = false, int64_t sample_slot = -1) {
     static_assert(sizeof(Counters) % 4 == 0);
-    if (wd_packed.bytes() > 0)
-      launch_pack_rows(static_cast<const uint16_t*>(w.wd.data), shape.ffn, shape.hidden, wd_packed.as<uint8_t>(),
-                       wd_base.as<uint8_t>(), stream);
     ZeroWords zero;  // one launch: the counters (the passes' among them), the backup's, the row counts
     zero.add(counters.get(), sizeof(Counters) / 4).add(act.view().n_backup, 1);
     if (fused) zero.add(row_nnz.get(), M);  // the fused gate adds to them; the pack kernel writes them
@@ -285,7 +276,6 @@ struct FfnForward::Impl {
     a.gated = shape.gated;
     a.precision = options.precision;
     a.then = then;
-    if (wd_packed.bytes() > 0) a.wd_packed = wd_packed.as<uint8_t>(), a.wd_base = wd_base.as<uint8_t>();
     if (fused) {
       GatePackArgs gp;
       gp.x = xp;

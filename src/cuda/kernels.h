@@ -137,16 +137,11 @@ struct SparseFfnArgs {
   Precision precision = Precision::bf16;
   ResidualNormOut then;
   PackReport report;       // made by the first pass, once the pack is done
-  const uint8_t* wd_packed = nullptr;  // EXPERIMENT (perf.md FFN item 40): launch_pack_rows's output
-  const uint8_t* wd_base = nullptr;
   // The first pass launched as a programmatic dependent of the kernel before it on the stream (the
   // fused gate). The down pass always is one of the up pass.
   bool dependent = false;
 };
 int64_t twell_u_size(const TwellDeviceView& act);
-// EXPERIMENT (perf.md FFN item 40): w [I, H] bf16 -> packed [I, 1.5 H] (12 bits a weight) and
-// base [I] (0xff: the row does not pack; the down pass reads it as bf16).
-void launch_pack_rows(const uint16_t* w, int64_t I, int64_t H, uint8_t* packed, uint8_t* base, cudaStream_t stream);
 // Why the TwELL up/down kernels (and the sparse backward) cannot take an activation laid out as
 // `act` with these H and I, or "" where they can: decided by the shape alone, before any launch.
 std::string twell_ffn_sparse_unsupported(const TwellDeviceView& act, int64_t H, int64_t I);

@@ -78,57 +78,7 @@ void launch_passes(const SparseFfnArgs& a, Params p, int sm_count, cudaStream_t 
     launch_down<kChunks, Aux::h_gated>(p, sm_count, a.M, stream, true);
 }
 
-// A warp a row of w [I, H] bf16 -> packed [I, 1.5 H] (low bytes, then nibbles: sign << 3 | upper
-// exponent bits - base) and base[j] (0xff where the row's upper exponent bits span more than 8
-// values: read as bf16).
-__global__ void pack_rows_kernel(const uint16_t* w, int64_t I, int64_t H, uint8_t* packed, uint8_t* base) {
-  const int lane = threadIdx.x % 32;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (j >= I) return;
-  const uint4* row = reinterpret_cast<const uint4*>(w + j * H);
-  uint32_t lo_e = 127, hi_e = 0;
-  for (int64_t c = lane; c < H / 8; c += 32) {
-    const uint4 v = __ldg(row + c);
-    const uint32_t q[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t e = (q[i] >> (16 * h + 8)) & 0x7fu;
-        lo_e = min(lo_e, e), hi_e = max(hi_e, e);
-      }
-  }
-  lo_e = __reduce_min_sync(0xffffffffu, lo_e), hi_e = __reduce_max_sync(0xffffffffu, hi_e);
-  const uint32_t b = hi_e >= 7 ? hi_e - 7 : 0;
-  const bool fit = lo_e >= b;
-  if (lane == 0) base[j] = fit ? static_cast<uint8_t>(b) : uint8_t{0xff};
-  if (!fit) return;
-  uint8_t* out = packed + j * (H * 3 / 2);
-  for (int64_t c = lane; c < H / 8; c += 32) {
-    const uint4 v = __ldg(row + c);
-    const uint32_t q[4] = {v.x, v.y, v.z, v.w};
-    uint32_t lo[2] = {}, nib = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t bits = (q[i] >> (16 * h)) & 0xffffu, k = 2 * i + h;
-        lo[k / 4] |= (bits & 0xffu) << (8 * (k % 4));
-        nib |= ((bits >> 15) << 3 | (((bits >> 8) & 0x7fu) - b)) << (4 * k);
-      }
-    *reinterpret_cast<uint2*>(out + c * 8) = make_uint2(lo[0], lo[1]);
-    *reinterpret_cast<uint32_t*>(out + H + c * 4) = nib;
-  }
-}
-
 }  // namespace
-
-void launch_pack_rows(const uint16_t* w, int64_t I, int64_t H, uint8_t* packed, uint8_t* base, cudaStream_t stream) {
-  TWELL_CHECK(H % 64 == 0, "pack_rows: H = ", H, " must be a multiple of 64");
-  if (I == 0) return;
-  pack_rows_kernel<<<static_cast<unsigned>((I + 7) / 8), 256, 0, stream>>>(w, I, H, packed, base);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-}
 
 int64_t twell_u_size(const TwellDeviceView& act) {
   return act.layout.slot_size() + act.backup_capacity * act.layout.tile;
@@ -157,7 +107,6 @@ void launch_twell_ffn_sparse(const SparseFfnArgs& a, int sm_count, cudaStream_t 
   if (a.M == 0) return launch_report(a.report, stream);
   Params p{a.act, a.x, a.wu, a.wd, a.u_vals, a.y, a.H, 0, list_cap_for(a.act.layout), nullptr, nullptr, a.rows};
   p.then = a.then;
-  p.wd_packed = a.wd_packed, p.wd_base = a.wd_base;
   const int64_t chunks = (a.H + 255) / 256;
   if (chunks <= 2) launch_passes<2>(a, p, sm_count, stream);
   else if (chunks <= 4) launch_passes<4>(a, p, sm_count, stream);

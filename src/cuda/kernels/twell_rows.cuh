@@ -46,10 +46,6 @@ struct Params {
   // The forward's down pass with Out::residual_norm: the residual add + RMSNorm in place of y.
   ResidualNormOut then;
   PackReport report;  // made by the pass (start_pass), where set
-  // EXPERIMENT (perf.md FFN item 40): Wd's rows packed to 12 bits a weight (launch_pack_rows),
-  // and each row's base upper-exponent bits (0xff: the row did not fit, read it as bf16).
-  const uint8_t* wd_packed = nullptr;
-  const uint8_t* wd_base = nullptr;
 };
 
 // Shared memory of warp w: ring [D][H] bf16, list col [cap] and aux [cap], D mbarriers.
@@ -314,12 +310,9 @@ __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, co
   auto issue = [&](uint32_t k) {
     if (lane == 0) {
       const uint16_t* src = kRows == 2 && k % 2 ? w2 : w;
-      const uint32_t j = static_cast<uint32_t>(s.col[k / kRows]);
-      if (kAux != Aux::dg_du && p.wd_packed && __ldg(p.wd_base + j) != 0xffu)
-        bulk_load(s.ring + issue_slot * row_bytes, p.wd_packed + int64_t{j} * (row_bytes / 4 * 3), row_bytes / 4 * 3,
-                  s.full + issue_slot, keep);
-      else  // 32-bit product: check_rows_args holds I * H below 2^32.
-        bulk_load(s.ring + issue_slot * row_bytes, src + j * (row_bytes / 2), row_bytes, s.full + issue_slot, keep);
+      // 32-bit product: check_rows_args holds I * H below 2^32.
+      bulk_load(s.ring + issue_slot * row_bytes, src + static_cast<uint32_t>(s.col[k / kRows]) * (row_bytes / 2),
+                row_bytes, s.full + issue_slot, keep);
     }
     issue_slot = issue_slot + 1 == D ? 0 : issue_slot + 1;
   };
@@ -330,8 +323,7 @@ __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, co
       for (; k_issue < len && k_issue < D; ++k_issue) issue(k_issue);
       for (uint32_t k = 0; k < len; ++k) {
         wait_parity(s.full + use_slot, use_parity);
-        use(s.aux[k / kRows], reinterpret_cast<const uint16_t*>(s.ring + use_slot * row_bytes), k % kRows,
-            s.col[k / kRows]);
+        use(s.aux[k / kRows], reinterpret_cast<const uint16_t*>(s.ring + use_slot * row_bytes), k % kRows);
         if (++use_slot == D) use_slot = 0, use_parity ^= 1u;
         __syncwarp();  // every lane is done with the slot before the TMA overwrites it
         if (k_issue < len) issue(k_issue++);
@@ -538,17 +530,6 @@ __device__ __forceinline__ void residual_norm_row(const Params& p, int64_t row, 
   }
 }
 
-// EXPERIMENT (item 40): 8 weights of a packed row back to bf16 pairs: lo = their low bytes, nib =
-// their nibbles (sign, upper exponent bits less the row's base), base4 = the base in every byte.
-__device__ __forceinline__ uint4 unpack_row8(uint2 lo, uint32_t nib, uint32_t base4) {
-  const uint32_t even = nib & 0x0f0f0f0fu, odd = (nib >> 4) & 0x0f0f0f0fu;
-  const uint32_t he = ((even & 0x07070707u) + base4) | ((even & 0x08080808u) << 4);
-  const uint32_t ho = ((odd & 0x07070707u) + base4) | ((odd & 0x08080808u) << 4);
-  const uint32_t h03 = __byte_perm(he, ho, 0x5140u), h47 = __byte_perm(he, ho, 0x7362u);
-  return make_uint4(__byte_perm(lo.x, h03, 0x5140u), __byte_perm(lo.x, h03, 0x7362u), __byte_perm(lo.y, h47, 0x5140u),
-                    __byte_perm(lo.y, h47, 0x7362u));
-}
-
 // Accumulate pass (SpMM): out[m] = Σ_j a[m, j] · W[j] over the active set, ascending j, with W = wd
 // and a = the entry's aux value (h in the forward). The backward's dx (Aux::dg_du, W = wd holding
 // Wg): out[m] = Σ_j (dg·Wg[j] + du·Wu[j]), one f32 sum in the order dg·Wg[j0], du·Wu[j0], dg·Wg[j1], ...
@@ -564,22 +545,9 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
   warp_loop<kAux, kRows>(
       p, p.wd, kRows == 2 ? p.wu : nullptr, s, false, kAux == Aux::h_gated || kAux == Aux::h_gated_fp32, lane,
       [](int64_t) {},
-      [&](uint32_t a_bits, const uint16_t* w, int which, int32_t j) {
+      [&](uint32_t a_bits, const uint16_t* w, int which) {
         const float a = kRows == 1 ? __uint_as_float(a_bits)
                                    : bf16_bits_to_float(static_cast<uint16_t>(which ? a_bits >> 16 : a_bits & 0xffffu));
-        if constexpr (kAux != Aux::dg_du) {
-          const uint32_t b = p.wd_packed ? __ldg(p.wd_base + j) : 0xffu;
-          if (b != 0xffu) {  // packed: low bytes [H], then nibbles [H / 2]
-            const char* row = reinterpret_cast<const char*>(w);
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c)
-              if (c * 256 + lane * 8 < p.H)
-                fma8(acc[c], a,
-                     unpack_row8(*reinterpret_cast<const uint2*>(row + c * 256 + lane * 8),
-                                 *reinterpret_cast<const uint32_t*>(row + p.H + c * 128 + lane * 4), b * 0x01010101u));
-            return;
-          }
-        }
         if (p.H == kChunks * 256) {  // every chunk whole: no test and branch around each (4 instructions)
 #pragma unroll
           for (int c = 0; c < kChunks; ++c) fma8(acc[c], a, *reinterpret_cast<const uint4*>(w + c * 256 + lane * 8));
