@@ -139,8 +139,11 @@ struct FfnForward::Impl {
       int64_t partial = 0;
       for (int64_t m = 1; m <= gather_tokens; ++m) partial = std::max(partial, m * gather_splits(m) * s.hidden);
       gather_partial = DeviceBuffer(static_cast<size_t>(partial) * 4);
-      if (o.one_token_kernel && decode_ffn_supported(s.hidden, s.ffn)) decode = DecodeFfn(s.hidden, s.ffn, sm_count);
     }
+    // The one-token kernel uses none of the gather path's buffers and takes shapes it does not
+    // (I past 12288), so it goes with gather_max_tokens >= 1 wherever its own kernel takes the shape.
+    if (o.one_token_kernel && o.gather_max_tokens >= 1 && decode_ffn_supported(s.hidden, s.ffn))
+      decode = DecodeFfn(s.hidden, s.ffn, sm_count);
     counters = DeviceBuffer(sizeof(Counters));
     TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
     const auto n_slots = static_cast<size_t>(o.dispatch_slots);
@@ -548,7 +551,7 @@ struct FfnForward::Impl {
 
   int64_t sparse_rows() const { return act.layout().rows; }
   bool sparse_supported(int64_t M) const {
-    return M <= gather_tokens || (twell_unsupported.empty() && M <= sparse_rows());
+    return (M == 1 && !decode.empty()) || M <= gather_tokens || (twell_unsupported.empty() && M <= sparse_rows());
   }
   // Why a call of M tokens has no sparse path (sparse_supported(M) is false).
   std::string sparse_problem(int64_t M) const {
@@ -571,7 +574,7 @@ struct FfnForward::Impl {
     // One token: the one-kernel decode FFN reads the gate's weights and then only the active rows
     // of Wu and Wd, never more than the dense path reads (H200, H = 2048, I = 5632: 0.018 against
     // 0.031 ms at every density measured, 0.5% to 50%), so dispatch takes it whatever the density.
-    const bool one_token = M == 1 && M <= gather_tokens && !decode.empty();
+    const bool one_token = M == 1 && !decode.empty();
     // A non-gated FFN's multi-token kernels take h from the packed bf16 activation; only the
     // one-token kernel keeps relu(x·Wu) in fp32.
     TWELL_CHECK(shape.gated || options.precision != Precision::h_fp32 || M == 0 || one_token,

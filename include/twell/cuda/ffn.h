@@ -105,7 +105,8 @@ struct FfnOptions {
   // same g; the two GEMMs add in different orders, so a value may differ by one bf16 rounding and
   // one within rounding of 0 may be active in one and not the other).
   bool fused_gate = true;
-  // One-token calls (M = 1: always_sparse, or observe/previous outside training) run the one-kernel decode FFN,
+  // One-token calls (M = 1: always_sparse, or observe/previous outside training; gather_max_tokens
+  // >= 1) run the one-kernel decode FFN,
   // whose partial-sum buffers (~2 MB at H = 2048, I = 5632) this object then holds. false: the
   // gather path's kernels, no such buffers (for a caller that runs one-token FFNs itself, as the
   // model's decode step does).
@@ -113,6 +114,10 @@ struct FfnOptions {
   // The dense path of one token runs its gate (with the ReLU) and up products through twell's
   // GEMV (launch_decode_gemv, weights copied while the kernel before runs) where the shape allows;
   // false: cuBLASLt, as for more tokens (A/B).
+  // Both one-token kernels (this GEMV and one_token_kernel's) start copying their weights while
+  // the kernel before them on the stream still runs, as programmatic dependents. So a kernel that
+  // writes the weights just before forward() must not trigger its dependents early
+  // (cudaTriggerProgrammaticLaunchCompletion); ordinary kernels and copies complete first.
   bool one_token_gemv = true;
   // The backward's dW pass works in column slices of this many columns, one after another, so
   // that the slice's columns of x and dy stay in L2 (each row is read once per active neuron of

@@ -27,8 +27,9 @@ __device__ __forceinline__ uint32_t relu2(uint32_t a) {
   return lo | hi;
 }
 
-__global__ void mul_bf16_kernel(const uint4* __restrict__ g, const uint4* u, uint4* out, int64_t n_vec) {
-  // out may be u (in place): each element is read before it is written, by the same thread.
+__global__ void mul_bf16_kernel(const uint4* g, const uint4* u, uint4* out, int64_t n_vec) {
+  // out may be g or u (in place): each element is read before it is written, by the same thread,
+  // so none of them is __restrict__.
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * kThreads) {
     const uint4 a = g[i], b = u[i];
     out[i] = make_uint4(mul2(a.x, b.x), mul2(a.y, b.y), mul2(a.z, b.z), mul2(a.w, b.w));

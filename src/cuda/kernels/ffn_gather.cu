@@ -377,7 +377,7 @@ bool gather_supports(int64_t H, int64_t I) {  // x in registers; one range of ne
 
 void launch_ffn_gather(const GatherArgs& a, cudaStream_t stream) {
   TWELL_CHECK(gather_supports(a.H, a.I), "FFN gather path: H = ", a.H, " and I = ", a.I,
-              " must be multiples of 8 with H <= 4096");
+              " must be multiples of 8 with H <= 4096 and I <= 12288");
   if (a.M == 0) return;
   const int splits = gather_splits(a.M);
   const int64_t R = range_of(a.I, splits);

@@ -180,8 +180,9 @@ __global__ void rope_kv_kernel(const RopeKvArgs a) {
   for (int j = threadIdx.x; j < kv_dim / 8; j += blockDim.x) vc[j] = v[j];
 }
 
-__global__ void silu_mul_kernel(const uint16_t* __restrict__ g, const uint16_t* __restrict__ u,
-                                uint16_t* __restrict__ out, int64_t n) {
+// out may be g (in place): each element is read before it is written, by the same thread, so
+// neither is __restrict__.
+__global__ void silu_mul_kernel(const uint16_t* g, const uint16_t* __restrict__ u, uint16_t* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const float gv = bf16_bits_to_float(g[i]);
     // silu rounded to bf16, then the product rounded: as a bf16 PyTorch `act_fn(g) * u`.
