@@ -159,8 +159,6 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
   check_config(cfg);
   std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, progress);
   TWELL_REQUIRE(!cfg.train || backend->train_available(), "--train needs the CUDA backend (a Hopper GPU)");
-  TWELL_REQUIRE(!cfg.train || cfg.gated || !cfg.from_file.empty(),
-                "--train: only the gated FFN has a backward so far; drop --non-gated");
   // Each case once, in the order given (-M 16 -M 16 is one case, and so for -d and --distribution).
   auto once = [](auto values) {
     auto end = values.begin();

@@ -120,8 +120,7 @@ struct FfnForward::Impl {
     // max_tokens is (docs/perf.md, twenty-fifth session).
     const TwellLayout row{1, s.ffn, o.tile, o.compression};
     row.check();  // the tile and compression (at one row: no limit of max_tokens here)
-    const int64_t values_per_row = row.n_tiles() * (row.slots() + row.tile);
-    const int64_t sparse_rows = std::min(s.max_tokens, ((int64_t{1} << 32) - 1) / values_per_row);
+    const int64_t sparse_rows = std::min(s.max_tokens, ((int64_t{1} << 32) - 1) / values_per_row(row));
     act = TwellDeviceMatrix(TwellLayout{sparse_rows, s.ffn, o.tile, o.compression});
     check_twell_pack(act.layout());
     twell_unsupported = twell_ffn_sparse_unsupported(act.view(), s.hidden, s.ffn);
@@ -549,6 +548,8 @@ struct FfnForward::Impl {
                          shape.hidden, 1, 0, fused.eps, stream);
   }
 
+  // TwELL values a token stores with room for every tile to spill: a tile's slots, then its backup.
+  static int64_t values_per_row(const TwellLayout& l) { return l.n_tiles() * (l.slots() + l.tile); }
   int64_t sparse_rows() const { return act.layout().rows; }
   bool sparse_supported(int64_t M) const {
     return (M == 1 && !decode.empty()) || M <= gather_tokens || (twell_unsupported.empty() && M <= sparse_rows());
@@ -557,7 +558,7 @@ struct FfnForward::Impl {
   std::string sparse_problem(int64_t M) const {
     if (!twell_unsupported.empty()) return twell_unsupported;
     const TwellLayout& l = act.layout();
-    return str("a call of ", M, " tokens would store ", M * l.n_tiles() * (l.slots() + l.tile),
+    return str("a call of ", M, " tokens would store ", M * values_per_row(l),
                " TwELL values, past the kernels' 32-bit indexing: at I = ", l.cols, " they take at most ",
                sparse_rows(), " tokens a call; split the batch");
   }

@@ -9,11 +9,11 @@
 namespace twell::cli {
 namespace {
 
-// --json: the records to `path` (nothing when empty), and a line saying so.
-void save_records(const std::vector<bench::BenchRecord>& records, const std::string& path) {
+// --json: the records to `path` (nothing when empty), and a line saying so (`which` qualifies them).
+void save_records(const std::vector<bench::BenchRecord>& records, const std::string& path, const char* which = "") {
   if (path.empty()) return;
   bench::write_records(records, path);
-  std::cout << "wrote " << records.size() << " records to " << path << "\n";
+  std::cout << "wrote " << records.size() << " records" << which << " to " << path << "\n";
 }
 
 }  // namespace
@@ -86,20 +86,16 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     cfg->timing_given = timing_option->count() > 0;
     cfg->distributions.clear();
     for (const auto& d : *distributions) cfg->distributions.push_back(bench::distribution_from_name(d));
-    std::vector<bench::BenchRecord> records, finished;
+    std::vector<bench::BenchRecord> records;  // each case's, as soon as it is done
     try {
-      records = bench::run_ffn_bench(*cfg, std::cerr, &finished);
+      bench::run_ffn_bench(*cfg, std::cerr, &records);
     } catch (const std::exception&) {
       // A case failed to run: the cases done before it are not thrown away (table and JSON of
       // those, said to be so), and the error follows.
-      if (finished.empty()) throw;
+      if (records.empty()) throw;
       try {
-        bench::print_table(finished, std::cout);
-        if (!json_path->empty()) {
-          bench::write_records(finished, *json_path);
-          std::cout << "wrote the " << finished.size() << " records of the cases done before the error to "
-                    << *json_path << "\n";
-        }
+        bench::print_table(records, std::cout);
+        save_records(records, *json_path, " of the cases done before the error");
       } catch (const std::exception& e) {  // the case's error is the one to report
         std::cerr << "could not save the finished cases: " << e.what() << "\n";
       }
