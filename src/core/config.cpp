@@ -139,11 +139,6 @@ std::vector<int32_t> read_token_ids(const json& root, const char* key, const std
   return ids;
 }
 
-bool is_directory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 }  // namespace
 
 ModelConfig ModelConfig::from_json(const std::string& text, const std::string& source) {
@@ -277,8 +272,8 @@ void ModelConfig::validate(const std::string& source) const {
 }
 
 ModelConfig read_config(const std::string& path) {
-  const bool dir = is_directory(path);
-  const std::string file = dir ? path + "/config.json" : path;
+  const bool dir = detail::is_directory(path);
+  const std::string file = config_file(path);
   struct stat st;
   if (dir && ::stat(file.c_str(), &st) != 0 && errno == ENOENT)
     throw Error(str(path, ": not a model directory (no config.json)"));
@@ -297,8 +292,12 @@ ModelConfig read_config(const std::string& path) {
   return c;
 }
 
+std::string config_file(const std::string& path) {
+  return detail::is_directory(path) ? path + "/config.json" : path;
+}
+
 void write_config(const std::string& path, const ModelConfig& config) {
-  const std::string file = is_directory(path) ? path + "/config.json" : path;
+  const std::string file = config_file(path);
   config.validate(file);
   detail::write_file_atomically(file, config.to_json());
 }

@@ -1,6 +1,8 @@
 // Strict JSON parsing and message helpers (json_util.h).
 #include "json_util.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -62,6 +64,11 @@ std::string printable(const std::string& s, size_t max_len) {
     }
   }
   return out;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 std::string read_text_file(const std::string& path) {

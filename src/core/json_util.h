@@ -19,4 +19,7 @@ std::string printable(const std::string& s, size_t max_len = 200);
 // The whole file as a string; throws "<path>: cannot read: <reason>".
 std::string read_text_file(const std::string& path);
 
+// Whether `path` names an existing directory (following links).
+bool is_directory(const std::string& path);
+
 }  // namespace twell::io::detail

@@ -201,11 +201,6 @@ std::string index_str(const Shape& shape, int64_t flat) {
   return shape_str(idx);
 }
 
-bool is_directory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 bool exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
@@ -438,7 +433,7 @@ void write_safetensors(const std::string& path,
 Checkpoint Checkpoint::open(const std::string& path) {
   if (!exists(path)) fail(path, str("cannot open: ", std::strerror(errno)));
   std::string file = path;
-  if (is_directory(path)) {
+  if (detail::is_directory(path)) {
     if (exists(path + "/model.safetensors.index.json")) {
       file = path + "/model.safetensors.index.json";
     } else if (exists(path + "/model.safetensors")) {

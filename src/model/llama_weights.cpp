@@ -122,13 +122,14 @@ Tensor transpose(const Tensor& t) {
 
 namespace {
 
-// LlamaWeights::check, given the config's expected tensors (load needs them too).
+// LlamaWeights::check, given the config's expected tensors (load needs them too). `source` names
+// the config in messages: its file where it came from one.
 std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::ModelConfig& config,
-                                       const std::vector<Expected>& expected) {
-  config.validate("config");
+                                       const std::vector<Expected>& expected, const std::string& source) {
+  config.validate(source);
   if (config.hidden_act != "relu" && config.hidden_act != "silu")
-    throw Error(
-        str("config: hidden_act must be \"relu\" or \"silu\", got \"", config.hidden_act, "\""));
+    throw Error(str(source, ": hidden_act \"", config.hidden_act,
+                    "\" is not supported by the Llama runtime (it runs \"relu\" and \"silu\")"));
   for (const Expected& e : expected) check_tensor(ckpt, e, config.tie_word_embeddings);
   return unused_tensors(ckpt, expected, config);
 }
@@ -136,17 +137,20 @@ std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::Mod
 }  // namespace
 
 std::vector<std::string> LlamaWeights::check(const io::Checkpoint& ckpt, const io::ModelConfig& config) {
-  return check_against(ckpt, config, expected_tensors(config));
+  return check_against(ckpt, config, expected_tensors(config), "config");
 }
 
-LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
-                                const LlamaLoadOptions& options) {
+namespace {
+
+// LlamaWeights::load, with `source` naming the config in messages.
+LlamaWeights load_weights(const io::Checkpoint& ckpt, const io::ModelConfig& config, const LlamaLoadOptions& options,
+                          const std::string& source) {
   if (options.dtype != DType::f32 && options.dtype != DType::bf16)
     throw Error(str("LlamaWeights::load: storage dtype must be f32 or bf16, got ",
                     dtype_name(options.dtype)));
   // Validate everything first, so a bad checkpoint fails fast and names its first bad tensor.
   const std::vector<Expected> expected = expected_tensors(config);
-  std::vector<std::string> unused = check_against(ckpt, config, expected);
+  std::vector<std::string> unused = check_against(ckpt, config, expected, source);
   if (options.check_finite)
     for (const Expected& e : expected) ckpt.check_finite(e.name);
 
@@ -173,9 +177,16 @@ LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfi
   return w;
 }
 
+}  // namespace
+
+LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
+                                const LlamaLoadOptions& options) {
+  return load_weights(ckpt, config, options, "config");
+}
+
 LlamaWeights LlamaWeights::load_dir(const std::string& dir, const LlamaLoadOptions& options) {
   const io::ModelConfig config = io::read_config(dir);
-  return load(io::Checkpoint::open(dir), config, options);
+  return load_weights(io::Checkpoint::open(dir), config, options, io::config_file(dir));
 }
 
 }  // namespace twell::model

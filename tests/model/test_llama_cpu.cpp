@@ -368,7 +368,8 @@ TEST_F(LlamaLoadErrors, UnusedTensorsAreListed) {
 TEST_F(LlamaLoadErrors, UnsupportedActivation) {
   c.hidden_act = "gelu";
   write_hf(dir_, c, hf);
-  expect_error([&] { load(); }, {"hidden_act", "gelu"});
+  // The message names the file to fix.
+  expect_error([&] { load(); }, {dir_ + "/config.json: hidden_act \"gelu\"", "relu", "silu"});
 }
 
 TEST_F(LlamaCpuTest, BadTokensAndPositionsAreRejected) {

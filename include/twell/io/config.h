@@ -92,6 +92,8 @@ Acc RopeScaling::scale(Acc inv_freq) const {
   return (Acc(1) - smooth) * scaled / f + smooth * scaled;
 }
 
+// The config file a model path names: `path` itself, or `path`/config.json where it is a directory.
+std::string config_file(const std::string& path);
 // `path` is a config.json or a directory that holds one (and then also generation_config.json,
 // whose eos_token_id is added to eos_token_ids).
 ModelConfig read_config(const std::string& path);
