@@ -6,7 +6,8 @@
 // channel 0 of the residual stream is a constant (embedding column 0; o_proj and down_proj never
 // write it), so after RMSNorm it acts as a per-token constant input, and column 0 of each gate
 // matrix holds a per-neuron threshold calibrated layer by layer on a sample of tokens so that each
-// neuron fires with probability `density`.
+// neuron fires with probability `density` on other tokens. The records' non-zeros per token are
+// those measured on the timed tokens (the prefill's, and decode's at batch 1).
 //
 // Correctness first: the GPU model (twell FFN forced sparse, and dense) against the CPU backend
 // on the same weights for a short sequence; then the full-size prefill of the two GPU FFN modes

@@ -1,0 +1,41 @@
+// `twell bench model` on the GPU at a small shape: every record checked, and the records' non-zeros
+// per token are those of the timed tokens, at the density the gates were calibrated to.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "gpu_test.h"
+#include "model_bench.h"
+
+namespace twell {
+namespace {
+
+TEST(BenchModel, ASmallModelIsCheckedTimedAndAsSparseAsAsked) {
+  TWELL_REQUIRE_HOPPER();
+  bench::ModelBenchConfig cfg;
+  cfg.layers = 4, cfg.hidden = 512, cfg.ffn = 2048, cfg.heads = 8, cfg.kv_heads = 8, cfg.vocab = 4096;
+  cfg.batch = 8, cfg.seq = 512;
+  cfg.decode_batches = {1};
+  cfg.context = 64, cfg.steps = 4;
+  cfg.warmup = 1, cfg.iters = 3;
+  cfg.density = 0.01;  // ~20 non-zeros per token
+  std::ostringstream progress;
+  const std::vector<bench::BenchRecord> records = bench::run_model_bench(cfg, progress);
+  ASSERT_EQ(records.size(), 4u) << progress.str();  // prefill and decode, dense and twell each
+  const double asked = cfg.density * static_cast<double>(cfg.ffn);
+  for (const bench::BenchRecord& r : records) {
+    SCOPED_TRACE(r.bench + " " + r.impl + ": " + r.note);
+    EXPECT_TRUE(r.correct);
+    EXPECT_GT(r.ms_median, 0);
+    EXPECT_EQ(r.layers, cfg.layers);
+    // Measured on the timed tokens (the prefill's 4096, or 16 decode tokens): the calibration's
+    // thresholds hold on tokens it did not see. The decode figure is 16 tokens' mean, so noisier.
+    const double tolerance = r.bench == "model_prefill" ? 0.10 : 0.30;
+    EXPECT_NEAR(r.nnz_per_token_mean, asked, tolerance * asked);
+    EXPECT_GE(static_cast<double>(r.nnz_per_token_max), r.nnz_per_token_mean);
+  }
+  EXPECT_NE(progress.str().find("measured non-zeros per token"), std::string::npos) << progress.str();
+}
+
+}  // namespace
+}  // namespace twell
