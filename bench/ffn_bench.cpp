@@ -118,6 +118,17 @@ static void check_config(const FfnBenchConfig& cfg) {
   TWELL_REQUIRE(cfg.compression >= 1 && cfg.tile % cfg.compression == 0,
                 "--compression must be at least 1 and divide --tile (", cfg.tile, "), got ", cfg.compression);
   TWELL_REQUIRE(std::isfinite(cfg.l1) && cfg.l1 >= 0, "--l1 must be finite and >= 0, got ", cfg.l1);
+  if (cfg.from_file.empty())
+    for (const Distribution dist : cfg.distributions) {
+      const double most = max_synthetic_density({1, cfg.H, cfg.I, 0, dist, cfg.gated, cfg.seed});
+      char most_text[32];
+      std::snprintf(most_text, sizeof most_text, "%.4f", std::floor(most * 1e4) / 1e4);
+      for (double d : cfg.densities)
+        TWELL_REQUIRE(d <= most || d == 1, "-d ", d, " is more than --distribution ", distribution_name(dist),
+                      " gives at -I ", cfg.I, ": at most ", most_text,
+                      " (30% of its neurons never fire, the others at most 95% of the time), or 1; use "
+                      "--distribution uniform for denser cases");
+    }
 }
 
 // MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read.

@@ -32,6 +32,8 @@ double normal_quantile(double q) {
 
 // Tokens of `skewed` with a heat shift, and the range of the shift (standard deviations).
 constexpr double kHotTokens = 0.02, kHeatMin = 1.0, kHeatMax = 1.5;
+// skewed: the share of neurons that never fire, and the rate the others' are clipped at.
+constexpr double kDeadNeurons = 0.3, kMaxRate = 0.95;
 
 // Expected non-zeros per token over all tokens: (1 - kHotTokens)·Σ p_j for the tokens without heat,
 // and for the hot ones Σ Φ(heat - z_j), z_j = Φ⁻¹(1 - p_j), averaged over heat uniform in
@@ -52,19 +54,33 @@ static double expected_nnz(const std::vector<double>& p) {
   return (1 - kHotTokens) * base + kHotTokens * heated;
 }
 
+// skewed: each neuron's relative rate r_j, 0 for the dead ones (the first draws of the spec's seed).
+static std::vector<double> skewed_relative_rates(int64_t I, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> unit(0, 1);
+  std::lognormal_distribution<double> rate(0.0, 1.0);
+  std::vector<double> r(static_cast<size_t>(I));
+  for (auto& v : r) v = unit(rng) < kDeadNeurons ? 0.0 : rate(rng);
+  return r;
+}
+
+double max_synthetic_density(const SyntheticSpec& s) {
+  if (s.distribution == Distribution::uniform || s.I < 1) return 1;
+  std::mt19937_64 rng(s.seed);
+  std::vector<double> p = skewed_relative_rates(s.I, rng);
+  for (double& v : p) v = v > 0 ? kMaxRate : 0.0;
+  return expected_nnz(p) / static_cast<double>(s.I);
+}
+
 static std::vector<double> firing_rates(const SyntheticSpec& s, std::mt19937_64& rng) {
   TWELL_REQUIRE(s.density >= 0 && s.density <= 1, "density must be in [0, 1], got ", s.density);
   std::vector<double> p(static_cast<size_t>(s.I), s.density);
   if (s.distribution == Distribution::uniform || s.density == 0 || s.density == 1) return p;
-  std::uniform_real_distribution<double> unit(0, 1);
-  std::lognormal_distribution<double> rate(0.0, 1.0);
-  std::vector<double> r(p.size());
-  for (auto& v : r) v = unit(rng) < 0.3 ? 0.0 : rate(rng);
-  // Rates scale · r_j, clipped at 0.95, with the scale that makes the expected non-zeros per token
+  const std::vector<double> r = skewed_relative_rates(s.I, rng);
+  // Rates scale · r_j, clipped at kMaxRate, with the scale that makes the expected non-zeros per token
   // over all tokens, the hot ones included, density · I (bisection on the scale; the count grows
   // with it). Where even the largest scale falls short (densities near 1), the largest is used.
   auto rates = [&](double scale) {
-    for (size_t j = 0; j < p.size(); ++j) p[j] = std::min(0.95, scale * r[j]);
+    for (size_t j = 0; j < p.size(); ++j) p[j] = std::min(kMaxRate, scale * r[j]);
   };
   double sum_r = 0;
   for (double v : r) sum_r += v;

@@ -192,6 +192,11 @@ TEST(BenchFfn, EveryCaseIsCheckedBeforeAnyRuns) {
   refused([](bench::FfnBenchConfig& c) { c.tile = 0; }, "--tile must be in [1, 65536], got 0");
   refused([](bench::FfnBenchConfig& c) { c.compression = 3; }, "--compression must be at least 1 and divide --tile");
   refused([](bench::FfnBenchConfig& c) { c.l1 = -1; }, "--l1 must be finite and >= 0");
+  // A density the skewed problem cannot give (its dead neurons cap it near 66%), not run at less.
+  refused([](bench::FfnBenchConfig& c) {
+    c.densities = {0.01, 0.9};
+    c.distributions = {bench::Distribution::uniform, bench::Distribution::skewed};
+  }, "-d 0.9 is more than --distribution skewed gives at -I 320: at most 0.6");
   // --timing gpu asked for on the CPU backend, which times on the host: said, not recorded as host.
   refused([](bench::FfnBenchConfig& c) { c.timing_given = true; }, "--timing gpu: this backend times every call");
 }
@@ -264,6 +269,24 @@ TEST(BenchModel, BadArgumentsFailFirst) {
 // The synthetic activations' density is the mean over all tokens, hot ones included
 // (shared/BENCHMARKS.md: non-zeros per token / I), and `skewed` keeps its shape: dead neurons, and
 // hot tokens with 10-20x the mean count.
+// The skewed problem's ceiling: its live neurons all at the clipped rate, hot tokens included; what
+// the problem then gives is that, not more (and uniform has none below 1).
+TEST(BenchSynthetic, SkewedDensityHasACeiling) {
+  const bench::SyntheticSpec uniform{64, 256, 1024, 0, bench::Distribution::uniform, true, 5};
+  EXPECT_EQ(bench::max_synthetic_density(uniform), 1.0);
+  bench::SyntheticSpec skewed = uniform;
+  skewed.distribution = bench::Distribution::skewed;
+  const double most = bench::max_synthetic_density(skewed);
+  EXPECT_GT(most, 0.6);
+  EXPECT_LT(most, 0.72);  // 70% live x 95%, a little more from the hot tokens
+  skewed.density = 0.99;  // asked past the ceiling: make_synthetic_ffn gives the ceiling's rates
+  const bench::SyntheticFfn f = bench::make_synthetic_ffn(skewed);
+  double mean_rate = 0;
+  for (double p : f.fire_prob) mean_rate += p / static_cast<double>(f.fire_prob.size());
+  EXPECT_LE(mean_rate, most);
+  EXPECT_GT(mean_rate, 0.6);
+}
+
 TEST(BenchSynthetic, DensityIsTheMeanOverAllTokens) {
   const int64_t M = 2048, H = 256, I = 1024;
   for (const auto dist : {bench::Distribution::uniform, bench::Distribution::skewed}) {
