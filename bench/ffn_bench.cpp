@@ -7,10 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <iomanip>
-#include <numeric>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
 #include <ostream>
+#include <random>
 #include <sstream>
 
 #include "core/atomic_file.h"
@@ -118,17 +119,22 @@ static void check_config(const FfnBenchConfig& cfg) {
   TWELL_REQUIRE(cfg.compression >= 1 && cfg.tile % cfg.compression == 0,
                 "--compression must be at least 1 and divide --tile (", cfg.tile, "), got ", cfg.compression);
   TWELL_REQUIRE(std::isfinite(cfg.l1) && cfg.l1 >= 0, "--l1 must be finite and >= 0, got ", cfg.l1);
-  if (cfg.from_file.empty())
-    for (const Distribution dist : cfg.distributions) {
-      const double most = max_synthetic_density({1, cfg.H, cfg.I, 0, dist, cfg.gated, cfg.seed});
-      char most_text[32];
-      std::snprintf(most_text, sizeof most_text, "%.4f", std::floor(most * 1e4) / 1e4);
-      for (double d : cfg.densities)
-        TWELL_REQUIRE(d <= most || d == 1, "-d ", d, " is more than --distribution ", distribution_name(dist),
-                      " gives at -I ", cfg.I, ": at most ", most_text,
-                      " (30% of its neurons never fire, the others at most 95% of the time), or 1; use "
-                      "--distribution uniform for denser cases");
-    }
+}
+
+// Densities a synthetic distribution cannot give (skewed's dead neurons cap it; the cap is lower at
+// a small -I), checked for the densities the run will use, the backend's defaults included.
+static void check_densities_reachable(const FfnBenchConfig& cfg, const std::vector<double>& densities,
+                                      const std::vector<Distribution>& distributions) {
+  for (const Distribution dist : distributions) {
+    const double most = max_synthetic_density({1, cfg.H, cfg.I, 0, dist, cfg.gated, cfg.seed});
+    char most_text[32];
+    std::snprintf(most_text, sizeof most_text, "%.4f", std::floor(most * 1e4) / 1e4);
+    for (double d : densities)
+      TWELL_REQUIRE(d <= most || d == 1, "-d ", d, " is more than --distribution ", distribution_name(dist),
+                    " gives at -I ", cfg.I, ": at most ", most_text,
+                    " (30% of its neurons never fire, the others at most 95% of the time), or 1; use "
+                    "--distribution uniform for denser cases");
+  }
 }
 
 // MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read.
@@ -168,7 +174,10 @@ static void check_host_memory(const FfnBenchConfig& cfg, const std::vector<int64
 std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress,
                                        std::vector<BenchRecord>* finished) {
   check_config(cfg);
-  std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, progress);
+  // What the backend says of itself is shown once the options are known to be good: an error
+  // alone on stderr otherwise.
+  std::ostringstream backend_notes;
+  std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, backend_notes);
   TWELL_REQUIRE(!cfg.train || backend->train_available(), "--train needs the CUDA backend (a Hopper GPU)");
   // Each case once, in the order given (-M 16 -M 16 is one case, and so for -d and --distribution).
   auto once = [](auto values) {
@@ -192,6 +201,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
                 "backend");
   TWELL_REQUIRE(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
               "--from takes M, H, I and the density from the file; drop -M and -d");
+  if (!from_file) check_densities_reachable(cfg, densities, distributions);
   if (cfg.energy) {
     std::string why;
     TWELL_REQUIRE(backend->energy_available(&why), "--energy: ", why);
@@ -200,13 +210,16 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
   }
 
   if (!from_file) check_host_memory(cfg, tokens, backend->activations_on_host());
+  std::optional<FfnProblem> given;  // --from's tensors, read and checked before anything is said
+  if (from_file) given = load_problem(cfg.from_file);
+  progress << backend_notes.str();
 
   std::vector<BenchRecord> records;
   const size_t n_cases = from_file ? 1 : tokens.size() * densities.size() * distributions.size();
   for (size_t case_no = 1; case_no <= n_cases; ++case_no) {
         FfnProblem p;
         if (from_file) {
-          p = load_problem(cfg.from_file);
+          p = std::move(*given);
         } else {
           const size_t c = case_no - 1, n_dist = distributions.size(), n_dens = densities.size();
           const Distribution dist = distributions[c % n_dist];

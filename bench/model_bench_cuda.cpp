@@ -224,7 +224,8 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
     std::sort(sorted.begin(), sorted.end());
     cal.token_p99 = std::max<double>(cal.token_p99, sorted[static_cast<size_t>(0.99 * (tokens - 1))]);
     cal.token_max = std::max<double>(cal.token_max, sorted.back());
-    cal.first_token_max = std::max<double>(cal.first_token_max, counts[0]);
+    for (int64_t q = 0; q < sequences; ++q)  // each sequence's position 0
+      cal.first_token_max = std::max<double>(cal.first_token_max, counts[static_cast<size_t>(q * length)]);
     steps.step(layer + 1);
   };
   {

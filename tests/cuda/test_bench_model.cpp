@@ -14,7 +14,7 @@ TEST(BenchModel, ASmallModelIsCheckedTimedAndAsSparseAsAsked) {
   TWELL_REQUIRE_HOPPER();
   bench::ModelBenchConfig cfg;
   cfg.layers = 4, cfg.hidden = 512, cfg.ffn = 2048, cfg.heads = 8, cfg.kv_heads = 8, cfg.vocab = 4096;
-  cfg.batch = 8, cfg.seq = 512;
+  cfg.batch = 16, cfg.seq = 512;  // 8192 tokens: FfnOptions::sparse_min_tokens, so the sparse path runs
   cfg.decode_batches = {1};
   cfg.context = 64, cfg.steps = 4;
   cfg.warmup = 1, cfg.iters = 3;
@@ -28,13 +28,14 @@ TEST(BenchModel, ASmallModelIsCheckedTimedAndAsSparseAsAsked) {
     EXPECT_TRUE(r.correct);
     EXPECT_GT(r.ms_median, 0);
     EXPECT_EQ(r.layers, cfg.layers);
-    // Measured on the timed tokens (the prefill's 4096, or 16 decode tokens): the calibration's
+    // Measured on the timed tokens (the prefill's 8192, or 16 decode tokens): the calibration's
     // thresholds hold on tokens it did not see. The decode figure is 16 tokens' mean, so noisier.
     const double tolerance = r.bench == "model_prefill" ? 0.10 : 0.30;
     EXPECT_NEAR(r.nnz_per_token_mean, asked, tolerance * asked);
-    EXPECT_GE(static_cast<double>(r.nnz_per_token_max), r.nnz_per_token_mean);
   }
-  EXPECT_NE(progress.str().find("measured non-zeros per token"), std::string::npos) << progress.str();
+  // The prefill's figure is its own count, taken on the sparse path in every layer.
+  EXPECT_NE(progress.str().find("sparse path in 4/4 layers"), std::string::npos) << progress.str();
+  EXPECT_NE(progress.str().find("4 layers counted"), std::string::npos) << progress.str();
 }
 
 }  // namespace
