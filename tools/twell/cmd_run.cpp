@@ -22,13 +22,24 @@ void register_run(CLI::App& app) {
       ->check(at_least(0))
       ->capture_default_str();
   run->add_option("--temperature", sampling->temperature, "0 = greedy")->capture_default_str();
-  run->add_option("--top-k", sampling->top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
-  run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")->capture_default_str();
-  run->add_option("--seed", sampling->seed, "sampling seed")->check(seed_value())->capture_default_str();
+  // Options that shape sampling only, so that a greedy run can say it ignored them.
+  const std::vector<CLI::Option*> sampling_only = {
+      run->add_option("--top-k", sampling->top_k, "sample from the k most likely tokens (0 = all)")
+          ->capture_default_str(),
+      run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")->capture_default_str(),
+      run->add_option("--seed", sampling->seed, "sampling seed")->check(seed_value())->capture_default_str()};
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
 
   run->callback([=] {
     sampling->check();  // before the load, which can take a while
+    if (sampling->temperature == 0) {
+      std::string ignored;
+      for (const CLI::Option* o : sampling_only)
+        if (o->count() > 0) ignored += (ignored.empty() ? "" : ", ") + o->get_name();
+      if (!ignored.empty())
+        std::fprintf(stderr, "note: %s only shape%s sampling; at --temperature 0 the run is greedy (argmax)\n",
+                     ignored.c_str(), ignored.find(',') == std::string::npos ? "s" : "");
+    }
     const io::ModelConfig config = io::read_config(args->dir);
     const auto tok = args->load_tokenizer(config);
     std::vector<int32_t> ids;
@@ -75,12 +86,22 @@ void register_run(CLI::App& app) {
       throw;
     }
     std::cout << std::endl;  // flushed before the summary on stderr, which may share a terminal or a pipe
+    if (g.reason == model::StopReason::stop_token) {
+      // Its name where the tokenizer has a short printable one ("</s>", "<|eot_id|>"), else the id alone.
+      std::string name = tok->id_to_token(g.tokens.back());
+      const bool plain = !name.empty() && name.size() <= 40 &&
+                         std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+      name = plain ? " " + name : "";
+      std::fprintf(stderr, "(stopped: end-of-sequence token %d%s; --no-stop generates past it)\n", g.tokens.back(),
+                   name.c_str());
+    }
     if (g.reason == model::StopReason::context_full)
       std::fprintf(stderr, "(stopped: the context of %lld positions is full)\n",
                    static_cast<long long>(model->cached_tokens()));
     const int64_t generated = static_cast<int64_t>(g.tokens.size());
-    std::fprintf(stderr, "prompt %zu tokens in %.3f s; generated %lld tokens in %.3f s (%.1f tokens/s)\n", ids.size(),
-                 g.prefill_seconds, static_cast<long long>(generated), g.decode_seconds,
+    std::fprintf(stderr, "prompt %zu token%s in %.3f s; generated %lld token%s in %.3f s (%.1f tokens/s)\n", ids.size(),
+                 ids.size() == 1 ? "" : "s", g.prefill_seconds, static_cast<long long>(generated),
+                 generated == 1 ? "" : "s", g.decode_seconds,
                  g.decode_seconds > 0 ? generated / g.decode_seconds : 0.0);
   });
 }
