@@ -534,6 +534,15 @@ TEST_F(InspectCli, FailsCleanlyOnCorruptedHeader) {
   write_file(path("model.safetensors"), bytes);
   expect_clean_failure(inspect("'" + path("model.safetensors") + "'"), "not valid JSON");
   expect_clean_failure(inspect("'" + path("absent") + "'"), "absent");
+  // A file that is no checkpoint is said alone, before any config line; a JSON file names its folder.
+  write_file(path("config.json"), "{}");
+  const CliResult json = inspect("'" + path("config.json") + "'");
+  expect_clean_failure(json, "config.json is a JSON file, not a checkpoint: give its directory (" + dir_ + ")");
+  EXPECT_TRUE(json.out.empty()) << json.out;
+  write_file(path("notes.txt"), "just some text, long enough to be read as a header length");
+  const CliResult text = inspect("'" + path("notes.txt") + "'");
+  expect_clean_failure(text, "notes.txt: not a safetensors file");
+  EXPECT_TRUE(text.out.empty()) << text.out;
 }
 
 TEST_F(InspectCli, CheckFiniteReportsNaN) {

@@ -99,6 +99,16 @@ bool print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
 void run_inspect(const std::string& path, bool check_finite) {
   struct stat st;
   TWELL_REQUIRE(::stat(path.c_str(), &st) == 0, path, ": no such file or directory");
+  const auto ends_with = [&](const std::string& tail) {
+    return path.size() >= tail.size() && path.compare(path.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const size_t slash = path.find_last_of('/');
+  TWELL_REQUIRE(S_ISDIR(st.st_mode) || !ends_with(".json") || ends_with(".index.json"), path,
+                " is a JSON file, not a checkpoint: give its directory (",
+                slash == std::string::npos ? std::string(".") : path.substr(0, slash),
+                "), a .safetensors file or a sharded checkpoint's .index.json");
+  // The tensors first: a file that is no checkpoint is said alone, before any config or tokenizer line.
+  const io::Checkpoint ckpt = io::Checkpoint::open(path);
   const std::string config_dir = find_config_dir(path);
   std::unique_ptr<io::ModelConfig> config;
   std::vector<std::string> problems;  // the error exit's reasons, once everything is printed
@@ -136,7 +146,6 @@ void run_inspect(const std::string& path, bool check_finite) {
     }
   }
 
-  const io::Checkpoint ckpt = io::Checkpoint::open(path);
   std::printf("checkpoint: %s (%zu file%s)\n", path.c_str(), ckpt.files().size(),
               ckpt.files().size() == 1 ? "" : "s");
   for (const auto& [key, value] : ckpt.metadata())
