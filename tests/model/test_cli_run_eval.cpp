@@ -170,6 +170,13 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"--bogus", "twell: unknown option '--bogus'; see twell --help"},
       // Every command-line error in one form, exit status 1.
       {"run .", "twell run: --prompt is required; see twell run --help"},
+      {"", "twell: a command is required: bench, inspect, run, eval; see twell --help"},
+      {"bench", "twell bench: a command is required: ffn, model; see twell bench --help"},
+      {"run . -p a -p b", "twell run: --prompt is given more than once; see twell run --help"},
+      {"eval . no-such-file.txt", "twell eval: file: no such file: no-such-file.txt; see twell eval --help"},
+      {"eval . /", "twell eval: file: expected a file, got the directory /; see twell eval --help"},
+      // The CPU backend's banner comes only once the options are good: an error is said alone.
+      {"bench ffn --backend cpu --from no-such.safetensors", "twell: error: no-such.safetensors: cannot open"},
       {"bench ffn --json ''", "twell bench ffn: --json: expected a file name, got an empty one"},
       {"bench ffn --json -", "twell bench ffn: --json: expected a file name, got '-'"},
       // Refused before the first case runs, in the options' own terms.
@@ -182,6 +189,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
     EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << ": " << r.out;
     EXPECT_EQ(r.out.find(".cpp:"), std::string::npos) << c.args << ": a source location in " << r.out;
     EXPECT_EQ(r.out.find("checking against float64"), std::string::npos) << c.args << ": a case ran: " << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c.args << ": more than the error: " << r.out;
   }
 }
 

@@ -44,7 +44,7 @@ void register_eval(CLI::App& app) {
   auto sparsity = std::make_shared<bool>(false);
   args->add_to(eval);
   eval->add_flag("--sparsity", *sparsity, "also print each layer's FFN activation sparsity (ReLU models, CPU backend)");
-  eval->add_option("file", *file, "text file (UTF-8)")->required()->check(CLI::ExistingFile);
+  eval->add_option("file", *file, "text file (UTF-8)")->required()->check(existing_file());
   eval->add_option("--context", *context,
                    "tokens per window (default: max_position_embeddings, at most 8192: a window's logits are "
                    "4·window·vocab bytes); windows do not overlap, so each window's first token is context, "

@@ -39,6 +39,17 @@ inline CLI::Validator file_name() {
       "FILE");
 }
 
+// An input file that exists and is not a directory, said plainly ("file: no such file: x.txt").
+inline CLI::Validator existing_file() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        if (CLI::ExistingFile(path).empty()) return {};
+        return CLI::ExistingDirectory(path).empty() ? "expected a file, got the directory " + path
+                                                    : "no such file: " + path;
+      },
+      "FILE");
+}
+
 // `command_line` is the full invocation, recorded in benchmark results.
 void register_bench(CLI::App& app, const std::string& command_line);
 void register_inspect(CLI::App& app);

@@ -95,6 +95,14 @@ int main(int argc, char** argv) {
     }
     std::string what = e.what();
     while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+    // CLI11's own phrasings, in ours.
+    if (what == "A subcommand is required") {
+      std::string names;
+      for (const CLI::App* s : level->get_subcommands({})) names += (names.empty() ? "" : ", ") + s->get_name();
+      what = "a command is required: " + names;
+    }
+    const size_t at_most = what.find(": At Most 1 required but received ");
+    if (at_most != std::string::npos) what = what.substr(0, at_most) + " is given more than once";
     std::fprintf(stderr, "%s: %s; see %s --help\n", path.c_str(), what.c_str(), path.c_str());
     return 1;
   } catch (const std::exception& e) {
