@@ -135,10 +135,10 @@ void run_inspect(const std::string& path, bool check_finite) {
     } else {
       try {
         const std::unique_ptr<model::Tokenizer> tok = model::load_tokenizer(path);
+        if (config) check_tokenizer_fits(*tok, *config);  // one line either way: this, or the refusal
         std::printf("tokenizer: %lld ids%s%s\n", static_cast<long long>(tok->vocab_size()),
                     tok->bos_to_add() ? ", adds BOS " : ", no BOS added",
                     tok->bos_to_add() ? std::to_string(*tok->bos_to_add()).c_str() : "");
-        if (config) check_tokenizer_fits(*tok, *config);
       } catch (const Error& e) {
         std::printf("tokenizer: refused: %s\n", e.what());
         problems.push_back("twell run and twell eval refuse its tokenizer");
