@@ -34,11 +34,7 @@ namespace twell::cuda::sm90 {
 
 using ElementAB = cutlass::bfloat16_t;
 using StrideCD = cutlass::gemm::TagToStrideC_t<cutlass::layout::RowMajor>;
-// Experiment (FFN item 41): TWELL_GEMM_COOPERATIVE=1 runs both warpgroups on one 128 x 256 tile.
-#ifndef TWELL_GEMM_COOPERATIVE
-#define TWELL_GEMM_COOPERATIVE 0
-#endif
-constexpr int kTileM = TWELL_GEMM_COOPERATIVE ? 128 : 64, kTileN = 256;
+constexpr int kTileM = 64, kTileN = 256;
 
 template <class ParamsT>
 struct RegisterEpilogue {
@@ -88,8 +84,7 @@ struct PingPongGemm {
       cutlass::layout::ColumnMajor, 8, float, cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>,
       cute::Shape<cute::_2, cute::_1, cute::_1>,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      std::conditional_t<TWELL_GEMM_COOPERATIVE != 0, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                         cutlass::gemm::KernelTmaWarpSpecializedPingpong>>::CollectiveOp;
+      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
