@@ -148,11 +148,19 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   return t;
 }
 
+// Non-zeros per token a layer of the tokens a record's runs took: the mean over layers and the
+// largest layer's mean. Measured on those tokens where the bench counts them, else the
+// calibration sample's.
+struct LayerNnz {
+  double mean = 0, max = 0;
+};
+
 struct Calibration {
   std::vector<double> density;  // per layer, on the calibration sample
   double mean_nnz = 0, max_layer_nnz = 0;
   double token_p99 = 0, token_max = 0;  // per-token counts, the largest over layers
   double first_token_max = 0;           // position 0 (attends to itself only)
+  LayerNnz sample_nnz() const { return {mean_nnz, max_layer_nnz}; }
 };
 
 // Layer by layer on `sequences` random sequences of `length` tokens (n in all): s = a·Wgᵀ without
@@ -186,11 +194,11 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
     const cuda::LlamaCudaLayer& l = w->layers[static_cast<size_t>(layer)];
     gemm.run(l.wg.view().data, in.data, s_dev.get(), I, tokens, H, true, cuda::GemmEpilogue::none, stream);
     TWELL_CUDA_CHECK(cudaMemcpyAsync(s.data(), s_dev.get(), s.size() * 2, cudaMemcpyDeviceToHost, stream));
-    TWELL_CUDA_CHECK(cudaMemcpy2DAsync(a0.data(), 2, in.data, static_cast<size_t>(H) * 2, 2, static_cast<size_t>(tokens),
-                                       cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaMemcpy2DAsync(a0.data(), 2, in.data, static_cast<size_t>(H) * 2, 2,
+                                       static_cast<size_t>(tokens), cudaMemcpyDeviceToHost, stream));
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const auto k = static_cast<size_t>(
-        std::clamp<double>(std::round(density * static_cast<double>(tokens + 1)) - 1, 0, static_cast<double>(tokens - 1)));
+    const double n = static_cast<double>(tokens);
+    const auto k = static_cast<size_t>(std::clamp<double>(std::round(density * (n + 1)) - 1, 0, n - 1));
     std::vector<int64_t> fired(8, 0);
     std::vector<std::vector<int32_t>> per_token(8, std::vector<int32_t>(static_cast<size_t>(tokens), 0));
     auto work = [&](int part) {
@@ -231,7 +239,8 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
   {
     const std::vector<int32_t> all = random_tokens(tokens, c.vocab_size, seed);
     std::vector<std::vector<int32_t>> prompts;
-    for (int64_t q = 0; q < sequences; ++q) prompts.emplace_back(all.begin() + q * length, all.begin() + (q + 1) * length);
+    for (int64_t q = 0; q < sequences; ++q)
+      prompts.emplace_back(all.begin() + q * length, all.begin() + (q + 1) * length);
     LlamaCuda m(w, o);
     m.prefill_batch(prompts);
   }
@@ -243,7 +252,8 @@ Calibration calibrate(const std::shared_ptr<LlamaCudaWeights>& w, double density
   char line[160];
   steps.finish();
   std::snprintf(line, sizeof line,
-                "calibrated %zu layers on %lld x %lld tokens: %.1f non-zeros per token there (max layer %.1f), %.1f s\n",
+                "calibrated %zu layers on %lld x %lld tokens: %.1f non-zeros per token there (max layer %.1f), "
+                "%.1f s\n",
                 cal.density.size(), static_cast<long long>(sequences), static_cast<long long>(length), cal.mean_nnz,
                 cal.max_layer_nnz, seconds_since(t0));
   progress << line;
@@ -387,13 +397,6 @@ struct Timing {
   MeterReading meter;          // summed over the prefill runs or the decode energy stretches
   double stretch_step_ms = 0;  // decode: a step of the energy stretches (sampler running), against the timed
   double median() const { return median_of(ms); }
-};
-
-// Non-zeros per token a layer of the tokens a record's runs took: the mean over layers and the
-// largest layer's mean. Measured on those tokens where the bench counts them, else the
-// calibration sample's.
-struct LayerNnz {
-  double mean = 0, max = 0;
 };
 
 // One record; `err` and `dense_err` are the CPU check's relative errors of this implementation
@@ -549,7 +552,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   // The twell FFN's measured non-zeros per token, layer by layer (a separate, untimed run: the
   // count waits for each layer).
   std::string measured;
-  LayerNnz nnz{cal.mean_nnz, cal.max_layer_nnz};
+  LayerNnz nnz = cal.sample_nnz();
   {
     LlamaCudaOptions so = o;
     so.record_ffn_stats = true;
@@ -703,7 +706,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   }
   // How dense the decode token is, layer by layer (batch element 0; for batch 1 only).
   std::string active;
-  LayerNnz step_nnz{cal.mean_nnz, cal.max_layer_nnz};
+  LayerNnz step_nnz = cal.sample_nnz();
   if (B == 1) {
     const std::vector<double> nnz = decode_token_nnz(w, cfg, 16);
     double mean = 0, lo = 1e300, hi = 0;
@@ -725,7 +728,8 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   const double dense_ms = timing[0].median();
   for (int k = 0; k < n_models; ++k) {
     BenchRecord r = record("model_decode", names[k], cfg, B, timing[k], double(B),
-                           w->bytes() + models[k]->workspace_bytes(), step_nnz, dense_ms, check.decode_dense, cpu_err[k]);
+                           w->bytes() + models[k]->workspace_bytes(), step_nnz, dense_ms, check.decode_dense,
+                           cpu_err[k]);
     char gpu[96];
     std::snprintf(gpu, sizeof gpu, "; GPU %.3f ms/step", median_of(gpu_ms[k]));
     r.note = "batch " + std::to_string(B) + ", context " + std::to_string(cfg.context) +

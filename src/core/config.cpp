@@ -272,8 +272,8 @@ void ModelConfig::validate(const std::string& source) const {
 }
 
 ModelConfig read_config(const std::string& path) {
-  const bool dir = detail::is_directory(path);
   const std::string file = config_file(path);
+  const bool dir = file != path;
   struct stat st;
   if (dir && ::stat(file.c_str(), &st) != 0 && errno == ENOENT)
     throw Error(str(path, ": not a model directory (no config.json)"));

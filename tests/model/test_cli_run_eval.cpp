@@ -62,15 +62,16 @@ TEST_F(CliModel, RunStopsAtTheContextLength) {
 // A greedy run says which sampling options it ignored, and a run that ends at an end-of-sequence
 // token says so.
 TEST_F(CliModel, RunSaysWhatItIgnoredAndWhyItStopped) {
-  const CliResult greedy = run_cli("run " + dir_ + " --byte-tokenizer --no-stop -p 'hello' -n 1 --top-p 0.5 --seed 3", true);
+  const std::string hello = "run " + dir_ + " --byte-tokenizer --no-stop -p 'hello' -n 1";
+  const CliResult greedy = run_cli(hello + " --top-p 0.5 --seed 3", true);
   ASSERT_EQ(greedy.status, 0) << greedy.out;
   EXPECT_NE(greedy.out.find("note: --top-p, --seed only shape sampling; at --temperature 0 the run is greedy"),
             std::string::npos) << greedy.out;
-  const CliResult sampled = run_cli("run " + dir_ + " --byte-tokenizer --no-stop -p 'hello' -n 1 --temperature 0.5 --seed 3", true);
+  const CliResult sampled = run_cli(hello + " --temperature 0.5 --seed 3", true);
   EXPECT_EQ(sampled.out.find("note:"), std::string::npos) << sampled.out;
 
   // The greedy first token (a byte) made the config's end-of-sequence id: the run stops there.
-  const CliResult first = run_cli("run " + dir_ + " --byte-tokenizer --no-stop -p 'hello' -n 1");
+  const CliResult first = run_cli(hello);
   ASSERT_EQ(first.status, 0);
   ASSERT_EQ(first.out.rfind("hello", 0), 0u) << first.out;
   const std::string continuation = first.out.substr(5, first.out.size() - 6);  // less the newline
@@ -81,7 +82,8 @@ TEST_F(CliModel, RunSaysWhatItIgnoredAndWhyItStopped) {
   io::write_config(dir_, c);
   const CliResult stopped = run_cli("run " + dir_ + " --byte-tokenizer -p 'hello' -n 5", true);
   ASSERT_EQ(stopped.status, 0) << stopped.out;
-  EXPECT_NE(stopped.out.find("(stopped: end-of-sequence token " + std::to_string(id)), std::string::npos) << stopped.out;
+  EXPECT_NE(stopped.out.find("(stopped: end-of-sequence token " + std::to_string(id)), std::string::npos)
+      << stopped.out;
   EXPECT_NE(stopped.out.find("generated 1 token in"), std::string::npos) << stopped.out;
 }
 

@@ -30,15 +30,21 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+// The directory a file's path names ("." for a bare name, "/" for a file at the root).
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 // The directory holding config.json: PATH (a directory) or the directory of PATH (a file); "" if
 // it has none.
 std::string find_config_dir(const std::string& path) {
   struct stat st;
-  std::string dir = path;
-  if (!(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) {
-    const size_t slash = path.find_last_of('/');
-    dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
-  }
+  const std::string dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) ? path : parent_dir(path);
   return file_exists(dir + "/config.json") ? dir : "";
 }
 
@@ -99,13 +105,8 @@ bool print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
 void run_inspect(const std::string& path, bool check_finite) {
   struct stat st;
   TWELL_REQUIRE(::stat(path.c_str(), &st) == 0, path, ": no such file or directory");
-  const auto ends_with = [&](const std::string& tail) {
-    return path.size() >= tail.size() && path.compare(path.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  const size_t slash = path.find_last_of('/');
-  TWELL_REQUIRE(S_ISDIR(st.st_mode) || !ends_with(".json") || ends_with(".index.json"), path,
-                " is a JSON file, not a checkpoint: give its directory (",
-                slash == std::string::npos ? std::string(".") : path.substr(0, slash),
+  TWELL_REQUIRE(S_ISDIR(st.st_mode) || !ends_with(path, ".json") || ends_with(path, ".index.json"), path,
+                " is a JSON file, not a checkpoint: give its directory (", parent_dir(path),
                 "), a .safetensors file or a sharded checkpoint's .index.json");
   // The tensors first: a file that is no checkpoint is said alone, before any config or tokenizer line.
   const io::Checkpoint ckpt = io::Checkpoint::open(path);
@@ -178,7 +179,7 @@ void run_inspect(const std::string& path, bool check_finite) {
   // The whole checkpoint (a lone shard would miss tensors): a directory, an index, model.safetensors.
   const std::string base = path.substr(path.find_last_of('/') + 1);
   const bool whole = S_ISDIR(st.st_mode) || base == "model.safetensors" ||
-                     (base.size() > 11 && base.compare(base.size() - 11, 11, ".index.json") == 0);
+                     (base.size() > 11 && ends_with(base, ".index.json"));
   if (config && whole && !print_model_check(ckpt, *config))
     problems.push_back("twell run and twell eval refuse this checkpoint");
   auto fail_if_any = [&] {

@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
   // CLI11 would say "A subcommand is required" for a misspelt one (`twell bnech`, `twell bench ffm`).
   CLI::App* level = &app;
   std::string path = "twell";
+  const auto command_names = [&] {  // of `level`, for the messages
+    std::string names;
+    for (const CLI::App* s : level->get_subcommands({})) names += (names.empty() ? "" : ", ") + s->get_name();
+    return names;
+  };
   for (int i = 1; i < argc && argv[i][0] != '-' && !level->get_subcommands({}).empty(); ++i) {
     CLI::App* sub = nullptr;
     try {
@@ -69,10 +74,8 @@ int main(int argc, char** argv) {
     } catch (const CLI::OptionNotFound&) {
     }
     if (!sub) {
-      std::string names;
-      for (const CLI::App* s : level->get_subcommands({})) names += (names.empty() ? "" : ", ") + s->get_name();
       std::fprintf(stderr, "%s: unknown command '%s' (commands: %s; see %s --help)\n", path.c_str(), argv[i],
-                   names.c_str(), path.c_str());
+                   command_names().c_str(), path.c_str());
       return 1;
     }
     level = sub;
@@ -96,11 +99,7 @@ int main(int argc, char** argv) {
     std::string what = e.what();
     while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
     // CLI11's own phrasings, in ours.
-    if (what == "A subcommand is required") {
-      std::string names;
-      for (const CLI::App* s : level->get_subcommands({})) names += (names.empty() ? "" : ", ") + s->get_name();
-      what = "a command is required: " + names;
-    }
+    if (what == "A subcommand is required") what = "a command is required: " + command_names();
     const size_t at_most = what.find(": At Most 1 required but received ");
     if (at_most != std::string::npos) what = what.substr(0, at_most) + " is given more than once";
     std::fprintf(stderr, "%s: %s; see %s --help\n", path.c_str(), what.c_str(), path.c_str());

@@ -27,7 +27,9 @@ void ModelArgs::add_to(CLI::App* cmd) {
   cmd->add_flag("--bf16-ffn", bf16_ffn,
                 "CPU backend: round the ReLU FFN's g, u, h to bf16 as a bf16 model does (the GPU always does)");
   cmd->add_flag("--check-finite", force_check_finite, "refuse weights holding NaN or Inf (on by default)");
-  cmd->add_flag("--no-check-finite", skip_check_finite, "skip that scan of the weights (--check-finite wins); a NaN in an inactive neuron's rows then goes unseen");
+  cmd->add_flag("--no-check-finite", skip_check_finite,
+                "skip that scan of the weights (--check-finite wins); a NaN in an inactive neuron's rows then goes "
+                "unseen");
   cmd->add_option("--device,--backend", device, "cpu, cuda, or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
