@@ -352,6 +352,7 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, const 
     o.fused_decode_ffn = cfg.fused_decode_ffn;
     o.decode_gemv = cfg.decode_gemv;
     o.decode_attention_splits = cfg.decode_attention_splits;
+    o.ffn_options.tile = cfg.tile;
     auto m = std::make_unique<LlamaCuda>(w, o);
     Tensor logits;
     try {
@@ -460,6 +461,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   o.prefill_attention = attention_mode(cfg.attention);
   o.fused_qkv_rope = cfg.fused_qkv_rope;
   o.ffn_residual_norm = cfg.ffn_residual_norm;
+  o.ffn_options.tile = cfg.tile;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;
@@ -492,7 +494,8 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   const LlamaCuda::PrefillKernels kernels = twell.prefill_kernels();
   const std::string kernels_note =
       "attention: " + kernels.attention + (kernels.fused_qkv_rope ? "; QKV+RoPE fused" : "; QKV, RoPE unfused") +
-      (cfg.ffn_residual_norm ? "; the add + RMSNorm after the FFN in twell's down pass" : kSeparateFfnNormNote);
+      (cfg.ffn_residual_norm ? "; the add + RMSNorm after the FFN in twell's down pass" : kSeparateFfnNormNote) +
+      (cfg.tile != 256 ? "; TwELL tile " + std::to_string(cfg.tile) : std::string());
   progress << "  prefill " << kernels_note << "\n";
 
   // Full size, the attention and QKV kernels themselves (the CPU check's 16 tokens take neither
@@ -593,6 +596,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
     const LlamaCuda::PrefillKernels mk = models[k]->prefill_kernels();
     r.note = line + measured + "; attention: " + mk.attention + (mk.fused_qkv_rope ? "; QKV+RoPE fused" : "");
     if (!cfg.ffn_residual_norm) r.note += kSeparateFfnNormNote;
+    if (cfg.tile != 256) r.note += "; TwELL tile " + std::to_string(cfg.tile) + " (--tile)";
     if (attention_agreement >= 0) {
       std::snprintf(line, sizeof line,
                     " (dense model against twell's attention and the unfused QKV at full size: rel err %.2e)",
@@ -615,6 +619,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   o.decode_gemv = cfg.decode_gemv;
   o.decode_attention_splits = cfg.decode_attention_splits;
   o.ffn_residual_norm = cfg.ffn_residual_norm;
+  o.ffn_options.tile = cfg.tile;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;

@@ -253,7 +253,7 @@ struct FfnForward::Impl {
     return options.training ? options.training_dense_above_density : options.dense_above_density;
   }
 
-  bool fused_gate_supported() const { return options.fused_gate && options.tile == 256; }
+  bool fused_gate_supported() const { return options.fused_gate && gate_pack_supports_tile(options.tile); }
 
   // Packed activation and its statistics; the counts come back to the host asynchronously. With
   // `fused`, the gate is computed here by the fused gate+pack kernel (and, for sample_slot >= 0,

@@ -57,6 +57,8 @@ struct GatePackArgs {
   unsigned int* overflow = nullptr;
   RowCounts rows;
 };
+// The TwELL tile widths the fused gate+pack packs (its GEMM's N tile is one TwELL tile).
+bool gate_pack_supports_tile(int64_t tile);
 void check_gate_pack(const GatePackArgs& a);
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count);
 void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,

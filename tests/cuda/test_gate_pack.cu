@@ -4,8 +4,9 @@
 //   - those values are ReLU(x Wᵀ) within bf16 rounding of a float64 reference (a pre-activation
 //     within fp32 accumulation error of 0 may fall either side);
 //   - the row counts, the heavy-row list and the non-zero total agree with the matrix;
-// at M = 1, M not a multiple of the 64-row tile, a partial last TwELL tile (I % 256 ≠ 0), K not a
-// multiple of the 64-wide k-block, and densities from empty rows to every full tile spilled.
+// at both tile widths (256 and 176), at M = 1, M not a multiple of the GEMM's 64- or 128-row tile, a
+// partial last TwELL tile (I % T ≠ 0), K not a multiple of the 64-wide k-block, and densities from
+// empty rows to every full tile spilled.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,12 +30,13 @@ struct GateCase {
   double density;
   bool skewed;
   bool spills = false, heavy = false;  // the case must have spilled tiles / heavy rows (coverage)
+  int32_t tile = 256;                  // TwELL tile width: 256 (64 × 256 GEMM tiles) or 176 (128 × 176)
 };
 
 std::string case_name(const testing::TestParamInfo<GateCase>& info) {
   const auto& c = info.param;
   return str("M", c.M, "_H", c.H, "_I", c.I, "_d", static_cast<int>(std::lround(c.density * 1000)), "permille_",
-             c.skewed ? "skewed" : "uniform");
+             c.skewed ? "skewed" : "uniform", c.tile == 256 ? "" : str("_T", c.tile));
 }
 
 // What one fused launch produced, copied back.
@@ -101,16 +103,19 @@ TEST(GatePackGpu, NaNInXIsNotLost) {
       bench::make_synthetic_ffn({M, H, I, 0.02, bench::Distribution::uniform, true, 7});
   Tensor x = f.x.clone();
   x.ptr<bf16>()[nan_row * H + 3] = bf16(std::nanf(""));
-  const TwellLayout layout{M, I, 256, 8};
-  const GatePackResult r = run_gate_pack(x, f.wg, layout);
-  twell_validate(r.act);
-  Tensor g = Tensor::of<bf16>({M, I});
-  twell_unpack(r.act, g);
-  const auto* gp = g.view().ptr<bf16>();
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t i = 0; i < I; ++i)
-      ASSERT_EQ(std::isnan(float(gp[m * I + i])), m == nan_row) << "row " << m << " column " << i;
-  EXPECT_EQ(r.row_nnz[nan_row], static_cast<uint32_t>(I));
+  for (const int32_t tile : {256, 176}) {
+    SCOPED_TRACE(str("tile ", tile));
+    const TwellLayout layout{M, I, tile, 8};
+    const GatePackResult r = run_gate_pack(x, f.wg, layout);
+    twell_validate(r.act);
+    Tensor g = Tensor::of<bf16>({M, I});
+    twell_unpack(r.act, g);
+    const auto* gp = g.view().ptr<bf16>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t i = 0; i < I; ++i)
+        ASSERT_EQ(std::isnan(float(gp[m * I + i])), m == nan_row) << "row " << m << " column " << i;
+    EXPECT_EQ(r.row_nnz[nan_row], static_cast<uint32_t>(I));
+  }
 }
 
 TEST_P(GatePackGpu, PacksReluOfTheGateExactlyAsTheHostPacker) {
@@ -119,7 +124,7 @@ TEST_P(GatePackGpu, PacksReluOfTheGateExactlyAsTheHostPacker) {
   bench::SyntheticSpec spec{c.M, c.H, c.I, c.density,
                             c.skewed ? bench::Distribution::skewed : bench::Distribution::uniform, true, 7};
   const bench::SyntheticFfn f = bench::make_synthetic_ffn(spec);
-  const TwellLayout layout{c.M, c.I, 256, 8};
+  const TwellLayout layout{c.M, c.I, c.tile, 8};
   const GatePackResult r = run_gate_pack(f.x, f.wg, layout);
 
   twell_validate(r.act);
@@ -189,7 +194,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GatePackGpu,
                                          GateCase{77, 72, 1000, 0.02, false},  // K < 64 + 8, partial tile
                                          GateCase{129, 512, 5632, 0.1, true, true, true},  // some tiles spilled
                                          GateCase{200, 256, 776, 0.5, false, true, true},  // every full tile spilled
-                                         GateCase{130, 320, 512, 0.0, false}),             // empty rows
+                                         GateCase{130, 320, 512, 0.0, false},              // empty rows
+                                         // T = 176: 128-token GEMM tiles, so M = 1, M = 300 and
+                                         // M = 130 end mid-tile; I = 1000 and 776 end mid-TwELL-tile
+                                         GateCase{1, 2048, 5632, 0.005, false, false, false, 176},
+                                         GateCase{300, 512, 2112, 0.02, true, false, true, 176},
+                                         GateCase{77, 72, 1000, 0.02, false, false, false, 176},
+                                         GateCase{129, 512, 5632, 0.1, true, true, true, 176},
+                                         GateCase{200, 256, 776, 0.5, false, true, true, 176},
+                                         GateCase{130, 320, 528, 0.0, false, false, false, 176}),
                          case_name);
 
 TEST(GatePackGpu, RejectsWhatItCannotRun) {
@@ -198,8 +211,10 @@ TEST(GatePackGpu, RejectsWhatItCannotRun) {
   DeviceBuffer buf(1 << 16);
   a.x = a.w = buf.as<uint16_t>();
   a.M = 4, a.H = 64, a.I = 512;
-  a.act.layout = {4, 512, 128, 8};  // tile width 128: the epilogue packs 256-wide tiles
+  a.act.layout = {4, 512, 128, 8};  // tile width 128: the epilogue packs 256- or 176-wide tiles
   EXPECT_THROW(cuda::check_gate_pack(a), Error);
+  a.act.layout = {4, 512, 176, 8};
+  EXPECT_NO_THROW(cuda::check_gate_pack(a));
   a.act.layout = {4, 512, 256, 8};
   a.H = 60;  // rows not 16-byte multiples
   EXPECT_THROW(cuda::check_gate_pack(a), Error);

@@ -107,7 +107,7 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
   DeviceTensor wu = DeviceTensor::upload(f.wu), wd = DeviceTensor::upload(f.wd);
   const FfnWeights w{c.gated ? wg.view() : TensorView{}, wu.view(), wd.view()};
 
-  // always_sparse three times: TwELL with the fused gate+pack (tile 256) and with the cuBLASLt
+  // always_sparse three times: TwELL with the fused gate+pack (tile 256 or 176) and with the cuBLASLt
   // gate and the pack kernel, and the gather path (these cases have M <= 300). `previous` runs
   // twice: the first call samples g, the second decides on that (fused gate when sparse).
   struct Run {
@@ -152,7 +152,7 @@ TEST_P(FfnForwardGpu, MatchesCpuReferenceOnEveryPath) {
       EXPECT_EQ(act.nnz(), st.nnz);
       EXPECT_EQ(act.n_backup(), st.spilled_tiles);
     }
-    if (d == Dispatch::previous && st.path == cuda::FfnPath::sparse && c.tile == 256) {
+    if (d == Dispatch::previous && st.path == cuda::FfnPath::sparse && (c.tile == 256 || c.tile == 176)) {
       // The fused call's sample is its exact density: the next call decides on it.
       ffn.forward(x, w, y, nullptr);
       EXPECT_DOUBLE_EQ(ffn.last_stats().sampled_density, double(st.nnz) / double(c.M * c.I));
@@ -177,6 +177,11 @@ std::vector<FfnCase> ffn_cases() {
   cases.push_back({7, 512, 5632, 0.5, false, true});   // a warp's share overflows its list
   cases.push_back({300, 512, 2048, 0.1, true, true, 1024, 16});  // the widest tile the kernels take
   cases.push_back({300, 512, 2048, 0.1, true, true, 128, 4});    // narrow tiles, several per list fill
+  // T = 176, the fused gate's 128 x 176 GEMM tiles: the paper's shape (I = 32 x 176), a partial last
+  // tile with heavy rows, and spilled tiles at M not a multiple of 128.
+  cases.push_back({65, 2048, 5632, 0.005, true, true, 176, 8});
+  cases.push_back({300, 512, 2000, 0.02, true, true, 176, 8});
+  cases.push_back({67, 256, 1344, 0.5, false, true, 176, 8});
   return cases;
 }
 

@@ -158,6 +158,10 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")
       ->check(CLI::IsMember({"auto", "cudnn", "twell"}))
       ->capture_default_str();
+  model->add_option("--tile", mcfg->tile,
+                    "the twell FFN's TwELL tile width T (256, or 176: the fused gate's 128 x 176 tiles)")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")
       ->check(seed_value())
       ->capture_default_str();

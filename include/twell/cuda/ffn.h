@@ -100,7 +100,7 @@ struct FfnOptions {
   int64_t dispatch_slots = 1;
   // Sparse calls whose path is known before the gate runs (Dispatch::always_sparse, or previous
   // with an earlier density below the threshold) compute the gate with the fused gate GEMM + TwELL
-  // pack (a CUTLASS Hopper GEMM whose epilogue packs; g is never written). Needs tile = 256.
+  // pack (a CUTLASS Hopper GEMM whose epilogue packs; g is never written). Needs tile = 256 or 176.
   // false: the cuBLASLt gate GEMM writes g and a separate kernel packs it (the same entries for the
   // same g; the two GEMMs add in different orders, so a value may differ by one bf16 rounding and
   // one within rounding of 0 may be active in one and not the other).

@@ -3,17 +3,22 @@
 // straight into TwELL from the accumulator registers: g is never written to memory (the
 // cuBLASLt-gate-then-pack path writes 1.5 GB of g and reads it back at M = 131072).
 //
-// The epilogue (TwellPackEpilogue) sees one 64 × 256 output tile per call: the 128 threads of one
-// consumer warpgroup, each holding two rows' 64 values in wgmma's accumulator layout. In that
-// layout a row's 256 columns live in the four lanes of a quad: lane q holds columns 8j + 2q + e
-// (j < 32, e < 2) of rows r and r + 8. A tile's 256 columns are one TwELL tile (the tile width
-// must be 256), so a quad owns a whole (row, tile):
-//   - each lane builds a 64-bit mask of its non-zero bf16 values (bit 2j + e), the quad trades masks
-//     with shuffles, and every lane knows the tile's count;
+// Two tile shapes, one per TwELL tile width T (the GEMM's N tile is one TwELL tile):
+//   T = 256: 64 tokens × 256 neurons a warpgroup (wgmma m64n256), the first kernel;
+//   T = 176: 128 tokens × 176 neurons a warpgroup (two m64n176 a k-step), the shape cuBLASLt's
+//            fastest gate runs (nvjet 176x128): 31% fewer operand bytes a MAC into shared memory
+//            (docs/perf.md, FFN item 42). I = 5632 is 32 × 176.
+// The epilogue (TwellPackEpilogue) sees one output tile per call: the 128 threads of one consumer
+// warpgroup, each holding, for every 64-row block of the tile, two rows' T / 4 values in wgmma's
+// accumulator layout. In that layout a row's T columns live in the four lanes of a quad: lane q
+// holds columns 8j + 2q + e (j < T / 8, e < 2) of rows r and r + 8. So a quad owns a whole
+// (row, TwELL tile):
+//   - each lane builds a mask of its non-zero bf16 values (bit 2j + e, at most 64 bits), the quad
+//     trades masks with shuffles, and every lane knows the tile's count;
 //   - fitting tile: a lane writes each of its non-zeros at its rank in ascending column order (popc
 //     of the four masks below it), so entries are deterministic and bitwise the same as the
 //     separate pack kernel's (twell_pack.cu), and zero-fills a quarter of the unused slots;
-//   - spilled tile: one atomic claims a backup tile and the quad copies its 256 values there.
+//   - spilled tile: one atomic claims a backup tile and the quad copies its T values there.
 // Per row, the tile counts are added to row_nnz (atomics), and the tile whose count takes the row
 // past kHeavyRowEntries appends it to heavy_rows. Covered by tests/cuda/test_gate_pack.cu.
 #include "cuda/kernels.h"
@@ -28,7 +33,6 @@ namespace twell::cuda {
 namespace {
 
 using namespace cute;
-using sm90::kTileN;  // the TwELL tile width the epilogue packs
 
 struct PackParams {
   TwellDeviceView act;
@@ -57,19 +61,23 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
                                  BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
-    constexpr int kTileM = size<0>(BlockShapeMNK{});
-    static_assert(size<1>(BlockShapeMNK{}) == kTileN);
-    // wgmma m64n256 accumulators: per thread ((2 columns, 2 row halves, 32 column groups), 1, 1).
-    static_assert(decltype(size(acc))::value == 128 && decltype(size<0>(acc))::value == 128);
+    constexpr int kTileM = size<0>(BlockShapeMNK{}), kTileN = size<1>(BlockShapeMNK{});
+    constexpr int kGroups = kTileN / 8, kBlocksM = kTileM / 64;  // column groups; 64-row wgmma blocks
+    // wgmma m64nT accumulators: per thread ((2 columns, 2 row halves, T / 8 column groups), 64-row
+    // blocks, 1).
+    static_assert(kTileN % 8 == 0 && 2 * kGroups <= 64 && kTileM % 64 == 0);
+    static_assert(decltype(size<0>(acc))::value == kTileN / 2 && decltype(size<1>(acc))::value == kBlocksM &&
+                  decltype(size<2>(acc))::value == 1);
     static_assert(decltype(size<0, 0>(acc))::value == 2 && decltype(size<0, 1>(acc))::value == 2 &&
-                  decltype(size<0, 2>(acc))::value == 32);
+                  decltype(size<0, 2>(acc))::value == kGroups);
 
     const TwellLayout& l = p_.act.layout;
     const auto m_coord = get<0>(blk_coord_mnkl), n_coord = get<1>(blk_coord_mnkl);
-    // This thread's first element's position in the tile (rows r0 and r0 + 8, columns c0 + 8j + e).
+    // This thread's elements' positions in the tile: rows r0(b) and r0(b) + 8 of 64-row block b,
+    // columns c0 + 8j + e.
     auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
     cute::Tensor coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
-    const int r0 = get<0>(coords(0)), c0 = get<1>(coords(0));
+    const int c0 = get<1>(coords(0));
     const int lane = threadIdx.x % 32, q = c0 / 2;  // q: the lane's place in its quad (c0 = 2q)
     const int t = n_coord;                          // the TwELL tile (kTileN == layout.tile)
     // A tile past I writes nothing. The scheduler hands such tiles out when it rounds its grid up
@@ -83,82 +91,87 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
     uint32_t my_nnz = 0;
 
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      __syncwarp();  // the lanes that skipped the rest of the previous row meet again (defensive:
-                     // the shuffles below name the whole warp anyway)
-      const int64_t row = int64_t{m_coord} * kTileM + r0 + 8 * h;
-      // bf16 values, ReLU'd (NaN kept: never silently turned into zeros), and their non-zero mask.
-      uint32_t pairs[32];
-      uint64_t mask = 0;
+    for (int b = 0; b < kBlocksM; ++b) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const float a = acc(make_coord(make_coord(0, h, j), 0, 0)), b = acc(make_coord(make_coord(1, h, j), 0, 0));
-        const __nv_bfloat162 v = __floats2bfloat162_rn(a > 0.f || a != a ? a : 0.f, b > 0.f || b != b ? b : 0.f);
-        pairs[j] = *reinterpret_cast<const uint32_t*>(&v);
-        mask |= uint64_t{(pairs[j] & 0xffffu) != 0} << (2 * j) | uint64_t{(pairs[j] >> 16) != 0} << (2 * j + 1);
-      }
-      mask &= in_width;
-      // The quad's four masks (every lane of the warp takes part in the shuffles).
-      uint64_t quad[4];
+      for (int h = 0; h < 2; ++h) {
+        __syncwarp();  // the lanes that skipped the rest of the previous row meet again (defensive:
+                       // the shuffles below name the whole warp anyway)
+        const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), b, 0)));
+        // bf16 values, ReLU'd (NaN kept: never silently turned into zeros), and their non-zero mask.
+        uint32_t pairs[kGroups];
+        uint64_t mask = 0;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int src = (lane & ~3) | k;
-        quad[k] = uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask), src)} |
-                  uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask >> 32), src)} << 32;
-      }
-      const uint32_t count = __popcll(quad[0]) + __popcll(quad[1]) + __popcll(quad[2]) + __popcll(quad[3]);
-      // Past M: skip the row. Below, only quad-wide shuffles (spilled tiles), and a quad's four lanes
-      // hold the same row, so they skip or take them together.
-      if (row >= l.rows) continue;
+        for (int j = 0; j < kGroups; ++j) {
+          const float a = acc(make_coord(make_coord(0, h, j), b, 0)), c = acc(make_coord(make_coord(1, h, j), b, 0));
+          const __nv_bfloat162 v = __floats2bfloat162_rn(a > 0.f || a != a ? a : 0.f, c > 0.f || c != c ? c : 0.f);
+          pairs[j] = *reinterpret_cast<const uint32_t*>(&v);
+          mask |= uint64_t{(pairs[j] & 0xffffu) != 0} << (2 * j) | uint64_t{(pairs[j] >> 16) != 0} << (2 * j + 1);
+        }
+        mask &= in_width;
+        // The quad's four masks (every lane of the warp takes part in the shuffles).
+        uint64_t quad[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int src = (lane & ~3) | k;
+          quad[k] = uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask), src)};
+          if constexpr (2 * kGroups > 32)
+            quad[k] |= uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask >> 32), src)} << 32;
+        }
+        const uint32_t count = __popcll(quad[0]) + __popcll(quad[1]) + __popcll(quad[2]) + __popcll(quad[3]);
+        // Past M: skip the row. Below, only quad-wide shuffles (spilled tiles), and a quad's four
+        // lanes hold the same row, so they skip or take them together.
+        if (row >= l.rows) continue;
 
-      const int64_t tile_id = row * p_.n_tiles + t;
-      const uint32_t slots = static_cast<uint32_t>(p_.slots);
-      uint32_t* words = p_.act.slots + tile_id * slots;
-      if (q == 0) p_.act.counts[tile_id] = count;
-      if (count <= slots) {
-        for (uint64_t m = mask; m; m &= m - 1) {
-          const int bit = __ffsll(static_cast<long long>(m)) - 1, j = bit / 2, e = bit % 2;
-          uint32_t pos = 0;  // the non-zeros of the quad's columns below this one
+        const int64_t tile_id = row * p_.n_tiles + t;
+        const uint32_t slots = static_cast<uint32_t>(p_.slots);
+        uint32_t* words = p_.act.slots + tile_id * slots;
+        if (q == 0) p_.act.counts[tile_id] = count;
+        if (count <= slots) {
+          for (uint64_t m = mask; m; m &= m - 1) {
+            const int bit = __ffsll(static_cast<long long>(m)) - 1, j = bit / 2, e = bit % 2;
+            uint32_t pos = 0;  // the non-zeros of the quad's columns below this one
 #pragma unroll
-          for (int k = 0; k < 4; ++k) pos += __popcll(quad[k] & below(k < q ? 2 * j + 2 : k == q ? bit : 2 * j));
-          // pairs[j] with a dynamic j would go to local memory: select it with a static loop.
-          uint32_t pair = 0;
+            for (int k = 0; k < 4; ++k) pos += __popcll(quad[k] & below(k < q ? 2 * j + 2 : k == q ? bit : 2 * j));
+            // pairs[j] with a dynamic j would go to local memory: select it with a static loop.
+            uint32_t pair = 0;
 #pragma unroll
-          for (int jj = 0; jj < 32; ++jj) pair = jj == j ? pairs[jj] : pair;
-          const uint16_t bits = static_cast<uint16_t>(e ? pair >> 16 : pair & 0xffffu);
-          words[pos] = twell_entry(bits, static_cast<uint32_t>(c0 + 8 * j + e));
-        }
-        for (uint32_t k = q; k < slots; k += 4)
-          if (k >= count) words[k] = 0;
-      } else {
-        // Spilled: lane 0 of the quad claims a backup tile; the quad copies the 256 values.
-        uint32_t b = 0;
-        if (q == 0) b = atomicAdd(p_.act.n_backup, 1u);
-        // The quad's four lanes (same row, same count) all get here; the rest of the warp may not.
-        b = __shfl_sync(0xfu << (lane & ~3), b, lane & ~3);
-        if (b >= p_.act.backup_capacity) {  // cannot happen with the default capacity
-          if (q == 0) atomicExch(p_.overflow, 1u);
+            for (int jj = 0; jj < kGroups; ++jj) pair = jj == j ? pairs[jj] : pair;
+            const uint16_t bits = static_cast<uint16_t>(e ? pair >> 16 : pair & 0xffffu);
+            words[pos] = twell_entry(bits, static_cast<uint32_t>(c0 + 8 * j + e));
+          }
+          for (uint32_t k = q; k < slots; k += 4)
+            if (k >= count) words[k] = 0;
         } else {
-          uint32_t* out = reinterpret_cast<uint32_t*>(p_.act.backup + static_cast<int64_t>(b) * l.tile);
+          // Spilled: lane 0 of the quad claims a backup tile; the quad copies the T values.
+          uint32_t bk = 0;
+          if (q == 0) bk = atomicAdd(p_.act.n_backup, 1u);
+          // The quad's four lanes (same row, same count) all get here; the rest of the warp may not.
+          bk = __shfl_sync(0xfu << (lane & ~3), bk, lane & ~3);
+          if (bk >= p_.act.backup_capacity) {  // cannot happen with the default capacity
+            if (q == 0) atomicExch(p_.overflow, 1u);
+          } else {
+            uint32_t* out = reinterpret_cast<uint32_t*>(p_.act.backup + static_cast<int64_t>(bk) * l.tile);
 #pragma unroll
-          for (int j = 0; j < 32; ++j) out[(c0 + 8 * j) / 2] = c0 + 8 * j < width ? pairs[j] : 0u;
-          if (q == 0) p_.act.backup_owner[b] = static_cast<uint32_t>(tile_id);
-          for (uint32_t k = q; k < slots; k += 4) words[k] = k == 0 ? b : 0u;
+            for (int j = 0; j < kGroups; ++j) out[(c0 + 8 * j) / 2] = c0 + 8 * j < width ? pairs[j] : 0u;
+            if (q == 0) p_.act.backup_owner[bk] = static_cast<uint32_t>(tile_id);
+            for (uint32_t k = q; k < slots; k += 4) words[k] = k == 0 ? bk : 0u;
+          }
         }
-      }
-      if (q == 0 && count) {
-        my_nnz += count;
-        // The tile whose count takes the row past kHeavyRowEntries lists it (once: the counts only
-        // grow). The round trip hides under the other warpgroup's MMA; a kernel of its own to list
-        // them after the gate cost 4 µs a call (perf.md, FFN item 37).
-        if (p_.rows.row_nnz) {
-          const uint32_t before = atomicAdd(p_.rows.row_nnz + row, count);
-          if (before <= kHeavyRowEntries && before + count > kHeavyRowEntries)
-            p_.rows.heavy_rows[atomicAdd(p_.rows.heavy_count, 1u)] = static_cast<uint32_t>(row);
+        if (q == 0 && count) {
+          my_nnz += count;
+          // The tile whose count takes the row past kHeavyRowEntries lists it (once: the counts only
+          // grow). The round trip hides under the other warpgroup's MMA; a kernel of its own to list
+          // them after the gate cost 4 µs a call (perf.md, FFN item 37).
+          if (p_.rows.row_nnz) {
+            const uint32_t before = atomicAdd(p_.rows.row_nnz + row, count);
+            if (before <= kHeavyRowEntries && before + count > kHeavyRowEntries)
+              p_.rows.heavy_rows[atomicAdd(p_.rows.heavy_count, 1u)] = static_cast<uint32_t>(row);
+          }
         }
       }
     }
-    // One atomic per warp and tile for the total (at most 2·8·256 here), spread over the counters.
+    // One atomic per warp and tile for the total (at most 16 rows a 64-row block, T each, here),
+    // spread over the counters.
     __syncwarp();
     my_nnz = __reduce_add_sync(0xffffffffu, my_nnz);
     if (lane == 0 && my_nnz)
@@ -170,13 +183,15 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
   Params p_;
 };
 
-// Ping-pong: two consumer warpgroups take alternate 64 × 256 tiles, so one packs while the other's
-// tensor cores run (docs/perf.md, item 18: the cooperative 128 × 256 kernel ran 0.5 ms of
-// epilogue with its tensor cores idle and measured 0.68× against this kernel's 0.64×); 2-CTA
-// clusters multicast the weight tile.
-using Gemm = sm90::PingPongGemm<TwellPackEpilogue>::Gemm;
+// Ping-pong: two consumer warpgroups take alternate tiles, so one packs while the other's tensor
+// cores run (docs/perf.md, item 18: the cooperative 128 × 256 kernel ran 0.5 ms of epilogue with
+// its tensor cores idle and measured 0.68× against this kernel's 0.64×); 2-CTA clusters multicast
+// the weight tile. One kernel per TwELL tile width.
+using Gemm256 = sm90::PingPongGemm<TwellPackEpilogue, 64, 256>::Gemm;
+using Gemm176 = sm90::PingPongGemm<TwellPackEpilogue, 128, 176>::Gemm;
 
-Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
+template <class Gemm>
+typename Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
   return sm90::gemm_arguments<Gemm>(a.x, a.w, static_cast<int>(a.M), static_cast<int>(a.I), static_cast<int>(a.H),
                                     PackParams{a.act, a.nnz_total, a.overflow, a.rows,
                                                static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()},
@@ -187,8 +202,8 @@ Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
 
 void check_gate_pack(const GatePackArgs& a) {
   a.act.layout.check();
-  TWELL_CHECK(a.act.layout.tile == kTileN, "fused gate+pack: the TwELL tile width must be ", kTileN, ", got ",
-              a.act.layout.tile);
+  TWELL_CHECK(gate_pack_supports_tile(a.act.layout.tile),
+              "fused gate+pack: the TwELL tile width must be 256 or 176, got ", a.act.layout.tile);
   TWELL_CHECK(a.act.layout.rows == a.M && a.act.layout.cols == a.I, "fused gate+pack: TwELL layout ",
               a.act.layout.rows, " x ", a.act.layout.cols, " does not match M = ", a.M, ", I = ", a.I);
   TWELL_CHECK(a.H % 8 == 0 && a.I % 8 == 0, "fused gate+pack: H = ", a.H, " and I = ", a.I,
@@ -198,16 +213,24 @@ void check_gate_pack(const GatePackArgs& a) {
               "fused gate+pack: x and W must be 16-byte aligned");
 }
 
+bool gate_pack_supports_tile(int64_t tile) { return tile == 256 || tile == 176; }
+
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count) {
   check_gate_pack(a);
-  return Gemm::get_workspace_size(make_arguments(a, sm_count));
+  return a.act.layout.tile == 176 ? Gemm176::get_workspace_size(make_arguments<Gemm176>(a, sm_count))
+                                  : Gemm256::get_workspace_size(make_arguments<Gemm256>(a, sm_count));
 }
 
 void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
                       cudaStream_t stream, bool dependent) {
   check_gate_pack(a);
-  if (a.M > 0)
-    sm90::run_gemm<Gemm>(make_arguments(a, sm_count), workspace, workspace_bytes, stream, "fused gate+pack", dependent);
+  if (a.M == 0) return;
+  if (a.act.layout.tile == 176)
+    sm90::run_gemm<Gemm176>(make_arguments<Gemm176>(a, sm_count), workspace, workspace_bytes, stream,
+                            "fused gate+pack", dependent);
+  else
+    sm90::run_gemm<Gemm256>(make_arguments<Gemm256>(a, sm_count), workspace, workspace_bytes, stream,
+                            "fused gate+pack", dependent);
 }
 
 }  // namespace twell::cuda

@@ -4,9 +4,10 @@
 //
 //   RegisterEpilogue<Params>  the members CUTLASS asks of an sm70-style epilogue; a kernel's
 //                             epilogue derives from it and adds its constructor and operator()
-//   PingPongGemm<Epilogue>    the one kernel configuration both use: warp-specialised persistent
-//                             ping-pong, 64 × 256 tiles a warpgroup, 2 × 1 clusters (docs/perf.md,
-//                             FFN items 17-18, model item 13)
+//   PingPongGemm<Epilogue, TileM, TileN>  the one kernel configuration both use: warp-specialised
+//                             persistent ping-pong, one TileM × TileN tile a warpgroup (64 × 256 by
+//                             default), 2 × 1 clusters (docs/perf.md, FFN items 17-18 and 42, model
+//                             item 13)
 //   gemm_arguments, run_gemm  arguments from pointers and sizes; the checked launch (attributes
 //                             set once a device), optionally as a programmatic dependent
 #pragma once
@@ -16,6 +17,11 @@
 // lets the next kernel launch. Defined here, the one place that includes CUTLASS.
 #ifndef CUTLASS_ENABLE_GDC_FOR_SM90
 #define CUTLASS_ENABLE_GDC_FOR_SM90 1
+#endif
+// wgmma's N widths that are not powers of two or multiples of 32 (176 here): without this, CuTe's
+// atom selector falls back to the widest that divides the tile (n16 for 176), 11 times the issues.
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1
 #endif
 
 #include <cute/tensor.hpp>
@@ -76,12 +82,12 @@ struct RegisterEpilogue {
   CUTLASS_DEVICE bool is_source_needed() { return false; }
 };
 
-template <class EpilogueOp>
+template <class EpilogueOp, int TileM = kTileM, int TileN = kTileN>
 struct PingPongGemm {
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<EpilogueOp>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
-      cutlass::layout::ColumnMajor, 8, float, cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>,
+      cutlass::layout::ColumnMajor, 8, float, cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::_64>,
       cute::Shape<cute::_2, cute::_1, cute::_1>,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
