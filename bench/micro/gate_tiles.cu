@@ -1,0 +1,258 @@
+// Micro-benchmark: where does the fused gate+pack lose to cuBLASLt's gate? (docs/perf.md, FFN
+// item 42.) cuBLASLt, autotuned, runs g = ReLU(x Wgᵀ) as nvjet_sm90_tst_176x128 and writes all of g;
+// our gate+pack writes only the TwELL, yet took 11% longer at M = 131072 (64 × 256 tiles). This
+// separates the GEMM from its epilogue, at both tile shapes of launch_gate_pack:
+//   lt        cuBLASLt's gate + ReLU, bf16 g [M, I] written (the dense FFN's first GEMM)
+//   pack256   launch_gate_pack, TwELL tile 256: 64 × 256 ping-pong tiles
+//   pack176   launch_gate_pack, TwELL tile 176: 128 × 176 ping-pong tiles
+//   bare256   the same GEMM kernel as pack256 with an epilogue that writes nothing (the mainloop alone)
+//   bare176   the same for pack176
+//   relu176   the 128 × 176 GEMM writing ReLU(g) in bf16 from its registers, as lt does
+// Correct first: the two packs' TwELL must be bitwise equal to each other tile by tile for the
+// first rows, both non-zero totals within 0.1% of lt's g (the GEMMs add in different orders), and
+// relu176's g within one bf16 rounding of lt's on sampled rows. Then rounds of each kernel in turn
+// (3 warm-ups, the median of 15 calls; CUDA events around each launch), so that all run at the same
+// clocks (at this size the board sits at its power cap).
+// Built as twell_micro_gate_tiles with TWELL_CUDA; run: twell_micro_gate_tiles [M = 131072] [rounds = 3].
+#include "cuda/kernels/sm90_register_epilogue.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/cublaslt_gemm.h"
+#include "synthetic.h"
+#include "twell/cuda/twell_device.h"
+
+namespace twell {
+namespace {
+
+using namespace cute;
+
+struct SinkParams {
+  uint16_t* g = nullptr;  // relu: g [M, ld] written; bare: never written (see below)
+  int64_t M = 0, ld = 0;
+};
+
+// bare: nothing leaves the registers. The store under a condition no accumulator meets (TMA reads
+// x and W as they are; none is 3.0e38) keeps the compiler from seeing the accumulators unused.
+// relu: ReLU(acc) in bf16 to g, from the registers (a quad's 4 lanes: 16 contiguous bytes a row).
+template <bool kRelu>
+class SinkEpilogue : public cuda::sm90::RegisterEpilogue<SinkParams> {
+ public:
+  CUTLASS_HOST_DEVICE SinkEpilogue(Params const& p, SharedStorage const& = SharedStorage()) : p_(p) {}
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL, BlockShapeMNK, BlockCoordMNKL blk_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const& acc, TiledMma tiled_mma, ResidueMNK,
+                                 int thread_idx, char*) {
+    constexpr int kTileM = size<0>(BlockShapeMNK{}), kTileN = size<1>(BlockShapeMNK{});
+    if constexpr (!kRelu) {
+      float any = 0.f;
+#pragma unroll
+      for (int i = 0; i < size(acc); ++i) any = fmaxf(any, acc(i));
+      if (any == 3.0e38f) p_.g[0] = 1;
+    } else {
+      auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+      cute::Tensor coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+      const int64_t m0 = int64_t{get<0>(blk_coord_mnkl)} * kTileM, n0 = int64_t{get<1>(blk_coord_mnkl)} * kTileN;
+#pragma unroll
+      for (int i = 0; i < size(acc); i += 2) {
+        const int64_t r = m0 + get<0>(coords(i)), c = n0 + get<1>(coords(i));
+        if (r < p_.M && c < p_.ld) {
+          const __nv_bfloat162 v = __floats2bfloat162_rn(fmaxf(acc(i), 0.f), fmaxf(acc(i + 1), 0.f));
+          *reinterpret_cast<__nv_bfloat162*>(p_.g + r * p_.ld + c) = v;
+        }
+      }
+    }
+  }
+
+ private:
+  Params p_;
+};
+
+template <int TileM, int TileN, bool kRelu>
+using SinkGemm = typename cuda::sm90::PingPongGemm<SinkEpilogue<kRelu>, TileM, TileN>::Gemm;
+
+template <class Gemm>
+struct SinkRun {
+  cuda::DeviceBuffer workspace;
+  typename Gemm::Arguments args;
+  SinkRun(const void* x, const void* w, int M, int I, int H, SinkParams p, int sms)
+      : args(cuda::sm90::gemm_arguments<Gemm>(x, w, M, I, H, p, sms)) {
+    workspace = cuda::DeviceBuffer(std::max<size_t>(Gemm::get_workspace_size(args), 1));
+  }
+  void operator()(cudaStream_t s) {
+    cuda::sm90::run_gemm<Gemm>(args, workspace.get(), workspace.bytes(), s, "micro GEMM");
+  }
+};
+
+// One launch_gate_pack setup: the TwELL, its counters (zeroed before each call, untimed).
+struct PackRun {
+  cuda::TwellDeviceMatrix act;
+  cuda::DeviceBuffer counters, row_nnz, heavy, workspace;
+  cuda::GatePackArgs a;
+  PackRun(const void* x, const void* w, int64_t M, int64_t H, int64_t I, int32_t tile, int sms)
+      : act(TwellLayout{M, I, tile, 8}),
+        counters((cuda::kNnzCounters + 2) * 8),
+        row_nnz(M * 4),
+        heavy(M * 4) {
+    auto* nnz = counters.as<unsigned long long>();
+    a.x = static_cast<const uint16_t*>(x), a.w = static_cast<const uint16_t*>(w);
+    a.M = M, a.H = H, a.I = I;
+    a.act = act.view();
+    a.nnz_total = nnz;
+    a.overflow = reinterpret_cast<unsigned int*>(nnz + cuda::kNnzCounters);
+    a.rows = {row_nnz.as<uint32_t>(), heavy.as<uint32_t>(), reinterpret_cast<uint32_t*>(nnz + cuda::kNnzCounters + 1)};
+    workspace = cuda::DeviceBuffer(std::max<size_t>(cuda::gate_pack_workspace_bytes(a, sms), 1));
+  }
+  void reset(cudaStream_t s) {
+    TWELL_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, counters.bytes(), s));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(row_nnz.get(), 0, row_nnz.bytes(), s));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(act.view().n_backup, 0, 4, s));
+  }
+  void operator()(cudaStream_t s) {
+    cuda::launch_gate_pack(a, workspace.get(), workspace.bytes(), cuda::device_info().sm_count, s);
+  }
+  int64_t nnz() const {
+    std::vector<unsigned long long> c(cuda::kNnzCounters + 2);
+    TWELL_CUDA_CHECK(cudaMemcpy(c.data(), counters.get(), counters.bytes(), cudaMemcpyDeviceToHost));
+    int64_t n = 0;
+    for (int i = 0; i < cuda::kNnzCounters; ++i) n += static_cast<int64_t>(c[i]);
+    TWELL_REQUIRE(c[cuda::kNnzCounters] == 0, "gate+pack: the backup overflowed");
+    return n;
+  }
+};
+
+struct Kernel {
+  std::string name;
+  std::function<void(cudaStream_t)> reset, run;
+  std::vector<float> ms;  // every timed call, all rounds
+};
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? NAN : v[v.size() / 2];
+}
+
+std::vector<uint16_t> rows_of(const uint16_t* g, int64_t row0, int64_t rows, int64_t cols) {
+  std::vector<uint16_t> h(rows * cols);
+  TWELL_CUDA_CHECK(cudaMemcpy(h.data(), g + row0 * cols, h.size() * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+int run(int argc, char** argv) {
+  const int64_t M = argc > 1 ? std::atoll(argv[1]) : 131072, H = 2048, I = 5632;
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
+  TWELL_REQUIRE(M >= 128 && rounds >= 1, "usage: twell_micro_gate_tiles [M >= 128] [rounds >= 1]");
+  const int sms = cuda::device_info().sm_count;
+  std::printf("gate tiles: M = %lld, H = %lld, I = %lld, 0.5%% uniform (synthetic, as twell bench ffn)\n",
+              static_cast<long long>(M), static_cast<long long>(H), static_cast<long long>(I));
+  const bench::SyntheticFfn f = bench::make_synthetic_ffn({M, H, I, 0.005, bench::Distribution::uniform, true, 1});
+  cuda::DeviceTensor x = cuda::DeviceTensor::upload(f.x), wg = cuda::DeviceTensor::upload(f.wg);
+  const void* xp = x.view().data;
+  const void* wp = wg.view().data;
+  cuda::DeviceBuffer g_lt(M * I * 2), g_relu(M * I * 2);
+  cudaStream_t s = nullptr;
+  cuda::LtGemm lt;
+  PackRun p256(xp, wp, M, H, I, 256, sms), p176(xp, wp, M, H, I, 176, sms);
+  SinkRun<SinkGemm<64, 256, false>> bare256(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
+  SinkRun<SinkGemm<128, 176, false>> bare176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
+  SinkRun<SinkGemm<128, 176, true>> relu176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
+  auto run_lt = [&](cudaStream_t st) {
+    lt.run(xp, wp, g_lt.get(), M, I, H, true, cuda::GemmEpilogue::relu, st);
+  };
+  auto none = [](cudaStream_t) {};
+
+  // Correctness first.
+  run_lt(s);
+  p256.reset(s), p256(s), p176.reset(s), p176(s), relu176(s);
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::DeviceBuffer count(8);
+  TWELL_CUDA_CHECK(cudaMemset(count.get(), 0, 8));
+  cuda::launch_count_sampled_nonzeros(g_lt.as<uint16_t>(), M, I, M, count.as<unsigned long long>(), s);
+  unsigned long long n_lt = 0;
+  TWELL_CUDA_CHECK(cudaMemcpy(&n_lt, count.get(), 8, cudaMemcpyDeviceToHost));
+  const int64_t n256 = p256.nnz(), n176 = p176.nnz();
+  std::printf("non-zeros: lt %llu (%.3f%%), pack256 %lld, pack176 %lld\n", n_lt, 100.0 * n_lt / double(M * I),
+              static_cast<long long>(n256), static_cast<long long>(n176));
+  bool ok = n256 == n176 && std::fabs(double(n256) - double(n_lt)) <= 1e-3 * double(n_lt);
+  // The two packs' values, row by row (their GEMMs add in the same order): unpack the first rows.
+  {
+    const int64_t rows = 256;
+    const TwellMatrix a = p256.act.download(), b = p176.act.download();
+    for (int64_t m = 0; m < rows && ok; ++m) {
+      std::vector<std::pair<int64_t, uint16_t>> ea, eb;
+      a.for_each_in_row(m, [&](int64_t c, uint16_t v) { ea.push_back({c, v}); });
+      b.for_each_in_row(m, [&](int64_t c, uint16_t v) { eb.push_back({c, v}); });
+      std::sort(ea.begin(), ea.end()), std::sort(eb.begin(), eb.end());
+      if (ea != eb) std::printf("row %lld: pack256 and pack176 differ\n", static_cast<long long>(m)), ok = false;
+    }
+    const std::vector<uint16_t> gl = rows_of(g_lt.as<uint16_t>(), 0, rows, I),
+                                gr = rows_of(g_relu.as<uint16_t>(), 0, rows, I);
+    int64_t far = 0;
+    for (size_t i = 0; i < gl.size(); ++i) {
+      const float u = float(bf16::from_bits(gl[i])), v = float(bf16::from_bits(gr[i]));
+      if (std::fabs(u - v) > std::ldexp(std::fabs(u), -7) + 1e-3f) ++far;
+    }
+    if (far) std::printf("relu176: %lld of %zu values beyond a bf16 rounding of lt's\n", static_cast<long long>(far),
+                         gl.size()), ok = false;
+  }
+  TWELL_REQUIRE(ok, "gate tiles: the kernels disagree; not timed");
+  std::printf("correct: the packs agree with each other and with lt's count; relu176 matches lt's g\n");
+
+  std::vector<Kernel> ks = {{"lt (cuBLASLt gate + ReLU)", none, run_lt, {}},
+                            {"pack256 (64 x 256)", [&](cudaStream_t st) { p256.reset(st); }, std::ref(p256), {}},
+                            {"pack176 (128 x 176)", [&](cudaStream_t st) { p176.reset(st); }, std::ref(p176), {}},
+                            {"bare256", none, std::ref(bare256), {}},
+                            {"bare176", none, std::ref(bare176), {}},
+                            {"relu176", none, std::ref(relu176), {}}};
+  cudaEvent_t e0, e1;
+  TWELL_CUDA_CHECK(cudaEventCreate(&e0));
+  TWELL_CUDA_CHECK(cudaEventCreate(&e1));
+  std::printf("%-28s", "kernel (ms)");
+  for (int r = 0; r < rounds; ++r) std::printf("  round %d", r + 1);
+  std::printf("   median  x lt\n");
+  std::vector<std::vector<float>> per_round(ks.size());
+  for (int r = 0; r < rounds; ++r)
+    for (size_t k = 0; k < ks.size(); ++k) {
+      std::vector<float> t;
+      for (int i = 0; i < 3 + 15; ++i) {
+        ks[k].reset(s);
+        TWELL_CUDA_CHECK(cudaEventRecord(e0, s));
+        ks[k].run(s);
+        TWELL_CUDA_CHECK(cudaEventRecord(e1, s));
+        TWELL_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 3) t.push_back(ms), ks[k].ms.push_back(ms);
+      }
+      per_round[k].push_back(median(t));
+    }
+  const float base = median(ks[0].ms);
+  for (size_t k = 0; k < ks.size(); ++k) {
+    std::printf("%-28s", ks[k].name.c_str());
+    for (float v : per_round[k]) std::printf("  %7.3f", v);
+    std::printf("  %7.3f  %5.3f\n", median(ks[k].ms), median(ks[k].ms) / base);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace twell
+
+int main(int argc, char** argv) {
+  try {
+    return twell::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
