@@ -8,22 +8,29 @@
 //   bare256   the same GEMM kernel as pack256 with an epilogue that writes nothing (the mainloop alone)
 //   bare176   the same for pack176
 //   relu176   the 128 × 176 GEMM writing ReLU(g) in bf16 from its registers, as lt does
+//   nocount176  pack176 without the row counts (no returning atomics: RowCounts left null)
 // Correct first: the two packs' TwELL must be bitwise equal to each other tile by tile for the
 // first rows, both non-zero totals within 0.1% of lt's g (the GEMMs add in different orders), and
-// relu176's g within one bf16 rounding of lt's on sampled rows. Then rounds of each kernel in turn
-// (3 warm-ups, the median of 15 calls; CUDA events around each launch), so that all run at the same
-// clocks (at this size the board sits at its power cap).
-// Built as twell_micro_gate_tiles with TWELL_CUDA; run: twell_micro_gate_tiles [M = 131072] [rounds = 3].
+// relu176's g within one bf16 rounding of lt's on the first rows. Then two timings, CUDA events
+// around each launch:
+//   hot   the kernels in turn, call by call, back to back (3 warm-ups, the median of 25 calls each):
+//         all at the same clocks, at this size the board's power cap;
+//   cold  each call after 100 ms idle (the median of 8 each): at the clocks of an idle board, so
+//         an epilogue that costs time only through the power it draws costs little here, and
+//         one that stalls the tensor cores costs the same.
+// Built as twell_micro_gate_tiles with TWELL_CUDA; run: twell_micro_gate_tiles [M = 131072].
 #include "cuda/kernels/sm90_register_epilogue.cuh"
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/cublaslt_gemm.h"
@@ -134,7 +141,6 @@ struct PackRun {
 struct Kernel {
   std::string name;
   std::function<void(cudaStream_t)> reset, run;
-  std::vector<float> ms;  // every timed call, all rounds
 };
 
 float median(std::vector<float> v) {
@@ -150,8 +156,7 @@ std::vector<uint16_t> rows_of(const uint16_t* g, int64_t row0, int64_t rows, int
 
 int run(int argc, char** argv) {
   const int64_t M = argc > 1 ? std::atoll(argv[1]) : 131072, H = 2048, I = 5632;
-  const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
-  TWELL_REQUIRE(M >= 128 && rounds >= 1, "usage: twell_micro_gate_tiles [M >= 128] [rounds >= 1]");
+  TWELL_REQUIRE(M >= 128, "usage: twell_micro_gate_tiles [M >= 128]");
   const int sms = cuda::device_info().sm_count;
   std::printf("gate tiles: M = %lld, H = %lld, I = %lld, 0.5%% uniform (synthetic, as twell bench ffn)\n",
               static_cast<long long>(M), static_cast<long long>(H), static_cast<long long>(I));
@@ -162,7 +167,8 @@ int run(int argc, char** argv) {
   cuda::DeviceBuffer g_lt(M * I * 2), g_relu(M * I * 2);
   cudaStream_t s = nullptr;
   cuda::LtGemm lt;
-  PackRun p256(xp, wp, M, H, I, 256, sms), p176(xp, wp, M, H, I, 176, sms);
+  PackRun p256(xp, wp, M, H, I, 256, sms), p176(xp, wp, M, H, I, 176, sms), nocount(xp, wp, M, H, I, 176, sms);
+  nocount.a.rows = {};
   SinkRun<SinkGemm<64, 256, false>> bare256(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
   SinkRun<SinkGemm<128, 176, false>> bare176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
   SinkRun<SinkGemm<128, 176, true>> relu176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
@@ -173,17 +179,17 @@ int run(int argc, char** argv) {
 
   // Correctness first.
   run_lt(s);
-  p256.reset(s), p256(s), p176.reset(s), p176(s), relu176(s);
+  p256.reset(s), p256(s), p176.reset(s), p176(s), nocount.reset(s), nocount(s), relu176(s);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::DeviceBuffer count(8);
   TWELL_CUDA_CHECK(cudaMemset(count.get(), 0, 8));
   cuda::launch_count_sampled_nonzeros(g_lt.as<uint16_t>(), M, I, M, count.as<unsigned long long>(), s);
   unsigned long long n_lt = 0;
   TWELL_CUDA_CHECK(cudaMemcpy(&n_lt, count.get(), 8, cudaMemcpyDeviceToHost));
-  const int64_t n256 = p256.nnz(), n176 = p176.nnz();
+  const int64_t n256 = p256.nnz(), n176 = p176.nnz(), n_nocount = nocount.nnz();
   std::printf("non-zeros: lt %llu (%.3f%%), pack256 %lld, pack176 %lld\n", n_lt, 100.0 * n_lt / double(M * I),
               static_cast<long long>(n256), static_cast<long long>(n176));
-  bool ok = n256 == n176 && std::fabs(double(n256) - double(n_lt)) <= 1e-3 * double(n_lt);
+  bool ok = n256 == n176 && n_nocount == n176 && std::fabs(double(n256) - double(n_lt)) <= 1e-3 * double(n_lt);
   // The two packs' values, row by row (their GEMMs add in the same order): unpack the first rows.
   {
     const int64_t rows = 256;
@@ -208,40 +214,42 @@ int run(int argc, char** argv) {
   TWELL_REQUIRE(ok, "gate tiles: the kernels disagree; not timed");
   std::printf("correct: the packs agree with each other and with lt's count; relu176 matches lt's g\n");
 
-  std::vector<Kernel> ks = {{"lt (cuBLASLt gate + ReLU)", none, run_lt, {}},
-                            {"pack256 (64 x 256)", [&](cudaStream_t st) { p256.reset(st); }, std::ref(p256), {}},
-                            {"pack176 (128 x 176)", [&](cudaStream_t st) { p176.reset(st); }, std::ref(p176), {}},
-                            {"bare256", none, std::ref(bare256), {}},
-                            {"bare176", none, std::ref(bare176), {}},
-                            {"relu176", none, std::ref(relu176), {}}};
+  std::vector<Kernel> ks = {{"lt (cuBLASLt gate + ReLU)", none, run_lt},
+                            {"pack256 (64 x 256)", [&](cudaStream_t st) { p256.reset(st); }, std::ref(p256)},
+                            {"pack176 (128 x 176)", [&](cudaStream_t st) { p176.reset(st); }, std::ref(p176)},
+                            {"bare256", none, std::ref(bare256)},
+                            {"bare176", none, std::ref(bare176)},
+                            {"relu176", none, std::ref(relu176)}};
+  ks.push_back({"nocount176", [&](cudaStream_t st) { nocount.reset(st); }, std::ref(nocount)});
   cudaEvent_t e0, e1;
   TWELL_CUDA_CHECK(cudaEventCreate(&e0));
   TWELL_CUDA_CHECK(cudaEventCreate(&e1));
-  std::printf("%-28s", "kernel (ms)");
-  for (int r = 0; r < rounds; ++r) std::printf("  round %d", r + 1);
-  std::printf("   median  x lt\n");
-  std::vector<std::vector<float>> per_round(ks.size());
-  for (int r = 0; r < rounds; ++r)
+  auto time_one = [&](Kernel& k) {
+    k.reset(s);
+    TWELL_CUDA_CHECK(cudaEventRecord(e0, s));
+    k.run(s);
+    TWELL_CUDA_CHECK(cudaEventRecord(e1, s));
+    TWELL_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms;
+  };
+  std::vector<std::vector<float>> hot(ks.size()), cold(ks.size());
+  for (int i = 0; i < 3 + 25; ++i)
     for (size_t k = 0; k < ks.size(); ++k) {
-      std::vector<float> t;
-      for (int i = 0; i < 3 + 15; ++i) {
-        ks[k].reset(s);
-        TWELL_CUDA_CHECK(cudaEventRecord(e0, s));
-        ks[k].run(s);
-        TWELL_CUDA_CHECK(cudaEventRecord(e1, s));
-        TWELL_CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms = 0;
-        TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (i >= 3) t.push_back(ms), ks[k].ms.push_back(ms);
-      }
-      per_round[k].push_back(median(t));
+      const float ms = time_one(ks[k]);
+      if (i >= 3) hot[k].push_back(ms);
     }
-  const float base = median(ks[0].ms);
-  for (size_t k = 0; k < ks.size(); ++k) {
-    std::printf("%-28s", ks[k].name.c_str());
-    for (float v : per_round[k]) std::printf("  %7.3f", v);
-    std::printf("  %7.3f  %5.3f\n", median(ks[k].ms), median(ks[k].ms) / base);
-  }
+  for (int i = 0; i < 8; ++i)
+    for (size_t k = 0; k < ks.size(); ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      cold[k].push_back(time_one(ks[k]));
+    }
+  const float hot_base = median(hot[0]), cold_base = median(cold[0]);
+  std::printf("%-28s %9s %6s %9s %6s\n", "kernel (ms, median)", "hot", "x lt", "cold", "x lt");
+  for (size_t k = 0; k < ks.size(); ++k)
+    std::printf("%-28s %9.3f %6.3f %9.3f %6.3f\n", ks[k].name.c_str(), median(hot[k]), median(hot[k]) / hot_base,
+                median(cold[k]), median(cold[k]) / cold_base);
   return 0;
 }
 
