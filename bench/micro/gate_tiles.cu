@@ -9,6 +9,9 @@
 //   bare176   the same for pack176
 //   relu176   the 128 × 176 GEMM writing ReLU(g) in bf16 from its registers, as lt does
 //   nocount176  pack176 without the row counts (no returning atomics: RowCounts left null)
+//   pack176c11, pack256c16  the packs at compression 11 and 16: 16 slots a tile, 64 bytes, whole
+//             32-byte sectors (22 slots at C = 8 and T = 176 are 88 bytes: tiles share sectors, which
+//             then take partial writes from two CTAs)
 // Correct first: the two packs' TwELL must be bitwise equal to each other tile by tile for the
 // first rows, both non-zero totals within 0.1% of lt's g (the GEMMs add in different orders), and
 // relu176's g within one bf16 rounding of lt's on the first rows. Then two timings, CUDA events
@@ -106,8 +109,8 @@ struct PackRun {
   cuda::TwellDeviceMatrix act;
   cuda::DeviceBuffer counters, row_nnz, heavy, workspace;
   cuda::GatePackArgs a;
-  PackRun(const void* x, const void* w, int64_t M, int64_t H, int64_t I, int32_t tile, int sms)
-      : act(TwellLayout{M, I, tile, 8}),
+  PackRun(const void* x, const void* w, int64_t M, int64_t H, int64_t I, int32_t tile, int sms, int32_t c = 8)
+      : act(TwellLayout{M, I, tile, c}),
         counters((cuda::kNnzCounters + 2) * 8),
         row_nnz(M * 4),
         heavy(M * 4) {
@@ -169,6 +172,7 @@ int run(int argc, char** argv) {
   cuda::LtGemm lt;
   PackRun p256(xp, wp, M, H, I, 256, sms), p176(xp, wp, M, H, I, 176, sms), nocount(xp, wp, M, H, I, 176, sms);
   nocount.a.rows = {};
+  PackRun p176c11(xp, wp, M, H, I, 176, sms, 11), p256c16(xp, wp, M, H, I, 256, sms, 16);
   SinkRun<SinkGemm<64, 256, false>> bare256(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
   SinkRun<SinkGemm<128, 176, false>> bare176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
   SinkRun<SinkGemm<128, 176, true>> relu176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
@@ -180,16 +184,18 @@ int run(int argc, char** argv) {
   // Correctness first.
   run_lt(s);
   p256.reset(s), p256(s), p176.reset(s), p176(s), nocount.reset(s), nocount(s), relu176(s);
+  p176c11.reset(s), p176c11(s), p256c16.reset(s), p256c16(s);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::DeviceBuffer count(8);
   TWELL_CUDA_CHECK(cudaMemset(count.get(), 0, 8));
   cuda::launch_count_sampled_nonzeros(g_lt.as<uint16_t>(), M, I, M, count.as<unsigned long long>(), s);
   unsigned long long n_lt = 0;
   TWELL_CUDA_CHECK(cudaMemcpy(&n_lt, count.get(), 8, cudaMemcpyDeviceToHost));
-  const int64_t n256 = p256.nnz(), n176 = p176.nnz(), n_nocount = nocount.nnz();
+  const int64_t n256 = p256.nnz(), n176 = p176.nnz(), n_nocount = nocount.nnz(), n176c11 = p176c11.nnz(),
+                n256c16 = p256c16.nnz();
   std::printf("non-zeros: lt %llu (%.3f%%), pack256 %lld, pack176 %lld\n", n_lt, 100.0 * n_lt / double(M * I),
               static_cast<long long>(n256), static_cast<long long>(n176));
-  bool ok = n256 == n176 && n_nocount == n176 && std::fabs(double(n256) - double(n_lt)) <= 1e-3 * double(n_lt);
+  bool ok = n256 == n176 && n_nocount == n176 && n176c11 == n176 && n256c16 == n176 && std::fabs(double(n256) - double(n_lt)) <= 1e-3 * double(n_lt);
   // The two packs' values, row by row (their GEMMs add in the same order): unpack the first rows.
   {
     const int64_t rows = 256;
@@ -221,6 +227,8 @@ int run(int argc, char** argv) {
                             {"bare176", none, std::ref(bare176)},
                             {"relu176", none, std::ref(relu176)}};
   ks.push_back({"nocount176", [&](cudaStream_t st) { nocount.reset(st); }, std::ref(nocount)});
+  ks.push_back({"pack176c11", [&](cudaStream_t st) { p176c11.reset(st); }, std::ref(p176c11)});
+  ks.push_back({"pack256c16", [&](cudaStream_t st) { p256c16.reset(st); }, std::ref(p256c16)});
   cudaEvent_t e0, e1;
   TWELL_CUDA_CHECK(cudaEventCreate(&e0));
   TWELL_CUDA_CHECK(cudaEventCreate(&e1));
