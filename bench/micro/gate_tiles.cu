@@ -8,6 +8,8 @@
 //   bare256   the same GEMM kernel as pack256 with an epilogue that writes nothing (the mainloop alone)
 //   bare176   the same for pack176
 //   relu176   the 128 × 176 GEMM writing ReLU(g) in bf16 from its registers, as lt does
+//   relu176l2 relu176 folded onto 128 rows of g (L2-resident: its stores never reach DRAM)
+//   alu176    the pack epilogue's register and shuffle work at 128 × 176, nothing stored
 //   nocount176  pack176 without the row counts (no returning atomics: RowCounts left null)
 //   pack176c11, pack256c16  the packs at compression 11 and 16: 16 slots a tile, 64 bytes, whole
 //             32-byte sectors (22 slots at C = 8 and T = 176 are 88 bytes: tiles share sectors, which
@@ -50,10 +52,18 @@ struct SinkParams {
   int64_t M = 0, ld = 0;
 };
 
-// bare: nothing leaves the registers. The store under a condition no accumulator meets (TMA reads
-// x and W as they are; none is 3.0e38) keeps the compiler from seeing the accumulators unused.
-// relu: ReLU(acc) in bf16 to g, from the registers (a quad's 4 lanes: 16 contiguous bytes a row).
-template <bool kRelu>
+// What the sink epilogues do with a tile's accumulators:
+//   bare    nothing leaves the registers. The store under a condition no accumulator meets (TMA
+//           reads x and W as they are; none is 3.0e38) keeps the compiler from seeing them unused.
+//   relu    ReLU(acc) in bf16 to g, from the registers (a quad's 4 lanes: 16 contiguous bytes a row).
+//   relu_l2 the same stores into 128 rows of g only (row mod 128): 1.4 MB that stay in L2.
+//   alu     the pack epilogue's register work (bf16 pairs, the quad's masks by shuffles, the count,
+//           each non-zero's rank) with no store: what its instructions cost without its memory.
+enum class Sink { bare, relu, relu_l2, alu };
+
+__device__ __forceinline__ uint64_t bits_below(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
+
+template <Sink kSink>
 class SinkEpilogue : public cuda::sm90::RegisterEpilogue<SinkParams> {
  public:
   CUTLASS_HOST_DEVICE SinkEpilogue(Params const& p, SharedStorage const& = SharedStorage()) : p_(p) {}
@@ -64,18 +74,60 @@ class SinkEpilogue : public cuda::sm90::RegisterEpilogue<SinkParams> {
                                  cute::Tensor<FrgEngine, FrgLayout> const& acc, TiledMma tiled_mma, ResidueMNK,
                                  int thread_idx, char*) {
     constexpr int kTileM = size<0>(BlockShapeMNK{}), kTileN = size<1>(BlockShapeMNK{});
-    if constexpr (!kRelu) {
+    if constexpr (kSink == Sink::bare) {
       float any = 0.f;
 #pragma unroll
       for (int i = 0; i < size(acc); ++i) any = fmaxf(any, acc(i));
       if (any == 3.0e38f) p_.g[0] = 1;
+    } else if constexpr (kSink == Sink::alu) {
+      constexpr int kGroups = kTileN / 8, kBlocksM = kTileM / 64;
+      const int lane = threadIdx.x % 32;
+      auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+      cute::Tensor coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+      const int q = get<1>(coords(0)) / 2;
+      uint32_t sink = 0;
+#pragma unroll
+      for (int b = 0; b < kBlocksM; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t pairs[kGroups];
+          uint64_t mask = 0;
+#pragma unroll
+          for (int j = 0; j < kGroups; ++j) {
+            const float x = acc(make_coord(make_coord(0, h, j), b, 0)), y = acc(make_coord(make_coord(1, h, j), b, 0));
+            const __nv_bfloat162 v = __floats2bfloat162_rn(x > 0.f || x != x ? x : 0.f, y > 0.f || y != y ? y : 0.f);
+            pairs[j] = *reinterpret_cast<const uint32_t*>(&v);
+            mask |= uint64_t{(pairs[j] & 0xffffu) != 0} << (2 * j) | uint64_t{(pairs[j] >> 16) != 0} << (2 * j + 1);
+          }
+          uint64_t quad[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int src = (lane & ~3) | k;
+            quad[k] = uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask), src)} |
+                      uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask >> 32), src)} << 32;
+          }
+          sink += __popcll(quad[0]) + __popcll(quad[1]) + __popcll(quad[2]) + __popcll(quad[3]);
+          for (uint64_t m = mask; m; m &= m - 1) {
+            const int bit = __ffsll(static_cast<long long>(m)) - 1, j = bit / 2;
+            uint32_t pos = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) pos += __popcll(quad[k] & bits_below(k < q ? 2 * j + 2 : k == q ? bit : 2 * j));
+            uint32_t pair = 0;
+#pragma unroll
+            for (int jj = 0; jj < kGroups; ++jj) pair = jj == j ? pairs[jj] : pair;
+            sink += pos ^ pair;
+          }
+        }
+      if (sink == 0xdeadbeefu) p_.g[0] = 1;
     } else {
       auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
       cute::Tensor coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
       const int64_t m0 = int64_t{get<0>(blk_coord_mnkl)} * kTileM, n0 = int64_t{get<1>(blk_coord_mnkl)} * kTileN;
 #pragma unroll
       for (int i = 0; i < size(acc); i += 2) {
-        const int64_t r = m0 + get<0>(coords(i)), c = n0 + get<1>(coords(i));
+        int64_t r = m0 + get<0>(coords(i));
+        const int64_t c = n0 + get<1>(coords(i));
+        if constexpr (kSink == Sink::relu_l2) r %= 128;
         if (r < p_.M && c < p_.ld) {
           const __nv_bfloat162 v = __floats2bfloat162_rn(fmaxf(acc(i), 0.f), fmaxf(acc(i + 1), 0.f));
           *reinterpret_cast<__nv_bfloat162*>(p_.g + r * p_.ld + c) = v;
@@ -88,8 +140,8 @@ class SinkEpilogue : public cuda::sm90::RegisterEpilogue<SinkParams> {
   Params p_;
 };
 
-template <int TileM, int TileN, bool kRelu>
-using SinkGemm = typename cuda::sm90::PingPongGemm<SinkEpilogue<kRelu>, TileM, TileN>::Gemm;
+template <int TileM, int TileN, Sink kSink>
+using SinkGemm = typename cuda::sm90::PingPongGemm<SinkEpilogue<kSink>, TileM, TileN>::Gemm;
 
 template <class Gemm>
 struct SinkRun {
@@ -173,9 +225,12 @@ int run(int argc, char** argv) {
   PackRun p256(xp, wp, M, H, I, 256, sms), p176(xp, wp, M, H, I, 176, sms), nocount(xp, wp, M, H, I, 176, sms);
   nocount.a.rows = {};
   PackRun p176c11(xp, wp, M, H, I, 176, sms, 11), p256c16(xp, wp, M, H, I, 256, sms, 16);
-  SinkRun<SinkGemm<64, 256, false>> bare256(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
-  SinkRun<SinkGemm<128, 176, false>> bare176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
-  SinkRun<SinkGemm<128, 176, true>> relu176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
+  SinkRun<SinkGemm<64, 256, Sink::bare>> bare256(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
+  SinkRun<SinkGemm<128, 176, Sink::bare>> bare176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
+  SinkRun<SinkGemm<128, 176, Sink::relu>> relu176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
+  SinkRun<SinkGemm<128, 176, Sink::relu_l2>> relu176l2(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I},
+                                                        sms);
+  SinkRun<SinkGemm<128, 176, Sink::alu>> alu176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
   auto run_lt = [&](cudaStream_t st) {
     lt.run(xp, wp, g_lt.get(), M, I, H, true, cuda::GemmEpilogue::relu, st);
   };
@@ -229,6 +284,8 @@ int run(int argc, char** argv) {
   ks.push_back({"nocount176", [&](cudaStream_t st) { nocount.reset(st); }, std::ref(nocount)});
   ks.push_back({"pack176c11", [&](cudaStream_t st) { p176c11.reset(st); }, std::ref(p176c11)});
   ks.push_back({"pack256c16", [&](cudaStream_t st) { p256c16.reset(st); }, std::ref(p256c16)});
+  ks.push_back({"relu176l2", none, std::ref(relu176l2)});
+  ks.push_back({"alu176", none, std::ref(alu176)});
   cudaEvent_t e0, e1;
   TWELL_CUDA_CHECK(cudaEventCreate(&e0));
   TWELL_CUDA_CHECK(cudaEventCreate(&e1));
