@@ -132,8 +132,8 @@ static void check_densities_reachable(const FfnBenchConfig& cfg, const std::vect
     for (double d : densities)
       TWELL_REQUIRE(d <= most || d == 1, "-d ", d, " is more than --distribution ", distribution_name(dist),
                     " gives at -I ", cfg.I, ": at most ", most_text,
-                    " (30% of its neurons never fire, the others at most 95% of the time), or 1; use "
-                    "--distribution uniform for denser cases");
+                    " (", kDeadNeurons * 100, "% of its neurons never fire, the others at most ", kMaxRate * 100,
+                    "% of the time), or 1; use --distribution uniform for denser cases");
   }
 }
 

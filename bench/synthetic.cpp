@@ -32,8 +32,6 @@ double normal_quantile(double q) {
 
 // Tokens of `skewed` with a heat shift, and the range of the shift (standard deviations).
 constexpr double kHotTokens = 0.02, kHeatMin = 1.0, kHeatMax = 1.5;
-// skewed: the share of neurons that never fire, and the rate the others' are clipped at.
-constexpr double kDeadNeurons = 0.3, kMaxRate = 0.95;
 
 // Expected non-zeros per token over all tokens: (1 - kHotTokens)·Σ p_j for the tokens without heat,
 // and for the hot ones Σ Φ(heat - z_j), z_j = Φ⁻¹(1 - p_j), averaged over heat uniform in

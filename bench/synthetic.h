@@ -52,6 +52,9 @@ struct SyntheticFfn {
 
 SyntheticFfn make_synthetic_ffn(const SyntheticSpec& spec);
 
+// skewed: the share of neurons that never fire, and the rate the others' are clipped at.
+constexpr double kDeadNeurons = 0.3, kMaxRate = 0.95;
+
 // The largest density below 1 that `spec.distribution` gives at spec.I and spec.seed (spec.density
 // is ignored): 1 for uniform; for skewed its live neurons (70%, so a little more or less at a
 // small I) all at their clipped rate (95%), ~0.67 at I = 5632 with the hot tokens. Densities
