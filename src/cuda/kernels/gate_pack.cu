@@ -24,9 +24,6 @@
 #include "cuda/kernels.h"
 
 #include "cuda/kernels/sm90_register_epilogue.cuh"
-
-#include <cuda_bf16.h>
-
 #include "twell/error.h"
 
 namespace twell::cuda {
@@ -44,6 +41,22 @@ struct PackParams {
 
 // Bits [0, n) of a 64-bit mask (n ≤ 64).
 __device__ __forceinline__ uint64_t below(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
+
+// ReLU and the bf16 rounding of two values in one instruction: lo in bits [0, 16), hi in [16, 32);
+// negatives become 0 (a negative zero may stay -0: see nonzero_halves), NaN stays NaN.
+__device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Bit 15 set where p's low bf16 is non-zero, bit 31 where its high one is, the sign ignored (-0 is
+// zero): a half's magnitude (at most 0x7fff) plus 0x7fff reaches the half's top bit exactly when it
+// is at least 1, and never carries out of the half. Three instructions for what took a compare and a
+// select a value.
+__device__ __forceinline__ uint32_t nonzero_halves(uint32_t p) {
+  return ((p & 0x7fff7fffu) + 0x7fff7fffu) & 0x80008000u;
+}
 
 // An sm70-style epilogue (operator() per output tile, accumulators in registers), run by the
 // Hopper kernels through CUTLASS's Sm90TmaWarpSpecializedAdapter. It has no shared storage.
@@ -97,17 +110,22 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
         __syncwarp();  // the lanes that skipped the rest of the previous row meet again (defensive:
                        // the shuffles below name the whole warp anyway)
         const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), b, 0)));
-        // bf16 values, ReLU'd (NaN kept: never silently turned into zeros), and their non-zero mask.
+        // bf16 values, ReLU'd (NaN kept: never silently turned into zeros), and their non-zero mask
+        // (bit 2j + e), built a 32-bit half at a time. This loop is most of the epilogue's
+        // instructions, which cost the GEMM time even though the other warpgroup's MMA runs under
+        // them (docs/perf.md, FFN item 42).
         uint32_t pairs[kGroups];
-        uint64_t mask = 0;
+        uint32_t mask_half[2] = {0, 0};
 #pragma unroll
         for (int j = 0; j < kGroups; ++j) {
-          const float a = acc(make_coord(make_coord(0, h, j), b, 0)), c = acc(make_coord(make_coord(1, h, j), b, 0));
-          const __nv_bfloat162 v = __floats2bfloat162_rn(a > 0.f || a != a ? a : 0.f, c > 0.f || c != c ? c : 0.f);
-          pairs[j] = *reinterpret_cast<const uint32_t*>(&v);
-          mask |= uint64_t{(pairs[j] & 0xffffu) != 0} << (2 * j) | uint64_t{(pairs[j] >> 16) != 0} << (2 * j + 1);
+          pairs[j] =
+              relu_bf16x2(acc(make_coord(make_coord(0, h, j), b, 0)), acc(make_coord(make_coord(1, h, j), b, 0)));
+          const uint32_t nz = nonzero_halves(pairs[j]);
+          const int at = (2 * j) % 32;  // of mask_half[j / 16]
+          mask_half[j / 16] |= (at <= 15 ? nz >> (15 - at) : nz << (at - 15)) & (1u << at);
+          mask_half[j / 16] |= (nz >> (30 - at)) & (2u << at);
         }
-        mask &= in_width;
+        const uint64_t mask = (mask_half[0] | uint64_t{mask_half[1]} << 32) & in_width;
         // The quad's four masks (every lane of the warp takes part in the shuffles).
         uint64_t quad[4];
 #pragma unroll
@@ -152,7 +170,8 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
           } else {
             uint32_t* out = reinterpret_cast<uint32_t*>(p_.act.backup + static_cast<int64_t>(bk) * l.tile);
 #pragma unroll
-            for (int j = 0; j < kGroups; ++j) out[(c0 + 8 * j) / 2] = c0 + 8 * j < width ? pairs[j] : 0u;
+            for (int j = 0; j < kGroups; ++j)  // a -0 from relu_bf16x2 stored as +0 (nonzero_halves)
+              out[(c0 + 8 * j) / 2] = c0 + 8 * j < width ? pairs[j] & ((nonzero_halves(pairs[j]) >> 15) * 0xffffu) : 0u;
             if (q == 0) p_.act.backup_owner[bk] = static_cast<uint32_t>(tile_id);
             for (uint32_t k = q; k < slots; k += 4) words[k] = k == 0 ? bk : 0u;
           }
