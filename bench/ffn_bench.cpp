@@ -115,9 +115,12 @@ static void check_config(const FfnBenchConfig& cfg) {
   for (double d : cfg.densities) TWELL_REQUIRE(d >= 0 && d <= 1, "-d must be a density in [0, 1], got ", d);
   if (cfg.from_file.empty())
     TWELL_REQUIRE(cfg.H >= 3 && cfg.I >= 1, "-H must be at least 3 and -I at least 1, got ", cfg.H, " and ", cfg.I);
-  TWELL_REQUIRE(cfg.tile >= 1 && cfg.tile <= 65536, "--tile must be in [1, 65536], got ", cfg.tile);
-  TWELL_REQUIRE(cfg.compression >= 1 && cfg.tile % cfg.compression == 0,
-                "--compression must be at least 1 and divide --tile (", cfg.tile, "), got ", cfg.compression);
+  TWELL_REQUIRE(cfg.tile >= 0 && cfg.tile <= 65536, "--tile must be 0 (the FFN's default) or in [1, 65536], got ",
+                cfg.tile);
+  TWELL_REQUIRE(cfg.compression >= 1 && cfg.compression <= 65536, "--compression must be at least 1, got ",
+                cfg.compression);
+  TWELL_REQUIRE(cfg.tile == 0 || cfg.tile % cfg.compression == 0, "--compression must divide --tile (", cfg.tile,
+                "), got ", cfg.compression);
   TWELL_REQUIRE(std::isfinite(cfg.l1) && cfg.l1 >= 0, "--l1 must be finite and >= 0, got ", cfg.l1);
 }
 
@@ -171,9 +174,10 @@ static void check_host_memory(const FfnBenchConfig& cfg, const std::vector<int64
   }
 }
 
-std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress,
+std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream& progress,
                                        std::vector<BenchRecord>* finished) {
-  check_config(cfg);
+  check_config(asked);
+  FfnBenchConfig cfg = asked;  // with the tile width chosen, once I is known
   // What the backend says of itself is shown once the options are known to be good: an error
   // alone on stderr otherwise.
   std::ostringstream backend_notes;
@@ -212,6 +216,11 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& 
   if (!from_file) check_host_memory(cfg, tokens, backend->activations_on_host());
   std::optional<FfnProblem> given;  // --from's tensors, read and checked before anything is said
   if (from_file) given = load_problem(cfg.from_file);
+  if (cfg.tile == 0) {
+    cfg.tile = default_ffn_tile(from_file ? given->ffn.spec.I : cfg.I, cfg.compression, cfg.train);
+    TWELL_REQUIRE(cfg.tile % cfg.compression == 0, "--compression must divide the tile width (", cfg.tile,
+                  ", the default here: give --tile), got ", cfg.compression);
+  }
   progress << backend_notes.str();
 
   std::vector<BenchRecord> records;

@@ -27,7 +27,7 @@ struct FfnBenchConfig {
   std::vector<double> densities;  // empty = the backend's default
   std::vector<Distribution> distributions{Distribution::uniform, Distribution::skewed};
   bool gated = true;
-  int32_t tile = 256, compression = 8;
+  int32_t tile = 0, compression = 8;  // tile 0: default_ffn_tile (twell_format.h), the FFN's own choice
   int warmup = -1, iters = -1;  // -1 = the backend's default
   uint64_t seed = 1;
   std::string from_file;  // safetensors with x, gate, up, down (DESIGN.md §2 layouts)

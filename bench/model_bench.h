@@ -39,7 +39,7 @@ struct ModelBenchConfig {
   bool ffn_residual_norm = true;               // the add + RMSNorm after the FFN run by it (LlamaCudaOptions)
   bool decode_gemv = true;                     // decode, batch 1: twell's GEMV for QKV and O (LlamaCudaOptions)
   int decode_attention_splits = 0;             // decode: key ranges a head in both models; 0: each model's own
-  int32_t tile = 256;                          // the twell FFN's TwELL tile width (FfnOptions::tile)
+  int32_t tile = 0;                            // the twell FFN's TwELL tile width (FfnOptions::tile; 0: its default)
   std::string attention = "auto";              // prefill attention: auto, cudnn or twell (PrefillAttention)
   uint64_t seed = 1;
   std::string command;

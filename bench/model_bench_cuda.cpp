@@ -495,7 +495,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   const std::string kernels_note =
       "attention: " + kernels.attention + (kernels.fused_qkv_rope ? "; QKV+RoPE fused" : "; QKV, RoPE unfused") +
       (cfg.ffn_residual_norm ? "; the add + RMSNorm after the FFN in twell's down pass" : kSeparateFfnNormNote) +
-      (cfg.tile != 256 ? "; TwELL tile " + std::to_string(cfg.tile) : std::string());
+      (cfg.tile != 0 ? "; TwELL tile " + std::to_string(cfg.tile) + " (--tile)" : std::string());
   progress << "  prefill " << kernels_note << "\n";
 
   // Full size, the attention and QKV kernels themselves (the CPU check's 16 tokens take neither
@@ -596,7 +596,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
     const LlamaCuda::PrefillKernels mk = models[k]->prefill_kernels();
     r.note = line + measured + "; attention: " + mk.attention + (mk.fused_qkv_rope ? "; QKV+RoPE fused" : "");
     if (!cfg.ffn_residual_norm) r.note += kSeparateFfnNormNote;
-    if (cfg.tile != 256) r.note += "; TwELL tile " + std::to_string(cfg.tile) + " (--tile)";
+    if (cfg.tile != 0) r.note += "; TwELL tile " + std::to_string(cfg.tile) + " (--tile)";
     if (attention_agreement >= 0) {
       std::snprintf(line, sizeof line,
                     " (dense model against twell's attention and the unfused QKV at full size: rel err %.2e)",

@@ -5,6 +5,10 @@
 
 namespace twell {
 
+int32_t default_ffn_tile(int64_t ffn, int32_t compression, bool training) {
+  return !training && ffn % 176 == 0 && compression >= 1 && 176 % compression == 0 ? 176 : 256;
+}
+
 void TwellLayout::check() const {
   TWELL_CHECK(rows >= 0, "TwELL: rows must be >= 0, got ", rows);
   TWELL_CHECK(cols >= 1, "TwELL: cols must be >= 1, got ", cols);

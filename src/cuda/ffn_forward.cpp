@@ -98,7 +98,13 @@ struct FfnForward::Impl {
     const void *x = nullptr, *wg = nullptr, *wu = nullptr, *wd = nullptr;
   } saved;
 
-  Impl(const FfnShape& s, const FfnOptions& o) : shape(s), options(o) {
+  static FfnOptions with_tile(FfnOptions o, const FfnShape& s) {
+    if (o.tile == 0) o.tile = default_ffn_tile(s.ffn, o.compression, o.training);
+    return o;
+  }
+
+  Impl(const FfnShape& s, const FfnOptions& asked) : shape(s), options(with_tile(asked, s)) {
+    const FfnOptions& o = options;
     TWELL_CHECK(s.max_tokens >= 1 && s.hidden >= 1 && s.ffn >= 1, "FfnForward: sizes must be positive, got M=",
                 s.max_tokens, " H=", s.hidden, " I=", s.ffn);
     TWELL_CHECK(s.hidden % 64 == 0 && s.ffn % 64 == 0, "FfnForward: H and I must be multiples of 64, got H=",

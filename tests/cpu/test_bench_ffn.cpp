@@ -189,8 +189,11 @@ TEST(BenchFfn, EveryCaseIsCheckedBeforeAnyRuns) {
   refused([](bench::FfnBenchConfig& c) { c.densities = {0.01, 1.5}; }, "-d must be a density in [0, 1], got 1.5");
   refused([](bench::FfnBenchConfig& c) { c.densities = {NAN}; }, "-d must be a density");
   refused([](bench::FfnBenchConfig& c) { c.H = 2; }, "-H must be at least 3");
-  refused([](bench::FfnBenchConfig& c) { c.tile = 0; }, "--tile must be in [1, 65536], got 0");
-  refused([](bench::FfnBenchConfig& c) { c.compression = 3; }, "--compression must be at least 1 and divide --tile");
+  refused([](bench::FfnBenchConfig& c) { c.tile = -1; }, "--tile must be 0 (the FFN's default) or in [1, 65536]");
+  refused([](bench::FfnBenchConfig& c) { c.compression = 0; }, "--compression must be at least 1, got 0");
+  refused([](bench::FfnBenchConfig& c) { c.tile = 256, c.compression = 3; }, "--compression must divide --tile (256)");
+  // The default tile (256 at I = 320) that --compression does not divide.
+  refused([](bench::FfnBenchConfig& c) { c.compression = 3; }, "--compression must divide the tile width (256");
   refused([](bench::FfnBenchConfig& c) { c.l1 = -1; }, "--l1 must be finite and >= 0");
   // A density the skewed problem cannot give (its dead neurons cap it near 66%), not run at less.
   refused([](bench::FfnBenchConfig& c) {

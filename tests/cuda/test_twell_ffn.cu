@@ -645,6 +645,19 @@ TEST(FfnForwardGpuErrors, RefusesWhatItCannotHonour) {
 // 256-wide tile a token. That limit is a call's, not the workspace's: an object built for more
 // tokens still runs smaller calls sparse (with the bits of a small object), and a call past it
 // runs dense under dispatch, or is refused under always_sparse before anything is queued.
+// FfnOptions::tile = 0 is resolved when the object is built, and options() says to what.
+TEST(FfnForwardGpuEdges, TheDefaultTileIsChosenAndSaid) {
+  TWELL_REQUIRE_HOPPER();
+  EXPECT_EQ(cuda::FfnForward({64, 256, 5632, true}, {}).options().tile, 176);
+  EXPECT_EQ(cuda::FfnForward({64, 256, 2048, true}, {}).options().tile, 256);
+  cuda::FfnOptions training;
+  training.training = true;
+  EXPECT_EQ(cuda::FfnForward({64, 256, 5632, true}, training).options().tile, 256);
+  cuda::FfnOptions asked;
+  asked.tile = 128;
+  EXPECT_EQ(cuda::FfnForward({64, 256, 5632, true}, asked).options().tile, 128);
+}
+
 TEST(FfnForwardGpuEdges, TheFormatsIndexLimitIsJudgedPerCall) {
   TWELL_REQUIRE_HOPPER();
   const int64_t H = 64, I = 64, limit = ((int64_t{1} << 32) - 1) / 288, big = limit + 1;

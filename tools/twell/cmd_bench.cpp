@@ -40,7 +40,10 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->check(CLI::IsMember({"uniform", "skewed"}))
       ->capture_default_str();
   ffn->add_flag("--non-gated", *non_gated, "h = relu(x Wuᵀ) instead of relu(x Wgᵀ) ⊙ (x Wuᵀ)");
-  ffn->add_option("--tile", cfg->tile, "TwELL tile width T")->capture_default_str();
+  ffn->add_option("--tile", cfg->tile,
+                  "TwELL tile width T; 0: the FFN's default (176 where I is a multiple of 176, as 5632 is, outside "
+                  "--train; else 256)")
+      ->capture_default_str();
   ffn->add_option("--compression", cfg->compression, "TwELL compression factor C (capacity T/C per tile)")
       ->capture_default_str();
   ffn->add_option("--warmup", cfg->warmup, "warm-up runs (default: backend's)")->check(at_least(0));
@@ -159,7 +162,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->check(CLI::IsMember({"auto", "cudnn", "twell"}))
       ->capture_default_str();
   model->add_option("--tile", mcfg->tile,
-                    "the twell FFN's TwELL tile width T (256, or 176: the fused gate's 128 x 176 tiles)")
+                    "the twell FFN's TwELL tile width T; 0: the FFN's default (176 where I is a multiple of 176, "
+                    "else 256)")
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")

@@ -80,7 +80,9 @@ struct FfnOptions {
   // path (the dense path's product kernel rounds h to bf16 for the down GEMM). A non-gated FFN has
   // h_fp32 only in one-token calls (the one-token kernel); forward() refuses more tokens.
   Precision precision = Precision::bf16;
-  int32_t tile = 256, compression = 8;    // TwELL layout
+  // TwELL layout. tile 0: default_ffn_tile(I, compression, training) (176 at I = 5632, else 256);
+  // options() gives the width chosen.
+  int32_t tile = 0, compression = 8;
   // Sparse calls with at most this many tokens take the gather path (decode): each token's active
   // rows of Wu and Wd are read through an index list, the work spread over many blocks, where the
   // TwELL kernels give each token one block. 0: always TwELL.
