@@ -46,9 +46,9 @@ void launch_twell_pack(const uint16_t* dense, const TwellDeviceView& m, unsigned
 // so must rows.row_nnz[0..M) (the epilogue adds each tile's count to it, and lists a row as heavy
 // when its count crosses kHeavyRowEntries). Needs the TwELL tile width 256 or 176 (64 × 256 or
 // 128 × 176 GEMM tiles: gate_pack_supports_tile), H and I multiples of 8, 16-byte aligned x and W.
-// The workspace is gate_pack_workspace_bytes (CUTLASS's tile scheduler;
-// may be 0). `dependent`: launched as a programmatic dependent of the kernel before it on the
-// stream (its loads wait for that kernel; see launch_dependent in kernels/bulk_copy.cuh).
+// The workspace is gate_pack_workspace_bytes (CUTLASS's tile scheduler; may be 0). `dependent`:
+// launched as a programmatic dependent of the kernel before it on the stream (its loads wait for
+// that kernel; see launch_dependent in kernels/bulk_copy.cuh).
 struct GatePackArgs {
   const uint16_t* x = nullptr;
   const uint16_t* w = nullptr;

@@ -164,7 +164,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_option("--tile", mcfg->tile,
                     "the twell FFN's TwELL tile width T; 0: the FFN's default (176 where I is a multiple of 176, "
                     "else 256)")
-      ->check(CLI::Range(1, 65536))
+      ->check(CLI::Range(0, 65536))
       ->capture_default_str();
   model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")
       ->check(seed_value())

@@ -170,8 +170,10 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
           } else {
             uint32_t* out = reinterpret_cast<uint32_t*>(p_.act.backup + static_cast<int64_t>(bk) * l.tile);
 #pragma unroll
-            for (int j = 0; j < kGroups; ++j)  // a -0 from relu_bf16x2 stored as +0 (nonzero_halves)
-              out[(c0 + 8 * j) / 2] = c0 + 8 * j < width ? pairs[j] & ((nonzero_halves(pairs[j]) >> 15) * 0xffffu) : 0u;
+            for (int j = 0; j < kGroups; ++j) {  // a -0 from relu_bf16x2 stored as +0 (nonzero_halves)
+              const uint32_t kept = pairs[j] & ((nonzero_halves(pairs[j]) >> 15) * 0xffffu);
+              out[(c0 + 8 * j) / 2] = c0 + 8 * j < width ? kept : 0u;
+            }
             if (q == 0) p_.act.backup_owner[bk] = static_cast<uint32_t>(tile_id);
             for (uint32_t k = q; k < slots; k += 4) words[k] = k == 0 ? bk : 0u;
           }
@@ -209,6 +211,17 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
 using Gemm256 = sm90::PingPongGemm<TwellPackEpilogue, 64, 256>::Gemm;
 using Gemm176 = sm90::PingPongGemm<TwellPackEpilogue, 128, 176>::Gemm;
 
+// Calls f(Kernel<Gemm>{}) with the GEMM of a's TwELL tile width (check_gate_pack: one of the two).
+template <class Gemm>
+struct Kernel {
+  using type = Gemm;
+};
+template <class F>
+decltype(auto) with_gemm(const GatePackArgs& a, F&& f) {
+  if (a.act.layout.tile == 176) return f(Kernel<Gemm176>{});
+  return f(Kernel<Gemm256>{});
+}
+
 template <class Gemm>
 typename Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
   return sm90::gemm_arguments<Gemm>(a.x, a.w, static_cast<int>(a.M), static_cast<int>(a.I), static_cast<int>(a.H),
@@ -236,20 +249,21 @@ bool gate_pack_supports_tile(int64_t tile) { return tile == 256 || tile == 176; 
 
 size_t gate_pack_workspace_bytes(const GatePackArgs& a, int sm_count) {
   check_gate_pack(a);
-  return a.act.layout.tile == 176 ? Gemm176::get_workspace_size(make_arguments<Gemm176>(a, sm_count))
-                                  : Gemm256::get_workspace_size(make_arguments<Gemm256>(a, sm_count));
+  return with_gemm(a, [&](auto kernel) -> size_t {
+    using Gemm = typename decltype(kernel)::type;
+    return Gemm::get_workspace_size(make_arguments<Gemm>(a, sm_count));
+  });
 }
 
 void launch_gate_pack(const GatePackArgs& a, void* workspace, size_t workspace_bytes, int sm_count,
                       cudaStream_t stream, bool dependent) {
   check_gate_pack(a);
   if (a.M == 0) return;
-  if (a.act.layout.tile == 176)
-    sm90::run_gemm<Gemm176>(make_arguments<Gemm176>(a, sm_count), workspace, workspace_bytes, stream,
-                            "fused gate+pack", dependent);
-  else
-    sm90::run_gemm<Gemm256>(make_arguments<Gemm256>(a, sm_count), workspace, workspace_bytes, stream,
-                            "fused gate+pack", dependent);
+  with_gemm(a, [&](auto kernel) {
+    using Gemm = typename decltype(kernel)::type;
+    sm90::run_gemm<Gemm>(make_arguments<Gemm>(a, sm_count), workspace, workspace_bytes, stream, "fused gate+pack",
+                         dependent);
+  });
 }
 
 }  // namespace twell::cuda
