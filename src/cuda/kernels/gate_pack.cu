@@ -50,12 +50,28 @@ __device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
   return r;
 }
 
-// Bit 15 set where p's low bf16 is non-zero, bit 31 where its high one is, the sign ignored (-0 is
-// zero): a half's magnitude (at most 0x7fff) plus 0x7fff reaches the half's top bit exactly when it
-// is at least 1, and never carries out of the half. Three instructions for what took a compare and a
-// select a value.
+// 0xffff in each half of p whose bf16 is non-zero, 0 in each that is +0 or -0 (so a -0 from
+// relu_bf16x2 counts as zero); NaN is unordered, so non-zero. One instruction (HSET2) for what
+// took three integer operations (item 44) and, before, a compare and a select a value.
 __device__ __forceinline__ uint32_t nonzero_halves(uint32_t p) {
-  return ((p & 0x7fff7fffu) + 0x7fff7fffu) & 0x80008000u;
+  uint32_t r;
+  asm("set.neu.u32.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(p), "r"(0u));
+  return r;
+}
+
+// v[j] for a run-time j < M without local memory: a tree of selects on j's bits, one test a level
+// (M - 1 selects; comparing j with every index took 2M instructions). Call with Lo = 0 and Size a
+// power of two at least M.
+template <int Lo, int Size, int M>
+__device__ __forceinline__ uint32_t select_by_index(const uint32_t (&v)[M], int j) {
+  if constexpr (Size == 1) {
+    return v[Lo];
+  } else if constexpr (Lo + Size / 2 >= M) {
+    return select_by_index<Lo, Size / 2>(v, j);
+  } else {
+    const uint32_t lo = select_by_index<Lo, Size / 2>(v, j), hi = select_by_index<Lo + Size / 2, Size / 2>(v, j);
+    return j & (Size / 2) ? hi : lo;
+  }
 }
 
 // An sm70-style epilogue (operator() per output tile, accumulators in registers), run by the
@@ -111,9 +127,10 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
                        // the shuffles below name the whole warp anyway)
         const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), b, 0)));
         // bf16 values, ReLU'd (NaN kept: never silently turned into zeros), and their non-zero mask
-        // (bit 2j + e), built a 32-bit half at a time. This loop is most of the epilogue's
-        // instructions, which cost the GEMM time even though the other warpgroup's MMA runs under
-        // them (docs/perf.md, FFN item 42).
+        // (bit 2j + e), built a 32-bit half at a time: four instructions a pair (the cvt, HSET2, a
+        // shift and a three-input logic op moving its bits 15 and 16 to 2j and 2j + 1). The
+        // epilogue's instructions cost the GEMM time even though the other warpgroup's MMA runs
+        // under them (docs/perf.md, FFN items 42-44).
         uint32_t pairs[kGroups];
         uint32_t mask_half[2] = {0, 0};
 #pragma unroll
@@ -122,20 +139,19 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
               relu_bf16x2(acc(make_coord(make_coord(0, h, j), b, 0)), acc(make_coord(make_coord(1, h, j), b, 0)));
           const uint32_t nz = nonzero_halves(pairs[j]);
           const int at = (2 * j) % 32;  // of mask_half[j / 16]
-          mask_half[j / 16] |= (at <= 15 ? nz >> (15 - at) : nz << (at - 15)) & (1u << at);
-          mask_half[j / 16] |= (nz >> (30 - at)) & (2u << at);
+          mask_half[j / 16] |= (at <= 15 ? nz >> (15 - at) : nz << (at - 15)) & (3u << at);
         }
         const uint64_t mask = (mask_half[0] | uint64_t{mask_half[1]} << 32) & in_width;
-        // The quad's four masks (every lane of the warp takes part in the shuffles).
-        uint64_t quad[4];
+        // The other three masks of the quad, of lanes q ^ 1, q ^ 2, q ^ 3 (every lane of the warp
+        // takes part in the shuffles).
+        uint64_t other[3];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int src = (lane & ~3) | k;
-          quad[k] = uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask), src)};
+        for (int x = 1; x < 4; ++x) {
+          other[x - 1] = uint64_t{__shfl_xor_sync(0xffffffffu, static_cast<uint32_t>(mask), x)};
           if constexpr (2 * kGroups > 32)
-            quad[k] |= uint64_t{__shfl_sync(0xffffffffu, static_cast<uint32_t>(mask >> 32), src)} << 32;
+            other[x - 1] |= uint64_t{__shfl_xor_sync(0xffffffffu, static_cast<uint32_t>(mask >> 32), x)} << 32;
         }
-        const uint32_t count = __popcll(quad[0]) + __popcll(quad[1]) + __popcll(quad[2]) + __popcll(quad[3]);
+        const uint32_t count = __popcll(mask) + __popcll(other[0]) + __popcll(other[1]) + __popcll(other[2]);
         // Past M: skip the row. Below, only quad-wide shuffles (spilled tiles), and a quad's four
         // lanes hold the same row, so they skip or take them together.
         if (row >= l.rows) continue;
@@ -147,13 +163,14 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
         if (count <= slots) {
           for (uint64_t m = mask; m; m &= m - 1) {
             const int bit = __ffsll(static_cast<long long>(m)) - 1, j = bit / 2, e = bit % 2;
-            uint32_t pos = 0;  // the non-zeros of the quad's columns below this one
+            // The non-zeros of the quad's columns below this one (8j + 2q + e): this lane's below
+            // bit 2j + e; a lower lane's in groups up to j, a higher lane's in groups below j.
+            const uint64_t low = 1ull << (2 * j);  // bit 2j (j < 32; low << 2 wraps to 0 at j = 31)
+            const uint64_t to_j = low - 1, through_j = (low << 2) - 1;
+            uint32_t pos = __popcll(mask & (e ? to_j | low : to_j));
 #pragma unroll
-            for (int k = 0; k < 4; ++k) pos += __popcll(quad[k] & below(k < q ? 2 * j + 2 : k == q ? bit : 2 * j));
-            // pairs[j] with a dynamic j would go to local memory: select it with a static loop.
-            uint32_t pair = 0;
-#pragma unroll
-            for (int jj = 0; jj < kGroups; ++jj) pair = jj == j ? pairs[jj] : pair;
+            for (int x = 1; x < 4; ++x) pos += __popcll(other[x - 1] & ((q ^ x) < q ? through_j : to_j));
+            const uint32_t pair = select_by_index<0, 64>(pairs, j);
             const uint16_t bits = static_cast<uint16_t>(e ? pair >> 16 : pair & 0xffffu);
             words[pos] = twell_entry(bits, static_cast<uint32_t>(c0 + 8 * j + e));
           }
@@ -171,7 +188,7 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
             uint32_t* out = reinterpret_cast<uint32_t*>(p_.act.backup + static_cast<int64_t>(bk) * l.tile);
 #pragma unroll
             for (int j = 0; j < kGroups; ++j) {  // a -0 from relu_bf16x2 stored as +0 (nonzero_halves)
-              const uint32_t kept = pairs[j] & ((nonzero_halves(pairs[j]) >> 15) * 0xffffu);
+              const uint32_t kept = pairs[j] & nonzero_halves(pairs[j]);
               out[(c0 + 8 * j) / 2] = c0 + 8 * j < width ? kept : 0u;
             }
             if (q == 0) p_.act.backup_owner[bk] = static_cast<uint32_t>(tile_id);
