@@ -3,8 +3,9 @@
 // Every tensor is checked before any is converted: present, a float dtype (BF16, F16, F32), and
 // the shape the config implies; a tensor the Llama layer does not have, inside a layer the model
 // runs, is refused (another architecture's weights); layers past num_hidden_layers and other
-// tensors the model does not use are listed in LlamaWeights::unused. Errors describe the input,
-// so they carry no source location:
+// tensors the model does not use are listed in LlamaWeights::unused. One error names every problem
+// found (NaN and Inf likewise, when checked). Errors describe the input, so they carry no source
+// location:
 //   "<ckpt>: tensor 'model.layers.0.self_attn.k_proj.weight': expected shape [32, 64], got [64,
 //   64]"
 // Conversion happens once: to the storage dtype (f32 or bf16), and down_proj.weight [H, I] is
@@ -53,20 +54,34 @@ std::vector<Expected> expected_tensors(const io::ModelConfig& c) {
   return e;
 }
 
-void check_tensor(const io::Checkpoint& ckpt, const Expected& e, bool tied) {
+// What is wrong with one expected tensor, "" when nothing (the file is named by fail_if_any).
+std::string tensor_problem(const io::Checkpoint& ckpt, const Expected& e, bool tied) {
   if (!ckpt.has(e.name)) {
     std::string hint;
     if (e.name == "lm_head.weight" && !tied) hint = " (config.json has tie_word_embeddings false)";
-    throw Error(
-        str(ckpt.path(), ": missing tensor '", e.name, "' with shape ", shape_str(e.shape), hint));
+    return str("missing tensor '", e.name, "' with shape ", shape_str(e.shape), hint);
   }
   const io::TensorInfo& info = ckpt.info(e.name);
   if (info.dtype != DType::bf16 && info.dtype != DType::f16 && info.dtype != DType::f32)
-    throw Error(str(ckpt.path(), ": tensor '", e.name, "': expected dtype BF16, F16 or F32, got ",
-                    io::safetensors_dtype_name(info.dtype)));
+    return str("tensor '", e.name, "': expected dtype BF16, F16 or F32, got ", io::safetensors_dtype_name(info.dtype));
   if (info.shape != e.shape)
-    throw Error(str(ckpt.path(), ": tensor '", e.name, "': expected shape ", shape_str(e.shape),
-                    ", got ", shape_str(info.shape)));
+    return str("tensor '", e.name, "': expected shape ", shape_str(e.shape), ", got ", shape_str(info.shape));
+  return "";
+}
+
+// Throws one Error, on one line, naming every problem found in checkpoint `file` (the first
+// kMaxListed of them), so that a checkpoint with several is fixed in one round rather than one
+// error a run:
+//   "<dir>: 3 problems with the checkpoint's tensors: missing tensor '...' ...; tensor '...': ..."
+void fail_if_any(const std::string& file, const std::vector<std::string>& problems, const std::string& what) {
+  if (problems.empty()) return;
+  const std::string where = file.empty() ? "" : file + ": ";  // empty: the problems name their files
+  if (problems.size() == 1) throw Error(where + problems[0]);
+  constexpr size_t kMaxListed = 20;
+  std::string message = str(where, problems.size(), " ", what, ": ");
+  for (size_t i = 0; i < problems.size() && i < kMaxListed; ++i) message += (i ? "; " : "") + problems[i];
+  if (problems.size() > kMaxListed) message += str("; ... and ", problems.size() - kMaxListed, " more");
+  throw Error(message);
 }
 
 }  // namespace
@@ -87,7 +102,7 @@ namespace {
 // past the config's, and tensors outside the layers, are listed; HF's rotary_emb.inv_freq
 // buffers, which transformers recomputes too, are skipped.
 std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::vector<Expected>& expected,
-                                        const io::ModelConfig& c) {
+                                        const io::ModelConfig& c, std::vector<std::string>& problems) {
   std::unordered_set<std::string> names;
   for (const Expected& e : expected) names.insert(e.name);
   std::vector<std::string> unused;
@@ -98,9 +113,10 @@ std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::v
     if (n >= k && t.name.compare(n - k, k, inv_freq) == 0) continue;
     const int64_t layer = LlamaWeights::layer_of(t.name);
     if (layer >= 0 && layer < c.num_hidden_layers)
-      throw Error(str(ckpt.path(), ": tensor '", t.name, "' is not part of the Llama layer twell runs (model_type ",
-                      c.model_type, "): its model (attention biases? extra norms?) would run wrong without it"));
-    unused.push_back(t.name);
+      problems.push_back(str("tensor '", t.name, "' is not part of the Llama layer twell runs (model_type ",
+                             c.model_type, "): its model (attention biases? extra norms?) would run wrong without it"));
+    else
+      unused.push_back(t.name);
   }
   return unused;
 }
@@ -130,8 +146,12 @@ std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::Mod
   if (config.hidden_act != "relu" && config.hidden_act != "silu")
     throw Error(str(source, ": hidden_act \"", config.hidden_act,
                     "\" is not supported by the Llama runtime (it runs \"relu\" and \"silu\")"));
-  for (const Expected& e : expected) check_tensor(ckpt, e, config.tie_word_embeddings);
-  return unused_tensors(ckpt, expected, config);
+  std::vector<std::string> problems;
+  for (const Expected& e : expected)
+    if (std::string p = tensor_problem(ckpt, e, config.tie_word_embeddings); !p.empty()) problems.push_back(p);
+  std::vector<std::string> unused = unused_tensors(ckpt, expected, config, problems);
+  fail_if_any(ckpt.path(), problems, "problems with the checkpoint's tensors");
+  return unused;
 }
 
 }  // namespace
@@ -148,11 +168,21 @@ LlamaWeights load_weights(const io::Checkpoint& ckpt, const io::ModelConfig& con
   if (options.dtype != DType::f32 && options.dtype != DType::bf16)
     throw Error(str("LlamaWeights::load: storage dtype must be f32 or bf16, got ",
                     dtype_name(options.dtype)));
-  // Validate everything first, so a bad checkpoint fails fast and names its first bad tensor.
+  // Validate everything first, so a bad checkpoint fails before any conversion and names every bad
+  // tensor.
   const std::vector<Expected> expected = expected_tensors(config);
   std::vector<std::string> unused = check_against(ckpt, config, expected, source);
-  if (options.check_finite)
-    for (const Expected& e : expected) ckpt.check_finite(e.name);
+  if (options.check_finite) {
+    std::vector<std::string> non_finite;
+    for (const Expected& e : expected) {
+      try {
+        ckpt.check_finite(e.name);
+      } catch (const Error& err) {  // "<file>: tensor '...': element ... is NaN (...)"
+        non_finite.push_back(err.what());
+      }
+    }
+    fail_if_any("", non_finite, "tensors hold NaN or Inf");
+  }
 
   auto read = [&](const std::string& name) { return ckpt.read_as(name, options.dtype); };
   LlamaWeights w;

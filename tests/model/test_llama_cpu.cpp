@@ -8,6 +8,7 @@
 //    (tests/model/data/llama/<name>/: config.json, model.safetensors, logits.safetensors).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -298,7 +299,7 @@ TEST_F(LlamaLoadErrors, WrongShape) {
                                  "expected shape [176, 64], got [176, 63]"});
 }
 
-// A checkpoint for another config: the first mismatching tensor is named.
+// A checkpoint for another config: every mismatching tensor is named.
 TEST_F(LlamaLoadErrors, ConfigDoesNotMatchCheckpoint) {
   write_hf(dir_, c, hf);
   io::ModelConfig other = c;
@@ -330,6 +331,48 @@ TEST_F(LlamaLoadErrors, NonFiniteWeightWhenChecked) {
   opts.check_finite = true;
   expect_error([&] { LlamaWeights::load_dir(dir_, opts); },
                {"model.layers.1.mlp.gate_proj.weight"});
+}
+
+// Several problems in one checkpoint are named in one error (one line), so that one round fixes
+// them all; NaN and Inf likewise, when checked.
+TEST_F(LlamaLoadErrors, EveryProblemIsNamedAtOnce) {
+  hf.erase("model.layers.1.self_attn.v_proj.weight");
+  hf["model.layers.0.mlp.up_proj.weight"] = Tensor(DType::f32, {176, 63});
+  hf["model.layers.0.self_attn.q_proj.bias"] = Tensor(DType::f32, {64});
+  write_hf(dir_, c, hf);
+  expect_error([&] { load(); }, {dir_ + ": 3 problems with the checkpoint's tensors: ",
+                                 "missing tensor 'model.layers.1.self_attn.v_proj.weight'",
+                                 "tensor 'model.layers.0.mlp.up_proj.weight': expected shape [176, 64], got [176, 63]",
+                                 "tensor 'model.layers.0.self_attn.q_proj.bias'"});
+}
+
+TEST_F(LlamaLoadErrors, EveryNonFiniteTensorIsNamedAtOnce) {
+  hf["model.layers.1.mlp.gate_proj.weight"].ptr<float>()[7] = NAN;
+  hf["model.norm.weight"].ptr<float>()[3] = -INFINITY;
+  write_hf(dir_, c, hf);
+  LlamaLoadOptions opts;
+  opts.check_finite = true;
+  expect_error([&] { LlamaWeights::load_dir(dir_, opts); },
+               {"2 tensors hold NaN or Inf: " + dir_ + "/model.safetensors: tensor 'model.layers.1.mlp.gate_proj.weight': element 7",
+                "is NaN", "model.safetensors: tensor 'model.norm.weight': element 3", "is -Inf"});
+}
+
+// A long list stops at 20 problems and says how many more.
+TEST_F(LlamaLoadErrors, ALongListOfProblemsIsCut) {
+  for (auto it = hf.begin(); it != hf.end();) it = LlamaWeights::layer_of(it->first) >= 0 ? hf.erase(it) : std::next(it);
+  io::ModelConfig more = c;
+  more.num_hidden_layers = 3;  // 27 layer tensors missing
+  write_hf(dir_, more, hf);
+  try {
+    load();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("27 problems with the checkpoint's tensors:"), std::string::npos) << m;
+    EXPECT_NE(m.find("; ... and 7 more"), std::string::npos) << m;
+    EXPECT_EQ(std::count(m.begin(), m.end(), ';'), 20) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
 }
 
 // Layers past the config's num_hidden_layers load as a shorter model (HF does the same), listed in
