@@ -161,22 +161,15 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
         uint32_t* words = p_.act.slots + tile_id * slots;
         if (q == 0) p_.act.counts[tile_id] = count;
         if (count <= slots) {
-          // The quad's non-zeros in groups j < 16 (the masks' low words), for the ranks past them.
-          const uint32_t count_low = __popc(static_cast<uint32_t>(mask)) + __popc(static_cast<uint32_t>(other[0])) +
-                                     __popc(static_cast<uint32_t>(other[1])) + __popc(static_cast<uint32_t>(other[2]));
           for (uint64_t m = mask; m; m &= m - 1) {
             const int bit = __ffsll(static_cast<long long>(m)) - 1, j = bit / 2, e = bit % 2;
             // The non-zeros of the quad's columns below this one (8j + 2q + e): this lane's below
-            // bit 2j + e; a lower lane's in groups up to j, a higher lane's in groups below j. In
-            // 32-bit words (the masks' word holding bit 2j, and count_low for the low words below
-            // it): 64-bit shifts and masks took twice the instructions.
-            const int word = bit / 32;
-            auto in_word = [word](uint64_t v) { return static_cast<uint32_t>(word ? v >> 32 : v); };
-            const uint32_t low = 1u << (bit & 30);  // bit 2j of its word; low << 2 wraps to 0 at the top
-            const uint32_t to_j = low - 1, through_j = (low << 2) - 1;
-            uint32_t pos = (word ? count_low : 0u) + __popc(in_word(mask) & (e ? to_j | low : to_j));
+            // bit 2j + e; a lower lane's in groups up to j, a higher lane's in groups below j.
+            const uint64_t low = 1ull << (2 * j);  // bit 2j (j < 32; low << 2 wraps to 0 at j = 31)
+            const uint64_t to_j = low - 1, through_j = (low << 2) - 1;
+            uint32_t pos = __popcll(mask & (e ? to_j | low : to_j));
 #pragma unroll
-            for (int x = 1; x < 4; ++x) pos += __popc(in_word(other[x - 1]) & ((q ^ x) < q ? through_j : to_j));
+            for (int x = 1; x < 4; ++x) pos += __popcll(other[x - 1] & ((q ^ x) < q ? through_j : to_j));
             const uint32_t pair = select_by_index<0, 64>(pairs, j);
             const uint16_t bits = static_cast<uint16_t>(e ? pair >> 16 : pair & 0xffffu);
             words[pos] = twell_entry(bits, static_cast<uint32_t>(c0 + 8 * j + e));
