@@ -512,4 +512,31 @@ void check_records_path(const std::string& path) {
   io::detail::AtomicFile probe(path);  // creates the temporary next to `path`; removed, as it is never committed
 }
 
+void save_records(const std::vector<BenchRecord>& records, const std::string& path, std::ostream& out,
+                  const char* which) {
+  if (path.empty()) return;
+  write_records(records, path);
+  out << "wrote " << records.size() << " records" << which << " to " << path << "\n";
+}
+
+std::vector<BenchRecord> run_saving_records(const std::function<void(std::vector<BenchRecord>*)>& run,
+                                            const std::string& json_path, std::ostream& out, std::ostream& err) {
+  std::vector<BenchRecord> records;
+  try {
+    run(&records);
+  } catch (const std::exception&) {
+    if (records.empty()) throw;
+    try {
+      print_table(records, out);
+      save_records(records, json_path, out, " of the cases done before the error");
+    } catch (const std::exception& e) {  // the case's error is the one to report
+      err << "could not save the finished cases: " << e.what() << "\n";
+    }
+    throw;
+  }
+  print_table(records, out);
+  save_records(records, json_path, out);
+  return records;
+}
+
 }  // namespace twell::bench

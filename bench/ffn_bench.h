@@ -172,5 +172,15 @@ void write_records(const std::vector<BenchRecord>& records, const std::string& p
 // Throws unless a file can be created at `path` (its folder exists and is writable): run before a
 // benchmark, so that a bad --json path fails at once, not after minutes of measuring. Empty: no-op.
 void check_records_path(const std::string& path);
+// --json: writes the records to `path` (nothing when empty) and says so on `out`: "wrote N records to
+// PATH", `which` inserted after "records".
+void save_records(const std::vector<BenchRecord>& records, const std::string& path, std::ostream& out,
+                  const char* which = "");
+// Runs `run`, which appends each case's records to its argument as the case finishes, then prints
+// the table to `out` and saves the records to `json_path`; returns them. When `run` throws after some
+// cases finished, those are printed and saved, said to be the cases done before the error (a failed
+// save is reported on `err`), and the case's error is rethrown: minutes of results are not lost.
+std::vector<BenchRecord> run_saving_records(const std::function<void(std::vector<BenchRecord>*)>& run,
+                                            const std::string& json_path, std::ostream& out, std::ostream& err);
 
 }  // namespace twell::bench

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -204,6 +205,60 @@ TEST(BenchFfn, EveryCaseIsCheckedBeforeAnyRuns) {
   refused([](bench::FfnBenchConfig& c) { c.timing_given = true; }, "--timing gpu: this backend times every call");
 }
 
+// A case that fails after others finished: the finished cases are printed and saved, said to be
+// partial, and the case's error is what the caller gets; a failed save does not hide that error.
+class BenchRecords : public test::ScratchDirTest {};
+
+TEST_F(BenchRecords, CasesDoneBeforeAnErrorAreSavedAndTheErrorFollows) {
+  bench::FfnBenchConfig cfg = small_config();
+  cfg.tokens = {9};
+  cfg.H = 64;
+  cfg.I = 320;
+  cfg.densities = {0.05};
+  cfg.distributions = {bench::Distribution::uniform};
+  std::ostringstream progress;
+  const std::vector<bench::BenchRecord> first = bench::run_ffn_bench(cfg, progress);  // one real case
+  ASSERT_FALSE(first.empty());
+  auto fails_second = [&](std::vector<bench::BenchRecord>* done) {
+    done->insert(done->end(), first.begin(), first.end());
+    throw Error("case 2 could not run");
+  };
+  std::ostringstream out, err;
+  test::expect_error([&] { bench::run_saving_records(fails_second, path("r.json"), out, err); },
+                     {"case 2 could not run"});
+  EXPECT_NE(out.str().find("wrote " + std::to_string(first.size()) + " records of the cases done before the error"),
+            std::string::npos)
+      << out.str();
+  EXPECT_NE(out.str().find("twell"), std::string::npos) << out.str();  // the table of the finished case
+  std::ifstream saved(path("r.json"));
+  ASSERT_TRUE(saved.good());
+  std::stringstream text;
+  text << saved.rdbuf();
+  EXPECT_EQ(text.str(), bench::records_to_json(first));
+  EXPECT_TRUE(err.str().empty()) << err.str();
+
+  // The save fails (a folder where the file should go): the case's error still comes out.
+  std::filesystem::create_directories(path("taken.json"));
+  std::ostringstream out2, err2;
+  test::expect_error([&] { bench::run_saving_records(fails_second, path("taken.json"), out2, err2); },
+                     {"case 2 could not run"});
+  EXPECT_NE(err2.str().find("could not save the finished cases"), std::string::npos) << err2.str();
+
+  // Nothing finished: the error alone, no file.
+  std::ostringstream out3, err3;
+  test::expect_error([&] { bench::run_saving_records([](auto*) { throw Error("case 1 could not run"); },
+                                                     path("none.json"), out3, err3); },
+                     {"case 1 could not run"});
+  EXPECT_FALSE(std::ifstream(path("none.json")).good());
+  EXPECT_TRUE(out3.str().empty()) << out3.str();
+
+  // No error: every record, printed and saved.
+  std::ostringstream out4, err4;
+  const auto all = bench::run_saving_records([&](std::vector<bench::BenchRecord>* done) { *done = first; },
+                                             path("all.json"), out4, err4);
+  EXPECT_EQ(all.size(), first.size());
+  EXPECT_NE(out4.str().find("wrote " + std::to_string(first.size()) + " records to"), std::string::npos) << out4.str();
+}
 
 // Into a file or pipe, a counted loop's progress is a line at each tenth of the way, the last
 // step always included; no carriage returns.

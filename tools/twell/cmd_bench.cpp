@@ -7,16 +7,6 @@
 #include "model_bench.h"
 
 namespace twell::cli {
-namespace {
-
-// --json: the records to `path` (nothing when empty), and a line saying so (`which` qualifies them).
-void save_records(const std::vector<bench::BenchRecord>& records, const std::string& path, const char* which = "") {
-  if (path.empty()) return;
-  bench::write_records(records, path);
-  std::cout << "wrote " << records.size() << " records" << which << " to " << path << "\n";
-}
-
-}  // namespace
 
 void register_bench(CLI::App& app, const std::string& command_line) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks: correctness first, then timing against dense");
@@ -89,23 +79,10 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     cfg->timing_given = timing_option->count() > 0;
     cfg->distributions.clear();
     for (const auto& d : *distributions) cfg->distributions.push_back(bench::distribution_from_name(d));
-    std::vector<bench::BenchRecord> records;  // each case's, as soon as it is done
-    try {
-      bench::run_ffn_bench(*cfg, std::cerr, &records);
-    } catch (const std::exception&) {
-      // A case failed to run: the cases done before it are not thrown away (table and JSON of
-      // those, said to be so), and the error follows.
-      if (records.empty()) throw;
-      try {
-        bench::print_table(records, std::cout);
-        save_records(records, *json_path, " of the cases done before the error");
-      } catch (const std::exception& e) {  // the case's error is the one to report
-        std::cerr << "could not save the finished cases: " << e.what() << "\n";
-      }
-      throw;
-    }
-    bench::print_table(records, std::cout);
-    save_records(records, *json_path);
+    // A case that fails to run does not throw away the cases done before it (run_saving_records).
+    const auto records = bench::run_saving_records(
+        [&](std::vector<bench::BenchRecord>* done) { bench::run_ffn_bench(*cfg, std::cerr, done); }, *json_path,
+        std::cout, std::cerr);
     for (const auto& r : records)
       TWELL_REQUIRE(r.correct, "case M=", r.M, " density=", r.density, " ", r.distribution, " impl ", r.impl,
                   " failed its correctness check: ", r.note);
@@ -182,7 +159,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     if (*cublas_projections) mcfg->decode_gemv = false;
     const auto records = bench::run_model_bench(*mcfg, std::cerr);
     bench::print_model_table(records, std::cout);
-    save_records(records, *model_json);
+    bench::save_records(records, *model_json, std::cout);
     for (const auto& r : records)
       TWELL_CHECK(r.correct, r.bench, " impl ", r.impl, " failed its correctness check: ", r.note);
   });
