@@ -1,7 +1,9 @@
 // The fused QKV GEMM + RoPE + KV-cache write (launch_qkv_rope) against the unfused path (cuBLASLt
 // GEMM, then launch_rope_kv) on the same inputs: q in the QKV buffer, k and v in the caches at
 // positions [p0, p0 + S) of each sequence, nothing else written (outputs poisoned first). Token
-// counts that are not multiples of the 64-row tile, a prefix in the cache, GQA, head_dim 64 and 128.
+// counts that are not multiples of the row tile, a prefix in the cache, GQA, head_dim 64 (128 × 192
+// tiles, which may span q and k or k and v) and 128 (64 × 256), widths that are not multiples of a
+// tile.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,6 +28,8 @@ const Case kCases[] = {
     {3, 77, 0, 4, 2, 128, 512},      // head_dim 128
     {1, 1, 5, 4, 4, 64, 64},         // one token
     {1, 100, 3, 4, 4, 64, 200},      // H = 200: a partial K tile
+    {1, 50, 0, 2, 1, 64, 256},       // q width 128, N = 256: q and k in one tile of 192, a partial last tile
+    {1, 70, 0, 3, 1, 128, 256},      // head_dim 128, q width 384: a 256 tile across q and k, then v and past N
 };
 
 class QkvRope : public ::testing::TestWithParam<Case> {};
@@ -113,8 +117,10 @@ TEST(QkvRope, SaysWhichShapesItTakes) {  // host-only
   EXPECT_TRUE(qkv_rope_supported(2048, 32, 32, 64, &why)) << why;
   EXPECT_FALSE(qkv_rope_supported(64, 4, 2, 16, &why));
   EXPECT_NE(why.find("head_dim"), std::string::npos) << why;
-  EXPECT_FALSE(qkv_rope_supported(256, 2, 1, 64, &why));  // q width 128
-  EXPECT_NE(why.find("multiples of 256"), std::string::npos) << why;
+  EXPECT_TRUE(qkv_rope_supported(256, 2, 1, 64, &why)) << why;  // q width 128: tiles hold whole heads
+  EXPECT_TRUE(qkv_rope_supported(256, 3, 1, 128, &why)) << why;  // q width 384
+  EXPECT_FALSE(qkv_rope_supported(256, 0, 1, 64, &why));
+  EXPECT_NE(why.find("0 query and 1 key/value heads"), std::string::npos) << why;
 }
 
 }  // namespace

@@ -1,17 +1,19 @@
 // qkv_rope: the attention's input projection [q | k | v] = a Wqkvᵀ by a CUTLASS 3 Hopper GEMM (the
-// gate_pack.cu kernel: TMA, wgmma, persistent ping-pong, 64 × 256 tiles, 2-CTA clusters) whose
-// epilogue applies RoPE and writes k and v straight into the KV cache, from the accumulator
-// registers. It replaces cuBLASLt's GEMM followed by rope_kv_kernel, which read the 1.5 GB GEMM
-// output back and wrote 1.5 GB again at 131072 tokens.
+// gate_pack.cu kernel: TMA, wgmma, persistent ping-pong, 2-CTA clusters) whose epilogue applies
+// RoPE and writes k and v straight into the KV cache, from the accumulator registers. It replaces
+// cuBLASLt's GEMM followed by rope_kv_kernel, which read the 1.5 GB GEMM output back and wrote
+// 1.5 GB again at 131072 tokens. Tiles: 128 × 192 at head_dim 64 (three heads; the shape whose
+// operands cost the fewest L2 bytes a MAC, as the gate's 128 × 176: docs/perf.md, model item 25),
+// 64 × 256 at head_dim 128 (two heads).
 //
 // Rounding: every value is first rounded to bf16 (what the GEMM wrote before), then rotated in
 // fp32 without contraction (as rope_kv_kernel and the CPU reference do), then rounded again: the
 // unfused path's steps, so the two differ only where the GEMMs' summation orders do.
 //
-// wgmma's accumulator layout gives a thread columns 8j + 2q + e (j < 32, e < 2) of rows r and r + 8
-// of the 64 × 256 tile; RoPE pairs column i of a head with column i + hd/2, i.e. group j with
-// j + hd/16: the same thread. A tile lies in one of q, k, v when nh·hd and nkv·hd are multiples
-// of 256 (qkv_rope_supported).
+// wgmma's accumulator layout gives a thread columns 8j + 2q + e (j < TileN / 8, e < 2) of rows r and
+// r + 8 of each 64-row block of the tile; RoPE pairs column i of a head with column i + hd/2, i.e.
+// group j with j + hd/16: the same thread. A tile holds whole heads (TileN is a multiple of hd),
+// each in one of q, k, v.
 #include "cuda/kernels.h"
 
 #include "cuda/kernels/sm90_register_epilogue.cuh"
@@ -24,7 +26,6 @@ namespace twell::cuda {
 namespace {
 
 using namespace cute;
-using sm90::kTileN;
 
 struct RopeParams {
   uint16_t* qkv = nullptr;  // q goes here (row stride ld); k and v to the caches
@@ -52,36 +53,31 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL, BlockShapeMNK, BlockCoordMNKL blk_coord_mnkl,
                                  cute::Tensor<FrgEngine, FrgLayout> const& acc, TiledMma tiled_mma, ResidueMNK,
                                  int thread_idx, char*) {
-    constexpr int kTileM = size<0>(BlockShapeMNK{});
-    static_assert(size<1>(BlockShapeMNK{}) == kTileN);
+    constexpr int kTileM = size<0>(BlockShapeMNK{}), kTileN = size<1>(BlockShapeMNK{});
+    constexpr int kGroups = kTileN / 8, kBlocksM = kTileM / 64;  // column groups; 64-row wgmma blocks
+    static_assert(kTileN % HD == 0 && kTileM % 64 == 0);
     static_assert(decltype(size<0, 0>(acc))::value == 2 && decltype(size<0, 1>(acc))::value == 2 &&
-                  decltype(size<0, 2>(acc))::value == 32);
+                  decltype(size<0, 2>(acc))::value == kGroups && decltype(size<1>(acc))::value == kBlocksM);
     constexpr int kHalf = HD / 2, kPair = kHalf / 8;  // partner column group: j + kPair
+    constexpr int kHeadGroups = HD / 8, kHeads = kTileN / HD;
 
     const auto m_coord = get<0>(blk_coord_mnkl), n_coord = get<1>(blk_coord_mnkl);
     auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
     cute::Tensor coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
-    const int r0 = get<0>(coords(0)), c0 = get<1>(coords(0));
-    const int n0 = n_coord * kTileN;
-    if (n0 >= p_.q_dim + 2 * p_.kv_dim) return;  // a tile past N (see gate_pack.cu) writes nothing
-    // 0: q, 1: k, 2: v (a tile lies in one of them); c: the tile's first column in that part.
-    const int part = n0 < p_.q_dim ? 0 : n0 < p_.q_dim + p_.kv_dim ? 1 : 2;
-    const int c = part == 0 ? n0 : part == 1 ? n0 - p_.q_dim : n0 - p_.q_dim - p_.kv_dim;
+    const int c0 = get<1>(coords(0));
+    const int n0 = n_coord * kTileN, N = p_.q_dim + 2 * p_.kv_dim;
+    if (n0 >= N) return;  // a tile past N (see gate_pack.cu) writes nothing
     const int p0 = *p_.p0;
 
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = int64_t{m_coord} * kTileM + r0 + 8 * h;
-      if (row >= p_.M) continue;
-      const int64_t b = row / p_.S;
-      const int pos = p0 + static_cast<int>(row % p_.S);
-      float x[32][2];
+    for (int blk = 0; blk < kBlocksM; ++blk) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) x[j][e] = to_bf16_and_back(acc(make_coord(make_coord(e, h, j), 0, 0)));
-      if (part < 2) {
-        // cos and sin of this thread's frequencies: columns 8j + c0 + e of a head's first half.
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), blk, 0)));
+        if (row >= p_.M) continue;
+        const int64_t b = row / p_.S;
+        const int pos = p0 + static_cast<int>(row % p_.S);
+        // cos and sin of this thread's frequencies: columns 8k + c0 + e of a head's first half.
         const float* cs = p_.cos_sin + int64_t{pos} * HD;
         float2 cos_[kPair], sin_[kPair];
 #pragma unroll
@@ -90,23 +86,38 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
           sin_[k] = *reinterpret_cast<const float2*>(cs + kHalf + 8 * k + c0);
         }
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          if ((8 * j) % HD >= kHalf) continue;  // second halves are written with their partners
-          const int k = ((8 * j) % HD) / 8;
-          const float co[2] = {cos_[k].x, cos_[k].y}, si[2] = {sin_[k].x, sin_[k].y};
+        for (int head = 0; head < kHeads; ++head) {
+          const int hc = n0 + head * HD;  // the head's first column of [q | k | v]
+          if (hc >= N) break;             // the last tile's heads past N (TMA read zeros there)
+          // 0: q, 1: k, 2: v; c: the head's first column in that part.
+          const int part = hc < p_.q_dim ? 0 : hc < p_.q_dim + p_.kv_dim ? 1 : 2;
+          const int c = part == 0 ? hc : part == 1 ? hc - p_.q_dim : hc - p_.q_dim - p_.kv_dim;
+          float x[kHeadGroups][2];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float a = x[j][e], bb = x[j + kPair][e];
-            x[j][e] = __fsub_rn(__fmul_rn(a, co[e]), __fmul_rn(bb, si[e]));
-            x[j + kPair][e] = __fadd_rn(__fmul_rn(bb, co[e]), __fmul_rn(a, si[e]));
+          for (int j = 0; j < kHeadGroups; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              x[j][e] = to_bf16_and_back(acc(make_coord(make_coord(e, h, head * kHeadGroups + j), blk, 0)));
+          if (part < 2) {
+#pragma unroll
+            for (int k = 0; k < kPair; ++k) {  // group k of the first half with k + kPair of the second
+              const float co[2] = {cos_[k].x, cos_[k].y}, si[2] = {sin_[k].x, sin_[k].y};
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const float a = x[k][e], bb = x[k + kPair][e];
+                x[k][e] = __fsub_rn(__fmul_rn(a, co[e]), __fmul_rn(bb, si[e]));
+                x[k + kPair][e] = __fadd_rn(__fmul_rn(bb, co[e]), __fmul_rn(a, si[e]));
+              }
+            }
           }
+          uint16_t* dst = part == 0 ? p_.qkv + row * p_.ld
+                                    : (part == 1 ? p_.k_cache : p_.v_cache) + (b * p_.max_context + pos) * p_.kv_dim;
+          dst += c + c0;
+#pragma unroll
+          for (int j = 0; j < kHeadGroups; ++j)
+            *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack_bf16x2(x[j][0], x[j][1]);
         }
       }
-      uint16_t* dst = part == 0 ? p_.qkv + row * p_.ld
-                                : (part == 1 ? p_.k_cache : p_.v_cache) + (b * p_.max_context + pos) * p_.kv_dim;
-      dst += c + c0;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack_bf16x2(x[j][0], x[j][1]);
     }
   }
 
@@ -116,9 +127,9 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
 
 // gate_pack.cu's kernel configuration. Ping-pong 64 × 256 (4.54 ms at 131072 × 6144 × 2048, ncu)
 // beat the cooperative 128 × 256 kernel with this epilogue (4.79-4.85 ms); docs/perf.md, model
-// item 13.
+// item 13. At head_dim 64, 128 × 192 tiles (model item 25).
 template <int HD>
-using Gemm = typename sm90::PingPongGemm<RopeKvEpilogue<HD>>::Gemm;
+using Gemm = typename sm90::PingPongGemm<RopeKvEpilogue<HD>, HD == 64 ? 128 : 64, HD == 64 ? 192 : 256>::Gemm;
 
 template <int HD>
 typename Gemm<HD>::Arguments make_arguments(const QkvRopeArgs& a, int sm_count) {
@@ -148,8 +159,8 @@ bool qkv_rope_supported(int64_t H, int nh, int nkv, int hd, std::string* why) {
   std::string r;
   if (hd != 64 && hd != 128)
     r = str("head_dim ", hd, " (64 or 128)");
-  else if ((int64_t{nh} * hd) % kTileN != 0 || (int64_t{nkv} * hd) % kTileN != 0)
-    r = str("q width ", nh * hd, " and k/v width ", nkv * hd, " must be multiples of ", kTileN);
+  else if (nh < 1 || nkv < 1)
+    r = str(nh, " query and ", nkv, " key/value heads");
   else if (H % 8 != 0)
     r = str("hidden size ", H, " (a multiple of 8)");
   if (why) *why = r;
