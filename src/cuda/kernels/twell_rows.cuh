@@ -16,14 +16,8 @@
 #include "cuda/kernels/pack_report.cuh"
 #include "cuda/kernels/rms_norm.cuh"
 
-#ifndef TWELL_RESID_PREFETCH
-#define TWELL_RESID_PREFETCH 2
-#endif
-
 namespace twell::cuda {
 namespace {
-
-__device__ __forceinline__ void prefetch_l2(const void* a) { asm volatile("prefetch.global.L2 [%0];" ::"l"(a)); }
 
 constexpr int kMaxChunks = 16;     // H <= 4096: lane l holds columns c·256 + 8l .. + 8, c < kMaxChunks
 constexpr int kMaxTile = 1024;     // widest TwELL tile the list takes whole
@@ -141,7 +135,7 @@ __device__ uint32_t stage(const Params& p, int64_t row, int64_t& t, int64_t t_st
       backup = __ldcs(p.act.slots + (row_tiles + tt) * slots);
       const uint16_t* dense = p.act.backup + static_cast<int64_t>(backup) * l.tile;
       for (int c = 0; c < l.tile; c += 64)
-        prefetch_l2(dense + c);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(dense + c));
     }
     for (uint32_t spills = __ballot_sync(0xffffffffu, spilled); spills; spills &= spills - 1) {
       const int src = __ffs(spills) - 1;
@@ -186,14 +180,15 @@ __device__ __forceinline__ void prefetch_row(const Params& p, int64_t row, bool 
   if (row >= p.act.layout.rows) return;
   const TwellLayout& l = p.act.layout;
   const int64_t n_tiles = l.n_tiles();
-  if (lane == 0) prefetch_l2(p.act.counts + row * n_tiles);
+  auto prefetch = [](const void* a) { asm volatile("prefetch.global.L2 [%0];" ::"l"(a)); };
+  if (lane == 0) prefetch(p.act.counts + row * n_tiles);
   for (int64_t tt = lane; tt < n_tiles; tt += 32) {
     const int64_t word = (row * n_tiles + tt) * l.slots();
-    prefetch_l2(p.act.slots + word);
-    if (u_too) prefetch_l2(p.u_vals + word);
+    prefetch(p.act.slots + word);
+    if (u_too) prefetch(p.u_vals + word);
   }
   if (x_too)
-    for (int64_t c = lane * 64; c < p.H; c += 32 * 64) prefetch_l2(p.x + row * p.H + c);
+    for (int64_t c = lane * 64; c < p.H; c += 32 * 64) prefetch(p.x + row * p.H + c);
 }
 
 // The next token for this warp: dynamic, because token costs vary 10-20x in skewed activations
@@ -302,10 +297,10 @@ __device__ __forceinline__ void row_schedule(const Params& p, bool prefetch_x, b
 // slots, M = 131072: 4.74 -> 2.65 ms for up), so warps matter more than rows in flight; staging
 // the next token's list during the current token's rows (double-buffered lists, fewer warps for
 // the room) measured slower (docs/perf.md).
-template <Aux kAux, int kRows, typename Begin, typename LastIssued, typename Use, typename End, typename EndHeavy>
+template <Aux kAux, int kRows, typename Begin, typename Use, typename End, typename EndHeavy>
 __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, const uint16_t* w2, const WarpSmem& s,
-                                          bool prefetch_x, bool prefetch_u, int lane, Begin&& begin,
-                                          LastIssued&& last_issued, Use&& use, End&& end, EndHeavy&& end_heavy) {
+                                          bool prefetch_x, bool prefetch_u, int lane, Begin&& begin, Use&& use,
+                                          End&& end, EndHeavy&& end_heavy) {
   static_assert(kRows == 1 || kRows == 2);
   const uint32_t D = static_cast<uint32_t>(p.ring_slots), row_bytes = static_cast<uint32_t>(p.H * 2);
   const uint64_t keep = l2_keep_policy();
@@ -324,19 +319,14 @@ __device__ __forceinline__ void warp_loop(const Params& p, const uint16_t* w, co
   auto run_tiles = [&](int64_t row, int64_t t, int64_t t_stop) {
     while (t < t_stop) {
       const uint32_t len = kRows * stage<kAux>(p, row, t, t_stop, s.col, s.aux, lane);
-      const bool last_group = t >= t_stop;
       uint32_t k_issue = 0;
       for (; k_issue < len && k_issue < D; ++k_issue) issue(k_issue);
-      if (last_group && k_issue == len) last_issued(row);
       for (uint32_t k = 0; k < len; ++k) {
         wait_parity(s.full + use_slot, use_parity);
         use(s.aux[k / kRows], reinterpret_cast<const uint16_t*>(s.ring + use_slot * row_bytes), k % kRows);
         if (++use_slot == D) use_slot = 0, use_parity ^= 1u;
         __syncwarp();  // every lane is done with the slot before the TMA overwrites it
-        if (k_issue < len) {
-          issue(k_issue++);
-          if (last_group && k_issue == len) last_issued(row);
-        }
+        if (k_issue < len) issue(k_issue++);
       }
     }
   };
@@ -552,19 +542,9 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
   start_pass(p);
   float acc[kChunks][8] = {};
   constexpr int kRows = kAux == Aux::dg_du ? 2 : 1;
-  // Out::residual_norm: the row's residual, read at its end, asked of L2 ahead of time.
-  auto prefetch_resid = [&](int64_t row) {
-    if constexpr (kOut == Out::residual_norm)
-      for (int64_t c = lane * 32; c < p.H; c += 32 * 32) prefetch_l2(p.then.resid + row * p.H + c);
-  };
   warp_loop<kAux, kRows>(
       p, p.wd, kRows == 2 ? p.wu : nullptr, s, false, kAux == Aux::h_gated || kAux == Aux::h_gated_fp32, lane,
-      [&](int64_t row) {
-        if (TWELL_RESID_PREFETCH == 1) prefetch_resid(row);
-      },
-      [&](int64_t row) {
-        if (TWELL_RESID_PREFETCH == 2) prefetch_resid(row);
-      },
+      [](int64_t) {},
       [&](uint32_t a_bits, const uint16_t* w, int which) {
         const float a = kRows == 1 ? __uint_as_float(a_bits)
                                    : bf16_bits_to_float(static_cast<uint16_t>(which ? a_bits >> 16 : a_bits & 0xffffu));
