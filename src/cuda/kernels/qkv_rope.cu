@@ -41,9 +41,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
-// The halves of a packed bf16 pair as floats (exact).
-__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ float to_bf16_and_back(float a) { return __bfloat162float(__float2bfloat16_rn(a)); }
 
 template <int HD>
 class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
@@ -94,36 +92,30 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
           // 0: q, 1: k, 2: v; c: the head's first column in that part.
           const int part = hc < p_.q_dim ? 0 : hc < p_.q_dim + p_.kv_dim ? 1 : 2;
           const int c = part == 0 ? hc : part == 1 ? hc - p_.q_dim : hc - p_.q_dim - p_.kv_dim;
-          // The GEMM's bf16 output, a pair of columns a word (one cvt a pair): v as it is, q and k
-          // rotated from it.
-          uint32_t out[kHeadGroups];
+          float x[kHeadGroups][2];
 #pragma unroll
-          for (int j = 0; j < kHeadGroups; ++j) {
-            const int g = head * kHeadGroups + j;
-            out[j] = pack_bf16x2(acc(make_coord(make_coord(0, h, g), blk, 0)),
-                                 acc(make_coord(make_coord(1, h, g), blk, 0)));
-          }
+          for (int j = 0; j < kHeadGroups; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              x[j][e] = to_bf16_and_back(acc(make_coord(make_coord(e, h, head * kHeadGroups + j), blk, 0)));
           if (part < 2) {
 #pragma unroll
             for (int k = 0; k < kPair; ++k) {  // group k of the first half with k + kPair of the second
-              const float a[2] = {bf16_lo(out[k]), bf16_hi(out[k])};
-              const float bb[2] = {bf16_lo(out[k + kPair]), bf16_hi(out[k + kPair])};
               const float co[2] = {cos_[k].x, cos_[k].y}, si[2] = {sin_[k].x, sin_[k].y};
-              float lo[2], hi[2];
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
-                lo[e] = __fsub_rn(__fmul_rn(a[e], co[e]), __fmul_rn(bb[e], si[e]));
-                hi[e] = __fadd_rn(__fmul_rn(bb[e], co[e]), __fmul_rn(a[e], si[e]));
+                const float a = x[k][e], bb = x[k + kPair][e];
+                x[k][e] = __fsub_rn(__fmul_rn(a, co[e]), __fmul_rn(bb, si[e]));
+                x[k + kPair][e] = __fadd_rn(__fmul_rn(bb, co[e]), __fmul_rn(a, si[e]));
               }
-              out[k] = pack_bf16x2(lo[0], lo[1]);
-              out[k + kPair] = pack_bf16x2(hi[0], hi[1]);
             }
           }
           uint16_t* dst = part == 0 ? p_.qkv + row * p_.ld
                                     : (part == 1 ? p_.k_cache : p_.v_cache) + (b * p_.max_context + pos) * p_.kv_dim;
           dst += c + c0;
 #pragma unroll
-          for (int j = 0; j < kHeadGroups; ++j) *reinterpret_cast<uint32_t*>(dst + 8 * j) = out[j];
+          for (int j = 0; j < kHeadGroups; ++j)
+            *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack_bf16x2(x[j][0], x[j][1]);
         }
       }
     }
