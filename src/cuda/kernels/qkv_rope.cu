@@ -16,7 +16,6 @@
 // each in one of q, k, v.
 #include "cuda/kernels.h"
 
-#include "cuda/kernels/bulk_copy.cuh"
 #include "cuda/kernels/sm90_register_epilogue.cuh"
 
 #include <cuda_bf16.h>
@@ -44,33 +43,16 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
 }
 __device__ __forceinline__ float to_bf16_and_back(float a) { return __bfloat162float(__float2bfloat16_rn(a)); }
 
-// The warp's staging of one head's 16 rows (kStaged below): HD / 8 chunks of 16 bytes a row, chunk k
-// of row r at position k ^ (r % 8), so that stmatrix's 8 rows and the 16-byte reads are free of bank
-// conflicts.
-__device__ __forceinline__ uint32_t staged_offset(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row % 8)) * 16));
-}
-
 template <int HD>
 class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
  public:
-  // At head_dim 64 each consumer warp stages a head's 16 x 64 values in shared memory (stmatrix), then
-  // writes them as whole 128-byte lines of 16-byte stores (the registers' 4-byte stores wrote each
-  // line in eight 16-byte pieces). 16 KB for the 8 consumer warps: the 128 x 192 mainloop keeps its
-  // 5 stages. At head_dim 128 the stores stay in registers.
-  static constexpr bool kStaged = HD == 64;
-  struct SharedStorage {
-    alignas(128) char stage[kStaged ? 8 * 16 * HD * 2 : 16];
-  };
-
-  CUTLASS_HOST_DEVICE RopeKvEpilogue(Params const& p, SharedStorage const&) : p_(p) {}
-  CUTLASS_HOST_DEVICE explicit RopeKvEpilogue(Params const& p) : p_(p) {}
+  CUTLASS_HOST_DEVICE RopeKvEpilogue(Params const& p, SharedStorage const& = SharedStorage()) : p_(p) {}
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL, BlockShapeMNK, BlockCoordMNKL blk_coord_mnkl,
                                  cute::Tensor<FrgEngine, FrgLayout> const& acc, TiledMma tiled_mma, ResidueMNK,
-                                 int thread_idx, char* smem) {
+                                 int thread_idx, char*) {
     constexpr int kTileM = size<0>(BlockShapeMNK{}), kTileN = size<1>(BlockShapeMNK{});
     constexpr int kGroups = kTileN / 8, kBlocksM = kTileM / 64;  // column groups; 64-row wgmma blocks
     static_assert(kTileN % HD == 0 && kTileM % 64 == 0);
@@ -86,131 +68,54 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
     const int n0 = n_coord * kTileN, N = p_.q_dim + 2 * p_.kv_dim;
     if (n0 >= N) return;  // a tile past N (see gate_pack.cu) writes nothing
     const int p0 = *p_.p0;
-    const int lane = threadIdx.x % 32;
-    // This warp's stage (consumer warps 4-11), as a shared-memory address.
-    const uint32_t stage = smem_addr(smem) + (threadIdx.x / 32 % 8) * (16 * HD * 2);
-
-    // Where row `row` of part 0 (q), 1 (k) or 2 (v) goes, less the head's column.
-    auto destination = [&](int64_t row, int part) {
-      if (part == 0) return p_.qkv + row * p_.ld;
-      const int64_t b = row / p_.S;
-      const int pos = p0 + static_cast<int>(row % p_.S);
-      return (part == 1 ? p_.k_cache : p_.v_cache) + (b * p_.max_context + pos) * p_.kv_dim;
-    };
-    // cos and sin of this thread's frequencies at `row`: columns 8k + c0 + e of a head's first half.
-    auto load_cos_sin = [&](int64_t row, float2 (&cos_)[kPair], float2 (&sin_)[kPair]) {
-      const float* cs = p_.cos_sin + int64_t{p0 + static_cast<int>(row % p_.S)} * HD;
-#pragma unroll
-      for (int k = 0; k < kPair; ++k) {
-        cos_[k] = *reinterpret_cast<const float2*>(cs + 8 * k + c0);
-        sin_[k] = *reinterpret_cast<const float2*>(cs + kHalf + 8 * k + c0);
-      }
-    };
-    // The head's values in this thread's row-half h of block blk, as bf16 pairs: rounded to bf16
-    // (what the GEMM wrote before), then, in q and k, rotated in fp32 and rounded again.
-    auto head_values = [&](int blk, int h, int head, int part, const float2 (&cos_)[kPair],
-                           const float2 (&sin_)[kPair], uint32_t (&out)[kHeadGroups]) {
-      float x[kHeadGroups][2];
-#pragma unroll
-      for (int j = 0; j < kHeadGroups; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          x[j][e] = to_bf16_and_back(acc(make_coord(make_coord(e, h, head * kHeadGroups + j), blk, 0)));
-      if (part < 2) {
-#pragma unroll
-        for (int k = 0; k < kPair; ++k) {  // group k of the first half with k + kPair of the second
-          const float co[2] = {cos_[k].x, cos_[k].y}, si[2] = {sin_[k].x, sin_[k].y};
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float a = x[k][e], bb = x[k + kPair][e];
-            x[k][e] = __fsub_rn(__fmul_rn(a, co[e]), __fmul_rn(bb, si[e]));
-            x[k + kPair][e] = __fadd_rn(__fmul_rn(bb, co[e]), __fmul_rn(a, si[e]));
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kHeadGroups; ++j) out[j] = pack_bf16x2(x[j][0], x[j][1]);
-    };
 
 #pragma unroll
     for (int blk = 0; blk < kBlocksM; ++blk) {
-      // This thread's rows: h = 0, 1 (tile rows r and r + 8 of its warp's 16).
-      int64_t row[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        row[h] = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), blk, 0)));
-      if constexpr (kStaged) {
-        const int64_t warp_row = row[0] - lane / 4;  // the warp's first row
-        // Lane l writes chunk l % 8 of rows l / 8 + 4i of the warp's 16; their KV-cache rows.
-        // (below 2^32: launch_qkv_rope checks the cache's rows)
-        uint32_t kv_row[4];
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), blk, 0)));
+        if (row >= p_.M) continue;
+        const int64_t b = row / p_.S;
+        const int pos = p0 + static_cast<int>(row % p_.S);
+        // cos and sin of this thread's frequencies: columns 8k + c0 + e of a head's first half.
+        const float* cs = p_.cos_sin + int64_t{pos} * HD;
+        float2 cos_[kPair], sin_[kPair];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int64_t g = warp_row + lane / 8 + 4 * i;
-          const uint32_t gi = static_cast<uint32_t>(g < p_.M ? g : 0), S = static_cast<uint32_t>(p_.S);
-          kv_row[i] = gi / S * static_cast<uint32_t>(p_.max_context) + static_cast<uint32_t>(p0) + gi % S;
+        for (int k = 0; k < kPair; ++k) {
+          cos_[k] = *reinterpret_cast<const float2*>(cs + 8 * k + c0);
+          sin_[k] = *reinterpret_cast<const float2*>(cs + kHalf + 8 * k + c0);
         }
 #pragma unroll
         for (int head = 0; head < kHeads; ++head) {
           const int hc = n0 + head * HD;  // the head's first column of [q | k | v]
           if (hc >= N) break;             // the last tile's heads past N (TMA read zeros there)
+          // 0: q, 1: k, 2: v; c: the head's first column in that part.
           const int part = hc < p_.q_dim ? 0 : hc < p_.q_dim + p_.kv_dim ? 1 : 2;
           const int c = part == 0 ? hc : part == 1 ? hc - p_.q_dim : hc - p_.q_dim - p_.kv_dim;
+          float x[kHeadGroups][2];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float2 cos_[kPair], sin_[kPair];  // again for each head (from L1): fewer registers
-            if (part < 2) load_cos_sin(row[h] < p_.M ? row[h] : 0, cos_, sin_);
-            uint32_t out[kHeadGroups];
-            head_values(blk, h, head, part, cos_, sin_, out);
-            // Column groups j .. j + 3 of rows 8h .. 8h + 7 as the four 8 x 8 matrices of stmatrix.x4:
-            // lane 8i + r names row r of matrix i, and a thread's register i holds its pair of matrix i
-            // (row lane / 4, columns 2 (lane % 4) and the next), as the accumulator layout has it.
+          for (int j = 0; j < kHeadGroups; ++j)
 #pragma unroll
-            for (int j = 0; j < kHeadGroups; j += 4) {
-              const uint32_t addr = stage + staged_offset(8 * h + lane % 8, j + lane / 8);
-              asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-                           "r"(out[j]), "r"(out[j + 1]), "r"(out[j + 2]), "r"(out[j + 3])
-                           : "memory");
+            for (int e = 0; e < 2; ++e)
+              x[j][e] = to_bf16_and_back(acc(make_coord(make_coord(e, h, head * kHeadGroups + j), blk, 0)));
+          if (part < 2) {
+#pragma unroll
+            for (int k = 0; k < kPair; ++k) {  // group k of the first half with k + kPair of the second
+              const float co[2] = {cos_[k].x, cos_[k].y}, si[2] = {sin_[k].x, sin_[k].y};
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const float a = x[k][e], bb = x[k + kPair][e];
+                x[k][e] = __fsub_rn(__fmul_rn(a, co[e]), __fmul_rn(bb, si[e]));
+                x[k + kPair][e] = __fadd_rn(__fmul_rn(bb, co[e]), __fmul_rn(a, si[e]));
+              }
             }
           }
-          __syncwarp();
-          // Four whole rows a store instruction.
-          uint16_t* base = part == 0 ? p_.qkv : part == 1 ? p_.k_cache : p_.v_cache;
+          uint16_t* dst = part == 0 ? p_.qkv + row * p_.ld
+                                    : (part == 1 ? p_.k_cache : p_.v_cache) + (b * p_.max_context + pos) * p_.kv_dim;
+          dst += c + c0;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int r = lane / 8 + 4 * i, chunk = lane % 8;
-            const int64_t g = warp_row + r;
-            uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                         : "r"(stage + staged_offset(r, chunk))
-                         : "memory");
-            const int64_t dst_row = part == 0 ? g * p_.ld : int64_t{kv_row[i]} * p_.kv_dim;
-            if (g < p_.M)
-              asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(base + dst_row + c + 8 * chunk), "r"(v.x),
-                           "r"(v.y), "r"(v.z), "r"(v.w)
-                           : "memory");
-          }
-          __syncwarp();  // every lane has read the stage before the next head writes it
-        }
-      } else {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (row[h] >= p_.M) continue;
-          float2 cos_[kPair], sin_[kPair];
-          load_cos_sin(row[h], cos_, sin_);
-#pragma unroll
-          for (int head = 0; head < kHeads; ++head) {
-            const int hc = n0 + head * HD;
-            if (hc >= N) break;
-            const int part = hc < p_.q_dim ? 0 : hc < p_.q_dim + p_.kv_dim ? 1 : 2;
-            const int c = part == 0 ? hc : part == 1 ? hc - p_.q_dim : hc - p_.q_dim - p_.kv_dim;
-            uint32_t out[kHeadGroups];
-            head_values(blk, h, head, part, cos_, sin_, out);
-            uint16_t* dst = destination(row[h], part) + c + c0;
-#pragma unroll
-            for (int j = 0; j < kHeadGroups; ++j) *reinterpret_cast<uint32_t*>(dst + 8 * j) = out[j];
-          }
+          for (int j = 0; j < kHeadGroups; ++j)
+            *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack_bf16x2(x[j][0], x[j][1]);
         }
       }
     }
@@ -272,11 +177,8 @@ void launch_qkv_rope(const QkvRopeArgs& a, void* workspace, size_t workspace_byt
   TWELL_CHECK(qkv_rope_supported(a.H, a.rope.nh, a.rope.nkv, a.rope.hd, &why), "fused QKV+RoPE does not take ", why);
   TWELL_CHECK(a.rope.T >= 1 && a.rope.T <= INT32_MAX && a.H <= INT32_MAX && a.rope.S >= 1 && a.rope.T % a.rope.S == 0,
               "fused QKV+RoPE: ", a.rope.T, " tokens in sequences of ", a.rope.S);
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  TWELL_CHECK(aligned(a.x) && aligned(a.w) && aligned(a.rope.qkv) && aligned(a.rope.k_cache) && aligned(a.rope.v_cache),
-              "fused QKV+RoPE: x, W, the output and the caches must be 16-byte aligned");
-  TWELL_CHECK(a.rope.T / a.rope.S * a.rope.max_context < (int64_t{1} << 32), "fused QKV+RoPE: ", a.rope.T / a.rope.S,
-              " sequences of ", a.rope.max_context, " cache rows (2^32 at most)");
+  TWELL_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
+              "fused QKV+RoPE: x and W must be 16-byte aligned");
   if (a.rope.hd == 64)
     run<64>(a, workspace, workspace_bytes, sm_count, stream);
   else
