@@ -14,9 +14,16 @@
 //   pack176c11, pack256c16  the packs at compression 11 and 16: 16 slots a tile, 64 bytes, whole
 //             32-byte sectors (22 slots at C = 8 and T = 176 are 88 bytes: tiles share sectors, which
 //             then take partial writes from two CTAs)
+// And the attention's QKV GEMM of the 2B model (x Wqkvᵀ, N = 6144: q, k, v of 32 heads of 64; docs/perf.md,
+// model items 25-28), whose fused kernel runs the pack's GEMM at 128 × 192 tiles:
+//   lt_qkv    cuBLASLt's x Wqkvᵀ, bf16 [M, 6144] written (the unfused path's GEMM, before its RoPE kernel)
+//   qkv192    launch_qkv_rope: q rotated, k rotated and v written to the caches (sequences of 2048)
+//   bare192   the same GEMM kernel with no epilogue
+// Wqkv is the gate's 5632 rows and the up projection's first 512.
 // Correct first: the two packs' TwELL must be bitwise equal to each other tile by tile for the
 // first rows, both non-zero totals within 0.1% of lt's g (the GEMMs add in different orders), and
-// relu176's g within one bf16 rounding of lt's on the first rows. Then two timings, CUDA events
+// relu176's g within one bf16 rounding of lt's on the first rows, and so qkv192's v (not rotated) of
+// lt_qkv's. Then two timings, CUDA events
 // around each launch:
 //   hot   the kernels in turn, call by call, back to back (3 warm-ups, the median of 25 calls each):
 //         all at the same clocks, at this size the board's power cap;
@@ -235,12 +242,43 @@ int run(int argc, char** argv) {
   auto run_lt = [&](cudaStream_t st) {
     lt.run(xp, wp, g_lt.get(), M, I, H, true, cuda::GemmEpilogue::relu, st);
   };
+
+  // The QKV GEMM: Wqkv = Wg's rows, then Wu's first 512.
+  const int64_t N = 6144, hd = 64, S = std::min<int64_t>(M, 2048);
+  TWELL_REQUIRE(M % S == 0, "gate tiles: M must be a multiple of ", S, " (the QKV GEMM's sequences)");
+  cuda::DeviceBuffer wqkv(N * H * 2), qkv_lt(M * N * 2), qkv_out(M * N * 2), k_cache(M * 2048 * 2),
+      v_cache(M * 2048 * 2), cos_sin(S * hd * 4), p0(4);
+  TWELL_CUDA_CHECK(cudaMemcpy(wqkv.get(), f.wg.view().data, I * H * 2, cudaMemcpyHostToDevice));
+  TWELL_CUDA_CHECK(cudaMemcpy(wqkv.as<uint16_t>() + I * H, f.wu.view().data, (N - I) * H * 2, cudaMemcpyHostToDevice));
+  {
+    std::vector<float> cs(S * hd);
+    for (int64_t pos = 0; pos < S; ++pos)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        const double a = double(pos) * std::pow(10000.0, -2.0 * double(i) / double(hd));
+        cs[pos * hd + i] = float(std::cos(a)), cs[pos * hd + hd / 2 + i] = float(std::sin(a));
+      }
+    TWELL_CUDA_CHECK(cudaMemcpy(cos_sin.get(), cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+    TWELL_CUDA_CHECK(cudaMemset(p0.get(), 0, 4));
+  }
+  cuda::QkvRopeArgs qa;
+  qa.x = static_cast<const uint16_t*>(xp), qa.w = wqkv.as<uint16_t>(), qa.H = H;
+  qa.rope.qkv = qkv_out.as<uint16_t>(), qa.rope.k_cache = k_cache.as<uint16_t>(), qa.rope.v_cache = v_cache.as<uint16_t>();
+  qa.rope.cos_sin = cos_sin.as<float>(), qa.rope.p0 = p0.as<int32_t>();
+  qa.rope.T = M, qa.rope.S = S, qa.rope.max_context = S, qa.rope.nh = 32, qa.rope.nkv = 32, qa.rope.hd = int(hd);
+  cuda::DeviceBuffer qkv_ws(std::max<size_t>(cuda::qkv_rope_workspace_bytes(qa, sms), 1));
+  auto run_lt_qkv = [&](cudaStream_t st) {
+    lt.run(xp, wqkv.get(), qkv_lt.get(), M, N, H, true, cuda::GemmEpilogue::none, st);
+  };
+  auto run_qkv = [&](cudaStream_t st) { cuda::launch_qkv_rope(qa, qkv_ws.get(), qkv_ws.bytes(), sms, st); };
+  SinkRun<SinkGemm<128, 192, Sink::bare>> bare192(xp, wqkv.get(), int(M), int(N), int(H),
+                                                  {qkv_lt.as<uint16_t>(), M, N}, sms);
   auto none = [](cudaStream_t) {};
 
   // Correctness first.
   run_lt(s);
   p256.reset(s), p256(s), p176.reset(s), p176(s), nocount.reset(s), nocount(s), relu176(s);
   p176c11.reset(s), p176c11(s), p256c16.reset(s), p256c16(s);
+  run_lt_qkv(s), run_qkv(s);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::DeviceBuffer count(8);
   TWELL_CUDA_CHECK(cudaMemset(count.get(), 0, 8));
@@ -272,9 +310,21 @@ int run(int argc, char** argv) {
     }
     if (far) std::printf("relu176: %lld of %zu values beyond a bf16 rounding of lt's\n", static_cast<long long>(far),
                          gl.size()), ok = false;
+    // qkv192's v of the first sequence's first rows (cache rows 0..) against lt_qkv's columns 4096..
+    const std::vector<uint16_t> ql = rows_of(qkv_lt.as<uint16_t>(), 0, rows, N),
+                                vc = rows_of(v_cache.as<uint16_t>(), 0, rows, 2048);
+    int64_t far_v = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < 2048; ++c) {
+        const float u = float(bf16::from_bits(ql[r * N + 4096 + c])), v = float(bf16::from_bits(vc[r * 2048 + c]));
+        if (std::fabs(u - v) > std::ldexp(std::fabs(u), -7) + 1e-3f) ++far_v;
+      }
+    if (far_v) std::printf("qkv192: %lld of %lld v values beyond a bf16 rounding of lt_qkv's\n",
+                           static_cast<long long>(far_v), static_cast<long long>(rows * 2048)), ok = false;
   }
   TWELL_REQUIRE(ok, "gate tiles: the kernels disagree; not timed");
-  std::printf("correct: the packs agree with each other and with lt's count; relu176 matches lt's g\n");
+  std::printf("correct: the packs agree with each other and with lt's count; relu176 matches lt's g, qkv192's v "
+              "lt_qkv's\n");
 
   std::vector<Kernel> ks = {{"lt (cuBLASLt gate + ReLU)", none, run_lt},
                             {"pack256 (64 x 256)", [&](cudaStream_t st) { p256.reset(st); }, std::ref(p256)},
@@ -287,6 +337,9 @@ int run(int argc, char** argv) {
   ks.push_back({"pack256c16", [&](cudaStream_t st) { p256c16.reset(st); }, std::ref(p256c16)});
   ks.push_back({"relu176l2", none, std::ref(relu176l2)});
   ks.push_back({"alu176", none, std::ref(alu176)});
+  ks.push_back({"lt_qkv (cuBLASLt, N = 6144)", none, run_lt_qkv});
+  ks.push_back({"qkv192 (fused QKV + RoPE)", none, run_qkv});
+  ks.push_back({"bare192 (N = 6144)", none, std::ref(bare192)});
   cudaEvent_t e0, e1;
   TWELL_CUDA_CHECK(cudaEventCreate(&e0));
   TWELL_CUDA_CHECK(cudaEventCreate(&e1));
