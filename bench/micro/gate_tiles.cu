@@ -262,7 +262,8 @@ int run(int argc, char** argv) {
   }
   cuda::QkvRopeArgs qa;
   qa.x = static_cast<const uint16_t*>(xp), qa.w = wqkv.as<uint16_t>(), qa.H = H;
-  qa.rope.qkv = qkv_out.as<uint16_t>(), qa.rope.k_cache = k_cache.as<uint16_t>(), qa.rope.v_cache = v_cache.as<uint16_t>();
+  qa.rope.qkv = qkv_out.as<uint16_t>();
+  qa.rope.k_cache = k_cache.as<uint16_t>(), qa.rope.v_cache = v_cache.as<uint16_t>();
   qa.rope.cos_sin = cos_sin.as<float>(), qa.rope.p0 = p0.as<int32_t>();
   qa.rope.T = M, qa.rope.S = S, qa.rope.max_context = S, qa.rope.nh = 32, qa.rope.nkv = 32, qa.rope.hd = int(hd);
   cuda::DeviceBuffer qkv_ws(std::max<size_t>(cuda::qkv_rope_workspace_bytes(qa, sms), 1));
@@ -289,7 +290,8 @@ int run(int argc, char** argv) {
                 n256c16 = p256c16.nnz();
   std::printf("non-zeros: lt %llu (%.3f%%), pack256 %lld, pack176 %lld\n", n_lt, 100.0 * n_lt / double(M * I),
               static_cast<long long>(n256), static_cast<long long>(n176));
-  bool ok = n256 == n176 && n_nocount == n176 && n176c11 == n176 && n256c16 == n176 && std::fabs(double(n256) - double(n_lt)) <= 1e-3 * double(n_lt);
+  bool ok = n256 == n176 && n_nocount == n176 && n176c11 == n176 && n256c16 == n176 &&
+            std::fabs(double(n256) - double(n_lt)) <= 1e-3 * double(n_lt);
   // The two packs' values, row by row (their GEMMs add in the same order): unpack the first rows.
   {
     const int64_t rows = 256;
