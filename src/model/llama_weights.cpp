@@ -10,8 +10,10 @@
 //   64]"
 // Conversion happens once: to the storage dtype (f32 or bf16), and down_proj.weight [H, I] is
 // transposed to neuron-major [I, H] (DESIGN.md §2).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <unordered_set>
 
@@ -32,23 +34,31 @@ std::string layer_name(int64_t i, const char* suffix) {
   return str("model.layers.", i, ".", suffix);
 }
 
-std::vector<Expected> expected_tensors(const io::ModelConfig& c) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+// The nine tensors of layer i.
+std::vector<Expected> layer_tensors(const io::ModelConfig& c, int64_t i) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim;
   const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
   std::vector<Expected> e;
+  e.push_back({layer_name(i, "input_layernorm.weight"), {H}});
+  e.push_back({layer_name(i, "self_attn.q_proj.weight"), {q_dim, H}});
+  e.push_back({layer_name(i, "self_attn.k_proj.weight"), {kv_dim, H}});
+  e.push_back({layer_name(i, "self_attn.v_proj.weight"), {kv_dim, H}});
+  e.push_back({layer_name(i, "self_attn.o_proj.weight"), {H, q_dim}});
+  e.push_back({layer_name(i, "post_attention_layernorm.weight"), {H}});
+  e.push_back({layer_name(i, "mlp.gate_proj.weight"), {I, H}});
+  e.push_back({layer_name(i, "mlp.up_proj.weight"), {I, H}});
+  e.push_back({layer_name(i, "mlp.down_proj.weight"), {H, I}});  // on disk; transposed at load
+  return e;
+}
+
+// The model's tensors with the layer tensors of layers 0..layers-1 (layers <= num_hidden_layers).
+std::vector<Expected> expected_tensors(const io::ModelConfig& c, int64_t layers) {
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  std::vector<Expected> e;
   e.push_back({"model.embed_tokens.weight", {V, H}});
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    e.push_back({layer_name(i, "input_layernorm.weight"), {H}});
-    e.push_back({layer_name(i, "self_attn.q_proj.weight"), {q_dim, H}});
-    e.push_back({layer_name(i, "self_attn.k_proj.weight"), {kv_dim, H}});
-    e.push_back({layer_name(i, "self_attn.v_proj.weight"), {kv_dim, H}});
-    e.push_back({layer_name(i, "self_attn.o_proj.weight"), {H, q_dim}});
-    e.push_back({layer_name(i, "post_attention_layernorm.weight"), {H}});
-    e.push_back({layer_name(i, "mlp.gate_proj.weight"), {I, H}});
-    e.push_back({layer_name(i, "mlp.up_proj.weight"), {I, H}});
-    e.push_back({layer_name(i, "mlp.down_proj.weight"), {H, I}});  // on disk; transposed at load
-  }
+  for (int64_t i = 0; i < layers; ++i)
+    for (Expected& t : layer_tensors(c, i)) e.push_back(std::move(t));
   e.push_back({"model.norm.weight", {H}});
   if (!c.tie_word_embeddings) e.push_back({"lm_head.weight", {V, H}});
   return e;
@@ -73,14 +83,17 @@ std::string tensor_problem(const io::Checkpoint& ckpt, const Expected& e, bool t
 // kMaxListed of them), so that a checkpoint with several is fixed in one round rather than one
 // error a run:
 //   "<dir>: 3 problems with the checkpoint's tensors: missing tensor '...' ...; tensor '...': ..."
-void fail_if_any(const std::string& file, const std::vector<std::string>& problems, const std::string& what) {
+// `unlisted` more problems were counted but not put in `problems` (their names would not be shown).
+constexpr size_t kMaxListed = 20;
+void fail_if_any(const std::string& file, const std::vector<std::string>& problems, const std::string& what,
+                 int64_t unlisted = 0) {
   if (problems.empty()) return;
   const std::string where = file.empty() ? "" : file + ": ";  // empty: the problems name their files
-  if (problems.size() == 1) throw Error(where + problems[0]);
-  constexpr size_t kMaxListed = 20;
-  std::string message = str(where, problems.size(), " ", what, ": ");
+  const int64_t total = static_cast<int64_t>(problems.size()) + unlisted;
+  if (total == 1) throw Error(where + problems[0]);
+  std::string message = str(where, total, " ", what, ": ");
   for (size_t i = 0; i < problems.size() && i < kMaxListed; ++i) message += (i ? "; " : "") + problems[i];
-  if (problems.size() > kMaxListed) message += str("; ... and ", problems.size() - kMaxListed, " more");
+  if (total > static_cast<int64_t>(kMaxListed)) message += str("; ... and ", total - int64_t{kMaxListed}, " more");
   throw Error(message);
 }
 
@@ -138,26 +151,42 @@ Tensor transpose(const Tensor& t) {
 
 namespace {
 
-// LlamaWeights::check, given the config's expected tensors (load needs them too). `source` names
-// the config in messages: its file where it came from one.
+// LlamaWeights::check. `source` names the config in messages: its file where it came from one.
+// Layers past the checkpoint's last are counted, not listed one tensor at a time: a config.json
+// claiming 10^9 layers fails at once, not after building 9·10^9 names.
 std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::ModelConfig& config,
-                                       const std::vector<Expected>& expected, const std::string& source) {
+                                       const std::string& source) {
   config.validate(source);
   if (config.hidden_act != "relu" && config.hidden_act != "silu")
     throw Error(str(source, ": hidden_act \"", config.hidden_act,
                     "\" is not supported by the Llama runtime (it runs \"relu\" and \"silu\")"));
+  int64_t last = -1;  // the checkpoint's last layer
+  for (const io::TensorInfo& t : ckpt.tensors()) last = std::max(last, LlamaWeights::layer_of(t.name));
+  const int64_t listed_layers = std::min(config.num_hidden_layers - 1, last) + 1;
+  const std::vector<Expected> expected = expected_tensors(config, listed_layers);
   std::vector<std::string> problems;
   for (const Expected& e : expected)
     if (std::string p = tensor_problem(ckpt, e, config.tie_word_embeddings); !p.empty()) problems.push_back(p);
+  // Layers the checkpoint lacks altogether: their tensors named while the list has room, then counted.
+  int64_t unlisted = 0;
+  for (int64_t i = listed_layers; i < config.num_hidden_layers; ++i) {
+    if (problems.size() > kMaxListed) {
+      const int64_t rest = config.num_hidden_layers - i, most = std::numeric_limits<int64_t>::max() / 2;
+      unlisted = rest < most / 9 ? rest * 9 : most;  // saturated past 10^18 layers
+      break;
+    }
+    for (const Expected& e : layer_tensors(config, i))
+      problems.push_back(tensor_problem(ckpt, e, config.tie_word_embeddings));
+  }
   std::vector<std::string> unused = unused_tensors(ckpt, expected, config, problems);
-  fail_if_any(ckpt.path(), problems, "problems with the checkpoint's tensors");
+  fail_if_any(ckpt.path(), problems, "problems with the checkpoint's tensors", unlisted);
   return unused;
 }
 
 }  // namespace
 
 std::vector<std::string> LlamaWeights::check(const io::Checkpoint& ckpt, const io::ModelConfig& config) {
-  return check_against(ckpt, config, expected_tensors(config), "config");
+  return check_against(ckpt, config, "config");
 }
 
 namespace {
@@ -170,8 +199,8 @@ LlamaWeights load_weights(const io::Checkpoint& ckpt, const io::ModelConfig& con
                     dtype_name(options.dtype)));
   // Validate everything first, so a bad checkpoint fails before any conversion and names every bad
   // tensor.
-  const std::vector<Expected> expected = expected_tensors(config);
-  std::vector<std::string> unused = check_against(ckpt, config, expected, source);
+  std::vector<std::string> unused = check_against(ckpt, config, source);
+  const std::vector<Expected> expected = expected_tensors(config, config.num_hidden_layers);  // all present
   if (options.check_finite) {
     std::vector<std::string> non_finite;
     for (const Expected& e : expected) {
