@@ -68,7 +68,8 @@ std::vector<Expected> expected_tensors(const io::ModelConfig& c, int64_t layers)
 std::string tensor_problem(const io::Checkpoint& ckpt, const Expected& e, bool tied) {
   if (!ckpt.has(e.name)) {
     std::string hint;
-    if (e.name == "lm_head.weight" && !tied) hint = " (config.json has tie_word_embeddings false)";
+    if (e.name == "lm_head.weight" && !tied)
+      hint = " (config.json's tie_word_embeddings is false, the default when absent)";
     return str("missing tensor '", e.name, "' with shape ", shape_str(e.shape), hint);
   }
   const io::TensorInfo& info = ckpt.info(e.name);

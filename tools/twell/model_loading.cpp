@@ -74,7 +74,7 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   for (const std::string& name : w.unused) last_layer = std::max(last_layer, model::LlamaWeights::layer_of(name));
   if (last_layer >= 0)
     std::fprintf(stderr, "warning: the checkpoint holds %lld layers; config.json's num_hidden_layers = %lld runs only "
-                 "the first %lld\n", static_cast<long long>(last_layer + 1),
+                 "the first %lld\n", static_cast<long long>(last_layer + (last_layer < INT64_MAX)),  // saturated
                  static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.num_hidden_layers));
   if (!w.unused.empty()) {
     std::string names;
