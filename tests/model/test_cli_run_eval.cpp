@@ -155,6 +155,10 @@ TEST_F(CliModel, EvalWindowDefaultsToTheContextUpTo8192) {
   const CliResult b = run_cli("eval " + dir_ + " " + bytes + " --byte-tokenizer", true);
   ASSERT_EQ(b.status, 0) << b.out;
   EXPECT_NE(b.out.find("is not valid UTF-8 from byte 3 on"), std::string::npos) << b.out;
+  // And so is a prompt, with the same note.
+  const CliResult p = run_cli("run " + dir_ + " --byte-tokenizer -n 2 -p \"$(printf 'ab\\377c')\"", true);
+  ASSERT_EQ(p.status, 0) << p.out;
+  EXPECT_NE(p.out.find("note: the prompt is not valid UTF-8 from byte 2 on"), std::string::npos) << p.out;
 }
 
 // A misspelt command, at either level, is named with the ones that exist; a misspelt option is

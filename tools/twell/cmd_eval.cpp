@@ -70,11 +70,7 @@ void register_eval(CLI::App& app) {
     std::ifstream in(*file, std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
-    if (const size_t bad = model::first_invalid_utf8(text.str()); bad != std::string_view::npos)
-      std::fprintf(stderr,
-                   "note: %s is not valid UTF-8 from byte %zu on; its bytes are encoded as they are (HuggingFace "
-                   "would not take it)\n",
-                   file->c_str(), bad);
+    note_if_not_utf8(*file, text.str());
     std::vector<int32_t> ids;
     if (tok->bos_to_add()) ids.push_back(*tok->bos_to_add());
     const std::vector<int32_t> body = tok->encode(text.str());

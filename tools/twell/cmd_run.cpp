@@ -44,6 +44,7 @@ void register_run(CLI::App& app) {
     const auto tok = args->load_tokenizer(config);
     std::vector<int32_t> ids;
     if (tok->bos_to_add()) ids.push_back(*tok->bos_to_add());
+    note_if_not_utf8("the prompt", *prompt);
     const std::vector<int32_t> text = tok->encode(*prompt);
     ids.insert(ids.end(), text.begin(), text.end());
     TWELL_REQUIRE(!ids.empty(), "the prompt is empty and this tokenizer puts no BOS token in front of a text: "

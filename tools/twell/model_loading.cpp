@@ -132,4 +132,12 @@ void check_tokenizer_fits(const model::Tokenizer& tok, const io::ModelConfig& c)
                 " ids but the model's vocabulary is ", c.vocab_size);
 }
 
+void note_if_not_utf8(const std::string& what, std::string_view text) {
+  if (const size_t bad = model::first_invalid_utf8(text); bad != std::string_view::npos)
+    std::fprintf(stderr,
+                 "note: %s is not valid UTF-8 from byte %zu on; its bytes are encoded as they are (HuggingFace "
+                 "would not take it)\n",
+                 what.c_str(), bad);
+}
+
 }  // namespace twell::cli

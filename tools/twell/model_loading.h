@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "twell/model/llama.h"
 #include "twell/model/tokenizer.h"
@@ -35,5 +36,9 @@ struct ModelArgs {
 
 // Throws unless every id of the tokenizer has a row in the model's embedding.
 void check_tokenizer_fits(const model::Tokenizer& tok, const io::ModelConfig& c);
+
+// A note on stderr where `text` (named by `what`: "the prompt", a file) stops being valid UTF-8: it
+// is encoded byte for byte all the same, where HuggingFace's tokenizers would refuse it.
+void note_if_not_utf8(const std::string& what, std::string_view text);
 
 }  // namespace twell::cli
