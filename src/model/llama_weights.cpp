@@ -154,9 +154,10 @@ namespace {
 
 // LlamaWeights::check. `source` names the config in messages: its file where it came from one.
 // Layers past the checkpoint's last are counted, not listed one tensor at a time: a config.json
-// claiming 10^9 layers fails at once, not after building 9·10^9 names.
+// claiming 10^9 layers fails at once, not after building 9·10^9 names. Returns the unused tensors;
+// `tensors`, when given, gets every tensor the model reads (all present, as the check passed).
 std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::ModelConfig& config,
-                                       const std::string& source) {
+                                       const std::string& source, std::vector<Expected>* tensors = nullptr) {
   config.validate(source);
   if (config.hidden_act != "relu" && config.hidden_act != "silu")
     throw Error(str(source, ": hidden_act \"", config.hidden_act,
@@ -164,7 +165,7 @@ std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::Mod
   int64_t last = -1;  // the checkpoint's last layer
   for (const io::TensorInfo& t : ckpt.tensors()) last = std::max(last, LlamaWeights::layer_of(t.name));
   const int64_t listed_layers = std::min(config.num_hidden_layers - 1, last) + 1;
-  const std::vector<Expected> expected = expected_tensors(config, listed_layers);
+  std::vector<Expected> expected = expected_tensors(config, listed_layers);
   std::vector<std::string> problems;
   for (const Expected& e : expected)
     if (std::string p = tensor_problem(ckpt, e, config.tie_word_embeddings); !p.empty()) problems.push_back(p);
@@ -181,6 +182,7 @@ std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::Mod
   }
   std::vector<std::string> unused = unused_tensors(ckpt, expected, config, problems);
   fail_if_any(ckpt.path(), problems, "problems with the checkpoint's tensors", unlisted);
+  if (tensors) *tensors = std::move(expected);  // every layer's: a layer missing would have failed above
   return unused;
 }
 
@@ -200,8 +202,8 @@ LlamaWeights load_weights(const io::Checkpoint& ckpt, const io::ModelConfig& con
                     dtype_name(options.dtype)));
   // Validate everything first, so a bad checkpoint fails before any conversion and names every bad
   // tensor.
-  std::vector<std::string> unused = check_against(ckpt, config, source);
-  const std::vector<Expected> expected = expected_tensors(config, config.num_hidden_layers);  // all present
+  std::vector<Expected> expected;
+  std::vector<std::string> unused = check_against(ckpt, config, source, &expected);
   if (options.check_finite) {
     std::vector<std::string> non_finite;
     for (const Expected& e : expected) {

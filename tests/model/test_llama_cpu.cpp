@@ -289,7 +289,8 @@ TEST_F(LlamaLoadErrors, MissingTensor) {
 TEST_F(LlamaLoadErrors, MissingLmHeadWhenUntied) {
   hf.erase("lm_head.weight");
   write_hf(dir_, c, hf);
-  expect_error([&] { load(); }, {"missing tensor 'lm_head.weight'", "tie_word_embeddings is false, the default when absent"});
+  expect_error([&] { load(); },
+               {"missing tensor 'lm_head.weight'", "tie_word_embeddings is false, the default when absent"});
 }
 
 TEST_F(LlamaLoadErrors, WrongShape) {
@@ -353,13 +354,15 @@ TEST_F(LlamaLoadErrors, EveryNonFiniteTensorIsNamedAtOnce) {
   LlamaLoadOptions opts;
   opts.check_finite = true;
   expect_error([&] { LlamaWeights::load_dir(dir_, opts); },
-               {"2 tensors hold NaN or Inf: " + dir_ + "/model.safetensors: tensor 'model.layers.1.mlp.gate_proj.weight': element 7",
+               {"2 tensors hold NaN or Inf: " + dir_ +
+                    "/model.safetensors: tensor 'model.layers.1.mlp.gate_proj.weight': element 7",
                 "is NaN", "model.safetensors: tensor 'model.norm.weight': element 3", "is -Inf"});
 }
 
 // A long list stops at 20 problems and says how many more.
 TEST_F(LlamaLoadErrors, ALongListOfProblemsIsCut) {
-  for (auto it = hf.begin(); it != hf.end();) it = LlamaWeights::layer_of(it->first) >= 0 ? hf.erase(it) : std::next(it);
+  for (auto it = hf.begin(); it != hf.end();)
+    it = LlamaWeights::layer_of(it->first) >= 0 ? hf.erase(it) : std::next(it);
   io::ModelConfig more = c;
   more.num_hidden_layers = 3;  // 27 layer tensors missing
   write_hf(dir_, more, hf);
