@@ -64,25 +64,73 @@ struct SinkParams {
 //           reads x and W as they are; none is 3.0e38) keeps the compiler from seeing them unused.
 //   relu    ReLU(acc) in bf16 to g, from the registers (a quad's 4 lanes: 16 contiguous bytes a row).
 //   relu_l2 the same stores into 128 rows of g only (row mod 128): 1.4 MB that stay in L2.
+//   relu_bulk the same values through shared memory: each warp writes 8 rows of its tile (st.shared,
+//           rows padded to 368 bytes: no bank conflicts), then 8 of its lanes copy a row each to g by
+//           the TMA engine (cp.async.bulk, 352 bytes); no st.global. 128 × 176 tiles only.
 //   alu     the pack epilogue's register work as item 42 measured it (bf16 pairs by compares and
 //           selects, the quad's masks by shuffles, the count, each non-zero's rank) with no store:
 //           what its instructions cost without its memory (item 43 made the kernel's cheaper).
-enum class Sink { bare, relu, relu_l2, alu };
+enum class Sink { bare, relu, relu_l2, alu, relu_bulk };
 
 __device__ __forceinline__ uint64_t bits_below(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
 
 template <Sink kSink>
 class SinkEpilogue : public cuda::sm90::RegisterEpilogue<SinkParams> {
  public:
-  CUTLASS_HOST_DEVICE SinkEpilogue(Params const& p, SharedStorage const& = SharedStorage()) : p_(p) {}
+  // relu_bulk's stage: 8 rows of 176 bf16 (352 bytes, padded to 368) for each of the 8 consumer warps.
+  static constexpr int kBulkPitch = 176 * 2 + 16;
+  struct SharedStorage {
+    alignas(128) char stage[kSink == Sink::relu_bulk ? 8 * 8 * kBulkPitch : 16];
+  };
+  CUTLASS_HOST_DEVICE SinkEpilogue(Params const& p, SharedStorage const&) : p_(p) {}
+  CUTLASS_HOST_DEVICE explicit SinkEpilogue(Params const& p) : p_(p) {}
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL, BlockShapeMNK, BlockCoordMNKL blk_coord_mnkl,
                                  cute::Tensor<FrgEngine, FrgLayout> const& acc, TiledMma tiled_mma, ResidueMNK,
-                                 int thread_idx, char*) {
+                                 int thread_idx, char* smem) {
     constexpr int kTileM = size<0>(BlockShapeMNK{}), kTileN = size<1>(BlockShapeMNK{});
-    if constexpr (kSink == Sink::bare) {
+    if constexpr (kSink == Sink::relu_bulk) {
+      static_assert(kTileN == 176, "relu_bulk: 128 x 176 tiles");
+      constexpr int kGroups = kTileN / 8, kBlocksM = kTileM / 64;
+      const int lane = threadIdx.x % 32, q = lane % 4, r8 = lane / 4;
+      const uint32_t stage =
+          static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (threadIdx.x / 32 % 8) * (8 * kBulkPitch);
+      auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+      cute::Tensor coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+      const int64_t m0 = int64_t{get<0>(blk_coord_mnkl)} * kTileM, n0 = int64_t{get<1>(blk_coord_mnkl)} * kTileN;
+      if (n0 >= p_.ld) return;
+      const uint32_t bytes = static_cast<uint32_t>(min(int64_t{kTileN}, p_.ld - n0) * 2);
+#pragma unroll
+      for (int b = 0; b < kBlocksM; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // The warp's 8 rows of this (block, half): lane l's row is the warp's first + l / 4.
+          const int64_t first = m0 + get<0>(coords(make_coord(make_coord(0, h, 0), b, 0))) - r8;
+          if (lane < 8) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the stage is free
+          __syncwarp();
+#pragma unroll
+          for (int j = 0; j < kGroups; ++j) {
+            const float x = acc(make_coord(make_coord(0, h, j), b, 0)), y = acc(make_coord(make_coord(1, h, j), b, 0));
+            const __nv_bfloat162 v = __floats2bfloat162_rn(fmaxf(x, 0.f), fmaxf(y, 0.f));
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(stage + r8 * kBulkPitch + 16 * j + 4 * q),
+                         "r"(*reinterpret_cast<const uint32_t*>(&v))
+                         : "memory");
+          }
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          __syncwarp();
+          if (lane < 8 && first + lane < p_.M) {
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
+                             __cvta_generic_to_global(p_.g + (first + lane) * p_.ld + n0)),
+                         "r"(stage + lane * kBulkPitch), "r"(bytes)
+                         : "memory");
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+          }
+        }
+      if (lane < 8) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      __syncwarp();
+    } else if constexpr (kSink == Sink::bare) {
       float any = 0.f;
 #pragma unroll
       for (int i = 0; i < size(acc); ++i) any = fmaxf(any, acc(i));
@@ -227,7 +275,8 @@ int run(int argc, char** argv) {
   cuda::DeviceTensor x = cuda::DeviceTensor::upload(f.x), wg = cuda::DeviceTensor::upload(f.wg);
   const void* xp = x.view().data;
   const void* wp = wg.view().data;
-  cuda::DeviceBuffer g_lt(M * I * 2), g_relu(M * I * 2);
+  cuda::DeviceBuffer g_lt(M * I * 2), g_relu(M * I * 2), g_bulk(M * I * 2);
+  TWELL_CUDA_CHECK(cudaMemset(g_bulk.get(), 0xff, g_bulk.bytes()));  // NaNs where it would not write
   cudaStream_t s = nullptr;
   cuda::LtGemm lt;
   PackRun p256(xp, wp, M, H, I, 256, sms), p176(xp, wp, M, H, I, 176, sms), nocount(xp, wp, M, H, I, 176, sms);
@@ -238,6 +287,8 @@ int run(int argc, char** argv) {
   SinkRun<SinkGemm<128, 176, Sink::relu>> relu176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
   SinkRun<SinkGemm<128, 176, Sink::relu_l2>> relu176l2(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I},
                                                         sms);
+  SinkRun<SinkGemm<128, 176, Sink::relu_bulk>> bulk176(xp, wp, int(M), int(I), int(H),
+                                                       {g_bulk.as<uint16_t>(), M, I}, sms);
   SinkRun<SinkGemm<128, 176, Sink::alu>> alu176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
   auto run_lt = [&](cudaStream_t st) {
     lt.run(xp, wp, g_lt.get(), M, I, H, true, cuda::GemmEpilogue::relu, st);
@@ -277,7 +328,7 @@ int run(int argc, char** argv) {
 
   // Correctness first.
   run_lt(s);
-  p256.reset(s), p256(s), p176.reset(s), p176(s), nocount.reset(s), nocount(s), relu176(s);
+  p256.reset(s), p256(s), p176.reset(s), p176(s), nocount.reset(s), nocount(s), relu176(s), bulk176(s);
   p176c11.reset(s), p176c11(s), p256c16.reset(s), p256c16(s);
   run_lt_qkv(s), run_qkv(s);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());
@@ -324,6 +375,12 @@ int run(int argc, char** argv) {
     if (far_v) std::printf("qkv192: %lld of %lld v values beyond a bf16 rounding of lt_qkv's\n",
                            static_cast<long long>(far_v), static_cast<long long>(rows * 2048)), ok = false;
   }
+  {  // relu_bulk wrote what relu176 wrote, bit for bit, everywhere
+    std::vector<uint16_t> a(M * I), b(M * I);
+    TWELL_CUDA_CHECK(cudaMemcpy(a.data(), g_relu.get(), a.size() * 2, cudaMemcpyDeviceToHost));
+    TWELL_CUDA_CHECK(cudaMemcpy(b.data(), g_bulk.get(), b.size() * 2, cudaMemcpyDeviceToHost));
+    if (a != b) std::printf("relu_bulk: its g differs from relu176's\n"), ok = false;
+  }
   TWELL_REQUIRE(ok, "gate tiles: the kernels disagree; not timed");
   std::printf("correct: the packs agree with each other and with lt's count; relu176 matches lt's g, qkv192's v "
               "lt_qkv's\n");
@@ -339,6 +396,7 @@ int run(int argc, char** argv) {
   ks.push_back({"pack256c16", [&](cudaStream_t st) { p256c16.reset(st); }, std::ref(p256c16)});
   ks.push_back({"relu176l2", none, std::ref(relu176l2)});
   ks.push_back({"alu176", none, std::ref(alu176)});
+  ks.push_back({"bulk176 (relu176 by TMA)", none, std::ref(bulk176)});
   ks.push_back({"lt_qkv (cuBLASLt, N = 6144)", none, run_lt_qkv});
   ks.push_back({"qkv192 (fused QKV + RoPE)", none, run_qkv});
   ks.push_back({"bare192 (N = 6144)", none, std::ref(bare192)});

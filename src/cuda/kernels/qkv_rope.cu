@@ -46,19 +46,29 @@ __device__ __forceinline__ float to_bf16_and_back(float a) { return __bfloat162f
 template <int HD>
 class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
  public:
-  CUTLASS_HOST_DEVICE RopeKvEpilogue(Params const& p, SharedStorage const& = SharedStorage()) : p_(p) {}
+  // At head_dim 64 the values leave through shared memory (model item 29): each consumer warp
+  // writes 8 rows of its tile (st.shared, rows padded to 400 bytes: no bank conflicts), then 24 of
+  // its lanes copy a head's 128 bytes of a row each to q or the caches by the TMA engine
+  // (cp.async.bulk). Stores from the registers cost the GEMM 5% over its bare mainloop, copies by
+  // the TMA engine nothing (twell_micro_gate_tiles). 25 KB: the mainloop keeps its 5 stages.
+  static constexpr bool kStaged = HD == 64;
+  static constexpr int kPitch = 3 * HD * 2 + 16;
+  struct SharedStorage {
+    alignas(128) char stage[kStaged ? 8 * 8 * kPitch : 16];
+  };
+  CUTLASS_HOST_DEVICE RopeKvEpilogue(Params const& p, SharedStorage const&) : p_(p) {}
+  CUTLASS_HOST_DEVICE explicit RopeKvEpilogue(Params const& p) : p_(p) {}
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL, BlockShapeMNK, BlockCoordMNKL blk_coord_mnkl,
                                  cute::Tensor<FrgEngine, FrgLayout> const& acc, TiledMma tiled_mma, ResidueMNK,
-                                 int thread_idx, char*) {
+                                 int thread_idx, char* smem) {
     constexpr int kTileM = size<0>(BlockShapeMNK{}), kTileN = size<1>(BlockShapeMNK{});
     constexpr int kGroups = kTileN / 8, kBlocksM = kTileM / 64;  // column groups; 64-row wgmma blocks
     static_assert(kTileN % HD == 0 && kTileM % 64 == 0);
     static_assert(decltype(size<0, 0>(acc))::value == 2 && decltype(size<0, 1>(acc))::value == 2 &&
                   decltype(size<0, 2>(acc))::value == kGroups && decltype(size<1>(acc))::value == kBlocksM);
-    constexpr int kHalf = HD / 2, kPair = kHalf / 8;  // partner column group: j + kPair
     constexpr int kHeadGroups = HD / 8, kHeads = kTileN / HD;
 
     const auto m_coord = get<0>(blk_coord_mnkl), n_coord = get<1>(blk_coord_mnkl);
@@ -68,60 +78,117 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
     const int n0 = n_coord * kTileN, N = p_.q_dim + 2 * p_.kv_dim;
     if (n0 >= N) return;  // a tile past N (see gate_pack.cu) writes nothing
     const int p0 = *p_.p0;
-
+    if constexpr (kStaged) {
+      static_assert(kHeads == 3, "the staged epilogue: 128 x 192 tiles");
+      staged(m_coord, n0, p0, c0, acc, coords, smem);
+    } else {
 #pragma unroll
-    for (int blk = 0; blk < kBlocksM; ++blk) {
+      for (int blk = 0; blk < kBlocksM; ++blk) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), blk, 0)));
-        if (row >= p_.M) continue;
-        const int64_t b = row / p_.S;
-        const int pos = p0 + static_cast<int>(row % p_.S);
-        // cos and sin of this thread's frequencies: columns 8k + c0 + e of a head's first half.
-        const float* cs = p_.cos_sin + int64_t{pos} * HD;
-        float2 cos_[kPair], sin_[kPair];
+        for (int h = 0; h < 2; ++h) {
+          const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), blk, 0)));
+          if (row >= p_.M) continue;
+          const float* cs = p_.cos_sin + int64_t{p0 + static_cast<int>(row % p_.S)} * HD;
 #pragma unroll
-        for (int k = 0; k < kPair; ++k) {
-          cos_[k] = *reinterpret_cast<const float2*>(cs + 8 * k + c0);
-          sin_[k] = *reinterpret_cast<const float2*>(cs + kHalf + 8 * k + c0);
-        }
+          for (int head = 0; head < kHeads; ++head) {
+            const int hc = n0 + head * HD;  // the head's first column of [q | k | v]
+            if (hc >= N) break;             // the last tile's heads past N (TMA read zeros there)
+            uint32_t out[kHeadGroups];
+            head_values(acc, blk, h, head, hc < p_.q_dim + p_.kv_dim, cs, c0, out);
+            uint32_t* dst = reinterpret_cast<uint32_t*>(destination(row, hc, p0) + c0);
 #pragma unroll
-        for (int head = 0; head < kHeads; ++head) {
-          const int hc = n0 + head * HD;  // the head's first column of [q | k | v]
-          if (hc >= N) break;             // the last tile's heads past N (TMA read zeros there)
-          // 0: q, 1: k, 2: v; c: the head's first column in that part.
-          const int part = hc < p_.q_dim ? 0 : hc < p_.q_dim + p_.kv_dim ? 1 : 2;
-          const int c = part == 0 ? hc : part == 1 ? hc - p_.q_dim : hc - p_.q_dim - p_.kv_dim;
-          float x[kHeadGroups][2];
-#pragma unroll
-          for (int j = 0; j < kHeadGroups; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              x[j][e] = to_bf16_and_back(acc(make_coord(make_coord(e, h, head * kHeadGroups + j), blk, 0)));
-          if (part < 2) {
-#pragma unroll
-            for (int k = 0; k < kPair; ++k) {  // group k of the first half with k + kPair of the second
-              const float co[2] = {cos_[k].x, cos_[k].y}, si[2] = {sin_[k].x, sin_[k].y};
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const float a = x[k][e], bb = x[k + kPair][e];
-                x[k][e] = __fsub_rn(__fmul_rn(a, co[e]), __fmul_rn(bb, si[e]));
-                x[k + kPair][e] = __fadd_rn(__fmul_rn(bb, co[e]), __fmul_rn(a, si[e]));
-              }
-            }
+            for (int j = 0; j < kHeadGroups; ++j) dst[4 * j] = out[j];
           }
-          uint16_t* dst = part == 0 ? p_.qkv + row * p_.ld
-                                    : (part == 1 ? p_.k_cache : p_.v_cache) + (b * p_.max_context + pos) * p_.kv_dim;
-          dst += c + c0;
-#pragma unroll
-          for (int j = 0; j < kHeadGroups; ++j)
-            *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack_bf16x2(x[j][0], x[j][1]);
         }
       }
     }
   }
 
  private:
+  // The head's values of this thread's row-half h of block blk as bf16 pairs: rounded to bf16 (what
+  // the GEMM wrote before), then, in q and k, rotated in fp32 and rounded again.
+  template <class Acc>
+  CUTLASS_DEVICE static void head_values(Acc const& acc, int blk, int h, int head, bool rotate, const float* cs,
+                                         int c0, uint32_t (&out)[HD / 8]) {
+    constexpr int kHalf = HD / 2, kPair = kHalf / 8, kHeadGroups = HD / 8;
+    float x[kHeadGroups][2];
+#pragma unroll
+    for (int j = 0; j < kHeadGroups; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        x[j][e] = to_bf16_and_back(acc(make_coord(make_coord(e, h, head * kHeadGroups + j), blk, 0)));
+    if (rotate) {
+#pragma unroll
+      for (int k = 0; k < kPair; ++k) {  // group k of the first half with k + kPair of the second
+        const float2 co = *reinterpret_cast<const float2*>(cs + 8 * k + c0);
+        const float2 si = *reinterpret_cast<const float2*>(cs + kHalf + 8 * k + c0);
+        const float cos_[2] = {co.x, co.y}, sin_[2] = {si.x, si.y};
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float a = x[k][e], bb = x[k + kPair][e];
+          x[k][e] = __fsub_rn(__fmul_rn(a, cos_[e]), __fmul_rn(bb, sin_[e]));
+          x[k + kPair][e] = __fadd_rn(__fmul_rn(bb, cos_[e]), __fmul_rn(a, sin_[e]));
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kHeadGroups; ++j) out[j] = pack_bf16x2(x[j][0], x[j][1]);
+  }
+
+  // Where row `row` of head column hc (of [q | k | v]) goes.
+  CUTLASS_DEVICE uint16_t* destination(int64_t row, int hc, int p0) const {
+    if (hc < p_.q_dim) return p_.qkv + row * p_.ld + hc;
+    const bool is_k = hc < p_.q_dim + p_.kv_dim;
+    const int c = hc - p_.q_dim - (is_k ? 0 : p_.kv_dim);
+    const int64_t b = row / p_.S;
+    const int pos = p0 + static_cast<int>(row % p_.S);
+    return (is_k ? p_.k_cache : p_.v_cache) + (b * p_.max_context + pos) * p_.kv_dim + c;
+  }
+
+  template <class Acc, class Coords>
+  CUTLASS_DEVICE void staged(int m_coord, int n0, int p0, int c0, Acc const& acc, Coords const& coords,
+                             char* smem) const {
+    constexpr int kTileM = 128, kHeads = 3, kHeadGroups = HD / 8;
+    const int N = p_.q_dim + 2 * p_.kv_dim;
+    const int lane = threadIdx.x % 32, r8 = lane / 4, q = lane % 4;
+    const uint32_t stage =
+        static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (threadIdx.x / 32 % 8) * (8 * kPitch);
+    // The copy lane l issues: row l % 8 of the warp's 8, head l / 8 of the tile's 3.
+    const int copy_head = lane / 8, copy_hc = n0 + copy_head * HD;
+#pragma unroll
+    for (int blk = 0; blk < kTileM / 64; ++blk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), blk, 0)));
+        const float* cs = p_.cos_sin + int64_t{p0 + static_cast<int>((row < p_.M ? row : 0) % p_.S)} * HD;
+        if (lane < 24) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the stage is free
+        __syncwarp();
+#pragma unroll
+        for (int head = 0; head < kHeads; ++head) {
+          const int hc = n0 + head * HD;
+          uint32_t out[kHeadGroups];
+          head_values(acc, blk, h, head, hc < p_.q_dim + p_.kv_dim, cs, c0, out);
+#pragma unroll
+          for (int j = 0; j < kHeadGroups; ++j)
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(stage + r8 * kPitch + head * HD * 2 + 16 * j + 4 * q),
+                         "r"(out[j])
+                         : "memory");
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncwarp();
+        const int64_t copy_row = row - r8 + lane % 8;
+        if (lane < 24 && copy_row < p_.M && copy_hc < N) {
+          asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
+                           __cvta_generic_to_global(destination(copy_row, copy_hc, p0))),
+                       "r"(stage + (lane % 8) * kPitch + copy_head * HD * 2), "n"(HD * 2)
+                       : "memory");
+          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+      }
+    if (lane < 24) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    __syncwarp();
+  }
+
   Params p_;
 };
 
@@ -179,6 +246,9 @@ void launch_qkv_rope(const QkvRopeArgs& a, void* workspace, size_t workspace_byt
               "fused QKV+RoPE: ", a.rope.T, " tokens in sequences of ", a.rope.S);
   TWELL_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
               "fused QKV+RoPE: x and W must be 16-byte aligned");
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  TWELL_CHECK(aligned(a.rope.qkv) && aligned(a.rope.k_cache) && aligned(a.rope.v_cache),
+              "fused QKV+RoPE: q and the KV caches must be 16-byte aligned (the TMA engine writes them)");
   if (a.rope.hd == 64)
     run<64>(a, workspace, workspace_bytes, sm_count, stream);
   else
