@@ -88,13 +88,14 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
         for (int h = 0; h < 2; ++h) {
           const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), blk, 0)));
           if (row >= p_.M) continue;
-          const float* cs = p_.cos_sin + int64_t{p0 + static_cast<int>(row % p_.S)} * HD;
+          float2 cos_[kPair], sin_[kPair];
+          load_cos_sin(row, p0, c0, cos_, sin_);
 #pragma unroll
           for (int head = 0; head < kHeads; ++head) {
             const int hc = n0 + head * HD;  // the head's first column of [q | k | v]
             if (hc >= N) break;             // the last tile's heads past N (TMA read zeros there)
             uint32_t out[kHeadGroups];
-            head_values(acc, blk, h, head, hc < p_.q_dim + p_.kv_dim, cs, c0, out);
+            head_values(acc, blk, h, head, hc < p_.q_dim + p_.kv_dim, cos_, sin_, out);
             uint32_t* dst = reinterpret_cast<uint32_t*>(destination(row, hc, p0) + c0);
 #pragma unroll
             for (int j = 0; j < kHeadGroups; ++j) dst[4 * j] = out[j];
@@ -107,10 +108,24 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
  private:
   // The head's values of this thread's row-half h of block blk as bf16 pairs: rounded to bf16 (what
   // the GEMM wrote before), then, in q and k, rotated in fp32 and rounded again.
+  static constexpr int kPair = HD / 16;  // RoPE pairs column group j with j + kPair
+
+  // cos and sin of this thread's frequencies at row `row`: columns 8k + c0 + e of a head's first half.
+  // Loaded once a row for all the tile's heads: global loads in the epilogue cost the GEMM as stores do.
+  CUTLASS_DEVICE void load_cos_sin(int64_t row, int p0, int c0, float2 (&cos_)[kPair], float2 (&sin_)[kPair]) const {
+    const float* cs = p_.cos_sin + int64_t{p0 + static_cast<int>(row % p_.S)} * HD;
+#pragma unroll
+    for (int k = 0; k < kPair; ++k) {
+      cos_[k] = *reinterpret_cast<const float2*>(cs + 8 * k + c0);
+      sin_[k] = *reinterpret_cast<const float2*>(cs + HD / 2 + 8 * k + c0);
+    }
+  }
+
   template <class Acc>
-  CUTLASS_DEVICE static void head_values(Acc const& acc, int blk, int h, int head, bool rotate, const float* cs,
-                                         int c0, uint32_t (&out)[HD / 8]) {
-    constexpr int kHalf = HD / 2, kPair = kHalf / 8, kHeadGroups = HD / 8;
+  CUTLASS_DEVICE static void head_values(Acc const& acc, int blk, int h, int head, bool rotate,
+                                         const float2 (&cos_)[kPair], const float2 (&sin_)[kPair],
+                                         uint32_t (&out)[HD / 8]) {
+    constexpr int kHeadGroups = HD / 8;
     float x[kHeadGroups][2];
 #pragma unroll
     for (int j = 0; j < kHeadGroups; ++j)
@@ -120,14 +135,12 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
     if (rotate) {
 #pragma unroll
       for (int k = 0; k < kPair; ++k) {  // group k of the first half with k + kPair of the second
-        const float2 co = *reinterpret_cast<const float2*>(cs + 8 * k + c0);
-        const float2 si = *reinterpret_cast<const float2*>(cs + kHalf + 8 * k + c0);
-        const float cos_[2] = {co.x, co.y}, sin_[2] = {si.x, si.y};
+        const float co[2] = {cos_[k].x, cos_[k].y}, si[2] = {sin_[k].x, sin_[k].y};
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float a = x[k][e], bb = x[k + kPair][e];
-          x[k][e] = __fsub_rn(__fmul_rn(a, cos_[e]), __fmul_rn(bb, sin_[e]));
-          x[k + kPair][e] = __fadd_rn(__fmul_rn(bb, cos_[e]), __fmul_rn(a, sin_[e]));
+          x[k][e] = __fsub_rn(__fmul_rn(a, co[e]), __fmul_rn(bb, si[e]));
+          x[k + kPair][e] = __fadd_rn(__fmul_rn(bb, co[e]), __fmul_rn(a, si[e]));
         }
       }
     }
@@ -160,14 +173,15 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), blk, 0)));
-        const float* cs = p_.cos_sin + int64_t{p0 + static_cast<int>((row < p_.M ? row : 0) % p_.S)} * HD;
+        float2 cos_[kPair], sin_[kPair];
+        load_cos_sin(row < p_.M ? row : 0, p0, c0, cos_, sin_);
         if (lane < 24) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the stage is free
         __syncwarp();
 #pragma unroll
         for (int head = 0; head < kHeads; ++head) {
           const int hc = n0 + head * HD;
           uint32_t out[kHeadGroups];
-          head_values(acc, blk, h, head, hc < p_.q_dim + p_.kv_dim, cs, c0, out);
+          head_values(acc, blk, h, head, hc < p_.q_dim + p_.kv_dim, cos_, sin_, out);
 #pragma unroll
           for (int j = 0; j < kHeadGroups; ++j)
             asm volatile("st.shared.b32 [%0], %1;" ::"r"(stage + r8 * kPitch + head * HD * 2 + 16 * j + 4 * q),
