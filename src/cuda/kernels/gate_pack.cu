@@ -37,7 +37,6 @@ struct PackParams {
   unsigned int* overflow = nullptr;
   RowCounts rows;
   int32_t n_tiles = 0, slots = 0;  // of act.layout (no divisions in the epilogue)
-  bool word_pairs = false;           // slots even and 8-byte aligned: unused slots zeroed two at a time
 };
 
 // Bits [0, n) of a 64-bit mask (n ≤ 64).
@@ -175,19 +174,8 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
             const uint16_t bits = static_cast<uint16_t>(e ? pair >> 16 : pair & 0xffffu);
             words[pos] = twell_entry(bits, static_cast<uint32_t>(c0 + 8 * j + e));
           }
-          // The words from count on are zero: by 8-byte stores where both words of a pair are, half as
-          // many store instructions as one word at a time (FFN item 46).
-          if (p_.word_pairs) {
-            for (uint32_t k = 2 * q; k < slots; k += 8) {
-              if (k >= count)
-                *reinterpret_cast<uint2*>(words + k) = make_uint2(0u, 0u);
-              else if (k + 1 == count)
-                words[k + 1] = 0;
-            }
-          } else {
-            for (uint32_t k = q; k < slots; k += 4)
-              if (k >= count) words[k] = 0;
-          }
+          for (uint32_t k = q; k < slots; k += 4)
+            if (k >= count) words[k] = 0;
         } else {
           // Spilled: lane 0 of the quad claims a backup tile; the quad copies the T values.
           uint32_t bk = 0;
@@ -255,9 +243,7 @@ template <class Gemm>
 typename Gemm::Arguments make_arguments(const GatePackArgs& a, int sm_count) {
   return sm90::gemm_arguments<Gemm>(a.x, a.w, static_cast<int>(a.M), static_cast<int>(a.I), static_cast<int>(a.H),
                                     PackParams{a.act, a.nnz_total, a.overflow, a.rows,
-                                               static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots(),
-                                               a.act.layout.slots() % 2 == 0 &&
-                                                   reinterpret_cast<uintptr_t>(a.act.slots) % 8 == 0},
+                                               static_cast<int32_t>(a.act.layout.n_tiles()), a.act.layout.slots()},
                                     sm_count);
 }
 
