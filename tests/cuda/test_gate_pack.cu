@@ -6,8 +6,7 @@
 //   - the row counts, the heavy-row list and the non-zero total agree with the matrix;
 // at both tile widths (256 and 176), at M = 1, M not a multiple of the GEMM's 64- or 128-row tile, a
 // partial last TwELL tile (I % T ≠ 0), K not a multiple of the 64-wide k-block, and densities from
-// empty rows to every full tile spilled, and with an odd number of slots a tile (11: the epilogue
-// zeroes unused slots a word at a time there, two at a time where the count is even).
+// empty rows to every full tile spilled, and at compression 16 (11 slots a tile) as well as 8.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,7 +31,7 @@ struct GateCase {
   bool skewed;
   bool spills = false, heavy = false;  // the case must have spilled tiles / heavy rows (coverage)
   int32_t tile = 256;                  // TwELL tile width: 256 (64 × 256 GEMM tiles) or 176 (128 × 176)
-  int32_t compression = 8;             // slots a tile: tile / compression (odd: unused slots zeroed one by one)
+  int32_t compression = 8;             // slots a tile: tile / compression
 };
 
 std::string case_name(const testing::TestParamInfo<GateCase>& info) {
@@ -201,7 +200,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GatePackGpu,
                                          // T = 176: 128-token GEMM tiles, so M = 1, M = 300 and
                                          // M = 130 end mid-tile; I = 1000 and 776 end mid-TwELL-tile
                                          GateCase{1, 2048, 5632, 0.005, false, false, false, 176},
-                                         // 11 slots a tile (odd), with spilled tiles
+                                         // compression 16: 11 slots a tile, some tiles spilled
                                          GateCase{150, 256, 1056, 0.04, false, true, false, 176, 16},
                                          GateCase{300, 512, 2112, 0.02, true, false, true, 176},
                                          GateCase{77, 72, 1000, 0.02, false, false, false, 176},
