@@ -1,6 +1,7 @@
 // qkv_rope: the attention's input projection [q | k | v] = a Wqkvᵀ by a CUTLASS 3 Hopper GEMM (the
 // gate_pack.cu kernel: TMA, wgmma, persistent ping-pong, 2-CTA clusters) whose epilogue applies
-// RoPE and writes k and v straight into the KV cache, from the accumulator registers. It replaces
+// RoPE to the accumulators and writes k and v straight into the KV cache (at head_dim 64 through
+// shared memory and the TMA engine, model item 29). It replaces
 // cuBLASLt's GEMM followed by rope_kv_kernel, which read the 1.5 GB GEMM output back and wrote
 // 1.5 GB again at 131072 tokens. Tiles: 128 × 192 at head_dim 64 (three heads; the shape whose
 // operands cost the fewest L2 bytes a MAC, as the gate's 128 × 176: docs/perf.md, model item 25),

@@ -1,9 +1,10 @@
 // What gate_pack.cu and qkv_rope.cu share: a CUTLASS 3 Hopper GEMM of bf16 x [M, K] (row-major)
 // by W [N, K] (row-major, i.e. K-major B), fp32 accumulation, whose epilogue is ours and works
-// from the accumulator registers (no C, no D, no shared storage).
+// from the accumulator registers (no C, no D; shared storage only where the epilogue declares it).
 //
 //   RegisterEpilogue<Params>  the members CUTLASS asks of an sm70-style epilogue; a kernel's
-//                             epilogue derives from it and adds its constructor and operator()
+//                             epilogue derives from it and adds its constructor and operator(),
+//                             and may declare its own SharedStorage (operator() gets its address)
 //   PingPongGemm<Epilogue, TileM, TileN>  the one kernel configuration both use: warp-specialised
 //                             persistent ping-pong, one TileM × TileN tile a warpgroup (64 × 256 by
 //                             default), 2 × 1 clusters (docs/perf.md, FFN items 17-18 and 42, model
