@@ -10,6 +10,7 @@
 //   relu176   the 128 × 176 GEMM writing ReLU(g) in bf16 from its registers, as lt does
 //   relu176l2 relu176 folded onto 128 rows of g (L2-resident: its stores never reach DRAM)
 //   alu176    the pack epilogue's register and shuffle work at 128 × 176, nothing stored
+//   bulk176   relu176's values staged in shared memory and copied to g by the TMA engine (no st.global)
 //   nocount176  pack176 without the row counts (no returning atomics: RowCounts left null)
 //   pack176c11, pack256c16  the packs at compression 11 and 16: 16 slots a tile, 64 bytes, whole
 //             32-byte sectors (22 slots at C = 8 and T = 176 are 88 bytes: tiles share sectors, which
@@ -22,8 +23,8 @@
 // Wqkv is the gate's 5632 rows and the up projection's first 512.
 // Correct first: the two packs' TwELL must be bitwise equal to each other tile by tile for the
 // first rows, both non-zero totals within 0.1% of lt's g (the GEMMs add in different orders), and
-// relu176's g within one bf16 rounding of lt's on the first rows, and so qkv192's v (not rotated) of
-// lt_qkv's. Then two timings, CUDA events
+// relu176's g within one bf16 rounding of lt's on the first rows, bulk176's g bitwise relu176's,
+// and qkv192's v (not rotated) within one bf16 rounding of lt_qkv's. Then two timings, CUDA events
 // around each launch:
 //   hot   the kernels in turn, call by call, back to back (3 warm-ups, the median of 25 calls each):
 //         all at the same clocks, at this size the board's power cap;
