@@ -90,15 +90,16 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
         for (int h = 0; h < 2; ++h) {
           const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), blk, 0)));
           if (row >= p_.M) continue;
+          const Place at = place_of(row, p0);
           float2 cos_[kPair], sin_[kPair];
-          load_cos_sin(row, p0, c0, cos_, sin_);
+          load_cos_sin(at.pos, c0, cos_, sin_);
 #pragma unroll
           for (int head = 0; head < kHeads; ++head) {
             const int hc = n0 + head * HD;  // the head's first column of [q | k | v]
             if (hc >= N) break;             // the last tile's heads past N (TMA read zeros there)
             uint32_t out[kHeadGroups];
             head_values(acc, blk, h, head, hc < p_.q_dim + p_.kv_dim, cos_, sin_, out);
-            uint32_t* dst = reinterpret_cast<uint32_t*>(destination(row, hc, p0) + c0);
+            uint32_t* dst = reinterpret_cast<uint32_t*>(destination(row, hc, at) + c0);
 #pragma unroll
             for (int j = 0; j < kHeadGroups; ++j) dst[4 * j] = out[j];
           }
@@ -110,10 +111,20 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
  private:
   static constexpr int kPair = HD / 16;  // RoPE pairs column group j with j + kPair
 
-  // cos and sin of this thread's frequencies at row `row`: columns 8k + c0 + e of a head's first half.
+  // A row's sequence and position in it: by 32-bit division (launch_qkv_rope checks T < 2^31), once a
+  // row; 64-bit divisions were a third of the staged epilogue's instructions (ncu, model item 30).
+  struct Place {
+    uint32_t b, pos;
+  };
+  CUTLASS_DEVICE Place place_of(int64_t row, int p0) const {
+    const uint32_t r = static_cast<uint32_t>(row), S = static_cast<uint32_t>(p_.S), b = r / S;
+    return {b, static_cast<uint32_t>(p0) + (r - b * S)};
+  }
+
+  // cos and sin of this thread's frequencies at position pos: columns 8k + c0 + e of a head's first half.
   // Loaded once a row for all the tile's heads: global loads in the epilogue cost the GEMM as stores do.
-  CUTLASS_DEVICE void load_cos_sin(int64_t row, int p0, int c0, float2 (&cos_)[kPair], float2 (&sin_)[kPair]) const {
-    const float* cs = p_.cos_sin + int64_t{p0 + static_cast<int>(row % p_.S)} * HD;
+  CUTLASS_DEVICE void load_cos_sin(uint32_t pos, int c0, float2 (&cos_)[kPair], float2 (&sin_)[kPair]) const {
+    const float* cs = p_.cos_sin + int64_t{pos} * HD;
 #pragma unroll
     for (int k = 0; k < kPair; ++k) {
       cos_[k] = *reinterpret_cast<const float2*>(cs + 8 * k + c0);
@@ -150,14 +161,12 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
     for (int j = 0; j < kHeadGroups; ++j) out[j] = pack_bf16x2(x[j][0], x[j][1]);
   }
 
-  // Where row `row` of head column hc (of [q | k | v]) goes.
-  CUTLASS_DEVICE uint16_t* destination(int64_t row, int hc, int p0) const {
+  // Where row `row` (at `at`) of head column hc (of [q | k | v]) goes.
+  CUTLASS_DEVICE uint16_t* destination(int64_t row, int hc, Place at) const {
     if (hc < p_.q_dim) return p_.qkv + row * p_.ld + hc;
     const bool is_k = hc < p_.q_dim + p_.kv_dim;
     const int c = hc - p_.q_dim - (is_k ? 0 : p_.kv_dim);
-    const int64_t b = row / p_.S;
-    const int pos = p0 + static_cast<int>(row % p_.S);
-    return (is_k ? p_.k_cache : p_.v_cache) + (b * p_.max_context + pos) * p_.kv_dim + c;
+    return (is_k ? p_.k_cache : p_.v_cache) + (int64_t{at.b} * p_.max_context + at.pos) * p_.kv_dim + c;
   }
 
   template <class Acc, class Coords>
@@ -175,8 +184,9 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t row = int64_t{m_coord} * kTileM + get<0>(coords(make_coord(make_coord(0, h, 0), blk, 0)));
+        const Place at = place_of(row < p_.M ? row : 0, p0);
         float2 cos_[kPair], sin_[kPair];
-        load_cos_sin(row < p_.M ? row : 0, p0, c0, cos_, sin_);
+        load_cos_sin(at.pos, c0, cos_, sin_);
         if (lane < 24) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the stage is free
         __syncwarp();
 #pragma unroll
@@ -192,10 +202,13 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
         }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncwarp();
+        // The copy's row is lane 4 · (lane % 8)'s.
         const int64_t copy_row = row - r8 + lane % 8;
+        const Place copy_at = {__shfl_sync(0xffffffffu, at.b, 4 * (lane % 8)),
+                               __shfl_sync(0xffffffffu, at.pos, 4 * (lane % 8))};
         if (lane < 24 && copy_row < p_.M && copy_hc < N) {
           asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
-                           __cvta_generic_to_global(destination(copy_row, copy_hc, p0))),
+                           __cvta_generic_to_global(destination(copy_row, copy_hc, copy_at))),
                        "r"(stage + (lane % 8) * kPitch + copy_head * HD * 2), "n"(HD * 2)
                        : "memory");
           asm volatile("cp.async.bulk.commit_group;" ::: "memory");
