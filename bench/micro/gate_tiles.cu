@@ -32,6 +32,7 @@
 //         an epilogue that costs time only through the power it draws costs little here, and
 //         one that stalls the tensor cores costs the same.
 // Built as twell_micro_gate_tiles with TWELL_CUDA; run: twell_micro_gate_tiles [M = 131072].
+#include "cuda/kernels/bulk_copy.cuh"
 #include "cuda/kernels/sm90_register_epilogue.cuh"
 
 #include <cuda_bf16.h>
@@ -96,8 +97,7 @@ class SinkEpilogue : public cuda::sm90::RegisterEpilogue<SinkParams> {
       static_assert(kTileN == 176, "relu_bulk: 128 x 176 tiles");
       constexpr int kGroups = kTileN / 8, kBlocksM = kTileM / 64;
       const int lane = threadIdx.x % 32, q = lane % 4, r8 = lane / 4;
-      const uint32_t stage =
-          static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (threadIdx.x / 32 % 8) * (8 * kBulkPitch);
+      const uint32_t stage = cuda::smem_addr(smem) + (threadIdx.x / 32 % 8) * (8 * kBulkPitch);
       auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
       cute::Tensor coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
       const int64_t m0 = int64_t{get<0>(blk_coord_mnkl)} * kTileM, n0 = int64_t{get<1>(blk_coord_mnkl)} * kTileN;
@@ -109,7 +109,7 @@ class SinkEpilogue : public cuda::sm90::RegisterEpilogue<SinkParams> {
         for (int h = 0; h < 2; ++h) {
           // The warp's 8 rows of this (block, half): lane l's row is the warp's first + l / 4.
           const int64_t first = m0 + get<0>(coords(make_coord(make_coord(0, h, 0), b, 0))) - r8;
-          if (lane < 8) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the stage is free
+          if (lane < 8) cuda::wait_bulk_stores_read();  // the stage is free
           __syncwarp();
 #pragma unroll
           for (int j = 0; j < kGroups; ++j) {
@@ -119,17 +119,12 @@ class SinkEpilogue : public cuda::sm90::RegisterEpilogue<SinkParams> {
                          "r"(*reinterpret_cast<const uint32_t*>(&v))
                          : "memory");
           }
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          cuda::fence_proxy_async();
           __syncwarp();
-          if (lane < 8 && first + lane < p_.M) {
-            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
-                             __cvta_generic_to_global(p_.g + (first + lane) * p_.ld + n0)),
-                         "r"(stage + lane * kBulkPitch), "r"(bytes)
-                         : "memory");
-            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-          }
+          if (lane < 8 && first + lane < p_.M)
+            cuda::bulk_store(p_.g + (first + lane) * p_.ld + n0, stage + lane * kBulkPitch, bytes);
         }
-      if (lane < 8) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      if (lane < 8) cuda::wait_bulk_stores_read();
       __syncwarp();
     } else if constexpr (kSink == Sink::bare) {
       float any = 0.f;

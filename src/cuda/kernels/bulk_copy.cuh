@@ -1,6 +1,7 @@
 // Bulk copies global → shared memory by the TMA engine (cp.async.bulk, completion counted in
-// bytes on an mbarrier), and programmatic dependent launch (griddepcontrol), for the kernels of
-// this folder that stream weight rows.
+// bytes on an mbarrier) for the kernels of this folder that stream weight rows, shared → global
+// (bulk groups) for the epilogues that write their tile through shared memory, and programmatic
+// dependent launch (griddepcontrol).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -56,9 +57,27 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
   bulk_copy(dst, src, bytes, bar, policy);
 }
 
-// Orders this thread's earlier shared-memory accesses before later bulk copies into the same
-// memory (the TMA engine is another proxy): a slot read by threads, then refilled.
+// Orders this thread's earlier shared-memory accesses before later bulk copies of the same memory
+// (the TMA engine is another proxy): a slot read by threads, then refilled; a stage written by
+// threads, then copied out.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Bulk-copies `bytes` (a multiple of 16, 16-byte aligned ends) from shared `src` (a shared-memory
+// address) to global `dst`, as a bulk group of its own. The writes to `src` go before it through
+// fence_proxy_async(); wait_bulk_stores_read() before `src` is written again.
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
+                   __cvta_generic_to_global(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until the TMA engine has read the sources of this thread's bulk stores (their writes to
+// global memory may still be under way).
+__device__ __forceinline__ void wait_bulk_stores_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
 
 __device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity) {
   asm volatile(

@@ -17,6 +17,7 @@
 // each in one of q, k, v.
 #include "cuda/kernels.h"
 
+#include "cuda/kernels/bulk_copy.cuh"
 #include "cuda/kernels/sm90_register_epilogue.cuh"
 
 #include <cuda_bf16.h>
@@ -52,7 +53,8 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
   // its lanes copy a head's 128 bytes of a row each to q or the caches by the TMA engine
   // (cp.async.bulk). Stores from the registers cost a GEMM ~7% over its bare mainloop, copies by the
   // TMA engine nothing (twell_micro_gate_tiles, bulk176); here the epilogue's cost over the bare GEMM
-  // fell from +0.23 to +0.19 ms (the RoPE's loads remain). 25 KB: the mainloop keeps its 5 stages.
+  // fell from +0.23 to +0.19 ms, and to +0.15 with place_of below (the RoPE's loads and arithmetic
+  // remain). 25 KB: the mainloop keeps its 5 stages.
   static constexpr bool kStaged = HD == 64;
   static constexpr int kPitch = 3 * HD * 2 + 16;
   struct SharedStorage {
@@ -112,7 +114,8 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
   static constexpr int kPair = HD / 16;  // RoPE pairs column group j with j + kPair
 
   // A row's sequence and position in it: by 32-bit division (launch_qkv_rope checks T < 2^31), once a
-  // row; 64-bit divisions were a third of the staged epilogue's instructions (ncu, model item 30).
+  // row. The 64-bit divisions before were, by estimate, a third of the staged epilogue's instructions
+  // (model item 30).
   struct Place {
     uint32_t b, pos;
   };
@@ -175,8 +178,7 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
     constexpr int kTileM = 128, kHeads = 3, kHeadGroups = HD / 8;
     const int N = p_.q_dim + 2 * p_.kv_dim;
     const int lane = threadIdx.x % 32, r8 = lane / 4, q = lane % 4;
-    const uint32_t stage =
-        static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (threadIdx.x / 32 % 8) * (8 * kPitch);
+    const uint32_t stage = smem_addr(smem) + (threadIdx.x / 32 % 8) * (8 * kPitch);
     // The copy lane l issues: row l % 8 of the warp's 8, head l / 8 of the tile's 3.
     const int copy_head = lane / 8, copy_hc = n0 + copy_head * HD;
 #pragma unroll
@@ -187,7 +189,7 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
         const Place at = place_of(row < p_.M ? row : 0, p0);
         float2 cos_[kPair], sin_[kPair];
         load_cos_sin(at.pos, c0, cos_, sin_);
-        if (lane < 24) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the stage is free
+        if (lane < 24) wait_bulk_stores_read();  // the stage is free
         __syncwarp();
 #pragma unroll
         for (int head = 0; head < kHeads; ++head) {
@@ -200,21 +202,17 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
                          "r"(out[j])
                          : "memory");
         }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        fence_proxy_async();
         __syncwarp();
         // The copy's row is lane 4 · (lane % 8)'s.
         const int64_t copy_row = row - r8 + lane % 8;
         const Place copy_at = {__shfl_sync(0xffffffffu, at.b, 4 * (lane % 8)),
                                __shfl_sync(0xffffffffu, at.pos, 4 * (lane % 8))};
-        if (lane < 24 && copy_row < p_.M && copy_hc < N) {
-          asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
-                           __cvta_generic_to_global(destination(copy_row, copy_hc, copy_at))),
-                       "r"(stage + (lane % 8) * kPitch + copy_head * HD * 2), "n"(HD * 2)
-                       : "memory");
-          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        }
+        if (lane < 24 && copy_row < p_.M && copy_hc < N)
+          bulk_store(destination(copy_row, copy_hc, copy_at), stage + (lane % 8) * kPitch + copy_head * HD * 2,
+                     HD * 2);
       }
-    if (lane < 24) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    if (lane < 24) wait_bulk_stores_read();
     __syncwarp();
   }
 
@@ -273,9 +271,8 @@ void launch_qkv_rope(const QkvRopeArgs& a, void* workspace, size_t workspace_byt
   TWELL_CHECK(qkv_rope_supported(a.H, a.rope.nh, a.rope.nkv, a.rope.hd, &why), "fused QKV+RoPE does not take ", why);
   TWELL_CHECK(a.rope.T >= 1 && a.rope.T <= INT32_MAX && a.H <= INT32_MAX && a.rope.S >= 1 && a.rope.T % a.rope.S == 0,
               "fused QKV+RoPE: ", a.rope.T, " tokens in sequences of ", a.rope.S);
-  TWELL_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
-              "fused QKV+RoPE: x and W must be 16-byte aligned");
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  TWELL_CHECK(aligned(a.x) && aligned(a.w), "fused QKV+RoPE: x and W must be 16-byte aligned");
   TWELL_CHECK(aligned(a.rope.qkv) && aligned(a.rope.k_cache) && aligned(a.rope.v_cache),
               "fused QKV+RoPE: q and the KV caches must be 16-byte aligned (the TMA engine writes them)");
   if (a.rope.hd == 64)
