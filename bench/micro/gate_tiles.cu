@@ -12,9 +12,6 @@
 //   alu176    the pack epilogue's register and shuffle work at 128 × 176, nothing stored
 //   bulk176   relu176's values staged in shared memory and copied to g by the TMA engine (no st.global)
 //   nocount176  pack176 without the row counts (no returning atomics: RowCounts left null)
-//   *d2       the same kernels with two k-blocks of wgmma in flight where CUTLASS's mainloop keeps one
-//             (sm90::DeepMainloop; FFN item 47): bare176d2, alu176d2, relu176d2, pack176d2, qkv192d2,
-//             bare192d2
 //   pack176c11, pack256c16  the packs at compression 11 and 16: 16 slots a tile, 64 bytes, whole
 //             32-byte sectors (22 slots at C = 8 and T = 176 are 88 bytes: tiles share sectors, which
 //             then take partial writes from two CTAs)
@@ -195,8 +192,8 @@ class SinkEpilogue : public cuda::sm90::RegisterEpilogue<SinkParams> {
   Params p_;
 };
 
-template <int TileM, int TileN, Sink kSink, int InFlight = 1>
-using SinkGemm = typename cuda::sm90::PingPongGemm<SinkEpilogue<kSink>, TileM, TileN, InFlight>::Gemm;
+template <int TileM, int TileN, Sink kSink>
+using SinkGemm = typename cuda::sm90::PingPongGemm<SinkEpilogue<kSink>, TileM, TileN>::Gemm;
 
 template <class Gemm>
 struct SinkRun {
@@ -280,8 +277,6 @@ int run(int argc, char** argv) {
   cuda::LtGemm lt;
   PackRun p256(xp, wp, M, H, I, 256, sms), p176(xp, wp, M, H, I, 176, sms), nocount(xp, wp, M, H, I, 176, sms);
   nocount.a.rows = {};
-  PackRun p176d2(xp, wp, M, H, I, 176, sms);
-  p256.a.mma_in_flight = p176.a.mma_in_flight = nocount.a.mma_in_flight = 1, p176d2.a.mma_in_flight = 2;
   PackRun p176c11(xp, wp, M, H, I, 176, sms, 11), p256c16(xp, wp, M, H, I, 256, sms, 16);
   SinkRun<SinkGemm<64, 256, Sink::bare>> bare256(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
   SinkRun<SinkGemm<128, 176, Sink::bare>> bare176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
@@ -291,13 +286,6 @@ int run(int argc, char** argv) {
   SinkRun<SinkGemm<128, 176, Sink::relu_bulk>> bulk176(xp, wp, int(M), int(I), int(H),
                                                        {g_bulk.as<uint16_t>(), M, I}, sms);
   SinkRun<SinkGemm<128, 176, Sink::alu>> alu176(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I}, sms);
-  SinkRun<SinkGemm<128, 176, Sink::bare, 2>> bare176d2(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I},
-                                                       sms);
-  SinkRun<SinkGemm<128, 176, Sink::alu, 2>> alu176d2(xp, wp, int(M), int(I), int(H), {g_relu.as<uint16_t>(), M, I},
-                                                     sms);
-  cuda::DeviceBuffer g_relu_d2(M * I * 2);
-  SinkRun<SinkGemm<128, 176, Sink::relu, 2>> relu176d2(xp, wp, int(M), int(I), int(H),
-                                                       {g_relu_d2.as<uint16_t>(), M, I}, sms);
   auto run_lt = [&](cudaStream_t st) {
     lt.run(xp, wp, g_lt.get(), M, I, H, true, cuda::GemmEpilogue::relu, st);
   };
@@ -325,30 +313,20 @@ int run(int argc, char** argv) {
   qa.rope.k_cache = k_cache.as<uint16_t>(), qa.rope.v_cache = v_cache.as<uint16_t>();
   qa.rope.cos_sin = cos_sin.as<float>(), qa.rope.p0 = p0.as<int32_t>();
   qa.rope.T = M, qa.rope.S = S, qa.rope.max_context = S, qa.rope.nh = 32, qa.rope.nkv = 32, qa.rope.hd = int(hd);
-  qa.mma_in_flight = 1;
-  cuda::DeviceBuffer qkv_out_d2(M * N * 2), k_cache_d2(M * 2048 * 2), v_cache_d2(M * 2048 * 2);
-  cuda::QkvRopeArgs qa2 = qa;
-  qa2.rope.qkv = qkv_out_d2.as<uint16_t>();
-  qa2.rope.k_cache = k_cache_d2.as<uint16_t>(), qa2.rope.v_cache = v_cache_d2.as<uint16_t>();
-  qa2.mma_in_flight = 2;
   cuda::DeviceBuffer qkv_ws(std::max<size_t>(cuda::qkv_rope_workspace_bytes(qa, sms), 1));
   auto run_lt_qkv = [&](cudaStream_t st) {
     lt.run(xp, wqkv.get(), qkv_lt.get(), M, N, H, true, cuda::GemmEpilogue::none, st);
   };
   auto run_qkv = [&](cudaStream_t st) { cuda::launch_qkv_rope(qa, qkv_ws.get(), qkv_ws.bytes(), sms, st); };
-  auto run_qkv_d2 = [&](cudaStream_t st) { cuda::launch_qkv_rope(qa2, qkv_ws.get(), qkv_ws.bytes(), sms, st); };
   SinkRun<SinkGemm<128, 192, Sink::bare>> bare192(xp, wqkv.get(), int(M), int(N), int(H),
                                                   {qkv_lt.as<uint16_t>(), M, N}, sms);
-  SinkRun<SinkGemm<128, 192, Sink::bare, 2>> bare192d2(xp, wqkv.get(), int(M), int(N), int(H),
-                                                       {qkv_lt.as<uint16_t>(), M, N}, sms);
   auto none = [](cudaStream_t) {};
 
   // Correctness first.
   run_lt(s);
   p256.reset(s), p256(s), p176.reset(s), p176(s), nocount.reset(s), nocount(s), relu176(s), bulk176(s);
   p176c11.reset(s), p176c11(s), p256c16.reset(s), p256c16(s);
-  p176d2.reset(s), p176d2(s), relu176d2(s);
-  run_lt_qkv(s), run_qkv(s), run_qkv_d2(s);
+  run_lt_qkv(s), run_qkv(s);
   TWELL_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::DeviceBuffer count(8);
   TWELL_CUDA_CHECK(cudaMemset(count.get(), 0, 8));
@@ -359,7 +337,7 @@ int run(int argc, char** argv) {
                 n256c16 = p256c16.nnz();
   std::printf("non-zeros: lt %llu (%.3f%%), pack256 %lld, pack176 %lld\n", n_lt, 100.0 * n_lt / double(M * I),
               static_cast<long long>(n256), static_cast<long long>(n176));
-  bool ok = n256 == n176 && n_nocount == n176 && n176c11 == n176 && n256c16 == n176 && p176d2.nnz() == n176 &&
+  bool ok = n256 == n176 && n_nocount == n176 && n176c11 == n176 && n256c16 == n176 &&
             std::fabs(double(n256) - double(n_lt)) <= 1e-3 * double(n_lt);
   // The two packs' values, row by row (their GEMMs add in the same order): unpack the first rows.
   {
@@ -393,20 +371,6 @@ int run(int argc, char** argv) {
     if (far_v) std::printf("qkv192: %lld of %lld v values beyond a bf16 rounding of lt_qkv's\n",
                            static_cast<long long>(far_v), static_cast<long long>(rows * 2048)), ok = false;
   }
-  {  // the d2 kernels (same GEMM, same summation order) wrote what their one-in-flight twins wrote, bit for bit
-    auto same = [](const void* a, const void* b, int64_t bytes) {
-      std::vector<char> ha(bytes), hb(bytes);
-      TWELL_CUDA_CHECK(cudaMemcpy(ha.data(), a, bytes, cudaMemcpyDeviceToHost));
-      TWELL_CUDA_CHECK(cudaMemcpy(hb.data(), b, bytes, cudaMemcpyDeviceToHost));
-      return ha == hb;
-    };
-    if (!same(g_relu.get(), g_relu_d2.get(), M * I * 2)) std::printf("relu176d2: its g differs from relu176's\n"), ok = false;
-    if (!same(qkv_out.get(), qkv_out_d2.get(), M * N * 2) || !same(k_cache.get(), k_cache_d2.get(), M * 2048 * 2) ||
-        !same(v_cache.get(), v_cache_d2.get(), M * 2048 * 2))
-      std::printf("qkv192d2: its q, k or v differ from qkv192's\n"), ok = false;
-    const TwellMatrix a = p176.act.download(), b = p176d2.act.download();
-    if (a.counts != b.counts || a.slots != b.slots) std::printf("pack176d2: its TwELL differs from pack176's\n"), ok = false;
-  }
   {  // relu_bulk wrote what relu176 wrote, bit for bit, everywhere
     std::vector<uint16_t> a(M * I), b(M * I);
     TWELL_CUDA_CHECK(cudaMemcpy(a.data(), g_relu.get(), a.size() * 2, cudaMemcpyDeviceToHost));
@@ -432,12 +396,6 @@ int run(int argc, char** argv) {
   ks.push_back({"lt_qkv (cuBLASLt, N = 6144)", none, run_lt_qkv});
   ks.push_back({"qkv192 (fused QKV + RoPE)", none, run_qkv});
   ks.push_back({"bare192 (N = 6144)", none, std::ref(bare192)});
-  ks.push_back({"bare176d2", none, std::ref(bare176d2)});
-  ks.push_back({"alu176d2", none, std::ref(alu176d2)});
-  ks.push_back({"relu176d2", none, std::ref(relu176d2)});
-  ks.push_back({"pack176d2", [&](cudaStream_t st) { p176d2.reset(st); }, std::ref(p176d2)});
-  ks.push_back({"qkv192d2", none, run_qkv_d2});
-  ks.push_back({"bare192d2", none, std::ref(bare192d2)});
   cudaEvent_t e0, e1;
   TWELL_CUDA_CHECK(cudaEventCreate(&e0));
   TWELL_CUDA_CHECK(cudaEventCreate(&e1));

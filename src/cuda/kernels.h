@@ -57,7 +57,6 @@ struct GatePackArgs {
   unsigned long long* nnz_total = nullptr;
   unsigned int* overflow = nullptr;
   RowCounts rows;
-  int mma_in_flight = 0;  // experiment (FFN item 47): wgmma k-blocks in flight, 1 or 2; 0: the default
 };
 // The TwELL tile widths the fused gate+pack packs (its GEMM's N tile is one TwELL tile).
 bool gate_pack_supports_tile(int64_t tile);
@@ -340,7 +339,6 @@ struct QkvRopeArgs {
   const uint16_t* w = nullptr;
   int64_t H = 0;
   RopeKvArgs rope;
-  int mma_in_flight = 0;  // as GatePackArgs's
 };
 bool qkv_rope_supported(int64_t H, int nh, int nkv, int hd, std::string* why = nullptr);
 size_t qkv_rope_workspace_bytes(const QkvRopeArgs& a, int sm_count);

@@ -227,7 +227,6 @@ class TwellPackEpilogue : public sm90::RegisterEpilogue<PackParams> {
 // the weight tile. One kernel per TwELL tile width.
 using Gemm256 = sm90::PingPongGemm<TwellPackEpilogue, 64, 256>::Gemm;
 using Gemm176 = sm90::PingPongGemm<TwellPackEpilogue, 128, 176>::Gemm;
-using Gemm176Deep = sm90::PingPongGemm<TwellPackEpilogue, 128, 176, 2>::Gemm;
 
 // Calls f(Kernel<Gemm>{}) with the GEMM of a's TwELL tile width (check_gate_pack: one of the two).
 template <class Gemm>
@@ -236,8 +235,7 @@ struct Kernel {
 };
 template <class F>
 decltype(auto) with_gemm(const GatePackArgs& a, F&& f) {
-  if (a.act.layout.tile == 176)
-    return sm90::mma_in_flight(a.mma_in_flight) == 2 ? f(Kernel<Gemm176Deep>{}) : f(Kernel<Gemm176>{});
+  if (a.act.layout.tile == 176) return f(Kernel<Gemm176>{});
   return f(Kernel<Gemm256>{});
 }
 

@@ -22,8 +22,6 @@
 
 #include <cuda_bf16.h>
 
-#include <algorithm>
-
 #include "twell/error.h"
 
 namespace twell::cuda {
@@ -224,12 +222,11 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
 // gate_pack.cu's kernel configuration. Ping-pong 64 × 256 (4.54 ms at 131072 × 6144 × 2048, ncu)
 // beat the cooperative 128 × 256 kernel with this epilogue (4.79-4.85 ms); docs/perf.md, model
 // item 13. At head_dim 64, 128 × 192 tiles (model item 25).
-template <int HD, int InFlight = 1>
-using Gemm =
-    typename sm90::PingPongGemm<RopeKvEpilogue<HD>, HD == 64 ? 128 : 64, HD == 64 ? 192 : 256, InFlight>::Gemm;
+template <int HD>
+using Gemm = typename sm90::PingPongGemm<RopeKvEpilogue<HD>, HD == 64 ? 128 : 64, HD == 64 ? 192 : 256>::Gemm;
 
-template <int HD, int InFlight>
-typename Gemm<HD, InFlight>::Arguments make_arguments(const QkvRopeArgs& a, int sm_count) {
+template <int HD>
+typename Gemm<HD>::Arguments make_arguments(const QkvRopeArgs& a, int sm_count) {
   const int q_dim = a.rope.nh * a.rope.hd, kv_dim = a.rope.nkv * a.rope.hd;
   const int M = static_cast<int>(a.rope.T), N = q_dim + 2 * kv_dim, K = static_cast<int>(a.H);
   RopeParams p;
@@ -237,23 +234,17 @@ typename Gemm<HD, InFlight>::Arguments make_arguments(const QkvRopeArgs& a, int 
   p.cos_sin = a.rope.cos_sin, p.p0 = a.rope.p0, p.M = a.rope.T;
   p.S = static_cast<int32_t>(a.rope.S), p.max_context = static_cast<int32_t>(a.rope.max_context);
   p.ld = N, p.q_dim = q_dim, p.kv_dim = kv_dim;
-  return sm90::gemm_arguments<Gemm<HD, InFlight>>(a.x, a.w, M, N, K, p, sm_count);
+  return sm90::gemm_arguments<Gemm<HD>>(a.x, a.w, M, N, K, p, sm_count);
 }
 
 template <int HD>
 size_t workspace_of(const QkvRopeArgs& a, int sm_count) {
-  return std::max(Gemm<HD, 1>::get_workspace_size(make_arguments<HD, 1>(a, sm_count)),
-                  Gemm<HD, 2>::get_workspace_size(make_arguments<HD, 2>(a, sm_count)));
+  return Gemm<HD>::get_workspace_size(make_arguments<HD>(a, sm_count));
 }
 
 template <int HD>
 void run(const QkvRopeArgs& a, void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream) {
-  if (sm90::mma_in_flight(a.mma_in_flight) == 2)
-    sm90::run_gemm<Gemm<HD, 2>>(make_arguments<HD, 2>(a, sm_count), workspace, workspace_bytes, stream,
-                                "fused QKV+RoPE");
-  else
-    sm90::run_gemm<Gemm<HD, 1>>(make_arguments<HD, 1>(a, sm_count), workspace, workspace_bytes, stream,
-                                "fused QKV+RoPE");
+  sm90::run_gemm<Gemm<HD>>(make_arguments<HD>(a, sm_count), workspace, workspace_bytes, stream, "fused QKV+RoPE");
 }
 
 }  // namespace

@@ -25,9 +25,6 @@
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1
 #endif
 
-#include <cstdlib>
-#include <type_traits>
-
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/detail.hpp>
@@ -86,97 +83,18 @@ struct RegisterEpilogue {
   CUTLASS_DEVICE bool is_source_needed() { return false; }
 };
 
-// CUTLASS's warp-specialised mainloop (consumer side) with `InFlight` k-blocks of wgmma in flight
-// where CUTLASS keeps one (K_PIPE_MMAS): a consumer issues k-block k, waits until at most InFlight
-// batches are outstanding, then releases the stage of k-block k - InFlight to the producer. With one
-// in flight, a next batch issued late (its warps sharing their schedulers with the other warpgroup's
-// epilogue) leaves the tensor pipe idle; a deeper queue gives it InFlight batches' time (~700 cycles
-// each at 128 × 176) instead. The producer then has Stages - InFlight stages to load ahead.
-// Everything else (loads, shared storage, the pipeline) is the base's.
-template <class Base, int InFlight>
-struct DeepMainloop : Base {
-  static_assert(InFlight >= 1 && InFlight < Base::DispatchPolicy::Stages);
-  using typename Base::MainloopPipeline;
-  using typename Base::Params;
-  using typename Base::PipelineState;
-  using typename Base::TensorStorage;
-
-  template <class FrgTensorC>
-  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState read, FrgTensorC& accum, int k_tiles,
-                          int thread_idx, TensorStorage& smem, Params const&) {
-    using namespace cute;
-    using TiledMma = typename Base::TiledMma;
-    cute::Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), typename Base::SmemLayoutA{});  // (M, K, stage)
-    cute::Tensor sB = make_tensor(make_smem_ptr(smem.smem_B.data()), typename Base::SmemLayoutB{});  // (N, K, stage)
-    constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
-    const cute::Layout groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
-    const int group = __shfl_sync(0xffffffffu, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
-    TiledMma tiled_mma;
-    auto thread_mma = tiled_mma.get_slice(groups(group));
-    cute::Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // descriptors (MMA, M, K, stage)
-    cute::Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));
-
-    PipelineState release = read;
-    tiled_mma.accumulate_ = cute::GMMA::ScaleOut::Zero;
-    warpgroup_fence_operand(accum);
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int k = 0; k < k_tiles; ++k) {
-      pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
-      const int stage = read.index();
-      warpgroup_fence_operand(accum);
-      warpgroup_arrive();
-      CUTLASS_PRAGMA_UNROLL
-      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-        cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), accum);
-        tiled_mma.accumulate_ = cute::GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
-      ++read;
-      if (k >= InFlight) {  // k-block k - InFlight is done: its stage goes back to the producer
-        warpgroup_wait<InFlight>();
-        warpgroup_fence_operand(accum);
-        pipeline.consumer_release(release);
-        ++release;
-      }
-    }
-    warpgroup_fence_operand(accum);
-  }
-
-  // After mma: waits for every batch and releases the stages mma kept (the last min(InFlight, k_tiles)).
-  CUTLASS_DEVICE void mma_tail(MainloopPipeline pipeline, PipelineState release, int k_tiles) {
-    const int kept = k_tiles < InFlight ? k_tiles : InFlight;
-    release.advance(k_tiles - kept);
-    cute::warpgroup_wait<0>();
-    for (int i = 0; i < kept; ++i) {
-      pipeline.consumer_release(release);
-      ++release;
-    }
-  }
-};
-
-template <class EpilogueOp, int TileM = kTileM, int TileN = kTileN, int InFlight = 1>
+template <class EpilogueOp, int TileM = kTileM, int TileN = kTileN>
 struct PingPongGemm {
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<EpilogueOp>;
-  using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 8, ElementAB,
       cutlass::layout::ColumnMajor, 8, float, cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::_64>,
       cute::Shape<cute::_2, cute::_1, cute::_1>,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
-  using Mainloop = std::conditional_t<InFlight == 1, CutlassMainloop, DeepMainloop<CutlassMainloop, InFlight>>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
-
-// The wgmma k-blocks in flight a launch asks for (experiment, FFN item 47): `asked` if set (1 or 2),
-// else TWELL_MMA_IN_FLIGHT from the environment (2 if it says 2), else 1 (CUTLASS's mainloop).
-inline int mma_in_flight(int asked) {
-  static const int from_env = [] {
-    const char* e = std::getenv("TWELL_MMA_IN_FLIGHT");
-    return e && std::atoi(e) == 2 ? 2 : 1;
-  }();
-  return asked == 1 || asked == 2 ? asked : from_env;
-}
 
 // Packed K-major strides (rows of K elements): (K, 1, rows·K).
 template <class Stride>
