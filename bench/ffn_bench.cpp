@@ -74,30 +74,85 @@ std::unique_ptr<FfnBackend> pick_backend(const std::string& name, std::ostream& 
   TWELL_FAIL("unknown backend '", name, "' (expected cpu, cuda or auto)");
 }
 
+// MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read.
+double available_host_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  double kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
+
+std::string format_gb(double bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << bytes / 1e9 << " GB";
+  return os.str();
+}
+
+// At least what a problem's tensors take on the host (the sampled rows are small beside these): x
+// [M, H] and the weights [I, H] in bf16, and where the backend keeps them there (the CPU's) one
+// [M, I] activation in bf16. Checked against what the machine has free before the first case, so
+// that a mistyped size fails at once with its numbers, not by the out-of-memory killer minutes
+// later. `what` names the sizes.
+void check_host_memory(const std::vector<int64_t>& tokens, int64_t H, int64_t I, bool gated, bool activations,
+                              const std::string& what) {
+  const double available = available_host_bytes();
+  if (available <= 0) return;  // unknown here
+  for (int64_t M : tokens) {
+    const double m = static_cast<double>(M), h = static_cast<double>(H), i = static_cast<double>(I);
+    const double need = 2 * (m * h + (gated ? 3 : 2) * i * h + (activations ? m * i : 0));
+    TWELL_REQUIRE(need <= available, "M = ", M, ", H = ", H, ", I = ", I, " (", what, ") needs at least ",
+                  format_gb(need), " of host memory; ", format_gb(available), " is available");
+  }
+}
+
 // Loads a problem from a safetensors file: x [M, H], up [I, H], down [I, H] (neuron-major, the
-// transpose of PyTorch's down_proj.weight) and, for a gated FFN, gate [I, H]; any float dtype,
-// converted to bf16 once.
-FfnProblem load_problem(const std::string& path) {
+// transpose of PyTorch's down_proj.weight) and, for a gated FFN, gate [I, H]; BF16, F16 or F32,
+// converted to bf16 once. The shapes and the memory they need are checked from the header, before
+// any tensor is read; the values after their rounding to bf16, so that one that overflows it is
+// refused as the NaN or Inf it becomes.
+FfnProblem load_problem(const std::string& path, bool activations_on_host) {
   const io::SafetensorsFile f = io::SafetensorsFile::open(path);
   for (const char* name : {"x", "up", "down"})
     TWELL_REQUIRE(f.has(name), path, ": no tensor '", name, "' (--from needs x [M, H], up and down [I, H], "
                 "and gate [I, H] for a gated FFN)");
+  const bool gated = f.has("gate");
+  const Shape& xs = f.info("x").shape;
+  TWELL_REQUIRE(xs.size() == 2, path, ": x must be [M, H], got ", shape_str(xs));
+  const int64_t M = xs[0], H = xs[1];
+  const Shape& us = f.info("up").shape;
+  TWELL_REQUIRE(us.size() == 2, path, ": up must be [I, H], got ", shape_str(us));
+  const int64_t I = us[0];
+  TWELL_REQUIRE(M >= 1 && H >= 1 && I >= 1, path, ": --from needs at least one token, one input and one neuron: x is ",
+                shape_str(xs), ", up ", shape_str(us));
+  for (const char* name : {"gate", "up", "down"}) {
+    if (!f.has(name)) continue;
+    const Shape& ws = f.info(name).shape;
+    TWELL_REQUIRE(ws.size() == 2 && ws[1] == H, path, ": x is ", shape_str(xs), " but ", name, " is ", shape_str(ws),
+                  ": a weight must be [I, H] with x's H = ", H,
+                  std::string(name) == "down" ? " (down neuron-major: the transpose of down_proj.weight)" : "");
+    TWELL_REQUIRE(ws[0] == I, path, ": up is ", shape_str(us), " but ", name, " is ", shape_str(ws),
+                  ": the weights' I differ");
+  }
+  check_host_memory({M}, H, I, gated, activations_on_host, "from " + path);
+  for (const char* name : {"x", "gate", "up", "down"})
+    if (f.has(name)) f.check_finite(name);  // a NaN would fail every correctness check anyway: say why
   FfnProblem p;
   p.ffn.x = f.read_as("x", DType::bf16);
   p.ffn.wu = f.read_as("up", DType::bf16);
   p.ffn.wd = f.read_as("down", DType::bf16);
-  const bool gated = f.has("gate");
   if (gated) p.ffn.wg = f.read_as("gate", DType::bf16);
-  TWELL_REQUIRE(p.ffn.x.shape().size() == 2, path, ": x must be [M, H], got ", shape_str(p.ffn.x.shape()));
-  TWELL_REQUIRE(p.ffn.wu.shape().size() == 2, path, ": up must be [I, H], got ", shape_str(p.ffn.wu.shape()));
-  const int64_t M = p.ffn.x.shape()[0], H = p.ffn.x.shape()[1], I = p.ffn.wu.shape().at(0);
-  TWELL_REQUIRE(M >= 1 && H >= 1 && I >= 1, path, ": --from needs at least one token, one input and one neuron: x is ",
-              shape_str(p.ffn.x.shape()), ", up ", shape_str(p.ffn.wu.shape()));
-  check_shape(p.ffn.wu, {I, H}, "--from: up");
-  check_shape(p.ffn.wd, {I, H}, "--from: down (neuron-major [I, H])");
-  if (gated) check_shape(p.ffn.wg, {I, H}, "--from: gate");
-  for (const char* name : {"x", "gate", "up", "down"})
-    if (f.has(name)) f.check_finite(name);  // a NaN would fail every correctness check anyway: say why
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x", &p.ffn.x}, {"gate", &p.ffn.wg},
+                                {"up", &p.ffn.wu}, {"down", &p.ffn.wd}}) {
+    if (!f.has(name)) continue;
+    const int64_t bad = io::first_non_finite(t->view());
+    TWELL_REQUIRE(bad < 0, path, ": ", name, " element ", bad, " is finite in the file (",
+                  io::safetensors_dtype_name(f.info(name).dtype), ") but outside bf16's range: it would be ",
+                  "Inf in bf16, the dtype the benchmark runs in");
+  }
   p.ffn.spec = SyntheticSpec{M, H, I, 0.0, Distribution::uniform, gated, 0};
   const size_t slash = path.find_last_of('/');
   p.distribution = "file:" + path.substr(slash == std::string::npos ? 0 : slash + 1);
@@ -140,40 +195,6 @@ static void check_densities_reachable(const FfnBenchConfig& cfg, const std::vect
   }
 }
 
-// MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read.
-static double available_host_bytes() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (!f) return 0;
-  char line[256];
-  double kb = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-  std::fclose(f);
-  return kb * 1024;
-}
-
-static std::string format_gb(double bytes) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(1) << bytes / 1e9 << " GB";
-  return os.str();
-}
-
-// The host memory a synthetic case needs at least (the sampled rows are small beside these):
-// x [M, H] and the weights [I, H] in bf16, and on the CPU backend one [M, I] activation in bf16.
-// Checked against what the machine has free before the first case, so that a mistyped -M, -H or
-// -I fails at once with its numbers, not by the out-of-memory killer minutes later.
-static void check_host_memory(const FfnBenchConfig& cfg, const std::vector<int64_t>& tokens, bool activations) {
-  const double available = available_host_bytes();
-  if (available <= 0) return;  // unknown here
-  const double H = static_cast<double>(cfg.H), I = static_cast<double>(cfg.I);
-  for (int64_t M : tokens) {
-    const double m = static_cast<double>(M);
-    const double need = 2 * (m * H + (cfg.gated ? 3 : 2) * I * H + (activations ? m * I : 0));
-    TWELL_REQUIRE(need <= available, "M = ", M, ", H = ", cfg.H, ", I = ", cfg.I, " (-M, -H, -I) needs at least ",
-                  format_gb(need), " of host memory; ", format_gb(available), " is available");
-  }
-}
-
 std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream& progress,
                                        std::vector<BenchRecord>* finished) {
   check_config(asked);
@@ -205,6 +226,8 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
                 "backend");
   TWELL_REQUIRE(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
               "--from takes M, H, I and the density from the file; drop -M and -d");
+  // The memory first: the reach check draws I-sized rates, minutes at a mistyped -I.
+  if (!from_file) check_host_memory(tokens, cfg.H, cfg.I, cfg.gated, backend->activations_on_host(), "-M, -H, -I");
   if (!from_file) check_densities_reachable(cfg, densities, distributions);
   if (cfg.energy) {
     std::string why;
@@ -213,9 +236,8 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
                   cfg.energy_seconds, " (the H200's energy counter moves every 100 ms)");
   }
 
-  if (!from_file) check_host_memory(cfg, tokens, backend->activations_on_host());
   std::optional<FfnProblem> given;  // --from's tensors, read and checked before anything is said
-  if (from_file) given = load_problem(cfg.from_file);
+  if (from_file) given = load_problem(cfg.from_file, backend->activations_on_host());
   if (cfg.tile == 0) {
     cfg.tile = default_ffn_tile(from_file ? given->ffn.spec.I : cfg.I, cfg.compression, cfg.train);
     TWELL_REQUIRE(cfg.tile % cfg.compression == 0, "--compression must divide the tile width (", cfg.tile,
@@ -325,8 +347,10 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
             // Twice the dense pipeline's error, and never more than twice the bound dense itself has
             // to meet (a broken baseline must not let the others through).
             const double bound = i == 0 ? 2e-2 : std::min(std::max(2 * errs[0][k], 1e-5), 4e-2);
-            if (!(errs[i][k] <= bound)) ok = false, why += str(k == 0 ? "y" : k == 1 ? "dx" : k == 2 ? "dWg" : k == 3 ? "dWu" : "dWd",
-                                                                " rel_err ", errs[i][k], " above the bound ", bound, "; ");
+            if (!(errs[i][k] <= bound))
+              ok = false, why += str(why.empty() ? "" : "; ",
+                                     k == 0 ? "y" : k == 1 ? "dx" : k == 2 ? "dWg" : k == 3 ? "dWu" : "dWd", " rel_err ",
+                                     errs[i][k], " above the bound ", bound);
           }
           if (cfg.train) {
             char e[160];
@@ -335,7 +359,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
             r.note = r.note.empty() ? std::string(e) : std::string(e) + "; " + r.note;
           }
           r.correct = ok;
-          if (!ok) r.note = why + r.note;
+          if (!ok) r.note = r.note.empty() ? why : why + "; " + r.note;
         }
 
         // Timing: warm-up, then interleaved runs over rotating token sets, the implementations in
@@ -408,8 +432,11 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
         progress << "[" << case_no << "/" << n_cases << "] M=" << M << " density=" << p.density * 100 << "% "
                  << p.distribution << " (" << std::fixed << std::setprecision(1) << recs[0].nnz_per_token_mean << " nnz/token):";
         for (const BenchRecord& r : recs) {
-          progress << "  " << r.impl << " " << std::setprecision(3) << r.ms_median << " ms"
-                   << (r.correct ? "" : " FAILED");
+          progress << "  " << r.impl << " ";
+          if (r.correct)
+            progress << std::setprecision(3) << r.ms_median << " ms";
+          else
+            progress << "FAILED (not timed)";
           if (r.energy_mj_per_token >= 0) progress << " (" << std::setprecision(4) << r.energy_mj_per_token << " mJ/token)";
         }
         if (mix.mhz() >= 0)
@@ -438,11 +465,16 @@ void print_table(const std::vector<BenchRecord>& records, std::ostream& out) {
   }
   out << "\n";
   for (const BenchRecord& r : records) {
-    std::snprintf(line, sizeof line, "%-8lld %6lld %6lld %6.2f%% %-*.*s %9.1f %8lld %-16s %10.3f %8.3f %9.2e %-*s",
+    char ms[24] = "-", ratio[24] = "-";  // a failed implementation is not timed
+    if (r.correct) {
+      std::snprintf(ms, sizeof ms, "%.3f", r.ms_median);
+      if (std::isfinite(r.ratio_to_dense)) std::snprintf(ratio, sizeof ratio, "%.3f", r.ratio_to_dense);
+    }
+    std::snprintf(line, sizeof line, "%-8lld %6lld %6lld %6.2f%% %-*.*s %9.1f %8lld %-16s %10s %8s %9.2e %-*s",
                   static_cast<long long>(r.M), static_cast<long long>(r.H), static_cast<long long>(r.I),
                   r.density * 100, dist_w, dist_w, r.distribution.c_str(), r.nnz_per_token_mean,
-                  static_cast<long long>(r.nnz_per_token_max), r.impl.c_str(), r.ms_median, r.ratio_to_dense,
-                  r.rel_err, energy ? 6 : 0, r.correct ? "yes" : "FAILED");
+                  static_cast<long long>(r.nnz_per_token_max), r.impl.c_str(), ms, ratio, r.rel_err, energy ? 6 : 0,
+                  r.correct ? "yes" : "FAILED");
     out << line;
     if (energy) {
       char sustained[16] = "n/a", mj[16] = "n/a", mhz[16] = "n/a", capped[16] = "n/a";  // not measured

@@ -76,7 +76,8 @@ io::ModelConfig model_config(const ModelBenchConfig& cfg) {
   c.num_hidden_layers = cfg.layers;
   c.num_attention_heads = cfg.heads;
   c.num_key_value_heads = cfg.kv_heads;
-  TWELL_REQUIRE(cfg.heads > 0 && cfg.hidden % cfg.heads == 0, "--heads ", cfg.heads, " must divide --hidden ", cfg.hidden);
+  TWELL_REQUIRE(cfg.heads > 0, "--heads must be positive, got ", cfg.heads);
+  TWELL_REQUIRE(cfg.hidden % cfg.heads == 0, "--heads ", cfg.heads, " must divide --hidden ", cfg.hidden);
   c.head_dim = cfg.hidden / cfg.heads;
   c.vocab_size = cfg.vocab;
   int64_t ctx = std::max(cfg.seq, cfg.check_tokens);
@@ -785,7 +786,12 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
 
 std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress) {
   // The arguments first, so that a typo fails at once, on any machine.
-  TWELL_REQUIRE(cfg.iters >= 1 && cfg.warmup >= 0 && cfg.steps >= 1, "bench model: --iters and --steps must be positive");
+  TWELL_REQUIRE(cfg.prefill || cfg.decode, "bench model: --no-prefill and --no-decode together leave nothing to run");
+  TWELL_REQUIRE(cfg.iters >= 1 && cfg.warmup >= 0 && cfg.steps >= 1, "bench model: --iters and --steps must be "
+                "positive and --warmup not negative, got ", cfg.iters, ", ", cfg.steps, " and ", cfg.warmup);
+  const int32_t compression = cuda::FfnOptions{}.compression;
+  TWELL_REQUIRE(cfg.tile == 0 || (cfg.tile >= 1 && cfg.tile % compression == 0), "bench model: --tile must be 0 (the "
+                "FFN's default) or a multiple of the TwELL compression ", compression, ", got ", cfg.tile);
   TWELL_REQUIRE(cfg.batch >= 1 && cfg.seq >= 1 && cfg.context >= 1, "bench model: --batch, --seq and --context must be "
                 "positive, got ", cfg.batch, ", ", cfg.seq, ", ", cfg.context);
   for (const int64_t b : cfg.decode_batches)

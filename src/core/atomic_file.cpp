@@ -67,8 +67,16 @@ AtomicFile::AtomicFile(std::string path) {
     fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd_ < 0 && errno == EEXIST && attempt == 0) ::unlink(temp_path_.c_str());
   }
-  if (fd_ < 0 && (errno == ENOENT || errno == ENOTDIR))
-    throw Error(str(path_, ": cannot write it: its directory does not exist"));
+  if (fd_ < 0 && (errno == ENOENT || errno == ENOTDIR)) {
+    // Said so only where the directory is really missing (/proc, say, answers ENOENT for a new file).
+    const int why = errno;
+    const size_t slash = path_.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw Error(str(path_, ": cannot write it: its directory does not exist"));
+    errno = why;
+  }
   if (fd_ < 0)
     throw Error(str(path_, ": cannot create temporary file '", temp_path_, "': ", errno_text()));
   if (mode != kNewFile && ::fchmod(fd_, mode) != 0) {  // a replaced file keeps its permissions

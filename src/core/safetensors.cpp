@@ -286,7 +286,9 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* data, size_t size, std::st
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; it is then refused below as not a
+  // regular file (the flag changes nothing for a regular file's mapping).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(path, str("cannot open: ", std::strerror(errno)));
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

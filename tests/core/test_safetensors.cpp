@@ -364,6 +364,8 @@ TEST_F(Safetensors, WriteIsAtomic) {
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
   expect_error([&] { io::detail::write_file_atomically(path("fifo"), "x"); }, {"fifo", "not a regular file"});
   EXPECT_TRUE(std::filesystem::is_fifo(path("fifo")));
+  // Read, a FIFO is refused at once too, not waited on for a writer.
+  expect_error([&] { io::SafetensorsFile::open(path("fifo")); }, {"fifo", "not a regular file"});
   std::filesystem::create_symlink(path("fifo"), path("fifo_link"));
   expect_error([&] { io::detail::write_file_atomically(path("fifo_link"), "x"); },
                {"fifo_link", "a link to what is not a regular file"});

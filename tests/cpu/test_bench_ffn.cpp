@@ -88,6 +88,40 @@ TEST(BenchFfn, FromFileRunsTheGivenTensors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("down"), std::string::npos) << e.what();
   }
+  // Shapes from the header, before any tensor is read: a weight whose H is not x's is named with x.
+  io::write_safetensors(path, {{"x", f.x}, {"gate", f.wg}, {"up", Tensor(DType::bf16, {256, 32})}, {"down", f.wd}});
+  try {
+    bench::run_ffn_bench(cfg, progress);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x is [17, 64] but up is [256, 32]"), std::string::npos) << e.what();
+  }
+  // A finite F32 value beyond bf16's range would be Inf once rounded: refused as such, not run
+  // into a failed correctness check.
+  Tensor x32(DType::f32, {17, 64});
+  for (int64_t i = 0; i < x32.numel(); ++i) x32.ptr<float>()[i] = float(f.x.ptr<bf16>()[i]);
+  x32.ptr<float>()[3] = 3.4e38f;
+  io::write_safetensors(path, {{"x", x32}, {"gate", f.wg}, {"up", f.wu}, {"down", f.wd}});
+  try {
+    bench::run_ffn_bench(cfg, progress);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x element 3 is finite in the file (F32) but outside bf16's range"),
+              std::string::npos)
+        << e.what();
+  }
+  // A small file whose shapes would need terabytes on the host: refused from its header at once.
+  {
+    const int64_t n = 1000000;  // x [n, 1] and the weights [n, 1]: 8 MB of file, an [n, n] activation
+    Tensor col(DType::bf16, {n, 1});
+    io::write_safetensors(path, {{"x", col}, {"gate", col}, {"up", col}, {"down", col}});
+    try {
+      bench::run_ffn_bench(cfg, progress);
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("of host memory"), std::string::npos) << e.what();
+    }
+  }
   // No tokens: refused, not a row of NaN ratios.
   io::write_safetensors(path, {{"x", Tensor(DType::bf16, {0, 64})}, {"gate", f.wg}, {"up", f.wu}, {"down", f.wd}});
   try {

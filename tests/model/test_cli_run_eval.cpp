@@ -182,7 +182,8 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"eval . no-such-file.txt", "twell eval: file: no such file: no-such-file.txt; see twell eval --help"},
       {"eval . /", "twell eval: file: expected a file, got the directory /; see twell eval --help"},
       // The CPU backend's banner comes only once the options are good: an error is said alone.
-      {"bench ffn --backend cpu --from no-such.safetensors", "twell: error: no-such.safetensors: cannot open"},
+      {"bench ffn --backend cpu --from no-such.safetensors", "--from: no such file: no-such.safetensors"},
+      {"bench ffn --backend cpu --from ''", "--from: expected a file name, got an empty one"},  // not the default run
       {"bench ffn --json ''", "twell bench ffn: --json: expected a file name, got an empty one"},
       {"bench ffn --json -", "twell bench ffn: --json: expected a file name, got '-'"},
       // Refused before the first case runs, in the options' own terms.

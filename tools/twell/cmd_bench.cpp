@@ -22,17 +22,19 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   ffn->add_option("--backend,--device", cfg->backend, "cpu, cuda or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
-  ffn->add_option("-M,--tokens", cfg->tokens, "token counts M (default: backend's standard set)");
+  ffn->add_option("-M,--tokens", cfg->tokens, "token counts M, repeated or a list: -M 128,2048 (default: the backend's standard set)")->delimiter(',');
   ffn->add_option("-H,--hidden", cfg->H, "model width H")->capture_default_str();
   ffn->add_option("-I,--intermediate", cfg->I, "FFN width I (HF: intermediate_size)")->capture_default_str();
-  ffn->add_option("-d,--density", cfg->densities, "activation densities, non-zeros per token / I (e.g. 0.005)");
-  ffn->add_option("--distribution", *distributions, "uniform and/or skewed")
+  ffn->add_option("-d,--density", cfg->densities, "activation densities, non-zeros per token / I (e.g. 0.005, or a list: 0.005,0.01)")
+      ->delimiter(',');
+  ffn->add_option("--distribution", *distributions, "uniform and/or skewed (a list: uniform,skewed)")
+      ->delimiter(',')
       ->check(CLI::IsMember({"uniform", "skewed"}))
       ->capture_default_str();
   ffn->add_flag("--non-gated", *non_gated, "h = relu(x Wuᵀ) instead of relu(x Wgᵀ) ⊙ (x Wuᵀ)");
   ffn->add_option("--tile", cfg->tile,
-                  "TwELL tile width T; 0: the FFN's default (176 where I is a multiple of 176, as 5632 is, outside "
-                  "--train; else 256)")
+                  "TwELL tile width T; 0: the FFN's default (176 where I is a multiple of 176, as 5632 is, and "
+                  "--compression divides 176, outside --train; else 256)")
       ->capture_default_str();
   ffn->add_option("--compression", cfg->compression, "TwELL compression factor C (capacity T/C per tile)")
       ->capture_default_str();
@@ -44,7 +46,9 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   CLI::Option* from = ffn->add_option("--from", cfg->from_file,
                                       "safetensors file: x [M, H], gate, up and down [I, H] (down neuron-major: the "
                                       "transpose of down_proj.weight; no gate for a non-gated FFN); M, H, I, the "
-                                      "density and gating come from the file");
+                                      "density and gating come from the file; BF16, F16 or F32, rounded to "
+                                      "bf16 once")
+                       ->check(existing_file());
   CLI::Option* timing_option = ffn->add_option("--timing", *timing,
                   "gpu: each call is enqueued behind a kernel that holds the stream, so the CUDA events time the "
                   "GPU's work alone (nvbench's method; a model's host runs ahead like this); host: from an idle "
@@ -84,8 +88,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
         [&](std::vector<bench::BenchRecord>* done) { bench::run_ffn_bench(*cfg, std::cerr, done); }, *json_path,
         std::cout, std::cerr);
     for (const auto& r : records)
-      TWELL_REQUIRE(r.correct, "case M=", r.M, " density=", r.density, " ", r.distribution, " impl ", r.impl,
-                  " failed its correctness check: ", r.note);
+      TWELL_REQUIRE(r.correct, "case M=", r.M, " density=", r.density * 100, "% ", r.distribution, " impl ", r.impl,
+                    " failed its correctness check: ", r.note);
   });
 
   auto mcfg = std::make_shared<bench::ModelBenchConfig>();
@@ -104,7 +108,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_option("--vocab", mcfg->vocab, "vocabulary size")->capture_default_str();
   model->add_option("--batch", mcfg->batch, "prefill: sequences")->capture_default_str();
   model->add_option("--seq", mcfg->seq, "prefill: tokens per sequence")->capture_default_str();
-  model->add_option("--decode-batch", mcfg->decode_batches, "decode: sequences per step (repeatable)")
+  model->add_option("--decode-batch", mcfg->decode_batches, "decode: sequences per step (repeatable, or a list: 1,8)")
+      ->delimiter(',')
       ->capture_default_str();
   model->add_option("--context", mcfg->context, "decode: prompt tokens before the timed steps")->capture_default_str();
   model->add_option("--steps", mcfg->steps, "decode: timed steps")->capture_default_str();

@@ -43,6 +43,7 @@ inline CLI::Validator file_name() {
 inline CLI::Validator existing_file() {
   return CLI::Validator(
       [](std::string& path) -> std::string {
+        if (path.empty()) return "expected a file name, got an empty one";
         if (CLI::ExistingFile(path).empty()) return {};
         return CLI::ExistingDirectory(path).empty() ? "expected a file, got the directory " + path
                                                     : "no such file: " + path;
