@@ -349,6 +349,7 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, const 
     // The A/B switches the timed models run with.
     o.fused_qkv_rope = cfg.fused_qkv_rope;
     o.ffn_residual_norm = cfg.ffn_residual_norm;
+    o.deferred_residual_add = cfg.deferred_residual_add;
     o.cuda_graphs = cfg.cuda_graphs;
     o.fused_decode_ffn = cfg.fused_decode_ffn;
     o.decode_gemv = cfg.decode_gemv;
@@ -462,6 +463,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   o.prefill_attention = attention_mode(cfg.attention);
   o.fused_qkv_rope = cfg.fused_qkv_rope;
   o.ffn_residual_norm = cfg.ffn_residual_norm;
+  o.deferred_residual_add = cfg.deferred_residual_add;
   o.ffn_options.tile = cfg.tile;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
@@ -496,6 +498,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
   const std::string kernels_note =
       "attention: " + kernels.attention + (kernels.fused_qkv_rope ? "; QKV+RoPE fused" : "; QKV, RoPE unfused") +
       (cfg.ffn_residual_norm ? "; the add + RMSNorm after the FFN in twell's down pass" : kSeparateFfnNormNote) +
+      (cfg.deferred_residual_add ? "" : "; the attention's residual add before the FFN (--eager-residual-add)") +
       (cfg.tile != 0 ? "; TwELL tile " + std::to_string(cfg.tile) + " (--tile)" : std::string());
   progress << "  prefill " << kernels_note << "\n";
 
@@ -620,6 +623,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   o.decode_gemv = cfg.decode_gemv;
   o.decode_attention_splits = cfg.decode_attention_splits;
   o.ffn_residual_norm = cfg.ffn_residual_norm;
+  o.deferred_residual_add = cfg.deferred_residual_add;
   o.ffn_options.tile = cfg.tile;
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);

@@ -545,13 +545,19 @@ struct FfnForward::Impl {
                   "FfnForward: then.normed must be x or not overlap it");
       TWELL_CHECK(!options.training || !memory_overlaps(then->normed, x),
                   "FfnForward: with FfnOptions::training, then.normed must not be x: backward() reads x again");
-      fused = {static_cast<float*>(then->residual.data), static_cast<const uint16_t*>(then->weight.data),
-               static_cast<uint16_t*>(then->normed.data), then->eps};
+      if (then->before.data) {
+        check_operand(then->before, DType::bf16, {M, H}, "FfnForward: then.before");
+        TWELL_CHECK(!memory_overlaps(then->before, then->residual) && !memory_overlaps(then->before, then->normed) &&
+                        !memory_overlaps(then->before, y),
+                    "FfnForward: then.before must not overlap then.residual, then.normed or y");
+      }
+      fused = {static_cast<float*>(then->residual.data), static_cast<const uint16_t*>(then->before.data),
+               static_cast<const uint16_t*>(then->weight.data), static_cast<uint16_t*>(then->normed.data), then->eps};
     }
     // The sparse path's down pass does the step itself; after the others it is a kernel of its own.
     if (!compute(x, w, y, stream, slot, fused) && then)
-      launch_add_rmsnorm(fused.resid, static_cast<const uint16_t*>(y.data), fused.w, fused.normed, x.shape[0],
-                         shape.hidden, 1, 0, fused.eps, stream);
+      launch_add_rmsnorm(fused.resid, fused.before, static_cast<const uint16_t*>(y.data), true, fused.w, fused.normed,
+                         x.shape[0], shape.hidden, 1, 0, fused.eps, stream);
   }
 
   // TwELL values a token stores with room for every tile to spill: a tile's slots, then its backup.

@@ -111,11 +111,13 @@ void launch_count_sampled_nonzeros(const uint16_t* g, int64_t rows, int64_t cols
                                    unsigned long long* out, cudaStream_t stream);
 
 // A transformer block's next step after its FFN, done by the FFN's down pass in place of writing
-// y (resid null: y is written): resid[m] += bf16(y[m]) in f32, then normed[m] = bf16(w · resid[m]
-// / √(mean(resid[m]²) + eps)), as launch_add_rmsnorm computes them (its sum of squares in another
-// order). resid [M, H] f32; w [H], normed [M, H] bf16, 16-byte aligned.
+// y (resid null: y is written): resid[m] = (resid[m] + before[m]) + bf16(y[m]) in f32 (before: an
+// add deferred by the caller, launch_add_rmsnorm's; none where null), then normed[m] = bf16(w ·
+// resid[m] / √(mean(resid[m]²) + eps)), as launch_add_rmsnorm computes them (its sum of squares in
+// another order). resid [M, H] f32; before [M, H], w [H], normed [M, H] bf16, 16-byte aligned.
 struct ResidualNormOut {
   float* resid = nullptr;
+  const uint16_t* before = nullptr;
   const uint16_t* w = nullptr;
   uint16_t* normed = nullptr;
   float eps = 0.f;
@@ -302,14 +304,18 @@ void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, 
 // ---- model runtime (llama_layers.cu, attention.cu) ----------------------------------------------
 // x[t, :] = float(table[tokens[t], :])          x [T, H] fp32, table [V, H] bf16
 void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float* x, int64_t H, cudaStream_t stream);
-// For output row r < rows, with s = r·step + offset: x[s] += delta[s] (when delta is not null),
-// then out[r] = bf16(w · x[s] / √(mean(x[s]²) + eps)). x fp32 [*, H]; delta, out, w bf16; H a
-// multiple of 8, at most kMaxNormWidth. `dependent`: launched with programmatic dependent launch
-// (the norm weights are loaded before it waits for the kernel before it; worth it only after a
-// kernel that lets its dependents start early, as launch_decode_gemv does).
+// For output row r < rows, with s = r·step + offset: v = (x[s] + before[s]) + delta[s] in f32 (each
+// add where its operand is not null), stored back into x[s] where `store_x` (and there was an add),
+// then out[r] = bf16(w · v / √(mean(v²) + eps)). `before` is an add its caller deferred from the
+// norm before (that norm called with store_x false): the sum then has the order, and the bits, it
+// had with x stored in between, and x [T, H] f32 is written once instead of twice. x fp32 [*, H];
+// before, delta, out, w bf16; H a multiple of 8, at most kMaxNormWidth. `dependent`: launched with
+// programmatic dependent launch (the norm weights are loaded before it waits for the kernel before
+// it; worth it only after a kernel that lets its dependents start early, as launch_decode_gemv does).
 constexpr int64_t kMaxNormWidth = 16384;
-void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint16_t* out, int64_t rows, int64_t H,
-                        int64_t step, int64_t offset, float eps, cudaStream_t stream, bool dependent = false);
+void launch_add_rmsnorm(float* x, const uint16_t* before, const uint16_t* delta, bool store_x, const uint16_t* w,
+                        uint16_t* out, int64_t rows, int64_t H, int64_t step, int64_t offset, float eps,
+                        cudaStream_t stream, bool dependent = false);
 // The same for one row whose delta is a split sum (launch_decode_ffn's output), added as
 // bf16(Σ parts): x[0] += delta, out[0] = the norm (launched with programmatic dependent launch).
 void launch_add_rmsnorm(float* x, const SplitSum& delta, const uint16_t* w, uint16_t* out, int64_t H, float eps,

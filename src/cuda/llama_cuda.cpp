@@ -339,9 +339,10 @@ struct LlamaCuda::Impl {
     normalised  // already added into x, and x normalised by next_norm into `a` (FfnForward's then)
   };
 
-  // The FFN of `a`; next_norm: the weights of the RMSNorm after it.
+  // The FFN of `a`; next_norm: the weights of the RMSNorm after it; pending: the residual add
+  // deferred to the norm after it (ResidualNorm::before), or null.
   FfnOut ffn(const LlamaCudaLayer& lw, int64_t layer, int64_t T, bool decode, const uint16_t* next_norm,
-             FfnPath* path) {
+             const uint16_t* pending, FfnPath* path) {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
     if (runs_decode_ffn(decode, T)) {
       decode_ffn.run(a.as<uint16_t>(), lw.ffn(), false, stream);
@@ -355,7 +356,8 @@ struct LlamaCuda::Impl {
       FfnForward& f = !decode ? *ffn_prefill : gather ? *ffn_gather : *ffn_dense;
       ResidualNorm then{dev_view(x.get(), DType::f32, {T, H}),
                         dev_view(const_cast<uint16_t*>(next_norm), DType::bf16, {H}), in,
-                        static_cast<float>(c.rms_norm_eps)};
+                        static_cast<float>(c.rms_norm_eps),
+                        pending ? dev_view(const_cast<uint16_t*>(pending), DType::bf16, {T, H}) : TensorView{}};
       f.forward(in, lw.ffn(), out, stream, decode ? 0 : layer, o.ffn_residual_norm ? &then : nullptr);
       *path = f.last_path();
       if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = f.last_stats();  // waits
@@ -419,13 +421,21 @@ struct LlamaCuda::Impl {
     paths.assign(static_cast<size_t>(L), FfnPath::dense);
     if (o.record_ffn_stats && !decode) stats.assign(static_cast<size_t>(L), FfnStats{});
     FfnOut last = FfnOut::y;  // where the last FFN left its output
-    // x += the last FFN's output (none before the first layer), then `a` = RMSNorm(x)·norm_w.
+    // Over many tokens the attention's output is added into x by the norm after the FFN rather than
+    // by the one before it (pending: `proj`, the order of the adds kept, so the same bits): x, f32,
+    // is then written once a layer, not twice (model item 31). A decode step keeps the add where it
+    // is: its split norm takes one addend.
+    const bool defer = o.deferred_residual_add && !decode;
+    const uint16_t* pending = nullptr;
+    // x += (the deferred add, then) the last FFN's output (none before the first layer), then `a` =
+    // RMSNorm(x)·norm_w.
     auto add_norm = [&](const uint16_t* norm_w, bool first) {
       if (last == FfnOut::split)
         launch_add_rmsnorm(x.as<float>(), decode_ffn.output(), norm_w, a.as<uint16_t>(), H, eps, stream);
       else if (last == FfnOut::y)
-        launch_add_rmsnorm(x.as<float>(), first ? nullptr : y.as<uint16_t>(), norm_w, a.as<uint16_t>(), T, H, 1, 0,
-                           eps, stream);
+        launch_add_rmsnorm(x.as<float>(), pending, first ? nullptr : y.as<uint16_t>(), true, norm_w,
+                           a.as<uint16_t>(), T, H, 1, 0, eps, stream);
+      pending = nullptr;
     };
     for (int64_t l = 0; l < L; ++l) {
       const LlamaCudaLayer& lw = w->layers[l];
@@ -476,14 +486,16 @@ struct LlamaCuda::Impl {
       const bool gemv = project(attn.as<uint16_t>(), lw.wo, proj.as<uint16_t>(), T, H, q_dim);
       // After the GEMV (which lets its dependents start at once) the norm is launched as one, and
       // lets the FFN after it start too: their weight copies begin under the projection.
-      launch_add_rmsnorm(x.as<float>(), proj.as<uint16_t>(), bits(lw.post_norm), a.as<uint16_t>(), T, H,
-                         1, 0, eps, stream, gemv);
+      launch_add_rmsnorm(x.as<float>(), nullptr, proj.as<uint16_t>(), !defer, bits(lw.post_norm), a.as<uint16_t>(), T,
+                         H, 1, 0, eps, stream, gemv);
+      if (defer) pending = proj.as<uint16_t>();
       if (o.ffn_input_hook && !decode) {
         TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
         o.ffn_input_hook(l, dev_view(a.get(), DType::bf16, {T, H}));
       }
       const uint16_t* next_norm = l + 1 < L ? bits(w->layers[l + 1].input_norm) : bits(w->final_norm);
-      last = ffn(lw, l, T, decode, next_norm, &paths[static_cast<size_t>(l)]);
+      last = ffn(lw, l, T, decode, next_norm, pending, &paths[static_cast<size_t>(l)]);
+      if (last == FfnOut::normalised) pending = nullptr;  // added by the FFN's norm
     }
     // x += the last FFN output; the final norm of every row goes to `a`.
     const uint16_t* fn = bits(w->final_norm);
@@ -492,7 +504,7 @@ struct LlamaCuda::Impl {
     const uint16_t* rows = a.as<uint16_t>();
     int64_t n = T;
     if (head == Head::last && S > 1) {  // each sequence's last row, normalised again into `proj`
-      launch_add_rmsnorm(x.as<float>(), nullptr, fn, proj.as<uint16_t>(), B, H, S, S - 1, eps, stream);
+      launch_add_rmsnorm(x.as<float>(), nullptr, nullptr, false, fn, proj.as<uint16_t>(), B, H, S, S - 1, eps, stream);
       rows = proj.as<uint16_t>();
       n = B;
     }

@@ -269,6 +269,34 @@ TEST(LlamaCuda, FfnResidualNormMatchesTheSeparateKernel) {
   EXPECT_LT(relative_error(steps[1], steps[0]), 2e-3);
 }
 
+// Model item 31: the attention's residual add deferred to the norm after the FFN (the default)
+// gives the bits of adding it where it is computed, on every FFN ending: twell's down pass with
+// the norm, the separate norm after twell's FFN, and the dense FFN (whose norm FfnForward runs).
+TEST(LlamaCuda, DeferredResidualAddKeepsTheBits) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of({"deferred_add", 256, 1024, 4, 4, 64, 97, 640, "relu", false});
+  const auto [dw, cpu] = both_backends(c, 29);
+  const auto tokens = some_tokens(200, c.vocab_size, 7);
+  const Tensor ref = cpu.logits(tokens);
+  for (const FfnMode mode : {FfnMode::twell, FfnMode::dense})
+    for (bool fused_norm : {true, false}) {
+      Tensor out[2];
+      for (bool deferred : {false, true}) {
+        LlamaCudaOptions o;
+        o.ffn = mode;
+        o.ffn_residual_norm = fused_norm;
+        o.deferred_residual_add = deferred;
+        if (mode == FfnMode::twell) o.ffn_options.dispatch = Dispatch::always_sparse;
+        LlamaCuda gpu(dw, o);
+        out[deferred] = gpu.logits(tokens);
+      }
+      EXPECT_LT(relative_error(out[1], ref), kTol);
+      ASSERT_EQ(out[0].nbytes(), out[1].nbytes());
+      EXPECT_EQ(std::memcmp(out[0].view().data, out[1].view().data, out[0].nbytes()), 0)
+          << "twell " << (mode == FfnMode::twell) << ", the norm in the FFN " << fused_norm;
+    }
+}
+
 // Llama 3.2 1B's shape in two layers: GQA 32:8, a 128256-token vocabulary (ids past 65535), a
 // SiLU FFN of 8192, RoPE theta 5e5 with llama3 scaling, a tied head, and the 131072-position context
 // the config declares (the KV cache and the RoPE table at full length). Weights are built in memory

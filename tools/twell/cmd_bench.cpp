@@ -97,7 +97,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   auto no_prefill = std::make_shared<bool>(false), no_decode = std::make_shared<bool>(false),
        no_graphs = std::make_shared<bool>(false), unfused_qkv = std::make_shared<bool>(false),
        unfused_decode_ffn = std::make_shared<bool>(false), cublas_projections = std::make_shared<bool>(false),
-       separate_ffn_norm = std::make_shared<bool>(false);
+       separate_ffn_norm = std::make_shared<bool>(false), eager_residual = std::make_shared<bool>(false);
   CLI::App* model = bench->add_subcommand(
       "model", "Whole model on the GPU, dense vs twell FFN: prefill tokens/ms, decode tokens/s, memory, energy");
   model->add_option("--layers", mcfg->layers, "decoder layers")->capture_default_str();
@@ -128,6 +128,9 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_flag("--separate-ffn-norm", *separate_ffn_norm,
                   "the residual add + RMSNorm after each FFN as a kernel of its own, not in the twell FFN's down "
                   "pass (A/B; LlamaCudaOptions::ffn_residual_norm)");
+  model->add_flag("--eager-residual-add", *eager_residual,
+                  "prefill: add the attention's output into the f32 residual in the norm before the FFN, not in the "
+                  "one after it (A/B; LlamaCudaOptions::deferred_residual_add)");
   model->add_flag("--unfused-decode-ffn", *unfused_decode_ffn,
                   "decode, batch 1: the FFN's partial sums added by their own kernel, then the plain residual add + "
                   "RMSNorm, instead of inside the RMSNorm (A/B)");
@@ -160,6 +163,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     mcfg->cuda_graphs = !*no_graphs;
     mcfg->fused_qkv_rope = !*unfused_qkv;
     mcfg->ffn_residual_norm = !*separate_ffn_norm;
+    mcfg->deferred_residual_add = !*eager_residual;
     if (*unfused_decode_ffn) mcfg->fused_decode_ffn = false;
     if (*cublas_projections) mcfg->decode_gemv = false;
     const auto records = bench::run_model_bench(*mcfg, std::cerr);

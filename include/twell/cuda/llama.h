@@ -127,6 +127,11 @@ struct LlamaCudaOptions {
   // normalised rows differ from the separate kernel's only by the order of the sum of squares.
   // false: the separate kernel after every FFN (A/B).
   bool ffn_residual_norm = true;
+  // Calls of more than one token a sequence add the attention's output into the f32 residual in the
+  // norm after the FFN (first, then the FFN's output: the same order, so the same bits), not in the
+  // norm before it, which then only reads the residual: the residual is written once a layer, not
+  // twice (model item 31). false: added where it is computed (A/B).
+  bool deferred_residual_add = true;
   // Called before each layer's FFN in every call but decode steps, with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
   // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate

@@ -42,7 +42,8 @@ __global__ void embed_kernel(const int32_t* __restrict__ tokens, const uint16_t*
 // itself be launched as one (launch_add_rmsnorm's `dependent`: only after a kernel that does not
 // write the norm weights, which it loads before waiting).
 template <int kChunks>
-__global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x, const uint16_t* __restrict__ delta,
+__global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x, const uint16_t* __restrict__ before,
+                                                          const uint16_t* __restrict__ delta, bool store_x,
                                                           const uint16_t* __restrict__ w, uint16_t* __restrict__ out,
                                                           int64_t H, int64_t step, int64_t offset, float eps) {
   __shared__ float scratch[32];
@@ -67,9 +68,16 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
     const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     float d[8] = {};
     if (delta) unpack8(*reinterpret_cast<const uint4*>(delta + src * H + i), d);
+    if (before) {  // the deferred add first (adding zeros instead could turn a -0 into +0)
+      float b[8];
+      unpack8(*reinterpret_cast<const uint4*>(before + src * H + i), b);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[c][e] = f[e] + d[e];
-    if (delta) {
+      for (int e = 0; e < 8; ++e) v[c][e] = (f[e] + b[e]) + d[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[c][e] = f[e] + d[e];
+    }
+    if (store_x && (delta || before)) {
       xv[0] = make_float4(v[c][0], v[c][1], v[c][2], v[c][3]);
       xv[1] = make_float4(v[c][4], v[c][5], v[c][6], v[c][7]);
     }
@@ -221,8 +229,9 @@ void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint16_t* out, int64_t rows,
-                        int64_t H, int64_t step, int64_t offset, float eps, cudaStream_t stream, bool dependent) {
+void launch_add_rmsnorm(float* x, const uint16_t* before, const uint16_t* delta, bool store_x, const uint16_t* w,
+                        uint16_t* out, int64_t rows, int64_t H, int64_t step, int64_t offset, float eps,
+                        cudaStream_t stream, bool dependent) {
   TWELL_CHECK(H % 8 == 0 && H <= kMaxNormWidth, "add_rmsnorm: H = ", H, " must be a multiple of 8, at most ",
               kMaxNormWidth);
   if (rows == 0) return;
@@ -230,9 +239,9 @@ void launch_add_rmsnorm(float* x, const uint16_t* delta, const uint16_t* w, uint
                 : H <= 4 * 256 * 8 ? add_rmsnorm_kernel<4> : add_rmsnorm_kernel<8>;
   const dim3 grid(static_cast<unsigned>(rows));
   if (dependent) {
-    launch_dependent(kernel, grid, dim3(256), 0, stream, x, delta, w, out, H, step, offset, eps);
+    launch_dependent(kernel, grid, dim3(256), 0, stream, x, before, delta, store_x, w, out, H, step, offset, eps);
   } else {
-    kernel<<<grid, 256, 0, stream>>>(x, delta, w, out, H, step, offset, eps);
+    kernel<<<grid, 256, 0, stream>>>(x, before, delta, store_x, w, out, H, step, offset, eps);
     TWELL_CUDA_CHECK(cudaGetLastError());
   }
 }

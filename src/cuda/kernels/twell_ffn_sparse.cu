@@ -95,8 +95,10 @@ void check_twell_ffn_sparse(const SparseFfnArgs& a) {
   TWELL_CHECK(a.row_counters, "sparse FFN kernel: needs four device counters, zero at launch (row_counters)");
   if (a.then.resid) {
     auto aligned = [](const void* q) { return q && reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-    TWELL_CHECK(aligned(a.then.resid) && aligned(a.then.w) && aligned(a.then.normed),
-                "sparse FFN kernel: the residual, the norm weights and the normed rows must be 16-byte aligned");
+    TWELL_CHECK(aligned(a.then.resid) && aligned(a.then.w) && aligned(a.then.normed) &&
+                    (!a.then.before || aligned(a.then.before)),
+                "sparse FFN kernel: the residual, its deferred add, the norm weights and the normed rows must be "
+                "16-byte aligned");
     TWELL_CHECK(std::isfinite(a.then.eps) && a.then.eps >= 0.f, "sparse FFN kernel: RMSNorm eps ", a.then.eps,
                 " must be finite and >= 0");
   }

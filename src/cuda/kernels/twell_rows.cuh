@@ -490,9 +490,10 @@ __device__ __forceinline__ void write_out2(const Params& p, int64_t row, int64_t
 }
 
 // Out::residual_norm for a row the warp holds whole (lane l: columns c·256 + 8l .. + 8 of y in
-// acc[c]): resid[row] += bf16(y[row]), normed[row] = bf16(w · resid[row] / √(mean(resid[row]²) +
-// eps)), the sum of squares over the lanes by a butterfly (every lane gets the same total). The
-// arithmetic of add_rmsnorm_kernel (rms_norm.cuh) but for the sum's order. Leaves acc zeroed.
+// acc[c]): resid[row] = (resid[row] + before[row]) + bf16(y[row]) (before where not null),
+// normed[row] = bf16(w · resid[row] / √(mean(resid[row]²) + eps)), the sum of squares over the
+// lanes by a butterfly (every lane gets the same total). The arithmetic of add_rmsnorm_kernel
+// (rms_norm.cuh) but for the sum's order. Leaves acc zeroed.
 template <int kChunks>
 __device__ __forceinline__ void residual_norm_row(const Params& p, int64_t row, float (&acc)[kChunks][8], int lane) {
   float* xr = p.then.resid + row * p.H;
@@ -503,7 +504,13 @@ __device__ __forceinline__ void residual_norm_row(const Params& p, int64_t row, 
     if (col >= p.H) continue;
     float4* xv = reinterpret_cast<float4*>(xr + col);
     const float4 lo = __ldcs(xv), hi = __ldcs(xv + 1);  // read once here, next by the next layer
-    const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    if (p.then.before) {  // the add the caller deferred, first (launch_add_rmsnorm's `before`)
+      float b[8];
+      unpack8(__ldcs(reinterpret_cast<const uint4*>(p.then.before + row * p.H + col)), b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] += b[e];
+    }
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[c][e] = f[e] + round_bf16(acc[c][e]);
     __stcs(xv, make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]));
@@ -594,6 +601,10 @@ __global__ __launch_bounds__(threads_for(kChunks), 1) void twell_axpy_kernel(con
           if constexpr (kOut == Out::residual_norm) {
             float2* xv = reinterpret_cast<float2*>(p.then.resid + row * p.H + col);
             float2 r = *xv;
+            if (p.then.before) {  // the deferred add first, as residual_norm_row
+              const uint32_t b2 = *reinterpret_cast<const uint32_t*>(p.then.before + row * p.H + col);
+              r.x += bits_float(b2 << 16), r.y += bits_float(b2 & 0xffff0000u);
+            }
             r.x += round_bf16(lo), r.y += round_bf16(hi);
             *xv = r;
             sum_sq += r.x * r.x + r.y * r.y;
