@@ -421,17 +421,19 @@ struct LlamaCuda::Impl {
     paths.assign(static_cast<size_t>(L), FfnPath::dense);
     if (o.record_ffn_stats && !decode) stats.assign(static_cast<size_t>(L), FfnStats{});
     FfnOut last = FfnOut::y;  // where the last FFN left its output
-    // Over many tokens the attention's output is added into x by the norm after the FFN rather than
-    // by the one before it (pending: `proj`, the order of the adds kept, so the same bits): x, f32,
-    // is then written once a layer, not twice (model item 31). A decode step keeps the add where it
-    // is: its split norm takes one addend.
+    // But in decode steps the attention's output is added into x by the norm after the FFN rather
+    // than by the one before it (pending: `proj`, the order of the adds kept, so the same bits): x,
+    // f32, is then written once a layer, not twice (model item 31). A decode step keeps the add where
+    // it is: its split norm takes one addend.
     const bool defer = o.deferred_residual_add && !decode;
     const uint16_t* pending = nullptr;
     // x += (the deferred add, then) the last FFN's output (none before the first layer), then `a` =
     // RMSNorm(x)·norm_w.
     auto add_norm = [&](const uint16_t* norm_w, bool first) {
-      if (last == FfnOut::split)
+      if (last == FfnOut::split) {
+        TWELL_CHECK(!pending, "LlamaCuda: a deferred residual add before the split decode FFN's norm");
         launch_add_rmsnorm(x.as<float>(), decode_ffn.output(), norm_w, a.as<uint16_t>(), H, eps, stream);
+      }
       else if (last == FfnOut::y)
         launch_add_rmsnorm(x.as<float>(), pending, first ? nullptr : y.as<uint16_t>(), true, norm_w,
                            a.as<uint16_t>(), T, H, 1, 0, eps, stream);

@@ -127,7 +127,7 @@ struct LlamaCudaOptions {
   // normalised rows differ from the separate kernel's only by the order of the sum of squares.
   // false: the separate kernel after every FFN (A/B).
   bool ffn_residual_norm = true;
-  // Calls of more than one token a sequence add the attention's output into the f32 residual in the
+  // Every call but decode steps adds the attention's output into the f32 residual in the
   // norm after the FFN (first, then the FFN's output: the same order, so the same bits), not in the
   // norm before it, which then only reads the residual: the residual is written once a layer, not
   // twice (model item 31). false: added where it is computed (A/B).
