@@ -421,8 +421,8 @@ struct LlamaCuda::Impl {
     paths.assign(static_cast<size_t>(L), FfnPath::dense);
     if (o.record_ffn_stats && !decode) stats.assign(static_cast<size_t>(L), FfnStats{});
     FfnOut last = FfnOut::y;  // where the last FFN left its output
-    // But in decode steps the attention's output is added into x by the norm after the FFN rather
-    // than by the one before it (pending: `proj`, the order of the adds kept, so the same bits): x,
+    // In every call but decode steps the attention's output is added into x by the norm after the FFN
+    // rather than by the one before it (pending: `proj`, the order of the adds kept, so the same bits): x,
     // f32, is then written once a layer, not twice (model item 31). A decode step keeps the add where
     // it is: its split norm takes one addend.
     const bool defer = o.deferred_residual_add && !decode;
