@@ -98,7 +98,7 @@ std::string format_gb(double bytes) {
 // that a mistyped size fails at once with its numbers, not by the out-of-memory killer minutes
 // later. `what` names the sizes.
 void check_host_memory(const std::vector<int64_t>& tokens, int64_t H, int64_t I, bool gated, bool activations,
-                              const std::string& what) {
+                       const std::string& what) {
   const double available = available_host_bytes();
   if (available <= 0) return;  // unknown here
   for (int64_t M : tokens) {
@@ -347,10 +347,10 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
             // Twice the dense pipeline's error, and never more than twice the bound dense itself has
             // to meet (a broken baseline must not let the others through).
             const double bound = i == 0 ? 2e-2 : std::min(std::max(2 * errs[0][k], 1e-5), 4e-2);
+            static constexpr const char* kQuantity[] = {"y", "dx", "dWg", "dWu", "dWd"};  // errs[i][k]'s
             if (!(errs[i][k] <= bound))
-              ok = false, why += str(why.empty() ? "" : "; ",
-                                     k == 0 ? "y" : k == 1 ? "dx" : k == 2 ? "dWg" : k == 3 ? "dWu" : "dWd", " rel_err ",
-                                     errs[i][k], " above the bound ", bound);
+              ok = false, why += str(why.empty() ? "" : "; ", kQuantity[k], " rel_err ", errs[i][k],
+                                     " above the bound ", bound);
           }
           if (cfg.train) {
             char e[160];

@@ -37,7 +37,7 @@ struct ModelBenchConfig {
   bool fused_qkv_rope = true;                  // prefill: QKV GEMM with RoPE in its epilogue (LlamaCudaOptions)
   bool fused_decode_ffn = true;                // decode, batch 1: the one-kernel FFN (LlamaCudaOptions)
   bool ffn_residual_norm = true;               // the add + RMSNorm after the FFN run by it (LlamaCudaOptions)
-  bool deferred_residual_add = true;           // the attention's residual add in the norm after the FFN (LlamaCudaOptions)
+  bool deferred_residual_add = true;           // the attention's add in the norm after the FFN (LlamaCudaOptions)
   bool decode_gemv = true;                     // decode, batch 1: twell's GEMV for QKV and O (LlamaCudaOptions)
   int decode_attention_splits = 0;             // decode: key ranges a head in both models; 0: each model's own
   int32_t tile = 0;                            // the twell FFN's TwELL tile width (FfnOptions::tile; 0: its default)

@@ -22,10 +22,13 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   ffn->add_option("--backend,--device", cfg->backend, "cpu, cuda or auto (cuda when a Hopper GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
-  ffn->add_option("-M,--tokens", cfg->tokens, "token counts M, repeated or a list: -M 128,2048 (default: the backend's standard set)")->delimiter(',');
+  ffn->add_option("-M,--tokens", cfg->tokens,
+                  "token counts M, repeated or a list: -M 128,2048 (default: the backend's standard set)")
+      ->delimiter(',');
   ffn->add_option("-H,--hidden", cfg->H, "model width H")->capture_default_str();
   ffn->add_option("-I,--intermediate", cfg->I, "FFN width I (HF: intermediate_size)")->capture_default_str();
-  ffn->add_option("-d,--density", cfg->densities, "activation densities, non-zeros per token / I (e.g. 0.005, or a list: 0.005,0.01)")
+  ffn->add_option("-d,--density", cfg->densities,
+                  "activation densities, non-zeros per token / I (e.g. 0.005, or a list: 0.005,0.01)")
       ->delimiter(',');
   ffn->add_option("--distribution", *distributions, "uniform and/or skewed (a list: uniform,skewed)")
       ->delimiter(',')
