@@ -602,6 +602,18 @@ std::optional<int32_t> leading_special_token(const json* pp, const BpeTokenizer&
 //   decoder    Sequence[Replace "▁" -> " ", ByteFallback, Fuse, Strip " " start 1 stop 0]
 constexpr const char* kMetaspace = "\xE2\x96\x81";  // U+2581 "▁"
 
+// Llama 2's normalizer: "▁" in front of a non-empty text and in place of every space.
+std::string metaspace_normalized(std::string_view text) {
+  std::string out;
+  if (text.empty()) return out;
+  out = kMetaspace;
+  for (char c : text) {
+    if (c == ' ') out += kMetaspace;
+    else out += c;
+  }
+  return out;
+}
+
 bool is_string_pattern(const json& step, const char* pattern, const char* content) {
   const json* p = member(step, "pattern");
   const json* s = p && p->is_object() ? member(*p, "String") : nullptr;
@@ -898,6 +910,13 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
       throw Error(str(source, ": decoder must be Llama 2's Sequence[Replace \"▁\" -> \" \", ByteFallback, Fuse, "
                               "Strip 1 leading space] with its normalizer"));
     tok->metaspace_ = true;
+    for (const AddedToken& t : tok->added_)
+      if (t.normalized) {
+        tok->added_metaspace_.push_back(t);
+        tok->added_metaspace_.back().content = metaspace_normalized(t.content);
+        // HF's id_to_token, and so its decoder, gives such a token's normalized content ("▁<tok>").
+        tok->id_to_token_[static_cast<size_t>(t.id)] = tok->added_metaspace_.back().content;
+      }
     return tok;
   }
   tok->pre_ = parse_pre_tokenizer(member(root, "pre_tokenizer"), source);
@@ -1075,15 +1094,22 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
 // Text between added tokens: Digits or the Llama-3 Split (if configured), then ByteLevel on each
 // resulting split.
 void BpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
-  if (metaspace_) {  // the whole segment is one word: "▁" in front and for every space
-    if (text.empty()) return;
-    std::string word = kMetaspace;
-    for (char c : text) {
-      if (c == ' ') word += kMetaspace;
-      else word += c;
+  if (metaspace_) {
+    // HF normalizes the segment, matches the normalized added tokens in it (their content
+    // normalized alike: "▁<tok>"), and sends each piece between them to the model as one word.
+    const std::string normalized = metaspace_normalized(text);
+    std::vector<const AddedToken*> tokens;
+    for (const AddedToken& t : added_metaspace_) tokens.push_back(&t);
+    std::vector<Segment> parts;
+    split_added(normalized, tokens, parts);
+    for (const Segment& part : parts) {
+      if (part.id >= 0) {
+        out.push_back(part.id);
+      } else {
+        const std::vector<int32_t> ids = merge_word(std::string(part.text));
+        out.insert(out.end(), ids.begin(), ids.end());
+      }
     }
-    const std::vector<int32_t> ids = merge_word(word);
-    out.insert(out.end(), ids.begin(), ids.end());
     return;
   }
   std::vector<std::string_view> splits;
@@ -1132,14 +1158,14 @@ void BpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
-  // Added tokens that match the raw text go first, then those matched after normalization
-  // (with no normalizer, the same text), as HF's AddedVocabulary does.
+  // Added tokens that match the raw text go first, then those matched after normalization, as
+  // HF's AddedVocabulary does: with no normalizer in the same text, with Llama 2's in encode_plain.
   std::vector<const AddedToken*> raw, normalized;
   for (const AddedToken& t : added_) (t.normalized ? normalized : raw).push_back(&t);
   std::vector<Segment> first, segments;
   split_added(text, raw, first);
   for (const Segment& s : first) {
-    if (s.id >= 0) {
+    if (s.id >= 0 || metaspace_) {
       segments.push_back(s);
     } else {
       split_added(s.text, normalized, segments);

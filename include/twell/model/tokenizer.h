@@ -140,6 +140,9 @@ class BpeTokenizer final : public Tokenizer {
   // (left id << 32 | right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
   std::vector<AddedToken> added_;
+  // With Llama 2's normalizer: the added tokens with normalized = true, their content normalized
+  // as the text is, for matching in the normalized text (as HF's AddedVocabulary does).
+  std::vector<AddedToken> added_metaspace_;
   PreTokenizer pre_;
   // SentencePiece-style BPE as Llama 2 ships it: "▁" for spaces and in front of the text, no
   // pre-tokenizer, characters (not bytes) as the initial symbols, <0xHH> tokens for bytes.

@@ -15,7 +15,8 @@ a few dozen merges) and differ in what the C++ side must handle:
                    ignore_merges (as Llama 3 ships)
 and one SentencePiece-style BPE with a vocabulary of its own:
   bpe_llama2.json  normalizer Prepend("▁") + Replace(" " -> "▁"), no pre-tokenizer, characters as
-                   symbols, byte_fallback to <0xHH>, the decoder Llama 2 ships
+                   symbols, byte_fallback to <0xHH>, the decoder Llama 2 ships, and two added
+                   tokens with normalized = true (as `add_tokens` makes them)
 """
 import json
 import random
@@ -97,7 +98,12 @@ def llama2_tokenizer():
     for a, b in LLAMA2_MERGES:
         assert a in vocab and b in vocab, (a, b)
         vocab.setdefault(a + b, len(vocab))
-    special = [added_token(0, "<unk>"), added_token(1, "<s>"), added_token(2, "</s>")]
+    n = len(vocab)
+    # Added tokens with normalized = true are matched in the normalized text, their content normalized
+    # too ("▁<word>", "▁o▁w"): not after a letter, and not at the start of a piece after another token.
+    special = [added_token(0, "<unk>"), added_token(1, "<s>"), added_token(2, "</s>"),
+               added_token(n, "<word>", special=False, normalized=True),
+               added_token(n + 1, "o w", special=False, normalized=True)]
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
             "normalizer": {"type": "Sequence", "normalizers": [
                 {"type": "Prepend", "prepend": "▁"},
