@@ -140,19 +140,11 @@ FfnProblem load_problem(const std::string& path, bool activations_on_host) {
   check_host_memory({M}, H, I, gated, activations_on_host, "from " + path);
   for (const char* name : {"x", "gate", "up", "down"})
     if (f.has(name)) f.check_finite(name);  // a NaN would fail every correctness check anyway: say why
-  FfnProblem p;
+  FfnProblem p;  // read_as refuses a finite value that bf16, the dtype the benchmark runs in, cannot hold
   p.ffn.x = f.read_as("x", DType::bf16);
   p.ffn.wu = f.read_as("up", DType::bf16);
   p.ffn.wd = f.read_as("down", DType::bf16);
   if (gated) p.ffn.wg = f.read_as("gate", DType::bf16);
-  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x", &p.ffn.x}, {"gate", &p.ffn.wg},
-                                {"up", &p.ffn.wu}, {"down", &p.ffn.wd}}) {
-    if (!f.has(name)) continue;
-    const int64_t bad = io::first_non_finite(t->view());
-    TWELL_REQUIRE(bad < 0, path, ": ", name, " element ", bad, " is finite in the file (",
-                  io::safetensors_dtype_name(f.info(name).dtype), ") but outside bf16's range: it would be ",
-                  "Inf in bf16, the dtype the benchmark runs in");
-  }
   p.ffn.spec = SyntheticSpec{M, H, I, 0.0, Distribution::uniform, gated, 0};
   const size_t slash = path.find_last_of('/');
   p.distribution = "file:" + path.substr(slash == std::string::npos ? 0 : slash + 1);

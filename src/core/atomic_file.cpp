@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include "twell/error.h"
 
@@ -60,12 +62,15 @@ std::string target_of(const std::string& path, mode_t* mode) {
 AtomicFile::AtomicFile(std::string path) {
   mode_t mode = kNewFile;  // a new file is created with 0644 less the umask
   path_ = target_of(path, &mode);
-  temp_path_ = path_ + ".tmp." + std::to_string(::getpid());
-  // O_EXCL | O_NOFOLLOW: never through a link planted at the temporary's name. A temporary left
-  // by a crashed process with our pid is removed first (unlink removes a link, not its target).
-  for (int attempt = 0; attempt < 2 && fd_ < 0; ++attempt) {
+  // The temporary's name is this writer's alone: the pid, a per-process count and a random number,
+  // so that two writers of one path (threads, or processes that share a pid across containers) never
+  // write into each other's temporary. O_EXCL | O_NOFOLLOW: never through a link planted at its
+  // name; a name taken (by a crashed writer's leftover, say) is never removed, another is drawn.
+  static std::atomic<uint64_t> count{0};
+  for (int attempt = 0; attempt < 16 && fd_ < 0; ++attempt) {
+    temp_path_ = str(path_, ".tmp.", ::getpid(), ".", count.fetch_add(1), ".", std::hex, std::random_device{}() & 0xffff);
     fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd_ < 0 && errno == EEXIST && attempt == 0) ::unlink(temp_path_.c_str());
+    if (fd_ < 0 && errno != EEXIST) break;
   }
   if (fd_ < 0 && (errno == ENOENT || errno == ENOTDIR)) {
     // Said so only where the directory is really missing (/proc, say, answers ENOENT for a new file).

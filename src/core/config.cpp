@@ -102,23 +102,32 @@ RopeScaling read_rope(const json& root, const std::string& source) {
   return params ? b : a;
 }
 
-// A sliding window shorter than the context changes which keys a query sees: refused, since the
-// model would otherwise run, wrongly. Null and a window switched off (use_sliding_window false)
-// pass.
-void refuse_sliding_window(const json& root, const ModelConfig& c, const std::string& source) {
-  const json* window = find_key(root, "sliding_window");
-  const json* use = find_key(root, "use_sliding_window");
-  const bool used = !use || !use->is_boolean() || use->get<bool>();
-  if (window && window->is_number_integer() && used && window->get<int64_t>() < c.max_position_embeddings)
-    throw Error(str(source, ": sliding_window ", window->get<int64_t>(), " (shorter than max_position_embeddings ",
-                    c.max_position_embeddings, ") is not supported: twell attends over the whole context"));
-}
-
 // All the digits a double needs to be read back as itself (1000001, not 1e+06).
 std::string exact(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
+}
+
+// A sliding window shorter than the context changes which keys a query sees: refused, since the
+// model would otherwise run, wrongly. Mistral as transformers reads it: an absent sliding_window is
+// 4096 (MistralConfig's default), only null switches it off, and use_sliding_window (Qwen2's key)
+// is ignored. For llama, null, absence and use_sliding_window false pass.
+void refuse_sliding_window(const json& root, const ModelConfig& c, const std::string& source) {
+  const bool mistral = c.model_type == "mistral";
+  const auto it = root.find("sliding_window");
+  const bool absent = it == root.end();
+  if ((absent && !mistral) || (!absent && it->is_null())) return;
+  if (!absent && !it->is_number()) wrong_type(source, "sliding_window", "a number or null", *it);
+  const double window = absent ? 4096.0 : it->get<double>();
+  if (!mistral) {
+    const json* use = find_key(root, "use_sliding_window");
+    if (use && use->is_boolean() && !use->get<bool>()) return;
+  }
+  if (window < double(c.max_position_embeddings))
+    throw Error(str(source, ": sliding_window ", exact(window), absent ? " (absent: MistralConfig's default)" : "",
+                    " is shorter than max_position_embeddings ", c.max_position_embeddings,
+                    ", which is not supported: twell attends over the whole context"));
 }
 
 // "eos_token_id" and the like: absent, null, one id or a list of ids (Llama 3 Instruct's three).
@@ -233,6 +242,18 @@ void ModelConfig::validate(const std::string& source) const {
   positive("head_dim", head_dim);
   positive("vocab_size", vocab_size);
   positive("max_position_embeddings", max_position_embeddings);
+  // Bounds far above any model's, so that the tensors' element counts (products of two or three
+  // of these) cannot overflow.
+  auto bounded = [&](const char* key, int64_t v, int64_t limit) {
+    if (v > limit) throw Error(str(source, ": ", key, " ", v, " is larger than twell supports (", limit, ")"));
+  };
+  constexpr int64_t kMaxDim = int64_t{1} << 20, kMaxVocab = int64_t{1} << 24;
+  bounded("hidden_size", hidden_size, kMaxDim);
+  bounded("intermediate_size", intermediate_size, kMaxDim);
+  bounded("num_hidden_layers", num_hidden_layers, kMaxDim);
+  bounded("num_attention_heads", num_attention_heads, kMaxDim);
+  bounded("head_dim", head_dim, kMaxDim);
+  bounded("vocab_size", vocab_size, kMaxVocab);
   if (hidden_size % num_attention_heads != 0)
     throw Error(str(source, ": hidden_size ", hidden_size,
                     " is not divisible by num_attention_heads ", num_attention_heads));

@@ -341,8 +341,15 @@ Tensor SafetensorsFile::read_as(const std::string& name, DType dtype) const {
                     safetensors_dtype_name(dtype), " (conversions are between BF16, F16 and F32)"));
   const size_t in_size = dtype_size(t.dtype), out_size = dtype_size(dtype);
   const int64_t n = t.numel();
-  for (int64_t i = 0; i < n; ++i)
-    store_float(dst + i * out_size, dtype, load_float(src + i * in_size, t.dtype));
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = load_float(src + i * in_size, t.dtype);
+    store_float(dst + i * out_size, dtype, v);
+    // A finite value past the narrower type's range would become Inf: refused, as Inf in the file is.
+    if (std::isfinite(v) && !std::isfinite(load_float(dst + i * out_size, dtype)))
+      fail_tensor(path_, name,
+                  str("element ", i, " (index ", index_str(t.shape, i), ") is ", v, ", which overflows ",
+                      safetensors_dtype_name(dtype), " (", safetensors_dtype_name(t.dtype), " in the file)"));
+  }
   return out;
 }
 

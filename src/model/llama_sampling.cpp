@@ -1,8 +1,9 @@
 // Sampling from logits (greedy, temperature, top-k, top-p), generation with the KV cache, and
 // perplexity (include/twell/model/llama.h). All probability maths in double.
 //
-// Sampling order, as HF's generate applies its warpers: temperature, then top-k, then top-p
-// (nucleus: the smallest prefix of the tokens sorted by probability, descending, whose mass
+// Sampling order, as HF's generate applies its warpers: temperature, then top-k (every token whose
+// logit is at least the k-th largest, so ties at the cut are all kept, as HF keeps them), then
+// top-p (nucleus: the smallest prefix of the tokens sorted by probability, descending, whose mass
 // reaches top_p; always at least one token), then one draw from the renormalised distribution.
 // Ties in sorting are broken by the lower token id, so results are deterministic.
 #include <algorithm>
@@ -27,6 +28,8 @@ std::vector<double> logit_row(const TensorView& logits, int64_t limit) {
   for (size_t i = 0; i < row.size(); ++i)  // -inf (a token ruled out) is fine
     TWELL_REQUIRE(!std::isnan(row[i]) && row[i] != HUGE_VAL, "sample: logit ", i, " is ", row[i],
                 ": the model's activations are not finite (weights with NaN or Inf, or an overflow)");
+  TWELL_REQUIRE(*std::max_element(row.begin(), row.end()) > -HUGE_VAL, "sample: all ", row.size(),
+                " logits are -inf: no token can be drawn");
   return row;
 }
 
@@ -60,7 +63,10 @@ int32_t Sampler::sample(const TensorView& logits) {
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return row[a] > row[b]; });
   size_t keep = order.size();
-  if (options_.top_k > 0) keep = std::min(keep, static_cast<size_t>(options_.top_k));
+  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < keep) {
+    keep = static_cast<size_t>(options_.top_k);
+    while (keep < order.size() && row[order[keep]] == row[order[keep - 1]]) ++keep;  // ties at the cut
+  }
 
   // Softmax of logit / temperature over the kept candidates.
   std::vector<double> p(keep);

@@ -208,6 +208,8 @@ TEST(ModelConfig, RefusesUnsupportedRopeScalingAndSlidingWindows) {
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": null)")));
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": 16, "use_sliding_window": false)")));
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": 100000)")));
+  refused(R"("sliding_window": 16.0)", {"sliding_window 16 is shorter than max_position_embeddings 256"});
+  refused(R"("sliding_window": "16")", {"key 'sliding_window' must be a number or null"});
   ModelConfig c = small_config();
   c.rope_scaling.type = "yarn";
   expect_error([&] { c.validate("x.json"); }, {"x.json", "rope_scaling type must be default, linear or llama3"});
@@ -223,6 +225,33 @@ TEST(ModelConfig, RefusesOtherArchitecturesByModelType) {
   EXPECT_EQ(ModelConfig::from_json(minimal(R"("model_type": "mistral", "sliding_window": null)")).model_type,
             "mistral");
   EXPECT_EQ(ModelConfig::from_json(minimal()).model_type, "llama");
+}
+
+// Mistral as transformers reads it: no sliding_window key means MistralConfig's 4096, only null
+// switches the window off, and use_sliding_window (Qwen2's key) does not.
+TEST(ModelConfig, MistralSlidingWindowDefaultsTo4096) {
+  auto mistral = [](int64_t max_positions, const std::string& extra) {
+    return str(R"({"model_type": "mistral", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+                "num_attention_heads": 8, "vocab_size": 100, "max_position_embeddings": )",
+               max_positions, extra.empty() ? "" : ", " + extra, "}");
+  };
+  expect_error([&] { ModelConfig::from_json(mistral(32768, ""), "c.json"); },
+               {"c.json", "sliding_window 4096 (absent: MistralConfig's default) is shorter than "
+                          "max_position_embeddings 32768"});
+  expect_error([&] { ModelConfig::from_json(mistral(256, R"("sliding_window": 8, "use_sliding_window": false)")); },
+               {"sliding_window 8 is shorter"});
+  EXPECT_NO_THROW(ModelConfig::from_json(mistral(4096, "")));
+  EXPECT_NO_THROW(ModelConfig::from_json(mistral(32768, R"("sliding_window": null)")));
+  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": 8, "use_sliding_window": false)")));
+}
+
+// Sizes whose products could overflow the tensors' element counts are refused by name.
+TEST(ModelConfig, RefusesSizesThatWouldOverflow) {
+  expect_error([] { ModelConfig::from_json(minimal(R"("head_dim": 4611686018427387904)"), "c.json"); },
+               {"c.json", "head_dim 4611686018427387904 is larger than twell supports (1048576)"});
+  ModelConfig c = small_config();
+  c.vocab_size = int64_t{1} << 40;
+  expect_error([&] { c.validate("x.json"); }, {"x.json", "vocab_size 1099511627776 is larger than twell supports"});
 }
 
 // rope_theta at the top level and in rope_parameters must agree; eos_token_id is one id or a

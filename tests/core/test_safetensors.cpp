@@ -108,21 +108,28 @@ TEST_F(Safetensors, ReadAsConvertsBetweenFloatDtypes) {
   Tensor bf(DType::bf16, {2, 3});
   for (int i = 0; i < 6; ++i) bf.ptr<bf16>()[i] = bf16(f32.ptr<float>()[i]);
   Tensor ints = Tensor::of<int32_t>({2});
+  Tensor huge = f32_tensor({2}, {1.0f, 3.4e38f});  // past bf16's largest finite value (3.39e38)
+  Tensor small = f32_tensor({5}, {1.0f, -2.5f, 3.14159f, 1e-3f, 65504.0f});  // within f16's range
   const std::string file = path("conv.safetensors");
-  io::write_safetensors(file, {{"f32", f32}, {"bf16", bf}, {"ints", ints}});
+  io::write_safetensors(file, {{"f32", f32}, {"bf16", bf}, {"ints", ints}, {"huge", huge}, {"small", small}});
   SafetensorsFile f = SafetensorsFile::open(file);
 
   Tensor as_bf16 = f.read_as("f32", DType::bf16);
   Tensor back_to_f32 = f.read_as("bf16", DType::f32);
-  Tensor as_f16 = f.read_as("f32", DType::f16);
   for (int i = 0; i < 6; ++i) {
     const float x = f32.ptr<float>()[i];
     EXPECT_EQ(as_bf16.ptr<bf16>()[i].bits, float_to_bf16_bits(x)) << i;
     EXPECT_EQ(back_to_f32.ptr<float>()[i], round_bf16(x)) << i;
-    EXPECT_EQ(static_cast<const uint16_t*>(as_f16.view().data)[i], float_to_f16_bits(x)) << i;
   }
+  Tensor as_f16 = f.read_as("small", DType::f16);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(static_cast<const uint16_t*>(as_f16.view().data)[i], float_to_f16_bits(f32.ptr<float>()[i])) << i;
   expect_error([&] { f.read_as("ints", DType::f32); },
                {"conv.safetensors", "'ints'", "I32", "F32"});
+  // A finite value the narrower type cannot hold is refused, not turned into Inf.
+  expect_error([&] { f.read_as("huge", DType::bf16); },
+               {"conv.safetensors", "'huge'", "element 1", "overflows BF16", "F32 in the file"});
+  expect_error([&] { f.read_as("f32", DType::f16); }, {"'f32'", "element 5", "overflows F16"});
   expect_error([&] { f.view("nope"); }, {"conv.safetensors", "no tensor named 'nope'"});
 }
 
@@ -378,12 +385,25 @@ TEST_F(Safetensors, WriteIsAtomic) {
   struct stat st;
   ASSERT_EQ(::stat(file.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
-  // A temporary left behind under our pid (or a link planted there) is replaced, never followed.
+  // Two writers of one path in one process each commit what they wrote: their temporaries have
+  // names of their own (one was "<path>.tmp.<pid>", and the second writer removed the first's).
+  {
+    io::detail::AtomicFile a(file), b(file);
+    EXPECT_NE(a.temp_path(), b.temp_path());
+    a.write("AAAAAAAA", 8);
+    b.write("BB", 2);
+    a.commit();
+    EXPECT_EQ(read_file(file), "AAAAAAAA");
+    b.commit();
+    EXPECT_EQ(read_file(file), "BB");
+  }
+  // A link planted at the old name of the temporary is neither followed nor removed.
   const std::string temp = file + ".tmp." + std::to_string(::getpid());
   std::filesystem::create_symlink(path("victim"), temp);
   io::detail::write_file_atomically(file, "again");
   EXPECT_EQ(read_file(file), "again");
   EXPECT_FALSE(std::filesystem::exists(path("victim")));
+  EXPECT_TRUE(std::filesystem::is_symlink(temp));
 }
 
 TEST_F(Safetensors, NonFiniteValuesAreFoundAndNamed) {

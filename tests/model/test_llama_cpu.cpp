@@ -492,6 +492,17 @@ TEST(LlamaSampling, FrequenciesFollowSoftmaxAndFilters) {
   }
 }
 
+// top_k keeps every token tied with the k-th largest logit, as HF's TopKLogitsWarper does: with
+// logits {1, 2, 2, 2, 0} and top_k = 1, tokens 1, 2 and 3 are each drawn about a third of the time.
+TEST(LlamaSampling, TopKKeepsTiesAtTheCut) {
+  const Tensor row = logit_row({1.0f, 2.0f, 2.0f, 2.0f, 0.0f});
+  Sampler k1({1.0, 1, 1.0, 46});
+  int count[5] = {};
+  for (int i = 0; i < 3000; ++i) ++count[k1.sample(row)];
+  EXPECT_EQ(count[0] + count[4], 0);
+  for (int t = 1; t <= 3; ++t) EXPECT_NEAR(count[t] / 3000.0, 1.0 / 3, 0.05) << "token " << t;
+}
+
 // NaN or +inf logits (non-finite weights, an overflow) stop generation with an error instead of
 // picking token 0; -inf, a token ruled out, is fine. Bad options are refused, NaN included.
 TEST(LlamaSampling, NonFiniteLogitsAndBadOptionsAreRefused) {
@@ -500,6 +511,10 @@ TEST(LlamaSampling, NonFiniteLogitsAndBadOptionsAreRefused) {
   expect_error([&] { hot.sample(logit_row({INFINITY, 0.3f})); }, {"logit 0 is inf"});
   EXPECT_EQ(greedy.sample(logit_row({-INFINITY, 0.3f, 0.1f})), 1);
   EXPECT_EQ(hot.sample(logit_row({-INFINITY, 0.3f})), 1);
+  // Every token ruled out is an error, not token 0; so is every token below vocab_limit.
+  expect_error([&] { greedy.sample(logit_row({-INFINITY, -INFINITY})); }, {"all 2 logits are -inf"});
+  expect_error([&] { hot.sample(logit_row({-INFINITY, -INFINITY})); }, {"all 2 logits are -inf"});
+  expect_error([] { Sampler({0.0, 0, 1.0, 0, 1}).sample(logit_row({-INFINITY, 1.0f})); }, {"all 1 logits are -inf"});
   expect_error([] { Sampler({-1.0, 0, 1.0, 0}); }, {"temperature must be finite and >= 0"});
   expect_error([] { Sampler({NAN, 0, 1.0, 0}); }, {"temperature"});
   expect_error([] { Sampler({INFINITY, 0, 1.0, 0}); }, {"temperature must be finite"});
