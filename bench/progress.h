@@ -27,7 +27,7 @@ class StepProgress {
   // The same, with a line of the caller's own.
   void show(int64_t done, const std::string& line) {
     if (live_) {
-      out_ << "\r" << line << std::flush;
+      out_ << "\r" << line << "\x1b[K" << std::flush;  // erase what a longer line left after it
     } else if (done == total_ || (10 * done) / total_ != (10 * (done - 1)) / total_) {
       out_ << line << "\n" << std::flush;
     }

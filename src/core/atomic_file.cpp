@@ -68,7 +68,8 @@ AtomicFile::AtomicFile(std::string path) {
   // name; a name taken (by a crashed writer's leftover, say) is never removed, another is drawn.
   static std::atomic<uint64_t> count{0};
   for (int attempt = 0; attempt < 16 && fd_ < 0; ++attempt) {
-    temp_path_ = str(path_, ".tmp.", ::getpid(), ".", count.fetch_add(1), ".", std::hex, std::random_device{}() & 0xffff);
+    temp_path_ =
+        str(path_, ".tmp.", ::getpid(), ".", count.fetch_add(1), ".", std::hex, std::random_device{}() & 0xffff);
     fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd_ < 0 && errno != EEXIST) break;
   }

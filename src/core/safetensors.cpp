@@ -267,7 +267,9 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* data, size_t size, std::st
   std::sort(f.tensors_.begin(), f.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
-  // Sorted by begin, tensors are disjoint iff each starts at or after the furthest end so far.
+  // Sorted by begin, tensors are disjoint iff each starts at or after the furthest end so far, and
+  // they cover the data section without a hole iff each starts at the furthest end so far and the
+  // last ends with the file (the format's rule, which the reference implementation enforces).
   uint64_t furthest_end = 0;
   const TensorInfo* furthest = nullptr;
   for (const TensorInfo& t : f.tensors_) {
@@ -276,11 +278,17 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* data, size_t size, std::st
           f.path_, t.name,
           str("bytes [", t.begin, ", ", t.end, ") overlap tensor '", printable(furthest->name),
               "' at bytes [", furthest->begin, ", ", furthest->end, ")"));
+    if (t.begin > furthest_end)
+      fail(f.path_, str("bytes [", furthest_end, ", ", t.begin, ") of the data section belong to no tensor (",
+                        "before '", printable(t.name), "'); a safetensors file has no holes"));
     if (t.end >= furthest_end) {
       furthest_end = t.end;
       furthest = &t;
     }
   }
+  if (furthest_end != f.data_size_)
+    fail(f.path_, str("the data section has ", f.data_size_ - furthest_end, " bytes after the last tensor's end (",
+                      furthest_end, " of ", f.data_size_, "); a safetensors file ends with its last tensor"));
   for (size_t i = 0; i < f.tensors_.size(); ++i) f.index_[f.tensors_[i].name] = i;
   return f;
 }
@@ -443,10 +451,16 @@ Checkpoint Checkpoint::open(const std::string& path) {
   if (!exists(path)) fail(path, str("cannot open: ", std::strerror(errno)));
   std::string file = path;
   if (detail::is_directory(path)) {
-    if (exists(path + "/model.safetensors.index.json")) {
-      file = path + "/model.safetensors.index.json";
-    } else if (exists(path + "/model.safetensors")) {
-      file = path + "/model.safetensors";
+    // As transformers looks: the single file first, then the index.
+    const std::string single = path + "/model.safetensors", index = path + "/model.safetensors.index.json";
+    if (exists(single)) {
+      file = single;
+    } else if (errno != ENOENT) {
+      fail(single, str("cannot open: ", std::strerror(errno)));
+    } else if (exists(index)) {
+      file = index;
+    } else if (errno != ENOENT) {
+      fail(index, str("cannot open: ", std::strerror(errno)));
     } else {
       fail(path, "directory holds neither model.safetensors nor model.safetensors.index.json");
     }

@@ -170,6 +170,17 @@ class ShardedCheckpoint : public test::ScratchDirTest {
   Tensor c_ = random_bits(DType::bf16, {4, 16}, 8);
 };
 
+// A directory with both model.safetensors and an index is read from the single file, as
+// transformers reads it.
+TEST_F(ShardedCheckpoint, TheSingleFileComesBeforeTheIndex) {
+  write_index(kGoodMap);
+  io::write_safetensors(path("model.safetensors"), {{"only", b_}});
+  Checkpoint c = Checkpoint::open(dir_);
+  ASSERT_EQ(c.tensors().size(), 1u);
+  EXPECT_EQ(c.tensors()[0].name, "only");
+  EXPECT_EQ(Checkpoint::open(path("model.safetensors.index.json")).tensors().size(), 3u);  // named, it is read
+}
+
 TEST_F(ShardedCheckpoint, MergesShardsInNameOrder) {
   write_index(kGoodMap);
   for (const std::string& p : {dir_, path("model.safetensors.index.json")}) {
@@ -316,6 +327,20 @@ TEST(SafetensorsParse, OverlappingTensorsAreRejected) {
       " \"second\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [12, 20]}}",
       20);
   expect_parse_error(bytes, {"mem.safetensors", "tensor 'second'", "overlap tensor 'first'"});
+}
+
+// The data section is the tensors' bytes and nothing else (the format's rule): a gap between two
+// tensors, or bytes after the last, could hide another file inside this one.
+TEST(SafetensorsParse, HolesAndTrailingBytesAreRejected) {
+  const std::string gap = raw_file(
+      "{\"first\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]},"
+      " \"second\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [32, 40]}}",
+      40);
+  expect_parse_error(gap, {"mem.safetensors", "bytes [16, 32) of the data section belong to no tensor", "'second'"});
+  const std::string trailing =
+      raw_file("{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 72);
+  expect_parse_error(trailing, {"mem.safetensors", "64 bytes after the last tensor's end (8 of 72)"});
+  expect_parse_error(raw_file("{}", 8), {"8 bytes after the last tensor's end (0 of 8)"});
 }
 
 TEST(SafetensorsParse, ControlCharactersInNamesStayOnOneLine) {

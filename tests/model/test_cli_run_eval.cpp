@@ -179,6 +179,9 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"", "twell: a command is required: bench, inspect, run, eval; see twell --help"},
       {"bench", "twell bench: a command is required: ffn, model; see twell bench --help"},
       {"run . -p a -p b", "twell run: --prompt is given more than once; see twell run --help"},
+      // CLI11 would take the next argument as the value (the prompt "--no-stop", say).
+      {"run . --prompt= --no-stop", "twell run: --prompt= has nothing after the '='; give a value"},
+      {"eval . f.txt --context= --byte-tokenizer", "twell eval: --context= has nothing after the '='"},
       {"eval . no-such-file.txt", "twell eval: file: no such file: no-such-file.txt; see twell eval --help"},
       {"eval . /", "twell eval: file: expected a file, got the directory /; see twell eval --help"},
       // The CPU backend's banner comes only once the options are good: an error is said alone.

@@ -1,8 +1,10 @@
 // `twell eval MODEL FILE`: perplexity of a text file on the GPU or the CPU backend, in windows of
 // the model's context, with a progress bar on stderr.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -68,8 +70,10 @@ void register_eval(CLI::App& app) {
     TWELL_REQUIRE(ctx <= config.max_position_embeddings, "--context ", ctx, " is longer than the model's context of ",
                   config.max_position_embeddings);
     std::ifstream in(*file, std::ios::binary);
+    TWELL_REQUIRE(in, *file, ": cannot read: ", std::strerror(errno));
     std::stringstream text;
     text << in.rdbuf();
+    TWELL_REQUIRE(!in.bad(), *file, ": read failed");
     note_if_not_utf8(*file, text.str());
     std::vector<int32_t> ids;
     if (tok->bos_to_add()) ids.push_back(*tok->bos_to_add());

@@ -81,6 +81,21 @@ int main(int argc, char** argv) {
     level = sub;
     path += std::string(" ") + argv[i];
   }
+  // CLI11 reads `--prompt=` (nothing after the '=') as `--prompt` and takes the next argument as its
+  // value, so that `--prompt= --no-stop` would generate from the text "--no-stop": refused instead.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 4 || arg.compare(0, 2, "--") != 0 || arg.back() != '=') continue;
+    const std::string name = arg.substr(2, arg.size() - 3);
+    for (const CLI::Option* o : level->get_options())
+      if (o->check_lname(name)) {
+        std::fprintf(stderr,
+                     "%s: %s has nothing after the '='; give a value (--%s=VALUE or --%s VALUE); see %s --help\n",
+                     path.c_str(), arg.c_str(), name.c_str(), name.c_str(), path.c_str());
+        return 1;
+      }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
