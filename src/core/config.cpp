@@ -314,7 +314,8 @@ ModelConfig read_config(const std::string& path) {
 }
 
 std::string config_file(const std::string& path) {
-  return detail::is_directory(path) ? path + "/config.json" : path;
+  if (!detail::is_directory(path)) return path;
+  return path + (!path.empty() && path.back() == '/' ? "config.json" : "/config.json");
 }
 
 void write_config(const std::string& path, const ModelConfig& config) {

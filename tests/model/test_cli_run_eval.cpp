@@ -182,6 +182,13 @@ TEST(Cli, UnknownCommandsAreNamed) {
       // CLI11 would take the next argument as the value (the prompt "--no-stop", say).
       {"run . --prompt= --no-stop", "twell run: --prompt= has nothing after the '='; give a value"},
       {"eval . f.txt --context= --byte-tokenizer", "twell eval: --context= has nothing after the '='"},
+      // Values refused by the option's own rule, in one form; integers in decimal only.
+      {"run . -p hi --top-p 1.5", "twell run: --top-p: must be in (0, 1], got 1.5; see twell run --help"},
+      {"run . -p hi --temperature nan", "twell run: --temperature: must be finite and at least 0, got nan"},
+      {"run . -p hi --top-k 1.5", "twell run: --top-k: must be an integer, got 1.5"},
+      {"run . -p hi -n 0x10", "twell run: --max-tokens: must be an integer, got 0x10"},
+      {"run . -p hi -n 99999999999999999999", "--max-tokens: must be an integer that fits in 64 bits"},
+      {"inspect ''", "twell: error: expected a checkpoint path, got an empty one"},
       {"eval . no-such-file.txt", "twell eval: file: no such file: no-such-file.txt; see twell eval --help"},
       {"eval . /", "twell eval: file: expected a file, got the directory /; see twell eval --help"},
       // The CPU backend's banner comes only once the options are good: an error is said alone.

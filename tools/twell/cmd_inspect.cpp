@@ -7,7 +7,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -104,7 +106,8 @@ bool print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
 
 void run_inspect(const std::string& path, bool check_finite) {
   struct stat st;
-  TWELL_REQUIRE(::stat(path.c_str(), &st) == 0, path, ": no such file or directory");
+  TWELL_REQUIRE(!path.empty(), "expected a checkpoint path, got an empty one");
+  TWELL_REQUIRE(::stat(path.c_str(), &st) == 0, path, ": cannot open: ", std::strerror(errno));
   TWELL_REQUIRE(S_ISDIR(st.st_mode) || !ends_with(path, ".json") || ends_with(path, ".index.json"), path,
                 " is a JSON file, not a checkpoint: give its directory (", parent_dir(path),
                 "), a .safetensors file or a sharded checkpoint's .index.json");

@@ -1,5 +1,6 @@
 // `twell run MODEL --prompt TEXT`: generation on the GPU or the CPU backend, streamed token by token.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -21,12 +22,17 @@ void register_run(CLI::App& app) {
   run->add_option("-n,--max-tokens", *max_tokens, "tokens to generate at most")
       ->check(at_least(0))
       ->capture_default_str();
-  run->add_option("--temperature", sampling->temperature, "0 = greedy")->capture_default_str();
+  run->add_option("--temperature", sampling->temperature, "0 = greedy")
+      ->check(real_in(0, false, HUGE_VAL, "finite and at least 0"))
+      ->capture_default_str();
   // Options that shape sampling only, so that a greedy run can say it ignored them.
   const std::vector<CLI::Option*> sampling_only = {
       run->add_option("--top-k", sampling->top_k, "sample from the k most likely tokens (0 = all)")
+          ->check(at_least(0))
           ->capture_default_str(),
-      run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")->capture_default_str(),
+      run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")
+          ->check(real_in(0, true, 1, "in (0, 1]"))
+          ->capture_default_str(),
       run->add_option("--seed", sampling->seed, "sampling seed")->check(seed_value())->capture_default_str()};
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
 

@@ -2,19 +2,41 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <string>
+#include <system_error>
 
 namespace twell::cli {
 
 // An integer option's lower bound, with a plain message ("--iters: must be at least 1, got 0").
+// Decimal digits only: CLI11 would read 0x10 as 16, and 1e3 as nothing.
 inline CLI::Validator at_least(long long min) {
   return CLI::Validator(
       [min](std::string& value) -> std::string {
         long long v = 0;
-        if (!CLI::detail::lexical_cast(value, v)) return "must be an integer, got " + value;
+        const char* end = value.data() + value.size();
+        const auto [stop, ec] = std::from_chars(value.data(), end, v);
+        if (ec == std::errc::result_out_of_range) return "must be an integer that fits in 64 bits, got " + value;
+        if (value.empty() || ec != std::errc() || stop != end) return "must be an integer, got " + value;
         return v >= min ? std::string() : "must be at least " + std::to_string(min) + ", got " + value;
       },
       ">=" + std::to_string(min));
+}
+
+// A real option in [lo, hi], or (lo, hi] where lo_open; finite; `range` says it in the message
+// ("--top-p: must be in (0, 1], got 1.5"). NaN fails every comparison, so it is refused too.
+inline CLI::Validator real_in(double lo, bool lo_open, double hi, const std::string& range) {
+  return CLI::Validator(
+      [=](std::string& value) -> std::string {
+        char* stop = nullptr;
+        const double v = value.empty() ? 0 : std::strtod(value.c_str(), &stop);
+        if (value.empty() || stop != value.c_str() + value.size()) return "must be a number, got " + value;
+        const bool ok = (lo_open ? v > lo : v >= lo) && v <= hi && std::isfinite(v);
+        return ok ? std::string() : "must be " + range + ", got " + value;
+      },
+      range);
 }
 
 // A 64-bit seed: decimal digits only, at most 2^64 - 1 (a sign or an overflow would otherwise wrap).

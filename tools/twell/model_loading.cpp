@@ -97,8 +97,15 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
     co.max_context = gpu_context > 0 ? std::min(gpu_context, c.max_position_embeddings) : 0;
     co.kv_cache = gpu_kv_cache;
     auto dw = std::make_shared<cuda::LlamaCudaWeights>(cuda::LlamaCudaWeights::upload(w));
-    std::fprintf(stderr, "backend: %s (GPU), %.2f GB of weights, %s FFN%s\n", cuda::device_info().name.c_str(),
-                 dw->bytes() / 1e9, ffn.c_str(), bf16_ffn ? " (--bf16-ffn: the GPU rounds to bf16 anyway)" : "");
+    // The twell FFN serves ReLU-gated FFNs whose H and I are multiples of 64 (LlamaCuda); others run
+    // the dense FFN whatever --ffn says.
+    const bool twell_fits = c.hidden_act == "relu" && c.hidden_size % 64 == 0 && c.intermediate_size % 64 == 0;
+    const std::string ffn_used =
+        ffn == "dense" || twell_fits ? ffn : "dense (the twell FFN needs a ReLU gate and H, I multiples of 64)";
+    const double mb = dw->bytes() / 1e6;
+    std::fprintf(stderr, "backend: %s (GPU), %.*f %s of weights, %s FFN%s\n", cuda::device_info().name.c_str(),
+                 mb < 1000 ? 1 : 2, mb < 1000 ? mb : mb / 1000, mb < 1000 ? "MB" : "GB", ffn_used.c_str(),
+                 bf16_ffn ? " (--bf16-ffn: the GPU rounds to bf16 anyway)" : "");
     return std::make_unique<cuda::LlamaCuda>(std::move(dw), co);
   }
 #endif
