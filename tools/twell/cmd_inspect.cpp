@@ -120,7 +120,7 @@ void run_inspect(const std::string& path, bool check_finite) {
     try {
       // The directory, as run and eval read it: config.json and generation_config.json.
       config = std::make_unique<io::ModelConfig>(io::read_config(config_dir));
-      print_config(*config, config_dir + "/config.json");
+      print_config(*config, io::config_file(config_dir));
     } catch (const Error& e) {  // the tensors are still worth seeing
       std::printf("config: refused: %s\n", e.what());
       problems.push_back("twell run and twell eval refuse its config.json");
