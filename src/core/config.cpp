@@ -187,6 +187,12 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
     read_string(root, "dtype", source, &c.torch_dtype);
   c.rope_scaling = read_rope(root, source);
   refuse_sliding_window(root, c, source);
+  // RoPE on a part of each head (StableLM's and Phi's arithmetic): transformers' Llama does not run
+  // it either, so a config that asks for it would run here wrongly.
+  double partial = 1;
+  if (read_number(root, "partial_rotary_factor", source, &partial) && partial != 1)
+    throw Error(str(source, ": partial_rotary_factor ", exact(partial),
+                    " is not supported: twell rotates every dimension of a head (1)"));
   c.eos_token_ids = read_token_ids(root, "eos_token_id", source);
   c.validate(source);
   return c;

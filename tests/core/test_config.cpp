@@ -210,6 +210,8 @@ TEST(ModelConfig, RefusesUnsupportedRopeScalingAndSlidingWindows) {
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": 100000)")));
   refused(R"("sliding_window": 16.0)", {"sliding_window 16 is shorter than max_position_embeddings 256"});
   refused(R"("sliding_window": "16")", {"key 'sliding_window' must be a number or null"});
+  refused(R"("partial_rotary_factor": 0.5)", {"partial_rotary_factor 0.5 is not supported"});
+  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("partial_rotary_factor": 1.0)")));
   ModelConfig c = small_config();
   c.rope_scaling.type = "yarn";
   expect_error([&] { c.validate("x.json"); }, {"x.json", "rope_scaling type must be default, linear or llama3"});
