@@ -238,6 +238,18 @@ std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<A
 
   std::vector<Acc> a, q, k, v, attn, o_proj, y;
   if (ffn_stats) ffn_stats->assign(static_cast<size_t>(c.num_hidden_layers), ActivationStats{});
+  // A call that throws part way (out of memory, say) leaves the cache as it found it: the layers it
+  // reached would otherwise hold T keys more than len says, and every later step would attend wrongly.
+  struct Rollback {
+    KvCache<Acc>& cache;
+    size_t keep;
+    bool done = false;
+    ~Rollback() {
+      if (done) return;
+      for (auto& rows : cache.k) rows.resize(std::min(rows.size(), keep));
+      for (auto& rows : cache.v) rows.resize(std::min(rows.size(), keep));
+    }
+  } rollback{cache, static_cast<size_t>(p0 * kv_dim)};
   for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
     const LlamaLayerWeights& l = w.layers[li];
     rmsnorm(x, T, l.input_norm, c.rms_norm_eps, a);
@@ -259,6 +271,7 @@ std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<A
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
   }
   cache.len += T;
+  rollback.done = true;
 
   // Final norm and LM head, on every row or only the last.
   const int64_t rows = all_rows ? T : 1;
