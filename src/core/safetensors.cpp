@@ -343,15 +343,21 @@ Tensor SafetensorsFile::read_as(const std::string& name, DType dtype) const {
     return out;
   }
   auto convertible = [](DType d) { return d == DType::bf16 || d == DType::f16 || d == DType::f32; };
-  if (!convertible(t.dtype) || !convertible(dtype))
+  if (!(convertible(t.dtype) || t.dtype == DType::f64) || !convertible(dtype))
     fail_tensor(path_, name,
-                str("cannot convert ", safetensors_dtype_name(t.dtype), " to ",
-                    safetensors_dtype_name(dtype), " (conversions are between BF16, F16 and F32)"));
+                str("cannot convert ", safetensors_dtype_name(t.dtype), " to ", safetensors_dtype_name(dtype),
+                    " (conversions are from BF16, F16, F32 or F64 to BF16, F16 or F32)"));
   const size_t in_size = dtype_size(t.dtype), out_size = dtype_size(dtype);
   const int64_t n = t.numel();
   for (int64_t i = 0; i < n; ++i) {
-    const float v = load_float(src + i * in_size, t.dtype);
-    store_float(dst + i * out_size, dtype, v);
+    // F64 is rounded to f32 first, as PyTorch converts it to bf16 and f16 (through float).
+    double v = 0;
+    if (t.dtype == DType::f64) {
+      std::memcpy(&v, src + i * in_size, 8);
+    } else {
+      v = load_float(src + i * in_size, t.dtype);
+    }
+    store_float(dst + i * out_size, dtype, static_cast<float>(v));
     // A finite value past the narrower type's range would become Inf: refused, as Inf in the file is.
     if (std::isfinite(v) && !std::isfinite(load_float(dst + i * out_size, dtype)))
       fail_tensor(path_, name,

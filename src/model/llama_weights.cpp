@@ -1,6 +1,6 @@
 // Loading a Llama-style HuggingFace checkpoint into LlamaWeights (include/twell/model/llama.h).
 //
-// Every tensor is checked before any is converted: present, a float dtype (BF16, F16, F32), and
+// Every tensor is checked before any is converted: present, a float dtype (BF16, F16, F32, F64), and
 // the shape the config implies; a tensor the Llama layer does not have, inside a layer the model
 // runs, is refused (another architecture's weights); layers past num_hidden_layers and other
 // tensors the model does not use are listed in LlamaWeights::unused. One error names every problem
@@ -73,8 +73,9 @@ std::string tensor_problem(const io::Checkpoint& ckpt, const Expected& e, bool t
     return str("missing tensor '", e.name, "' with shape ", shape_str(e.shape), hint);
   }
   const io::TensorInfo& info = ckpt.info(e.name);
-  if (info.dtype != DType::bf16 && info.dtype != DType::f16 && info.dtype != DType::f32)
-    return str("tensor '", e.name, "': expected dtype BF16, F16 or F32, got ", io::safetensors_dtype_name(info.dtype));
+  if (info.dtype != DType::bf16 && info.dtype != DType::f16 && info.dtype != DType::f32 && info.dtype != DType::f64)
+    return str("tensor '", e.name, "': expected dtype BF16, F16, F32 or F64, got ",
+               io::safetensors_dtype_name(info.dtype));
   if (info.shape != e.shape)
     return str("tensor '", e.name, "': expected shape ", shape_str(e.shape), ", got ", shape_str(info.shape));
   return "";

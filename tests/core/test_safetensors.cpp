@@ -130,6 +130,22 @@ TEST_F(Safetensors, ReadAsConvertsBetweenFloatDtypes) {
   expect_error([&] { f.read_as("huge", DType::bf16); },
                {"conv.safetensors", "'huge'", "element 1", "overflows BF16", "F32 in the file"});
   expect_error([&] { f.read_as("f32", DType::f16); }, {"'f32'", "element 5", "overflows F16"});
+  // F64 converts too, through f32 as PyTorch converts it; past f32's range it is refused.
+  Tensor f64(DType::f64, {3});
+  const double doubles[3] = {1.0 / 3, -2.5e-30, 1e300};
+  for (int i = 0; i < 3; ++i) static_cast<double*>(f64.view().data)[i] = doubles[i];
+  io::write_safetensors(path("f64.safetensors"), {{"d", f64}});
+  SafetensorsFile g = SafetensorsFile::open(path("f64.safetensors"));
+  expect_error([&] { g.read_as("d", DType::f32); }, {"'d'", "element 2", "overflows F32", "F64 in the file"});
+  Tensor two(DType::f64, {2});
+  for (int i = 0; i < 2; ++i) static_cast<double*>(two.view().data)[i] = doubles[i];
+  io::write_safetensors(path("f64.safetensors"), {{"d", two}});
+  SafetensorsFile h = SafetensorsFile::open(path("f64.safetensors"));
+  const Tensor d32 = h.read_as("d", DType::f32), d16 = h.read_as("d", DType::bf16);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(d32.ptr<float>()[i], static_cast<float>(doubles[i])) << i;
+    EXPECT_EQ(d16.ptr<bf16>()[i].bits, float_to_bf16_bits(static_cast<float>(doubles[i]))) << i;
+  }
   expect_error([&] { f.view("nope"); }, {"conv.safetensors", "no tensor named 'nope'"});
 }
 

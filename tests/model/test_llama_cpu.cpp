@@ -248,6 +248,25 @@ TEST_F(LlamaCpuTest, DownProjIsStoredNeuronMajor) {
                 disk.ptr<float>()[h * c.intermediate_size + j]);
 }
 
+// An F64 checkpoint (transformers saves one from a float64 model) loads as its F32 rounding does:
+// the same logits, bit for bit.
+TEST_F(LlamaCpuTest, F64CheckpointLoadsAsItsF32Rounding) {
+  const io::ModelConfig c = tiny_config("relu", false);
+  const HfTensors f32 = random_hf_tensors(c, 310);
+  HfTensors f64;
+  for (const auto& [name, t] : f32) {
+    Tensor d(DType::f64, t.shape());
+    // Doubles that round to the f32 values: the f32 value plus less than half of its ulp.
+    for (int64_t i = 0; i < t.numel(); ++i)
+      d.ptr<double>()[i] = double(t.ptr<float>()[i]) * (1 + 0x1p-30);
+    f64[name] = std::move(d);
+  }
+  write_hf(dir_, c, f32);
+  const Tensor want = LlamaCpu(LlamaWeights::load_dir(dir_)).logits(kTokens);
+  write_hf(dir_, c, f64);
+  EXPECT_TRUE(test::bit_equal(LlamaCpu(LlamaWeights::load_dir(dir_)).logits(kTokens), want));
+}
+
 // bf16 storage: weights rounded once (relative ~2^-9 each), the maths still fp32.
 TEST_F(LlamaCpuTest, Bf16StorageIsCloseToF32) {
   const LlamaCpu f32 = tiny();
@@ -314,7 +333,7 @@ TEST_F(LlamaLoadErrors, WrongDtype) {
   hf["model.norm.weight"] = Tensor(DType::i32, {64});
   write_hf(dir_, c, hf);
   expect_error([&] { load(); },
-               {"tensor 'model.norm.weight'", "expected dtype BF16, F16 or F32, got I32"});
+               {"tensor 'model.norm.weight'", "expected dtype BF16, F16, F32 or F64, got I32"});
 }
 
 TEST_F(LlamaLoadErrors, TruncatedFile) {

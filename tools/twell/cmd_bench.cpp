@@ -49,7 +49,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   CLI::Option* from = ffn->add_option("--from", cfg->from_file,
                                       "safetensors file: x [M, H], gate, up and down [I, H] (down neuron-major: the "
                                       "transpose of down_proj.weight; no gate for a non-gated FFN); M, H, I, the "
-                                      "density and gating come from the file; BF16, F16 or F32, rounded to "
+                                      "density and gating come from the file; BF16, F16, F32 or F64, rounded to "
                                       "bf16 once")
                        ->check(existing_file());
   CLI::Option* timing_option = ffn->add_option("--timing", *timing,

@@ -60,8 +60,9 @@ class SafetensorsFile {
   const TensorInfo& info(const std::string& name) const;  // throws if absent
 
   TensorView view(const std::string& name) const;
-  // Copy converted to `dtype`: between BF16, F16 and F32 (rounding to nearest even), or a
-  // plain copy when the dtypes match.
+  // Copy converted to `dtype`: from BF16, F16, F32 or F64 to BF16, F16 or F32 (rounding to nearest
+  // even; F64 through f32, as PyTorch does), or a plain copy when the dtypes match. A finite value
+  // that `dtype` cannot hold is an error, not Inf.
   Tensor read_as(const std::string& name, DType dtype) const;
   // Throws if the tensor holds NaN or Inf, naming it and the first bad element.
   void check_finite(const std::string& name) const;

@@ -67,7 +67,7 @@ struct LlamaWeights {
   // layers past config.num_hidden_layers. HF's rotary_emb.inv_freq buffers are not listed.
   std::vector<std::string> unused;
 
-  // Validates every tensor's presence, shape and dtype (float: BF16, F16 or F32) against
+  // Validates every tensor's presence, shape and dtype (float: BF16, F16, F32 or F64) against
   // `config`, then converts. Errors name the tensor, e.g. "<ckpt>: tensor
   // 'model.layers.1.mlp.up_proj.weight': expected shape [176, 64], got [176, 63]". A tensor the
   // Llama layer does not have (q_proj.bias, say) inside a layer the model runs is an error: that
