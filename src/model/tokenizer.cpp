@@ -553,26 +553,44 @@ std::string type_of(const json& obj, const std::string& where) {
   return get_string(obj, "type", where);
 }
 
-// The token HF's post-processor puts in front of one sequence (add_special_tokens=True): that of
-// a TemplateProcessing whose "single" template starts with a SpecialToken, on its own or in a
-// Sequence of processors (as Llama 3 ships). None for ByteLevel, null, or a template that starts
-// with the text. Special tokens after the text (an EOS appended) are not added: a prompt to
-// continue must not end in one. Processors that wrap the text on both sides (Bert, Roberta) are
-// refused.
-std::optional<int32_t> leading_special_token(const json* pp, const BpeTokenizer& tok, const std::string& where) {
-  if (!pp) return std::nullopt;
+// The special tokens a post-processor puts around a text (HF's add_special_tokens=True): at most one
+// before it (BOS) and one after it (EOS). A template with more, or with text that is not the
+// sequence itself, is refused rather than half followed.
+struct TemplateEnds {
+  std::optional<int32_t> first, last;
+};
+
+// The id of special token `name` of a TemplateProcessing, checked against the vocabulary.
+int32_t template_token_id(const json& pp, const std::string& name, const BpeTokenizer& tok, const std::string& where) {
+  const json* specials = member(pp, "special_tokens");
+  const json* entry = specials && specials->is_object() ? member(*specials, name.c_str()) : nullptr;
+  const json* ids = entry && entry->is_object() ? member(*entry, "ids") : nullptr;
+  if (!ids || !ids->is_array() || ids->size() != 1)
+    throw Error(str(where, ": the template's token '", printable(name, 60), "' needs one id in special_tokens['",
+                    printable(name, 60), "'].ids"));
+  const int32_t id = get_id((*ids)[0], where + ".special_tokens");
+  if (tok.token_to_id(name) != id)
+    throw Error(str(where, ": the template's token '", printable(name, 60), "' (id ", id,
+                    ") is not that token of the vocabulary"));
+  return id;
+}
+
+TemplateEnds template_ends(const json* pp, const BpeTokenizer& tok, const std::string& where) {
+  if (!pp) return {};
   const std::string type = type_of(*pp, where);
-  if (type == "ByteLevel") return std::nullopt;
+  if (type == "ByteLevel") return {};
   if (type == "Sequence") {
     const json* list = member(*pp, "processors");
     if (!list || !list->is_array()) throw Error(str(where, ": a Sequence needs a 'processors' array"));
-    std::optional<int32_t> first;
+    TemplateEnds ends;
     for (size_t i = 0; i < list->size(); ++i) {
-      const std::optional<int32_t> id = leading_special_token(&(*list)[i], tok, str(where, ".processors[", i, "]"));
-      if (id && first && *id != *first) throw Error(str(where, ": two processors put different tokens first"));
-      if (id) first = id;
+      const TemplateEnds e = template_ends(&(*list)[i], tok, str(where, ".processors[", i, "]"));
+      if ((e.first && ends.first && *e.first != *ends.first) || (e.last && ends.last && *e.last != *ends.last))
+        throw Error(str(where, ": two processors put different tokens around a text"));
+      if (e.first) ends.first = e.first;
+      if (e.last) ends.last = e.last;
     }
-    return first;
+    return ends;
   }
   if (type != "TemplateProcessing")
     throw Error(str(where, ": unsupported post-processor '", printable(type, 40),
@@ -580,21 +598,29 @@ std::optional<int32_t> leading_special_token(const json* pp, const BpeTokenizer&
   const json* single = member(*pp, "single");
   if (!single || !single->is_array() || single->empty())
     throw Error(str(where, ": TemplateProcessing needs a non-empty 'single' template"));
-  const json& head = (*single)[0];
-  const json* special = head.is_object() ? member(head, "SpecialToken") : nullptr;
-  if (!special) return std::nullopt;
-  const std::string name = special->is_object() ? get_string(*special, "id", where + ".single[0]") : "";
-  const json* specials = member(*pp, "special_tokens");
-  const json* entry = specials && specials->is_object() ? member(*specials, name.c_str()) : nullptr;
-  const json* ids = entry && entry->is_object() ? member(*entry, "ids") : nullptr;
-  if (!ids || !ids->is_array() || ids->size() != 1)
-    throw Error(str(where, ": the template's first token '", printable(name, 60), "' needs one id in special_tokens['",
-                    printable(name, 60), "'].ids"));
-  const int32_t id = get_id((*ids)[0], where + ".special_tokens");
-  if (tok.token_to_id(name) != id)
-    throw Error(str(where, ": the template's first token '", printable(name, 60), "' (id ", id,
-                    ") is not that token of the vocabulary"));
-  return id;
+  TemplateEnds ends;
+  bool text_seen = false;
+  for (size_t i = 0; i < single->size(); ++i) {
+    const json& item = (*single)[i];
+    const std::string at = str(where, ".single[", i, "]");
+    const json* special = item.is_object() ? member(item, "SpecialToken") : nullptr;
+    const json* sequence = item.is_object() ? member(item, "Sequence") : nullptr;
+    if (sequence && !text_seen) {
+      text_seen = true;
+      continue;
+    }
+    if (!special)
+      throw Error(str(at, ": unsupported template item ", printable(item.dump(), 60),
+                      " (supported: [special token,] the text [, special token])"));
+    const std::string name = special->is_object() ? get_string(*special, "id", at) : "";
+    std::optional<int32_t>& slot = text_seen ? ends.last : ends.first;
+    if (slot)
+      throw Error(str(at, ": a second special token '", printable(name, 60), "' ", text_seen ? "after" : "before",
+                      " the text (supported: one on each side)"));
+    slot = template_token_id(*pp, name, tok, where);
+  }
+  if (!text_seen) throw Error(str(where, ": the 'single' template has no text (Sequence) in it"));
+  return ends;
 }
 
 // Llama 2's tokenizer.json, recognised exactly (anything else is refused by name):
@@ -892,8 +918,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
     }
   }
 
-  tok->bos_ = tok->bos_to_add_ =
-      leading_special_token(member(root, "post_processor"), *tok, source + ": post_processor");
+  const TemplateEnds ends = template_ends(member(root, "post_processor"), *tok, source + ": post_processor");
+  tok->bos_ = tok->bos_to_add_ = ends.first;
+  tok->eos_to_add_ = ends.last;
 
   // normalizer, pre-tokenizer, decoder: byte-level, or SentencePiece-style as Llama 2 ships
   tok->byte_fallback_ = get_bool(*model, "byte_fallback", false, where);
@@ -929,7 +956,8 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
   return tok;
 }
 
-void BpeTokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos, std::optional<bool> add_bos) {
+void BpeTokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos, std::optional<bool> add_bos,
+                               std::optional<bool> add_eos) {
   for (const auto& id : {bos, eos}) {
     if (id && (*id < 0 || *id >= vocab_size_ || !has_id_[*id]))
       throw Error(str("BpeTokenizer::set_bos_eos: id ", *id, " is not in the vocabulary"));
@@ -937,6 +965,7 @@ void BpeTokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t
   bos_ = bos;
   eos_ = eos;
   if (add_bos) bos_to_add_ = *add_bos ? bos_ : std::nullopt;
+  if (add_eos) eos_to_add_ = *add_eos ? eos_ : std::nullopt;
 }
 
 std::string BpeTokenizer::id_to_token(int32_t id) const {
@@ -1257,15 +1286,21 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
         cls && cls->is_string() &&
         std::find(std::begin(kBosByDefault), std::end(kBosByDefault), cls->get<std::string>()) !=
             std::end(kBosByDefault);
-    std::optional<bool> add_bos = flag("add_bos_token");
+    std::optional<bool> add_bos = flag("add_bos_token"), add_eos = flag("add_eos_token");
+    const bool rebuilt = add_bos || add_eos || llama_class;  // the template made again from the flags
     if (!add_bos && llama_class) add_bos = true;
-    if (!add_bos && flag("add_eos_token")) add_bos = false;
+    if (!add_bos && rebuilt) add_bos = false;
+    if (!add_eos && rebuilt) add_eos = false;
     const std::optional<int32_t> bos = special_from_config(config, "bos_token", *tok, source);
     const std::optional<int32_t> bos_id = bos ? bos : tok->bos_id();
     if (add_bos.value_or(false) && !bos_id)
       throw Error(str(source, ": BOS is to be added (add_bos_token, or a Llama tokenizer class) but no bos_token "
                               "is named"));
-    tok->set_bos_eos(bos_id, special_from_config(config, "eos_token", *tok, source), add_bos);
+    const std::optional<int32_t> eos = special_from_config(config, "eos_token", *tok, source);
+    const std::optional<int32_t> eos_id = eos ? eos : tok->eos_id();
+    if (add_eos.value_or(false) && !eos_id)
+      throw Error(str(source, ": EOS is to be added (add_eos_token) but no eos_token is named"));
+    tok->set_bos_eos(bos_id, eos_id, add_bos, add_eos);
   }
   return tok;
 }

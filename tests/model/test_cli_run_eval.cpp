@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include <sys/wait.h>
@@ -261,6 +262,36 @@ TEST_F(CliModel, PaddedVocabularyAndEmptyPrompt) {
   EXPECT_NE(empty.status, 0);
   EXPECT_NE(empty.out.find("the prompt is empty"), std::string::npos) << empty.out;
   EXPECT_EQ(empty.out.find("loaded "), std::string::npos) << empty.out;
+}
+
+// A tokenizer that puts EOS after a text (add_eos_token): eval scores it, as HF's tokenizer(text)
+// ends the text with it, one token more predicted; run does not end the prompt with it, and says so.
+TEST_F(CliModel, EosAfterATextIsScoredByEvalNotAddedToAPrompt) {
+  const std::string model = path("eos_model");
+  io::ModelConfig c = tiny_config("relu", true);
+  c.vocab_size = 400;
+  c.max_position_embeddings = 64;
+  write_hf(model, c, random_hf_tensors(c, 13));
+  std::ofstream(model + "/tokenizer.json")
+      << test::read_file((std::filesystem::path(__FILE__).parent_path() / "data" / "bpe_gpt2.json").string());
+  const std::string text = path("t.txt");
+  std::ofstream(text) << "hello world";
+  const CliResult plain = run_cli("eval " + model + " " + text, true);
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  std::ofstream(model + "/tokenizer_config.json") << R"({"eos_token": "<|endoftext|>", "add_eos_token": true})";
+  const CliResult with_eos = run_cli("eval " + model + " " + text, true);
+  ASSERT_EQ(with_eos.status, 0) << with_eos.out;
+  auto predicted = [](const std::string& out) {  // "<file>: N tokens predicted in ..."
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(out, m, std::regex(": (\\d+) tokens? predicted"))) << out;
+    return m.empty() ? -1 : std::stoll(m[1]);
+  };
+  EXPECT_EQ(predicted(with_eos.out), predicted(plain.out) + 1) << plain.out << "\n" << with_eos.out;
+  const CliResult run = run_cli("run " + model + " -p hello -n 2", true);
+  EXPECT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("note: this tokenizer puts token 0 after a text; a prompt to continue does not get it"),
+            std::string::npos)
+      << run.out;
 }
 
 // NaN in the weights: refused at load by default, naming the tensor; with the scan skipped, the

@@ -264,7 +264,7 @@ TEST(BpeTokenizer, UnsupportedComponentsAreNamed) {
 // The token put in front of a text is the post-processor's: Llama 2's template <s>; Llama 3's
 // Sequence[ByteLevel, TemplateProcessing]; none for ByteLevel (GPT-2, SmolLM). Processors that
 // would add tokens twell does not add are refused by name.
-TEST(BpeTokenizer, PostProcessorSaysWhichTokenGoesFirst) {
+TEST(BpeTokenizer, PostProcessorSaysWhichTokensGoAroundAText) {
   using J = nlohmann::json;
   const auto llama2 = BpeTokenizer::from_file(data_path("bpe_llama2.json"));
   EXPECT_EQ(llama2->bos_to_add(), 1);
@@ -287,6 +287,15 @@ TEST(BpeTokenizer, PostProcessorSaysWhichTokenGoesFirst) {
     std::swap(j["post_processor"]["single"][0], j["post_processor"]["single"][1]);  // <sep> after the text
   }));
   EXPECT_FALSE(text_first->bos_to_add());
+  EXPECT_EQ(text_first->eos_to_add(), 306);  // twell eval ends a text with it, as HF does
+  EXPECT_FALSE(llama3_style->eos_to_add());
+  EXPECT_FALSE(llama2->eos_to_add());
+  const auto both = BpeTokenizer::from_json(edited_fixture([&](J& j) {
+    j["post_processor"] = tmpl;
+    j["post_processor"]["single"].push_back(tmpl["single"][0]);  // <sep> text <sep>
+  }));
+  EXPECT_EQ(both->bos_to_add(), 306);
+  EXPECT_EQ(both->eos_to_add(), 306);
 
   const auto load = [](const std::string& text) { return [text] { BpeTokenizer::from_json(text, "tok.json"); }; };
   expect_error(load(edited_fixture([](J& j) { j["post_processor"] = {{"type", "RobertaProcessing"}}; })),
@@ -295,7 +304,20 @@ TEST(BpeTokenizer, PostProcessorSaysWhichTokenGoesFirst) {
                  j["post_processor"] = tmpl;
                  j["post_processor"]["special_tokens"]["<sep>"]["ids"] = {305};
                })),
-               {"the template's first token '<sep>' (id 305) is not that token"});
+               {"the template's token '<sep>' (id 305) is not that token"});
+  // More than one token on a side, or anything but the text and special tokens, is refused rather
+  // than half followed.
+  expect_error(load(edited_fixture([&](J& j) {
+                 j["post_processor"] = tmpl;
+                 j["post_processor"]["single"].insert(j["post_processor"]["single"].begin(), tmpl["single"][0]);
+               })),
+               {"tok.json: post_processor.single[1]", "a second special token '<sep>' before the text"});
+  expect_error(load(edited_fixture([&](J& j) {
+                 j["post_processor"] = tmpl;
+                 j["post_processor"]["single"][0] = J::object({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
+                 j["post_processor"]["single"].push_back(tmpl["single"][1]);
+               })),
+               {"post_processor.single[1]", "unsupported template item"});
   expect_error(load(edited_fixture([&](J& j) {
                  j["post_processor"] = tmpl;
                  j["post_processor"].erase("special_tokens");
@@ -355,6 +377,14 @@ TEST_F(LoadTokenizer, AddBosTokenOverridesThePostProcessor) {
   // As transformers 5: add_eos_token alone rebuilds the template with BOS off.
   write_file(path("tokenizer_config.json"), R"({"bos_token": "<s>", "add_eos_token": false})");
   EXPECT_FALSE(load_tokenizer(dir_)->bos_to_add());
+  // add_eos_token true puts EOS after a text (twell eval scores it); with no EOS named, an error.
+  write_file(path("tokenizer_config.json"), R"({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true,
+                                               "add_eos_token": true})");
+  auto both = load_tokenizer(dir_);
+  EXPECT_EQ(both->bos_to_add(), 1);
+  EXPECT_EQ(both->eos_to_add(), 2);
+  write_file(path("tokenizer_config.json"), R"({"bos_token": "<s>", "add_eos_token": true})");
+  expect_error([&] { load_tokenizer(dir_); }, {"tokenizer_config.json", "no eos_token is named"});
 }
 
 // A Llama-family tokenizer class adds BOS by default even where tokenizer.json's post-processor

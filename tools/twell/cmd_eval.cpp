@@ -80,6 +80,7 @@ void register_eval(CLI::App& app) {
     const std::vector<int32_t> body = tok->encode(text.str());
     TWELL_REQUIRE(!body.empty(), *file, ": no text to evaluate (it encodes to no tokens)");
     ids.insert(ids.end(), body.begin(), body.end());
+    if (tok->eos_to_add()) ids.push_back(*tok->eos_to_add());  // as HF's tokenizer(text) ends it
     TWELL_REQUIRE(ids.size() >= 2, *file, ": needs at least 2 tokens, has ", ids.size(),
                 " (one token of text, and no BOS token to predict it from)");
     // The GPU's buffers for one window (a forward each: no KV cache), no longer than the text.

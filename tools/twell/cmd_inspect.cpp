@@ -140,9 +140,11 @@ void run_inspect(const std::string& path, bool check_finite) {
       try {
         const std::unique_ptr<model::Tokenizer> tok = model::load_tokenizer(path);
         if (config) check_tokenizer_fits(*tok, *config);  // one line either way: this, or the refusal
-        std::printf("tokenizer: %lld ids%s%s\n", static_cast<long long>(tok->vocab_size()),
+        std::printf("tokenizer: %lld ids%s%s%s%s\n", static_cast<long long>(tok->vocab_size()),
                     tok->bos_to_add() ? ", adds BOS " : ", no BOS added",
-                    tok->bos_to_add() ? std::to_string(*tok->bos_to_add()).c_str() : "");
+                    tok->bos_to_add() ? std::to_string(*tok->bos_to_add()).c_str() : "",
+                    tok->eos_to_add() ? ", EOS after a text (eval) " : "",
+                    tok->eos_to_add() ? std::to_string(*tok->eos_to_add()).c_str() : "");
       } catch (const Error& e) {
         std::printf("tokenizer: refused: %s\n", e.what());
         problems.push_back("twell run and twell eval refuse its tokenizer");

@@ -53,6 +53,9 @@ void register_run(CLI::App& app) {
     note_if_not_utf8("the prompt", *prompt);
     const std::vector<int32_t> text = tok->encode(*prompt);
     ids.insert(ids.end(), text.begin(), text.end());
+    if (tok->eos_to_add())  // transformers' tokenizer(prompt) would end the prompt with it
+      std::fprintf(stderr, "note: this tokenizer puts token %d after a text; a prompt to continue does not get it\n",
+                   static_cast<int>(*tok->eos_to_add()));
     TWELL_REQUIRE(!ids.empty(), "the prompt is empty and this tokenizer puts no BOS token in front of a text: "
                   "there is nothing to continue from");
     const int64_t n_prompt = static_cast<int64_t>(ids.size());

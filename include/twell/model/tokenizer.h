@@ -37,6 +37,9 @@ class Tokenizer {
   // The token HF puts in front of a text (add_special_tokens=True), if any: BOS for Llama 2 and
   // 3, none for GPT-2-style tokenizers (SmolLM, the paper's), even when they name a bos_token.
   virtual std::optional<int32_t> bos_to_add() const = 0;
+  // The token HF puts after a text (add_special_tokens=True), if any: none for Llama 2 and 3. A
+  // text scored as a whole (twell eval) ends with it; a prompt to continue does not.
+  virtual std::optional<int32_t> eos_to_add() const { return std::nullopt; }
 
   // The vocabulary entry of `id` as stored (for BPE: the byte-level form, e.g. "Ġthe").
   // Throws for an unknown id.
@@ -79,9 +82,9 @@ class ByteTokenizer final : public Tokenizer {
 //   decoder      ByteLevel (or null); Llama 2's, with its normalizer.
 //   added_tokens matched verbatim before pre-tokenization, leftmost-longest, honouring
 //                lstrip/rstrip/single_word; "normalized": false tokens first, as HF does.
-//   post_processor null, ByteLevel, or TemplateProcessing (alone or in a Sequence): only the
-//                special token a template puts first is used, as bos_to_add(); encode() adds
-//                no BOS/EOS. Padding and truncation are ignored.
+//   post_processor null, ByteLevel, or TemplateProcessing (alone or in a Sequence) with at most one
+//                special token before the text (bos_to_add()) and one after it (eos_to_add());
+//                encode() adds neither. Padding and truncation are ignored.
 //
 // Matches HF `tokenizers` 0.23 id for id on the fixtures and on 5000 random mixed-script texts
 // (the Llama-3 split on another 4000, with upper-case contractions, newline runs and digit runs;
@@ -104,14 +107,16 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> bos_id() const override { return bos_; }
   std::optional<int32_t> eos_id() const override { return eos_; }
   std::optional<int32_t> bos_to_add() const override { return bos_to_add_; }
+  std::optional<int32_t> eos_to_add() const override { return eos_to_add_; }
   std::string id_to_token(int32_t id) const override;
   std::optional<int32_t> token_to_id(std::string_view token) const override;
 
-  // tokenizer.json names only the token its post-processor puts first (bos_id() and
-  // bos_to_add() start as that); tokenizer_config.json names BOS and EOS, and add_bos_token says
-  // whether BOS is added (absent: as the post-processor does). load_tokenizer sets them. Throws
-  // for ids outside the vocabulary.
-  void set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos, std::optional<bool> add_bos = {});
+  // tokenizer.json names only the tokens its post-processor puts around a text (bos_id() and
+  // bos_to_add() start as the first, eos_to_add() as the last); tokenizer_config.json names BOS
+  // and EOS, and add_bos_token and add_eos_token say whether each is added (absent: as the
+  // post-processor does). load_tokenizer sets them. Throws for ids outside the vocabulary.
+  void set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos, std::optional<bool> add_bos = {},
+                   std::optional<bool> add_eos = {});
 
   struct AddedToken {
     std::string content;
@@ -152,7 +157,7 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> unk_;
   bool fuse_unk_ = false;
   int32_t vocab_size_ = 0;
-  std::optional<int32_t> bos_, eos_, bos_to_add_;
+  std::optional<int32_t> bos_, eos_, bos_to_add_, eos_to_add_;
 
   // Words seen before -> their ids, as HF's BPE cache; bounded, cleared when full.
   mutable std::mutex cache_mutex_;
