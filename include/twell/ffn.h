@@ -35,6 +35,10 @@ enum class Precision { bf16, h_fp32, f64 };
 // Checks the shapes/dtypes of an FFN call; throws an Error naming the first bad argument.
 // x and y are [M, H]; dtypes must be bf16, f32 or f64 (the same for all weights).
 void check_ffn_args(const TensorView& x, const FfnWeights& w, const TensorView& y);
+// Throws an Error (from `op`) if an output's memory (y, and h_out where not empty) overlaps x or a
+// weight, or the other output: the forward writes them while it still reads its inputs.
+void check_ffn_outputs_disjoint(const char* op, const TensorView& x, const FfnWeights& w, const TensorView& y,
+                                const TensorView& h_out = {});
 // Throws an Error (from `op`) if a gradient's memory overlaps x, dy, a weight or another
 // gradient: each gradient is written while they are still read. Empty views are skipped.
 void check_ffn_grads_disjoint(const char* op, const TensorView& x, const FfnWeights& w, const TensorView& dy,

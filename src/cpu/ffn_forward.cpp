@@ -165,6 +165,7 @@ void ffn_forward(const TensorView& x, const FfnWeights& w, const TensorView& y, 
   if (!h_out.empty())
     detail::check_output("ffn_forward", "h_out", h_out, {d.M, d.I},
                          {DType::bf16, DType::f16, DType::f32, DType::f64}, true);
+  check_ffn_outputs_disjoint("ffn_forward", x, w, y, h_out);
   std::vector<TokenStats> per_token(static_cast<size_t>(d.M));
   auto run = [&](auto acc_tag) {
     using Acc = decltype(acc_tag);

@@ -192,6 +192,7 @@ struct FfnForward::Impl {
     if (shape.gated) check(w.wg, {I, H}, "FfnForward: wg");
     check(w.wu, {I, H}, "FfnForward: wu");
     check(w.wd, {I, H}, "FfnForward: wd");
+    check_ffn_outputs_disjoint("FfnForward", x, w, y);
   }
 
   // Inside CUDA graph capture nothing may come back to the host: dispatch must be fixed and the

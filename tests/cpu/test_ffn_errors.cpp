@@ -139,6 +139,29 @@ TEST_F(CpuFfnErrors, BackwardChecksEveryGradient) {
                {"grads.dwd", "overlaps", "w.wd"});
 }
 
+// The forward writes y (and h_out) while it reads x and the weights: overlapping memory is refused
+// and nothing is written.
+TEST_F(CpuFfnErrors, OutputsOverlappingInputsAreRefused) {
+  const Tensor x_before = p.x.clone();
+  TensorView y_over_x = p.x.view();  // [3, 5] f32, as y must be
+  expect_error([&] { cpu::ffn_forward(p.x, p.weights(), y_over_x, Precision::bf16); },
+               {"ffn_forward", "y's memory overlaps x's"});
+  EXPECT_TRUE(test::bit_equal(p.x, x_before));
+  Tensor wd = p.wd.clone();  // [7, 5]: its first 15 floats as a [3, 5] y
+  FfnWeights w = p.weights();
+  w.wd = wd;
+  TensorView y_over_wd = wd.view();
+  y_over_wd.shape = {M, H};
+  const Tensor wd_before = wd.clone();
+  expect_error([&] { cpu::ffn_forward(p.x, w, y_over_wd, Precision::bf16); }, {"y's memory overlaps w.wd's"});
+  EXPECT_TRUE(test::bit_equal(wd, wd_before));
+  Tensor h(DType::f32, {M, I});
+  TensorView y_in_h = h.view();
+  y_in_h.shape = {M, H};
+  expect_error([&] { cpu::ffn_forward(p.x, p.weights(), y_in_h, Precision::bf16, nullptr, h); },
+               {"y's memory overlaps h_out's"});
+}
+
 TEST_F(CpuFfnErrors, NegativeSizesAndShortStridesAreRefused) {
   TensorView x_neg = p.x.view();
   x_neg.shape = {-1, H};

@@ -15,6 +15,7 @@
 #include "common/compare.h"
 #include "cuda/kernels.h"
 #include "common/random.h"
+#include "core/io_test_util.h"
 #include "gpu_test.h"
 #include "synthetic.h"
 #include "twell/cpu/ffn.h"
@@ -737,6 +738,11 @@ TEST(FfnForwardGpuErrors, RejectsBadArguments) {
   shifted.shape = {15, 128};
   DeviceTensor y15(DType::bf16, {15, 128});
   EXPECT_THROW(ffn.forward(shifted, p.w(), y15, nullptr), Error);
+  // y over x, or over a weight: written while they are read.
+  test::expect_error([&] { ffn.forward(p.x, p.w(), p.x, nullptr); }, {"FfnForward", "y's memory overlaps x's"});
+  TensorView y_over_wd = p.wd.view();
+  y_over_wd.shape = {16, 128};
+  test::expect_error([&] { ffn.forward(p.x, p.w(), y_over_wd, nullptr); }, {"y's memory overlaps w.wd's"});
   // More tokens than the workspace holds.
   GpuProblem big = make_problem(17, 128, 256, 0.05);
   EXPECT_THROW(ffn.forward(big.x, big.w(), big.y, nullptr), Error);
