@@ -34,6 +34,9 @@ template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
+// The bytes a contiguous tensor of this dtype and shape takes; throws an Error for a negative
+// dimension, or a size past 2^62 bytes (which no allocation could hold: a product that overflows).
+size_t checked_nbytes(DType t, const Shape& s);
 
 struct TensorView {
   void* data = nullptr;
@@ -79,7 +82,17 @@ void check_aligned(const TensorView& t, size_t alignment, const char* name);
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(DType t, Shape s);  // zero-initialised
+  Tensor(DType t, Shape s);  // zero-initialised; throws for a negative or overflowing shape
+  // A moved-from tensor is empty (no data, shape {}), not a view of memory it no longer owns.
+  Tensor(Tensor&& other) noexcept : storage_(std::move(other.storage_)), view_(std::move(other.view_)) {
+    other.view_ = TensorView{};
+  }
+  Tensor& operator=(Tensor&& other) noexcept {
+    storage_ = std::move(other.storage_);
+    view_ = std::move(other.view_);
+    other.view_ = TensorView{};
+    return *this;
+  }
 
   template <class T>
   static Tensor of(Shape s) {
@@ -99,6 +112,7 @@ class Tensor {
   const Shape& shape() const { return view_.shape; }
   int64_t numel() const { return view_.numel(); }
   size_t nbytes() const { return view_.nbytes(); }
+  bool empty() const { return view_.empty(); }
 
  private:
   struct Free {

@@ -59,6 +59,17 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+size_t checked_nbytes(DType t, const Shape& s) {
+  for (int64_t d : s) TWELL_REQUIRE(d >= 0, "negative dimension in shape ", shape_str(s));
+  for (int64_t d : s)
+    if (d == 0) return 0;  // no elements, whatever the other dimensions
+  uint64_t bytes = dtype_size(t);
+  for (int64_t d : s)
+    TWELL_REQUIRE(!__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) && bytes <= (uint64_t{1} << 62),
+                  "tensor of shape ", shape_str(s), " and dtype ", dtype_name(t), " is too large (past 2^62 bytes)");
+  return static_cast<size_t>(bytes);
+}
+
 namespace {
 // `strides` is either empty (contiguous) or one per dimension.
 void check_strides(const TensorView& t) {
@@ -138,8 +149,7 @@ void Tensor::Free::operator()(void* p) const { std::free(p); }
 
 Tensor::Tensor(DType t, Shape s) {
   TensorView v(nullptr, t, std::move(s));
-  for (int64_t d : v.shape) TWELL_CHECK(d >= 0, "negative dimension in shape ", shape_str(v.shape));
-  size_t bytes = v.nbytes();
+  const size_t bytes = checked_nbytes(t, v.shape);
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded ? rounded : 64);
   TWELL_REQUIRE(p, "out of host memory allocating ", bytes, " bytes (", shape_str(v.shape), " ", dtype_name(t), ")");

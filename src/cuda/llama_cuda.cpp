@@ -89,8 +89,7 @@ LlamaCudaWeights LlamaCudaWeights::allocate(const io::ModelConfig& c) {
 }
 
 LlamaCudaWeights LlamaCudaWeights::upload(const model::LlamaWeights& src) {
-  TWELL_CHECK(static_cast<int64_t>(src.layers.size()) == src.config.num_hidden_layers, "LlamaCudaWeights: ",
-              src.layers.size(), " layers loaded, config has ", src.config.num_hidden_layers);
+  src.validate();
   LlamaCudaWeights w = allocate(src.config);
   upload_rows(w.embed, {&src.embed.view()}, "embed");
   for (size_t l = 0; l < src.layers.size(); ++l) {

@@ -75,7 +75,7 @@ void PinnedBuffer::reserve(size_t bytes) {
 
 DeviceTensor::DeviceTensor(DType t, Shape s) {
   view_ = TensorView(nullptr, t, std::move(s), Device::cuda);
-  buf_ = DeviceBuffer(view_.nbytes());
+  buf_ = DeviceBuffer(checked_nbytes(t, view_.shape));
   view_.data = buf_.get();
 }
 

@@ -306,9 +306,7 @@ LlamaCpu::LlamaCpu(LlamaWeights weights, LlamaOptions options)
     : weights_(std::move(weights)), options_(options), impl_(std::make_unique<Impl>()) {
   TWELL_CHECK(options_.math == DType::f32 || options_.math == DType::f64,
               "LlamaCpu: math must be f32 or f64, got ", dtype_name(options_.math));
-  TWELL_CHECK(static_cast<int64_t>(weights_.layers.size()) == config().num_hidden_layers,
-              "LlamaCpu: ", weights_.layers.size(), " layers loaded, config has ",
-              config().num_hidden_layers);
+  weights_.validate();
   reset();
 }
 

@@ -242,6 +242,44 @@ LlamaWeights load_weights(const io::Checkpoint& ckpt, const io::ModelConfig& con
 
 }  // namespace
 
+void LlamaWeights::validate() const {
+  config.validate("LlamaWeights: config");
+  const io::ModelConfig& c = config;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_key_value_heads * c.head_dim;
+  TWELL_REQUIRE(static_cast<int64_t>(layers.size()) == c.num_hidden_layers, "LlamaWeights: ", layers.size(),
+                " layers, the config has ", c.num_hidden_layers);
+  const DType dt = embed.dtype();
+  TWELL_REQUIRE(dt == DType::f32 || dt == DType::bf16, "LlamaWeights: embed: dtype must be f32 or bf16, got ",
+                dtype_name(dt));
+  auto check = [&](const Tensor& t, const Shape& s, const std::string& name) {
+    TWELL_REQUIRE(t.shape() == s, "LlamaWeights: ", name, ": expected shape ", shape_str(s), ", got ",
+                  shape_str(t.shape()));
+    TWELL_REQUIRE(t.dtype() == dt, "LlamaWeights: ", name, ": dtype ", dtype_name(t.dtype()), ", embed's is ",
+                  dtype_name(dt), " (one dtype for every weight)");
+  };
+  check(embed, {V, H}, "embed");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const LlamaLayerWeights& l = layers[static_cast<size_t>(i)];
+    const std::string p = str("layers[", i, "].");
+    check(l.input_norm, {H}, p + "input_norm");
+    check(l.wq, {q_dim, H}, p + "wq");
+    check(l.wk, {kv_dim, H}, p + "wk");
+    check(l.wv, {kv_dim, H}, p + "wv");
+    check(l.wo, {H, q_dim}, p + "wo");
+    check(l.post_norm, {H}, p + "post_norm");
+    check(l.wg, {I, H}, p + "wg");
+    check(l.wu, {I, H}, p + "wu");
+    check(l.wd, {I, H}, p + "wd (neuron-major: the transpose of down_proj.weight)");
+  }
+  check(final_norm, {H}, "final_norm");
+  if (c.tie_word_embeddings) {
+    TWELL_REQUIRE(lm_head.empty(), "LlamaWeights: lm_head must be empty when the config ties the embeddings");
+  } else {
+    check(lm_head, {V, H}, "lm_head");
+  }
+}
+
 LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
                                 const LlamaLoadOptions& options) {
   return load_weights(ckpt, config, options, "config");

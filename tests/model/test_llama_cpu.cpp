@@ -248,6 +248,29 @@ TEST_F(LlamaCpuTest, DownProjIsStoredNeuronMajor) {
                 disk.ptr<float>()[h * c.intermediate_size + j]);
 }
 
+// Weights built by hand are checked as a checkpoint is: a wrong shape, a mixed dtype or an lm_head
+// beside tied embeddings is refused by name, before anything runs.
+TEST_F(LlamaCpuTest, HandBuiltWeightsAreValidated) {
+  tiny();
+  auto weights = [&] { return LlamaWeights::load_dir(dir_); };
+  LlamaWeights w = weights();
+  w.layers[1].wq = Tensor(DType::f32, {32, 64});
+  expect_error([&] { LlamaCpu{std::move(w)}; }, {"LlamaWeights: layers[1].wq: expected shape [64, 64], got [32, 64]"});
+  w = weights();
+  w.layers[0].wd = Tensor(DType::f32, {64, 176});  // down_proj as on disk, not neuron-major
+  expect_error([&] { LlamaCpu{std::move(w)}; }, {"layers[0].wd (neuron-major", "expected shape [176, 64]"});
+  w = weights();
+  w.final_norm = Tensor(DType::bf16, {64});
+  expect_error([&] { LlamaCpu{std::move(w)}; }, {"final_norm: dtype bf16, embed's is f32"});
+  w = weights();
+  w.lm_head = Tensor(DType::f32, {97, 64});
+  expect_error([&] { LlamaCpu{std::move(w)}; }, {"lm_head must be empty when the config ties the embeddings"});
+  w = weights();
+  w.layers.pop_back();
+  expect_error([&] { LlamaCpu{std::move(w)}; }, {"LlamaWeights: 1 layers, the config has 2"});
+  EXPECT_NO_THROW(LlamaCpu{weights()});
+}
+
 // An F64 checkpoint (transformers saves one from a float64 model) loads as its F32 rounding does:
 // the same logits, bit for bit.
 TEST_F(LlamaCpuTest, F64CheckpointLoadsAsItsF32Rounding) {

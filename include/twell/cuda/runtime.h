@@ -103,7 +103,17 @@ class PinnedBuffer : public detail::OwnedBytes<&detail::free_pinned> {
 class DeviceTensor {
  public:
   DeviceTensor() = default;
-  DeviceTensor(DType t, Shape s);
+  DeviceTensor(DType t, Shape s);  // uninitialised (Tensor's are zeroed); throws for a bad shape
+  // A moved-from tensor is empty, not a view of memory it no longer owns.
+  DeviceTensor(DeviceTensor&& other) noexcept : buf_(std::move(other.buf_)), view_(std::move(other.view_)) {
+    other.view_ = TensorView{};
+  }
+  DeviceTensor& operator=(DeviceTensor&& other) noexcept {
+    buf_ = std::move(other.buf_);
+    view_ = std::move(other.view_);
+    other.view_ = TensorView{};
+    return *this;
+  }
   static DeviceTensor upload(const TensorView& host, cudaStream_t stream = nullptr);  // synchronous
   Tensor download(cudaStream_t stream = nullptr) const;                              // synchronous
 

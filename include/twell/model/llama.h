@@ -81,6 +81,12 @@ struct LlamaWeights {
   // config.json + safetensors from one directory (io::read_config, io::Checkpoint::open).
   static LlamaWeights load_dir(const std::string& dir, const LlamaLoadOptions& options = {});
 
+  // Checks weights built by hand as load() checks a checkpoint: the config, then every tensor's
+  // shape (wd neuron-major, [I, H]) and dtype (all f32, or all bf16), lm_head empty exactly when
+  // the embeddings are tied. Throws an Error naming the first bad tensor. LlamaCpu and
+  // LlamaCudaWeights::upload call it.
+  void validate() const;
+
   // The output projection [V, H]: lm_head, or embed when tied.
   const TensorView& head() const {
     return config.tie_word_embeddings ? embed.view() : lm_head.view();

@@ -1,0 +1,42 @@
+// Tensor basics a library user relies on: sizes that cannot be allocated are refused by name, and
+// a moved-from tensor is empty instead of a view of memory it no longer owns.
+#include <gtest/gtest.h>
+
+#include <utility>
+
+#include "core/io_test_util.h"
+#include "twell/tensor.h"
+
+namespace twell {
+namespace {
+
+using test::expect_error;
+
+TEST(Tensor, OverflowingAndNegativeShapesAreRefused) {
+  expect_error([] { Tensor(DType::f32, {int64_t{1} << 33, int64_t{1} << 33}); },
+               {"[8589934592, 8589934592]", "f32", "too large"});
+  expect_error([] { Tensor(DType::bf16, {int64_t{1} << 62, 2}); }, {"too large"});
+  expect_error([] { Tensor(DType::f32, {4, -1}); }, {"negative dimension in shape [4, -1]"});
+  EXPECT_EQ(checked_nbytes(DType::f32, {int64_t{1} << 62, 0}), 0u);  // a zero dimension: no bytes
+  EXPECT_EQ(checked_nbytes(DType::bf16, {3, 5}), 30u);
+  EXPECT_EQ(Tensor(DType::f32, {0, int64_t{1} << 40}).numel(), 0);
+}
+
+TEST(Tensor, MovedFromIsEmpty) {
+  Tensor a(DType::f32, {2, 3});
+  a.ptr<float>()[5] = 7.0f;
+  const void* data = a.view().data;
+  Tensor b(std::move(a));
+  EXPECT_EQ(b.view().data, data);
+  EXPECT_EQ(b.ptr<float>()[5], 7.0f);
+  EXPECT_TRUE(a.empty());  // NOLINT(bugprone-use-after-move): the contract under test
+  EXPECT_EQ(a.view().data, nullptr);
+  Tensor c(DType::f32, {1});
+  c = std::move(b);
+  EXPECT_EQ(c.view().data, data);
+  EXPECT_TRUE(b.empty());  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(c.shape(), (Shape{2, 3}));
+}
+
+}  // namespace
+}  // namespace twell
