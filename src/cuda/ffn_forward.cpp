@@ -139,15 +139,19 @@ struct FfnForward::Impl {
       gate_workspace = DeviceBuffer(std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16));
     }
     heavy_rows = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
-    gather_tokens = gather_supports(s.hidden, s.ffn) ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0)) : 0;
+    // Training takes no gather path: it keeps nothing for backward().
+    gather_tokens = gather_supports(s.hidden, s.ffn) && !o.training
+                        ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0))
+                        : 0;
     if (gather_tokens > 0) {  // sized for the largest need over the M the path takes
       int64_t partial = 0;
       for (int64_t m = 1; m <= gather_tokens; ++m) partial = std::max(partial, m * gather_splits(m) * s.hidden);
       gather_partial = DeviceBuffer(static_cast<size_t>(partial) * 4);
     }
     // The one-token kernel uses none of the gather path's buffers and takes shapes it does not
-    // (I past 12288), so it goes with gather_max_tokens >= 1 wherever its own kernel takes the shape.
-    if (o.one_token_kernel && o.gather_max_tokens >= 1 && decode_ffn_supported(s.hidden, s.ffn))
+    // (I past 12288), so it goes with gather_max_tokens >= 1 wherever its own kernel takes the shape
+    // (not in training: it keeps nothing for backward()).
+    if (o.one_token_kernel && o.gather_max_tokens >= 1 && !o.training && decode_ffn_supported(s.hidden, s.ffn))
       decode = DecodeFfn(s.hidden, s.ffn, sm_count);
     counters = DeviceBuffer(sizeof(Counters));
     TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
@@ -388,7 +392,7 @@ struct FfnForward::Impl {
     TWELL_CHECK(stats.tokens == M && (M == 0 || saved.ready),
                 "FfnForward::backward: needs the state of a forward() of the same tokens; the last call had ",
                 stats.tokens, " tokens on the ", to_string(stats.path),
-                " path (for training set FfnOptions::training and gather_max_tokens = 0)");
+                " path (for training set FfnOptions::training)");
     TWELL_CHECK(M == 0 || (x.data == saved.x && w.wg.data == saved.wg && w.wu.data == saved.wu && w.wd.data == saved.wd),
                 "FfnForward::backward: x and the weights must be those of the last forward() (its saved state "
                 "belongs to them)");

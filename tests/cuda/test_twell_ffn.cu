@@ -1022,6 +1022,21 @@ TEST(FfnBackwardGpuEdges, NeedsASparseForwardOfTheSameTokensAndGoodArguments) {
     o.dw_slice_columns = bad;
     EXPECT_THROW(cuda::FfnForward({16, 128, 256, true}, o), Error) << bad;
   }
+  // Training with the default gather_max_tokens: calls of few tokens (16, and one) take the TwELL
+  // path, which keeps the backward's state, not the gather or one-token path, which keeps none.
+  cuda::FfnOptions train;
+  train.training = true;
+  train.dispatch = Dispatch::always_sparse;
+  cuda::FfnForward trainer({16, 128, 256, true}, train);
+  trainer.forward(p.x, p.w(), p.y, nullptr);
+  EXPECT_EQ(trainer.last_path(), cuda::FfnPath::sparse);
+  EXPECT_NO_THROW(trainer.backward(p.x, p.w(), dy, 0.0, g.views(), nullptr));
+  GpuProblem one = make_problem(1, 128, 256, 0.05);
+  DeviceTensor dy1 = DeviceTensor::upload(test::random_normal(DType::bf16, {1, 128}, 1.0, 4));
+  trainer.forward(one.x, one.w(), one.y, nullptr);
+  EXPECT_EQ(trainer.last_path(), cuda::FfnPath::sparse);
+  DeviceGrads g1(1, 128, 256);
+  EXPECT_NO_THROW(trainer.backward(one.x, one.w(), dy1, 0.0, g1.views(), nullptr));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The FFN forward on the GPU: one entry point that runs the sparse TwELL path or the dense
 // cuBLASLt path, whichever the observed activation density makes faster, and is exact either way.
 //
-//   twell::cuda::FfnForward ffn({.max_tokens = M, .hidden = H, .ffn = I});
+//   twell::cuda::FfnForward ffn(twell::cuda::FfnShape{M, H, I});  // max_tokens, hidden, ffn
 //   ffn.forward(x, weights, y, stream);      // x, y [M, H] bf16 on the device; weights [I, H]
 //
 // Sparse path: gate GEMM (cuBLASLt, ReLU fused) -> pack g into TwELL (hybrid: over-capacity
@@ -25,8 +25,18 @@
 // synchronisation per call, except where the tokens alone decide: one token, or fewer than
 // sparse_min_tokens); `previous` (the default) decides on the sample of the previous call
 // and reads this call's sample on the next one, so only its first call synchronises. Both paths
-// are exact: dispatch only decides speed. Inside CUDA graph capture, forward() needs dispatch
-// always_sparse or always_dense and count_nonzeros = false (it throws otherwise).
+// are exact (no value is ever dropped): dispatch only decides speed. Inside CUDA graph capture,
+// forward() needs dispatch always_sparse or always_dense and count_nonzeros = false (it throws
+// otherwise).
+//
+// Reproducibility. With a fixed path (Dispatch::always_sparse or always_dense) the same call gives
+// the same bits, call after call and run after run of one build (the GPU tests check it). The paths
+// add in different orders, so where dispatch switches paths an element may differ by a bf16
+// rounding, and so may the first call of Dispatch::previous (the cuBLASLt gate GEMM and a separate
+// pack, before any density is known) from the later ones (the fused gate; see fused_gate). Every
+// cuBLASLt GEMM is autotuned at the first call of each shape (M included): it synchronises the
+// stream once, times cuBLASLt's candidates whose bits equal its heuristics' first choice, and keeps
+// the fastest in a per-object cache; TWELL_LT_AUTOTUNE=0 takes the heuristics' choice untimed.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -85,7 +95,8 @@ struct FfnOptions {
   int32_t tile = 0, compression = 8;
   // Sparse calls with at most this many tokens take the gather path (decode): each token's active
   // rows of Wu and Wd are read through an index list, the work spread over many blocks, where the
-  // TwELL kernels give each token one block. 0: always TwELL.
+  // TwELL kernels give each token one block. 0: always TwELL. Ignored in training (the gather path
+  // keeps nothing for backward()).
   int64_t gather_max_tokens = 256;
   // Copy the sparse path's non-zero count back to the host after each call (read by last_stats).
   // false: nothing is copied, so calls with dispatch always_sparse or always_dense are pure stream
@@ -93,8 +104,8 @@ struct FfnOptions {
   bool count_nonzeros = true;
   // Training: keep what backward() needs on the dense path too (g, u and h apart: one more
   // [max_tokens, I] bf16 buffer), so the forward can dispatch on density and the backward follows
-  // the path it took. Without it backward() needs the TwELL path (Dispatch::always_sparse). Set
-  // gather_max_tokens = 0 as well: the gather path keeps nothing.
+  // the path it took. Without it backward() needs the TwELL path (Dispatch::always_sparse). Calls
+  // of few tokens then take the TwELL path too (gather_max_tokens is ignored).
   bool training = false;
   // Dispatch::previous keeps one density sample per slot, and forward() names the slot: a model
   // that runs all its layers through one FfnForward gives each layer a slot, so a layer is
