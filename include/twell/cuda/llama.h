@@ -18,7 +18,15 @@
 // prefill; decode steps of at most decode_gather_tokens sequences on its sparse paths where its
 // kernels take the shape, others dense; FfnMode::dense: always dense cuBLASLt); a SiLU model,
 // or a ReLU model of other widths, the dense cuBLASLt FFN. Decode steps are captured once per
-// batch size in a CUDA graph and replayed. Everything runs on the model's own stream.
+// batch size in a CUDA graph and replayed. Everything runs on the model's own stream, created with
+// the object; its calls return once their results are on the host. One LlamaCuda serves one host
+// thread at a time (logits() const included: it uses the stream and the workspace); give each
+// thread its own, sharing one LlamaCudaWeights.
+//
+// Memory: the KV cache and the workspace are sized at construction from max_batch, max_context
+// and max_tokens, whose defaults take the config's whole context: set max_context to what a job
+// needs (a Llama 3.1 8B config says 131072 positions, ~17 GB of cache at batch 1).
+// workspace_bytes() says what was allocated.
 //
 // Batches: B sequences of equal length run together (prefill_batch, decode_batch); all of them
 // share one position counter. Tokens are checked on the host before anything is enqueued.
