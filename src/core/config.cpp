@@ -165,8 +165,14 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   read_required_int(root, "max_position_embeddings", source, &c.max_position_embeddings);
   if (!read_int(root, "num_key_value_heads", source, &c.num_key_value_heads))
     c.num_key_value_heads = c.num_attention_heads;
-  if (!read_int(root, "head_dim", source, &c.head_dim) && c.num_attention_heads > 0)
-    c.head_dim = c.hidden_size / c.num_attention_heads;  // validate() rejects a remainder
+  // Without head_dim, transformers takes hidden_size / num_attention_heads, which must then divide;
+  // given, the heads need not span hidden_size (q_proj is [heads · head_dim, hidden_size]).
+  if (!read_int(root, "head_dim", source, &c.head_dim) && c.num_attention_heads > 0) {
+    if (c.hidden_size % c.num_attention_heads != 0)
+      throw Error(str(source, ": hidden_size ", c.hidden_size, " is not divisible by num_attention_heads ",
+                      c.num_attention_heads, ", and no head_dim is given"));
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
   // Recent transformers versions move rope_theta into "rope_parameters"; where both say it, they
   // must agree (as rope_scaling and rope_parameters must, below).
   const bool top_theta = read_number(root, "rope_theta", source, &c.rope_theta);
@@ -260,9 +266,6 @@ void ModelConfig::validate(const std::string& source) const {
   bounded("num_attention_heads", num_attention_heads, kMaxDim);
   bounded("head_dim", head_dim, kMaxDim);
   bounded("vocab_size", vocab_size, kMaxVocab);
-  if (hidden_size % num_attention_heads != 0)
-    throw Error(str(source, ": hidden_size ", hidden_size,
-                    " is not divisible by num_attention_heads ", num_attention_heads));
   if (num_attention_heads % num_key_value_heads != 0)
     throw Error(str(source, ": num_attention_heads ", num_attention_heads,
                     " is not a multiple of num_key_value_heads ", num_key_value_heads));

@@ -285,8 +285,13 @@ TEST(ModelConfig, ValidateExplainsInconsistencies) {
     return c;
   };
   small_config().validate();
-  expect_error([&] { with([](ModelConfig& c) { c.hidden_size = 66; }).validate("x.json"); },
-               {"x.json", "hidden_size 66 is not divisible by num_attention_heads 8"});
+  // hidden_size need not be heads · head_dim (head_dim given); without head_dim it must divide.
+  EXPECT_NO_THROW(with([](ModelConfig& c) { c.hidden_size = 66; }).validate("x.json"));
+  const std::string odd = R"({"hidden_size": 66, "intermediate_size": 176, "num_hidden_layers": 2,
+                              "num_attention_heads": 8, "vocab_size": 100, "max_position_embeddings": 256)";
+  expect_error([&] { ModelConfig::from_json(odd + "}", "c.json"); },
+               {"c.json", "hidden_size 66 is not divisible by num_attention_heads 8, and no head_dim is given"});
+  EXPECT_EQ(ModelConfig::from_json(odd + R"(, "head_dim": 16})").head_dim, 16);
   expect_error([&] { with([](ModelConfig& c) { c.num_key_value_heads = 3; }).validate("x.json"); },
                {"x.json", "num_attention_heads 8 is not a multiple of num_key_value_heads 3"});
   expect_error([&] { with([](ModelConfig& c) { c.vocab_size = 0; }).validate("x.json"); },

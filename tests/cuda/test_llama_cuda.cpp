@@ -40,6 +40,8 @@ const Shape kShapes[] = {
     {"hd64_silu", 128, 320, 2, 1, 64, 97, 160, "silu", true},
     {"hd128_gqa_relu", 256, 512, 4, 2, 128, 256, 160, "relu", true},
     {"odd_ffn_relu", 64, 176, 4, 2, 16, 97, 160, "relu", false},
+    // Heads that do not span H (head_dim given: q_proj [96, 64]; 64 is not a multiple of 3).
+    {"heads3_hd32_relu", 64, 192, 3, 1, 32, 97, 160, "relu", true},
 };
 
 io::ModelConfig config_of(const Shape& s) {

@@ -248,6 +248,20 @@ TEST_F(LlamaCpuTest, DownProjIsStoredNeuronMajor) {
                 disk.ptr<float>()[h * c.intermediate_size + j]);
 }
 
+// head_dim given, the heads need not span H (q_proj [heads · head_dim, H]; 64 is not a multiple of
+// 3): the model loads and its f32 forward agrees with the f64 one (the GPU test compares backends).
+TEST_F(LlamaCpuTest, HeadsNeedNotSpanTheHiddenSize) {
+  io::ModelConfig c = tiny_config("relu", true);
+  c.num_attention_heads = 3, c.num_key_value_heads = 1, c.head_dim = 32;
+  write_hf(dir_, c, random_hf_tensors(c, 320));
+  const LlamaWeights w = LlamaWeights::load_dir(dir_);
+  EXPECT_EQ(w.layers[0].wq.shape(), (Shape{96, 64}));
+  LlamaOptions f64;
+  f64.math = DType::f64;
+  const LlamaCpu model(LlamaWeights::load_dir(dir_)), oracle(LlamaWeights::load_dir(dir_), f64);
+  EXPECT_LT(relative_error(model.logits(kTokens), oracle.logits(kTokens)), 1e-5);
+}
+
 // Weights built by hand are checked as a checkpoint is: a wrong shape, a mixed dtype or an lm_head
 // beside tied embeddings is refused by name, before anything runs.
 TEST_F(LlamaCpuTest, HandBuiltWeightsAreValidated) {
