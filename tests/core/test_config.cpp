@@ -329,8 +329,8 @@ TEST_F(ConfigFile, FailedWriteKeepsTheOldFile) {
   io::write_config(dir_, small_config());
   const std::string before = read_file(path("config.json"));
   ModelConfig bad = small_config();
-  bad.hidden_size = 65;
-  expect_error([&] { io::write_config(dir_, bad); }, {"config.json", "hidden_size 65"});
+  bad.num_key_value_heads = 3;
+  expect_error([&] { io::write_config(dir_, bad); }, {"config.json", "not a multiple of num_key_value_heads 3"});
   EXPECT_EQ(read_file(path("config.json")), before);
   EXPECT_EQ(listing(), std::vector<std::string>{"config.json"});
 }

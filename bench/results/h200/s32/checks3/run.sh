@@ -1,0 +1,26 @@
+#!/bin/bash
+# Session 32, call 3: heads that do not span H (head_dim given), a new LlamaCudaShapes case, on top of
+# call 2's build: the whole GPU suite, the whole twell_tests on the GPU machine, memcheck of the
+# new shape's tests.
+set -u
+cd "$(dirname "$0")/.."
+R=$PWD
+tar xJf out/bins.tar.xz -C out
+B=$R/out/new
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
+export TWELL_REQUIRE_CUDNN=1
+O=$OUT/checks3; mkdir -p $O
+t0=$(date +%s)
+ts() { echo "== $(( $(date +%s) - t0 ))s $*"; }
+finish() { (cd $OUT && tar cJf checks3.tar.xz checks3 && rm -rf checks3); }
+trap finish EXIT
+cp out/run116.sh $O/run.sh
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,temperature.gpu --format=csv > $O/gpu.txt 2>&1
+ts gpu suite
+$B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests.log 2>&1; rc=$?; echo "rc $rc" >> $O/gpu_tests.log; tail -3 $O/gpu_tests.log; grep -B3 -A12 "Failure" $O/gpu_tests.log | head -30
+ts twell_tests
+mkdir -p /work && ln -sfn $R /work/main; mkdir -p build-cuda && cp $B/twell build-cuda/twell
+$B/twell_tests --gtest_brief=1 > $O/twell_tests_gpu.log 2>&1; echo "rc $?" >> $O/twell_tests_gpu.log; tail -3 $O/twell_tests_gpu.log; grep -B3 -A12 "Failure" $O/twell_tests_gpu.log | head -30
+ts memcheck
+timeout 120 compute-sanitizer --tool memcheck $B/twell_gpu_tests --gtest_brief=1 --gtest_filter='*heads3*' > $O/memcheck.log 2>&1; echo "rc $?" >> $O/memcheck.log; tail -4 $O/memcheck.log
+ts done
