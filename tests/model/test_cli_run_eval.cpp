@@ -240,18 +240,24 @@ TEST_F(CliModel, BadOptionsFailBeforeLoading) {
   EXPECT_NE(e.out.find("encodes to no tokens"), std::string::npos) << e.out;
 }
 
+// A ReLU model of 400 embedding rows in `dir` with the 308-id byte-level BPE fixture (no BOS) as
+// its tokenizer.
+void write_bpe_model(const std::string& dir, uint64_t seed) {
+  io::ModelConfig c = tiny_config("relu", true);
+  c.vocab_size = 400;
+  c.max_position_embeddings = 64;
+  write_hf(dir, c, random_hf_tensors(c, seed));
+  std::ofstream(dir + "/tokenizer.json")
+      << test::read_file((std::filesystem::path(__FILE__).parent_path() / "data" / "bpe_gpt2.json").string());
+}
+
 // A model whose embedding rows are padded past its tokenizer (vocab_size 400, a 308-id byte-level
 // BPE with no BOS): hot sampling never draws an id the tokenizer cannot print, an empty prompt is
 // refused before loading (nothing to continue from), and the summary on stderr starts a line of
 // its own after the streamed text.
 TEST_F(CliModel, PaddedVocabularyAndEmptyPrompt) {
   const std::string padded = path("padded");
-  io::ModelConfig c = tiny_config("relu", true);
-  c.vocab_size = 400;
-  c.max_position_embeddings = 64;
-  write_hf(padded, c, random_hf_tensors(c, 12));
-  std::ofstream(padded + "/tokenizer.json")
-      << test::read_file((std::filesystem::path(__FILE__).parent_path() / "data" / "bpe_gpt2.json").string());
+  write_bpe_model(padded, 12);
   for (int seed = 1; seed <= 4; ++seed) {
     const CliResult r =
         run_cli("run " + padded + " -p hello -n 40 --temperature 5 --seed " + std::to_string(seed), true);
@@ -268,12 +274,7 @@ TEST_F(CliModel, PaddedVocabularyAndEmptyPrompt) {
 // ends the text with it, one token more predicted; run does not end the prompt with it, and says so.
 TEST_F(CliModel, EosAfterATextIsScoredByEvalNotAddedToAPrompt) {
   const std::string model = path("eos_model");
-  io::ModelConfig c = tiny_config("relu", true);
-  c.vocab_size = 400;
-  c.max_position_embeddings = 64;
-  write_hf(model, c, random_hf_tensors(c, 13));
-  std::ofstream(model + "/tokenizer.json")
-      << test::read_file((std::filesystem::path(__FILE__).parent_path() / "data" / "bpe_gpt2.json").string());
+  write_bpe_model(model, 13);
   const std::string text = path("t.txt");
   std::ofstream(text) << "hello world";
   const CliResult plain = run_cli("eval " + model + " " + text, true);
