@@ -72,6 +72,9 @@ bool is_directory(const std::string& path) {
 }
 
 std::string read_text_file(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))  // it would open, and read as empty
+    throw Error(str(path, ": a directory, not a file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(str(path, ": cannot read: ", std::strerror(errno)));
   std::ostringstream os;

@@ -1253,6 +1253,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   const fs::path dir(model_dir);
   const fs::path json_path = dir / "tokenizer.json";
   std::error_code ec;
+  if (fs::exists(json_path, ec) && !fs::is_regular_file(json_path, ec))
+    throw Error(str(json_path.string(), ": not a regular file (a directory?)"));
   if (!fs::is_regular_file(json_path, ec)) {
     std::string hint;
     if (fs::exists(dir / "tokenizer.model", ec))

@@ -1,6 +1,7 @@
 // ModelConfig: HF config.json parsing with defaults, validation errors that name the key and the
 // file, and an atomic writer that round-trips.
 #include <cmath>
+#include <filesystem>
 
 #include "core/io_test_util.h"
 #include "twell/io/config.h"
@@ -336,6 +337,12 @@ TEST_F(ConfigFile, FailedWriteKeepsTheOldFile) {
 }
 
 // A model directory's generation_config.json adds its end-of-sequence ids to config.json's.
+// A directory where config.json should be is said as such (it opened, and read as empty JSON).
+TEST_F(ConfigFile, ADirectoryIsNotAConfigFile) {
+  std::filesystem::create_directory(path("config.json"));
+  expect_error([&] { io::read_config(dir_); }, {"config.json: a directory, not a file"});
+}
+
 TEST_F(ConfigFile, GenerationConfigAddsEosIds) {
   write_file(path("config.json"), minimal(R"("eos_token_id": 128001)"));
   EXPECT_EQ(io::read_config(dir_).eos_token_ids, std::vector<int32_t>{128001});

@@ -406,6 +406,10 @@ TEST_F(LoadTokenizer, MissingTokenizerSaysWhatWasLookedFor) {
   expect_error([&] { load_tokenizer(dir_); },
                {"tokenizer.json", "tokenizer.model (SentencePiece)"});
   expect_error([&] { BpeTokenizer::from_file(path("nope.json")); }, {"nope.json", "cannot read"});
+  // A directory where the file should be is said as such, not as a missing tokenizer or bad JSON.
+  std::filesystem::create_directory(path("tokenizer.json"));
+  expect_error([&] { load_tokenizer(dir_); }, {"tokenizer.json: not a regular file"});
+  expect_error([&] { BpeTokenizer::from_file(path("tokenizer.json")); }, {"tokenizer.json: a directory, not a file"});
 }
 
 }  // namespace
