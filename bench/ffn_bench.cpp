@@ -112,8 +112,8 @@ void check_host_memory(const std::vector<int64_t>& tokens, int64_t H, int64_t I,
 // Loads a problem from a safetensors file: x [M, H], up [I, H], down [I, H] (neuron-major, the
 // transpose of PyTorch's down_proj.weight) and, for a gated FFN, gate [I, H]; BF16, F16, F32 or F64,
 // converted to bf16 once. The shapes and the memory they need are checked from the header, before
-// any tensor is read; the values after their rounding to bf16, so that one that overflows it is
-// refused as the NaN or Inf it becomes.
+// any tensor is read; NaN and Inf in the file are refused, and read_as refuses a finite value that
+// bf16 cannot hold.
 FfnProblem load_problem(const std::string& path, bool activations_on_host) {
   const io::SafetensorsFile f = io::SafetensorsFile::open(path);
   for (const char* name : {"x", "up", "down"})

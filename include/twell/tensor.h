@@ -83,14 +83,15 @@ class Tensor {
  public:
   Tensor() = default;
   Tensor(DType t, Shape s);  // zero-initialised; throws for a negative or overflowing shape
-  // A moved-from tensor is empty (no data, shape {}), not a view of memory it no longer owns.
+  // A moved-from tensor is empty (no data, shape [0], no bytes), not a view of memory it no longer
+  // owns.
   Tensor(Tensor&& other) noexcept : storage_(std::move(other.storage_)), view_(std::move(other.view_)) {
-    other.view_ = TensorView{};
+    other.view_ = TensorView(nullptr, view_.dtype, {0});
   }
   Tensor& operator=(Tensor&& other) noexcept {
     storage_ = std::move(other.storage_);
     view_ = std::move(other.view_);
-    other.view_ = TensorView{};
+    other.view_ = TensorView(nullptr, view_.dtype, {0});
     return *this;
   }
 

@@ -229,6 +229,7 @@ std::string ModelConfig::to_json() const {
     j["rope_scaling"] = r;
   }
   j["rms_norm_eps"] = rms_norm_eps;
+  if (model_type == "mistral") j["sliding_window"] = nullptr;  // absent would read as 4096
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["hidden_act"] = hidden_act;
   if (!torch_dtype.empty()) j["torch_dtype"] = torch_dtype;
@@ -266,6 +267,7 @@ void ModelConfig::validate(const std::string& source) const {
   bounded("num_attention_heads", num_attention_heads, kMaxDim);
   bounded("head_dim", head_dim, kMaxDim);
   bounded("vocab_size", vocab_size, kMaxVocab);
+  bounded("max_position_embeddings", max_position_embeddings, int64_t{1} << 31);
   if (num_attention_heads % num_key_value_heads != 0)
     throw Error(str(source, ": num_attention_heads ", num_attention_heads,
                     " is not a multiple of num_key_value_heads ", num_key_value_heads));

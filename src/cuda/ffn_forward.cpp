@@ -597,7 +597,8 @@ struct FfnForward::Impl {
     // one-token kernel keeps relu(x·Wu) in fp32.
     TWELL_CHECK(shape.gated || options.precision != Precision::h_fp32 || M == 0 || one_token,
                 "FfnForward: Precision::h_fp32 for a non-gated FFN exists only for one-token calls on the one-token "
-                "kernel (FfnOptions::one_token_kernel, gather_max_tokens >= 1, a shape it takes); got M = ", M,
+                "kernel (FfnOptions::one_token_kernel, gather_max_tokens >= 1, not training, a shape it takes); got M = ",
+                M,
                 ", whose kernels would round h to bf16");
     // A shape the sparse kernels cannot take: refused here where the call must be sparse (dispatch
     // runs it dense below), before the object's state or the stream is touched.

@@ -270,8 +270,6 @@ std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<A
     ffn(a, T, l, w, o, y, ffn_stats ? &(*ffn_stats)[static_cast<size_t>(li)] : nullptr);
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
   }
-  cache.len += T;
-  rollback.done = true;
 
   // Final norm and LM head, on every row or only the last.
   const int64_t rows = all_rows ? T : 1;
@@ -279,6 +277,8 @@ std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<A
   rmsnorm(last, rows, w.final_norm, c.rms_norm_eps, a);
   std::vector<Acc> logits;
   linear(a, rows, w.head(), logits);  // [rows, V]
+  cache.len += T;  // only now: everything that can throw has run
+  rollback.done = true;
   return logits;
 }
 

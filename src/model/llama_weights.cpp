@@ -244,6 +244,8 @@ LlamaWeights load_weights(const io::Checkpoint& ckpt, const io::ModelConfig& con
 
 void LlamaWeights::validate() const {
   config.validate("LlamaWeights: config");
+  TWELL_REQUIRE(config.hidden_act == "relu" || config.hidden_act == "silu", "LlamaWeights: config: hidden_act \"",
+                config.hidden_act, "\" is not supported by the Llama runtime (it runs \"relu\" and \"silu\")");
   const io::ModelConfig& c = config;
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_key_value_heads * c.head_dim;

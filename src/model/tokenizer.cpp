@@ -920,7 +920,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
 
   const TemplateEnds ends = template_ends(member(root, "post_processor"), *tok, source + ": post_processor");
   tok->bos_ = tok->bos_to_add_ = ends.first;
-  tok->eos_to_add_ = ends.last;
+  tok->eos_ = tok->eos_to_add_ = ends.last;
 
   // normalizer, pre-tokenizer, decoder: byte-level, or SentencePiece-style as Llama 2 ships
   tok->byte_fallback_ = get_bool(*model, "byte_fallback", false, where);

@@ -246,6 +246,9 @@ TEST(ModelConfig, MistralSlidingWindowDefaultsTo4096) {
   EXPECT_NO_THROW(ModelConfig::from_json(mistral(4096, "")));
   EXPECT_NO_THROW(ModelConfig::from_json(mistral(32768, R"("sliding_window": null)")));
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": 8, "use_sliding_window": false)")));
+  // Written back, a Mistral config says its window is off (absent would read as 4096).
+  const ModelConfig c = ModelConfig::from_json(mistral(32768, R"("sliding_window": null)"));
+  EXPECT_EQ(ModelConfig::from_json(c.to_json()).to_json(), c.to_json());
 }
 
 // Sizes whose products could overflow the tensors' element counts are refused by name.
@@ -255,6 +258,9 @@ TEST(ModelConfig, RefusesSizesThatWouldOverflow) {
   ModelConfig c = small_config();
   c.vocab_size = int64_t{1} << 40;
   expect_error([&] { c.validate("x.json"); }, {"x.json", "vocab_size 1099511627776 is larger than twell supports"});
+  c = small_config();
+  c.max_position_embeddings = int64_t{1} << 40;
+  expect_error([&] { c.validate("x.json"); }, {"max_position_embeddings 1099511627776 is larger than twell supports"});
 }
 
 // rope_theta at the top level and in rope_parameters must agree; eos_token_id is one id or a

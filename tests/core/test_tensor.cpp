@@ -31,6 +31,9 @@ TEST(Tensor, MovedFromIsEmpty) {
   EXPECT_EQ(b.ptr<float>()[5], 7.0f);
   EXPECT_TRUE(a.empty());  // NOLINT(bugprone-use-after-move): the contract under test
   EXPECT_EQ(a.view().data, nullptr);
+  EXPECT_EQ(a.numel(), 0);
+  EXPECT_EQ(a.nbytes(), 0u);
+  EXPECT_TRUE(a.clone().empty());  // copying nothing, not memcpy from null
   Tensor c(DType::f32, {1});
   c = std::move(b);
   EXPECT_EQ(c.view().data, data);

@@ -183,6 +183,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       // CLI11 would take the next argument as the value (the prompt "--no-stop", say).
       {"run . --prompt= --no-stop", "twell run: --prompt= has nothing after the '='; give a value"},
       {"eval . f.txt --context= --byte-tokenizer", "twell eval: --context= has nothing after the '='"},
+      {"run . -p hi --no-stop=", "twell run: --no-stop is a flag and takes no value"},
       // Values refused by the option's own rule, in one form; integers in decimal only.
       {"run . -p hi --top-p 1.5", "twell run: --top-p: must be in (0, 1], got 1.5; see twell run --help"},
       {"run . -p hi --temperature nan", "twell run: --temperature: must be finite and at least 0, got nan"},

@@ -280,6 +280,9 @@ TEST_F(LlamaCpuTest, HandBuiltWeightsAreValidated) {
   w.lm_head = Tensor(DType::f32, {97, 64});
   expect_error([&] { LlamaCpu{std::move(w)}; }, {"lm_head must be empty when the config ties the embeddings"});
   w = weights();
+  w.config.hidden_act = "gelu";  // config.validate() takes it; the Llama runtime runs relu and silu
+  expect_error([&] { LlamaCpu{std::move(w)}; }, {"hidden_act \"gelu\" is not supported by the Llama runtime"});
+  w = weights();
   w.layers.pop_back();
   expect_error([&] { LlamaCpu{std::move(w)}; }, {"LlamaWeights: 1 layers, the config has 2"});
   EXPECT_NO_THROW(LlamaCpu{weights()});

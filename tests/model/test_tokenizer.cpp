@@ -288,6 +288,7 @@ TEST(BpeTokenizer, PostProcessorSaysWhichTokensGoAroundAText) {
   }));
   EXPECT_FALSE(text_first->bos_to_add());
   EXPECT_EQ(text_first->eos_to_add(), 306);  // twell eval ends a text with it, as HF does
+  EXPECT_EQ(text_first->eos_id(), 306);      // and run stops at it, unless tokenizer_config names another
   EXPECT_FALSE(llama3_style->eos_to_add());
   EXPECT_FALSE(llama2->eos_to_add());
   const auto both = BpeTokenizer::from_json(edited_fixture([&](J& j) {

@@ -72,8 +72,9 @@ void register_eval(CLI::App& app) {
     std::ifstream in(*file, std::ios::binary);
     TWELL_REQUIRE(in, *file, ": cannot read: ", std::strerror(errno));
     std::stringstream text;
-    text << in.rdbuf();
-    TWELL_REQUIRE(!in.bad(), *file, ": read failed");
+    char chunk[1 << 16];
+    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) text.write(chunk, in.gcount());
+    TWELL_REQUIRE(!in.bad(), *file, ": read failed: ", std::strerror(errno));
     note_if_not_utf8(*file, text.str());
     std::vector<int32_t> ids;
     if (tok->bos_to_add()) ids.push_back(*tok->bos_to_add());

@@ -89,7 +89,11 @@ int main(int argc, char** argv) {
     if (arg.size() < 4 || arg.compare(0, 2, "--") != 0 || arg.back() != '=') continue;
     const std::string name = arg.substr(2, arg.size() - 3);
     for (const CLI::Option* o : level->get_options())
-      if (o->check_lname(name)) {
+      if (o->check_lname(name) && o->get_expected_min() == 0) {
+        std::fprintf(stderr, "%s: --%s is a flag and takes no value; see %s --help\n", path.c_str(), name.c_str(),
+                     path.c_str());
+        return 1;
+      } else if (o->check_lname(name)) {
         std::fprintf(stderr,
                      "%s: %s has nothing after the '='; give a value (--%s=VALUE or --%s VALUE); see %s --help\n",
                      path.c_str(), arg.c_str(), name.c_str(), name.c_str(), path.c_str());

@@ -104,14 +104,14 @@ class DeviceTensor {
  public:
   DeviceTensor() = default;
   DeviceTensor(DType t, Shape s);  // uninitialised (Tensor's are zeroed); throws for a bad shape
-  // A moved-from tensor is empty, not a view of memory it no longer owns.
+  // A moved-from tensor is empty (no data, shape [0]), not a view of memory it no longer owns.
   DeviceTensor(DeviceTensor&& other) noexcept : buf_(std::move(other.buf_)), view_(std::move(other.view_)) {
-    other.view_ = TensorView{};
+    other.view_ = TensorView(nullptr, view_.dtype, {0}, Device::cuda);
   }
   DeviceTensor& operator=(DeviceTensor&& other) noexcept {
     buf_ = std::move(other.buf_);
     view_ = std::move(other.view_);
-    other.view_ = TensorView{};
+    other.view_ = TensorView(nullptr, view_.dtype, {0}, Device::cuda);
     return *this;
   }
   static DeviceTensor upload(const TensorView& host, cudaStream_t stream = nullptr);  // synchronous
