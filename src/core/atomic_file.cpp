@@ -76,10 +76,8 @@ AtomicFile::AtomicFile(std::string path) {
   if (fd_ < 0 && (errno == ENOENT || errno == ENOTDIR)) {
     // Said so only where the directory is really missing (/proc, say, answers ENOENT for a new file).
     const int why = errno;
-    const size_t slash = path_.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
     struct stat st;
-    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    if (::stat(parent_dir(path_).c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw Error(str(path_, ": cannot write it: its directory does not exist"));
     errno = why;
   }

@@ -64,24 +64,32 @@ void check_ffn_args(const TensorView& x, const FfnWeights& w, const TensorView& 
   cpu::detail::check_output("ffn", "y", y, {d.M, d.H}, cpu::detail::kFloatTypes, /*host=*/false);
 }
 
+namespace {
+
+// Throws (from `op`) if one of the first `n_written` views overlaps any other of the `n`: those are
+// written while the rest are read. Empty views never overlap.
+void check_written_disjoint(const char* op, const TensorView* const* views, const char* const* names, int n_written,
+                            int n, const char* why) {
+  for (int g = 0; g < n_written; ++g)
+    for (int o = 0; o < n; ++o)
+      TWELL_CHECK(o == g || !memory_overlaps(*views[g], *views[o]), op, ": ", names[g], "'s memory overlaps ", names[o],
+                  "'s (", why, ")");
+}
+
+}  // namespace
+
 void check_ffn_outputs_disjoint(const char* op, const TensorView& x, const FfnWeights& w, const TensorView& y,
                                 const TensorView& h_out) {
   const TensorView* views[] = {&y, &h_out, &x, &w.wg, &w.wu, &w.wd};
   const char* names[] = {"y", "h_out", "x", "w.wg", "w.wu", "w.wd"};
-  for (int g = 0; g < 2; ++g)
-    for (int o = 0; o < 6; ++o)
-      TWELL_CHECK(o == g || !memory_overlaps(*views[g], *views[o]), op, ": ", names[g], "'s memory overlaps ", names[o],
-                  "'s (an output is written while the inputs are read)");
+  check_written_disjoint(op, views, names, 2, 6, "an output is written while the inputs are read");
 }
 
 void check_ffn_grads_disjoint(const char* op, const TensorView& x, const FfnWeights& w, const TensorView& dy,
                               const FfnGrads& grads) {
   const TensorView* views[] = {&grads.dx, &grads.dwg, &grads.dwu, &grads.dwd, &x, &dy, &w.wg, &w.wu, &w.wd};
   const char* names[] = {"grads.dx", "grads.dwg", "grads.dwu", "grads.dwd", "x", "dy", "w.wg", "w.wu", "w.wd"};
-  for (int g = 0; g < 4; ++g)
-    for (int o = 0; o < 9; ++o)
-      TWELL_CHECK(o == g || !memory_overlaps(*views[g], *views[o]), op, ": ", names[g], "'s memory overlaps ", names[o],
-                  "'s (a gradient is written while the other arguments are read)");
+  check_written_disjoint(op, views, names, 4, 9, "a gradient is written while the other arguments are read");
 }
 
 }  // namespace twell

@@ -153,16 +153,21 @@ Tensor transpose(const Tensor& t) {
 
 namespace {
 
+// The config as the Llama runtime takes it: valid, and an activation it runs. `source` names it.
+void check_runtime_config(const io::ModelConfig& config, const std::string& source) {
+  config.validate(source);
+  if (config.hidden_act != "relu" && config.hidden_act != "silu")
+    throw Error(str(source, ": hidden_act \"", config.hidden_act,
+                    "\" is not supported by the Llama runtime (it runs \"relu\" and \"silu\")"));
+}
+
 // LlamaWeights::check. `source` names the config in messages: its file where it came from one.
 // Layers past the checkpoint's last are counted, not listed one tensor at a time: a config.json
 // claiming 10^9 layers fails at once, not after building 9·10^9 names. Returns the unused tensors;
 // `tensors`, when given, gets every tensor the model reads (all present, as the check passed).
 std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::ModelConfig& config,
                                        const std::string& source, std::vector<Expected>* tensors = nullptr) {
-  config.validate(source);
-  if (config.hidden_act != "relu" && config.hidden_act != "silu")
-    throw Error(str(source, ": hidden_act \"", config.hidden_act,
-                    "\" is not supported by the Llama runtime (it runs \"relu\" and \"silu\")"));
+  check_runtime_config(config, source);
   int64_t last = -1;  // the checkpoint's last layer
   for (const io::TensorInfo& t : ckpt.tensors()) last = std::max(last, LlamaWeights::layer_of(t.name));
   const int64_t listed_layers = std::min(config.num_hidden_layers - 1, last) + 1;
@@ -243,9 +248,7 @@ LlamaWeights load_weights(const io::Checkpoint& ckpt, const io::ModelConfig& con
 }  // namespace
 
 void LlamaWeights::validate() const {
-  config.validate("LlamaWeights: config");
-  TWELL_REQUIRE(config.hidden_act == "relu" || config.hidden_act == "silu", "LlamaWeights: config: hidden_act \"",
-                config.hidden_act, "\" is not supported by the Llama runtime (it runs \"relu\" and \"silu\")");
+  check_runtime_config(config, "LlamaWeights: config");
   const io::ModelConfig& c = config;
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_key_value_heads * c.head_dim;
