@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 
+#include "json_util.h"
 #include "twell/error.h"
 
 namespace twell::io::detail {
@@ -20,12 +21,6 @@ namespace {
 
 std::string errno_text() {
   return std::strerror(errno);
-}
-
-std::string parent_dir(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 constexpr mode_t kNewFile = ~mode_t{0};  // target_of's mode for a file that does not exist yet

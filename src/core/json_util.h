@@ -22,4 +22,7 @@ std::string read_text_file(const std::string& path);
 // Whether `path` names an existing directory (following links).
 bool is_directory(const std::string& path);
 
+// The directory part of `path`: "." for a bare name, "/" for a file at the root.
+std::string parent_dir(const std::string& path);
+
 }  // namespace twell::io::detail

@@ -206,12 +206,6 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-std::string parent_dir(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -505,7 +499,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
       if (shard_name.empty() || shard_name.find('/') != std::string::npos)
         fail(file, str("shard name '", printable(shard_name),
                        "' must be a file name in the index's directory"));
-      const std::string shard_path = parent_dir(file) + "/" + shard_name;
+      const std::string shard_path = detail::parent_dir(file) + "/" + shard_name;
       if (!exists(shard_path))
         fail(file, str("shard '", printable(shard_name), "' (holding tensor '", printable(tensor),
                        "') is missing: ", shard_path, ": ", std::strerror(errno)));
