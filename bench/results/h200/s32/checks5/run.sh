@@ -1,0 +1,24 @@
+#!/bin/bash
+# Session 32, call 5: the tidy after reading the change (2b5dbc8: shared overlap-check loop, shared
+# runtime-config check, one parent_dir): the whole GPU suite and the whole twell_tests on the GPU
+# machine.
+set -u
+cd "$(dirname "$0")/.."
+R=$PWD
+tar xJf out/bins.tar.xz -C out
+B=$R/out/new
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
+export TWELL_REQUIRE_CUDNN=1
+O=$OUT/checks5; mkdir -p $O
+t0=$(date +%s)
+ts() { echo "== $(( $(date +%s) - t0 ))s $*"; }
+finish() { (cd $OUT && tar cJf checks5.tar.xz checks5 && rm -rf checks5); }
+trap finish EXIT
+cp out/run118.sh $O/run.sh
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,temperature.gpu --format=csv > $O/gpu.txt 2>&1
+ts gpu suite
+$B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests.log 2>&1; rc=$?; echo "rc $rc" >> $O/gpu_tests.log; tail -3 $O/gpu_tests.log; grep -B3 -A12 "Failure" $O/gpu_tests.log | head -30
+ts twell_tests
+mkdir -p /work && ln -sfn $R /work/main; mkdir -p build-cuda && cp $B/twell build-cuda/twell
+$B/twell_tests --gtest_brief=1 > $O/twell_tests_gpu.log 2>&1; echo "rc $?" >> $O/twell_tests_gpu.log; tail -3 $O/twell_tests_gpu.log; grep -B3 -A12 "Failure" $O/twell_tests_gpu.log | head -30
+ts done
