@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "twell/version.h"
 
 namespace {
 
@@ -51,7 +52,7 @@ std::string nearest_option(const CLI::App& app, const std::string& name) {
 
 int main(int argc, char** argv) {
   CLI::App app{"twell: sparse-activation transformer FFNs (TwELL format and kernels)", "twell"};
-  app.set_version_flag("--version", TWELL_VERSION);
+  app.set_version_flag("--version", TWELL_VERSION_STRING);
   app.require_subcommand(1);
   std::string command_line = "twell";
   for (int i = 1; i < argc; ++i) command_line += std::string(" ") + argv[i];

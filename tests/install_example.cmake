@@ -1,0 +1,33 @@
+# The test `install_example`: installs the build into a scratch prefix, then builds and runs
+# examples/ffn_forward against it with find_package(twell), as a user's project would.
+# cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCXX=... -P install_example.cmake
+foreach(v BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "install_example.cmake: -D${v}= is required")
+  endif()
+endforeach()
+
+function(run_step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "install_example: ${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+run_step("cmake --install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+foreach(f include/twell/version.h include/twell/cpu/ffn.h)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "install_example: ${f} was not installed")
+  endif()
+endforeach()
+run_step("configuring the example" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/ffn_forward -B ${WORK_DIR}/build
+         -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${prefix})
+run_step("building the example" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run_step("running the example" ${WORK_DIR}/build/ffn_forward)
+message(STATUS "${step_output}")
+if(NOT step_output MATCHES "non-zeros a token on the CPU")
+  message(FATAL_ERROR "install_example: unexpected output:\n${step_output}")
+endif()
