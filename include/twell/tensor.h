@@ -81,7 +81,8 @@ void check_aligned(const TensorView& t, size_t alignment, const char* name);
 // Owning, contiguous host tensor.
 class Tensor {
  public:
-  Tensor() = default;
+  // Empty: no data, shape [0], no bytes (as a moved-from tensor).
+  Tensor() : view_(nullptr, DType::f32, {0}) {}
   Tensor(DType t, Shape s);  // zero-initialised; throws for a negative or overflowing shape
   // A moved-from tensor is empty (no data, shape [0], no bytes), not a view of memory it no longer
   // owns.

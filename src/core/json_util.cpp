@@ -7,7 +7,6 @@
 #include <cstring>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <vector>
 
 #include "twell/error.h"
@@ -83,10 +82,12 @@ std::string read_text_file(const std::string& path) {
     throw Error(str(path, ": a directory, not a file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(str(path, ": cannot read: ", std::strerror(errno)));
-  std::ostringstream os;
-  os << in.rdbuf();
+  // Chunk by chunk, not `os << in.rdbuf()`: that swallows a read error (into the ostream's state).
+  std::string text;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) text.append(buf, static_cast<size_t>(in.gcount()));
   if (in.bad()) throw Error(str(path, ": read failed"));
-  return os.str();
+  return text;
 }
 
 }  // namespace twell::io::detail

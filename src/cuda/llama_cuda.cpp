@@ -150,6 +150,7 @@ struct LlamaCuda::Impl {
   int64_t H, I, V, L, nh, nkv, hd, q_dim, kv_dim, qkv_dim;
   bool relu;
   cudaStream_t stream = nullptr;
+  bool own_stream = false;  // created here (LlamaCudaOptions::stream not given), destroyed with the object
   LtGemm gemm;
   CudnnSdpa sdpa;               // prefill attention (PrefillAttention)
   // The QKV GEMM with RoPE and the KV-cache write in its epilogue (qkv_rope.cu), for calls of at
@@ -192,6 +193,9 @@ struct LlamaCuda::Impl {
     TWELL_CHECK(LlamaCuda::supports(c, &why), "LlamaCuda: this runtime does not take ", why);
     TWELL_CHECK(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
                 " layers, config has ", L);
+    TWELL_CHECK(!(o.stream == cudaStreamLegacy && o.cuda_graphs), "LlamaCuda: the legacy default stream "
+                "(cudaStreamLegacy) cannot be captured into the decode steps' CUDA graphs: pass another stream, "
+                "or set cuda_graphs = false");
     if (o.max_context == 0) o.max_context = c.max_position_embeddings;
     TWELL_CHECK(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
                 o.max_context, " must lie in [1, max_position_embeddings = ", c.max_position_embeddings, "]");
@@ -273,7 +277,12 @@ struct LlamaCuda::Impl {
     cos_sin = DeviceBuffer(table.size() * 4);
     TWELL_CUDA_CHECK(cudaMemcpy(cos_sin.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
     // Last: if anything above throws, ~Impl does not run, and only the buffers (RAII) are freed.
-    TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    if (o.stream) {
+      stream = o.stream;
+    } else {
+      TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      own_stream = true;
+    }
     TWELL_CUDA_CHECK(cudaEventCreate(&gpu_begin));
     TWELL_CUDA_CHECK(cudaEventCreate(&gpu_end));
     TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming));
@@ -284,7 +293,7 @@ struct LlamaCuda::Impl {
     if (gpu_begin) cudaEventDestroy(gpu_begin);
     if (gpu_end) cudaEventDestroy(gpu_end);
     if (staged) cudaEventDestroy(staged);
-    if (stream) cudaStreamDestroy(stream);
+    if (stream && own_stream) cudaStreamDestroy(stream);
   }
 
   // Decode graphs are recorded again at the next steps.

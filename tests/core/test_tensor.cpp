@@ -1,5 +1,6 @@
 // Tensor basics a library user relies on: sizes that cannot be allocated are refused by name, and
-// a moved-from tensor is empty instead of a view of memory it no longer owns.
+// a default or moved-from tensor is empty instead of one phantom element or a view of memory it no
+// longer owns.
 #include <gtest/gtest.h>
 
 #include <utility>
@@ -39,6 +40,15 @@ TEST(Tensor, MovedFromIsEmpty) {
   EXPECT_EQ(c.view().data, data);
   EXPECT_TRUE(b.empty());  // NOLINT(bugprone-use-after-move)
   EXPECT_EQ(c.shape(), (Shape{2, 3}));
+}
+
+TEST(Tensor, DefaultIsEmpty) {  // as a moved-from one: no data and no bytes, not one phantom element
+  const Tensor t;
+  EXPECT_TRUE(t.empty());
+  EXPECT_EQ(t.numel(), 0);
+  EXPECT_EQ(t.nbytes(), 0u);
+  EXPECT_EQ(t.shape(), (Shape{0}));
+  EXPECT_TRUE(t.clone().empty());
 }
 
 }  // namespace

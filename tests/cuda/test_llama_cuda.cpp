@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/parallel.h"
@@ -557,6 +558,47 @@ TEST(LlamaCuda, GraphReplayIsBitIdenticalToEager) {
   }
 }
 
+// A caller's stream: everything runs on it (the caller's work queued before a call is ordered
+// before it), the results are those of the model's own stream bit for bit, prefill and graphed
+// decode alike, and the stream outlives the model.
+TEST(LlamaCuda, RunsOnTheCallersStream) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[0]);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 16)));
+  cudaStream_t mine = nullptr;
+  TWELL_CUDA_CHECK(cudaStreamCreate(&mine));
+  const auto prompt = some_tokens(24, c.vocab_size, 5);
+  LlamaCuda own(dw);
+  const Tensor own_first = own.prefill(prompt), own_next = own.decode_step(3);
+  {
+    LlamaCudaOptions o;
+    o.stream = mine;
+    LlamaCuda on_mine(dw, o);
+    EXPECT_EQ(on_mine.stream(), mine);
+    // The caller's own work queued first (a 64 MB memset), then the model's calls.
+    DeviceBuffer scratch(64 << 20);
+    TWELL_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, scratch.bytes(), mine));
+    const Tensor first = on_mine.prefill(prompt), next = on_mine.decode_step(3);
+    ASSERT_EQ(std::memcmp(first.view().data, own_first.view().data, first.nbytes()), 0);
+    ASSERT_EQ(std::memcmp(next.view().data, own_next.view().data, next.nbytes()), 0);
+  }
+  EXPECT_EQ(cudaStreamQuery(mine), cudaSuccess);  // still a valid stream after the model is gone
+  TWELL_CUDA_CHECK(cudaStreamDestroy(mine));
+
+  LlamaCudaOptions legacy;
+  legacy.stream = cudaStreamLegacy;
+  try {
+    LlamaCuda m(dw, legacy);
+    ADD_FAILURE() << "the legacy stream with CUDA graphs was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaStreamLegacy"), std::string::npos) << e.what();
+  }
+  legacy.cuda_graphs = false;
+  LlamaCuda on_legacy(dw, legacy);
+  const Tensor first = on_legacy.prefill(prompt);
+  ASSERT_EQ(std::memcmp(first.view().data, own_first.view().data, first.nbytes()), 0);
+}
+
 TEST(LlamaCuda, WeightsRoundTrip) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(kShapes[1]);
@@ -571,6 +613,27 @@ TEST(LlamaCuda, WeightsRoundTrip) {
     EXPECT_EQ(relative_error(back.layers[l].wv, w.layers[l].wv), 0.0);
     EXPECT_EQ(relative_error(back.layers[l].wd, w.layers[l].wd), 0.0);
   }
+}
+
+TEST(LlamaCuda, DefaultDeviceTensorIsEmpty) {  // host-only: runs without a GPU too
+  const DeviceTensor d;
+  EXPECT_TRUE(d.view().empty());
+  EXPECT_EQ(d.nbytes(), 0u);
+  EXPECT_EQ(d.view().shape, (twell::Shape{0}));
+}
+
+TEST(LlamaCuda, TiedWeightsCountNoLmHead) {  // bytes() once counted the empty lm_head as one f32
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[0]);
+  ASSERT_TRUE(c.tie_word_embeddings);
+  const LlamaCudaWeights w = LlamaCudaWeights::allocate(c);
+  EXPECT_EQ(w.lm_head.nbytes(), 0u);
+  size_t n = w.embed.nbytes() + w.final_norm.nbytes();
+  for (const LlamaCudaLayer& l : w.layers)
+    n += l.input_norm.nbytes() + l.wqkv.nbytes() + l.wo.nbytes() + l.post_norm.nbytes() + l.wg.nbytes() +
+         l.wu.nbytes() + l.wd.nbytes();
+  EXPECT_EQ(w.bytes(), n);
+  EXPECT_EQ(&w.head(), &w.embed);
 }
 
 TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {

@@ -19,9 +19,9 @@
 // kernels take the shape, others dense; FfnMode::dense: always dense cuBLASLt); a SiLU model,
 // or a ReLU model of other widths, the dense cuBLASLt FFN. Decode steps are captured once per
 // batch size in a CUDA graph and replayed. Everything runs on the model's own stream, created with
-// the object; its calls return once their results are on the host. One LlamaCuda serves one host
-// thread at a time (logits() const included: it uses the stream and the workspace); give each
-// thread its own, sharing one LlamaCudaWeights.
+// the object, or on the caller's (LlamaCudaOptions::stream); its calls return once their results
+// are on the host. One LlamaCuda serves one host thread at a time (logits() const included: it
+// uses the stream and the workspace); give each thread its own, sharing one LlamaCudaWeights.
 //
 // Memory: the KV cache and the workspace are sized at construction from max_batch, max_context
 // and max_tokens, whose defaults take the config's whole context: set max_context to what a job
@@ -103,6 +103,12 @@ struct LlamaCudaOptions {
   // are kept at a time, every call starts at position 0, and decode is unavailable.
   bool kv_cache = true;
   bool cuda_graphs = true;   // decode steps replay a captured graph per batch size
+  // The stream everything runs on. nullptr: the model creates its own (non-blocking) stream and
+  // destroys it with itself. A caller's stream orders the model after the caller's earlier work on
+  // it and before its later work; it must outlive the model, and each call synchronises it (so
+  // waits for whatever else is queued there). The legacy default stream (cudaStreamLegacy) cannot
+  // be captured into graphs: it needs cuda_graphs = false.
+  cudaStream_t stream = nullptr;
   // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill. Precision must
   // stay bf16 (h_fp32 exists on the sparse paths only).
   FfnOptions ffn_options;
@@ -192,7 +198,7 @@ class LlamaCuda final : public model::LanguageModel {
   const float* logits_device() const;
   // The residual stream after the last layer of the last call, fp32 [B·S, H] (device).
   TensorView hidden_device() const;
-  cudaStream_t stream() const;
+  cudaStream_t stream() const;  // LlamaCudaOptions::stream, or the model's own
   // The FFN path each layer took in the last call.
   std::vector<FfnPath> ffn_paths() const;
   // With LlamaCudaOptions::record_ffn_stats: each layer's FFN statistics of the last call that was

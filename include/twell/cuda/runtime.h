@@ -102,7 +102,7 @@ class PinnedBuffer : public detail::OwnedBytes<&detail::free_pinned> {
 // Owning device tensor: a DeviceBuffer with a dtype and shape.
 class DeviceTensor {
  public:
-  DeviceTensor() = default;
+  DeviceTensor() : view_(nullptr, DType::bf16, {0}, Device::cuda) {}  // empty: no data, shape [0]
   DeviceTensor(DType t, Shape s);  // uninitialised (Tensor's are zeroed); throws for a bad shape
   // A moved-from tensor is empty (no data, shape [0]), not a view of memory it no longer owns.
   DeviceTensor(DeviceTensor&& other) noexcept : buf_(std::move(other.buf_)), view_(std::move(other.view_)) {
