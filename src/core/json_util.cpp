@@ -86,7 +86,7 @@ std::string read_text_file(const std::string& path) {
   std::string text;
   char buf[1 << 16];
   while (in.read(buf, sizeof buf) || in.gcount() > 0) text.append(buf, static_cast<size_t>(in.gcount()));
-  if (in.bad()) throw Error(str(path, ": read failed"));
+  if (in.bad()) throw Error(str(path, ": read failed: ", std::strerror(errno)));
   return text;
 }
 

@@ -149,8 +149,17 @@ struct LlamaCuda::Impl {
   const io::ModelConfig& c;
   int64_t H, I, V, L, nh, nkv, hd, q_dim, kv_dim, qkv_dim;
   bool relu;
-  cudaStream_t stream = nullptr;
-  bool own_stream = false;  // created here (LlamaCudaOptions::stream not given), destroyed with the object
+  // The model's own non-blocking stream, destroyed after every buffer (declared before them). Calls
+  // run on it unless LlamaCudaOptions::stream names the caller's (`stream`), and decode graphs are
+  // always captured on it: a capture on a blocking stream (or cudaStreamPerThread) is invalidated
+  // by any other thread's use of the legacy stream, and a captured graph launches on any stream.
+  struct OwnStream {
+    cudaStream_t s = nullptr;
+    ~OwnStream() {
+      if (s) cudaStreamDestroy(s);
+    }
+  } own;
+  cudaStream_t stream = nullptr;  // where calls run: LlamaCudaOptions::stream, or own.s
   LtGemm gemm;
   CudnnSdpa sdpa;               // prefill attention (PrefillAttention)
   // The QKV GEMM with RoPE and the KV-cache write in its epilogue (qkv_rope.cu), for calls of at
@@ -193,9 +202,6 @@ struct LlamaCuda::Impl {
     TWELL_CHECK(LlamaCuda::supports(c, &why), "LlamaCuda: this runtime does not take ", why);
     TWELL_CHECK(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
                 " layers, config has ", L);
-    TWELL_CHECK(!(o.stream == cudaStreamLegacy && o.cuda_graphs), "LlamaCuda: the legacy default stream "
-                "(cudaStreamLegacy) cannot be captured into the decode steps' CUDA graphs: pass another stream, "
-                "or set cuda_graphs = false");
     if (o.max_context == 0) o.max_context = c.max_position_embeddings;
     TWELL_CHECK(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
                 o.max_context, " must lie in [1, max_position_embeddings = ", c.max_position_embeddings, "]");
@@ -254,6 +260,8 @@ struct LlamaCuda::Impl {
       g = DeviceBuffer(static_cast<size_t>(T * I) * 2);
       u = DeviceBuffer(static_cast<size_t>(T * I) * 2);
     }
+    TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&own.s, cudaStreamNonBlocking));
+    stream = o.stream ? o.stream : own.s;
     ensure_logits(o.max_batch);
     fused_qkv = o.fused_qkv_rope && hopper_available() &&
                 qkv_rope_supported(H, static_cast<int>(nh), static_cast<int>(nkv), static_cast<int>(hd));
@@ -275,25 +283,20 @@ struct LlamaCuda::Impl {
         table[p * hd + half + i] = std::sin(angle);
       }
     cos_sin = DeviceBuffer(table.size() * 4);
-    TWELL_CUDA_CHECK(cudaMemcpy(cos_sin.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-    // Last: if anything above throws, ~Impl does not run, and only the buffers (RAII) are freed.
-    if (o.stream) {
-      stream = o.stream;
-    } else {
-      TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      own_stream = true;
-    }
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(cos_sin.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice, stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // Last: if anything above throws, ~Impl does not run, and only the members (RAII) are freed.
     TWELL_CUDA_CHECK(cudaEventCreate(&gpu_begin));
     TWELL_CUDA_CHECK(cudaEventCreate(&gpu_end));
     TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming));
   }
 
   ~Impl() {
+    cudaStreamSynchronize(stream);  // enqueue() returns with work in flight that reads the buffers
     drop_graphs();
     if (gpu_begin) cudaEventDestroy(gpu_begin);
     if (gpu_end) cudaEventDestroy(gpu_end);
     if (staged) cudaEventDestroy(staged);
-    if (stream && own_stream) cudaStreamDestroy(stream);
   }
 
   // Decode graphs are recorded again at the next steps.
@@ -596,15 +599,23 @@ struct LlamaCuda::Impl {
       body(tokens.as<int32_t>(), B, 1, Head::all, true);
     } else {
       cudaGraph_t graph = nullptr;
-      TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        body(tokens.as<int32_t>(), B, 1, Head::all, true);
-      } catch (...) {
-        cudaStreamEndCapture(stream, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
+      {  // captured on the model's own stream (OwnStream), launched on `stream` below
+        struct Restore {
+          cudaStream_t& ref;
+          cudaStream_t old;
+          ~Restore() { ref = old; }
+        } restore{stream, stream};
+        stream = own.s;
+        TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        try {
+          body(tokens.as<int32_t>(), B, 1, Head::all, true);
+        } catch (...) {
+          cudaStreamEndCapture(stream, &graph);
+          if (graph) cudaGraphDestroy(graph);
+          throw;
+        }
+        TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
       }
-      TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
       cudaGraphExec_t exec = nullptr;
       const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
       cudaGraphDestroy(graph);

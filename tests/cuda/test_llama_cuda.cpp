@@ -4,6 +4,8 @@
 // dense FFN, head_dim 16/32/64/128, sequences crossing attention tiles, and argument errors.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +14,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "cpu/parallel.h"
@@ -558,61 +562,103 @@ TEST(LlamaCuda, GraphReplayIsBitIdenticalToEager) {
   }
 }
 
-// A caller's stream: everything runs on it (the caller's work queued before a call is ordered
-// before it), the results are those of the model's own stream bit for bit, prefill and graphed
-// decode alike, and the stream outlives the model.
+// A caller's stream: every kind of stream gives the bits of the model's own, in prefill and in
+// decode steps eager, captured and replayed (the graphs are captured on the model's own stream and
+// launched on the caller's: a blocking stream's capture would be invalidated by other threads' use
+// of the legacy stream); the stream outlives the model.
 TEST(LlamaCuda, RunsOnTheCallersStream) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(kShapes[0]);
   auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 16)));
-  cudaStream_t mine = nullptr;
-  TWELL_CUDA_CHECK(cudaStreamCreate(&mine));
   const auto prompt = some_tokens(24, c.vocab_size, 5);
+  constexpr int kSteps = 4;  // eager, captured, replayed twice
+  auto run = [&](LlamaCuda& m) {
+    std::vector<Tensor> out;
+    out.push_back(m.prefill(prompt));
+    for (int32_t t = 0; t < kSteps; ++t) out.push_back(m.decode_step(t + 3));
+    return out;
+  };
   LlamaCuda own(dw);
-  const Tensor own_first = own.prefill(prompt), own_next = own.decode_step(3);
-  {
+  const std::vector<Tensor> expected = run(own);
+  cudaStream_t blocking = nullptr, non_blocking = nullptr;
+  TWELL_CUDA_CHECK(cudaStreamCreate(&blocking));
+  TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&non_blocking, cudaStreamNonBlocking));
+  const std::pair<const char*, cudaStream_t> streams[] = {{"blocking", blocking},
+                                                          {"non-blocking", non_blocking},
+                                                          {"legacy", cudaStreamLegacy},
+                                                          {"per-thread", cudaStreamPerThread}};
+  for (const auto& [name, st] : streams) {
+    SCOPED_TRACE(name);
     LlamaCudaOptions o;
-    o.stream = mine;
-    LlamaCuda on_mine(dw, o);
-    EXPECT_EQ(on_mine.stream(), mine);
-    // The caller's own work queued first (a 64 MB memset), then the model's calls.
-    DeviceBuffer scratch(64 << 20);
-    TWELL_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, scratch.bytes(), mine));
-    const Tensor first = on_mine.prefill(prompt), next = on_mine.decode_step(3);
-    ASSERT_EQ(std::memcmp(first.view().data, own_first.view().data, first.nbytes()), 0);
-    ASSERT_EQ(std::memcmp(next.view().data, own_next.view().data, next.nbytes()), 0);
+    o.stream = st;
+    LlamaCuda m(dw, o);
+    EXPECT_EQ(m.stream(), st);
+    const std::vector<Tensor> got = run(m);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(std::memcmp(got[i].view().data, expected[i].view().data, got[i].nbytes()), 0) << "call " << i;
   }
-  EXPECT_EQ(cudaStreamQuery(mine), cudaSuccess);  // still a valid stream after the model is gone
-  TWELL_CUDA_CHECK(cudaStreamDestroy(mine));
-
-  LlamaCudaOptions legacy;
-  legacy.stream = cudaStreamLegacy;
-  try {
-    LlamaCuda m(dw, legacy);
-    ADD_FAILURE() << "the legacy stream with CUDA graphs was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cudaStreamLegacy"), std::string::npos) << e.what();
-  }
-  legacy.cuda_graphs = false;
-  LlamaCuda on_legacy(dw, legacy);
-  const Tensor first = on_legacy.prefill(prompt);
-  ASSERT_EQ(std::memcmp(first.view().data, own_first.view().data, first.nbytes()), 0);
+  EXPECT_EQ(cudaStreamQuery(blocking), cudaSuccess);  // valid streams after their models are gone
+  TWELL_CUDA_CHECK(cudaStreamDestroy(blocking));
+  TWELL_CUDA_CHECK(cudaStreamDestroy(non_blocking));
 }
 
-TEST(LlamaCuda, WeightsRoundTrip) {
+// The model's work is queued on the caller's stream, behind the caller's earlier work: while a host
+// function holds that stream, enqueue()'s logits are not written; once it lets go they are.
+TEST(LlamaCuda, WaitsForTheCallersEarlierWork) {
   TWELL_REQUIRE_HOPPER();
-  const io::ModelConfig c = config_of(kShapes[1]);
-  const LlamaWeights w = bf16_weights(c, 15);
-  const LlamaWeights back = LlamaCudaWeights::upload(w).download();
-  ASSERT_EQ(back.layers.size(), w.layers.size());
-  EXPECT_EQ(relative_error(back.embed, w.embed), 0.0);
-  EXPECT_EQ(relative_error(back.lm_head, w.lm_head), 0.0);
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    EXPECT_EQ(relative_error(back.layers[l].wq, w.layers[l].wq), 0.0);
-    EXPECT_EQ(relative_error(back.layers[l].wk, w.layers[l].wk), 0.0);
-    EXPECT_EQ(relative_error(back.layers[l].wv, w.layers[l].wv), 0.0);
-    EXPECT_EQ(relative_error(back.layers[l].wd, w.layers[l].wd), 0.0);
-  }
+  const io::ModelConfig c = config_of(kShapes[0]);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 17)));
+  cudaStream_t mine = nullptr, side = nullptr;
+  TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking));
+  TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  LlamaCudaOptions o;
+  o.stream = mine;
+  auto model = std::make_unique<LlamaCuda>(dw, o);
+  LlamaCuda& m = *model;
+  const auto prompt = some_tokens(16, c.vocab_size, 6);
+  DeviceBuffer tokens(prompt.size() * 4);
+  TWELL_CUDA_CHECK(cudaMemcpy(tokens.get(), prompt.data(), prompt.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t S = static_cast<int64_t>(prompt.size());
+  const size_t bytes = static_cast<size_t>(c.vocab_size) * 4;
+  auto logits = [&] {  // read on another stream, not ordered after `mine`
+    std::vector<float> h(static_cast<size_t>(c.vocab_size));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(h.data(), m.logits_device(), bytes, cudaMemcpyDeviceToHost, side));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(side));
+    return h;
+  };
+  m.enqueue(tokens.as<int32_t>(), 1, S, Head::last);  // first call: plans and autotune
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(mine));
+  const std::vector<float> first = logits();
+  m.reset();
+  fill_bytes(const_cast<float*>(m.logits_device()), bytes, 0xff, side);  // NaN
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(side));
+
+  std::atomic<bool> go{false};
+  TWELL_CUDA_CHECK(cudaLaunchHostFunc(
+      mine,
+      [](void* flag) {
+        while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+      },
+      &go));
+  std::atomic<bool> done{false};
+  std::thread watchdog([&] {  // lets the stream go should enqueue() wait for it (a deadlock otherwise)
+    for (int i = 0; i < 1000 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    go = true;
+  });
+  m.enqueue(tokens.as<int32_t>(), 1, S, Head::last);
+  EXPECT_FALSE(go.load()) << "enqueue() waited for the caller's held stream";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::vector<float> held = logits();
+  go = true;
+  done = true;
+  watchdog.join();
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(mine));
+  const std::vector<float> after = logits();
+  EXPECT_TRUE(std::isnan(held[0]) && std::isnan(held.back())) << "written while the caller's stream was held";
+  EXPECT_EQ(std::memcmp(after.data(), first.data(), bytes), 0);
+  model.reset();  // before its stream goes
+  TWELL_CUDA_CHECK(cudaStreamDestroy(side));
+  TWELL_CUDA_CHECK(cudaStreamDestroy(mine));
 }
 
 TEST(LlamaCuda, DefaultDeviceTensorIsEmpty) {  // host-only: runs without a GPU too

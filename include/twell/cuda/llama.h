@@ -103,11 +103,12 @@ struct LlamaCudaOptions {
   // are kept at a time, every call starts at position 0, and decode is unavailable.
   bool kv_cache = true;
   bool cuda_graphs = true;   // decode steps replay a captured graph per batch size
-  // The stream everything runs on. nullptr: the model creates its own (non-blocking) stream and
-  // destroys it with itself. A caller's stream orders the model after the caller's earlier work on
-  // it and before its later work; it must outlive the model, and each call synchronises it (so
-  // waits for whatever else is queued there). The legacy default stream (cudaStreamLegacy) cannot
-  // be captured into graphs: it needs cuda_graphs = false.
+  // The stream calls run on. nullptr: the model's own (non-blocking) stream, destroyed with it. A
+  // caller's stream (any kind: blocking, non-blocking, cudaStreamLegacy, cudaStreamPerThread)
+  // orders the model's work after the caller's earlier work there and before its later work; it
+  // must outlive the model, must not be under graph capture during a call, and each call but
+  // enqueue() synchronises it (so waits for whatever else is queued there). Decode graphs are
+  // captured on the model's own stream either way and launched on this one.
   cudaStream_t stream = nullptr;
   // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill. Precision must
   // stay bf16 (h_fp32 exists on the sparse paths only).

@@ -57,6 +57,9 @@ TwellDeviceMatrix::TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_c
   backup_owner_ = DeviceBuffer(cap * sizeof(uint32_t));
   n_backup_ = DeviceBuffer(sizeof(uint32_t));
   TWELL_CUDA_CHECK(cudaMemset(n_backup_.get(), 0, sizeof(uint32_t)));
+  // cudaMemset returns before it runs, on the legacy stream: done before a caller's non-blocking
+  // stream, which does not wait for that stream, uses the matrix.
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   view_ = {layout,           counts_.as<uint32_t>(),  slots_.as<uint32_t>(), backup_.as<uint16_t>(),
            backup_owner_.as<uint32_t>(), n_backup_.as<uint32_t>(), cap};
 }
