@@ -563,9 +563,9 @@ TEST(LlamaCuda, GraphReplayIsBitIdenticalToEager) {
 }
 
 // A caller's stream: every kind of stream gives the bits of the model's own, in prefill and in
-// decode steps eager, captured and replayed (the graphs are captured on the model's own stream and
-// launched on the caller's: a blocking stream's capture would be invalidated by other threads' use
-// of the legacy stream); the stream outlives the model.
+// decode steps eager, captured and replayed, while another thread uses the legacy stream (the
+// graphs are captured on the model's own stream and launched on the caller's: a capture on a
+// blocking stream would be invalidated by that thread's copies); the stream outlives the model.
 TEST(LlamaCuda, RunsOnTheCallersStream) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(kShapes[0]);
@@ -587,13 +587,32 @@ TEST(LlamaCuda, RunsOnTheCallersStream) {
                                                           {"non-blocking", non_blocking},
                                                           {"legacy", cudaStreamLegacy},
                                                           {"per-thread", cudaStreamPerThread}};
+  // Another thread uses the legacy stream all along (as a second model's upload would).
+  DeviceBuffer scratch(4);
+  struct Other {
+    std::atomic<bool> stop{false};
+    std::thread thread;
+    ~Other() {  // also where an assertion returns early
+      stop = true;
+      if (thread.joinable()) thread.join();
+    }
+  } other;
+  other.thread = std::thread([&] {
+    const int32_t v = 1;
+    while (!other.stop) cudaMemcpy(scratch.get(), &v, 4, cudaMemcpyHostToDevice);
+  });
   for (const auto& [name, st] : streams) {
     SCOPED_TRACE(name);
     LlamaCudaOptions o;
     o.stream = st;
     LlamaCuda m(dw, o);
     EXPECT_EQ(m.stream(), st);
-    const std::vector<Tensor> got = run(m);
+    std::vector<Tensor> got;
+    try {
+      got = run(m);
+    } catch (const Error& e) {
+      FAIL() << e.what();
+    }
     for (size_t i = 0; i < got.size(); ++i)
       ASSERT_EQ(std::memcmp(got[i].view().data, expected[i].view().data, got[i].nbytes()), 0) << "call " << i;
   }
