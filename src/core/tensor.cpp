@@ -162,7 +162,11 @@ Tensor::Tensor(DType t, Shape s) {
 static int64_t strided_offset(const TensorView& t, int64_t flat);
 
 Tensor Tensor::copy_of(const TensorView& v) {
-  if (v.empty()) return Tensor();  // nothing to copy (a default or moved-from tensor's view)
+  if (v.empty()) {  // nothing to copy (a default or moved-from tensor's view): empty, of v's dtype
+    Tensor t;
+    t.view_.dtype = v.dtype;
+    return t;
+  }
   check_device(v, Device::cpu, "Tensor::copy_of");
   Tensor c(v.dtype, v.shape);
   if (v.is_contiguous()) {

@@ -49,6 +49,9 @@ TEST(Tensor, DefaultIsEmpty) {  // as a moved-from one: no data and no bytes, no
   EXPECT_EQ(t.nbytes(), 0u);
   EXPECT_EQ(t.shape(), (Shape{0}));
   EXPECT_TRUE(t.clone().empty());
+  Tensor b(DType::bf16, {2});
+  Tensor moved(std::move(b));
+  EXPECT_EQ(b.clone().dtype(), DType::bf16);  // NOLINT(bugprone-use-after-move): an empty copy keeps the dtype
 }
 
 }  // namespace
