@@ -11,17 +11,25 @@
 #   scripts/gpu-check.sh OUTDIR --bin DIR       use prebuilt DIR/twell and DIR/twell_gpu_tests (and
 #                                               DIR/libtwell_ktrace.so for the decode timeline)
 #   scripts/gpu-check.sh OUTDIR --quick         tests + short benchmarks (M = 16384, 131072; 4 layers)
+#   scripts/gpu-check.sh OUTDIR --only tests    the GPU tests and the sanitizer subsets only (~10 min on
+#                                               an H200, the sanitizers ~8 of them), or --only bench:
+#                                               the benchmarks only (--quick: ~4 min), to split a
+#                                               check over time-limited sessions
 #   extra arguments after `--` go to `twell bench ffn`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--quick] [-- bench args]}
+out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--quick] [--only tests|bench] [-- bench args]}
 shift
 mkdir -p "$out"
-bin="" quick=0 bench_args=()
+bin="" quick=0 only="" bench_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --quick) quick=1; shift ;;
+    --only)
+      only=${2:-}
+      [ "$only" = tests ] || [ "$only" = bench ] || { echo "--only takes tests or bench, got '$only'" >&2; exit 2; }
+      shift 2 ;;
     --) shift; bench_args=("$@"); break ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -52,6 +60,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 cat "$out/gpu.txt"
 status=0
 
+if [ "$only" != bench ]; then
 echo "== GPU tests"
 "$bin/twell_gpu_tests" --gtest_brief=1 --gtest_output=json:"$out/gpu_tests.json" >"$out/gpu_tests.log" 2>&1 || status=1
 tail -4 "$out/gpu_tests.log"
@@ -95,7 +104,9 @@ if command -v compute-sanitizer >/dev/null; then
 else
   echo "compute-sanitizer not found" | tee "$out/sanitizer.log"
 fi
+fi  # tests
 
+[ "$only" = tests ] && exit $status
 echo "== twell bench ffn"
 if [ "$quick" = 1 ]; then
   bench_args=(-M 16384 -M 131072 -d 0.005 -d 0.01 -d 0.02 "${bench_args[@]}")
