@@ -13,7 +13,7 @@
 #   scripts/gpu-check.sh OUTDIR --quick         tests + short benchmarks (M = 16384, 131072; 4 layers)
 #   scripts/gpu-check.sh OUTDIR --only tests    the GPU tests and the sanitizer subsets only (~10 min on
 #                                               an H200, the sanitizers ~8 of them), or --only bench:
-#                                               the benchmarks only (--quick: ~4 min), to split a
+#                                               the benchmarks only (--quick: ~1.5 min), to split a
 #                                               check over time-limited sessions
 #   extra arguments after `--` go to `twell bench ffn`.
 set -uo pipefail
