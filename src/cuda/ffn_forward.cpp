@@ -19,6 +19,9 @@ struct FfnForward::Impl {
   int sm_count = 0;
   size_t l2_bytes = 0;
   LtGemm gemm;
+  // The forward's workspace (its own allocation, or the caller's memory), carved into the buffers
+  // below (Plan); the backward's (bwd) is apart.
+  DeviceBuffer memory;
   DeviceBuffer g;   // [max_tokens, I] bf16: ReLU'd gate output (non-gated: h)
   DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path (not training)
   DeviceBuffer h_dense;  // training: h of the dense path, apart from u
@@ -103,8 +106,24 @@ struct FfnForward::Impl {
     return o;
   }
 
-  Impl(const FfnShape& s, const FfnOptions& asked) : shape(s), options(with_tile(asked, s)) {
-    const FfnOptions& o = options;
+  // The forward's device buffers and what decides them, from the shape and options alone: the
+  // constructor carves them from one workspace of total() bytes (its own, or the caller's), and
+  // FfnForward::required_workspace_bytes says that total before anything is allocated.
+  struct Plan {
+    size_t g = 0, u = 0, h_dense = 0, act = 0, u_vals = 0, row_nnz = 0, heavy_rows = 0, gate = 0, gather = 0,
+           decode = 0, counters = 0, samples = 0;
+    TwellLayout act_layout;
+    std::string twell_unsupported;  // why the TwELL kernels cannot take this shape, or ""
+    int64_t gather_tokens = 0;
+    bool fused_gate = false, one_token = false;
+    size_t total() const {
+      size_t t = act;  // a TwellDeviceMatrix's own pieces are rounded already
+      for (size_t b : {g, u, h_dense, u_vals, row_nnz, heavy_rows, gate, gather, decode, counters, samples})
+        t += DeviceArena::piece(b);
+      return t;
+    }
+  };
+  static Plan plan(const FfnShape& s, const FfnOptions& o, int sm_count) {
     TWELL_CHECK(s.max_tokens >= 1 && s.hidden >= 1 && s.ffn >= 1, "FfnForward: sizes must be positive, got M=",
                 s.max_tokens, " H=", s.hidden, " I=", s.ffn);
     TWELL_CHECK(s.hidden % 64 == 0 && s.ffn % 64 == 0, "FfnForward: H and I must be multiples of 64, got H=",
@@ -113,13 +132,12 @@ struct FfnForward::Impl {
     const int64_t w = o.dw_slice_columns;
     TWELL_CHECK(w == 0 || (w > 0 && w % 8 == 0 && s.hidden % w == 0), "FfnForward: dw_slice_columns = ", w,
                 " must be 0 or a multiple of 8 dividing H = ", s.hidden);
-    const DeviceInfo info = device_info();
-    sm_count = info.sm_count;
-    l2_bytes = info.l2_bytes;
+    TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
+    Plan p;
     const size_t act_bytes = static_cast<size_t>(s.max_tokens * s.ffn) * 2;
-    g = DeviceBuffer(act_bytes);
-    if (s.gated) u = DeviceBuffer(act_bytes);  // the dense path's up output (non-gated: none)
-    if (s.gated && o.training) h_dense = DeviceBuffer(act_bytes);
+    p.g = act_bytes;
+    if (s.gated) p.u = act_bytes;  // the dense path's up output (non-gated: none)
+    if (s.gated && o.training) p.h_dense = act_bytes;
     // The TwELL kernels index the stored values (the packed slots, then backup room for every tile
     // to spill) with 32 bits: (slots + tile) a tile, ~1.125·I a token. So the format is sized for
     // the calls of up to sparse_rows tokens (~678K at I = 5632); larger calls run dense, whatever
@@ -127,36 +145,75 @@ struct FfnForward::Impl {
     const TwellLayout row{1, s.ffn, o.tile, o.compression};
     row.check();  // the tile and compression (at one row: no limit of max_tokens here)
     const int64_t sparse_rows = std::min(s.max_tokens, ((int64_t{1} << 32) - 1) / values_per_row(row));
-    act = TwellDeviceMatrix(TwellLayout{sparse_rows, s.ffn, o.tile, o.compression});
-    check_twell_pack(act.layout());
-    twell_unsupported = twell_ffn_sparse_unsupported(act.view(), s.hidden, s.ffn);
-    if (s.gated && twell_unsupported.empty()) u_vals = DeviceBuffer(static_cast<size_t>(twell_u_size(act.view())) * 2);
-    row_nnz = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
-    if (fused_gate_supported()) {  // here, not on the first call: that may be inside graph capture
+    p.act_layout = TwellLayout{sparse_rows, s.ffn, o.tile, o.compression};
+    check_twell_pack(p.act_layout);
+    p.act = TwellDeviceMatrix::bytes_for(p.act_layout);
+    TwellDeviceView layout_only;  // what the checks and sizes below read of the matrix
+    layout_only.layout = p.act_layout;
+    layout_only.backup_capacity = p.act_layout.count_size();
+    p.twell_unsupported = twell_ffn_sparse_unsupported(layout_only, s.hidden, s.ffn);
+    if (s.gated && p.twell_unsupported.empty()) p.u_vals = static_cast<size_t>(twell_u_size(layout_only)) * 2;
+    p.row_nnz = p.heavy_rows = static_cast<size_t>(s.max_tokens) * 4;
+    p.fused_gate = o.fused_gate && gate_pack_supports_tile(o.tile);
+    if (p.fused_gate) {  // sized here, not at the first call: that may be inside graph capture
       GatePackArgs gp;
       gp.M = sparse_rows, gp.H = s.hidden, gp.I = s.ffn;
-      gp.act = act.view();
-      gate_workspace = DeviceBuffer(std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16));
+      gp.act = layout_only;
+      p.gate = std::max<size_t>(gate_pack_workspace_bytes(gp, sm_count), 16);
     }
-    heavy_rows = DeviceBuffer(static_cast<size_t>(s.max_tokens) * 4);
     // Training takes no gather path: it keeps nothing for backward().
-    gather_tokens = gather_supports(s.hidden, s.ffn) && !o.training
-                        ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0))
-                        : 0;
-    if (gather_tokens > 0) {  // sized for the largest need over the M the path takes
-      int64_t partial = 0;
-      for (int64_t m = 1; m <= gather_tokens; ++m) partial = std::max(partial, m * gather_splits(m) * s.hidden);
-      gather_partial = DeviceBuffer(static_cast<size_t>(partial) * 4);
-    }
+    p.gather_tokens = gather_supports(s.hidden, s.ffn) && !o.training
+                          ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0))
+                          : 0;
+    int64_t partial = 0;  // sized for the largest need over the M the path takes
+    for (int64_t m = 1; m <= p.gather_tokens; ++m) partial = std::max(partial, m * gather_splits(m) * s.hidden);
+    p.gather = static_cast<size_t>(partial) * 4;
     // The one-token kernel uses none of the gather path's buffers and takes shapes it does not
     // (I past 12288), so it goes with gather_max_tokens >= 1 wherever its own kernel takes the shape
     // (not in training: it keeps nothing for backward()).
-    if (o.one_token_kernel && o.gather_max_tokens >= 1 && !o.training && decode_ffn_supported(s.hidden, s.ffn))
-      decode = DecodeFfn(s.hidden, s.ffn, sm_count);
-    counters = DeviceBuffer(sizeof(Counters));
-    TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
+    p.one_token = o.one_token_kernel && o.gather_max_tokens >= 1 && !o.training && decode_ffn_supported(s.hidden, s.ffn);
+    if (p.one_token) p.decode = DecodeFfn::bytes_for(s.hidden, s.ffn, sm_count);
+    p.counters = sizeof(Counters);
+    p.samples = static_cast<size_t>(o.dispatch_slots) * sizeof(unsigned long long);
+    return p;
+  }
+
+  // `workspace`: the caller's (at least plan().total() bytes, 256-byte aligned), or null: one
+  // allocation of its own.
+  Impl(const FfnShape& s, const FfnOptions& asked, void* workspace = nullptr, size_t workspace_size = 0)
+      : shape(s), options(with_tile(asked, s)) {
+    const FfnOptions& o = options;
+    const DeviceInfo info = device_info();
+    sm_count = info.sm_count;
+    l2_bytes = info.l2_bytes;
+    const Plan p = plan(s, o, sm_count);
+    if (workspace) {
+      TWELL_CHECK(reinterpret_cast<uintptr_t>(workspace) % DeviceArena::kAlign == 0, "FfnForward: the workspace must be ",
+                  DeviceArena::kAlign, "-byte aligned");
+      TWELL_CHECK(workspace_size >= p.total(), "FfnForward: the workspace holds ", workspace_size, " bytes, this shape "
+                  "and these options need ", p.total(), " (FfnForward::required_workspace_bytes)");
+      memory = DeviceBuffer::borrow(workspace, p.total());
+    } else {
+      memory = DeviceBuffer(p.total());
+    }
+    DeviceArena arena(memory.get(), memory.bytes());
+    g = arena.take(p.g, "g");
+    u = arena.take(p.u, "u");
+    h_dense = arena.take(p.h_dense, "h");
+    act = TwellDeviceMatrix(p.act_layout, -1, arena.take(p.act, "the TwELL matrix").get());
+    twell_unsupported = p.twell_unsupported;
+    u_vals = arena.take(p.u_vals, "u values");
+    row_nnz = arena.take(p.row_nnz, "row counts");
+    heavy_rows = arena.take(p.heavy_rows, "heavy rows");
+    gate_workspace = arena.take(p.gate, "the gate GEMM's workspace");
+    gather_tokens = p.gather_tokens;
+    gather_partial = arena.take(p.gather, "the gather path's partial sums");
+    if (p.one_token) decode = DecodeFfn(s.hidden, s.ffn, sm_count, &arena);
+    counters = arena.take(p.counters, "counters");
+    sample_count = arena.take(p.samples, "dispatch samples");
+    TWELL_CHECK(arena.used() == p.total(), "FfnForward: internal error: the workspace plan (", p.total(),
+                " bytes) and its use (", arena.used(), ") differ");
     const auto n_slots = static_cast<size_t>(o.dispatch_slots);
-    sample_count = DeviceBuffer(n_slots * sizeof(unsigned long long));
     host_counters = PinnedBuffer(sizeof(Counters));
     host_samples = PinnedBuffer(n_slots * sizeof(unsigned long long));
     TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&counts.ready, cudaEventDisableTiming));
@@ -685,6 +742,15 @@ struct FfnForward::Impl {
 
 FfnForward::FfnForward(const FfnShape& shape, const FfnOptions& options)
     : impl_(std::make_unique<Impl>(shape, options)) {}
+FfnForward::FfnForward(const FfnShape& shape, const FfnOptions& options, void* workspace, size_t workspace_bytes)
+    : impl_([&] {
+        TWELL_CHECK(workspace, "FfnForward: the workspace is null (the constructor without one allocates its own)");
+        return std::make_unique<Impl>(shape, options, workspace, workspace_bytes);
+      }()) {}
+
+size_t FfnForward::required_workspace_bytes(const FfnShape& shape, const FfnOptions& options) {
+  return Impl::plan(shape, Impl::with_tile(options, shape), device_info().sm_count).total();
+}
 FfnForward::~FfnForward() = default;
 FfnForward::FfnForward(FfnForward&&) noexcept = default;
 FfnForward& FfnForward::operator=(FfnForward&&) noexcept = default;
@@ -703,13 +769,7 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 
 bool FfnForward::sparse_supported(int64_t tokens) const { return impl_->sparse_supported(tokens); }
 
-size_t FfnForward::workspace_bytes() const {
-  const Impl& m = *impl_;
-  return m.g.bytes() + m.u.bytes() + m.h_dense.bytes() + m.act.bytes() + m.u_vals.bytes() + m.row_nnz.bytes() +
-         m.heavy_rows.bytes() + m.gate_workspace.bytes() + m.bwd.bytes() +
-         m.counters.bytes() + m.sample_count.bytes() +
-         m.gather_partial.bytes() + m.decode.bytes();
-}
+size_t FfnForward::workspace_bytes() const { return impl_->memory.bytes() + impl_->bwd.bytes(); }
 
 FfnStats FfnForward::last_stats() const {
   impl_->collect_counts(true);

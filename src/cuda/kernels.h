@@ -255,7 +255,9 @@ void launch_decode_ffn(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream
 class DecodeFfn {
  public:
   DecodeFfn() = default;
-  DecodeFfn(int64_t H, int64_t I, int sm_count);  // H, I: decode_ffn_supported
+  // H, I: decode_ffn_supported. The buffers from `arena` where given (bytes_for(H, I, sm_count)).
+  DecodeFfn(int64_t H, int64_t I, int sm_count, DeviceArena* arena = nullptr);
+  static size_t bytes_for(int64_t H, int64_t I, int sm_count);
   bool empty() const { return blocks_ == 0; }
   // launch_decode_ffn on x [H] bf16 with w's rows; returns output().
   SplitSum run(const uint16_t* x, const FfnWeights& w, bool h_fp32, cudaStream_t stream);

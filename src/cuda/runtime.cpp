@@ -62,6 +62,23 @@ DeviceBuffer::DeviceBuffer(size_t bytes) {
   bytes_ = bytes;
 }
 
+DeviceBuffer DeviceBuffer::borrow(void* ptr, size_t bytes) {
+  DeviceBuffer b;
+  b.ptr_ = ptr;
+  b.bytes_ = bytes;
+  b.owns_ = false;
+  return b;
+}
+
+DeviceBuffer DeviceArena::take(size_t bytes, const char* what) {
+  if (bytes == 0) return DeviceBuffer();
+  TWELL_CHECK(piece(bytes) <= bytes_ - used_, "workspace too small: ", what, " needs ", bytes, " bytes at offset ", used_,
+              " of ", bytes_);
+  DeviceBuffer b = DeviceBuffer::borrow(base_ + used_, bytes);
+  used_ += piece(bytes);
+  return b;
+}
+
 PinnedBuffer::PinnedBuffer(size_t bytes, unsigned int flags) {
   if (bytes) TWELL_CUDA_CHECK(cudaHostAlloc(&ptr_, bytes, flags));
   bytes_ = bytes;

@@ -10,7 +10,9 @@
 // outputs that are nearly exact), and element-wise |gpu − cpu| ≤ 0.05·rms(y) + 0.02·|cpu|.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "common/compare.h"
 #include "cuda/kernels.h"
@@ -238,6 +240,51 @@ TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
   cuda::FfnForward gather({513, 1024, 2816, true}, o);
   expect_repeatable(gather, p);
   EXPECT_EQ(gather.last_stats().path, cuda::FfnPath::gather);
+}
+
+// FfnForward over the caller's workspace: required_workspace_bytes is what the object allocates
+// itself; a poisoned caller workspace of exactly that size gives the own workspace's bits on every
+// path (sparse, dense, gather, one token), and no byte past it is touched; a workspace too small,
+// misaligned or null, and a shape the constructors refuse, are refused by name.
+TEST(FfnForwardGpuEdges, RunsInTheCallersWorkspace) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 300, H = 256, I = 640;
+  const cuda::FfnShape shape{M, H, I, true};
+  GpuProblem p = make_problem(M, H, I, 0.02);
+  for (Dispatch d : {Dispatch::always_sparse, Dispatch::always_dense, Dispatch::previous}) {
+    SCOPED_TRACE(static_cast<int>(d));
+    cuda::FfnOptions o;
+    o.dispatch = d;
+    const size_t need = cuda::FfnForward::required_workspace_bytes(shape, o);
+    cuda::FfnForward own(shape, o);
+    EXPECT_EQ(own.workspace_bytes(), need);
+    const size_t tail = 4096;
+    cuda::DeviceBuffer ws(need + tail);
+    cuda::fill_bytes(ws.get(), ws.bytes(), 0xa5, nullptr);
+    cuda::FfnForward mine(shape, o, ws.get(), need);
+    EXPECT_EQ(mine.workspace_bytes(), need);
+    for (int64_t m : {M, int64_t{5}, int64_t{1}}) {  // sparse or dense by d; the gather path; one token
+      SCOPED_TRACE(m);
+      const TensorView x(p.x.view().data, DType::bf16, {m, H}, Device::cuda);
+      const TensorView y(p.y.view().data, DType::bf16, {m, H}, Device::cuda);
+      cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);  // rows past m stay poisoned in both
+      own.forward(x, p.w(), y, nullptr);
+      const Tensor expected = p.y.download();
+      cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
+      mine.forward(x, p.w(), y, nullptr);
+      EXPECT_EQ(mine.last_path(), own.last_path());
+      EXPECT_TRUE(test::bit_equal(p.y.download(), expected));
+    }
+    std::vector<uint8_t> after(tail);
+    TWELL_CUDA_CHECK(cudaMemcpy(after.data(), ws.as<char>() + need, tail, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::count(after.begin(), after.end(), uint8_t{0xa5}), static_cast<long>(tail)) << "wrote past the workspace";
+  }
+  const size_t need = cuda::FfnForward::required_workspace_bytes(shape);
+  cuda::DeviceBuffer ws(need + 256);
+  test::expect_error([&] { cuda::FfnForward(shape, {}, ws.get(), need - 1); }, {"workspace holds", "need"});
+  test::expect_error([&] { cuda::FfnForward(shape, {}, ws.as<char>() + 16, need); }, {"256-byte aligned"});
+  test::expect_error([&] { cuda::FfnForward(shape, {}, nullptr, need); }, {"workspace is null"});
+  test::expect_error([&] { cuda::FfnForward::required_workspace_bytes({M, 100, I, true}); }, {"multiples of 64"});
 }
 
 // One token on the gather path runs the fused decode kernel (gate GEMV, gather and down sum in

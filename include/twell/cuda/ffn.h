@@ -179,6 +179,15 @@ struct FfnStats {
 class FfnForward {
  public:
   FfnForward(const FfnShape& shape, const FfnOptions& options = {});
+  // The same with the caller's workspace: device memory of at least
+  // required_workspace_bytes(shape, options) bytes, 256-byte aligned, that outlives the object and
+  // that nothing else uses while it does (e.g. from a framework's caching allocator). The forward's
+  // buffers are carved from it; the backward's workspace is still the object's own.
+  FfnForward(const FfnShape& shape, const FfnOptions& options, void* workspace, size_t workspace_bytes);
+  // The forward's workspace for a shape and options on the current device (it depends on the SM
+  // count), computed without allocating: what FfnForward(shape, options) allocates, and what the
+  // constructor above needs. Throws, as the constructors do, for a shape or options they refuse.
+  static size_t required_workspace_bytes(const FfnShape& shape, const FfnOptions& options = {});
   ~FfnForward();
   FfnForward(FfnForward&&) noexcept;
   FfnForward& operator=(FfnForward&&) noexcept;
@@ -210,7 +219,8 @@ class FfnForward {
   // where its kernels take the shape, the TwELL kernels otherwise. Where not, dispatch runs it
   // dense and Dispatch::always_sparse (or h_fp32) throws.
   bool sparse_supported(int64_t tokens) const;
-  // Device memory this object holds.
+  // Device memory this object uses: the forward's workspace (required_workspace_bytes, its own or the
+  // caller's) and the backward's, which grows with use.
   size_t workspace_bytes() const;
   // The TwELL matrix of the last sparse call (device), for tests and inspection; throws if the
   // last call packed nothing. Copies on `stream` and synchronises it: pass the forward's stream

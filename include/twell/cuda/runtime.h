@@ -47,21 +47,24 @@ namespace detail {
 void free_device(void* p);  // cudaFree
 void free_pinned(void* p);  // cudaFreeHost
 
-// An owning allocation of `bytes` bytes that Free releases: movable, freed on destruction. The
-// buffers below differ only in how they allocate.
+// An allocation of `bytes` bytes that Free releases: movable, freed on destruction unless it was
+// borrowed (owns_ false: a piece of memory someone else frees). The buffers below differ only in
+// how they allocate.
 template <void (*Free)(void*)>
 class OwnedBytes {
  public:
   OwnedBytes() = default;
   ~OwnedBytes() {
-    if (ptr_) Free(ptr_);
+    if (ptr_ && owns_) Free(ptr_);
   }
-  OwnedBytes(OwnedBytes&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  OwnedBytes(OwnedBytes&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), owns_(std::exchange(o.owns_, true)) {}
   OwnedBytes& operator=(OwnedBytes&& o) noexcept {
     if (this != &o) {
-      if (ptr_) Free(ptr_);
+      if (ptr_ && owns_) Free(ptr_);
       ptr_ = std::exchange(o.ptr_, nullptr);
       bytes_ = std::exchange(o.bytes_, 0);
+      owns_ = std::exchange(o.owns_, true);
     }
     return *this;
   }
@@ -74,10 +77,12 @@ class OwnedBytes {
     return static_cast<T*>(ptr_);
   }
   size_t bytes() const { return bytes_; }
+  bool owns() const { return owns_; }
 
  protected:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  bool owns_ = true;
 };
 }  // namespace detail
 
@@ -86,6 +91,27 @@ class DeviceBuffer : public detail::OwnedBytes<&detail::free_device> {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t bytes);
+  // `bytes` bytes at `ptr` (device memory someone else owns, e.g. a piece of a caller's
+  // workspace): the same interface, never freed by this object.
+  static DeviceBuffer borrow(void* ptr, size_t bytes);
+};
+
+// Hands out pieces of one stretch of device memory, each rounded up to kAlign bytes (so each
+// starts kAlign-aligned where the stretch does), as borrowed DeviceBuffers: an object's buffers
+// carved from one allocation, its own or a caller's (FfnForward's workspace).
+class DeviceArena {
+ public:
+  static constexpr size_t kAlign = 256;
+  static constexpr size_t piece(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+  DeviceArena() = default;
+  DeviceArena(void* base, size_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
+  // The next piece of `bytes` bytes (none for 0); throws, naming `what`, if the stretch is too short.
+  DeviceBuffer take(size_t bytes, const char* what);
+  size_t used() const { return used_; }
+
+ private:
+  char* base_ = nullptr;
+  size_t bytes_ = 0, used_ = 0;
 };
 
 // Owning page-locked host allocation (cudaHostAlloc with `flags`), movable, freed on destruction:

@@ -22,8 +22,12 @@ struct TwellDeviceView {
 class TwellDeviceMatrix {
  public:
   TwellDeviceMatrix() = default;
-  // Room for every tile to spill when backup_capacity < 0 (exact at any density).
+  // Room for every tile to spill when backup_capacity < 0 (exact at any density). One allocation.
   TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity = -1);
+  // The same over `memory`: device memory of at least bytes_for(layout, backup_capacity) bytes,
+  // 256-byte aligned, that outlives the matrix (not freed by it).
+  TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity, void* memory);
+  static size_t bytes_for(const TwellLayout& layout, int64_t backup_capacity = -1);
   // Validates m (twell_validate: throws on a broken invariant, copying nothing), copies it, and
   // synchronises `stream` before returning.
   static TwellDeviceMatrix upload(const TwellMatrix& m, cudaStream_t stream = nullptr);
@@ -32,12 +36,10 @@ class TwellDeviceMatrix {
 
   const TwellDeviceView& view() const { return view_; }
   const TwellLayout& layout() const { return view_.layout; }
-  size_t bytes() const {
-    return counts_.bytes() + slots_.bytes() + backup_.bytes() + backup_owner_.bytes() + n_backup_.bytes();
-  }
+  size_t bytes() const { return memory_.bytes(); }  // bytes_for(layout, backup_capacity); 0 when empty
 
  private:
-  DeviceBuffer counts_, slots_, backup_, backup_owner_, n_backup_;
+  DeviceBuffer memory_;  // owned (the first constructor) or borrowed
   TwellDeviceView view_;
 };
 

@@ -431,9 +431,17 @@ void launch_decode_ffn(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream
   }
 }
 
-DecodeFfn::DecodeFfn(int64_t H, int64_t I, int sm_count)
-    : H_(H), I_(I), sm_count_(sm_count), blocks_(decode_ffn_blocks(H, I, sm_count)),
-      parts_(static_cast<size_t>(blocks_) * static_cast<size_t>(H) * 4), flags_(static_cast<size_t>(blocks_) * 4) {}
+DecodeFfn::DecodeFfn(int64_t H, int64_t I, int sm_count, DeviceArena* arena)
+    : H_(H), I_(I), sm_count_(sm_count), blocks_(decode_ffn_blocks(H, I, sm_count)) {
+  const size_t parts = static_cast<size_t>(blocks_) * static_cast<size_t>(H) * 4, flags = static_cast<size_t>(blocks_) * 4;
+  parts_ = arena ? arena->take(parts, "decode FFN partial sums") : DeviceBuffer(parts);
+  flags_ = arena ? arena->take(flags, "decode FFN flags") : DeviceBuffer(flags);
+}
+
+size_t DecodeFfn::bytes_for(int64_t H, int64_t I, int sm_count) {
+  const auto blocks = static_cast<size_t>(decode_ffn_blocks(H, I, sm_count));
+  return DeviceArena::piece(blocks * static_cast<size_t>(H) * 4) + DeviceArena::piece(blocks * 4);
+}
 
 SplitSum DecodeFfn::run(const uint16_t* x, const FfnWeights& w, bool h_fp32, cudaStream_t stream) {
   DecodeFfnArgs a;

@@ -48,20 +48,47 @@ void twell_unpack(const TwellDeviceView& m, const TensorView& dense, cudaStream_
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
-TwellDeviceMatrix::TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity) {
+namespace {
+int64_t backup_cap(const TwellLayout& layout, int64_t backup_capacity) {
+  return backup_capacity < 0 ? layout.count_size() : backup_capacity;
+}
+// The pieces, in the order they are carved: counts, slots, backup, backup owners, the counter.
+size_t piece_bytes(const TwellLayout& l, int64_t cap, int i) {
+  const int64_t n[5] = {l.count_size() * 4, l.slot_size() * 4, cap * l.tile * 2, cap * 4, 4};
+  return static_cast<size_t>(n[i]);
+}
+}  // namespace
+
+size_t TwellDeviceMatrix::bytes_for(const TwellLayout& layout, int64_t backup_capacity) {
   layout.check();
-  const int64_t cap = backup_capacity < 0 ? layout.count_size() : backup_capacity;
-  counts_ = DeviceBuffer(layout.count_size() * sizeof(uint32_t));
-  slots_ = DeviceBuffer(layout.slot_size() * sizeof(uint32_t));
-  backup_ = DeviceBuffer(cap * layout.tile * sizeof(uint16_t));
-  backup_owner_ = DeviceBuffer(cap * sizeof(uint32_t));
-  n_backup_ = DeviceBuffer(sizeof(uint32_t));
-  TWELL_CUDA_CHECK(cudaMemset(n_backup_.get(), 0, sizeof(uint32_t)));
+  const int64_t cap = backup_cap(layout, backup_capacity);
+  size_t total = 0;
+  for (int i = 0; i < 5; ++i) total += DeviceArena::piece(piece_bytes(layout, cap, i));
+  return total;
+}
+
+TwellDeviceMatrix::TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity)
+    : TwellDeviceMatrix(layout, backup_capacity, nullptr) {}
+
+TwellDeviceMatrix::TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity, void* memory) {
+  const size_t total = bytes_for(layout, backup_capacity);
+  if (memory) {
+    TWELL_CHECK(reinterpret_cast<uintptr_t>(memory) % DeviceArena::kAlign == 0,
+                "TwellDeviceMatrix: memory must be ", DeviceArena::kAlign, "-byte aligned");
+    memory_ = DeviceBuffer::borrow(memory, total);
+  } else {
+    memory_ = DeviceBuffer(total);
+  }
+  const int64_t cap = backup_cap(layout, backup_capacity);
+  DeviceArena arena(memory_.get(), total);
+  void* p[5];
+  for (int i = 0; i < 5; ++i) p[i] = arena.take(piece_bytes(layout, cap, i), "TwELL matrix").get();
+  TWELL_CUDA_CHECK(cudaMemset(p[4], 0, sizeof(uint32_t)));
   // cudaMemset returns before it runs, on the legacy stream: done before a caller's non-blocking
   // stream, which does not wait for that stream, uses the matrix.
   TWELL_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-  view_ = {layout,           counts_.as<uint32_t>(),  slots_.as<uint32_t>(), backup_.as<uint16_t>(),
-           backup_owner_.as<uint32_t>(), n_backup_.as<uint32_t>(), cap};
+  view_ = {layout, static_cast<uint32_t*>(p[0]), static_cast<uint32_t*>(p[1]), static_cast<uint16_t*>(p[2]),
+           static_cast<uint32_t*>(p[3]), static_cast<uint32_t*>(p[4]), cap};
 }
 
 TwellDeviceMatrix TwellDeviceMatrix::upload(const TwellMatrix& m, cudaStream_t stream) {
