@@ -18,9 +18,9 @@
 // and calls of fewer than 2^32 stored values, ceil(I / tile)·(tile + tile / compression) a token
 // (~678K tokens at I = 5632, tile 256, compression 8); for a call past that, observe and previous run the dense
 // path and always_sparse throws before anything is queued (sparse_supported says which).
-// Everything is enqueued on the caller's stream. An FfnForward owns its workspace, as a cuBLAS
-// handle does: calls on one object must be ordered (one stream, or events between streams), and
-// a host thread each at a time. Dispatch counts the non-zeros of a sample of up
+// Everything is enqueued on the caller's stream. An FfnForward holds its workspace (its own, or
+// memory the caller gives it: required_workspace_bytes), as a cuBLAS handle does: calls on one
+// object must be ordered (one stream, or events between streams), and a host thread each at a time. Dispatch counts the non-zeros of a sample of up
 // to 1024 rows of g (a few MB read). `Dispatch::observe` waits for that count (one stream
 // synchronisation per call, except where the tokens alone decide: one token, or fewer than
 // sparse_min_tokens); `previous` (the default) decides on the sample of the previous call
@@ -173,7 +173,8 @@ struct FfnStats {
 
 // Device memory: about 4.5 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
 // output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
-// them): 6.4 GB at max_tokens = 131072, I = 5632. FfnOptions::training adds one [max_tokens, I]
+// them): 6.4 GB at max_tokens = 131072, I = 5632 (required_workspace_bytes says it exactly, and
+// the forward can run in the caller's memory instead). FfnOptions::training adds one [max_tokens, I]
 // bf16 buffer (h), and backward() its workspace, which grows with the largest M and non-zero count
 // seen so far: a call that needs more frees and reallocates it (cudaFree synchronises the device).
 class FfnForward {
