@@ -19,9 +19,9 @@ struct FfnForward::Impl {
   int sm_count = 0;
   size_t l2_bytes = 0;
   LtGemm gemm;
-  // The forward's workspace (its own allocation, or the caller's memory), carved into the buffers
-  // below (Plan); the backward's (bwd) is apart.
-  DeviceBuffer memory;
+  // The forward's workspace: the buffers below (Plan), each its own allocation, or carved from the
+  // caller's memory; forward_bytes in all. The backward's (bwd) is apart.
+  size_t forward_bytes = 0;
   DeviceBuffer g;   // [max_tokens, I] bf16: ReLU'd gate output (non-gated: h)
   DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path (not training)
   DeviceBuffer h_dense;  // training: h of the dense path, apart from u
@@ -134,7 +134,7 @@ struct FfnForward::Impl {
                 " must be 0 or a multiple of 8 dividing H = ", s.hidden);
     TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
     Plan p;
-    const size_t act_bytes = static_cast<size_t>(s.max_tokens * s.ffn) * 2;
+    const size_t act_bytes = checked_nbytes(DType::bf16, {s.max_tokens, s.ffn});
     p.g = act_bytes;
     if (s.gated) p.u = act_bytes;  // the dense path's up output (non-gated: none)
     if (s.gated && o.training) p.h_dense = act_bytes;
@@ -192,15 +192,14 @@ struct FfnForward::Impl {
                   DeviceArena::kAlign, "-byte aligned");
       TWELL_CHECK(workspace_size >= p.total(), "FfnForward: the workspace holds ", workspace_size, " bytes, this shape "
                   "and these options need ", p.total(), " (FfnForward::required_workspace_bytes)");
-      memory = DeviceBuffer::borrow(workspace, p.total());
-    } else {
-      memory = DeviceBuffer(p.total());
     }
-    DeviceArena arena(memory.get(), memory.bytes());
+    // Nothing is written to the workspace here: each call sets what it reads first, on its stream.
+    DeviceArena arena = workspace ? DeviceArena(workspace, p.total()) : DeviceArena();
     g = arena.take(p.g, "g");
     u = arena.take(p.u, "u");
     h_dense = arena.take(p.h_dense, "h");
-    act = TwellDeviceMatrix(p.act_layout, -1, arena.take(p.act, "the TwELL matrix").get());
+    act = workspace ? TwellDeviceMatrix(p.act_layout, -1, arena.take(p.act, "the TwELL matrix").get())
+                    : TwellDeviceMatrix(p.act_layout);
     twell_unsupported = p.twell_unsupported;
     u_vals = arena.take(p.u_vals, "u values");
     row_nnz = arena.take(p.row_nnz, "row counts");
@@ -211,8 +210,9 @@ struct FfnForward::Impl {
     if (p.one_token) decode = DecodeFfn(s.hidden, s.ffn, sm_count, &arena);
     counters = arena.take(p.counters, "counters");
     sample_count = arena.take(p.samples, "dispatch samples");
-    TWELL_CHECK(arena.used() == p.total(), "FfnForward: internal error: the workspace plan (", p.total(),
-                " bytes) and its use (", arena.used(), ") differ");
+    forward_bytes = arena.used() + (workspace ? 0 : act.bytes());
+    TWELL_CHECK(forward_bytes == p.total(), "FfnForward: internal error: the workspace plan (", p.total(),
+                " bytes) and its use (", forward_bytes, ") differ");
     const auto n_slots = static_cast<size_t>(o.dispatch_slots);
     host_counters = PinnedBuffer(sizeof(Counters));
     host_samples = PinnedBuffer(n_slots * sizeof(unsigned long long));
@@ -769,7 +769,7 @@ FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 
 bool FfnForward::sparse_supported(int64_t tokens) const { return impl_->sparse_supported(tokens); }
 
-size_t FfnForward::workspace_bytes() const { return impl_->memory.bytes() + impl_->bwd.bytes(); }
+size_t FfnForward::workspace_bytes() const { return impl_->forward_bytes + impl_->bwd.bytes(); }
 
 FfnStats FfnForward::last_stats() const {
   impl_->collect_counts(true);

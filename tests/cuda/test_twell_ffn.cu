@@ -844,6 +844,50 @@ struct DeviceGrads {
   FfnGrads views() const { return {dx.view(), dwg.view(), dwu.view(), dwd.view()}; }
 };
 
+// Training and a non-gated FFN in the caller's workspace (RunsInTheCallersWorkspace covers
+// inference): the backward, which reads the forward's state from that workspace, and the non-gated
+// forward give the bits of an object with its own, on the sparse and the dense path.
+TEST(FfnBackwardGpuEdges, TrainingAndNonGatedInTheCallersWorkspace) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 257, H = 256, I = 640;
+  GpuProblem p = make_problem(M, H, I, 0.02);
+  const DeviceTensor dy = DeviceTensor::upload(test::random_normal(DType::bf16, {M, H}, 1.0, 4));
+  for (Dispatch d : {Dispatch::always_sparse, Dispatch::always_dense}) {
+    SCOPED_TRACE(static_cast<int>(d));
+    cuda::FfnOptions o;
+    o.dispatch = d;
+    o.training = true;
+    const cuda::FfnShape shape{M, H, I, true};
+    const size_t need = cuda::FfnForward::required_workspace_bytes(shape, o);
+    cuda::DeviceBuffer ws(need);
+    cuda::fill_bytes(ws.get(), need, 0xa5, nullptr);
+    cuda::FfnForward own(shape, o), mine(shape, o, ws.get(), need);
+    DeviceGrads g_own(M, H, I), g_mine(M, H, I);
+    own.forward(p.x, p.w(), p.y, nullptr);
+    own.backward(p.x, p.w(), dy, 1e-4, g_own.views(), nullptr);
+    mine.forward(p.x, p.w(), p.y, nullptr);
+    mine.backward(p.x, p.w(), dy, 1e-4, g_mine.views(), nullptr);
+    EXPECT_EQ(mine.last_path(), own.last_path());
+    EXPECT_TRUE(test::bit_equal(g_mine.dx.download(), g_own.dx.download()));
+    EXPECT_TRUE(test::bit_equal(g_mine.dwg.download(), g_own.dwg.download()));
+    EXPECT_TRUE(test::bit_equal(g_mine.dwd.download(), g_own.dwd.download()));
+
+    o.training = false;  // non-gated: h = relu(x Wuᵀ), no u buffer in the plan
+    const cuda::FfnShape plain{M, H, I, false};
+    const FfnWeights w{TensorView(), p.wu.view(), p.wd.view()};
+    const size_t need_plain = cuda::FfnForward::required_workspace_bytes(plain, o);
+    EXPECT_LT(need_plain, cuda::FfnForward::required_workspace_bytes(shape, o));
+    cuda::DeviceBuffer ws_plain(need_plain);
+    cuda::fill_bytes(ws_plain.get(), need_plain, 0xa5, nullptr);
+    cuda::FfnForward own_plain(plain, o), mine_plain(plain, o, ws_plain.get(), need_plain);
+    own_plain.forward(p.x, w, p.y, nullptr);
+    const Tensor expected = p.y.download();
+    cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
+    mine_plain.forward(p.x, w, p.y, nullptr);
+    EXPECT_TRUE(test::bit_equal(p.y.download(), expected));
+  }
+}
+
 // Forward then backward with options `o`; the path the forward must take; gradients against the
 // CPU reference, and a second backward gives the same bits.
 void check_backward(const BackwardCase& c, cuda::FfnOptions o, cuda::FfnPath expect_path) {

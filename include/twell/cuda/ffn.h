@@ -181,9 +181,12 @@ class FfnForward {
  public:
   FfnForward(const FfnShape& shape, const FfnOptions& options = {});
   // The same with the caller's workspace: device memory of at least
-  // required_workspace_bytes(shape, options) bytes, 256-byte aligned, that outlives the object and
-  // that nothing else uses while it does (e.g. from a framework's caching allocator). The forward's
-  // buffers are carved from it; the backward's workspace is still the object's own.
+  // required_workspace_bytes(shape, options) bytes, 256-byte aligned (e.g. from a framework's caching
+  // allocator), that nothing else uses, and that stays valid until all the work enqueued through the
+  // object (forward and backward: it reads the forward's state) has finished. The constructor writes
+  // nothing there; each call writes it on the call's stream, so the memory must be ready for use
+  // on that stream. The forward's buffers are carved from it; the backward's workspace is still the
+  // object's own.
   FfnForward(const FfnShape& shape, const FfnOptions& options, void* workspace, size_t workspace_bytes);
   // The forward's workspace for a shape and options on the current device (it depends on the SM
   // count), computed without allocating: what FfnForward(shape, options) allocates, and what the

@@ -96,22 +96,24 @@ class DeviceBuffer : public detail::OwnedBytes<&detail::free_device> {
   static DeviceBuffer borrow(void* ptr, size_t bytes);
 };
 
-// Hands out pieces of one stretch of device memory, each rounded up to kAlign bytes (so each
-// starts kAlign-aligned where the stretch does), as borrowed DeviceBuffers: an object's buffers
-// carved from one allocation, its own or a caller's (FfnForward's workspace).
+// Where an object's device buffers come from: pieces of a caller's memory, each rounded up to
+// kAlign bytes (so each starts kAlign-aligned where the memory does), as borrowed DeviceBuffers; or,
+// default-constructed, an allocation of its own for each piece (so that compute-sanitizer sees each
+// buffer's bounds). used() counts the rounded pieces either way: the same total for one plan.
 class DeviceArena {
  public:
   static constexpr size_t kAlign = 256;
   static constexpr size_t piece(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-  DeviceArena() = default;
-  DeviceArena(void* base, size_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
-  // The next piece of `bytes` bytes (none for 0); throws, naming `what`, if the stretch is too short.
+  DeviceArena() = default;  // each piece allocated
+  DeviceArena(void* base, size_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes), carve_(true) {}
+  // The next piece of `bytes` bytes (none for 0); throws, naming `what`, if the memory is too short.
   DeviceBuffer take(size_t bytes, const char* what);
   size_t used() const { return used_; }
 
  private:
   char* base_ = nullptr;
   size_t bytes_ = 0, used_ = 0;
+  bool carve_ = false;
 };
 
 // Owning page-locked host allocation (cudaHostAlloc with `flags`), movable, freed on destruction:

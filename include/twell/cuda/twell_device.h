@@ -22,10 +22,12 @@ struct TwellDeviceView {
 class TwellDeviceMatrix {
  public:
   TwellDeviceMatrix() = default;
-  // Room for every tile to spill when backup_capacity < 0 (exact at any density). One allocation.
+  // Room for every tile to spill when backup_capacity < 0 (exact at any density); the backup
+  // counter zeroed (synchronously).
   TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity = -1);
-  // The same over `memory`: device memory of at least bytes_for(layout, backup_capacity) bytes,
-  // 256-byte aligned, that outlives the matrix (not freed by it).
+  // The same over `memory` (not null): device memory of at least bytes_for(layout, backup_capacity)
+  // bytes, 256-byte aligned, valid while the matrix is used (not freed by it). Writes nothing there:
+  // the producer zeroes the backup counter on its stream before it packs (as FfnForward does).
   TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity, void* memory);
   static size_t bytes_for(const TwellLayout& layout, int64_t backup_capacity = -1);
   // Validates m (twell_validate: throws on a broken invariant, copying nothing), copies it, and
@@ -36,11 +38,14 @@ class TwellDeviceMatrix {
 
   const TwellDeviceView& view() const { return view_; }
   const TwellLayout& layout() const { return view_.layout; }
-  size_t bytes() const { return memory_.bytes(); }  // bytes_for(layout, backup_capacity); 0 when empty
+  size_t bytes() const { return bytes_; }  // bytes_for(layout, backup_capacity); 0 when empty
 
  private:
-  DeviceBuffer memory_;  // owned (the first constructor) or borrowed
+  // Its pieces, from a DeviceArena: each its own allocation, or carved from the given memory.
+  TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity, DeviceArena arena);
+  DeviceBuffer counts_, slots_, backup_, backup_owner_, n_backup_;
   TwellDeviceView view_;
+  size_t bytes_ = 0;
 };
 
 // Writes the dense bf16 [rows, cols] matrix held by `m` into `dense` (device), on `stream`.

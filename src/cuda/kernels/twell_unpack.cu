@@ -68,27 +68,29 @@ size_t TwellDeviceMatrix::bytes_for(const TwellLayout& layout, int64_t backup_ca
 }
 
 TwellDeviceMatrix::TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity)
-    : TwellDeviceMatrix(layout, backup_capacity, nullptr) {}
-
-TwellDeviceMatrix::TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity, void* memory) {
-  const size_t total = bytes_for(layout, backup_capacity);
-  if (memory) {
-    TWELL_CHECK(reinterpret_cast<uintptr_t>(memory) % DeviceArena::kAlign == 0,
-                "TwellDeviceMatrix: memory must be ", DeviceArena::kAlign, "-byte aligned");
-    memory_ = DeviceBuffer::borrow(memory, total);
-  } else {
-    memory_ = DeviceBuffer(total);
-  }
-  const int64_t cap = backup_cap(layout, backup_capacity);
-  DeviceArena arena(memory_.get(), total);
-  void* p[5];
-  for (int i = 0; i < 5; ++i) p[i] = arena.take(piece_bytes(layout, cap, i), "TwELL matrix").get();
-  TWELL_CUDA_CHECK(cudaMemset(p[4], 0, sizeof(uint32_t)));
+    : TwellDeviceMatrix(layout, backup_capacity, DeviceArena()) {
+  TWELL_CUDA_CHECK(cudaMemset(view_.n_backup, 0, sizeof(uint32_t)));
   // cudaMemset returns before it runs, on the legacy stream: done before a caller's non-blocking
   // stream, which does not wait for that stream, uses the matrix.
   TWELL_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-  view_ = {layout, static_cast<uint32_t*>(p[0]), static_cast<uint32_t*>(p[1]), static_cast<uint16_t*>(p[2]),
-           static_cast<uint32_t*>(p[3]), static_cast<uint32_t*>(p[4]), cap};
+}
+
+TwellDeviceMatrix::TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity, void* memory)
+    : TwellDeviceMatrix(layout, backup_capacity, [&] {
+        TWELL_CHECK(memory, "TwellDeviceMatrix: memory is null (the constructor without it allocates)");
+        TWELL_CHECK(reinterpret_cast<uintptr_t>(memory) % DeviceArena::kAlign == 0, "TwellDeviceMatrix: memory must be ",
+                    DeviceArena::kAlign, "-byte aligned");
+        return DeviceArena(memory, bytes_for(layout, backup_capacity));
+      }()) {}
+
+TwellDeviceMatrix::TwellDeviceMatrix(const TwellLayout& layout, int64_t backup_capacity, DeviceArena arena) {
+  layout.check();
+  const int64_t cap = backup_cap(layout, backup_capacity);
+  DeviceBuffer* piece[5] = {&counts_, &slots_, &backup_, &backup_owner_, &n_backup_};
+  for (int i = 0; i < 5; ++i) *piece[i] = arena.take(piece_bytes(layout, cap, i), "TwELL matrix");
+  bytes_ = arena.used();
+  view_ = {layout, counts_.as<uint32_t>(), slots_.as<uint32_t>(), backup_.as<uint16_t>(),
+           backup_owner_.as<uint32_t>(), n_backup_.as<uint32_t>(), cap};
 }
 
 TwellDeviceMatrix TwellDeviceMatrix::upload(const TwellMatrix& m, cudaStream_t stream) {
