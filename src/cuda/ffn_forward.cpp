@@ -115,7 +115,7 @@ struct FfnForward::Impl {
     TwellLayout act_layout;
     std::string twell_unsupported;  // why the TwELL kernels cannot take this shape, or ""
     int64_t gather_tokens = 0;
-    bool fused_gate = false, one_token = false;
+    bool one_token = false;
     size_t total() const {
       size_t t = act;  // a TwellDeviceMatrix's own pieces are rounded already
       for (size_t b : {g, u, h_dense, u_vals, row_nnz, heavy_rows, gate, gather, decode, counters, samples})
@@ -154,8 +154,7 @@ struct FfnForward::Impl {
     p.twell_unsupported = twell_ffn_sparse_unsupported(layout_only, s.hidden, s.ffn);
     if (s.gated && p.twell_unsupported.empty()) p.u_vals = static_cast<size_t>(twell_u_size(layout_only)) * 2;
     p.row_nnz = p.heavy_rows = static_cast<size_t>(s.max_tokens) * 4;
-    p.fused_gate = o.fused_gate && gate_pack_supports_tile(o.tile);
-    if (p.fused_gate) {  // sized here, not at the first call: that may be inside graph capture
+    if (fused_gate_supported(o)) {  // sized here, not at the first call: that may be inside graph capture
       GatePackArgs gp;
       gp.M = sparse_rows, gp.H = s.hidden, gp.I = s.ffn;
       gp.act = layout_only;
@@ -321,7 +320,7 @@ struct FfnForward::Impl {
     return options.training ? options.training_dense_above_density : options.dense_above_density;
   }
 
-  bool fused_gate_supported() const { return options.fused_gate && gate_pack_supports_tile(options.tile); }
+  static bool fused_gate_supported(const FfnOptions& o) { return o.fused_gate && gate_pack_supports_tile(o.tile); }
 
   // Packed activation and its statistics; the counts come back to the host asynchronously. With
   // `fused`, the gate is computed here by the fused gate+pack kernel (and, for sample_slot >= 0,
@@ -691,7 +690,7 @@ struct FfnForward::Impl {
       run_decode(xp, w, yp, stream);
       return false;
     }
-    if (sparse_known && M > gather_tokens && fused_gate_supported()) {
+    if (sparse_known && M > gather_tokens && fused_gate_supported(options)) {
       stats.path = FfnPath::sparse;
       if (policy == Dispatch::previous) stats.sampled_density = previous_density;
       run_sparse(M, xp, w, yp, then, stream, true, policy == Dispatch::previous ? slot : -1);

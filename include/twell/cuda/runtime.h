@@ -77,7 +77,6 @@ class OwnedBytes {
     return static_cast<T*>(ptr_);
   }
   size_t bytes() const { return bytes_; }
-  bool owns() const { return owns_; }
 
  protected:
   void* ptr_ = nullptr;

@@ -434,8 +434,10 @@ void launch_decode_ffn(const DecodeFfnArgs& a, int sm_count, cudaStream_t stream
 DecodeFfn::DecodeFfn(int64_t H, int64_t I, int sm_count, DeviceArena* arena)
     : H_(H), I_(I), sm_count_(sm_count), blocks_(decode_ffn_blocks(H, I, sm_count)) {
   const size_t parts = static_cast<size_t>(blocks_) * static_cast<size_t>(H) * 4, flags = static_cast<size_t>(blocks_) * 4;
-  parts_ = arena ? arena->take(parts, "decode FFN partial sums") : DeviceBuffer(parts);
-  flags_ = arena ? arena->take(flags, "decode FFN flags") : DeviceBuffer(flags);
+  DeviceArena own;  // without the caller's arena, an allocation each
+  DeviceArena& from = arena ? *arena : own;
+  parts_ = from.take(parts, "decode FFN partial sums");
+  flags_ = from.take(flags, "decode FFN flags");
 }
 
 size_t DecodeFfn::bytes_for(int64_t H, int64_t I, int sm_count) {
