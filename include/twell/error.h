@@ -1,6 +1,7 @@
 // twell::Error and the checks that throw it. The library never exits; callers catch.
 #pragma once
 
+#include <cstddef>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -20,6 +21,9 @@ std::string str(Args&&... args) {
   (os << ... << std::forward<Args>(args));
   return os.str();
 }
+
+// A byte count for people, in decimal units: "512 bytes", "3.1 MB", "17.2 GB".
+std::string bytes_str(size_t bytes);
 
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);

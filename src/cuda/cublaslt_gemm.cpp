@@ -12,7 +12,6 @@
 namespace twell::cuda {
 
 namespace {
-constexpr size_t kWorkspaceBytes = 64u << 20;  // cuBLASLt's recommendation for Hopper is 32 MiB+
 
 // The largest power of two, up to 256, that divides the address.
 uint32_t alignment_of(const void* p) {

@@ -37,6 +37,8 @@ enum class GemmOut { bf16, f32 };  // C's type (the logits of the LM head are f3
 
 class LtGemm {
  public:
+  // Device memory each LtGemm allocates for cuBLASLt (its recommendation for Hopper is 32 MiB+).
+  static constexpr size_t kWorkspaceBytes = size_t{64} << 20;
   // autotune: time the candidates at each problem's first call (the default: on, unless the
   // environment sets TWELL_LT_AUTOTUNE=0); false: the heuristics' first algorithm.
   explicit LtGemm(bool autotune = autotune_default());

@@ -133,6 +133,15 @@ model::LlamaWeights LlamaCudaWeights::download() const {
   return w;
 }
 
+size_t LlamaCudaWeights::bytes_for(const io::ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
+  const int64_t q_dim = c.num_attention_heads * hd, kv_dim = c.num_key_value_heads * hd;
+  const size_t layer = checked_nbytes(DType::bf16, {2 * H + (q_dim + 2 * kv_dim) * H + H * q_dim + 3 * I * H});
+  const size_t table = checked_nbytes(DType::bf16, {V, H});
+  return table * (c.tie_word_embeddings ? 1 : 2) + checked_nbytes(DType::bf16, {H}) +
+         static_cast<size_t>(c.num_hidden_layers) * layer;
+}
+
 size_t LlamaCudaWeights::bytes() const {
   size_t n = embed.nbytes() + final_norm.nbytes() + lm_head.nbytes();
   for (const LlamaCudaLayer& d : layers)
@@ -192,16 +201,10 @@ struct LlamaCuda::Impl {
   std::map<int64_t, int> eager_steps;          // decode steps run before capture, per batch size
   cudaEvent_t gpu_begin = nullptr, gpu_end = nullptr;  // around the device work of the last call
 
-  Impl(std::shared_ptr<const LlamaCudaWeights> weights, const LlamaCudaOptions& options)
-      : w(std::move(weights)), o(options), c(w->config) {
-    H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_hidden_layers;
-    nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
-    q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim;
-    relu = c.hidden_act == "relu";
+  // The options with their defaults filled in (max_context, max_tokens), checked against the config.
+  static LlamaCudaOptions resolve(const io::ModelConfig& c, LlamaCudaOptions o) {
     std::string why;
     TWELL_CHECK(LlamaCuda::supports(c, &why), "LlamaCuda: this runtime does not take ", why);
-    TWELL_CHECK(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
-                " layers, config has ", L);
     if (o.max_context == 0) o.max_context = c.max_position_embeddings;
     TWELL_CHECK(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
                 o.max_context, " must lie in [1, max_position_embeddings = ", c.max_position_embeddings, "]");
@@ -217,72 +220,149 @@ struct LlamaCuda::Impl {
     // could not honour it.
     TWELL_CHECK(o.ffn_options.precision == Precision::bf16,
                 "LlamaCuda: ffn_options.precision must be Precision::bf16 (h_fp32 exists on the sparse FFN paths only)");
+    return o;
+  }
 
+  // What the constructor allocates and builds, from the configuration and the resolved options
+  // alone: the constructor follows it, LlamaCuda::memory_needed reports it.
+  struct Plan {
+    // Bytes of each buffer (of K and of V per kv buffer: one a layer, or one shared without kv_cache).
+    size_t tokens = 0, p0 = 4, x = 0, a = 0, qkv = 0, attn = 0, proj = 0, y = 0, g = 0, u = 0, kv = 0, cos_sin = 0,
+           logits = 0, qkv_workspace = 0;
+    int64_t kv_buffers = 0;
+    // The ReLU FFN through FfnForward (prefill dispatched, decode dense, and the gather path for few
+    // tokens); otherwise the dense cuBLASLt FFN over g and u.
+    bool ffn_forward = false;
+    FfnShape prefill_shape, dense_shape, gather_shape;  // gather_shape.max_tokens 0: no gather FFN
+    FfnOptions prefill, dense, gather;
+    bool decode_ffn = false;  // the one-token decode FFN (fused_decode_ffn)
+    bool fused_qkv = false;
+    QkvRopeArgs qkv_args;
+    LlamaCudaMemory memory;
+  };
+  static Plan plan(const io::ModelConfig& c, const LlamaCudaOptions& o, int sm_count) {
+    const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_hidden_layers;
+    const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+    const int64_t q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim;
     const int64_t T = o.max_tokens;
-    sm_count = device_info().sm_count;
-    tokens = DeviceBuffer(static_cast<size_t>(T) * 4);
-    p0 = DeviceBuffer(4);
-    x = DeviceBuffer(static_cast<size_t>(T * H) * 4);
-    a = DeviceBuffer(static_cast<size_t>(T * H) * 2);
-    qkv = DeviceBuffer(static_cast<size_t>(T * qkv_dim) * 2);
-    attn = DeviceBuffer(static_cast<size_t>(T * q_dim) * 2);
-    proj = DeviceBuffer(static_cast<size_t>(T * H) * 2);
-    y = DeviceBuffer(static_cast<size_t>(T * H) * 2);
-    const size_t kv_bytes = static_cast<size_t>(o.max_batch * o.max_context * kv_dim) * 2;
-    for (int64_t l = 0; l < (o.kv_cache ? L : 1); ++l) {
-      k_cache.emplace_back(kv_bytes);
-      v_cache.emplace_back(kv_bytes);
-    }
-    if (relu && H % 64 == 0 && I % 64 == 0) {  // FfnForward's shapes; otherwise the dense FFN below
+    Plan p;
+    p.tokens = checked_nbytes(DType::i32, {T});
+    p.x = checked_nbytes(DType::f32, {T, H});
+    p.a = p.proj = p.y = checked_nbytes(DType::bf16, {T, H});
+    p.qkv = checked_nbytes(DType::bf16, {T, qkv_dim});
+    p.attn = checked_nbytes(DType::bf16, {T, q_dim});
+    p.kv = checked_nbytes(DType::bf16, {o.max_batch, o.max_context, kv_dim});
+    p.kv_buffers = o.kv_cache ? L : 1;
+    p.ffn_forward = c.hidden_act == "relu" && H % 64 == 0 && I % 64 == 0;  // FfnForward's shapes
+    int64_t lt_gemms = 1;  // the model's own, and one in each FfnForward
+    if (p.ffn_forward) {
       const bool sparse = o.ffn == FfnMode::twell;
-      FfnOptions pre = o.ffn_options;
-      if (!sparse) pre.dispatch = Dispatch::always_dense;
-      pre.one_token_gemv = pre.one_token_gemv && o.decode_gemv;
-      pre.dispatch_slots = L;  // each layer dispatched on its own density
-      ffn_prefill = std::make_unique<FfnForward>(FfnShape{T, H, I, true}, pre);
-      FfnOptions dense = pre;
-      dense.dispatch = Dispatch::always_dense;
-      dense.dispatch_slots = 1;      // fixed dispatch: no samples to keep per layer
-      dense.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
-      dense.gather_max_tokens = 0;
-      ffn_dense = std::make_unique<FfnForward>(FfnShape{o.max_batch, H, I, true}, dense);
+      p.prefill = o.ffn_options;
+      if (!sparse) p.prefill.dispatch = Dispatch::always_dense;
+      p.prefill.one_token_gemv = p.prefill.one_token_gemv && o.decode_gemv;
+      p.prefill.dispatch_slots = c.num_hidden_layers;  // each layer dispatched on its own density
+      p.prefill_shape = FfnShape{T, H, I, true};
+      p.dense = p.prefill;
+      p.dense.dispatch = Dispatch::always_dense;
+      p.dense.dispatch_slots = 1;      // fixed dispatch: no samples to keep per layer
+      p.dense.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
+      p.dense.gather_max_tokens = 0;
+      p.dense_shape = FfnShape{o.max_batch, H, I, true};
+      lt_gemms += 2;
+      size_t ffn = FfnForward::required_workspace_bytes(p.prefill_shape, p.prefill) +
+                   FfnForward::required_workspace_bytes(p.dense_shape, p.dense);
       if (sparse && o.decode_gather_tokens > 0) {
-        const bool own_one_token = o.fused_decode_ffn && decode_ffn_supported(H, I);
-        FfnOptions gather = dense;
-        gather.dispatch = Dispatch::always_sparse;
-        gather.gather_max_tokens = o.decode_gather_tokens;
-        gather.one_token_kernel = !own_one_token;  // one token goes to decode_ffn below, never to ffn_gather
-        ffn_gather = std::make_unique<FfnForward>(
-            FfnShape{std::min(o.max_batch, o.decode_gather_tokens), H, I, true}, gather);
-        if (own_one_token) decode_ffn = DecodeFfn(H, I, sm_count);
+        p.decode_ffn = o.fused_decode_ffn && decode_ffn_supported(H, I);
+        p.gather = p.dense;
+        p.gather.dispatch = Dispatch::always_sparse;
+        p.gather.gather_max_tokens = o.decode_gather_tokens;
+        p.gather.one_token_kernel = !p.decode_ffn;  // one token goes to the decode FFN, never to the gather FFN
+        p.gather_shape = FfnShape{std::min(o.max_batch, o.decode_gather_tokens), H, I, true};
+        lt_gemms += 1;
+        ffn += FfnForward::required_workspace_bytes(p.gather_shape, p.gather);
+        if (p.decode_ffn) ffn += DecodeFfn::bytes_for(H, I, sm_count);
       }
+      p.memory.ffn = ffn;
     } else {
-      g = DeviceBuffer(static_cast<size_t>(T * I) * 2);
-      u = DeviceBuffer(static_cast<size_t>(T * I) * 2);
+      p.g = p.u = checked_nbytes(DType::bf16, {T, I});
+    }
+    p.logits = checked_nbytes(DType::f32, {o.max_batch, V});
+    p.fused_qkv = o.fused_qkv_rope && hopper_available() &&
+                  qkv_rope_supported(H, static_cast<int>(nh), static_cast<int>(nkv), static_cast<int>(hd));
+    if (p.fused_qkv) {
+      QkvRopeArgs& qa = p.qkv_args;
+      qa.H = H;
+      qa.rope.T = T, qa.rope.S = std::min(T, o.max_context), qa.rope.max_context = o.max_context;
+      qa.rope.nh = static_cast<int>(nh), qa.rope.nkv = static_cast<int>(nkv), qa.rope.hd = static_cast<int>(hd);
+      p.qkv_workspace = std::max<size_t>(qkv_rope_workspace_bytes(qa, sm_count), 16);
+    }
+    p.cos_sin = checked_nbytes(DType::f32, {o.max_context, hd});
+    p.memory.kv_cache = 2 * static_cast<size_t>(p.kv_buffers) * p.kv;
+    p.memory.activations = p.tokens + p.p0 + p.x + p.a + p.qkv + p.attn + p.proj + p.y + p.g + p.u;
+    p.memory.other = static_cast<size_t>(lt_gemms) * LtGemm::kWorkspaceBytes + p.cos_sin + p.logits + p.qkv_workspace;
+    return p;
+  }
+
+  // Refuses options whose buffers exceed the GPU's free memory, before they are allocated.
+  static void check_free_memory(const LlamaCudaMemory& m, const LlamaCudaOptions& o) {
+    size_t free_bytes = 0, total_bytes = 0;
+    TWELL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    TWELL_CHECK(m.total() <= free_bytes, "LlamaCuda: these options need ", bytes_str(m.total()),
+                " of GPU memory besides the weights (KV cache ", bytes_str(m.kv_cache), " for max_batch ", o.max_batch,
+                " × max_context ", o.max_context, o.kv_cache ? "" : ", one layer's", "; activations ",
+                bytes_str(m.activations), " for max_tokens ", o.max_tokens, "; FFN workspaces ", bytes_str(m.ffn),
+                "; other ", bytes_str(m.other), "), and ", bytes_str(free_bytes), " of ", bytes_str(total_bytes),
+                " are free: lower max_context, max_batch or max_tokens");
+  }
+
+  Impl(std::shared_ptr<const LlamaCudaWeights> weights, const LlamaCudaOptions& options)
+      : w(std::move(weights)), o(resolve(w->config, options)), c(w->config) {
+    H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_hidden_layers;
+    nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+    q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim;
+    relu = c.hidden_act == "relu";
+    TWELL_CHECK(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
+                " layers, config has ", L);
+
+    sm_count = device_info().sm_count;
+    const Plan p = plan(c, o, sm_count);
+    check_free_memory(p.memory, o);
+    tokens = DeviceBuffer(p.tokens);
+    p0 = DeviceBuffer(p.p0);
+    x = DeviceBuffer(p.x);
+    a = DeviceBuffer(p.a);
+    qkv = DeviceBuffer(p.qkv);
+    attn = DeviceBuffer(p.attn);
+    proj = DeviceBuffer(p.proj);
+    y = DeviceBuffer(p.y);
+    g = DeviceBuffer(p.g);
+    u = DeviceBuffer(p.u);
+    for (int64_t l = 0; l < p.kv_buffers; ++l) {
+      k_cache.emplace_back(p.kv);
+      v_cache.emplace_back(p.kv);
+    }
+    if (p.ffn_forward) {
+      ffn_prefill = std::make_unique<FfnForward>(p.prefill_shape, p.prefill);
+      ffn_dense = std::make_unique<FfnForward>(p.dense_shape, p.dense);
+      if (p.gather_shape.max_tokens > 0) ffn_gather = std::make_unique<FfnForward>(p.gather_shape, p.gather);
+      if (p.decode_ffn) decode_ffn = DecodeFfn(H, I, sm_count);
     }
     TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&own.s, cudaStreamNonBlocking));
     stream = o.stream ? o.stream : own.s;
     ensure_logits(o.max_batch);
-    fused_qkv = o.fused_qkv_rope && hopper_available() &&
-                qkv_rope_supported(H, static_cast<int>(nh), static_cast<int>(nkv), static_cast<int>(hd));
-    if (fused_qkv) {
-      QkvRopeArgs qa;
-      qa.H = H;
-      qa.rope.T = T, qa.rope.S = std::min(T, o.max_context), qa.rope.max_context = o.max_context;
-      qa.rope.nh = static_cast<int>(nh), qa.rope.nkv = static_cast<int>(nkv), qa.rope.hd = static_cast<int>(hd);
-      qkv_workspace = DeviceBuffer(std::max<size_t>(qkv_rope_workspace_bytes(qa, sm_count), 16));
-    }
+    fused_qkv = p.fused_qkv;
+    if (fused_qkv) qkv_workspace = DeviceBuffer(p.qkv_workspace);
 
     // RoPE table as the CPU reference computes it (fp32 inverse frequencies and angles).
     std::vector<float> table(static_cast<size_t>(o.max_context * hd));
     const int64_t half = hd / 2;
-    for (int64_t p = 0; p < o.max_context; ++p)
+    for (int64_t pos = 0; pos < o.max_context; ++pos)
       for (int64_t i = 0; i < half; ++i) {
-        const float angle = c.rope_inv_freq<float>(i) * static_cast<float>(p);
-        table[p * hd + i] = std::cos(angle);
-        table[p * hd + half + i] = std::sin(angle);
+        const float angle = c.rope_inv_freq<float>(i) * static_cast<float>(pos);
+        table[pos * hd + i] = std::cos(angle);
+        table[pos * hd + half + i] = std::sin(angle);
       }
-    cos_sin = DeviceBuffer(table.size() * 4);
+    cos_sin = DeviceBuffer(p.cos_sin);
     TWELL_CUDA_CHECK(cudaMemcpyAsync(cos_sin.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice, stream));
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
     // Last: if anything above throws, ~Impl does not run, and only the members (RAII) are freed.
@@ -717,7 +797,13 @@ size_t LlamaCuda::workspace_bytes() const {
   for (const auto& b : m.v_cache) n += b.bytes();
   if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_dense->workspace_bytes();
   if (m.ffn_gather) n += m.ffn_gather->workspace_bytes();
-  return n + m.sdpa.workspace_bytes() + m.qkv_workspace.bytes();
+  const size_t lt_gemms = 1 + (m.ffn_prefill ? 1 : 0) + (m.ffn_dense ? 1 : 0) + (m.ffn_gather ? 1 : 0);
+  return n + m.decode_ffn.bytes() + lt_gemms * LtGemm::kWorkspaceBytes + m.sdpa.workspace_bytes() +
+         m.qkv_workspace.bytes();
+}
+
+LlamaCudaMemory LlamaCuda::memory_needed(const io::ModelConfig& c, const LlamaCudaOptions& options) {
+  return Impl::plan(c, Impl::resolve(c, options), device_info().sm_count).memory;
 }
 
 const LlamaCudaOptions& LlamaCuda::options() const { return impl_->o; }

@@ -58,7 +58,17 @@ void detail::free_device(void* p) { cudaFree(p); }
 void detail::free_pinned(void* p) { cudaFreeHost(p); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) {
-  if (bytes) TWELL_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  if (bytes) {
+    const cudaError_t err = cudaMalloc(&ptr_, bytes);
+    if (err == cudaErrorMemoryAllocation) {  // not sticky: the context stays usable
+      cudaGetLastError();
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      throw Error(str("CUDA out of memory: ", bytes_str(bytes), " asked for, ", bytes_str(free_bytes), " free of ",
+                      bytes_str(total_bytes), " on the GPU"));
+    }
+    TWELL_CUDA_CHECK(err);
+  }
   bytes_ = bytes;
 }
 

@@ -3,6 +3,8 @@
 // longer owns.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <string>
 #include <utility>
 
 #include "core/io_test_util.h"
@@ -12,6 +14,19 @@ namespace twell {
 namespace {
 
 using test::expect_error;
+
+TEST(BytesStr, DecimalUnitsForPeople) {
+  EXPECT_EQ(bytes_str(0), "0 bytes");
+  EXPECT_EQ(bytes_str(1), "1 byte");
+  EXPECT_EQ(bytes_str(999), "999 bytes");
+  EXPECT_EQ(bytes_str(1000), "1.0 KB");
+  EXPECT_EQ(bytes_str(99949), "99.9 KB");
+  EXPECT_EQ(bytes_str(123456), "123 KB");
+  EXPECT_EQ(bytes_str(999499), "999 KB");
+  EXPECT_EQ(bytes_str(999500), "1.0 MB");  // not "1000 KB"
+  EXPECT_EQ(bytes_str(size_t{17} << 30), "18.3 GB");
+  EXPECT_EQ(bytes_str(SIZE_MAX), "18.4 EB");
+}
 
 TEST(Tensor, OverflowingAndNegativeShapesAreRefused) {
   expect_error([] { Tensor(DType::f32, {int64_t{1} << 33, int64_t{1} << 33}); },

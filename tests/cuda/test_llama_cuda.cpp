@@ -701,6 +701,85 @@ TEST(LlamaCuda, TiedWeightsCountNoLmHead) {  // bytes() once counted the empty l
   EXPECT_EQ(&w.head(), &w.embed);
 }
 
+TEST(LlamaCuda, WeightBytesForTheConfigAreWhatIsAllocated) {
+  TWELL_REQUIRE_HOPPER();
+  for (const Shape& s : kShapes) {
+    const io::ModelConfig c = config_of(s);
+    EXPECT_EQ(LlamaCudaWeights::bytes_for(c), LlamaCudaWeights::allocate(c).bytes()) << s.name;
+  }
+}
+
+size_t free_gpu_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  EXPECT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  return free_bytes;
+}
+
+// memory_needed() is what the constructor allocates, part by part as workspace_bytes() counts it,
+// and what the device's free memory loses, for every FFN the model can build.
+TEST(LlamaCuda, MemoryNeededIsWhatTheConstructorAllocates) {
+  TWELL_REQUIRE_HOPPER();
+  struct Case {
+    const char* name;
+    LlamaCudaOptions o;
+  };
+  std::vector<Case> cases(6);
+  cases[0].name = "defaults";
+  cases[1].name = "dense", cases[1].o.ffn = FfnMode::dense;
+  cases[2].name = "no cache, batch 3", cases[2].o.kv_cache = false, cases[2].o.max_batch = 3;
+  cases[3].name = "batch 12, context 100", cases[3].o.max_batch = 12, cases[3].o.max_context = 100;
+  cases[4].name = "max_tokens 64", cases[4].o.max_batch = 2, cases[4].o.max_tokens = 64;
+  cases[5].name = "no fused decode FFN", cases[5].o.fused_decode_ffn = false, cases[5].o.fused_qkv_rope = false;
+  for (const Shape& s : kShapes) {
+    const io::ModelConfig c = config_of(s);
+    auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::allocate(c));
+    for (const Case& k : cases) {
+      SCOPED_TRACE(std::string(s.name) + ", " + k.name);
+      const LlamaCudaMemory m = LlamaCuda::memory_needed(c, k.o);
+      const size_t kv_dim = static_cast<size_t>(c.num_key_value_heads * c.head_dim);
+      const size_t batch = static_cast<size_t>(k.o.max_batch);
+      const size_t context = static_cast<size_t>(k.o.max_context ? k.o.max_context : c.max_position_embeddings);
+      EXPECT_EQ(m.kv_cache, 2 * (k.o.kv_cache ? c.num_hidden_layers : 1) * batch * context * kv_dim * 2);
+      EXPECT_GT(m.activations, 0u);
+      EXPECT_EQ(m.ffn > 0, s.act == std::string("relu") && c.hidden_size % 64 == 0 && c.intermediate_size % 64 == 0);
+      const size_t before = free_gpu_bytes();
+      LlamaCuda gpu(dw, k.o);
+      const size_t after = free_gpu_bytes();
+      EXPECT_EQ(gpu.workspace_bytes(), m.total());
+      // Allocations are rounded up (to 2 MiB pages for large ones); streams and events take a little.
+      EXPECT_GE(before - after + (size_t{4} << 20), m.total());
+      EXPECT_LE(before - after, m.total() + (size_t{128} << 20));
+    }
+  }
+}
+
+// Options whose buffers do not fit in the GPU's free memory are refused before they are allocated,
+// with the parts named; memory_needed() says so without allocating.
+TEST(LlamaCuda, OptionsBeyondTheFreeMemoryAreRefused) {
+  TWELL_REQUIRE_HOPPER();
+  io::ModelConfig c = config_of(kShapes[0]);
+  c.max_position_embeddings = int64_t{1} << 20;
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::allocate(c));
+  LlamaCudaOptions o;
+  o.max_batch = 4096;  // 4096 × 2^20 positions × 32 × 2 bytes, twice a layer: 1.1 TB of cache
+  o.max_tokens = 4096;
+  const LlamaCudaMemory m = LlamaCuda::memory_needed(c, o);
+  EXPECT_EQ(m.kv_cache, size_t{2} * 2 * 4096 * (size_t{1} << 20) * 32 * 2);
+  const size_t before = free_gpu_bytes();
+  try {
+    LlamaCuda gpu(dw, o);
+    ADD_FAILURE() << "constructed with " << bytes_str(m.total()) << " of buffers";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("KV cache 1.1 TB for max_batch 4096 × max_context 1048576"), std::string::npos) << what;
+    EXPECT_NE(what.find("lower max_context, max_batch or max_tokens"), std::string::npos) << what;
+  }
+  EXPECT_LE(before - std::min(before, free_gpu_bytes()), size_t{2} << 20);  // nothing kept
+  o.max_context = 2048;  // what a job needs: fits
+  LlamaCuda fits(dw, o);
+  EXPECT_EQ(fits.workspace_bytes(), LlamaCuda::memory_needed(c, o).total());
+}
+
 TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(kShapes[0]);

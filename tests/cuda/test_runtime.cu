@@ -1,6 +1,7 @@
 // CUDA runtime helpers: allow_dynamic_smem raises a kernel's shared memory limit whenever a launch
 // needs more than it was given before (it once kept the first call's size, and a later, larger
-// launch of the same kernel failed); PinnedBuffer owns, moves and grows page-locked memory that
+// launch of the same kernel failed); an allocation beyond the GPU's memory says how much it asked
+// for; PinnedBuffer owns, moves and grows page-locked memory that
 // copies land in.
 #include <gtest/gtest.h>
 
@@ -30,6 +31,21 @@ TEST(CudaRuntime, DynamicSmemLimitGrowsWithTheLargestRequest) {
     ASSERT_EQ(cudaMemcpy(&got, out.get(), sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(got, bytes / 4 - 1);
   }
+}
+
+// An allocation the GPU cannot hold names its size and the free memory, and leaves the context usable.
+TEST(CudaRuntime, OutOfMemorySaysHowMuch) {
+  TWELL_REQUIRE_HOPPER();
+  try {
+    cuda::DeviceBuffer b(size_t{1} << 50);  // 1.1 PB
+    ADD_FAILURE() << "allocated 1 PiB";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("CUDA out of memory: 1.1 PB asked for, "), std::string::npos) << what;
+    EXPECT_NE(what.find(" free of "), std::string::npos) << what;
+  }
+  cuda::DeviceBuffer ok(1024);  // the error is not sticky
+  EXPECT_EQ(cudaMemset(ok.get(), 0, 1024), cudaSuccess);
 }
 
 TEST(CudaRuntime, PinnedBufferOwnsMovesAndGrows) {

@@ -38,6 +38,28 @@ void ModelArgs::add_to(CLI::App* cmd) {
                    ->capture_default_str();
 }
 
+#if TWELL_WITH_CUDA
+namespace {
+
+// Refuses, naming the parts, a model whose weights and buffers would not fit in the GPU's free memory.
+void check_gpu_memory(const io::ModelConfig& c, const cuda::LlamaCudaOptions& o) {
+  const size_t weights = cuda::LlamaCudaWeights::bytes_for(c);
+  const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(c, o);
+  size_t free_bytes = 0, total_bytes = 0;
+  TWELL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const std::string free_str = str(bytes_str(free_bytes), " of ", bytes_str(total_bytes), " are free");
+  TWELL_REQUIRE(weights <= free_bytes, "the model's weights need ", bytes_str(weights), " of GPU memory, and ",
+                free_str, " (--device cpu runs it on the CPU)");
+  const int64_t context = o.max_context ? o.max_context : c.max_position_embeddings;
+  TWELL_REQUIRE(weights + m.total() <= free_bytes, "the model needs ", bytes_str(weights + m.total()),
+                " of GPU memory: weights ", bytes_str(weights), ", KV cache ", bytes_str(m.kv_cache), " for ", context,
+                " positions, activations and workspaces ", bytes_str(m.activations + m.ffn + m.other), "; ", free_str,
+                " (a shorter context needs less: run's prompt and -n, eval's --context)");
+}
+
+}  // namespace
+#endif
+
 bool ModelArgs::on_gpu() const {
   if (device == "cpu") return false;
 #if TWELL_WITH_CUDA
@@ -56,12 +78,19 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   const auto t0 = std::chrono::steady_clock::now();
   bool gpu = on_gpu();
 #if TWELL_WITH_CUDA
+  cuda::LlamaCudaOptions co;
   if (gpu) {  // a model the GPU runtime does not take runs on the CPU under --device auto
+    const io::ModelConfig config = io::read_config(dir);
     std::string why;
-    if (!cuda::LlamaCuda::supports(io::read_config(dir), &why)) {
+    if (!cuda::LlamaCuda::supports(config, &why)) {
       TWELL_REQUIRE(device == "auto", "--device (--backend) cuda: the GPU runtime does not take this model's ", why);
       std::fprintf(stderr, "the GPU runtime does not take this model's %s: using the CPU backend\n", why.c_str());
       gpu = false;
+    } else {
+      co.ffn = ffn == "dense" ? cuda::FfnMode::dense : cuda::FfnMode::twell;
+      co.max_context = gpu_context > 0 ? std::min(gpu_context, config.max_position_embeddings) : 0;
+      co.kv_cache = gpu_kv_cache;
+      check_gpu_memory(config, co);  // before seconds of reading and copying weights
     }
   }
 #endif
@@ -92,19 +121,14 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 #if TWELL_WITH_CUDA
   if (gpu) {
-    cuda::LlamaCudaOptions co;
-    co.ffn = ffn == "dense" ? cuda::FfnMode::dense : cuda::FfnMode::twell;
-    co.max_context = gpu_context > 0 ? std::min(gpu_context, c.max_position_embeddings) : 0;
-    co.kv_cache = gpu_kv_cache;
     auto dw = std::make_shared<cuda::LlamaCudaWeights>(cuda::LlamaCudaWeights::upload(w));
     // The twell FFN serves ReLU-gated FFNs whose H and I are multiples of 64 (LlamaCuda); others run
     // the dense FFN whatever --ffn says.
     const bool twell_fits = c.hidden_act == "relu" && c.hidden_size % 64 == 0 && c.intermediate_size % 64 == 0;
     const std::string ffn_used =
         ffn == "dense" || twell_fits ? ffn : "dense (the twell FFN needs a ReLU gate and H, I multiples of 64)";
-    const double mb = dw->bytes() / 1e6;
-    std::fprintf(stderr, "backend: %s (GPU), %.*f %s of weights, %s FFN%s\n", cuda::device_info().name.c_str(),
-                 mb < 1000 ? 1 : 2, mb < 1000 ? mb : mb / 1000, mb < 1000 ? "MB" : "GB", ffn_used.c_str(),
+    std::fprintf(stderr, "backend: %s (GPU), %s of weights, %s FFN%s\n", cuda::device_info().name.c_str(),
+                 bytes_str(dw->bytes()).c_str(), ffn_used.c_str(),
                  bf16_ffn ? " (--bf16-ffn: the GPU rounds to bf16 anyway)" : "");
     return std::make_unique<cuda::LlamaCuda>(std::move(dw), co);
   }

@@ -26,7 +26,8 @@
 // Memory: the KV cache and the workspace are sized at construction from max_batch, max_context
 // and max_tokens, whose defaults take the config's whole context: set max_context to what a job
 // needs (a Llama 3.1 8B config says 131072 positions, ~17 GB of cache at batch 1).
-// workspace_bytes() says what was allocated.
+// memory_needed() says what a configuration needs before anything is loaded, workspace_bytes()
+// what was allocated.
 //
 // Batches: B sequences of equal length run together (prefill_batch, decode_batch); all of them
 // share one position counter. Tokens are checked on the host before anything is enqueued.
@@ -73,6 +74,8 @@ struct LlamaCudaWeights {
 
   const DeviceTensor& head() const { return config.tie_word_embeddings ? embed : lm_head; }
   size_t bytes() const;
+  // What bytes() is for a model of this configuration, before anything is allocated.
+  static size_t bytes_for(const io::ModelConfig& c);
 };
 
 enum class FfnMode { twell, dense };
@@ -159,6 +162,18 @@ struct LlamaCudaOptions {
   bool record_ffn_stats = false;
 };
 
+// The device memory a LlamaCuda allocates at construction besides its weights (bytes). Later
+// calls may add cuDNN's attention workspace (at the first prefill of a shape, as its plan asks)
+// and grow the logits buffer (a call whose head takes more than max_batch rows): workspace_bytes()
+// counts what is allocated at any time.
+struct LlamaCudaMemory {
+  size_t kv_cache = 0;     // keys and values: 2 · layers (1 without kv_cache) · max_batch · max_context · nkv · hd · 2
+  size_t activations = 0;  // the per-call buffers of max_tokens rows: the residual stream, norms, QKV, attention
+  size_t ffn = 0;          // the FFNs' workspaces (prefill, dense and gather FFN, the one-token decode FFN)
+  size_t other = 0;        // cuBLASLt's workspaces, the RoPE table, logits of max_batch rows, the QKV GEMM's
+  size_t total() const { return kv_cache + activations + ffn + other; }
+};
+
 // Which rows of the last call's output go through the final norm and the LM head.
 enum class Head { none, last, all };
 
@@ -168,6 +183,11 @@ class LlamaCuda final : public model::LanguageModel {
   // widths multiples of 8, hidden_size at most 16384); if not, `why` says what it lacks.
   // Needs no GPU.
   static bool supports(const io::ModelConfig& c, std::string* why = nullptr);
+  // The memory the constructor would allocate for this configuration and these options (checked
+  // as the constructor checks them), by part, from the current device's properties: to size a job
+  // before loading anything. The constructor refuses, allocating nothing, where it exceeds the
+  // GPU's free memory.
+  static LlamaCudaMemory memory_needed(const io::ModelConfig& c, const LlamaCudaOptions& options = {});
 
   LlamaCuda(std::shared_ptr<const LlamaCudaWeights> weights, LlamaCudaOptions options = {});
   ~LlamaCuda() override;
@@ -206,6 +226,8 @@ class LlamaCuda final : public model::LanguageModel {
   // not a decode step (FfnStats::nnz_per_token() is non-zeros per token on the sparse path, -1 on the
   // dense one); empty without the option.
   std::vector<FfnStats> ffn_stats() const;
+  // Device memory the model holds besides its weights: memory_needed()'s total after construction,
+  // and what later calls added (cuDNN's workspace, a larger logits buffer).
   size_t workspace_bytes() const;
   // The kernels the last call that was not a decode step ran (empty/false before any such call).
   struct PrefillKernels {
