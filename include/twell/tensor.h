@@ -41,8 +41,8 @@ size_t checked_nbytes(DType t, const Shape& s);
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::f32;
-  Shape shape;
-  Shape strides;  // elements; empty means contiguous row-major
+  Shape shape{0};  // default-constructed: no data, shape [0], no elements (as an empty Tensor's view)
+  Shape strides;   // elements; empty means contiguous row-major
   Device device = Device::cpu;
 
   TensorView() = default;

@@ -69,5 +69,15 @@ TEST(Tensor, DefaultIsEmpty) {  // as a moved-from one: no data and no bytes, no
   EXPECT_EQ(b.clone().dtype(), DType::bf16);  // NOLINT(bugprone-use-after-move): an empty copy keeps the dtype
 }
 
+TEST(TensorView, DefaultIsEmptyAsTensorsIs) {  // it was rank 0: one element at a null pointer
+  const TensorView v;
+  EXPECT_TRUE(v.empty());
+  EXPECT_EQ(v.numel(), 0);
+  EXPECT_EQ(v.nbytes(), 0u);
+  EXPECT_EQ(v.shape, Tensor().shape());
+  float x = 1;
+  EXPECT_EQ(TensorView(&x, DType::f32, {}).numel(), 1);  // a scalar, asked for, is still one
+}
+
 }  // namespace
 }  // namespace twell
