@@ -95,10 +95,16 @@ bool print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
   std::printf("\n");
 #if TWELL_WITH_CUDA
   std::string why;
-  if (cuda::LlamaCuda::supports(c, &why))
+  if (cuda::LlamaCuda::supports(c, &why)) {
     std::printf("  GPU runtime: takes this model%s\n",
                 c.hidden_act == "relu" ? " (ReLU gate: the twell FFN applies)" : " (dense FFN)");
-  else
+    // What it will need besides activations: the KV cache grows with the context a job asks for.
+    const size_t kv_position = 2 * static_cast<size_t>(c.num_hidden_layers * c.num_key_value_heads * c.head_dim) * 2;
+    std::printf("  GPU memory: %s of bf16 weights; KV cache %s a position a sequence (%s at the config's %lld)\n",
+                bytes_str(cuda::LlamaCudaWeights::bytes_for(c)).c_str(), bytes_str(kv_position).c_str(),
+                bytes_str(kv_position * static_cast<size_t>(c.max_position_embeddings)).c_str(),
+                static_cast<long long>(c.max_position_embeddings));
+  } else
     std::printf("  GPU runtime: does not take this model's %s (twell run/eval use the CPU backend)\n", why.c_str());
 #endif
   return true;
