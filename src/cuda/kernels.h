@@ -262,7 +262,8 @@ class DecodeFfn {
   // launch_decode_ffn on x [H] bf16 with w's rows; returns output().
   SplitSum run(const uint16_t* x, const FfnWeights& w, bool h_fp32, cudaStream_t stream);
   SplitSum output() const { return SplitSum{parts_.as<float>(), flags_.as<uint32_t>(), blocks_}; }
-  size_t bytes() const { return parts_.bytes() + flags_.bytes(); }
+  // bytes_for(H, I, sm_count): each buffer counted as an arena's piece, allocated there or not.
+  size_t bytes() const { return DeviceArena::piece(parts_.bytes()) + DeviceArena::piece(flags_.bytes()); }
 
  private:
   int64_t H_ = 0, I_ = 0;

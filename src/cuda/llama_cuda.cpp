@@ -176,6 +176,7 @@ struct LlamaCuda::Impl {
   static constexpr int64_t kFusedQkvMinTokens = 512;
   bool fused_qkv = false;
   int sm_count = 0;
+  int64_t lt_gemms = 0;  // cuBLASLt workspaces of the model and its FFNs (Plan::lt_gemms)
   DeviceBuffer qkv_workspace;
   LlamaCuda::PrefillKernels kernels;  // prefill_kernels()
   // ReLU models: prefill (dispatched); decode steps: the gather path for a few tokens (twell mode)
@@ -227,9 +228,10 @@ struct LlamaCuda::Impl {
   // alone: the constructor follows it, LlamaCuda::memory_needed reports it.
   struct Plan {
     // Bytes of each buffer (of K and of V per kv buffer: one a layer, or one shared without kv_cache).
-    size_t tokens = 0, p0 = 4, x = 0, a = 0, qkv = 0, attn = 0, proj = 0, y = 0, g = 0, u = 0, kv = 0, cos_sin = 0,
+    size_t tokens = 0, p0 = 0, x = 0, a = 0, qkv = 0, attn = 0, proj = 0, y = 0, g = 0, u = 0, kv = 0, cos_sin = 0,
            logits = 0, qkv_workspace = 0;
     int64_t kv_buffers = 0;
+    int64_t lt_gemms = 1;  // cuBLASLt workspaces: the model's, and one in each FfnForward
     // The ReLU FFN through FfnForward (prefill dispatched, decode dense, and the gather path for few
     // tokens); otherwise the dense cuBLASLt FFN over g and u.
     bool ffn_forward = false;
@@ -247,6 +249,7 @@ struct LlamaCuda::Impl {
     const int64_t T = o.max_tokens;
     Plan p;
     p.tokens = checked_nbytes(DType::i32, {T});
+    p.p0 = checked_nbytes(DType::i32, {1});
     p.x = checked_nbytes(DType::f32, {T, H});
     p.a = p.proj = p.y = checked_nbytes(DType::bf16, {T, H});
     p.qkv = checked_nbytes(DType::bf16, {T, qkv_dim});
@@ -254,7 +257,6 @@ struct LlamaCuda::Impl {
     p.kv = checked_nbytes(DType::bf16, {o.max_batch, o.max_context, kv_dim});
     p.kv_buffers = o.kv_cache ? L : 1;
     p.ffn_forward = c.hidden_act == "relu" && H % 64 == 0 && I % 64 == 0;  // FfnForward's shapes
-    int64_t lt_gemms = 1;  // the model's own, and one in each FfnForward
     if (p.ffn_forward) {
       const bool sparse = o.ffn == FfnMode::twell;
       p.prefill = o.ffn_options;
@@ -268,7 +270,7 @@ struct LlamaCuda::Impl {
       p.dense.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
       p.dense.gather_max_tokens = 0;
       p.dense_shape = FfnShape{o.max_batch, H, I, true};
-      lt_gemms += 2;
+      p.lt_gemms += 2;
       size_t ffn = FfnForward::required_workspace_bytes(p.prefill_shape, p.prefill) +
                    FfnForward::required_workspace_bytes(p.dense_shape, p.dense);
       if (sparse && o.decode_gather_tokens > 0) {
@@ -278,7 +280,7 @@ struct LlamaCuda::Impl {
         p.gather.gather_max_tokens = o.decode_gather_tokens;
         p.gather.one_token_kernel = !p.decode_ffn;  // one token goes to the decode FFN, never to the gather FFN
         p.gather_shape = FfnShape{std::min(o.max_batch, o.decode_gather_tokens), H, I, true};
-        lt_gemms += 1;
+        p.lt_gemms += 1;
         ffn += FfnForward::required_workspace_bytes(p.gather_shape, p.gather);
         if (p.decode_ffn) ffn += DecodeFfn::bytes_for(H, I, sm_count);
       }
@@ -297,17 +299,28 @@ struct LlamaCuda::Impl {
       p.qkv_workspace = std::max<size_t>(qkv_rope_workspace_bytes(qa, sm_count), 16);
     }
     p.cos_sin = checked_nbytes(DType::f32, {o.max_context, hd});
-    p.memory.kv_cache = 2 * static_cast<size_t>(p.kv_buffers) * p.kv;
-    p.memory.activations = p.tokens + p.p0 + p.x + p.a + p.qkv + p.attn + p.proj + p.y + p.g + p.u;
-    p.memory.other = static_cast<size_t>(lt_gemms) * LtGemm::kWorkspaceBytes + p.cos_sin + p.logits + p.qkv_workspace;
+    // Sums checked: each buffer is below 2^62 bytes (checked_nbytes), their sums need not be.
+    const auto sum = [](std::initializer_list<size_t> parts) {
+      size_t s = 0;
+      for (size_t b : parts)
+        TWELL_CHECK(!__builtin_add_overflow(s, b, &s), "LlamaCuda: these options need more than 2^64 bytes");
+      return s;
+    };
+    TWELL_CHECK(!__builtin_mul_overflow(2 * static_cast<size_t>(p.kv_buffers), p.kv, &p.memory.kv_cache),
+                "LlamaCuda: the KV cache of these options needs more than 2^64 bytes");
+    p.memory.activations = sum({p.tokens, p.p0, p.x, p.a, p.qkv, p.attn, p.proj, p.y, p.g, p.u});
+    p.memory.other =
+        sum({static_cast<size_t>(p.lt_gemms) * LtGemm::kWorkspaceBytes, p.cos_sin, p.logits, p.qkv_workspace});
+    sum({p.memory.kv_cache, p.memory.activations, p.memory.ffn, p.memory.other});  // total() fits
     return p;
   }
 
-  // Refuses options whose buffers exceed the GPU's free memory, before they are allocated.
+  // Refuses options whose buffers exceed the GPU's free memory, before they are allocated. The
+  // model's own cuBLASLt workspace, counted in m.other, is allocated already (the member `gemm`).
   static void check_free_memory(const LlamaCudaMemory& m, const LlamaCudaOptions& o) {
     size_t free_bytes = 0, total_bytes = 0;
     TWELL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    TWELL_CHECK(m.total() <= free_bytes, "LlamaCuda: these options need ", bytes_str(m.total()),
+    TWELL_CHECK(m.total() - LtGemm::kWorkspaceBytes <= free_bytes, "LlamaCuda: these options need ", bytes_str(m.total()),
                 " of GPU memory besides the weights (KV cache ", bytes_str(m.kv_cache), " for max_batch ", o.max_batch,
                 " × max_context ", o.max_context, o.kv_cache ? "" : ", one layer's", "; activations ",
                 bytes_str(m.activations), " for max_tokens ", o.max_tokens, "; FFN workspaces ", bytes_str(m.ffn),
@@ -326,6 +339,7 @@ struct LlamaCuda::Impl {
 
     sm_count = device_info().sm_count;
     const Plan p = plan(c, o, sm_count);
+    lt_gemms = p.lt_gemms;
     check_free_memory(p.memory, o);
     tokens = DeviceBuffer(p.tokens);
     p0 = DeviceBuffer(p.p0);
@@ -797,8 +811,7 @@ size_t LlamaCuda::workspace_bytes() const {
   for (const auto& b : m.v_cache) n += b.bytes();
   if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_dense->workspace_bytes();
   if (m.ffn_gather) n += m.ffn_gather->workspace_bytes();
-  const size_t lt_gemms = 1 + (m.ffn_prefill ? 1 : 0) + (m.ffn_dense ? 1 : 0) + (m.ffn_gather ? 1 : 0);
-  return n + m.decode_ffn.bytes() + lt_gemms * LtGemm::kWorkspaceBytes + m.sdpa.workspace_bytes() +
+  return n + m.decode_ffn.bytes() + static_cast<size_t>(m.lt_gemms) * LtGemm::kWorkspaceBytes + m.sdpa.workspace_bytes() +
          m.qkv_workspace.bytes();
 }
 

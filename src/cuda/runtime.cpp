@@ -63,9 +63,9 @@ DeviceBuffer::DeviceBuffer(size_t bytes) {
     if (err == cudaErrorMemoryAllocation) {  // not sticky: the context stays usable
       cudaGetLastError();
       size_t free_bytes = 0, total_bytes = 0;
-      cudaMemGetInfo(&free_bytes, &total_bytes);
-      throw Error(str("CUDA out of memory: ", bytes_str(bytes), " asked for, ", bytes_str(free_bytes), " free of ",
-                      bytes_str(total_bytes), " on the GPU"));
+      const bool known = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+      throw Error(str("CUDA out of memory: ", bytes_str(bytes), " asked for",
+                      known ? str(", ", bytes_str(free_bytes), " free of ", bytes_str(total_bytes), " on the GPU") : ""));
     }
     TWELL_CUDA_CHECK(err);
   }

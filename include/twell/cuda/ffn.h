@@ -174,7 +174,8 @@ struct FfnStats {
 // Device memory: about 4.5 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
 // output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
 // them): 6.4 GB at max_tokens = 131072, I = 5632 (required_workspace_bytes says it exactly, and
-// the forward can run in the caller's memory instead), and 64 MiB for cuBLASLt's workspace.
+// the forward can run in the caller's memory instead), and 64 MiB for cuBLASLt's workspace (not
+// counted by either).
 // FfnOptions::training adds one [max_tokens, I] bf16 buffer (h), and backward() its workspace, which
 // grows with the largest M and non-zero count seen so far: a call that needs more frees and
 // reallocates it (cudaFree synchronises the device).

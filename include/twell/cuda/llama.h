@@ -185,8 +185,8 @@ class LlamaCuda final : public model::LanguageModel {
   static bool supports(const io::ModelConfig& c, std::string* why = nullptr);
   // The memory the constructor would allocate for this configuration and these options (checked
   // as the constructor checks them), by part, from the current device's properties: to size a job
-  // before loading anything. The constructor refuses, allocating nothing, where it exceeds the
-  // GPU's free memory.
+  // before loading anything. Where it exceeds the GPU's free memory, the constructor throws before
+  // allocating the buffers, and keeps nothing.
   static LlamaCudaMemory memory_needed(const io::ModelConfig& c, const LlamaCudaOptions& options = {});
 
   LlamaCuda(std::shared_ptr<const LlamaCudaWeights> weights, LlamaCudaOptions options = {});
