@@ -239,7 +239,6 @@ struct LlamaCuda::Impl {
     FfnOptions prefill, dense, gather;
     bool decode_ffn = false;  // the one-token decode FFN (fused_decode_ffn)
     bool fused_qkv = false;
-    QkvRopeArgs qkv_args;
     LlamaCudaMemory memory;
   };
   static Plan plan(const io::ModelConfig& c, const LlamaCudaOptions& o, int sm_count) {
@@ -262,7 +261,7 @@ struct LlamaCuda::Impl {
       p.prefill = o.ffn_options;
       if (!sparse) p.prefill.dispatch = Dispatch::always_dense;
       p.prefill.one_token_gemv = p.prefill.one_token_gemv && o.decode_gemv;
-      p.prefill.dispatch_slots = c.num_hidden_layers;  // each layer dispatched on its own density
+      p.prefill.dispatch_slots = L;  // each layer dispatched on its own density
       p.prefill_shape = FfnShape{T, H, I, true};
       p.dense = p.prefill;
       p.dense.dispatch = Dispatch::always_dense;
@@ -292,7 +291,7 @@ struct LlamaCuda::Impl {
     p.fused_qkv = o.fused_qkv_rope && hopper_available() &&
                   qkv_rope_supported(H, static_cast<int>(nh), static_cast<int>(nkv), static_cast<int>(hd));
     if (p.fused_qkv) {
-      QkvRopeArgs& qa = p.qkv_args;
+      QkvRopeArgs qa;  // sized for the largest call: T tokens, sequences up to max_context
       qa.H = H;
       qa.rope.T = T, qa.rope.S = std::min(T, o.max_context), qa.rope.max_context = o.max_context;
       qa.rope.nh = static_cast<int>(nh), qa.rope.nkv = static_cast<int>(nkv), qa.rope.hd = static_cast<int>(hd);
