@@ -65,7 +65,16 @@ bool LtGemm::autotune_default() {
   return on;
 }
 
-LtGemm::LtGemm(bool autotune) : workspace_(kWorkspaceBytes), autotune_(autotune) {
+LtGemm::LtGemm(bool autotune, void* workspace, size_t workspace_bytes) : autotune_(autotune) {
+  if (workspace) {
+    TWELL_CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0 && workspace_bytes > 0,
+                "cuBLASLt's workspace must be 256-byte aligned and hold some bytes, got ", workspace, " and ",
+                workspace_bytes, " bytes");
+    workspace_ = DeviceBuffer::borrow(workspace, workspace_bytes);
+  } else {
+    TWELL_CHECK(workspace_bytes == 0, "cuBLASLt's workspace is null but said to hold ", workspace_bytes, " bytes");
+    workspace_ = DeviceBuffer(kWorkspaceBytes);
+  }
   TWELL_CUBLAS_CHECK(cublasLtCreate(&handle_));
 }
 
@@ -143,8 +152,10 @@ std::mutex& tuned_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<std::pair<int, LtGemm::Key>, cublasLtMatmulAlgo_t>& tuned_algos() {  // (device, problem) -> algorithm
-  static std::map<std::pair<int, LtGemm::Key>, cublasLtMatmulAlgo_t> m;
+// (device, workspace bytes, problem) -> algorithm: the candidates depend on the workspace's size.
+using TunedKey = std::tuple<int, size_t, LtGemm::Key>;
+std::map<TunedKey, cublasLtMatmulAlgo_t>& tuned_algos() {
+  static std::map<TunedKey, cublasLtMatmulAlgo_t> m;
   return m;
 }
 }  // namespace
@@ -157,7 +168,7 @@ void LtGemm::tune(Plan& p, const Key& key, const void* a, const void* b, void* c
   TWELL_CUDA_CHECK(cudaGetDevice(&device));
   {
     std::lock_guard<std::mutex> lock(tuned_mutex());
-    const auto it = tuned_algos().find({device, key});
+    const auto it = tuned_algos().find({device, workspace_.bytes(), key});
     if (it != tuned_algos().end()) {
       p.algo = it->second, p.tuned = true;
       return;
@@ -236,7 +247,7 @@ void LtGemm::tune(Plan& p, const Key& key, const void* a, const void* b, void* c
   if (best == 0) p.algo = p.candidates[0];  // none timed: the heuristics' first
   // Another thread may have tuned the same problem meanwhile: its choice is the process's.
   std::lock_guard<std::mutex> lock(tuned_mutex());
-  p.algo = tuned_algos().emplace(std::make_pair(device, key), p.algo).first->second;
+  p.algo = tuned_algos().emplace(TunedKey{device, workspace_.bytes(), key}, p.algo).first->second;
 }
 
 void LtGemm::forget_tuning() {

@@ -41,10 +41,17 @@ class LtGemm {
   static constexpr size_t kWorkspaceBytes = size_t{64} << 20;
   // autotune: time the candidates at each problem's first call (the default: on, unless the
   // environment sets TWELL_LT_AUTOTUNE=0); false: the heuristics' first algorithm.
-  explicit LtGemm(bool autotune = autotune_default());
+  // workspace: null, the object allocates kWorkspaceBytes of its own; or device memory of
+  // workspace_bytes bytes, 256-byte aligned, that the caller keeps valid while the object lives
+  // and may share with other work ordered on the same stream (as cublasSetWorkspace's). A smaller
+  // workspace may give other algorithms, and so other last bits.
+  explicit LtGemm(bool autotune = autotune_default(), void* workspace = nullptr, size_t workspace_bytes = 0);
   static bool autotune_default();
   // Forgets the process's tuned choices (tests: the next call of each problem tunes again).
   static void forget_tuning();
+  // cuBLASLt's workspace: the object's own, or the caller's.
+  void* workspace() const { return workspace_.get(); }
+  size_t workspace_bytes() const { return workspace_.bytes(); }
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;

@@ -101,6 +101,16 @@ struct FfnForward::Impl {
     const void *x = nullptr, *wg = nullptr, *wu = nullptr, *wd = nullptr;
   } saved;
 
+  // FfnOptions::cublaslt_workspace, checked before the LtGemm takes it.
+  static void* checked_lt_workspace(const FfnOptions& o) {
+    TWELL_CHECK((o.cublaslt_workspace != nullptr) == (o.cublaslt_workspace_bytes > 0),
+                "FfnForward: cublaslt_workspace and cublaslt_workspace_bytes must both be set or both be 0, got ",
+                o.cublaslt_workspace, " and ", o.cublaslt_workspace_bytes, " bytes");
+    TWELL_CHECK(reinterpret_cast<uintptr_t>(o.cublaslt_workspace) % 256 == 0,
+                "FfnForward: cublaslt_workspace must be 256-byte aligned, got ", o.cublaslt_workspace);
+    return o.cublaslt_workspace;
+  }
+
   static FfnOptions with_tile(FfnOptions o, const FfnShape& s) {
     if (o.tile == 0) o.tile = default_ffn_tile(s.ffn, o.compression, o.training);
     return o;
@@ -133,6 +143,7 @@ struct FfnForward::Impl {
     TWELL_CHECK(w == 0 || (w > 0 && w % 8 == 0 && s.hidden % w == 0), "FfnForward: dw_slice_columns = ", w,
                 " must be 0 or a multiple of 8 dividing H = ", s.hidden);
     TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
+    checked_lt_workspace(o);
     Plan p;
     const size_t act_bytes = checked_nbytes(DType::bf16, {s.max_tokens, s.ffn});
     p.g = act_bytes;
@@ -180,7 +191,9 @@ struct FfnForward::Impl {
   // `workspace`: the caller's (at least plan().total() bytes, 256-byte aligned), or null: one
   // allocation of its own.
   Impl(const FfnShape& s, const FfnOptions& asked, void* workspace = nullptr, size_t workspace_size = 0)
-      : shape(s), options(with_tile(asked, s)) {
+      : shape(s),
+        options(with_tile(asked, s)),
+        gemm(LtGemm::autotune_default(), checked_lt_workspace(asked), asked.cublaslt_workspace_bytes) {
     const FfnOptions& o = options;
     const DeviceInfo info = device_info();
     sm_count = info.sm_count;

@@ -176,7 +176,6 @@ struct LlamaCuda::Impl {
   static constexpr int64_t kFusedQkvMinTokens = 512;
   bool fused_qkv = false;
   int sm_count = 0;
-  int64_t lt_gemms = 0;  // cuBLASLt workspaces of the model and its FFNs (Plan::lt_gemms)
   DeviceBuffer qkv_workspace;
   LlamaCuda::PrefillKernels kernels;  // prefill_kernels()
   // ReLU models: prefill (dispatched); decode steps: the gather path for a few tokens (twell mode)
@@ -219,6 +218,8 @@ struct LlamaCuda::Impl {
                 o.max_batch);
     // h_fp32 exists on FfnForward's sparse paths only: FfnMode::dense and the dense decode FFN
     // could not honour it.
+    TWELL_CHECK(!o.ffn_options.cublaslt_workspace && o.ffn_options.cublaslt_workspace_bytes == 0,
+                "LlamaCuda: ffn_options.cublaslt_workspace must be left null: the model's FFNs share its own");
     TWELL_CHECK(o.ffn_options.precision == Precision::bf16,
                 "LlamaCuda: ffn_options.precision must be Precision::bf16 (h_fp32 exists on the sparse FFN paths only)");
     return o;
@@ -231,7 +232,6 @@ struct LlamaCuda::Impl {
     size_t tokens = 0, p0 = 0, x = 0, a = 0, qkv = 0, attn = 0, proj = 0, y = 0, g = 0, u = 0, kv = 0, cos_sin = 0,
            logits = 0, qkv_workspace = 0;
     int64_t kv_buffers = 0;
-    int64_t lt_gemms = 1;  // cuBLASLt workspaces: the model's, and one in each FfnForward
     // The ReLU FFN through FfnForward (prefill dispatched, decode dense, and the gather path for few
     // tokens); otherwise the dense cuBLASLt FFN over g and u.
     bool ffn_forward = false;
@@ -269,7 +269,6 @@ struct LlamaCuda::Impl {
       p.dense.count_nonzeros = false;  // nothing comes back to the host: the step is graph-captured
       p.dense.gather_max_tokens = 0;
       p.dense_shape = FfnShape{o.max_batch, H, I, true};
-      p.lt_gemms += 2;
       size_t ffn = FfnForward::required_workspace_bytes(p.prefill_shape, p.prefill) +
                    FfnForward::required_workspace_bytes(p.dense_shape, p.dense);
       if (sparse && o.decode_gather_tokens > 0) {
@@ -279,7 +278,6 @@ struct LlamaCuda::Impl {
         p.gather.gather_max_tokens = o.decode_gather_tokens;
         p.gather.one_token_kernel = !p.decode_ffn;  // one token goes to the decode FFN, never to the gather FFN
         p.gather_shape = FfnShape{std::min(o.max_batch, o.decode_gather_tokens), H, I, true};
-        p.lt_gemms += 1;
         ffn += FfnForward::required_workspace_bytes(p.gather_shape, p.gather);
         if (p.decode_ffn) ffn += DecodeFfn::bytes_for(H, I, sm_count);
       }
@@ -309,7 +307,7 @@ struct LlamaCuda::Impl {
                 "LlamaCuda: the KV cache of these options needs more than 2^64 bytes");
     p.memory.activations = sum({p.tokens, p.p0, p.x, p.a, p.qkv, p.attn, p.proj, p.y, p.g, p.u});
     p.memory.other =
-        sum({static_cast<size_t>(p.lt_gemms) * LtGemm::kWorkspaceBytes, p.cos_sin, p.logits, p.qkv_workspace});
+        sum({LtGemm::kWorkspaceBytes, p.cos_sin, p.logits, p.qkv_workspace});  // one cuBLASLt workspace, shared
     sum({p.memory.kv_cache, p.memory.activations, p.memory.ffn, p.memory.other});  // total() fits
     return p;
   }
@@ -317,14 +315,12 @@ struct LlamaCuda::Impl {
   // Refuses options whose buffers exceed the GPU's free memory, before they are allocated. The
   // model's own cuBLASLt workspace, counted in m.other, is allocated already (the member `gemm`).
   static void check_free_memory(const LlamaCudaMemory& m, const LlamaCudaOptions& o) {
-    size_t free_bytes = 0, total_bytes = 0;
-    TWELL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    TWELL_CHECK(m.total() - LtGemm::kWorkspaceBytes <= free_bytes, "LlamaCuda: these options need ", bytes_str(m.total()),
+    const DeviceMemory gpu = device_memory();
+    TWELL_CHECK(m.total() - LtGemm::kWorkspaceBytes <= gpu.free, "LlamaCuda: these options need ", bytes_str(m.total()),
                 " of GPU memory besides the weights (KV cache ", bytes_str(m.kv_cache), " for max_batch ", o.max_batch,
                 " × max_context ", o.max_context, o.kv_cache ? "" : ", one layer's", "; activations ",
                 bytes_str(m.activations), " for max_tokens ", o.max_tokens, "; FFN workspaces ", bytes_str(m.ffn),
-                "; other ", bytes_str(m.other), "), and ", bytes_str(free_bytes), " of ", bytes_str(total_bytes),
-                " are free: lower max_context, max_batch or max_tokens");
+                "; other ", bytes_str(m.other), "), and ", gpu.str(), ": lower max_context, max_batch or max_tokens");
   }
 
   Impl(std::shared_ptr<const LlamaCudaWeights> weights, const LlamaCudaOptions& options)
@@ -338,7 +334,6 @@ struct LlamaCuda::Impl {
 
     sm_count = device_info().sm_count;
     const Plan p = plan(c, o, sm_count);
-    lt_gemms = p.lt_gemms;
     check_free_memory(p.memory, o);
     tokens = DeviceBuffer(p.tokens);
     p0 = DeviceBuffer(p.p0);
@@ -355,9 +350,14 @@ struct LlamaCuda::Impl {
       v_cache.emplace_back(p.kv);
     }
     if (p.ffn_forward) {
-      ffn_prefill = std::make_unique<FfnForward>(p.prefill_shape, p.prefill);
-      ffn_dense = std::make_unique<FfnForward>(p.dense_shape, p.dense);
-      if (p.gather_shape.max_tokens > 0) ffn_gather = std::make_unique<FfnForward>(p.gather_shape, p.gather);
+      // The FFNs run on the model's stream, in order with its GEMMs: one cuBLASLt workspace serves all.
+      const auto shared = [&](FfnOptions f) {
+        f.cublaslt_workspace = gemm.workspace(), f.cublaslt_workspace_bytes = gemm.workspace_bytes();
+        return f;
+      };
+      ffn_prefill = std::make_unique<FfnForward>(p.prefill_shape, shared(p.prefill));
+      ffn_dense = std::make_unique<FfnForward>(p.dense_shape, shared(p.dense));
+      if (p.gather_shape.max_tokens > 0) ffn_gather = std::make_unique<FfnForward>(p.gather_shape, shared(p.gather));
       if (p.decode_ffn) decode_ffn = DecodeFfn(H, I, sm_count);
     }
     TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&own.s, cudaStreamNonBlocking));
@@ -810,7 +810,7 @@ size_t LlamaCuda::workspace_bytes() const {
   for (const auto& b : m.v_cache) n += b.bytes();
   if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_dense->workspace_bytes();
   if (m.ffn_gather) n += m.ffn_gather->workspace_bytes();
-  return n + m.decode_ffn.bytes() + static_cast<size_t>(m.lt_gemms) * LtGemm::kWorkspaceBytes + m.sdpa.workspace_bytes() +
+  return n + m.decode_ffn.bytes() + m.gemm.workspace_bytes() + m.sdpa.workspace_bytes() +
          m.qkv_workspace.bytes();
 }
 

@@ -32,6 +32,14 @@ DeviceInfo device_info(int device) {
   return d;
 }
 
+DeviceMemory device_memory() {
+  DeviceMemory m;
+  TWELL_CUDA_CHECK(cudaMemGetInfo(&m.free, &m.total));
+  return m;
+}
+
+std::string DeviceMemory::str() const { return twell::str(bytes_str(free), " of ", bytes_str(total), " free"); }
+
 bool hopper_available(std::string* why) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
@@ -62,10 +70,12 @@ DeviceBuffer::DeviceBuffer(size_t bytes) {
     const cudaError_t err = cudaMalloc(&ptr_, bytes);
     if (err == cudaErrorMemoryAllocation) {  // not sticky: the context stays usable
       cudaGetLastError();
-      size_t free_bytes = 0, total_bytes = 0;
-      const bool known = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
-      throw Error(str("CUDA out of memory: ", bytes_str(bytes), " asked for",
-                      known ? str(", ", bytes_str(free_bytes), " free of ", bytes_str(total_bytes), " on the GPU") : ""));
+      std::string free_now;
+      try {
+        free_now = str(", ", device_memory().str(), " on the GPU");
+      } catch (const Error&) {  // then without it
+      }
+      throw Error(str("CUDA out of memory: ", bytes_str(bytes), " asked for", free_now));
     }
     TWELL_CUDA_CHECK(err);
   }

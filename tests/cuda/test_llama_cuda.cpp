@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/io_test_util.h"
 #include "cpu/parallel.h"
 #include "cuda/cudnn_sdpa.h"
 #include "cuda/kernels.h"
@@ -709,11 +710,7 @@ TEST(LlamaCuda, WeightBytesForTheConfigAreWhatIsAllocated) {
   }
 }
 
-size_t free_gpu_bytes() {
-  size_t free_bytes = 0, total_bytes = 0;
-  EXPECT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
-  return free_bytes;
-}
+size_t free_gpu_bytes() { return device_memory().free; }
 
 // memory_needed() is what the constructor allocates, part by part as workspace_bytes() counts it,
 // and what the device's free memory loses, for every FFN the model can build.
@@ -823,6 +820,11 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   LlamaCudaOptions fp32_h;
   fp32_h.ffn_options.precision = Precision::h_fp32;  // sparse-only: the dense FFNs cannot honour it
   EXPECT_THROW(LlamaCuda(dw, fp32_h), Error);
+  DeviceBuffer lt_workspace(size_t{1} << 20);
+  LlamaCudaOptions lt;
+  lt.ffn_options.cublaslt_workspace = lt_workspace.get();  // the model's FFNs share its own
+  lt.ffn_options.cublaslt_workspace_bytes = lt_workspace.bytes();
+  test::expect_error([&] { LlamaCuda(dw, lt); }, {"cublaslt_workspace must be left null"});
   LlamaCudaOptions ranges;
   ranges.decode_attention_splits = 17;  // at most 16 (a cluster)
   EXPECT_THROW(LlamaCuda(dw, ranges), Error);

@@ -15,8 +15,9 @@
 #include <vector>
 
 #include "common/compare.h"
-#include "cuda/kernels.h"
 #include "common/random.h"
+#include "cuda/cublaslt_gemm.h"
+#include "cuda/kernels.h"
 #include "core/io_test_util.h"
 #include "gpu_test.h"
 #include "synthetic.h"
@@ -285,6 +286,53 @@ TEST(FfnForwardGpuEdges, RunsInTheCallersWorkspace) {
   test::expect_error([&] { cuda::FfnForward(shape, {}, ws.as<char>() + 16, need); }, {"256-byte aligned"});
   test::expect_error([&] { cuda::FfnForward(shape, {}, nullptr, need); }, {"workspace is null"});
   test::expect_error([&] { cuda::FfnForward::required_workspace_bytes({M, 100, I, true}); }, {"multiples of 64"});
+}
+
+// FfnOptions::cublaslt_workspace: objects whose calls are ordered share the caller's cuBLASLt
+// workspace, with the bits of objects that hold their own (same size, same algorithms), on the
+// paths that run cuBLASLt: the dense FFN, and the unfused gate of the sparse one. Bad settings are
+// refused by the constructor and by required_workspace_bytes.
+TEST(FfnForwardGpuEdges, SharesTheCallersCublasLtWorkspace) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 300, H = 256, I = 640;
+  const cuda::FfnShape shape{M, H, I, true};
+  GpuProblem p = make_problem(M, H, I, 0.02);
+  cuda::DeviceBuffer lt(cuda::LtGemm::kWorkspaceBytes);
+  cuda::FfnOptions dense, sparse;
+  dense.dispatch = Dispatch::always_dense;
+  sparse.dispatch = Dispatch::always_sparse, sparse.fused_gate = false, sparse.gather_max_tokens = 0;
+  std::vector<Tensor> expected;
+  for (const cuda::FfnOptions& o : {dense, sparse}) {
+    cuda::FfnForward own(shape, o);
+    cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
+    own.forward(p.x, p.w(), p.y, nullptr);
+    expected.push_back(p.y.download());
+  }
+  auto shared = [&](cuda::FfnOptions o) {
+    o.cublaslt_workspace = lt.get(), o.cublaslt_workspace_bytes = lt.bytes();
+    return o;
+  };
+  cuda::FfnForward a(shape, shared(dense)), b(shape, shared(sparse));
+  EXPECT_EQ(a.options().cublaslt_workspace, lt.get());
+  for (int round = 0; round < 2; ++round) {  // a, b, a, b on one stream, through one workspace
+    SCOPED_TRACE(round);
+    cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
+    a.forward(p.x, p.w(), p.y, nullptr);
+    EXPECT_EQ(a.last_path(), cuda::FfnPath::dense);
+    EXPECT_TRUE(test::bit_equal(p.y.download(), expected[0]));
+    cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
+    b.forward(p.x, p.w(), p.y, nullptr);
+    EXPECT_EQ(b.last_path(), cuda::FfnPath::sparse);
+    EXPECT_TRUE(test::bit_equal(p.y.download(), expected[1]));
+  }
+  cuda::FfnOptions bad;
+  bad.cublaslt_workspace = lt.as<char>() + 16, bad.cublaslt_workspace_bytes = 1024;
+  test::expect_error([&] { cuda::FfnForward(shape, bad); }, {"cublaslt_workspace must be 256-byte aligned"});
+  test::expect_error([&] { cuda::FfnForward::required_workspace_bytes(shape, bad); }, {"256-byte aligned"});
+  bad.cublaslt_workspace = nullptr;
+  test::expect_error([&] { cuda::FfnForward(shape, bad); }, {"both be set or both be 0"});
+  bad.cublaslt_workspace = lt.get(), bad.cublaslt_workspace_bytes = 0;
+  test::expect_error([&] { cuda::FfnForward(shape, bad); }, {"both be set or both be 0"});
 }
 
 // One token on the gather path runs the fused decode kernel (gate GEMV, gather and down sum in
@@ -709,9 +757,7 @@ TEST(FfnForwardGpuEdges, TheDefaultTileIsChosenAndSaid) {
 TEST(FfnForwardGpuEdges, TheFormatsIndexLimitIsJudgedPerCall) {
   TWELL_REQUIRE_HOPPER();
   const int64_t H = 64, I = 64, limit = ((int64_t{1} << 32) - 1) / 288, big = limit + 1;
-  size_t free_bytes = 0, total_bytes = 0;
-  TWELL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (free_bytes < (size_t{64} << 30))
+  if (cuda::device_memory().free < (size_t{64} << 30))
     GTEST_SKIP() << "needs 64 GB of free device memory for two workspaces of " << big << " tokens";
   GpuProblem p = make_problem(300, H, I, 0.05);
   cuda::FfnOptions forced;

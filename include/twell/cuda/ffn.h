@@ -138,6 +138,15 @@ struct FfnOptions {
   // L2, or the narrowest of them where none does. Otherwise a multiple of 8 dividing H (tests set
   // narrow slices to cover them at small M).
   int64_t dw_slice_columns = 0;
+  // cuBLASLt's workspace (the dense path's GEMMs, the backward's, and the gate GEMM where the fused
+  // one does not run). null: the object allocates its own 64 MiB. Otherwise device memory of
+  // cublaslt_workspace_bytes bytes, 256-byte aligned, valid while the object lives, which the
+  // caller may share with other work ordered on the same stream as this object's calls, as with
+  // cublasSetWorkspace: objects whose calls are ordered one after another can share one (a
+  // LlamaCuda's FFNs and its own GEMMs do). A smaller one may give cuBLASLt other algorithms, and
+  // so other last bits on the dense path.
+  void* cublaslt_workspace = nullptr;
+  size_t cublaslt_workspace_bytes = 0;
 };
 
 // What forward() may do with y before it returns: a transformer block's residual add and the next
@@ -175,7 +184,7 @@ struct FfnStats {
 // output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
 // them): 6.4 GB at max_tokens = 131072, I = 5632 (required_workspace_bytes says it exactly, and
 // the forward can run in the caller's memory instead), and 64 MiB for cuBLASLt's workspace (not
-// counted by either).
+// counted by either; FfnOptions::cublaslt_workspace shares the caller's instead).
 // FfnOptions::training adds one [max_tokens, I] bf16 buffer (h), and backward() its workspace, which
 // grows with the largest M and non-zero count seen so far: a call that needs more frees and
 // reallocates it (cudaFree synchronises the device).

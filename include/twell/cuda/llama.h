@@ -114,7 +114,8 @@ struct LlamaCudaOptions {
   // captured on the model's own stream either way and launched on this one.
   cudaStream_t stream = nullptr;
   // FfnMode::twell: dispatch of the ReLU FFN (FfnForward's defaults) for prefill. Precision must
-  // stay bf16 (h_fp32 exists on the sparse paths only).
+  // stay bf16 (h_fp32 exists on the sparse paths only), and cublaslt_workspace null (the model's
+  // FFNs share its own).
   FfnOptions ffn_options;
   // FfnMode::twell: decode steps of at most this many sequences take the FFN's gather path (the
   // gate weights densely, then only the rows of Wu and Wd of each token's active neurons); other
@@ -170,7 +171,7 @@ struct LlamaCudaMemory {
   size_t kv_cache = 0;     // keys and values: 2 · layers (1 without kv_cache) · max_batch · max_context · nkv · hd · 2
   size_t activations = 0;  // the per-call buffers of max_tokens rows: the residual stream, norms, QKV, attention
   size_t ffn = 0;          // the FFNs' workspaces (prefill, dense and gather FFN, the one-token decode FFN)
-  size_t other = 0;        // cuBLASLt's workspaces, the RoPE table, logits of max_batch rows, the QKV GEMM's
+  size_t other = 0;        // cuBLASLt's workspace (one, shared by the FFNs), the RoPE table, logits of max_batch rows, the QKV GEMM's
   size_t total() const { return kv_cache + activations + ffn + other; }
 };
 

@@ -39,6 +39,13 @@ struct DeviceInfo {
 
 DeviceInfo device_info(int device = -1);  // -1: the current device
 
+// The current device's free and total memory (cudaMemGetInfo).
+struct DeviceMemory {
+  size_t free = 0, total = 0;
+  std::string str() const;  // for messages: "1.2 GB of 150.0 GB free"
+};
+DeviceMemory device_memory();
+
 // True when a GPU this build can run on (compute capability 9.0, sm_90a code) is present;
 // otherwise `why` says what is missing.
 bool hopper_available(std::string* why = nullptr);
