@@ -66,25 +66,37 @@ TensorView dev_view(void* p, DType t, Shape s) { return TensorView(p, t, std::mo
 
 // ---- weights ------------------------------------------------------------------------------------
 
+namespace {
+// The device weights' shapes (all bf16), for allocate() and bytes_for() alike.
+struct WeightShapes {
+  Shape table, norm, wqkv, wo, ffn;  // table: the embedding, and the untied LM head
+  explicit WeightShapes(const io::ModelConfig& c) {
+    const int64_t H = c.hidden_size, hd = c.head_dim;
+    const int64_t q_dim = c.num_attention_heads * hd, kv_dim = c.num_key_value_heads * hd;
+    table = {c.vocab_size, H}, norm = {H}, wqkv = {q_dim + 2 * kv_dim, H}, wo = {H, q_dim};
+    ffn = {c.intermediate_size, H};  // wg, wu, wd (wd neuron-major)
+  }
+};
+}  // namespace
+
 LlamaCudaWeights LlamaCudaWeights::allocate(const io::ModelConfig& c) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
-  const int64_t q_dim = c.num_attention_heads * hd, kv_dim = c.num_key_value_heads * hd;
+  const WeightShapes s(c);
   LlamaCudaWeights w;
   w.config = c;
-  w.embed = DeviceTensor(DType::bf16, {V, H});
+  w.embed = DeviceTensor(DType::bf16, s.table);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     LlamaCudaLayer d;
-    d.input_norm = DeviceTensor(DType::bf16, {H});
-    d.wqkv = DeviceTensor(DType::bf16, {q_dim + 2 * kv_dim, H});
-    d.wo = DeviceTensor(DType::bf16, {H, q_dim});
-    d.post_norm = DeviceTensor(DType::bf16, {H});
-    d.wg = DeviceTensor(DType::bf16, {I, H});
-    d.wu = DeviceTensor(DType::bf16, {I, H});
-    d.wd = DeviceTensor(DType::bf16, {I, H});
+    d.input_norm = DeviceTensor(DType::bf16, s.norm);
+    d.wqkv = DeviceTensor(DType::bf16, s.wqkv);
+    d.wo = DeviceTensor(DType::bf16, s.wo);
+    d.post_norm = DeviceTensor(DType::bf16, s.norm);
+    d.wg = DeviceTensor(DType::bf16, s.ffn);
+    d.wu = DeviceTensor(DType::bf16, s.ffn);
+    d.wd = DeviceTensor(DType::bf16, s.ffn);
     w.layers.push_back(std::move(d));
   }
-  w.final_norm = DeviceTensor(DType::bf16, {H});
-  if (!c.tie_word_embeddings) w.lm_head = DeviceTensor(DType::bf16, {V, H});
+  w.final_norm = DeviceTensor(DType::bf16, s.norm);
+  if (!c.tie_word_embeddings) w.lm_head = DeviceTensor(DType::bf16, s.table);
   return w;
 }
 
@@ -134,12 +146,10 @@ model::LlamaWeights LlamaCudaWeights::download() const {
 }
 
 size_t LlamaCudaWeights::bytes_for(const io::ModelConfig& c) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
-  const int64_t q_dim = c.num_attention_heads * hd, kv_dim = c.num_key_value_heads * hd;
-  const size_t layer = checked_nbytes(DType::bf16, {2 * H + (q_dim + 2 * kv_dim) * H + H * q_dim + 3 * I * H});
-  const size_t table = checked_nbytes(DType::bf16, {V, H});
-  return table * (c.tie_word_embeddings ? 1 : 2) + checked_nbytes(DType::bf16, {H}) +
-         static_cast<size_t>(c.num_hidden_layers) * layer;
+  const WeightShapes s(c);
+  const auto b = [](const Shape& shape) { return checked_nbytes(DType::bf16, shape); };
+  const size_t layer = 2 * b(s.norm) + b(s.wqkv) + b(s.wo) + 3 * b(s.ffn);
+  return b(s.table) * (c.tie_word_embeddings ? 1 : 2) + b(s.norm) + static_cast<size_t>(c.num_hidden_layers) * layer;
 }
 
 size_t LlamaCudaWeights::bytes() const {
