@@ -37,14 +37,15 @@ enum class GemmOut { bf16, f32 };  // C's type (the logits of the LM head are f3
 
 class LtGemm {
  public:
-  // Device memory each LtGemm allocates for cuBLASLt (its recommendation for Hopper is 32 MiB+).
+  // Device memory an LtGemm allocates for cuBLASLt unless given one (cuBLAS recommends 32 MiB+ on Hopper).
   static constexpr size_t kWorkspaceBytes = size_t{64} << 20;
   // autotune: time the candidates at each problem's first call (the default: on, unless the
   // environment sets TWELL_LT_AUTOTUNE=0); false: the heuristics' first algorithm.
   // workspace: null, the object allocates kWorkspaceBytes of its own; or device memory of
-  // workspace_bytes bytes, 256-byte aligned, that the caller keeps valid while the object lives
-  // and may share with other work ordered on the same stream (as cublasSetWorkspace's). A smaller
-  // workspace may give other algorithms, and so other last bits.
+  // workspace_bytes bytes, 256-byte aligned, that the caller keeps valid until all the work
+  // enqueued through the object has finished, and may share with other work ordered with this
+  // object's calls (as cublasSetWorkspace's). A smaller workspace may give other algorithms, and
+  // so other last bits.
   explicit LtGemm(bool autotune = autotune_default(), void* workspace = nullptr, size_t workspace_bytes = 0);
   static bool autotune_default();
   // Forgets the process's tuned choices (tests: the next call of each problem tunes again).

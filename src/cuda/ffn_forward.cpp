@@ -204,6 +204,9 @@ struct FfnForward::Impl {
                   DeviceArena::kAlign, "-byte aligned");
       TWELL_CHECK(workspace_size >= p.total(), "FfnForward: the workspace holds ", workspace_size, " bytes, this shape "
                   "and these options need ", p.total(), " (FfnForward::required_workspace_bytes)");
+      const auto lt = reinterpret_cast<uintptr_t>(o.cublaslt_workspace), ws = reinterpret_cast<uintptr_t>(workspace);
+      TWELL_CHECK(!lt || lt + o.cublaslt_workspace_bytes <= ws || ws + p.total() <= lt,
+                  "FfnForward: cublaslt_workspace overlaps the forward's workspace");
     }
     // Nothing is written to the workspace here: each call sets what it reads first, on its stream.
     DeviceArena arena = workspace ? DeviceArena(workspace, p.total()) : DeviceArena();

@@ -226,10 +226,10 @@ struct LlamaCuda::Impl {
     if (o.max_tokens == 0) o.max_tokens = o.max_batch * o.max_context;
     TWELL_CHECK(o.max_tokens >= o.max_batch, "LlamaCuda: max_tokens ", o.max_tokens, " is below max_batch ",
                 o.max_batch);
-    // h_fp32 exists on FfnForward's sparse paths only: FfnMode::dense and the dense decode FFN
-    // could not honour it.
     TWELL_CHECK(!o.ffn_options.cublaslt_workspace && o.ffn_options.cublaslt_workspace_bytes == 0,
                 "LlamaCuda: ffn_options.cublaslt_workspace must be left null: the model's FFNs share its own");
+    // h_fp32 exists on FfnForward's sparse paths only: FfnMode::dense and the dense decode FFN
+    // could not honour it.
     TWELL_CHECK(o.ffn_options.precision == Precision::bf16,
                 "LlamaCuda: ffn_options.precision must be Precision::bf16 (h_fp32 exists on the sparse FFN paths only)");
     return o;
@@ -330,7 +330,8 @@ struct LlamaCuda::Impl {
                 " of GPU memory besides the weights (KV cache ", bytes_str(m.kv_cache), " for max_batch ", o.max_batch,
                 " × max_context ", o.max_context, o.kv_cache ? "" : ", one layer's", "; activations ",
                 bytes_str(m.activations), " for max_tokens ", o.max_tokens, "; FFN workspaces ", bytes_str(m.ffn),
-                "; other ", bytes_str(m.other), "), and ", gpu.str(), ": lower max_context, max_batch or max_tokens");
+                "; other ", bytes_str(m.other), "), and the GPU has ", gpu.str(),
+                ": lower max_context, max_batch or max_tokens");
   }
 
   Impl(std::shared_ptr<const LlamaCudaWeights> weights, const LlamaCudaOptions& options)

@@ -5,6 +5,7 @@
 // device comparison the autotune relies on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -80,6 +81,44 @@ TEST(LtGemm, AutotuneGivesTheHeuristicsBits) {
     EXPECT_TRUE(tuned_first == h) << "the first call differs from the heuristics' algorithm";
     EXPECT_TRUE(t == h) << "the tuned algorithm differs from the heuristics' algorithm";
   }
+}
+
+// A caller's workspace: the LtGemm uses it (no allocation of its own), and a problem tuned with
+// the default 64 MiB is tuned again for a 4 KiB one, whose candidates differ (an algorithm chosen
+// for 64 MiB may need more than 4 KiB): it runs, with the bits of the heuristics' first choice at
+// that size. Two LtGemms share the one workspace, their calls ordered on one stream.
+TEST(LtGemm, TheCallersWorkspaceIsUsedAndTunedForItsSize) {
+  TWELL_REQUIRE_HOPPER();
+  const Call c{4096, 5632, 2048, true, true, false, false, 0.f};
+  const auto a_host = random_bf16(static_cast<size_t>(c.m * c.k), 1.f, 7);
+  const auto b_host = random_bf16(static_cast<size_t>(c.n * c.k), 0.05f, 8);
+  DeviceBuffer a(a_host.size() * 2), b(b_host.size() * 2);
+  TWELL_CUDA_CHECK(cudaMemcpy(a.get(), a_host.data(), a.bytes(), cudaMemcpyHostToDevice));
+  TWELL_CUDA_CHECK(cudaMemcpy(b.get(), b_host.data(), b.bytes(), cudaMemcpyHostToDevice));
+  const std::vector<uint8_t> c_init(static_cast<size_t>(c.m * c.n) * 2, 0xff);
+  LtGemm::forget_tuning();
+  std::vector<uint8_t> first;
+  {
+    LtGemm big(true);
+    EXPECT_EQ(big.workspace_bytes(), LtGemm::kWorkspaceBytes);
+    run_twice(big, c, a, b, c_init, &first);  // tuned for 64 MiB
+  }
+  DeviceBuffer ws(4096);
+  size_t free_before = 0, total = 0;
+  TWELL_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+  LtGemm tuned(true, ws.get(), ws.bytes()), heuristic(false, ws.get(), ws.bytes());
+  size_t free_after = 0;
+  TWELL_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+  EXPECT_EQ(tuned.workspace(), ws.get());
+  EXPECT_EQ(heuristic.workspace_bytes(), size_t{4096});
+  EXPECT_LT(free_before - std::min(free_before, free_after), LtGemm::kWorkspaceBytes) << "allocated a workspace";
+  std::vector<uint8_t> tuned_first, heuristic_first;
+  const auto t = run_twice(tuned, c, a, b, c_init, &tuned_first);
+  const auto h = run_twice(heuristic, c, a, b, c_init, &heuristic_first);
+  EXPECT_TRUE(tuned_first == h && t == h) << "the tuned algorithm differs from the heuristics' at 4 KiB";
+  EXPECT_THROW(LtGemm(true, ws.as<char>() + 16, 1024), Error);  // not 256-byte aligned
+  EXPECT_THROW(LtGemm(true, nullptr, 1024), Error);
+  EXPECT_THROW(LtGemm(true, ws.get(), 0), Error);
 }
 
 // The device comparison the autotune trusts: every differing 16-bit word counted, in the 16-byte

@@ -312,7 +312,11 @@ TEST(FfnForwardGpuEdges, SharesTheCallersCublasLtWorkspace) {
     o.cublaslt_workspace = lt.get(), o.cublaslt_workspace_bytes = lt.bytes();
     return o;
   };
+  const size_t free_before = cuda::device_memory().free;
   cuda::FfnForward a(shape, shared(dense)), b(shape, shared(sparse));
+  const size_t taken = free_before - std::min(free_before, cuda::device_memory().free);
+  EXPECT_LT(taken, a.workspace_bytes() + b.workspace_bytes() + cuda::LtGemm::kWorkspaceBytes)
+      << "an object allocated a cuBLASLt workspace of its own";
   EXPECT_EQ(a.options().cublaslt_workspace, lt.get());
   for (int round = 0; round < 2; ++round) {  // a, b, a, b on one stream, through one workspace
     SCOPED_TRACE(round);
@@ -333,6 +337,15 @@ TEST(FfnForwardGpuEdges, SharesTheCallersCublasLtWorkspace) {
   test::expect_error([&] { cuda::FfnForward(shape, bad); }, {"both be set or both be 0"});
   bad.cublaslt_workspace = lt.get(), bad.cublaslt_workspace_bytes = 0;
   test::expect_error([&] { cuda::FfnForward(shape, bad); }, {"both be set or both be 0"});
+  // It must lie apart from the forward's workspace (the constructor that takes one).
+  const size_t need = cuda::FfnForward::required_workspace_bytes(shape, dense);
+  const size_t past = (need + 255) / 256 * 256, lt_bytes = size_t{1} << 20;
+  cuda::DeviceBuffer ws(past + lt_bytes);
+  cuda::FfnOptions carved = dense;
+  carved.cublaslt_workspace = ws.as<char>() + past / 512 * 256, carved.cublaslt_workspace_bytes = lt_bytes;
+  test::expect_error([&] { cuda::FfnForward(shape, carved, ws.get(), need); }, {"overlaps the forward's workspace"});
+  carved.cublaslt_workspace = ws.as<char>() + past;
+  EXPECT_NO_THROW(cuda::FfnForward(shape, carved, ws.get(), need));
 }
 
 // One token on the gather path runs the fused decode kernel (gate GEMV, gather and down sum in

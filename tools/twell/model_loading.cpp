@@ -46,13 +46,13 @@ void check_gpu_memory(const io::ModelConfig& c, const cuda::LlamaCudaOptions& o)
   const size_t weights = cuda::LlamaCudaWeights::bytes_for(c);
   const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(c, o);
   const cuda::DeviceMemory gpu = cuda::device_memory();
-  TWELL_REQUIRE(weights <= gpu.free, "the model's weights need ", bytes_str(weights), " of GPU memory, and ", gpu.str(),
-                " (--device cpu runs it on the CPU)");
+  TWELL_REQUIRE(weights <= gpu.free, "the model's weights need ", bytes_str(weights),
+                " of GPU memory, and the GPU has ", gpu.str(), " (--device cpu runs it on the CPU)");
   const int64_t context = o.max_context ? o.max_context : c.max_position_embeddings;
   TWELL_REQUIRE(weights + m.total() <= gpu.free, "the model needs ", bytes_str(weights + m.total()),
                 " of GPU memory: weights ", bytes_str(weights), ", KV cache ", bytes_str(m.kv_cache), " for ", context,
-                " positions, activations and workspaces ", bytes_str(m.activations + m.ffn + m.other), "; ", gpu.str(),
-                " (a shorter context needs less: run's prompt and -n, eval's --context)");
+                " positions, activations and workspaces ", bytes_str(m.activations + m.ffn + m.other),
+                "; the GPU has ", gpu.str(), " (a shorter context needs less: run's prompt and -n, eval's --context)");
 }
 
 }  // namespace

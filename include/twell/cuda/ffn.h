@@ -36,7 +36,8 @@
 // pack, before any density is known) from the later ones (the fused gate; see fused_gate). Every
 // cuBLASLt GEMM is autotuned at the first call of each shape (M included): it synchronises the
 // stream once, times cuBLASLt's candidates whose bits equal its heuristics' first choice, and keeps
-// the fastest in a per-object cache; TWELL_LT_AUTOTUNE=0 takes the heuristics' choice untimed.
+// the fastest for the process (per device, cuBLASLt workspace size and problem);
+// TWELL_LT_AUTOTUNE=0 takes the heuristics' choice untimed.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -140,11 +141,13 @@ struct FfnOptions {
   int64_t dw_slice_columns = 0;
   // cuBLASLt's workspace (the dense path's GEMMs, the backward's, and the gate GEMM where the fused
   // one does not run). null: the object allocates its own 64 MiB. Otherwise device memory of
-  // cublaslt_workspace_bytes bytes, 256-byte aligned, valid while the object lives, which the
-  // caller may share with other work ordered on the same stream as this object's calls, as with
-  // cublasSetWorkspace: objects whose calls are ordered one after another can share one (a
-  // LlamaCuda's FFNs and its own GEMMs do). A smaller one may give cuBLASLt other algorithms, and
-  // so other last bits on the dense path.
+  // cublaslt_workspace_bytes bytes, 256-byte aligned, apart from the forward's workspace, and valid
+  // until all the work enqueued through the object has finished. As with cublasSetWorkspace, the
+  // caller may share it with other work (other FfnForward objects, its own cuBLAS calls) that is
+  // ordered with every call of this object: one stream, or events between streams (a LlamaCuda's
+  // FFNs and its own GEMMs share one so). options() returns the pointer, so options copied from an
+  // object share its workspace. A smaller one may give cuBLASLt other algorithms, and so other
+  // last bits on the paths that run cuBLASLt (the unfused gate's bits decide the active set).
   void* cublaslt_workspace = nullptr;
   size_t cublaslt_workspace_bytes = 0;
 };
