@@ -65,16 +65,15 @@ bool LtGemm::autotune_default() {
   return on;
 }
 
+void LtGemm::check_workspace(const void* workspace, size_t workspace_bytes, const char* what) {
+  TWELL_CHECK((workspace != nullptr) == (workspace_bytes > 0), what,
+              " and its byte count must both be set or both be 0, got ", workspace, " and ", workspace_bytes, " bytes");
+  TWELL_CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, what, " must be 256-byte aligned, got ", workspace);
+}
+
 LtGemm::LtGemm(bool autotune, void* workspace, size_t workspace_bytes) : autotune_(autotune) {
-  if (workspace) {
-    TWELL_CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0 && workspace_bytes > 0,
-                "cuBLASLt's workspace must be 256-byte aligned and hold some bytes, got ", workspace, " and ",
-                workspace_bytes, " bytes");
-    workspace_ = DeviceBuffer::borrow(workspace, workspace_bytes);
-  } else {
-    TWELL_CHECK(workspace_bytes == 0, "cuBLASLt's workspace is null but said to hold ", workspace_bytes, " bytes");
-    workspace_ = DeviceBuffer(kWorkspaceBytes);
-  }
+  check_workspace(workspace, workspace_bytes, "LtGemm: the workspace");
+  workspace_ = workspace ? DeviceBuffer::borrow(workspace, workspace_bytes) : DeviceBuffer(kWorkspaceBytes);
   TWELL_CUBLAS_CHECK(cublasLtCreate(&handle_));
 }
 

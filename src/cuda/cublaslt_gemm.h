@@ -47,6 +47,9 @@ class LtGemm {
   // object's calls (as cublasSetWorkspace's). A smaller workspace may give other algorithms, and
   // so other last bits.
   explicit LtGemm(bool autotune = autotune_default(), void* workspace = nullptr, size_t workspace_bytes = 0);
+  // The rule for a caller's workspace: null with 0 bytes, or 256-byte aligned with some bytes.
+  // Throws naming `what` (e.g. "FfnForward: cublaslt_workspace") otherwise.
+  static void check_workspace(const void* workspace, size_t workspace_bytes, const char* what);
   static bool autotune_default();
   // Forgets the process's tuned choices (tests: the next call of each problem tunes again).
   static void forget_tuning();

@@ -103,11 +103,7 @@ struct FfnForward::Impl {
 
   // FfnOptions::cublaslt_workspace, checked before the LtGemm takes it.
   static void* checked_lt_workspace(const FfnOptions& o) {
-    TWELL_CHECK((o.cublaslt_workspace != nullptr) == (o.cublaslt_workspace_bytes > 0),
-                "FfnForward: cublaslt_workspace and cublaslt_workspace_bytes must both be set or both be 0, got ",
-                o.cublaslt_workspace, " and ", o.cublaslt_workspace_bytes, " bytes");
-    TWELL_CHECK(reinterpret_cast<uintptr_t>(o.cublaslt_workspace) % 256 == 0,
-                "FfnForward: cublaslt_workspace must be 256-byte aligned, got ", o.cublaslt_workspace);
+    LtGemm::check_workspace(o.cublaslt_workspace, o.cublaslt_workspace_bytes, "FfnForward: cublaslt_workspace");
     return o.cublaslt_workspace;
   }
 

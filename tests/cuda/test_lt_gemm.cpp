@@ -104,11 +104,9 @@ TEST(LtGemm, TheCallersWorkspaceIsUsedAndTunedForItsSize) {
     run_twice(big, c, a, b, c_init, &first);  // tuned for 64 MiB
   }
   DeviceBuffer ws(4096);
-  size_t free_before = 0, total = 0;
-  TWELL_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+  const size_t free_before = device_memory().free;
   LtGemm tuned(true, ws.get(), ws.bytes()), heuristic(false, ws.get(), ws.bytes());
-  size_t free_after = 0;
-  TWELL_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+  const size_t free_after = device_memory().free;
   EXPECT_EQ(tuned.workspace(), ws.get());
   EXPECT_EQ(heuristic.workspace_bytes(), size_t{4096});
   EXPECT_LT(free_before - std::min(free_before, free_after), LtGemm::kWorkspaceBytes) << "allocated a workspace";

@@ -171,7 +171,8 @@ struct LlamaCudaMemory {
   size_t kv_cache = 0;     // keys and values: 2 · layers (1 without kv_cache) · max_batch · max_context · nkv · hd · 2
   size_t activations = 0;  // the per-call buffers of max_tokens rows: the residual stream, norms, QKV, attention
   size_t ffn = 0;          // the FFNs' workspaces (prefill, dense and gather FFN, the one-token decode FFN)
-  size_t other = 0;        // cuBLASLt's workspace (one, shared by the FFNs), the RoPE table, logits of max_batch rows, the QKV GEMM's
+  size_t other = 0;        // cuBLASLt's workspace (one, shared by the FFNs), the RoPE table, logits of
+                           // max_batch rows, the QKV GEMM's
   size_t total() const { return kv_cache + activations + ffn + other; }
 };
 
