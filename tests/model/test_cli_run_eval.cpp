@@ -126,6 +126,26 @@ TEST_F(CliModel, DeviceSelection) {
   EXPECT_NE(run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --sparsity --device cuda").status, 0);
 }
 
+// A model no GPU can hold: --device cuda refuses it, saying what it needs, and --device auto runs it
+// on the CPU instead. The check reads config.json alone, before the weights (here the tiny ones, which
+// the CPU backend then refuses as not matching it).
+TEST_F(CliModel, AModelTooLargeForTheGpuRunsOnTheCpuUnderAuto) {
+  io::ModelConfig c = io::read_config(dir_);
+  c.hidden_size = 8192;  // within what the GPU runtime takes, so that only its size is in the way
+  c.intermediate_size = int64_t{1} << 16;
+  c.num_hidden_layers = 1024;  // ~3.3 TB of bf16 weights
+  io::write_config(dir_, c);
+  const std::string args = "run " + dir_ + " --byte-tokenizer --no-stop -p 'hi' -n 5";
+  const CliResult cuda = run_cli(args + " --device cuda", true);
+  EXPECT_NE(cuda.status, 0) << cuda.out;
+  if (cuda.out.find("weights need") == std::string::npos) GTEST_SKIP() << "no Hopper GPU here: " << cuda.out;
+  EXPECT_NE(cuda.out.find("--device (--backend) cuda: the model's weights need "), std::string::npos) << cuda.out;
+  EXPECT_NE(cuda.out.find("; --device cpu runs it on the CPU"), std::string::npos) << cuda.out;
+  const CliResult automatic = run_cli(args + " --device auto", true);
+  EXPECT_NE(automatic.out.find(" free: using the CPU backend\n"), std::string::npos) << automatic.out;
+  EXPECT_NE(automatic.status, 0) << automatic.out;  // the weights do not match this config.json
+}
+
 TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
   EXPECT_NE(run_cli("run " + dir_ + " -p hi").status, 0);  // no tokenizer.json, no --byte-tokenizer
   EXPECT_NE(run_cli("run " + path("nothing") + " --byte-tokenizer -p hi").status, 0);

@@ -41,18 +41,20 @@ void ModelArgs::add_to(CLI::App* cmd) {
 #if TWELL_WITH_CUDA
 namespace {
 
-// Refuses, naming the parts, a model whose weights and buffers would not fit in the GPU's free memory.
-void check_gpu_memory(const io::ModelConfig& c, const cuda::LlamaCudaOptions& o) {
+// Why a model's weights and buffers would not fit in the GPU's free memory, naming the parts; empty
+// where they fit.
+std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCudaOptions& o) {
   const size_t weights = cuda::LlamaCudaWeights::bytes_for(c);
   const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(c, o);
   const cuda::DeviceMemory gpu = cuda::device_memory();
-  TWELL_REQUIRE(weights <= gpu.free, "the model's weights need ", bytes_str(weights),
-                " of GPU memory, and the GPU has ", gpu.str(), " (--device cpu runs it on the CPU)");
+  if (weights > gpu.free)
+    return str("the model's weights need ", bytes_str(weights), " of GPU memory, and the GPU has ", gpu.str());
+  if (weights + m.total() <= gpu.free) return {};
   const int64_t context = o.max_context ? o.max_context : c.max_position_embeddings;
-  TWELL_REQUIRE(weights + m.total() <= gpu.free, "the model needs ", bytes_str(weights + m.total()),
-                " of GPU memory: weights ", bytes_str(weights), ", KV cache ", bytes_str(m.kv_cache), " for ", context,
-                " positions, activations and workspaces ", bytes_str(m.activations + m.ffn + m.other),
-                "; the GPU has ", gpu.str(), " (a shorter context needs less: run's prompt and -n, eval's --context)");
+  return str("the model needs ", bytes_str(weights + m.total()), " of GPU memory: weights ", bytes_str(weights),
+             ", KV cache ", bytes_str(m.kv_cache), " for ", context, " positions, activations and workspaces ",
+             bytes_str(m.activations + m.ffn + m.other), "; the GPU has ", gpu.str(),
+             " (a shorter context needs less: run's prompt and -n, eval's --context)");
 }
 
 }  // namespace
@@ -88,7 +90,14 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
       co.ffn = ffn == "dense" ? cuda::FfnMode::dense : cuda::FfnMode::twell;
       co.max_context = gpu_context > 0 ? std::min(gpu_context, config.max_position_embeddings) : 0;
       co.kv_cache = gpu_kv_cache;
-      check_gpu_memory(config, co);  // before seconds of reading and copying weights
+      // Before seconds of reading and copying weights. Under --device auto a model the GPU cannot hold
+      // runs on the CPU, as one its runtime does not take does.
+      const std::string shortfall = gpu_memory_shortfall(config, co);
+      if (!shortfall.empty()) {
+        TWELL_REQUIRE(device == "auto", "--device (--backend) cuda: ", shortfall, "; --device cpu runs it on the CPU");
+        std::fprintf(stderr, "%s: using the CPU backend\n", shortfall.c_str());
+        gpu = false;
+      }
     }
   }
 #endif
