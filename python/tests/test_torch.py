@@ -1,0 +1,150 @@
+"""twell.FFN and twell.ffn_forward on PyTorch tensors: against float64 PyTorch, forward and backward, on
+the CPU backend and (where a Hopper GPU is present) on the GPU; skipped without PyTorch."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import twell  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+GPU, WHY = twell.cuda_available()
+
+
+def sparse_problem(M, H, I, device, seed=0):
+    """bf16 x [M, H] and weights whose gate is ~0.6% active: x's channel 0 is 1 and each neuron's gate
+    weight there is -2.5 (the calibration of BENCHMARKS.md's synthetic models)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, H, generator=g)
+    x[:, 0] = 1
+    wg = torch.randn(I, H, generator=g) / (H - 1) ** 0.5
+    wg[:, 0] = -2.5
+    wu = torch.randn(I, H, generator=g) / H ** 0.5
+    wd = torch.randn(I, H, generator=g) / I ** 0.5
+    return [t.to(device=device, dtype=torch.bfloat16) for t in (x, wg, wu, wd)]
+
+
+def reference(x, wg, wu, wd, dtype):
+    """The FFN in PyTorch at `dtype` (bf16: a dense bf16 model's roundings; f64: the oracle)."""
+    x, wg, wu, wd = (t.to(dtype) for t in (x, wg, wu, wd))
+    h = torch.relu(x @ wg.t()) * (x @ wu.t())
+    return h @ wd, h
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+@unittest.skipIf(torch is None, "PyTorch is not installed")
+class TorchFfn(unittest.TestCase):
+    def check_forward_and_backward(self, device, M, dispatch, expect_path):
+        H, I = 256, 1024
+        x, wg, wu, wd = sparse_problem(M, H, I, device)
+        ffn = twell.FFN(H, I, l1=1e-3, dispatch=dispatch, device=device)
+        with torch.no_grad():
+            ffn.wg.copy_(wg), ffn.wu.copy_(wu), ffn.wd.copy_(wd)
+        xg = x.clone().requires_grad_()
+        y = ffn(xg.view(2, M // 2, H))  # any leading shape
+        self.assertEqual(tuple(y.shape), (2, M // 2, H))
+        self.assertEqual(y.dtype, torch.bfloat16)
+        stats = ffn.last_stats()
+        self.assertEqual(stats["path"], expect_path)
+        dy = torch.randn(2, M // 2, H, generator=torch.Generator().manual_seed(5)).to(device, torch.bfloat16)
+        (y * dy).sum().backward()
+
+        # float64 oracle, with the penalty λ · (1/M) Σ|h| (one layer) in its loss
+        leaves = [t.double().requires_grad_() for t in (x, wg, wu, wd)]
+        y64, h64 = reference(*leaves, torch.float64)
+        ((y64 * dy.double().view(M, H)).sum() + 1e-3 / M * h64.abs().sum()).backward()
+        # a dense bf16 PyTorch model's error, the yardstick (the issue: twell within 2× of it)
+        leaves16 = [t.clone().requires_grad_() for t in (x, wg, wu, wd)]
+        y16, h16 = reference(*leaves16, torch.bfloat16)
+        ((y16 * dy.view(M, H)).sum() + 1e-3 / M * h16.float().abs().sum()).backward()
+
+        ours = [y.view(M, H), xg.grad, ffn.wg.grad, ffn.wu.grad, ffn.wd.grad]
+        oracle = [y64, *(t.grad for t in leaves)]
+        bf16 = [y16, *(t.grad for t in leaves16)]
+        for name, a, o, b in zip(["y", "dx", "dwg", "dwu", "dwd"], ours, oracle, bf16):
+            self.assertEqual(a.shape, o.shape, name)
+            err, yardstick = rel(a, o), rel(b, o)
+            self.assertLessEqual(err, 2 * yardstick + 1e-6, f"{name}: twell {err:.2e}, dense bf16 {yardstick:.2e}")
+
+    def test_cpu_backend(self):
+        self.check_forward_and_backward("cpu", 64, "previous", "cpu")
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_gpu_sparse_path(self):
+        self.check_forward_and_backward("cuda", 1000, "always_sparse", "sparse")
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_gpu_dispatched_path(self):
+        self.check_forward_and_backward("cuda", 1000, "previous", "dense")  # few tokens: dense pays
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_gpu_large_call_dispatches_sparse_and_uses_torchs_memory(self):
+        M, H, I = 16384, 512, 1536
+        x, wg, wu, wd = sparse_problem(M, H, I, "cuda", seed=3)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        ffn = twell.FFN(H, I, dispatch="observe", device="cuda")
+        with torch.no_grad():
+            ffn.wg.copy_(wg), ffn.wu.copy_(wu), ffn.wd.copy_(wd)
+            y = ffn(x)
+        stats = ffn.last_stats()
+        self.assertEqual(stats["path"], "sparse")
+        self.assertGreater(stats["nnz"], 0)
+        self.assertLess(stats["nnz"] / M, 0.02 * I)
+        # the workspace (~4.5 · M · I · 2 bytes) came from PyTorch's allocator
+        self.assertGreater(torch.cuda.memory_allocated() - before, 4 * M * I * 2)
+        y64, _ = reference(x, wg, wu, wd, torch.float64)
+        y16, _ = reference(x, wg, wu, wd, torch.bfloat16)
+        self.assertLessEqual(rel(y, y64), 2 * rel(y16, y64) + 1e-6)
+        # functional form, same bits as the module on the same path
+        y2 = twell.ffn_forward(x, wg, wu, wd, dispatch="always_sparse")
+        self.assertTrue(torch.equal(y2, y))
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_from_hf_mlp(self):
+        class Mlp(torch.nn.Module):  # transformers' LlamaMLP, with a ReLU
+            def __init__(self, H, I):
+                super().__init__()
+                self.gate_proj = torch.nn.Linear(H, I, bias=False)
+                self.up_proj = torch.nn.Linear(H, I, bias=False)
+                self.down_proj = torch.nn.Linear(I, H, bias=False)
+                self.act_fn = torch.nn.ReLU()
+
+            def forward(self, x):
+                return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+        mlp = Mlp(128, 384).to("cuda", torch.bfloat16)
+        ffn = twell.FFN.from_hf_mlp(mlp, dispatch="always_sparse")
+        self.assertTrue(torch.equal(ffn.wd, mlp.down_proj.weight.t()))
+        x = torch.randn(300, 128, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            y, want = ffn(x), mlp(x)
+            y64, _ = reference(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.t(), torch.float64)
+        self.assertLessEqual(rel(y, y64), 2 * rel(want, y64) + 1e-6)
+        mlp.act_fn = torch.nn.SiLU()
+        with self.assertRaisesRegex(twell.TwellError, "ReLU-gated; this MLP's activation is SiLU"):
+            twell.FFN.from_hf_mlp(mlp)
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_bad_input_says_why(self):
+        x, wg, wu, wd = sparse_problem(64, 128, 256, "cuda")
+        with self.assertRaisesRegex(twell.TwellError, "bf16"):
+            twell.ffn_forward(x.float(), wg.float(), wu.float(), wd.float())
+        with self.assertRaisesRegex(twell.TwellError, "last dimension 64 is not the weights' H = 128"):
+            twell.ffn_forward(x[:, :64], wg, wu, wd)
+        with self.assertRaisesRegex(twell.TwellError, "one device"):
+            twell.ffn_forward(x, wg.cpu(), wu, wd)
+        with self.assertRaisesRegex(twell.TwellError, "neuron-major"):
+            twell.ffn_forward(x, wg, wu, wd.t())
+        self.assertEqual(tuple(twell.ffn_forward(x[:0], wg, wu, wd).shape), (0, 128))
+
+
+if __name__ == "__main__":
+    unittest.main()

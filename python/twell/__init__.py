@@ -1,0 +1,319 @@
+"""twell from PyTorch: the sparse (TwELL) ReLU-gated FFN, forward and backward, on torch tensors.
+
+    import torch, twell
+    ffn = twell.FFN(2048, 5632, device="cuda")  # bf16 weights: gate and up [I, H], down neuron-major [I, H]
+    y = ffn(x)                                  # x [..., 2048] bf16; exact at any density
+    ffn.last_stats()                            # {'path': 'sparse', 'nnz': ..., ...}
+    loss = criterion(y) ; loss.backward()       # twell's backward, over the active set only
+
+    ffn = twell.FFN.from_hf_mlp(model.model.layers[0].mlp)   # a ReLU-gated HF Llama MLP's weights
+    y = twell.ffn_forward(x, wg, wu, wd)                      # functional, no autograd
+
+The GPU path needs a Hopper GPU and bf16 tensors; on the CPU the reference backend runs (bf16, f32
+or f64 tensors; slow, for checking). What each call computes and where it rounds: DESIGN.md §2 and
+include/twell/cuda/ffn.h. The library is libtwell_c.so (twell/_capi.py says where it is looked for).
+"""
+import threading
+
+from ._capi import TwellError, cuda_available, version
+from . import _capi
+
+__all__ = ["FFN", "ffn_forward", "TwellError", "cuda_available", "version", "l1_coefficient"]
+
+
+def l1_coefficient(l1, tokens, layers=1):
+    """The coefficient of Σ|h| in L = CE + λ · mean over layers of (1/M) Σ|h| (DESIGN.md §2)."""
+    return l1 / (float(tokens) * float(layers))
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("twell's FFN on tensors needs PyTorch (pip install torch); twell._capi works without it") \
+            from e
+    return torch
+
+
+def _dtype_code(t):
+    torch = _torch()
+    codes = {torch.bfloat16: _capi.BF16, torch.float16: _capi.F16, torch.float32: _capi.F32,
+             torch.float64: _capi.F64}
+    if t.dtype not in codes:
+        raise TwellError(f"twell takes bfloat16, float16, float32 or float64 tensors, got {t.dtype}")
+    return codes[t.dtype]
+
+
+def _c(t, name):
+    """The twell_tensor of a contiguous torch tensor, or None for None."""
+    if t is None:
+        return None
+    if not t.is_contiguous():
+        raise TwellError(f"{name}: twell takes contiguous tensors (call .contiguous())")
+    device = _capi.CUDA if t.is_cuda else _capi.CPU
+    if not t.is_cuda and t.device.type != "cpu":
+        raise TwellError(f"{name}: twell takes CPU or CUDA tensors, got one on {t.device}")
+    return _capi.tensor(t.data_ptr(), _dtype_code(t), device, tuple(t.shape))
+
+
+class _CpuRunner:
+    """The CPU reference backend."""
+
+    def __init__(self, precision):
+        self.precision = _capi.PRECISION[precision]
+        self.stats = None
+
+    def forward(self, x, wg, wu, wd):
+        torch = _torch()
+        y = torch.empty_like(x)
+        s = _capi.ActivationStats()
+        _capi.check(_capi.lib.twell_cpu_ffn_forward(_capi.ref(_c(x, "x")), _capi.ref(_c(wg, "wg")),
+                                                    _capi.ref(_c(wu, "wu")), _capi.ref(_c(wd, "wd")),
+                                                    _capi.ref(_c(y, "y")), self.precision, _capi.ctypes.byref(s),
+                                                    None))
+        self.stats = {"path": "cpu", "tokens": s.tokens, "nnz": s.nnz, "max_nnz_per_token": s.max_nnz_per_token,
+                      "l1_sum": s.l1_sum}
+        return y
+
+    def backward(self, x, wg, wu, wd, dy, l1_coeff, needed):
+        torch = _torch()
+        acc = torch.float64 if self.precision == _capi.PRECISION["f64"] else torch.float32
+        grads = [torch.empty(t.shape, dtype=acc) if (t is not None and need) else None
+                 for t, need in zip((x, wg, wu, wd), needed)]
+        _capi.check(_capi.lib.twell_cpu_ffn_backward(
+            *(_capi.ref(_c(t, n)) for t, n in zip((x, wg, wu, wd, dy), ("x", "wg", "wu", "wd", "dy"))), l1_coeff,
+            *(_capi.ref(_c(g, n)) for g, n in zip(grads, ("dx", "dwg", "dwu", "dwd"))), self.precision))
+        return grads
+
+
+class _CudaRunner:
+    """An FfnForward on one GPU, its workspace taken from PyTorch's allocator; grown with the token count."""
+
+    def __init__(self, device, hidden, ffn, gated, training, dispatch, precision):
+        self.device, self.hidden, self.ffn, self.gated = device, hidden, ffn, gated
+        self.training, self.dispatch, self.precision = training, dispatch, precision
+        self.handle, self.max_tokens, self.workspace = None, 0, None
+        self.lock = threading.Lock()  # a host thread at a time through one FfnForward
+
+    def _reserve(self, tokens, stream):
+        torch = _torch()
+        if self.handle is not None and tokens <= self.max_tokens:
+            return
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+        config = _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
+                                           self.precision)
+        nbytes = _capi.CudaFfn.workspace_bytes(config)
+        self.workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
+        self.workspace_stream = stream
+        self.handle = _capi.CudaFfn(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
+                                    self.precision, self.workspace.data_ptr(), nbytes)
+        self.max_tokens = tokens
+
+    def reserve(self, tokens):
+        """Sizes the workspace for calls of up to `tokens` tokens now, not at the first larger call."""
+        torch = _torch()
+        with self.lock, torch.cuda.device(self.device):
+            self._reserve(tokens, torch.cuda.current_stream(self.device))
+
+    def _stream(self):
+        torch = _torch()
+        stream = torch.cuda.current_stream(self.device)
+        if self.workspace is not None and stream != self.workspace_stream:
+            self.workspace.record_stream(stream)  # freed only once this stream's work on it is done
+        return stream
+
+    def forward(self, x, wg, wu, wd):
+        torch = _torch()
+        with self.lock, torch.cuda.device(self.device):
+            stream = torch.cuda.current_stream(self.device)
+            self._reserve(x.shape[0], stream)
+            stream = self._stream()
+            y = torch.empty_like(x)
+            self.handle.forward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(y, "y"), stream.cuda_stream)
+            return y
+
+    def backward(self, x, wg, wu, wd, dy, l1_coeff, needed):
+        torch = _torch()
+        with self.lock, torch.cuda.device(self.device):
+            stream = self._stream()
+            grads = [torch.empty(t.shape, dtype=torch.float32, device=self.device) if (t is not None and need)
+                     else None for t, need in zip((x, wg, wu, wd), needed)]
+            self.handle.backward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(dy, "dy"), l1_coeff,
+                                 *(_c(g, n) for g, n in zip(grads, ("dx", "dwg", "dwu", "dwd"))), stream.cuda_stream)
+            return grads
+
+    @property
+    def stats(self):
+        if self.handle is None:
+            return None
+        with self.lock:
+            return self.handle.last_stats()
+
+
+def _check_shapes(x, wg, wu, wd):
+    if x.dim() < 1 or wu.dim() != 2 or wd.shape != wu.shape or (wg is not None and wg.shape != wu.shape):
+        raise TwellError(f"expected x [..., H] and wg, wu, wd [I, H] (wd neuron-major: down_proj.weight.t()), got "
+                         f"x {tuple(x.shape)}, wg {None if wg is None else tuple(wg.shape)}, wu {tuple(wu.shape)}, "
+                         f"wd {tuple(wd.shape)}")
+    if x.shape[-1] != wu.shape[1]:
+        raise TwellError(f"x's last dimension {x.shape[-1]} is not the weights' H = {wu.shape[1]}")
+    devices = {t.device for t in (x, wg, wu, wd) if t is not None}
+    if len(devices) != 1:
+        raise TwellError(f"x and the weights must be on one device, got {sorted(str(d) for d in devices)}")
+
+
+def _make_function():
+    torch = _torch()
+
+    class _Ffn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, wg, wu, wd, runner, l1_coeff):
+            ctx.runner, ctx.l1_coeff = runner, l1_coeff
+            ctx.save_for_backward(x, wg, wu, wd)
+            return runner.forward(x, wg, wu, wd)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, wg, wu, wd = ctx.saved_tensors
+            needed = ctx.needs_input_grad[:4]
+            grads = ctx.runner.backward(x, wg, wu, wd, dy.to(x.dtype).contiguous(), ctx.l1_coeff, needed)
+            return tuple(None if g is None else g.to(t.dtype) for g, t in zip(grads, (x, wg, wu, wd))) + (None, None)
+
+    return _Ffn
+
+
+_function = None
+_functional_runners = {}
+_functional_lock = threading.Lock()
+
+
+def _apply(x, wg, wu, wd, runner, l1_coeff):
+    global _function
+    if _function is None:
+        _function = _make_function()
+    return _function.apply(x, wg, wu, wd, runner, l1_coeff)
+
+
+def ffn_forward(x, wg, wu, wd, precision="bf16", dispatch="observe"):
+    """y = (relu(x wgᵀ) ⊙ x wuᵀ) wd (wg None: relu(x wuᵀ) wd), without autograd.
+
+    x [..., H]; wg, wu [I, H]; wd [I, H] neuron-major (HF's down_proj.weight.t().contiguous()). On the GPU
+    (bf16) one FfnForward per device and shape serves every call, dispatched on each call's density
+    ("observe": one stream synchronisation a call); FFN modules keep their own.
+    """
+    torch = _torch()
+    _check_shapes(x, wg, wu, wd)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous()
+    if x2.shape[0] == 0:
+        return torch.empty(shape[:-1] + (wd.shape[1],), dtype=x.dtype, device=x.device)
+    if x.is_cuda:
+        key = (x.device, wu.shape[1], wu.shape[0], wg is not None, precision, dispatch)
+        with _functional_lock:
+            runner = _functional_runners.get(key)
+            if runner is None:
+                runner = _functional_runners[key] = _CudaRunner(x.device, wu.shape[1], wu.shape[0], wg is not None,
+                                                                False, dispatch, precision)
+    else:
+        runner = _CpuRunner(precision)
+    with torch.no_grad():
+        y = runner.forward(x2, *(None if t is None else t.contiguous() for t in (wg, wu, wd)))
+    return y.reshape(shape[:-1] + (wd.shape[1],))
+
+
+def _define_module():
+    torch = _torch()
+
+    class FFN(torch.nn.Module):
+        """A ReLU-gated (or plain ReLU) FFN whose forward and backward run twell's kernels.
+
+        Parameters: wg and wu [ffn, hidden] (HF's gate_proj.weight and up_proj.weight), wd [ffn, hidden]
+        neuron-major (HF's down_proj.weight transposed). `l1` is λ of the L1 penalty on h (DESIGN.md §2):
+        its gradient λ/(M·layers)·sign(h) is added in backward, over the active set; its value is not
+        computed. `max_tokens` sizes the GPU workspace up front (else the largest call so far).
+        """
+
+        def __init__(self, hidden, ffn, gated=True, *, l1=0.0, layers=1, max_tokens=0, dispatch="previous",
+                     precision="bf16", device=None, dtype=None):
+            super().__init__()
+            dtype = dtype or torch.bfloat16
+            self.hidden, self.ffn, self.gated = hidden, ffn, gated
+            self.l1, self.layers, self.max_tokens = l1, layers, max_tokens
+            self.dispatch, self.precision = dispatch, precision
+            make = lambda: torch.nn.Parameter(torch.empty(ffn, hidden, device=device, dtype=dtype))  # noqa: E731
+            self.register_parameter("wg", make() if gated else None)
+            self.wu, self.wd = make(), make()
+            self.reset_parameters()
+            self._runners = {}
+            self._last = None
+
+        def reset_parameters(self):
+            bound_in, bound_out = self.hidden ** -0.5, self.ffn ** -0.5  # as nn.Linear's default
+            with torch.no_grad():
+                for p, bound in ((self.wg, bound_in), (self.wu, bound_in), (self.wd, bound_out)):
+                    if p is not None:
+                        p.uniform_(-bound, bound)
+
+        @classmethod
+        def from_hf_mlp(cls, mlp, **kwargs):
+            """The FFN of a HF Llama-style MLP (gate_proj, up_proj, down_proj without bias, ReLU), copied."""
+            act = getattr(mlp, "act_fn", None)
+            if not isinstance(act, torch.nn.ReLU):
+                raise TwellError(f"twell's FFN is ReLU-gated; this MLP's activation is {type(act).__name__}")
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                if getattr(mlp, name).bias is not None:
+                    raise TwellError(f"twell's FFN has no biases; this MLP's {name} has one")
+            wg = mlp.gate_proj.weight
+            kwargs.setdefault("device", wg.device)
+            kwargs.setdefault("dtype", wg.dtype)
+            m = cls(wg.shape[1], wg.shape[0], True, **kwargs)
+            with torch.no_grad():
+                m.wg.copy_(wg)
+                m.wu.copy_(mlp.up_proj.weight)
+                m.wd.copy_(mlp.down_proj.weight.t())
+            return m
+
+        def _runner(self, device, training):
+            if device.type == "cpu":
+                return self._runners.setdefault(("cpu", self.precision), _CpuRunner(self.precision))
+            key = (device, training)
+            if key not in self._runners:
+                self._runners[key] = _CudaRunner(device, self.hidden, self.ffn, self.gated, training, self.dispatch,
+                                                 self.precision)
+            return self._runners[key]
+
+        def forward(self, x):
+            _check_shapes(x, self.wg, self.wu, self.wd)
+            shape = x.shape
+            x2 = x.reshape(-1, self.hidden).contiguous()
+            M = x2.shape[0]
+            if M == 0:
+                return x.new_empty(shape[:-1] + (self.hidden,))
+            grad = torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (x2, self.wg, self.wu, self.wd))
+            runner = self._runner(x.device, grad)
+            if x.is_cuda and self.max_tokens > M:
+                runner.reserve(self.max_tokens)
+            self._last = runner
+            y = _apply(x2, self.wg, self.wu, self.wd, runner, l1_coefficient(self.l1, M, self.layers))
+            return y.reshape(shape[:-1] + (self.hidden,))
+
+        def last_stats(self):
+            """The last call's path and non-zero count (waits for the GPU's count)."""
+            return None if self._last is None else self._last.stats
+
+        def extra_repr(self):
+            return (f"hidden={self.hidden}, ffn={self.ffn}, gated={self.gated}, l1={self.l1}, "
+                    f"dispatch={self.dispatch}, precision={self.precision}")
+
+    return FFN
+
+
+try:
+    FFN = _define_module()
+except ImportError:  # without PyTorch: twell._capi still works; twell.FFN says what is missing
+    class FFN:  # noqa: F811
+        def __init__(self, *args, **kwargs):
+            _torch()

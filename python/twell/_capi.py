@@ -1,0 +1,188 @@
+"""ctypes bindings of libtwell_c.so, twell's C interface (include/twell/c_api.h).
+
+No dependency beyond the standard library: the torch layer (twell/__init__.py) builds on this, and
+the tests of the C interface run with it alone.
+
+The library is found, in order, at $TWELL_LIBRARY, in the build folders of the repository this
+package lives in (build/, build-cuda/, build-*/), beside this package, then by the dynamic loader.
+"""
+import ctypes
+import glob
+import os
+
+API_VERSION = 1
+MAX_DIMS = 4
+OK, ERROR = 0, 1
+BF16, F16, F32, F64 = 0, 1, 2, 3
+CPU, CUDA = 0, 1
+PRECISION = {"bf16": 0, "h_fp32": 1, "f64": 2}
+DISPATCH = {"observe": 0, "previous": 1, "always_sparse": 2, "always_dense": 3}
+PATH_NAMES = {0: "sparse", 1: "gather", 2: "dense", 3: "none"}
+
+
+class TwellError(RuntimeError):
+    """A call twell refused or that failed; the message says which argument and why."""
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("device", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("shape", ctypes.c_int64 * MAX_DIMS)]
+
+
+class ActivationStats(ctypes.Structure):
+    _fields_ = [("tokens", ctypes.c_int64), ("nnz", ctypes.c_int64), ("max_nnz_per_token", ctypes.c_int64),
+                ("l1_sum", ctypes.c_double)]
+
+
+class FfnStats(ctypes.Structure):
+    _fields_ = [("path", ctypes.c_int32), ("tokens", ctypes.c_int64), ("nnz", ctypes.c_int64),
+                ("spilled_tiles", ctypes.c_int64), ("sampled_density", ctypes.c_double)]
+
+
+class CudaFfnConfig(ctypes.Structure):
+    _fields_ = [("max_tokens", ctypes.c_int64), ("hidden", ctypes.c_int64), ("ffn", ctypes.c_int64),
+                ("gated", ctypes.c_int32), ("training", ctypes.c_int32), ("dispatch", ctypes.c_int32),
+                ("precision", ctypes.c_int32)]
+
+
+def tensor(data, dtype, device, shape):
+    """A twell_tensor: data an address (int) or None, shape a sequence of 1 to 4 sizes."""
+    if not 1 <= len(shape) <= MAX_DIMS:
+        raise TwellError(f"a tensor has 1 to {MAX_DIMS} dimensions, got shape {tuple(shape)}")
+    t = Tensor(data, dtype, device, len(shape))
+    for i, n in enumerate(shape):
+        t.shape[i] = n
+    return t
+
+
+def _candidates():
+    env = os.environ.get("TWELL_LIBRARY")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    found = []
+    for folder in ["build", "build-cuda"] + sorted(glob.glob(os.path.join(repo, "build-*"))):
+        found.append(os.path.join(repo, folder, "libtwell_c.so"))
+    found.append(os.path.join(here, "libtwell_c.so"))
+    found.append("libtwell_c.so")  # the loader's search path (an installed twell)
+    return found
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append(path)
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+    raise ImportError("twell: libtwell_c.so not found (build it: cmake --build build --target twell_c, or set "
+                      "TWELL_LIBRARY to its path); tried " + ", ".join(tried))
+
+
+lib = _load()
+
+_P = ctypes.POINTER
+_T = _P(Tensor)
+_sig = {
+    "twell_c_api_version": (ctypes.c_int32, []),
+    "twell_version": (ctypes.c_char_p, []),
+    "twell_last_error": (ctypes.c_char_p, []),
+    "twell_path_name": (ctypes.c_char_p, [ctypes.c_int32]),
+    "twell_cpu_ffn_forward": (ctypes.c_int, [_T, _T, _T, _T, _T, ctypes.c_int32, _P(ActivationStats), _T]),
+    "twell_cpu_ffn_backward": (ctypes.c_int, [_T, _T, _T, _T, _T, ctypes.c_double, _T, _T, _T, _T, ctypes.c_int32]),
+    "twell_cuda_available": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t]),
+    "twell_cuda_ffn_config_init": (None, [_P(CudaFfnConfig), ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
+    "twell_cuda_ffn_workspace_bytes": (ctypes.c_int, [_P(CudaFfnConfig), _P(ctypes.c_size_t)]),
+    "twell_cuda_ffn_create": (ctypes.c_int, [_P(CudaFfnConfig), ctypes.c_void_p, ctypes.c_size_t,
+                                             _P(ctypes.c_void_p)]),
+    "twell_cuda_ffn_destroy": (None, [ctypes.c_void_p]),
+    "twell_cuda_ffn_forward": (ctypes.c_int, [ctypes.c_void_p, _T, _T, _T, _T, _T, ctypes.c_void_p]),
+    "twell_cuda_ffn_backward": (ctypes.c_int, [ctypes.c_void_p, _T, _T, _T, _T, _T, ctypes.c_double, _T, _T, _T, _T,
+                                               ctypes.c_void_p]),
+    "twell_cuda_ffn_last_stats": (ctypes.c_int, [ctypes.c_void_p, _P(FfnStats)]),
+}
+for _name, (_res, _args) in _sig.items():
+    _f = getattr(lib, _name)
+    _f.restype, _f.argtypes = _res, _args
+
+if lib.twell_c_api_version() != API_VERSION:
+    raise ImportError(f"twell: libtwell_c.so has C API version {lib.twell_c_api_version()}, this package "
+                      f"{API_VERSION}: rebuild the library from the same checkout")
+
+
+def check(rc):
+    """Raises TwellError with the library's message unless rc is OK."""
+    if rc != OK:
+        raise TwellError(lib.twell_last_error().decode(errors="replace"))
+
+
+def ref(t):
+    """A pointer to a twell_tensor, or NULL for None."""
+    return None if t is None else ctypes.byref(t)
+
+
+def version():
+    return lib.twell_version().decode()
+
+
+def cuda_available():
+    """(True, "") where a Hopper GPU is present and the library has the CUDA backend, else (False, why)."""
+    why = ctypes.create_string_buffer(512)
+    ok = lib.twell_cuda_available(why, len(why)) == 1
+    return ok, why.value.decode(errors="replace")
+
+
+class CudaFfn:
+    """An FfnForward (twell/cuda/ffn.h) behind a handle; destroyed with this object."""
+
+    def __init__(self, max_tokens, hidden, ffn, gated=True, training=False, dispatch="previous", precision="bf16",
+                 workspace=None, workspace_bytes=0):
+        self.config = self.make_config(max_tokens, hidden, ffn, gated, training, dispatch, precision)
+        handle = ctypes.c_void_p()
+        check(lib.twell_cuda_ffn_create(ctypes.byref(self.config), workspace, workspace_bytes, ctypes.byref(handle)))
+        self.handle = handle
+
+    @staticmethod
+    def make_config(max_tokens, hidden, ffn, gated=True, training=False, dispatch="previous", precision="bf16"):
+        if dispatch not in DISPATCH:
+            raise TwellError(f"dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
+        if precision not in ("bf16", "h_fp32"):
+            raise TwellError(f"precision on the GPU must be bf16 or h_fp32, got {precision!r}")
+        c = CudaFfnConfig()
+        lib.twell_cuda_ffn_config_init(ctypes.byref(c), max_tokens, hidden, ffn)
+        c.gated, c.training, c.dispatch, c.precision = int(gated), int(training), DISPATCH[dispatch], PRECISION[precision]
+        return c
+
+    @staticmethod
+    def workspace_bytes(config):
+        n = ctypes.c_size_t()
+        check(lib.twell_cuda_ffn_workspace_bytes(ctypes.byref(config), ctypes.byref(n)))
+        return n.value
+
+    def forward(self, x, wg, wu, wd, y, stream):
+        check(lib.twell_cuda_ffn_forward(self.handle, ref(x), ref(wg), ref(wu), ref(wd), ref(y), stream))
+
+    def backward(self, x, wg, wu, wd, dy, l1_coeff, dx, dwg, dwu, dwd, stream):
+        check(lib.twell_cuda_ffn_backward(self.handle, ref(x), ref(wg), ref(wu), ref(wd), ref(dy), l1_coeff, ref(dx),
+                                          ref(dwg), ref(dwu), ref(dwd), stream))
+
+    def last_stats(self):
+        s = FfnStats()
+        check(lib.twell_cuda_ffn_last_stats(self.handle, ctypes.byref(s)))
+        return {"path": PATH_NAMES.get(s.path, "?"), "tokens": s.tokens, "nnz": s.nnz,
+                "spilled_tiles": s.spilled_tiles, "sampled_density": s.sampled_density}
+
+    def close(self):
+        if getattr(self, "handle", None) is not None and self.handle.value:
+            lib.twell_cuda_ffn_destroy(self.handle)
+        self.handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the library may be gone already
+            pass

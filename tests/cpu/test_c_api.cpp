@@ -1,0 +1,143 @@
+// The C interface (twell/c_api.h) on the CPU: the same bits as the C++ calls it wraps, errors as a
+// code and a message that names the argument, nothing written by a refused call, and the GPU
+// calls' answer where there is no GPU (CI) or no CUDA backend.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "common/random.h"
+#include "cpu/ffn_test_util.h"
+#include "twell/c_api.h"
+#include "twell/version.h"
+
+namespace twell::cpu_test {
+namespace {
+
+twell_tensor c_tensor(const TensorView& v) {
+  twell_tensor t{};
+  t.data = v.data;
+  t.dtype = static_cast<int32_t>(v.dtype);
+  t.device = static_cast<int32_t>(v.device);
+  t.ndim = v.rank();
+  for (int d = 0; d < v.rank(); ++d) t.shape[d] = v.shape[d];
+  return t;
+}
+
+// Expects a failed call (TWELL_ERROR) whose message holds `part`.
+#define EXPECT_C_ERROR(call, part)                                                                     \
+  do {                                                                                                 \
+    EXPECT_EQ((call), TWELL_ERROR);                                                                    \
+    EXPECT_NE(std::string(twell_last_error()).find(part), std::string::npos) << twell_last_error();    \
+  } while (0)
+
+TEST(CApi, VersionAndPathNames) {
+  EXPECT_EQ(twell_c_api_version(), TWELL_C_API_VERSION);
+  EXPECT_STREQ(twell_version(), TWELL_VERSION_STRING);
+  EXPECT_STREQ(twell_path_name(TWELL_PATH_SPARSE), "sparse");
+  EXPECT_STREQ(twell_path_name(TWELL_PATH_DENSE), "dense");
+  EXPECT_STREQ(twell_path_name(99), "?");
+}
+
+TEST(CApi, CpuForwardAndBackwardAreTheCppCallsBits) {
+  for (const bool gated : {true, false}) {
+    const Problem p = random_problem(7, 24, 40, gated, DType::bf16, 3);
+    const Tensor y_ref(DType::f32, {p.M, p.H}), y(DType::f32, {p.M, p.H});
+    const Tensor h_ref(DType::f32, {p.M, p.I}), h(DType::f32, {p.M, p.I});
+    ActivationStats s_ref;
+    cpu::ffn_forward(p.x, p.weights(), y_ref, Precision::bf16, &s_ref, h_ref);
+
+    const twell_tensor x = c_tensor(p.x), wg = c_tensor(p.weights().wg), wu = c_tensor(p.wu), wd = c_tensor(p.wd),
+                       yc = c_tensor(y), hc = c_tensor(h);
+    twell_activation_stats s{};
+    ASSERT_EQ(twell_cpu_ffn_forward(&x, gated ? &wg : nullptr, &wu, &wd, &yc, TWELL_PRECISION_BF16, &s, &hc), TWELL_OK)
+        << twell_last_error();
+    EXPECT_STREQ(twell_last_error(), "");
+    EXPECT_TRUE(test::bit_equal(y, y_ref));
+    EXPECT_TRUE(test::bit_equal(h, h_ref));
+    EXPECT_EQ(s.tokens, s_ref.tokens);
+    EXPECT_EQ(s.nnz, s_ref.nnz);
+    EXPECT_EQ(s.max_nnz_per_token, s_ref.max_nnz_per_token);
+    EXPECT_EQ(s.l1_sum, s_ref.l1_sum);
+
+    const Tensor dy = test::random_normal(DType::bf16, {p.M, p.H}, 1.0, 4);
+    const Tensor g_ref[4] = {Tensor(DType::f32, {p.M, p.H}), Tensor(DType::f32, {p.I, p.H}),
+                             Tensor(DType::f32, {p.I, p.H}), Tensor(DType::f32, {p.I, p.H})};
+    const Tensor g[4] = {Tensor(DType::f32, {p.M, p.H}), Tensor(DType::f32, {p.I, p.H}), Tensor(DType::f32, {p.I, p.H}),
+                         Tensor(DType::f32, {p.I, p.H})};
+    cpu::ffn_backward(p.x, p.weights(), dy, 1e-3,
+                      FfnGrads{g_ref[0], gated ? g_ref[1].view() : TensorView{}, g_ref[2], g_ref[3]}, Precision::bf16);
+    const twell_tensor dyc = c_tensor(dy), dx = c_tensor(g[0]), dwg = c_tensor(g[1]), dwu = c_tensor(g[2]),
+                       dwd = c_tensor(g[3]);
+    ASSERT_EQ(twell_cpu_ffn_backward(&x, gated ? &wg : nullptr, &wu, &wd, &dyc, 1e-3, &dx, gated ? &dwg : nullptr,
+                                     &dwu, &dwd, TWELL_PRECISION_BF16),
+              TWELL_OK)
+        << twell_last_error();
+    for (int i = 0; i < 4; ++i) {
+      if (!gated && i == 1) continue;  // no dwg
+      EXPECT_TRUE(test::bit_equal(g[i], g_ref[i])) << "gradient " << i;
+    }
+  }
+}
+
+TEST(CApi, BadArgumentsFailWithAMessageAndWriteNothing) {
+  const Problem p = random_problem(5, 16, 32, true, DType::f32, 5);
+  const Tensor y(DType::f32, {p.M, p.H});
+  std::memset(y.view().data, 0x7f, y.nbytes());
+  const Tensor poisoned = y.clone();
+  const twell_tensor x = c_tensor(p.x), wg = c_tensor(p.wg), wu = c_tensor(p.wu), wd = c_tensor(p.wd), yc = c_tensor(y);
+  auto forward = [&](twell_tensor xt, int32_t precision = TWELL_PRECISION_BF16) {
+    return twell_cpu_ffn_forward(&xt, &wg, &wu, &wd, &yc, precision, nullptr, nullptr);
+  };
+  twell_tensor bad = x;
+  bad.shape[1] = p.H + 1;
+  EXPECT_C_ERROR(forward(bad), "w.wu: expected shape [32, 17], got [32, 16]");
+  bad = x;
+  bad.ndim = 0;
+  EXPECT_C_ERROR(forward(bad), "x: ndim must be 1 to 4, got 0");
+  bad = x;
+  bad.dtype = 17;
+  EXPECT_C_ERROR(forward(bad), "x: dtype must be");
+  bad = x;
+  bad.device = 5;
+  EXPECT_C_ERROR(forward(bad), "x: device must be TWELL_CPU or TWELL_CUDA, got 5");
+  bad = x;
+  bad.shape[0] = -1;
+  EXPECT_C_ERROR(forward(bad), "x: negative dimension");
+  bad = x;
+  bad.device = TWELL_CUDA;
+  EXPECT_C_ERROR(forward(bad), "the CPU backend takes host tensors");
+  EXPECT_C_ERROR(forward(x, 9), "precision must be");
+  EXPECT_C_ERROR(twell_cpu_ffn_forward(&x, &wg, nullptr, &wd, &yc, TWELL_PRECISION_BF16, nullptr, nullptr), "wu");
+  EXPECT_TRUE(test::bit_equal(y, poisoned));  // nothing written by any refused call
+  // A failed call's message stays until the next call on the thread, which clears it.
+  ASSERT_EQ(forward(x), TWELL_OK) << twell_last_error();
+  EXPECT_STREQ(twell_last_error(), "");
+}
+
+TEST(CApi, GpuCallsSayWhyWhereThereIsNoGpu) {
+  char why[256];
+  std::memset(why, 'x', sizeof why);
+  if (twell_cuda_available(why, sizeof why)) GTEST_SKIP() << "a Hopper GPU is present: the GPU tests cover it";
+  EXPECT_GT(std::strlen(why), 0u);
+  EXPECT_LT(std::strlen(why), sizeof why);
+  char tiny[4];
+  EXPECT_EQ(twell_cuda_available(tiny, sizeof tiny), 0);
+  EXPECT_EQ(std::strlen(tiny), 3u);  // cut, and terminated
+  EXPECT_EQ(twell_cuda_available(nullptr, 0), 0);
+
+  twell_cuda_ffn_config c;
+  twell_cuda_ffn_config_init(&c, 128, 64, 128);
+  EXPECT_EQ(c.gated, 1);
+  EXPECT_EQ(c.dispatch, TWELL_DISPATCH_PREVIOUS);
+  twell_cuda_ffn* ffn = nullptr;
+  EXPECT_EQ(twell_cuda_ffn_create(&c, nullptr, 0, &ffn), TWELL_ERROR);
+  EXPECT_GT(std::strlen(twell_last_error()), 0u);
+  EXPECT_EQ(ffn, nullptr);
+  size_t bytes = 0;
+  EXPECT_EQ(twell_cuda_ffn_workspace_bytes(&c, &bytes), TWELL_ERROR);
+  twell_cuda_ffn_destroy(nullptr);
+}
+
+}  // namespace
+}  // namespace twell::cpu_test
