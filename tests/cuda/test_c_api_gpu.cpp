@@ -116,7 +116,7 @@ TEST(CApiGpu, RefusedCallsSayWhyAndWriteNothing) {
   };
   twell_tensor bad = xc;
   bad.shape[0] = M + 1;  // more tokens than the workspace holds
-  expect_refused(bad, "max_tokens");
+  expect_refused(bad, "x has 65 tokens, the workspace holds 64");
   bad = xc;
   bad.shape[1] = H - 64;
   expect_refused(bad, "x");
