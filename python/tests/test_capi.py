@@ -42,6 +42,10 @@ class CpuFfn(unittest.TestCase):
     def test_version_and_library(self):
         self.assertRegex(_capi.version(), r"^\d+\.\d+\.\d+$")
         self.assertEqual(_capi.lib.twell_c_api_version(), _capi.API_VERSION)
+        # the package's version (pyproject.toml) is the library's (CMakeLists.txt's project version)
+        pyproject = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyproject.toml")
+        with open(pyproject) as f:
+            self.assertIn(f'version = "{_capi.version()}"', f.read())
 
     def test_forward_is_the_plain_python_ffn(self):
         y, ty = f64([float("nan")] * (self.M * self.H), (self.M, self.H))
