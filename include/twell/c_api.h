@@ -67,7 +67,8 @@ typedef struct {
 
 TWELL_C_API int32_t twell_c_api_version(void);
 TWELL_C_API const char* twell_version(void);   /* e.g. "0.1.0" */
-/* Why the last failed call on this thread failed ("" after a call that succeeded). */
+/* Why the last call returning TWELL_ERROR on this thread failed; "" after one that returned TWELL_OK
+ * (the functions that return no status leave it as it is). */
 TWELL_C_API const char* twell_last_error(void);
 TWELL_C_API const char* twell_path_name(int32_t path);
 
@@ -93,9 +94,10 @@ typedef struct {
   int32_t training;                /* FfnOptions::training: backward() after either path */
   int32_t dispatch;                /* TWELL_DISPATCH_* */
   int32_t precision;               /* TWELL_PRECISION_BF16 or _H_FP32 */
+  int64_t reserved[4];             /* 0: room for options without a new struct (refused when not 0) */
 } twell_cuda_ffn_config;
 
-/* FfnShape and FfnOptions' defaults: gated, not training, TWELL_DISPATCH_PREVIOUS, bf16. */
+/* FfnShape and FfnOptions' defaults: gated, not training, TWELL_DISPATCH_PREVIOUS, bf16; reserved 0. */
 TWELL_C_API void twell_cuda_ffn_config_init(twell_cuda_ffn_config* config, int64_t max_tokens, int64_t hidden,
                                             int64_t ffn);
 /* FfnForward::required_workspace_bytes on the current device. */

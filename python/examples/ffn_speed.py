@@ -63,9 +63,8 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", help="write the records here")
     args = ap.parse_args()
-    ok, why = twell.cuda_available()
-    if not ok:
-        sys.exit(f"ffn_speed.py needs a Hopper GPU: {why}")
+    if not twell.cuda_available():
+        sys.exit(f"ffn_speed.py needs a Hopper GPU: {twell.cuda_unavailable_reason()}")
 
     H, I = args.hidden, args.ffn
     records = []

@@ -30,7 +30,7 @@ def batch(M, H, device, g):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if twell.cuda_available()[0] else "cpu")
+    ap.add_argument("--device", default="cuda" if twell.cuda_available() else "cpu")
     ap.add_argument("--tokens", type=int, help="tokens a step (default 16384 on the GPU, 256 on the CPU)")
     ap.add_argument("--hidden", type=int, help="H (default 512 on the GPU, 64 on the CPU)")
     ap.add_argument("--ffn", type=int, help="I (default 2048 on the GPU, 256 on the CPU)")

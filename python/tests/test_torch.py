@@ -1,7 +1,9 @@
 """twell.FFN and twell.ffn_forward on PyTorch tensors: against float64 PyTorch, forward and backward, on
 the CPU backend and (where a Hopper GPU is present) on the GPU; skipped without PyTorch."""
+import copy
 import os
 import sys
+import threading
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -12,7 +14,7 @@ try:
 except ImportError:
     torch = None
 
-GPU, WHY = twell.cuda_available()
+GPU, WHY = twell.cuda_available(), twell.cuda_unavailable_reason()
 
 
 def sparse_problem(M, H, I, device, seed=0):
@@ -103,8 +105,8 @@ class TorchFfn(unittest.TestCase):
         y64, _ = reference(x, wg, wu, wd, torch.float64)
         y16, _ = reference(x, wg, wu, wd, torch.bfloat16)
         self.assertLessEqual(rel(y, y64), 2 * rel(y16, y64) + 1e-6)
-        # functional form, same bits as the module on the same path
-        y2 = twell.ffn_forward(x, wg, wu, wd, dispatch="always_sparse")
+        # functional form, same bits as the module with the same options
+        y2 = twell.ffn_forward(x, wg, wu, wd)
         self.assertTrue(torch.equal(y2, y))
 
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
@@ -144,6 +146,119 @@ class TorchFfn(unittest.TestCase):
         with self.assertRaisesRegex(twell.TwellError, "neuron-major"):
             twell.ffn_forward(x, wg, wu, wd.t())
         self.assertEqual(tuple(twell.ffn_forward(x[:0], wg, wu, wd).shape), (0, 128))
+
+
+@unittest.skipIf(torch is None, "PyTorch is not installed")
+class TorchFfnUse(unittest.TestCase):
+    """How a PyTorch user calls it: streams, threads, copies, autograd's corners."""
+
+    def module(self, H=256, I=1024, device="cuda", **kwargs):
+        x, wg, wu, wd = sparse_problem(1000, H, I, device)
+        ffn = twell.FFN(H, I, device=device, **kwargs)
+        with torch.no_grad():
+            for p, w in ((ffn.wg, wg), (ffn.wu, wu), (ffn.wd, wd)):
+                if p is not None:
+                    p.copy_(w)
+        return ffn, x
+
+    def test_cuda_available_is_a_bool(self):
+        self.assertIsInstance(twell.cuda_available(), bool)
+        self.assertEqual(twell.cuda_available(), twell.cuda_unavailable_reason() == "")
+        self.assertEqual(twell.__version__, twell.version())
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_calls_from_two_streams_and_two_threads_are_ordered(self):
+        H, I, M = 512, 1536, 16384
+        inputs = [sparse_problem(M, H, I, "cuda", seed=s) for s in (1, 2)]
+        with torch.no_grad():
+            want = [twell.ffn_forward(*p) for p in inputs]
+            streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+            for _ in range(5):  # one cached FfnForward, its workspace shared by the two streams
+                outs = []
+                for p, st in zip(inputs, streams):
+                    with torch.cuda.stream(st):
+                        outs.append(twell.ffn_forward(*p))
+                torch.cuda.synchronize()
+                for o, w in zip(outs, want):
+                    self.assertTrue(torch.equal(o, w))
+        ffn = twell.FFN(H, I, device="cuda", dispatch="always_sparse")
+        with torch.no_grad():
+            ffn.wg.copy_(inputs[0][1]), ffn.wu.copy_(inputs[0][2]), ffn.wd.copy_(inputs[0][3])
+            ref = ffn(inputs[0][0])
+        results, errors = [], []
+
+        def work():
+            try:
+                st = torch.cuda.Stream()
+                with torch.no_grad(), torch.cuda.stream(st):
+                    for _ in range(5):
+                        results.append(ffn(inputs[0][0]))
+                st.synchronize()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        torch.cuda.synchronize()
+        self.assertEqual(errors, [])
+        for r in results:
+            self.assertTrue(torch.equal(r, ref))
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_copies_and_release(self):
+        ffn, x = self.module()
+        with torch.no_grad():
+            y = ffn(x)
+            twin = copy.deepcopy(ffn)  # parameters copied, GPU objects rebuilt at the first call
+            self.assertTrue(torch.equal(twin(x), y))
+            ffn.release_workspace()
+            self.assertTrue(torch.equal(ffn(x), y))
+        twell.clear_cache()
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_autograd_corners(self):
+        ffn, x = self.module(dispatch="always_sparse")
+        # only the weights, then only x, need gradients
+        ffn(x).float().sum().backward()
+        self.assertIsNotNone(ffn.wd.grad)
+        for p in ffn.parameters():
+            p.requires_grad_(False)
+        xg = x.clone().requires_grad_()
+        ffn(xg).float().sum().backward()
+        self.assertEqual(xg.grad.shape, x.shape)
+        self.assertEqual(xg.grad.dtype, torch.bfloat16)
+        for p in ffn.parameters():
+            p.requires_grad_(True)
+            p.grad = None
+        # the same tensor twice in one graph: the state of the last forward is that of both
+        (ffn(xg).float().sum() + ffn(xg).float().sum()).backward()
+        # other tokens in between: refused with a message, not wrong gradients
+        y1 = ffn(xg)
+        ffn(x.clone()).float().sum()
+        with self.assertRaisesRegex(twell.TwellError, "ran another forward"):
+            y1.float().sum().backward()
+        # a larger call rebuilds the workspace: the earlier forward's backward says so
+        y1 = ffn(xg)
+        ffn(torch.cat([x] * 10).requires_grad_())
+        with self.assertRaisesRegex(twell.TwellError, "rebuilt the module's GPU workspace"):
+            y1.float().sum().backward()
+        # no tokens: an output in the graph, zero gradients
+        for p in ffn.parameters():
+            p.grad = None
+        y0 = ffn(x[:0].clone().requires_grad_())
+        self.assertTrue(y0.requires_grad)
+        y0.float().sum().backward()
+        self.assertTrue(torch.equal(ffn.wd.grad, torch.zeros_like(ffn.wd)))
+        # training what the GPU backward does not take is refused before any work
+        plain, _ = self.module(gated=False)
+        with self.assertRaisesRegex(twell.TwellError, "gated FFN in bf16 precision only"):
+            plain(x)
+        with torch.no_grad():
+            self.assertEqual(plain(x).shape, x.shape)  # inference is fine
+        with self.assertRaisesRegex(twell.TwellError, "has no backward"):
+            twell.ffn_forward(x, ffn.wg, ffn.wu, ffn.wd)
 
 
 if __name__ == "__main__":

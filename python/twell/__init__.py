@@ -15,10 +15,27 @@ include/twell/cuda/ffn.h. The library is libtwell_c.so (twell/_capi.py says wher
 """
 import threading
 
-from ._capi import TwellError, cuda_available, version
+try:  # PyTorch first where it is installed: its CUDA libraries (cuBLASLt) are then the ones libtwell_c.so finds
+    import torch as _torch_module  # noqa: F401
+except ImportError:
+    pass
+
+from ._capi import TwellError, version
 from . import _capi
 
-__all__ = ["FFN", "ffn_forward", "TwellError", "cuda_available", "version", "l1_coefficient"]
+__all__ = ["FFN", "ffn_forward", "TwellError", "cuda_available", "cuda_unavailable_reason", "version",
+           "l1_coefficient", "clear_cache"]
+__version__ = version()
+
+
+def cuda_available():
+    """True where a Hopper GPU is present and the library has the CUDA backend."""
+    return _capi.cuda_available()[0]
+
+
+def cuda_unavailable_reason():
+    """Why cuda_available() is False ("" where it is True)."""
+    return _capi.cuda_available()[1]
 
 
 def l1_coefficient(l1, tokens, layers=1):
@@ -73,9 +90,12 @@ class _CpuRunner:
                                                     None))
         self.stats = {"path": "cpu", "tokens": s.tokens, "nnz": s.nnz, "max_nnz_per_token": s.max_nnz_per_token,
                       "l1_sum": s.l1_sum}
-        return y
+        return y, 0
 
-    def backward(self, x, wg, wu, wd, dy, l1_coeff, needed):
+    def release(self):
+        pass
+
+    def backward(self, x, wg, wu, wd, dy, l1_coeff, needed, generation):
         torch = _torch()
         acc = torch.float64 if self.precision == _capi.PRECISION["f64"] else torch.float32
         grads = [torch.empty(t.shape, dtype=acc) if (t is not None and need) else None
@@ -87,29 +107,49 @@ class _CpuRunner:
 
 
 class _CudaRunner:
-    """An FfnForward on one GPU, its workspace taken from PyTorch's allocator; grown with the token count."""
+    """An FfnForward on one GPU, its workspace taken from PyTorch's allocator; grown with the token count.
+
+    Calls may come from any stream and thread: a host thread at a time (the lock), and each call's
+    stream waits for the stream of the call before it, since they share the object's workspace.
+    """
 
     def __init__(self, device, hidden, ffn, gated, training, dispatch, precision):
         self.device, self.hidden, self.ffn, self.gated = device, hidden, ffn, gated
         self.training, self.dispatch, self.precision = training, dispatch, precision
-        self.handle, self.max_tokens, self.workspace = None, 0, None
-        self.lock = threading.Lock()  # a host thread at a time through one FfnForward
+        self.handle, self.max_tokens, self.workspace, self.last_stream = None, 0, None, None
+        self.generation = 0  # bumped when the handle is rebuilt: a backward's forward state is then gone
+        self.lock = threading.Lock()
 
     def _reserve(self, tokens, stream):
         torch = _torch()
         if self.handle is not None and tokens <= self.max_tokens:
             return
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
+        tokens = -(-tokens // 4096) * 4096  # whole multiples of 4096 tokens: fewer rebuilds as batches vary
+        self._release()
         config = _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
                                            self.precision)
         nbytes = _capi.CudaFfn.workspace_bytes(config)
         self.workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
-        self.workspace_stream = stream
+        self.last_stream = stream  # the workspace's stream in PyTorch's allocator
         self.handle = _capi.CudaFfn(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
                                     self.precision, self.workspace.data_ptr(), nbytes)
         self.max_tokens = tokens
+        self.generation += 1
+
+    def _release(self):
+        if self.handle is not None:
+            self.handle.close()  # its own buffers (cuBLASLt's workspace, the backward's) are freed here
+        self.handle, self.workspace, self.max_tokens = None, None, 0  # PyTorch frees ours after queued work
+
+    def _order(self):
+        """The current stream, made to wait for the stream of the call before (the shared workspace)."""
+        torch = _torch()
+        stream = torch.cuda.current_stream(self.device)
+        if self.last_stream is not None and stream != self.last_stream:
+            stream.wait_stream(self.last_stream)
+            self.workspace.record_stream(stream)  # not freed before this stream's work on it is done
+        self.last_stream = stream
+        return stream
 
     def reserve(self, tokens):
         """Sizes the workspace for calls of up to `tokens` tokens now, not at the first larger call."""
@@ -117,31 +157,39 @@ class _CudaRunner:
         with self.lock, torch.cuda.device(self.device):
             self._reserve(tokens, torch.cuda.current_stream(self.device))
 
-    def _stream(self):
+    def release(self):
         torch = _torch()
-        stream = torch.cuda.current_stream(self.device)
-        if self.workspace is not None and stream != self.workspace_stream:
-            self.workspace.record_stream(stream)  # freed only once this stream's work on it is done
-        return stream
+        with self.lock, torch.cuda.device(self.device):
+            self._release()
 
     def forward(self, x, wg, wu, wd):
         torch = _torch()
         with self.lock, torch.cuda.device(self.device):
-            stream = torch.cuda.current_stream(self.device)
-            self._reserve(x.shape[0], stream)
-            stream = self._stream()
+            self._reserve(x.shape[0], torch.cuda.current_stream(self.device))
+            stream = self._order()
             y = torch.empty_like(x)
             self.handle.forward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(y, "y"), stream.cuda_stream)
-            return y
+            return y, self.generation
 
-    def backward(self, x, wg, wu, wd, dy, l1_coeff, needed):
+    def backward(self, x, wg, wu, wd, dy, l1_coeff, needed, generation):
         torch = _torch()
         with self.lock, torch.cuda.device(self.device):
-            stream = self._stream()
+            if generation != self.generation or self.handle is None:
+                raise TwellError("twell.FFN backward: a later call with more tokens rebuilt the module's GPU workspace "
+                                 "and its forward state (pass max_tokens= to size it up front)")
+            stream = self._order()
             grads = [torch.empty(t.shape, dtype=torch.float32, device=self.device) if (t is not None and need)
                      else None for t, need in zip((x, wg, wu, wd), needed)]
-            self.handle.backward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(dy, "dy"), l1_coeff,
-                                 *(_c(g, n) for g, n in zip(grads, ("dx", "dwg", "dwu", "dwd"))), stream.cuda_stream)
+            try:
+                self.handle.backward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(dy, "dy"), l1_coeff,
+                                     *(_c(g, n) for g, n in zip(grads, ("dx", "dwg", "dwu", "dwd"))),
+                                     stream.cuda_stream)
+            except TwellError as e:
+                if "must be those of the last forward" in str(e):
+                    raise TwellError("twell.FFN backward: the module ran another forward (on other tokens) since "
+                                     "the one this backward belongs to; an FFN keeps the state of its last forward "
+                                     "only (call it once per backward, or on the same tensor)") from e
+                raise
             return grads
 
     @property
@@ -150,6 +198,14 @@ class _CudaRunner:
             return None
         with self.lock:
             return self.handle.last_stats()
+
+
+def _autocast_on():
+    torch = _torch()
+    try:
+        return torch.is_autocast_enabled("cuda")
+    except TypeError:  # PyTorch before 2.4
+        return torch.is_autocast_enabled()
 
 
 def _check_shapes(x, wg, wu, wd):
@@ -172,13 +228,23 @@ def _make_function():
         def forward(ctx, x, wg, wu, wd, runner, l1_coeff):
             ctx.runner, ctx.l1_coeff = runner, l1_coeff
             ctx.save_for_backward(x, wg, wu, wd)
-            return runner.forward(x, wg, wu, wd)
+            if x.shape[0] == 0:  # no tokens: nothing to run; the weights' gradients are zeros
+                ctx.generation = None
+                return x.new_empty((0, wd.shape[1]))
+            y, ctx.generation = runner.forward(x, wg, wu, wd)
+            return y
 
         @staticmethod
+        @torch.autograd.function.once_differentiable
         def backward(ctx, dy):
             x, wg, wu, wd = ctx.saved_tensors
             needed = ctx.needs_input_grad[:4]
-            grads = ctx.runner.backward(x, wg, wu, wd, dy.to(x.dtype).contiguous(), ctx.l1_coeff, needed)
+            if x.shape[0] == 0:
+                grads = [torch.zeros_like(t) if (t is not None and need) else None
+                         for t, need in zip((x, wg, wu, wd), needed)]
+            else:
+                grads = ctx.runner.backward(x, wg, wu, wd, dy.to(x.dtype).contiguous(), ctx.l1_coeff, needed,
+                                            ctx.generation)
             return tuple(None if g is None else g.to(t.dtype) for g, t in zip(grads, (x, wg, wu, wd))) + (None, None)
 
     return _Ffn
@@ -197,14 +263,16 @@ def _apply(x, wg, wu, wd, runner, l1_coeff):
 
 
 def ffn_forward(x, wg, wu, wd, precision="bf16", dispatch="observe"):
-    """y = (relu(x wgᵀ) ⊙ x wuᵀ) wd (wg None: relu(x wuᵀ) wd), without autograd.
+    """y = (relu(x wgᵀ) ⊙ x wuᵀ) wd (wg None: relu(x wuᵀ) wd), for inference: no autograd (twell.FFN trains).
 
     x [..., H]; wg, wu [I, H]; wd [I, H] neuron-major (HF's down_proj.weight.t().contiguous()). On the GPU
-    (bf16) one FfnForward per device and shape serves every call, dispatched on each call's density
-    ("observe": one stream synchronisation a call); FFN modules keep their own.
+    (bf16) one FfnForward per device, shape and options serves every call, dispatched on each call's
+    density ("observe": one stream synchronisation a call); clear_cache() frees their memory.
     """
     torch = _torch()
     _check_shapes(x, wg, wu, wd)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, wg, wu, wd)):
+        raise TwellError("twell.ffn_forward has no backward: call it under torch.no_grad(), or train a twell.FFN")
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     if x2.shape[0] == 0:
@@ -219,8 +287,16 @@ def ffn_forward(x, wg, wu, wd, precision="bf16", dispatch="observe"):
     else:
         runner = _CpuRunner(precision)
     with torch.no_grad():
-        y = runner.forward(x2, *(None if t is None else t.contiguous() for t in (wg, wu, wd)))
+        y, _ = runner.forward(x2, *(None if t is None else t.contiguous() for t in (wg, wu, wd)))
     return y.reshape(shape[:-1] + (wd.shape[1],))
+
+
+def clear_cache():
+    """Frees the GPU memory that ffn_forward's cached FfnForward objects hold."""
+    with _functional_lock:
+        for runner in _functional_runners.values():
+            runner.release()
+        _functional_runners.clear()
 
 
 def _define_module():
@@ -230,9 +306,19 @@ def _define_module():
         """A ReLU-gated (or plain ReLU) FFN whose forward and backward run twell's kernels.
 
         Parameters: wg and wu [ffn, hidden] (HF's gate_proj.weight and up_proj.weight), wd [ffn, hidden]
-        neuron-major (HF's down_proj.weight transposed). `l1` is λ of the L1 penalty on h (DESIGN.md §2):
-        its gradient λ/(M·layers)·sign(h) is added in backward, over the active set; its value is not
-        computed. `max_tokens` sizes the GPU workspace up front (else the largest call so far).
+        neuron-major (HF's down_proj.weight transposed); bf16 on the GPU.
+
+        `l1` is λ of the L1 penalty on h (DESIGN.md §2): its gradient λ/(M·layers)·sign(h) is added in
+        backward, over the active set; its value is not computed. It is added once per backward, not
+        scaled with the loss: with a loss divided over accumulation steps or scaled by a GradScaler,
+        scale λ alike.
+
+        On the GPU each module holds an FfnForward per mode (training, inference), dispatched on the
+        density of its own previous call. Its workspace (~4.5 · tokens · I · 2 bytes) comes from
+        PyTorch's allocator, sized by `max_tokens` up front or else by the largest call so far (in
+        multiples of 4096 tokens); cuBLASLt's 64 MiB and the backward's workspace are its own.
+        release_workspace() frees them all. A backward needs the module's last forward (the same
+        tensor, as under activation checkpointing, is fine); otherwise it refuses with a message.
         """
 
         def __init__(self, hidden, ffn, gated=True, *, l1=0.0, layers=1, max_tokens=0, dispatch="previous",
@@ -249,6 +335,18 @@ def _define_module():
             self._runners = {}
             self._last = None
 
+        def __getstate__(self):  # copies and pickles carry the parameters, not the GPU objects
+            state = self.__dict__.copy()
+            state["_runners"], state["_last"] = {}, None
+            return state
+
+        def release_workspace(self):
+            """Frees the GPU memory the module's FfnForward objects hold (rebuilt at the next call)."""
+            for runner in self._runners.values():
+                runner.release()
+            self._runners.clear()
+            self._last = None
+
         def reset_parameters(self):
             bound_in, bound_out = self.hidden ** -0.5, self.ffn ** -0.5  # as nn.Linear's default
             with torch.no_grad():
@@ -258,7 +356,8 @@ def _define_module():
 
         @classmethod
         def from_hf_mlp(cls, mlp, **kwargs):
-            """The FFN of a HF Llama-style MLP (gate_proj, up_proj, down_proj without bias, ReLU), copied."""
+            """The FFN of a HF Llama-style MLP (gate_proj, up_proj, down_proj without bias, ReLU), copied (bf16
+            unless dtype= says otherwise)."""
             act = getattr(mlp, "act_fn", None)
             if not isinstance(act, torch.nn.ReLU):
                 raise TwellError(f"twell's FFN is ReLU-gated; this MLP's activation is {type(act).__name__}")
@@ -267,7 +366,7 @@ def _define_module():
                     raise TwellError(f"twell's FFN has no biases; this MLP's {name} has one")
             wg = mlp.gate_proj.weight
             kwargs.setdefault("device", wg.device)
-            kwargs.setdefault("dtype", wg.dtype)
+            kwargs.setdefault("dtype", torch.bfloat16)  # what the GPU path takes, whatever the MLP's
             m = cls(wg.shape[1], wg.shape[0], True, **kwargs)
             with torch.no_grad():
                 m.wg.copy_(wg)
@@ -278,7 +377,7 @@ def _define_module():
         def _runner(self, device, training):
             if device.type == "cpu":
                 return self._runners.setdefault(("cpu", self.precision), _CpuRunner(self.precision))
-            key = (device, training)
+            key = (device, training, self.dispatch, self.precision)
             if key not in self._runners:
                 self._runners[key] = _CudaRunner(device, self.hidden, self.ffn, self.gated, training, self.dispatch,
                                                  self.precision)
@@ -286,13 +385,17 @@ def _define_module():
 
         def forward(self, x):
             _check_shapes(x, self.wg, self.wu, self.wd)
+            if x.is_cuda and x.dtype != self.wu.dtype and _autocast_on():
+                x = x.to(self.wu.dtype)  # under autocast, as a Linear would take it
             shape = x.shape
             x2 = x.reshape(-1, self.hidden).contiguous()
             M = x2.shape[0]
-            if M == 0:
-                return x.new_empty(shape[:-1] + (self.hidden,))
             grad = torch.is_grad_enabled() and any(
                 t is not None and t.requires_grad for t in (x2, self.wg, self.wu, self.wd))
+            if grad and x.is_cuda and (not self.gated or self.precision != "bf16"):
+                raise TwellError("twell.FFN: the GPU backward takes the gated FFN in bf16 precision only; this one is "
+                                 f"gated={self.gated}, precision={self.precision} (train it on the CPU, or run it "
+                                 "under torch.no_grad())")
             runner = self._runner(x.device, grad)
             if x.is_cuda and self.max_tokens > M:
                 runner.reserve(self.max_tokens)

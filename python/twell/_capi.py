@@ -42,7 +42,7 @@ class FfnStats(ctypes.Structure):
 class CudaFfnConfig(ctypes.Structure):
     _fields_ = [("max_tokens", ctypes.c_int64), ("hidden", ctypes.c_int64), ("ffn", ctypes.c_int64),
                 ("gated", ctypes.c_int32), ("training", ctypes.c_int32), ("dispatch", ctypes.c_int32),
-                ("precision", ctypes.c_int32)]
+                ("precision", ctypes.c_int32), ("reserved", ctypes.c_int64 * 4)]
 
 
 def tensor(data, dtype, device, shape):
@@ -79,8 +79,9 @@ def _load():
             return ctypes.CDLL(path)
         except OSError as e:
             tried.append(f"{path} ({e})")
-    raise ImportError("twell: libtwell_c.so not found (build it: cmake --build build --target twell_c, or set "
-                      "TWELL_LIBRARY to its path); tried " + ", ".join(tried))
+    raise ImportError("twell: libtwell_c.so not found (build it: cmake --build build --target twell_c; a package "
+                      "installed with pip install -e python finds it in the repository's build folders, one "
+                      "installed otherwise needs TWELL_LIBRARY set to its path); tried " + ", ".join(tried))
 
 
 lib = _load()

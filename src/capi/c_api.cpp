@@ -98,6 +98,9 @@ cuda::FfnShape shape_of(const twell_cuda_ffn_config* c) {
 }
 
 cuda::FfnOptions options_of(const twell_cuda_ffn_config* c) {
+  TWELL_REQUIRE(c != nullptr, "twell_cuda_ffn_config: NULL");
+  for (int64_t r : c->reserved)
+    TWELL_REQUIRE(r == 0, "twell_cuda_ffn_config: reserved fields must be 0 (twell_cuda_ffn_config_init sets them)");
   TWELL_REQUIRE(c->dispatch >= TWELL_DISPATCH_OBSERVE && c->dispatch <= TWELL_DISPATCH_ALWAYS_DENSE,
                 "twell_cuda_ffn_config: dispatch must be a TWELL_DISPATCH_ value, got ", c->dispatch);
   TWELL_REQUIRE(c->precision == TWELL_PRECISION_BF16 || c->precision == TWELL_PRECISION_H_FP32,
@@ -169,6 +172,8 @@ int twell_cuda_available(char* why, size_t why_size) {
     ok = cuda::hopper_available(&reason);
   } catch (const std::exception& e) {
     reason = e.what();
+  } catch (...) {
+    reason = "unknown error";
   }
 #else
   reason = kNoCuda;
@@ -196,7 +201,9 @@ int twell_cuda_ffn_workspace_bytes(const twell_cuda_ffn_config* config, size_t* 
   return guarded([&] {
 #if TWELL_WITH_CUDA
     TWELL_REQUIRE(bytes != nullptr, "twell_cuda_ffn_workspace_bytes: bytes is NULL");
-    *bytes = cuda::FfnForward::required_workspace_bytes(shape_of(config), options_of(config));
+    const cuda::FfnShape shape = shape_of(config);
+    const cuda::FfnOptions options = options_of(config);
+    *bytes = cuda::FfnForward::required_workspace_bytes(shape, options);
 #else
     throw Error(kNoCuda);
 #endif

@@ -139,5 +139,29 @@ TEST(CApi, GpuCallsSayWhyWhereThereIsNoGpu) {
   twell_cuda_ffn_destroy(nullptr);
 }
 
+// NULL and unset arguments are refused with a message, never dereferenced (with or without a GPU).
+TEST(CApi, NullArgumentsAreRefused) {
+  size_t bytes = 0;
+  EXPECT_EQ(twell_cuda_ffn_workspace_bytes(nullptr, &bytes), TWELL_ERROR);
+  EXPECT_GT(std::strlen(twell_last_error()), 0u);
+  twell_cuda_ffn* ffn = nullptr;
+  EXPECT_EQ(twell_cuda_ffn_create(nullptr, nullptr, 0, &ffn), TWELL_ERROR);
+  EXPECT_EQ(ffn, nullptr);
+  EXPECT_EQ(twell_cuda_ffn_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), TWELL_ERROR);
+  twell_ffn_stats s;
+  EXPECT_EQ(twell_cuda_ffn_last_stats(nullptr, &s), TWELL_ERROR);
+  EXPECT_EQ(twell_cpu_ffn_forward(nullptr, nullptr, nullptr, nullptr, nullptr, TWELL_PRECISION_BF16, nullptr, nullptr),
+            TWELL_ERROR);
+  twell_cuda_ffn_config_init(nullptr, 1, 64, 64);  // nothing to do
+#if TWELL_WITH_CUDA
+  twell_cuda_ffn_config c;
+  twell_cuda_ffn_config_init(&c, 128, 64, 128);
+  for (int64_t r : c.reserved) EXPECT_EQ(r, 0);
+  c.reserved[2] = 1;
+  EXPECT_EQ(twell_cuda_ffn_workspace_bytes(&c, &bytes), TWELL_ERROR);
+  EXPECT_NE(std::string(twell_last_error()).find("reserved fields must be 0"), std::string::npos) << twell_last_error();
+#endif
+}
+
 }  // namespace
 }  // namespace twell::cpu_test

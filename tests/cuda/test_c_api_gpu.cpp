@@ -31,9 +31,10 @@ struct Handle {
   ~Handle() { twell_cuda_ffn_destroy(p); }
 };
 
-DeviceTensor poisoned(DType t, const Shape& s) {
+// Outputs poisoned with different bytes on the two sides, so that an element neither writes differs.
+DeviceTensor poisoned(DType t, const Shape& s, int byte = 0xff) {
   DeviceTensor d(t, s);
-  cuda::fill_bytes(d.view().data, d.nbytes(), 0xff, nullptr);
+  cuda::fill_bytes(d.view().data, d.nbytes(), byte, nullptr);
   return d;
 }
 
@@ -61,7 +62,7 @@ TEST(CApiGpu, ForwardAndBackwardAreTheObjectsBits) {
       o.dispatch = static_cast<cuda::Dispatch>(dispatch);
       o.training = true;
       cuda::FfnForward ref({M, H, I, true}, o);
-      DeviceTensor y_ref = poisoned(DType::bf16, {M, H}), y = poisoned(DType::bf16, {M, H});
+      DeviceTensor y_ref = poisoned(DType::bf16, {M, H}), y = poisoned(DType::bf16, {M, H}, 0x7f);
       ref.forward(x, w, y_ref, nullptr);
       DeviceTensor g_ref[4] = {poisoned(DType::f32, {M, H}), poisoned(DType::f32, {I, H}),
                                poisoned(DType::f32, {I, H}), poisoned(DType::f32, {I, H})};
@@ -84,8 +85,8 @@ TEST(CApiGpu, ForwardAndBackwardAreTheObjectsBits) {
       EXPECT_EQ(s.tokens, M);
       EXPECT_EQ(s.nnz, ref.last_stats().nnz);
 
-      DeviceTensor g[4] = {poisoned(DType::f32, {M, H}), poisoned(DType::f32, {I, H}), poisoned(DType::f32, {I, H}),
-                           poisoned(DType::f32, {I, H})};
+      DeviceTensor g[4] = {poisoned(DType::f32, {M, H}, 0x7f), poisoned(DType::f32, {I, H}, 0x7f),
+                           poisoned(DType::f32, {I, H}, 0x7f), poisoned(DType::f32, {I, H}, 0x7f)};
       const twell_tensor dx = c_tensor(g[0].view()), dwg = c_tensor(g[1].view()), dwu = c_tensor(g[2].view()),
                          dwd = c_tensor(g[3].view());
       ASSERT_EQ(twell_cuda_ffn_backward(h.p, &xc, &wgc, &wuc, &wdc, &dyc, 1e-4, &dx, &dwg, &dwu, &dwd, nullptr),
