@@ -1,11 +1,11 @@
 """Sparse training with the L1 penalty, from PyTorch: watch the FFN's activations become sparse and
 twell's kernels switch from the dense path to the sparse one.
 
-    python3 python/examples/train_l1.py [--steps 300] [--l1 3e-3] [--json out.json]
+    python3 python/examples/train_l1.py [--steps 300] [--l1 1e-3] [--json out.json]
 
-A twell.FFN (student) learns to imitate a random dense ReLU-gated FFN (teacher) on Gaussian inputs
-with a constant channel (which lets the gate learn a threshold), under the loss
-MSE(student, teacher) + λ · (1/M) Σ|h|. The penalty's gradient is added inside twell's backward, over
+A twell.FFN (student, initialised dense: half its neurons active) learns to imitate a random sparse
+ReLU-gated FFN (teacher, --teacher-density of its neurons active) on Gaussian inputs with a constant
+channel, which lets a gate learn a threshold, under the loss MSE(student, teacher) + λ · (1/M) Σ|h|. The penalty's gradient is added inside twell's backward, over
 the active set. Each logged step prints the loss, the student's non-zeros a token (from the forward's
 TwELL count), the path the forward took (dense above ~1.1% density, sparse below) and the time of the
 step. On a Hopper GPU by default; --device cpu runs the CPU reference backend at a small size.
@@ -13,6 +13,7 @@ step. On a Hopper GPU by default; --device cpu runs the CPU reference backend at
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -32,22 +33,29 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if twell.cuda_available() else "cpu")
     ap.add_argument("--tokens", type=int, help="tokens a step (default 16384 on the GPU, 256 on the CPU)")
-    ap.add_argument("--hidden", type=int, help="H (default 512 on the GPU, 64 on the CPU)")
-    ap.add_argument("--ffn", type=int, help="I (default 2048 on the GPU, 256 on the CPU)")
+    ap.add_argument("--hidden", type=int, help="H (default 2048 on the GPU, 64 on the CPU)")
+    ap.add_argument("--ffn", type=int, help="I (default 5632 on the GPU, 256 on the CPU)")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--l1", type=float, default=3e-3, help="λ of the L1 penalty")
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--l1", type=float, default=1e-3, help="λ of the L1 penalty")
+    ap.add_argument("--teacher-density", type=float, default=0.01, help="fraction of the teacher's neurons active")
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--json", help="write the logged steps here")
     args = ap.parse_args()
     gpu = args.device != "cpu"
     M = args.tokens or (16384 if gpu else 256)
-    H = args.hidden or (512 if gpu else 64)
-    I = args.ffn or (2048 if gpu else 256)
+    H = args.hidden or (2048 if gpu else 64)
+    I = args.ffn or (5632 if gpu else 256)
 
     g = torch.Generator(device=args.device).manual_seed(0)
-    teacher = [torch.randn(I, H, device=args.device, generator=g).to(torch.bfloat16) / s
-               for s in (H ** 0.5, H ** 0.5, I ** 0.5)]
+    # the teacher: gate over channels 1.. ~ N(0, 1), its threshold on the constant channel 0
+    wg = torch.randn(I, H, device=args.device, generator=g) / (H - 1) ** 0.5
+    wg[:, 0] = -statistics.NormalDist().inv_cdf(1 - args.teacher_density)
+    wu = torch.randn(I, H, device=args.device, generator=g) / H ** 0.5
+    wd = torch.randn(I, H, device=args.device, generator=g)
+    teacher = [t.to(torch.bfloat16) for t in (wg, wu, wd)]
+    with torch.no_grad():  # outputs of unit variance
+        teacher[2] /= twell.ffn_forward(batch(M, H, args.device, g), *teacher).float().std()
     student = twell.FFN(H, I, l1=args.l1, device=args.device, dtype=torch.bfloat16)
     opt = torch.optim.Adam(student.parameters(), lr=args.lr)
     print(f"twell {twell.version()} on {torch.cuda.get_device_name() if gpu else 'the CPU'}: "

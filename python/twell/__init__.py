@@ -40,7 +40,7 @@ def cuda_unavailable_reason():
 
 def l1_coefficient(l1, tokens, layers=1):
     """The coefficient of Σ|h| in L = CE + λ · mean over layers of (1/M) Σ|h| (DESIGN.md §2)."""
-    return l1 / (float(tokens) * float(layers))
+    return l1 / (float(tokens) * float(layers)) if tokens > 0 else 0.0
 
 
 def _torch():
