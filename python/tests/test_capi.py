@@ -83,6 +83,14 @@ class CpuFfn(unittest.TestCase):
                 want = sum(self.h[m][j] * dy[m * H + c] for m in range(M))
                 self.assertAlmostEqual(dwd[j * H + c], want, delta=1e-12 * (1 + abs(want)))
 
+    def test_struct_layouts_are_the_headers(self):
+        # the sizes src/capi/c_api.cpp asserts for the structs of include/twell/c_api.h
+        sizes = {_capi.Tensor: 56, _capi.ActivationStats: 32, _capi.FfnStats: 40, _capi.CudaFfnConfig: 72}
+        for struct, size in sizes.items():
+            self.assertEqual(_capi.ctypes.sizeof(struct), size, struct.__name__)
+        self.assertEqual(_capi.Tensor.shape.offset, 24)
+        self.assertEqual(_capi.FfnStats.tokens.offset, 8)
+
     def test_errors_name_the_argument_and_write_nothing(self):
         y, ty = f64([7.0] * (self.M * self.H), (self.M, self.H))
         _, short = f64([0.0] * (self.I * (self.H - 1)), (self.I, self.H - 1))

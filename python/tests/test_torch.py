@@ -55,6 +55,9 @@ class TorchFfn(unittest.TestCase):
         self.assertEqual(y.dtype, torch.bfloat16)
         stats = ffn.last_stats()
         self.assertEqual(stats["path"], expect_path)
+        self.assertEqual(set(stats), {"path", "tokens", "nnz", "spilled_tiles", "sampled_density",
+                                      "max_nnz_per_token", "l1_sum"})  # the same keys on every backend
+        self.assertEqual(stats["tokens"], M)
         dy = torch.randn(2, M // 2, H, generator=torch.Generator().manual_seed(5)).to(device, torch.bfloat16)
         (y * dy).sum().backward()
 

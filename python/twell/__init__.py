@@ -88,8 +88,8 @@ class _CpuRunner:
                                                     _capi.ref(_c(wu, "wu")), _capi.ref(_c(wd, "wd")),
                                                     _capi.ref(_c(y, "y")), self.precision, _capi.ctypes.byref(s),
                                                     None))
-        self.stats = {"path": "cpu", "tokens": s.tokens, "nnz": s.nnz, "max_nnz_per_token": s.max_nnz_per_token,
-                      "l1_sum": s.l1_sum}
+        self.stats = {"path": "cpu", "tokens": s.tokens, "nnz": s.nnz, "spilled_tiles": -1, "sampled_density": -1,
+                      "max_nnz_per_token": s.max_nnz_per_token, "l1_sum": s.l1_sum}
         return y, 0
 
     def release(self):
@@ -404,7 +404,10 @@ def _define_module():
             return y.reshape(shape[:-1] + (self.hidden,))
 
         def last_stats(self):
-            """The last call's path and non-zero count (waits for the GPU's count)."""
+            """The last call's statistics (waits for the GPU's non-zero count): path ("sparse", "gather", "dense"
+            or "cpu"), tokens, nnz, spilled_tiles, sampled_density, max_nnz_per_token, l1_sum; -1 where the
+            path did not count it (the GPU's dense path counts no non-zeros, only the GPU counts spills, only
+            the CPU the per-token maximum and Σ|h|)."""
             return None if self._last is None else self._last.stats
 
         def extra_repr(self):

@@ -175,7 +175,8 @@ class CudaFfn:
         s = FfnStats()
         check(lib.twell_cuda_ffn_last_stats(self.handle, ctypes.byref(s)))
         return {"path": PATH_NAMES.get(s.path, "?"), "tokens": s.tokens, "nnz": s.nnz,
-                "spilled_tiles": s.spilled_tiles, "sampled_density": s.sampled_density}
+                "spilled_tiles": s.spilled_tiles, "sampled_density": s.sampled_density, "max_nnz_per_token": -1,
+                "l1_sum": -1}
 
     def close(self):
         if getattr(self, "handle", None) is not None and self.handle.value:

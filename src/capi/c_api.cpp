@@ -18,6 +18,10 @@
 
 static_assert(TWELL_BF16 == static_cast<int>(twell::DType::bf16) && TWELL_F16 == static_cast<int>(twell::DType::f16) &&
               TWELL_F32 == static_cast<int>(twell::DType::f32) && TWELL_F64 == static_cast<int>(twell::DType::f64));
+// The structs' layouts are part of the ABI: python/twell/_capi.py mirrors them, and its tests check
+// these sizes there. Change both, and TWELL_C_API_VERSION, together.
+static_assert(sizeof(twell_tensor) == 56 && sizeof(twell_activation_stats) == 32 && sizeof(twell_ffn_stats) == 40 &&
+              sizeof(twell_cuda_ffn_config) == 72);
 static_assert(TWELL_CPU == static_cast<int>(twell::Device::cpu) && TWELL_CUDA == static_cast<int>(twell::Device::cuda));
 static_assert(TWELL_PRECISION_BF16 == static_cast<int>(twell::Precision::bf16) &&
               TWELL_PRECISION_H_FP32 == static_cast<int>(twell::Precision::h_fp32) &&
