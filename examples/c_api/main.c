@@ -13,8 +13,8 @@ static twell_tensor tensor(double* data, int64_t rows, int64_t cols) {
   twell_tensor t;
   memset(&t, 0, sizeof t);
   t.data = data;
-  t.dtype = TWELL_F64;
-  t.device = TWELL_CPU;
+  t.dtype = TWELL_DTYPE_F64;
+  t.device = TWELL_DEVICE_CPU;
   t.ndim = 2;
   t.shape[0] = rows;
   t.shape[1] = cols;

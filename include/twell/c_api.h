@@ -1,7 +1,9 @@
 /* twell's C interface: the FFN forward and backward, on the CPU reference backend and on the GPU,
  * for callers that cannot use C++ (Python through ctypes: python/twell; other languages' FFIs).
- * It wraps the C++ API of twell/cpu/ffn.h and twell/cuda/ffn.h one to one; their comments say
- * what each call computes, its shapes and its rounding points.
+ * It wraps a subset of the C++ API of twell/cpu/ffn.h and twell/cuda/ffn.h (the GPU object with the
+ * options of twell_cuda_ffn_config; not dispatch slots, the fused residual norm, the TwELL layout or
+ * the gather path's settings); their comments say what each call computes, its shapes and its
+ * rounding points.
  *
  * Built as the shared library libtwell_c.so (CMake target twell_c), which exports these symbols
  * only. Every function that can fail returns TWELL_OK (0) or TWELL_ERROR, and leaves the reason in
@@ -32,22 +34,38 @@ extern "C" {
 
 enum { TWELL_OK = 0, TWELL_ERROR = 1 };
 
-/* dtypes (the values of twell::DType) and devices (twell::Device) */
-enum { TWELL_BF16 = 0, TWELL_F16 = 1, TWELL_F32 = 2, TWELL_F64 = 3 };
-enum { TWELL_CPU = 0, TWELL_CUDA = 1 };
-/* twell::Precision */
-enum { TWELL_PRECISION_BF16 = 0, TWELL_PRECISION_H_FP32 = 1, TWELL_PRECISION_F64 = 2 };
-/* twell::cuda::Dispatch */
-enum { TWELL_DISPATCH_OBSERVE = 0, TWELL_DISPATCH_PREVIOUS = 1, TWELL_DISPATCH_ALWAYS_SPARSE = 2,
-       TWELL_DISPATCH_ALWAYS_DENSE = 3 };
-/* twell::cuda::FfnPath */
-enum { TWELL_PATH_SPARSE = 0, TWELL_PATH_GATHER = 1, TWELL_PATH_DENSE = 2, TWELL_PATH_NONE = 3 };
+/* The values of twell::DType, twell::Device, twell::Precision, twell::cuda::Dispatch and
+ * twell::cuda::FfnPath. The structs and calls below hold them as int32_t, so that their size is fixed. */
+typedef enum twell_dtype {
+  TWELL_DTYPE_BF16 = 0,
+  TWELL_DTYPE_F16 = 1,
+  TWELL_DTYPE_F32 = 2,
+  TWELL_DTYPE_F64 = 3
+} twell_dtype;
+typedef enum twell_device { TWELL_DEVICE_CPU = 0, TWELL_DEVICE_CUDA = 1 } twell_device;
+typedef enum twell_precision {
+  TWELL_PRECISION_BF16 = 0,
+  TWELL_PRECISION_H_FP32 = 1,
+  TWELL_PRECISION_F64 = 2
+} twell_precision;
+typedef enum twell_dispatch {
+  TWELL_DISPATCH_OBSERVE = 0,
+  TWELL_DISPATCH_PREVIOUS = 1,
+  TWELL_DISPATCH_ALWAYS_SPARSE = 2,
+  TWELL_DISPATCH_ALWAYS_DENSE = 3
+} twell_dispatch;
+typedef enum twell_path {
+  TWELL_PATH_SPARSE = 0,
+  TWELL_PATH_GATHER = 1,
+  TWELL_PATH_DENSE = 2,
+  TWELL_PATH_NONE = 3
+} twell_path;
 
 #define TWELL_MAX_DIMS 4
 typedef struct {
   void* data;    /* NULL: not given */
-  int32_t dtype; /* TWELL_BF16, ... */
-  int32_t device; /* TWELL_CPU or TWELL_CUDA (the current device) */
+  int32_t dtype;  /* twell_dtype */
+  int32_t device; /* twell_device: TWELL_DEVICE_CUDA is the current CUDA device */
   int32_t ndim;  /* 1..TWELL_MAX_DIMS */
   int64_t shape[TWELL_MAX_DIMS];
 } twell_tensor;
@@ -68,7 +86,7 @@ typedef struct {
 TWELL_C_API int32_t twell_c_api_version(void);
 TWELL_C_API const char* twell_version(void);   /* e.g. "0.1.0" */
 /* Why the last call returning TWELL_ERROR on this thread failed; "" after one that returned TWELL_OK
- * (the functions that return no status leave it as it is). */
+ * (the functions that return no status leave it as it is). Valid until the thread's next twell call. */
 TWELL_C_API const char* twell_last_error(void);
 TWELL_C_API const char* twell_path_name(int32_t path);
 
@@ -85,7 +103,7 @@ TWELL_C_API int twell_cpu_ffn_backward(const twell_tensor* x, const twell_tensor
 
 /* ---- GPU (twell/cuda/ffn.h): an FfnForward object ---- */
 /* 1 where a Hopper GPU is present and this build has the CUDA backend; otherwise 0, with the reason
- * in why (NUL-terminated, cut to why_size) when why is not NULL. */
+ * in why (NUL-terminated, cut to why_size) when why is not NULL. A yes/no answer, not a status. */
 TWELL_C_API int twell_cuda_available(char* why, size_t why_size);
 
 typedef struct {
@@ -103,6 +121,9 @@ TWELL_C_API void twell_cuda_ffn_config_init(twell_cuda_ffn_config* config, int64
 /* FfnForward::required_workspace_bytes on the current device. */
 TWELL_C_API int twell_cuda_ffn_workspace_bytes(const twell_cuda_ffn_config* config, size_t* bytes);
 
+/* A handle is bound to the CUDA device current at its creation; call it with that device current.
+ * Like a cuBLAS handle it is not thread-safe: one host thread at a time, and calls on different
+ * streams ordered by the caller (events), since they share its workspace. */
 typedef struct twell_cuda_ffn twell_cuda_ffn;
 /* workspace NULL: the object allocates its own; otherwise at least twell_cuda_ffn_workspace_bytes of
  * device memory, 256-byte aligned, under the contract of the FfnForward constructor that takes one. */

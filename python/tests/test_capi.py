@@ -1,6 +1,7 @@
 """The C interface through ctypes, with the standard library alone (CI has no PyTorch): the CPU
 reference FFN against a plain Python one, the backward against the chain rule written out, errors."""
 import array
+import importlib.util
 import os
 import random
 import sys
@@ -103,6 +104,17 @@ class CpuFfn(unittest.TestCase):
     def test_cuda_availability_says_why_not(self):
         ok, why = _capi.cuda_available()
         self.assertEqual(ok, why == "")
+
+
+@unittest.skipIf(importlib.util.find_spec("torch") is not None, "PyTorch is installed: test_torch.py covers twell.FFN")
+class WithoutTorch(unittest.TestCase):
+    def test_the_torch_layer_says_what_is_missing(self):
+        import twell
+        for call in (lambda: twell.FFN(64, 128), lambda: twell.FFN.from_hf_mlp(None)):
+            with self.assertRaisesRegex(ImportError, "needs PyTorch"):
+                call()
+        self.assertIsInstance(twell.cuda_available(), bool)
+        self.assertEqual(twell.__version__, _capi.version())
 
 
 if __name__ == "__main__":

@@ -200,12 +200,28 @@ class _CudaRunner:
             return self.handle.last_stats()
 
 
+def _check_options(dispatch, precision):
+    if dispatch not in _capi.DISPATCH:
+        raise TwellError(f"dispatch must be one of {', '.join(_capi.DISPATCH)}, got {dispatch!r}")
+    if precision not in _capi.PRECISION:
+        raise TwellError(f"precision must be one of {', '.join(_capi.PRECISION)}, got {precision!r}")
+
+
 def _autocast_on():
     torch = _torch()
     try:
         return torch.is_autocast_enabled("cuda")
     except TypeError:  # PyTorch before 2.4
         return torch.is_autocast_enabled()
+
+
+class _NoTokens:
+    """The statistics of a call with no tokens (nothing ran)."""
+
+    @property
+    def stats(self):
+        return {"path": "none", "tokens": 0, "nnz": 0, "spilled_tiles": -1, "sampled_density": -1,
+                "max_nnz_per_token": 0, "l1_sum": 0.0}
 
 
 def _check_shapes(x, wg, wu, wd):
@@ -267,9 +283,13 @@ def ffn_forward(x, wg, wu, wd, precision="bf16", dispatch="observe"):
 
     x [..., H]; wg, wu [I, H]; wd [I, H] neuron-major (HF's down_proj.weight.t().contiguous()). On the GPU
     (bf16) one FfnForward per device, shape and options serves every call, dispatched on each call's
-    density ("observe": one stream synchronisation a call); clear_cache() frees their memory.
+    density ("observe": one stream synchronisation a call; with "previous" every call of a shape would
+    be dispatched on the density of the call before it, whatever layer that was); clear_cache() frees
+    their memory. On the CPU, precision="f64" gives the float64 oracle; "bf16" rounds where a bf16
+    model does, whatever the tensors' dtype.
     """
     torch = _torch()
+    _check_options(dispatch, precision)
     _check_shapes(x, wg, wu, wd)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, wg, wu, wd)):
         raise TwellError("twell.ffn_forward has no backward: call it under torch.no_grad(), or train a twell.FFN")
@@ -314,16 +334,18 @@ def _define_module():
         scale λ alike.
 
         On the GPU each module holds an FfnForward per mode (training, inference), dispatched on the
-        density of its own previous call. Its workspace (~4.5 · tokens · I · 2 bytes) comes from
-        PyTorch's allocator, sized by `max_tokens` up front or else by the largest call so far (in
-        multiples of 4096 tokens); cuBLASLt's 64 MiB and the backward's workspace are its own.
-        release_workspace() frees them all. A backward needs the module's last forward (the same
-        tensor, as under activation checkpointing, is fine); otherwise it refuses with a message.
+        density of its own previous call. Its workspace (~4.4 · tokens · I · 2 bytes for inference,
+        ~5.4 for training) comes from PyTorch's allocator, sized by `max_tokens` up front or else by the
+        largest call so far (in multiples of 4096 tokens); cuBLASLt's 64 MiB and the backward's
+        workspace are its own. release_workspace() frees them all. A backward needs the module's last
+        forward (the same tensor, as under activation checkpointing, is fine); otherwise it refuses
+        with a message. On the CPU, precision="f64" gives the float64 oracle.
         """
 
         def __init__(self, hidden, ffn, gated=True, *, l1=0.0, layers=1, max_tokens=0, dispatch="previous",
                      precision="bf16", device=None, dtype=None):
             super().__init__()
+            _check_options(dispatch, precision)
             dtype = dtype or torch.bfloat16
             self.hidden, self.ffn, self.gated = hidden, ffn, gated
             self.l1, self.layers, self.max_tokens = l1, layers, max_tokens
@@ -387,6 +409,9 @@ def _define_module():
             _check_shapes(x, self.wg, self.wu, self.wd)
             if x.is_cuda and x.dtype != self.wu.dtype and _autocast_on():
                 x = x.to(self.wu.dtype)  # under autocast, as a Linear would take it
+            if x.is_cuda and self.wu.dtype != torch.bfloat16:
+                raise TwellError(f"twell.FFN on the GPU takes bf16 parameters, this one's are {self.wu.dtype} "
+                                 "(.to(torch.bfloat16); keep fp32 master weights in the optimizer if needed)")
             shape = x.shape
             x2 = x.reshape(-1, self.hidden).contiguous()
             M = x2.shape[0]
@@ -399,7 +424,7 @@ def _define_module():
             runner = self._runner(x.device, grad)
             if x.is_cuda and self.max_tokens > M:
                 runner.reserve(self.max_tokens)
-            self._last = runner
+            self._last = runner if M > 0 else _NoTokens()
             y = _apply(x2, self.wg, self.wu, self.wd, runner, l1_coefficient(self.l1, M, self.layers))
             return y.reshape(shape[:-1] + (self.hidden,))
 
@@ -422,4 +447,8 @@ try:
 except ImportError:  # without PyTorch: twell._capi still works; twell.FFN says what is missing
     class FFN:  # noqa: F811
         def __init__(self, *args, **kwargs):
+            _torch()
+
+        @classmethod
+        def from_hf_mlp(cls, *args, **kwargs):
             _torch()

@@ -4,7 +4,7 @@ No dependency beyond the standard library: the torch layer (twell/__init__.py) b
 the tests of the C interface run with it alone.
 
 The library is found, in order, at $TWELL_LIBRARY, in the build folders of the repository this
-package lives in (build/, build-cuda/, build-*/), beside this package, then by the dynamic loader.
+package lives in (build/, build-*/), beside this package, then by the dynamic loader.
 """
 import ctypes
 import glob
@@ -62,8 +62,8 @@ def _candidates():
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(here))
     found = []
-    for folder in ["build", "build-cuda"] + sorted(glob.glob(os.path.join(repo, "build-*"))):
-        found.append(os.path.join(repo, folder, "libtwell_c.so"))
+    for folder in [os.path.join(repo, "build")] + sorted(glob.glob(os.path.join(repo, "build-*"))):
+        found.append(os.path.join(folder, "libtwell_c.so"))
     found.append(os.path.join(here, "libtwell_c.so"))
     found.append("libtwell_c.so")  # the loader's search path (an installed twell)
     return found
@@ -155,7 +155,8 @@ class CudaFfn:
             raise TwellError(f"precision on the GPU must be bf16 or h_fp32, got {precision!r}")
         c = CudaFfnConfig()
         lib.twell_cuda_ffn_config_init(ctypes.byref(c), max_tokens, hidden, ffn)
-        c.gated, c.training, c.dispatch, c.precision = int(gated), int(training), DISPATCH[dispatch], PRECISION[precision]
+        c.gated, c.training = int(gated), int(training)
+        c.dispatch, c.precision = DISPATCH[dispatch], PRECISION[precision]
         return c
 
     @staticmethod

@@ -16,13 +16,16 @@
 #include "twell/cuda/runtime.h"
 #endif
 
-static_assert(TWELL_BF16 == static_cast<int>(twell::DType::bf16) && TWELL_F16 == static_cast<int>(twell::DType::f16) &&
-              TWELL_F32 == static_cast<int>(twell::DType::f32) && TWELL_F64 == static_cast<int>(twell::DType::f64));
+static_assert(TWELL_DTYPE_BF16 == static_cast<int>(twell::DType::bf16) &&
+              TWELL_DTYPE_F16 == static_cast<int>(twell::DType::f16) &&
+              TWELL_DTYPE_F32 == static_cast<int>(twell::DType::f32) &&
+              TWELL_DTYPE_F64 == static_cast<int>(twell::DType::f64));
 // The structs' layouts are part of the ABI: python/twell/_capi.py mirrors them, and its tests check
 // these sizes there. Change both, and TWELL_C_API_VERSION, together.
 static_assert(sizeof(twell_tensor) == 56 && sizeof(twell_activation_stats) == 32 && sizeof(twell_ffn_stats) == 40 &&
               sizeof(twell_cuda_ffn_config) == 72);
-static_assert(TWELL_CPU == static_cast<int>(twell::Device::cpu) && TWELL_CUDA == static_cast<int>(twell::Device::cuda));
+static_assert(TWELL_DEVICE_CPU == static_cast<int>(twell::Device::cpu) &&
+              TWELL_DEVICE_CUDA == static_cast<int>(twell::Device::cuda));
 static_assert(TWELL_PRECISION_BF16 == static_cast<int>(twell::Precision::bf16) &&
               TWELL_PRECISION_H_FP32 == static_cast<int>(twell::Precision::h_fp32) &&
               TWELL_PRECISION_F64 == static_cast<int>(twell::Precision::f64));
@@ -67,10 +70,10 @@ TensorView view(const twell_tensor* t, const char* name) {
   if (t == nullptr || t->data == nullptr) return {};
   TWELL_REQUIRE(t->ndim >= 1 && t->ndim <= TWELL_MAX_DIMS, name, ": ndim must be 1 to ", TWELL_MAX_DIMS, ", got ",
                 t->ndim);
-  TWELL_REQUIRE(t->dtype >= TWELL_BF16 && t->dtype <= TWELL_F64, name, ": dtype must be TWELL_BF16, TWELL_F16, ",
-                "TWELL_F32 or TWELL_F64, got ", t->dtype);
-  TWELL_REQUIRE(t->device == TWELL_CPU || t->device == TWELL_CUDA, name, ": device must be TWELL_CPU or TWELL_CUDA, got ",
-                t->device);
+  TWELL_REQUIRE(t->dtype >= TWELL_DTYPE_BF16 && t->dtype <= TWELL_DTYPE_F64, name,
+                ": dtype must be a twell_dtype (TWELL_DTYPE_BF16, _F16, _F32 or _F64), got ", t->dtype);
+  TWELL_REQUIRE(t->device == TWELL_DEVICE_CPU || t->device == TWELL_DEVICE_CUDA, name,
+                ": device must be TWELL_DEVICE_CPU or TWELL_DEVICE_CUDA, got ", t->device);
   Shape shape(t->shape, t->shape + t->ndim);
   for (int64_t d : shape) TWELL_REQUIRE(d >= 0, name, ": negative dimension in ", shape_str(shape));
   return TensorView(t->data, static_cast<DType>(t->dtype), std::move(shape), static_cast<Device>(t->device));
@@ -92,7 +95,8 @@ FfnGrads grads(const twell_tensor* dx, const twell_tensor* dwg, const twell_tens
 
 void require_host(const std::initializer_list<TensorView>& views, const char* op) {
   for (const TensorView& v : views)
-    TWELL_REQUIRE(v.empty() || v.device == Device::cpu, op, ": the CPU backend takes host tensors (device TWELL_CPU)");
+    TWELL_REQUIRE(v.empty() || v.device == Device::cpu, op,
+                  ": the CPU backend takes host tensors (device TWELL_DEVICE_CPU)");
 }
 
 #if TWELL_WITH_CUDA
@@ -156,8 +160,8 @@ int twell_cpu_ffn_forward(const twell_tensor* x, const twell_tensor* wg, const t
   });
 }
 
-int twell_cpu_ffn_backward(const twell_tensor* x, const twell_tensor* wg, const twell_tensor* wu, const twell_tensor* wd,
-                           const twell_tensor* dy, double l1_coeff, const twell_tensor* dx, const twell_tensor* dwg,
+int twell_cpu_ffn_backward(const twell_tensor* x, const twell_tensor* wg, const twell_tensor* wu,
+                           const twell_tensor* wd, const twell_tensor* dy, double l1_coeff, const twell_tensor* dx, const twell_tensor* dwg,
                            const twell_tensor* dwu, const twell_tensor* dwd, int32_t precision) {
   return guarded([&] {
     const TensorView xv = view(x, "x"), dyv = view(dy, "dy");
@@ -220,6 +224,8 @@ int twell_cuda_ffn_create(const twell_cuda_ffn_config* config, void* workspace, 
 #if TWELL_WITH_CUDA
     TWELL_REQUIRE(out != nullptr, "twell_cuda_ffn_create: out is NULL");
     *out = nullptr;
+    std::string why;
+    TWELL_REQUIRE(cuda::hopper_available(&why), "twell_cuda_ffn_create: ", why);
     const cuda::FfnShape shape = shape_of(config);
     const cuda::FfnOptions options = options_of(config);
     *out = workspace ? new twell_cuda_ffn{cuda::FfnForward(shape, options, workspace, workspace_bytes)}

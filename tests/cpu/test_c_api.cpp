@@ -100,12 +100,12 @@ TEST(CApi, BadArgumentsFailWithAMessageAndWriteNothing) {
   EXPECT_C_ERROR(forward(bad), "x: dtype must be");
   bad = x;
   bad.device = 5;
-  EXPECT_C_ERROR(forward(bad), "x: device must be TWELL_CPU or TWELL_CUDA, got 5");
+  EXPECT_C_ERROR(forward(bad), "x: device must be TWELL_DEVICE_CPU or TWELL_DEVICE_CUDA, got 5");
   bad = x;
   bad.shape[0] = -1;
   EXPECT_C_ERROR(forward(bad), "x: negative dimension");
   bad = x;
-  bad.device = TWELL_CUDA;
+  bad.device = TWELL_DEVICE_CUDA;
   EXPECT_C_ERROR(forward(bad), "the CPU backend takes host tensors");
   EXPECT_C_ERROR(forward(x, 9), "precision must be");
   EXPECT_C_ERROR(twell_cpu_ffn_forward(&x, &wg, nullptr, &wd, &yc, TWELL_PRECISION_BF16, nullptr, nullptr), "wu");

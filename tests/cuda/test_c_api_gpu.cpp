@@ -92,7 +92,8 @@ TEST(CApiGpu, ForwardAndBackwardAreTheObjectsBits) {
       ASSERT_EQ(twell_cuda_ffn_backward(h.p, &xc, &wgc, &wuc, &wdc, &dyc, 1e-4, &dx, &dwg, &dwu, &dwd, nullptr),
                 TWELL_OK)
           << twell_last_error();
-      for (int i = 0; i < 4; ++i) EXPECT_TRUE(test::bit_equal(g[i].download(), g_ref[i].download())) << "gradient " << i;
+      for (int i = 0; i < 4; ++i)
+        EXPECT_TRUE(test::bit_equal(g[i].download(), g_ref[i].download())) << "gradient " << i;
     }
   }
 }
@@ -122,10 +123,10 @@ TEST(CApiGpu, RefusedCallsSayWhyAndWriteNothing) {
   bad.shape[1] = H - 64;
   expect_refused(bad, "x");
   bad = xc;
-  bad.dtype = TWELL_F32;
+  bad.dtype = TWELL_DTYPE_F32;
   expect_refused(bad, "bf16");
   bad = xc;
-  bad.device = TWELL_CPU;
+  bad.device = TWELL_DEVICE_CPU;
   expect_refused(bad, "x");
   EXPECT_TRUE(test::bit_equal(y.download(), before));
 
