@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <limits>
 
 #if TWELL_WITH_CUDA
 #include "twell/cuda/llama.h"
@@ -30,7 +32,9 @@ void ModelArgs::add_to(CLI::App* cmd) {
   cmd->add_flag("--no-check-finite", skip_check_finite,
                 "skip that scan of the weights (--check-finite wins); a NaN in an inactive neuron's rows then goes "
                 "unseen");
-  cmd->add_option("--device,--backend", device, "cpu, cuda, or auto (cuda when a Hopper GPU is present)")
+  cmd->add_option("--device,--backend", device,
+                  "cpu, cuda, or auto (cuda when a Hopper GPU is present, its runtime takes the model and it has the "
+                  "memory for it)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   ffn_option = cmd->add_option("--ffn", ffn, "GPU FFN of ReLU models: twell (sparse TwELL where it pays) or dense")
@@ -40,6 +44,18 @@ void ModelArgs::add_to(CLI::App* cmd) {
 
 #if TWELL_WITH_CUDA
 namespace {
+
+// The host memory available for new allocations (MemAvailable of /proc/meminfo); 0 where unknown.
+size_t host_memory_available() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (meminfo >> key) {
+    if (key == "MemAvailable:" && meminfo >> kib) return kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
 
 // Why a model's weights and buffers would not fit in the GPU's free memory, naming the parts; empty
 // where they fit.
@@ -91,10 +107,15 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
       co.max_context = gpu_context > 0 ? std::min(gpu_context, config.max_position_embeddings) : 0;
       co.kv_cache = gpu_kv_cache;
       // Before seconds of reading and copying weights. Under --device auto a model the GPU cannot hold
-      // runs on the CPU, as one its runtime does not take does.
+      // runs on the CPU, as does a model the GPU runtime does not take.
       const std::string shortfall = gpu_memory_shortfall(config, co);
       if (!shortfall.empty()) {
         TWELL_REQUIRE(device == "auto", "--device (--backend) cuda: ", shortfall, "; --device cpu runs it on the CPU");
+        // The CPU backend holds the weights in f32: twice their bf16 bytes. Refuse before minutes of
+        // reading where the host cannot hold them either.
+        const size_t host = host_memory_available(), f32_weights = 2 * cuda::LlamaCudaWeights::bytes_for(config);
+        TWELL_REQUIRE(host == 0 || f32_weights <= host, shortfall, "; nor does it fit on the CPU, whose f32 weights ",
+                      "need ", bytes_str(f32_weights), " and the machine has ", bytes_str(host), " available");
         std::fprintf(stderr, "%s: using the CPU backend\n", shortfall.c_str());
         gpu = false;
       }
