@@ -1,5 +1,6 @@
 # The test `install_example`: installs the build into a scratch prefix, then builds and runs
-# examples/ffn_forward against it with find_package(twell), as a user's project would.
+# examples/ffn_forward (C++) and examples/c_api (C, over libtwell_c.so) against it with
+# find_package(twell), as a user's project would.
 # cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCXX=... -P install_example.cmake
 foreach(v BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX)
   if(NOT DEFINED ${v})
