@@ -2,6 +2,7 @@
 the CPU backend and (where a Hopper GPU is present) on the GPU; skipped without PyTorch."""
 import copy
 import os
+import pickle
 import sys
 import threading
 import unittest
@@ -168,6 +169,50 @@ class TorchFfnUse(unittest.TestCase):
         self.assertIsInstance(twell.cuda_available(), bool)
         self.assertEqual(twell.cuda_available(), twell.cuda_unavailable_reason() == "")
         self.assertEqual(twell.__version__, twell.version())
+
+    def test_cpu_float64_oracle_and_non_gated_backward(self):
+        H, I, M = 32, 96, 20
+        g = torch.Generator().manual_seed(7)
+        x, wg, wu, wd = (torch.randn(*s, generator=g, dtype=torch.float64) / d
+                         for s, d in (((M, H), 1), ((I, H), H ** 0.5), ((I, H), H ** 0.5), ((I, H), I ** 0.5)))
+        y = twell.ffn_forward(x, wg, wu, wd, precision="f64")
+        y64, _ = reference(x, wg, wu, wd, torch.float64)
+        self.assertLess(rel(y, y64), 1e-13)
+        # non-gated: h = relu(x wuᵀ), y = h wd; the backward against PyTorch's autograd in float64
+        ffn = twell.FFN(H, I, gated=False, precision="f64", device="cpu", dtype=torch.float64)
+        with torch.no_grad():
+            ffn.wu.copy_(wu), ffn.wd.copy_(wd)
+        xg = x.clone().requires_grad_()
+        ffn(xg).sum().backward()
+        leaves = [t.clone().requires_grad_() for t in (x, wu, wd)]
+        (torch.relu(leaves[0] @ leaves[1].t()) @ leaves[2]).sum().backward()
+        for a, b in zip((xg.grad, ffn.wu.grad, ffn.wd.grad), (t.grad for t in leaves)):
+            self.assertLess(rel(a, b), 1e-12)
+        with self.assertRaisesRegex(twell.TwellError, "precision must be one of"):
+            twell.FFN(H, I, precision="fp64")
+        state = pickle.loads(pickle.dumps(ffn))  # a module pickles with its parameters
+        self.assertTrue(torch.equal(state.wd, ffn.wd))
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_checkpointing_autocast_and_max_tokens(self):
+        import torch.utils.checkpoint as cp
+        ffn, x = self.module(dispatch="always_sparse", max_tokens=8192)
+        self.assertEqual(ffn(x[:10]).shape, (10, 256))  # sized for 8192 tokens at the first call
+        grads = []
+        for checkpointed in (False, True):
+            for p in ffn.parameters():
+                p.grad = None
+            xg = x.clone().requires_grad_()
+            y = cp.checkpoint(ffn, xg, use_reentrant=False) if checkpointed else ffn(xg)
+            y.float().sum().backward()
+            grads.append([xg.grad] + [p.grad for p in ffn.parameters()])
+        for a, b in zip(*grads):
+            self.assertTrue(torch.equal(a, b))
+        with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
+            self.assertEqual(ffn(x.float()).dtype, torch.bfloat16)  # an f32 input, as a Linear takes it
+        wide = twell.FFN(256, 1024, device="cuda", dtype=torch.float32)
+        with self.assertRaisesRegex(twell.TwellError, "takes bf16 parameters"):
+            wide(x)
 
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
     def test_calls_from_two_streams_and_two_threads_are_ordered(self):
