@@ -16,9 +16,9 @@ include/twell/cuda/ffn.h. The library is libtwell_c.so (twell/_capi.py says wher
 import threading
 
 try:  # PyTorch first where it is installed: its CUDA libraries (cuBLASLt) are then the ones libtwell_c.so finds
-    import torch as _torch_module  # noqa: F401
+    import torch
 except ImportError:
-    pass
+    torch = None
 
 from ._capi import TwellError, version
 from . import _capi
@@ -319,8 +319,7 @@ def clear_cache():
         _functional_runners.clear()
 
 
-def _define_module():
-    torch = _torch()
+if torch is not None:  # defined at the module's level, so that modules pickle (torch.save) and copy
 
     class FFN(torch.nn.Module):
         """A ReLU-gated (or plain ReLU) FFN whose forward and backward run twell's kernels.
@@ -439,13 +438,9 @@ def _define_module():
             return (f"hidden={self.hidden}, ffn={self.ffn}, gated={self.gated}, l1={self.l1}, "
                     f"dispatch={self.dispatch}, precision={self.precision}")
 
-    return FFN
+else:  # without PyTorch: twell._capi still works; twell.FFN says what is missing
 
-
-try:
-    FFN = _define_module()
-except ImportError:  # without PyTorch: twell._capi still works; twell.FFN says what is missing
-    class FFN:  # noqa: F811
+    class FFN:
         def __init__(self, *args, **kwargs):
             _torch()
 
