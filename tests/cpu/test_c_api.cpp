@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/c_tensor.h"
 #include "common/random.h"
 #include "cpu/ffn_test_util.h"
 #include "twell/c_api.h"
@@ -14,15 +15,7 @@
 namespace twell::cpu_test {
 namespace {
 
-twell_tensor c_tensor(const TensorView& v) {
-  twell_tensor t{};
-  t.data = v.data;
-  t.dtype = static_cast<int32_t>(v.dtype);
-  t.device = static_cast<int32_t>(v.device);
-  t.ndim = v.rank();
-  for (int d = 0; d < v.rank(); ++d) t.shape[d] = v.shape[d];
-  return t;
-}
+using test::c_tensor;
 
 // Expects a failed call (TWELL_ERROR) whose message holds `part`.
 #define EXPECT_C_ERROR(call, part)                                                                     \

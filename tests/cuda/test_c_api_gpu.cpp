@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/compare.h"
+#include "common/c_tensor.h"
 #include "common/random.h"
 #include "gpu_test.h"
 #include "synthetic.h"
@@ -16,15 +17,7 @@ namespace {
 
 using cuda::DeviceTensor;
 
-twell_tensor c_tensor(const TensorView& v) {
-  twell_tensor t{};
-  t.data = v.data;
-  t.dtype = static_cast<int32_t>(v.dtype);
-  t.device = static_cast<int32_t>(v.device);
-  t.ndim = v.rank();
-  for (int d = 0; d < v.rank(); ++d) t.shape[d] = v.shape[d];
-  return t;
-}
+using test::c_tensor;
 
 struct Handle {
   twell_cuda_ffn* p = nullptr;
