@@ -138,6 +138,27 @@ class TorchFfn(unittest.TestCase):
         with self.assertRaisesRegex(twell.TwellError, "ReLU-gated; this MLP's activation is SiLU"):
             twell.FFN.from_hf_mlp(mlp)
 
+        # a whole model's ReLU MLPs swapped in place; the SiLU one stays
+        class Layer(torch.nn.Module):
+            def __init__(self, act):
+                super().__init__()
+                self.mlp = Mlp(128, 384)
+                self.mlp.act_fn = act
+
+            def forward(self, x):
+                return x + self.mlp(x)
+
+        model = torch.nn.Sequential(Layer(torch.nn.ReLU()), Layer(torch.nn.ReLU()), Layer(torch.nn.SiLU()))
+        model = model.to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            want = model(x)
+            self.assertEqual(twell.replace_hf_mlps(model, dispatch="always_sparse"), 2)
+            self.assertIsInstance(model[0].mlp, twell.FFN)
+            self.assertEqual(model[0].mlp.layers, 2)
+            self.assertNotIsInstance(model[2].mlp, twell.FFN)
+            got = model(x)
+        self.assertLess(rel(got, want), 2e-2)
+
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
     def test_bad_input_says_why(self):
         x, wg, wu, wd = sparse_problem(64, 128, 256, "cuda")

@@ -23,8 +23,8 @@ except ImportError:
 from ._capi import TwellError, version
 from . import _capi
 
-__all__ = ["FFN", "ffn_forward", "TwellError", "cuda_available", "cuda_unavailable_reason", "version",
-           "l1_coefficient", "clear_cache"]
+__all__ = ["FFN", "ffn_forward", "replace_hf_mlps", "TwellError", "cuda_available", "cuda_unavailable_reason",
+           "version", "l1_coefficient", "clear_cache"]
 __version__ = version()
 
 
@@ -213,6 +213,26 @@ def _autocast_on():
         return torch.is_autocast_enabled("cuda")
     except TypeError:  # PyTorch before 2.4
         return torch.is_autocast_enabled()
+
+
+def _is_relu_mlp(m):
+    torch = _torch()
+    return (all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
+            and isinstance(getattr(m, "act_fn", None), torch.nn.ReLU))
+
+
+def replace_hf_mlps(model, **kwargs):
+    """Replaces every ReLU-gated Llama-style MLP in `model` (a submodule with gate_proj, up_proj and
+    down_proj Linear layers without bias and act_fn a ReLU, as transformers' LlamaMLP) by a twell.FFN
+    holding its weights (FFN.from_hf_mlp, bf16); other MLPs are left as they are. `kwargs` go to each
+    FFN (l1, dispatch, max_tokens, ...); `layers` defaults to the number replaced. Returns that number.
+    """
+    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if _is_relu_mlp(child)]
+    kwargs.setdefault("layers", max(len(targets), 1))
+    for parent, name, child in targets:
+        setattr(parent, name, FFN.from_hf_mlp(child, **kwargs))
+    return len(targets)
 
 
 class _NoTokens:
