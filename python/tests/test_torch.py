@@ -235,6 +235,22 @@ class TorchFfnUse(unittest.TestCase):
         with self.assertRaisesRegex(twell.TwellError, "takes bf16 parameters"):
             wide(x)
 
+    @unittest.skipUnless(GPU and torch is not None and torch.cuda.device_count() >= 2, "fewer than two GPUs")
+    def test_a_module_on_the_second_gpu(self):
+        # the handle is built and called on the tensors' device, whatever device is current
+        results = []
+        for device in ("cuda:0", "cuda:1"):
+            ffn, x = self.module(device=device, dispatch="always_sparse")
+            xg = x.clone().requires_grad_()
+            y = ffn(xg)
+            y.float().sum().backward()
+            self.assertEqual(y.device, torch.device(device))
+            self.assertEqual(ffn.last_stats()["path"], "sparse")
+            results.append([t.cpu() for t in (y, xg.grad, ffn.wg.grad, ffn.wd.grad)])
+            self.assertEqual(torch.cuda.current_device(), 0)
+        for a, b in zip(*results):
+            self.assertTrue(torch.equal(a, b))
+
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
     def test_calls_from_two_streams_and_two_threads_are_ordered(self):
         H, I, M = 512, 1536, 16384
