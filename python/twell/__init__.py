@@ -1,13 +1,14 @@
 """twell from PyTorch: the sparse (TwELL) ReLU-gated FFN, forward and backward, on torch tensors.
 
     import torch, twell
-    ffn = twell.FFN(2048, 5632, device="cuda")  # bf16 weights: gate and up [I, H], down neuron-major [I, H]
-    y = ffn(x)                                  # x [..., 2048] bf16; exact at any density
-    ffn.last_stats()                            # {'path': 'sparse', 'nnz': ..., ...}
+    ffn = twell.FFN.from_hf_mlp(model.model.layers[0].mlp)  # a ReLU-gated HF Llama MLP's weights, in bf16
+    y = ffn(x)                                  # x [..., H] bf16; exact at any density
+    ffn.last_stats()                            # of a sparse model: {'path': 'sparse', 'nnz': ..., ...}
     loss = criterion(y) ; loss.backward()       # twell's backward, over the active set only
 
-    ffn = twell.FFN.from_hf_mlp(model.model.layers[0].mlp)   # a ReLU-gated HF Llama MLP's weights
-    y = twell.ffn_forward(x, wg, wu, wd)                      # functional, no autograd
+    twell.replace_hf_mlps(model)                # every ReLU-gated MLP of a model swapped for a twell.FFN
+    ffn = twell.FFN(2048, 5632, device="cuda")  # new bf16 weights: gate and up [I, H], down neuron-major [I, H]
+    y = twell.ffn_forward(x, wg, wu, wd)        # functional, no autograd
 
 The GPU path needs a Hopper GPU and bf16 tensors; on the CPU the reference backend runs (bf16, f32
 or f64 tensors; slow, for checking). What each call computes and where it rounds: DESIGN.md §2 and
