@@ -4,12 +4,14 @@
 # scripts/bundle-deps.sh): builds (unless given prebuilt binaries), runs the GPU tests (and, from
 # its own build, the CLI and loader tests with the GPU present), a subset
 # under compute-sanitizer (memcheck, racecheck), the standard FFN benchmark (and its headline cases
-# with --energy) and the whole-model benchmark (the paper's 2B shape), leaving logs, JSON and
-# summary tables in OUTDIR.
+# with --energy), the whole-model benchmark (the paper's 2B shape) and, where PyTorch is installed,
+# the Python package's tests and its FFN timing against PyTorch's, leaving logs, JSON and summary
+# tables in OUTDIR.
 #
 #   scripts/gpu-check.sh OUTDIR                 configure + build in build-gpu/, then check
 #   scripts/gpu-check.sh OUTDIR --bin DIR       use prebuilt DIR/twell and DIR/twell_gpu_tests (and
-#                                               DIR/libtwell_ktrace.so for the decode timeline)
+#                                               DIR/libtwell_ktrace.so for the decode timeline,
+#                                               DIR/libtwell_c.so for the Python checks)
 #   scripts/gpu-check.sh OUTDIR --quick         tests + short benchmarks (M = 16384, 131072; 4 layers)
 #   scripts/gpu-check.sh OUTDIR --only tests    the GPU tests and the sanitizer subsets only (~10 min on
 #                                               an H200, the sanitizers ~8 of them), or --only bench:
@@ -40,8 +42,18 @@ if [ -z "$bin" ]; then
     cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
   mkdir -p build-gpu/bin && cp build-gpu/twell build-gpu/tests/twell_gpu_tests build-gpu/bin/
   [ -e build-gpu/libtwell_ktrace.so ] && cp build-gpu/libtwell_ktrace.so build-gpu/bin/
+  cp -L build-gpu/libtwell_c.so build-gpu/bin/
   bin=build-gpu/bin
 fi
+# The Python package's checks (python/tests, python/examples/ffn_speed.py) where a Python with
+# PyTorch is found ($TWELL_PYTHON, else python3, else PyTorch's own environment) and DIR/libtwell_c.so
+# is there.
+py=""
+for p in ${TWELL_PYTHON:-} python3 /opt/torch/.venv/bin/python; do
+  if command -v "$p" >/dev/null && "$p" -c 'import torch' 2>/dev/null; then py=$p; break; fi
+done
+[ -e "$bin/libtwell_c.so" ] || py=""
+export TWELL_LIBRARY="$(cd "$bin" && pwd)/libtwell_c.so"
 # cuDNN (the prefill attention's fused SDPA, loaded at run time): where no libcudnn.so.9 is on the
 # library path, PyTorch's copy is used if there is one, and then the GPU tests must exercise it.
 cudnn_found=0
@@ -105,6 +117,13 @@ if command -v compute-sanitizer >/dev/null; then
 else
   echo "compute-sanitizer not found" | tee "$out/sanitizer.log"
 fi
+if [ -n "$py" ]; then
+  echo "== Python tests (PyTorch $("$py" -c 'import torch; print(torch.__version__)'))"
+  "$py" -m unittest discover -s python/tests >"$out/python_tests.log" 2>&1 || status=1
+  tail -3 "$out/python_tests.log"
+else
+  echo "== Python tests: not run (no Python with PyTorch, or no $bin/libtwell_c.so)" | tee "$out/python_tests.log"
+fi
 fi  # tests
 
 [ "$only" = tests ] && exit $status
@@ -126,6 +145,12 @@ if "$bin/twell" bench ffn --backend cuda "${energy_args[@]}" --energy --json "$o
   cat "$out/ffn_energy.txt"
 else
   echo "no energy figures:"; tail -1 "$out/ffn_energy_progress.log"
+fi
+
+if [ -n "$py" ]; then  # twell.FFN from PyTorch against PyTorch's unfused dense FFN
+  echo "== python/examples/ffn_speed.py"
+  "$py" python/examples/ffn_speed.py --json "$out/python_ffn.json" >"$out/python_ffn.txt" 2>&1 || status=1
+  head -4 "$out/python_ffn.txt"
 fi
 
 echo "== twell bench model"
