@@ -63,10 +63,10 @@ typedef enum twell_path {
 
 #define TWELL_MAX_DIMS 4
 typedef struct {
-  void* data;    /* NULL: not given */
+  void* data;     /* NULL: not given */
   int32_t dtype;  /* twell_dtype */
   int32_t device; /* twell_device: TWELL_DEVICE_CUDA is the current CUDA device */
-  int32_t ndim;  /* 1..TWELL_MAX_DIMS */
+  int32_t ndim;   /* 1..TWELL_MAX_DIMS */
   int64_t shape[TWELL_MAX_DIMS];
 } twell_tensor;
 
