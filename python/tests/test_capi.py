@@ -104,6 +104,11 @@ class CpuFfn(unittest.TestCase):
     def test_cuda_availability_says_why_not(self):
         ok, why = _capi.cuda_available()
         self.assertEqual(ok, why == "")
+        if not ok:  # a GPU handle is refused with the same reason (CI has no GPU)
+            with self.assertRaisesRegex(_capi.TwellError, "twell_cuda_ffn_create: |has no CUDA backend"):
+                _capi.CudaFfn(128, 64, 128)
+            with self.assertRaisesRegex(_capi.TwellError, "dispatch must be one of"):
+                _capi.CudaFfn.make_config(128, 64, 128, dispatch="sometimes")
 
 
 @unittest.skipIf(importlib.util.find_spec("torch") is not None, "PyTorch is installed: test_torch.py covers twell.FFN")
