@@ -145,7 +145,7 @@ void run_inspect(const std::string& path, bool check_finite) {
     } else {
       try {
         const std::unique_ptr<model::Tokenizer> tok = model::load_tokenizer(path);
-        if (config) check_tokenizer_fits(*tok, *config);  // one line either way: this, or the refusal
+        if (config) model::check_tokenizer_fits(*tok, config->vocab_size);  // one line either way: this, or the refusal
         std::printf("tokenizer: %lld ids%s%s%s%s\n", static_cast<long long>(tok->vocab_size()),
                     tok->bos_to_add() ? ", adds BOS " : ", no BOS added",
                     tok->bos_to_add() ? std::to_string(*tok->bos_to_add()).c_str() : "",

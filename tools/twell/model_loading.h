@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "twell/model/llama.h"
+#include "twell/model/load.h"
 #include "twell/model/tokenizer.h"
 
 namespace twell::cli {
@@ -27,15 +28,11 @@ struct ModelArgs {
   bool gpu_kv_cache = true;
 
   void add_to(CLI::App* cmd);
-  // Prints what it loads, and on which backend, on stderr.
+  // model::load_model with these options; prints what it loads, and on which backend, on stderr.
   std::unique_ptr<model::LanguageModel> load_model() const;
-  bool on_gpu() const;  // the backend load_model picks
   // Checked against the config's vocabulary; needs no weights, so commands load it first.
   std::unique_ptr<model::Tokenizer> load_tokenizer(const io::ModelConfig& c) const;
 };
-
-// Throws unless every id of the tokenizer has a row in the model's embedding.
-void check_tokenizer_fits(const model::Tokenizer& tok, const io::ModelConfig& c);
 
 // A note on stderr where `text` (named by `what`: "the prompt", a file) stops being valid UTF-8: it
 // is encoded byte for byte all the same, where HuggingFace's tokenizers would refuse it.

@@ -1,0 +1,76 @@
+// Loading a model directory onto the backend that can run it: the GPU runtime (twell::cuda::LlamaCuda)
+// where a Hopper GPU is present, takes the model and has the memory for it, else the CPU reference
+// (LlamaCpu). What `twell run`, `twell eval`, the C interface and python/twell share.
+//
+//   twell::model::ModelLoadOptions o;            // device auto, twell FFN, weights scanned for NaN/Inf
+//   o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+//   std::unique_ptr<twell::model::LanguageModel> m = twell::model::load_model("models/smol", o);
+//
+// Library twell::runtime (src/runtime/load_model.cpp): it links the GPU library where twell is built
+// with CUDA, so that one call picks the backend at run time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "twell/model/llama.h"
+#include "twell/model/tokenizer.h"
+
+namespace twell::model {
+
+enum class DeviceChoice {
+  automatic,  // the GPU where it runs the model (a Hopper GPU, a model its runtime takes, the memory for it)
+  cpu,        // the CPU reference backend
+  cuda,       // the GPU, or an error saying why not (never the CPU)
+};
+
+struct ModelLoadOptions {
+  DeviceChoice device = DeviceChoice::automatic;
+  // The GPU's FFN of ReLU models: false, twell's (sparse TwELL where it pays, dense where not); true,
+  // the dense cuBLASLt FFN. Models whose FFN the twell path does not take run dense either way.
+  bool dense_ffn = false;
+  // CPU backend: round a ReLU FFN's g, u, h to bf16 as a bf16 model does (the GPU always does).
+  bool bf16_ffn = false;
+  // Refuse weights holding NaN or Inf (reads every element once more). Off, a NaN in a neuron's rows
+  // that never activates goes unseen.
+  bool check_finite = true;
+  // What the GPU runtime allocates for: the positions a sequence holds, which is also the most tokens
+  // one call takes (0: config.json's max_position_embeddings; larger is capped there), and whether
+  // decode steps follow (false: logits() alone, no KV cache). The CPU backend always holds the
+  // config's whole context.
+  int64_t context = 0;
+  bool kv_cache = true;
+  // Progress and notes, a line at a time without the newline ("loaded …", "backend: …", a warning
+  // about unused tensors, why the CPU runs it under DeviceChoice::automatic). Empty: silent.
+  std::function<void(const std::string&)> log;
+  // How errors name the device choice, so that they read as the caller's own option: "--device cuda"
+  // in the CLI, "device='cuda'" in Python.
+  std::string cuda_choice_name = "device cuda";
+  std::string cpu_choice_name = "device cpu";
+  std::string context_choice_name = "a shorter context";  // in "(… needs less)" of a GPU memory shortfall
+};
+
+// The model of `dir` (config.json, safetensors single or sharded) on the backend the options pick.
+// Throws twell::Error naming the cause where the choice cannot be met (`cuda` without a Hopper GPU,
+// a model the GPU runtime does not take, too little GPU memory: the figures), where under
+// `automatic` neither the GPU nor the host's memory holds it, or where the checkpoint is bad.
+std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoadOptions& options = {});
+
+// Whether load_model would pick the GPU for `choice` before looking at a model (a Hopper GPU and a
+// CUDA build): false for cpu; for cuda, throws with the reason where there is none. `why` receives
+// the reason where it returns false under automatic.
+bool gpu_chosen(DeviceChoice choice, std::string* why = nullptr, const std::string& cuda_choice_name = "device cuda");
+
+// Throws unless every id of the tokenizer has a row in an embedding of `vocab_size` rows.
+void check_tokenizer_fits(const Tokenizer& tok, int64_t vocab_size);
+
+// The tokenizer of `dir` (tokenizer.json, tokenizer_config.json), or with `bytes` the byte
+// tokenizer of our own small models (ids 0..255 bytes, BOS 256, EOS 257). Throws where its ids do not
+// all fit the model's vocabulary of `vocab_size`, or where `dir` has no tokenizer (naming the byte
+// tokenizer as the way for a model trained on bytes, in the words of `bytes_choice_name`).
+std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& dir, int64_t vocab_size, bool bytes = false,
+                                                const std::string& bytes_choice_name = "the byte tokenizer");
+
+}  // namespace twell::model

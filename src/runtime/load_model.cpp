@@ -1,0 +1,180 @@
+// twell/model/load.h: a model directory onto the backend that runs it.
+#include "twell/model/load.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+
+#include "twell/error.h"
+#if TWELL_WITH_CUDA
+#include "twell/cuda/llama.h"
+#include "twell/cuda/runtime.h"
+#endif
+
+namespace twell::model {
+
+namespace {
+
+void say(const ModelLoadOptions& o, const std::string& line) {
+  if (o.log) o.log(line);
+}
+
+#if TWELL_WITH_CUDA
+// The host memory available for new allocations (MemAvailable of /proc/meminfo); 0 where unknown.
+size_t host_memory_available() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (meminfo >> key) {
+    if (key == "MemAvailable:" && meminfo >> kib) return kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+// Why a model's weights and buffers would not fit in the GPU's free memory, naming the parts; empty
+// where they fit.
+std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCudaOptions& co,
+                                 const ModelLoadOptions& o) {
+  const size_t weights = cuda::LlamaCudaWeights::bytes_for(c);
+  const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(c, co);
+  const cuda::DeviceMemory gpu = cuda::device_memory();
+  if (weights > gpu.free)
+    return str("the model's weights need ", bytes_str(weights), " of GPU memory, and the GPU has ", gpu.str());
+  if (weights + m.total() <= gpu.free) return {};
+  const int64_t context = co.max_context ? co.max_context : c.max_position_embeddings;
+  return str("the model needs ", bytes_str(weights + m.total()), " of GPU memory: weights ", bytes_str(weights),
+             ", KV cache ", bytes_str(m.kv_cache), " for ", context, " positions, activations and workspaces ",
+             bytes_str(m.activations + m.ffn + m.other), "; the GPU has ", gpu.str(),
+             " (", o.context_choice_name, " needs less)");
+}
+#endif
+
+}  // namespace
+
+bool gpu_chosen(DeviceChoice choice, std::string* why, const std::string& cuda_choice_name) {
+  if (choice == DeviceChoice::cpu) {
+    if (why) *why = "the CPU backend was asked for";
+    return false;
+  }
+#if TWELL_WITH_CUDA
+  std::string reason;
+  const bool gpu = cuda::hopper_available(&reason);
+  TWELL_REQUIRE(gpu || choice == DeviceChoice::automatic, cuda_choice_name, ": ", reason);
+  if (why) *why = reason;
+  return gpu;
+#else
+  TWELL_REQUIRE(choice == DeviceChoice::automatic, cuda_choice_name,
+                ": this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
+  if (why) *why = "this build has no CUDA backend";
+  return false;
+#endif
+}
+
+std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoadOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TWELL_REQUIRE(o.context >= 0, "the context must be at least 0 (0: the config's), got ", o.context);
+  const bool automatic = o.device == DeviceChoice::automatic;
+  bool gpu = gpu_chosen(o.device, nullptr, o.cuda_choice_name);
+#if TWELL_WITH_CUDA
+  cuda::LlamaCudaOptions co;
+  if (gpu) {  // a model the GPU runtime does not take runs on the CPU under automatic
+    const io::ModelConfig config = io::read_config(dir);
+    std::string why;
+    if (!cuda::LlamaCuda::supports(config, &why)) {
+      TWELL_REQUIRE(automatic, o.cuda_choice_name, ": the GPU runtime does not take this model's ", why);
+      say(o, str("the GPU runtime does not take this model's ", why, ": using the CPU backend"));
+      gpu = false;
+    } else {
+      co.ffn = o.dense_ffn ? cuda::FfnMode::dense : cuda::FfnMode::twell;
+      co.max_context = o.context > 0 ? std::min(o.context, config.max_position_embeddings) : 0;
+      co.kv_cache = o.kv_cache;
+      // Before seconds of reading and copying weights. Under automatic a model the GPU cannot hold
+      // runs on the CPU, as does a model the GPU runtime does not take.
+      const std::string shortfall = gpu_memory_shortfall(config, co, o);
+      if (!shortfall.empty()) {
+        TWELL_REQUIRE(automatic, o.cuda_choice_name, ": ", shortfall, "; ", o.cpu_choice_name,
+                      " runs it on the CPU");
+        // The CPU backend holds the weights in f32: twice their bf16 bytes. Refuse before minutes of
+        // reading where the host cannot hold them either.
+        const size_t host = host_memory_available(), f32_weights = 2 * cuda::LlamaCudaWeights::bytes_for(config);
+        TWELL_REQUIRE(host == 0 || f32_weights <= host, shortfall, "; nor does it fit on the CPU, whose f32 weights ",
+                      "need ", bytes_str(f32_weights), " and the machine has ", bytes_str(host), " available");
+        say(o, shortfall + ": using the CPU backend");
+        gpu = false;
+      }
+    }
+  }
+#endif
+  LlamaLoadOptions lo;
+  lo.check_finite = o.check_finite;
+  if (gpu) lo.dtype = DType::bf16;  // the GPU's storage: convert once, at load
+  LlamaWeights w = LlamaWeights::load_dir(dir, lo);
+  const io::ModelConfig& c = w.config;
+  int64_t last_layer = -1;  // the checkpoint's, where it holds more layers than the config runs
+  for (const std::string& name : w.unused) last_layer = std::max(last_layer, LlamaWeights::layer_of(name));
+  if (last_layer >= 0)
+    say(o, str("warning: the checkpoint holds ", last_layer + (last_layer < INT64_MAX),  // saturated
+               " layers; config.json's num_hidden_layers = ", c.num_hidden_layers, " runs only the first ",
+               c.num_hidden_layers));
+  if (!w.unused.empty()) {
+    std::string names;
+    for (size_t i = 0; i < w.unused.size() && i < 3; ++i) names += (i ? ", " : "") + w.unused[i];
+    if (w.unused.size() > 3) names += str(", and ", w.unused.size() - 3, " more");
+    say(o, str("note: ", w.unused.size(), " tensor", w.unused.size() == 1 ? "" : "s", " in the checkpoint ",
+               w.unused.size() == 1 ? "is" : "are", " not used by the model: ", names));
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.1f s",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  say(o, str("loaded ", dir, ": ", c.num_hidden_layers, " layer", c.num_hidden_layers == 1 ? "" : "s", ", hidden ",
+             c.hidden_size, ", FFN ", c.intermediate_size, " (", c.hidden_act, "), ", c.num_attention_heads,
+             " heads / ", c.num_key_value_heads, " KV heads, vocab ", c.vocab_size, " (", seconds, ")"));
+#if TWELL_WITH_CUDA
+  if (gpu) {
+    auto dw = std::make_shared<cuda::LlamaCudaWeights>(cuda::LlamaCudaWeights::upload(w));
+    // The twell FFN serves ReLU-gated FFNs whose H and I are multiples of 64 (LlamaCuda); others run
+    // the dense FFN whatever the options say.
+    const bool twell_fits = c.hidden_act == "relu" && c.hidden_size % 64 == 0 && c.intermediate_size % 64 == 0;
+    const std::string ffn_used = o.dense_ffn ? "dense"
+                                 : twell_fits ? "twell"
+                                              : "dense (the twell FFN needs a ReLU gate and H, I multiples of 64)";
+    say(o, str("backend: ", cuda::device_info().name, " (GPU), ", bytes_str(dw->bytes()), " of weights, ", ffn_used,
+               " FFN", o.bf16_ffn ? " (the bf16 FFN rounding asked for: the GPU rounds so anyway)" : ""));
+    return std::make_unique<cuda::LlamaCuda>(std::move(dw), co);
+  }
+#endif
+  say(o, str("backend: CPU reference",
+             o.bf16_ffn && c.hidden_act != "relu" ? " (the bf16 FFN rounding is for ReLU FFNs; this model's is not one)" : ""));
+  LlamaOptions mo;
+  if (o.bf16_ffn) mo.relu_ffn = Precision::bf16;
+  return std::make_unique<LlamaCpu>(std::move(w), mo);
+}
+
+void check_tokenizer_fits(const Tokenizer& tok, int64_t vocab_size) {
+  TWELL_REQUIRE(tok.vocab_size() <= vocab_size, "the tokenizer has ", tok.vocab_size(),
+                " ids but the model's vocabulary is ", vocab_size);
+}
+
+std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& dir, int64_t vocab_size, bool bytes,
+                                                const std::string& bytes_choice_name) {
+  std::unique_ptr<Tokenizer> tok;
+  if (bytes) {
+    tok = std::make_unique<ByteTokenizer>(true, true);
+  } else {
+    try {
+      tok = load_tokenizer(dir);
+    } catch (const Error& e) {
+      // Where there is no tokenizer at all, the model may be one of ours, trained on bytes.
+      if (has_tokenizer_file(dir)) throw;
+      throw Error(str(e.what(), "; a model of our own trained on bytes runs with ", bytes_choice_name));
+    }
+  }
+  check_tokenizer_fits(*tok, vocab_size);
+  return tok;
+}
+
+}  // namespace twell::model
