@@ -1,9 +1,10 @@
 /* twell's C interface: the FFN forward and backward, on the CPU reference backend and on the GPU,
- * for callers that cannot use C++ (Python through ctypes: python/twell; other languages' FFIs).
+ * and whole models (load, logits, KV-cache decoding, generation, perplexity, the tokenizer), for
+ * callers that cannot use C++ (Python through ctypes: python/twell; other languages' FFIs).
  * It wraps a subset of the C++ API of twell/cpu/ffn.h and twell/cuda/ffn.h (the GPU object with the
  * options of twell_cuda_ffn_config; not dispatch slots, the fused residual norm, the TwELL layout or
- * the gather path's settings); their comments say what each call computes, its shapes and its
- * rounding points.
+ * the gather path's settings) and of twell/model/load.h, llama.h and tokenizer.h (one sequence at a
+ * time); their comments say what each call computes, its shapes and its rounding points.
  *
  * Built as the shared library libtwell_c.so (CMake target twell_c), which exports these symbols
  * only. Every function that can fail returns TWELL_OK (0) or TWELL_ERROR, and leaves the reason in
@@ -30,7 +31,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes; twell_c_api_version() returns it. */
-#define TWELL_C_API_VERSION 1
+#define TWELL_C_API_VERSION 2
 
 enum { TWELL_OK = 0, TWELL_ERROR = 1 };
 
@@ -141,6 +142,113 @@ TWELL_C_API int twell_cuda_ffn_backward(twell_cuda_ffn* ffn, const twell_tensor*
                                         const twell_tensor* dwu, const twell_tensor* dwd, void* stream);
 /* Statistics of the last call (waits for its non-zero count where the sparse path ran). */
 TWELL_C_API int twell_cuda_ffn_last_stats(const twell_cuda_ffn* ffn, twell_ffn_stats* stats);
+
+/* ---- models (twell/model/load.h, twell/model/llama.h) ---- */
+typedef enum twell_device_choice {
+  TWELL_CHOOSE_AUTO = 0, /* the GPU where it runs the model (Hopper, a model its runtime takes, memory), else the CPU */
+  TWELL_CHOOSE_CPU = 1,  /* the CPU reference backend */
+  TWELL_CHOOSE_CUDA = 2  /* the GPU, or an error saying why not */
+} twell_device_choice;
+
+/* A line of progress or a note while loading ("loaded …", "backend: …", "warning: …"), no newline. */
+typedef void (*twell_log_fn)(const char* line, void* user);
+
+typedef struct {
+  int32_t device;       /* twell_device_choice */
+  int32_t dense_ffn;    /* GPU FFN of ReLU models: 0 twell's (sparse where it pays), 1 the dense cuBLASLt one */
+  int32_t bf16_ffn;     /* CPU backend: round the ReLU FFN's g, u, h to bf16 as a bf16 model does */
+  int32_t check_finite; /* 1: refuse weights holding NaN or Inf */
+  int64_t context;      /* GPU: positions a sequence holds and most tokens a call takes; 0: the config's */
+  int32_t kv_cache;     /* GPU: 0 for logits alone (no KV cache: no prefill or decode steps) */
+  int32_t reserved0;    /* 0 */
+  twell_log_fn log;     /* NULL: silent */
+  void* log_user;
+  int64_t reserved[4]; /* 0 */
+} twell_model_options;
+
+typedef struct {
+  int64_t vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim;
+  int64_t context; /* positions the KV cache holds at most */
+  int32_t device;  /* twell_device: where it runs */
+  int32_t relu;    /* 1: a ReLU-gated FFN (twell's sparse path), 0: SiLU */
+} twell_model_info;
+
+/* TWELL_CHOOSE_AUTO, twell FFN, bf16_ffn 0, check_finite 1, context 0, kv_cache 1, no log. */
+TWELL_C_API void twell_model_options_init(twell_model_options* options);
+/* The model of dir (config.json, safetensors single or sharded). options NULL: the defaults. */
+typedef struct twell_model twell_model;
+TWELL_C_API int twell_model_load(const char* dir, const twell_model_options* options, twell_model** out);
+TWELL_C_API void twell_model_destroy(twell_model* model); /* NULL: nothing */
+TWELL_C_API int twell_model_get_info(const twell_model* model, twell_model_info* info);
+/* Logits of every position of ids[0..n) from position 0: n × vocab_size floats into logits.
+ * layer_stats NULL, or num_layers entries: each layer's FFN activation statistics (the CPU backend
+ * only, which counts them for ReLU models; a SiLU model's stay 0). The GPU refuses it while a
+ * generation is cached: twell_model_reset first. */
+TWELL_C_API int twell_model_logits(twell_model* model, const int32_t* ids, int64_t n, float* logits,
+                                   twell_activation_stats* layer_stats);
+/* KV-cache decoding: prefill clears the cache and writes the last token's vocab_size logits; a
+ * decode step appends one token. */
+TWELL_C_API int twell_model_prefill(twell_model* model, const int32_t* ids, int64_t n, float* logits);
+TWELL_C_API int twell_model_decode_step(twell_model* model, int32_t id, float* logits);
+TWELL_C_API int twell_model_reset(twell_model* model);
+TWELL_C_API int twell_model_cached_tokens(const twell_model* model, int64_t* n);
+/* Perplexity of ids[0..n) (n >= 2) under one forward; log-softmax in double. */
+TWELL_C_API int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, double* mean_nll,
+                                       double* perplexity);
+
+typedef struct {
+  double temperature;  /* 0: greedy (argmax) */
+  int64_t top_k;       /* 0: all */
+  double top_p;        /* 1: all */
+  uint64_t seed;       /* the same seed draws the same tokens on every platform */
+  int64_t vocab_limit; /* draw only ids below it (0: any), for an embedding padded past its tokenizer */
+  int64_t reserved[3]; /* 0 */
+} twell_sampling;
+TWELL_C_API void twell_sampling_init(twell_sampling* sampling); /* greedy */
+
+typedef enum twell_stop_reason {
+  TWELL_STOP_TOKEN = 0,        /* the last token is one of the stop tokens */
+  TWELL_STOP_MAX_TOKENS = 1,   /* max_new_tokens were drawn */
+  TWELL_STOP_CONTEXT_FULL = 2, /* the KV cache holds the model's whole context */
+  TWELL_STOP_CALLBACK = 3      /* on_token returned non-zero */
+} twell_stop_reason;
+/* Sees each token as soon as it is drawn (the stop token included); non-zero stops after it. */
+typedef int (*twell_token_fn)(int32_t token, void* user);
+typedef struct {
+  int64_t n_tokens; /* written to tokens */
+  int32_t reason;   /* twell_stop_reason */
+  int32_t reserved;
+  double prefill_seconds, decode_seconds;
+} twell_generation;
+/* Prefills prompt[0..n_prompt), then draws up to max_new_tokens tokens into tokens (room for
+ * max_new_tokens), stopping after any of stop[0..n_stop). Uses (and resets) the model's KV cache.
+ * sampling NULL: greedy. */
+TWELL_C_API int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_prompt,
+                                     int64_t max_new_tokens, const twell_sampling* sampling, const int32_t* stop,
+                                     int64_t n_stop, twell_token_fn on_token, void* user, int32_t* tokens,
+                                     twell_generation* result);
+
+/* ---- tokenizers (twell/model/tokenizer.h) ---- */
+typedef struct twell_tokenizer twell_tokenizer;
+typedef struct {
+  int32_t vocab_size;                  /* one past the largest id */
+  int32_t bos_id, eos_id;              /* -1: none */
+  int32_t bos_to_add, eos_to_add;      /* what HF puts before and after a text; -1: none */
+} twell_tokenizer_info;
+/* dir's tokenizer.json (and tokenizer_config.json), or with bytes != 0 the byte tokenizer of our own
+ * small models (ids 0..255 bytes, BOS 256, EOS 257). vocab_size > 0: refused unless every id fits
+ * an embedding of that many rows. */
+TWELL_C_API int twell_tokenizer_load(const char* dir, int64_t vocab_size, int32_t bytes, twell_tokenizer** out);
+TWELL_C_API void twell_tokenizer_destroy(twell_tokenizer* tokenizer); /* NULL: nothing */
+TWELL_C_API int twell_tokenizer_get_info(const twell_tokenizer* tokenizer, twell_tokenizer_info* info);
+/* The ids of text[0..len) (no BOS or EOS added): *n receives their count; at most capacity are
+ * written, so a caller whose *n came back larger calls again with room for *n. */
+TWELL_C_API int twell_tokenizer_encode(const twell_tokenizer* tokenizer, const char* text, size_t len, int32_t* ids,
+                                       int64_t capacity, int64_t* n);
+/* The bytes ids[0..n) stand for (not NUL-terminated): *len receives their count, at most capacity
+ * are written, as for encode. */
+TWELL_C_API int twell_tokenizer_decode(const twell_tokenizer* tokenizer, const int32_t* ids, int64_t n, char* text,
+                                       size_t capacity, size_t* len);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,7 @@ import ctypes
 import glob
 import os
 
-API_VERSION = 1
+API_VERSION = 2
 MAX_DIMS = 4
 OK, ERROR = 0, 1
 BF16, F16, F32, F64 = 0, 1, 2, 3

@@ -2,14 +2,19 @@
 #include "twell/c_api.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <exception>
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "twell/cpu/ffn.h"
 #include "twell/error.h"
+#include "twell/model/load.h"
 #include "twell/version.h"
 #if TWELL_WITH_CUDA
 #include "twell/cuda/ffn.h"
@@ -24,6 +29,19 @@ static_assert(TWELL_DTYPE_BF16 == static_cast<int>(twell::DType::bf16) &&
 // these sizes there. Change both, and TWELL_C_API_VERSION, together.
 static_assert(sizeof(twell_tensor) == 56 && sizeof(twell_activation_stats) == 32 && sizeof(twell_ffn_stats) == 40 &&
               sizeof(twell_cuda_ffn_config) == 72);
+static_assert(sizeof(twell_model_options) == 80 && sizeof(twell_model_info) == 72 && sizeof(twell_sampling) == 64 &&
+              sizeof(twell_generation) == 32 && sizeof(twell_tokenizer_info) == 20);
+static_assert(TWELL_STOP_TOKEN == static_cast<int>(twell::model::StopReason::stop_token) &&
+              TWELL_STOP_MAX_TOKENS == static_cast<int>(twell::model::StopReason::max_tokens) &&
+              TWELL_STOP_CONTEXT_FULL == static_cast<int>(twell::model::StopReason::context_full));
+
+struct twell_model {
+  std::unique_ptr<twell::model::LanguageModel> model;
+  bool on_gpu = false;
+};
+struct twell_tokenizer {
+  std::unique_ptr<twell::model::Tokenizer> tokenizer;
+};
 static_assert(TWELL_DEVICE_CPU == static_cast<int>(twell::Device::cpu) &&
               TWELL_DEVICE_CUDA == static_cast<int>(twell::Device::cuda));
 static_assert(TWELL_PRECISION_BF16 == static_cast<int>(twell::Precision::bf16) &&
@@ -126,6 +144,36 @@ twell::cuda::FfnForward& object(twell_cuda_ffn* ffn) {
   return ffn->forward;
 }
 #endif
+
+twell::model::LanguageModel& object(twell_model* m) {
+  TWELL_REQUIRE(m != nullptr && m->model, "twell_model: NULL");
+  return *m->model;
+}
+
+const twell::model::Tokenizer& object(const twell_tokenizer* t) {
+  TWELL_REQUIRE(t != nullptr && t->tokenizer, "twell_tokenizer: NULL");
+  return *t->tokenizer;
+}
+
+// ids[0..n) as a vector, checked as the model's calls check them.
+std::vector<int32_t> id_vector(const int32_t* ids, int64_t n, const char* op) {
+  TWELL_REQUIRE(n >= 0, op, ": the token count must be at least 0, got ", n);
+  TWELL_REQUIRE(ids != nullptr || n == 0, op, ": ids is NULL");
+  return std::vector<int32_t>(ids, ids + n);
+}
+
+// A host tensor's values into out as f32.
+void copy_out(const Tensor& t, float* out) {
+  if (t.dtype() == DType::f32) {
+    std::memcpy(out, t.ptr<float>(), t.nbytes());
+  } else {
+    const std::vector<float> f = to_f32(t);
+    std::copy(f.begin(), f.end(), out);
+  }
+}
+
+// Thrown by the token callback's wrapper to end a generation where the caller asked.
+struct StopAsked {};
 
 constexpr const char* kNoCuda = "this build of twell has no CUDA backend (configure with -DTWELL_CUDA=ON)";
 
@@ -281,6 +329,228 @@ int twell_cuda_ffn_last_stats(const twell_cuda_ffn* ffn, twell_ffn_stats* stats)
 #else
     throw Error(kNoCuda);
 #endif
+  });
+}
+
+void twell_model_options_init(twell_model_options* options) {
+  if (options == nullptr) return;
+  *options = twell_model_options{};
+  options->device = TWELL_CHOOSE_AUTO;
+  options->check_finite = 1;
+  options->kv_cache = 1;
+}
+
+int twell_model_load(const char* dir, const twell_model_options* options, twell_model** out) {
+  return guarded([&] {
+    TWELL_REQUIRE(out != nullptr, "twell_model_load: out is NULL");
+    *out = nullptr;
+    TWELL_REQUIRE(dir != nullptr, "twell_model_load: dir is NULL");
+    twell_model_options c;
+    twell_model_options_init(&c);
+    if (options != nullptr) c = *options;
+    TWELL_REQUIRE(c.reserved0 == 0 && std::all_of(c.reserved, c.reserved + 4, [](int64_t r) { return r == 0; }),
+                  "twell_model_options: reserved fields must be 0 (twell_model_options_init sets them)");
+    TWELL_REQUIRE(c.device >= TWELL_CHOOSE_AUTO && c.device <= TWELL_CHOOSE_CUDA,
+                  "twell_model_options: device must be TWELL_CHOOSE_AUTO, _CPU or _CUDA, got ", c.device);
+    model::ModelLoadOptions o;
+    o.device = c.device == TWELL_CHOOSE_CPU    ? model::DeviceChoice::cpu
+               : c.device == TWELL_CHOOSE_CUDA ? model::DeviceChoice::cuda
+                                               : model::DeviceChoice::automatic;
+    o.dense_ffn = c.dense_ffn != 0;
+    o.bf16_ffn = c.bf16_ffn != 0;
+    o.check_finite = c.check_finite != 0;
+    o.context = c.context;
+    o.kv_cache = c.kv_cache != 0;
+    if (c.log != nullptr) o.log = [log = c.log, user = c.log_user](const std::string& line) { log(line.c_str(), user); };
+    o.cuda_choice_name = "device cuda";
+    o.cpu_choice_name = "device cpu";
+    auto m = std::make_unique<twell_model>();
+    m->model = model::load_model(dir, o);
+    m->on_gpu = dynamic_cast<const model::LlamaCpu*>(m->model.get()) == nullptr;
+    *out = m.release();
+  });
+}
+
+void twell_model_destroy(twell_model* model) {
+  try {
+    delete model;
+  } catch (...) {  // a destructor's CUDA error: nothing a C caller could do with it
+  }
+}
+
+int twell_model_get_info(const twell_model* model, twell_model_info* info) {
+  return guarded([&] {
+    TWELL_REQUIRE(model != nullptr && model->model, "twell_model: NULL");
+    TWELL_REQUIRE(info != nullptr, "twell_model_get_info: info is NULL");
+    const io::ModelConfig& c = model->model->config();
+    *info = twell_model_info{c.vocab_size,
+                             c.hidden_size,
+                             c.intermediate_size,
+                             c.num_hidden_layers,
+                             c.num_attention_heads,
+                             c.num_key_value_heads,
+                             c.head_dim,
+                             model->model->context(),
+                             model->on_gpu ? TWELL_DEVICE_CUDA : TWELL_DEVICE_CPU,
+                             c.hidden_act == "relu" ? 1 : 0};
+  });
+}
+
+int twell_model_logits(twell_model* model, const int32_t* ids, int64_t n, float* logits,
+                       twell_activation_stats* layer_stats) {
+  return guarded([&] {
+    model::LanguageModel& m = object(model);
+    TWELL_REQUIRE(logits != nullptr, "twell_model_logits: the logits buffer is NULL");
+    std::vector<ActivationStats> stats;
+    const Tensor t = m.logits(id_vector(ids, n, "twell_model_logits"), layer_stats ? &stats : nullptr);
+    copy_out(t, logits);
+    if (layer_stats != nullptr)
+      for (int64_t l = 0; l < m.config().num_hidden_layers; ++l) {
+        const ActivationStats s = static_cast<size_t>(l) < stats.size() ? stats[l] : ActivationStats{};
+        layer_stats[l] = twell_activation_stats{s.tokens, s.nnz, s.max_nnz_per_token, s.l1_sum};
+      }
+  });
+}
+
+int twell_model_prefill(twell_model* model, const int32_t* ids, int64_t n, float* logits) {
+  return guarded([&] {
+    model::LanguageModel& m = object(model);
+    TWELL_REQUIRE(logits != nullptr, "twell_model_prefill: the logits buffer is NULL");
+    copy_out(m.prefill(id_vector(ids, n, "twell_model_prefill")), logits);
+  });
+}
+
+int twell_model_decode_step(twell_model* model, int32_t id, float* logits) {
+  return guarded([&] {
+    model::LanguageModel& m = object(model);
+    TWELL_REQUIRE(logits != nullptr, "twell_model_decode_step: the logits buffer is NULL");
+    copy_out(m.decode_step(id), logits);
+  });
+}
+
+int twell_model_reset(twell_model* model) {
+  return guarded([&] { object(model).reset(); });
+}
+
+int twell_model_cached_tokens(const twell_model* model, int64_t* n) {
+  return guarded([&] {
+    TWELL_REQUIRE(model != nullptr && model->model, "twell_model: NULL");
+    TWELL_REQUIRE(n != nullptr, "twell_model_cached_tokens: n is NULL");
+    *n = model->model->cached_tokens();
+  });
+}
+
+int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, double* mean_nll, double* perplexity) {
+  return guarded([&] {
+    model::LanguageModel& m = object(model);
+    const model::Perplexity p = model::perplexity(m, id_vector(ids, n, "twell_model_perplexity"));
+    if (mean_nll) *mean_nll = p.mean_nll;
+    if (perplexity) *perplexity = p.perplexity;
+  });
+}
+
+void twell_sampling_init(twell_sampling* sampling) {
+  if (sampling == nullptr) return;
+  *sampling = twell_sampling{};
+  sampling->top_p = 1.0;
+}
+
+int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_prompt, int64_t max_new_tokens,
+                         const twell_sampling* sampling, const int32_t* stop, int64_t n_stop, twell_token_fn on_token,
+                         void* user, int32_t* tokens, twell_generation* result) {
+  return guarded([&] {
+    model::LanguageModel& m = object(model);
+    TWELL_REQUIRE(result != nullptr, "twell_model_generate: result is NULL");
+    *result = twell_generation{};
+    TWELL_REQUIRE(max_new_tokens >= 0, "twell_model_generate: max_new_tokens must be at least 0, got ",
+                  max_new_tokens);
+    TWELL_REQUIRE(tokens != nullptr || max_new_tokens == 0, "twell_model_generate: tokens is NULL");
+    model::SamplingOptions so;
+    if (sampling != nullptr) {
+      TWELL_REQUIRE(std::all_of(sampling->reserved, sampling->reserved + 3, [](int64_t r) { return r == 0; }),
+                    "twell_sampling: reserved fields must be 0 (twell_sampling_init sets them)");
+      so.temperature = sampling->temperature;
+      so.top_k = sampling->top_k;
+      so.top_p = sampling->top_p;
+      so.seed = sampling->seed;
+      so.vocab_limit = sampling->vocab_limit;
+    }
+    so.check();
+    const std::vector<int32_t> p = id_vector(prompt, n_prompt, "twell_model_generate");
+    const std::vector<int32_t> stops = id_vector(stop, n_stop, "twell_model_generate (stop tokens)");
+    std::vector<int32_t> drawn;  // as they come, for a generation the callback ends
+    const auto t0 = std::chrono::steady_clock::now();
+    double prefill_seconds = -1;
+    const std::function<void(int32_t)> seen = [&](int32_t t) {
+      if (drawn.empty())
+        prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      drawn.push_back(t);
+      if (on_token != nullptr && on_token(t, user) != 0) throw StopAsked{};
+    };
+    model::Generation g;
+    try {
+      g = model::generate(m, p, max_new_tokens, so, stops, seen);
+    } catch (const StopAsked&) {
+      g.tokens = drawn;
+      g.reason = static_cast<model::StopReason>(TWELL_STOP_CALLBACK);
+      const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      g.prefill_seconds = prefill_seconds;
+      g.decode_seconds = total - prefill_seconds;
+    }
+    std::copy(g.tokens.begin(), g.tokens.end(), tokens);
+    *result = twell_generation{static_cast<int64_t>(g.tokens.size()), static_cast<int32_t>(g.reason), 0,
+                               g.prefill_seconds, g.decode_seconds};
+  });
+}
+
+int twell_tokenizer_load(const char* dir, int64_t vocab_size, int32_t bytes, twell_tokenizer** out) {
+  return guarded([&] {
+    TWELL_REQUIRE(out != nullptr, "twell_tokenizer_load: out is NULL");
+    *out = nullptr;
+    TWELL_REQUIRE(bytes != 0 || dir != nullptr, "twell_tokenizer_load: dir is NULL");
+    auto t = std::make_unique<twell_tokenizer>();
+    t->tokenizer = vocab_size > 0 ? model::load_model_tokenizer(dir ? dir : "", vocab_size, bytes != 0, "bytes")
+                   : bytes        ? std::make_unique<model::ByteTokenizer>(true, true)
+                                  : model::load_tokenizer(dir);
+    *out = t.release();
+  });
+}
+
+void twell_tokenizer_destroy(twell_tokenizer* tokenizer) { delete tokenizer; }
+
+int twell_tokenizer_get_info(const twell_tokenizer* tokenizer, twell_tokenizer_info* info) {
+  return guarded([&] {
+    const model::Tokenizer& t = object(tokenizer);
+    TWELL_REQUIRE(info != nullptr, "twell_tokenizer_get_info: info is NULL");
+    const auto id = [](std::optional<int32_t> v) { return v ? *v : -1; };
+    *info = twell_tokenizer_info{t.vocab_size(), id(t.bos_id()), id(t.eos_id()), id(t.bos_to_add()),
+                                 id(t.eos_to_add())};
+  });
+}
+
+int twell_tokenizer_encode(const twell_tokenizer* tokenizer, const char* text, size_t len, int32_t* ids,
+                           int64_t capacity, int64_t* n) {
+  return guarded([&] {
+    const model::Tokenizer& t = object(tokenizer);
+    TWELL_REQUIRE(n != nullptr, "twell_tokenizer_encode: n is NULL");
+    TWELL_REQUIRE(text != nullptr || len == 0, "twell_tokenizer_encode: text is NULL");
+    TWELL_REQUIRE(capacity >= 0 && (ids != nullptr || capacity == 0),
+                  "twell_tokenizer_encode: ids must have room for capacity ids");
+    const std::vector<int32_t> v = t.encode(std::string_view(text ? text : "", len));
+    *n = static_cast<int64_t>(v.size());
+    std::copy_n(v.begin(), std::min<int64_t>(capacity, *n), ids);
+  });
+}
+
+int twell_tokenizer_decode(const twell_tokenizer* tokenizer, const int32_t* ids, int64_t n, char* text,
+                           size_t capacity, size_t* len) {
+  return guarded([&] {
+    const model::Tokenizer& t = object(tokenizer);
+    TWELL_REQUIRE(len != nullptr, "twell_tokenizer_decode: len is NULL");
+    TWELL_REQUIRE(text != nullptr || capacity == 0, "twell_tokenizer_decode: text must have room for capacity bytes");
+    const std::string s = t.decode(id_vector(ids, n, "twell_tokenizer_decode"));
+    *len = s.size();
+    std::memcpy(text, s.data(), std::min(capacity, s.size()));
   });
 }
 

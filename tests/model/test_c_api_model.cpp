@@ -1,0 +1,260 @@
+// The C interface's models and tokenizers (twell/c_api.h) against the C++ calls they wrap, on the CPU
+// backend: the same bits, the same tokens, and refusals that say why and leave nothing behind.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/io_test_util.h"
+#include "model/llama_test_util.h"
+#include "twell/c_api.h"
+#include "twell/model/llama.h"
+#include "twell/model/load.h"
+
+namespace twell::model {
+namespace {
+
+std::string error_text() { return twell_last_error(); }
+
+class CApiModel : public test::ScratchDirTest {
+ protected:
+  void SetUp() override {
+    test::ScratchDirTest::SetUp();
+    config_ = tiny_config("relu", false);
+    write_hf(dir_, config_, random_hf_tensors(config_, 41));
+  }
+
+  // The model through the C interface on the CPU, with its log lines.
+  twell_model* load(std::vector<std::string>* log = nullptr) {
+    twell_model_options o;
+    twell_model_options_init(&o);
+    o.device = TWELL_CHOOSE_CPU;
+    if (log != nullptr) {
+      o.log = [](const char* line, void* user) { static_cast<std::vector<std::string>*>(user)->push_back(line); };
+      o.log_user = log;
+    }
+    twell_model* m = nullptr;
+    EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_OK) << error_text();
+    return m;
+  }
+
+  LlamaCpu reference() const { return LlamaCpu(LlamaWeights::load_dir(dir_)); }
+
+  io::ModelConfig config_;
+  const std::vector<int32_t> prompt_ = {3, 14, 15, 92, 65, 35};
+};
+
+TEST_F(CApiModel, LogitsPrefillAndDecodeAreTheCppCallsBits) {
+  std::vector<std::string> log;
+  twell_model* m = load(&log);
+  ASSERT_NE(m, nullptr);
+  ASSERT_GE(log.size(), 2u);
+  EXPECT_EQ(log.front().rfind("loaded " + dir_ + ": 2 layers, hidden 64, FFN 176 (relu)", 0), 0u) << log.front();
+  EXPECT_EQ(log.back(), "backend: CPU reference");
+
+  twell_model_info info;
+  ASSERT_EQ(twell_model_get_info(m, &info), TWELL_OK);
+  EXPECT_EQ(info.vocab_size, 97);
+  EXPECT_EQ(info.hidden_size, 64);
+  EXPECT_EQ(info.intermediate_size, 176);
+  EXPECT_EQ(info.num_layers, 2);
+  EXPECT_EQ(info.num_heads, 4);
+  EXPECT_EQ(info.num_kv_heads, 2);
+  EXPECT_EQ(info.head_dim, 16);
+  EXPECT_EQ(info.context, 32);
+  EXPECT_EQ(info.device, TWELL_DEVICE_CPU);
+  EXPECT_EQ(info.relu, 1);
+
+  LlamaCpu ref = reference();
+  std::vector<ActivationStats> ref_stats;
+  const Tensor expected = ref.logits(prompt_, &ref_stats);
+  const int64_t T = static_cast<int64_t>(prompt_.size()), V = 97;
+  std::vector<float> logits(T * V, std::nanf(""));
+  twell_activation_stats stats[2];
+  ASSERT_EQ(twell_model_logits(m, prompt_.data(), T, logits.data(), stats), TWELL_OK) << error_text();
+  EXPECT_EQ(std::memcmp(logits.data(), expected.ptr<float>(), logits.size() * sizeof(float)), 0);
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_EQ(stats[l].tokens, T);
+    EXPECT_EQ(stats[l].nnz, ref_stats[l].nnz);
+    EXPECT_EQ(stats[l].l1_sum, ref_stats[l].l1_sum);
+  }
+
+  std::vector<float> last(V);
+  ASSERT_EQ(twell_model_prefill(m, prompt_.data(), T - 1, last.data()), TWELL_OK) << error_text();
+  ASSERT_EQ(twell_model_decode_step(m, prompt_.back(), last.data()), TWELL_OK) << error_text();
+  EXPECT_EQ(std::memcmp(last.data(), ref.prefill(prompt_).ptr<float>(), V * sizeof(float)), 0);
+  int64_t cached = 0;
+  ASSERT_EQ(twell_model_cached_tokens(m, &cached), TWELL_OK);
+  EXPECT_EQ(cached, T);
+  ASSERT_EQ(twell_model_reset(m), TWELL_OK);
+  ASSERT_EQ(twell_model_cached_tokens(m, &cached), TWELL_OK);
+  EXPECT_EQ(cached, 0);
+
+  double nll = 0, ppl = 0;
+  ASSERT_EQ(twell_model_perplexity(m, prompt_.data(), T, &nll, &ppl), TWELL_OK) << error_text();
+  const Perplexity p = perplexity(ref, prompt_);
+  EXPECT_EQ(nll, p.mean_nll);
+  EXPECT_EQ(ppl, p.perplexity);
+  twell_model_destroy(m);
+}
+
+TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
+  twell_model* m = load();
+  ASSERT_NE(m, nullptr);
+  LlamaCpu ref = reference();
+  twell_sampling s;
+  twell_sampling_init(&s);
+  s.temperature = 0.8;
+  s.top_k = 20;
+  s.seed = 7;
+  SamplingOptions so;
+  so.temperature = 0.8;
+  so.top_k = 20;
+  so.seed = 7;
+  const Generation expected = generate(ref, prompt_, 10, so);
+
+  std::vector<int32_t> tokens(10, -1), seen;
+  twell_generation g;
+  const twell_token_fn record = [](int32_t t, void* user) {
+    static_cast<std::vector<int32_t>*>(user)->push_back(t);
+    return 0;
+  };
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 10, &s, nullptr, 0, record, &seen, tokens.data(), &g),
+            TWELL_OK)
+      << error_text();
+  EXPECT_EQ(g.reason, TWELL_STOP_MAX_TOKENS);
+  ASSERT_EQ(g.n_tokens, 10);
+  EXPECT_EQ(tokens, expected.tokens);
+  EXPECT_EQ(seen, expected.tokens);
+
+  // A stop token, then a callback that asks to stop after the third token.
+  const int32_t stop[] = {expected.tokens[4]};
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 10, &s, stop, 1, nullptr, nullptr, tokens.data(), &g),
+            TWELL_OK);
+  EXPECT_EQ(g.reason, TWELL_STOP_TOKEN);
+  EXPECT_LE(g.n_tokens, 5);
+  EXPECT_EQ(tokens[g.n_tokens - 1], stop[0]);
+  int count = 0;
+  const twell_token_fn third = [](int32_t, void* user) { return ++*static_cast<int*>(user) == 3 ? 1 : 0; };
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 10, &s, nullptr, 0, third, &count, tokens.data(), &g),
+            TWELL_OK);
+  EXPECT_EQ(g.reason, TWELL_STOP_CALLBACK);
+  ASSERT_EQ(g.n_tokens, 3);
+  EXPECT_EQ(std::vector<int32_t>(tokens.begin(), tokens.begin() + 3),
+            std::vector<int32_t>(expected.tokens.begin(), expected.tokens.begin() + 3));
+  EXPECT_GE(g.prefill_seconds, 0);
+  EXPECT_GE(g.decode_seconds, 0);
+
+  // Greedy by default (sampling NULL), as model::generate with default options.
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 4, nullptr, nullptr, 0, nullptr, nullptr, tokens.data(), &g),
+            TWELL_OK);
+  const Generation greedy = generate(ref, prompt_, 4, {});
+  EXPECT_EQ(std::vector<int32_t>(tokens.begin(), tokens.begin() + 4), greedy.tokens);
+  twell_model_destroy(m);
+}
+
+TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
+  twell_model* m = reinterpret_cast<twell_model*>(&config_);  // must come back NULL
+  EXPECT_EQ(twell_model_load((dir_ + "/missing").c_str(), nullptr, &m), TWELL_ERROR);
+  EXPECT_EQ(m, nullptr);
+  EXPECT_NE(error_text().find(dir_ + "/missing"), std::string::npos) << error_text();
+
+  twell_model_options o;
+  twell_model_options_init(&o);
+  o.device = TWELL_CHOOSE_CPU;
+  o.reserved[2] = 1;
+  EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);
+  EXPECT_NE(error_text().find("reserved fields must be 0"), std::string::npos) << error_text();
+  twell_model_options_init(&o);
+  o.device = 7;
+  EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);
+  EXPECT_NE(error_text().find("device must be TWELL_CHOOSE_AUTO, _CPU or _CUDA, got 7"), std::string::npos);
+  char why[256];
+  if (!twell_cuda_available(why, sizeof why)) {
+    twell_model_options_init(&o);
+    o.device = TWELL_CHOOSE_CUDA;
+    EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);
+    EXPECT_EQ(error_text().rfind("device cuda: ", 0), 0u) << error_text();
+  }
+
+  // NaN in a weight: refused by default, naming the tensor; taken with check_finite 0.
+  HfTensors t = random_hf_tensors(config_, 41);
+  t["model.layers.1.mlp.up_proj.weight"].ptr<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+  write_hf(dir_, config_, t);
+  twell_model_options_init(&o);
+  o.device = TWELL_CHOOSE_CPU;
+  EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);
+  EXPECT_NE(error_text().find("model.layers.1.mlp.up_proj.weight"), std::string::npos) << error_text();
+  o.check_finite = 0;
+  ASSERT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_OK) << error_text();
+
+  // Ids outside the vocabulary, an empty prompt, NULL buffers: refused, the cache untouched.
+  std::vector<float> logits(97 * 3);
+  const int32_t bad[] = {1, 97, 2};
+  EXPECT_EQ(twell_model_logits(m, bad, 3, logits.data(), nullptr), TWELL_ERROR);
+  EXPECT_NE(error_text().find("97"), std::string::npos) << error_text();
+  EXPECT_EQ(twell_model_prefill(m, bad, 0, logits.data()), TWELL_ERROR);
+  EXPECT_EQ(twell_model_logits(m, bad, 1, nullptr, nullptr), TWELL_ERROR);
+  EXPECT_NE(error_text().find("logits buffer is NULL"), std::string::npos) << error_text();
+  EXPECT_EQ(twell_model_decode_step(m, 1, logits.data()), TWELL_ERROR);  // before any prefill
+  int64_t cached = -1;
+  ASSERT_EQ(twell_model_cached_tokens(m, &cached), TWELL_OK);
+  EXPECT_EQ(cached, 0);
+  twell_sampling s;
+  twell_sampling_init(&s);
+  s.top_p = 0;
+  twell_generation g;
+  int32_t out[4];
+  EXPECT_EQ(twell_model_generate(m, bad, 1, 4, &s, nullptr, 0, nullptr, nullptr, out, &g), TWELL_ERROR);
+  EXPECT_NE(error_text().find("top_p"), std::string::npos) << error_text();
+  EXPECT_EQ(twell_model_generate(m, bad, 1, -1, nullptr, nullptr, 0, nullptr, nullptr, out, &g), TWELL_ERROR);
+  EXPECT_EQ(twell_model_get_info(nullptr, nullptr), TWELL_ERROR);
+  EXPECT_NE(error_text().find("twell_model: NULL"), std::string::npos) << error_text();
+  twell_model_destroy(m);
+  twell_model_destroy(nullptr);
+}
+
+TEST_F(CApiModel, TokenizersEncodeAndDecodeAsTheCppOnes) {
+  twell_tokenizer* t = nullptr;
+  EXPECT_EQ(twell_tokenizer_load(dir_.c_str(), 0, 0, &t), TWELL_ERROR);  // this model ships none
+  EXPECT_EQ(t, nullptr);
+  EXPECT_NE(error_text().find("tokenizer.json"), std::string::npos) << error_text();
+  EXPECT_EQ(twell_tokenizer_load(dir_.c_str(), 97, 1, &t), TWELL_ERROR);  // 258 ids do not fit 97 rows
+  EXPECT_NE(error_text().find("the tokenizer has 258 ids but the model's vocabulary is 97"), std::string::npos)
+      << error_text();
+  ASSERT_EQ(twell_tokenizer_load(nullptr, 0, 1, &t), TWELL_OK) << error_text();
+  twell_tokenizer_info info;
+  ASSERT_EQ(twell_tokenizer_get_info(t, &info), TWELL_OK);
+  EXPECT_EQ(info.vocab_size, 258);
+  EXPECT_EQ(info.bos_id, 256);
+  EXPECT_EQ(info.eos_id, 257);
+  EXPECT_EQ(info.bos_to_add, 256);
+  EXPECT_EQ(info.eos_to_add, -1);
+
+  const std::string text = "héllo";
+  int64_t n = 0;
+  ASSERT_EQ(twell_tokenizer_encode(t, text.data(), text.size(), nullptr, 0, &n), TWELL_OK);  // the count alone
+  ASSERT_EQ(n, 6);
+  std::vector<int32_t> ids(n);
+  ASSERT_EQ(twell_tokenizer_encode(t, text.data(), text.size(), ids.data(), n, &n), TWELL_OK);
+  EXPECT_EQ(ids, ByteTokenizer(true, true).encode(text));
+  size_t len = 0;
+  char buf[4];
+  ASSERT_EQ(twell_tokenizer_decode(t, ids.data(), n, buf, sizeof buf, &len), TWELL_OK);  // cut at the room
+  EXPECT_EQ(len, text.size());
+  EXPECT_EQ(std::string(buf, 4), text.substr(0, 4));
+  std::string back(len, '\0');
+  ASSERT_EQ(twell_tokenizer_decode(t, ids.data(), n, back.data(), back.size(), &len), TWELL_OK);
+  EXPECT_EQ(back, text);
+  const int32_t unknown[] = {300};
+  EXPECT_EQ(twell_tokenizer_decode(t, unknown, 1, buf, sizeof buf, &len), TWELL_ERROR);
+  EXPECT_NE(error_text().find("300"), std::string::npos) << error_text();
+  twell_tokenizer_destroy(t);
+  twell_tokenizer_destroy(nullptr);
+}
+
+}  // namespace
+}  // namespace twell::model
