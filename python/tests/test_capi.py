@@ -86,11 +86,15 @@ class CpuFfn(unittest.TestCase):
 
     def test_struct_layouts_are_the_headers(self):
         # the sizes src/capi/c_api.cpp asserts for the structs of include/twell/c_api.h
-        sizes = {_capi.Tensor: 56, _capi.ActivationStats: 32, _capi.FfnStats: 40, _capi.CudaFfnConfig: 72}
+        sizes = {_capi.Tensor: 56, _capi.ActivationStats: 32, _capi.FfnStats: 40, _capi.CudaFfnConfig: 72,
+                 _capi.ModelOptions: 80, _capi.ModelInfo: 72, _capi.Sampling: 64, _capi.Generation: 32,
+                 _capi.TokenizerInfo: 20}
         for struct, size in sizes.items():
             self.assertEqual(_capi.ctypes.sizeof(struct), size, struct.__name__)
         self.assertEqual(_capi.Tensor.shape.offset, 24)
         self.assertEqual(_capi.FfnStats.tokens.offset, 8)
+        self.assertEqual(_capi.ModelOptions.log.offset, 32)
+        self.assertEqual(_capi.Generation.prefill_seconds.offset, 16)
 
     def test_errors_name_the_argument_and_write_nothing(self):
         y, ty = f64([7.0] * (self.M * self.H), (self.M, self.H))

@@ -23,9 +23,10 @@ except ImportError:
 
 from ._capi import TwellError, version
 from . import _capi
+from .model import Model, Tokenizer
 
-__all__ = ["FFN", "ffn_forward", "replace_hf_mlps", "TwellError", "cuda_available", "cuda_unavailable_reason",
-           "version", "l1_coefficient", "clear_cache"]
+__all__ = ["FFN", "ffn_forward", "replace_hf_mlps", "Model", "Tokenizer", "TwellError", "cuda_available",
+           "cuda_unavailable_reason", "version", "l1_coefficient", "clear_cache"]
 __version__ = version()
 
 

@@ -45,6 +45,39 @@ class CudaFfnConfig(ctypes.Structure):
                 ("precision", ctypes.c_int32), ("reserved", ctypes.c_int64 * 4)]
 
 
+CHOOSE = {"auto": 0, "cpu": 1, "cuda": 2}
+STOP_REASONS = {0: "stop_token", 1: "max_tokens", 2: "context_full", 3: "callback"}
+LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_void_p)
+TOKEN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_void_p)
+
+
+class ModelOptions(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_int32), ("dense_ffn", ctypes.c_int32), ("bf16_ffn", ctypes.c_int32),
+                ("check_finite", ctypes.c_int32), ("context", ctypes.c_int64), ("kv_cache", ctypes.c_int32),
+                ("reserved0", ctypes.c_int32), ("log", LOG_FN), ("log_user", ctypes.c_void_p),
+                ("reserved", ctypes.c_int64 * 4)]
+
+
+class ModelInfo(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                                     "num_heads", "num_kv_heads", "head_dim", "context")] + \
+               [("device", ctypes.c_int32), ("relu", ctypes.c_int32)]
+
+
+class Sampling(ctypes.Structure):
+    _fields_ = [("temperature", ctypes.c_double), ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double),
+                ("seed", ctypes.c_uint64), ("vocab_limit", ctypes.c_int64), ("reserved", ctypes.c_int64 * 3)]
+
+
+class Generation(ctypes.Structure):
+    _fields_ = [("n_tokens", ctypes.c_int64), ("reason", ctypes.c_int32), ("reserved", ctypes.c_int32),
+                ("prefill_seconds", ctypes.c_double), ("decode_seconds", ctypes.c_double)]
+
+
+class TokenizerInfo(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in ("vocab_size", "bos_id", "eos_id", "bos_to_add", "eos_to_add")]
+
+
 def tensor(data, dtype, device, shape):
     """A twell_tensor: data an address (int) or None, shape a sequence of 1 to 4 sizes."""
     if not 1 <= len(shape) <= MAX_DIMS:
@@ -105,6 +138,30 @@ _sig = {
     "twell_cuda_ffn_backward": (ctypes.c_int, [ctypes.c_void_p, _T, _T, _T, _T, _T, ctypes.c_double, _T, _T, _T, _T,
                                                ctypes.c_void_p]),
     "twell_cuda_ffn_last_stats": (ctypes.c_int, [ctypes.c_void_p, _P(FfnStats)]),
+    "twell_model_options_init": (None, [_P(ModelOptions)]),
+    "twell_model_load": (ctypes.c_int, [ctypes.c_char_p, _P(ModelOptions), _P(ctypes.c_void_p)]),
+    "twell_model_destroy": (None, [ctypes.c_void_p]),
+    "twell_model_get_info": (ctypes.c_int, [ctypes.c_void_p, _P(ModelInfo)]),
+    "twell_model_logits": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, _P(ctypes.c_float),
+                                          _P(ActivationStats)]),
+    "twell_model_prefill": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, _P(ctypes.c_float)]),
+    "twell_model_decode_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int32, _P(ctypes.c_float)]),
+    "twell_model_reset": (ctypes.c_int, [ctypes.c_void_p]),
+    "twell_model_cached_tokens": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int64)]),
+    "twell_model_eos_ids": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, _P(ctypes.c_int64)]),
+    "twell_model_perplexity": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64,
+                                              _P(ctypes.c_double), _P(ctypes.c_double)]),
+    "twell_sampling_init": (None, [_P(Sampling)]),
+    "twell_model_generate": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, ctypes.c_int64,
+                                            _P(Sampling), _P(ctypes.c_int32), ctypes.c_int64, TOKEN_FN,
+                                            ctypes.c_void_p, _P(ctypes.c_int32), _P(Generation)]),
+    "twell_tokenizer_load": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int32, _P(ctypes.c_void_p)]),
+    "twell_tokenizer_destroy": (None, [ctypes.c_void_p]),
+    "twell_tokenizer_get_info": (ctypes.c_int, [ctypes.c_void_p, _P(TokenizerInfo)]),
+    "twell_tokenizer_encode": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, _P(ctypes.c_int32),
+                                              ctypes.c_int64, _P(ctypes.c_int64)]),
+    "twell_tokenizer_decode": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, ctypes.c_char_p,
+                                              ctypes.c_size_t, _P(ctypes.c_size_t)]),
 }
 for _name, (_res, _args) in _sig.items():
     _f = getattr(lib, _name)

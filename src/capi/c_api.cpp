@@ -440,6 +440,18 @@ int twell_model_cached_tokens(const twell_model* model, int64_t* n) {
   });
 }
 
+int twell_model_eos_ids(const twell_model* model, int32_t* ids, int64_t capacity, int64_t* n) {
+  return guarded([&] {
+    TWELL_REQUIRE(model != nullptr && model->model, "twell_model: NULL");
+    TWELL_REQUIRE(n != nullptr, "twell_model_eos_ids: n is NULL");
+    TWELL_REQUIRE(capacity >= 0 && (ids != nullptr || capacity == 0),
+                  "twell_model_eos_ids: ids must have room for capacity ids");
+    const std::vector<int32_t>& eos = model->model->config().eos_token_ids;
+    *n = static_cast<int64_t>(eos.size());
+    std::copy_n(eos.begin(), std::min<int64_t>(capacity, *n), ids);
+  });
+}
+
 int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, double* mean_nll, double* perplexity) {
   return guarded([&] {
     model::LanguageModel& m = object(model);

@@ -1,0 +1,266 @@
+"""twell.Model and twell.Tokenizer with the standard library alone (CI has no PyTorch), on a tiny random
+checkpoint written here in HuggingFace's layout: the calls agree with one another (logits, KV-cache
+decoding, generation, perplexity, streaming), bad input is refused with the reason, and where a GPU is
+present its logits match the CPU backend's."""
+import array
+import json
+import math
+import os
+import random
+import shutil
+import struct
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import twell  # noqa: E402
+from twell import _capi  # noqa: E402
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+          "vocab_size": 260, "max_position_embeddings": 64, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+          "tie_word_embeddings": False, "hidden_act": "relu", "torch_dtype": "float32", "bos_token_id": 256,
+          "eos_token_id": 257}
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> (shape, list of floats), stored as F32."""
+    header, blobs, offset = {}, [], 0
+    for name, (shape, values) in sorted(tensors.items()):
+        data = array.array("f", values).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def write_model(folder, config=CONFIG, seed=3, nan_at=None):
+    rng = random.Random(seed)
+    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    q = config["num_attention_heads"] * config["head_dim"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    normal = lambda shape, s: (shape, [rng.gauss(0, s) for _ in range(math.prod(shape))])  # noqa: E731
+    norm = lambda: ((h,), [1 + rng.gauss(0, 0.2) for _ in range(h)])  # noqa: E731
+    t = {"model.embed_tokens.weight": normal((v, h), 1.0), "model.norm.weight": norm(),
+         "lm_head.weight": normal((v, h), 0.2)}
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        t[p + "input_layernorm.weight"] = norm()
+        t[p + "post_attention_layernorm.weight"] = norm()
+        t[p + "self_attn.q_proj.weight"] = normal((q, h), 0.25)
+        t[p + "self_attn.k_proj.weight"] = normal((kv, h), 0.25)
+        t[p + "self_attn.v_proj.weight"] = normal((kv, h), 0.2)
+        t[p + "self_attn.o_proj.weight"] = normal((h, q), 0.2)
+        t[p + "mlp.gate_proj.weight"] = normal((i, h), 0.2)
+        t[p + "mlp.up_proj.weight"] = normal((i, h), 0.2)
+        t[p + "mlp.down_proj.weight"] = normal((h, i), 0.1)
+    if nan_at:
+        t[nan_at][1][3] = float("nan")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    write_safetensors(os.path.join(folder, "model.safetensors"), t)
+
+
+def rows(logits, vocab):
+    """The rows of logits (a memoryview (T, V) or a torch tensor) as lists."""
+    flat = logits.tolist()
+    return flat if isinstance(flat[0], list) else [flat[k:k + vocab] for k in range(0, len(flat), vocab)]
+
+
+def argmax(row):
+    return max(range(len(row)), key=lambda k: (row[k], -k))
+
+
+class ModelOnTheCpu(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="twell_py_model_")
+        write_model(cls.dir)
+        cls.lines = []
+        handler = _ListHandler(cls.lines)
+        twell.model._log.addHandler(handler)
+        twell.model._log.setLevel("INFO")
+        try:
+            cls.model = twell.Model(cls.dir, device="cpu", tokenizer="bytes")
+        finally:
+            twell.model._log.removeHandler(handler)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.model.close()
+        shutil.rmtree(cls.dir)
+
+    def test_config_device_and_log(self):
+        m = self.model
+        self.assertEqual(m.device, "cpu")
+        self.assertEqual(m.config["vocab_size"], 260)
+        self.assertEqual(m.config["num_layers"], 2)
+        self.assertEqual(m.config["hidden_act"], "relu")
+        self.assertEqual(m.config["context"], 64)
+        self.assertEqual(m.eos_ids, [257])
+        self.assertIn("2 layers, hidden 64, FFN 128 (relu)", repr(m))
+        self.assertTrue(any(line.startswith("loaded ") for line in self.lines), self.lines)
+        self.assertIn("backend: CPU reference", self.lines)
+
+    def test_tokenizer_round_trip(self):
+        tok = self.model.tokenizer
+        self.assertEqual((tok.vocab_size, tok.bos_id, tok.eos_id, tok.bos_to_add), (258, 256, 257, 256))
+        self.assertEqual(tok.encode("hé"), [104, 195, 169])
+        self.assertEqual(self.model.encode("hé"), [256, 104, 195, 169])
+        self.assertEqual(tok.decode([104, 195, 169]), "hé")
+        self.assertEqual(tok.decode_bytes([195]), b"\xc3")
+        with self.assertRaisesRegex(twell.TwellError, "300"):
+            tok.decode([300])
+
+    def test_logits_prefill_and_decode_agree(self):
+        m = self.model
+        ids = [256, 10, 20, 30, 40, 50]
+        full = rows(m.logits(ids), 260)
+        self.assertEqual(len(full), 6)
+        self.assertEqual(len(full[0]), 260)
+        self.assertTrue(all(math.isfinite(x) for row in full for x in row))
+        last = m.prefill(ids[:3]).tolist()
+        self.assertEqual(m.cached_tokens, 3)
+        for k in range(3, 6):
+            last = m.decode_step(ids[k]).tolist()
+        self.assertEqual(m.cached_tokens, 6)
+        for a, b in zip(last, full[-1]):  # the same arithmetic: the same values to rounding
+            self.assertAlmostEqual(a, b, delta=1e-4 * (1 + abs(b)))
+        m.reset()
+        self.assertEqual(m.cached_tokens, 0)
+
+    def test_greedy_generation_is_the_argmax_chain(self):
+        m = self.model
+        prompt = [256, 5, 6, 7]
+        out = m.generate(prompt, max_new_tokens=5, stop=False)
+        self.assertEqual(len(out), 5)
+        chain = list(prompt)
+        for _ in range(5):
+            chain.append(argmax(rows(m.logits(chain), 260)[-1][:258]))  # vocab_limit: the tokenizer's 258
+        self.assertEqual(out, chain[len(prompt):])
+        self.assertEqual(m.last_generation["reason"], "max_tokens")
+        self.assertEqual(m.last_generation["tokens"], out)
+
+    def test_sampling_is_reproducible_and_the_callback_stops_it(self):
+        m = self.model
+        a = m.generate([256, 1, 2], max_new_tokens=8, temperature=0.9, top_p=0.9, seed=11, stop=False)
+        b = m.generate([256, 1, 2], max_new_tokens=8, temperature=0.9, top_p=0.9, seed=11, stop=False)
+        self.assertEqual(a, b)
+        seen = []
+        c = m.generate([256, 1, 2], max_new_tokens=8, temperature=0.9, top_p=0.9, seed=11, stop=False,
+                       stream=lambda t: seen.append(t) or len(seen) == 3)
+        self.assertEqual(c, a[:3])
+        self.assertEqual(seen, a[:3])
+        self.assertEqual(m.last_generation["reason"], "callback")
+        stop = m.generate([256, 1, 2], max_new_tokens=8, temperature=0.9, top_p=0.9, seed=11, stop=[a[4]])
+        self.assertEqual(stop, a[:a.index(a[4]) + 1])
+        self.assertEqual(m.last_generation["reason"], "stop_token")
+
+    def test_text_generation_streams_what_it_returns(self):
+        m = self.model
+        pieces = []
+        text = m.generate("ab", max_new_tokens=12, temperature=1.0, seed=5, stream=pieces.append)
+        self.assertEqual("".join(pieces), text)
+        new = m.last_generation["tokens"]
+        body = new[:-1] if m.last_generation["reason"] == "stop_token" else new
+        self.assertEqual(text, m.tokenizer.decode(body))
+
+    def test_an_exception_in_the_stream_callback_reaches_the_caller(self):
+        def boom(_):
+            raise KeyError("from the callback")
+        with self.assertRaisesRegex(KeyError, "from the callback"):
+            self.model.generate([256, 3], max_new_tokens=4, stream=boom)
+
+    def test_perplexity_is_that_of_the_logits(self):
+        m = self.model
+        ids = [256, 72, 101, 108, 108, 111]
+        nll = 0.0
+        for row, nxt in zip(rows(m.logits(ids), 260), ids[1:]):
+            top = max(row)
+            nll += math.log(sum(math.exp(x - top) for x in row)) + top - row[nxt]
+        want = math.exp(nll / (len(ids) - 1))
+        self.assertAlmostEqual(m.perplexity(ids), want, delta=1e-5 * want)
+        self.assertAlmostEqual(m.perplexity("Hello"), m.perplexity([256, 72, 101, 108, 108, 111]), delta=0)
+
+    def test_ffn_stats_count_the_active_neurons(self):
+        stats = self.model.ffn_stats([256, 9, 8, 7])
+        self.assertEqual(len(stats), 2)
+        for s in stats:
+            self.assertEqual(s["tokens"], 4)
+            self.assertTrue(0 < s["nnz"] <= 4 * 128)
+
+    def test_bad_input_is_refused_with_the_reason(self):
+        m = self.model
+        with self.assertRaisesRegex(twell.TwellError, "260"):
+            m.logits([1, 260])
+        with self.assertRaisesRegex(twell.TwellError, "must be integers"):
+            m.logits([1, 2.5])
+        with self.assertRaisesRegex(twell.TwellError, "top_p"):
+            m.generate([1], temperature=1.0, top_p=0.0)
+        with self.assertRaisesRegex(twell.TwellError, "max_new_tokens"):
+            m.generate([1], max_new_tokens=-1)
+        with self.assertRaisesRegex(twell.TwellError, "device must be one of auto, cpu, cuda"):
+            twell.Model(self.dir, device="gpu")
+        with self.assertRaisesRegex(twell.TwellError, "no such|not found|No such|missing"):
+            twell.Model(os.path.join(self.dir, "missing"), device="cpu")
+        no_tok = twell.Model(self.dir, device="cpu", tokenizer=None)
+        with self.assertRaisesRegex(twell.TwellError, "no tokenizer"):
+            no_tok.generate("text")
+        no_tok.close()
+        with self.assertRaisesRegex(twell.TwellError, "closed"):
+            no_tok.logits([1])
+        if not twell.cuda_available():
+            with self.assertRaisesRegex(twell.TwellError, "^device cuda: "):
+                twell.Model(self.dir, device="cuda")
+
+    def test_weights_with_nan_are_refused_unless_asked(self):
+        folder = tempfile.mkdtemp(prefix="twell_py_nan_")
+        try:
+            write_model(folder, nan_at="model.layers.1.mlp.down_proj.weight")
+            with self.assertRaisesRegex(twell.TwellError, "model.layers.1.mlp.down_proj.weight"):
+                twell.Model(folder, device="cpu")
+            twell.Model(folder, device="cpu", check_finite=False).close()
+        finally:
+            shutil.rmtree(folder)
+
+
+@unittest.skipUnless(twell.cuda_available(), "no Hopper GPU: " + twell.cuda_unavailable_reason())
+class ModelOnTheGpu(unittest.TestCase):
+    def test_gpu_logits_and_generation_match_the_cpu(self):
+        folder = tempfile.mkdtemp(prefix="twell_py_gpu_")
+        try:
+            write_model(folder)
+            cpu = twell.Model(folder, device="cpu", tokenizer="bytes")
+            for ffn in ("twell", "dense"):
+                gpu = twell.Model(folder, device="cuda", ffn=ffn, context=64, tokenizer="bytes")
+                self.assertEqual(gpu.device, "cuda")
+                ids = [256] + [random.Random(ffn).randrange(258) for _ in range(40)]
+                want, got = rows(cpu.logits(ids), 260), rows(gpu.logits(ids), 260)
+                num = sum((a - b) ** 2 for ra, rb in zip(got, want) for a, b in zip(ra, rb))
+                den = sum(b * b for rb in want for b in rb)
+                self.assertLess(math.sqrt(num / den), 1e-2, ffn)  # bf16 weights on the GPU
+                out = gpu.generate([256, 40, 41], max_new_tokens=6, stop=False)
+                self.assertEqual(len(out), 6)
+                self.assertEqual(gpu.cached_tokens, 3 + 6 - 1)
+                gpu.close()
+            cpu.close()
+        finally:
+            shutil.rmtree(folder)
+
+
+class _ListHandler(__import__("logging").Handler):
+    def __init__(self, lines):
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,361 @@
+"""Whole models from Python: a HuggingFace Llama-style checkpoint on twell's GPU runtime (the sparse
+TwELL FFN where it pays) or on its CPU reference backend, with its tokenizer.
+
+    import twell
+    model = twell.Model("models/smol")              # config.json, safetensors, tokenizer.json
+    model.generate("The capital of France is", max_new_tokens=20)
+    model.generate("Once upon", temperature=0.8, top_p=0.95, seed=1, stream=print)
+    model.perplexity(open("wiki.txt").read())
+    logits = model.logits(model.encode("Hello"))    # torch.Tensor [T, vocab], float32
+
+What each call computes is that of the C++ API (include/twell/model/llama.h, load.h) through the C
+interface (include/twell/c_api.h). Needs no PyTorch: without it, logits come back as a memoryview of
+floats with shape (T, vocab).
+"""
+import array
+import ctypes
+import logging
+import os
+import sys
+
+from . import _capi
+from ._capi import TwellError
+
+__all__ = ["Model", "Tokenizer"]
+
+_log = logging.getLogger("twell")
+
+
+def _ids(values, what="ids"):
+    """A ctypes int32 array of a sequence of ints (or a 1-D integer tensor)."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    values = list(values)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TwellError(f"{what} must be integers, got {type(v).__name__} {v!r}")
+        if not -2**31 <= v < 2**31:
+            raise TwellError(f"{what}: {v} is not a token id")
+    return (ctypes.c_int32 * len(values))(*values), len(values)
+
+
+def _floats(n):
+    buf = array.array("f", bytes(4 * n))
+    address, _ = buf.buffer_info()
+    return buf, ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+
+
+def _as_output(buf, shape):
+    """torch.Tensor of the floats where PyTorch is installed, else a memoryview of that shape."""
+    try:
+        import torch
+    except ImportError:
+        return memoryview(buf).cast("B").cast("f", shape)
+    return torch.frombuffer(buf, dtype=torch.float32).reshape(shape)
+
+
+class Tokenizer:
+    """A model's tokenizer (byte-level BPE from tokenizer.json), or the byte tokenizer of our own
+    small models (ids 0..255 bytes, BOS 256, EOS 257)."""
+
+    def __init__(self, path=None, vocab_size=0, bytes=False):
+        if path is None and not bytes:
+            raise TwellError("Tokenizer: give the model directory, or bytes=True for the byte tokenizer")
+        handle = ctypes.c_void_p()
+        _capi.check(_capi.lib.twell_tokenizer_load(None if path is None else os.fsencode(path), int(vocab_size),
+                                                   int(bool(bytes)), ctypes.byref(handle)))
+        self._handle = handle
+        info = _capi.TokenizerInfo()
+        _capi.check(_capi.lib.twell_tokenizer_get_info(self._handle, ctypes.byref(info)))
+        optional = lambda v: None if v < 0 else v  # noqa: E731
+        self.vocab_size = info.vocab_size
+        self.bos_id, self.eos_id = optional(info.bos_id), optional(info.eos_id)
+        # What HuggingFace's tokenizer(text) puts before and after a text (add_special_tokens=True).
+        self.bos_to_add, self.eos_to_add = optional(info.bos_to_add), optional(info.eos_to_add)
+
+    def encode(self, text, add_special_tokens=False):
+        """The ids of text (str, or bytes as they are); with add_special_tokens, HF's BOS / EOS around it."""
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        n = ctypes.c_int64()
+        capacity = len(data) + 16
+        while True:
+            ids = (ctypes.c_int32 * capacity)()
+            _capi.check(_capi.lib.twell_tokenizer_encode(self._handle, data, len(data), ids, capacity,
+                                                         ctypes.byref(n)))
+            if n.value <= capacity:
+                break
+            capacity = n.value
+        out = list(ids[:n.value])
+        if add_special_tokens:
+            out = ([self.bos_to_add] if self.bos_to_add is not None else []) + out + \
+                  ([self.eos_to_add] if self.eos_to_add is not None else [])
+        return out
+
+    def decode_bytes(self, ids):
+        """The bytes the ids stand for (a token may end inside a UTF-8 character)."""
+        c_ids, n = _ids(ids)
+        length = ctypes.c_size_t()
+        capacity = 16 * n + 16
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            _capi.check(_capi.lib.twell_tokenizer_decode(self._handle, c_ids, n, buf, capacity, ctypes.byref(length)))
+            if length.value <= capacity:
+                return buf.raw[:length.value]
+            capacity = length.value
+
+    def decode(self, ids):
+        """The text the ids stand for; bytes that are not UTF-8 become U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def close(self):
+        if getattr(self, "_handle", None) is not None and self._handle.value:
+            _capi.lib.twell_tokenizer_destroy(self._handle)
+        self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the library may be gone already
+            pass
+
+
+class Model:
+    """A Llama-style model loaded from a HuggingFace directory.
+
+    device: "auto" (the GPU where a Hopper GPU is present, its runtime takes the model and it has the
+    memory, else the CPU reference backend), "cuda" (an error saying why where it cannot) or "cpu".
+    ffn: the GPU's FFN of ReLU models, "twell" (sparse TwELL where it pays) or "dense".
+    context: GPU buffers for sequences of at most this many positions (None: the config's
+    max_position_embeddings; a long context takes much memory). kv_cache=False: logits() and
+    perplexity() only. tokenizer: "auto" (the directory's tokenizer.json where there is one), "bytes"
+    (our byte tokenizer) or None. verbose: loading's lines on stderr (else to the "twell" logger).
+    """
+
+    def __init__(self, path, device="auto", ffn="twell", context=None, kv_cache=True, check_finite=True,
+                 bf16_ffn=False, tokenizer="auto", verbose=False):
+        if device not in _capi.CHOOSE:
+            raise TwellError(f"device must be one of {', '.join(_capi.CHOOSE)}, got {device!r}")
+        if ffn not in ("twell", "dense"):
+            raise TwellError(f"ffn must be 'twell' or 'dense', got {ffn!r}")
+        if tokenizer not in ("auto", "bytes", None):
+            raise TwellError(f"tokenizer must be 'auto', 'bytes' or None, got {tokenizer!r}")
+        if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+            raise TwellError(f"context must be a positive number of positions or None, got {context!r}")
+        path = os.fspath(path)
+        self.path = path
+        o = _capi.ModelOptions()
+        _capi.lib.twell_model_options_init(ctypes.byref(o))
+        o.device, o.dense_ffn, o.bf16_ffn = _capi.CHOOSE[device], int(ffn == "dense"), int(bool(bf16_ffn))
+        o.check_finite, o.context, o.kv_cache = int(bool(check_finite)), context or 0, int(bool(kv_cache))
+
+        def log(line, _user):
+            text = line.decode(errors="replace")
+            if verbose:
+                print(text, file=sys.stderr, flush=True)
+            else:
+                _log.log(logging.WARNING if text.startswith("warning:") else logging.INFO, text)
+
+        o.log = _capi.LOG_FN(log)  # referenced by o until the call returns
+        handle = ctypes.c_void_p()
+        _capi.check(_capi.lib.twell_model_load(os.fsencode(path), ctypes.byref(o), ctypes.byref(handle)))
+        self._handle = handle
+        info = _capi.ModelInfo()
+        _capi.check(_capi.lib.twell_model_get_info(self._handle, ctypes.byref(info)))
+        self.config = {name: getattr(info, name) for name in ("vocab_size", "hidden_size", "intermediate_size",
+                                                              "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                                                              "context")}
+        self.config["hidden_act"] = "relu" if info.relu else "silu"
+        self.device = "cuda" if info.device == _capi.CUDA else "cpu"
+        n = ctypes.c_int64()
+        _capi.check(_capi.lib.twell_model_eos_ids(self._handle, None, 0, ctypes.byref(n)))
+        eos = (ctypes.c_int32 * max(n.value, 1))()
+        _capi.check(_capi.lib.twell_model_eos_ids(self._handle, eos, n.value, ctypes.byref(n)))
+        self.eos_ids = list(eos[:n.value])  # config.json's and generation_config.json's
+        self.tokenizer = None
+        if tokenizer == "bytes" or (tokenizer == "auto" and os.path.exists(os.path.join(path, "tokenizer.json"))):
+            self.tokenizer = Tokenizer(path, self.config["vocab_size"], bytes=tokenizer == "bytes")
+        self.last_generation = None
+
+    def __repr__(self):
+        c = self.config
+        return (f"twell.Model({self.path!r}, device={self.device!r}: {c['num_layers']} layers, hidden "
+                f"{c['hidden_size']}, FFN {c['intermediate_size']} ({c['hidden_act']}), vocab {c['vocab_size']})")
+
+    def _model(self):
+        if getattr(self, "_handle", None) is None:
+            raise TwellError("twell.Model: closed")
+        return self._handle
+
+    def _tokenizer(self, what):
+        if self.tokenizer is None:
+            raise TwellError(f"{what}: this model has no tokenizer (no tokenizer.json in {self.path}; a model of our "
+                             "own trained on bytes takes tokenizer='bytes'); pass token ids instead")
+        return self.tokenizer
+
+    def encode(self, text, add_special_tokens=True):
+        """The ids of text as HuggingFace's tokenizer(text) gives them: with its BOS (and EOS) added."""
+        return self._tokenizer("encode").encode(text, add_special_tokens)
+
+    def decode(self, ids):
+        return self._tokenizer("decode").decode(ids)
+
+    def logits(self, ids):
+        """Logits of every position of one sequence from position 0: [T, vocab] float32 (on the host).
+
+        On the GPU it refuses while a generation is cached (after prefill or decode_step): reset() first.
+        """
+        c_ids, n = _ids(ids)
+        vocab = self.config["vocab_size"]
+        buf, out = _floats(n * vocab)
+        _capi.check(_capi.lib.twell_model_logits(self._model(), c_ids, n, out, None))
+        return _as_output(buf, (n, vocab))
+
+    def ffn_stats(self, ids):
+        """Each layer's FFN activation statistics over ids (CPU backend; ReLU models): a list of dicts
+        with tokens, nnz, max_nnz_per_token, l1_sum."""
+        c_ids, n = _ids(ids)
+        vocab, layers = self.config["vocab_size"], self.config["num_layers"]
+        _, out = _floats(n * vocab)
+        stats = (_capi.ActivationStats * layers)()
+        _capi.check(_capi.lib.twell_model_logits(self._model(), c_ids, n, out, stats))
+        return [{"tokens": s.tokens, "nnz": s.nnz, "max_nnz_per_token": s.max_nnz_per_token, "l1_sum": s.l1_sum}
+                for s in stats]
+
+    def prefill(self, ids):
+        """Clears the KV cache, runs ids, and returns the last token's logits [vocab]."""
+        c_ids, n = _ids(ids)
+        buf, out = _floats(self.config["vocab_size"])
+        _capi.check(_capi.lib.twell_model_prefill(self._model(), c_ids, n, out))
+        return _as_output(buf, (self.config["vocab_size"],))
+
+    def decode_step(self, token):
+        """Appends one token to the KV cache and returns its logits [vocab]."""
+        buf, out = _floats(self.config["vocab_size"])
+        _capi.check(_capi.lib.twell_model_decode_step(self._model(), int(token), out))
+        return _as_output(buf, (self.config["vocab_size"],))
+
+    def reset(self):
+        """Empties the KV cache."""
+        _capi.check(_capi.lib.twell_model_reset(self._model()))
+
+    @property
+    def cached_tokens(self):
+        n = ctypes.c_int64()
+        _capi.check(_capi.lib.twell_model_cached_tokens(self._model(), ctypes.byref(n)))
+        return n.value
+
+    def perplexity(self, text_or_ids):
+        """exp(mean negative log-likelihood) of a text (tokenized with BOS and EOS as HF does) or of ids."""
+        ids = self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
+        c_ids, n = _ids(ids)
+        ppl = ctypes.c_double()
+        _capi.check(_capi.lib.twell_model_perplexity(self._model(), c_ids, n, None, ctypes.byref(ppl)))
+        return ppl.value
+
+    def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
+                 stream=None):
+        """Continues prompt (a str, or a list of ids) with up to max_new_tokens tokens: greedy at temperature 0,
+        else sampled (top_k, top_p, seed: the same seed draws the same tokens as `twell run --seed`).
+
+        stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
+        list gives the ids. stream: a callable that receives the text as it comes (str prompts) or each
+        id (id prompts); returning True from it stops the generation. Returns the new text (without the
+        prompt or the stop token) for a str prompt, else the new ids. `last_generation` then holds the
+        ids, why it stopped and its timings.
+        """
+        text_prompt = isinstance(prompt, str)
+        if text_prompt:
+            tok = self._tokenizer("generate from text")
+            text_ids = tok.encode(prompt)
+            ids = ([tok.bos_to_add] if tok.bos_to_add is not None else []) + text_ids
+            if not ids:
+                raise TwellError("generate: the prompt is empty and this tokenizer puts no BOS token in front of a "
+                                 "text: there is nothing to continue from")
+        else:
+            ids = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise TwellError(f"max_new_tokens must be an integer of at least 0, got {max_new_tokens!r}")
+        if stop is True:
+            stops = list(self.eos_ids)
+            if self.tokenizer is not None and self.tokenizer.eos_id is not None:
+                stops.append(self.tokenizer.eos_id)
+        elif stop is False or stop is None:
+            stops = []
+        else:
+            stops = list(stop)
+        s = _capi.Sampling()
+        _capi.lib.twell_sampling_init(ctypes.byref(s))
+        s.temperature, s.top_k, s.top_p, s.seed = float(temperature), int(top_k), float(top_p), int(seed)
+        if self.tokenizer is not None:  # never draw an id the tokenizer cannot print
+            s.vocab_limit = self.tokenizer.vocab_size
+
+        shown = list(text_ids) if text_prompt else []
+        state = {"printed": len(self.tokenizer.decode_bytes(shown)) if text_prompt else 0, "error": None}
+
+        def on_token(token, _user):
+            try:
+                if stream is None:
+                    return 0
+                if not text_prompt:
+                    return 1 if stream(token) is True else 0
+                if token in stops:
+                    return 0
+                shown.append(token)
+                data = self.tokenizer.decode_bytes(shown)  # whole text: a token may end inside a character
+                text, used = _complete_utf8(data[state["printed"]:])  # a character's end may come later
+                state["printed"] += used
+                return 1 if text and stream(text) is True else 0
+            except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
+                state["error"] = e
+                return 1
+
+        c_prompt, n_prompt = _ids(ids, "prompt")
+        c_stops, n_stops = _ids(stops, "stop")
+        tokens = (ctypes.c_int32 * max(max_new_tokens, 1))()
+        g = _capi.Generation()
+        callback = _capi.TOKEN_FN(on_token)
+        _capi.check(_capi.lib.twell_model_generate(self._model(), c_prompt, n_prompt, max_new_tokens, ctypes.byref(s),
+                                                   c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
+        if state["error"] is not None:
+            raise state["error"]
+        if stream is not None and text_prompt:  # bytes held back for a character that never ended
+            rest = self.tokenizer.decode_bytes(shown)[state["printed"]:]
+            if rest:
+                stream(rest.decode("utf-8", errors="replace"))
+        new = list(tokens[:g.n_tokens])
+        self.last_generation = {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"),
+                                "prefill_seconds": g.prefill_seconds, "decode_seconds": g.decode_seconds,
+                                "tokens_per_second": len(new) / g.decode_seconds if g.decode_seconds > 0 else 0.0}
+        if not text_prompt:
+            return new
+        body = new[:-1] if new and g.reason == 0 else new  # the stop token is not part of the text
+        return self.tokenizer.decode(body) if body else ""
+
+    def close(self):
+        """Frees the model's memory now (GPU memory included) rather than when it is collected."""
+        if getattr(self, "_handle", None) is not None and self._handle.value:
+            _capi.lib.twell_model_destroy(self._handle)
+        self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the library may be gone already
+            pass
+
+
+def _complete_utf8(piece):
+    """The text of the longest prefix of piece that ends on a whole UTF-8 character, and its length (all
+    of it, invalid bytes replaced, where no prefix within a character's length of the end decodes)."""
+    for end in range(len(piece), max(len(piece) - 4, -1), -1):
+        try:
+            return piece[:end].decode("utf-8"), end
+        except UnicodeDecodeError:
+            continue
+    return piece.decode("utf-8", errors="replace"), len(piece)
