@@ -10,6 +10,9 @@
     ffn = twell.FFN(2048, 5632, device="cuda")  # new bf16 weights: gate and up [I, H], down neuron-major [I, H]
     y = twell.ffn_forward(x, wg, wu, wd)        # functional, no autograd
 
+    model = twell.Model("models/smol")          # a whole HF checkpoint on the GPU (or the CPU): twell/model.py
+    model.generate("Once upon a time", max_new_tokens=32, stream=print)
+
 The GPU path needs a Hopper GPU and bf16 tensors; on the CPU the reference backend runs (bf16, f32
 or f64 tensors; slow, for checking). What each call computes and where it rounds: DESIGN.md §2 and
 include/twell/cuda/ffn.h. The library is libtwell_c.so (twell/_capi.py says where it is looked for).

@@ -77,7 +77,7 @@ bool gpu_chosen(DeviceChoice choice, std::string* why, const std::string& cuda_c
 std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoadOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   TWELL_REQUIRE(o.context >= 0, "the context must be at least 0 (0: the config's), got ", o.context);
-  const bool automatic = o.device == DeviceChoice::automatic;
+  [[maybe_unused]] const bool automatic = o.device == DeviceChoice::automatic;  // used with CUDA
   bool gpu = gpu_chosen(o.device, nullptr, o.cuda_choice_name);
 #if TWELL_WITH_CUDA
   cuda::LlamaCudaOptions co;
