@@ -294,8 +294,6 @@ class Model:
 
         def on_token(token, _user):
             try:
-                if stream is None:
-                    return 0
                 if not text_prompt:
                     return 1 if stream(token) is True else 0
                 if token in stops:
@@ -313,7 +311,7 @@ class Model:
         c_stops, n_stops = _ids(stops, "stop")
         tokens = (ctypes.c_int32 * max(max_new_tokens, 1))()
         g = _capi.Generation()
-        callback = _capi.TOKEN_FN(on_token)
+        callback = _capi.TOKEN_FN(on_token) if stream is not None else _capi.TOKEN_FN()  # NULL: no call a token
         _capi.check(_capi.lib.twell_model_generate(self._model(), c_prompt, n_prompt, max_new_tokens, ctypes.byref(s),
                                                    c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
         if state["error"] is not None:

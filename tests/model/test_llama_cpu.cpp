@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -600,6 +602,52 @@ TEST(LlamaSampling, VocabLimitExcludesPaddedIds) {
   EXPECT_EQ(greedy.sample(row), 1);
   for (int i = 0; i < 200; ++i) EXPECT_LT(hot.sample(row), 2);
   EXPECT_EQ(Sampler({0.0, 0, 1.0, 0, 9}).sample(row), 3);  // a limit past V changes nothing
+}
+
+// At a large vocabulary only the nucleus is sorted, and partially: what is drawn is still the
+// smallest prefix of the tokens sorted by probability whose mass reaches top_p, at the frequencies
+// of its renormalised probabilities; top_k draws only from the k largest logits.
+TEST(LlamaSampling, LargeVocabularyNucleusAndTopKAreTheSortedOnes) {
+  const int64_t V = 8192;
+  std::vector<float> v(V);
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : v) x = normal(rng);
+  for (int i = 0; i < 300; ++i) v[(i * 7919) % V] = 6.0f + 0.01f * static_cast<float>(i % 40);  // a head, ties
+  const Tensor row = logit_row(v);
+  std::vector<int32_t> sorted(V);
+  std::iota(sorted.begin(), sorted.end(), 0);
+  std::stable_sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) { return v[a] > v[b]; });
+  for (const double top_p : {0.3, 0.95}) {
+    // The reference nucleus, from the full sort.
+    double total = 0, mass = 0;
+    for (const float x : v) total += std::exp(static_cast<double>(x) - v[sorted[0]]);
+    std::vector<double> p;
+    while (mass < top_p) {
+      p.push_back(std::exp(static_cast<double>(v[sorted[p.size()]]) - v[sorted[0]]) / total);
+      mass += p.back();
+    }
+    const size_t n = p.size();
+    ASSERT_GT(n, 64u) << "the nucleus must outgrow the first partial sort";
+    std::vector<int> count(V, 0);
+    Sampler s({1.0, 0, top_p, 17});
+    const int draws = 2000;
+    for (int i = 0; i < draws; ++i) ++count[s.sample(row)];
+    int inside = 0;
+    for (size_t i = 0; i < n; ++i) inside += count[sorted[i]];
+    EXPECT_EQ(inside, draws) << "top_p " << top_p << ": a token outside the nucleus was drawn";
+    // The ten most likely tokens at their renormalised frequencies, within 5σ.
+    for (size_t i = 0; i < 10; ++i) {
+      const double q = p[i] / mass;
+      EXPECT_NEAR(count[sorted[i]] / double(draws), q, 5 * std::sqrt(q * (1 - q) / draws))
+          << "top_p " << top_p << ", rank " << i;
+    }
+  }
+  Sampler k({1.0, 50, 1.0, 18});
+  for (int i = 0; i < 500; ++i) {
+    const int32_t t = k.sample(row);
+    EXPECT_GE(v[t], v[sorted[49]]) << "token " << t << " is not among the 50 largest logits";
+  }
 }
 
 TEST(LlamaSampling, SameSeedSameTokens) {
