@@ -5,9 +5,10 @@
 // logit is at least the k-th largest, so ties at the cut are all kept, as HF keeps them), then
 // top-p (nucleus: the smallest prefix of the tokens sorted by probability, descending, whose mass
 // reaches top_p; always at least one token), then one draw from the renormalised distribution.
-// Ties in sorting are broken by the lower token id, so results are deterministic. Only the nucleus
-// is sorted (partially, growing): at a vocabulary of 49152 a full sort each token cost milliseconds,
-// more than a decode step on the GPU. Without top-p the draw runs over the kept tokens in id order.
+// Ties in sorting are broken by the lower token id, so results are deterministic. Nothing is sorted
+// whole: at a vocabulary of 49152 a full sort each token took milliseconds, more than a decode step
+// on the GPU. top-k takes a selection, top-p a quickselect on the mass; the draw runs over the kept
+// tokens in the order these leave them (the same on every platform).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,11 +22,26 @@ namespace twell::model {
 
 namespace {
 
-// A [V] or [1, V] float row as doubles, its first `limit` entries where limit is in (0, V).
-std::vector<double> logit_row(const TensorView& logits, int64_t limit) {
+void check_logits_shape(const TensorView& logits) {
   TWELL_CHECK(logits.rank() == 1 || (logits.rank() == 2 && logits.shape[0] == 1),
               "sample: logits must be [V] or [1, V], got ", shape_str(logits.shape));
   TWELL_CHECK(logits.numel() > 0, "sample: empty logits");
+}
+
+// The error for a row whose entries are not all finite or -inf (a token ruled out), or all -inf.
+template <class T>
+void check_row(const T* row, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    TWELL_REQUIRE(!std::isnan(row[i]) && !(std::isinf(row[i]) && row[i] > 0), "sample: logit ", i, " is ",
+                  static_cast<double>(row[i]),
+                  ": the model's activations are not finite (weights with NaN or Inf, or an overflow)");
+  TWELL_REQUIRE(false, "sample: all ", n, " logits are -inf: no token can be drawn");
+}
+
+// The first `limit` entries (limit in (0, V), else all) of a [V] or [1, V] float row, as doubles;
+// `best` receives the index of the largest (the lowest on ties).
+std::vector<double> logit_row(const TensorView& logits, int64_t limit, size_t* best = nullptr) {
+  check_logits_shape(logits);
   const int64_t n = limit > 0 && limit < logits.numel() ? limit : logits.numel();
   std::vector<double> row;
   if (logits.dtype == DType::f32) {  // every backend's logits: a plain loop, not an element call each
@@ -35,22 +51,38 @@ std::vector<double> logit_row(const TensorView& logits, int64_t limit) {
     row = to_f64(logits);
     row.resize(static_cast<size_t>(n));
   }
+  bool bad = false;  // NaN or +inf; and the largest must be more than -inf
   double top = -HUGE_VAL;
-  bool finite = true;  // one pass: NaN and +inf are rare, and named below
-  for (const double v : row) {
-    finite &= !std::isnan(v) && v != HUGE_VAL;
-    top = std::max(top, v);
+  size_t at = 0;
+  for (size_t i = 0; i < row.size(); ++i) {
+    bad |= !(row[i] < HUGE_VAL);
+    if (row[i] > top) top = row[i], at = i;
   }
-  if (!finite)
-    for (size_t i = 0; i < row.size(); ++i)  // -inf (a token ruled out) is fine
-      TWELL_REQUIRE(!std::isnan(row[i]) && row[i] != HUGE_VAL, "sample: logit ", i, " is ", row[i],
-                    ": the model's activations are not finite (weights with NaN or Inf, or an overflow)");
-  TWELL_REQUIRE(top > -HUGE_VAL, "sample: all ", row.size(), " logits are -inf: no token can be drawn");
+  if (bad || top == -HUGE_VAL) check_row(row.data(), row.size());
+  if (best) *best = at;
   return row;
 }
 
-int32_t argmax(const std::vector<double>& row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+// The index of the largest of the first `limit` logits, the lowest on ties, in one pass over f32
+// logits (greedy decoding's whole cost).
+int32_t argmax_logits(const TensorView& logits, int64_t limit) {
+  if (logits.dtype != DType::f32) {
+    size_t best = 0;
+    logit_row(logits, limit, &best);
+    return static_cast<int32_t>(best);
+  }
+  check_logits_shape(logits);
+  const size_t n = static_cast<size_t>(limit > 0 && limit < logits.numel() ? limit : logits.numel());
+  const float* f = logits.ptr<float>();
+  bool bad = false;
+  float top = -HUGE_VALF;
+  size_t best = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bad |= !(f[i] < HUGE_VALF);
+    if (f[i] > top) top = f[i], best = i;
+  }
+  if (bad || top == -HUGE_VALF) check_row(f, n);
+  return static_cast<int32_t>(best);
 }
 
 }  // namespace
@@ -70,70 +102,87 @@ double Sampler::uniform() {
 }
 
 int32_t Sampler::sample(const TensorView& logits) {
-  const std::vector<double> row = logit_row(logits, options_.vocab_limit);
-  if (options_.temperature == 0) return argmax(row);
+  if (options_.temperature == 0) return argmax_logits(logits, options_.vocab_limit);
+  size_t best = 0;
+  const std::vector<double> row = logit_row(logits, options_.vocab_limit, &best);
   const size_t V = row.size();
-  // The candidates' order: logit descending, ties by the lower id.
-  const auto before = [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
 
-  // top-k: every token whose logit is at least the k-th largest (ties at the cut kept), in id order.
-  std::vector<int32_t> kept;
+  // top-k: every token whose logit is at least the k-th largest (ties at the cut kept).
+  double floor = -HUGE_VAL;
   if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < V) {
     std::vector<double> values = row;
     const auto kth = values.begin() + (options_.top_k - 1);
     std::nth_element(values.begin(), kth, values.end(), std::greater<double>());
-    for (size_t i = 0; i < V; ++i)
-      if (row[i] >= *kth) kept.push_back(static_cast<int32_t>(i));
-  } else {
-    kept.resize(V);
-    std::iota(kept.begin(), kept.end(), 0);
+    floor = *kth;
   }
 
-  // Softmax of logit / temperature over the kept tokens, in id order. A temperature so small that the
-  // top logit over it overflows is greedy (the draw below would otherwise see NaN).
-  const int32_t best = argmax(row);
-  const double top = row[best] / options_.temperature;
-  if (!std::isfinite(top)) return best;
-  std::vector<double> w(kept.size());
+  // Softmax weights of logit / temperature over the kept tokens, in id order. A temperature so small
+  // that the top logit over it overflows is greedy (the draw below would otherwise see NaN).
+  const double inv_t = 1.0 / options_.temperature, top = row[best] * inv_t;
+  if (!std::isfinite(top) || !std::isfinite(inv_t)) return static_cast<int32_t>(best);
+  struct Candidate {
+    double logit, w;
+    int32_t id;
+  };
+  std::vector<Candidate> c;
+  c.reserve(V);
   double total = 0;
-  for (size_t i = 0; i < kept.size(); ++i) total += w[i] = std::exp(row[kept[i]] / options_.temperature - top);
+  for (size_t i = 0; i < V; ++i) {
+    if (row[i] < floor) continue;
+    const double w = std::exp(row[i] * inv_t - top);
+    c.push_back(Candidate{row[i], w, static_cast<int32_t>(i)});
+    total += w;
+  }
 
-  // top-p: the shortest prefix of the kept tokens in the candidates' order whose probability reaches
-  // top_p (at least one token). Only that prefix is sorted: the first m, m growing until it holds it.
-  size_t n = kept.size();
-  std::vector<int32_t> order;  // the draw's order: the nucleus sorted, or every kept token by id
+  // top-p: the shortest prefix of the candidates sorted by logit (descending, ties by the lower id)
+  // whose probability reaches top_p, at least one token. Found without sorting them all: partitions
+  // around a pivot (a quickselect on the mass) settle whole groups in or out, and only the last few
+  // candidates are sorted. [0, lo) is in the nucleus, [hi, n) out, [lo, hi) not yet settled.
+  size_t n = c.size();
   if (options_.top_p < 1) {
-    std::vector<size_t> slot(kept.size());  // into kept and w
-    std::iota(slot.begin(), slot.end(), size_t{0});
-    const auto slot_before = [&](size_t a, size_t b) { return before(kept[a], kept[b]); };
-    for (size_t m = std::min<size_t>(64, slot.size());; m = std::min(slot.size(), 4 * m)) {
-      std::partial_sort(slot.begin(), slot.begin() + m, slot.end(), slot_before);
-      double mass = 0;
-      n = 0;
-      while (n < m && mass < options_.top_p) mass += w[slot[n++]] / total;
-      if (mass >= options_.top_p || m == slot.size()) break;
+    const auto before = [](const Candidate& a, const Candidate& b) {
+      return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    };
+    const double target = options_.top_p * total;
+    double mass = 0;  // of [0, lo)
+    size_t lo = 0, hi = c.size();
+    while (hi - lo > 32 && mass < target) {
+      // The median of three by position, moved to the end; those before it to the front.
+      const size_t mid = lo + (hi - lo) / 2;
+      if (before(c[mid], c[lo])) std::swap(c[mid], c[lo]);
+      if (before(c[hi - 1], c[lo])) std::swap(c[hi - 1], c[lo]);
+      if (before(c[mid], c[hi - 1])) std::swap(c[mid], c[hi - 1]);
+      const Candidate pivot = c[hi - 1];
+      const size_t cut =
+          std::partition(c.begin() + lo, c.begin() + (hi - 1), [&](const Candidate& x) { return before(x, pivot); }) -
+          c.begin();
+      std::swap(c[cut], c[hi - 1]);  // the pivot right after those before it
+      double upper = 0;
+      for (size_t i = lo; i < cut; ++i) upper += c[i].w;
+      if (mass + upper >= target) {
+        hi = cut;  // the nucleus ends among those before the pivot
+      } else {
+        mass += upper + c[cut].w;  // they are all in, and the pivot too
+        lo = cut + 1;
+      }
+    }
+    n = lo;
+    if (mass < target) {
+      std::sort(c.begin() + lo, c.begin() + hi, before);
+      while (n < hi && mass < target) mass += c[n++].w;
     }
     n = std::max<size_t>(n, 1);
-    order.resize(n);
-    std::vector<double> nucleus(n);
-    for (size_t i = 0; i < n; ++i) {
-      order[i] = kept[slot[i]];
-      nucleus[i] = w[slot[i]];
-    }
-    w = std::move(nucleus);
     total = 0;
-    for (const double x : w) total += x;
-  } else {
-    order = std::move(kept);
+    for (size_t i = 0; i < n; ++i) total += c[i].w;
   }
 
   const double r = uniform() * total;
   double cumulative = 0;
   for (size_t i = 0; i < n; ++i) {
-    cumulative += w[i];
-    if (r < cumulative) return order[i];
+    cumulative += c[i].w;
+    if (r < cumulative) return c[i].id;
   }
-  return order[n - 1];  // r within rounding of the total
+  return c[n - 1].id;  // r within rounding of the total
 }
 
 Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
