@@ -12,6 +12,7 @@
 #include <string>
 
 #include "twell/cpu/ffn.h"
+#include "twell/model/load.h"
 #include "twell/tensor.h"
 #include "twell/version.h"
 #ifdef TWELL_WITH_CUDA
@@ -31,6 +32,11 @@ twell::Tensor random_bf16(const twell::Shape& shape, float sigma, std::mt19937& 
 }
 
 int run() {
+  // Where twell::model::load_model would run a model (twell::runtime): the GPU or the CPU, and why.
+  std::string no_gpu;
+  const bool gpu = twell::model::gpu_chosen(twell::model::DeviceChoice::automatic, &no_gpu);
+  std::printf("models would run on the %s%s%s\n", gpu ? "GPU" : "CPU", gpu ? "" : ": ", gpu ? "" : no_gpu.c_str());
+
   const int64_t M = 300, H = 512, I = 1536;  // M: any number of tokens; H and I: multiples of 64
   std::mt19937 rng(7);
   twell::Tensor x = random_bf16({M, H}, 1.f, rng);

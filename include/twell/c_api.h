@@ -173,6 +173,9 @@ typedef struct {
   int32_t relu;    /* 1: a ReLU-gated FFN (twell's sparse path), 0: SiLU */
 } twell_model_info;
 
+/* A model or a tokenizer serves one host thread at a time: its calls change the KV cache and reuse
+ * buffers (python/twell's Model holds a lock). Different models may be used from different threads. */
+
 /* TWELL_CHOOSE_AUTO, twell FFN, bf16_ffn 0, check_finite 1, context 0, kv_cache 1, no log. */
 TWELL_C_API void twell_model_options_init(twell_model_options* options);
 /* The model of dir (config.json, safetensors single or sharded). options NULL: the defaults. */
@@ -182,8 +185,8 @@ TWELL_C_API void twell_model_destroy(twell_model* model); /* NULL: nothing */
 TWELL_C_API int twell_model_get_info(const twell_model* model, twell_model_info* info);
 /* Logits of every position of ids[0..n) from position 0: n × vocab_size floats into logits.
  * layer_stats NULL, or num_layers entries: each layer's FFN activation statistics (the CPU backend
- * only, which counts them for ReLU models; a SiLU model's stay 0). The GPU refuses it while a
- * generation is cached: twell_model_reset first. */
+ * only, which counts them for ReLU models; a SiLU model's stay 0; the GPU refuses them). The GPU
+ * refuses the call while a generation is cached: twell_model_reset first. */
 TWELL_C_API int twell_model_logits(twell_model* model, const int32_t* ids, int64_t n, float* logits,
                                    twell_activation_stats* layer_stats);
 /* KV-cache decoding: prefill clears the cache and writes the last token's vocab_size logits; a
@@ -215,7 +218,8 @@ typedef enum twell_stop_reason {
   TWELL_STOP_CONTEXT_FULL = 2, /* the KV cache holds the model's whole context */
   TWELL_STOP_CALLBACK = 3      /* on_token returned non-zero */
 } twell_stop_reason;
-/* Sees each token as soon as it is drawn (the stop token included); non-zero stops after it. */
+/* Sees each token as soon as it is drawn (the stop token included); non-zero stops after it (a stop
+ * token still reports TWELL_STOP_TOKEN). */
 typedef int (*twell_token_fn)(int32_t token, void* user);
 typedef struct {
   int64_t n_tokens; /* written to tokens */

@@ -117,7 +117,7 @@ def run(folder, args):
     hf = None
     try:
         import transformers
-        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16,
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
                                                                attn_implementation="sdpa").cuda().eval()
         results["transformers_version"] = transformers.__version__
     except ImportError:
@@ -133,7 +133,7 @@ def run(folder, args):
         with torch.no_grad():
             theirs = hf(ids).logits[0, -1].double().cpu()
             # The reference both bf16 runs are judged against: transformers in float32.
-            ref = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32,
+            ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                                     attn_implementation="sdpa").cuda().eval()
             exact = ref(ids).logits[0, -1].double().cpu()
             del ref

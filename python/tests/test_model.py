@@ -11,6 +11,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import threading
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -175,6 +176,27 @@ class ModelOnTheCpu(unittest.TestCase):
             raise KeyError("from the callback")
         with self.assertRaisesRegex(KeyError, "from the callback"):
             self.model.generate([256, 3], max_new_tokens=4, stream=boom)
+
+    def test_calls_from_threads_wait_and_the_stream_cannot_reenter(self):
+        m = self.model
+        want = m.generate([256, 4, 5], max_new_tokens=6, stop=False)
+        results, errors = [], []
+
+        def work():
+            try:
+                results.append(m.generate([256, 4, 5], max_new_tokens=6, stop=False))
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(results, [want] * 4)
+        with self.assertRaisesRegex(twell.TwellError, "reset: called from the stream callback"):
+            m.generate([256, 4], max_new_tokens=3, stream=lambda _: m.reset())
+        self.assertEqual(m.generate([256, 4, 5], max_new_tokens=6, stop=False), want)  # still usable
 
     def test_perplexity_is_that_of_the_logits(self):
         m = self.model

@@ -13,10 +13,12 @@ interface (include/twell/c_api.h). Needs no PyTorch: without it, logits come bac
 floats with shape (T, vocab).
 """
 import array
+import contextlib
 import ctypes
 import logging
 import os
 import sys
+import threading
 
 from . import _capi
 from ._capi import TwellError
@@ -129,6 +131,9 @@ class Model:
     max_position_embeddings; a long context takes much memory). kv_cache=False: logits() and
     perplexity() only. tokenizer: "auto" (the directory's tokenizer.json where there is one), "bytes"
     (our byte tokenizer) or None. verbose: loading's lines on stderr (else to the "twell" logger).
+
+    A model runs one call at a time: calls from other threads wait for the one in progress; a call
+    from generate()'s own stream callback is refused.
     """
 
     def __init__(self, path, device="auto", ffn="twell", context=None, kv_cache=True, check_finite=True,
@@ -143,6 +148,7 @@ class Model:
             raise TwellError(f"context must be a positive number of positions or None, got {context!r}")
         path = os.fspath(path)
         self.path = path
+        self._lock, self._owner = threading.Lock(), None
         o = _capi.ModelOptions()
         _capi.lib.twell_model_options_init(ctypes.byref(o))
         o.device, o.dense_ffn, o.bf16_ffn = _capi.CHOOSE[device], int(ffn == "dense"), int(bool(bf16_ffn))
@@ -181,10 +187,20 @@ class Model:
         return (f"twell.Model({self.path!r}, device={self.device!r}: {c['num_layers']} layers, hidden "
                 f"{c['hidden_size']}, FFN {c['intermediate_size']} ({c['hidden_act']}), vocab {c['vocab_size']})")
 
-    def _model(self):
-        if getattr(self, "_handle", None) is None:
-            raise TwellError("twell.Model: closed")
-        return self._handle
+    @contextlib.contextmanager
+    def _busy(self, what):
+        """The model's handle, held by this thread for one call."""
+        if self._owner == threading.get_ident():
+            raise TwellError(f"twell.Model.{what}: called from the stream callback of this model's generate(), "
+                             "which holds the model until it returns")
+        with self._lock:
+            if getattr(self, "_handle", None) is None:
+                raise TwellError("twell.Model: closed")
+            self._owner = threading.get_ident()
+            try:
+                yield self._handle
+            finally:
+                self._owner = None
 
     def _tokenizer(self, what):
         if self.tokenizer is None:
@@ -207,7 +223,8 @@ class Model:
         c_ids, n = _ids(ids)
         vocab = self.config["vocab_size"]
         buf, out = _floats(n * vocab)
-        _capi.check(_capi.lib.twell_model_logits(self._model(), c_ids, n, out, None))
+        with self._busy("logits") as h:
+            _capi.check(_capi.lib.twell_model_logits(h, c_ids, n, out, None))
         return _as_output(buf, (n, vocab))
 
     def ffn_stats(self, ids):
@@ -217,7 +234,8 @@ class Model:
         vocab, layers = self.config["vocab_size"], self.config["num_layers"]
         _, out = _floats(n * vocab)
         stats = (_capi.ActivationStats * layers)()
-        _capi.check(_capi.lib.twell_model_logits(self._model(), c_ids, n, out, stats))
+        with self._busy("ffn_stats") as h:
+            _capi.check(_capi.lib.twell_model_logits(h, c_ids, n, out, stats))
         return [{"tokens": s.tokens, "nnz": s.nnz, "max_nnz_per_token": s.max_nnz_per_token, "l1_sum": s.l1_sum}
                 for s in stats]
 
@@ -225,23 +243,27 @@ class Model:
         """Clears the KV cache, runs ids, and returns the last token's logits [vocab]."""
         c_ids, n = _ids(ids)
         buf, out = _floats(self.config["vocab_size"])
-        _capi.check(_capi.lib.twell_model_prefill(self._model(), c_ids, n, out))
+        with self._busy("prefill") as h:
+            _capi.check(_capi.lib.twell_model_prefill(h, c_ids, n, out))
         return _as_output(buf, (self.config["vocab_size"],))
 
     def decode_step(self, token):
         """Appends one token to the KV cache and returns its logits [vocab]."""
         buf, out = _floats(self.config["vocab_size"])
-        _capi.check(_capi.lib.twell_model_decode_step(self._model(), int(token), out))
+        with self._busy("decode_step") as h:
+            _capi.check(_capi.lib.twell_model_decode_step(h, int(token), out))
         return _as_output(buf, (self.config["vocab_size"],))
 
     def reset(self):
         """Empties the KV cache."""
-        _capi.check(_capi.lib.twell_model_reset(self._model()))
+        with self._busy("reset") as h:
+            _capi.check(_capi.lib.twell_model_reset(h))
 
     @property
     def cached_tokens(self):
         n = ctypes.c_int64()
-        _capi.check(_capi.lib.twell_model_cached_tokens(self._model(), ctypes.byref(n)))
+        with self._busy("cached_tokens") as h:
+            _capi.check(_capi.lib.twell_model_cached_tokens(h, ctypes.byref(n)))
         return n.value
 
     def perplexity(self, text_or_ids):
@@ -249,7 +271,8 @@ class Model:
         ids = self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
         c_ids, n = _ids(ids)
         ppl = ctypes.c_double()
-        _capi.check(_capi.lib.twell_model_perplexity(self._model(), c_ids, n, None, ctypes.byref(ppl)))
+        with self._busy("perplexity") as h:
+            _capi.check(_capi.lib.twell_model_perplexity(h, c_ids, n, None, ctypes.byref(ppl)))
         return ppl.value
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
@@ -312,8 +335,9 @@ class Model:
         tokens = (ctypes.c_int32 * max(max_new_tokens, 1))()
         g = _capi.Generation()
         callback = _capi.TOKEN_FN(on_token) if stream is not None else _capi.TOKEN_FN()  # NULL: no call a token
-        _capi.check(_capi.lib.twell_model_generate(self._model(), c_prompt, n_prompt, max_new_tokens, ctypes.byref(s),
-                                                   c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
+        with self._busy("generate") as h:
+            _capi.check(_capi.lib.twell_model_generate(h, c_prompt, n_prompt, max_new_tokens, ctypes.byref(s),
+                                                       c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
         if state["error"] is not None:
             raise state["error"]
         if stream is not None and text_prompt:  # bytes held back for a character that never ended
@@ -331,9 +355,12 @@ class Model:
 
     def close(self):
         """Frees the model's memory now (GPU memory included) rather than when it is collected."""
-        if getattr(self, "_handle", None) is not None and self._handle.value:
-            _capi.lib.twell_model_destroy(self._handle)
-        self._handle = None
+        if getattr(self, "_handle", None) is None:
+            return
+        with self._busy("close") as h:
+            if h.value:
+                _capi.lib.twell_model_destroy(h)
+            self._handle = None
 
     def __enter__(self):
         return self

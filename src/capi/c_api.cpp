@@ -497,7 +497,9 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
       if (drawn.empty())
         prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       drawn.push_back(t);
-      if (on_token != nullptr && on_token(t, user) != 0) throw StopAsked{};
+      // A stop token ends the generation as one whatever the callback says.
+      if (on_token != nullptr && on_token(t, user) != 0 && std::find(stops.begin(), stops.end(), t) == stops.end())
+        throw StopAsked{};
     };
     model::Generation g;
     try {
@@ -521,7 +523,8 @@ int twell_tokenizer_load(const char* dir, int64_t vocab_size, int32_t bytes, twe
     *out = nullptr;
     TWELL_REQUIRE(bytes != 0 || dir != nullptr, "twell_tokenizer_load: dir is NULL");
     auto t = std::make_unique<twell_tokenizer>();
-    t->tokenizer = vocab_size > 0 ? model::load_model_tokenizer(dir ? dir : "", vocab_size, bytes != 0, "bytes")
+    t->tokenizer = vocab_size > 0 ? model::load_model_tokenizer(dir ? dir : "", vocab_size, bytes != 0,
+                                                                "the byte tokenizer (bytes = 1)")
                    : bytes        ? std::make_unique<model::ByteTokenizer>(true, true)
                                   : model::load_tokenizer(dir);
     *out = t.release();
@@ -562,7 +565,7 @@ int twell_tokenizer_decode(const twell_tokenizer* tokenizer, const int32_t* ids,
     TWELL_REQUIRE(text != nullptr || capacity == 0, "twell_tokenizer_decode: text must have room for capacity bytes");
     const std::string s = t.decode(id_vector(ids, n, "twell_tokenizer_decode"));
     *len = s.size();
-    std::memcpy(text, s.data(), std::min(capacity, s.size()));
+    std::copy_n(s.data(), std::min(capacity, s.size()), text);  // nothing where text is NULL and capacity 0
   });
 }
 

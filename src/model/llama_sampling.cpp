@@ -7,13 +7,14 @@
 // reaches top_p; always at least one token), then one draw from the renormalised distribution.
 // Ties in sorting are broken by the lower token id, so results are deterministic. Nothing is sorted
 // whole: at a vocabulary of 49152 a full sort each token took milliseconds, more than a decode step
-// on the GPU. top-k takes a selection, top-p a quickselect on the mass; the draw runs over the kept
-// tokens in the order these leave them (the same on every platform).
+// on the GPU. top-k takes a selection, top-p a quickselect on the mass; the draw then runs over the
+// kept tokens in id order, whatever order the selection left them in.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <optional>
 
 #include "twell/error.h"
 #include "twell/model/llama.h"
@@ -38,13 +39,17 @@ void check_row(const T* row, size_t n) {
   TWELL_REQUIRE(false, "sample: all ", n, " logits are -inf: no token can be drawn");
 }
 
+// Host, contiguous f32: the logits every backend returns, read in a plain loop.
+bool plain_f32(const TensorView& t) { return t.dtype == DType::f32 && t.device == Device::cpu && t.is_contiguous(); }
+
 // The first `limit` entries (limit in (0, V), else all) of a [V] or [1, V] float row, as doubles;
 // `best` receives the index of the largest (the lowest on ties).
 std::vector<double> logit_row(const TensorView& logits, int64_t limit, size_t* best = nullptr) {
   check_logits_shape(logits);
+  check_device(logits, Device::cpu, "sample: logits");
   const int64_t n = limit > 0 && limit < logits.numel() ? limit : logits.numel();
   std::vector<double> row;
-  if (logits.dtype == DType::f32) {  // every backend's logits: a plain loop, not an element call each
+  if (plain_f32(logits)) {
     const float* f = logits.ptr<float>();
     row.assign(f, f + n);
   } else {
@@ -63,10 +68,10 @@ std::vector<double> logit_row(const TensorView& logits, int64_t limit, size_t* b
   return row;
 }
 
-// The index of the largest of the first `limit` logits, the lowest on ties, in one pass over f32
-// logits (greedy decoding's whole cost).
+// The index of the largest of the first `limit` logits, the lowest on ties: greedy decoding's whole
+// cost, one pass over host f32 logits.
 int32_t argmax_logits(const TensorView& logits, int64_t limit) {
-  if (logits.dtype != DType::f32) {
+  if (!plain_f32(logits)) {
     size_t best = 0;
     logit_row(logits, limit, &best);
     return static_cast<int32_t>(best);
@@ -83,6 +88,106 @@ int32_t argmax_logits(const TensorView& logits, int64_t limit) {
   }
   if (bad || top == -HUGE_VALF) check_row(f, n);
   return static_cast<int32_t>(best);
+}
+
+struct Candidate {
+  double logit, w;  // w: exp(logit / temperature − max / temperature)
+  int32_t id;
+};
+
+// The candidates' order: logit descending, ties by the lower id.
+bool before(const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); }
+
+// Rearranges c so that c[0, n) holds the shortest prefix of c in the candidates' order whose weight
+// reaches target (all of c where rounding keeps the sum below it), c[n − 1] its last, and returns n.
+// A quickselect on the mass: each partition around a pivot settles a group in or out of the nucleus;
+// [0, lo) is in, [hi, size) out, [lo, hi) not yet settled. Small or stubborn ranges are sorted.
+size_t nucleus(std::vector<Candidate>& c, double target) {
+  double mass = 0;  // of [0, lo)
+  size_t lo = 0, hi = c.size();
+  int rounds = 8;
+  for (size_t m = c.size(); m > 1; m /= 2) rounds += 2;  // past 2·log2(size) + 8 rounds, sort instead
+  while (hi - lo > 32 && mass < target && rounds-- > 0) {
+    // The median of three by position, moved to the end; those before it to the front.
+    const size_t mid = lo + (hi - lo) / 2;
+    if (before(c[mid], c[lo])) std::swap(c[mid], c[lo]);
+    if (before(c[hi - 1], c[lo])) std::swap(c[hi - 1], c[lo]);
+    if (before(c[mid], c[hi - 1])) std::swap(c[mid], c[hi - 1]);
+    const Candidate pivot = c[hi - 1];
+    const size_t cut =
+        std::partition(c.begin() + lo, c.begin() + (hi - 1), [&](const Candidate& x) { return before(x, pivot); }) -
+        c.begin();
+    std::swap(c[cut], c[hi - 1]);  // the pivot right after those before it
+    double upper = 0;
+    for (size_t i = lo; i < cut; ++i) upper += c[i].w;
+    if (mass + upper >= target) {
+      hi = cut;  // the nucleus ends among those before the pivot
+    } else {
+      mass += upper + c[cut].w;  // they are all in, and the pivot too
+      lo = cut + 1;
+    }
+  }
+  size_t n = lo;
+  if (mass < target) {
+    std::sort(c.begin() + lo, c.begin() + hi, before);
+    while (n < hi && mass < target) mass += c[n++].w;
+  }
+  return std::max<size_t>(n, 1);
+}
+
+// What a draw takes: the kept tokens in id order with their weights (top-k, then top-p applied), or,
+// where the temperature is so small that the top logit over it overflows, the argmax alone.
+struct Kept {
+  std::vector<int32_t> ids;
+  std::vector<double> w;
+  double total = 0;
+};
+
+Kept kept_tokens(const TensorView& logits, const SamplingOptions& o) {
+  size_t best = 0;
+  const std::vector<double> row = logit_row(logits, o.vocab_limit, &best);
+  const size_t V = row.size();
+  Kept k;
+  const double inv_t = 1.0 / o.temperature, top = row[best] * inv_t;
+  if (!std::isfinite(top) || !std::isfinite(inv_t)) {  // greedy (the weights would be NaN)
+    k.ids = {static_cast<int32_t>(best)};
+    k.w = {1.0};
+    k.total = 1;
+    return k;
+  }
+  // top-k: every token whose logit is at least the k-th largest (ties at the cut kept).
+  double floor = -HUGE_VAL;
+  if (o.top_k > 0 && static_cast<size_t>(o.top_k) < V) {
+    std::vector<double> values = row;
+    const auto kth = values.begin() + (o.top_k - 1);
+    std::nth_element(values.begin(), kth, values.end(), std::greater<double>());
+    floor = *kth;
+  }
+  // Softmax weights of logit / temperature, in id order; a ruled-out token (−inf) weighs 0.
+  std::vector<Candidate> c;
+  c.reserve(V);
+  for (size_t i = 0; i < V; ++i)
+    if (row[i] >= floor && row[i] > -HUGE_VAL)
+      c.push_back(Candidate{row[i], std::exp(row[i] * inv_t - top), static_cast<int32_t>(i)});
+  // top-p: the shortest prefix in the candidates' order whose probability reaches top_p. Its last
+  // member bounds it, so the kept tokens are read back in id order: the draw's order does not
+  // depend on how the selection left them.
+  std::optional<Candidate> last;
+  if (o.top_p < 1) {
+    double total = 0;
+    for (const Candidate& x : c) total += x.w;
+    std::vector<Candidate> work = c;
+    last = work[nucleus(work, o.top_p * total) - 1];
+  }
+  k.ids.reserve(c.size());
+  k.w.reserve(c.size());
+  for (const Candidate& x : c)
+    if (!last || !before(*last, x)) {
+      k.ids.push_back(x.id);
+      k.w.push_back(x.w);
+      k.total += x.w;
+    }
+  return k;
 }
 
 }  // namespace
@@ -103,86 +208,26 @@ double Sampler::uniform() {
 
 int32_t Sampler::sample(const TensorView& logits) {
   if (options_.temperature == 0) return argmax_logits(logits, options_.vocab_limit);
-  size_t best = 0;
-  const std::vector<double> row = logit_row(logits, options_.vocab_limit, &best);
-  const size_t V = row.size();
-
-  // top-k: every token whose logit is at least the k-th largest (ties at the cut kept).
-  double floor = -HUGE_VAL;
-  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < V) {
-    std::vector<double> values = row;
-    const auto kth = values.begin() + (options_.top_k - 1);
-    std::nth_element(values.begin(), kth, values.end(), std::greater<double>());
-    floor = *kth;
-  }
-
-  // Softmax weights of logit / temperature over the kept tokens, in id order. A temperature so small
-  // that the top logit over it overflows is greedy (the draw below would otherwise see NaN).
-  const double inv_t = 1.0 / options_.temperature, top = row[best] * inv_t;
-  if (!std::isfinite(top) || !std::isfinite(inv_t)) return static_cast<int32_t>(best);
-  struct Candidate {
-    double logit, w;
-    int32_t id;
-  };
-  std::vector<Candidate> c;
-  c.reserve(V);
-  double total = 0;
-  for (size_t i = 0; i < V; ++i) {
-    if (row[i] < floor) continue;
-    const double w = std::exp(row[i] * inv_t - top);
-    c.push_back(Candidate{row[i], w, static_cast<int32_t>(i)});
-    total += w;
-  }
-
-  // top-p: the shortest prefix of the candidates sorted by logit (descending, ties by the lower id)
-  // whose probability reaches top_p, at least one token. Found without sorting them all: partitions
-  // around a pivot (a quickselect on the mass) settle whole groups in or out, and only the last few
-  // candidates are sorted. [0, lo) is in the nucleus, [hi, n) out, [lo, hi) not yet settled.
-  size_t n = c.size();
-  if (options_.top_p < 1) {
-    const auto before = [](const Candidate& a, const Candidate& b) {
-      return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-    };
-    const double target = options_.top_p * total;
-    double mass = 0;  // of [0, lo)
-    size_t lo = 0, hi = c.size();
-    while (hi - lo > 32 && mass < target) {
-      // The median of three by position, moved to the end; those before it to the front.
-      const size_t mid = lo + (hi - lo) / 2;
-      if (before(c[mid], c[lo])) std::swap(c[mid], c[lo]);
-      if (before(c[hi - 1], c[lo])) std::swap(c[hi - 1], c[lo]);
-      if (before(c[mid], c[hi - 1])) std::swap(c[mid], c[hi - 1]);
-      const Candidate pivot = c[hi - 1];
-      const size_t cut =
-          std::partition(c.begin() + lo, c.begin() + (hi - 1), [&](const Candidate& x) { return before(x, pivot); }) -
-          c.begin();
-      std::swap(c[cut], c[hi - 1]);  // the pivot right after those before it
-      double upper = 0;
-      for (size_t i = lo; i < cut; ++i) upper += c[i].w;
-      if (mass + upper >= target) {
-        hi = cut;  // the nucleus ends among those before the pivot
-      } else {
-        mass += upper + c[cut].w;  // they are all in, and the pivot too
-        lo = cut + 1;
-      }
-    }
-    n = lo;
-    if (mass < target) {
-      std::sort(c.begin() + lo, c.begin() + hi, before);
-      while (n < hi && mass < target) mass += c[n++].w;
-    }
-    n = std::max<size_t>(n, 1);
-    total = 0;
-    for (size_t i = 0; i < n; ++i) total += c[i].w;
-  }
-
-  const double r = uniform() * total;
+  const Kept k = kept_tokens(logits, options_);
+  const double r = uniform() * k.total;
   double cumulative = 0;
-  for (size_t i = 0; i < n; ++i) {
-    cumulative += c[i].w;
-    if (r < cumulative) return c[i].id;
+  for (size_t i = 0; i < k.ids.size(); ++i) {
+    cumulative += k.w[i];
+    if (r < cumulative) return k.ids[i];
   }
-  return c[n - 1].id;  // r within rounding of the total
+  // r within rounding of the total: the last token that can be drawn.
+  for (size_t i = k.ids.size(); i-- > 0;)
+    if (k.w[i] > 0) return k.ids[i];
+  return k.ids.back();
+}
+
+std::vector<int32_t> Sampler::candidates(const TensorView& logits) const {
+  if (options_.temperature == 0) return {argmax_logits(logits, options_.vocab_limit)};
+  const Kept k = kept_tokens(logits, options_);
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < k.ids.size(); ++i)
+    if (k.w[i] > 0) ids.push_back(k.ids[i]);
+  return ids;
 }
 
 Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,

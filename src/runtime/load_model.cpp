@@ -49,7 +49,7 @@ std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCuda
   return str("the model needs ", bytes_str(weights + m.total()), " of GPU memory: weights ", bytes_str(weights),
              ", KV cache ", bytes_str(m.kv_cache), " for ", context, " positions, activations and workspaces ",
              bytes_str(m.activations + m.ffn + m.other), "; the GPU has ", gpu.str(),
-             " (", o.context_choice_name, " needs less)");
+             " (", o.context_hint, ")");
 }
 #endif
 
@@ -78,7 +78,9 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
   const auto t0 = std::chrono::steady_clock::now();
   TWELL_REQUIRE(o.context >= 0, "the context must be at least 0 (0: the config's), got ", o.context);
   [[maybe_unused]] const bool automatic = o.device == DeviceChoice::automatic;  // used with CUDA
-  bool gpu = gpu_chosen(o.device, nullptr, o.cuda_choice_name);
+  std::string no_gpu;
+  bool gpu = gpu_chosen(o.device, &no_gpu, o.cuda_choice_name);
+  if (!gpu && automatic) say(o, "using the CPU backend: " + no_gpu);
 #if TWELL_WITH_CUDA
   cuda::LlamaCudaOptions co;
   if (gpu) {  // a model the GPU runtime does not take runs on the CPU under automatic
@@ -143,12 +145,14 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
                                  : twell_fits ? "twell"
                                               : "dense (the twell FFN needs a ReLU gate and H, I multiples of 64)";
     say(o, str("backend: ", cuda::device_info().name, " (GPU), ", bytes_str(dw->bytes()), " of weights, ", ffn_used,
-               " FFN", o.bf16_ffn ? " (the bf16 FFN rounding asked for: the GPU rounds so anyway)" : ""));
+               " FFN", o.bf16_ffn ? str(" (", o.bf16_choice_name, ": the GPU rounds to bf16 anyway)") : std::string()));
     return std::make_unique<cuda::LlamaCuda>(std::move(dw), co);
   }
 #endif
-  say(o, str("backend: CPU reference",
-             o.bf16_ffn && c.hidden_act != "relu" ? " (the bf16 FFN rounding is for ReLU FFNs; this model's is not one)" : ""));
+  say(o, str("backend: CPU reference", o.cpu_backend_note,
+             o.bf16_ffn && c.hidden_act != "relu"
+                 ? str(" (", o.bf16_choice_name, " rounds a ReLU FFN; this model's is not one)")
+                 : std::string()));
   LlamaOptions mo;
   if (o.bf16_ffn) mo.relu_ffn = Precision::bf16;
   return std::make_unique<LlamaCpu>(std::move(w), mo);

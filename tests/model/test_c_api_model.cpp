@@ -109,11 +109,15 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
   twell_sampling_init(&s);
   s.temperature = 0.8;
   s.top_k = 20;
+  s.top_p = 0.9;
   s.seed = 7;
+  s.vocab_limit = 90;
   SamplingOptions so;
   so.temperature = 0.8;
   so.top_k = 20;
+  so.top_p = 0.9;
   so.seed = 7;
+  so.vocab_limit = 90;
   const Generation expected = generate(ref, prompt_, 10, so);
 
   std::vector<int32_t> tokens(10, -1), seen;
@@ -130,13 +134,20 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
   EXPECT_EQ(tokens, expected.tokens);
   EXPECT_EQ(seen, expected.tokens);
 
-  // A stop token, then a callback that asks to stop after the third token.
+  // A stop token (a callback asking to stop at it too: still TWELL_STOP_TOKEN), then a callback that
+  // asks to stop after the third token.
   const int32_t stop[] = {expected.tokens[4]};
+  const twell_token_fn always = [](int32_t, void*) { return 1; };
   ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 10, &s, stop, 1, nullptr, nullptr, tokens.data(), &g),
             TWELL_OK);
   EXPECT_EQ(g.reason, TWELL_STOP_TOKEN);
   EXPECT_LE(g.n_tokens, 5);
   EXPECT_EQ(tokens[g.n_tokens - 1], stop[0]);
+  const int32_t first_stop[] = {expected.tokens[0]};
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 10, &s, first_stop, 1, always, nullptr, tokens.data(), &g),
+            TWELL_OK);
+  EXPECT_EQ(g.reason, TWELL_STOP_TOKEN);
+  EXPECT_EQ(g.n_tokens, 1);
   int count = 0;
   const twell_token_fn third = [](int32_t, void* user) { return ++*static_cast<int*>(user) == 3 ? 1 : 0; };
   ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 10, &s, nullptr, 0, third, &count, tokens.data(), &g),
@@ -194,15 +205,18 @@ TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
   // Ids outside the vocabulary, an empty prompt, NULL buffers: refused, the cache untouched.
   std::vector<float> logits(97 * 3);
   const int32_t bad[] = {1, 97, 2};
+  EXPECT_EQ(twell_model_decode_step(m, 1, logits.data()), TWELL_ERROR);  // before any prefill
+  ASSERT_EQ(twell_model_prefill(m, bad, 1, logits.data()), TWELL_OK) << error_text();
   EXPECT_EQ(twell_model_logits(m, bad, 3, logits.data(), nullptr), TWELL_ERROR);
   EXPECT_NE(error_text().find("97"), std::string::npos) << error_text();
   EXPECT_EQ(twell_model_prefill(m, bad, 0, logits.data()), TWELL_ERROR);
   EXPECT_EQ(twell_model_logits(m, bad, 1, nullptr, nullptr), TWELL_ERROR);
   EXPECT_NE(error_text().find("logits buffer is NULL"), std::string::npos) << error_text();
-  EXPECT_EQ(twell_model_decode_step(m, 1, logits.data()), TWELL_ERROR);  // before any prefill
+  EXPECT_EQ(twell_model_decode_step(m, 97, logits.data()), TWELL_ERROR);
+  EXPECT_EQ(twell_model_decode_step(m, 2, nullptr), TWELL_ERROR);
   int64_t cached = -1;
   ASSERT_EQ(twell_model_cached_tokens(m, &cached), TWELL_OK);
-  EXPECT_EQ(cached, 0);
+  EXPECT_EQ(cached, 1);
   twell_sampling s;
   twell_sampling_init(&s);
   s.top_p = 0;
@@ -242,6 +256,8 @@ TEST_F(CApiModel, TokenizersEncodeAndDecodeAsTheCppOnes) {
   ASSERT_EQ(twell_tokenizer_encode(t, text.data(), text.size(), ids.data(), n, &n), TWELL_OK);
   EXPECT_EQ(ids, ByteTokenizer(true, true).encode(text));
   size_t len = 0;
+  ASSERT_EQ(twell_tokenizer_decode(t, ids.data(), n, nullptr, 0, &len), TWELL_OK);  // the length alone
+  EXPECT_EQ(len, text.size());
   char buf[4];
   ASSERT_EQ(twell_tokenizer_decode(t, ids.data(), n, buf, sizeof buf, &len), TWELL_OK);  // cut at the room
   EXPECT_EQ(len, text.size());

@@ -604,50 +604,83 @@ TEST(LlamaSampling, VocabLimitExcludesPaddedIds) {
   EXPECT_EQ(Sampler({0.0, 0, 1.0, 0, 9}).sample(row), 3);  // a limit past V changes nothing
 }
 
-// At a large vocabulary only the nucleus is sorted, and partially: what is drawn is still the
-// smallest prefix of the tokens sorted by probability whose mass reaches top_p, at the frequencies
-// of its renormalised probabilities; top_k draws only from the k largest logits.
-TEST(LlamaSampling, LargeVocabularyNucleusAndTopKAreTheSortedOnes) {
-  const int64_t V = 8192;
-  std::vector<float> v(V);
+// The tokens a draw can return are exactly those of the definition, computed here by a full sort:
+// top-k keeps every logit at least the k-th largest, top-p the shortest prefix in the order (logit
+// descending, ties by the lower id) whose probability reaches top_p. Rows of 40 to 20000 logits,
+// with runs of ties and top_p near 0 and 1, exercise the quickselect's every branch.
+std::vector<int32_t> reference_candidates(const std::vector<float>& v, double temperature, int64_t top_k,
+                                          double top_p) {
+  const size_t V = v.size();
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return v[a] > v[b]; });
+  size_t keep = V;
+  if (top_k > 0 && static_cast<size_t>(top_k) < V) {
+    keep = static_cast<size_t>(top_k);
+    while (keep < V && v[order[keep]] == v[order[keep - 1]]) ++keep;
+  }
+  std::vector<double> p(keep);
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp((double(v[order[i]]) - v[order[0]]) / temperature);
+  size_t n = keep;
+  if (top_p < 1) {
+    double mass = 0;
+    n = 0;
+    while (n < keep && mass < top_p * sum) mass += p[n++];
+    n = std::max<size_t>(n, 1);
+  }
+  std::vector<int32_t> ids(order.begin(), order.begin() + n);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+TEST(LlamaSampling, CandidatesAreThoseOfTheDefinition) {
   std::mt19937_64 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int checked = 0;
+  for (const size_t V : {40, 257, 1000, 20000}) {
+    for (int trial = 0; trial < 6; ++trial) {
+      std::vector<float> v(V);
+      std::normal_distribution<float> normal(0.0f, trial % 2 ? 1.0f : 4.0f);
+      for (float& x : v) x = normal(rng);
+      if (trial >= 2)  // runs of equal logits, so that ties fall on pivots and cuts
+        for (float& x : v) x = std::round(x * 2) / 2;
+      const Tensor row = logit_row(v);
+      for (const double top_p : {1e-6, 0.3, 0.9, 0.999, 1.0})
+        for (const int64_t top_k : {int64_t{0}, int64_t{1}, int64_t{50}}) {
+          const double temperature = 0.8;
+          const Sampler s({temperature, top_k, top_p, 1});
+          // Weights that round alike: the reference sums in sorted order and the sampler otherwise,
+          // so a cut within rounding of top_p may differ by a token; such rows are not asserted.
+          const std::vector<int32_t> want = reference_candidates(v, temperature, top_k, top_p);
+          const std::vector<int32_t> got = s.candidates(row);
+          const std::vector<int32_t> wider = reference_candidates(v, temperature, top_k, std::min(1.0, top_p + 1e-9));
+          const std::vector<int32_t> narrower = reference_candidates(v, temperature, top_k, std::max(1e-12, top_p - 1e-9));
+          if (wider != want || narrower != want) continue;
+          EXPECT_EQ(got, want) << "V " << V << ", trial " << trial << ", top_k " << top_k << ", top_p " << top_p;
+          ++checked;
+        }
+    }
+  }
+  EXPECT_GT(checked, 200);
+  // A draw never leaves them.
+  std::vector<float> v(3000);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
   for (float& x : v) x = normal(rng);
-  for (int i = 0; i < 300; ++i) v[(i * 7919) % V] = 6.0f + 0.01f * static_cast<float>(i % 40);  // a head, ties
+  Sampler s({1.0, 0, 0.5, 9});
   const Tensor row = logit_row(v);
-  std::vector<int32_t> sorted(V);
-  std::iota(sorted.begin(), sorted.end(), 0);
-  std::stable_sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) { return v[a] > v[b]; });
-  for (const double top_p : {0.3, 0.95}) {
-    // The reference nucleus, from the full sort.
-    double total = 0, mass = 0;
-    for (const float x : v) total += std::exp(static_cast<double>(x) - v[sorted[0]]);
-    std::vector<double> p;
-    while (mass < top_p) {
-      p.push_back(std::exp(static_cast<double>(v[sorted[p.size()]]) - v[sorted[0]]) / total);
-      mass += p.back();
-    }
-    const size_t n = p.size();
-    ASSERT_GT(n, 64u) << "the nucleus must outgrow the first partial sort";
-    std::vector<int> count(V, 0);
-    Sampler s({1.0, 0, top_p, 17});
-    const int draws = 2000;
-    for (int i = 0; i < draws; ++i) ++count[s.sample(row)];
-    int inside = 0;
-    for (size_t i = 0; i < n; ++i) inside += count[sorted[i]];
-    EXPECT_EQ(inside, draws) << "top_p " << top_p << ": a token outside the nucleus was drawn";
-    // The ten most likely tokens at their renormalised frequencies, within 5σ.
-    for (size_t i = 0; i < 10; ++i) {
-      const double q = p[i] / mass;
-      EXPECT_NEAR(count[sorted[i]] / double(draws), q, 5 * std::sqrt(q * (1 - q) / draws))
-          << "top_p " << top_p << ", rank " << i;
-    }
-  }
-  Sampler k({1.0, 50, 1.0, 18});
-  for (int i = 0; i < 500; ++i) {
-    const int32_t t = k.sample(row);
-    EXPECT_GE(v[t], v[sorted[49]]) << "token " << t << " is not among the 50 largest logits";
-  }
+  const std::vector<int32_t> allowed = s.candidates(row);
+  for (int i = 0; i < 300; ++i) EXPECT_TRUE(std::binary_search(allowed.begin(), allowed.end(), s.sample(row)));
+}
+
+// Logits that are a strided view (a column of a matrix) are read through their strides.
+TEST(LlamaSampling, StridedLogitsAreReadThroughTheirStrides) {
+  Tensor m = logit_row({5, 0, 0, 0, 0, 0, 9, 0});
+  TensorView column(m.ptr<float>(), DType::f32, {4});
+  column.strides = {2};  // 5, 0, 0, 9
+  EXPECT_EQ(Sampler({}).sample(column), 3);
+  EXPECT_EQ(Sampler({1.0, 1, 1.0, 2}).sample(column), 3);
+  TensorView gpu(m.ptr<float>(), DType::f32, {8}, Device::cuda);
+  expect_error([&] { Sampler({}).sample(gpu); }, {"sample: logits"});
 }
 
 TEST(LlamaSampling, SameSeedSameTokens) {

@@ -56,11 +56,10 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   o.cuda_choice_name = kCudaChoice;
   o.cpu_choice_name = "--device cpu";
-  o.context_choice_name = "a shorter context (run's prompt and -n, eval's --context)";
-  std::unique_ptr<model::LanguageModel> m = model::load_model(dir, o);
-  if (ffn_option && ffn_option->count() && dynamic_cast<const model::LlamaCpu*>(m.get()))
-    std::fprintf(stderr, "note: --ffn picks the GPU's FFN; the CPU backend runs its reference FFN\n");
-  return m;
+  o.bf16_choice_name = "--bf16-ffn";
+  o.context_hint = "a shorter context needs less: run's prompt and -n, eval's --context";
+  if (ffn_option && ffn_option->count()) o.cpu_backend_note = " (--ffn picks the GPU's FFN; the CPU runs its reference FFN)";
+  return model::load_model(dir, o);
 }
 
 std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const io::ModelConfig& c) const {

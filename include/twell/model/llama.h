@@ -185,8 +185,11 @@ struct SamplingOptions {
 class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);
-  // `logits`: [V] or [1, V], f32 or f64.
+  // `logits`: [V] or [1, V], f32 or f64, on the host.
   int32_t sample(const TensorView& logits);
+  // The tokens sample() can return from these logits (temperature, top-k and top-p applied: a
+  // positive probability), in id order; greedy: the argmax alone. Draws nothing.
+  std::vector<int32_t> candidates(const TensorView& logits) const;
 
  private:
   double uniform();  // [0, 1) from 53 random bits

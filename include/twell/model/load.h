@@ -49,7 +49,11 @@ struct ModelLoadOptions {
   // in the CLI, "device='cuda'" in Python.
   std::string cuda_choice_name = "device cuda";
   std::string cpu_choice_name = "device cpu";
-  std::string context_choice_name = "a shorter context";  // in "(… needs less)" of a GPU memory shortfall
+  std::string bf16_choice_name = "bf16_ffn";                    // in the backend line's note on it
+  std::string context_hint = "a shorter context needs less";  // in parentheses after a GPU memory shortfall
+  // Appended to the "backend: CPU reference" line where the CPU runs it (the CLI: that --ffn was given
+  // and means nothing there).
+  std::string cpu_backend_note;
 };
 
 // The model of `dir` (config.json, safetensors single or sharded) on the backend the options pick.
