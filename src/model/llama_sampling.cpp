@@ -7,8 +7,8 @@
 // reaches top_p; always at least one token), then one draw from the renormalised distribution.
 // Ties in sorting are broken by the lower token id, so results are deterministic. Nothing is sorted
 // whole: at a vocabulary of 49152 a full sort each token took milliseconds, more than a decode step
-// on the GPU. top-k takes a selection, top-p a quickselect on the mass; the draw then runs over the
-// kept tokens in id order, whatever order the selection left them in.
+// on the GPU. top-k takes a selection, top-p buckets the candidates by logit and sorts only the
+// bucket where the nucleus ends; the draw then runs over the kept tokens in id order.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,13 +42,12 @@ void check_row(const T* row, size_t n) {
 // Host, contiguous f32: the logits every backend returns, read in a plain loop.
 bool plain_f32(const TensorView& t) { return t.dtype == DType::f32 && t.device == Device::cpu && t.is_contiguous(); }
 
-// The first `limit` entries (limit in (0, V), else all) of a [V] or [1, V] float row, as doubles;
-// `best` receives the index of the largest (the lowest on ties).
-std::vector<double> logit_row(const TensorView& logits, int64_t limit, size_t* best = nullptr) {
+// The first `limit` entries (limit in (0, V), else all) of a [V] or [1, V] float row, as doubles,
+// into `row`; `best` receives the index of the largest (the lowest on ties).
+void logit_row(const TensorView& logits, int64_t limit, std::vector<double>& row, size_t* best = nullptr) {
   check_logits_shape(logits);
   check_device(logits, Device::cpu, "sample: logits");
   const int64_t n = limit > 0 && limit < logits.numel() ? limit : logits.numel();
-  std::vector<double> row;
   if (plain_f32(logits)) {
     const float* f = logits.ptr<float>();
     row.assign(f, f + n);
@@ -65,7 +64,6 @@ std::vector<double> logit_row(const TensorView& logits, int64_t limit, size_t* b
   }
   if (bad || top == -HUGE_VAL) check_row(row.data(), row.size());
   if (best) *best = at;
-  return row;
 }
 
 // The index of the largest of the first `limit` logits, the lowest on ties: greedy decoding's whole
@@ -73,7 +71,8 @@ std::vector<double> logit_row(const TensorView& logits, int64_t limit, size_t* b
 int32_t argmax_logits(const TensorView& logits, int64_t limit) {
   if (!plain_f32(logits)) {
     size_t best = 0;
-    logit_row(logits, limit, &best);
+    std::vector<double> row;
+    logit_row(logits, limit, row, &best);
     return static_cast<int32_t>(best);
   }
   check_logits_shape(logits);
@@ -98,95 +97,110 @@ struct Candidate {
 // The candidates' order: logit descending, ties by the lower id.
 bool before(const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); }
 
-// Rearranges c so that c[0, n) holds the shortest prefix of c in the candidates' order whose weight
-// reaches target (all of c where rounding keeps the sum below it), c[n − 1] its last, and returns n.
-// A quickselect on the mass: each partition around a pivot settles a group in or out of the nucleus;
-// [0, lo) is in, [hi, size) out, [lo, hi) not yet settled. Small or stubborn ranges are sorted.
-size_t nucleus(std::vector<Candidate>& c, double target) {
-  double mass = 0;  // of [0, lo)
-  size_t lo = 0, hi = c.size();
-  int rounds = 8;
-  for (size_t m = c.size(); m > 1; m /= 2) rounds += 2;  // past 2·log2(size) + 8 rounds, sort instead
-  while (hi - lo > 32 && mass < target && rounds-- > 0) {
-    // The median of three by position, moved to the end; those before it to the front.
-    const size_t mid = lo + (hi - lo) / 2;
-    if (before(c[mid], c[lo])) std::swap(c[mid], c[lo]);
-    if (before(c[hi - 1], c[lo])) std::swap(c[hi - 1], c[lo]);
-    if (before(c[mid], c[hi - 1])) std::swap(c[mid], c[hi - 1]);
-    const Candidate pivot = c[hi - 1];
-    const size_t cut =
-        std::partition(c.begin() + lo, c.begin() + (hi - 1), [&](const Candidate& x) { return before(x, pivot); }) -
-        c.begin();
-    std::swap(c[cut], c[hi - 1]);  // the pivot right after those before it
-    double upper = 0;
-    for (size_t i = lo; i < cut; ++i) upper += c[i].w;
-    if (mass + upper >= target) {
-      hi = cut;  // the nucleus ends among those before the pivot
-    } else {
-      mass += upper + c[cut].w;  // they are all in, and the pivot too
-      lo = cut + 1;
-    }
-  }
-  size_t n = lo;
-  if (mass < target) {
-    std::sort(c.begin() + lo, c.begin() + hi, before);
-    while (n < hi && mass < target) mass += c[n++].w;
-  }
-  return std::max<size_t>(n, 1);
+// A sampling call's buffers, kept by each thread from one call to the next: at 49152 ids a fresh
+// megabyte each token cost page faults as well as the pass.
+struct Scratch {
+  std::vector<double> row, values;
+  std::vector<Candidate> c, sub;
+  std::vector<double> mass;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
 }
 
-// What a draw takes: the kept tokens in id order with their weights (top-k, then top-p applied), or,
-// where the temperature is so small that the top logit over it overflows, the argmax alone.
+// The last member, in the candidates' order, of the shortest prefix in that order of c (id order)
+// whose weight reaches target; the last of all where rounding keeps the sum below it. Found without
+// sorting: the candidates are bucketed by logit (a bucket's logits all above the next one's), the
+// buckets' masses walked down to the one where the prefix ends, and only that bucket's candidates
+// taken further, until few enough remain to sort.
+Candidate nucleus_last(const std::vector<Candidate>& c, double target, Scratch& s) {
+  constexpr size_t kBuckets = 2048;
+  const Candidate* span = c.data();
+  size_t n = c.size();
+  double acc = 0;  // the weight of every candidate before the span
+  for (;;) {
+    double lo = HUGE_VAL, hi = -HUGE_VAL;
+    for (size_t i = 0; i < n; ++i) lo = std::min(lo, span[i].logit), hi = std::max(hi, span[i].logit);
+    if (n <= 64 || lo == hi) {  // tied logits are in id order already: the span keeps c's order
+      if (span == s.sub.data())
+        s.sub.resize(n);
+      else
+        s.sub.assign(span, span + n);
+      if (lo != hi) std::sort(s.sub.begin(), s.sub.end(), before);
+      for (const Candidate& x : s.sub)
+        if ((acc += x.w) >= target) return x;
+      return s.sub.back();
+    }
+    const double scale = (kBuckets - 1) / (hi - lo);
+    const auto bucket = [&](const Candidate& x) {
+      return std::min(kBuckets - 1, static_cast<size_t>((hi - x.logit) * scale));
+    };
+    s.mass.assign(kBuckets, 0.0);
+    for (size_t i = 0; i < n; ++i) s.mass[bucket(span[i])] += span[i].w;
+    size_t cut = 0, last_filled = 0;
+    for (; cut < kBuckets; ++cut) {
+      if (s.mass[cut] == 0) continue;
+      last_filled = cut;
+      if (acc + s.mass[cut] >= target) break;
+      acc += s.mass[cut];
+    }
+    if (cut == kBuckets) {  // rounding: the prefix ends in the last bucket that holds weight
+      cut = last_filled;
+      acc -= s.mass[cut];
+    }
+    // That bucket's candidates, in their order (in place once they are in sub: writes trail reads).
+    size_t kept = 0;
+    if (span != s.sub.data()) s.sub.resize(n);
+    for (size_t i = 0; i < n; ++i)
+      if (bucket(span[i]) == cut) s.sub[kept++] = span[i];
+    span = s.sub.data();
+    n = kept;  // fewer: the largest logit is in bucket 0 and the smallest in the last
+  }
+}
+
+// What a draw takes: the candidates in id order (after top-k) with their weights, and where top-p
+// applies, the last of the nucleus in the candidates' order: those not after it are kept.
 struct Kept {
-  std::vector<int32_t> ids;
-  std::vector<double> w;
-  double total = 0;
+  const std::vector<Candidate>* c = nullptr;
+  std::optional<Candidate> last;
+  std::optional<int32_t> only;  // a temperature so small that the top logit over it overflows: greedy
+
+  bool keeps(const Candidate& x) const { return !last || !before(*last, x); }
 };
 
-Kept kept_tokens(const TensorView& logits, const SamplingOptions& o) {
+Kept kept_tokens(const TensorView& logits, const SamplingOptions& o, Scratch& s) {
   size_t best = 0;
-  const std::vector<double> row = logit_row(logits, o.vocab_limit, &best);
+  logit_row(logits, o.vocab_limit, s.row, &best);
+  const std::vector<double>& row = s.row;
   const size_t V = row.size();
   Kept k;
   const double inv_t = 1.0 / o.temperature, top = row[best] * inv_t;
-  if (!std::isfinite(top) || !std::isfinite(inv_t)) {  // greedy (the weights would be NaN)
-    k.ids = {static_cast<int32_t>(best)};
-    k.w = {1.0};
-    k.total = 1;
+  if (!std::isfinite(top) || !std::isfinite(inv_t)) {  // the weights would be NaN
+    k.only = static_cast<int32_t>(best);
     return k;
   }
   // top-k: every token whose logit is at least the k-th largest (ties at the cut kept).
   double floor = -HUGE_VAL;
   if (o.top_k > 0 && static_cast<size_t>(o.top_k) < V) {
-    std::vector<double> values = row;
-    const auto kth = values.begin() + (o.top_k - 1);
-    std::nth_element(values.begin(), kth, values.end(), std::greater<double>());
+    s.values = row;
+    const auto kth = s.values.begin() + (o.top_k - 1);
+    std::nth_element(s.values.begin(), kth, s.values.end(), std::greater<double>());
     floor = *kth;
   }
-  // Softmax weights of logit / temperature, in id order; a ruled-out token (−inf) weighs 0.
-  std::vector<Candidate> c;
-  c.reserve(V);
+  // Softmax weights of logit / temperature, in id order; a ruled-out token (−inf) is not a candidate.
+  s.c.clear();
+  s.c.reserve(V);
+  double total = 0;
   for (size_t i = 0; i < V; ++i)
-    if (row[i] >= floor && row[i] > -HUGE_VAL)
-      c.push_back(Candidate{row[i], std::exp(row[i] * inv_t - top), static_cast<int32_t>(i)});
-  // top-p: the shortest prefix in the candidates' order whose probability reaches top_p. Its last
-  // member bounds it, so the kept tokens are read back in id order: the draw's order does not
-  // depend on how the selection left them.
-  std::optional<Candidate> last;
-  if (o.top_p < 1) {
-    double total = 0;
-    for (const Candidate& x : c) total += x.w;
-    std::vector<Candidate> work = c;
-    last = work[nucleus(work, o.top_p * total) - 1];
-  }
-  k.ids.reserve(c.size());
-  k.w.reserve(c.size());
-  for (const Candidate& x : c)
-    if (!last || !before(*last, x)) {
-      k.ids.push_back(x.id);
-      k.w.push_back(x.w);
-      k.total += x.w;
+    if (row[i] >= floor && row[i] > -HUGE_VAL) {
+      s.c.push_back(Candidate{row[i], std::exp(row[i] * inv_t - top), static_cast<int32_t>(i)});
+      total += s.c.back().w;
     }
+  k.c = &s.c;
+  // top-p: the shortest prefix in the candidates' order whose probability reaches top_p. Its last
+  // member bounds it, so the draw reads the kept tokens in id order, whatever order finding it took.
+  if (o.top_p < 1) k.last = nucleus_last(s.c, o.top_p * total, s);
   return k;
 }
 
@@ -208,25 +222,30 @@ double Sampler::uniform() {
 
 int32_t Sampler::sample(const TensorView& logits) {
   if (options_.temperature == 0) return argmax_logits(logits, options_.vocab_limit);
-  const Kept k = kept_tokens(logits, options_);
-  const double r = uniform() * k.total;
+  const Kept k = kept_tokens(logits, options_, scratch());
+  if (k.only) return *k.only;
+  double total = 0;
+  for (const Candidate& x : *k.c)
+    if (k.keeps(x)) total += x.w;
+  const double r = uniform() * total;
   double cumulative = 0;
-  for (size_t i = 0; i < k.ids.size(); ++i) {
-    cumulative += k.w[i];
-    if (r < cumulative) return k.ids[i];
-  }
-  // r within rounding of the total: the last token that can be drawn.
-  for (size_t i = k.ids.size(); i-- > 0;)
-    if (k.w[i] > 0) return k.ids[i];
-  return k.ids.back();
+  int32_t last_drawable = -1;
+  for (const Candidate& x : *k.c)
+    if (k.keeps(x) && x.w > 0) {
+      cumulative += x.w;
+      if (r < cumulative) return x.id;
+      last_drawable = x.id;
+    }
+  return last_drawable;  // r within rounding of the total
 }
 
 std::vector<int32_t> Sampler::candidates(const TensorView& logits) const {
   if (options_.temperature == 0) return {argmax_logits(logits, options_.vocab_limit)};
-  const Kept k = kept_tokens(logits, options_);
+  const Kept k = kept_tokens(logits, options_, scratch());
+  if (k.only) return {*k.only};
   std::vector<int32_t> ids;
-  for (size_t i = 0; i < k.ids.size(); ++i)
-    if (k.w[i] > 0) ids.push_back(k.ids[i]);
+  for (const Candidate& x : *k.c)
+    if (k.keeps(x) && x.w > 0) ids.push_back(x.id);
   return ids;
 }
 

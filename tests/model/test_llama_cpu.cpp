@@ -607,7 +607,7 @@ TEST(LlamaSampling, VocabLimitExcludesPaddedIds) {
 // The tokens a draw can return are exactly those of the definition, computed here by a full sort:
 // top-k keeps every logit at least the k-th largest, top-p the shortest prefix in the order (logit
 // descending, ties by the lower id) whose probability reaches top_p. Rows of 40 to 20000 logits,
-// with runs of ties and top_p near 0 and 1, exercise the quickselect's every branch.
+// with runs of ties, a far outlier and top_p near 0 and 1, exercise the bucketing's every branch.
 std::vector<int32_t> reference_candidates(const std::vector<float>& v, double temperature, int64_t top_k,
                                           double top_p) {
   const size_t V = v.size();
@@ -642,8 +642,9 @@ TEST(LlamaSampling, CandidatesAreThoseOfTheDefinition) {
       std::vector<float> v(V);
       std::normal_distribution<float> normal(0.0f, trial % 2 ? 1.0f : 4.0f);
       for (float& x : v) x = normal(rng);
-      if (trial >= 2)  // runs of equal logits, so that ties fall on pivots and cuts
+      if (trial == 2 || trial == 3)  // runs of equal logits, so that ties fall on cuts
         for (float& x : v) x = std::round(x * 2) / 2;
+      if (trial >= 4) v[V / 3] = -1000.0f;  // one far-low logit: the rest crowd a few buckets, taken further
       const Tensor row = logit_row(v);
       for (const double top_p : {1e-6, 0.3, 0.9, 0.999, 1.0})
         for (const int64_t top_k : {int64_t{0}, int64_t{1}, int64_t{50}}) {
