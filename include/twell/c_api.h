@@ -163,7 +163,9 @@ typedef struct {
   int32_t reserved0;    /* 0 */
   twell_log_fn log;     /* NULL: silent */
   void* log_user;
-  int64_t reserved[4]; /* 0 */
+  int64_t gpu_memory;  /* the most GPU memory the model may take, bytes; 0: all that is free. More:
+                          TWELL_CHOOSE_AUTO runs it on the CPU, TWELL_CHOOSE_CUDA refuses it */
+  int64_t reserved[3]; /* 0 */
 } twell_model_options;
 
 typedef struct {
@@ -172,6 +174,9 @@ typedef struct {
   int32_t device;  /* twell_device: where it runs */
   int32_t relu;    /* 1: a ReLU-gated FFN (twell's sparse path), 0: SiLU */
 } twell_model_info;
+
+/* "40GB", "512M", "1000": bytes (decimal units, as twell prints them), or TWELL_ERROR saying why. */
+TWELL_C_API int twell_parse_bytes(const char* text, int64_t* bytes);
 
 /* A model or a tokenizer serves one host thread at a time: its calls change the KV cache and reuse
  * buffers (python/twell's Model holds a lock). Different models may be used from different threads. */

@@ -24,6 +24,9 @@ std::string str(Args&&... args) {
 
 // A byte count for people, in decimal units: "512 bytes", "3.1 MB", "17.2 GB".
 std::string bytes_str(size_t bytes);
+// The inverse, for options: "40GB", "40 GB", "1.5T", "512M", "1000" (bytes), decimal units (K, KB, M,
+// MB, G, GB, T, TB; B, bytes or none: bytes; any case). Throws an Error quoting the text where it is none.
+size_t parse_bytes(const std::string& text);
 
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);

@@ -94,6 +94,7 @@ class CpuFfn(unittest.TestCase):
         self.assertEqual(_capi.Tensor.shape.offset, 24)
         self.assertEqual(_capi.FfnStats.tokens.offset, 8)
         self.assertEqual(_capi.ModelOptions.log.offset, 32)
+        self.assertEqual(_capi.ModelOptions.gpu_memory.offset, 48)
         self.assertEqual(_capi.Generation.prefill_seconds.offset, 16)
 
     def test_errors_name_the_argument_and_write_nothing(self):

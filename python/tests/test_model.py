@@ -239,6 +239,18 @@ class ModelOnTheCpu(unittest.TestCase):
         if not twell.cuda_available():
             with self.assertRaisesRegex(twell.TwellError, "^device cuda: "):
                 twell.Model(self.dir, device="cuda")
+        with self.assertRaisesRegex(twell.TwellError, "'12XB' is not a size"):
+            twell.Model(self.dir, gpu_memory="12XB")
+        with self.assertRaisesRegex(twell.TwellError, "gpu_memory must be"):
+            twell.Model(self.dir, gpu_memory=-5)
+
+    def test_a_gpu_memory_cap_below_the_models_needs_runs_it_on_the_cpu(self):
+        with twell.Model(self.dir, gpu_memory="1KB", tokenizer="bytes") as m:
+            self.assertEqual(m.device, "cpu")
+            self.assertEqual(len(m.generate([256, 1], max_new_tokens=3, stop=False)), 3)
+        if twell.cuda_available():
+            with self.assertRaisesRegex(twell.TwellError, "of which 1.0 KB may be used \\(gpu_memory\\)"):
+                twell.Model(self.dir, device="cuda", gpu_memory=1000)
 
     def test_weights_with_nan_are_refused_unless_asked(self):
         folder = tempfile.mkdtemp(prefix="twell_py_nan_")

@@ -55,7 +55,7 @@ class ModelOptions(ctypes.Structure):
     _fields_ = [("device", ctypes.c_int32), ("dense_ffn", ctypes.c_int32), ("bf16_ffn", ctypes.c_int32),
                 ("check_finite", ctypes.c_int32), ("context", ctypes.c_int64), ("kv_cache", ctypes.c_int32),
                 ("reserved0", ctypes.c_int32), ("log", LOG_FN), ("log_user", ctypes.c_void_p),
-                ("reserved", ctypes.c_int64 * 4)]
+                ("gpu_memory", ctypes.c_int64), ("reserved", ctypes.c_int64 * 3)]
 
 
 class ModelInfo(ctypes.Structure):
@@ -138,6 +138,7 @@ _sig = {
     "twell_cuda_ffn_backward": (ctypes.c_int, [ctypes.c_void_p, _T, _T, _T, _T, _T, ctypes.c_double, _T, _T, _T, _T,
                                                ctypes.c_void_p]),
     "twell_cuda_ffn_last_stats": (ctypes.c_int, [ctypes.c_void_p, _P(FfnStats)]),
+    "twell_parse_bytes": (ctypes.c_int, [ctypes.c_char_p, _P(ctypes.c_int64)]),
     "twell_model_options_init": (None, [_P(ModelOptions)]),
     "twell_model_load": (ctypes.c_int, [ctypes.c_char_p, _P(ModelOptions), _P(ctypes.c_void_p)]),
     "twell_model_destroy": (None, [ctypes.c_void_p]),
@@ -181,6 +182,13 @@ def check(rc):
 def ref(t):
     """A pointer to a twell_tensor, or NULL for None."""
     return None if t is None else ctypes.byref(t)
+
+
+def parse_bytes(text):
+    """Bytes of "40GB", "512M", "1000" (decimal units, as twell prints them)."""
+    n = ctypes.c_int64()
+    check(lib.twell_parse_bytes(str(text).encode(), ctypes.byref(n)))
+    return n.value
 
 
 def version():

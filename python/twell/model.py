@@ -128,7 +128,9 @@ class Model:
     memory, else the CPU reference backend), "cuda" (an error saying why where it cannot) or "cpu".
     ffn: the GPU's FFN of ReLU models, "twell" (sparse TwELL where it pays) or "dense".
     context: GPU buffers for sequences of at most this many positions (None: the config's
-    max_position_embeddings; a long context takes much memory). kv_cache=False: logits() and
+    max_position_embeddings; a long context takes much memory). gpu_memory: the most GPU memory the
+    model may take, in bytes or as "40GB" (None: all that is free); where it needs more, "auto" runs
+    it on the CPU and "cuda" refuses it. kv_cache=False: logits() and
     perplexity() only. tokenizer: "auto" (the directory's tokenizer.json where there is one), "bytes"
     (our byte tokenizer) or None. verbose: loading's lines on stderr (else to the "twell" logger).
 
@@ -137,7 +139,7 @@ class Model:
     """
 
     def __init__(self, path, device="auto", ffn="twell", context=None, kv_cache=True, check_finite=True,
-                 bf16_ffn=False, tokenizer="auto", verbose=False):
+                 bf16_ffn=False, tokenizer="auto", verbose=False, gpu_memory=None):
         if device not in _capi.CHOOSE:
             raise TwellError(f"device must be one of {', '.join(_capi.CHOOSE)}, got {device!r}")
         if ffn not in ("twell", "dense"):
@@ -153,6 +155,13 @@ class Model:
         _capi.lib.twell_model_options_init(ctypes.byref(o))
         o.device, o.dense_ffn, o.bf16_ffn = _capi.CHOOSE[device], int(ffn == "dense"), int(bool(bf16_ffn))
         o.check_finite, o.context, o.kv_cache = int(bool(check_finite)), context or 0, int(bool(kv_cache))
+        if isinstance(gpu_memory, str):
+            o.gpu_memory = _capi.parse_bytes(gpu_memory)
+        elif gpu_memory is not None:
+            if isinstance(gpu_memory, bool) or not isinstance(gpu_memory, int) or gpu_memory < 1:
+                raise TwellError(f"gpu_memory must be a positive number of bytes, a size such as '40GB', or None, "
+                                 f"got {gpu_memory!r}")
+            o.gpu_memory = gpu_memory
 
         def log(line, _user):
             text = line.decode(errors="replace")

@@ -332,6 +332,15 @@ int twell_cuda_ffn_last_stats(const twell_cuda_ffn* ffn, twell_ffn_stats* stats)
   });
 }
 
+int twell_parse_bytes(const char* text, int64_t* bytes) {
+  return guarded([&] {
+    TWELL_REQUIRE(text != nullptr && bytes != nullptr, "twell_parse_bytes: NULL argument");
+    const size_t n = parse_bytes(text);
+    TWELL_REQUIRE(n <= static_cast<size_t>(INT64_MAX), "'", text, "' is too large a size");
+    *bytes = static_cast<int64_t>(n);
+  });
+}
+
 void twell_model_options_init(twell_model_options* options) {
   if (options == nullptr) return;
   *options = twell_model_options{};
@@ -348,7 +357,7 @@ int twell_model_load(const char* dir, const twell_model_options* options, twell_
     twell_model_options c;
     twell_model_options_init(&c);
     if (options != nullptr) c = *options;
-    TWELL_REQUIRE(c.reserved0 == 0 && std::all_of(c.reserved, c.reserved + 4, [](int64_t r) { return r == 0; }),
+    TWELL_REQUIRE(c.reserved0 == 0 && std::all_of(c.reserved, c.reserved + 3, [](int64_t r) { return r == 0; }),
                   "twell_model_options: reserved fields must be 0 (twell_model_options_init sets them)");
     TWELL_REQUIRE(c.device >= TWELL_CHOOSE_AUTO && c.device <= TWELL_CHOOSE_CUDA,
                   "twell_model_options: device must be TWELL_CHOOSE_AUTO, _CPU or _CUDA, got ", c.device);
@@ -361,6 +370,8 @@ int twell_model_load(const char* dir, const twell_model_options* options, twell_
     o.check_finite = c.check_finite != 0;
     o.context = c.context;
     o.kv_cache = c.kv_cache != 0;
+    TWELL_REQUIRE(c.gpu_memory >= 0, "twell_model_options: gpu_memory must be at least 0 (0: all), got ", c.gpu_memory);
+    o.gpu_memory = static_cast<size_t>(c.gpu_memory);
     if (c.log != nullptr) o.log = [log = c.log, user = c.log_user](const std::string& line) { log(line.c_str(), user); };
     o.cuda_choice_name = "device cuda";
     o.cpu_choice_name = "device cpu";

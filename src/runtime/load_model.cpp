@@ -42,13 +42,18 @@ std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCuda
   const size_t weights = cuda::LlamaCudaWeights::bytes_for(c);
   const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(c, co);
   const cuda::DeviceMemory gpu = cuda::device_memory();
-  if (weights > gpu.free)
-    return str("the model's weights need ", bytes_str(weights), " of GPU memory, and the GPU has ", gpu.str());
-  if (weights + m.total() <= gpu.free) return {};
+  const size_t usable = o.gpu_memory ? std::min(o.gpu_memory, gpu.free) : gpu.free;
+  const std::string has = o.gpu_memory && o.gpu_memory < gpu.free
+                              ? str(gpu.str(), ", of which ", bytes_str(o.gpu_memory), " may be used (",
+                                    o.gpu_memory_choice_name, ")")
+                              : gpu.str();
+  if (weights > usable)
+    return str("the model's weights need ", bytes_str(weights), " of GPU memory, and the GPU has ", has);
+  if (weights + m.total() <= usable) return {};
   const int64_t context = co.max_context ? co.max_context : c.max_position_embeddings;
   return str("the model needs ", bytes_str(weights + m.total()), " of GPU memory: weights ", bytes_str(weights),
              ", KV cache ", bytes_str(m.kv_cache), " for ", context, " positions, activations and workspaces ",
-             bytes_str(m.activations + m.ffn + m.other), "; the GPU has ", gpu.str(),
+             bytes_str(m.activations + m.ffn + m.other), "; the GPU has ", has,
              " (", o.context_hint, ")");
 }
 #endif

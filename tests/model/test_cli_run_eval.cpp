@@ -147,6 +147,28 @@ TEST_F(CliModel, AModelTooLargeForTheGpuAndTheHostIsRefusedWithBothFigures) {
       << automatic.out;
 }
 
+// --gpu-memory caps what the model may take on the GPU: below its needs, --device auto runs it on the
+// CPU and says why, --device cuda refuses it naming the cap. A size that is none is refused first.
+TEST_F(CliModel, AGpuMemoryCapBelowTheModelsNeedsRunsItOnTheCpu) {
+  const std::string args = "run " + dir_ + " --byte-tokenizer --no-stop -p 'hi' -n 5 --gpu-memory 1KB";
+  const CliResult automatic = run_cli(args, true);
+  ASSERT_EQ(automatic.status, 0) << automatic.out;
+  EXPECT_NE(automatic.out.find("using the CPU backend"), std::string::npos) << automatic.out;
+  EXPECT_NE(automatic.out.find("backend: CPU reference"), std::string::npos) << automatic.out;
+  EXPECT_NE(automatic.out.find("generated 5 tokens"), std::string::npos) << automatic.out;
+  const CliResult cuda = run_cli(args + " --device cuda", true);
+  EXPECT_NE(cuda.status, 0) << cuda.out;
+  if (cuda.out.find("no NVIDIA driver") == std::string::npos && cuda.out.find("no GPU") == std::string::npos) {
+    EXPECT_NE(automatic.out.find(", of which 1.0 KB may be used (--gpu-memory): using the CPU backend"),
+              std::string::npos) << automatic.out;
+    EXPECT_NE(cuda.out.find(", of which 1.0 KB may be used (--gpu-memory); --device cpu runs it on the CPU"),
+              std::string::npos) << cuda.out;
+  }
+  const CliResult bad = run_cli("run " + dir_ + " --byte-tokenizer -p 'hi' --gpu-memory 12XB", true);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--gpu-memory: '12XB' is not a size"), std::string::npos) << bad.out;
+}
+
 TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
   EXPECT_NE(run_cli("run " + dir_ + " -p hi").status, 0);  // no tokenizer.json, no --byte-tokenizer
   EXPECT_NE(run_cli("run " + path("nothing") + " --byte-tokenizer -p hi").status, 0);

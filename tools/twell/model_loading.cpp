@@ -28,6 +28,20 @@ void ModelArgs::add_to(CLI::App* cmd) {
                   "memory for it)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
+  cmd->add_option_function<std::string>(
+         "--gpu-memory", [this](const std::string& v) { gpu_memory = parse_bytes(v); },
+         "the most GPU memory the model may take, e.g. 40GB (default: all that is free); a model that needs more "
+         "runs on the CPU under --device auto")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            try {
+              parse_bytes(v);
+              return {};
+            } catch (const Error& e) {
+              return e.what();
+            }
+          },
+          "SIZE"));
   ffn_option = cmd->add_option("--ffn", ffn, "GPU FFN of ReLU models: twell (sparse TwELL where it pays) or dense")
                    ->check(CLI::IsMember({"twell", "dense"}))
                    ->capture_default_str();
@@ -53,6 +67,8 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   o.check_finite = force_check_finite || !skip_check_finite;
   o.context = gpu_context;
   o.kv_cache = gpu_kv_cache;
+  o.gpu_memory = gpu_memory;
+  o.gpu_memory_choice_name = "--gpu-memory";
   o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   o.cuda_choice_name = kCudaChoice;
   o.cpu_choice_name = "--device cpu";

@@ -20,6 +20,7 @@ struct ModelArgs {
   bool skip_check_finite = false;   // --no-check-finite: weights are not scanned for NaN/Inf
   std::string device = "auto";  // cpu, cuda, auto (cuda when a Hopper GPU is present)
   std::string ffn = "twell";    // GPU FFN of ReLU models: twell (sparse when it pays) or dense
+  size_t gpu_memory = 0;        // --gpu-memory: the most the model may take on the GPU (0: all free)
   const CLI::Option* ffn_option = nullptr;  // given on the command line? (it means nothing on the CPU)
   // What the GPU runtime allocates for (LlamaCudaOptions), set by the command from its job: the
   // positions a sequence holds, which are also the most tokens one call takes (0: the config's

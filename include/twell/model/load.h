@@ -42,6 +42,9 @@ struct ModelLoadOptions {
   // config's whole context.
   int64_t context = 0;
   bool kv_cache = true;
+  // The most GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all the
+  // GPU's free memory. Where it needs more, `automatic` runs it on the CPU and `cuda` refuses it.
+  size_t gpu_memory = 0;
   // Progress and notes, a line at a time without the newline ("loaded …", "backend: …", a warning
   // about unused tensors, why the CPU runs it under DeviceChoice::automatic). Empty: silent.
   std::function<void(const std::string&)> log;
@@ -50,6 +53,7 @@ struct ModelLoadOptions {
   std::string cuda_choice_name = "device cuda";
   std::string cpu_choice_name = "device cpu";
   std::string bf16_choice_name = "bf16_ffn";                    // in the backend line's note on it
+  std::string gpu_memory_choice_name = "gpu_memory";            // in a shortfall under that limit
   std::string context_hint = "a shorter context needs less";  // in parentheses after a GPU memory shortfall
   // Appended to the "backend: CPU reference" line where the CPU runs it (the CLI: that --ffn was given
   // and means nothing there).
