@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 37, call 5 (--gpu-memory, d4da3e4): the whole twell_tests on the GPU machine (the CLI's cap:
+# Session 37, call 5 (--gpu-memory, 2de013c): the whole twell_tests on the GPU machine (the CLI's cap:
 # CPU under auto, refused under cuda), the Python tests under PyTorch (gpu_memory=), the C interface's
 # GPU tests under memcheck.
 set -u
