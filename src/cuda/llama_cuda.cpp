@@ -650,10 +650,12 @@ struct LlamaCuda::Impl {
   // larger ones straight into the result: the staging's extra host copy then costs more than the
   // pageable copy's overhead (H200 host, one sequence −13 µs a step, eight +15 µs; perf.md).
   static constexpr size_t kPinnedLogitsBytes = 512 * 1024;
-  Tensor download_logits(int64_t rows) {
+  // [rows, V] on the host; [V] where `one_row` (one sequence's last token: no second copy to reshape).
+  Tensor download_logits(int64_t rows, bool one_row = false) {
     const size_t bytes = static_cast<size_t>(rows * V) * 4;
+    const Shape shape = one_row ? Shape{rows * V} : Shape{rows, V};
     if (bytes > kPinnedLogitsBytes) {
-      Tensor out(DType::f32, {rows, V});
+      Tensor out(DType::f32, shape);
       TWELL_CUDA_CHECK(cudaMemcpyAsync(out.view().data, logits.get(), bytes, cudaMemcpyDeviceToHost, stream));
       TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
       return out;
@@ -661,10 +663,10 @@ struct LlamaCuda::Impl {
     pinned_logits.reserve(bytes);
     TWELL_CUDA_CHECK(cudaMemcpyAsync(pinned_logits.get(), logits.get(), bytes, cudaMemcpyDeviceToHost, stream));
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return Tensor::copy_of(TensorView(pinned_logits.get(), DType::f32, {rows, V}));
+    return Tensor::copy_of(TensorView(pinned_logits.get(), DType::f32, shape));
   }
 
-  Tensor prefill(const std::vector<std::vector<int32_t>>& prompts) {
+  Tensor prefill(const std::vector<std::vector<int32_t>>& prompts, bool one_row = false) {
     TWELL_CHECK(!prompts.empty(), "LlamaCuda::prefill: no prompts");
     const int64_t B = static_cast<int64_t>(prompts.size()), S = static_cast<int64_t>(prompts[0].size());
     std::vector<int32_t> flat;
@@ -682,10 +684,10 @@ struct LlamaCuda::Impl {
     body(tokens.as<int32_t>(), B, S, Head::last, false);
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
     finish(B, S);
-    return download_logits(B);
+    return download_logits(B, one_row);
   }
 
-  Tensor decode(const std::vector<int32_t>& toks) {
+  Tensor decode(const std::vector<int32_t>& toks, bool one_row = false) {
     TWELL_CHECK(o.kv_cache, "LlamaCuda::decode: built without a KV cache (kv_cache = false)");
     TWELL_CHECK(len > 0, "LlamaCuda::decode: call prefill first");
     const int64_t B = static_cast<int64_t>(toks.size());
@@ -730,7 +732,7 @@ struct LlamaCuda::Impl {
     }
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
     finish(B, 1);
-    return download_logits(B);
+    return download_logits(B, one_row);
   }
 
   void reset() {
@@ -785,15 +787,9 @@ Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<Activat
   return out;
 }
 
-Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) {
-  Tensor t = impl_->prefill({tokens});
-  return Tensor::copy_of(TensorView(t.view().data, DType::f32, {impl_->V}));
-}
+Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) { return impl_->prefill({tokens}, true); }
 
-Tensor LlamaCuda::decode_step(int32_t token) {
-  Tensor t = impl_->decode({token});
-  return Tensor::copy_of(TensorView(t.view().data, DType::f32, {impl_->V}));
-}
+Tensor LlamaCuda::decode_step(int32_t token) { return impl_->decode({token}, true); }
 
 Tensor LlamaCuda::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) { return impl_->prefill(prompts); }
 Tensor LlamaCuda::decode_batch(const std::vector<int32_t>& tokens) { return impl_->decode(tokens); }
