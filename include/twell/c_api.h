@@ -163,8 +163,9 @@ typedef struct {
   int32_t reserved0;    /* 0 */
   twell_log_fn log;     /* NULL: silent */
   void* log_user;
-  int64_t gpu_memory;  /* the most GPU memory the model may take, bytes; 0: all that is free. More:
-                          TWELL_CHOOSE_AUTO runs it on the CPU, TWELL_CHOOSE_CUDA refuses it */
+  int64_t gpu_memory;  /* a cap on the GPU memory the model may take, bytes (0: all that is free), checked
+                          at load against what it will allocate; above it TWELL_CHOOSE_AUTO runs it on
+                          the CPU and TWELL_CHOOSE_CUDA refuses it */
   int64_t reserved[3]; /* 0 */
 } twell_model_options;
 
@@ -211,7 +212,7 @@ typedef struct {
   double temperature;  /* 0: greedy (argmax) */
   int64_t top_k;       /* 0: all */
   double top_p;        /* 1: all */
-  uint64_t seed;       /* the same seed draws the same tokens on every platform */
+  uint64_t seed;       /* the same seed draws the same tokens wherever exp() rounds alike */
   int64_t vocab_limit; /* draw only ids below it (0: any), for an embedding padded past its tokenizer */
   int64_t reserved[3]; /* 0 */
 } twell_sampling;

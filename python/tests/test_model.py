@@ -241,8 +241,9 @@ class ModelOnTheCpu(unittest.TestCase):
                 twell.Model(self.dir, device="cuda")
         with self.assertRaisesRegex(twell.TwellError, "'12XB' is not a size"):
             twell.Model(self.dir, gpu_memory="12XB")
-        with self.assertRaisesRegex(twell.TwellError, "gpu_memory must be"):
-            twell.Model(self.dir, gpu_memory=-5)
+        for bad in (-5, 0, "0.4", 2**64 + 5, 1.5):
+            with self.assertRaisesRegex(twell.TwellError, "gpu_memory must be at least 1 byte"):
+                twell.Model(self.dir, gpu_memory=bad)
 
     def test_a_gpu_memory_cap_below_the_models_needs_runs_it_on_the_cpu(self):
         with twell.Model(self.dir, gpu_memory="1KB", tokenizer="bytes") as m:

@@ -16,6 +16,7 @@ import array
 import contextlib
 import ctypes
 import logging
+import numbers
 import os
 import sys
 import threading
@@ -155,13 +156,13 @@ class Model:
         _capi.lib.twell_model_options_init(ctypes.byref(o))
         o.device, o.dense_ffn, o.bf16_ffn = _capi.CHOOSE[device], int(ffn == "dense"), int(bool(bf16_ffn))
         o.check_finite, o.context, o.kv_cache = int(bool(check_finite)), context or 0, int(bool(kv_cache))
-        if isinstance(gpu_memory, str):
-            o.gpu_memory = _capi.parse_bytes(gpu_memory)
-        elif gpu_memory is not None:
-            if isinstance(gpu_memory, bool) or not isinstance(gpu_memory, int) or gpu_memory < 1:
-                raise TwellError(f"gpu_memory must be a positive number of bytes, a size such as '40GB', or None, "
-                                 f"got {gpu_memory!r}")
-            o.gpu_memory = gpu_memory
+        if gpu_memory is not None:
+            cap = _capi.parse_bytes(gpu_memory) if isinstance(gpu_memory, str) else gpu_memory
+            integral = isinstance(cap, numbers.Integral) or (isinstance(cap, float) and cap.is_integer())
+            if isinstance(cap, bool) or not integral or not 1 <= cap < 2**63:
+                raise TwellError(f"gpu_memory must be at least 1 byte (a number of bytes or a size such as '40GB'; "
+                                 f"None: no cap), got {gpu_memory!r}")
+            o.gpu_memory = int(cap)
 
         def log(line, _user):
             text = line.decode(errors="replace")

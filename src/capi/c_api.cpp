@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -31,6 +32,8 @@ static_assert(sizeof(twell_tensor) == 56 && sizeof(twell_activation_stats) == 32
               sizeof(twell_cuda_ffn_config) == 72);
 static_assert(sizeof(twell_model_options) == 80 && sizeof(twell_model_info) == 72 && sizeof(twell_sampling) == 64 &&
               sizeof(twell_generation) == 32 && sizeof(twell_tokenizer_info) == 20);
+static_assert(offsetof(twell_model_options, log) == 32 && offsetof(twell_model_options, gpu_memory) == 48 &&
+              offsetof(twell_generation, prefill_seconds) == 16);
 static_assert(TWELL_STOP_TOKEN == static_cast<int>(twell::model::StopReason::stop_token) &&
               TWELL_STOP_MAX_TOKENS == static_cast<int>(twell::model::StopReason::max_tokens) &&
               TWELL_STOP_CONTEXT_FULL == static_cast<int>(twell::model::StopReason::context_full));

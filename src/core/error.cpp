@@ -1,10 +1,12 @@
 #include "twell/error.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace twell {
 
@@ -24,12 +26,15 @@ size_t parse_bytes(const std::string& text) {
     return Error(str("'", text, "' is not a size: a number of bytes, or one with a unit (K, M, G or T, with or ",
                      "without B: 512M, 40GB)"));
   };
-  const char* begin = text.c_str();
-  char* end = nullptr;
-  const double v = std::strtod(begin, &end);
-  if (end == begin || !(v >= 0) || !std::isfinite(v)) throw bad();
-  std::string unit(end);
-  unit.erase(0, unit.find_first_not_of(' '));
+  // A decimal number (digits, at most one point; no sign, exponent or hex), then the unit.
+  const size_t digits_end = text.find_first_not_of("0123456789.");
+  const std::string number = text.substr(0, digits_end);
+  if (number.empty() || number == "." || std::count(number.begin(), number.end(), '.') > 1) throw bad();
+  const double v = std::strtod(number.c_str(), nullptr);
+  std::string unit = digits_end == std::string::npos ? std::string() : text.substr(digits_end);
+  const auto space = [](char ch) { return std::isspace(static_cast<unsigned char>(ch)) != 0; };
+  while (!unit.empty() && space(unit.front())) unit.erase(unit.begin());
+  while (!unit.empty() && space(unit.back())) unit.pop_back();
   for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   if (unit.size() == 2 && unit[1] == 'B') unit.pop_back();
   double scale = 1;
@@ -39,7 +44,7 @@ size_t parse_bytes(const std::string& text) {
   else if (unit == "T") scale = 1e12;
   else if (!unit.empty() && unit != "B" && unit != "BYTE" && unit != "BYTES") throw bad();
   const double bytes = std::round(v * scale);
-  if (!(bytes < 1.8e19)) throw bad();
+  TWELL_REQUIRE(bytes < 9.2e18, "'", text, "' is too large a size (at most 9.2 EB)");
   return static_cast<size_t>(bytes);
 }
 

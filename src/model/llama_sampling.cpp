@@ -122,7 +122,10 @@ Candidate nucleus_last(const std::vector<Candidate>& c, double target, Scratch& 
   for (;;) {
     double lo = HUGE_VAL, hi = -HUGE_VAL;
     for (size_t i = 0; i < n; ++i) lo = std::min(lo, span[i].logit), hi = std::max(hi, span[i].logit);
-    if (n <= 64 || lo == hi) {  // tied logits are in id order already: the span keeps c's order
+    const double scale = (kBuckets - 1) / (hi - lo);
+    // Few enough to sort, all tied (in id order already: the span keeps c's order), or a spread no
+    // bucket width can take (f64 logits beyond ±1e307, or within a few denormals).
+    if (n <= 64 || lo == hi || !std::isfinite(hi - lo) || !std::isfinite(scale)) {
       if (span == s.sub.data())
         s.sub.resize(n);
       else
@@ -132,7 +135,6 @@ Candidate nucleus_last(const std::vector<Candidate>& c, double target, Scratch& 
         if ((acc += x.w) >= target) return x;
       return s.sub.back();
     }
-    const double scale = (kBuckets - 1) / (hi - lo);
     const auto bucket = [&](const Candidate& x) {
       return std::min(kBuckets - 1, static_cast<size_t>((hi - x.logit) * scale));
     };
@@ -155,7 +157,13 @@ Candidate nucleus_last(const std::vector<Candidate>& c, double target, Scratch& 
     for (size_t i = 0; i < n; ++i)
       if (bucket(span[i]) == cut) s.sub[kept++] = span[i];
     span = s.sub.data();
-    n = kept;  // fewer: the largest logit is in bucket 0 and the smallest in the last
+    if (kept == n) {  // cannot happen (the largest logit is in bucket 0, the smallest in the last): sort
+      std::sort(s.sub.begin(), s.sub.begin() + static_cast<std::ptrdiff_t>(n), before);
+      for (size_t i = 0; i < n; ++i)
+        if ((acc += span[i].w) >= target) return span[i];
+      return span[n - 1];
+    }
+    n = kept;
   }
 }
 

@@ -673,6 +673,19 @@ TEST(LlamaSampling, CandidatesAreThoseOfTheDefinition) {
   for (int i = 0; i < 300; ++i) EXPECT_TRUE(std::binary_search(allowed.begin(), allowed.end(), s.sample(row)));
 }
 
+// f64 logits whose spread no bucket width can take, within a few denormals or beyond ±1e307, are
+// sorted instead.
+TEST(LlamaSampling, ExtremeF64SpreadsAreSortedInstead) {
+  Tensor tiny(DType::f64, {100});
+  for (int i = 0; i < 100; ++i) tiny.ptr<double>()[i] = i * 5e-324;  // equal weights, ordered by id
+  std::vector<int32_t> upper(50);
+  std::iota(upper.begin(), upper.end(), 50);
+  EXPECT_EQ(Sampler({0.8, 0, 0.5, 1}).candidates(tiny), upper);
+  Tensor huge(DType::f64, {100});
+  for (int i = 0; i < 100; ++i) huge.ptr<double>()[i] = (i % 2 ? 1 : -1) * 1e306 * i;  // a spread past DBL_MAX
+  EXPECT_EQ(Sampler({1.0, 0, 0.5, 1}).candidates(huge), std::vector<int32_t>{99});
+}
+
 // Logits that are a strided view (a column of a matrix) are read through their strides.
 TEST(LlamaSampling, StridedLogitsAreReadThroughTheirStrides) {
   Tensor m = logit_row({5, 0, 0, 0, 0, 0, 9, 0});

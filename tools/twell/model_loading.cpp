@@ -35,8 +35,7 @@ void ModelArgs::add_to(CLI::App* cmd) {
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             try {
-              parse_bytes(v);
-              return {};
+              return parse_bytes(v) >= 1 ? std::string() : "must be at least 1 byte (leave it out for no cap), got " + v;
             } catch (const Error& e) {
               return e.what();
             }

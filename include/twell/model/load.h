@@ -42,8 +42,9 @@ struct ModelLoadOptions {
   // config's whole context.
   int64_t context = 0;
   bool kv_cache = true;
-  // The most GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all the
-  // GPU's free memory. Where it needs more, `automatic` runs it on the CPU and `cuda` refuses it.
+  // A cap on the GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all
+  // the GPU's free memory. Checked at load against what the runtime will allocate (LlamaCuda::
+  // memory_needed); where it needs more, `automatic` runs it on the CPU and `cuda` refuses it.
   size_t gpu_memory = 0;
   // Progress and notes, a line at a time without the newline ("loaded …", "backend: …", a warning
   // about unused tensors, why the CPU runs it under DeviceChoice::automatic). Empty: silent.
