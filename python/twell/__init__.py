@@ -11,7 +11,7 @@
     y = twell.ffn_forward(x, wg, wu, wd)        # functional, no autograd
 
     model = twell.Model("models/smol")          # a whole HF checkpoint on the GPU (or the CPU): twell/model.py
-    model.generate("Once upon a time", max_new_tokens=32, stream=print)
+    model.generate("Once upon a time", max_new_tokens=32, stream=lambda text: print(text, end=""))
 
 The GPU path needs a Hopper GPU and bf16 tensors; on the CPU the reference backend runs (bf16, f32
 or f64 tensors; slow, for checking). What each call computes and where it rounds: DESIGN.md §2 and

@@ -4,7 +4,7 @@ TwELL FFN where it pays) or on its CPU reference backend, with its tokenizer.
     import twell
     model = twell.Model("models/smol")              # config.json, safetensors, tokenizer.json
     model.generate("The capital of France is", max_new_tokens=20)
-    model.generate("Once upon", temperature=0.8, top_p=0.95, seed=1, stream=print)
+    model.generate("Once upon", temperature=0.8, top_p=0.95, seed=1, stream=lambda t: print(t, end=""))
     model.perplexity(open("wiki.txt").read())
     logits = model.logits(model.encode("Hello"))    # torch.Tensor [T, vocab], float32
 
