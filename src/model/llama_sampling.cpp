@@ -119,13 +119,14 @@ Candidate nucleus_last(const std::vector<Candidate>& c, double target, Scratch& 
   const Candidate* span = c.data();
   size_t n = c.size();
   double acc = 0;  // the weight of every candidate before the span
+  bool stalled = false;  // a bucketing kept them all: cannot happen, sorted all the same
   for (;;) {
     double lo = HUGE_VAL, hi = -HUGE_VAL;
     for (size_t i = 0; i < n; ++i) lo = std::min(lo, span[i].logit), hi = std::max(hi, span[i].logit);
     const double scale = (kBuckets - 1) / (hi - lo);
     // Few enough to sort, all tied (in id order already: the span keeps c's order), or a spread no
     // bucket width can take (f64 logits beyond ±1e307, or within a few denormals).
-    if (n <= 64 || lo == hi || !std::isfinite(hi - lo) || !std::isfinite(scale)) {
+    if (stalled || n <= 64 || lo == hi || !std::isfinite(hi - lo) || !std::isfinite(scale)) {
       if (span == s.sub.data())
         s.sub.resize(n);
       else
@@ -157,12 +158,7 @@ Candidate nucleus_last(const std::vector<Candidate>& c, double target, Scratch& 
     for (size_t i = 0; i < n; ++i)
       if (bucket(span[i]) == cut) s.sub[kept++] = span[i];
     span = s.sub.data();
-    if (kept == n) {  // cannot happen (the largest logit is in bucket 0, the smallest in the last): sort
-      std::sort(s.sub.begin(), s.sub.begin() + static_cast<std::ptrdiff_t>(n), before);
-      for (size_t i = 0; i < n; ++i)
-        if ((acc += span[i].w) >= target) return span[i];
-      return span[n - 1];
-    }
+    stalled = kept == n;  // the largest logit is in bucket 0 and the smallest in the last: fewer
     n = kept;
   }
 }

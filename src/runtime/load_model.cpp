@@ -82,7 +82,7 @@ bool gpu_chosen(DeviceChoice choice, std::string* why, const std::string& cuda_c
 std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoadOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   TWELL_REQUIRE(o.context >= 0, "the context must be at least 0 (0: the config's), got ", o.context);
-  [[maybe_unused]] const bool automatic = o.device == DeviceChoice::automatic;  // used with CUDA
+  const bool automatic = o.device == DeviceChoice::automatic;
   std::string no_gpu;
   bool gpu = gpu_chosen(o.device, &no_gpu, o.cuda_choice_name);
   if (!gpu && automatic) say(o, "using the CPU backend: " + no_gpu);
