@@ -395,4 +395,26 @@ void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm
 // ranges of at least 32 keys at the longest context, at most 16.
 int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count);
 
+// sample.cu: one token a row of logits [rows, ld] f32 (the first n of each row), drawn with
+// model::Sampler's rules from uniforms[row] in [0, 1) (unused when greedy). weights: n u64 a row
+// of workspace. Each row's result goes to results[row]: the token, or why there is none.
+enum SampleStatus : int32_t { kSampleOk = 0, kSampleBadLogit = 1, kSampleAllRuledOut = 2, kSampleNoConvergence = 3 };
+struct SampleResult {
+  int32_t token;   // -1 unless status is kSampleOk
+  int32_t status;  // SampleStatus
+  int64_t index;   // kSampleBadLogit: the first NaN or +inf logit, whose value is `value`
+  float value;
+};
+struct SampleArgs {
+  const float* logits = nullptr;
+  int64_t ld = 0, n = 0;
+  double temperature = 0;  // 0: greedy
+  int64_t top_k = 0;       // 0: all
+  double top_p = 1;        // 1: all
+  const double* uniforms = nullptr;
+  unsigned long long* weights = nullptr;
+  SampleResult* results = nullptr;
+};
+void launch_sample(const SampleArgs& a, int64_t rows, cudaStream_t stream);
+
 }  // namespace twell::cuda

@@ -11,6 +11,7 @@
 #include "cuda/cudnn_sdpa.h"
 #include "cuda/kernels.h"
 #include "twell/bf16.h"
+#include "twell/cuda/sampler.h"
 
 namespace twell::cuda {
 
@@ -200,6 +201,7 @@ struct LlamaCuda::Impl {
   // from and to pageable memory cost the host more per decode step. `staged` is recorded after the
   // input copies, which read the staging when they run.
   PinnedBuffer pinned_in, pinned_logits;
+  DeviceSampler sampler;  // prefill_sample, decode_step_sample
   cudaEvent_t staged = nullptr;
   std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
   int64_t len = 0, batch = 0;                  // cached positions (of every sequence), sequences
@@ -666,7 +668,8 @@ struct LlamaCuda::Impl {
     return Tensor::copy_of(TensorView(pinned_logits.get(), DType::f32, shape));
   }
 
-  Tensor prefill(const std::vector<std::vector<int32_t>>& prompts, bool one_row = false) {
+  // download false: the logits stay on the device (an empty Tensor is returned).
+  Tensor prefill(const std::vector<std::vector<int32_t>>& prompts, bool one_row = false, bool download = true) {
     TWELL_CHECK(!prompts.empty(), "LlamaCuda::prefill: no prompts");
     const int64_t B = static_cast<int64_t>(prompts.size()), S = static_cast<int64_t>(prompts[0].size());
     std::vector<int32_t> flat;
@@ -684,10 +687,10 @@ struct LlamaCuda::Impl {
     body(tokens.as<int32_t>(), B, S, Head::last, false);
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
     finish(B, S);
-    return download_logits(B, one_row);
+    return download ? download_logits(B, one_row) : Tensor();
   }
 
-  Tensor decode(const std::vector<int32_t>& toks, bool one_row = false) {
+  Tensor decode(const std::vector<int32_t>& toks, bool one_row = false, bool download = true) {
     TWELL_CHECK(o.kv_cache, "LlamaCuda::decode: built without a KV cache (kv_cache = false)");
     TWELL_CHECK(len > 0, "LlamaCuda::decode: call prefill first");
     const int64_t B = static_cast<int64_t>(toks.size());
@@ -732,7 +735,12 @@ struct LlamaCuda::Impl {
     }
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
     finish(B, 1);
-    return download_logits(B, one_row);
+    return download ? download_logits(B, one_row) : Tensor();
+  }
+
+  // The token drawn from the first row of the logits the last call left on the device.
+  int32_t sample_first_row(model::Sampler& s) {
+    return sampler.sample(dev_view(logits.get(), DType::f32, {V}), s, stream)[0];
   }
 
   void reset() {
@@ -790,6 +798,15 @@ Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<Activat
 Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) { return impl_->prefill({tokens}, true); }
 
 Tensor LlamaCuda::decode_step(int32_t token) { return impl_->decode({token}, true); }
+
+int32_t LlamaCuda::prefill_sample(const std::vector<int32_t>& tokens, model::Sampler& sampler) {
+  impl_->prefill({tokens}, true, false);
+  return impl_->sample_first_row(sampler);
+}
+int32_t LlamaCuda::decode_step_sample(int32_t token, model::Sampler& sampler) {
+  impl_->decode({token}, true, false);
+  return impl_->sample_first_row(sampler);
+}
 
 Tensor LlamaCuda::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) { return impl_->prefill(prompts); }
 Tensor LlamaCuda::decode_batch(const std::vector<int32_t>& tokens) { return impl_->decode(tokens); }

@@ -31,12 +31,11 @@ void check_logits_shape(const TensorView& logits) {
 
 // The error for a row whose entries are not all finite or -inf (a token ruled out), or all -inf.
 template <class T>
-void check_row(const T* row, size_t n) {
+[[noreturn]] void check_row(const T* row, size_t n) {
   for (size_t i = 0; i < n; ++i)
-    TWELL_REQUIRE(!std::isnan(row[i]) && !(std::isinf(row[i]) && row[i] > 0), "sample: logit ", i, " is ",
-                  static_cast<double>(row[i]),
-                  ": the model's activations are not finite (weights with NaN or Inf, or an overflow)");
-  TWELL_REQUIRE(false, "sample: all ", n, " logits are -inf: no token can be drawn");
+    if (std::isnan(row[i]) || (std::isinf(row[i]) && row[i] > 0))
+      throw_unsampleable(static_cast<int64_t>(i), static_cast<double>(row[i]), static_cast<int64_t>(n));
+  throw_unsampleable(-1, 0, static_cast<int64_t>(n));
 }
 
 // Host, contiguous f32: the logits every backend returns, read in a plain loop.
@@ -210,6 +209,13 @@ Kept kept_tokens(const TensorView& logits, const SamplingOptions& o, Scratch& s)
 
 }  // namespace
 
+void throw_unsampleable(int64_t index, double value, int64_t n) {
+  if (index >= 0)
+    throw Error(str("sample: logit ", index, " is ", value,
+                    ": the model's activations are not finite (weights with NaN or Inf, or an overflow)"));
+  throw Error(str("sample: all ", n, " logits are -inf: no token can be drawn"));
+}
+
 void SamplingOptions::check() const {
   TWELL_REQUIRE(temperature >= 0 && std::isfinite(temperature), "sampling: temperature must be finite and >= 0, got ",
                 temperature);
@@ -220,18 +226,19 @@ void SamplingOptions::check() const {
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) { options.check(); }
 
-double Sampler::uniform() {
+double Sampler::next_uniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }
 
 int32_t Sampler::sample(const TensorView& logits) {
   if (options_.temperature == 0) return argmax_logits(logits, options_.vocab_limit);
+  const double u = next_uniform();  // first, whatever follows: a device sampler takes it before it knows
   const Kept k = kept_tokens(logits, options_, scratch());
   if (k.only) return *k.only;
   double total = 0;
   for (const Candidate& x : *k.c)
     if (k.keeps(x)) total += x.w;
-  const double r = uniform() * total;
+  const double r = u * total;
   double cumulative = 0;
   int32_t last_drawable = -1;
   for (const Candidate& x : *k.c)
@@ -253,6 +260,13 @@ std::vector<int32_t> Sampler::candidates(const TensorView& logits) const {
   return ids;
 }
 
+int32_t LanguageModel::prefill_sample(const std::vector<int32_t>& tokens, Sampler& sampler) {
+  return sampler.sample(prefill(tokens));
+}
+int32_t LanguageModel::decode_step_sample(int32_t token, Sampler& sampler) {
+  return sampler.sample(decode_step(token));
+}
+
 Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
                     const SamplingOptions& sampling, const std::vector<int32_t>& stop_tokens,
                     const std::function<void(int32_t)>& on_token) {
@@ -262,10 +276,13 @@ Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, in
   Sampler sampler(sampling);
   Generation g;
   const auto t0 = clock::now();
-  Tensor logits = model.prefill(prompt);
+  int32_t token = -1;
+  if (max_new_tokens > 0)
+    token = model.prefill_sample(prompt, sampler);
+  else
+    model.prefill(prompt);
   const auto t1 = clock::now();
   while (static_cast<int64_t>(g.tokens.size()) < max_new_tokens) {
-    const int32_t token = sampler.sample(logits);
     g.tokens.push_back(token);
     if (on_token) on_token(token);
     if (std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end()) {
@@ -277,7 +294,7 @@ Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, in
       g.reason = StopReason::context_full;
       break;
     }
-    logits = model.decode_step(token);
+    token = model.decode_step_sample(token, sampler);
   }
   const auto t2 = clock::now();
   g.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();

@@ -204,6 +204,9 @@ class LlamaCuda final : public model::LanguageModel {
   Tensor logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats = nullptr) const override;
   Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]
   Tensor decode_step(int32_t token) override;                   // [V]
+  // The same steps, the next token drawn on the GPU (DeviceSampler): only the token comes back.
+  int32_t prefill_sample(const std::vector<int32_t>& tokens, model::Sampler& sampler) override;
+  int32_t decode_step_sample(int32_t token, model::Sampler& sampler) override;
   int64_t cached_tokens() const override;
   int64_t context() const override;  // LlamaCudaOptions::max_context
   void reset() override;

@@ -108,6 +108,8 @@ struct LlamaOptions {
 // Throws, naming the first offender, unless every token id lies in [0, c.vocab_size).
 void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens);
 
+class Sampler;
+
 // What generation, perplexity and the CLI need of a model, whichever backend runs it: LlamaCpu
 // here, twell::cuda::LlamaCuda (cuda/llama.h) on the GPU.
 class LanguageModel {
@@ -121,6 +123,11 @@ class LanguageModel {
   // KV-cache decoding: prefill clears the cache and returns the last token's logits [V].
   virtual Tensor prefill(const std::vector<int32_t>& tokens) = 0;
   virtual Tensor decode_step(int32_t token) = 0;  // [V]
+  // prefill / decode_step, then the next token drawn by `sampler` from their logits, which are
+  // not returned: a backend may draw where the logits are (LlamaCuda: on the GPU, so that only the
+  // token crosses to the host). By default, sampler.sample() of what prefill / decode_step return.
+  virtual int32_t prefill_sample(const std::vector<int32_t>& tokens, Sampler& sampler);
+  virtual int32_t decode_step_sample(int32_t token, Sampler& sampler);
   virtual int64_t cached_tokens() const = 0;
   // Positions the KV cache holds at most: max_position_embeddings, or less where the backend was
   // built for shorter sequences.
@@ -182,21 +189,29 @@ struct SamplingOptions {
 
 // Draws tokens from logit rows. Deterministic for a seed: std::mt19937_64 and our own
 // uniform-double conversion (std distributions differ between standard libraries).
+// twell::cuda::DeviceSampler (cuda/sampler.h) draws by the same rules from logits on the GPU.
 class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);
-  // `logits`: [V] or [1, V], f32 or f64, on the host.
+  // `logits`: [V] or [1, V], f32 or f64, on the host. Takes one next_uniform() unless greedy.
   int32_t sample(const TensorView& logits);
   // The tokens sample() can return from these logits (temperature, top-k and top-p applied: a
   // positive probability), in id order; greedy: the argmax alone. Draws nothing.
   std::vector<int32_t> candidates(const TensorView& logits) const;
 
- private:
-  double uniform();  // [0, 1) from 53 random bits
+  const SamplingOptions& options() const { return options_; }
+  // The sampler's next random number, in [0, 1), from 53 bits: what sample() draws with, for a
+  // sampler that draws elsewhere (on the GPU) from the same stream.
+  double next_uniform();
 
+ private:
   SamplingOptions options_;
   std::mt19937_64 rng_;
 };
+
+// The error sample() raises for a row it cannot draw from: logit `index` is `value` (NaN or +inf),
+// or, with index < 0, all `n` logits are -inf.
+[[noreturn]] void throw_unsampleable(int64_t index, double value, int64_t n);
 
 // Why generate() stopped, in the order it checks after each token.
 enum class StopReason {
@@ -208,7 +223,7 @@ enum class StopReason {
 struct Generation {
   std::vector<int32_t> tokens;  // the new tokens only, ending with the stop token if one ended it
   StopReason reason = StopReason::max_tokens;
-  double prefill_seconds = 0;  // wall time of the prompt's forward
+  double prefill_seconds = 0;  // wall time of the prompt's forward and the first token's draw
   double decode_seconds = 0;   // wall time from then to the end, sampling and callbacks included
 };
 

@@ -1,0 +1,46 @@
+// Drawing tokens on the GPU from logits that are there already, by the rules of
+// twell::model::Sampler: only the token ids come back to the host, not the [rows, V] logits.
+//
+//   twell::model::SamplingOptions o;
+//   o.temperature = 0.8, o.top_p = 0.95, o.seed = 1;
+//   twell::model::Sampler sampler(o);
+//   twell::cuda::DeviceSampler on_gpu;
+//   std::vector<int32_t> next = on_gpu.sample(device_logits, sampler, stream);  // one a row
+//
+// A row's token is the one sampler.sample() would draw from the same logits with the same random
+// number, except where the draw or a top-p cut falls within ~1e-12 of the total weight of a token's
+// boundary: the GPU holds the softmax weights as 40-bit fixed point, exact and order-independent,
+// where the host sums doubles (so a token whose weight is below 2^-40 of the greatest is never
+// drawn here). Greedy is the argmax either way, lowest id on ties. Deterministic for a seed.
+//
+// LlamaCuda's generation uses it (model::generate through LanguageModel::prefill_sample and
+// decode_step_sample). Kernel: src/cuda/kernels/sample.cu.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "twell/cuda/runtime.h"
+#include "twell/model/llama.h"
+#include "twell/tensor.h"
+
+namespace twell::cuda {
+
+class DeviceSampler {
+ public:
+  DeviceSampler() = default;
+  // One token for each row of `logits`: [V] or [rows, V], f32, contiguous, in the current
+  // device's memory, drawn with `sampler`'s options and random numbers: one next_uniform() a row,
+  // in row order, unless greedy, as sampler.sample() on each row in turn would take them. Enqueued
+  // on `stream` after the work that writes the logits; returns once the tokens are on the host.
+  // Throws what sampler.sample() would for a row with a NaN or +inf logit, or with all -inf.
+  std::vector<int32_t> sample(const TensorView& logits, model::Sampler& sampler, cudaStream_t stream);
+
+ private:
+  DeviceBuffer weights_, io_;  // the kernel's workspace; uniforms in, results out
+  PinnedBuffer staging_;
+};
+
+}  // namespace twell::cuda
