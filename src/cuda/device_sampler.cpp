@@ -28,11 +28,13 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Samp
   auto* results = reinterpret_cast<SampleResult*>(uniforms + rows);
   auto* d_uniforms = io_.as<double>();
   auto* d_results = reinterpret_cast<SampleResult*>(d_uniforms + rows);
-  if (!greedy) {
-    for (int64_t r = 0; r < rows; ++r) uniforms[r] = sampler.next_uniform();
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(d_uniforms, uniforms, rows * sizeof(double), cudaMemcpyHostToDevice, stream));
-  }
   SampleArgs a;
+  if (!greedy) {
+    double* u = rows <= kSampleInlineRows ? a.inline_uniforms : uniforms;
+    for (int64_t r = 0; r < rows; ++r) u[r] = sampler.next_uniform();
+    if (rows > kSampleInlineRows)
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(d_uniforms, uniforms, rows * sizeof(double), cudaMemcpyHostToDevice, stream));
+  }
   a.logits = static_cast<const float*>(logits.data);
   a.ld = V;
   a.n = n;
@@ -52,7 +54,7 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Samp
     if (x.status == kSampleBadLogit) model::throw_unsampleable(x.index, x.value, n);
     if (x.status == kSampleAllRuledOut) model::throw_unsampleable(-1, 0, n);
     TWELL_CHECK(x.status == kSampleOk && x.token >= 0 && x.token < n, "DeviceSampler::sample: row ", r,
-                " gave no token (status ", x.status, ", token ", x.token, ")");
+                " gave no token (status ", x.status, ", token ", x.token, ", stage ", x.index, ")");
     tokens[static_cast<size_t>(r)] = x.token;
   }
   return tokens;

@@ -396,13 +396,16 @@ void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm
 int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count);
 
 // sample.cu: one token a row of logits [rows, ld] f32 (the first n of each row), drawn with
-// model::Sampler's rules from uniforms[row] in [0, 1) (unused when greedy). weights: n u64 a row
-// of workspace. Each row's result goes to results[row]: the token, or why there is none.
+// model::Sampler's rules from a number in [0, 1) a row (unused when greedy): inline_uniforms[row]
+// for up to kSampleInlineRows rows (no copy to make), else uniforms[row]. weights: n u64 a row of
+// workspace. Each row's result goes to results[row]: the token, or why there is none.
+constexpr int64_t kSampleInlineRows = 16;
 enum SampleStatus : int32_t { kSampleOk = 0, kSampleBadLogit = 1, kSampleAllRuledOut = 2, kSampleNoConvergence = 3 };
 struct SampleResult {
   int32_t token;   // -1 unless status is kSampleOk
   int32_t status;  // SampleStatus
-  int64_t index;   // kSampleBadLogit: the first NaN or +inf logit, whose value is `value`
+  int64_t index;   // kSampleBadLogit: the first NaN or +inf logit, whose value is `value`;
+                   // kSampleNoConvergence: the step that failed (for the error message)
   float value;
 };
 struct SampleArgs {
@@ -411,6 +414,7 @@ struct SampleArgs {
   double temperature = 0;  // 0: greedy
   int64_t top_k = 0;       // 0: all
   double top_p = 1;        // 1: all
+  double inline_uniforms[kSampleInlineRows] = {};
   const double* uniforms = nullptr;
   unsigned long long* weights = nullptr;
   SampleResult* results = nullptr;

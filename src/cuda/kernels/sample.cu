@@ -86,36 +86,79 @@ __device__ u64 block_exclusive_scan(u64 v, u64* total, void* scratch) {
   return before_warp + inc - v;
 }
 
+// Loads in flight a thread in the passes over a row: a pass is bound by the L2's latency, not its
+// bandwidth (one SM reads the row).
+constexpr int kBatch = 8;
+
 struct Shared {
   alignas(16) unsigned char scratch[kWarps * 16];
   u64 mass[kBuckets];
+  unsigned key_min[kBuckets], key_max[kBuckets];  // the least and greatest logit in a bucket (order_key)
   int cut;
   u64 acc;
 };
+
+// A float's bits as an unsigned integer in the floats' order (-0 just below +0; no NaN here).
+__device__ unsigned order_key(float v) {
+  const unsigned b = __float_as_uint(v);
+  return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+__device__ float key_value(unsigned k) { return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k); }
 
 __device__ int bucket_of(double v, double hi, double scale) {
   return min(kBuckets - 1, static_cast<int>((hi - v) * scale));
 }
 
+// Adds measure m of logit v to bucket b (mass, and the bucket's least and greatest logit), with
+// one set of atomics for each bucket a warp adds to: lanes of one bucket are reduced first, as a
+// row whose logits crowd a few buckets would otherwise serialise on them. Called by all 32 lanes;
+// b < 0 adds nothing. m < 2^41 (a weight, at most 2^40, or a count).
+__device__ void add_to_bucket(int b, u64 m, float v, Shared& s) {
+  const unsigned peers = __match_any_sync(~0u, b);
+  if (b < 0) return;
+  u64 sum = m;
+  unsigned kmin = order_key(v), kmax = kmin;
+  if (peers != (1u << (threadIdx.x % 32))) {  // 21-bit halves: 32 of them sum to 26 bits
+    const unsigned lo = __reduce_add_sync(peers, static_cast<unsigned>(m & 0x1fffff));
+    const unsigned hi = __reduce_add_sync(peers, static_cast<unsigned>(m >> 21));
+    sum = (static_cast<u64>(hi) << 21) + lo;
+    kmin = __reduce_min_sync(peers, kmin);
+    kmax = __reduce_max_sync(peers, kmax);
+  }
+  if (static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) {
+    atomicAdd(&s.mass[b], sum);
+    atomicMin(&s.key_min[b], kmin);
+    atomicMax(&s.key_max[b], kmax);
+  }
+}
+
 // The value v* of the logits in [lo, hi] at which their measure, accumulated from the greatest
 // down, reaches `target`: measure(> v*) < target ≤ measure(≥ v*), given measure(≥ lo) ≥ target.
-// `measure(i)` is a row element's (called only for elements in [lo, hi]); *above receives
-// measure(> v*) counted from `acc`, the measure above hi. Returns false if it did not converge.
+// `measure(i)` is a row element's (called only for elements in [lo, hi]; those of measure 0 are
+// left out). *above receives measure(> v*). Each round is one pass over the row: the buckets keep
+// their least and greatest logit, which bound the next round. Returns false if it did not converge.
 template <class Measure>
-__device__ bool select_value(const float* l, int64_t n, double lo, double hi, u64 acc, u64 target, Measure measure,
+__device__ bool select_value(const float* l, int64_t n, double lo, double hi, u64 target, Measure measure,
                              double* value, u64* above, Shared& s) {
+  u64 acc = 0;
   for (int round = 0; lo != hi; ++round) {
     if (round == kMaxRounds) return false;
     const double scale = (kBuckets - 1) / (hi - lo);
-    for (int b = threadIdx.x; b < kBuckets; b += kThreads) s.mass[b] = 0;
+    for (int b = threadIdx.x; b < kBuckets; b += kThreads) s.mass[b] = 0, s.key_min[b] = ~0u, s.key_max[b] = 0;
     if (threadIdx.x == 0) s.cut = -1;
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-      const double v = l[i];
-      if (v >= lo && v <= hi) {
-        const u64 m = measure(i);
-        if (m) atomicAdd(&s.mass[bucket_of(v, hi, scale)], m);
+    for (int64_t base = threadIdx.x; base - threadIdx.x < n; base += kThreads * kBatch) {  // all lanes to the end
+      float v[kBatch];
+      u64 m[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t i = base + k * kThreads;
+        v[k] = i < n ? l[i] : -HUGE_VALF;
       }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) m[k] = v[k] >= lo && v[k] <= hi ? measure(base + k * kThreads) : 0;
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) add_to_bucket(m[k] ? bucket_of(v[k], hi, scale) : -1, m[k], v[k], s);
     }
     __syncthreads();
     // The bucket where acc + (mass before it) < target ≤ acc + (mass up to it): exactly one.
@@ -136,29 +179,88 @@ __device__ bool select_value(const float* l, int64_t n, double lo, double hi, u6
     const int cut = s.cut;
     if (cut < 0) return false;  // the measure did not reach the target: cannot happen
     acc = s.acc;
-    double bl = HUGE_VAL, bh = -HUGE_VAL;
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-      const double v = l[i];
-      if (v >= lo && v <= hi && bucket_of(v, hi, scale) == cut) bl = fmin(bl, v), bh = fmax(bh, v);
-    }
-    bl = block_reduce(bl, [](double a, double b) { return fmin(a, b); }, s.scratch);
-    bh = block_reduce(bh, [](double a, double b) { return fmax(a, b); }, s.scratch);
-    lo = bl, hi = bh;
+    lo = key_value(s.key_min[cut]), hi = key_value(s.key_max[cut]);
+    __syncthreads();  // the buckets are cleared next round
   }
   *value = lo;
   *above = acc;
   return true;
 }
 
-// Ids [first, end) of the row that thread t reads in id order: contiguous chunks.
-struct Chunk {
+// Searches in id order. Warp w takes the ids [first, end), a contiguous range, and reads it 32 at
+// a time (coalesced), keeping a running sum.
+struct WarpRange {
   int64_t first, end;
-  __device__ explicit Chunk(int64_t n) {
-    const int64_t c = (n + kThreads - 1) / kThreads;
-    first = min(n, threadIdx.x * c);
-    end = min(n, first + c);
+  __device__ explicit WarpRange(int64_t n) {
+    const int64_t per = (n + kThreads - 1) / kThreads * 32;
+    first = min(n, static_cast<int64_t>(threadIdx.x / 32) * per);
+    end = min(n, first + per);
   }
 };
+
+// The sum of f over the warp's range, on every lane.
+template <class F>
+__device__ u64 warp_range_sum(const WarpRange& w, F f) {
+  u64 sum = 0;
+  for (int64_t base = w.first + threadIdx.x % 32; base < w.end; base += 32 * kBatch) {
+    u64 x[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) x[k] = base + 32 * k < w.end ? f(base + 32 * k) : 0;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) sum += x[k];
+  }
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) sum += __shfl_xor_sync(~0u, sum, m);
+  return sum;
+}
+
+// The first id at which the running sum of f, in id order over the whole row, exceeds r (less than
+// the row's total), or -1 if none does (cannot happen): the warp whose range holds it finds it.
+// `sum`: warp_range_sum(w, f).
+template <class F>
+__device__ int64_t first_past(const WarpRange& w, u64 sum, u64 r, F f, Shared& s) {
+  u64 total;
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) s.acc = ~0ull;  // the scan's barrier orders it before the search
+  u64 before = __shfl_sync(~0u, block_exclusive_scan(lane == 0 ? sum : 0, &total, s.scratch), 0);
+  if (before <= r && r < before + sum) {
+    bool found = false;
+    for (int64_t base = w.first; base < w.end && !found; base += 32 * kBatch) {
+      u64 x[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t i = base + 32 * k + lane;
+        x[k] = i < w.end ? f(i) : 0;
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        u64 inc = x[k];
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+          const u64 o = __shfl_up_sync(~0u, inc, d);
+          if (lane >= d) inc += o;
+        }
+        const unsigned hit = __ballot_sync(~0u, !found && x[k] > 0 && before + inc > r);
+        if (hit && lane == 0) s.acc = static_cast<u64>(base + 32 * k + __ffs(hit) - 1);
+        found |= hit != 0;
+        before += __shfl_sync(~0u, inc, 31);
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t id = static_cast<int64_t>(s.acc);
+  __syncthreads();
+  return id;
+}
+
+// The fixed-point weight of logit v: round(exp(v / T − max / T) · 2^40). The product is rounded
+// before the subtraction, as on the host: contracted into an FMA, the max's own weight would be
+// exp(its product's rounding error), which at T = 1e-300 is exp(±1e284).
+// Below −29 the weight is under 0.3 and rounds to 0 without the exp.
+__device__ u64 weight_of(double v, double inv_t, double top) {
+  const double x = __dmul_rn(v, inv_t) - top;
+  return x < -29 ? 0 : __double2ull_rn(exp(x) * kWeightScale);
+}
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
   __shared__ Shared s;
@@ -166,56 +268,70 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
   const float* l = a.logits + row * a.ld;
   u64* w = a.weights + row * n;
   SampleResult* out = a.results + row;
+  const bool lead = threadIdx.x == 0;
 
   // The argmax (lowest id on ties), the first NaN or +inf, the least finite logit, how many are
   // more than -inf.
   ArgMax best{-HUGE_VALF, INT64_MAX};
   int64_t bad = INT64_MAX, alive = 0;
   float least = HUGE_VALF;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    const float v = l[i];
-    if (!(v < HUGE_VALF)) {
-      bad = min(bad, i);
-    } else {
-      best = better(best, ArgMax{v, i});
-      if (v > -HUGE_VALF) ++alive, least = fminf(least, v);
+  for (int64_t base = threadIdx.x; base < n; base += kThreads * kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) v[k] = base + k * kThreads < n ? l[base + k * kThreads] : -HUGE_VALF;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t i = base + k * kThreads;
+      if (i >= n) break;
+      if (!(v[k] < HUGE_VALF)) {
+        bad = min(bad, i);
+      } else {
+        best = better(best, ArgMax{v[k], i});
+        if (v[k] > -HUGE_VALF) ++alive, least = fminf(least, v[k]);
+      }
     }
   }
   best = block_reduce(best, better, s.scratch);
   bad = block_reduce(bad, [](int64_t x, int64_t y) { return min(x, y); }, s.scratch);
   alive = block_reduce(alive, [](int64_t x, int64_t y) { return x + y; }, s.scratch);
   least = block_reduce(least, [](float x, float y) { return fminf(x, y); }, s.scratch);
-  const bool lead = threadIdx.x == 0;
   if (bad != INT64_MAX || alive == 0) {
     if (lead) *out = bad != INT64_MAX ? SampleResult{-1, kSampleBadLogit, bad, l[bad]} : SampleResult{-1, kSampleAllRuledOut, -1, 0};
     return;
   }
-  const double inv_t = a.temperature > 0 ? 1.0 / a.temperature : 0.0, top = best.v * inv_t;
+  const double inv_t = a.temperature > 0 ? 1.0 / a.temperature : 0.0, top = __dmul_rn(best.v, inv_t);
   if (a.temperature == 0 || !isfinite(top) || !isfinite(inv_t)) {  // greedy (or weights that would be NaN)
     if (lead) *out = SampleResult{static_cast<int32_t>(best.i), kSampleOk, -1, 0};
     return;
   }
-  const auto fail = [&] {
-    if (lead) *out = SampleResult{-1, kSampleNoConvergence, -1, 0};
+  const auto fail = [&](int stage) {
+    if (lead) *out = SampleResult{-1, kSampleNoConvergence, stage, 0};
   };
 
   // top-k: the k-th greatest logit (counting -inf ones, as the host's selection does) is the floor.
   double floor = -HUGE_VAL;
   if (a.top_k > 0 && a.top_k < alive) {
     u64 unused;
-    if (!select_value(l, n, least, best.v, 0, static_cast<u64>(a.top_k), [](int64_t) -> u64 { return 1; }, &floor,
+    if (!select_value(l, n, least, best.v, static_cast<u64>(a.top_k), [](int64_t) -> u64 { return 1; }, &floor,
                       &unused, s))
-      return fail();
+      return fail(0);
   }
   const double lo = floor > -HUGE_VAL ? floor : static_cast<double>(least);
 
   // The candidates' weights (0 for the others).
   u64 total = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    const double v = l[i];
-    const u64 wi = v >= lo ? __double2ull_rn(exp(v * inv_t - top) * kWeightScale) : 0;
-    w[i] = wi;
-    total += wi;
+  for (int64_t base = threadIdx.x; base < n; base += kThreads * kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) v[k] = base + k * kThreads < n ? l[base + k * kThreads] : -HUGE_VALF;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t i = base + k * kThreads;
+      if (i >= n) break;
+      const u64 wi = v[k] >= lo ? weight_of(v[k], inv_t, top) : 0;
+      w[i] = wi;
+      total += wi;
+    }
   }
   total = block_reduce(total, [](u64 x, u64 y) { return x + y; }, s.scratch);
 
@@ -226,48 +342,40 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleArgs a) {
     u64 target = min(total, static_cast<u64>(ceil(a.top_p * static_cast<double>(total))));
     if (target == 0) target = 1;
     u64 above;
-    if (!select_value(l, n, lo, best.v, 0, target, [w](int64_t i) { return w[i]; }, &cut_value, &above, s))
-      return fail();
+    // Below (top − 29)·T a weight rounds to 0 (under 2^-41): such logits add nothing, and left out
+    // of the range they do not crowd the buckets. (Clamped: the division may round past the max.)
+    const double lo_p = fmin(fmax(lo, (top - 29.0) / inv_t), static_cast<double>(best.v));
+    if (!select_value(l, n, lo_p, best.v, target, [w](int64_t i) { return w[i]; }, &cut_value, &above, s))
+      return fail(1);
     const float vstar = static_cast<float>(cut_value);
-    const Chunk c(n);
-    u64 tied = 0, w_star = 0;
-    for (int64_t i = c.first; i < c.end; ++i)
-      if (l[i] == vstar) ++tied, w_star = w[i];
-    w_star = block_reduce(w_star, [](u64 x, u64 y) { return max(x, y); }, s.scratch);
-    const u64 need = w_star ? (target - above + w_star - 1) / w_star : ~0ull;
-    u64 n_tied;
-    u64 before = block_exclusive_scan(tied, &n_tied, s.scratch);
-    const u64 last = min(need, n_tied);  // 1-based rank among the ties of the nucleus's last
-    if (before < last && before + tied >= last) {
-      for (int64_t i = c.first; i < c.end; ++i)
-        if (l[i] == vstar && ++before == last) {
-          s.acc = static_cast<u64>(i);
-          break;
-        }
-    }
-    __syncthreads();
-    cut_id = static_cast<int64_t>(s.acc);
+    const WarpRange wr(n);
+    const auto tied = [&](int64_t i) -> u64 { return l[i] == vstar; };
+    const u64 n_tied = warp_range_sum(wr, tied);
+    const u64 w_star = weight_of(vstar, inv_t, top);  // the ties' weight, > 0 (they carry the cut)
+    u64 all_tied;
+    block_exclusive_scan(threadIdx.x % 32 == 0 ? n_tied : 0, &all_tied, s.scratch);
+    // The nucleus ends at the `need`-th tie in id order (need ≥ 1: above < target).
+    const u64 need = w_star ? min(all_tied, (target - above + w_star - 1) / w_star) : all_tied;
+    if (need == 0) return fail(2);
+    cut_id = first_past(wr, n_tied, need - 1, tied, s);
+    if (cut_id < 0) return fail(3);
   }
 
   // The draw: r in [0, kept mass), and the first kept id whose prefix mass passes r.
-  const Chunk c(n);
-  const auto kept = [&](int64_t i) {
+  const WarpRange wr(n);
+  const auto kept_weight = [&](int64_t i) -> u64 {
     const double v = l[i];
-    return v > cut_value || (v == cut_value && i <= cut_id);
+    return v > cut_value || (v == cut_value && i <= cut_id) ? w[i] : 0;
   };
-  u64 mine = 0;
-  for (int64_t i = c.first; i < c.end; ++i)
-    if (kept(i)) mine += w[i];
+  const u64 mine = warp_range_sum(wr, kept_weight);
   u64 kept_total;
-  u64 before = block_exclusive_scan(mine, &kept_total, s.scratch);
-  const u64 r = min(kept_total - 1, static_cast<u64>(a.uniforms[row] * static_cast<double>(kept_total)));
-  if (before <= r && r < before + mine) {
-    for (int64_t i = c.first; i < c.end; ++i)
-      if (kept(i) && (before += w[i]) > r) {
-        *out = SampleResult{static_cast<int32_t>(i), kSampleOk, -1, 0};
-        break;
-      }
-  }
+  block_exclusive_scan(threadIdx.x % 32 == 0 ? mine : 0, &kept_total, s.scratch);
+  if (kept_total == 0) return fail(4);
+  const double u = gridDim.x <= kSampleInlineRows ? a.inline_uniforms[row] : a.uniforms[row];
+  const u64 r = min(kept_total - 1, static_cast<u64>(u * static_cast<double>(kept_total)));
+  const int64_t id = first_past(wr, mine, r, kept_weight, s);
+  if (id < 0) return fail(5);
+  if (lead) *out = SampleResult{static_cast<int32_t>(id), kSampleOk, -1, 0};
 }
 
 }  // namespace
