@@ -322,8 +322,10 @@ class Model:
         if self.tokenizer is not None:  # never draw an id the tokenizer cannot print
             s.vocab_limit = self.tokenizer.vocab_size
 
+        # The streamed text is decode(prompt + new ids) past decode(prompt), a window of recent ids at a
+        # time (as `twell run` streams: model::TextStream), so a step's cost does not grow with the text.
         shown = list(text_ids) if text_prompt else []
-        state = {"printed": len(self.tokenizer.decode_bytes(shown)) if text_prompt else 0, "error": None}
+        state = {"given": len(shown), "held": b"", "error": None}
 
         def on_token(token, _user):
             try:
@@ -332,9 +334,13 @@ class Model:
                 if token in stops:
                     return 0
                 shown.append(token)
-                data = self.tokenizer.decode_bytes(shown)  # whole text: a token may end inside a character
-                text, used = _complete_utf8(data[state["printed"]:])  # a character's end may come later
-                state["printed"] += used
+                first = max(0, state["given"] - 6)
+                known = self.tokenizer.decode_bytes(shown[first:state["given"]])
+                piece = self.tokenizer.decode_bytes(shown[first:])[len(known):]
+                del shown[:max(0, len(shown) - 24)]  # no window reads further back
+                state["given"] = len(shown)
+                text, used = _complete_utf8(state["held"] + piece)  # a character's end may come later
+                state["held"] = (state["held"] + piece)[used:]
                 return 1 if text and stream(text) is True else 0
             except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
                 state["error"] = e
@@ -350,10 +356,8 @@ class Model:
                                                        c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
         if state["error"] is not None:
             raise state["error"]
-        if stream is not None and text_prompt:  # bytes held back for a character that never ended
-            rest = self.tokenizer.decode_bytes(shown)[state["printed"]:]
-            if rest:
-                stream(rest.decode("utf-8", errors="replace"))
+        if stream is not None and text_prompt and state["held"]:  # bytes of a character that never ended
+            stream(state["held"].decode("utf-8", errors="replace"))
         new = list(tokens[:g.n_tokens])
         self.last_generation = {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"),
                                 "prefill_seconds": g.prefill_seconds, "decode_seconds": g.decode_seconds,

@@ -1307,4 +1307,21 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   return tok;
 }
 
+TextStream::TextStream(const Tokenizer& tok, std::vector<int32_t> context)
+    : tok_(tok), ids_(std::move(context)), given_(ids_.size()) {}
+
+std::string TextStream::put(int32_t id) {
+  ids_.push_back(id);
+  const size_t first = given_ > kWindow ? given_ - kWindow : 0;
+  const std::vector<int32_t> before(ids_.begin() + first, ids_.begin() + given_), all(ids_.begin() + first, ids_.end());
+  const std::string known = tok_.decode(before), now = tok_.decode(all);
+  given_ = ids_.size();
+  // Drop what no window reads again, so the ids kept stay few.
+  if (ids_.size() > 4 * kWindow) {
+    ids_.erase(ids_.begin(), ids_.end() - kWindow);
+    given_ = ids_.size();
+  }
+  return now.size() > known.size() ? now.substr(known.size()) : std::string();
+}
+
 }  // namespace twell::model

@@ -122,6 +122,36 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BpeMatchesHuggingFace,
                                          "bpe_llama2.json"),
                          [](const auto& p) { return p.param.substr(4, p.param.size() - 9); });
 
+// ---- TextStream ----------------------------------------------------------------------------
+
+// The pieces of a stream add up to a single decode of everything past the context, for random id
+// sequences (multi-byte characters split between tokens, byte-fallback ids, special tokens) on
+// every fixture, Llama 2's leading-space strip included, with and without a context.
+TEST(TextStream, PiecesAddUpToOneDecodeOfEverything) {
+  std::vector<std::unique_ptr<Tokenizer>> toks;
+  for (const char* name : {"bpe_gpt2.json", "bpe_smollm.json", "bpe_prefix.json", "bpe_llama3.json", "bpe_llama2.json"})
+    toks.push_back(BpeTokenizer::from_file(data_path(name)));
+  toks.push_back(std::make_unique<ByteTokenizer>(true, true));
+  std::mt19937 rng(3);
+  for (const auto& tok : toks) {
+    std::uniform_int_distribution<int32_t> any(0, tok->vocab_size() - 1);
+    const std::vector<int32_t> from_text = tok->encode("caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x91\x8b ok");
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<int32_t> context, ids = trial % 2 ? from_text : std::vector<int32_t>{};
+      for (int i = 0; i < trial % 5; ++i) context.push_back(any(rng));
+      for (int i = 0; i < 60; ++i) ids.push_back(any(rng));
+      TextStream stream(*tok, context);
+      std::string pieces;
+      for (int32_t id : ids) pieces += stream.put(id);
+      std::vector<int32_t> all = context;
+      all.insert(all.end(), ids.begin(), ids.end());
+      const std::string whole = tok->decode(all), before = tok->decode(context);
+      ASSERT_EQ(whole.compare(0, before.size(), before), 0);
+      EXPECT_EQ(escaped(pieces), escaped(whole.substr(before.size()))) << "trial " << trial;
+    }
+  }
+}
+
 // ---- BpeTokenizer behaviour ---------------------------------------------------------------
 
 TEST(BpeTokenizer, DecodeOfEncodeIsTheText) {

@@ -66,9 +66,8 @@ void register_run(CLI::App& app) {
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
     // What is printed of the continuation: decode(prompt + new tokens) past decode(prompt), so a
     // tokenizer whose decoder depends on context (Llama 2's strips one leading space) streams
-    // the same text as a single decode of everything.
-    std::vector<int32_t> shown = text;
-    const size_t prompt_chars = tok->decode(shown).size();
+    // the same text as a single decode of everything (TextStream: a window of recent ids a token).
+    model::TextStream shown(*tok, text);
     // End of sequence: the tokenizer's EOS and config.json's / generation_config.json's ids
     // (Llama 3 Instruct ends a turn with any of three).
     std::vector<int32_t> stops;
@@ -80,13 +79,10 @@ void register_run(CLI::App& app) {
     sampling->vocab_limit = tok->vocab_size();
 
     std::cout << *prompt << std::flush;
-    size_t printed = prompt_chars;  // bytes of decode(shown) already written
     const std::function<void(int32_t)> stream = [&](int32_t token) {
       if (std::find(stops.begin(), stops.end(), token) != stops.end()) return;  // not part of the text
-      shown.push_back(token);
-      const std::string s = tok->decode(shown);  // whole text: a token may end inside a character
-      if (s.size() > printed) std::cout << s.substr(printed) << std::flush;
-      printed = std::max(printed, s.size());
+      const std::string piece = shown.put(token);  // bytes: a character may end in a later piece
+      if (!piece.empty()) std::cout << piece << std::flush;
     };
     model::Generation g;
     try {  // an error ends the streamed line first, so that it is not glued to the text

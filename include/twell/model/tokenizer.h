@@ -164,6 +164,25 @@ class BpeTokenizer final : public Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
+// The text of a growing sequence of ids, a piece at a time, for streaming: put(id) returns what
+// decode(context + ids so far) has beyond what the pieces before gave (raw bytes: a piece may end
+// inside a UTF-8 character, whose rest comes with a later one). Each step decodes only a window of
+// the last few ids, so a step's cost does not grow with the text. The window always begins with
+// ids whose text was given already, so a decoder that treats the first token specially (Llama 2's
+// strips one leading space) gives the same text as a single decode of everything.
+class TextStream {
+ public:
+  // `context`: ids whose text is not given (a prompt); may be empty. `tok` must outlive the stream.
+  TextStream(const Tokenizer& tok, std::vector<int32_t> context);
+  std::string put(int32_t id);
+
+ private:
+  static constexpr size_t kWindow = 6;  // ids of context a window keeps
+  const Tokenizer& tok_;
+  std::vector<int32_t> ids_;
+  size_t given_;  // ids whose text has been given (or was context)
+};
+
 // Where `text` stops being valid UTF-8: the offset of the first byte that does not start a valid
 // sequence (overlong forms, surrogates and code points past U+10FFFF included), or npos.
 size_t first_invalid_utf8(std::string_view text);
