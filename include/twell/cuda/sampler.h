@@ -36,6 +36,8 @@ class DeviceSampler {
   // in row order, unless greedy, as sampler.sample() on each row in turn would take them. Enqueued
   // on `stream` after the work that writes the logits; returns once the tokens are on the host.
   // Throws what sampler.sample() would for a row with a NaN or +inf logit, or with all -inf.
+  // Device memory, kept for later calls: 8 bytes a logit (the fixed-point weights) unless greedy,
+  // 1.5 MB for 4 rows of 49152.
   std::vector<int32_t> sample(const TensorView& logits, model::Sampler& sampler, cudaStream_t stream);
 
  private:

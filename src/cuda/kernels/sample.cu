@@ -9,7 +9,7 @@
 // thresholds are found without sorting: the in-play logits are bucketed by value (2048 buckets
 // between their least and greatest), the bucket where the measure (a count for top-k, the weight
 // for top-p) reaches its target is kept, and the bucketing repeats inside it until one value is
-// left. A float row of 49152 logits takes 2-4 rounds.
+// left. A row of a model's logits takes 2-4 rounds (floats spread over their whole range up to ~26).
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -24,7 +24,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kBuckets = 2048;
 constexpr int kBucketsPerThread = kBuckets / kThreads;
 constexpr double kWeightScale = 0x1p40;  // sums of up to 2^23 weights fit in 64 bits
-constexpr int kMaxRounds = 64;           // a float range narrows 2047-fold a round: 4-5 suffice
+constexpr int kMaxRounds = 64;           // a range narrows ~2047-fold a round: 2-4 for a model's logits, <= ~26 at worst
 using u64 = unsigned long long;
 
 struct ArgMax {
@@ -158,7 +158,8 @@ __device__ bool select_value(const float* l, int64_t n, double lo, double hi, u6
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) m[k] = v[k] >= lo && v[k] <= hi ? measure(base + k * kThreads) : 0;
 #pragma unroll
-      for (int k = 0; k < kBatch; ++k) add_to_bucket(m[k] ? bucket_of(v[k], hi, scale) : -1, m[k], v[k], s);
+      for (int k = 0; k < kBatch; ++k)  // after the first round most warps have nothing in play
+        if (__any_sync(~0u, m[k] != 0)) add_to_bucket(m[k] ? bucket_of(v[k], hi, scale) : -1, m[k], v[k], s);
     }
     __syncthreads();
     // The bucket where acc + (mass before it) < target ≤ acc + (mass up to it): exactly one.
