@@ -231,6 +231,8 @@ typedef struct {
   int64_t n_tokens; /* written to tokens */
   int32_t reason;   /* twell_stop_reason */
   int32_t reserved;
+  /* prefill_seconds: up to the first new token (the prompt's forward and the first draw);
+   * decode_seconds: the tokens after it (n_tokens - 1 decode steps, draws and callbacks included). */
   double prefill_seconds, decode_seconds;
 } twell_generation;
 /* Prefills prompt[0..n_prompt), then draws up to max_new_tokens tokens into tokens (room for

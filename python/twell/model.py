@@ -294,7 +294,8 @@ class Model:
         list gives the ids. stream: a callable that receives the text as it comes (str prompts) or each
         id (id prompts); returning True from it stops the generation. Returns the new text (without the
         prompt or the stop token) for a str prompt, else the new ids. `last_generation` then holds the
-        ids, why it stopped and its timings.
+        ids, why it stopped and its timings: prefill_seconds up to the first new token (the prompt's
+        forward and the first draw), decode_seconds for the tokens after it, tokens_per_second their rate.
         """
         text_prompt = isinstance(prompt, str)
         if text_prompt:
@@ -361,7 +362,8 @@ class Model:
         new = list(tokens[:g.n_tokens])
         self.last_generation = {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"),
                                 "prefill_seconds": g.prefill_seconds, "decode_seconds": g.decode_seconds,
-                                "tokens_per_second": len(new) / g.decode_seconds if g.decode_seconds > 0 else 0.0}
+                                "tokens_per_second": (len(new) - 1) / g.decode_seconds
+                                if len(new) >= 2 and g.decode_seconds > 0 else 0.0}
         if not text_prompt:
             return new
         body = new[:-1] if new and g.reason == 0 else new  # the stop token is not part of the text

@@ -6,6 +6,13 @@
 
 namespace twell::cuda {
 
+void DeviceSampler::reserve(int64_t rows, int64_t V) {
+  TWELL_CHECK(rows >= 1 && V >= 1, "DeviceSampler::reserve: rows ", rows, ", V ", V);
+  if (weights_.bytes() < device_bytes(rows, V)) weights_ = DeviceBuffer(device_bytes(rows, V));
+  const size_t io_bytes = static_cast<size_t>(rows) * (sizeof(double) + sizeof(SampleResult));
+  if (staging_.bytes() < io_bytes) staging_.reserve(io_bytes);
+}
+
 std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Sampler& sampler, cudaStream_t stream) {
   TWELL_CHECK(logits.rank() == 1 || logits.rank() == 2, "DeviceSampler::sample: logits must be [V] or [rows, V], got ",
               shape_str(logits.shape));
@@ -17,23 +24,19 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Samp
   const model::SamplingOptions& o = sampler.options();
   const int64_t n = o.vocab_limit > 0 && o.vocab_limit < V ? o.vocab_limit : V;
 
+  // The uniforms (past kSampleInlineRows rows) and the results live in pinned host memory, which
+  // the kernel reads and writes in place (unified addressing): no copy to enqueue either way.
   const size_t io_bytes = static_cast<size_t>(rows) * (sizeof(double) + sizeof(SampleResult));
-  if (io_.bytes() < io_bytes) io_ = DeviceBuffer(io_bytes);
   if (staging_.bytes() < io_bytes) staging_.reserve(io_bytes);
-  const size_t weight_bytes = static_cast<size_t>(rows * n) * sizeof(unsigned long long);
   const bool greedy = o.temperature == 0;
-  if (!greedy && weights_.bytes() < weight_bytes) weights_ = DeviceBuffer(weight_bytes);
+  if (!greedy && weights_.bytes() < device_bytes(rows, n)) weights_ = DeviceBuffer(device_bytes(rows, n));
 
   auto* uniforms = staging_.as<double>();
   auto* results = reinterpret_cast<SampleResult*>(uniforms + rows);
-  auto* d_uniforms = io_.as<double>();
-  auto* d_results = reinterpret_cast<SampleResult*>(d_uniforms + rows);
   SampleArgs a;
   if (!greedy) {
     double* u = rows <= kSampleInlineRows ? a.inline_uniforms : uniforms;
     for (int64_t r = 0; r < rows; ++r) u[r] = sampler.next_uniform();
-    if (rows > kSampleInlineRows)
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(d_uniforms, uniforms, rows * sizeof(double), cudaMemcpyHostToDevice, stream));
   }
   a.logits = static_cast<const float*>(logits.data);
   a.ld = V;
@@ -41,11 +44,10 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Samp
   a.temperature = o.temperature;
   a.top_k = o.top_k;
   a.top_p = o.top_p;
-  a.uniforms = d_uniforms;
+  a.uniforms = uniforms;
   a.weights = weights_.as<unsigned long long>();
-  a.results = d_results;
+  a.results = results;
   launch_sample(a, rows, stream);
-  TWELL_CUDA_CHECK(cudaMemcpyAsync(results, d_results, rows * sizeof(SampleResult), cudaMemcpyDeviceToHost, stream));
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
 
   std::vector<int32_t> tokens(static_cast<size_t>(rows));

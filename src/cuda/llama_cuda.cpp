@@ -242,7 +242,7 @@ struct LlamaCuda::Impl {
   struct Plan {
     // Bytes of each buffer (of K and of V per kv buffer: one a layer, or one shared without kv_cache).
     size_t tokens = 0, p0 = 0, x = 0, a = 0, qkv = 0, attn = 0, proj = 0, y = 0, g = 0, u = 0, kv = 0, cos_sin = 0,
-           logits = 0, qkv_workspace = 0;
+           logits = 0, qkv_workspace = 0, sampler = 0;
     int64_t kv_buffers = 0;
     // The ReLU FFN through FfnForward (prefill dispatched, decode dense, and the gather path for few
     // tokens); otherwise the dense cuBLASLt FFN over g and u.
@@ -298,6 +298,7 @@ struct LlamaCuda::Impl {
       p.g = p.u = checked_nbytes(DType::bf16, {T, I});
     }
     p.logits = checked_nbytes(DType::f32, {o.max_batch, V});
+    p.sampler = DeviceSampler::device_bytes(o.max_batch, V);
     p.fused_qkv = o.fused_qkv_rope && hopper_available() &&
                   qkv_rope_supported(H, static_cast<int>(nh), static_cast<int>(nkv), static_cast<int>(hd));
     if (p.fused_qkv) {
@@ -319,7 +320,7 @@ struct LlamaCuda::Impl {
                 "LlamaCuda: the KV cache of these options needs more than 2^64 bytes");
     p.memory.activations = sum({p.tokens, p.p0, p.x, p.a, p.qkv, p.attn, p.proj, p.y, p.g, p.u});
     p.memory.other =
-        sum({LtGemm::kWorkspaceBytes, p.cos_sin, p.logits, p.qkv_workspace});  // one cuBLASLt workspace, shared
+        sum({LtGemm::kWorkspaceBytes, p.cos_sin, p.logits, p.sampler, p.qkv_workspace});  // one cuBLASLt workspace, shared
     sum({p.memory.kv_cache, p.memory.activations, p.memory.ffn, p.memory.other});  // total() fits
     return p;
   }
@@ -376,6 +377,7 @@ struct LlamaCuda::Impl {
     TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&own.s, cudaStreamNonBlocking));
     stream = o.stream ? o.stream : own.s;
     ensure_logits(o.max_batch);
+    sampler.reserve(o.max_batch, V);
     fused_qkv = p.fused_qkv;
     if (fused_qkv) qkv_workspace = DeviceBuffer(p.qkv_workspace);
 
@@ -829,7 +831,7 @@ size_t LlamaCuda::workspace_bytes() const {
   const Impl& m = *impl_;
   size_t n = m.tokens.bytes() + m.p0.bytes() + m.x.bytes() + m.a.bytes() + m.qkv.bytes() + m.attn.bytes() +
              m.proj.bytes() + m.y.bytes() + m.g.bytes() + m.u.bytes() + m.cos_sin.bytes() +
-             m.logits.bytes();
+             m.logits.bytes() + m.sampler.workspace_bytes();
   for (const auto& b : m.k_cache) n += b.bytes();
   for (const auto& b : m.v_cache) n += b.bytes();
   if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_dense->workspace_bytes();

@@ -111,6 +111,40 @@ TEST(DeviceSampler, DrawsTheHostsTokens) {
   std::printf("%lld rows drawn, every one the host's token\n", static_cast<long long>(draws));
 }
 
+// Past kSampleInlineRows rows the random numbers reach the kernel through memory instead of its
+// arguments; a bad row among good ones gives the error the host gives for it.
+TEST(DeviceSampler, ManyRowsTakeTheirNumbersInRowOrder) {
+  TWELL_REQUIRE_HOPPER();
+  DeviceSampler gpu;
+  for (int64_t rows : {15, 16, 17, 40, 300}) {
+    const Tensor logits = make_logits(Kind::normal, rows, 1000, static_cast<uint32_t>(rows));
+    const DeviceBuffer d = upload_f32(logits);
+    for (const SamplingOptions& o : {options(0.9, 0, 0.9, 21), options(1.1, 30, 1, 22), options(0)}) {
+      Sampler s(o);
+      EXPECT_EQ(gpu.sample(device_view(d, {rows, 1000}), s, nullptr), host_tokens(logits, o)) << rows << " rows, "
+                                                                                               << str_of(o);
+    }
+  }
+  Tensor mixed = make_logits(Kind::normal, 20, 100, 9);
+  mixed.ptr<float>()[7 * 100 + 42] = NAN;
+  mixed.ptr<float>()[12 * 100 + 3] = HUGE_VALF;
+  const DeviceBuffer d = upload_f32(mixed);
+  std::string host_error, gpu_error;
+  try {
+    host_tokens(mixed, options(0.8));
+  } catch (const Error& e) {
+    host_error = e.what();
+  }
+  try {
+    Sampler s(options(0.8));
+    gpu.sample(device_view(d, {20, 100}), s, nullptr);
+  } catch (const Error& e) {
+    gpu_error = e.what();
+  }
+  EXPECT_NE(host_error.find("logit 42 is nan"), std::string::npos) << host_error;
+  EXPECT_EQ(gpu_error, host_error);
+}
+
 // Row after row from one sampler takes the random numbers in the order the host's would.
 TEST(DeviceSampler, OneSamplerOverManyCallsFollowsTheHost) {
   TWELL_REQUIRE_HOPPER();

@@ -85,7 +85,7 @@ TEST_F(CliModel, RunSaysWhatItIgnoredAndWhyItStopped) {
   ASSERT_EQ(stopped.status, 0) << stopped.out;
   EXPECT_NE(stopped.out.find("(stopped: end-of-sequence token " + std::to_string(id)), std::string::npos)
       << stopped.out;
-  EXPECT_NE(stopped.out.find("generated 1 token in"), std::string::npos) << stopped.out;
+  EXPECT_NE(stopped.out.find("with the first new token; generated 1 token\n"), std::string::npos) << stopped.out;
 }
 
 TEST_F(CliModel, EvalPrintsPerplexity) {

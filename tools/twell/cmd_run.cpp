@@ -104,11 +104,15 @@ void register_run(CLI::App& app) {
     if (g.reason == model::StopReason::context_full)
       std::fprintf(stderr, "(stopped: the context of %lld positions is full)\n",
                    static_cast<long long>(model->cached_tokens()));
-    const int64_t generated = static_cast<int64_t>(g.tokens.size());
-    std::fprintf(stderr, "prompt %zu token%s in %.3f s; generated %lld token%s in %.3f s (%.1f tokens/s)\n", ids.size(),
-                 ids.size() == 1 ? "" : "s", g.prefill_seconds, static_cast<long long>(generated),
-                 generated == 1 ? "" : "s", g.decode_seconds,
-                 g.decode_seconds > 0 ? generated / g.decode_seconds : 0.0);
+    // The prompt's time includes the first new token's draw; the rate is that of the steps after it.
+    const long long generated = static_cast<long long>(g.tokens.size());
+    char rate[96] = "";
+    if (generated >= 2)
+      std::snprintf(rate, sizeof rate, ", the last %lld in %.3f s (%.1f tokens/s)", generated - 1, g.decode_seconds,
+                    g.decode_seconds > 0 ? (generated - 1) / g.decode_seconds : 0.0);
+    std::fprintf(stderr, "prompt %zu token%s in %.3f s%s; generated %lld token%s%s\n", ids.size(), ids.size() == 1 ? "" : "s",
+                 g.prefill_seconds, generated > 0 ? " with the first new token" : "", generated, generated == 1 ? "" : "s",
+                 rate);
   });
 }
 

@@ -172,7 +172,7 @@ struct LlamaCudaMemory {
   size_t activations = 0;  // the per-call buffers of max_tokens rows: the residual stream, norms, QKV, attention
   size_t ffn = 0;          // the FFNs' workspaces (prefill, dense and gather FFN, the one-token decode FFN)
   size_t other = 0;        // cuBLASLt's workspace (one, shared by the FFNs), the RoPE table, logits of
-                           // max_batch rows, the QKV GEMM's
+                           // max_batch rows and the GPU sampler's weights for them, the QKV GEMM's
   size_t total() const { return kv_cache + activations + ffn + other; }
 };
 

@@ -39,10 +39,15 @@ class DeviceSampler {
   // Device memory, kept for later calls: 8 bytes a logit (the fixed-point weights) unless greedy,
   // 1.5 MB for 4 rows of 49152.
   std::vector<int32_t> sample(const TensorView& logits, model::Sampler& sampler, cudaStream_t stream);
+  // Allocates now what sample() needs for up to `rows` rows of V logits, so that such calls
+  // allocate nothing (LlamaCuda does it at construction, counted in its memory plan).
+  void reserve(int64_t rows, int64_t V);
+  static size_t device_bytes(int64_t rows, int64_t V) { return static_cast<size_t>(rows * V) * 8; }
+  size_t workspace_bytes() const { return weights_.bytes(); }  // device memory held now
 
  private:
-  DeviceBuffer weights_, io_;  // the kernel's workspace; uniforms in, results out
-  PinnedBuffer staging_;
+  DeviceBuffer weights_;  // the kernel's workspace
+  PinnedBuffer staging_;  // uniforms in, results out, read and written by the kernel in place
 };
 
 }  // namespace twell::cuda

@@ -169,7 +169,9 @@ class BpeTokenizer final : public Tokenizer {
 // inside a UTF-8 character, whose rest comes with a later one). Each step decodes only a window of
 // the last few ids, so a step's cost does not grow with the text. The window always begins with
 // ids whose text was given already, so a decoder that treats the first token specially (Llama 2's
-// strips one leading space) gives the same text as a single decode of everything.
+// strips one leading space) gives the same text as a single decode of everything, provided those
+// ids decode to some text: after six ids of none (ByteTokenizer's BOS and EOS, say) such a decoder
+// would strip the next token's space (no tokenizer twell loads has both).
 class TextStream {
  public:
   // `context`: ids whose text is not given (a prompt); may be empty. `tok` must outlive the stream.
