@@ -42,8 +42,9 @@ struct ArgMax {
 };
 __device__ ArgMax better(ArgMax a, ArgMax b) { return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a; }
 
-template <class T>
-__device__ T shfl_xor(T v, int mask) {
+// Warp shuffles of any value of 32-bit words: `shuffle` moves one word (all lanes call it).
+template <class T, class Shuffle>
+__device__ T shuffled(T v, Shuffle shuffle) {
   static_assert(sizeof(T) % 4 == 0, "shuffled by 32-bit words");
   union {
     T t;
@@ -51,20 +52,16 @@ __device__ T shfl_xor(T v, int mask) {
   } u;
   u.t = v;
 #pragma unroll
-  for (int k = 0; k < static_cast<int>(sizeof(T) / 4); ++k) u.w[k] = __shfl_xor_sync(~0u, u.w[k], mask);
+  for (int k = 0; k < static_cast<int>(sizeof(T) / 4); ++k) u.w[k] = shuffle(u.w[k]);
   return u.t;
 }
-
+template <class T>
+__device__ T shfl_xor(T v, int mask) {
+  return shuffled(v, [mask](int w) { return __shfl_xor_sync(~0u, w, mask); });
+}
 template <class T>
 __device__ T shfl_from(T v, int lane) {
-  union {
-    T t;
-    int w[sizeof(T) / 4];
-  } u;
-  u.t = v;
-#pragma unroll
-  for (int k = 0; k < static_cast<int>(sizeof(T) / 4); ++k) u.w[k] = __shfl_sync(~0u, u.w[k], lane);
-  return u.t;
+  return shuffled(v, [lane](int w) { return __shfl_sync(~0u, w, lane); });
 }
 
 // Every thread gets op over all threads' v. `scratch` holds kWarps T (raw bytes, shared).
