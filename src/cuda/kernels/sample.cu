@@ -357,6 +357,22 @@ __device__ int64_t first_past(const WarpRange& w, u64 warp_sum, u64 r, F f, Shar
   return id;
 }
 
+// Calls f(i, l[i]) for every id i of the block's slice, kBatch loads in flight at a time.
+template <class F>
+__device__ void for_each_logit(const float* l, const Slice& sl, F f) {
+  for (int64_t base = sl.first + threadIdx.x; base < sl.end; base += kThreads * kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) v[k] = base + k * kThreads < sl.end ? l[base + k * kThreads] : -HUGE_VALF;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t i = base + k * kThreads;
+      if (i >= sl.end) break;
+      f(i, v[k]);
+    }
+  }
+}
+
 // The fixed-point weight of logit v: round(exp(v / T − max / T) · 2^40). The product is rounded
 // before the subtraction, as on the host: contracted into an FMA, the max's own weight would be
 // exp(its product's rounding error), which at T = 1e-300 is exp(±1e284). Below −29 the weight is
@@ -380,22 +396,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
   ArgMax best{-HUGE_VALF, INT64_MAX};
   int64_t bad = INT64_MAX, alive = 0;
   float least = HUGE_VALF;
-  for (int64_t base = sl.first + threadIdx.x; base < sl.end; base += kThreads * kBatch) {
-    float v[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) v[k] = base + k * kThreads < sl.end ? l[base + k * kThreads] : -HUGE_VALF;
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int64_t i = base + k * kThreads;
-      if (i >= sl.end) break;
-      if (!(v[k] < HUGE_VALF)) {
-        bad = min(bad, i);
-      } else {
-        best = better(best, ArgMax{v[k], i});
-        if (v[k] > -HUGE_VALF) ++alive, least = fminf(least, v[k]);
-      }
+  for_each_logit(l, sl, [&](int64_t i, float v) {
+    if (!(v < HUGE_VALF)) {
+      bad = min(bad, i);
+    } else {
+      best = better(best, ArgMax{v, i});
+      if (v > -HUGE_VALF) ++alive, least = fminf(least, v);
     }
-  }
+  });
   best = cluster_reduce(best, better, s);
   bad = cluster_reduce(bad, [](int64_t x, int64_t y) { return min(x, y); }, s);
   alive = cluster_reduce(alive, [](int64_t x, int64_t y) { return x + y; }, s);
@@ -427,19 +435,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
 
   // The candidates' weights (0 for the others), each block its slice.
   u64 total = 0;
-  for (int64_t base = sl.first + threadIdx.x; base < sl.end; base += kThreads * kBatch) {
-    float v[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) v[k] = base + k * kThreads < sl.end ? l[base + k * kThreads] : -HUGE_VALF;
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int64_t i = base + k * kThreads;
-      if (i >= sl.end) break;
-      const u64 wi = v[k] >= lo ? weight_of(v[k], inv_t, top) : 0;
-      w[i] = wi;
-      total += wi;
-    }
-  }
+  for_each_logit(l, sl, [&](int64_t i, float v) {
+    const u64 wi = v >= lo ? weight_of(v, inv_t, top) : 0;
+    w[i] = wi;
+    total += wi;
+  });
   total = cluster_reduce(total, [](u64 x, u64 y) { return x + y; }, s);
 
   // top-p: the nucleus is every candidate above v*, and the first `need` of those at v* in id order.
