@@ -420,5 +420,8 @@ struct SampleArgs {
   SampleResult* results = nullptr;
 };
 void launch_sample(const SampleArgs& a, int64_t rows, cudaStream_t stream);
+// Whether launch_sample's kernel (a cluster of 8 blocks of 512 threads a row) can run on the
+// current device: a MIG instance or an MPS limit may leave too few SMs together. If not, `why`.
+bool sample_kernel_runs(std::string* why = nullptr);
 
 }  // namespace twell::cuda

@@ -202,6 +202,7 @@ struct LlamaCuda::Impl {
   // input copies, which read the staging when they run.
   PinnedBuffer pinned_in, pinned_logits;
   DeviceSampler sampler;  // prefill_sample, decode_step_sample
+  bool gpu_sampling = false;  // o.sample_on_gpu where its kernel runs
   cudaEvent_t staged = nullptr;
   std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
   int64_t len = 0, batch = 0;                  // cached positions (of every sequence), sequences
@@ -298,7 +299,7 @@ struct LlamaCuda::Impl {
       p.g = p.u = checked_nbytes(DType::bf16, {T, I});
     }
     p.logits = checked_nbytes(DType::f32, {o.max_batch, V});
-    p.sampler = DeviceSampler::device_bytes(o.max_batch, V);
+    p.sampler = o.sample_on_gpu ? DeviceSampler::device_bytes(o.max_batch, V) : 0;
     p.fused_qkv = o.fused_qkv_rope && hopper_available() &&
                   qkv_rope_supported(H, static_cast<int>(nh), static_cast<int>(nkv), static_cast<int>(hd));
     if (p.fused_qkv) {
@@ -377,7 +378,8 @@ struct LlamaCuda::Impl {
     TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&own.s, cudaStreamNonBlocking));
     stream = o.stream ? o.stream : own.s;
     ensure_logits(o.max_batch);
-    sampler.reserve(o.max_batch, V);
+    gpu_sampling = o.sample_on_gpu && sample_kernel_runs();
+    if (o.sample_on_gpu) sampler.reserve(o.max_batch, V);  // as planned, even where it cannot run
     fused_qkv = p.fused_qkv;
     if (fused_qkv) qkv_workspace = DeviceBuffer(p.qkv_workspace);
 
@@ -802,13 +804,16 @@ Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) { return impl_->pr
 Tensor LlamaCuda::decode_step(int32_t token) { return impl_->decode({token}, true); }
 
 int32_t LlamaCuda::prefill_sample(const std::vector<int32_t>& tokens, model::Sampler& sampler) {
+  if (!impl_->gpu_sampling) return LanguageModel::prefill_sample(tokens, sampler);
   impl_->prefill({tokens}, true, false);
   return impl_->sample_first_row(sampler);
 }
 int32_t LlamaCuda::decode_step_sample(int32_t token, model::Sampler& sampler) {
+  if (!impl_->gpu_sampling) return LanguageModel::decode_step_sample(token, sampler);
   impl_->decode({token}, true, false);
   return impl_->sample_first_row(sampler);
 }
+bool LlamaCuda::samples_on_gpu() const { return impl_->gpu_sampling; }
 
 Tensor LlamaCuda::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) { return impl_->prefill(prompts); }
 Tensor LlamaCuda::decode_batch(const std::vector<int32_t>& tokens) { return impl_->decode(tokens); }

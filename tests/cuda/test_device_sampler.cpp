@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernels.h"
 #include "gpu_test.h"
 #include "model/llama_test_util.h"
 #include "twell/cuda/llama.h"
@@ -230,12 +231,19 @@ TEST(DeviceSampler, LlamaCudaGeneratesTheHostDrawnTokens) {
   LlamaCudaOptions lo;
   lo.max_context = 96;
   LlamaCuda gpu(w, lo);
+  std::string why;
+  EXPECT_TRUE(sample_kernel_runs(&why)) << why;
+  EXPECT_TRUE(gpu.samples_on_gpu());
   HostDrawn host(gpu);
+  lo.sample_on_gpu = false;  // prefill_sample and decode_step_sample copy the row back
+  LlamaCuda on_host(w, lo);
+  EXPECT_FALSE(on_host.samples_on_gpu());
   const std::vector<int32_t> prompt = {5, 17, 200, 3, 99};
   for (const SamplingOptions& o : {options(0), options(0.9, 0, 0.95, 3), options(1.2, 20, 1, 4), options(1, 0, 1, 5, 250)}) {
     const model::Generation a = model::generate(gpu, prompt, 40, o);
     const model::Generation b = model::generate(host, prompt, 40, o);
     EXPECT_EQ(a.tokens, b.tokens) << str_of(o);
+    EXPECT_EQ(model::generate(on_host, prompt, 40, o).tokens, a.tokens) << str_of(o);
     EXPECT_EQ(a.tokens.size(), 40u);
     if (o.vocab_limit > 0)
       for (int32_t t : a.tokens) EXPECT_LT(t, o.vocab_limit);

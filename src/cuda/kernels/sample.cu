@@ -484,6 +484,24 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
 
 }  // namespace
 
+bool sample_kernel_runs(std::string* why) {
+  cudaLaunchConfig_t config = {};  // the cluster's shape is the kernel's own (__cluster_dims__)
+  config.gridDim = dim3(kCluster);
+  config.blockDim = dim3(kThreads);
+  int clusters = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, sample_kernel, &config);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    if (why) *why = str("the sampling kernel's occupancy query failed: ", cudaGetErrorString(err));
+    return false;
+  }
+  if (clusters < 1) {
+    if (why) *why = str("a cluster of ", kCluster, " blocks of ", kThreads, " threads does not fit on this GPU");
+    return false;
+  }
+  return true;
+}
+
 void launch_sample(const SampleArgs& a, int64_t rows, cudaStream_t stream) {
   TWELL_CHECK(rows >= 1 && rows <= INT32_MAX, "launch_sample: rows ", rows);
   TWELL_CHECK(a.n >= 1 && a.n <= (int64_t{1} << 23) && a.n <= a.ld, "launch_sample: n ", a.n, " with ld ", a.ld,
