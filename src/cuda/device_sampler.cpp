@@ -6,11 +6,15 @@
 
 namespace twell::cuda {
 
+namespace {
+// The pinned staging of `rows` rows: a uniform in, a result out, each.
+size_t staging_bytes(int64_t rows) { return static_cast<size_t>(rows) * (sizeof(double) + sizeof(SampleResult)); }
+}  // namespace
+
 void DeviceSampler::reserve(int64_t rows, int64_t V) {
   TWELL_CHECK(rows >= 1 && V >= 1, "DeviceSampler::reserve: rows ", rows, ", V ", V);
   if (weights_.bytes() < device_bytes(rows, V)) weights_ = DeviceBuffer(device_bytes(rows, V));
-  const size_t io_bytes = static_cast<size_t>(rows) * (sizeof(double) + sizeof(SampleResult));
-  if (staging_.bytes() < io_bytes) staging_.reserve(io_bytes);
+  if (staging_.bytes() < staging_bytes(rows)) staging_.reserve(staging_bytes(rows));
 }
 
 std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Sampler& sampler, cudaStream_t stream) {
@@ -22,12 +26,11 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Samp
   const int64_t rows = logits.rank() == 2 ? logits.shape[0] : 1, V = logits.shape[logits.rank() - 1];
   TWELL_CHECK(rows >= 1 && V >= 1, "DeviceSampler::sample: empty logits ", shape_str(logits.shape));
   const model::SamplingOptions& o = sampler.options();
-  const int64_t n = o.vocab_limit > 0 && o.vocab_limit < V ? o.vocab_limit : V;
+  const int64_t n = o.drawable(V);
 
   // The uniforms (past kSampleInlineRows rows) and the results live in pinned host memory, which
   // the kernel reads and writes in place (unified addressing): no copy to enqueue either way.
-  const size_t io_bytes = static_cast<size_t>(rows) * (sizeof(double) + sizeof(SampleResult));
-  if (staging_.bytes() < io_bytes) staging_.reserve(io_bytes);
+  if (staging_.bytes() < staging_bytes(rows)) staging_.reserve(staging_bytes(rows));
   const bool greedy = o.temperature == 0;
   if (!greedy && weights_.bytes() < device_bytes(rows, n)) weights_ = DeviceBuffer(device_bytes(rows, n));
 

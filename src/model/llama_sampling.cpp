@@ -41,12 +41,12 @@ template <class T>
 // Host, contiguous f32: the logits every backend returns, read in a plain loop.
 bool plain_f32(const TensorView& t) { return t.dtype == DType::f32 && t.device == Device::cpu && t.is_contiguous(); }
 
-// The first `limit` entries (limit in (0, V), else all) of a [V] or [1, V] float row, as doubles,
-// into `row`; `best` receives the index of the largest (the lowest on ties).
-void logit_row(const TensorView& logits, int64_t limit, std::vector<double>& row, size_t* best = nullptr) {
+// The drawable entries (o.drawable) of a [V] or [1, V] float row, as doubles, into `row`; `best`
+// receives the index of the largest (the lowest on ties).
+void logit_row(const TensorView& logits, const SamplingOptions& o, std::vector<double>& row, size_t* best = nullptr) {
   check_logits_shape(logits);
   check_device(logits, Device::cpu, "sample: logits");
-  const int64_t n = limit > 0 && limit < logits.numel() ? limit : logits.numel();
+  const int64_t n = o.drawable(logits.numel());
   if (plain_f32(logits)) {
     const float* f = logits.ptr<float>();
     row.assign(f, f + n);
@@ -65,17 +65,17 @@ void logit_row(const TensorView& logits, int64_t limit, std::vector<double>& row
   if (best) *best = at;
 }
 
-// The index of the largest of the first `limit` logits, the lowest on ties: greedy decoding's whole
-// cost, one pass over host f32 logits.
-int32_t argmax_logits(const TensorView& logits, int64_t limit) {
+// The index of the largest drawable logit, the lowest on ties: greedy decoding's whole cost, one
+// pass over host f32 logits.
+int32_t argmax_logits(const TensorView& logits, const SamplingOptions& o) {
   if (!plain_f32(logits)) {
     size_t best = 0;
     std::vector<double> row;
-    logit_row(logits, limit, row, &best);
+    logit_row(logits, o, row, &best);
     return static_cast<int32_t>(best);
   }
   check_logits_shape(logits);
-  const size_t n = static_cast<size_t>(limit > 0 && limit < logits.numel() ? limit : logits.numel());
+  const size_t n = static_cast<size_t>(o.drawable(logits.numel()));
   const float* f = logits.ptr<float>();
   bool bad = false;
   float top = -HUGE_VALF;
@@ -174,7 +174,7 @@ struct Kept {
 
 Kept kept_tokens(const TensorView& logits, const SamplingOptions& o, Scratch& s) {
   size_t best = 0;
-  logit_row(logits, o.vocab_limit, s.row, &best);
+  logit_row(logits, o, s.row, &best);
   const std::vector<double>& row = s.row;
   const size_t V = row.size();
   Kept k;
@@ -231,7 +231,7 @@ double Sampler::next_uniform() {
 }
 
 int32_t Sampler::sample(const TensorView& logits) {
-  if (options_.temperature == 0) return argmax_logits(logits, options_.vocab_limit);
+  if (options_.temperature == 0) return argmax_logits(logits, options_);
   const double u = next_uniform();  // first, whatever follows: a device sampler takes it before it knows
   const Kept k = kept_tokens(logits, options_, scratch());
   if (k.only) return *k.only;
@@ -251,7 +251,7 @@ int32_t Sampler::sample(const TensorView& logits) {
 }
 
 std::vector<int32_t> Sampler::candidates(const TensorView& logits) const {
-  if (options_.temperature == 0) return {argmax_logits(logits, options_.vocab_limit)};
+  if (options_.temperature == 0) return {argmax_logits(logits, options_)};
   const Kept k = kept_tokens(logits, options_, scratch());
   if (k.only) return {*k.only};
   std::vector<int32_t> ids;

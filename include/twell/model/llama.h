@@ -185,6 +185,8 @@ struct SamplingOptions {
   int64_t vocab_limit = 0;
 
   void check() const;  // throws twell::Error on a value out of range (NaN included)
+  // How many of a row of V logits a draw reads: the first vocab_limit where it is in (0, V), else all.
+  int64_t drawable(int64_t V) const { return vocab_limit > 0 && vocab_limit < V ? vocab_limit : V; }
 };
 
 // Draws tokens from logit rows. Deterministic for a seed: std::mt19937_64 and our own
