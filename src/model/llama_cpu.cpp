@@ -35,6 +35,7 @@ using cpu::parallel_for;
 // Per layer: post-RoPE keys and values of every cached position, [len, nkv·hd] row-major.
 template <class Acc>
 struct KvCache {
+  using value_type = Acc;
   std::vector<std::vector<Acc>> k, v;
   int64_t len = 0;
 
@@ -297,9 +298,20 @@ void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& token
                 " is outside the vocabulary [0, ", c.vocab_size, ")");
 }
 
+// One KV cache a sequence of the batch (one after prefill), in the math type's precision.
 struct LlamaCpu::Impl {
-  KvCache<float> f32;
-  KvCache<double> f64;
+  std::vector<KvCache<float>> f32;
+  std::vector<KvCache<double>> f64;
+
+  // fn(caches) with the caches of the model's math type.
+  template <class Fn>
+  auto with(DType math, Fn&& fn) {
+    return math == DType::f64 ? fn(f64) : fn(f32);
+  }
+  template <class Fn>
+  auto with(DType math, Fn&& fn) const {
+    return math == DType::f64 ? fn(f64) : fn(f32);
+  }
 };
 
 LlamaCpu::LlamaCpu(LlamaWeights weights, LlamaOptions options)
@@ -327,29 +339,76 @@ Tensor LlamaCpu::logits(const std::vector<int32_t>& tokens, std::vector<Activati
 }
 
 Tensor LlamaCpu::prefill(const std::vector<int32_t>& tokens) {
-  check_call(config(), tokens, 0);  // before reset(): a rejected prompt leaves the cache as it was
-  reset();
-  const int64_t V = config().vocab_size;
-  if (options_.math == DType::f64)
-    return to_tensor(forward(weights_, options_, impl_->f64, tokens, false), {V});
-  return to_tensor(forward(weights_, options_, impl_->f32, tokens, false), {V});
+  const Tensor rows = prefill_batch({tokens});
+  return Tensor::copy_of(TensorView(rows.view().data, rows.dtype(), {config().vocab_size}));
 }
 
 Tensor LlamaCpu::decode_step(int32_t token) {
   TWELL_CHECK(cached_tokens() > 0, "LlamaCpu::decode_step: call prefill() first");
-  const int64_t V = config().vocab_size;
-  if (options_.math == DType::f64)
-    return to_tensor(forward(weights_, options_, impl_->f64, {token}, false), {V});
-  return to_tensor(forward(weights_, options_, impl_->f32, {token}, false), {V});
+  TWELL_CHECK(token != kNoToken, "LlamaCpu::decode_step: token ", token, " is outside the vocabulary");
+  const Tensor rows = decode_batch({token});
+  return Tensor::copy_of(TensorView(rows.view().data, rows.dtype(), {config().vocab_size}));
+}
+
+Tensor LlamaCpu::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) {
+  const int64_t B = static_cast<int64_t>(prompts.size()), V = config().vocab_size;
+  TWELL_CHECK(B >= 1 && B <= kMaxBatch, "LlamaCpu::prefill_batch: need 1 to ", kMaxBatch, " prompts, got ", B);
+  for (const auto& p : prompts) check_call(config(), p, 0);  // before reset(): a rejected call changes nothing
+  reset();
+  Tensor out(options_.math, {B, V});
+  try {
+    impl_->with(options_.math, [&](auto& caches) {
+      using Acc = typename std::decay_t<decltype(caches)>::value_type::value_type;
+      caches.resize(static_cast<size_t>(B));
+      for (int64_t b = 0; b < B; ++b) {
+        caches[b].clear(config().num_hidden_layers);
+        const std::vector<Acc> row = forward(weights_, options_, caches[b], prompts[b], false);
+        std::copy(row.begin(), row.end(), out.ptr<Acc>() + b * V);
+      }
+    });
+  } catch (...) {
+    reset();  // a batch prefilled in part is no batch
+    throw;
+  }
+  return out;
+}
+
+Tensor LlamaCpu::decode_batch(const std::vector<int32_t>& tokens) {
+  const int64_t B = static_cast<int64_t>(tokens.size()), V = config().vocab_size;
+  const std::vector<int64_t> lens = cached_lengths();
+  TWELL_CHECK(!lens.empty(), "LlamaCpu::decode_batch: call prefill() or prefill_batch() first");
+  TWELL_CHECK(B == static_cast<int64_t>(lens.size()), "LlamaCpu::decode_batch: the cache holds ", lens.size(),
+              " sequences, got ", B, " tokens");
+  for (int64_t b = 0; b < B; ++b)  // all checked before any sequence runs
+    if (tokens[b] != kNoToken) check_call(config(), {tokens[b]}, lens[b]);
+  Tensor out(options_.math, {B, V});
+  impl_->with(options_.math, [&](auto& caches) {
+    using Acc = typename std::decay_t<decltype(caches)>::value_type::value_type;
+    for (int64_t b = 0; b < B; ++b) {
+      if (tokens[b] == kNoToken) continue;
+      const std::vector<Acc> row = forward(weights_, options_, caches[b], {tokens[b]}, false);
+      std::copy(row.begin(), row.end(), out.ptr<Acc>() + b * V);
+    }
+  });
+  return out;
+}
+
+std::vector<int64_t> LlamaCpu::cached_lengths() const {
+  return impl_->with(options_.math, [](const auto& caches) {
+    std::vector<int64_t> lens;
+    for (const auto& c : caches) lens.push_back(c.len);
+    return lens;
+  });
 }
 
 int64_t LlamaCpu::cached_tokens() const {
-  return options_.math == DType::f64 ? impl_->f64.len : impl_->f32.len;
+  const std::vector<int64_t> lens = cached_lengths();
+  return lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
 }
 
 void LlamaCpu::reset() {
-  impl_->f32.clear(config().num_hidden_layers);
-  impl_->f64.clear(config().num_hidden_layers);
+  impl_->f32.clear();
+  impl_->f64.clear();
 }
 
 }  // namespace twell::model

@@ -267,6 +267,65 @@ int32_t LanguageModel::decode_step_sample(int32_t token, Sampler& sampler) {
   return sampler.sample(decode_step(token));
 }
 
+namespace {
+
+// Throws unless there is one sampler a sequence, all with the same options (one kernel draws a
+// batch on the GPU).
+void check_samplers(const std::vector<Sampler>& samplers, size_t B, const char* what) {
+  TWELL_CHECK(samplers.size() == B, what, ": ", samplers.size(), " samplers for ", B, " sequences");
+  for (const Sampler& s : samplers) {
+    const SamplingOptions &a = s.options(), &b = samplers[0].options();
+    TWELL_CHECK(a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
+                    a.vocab_limit == b.vocab_limit,
+                what, ": the samplers of a batch must have the same options (their seeds may differ)");
+  }
+}
+
+// Row b of logits [B, V] drawn by samplers[b], or kNoToken where tokens[b] is (a sequence that sat out).
+std::vector<int32_t> sample_rows(const Tensor& logits, std::vector<Sampler>& samplers,
+                                 const std::vector<int32_t>* tokens) {
+  const int64_t B = logits.shape()[0], V = logits.shape()[1];
+  std::vector<int32_t> next(static_cast<size_t>(B), kNoToken);
+  const size_t row_bytes = static_cast<size_t>(V) * dtype_size(logits.dtype());
+  for (int64_t b = 0; b < B; ++b)
+    if (!tokens || (*tokens)[b] != kNoToken)
+      next[b] = samplers[b].sample(
+          TensorView(static_cast<char*>(logits.view().data) + static_cast<size_t>(b) * row_bytes, logits.dtype(), {V}));
+  return next;
+}
+
+// A [1, V] copy of a row [V].
+Tensor one_row(const Tensor& row) {
+  return Tensor::copy_of(TensorView(row.view().data, row.dtype(), {1, row.numel()}));
+}
+
+}  // namespace
+
+Tensor LanguageModel::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) {
+  TWELL_CHECK(prompts.size() == 1, "prefill_batch: this backend runs one sequence at a time, got ", prompts.size());
+  return one_row(prefill(prompts[0]));
+}
+Tensor LanguageModel::decode_batch(const std::vector<int32_t>& tokens) {
+  TWELL_CHECK(tokens.size() == 1, "decode_batch: this backend runs one sequence at a time, got ", tokens.size());
+  TWELL_CHECK(cached_tokens() > 0, "decode_batch: call prefill() first");
+  if (tokens[0] == kNoToken) return Tensor(DType::f32, {1, config().vocab_size});
+  return one_row(decode_step(tokens[0]));
+}
+std::vector<int32_t> LanguageModel::prefill_batch_sample(const std::vector<std::vector<int32_t>>& prompts,
+                                                         std::vector<Sampler>& samplers) {
+  check_samplers(samplers, prompts.size(), "prefill_batch_sample");
+  return sample_rows(prefill_batch(prompts), samplers, nullptr);
+}
+std::vector<int32_t> LanguageModel::decode_batch_sample(const std::vector<int32_t>& tokens,
+                                                        std::vector<Sampler>& samplers) {
+  check_samplers(samplers, tokens.size(), "decode_batch_sample");
+  return sample_rows(decode_batch(tokens), samplers, &tokens);
+}
+std::vector<int64_t> LanguageModel::cached_lengths() const {
+  const int64_t n = cached_tokens();
+  return n > 0 ? std::vector<int64_t>{n} : std::vector<int64_t>{};
+}
+
 Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
                     const SamplingOptions& sampling, const std::vector<int32_t>& stop_tokens,
                     const std::function<void(int32_t)>& on_token) {
@@ -300,6 +359,64 @@ Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, in
   g.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   g.decode_seconds = std::chrono::duration<double>(t2 - t1).count();
   return g;
+}
+
+std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<std::vector<int32_t>>& prompts,
+                                       int64_t max_new_tokens, const SamplingOptions& sampling,
+                                       const std::vector<int32_t>& stop_tokens,
+                                       const std::function<void(int64_t, int32_t)>& on_token) {
+  const size_t B = prompts.size();
+  TWELL_CHECK(B >= 1, "generate_batch: no prompts");
+  TWELL_CHECK(static_cast<int64_t>(B) <= model.max_batch(), "generate_batch: ", B,
+              " prompts exceed the model's max_batch ", model.max_batch());
+  for (size_t b = 0; b < B; ++b) TWELL_CHECK(!prompts[b].empty(), "generate_batch: prompt ", b, " is empty");
+  TWELL_CHECK(max_new_tokens >= 0, "generate_batch: max_new_tokens must be at least 0, got ", max_new_tokens);
+  using clock = std::chrono::steady_clock;
+  std::vector<Sampler> samplers;
+  for (size_t b = 0; b < B; ++b) {
+    SamplingOptions o = sampling;
+    o.seed = sampling.seed + b;  // wraps; any seed is a seed
+    samplers.emplace_back(o);
+  }
+  std::vector<Generation> gens(B);
+  const auto t0 = clock::now();
+  std::vector<int32_t> next;
+  if (max_new_tokens > 0)
+    next = model.prefill_batch_sample(prompts, samplers);
+  else
+    model.prefill_batch(prompts);
+  const auto t1 = clock::now();
+  std::vector<clock::time_point> ended(B, t1);
+  size_t live = max_new_tokens > 0 ? B : 0;
+  while (live > 0) {
+    const std::vector<int64_t> lens = model.cached_lengths();
+    for (size_t b = 0; b < B; ++b) {
+      if (next[b] == kNoToken) continue;  // done before
+      Generation& g = gens[b];
+      g.tokens.push_back(next[b]);
+      if (on_token) on_token(static_cast<int64_t>(b), next[b]);
+      bool done = true;
+      if (std::find(stop_tokens.begin(), stop_tokens.end(), next[b]) != stop_tokens.end())
+        g.reason = StopReason::stop_token;
+      else if (static_cast<int64_t>(g.tokens.size()) == max_new_tokens)
+        g.reason = StopReason::max_tokens;
+      else if (lens[b] >= model.context())
+        g.reason = StopReason::context_full;
+      else
+        done = false;
+      if (done) {
+        ended[b] = clock::now();
+        next[b] = kNoToken;  // sits the remaining steps out
+        --live;
+      }
+    }
+    if (live > 0) next = model.decode_batch_sample(next, samplers);
+  }
+  for (size_t b = 0; b < B; ++b) {
+    gens[b].prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+    gens[b].decode_seconds = std::chrono::duration<double>(ended[b] - t1).count();
+  }
+  return gens;
 }
 
 Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,

@@ -752,6 +752,99 @@ TEST_F(LlamaCpuTest, GreedyGenerationFollowsFullForward) {
   EXPECT_EQ(calls, 3);
 }
 
+// A batch of prompts of different lengths: each row has the bits of its sequence run alone, a
+// sequence that sits a step out (kNoToken) stays as it was, and bad calls change nothing.
+TEST_F(LlamaCpuTest, BatchesOfAnyLengthsMatchSequencesRunAlone) {
+  LlamaCpu model = tiny(false);
+  LlamaCpu alone = tiny(false);
+  const std::vector<std::vector<int32_t>> prompts = {{5, 9, 11}, {7}, {3, 96, 0, 41, 41, 7}};
+  const int64_t V = model.config().vocab_size;
+  const Tensor first = model.prefill_batch(prompts);
+  ASSERT_EQ(first.shape(), (Shape{3, V}));
+  EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{3, 1, 6}));
+  EXPECT_EQ(model.cached_tokens(), 6);
+  const std::vector<std::vector<int32_t>> steps = {{1, 2, 3}, {kNoToken, 4, 5}, {6, kNoToken, kNoToken}};
+  std::vector<Tensor> rows;
+  for (const auto& step : steps) rows.push_back(model.decode_batch(step));
+  EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{5, 3, 8}));
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    EXPECT_TRUE(test::bit_equal(Tensor::copy_of(row_of(first, b)), alone.prefill(prompts[b]))) << b;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const Tensor got = Tensor::copy_of(row_of(rows[i], b));
+      if (steps[i][b] == kNoToken)
+        EXPECT_TRUE(test::bit_equal(got, Tensor(DType::f32, {V}))) << "a row that sat out is zeros";
+      else
+        EXPECT_TRUE(test::bit_equal(got, alone.decode_step(steps[i][b]))) << b << " step " << i;
+    }
+  }
+  // Refused, changing nothing: a wrong count, a bad id, a sequence past the context, no prompts.
+  EXPECT_THROW(model.decode_batch({1, 2}), Error);
+  EXPECT_THROW(model.decode_batch({1, int32_t(V), 2}), Error);
+  EXPECT_THROW(model.decode_batch({1, -2, 2}), Error);
+  EXPECT_THROW(model.prefill_batch({}), Error);
+  EXPECT_THROW(model.prefill_batch({{1}, {}}), Error);
+  EXPECT_THROW(model.prefill_batch({{1}, std::vector<int32_t>(size_t(model.context() + 1), 1)}), Error);
+  EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{5, 3, 8}));
+  // decode_step runs one sequence, and says so of a batch; prefill makes a batch of one.
+  EXPECT_THROW(model.decode_step(1), Error);
+  EXPECT_THROW(model.decode_step(kNoToken), Error);
+  model.prefill({5, 9});
+  EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{2}));
+  model.reset();
+  EXPECT_TRUE(model.cached_lengths().empty());
+  EXPECT_THROW(model.decode_batch({1}), Error);
+}
+
+// generate_batch: sequence b's tokens are generate()'s with seed + b, each stopping on its own.
+TEST_F(LlamaCpuTest, BatchGenerationIsEachSequenceGeneratedAlone) {
+  LlamaCpu model = tiny(false);
+  const std::vector<std::vector<int32_t>> prompts = {{5, 9, 11}, {7}, {3, 96, 0, 41, 41, 7}, {2, 2}};
+  for (const SamplingOptions& o : {SamplingOptions{}, SamplingOptions{0.9, 20, 0.9, 17}}) {
+    std::vector<std::pair<int64_t, int32_t>> seen;
+    const std::vector<Generation> gens =
+        generate_batch(model, prompts, 7, o, {}, [&](int64_t b, int32_t t) { seen.emplace_back(b, t); });
+    ASSERT_EQ(gens.size(), prompts.size());
+    size_t total = 0;
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      SamplingOptions ob = o;
+      ob.seed = o.seed + b;
+      const Generation g = generate(model, prompts[b], 7, ob);
+      EXPECT_EQ(gens[b].tokens, g.tokens) << b;
+      EXPECT_EQ(gens[b].reason, StopReason::max_tokens);
+      std::vector<int32_t> mine;
+      for (const auto& [sb, t] : seen)
+        if (sb == int64_t(b)) mine.push_back(t);
+      EXPECT_EQ(mine, gens[b].tokens) << "the callback sees each sequence's tokens in order";
+      total += gens[b].tokens.size();
+    }
+    EXPECT_EQ(seen.size(), total);
+  }
+  // Stops per sequence: sequence 1 at its stop token, the others run on; a full context stops the
+  // longest prompt first (the last token drawn needs no position).
+  const std::vector<Generation> greedy = generate_batch(model, prompts, 7, {});
+  const int32_t stop = greedy[1].tokens[2];
+  const std::vector<Generation> stopped = generate_batch(model, prompts, 7, {}, {stop});
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto& t = greedy[b].tokens;
+    const auto at = std::find(t.begin(), t.end(), stop);
+    EXPECT_EQ(stopped[b].tokens, std::vector<int32_t>(t.begin(), at == t.end() ? at : at + 1)) << b;
+    EXPECT_EQ(stopped[b].reason, at == t.end() ? StopReason::max_tokens : StopReason::stop_token) << b;
+  }
+  const std::vector<Generation> full = generate_batch(model, prompts, 1000, {});
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    EXPECT_EQ(full[b].reason, StopReason::context_full) << b;
+    EXPECT_EQ(int64_t(full[b].tokens.size()), model.context() - int64_t(prompts[b].size()) + 1) << b;
+  }
+  EXPECT_LE(full[2].decode_seconds, full[1].decode_seconds) << "the longest prompt fills its context first";
+  // Bad calls.
+  EXPECT_THROW(generate_batch(model, {}, 4, {}), Error);
+  EXPECT_THROW(generate_batch(model, {{1}, {}}, 4, {}), Error);
+  EXPECT_THROW(generate_batch(model, prompts, -1, {}), Error);
+  const std::vector<Generation> none = generate_batch(model, prompts, 0, {});
+  EXPECT_TRUE(none[3].tokens.empty());
+  EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{3, 1, 6, 2}));
+}
+
 TEST_F(LlamaCpuTest, PerplexityIsExpOfMeanNll) {
   const io::ModelConfig c = tiny_config("relu", true);
   const HfTensors hf = random_hf_tensors(c, 600);

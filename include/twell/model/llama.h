@@ -110,6 +110,9 @@ void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& token
 
 class Sampler;
 
+// In decode_batch's tokens: this sequence sits the step out (see LanguageModel::decode_batch).
+constexpr int32_t kNoToken = -1;
+
 // What generation, perplexity and the CLI need of a model, whichever backend runs it: LlamaCpu
 // here, twell::cuda::LlamaCuda (cuda/llama.h) on the GPU.
 class LanguageModel {
@@ -128,11 +131,32 @@ class LanguageModel {
   // token crosses to the host). By default, sampler.sample() of what prefill / decode_step return.
   virtual int32_t prefill_sample(const std::vector<int32_t>& tokens, Sampler& sampler);
   virtual int32_t decode_step_sample(int32_t token, Sampler& sampler);
+  // Positions the cache holds: those of the one sequence, or of a batch's longest.
   virtual int64_t cached_tokens() const = 0;
   // Positions the KV cache holds at most: max_position_embeddings, or less where the backend was
   // built for shorter sequences.
   virtual int64_t context() const = 0;
   virtual void reset() = 0;
+
+  // Batches of B sequences, of any lengths, each with its own KV cache. prefill_batch clears the
+  // cache and returns the logits of each prompt's last token [B, V]; decode_batch appends tokens[b]
+  // to sequence b and returns [B, V]. A sequence whose token is kNoToken sits the step out: it
+  // stays as it was (it may be full, or done), and its row of the result is zeros. Sequence b's
+  // logits are those of prefill(prompts[b]) and decode_step of its tokens, up to the summation
+  // order of the batched arithmetic (LlamaCpu: the same bits). B at most max_batch(). The default
+  // implementation runs one sequence through prefill / decode_step and refuses more.
+  virtual Tensor prefill_batch(const std::vector<std::vector<int32_t>>& prompts);
+  virtual Tensor decode_batch(const std::vector<int32_t>& tokens);
+  // The same, then the next token of each sequence drawn by samplers[b] (all with the same
+  // options; kNoToken for a sequence that sat out, whose sampler draws nothing). By default
+  // Sampler::sample of each row on the host.
+  virtual std::vector<int32_t> prefill_batch_sample(const std::vector<std::vector<int32_t>>& prompts,
+                                                    std::vector<Sampler>& samplers);
+  virtual std::vector<int32_t> decode_batch_sample(const std::vector<int32_t>& tokens,
+                                                   std::vector<Sampler>& samplers);
+  virtual int64_t max_batch() const { return 1; }
+  // Positions cached per sequence of the last prefill or prefill_batch (empty after reset()).
+  virtual std::vector<int64_t> cached_lengths() const;
 };
 
 class LlamaCpu final : public LanguageModel {
@@ -165,6 +189,13 @@ class LlamaCpu final : public LanguageModel {
   int64_t cached_tokens() const override;  // positions held by the KV cache
   int64_t context() const override { return config().max_position_embeddings; }
   void reset() override;  // empties the KV cache
+  // Batches (LanguageModel::prefill_batch): one cache a sequence, each run as prefill and
+  // decode_step run it, so every row has the bits it would have alone.
+  Tensor prefill_batch(const std::vector<std::vector<int32_t>>& prompts) override;
+  Tensor decode_batch(const std::vector<int32_t>& tokens) override;
+  int64_t max_batch() const override { return kMaxBatch; }
+  std::vector<int64_t> cached_lengths() const override;
+  static constexpr int64_t kMaxBatch = 65535;
 
  private:
   struct Impl;  // the KV cache and scratch (llama_cpu.cpp)
@@ -245,6 +276,17 @@ struct Perplexity {
   double mean_nll = 0;      // mean over t of −log p(tokens[t+1] | tokens[0..t]), natural log
   double perplexity = 0;    // exp(mean_nll)
 };
+// generate() for B prompts at once, through prefill_batch_sample and decode_batch_sample (B at
+// most model.max_batch()): sequence b draws from a Sampler seeded `sampling.seed + b`, so that
+// with logits of the same bits (LlamaCpu) its tokens are those of generate(prompts[b]) with that
+// seed. Each sequence stops on its own (a stop token, max_new_tokens, or its context full) and
+// then sits the remaining steps out. `on_token(b, token)` sees each token as it is drawn. Every
+// result's prefill_seconds is the batch's; its decode_seconds runs to that sequence's last token.
+std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<std::vector<int32_t>>& prompts,
+                                       int64_t max_new_tokens, const SamplingOptions& sampling,
+                                       const std::vector<int32_t>& stop_tokens = {},
+                                       const std::function<void(int64_t, int32_t)>& on_token = {});
+
 // Perplexity of a sequence under one full forward (T ≥ 2); log-softmax in double.
 // `ffn_stats` as for LlamaCpu::logits.
 Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,
