@@ -1,4 +1,5 @@
 // twell::cuda::DeviceSampler (include/twell/cuda/sampler.h): the host side of launch_sample.
+#include <algorithm>
 #include <cstring>
 
 #include "cuda/kernels.h"
@@ -18,6 +19,13 @@ void DeviceSampler::reserve(int64_t rows, int64_t V) {
 }
 
 std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Sampler& sampler, cudaStream_t stream) {
+  const int64_t rows = logits.rank() == 2 ? logits.shape[0] : 1;
+  return sample(logits, std::vector<model::Sampler*>(static_cast<size_t>(std::max<int64_t>(rows, 1)), &sampler),
+                stream);
+}
+
+std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, const std::vector<model::Sampler*>& samplers,
+                                           cudaStream_t stream) {
   TWELL_CHECK(logits.rank() == 1 || logits.rank() == 2, "DeviceSampler::sample: logits must be [V] or [rows, V], got ",
               shape_str(logits.shape));
   check_dtype(logits, DType::f32, "DeviceSampler::sample: logits");
@@ -25,7 +33,21 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Samp
   check_contiguous(logits, "DeviceSampler::sample: logits");
   const int64_t rows = logits.rank() == 2 ? logits.shape[0] : 1, V = logits.shape[logits.rank() - 1];
   TWELL_CHECK(rows >= 1 && V >= 1, "DeviceSampler::sample: empty logits ", shape_str(logits.shape));
-  const model::SamplingOptions& o = sampler.options();
+  TWELL_CHECK(static_cast<int64_t>(samplers.size()) == rows, "DeviceSampler::sample: ", samplers.size(),
+              " samplers for ", rows, " rows");
+  const model::Sampler* first = nullptr;
+  for (const model::Sampler* s : samplers)
+    if (s && !first) first = s;
+  std::vector<int32_t> tokens(static_cast<size_t>(rows), model::kNoToken);
+  if (!first) return tokens;  // no row to draw
+  const model::SamplingOptions& o = first->options();
+  for (const model::Sampler* s : samplers) {
+    if (!s) continue;
+    const model::SamplingOptions& so = s->options();
+    TWELL_CHECK(so.temperature == o.temperature && so.top_k == o.top_k && so.top_p == o.top_p &&
+                    so.vocab_limit == o.vocab_limit,
+                "DeviceSampler::sample: the samplers of one call must have the same options (their seeds may differ)");
+  }
   const int64_t n = o.drawable(V);
 
   // The uniforms (past kSampleInlineRows rows) and the results live in pinned host memory, which
@@ -39,7 +61,7 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Samp
   SampleArgs a;
   if (!greedy) {
     double* u = rows <= kSampleInlineRows ? a.inline_uniforms : uniforms;
-    for (int64_t r = 0; r < rows; ++r) u[r] = sampler.next_uniform();
+    for (int64_t r = 0; r < rows; ++r) u[r] = samplers[r] ? samplers[r]->next_uniform() : 0.0;
   }
   a.logits = static_cast<const float*>(logits.data);
   a.ld = V;
@@ -53,8 +75,8 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, model::Samp
   launch_sample(a, rows, stream);
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
 
-  std::vector<int32_t> tokens(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
+    if (!samplers[r]) continue;
     const SampleResult& x = results[r];
     if (x.status == kSampleBadLogit) model::throw_unsampleable(x.index, x.value, n);
     if (x.status == kSampleAllRuledOut) model::throw_unsampleable(-1, 0, n);

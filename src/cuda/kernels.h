@@ -307,6 +307,10 @@ void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, 
 // ---- model runtime (llama_layers.cu, attention.cu) ----------------------------------------------
 // x[t, :] = float(table[tokens[t], :])          x [T, H] fp32, table [V, H] bf16
 void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float* x, int64_t H, cudaStream_t stream);
+// dst[r, :] = src[rows[r], :] for r < n: bf16 rows of H elements (a multiple of 8; 16-byte aligned
+// rows), rows on the device.
+void launch_gather_rows(const uint16_t* src, const int32_t* rows, int64_t n, int64_t H, uint16_t* dst,
+                        cudaStream_t stream);
 // For output row r < rows, with s = r·step + offset: v = (x[s] + before[s]) + delta[s] in f32 (each
 // add where its operand is not null), stored back into x[s] where `store_x` (and there was an add),
 // then out[r] = bf16(w · v / √(mean(v²) + eps)). `before` is an add its caller deferred from the
@@ -325,13 +329,13 @@ void launch_add_rmsnorm(float* x, const SplitSum& delta, const uint16_t* w, uint
                         cudaStream_t stream);
 
 // RoPE ("rotate_half", fp32 math) on q in place in the QKV GEMM output and on k; k and v are
-// written to the caches at positions *p0 + s of their sequence. T = B·S tokens, sequence-major.
+// written to the caches at positions p0[b] + s of sequence b. T = B·S tokens, sequence-major.
 struct RopeKvArgs {
   uint16_t* qkv = nullptr;          // [T, (nh + 2 nkv)·hd]: q, k, v of each token
   uint16_t* k_cache = nullptr;      // [B, max_context, nkv·hd]
   uint16_t* v_cache = nullptr;
   const float* cos_sin = nullptr;   // [max_context, hd]: cos of the hd/2 frequencies, then sin
-  const int32_t* p0 = nullptr;      // device: position of each sequence's first new token
+  const int32_t* p0 = nullptr;      // device [B]: position of each sequence's first new token
   int64_t T = 0, S = 0, max_context = 0;
   int nh = 0, nkv = 0, hd = 0;
 };
@@ -341,8 +345,9 @@ void launch_rope_kv(const RopeKvArgs& a, cudaStream_t stream);
 // launch_rope_kv's work fused into its epilogue (CUTLASS Hopper GEMM): q rotated into rope.qkv,
 // k rotated and v into the caches, with the rounding steps of the cuBLASLt GEMM followed by
 // launch_rope_kv (bf16 product, fp32 rotation, bf16), so the two agree up to the GEMMs' summation
-// order (rope.qkv's k and v columns are not written). qkv_rope_supported says which shapes
-// it takes; the workspace is qkv_rope_workspace_bytes (may be 0).
+// order (rope.qkv's k and v columns are not written). Every sequence starts at p0[0]: the
+// epilogue reads one position (LlamaCuda fuses only calls whose sequences are aligned).
+// qkv_rope_supported says which shapes it takes; the workspace is qkv_rope_workspace_bytes (may be 0).
 struct QkvRopeArgs {
   const uint16_t* x = nullptr;
   const uint16_t* w = nullptr;
@@ -362,14 +367,14 @@ void launch_silu_mul(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_
 void fill_uniform_bf16(uint16_t* out, int64_t rows, int64_t cols, int64_t ld, float lo, float hi, uint64_t seed,
                        cudaStream_t stream);
 
-// Causal GQA attention of S new tokens per sequence at positions *p0 .. *p0 + S − 1 over the cache,
-// which already holds them (launch_rope_kv). Query head h reads KV head h / (nh / nkv).
+// Causal GQA attention of S new tokens per sequence, sequence b's at positions p0[b] .. p0[b] + S − 1,
+// over the cache, which already holds them (launch_rope_kv). Query head h reads KV head h / (nh / nkv).
 struct AttentionArgs {
   const uint16_t* qkv = nullptr;      // q at [b·S + s, h·hd], row stride (nh + 2 nkv)·hd
   const uint16_t* k_cache = nullptr;  // [B, max_context, nkv·hd]
   const uint16_t* v_cache = nullptr;
   uint16_t* o = nullptr;              // [B·S, nh·hd]
-  const int32_t* p0 = nullptr;        // device
+  const int32_t* p0 = nullptr;        // device [B]
   int B = 0, S = 0, nh = 0, nkv = 0, hd = 0, max_context = 0;
   float scale = 1.f;                  // 1/√hd
 };
@@ -382,7 +387,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream);
 // `dependent`: launched with programmatic dependent launch, after a kernel that lets its
 // dependents start early (the one-token GEMV of the QKV projection). The kernel then runs while
 // that one does (and, as every kernel of the chain triggers at its start, while kernels further
-// back may still run), and reads *p0, the RoPE table and the cached keys and values before p0
+// back may still run), and reads p0, the RoPE table and the cached keys and values before p0
 // before waiting for it: none of those may be written by a kernel still running when it starts.
 // In LlamaCuda that holds because each layer has its own cache, whose rows before p0 earlier
 // calls wrote, and p0 is copied from the host before each call's first (non-dependent) kernel.

@@ -3,6 +3,7 @@
 // GEMMs through cuBLASLt, the ReLU FFN through FfnForward), and CUDA-graph decode.
 #include "twell/cuda/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -205,13 +206,19 @@ struct LlamaCuda::Impl {
   bool gpu_sampling = false;  // o.sample_on_gpu where its kernel runs
   cudaEvent_t staged = nullptr;
   std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
-  int64_t len = 0, batch = 0;                  // cached positions (of every sequence), sequences
+  std::vector<int64_t> lens;  // cached positions of each sequence; empty: none (always, without kv_cache)
+  // The call being enqueued, for body(): whether its sequences start at one position (`start`;
+  // otherwise it cannot take the fused QKV GEMM, whose epilogue reads one position, nor cuDNN's
+  // attention), and whether the head reads each sequence's last row from the indices after the
+  // positions in p0 (a prefill of prompts of different lengths) rather than row S − 1.
+  bool aligned = true, gather_last = false;
+  int64_t start = 0;
   int64_t last_tokens = 0;
   std::vector<FfnPath> paths;
   std::vector<FfnStats> stats;                 // LlamaCudaOptions::record_ffn_stats
-  std::map<int64_t, cudaGraphExec_t> graphs;   // decode step per batch size
+  std::map<int64_t, cudaGraphExec_t> graphs;   // decode step per graph_key
   std::map<int64_t, std::vector<FfnPath>> graph_paths;  // the FFN paths each graph runs
-  std::map<int64_t, int> eager_steps;          // decode steps run before capture, per batch size
+  std::map<int64_t, int> eager_steps;          // decode steps run before capture, per graph_key
   cudaEvent_t gpu_begin = nullptr, gpu_end = nullptr;  // around the device work of the last call
 
   // The options with their defaults filled in (max_context, max_tokens), checked against the config.
@@ -261,7 +268,7 @@ struct LlamaCuda::Impl {
     const int64_t T = o.max_tokens;
     Plan p;
     p.tokens = checked_nbytes(DType::i32, {T});
-    p.p0 = checked_nbytes(DType::i32, {1});
+    p.p0 = checked_nbytes(DType::i32, {2 * o.max_batch});  // each sequence's first new position, then its last row
     p.x = checked_nbytes(DType::f32, {T, H});
     p.a = p.proj = p.y = checked_nbytes(DType::bf16, {T, H});
     p.qkv = checked_nbytes(DType::bf16, {T, qkv_dim});
@@ -426,28 +433,39 @@ struct LlamaCuda::Impl {
   }
 
   // `fresh`: the call starts at position 0 (prefill, logits), whatever the cache holds now.
+  int64_t longest() const { return lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end()); }
+
   void check_call(int64_t B, int64_t S, bool fresh = false) const {
-    const int64_t start = fresh ? 0 : len;
+    const int64_t start = fresh ? 0 : longest();
     TWELL_CHECK(B >= 1 && S >= 1, "LlamaCuda: need at least one sequence of one token, got ", B, " × ", S);
     TWELL_CHECK(B <= o.max_batch, "LlamaCuda: ", B, " sequences exceed max_batch ", o.max_batch);
     TWELL_CHECK(B * S <= o.max_tokens, "LlamaCuda: ", B * S, " tokens exceed max_tokens ", o.max_tokens);
     TWELL_CHECK(start + S <= o.max_context, "LlamaCuda: ", start + S, " positions exceed the context of ",
                 o.max_context);
-    TWELL_CHECK(start == 0 || B == batch, "LlamaCuda: the cache holds ", batch, " sequences, got ", B);
+    TWELL_CHECK(fresh || lens.empty() || B == static_cast<int64_t>(lens.size()), "LlamaCuda: the cache holds ",
+                lens.size(), " sequences, got ", B);
   }
 
-  // Host-side inputs of a call: tokens and p0, through the pinned staging (the caller's vector
-  // may change as soon as this returns).
-  void upload_inputs(const int32_t* host_tokens, int64_t n) {
+  // Host-side inputs of a call: n tokens, and into p0 each sequence's first position (then, for
+  // gather_last, each one's last row), through the pinned staging (the caller's vectors may change
+  // as soon as this returns).
+  void upload_inputs(const int32_t* host_tokens, int64_t n, const std::vector<int32_t>& positions) {
     TWELL_CUDA_CHECK(cudaEventSynchronize(staged));  // the previous call's copies have read the staging
-    pinned_in.reserve(static_cast<size_t>(n + 1) * 4);
+    const size_t k = positions.size();
+    pinned_in.reserve((static_cast<size_t>(n) + k) * 4);
     auto* in = pinned_in.as<int32_t>();
     if (host_tokens && n > 0) std::memcpy(in, host_tokens, static_cast<size_t>(n) * 4);
-    in[n] = static_cast<int32_t>(len);
+    std::copy(positions.begin(), positions.end(), in + n);
     if (host_tokens && n > 0)
       TWELL_CUDA_CHECK(cudaMemcpyAsync(tokens.get(), in, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(p0.get(), in + n, 4, cudaMemcpyHostToDevice, stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(p0.get(), in + n, k * 4, cudaMemcpyHostToDevice, stream));
     TWELL_CUDA_CHECK(cudaEventRecord(staged, stream));
+  }
+
+  // Sets up a call whose B sequences all start at position p: body()'s flags, and the positions to upload.
+  std::vector<int32_t> aligned_call(int64_t B, int64_t p) {
+    aligned = true, gather_last = false, start = p;
+    return std::vector<int32_t>(static_cast<size_t>(B), static_cast<int32_t>(p));
   }
 
   // Whether a call's FFN is twell's one-kernel decode FFN (decode_ffn): a decode step of one token.
@@ -511,7 +529,7 @@ struct LlamaCuda::Impl {
     return false;
   }
 
-  // Attention of S > 1 tokens per sequence at position `len` (PrefillAttention); `first_layer`
+  // Attention of S > 1 tokens per sequence at position `start` (PrefillAttention); `first_layer`
   // notes the choice in `kernels`.
   void prefill_attention(const AttentionArgs& at, bool first_layer) {
     const PrefillAttention mode = o.prefill_attention;
@@ -523,7 +541,8 @@ struct LlamaCuda::Impl {
       why = str("(", int64_t{at.B} * at.S, " tokens, below the ", kCudnnAttentionMinTokens,
                 " at which cuDNN's SDPA is used)");
     else {
-      done = sdpa.run(at, len, stream, &why);
+      TWELL_CHECK(aligned, "LlamaCuda: cuDNN's attention of sequences at different positions");
+      done = sdpa.run(at, start, stream, &why);
       TWELL_CHECK(done || mode != PrefillAttention::cudnn, "LlamaCuda: prefill_attention = cudnn, but ", why);
       if (!done) why = "(" + why + ")";
     }
@@ -572,7 +591,7 @@ struct LlamaCuda::Impl {
       r.p0 = p0.as<int32_t>();
       r.T = T, r.S = S, r.max_context = o.max_context;
       r.nh = static_cast<int>(nh), r.nkv = static_cast<int>(nkv), r.hd = static_cast<int>(hd);
-      const bool fuse = fused_qkv && T >= kFusedQkvMinTokens;
+      const bool fuse = fused_qkv && T >= kFusedQkvMinTokens && aligned;
       if (!decode && l == 0) kernels.fused_qkv_rope = fuse;
       bool qkv_gemv = false;  // the one-token GEMV, which lets the decode attention start under it
       if (fuse) {
@@ -627,7 +646,11 @@ struct LlamaCuda::Impl {
     const uint16_t* rows = a.as<uint16_t>();
     int64_t n = T;
     if (head == Head::last && S > 1) {  // each sequence's last row, normalised again into `proj`
-      launch_add_rmsnorm(x.as<float>(), nullptr, nullptr, false, fn, proj.as<uint16_t>(), B, H, S, S - 1, eps, stream);
+      if (gather_last)  // rows of different offsets: as normalised into `a` above
+        launch_gather_rows(a.as<uint16_t>(), p0.as<int32_t>() + B, B, H, proj.as<uint16_t>(), stream);
+      else
+        launch_add_rmsnorm(x.as<float>(), nullptr, nullptr, false, fn, proj.as<uint16_t>(), B, H, S, S - 1, eps,
+                           stream);
       rows = proj.as<uint16_t>();
       n = B;
     }
@@ -636,20 +659,16 @@ struct LlamaCuda::Impl {
 
   void enqueue(const int32_t* tok, int64_t B, int64_t S, Head head) {
     check_call(B, S);
+    const int64_t p = longest();
+    TWELL_CHECK(std::all_of(lens.begin(), lens.end(), [&](int64_t l) { return l == p; }),
+                "LlamaCuda::enqueue: the cached sequences have different lengths");
     if (head != Head::none) ensure_logits(head == Head::all ? B * S : B);
-    upload_inputs(nullptr, 0);
+    upload_inputs(nullptr, 0, aligned_call(B, p));
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
     body(tok, B, S, head, false);
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
-    finish(B, S);
-  }
-
-  void finish(int64_t B, int64_t S) {
     last_tokens = B * S;
-    if (o.kv_cache) {
-      len += S;
-      batch = B;
-    }
+    if (o.kv_cache) lens.assign(static_cast<size_t>(B), p + S);
   }
 
   // Small logits (a decode step of one sequence: 196 KB at V = 49152) through the pinned staging,
@@ -673,42 +692,79 @@ struct LlamaCuda::Impl {
   }
 
   // download false: the logits stay on the device (an empty Tensor is returned).
+  // Prompts of different lengths run as one batch of the longest, each padded with copies of its
+  // last token: causal attention keeps the padding out of every real position, the head reads each
+  // prompt's own last row, and a sequence's next decode step overwrites the cache rows its padding
+  // wrote before anything reads them. (The padding's FFN activations count in the FFN's statistics.)
   Tensor prefill(const std::vector<std::vector<int32_t>>& prompts, bool one_row = false, bool download = true) {
     TWELL_CHECK(!prompts.empty(), "LlamaCuda::prefill: no prompts");
-    const int64_t B = static_cast<int64_t>(prompts.size()), S = static_cast<int64_t>(prompts[0].size());
-    std::vector<int32_t> flat;
-    for (const auto& p : prompts) {
-      TWELL_CHECK(static_cast<int64_t>(p.size()) == S, "LlamaCuda::prefill: prompts must have equal lengths, got ",
-                  p.size(), " and ", S);
-      flat.insert(flat.end(), p.begin(), p.end());
+    const int64_t B = static_cast<int64_t>(prompts.size());
+    int64_t S = 0;
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      TWELL_CHECK(!prompts[b].empty(), "LlamaCuda::prefill: prompt ", b, " is empty");
+      model::check_token_ids(c, prompts[b]);
+      S = std::max<int64_t>(S, static_cast<int64_t>(prompts[b].size()));
     }
-    model::check_token_ids(c, flat);
     check_call(B, S, true);  // before reset(): a rejected call leaves the cache as it was
+    std::vector<int32_t> flat, positions = aligned_call(B, 0);
+    flat.reserve(static_cast<size_t>(B * S));
+    for (const auto& p : prompts) {
+      flat.insert(flat.end(), p.begin(), p.end());
+      flat.insert(flat.end(), static_cast<size_t>(S) - p.size(), p.back());
+      gather_last = gather_last || static_cast<int64_t>(p.size()) != S;
+    }
+    if (gather_last)
+      for (int64_t b = 0; b < B; ++b) positions.push_back(static_cast<int32_t>(b * S + prompts[b].size() - 1));
     reset();
     ensure_logits(B);
-    upload_inputs(flat.data(), B * S);
+    upload_inputs(flat.data(), B * S, positions);
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
     body(tokens.as<int32_t>(), B, S, Head::last, false);
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
-    finish(B, S);
+    last_tokens = B * S;
+    if (o.kv_cache)
+      for (const auto& p : prompts) lens.push_back(static_cast<int64_t>(p.size()));
     return download ? download_logits(B, one_row) : Tensor();
   }
 
+  // A step of every cached sequence; one whose token is kNoToken sits it out: its row runs on
+  // token 0 at its next position (the last, if its context is full), whose cache row it overwrites
+  // unread (that sequence's next step writes it again first; a full one has no next step), and its
+  // logits are zeroed.
   Tensor decode(const std::vector<int32_t>& toks, bool one_row = false, bool download = true) {
     TWELL_CHECK(o.kv_cache, "LlamaCuda::decode: built without a KV cache (kv_cache = false)");
-    TWELL_CHECK(len > 0, "LlamaCuda::decode: call prefill first");
+    TWELL_CHECK(!lens.empty(), "LlamaCuda::decode: call prefill first");
     const int64_t B = static_cast<int64_t>(toks.size());
-    model::check_token_ids(c, toks);
-    check_call(B, 1);
-    upload_inputs(toks.data(), B);
+    TWELL_CHECK(B == static_cast<int64_t>(lens.size()), "LlamaCuda::decode: the cache holds ", lens.size(),
+                " sequences, got ", B, " tokens");
+    std::vector<int32_t> ids(toks), positions(static_cast<size_t>(B));
+    std::vector<int64_t> out;  // the sequences that sit out
+    for (int64_t b = 0; b < B; ++b) {
+      if (toks[b] == model::kNoToken) {
+        out.push_back(b);
+        ids[b] = 0;
+        positions[b] = static_cast<int32_t>(std::min(lens[b], o.max_context - 1));
+        continue;
+      }
+      TWELL_CHECK(toks[b] >= 0 && toks[b] < V, "llama: token ", toks[b], " at index ", b,
+                  " is outside the vocabulary [0, ", V, ")");
+      TWELL_CHECK(lens[b] < o.max_context, "LlamaCuda: sequence ", b, " holds ", lens[b],
+                  " positions, the whole context: it has no room for another token");
+      positions[b] = static_cast<int32_t>(lens[b]);
+    }
+    aligned = std::all_of(positions.begin(), positions.end(), [&](int32_t p) { return p == positions[0]; });
+    gather_last = false, start = positions[0];
+    upload_inputs(ids.data(), B, positions);
     // The first step of a batch size runs eagerly (it loads kernels and makes cuBLASLt plans);
-    // the next one is captured, and every later one replays the graph.
+    // the next one is captured, and every later one replays the graph. Aligned and unaligned steps
+    // (which cannot take the fused QKV GEMM) have a graph each.
+    const int64_t key = 2 * B + (aligned ? 0 : 1);
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
-    auto it = graphs.find(B);
+    auto it = graphs.find(key);
     if (it != graphs.end()) {
       TWELL_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
-      paths = graph_paths[B];
-    } else if (!o.cuda_graphs || eager_steps[B]++ == 0) {
+      paths = graph_paths[key];
+    } else if (!o.cuda_graphs || eager_steps[key]++ == 0) {
       body(tokens.as<int32_t>(), B, 1, Head::all, true);
     } else {
       cudaGraph_t graph = nullptr;
@@ -733,12 +789,15 @@ struct LlamaCuda::Impl {
       const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
       cudaGraphDestroy(graph);
       TWELL_CUDA_CHECK(err);
-      graphs[B] = exec;
-      graph_paths[B] = paths;
+      graphs[key] = exec;
+      graph_paths[key] = paths;
       TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     }
+    for (int64_t b : out)
+      TWELL_CUDA_CHECK(cudaMemsetAsync(logits.as<float>() + b * V, 0, static_cast<size_t>(V) * 4, stream));
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
-    finish(B, 1);
+    last_tokens = B;
+    for (int64_t b = 0; b < B; ++b) lens[b] += toks[b] != model::kNoToken;
     return download ? download_logits(B, one_row) : Tensor();
   }
 
@@ -746,11 +805,16 @@ struct LlamaCuda::Impl {
   int32_t sample_first_row(model::Sampler& s) {
     return sampler.sample(dev_view(logits.get(), DType::f32, {V}), s, stream)[0];
   }
-
-  void reset() {
-    len = 0;
-    batch = 0;
+  // Row b of the last call's logits drawn by samplers[b], kNoToken where tokens[b] is.
+  std::vector<int32_t> sample_rows(std::vector<model::Sampler>& samplers, const std::vector<int32_t>* tokens) {
+    std::vector<model::Sampler*> by_row;
+    for (size_t b = 0; b < samplers.size(); ++b)
+      by_row.push_back(tokens && (*tokens)[b] == model::kNoToken ? nullptr : &samplers[b]);
+    const int64_t B = static_cast<int64_t>(samplers.size());
+    return sampler.sample(dev_view(logits.get(), DType::f32, {B, V}), by_row, stream);
   }
+
+  void reset() { lens.clear(); }
 };
 
 bool LlamaCuda::supports(const io::ModelConfig& c, std::string* why) {
@@ -786,12 +850,12 @@ Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<Activat
   impl_->check_call(1, T, true);
   // It runs in the KV cache's memory: a generation in progress would be lost, and a const call
   // must not end it. So it is refused, and nothing changes.
-  TWELL_CHECK(impl_->len == 0, "LlamaCuda::logits: the KV cache holds ", impl_->len,
+  TWELL_CHECK(impl_->lens.empty(), "LlamaCuda::logits: the KV cache holds ", impl_->longest(),
               " positions of a generation in progress, which logits() would overwrite; call reset() first, "
               "or run logits() on a second LlamaCuda over the same weights");
   impl_->reset();
   impl_->ensure_logits(T);
-  impl_->upload_inputs(tokens.data(), T);
+  impl_->upload_inputs(tokens.data(), T, impl_->aligned_call(1, 0));
   impl_->body(impl_->tokens.as<int32_t>(), 1, T, Head::all, false);
   impl_->last_tokens = T;
   Tensor out = impl_->download_logits(T);
@@ -818,7 +882,26 @@ bool LlamaCuda::samples_on_gpu() const { return impl_->gpu_sampling; }
 Tensor LlamaCuda::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) { return impl_->prefill(prompts); }
 Tensor LlamaCuda::decode_batch(const std::vector<int32_t>& tokens) { return impl_->decode(tokens); }
 
-int64_t LlamaCuda::cached_tokens() const { return impl_->len; }
+std::vector<int32_t> LlamaCuda::prefill_batch_sample(const std::vector<std::vector<int32_t>>& prompts,
+                                                     std::vector<model::Sampler>& samplers) {
+  if (!impl_->gpu_sampling) return LanguageModel::prefill_batch_sample(prompts, samplers);
+  TWELL_CHECK(samplers.size() == prompts.size(), "LlamaCuda::prefill_batch_sample: ", samplers.size(),
+              " samplers for ", prompts.size(), " prompts");
+  impl_->prefill(prompts, false, false);
+  return impl_->sample_rows(samplers, nullptr);
+}
+std::vector<int32_t> LlamaCuda::decode_batch_sample(const std::vector<int32_t>& tokens,
+                                                    std::vector<model::Sampler>& samplers) {
+  if (!impl_->gpu_sampling) return LanguageModel::decode_batch_sample(tokens, samplers);
+  TWELL_CHECK(samplers.size() == tokens.size(), "LlamaCuda::decode_batch_sample: ", samplers.size(),
+              " samplers for ", tokens.size(), " sequences");
+  impl_->decode(tokens, false, false);
+  return impl_->sample_rows(samplers, &tokens);
+}
+int64_t LlamaCuda::max_batch() const { return impl_->o.max_batch; }
+std::vector<int64_t> LlamaCuda::cached_lengths() const { return impl_->lens; }
+
+int64_t LlamaCuda::cached_tokens() const { return impl_->longest(); }
 int64_t LlamaCuda::context() const { return impl_->o.max_context; }
 void LlamaCuda::reset() { impl_->reset(); }
 

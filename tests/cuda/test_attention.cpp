@@ -26,8 +26,11 @@ namespace {
 
 struct Case {
   int B, S, past, nh, nkv, hd;
-  int spare = 5;  // cache rows past the new tokens
+  int spare = 5;    // cache rows past the new tokens
+  int stagger = 0;  // sequence b's new tokens start at past − b·stagger (p0[b]): a batch of ragged lengths
 };
+
+int past_of(const Case& c, int b) { return c.past - b * c.stagger; }
 
 struct Buffers {
   std::vector<uint16_t> qkv, k, v;  // host copies, bf16 bits
@@ -55,7 +58,7 @@ Buffers make(const Case& c, uint64_t seed) {
   // Cache rows past the new tokens: large finite values, so a kernel that attended to them would
   // be far off (NaN could trip kernels that legitimately load masked rows).
   for (size_t i = 0; i < b.k.size(); ++i)
-    if ((static_cast<int64_t>(i) / kv_ld) % max_context(c) >= c.past + c.S)
+    if ((static_cast<int64_t>(i) / kv_ld) % max_context(c) >= past_of(c, static_cast<int>(i / kv_ld / max_context(c))) + c.S)
       b.k[i] = float_to_bf16_bits(64.f), b.v[i] = float_to_bf16_bits(1e4f);
   b.d_qkv = upload(b.qkv), b.d_k = upload(b.k), b.d_v = upload(b.v);
   b.d_o = DeviceBuffer(static_cast<size_t>(int64_t{c.B} * c.S * c.nh * c.hd) * 2);
@@ -70,7 +73,7 @@ std::vector<double> reference(const Case& c, const Buffers& b, float scale) {
   for (int bi = 0; bi < c.B; ++bi)
     for (int s = 0; s < c.S; ++s)
       for (int h = 0; h < c.nh; ++h) {
-        const int kvh = h / (c.nh / c.nkv), n = c.past + s + 1;
+        const int kvh = h / (c.nh / c.nkv), n = past_of(c, bi) + s + 1;
         const uint16_t* q = &b.qkv[static_cast<size_t>((int64_t{bi} * c.S + s) * qkv_ld + int64_t{h} * c.hd)];
         p.assign(static_cast<size_t>(n), 0.0);
         double mx = -1e300;
@@ -105,6 +108,15 @@ double error_of(const DeviceBuffer& d_o, const std::vector<double>& ref) {
   return std::sqrt(num / den);
 }
 
+// p0 on the device: each sequence's first new position.
+DeviceBuffer positions(const Case& c) {
+  std::vector<int32_t> p0(static_cast<size_t>(c.B));
+  for (int b = 0; b < c.B; ++b) p0[b] = past_of(c, b);
+  DeviceBuffer d(p0.size() * 4);
+  TWELL_CUDA_CHECK(cudaMemcpy(d.get(), p0.data(), d.bytes(), cudaMemcpyHostToDevice));
+  return d;
+}
+
 AttentionArgs args_of(const Case& c, const Buffers& b, const DeviceBuffer& p0) {
   AttentionArgs a;
   a.qkv = b.d_qkv.as<uint16_t>(), a.k_cache = b.d_k.as<uint16_t>(), a.v_cache = b.d_v.as<uint16_t>();
@@ -122,6 +134,7 @@ const Case kCases[] = {
     {3, 17, 0, 8, 1, 32},     // multi-query, a short prompt
     {1, 1024, 0, 2, 2, 64},   // many key tiles
     {2, 65, 200, 4, 2, 64},   // GQA and a prefix longer than the new tokens
+    {3, 90, 80, 4, 2, 64, 5, 40},  // ragged: the sequences' new tokens at 80, 40 and 0 (twell's kernel only)
 };
 
 // cuDNN's half: false (after SKIP or FAIL) where cuDNN cannot run here. TWELL_REQUIRE_CUDNN turns
@@ -143,8 +156,7 @@ TEST_P(PrefillAttention, CudnnAndTwellMatchFloat64) {
   const Case c = GetParam();
   Buffers b = make(c, 1000 + c.S + c.hd);
   const std::vector<double> ref = reference(c, b, 1.0f / std::sqrt(static_cast<float>(c.hd)));
-  DeviceBuffer p0(4);
-  TWELL_CUDA_CHECK(cudaMemcpy(p0.get(), &c.past, 4, cudaMemcpyHostToDevice));
+  const DeviceBuffer p0 = positions(c);
   const AttentionArgs a = args_of(c, b, p0);
 
   poison(b.d_o);
@@ -155,6 +167,7 @@ TEST_P(PrefillAttention, CudnnAndTwellMatchFloat64) {
               c.hd, own);
   EXPECT_LT(own, 1e-2);
 
+  if (c.stagger != 0) return;  // cuDNN's half takes one position for all sequences
   CudnnSdpa sdpa;
   poison(b.d_o);
   if (!cudnn_runs(sdpa, a, c.past)) return;
@@ -181,6 +194,7 @@ TEST(CudnnSdpa, OneInstanceKeepsAPlanPerShape) {
   for (int round = 0; round < 2; ++round)
     for (Case c : kCases)
       for (int past : {c.past, c.past + 3}) {
+        if (c.stagger != 0) continue;
         c.past = past;
         SCOPED_TRACE(testing::Message() << "round " << round << " S=" << c.S << " past=" << c.past);
         Buffers b = make(c, 77 + c.S);
@@ -199,7 +213,8 @@ TEST(CudnnSdpa, OneInstanceKeepsAPlanPerShape) {
 INSTANTIATE_TEST_SUITE_P(Cases, PrefillAttention, ::testing::ValuesIn(kCases), [](const auto& info) {
   const Case& c = info.param;
   return "B" + std::to_string(c.B) + "_S" + std::to_string(c.S) + "_past" + std::to_string(c.past) + "_h" +
-         std::to_string(c.nh) + "kv" + std::to_string(c.nkv) + "_hd" + std::to_string(c.hd);
+         std::to_string(c.nh) + "kv" + std::to_string(c.nkv) + "_hd" + std::to_string(c.hd) +
+         (c.stagger ? "_stagger" + std::to_string(c.stagger) : "");
 });
 
 // A decode step: launch_decode_attention against launch_rope_kv + the flash kernel at S = 1 (the
@@ -209,6 +224,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrefillAttention, ::testing::ValuesIn(kCases), [
 // second time launched as a programmatic dependent: the same bits.
 struct DecodeCase {
   int B, past, nh, nkv, hd, max_context;
+  int stagger = 0;  // Case::stagger
 };
 const DecodeCase kDecodeCases[] = {  // ranges: decode_attention_splits on 132 SMs
     {1, 0, 4, 2, 64, 2048},      // the first token: one key, 15 of 16 ranges empty
@@ -219,6 +235,7 @@ const DecodeCase kDecodeCases[] = {  // ranges: decode_attention_splits on 132 S
     {2, 129, 4, 4, 64, 130},     // 5 ranges, the new key at the very end of the cache
     {1, 20, 4, 4, 64, 24},       // one range: no cluster partner
     {40, 33, 4, 2, 64, 64},      // a batch: 2 ranges
+    {4, 300, 4, 2, 64, 512, 97},  // a ragged batch: keys 0..300, 0..203, 0..106 and 0..9
 };
 
 DeviceBuffer copy_of(const DeviceBuffer& d) {
@@ -231,10 +248,11 @@ TEST(DecodeAttention, MatchesRopeThenFlashAndFloat64) {
   TWELL_REQUIRE_HOPPER();
   const int sm_count = device_info().sm_count;
   for (const DecodeCase& dc : kDecodeCases) {
-    SCOPED_TRACE(testing::Message() << "B=" << dc.B << " past=" << dc.past << " nh=" << dc.nh << " nkv=" << dc.nkv
+    SCOPED_TRACE(testing::Message() << "B=" << dc.B << " past=" << dc.past << " stagger=" << dc.stagger << " nh=" << dc.nh << " nkv=" << dc.nkv
                                     << " hd=" << dc.hd << " max_context=" << dc.max_context);
     Case c{dc.B, 1, dc.past, dc.nh, dc.nkv, dc.hd};
     c.spare = dc.max_context - dc.past - 1;
+    c.stagger = dc.stagger;
     Buffers fused = make(c, 500 + dc.past);
     Buffers unfused;
     unfused.d_qkv = copy_of(fused.d_qkv), unfused.d_k = copy_of(fused.d_k), unfused.d_v = copy_of(fused.d_v);
@@ -246,9 +264,9 @@ TEST(DecodeAttention, MatchesRopeThenFlashAndFloat64) {
         table[static_cast<size_t>(p) * dc.hd + i] = static_cast<float>(std::cos(angle));
         table[static_cast<size_t>(p) * dc.hd + dc.hd / 2 + i] = static_cast<float>(std::sin(angle));
       }
-    DeviceBuffer cos_sin(table.size() * 4), p0(4);
+    DeviceBuffer cos_sin(table.size() * 4);
+    const DeviceBuffer p0 = positions(c);
     TWELL_CUDA_CHECK(cudaMemcpy(cos_sin.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-    TWELL_CUDA_CHECK(cudaMemcpy(p0.get(), &dc.past, 4, cudaMemcpyHostToDevice));
     auto rope_of = [&](Buffers& b) {
       RopeKvArgs r;
       r.qkv = b.d_qkv.as<uint16_t>(), r.k_cache = b.d_k.as<uint16_t>(), r.v_cache = b.d_v.as<uint16_t>();

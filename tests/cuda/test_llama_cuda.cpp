@@ -210,6 +210,40 @@ TEST_P(LlamaCudaShapes, BatchEqualsSingleSequences) {
   }
 }
 
+// Prompts of different lengths in one batch (padded to the longest in the prefill), then decode
+// steps at each sequence's own position, some sequences sitting steps out (kNoToken): every row as
+// the sequence's own run gives it, rows that sat out zeros; the steps eager, captured and replayed.
+TEST_P(LlamaCudaShapes, RaggedBatchEqualsSingleSequences) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(GetParam());
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 14)));
+  LlamaCudaOptions o;
+  o.max_batch = 4;
+  LlamaCuda batched(dw, o), single(dw, o);
+  const std::vector<int64_t> lengths = {33, 5, 1, 20};
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t s = 0; s < lengths.size(); ++s) prompts.push_back(some_tokens(lengths[s], c.vocab_size, 50 + s));
+  const Tensor b0 = batched.prefill_batch(prompts);
+  EXPECT_EQ(batched.cached_lengths(), lengths);
+  const int32_t no = model::kNoToken;
+  const std::vector<std::vector<int32_t>> steps = {
+      {1, 2, 3, 4}, {no, 5, 6, 7}, {8, no, 9, 10}, {11, no, 12, 13}, {14, no, 15, 16}, {17, 18, 19, 20}};
+  std::vector<Tensor> b;
+  for (const auto& step : steps) b.push_back(batched.decode_batch(step));
+  EXPECT_EQ(batched.cached_lengths(), (std::vector<int64_t>{38, 8, 7, 26}));
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    SCOPED_TRACE(testing::Message() << "sequence " << s);
+    EXPECT_LT(relative_error(rows(b0, s, 1), single.prefill_batch({prompts[s]})), kTol);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i][s] == no) {
+        EXPECT_EQ(relative_error(rows(b[i], s, 1), Tensor(DType::f32, {1, c.vocab_size})), 0.0) << "step " << i;
+        continue;
+      }
+      EXPECT_LT(relative_error(rows(b[i], s, 1), single.decode_batch({steps[i][s]})), kTol) << "step " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, LlamaCudaShapes, ::testing::ValuesIn(kShapes),
                          [](const auto& info) { return std::string(info.param.name); });
 
@@ -790,7 +824,7 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   EXPECT_THROW(gpu.prefill({1, 2, static_cast<int32_t>(c.vocab_size)}), Error);  // token out of range
   EXPECT_THROW(gpu.prefill({-1}), Error);
   EXPECT_THROW(gpu.prefill({}), Error);
-  EXPECT_THROW(gpu.prefill_batch({{1, 2}, {3}}), Error);          // unequal lengths
+  EXPECT_THROW(gpu.prefill_batch({{}}), Error);                   // an empty prompt
   EXPECT_THROW(gpu.prefill_batch({{1}, {2}}), Error);             // more than max_batch
   EXPECT_THROW(gpu.prefill(some_tokens(c.max_position_embeddings + 1, c.vocab_size, 1)), Error);
   std::vector<ActivationStats> stats;
@@ -854,6 +888,61 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   EXPECT_EQ(gpu.prefill_kernels().attention.find("one token"), std::string::npos);
   gpu.prefill({5});
   EXPECT_NE(gpu.prefill_kernels().attention.find("one token"), std::string::npos) << gpu.prefill_kernels().attention;
+}
+
+// Ragged batches where the long calls take other kernels: prompts of 700, 300 and 17 tokens run as
+// 3 × 700 (the fused QKV GEMM: all sequences start at 0; cuDNN's attention where it loads);
+// a sequence whose context is full sits steps out while the others go on, and is refused a token.
+// The GPU sampler draws a batch as the host does from the same logits (generate_batch both ways).
+TEST(LlamaCuda, RaggedBatchesOfLongPromptsAndFullContexts) {
+  TWELL_REQUIRE_HOPPER();
+  io::ModelConfig c = config_of(kShapes[3]);  // head_dim 128: the fused QKV GEMM takes it
+  c.max_position_embeddings = 720;
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 17)));
+  LlamaCudaOptions o;
+  o.max_batch = 3;
+  LlamaCuda batched(dw, o), single(dw, o);
+  const std::vector<std::vector<int32_t>> prompts = {some_tokens(700, c.vocab_size, 1), some_tokens(300, c.vocab_size, 2),
+                                                     some_tokens(17, c.vocab_size, 3)};
+  const Tensor b0 = batched.prefill_batch(prompts);
+  EXPECT_TRUE(batched.prefill_kernels().fused_qkv_rope);
+  for (size_t s = 0; s < prompts.size(); ++s)
+    EXPECT_LT(relative_error(rows(b0, s, 1), single.prefill_batch({prompts[s]})), kTol) << "sequence " << s;
+  // Fill sequence 0's context, the others sitting out.
+  const int32_t no = model::kNoToken;
+  for (int64_t i = 700; i < c.max_position_embeddings; ++i) batched.decode_batch({5, no, no});
+  EXPECT_EQ(batched.cached_lengths(), (std::vector<int64_t>{720, 300, 17}));
+  EXPECT_THROW(batched.decode_batch({5, 6, 7}), Error);  // sequence 0 has no room: refused, nothing changes
+  EXPECT_EQ(batched.cached_lengths(), (std::vector<int64_t>{720, 300, 17}));
+  single.prefill_batch({prompts[1]});
+  const Tensor s1 = single.decode_batch({6});
+  single.prefill_batch({prompts[2]});
+  const Tensor s2 = single.decode_batch({7});
+  for (int round = 0; round < 3; ++round) {  // eager, captured, replayed
+    const Tensor step = batched.decode_batch({no, 6, 7});
+    EXPECT_EQ(relative_error(rows(step, 0, 1), Tensor(DType::f32, {1, c.vocab_size})), 0.0);
+    if (round == 0) {
+      EXPECT_LT(relative_error(rows(step, 1, 1), s1), kTol);
+      EXPECT_LT(relative_error(rows(step, 2, 1), s2), kTol);
+    }
+  }
+  EXPECT_EQ(batched.cached_lengths(), (std::vector<int64_t>{720, 303, 20}));
+
+  // Sampling a batch on the GPU and on the host: the same tokens from the same logits.
+  LlamaCudaOptions host = o;
+  host.sample_on_gpu = false;
+  LlamaCuda on_gpu(dw, o), on_host(dw, host);
+  ASSERT_TRUE(on_gpu.samples_on_gpu());
+  const std::vector<std::vector<int32_t>> short_prompts = {some_tokens(9, c.vocab_size, 4), some_tokens(2, c.vocab_size, 5),
+                                                           some_tokens(30, c.vocab_size, 6)};
+  model::SamplingOptions so;
+  so.temperature = 0.9, so.top_p = 0.95, so.seed = 11;
+  const std::vector<model::Generation> g = model::generate_batch(on_gpu, short_prompts, 12, so);
+  const std::vector<model::Generation> h = model::generate_batch(on_host, short_prompts, 12, so);
+  for (size_t s = 0; s < g.size(); ++s) {
+    EXPECT_EQ(g[s].tokens, h[s].tokens) << "sequence " << s;
+    EXPECT_EQ(g[s].tokens.size(), 12u);
+  }
 }
 
 // A ReLU model wider than the TwELL and gather kernels take (H > 4096): FfnMode::twell runs its

@@ -49,9 +49,10 @@ TEST_P(QkvRope, MatchesGemmThenRope) {
       const float angle = static_cast<float>(p) / std::pow(10000.f, float(2 * i) / float(c.hd));
       table[p * c.hd + i] = std::cos(angle), table[p * c.hd + c.hd / 2 + i] = std::sin(angle);
     }
-  DeviceBuffer cos_sin(table.size() * 4), p0(4);
+  const std::vector<int32_t> starts(static_cast<size_t>(c.B), c.p0);  // every sequence at p0 (the fused kernel's rule)
+  DeviceBuffer cos_sin(table.size() * 4), p0(starts.size() * 4);
   TWELL_CUDA_CHECK(cudaMemcpy(cos_sin.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-  TWELL_CUDA_CHECK(cudaMemcpy(p0.get(), &c.p0, 4, cudaMemcpyHostToDevice));
+  TWELL_CUDA_CHECK(cudaMemcpy(p0.get(), starts.data(), p0.bytes(), cudaMemcpyHostToDevice));
   const size_t cache_bytes = static_cast<size_t>(c.B * max_context * kv_dim) * 2;
 
   struct Out {

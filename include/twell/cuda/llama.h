@@ -29,8 +29,10 @@
 // memory_needed() says what a configuration needs before anything is loaded, workspace_bytes()
 // what was allocated.
 //
-// Batches: B sequences of equal length run together (prefill_batch, decode_batch); all of them
-// share one position counter. Tokens are checked on the host before anything is enqueued.
+// Batches: B sequences of any lengths run together (prefill_batch, decode_batch, generate_batch);
+// a prefill of prompts of different lengths runs as a batch of the longest (the shorter padded,
+// the padding kept out of every real row), and decode steps take each sequence at its own
+// position. Tokens are checked on the host before anything is enqueued.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -218,13 +220,22 @@ class LlamaCuda final : public model::LanguageModel {
   int64_t context() const override;  // LlamaCudaOptions::max_context
   void reset() override;
 
-  // Batches of equal-length sequences: prompts [B][S] -> logits of each last token [B, V];
-  // decode_batch appends one token to each of the B sequences of the last prefill -> [B, V].
-  Tensor prefill_batch(const std::vector<std::vector<int32_t>>& prompts);
-  Tensor decode_batch(const std::vector<int32_t>& tokens);
+  // Batches of up to max_batch sequences of any lengths (model::LanguageModel::prefill_batch):
+  // prompts -> logits of each last token [B, V]; decode_batch appends tokens[b] to sequence b of
+  // the last prefill (kNoToken: it sits the step out, its row zeros) -> [B, V]. The *_sample
+  // forms draw on the GPU as prefill_sample does, one sampler a sequence.
+  Tensor prefill_batch(const std::vector<std::vector<int32_t>>& prompts) override;
+  Tensor decode_batch(const std::vector<int32_t>& tokens) override;
+  std::vector<int32_t> prefill_batch_sample(const std::vector<std::vector<int32_t>>& prompts,
+                                            std::vector<model::Sampler>& samplers) override;
+  std::vector<int32_t> decode_batch_sample(const std::vector<int32_t>& tokens,
+                                           std::vector<model::Sampler>& samplers) override;
+  int64_t max_batch() const override;  // LlamaCudaOptions::max_batch
+  std::vector<int64_t> cached_lengths() const override;
 
   // Low level, for benchmarks: enqueues B·S tokens already on the device (int32, sequence-major,
-  // in range: not checked) at position cached_tokens(), with no host synchronisation (but the
+  // in range: not checked) at position cached_tokens() (refused when the cached sequences' lengths
+  // differ), with no host synchronisation (but the
   // first call of a shape that takes cuDNN's attention, which builds its plan). Logits of
   // the chosen rows go to logits_device() [rows, V].
   void enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head);

@@ -39,6 +39,11 @@ class DeviceSampler {
   // Device memory, kept for later calls: 8 bytes a logit (the fixed-point weights) unless greedy,
   // 1.5 MB for 4 rows of 49152.
   std::vector<int32_t> sample(const TensorView& logits, model::Sampler& sampler, cudaStream_t stream);
+  // The same with a sampler a row (a batch of sequences, each with its own random numbers):
+  // samplers[r] draws row r, as samplers[r]->sample() would. All have the same options; a null
+  // sampler's row is not drawn from: its token is model::kNoToken, whatever the row holds.
+  std::vector<int32_t> sample(const TensorView& logits, const std::vector<model::Sampler*>& samplers,
+                              cudaStream_t stream);
   // Allocates now what sample() needs for up to `rows` rows of V logits, so that such calls
   // allocate nothing (LlamaCuda does it at construction, counted in its memory plan).
   void reserve(int64_t rows, int64_t V);

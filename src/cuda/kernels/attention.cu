@@ -14,9 +14,9 @@
 // partial softmax states are merged through distributed shared memory.
 //
 // Layouts (all bf16): q is read in place from the QKV GEMM output [T, (nh + 2 nkv)·hd], keys and
-// values from the cache [B, max_context, nkv·hd], and o is written [T, nh·hd]. The first position
-// of the new tokens, p0, is read from device memory so that a captured CUDA graph replays for
-// every decode step.
+// values from the cache [B, max_context, nkv·hd], and o is written [T, nh·hd]. Each sequence's
+// first new position, p0[b], is read from device memory so that a captured CUDA graph replays for
+// every decode step, and so that the sequences of a batch may have different lengths.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int s0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
   const int kvh = h / (a.nh / a.nkv);
-  const int p0 = *a.p0;
+  const int p0 = a.p0[b];
   const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
   const uint16_t* q = a.qkv + (static_cast<int64_t>(b) * a.S) * q_ld + h * HD;
   const uint16_t* k = a.k_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD;
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / L, sub = lane % L;
   const int kvh = h / (a.nh / a.nkv);
   const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
-  const int p0 = *a.p0, len = p0 + 1;  // keys 0..p0, the last one the new token's
+  const int p0 = a.p0[b], len = p0 + 1;  // keys 0..p0, the last one the new token's
 
   // The ranges split the keys the sequences have now (p0 is read on the device, so a replayed
   // graph follows the context as it grows), in whole steps of kStep keys; trailing ranges may be

@@ -33,6 +33,14 @@ __global__ void embed_kernel(const int32_t* __restrict__ tokens, const uint16_t*
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) x[t * H + i] = bf16_bits_to_float(row[i]);
 }
 
+__global__ void gather_rows_kernel(const uint16_t* __restrict__ src, const int32_t* __restrict__ rows,
+                                   uint16_t* __restrict__ dst, int64_t H) {
+  const int64_t r = blockIdx.x;
+  const uint4* from = reinterpret_cast<const uint4*>(src + static_cast<int64_t>(rows[r]) * H);
+  uint4* to = reinterpret_cast<uint4*>(dst + r * H);
+  for (int64_t i = threadIdx.x; i < H / 8; i += blockDim.x) to[i] = from[i];
+}
+
 // One block per output row r, reading residual row r·step + offset. A thread holds kChunks
 // groups of 8 consecutive elements (16- and 32-byte accesses) in registers from the load to the
 // store, and loads its norm weights before the block's reduction: one dependent round trip less
@@ -148,7 +156,7 @@ __global__ void __cluster_dims__(kSplitBlocks, 1, 1) __launch_bounds__(kSplitThr
 // One block per token; a thread rotates 8 pairs (i, i + hd/2) of one head of q or k with 16-byte
 // accesses (hd % 16 == 0), then the block copies v.
 __global__ void rope_kv_kernel(const RopeKvArgs a) {
-  const int64_t t = blockIdx.x, b = t / a.S, pos = *a.p0 + t % a.S;
+  const int64_t t = blockIdx.x, b = t / a.S, pos = a.p0[b] + t % a.S;
   const int half = a.hd / 2, chunks = half / 8, qkv_dim = (a.nh + 2 * a.nkv) * a.hd, kv_dim = a.nkv * a.hd;
   uint16_t* row = a.qkv + t * qkv_dim;
   const int64_t cache_row = (b * a.max_context + pos) * kv_dim;
@@ -226,6 +234,14 @@ void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float
                   cudaStream_t stream) {
   if (T == 0) return;
   embed_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(tokens, table, x, H);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_gather_rows(const uint16_t* src, const int32_t* rows, int64_t n, int64_t H, uint16_t* dst,
+                        cudaStream_t stream) {
+  TWELL_CHECK(H % 8 == 0, "gather_rows: H = ", H, " must be a multiple of 8");
+  if (n == 0) return;
+  gather_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(src, rows, dst, H);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
