@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes; twell_c_api_version() returns it. */
-#define TWELL_C_API_VERSION 2
+#define TWELL_C_API_VERSION 3
 
 enum { TWELL_OK = 0, TWELL_ERROR = 1 };
 
@@ -166,7 +166,9 @@ typedef struct {
   int64_t gpu_memory;  /* a cap on the GPU memory the model may take, bytes (0: all that is free), checked
                           at load against what it will allocate; above it TWELL_CHOOSE_AUTO runs it on
                           the CPU and TWELL_CHOOSE_CUDA refuses it */
-  int64_t reserved[3]; /* 0 */
+  int64_t max_batch;   /* GPU: the most sequences one call takes (twell_model_generate_batch), each with a
+                          context's KV cache; 0: 1. The CPU backend takes any number. */
+  int64_t reserved[2]; /* 0 */
 } twell_model_options;
 
 typedef struct {
@@ -174,6 +176,7 @@ typedef struct {
   int64_t context; /* positions the KV cache holds at most */
   int32_t device;  /* twell_device: where it runs */
   int32_t relu;    /* 1: a ReLU-gated FFN (twell's sparse path), 0: SiLU */
+  int64_t max_batch; /* sequences twell_model_generate_batch takes at most */
 } twell_model_info;
 
 /* "40GB", "512M", "1000": bytes (decimal units, as twell prints them), or TWELL_ERROR saying why. */
@@ -242,6 +245,20 @@ TWELL_C_API int twell_model_generate(twell_model* model, const int32_t* prompt, 
                                      int64_t max_new_tokens, const twell_sampling* sampling, const int32_t* stop,
                                      int64_t n_stop, twell_token_fn on_token, void* user, int32_t* tokens,
                                      twell_generation* result);
+
+/* Sees each token of sequence `sequence` as soon as it is drawn; non-zero stops that sequence after it
+ * (TWELL_STOP_CALLBACK, unless the token is a stop token). */
+typedef int (*twell_batch_token_fn)(int64_t sequence, int32_t token, void* user);
+/* generate for n_prompts prompts at once, of any lengths: prompt b is prompts[offsets[b] .. offsets[b + 1])
+ * (offsets has n_prompts + 1 entries, offsets[0] = 0), n_prompts at most the model's max_batch. Sequence b
+ * draws from seed sampling->seed + b (so that, with logits of the same bits, its tokens are
+ * twell_model_generate's with that seed), stops on its own, and writes its tokens to
+ * tokens[b * max_new_tokens ...] (room for n_prompts * max_new_tokens) and its count, reason and times to
+ * results[b]: prefill_seconds the batch's, decode_seconds up to its own last token. */
+TWELL_C_API int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const int64_t* offsets,
+                                           int64_t n_prompts, int64_t max_new_tokens, const twell_sampling* sampling,
+                                           const int32_t* stop, int64_t n_stop, twell_batch_token_fn on_token,
+                                           void* user, int32_t* tokens, twell_generation* results);
 
 /* ---- tokenizers (twell/model/tokenizer.h) ---- */
 typedef struct twell_tokenizer twell_tokenizer;

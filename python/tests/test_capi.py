@@ -87,7 +87,7 @@ class CpuFfn(unittest.TestCase):
     def test_struct_layouts_are_the_headers(self):
         # the sizes src/capi/c_api.cpp asserts for the structs of include/twell/c_api.h
         sizes = {_capi.Tensor: 56, _capi.ActivationStats: 32, _capi.FfnStats: 40, _capi.CudaFfnConfig: 72,
-                 _capi.ModelOptions: 80, _capi.ModelInfo: 72, _capi.Sampling: 64, _capi.Generation: 32,
+                 _capi.ModelOptions: 80, _capi.ModelInfo: 80, _capi.Sampling: 64, _capi.Generation: 32,
                  _capi.TokenizerInfo: 20}
         for struct, size in sizes.items():
             self.assertEqual(_capi.ctypes.sizeof(struct), size, struct.__name__)
@@ -95,6 +95,8 @@ class CpuFfn(unittest.TestCase):
         self.assertEqual(_capi.FfnStats.tokens.offset, 8)
         self.assertEqual(_capi.ModelOptions.log.offset, 32)
         self.assertEqual(_capi.ModelOptions.gpu_memory.offset, 48)
+        self.assertEqual(_capi.ModelOptions.max_batch.offset, 56)
+        self.assertEqual(_capi.ModelInfo.max_batch.offset, 72)
         self.assertEqual(_capi.Generation.prefill_seconds.offset, 16)
 
     def test_errors_name_the_argument_and_write_nothing(self):

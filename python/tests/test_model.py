@@ -162,6 +162,31 @@ class ModelOnTheCpu(unittest.TestCase):
         self.assertEqual(stop, a[:a.index(a[4]) + 1])
         self.assertEqual(m.last_generation["reason"], "stop_token")
 
+    def test_batch_generation_is_each_prompt_generated_alone(self):
+        m = self.model
+        prompts = ["ab", [256, 1, 2, 3], "hello there", [256]]
+        out = m.generate_batch(prompts, max_new_tokens=7, temperature=0.9, top_p=0.95, seed=3)
+        self.assertEqual(len(out), 4)
+        records = m.last_generation
+        for i, p in enumerate(prompts):
+            alone = m.generate(p, max_new_tokens=7, temperature=0.9, top_p=0.95, seed=3 + i)
+            self.assertEqual(out[i], alone, i)
+            self.assertEqual(records[i]["tokens"], m.last_generation["tokens"], i)
+            self.assertEqual(records[i]["reason"], m.last_generation["reason"], i)
+        self.assertIsInstance(out[0], str)
+        self.assertIsInstance(out[1], list)
+        self.assertEqual(m.max_batch, 65535)  # the CPU backend takes any batch
+        with self.assertRaisesRegex(twell.TwellError, "list of prompts"):
+            m.generate_batch("ab")
+        with self.assertRaisesRegex(twell.TwellError, "0 prompts"):
+            m.generate_batch([])
+        with self.assertRaisesRegex(twell.TwellError, "prompt 1 is empty"):
+            m.generate_batch([[256], []])
+        with self.assertRaisesRegex(twell.TwellError, "max_new_tokens"):
+            m.generate_batch([[256]], max_new_tokens=-2)
+        with self.assertRaisesRegex(twell.TwellError, "max_batch"):
+            twell.Model(self.dir, device="cpu", max_batch=0)
+
     def test_text_generation_streams_what_it_returns(self):
         m = self.model
         pieces = []
@@ -283,6 +308,18 @@ class ModelOnTheGpu(unittest.TestCase):
                 self.assertEqual(len(out), 6)
                 self.assertEqual(gpu.cached_tokens, 3 + 6 - 1)
                 gpu.close()
+            # A batch of prompts of different lengths, sampled on the GPU: as many tokens as asked, the same
+            # tokens again from the same seed, and no more prompts than max_batch.
+            gpu = twell.Model(folder, device="cuda", context=64, tokenizer="bytes", max_batch=3)
+            self.assertEqual(gpu.max_batch, 3)
+            prompts = [[256, 40, 41], "a longer prompt", [256]]
+            first = gpu.generate_batch(prompts, max_new_tokens=6, temperature=0.8, seed=2, stop=False)
+            self.assertEqual([len(g["tokens"]) for g in gpu.last_generation], [6, 6, 6])
+            self.assertEqual(first[0], gpu.last_generation[0]["tokens"])
+            self.assertEqual(gpu.generate_batch(prompts, max_new_tokens=6, temperature=0.8, seed=2, stop=False), first)
+            with self.assertRaisesRegex(twell.TwellError, "1 to 3"):
+                gpu.generate_batch(prompts + [[256]])
+            gpu.close()
             cpu.close()
         finally:
             shutil.rmtree(folder)

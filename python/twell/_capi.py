@@ -10,7 +10,7 @@ import ctypes
 import glob
 import os
 
-API_VERSION = 2
+API_VERSION = 3
 MAX_DIMS = 4
 OK, ERROR = 0, 1
 BF16, F16, F32, F64 = 0, 1, 2, 3
@@ -49,19 +49,20 @@ CHOOSE = {"auto": 0, "cpu": 1, "cuda": 2}
 STOP_REASONS = {0: "stop_token", 1: "max_tokens", 2: "context_full", 3: "callback"}
 LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_void_p)
 TOKEN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_void_p)
+BATCH_TOKEN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p)
 
 
 class ModelOptions(ctypes.Structure):
     _fields_ = [("device", ctypes.c_int32), ("dense_ffn", ctypes.c_int32), ("bf16_ffn", ctypes.c_int32),
                 ("check_finite", ctypes.c_int32), ("context", ctypes.c_int64), ("kv_cache", ctypes.c_int32),
                 ("reserved0", ctypes.c_int32), ("log", LOG_FN), ("log_user", ctypes.c_void_p),
-                ("gpu_memory", ctypes.c_int64), ("reserved", ctypes.c_int64 * 3)]
+                ("gpu_memory", ctypes.c_int64), ("max_batch", ctypes.c_int64), ("reserved", ctypes.c_int64 * 2)]
 
 
 class ModelInfo(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                                                      "num_heads", "num_kv_heads", "head_dim", "context")] + \
-               [("device", ctypes.c_int32), ("relu", ctypes.c_int32)]
+               [("device", ctypes.c_int32), ("relu", ctypes.c_int32), ("max_batch", ctypes.c_int64)]
 
 
 class Sampling(ctypes.Structure):
@@ -156,6 +157,10 @@ _sig = {
     "twell_model_generate": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, ctypes.c_int64,
                                             _P(Sampling), _P(ctypes.c_int32), ctypes.c_int64, TOKEN_FN,
                                             ctypes.c_void_p, _P(ctypes.c_int32), _P(Generation)]),
+    "twell_model_generate_batch": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), _P(ctypes.c_int64),
+                                                  ctypes.c_int64, ctypes.c_int64, _P(Sampling), _P(ctypes.c_int32),
+                                                  ctypes.c_int64, BATCH_TOKEN_FN, ctypes.c_void_p, _P(ctypes.c_int32),
+                                                  _P(Generation)]),
     "twell_tokenizer_load": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int32, _P(ctypes.c_void_p)]),
     "twell_tokenizer_destroy": (None, [ctypes.c_void_p]),
     "twell_tokenizer_get_info": (ctypes.c_int, [ctypes.c_void_p, _P(TokenizerInfo)]),

@@ -132,15 +132,17 @@ class Model:
     max_position_embeddings; a long context takes much memory). gpu_memory: the most GPU memory the
     model may take, in bytes or as "40GB" (None: all that is free); where it needs more, "auto" runs
     it on the CPU and "cuda" refuses it. kv_cache=False: logits() and
-    perplexity() only. tokenizer: "auto" (the directory's tokenizer.json where there is one), "bytes"
-    (our byte tokenizer) or None. verbose: loading's lines on stderr (else to the "twell" logger).
+    perplexity() only. max_batch: the most prompts one generate_batch() takes on the GPU (each with a
+    context's KV cache; the CPU backend takes any number). tokenizer: "auto" (the directory's
+    tokenizer.json where there is one), "bytes" (our byte tokenizer) or None. verbose: loading's lines
+    on stderr (else to the "twell" logger).
 
     A model runs one call at a time: calls from other threads wait for the one in progress; a call
     from generate()'s own stream callback is refused.
     """
 
     def __init__(self, path, device="auto", ffn="twell", context=None, kv_cache=True, check_finite=True,
-                 bf16_ffn=False, tokenizer="auto", verbose=False, gpu_memory=None):
+                 bf16_ffn=False, tokenizer="auto", verbose=False, gpu_memory=None, max_batch=1):
         if device not in _capi.CHOOSE:
             raise TwellError(f"device must be one of {', '.join(_capi.CHOOSE)}, got {device!r}")
         if ffn not in ("twell", "dense"):
@@ -149,6 +151,8 @@ class Model:
             raise TwellError(f"tokenizer must be 'auto', 'bytes' or None, got {tokenizer!r}")
         if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
             raise TwellError(f"context must be a positive number of positions or None, got {context!r}")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= 65535:
+            raise TwellError(f"max_batch must be a number of sequences in [1, 65535], got {max_batch!r}")
         path = os.fspath(path)
         self.path = path
         self._lock, self._owner = threading.Lock(), None
@@ -156,6 +160,7 @@ class Model:
         _capi.lib.twell_model_options_init(ctypes.byref(o))
         o.device, o.dense_ffn, o.bf16_ffn = _capi.CHOOSE[device], int(ffn == "dense"), int(bool(bf16_ffn))
         o.check_finite, o.context, o.kv_cache = int(bool(check_finite)), context or 0, int(bool(kv_cache))
+        o.max_batch = max_batch
         if gpu_memory is not None:
             cap = _capi.parse_bytes(gpu_memory) if isinstance(gpu_memory, str) else gpu_memory
             integral = isinstance(cap, numbers.Integral) or (isinstance(cap, float) and cap.is_integer())
@@ -182,6 +187,7 @@ class Model:
                                                               "context")}
         self.config["hidden_act"] = "relu" if info.relu else "silu"
         self.device = "cuda" if info.device == _capi.CUDA else "cpu"
+        self.max_batch = info.max_batch  # prompts generate_batch() takes at most
         n = ctypes.c_int64()
         _capi.check(_capi.lib.twell_model_eos_ids(self._handle, None, 0, ctypes.byref(n)))
         eos = (ctypes.c_int32 * max(n.value, 1))()
@@ -285,6 +291,35 @@ class Model:
             _capi.check(_capi.lib.twell_model_perplexity(h, c_ids, n, None, ctypes.byref(ppl)))
         return ppl.value
 
+    def _prompt_ids(self, prompt, what="generate"):
+        """The ids a generation continues from (the tokenizer's BOS, then the text's ids, for a str), and the
+        text's own ids (None for ids)."""
+        if not isinstance(prompt, str):
+            return list(prompt.tolist() if hasattr(prompt, "tolist") else prompt), None
+        tok = self._tokenizer(f"{what} from text")
+        text_ids = tok.encode(prompt)
+        ids = ([tok.bos_to_add] if tok.bos_to_add is not None else []) + text_ids
+        if not ids:
+            raise TwellError(f"{what}: the prompt is empty and this tokenizer puts no BOS token in front of a "
+                             "text: there is nothing to continue from")
+        return ids, text_ids
+
+    def _stop_ids(self, stop):
+        if stop is True:  # config.json's and generation_config.json's end-of-sequence ids, and the tokenizer's
+            stops = list(self.eos_ids)
+            if self.tokenizer is not None and self.tokenizer.eos_id is not None:
+                stops.append(self.tokenizer.eos_id)
+            return stops
+        return [] if stop is False or stop is None else list(stop)
+
+    def _sampling(self, temperature, top_k, top_p, seed):
+        s = _capi.Sampling()
+        _capi.lib.twell_sampling_init(ctypes.byref(s))
+        s.temperature, s.top_k, s.top_p, s.seed = float(temperature), int(top_k), float(top_p), int(seed)
+        if self.tokenizer is not None:  # never draw an id the tokenizer cannot print
+            s.vocab_limit = self.tokenizer.vocab_size
+        return s
+
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
                  stream=None):
         """Continues prompt (a str, or a list of ids) with up to max_new_tokens tokens: greedy at temperature 0,
@@ -298,30 +333,10 @@ class Model:
         forward and the first draw), decode_seconds for the tokens after it, tokens_per_second their rate.
         """
         text_prompt = isinstance(prompt, str)
-        if text_prompt:
-            tok = self._tokenizer("generate from text")
-            text_ids = tok.encode(prompt)
-            ids = ([tok.bos_to_add] if tok.bos_to_add is not None else []) + text_ids
-            if not ids:
-                raise TwellError("generate: the prompt is empty and this tokenizer puts no BOS token in front of a "
-                                 "text: there is nothing to continue from")
-        else:
-            ids = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise TwellError(f"max_new_tokens must be an integer of at least 0, got {max_new_tokens!r}")
-        if stop is True:
-            stops = list(self.eos_ids)
-            if self.tokenizer is not None and self.tokenizer.eos_id is not None:
-                stops.append(self.tokenizer.eos_id)
-        elif stop is False or stop is None:
-            stops = []
-        else:
-            stops = list(stop)
-        s = _capi.Sampling()
-        _capi.lib.twell_sampling_init(ctypes.byref(s))
-        s.temperature, s.top_k, s.top_p, s.seed = float(temperature), int(top_k), float(top_p), int(seed)
-        if self.tokenizer is not None:  # never draw an id the tokenizer cannot print
-            s.vocab_limit = self.tokenizer.vocab_size
+        ids, text_ids = self._prompt_ids(prompt)
+        _check_count(max_new_tokens)
+        stops = self._stop_ids(stop)
+        s = self._sampling(temperature, top_k, top_p, seed)
 
         # The streamed text is decode(prompt + new ids) past decode(prompt), a window of recent ids at a
         # time (as `twell run` streams: model::TextStream), so a step's cost does not grow with the text.
@@ -360,14 +375,55 @@ class Model:
         if stream is not None and text_prompt and state["held"]:  # bytes of a character that never ended
             stream(state["held"].decode("utf-8", errors="replace"))
         new = list(tokens[:g.n_tokens])
-        self.last_generation = {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"),
-                                "prefill_seconds": g.prefill_seconds, "decode_seconds": g.decode_seconds,
-                                "tokens_per_second": (len(new) - 1) / g.decode_seconds
-                                if len(new) >= 2 and g.decode_seconds > 0 else 0.0}
+        self.last_generation = _generation_record(new, g)
         if not text_prompt:
             return new
         body = new[:-1] if new and g.reason == 0 else new  # the stop token is not part of the text
         return self.tokenizer.decode(body) if body else ""
+
+    def generate_batch(self, prompts, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True):
+        """generate() for several prompts at once (each a str or a list of ids, of any lengths; at most
+        max_batch of them, which Model(max_batch=...) sets on the GPU): one batched forward a step, each
+        prompt stopping on its own. Prompt i draws with seed + i, so that where the logits have the same
+        bits (the CPU backend) its tokens are generate()'s with that seed. Returns a list, in the prompts'
+        order: the new text for a str prompt, the new ids for ids. `last_generation` then holds a list of
+        generate()'s dicts, one a prompt, each with the batch's prefill_seconds and its own decode_seconds.
+        """
+        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
+            raise TwellError("generate_batch: prompts must be a list of prompts (for one, generate())")
+        if not 1 <= len(prompts) <= self.max_batch:
+            raise TwellError(f"generate_batch: {len(prompts)} prompts; this model takes 1 to {self.max_batch} "
+                             "(Model(max_batch=...))")
+        _check_count(max_new_tokens)
+        ids = [self._prompt_ids(p, "generate_batch")[0] for p in prompts]
+        flat, offsets = [], [0]
+        for i, p in enumerate(ids):
+            if not p:
+                raise TwellError(f"generate_batch: prompt {i} is empty")
+            flat += p
+            offsets.append(len(flat))
+        c_prompts, _ = _ids(flat, "prompt")
+        c_offsets = (ctypes.c_int64 * len(offsets))(*offsets)
+        stops = self._stop_ids(stop)
+        c_stops, n_stops = _ids(stops, "stop")
+        s = self._sampling(temperature, top_k, top_p, seed)
+        B = len(prompts)
+        tokens = (ctypes.c_int32 * max(B * max_new_tokens, 1))()
+        g = (_capi.Generation * B)()
+        with self._busy("generate_batch") as h:
+            _capi.check(_capi.lib.twell_model_generate_batch(h, c_prompts, c_offsets, B, max_new_tokens,
+                                                             ctypes.byref(s), c_stops, n_stops,
+                                                             _capi.BATCH_TOKEN_FN(), None, tokens, g))
+        out, self.last_generation = [], []
+        for i in range(B):
+            new = list(tokens[i * max_new_tokens:i * max_new_tokens + g[i].n_tokens])
+            self.last_generation.append(_generation_record(new, g[i]))
+            if not isinstance(prompts[i], str):
+                out.append(new)
+                continue
+            body = new[:-1] if new and g[i].reason == 0 else new  # the stop token is not part of the text
+            out.append(self.tokenizer.decode(body) if body else "")
+        return out
 
     def close(self):
         """Frees the model's memory now (GPU memory included) rather than when it is collected."""
@@ -389,6 +445,18 @@ class Model:
             self.close()
         except Exception:  # at interpreter exit the library may be gone already
             pass
+
+
+def _check_count(max_new_tokens):
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise TwellError(f"max_new_tokens must be an integer of at least 0, got {max_new_tokens!r}")
+
+
+def _generation_record(new, g):
+    """last_generation's dict of one sequence's new ids and its twell_generation."""
+    return {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"), "prefill_seconds": g.prefill_seconds,
+            "decode_seconds": g.decode_seconds,
+            "tokens_per_second": (len(new) - 1) / g.decode_seconds if len(new) >= 2 and g.decode_seconds > 0 else 0.0}
 
 
 def _complete_utf8(piece):

@@ -30,13 +30,15 @@ static_assert(TWELL_DTYPE_BF16 == static_cast<int>(twell::DType::bf16) &&
 // these sizes there. Change both, and TWELL_C_API_VERSION, together.
 static_assert(sizeof(twell_tensor) == 56 && sizeof(twell_activation_stats) == 32 && sizeof(twell_ffn_stats) == 40 &&
               sizeof(twell_cuda_ffn_config) == 72);
-static_assert(sizeof(twell_model_options) == 80 && sizeof(twell_model_info) == 72 && sizeof(twell_sampling) == 64 &&
+static_assert(sizeof(twell_model_options) == 80 && sizeof(twell_model_info) == 80 && sizeof(twell_sampling) == 64 &&
               sizeof(twell_generation) == 32 && sizeof(twell_tokenizer_info) == 20);
 static_assert(offsetof(twell_model_options, log) == 32 && offsetof(twell_model_options, gpu_memory) == 48 &&
+              offsetof(twell_model_options, max_batch) == 56 && offsetof(twell_model_info, max_batch) == 72 &&
               offsetof(twell_generation, prefill_seconds) == 16);
 static_assert(TWELL_STOP_TOKEN == static_cast<int>(twell::model::StopReason::stop_token) &&
               TWELL_STOP_MAX_TOKENS == static_cast<int>(twell::model::StopReason::max_tokens) &&
-              TWELL_STOP_CONTEXT_FULL == static_cast<int>(twell::model::StopReason::context_full));
+              TWELL_STOP_CONTEXT_FULL == static_cast<int>(twell::model::StopReason::context_full) &&
+              TWELL_STOP_CALLBACK == static_cast<int>(twell::model::StopReason::callback));
 
 struct twell_model {
   std::unique_ptr<twell::model::LanguageModel> model;
@@ -358,7 +360,7 @@ int twell_model_load(const char* dir, const twell_model_options* options, twell_
     twell_model_options c;
     twell_model_options_init(&c);
     if (options != nullptr) c = *options;
-    TWELL_REQUIRE(c.reserved0 == 0 && std::all_of(c.reserved, c.reserved + 3, [](int64_t r) { return r == 0; }),
+    TWELL_REQUIRE(c.reserved0 == 0 && std::all_of(c.reserved, c.reserved + 2, [](int64_t r) { return r == 0; }),
                   "twell_model_options: reserved fields must be 0 (twell_model_options_init sets them)");
     TWELL_REQUIRE(c.device >= TWELL_CHOOSE_AUTO && c.device <= TWELL_CHOOSE_CUDA,
                   "twell_model_options: device must be TWELL_CHOOSE_AUTO, _CPU or _CUDA, got ", c.device);
@@ -373,6 +375,9 @@ int twell_model_load(const char* dir, const twell_model_options* options, twell_
     o.kv_cache = c.kv_cache != 0;
     TWELL_REQUIRE(c.gpu_memory >= 0, "twell_model_options: gpu_memory must be at least 0 (0: all), got ", c.gpu_memory);
     o.gpu_memory = static_cast<size_t>(c.gpu_memory);
+    TWELL_REQUIRE(c.max_batch >= 0 && c.max_batch <= 65535,
+                  "twell_model_options: max_batch must lie in [0, 65535] (0: 1), got ", c.max_batch);
+    o.max_batch = c.max_batch > 0 ? c.max_batch : 1;
     if (c.log != nullptr) o.log = [log = c.log, user = c.log_user](const std::string& line) { log(line.c_str(), user); };
     o.cuda_choice_name = "device cuda";
     o.cpu_choice_name = "device cpu";
@@ -404,7 +409,8 @@ int twell_model_get_info(const twell_model* model, twell_model_info* info) {
                              c.head_dim,
                              model->model->context(),
                              model->on_gpu ? TWELL_DEVICE_CUDA : TWELL_DEVICE_CPU,
-                             c.hidden_act == "relu" ? 1 : 0};
+                             c.hidden_act == "relu" ? 1 : 0,
+                             model->model->max_batch()};
   });
 }
 
@@ -479,6 +485,24 @@ void twell_sampling_init(twell_sampling* sampling) {
   sampling->top_p = 1.0;
 }
 
+namespace {
+// The sampling options of a twell_sampling (NULL: greedy), checked.
+model::SamplingOptions sampling_options(const twell_sampling* sampling) {
+  model::SamplingOptions so;
+  if (sampling != nullptr) {
+    TWELL_REQUIRE(std::all_of(sampling->reserved, sampling->reserved + 3, [](int64_t r) { return r == 0; }),
+                  "twell_sampling: reserved fields must be 0 (twell_sampling_init sets them)");
+    so.temperature = sampling->temperature;
+    so.top_k = sampling->top_k;
+    so.top_p = sampling->top_p;
+    so.seed = sampling->seed;
+    so.vocab_limit = sampling->vocab_limit;
+  }
+  so.check();
+  return so;
+}
+}  // namespace
+
 int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_prompt, int64_t max_new_tokens,
                          const twell_sampling* sampling, const int32_t* stop, int64_t n_stop, twell_token_fn on_token,
                          void* user, int32_t* tokens, twell_generation* result) {
@@ -489,17 +513,7 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     TWELL_REQUIRE(max_new_tokens >= 0, "twell_model_generate: max_new_tokens must be at least 0, got ",
                   max_new_tokens);
     TWELL_REQUIRE(tokens != nullptr || max_new_tokens == 0, "twell_model_generate: tokens is NULL");
-    model::SamplingOptions so;
-    if (sampling != nullptr) {
-      TWELL_REQUIRE(std::all_of(sampling->reserved, sampling->reserved + 3, [](int64_t r) { return r == 0; }),
-                    "twell_sampling: reserved fields must be 0 (twell_sampling_init sets them)");
-      so.temperature = sampling->temperature;
-      so.top_k = sampling->top_k;
-      so.top_p = sampling->top_p;
-      so.seed = sampling->seed;
-      so.vocab_limit = sampling->vocab_limit;
-    }
-    so.check();
+    const model::SamplingOptions so = sampling_options(sampling);
     const std::vector<int32_t> p = id_vector(prompt, n_prompt, "twell_model_generate");
     const std::vector<int32_t> stops = id_vector(stop, n_stop, "twell_model_generate (stop tokens)");
     std::vector<int32_t> drawn;  // as they come, for a generation the callback ends
@@ -518,7 +532,7 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
       g = model::generate(m, p, max_new_tokens, so, stops, seen);
     } catch (const StopAsked&) {
       g.tokens = drawn;
-      g.reason = static_cast<model::StopReason>(TWELL_STOP_CALLBACK);
+      g.reason = model::StopReason::callback;
       const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       g.prefill_seconds = prefill_seconds;
       g.decode_seconds = total - prefill_seconds;
@@ -526,6 +540,39 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     std::copy(g.tokens.begin(), g.tokens.end(), tokens);
     *result = twell_generation{static_cast<int64_t>(g.tokens.size()), static_cast<int32_t>(g.reason), 0,
                                g.prefill_seconds, g.decode_seconds};
+  });
+}
+
+int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const int64_t* offsets, int64_t n_prompts,
+                               int64_t max_new_tokens, const twell_sampling* sampling, const int32_t* stop,
+                               int64_t n_stop, twell_batch_token_fn on_token, void* user, int32_t* tokens,
+                               twell_generation* results) {
+  return guarded([&] {
+    model::LanguageModel& m = object(model);
+    TWELL_REQUIRE(n_prompts >= 1, "twell_model_generate_batch: n_prompts must be at least 1, got ", n_prompts);
+    TWELL_REQUIRE(prompts != nullptr && offsets != nullptr && results != nullptr,
+                  "twell_model_generate_batch: prompts, offsets or results is NULL");
+    std::fill(results, results + n_prompts, twell_generation{});
+    TWELL_REQUIRE(max_new_tokens >= 0, "twell_model_generate_batch: max_new_tokens must be at least 0, got ",
+                  max_new_tokens);
+    TWELL_REQUIRE(tokens != nullptr || max_new_tokens == 0, "twell_model_generate_batch: tokens is NULL");
+    const model::SamplingOptions so = sampling_options(sampling);
+    TWELL_REQUIRE(offsets[0] == 0, "twell_model_generate_batch: offsets[0] must be 0, got ", offsets[0]);
+    std::vector<std::vector<int32_t>> ps;
+    for (int64_t b = 0; b < n_prompts; ++b) {
+      TWELL_REQUIRE(offsets[b + 1] > offsets[b], "twell_model_generate_batch: prompt ", b, " is empty (offsets ",
+                    offsets[b], " to ", offsets[b + 1], ")");
+      ps.push_back(id_vector(prompts + offsets[b], offsets[b + 1] - offsets[b], "twell_model_generate_batch"));
+    }
+    const std::vector<int32_t> stops = id_vector(stop, n_stop, "twell_model_generate_batch (stop tokens)");
+    std::function<bool(int64_t, int32_t)> seen;
+    if (on_token != nullptr) seen = [&](int64_t b, int32_t t) { return on_token(b, t, user) != 0; };
+    const std::vector<model::Generation> g = model::generate_batch(m, ps, max_new_tokens, so, stops, seen);
+    for (int64_t b = 0; b < n_prompts; ++b) {
+      std::copy(g[b].tokens.begin(), g[b].tokens.end(), tokens + b * max_new_tokens);
+      results[b] = twell_generation{static_cast<int64_t>(g[b].tokens.size()), static_cast<int32_t>(g[b].reason), 0,
+                                    g[b].prefill_seconds, g[b].decode_seconds};
+    }
   });
 }
 

@@ -364,7 +364,7 @@ Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, in
 std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<std::vector<int32_t>>& prompts,
                                        int64_t max_new_tokens, const SamplingOptions& sampling,
                                        const std::vector<int32_t>& stop_tokens,
-                                       const std::function<void(int64_t, int32_t)>& on_token) {
+                                       const std::function<bool(int64_t, int32_t)>& on_token) {
   const size_t B = prompts.size();
   TWELL_CHECK(B >= 1, "generate_batch: no prompts");
   TWELL_CHECK(static_cast<int64_t>(B) <= model.max_batch(), "generate_batch: ", B,
@@ -394,10 +394,12 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
       if (next[b] == kNoToken) continue;  // done before
       Generation& g = gens[b];
       g.tokens.push_back(next[b]);
-      if (on_token) on_token(static_cast<int64_t>(b), next[b]);
+      const bool asked = on_token && on_token(static_cast<int64_t>(b), next[b]);
       bool done = true;
       if (std::find(stop_tokens.begin(), stop_tokens.end(), next[b]) != stop_tokens.end())
         g.reason = StopReason::stop_token;
+      else if (asked)
+        g.reason = StopReason::callback;
       else if (static_cast<int64_t>(g.tokens.size()) == max_new_tokens)
         g.reason = StopReason::max_tokens;
       else if (lens[b] >= model.context())

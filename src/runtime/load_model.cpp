@@ -82,6 +82,7 @@ bool gpu_chosen(DeviceChoice choice, std::string* why, const std::string& cuda_c
 std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoadOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   TWELL_REQUIRE(o.context >= 0, "the context must be at least 0 (0: the config's), got ", o.context);
+  TWELL_REQUIRE(o.max_batch >= 1 && o.max_batch <= 65535, "max_batch must lie in [1, 65535], got ", o.max_batch);
   const bool automatic = o.device == DeviceChoice::automatic;
   std::string no_gpu;
   bool gpu = gpu_chosen(o.device, &no_gpu, o.cuda_choice_name);
@@ -99,6 +100,7 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
       co.ffn = o.dense_ffn ? cuda::FfnMode::dense : cuda::FfnMode::twell;
       co.max_context = o.context > 0 ? std::min(o.context, config.max_position_embeddings) : 0;
       co.kv_cache = o.kv_cache;
+      co.max_batch = o.max_batch;
       // Before seconds of reading and copying weights. Under automatic a model the GPU cannot hold
       // runs on the CPU, as does a model the GPU runtime does not take.
       const std::string shortfall = gpu_memory_shortfall(config, co, o);

@@ -167,6 +167,57 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
   twell_model_destroy(m);
 }
 
+// A batch of prompts of different lengths: model::generate_batch's tokens, laid out max_new_tokens
+// a sequence; a callback that stops one sequence; offsets that do not describe prompts are refused.
+TEST_F(CApiModel, BatchGenerationIsTheCppBatch) {
+  twell_model* m = load();
+  ASSERT_NE(m, nullptr);
+  twell_model_info info;
+  ASSERT_EQ(twell_model_get_info(m, &info), TWELL_OK);
+  EXPECT_EQ(info.max_batch, LlamaCpu::kMaxBatch);
+  LlamaCpu ref = reference();
+  const std::vector<int32_t> flat = {3, 14, 15, 92, 65, 35, 7, 8, 9};
+  const int64_t offsets[] = {0, 6, 7, 9};
+  const std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 92, 65, 35}, {7}, {8, 9}};
+  twell_sampling s;
+  twell_sampling_init(&s);
+  s.temperature = 0.8;
+  s.seed = 5;
+  SamplingOptions so;
+  so.temperature = 0.8;
+  so.seed = 5;
+  const std::vector<Generation> expected = generate_batch(ref, prompts, 5, so);
+  std::vector<int32_t> tokens(15, -1);
+  twell_generation g[3];
+  ASSERT_EQ(twell_model_generate_batch(m, flat.data(), offsets, 3, 5, &s, nullptr, 0, nullptr, nullptr, tokens.data(), g),
+            TWELL_OK)
+      << error_text();
+  for (int b = 0; b < 3; ++b) {
+    ASSERT_EQ(g[b].n_tokens, 5) << b;
+    EXPECT_EQ(g[b].reason, TWELL_STOP_MAX_TOKENS);
+    EXPECT_EQ(std::vector<int32_t>(tokens.begin() + b * 5, tokens.begin() + b * 5 + 5), expected[b].tokens) << b;
+  }
+  const twell_batch_token_fn second = [](int64_t b, int32_t, void*) { return b == 1 ? 1 : 0; };
+  ASSERT_EQ(twell_model_generate_batch(m, flat.data(), offsets, 3, 5, &s, nullptr, 0, second, nullptr, tokens.data(), g),
+            TWELL_OK);
+  EXPECT_EQ(g[1].reason, TWELL_STOP_CALLBACK);
+  EXPECT_EQ(g[1].n_tokens, 1);
+  EXPECT_EQ(g[2].n_tokens, 5);
+  const int64_t empty[] = {0, 6, 6, 9}, shifted[] = {1, 6, 7, 9};
+  EXPECT_EQ(twell_model_generate_batch(m, flat.data(), empty, 3, 5, &s, nullptr, 0, nullptr, nullptr, tokens.data(), g),
+            TWELL_ERROR);
+  EXPECT_NE(error_text().find("prompt 1 is empty"), std::string::npos) << error_text();
+  EXPECT_EQ(g[0].n_tokens, 0);  // results cleared
+  EXPECT_EQ(
+      twell_model_generate_batch(m, flat.data(), shifted, 3, 5, &s, nullptr, 0, nullptr, nullptr, tokens.data(), g),
+      TWELL_ERROR);
+  EXPECT_EQ(twell_model_generate_batch(m, flat.data(), offsets, 0, 5, &s, nullptr, 0, nullptr, nullptr, tokens.data(), g),
+            TWELL_ERROR);
+  EXPECT_EQ(twell_model_generate_batch(m, nullptr, offsets, 3, 5, &s, nullptr, 0, nullptr, nullptr, tokens.data(), g),
+            TWELL_ERROR);
+  twell_model_destroy(m);
+}
+
 TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
   twell_model* m = reinterpret_cast<twell_model*>(&config_);  // must come back NULL
   EXPECT_EQ(twell_model_load((dir_ + "/missing").c_str(), nullptr, &m), TWELL_ERROR);
@@ -176,9 +227,14 @@ TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
   twell_model_options o;
   twell_model_options_init(&o);
   o.device = TWELL_CHOOSE_CPU;
-  o.reserved[2] = 1;
+  o.reserved[1] = 1;
   EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);
   EXPECT_NE(error_text().find("reserved fields must be 0"), std::string::npos) << error_text();
+  twell_model_options_init(&o);
+  o.device = TWELL_CHOOSE_CPU;
+  o.max_batch = -1;
+  EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);
+  EXPECT_NE(error_text().find("max_batch must lie in [0, 65535]"), std::string::npos) << error_text();
   twell_model_options_init(&o);
   o.device = 7;
   EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);

@@ -53,6 +53,24 @@ TEST_F(CliModel, RunGeneratesAtMostMaxTokens) {
   EXPECT_EQ(again.out, r.out);  // seeded sampling is reproducible
 }
 
+// Several --prompt: one batch, each printed on its "[i] " line as its own run with seed + i - 1
+// prints it (the CPU backend: the same bits), in the order given; the model directory may come last.
+TEST_F(CliModel, RunGeneratesABatchOfPrompts) {
+  const std::string opts = " --byte-tokenizer --no-stop -n 6 --temperature 0.8";
+  const CliResult r = run_cli("run -p 'hello' -p 'a much longer prompt' -p 'x' " + dir_ + opts + " --seed 3", true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::vector<std::string> prompts = {"hello", "a much longer prompt", "x"};
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const CliResult alone =
+        run_cli("run " + dir_ + " -p '" + prompts[i] + "'" + opts + " --seed " + std::to_string(3 + i));
+    ASSERT_EQ(alone.status, 0);
+    EXPECT_NE(r.out.find("[" + std::to_string(i + 1) + "] " + alone.out), std::string::npos)
+        << "prompt " << i << ": " << alone.out << " in\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("3 prompts (the longest 21 tokens)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("generated 18 tokens, the last 15 in"), std::string::npos) << r.out;
+}
+
 TEST_F(CliModel, RunStopsAtTheContextLength) {
   const CliResult r = run_cli("run " + dir_ + " --byte-tokenizer --no-stop -p 'abc' -n 500", true);
   EXPECT_EQ(r.status, 0) << r.out;
@@ -225,7 +243,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"run .", "twell run: --prompt is required; see twell run --help"},
       {"", "twell: a command is required: bench, inspect, run, eval; see twell --help"},
       {"bench", "twell bench: a command is required: ffn, model; see twell bench --help"},
-      {"run . -p a -p b", "twell run: --prompt is given more than once; see twell run --help"},
+      {"run . -p a -n 1 -n 2", "twell run: --max-tokens is given more than once; see twell run --help"},
       // CLI11 would take the next argument as the value (the prompt "--no-stop", say).
       {"run . --prompt= --no-stop", "twell run: --prompt= has nothing after the '='; give a value"},
       {"eval . f.txt --context= --byte-tokenizer", "twell eval: --context= has nothing after the '='"},

@@ -802,7 +802,10 @@ TEST_F(LlamaCpuTest, BatchGenerationIsEachSequenceGeneratedAlone) {
   for (const SamplingOptions& o : {SamplingOptions{}, SamplingOptions{0.9, 20, 0.9, 17}}) {
     std::vector<std::pair<int64_t, int32_t>> seen;
     const std::vector<Generation> gens =
-        generate_batch(model, prompts, 7, o, {}, [&](int64_t b, int32_t t) { seen.emplace_back(b, t); });
+        generate_batch(model, prompts, 7, o, {}, [&](int64_t b, int32_t t) {
+          seen.emplace_back(b, t);
+          return false;
+        });
     ASSERT_EQ(gens.size(), prompts.size());
     size_t total = 0;
     for (size_t b = 0; b < prompts.size(); ++b) {
@@ -836,6 +839,12 @@ TEST_F(LlamaCpuTest, BatchGenerationIsEachSequenceGeneratedAlone) {
     EXPECT_EQ(int64_t(full[b].tokens.size()), model.context() - int64_t(prompts[b].size()) + 1) << b;
   }
   EXPECT_LE(full[2].decode_seconds, full[1].decode_seconds) << "the longest prompt fills its context first";
+  // The callback stops the sequence it asks for after that token; the others go on.
+  const std::vector<Generation> asked =
+      generate_batch(model, prompts, 7, {}, {}, [](int64_t b, int32_t) { return b == 0; });
+  EXPECT_EQ(asked[0].tokens, std::vector<int32_t>(greedy[0].tokens.begin(), greedy[0].tokens.begin() + 1));
+  EXPECT_EQ(asked[0].reason, StopReason::callback);
+  EXPECT_EQ(asked[1].tokens, greedy[1].tokens);
   // Bad calls.
   EXPECT_THROW(generate_batch(model, {}, 4, {}), Error);
   EXPECT_THROW(generate_batch(model, {{1}, {}}, 4, {}), Error);

@@ -1,4 +1,5 @@
-// `twell run MODEL --prompt TEXT`: generation on the GPU or the CPU backend, streamed token by token.
+// `twell run MODEL --prompt TEXT`: generation on the GPU or the CPU backend, streamed token by token;
+// with several --prompt, a batch generated together (model::generate_batch).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,12 +14,16 @@ namespace twell::cli {
 void register_run(CLI::App& app) {
   CLI::App* run = app.add_subcommand("run", "Generate text from a Llama-style model (GPU, or the CPU backend)");
   auto args = std::make_shared<ModelArgs>();
-  auto prompt = std::make_shared<std::string>();
+  auto prompts = std::make_shared<std::vector<std::string>>();
   auto max_tokens = std::make_shared<int64_t>(64);
   auto sampling = std::make_shared<model::SamplingOptions>();
   auto no_stop = std::make_shared<bool>(false);
   args->add_to(run);
-  run->add_option("-p,--prompt", *prompt, "the text to continue")->required();
+  run->add_option("-p,--prompt", *prompts,
+                  "the text to continue; given more than once, a batch: the prompts are generated together "
+                  "(each with seed + its index) and printed when all are done")
+      ->required()
+      ->allow_extra_args(false);
   run->add_option("-n,--max-tokens", *max_tokens, "tokens to generate at most")
       ->check(at_least(0))
       ->capture_default_str();
@@ -48,26 +53,32 @@ void register_run(CLI::App& app) {
     }
     const io::ModelConfig config = io::read_config(args->dir);
     const auto tok = args->load_tokenizer(config);
-    std::vector<int32_t> ids;
-    if (tok->bos_to_add()) ids.push_back(*tok->bos_to_add());
-    note_if_not_utf8("the prompt", *prompt);
-    const std::vector<int32_t> text = tok->encode(*prompt);
-    ids.insert(ids.end(), text.begin(), text.end());
+    // Each prompt's ids as HF's tokenizer(prompt) gives them (its BOS first), without the EOS some
+    // tokenizers append: a prompt to continue does not end.
+    const size_t B = prompts->size();
+    std::vector<std::vector<int32_t>> texts, ids;
+    int64_t longest = 0;
+    for (size_t b = 0; b < B; ++b) {
+      const std::string what = B == 1 ? "the prompt" : str("prompt ", b + 1);
+      note_if_not_utf8(what, (*prompts)[b]);
+      texts.push_back(tok->encode((*prompts)[b]));
+      std::vector<int32_t> one;
+      if (tok->bos_to_add()) one.push_back(*tok->bos_to_add());
+      one.insert(one.end(), texts.back().begin(), texts.back().end());
+      TWELL_REQUIRE(!one.empty(), what, " is empty and this tokenizer puts no BOS token in front of a text: "
+                    "there is nothing to continue from");
+      TWELL_REQUIRE(static_cast<int64_t>(one.size()) <= config.max_position_embeddings, what, " is ", one.size(),
+                    " tokens, longer than the model's context of ", config.max_position_embeddings);
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(one.size()));
+      ids.push_back(std::move(one));
+    }
     if (tok->eos_to_add())  // transformers' tokenizer(prompt) would end the prompt with it
       std::fprintf(stderr, "note: this tokenizer puts token %d after a text; a prompt to continue does not get it\n",
                    static_cast<int>(*tok->eos_to_add()));
-    TWELL_REQUIRE(!ids.empty(), "the prompt is empty and this tokenizer puts no BOS token in front of a text: "
-                  "there is nothing to continue from");
-    const int64_t n_prompt = static_cast<int64_t>(ids.size());
-    TWELL_REQUIRE(n_prompt <= config.max_position_embeddings, "the prompt is ", n_prompt,
-                  " tokens, longer than the model's context of ", config.max_position_embeddings);
     // The GPU's buffers for this job, not the config's whole context (load_model caps it there).
-    args->gpu_context = n_prompt + std::min(*max_tokens, config.max_position_embeddings);
+    args->gpu_context = longest + std::min(*max_tokens, config.max_position_embeddings);
+    args->gpu_max_batch = static_cast<int64_t>(B);
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
-    // What is printed of the continuation: decode(prompt + new tokens) past decode(prompt), so a
-    // tokenizer whose decoder depends on context (Llama 2's strips one leading space) streams
-    // the same text as a single decode of everything (TextStream: a window of recent ids a token).
-    model::TextStream shown(*tok, text);
     // End of sequence: the tokenizer's EOS and config.json's / generation_config.json's ids
     // (Llama 3 Instruct ends a turn with any of three).
     std::vector<int32_t> stops;
@@ -75,44 +86,79 @@ void register_run(CLI::App& app) {
       stops = config.eos_token_ids;
       if (tok->eos_id()) stops.push_back(*tok->eos_id());
     }
+    const auto is_stop = [&](int32_t t) { return std::find(stops.begin(), stops.end(), t) != stops.end(); };
     // A model whose embedding is padded past the tokenizer must not draw ids it cannot print.
     sampling->vocab_limit = tok->vocab_size();
+    // Why a generation stopped, where it was not its token count: `label` names the sequence.
+    const auto say_stop = [&](const model::Generation& g, const std::string& label) {
+      if (g.reason == model::StopReason::stop_token) {
+        // Its name where the tokenizer has a short printable one ("</s>", "<|eot_id|>"), else the id alone.
+        std::string name = tok->id_to_token(g.tokens.back());
+        const bool plain = !name.empty() && name.size() <= 40 &&
+                           std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+        name = plain ? " " + name : "";
+        std::fprintf(stderr, "(%sstopped: end-of-sequence token %d%s; --no-stop generates past it)\n", label.c_str(),
+                     g.tokens.back(), name.c_str());
+      }
+      if (g.reason == model::StopReason::context_full)
+        std::fprintf(stderr, "(%sstopped: the context of %lld positions is full)\n", label.c_str(),
+                     static_cast<long long>(model->context()));
+    };
 
-    std::cout << *prompt << std::flush;
+    if (B > 1) {  // generated together, printed when all are done
+      const std::vector<model::Generation> gens = model::generate_batch(*model, ids, *max_tokens, *sampling, stops);
+      long long after_first = 0, generated = 0;
+      double decode = 0;
+      for (size_t b = 0; b < B; ++b) {
+        model::TextStream shown(*tok, texts[b]);
+        std::string text = (*prompts)[b];
+        for (int32_t t : gens[b].tokens)
+          if (!is_stop(t)) text += shown.put(t);
+        std::cout << "[" << b + 1 << "] " << text << "\n";
+        generated += static_cast<long long>(gens[b].tokens.size());
+        after_first += std::max<long long>(0, static_cast<long long>(gens[b].tokens.size()) - 1);
+        decode = std::max(decode, gens[b].decode_seconds);
+      }
+      std::cout << std::flush;
+      for (size_t b = 0; b < B; ++b) say_stop(gens[b], str("[", b + 1, "] "));
+      char rate[128] = "";
+      if (after_first > 0)
+        std::snprintf(rate, sizeof rate, ", the last %lld in %.3f s (%.1f tokens/s over the batch)", after_first,
+                      decode, decode > 0 ? after_first / decode : 0.0);
+      std::fprintf(stderr, "%zu prompts (the longest %lld tokens) in %.3f s%s; generated %lld tokens%s\n", B,
+                   static_cast<long long>(longest), gens[0].prefill_seconds,
+                   generated > 0 ? " with the first new tokens" : "", generated, rate);
+      return;
+    }
+
+    // What is printed of the continuation: decode(prompt + new tokens) past decode(prompt), so a
+    // tokenizer whose decoder depends on context (Llama 2's strips one leading space) streams
+    // the same text as a single decode of everything (TextStream: a window of recent ids a token).
+    model::TextStream shown(*tok, texts[0]);
+    std::cout << (*prompts)[0] << std::flush;
     const std::function<void(int32_t)> stream = [&](int32_t token) {
-      if (std::find(stops.begin(), stops.end(), token) != stops.end()) return;  // not part of the text
+      if (is_stop(token)) return;  // not part of the text
       const std::string piece = shown.put(token);  // bytes: a character may end in a later piece
       if (!piece.empty()) std::cout << piece << std::flush;
     };
     model::Generation g;
     try {  // an error ends the streamed line first, so that it is not glued to the text
-      g = model::generate(*model, ids, *max_tokens, *sampling, stops, stream);
+      g = model::generate(*model, ids[0], *max_tokens, *sampling, stops, stream);
     } catch (...) {
       std::cout << std::endl;
       throw;
     }
     std::cout << std::endl;  // flushed before the summary on stderr, which may share a terminal or a pipe
-    if (g.reason == model::StopReason::stop_token) {
-      // Its name where the tokenizer has a short printable one ("</s>", "<|eot_id|>"), else the id alone.
-      std::string name = tok->id_to_token(g.tokens.back());
-      const bool plain = !name.empty() && name.size() <= 40 &&
-                         std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
-      name = plain ? " " + name : "";
-      std::fprintf(stderr, "(stopped: end-of-sequence token %d%s; --no-stop generates past it)\n", g.tokens.back(),
-                   name.c_str());
-    }
-    if (g.reason == model::StopReason::context_full)
-      std::fprintf(stderr, "(stopped: the context of %lld positions is full)\n",
-                   static_cast<long long>(model->cached_tokens()));
+    say_stop(g, "");
     // The prompt's time includes the first new token's draw; the rate is that of the steps after it.
     const long long generated = static_cast<long long>(g.tokens.size());
     char rate[96] = "";
     if (generated >= 2)
       std::snprintf(rate, sizeof rate, ", the last %lld in %.3f s (%.1f tokens/s)", generated - 1, g.decode_seconds,
                     g.decode_seconds > 0 ? (generated - 1) / g.decode_seconds : 0.0);
-    std::fprintf(stderr, "prompt %zu token%s in %.3f s%s; generated %lld token%s%s\n", ids.size(), ids.size() == 1 ? "" : "s",
-                 g.prefill_seconds, generated > 0 ? " with the first new token" : "", generated, generated == 1 ? "" : "s",
-                 rate);
+    std::fprintf(stderr, "prompt %zu token%s in %.3f s%s; generated %lld token%s%s\n", ids[0].size(),
+                 ids[0].size() == 1 ? "" : "s", g.prefill_seconds, generated > 0 ? " with the first new token" : "",
+                 generated, generated == 1 ? "" : "s", rate);
   });
 }
 

@@ -66,6 +66,7 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   o.check_finite = force_check_finite || !skip_check_finite;
   o.context = gpu_context;
   o.kv_cache = gpu_kv_cache;
+  o.max_batch = gpu_max_batch;
   o.gpu_memory = gpu_memory;
   o.gpu_memory_choice_name = "--gpu-memory";
   o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };

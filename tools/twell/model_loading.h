@@ -27,6 +27,7 @@ struct ModelArgs {
   // max_position_embeddings, 131072 for Llama 3.1), and whether decode steps will follow.
   int64_t gpu_context = 0;
   bool gpu_kv_cache = true;
+  int64_t gpu_max_batch = 1;  // sequences one call takes (run's prompts)
 
   void add_to(CLI::App* cmd);
   // model::load_model with these options; prints what it loads, and on which backend, on stderr.

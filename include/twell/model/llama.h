@@ -251,6 +251,7 @@ enum class StopReason {
   stop_token,    // the last token is one of `stop_tokens`
   max_tokens,    // `max_new_tokens` were drawn
   context_full,  // the KV cache holds the model's whole context: the last token has no position
+  callback,      // generate_batch's on_token asked that sequence to stop
 };
 
 struct Generation {
@@ -280,12 +281,13 @@ struct Perplexity {
 // most model.max_batch()): sequence b draws from a Sampler seeded `sampling.seed + b`, so that
 // with logits of the same bits (LlamaCpu) its tokens are those of generate(prompts[b]) with that
 // seed. Each sequence stops on its own (a stop token, max_new_tokens, or its context full) and
-// then sits the remaining steps out. `on_token(b, token)` sees each token as it is drawn. Every
+// then sits the remaining steps out. `on_token(b, token)` sees each token as it is drawn; true
+// stops sequence b after it (StopReason::callback, unless the token is a stop token). Every
 // result's prefill_seconds is the batch's; its decode_seconds runs to that sequence's last token.
 std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<std::vector<int32_t>>& prompts,
                                        int64_t max_new_tokens, const SamplingOptions& sampling,
                                        const std::vector<int32_t>& stop_tokens = {},
-                                       const std::function<void(int64_t, int32_t)>& on_token = {});
+                                       const std::function<bool(int64_t, int32_t)>& on_token = {});
 
 // Perplexity of a sequence under one full forward (T ≥ 2); log-softmax in double.
 // `ffn_stats` as for LlamaCpu::logits.
