@@ -158,7 +158,7 @@ typedef struct {
   int32_t dense_ffn;    /* GPU FFN of ReLU models: 0 twell's (sparse where it pays), 1 the dense cuBLASLt one */
   int32_t bf16_ffn;     /* CPU backend: round the ReLU FFN's g, u, h to bf16 as a bf16 model does */
   int32_t check_finite; /* 1: refuse weights holding NaN or Inf */
-  int64_t context;      /* GPU: positions a sequence holds and most tokens a call takes; 0: the config's */
+  int64_t context;      /* GPU: positions a sequence holds (a call takes max_batch times as many tokens); 0: the config's */
   int32_t kv_cache;     /* GPU: 0 for logits alone (no KV cache: no prefill or decode steps) */
   int32_t reserved0;    /* 0 */
   twell_log_fn log;     /* NULL: silent */
@@ -167,7 +167,7 @@ typedef struct {
                           at load against what it will allocate; above it TWELL_CHOOSE_AUTO runs it on
                           the CPU and TWELL_CHOOSE_CUDA refuses it */
   int64_t max_batch;   /* GPU: the most sequences one call takes (twell_model_generate_batch), each with a
-                          context's KV cache; 0: 1. The CPU backend takes any number. */
+                          context's KV cache; 0: 1. The CPU backend takes up to 65535. */
   int64_t reserved[2]; /* 0 */
 } twell_model_options;
 

@@ -175,7 +175,7 @@ class ModelOnTheCpu(unittest.TestCase):
             self.assertEqual(records[i]["reason"], m.last_generation["reason"], i)
         self.assertIsInstance(out[0], str)
         self.assertIsInstance(out[1], list)
-        self.assertEqual(m.max_batch, 65535)  # the CPU backend takes any batch
+        self.assertEqual(m.max_batch, 65535)  # the CPU backend's limit
         with self.assertRaisesRegex(twell.TwellError, "list of prompts"):
             m.generate_batch("ab")
         with self.assertRaisesRegex(twell.TwellError, "0 prompts"):

@@ -133,7 +133,7 @@ class Model:
     model may take, in bytes or as "40GB" (None: all that is free); where it needs more, "auto" runs
     it on the CPU and "cuda" refuses it. kv_cache=False: logits() and
     perplexity() only. max_batch: the most prompts one generate_batch() takes on the GPU (each with a
-    context's KV cache; the CPU backend takes any number). tokenizer: "auto" (the directory's
+    context's KV cache; the CPU backend takes up to 65535). tokenizer: "auto" (the directory's
     tokenizer.json where there is one), "bytes" (our byte tokenizer) or None. verbose: loading's lines
     on stderr (else to the "twell" logger).
 

@@ -432,9 +432,9 @@ struct LlamaCuda::Impl {
     logits_rows = rows;
   }
 
-  // `fresh`: the call starts at position 0 (prefill, logits), whatever the cache holds now.
   int64_t longest() const { return lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end()); }
 
+  // `fresh`: the call starts at position 0 (prefill, logits), whatever the cache holds now.
   void check_call(int64_t B, int64_t S, bool fresh = false) const {
     const int64_t start = fresh ? 0 : longest();
     TWELL_CHECK(B >= 1 && S >= 1, "LlamaCuda: need at least one sequence of one token, got ", B, " × ", S);
@@ -865,7 +865,10 @@ Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<Activat
 
 Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) { return impl_->prefill({tokens}, true); }
 
-Tensor LlamaCuda::decode_step(int32_t token) { return impl_->decode({token}, true); }
+Tensor LlamaCuda::decode_step(int32_t token) {
+  model::check_token_ids(impl_->c, {token});  // kNoToken too: decode_batch's, not a token
+  return impl_->decode({token}, true);
+}
 
 int32_t LlamaCuda::prefill_sample(const std::vector<int32_t>& tokens, model::Sampler& sampler) {
   if (!impl_->gpu_sampling) return LanguageModel::prefill_sample(tokens, sampler);
@@ -874,6 +877,7 @@ int32_t LlamaCuda::prefill_sample(const std::vector<int32_t>& tokens, model::Sam
 }
 int32_t LlamaCuda::decode_step_sample(int32_t token, model::Sampler& sampler) {
   if (!impl_->gpu_sampling) return LanguageModel::decode_step_sample(token, sampler);
+  model::check_token_ids(impl_->c, {token});
   impl_->decode({token}, true, false);
   return impl_->sample_first_row(sampler);
 }
@@ -885,16 +889,14 @@ Tensor LlamaCuda::decode_batch(const std::vector<int32_t>& tokens) { return impl
 std::vector<int32_t> LlamaCuda::prefill_batch_sample(const std::vector<std::vector<int32_t>>& prompts,
                                                      std::vector<model::Sampler>& samplers) {
   if (!impl_->gpu_sampling) return LanguageModel::prefill_batch_sample(prompts, samplers);
-  TWELL_CHECK(samplers.size() == prompts.size(), "LlamaCuda::prefill_batch_sample: ", samplers.size(),
-              " samplers for ", prompts.size(), " prompts");
+  model::check_samplers(samplers, prompts.size(), "LlamaCuda::prefill_batch_sample");  // before the step runs
   impl_->prefill(prompts, false, false);
   return impl_->sample_rows(samplers, nullptr);
 }
 std::vector<int32_t> LlamaCuda::decode_batch_sample(const std::vector<int32_t>& tokens,
                                                     std::vector<model::Sampler>& samplers) {
   if (!impl_->gpu_sampling) return LanguageModel::decode_batch_sample(tokens, samplers);
-  TWELL_CHECK(samplers.size() == tokens.size(), "LlamaCuda::decode_batch_sample: ", samplers.size(),
-              " samplers for ", tokens.size(), " sequences");
+  model::check_samplers(samplers, tokens.size(), "LlamaCuda::decode_batch_sample");
   impl_->decode(tokens, false, false);
   return impl_->sample_rows(samplers, &tokens);
 }

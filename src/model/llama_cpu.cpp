@@ -382,14 +382,19 @@ Tensor LlamaCpu::decode_batch(const std::vector<int32_t>& tokens) {
   for (int64_t b = 0; b < B; ++b)  // all checked before any sequence runs
     if (tokens[b] != kNoToken) check_call(config(), {tokens[b]}, lens[b]);
   Tensor out(options_.math, {B, V});
-  impl_->with(options_.math, [&](auto& caches) {
-    using Acc = typename std::decay_t<decltype(caches)>::value_type::value_type;
-    for (int64_t b = 0; b < B; ++b) {
-      if (tokens[b] == kNoToken) continue;
-      const std::vector<Acc> row = forward(weights_, options_, caches[b], {tokens[b]}, false);
-      std::copy(row.begin(), row.end(), out.ptr<Acc>() + b * V);
-    }
-  });
+  try {
+    impl_->with(options_.math, [&](auto& caches) {
+      using Acc = typename std::decay_t<decltype(caches)>::value_type::value_type;
+      for (int64_t b = 0; b < B; ++b) {
+        if (tokens[b] == kNoToken) continue;
+        const std::vector<Acc> row = forward(weights_, options_, caches[b], {tokens[b]}, false);
+        std::copy(row.begin(), row.end(), out.ptr<Acc>() + b * V);
+      }
+    });
+  } catch (...) {
+    reset();  // out of memory part way: some sequences would be a token ahead of the others
+    throw;
+  }
   return out;
 }
 

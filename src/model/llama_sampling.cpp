@@ -267,10 +267,6 @@ int32_t LanguageModel::decode_step_sample(int32_t token, Sampler& sampler) {
   return sampler.sample(decode_step(token));
 }
 
-namespace {
-
-// Throws unless there is one sampler a sequence, all with the same options (one kernel draws a
-// batch on the GPU).
 void check_samplers(const std::vector<Sampler>& samplers, size_t B, const char* what) {
   TWELL_CHECK(samplers.size() == B, what, ": ", samplers.size(), " samplers for ", B, " sequences");
   for (const Sampler& s : samplers) {
@@ -280,6 +276,8 @@ void check_samplers(const std::vector<Sampler>& samplers, size_t B, const char* 
                 what, ": the samplers of a batch must have the same options (their seeds may differ)");
   }
 }
+
+namespace {
 
 // Row b of logits [B, V] drawn by samplers[b], or kNoToken where tokens[b] is (a sequence that sat out).
 std::vector<int32_t> sample_rows(const Tensor& logits, std::vector<Sampler>& samplers,
@@ -388,6 +386,12 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
   const auto t1 = clock::now();
   std::vector<clock::time_point> ended(B, t1);
   size_t live = max_new_tokens > 0 ? B : 0;
+  // Whether sequence b's context is full; asked only where another token would follow.
+  const auto full = [&](const std::vector<int64_t>& lens, size_t b) {
+    TWELL_CHECK(lens.size() == B, "generate_batch: the model keeps no KV cache for these ", B,
+                " sequences (built for logits alone?): it cannot decode");
+    return lens[b] >= model.context();
+  };
   while (live > 0) {
     const std::vector<int64_t> lens = model.cached_lengths();
     for (size_t b = 0; b < B; ++b) {
@@ -402,7 +406,7 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
         g.reason = StopReason::callback;
       else if (static_cast<int64_t>(g.tokens.size()) == max_new_tokens)
         g.reason = StopReason::max_tokens;
-      else if (lens[b] >= model.context())
+      else if (full(lens, b))
         g.reason = StopReason::context_full;
       else
         done = false;

@@ -833,6 +833,7 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   const Tensor a = gpu.prefill(prompt);
   gpu.decode_step(3);  // fills the context
   EXPECT_THROW(gpu.decode_step(4), Error);
+  EXPECT_THROW(gpu.decode_step(model::kNoToken), Error);  // decode_batch's "sits out", not a token
   EXPECT_EQ(gpu.cached_tokens(), c.max_position_embeddings);
   EXPECT_THROW(gpu.decode_batch({1, 2}), Error);  // the cache holds one sequence
   EXPECT_THROW(gpu.prefill_batch({{1}, {2}}), Error);  // rejected before the cache is touched
@@ -868,6 +869,8 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   LlamaCuda prefill_only(dw, no_cache);
   prefill_only.prefill(prompt);
   EXPECT_THROW(prefill_only.decode_step(1), Error);
+  test::expect_error([&] { model::generate_batch(prefill_only, {{1, 2}}, 4, {}); }, {"keeps no KV cache"});
+  EXPECT_EQ(model::generate_batch(prefill_only, {{1, 2}}, 1, {})[0].tokens.size(), 1u);  // one token needs no cache
   EXPECT_EQ(relative_error(prefill_only.prefill(prompt), a), 0.0);  // every call starts at 0
 
   io::ModelConfig bad = c;
@@ -918,7 +921,7 @@ TEST(LlamaCuda, RaggedBatchesOfLongPromptsAndFullContexts) {
   const Tensor s1 = single.decode_batch({6});
   single.prefill_batch({prompts[2]});
   const Tensor s2 = single.decode_batch({7});
-  for (int round = 0; round < 3; ++round) {  // eager, captured, replayed
+  for (int round = 0; round < 3; ++round) {  // replayed: the fill loop's unaligned steps recorded the graph
     const Tensor step = batched.decode_batch({no, 6, 7});
     EXPECT_EQ(relative_error(rows(step, 0, 1), Tensor(DType::f32, {1, c.vocab_size})), 0.0);
     if (round == 0) {

@@ -140,8 +140,9 @@ class LanguageModel {
 
   // Batches of B sequences, of any lengths, each with its own KV cache. prefill_batch clears the
   // cache and returns the logits of each prompt's last token [B, V]; decode_batch appends tokens[b]
-  // to sequence b and returns [B, V]. A sequence whose token is kNoToken sits the step out: it
-  // stays as it was (it may be full, or done), and its row of the result is zeros. Sequence b's
+  // to sequence b and returns [B, V]. A sequence whose token is kNoToken sits the step out (a
+  // finished one, or one whose context is full): its length stays, what it computes later is
+  // unchanged, and its row of the result is zeros. Sequence b's
   // logits are those of prefill(prompts[b]) and decode_step of its tokens, up to the summation
   // order of the batched arithmetic (LlamaCpu: the same bits). B at most max_batch(). The default
   // implementation runs one sequence through prefill / decode_step and refuses more.
@@ -241,6 +242,10 @@ class Sampler {
   SamplingOptions options_;
   std::mt19937_64 rng_;
 };
+
+// Throws unless `samplers` holds one sampler for each of B sequences, all with the same options
+// (their seeds may differ): what the *_batch_sample calls take. `what` names the call.
+void check_samplers(const std::vector<Sampler>& samplers, size_t B, const char* what);
 
 // The error sample() raises for a row it cannot draw from: logit `index` is `value` (NaN or +inf),
 // or, with index < 0, all `n` logits are -inf.

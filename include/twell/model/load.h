@@ -43,7 +43,7 @@ struct ModelLoadOptions {
   int64_t context = 0;
   bool kv_cache = true;
   // GPU: the most sequences one call takes (generate_batch, prefill_batch): the KV cache holds as many
-  // contexts, and a prefill up to max_batch · context tokens. The CPU backend takes any number.
+  // contexts, and a prefill up to max_batch · context tokens. The CPU backend takes up to 65535.
   int64_t max_batch = 1;
   // A cap on the GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all
   // the GPU's free memory. Checked at load against what the runtime will allocate (LlamaCuda::
