@@ -687,8 +687,11 @@ struct FfnForward::Impl {
     Dispatch policy = fp32_h ? Dispatch::always_sparse : options.dispatch;
     if (one_token && !options.training && (policy == Dispatch::observe || policy == Dispatch::previous))
       policy = Dispatch::always_sparse;
-    if ((policy == Dispatch::observe || policy == Dispatch::previous) && M < options.sparse_min_tokens)
-      policy = Dispatch::always_dense;  // too few tokens: the sparse path's extra launches dominate
+    // Too few tokens: the sparse path's extra launches dominate. Under `previous` the call's density
+    // is still sampled (no synchronisation), for the slot's next call and observed_density().
+    const bool small = (policy == Dispatch::observe || policy == Dispatch::previous) && M < options.sparse_min_tokens;
+    const bool sample_small = small && policy == Dispatch::previous;
+    if (small) policy = Dispatch::always_dense;
     if (!sparse_ok) policy = Dispatch::always_dense;
     const double& previous_density = slots[static_cast<size_t>(slot)].previous_density;
     if (policy == Dispatch::previous) collect_sample(slot, false);
@@ -715,7 +718,7 @@ struct FfnForward::Impl {
     if (policy == Dispatch::observe || (policy == Dispatch::previous && previous_density < 0)) {
       launch_sample(slot, M, stream);
       collect_sample(slot, true);  // one stream synchronisation
-    } else if (policy == Dispatch::previous) {
+    } else if (policy == Dispatch::previous || sample_small) {
       launch_sample(slot, M, stream);  // read by the next call of this slot, no synchronisation now
     }
     FfnPath path = FfnPath::sparse;
@@ -777,6 +780,13 @@ void FfnForward::backward(const TensorView& x, const FfnWeights& w, const Tensor
 }
 
 FfnPath FfnForward::last_path() const { return impl_->stats.path; }
+
+double FfnForward::observed_density(int64_t dispatch_slot) {
+  TWELL_CHECK(dispatch_slot >= 0 && dispatch_slot < impl_->options.dispatch_slots, "FfnForward::observed_density: slot ",
+              dispatch_slot, " outside [0, ", impl_->options.dispatch_slots, ")");
+  impl_->collect_sample(dispatch_slot, true);
+  return impl_->slots[static_cast<size_t>(dispatch_slot)].previous_density;
+}
 
 bool FfnForward::sparse_supported(int64_t tokens) const { return impl_->sparse_supported(tokens); }
 

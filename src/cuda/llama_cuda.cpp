@@ -215,8 +215,17 @@ struct LlamaCuda::Impl {
   int64_t start = 0;
   int64_t last_tokens = 0;
   std::vector<FfnPath> paths;
+  // Decode steps of several sequences take the gather FFN only where it reads fewer weight bytes
+  // than the dense one: in layers where B times the density the last prefill measured is at most
+  // kGatherDensityBatch (the gather path reads two rows a token per active neuron, the dense path
+  // Wu and Wd once for the batch). One sequence always may: it never reads more than dense.
+  static constexpr double kGatherDensityBatch = 0.5;
+  std::vector<double> layer_density;  // ffn_prefill's observed_density per layer, -1 unknown
+  bool density_stale = true;          // a prefill since layer_density was read
+  std::vector<char> gather_layer;     // this decode step's choice per layer
   std::vector<FfnStats> stats;                 // LlamaCudaOptions::record_ffn_stats
   std::map<int64_t, cudaGraphExec_t> graphs;   // decode step per graph_key
+  std::map<int64_t, std::vector<char>> graph_gather;  // each graph's gather_layer
   std::map<int64_t, std::vector<FfnPath>> graph_paths;  // the FFN paths each graph runs
   std::map<int64_t, int> eager_steps;          // decode steps run before capture, per graph_key
   cudaEvent_t gpu_begin = nullptr, gpu_end = nullptr;  // around the device work of the last call
@@ -421,6 +430,7 @@ struct LlamaCuda::Impl {
     for (auto& [b, exec] : graphs) cudaGraphExecDestroy(exec);
     graphs.clear();
     graph_paths.clear();
+    graph_gather.clear();
     eager_steps.clear();
   }
 
@@ -491,7 +501,8 @@ struct LlamaCuda::Impl {
     if (ffn_prefill) {
       // Decode steps of a few sequences take the sparse FFN where it has a path for them (not
       // where the model is wider than its kernels), the others the dense FFN.
-      const bool gather = ffn_gather && T <= o.decode_gather_tokens && ffn_gather->sparse_supported(T);
+      const bool gather = decode && ffn_gather && T <= o.decode_gather_tokens && ffn_gather->sparse_supported(T) &&
+                          gather_layer[static_cast<size_t>(layer)];
       FfnForward& f = !decode ? *ffn_prefill : gather ? *ffn_gather : *ffn_dense;
       ResidualNorm then{dev_view(x.get(), DType::f32, {T, H}),
                         dev_view(const_cast<uint16_t*>(next_norm), DType::bf16, {H}), in,
@@ -559,6 +570,7 @@ struct LlamaCuda::Impl {
     const float eps = static_cast<float>(c.rms_norm_eps);
     launch_embed(tok, T, bits(w->embed), x.as<float>(), H, stream);
     paths.assign(static_cast<size_t>(L), FfnPath::dense);
+    if (!decode) density_stale = true;
     if (o.record_ffn_stats && !decode) stats.assign(static_cast<size_t>(L), FfnStats{});
     FfnOut last = FfnOut::y;  // where the last FFN left its output
     // In every call but decode steps the attention's output is added into x by the norm after the FFN
@@ -727,6 +739,21 @@ struct LlamaCuda::Impl {
     return download ? download_logits(B, one_row) : Tensor();
   }
 
+  // gather_layer for a decode step of B sequences (kGatherDensityBatch), from the densities of the
+  // last prefill, read once after it (waiting for its samples, which its logits' copy has done).
+  void choose_gather_layers(int64_t B) {
+    if (density_stale) {
+      layer_density.assign(static_cast<size_t>(L), -1.0);
+      if (ffn_prefill && o.ffn == FfnMode::twell)
+        for (int64_t l = 0; l < L; ++l) layer_density[l] = ffn_prefill->observed_density(l);
+      density_stale = false;
+    }
+    gather_layer.assign(static_cast<size_t>(L), 1);
+    if (B > 1)
+      for (int64_t l = 0; l < L; ++l)
+        gather_layer[l] = layer_density[l] < 0 || static_cast<double>(B) * layer_density[l] <= kGatherDensityBatch;
+  }
+
   // A step of every cached sequence; one whose token is kNoToken sits it out: its row runs on
   // token 0 at its next position (the last, if its context is full), whose cache row it overwrites
   // unread (that sequence's next step writes it again first; a full one has no next step), and its
@@ -759,6 +786,13 @@ struct LlamaCuda::Impl {
     // the next one is captured, and every later one replays the graph. Aligned and unaligned steps
     // (which cannot take the fused QKV GEMM) have a graph each.
     const int64_t key = 2 * B + (aligned ? 0 : 1);
+    choose_gather_layers(B);
+    if (graphs.count(key) && graph_gather[key] != gather_layer) {  // densities changed: record it again
+      TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // a replay may still read the old graph
+      cudaGraphExecDestroy(graphs[key]);
+      graphs.erase(key);
+      eager_steps.erase(key);
+    }
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
     auto it = graphs.find(key);
     if (it != graphs.end()) {
@@ -791,6 +825,7 @@ struct LlamaCuda::Impl {
       TWELL_CUDA_CHECK(err);
       graphs[key] = exec;
       graph_paths[key] = paths;
+      graph_gather[key] = gather_layer;
       TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     }
     for (int64_t b : out)

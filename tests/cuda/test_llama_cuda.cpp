@@ -893,6 +893,34 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   EXPECT_NE(gpu.prefill_kernels().attention.find("one token"), std::string::npos) << gpu.prefill_kernels().attention;
 }
 
+// A model that is not sparse (random weights: about half the neurons active) decodes batches on the
+// dense FFN, where the gather path would read more weight rows than dense does; one sequence keeps
+// the gather path, which never reads more. The density comes from the prefill's sample, also below
+// sparse_min_tokens (where the prefill itself runs dense).
+TEST(LlamaCuda, DecodeBatchesOfADenseModelTakeTheDenseFfn) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[3]);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 18)));
+  LlamaCudaOptions o;
+  o.max_batch = 4;
+  LlamaCuda gpu(dw, o);
+  gpu.prefill_batch({some_tokens(40, c.vocab_size, 1), some_tokens(20, c.vocab_size, 2)});
+  for (int step = 0; step < 3; ++step) {  // eager, captured, replayed
+    gpu.decode_batch({1, 2});
+    for (FfnPath p : gpu.ffn_paths()) EXPECT_EQ(p, FfnPath::dense) << "step " << step;
+  }
+  gpu.prefill(some_tokens(40, c.vocab_size, 3));
+  gpu.decode_step(1);
+  for (FfnPath p : gpu.ffn_paths()) EXPECT_EQ(p, FfnPath::gather);
+  // Forced onto the sparse paths, the batch takes the gather path whatever the density.
+  LlamaCudaOptions sparse = o;
+  sparse.ffn_options.dispatch = Dispatch::always_sparse;
+  LlamaCuda forced(dw, sparse);
+  forced.prefill_batch({some_tokens(40, c.vocab_size, 1), some_tokens(20, c.vocab_size, 2)});
+  forced.decode_batch({1, 2});
+  for (FfnPath p : forced.ffn_paths()) EXPECT_EQ(p, FfnPath::gather);
+}
+
 // Ragged batches where the long calls take other kernels: prompts of 700, 300 and 17 tokens run as
 // 3 × 700 (the fused QKV GEMM: all sequences start at 0; cuDNN's attention where it loads);
 // a sequence whose context is full sits steps out while the others go on, and is refused a token.
