@@ -233,10 +233,10 @@ class FfnForward {
   FfnStats last_stats() const;
   // The path of the last call, without waiting for anything.
   FfnPath last_path() const;
-  // Under Dispatch::previous: the fraction of g's entries that were non-zero in the sample of the
-  // last call of `dispatch_slot` (every call of more than one token samples, whatever path it took;
-  // calls of fewer than sparse_min_tokens run dense all the same), waiting for the sample if it is
-  // still in flight; -1 where no call has sampled it. LlamaCuda decides its decode FFN path from it.
+  // Under Dispatch::previous: the fraction of g's entries that were non-zero in the last sample of
+  // `dispatch_slot`, waiting for it if it is still in flight; -1 where no call has sampled it. Calls
+  // of at least sparse_min_tokens tokens sample every time; smaller ones (which run dense all the
+  // same) only while the slot has no density yet. LlamaCuda decides its decode FFN path from it.
   double observed_density(int64_t dispatch_slot = 0);
   // Whether a call of this many tokens has a sparse path: the gather path up to gather_max_tokens
   // where its kernels take the shape, the TwELL kernels otherwise. Where not, dispatch runs it
