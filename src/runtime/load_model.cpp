@@ -51,10 +51,12 @@ std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCuda
     return str("the model's weights need ", bytes_str(weights), " of GPU memory, and the GPU has ", has);
   if (weights + m.total() <= usable) return {};
   const int64_t context = co.max_context ? co.max_context : c.max_position_embeddings;
+  const std::string sequences = co.max_batch > 1 ? str(co.max_batch, " sequences of ") : "";
+  const std::string fewer = co.max_batch > 1 ? ", and fewer sequences" : "";
   return str("the model needs ", bytes_str(weights + m.total()), " of GPU memory: weights ", bytes_str(weights),
-             ", KV cache ", bytes_str(m.kv_cache), " for ", context, " positions, activations and workspaces ",
-             bytes_str(m.activations + m.ffn + m.other), "; the GPU has ", has,
-             " (", o.context_hint, ")");
+             ", KV cache ", bytes_str(m.kv_cache), " for ", sequences, context,
+             " positions, activations and workspaces ", bytes_str(m.activations + m.ffn + m.other), "; the GPU has ",
+             has, " (", o.context_hint, fewer, ")");
 }
 #endif
 

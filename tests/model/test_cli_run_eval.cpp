@@ -69,6 +69,15 @@ TEST_F(CliModel, RunGeneratesABatchOfPrompts) {
   }
   EXPECT_NE(r.out.find("3 prompts (the longest 21 tokens)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("generated 18 tokens, the last 15 in"), std::string::npos) << r.out;
+  // --prompts FILE: one a line, empty lines skipped, after any -p: the same batch.
+  const std::string file = dir_ + "/prompts.txt";
+  std::ofstream(file) << "a much longer prompt\n\nx\r\n";
+  const CliResult from_file = run_cli("run -p 'hello' --prompts " + file + " " + dir_ + opts + " --seed 3", true);
+  ASSERT_EQ(from_file.status, 0) << from_file.out;
+  EXPECT_EQ(from_file.out.substr(0, from_file.out.find("\n3 prompts")), r.out.substr(0, r.out.find("\n3 prompts")));
+  std::ofstream(file) << "\n\n";
+  EXPECT_NE(run_cli("run --prompts " + file + " " + dir_ + " --byte-tokenizer", true).out.find("no prompts"),
+            std::string::npos);
 }
 
 TEST_F(CliModel, RunStopsAtTheContextLength) {
@@ -240,7 +249,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"run . -p hi --zzzzzz", "twell run: unknown option '--zzzzzz'; see twell run --help"},
       {"--bogus", "twell: unknown option '--bogus'; see twell --help"},
       // Every command-line error in one form, exit status 1.
-      {"run .", "twell run: --prompt is required; see twell run --help"},
+      {"run .", "twell run: --prompt (or --prompts FILE) is required; see twell run --help"},
       {"", "twell: a command is required: bench, inspect, run, eval; see twell --help"},
       {"bench", "twell bench: a command is required: ffn, model; see twell bench --help"},
       {"run . -p a -n 1 -n 2", "twell run: --max-tokens is given more than once; see twell run --help"},

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 
@@ -19,11 +22,17 @@ void register_run(CLI::App& app) {
   auto sampling = std::make_shared<model::SamplingOptions>();
   auto no_stop = std::make_shared<bool>(false);
   args->add_to(run);
+  auto prompts_file = std::make_shared<std::string>();
   run->add_option("-p,--prompt", *prompts,
                   "the text to continue; given more than once, a batch: the prompts are generated together "
                   "(each with seed + its index) and printed when all are done")
-      ->required()
       ->allow_extra_args(false);
+  CLI::Option* file_option =
+      run->add_option("--prompts", *prompts_file, "a file of prompts, one a line (empty lines skipped): a batch, after any -p")
+          ->check(existing_file());
+  run->parse_complete_callback([run, file_option] {  // refused as a missing option, before anything runs
+    if (run->count("--prompt") == 0 && file_option->count() == 0) throw CLI::RequiredError("--prompt (or --prompts FILE)");
+  });
   run->add_option("-n,--max-tokens", *max_tokens, "tokens to generate at most")
       ->check(at_least(0))
       ->capture_default_str();
@@ -42,6 +51,16 @@ void register_run(CLI::App& app) {
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
 
   run->callback([=] {
+    if (!prompts_file->empty()) {
+      std::ifstream in(*prompts_file, std::ios::binary);
+      TWELL_REQUIRE(in, *prompts_file, ": cannot read: ", std::strerror(errno));
+      for (std::string line; std::getline(in, line);) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();  // a file written on Windows
+        if (!line.empty()) prompts->push_back(line);
+      }
+      TWELL_REQUIRE(!in.bad(), *prompts_file, ": read failed: ", std::strerror(errno));
+      TWELL_REQUIRE(!prompts->empty(), *prompts_file, ": no prompts (every line is empty)");
+    }
     sampling->check();  // before the load, which can take a while
     if (sampling->temperature == 0) {
       std::string ignored;
