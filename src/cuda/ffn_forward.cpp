@@ -689,12 +689,12 @@ struct FfnForward::Impl {
     Dispatch policy = fp32_h ? Dispatch::always_sparse : options.dispatch;
     if (one_token && !options.training && (policy == Dispatch::observe || policy == Dispatch::previous))
       policy = Dispatch::always_sparse;
-    // Too few tokens: the sparse path's extra launches dominate. Under `previous` a slot that has no
-    // density yet samples one such call (no synchronisation), for its next call and observed_density():
-    // once, since the sample's three small launches cost ~10 µs, 5% of a call of 2048 tokens.
+    // Too few tokens: the sparse path's extra launches dominate. A slot that has no density yet
+    // samples one such call (no synchronisation), for its next call and observed_density(): once,
+    // since the sample's three small launches cost ~10 µs, 5% of a call of 2048 tokens.
     const bool small = (policy == Dispatch::observe || policy == Dispatch::previous) && M < options.sparse_min_tokens;
     const Slot& sl = slots[static_cast<size_t>(slot)];
-    const bool sample_small = small && policy == Dispatch::previous && sl.previous_density < 0 && !sl.sample.pending;
+    const bool sample_small = small && sl.previous_density < 0 && !sl.sample.pending;
     if (small) policy = Dispatch::always_dense;
     if (!sparse_ok) policy = Dispatch::always_dense;
     const double& previous_density = slots[static_cast<size_t>(slot)].previous_density;

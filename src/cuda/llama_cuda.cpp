@@ -216,13 +216,15 @@ struct LlamaCuda::Impl {
   int64_t last_tokens = 0;
   std::vector<FfnPath> paths;
   // Decode steps of several sequences take the gather FFN only where it reads fewer weight bytes
-  // than the dense one: in layers where B times the density the last prefill measured is at most
-  // kGatherDensityBatch (the gather path reads two rows a token per active neuron, the dense path
-  // Wu and Wd once for the batch). One sequence always may: it never reads more than dense.
+  // than the dense one: in layers where B times the layer's density is at most kGatherDensityBatch
+  // (the gather path reads two rows a token per active neuron, the dense path Wu and Wd once for the
+  // batch). The density is what the prefill FFN last measured for the layer
+  // (FfnForward::observed_density: every prefill of sparse_min_tokens tokens or more, and the
+  // first smaller one). One sequence always may: it never reads more than dense.
   static constexpr double kGatherDensityBatch = 0.5;
   std::vector<double> layer_density;  // ffn_prefill's observed_density per layer, -1 unknown
   bool density_stale = true;          // a prefill since layer_density was read
-  std::vector<char> gather_layer;     // this decode step's choice per layer
+  std::vector<char> gather_layer;     // this decode step's choice per layer (all 0 where no step could gather)
   std::vector<FfnStats> stats;                 // LlamaCudaOptions::record_ffn_stats
   std::map<int64_t, cudaGraphExec_t> graphs;   // decode step per graph_key
   std::map<int64_t, std::vector<char>> graph_gather;  // each graph's gather_layer
@@ -501,8 +503,7 @@ struct LlamaCuda::Impl {
     if (ffn_prefill) {
       // Decode steps of a few sequences take the sparse FFN where it has a path for them (not
       // where the model is wider than its kernels), the others the dense FFN.
-      const bool gather = decode && ffn_gather && T <= o.decode_gather_tokens && ffn_gather->sparse_supported(T) &&
-                          gather_layer[static_cast<size_t>(layer)];
+      const bool gather = decode && gather_layer[static_cast<size_t>(layer)];  // choose_gather_layers
       FfnForward& f = !decode ? *ffn_prefill : gather ? *ffn_gather : *ffn_dense;
       ResidualNorm then{dev_view(x.get(), DType::f32, {T, H}),
                         dev_view(const_cast<uint16_t*>(next_norm), DType::bf16, {H}), in,
@@ -739,19 +740,20 @@ struct LlamaCuda::Impl {
     return download ? download_logits(B, one_row) : Tensor();
   }
 
-  // gather_layer for a decode step of B sequences (kGatherDensityBatch), from the densities of the
-  // last prefill, read once after it (waiting for its samples, which its logits' copy has done).
+  // gather_layer for a decode step of B sequences (kGatherDensityBatch), from the layers' densities,
+  // read once after each prefill (waiting for its samples, which its logits' copy has done).
   void choose_gather_layers(int64_t B) {
+    const bool can_gather = ffn_gather && B <= o.decode_gather_tokens && ffn_gather->sparse_supported(B);
+    gather_layer.assign(static_cast<size_t>(L), can_gather && B == 1 ? 1 : 0);
+    if (!can_gather || B == 1) return;  // nothing to choose: no density needed
     if (density_stale) {
       layer_density.assign(static_cast<size_t>(L), -1.0);
       if (ffn_prefill && o.ffn == FfnMode::twell)
         for (int64_t l = 0; l < L; ++l) layer_density[l] = ffn_prefill->observed_density(l);
       density_stale = false;
     }
-    gather_layer.assign(static_cast<size_t>(L), 1);
-    if (B > 1)
-      for (int64_t l = 0; l < L; ++l)
-        gather_layer[l] = layer_density[l] < 0 || static_cast<double>(B) * layer_density[l] <= kGatherDensityBatch;
+    for (int64_t l = 0; l < L; ++l)
+      gather_layer[l] = layer_density[l] < 0 || static_cast<double>(B) * layer_density[l] <= kGatherDensityBatch;
   }
 
   // A step of every cached sequence; one whose token is kNoToken sits it out: its row runs on
@@ -787,12 +789,16 @@ struct LlamaCuda::Impl {
     // (which cannot take the fused QKV GEMM) have a graph each.
     const int64_t key = 2 * B + (aligned ? 0 : 1);
     choose_gather_layers(B);
-    if (graphs.count(key) && graph_gather[key] != gather_layer) {  // densities changed: record it again
-      TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // a replay may still read the old graph
-      cudaGraphExecDestroy(graphs[key]);
-      graphs.erase(key);
-      eager_steps.erase(key);
+    auto chosen = graph_gather.find(key);  // the choice this key's eager step and graph ran with
+    if (chosen != graph_gather.end() && chosen->second != gather_layer) {  // densities changed: start again
+      if (graphs.count(key)) {
+        TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // a replay may still read the old graph
+        cudaGraphExecDestroy(graphs[key]);
+        graphs.erase(key);
+      }
+      eager_steps.erase(key);  // the new choice's kernels run eagerly first (plans, autotune)
     }
+    graph_gather[key] = gather_layer;
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
     auto it = graphs.find(key);
     if (it != graphs.end()) {
@@ -825,7 +831,6 @@ struct LlamaCuda::Impl {
       TWELL_CUDA_CHECK(err);
       graphs[key] = exec;
       graph_paths[key] = paths;
-      graph_gather[key] = gather_layer;
       TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     }
     for (int64_t b : out)

@@ -217,29 +217,39 @@ TEST_P(LlamaCudaShapes, RaggedBatchEqualsSingleSequences) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(GetParam());
   auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 14)));
-  LlamaCudaOptions o;
-  o.max_batch = 4;
-  LlamaCuda batched(dw, o), single(dw, o);
-  const std::vector<int64_t> lengths = {33, 5, 1, 20};
-  std::vector<std::vector<int32_t>> prompts;
-  for (size_t s = 0; s < lengths.size(); ++s) prompts.push_back(some_tokens(lengths[s], c.vocab_size, 50 + s));
-  const Tensor b0 = batched.prefill_batch(prompts);
-  EXPECT_EQ(batched.cached_lengths(), lengths);
-  const int32_t no = model::kNoToken;
-  const std::vector<std::vector<int32_t>> steps = {
-      {1, 2, 3, 4}, {no, 5, 6, 7}, {8, no, 9, 10}, {11, no, 12, 13}, {14, no, 15, 16}, {17, 18, 19, 20}};
-  std::vector<Tensor> b;
-  for (const auto& step : steps) b.push_back(batched.decode_batch(step));
-  EXPECT_EQ(batched.cached_lengths(), (std::vector<int64_t>{38, 8, 7, 26}));
-  for (size_t s = 0; s < prompts.size(); ++s) {
-    SCOPED_TRACE(testing::Message() << "sequence " << s);
-    EXPECT_LT(relative_error(rows(b0, s, 1), single.prefill_batch({prompts[s]})), kTol);
-    for (size_t i = 0; i < steps.size(); ++i) {
-      if (steps[i][s] == no) {
-        EXPECT_EQ(relative_error(rows(b[i], s, 1), Tensor(DType::f32, {1, c.vocab_size})), 0.0) << "step " << i;
-        continue;
+  // By default these random (about half dense) models decode their batches on the dense FFN; forced
+  // sparse, ReLU models decode them on the gather path.
+  for (const Dispatch dispatch : {Dispatch::previous, Dispatch::always_sparse}) {
+    SCOPED_TRACE(dispatch == Dispatch::previous ? "default dispatch" : "always_sparse");
+    LlamaCudaOptions o;
+    o.max_batch = 4;
+    o.ffn_options.dispatch = dispatch;
+    LlamaCuda batched(dw, o), single(dw, o);
+    const std::vector<int64_t> lengths = {33, 5, 1, 20};
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t s = 0; s < lengths.size(); ++s) prompts.push_back(some_tokens(lengths[s], c.vocab_size, 50 + s));
+    const Tensor b0 = batched.prefill_batch(prompts);
+    EXPECT_EQ(batched.cached_lengths(), lengths);
+    const int32_t no = model::kNoToken;
+    const std::vector<std::vector<int32_t>> steps = {
+        {1, 2, 3, 4}, {no, 5, 6, 7}, {8, no, 9, 10}, {11, no, 12, 13}, {14, no, 15, 16}, {17, 18, 19, 20}};
+    std::vector<Tensor> b;
+    for (const auto& step : steps) {
+      b.push_back(batched.decode_batch(step));
+      if (dispatch == Dispatch::always_sparse && c.hidden_act == "relu" && c.intermediate_size % 64 == 0)
+        EXPECT_EQ(batched.ffn_paths()[0], FfnPath::gather);
+    }
+    EXPECT_EQ(batched.cached_lengths(), (std::vector<int64_t>{38, 8, 7, 26}));
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      SCOPED_TRACE(testing::Message() << "sequence " << s);
+      EXPECT_LT(relative_error(rows(b0, s, 1), single.prefill_batch({prompts[s]})), kTol);
+      for (size_t i = 0; i < steps.size(); ++i) {
+        if (steps[i][s] == no) {
+          EXPECT_EQ(relative_error(rows(b[i], s, 1), Tensor(DType::f32, {1, c.vocab_size})), 0.0) << "step " << i;
+          continue;
+        }
+        EXPECT_LT(relative_error(rows(b[i], s, 1), single.decode_batch({steps[i][s]})), kTol) << "step " << i;
       }
-      EXPECT_LT(relative_error(rows(b[i], s, 1), single.decode_batch({steps[i][s]})), kTol) << "step " << i;
     }
   }
 }

@@ -24,7 +24,10 @@
 // to 1024 rows of g (a few MB read). `Dispatch::observe` waits for that count (one stream
 // synchronisation per call, except where the tokens alone decide: one token, or fewer than
 // sparse_min_tokens); `previous` (the default) decides on the sample of the previous call
-// and reads this call's sample on the next one, so only its first call synchronises. Both paths
+// and reads this call's sample on the next one, so only its first call synchronises. Calls below
+// sparse_min_tokens run dense by their size, and sample (128 rows, no synchronisation) only while
+// their slot has no density yet: under `previous` a later large call may then decide on that
+// sample without synchronising (observed_density reads it). Both paths
 // are exact (no value is ever dropped): dispatch only decides speed. Inside CUDA graph capture,
 // forward() needs dispatch always_sparse or always_dense and count_nonzeros = false (it throws
 // otherwise).
@@ -32,8 +35,8 @@
 // Reproducibility. With a fixed path (Dispatch::always_sparse or always_dense) the same call gives
 // the same bits, call after call and run after run of one build (the GPU tests check it). The paths
 // add in different orders, so where dispatch switches paths an element may differ by a bf16
-// rounding, and so may the first call of Dispatch::previous (the cuBLASLt gate GEMM and a separate
-// pack, before any density is known) from the later ones (the fused gate; see fused_gate). Every
+// rounding, and so may a call of Dispatch::previous made before any density was known (the
+// cuBLASLt gate GEMM and a separate pack) from the later ones (the fused gate; see fused_gate). Every
 // cuBLASLt GEMM is autotuned at the first call of each shape (M included): it synchronises the
 // stream once, times cuBLASLt's candidates whose bits equal its heuristics' first choice, and keeps
 // the fastest for the process (per device, cuBLASLt workspace size and problem);
@@ -233,10 +236,11 @@ class FfnForward {
   FfnStats last_stats() const;
   // The path of the last call, without waiting for anything.
   FfnPath last_path() const;
-  // Under Dispatch::previous: the fraction of g's entries that were non-zero in the last sample of
-  // `dispatch_slot`, waiting for it if it is still in flight; -1 where no call has sampled it. Calls
-  // of at least sparse_min_tokens tokens sample every time; smaller ones (which run dense all the
-  // same) only while the slot has no density yet. LlamaCuda decides its decode FFN path from it.
+  // Under Dispatch::previous or observe: the fraction of g's entries that were non-zero in the last
+  // sample of `dispatch_slot`, waiting for it if it is still in flight; -1 where no call has sampled
+  // it. Calls of at least sparse_min_tokens tokens sample every time; smaller ones (which run dense
+  // all the same) only while the slot has no density yet. LlamaCuda decides its decode FFN path
+  // from it.
   double observed_density(int64_t dispatch_slot = 0);
   // Whether a call of this many tokens has a sparse path: the gather path up to gather_max_tokens
   // where its kernels take the shape, the TwELL kernels otherwise. Where not, dispatch runs it

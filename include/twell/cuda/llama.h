@@ -125,9 +125,11 @@ struct LlamaCudaOptions {
   // token, the gather path's decode step is faster than the dense one at batches 1 to 8
   // (bench/results/h200/model_decode.json, docs/perf.md). Where the gather path does not take the
   // shape (I > 12288), such steps run the TwELL kernels; where neither does (H > 4096), the dense FFN.
-  // A step of B ≥ 2 sequences takes it only in layers where B times the density the last prefill
-  // measured (FfnForward::observed_density) is at most 0.5, where it reads fewer weight bytes than
-  // the dense FFN; a model that is not sparse decodes densely. One sequence takes it at any density.
+  // A step of B ≥ 2 sequences takes it only in layers where B times the layer's density as the
+  // prefill FFN measured it (FfnForward::observed_density: each prefill of at least
+  // ffn_options.sparse_min_tokens tokens, and the first smaller one) is at most 0.5, where it reads
+  // fewer weight bytes than the dense FFN; so a model that is not sparse decodes its batches
+  // densely. One sequence takes it at any density.
   int64_t decode_gather_tokens = 8;
   // Decode steps of one sequence on the gather path run the FFN as one kernel, the gate GEMV
   // included, whose weight copies start while the RMSNorm before it runs, and whose partial sums
