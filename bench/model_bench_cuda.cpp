@@ -631,8 +631,8 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   LlamaCuda twell(w, o);
   // twell_gather only where it differs from twell: batches the default options send through the
   // dense decode FFN but the gather path still takes (none with the defaults, both 8).
-  const int n_models = B <= kGatherTokens && B > LlamaCudaOptions{}.decode_gather_tokens ? 3 : 2;
-  o.decode_gather_tokens = kGatherTokens;
+  const int n_models = B <= cfg.gather_batches && B > LlamaCudaOptions{}.decode_gather_tokens ? 3 : 2;
+  o.decode_gather_tokens = std::max(kGatherTokens, cfg.gather_batches);
   std::unique_ptr<LlamaCuda> gather = n_models == 3 ? std::make_unique<LlamaCuda>(w, o) : nullptr;
   LlamaCuda* models[3] = {&dense, &twell, gather.get()};
   std::vector<std::vector<int32_t>> prompts;

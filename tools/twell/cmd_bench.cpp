@@ -145,6 +145,11 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "decode: key ranges a head of the attention, 1 to 16, in both models (A/B); 0: each model's own "
                     "(LlamaCudaOptions::decode_attention_splits)")
       ->capture_default_str();
+  model->add_option("--gather-batches", mcfg->gather_batches,
+                    "decode: batches up to this size are also timed with the gather FFN where the default options "
+                    "take the dense one (twell_gather records; A/B of LlamaCudaOptions::decode_gather_tokens)")
+      ->check(CLI::Range(int64_t{1}, int64_t{256}))
+      ->capture_default_str();
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")
       ->check(CLI::IsMember({"auto", "cudnn", "twell"}))

@@ -121,16 +121,17 @@ struct LlamaCudaOptions {
   FfnOptions ffn_options;
   // FfnMode::twell: decode steps of at most this many sequences take the FFN's gather path (the
   // gate weights densely, then only the rows of Wu and Wd of each token's active neurons); other
-  // steps the dense FFN. 8 by default: on an H200, at the paper's 2B shape with ~30 non-zeros per
-  // token, the gather path's decode step is faster than the dense one at batches 1 to 8
-  // (bench/results/h200/model_decode.json, docs/perf.md). Where the gather path does not take the
-  // shape (I > 12288), such steps run the TwELL kernels; where neither does (H > 4096), the dense FFN.
-  // A step of B ≥ 2 sequences takes it only in layers where B times the layer's density as the
-  // prefill FFN measured it (FfnForward::observed_density: each prefill of at least
-  // ffn_options.sparse_min_tokens tokens, and the first smaller one) is at most 0.5, where it reads
-  // fewer weight bytes than the dense FFN; so a model that is not sparse decodes its batches
-  // densely. One sequence takes it at any density.
-  int64_t decode_gather_tokens = 8;
+  // steps the dense FFN. 32 by default: on an H200, at the paper's 2B shape with ~30 non-zeros per
+  // token, the gather path's decode step is faster than the dense one at batches 1 to 32 (0.65×
+  // at 1, 0.85× at 8, 0.90× at 16, 0.94× at 32; 0.995× at 64: bench/results/h200/s39/, docs/perf.md).
+  // Where the gather path does not take the shape (I > 12288), such steps run the TwELL kernels;
+  // where neither does (H > 4096), the dense FFN. A step of B ≥ 2 sequences takes it only in
+  // layers where B times the layer's density as the prefill FFN measured it
+  // (FfnForward::observed_density: each prefill of at least ffn_options.sparse_min_tokens tokens,
+  // and the first smaller one) is at most 0.25, where it reads well under half the dense FFN's
+  // weight bytes; so a model that is not sparse decodes its batches densely. One sequence takes it
+  // at any density.
+  int64_t decode_gather_tokens = 32;
   // Decode steps of one sequence on the gather path run the FFN as one kernel, the gate GEMV
   // included, whose weight copies start while the RMSNorm before it runs, and whose partial sums
   // the next layer's residual add + RMSNorm adds (launch_decode_ffn). false: FfnForward's own
