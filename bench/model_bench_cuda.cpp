@@ -81,7 +81,7 @@ io::ModelConfig model_config(const ModelBenchConfig& cfg) {
   c.head_dim = cfg.hidden / cfg.heads;
   c.vocab_size = cfg.vocab;
   int64_t ctx = std::max(cfg.seq, cfg.check_tokens);
-  if (!cfg.decode_batches.empty()) ctx = std::max(ctx, cfg.context + 2 + cfg.steps + kEnergyContext);
+  if (!cfg.decode_batches.empty()) ctx = std::max(ctx, cfg.context + 3 + cfg.steps + kEnergyContext);
   c.max_position_embeddings = ctx;
   c.rope_theta = 1e5;
   c.rms_norm_eps = 1e-5;
@@ -616,7 +616,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                   std::vector<BenchRecord>& out, std::ostream& progress) {
   LlamaCudaOptions o;
   o.max_batch = B;
-  o.max_context = cfg.context + 2 + cfg.steps + kEnergyContext;
+  o.max_context = cfg.context + 3 + cfg.steps + kEnergyContext;  // 3 warm-up steps
   o.max_tokens = B * cfg.context;
   o.cuda_graphs = cfg.cuda_graphs;
   o.fused_decode_ffn = cfg.fused_decode_ffn;
@@ -639,8 +639,8 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   for (int64_t b = 0; b < B; ++b) prompts.push_back(decode_prompt(cfg, b));
   for (int k = 0; k < n_models; ++k) models[k]->prefill_batch(prompts);
   int64_t step = 0;  // every model runs the same tokens at the same step
-  for (; step < 2; ++step)
-    for (int k = 0; k < n_models; ++k) models[k]->decode_batch(decode_step_tokens(cfg, B, step));  // eager, capture
+  for (; step < 3; ++step)  // eager twice (plans, then cuBLASLt's autotune), then the graph's capture
+    for (int k = 0; k < n_models; ++k) models[k]->decode_batch(decode_step_tokens(cfg, B, step));
 
   Timing timing[3];
   std::vector<double> gpu_ms[3];
@@ -693,7 +693,7 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   // starts from a shorter prompt, so that its contexts are centred on the timed steps' (the
   // attention's cost grows with the context); stretches repeat until the counter's moves span about
   // a second.
-  const int64_t center = cfg.context + 2 + cfg.steps / 2, room = o.max_context - 1 - center;
+  const int64_t center = cfg.context + 3 + cfg.steps / 2, room = o.max_context - 1 - center;
   for (int k = 0; k < n_models; ++k) {
     // At least 2·(center - context) steps, so that the stretch's prompt is no longer than the
     // prompts (never more than the room left: room >= 127 + steps/2).

@@ -47,6 +47,7 @@ struct LtGemm::Plan {
   cublasLtMatmulAlgo_t algo{};  // candidates[0] until tuned
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristics' algorithms with candidates[0]'s sum order
   bool tuned = false;
+  int calls = 0;  // calls while not tuned
   size_t c_bytes = 0;
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -135,7 +136,7 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
 }
 
 // The heuristics' first choice is often not the fastest: on an H200 at the FFN's shapes another
-// tile shape was 3-7% faster (lt_algos.txt). So the first call of a problem in a process, outside
+// tile shape was 3-7% faster (lt_algos.txt). So the second call of a problem in a process, outside
 // stream capture, runs each candidate once on the call's own operands and keeps only those whose
 // output has the bits of the heuristics' first (candidates alike in algorithm, split-K and
 // reduction can still sum in another order: tile shapes with sliced K; the comparison is on those
@@ -144,7 +145,12 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
 // process, so every LtGemm of it runs the same algorithm. Beside C it needs one scratch output (two
 // where beta != 0, which must not change C); where that is over kMaxTuneScratch or cannot be
 // allocated, or where C is not 16-byte aligned, the heuristics' first is kept.
+// Not the first call: tuning costs ~100 ms a problem (a 2049-token prompt of a 4-layer model took
+// 0.83 s to its first token with it, 0.15 s without, s39/ttft/), and a problem called once (a
+// prompt's length) gains nothing from it; the first call runs the heuristics' first, whose bits
+// the tuned one has.
 constexpr size_t kMaxTuneScratch = size_t{2} << 30;
+constexpr int kTuneAtCall = 2;
 
 namespace {
 std::mutex& tuned_mutex() {
@@ -159,20 +165,23 @@ std::map<TunedKey, cublasLtMatmulAlgo_t>& tuned_algos() {
 }
 }  // namespace
 
+bool LtGemm::adopt(Plan& p, const Key& key) {
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(tuned_mutex());
+  const auto it = tuned_algos().find({device, workspace_.bytes(), key});
+  if (it == tuned_algos().end()) return false;
+  p.algo = it->second, p.tuned = true;
+  return true;
+}
+
 void LtGemm::tune(Plan& p, const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream) {
+  if (adopt(p, key)) return;  // another LtGemm of the process tuned it
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return;  // the heuristics' choice this time
   int device = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&device));
-  {
-    std::lock_guard<std::mutex> lock(tuned_mutex());
-    const auto it = tuned_algos().find({device, workspace_.bytes(), key});
-    if (it != tuned_algos().end()) {
-      p.algo = it->second, p.tuned = true;
-      return;
-    }
-  }
   p.tuned = true;  // from here on, whatever happens, the plan keeps its algorithm
   const bool accumulate = beta != 0.f;
   if (p.c_bytes * (accumulate ? 2 : 1) > kMaxTuneScratch) return;
@@ -273,7 +282,10 @@ void LtGemm::run_at(const void* a, const void* b, void* c, int64_t m, int64_t n,
 
 void LtGemm::launch(const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream) {
   Plan& p = plan(key);
-  if (!p.tuned) tune(p, key, a, b, c, beta, stream);
+  if (!p.tuned && ++p.calls >= kTuneAtCall)
+    tune(p, key, a, b, c, beta, stream);
+  else if (!p.tuned)
+    adopt(p, key);  // the first call: the process's choice where there is one, else the heuristics'
   const float alpha = 1.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));

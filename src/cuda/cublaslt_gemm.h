@@ -4,11 +4,13 @@
 //   C[M, N] = Aᵀ · B         with A stored [K, M]   (run_at: weight gradients, dgᵀ · x)
 // cuBLASLt is column-major, so each call computes Cᵀ = op(B)ᵀ-shaped products with the operands
 // swapped; the descriptors and the chosen algorithm are cached per problem.
-// The first call of a problem in a process (outside stream capture) times cuBLASLt's candidate
+// The second call of a problem in a process (outside stream capture) times cuBLASLt's candidate
 // algorithms on its operands and keeps the fastest for the process: that call synchronises its
-// stream and takes a few times a GEMM's time. Only candidates whose output on those operands has
-// the bits of the heuristics' first are timed (equal on those operands: another process may
-// choose another and differ in last bits). TWELL_LT_AUTOTUNE=0 turns it off.
+// stream and takes a few times a GEMM's time. The first runs the heuristics' first algorithm (or
+// the process's choice, where another LtGemm tuned the problem): a problem called once, such as a
+// prompt's length, never pays for tuning. Only candidates whose output on those operands has the
+// bits of the heuristics' first are timed (equal on those operands: another process may choose
+// another and differ in last bits). TWELL_LT_AUTOTUNE=0 turns it off.
 #pragma once
 
 #include <cublasLt.h>
@@ -39,7 +41,7 @@ class LtGemm {
  public:
   // Device memory an LtGemm allocates for cuBLASLt unless given one (cuBLAS recommends 32 MiB+ on Hopper).
   static constexpr size_t kWorkspaceBytes = size_t{64} << 20;
-  // autotune: time the candidates at each problem's first call (the default: on, unless the
+  // autotune: time the candidates at each problem's second call (the default: on, unless the
   // environment sets TWELL_LT_AUTOTUNE=0); false: the heuristics' first algorithm.
   // workspace: null, the object allocates kWorkspaceBytes of its own; or device memory of
   // workspace_bytes bytes, 256-byte aligned, that the caller keeps valid until all the work
@@ -75,7 +77,9 @@ class LtGemm {
   struct Plan;
   Plan& plan(const Key& key);
   void tune(Plan& p, const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream);
-  // The plan of `key` (made and tuned at its first call), run on these operands.
+  // Takes the process's tuned choice for `key` where there is one (true).
+  bool adopt(Plan& p, const Key& key);
+  // The plan of `key` (made at its first call, tuned at its second), run on these operands.
   void launch(const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;

@@ -785,9 +785,9 @@ struct LlamaCuda::Impl {
     aligned = std::all_of(positions.begin(), positions.end(), [&](int32_t p) { return p == positions[0]; });
     gather_last = false, start = positions[0];
     upload_inputs(ids.data(), B, positions);
-    // The first step of a batch size runs eagerly (it loads kernels and makes cuBLASLt plans);
-    // the next one is captured, and every later one replays the graph. Aligned and unaligned steps
-    // (which cannot take the fused QKV GEMM) have a graph each.
+    // The first two steps of a batch size run eagerly (they load kernels, make cuBLASLt plans and,
+    // at the second, tune them: LtGemm); the next one is captured, and every later one replays the
+    // graph. Aligned and unaligned steps (which cannot take the fused QKV GEMM) have a graph each.
     const int64_t key = 2 * B + (aligned ? 0 : 1);
     choose_gather_layers(B);
     auto chosen = graph_gather.find(key);  // the choice this key's eager step and graph ran with
@@ -805,7 +805,7 @@ struct LlamaCuda::Impl {
     if (it != graphs.end()) {
       TWELL_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
       paths = graph_paths[key];
-    } else if (!o.cuda_graphs || eager_steps[key]++ == 0) {
+    } else if (!o.cuda_graphs || eager_steps[key]++ < 2) {
       body(tokens.as<int32_t>(), B, 1, Head::all, true);
     } else {
       cudaGraph_t graph = nullptr;

@@ -1,6 +1,6 @@
-// LtGemm's autotune (the first call of a problem times cuBLASLt's candidates and keeps the fastest)
+// LtGemm's autotune (the second call of a problem times cuBLASLt's candidates and keeps the fastest)
 // against the heuristics' first algorithm: the same bits at every shape and kind of call, for the
-// first (tuning) call and the ones after it, on the operands it tuned on and on others, and
+// first call, the second (tuning) one, on the operands it tuned on and on others, and
 // beta = 1 adds the product once: the timed candidates write to a scratch copy, not to C. Then the
 // device comparison the autotune relies on.
 #include <gtest/gtest.h>
