@@ -130,7 +130,7 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
     if (results[i].state == CUBLAS_STATUS_SUCCESS && SumOrder(results[i].algo) == first)
       p->candidates.push_back(results[i].algo);
   p->algo = results[0].algo;
-  p->tuned = p->candidates.size() <= 1 || !autotune_;
+  p->tuned = p->candidates.size() <= 1 || !autotune_ || 2.0 * double(m) * double(n) * double(k) < kMinTuneFlops;
   p->c_bytes = static_cast<size_t>(m * n) * (c_type == CUDA_R_32F ? 4 : 2);
   return *plans_.emplace(key, std::move(p)).first->second;
 }
@@ -149,8 +149,14 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
 // 0.83 s to its first token with it, 0.15 s without, s39/ttft/), and a problem called once (a
 // prompt's length) gains nothing from it; the first call runs the heuristics' first, whose bits
 // the tuned one has.
+// Nor a problem under kMinTuneFlops (2·m·n·k): ~15 ms of tuning (scratch allocations, events, a
+// few launches a candidate) repays itself only over ~10^5 calls of a GEMM of a few µs, which are
+// memory-bound besides, where the candidates' tile shapes differ little: decode steps' projections
+// and LM head (the LM head's tune moved into the first decode step: 8 tokens of `twell run` took
+// 0.019 s after the first instead of 0.004, s39/lazy_tune/).
 constexpr size_t kMaxTuneScratch = size_t{2} << 30;
 constexpr int kTuneAtCall = 2;
+constexpr double kMinTuneFlops = 2.1e9;
 
 namespace {
 std::mutex& tuned_mutex() {

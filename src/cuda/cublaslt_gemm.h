@@ -8,7 +8,8 @@
 // algorithms on its operands and keeps the fastest for the process: that call synchronises its
 // stream and takes a few times a GEMM's time. The first runs the heuristics' first algorithm (or
 // the process's choice, where another LtGemm tuned the problem): a problem called once, such as a
-// prompt's length, never pays for tuning. Only candidates whose output on those operands has the
+// prompt's length, never pays for tuning; nor does a problem of under ~2 GFLOP (decode steps'
+// GEMMs), which could not repay it. Only candidates whose output on those operands has the
 // bits of the heuristics' first are timed (equal on those operands: another process may choose
 // another and differ in last bits). TWELL_LT_AUTOTUNE=0 turns it off.
 #pragma once
