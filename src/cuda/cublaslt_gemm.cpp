@@ -40,6 +40,13 @@ struct SumOrder {
   bool operator==(const SumOrder& o) const { return id == o.id && split_k == o.split_k && reduction == o.reduction; }
 };
 constexpr int kHeuristicAlgos = 8, kTuneRounds = 3;
+// No tuning for a problem under kMinTuneFlops (2·m·n·k): ~15 ms of tuning (scratch allocations,
+// events, a few launches a candidate) repays itself only over ~10^5 calls of a GEMM of a few µs,
+// which are memory-bound besides, where the candidates' tile shapes differ little: decode steps'
+// projections and LM head (with the tune at a problem's second call, the LM head's moved into the
+// first decode step: 8 tokens of `twell run` took 0.019 s after the first instead of 0.004,
+// s39/lazy_tune/).
+constexpr double kMinTuneFlops = 2.1e9;
 
 struct LtGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -149,14 +156,8 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
 // 0.83 s to its first token with it, 0.15 s without, s39/ttft/), and a problem called once (a
 // prompt's length) gains nothing from it; the first call runs the heuristics' first, whose bits
 // the tuned one has.
-// Nor a problem under kMinTuneFlops (2·m·n·k): ~15 ms of tuning (scratch allocations, events, a
-// few launches a candidate) repays itself only over ~10^5 calls of a GEMM of a few µs, which are
-// memory-bound besides, where the candidates' tile shapes differ little: decode steps' projections
-// and LM head (the LM head's tune moved into the first decode step: 8 tokens of `twell run` took
-// 0.019 s after the first instead of 0.004, s39/lazy_tune/).
 constexpr size_t kMaxTuneScratch = size_t{2} << 30;
 constexpr int kTuneAtCall = 2;
-constexpr double kMinTuneFlops = 2.1e9;
 
 namespace {
 std::mutex& tuned_mutex() {

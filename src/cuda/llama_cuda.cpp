@@ -207,12 +207,12 @@ struct LlamaCuda::Impl {
   cudaEvent_t staged = nullptr;
   std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
   std::vector<int64_t> lens;  // cached positions of each sequence; empty: none (always, without kv_cache)
-  // The call being enqueued, for body(): whether its sequences start at one position (`start`;
+  // The call being enqueued, for body(): whether its sequences start at one position (`call_start`;
   // otherwise it cannot take the fused QKV GEMM, whose epilogue reads one position, nor cuDNN's
   // attention), and whether the head reads each sequence's last row from the indices after the
   // positions in p0 (a prefill of prompts of different lengths) rather than row S − 1.
   bool aligned = true, gather_last = false;
-  int64_t start = 0;
+  int64_t call_start = 0;
   int64_t last_tokens = 0;
   std::vector<FfnPath> paths;
   // Decode steps of several sequences take the gather FFN only where it reads fewer weight bytes
@@ -477,7 +477,7 @@ struct LlamaCuda::Impl {
 
   // Sets up a call whose B sequences all start at position p: body()'s flags, and the positions to upload.
   std::vector<int32_t> aligned_call(int64_t B, int64_t p) {
-    aligned = true, gather_last = false, start = p;
+    aligned = true, gather_last = false, call_start = p;
     return std::vector<int32_t>(static_cast<size_t>(B), static_cast<int32_t>(p));
   }
 
@@ -542,7 +542,7 @@ struct LlamaCuda::Impl {
     return false;
   }
 
-  // Attention of S > 1 tokens per sequence at position `start` (PrefillAttention); `first_layer`
+  // Attention of S > 1 tokens per sequence at position `call_start` (PrefillAttention); `first_layer`
   // notes the choice in `kernels`.
   void prefill_attention(const AttentionArgs& at, bool first_layer) {
     const PrefillAttention mode = o.prefill_attention;
@@ -555,7 +555,7 @@ struct LlamaCuda::Impl {
                 " at which cuDNN's SDPA is used)");
     else {
       TWELL_CHECK(aligned, "LlamaCuda: cuDNN's attention of sequences at different positions");
-      done = sdpa.run(at, start, stream, &why);
+      done = sdpa.run(at, call_start, stream, &why);
       TWELL_CHECK(done || mode != PrefillAttention::cudnn, "LlamaCuda: prefill_attention = cudnn, but ", why);
       if (!done) why = "(" + why + ")";
     }
@@ -783,7 +783,7 @@ struct LlamaCuda::Impl {
       positions[b] = static_cast<int32_t>(lens[b]);
     }
     aligned = std::all_of(positions.begin(), positions.end(), [&](int32_t p) { return p == positions[0]; });
-    gather_last = false, start = positions[0];
+    gather_last = false, call_start = positions[0];
     upload_inputs(ids.data(), B, positions);
     // The first two steps of a batch size run eagerly (they load kernels, make cuBLASLt plans and,
     // at the second, tune them: LtGemm); the next one is captured, and every later one replays the
@@ -847,10 +847,10 @@ struct LlamaCuda::Impl {
     return sampler.sample(dev_view(logits.get(), DType::f32, {V}), s, stream)[0];
   }
   // Row b of the last call's logits drawn by samplers[b], kNoToken where tokens[b] is.
-  std::vector<int32_t> sample_rows(std::vector<model::Sampler>& samplers, const std::vector<int32_t>* tokens) {
+  std::vector<int32_t> sample_rows(std::vector<model::Sampler>& samplers, const std::vector<int32_t>* toks) {
     std::vector<model::Sampler*> by_row;
     for (size_t b = 0; b < samplers.size(); ++b)
-      by_row.push_back(tokens && (*tokens)[b] == model::kNoToken ? nullptr : &samplers[b]);
+      by_row.push_back(toks && (*toks)[b] == model::kNoToken ? nullptr : &samplers[b]);
     const int64_t B = static_cast<int64_t>(samplers.size());
     return sampler.sample(dev_view(logits.get(), DType::f32, {B, V}), by_row, stream);
   }
