@@ -54,7 +54,10 @@ struct LtGemm::Plan {
   cublasLtMatmulAlgo_t algo{};  // candidates[0] until tuned
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristics' algorithms with candidates[0]'s sum order
   bool tuned = false;
-  int calls = 0;  // calls while not tuned
+  // Calls while not tuned with the first such call's B operand (the weights, in a model): the
+  // layers of a model share a problem, so a count of all calls would tune inside its first forward.
+  int calls = 0;
+  const void* first_b = nullptr;
   size_t c_bytes = 0;
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -143,8 +146,10 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
 }
 
 // The heuristics' first choice is often not the fastest: on an H200 at the FFN's shapes another
-// tile shape was 3-7% faster (lt_algos.txt). So the second call of a problem in a process, outside
-// stream capture, runs each candidate once on the call's own operands and keeps only those whose
+// tile shape was 3-7% faster (lt_algos.txt). So the second call of a problem in a process with the
+// B operand of its first (outside stream capture: the layers of a model, whose weights differ,
+// share a problem; in a model it is the problem's second forward), runs each candidate once on the
+// call's own operands and keeps only those whose
 // output has the bits of the heuristics' first (candidates alike in algorithm, split-K and
 // reduction can still sum in another order: tile shapes with sliced K; the comparison is on those
 // operands only, so across processes a different choice may still change last bits); then times
@@ -289,10 +294,13 @@ void LtGemm::run_at(const void* a, const void* b, void* c, int64_t m, int64_t n,
 
 void LtGemm::launch(const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream) {
   Plan& p = plan(key);
-  if (!p.tuned && ++p.calls >= kTuneAtCall)
-    tune(p, key, a, b, c, beta, stream);
-  else if (!p.tuned)
-    adopt(p, key);  // the first call: the process's choice where there is one, else the heuristics'
+  if (!p.tuned) {
+    if (p.calls == 0) p.first_b = b;
+    if (b == p.first_b && ++p.calls >= kTuneAtCall)
+      tune(p, key, a, b, c, beta, stream);  // the same B again: a problem that repeats
+    else
+      adopt(p, key);  // the process's choice where there is one, else the heuristics'
+  }
   const float alpha = 1.f;
   TWELL_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
                                     workspace_.get(), workspace_.bytes(), stream));

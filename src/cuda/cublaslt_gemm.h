@@ -4,14 +4,15 @@
 //   C[M, N] = Aᵀ · B         with A stored [K, M]   (run_at: weight gradients, dgᵀ · x)
 // cuBLASLt is column-major, so each call computes Cᵀ = op(B)ᵀ-shaped products with the operands
 // swapped; the descriptors and the chosen algorithm are cached per problem.
-// The second call of a problem in a process (outside stream capture) times cuBLASLt's candidate
-// algorithms on its operands and keeps the fastest for the process: that call synchronises its
-// stream and takes a few times a GEMM's time. The first runs the heuristics' first algorithm (or
-// the process's choice, where another LtGemm tuned the problem): a problem called once, such as a
-// prompt's length, never pays for tuning; nor does a problem of under ~2 GFLOP (decode steps'
-// GEMMs), which could not repay it. Only candidates whose output on those operands has the
-// bits of the heuristics' first are timed (equal on those operands: another process may choose
-// another and differ in last bits). TWELL_LT_AUTOTUNE=0 turns it off.
+// A problem's second call in a process with the B operand of its first (the same weights: in a
+// model, whose layers share problems, the second forward of a shape), outside stream capture,
+// times cuBLASLt's candidate algorithms on its operands and keeps the fastest for the process:
+// that call synchronises its stream and takes a few times a GEMM's time. Calls before it run the
+// heuristics' first algorithm (or the process's choice, where another LtGemm tuned the problem):
+// a shape met once, such as a new prompt's length, never pays for tuning; nor does a problem of
+// under ~2 GFLOP (decode steps' GEMMs), which could not repay it. Only candidates whose output on
+// the tuning operands has the bits of the heuristics' first are timed (equal on those operands:
+// on others, or in another process, a choice may differ in last bits). TWELL_LT_AUTOTUNE=0 turns it off.
 #pragma once
 
 #include <cublasLt.h>

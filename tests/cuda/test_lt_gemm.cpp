@@ -47,7 +47,7 @@ TEST(LtGemm, AutotuneGivesTheHeuristicsBits) {
       {64, 5632, 2048, true, true, false, false, 0.f},     // the dense FFN's gate at batch 64 (too small)
       {4096, 5632, 2048, true, true, false, false, 0.f},   // ... in a prefill
       {4096, 2048, 5632, false, false, false, false, 0.f}, // its down product
-      {333, 200, 72, true, false, false, false, 0.f},      // awkward sizes
+      {333, 2000, 1800, true, false, false, false, 0.f},   // awkward sizes (above the tuning floor)
       {4096, 2048, 2048, true, false, true, false, 1.f},   // f32 output, accumulated (beta = 1)
       {2048, 512, 4096, false, false, true, true, 0.f},    // a weight gradient (run_at)
   };

@@ -242,8 +242,8 @@ class LlamaCuda final : public model::LanguageModel {
   // Low level, for benchmarks: enqueues B·S tokens already on the device (int32, sequence-major,
   // in range: not checked) at position cached_tokens() (refused when the cached sequences' lengths
   // differ), with no host synchronisation (but the first call of a shape that takes cuDNN's
-  // attention, which builds its plan, and a shape's second call, where cuBLASLt's GEMMs are tuned:
-  // LtGemm). Logits of
+  // attention, which builds its plan, and a shape's second call, where its cuBLASLt GEMMs of
+  // ~2 GFLOP or more are tuned: LtGemm). Logits of
   // the chosen rows go to logits_device() [rows, V].
   void enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head);
   const float* logits_device() const;
