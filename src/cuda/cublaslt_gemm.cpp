@@ -54,9 +54,10 @@ struct LtGemm::Plan {
   cublasLtMatmulAlgo_t algo{};  // candidates[0] until tuned
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristics' algorithms with candidates[0]'s sum order
   bool tuned = false;
-  // Calls while not tuned with the first such call's B operand (the weights, in a model): the
-  // layers of a model share a problem, so a count of all calls would tune inside its first forward.
-  int calls = 0;
+  // Calls while not tuned: all of them, and those with the first such call's B operand (the
+  // weights, in a model): the layers of a model share a problem, so a count of all calls would
+  // tune inside its first forward.
+  int calls = 0, same_b_calls = 0;
   const void* first_b = nullptr;
   size_t c_bytes = 0;
   ~Plan() {
@@ -163,6 +164,9 @@ LtGemm::Plan& LtGemm::plan(const Key& key) {
 // the tuned one has.
 constexpr size_t kMaxTuneScratch = size_t{2} << 30;
 constexpr int kTuneAtCall = 2;
+// ... or at its kTuneAfterCalls-th call whatever its operands (a caller whose B moves between calls,
+// such as a weight gradient's activations from PyTorch).
+constexpr int kTuneAfterCalls = 256;
 
 namespace {
 std::mutex& tuned_mutex() {
@@ -295,9 +299,10 @@ void LtGemm::run_at(const void* a, const void* b, void* c, int64_t m, int64_t n,
 void LtGemm::launch(const Key& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream) {
   Plan& p = plan(key);
   if (!p.tuned) {
-    if (p.calls == 0) p.first_b = b;
-    if (b == p.first_b && ++p.calls >= kTuneAtCall)
-      tune(p, key, a, b, c, beta, stream);  // the same B again: a problem that repeats
+    if (p.calls++ == 0) p.first_b = b;
+    if (b == p.first_b) ++p.same_b_calls;
+    if (p.same_b_calls >= kTuneAtCall || p.calls >= kTuneAfterCalls)
+      tune(p, key, a, b, c, beta, stream);  // a problem that repeats
     else
       adopt(p, key);  // the process's choice where there is one, else the heuristics'
   }

@@ -10,7 +10,8 @@
 // that call synchronises its stream and takes a few times a GEMM's time. Calls before it run the
 // heuristics' first algorithm (or the process's choice, where another LtGemm tuned the problem):
 // a shape met once, such as a new prompt's length, never pays for tuning; nor does a problem of
-// under ~2 GFLOP (decode steps' GEMMs), which could not repay it. Only candidates whose output on
+// under ~2 GFLOP (decode steps' GEMMs), which could not repay it. (A problem whose B moves between
+// calls is tuned at its 256th.) Only candidates whose output on
 // the tuning operands has the bits of the heuristics' first are timed (equal on those operands:
 // on others, or in another process, a choice may differ in last bits). TWELL_LT_AUTOTUNE=0 turns it off.
 #pragma once
