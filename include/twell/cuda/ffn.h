@@ -38,8 +38,8 @@
 // rounding, and so may a call of Dispatch::previous made before any density was known (the
 // cuBLASLt gate GEMM and a separate pack) from the later ones (the fused gate; see fused_gate). Every
 // cuBLASLt GEMM of ~2 GFLOP or more is autotuned at the second call of each shape with the same
-// weights (M included; calls before run the heuristics' choice, so a shape called once costs no
-// tuning): it synchronises the
+// weights, or its 256th where they move between calls (M included; calls before run the
+// heuristics' choice, so a shape called once costs no tuning): it synchronises the
 // stream once, times cuBLASLt's candidates whose bits equal its heuristics' first choice, and keeps
 // the fastest for the process (per device, cuBLASLt workspace size and problem);
 // TWELL_LT_AUTOTUNE=0 takes the heuristics' choice untimed.
