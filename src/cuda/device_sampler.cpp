@@ -41,13 +41,9 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, const std::
   std::vector<int32_t> tokens(static_cast<size_t>(rows), model::kNoToken);
   if (!first) return tokens;  // no row to draw
   const model::SamplingOptions& o = first->options();
-  for (const model::Sampler* s : samplers) {
-    if (!s) continue;
-    const model::SamplingOptions& so = s->options();
-    TWELL_CHECK(so.temperature == o.temperature && so.top_k == o.top_k && so.top_p == o.top_p &&
-                    so.vocab_limit == o.vocab_limit,
+  for (const model::Sampler* s : samplers)
+    TWELL_CHECK(!s || s->options().same_rules(o),
                 "DeviceSampler::sample: the samplers of one call must have the same options (their seeds may differ)");
-  }
   const int64_t n = o.drawable(V);
 
   // The uniforms (past kSampleInlineRows rows) and the results live in pinned host memory, which

@@ -767,6 +767,7 @@ struct LlamaCuda::Impl {
     const int64_t B = static_cast<int64_t>(toks.size());
     TWELL_CHECK(B == static_cast<int64_t>(lens.size()), "LlamaCuda::decode: the cache holds ", lens.size(),
                 " sequences, got ", B, " tokens");
+    model::check_token_ids(c, toks, true);
     std::vector<int32_t> ids(toks), positions(static_cast<size_t>(B));
     std::vector<int64_t> out;  // the sequences that sit out
     for (int64_t b = 0; b < B; ++b) {
@@ -776,8 +777,6 @@ struct LlamaCuda::Impl {
         positions[b] = static_cast<int32_t>(std::min(lens[b], o.max_context - 1));
         continue;
       }
-      TWELL_CHECK(toks[b] >= 0 && toks[b] < V, "llama: token ", toks[b], " at index ", b,
-                  " is outside the vocabulary [0, ", V, ")");
       TWELL_CHECK(lens[b] < o.max_context, "LlamaCuda: sequence ", b, " holds ", lens[b],
                   " positions, the whole context: it has no room for another token");
       positions[b] = static_cast<int32_t>(lens[b]);

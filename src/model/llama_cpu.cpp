@@ -292,9 +292,9 @@ Tensor to_tensor(const std::vector<Acc>& v, Shape shape) {
 
 }  // namespace
 
-void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens) {
+void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens, bool no_token_ok) {
   for (size_t t = 0; t < tokens.size(); ++t)
-    TWELL_CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size, "llama: token ", tokens[t], " at index ", t,
+    TWELL_CHECK((tokens[t] >= 0 && tokens[t] < c.vocab_size) || (no_token_ok && tokens[t] == kNoToken), "llama: token ", tokens[t], " at index ", t,
                 " is outside the vocabulary [0, ", c.vocab_size, ")");
 }
 
@@ -379,7 +379,8 @@ Tensor LlamaCpu::decode_batch(const std::vector<int32_t>& tokens) {
   TWELL_CHECK(!lens.empty(), "LlamaCpu::decode_batch: call prefill() or prefill_batch() first");
   TWELL_CHECK(B == static_cast<int64_t>(lens.size()), "LlamaCpu::decode_batch: the cache holds ", lens.size(),
               " sequences, got ", B, " tokens");
-  for (int64_t b = 0; b < B; ++b)  // all checked before any sequence runs
+  check_token_ids(config(), tokens, true);  // all checked before any sequence runs
+  for (int64_t b = 0; b < B; ++b)
     if (tokens[b] != kNoToken) check_call(config(), {tokens[b]}, lens[b]);
   Tensor out(options_.math, {B, V});
   try {

@@ -269,12 +269,9 @@ int32_t LanguageModel::decode_step_sample(int32_t token, Sampler& sampler) {
 
 void check_samplers(const std::vector<Sampler>& samplers, size_t B, const char* what) {
   TWELL_CHECK(samplers.size() == B, what, ": ", samplers.size(), " samplers for ", B, " sequences");
-  for (const Sampler& s : samplers) {
-    const SamplingOptions &a = s.options(), &b = samplers[0].options();
-    TWELL_CHECK(a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
-                    a.vocab_limit == b.vocab_limit,
-                what, ": the samplers of a batch must have the same options (their seeds may differ)");
-  }
+  for (const Sampler& s : samplers)
+    TWELL_CHECK(s.options().same_rules(samplers[0].options()), what,
+                ": the samplers of a batch must have the same options (their seeds may differ)");
 }
 
 namespace {

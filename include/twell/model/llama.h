@@ -105,13 +105,14 @@ struct LlamaOptions {
   Precision relu_ffn = Precision::f64;
 };
 
-// Throws, naming the first offender, unless every token id lies in [0, c.vocab_size).
-void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens);
-
-class Sampler;
-
 // In decode_batch's tokens: this sequence sits the step out (see LanguageModel::decode_batch).
 constexpr int32_t kNoToken = -1;
+
+// Throws, naming the first offender, unless every token id lies in [0, c.vocab_size) (or, with
+// `no_token_ok`, is kNoToken: decode_batch's tokens).
+void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens, bool no_token_ok = false);
+
+class Sampler;
 
 // What generation, perplexity and the CLI need of a model, whichever backend runs it: LlamaCpu
 // here, twell::cuda::LlamaCuda (cuda/llama.h) on the GPU.
@@ -219,6 +220,10 @@ struct SamplingOptions {
   void check() const;  // throws twell::Error on a value out of range (NaN included)
   // How many of a row of V logits a draw reads: the first vocab_limit where it is in (0, V), else all.
   int64_t drawable(int64_t V) const { return vocab_limit > 0 && vocab_limit < V ? vocab_limit : V; }
+  // Whether `o` draws by the same rules (all but the seed): samplers one batch may mix.
+  bool same_rules(const SamplingOptions& o) const {
+    return temperature == o.temperature && top_k == o.top_k && top_p == o.top_p && vocab_limit == o.vocab_limit;
+  }
 };
 
 // Draws tokens from logit rows. Deterministic for a seed: std::mt19937_64 and our own
