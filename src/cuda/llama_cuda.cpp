@@ -213,7 +213,15 @@ struct LlamaCuda::Impl {
   // positions in p0 (a prefill of prompts of different lengths) rather than row S − 1.
   bool aligned = true, gather_last = false;
   int64_t call_start = 0;
-  int64_t last_tokens = 0;
+  int64_t last_tokens = 0;  // token rows the last call computed (a ragged prefill's padding included)
+  int64_t hidden_rows = 0;  // rows of x the last body() left (a ragged prefill's last batch)
+  // The cache's first sequence in body()'s call: a run of a ragged prefill from sequence run_first
+  // writes its keys and values there and its logits from row run_first on (0 otherwise).
+  int64_t run_first = 0;
+  // What a run of a ragged prefill costs beyond its rows (its launches), in rows: prefill_runs.
+  // On an H200 a forward's launches take about as long as 200–350 rows at 4 and at 38 layers of the
+  // 2B widths (both scale with the layers).
+  static constexpr int64_t kPrefillRunTokens = 256;
   std::vector<FfnPath> paths;
   // Decode steps of several sequences take the gather FFN only where it reads fewer weight bytes
   // than the dense one: in layers where B times the layer's density is at most kGatherDensityBatch
@@ -570,6 +578,7 @@ struct LlamaCuda::Impl {
   void body(const int32_t* tok, int64_t B, int64_t S, Head head, bool decode) {
     const int64_t T = B * S;
     const float eps = static_cast<float>(c.rms_norm_eps);
+    hidden_rows = T;
     launch_embed(tok, T, bits(w->embed), x.as<float>(), H, stream);
     paths.assign(static_cast<size_t>(L), FfnPath::dense);
     if (!decode) density_stale = true;
@@ -599,8 +608,9 @@ struct LlamaCuda::Impl {
       add_norm(bits(lw.input_norm), l == 0);
       RopeKvArgs r;
       r.qkv = qkv.as<uint16_t>();
-      r.k_cache = k_cache[cache].as<uint16_t>();
-      r.v_cache = v_cache[cache].as<uint16_t>();
+      const int64_t cache_row = run_first * o.max_context * kv_dim;  // run_first's keys and values
+      r.k_cache = k_cache[cache].as<uint16_t>() + cache_row;
+      r.v_cache = v_cache[cache].as<uint16_t>() + cache_row;
       r.cos_sin = cos_sin.as<float>();
       r.p0 = p0.as<int32_t>();
       r.T = T, r.S = S, r.max_context = o.max_context;
@@ -668,7 +678,8 @@ struct LlamaCuda::Impl {
       rows = proj.as<uint16_t>();
       n = B;
     }
-    gemm.run(rows, w->head().view().data, logits.get(), n, V, H, true, GemmEpilogue::none, stream, GemmOut::f32);
+    gemm.run(rows, w->head().view().data, logits.as<float>() + run_first * V, n, V, H, true, GemmEpilogue::none,
+             stream, GemmOut::f32);
   }
 
   void enqueue(const int32_t* tok, int64_t B, int64_t S, Head head) {
@@ -706,38 +717,60 @@ struct LlamaCuda::Impl {
   }
 
   // download false: the logits stay on the device (an empty Tensor is returned).
-  // Prompts of different lengths run as one batch of the longest, each padded with copies of its
-  // last token: causal attention keeps the padding out of every real position, the head reads each
-  // prompt's own last row, and a sequence's next decode step overwrites the cache rows its padding
-  // wrote before anything reads them. (The padding's FFN activations count in the FFN's statistics.)
+  // Prompts of different lengths run as batches of neighbouring prompts (ragged_prefill_runs), each
+  // padded to its own longest with copies of each prompt's last token: causal attention keeps the
+  // padding out of every real position, the head reads each prompt's own last row, and a sequence's
+  // next decode step overwrites the cache rows its padding wrote before anything reads them. (The
+  // padding's FFN activations count in the FFN's statistics.)
   Tensor prefill(const std::vector<std::vector<int32_t>>& prompts, bool one_row = false, bool download = true) {
     TWELL_CHECK(!prompts.empty(), "LlamaCuda::prefill: no prompts");
     const int64_t B = static_cast<int64_t>(prompts.size());
-    int64_t S = 0;
+    std::vector<int64_t> lengths;
     for (size_t b = 0; b < prompts.size(); ++b) {
       TWELL_CHECK(!prompts[b].empty(), "LlamaCuda::prefill: prompt ", b, " is empty");
       model::check_token_ids(c, prompts[b]);
-      S = std::max<int64_t>(S, static_cast<int64_t>(prompts[b].size()));
+      lengths.push_back(static_cast<int64_t>(prompts[b].size()));
     }
-    check_call(B, S, true);  // before reset(): a rejected call leaves the cache as it was
-    std::vector<int32_t> flat, positions = aligned_call(B, 0);
-    flat.reserve(static_cast<size_t>(B * S));
-    for (const auto& p : prompts) {
-      flat.insert(flat.end(), p.begin(), p.end());
-      flat.insert(flat.end(), static_cast<size_t>(S) - p.size(), p.back());
-      gather_last = gather_last || static_cast<int64_t>(p.size()) != S;
+    const int64_t S = *std::max_element(lengths.begin(), lengths.end());
+    std::vector<int64_t> runs{0, B};
+    if (o.ragged_prefill_runs && B > 1) {
+      check_call(B, 1, true);  // the batch's size
+      check_call(1, S, true);  // its longest prompt, alone (each run's rows: prefill_runs)
+      runs = model::prefill_runs(lengths, o.max_tokens, kPrefillRunTokens);
     }
-    if (gather_last)
-      for (int64_t b = 0; b < B; ++b) positions.push_back(static_cast<int32_t>(b * S + prompts[b].size() - 1));
+    std::vector<int64_t> run_tokens;  // each run's longest prompt
+    for (size_t r = 0; r + 1 < runs.size(); ++r) {
+      run_tokens.push_back(*std::max_element(lengths.begin() + runs[r], lengths.begin() + runs[r + 1]));
+      check_call(runs[r + 1] - runs[r], run_tokens.back(), true);  // before reset(): a rejected call changes nothing
+    }
     reset();
     ensure_logits(B);
-    upload_inputs(flat.data(), B * S, positions);
-    TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
-    body(tokens.as<int32_t>(), B, S, Head::last, false);
+    last_tokens = 0;
+    struct RunGuard {  // body() back at sequence 0 whatever happens
+      int64_t& first;
+      ~RunGuard() { first = 0; }
+    } guard{run_first};
+    for (size_t r = 0; r + 1 < runs.size(); ++r) {
+      const int64_t b0 = runs[r], n = runs[r + 1] - b0, rs = run_tokens[r];
+      std::vector<int32_t> flat, positions = aligned_call(n, 0);
+      flat.reserve(static_cast<size_t>(n * rs));
+      for (int64_t b = b0; b < b0 + n; ++b) {
+        const auto& p = prompts[static_cast<size_t>(b)];
+        flat.insert(flat.end(), p.begin(), p.end());
+        flat.insert(flat.end(), static_cast<size_t>(rs) - p.size(), p.back());
+        gather_last = gather_last || static_cast<int64_t>(p.size()) != rs;
+      }
+      if (gather_last)
+        for (int64_t b = 0; b < n; ++b)
+          positions.push_back(static_cast<int32_t>(b * rs + lengths[static_cast<size_t>(b0 + b)] - 1));
+      upload_inputs(flat.data(), n * rs, positions);
+      if (r == 0) TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
+      run_first = b0;
+      body(tokens.as<int32_t>(), n, rs, Head::last, false);
+      last_tokens += n * rs;
+    }
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
-    last_tokens = B * S;
-    if (o.kv_cache)
-      for (const auto& p : prompts) lens.push_back(static_cast<int64_t>(p.size()));
+    if (o.kv_cache) lens = lengths;
     return download ? download_logits(B, one_row) : Tensor();
   }
 
@@ -948,9 +981,10 @@ int64_t LlamaCuda::context() const { return impl_->o.max_context; }
 void LlamaCuda::reset() { impl_->reset(); }
 
 void LlamaCuda::enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head) { impl_->enqueue(tokens, B, S, head); }
+int64_t LlamaCuda::last_tokens() const { return impl_->last_tokens; }
 const float* LlamaCuda::logits_device() const { return impl_->logits.as<float>(); }
 TensorView LlamaCuda::hidden_device() const {
-  return dev_view(impl_->x.get(), DType::f32, {impl_->last_tokens, impl_->H});
+  return dev_view(impl_->x.get(), DType::f32, {impl_->hidden_rows, impl_->H});
 }
 cudaStream_t LlamaCuda::stream() const { return impl_->stream; }
 std::vector<FfnPath> LlamaCuda::ffn_paths() const { return impl_->paths; }

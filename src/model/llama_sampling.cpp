@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -356,6 +357,42 @@ Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, in
   return g;
 }
 
+std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t max_tokens, int64_t group_tokens) {
+  const int64_t B = static_cast<int64_t>(lengths.size());
+  TWELL_CHECK(B >= 1, "prefill_runs: no prompts");
+  TWELL_CHECK(max_tokens >= 1 && group_tokens >= 0, "prefill_runs: max_tokens ", max_tokens, " and group_tokens ",
+              group_tokens, " must be at least 1 and 0");
+  for (int64_t b = 0; b < B; ++b)
+    TWELL_CHECK(lengths[b] >= 1 && lengths[b] <= max_tokens, "prefill_runs: prompt ", b, " holds ", lengths[b],
+                " tokens, outside [1, max_tokens = ", max_tokens, "]");
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  if (std::all_of(lengths.begin(), lengths.end(), [&](int64_t n) { return n == longest; }) && B * longest <= max_tokens)
+    return {0, B};
+  // cost[j]: the fewest rows (plus group_tokens a run) that prefill prompts [0, j); from[j]: where
+  // the last of those runs starts. A run of more than kWindow prompts is not considered (a run's
+  // cost is then within group_tokens of the best: ties are rare), which bounds the search at
+  // B × kWindow steps.
+  constexpr int64_t kWindow = 4096;
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> cost(static_cast<size_t>(B) + 1, kNone), from(static_cast<size_t>(B) + 1, 0);
+  cost[0] = 0;
+  for (int64_t j = 1; j <= B; ++j) {
+    int64_t run_longest = 0;
+    for (int64_t i = j - 1; i >= std::max<int64_t>(0, j - kWindow); --i) {
+      run_longest = std::max(run_longest, lengths[i]);
+      const int64_t rows = (j - i) * run_longest;
+      if (rows > max_tokens) break;  // longer runs only hold more
+      if (cost[i] == kNone) continue;
+      const int64_t c = cost[i] + rows + group_tokens;
+      if (c <= cost[j]) cost[j] = c, from[j] = i;  // ties: the longer run (fewer shapes)
+    }
+  }
+  std::vector<int64_t> bounds{B};
+  for (int64_t j = B; j > 0; j = from[j]) bounds.push_back(from[j]);
+  std::reverse(bounds.begin(), bounds.end());
+  return bounds;
+}
+
 std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<std::vector<int32_t>>& prompts,
                                        int64_t max_new_tokens, const SamplingOptions& sampling,
                                        const std::vector<int32_t>& stop_tokens,
@@ -367,49 +404,61 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
   for (size_t b = 0; b < B; ++b) TWELL_CHECK(!prompts[b].empty(), "generate_batch: prompt ", b, " is empty");
   TWELL_CHECK(max_new_tokens >= 0, "generate_batch: max_new_tokens must be at least 0, got ", max_new_tokens);
   using clock = std::chrono::steady_clock;
+  // The model's sequence i is prompts[order[i]]: ordered by length, so that a backend that prefills
+  // runs of neighbouring prompts as batches (LlamaCuda: prefill_runs) pads as little as it can.
+  std::vector<size_t> order(B);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return prompts[x].size() < prompts[y].size(); });
+  std::vector<size_t> where(B);  // order's inverse
+  for (size_t i = 0; i < B; ++i) where[order[i]] = i;
+  std::vector<std::vector<int32_t>> ordered;
+  ordered.reserve(B);
   std::vector<Sampler> samplers;
-  for (size_t b = 0; b < B; ++b) {
+  for (size_t i = 0; i < B; ++i) {
+    ordered.push_back(prompts[order[i]]);
     SamplingOptions o = sampling;
-    o.seed = sampling.seed + b;  // wraps; any seed is a seed
+    o.seed = sampling.seed + order[i];  // wraps; any seed is a seed
     samplers.emplace_back(o);
   }
   std::vector<Generation> gens(B);
   const auto t0 = clock::now();
   std::vector<int32_t> next;
   if (max_new_tokens > 0)
-    next = model.prefill_batch_sample(prompts, samplers);
+    next = model.prefill_batch_sample(ordered, samplers);
   else
-    model.prefill_batch(prompts);
+    model.prefill_batch(ordered);
   const auto t1 = clock::now();
   std::vector<clock::time_point> ended(B, t1);
   size_t live = max_new_tokens > 0 ? B : 0;
-  // Whether sequence b's context is full; asked only where another token would follow.
-  const auto full = [&](const std::vector<int64_t>& lens, size_t b) {
+  // Whether sequence i's context is full; asked only where another token would follow.
+  const auto full = [&](const std::vector<int64_t>& lens, size_t i) {
     TWELL_CHECK(lens.size() == B, "generate_batch: the model keeps no KV cache for these ", B,
                 " sequences (built for logits alone?): it cannot decode");
-    return lens[b] >= model.context();
+    return lens[i] >= model.context();
   };
   while (live > 0) {
     const std::vector<int64_t> lens = model.cached_lengths();
-    for (size_t b = 0; b < B; ++b) {
-      if (next[b] == kNoToken) continue;  // done before
+    for (size_t b = 0; b < B; ++b) {  // in the caller's order
+      const size_t i = where[b];
+      if (next[i] == kNoToken) continue;  // done before
       Generation& g = gens[b];
-      g.tokens.push_back(next[b]);
-      const bool asked = on_token && on_token(static_cast<int64_t>(b), next[b]);
+      g.tokens.push_back(next[i]);
+      const bool asked = on_token && on_token(static_cast<int64_t>(b), next[i]);
       bool done = true;
-      if (std::find(stop_tokens.begin(), stop_tokens.end(), next[b]) != stop_tokens.end())
+      if (std::find(stop_tokens.begin(), stop_tokens.end(), next[i]) != stop_tokens.end())
         g.reason = StopReason::stop_token;
       else if (asked)
         g.reason = StopReason::callback;
       else if (static_cast<int64_t>(g.tokens.size()) == max_new_tokens)
         g.reason = StopReason::max_tokens;
-      else if (full(lens, b))
+      else if (full(lens, i))
         g.reason = StopReason::context_full;
       else
         done = false;
       if (done) {
         ended[b] = clock::now();
-        next[b] = kNoToken;  // sits the remaining steps out
+        next[i] = kNoToken;  // sits the remaining steps out
         --live;
       }
     }

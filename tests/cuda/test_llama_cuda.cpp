@@ -938,7 +938,8 @@ TEST(LlamaCuda, DecodeBatchesOfADenseModelTakeTheDenseFfn) {
 }
 
 // Ragged batches where the long calls take other kernels: prompts of 700, 300 and 17 tokens run as
-// 3 × 700 (the fused QKV GEMM: all sequences start at 0; cuDNN's attention where it loads);
+// 3 × 700 (ragged_prefill_runs off; the fused QKV GEMM: all sequences start at 0; cuDNN's attention
+// where it loads);
 // a sequence whose context is full sits steps out while the others go on, and is refused a token.
 // The GPU sampler draws a batch as the host does from the same logits (generate_batch both ways).
 TEST(LlamaCuda, RaggedBatchesOfLongPromptsAndFullContexts) {
@@ -948,11 +949,14 @@ TEST(LlamaCuda, RaggedBatchesOfLongPromptsAndFullContexts) {
   auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 17)));
   LlamaCudaOptions o;
   o.max_batch = 3;
-  LlamaCuda batched(dw, o), single(dw, o);
+  LlamaCudaOptions one_batch = o;
+  one_batch.ragged_prefill_runs = false;
+  LlamaCuda batched(dw, one_batch), single(dw, o);
   const std::vector<std::vector<int32_t>> prompts = {some_tokens(700, c.vocab_size, 1), some_tokens(300, c.vocab_size, 2),
                                                      some_tokens(17, c.vocab_size, 3)};
   const Tensor b0 = batched.prefill_batch(prompts);
   EXPECT_TRUE(batched.prefill_kernels().fused_qkv_rope);
+  EXPECT_EQ(batched.last_tokens(), 3 * 700);
   for (size_t s = 0; s < prompts.size(); ++s)
     EXPECT_LT(relative_error(rows(b0, s, 1), single.prefill_batch({prompts[s]})), kTol) << "sequence " << s;
   // Fill sequence 0's context, the others sitting out.
@@ -989,6 +993,52 @@ TEST(LlamaCuda, RaggedBatchesOfLongPromptsAndFullContexts) {
   for (size_t s = 0; s < g.size(); ++s) {
     EXPECT_EQ(g[s].tokens, h[s].tokens) << "sequence " << s;
     EXPECT_EQ(g[s].tokens.size(), 12u);
+  }
+}
+
+// A ragged batch prefills as runs of neighbouring prompts (ragged_prefill_runs): 20, 25, 30 | 600 | 3
+// tokens compute 90 + 600 + 3 rows, not 5 × 600. Each run writes its own sequences' cache rows and
+// logits: the batch matches each prompt alone, with and without a KV cache, and so do the decode
+// steps after it (every sequence at its own position). Forced onto the sparse paths too.
+TEST(LlamaCuda, RaggedPrefillRunsAsBatchesOfNeighbours) {
+  TWELL_REQUIRE_HOPPER();
+  io::ModelConfig c = config_of(kShapes[3]);
+  c.max_position_embeddings = 640;
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 19)));
+  const std::vector<int64_t> lengths = {20, 25, 30, 600, 3};
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t b = 0; b < lengths.size(); ++b) prompts.push_back(some_tokens(lengths[b], c.vocab_size, 30 + b));
+  for (bool forced : {false, true}) {
+    SCOPED_TRACE(forced ? "always sparse" : "default dispatch");
+    LlamaCudaOptions o;
+    o.max_batch = 5;
+    if (forced) o.ffn_options.dispatch = Dispatch::always_sparse;
+    LlamaCudaOptions no_cache = o, one_batch = o;
+    no_cache.kv_cache = false;
+    one_batch.ragged_prefill_runs = false;
+    LlamaCuda runs(dw, o), single(dw, o), prefill_only(dw, no_cache), padded(dw, one_batch);
+    const Tensor got = runs.prefill_batch(prompts);
+    EXPECT_EQ(runs.last_tokens(), 3 * 30 + 600 + 3);
+    EXPECT_EQ(runs.cached_lengths(), lengths);
+    const Tensor got_no_cache = prefill_only.prefill_batch(prompts);
+    const Tensor got_padded = padded.prefill_batch(prompts);
+    EXPECT_EQ(padded.last_tokens(), 5 * 600);
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      const Tensor alone = single.prefill_batch({prompts[b]});
+      EXPECT_LT(relative_error(rows(got, b, 1), alone), kTol) << "sequence " << b;
+      EXPECT_LT(relative_error(rows(got_no_cache, b, 1), alone), kTol) << "sequence " << b << ", no cache";
+      EXPECT_LT(relative_error(rows(got_padded, b, 1), alone), kTol) << "sequence " << b << ", one batch";
+    }
+    std::vector<std::vector<Tensor>> steps(prompts.size());  // each sequence's decode steps alone
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      single.prefill_batch({prompts[b]});
+      for (int32_t t = 0; t < 4; ++t) steps[b].push_back(single.decode_batch({t + static_cast<int32_t>(b)}));
+    }
+    for (int32_t t = 0; t < 4; ++t) {  // eager twice, captured, replayed
+      const Tensor step = runs.decode_batch({t, t + 1, t + 2, t + 3, t + 4});
+      for (size_t b = 0; b < prompts.size(); ++b)
+        EXPECT_LT(relative_error(rows(step, b, 1), steps[b][t]), kTol) << "sequence " << b << ", step " << t;
+    }
   }
 }
 

@@ -102,12 +102,20 @@ struct LlamaCudaOptions {
   // rounding steps of the unfused cuBLASLt GEMM + RoPE kernel, which runs otherwise).
   bool fused_qkv_rope = true;
   int64_t max_batch = 1;     // sequences per call at most
-  int64_t max_tokens = 0;    // tokens (B·S) per prefill call at most; 0: max_batch · max_context
+  // Token rows (B·S) one forward computes at most (the activations' size); 0: max_batch ·
+  // max_context. A prefill of several prompts above it runs as several batches (ragged_prefill_runs).
+  int64_t max_tokens = 0;
   int64_t max_context = 0;   // positions per sequence; 0: config.max_position_embeddings
   // false: no cache across calls (prefill-only use, e.g. benchmarks): one layer's keys and values
   // are kept at a time, every call starts at position 0, and decode is unavailable.
   bool kv_cache = true;
   bool cuda_graphs = true;   // decode steps replay a captured graph per batch size
+  // A prefill of prompts of different lengths runs as batches of neighbouring prompts, each padded
+  // to its own longest (model::prefill_runs: the fewest rows, counting 256 more a batch for its
+  // launches; none above max_tokens), not as one batch of the longest: prompts of 2000 tokens and
+  // 63 of 100 compute 8812 rows' worth, not 128000. model::generate_batch orders its prompts by
+  // length for it. false: one batch of the longest (A/B).
+  bool ragged_prefill_runs = true;
   // The stream calls run on. nullptr: the model's own (non-blocking) stream, destroyed with it. A
   // caller's stream (any kind: blocking, non-blocking, cudaStreamLegacy, cudaStreamPerThread)
   // orders the model's work after the caller's earlier work there and before its later work; it
@@ -247,19 +255,24 @@ class LlamaCuda final : public model::LanguageModel {
   // the chosen rows go to logits_device() [rows, V].
   void enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head);
   const float* logits_device() const;
-  // The residual stream after the last layer of the last call, fp32 [B·S, H] (device).
+  // The residual stream after the last layer of the last call (of a ragged prefill's last batch),
+  // fp32 [B·S, H] (device).
   TensorView hidden_device() const;
   cudaStream_t stream() const;  // LlamaCudaOptions::stream, or the model's own
+  // Token rows the last prefill, decode or enqueue call computed: B · S, or for prompts of
+  // different lengths the rows of its batches, padding included (ragged_prefill_runs).
+  int64_t last_tokens() const;
   // The FFN path each layer took in the last call.
   std::vector<FfnPath> ffn_paths() const;
   // With LlamaCudaOptions::record_ffn_stats: each layer's FFN statistics of the last call that was
-  // not a decode step (FfnStats::nnz_per_token() is non-zeros per token on the sparse path, -1 on the
+  // not a decode step (of a ragged prefill's last batch; FfnStats::nnz_per_token() is non-zeros per token on the sparse path, -1 on the
   // dense one); empty without the option.
   std::vector<FfnStats> ffn_stats() const;
   // Device memory the model holds besides its weights: memory_needed()'s total after construction,
   // and what later calls added (cuDNN's workspace, a larger logits buffer).
   size_t workspace_bytes() const;
-  // The kernels the last call that was not a decode step ran (empty/false before any such call).
+  // The kernels the last call that was not a decode step ran (a ragged prefill's last batch;
+  // empty/false before any such call).
   struct PrefillKernels {
     std::string attention;  // "cudnn <version>", or "twell" and why cuDNN's was not used
     bool fused_qkv_rope = false;  // the QKV GEMM with RoPE in its epilogue (fused_qkv_rope)

@@ -287,6 +287,14 @@ struct Perplexity {
   double mean_nll = 0;      // mean over t of −log p(tokens[t+1] | tokens[0..t]), natural log
   double perplexity = 0;    // exp(mean_nll)
 };
+// How a batch of prompts of these lengths is best prefilled as runs of neighbouring prompts, each
+// run one batch padded to its own longest prompt: the runs' bounds [0, b1, ..., B], chosen to
+// compute the fewest token rows, counting `group_tokens` more for each run (its launches), with no
+// run above `max_tokens` rows (n × its longest). Prompts of one length make one run. Throws where
+// a prompt alone holds more than max_tokens tokens. A caller that orders its prompts by length
+// gets the fewest padded rows (generate_batch does).
+std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t max_tokens, int64_t group_tokens);
+
 // generate() for B prompts at once, through prefill_batch_sample and decode_batch_sample (B at
 // most model.max_batch()): sequence b draws from a Sampler seeded `sampling.seed + b`, so that
 // with logits of the same bits (LlamaCpu) its tokens are those of generate(prompts[b]) with that
@@ -294,6 +302,9 @@ struct Perplexity {
 // then sits the remaining steps out. `on_token(b, token)` sees each token as it is drawn; true
 // stops sequence b after it (StopReason::callback, unless the token is a stop token). Every
 // result's prefill_seconds is the batch's; its decode_seconds runs to that sequence's last token.
+// The model runs the prompts ordered by length (stable; LlamaCuda pads fewer rows: prefill_runs), so
+// its cache afterwards (cached_lengths) holds the sequences in that order; the results and
+// on_token's b are the caller's order.
 std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<std::vector<int32_t>>& prompts,
                                        int64_t max_new_tokens, const SamplingOptions& sampling,
                                        const std::vector<int32_t>& stop_tokens = {},
