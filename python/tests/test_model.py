@@ -202,6 +202,36 @@ class ModelOnTheCpu(unittest.TestCase):
         with self.assertRaisesRegex(KeyError, "from the callback"):
             self.model.generate([256, 3], max_new_tokens=4, stream=boom)
 
+    def test_batch_generation_streams_each_prompt(self):
+        m = self.model
+        prompts = ["ab", [256, 1, 2, 3], "hello there", [256]]
+        kw = dict(max_new_tokens=9, temperature=1.0, seed=5)
+        want = m.generate_batch(prompts, **kw)
+        got = [[] for _ in prompts]
+        out = m.generate_batch(prompts, stream=lambda i, piece: got[i].append(piece), **kw)
+        self.assertEqual(out, want)
+        for i, p in enumerate(prompts):
+            self.assertEqual("".join(got[i]) if isinstance(p, str) else got[i], want[i], i)
+        # True stops that prompt after the piece it was given; the others run on.
+        count = [0] * len(prompts)
+
+        def stop_third(i, _):
+            count[i] += 1
+            return i == 1 and count[i] == 3
+        stopped = m.generate_batch(prompts, stream=stop_third, stop=False, max_new_tokens=9, temperature=1.0, seed=5)
+        records = m.last_generation
+        self.assertEqual(stopped[1], m.generate_batch(prompts, stop=False, max_new_tokens=9, temperature=1.0,
+                                                     seed=5)[1][:3])
+        self.assertEqual(records[1]["reason"], "callback")
+        self.assertEqual([r["reason"] for r in records[2:]], ["max_tokens", "max_tokens"])
+
+        def boom(i, _):
+            if i == 2:
+                raise KeyError("from the batch callback")
+        with self.assertRaisesRegex(KeyError, "from the batch callback"):
+            m.generate_batch(prompts, max_new_tokens=4, stream=boom)
+        self.assertEqual(m.generate_batch(prompts, **kw), want)  # the model is still usable
+
     def test_calls_from_threads_wait_and_the_stream_cannot_reenter(self):
         m = self.model
         want = m.generate([256, 4, 5], max_new_tokens=6, stop=False)

@@ -338,25 +338,14 @@ class Model:
         stops = self._stop_ids(stop)
         s = self._sampling(temperature, top_k, top_p, seed)
 
-        # The streamed text is decode(prompt + new ids) past decode(prompt), a window of recent ids at a
-        # time (as `twell run` streams: model::TextStream), so a step's cost does not grow with the text.
-        shown = list(text_ids) if text_prompt else []
-        state = {"given": len(shown), "held": b"", "error": None}
+        streamer = _TextStream(self.tokenizer, text_ids, stops) if text_prompt else None
+        state = {"error": None}
 
         def on_token(token, _user):
             try:
-                if not text_prompt:
+                if streamer is None:
                     return 1 if stream(token) is True else 0
-                if token in stops:
-                    return 0
-                shown.append(token)
-                first = max(0, state["given"] - 6)
-                known = self.tokenizer.decode_bytes(shown[first:state["given"]])
-                piece = self.tokenizer.decode_bytes(shown[first:])[len(known):]
-                del shown[:max(0, len(shown) - 24)]  # no window reads further back
-                state["given"] = len(shown)
-                text, used = _complete_utf8(state["held"] + piece)  # a character's end may come later
-                state["held"] = (state["held"] + piece)[used:]
+                text = streamer.add(token)
                 return 1 if text and stream(text) is True else 0
             except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
                 state["error"] = e
@@ -372,8 +361,8 @@ class Model:
                                                        c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
         if state["error"] is not None:
             raise state["error"]
-        if stream is not None and text_prompt and state["held"]:  # bytes of a character that never ended
-            stream(state["held"].decode("utf-8", errors="replace"))
+        if stream is not None and streamer is not None and streamer.held:
+            stream(streamer.rest())
         new = list(tokens[:g.n_tokens])
         self.last_generation = _generation_record(new, g)
         if not text_prompt:
@@ -381,12 +370,15 @@ class Model:
         body = new[:-1] if new and g.reason == 0 else new  # the stop token is not part of the text
         return self.tokenizer.decode(body) if body else ""
 
-    def generate_batch(self, prompts, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True):
+    def generate_batch(self, prompts, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
+                       stream=None):
         """generate() for several prompts at once (each a str or a list of ids, of any lengths; at most
         max_batch of them, which Model(max_batch=...) sets on the GPU): one batched forward a step, each
         prompt stopping on its own. Prompt i draws with seed + i, so that where the logits have the same
-        bits (the CPU backend) its tokens are generate()'s with that seed. Returns a list, in the prompts'
-        order: the new text for a str prompt, the new ids for ids. `last_generation` then holds a list of
+        bits (the CPU backend) its tokens are generate()'s with that seed. stream: a callable that
+        receives (i, the text prompt i adds) as it comes (str prompts) or (i, each id) (id prompts);
+        returning True from it stops prompt i, the others go on. Returns a list, in the prompts' order:
+        the new text for a str prompt, the new ids for ids. `last_generation` then holds a list of
         generate()'s dicts, one a prompt, each with the batch's prefill_seconds and its own decode_seconds.
         """
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
@@ -395,7 +387,8 @@ class Model:
             raise TwellError(f"generate_batch: {len(prompts)} prompts; this model takes 1 to {self.max_batch} "
                              "(Model(max_batch=...))")
         _check_count(max_new_tokens)
-        ids = [self._prompt_ids(p, "generate_batch")[0] for p in prompts]
+        encoded = [self._prompt_ids(p, "generate_batch") for p in prompts]
+        ids = [e[0] for e in encoded]
         flat, offsets = [], [0]
         for i, p in enumerate(ids):
             if not p:
@@ -408,12 +401,36 @@ class Model:
         c_stops, n_stops = _ids(stops, "stop")
         s = self._sampling(temperature, top_k, top_p, seed)
         B = len(prompts)
+        streamers = [_TextStream(self.tokenizer, text_ids, stops) if isinstance(p, str) else None
+                     for p, (_, text_ids) in zip(prompts, encoded)]
+        state = {"error": None}
+
+        def on_token(i, token, _user):
+            if state["error"] is not None:  # a callback raised: every sequence stops
+                return 1
+            try:
+                if streamers[i] is None:
+                    return 1 if stream(i, token) is True else 0
+                text = streamers[i].add(token)
+                return 1 if text and stream(i, text) is True else 0
+            except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
+                if state["error"] is None:
+                    state["error"] = e
+                return 1
+
         tokens = (ctypes.c_int32 * max(B * max_new_tokens, 1))()
         g = (_capi.Generation * B)()
+        callback = _capi.BATCH_TOKEN_FN(on_token) if stream is not None else _capi.BATCH_TOKEN_FN()
         with self._busy("generate_batch") as h:
             _capi.check(_capi.lib.twell_model_generate_batch(h, c_prompts, c_offsets, B, max_new_tokens,
                                                              ctypes.byref(s), c_stops, n_stops,
-                                                             _capi.BATCH_TOKEN_FN(), None, tokens, g))
+                                                             callback, None, tokens, g))
+        if state["error"] is not None:
+            raise state["error"]
+        if stream is not None:
+            for i, st in enumerate(streamers):
+                if st is not None and st.held:
+                    stream(i, st.rest())
         out, self.last_generation = [], []
         for i in range(B):
             new = list(tokens[i * max_new_tokens:i * max_new_tokens + g[i].n_tokens])
@@ -457,6 +474,37 @@ def _generation_record(new, g):
     return {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"), "prefill_seconds": g.prefill_seconds,
             "decode_seconds": g.decode_seconds,
             "tokens_per_second": (len(new) - 1) / g.decode_seconds if len(new) >= 2 and g.decode_seconds > 0 else 0.0}
+
+
+class _TextStream:
+    """The text a str prompt's new ids add, as they come: decode(prompt + new ids) past decode(prompt), a
+    window of recent ids at a time (as `twell run` streams: model::TextStream), so a token's cost does not
+    grow with the text; a character split across tokens waits for its end (held)."""
+
+    def __init__(self, tokenizer, prompt_ids, stops):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.shown = list(prompt_ids)
+        self.given = len(self.shown)
+        self.held = b""
+
+    def add(self, token):
+        """The text token adds ("" for a stop token, or where a character has not ended)."""
+        if token in self.stops:
+            return ""
+        self.shown.append(token)
+        first = max(0, self.given - 6)
+        known = self.tokenizer.decode_bytes(self.shown[first:self.given])
+        piece = self.tokenizer.decode_bytes(self.shown[first:])[len(known):]
+        del self.shown[:max(0, len(self.shown) - 24)]  # no window reads further back
+        self.given = len(self.shown)
+        text, used = _complete_utf8(self.held + piece)
+        self.held = (self.held + piece)[used:]
+        return text
+
+    def rest(self):
+        """The bytes of a character that never ended, as text."""
+        text, self.held = self.held.decode("utf-8", errors="replace"), b""
+        return text
 
 
 def _complete_utf8(piece):
