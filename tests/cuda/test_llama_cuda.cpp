@@ -937,6 +937,51 @@ TEST(LlamaCuda, DecodeBatchesOfADenseModelTakeTheDenseFfn) {
   for (FfnPath p : forced.ffn_paths()) EXPECT_EQ(p, FfnPath::gather);
 }
 
+// A batch's decode FFN follows the density each prefill measures: with all but 1/32 of each layer's
+// gate rows zeroed (~2% active: B × density well under 0.25) the gather FFN, with them restored
+// (~50%) the dense one, then the gather FFN again. Each change re-records the batch's graph (a
+// replay of the old one would report, and run, the old paths), and every step's logits match the
+// sequences decoded alone.
+TEST(LlamaCuda, BatchDecodePathFollowsEachPrefillsDensity) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[3]);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 23)));
+  const size_t H = static_cast<size_t>(c.hidden_size), I = static_cast<size_t>(c.intermediate_size), keep = I / 32;
+  std::vector<std::vector<uint16_t>> gates;  // each layer's gate rows as uploaded
+  for (const LlamaCudaLayer& l : dw->layers) {
+    gates.emplace_back(I * H);
+    ASSERT_EQ(cudaMemcpy(gates.back().data(), l.wg.view().data, I * H * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  auto set_gates = [&](bool sparse) {
+    for (size_t l = 0; l < dw->layers.size(); ++l) {
+      auto* wg = static_cast<uint16_t*>(dw->layers[l].wg.view().data);
+      ASSERT_EQ(cudaMemcpy(wg, gates[l].data(), I * H * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      if (sparse) ASSERT_EQ(cudaMemset(wg + keep * H, 0, (I - keep) * H * 2), cudaSuccess);
+    }
+  };
+  LlamaCudaOptions o;
+  o.max_batch = 2;
+  o.ffn_options.sparse_min_tokens = 64;  // every prefill below measures its density
+  LlamaCuda batched(dw, o), single(dw, o);
+  const std::vector<std::vector<int32_t>> prompts = {some_tokens(100, c.vocab_size, 7), some_tokens(90, c.vocab_size, 8)};
+  for (bool sparse : {true, false, true}) {
+    SCOPED_TRACE(sparse ? "gates mostly zero" : "gates as drawn");
+    set_gates(sparse);
+    std::vector<std::vector<Tensor>> alone(prompts.size());
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      single.prefill_batch({prompts[b]});
+      for (int32_t t = 0; t < 4; ++t) alone[b].push_back(single.decode_batch({t + 2 * static_cast<int32_t>(b)}));
+    }
+    batched.prefill_batch(prompts);
+    for (int32_t t = 0; t < 4; ++t) {  // eager twice, captured, replayed
+      const Tensor step = batched.decode_batch({t, t + 2});
+      for (FfnPath p : batched.ffn_paths()) EXPECT_EQ(p, sparse ? FfnPath::gather : FfnPath::dense) << "step " << t;
+      for (size_t b = 0; b < prompts.size(); ++b)
+        EXPECT_LT(relative_error(rows(step, b, 1), alone[b][t]), kTol) << "sequence " << b << ", step " << t;
+    }
+  }
+}
+
 // Ragged batches where the long calls take other kernels: prompts of 700, 300 and 17 tokens run as
 // 3 × 700 (ragged_prefill_runs off; the fused QKV GEMM: all sequences start at 0; cuDNN's attention
 // where it loads);
