@@ -356,11 +356,9 @@ class Model:
         tokens = (ctypes.c_int32 * max(max_new_tokens, 1))()
         g = _capi.Generation()
         callback = _capi.TOKEN_FN(on_token) if stream is not None else _capi.TOKEN_FN()  # NULL: no call a token
-        with self._busy("generate") as h:
+        with self._busy("generate") as h, _callback_error_first(state):
             _capi.check(_capi.lib.twell_model_generate(h, c_prompt, n_prompt, max_new_tokens, ctypes.byref(s),
                                                        c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
-        if state["error"] is not None:
-            raise state["error"]
         if stream is not None and streamer is not None and streamer.held:
             stream(streamer.rest())
         new = list(tokens[:g.n_tokens])
@@ -421,12 +419,10 @@ class Model:
         tokens = (ctypes.c_int32 * max(B * max_new_tokens, 1))()
         g = (_capi.Generation * B)()
         callback = _capi.BATCH_TOKEN_FN(on_token) if stream is not None else _capi.BATCH_TOKEN_FN()
-        with self._busy("generate_batch") as h:
+        with self._busy("generate_batch") as h, _callback_error_first(state):
             _capi.check(_capi.lib.twell_model_generate_batch(h, c_prompts, c_offsets, B, max_new_tokens,
                                                              ctypes.byref(s), c_stops, n_stops,
                                                              callback, None, tokens, g))
-        if state["error"] is not None:
-            raise state["error"]
         if stream is not None:
             for i, st in enumerate(streamers):
                 if st is not None and st.held:
@@ -474,6 +470,21 @@ def _generation_record(new, g):
     return {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"), "prefill_seconds": g.prefill_seconds,
             "decode_seconds": g.decode_seconds,
             "tokens_per_second": (len(new) - 1) / g.decode_seconds if len(new) >= 2 and g.decode_seconds > 0 else 0.0}
+
+
+@contextlib.contextmanager
+def _callback_error_first(state):
+    """Raises the exception a stream callback raised (kept in state["error"]: it cannot cross the C
+    frames) once the C call returns, before any error of the call itself, which then follows it as
+    its context."""
+    try:
+        yield
+    except TwellError:
+        if state["error"] is not None:
+            raise state["error"]
+        raise
+    if state["error"] is not None:
+        raise state["error"]
 
 
 class _TextStream:

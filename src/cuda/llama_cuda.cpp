@@ -221,7 +221,11 @@ struct LlamaCuda::Impl {
   // What a run of a ragged prefill costs beyond its rows (its launches), in rows: prefill_runs.
   // On an H200 a forward's launches take about as long as 200–350 rows at 4 and at 38 layers of the
   // 2B widths (both scale with the layers).
-  static constexpr int64_t kPrefillRunTokens = 256;
+  static constexpr double kPrefillRunTokens = 256;
+  // A row of a run whose FFN runs dense by its size (below sparse_min_tokens) in a model whose
+  // prefill FFN is sparse, against a row on the sparse path: the 2B model's prefill took 0.77×
+  // the dense one's time on it (docs/perf.md).
+  static constexpr double kDenseRunRowCost = 1.3;
   std::vector<FfnPath> paths;
   // Decode steps of several sequences take the gather FFN only where it reads fewer weight bytes
   // than the dense one: in layers where B times the layer's density is at most kGatherDensityBatch
@@ -736,7 +740,11 @@ struct LlamaCuda::Impl {
     if (o.ragged_prefill_runs && B > 1) {
       check_call(B, 1, true);  // the batch's size
       check_call(1, S, true);  // its longest prompt, alone (each run's rows: prefill_runs)
-      runs = model::prefill_runs(lengths, o.max_tokens, kPrefillRunTokens);
+      const bool sparse = prefill_ffn_sparse();
+      runs = model::prefill_runs(lengths, o.max_tokens, [&](int64_t rows) {
+        const bool dense_by_size = sparse && rows < o.ffn_options.sparse_min_tokens;
+        return static_cast<double>(rows) * (dense_by_size ? kDenseRunRowCost : 1.0) + kPrefillRunTokens;
+      });
     }
     std::vector<int64_t> run_tokens;  // each run's longest prompt
     for (size_t r = 0; r + 1 < runs.size(); ++r) {
@@ -772,6 +780,19 @@ struct LlamaCuda::Impl {
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
     if (o.kv_cache) lens = lengths;
     return download ? download_logits(B, one_row) : Tensor();
+  }
+
+  // Whether the prefill FFN takes its sparse path where a call is large enough (sparse_min_tokens):
+  // twell's FFN, a dispatch that measures (observe, previous), and every layer's last measured
+  // density below dense_above_density. Unknown before the first prefill: false.
+  bool prefill_ffn_sparse() {
+    if (!ffn_prefill || o.ffn != FfnMode::twell) return false;
+    if (o.ffn_options.dispatch != Dispatch::observe && o.ffn_options.dispatch != Dispatch::previous) return false;
+    for (int64_t l = 0; l < L; ++l) {
+      const double density = ffn_prefill->observed_density(l);
+      if (density < 0 || density >= o.ffn_options.dense_above_density) return false;
+    }
+    return true;
   }
 
   // gather_layer for a decode step of B sequences (kGatherDensityBatch), from the layers' densities,
@@ -869,7 +890,7 @@ struct LlamaCuda::Impl {
     for (int64_t b : out)
       TWELL_CUDA_CHECK(cudaMemsetAsync(logits.as<float>() + b * V, 0, static_cast<size_t>(V) * 4, stream));
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
-    last_tokens = B;
+    last_tokens = hidden_rows = B;  // hidden_rows: a replayed graph runs no body()
     for (int64_t b = 0; b < B; ++b) lens[b] += toks[b] != model::kNoToken;
     return download ? download_logits(B, one_row) : Tensor();
   }

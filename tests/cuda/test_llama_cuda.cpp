@@ -1087,6 +1087,40 @@ TEST(LlamaCuda, RaggedPrefillRunsAsBatchesOfNeighbours) {
   }
 }
 
+// Where the prefill FFN is sparse, a run below sparse_min_tokens (whose FFN runs dense by its size)
+// costs 1.3 rows a row: prompts of 150, 40, 40, 40 tokens split into 150 | 3 × 40 (270 rows) while
+// the model's density is unknown or high, but run as one batch of 600 rows on the sparse FFN once
+// a prefill has measured every layer below dense_above_density (all but 1/128 of the gate rows
+// zeroed: ~0.4% active).
+TEST(LlamaCuda, RaggedPrefillKeepsTheSparseFfnOfASparseModel) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[3]);
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 29)));
+  const size_t H = static_cast<size_t>(c.hidden_size), I = static_cast<size_t>(c.intermediate_size);
+  LlamaCudaOptions o;
+  o.max_batch = 4;
+  o.ffn_options.sparse_min_tokens = 256;
+  std::vector<std::vector<int32_t>> prompts = {some_tokens(150, c.vocab_size, 1)};
+  for (uint64_t b = 2; b <= 4; ++b) prompts.push_back(some_tokens(40, c.vocab_size, b));
+  {
+    LlamaCuda random(dw, o);  // ~50% active
+    for (int call = 0; call < 2; ++call) {
+      random.prefill_batch(prompts);
+      EXPECT_EQ(random.last_tokens(), 150 + 3 * 40) << "call " << call;
+    }
+  }
+  for (const LlamaCudaLayer& l : dw->layers)
+    ASSERT_EQ(cudaMemset(static_cast<uint16_t*>(l.wg.view().data) + I / 128 * H, 0, (I - I / 128) * H * 2), cudaSuccess);
+  LlamaCuda sparse(dw, o), single(dw, o);
+  sparse.prefill_batch(prompts);  // no density yet: split; its small runs sample one
+  EXPECT_EQ(sparse.last_tokens(), 150 + 3 * 40);
+  const Tensor got = sparse.prefill_batch(prompts);
+  EXPECT_EQ(sparse.last_tokens(), 4 * 150);
+  for (FfnPath p : sparse.ffn_paths()) EXPECT_EQ(p, FfnPath::sparse);
+  for (size_t b = 0; b < prompts.size(); ++b)
+    EXPECT_LT(relative_error(rows(got, b, 1), single.prefill_batch({prompts[b]})), kTol) << "sequence " << b;
+}
+
 // A ReLU model wider than the TwELL and gather kernels take (H > 4096): FfnMode::twell runs its
 // prefill and its decode steps on the dense FFN (its first decode step used to throw). The decode
 // steps match the GPU's own full forward; against the CPU's fp32 model these random weights move

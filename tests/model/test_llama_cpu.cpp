@@ -855,45 +855,48 @@ TEST_F(LlamaCpuTest, BatchGenerationIsEachSequenceGeneratedAlone) {
   EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{1, 2, 3, 6}));
 }
 
-// The runs a ragged batch prefills as: the fewest rows plus group_tokens a run, none above
-// max_tokens, checked against every split of small batches.
-TEST(PrefillRuns, FewestRowsOfAnySplit) {
+// The runs a ragged batch prefills as: the least cost (rows plus `group` a run; or rows below 10
+// costing twice), none above max_tokens, checked against every split of small batches.
+TEST(PrefillRuns, LeastCostOfAnySplit) {
   using V = std::vector<int64_t>;
-  EXPECT_EQ(prefill_runs({5, 5, 5}, 100, 256), (V{0, 3}));
+  auto plus = [](int64_t group) { return [group](int64_t rows) { return double(rows + group); }; };
+  EXPECT_EQ(prefill_runs({5, 5, 5}, 100, plus(256)), (V{0, 3}));
   V mixed(64, 100);
   mixed.back() = 2000;  // 63 prompts of 100 tokens, then one of 2000: 8300 rows, not 128000
-  EXPECT_EQ(prefill_runs(mixed, 1 << 20, 256), (V{0, 63, 64}));
-  EXPECT_EQ(prefill_runs({4, 4, 4, 4}, 8, 256), (V{0, 2, 4})) << "no run above max_tokens";
-  EXPECT_EQ(prefill_runs({3, 1}, 100, 2), (V{0, 2})) << "a tie: the longer run";
-  EXPECT_EQ(prefill_runs({3, 1}, 100, 1), (V{0, 1, 2}));
-  expect_error([] { prefill_runs({3, 9}, 8, 0); }, {"prompt 1 holds 9 tokens"});
-  expect_error([] { prefill_runs({}, 8, 0); }, {"no prompts"});
+  EXPECT_EQ(prefill_runs(mixed, 1 << 20, plus(256)), (V{0, 63, 64}));
+  EXPECT_EQ(prefill_runs({4, 4, 4, 4}, 8, plus(256)), (V{0, 2, 4})) << "no run above max_tokens";
+  EXPECT_EQ(prefill_runs({3, 1}, 100, plus(2)), (V{0, 2})) << "a tie: the longer run";
+  EXPECT_EQ(prefill_runs({3, 1}, 100, plus(1)), (V{0, 1, 2}));
+  expect_error([&] { prefill_runs({3, 9}, 8, plus(0)); }, {"prompt 1 holds 9 tokens"});
+  expect_error([&] { prefill_runs({}, 8, plus(0)); }, {"no prompts"});
   std::mt19937 rng(7);
-  for (int trial = 0; trial < 300; ++trial) {
+  for (int trial = 0; trial < 400; ++trial) {
     const int64_t B = 1 + static_cast<int64_t>(rng() % 8), max_tokens = 20 + static_cast<int64_t>(rng() % 60),
                   group = static_cast<int64_t>(rng() % 30);
+    const bool small_dear = trial % 2 == 1;  // as a sparse model's runs below sparse_min_tokens
+    auto run_cost = [&](int64_t rows) { return double(rows) * (small_dear && rows < 10 ? 2.0 : 1.0) + double(group); };
     V lens;
     for (int64_t b = 0; b < B; ++b) lens.push_back(1 + static_cast<int64_t>(rng() % 20));
     auto cost_of = [&](const V& bounds) {  // -1: a run above max_tokens
-      int64_t cost = 0;
+      double cost = 0;
       for (size_t r = 0; r + 1 < bounds.size(); ++r) {
         const int64_t n = bounds[r + 1] - bounds[r];
         const int64_t rows = n * *std::max_element(lens.begin() + bounds[r], lens.begin() + bounds[r + 1]);
-        if (rows > max_tokens) return int64_t{-1};
-        cost += rows + group;
+        if (rows > max_tokens) return -1.0;
+        cost += run_cost(rows);
       }
       return cost;
     };
-    int64_t best = -1;
+    double best = -1;
     for (uint32_t cuts = 0; cuts < (1u << (B - 1)); ++cuts) {  // bit i: a run ends after prompt i
       V bounds{0};
       for (int64_t i = 0; i + 1 < B; ++i)
         if (cuts >> i & 1) bounds.push_back(i + 1);
       bounds.push_back(B);
-      const int64_t c = cost_of(bounds);
+      const double c = cost_of(bounds);
       if (c >= 0 && (best < 0 || c < best)) best = c;
     }
-    const V got = prefill_runs(lens, max_tokens, group);
+    const V got = prefill_runs(lens, max_tokens, run_cost);
     ASSERT_GE(got.size(), 2u);
     EXPECT_EQ(got.front(), 0);
     EXPECT_EQ(got.back(), B);

@@ -30,9 +30,9 @@
 // what was allocated.
 //
 // Batches: B sequences of any lengths run together (prefill_batch, decode_batch, generate_batch);
-// a prefill of prompts of different lengths runs as a batch of the longest (the shorter padded,
-// the padding kept out of every real row), and decode steps take each sequence at its own
-// position. Tokens are checked on the host before anything is enqueued.
+// a prefill of prompts of different lengths runs as batches of neighbouring prompts, each padded
+// to its own longest (the padding kept out of every real row; ragged_prefill_runs), and decode
+// steps take each sequence at its own position. Tokens are checked on the host before anything is enqueued.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -112,9 +112,12 @@ struct LlamaCudaOptions {
   bool cuda_graphs = true;   // decode steps replay a captured graph per batch size
   // A prefill of prompts of different lengths runs as batches of neighbouring prompts, each padded
   // to its own longest (model::prefill_runs: the fewest rows, counting 256 more a batch for its
-  // launches; none above max_tokens), not as one batch of the longest: prompts of 2000 tokens and
-  // 63 of 100 compute 8812 rows' worth, not 128000. model::generate_batch orders its prompts by
-  // length for it. false: one batch of the longest (A/B).
+  // launches, and 1.3 times the rows of a batch below ffn_options.sparse_min_tokens where the
+  // prefill FFN is sparse, as such a batch's FFN runs dense; none above max_tokens), not as one
+  // batch of the longest: prompts of 2000 tokens and 63 of 100 compute 8300 rows, not 128000.
+  // model::generate_batch orders its prompts by length for it. ffn_paths, ffn_stats and
+  // prefill_kernels then report the last batch; ffn_input_hook sees each batch.
+  // false: one batch of the longest (A/B).
   bool ragged_prefill_runs = true;
   // The stream calls run on. nullptr: the model's own (non-blocking) stream, destroyed with it. A
   // caller's stream (any kind: blocking, non-blocking, cudaStreamLegacy, cudaStreamPerThread)
@@ -135,8 +138,8 @@ struct LlamaCudaOptions {
   // Where the gather path does not take the shape (I > 12288), such steps run the TwELL kernels;
   // where neither does (H > 4096), the dense FFN. A step of B ≥ 2 sequences takes it only in
   // layers where B times the layer's density as the prefill FFN measured it
-  // (FfnForward::observed_density: each prefill of at least ffn_options.sparse_min_tokens tokens,
-  // and the first smaller one) is at most 0.25, where it reads well under half the dense FFN's
+  // (FfnForward::observed_density: each prefill, or run of a ragged prefill, of at least
+  // ffn_options.sparse_min_tokens tokens, and the first smaller one) is at most 0.25, where it reads well under half the dense FFN's
   // weight bytes; so a model that is not sparse decodes its batches densely. One sequence takes it
   // at any density.
   int64_t decode_gather_tokens = 32;
@@ -167,7 +170,8 @@ struct LlamaCudaOptions {
   // norm before it, which then only reads the residual: the residual is written once a layer, not
   // twice (model item 31). false: added where it is computed (A/B).
   bool deferred_residual_add = true;
-  // Called before each layer's FFN in every call but decode steps, with the FFN's input
+  // Called before each layer's FFN in every call but decode steps (each batch of a ragged prefill:
+  // ragged_prefill_runs), with the FFN's input
   // (post-attention RMSNorm output, bf16 [tokens, H], device) after the stream has been
   // synchronised. It may read it and change that layer's weights (e.g. to calibrate gate
   // thresholds of a synthetic model). Slow: for calibration and inspection only.
@@ -262,7 +266,7 @@ class LlamaCuda final : public model::LanguageModel {
   // Token rows the last prefill, decode or enqueue call computed: B · S, or for prompts of
   // different lengths the rows of its batches, padding included (ragged_prefill_runs).
   int64_t last_tokens() const;
-  // The FFN path each layer took in the last call.
+  // The FFN path each layer took in the last call (of a ragged prefill's last batch).
   std::vector<FfnPath> ffn_paths() const;
   // With LlamaCudaOptions::record_ffn_stats: each layer's FFN statistics of the last call that was
   // not a decode step (of a ragged prefill's last batch; FfnStats::nnz_per_token() is non-zeros per token on the sparse path, -1 on the
@@ -279,7 +283,8 @@ class LlamaCuda final : public model::LanguageModel {
   };
   PrefillKernels prefill_kernels() const;
   // GPU time of the last prefill, decode or enqueue call's device work (the model's layers and
-  // head; not the token and logit copies). Waits for it.
+  // head; not the token and logit copies, but for a ragged prefill's batches the copies of the
+  // batches after the first). Waits for it.
   float last_gpu_ms() const;
 
   const LlamaCudaOptions& options() const;

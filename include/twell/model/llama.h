@@ -288,12 +288,14 @@ struct Perplexity {
   double perplexity = 0;    // exp(mean_nll)
 };
 // How a batch of prompts of these lengths is best prefilled as runs of neighbouring prompts, each
-// run one batch padded to its own longest prompt: the runs' bounds [0, b1, ..., B], chosen to
-// compute the fewest token rows, counting `group_tokens` more for each run (its launches), with no
-// run above `max_tokens` rows (n × its longest). Prompts of one length make one run. Throws where
-// a prompt alone holds more than max_tokens tokens. A caller that orders its prompts by length
-// gets the fewest padded rows (generate_batch does).
-std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t max_tokens, int64_t group_tokens);
+// run one batch padded to its own longest prompt: the runs' bounds [0, b1, ..., B], chosen for the
+// least total run_cost(rows) (rows: the run's prompts × its longest; the cost holds what a run
+// pays besides its rows, e.g. its launches), with no run above max_tokens rows. Prompts of one
+// length that fit max_tokens make one run. Throws where a prompt alone holds more than
+// max_tokens tokens. A caller that orders its prompts by length gets the fewest padded rows
+// (generate_batch does).
+std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t max_tokens,
+                                  const std::function<double(int64_t rows)>& run_cost);
 
 // generate() for B prompts at once, through prefill_batch_sample and decode_batch_sample (B at
 // most model.max_batch()): sequence b draws from a Sampler seeded `sampling.seed + b`, so that
