@@ -41,6 +41,7 @@ struct ModelBenchConfig {
   bool decode_gemv = true;                     // decode, batch 1: twell's GEMV for QKV and O (LlamaCudaOptions)
   int decode_attention_splits = 0;             // decode: key ranges a head in both models; 0: each model's own
   int64_t gather_batches = 8;                  // decode: twell_gather records (the gather FFN) up to this batch
+  int64_t ragged = 0;                          // ragged prefill: prompts of random lengths (64-511) a call; 0: none
   int32_t tile = 0;                            // the twell FFN's TwELL tile width (FfnOptions::tile; 0: its default)
   std::string attention = "auto";              // prefill attention: auto, cudnn or twell (PrefillAttention)
   uint64_t seed = 1;

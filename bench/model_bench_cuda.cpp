@@ -786,11 +786,101 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   progress << line;
 }
 
+// A ragged prefill, as generate_batch hands it over (prompts of 64-511 tokens ordered by length),
+// on the twell model as runs of neighbouring prompts (the default) and as one batch padded to the
+// longest (ragged_prefill_runs off): each call with new lengths (new GEMM and attention shapes, as
+// a server meets them: cuDNN plans built, nothing tuned), and one set of prompts repeated (shapes
+// known, GEMMs tuned). Wall time of prefill_batch (logits on the host). Checked first: the first
+// and last sequences' logits against a one-sequence dense model's, within the CPU check's bound.
+void ragged_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, const Calibration& cal,
+                  const CheckResult& check, std::vector<BenchRecord>& out, std::ostream& progress) {
+  constexpr int64_t kShortest = 64, kLongest = 511;
+  const int64_t B = cfg.ragged, V = w->config.vocab_size;
+  LlamaCudaOptions o;
+  o.max_batch = B;
+  o.max_context = kLongest;
+  o.ffn_options.tile = cfg.tile;
+  LlamaCuda runs(w, o);
+  o.ragged_prefill_runs = false;
+  LlamaCuda padded(w, o);
+  LlamaCuda* models[2] = {&padded, &runs};
+  std::mt19937_64 rng(cfg.seed + 77);
+  auto prompt_set = [&]() {
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < B; ++b)
+      prompts.push_back(random_tokens(kShortest + static_cast<int64_t>(rng() % (kLongest - kShortest + 1)), V, rng()));
+    std::stable_sort(prompts.begin(), prompts.end(), [](const auto& x, const auto& y) { return x.size() < y.size(); });
+    return prompts;
+  };
+  // Checked: one set, both models, sequences 0 and B - 1 against one-sequence dense forwards.
+  const std::vector<std::vector<int32_t>> fixed = prompt_set();
+  double err[2] = {0, 0};
+  int64_t rows[2] = {0, 0};
+  {
+    LlamaCudaOptions ro = o;
+    ro.ffn = cuda::FfnMode::dense;
+    ro.max_batch = 1;
+    LlamaCuda ref(w, ro);
+    Tensor got[2];
+    for (int k = 0; k < 2; ++k) got[k] = models[k]->prefill_batch(fixed), rows[k] = models[k]->last_tokens();
+    for (const int64_t b : {int64_t{0}, B - 1}) {
+      const Tensor want = ref.prefill(fixed[static_cast<size_t>(b)]);
+      for (int k = 0; k < 2; ++k)
+        err[k] = std::max(err[k], relative_error(TensorView(got[k].ptr<float>() + b * V, DType::f32, {V}), want.view()));
+    }
+  }
+  int64_t real = 0;
+  for (const auto& p : fixed) real += static_cast<int64_t>(p.size());
+  char line[256];
+  std::snprintf(line, sizeof line, "ragged prefill of %lld prompts (%lld tokens): %lld rows as runs, %lld as one batch; "
+                "rel err against one-sequence forwards %.2e / %.2e\n", static_cast<long long>(B),
+                static_cast<long long>(real), static_cast<long long>(rows[1]), static_cast<long long>(rows[0]), err[1],
+                err[0]);
+  progress << "  " << line;
+  const double bound = 2 * check.prefill_dense + 1e-3;
+  // New lengths every call, then the fixed set repeated; the models alternate which goes first.
+  Timing fresh[2], repeated[2];
+  const int calls = cfg.warmup + cfg.iters;
+  StepProgress steps(progress, "ragged prefill timing: ", 2 * calls);
+  for (int i = 0; i < 2 * calls; ++i) {
+    const bool is_fresh = i < calls;
+    const std::vector<std::vector<int32_t>> prompts = is_fresh ? prompt_set() : fixed;
+    for (int j = 0; j < 2; ++j) {
+      const int k = (i + j) % 2;
+      const auto t0 = Clock::now();
+      models[k]->prefill_batch(prompts);
+      const double ms = seconds_since(t0) * 1e3;
+      if (i % calls >= cfg.warmup) (is_fresh ? fresh : repeated)[k].ms.push_back(ms);
+    }
+    steps.step(i + 1);
+  }
+  const char* names[2] = {"padded", "runs"};
+  for (const bool is_fresh : {true, false}) {
+    Timing* t = is_fresh ? fresh : repeated;
+    for (int k = 0; k < 2; ++k) {
+      BenchRecord r = record("model_ragged", names[k], cfg, real, t[k], double(real), w->bytes() + models[k]->workspace_bytes(),
+                             cal.sample_nnz(), t[0].median(), check.prefill_dense, k == 0 ? err[0] : err[1]);
+      r.impl = names[k];
+      if (!(err[k] <= bound)) r.correct = false, r.ratio_to_dense = NAN;
+      if (!(err[0] <= bound)) r.ratio_to_dense = NAN;
+      std::snprintf(line, sizeof line, "%lld prompts of %lld-%lld tokens, ordered by length, %s; %lld rows computed for %lld "
+                    "tokens (the checked set); ratio against the padded batch; wall time of prefill_batch",
+                    static_cast<long long>(B), static_cast<long long>(kShortest), static_cast<long long>(kLongest),
+                    is_fresh ? "new lengths every call (new shapes)" : "one set repeated (shapes known, GEMMs tuned)",
+                    static_cast<long long>(rows[k]), static_cast<long long>(real));
+      r.note = line;
+      r.distribution = is_fresh ? "ragged_new_lengths" : "ragged_repeated";
+      out.push_back(r);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress) {
   // The arguments first, so that a typo fails at once, on any machine.
-  TWELL_REQUIRE(cfg.prefill || cfg.decode, "bench model: --no-prefill and --no-decode together leave nothing to run");
+  TWELL_REQUIRE(cfg.prefill || cfg.decode || cfg.ragged > 0,
+                "bench model: --no-prefill and --no-decode together leave nothing to run (without --ragged)");
   TWELL_REQUIRE(cfg.iters >= 1 && cfg.warmup >= 0 && cfg.steps >= 1, "bench model: --iters and --steps must be "
                 "positive and --warmup not negative, got ", cfg.iters, ", ", cfg.steps, " and ", cfg.warmup);
   const int32_t compression = cuda::FfnOptions{}.compression;
@@ -845,6 +935,7 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
   if (cfg.prefill) prefill_bench(w, cfg, cal, check, energy, out, progress);
   if (cfg.decode)
     for (int64_t B : cfg.decode_batches) decode_bench(w, cfg, B, cal, check, energy, out, progress);
+  if (cfg.ragged > 0) ragged_bench(w, cfg, cal, check, out, progress);
   return out;
 }
 

@@ -150,6 +150,13 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "take the dense one (twell_gather records; A/B of LlamaCudaOptions::decode_gather_tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{256}))
       ->capture_default_str();
+  model->add_option("--ragged", mcfg->ragged,
+                    "ragged prefill: batches of this many prompts of random lengths (64 to 511 tokens, new lengths "
+                    "each call, as a server sees them, and one set repeated) on the twell model, as runs of "
+                    "neighbouring prompts and as one padded batch (LlamaCudaOptions::ragged_prefill_runs; "
+                    "model_ragged records); 0: none")
+      ->check(CLI::Range(int64_t{0}, int64_t{4096}))
+      ->capture_default_str();
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")
       ->check(CLI::IsMember({"auto", "cudnn", "twell"}))
