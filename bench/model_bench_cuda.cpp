@@ -800,6 +800,7 @@ void ragged_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   o.max_batch = B;
   o.max_context = kLongest;
   o.ffn_options.tile = cfg.tile;
+  o.prefill_attention = attention_mode(cfg.attention);
   LlamaCuda runs(w, o);
   o.ragged_prefill_runs = false;
   LlamaCuda padded(w, o);
