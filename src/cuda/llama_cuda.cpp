@@ -4,9 +4,11 @@
 #include "twell/cuda/llama.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "cuda/cublaslt_gemm.h"
 #include "cuda/cudnn_sdpa.h"
@@ -554,17 +556,40 @@ struct LlamaCuda::Impl {
     return false;
   }
 
+  // Whether an automatic call of kCudnnAttentionMinTokens or more takes cuDNN's SDPA: where this
+  // shape (B, S, position) was called before (its plan is built, or will serve a shape that
+  // recurs), or where the call's attention alone saves more than a plan's build (60-100 ms). Our
+  // kernel ran the 2B model's 64 × 2048 prefill's attention at ~170 TFLOP/s, cuDNN's at ~420
+  // (docs/perf.md, model item 12): ~3.5 ms saved a PFLOP, so a plan repays itself in one call of
+  // ~25 PFLOP (that prefill: 42; one 2049-token prompt of the same model: 0.7).
+  static constexpr double kCudnnFirstCallFlop = 25e12;
+  std::set<std::array<int64_t, 3>> attention_shapes;  // prefill shapes called before (B, S, position)
+  bool cudnn_this_call = false;  // an automatic call's choice, made at its first layer
+  bool cudnn_repays(const AttentionArgs& at) {
+    const std::array<int64_t, 3> shape{at.B, at.S, call_start};
+    if (attention_shapes.count(shape)) return true;
+    if (attention_shapes.size() >= 4096) attention_shapes.clear();  // bounded: a server's lengths vary
+    attention_shapes.insert(shape);
+    // Query-key pairs of the causal attention, 4 FLOP a pair and head dimension (QKᵀ and PV), every layer.
+    const double S = at.S, pairs = double(at.B) * S * ((S + 1) / 2 + double(call_start));
+    return 4.0 * pairs * double(at.nh) * double(at.hd) * double(L) >= kCudnnFirstCallFlop;
+  }
+
   // Attention of S > 1 tokens per sequence at position `call_start` (PrefillAttention); `first_layer`
   // notes the choice in `kernels`.
   void prefill_attention(const AttentionArgs& at, bool first_layer) {
     const PrefillAttention mode = o.prefill_attention;
+    const int64_t T = int64_t{at.B} * at.S;
+    if (first_layer && mode == PrefillAttention::automatic)  // for all the call's layers
+      cudnn_this_call = T >= kCudnnAttentionMinTokens && cudnn_repays(at);
     std::string why;
     bool done = false;
     if (mode == PrefillAttention::twell)
       why = "(prefill_attention = twell)";
-    else if (mode == PrefillAttention::automatic && int64_t{at.B} * at.S < kCudnnAttentionMinTokens)
-      why = str("(", int64_t{at.B} * at.S, " tokens, below the ", kCudnnAttentionMinTokens,
-                " at which cuDNN's SDPA is used)");
+    else if (mode == PrefillAttention::automatic && T < kCudnnAttentionMinTokens)
+      why = str("(", T, " tokens, below the ", kCudnnAttentionMinTokens, " at which cuDNN's SDPA is used)");
+    else if (mode == PrefillAttention::automatic && !cudnn_this_call)
+      why = "(the first call of this shape: cuDNN's plan is built at its second)";
     else {
       TWELL_CHECK(aligned, "LlamaCuda: cuDNN's attention of sequences at different positions");
       done = sdpa.run(at, call_start, stream, &why);

@@ -460,6 +460,29 @@ TEST(LlamaCuda, CudnnAttentionOverACachedPrefix) {
   }
 }
 
+// Automatic attention: a shape's first call of 2048+ tokens runs twell's kernel (a small model's
+// attention saves far less than cuDNN's plan build), its second builds the plan and runs cuDNN's;
+// the logits agree either way. A new length starts again.
+TEST(LlamaCuda, AutomaticAttentionTakesCudnnFromAShapesSecondCall) {
+  TWELL_REQUIRE_HOPPER();
+  if (!cudnn_or_skip_note()) return;
+  io::ModelConfig c = config_of(kShapes[3]);
+  c.max_position_embeddings = 2200;
+  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 31)));
+  LlamaCuda gpu(dw);
+  const std::vector<int32_t> a = some_tokens(2100, c.vocab_size, 1), b = some_tokens(2100, c.vocab_size, 2);
+  const Tensor first = gpu.prefill(a);
+  EXPECT_NE(gpu.prefill_kernels().attention.find("first call of this shape"), std::string::npos)
+      << gpu.prefill_kernels().attention;
+  gpu.prefill(b);
+  EXPECT_EQ(gpu.prefill_kernels().attention.rfind("cudnn", 0), 0u) << gpu.prefill_kernels().attention;
+  const Tensor again = gpu.prefill(a);
+  EXPECT_EQ(gpu.prefill_kernels().attention.rfind("cudnn", 0), 0u) << gpu.prefill_kernels().attention;
+  EXPECT_LT(relative_error(again, first), kTol);
+  gpu.prefill(std::vector<int32_t>(a.begin(), a.begin() + 2050));
+  EXPECT_EQ(gpu.prefill_kernels().attention.rfind("twell", 0), 0u) << gpu.prefill_kernels().attention;
+}
+
 // The decode FFN's partial sums (SplitSum) added by launch_split_sum and by the split form of
 // launch_add_rmsnorm (a cluster of 8 blocks), against a float64 sum of the flagged parts on the
 // host: widths from the smallest slice (H = 64: two float4 a block) to the largest (H = 8192), no

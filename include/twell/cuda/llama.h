@@ -11,8 +11,9 @@
 // Per layer: fused residual-add + RMSNorm, one QKV GEMM (cuBLASLt) then RoPE fused with the
 // KV-cache write (calls of 512+ tokens: all three in one CUTLASS GEMM), flash attention on the
 // tensor cores (prefill: cuDNN's fused SDPA for calls of kCudnnAttentionMinTokens tokens or more
-// where libcudnn 9 loads, else twell's own kernel; decode: twell's kernel split over the cached
-// keys, except steps of 512+ tokens, which take the fused GEMM and the prefill kernel), the O GEMM,
+// where libcudnn 9 loads and its plan repays itself (PrefillAttention), else twell's own kernel;
+// decode: twell's kernel split over the cached keys, except steps of 512+ tokens, which take the
+// fused GEMM and the prefill kernel), the O GEMM,
 // then the FFN: a ReLU model whose H and I are multiples of 64 runs twell::cuda::FfnForward
 // (FfnMode::twell: sparse TwELL or dense, chosen from the activation density it observes, in
 // prefill; decode steps of at most decode_gather_tokens sequences on its sparse paths where its
@@ -84,9 +85,11 @@ enum class FfnMode { twell, dense };
 
 // The attention of calls with more than one token per sequence (prefill, logits, enqueue).
 //   automatic: cuDNN's fused SDPA (CudnnSdpa, libcudnn.so.9 loaded at run time) for calls of at
-//              least kCudnnAttentionMinTokens tokens when it loads and takes the shape, twell's
-//              own flash kernel otherwise (smaller calls skip cuDNN's per-shape plan build, 60-100
-//              ms on an H200 the first time a shape is seen);
+//              least kCudnnAttentionMinTokens tokens when it loads and takes the shape, from the
+//              second call of a shape (B, S, position) on, or at the first where that call's
+//              attention alone saves more than the plan's build (60-100 ms on an H200 the first
+//              time a shape is seen: the 2B model's 64 × 2048 prefill does, a prompt of a few
+//              thousand tokens does not); twell's own flash kernel otherwise;
 //   cudnn:     cuDNN's SDPA at any size; an error if cuDNN is missing or refuses the shape;
 //   twell:     always twell's kernel.
 // Decode steps (one token per sequence) run twell's split decode kernel (steps of 512+ sequences
