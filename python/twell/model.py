@@ -472,19 +472,22 @@ def _generation_record(new, g):
             "tokens_per_second": (len(new) - 1) / g.decode_seconds if len(new) >= 2 and g.decode_seconds > 0 else 0.0}
 
 
-@contextlib.contextmanager
-def _callback_error_first(state):
+class _callback_error_first:
     """Raises the exception a stream callback raised (kept in state["error"]: it cannot cross the C
-    frames) once the C call returns, before any error of the call itself, which then follows it as
-    its context."""
-    try:
-        yield
-    except TwellError:
-        if state["error"] is not None:
-            raise state["error"]
-        raise
-    if state["error"] is not None:
-        raise state["error"]
+    frames) once the C call returns, before any error of the call itself, which becomes its cause.
+    (A class, not a generator: a callback's StopIteration must reach the caller as it is.)"""
+
+    def __init__(self, state):
+        self.state = state
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        error = self.state["error"]
+        if error is not None and (kind is None or issubclass(kind, TwellError)):
+            raise error from value if value is not None else None
+        return False
 
 
 class _TextStream:

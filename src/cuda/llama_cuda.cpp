@@ -560,12 +560,14 @@ struct LlamaCuda::Impl {
   // shape (B, S, position) was called before (its plan is built, or will serve a shape that
   // recurs), or where the call's attention alone saves more than a plan's build (60-100 ms). Our
   // kernel ran the 2B model's 64 × 2048 prefill's attention at ~170 TFLOP/s, cuDNN's at ~420
-  // (docs/perf.md, model item 12): ~3.5 ms saved a PFLOP, so a plan repays itself in one call of
-  // ~25 PFLOP (that prefill: 42; one 2049-token prompt of the same model: 0.7).
+  // (docs/perf.md, model item 12): ~3.5 ms saved a TFLOP, so a plan repays itself in one call of
+  // ~25 TFLOP (that prefill: 42; one 2049-token prompt of the same model: 0.7). Where cuDNN is
+  // not available the question does not arise (CudnnSdpa::run says why).
   static constexpr double kCudnnFirstCallFlop = 25e12;
   std::set<std::array<int64_t, 3>> attention_shapes;  // prefill shapes called before (B, S, position)
   bool cudnn_this_call = false;  // an automatic call's choice, made at its first layer
   bool cudnn_repays(const AttentionArgs& at) {
+    if (!CudnnSdpa::available()) return true;
     const std::array<int64_t, 3> shape{at.B, at.S, call_start};
     if (attention_shapes.count(shape)) return true;
     if (attention_shapes.size() >= 4096) attention_shapes.clear();  // bounded: a server's lengths vary

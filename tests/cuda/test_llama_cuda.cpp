@@ -1007,7 +1007,7 @@ TEST(LlamaCuda, BatchDecodePathFollowsEachPrefillsDensity) {
 
 // Ragged batches where the long calls take other kernels: prompts of 700, 300 and 17 tokens run as
 // 3 × 700 (ragged_prefill_runs off; the fused QKV GEMM: all sequences start at 0; cuDNN's attention
-// where it loads);
+// where it loads, forced);
 // a sequence whose context is full sits steps out while the others go on, and is refused a token.
 // The GPU sampler draws a batch as the host does from the same logits (generate_batch both ways).
 TEST(LlamaCuda, RaggedBatchesOfLongPromptsAndFullContexts) {
@@ -1019,6 +1019,8 @@ TEST(LlamaCuda, RaggedBatchesOfLongPromptsAndFullContexts) {
   o.max_batch = 3;
   LlamaCudaOptions one_batch = o;
   one_batch.ragged_prefill_runs = false;
+  // cuDNN's attention at the first call too (automatic would build its plan at a second).
+  if (cudnn_or_skip_note()) one_batch.prefill_attention = PrefillAttention::cudnn;
   LlamaCuda batched(dw, one_batch), single(dw, o);
   const std::vector<std::vector<int32_t>> prompts = {some_tokens(700, c.vocab_size, 1), some_tokens(300, c.vocab_size, 2),
                                                      some_tokens(17, c.vocab_size, 3)};

@@ -158,7 +158,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->check(CLI::Range(int64_t{0}, int64_t{4096}))
       ->capture_default_str();
   model->add_option("--attention", mcfg->attention,
-                    "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads), cudnn, twell")
+                    "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads, from 2048 tokens a call, from a "
+                    "shape's second call or where one call repays its plan), cudnn, twell")
       ->check(CLI::IsMember({"auto", "cudnn", "twell"}))
       ->capture_default_str();
   model->add_option("--tile", mcfg->tile,

@@ -89,7 +89,9 @@ enum class FfnMode { twell, dense };
 //              second call of a shape (B, S, position) on, or at the first where that call's
 //              attention alone saves more than the plan's build (60-100 ms on an H200 the first
 //              time a shape is seen: the 2B model's 64 × 2048 prefill does, a prompt of a few
-//              thousand tokens does not); twell's own flash kernel otherwise;
+//              thousand tokens does not); twell's own flash kernel otherwise. The two kernels
+//              sum in different orders, so a shape's first call and its later ones may differ in
+//              the last bits of the logits (both within the tests' bounds of float64);
 //   cudnn:     cuDNN's SDPA at any size; an error if cuDNN is missing or refuses the shape;
 //   twell:     always twell's kernel.
 // Decode steps (one token per sequence) run twell's split decode kernel (steps of 512+ sequences
