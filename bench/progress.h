@@ -1,10 +1,12 @@
 // Progress of a counted loop on a benchmark's progress stream: redrawn in place ("\r") when the
-// stream is a terminal; into a file or pipe, one line at each tenth of the way, so that logs stay
+// stream is a terminal, at most ten times a second (a loop of thousands of steps a second does not
+// wait on the terminal); into a file or pipe, one line at each tenth of the way, so that logs stay
 // readable.
 #pragma once
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -27,6 +29,13 @@ class StepProgress {
   // The same, with a line of the caller's own.
   void show(int64_t done, const std::string& line) {
     if (live_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (done != total_ && now - drawn_ < std::chrono::milliseconds(100)) {
+        skipped_ = line;  // drawn by finish() if no later one is
+        return;
+      }
+      drawn_ = now;
+      skipped_.clear();
       out_ << "\r" << line << "\x1b[K" << std::flush;  // erase what a longer line left after it
     } else if (done == total_ || (10 * done) / total_ != (10 * (done - 1)) / total_) {
       out_ << line << "\n" << std::flush;
@@ -34,7 +43,9 @@ class StepProgress {
   }
   // Ends the redrawn line (a terminal's): call once after the last step, before other output.
   void finish() {
-    if (live_) out_ << "\n";
+    if (!live_) return;
+    if (!skipped_.empty()) out_ << "\r" << skipped_ << "\x1b[K";
+    out_ << "\n" << std::flush;
   }
 
  private:
@@ -42,6 +53,8 @@ class StepProgress {
   std::string label_;
   int64_t total_;
   bool live_;
+  std::chrono::steady_clock::time_point drawn_{};  // the last redraw (live)
+  std::string skipped_;                            // a line not drawn since (live)
 };
 
 }  // namespace twell::bench

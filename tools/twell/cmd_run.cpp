@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "model_loading.h"
+#include "progress.h"
 
 namespace twell::cli {
 
@@ -25,7 +26,8 @@ void register_run(CLI::App& app) {
   auto prompts_file = std::make_shared<std::string>();
   run->add_option("-p,--prompt", *prompts,
                   "the text to continue; given more than once, a batch: the prompts are generated together "
-                  "(each with seed + its index) and printed when all are done")
+                  "(each with seed + its index) and printed when all are done (meanwhile a count of the tokens drawn on "
+                  "stderr)")
       ->allow_extra_args(false);
   CLI::Option* file_option =
       run->add_option("--prompts", *prompts_file, "a file of prompts, one a line (empty lines skipped): a batch, after any -p")
@@ -124,8 +126,18 @@ void register_run(CLI::App& app) {
                      static_cast<long long>(model->context()));
     };
 
-    if (B > 1) {  // generated together, printed when all are done
-      const std::vector<model::Generation> gens = model::generate_batch(*model, ids, *max_tokens, *sampling, stops);
+    if (B > 1) {  // generated together, printed when all are done; meanwhile a count of tokens drawn
+      bench::StepProgress progress(std::cerr, "", std::max<int64_t>(1, static_cast<int64_t>(B) * *max_tokens));
+      int64_t drawn = 0;
+      const auto count = [&](int64_t, int32_t) {
+        ++drawn;
+        progress.show(drawn, str("generating: ", drawn, " of at most ", static_cast<int64_t>(B) * *max_tokens,
+                                 " tokens (", B, " prompts)"));
+        return false;
+      };
+      const std::vector<model::Generation> gens =
+          model::generate_batch(*model, ids, *max_tokens, *sampling, stops, count);
+      if (drawn > 0) progress.finish();
       long long after_first = 0, generated = 0;
       double decode = 0;
       for (size_t b = 0; b < B; ++b) {
