@@ -155,7 +155,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "each call, as a server sees them, and one set repeated) on the twell model, as runs of "
                     "neighbouring prompts and as one padded batch (LlamaCudaOptions::ragged_prefill_runs; "
                     "model_ragged records); 0: none")
-      ->check(CLI::Range(int64_t{0}, int64_t{4096}))
+      ->check(CLI::Range(int64_t{0}, int64_t{256}))
       ->capture_default_str();
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads, from 2048 tokens a call, from a "
