@@ -1,5 +1,6 @@
 #!/bin/bash
-# Written in session 40, not yet run (the device was withdrawn); for the next session. (bff6f1b: the review fixes; `twell bench model --ragged`; automatic attention takes cuDNN
+# Written in session 40, not yet run (the device was withdrawn); for the next session, on the build of its last
+# commit (bff6f1b..: the review fixes; `twell bench model --ragged`; automatic attention takes cuDNN
 # from a shape's second call): the changed tests, memcheck of the sparse-model ragged test, Python, the GPU
 # suite; the ragged prefill bench (new binary, and the binary before the attention rule: old_twell);
 # twell run's first token at 2049 tokens (new and old); the standard prefill bench (cuDNN at its first call).
