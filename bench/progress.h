@@ -22,7 +22,10 @@ inline bool is_terminal(const std::ostream& s) {
 class StepProgress {
  public:
   StepProgress(std::ostream& out, std::string label, int64_t total)
-      : out_(out), label_(std::move(label)), total_(total), live_(is_terminal(out)) {}
+      : StepProgress(out, std::move(label), total, is_terminal(out)) {}
+  // `live`: redraw in place whatever `out` is (tests).
+  StepProgress(std::ostream& out, std::string label, int64_t total, bool live)
+      : out_(out), label_(std::move(label)), total_(total), live_(live) {}
 
   // Step `done` of total (1-based) has finished: "<label><done>/<total>".
   void step(int64_t done) { show(done, label_ + std::to_string(done) + "/" + std::to_string(total_)); }

@@ -311,6 +311,26 @@ TEST(BenchProgress, LinesAtTenthsWhenNotATerminal) {
   EXPECT_EQ(few.str(), "step 1/3\nstep 2/3\nstep 3/3\n");
 }
 
+// On a terminal the line is redrawn in place, at most ten times a second: a fast loop draws its
+// first step, its last, and few between; a loop that stops short has its last line drawn by finish().
+TEST(BenchProgress, RedrawsATerminalAtMostTenTimesASecond) {
+  std::ostringstream out;
+  bench::StepProgress steps(out, "token ", 100000, true);
+  for (int64_t i = 1; i <= 100000; ++i) steps.step(i);
+  steps.finish();
+  const std::string text = out.str();
+  const auto redraws = std::count(text.begin(), text.end(), '\r');
+  EXPECT_GE(redraws, 2);
+  EXPECT_LE(redraws, 20) << "a loop of well under a second";
+  const std::string last = "\rtoken 100000/100000\x1b[K\n";
+  EXPECT_EQ(text.rfind(last), text.size() - last.size()) << text;
+  std::ostringstream short_out;
+  bench::StepProgress stopped(short_out, "token ", 1000, true);
+  for (int64_t i = 1; i <= 500; ++i) stopped.step(i);
+  stopped.finish();
+  EXPECT_NE(short_out.str().find("\rtoken 500/1000\x1b[K\n"), std::string::npos) << short_out.str();
+}
+
 // An energy NVML could not measure (its counter did not move) is "n/a" in the table, not 0 or -1.
 TEST(BenchModel, UnknownEnergyIsNotANumber) {
   bench::BenchRecord r;
