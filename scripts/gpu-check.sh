@@ -4,9 +4,9 @@
 # scripts/bundle-deps.sh): builds (unless given prebuilt binaries), runs the GPU tests (and, from
 # its own build, the CLI and loader tests with the GPU present), a subset
 # under compute-sanitizer (memcheck, racecheck), the standard FFN benchmark (and its headline cases
-# with --energy), the whole-model benchmark (the paper's 2B shape) and, where PyTorch is installed,
-# the Python package's tests and its FFN timing against PyTorch's, leaving logs, JSON and summary
-# tables in OUTDIR.
+# with --energy), the whole-model benchmark (the paper's 2B shape, a ragged prefill too) and,
+# where PyTorch is installed, the Python package's tests and its FFN timing against PyTorch's,
+# leaving logs, JSON and summary tables in OUTDIR.
 #
 #   scripts/gpu-check.sh OUTDIR                 configure + build in build-gpu/, then check
 #   scripts/gpu-check.sh OUTDIR --bin DIR       use prebuilt DIR/twell and DIR/twell_gpu_tests (and
@@ -157,8 +157,13 @@ fi
 echo "== twell bench model"
 model_args=()
 [ "$quick" = 1 ] && model_args=(--layers 4 --iters 3)
-"$bin/twell" bench model --json "$out/model.json" "${model_args[@]}" >"$out/model.txt" 2>"$out/model_progress.log" || status=1
-tr '\r' '\n' <"$out/model_progress.log" | grep -Ev '^(calibrating gate|prefill timing)' >"$out/model_progress.txt"
+# ... with a ragged prefill: prompts of 64-511 tokens as runs of neighbours and as one padded batch
+ragged=64
+[ "$quick" = 1 ] && ragged=16
+"$bin/twell" bench model --json "$out/model.json" "${model_args[@]}" --ragged $ragged >"$out/model.txt" \
+  2>"$out/model_progress.log" || status=1
+tr '\r' '\n' <"$out/model_progress.log" | grep -Ev '^(calibrating gate|prefill timing|ragged prefill timing)' \
+  >"$out/model_progress.txt"
 cat "$out/model_progress.txt" "$out/model.txt"
 
 # Where the decode step's time goes, kernel by kernel inside the replayed CUDA graph (ktrace).
