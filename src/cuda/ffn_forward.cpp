@@ -697,7 +697,7 @@ struct FfnForward::Impl {
     const bool sample_small = small && sl.previous_density < 0 && !sl.sample.pending;
     if (small) policy = Dispatch::always_dense;
     if (!sparse_ok) policy = Dispatch::always_dense;
-    const double& previous_density = slots[static_cast<size_t>(slot)].previous_density;
+    const double& previous_density = sl.previous_density;  // collect_sample updates it
     if (policy == Dispatch::previous) collect_sample(slot, false);
 
     // The TwELL path known before the gate runs: the fused gate+pack kernel, no g.

@@ -813,29 +813,31 @@ struct LlamaCuda::Impl {
   // twell's FFN, a dispatch that measures (observe, previous), and every layer's last measured
   // density below dense_above_density. Unknown before the first prefill: false.
   bool prefill_ffn_sparse() {
-    if (!ffn_prefill || o.ffn != FfnMode::twell) return false;
     if (o.ffn_options.dispatch != Dispatch::observe && o.ffn_options.dispatch != Dispatch::previous) return false;
-    for (int64_t l = 0; l < L; ++l) {
-      const double density = ffn_prefill->observed_density(l);
-      if (density < 0 || density >= o.ffn_options.dense_above_density) return false;
-    }
-    return true;
+    const std::vector<double>& d = densities();
+    return std::all_of(d.begin(), d.end(), [&](double x) { return x >= 0 && x < o.ffn_options.dense_above_density; });
   }
 
-  // gather_layer for a decode step of B sequences (kGatherDensityBatch), from the layers' densities,
-  // read once after each prefill (waiting for its samples, which its logits' copy has done).
-  void choose_gather_layers(int64_t B) {
-    const bool can_gather = ffn_gather && B <= o.decode_gather_tokens && ffn_gather->sparse_supported(B);
-    gather_layer.assign(static_cast<size_t>(L), can_gather && B == 1 ? 1 : 0);
-    if (!can_gather || B == 1) return;  // nothing to choose: no density needed
+  // What the prefill FFN last measured per layer (-1 unknown; all -1 without twell's FFN), read once
+  // after each prefill (waiting for its samples, which its logits' copy has done).
+  const std::vector<double>& densities() {
     if (density_stale) {
       layer_density.assign(static_cast<size_t>(L), -1.0);
       if (ffn_prefill && o.ffn == FfnMode::twell)
         for (int64_t l = 0; l < L; ++l) layer_density[l] = ffn_prefill->observed_density(l);
       density_stale = false;
     }
+    return layer_density;
+  }
+
+  // gather_layer for a decode step of B sequences (kGatherDensityBatch), from the layers' densities.
+  void choose_gather_layers(int64_t B) {
+    const bool can_gather = ffn_gather && B <= o.decode_gather_tokens && ffn_gather->sparse_supported(B);
+    gather_layer.assign(static_cast<size_t>(L), can_gather && B == 1 ? 1 : 0);
+    if (!can_gather || B == 1) return;  // nothing to choose: no density needed
+    const std::vector<double>& d = densities();
     for (int64_t l = 0; l < L; ++l)
-      gather_layer[l] = layer_density[l] < 0 || static_cast<double>(B) * layer_density[l] <= kGatherDensityBatch;
+      gather_layer[l] = d[l] < 0 || static_cast<double>(B) * d[l] <= kGatherDensityBatch;
   }
 
   // A step of every cached sequence; one whose token is kNoToken sits it out: its row runs on
