@@ -343,10 +343,7 @@ class Model:
 
         def on_token(token, _user):
             try:
-                if streamer is None:
-                    return 1 if stream(token) is True else 0
-                text = streamer.add(token)
-                return 1 if text and stream(text) is True else 0
+                return _streamed(streamer, stream, token)
             except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
                 state["error"] = e
                 return 1
@@ -363,6 +360,11 @@ class Model:
             stream(streamer.rest())
         new = list(tokens[:g.n_tokens])
         self.last_generation = _generation_record(new, g)
+        return self._result(text_prompt, new, g)
+
+    def _result(self, text_prompt, new, g):
+        """What generate() returns for a sequence: the new text (without a stop token) for a str prompt,
+        else the new ids."""
         if not text_prompt:
             return new
         body = new[:-1] if new and g.reason == 0 else new  # the stop token is not part of the text
@@ -407,10 +409,7 @@ class Model:
             if state["error"] is not None:  # a callback raised: every sequence stops
                 return 1
             try:
-                if streamers[i] is None:
-                    return 1 if stream(i, token) is True else 0
-                text = streamers[i].add(token)
-                return 1 if text and stream(i, text) is True else 0
+                return _streamed(streamers[i], lambda piece: stream(i, piece), token)
             except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
                 if state["error"] is None:
                     state["error"] = e
@@ -431,11 +430,7 @@ class Model:
         for i in range(B):
             new = list(tokens[i * max_new_tokens:i * max_new_tokens + g[i].n_tokens])
             self.last_generation.append(_generation_record(new, g[i]))
-            if not isinstance(prompts[i], str):
-                out.append(new)
-                continue
-            body = new[:-1] if new and g[i].reason == 0 else new  # the stop token is not part of the text
-            out.append(self.tokenizer.decode(body) if body else "")
+            out.append(self._result(isinstance(prompts[i], str), new, g[i]))
         return out
 
     def close(self):
@@ -470,6 +465,15 @@ def _generation_record(new, g):
     return {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"), "prefill_seconds": g.prefill_seconds,
             "decode_seconds": g.decode_seconds,
             "tokens_per_second": (len(new) - 1) / g.decode_seconds if len(new) >= 2 and g.decode_seconds > 0 else 0.0}
+
+
+def _streamed(streamer, emit, token):
+    """Passes emit what token adds: the token itself (no streamer: an id prompt), or the text it adds
+    (nothing where that is empty). 1 where emit returned True (stop), else 0."""
+    if streamer is None:
+        return 1 if emit(token) is True else 0
+    text = streamer.add(token)
+    return 1 if text and emit(text) is True else 0
 
 
 class _callback_error_first:
