@@ -804,6 +804,7 @@ void ragged_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   LlamaCudaOptions o;
   o.max_batch = B;
   o.max_context = kLongest;
+  o.max_tokens = B * kLongest;  // the padded batch in one forward (the default caps it at kDefaultMaxTokens)
   o.ffn_options.tile = cfg.tile;
   o.prefill_attention = attention_mode(cfg.attention);
   o.fused_qkv_rope = cfg.fused_qkv_rope;

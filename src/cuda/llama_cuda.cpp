@@ -259,7 +259,9 @@ struct LlamaCuda::Impl {
     TWELL_CHECK(o.decode_attention_splits >= 0 && o.decode_attention_splits <= kMaxDecodeAttentionSplits,
                 "LlamaCuda: decode_attention_splits must lie in [0, ", kMaxDecodeAttentionSplits, "], got ",
                 o.decode_attention_splits);
-    if (o.max_tokens == 0) o.max_tokens = o.max_batch * o.max_context;
+    if (o.max_tokens == 0)  // with the cache, longer prompts run in chunks (prefill_chunks)
+      o.max_tokens = o.kv_cache ? std::min(o.max_batch * o.max_context, std::max(kDefaultMaxTokens, o.max_batch))
+                                : o.max_batch * o.max_context;
     TWELL_CHECK(o.max_tokens >= o.max_batch, "LlamaCuda: max_tokens ", o.max_tokens, " is below max_batch ",
                 o.max_batch);
     TWELL_CHECK(!o.ffn_options.cublaslt_workspace && o.ffn_options.cublaslt_workspace_bytes == 0,
@@ -462,11 +464,15 @@ struct LlamaCuda::Impl {
   int64_t longest() const { return lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end()); }
 
   // `fresh`: the call starts at position 0 (prefill, logits), whatever the cache holds now.
-  void check_call(int64_t B, int64_t S, bool fresh = false) const {
+  // `chunked`: one sequence of more than max_tokens may run in chunks (prefill_chunks), which needs
+  // the KV cache (the chunks' keys and values stay there for the chunks after them).
+  void check_call(int64_t B, int64_t S, bool fresh = false, bool chunked = false) const {
     const int64_t start = fresh ? 0 : longest();
     TWELL_CHECK(B >= 1 && S >= 1, "LlamaCuda: need at least one sequence of one token, got ", B, " × ", S);
     TWELL_CHECK(B <= o.max_batch, "LlamaCuda: ", B, " sequences exceed max_batch ", o.max_batch);
-    TWELL_CHECK(B * S <= o.max_tokens, "LlamaCuda: ", B * S, " tokens exceed max_tokens ", o.max_tokens);
+    TWELL_CHECK(B * S <= o.max_tokens || (chunked && B == 1 && o.kv_cache), "LlamaCuda: ", B * S,
+                " tokens exceed max_tokens ", o.max_tokens,
+                chunked && B == 1 ? " (a longer prompt runs in chunks, which needs the KV cache: kv_cache = true)" : "");
     TWELL_CHECK(start + S <= o.max_context, "LlamaCuda: ", start + S, " positions exceed the context of ",
                 o.max_context);
     TWELL_CHECK(fresh || lens.empty() || B == static_cast<int64_t>(lens.size()), "LlamaCuda: the cache holds ",
@@ -752,7 +758,9 @@ struct LlamaCuda::Impl {
   // padded to its own longest with copies of each prompt's last token: causal attention keeps the
   // padding out of every real position, the head reads each prompt's own last row, and a sequence's
   // next decode step overwrites the cache rows its padding wrote before anything reads them. (The
-  // padding's FFN activations count in the FFN's statistics.)
+  // padding's FFN activations count in the FFN's statistics.) A prompt longer than max_tokens runs
+  // alone, in chunks at increasing positions (prefill_chunks), each attending to the keys the
+  // chunks before it cached; only the last one's last row goes through the head.
   Tensor prefill(const std::vector<std::vector<int32_t>>& prompts, bool one_row = false, bool download = true) {
     TWELL_CHECK(!prompts.empty(), "LlamaCuda::prefill: no prompts");
     const int64_t B = static_cast<int64_t>(prompts.size());
@@ -765,18 +773,25 @@ struct LlamaCuda::Impl {
     const int64_t S = *std::max_element(lengths.begin(), lengths.end());
     std::vector<int64_t> runs{0, B};
     if (o.ragged_prefill_runs && B > 1) {
-      check_call(B, 1, true);  // the batch's size
-      check_call(1, S, true);  // its longest prompt, alone (each run's rows: prefill_runs)
+      check_call(B, 1, true);        // the batch's size
+      check_call(1, S, true, true);  // its longest prompt, alone (each run's rows: prefill_runs)
       const bool sparse = prefill_ffn_sparse();
-      runs = model::prefill_runs(lengths, o.max_tokens, [&](int64_t rows) {
+      auto batch_cost = [&](int64_t rows) {
         const bool dense_by_size = sparse && rows < o.ffn_options.sparse_min_tokens;
         return static_cast<double>(rows) * (dense_by_size ? kDenseRunRowCost : 1.0) + kPrefillRunTokens;
+      };
+      runs = model::prefill_runs(lengths, o.max_tokens, [&](int64_t rows) {
+        if (rows <= o.max_tokens) return batch_cost(rows);
+        double cost = 0;  // one prompt, in chunks
+        for (int64_t chunk : model::prefill_chunks(rows, o.max_tokens)) cost += batch_cost(chunk);
+        return cost;
       });
     }
     std::vector<int64_t> run_tokens;  // each run's longest prompt
     for (size_t r = 0; r + 1 < runs.size(); ++r) {
+      const int64_t n = runs[r + 1] - runs[r];
       run_tokens.push_back(*std::max_element(lengths.begin() + runs[r], lengths.begin() + runs[r + 1]));
-      check_call(runs[r + 1] - runs[r], run_tokens.back(), true);  // before reset(): a rejected call changes nothing
+      check_call(n, run_tokens.back(), true, n == 1);  // before reset(): a rejected call changes nothing
     }
     reset();
     ensure_logits(B);
@@ -785,8 +800,27 @@ struct LlamaCuda::Impl {
       int64_t& first;
       ~RunGuard() { first = 0; }
     } guard{run_first};
+    // One forward of n sequences from sequence b0 of `rs` tokens each (`flat`, on the host) at
+    // position `pos`, with body()'s flags and the positions to upload set by the caller.
+    auto forward = [&](int64_t b0, int64_t n, int64_t rs, const int32_t* flat, const std::vector<int32_t>& positions,
+                       Head head) {
+      upload_inputs(flat, n * rs, positions);
+      if (last_tokens == 0) TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
+      run_first = b0;
+      body(tokens.as<int32_t>(), n, rs, head, false);
+      last_tokens += n * rs;
+    };
     for (size_t r = 0; r + 1 < runs.size(); ++r) {
       const int64_t b0 = runs[r], n = runs[r + 1] - b0, rs = run_tokens[r];
+      if (n == 1 && rs > o.max_tokens) {  // one prompt, in chunks
+        const int32_t* p = prompts[static_cast<size_t>(b0)].data();
+        int64_t pos = 0;
+        for (int64_t len : model::prefill_chunks(rs, o.max_tokens)) {
+          forward(b0, 1, len, p + pos, aligned_call(1, pos), pos + len == rs ? Head::last : Head::none);
+          pos += len;
+        }
+        continue;
+      }
       std::vector<int32_t> flat, positions = aligned_call(n, 0);
       flat.reserve(static_cast<size_t>(n * rs));
       for (int64_t b = b0; b < b0 + n; ++b) {
@@ -798,15 +832,37 @@ struct LlamaCuda::Impl {
       if (gather_last)
         for (int64_t b = 0; b < n; ++b)
           positions.push_back(static_cast<int32_t>(b * rs + lengths[static_cast<size_t>(b0 + b)] - 1));
-      upload_inputs(flat.data(), n * rs, positions);
-      if (r == 0) TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
-      run_first = b0;
-      body(tokens.as<int32_t>(), n, rs, Head::last, false);
-      last_tokens += n * rs;
+      forward(b0, n, rs, flat.data(), positions, Head::last);
     }
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
     if (o.kv_cache) lens = lengths;
     return download ? download_logits(B, one_row) : Tensor();
+  }
+
+  // Logits of every position of one sequence from position 0 (LlamaCuda::logits), in chunks where it
+  // holds more than max_tokens tokens: each chunk's rows are copied into the result as they are done,
+  // so the device's logits buffer holds one chunk's. Leaves the cache empty.
+  Tensor all_logits(const std::vector<int32_t>& toks) {
+    const int64_t T = static_cast<int64_t>(toks.size());
+    const std::vector<int64_t> chunks = model::prefill_chunks(T, o.max_tokens);
+    reset();
+    ensure_logits(chunks[0]);
+    Tensor out;
+    if (chunks.size() > 1) out = Tensor(DType::f32, {T, V});
+    int64_t pos = 0;
+    for (int64_t len : chunks) {
+      upload_inputs(toks.data() + pos, len, aligned_call(1, pos));
+      body(tokens.as<int32_t>(), 1, len, Head::all, false);
+      if (chunks.size() > 1)  // the next chunk's head writes the buffer after this copy (one stream)
+        TWELL_CUDA_CHECK(cudaMemcpyAsync(out.ptr<float>() + pos * V, logits.get(), static_cast<size_t>(len * V) * 4,
+                                         cudaMemcpyDeviceToHost, stream));
+      pos += len;
+    }
+    last_tokens = T;
+    if (chunks.size() == 1) out = download_logits(T);
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    reset();
+    return out;
   }
 
   // Whether the prefill FFN takes its sparse path where a call is large enough (sparse_min_tokens):
@@ -815,7 +871,7 @@ struct LlamaCuda::Impl {
   bool prefill_ffn_sparse() {
     if (o.ffn_options.dispatch != Dispatch::observe && o.ffn_options.dispatch != Dispatch::previous) return false;
     const std::vector<double>& d = densities();
-    return std::all_of(d.begin(), d.end(), [&](double x) { return x >= 0 && x < o.ffn_options.dense_above_density; });
+    return std::all_of(d.begin(), d.end(), [&](double v) { return v >= 0 && v < o.ffn_options.dense_above_density; });
   }
 
   // What the prefill FFN last measured per layer (-1 unknown; all -1 without twell's FFN), read once
@@ -970,20 +1026,13 @@ Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<Activat
   TWELL_CHECK(ffn_stats == nullptr, "LlamaCuda::logits: per-layer FFN statistics come from the CPU backend only");
   model::check_token_ids(impl_->c, tokens);
   const int64_t T = static_cast<int64_t>(tokens.size());
-  impl_->check_call(1, T, true);
+  impl_->check_call(1, T, true, true);
   // It runs in the KV cache's memory: a generation in progress would be lost, and a const call
   // must not end it. So it is refused, and nothing changes.
   TWELL_CHECK(impl_->lens.empty(), "LlamaCuda::logits: the KV cache holds ", impl_->longest(),
               " positions of a generation in progress, which logits() would overwrite; call reset() first, "
               "or run logits() on a second LlamaCuda over the same weights");
-  impl_->reset();
-  impl_->ensure_logits(T);
-  impl_->upload_inputs(tokens.data(), T, impl_->aligned_call(1, 0));
-  impl_->body(impl_->tokens.as<int32_t>(), 1, T, Head::all, false);
-  impl_->last_tokens = T;
-  Tensor out = impl_->download_logits(T);
-  impl_->reset();
-  return out;
+  return impl_->all_logits(tokens);
 }
 
 Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) { return impl_->prefill({tokens}, true); }

@@ -363,8 +363,7 @@ std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t m
   TWELL_CHECK(B >= 1, "prefill_runs: no prompts");
   TWELL_CHECK(max_tokens >= 1, "prefill_runs: max_tokens must be at least 1, got ", max_tokens);
   for (int64_t b = 0; b < B; ++b)
-    TWELL_CHECK(lengths[b] >= 1 && lengths[b] <= max_tokens, "prefill_runs: prompt ", b, " holds ", lengths[b],
-                " tokens, outside [1, max_tokens = ", max_tokens, "]");
+    TWELL_CHECK(lengths[b] >= 1, "prefill_runs: prompt ", b, " holds ", lengths[b], " tokens");
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
   if (std::all_of(lengths.begin(), lengths.end(), [&](int64_t n) { return n == longest; }) && B * longest <= max_tokens)
     return {0, B};
@@ -382,7 +381,7 @@ std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t m
     for (int64_t i = j - 1; i >= std::max<int64_t>(0, j - kWindow); --i) {
       run_longest = std::max(run_longest, lengths[i]);
       const int64_t rows = (j - i) * run_longest;
-      if (rows > max_tokens) break;  // longer runs only hold more
+      if (rows > max_tokens && i < j - 1) break;  // longer runs only hold more; one prompt runs in chunks
       const double c = cost[i] + run_cost(rows);
       if (c <= cost[j]) cost[j] = c, from[j] = i;  // ties: the longer run (fewer shapes)
     }
@@ -391,6 +390,19 @@ std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t m
   for (int64_t j = B; j > 0; j = from[j]) bounds.push_back(from[j]);
   std::reverse(bounds.begin(), bounds.end());
   return bounds;
+}
+
+std::vector<int64_t> prefill_chunks(int64_t tokens, int64_t max_tokens) {
+  TWELL_CHECK(tokens >= 1, "prefill_chunks: need at least one token, got ", tokens);
+  TWELL_CHECK(max_tokens >= 1, "prefill_chunks: max_tokens must be at least 1, got ", max_tokens);
+  if (tokens <= max_tokens) return {tokens};
+  const int64_t n = (tokens + max_tokens - 1) / max_tokens;  // the fewest chunks
+  int64_t length = (tokens + n - 1) / n;
+  constexpr int64_t kAlign = 128;  // a GEMM tile's rows
+  if ((length + kAlign - 1) / kAlign * kAlign <= max_tokens) length = (length + kAlign - 1) / kAlign * kAlign;
+  std::vector<int64_t> chunks;
+  for (int64_t left = tokens; left > 0; left -= chunks.back()) chunks.push_back(std::min(length, left));
+  return chunks;
 }
 
 std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<std::vector<int32_t>>& prompts,

@@ -1112,6 +1112,85 @@ TEST(LlamaCuda, RaggedPrefillRunsAsBatchesOfNeighbours) {
   }
 }
 
+// A prompt longer than max_tokens runs in chunks at increasing positions, each attending to the keys
+// the chunks before it cached (twell's attention and cuDNN's; the fused QKV GEMM from 512 tokens a
+// chunk): logits() of 600 tokens at max_tokens 256 (chunks 256, 256, 88) and of 1200 at 1100 (640,
+// 560) against the CPU model, a
+// prefill and its decode steps against the CPU's rows, a ragged batch whose long prompt runs alone
+// in chunks between batches of short ones; without a KV cache such a prompt is refused.
+TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
+  TWELL_REQUIRE_HOPPER();
+  io::ModelConfig c = config_of(kShapes[3]);
+  c.max_position_embeddings = 1300;
+  const auto [dw, cpu] = both_backends(c, 31);
+  const std::vector<int32_t> tokens = some_tokens(1201, c.vocab_size, 5);
+  const std::vector<int32_t> head(tokens.begin(), tokens.begin() + 600);
+  const Tensor ref = cpu.logits(tokens);
+  for (PrefillAttention attention : {PrefillAttention::twell, PrefillAttention::cudnn}) {
+    if (attention == PrefillAttention::cudnn && !cudnn_or_skip_note()) continue;
+    for (int64_t max_tokens : {int64_t{256}, int64_t{1100}}) {  // 1100: chunks of 640 + 560, the fused QKV GEMM
+      SCOPED_TRACE(str(attention == PrefillAttention::cudnn ? "cudnn" : "twell", " attention, max_tokens ", max_tokens));
+      LlamaCudaOptions o;
+      o.max_batch = 3;
+      o.max_tokens = max_tokens;
+      o.prefill_attention = attention;
+      LlamaCuda gpu(dw, o);
+      const int64_t n = max_tokens == 256 ? 600 : 1200;  // 256 + 256 + 88, or 640 + 560
+      const Tensor all = gpu.logits(std::vector<int32_t>(tokens.begin(), tokens.begin() + n));
+      EXPECT_EQ(gpu.last_tokens(), n);
+      EXPECT_EQ(gpu.cached_tokens(), 0);
+      EXPECT_LT(relative_error(all, rows(ref, 0, n)), kTol) << "logits()";
+      if (attention == PrefillAttention::cudnn)
+        EXPECT_EQ(gpu.prefill_kernels().attention.rfind("cudnn", 0), 0u) << gpu.prefill_kernels().attention;
+      // prefill of n - 1 tokens, then two decode steps.
+      const Tensor last = gpu.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + n - 1));
+      EXPECT_EQ(gpu.last_tokens(), n - 1);
+      EXPECT_EQ(gpu.cached_tokens(), n - 1);
+      EXPECT_LT(relative_error(last, rows(ref, n - 2, 1)), kTol) << "prefill";
+      EXPECT_LT(relative_error(gpu.decode_step(tokens[n - 1]), rows(ref, n - 1, 1)), kTol) << "first step";
+      EXPECT_LT(relative_error(gpu.decode_step(tokens[n]), rows(ref, n, 1)), kTol) << "second step";
+      if (max_tokens != 256) continue;
+      // Short, long, short: runs 30 | 600 (chunked) | 50 (the long prompt cannot share a batch).
+      const std::vector<std::vector<int32_t>> prompts = {some_tokens(30, c.vocab_size, 6), head,
+                                                         some_tokens(50, c.vocab_size, 7)};
+      const Tensor got = gpu.prefill_batch(prompts);
+      EXPECT_EQ(gpu.last_tokens(), 30 + 600 + 50);
+      EXPECT_EQ(gpu.cached_lengths(), (std::vector<int64_t>{30, 600, 50}));
+      const Tensor step = gpu.decode_batch({1, tokens[600], 2});
+      for (size_t b = 0; b < prompts.size(); ++b) {
+        const Tensor seq_ref = cpu.logits([&] {
+          std::vector<int32_t> t = prompts[b];
+          t.push_back(b == 1 ? tokens[600] : static_cast<int32_t>(b / 2 + 1));
+          return t;
+        }());
+        const int64_t len = static_cast<int64_t>(prompts[b].size());
+        EXPECT_LT(relative_error(rows(got, b, 1), rows(seq_ref, len - 1, 1)), kTol) << "sequence " << b;
+        EXPECT_LT(relative_error(rows(step, b, 1), rows(seq_ref, len, 1)), kTol) << "sequence " << b << ", step";
+      }
+    }
+  }
+  // Without a KV cache the chunks would lose each other's keys: refused, with the reason.
+  LlamaCudaOptions no_cache;
+  no_cache.kv_cache = false;
+  no_cache.max_tokens = 256;
+  LlamaCuda prefill_only(dw, no_cache);
+  test::expect_error([&] { prefill_only.prefill(head); }, {"600 tokens exceed max_tokens 256", "kv_cache = true"});
+  test::expect_error([&] { prefill_only.logits(head); }, {"600 tokens exceed max_tokens 256", "kv_cache = true"});
+  EXPECT_EQ(relative_error(prefill_only.prefill(std::vector<int32_t>(head.begin(), head.begin() + 256)),
+                           LlamaCuda(dw).prefill(std::vector<int32_t>(head.begin(), head.begin() + 256))),
+            0.0);
+  // The default cap: max_batch · max_context up to kDefaultMaxTokens, with the cache only.
+  LlamaCudaOptions wide;
+  wide.max_batch = 64;
+  EXPECT_EQ(LlamaCuda::memory_needed(c, wide).activations,
+            LlamaCuda::memory_needed(c, [&] { LlamaCudaOptions x = wide; x.max_tokens = kDefaultMaxTokens; return x; }())
+                .activations);
+  wide.kv_cache = false;
+  EXPECT_EQ(LlamaCuda::memory_needed(c, wide).activations,
+            LlamaCuda::memory_needed(c, [&] { LlamaCudaOptions x = wide; x.max_tokens = 64 * 1300; return x; }())
+                .activations);
+}
+
 // Where the prefill FFN is sparse, a run below sparse_min_tokens (whose FFN runs dense by its size)
 // costs 1.3 rows a row: prompts of 150, 40, 40, 40 tokens split into 150 | 3 × 40 (270 rows) while
 // the model's density is unknown or high, but run as one batch of 600 rows on the sparse FFN once

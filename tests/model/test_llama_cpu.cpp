@@ -856,7 +856,8 @@ TEST_F(LlamaCpuTest, BatchGenerationIsEachSequenceGeneratedAlone) {
 }
 
 // The runs a ragged batch prefills as: the least cost (rows plus `group` a run; or rows below 10
-// costing twice), none above max_tokens, checked against every split of small batches.
+// costing twice), none of several prompts above max_tokens (a longer prompt runs alone, in chunks),
+// checked against every split of small batches.
 TEST(PrefillRuns, LeastCostOfAnySplit) {
   using V = std::vector<int64_t>;
   auto plus = [](int64_t group) { return [group](int64_t rows) { return double(rows + group); }; };
@@ -867,7 +868,9 @@ TEST(PrefillRuns, LeastCostOfAnySplit) {
   EXPECT_EQ(prefill_runs({4, 4, 4, 4}, 8, plus(256)), (V{0, 2, 4})) << "no run above max_tokens";
   EXPECT_EQ(prefill_runs({3, 1}, 100, plus(2)), (V{0, 2})) << "a tie: the longer run";
   EXPECT_EQ(prefill_runs({3, 1}, 100, plus(1)), (V{0, 1, 2}));
-  expect_error([&] { prefill_runs({3, 9}, 8, plus(0)); }, {"prompt 1 holds 9 tokens"});
+  EXPECT_EQ(prefill_runs({3, 9, 2}, 8, plus(0)), (V{0, 1, 2, 3})) << "a prompt above max_tokens runs alone (chunked)";
+  EXPECT_EQ(prefill_runs({9, 9}, 8, plus(0)), (V{0, 1, 2}));
+  expect_error([&] { prefill_runs({3, 0}, 8, plus(0)); }, {"prompt 1 holds 0 tokens"});
   expect_error([&] { prefill_runs({}, 8, plus(0)); }, {"no prompts"});
   std::mt19937 rng(7);
   for (int trial = 0; trial < 400; ++trial) {
@@ -876,13 +879,14 @@ TEST(PrefillRuns, LeastCostOfAnySplit) {
     const bool small_dear = trial % 2 == 1;  // as a sparse model's runs below sparse_min_tokens
     auto run_cost = [&](int64_t rows) { return double(rows) * (small_dear && rows < 10 ? 2.0 : 1.0) + double(group); };
     V lens;
-    for (int64_t b = 0; b < B; ++b) lens.push_back(1 + static_cast<int64_t>(rng() % 20));
-    auto cost_of = [&](const V& bounds) {  // -1: a run above max_tokens
+    for (int64_t b = 0; b < B; ++b)  // one in ten longer than max_tokens can be
+      lens.push_back(1 + static_cast<int64_t>(rng() % 10 == 0 ? rng() % 100 : rng() % 20));
+    auto cost_of = [&](const V& bounds) {  // -1: a run of several prompts above max_tokens
       double cost = 0;
       for (size_t r = 0; r + 1 < bounds.size(); ++r) {
         const int64_t n = bounds[r + 1] - bounds[r];
         const int64_t rows = n * *std::max_element(lens.begin() + bounds[r], lens.begin() + bounds[r + 1]);
-        if (rows > max_tokens) return -1.0;
+        if (rows > max_tokens && n > 1) return -1.0;
         cost += run_cost(rows);
       }
       return cost;
@@ -902,6 +906,35 @@ TEST(PrefillRuns, LeastCostOfAnySplit) {
     EXPECT_EQ(got.back(), B);
     EXPECT_TRUE(std::is_sorted(got.begin(), got.end()) && std::adjacent_find(got.begin(), got.end()) == got.end());
     EXPECT_EQ(cost_of(got), best) << "trial " << trial;
+  }
+}
+
+// The chunks of a prompt longer than max_tokens: the fewest, of one length (a multiple of 128 where
+// that fits) but a shorter last one, none above max_tokens, summing to the prompt.
+TEST(PrefillChunks, FewestChunksOfOneLength) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(prefill_chunks(100, 100), (V{100}));
+  EXPECT_EQ(prefill_chunks(20000, 16384), (V{10112, 9888}));
+  EXPECT_EQ(prefill_chunks(32768, 16384), (V{16384, 16384}));
+  EXPECT_EQ(prefill_chunks(10, 4), (V{4, 4, 2}));  // 10 / 3 → 4: 128 does not fit
+  EXPECT_EQ(prefill_chunks(300, 1), V(300, 1));
+  expect_error([] { prefill_chunks(0, 8); }, {"at least one token"});
+  expect_error([] { prefill_chunks(8, 0); }, {"max_tokens must be at least 1"});
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t max_tokens = 1 + static_cast<int64_t>(rng() % 5000), tokens = 1 + static_cast<int64_t>(rng() % 40000);
+    const V c = prefill_chunks(tokens, max_tokens);
+    const int64_t fewest = (tokens + max_tokens - 1) / max_tokens;
+    ASSERT_EQ(static_cast<int64_t>(c.size()), fewest) << tokens << " at " << max_tokens;
+    EXPECT_EQ(std::accumulate(c.begin(), c.end(), int64_t{0}), tokens);
+    for (size_t i = 0; i < c.size(); ++i) {
+      EXPECT_GE(c[i], 1);
+      EXPECT_LE(c[i], max_tokens);
+      if (i + 1 < c.size()) EXPECT_EQ(c[i], c[0]);
+      if (i + 1 < c.size() && max_tokens >= 128 && c[0] % 128 != 0)  // rounded up unless that passes max_tokens
+        EXPECT_GT((c[0] + 127) / 128 * 128, max_tokens);
+    }
+    EXPECT_LE(c.back(), c[0]);
   }
 }
 

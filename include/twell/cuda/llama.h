@@ -32,8 +32,9 @@
 //
 // Batches: B sequences of any lengths run together (prefill_batch, decode_batch, generate_batch);
 // a prefill of prompts of different lengths runs as batches of neighbouring prompts, each padded
-// to its own longest (the padding kept out of every real row; ragged_prefill_runs), and decode
-// steps take each sequence at its own position. Tokens are checked on the host before anything is enqueued.
+// to its own longest (the padding kept out of every real row; ragged_prefill_runs), a prompt
+// longer than max_tokens in chunks, and decode steps take each sequence at its own position.
+// Tokens are checked on the host before anything is enqueued.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -99,6 +100,11 @@ enum class FfnMode { twell, dense };
 enum class PrefillAttention { automatic, cudnn, twell };
 constexpr int64_t kCudnnAttentionMinTokens = 2048;
 
+// LlamaCudaOptions::max_tokens's default cap with a KV cache: chunks this long keep the twell FFN
+// on its sparse path (FfnOptions::sparse_min_tokens is 8192) and the GEMMs near their full rate
+// (the sparse FFN at M = 16384: 0.62× dense, against 0.58× at 131072; docs/perf.md).
+constexpr int64_t kDefaultMaxTokens = 16384;
+
 struct LlamaCudaOptions {
   FfnMode ffn = FfnMode::twell;
   PrefillAttention prefill_attention = PrefillAttention::automatic;
@@ -107,8 +113,13 @@ struct LlamaCudaOptions {
   // rounding steps of the unfused cuBLASLt GEMM + RoPE kernel, which runs otherwise).
   bool fused_qkv_rope = true;
   int64_t max_batch = 1;     // sequences per call at most
-  // Token rows (B·S) one forward computes at most (the activations' size); 0: max_batch ·
-  // max_context. A prefill of several prompts above it runs as several batches (ragged_prefill_runs).
+  // Token rows (B·S) one forward computes at most (the activations' size). 0: with the KV cache,
+  // max_batch · max_context up to kDefaultMaxTokens (or max_batch, where that is more); without it,
+  // max_batch · max_context. A prefill of several prompts above it runs as several batches
+  // (ragged_prefill_runs), and a prompt longer than it, and logits() of more tokens, in chunks at
+  // increasing positions over the cached keys (prefill_chunks; with the KV cache only): the
+  // activations stay sized for max_tokens rows however long the context (a Llama 3.1 8B's at 131072
+  // rows would take about as much memory as its whole KV cache). enqueue() takes at most max_tokens.
   int64_t max_tokens = 0;
   int64_t max_context = 0;   // positions per sequence; 0: config.max_position_embeddings
   // false: no cache across calls (prefill-only use, e.g. benchmarks): one layer's keys and values
@@ -121,8 +132,8 @@ struct LlamaCudaOptions {
   // prefill FFN is sparse, as such a batch's FFN runs dense; none above max_tokens), not as one
   // batch of the longest: prompts of 2000 tokens and 63 of 100 compute 8300 rows, not 128000.
   // model::generate_batch orders its prompts by length for it. ffn_paths, ffn_stats and
-  // prefill_kernels then report the last batch; ffn_input_hook sees each batch.
-  // false: one batch of the longest (A/B).
+  // prefill_kernels then report the last batch (or chunk); ffn_input_hook sees each one.
+  // false: one batch of the longest (A/B), refused above max_tokens rows but for one prompt.
   bool ragged_prefill_runs = true;
   // The stream calls run on. nullptr: the model's own (non-blocking) stream, destroyed with it. A
   // caller's stream (any kind: blocking, non-blocking, cudaStreamLegacy, cudaStreamPerThread)
@@ -229,7 +240,8 @@ class LlamaCuda final : public model::LanguageModel {
   // model::LanguageModel (one sequence). `logits` runs from position 0 in the KV cache's memory, so
   // it refuses (throws, changing nothing) while a generation is cached: after prefill or
   // decode_step, until reset(). It leaves the cache empty, and cannot report per-layer FFN
-  // statistics (ffn_stats must be null: use the CPU backend).
+  // statistics (ffn_stats must be null: use the CPU backend). More tokens than max_tokens run in
+  // chunks (LlamaCudaOptions::max_tokens), each chunk's logits copied to the result as it is done.
   const io::ModelConfig& config() const override;
   Tensor logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats = nullptr) const override;
   Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]
@@ -264,23 +276,23 @@ class LlamaCuda final : public model::LanguageModel {
   // the chosen rows go to logits_device() [rows, V].
   void enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head);
   const float* logits_device() const;
-  // The residual stream after the last layer of the last call (of a ragged prefill's last batch),
+  // The residual stream after the last layer of the last call (of a prefill's last batch or chunk),
   // fp32 [B·S, H] (device).
   TensorView hidden_device() const;
   cudaStream_t stream() const;  // LlamaCudaOptions::stream, or the model's own
-  // Token rows the last prefill, decode or enqueue call computed: B · S, or for prompts of
+  // Token rows the last prefill, logits, decode or enqueue call computed: B · S, or for prompts of
   // different lengths the rows of its batches, padding included (ragged_prefill_runs).
   int64_t last_tokens() const;
-  // The FFN path each layer took in the last call (of a ragged prefill's last batch).
+  // The FFN path each layer took in the last call (of a prefill's last batch or chunk).
   std::vector<FfnPath> ffn_paths() const;
   // With LlamaCudaOptions::record_ffn_stats: each layer's FFN statistics of the last call that was
-  // not a decode step (of a ragged prefill's last batch; FfnStats::nnz_per_token() is non-zeros per token on the sparse path, -1 on the
-  // dense one); empty without the option.
+  // not a decode step (of a prefill's last batch or chunk; FfnStats::nnz_per_token() is non-zeros
+  // per token on the sparse path, -1 on the dense one); empty without the option.
   std::vector<FfnStats> ffn_stats() const;
   // Device memory the model holds besides its weights: memory_needed()'s total after construction,
   // and what later calls added (cuDNN's workspace, a larger logits buffer).
   size_t workspace_bytes() const;
-  // The kernels the last call that was not a decode step ran (a ragged prefill's last batch;
+  // The kernels the last call that was not a decode step ran (a prefill's last batch or chunk;
   // empty/false before any such call).
   struct PrefillKernels {
     std::string attention;  // "cudnn <version>", or "twell" and why cuDNN's was not used
@@ -288,8 +300,8 @@ class LlamaCuda final : public model::LanguageModel {
   };
   PrefillKernels prefill_kernels() const;
   // GPU time of the last prefill, decode or enqueue call's device work (the model's layers and
-  // head; not the token and logit copies, but for a ragged prefill's batches the copies of the
-  // batches after the first). Waits for it.
+  // head; not the token and logit copies, but for a prefill's batches or chunks the copies of those
+  // after the first). Waits for it.
   float last_gpu_ms() const;
 
   const LlamaCudaOptions& options() const;

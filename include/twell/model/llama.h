@@ -290,12 +290,19 @@ struct Perplexity {
 // How a batch of prompts of these lengths is best prefilled as runs of neighbouring prompts, each
 // run one batch padded to its own longest prompt: the runs' bounds [0, b1, ..., B], chosen for the
 // least total run_cost(rows) (rows: the run's prompts × its longest; the cost holds what a run
-// pays besides its rows, e.g. its launches), with no run above max_tokens rows. Prompts of one
-// length that fit max_tokens make one run. Throws where a prompt alone holds more than
-// max_tokens tokens. A caller that orders its prompts by length gets the fewest padded rows
+// pays besides its rows, e.g. its launches), with no run of several prompts above max_tokens
+// rows. A prompt longer than max_tokens is a run of its own, which its caller prefills in chunks
+// (prefill_chunks; run_cost is asked its whole length). Prompts of one length that fit
+// max_tokens make one run. A caller that orders its prompts by length gets the fewest padded rows
 // (generate_batch does).
 std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t max_tokens,
                                   const std::function<double(int64_t rows)>& run_cost);
+
+// The lengths of the chunks a prompt of `tokens` tokens is prefilled in, each at most max_tokens:
+// the prompt itself where it fits, else the fewest chunks, of one length (a multiple of 128 where
+// max_tokens allows) but the last, which is no longer: 20000 tokens at max_tokens 16384 run as
+// 10112 + 9888, so both chunks are large enough for a batched kernel's fast paths.
+std::vector<int64_t> prefill_chunks(int64_t tokens, int64_t max_tokens);
 
 // generate() for B prompts at once, through prefill_batch_sample and decode_batch_sample (B at
 // most model.max_batch()): sequence b draws from a Sampler seeded `sampling.seed + b`, so that

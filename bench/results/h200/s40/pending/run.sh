@@ -4,6 +4,7 @@
 # from a shape's second call): the changed tests, memcheck of the sparse-model ragged test, Python, the GPU
 # suite; the ragged prefill bench (new binary, and the binary before the attention rule: old_twell);
 # twell run's first token at 2049 tokens (new and old); the standard prefill bench (cuDNN at its first call).
+# Session 41 added the chunked prefill (LongPromptsRunInChunksOfMaxTokens in the filters).
 # Use: as out/runNNN.sh beside out/bins.tar.xz, whose new/ holds twell, twell_gpu_tests, twell_tests,
 # libtwell_c.so of the build to check and old_twell (twell built at 9eb5986, before the attention rule).
 set -u
@@ -19,9 +20,9 @@ t0=$(date +%s)
 ts() { echo "== $(( $(date +%s) - t0 ))s $*"; }
 cp "$0" $O/run.sh
 ts changed tests
-$B/twell_gpu_tests --gtest_filter='*Ragged*:*FollowsEachPrefillsDensity*:*AutomaticAttention*:*Cudnn*' 2>&1 | grep -E "OK \]|FAIL|Failure|Expected|Which|step|sequence|attention" | head -30
+$B/twell_gpu_tests --gtest_filter='*Ragged*:*FollowsEachPrefillsDensity*:*AutomaticAttention*:*Cudnn*:*InChunks*' 2>&1 | grep -E "OK \]|FAIL|Failure|Expected|Which|step|sequence|attention" | head -30
 ts memcheck
-timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $B/twell_gpu_tests --gtest_filter='*SparseFfnOfASparseModel*' > $O/sanitizer_memcheck.log 2>&1; echo "rc $?" >> $O/sanitizer_memcheck.log; grep -E "PASSED|FAILED|ERROR SUMMARY|rc " $O/sanitizer_memcheck.log
+timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $B/twell_gpu_tests --gtest_filter='*SparseFfnOfASparseModel*:*InChunks*' > $O/sanitizer_memcheck.log 2>&1; echo "rc $?" >> $O/sanitizer_memcheck.log; grep -E "PASSED|FAILED|ERROR SUMMARY|rc " $O/sanitizer_memcheck.log
 ts python tests
 TWELL_LIBRARY=$B/libtwell_c.so timeout 300 $PY -m unittest discover -s python/tests -v > $O/python_tests.log 2>&1; echo "rc $?" >> $O/python_tests.log; grep -E "ERROR|FAIL|^Ran|^OK|rc " $O/python_tests.log | head
 ts gpu suite
