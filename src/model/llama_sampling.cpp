@@ -327,34 +327,9 @@ Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, in
                     const std::function<void(int32_t)>& on_token) {
   TWELL_CHECK(!prompt.empty(), "generate: empty prompt");
   TWELL_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be at least 0, got ", max_new_tokens);
-  using clock = std::chrono::steady_clock;
-  Sampler sampler(sampling);
-  Generation g;
-  const auto t0 = clock::now();
-  int32_t token = -1;
-  if (max_new_tokens > 0)
-    token = model.prefill_sample(prompt, sampler);
-  else
-    model.prefill(prompt);
-  const auto t1 = clock::now();
-  while (static_cast<int64_t>(g.tokens.size()) < max_new_tokens) {
-    g.tokens.push_back(token);
-    if (on_token) on_token(token);
-    if (std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end()) {
-      g.reason = StopReason::stop_token;
-      break;
-    }
-    if (static_cast<int64_t>(g.tokens.size()) == max_new_tokens) break;
-    if (model.cached_tokens() >= model.context()) {
-      g.reason = StopReason::context_full;
-      break;
-    }
-    token = model.decode_step_sample(token, sampler);
-  }
-  const auto t2 = clock::now();
-  g.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
-  g.decode_seconds = std::chrono::duration<double>(t2 - t1).count();
-  return g;
+  std::function<bool(int64_t, int32_t)> each;  // one sequence of a batch: seeded sampling.seed, its stop rules
+  if (on_token) each = [&](int64_t, int32_t token) { return on_token(token), false; };
+  return generate_batch(model, {prompt}, max_new_tokens, sampling, stop_tokens, each)[0];
 }
 
 std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t max_tokens,

@@ -930,9 +930,12 @@ TEST(PrefillChunks, FewestChunksOfOneLength) {
     for (size_t i = 0; i < c.size(); ++i) {
       EXPECT_GE(c[i], 1);
       EXPECT_LE(c[i], max_tokens);
-      if (i + 1 < c.size()) EXPECT_EQ(c[i], c[0]);
-      if (i + 1 < c.size() && max_tokens >= 128 && c[0] % 128 != 0)  // rounded up unless that passes max_tokens
+      if (i + 1 < c.size()) {
+        EXPECT_EQ(c[i], c[0]);
+      }
+      if (i + 1 < c.size() && max_tokens >= 128 && c[0] % 128 != 0) {  // rounded up unless that passes max_tokens
         EXPECT_GT((c[0] + 127) / 128 * 128, max_tokens);
+      }
     }
     EXPECT_LE(c.back(), c[0]);
   }

@@ -273,11 +273,11 @@ struct Generation {
 };
 
 // Prefills `prompt` (even when max_new_tokens is 0, which times the prompt alone), then samples
-// up to `max_new_tokens` tokens with decode_step, stopping after any of `stop_tokens`
+// up to `max_new_tokens` tokens with decode steps, stopping after any of `stop_tokens`
 // (end-of-sequence ids) or when the model's context is full. `on_token`, if given, sees each token
 // as soon as it is drawn, the stop token included, before the next step is computed: for
 // streaming. If it or the model throws, the exception propagates. Uses (and resets) the model's
-// KV cache.
+// KV cache. It is generate_batch of this one prompt (its rules, its sampler seeded sampling.seed).
 Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
                     const SamplingOptions& sampling, const std::vector<int32_t>& stop_tokens = {},
                     const std::function<void(int32_t)>& on_token = {});
