@@ -2,7 +2,6 @@
 #include "twell/c_api.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -176,9 +175,6 @@ void copy_out(const Tensor& t, float* out) {
     std::copy(f.begin(), f.end(), out);
   }
 }
-
-// Thrown by the token callback's wrapper to end a generation where the caller asked.
-struct StopAsked {};
 
 constexpr const char* kNoCuda = "this build of twell has no CUDA backend (configure with -DTWELL_CUDA=ON)";
 
@@ -516,27 +512,11 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     const model::SamplingOptions so = sampling_options(sampling);
     const std::vector<int32_t> p = id_vector(prompt, n_prompt, "twell_model_generate");
     const std::vector<int32_t> stops = id_vector(stop, n_stop, "twell_model_generate (stop tokens)");
-    std::vector<int32_t> drawn;  // as they come, for a generation the callback ends
-    const auto t0 = std::chrono::steady_clock::now();
-    double prefill_seconds = -1;
-    const std::function<void(int32_t)> seen = [&](int32_t t) {
-      if (drawn.empty())
-        prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      drawn.push_back(t);
-      // A stop token ends the generation as one whatever the callback says.
-      if (on_token != nullptr && on_token(t, user) != 0 && std::find(stops.begin(), stops.end(), t) == stops.end())
-        throw StopAsked{};
-    };
-    model::Generation g;
-    try {
-      g = model::generate(m, p, max_new_tokens, so, stops, seen);
-    } catch (const StopAsked&) {
-      g.tokens = drawn;
-      g.reason = model::StopReason::callback;
-      const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      g.prefill_seconds = prefill_seconds;
-      g.decode_seconds = total - prefill_seconds;
-    }
+    // A stop token ends the generation as one whatever the callback says (generate_batch's rule).
+    std::function<bool(int64_t, int32_t)> seen;
+    if (on_token != nullptr) seen = [&](int64_t, int32_t t) { return on_token(t, user) != 0; };
+    TWELL_REQUIRE(!p.empty(), "twell_model_generate: empty prompt");
+    const model::Generation g = model::generate_batch(m, {p}, max_new_tokens, so, stops, seen)[0];
     std::copy(g.tokens.begin(), g.tokens.end(), tokens);
     *result = twell_generation{static_cast<int64_t>(g.tokens.size()), static_cast<int32_t>(g.reason), 0,
                                g.prefill_seconds, g.decode_seconds};
