@@ -282,6 +282,18 @@ TWELL_C_API int twell_tokenizer_encode(const twell_tokenizer* tokenizer, const c
 TWELL_C_API int twell_tokenizer_decode(const twell_tokenizer* tokenizer, const int32_t* ids, int64_t n, char* text,
                                        size_t capacity, size_t* len);
 
+/* The text a generation adds as its ids come, for streaming (model::TextStream, as `twell run` streams):
+ * put gives what decode(context + the ids so far) has past what the pieces before gave, up to its
+ * last whole UTF-8 character (a character split across ids comes with the id that ends it); a stop
+ * id adds nothing; finish gives the bytes of a character that never ended. *text points into the
+ * stream (*len bytes, not NUL-terminated), valid until its next call. The tokenizer must outlive it. */
+typedef struct twell_text_stream twell_text_stream;
+TWELL_C_API int twell_text_stream_create(const twell_tokenizer* tokenizer, const int32_t* context, int64_t n_context,
+                                         const int32_t* stop, int64_t n_stop, twell_text_stream** out);
+TWELL_C_API void twell_text_stream_destroy(twell_text_stream* stream); /* NULL: nothing */
+TWELL_C_API int twell_text_stream_put(twell_text_stream* stream, int32_t id, const char** text, size_t* len);
+TWELL_C_API int twell_text_stream_finish(twell_text_stream* stream, const char** text, size_t* len);
+
 #ifdef __cplusplus
 }
 #endif

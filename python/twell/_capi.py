@@ -168,6 +168,11 @@ _sig = {
                                               ctypes.c_int64, _P(ctypes.c_int64)]),
     "twell_tokenizer_decode": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, ctypes.c_char_p,
                                               ctypes.c_size_t, _P(ctypes.c_size_t)]),
+    "twell_text_stream_create": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64,
+                                                _P(ctypes.c_int32), ctypes.c_int64, _P(ctypes.c_void_p)]),
+    "twell_text_stream_destroy": (None, [ctypes.c_void_p]),
+    "twell_text_stream_put": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int32, _P(ctypes.c_void_p), _P(ctypes.c_size_t)]),
+    "twell_text_stream_finish": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_void_p), _P(ctypes.c_size_t)]),
 }
 for _name, (_res, _args) in _sig.items():
     _f = getattr(lib, _name)

@@ -356,8 +356,9 @@ class Model:
         with self._busy("generate") as h, _callback_error_first(state):
             _capi.check(_capi.lib.twell_model_generate(h, c_prompt, n_prompt, max_new_tokens, ctypes.byref(s),
                                                        c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
-        if stream is not None and streamer is not None and streamer.held:
-            stream(streamer.rest())
+        tail = streamer.rest() if stream is not None and streamer is not None else ""
+        if tail:
+            stream(tail)
         new = list(tokens[:g.n_tokens])
         self.last_generation = _generation_record(new, g)
         return self._result(text_prompt, new, g)
@@ -424,8 +425,9 @@ class Model:
                                                              callback, None, tokens, g))
         if stream is not None:
             for i, st in enumerate(streamers):
-                if st is not None and st.held:
-                    stream(i, st.rest())
+                tail = st.rest() if st is not None else ""
+                if tail:
+                    stream(i, tail)
         out, self.last_generation = [], []
         for i in range(B):
             new = list(tokens[i * max_new_tokens:i * max_new_tokens + g[i].n_tokens])
@@ -495,42 +497,33 @@ class _callback_error_first:
 
 
 class _TextStream:
-    """The text a str prompt's new ids add, as they come: decode(prompt + new ids) past decode(prompt), a
-    window of recent ids at a time (as `twell run` streams: model::TextStream), so a token's cost does not
-    grow with the text; a character split across tokens waits for its end (held)."""
+    """The text a str prompt's new ids add, as they come (twell_text_stream: the stream `twell run` prints):
+    decode(prompt + new ids) past decode(prompt), a window of recent ids at a time, so a token's cost does not
+    grow with the text; whole characters a piece (a character split across tokens waits for its end), nothing
+    for a stop id; rest() gives the bytes of a character that never ended."""
 
     def __init__(self, tokenizer, prompt_ids, stops):
-        self.tokenizer, self.stops = tokenizer, stops
-        self.shown = list(prompt_ids)
-        self.given = len(self.shown)
-        self.held = b""
+        self.tokenizer = tokenizer  # the stream reads it: it must outlive the stream
+        c_prompt, n_prompt = _ids(prompt_ids, "prompt")
+        c_stops, n_stops = _ids(stops, "stop")
+        handle = ctypes.c_void_p()
+        _capi.check(_capi.lib.twell_text_stream_create(tokenizer._handle, c_prompt, n_prompt, c_stops, n_stops,
+                                                       ctypes.byref(handle)))
+        self._handle = handle
+
+    def _piece(self, call, *args):
+        text, length = ctypes.c_void_p(), ctypes.c_size_t()
+        _capi.check(call(self._handle, *args, ctypes.byref(text), ctypes.byref(length)))
+        return ctypes.string_at(text, length.value).decode("utf-8", errors="replace") if length.value else ""
 
     def add(self, token):
         """The text token adds ("" for a stop token, or where a character has not ended)."""
-        if token in self.stops:
-            return ""
-        self.shown.append(token)
-        first = max(0, self.given - 6)
-        known = self.tokenizer.decode_bytes(self.shown[first:self.given])
-        piece = self.tokenizer.decode_bytes(self.shown[first:])[len(known):]
-        del self.shown[:max(0, len(self.shown) - 24)]  # no window reads further back
-        self.given = len(self.shown)
-        text, used = _complete_utf8(self.held + piece)
-        self.held = (self.held + piece)[used:]
-        return text
+        return self._piece(_capi.lib.twell_text_stream_put, token)
 
     def rest(self):
-        """The bytes of a character that never ended, as text."""
-        text, self.held = self.held.decode("utf-8", errors="replace"), b""
-        return text
+        """The bytes of a character that never ended, as text ("" where none)."""
+        return self._piece(_capi.lib.twell_text_stream_finish)
 
-
-def _complete_utf8(piece):
-    """The text of the longest prefix of piece that ends on a whole UTF-8 character, and its length (all
-    of it, invalid bytes replaced, where no prefix within a character's length of the end decodes)."""
-    for end in range(len(piece), max(len(piece) - 4, -1), -1):
-        try:
-            return piece[:end].decode("utf-8"), end
-        except UnicodeDecodeError:
-            continue
-    return piece.decode("utf-8", errors="replace"), len(piece)
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None and self._handle.value:
+            _capi.lib.twell_text_stream_destroy(self._handle)

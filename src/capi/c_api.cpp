@@ -46,6 +46,10 @@ struct twell_model {
 struct twell_tokenizer {
   std::unique_ptr<twell::model::Tokenizer> tokenizer;
 };
+struct twell_text_stream {
+  std::unique_ptr<twell::model::TextStream> stream;
+  std::string piece;  // what the last put or finish returned (the caller reads it until the next call)
+};
 static_assert(TWELL_DEVICE_CPU == static_cast<int>(twell::Device::cpu) &&
               TWELL_DEVICE_CUDA == static_cast<int>(twell::Device::cuda));
 static_assert(TWELL_PRECISION_BF16 == static_cast<int>(twell::Precision::bf16) &&
@@ -157,6 +161,18 @@ twell::model::LanguageModel& object(twell_model* m) {
 const twell::model::Tokenizer& object(const twell_tokenizer* t) {
   TWELL_REQUIRE(t != nullptr && t->tokenizer, "twell_tokenizer: NULL");
   return *t->tokenizer;
+}
+
+twell_text_stream& object(twell_text_stream* s) {
+  TWELL_REQUIRE(s != nullptr && s->stream, "twell_text_stream: NULL");
+  return *s;
+}
+
+// A text stream's piece, kept in the stream for the caller to read until its next call.
+void give_piece(twell_text_stream& s, std::string piece, const char** text, size_t* len) {
+  s.piece = std::move(piece);
+  *text = s.piece.data();
+  *len = s.piece.size();
 }
 
 // ids[0..n) as a vector, checked as the model's calls check them.
@@ -605,6 +621,37 @@ int twell_tokenizer_decode(const twell_tokenizer* tokenizer, const int32_t* ids,
     const std::string s = t.decode(id_vector(ids, n, "twell_tokenizer_decode"));
     *len = s.size();
     std::copy_n(s.data(), std::min(capacity, s.size()), text);  // nothing where text is NULL and capacity 0
+  });
+}
+
+int twell_text_stream_create(const twell_tokenizer* tokenizer, const int32_t* context, int64_t n_context,
+                             const int32_t* stop, int64_t n_stop, twell_text_stream** out) {
+  return guarded([&] {
+    TWELL_REQUIRE(out != nullptr, "twell_text_stream_create: out is NULL");
+    *out = nullptr;
+    const model::Tokenizer& t = object(tokenizer);
+    auto s = std::make_unique<twell_text_stream>();
+    s->stream = std::make_unique<model::TextStream>(t, id_vector(context, n_context, "twell_text_stream_create"),
+                                                    id_vector(stop, n_stop, "twell_text_stream_create (stop tokens)"));
+    *out = s.release();
+  });
+}
+
+void twell_text_stream_destroy(twell_text_stream* stream) { delete stream; }
+
+int twell_text_stream_put(twell_text_stream* stream, int32_t id, const char** text, size_t* len) {
+  return guarded([&] {
+    twell_text_stream& s = object(stream);
+    TWELL_REQUIRE(text != nullptr && len != nullptr, "twell_text_stream_put: text or len is NULL");
+    give_piece(s, s.stream->put(id), text, len);
+  });
+}
+
+int twell_text_stream_finish(twell_text_stream* stream, const char** text, size_t* len) {
+  return guarded([&] {
+    twell_text_stream& s = object(stream);
+    TWELL_REQUIRE(text != nullptr && len != nullptr, "twell_text_stream_finish: text or len is NULL");
+    give_piece(s, s.stream->finish(), text, len);
   });
 }
 

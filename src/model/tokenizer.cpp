@@ -12,6 +12,8 @@
 #include <array>
 #include <filesystem>
 #include <queue>
+#include <string_view>
+#include <utility>
 
 #include "core/json_util.h"
 #include "twell/error.h"
@@ -1307,10 +1309,27 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   return tok;
 }
 
-TextStream::TextStream(const Tokenizer& tok, std::vector<int32_t> context)
-    : tok_(tok), ids_(std::move(context)), given_(ids_.size()) {}
+namespace {
+
+// The length of `s` without a UTF-8 character that has begun but not ended at its end (a lead byte
+// in the last three whose sequence is longer than what follows it).
+size_t whole_utf8_prefix(std::string_view s) {
+  for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
+    const auto c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: its lead is further back
+    const size_t need = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xC0 && c < 0xE0 ? 2 : 1;
+    return need > back ? s.size() - back : s.size();
+  }
+  return s.size();  // ASCII, or continuation bytes alone (not UTF-8: passed on)
+}
+
+}  // namespace
+
+TextStream::TextStream(const Tokenizer& tok, std::vector<int32_t> context, std::vector<int32_t> stops)
+    : tok_(tok), ids_(std::move(context)), stops_(std::move(stops)), given_(ids_.size()) {}
 
 std::string TextStream::put(int32_t id) {
+  if (std::find(stops_.begin(), stops_.end(), id) != stops_.end()) return {};  // not part of the text
   ids_.push_back(id);
   const size_t first = given_ > kWindow ? given_ - kWindow : 0;
   const std::vector<int32_t> before(ids_.begin() + first, ids_.begin() + given_), all(ids_.begin() + first, ids_.end());
@@ -1321,7 +1340,13 @@ std::string TextStream::put(int32_t id) {
     ids_.erase(ids_.begin(), ids_.end() - kWindow);
     given_ = ids_.size();
   }
-  return now.size() > known.size() ? now.substr(known.size()) : std::string();
+  if (now.size() > known.size()) held_ += now.substr(known.size());
+  const size_t whole = whole_utf8_prefix(held_);
+  std::string piece = held_.substr(0, whole);
+  held_.erase(0, whole);
+  return piece;
 }
+
+std::string TextStream::finish() { return std::exchange(held_, std::string()); }
 
 }  // namespace twell::model

@@ -328,5 +328,44 @@ TEST_F(CApiModel, TokenizersEncodeAndDecodeAsTheCppOnes) {
   twell_tokenizer_destroy(nullptr);
 }
 
+// A text stream gives whole characters (é's two bytes come with its second id), nothing for a stop
+// id, and at finish the bytes of a character that never ended; bad arguments are refused.
+TEST_F(CApiModel, TextStreamsGiveWholeCharacters) {
+  twell_tokenizer* t = nullptr;
+  ASSERT_EQ(twell_tokenizer_load(nullptr, 0, 1, &t), TWELL_OK) << error_text();
+  const int32_t context[] = {256, 'a'}, stops[] = {257};
+  twell_text_stream* s = nullptr;
+  ASSERT_EQ(twell_text_stream_create(t, context, 2, stops, 1, &s), TWELL_OK) << error_text();
+  auto put = [&](int32_t id) {
+    const char* text = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(twell_text_stream_put(s, id, &text, &len), TWELL_OK) << error_text();
+    return std::string(text, len);
+  };
+  EXPECT_EQ(put('b'), "b");
+  EXPECT_EQ(put(0xC3), "");
+  EXPECT_EQ(put(0xA9), "\xc3\xa9");
+  EXPECT_EQ(put(257), "");  // a stop id
+  EXPECT_EQ(put(0xE4), "");
+  const char* text = nullptr;
+  size_t len = 0;
+  ASSERT_EQ(twell_text_stream_finish(s, &text, &len), TWELL_OK);
+  EXPECT_EQ(std::string(text, len), "\xe4");
+  ASSERT_EQ(twell_text_stream_finish(s, &text, &len), TWELL_OK);
+  EXPECT_EQ(len, 0u);
+  EXPECT_EQ(twell_text_stream_put(s, 'c', nullptr, &len), TWELL_ERROR);
+  EXPECT_NE(error_text().find("text or len is NULL"), std::string::npos) << error_text();
+  EXPECT_EQ(twell_text_stream_put(nullptr, 'c', &text, &len), TWELL_ERROR);
+  EXPECT_EQ(twell_text_stream_put(s, 300, &text, &len), TWELL_ERROR);  // past the vocabulary
+  EXPECT_NE(error_text().find("300"), std::string::npos) << error_text();
+  twell_text_stream_destroy(s);
+  twell_text_stream_destroy(nullptr);
+  s = nullptr;
+  EXPECT_EQ(twell_text_stream_create(nullptr, context, 2, stops, 1, &s), TWELL_ERROR);
+  EXPECT_EQ(s, nullptr);
+  EXPECT_EQ(twell_text_stream_create(t, nullptr, 2, stops, 1, &s), TWELL_ERROR);
+  twell_tokenizer_destroy(t);
+}
+
 }  // namespace
 }  // namespace twell::model

@@ -143,6 +143,7 @@ TEST(TextStream, PiecesAddUpToOneDecodeOfEverything) {
       TextStream stream(*tok, context);
       std::string pieces;
       for (int32_t id : ids) pieces += stream.put(id);
+      pieces += stream.finish();
       std::vector<int32_t> all = context;
       all.insert(all.end(), ids.begin(), ids.end());
       const std::string whole = tok->decode(all), before = tok->decode(context);
@@ -150,6 +151,39 @@ TEST(TextStream, PiecesAddUpToOneDecodeOfEverything) {
       EXPECT_EQ(escaped(pieces), escaped(whole.substr(before.size()))) << "trial " << trial;
     }
   }
+}
+
+// The ids of a UTF-8 text, a piece at a time: every piece is whole characters (each is valid UTF-8
+// alone), a stop id adds nothing, and nothing is held at the end; a character cut short comes out at
+// finish().
+TEST(TextStream, PiecesAreWholeCharactersAndStopsAddNothing) {
+  std::vector<std::unique_ptr<Tokenizer>> toks;
+  for (const char* name : {"bpe_gpt2.json", "bpe_llama3.json", "bpe_llama2.json"})
+    toks.push_back(BpeTokenizer::from_file(data_path(name)));
+  toks.push_back(std::make_unique<ByteTokenizer>(true, true));
+  const std::string text = "caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x91\x8b\xf0\x9f\x8f\xbd ok \xc3\xa9\xc3\xa9";
+  for (const auto& tok : toks) {
+    const int32_t stop = tok->eos_id().value_or(0);
+    TextStream stream(*tok, {}, {stop});
+    std::string pieces;
+    for (int32_t id : tok->encode(text)) {
+      for (const int32_t put : {id, stop}) {
+        const std::string piece = stream.put(put);
+        EXPECT_EQ(first_invalid_utf8(piece), std::string_view::npos) << escaped(piece);
+        if (put == stop) {
+          EXPECT_EQ(piece, "");
+        }
+        pieces += piece;
+      }
+    }
+    EXPECT_EQ(stream.finish(), "");
+    EXPECT_EQ(escaped(pieces), escaped(text));
+  }
+  ByteTokenizer bytes(true, true);
+  TextStream cut(bytes, {});
+  for (const int32_t b : {0xF0, 0x9F, 0x91}) EXPECT_EQ(cut.put(b), "");
+  EXPECT_EQ(escaped(cut.finish()), escaped("\xf0\x9f\x91"));
+  EXPECT_EQ(cut.put('x'), "x");  // nothing held any more
 }
 
 // ---- BpeTokenizer behaviour ---------------------------------------------------------------

@@ -107,7 +107,6 @@ void register_run(CLI::App& app) {
       stops = config.eos_token_ids;
       if (tok->eos_id()) stops.push_back(*tok->eos_id());
     }
-    const auto is_stop = [&](int32_t t) { return std::find(stops.begin(), stops.end(), t) != stops.end(); };
     // A model whose embedding is padded past the tokenizer must not draw ids it cannot print.
     sampling->vocab_limit = tok->vocab_size();
     // Why a generation stopped, where it was not its token count: `label` names the sequence.
@@ -141,10 +140,10 @@ void register_run(CLI::App& app) {
       long long after_first = 0, generated = 0;
       double decode = 0;
       for (size_t b = 0; b < B; ++b) {
-        model::TextStream shown(*tok, texts[b]);
+        model::TextStream shown(*tok, texts[b], stops);
         std::string text = (*prompts)[b];
-        for (int32_t t : gens[b].tokens)
-          if (!is_stop(t)) text += shown.put(t);
+        for (int32_t t : gens[b].tokens) text += shown.put(t);
+        text += shown.finish();
         std::cout << "[" << b + 1 << "] " << text << "\n";
         generated += static_cast<long long>(gens[b].tokens.size());
         after_first += std::max<long long>(0, static_cast<long long>(gens[b].tokens.size()) - 1);
@@ -164,12 +163,12 @@ void register_run(CLI::App& app) {
 
     // What is printed of the continuation: decode(prompt + new tokens) past decode(prompt), so a
     // tokenizer whose decoder depends on context (Llama 2's strips one leading space) streams
-    // the same text as a single decode of everything (TextStream: a window of recent ids a token).
-    model::TextStream shown(*tok, texts[0]);
+    // the same text as a single decode of everything (TextStream: a window of recent ids a token;
+    // a stop token is not part of the text).
+    model::TextStream shown(*tok, texts[0], stops);
     std::cout << (*prompts)[0] << std::flush;
     const std::function<void(int32_t)> stream = [&](int32_t token) {
-      if (is_stop(token)) return;  // not part of the text
-      const std::string piece = shown.put(token);  // bytes: a character may end in a later piece
+      const std::string piece = shown.put(token);
       if (!piece.empty()) std::cout << piece << std::flush;
     };
     model::Generation g;
@@ -179,7 +178,7 @@ void register_run(CLI::App& app) {
       std::cout << std::endl;
       throw;
     }
-    std::cout << std::endl;  // flushed before the summary on stderr, which may share a terminal or a pipe
+    std::cout << shown.finish() << std::endl;  // flushed before the summary on stderr, which may share a terminal or a pipe
     say_stop(g, "");
     // The prompt's time includes the first new token's draw; the rate is that of the steps after it.
     const long long generated = static_cast<long long>(g.tokens.size());

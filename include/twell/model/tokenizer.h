@@ -164,25 +164,30 @@ class BpeTokenizer final : public Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
-// The text of a growing sequence of ids, a piece at a time, for streaming: put(id) returns what
-// decode(context + ids so far) has beyond what the pieces before gave (raw bytes: a piece may end
-// inside a UTF-8 character, whose rest comes with a later one). Each step decodes only a window of
-// the last few ids, so a step's cost does not grow with the text. The window always begins with
-// ids whose text was given already, so a decoder that treats the first token specially (Llama 2's
-// strips one leading space) gives the same text as a single decode of everything, provided those
-// ids decode to some text: after six ids of none (ByteTokenizer's BOS and EOS, say) such a decoder
-// would strip the next token's space (no tokenizer twell loads has both).
+// The text of a growing sequence of ids, a piece at a time, for streaming (`twell run`, and
+// python/twell through the C API's twell_text_stream): put(id) returns what decode(context + ids so
+// far) has beyond what the pieces before gave, up to its last whole UTF-8 character: the bytes of a
+// character split across ids wait for the id that ends it, so each piece can be shown as text on its
+// own (bytes that are no UTF-8 at all pass as they are); finish() returns those of a character that
+// never ended. An id in `stops` (an end-of-sequence token) adds nothing. Each step decodes only a
+// window of the last few ids, so a step's cost does not grow with the text. The window always
+// begins with ids whose text was given already, so a decoder that treats the first token specially
+// (Llama 2's strips one leading space) gives the same text as a single decode of everything,
+// provided those ids decode to some text: after six ids of none (ByteTokenizer's BOS and EOS, say)
+// such a decoder would strip the next token's space (no tokenizer twell loads has both).
 class TextStream {
  public:
   // `context`: ids whose text is not given (a prompt); may be empty. `tok` must outlive the stream.
-  TextStream(const Tokenizer& tok, std::vector<int32_t> context);
+  TextStream(const Tokenizer& tok, std::vector<int32_t> context, std::vector<int32_t> stops = {});
   std::string put(int32_t id);
+  std::string finish();  // the held bytes of a character that never ended; then none are held
 
  private:
   static constexpr size_t kWindow = 6;  // ids of context a window keeps
   const Tokenizer& tok_;
-  std::vector<int32_t> ids_;
-  size_t given_;  // ids whose text has been given (or was context)
+  std::vector<int32_t> ids_, stops_;
+  size_t given_;      // ids whose text has been given (or was context)
+  std::string held_;  // the start of a character whose end has not come
 };
 
 // Where `text` stops being valid UTF-8: the offset of the first byte that does not start a valid
