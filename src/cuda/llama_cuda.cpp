@@ -839,28 +839,44 @@ struct LlamaCuda::Impl {
     return download ? download_logits(B, one_row) : Tensor();
   }
 
+  // Rows of logits all_logits computes and copies out at a time: the device holds that many rows of
+  // V floats (512 MB at Llama 3's 128256), not the whole call's (4 GB for an 8192-token window).
+  static constexpr int64_t kLogitsRows = 1024;
+
   // Logits of every position of one sequence from position 0 (LlamaCuda::logits), in chunks where it
-  // holds more than max_tokens tokens: each chunk's rows are copied into the result as they are done,
-  // so the device's logits buffer holds one chunk's. Leaves the cache empty.
+  // holds more than max_tokens tokens, each chunk's head computed kLogitsRows rows at a time and
+  // copied into the result (up to kLogitsRows tokens: one forward with its head, as prefill's).
+  // Leaves the cache empty.
   Tensor all_logits(const std::vector<int32_t>& toks) {
     const int64_t T = static_cast<int64_t>(toks.size());
-    const std::vector<int64_t> chunks = model::prefill_chunks(T, o.max_tokens);
     reset();
-    ensure_logits(chunks[0]);
-    Tensor out;
-    if (chunks.size() > 1) out = Tensor(DType::f32, {T, V});
+    if (T <= kLogitsRows && T <= o.max_tokens) {
+      ensure_logits(T);
+      upload_inputs(toks.data(), T, aligned_call(1, 0));
+      body(tokens.as<int32_t>(), 1, T, Head::all, false);
+      last_tokens = T;
+      Tensor out = download_logits(T);
+      reset();
+      return out;
+    }
+    ensure_logits(kLogitsRows);
+    Tensor out(DType::f32, {T, V});
     int64_t pos = 0;
-    for (int64_t len : chunks) {
+    for (int64_t len : model::prefill_chunks(T, o.max_tokens)) {
       upload_inputs(toks.data() + pos, len, aligned_call(1, pos));
-      body(tokens.as<int32_t>(), 1, len, Head::all, false);
-      if (chunks.size() > 1)  // the next chunk's head writes the buffer after this copy (one stream)
-        TWELL_CUDA_CHECK(cudaMemcpyAsync(out.ptr<float>() + pos * V, logits.get(), static_cast<size_t>(len * V) * 4,
+      body(tokens.as<int32_t>(), 1, len, Head::none, false);  // leaves the final norm's rows in `a`
+      for (int64_t r = 0; r < len; r += kLogitsRows) {
+        const int64_t n = std::min(kLogitsRows, len - r);
+        gemm.run(a.as<uint16_t>() + r * H, w->head().view().data, logits.get(), n, V, H, true, GemmEpilogue::none,
+                 stream, GemmOut::f32);
+        // Into pageable memory: returns once copied, before the next piece's GEMM overwrites the rows.
+        TWELL_CUDA_CHECK(cudaMemcpyAsync(out.ptr<float>() + (pos + r) * V, logits.get(), static_cast<size_t>(n * V) * 4,
                                          cudaMemcpyDeviceToHost, stream));
+      }
       pos += len;
     }
-    last_tokens = T;
-    if (chunks.size() == 1) out = download_logits(T);
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    last_tokens = T;
     reset();
     return out;
   }

@@ -1169,6 +1169,12 @@ TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
       }
     }
   }
+  {  // One forward of 1200 tokens (the default max_tokens: the context), its head 1024 + 176 rows.
+    LlamaCuda whole(dw);
+    EXPECT_LT(relative_error(whole.logits(std::vector<int32_t>(tokens.begin(), tokens.begin() + 1200)), rows(ref, 0, 1200)),
+              kTol);
+    EXPECT_EQ(whole.last_tokens(), 1200);
+  }
   // Without a KV cache the chunks would lose each other's keys: refused, with the reason.
   LlamaCudaOptions no_cache;
   no_cache.kv_cache = false;

@@ -241,7 +241,9 @@ class LlamaCuda final : public model::LanguageModel {
   // it refuses (throws, changing nothing) while a generation is cached: after prefill or
   // decode_step, until reset(). It leaves the cache empty, and cannot report per-layer FFN
   // statistics (ffn_stats must be null: use the CPU backend). More tokens than max_tokens run in
-  // chunks (LlamaCudaOptions::max_tokens), each chunk's logits copied to the result as it is done.
+  // chunks (LlamaCudaOptions::max_tokens); the head of a call of more than 1024 tokens runs 1024
+  // rows at a time, each copied to the result as it is done, so the device holds 1024 rows of
+  // logits, not one for every token.
   const io::ModelConfig& config() const override;
   Tensor logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats = nullptr) const override;
   Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]
