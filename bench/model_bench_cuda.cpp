@@ -830,6 +830,7 @@ void ragged_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     LlamaCudaOptions ro = o;
     ro.ffn = cuda::FfnMode::dense;
     ro.max_batch = 1;
+    ro.max_tokens = kLongest;
     LlamaCuda ref(w, ro);
     Tensor got[2];
     for (int k = 0; k < 2; ++k) {

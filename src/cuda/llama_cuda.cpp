@@ -204,7 +204,7 @@ struct LlamaCuda::Impl {
   // from and to pageable memory cost the host more per decode step. `staged` is recorded after the
   // input copies, which read the staging when they run.
   PinnedBuffer pinned_in, pinned_logits;
-  DeviceSampler sampler;  // prefill_sample, decode_step_sample
+  DeviceSampler sampler;  // prefill_batch_sample, decode_batch_sample
   bool gpu_sampling = false;  // o.sample_on_gpu where its kernel runs
   cudaEvent_t staged = nullptr;
   std::vector<DeviceBuffer> k_cache, v_cache;  // per layer (one shared buffer without kv_cache)
@@ -996,10 +996,6 @@ struct LlamaCuda::Impl {
     return download ? download_logits(B, one_row) : Tensor();
   }
 
-  // The token drawn from the first row of the logits the last call left on the device.
-  int32_t sample_first_row(model::Sampler& s) {
-    return sampler.sample(dev_view(logits.get(), DType::f32, {V}), s, stream)[0];
-  }
   // Row b of the last call's logits drawn by samplers[b], kNoToken where tokens[b] is.
   std::vector<int32_t> sample_rows(std::vector<model::Sampler>& samplers, const std::vector<int32_t>* toks) {
     std::vector<model::Sampler*> by_row;
@@ -1058,17 +1054,6 @@ Tensor LlamaCuda::decode_step(int32_t token) {
   return impl_->decode({token}, true);
 }
 
-int32_t LlamaCuda::prefill_sample(const std::vector<int32_t>& tokens, model::Sampler& sampler) {
-  if (!impl_->gpu_sampling) return LanguageModel::prefill_sample(tokens, sampler);
-  impl_->prefill({tokens}, true, false);
-  return impl_->sample_first_row(sampler);
-}
-int32_t LlamaCuda::decode_step_sample(int32_t token, model::Sampler& sampler) {
-  if (!impl_->gpu_sampling) return LanguageModel::decode_step_sample(token, sampler);
-  model::check_token_ids(impl_->c, {token});
-  impl_->decode({token}, true, false);
-  return impl_->sample_first_row(sampler);
-}
 bool LlamaCuda::samples_on_gpu() const { return impl_->gpu_sampling; }
 
 Tensor LlamaCuda::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) { return impl_->prefill(prompts); }

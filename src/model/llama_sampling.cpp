@@ -261,13 +261,6 @@ std::vector<int32_t> Sampler::candidates(const TensorView& logits) const {
   return ids;
 }
 
-int32_t LanguageModel::prefill_sample(const std::vector<int32_t>& tokens, Sampler& sampler) {
-  return sampler.sample(prefill(tokens));
-}
-int32_t LanguageModel::decode_step_sample(int32_t token, Sampler& sampler) {
-  return sampler.sample(decode_step(token));
-}
-
 void check_samplers(const std::vector<Sampler>& samplers, size_t B, const char* what) {
   TWELL_CHECK(samplers.size() == B, what, ": ", samplers.size(), " samplers for ", B, " sequences");
   for (const Sampler& s : samplers)
@@ -372,11 +365,8 @@ std::vector<int64_t> prefill_chunks(int64_t tokens, int64_t max_tokens) {
   TWELL_CHECK(max_tokens >= 1, "prefill_chunks: max_tokens must be at least 1, got ", max_tokens);
   if (tokens <= max_tokens) return {tokens};
   const int64_t n = (tokens + max_tokens - 1) / max_tokens;  // the fewest chunks
-  int64_t length = (tokens + n - 1) / n;
-  constexpr int64_t kAlign = 128;  // a GEMM tile's rows
-  if ((length + kAlign - 1) / kAlign * kAlign <= max_tokens) length = (length + kAlign - 1) / kAlign * kAlign;
-  std::vector<int64_t> chunks;
-  for (int64_t left = tokens; left > 0; left -= chunks.back()) chunks.push_back(std::min(length, left));
+  std::vector<int64_t> chunks(static_cast<size_t>(n), tokens / n);
+  for (int64_t i = 0; i < tokens % n; ++i) ++chunks[static_cast<size_t>(i)];  // the first ones one longer
   return chunks;
 }
 

@@ -235,7 +235,7 @@ TEST(DeviceSampler, LlamaCudaGeneratesTheHostDrawnTokens) {
   EXPECT_TRUE(sample_kernel_runs(&why)) << why;
   EXPECT_TRUE(gpu.samples_on_gpu());
   HostDrawn host(gpu);
-  lo.sample_on_gpu = false;  // prefill_sample and decode_step_sample copy the row back
+  lo.sample_on_gpu = false;  // prefill_batch_sample and decode_batch_sample copy the rows back
   LlamaCuda on_host(w, lo);
   EXPECT_FALSE(on_host.samples_on_gpu());
   const std::vector<int32_t> prompt = {5, 17, 200, 3, 99};

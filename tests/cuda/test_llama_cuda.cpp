@@ -1114,10 +1114,10 @@ TEST(LlamaCuda, RaggedPrefillRunsAsBatchesOfNeighbours) {
 
 // A prompt longer than max_tokens runs in chunks at increasing positions, each attending to the keys
 // the chunks before it cached (twell's attention and cuDNN's; the fused QKV GEMM from 512 tokens a
-// chunk): logits() of 600 tokens at max_tokens 256 (chunks 256, 256, 88) and of 1200 at 1100 (640,
-// 560) against the CPU model, a
-// prefill and its decode steps against the CPU's rows, a ragged batch whose long prompt runs alone
-// in chunks between batches of short ones; without a KV cache such a prompt is refused.
+// chunk): logits() of 600 tokens at max_tokens 256 (chunks of 200) and of 1200 at 1100 (two of 600)
+// against the CPU model, a prefill and its decode steps against the CPU's rows, a ragged batch whose
+// long prompt runs alone in chunks between batches of short ones, automatic attention over chunks of
+// 2100 tokens (cuDNN's from each shape's second call); without a KV cache such a prompt is refused.
 TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
   TWELL_REQUIRE_HOPPER();
   io::ModelConfig c = config_of(kShapes[3]);
@@ -1126,16 +1126,19 @@ TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
   const std::vector<int32_t> tokens = some_tokens(1201, c.vocab_size, 5);
   const std::vector<int32_t> head(tokens.begin(), tokens.begin() + 600);
   const Tensor ref = cpu.logits(tokens);
+  auto as_row = [](const Tensor& t) {  // [V] as [1, V]
+    return Tensor::copy_of(TensorView(t.view().data, DType::f32, {1, t.numel()}));
+  };
   for (PrefillAttention attention : {PrefillAttention::twell, PrefillAttention::cudnn}) {
     if (attention == PrefillAttention::cudnn && !cudnn_or_skip_note()) continue;
-    for (int64_t max_tokens : {int64_t{256}, int64_t{1100}}) {  // 1100: chunks of 640 + 560, the fused QKV GEMM
+    for (int64_t max_tokens : {int64_t{256}, int64_t{1100}}) {  // 1100: chunks of 600, the fused QKV GEMM
       SCOPED_TRACE(str(attention == PrefillAttention::cudnn ? "cudnn" : "twell", " attention, max_tokens ", max_tokens));
       LlamaCudaOptions o;
       o.max_batch = 3;
       o.max_tokens = max_tokens;
       o.prefill_attention = attention;
       LlamaCuda gpu(dw, o);
-      const int64_t n = max_tokens == 256 ? 600 : 1200;  // 256 + 256 + 88, or 640 + 560
+      const int64_t n = max_tokens == 256 ? 600 : 1200;  // 3 × 200, or 2 × 600
       const Tensor all = gpu.logits(std::vector<int32_t>(tokens.begin(), tokens.begin() + n));
       EXPECT_EQ(gpu.last_tokens(), n);
       EXPECT_EQ(gpu.cached_tokens(), 0);
@@ -1146,9 +1149,10 @@ TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
       const Tensor last = gpu.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + n - 1));
       EXPECT_EQ(gpu.last_tokens(), n - 1);
       EXPECT_EQ(gpu.cached_tokens(), n - 1);
-      EXPECT_LT(relative_error(last, rows(ref, n - 2, 1)), kTol) << "prefill";
-      EXPECT_LT(relative_error(gpu.decode_step(tokens[n - 1]), rows(ref, n - 1, 1)), kTol) << "first step";
-      EXPECT_LT(relative_error(gpu.decode_step(tokens[n]), rows(ref, n, 1)), kTol) << "second step";
+      EXPECT_EQ(gpu.prefill_kernels().fused_qkv_rope, max_tokens == 1100);  // its last chunk: 599 tokens
+      EXPECT_LT(relative_error(as_row(last), rows(ref, n - 2, 1)), kTol) << "prefill";
+      EXPECT_LT(relative_error(as_row(gpu.decode_step(tokens[n - 1])), rows(ref, n - 1, 1)), kTol) << "first step";
+      EXPECT_LT(relative_error(as_row(gpu.decode_step(tokens[n])), rows(ref, n, 1)), kTol) << "second step";
       if (max_tokens != 256) continue;
       // Short, long, short: runs 30 | 600 (chunked) | 50 (the long prompt cannot share a batch).
       const std::vector<std::vector<int32_t>> prompts = {some_tokens(30, c.vocab_size, 6), head,
@@ -1174,6 +1178,22 @@ TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
     EXPECT_LT(relative_error(whole.logits(std::vector<int32_t>(tokens.begin(), tokens.begin() + 1200)), rows(ref, 0, 1200)),
               kTol);
     EXPECT_EQ(whole.last_tokens(), 1200);
+  }
+  if (cudnn_or_skip_note()) {  // automatic attention past position 0: two chunks of 2100 tokens
+    io::ModelConfig c2 = c;
+    c2.max_position_embeddings = 4300;
+    auto [dw2, cpu2] = both_backends(c2, 32);
+    const std::vector<int32_t> prompt = some_tokens(4200, c2.vocab_size, 8);
+    const Tensor want = as_row(cpu2.prefill(prompt));
+    LlamaCudaOptions o;
+    o.max_tokens = 2100;
+    LlamaCuda gpu(dw2, o);
+    for (int call = 0; call < 2; ++call) {  // twell's kernel at each shape's first call, cuDNN's at its second
+      EXPECT_LT(relative_error(as_row(gpu.prefill(prompt)), want), kTol) << "call " << call;
+      EXPECT_EQ(gpu.last_tokens(), 4200);
+      EXPECT_EQ(gpu.prefill_kernels().attention.rfind(call == 0 ? "twell" : "cudnn", 0), 0u)
+          << gpu.prefill_kernels().attention;
+    }
   }
   // Without a KV cache the chunks would lose each other's keys: refused, with the reason.
   LlamaCudaOptions no_cache;

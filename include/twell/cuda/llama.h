@@ -197,8 +197,8 @@ struct LlamaCudaOptions {
   // synchronisation a layer): for inspection (how sparse a checkpoint really is, layer by layer),
   // not for timed runs.
   bool record_ffn_stats = false;
-  // prefill_sample / decode_step_sample draw the token on the GPU (DeviceSampler: only the token
-  // comes back) where its kernel runs (a cluster of 8 SMs, which a MIG instance or an MPS limit may
+  // prefill_batch_sample / decode_batch_sample draw the tokens on the GPU (DeviceSampler: only the
+  // tokens come back) where its kernel runs (a cluster of 8 SMs, which a MIG instance or an MPS limit may
   // not offer); false, or where it does not run: the logits row is copied back and drawn on the host
   // (model::Sampler), which gives the same tokens.
   bool sample_on_gpu = true;
@@ -248,10 +248,6 @@ class LlamaCuda final : public model::LanguageModel {
   Tensor logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats = nullptr) const override;
   Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]
   Tensor decode_step(int32_t token) override;                   // [V]
-  // The same steps, the next token drawn on the GPU (DeviceSampler): only the token comes back
-  // (see LlamaCudaOptions::sample_on_gpu).
-  int32_t prefill_sample(const std::vector<int32_t>& tokens, model::Sampler& sampler) override;
-  int32_t decode_step_sample(int32_t token, model::Sampler& sampler) override;
   bool samples_on_gpu() const;  // LlamaCudaOptions::sample_on_gpu, where the kernel runs
   int64_t cached_tokens() const override;
   int64_t context() const override;  // LlamaCudaOptions::max_context
@@ -260,7 +256,8 @@ class LlamaCuda final : public model::LanguageModel {
   // Batches of up to max_batch sequences of any lengths (model::LanguageModel::prefill_batch):
   // prompts -> logits of each last token [B, V]; decode_batch appends tokens[b] to sequence b of
   // the last prefill (kNoToken: it sits the step out, its row zeros) -> [B, V]. The *_sample
-  // forms draw on the GPU as prefill_sample does, one sampler a sequence.
+  // forms draw each sequence's next token on the GPU (DeviceSampler), one sampler a sequence: only
+  // the tokens come back (LlamaCudaOptions::sample_on_gpu).
   Tensor prefill_batch(const std::vector<std::vector<int32_t>>& prompts) override;
   Tensor decode_batch(const std::vector<int32_t>& tokens) override;
   std::vector<int32_t> prefill_batch_sample(const std::vector<std::vector<int32_t>>& prompts,

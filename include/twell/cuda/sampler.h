@@ -13,8 +13,8 @@
 // where the host sums doubles (so a token whose weight is below 2^-40 of the greatest is never
 // drawn here). Greedy is the argmax either way, lowest id on ties. Deterministic for a seed.
 //
-// LlamaCuda's generation uses it (model::generate through LanguageModel::prefill_sample and
-// decode_step_sample). Kernel: src/cuda/kernels/sample.cu.
+// LlamaCuda's generation uses it (model::generate and generate_batch through
+// LanguageModel::prefill_batch_sample and decode_batch_sample). Kernel: src/cuda/kernels/sample.cu.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -127,11 +127,6 @@ class LanguageModel {
   // KV-cache decoding: prefill clears the cache and returns the last token's logits [V].
   virtual Tensor prefill(const std::vector<int32_t>& tokens) = 0;
   virtual Tensor decode_step(int32_t token) = 0;  // [V]
-  // prefill / decode_step, then the next token drawn by `sampler` from their logits, which are
-  // not returned: a backend may draw where the logits are (LlamaCuda: on the GPU, so that only the
-  // token crosses to the host). By default, sampler.sample() of what prefill / decode_step return.
-  virtual int32_t prefill_sample(const std::vector<int32_t>& tokens, Sampler& sampler);
-  virtual int32_t decode_step_sample(int32_t token, Sampler& sampler);
   // Positions the cache holds: those of the one sequence, or of a batch's longest.
   virtual int64_t cached_tokens() const = 0;
   // Positions the KV cache holds at most: max_position_embeddings, or less where the backend was
@@ -150,8 +145,10 @@ class LanguageModel {
   virtual Tensor prefill_batch(const std::vector<std::vector<int32_t>>& prompts);
   virtual Tensor decode_batch(const std::vector<int32_t>& tokens);
   // The same, then the next token of each sequence drawn by samplers[b] (all with the same
-  // options; kNoToken for a sequence that sat out, whose sampler draws nothing). By default
-  // Sampler::sample of each row on the host.
+  // options; kNoToken for a sequence that sat out, whose sampler draws nothing), the logits not
+  // returned: a backend may draw where they are (LlamaCuda: on the GPU, so that only the tokens
+  // cross to the host). By default Sampler::sample of each row on the host. generate and
+  // generate_batch draw through these.
   virtual std::vector<int32_t> prefill_batch_sample(const std::vector<std::vector<int32_t>>& prompts,
                                                     std::vector<Sampler>& samplers);
   virtual std::vector<int32_t> decode_batch_sample(const std::vector<int32_t>& tokens,
@@ -299,9 +296,10 @@ std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t m
                                   const std::function<double(int64_t rows)>& run_cost);
 
 // The lengths of the chunks a prompt of `tokens` tokens is prefilled in, each at most max_tokens:
-// the prompt itself where it fits, else the fewest chunks, of one length (a multiple of 128 where
-// max_tokens allows) but the last, which is no longer: 20000 tokens at max_tokens 16384 run as
-// 10112 + 9888, so both chunks are large enough for a batched kernel's fast paths.
+// the prompt itself where it fits, else the fewest chunks, as even as they can be (the first ones
+// one token longer): 20000 tokens at max_tokens 16384 run as 10000 + 10000, 16385 as 8193 + 8192.
+// More than one chunk each holds at least half of max_tokens, so at the default of 16384 each
+// stays on the twell FFN's sparse path (sparse_min_tokens 8192).
 std::vector<int64_t> prefill_chunks(int64_t tokens, int64_t max_tokens);
 
 // generate() for B prompts at once, through prefill_batch_sample and decode_batch_sample (B at

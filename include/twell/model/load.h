@@ -43,8 +43,9 @@ struct ModelLoadOptions {
   int64_t context = 0;
   bool kv_cache = true;
   // GPU: the most sequences one call takes (generate_batch, prefill_batch): the KV cache holds as many
-  // contexts; the activations are sized for one forward of max_batch · context tokens up to
-  // cuda::kDefaultMaxTokens, and longer prefills run as several (LlamaCudaOptions::max_tokens).
+  // contexts; with kv_cache, the activations are sized for one forward of max_batch · context
+  // tokens up to cuda::kDefaultMaxTokens, and longer prefills run as several
+  // (LlamaCudaOptions::max_tokens); without it, for all of them.
   // The CPU backend takes up to 65535.
   int64_t max_batch = 1;
   // A cap on the GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all
