@@ -42,6 +42,7 @@ struct ModelBenchConfig {
   int decode_attention_splits = 0;             // decode: key ranges a head in both models; 0: each model's own
   int64_t gather_batches = 8;                  // decode: twell_gather records (the gather FFN) up to this batch
   int64_t ragged = 0;                          // ragged prefill: prompts of random lengths (64-511) a call; 0: none
+  int64_t long_prompt = 0;                     // one prompt of this many tokens, in chunks and in one forward; 0: none
   int32_t tile = 0;                            // the twell FFN's TwELL tile width (FfnOptions::tile; 0: its default)
   std::string attention = "auto";              // prefill attention: auto, cudnn or twell (PrefillAttention)
   uint64_t seed = 1;

@@ -82,6 +82,7 @@ io::ModelConfig model_config(const ModelBenchConfig& cfg) {
   c.vocab_size = cfg.vocab;
   int64_t ctx = std::max(cfg.seq, cfg.check_tokens);
   if (!cfg.decode_batches.empty()) ctx = std::max(ctx, cfg.context + 3 + cfg.steps + kEnergyContext);
+  ctx = std::max(ctx, cfg.long_prompt);
   c.max_position_embeddings = ctx;
   c.rope_theta = 1e5;
   c.rms_norm_eps = 1e-5;
@@ -889,12 +890,84 @@ void ragged_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   }
 }
 
+// One long prompt (a document, a chat history) on the twell model, prefilled in chunks of at most
+// kDefaultMaxTokens tokens (LlamaCudaOptions::max_tokens's default: the activations sized for a
+// chunk) and in one forward (max_tokens = the prompt), with the device memory each holds. Checked
+// first: each model's second call (the first builds no cuDNN plan: automatic attention) against a
+// one-forward dense model's last-token logits, within the CPU check's bound. Timed: the prefill's
+// GPU time (CUDA events around its device work, last_gpu_ms), new tokens every call, the models
+// alternating which goes first.
+void long_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, const Calibration& cal,
+                const CheckResult& check, std::vector<BenchRecord>& out, std::ostream& progress) {
+  const int64_t N = cfg.long_prompt, V = w->config.vocab_size;
+  LlamaCudaOptions o;
+  o.max_context = N;
+  o.ffn_options.tile = cfg.tile;
+  o.prefill_attention = attention_mode(cfg.attention);
+  o.fused_qkv_rope = cfg.fused_qkv_rope;
+  o.ffn_residual_norm = cfg.ffn_residual_norm;
+  o.deferred_residual_add = cfg.deferred_residual_add;
+  LlamaCuda chunked(w, o);  // the default max_tokens
+  o.max_tokens = N;
+  LlamaCuda whole(w, o);
+  LlamaCuda* models[2] = {&whole, &chunked};
+  const std::vector<int64_t> chunks = model::prefill_chunks(N, chunked.options().max_tokens);
+  std::mt19937_64 rng(cfg.seed + 91);
+  double err[2] = {0, 0};
+  {
+    const std::vector<int32_t> fixed = random_tokens(N, V, rng());
+    LlamaCudaOptions ro = o;
+    ro.ffn = cuda::FfnMode::dense;
+    const Tensor want = LlamaCuda(w, ro).prefill(fixed);
+    for (int k = 0; k < 2; ++k) {
+      models[k]->prefill(fixed);
+      err[k] = relative_error(models[k]->prefill(fixed), want);
+    }
+  }
+  std::string sizes;
+  for (int64_t n : chunks) sizes += (sizes.empty() ? "" : " + ") + std::to_string(n);
+  char line[320];
+  std::snprintf(line, sizeof line, "long prompt of %lld tokens: in %zu chunk%s (%s) and in one forward; rel err against "
+                "a dense forward %.2e / %.2e; buffers beside the weights %.2f GB / %.2f GB\n", static_cast<long long>(N),
+                chunks.size(), chunks.size() == 1 ? "" : "s", sizes.c_str(), err[1], err[0],
+                chunked.workspace_bytes() / 1e9, whole.workspace_bytes() / 1e9);
+  progress << "  " << line;
+  const double bound = 2 * check.prefill_dense + 1e-3;
+  Timing t[2];
+  const int calls = cfg.warmup + cfg.iters;
+  StepProgress steps(progress, "long prompt timing: ", calls);
+  for (int i = 0; i < calls; ++i) {
+    const std::vector<int32_t> prompt = random_tokens(N, V, rng());
+    for (int j = 0; j < 2; ++j) {
+      const int k = (i + j) % 2;
+      models[k]->prefill(prompt);
+      if (i >= cfg.warmup) t[k].ms.push_back(models[k]->last_gpu_ms());
+    }
+    steps.step(i + 1);
+  }
+  steps.finish();
+  const char* names[2] = {"whole", "chunks"};
+  for (int k = 0; k < 2; ++k) {
+    BenchRecord r = record("model_long", names[k], cfg, N, t[k], double(N), w->bytes() + models[k]->workspace_bytes(),
+                           cal.sample_nnz(), t[0].median(), check.prefill_dense, err[k]);
+    if (!(err[k] <= bound)) r.correct = false, r.ratio_to_dense = NAN;
+    if (!(err[0] <= bound)) r.ratio_to_dense = NAN;
+    std::snprintf(line, sizeof line, "one prompt of %lld tokens, twell FFN; %s; ratio against one forward; GPU time of "
+                  "prefill (the chunks' token copies included); memory: weights + the model's buffers",
+                  static_cast<long long>(N), k == 1 ? ("chunks of " + sizes).c_str() : "one forward");
+    r.note = line;
+    r.distribution = "long_prompt";
+    out.push_back(r);
+  }
+}
+
 }  // namespace
 
 std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress) {
   // The arguments first, so that a typo fails at once, on any machine.
-  TWELL_REQUIRE(cfg.prefill || cfg.decode || cfg.ragged > 0,
-                "bench model: --no-prefill and --no-decode together leave nothing to run (without --ragged)");
+  TWELL_REQUIRE(cfg.prefill || cfg.decode || cfg.ragged > 0 || cfg.long_prompt > 0,
+                "bench model: --no-prefill and --no-decode together leave nothing to run (without --ragged or --long)");
+  TWELL_REQUIRE(cfg.long_prompt >= 0, "bench model: --long must be at least 0, got ", cfg.long_prompt);
   TWELL_REQUIRE(cfg.iters >= 1 && cfg.warmup >= 0 && cfg.steps >= 1, "bench model: --iters and --steps must be "
                 "positive and --warmup not negative, got ", cfg.iters, ", ", cfg.steps, " and ", cfg.warmup);
   const int32_t compression = cuda::FfnOptions{}.compression;
@@ -950,6 +1023,7 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
   if (cfg.decode)
     for (int64_t B : cfg.decode_batches) decode_bench(w, cfg, B, cal, check, energy, out, progress);
   if (cfg.ragged > 0) ragged_bench(w, cfg, cal, check, out, progress);
+  if (cfg.long_prompt > 0) long_bench(w, cfg, cal, check, out, progress);
   return out;
 }
 

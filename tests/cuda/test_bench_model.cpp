@@ -38,5 +38,33 @@ TEST(BenchModel, ASmallModelIsCheckedTimedAndAsSparseAsAsked) {
   EXPECT_NE(progress.str().find("4 layers counted"), std::string::npos) << progress.str();
 }
 
+// --long: one prompt of 20000 tokens in two chunks of 10000 (the default max_tokens, 16384) and in one
+// forward, both checked against a dense forward, the chunks' buffers smaller.
+TEST(BenchModel, ALongPromptRunsInChunksAndInOneForward) {
+  TWELL_REQUIRE_HOPPER();
+  bench::ModelBenchConfig cfg;
+  cfg.layers = 2, cfg.hidden = 512, cfg.ffn = 2048, cfg.heads = 8, cfg.kv_heads = 8, cfg.vocab = 4096;
+  cfg.prefill = cfg.decode = false;
+  cfg.decode_batches.clear();
+  cfg.long_prompt = 20000;
+  cfg.warmup = 1, cfg.iters = 2;
+  cfg.density = 0.01;
+  std::ostringstream progress;
+  const std::vector<bench::BenchRecord> records = bench::run_model_bench(cfg, progress);
+  ASSERT_EQ(records.size(), 2u) << progress.str();
+  EXPECT_NE(progress.str().find("long prompt of 20000 tokens: in 2 chunks (10000 + 10000)"), std::string::npos)
+      << progress.str();
+  for (const bench::BenchRecord& r : records) {
+    SCOPED_TRACE(r.impl + ": " + r.note);
+    EXPECT_EQ(r.bench, "model_long");
+    EXPECT_TRUE(r.correct);
+    EXPECT_GT(r.ms_median, 0);
+    EXPECT_EQ(r.M, 20000);
+  }
+  EXPECT_EQ(records[0].impl, "whole");
+  EXPECT_EQ(records[1].impl, "chunks");
+  EXPECT_LT(records[1].peak_mem_bytes, records[0].peak_mem_bytes);
+}
+
 }  // namespace
 }  // namespace twell

@@ -157,6 +157,11 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "model_ragged records); 0: none")
       ->check(CLI::Range(int64_t{0}, int64_t{256}))
       ->capture_default_str();
+  model->add_option("--long", mcfg->long_prompt,
+                    "one prompt of this many tokens on the twell model, prefilled in chunks of the default max_tokens "
+                    "(16384) and in one forward, with the memory each holds (model_long records); 0: none")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads, from 2048 tokens a call, from a "
                     "shape's second call or where one call repays its plan), cudnn, twell")

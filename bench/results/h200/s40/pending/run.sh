@@ -4,7 +4,7 @@
 # from a shape's second call): the changed tests, memcheck of the sparse-model ragged test, Python, the GPU
 # suite; the ragged prefill bench (new binary, and the binary before the attention rule: old_twell);
 # twell run's first token at 2049 tokens (new and old); the standard prefill bench (cuDNN at its first call).
-# Session 41 added the chunked prefill (LongPromptsRunInChunksOfMaxTokens in the filters).
+# Session 41 added the chunked prefill (LongPromptsRunInChunksOfMaxTokens in the filters; `bench model --long`).
 # Use: as out/runNNN.sh beside out/bins.tar.xz, whose new/ holds twell, twell_gpu_tests, twell_tests,
 # libtwell_c.so of the build to check and old_twell (twell built at 9eb5986, before the attention rule).
 set -u
@@ -43,6 +43,8 @@ for v in new old new old; do
   P=$($PY -c "print('a' * 2048)")
   echo "$v: $(timeout 120 $T run $M --byte-tokenizer --device cuda -p "$P" -n 8 --no-stop 2>&1 >/dev/null | tail -1)"
 done | tee $O/twell_run.txt
+ts long prompt
+$B/twell bench model --no-prefill --no-decode --long 20000 --iters 6 --json $O/long.json > $O/long.txt 2>&1; grep -E "long prompt of|model_long|rror" $O/long.txt | head
 ts bench model prefill
 $B/twell bench model --no-decode --iters 6 --json $O/model.json > $O/model.txt 2>&1; grep -E "prefill attention|model_prefill" $O/model.txt | head
 ts done
