@@ -305,6 +305,10 @@ void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, 
                        int64_t ld, int64_t M, int64_t I, cudaStream_t stream);
 
 // ---- model runtime (llama_layers.cu, attention.cu) ----------------------------------------------
+// nll[r] = −log softmax(logits[r, :])[targets[r]] for r < rows, in double (logits [rows, V] f32,
+// targets in [0, V): not checked), as model::nll_from_logits on the host.
+void launch_row_nll(const float* logits, int64_t rows, int64_t V, const int32_t* targets, double* nll,
+                    cudaStream_t stream);
 // x[t, :] = float(table[tokens[t], :])          x [T, H] fp32, table [V, H] bf16
 void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float* x, int64_t H, cudaStream_t stream);
 // dst[r, :] = src[rows[r], :] for r < n: bf16 rows of H elements (a multiple of 8; 16-byte aligned

@@ -199,6 +199,7 @@ struct LlamaCuda::Impl {
   // fused_decode_ffn), whose output stays as partial sums for the next residual add + RMSNorm.
   DecodeFfn decode_ffn;  // empty: not used
   DeviceBuffer tokens, p0, x, a, qkv, attn, proj, y, g, u, cos_sin, logits;
+  DeviceBuffer nll_io;  // next_token_nll: kLogitsRows doubles out, then as many int32 targets (at its first call)
   int64_t logits_rows = 0;
   // Pinned staging of a call's inputs (tokens, then the position) and of small logits: copies
   // from and to pageable memory cost the host more per decode step. `staged` is recorded after the
@@ -843,24 +844,26 @@ struct LlamaCuda::Impl {
   // V floats (512 MB at Llama 3's 128256), not the whole call's (4 GB for an 8192-token window).
   static constexpr int64_t kLogitsRows = 1024;
 
-  // Logits of every position of one sequence from position 0 (LlamaCuda::logits), in chunks where it
-  // holds more than max_tokens tokens, each chunk's head computed kLogitsRows rows at a time and
-  // copied into the result (up to kLogitsRows tokens: one forward with its head, as prefill's).
-  // Leaves the cache empty.
-  Tensor all_logits(const std::vector<int32_t>& toks) {
+  // The checks of a forward of one whole sequence from position 0 (logits, next_token_nll), before
+  // anything changes.
+  void check_whole_sequence(const std::vector<int32_t>& toks, const char* what) const {
+    model::check_token_ids(c, toks);
+    check_call(1, static_cast<int64_t>(toks.size()), true, true);
+    // It runs in the KV cache's memory: a generation in progress would be lost, and a const call
+    // must not end it. So it is refused, and nothing changes.
+    TWELL_CHECK(lens.empty(), what, ": the KV cache holds ", longest(),
+                " positions of a generation in progress, which it would overwrite; call reset() first, or run it "
+                "on a second LlamaCuda over the same weights");
+  }
+
+  // The forward of one sequence from position 0 (logits, next_token_nll), in chunks where it holds
+  // more than max_tokens tokens; after each chunk, its head kLogitsRows rows at a time into `logits`,
+  // each piece handed to piece(first row, rows) before the next overwrites it. Leaves the cache empty.
+  template <class Piece>
+  void forward_pieces(const std::vector<int32_t>& toks, Piece&& piece) {
     const int64_t T = static_cast<int64_t>(toks.size());
     reset();
-    if (T <= kLogitsRows && T <= o.max_tokens) {
-      ensure_logits(T);
-      upload_inputs(toks.data(), T, aligned_call(1, 0));
-      body(tokens.as<int32_t>(), 1, T, Head::all, false);
-      last_tokens = T;
-      Tensor out = download_logits(T);
-      reset();
-      return out;
-    }
-    ensure_logits(kLogitsRows);
-    Tensor out(DType::f32, {T, V});
+    ensure_logits(std::min(T, kLogitsRows));
     int64_t pos = 0;
     for (int64_t len : model::prefill_chunks(T, o.max_tokens)) {
       upload_inputs(toks.data() + pos, len, aligned_call(1, pos));
@@ -869,15 +872,56 @@ struct LlamaCuda::Impl {
         const int64_t n = std::min(kLogitsRows, len - r);
         gemm.run(a.as<uint16_t>() + r * H, w->head().view().data, logits.get(), n, V, H, true, GemmEpilogue::none,
                  stream, GemmOut::f32);
-        // Into pageable memory: returns once copied, before the next piece's GEMM overwrites the rows.
-        TWELL_CUDA_CHECK(cudaMemcpyAsync(out.ptr<float>() + (pos + r) * V, logits.get(), static_cast<size_t>(n * V) * 4,
-                                         cudaMemcpyDeviceToHost, stream));
+        piece(pos + r, n);
       }
       pos += len;
     }
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
     last_tokens = T;
     reset();
+  }
+
+  // Logits of every position (LlamaCuda::logits): up to kLogitsRows tokens that fit max_tokens, one
+  // forward with its head, as prefill's; more through forward_pieces, each piece copied into the result.
+  Tensor all_logits(const std::vector<int32_t>& toks) {
+    const int64_t T = static_cast<int64_t>(toks.size());
+    if (T <= kLogitsRows && T <= o.max_tokens) {
+      reset();
+      ensure_logits(T);
+      upload_inputs(toks.data(), T, aligned_call(1, 0));
+      body(tokens.as<int32_t>(), 1, T, Head::all, false);
+      last_tokens = T;
+      Tensor out = download_logits(T);
+      reset();
+      return out;
+    }
+    Tensor out(DType::f32, {T, V});
+    forward_pieces(toks, [&](int64_t first, int64_t n) {
+      // Into pageable memory: returns once copied, before the next piece's GEMM overwrites the rows.
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(out.ptr<float>() + first * V, logits.get(), static_cast<size_t>(n * V) * 4,
+                                       cudaMemcpyDeviceToHost, stream));
+    });
+    return out;
+  }
+
+  // −log p(toks[t+1] | toks[..t]) for t < T − 1 (LlamaCuda::next_token_nll): each piece of logits
+  // reduced on the GPU (launch_row_nll), its T − 1 doubles copied back, not T × V floats.
+  std::vector<double> all_nll(const std::vector<int32_t>& toks) {
+    const int64_t T = static_cast<int64_t>(toks.size());
+    if (!nll_io.get()) nll_io = DeviceBuffer(static_cast<size_t>(kLogitsRows) * (8 + 4));
+    double* nll = nll_io.as<double>();
+    auto* targets = reinterpret_cast<int32_t*>(nll + kLogitsRows);
+    std::vector<double> out(static_cast<size_t>(T - 1));
+    forward_pieces(toks, [&](int64_t first, int64_t n) {
+      const int64_t m = std::min(n, T - 1 - first);  // rows with a next token (the last has none)
+      if (m <= 0) return;
+      // From and to pageable memory: the copy in is staged before it returns, the copy out done.
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(targets, toks.data() + first + 1, static_cast<size_t>(m) * 4,
+                                       cudaMemcpyHostToDevice, stream));
+      launch_row_nll(logits.as<float>(), m, V, targets, nll, stream);
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data() + first, nll, static_cast<size_t>(m) * 8, cudaMemcpyDeviceToHost,
+                                       stream));
+    });
     return out;
   }
 
@@ -1036,15 +1080,14 @@ const io::ModelConfig& LlamaCuda::config() const { return impl_->c; }
 
 Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats) const {
   TWELL_CHECK(ffn_stats == nullptr, "LlamaCuda::logits: per-layer FFN statistics come from the CPU backend only");
-  model::check_token_ids(impl_->c, tokens);
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  impl_->check_call(1, T, true, true);
-  // It runs in the KV cache's memory: a generation in progress would be lost, and a const call
-  // must not end it. So it is refused, and nothing changes.
-  TWELL_CHECK(impl_->lens.empty(), "LlamaCuda::logits: the KV cache holds ", impl_->longest(),
-              " positions of a generation in progress, which logits() would overwrite; call reset() first, "
-              "or run logits() on a second LlamaCuda over the same weights");
+  impl_->check_whole_sequence(tokens, "LlamaCuda::logits");
   return impl_->all_logits(tokens);
+}
+
+std::vector<double> LlamaCuda::next_token_nll(const std::vector<int32_t>& tokens) const {
+  TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
+  impl_->check_whole_sequence(tokens, "LlamaCuda::next_token_nll");
+  return impl_->all_nll(tokens);
 }
 
 Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) { return impl_->prefill({tokens}, true); }
@@ -1095,7 +1138,7 @@ size_t LlamaCuda::workspace_bytes() const {
   const Impl& m = *impl_;
   size_t n = m.tokens.bytes() + m.p0.bytes() + m.x.bytes() + m.a.bytes() + m.qkv.bytes() + m.attn.bytes() +
              m.proj.bytes() + m.y.bytes() + m.g.bytes() + m.u.bytes() + m.cos_sin.bytes() +
-             m.logits.bytes() + m.sampler.workspace_bytes();
+             m.logits.bytes() + m.nll_io.bytes() + m.sampler.workspace_bytes();
   for (const auto& b : m.k_cache) n += b.bytes();
   for (const auto& b : m.v_cache) n += b.bytes();
   if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_dense->workspace_bytes();

@@ -448,13 +448,37 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
   return gens;
 }
 
+std::vector<double> LanguageModel::next_token_nll(const std::vector<int32_t>& tokens) const {
+  TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
+  return nll_from_logits(logits(tokens), tokens);
+}
+
+namespace {
+
+Perplexity perplexity_of(const std::vector<double>& nll) {
+  Perplexity p;
+  p.predictions = static_cast<int64_t>(nll.size());
+  double sum = 0;
+  for (double v : nll) sum += v;
+  p.mean_nll = sum / static_cast<double>(p.predictions);
+  p.perplexity = std::exp(p.mean_nll);
+  return p;
+}
+
+}  // namespace
+
 Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,
                       std::vector<ActivationStats>* ffn_stats) {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
-  return perplexity_from_logits(model.logits(tokens, ffn_stats), tokens);
+  if (ffn_stats) return perplexity_from_logits(model.logits(tokens, ffn_stats), tokens);
+  return perplexity_of(model.next_token_nll(tokens));
 }
 
 Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens) {
+  return perplexity_of(nll_from_logits(logits, tokens));
+}
+
+std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens) {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   const int64_t T = static_cast<int64_t>(tokens.size());
   TWELL_CHECK(logits.rank() == 2 && logits.shape[0] == T, "perplexity: logits ", shape_str(logits.shape),
@@ -463,7 +487,8 @@ Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<in
   check_contiguous(logits, "perplexity: logits");
   const int64_t V = logits.shape[1];
   const size_t row_bytes = static_cast<size_t>(V) * dtype_size(logits.dtype);
-  double nll_sum = 0;
+  std::vector<double> nll;
+  nll.reserve(static_cast<size_t>(T - 1));
   for (int64_t t = 0; t + 1 < T; ++t) {  // a row at a time: [T, V] in double would be 8·T·V bytes
     const std::vector<double> values =
         to_f64(TensorView(static_cast<char*>(logits.data) + static_cast<size_t>(t) * row_bytes, logits.dtype, {V}));
@@ -472,13 +497,9 @@ Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<in
     double sum = 0;
     for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - top);
     TWELL_CHECK(tokens[t + 1] >= 0 && tokens[t + 1] < V, "perplexity: token ", tokens[t + 1], " outside [0, ", V, ")");
-    nll_sum += (top + std::log(sum)) - row[tokens[t + 1]];  // −log softmax(row)[next]
+    nll.push_back((top + std::log(sum)) - row[tokens[t + 1]]);  // −log softmax(row)[next]
   }
-  Perplexity p;
-  p.predictions = T - 1;
-  p.mean_nll = nll_sum / static_cast<double>(p.predictions);
-  p.perplexity = std::exp(p.mean_nll);
-  return p;
+  return nll;
 }
 
 }  // namespace twell::model

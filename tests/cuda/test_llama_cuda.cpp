@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -1215,6 +1216,44 @@ TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
   EXPECT_EQ(LlamaCuda::memory_needed(c, wide).activations,
             LlamaCuda::memory_needed(c, [&] { LlamaCudaOptions x = wide; x.max_tokens = 64 * 1300; return x; }())
                 .activations);
+}
+
+// next_token_nll reduces each piece of the logits on the GPU: against nll_from_logits of logits()
+// (the same forward, reduced on the host) and the CPU model's perplexity, at 2, 100 and 1200 tokens
+// (the head in pieces of 1024 + 176 rows), also in chunks (max_tokens 256); model::perplexity
+// takes it; refused where logits() is.
+TEST(LlamaCuda, NextTokenNllReducesTheLogitsOnTheGpu) {
+  TWELL_REQUIRE_HOPPER();
+  io::ModelConfig c = config_of(kShapes[1]);  // untied head
+  c.max_position_embeddings = 1300;
+  const auto [dw, cpu] = both_backends(c, 33);
+  const std::vector<int32_t> tokens = some_tokens(1200, c.vocab_size, 9);
+  LlamaCudaOptions small;
+  small.max_tokens = 256;
+  LlamaCuda whole(dw), chunked(dw, small);
+  for (const int64_t T : {int64_t{2}, int64_t{100}, int64_t{1200}}) {
+    const std::vector<int32_t> t(tokens.begin(), tokens.begin() + T);
+    const model::Perplexity want = model::perplexity(cpu, t);
+    for (LlamaCuda* m : {&whole, &chunked}) {
+      SCOPED_TRACE(str(T, " tokens, max_tokens ", m->options().max_tokens));
+      const std::vector<double> got = m->next_token_nll(t);
+      const std::vector<double> host = model::nll_from_logits(m->logits(t), t);
+      ASSERT_EQ(got.size(), static_cast<size_t>(T - 1));
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - host[i]) / (1 + std::abs(host[i])));
+      EXPECT_LT(worst, 1e-4) << "against the host's reduction of the same forward's logits";
+      const model::Perplexity p = model::perplexity(*m, t);
+      EXPECT_EQ(p.predictions, T - 1);
+      EXPECT_NEAR(p.mean_nll, std::accumulate(got.begin(), got.end(), 0.0) / double(T - 1), 1e-4);
+      EXPECT_NEAR(p.mean_nll, want.mean_nll, kTol * want.mean_nll) << "against the CPU model";
+      EXPECT_EQ(m->cached_tokens(), 0);
+    }
+  }
+  EXPECT_THROW(whole.next_token_nll({1}), Error);
+  EXPECT_THROW(whole.next_token_nll({1, static_cast<int32_t>(c.vocab_size)}), Error);
+  whole.prefill({1, 2, 3});
+  test::expect_error([&] { whole.next_token_nll({1, 2}); }, {"generation in progress"});
+  EXPECT_EQ(whole.cached_tokens(), 3);
 }
 
 // Where the prefill FFN is sparse, a run below sparse_min_tokens (whose FFN runs dense by its size)

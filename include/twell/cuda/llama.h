@@ -205,9 +205,10 @@ struct LlamaCudaOptions {
 };
 
 // The device memory a LlamaCuda allocates at construction besides its weights (bytes). Later
-// calls may add cuDNN's attention workspace (at the first prefill of a shape, as its plan asks)
-// and grow the logits buffer (a call whose head takes more than max_batch rows): workspace_bytes()
-// counts what is allocated at any time.
+// calls may add cuDNN's attention workspace (at the first prefill of a shape, as its plan asks),
+// grow the logits buffer (a call whose head takes more than max_batch rows: logits() and
+// next_token_nll up to 1024, enqueue() all its rows) and add next_token_nll's 12 KB:
+// workspace_bytes() counts what is allocated at any time.
 struct LlamaCudaMemory {
   size_t kv_cache = 0;     // keys and values: 2 · layers (1 without kv_cache) · max_batch · max_context · nkv · hd · 2
   size_t activations = 0;  // the per-call buffers of max_tokens rows: the residual stream, norms, QKV, attention
@@ -246,6 +247,10 @@ class LlamaCuda final : public model::LanguageModel {
   // logits, not one for every token.
   const io::ModelConfig& config() const override;
   Tensor logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats = nullptr) const override;
+  // The same forward as logits(), each piece of its logits reduced to the next tokens' negative
+  // log-likelihoods on the GPU (in double, as model::nll_from_logits): T − 1 numbers come back, not
+  // T × V logits (`twell eval`, model::perplexity).
+  std::vector<double> next_token_nll(const std::vector<int32_t>& tokens) const override;
   Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]
   Tensor decode_step(int32_t token) override;                   // [V]
   bool samples_on_gpu() const;  // LlamaCudaOptions::sample_on_gpu, where the kernel runs

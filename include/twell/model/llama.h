@@ -124,6 +124,11 @@ class LanguageModel {
   // a generation is cached (LlamaCuda, whose forward runs in the cache's memory): reset() first.
   virtual Tensor logits(const std::vector<int32_t>& tokens,
                         std::vector<ActivationStats>* ffn_stats = nullptr) const = 0;
+  // −log p(tokens[t+1] | tokens[0..t]) for t < T − 1 under one forward from position 0 (T ≥ 2;
+  // perplexity): by default nll_from_logits of logits(); a backend may reduce the logits where they
+  // are (LlamaCuda: on the GPU, so that T − 1 numbers cross to the host, not T × V logits). The same
+  // refusals as logits().
+  virtual std::vector<double> next_token_nll(const std::vector<int32_t>& tokens) const;
   // KV-cache decoding: prefill clears the cache and returns the last token's logits [V].
   virtual Tensor prefill(const std::vector<int32_t>& tokens) = 0;
   virtual Tensor decode_step(int32_t token) = 0;  // [V]
@@ -317,11 +322,14 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
                                        const std::vector<int32_t>& stop_tokens = {},
                                        const std::function<bool(int64_t, int32_t)>& on_token = {});
 
-// Perplexity of a sequence under one full forward (T ≥ 2); log-softmax in double.
-// `ffn_stats` as for LlamaCpu::logits.
+// Perplexity of a sequence under one full forward (T ≥ 2): model.next_token_nll, or with
+// `ffn_stats` (as for LlamaCpu::logits) from the logits, whose log-softmax is taken in double.
 Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,
                       std::vector<ActivationStats>* ffn_stats = nullptr);
 // The same from logits [T, V] (f32 or f64) already computed for `tokens`.
 Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens);
+// −log p(tokens[t+1] | tokens[0..t]) for t < T − 1 from logits [T, V] (f32 or f64) computed for
+// `tokens`: the row's maximum m, then m + log Σ exp(x − m) − x[next], in double.
+std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens);
 
 }  // namespace twell::model

@@ -1,6 +1,6 @@
 // The model runtime's small kernels (src/cuda/llama_cuda.cpp): embedding lookup, residual add
-// fused with RMSNorm, RoPE fused with the KV-cache write, the SiLU gate product, and a
-// counter-based random fill for synthetic weights. The residual stream is fp32; everything a
+// fused with RMSNorm, RoPE fused with the KV-cache write, the SiLU gate product, the next tokens'
+// negative log-likelihoods from logits rows, and a counter-based random fill for synthetic weights. The residual stream is fp32; everything a
 // GEMM reads is bf16. Covered by tests/cuda/test_llama_cuda.cpp (whole model vs the CPU backend).
 #include <algorithm>
 
@@ -24,6 +24,35 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   for (int w = 0; w < warps; ++w) total += scratch[w];
   __syncthreads();  // scratch is reused by the next call
   return total;
+}
+
+// nll[r] = −log softmax(logits[r])[targets[r]] in double, as model::nll_from_logits computes it on
+// the host: the row's maximum m, then m + log Σ exp(x − m) − x[target]; the sum in double, in a
+// fixed order (deterministic). One block of kNllThreads a row.
+constexpr int kNllThreads = 256;
+__global__ void __launch_bounds__(kNllThreads) row_nll_kernel(const float* __restrict__ logits, int64_t V,
+                                                              const int32_t* __restrict__ targets,
+                                                              double* __restrict__ nll) {
+  __shared__ float top_of[kNllThreads / 32];
+  __shared__ double sum_of[kNllThreads / 32];
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * V;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float top = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += kNllThreads) top = fmaxf(top, row[i]);
+  for (int o = 16; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+  if (lane == 0) top_of[warp] = top;
+  __syncthreads();
+  for (int w = 0; w < kNllThreads / 32; ++w) top = fmaxf(top, top_of[w]);
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < V; i += kNllThreads) sum += exp(static_cast<double>(row[i]) - top);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) sum_of[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < kNllThreads / 32; ++w) total += sum_of[w];
+    nll[blockIdx.x] = static_cast<double>(top) + log(total) - static_cast<double>(row[targets[blockIdx.x]]);
+  }
 }
 
 __global__ void embed_kernel(const int32_t* __restrict__ tokens, const uint16_t* __restrict__ table,
@@ -229,6 +258,14 @@ unsigned grid_for(int64_t n, int threads) {
 }
 
 }  // namespace
+
+void launch_row_nll(const float* logits, int64_t rows, int64_t V, const int32_t* targets, double* nll,
+                    cudaStream_t stream) {
+  TWELL_CHECK(rows >= 0 && rows <= 2147483647 && V >= 1, "row_nll: ", rows, " rows of ", V);
+  if (rows == 0) return;
+  row_nll_kernel<<<static_cast<unsigned>(rows), kNllThreads, 0, stream>>>(logits, V, targets, nll);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float* x, int64_t H,
                   cudaStream_t stream) {
