@@ -4,7 +4,8 @@
 # from a shape's second call): the changed tests, memcheck of the sparse-model ragged test, Python, the GPU
 # suite; the ragged prefill bench (new binary, and the binary before the attention rule: old_twell);
 # twell run's first token at 2049 tokens (new and old); the standard prefill bench (cuDNN at its first call).
-# Session 41 added the chunked prefill (LongPromptsRunInChunksOfMaxTokens in the filters; `bench model --long`).
+# Session 41 added the chunked prefill (LongPromptsRunInChunksOfMaxTokens in the filters; `bench model --long`) and
+# perplexity reduced on the GPU (NextTokenNll*; `twell eval` timed, new against old).
 # Use: as out/runNNN.sh beside out/bins.tar.xz, whose new/ holds twell, twell_gpu_tests, twell_tests,
 # libtwell_c.so of the build to check and old_twell (twell built at 9eb5986, before the attention rule).
 set -u
@@ -20,9 +21,9 @@ t0=$(date +%s)
 ts() { echo "== $(( $(date +%s) - t0 ))s $*"; }
 cp "$0" $O/run.sh
 ts changed tests
-$B/twell_gpu_tests --gtest_filter='*Ragged*:*FollowsEachPrefillsDensity*:*AutomaticAttention*:*Cudnn*:*InChunks*' 2>&1 | grep -E "OK \]|FAIL|Failure|Expected|Which|step|sequence|attention" | head -30
+$B/twell_gpu_tests --gtest_filter='*Ragged*:*FollowsEachPrefillsDensity*:*AutomaticAttention*:*Cudnn*:*InChunks*:*NextTokenNll*:*ALongPrompt*' 2>&1 | grep -E "OK \]|FAIL|Failure|Expected|Which|step|sequence|attention" | head -30
 ts memcheck
-timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $B/twell_gpu_tests --gtest_filter='*SparseFfnOfASparseModel*:*InChunks*' > $O/sanitizer_memcheck.log 2>&1; echo "rc $?" >> $O/sanitizer_memcheck.log; grep -E "PASSED|FAILED|ERROR SUMMARY|rc " $O/sanitizer_memcheck.log
+timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $B/twell_gpu_tests --gtest_filter='*SparseFfnOfASparseModel*:*InChunks*:*NextTokenNll*' > $O/sanitizer_memcheck.log 2>&1; echo "rc $?" >> $O/sanitizer_memcheck.log; grep -E "PASSED|FAILED|ERROR SUMMARY|rc " $O/sanitizer_memcheck.log
 ts python tests
 TWELL_LIBRARY=$B/libtwell_c.so timeout 300 $PY -m unittest discover -s python/tests -v > $O/python_tests.log 2>&1; echo "rc $?" >> $O/python_tests.log; grep -E "ERROR|FAIL|^Ran|^OK|rc " $O/python_tests.log | head
 ts gpu suite
@@ -43,6 +44,13 @@ for v in new old new old; do
   P=$($PY -c "print('a' * 2048)")
   echo "$v: $(timeout 120 $T run $M --byte-tokenizer --device cuda -p "$P" -n 8 --no-stop 2>&1 >/dev/null | tail -1)"
 done | tee $O/twell_run.txt
+ts eval
+$PY -c "import random; random.seed(1); print(''.join(random.choice('abcdefgh ') for _ in range(65536)))" > /tmp/text.txt
+for v in new old; do
+  T=$B/twell; [ $v = old ] && T=$B/old_twell
+  s0=$(date +%s.%N); out=$(timeout 300 $T eval $M /tmp/text.txt --byte-tokenizer --device cuda 2>/dev/null | tail -1)
+  echo "$v: $out ($(echo "$(date +%s.%N) - $s0" | bc) s)"
+done | tee $O/eval.txt
 ts long prompt
 $B/twell bench model --no-prefill --no-decode --long 20000 --iters 6 --json $O/long.json > $O/long.txt 2>&1; grep -E "long prompt of|model_long|rror" $O/long.txt | head
 ts bench model prefill
