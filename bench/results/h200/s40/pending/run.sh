@@ -48,8 +48,8 @@ ts eval
 $PY -c "import random; random.seed(1); print(''.join(random.choice('abcdefgh ') for _ in range(65536)))" > /tmp/text.txt
 for v in new old; do
   T=$B/twell; [ $v = old ] && T=$B/old_twell
-  s0=$(date +%s.%N); out=$(timeout 300 $T eval $M /tmp/text.txt --byte-tokenizer --device cuda 2>/dev/null | tail -1)
-  echo "$v: $out ($(echo "$(date +%s.%N) - $s0" | bc) s)"
+  s0=$(date +%s%N); out=$(timeout 300 $T eval $M /tmp/text.txt --byte-tokenizer --device cuda 2>/dev/null | tail -1)
+  echo "$v: $out ($(( ($(date +%s%N) - s0) / 1000000 )) ms)"
 done | tee $O/eval.txt
 ts long prompt
 $B/twell bench model --no-prefill --no-decode --long 20000 --iters 6 --json $O/long.json > $O/long.txt 2>&1; grep -E "long prompt of|model_long|rror" $O/long.txt | head
