@@ -210,6 +210,9 @@ TWELL_C_API int twell_model_eos_ids(const twell_model* model, int32_t* ids, int6
 /* Perplexity of ids[0..n) (n >= 2) under one forward; log-softmax in double. */
 TWELL_C_API int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, double* mean_nll,
                                        double* perplexity);
+/* Each token's loss: nll[t] = -log p(ids[t+1] | ids[0..t]) for t < n - 1 (room for n - 1; n >= 2),
+ * from the same forward as twell_model_perplexity (on the GPU reduced where the logits are). */
+TWELL_C_API int twell_model_token_nll(twell_model* model, const int32_t* ids, int64_t n, double* nll);
 
 typedef struct {
   double temperature;  /* 0: greedy (argmax) */

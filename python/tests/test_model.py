@@ -263,6 +263,12 @@ class ModelOnTheCpu(unittest.TestCase):
         want = math.exp(nll / (len(ids) - 1))
         self.assertAlmostEqual(m.perplexity(ids), want, delta=1e-5 * want)
         self.assertAlmostEqual(m.perplexity("Hello"), m.perplexity([256, 72, 101, 108, 108, 111]), delta=0)
+        losses = m.token_nll(ids)  # each token's, whose mean is the perplexity's log
+        self.assertEqual(len(losses), len(ids) - 1)
+        self.assertAlmostEqual(math.exp(sum(losses) / len(losses)), m.perplexity(ids), delta=1e-12 * want)
+        self.assertEqual(m.token_nll("Hello"), losses)
+        with self.assertRaisesRegex(twell.TwellError, "at least 2 tokens"):
+            m.token_nll([256])
 
     def test_ffn_stats_count_the_active_neurons(self):
         stats = self.model.ffn_stats([256, 9, 8, 7])

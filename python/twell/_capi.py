@@ -151,6 +151,8 @@ _sig = {
     "twell_model_reset": (ctypes.c_int, [ctypes.c_void_p]),
     "twell_model_cached_tokens": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int64)]),
     "twell_model_eos_ids": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, _P(ctypes.c_int64)]),
+    "twell_model_token_nll": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64,
+                                             _P(ctypes.c_double)]),
     "twell_model_perplexity": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64,
                                               _P(ctypes.c_double), _P(ctypes.c_double)]),
     "twell_sampling_init": (None, [_P(Sampling)]),

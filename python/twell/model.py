@@ -291,6 +291,18 @@ class Model:
             _capi.check(_capi.lib.twell_model_perplexity(h, c_ids, n, None, ctypes.byref(ppl)))
         return ppl.value
 
+    def token_nll(self, text_or_ids):
+        """Each token's loss, -log p(token t+1 | tokens 0..t), as a list of len(ids) - 1 floats (natural log),
+        from the forward perplexity() takes (a text is tokenized as there); their mean is log(perplexity)."""
+        ids = self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
+        c_ids, n = _ids(ids)
+        if n < 2:
+            raise TwellError(f"token_nll: need at least 2 tokens, got {n}")
+        out = (ctypes.c_double * (n - 1))()
+        with self._busy("token_nll") as h:
+            _capi.check(_capi.lib.twell_model_token_nll(h, c_ids, n, out))
+        return list(out)
+
     def _prompt_ids(self, prompt, what="generate"):
         """The ids a generation continues from (the tokenizer's BOS, then the text's ids, for a str), and the
         text's own ids (None for ids)."""

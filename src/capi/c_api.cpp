@@ -491,6 +491,15 @@ int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, do
   });
 }
 
+int twell_model_token_nll(twell_model* model, const int32_t* ids, int64_t n, double* nll) {
+  return guarded([&] {
+    const model::LanguageModel& m = object(model);
+    TWELL_REQUIRE(nll != nullptr, "twell_model_token_nll: nll is NULL");
+    const std::vector<double> v = m.next_token_nll(id_vector(ids, n, "twell_model_token_nll"));
+    std::copy(v.begin(), v.end(), nll);
+  });
+}
+
 void twell_sampling_init(twell_sampling* sampling) {
   if (sampling == nullptr) return;
   *sampling = twell_sampling{};

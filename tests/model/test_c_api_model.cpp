@@ -98,6 +98,12 @@ TEST_F(CApiModel, LogitsPrefillAndDecodeAreTheCppCallsBits) {
   const Perplexity p = perplexity(ref, prompt_);
   EXPECT_EQ(nll, p.mean_nll);
   EXPECT_EQ(ppl, p.perplexity);
+  std::vector<double> losses(static_cast<size_t>(T - 1));
+  ASSERT_EQ(twell_model_token_nll(m, prompt_.data(), T, losses.data()), TWELL_OK) << error_text();
+  EXPECT_EQ(losses, ref.next_token_nll(prompt_));
+  EXPECT_EQ(twell_model_token_nll(m, prompt_.data(), 1, losses.data()), TWELL_ERROR);
+  EXPECT_NE(error_text().find("at least 2 tokens"), std::string::npos) << error_text();
+  EXPECT_EQ(twell_model_token_nll(m, prompt_.data(), T, nullptr), TWELL_ERROR);
   twell_model_destroy(m);
 }
 
