@@ -350,7 +350,7 @@ class Model:
         stops = self._stop_ids(stop)
         s = self._sampling(temperature, top_k, top_p, seed)
 
-        streamer = _TextStream(self.tokenizer, text_ids, stops) if text_prompt else None
+        streamer = _TextStream(self.tokenizer, text_ids, stops) if text_prompt and stream is not None else None
         state = {"error": None}
 
         def on_token(token, _user):
@@ -414,7 +414,7 @@ class Model:
         c_stops, n_stops = _ids(stops, "stop")
         s = self._sampling(temperature, top_k, top_p, seed)
         B = len(prompts)
-        streamers = [_TextStream(self.tokenizer, text_ids, stops) if isinstance(p, str) else None
+        streamers = [_TextStream(self.tokenizer, text_ids, stops) if isinstance(p, str) and stream is not None else None
                      for p, (_, text_ids) in zip(prompts, encoded)]
         state = {"error": None}
 
@@ -537,5 +537,8 @@ class _TextStream:
         return self._piece(_capi.lib.twell_text_stream_finish)
 
     def __del__(self):
-        if getattr(self, "_handle", None) is not None and self._handle.value:
-            _capi.lib.twell_text_stream_destroy(self._handle)
+        try:
+            if getattr(self, "_handle", None) is not None and self._handle.value:
+                _capi.lib.twell_text_stream_destroy(self._handle)
+        except Exception:  # at interpreter exit the library may be gone already
+            pass

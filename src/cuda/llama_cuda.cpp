@@ -199,7 +199,7 @@ struct LlamaCuda::Impl {
   // fused_decode_ffn), whose output stays as partial sums for the next residual add + RMSNorm.
   DecodeFfn decode_ffn;  // empty: not used
   DeviceBuffer tokens, p0, x, a, qkv, attn, proj, y, g, u, cos_sin, logits;
-  DeviceBuffer nll_io;  // next_token_nll: kLogitsRows doubles out, then as many int32 targets (at its first call)
+  DeviceBuffer nll_io;  // next_token_nll: T − 1 doubles out, then T − 1 int32 targets (grown as calls need)
   int64_t logits_rows = 0;
   // Pinned staging of a call's inputs (tokens, then the position) and of small logits: copies
   // from and to pageable memory cost the host more per decode step. `staged` is recorded after the
@@ -859,24 +859,32 @@ struct LlamaCuda::Impl {
   // The forward of one sequence from position 0 (logits, next_token_nll), in chunks where it holds
   // more than max_tokens tokens; after each chunk, its head kLogitsRows rows at a time into `logits`,
   // each piece handed to piece(first row, rows) before the next overwrites it. Leaves the cache empty.
+  // The pieces' work and copies are ordered on the stream, which is synchronised before this returns
+  // or throws (the caller's host buffers outlive it).
   template <class Piece>
   void forward_pieces(const std::vector<int32_t>& toks, Piece&& piece) {
     const int64_t T = static_cast<int64_t>(toks.size());
     reset();
-    ensure_logits(std::min(T, kLogitsRows));
-    int64_t pos = 0;
-    for (int64_t len : model::prefill_chunks(T, o.max_tokens)) {
-      upload_inputs(toks.data() + pos, len, aligned_call(1, pos));
-      body(tokens.as<int32_t>(), 1, len, Head::none, false);  // leaves the final norm's rows in `a`
-      for (int64_t r = 0; r < len; r += kLogitsRows) {
-        const int64_t n = std::min(kLogitsRows, len - r);
-        gemm.run(a.as<uint16_t>() + r * H, w->head().view().data, logits.get(), n, V, H, true, GemmEpilogue::none,
-                 stream, GemmOut::f32);
-        piece(pos + r, n);
+    ensure_logits(std::min({T, o.max_tokens, kLogitsRows}));
+    try {
+      int64_t pos = 0;
+      for (int64_t len : model::prefill_chunks(T, o.max_tokens)) {
+        upload_inputs(toks.data() + pos, len, aligned_call(1, pos));
+        body(tokens.as<int32_t>(), 1, len, Head::none, false);  // leaves the final norm's rows in `a`
+        for (int64_t r = 0; r < len; r += kLogitsRows) {
+          const int64_t n = std::min(kLogitsRows, len - r);
+          gemm.run(a.as<uint16_t>() + r * H, w->head().view().data, logits.get(), n, V, H, true, GemmEpilogue::none,
+                   stream, GemmOut::f32);
+          piece(pos + r, n);
+        }
+        pos += len;
       }
-      pos += len;
+      TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    } catch (...) {
+      cudaStreamSynchronize(stream);  // nothing queued may still write the caller's memory
+      reset();
+      throw;
     }
-    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
     last_tokens = T;
     reset();
   }
@@ -896,8 +904,7 @@ struct LlamaCuda::Impl {
       return out;
     }
     Tensor out(DType::f32, {T, V});
-    forward_pieces(toks, [&](int64_t first, int64_t n) {
-      // Into pageable memory: returns once copied, before the next piece's GEMM overwrites the rows.
+    forward_pieces(toks, [&](int64_t first, int64_t n) {  // before the next piece's GEMM, in stream order
       TWELL_CUDA_CHECK(cudaMemcpyAsync(out.ptr<float>() + first * V, logits.get(), static_cast<size_t>(n * V) * 4,
                                        cudaMemcpyDeviceToHost, stream));
     });
@@ -905,22 +912,26 @@ struct LlamaCuda::Impl {
   }
 
   // −log p(toks[t+1] | toks[..t]) for t < T − 1 (LlamaCuda::next_token_nll): each piece of logits
-  // reduced on the GPU (launch_row_nll), its T − 1 doubles copied back, not T × V floats.
+  // reduced on the GPU (launch_row_nll); the targets go up once and the T − 1 doubles come back once,
+  // not T × V floats.
   std::vector<double> all_nll(const std::vector<int32_t>& toks) {
     const int64_t T = static_cast<int64_t>(toks.size());
-    if (!nll_io.get()) nll_io = DeviceBuffer(static_cast<size_t>(kLogitsRows) * (8 + 4));
+    const size_t bytes = static_cast<size_t>(T - 1) * (8 + 4);
+    if (nll_io.bytes() < bytes) {
+      TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be in use
+      nll_io = DeviceBuffer(bytes);
+    }
     double* nll = nll_io.as<double>();
-    auto* targets = reinterpret_cast<int32_t*>(nll + kLogitsRows);
+    auto* targets = reinterpret_cast<int32_t*>(nll + (T - 1));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(targets, toks.data() + 1, static_cast<size_t>(T - 1) * 4, cudaMemcpyHostToDevice,
+                                     stream));
     std::vector<double> out(static_cast<size_t>(T - 1));
     forward_pieces(toks, [&](int64_t first, int64_t n) {
       const int64_t m = std::min(n, T - 1 - first);  // rows with a next token (the last has none)
-      if (m <= 0) return;
-      // From and to pageable memory: the copy in is staged before it returns, the copy out done.
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(targets, toks.data() + first + 1, static_cast<size_t>(m) * 4,
-                                       cudaMemcpyHostToDevice, stream));
-      launch_row_nll(logits.as<float>(), m, V, targets, nll, stream);
-      TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data() + first, nll, static_cast<size_t>(m) * 8, cudaMemcpyDeviceToHost,
-                                       stream));
+      if (m > 0) launch_row_nll(logits.as<float>(), m, V, targets + first, nll + first, stream);
+      if (first + n == T)  // the last piece: every row reduced
+        TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), nll, static_cast<size_t>(T - 1) * 8, cudaMemcpyDeviceToHost,
+                                         stream));
     });
     return out;
   }

@@ -1326,14 +1326,20 @@ size_t whole_utf8_prefix(std::string_view s) {
 }  // namespace
 
 TextStream::TextStream(const Tokenizer& tok, std::vector<int32_t> context, std::vector<int32_t> stops)
-    : tok_(tok), ids_(std::move(context)), stops_(std::move(stops)), given_(ids_.size()) {}
+    : tok_(tok), ids_(std::move(context)), stops_(std::move(stops)), given_(ids_.size()) {
+  for (const int32_t id : ids_)  // stop ids are only compared: a model's may lie past its tokenizer's
+    TWELL_CHECK(id >= 0 && id < tok_.vocab_size(), "TextStream: context id ", id, " is outside the tokenizer's [0, ",
+                tok_.vocab_size(), ")");
+}
 
 std::string TextStream::put(int32_t id) {
   if (std::find(stops_.begin(), stops_.end(), id) != stops_.end()) return {};  // not part of the text
-  ids_.push_back(id);
   const size_t first = given_ > kWindow ? given_ - kWindow : 0;
-  const std::vector<int32_t> before(ids_.begin() + first, ids_.begin() + given_), all(ids_.begin() + first, ids_.end());
-  const std::string known = tok_.decode(before), now = tok_.decode(all);
+  const std::vector<int32_t> before(ids_.begin() + first, ids_.begin() + given_);
+  std::vector<int32_t> all(ids_.begin() + first, ids_.end());
+  all.push_back(id);
+  const std::string known = tok_.decode(before), now = tok_.decode(all);  // may throw: nothing changed yet
+  ids_.push_back(id);
   given_ = ids_.size();
   // Drop what no window reads again, so the ids kept stay few.
   if (ids_.size() > 4 * kWindow) {

@@ -1219,34 +1219,49 @@ TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
 }
 
 // next_token_nll reduces each piece of the logits on the GPU: against nll_from_logits of logits()
-// (the same forward, reduced on the host) and the CPU model's perplexity, at 2, 100 and 1200 tokens
-// (the head in pieces of 1024 + 176 rows), also in chunks (max_tokens 256); model::perplexity
+// (the same forward's logits, reduced on the host: the same doubles but for the order of the sum) and
+// the CPU model's row by row (closer than neighbouring rows are to each other: a row or target
+// shifted by one would not be), at 2, 100, 1025 (the head's last piece of one row, which predicts
+// nothing) and 1200 tokens, in one forward, in chunks (max_tokens 256) and without a KV cache
+// (`twell eval`'s); a vocabulary of 4099, so the kernel's threads stride its rows; model::perplexity
 // takes it; refused where logits() is.
 TEST(LlamaCuda, NextTokenNllReducesTheLogitsOnTheGpu) {
   TWELL_REQUIRE_HOPPER();
   io::ModelConfig c = config_of(kShapes[1]);  // untied head
   c.max_position_embeddings = 1300;
+  c.vocab_size = 4099;
   const auto [dw, cpu] = both_backends(c, 33);
   const std::vector<int32_t> tokens = some_tokens(1200, c.vocab_size, 9);
-  LlamaCudaOptions small;
+  LlamaCudaOptions small, no_cache;
   small.max_tokens = 256;
-  LlamaCuda whole(dw), chunked(dw, small);
-  for (const int64_t T : {int64_t{2}, int64_t{100}, int64_t{1200}}) {
+  no_cache.kv_cache = false;
+  LlamaCuda whole(dw), chunked(dw, small), prefill_only(dw, no_cache);
+  for (const int64_t T : {int64_t{2}, int64_t{100}, int64_t{1025}, int64_t{1200}}) {
     const std::vector<int32_t> t(tokens.begin(), tokens.begin() + T);
-    const model::Perplexity want = model::perplexity(cpu, t);
-    for (LlamaCuda* m : {&whole, &chunked}) {
-      SCOPED_TRACE(str(T, " tokens, max_tokens ", m->options().max_tokens));
+    const std::vector<double> want = model::nll_from_logits(cpu.logits(t), t);
+    double apart = 0;  // how far neighbouring rows' losses are apart
+    for (size_t i = 0; i + 1 < want.size(); ++i) apart += std::abs(want[i + 1] - want[i]);
+    apart /= std::max<double>(1, double(want.size()) - 1);
+    for (LlamaCuda* m : {&whole, &chunked, &prefill_only}) {
+      SCOPED_TRACE(str(T, " tokens, max_tokens ", m->options().max_tokens, m->options().kv_cache ? "" : ", no cache"));
       const std::vector<double> got = m->next_token_nll(t);
       const std::vector<double> host = model::nll_from_logits(m->logits(t), t);
       ASSERT_EQ(got.size(), static_cast<size_t>(T - 1));
-      double worst = 0;
-      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - host[i]) / (1 + std::abs(host[i])));
-      EXPECT_LT(worst, 1e-4) << "against the host's reduction of the same forward's logits";
+      double worst = 0, off = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::abs(got[i] - host[i]) / (1 + std::abs(host[i])));
+        off += std::abs(got[i] - want[i]) / double(got.size());
+      }
+      EXPECT_LT(worst, 1e-9) << "against the host's reduction of the same forward's logits";
+      if (T > 2) {
+        EXPECT_LT(off, 0.25 * apart) << "against the CPU model's rows";
+      }
       const model::Perplexity p = model::perplexity(*m, t);
       EXPECT_EQ(p.predictions, T - 1);
-      EXPECT_NEAR(p.mean_nll, std::accumulate(got.begin(), got.end(), 0.0) / double(T - 1), 1e-4);
-      EXPECT_NEAR(p.mean_nll, want.mean_nll, kTol * want.mean_nll) << "against the CPU model";
+      EXPECT_NEAR(p.mean_nll, std::accumulate(got.begin(), got.end(), 0.0) / double(T - 1), 1e-9);
+      EXPECT_NEAR(p.mean_nll, model::perplexity(cpu, t).mean_nll, kTol * p.mean_nll) << "against the CPU model";
       EXPECT_EQ(m->cached_tokens(), 0);
+      EXPECT_EQ(m->last_tokens(), T);
     }
   }
   EXPECT_THROW(whole.next_token_nll({1}), Error);

@@ -364,12 +364,20 @@ TEST_F(CApiModel, TextStreamsGiveWholeCharacters) {
   EXPECT_EQ(twell_text_stream_put(nullptr, 'c', &text, &len), TWELL_ERROR);
   EXPECT_EQ(twell_text_stream_put(s, 300, &text, &len), TWELL_ERROR);  // past the vocabulary
   EXPECT_NE(error_text().find("300"), std::string::npos) << error_text();
+  EXPECT_EQ(put('c'), "c");  // the refused id changed nothing
   twell_text_stream_destroy(s);
   twell_text_stream_destroy(nullptr);
   s = nullptr;
   EXPECT_EQ(twell_text_stream_create(nullptr, context, 2, stops, 1, &s), TWELL_ERROR);
   EXPECT_EQ(s, nullptr);
   EXPECT_EQ(twell_text_stream_create(t, nullptr, 2, stops, 1, &s), TWELL_ERROR);
+  const int32_t bad[] = {300};
+  EXPECT_EQ(twell_text_stream_create(t, bad, 1, stops, 1, &s), TWELL_ERROR);
+  EXPECT_NE(error_text().find("context id 300"), std::string::npos) << error_text();
+  ASSERT_EQ(twell_text_stream_create(t, context, 2, bad, 1, &s), TWELL_OK);  // a stop id is only compared
+  EXPECT_EQ(twell_text_stream_put(s, 300, &text, &len), TWELL_OK);
+  EXPECT_EQ(len, 0u);
+  twell_text_stream_destroy(s);
   twell_tokenizer_destroy(t);
 }
 

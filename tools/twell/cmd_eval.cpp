@@ -48,9 +48,9 @@ void register_eval(CLI::App& app) {
   eval->add_flag("--sparsity", *sparsity, "also print each layer's FFN activation sparsity (ReLU models, CPU backend)");
   eval->add_option("file", *file, "text file (UTF-8)")->required()->check(existing_file());
   eval->add_option("--context", *context,
-                   "tokens per window (default: max_position_embeddings, at most 8192: a window's logits are "
-                   "4·window·vocab bytes); windows do not overlap, so each window's first token is context, "
-                   "not predicted")
+                   "tokens per window (default: max_position_embeddings, at most 8192: on the CPU backend a "
+                   "window's logits are 4·window·vocab bytes); windows do not overlap, so each window's first "
+                   "token is context, not predicted")
       ->check(at_least(2));
   eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)")
       ->check(at_least(0))

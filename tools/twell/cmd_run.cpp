@@ -175,10 +175,11 @@ void register_run(CLI::App& app) {
     try {  // an error ends the streamed line first, so that it is not glued to the text
       g = model::generate(*model, ids[0], *max_tokens, *sampling, stops, stream);
     } catch (...) {
-      std::cout << std::endl;
+      std::cout << shown.finish() << std::endl;
       throw;
     }
-    std::cout << shown.finish() << std::endl;  // flushed before the summary on stderr, which may share a terminal or a pipe
+    // Flushed before the summary on stderr, which may share a terminal or a pipe.
+    std::cout << shown.finish() << std::endl;
     say_stop(g, "");
     // The prompt's time includes the first new token's draw; the rate is that of the steps after it.
     const long long generated = static_cast<long long>(g.tokens.size());

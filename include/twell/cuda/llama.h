@@ -207,7 +207,7 @@ struct LlamaCudaOptions {
 // The device memory a LlamaCuda allocates at construction besides its weights (bytes). Later
 // calls may add cuDNN's attention workspace (at the first prefill of a shape, as its plan asks),
 // grow the logits buffer (a call whose head takes more than max_batch rows: logits() and
-// next_token_nll up to 1024, enqueue() all its rows) and add next_token_nll's 12 KB:
+// next_token_nll up to 1024, enqueue() all its rows) and add next_token_nll's 12 bytes a token:
 // workspace_bytes() counts what is allocated at any time.
 struct LlamaCudaMemory {
   size_t kv_cache = 0;     // keys and values: 2 · layers (1 without kv_cache) · max_batch · max_context · nkv · hd · 2
@@ -284,8 +284,8 @@ class LlamaCuda final : public model::LanguageModel {
   // fp32 [B·S, H] (device).
   TensorView hidden_device() const;
   cudaStream_t stream() const;  // LlamaCudaOptions::stream, or the model's own
-  // Token rows the last prefill, logits, decode or enqueue call computed: B · S, or for prompts of
-  // different lengths the rows of its batches, padding included (ragged_prefill_runs).
+  // Token rows the last prefill, logits, next_token_nll, decode or enqueue call computed: B · S, or
+  // for prompts of different lengths the rows of its batches, padding included (ragged_prefill_runs).
   int64_t last_tokens() const;
   // The FFN path each layer took in the last call (of a prefill's last batch or chunk).
   std::vector<FfnPath> ffn_paths() const;

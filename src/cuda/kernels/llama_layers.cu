@@ -1,7 +1,8 @@
 // The model runtime's small kernels (src/cuda/llama_cuda.cpp): embedding lookup, residual add
 // fused with RMSNorm, RoPE fused with the KV-cache write, the SiLU gate product, the next tokens'
-// negative log-likelihoods from logits rows, and a counter-based random fill for synthetic weights. The residual stream is fp32; everything a
-// GEMM reads is bf16. Covered by tests/cuda/test_llama_cuda.cpp (whole model vs the CPU backend).
+// negative log-likelihoods from logits rows, and a counter-based random fill for synthetic
+// weights. The residual stream is fp32; everything a GEMM reads is bf16. Covered by
+// tests/cuda/test_llama_cuda.cpp (whole model vs the CPU backend).
 #include <algorithm>
 
 #include <cooperative_groups.h>
