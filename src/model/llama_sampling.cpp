@@ -17,6 +17,7 @@
 #include <numeric>
 #include <optional>
 
+#include "cpu/parallel.h"
 #include "twell/error.h"
 #include "twell/model/llama.h"
 
@@ -486,19 +487,23 @@ std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<
   check_device(logits, Device::cpu, "perplexity: logits");
   check_contiguous(logits, "perplexity: logits");
   const int64_t V = logits.shape[1];
+  for (int64_t t = 1; t < T; ++t)
+    TWELL_CHECK(tokens[t] >= 0 && tokens[t] < V, "perplexity: token ", tokens[t], " outside [0, ", V, ")");
   const size_t row_bytes = static_cast<size_t>(V) * dtype_size(logits.dtype);
-  std::vector<double> nll;
-  nll.reserve(static_cast<size_t>(T - 1));
-  for (int64_t t = 0; t + 1 < T; ++t) {  // a row at a time: [T, V] in double would be 8·T·V bytes
-    const std::vector<double> values =
-        to_f64(TensorView(static_cast<char*>(logits.data) + static_cast<size_t>(t) * row_bytes, logits.dtype, {V}));
-    const double* row = values.data();
-    const double top = *std::max_element(row, row + V);
-    double sum = 0;
-    for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - top);
-    TWELL_CHECK(tokens[t + 1] >= 0 && tokens[t + 1] < V, "perplexity: token ", tokens[t + 1], " outside [0, ", V, ")");
-    nll.push_back((top + std::log(sum)) - row[tokens[t + 1]]);  // −log softmax(row)[next]
-  }
+  std::vector<double> nll(static_cast<size_t>(T - 1));
+  // Rows on the threads (each row's sum in one order: the same bits for any thread count), a row at a
+  // time: [T, V] in double would be 8·T·V bytes.
+  cpu::parallel_for(T - 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const std::vector<double> values =
+          to_f64(TensorView(static_cast<char*>(logits.data) + static_cast<size_t>(t) * row_bytes, logits.dtype, {V}));
+      const double* row = values.data();
+      const double top = *std::max_element(row, row + V);
+      double sum = 0;
+      for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - top);
+      nll[static_cast<size_t>(t)] = (top + std::log(sum)) - row[tokens[t + 1]];  // −log softmax(row)[next]
+    }
+  }, 16 * V);
   return nll;
 }
 
