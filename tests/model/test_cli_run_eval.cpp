@@ -118,9 +118,10 @@ TEST_F(CliModel, RunSaysWhatItIgnoredAndWhyItStopped) {
 TEST_F(CliModel, EvalPrintsPerplexity) {
   const std::string text = path("text.txt");
   std::ofstream(text) << "the quick brown fox jumps over the lazy dog. " << std::string(150, 'a');
-  const CliResult r = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --context 32");
+  const CliResult r = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --context 32", true);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("perplexity"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokens scored in"), std::string::npos) << r.out;  // the rate, on stderr
   const CliResult s = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --context 32 --sparsity");
   ASSERT_EQ(s.status, 0) << s.out;
   EXPECT_NE(s.out.find("nnz/token"), std::string::npos) << s.out;

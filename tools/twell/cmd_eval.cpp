@@ -2,6 +2,7 @@
 // the model's context, with a progress bar on stderr.
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -94,6 +95,7 @@ void register_eval(CLI::App& app) {
     int64_t windows = (static_cast<int64_t>(ids.size()) + ctx - 2) / ctx;  // those with 2 tokens or more
     if (*max_windows > 0) windows = std::min(windows, *max_windows);
     bench::StepProgress progress(std::cerr, "", windows);
+    const auto t0 = std::chrono::steady_clock::now();
     double nll_sum = 0;
     int64_t predictions = 0;
     std::vector<ActivationStats> layer_total, layer_window;
@@ -129,6 +131,9 @@ void register_eval(CLI::App& app) {
                 file->c_str(), static_cast<long long>(predictions), predictions == 1 ? "" : "s",
                 static_cast<long long>(windows), windows == 1 ? "" : "s",
                 static_cast<long long>(ctx), nll_sum / predictions, std::exp(nll_sum / predictions));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "%lld tokens scored in %.2f s (%.0f tokens/s)\n", static_cast<long long>(predictions), seconds,
+                 seconds > 0 ? static_cast<double>(predictions) / seconds : 0.0);
     if (*sparsity) print_sparsity(layer_total, m.config());
   });
 }
