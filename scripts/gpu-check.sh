@@ -157,13 +157,14 @@ fi
 echo "== twell bench model"
 model_args=()
 [ "$quick" = 1 ] && model_args=(--layers 4 --iters 3)
-# ... with a ragged prefill: prompts of 64-511 tokens as runs of neighbours and as one padded batch
+# ... with a ragged prefill: prompts of 64-511 tokens as runs of neighbours and as one padded batch;
+# and one prompt of 20000 tokens in chunks of the default max_tokens and in one forward
 ragged=64
 [ "$quick" = 1 ] && ragged=16
-"$bin/twell" bench model --json "$out/model.json" "${model_args[@]}" --ragged $ragged >"$out/model.txt" \
-  2>"$out/model_progress.log" || status=1
-tr '\r' '\n' <"$out/model_progress.log" | grep -Ev '^(calibrating gate|prefill timing|ragged prefill timing)' \
-  >"$out/model_progress.txt"
+"$bin/twell" bench model --json "$out/model.json" "${model_args[@]}" --ragged $ragged --long 20000 \
+  >"$out/model.txt" 2>"$out/model_progress.log" || status=1
+tr '\r' '\n' <"$out/model_progress.log" |
+  grep -Ev '^(calibrating gate|prefill timing|ragged prefill timing|long prompt timing)' >"$out/model_progress.txt"
 cat "$out/model_progress.txt" "$out/model.txt"
 
 # Where the decode step's time goes, kernel by kernel inside the replayed CUDA graph (ktrace).
