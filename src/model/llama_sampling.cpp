@@ -479,6 +479,20 @@ Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<in
   return perplexity_of(nll_from_logits(logits, tokens));
 }
 
+std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t stride) {
+  TWELL_CHECK(window >= 2, "eval_windows: a window holds at least 2 tokens, got ", window);
+  TWELL_CHECK(stride >= 1 && stride <= window, "eval_windows: the stride must lie in [1, window = ", window, "], got ",
+              stride, " (a longer one would leave tokens between windows unscored)");
+  std::vector<EvalWindow> out;
+  for (int64_t begin = 0, scored = 1; scored < tokens; begin += stride) {  // token 0 has nothing before it
+    const int64_t end = std::min(begin + window, tokens);
+    if (end - begin < 2) break;
+    out.push_back({begin, end, std::max(scored, begin + 1)});
+    scored = end;
+  }
+  return out;
+}
+
 std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens) {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   const int64_t T = static_cast<int64_t>(tokens.size());

@@ -13,6 +13,7 @@
 
 #include "core/io_test_util.h"
 #include "model/llama_test_util.h"
+#include "twell/model/llama.h"
 
 namespace twell::model {
 namespace {
@@ -126,6 +127,40 @@ TEST_F(CliModel, EvalPrintsPerplexity) {
   ASSERT_EQ(s.status, 0) << s.out;
   EXPECT_NE(s.out.find("nnz/token"), std::string::npos) << s.out;
   EXPECT_NE(s.out.find("\nmean "), std::string::npos) << s.out;
+}
+
+// --stride 1 slides a window of --context 8 one token at a time: each token is scored once, with the
+// up to 7 tokens before it as context: the perplexity of those forwards on the CPU model, one a token.
+// --stride equal to the window is the default; longer, or with --sparsity, is refused.
+TEST_F(CliModel, EvalSlidesItsWindowByTheStride) {
+  const std::string text = path("stride.txt");
+  const std::string body = "the quick brown fox jumps over the lazy dog";
+  std::ofstream(text) << body;
+  const CliResult r = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --device cpu --context 8 --stride 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const LlamaCpu cpu(LlamaWeights::load_dir(dir_));
+  std::vector<int32_t> ids = {256};  // the byte tokenizer's BOS, then the bytes
+  for (unsigned char ch : body) ids.push_back(ch);
+  double sum = 0;
+  for (size_t t = 1; t < ids.size(); ++t) {
+    const size_t begin = t >= 7 ? t - 7 : 0;
+    const std::vector<int32_t> window(ids.begin() + begin, ids.begin() + t + 1);
+    sum += nll_from_logits(cpu.logits(window), window).back();
+  }
+  const double want = std::exp(sum / static_cast<double>(ids.size() - 1));
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "perplexity %.4f", want);
+  EXPECT_NE(r.out.find(expected), std::string::npos) << r.out << " (want " << expected << ")";
+  EXPECT_NE(r.out.find(std::to_string(ids.size() - 1) + " tokens predicted in " + std::to_string(ids.size() - 7) +
+                       " windows of up to 8 every 1"), std::string::npos) << r.out;
+  const std::string plain = " --byte-tokenizer --device cpu --context 8";
+  EXPECT_EQ(run_cli("eval " + dir_ + " " + text + plain + " --stride 8").out, run_cli("eval " + dir_ + " " + text + plain).out);
+  const CliResult too_long = run_cli("eval " + dir_ + " " + text + plain + " --stride 9", true);
+  EXPECT_NE(too_long.status, 0);
+  EXPECT_NE(too_long.out.find("--stride 9 is longer than the window"), std::string::npos) << too_long.out;
+  const CliResult sparsity = run_cli("eval " + dir_ + " " + text + plain + " --stride 4 --sparsity", true);
+  EXPECT_NE(sparsity.status, 0);
+  EXPECT_NE(sparsity.out.find("--sparsity counts every token"), std::string::npos) << sparsity.out;
 }
 
 TEST_F(CliModel, DeviceSelection) {

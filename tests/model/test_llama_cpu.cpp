@@ -941,6 +941,48 @@ TEST(PrefillChunks, FewestEvenChunks) {
   }
 }
 
+// The windows of `twell eval`: at stride = window, windows that do not overlap, each one's first
+// token unscored; less, every token from the second on scored exactly once, with at least
+// window − stride tokens before it in its window (but in the first); none longer than the window or
+// shorter than 2.
+TEST(EvalWindows, EachTokenScoredOnceWithItsContext) {
+  using W = std::vector<std::pair<int64_t, int64_t>>;
+  auto spans = [](const std::vector<EvalWindow>& v) {
+    W out;
+    for (const EvalWindow& w : v) out.push_back({w.begin, w.from}), out.push_back({w.end, -1});
+    return out;
+  };
+  EXPECT_EQ(spans(eval_windows(100, 32, 32)), (W{{0, 1}, {32, -1}, {32, 33}, {64, -1}, {64, 65}, {96, -1}, {96, 97}, {100, -1}}));
+  EXPECT_EQ(eval_windows(65, 32, 32).size(), 2u);  // the last token alone: nothing to predict it from
+  EXPECT_EQ(spans(eval_windows(12, 8, 4)), (W{{0, 1}, {8, -1}, {4, 8}, {12, -1}}));
+  expect_error([] { eval_windows(10, 8, 9); }, {"stride must lie in [1, window = 8]"});
+  expect_error([] { eval_windows(10, 8, 0); }, {"stride must lie in [1, window = 8]"});
+  expect_error([] { eval_windows(10, 1, 1); }, {"at least 2 tokens"});
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int64_t n = 2 + static_cast<int64_t>(rng() % 300), window = 2 + static_cast<int64_t>(rng() % 40),
+                  stride = 1 + static_cast<int64_t>(rng() % window);
+    const std::vector<EvalWindow> v = eval_windows(n, window, stride);
+    std::vector<int> scored(static_cast<size_t>(n), 0);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const EvalWindow& w = v[i];
+      ASSERT_TRUE(w.end - w.begin >= 2 && w.end - w.begin <= window && w.end <= n) << trial;
+      EXPECT_EQ(w.begin, static_cast<int64_t>(i) * stride);
+      ASSERT_TRUE(w.from > w.begin && w.from < w.end) << trial;
+      if (i > 0) {
+        EXPECT_GE(w.from - w.begin, window - stride) << trial;
+      }
+      for (int64_t q = w.from; q < w.end; ++q) ++scored[static_cast<size_t>(q)];
+    }
+    EXPECT_EQ(scored[0], 0);
+    for (int64_t q = 1; q < n; ++q) {
+      const bool skipped = stride == window && q % window == 0;  // a window's first token
+      EXPECT_EQ(scored[static_cast<size_t>(q)], skipped ? 0 : 1) << "token " << q << " of " << n << ", window " << window
+                                                                 << ", stride " << stride;
+    }
+  }
+}
+
 TEST_F(LlamaCpuTest, PerplexityIsExpOfMeanNll) {
   const io::ModelConfig c = tiny_config("relu", true);
   const HfTensors hf = random_hf_tensors(c, 600);

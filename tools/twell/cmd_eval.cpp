@@ -44,15 +44,21 @@ void register_eval(CLI::App& app) {
   auto file = std::make_shared<std::string>();
   auto context = std::make_shared<int64_t>(0);
   auto max_windows = std::make_shared<int64_t>(0);
+  auto stride = std::make_shared<int64_t>(0);
   auto sparsity = std::make_shared<bool>(false);
   args->add_to(eval);
   eval->add_flag("--sparsity", *sparsity, "also print each layer's FFN activation sparsity (ReLU models, CPU backend)");
   eval->add_option("file", *file, "text file (UTF-8)")->required()->check(existing_file());
   eval->add_option("--context", *context,
                    "tokens per window (default: max_position_embeddings, at most 8192: on the CPU backend a "
-                   "window's logits are 4·window·vocab bytes); windows do not overlap, so each window's first "
-                   "token is context, not predicted")
+                   "window's logits are 4·window·vocab bytes); windows do not overlap unless --stride says, so "
+                   "each window's first token is context, not predicted")
       ->check(at_least(2));
+  eval->add_option("--stride", *stride,
+                   "tokens from one window's start to the next (default: the window, --context); less slides the "
+                   "window as HuggingFace's perplexity guide does: every token scored once, with at least "
+                   "context - stride tokens before it, at context / stride times the forwards")
+      ->check(at_least(1));
   eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)")
       ->check(at_least(0))
       ->capture_default_str();
@@ -70,6 +76,11 @@ void register_eval(CLI::App& app) {
     TWELL_REQUIRE(ctx >= 2, "--context must be at least 2, got ", ctx);
     TWELL_REQUIRE(ctx <= config.max_position_embeddings, "--context ", ctx, " is longer than the model's context of ",
                   config.max_position_embeddings);
+    const int64_t step = *stride > 0 ? *stride : ctx;
+    TWELL_REQUIRE(step <= ctx, "--stride ", step, " is longer than the window (--context ", ctx,
+                  "): the tokens between windows would not be scored");
+    TWELL_REQUIRE(!*sparsity || step == ctx, "--sparsity counts every token of each window: it takes windows that "
+                  "do not overlap (--stride equal to the window)");
     std::ifstream in(*file, std::ios::binary);
     TWELL_REQUIRE(in, *file, ": cannot read: ", std::strerror(errno));
     std::stringstream text;
@@ -91,20 +102,23 @@ void register_eval(CLI::App& app) {
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
     const model::LanguageModel& m = *model;
 
-    // Non-overlapping windows; each predicts its tokens 1..n-1 from the ones before.
-    int64_t windows = (static_cast<int64_t>(ids.size()) + ctx - 2) / ctx;  // those with 2 tokens or more
-    if (*max_windows > 0) windows = std::min(windows, *max_windows);
+    // Windows every `step` tokens; each scores the tokens the ones before it did not (eval_windows).
+    std::vector<model::EvalWindow> plan = model::eval_windows(static_cast<int64_t>(ids.size()), ctx, step);
+    if (*max_windows > 0 && static_cast<int64_t>(plan.size()) > *max_windows) plan.resize(static_cast<size_t>(*max_windows));
+    const int64_t windows = static_cast<int64_t>(plan.size());
     bench::StepProgress progress(std::cerr, "", windows);
     const auto t0 = std::chrono::steady_clock::now();
     double nll_sum = 0;
     int64_t predictions = 0;
     std::vector<ActivationStats> layer_total, layer_window;
     for (int64_t w = 0; w < windows; ++w) {
-      const size_t begin = static_cast<size_t>(w * ctx);
-      const size_t end = std::min(ids.size(), begin + static_cast<size_t>(ctx));
-      if (end - begin < 2) break;
-      const model::Perplexity p = model::perplexity(m, std::vector<int32_t>(ids.begin() + begin, ids.begin() + end),
-                                                    *sparsity ? &layer_window : nullptr);
+      const model::EvalWindow& win = plan[static_cast<size_t>(w)];
+      const std::vector<int32_t> window(ids.begin() + win.begin, ids.begin() + win.end);
+      // Row t predicts window[t + 1]: token `from` is row from − 1 − begin.
+      const std::vector<double> nll = *sparsity ? model::nll_from_logits(m.logits(window, &layer_window), window)
+                                                : m.next_token_nll(window);
+      double window_sum = 0;
+      for (int64_t q = win.from; q < win.end; ++q) window_sum += nll[static_cast<size_t>(q - 1 - win.begin)];
       if (*sparsity) {
         layer_total.resize(layer_window.size());
         for (size_t l = 0; l < layer_window.size(); ++l) {
@@ -115,10 +129,11 @@ void register_eval(CLI::App& app) {
               std::max(layer_total[l].max_nnz_per_token, layer_window[l].max_nnz_per_token);
         }
       }
-      TWELL_REQUIRE(std::isfinite(p.mean_nll), "window ", w + 1, " of ", *file, ": the mean NLL is ", p.mean_nll,
-                  ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
-      nll_sum += p.mean_nll * p.predictions;
-      predictions += p.predictions;
+      TWELL_REQUIRE(std::isfinite(window_sum), "window ", w + 1, " of ", *file, ": the mean NLL is ",
+                    window_sum / double(win.end - win.from),
+                    ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
+      nll_sum += window_sum;
+      predictions += win.end - win.from;
       const int bar = static_cast<int>(30 * (w + 1) / windows);
       char line[160];
       std::snprintf(line, sizeof line, "[%-30s] %lld/%lld windows, perplexity so far %.4f",
@@ -127,10 +142,11 @@ void register_eval(CLI::App& app) {
       progress.show(w + 1, line);  // redrawn on a terminal, a line each tenth of the way into a file
     }
     progress.finish();
-    std::printf("%s: %lld token%s predicted in %lld window%s of up to %lld, mean NLL %.6f nats, perplexity %.4f\n",
+    const std::string every = step < ctx ? str(" every ", step) : "";
+    std::printf("%s: %lld token%s predicted in %lld window%s of up to %lld%s, mean NLL %.6f nats, perplexity %.4f\n",
                 file->c_str(), static_cast<long long>(predictions), predictions == 1 ? "" : "s",
-                static_cast<long long>(windows), windows == 1 ? "" : "s",
-                static_cast<long long>(ctx), nll_sum / predictions, std::exp(nll_sum / predictions));
+                static_cast<long long>(windows), windows == 1 ? "" : "s", static_cast<long long>(ctx), every.c_str(),
+                nll_sum / predictions, std::exp(nll_sum / predictions));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "%lld tokens scored in %.2f s (%.0f tokens/s)\n", static_cast<long long>(predictions), seconds,
                  seconds > 0 ? static_cast<double>(predictions) / seconds : 0.0);

@@ -328,6 +328,16 @@ Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& to
                       std::vector<ActivationStats>* ffn_stats = nullptr);
 // The same from logits [T, V] (f32 or f64) already computed for `tokens`.
 Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens);
+// The windows a text of `tokens` tokens is scored in (`twell eval`): [begin, end) every `stride`
+// tokens (1 ≤ stride ≤ window), each at most `window` long and at least 2, each scoring the tokens
+// [from, end) that the windows before it did not. stride = window: windows that do not overlap,
+// each one's first token context only (not scored); less: HuggingFace's sliding window, every token
+// from the second on scored once, with at least window − stride tokens before it (but in the first
+// window), at about window / stride times the forwards.
+struct EvalWindow {
+  int64_t begin = 0, end = 0, from = 0;
+};
+std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t stride);
 // −log p(tokens[t+1] | tokens[0..t]) for t < T − 1 from logits [T, V] (f32 or f64) computed for
 // `tokens`: the row's maximum m, then m + log Σ exp(x − m) − x[next], in double.
 std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens);
