@@ -4,7 +4,8 @@
 # scripts/bundle-deps.sh): builds (unless given prebuilt binaries), runs the GPU tests (and, from
 # its own build, the CLI and loader tests with the GPU present), a subset
 # under compute-sanitizer (memcheck, racecheck), the standard FFN benchmark (and its headline cases
-# with --energy), the whole-model benchmark (the paper's 2B shape, a ragged prefill too) and,
+# with --energy), the whole-model benchmark (the paper's 2B shape, a ragged prefill and a long prompt
+# in chunks too) and,
 # where PyTorch is installed, the Python package's tests and its FFN timing against PyTorch's,
 # leaving logs, JSON and summary tables in OUTDIR.
 #

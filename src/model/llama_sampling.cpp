@@ -517,7 +517,7 @@ std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<
       for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - top);
       nll[static_cast<size_t>(t)] = (top + std::log(sum)) - row[tokens[t + 1]];  // −log softmax(row)[next]
     }
-  }, 16 * V);
+  }, 32 * V);  // ~6 ns an element: 32 of parallel_for's units
   return nll;
 }
 

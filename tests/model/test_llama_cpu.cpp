@@ -945,6 +945,27 @@ TEST(PrefillChunks, FewestEvenChunks) {
 // token unscored; less, every token from the second on scored exactly once, with at least
 // window − stride tokens before it in its window (but in the first); none longer than the window or
 // shorter than 2.
+// nll_from_logits takes its rows on the threads: the same bits at 1 and 4 threads, and a token
+// outside the vocabulary refused before any row runs.
+TEST(NllFromLogits, TheSameBitsForAnyThreadCount) {
+  const int64_t T = 300, V = 4096;
+  Tensor logits(DType::f32, {T, V});
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0, 3);
+  for (int64_t i = 0; i < T * V; ++i) logits.ptr<float>()[i] = normal(rng);
+  std::vector<int32_t> tokens(static_cast<size_t>(T));
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % V);
+  const int before = cpu::set_num_threads(1);
+  const std::vector<double> one = nll_from_logits(logits, tokens);
+  cpu::set_num_threads(4);
+  const std::vector<double> four = nll_from_logits(logits, tokens);
+  tokens.back() = static_cast<int32_t>(V);
+  expect_error([&] { nll_from_logits(logits, tokens); }, {"token 4096 outside [0, 4096)"});
+  cpu::set_num_threads(before);
+  ASSERT_EQ(one.size(), static_cast<size_t>(T - 1));
+  EXPECT_EQ(one, four);
+}
+
 TEST(EvalWindows, EachTokenScoredOnceWithItsContext) {
   using W = std::vector<std::pair<int64_t, int64_t>>;
   auto spans = [](const std::vector<EvalWindow>& v) {

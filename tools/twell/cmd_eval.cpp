@@ -57,7 +57,8 @@ void register_eval(CLI::App& app) {
   eval->add_option("--stride", *stride,
                    "tokens from one window's start to the next (default: the window, --context); less slides the "
                    "window as HuggingFace's perplexity guide does: every token scored once, with at least "
-                   "context - stride tokens before it, at context / stride times the forwards")
+                   "context - stride tokens before it outside the first window, at context / stride times the "
+                   "forwards")
       ->check(at_least(1));
   eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)")
       ->check(at_least(0))
@@ -142,14 +143,15 @@ void register_eval(CLI::App& app) {
       progress.show(w + 1, line);  // redrawn on a terminal, a line each tenth of the way into a file
     }
     progress.finish();
-    const std::string every = step < ctx ? str(" every ", step) : "";
+    const std::string every = step < ctx && windows > 1 ? str(" every ", step) : "";
     std::printf("%s: %lld token%s predicted in %lld window%s of up to %lld%s, mean NLL %.6f nats, perplexity %.4f\n",
                 file->c_str(), static_cast<long long>(predictions), predictions == 1 ? "" : "s",
                 static_cast<long long>(windows), windows == 1 ? "" : "s", static_cast<long long>(ctx), every.c_str(),
                 nll_sum / predictions, std::exp(nll_sum / predictions));
+    std::fflush(stdout);  // the result before the rate where both go to one pipe
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "%lld tokens scored in %.2f s (%.0f tokens/s)\n", static_cast<long long>(predictions), seconds,
-                 seconds > 0 ? static_cast<double>(predictions) / seconds : 0.0);
+    std::fprintf(stderr, "%lld token%s scored in %.2f s (%.0f tokens/s)\n", static_cast<long long>(predictions),
+                 predictions == 1 ? "" : "s", seconds, seconds > 0 ? static_cast<double>(predictions) / seconds : 0.0);
     if (*sparsity) print_sparsity(layer_total, m.config());
   });
 }

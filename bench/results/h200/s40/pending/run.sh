@@ -51,6 +51,7 @@ for v in new old; do
   s0=$(date +%s%N); out=$(timeout 300 $T eval $M /tmp/text.txt --byte-tokenizer --device cuda 2>/dev/null | tail -1)
   echo "$v: $out ($(( ($(date +%s%N) - s0) / 1000000 )) ms)"
 done | tee $O/eval.txt
+timeout 300 $B/twell eval $M /tmp/text.txt --byte-tokenizer --device cuda --context 2048 --stride 512 2>&1 | tail -2 | tee -a $O/eval.txt
 ts long prompt
 $B/twell bench model --no-prefill --no-decode --long 20000 --iters 6 --json $O/long.json > $O/long.txt 2>&1; grep -E "long prompt of|model_long|rror" $O/long.txt | head
 ts bench model prefill
