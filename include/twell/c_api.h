@@ -210,6 +210,13 @@ TWELL_C_API int twell_model_eos_ids(const twell_model* model, int32_t* ids, int6
 /* Perplexity of ids[0..n) (n >= 2) under one forward; log-softmax in double. */
 TWELL_C_API int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, double* mean_nll,
                                        double* perplexity);
+/* Perplexity of ids[0..n) longer than one forward, as `twell eval` scores a text: windows of `window`
+ * tokens (>= 2) every `stride` (1..window; = window: no overlap, each window's first token context
+ * only; less: HuggingFace's sliding window), each token counted once; *predictions (may be NULL)
+ * receives how many were scored. */
+TWELL_C_API int twell_model_perplexity_windows(twell_model* model, const int32_t* ids, int64_t n, int64_t window,
+                                               int64_t stride, double* mean_nll, double* perplexity,
+                                               int64_t* predictions);
 /* Each token's loss: nll[t] = -log p(ids[t+1] | ids[0..t]) for t < n - 1 (room for n - 1; n >= 2),
  * from the same forward as twell_model_perplexity (on the GPU reduced where the logits are). */
 TWELL_C_API int twell_model_token_nll(twell_model* model, const int32_t* ids, int64_t n, double* nll);

@@ -263,6 +263,15 @@ class ModelOnTheCpu(unittest.TestCase):
         want = math.exp(nll / (len(ids) - 1))
         self.assertAlmostEqual(m.perplexity(ids), want, delta=1e-5 * want)
         self.assertAlmostEqual(m.perplexity("Hello"), m.perplexity([256, 72, 101, 108, 108, 111]), delta=0)
+        # In windows: as wide as the text, one forward; sliding by one token over windows of 3, each token's
+        # loss from its window (the first two with less context).
+        self.assertAlmostEqual(m.perplexity(ids, context=len(ids)), m.perplexity(ids), delta=1e-9 * want)
+        slid = [m.token_nll(ids[:3])[0], m.token_nll(ids[:3])[1]] + \
+               [m.token_nll(ids[t - 2:t + 1])[-1] for t in range(3, len(ids))]
+        self.assertAlmostEqual(m.perplexity(ids, context=3, stride=1), math.exp(sum(slid) / len(slid)),
+                               delta=1e-9 * want)
+        with self.assertRaisesRegex(twell.TwellError, "stride must lie in"):
+            m.perplexity(ids, context=3, stride=4)
         losses = m.token_nll(ids)  # each token's, whose mean is the perplexity's log
         self.assertEqual(len(losses), len(ids) - 1)
         self.assertAlmostEqual(math.exp(sum(losses) / len(losses)), m.perplexity(ids), delta=1e-12 * want)

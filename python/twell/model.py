@@ -282,13 +282,26 @@ class Model:
             _capi.check(_capi.lib.twell_model_cached_tokens(h, ctypes.byref(n)))
         return n.value
 
-    def perplexity(self, text_or_ids):
-        """exp(mean negative log-likelihood) of a text (tokenized with BOS and EOS as HF does) or of ids."""
+    def perplexity(self, text_or_ids, context=None, stride=None):
+        """exp(mean negative log-likelihood) of a text (tokenized with BOS and EOS as HF does) or of ids: in one
+        forward, or with context= (a window's tokens; stride= alone: the model's context) in windows as
+        `twell eval` scores a text longer than the model takes: every `stride` tokens (default the window: no
+        overlap, each window's first token context only; less: HuggingFace's sliding window), each token
+        counted once."""
         ids = self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
         c_ids, n = _ids(ids)
         ppl = ctypes.c_double()
+        if context is None and stride is None:
+            with self._busy("perplexity") as h:
+                _capi.check(_capi.lib.twell_model_perplexity(h, c_ids, n, None, ctypes.byref(ppl)))
+            return ppl.value
+        window = self.config["context"] if context is None else context
+        for name, value in (("context", window), ("stride", stride)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TwellError(f"perplexity: {name} must be a number of tokens, got {value!r}")
         with self._busy("perplexity") as h:
-            _capi.check(_capi.lib.twell_model_perplexity(h, c_ids, n, None, ctypes.byref(ppl)))
+            _capi.check(_capi.lib.twell_model_perplexity_windows(h, c_ids, n, window, window if stride is None else stride,
+                                                                 None, ctypes.byref(ppl), None))
         return ppl.value
 
     def token_nll(self, text_or_ids):

@@ -491,6 +491,18 @@ int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, do
   });
 }
 
+int twell_model_perplexity_windows(twell_model* model, const int32_t* ids, int64_t n, int64_t window, int64_t stride,
+                                   double* mean_nll, double* perplexity, int64_t* predictions) {
+  return guarded([&] {
+    const model::LanguageModel& m = object(model);
+    const model::Perplexity p =
+        model::windowed_perplexity(m, id_vector(ids, n, "twell_model_perplexity_windows"), window, stride);
+    if (mean_nll) *mean_nll = p.mean_nll;
+    if (perplexity) *perplexity = p.perplexity;
+    if (predictions) *predictions = p.predictions;
+  });
+}
+
 int twell_model_token_nll(twell_model* model, const int32_t* ids, int64_t n, double* nll) {
   return guarded([&] {
     const model::LanguageModel& m = object(model);

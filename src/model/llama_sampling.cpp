@@ -493,6 +493,57 @@ std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t str
   return out;
 }
 
+Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens, int64_t window,
+                               int64_t stride, int64_t max_windows, std::vector<ActivationStats>* ffn_stats,
+                               const std::function<void(int64_t, int64_t, const Perplexity&)>& on_window,
+                               const std::string& what) {
+  TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
+  TWELL_CHECK(!ffn_stats || stride == window, "perplexity: FFN statistics count every token of each window: they "
+              "take windows that do not overlap (stride = window)");
+  TWELL_CHECK(max_windows >= 0, "perplexity: max_windows must be at least 0, got ", max_windows);
+  std::vector<EvalWindow> plan = eval_windows(static_cast<int64_t>(tokens.size()), window, stride);
+  if (max_windows > 0 && static_cast<int64_t>(plan.size()) > max_windows) plan.resize(static_cast<size_t>(max_windows));
+  const int64_t windows = static_cast<int64_t>(plan.size());
+  if (ffn_stats) ffn_stats->clear();
+  double sum = 0;
+  int64_t count = 0;
+  std::vector<ActivationStats> layers;
+  for (int64_t w = 0; w < windows; ++w) {
+    const EvalWindow& win = plan[static_cast<size_t>(w)];
+    const std::vector<int32_t> ids(tokens.begin() + win.begin, tokens.begin() + win.end);
+    const std::vector<double> nll = ffn_stats ? nll_from_logits(model.logits(ids, &layers), ids) : model.next_token_nll(ids);
+    double window_sum = 0;  // row t predicts ids[t + 1]: token `from` is row from − 1 − begin
+    for (int64_t q = win.from; q < win.end; ++q) window_sum += nll[static_cast<size_t>(q - 1 - win.begin)];
+    TWELL_CHECK(std::isfinite(window_sum), "window ", w + 1, " of ", what, ": the mean NLL is ",
+                window_sum / double(win.end - win.from),
+                ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
+    if (ffn_stats) {
+      ffn_stats->resize(layers.size());
+      for (size_t l = 0; l < layers.size(); ++l) {
+        ActivationStats& t = (*ffn_stats)[l];
+        t.tokens += layers[l].tokens;
+        t.nnz += layers[l].nnz;
+        t.l1_sum += layers[l].l1_sum;
+        t.max_nnz_per_token = std::max(t.max_nnz_per_token, layers[l].max_nnz_per_token);
+      }
+    }
+    sum += window_sum;
+    count += win.end - win.from;
+    if (on_window) {
+      Perplexity so_far;
+      so_far.predictions = count;
+      so_far.mean_nll = sum / double(count);
+      so_far.perplexity = std::exp(so_far.mean_nll);
+      on_window(w + 1, windows, so_far);
+    }
+  }
+  Perplexity p;
+  p.predictions = count;
+  p.mean_nll = sum / double(count);
+  p.perplexity = std::exp(p.mean_nll);
+  return p;
+}
+
 std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens) {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   const int64_t T = static_cast<int64_t>(tokens.size());

@@ -104,50 +104,29 @@ void register_eval(CLI::App& app) {
     const model::LanguageModel& m = *model;
 
     // Windows every `step` tokens; each scores the tokens the ones before it did not (eval_windows).
-    std::vector<model::EvalWindow> plan = model::eval_windows(static_cast<int64_t>(ids.size()), ctx, step);
-    if (*max_windows > 0 && static_cast<int64_t>(plan.size()) > *max_windows) plan.resize(static_cast<size_t>(*max_windows));
-    const int64_t windows = static_cast<int64_t>(plan.size());
+    int64_t windows = static_cast<int64_t>(model::eval_windows(static_cast<int64_t>(ids.size()), ctx, step).size());
+    if (*max_windows > 0) windows = std::min(windows, *max_windows);
     bench::StepProgress progress(std::cerr, "", windows);
     const auto t0 = std::chrono::steady_clock::now();
-    double nll_sum = 0;
-    int64_t predictions = 0;
-    std::vector<ActivationStats> layer_total, layer_window;
-    for (int64_t w = 0; w < windows; ++w) {
-      const model::EvalWindow& win = plan[static_cast<size_t>(w)];
-      const std::vector<int32_t> window(ids.begin() + win.begin, ids.begin() + win.end);
-      // Row t predicts window[t + 1]: token `from` is row from − 1 − begin.
-      const std::vector<double> nll = *sparsity ? model::nll_from_logits(m.logits(window, &layer_window), window)
-                                                : m.next_token_nll(window);
-      double window_sum = 0;
-      for (int64_t q = win.from; q < win.end; ++q) window_sum += nll[static_cast<size_t>(q - 1 - win.begin)];
-      if (*sparsity) {
-        layer_total.resize(layer_window.size());
-        for (size_t l = 0; l < layer_window.size(); ++l) {
-          layer_total[l].tokens += layer_window[l].tokens;
-          layer_total[l].nnz += layer_window[l].nnz;
-          layer_total[l].l1_sum += layer_window[l].l1_sum;
-          layer_total[l].max_nnz_per_token =
-              std::max(layer_total[l].max_nnz_per_token, layer_window[l].max_nnz_per_token);
-        }
-      }
-      TWELL_REQUIRE(std::isfinite(window_sum), "window ", w + 1, " of ", *file, ": the mean NLL is ",
-                    window_sum / double(win.end - win.from),
-                    ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
-      nll_sum += window_sum;
-      predictions += win.end - win.from;
-      const int bar = static_cast<int>(30 * (w + 1) / windows);
-      char line[160];
-      std::snprintf(line, sizeof line, "[%-30s] %lld/%lld windows, perplexity so far %.4f",
-                    std::string(bar, '#').c_str(), static_cast<long long>(w + 1), static_cast<long long>(windows),
-                    std::exp(nll_sum / predictions));
-      progress.show(w + 1, line);  // redrawn on a terminal, a line each tenth of the way into a file
-    }
+    std::vector<ActivationStats> layer_total;
+    const model::Perplexity p = model::windowed_perplexity(
+        m, ids, ctx, step, *max_windows, *sparsity ? &layer_total : nullptr,
+        [&](int64_t done, int64_t total, const model::Perplexity& so_far) {
+          const int bar = static_cast<int>(30 * done / total);
+          char line[160];
+          std::snprintf(line, sizeof line, "[%-30s] %lld/%lld windows, perplexity so far %.4f",
+                        std::string(bar, '#').c_str(), static_cast<long long>(done), static_cast<long long>(total),
+                        so_far.perplexity);
+          progress.show(done, line);  // redrawn on a terminal, a line each tenth of the way into a file
+        },
+        *file);
+    const int64_t predictions = p.predictions;
     progress.finish();
     const std::string every = step < ctx && windows > 1 ? str(" every ", step) : "";
     std::printf("%s: %lld token%s predicted in %lld window%s of up to %lld%s, mean NLL %.6f nats, perplexity %.4f\n",
                 file->c_str(), static_cast<long long>(predictions), predictions == 1 ? "" : "s",
                 static_cast<long long>(windows), windows == 1 ? "" : "s", static_cast<long long>(ctx), every.c_str(),
-                nll_sum / predictions, std::exp(nll_sum / predictions));
+                p.mean_nll, p.perplexity);
     std::fflush(stdout);  // the result before the rate where both go to one pipe
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "%lld token%s scored in %.2f s (%.0f tokens/s)\n", static_cast<long long>(predictions),

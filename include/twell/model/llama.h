@@ -338,6 +338,18 @@ struct EvalWindow {
   int64_t begin = 0, end = 0, from = 0;
 };
 std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t stride);
+
+// Perplexity of a text longer than one forward (`twell eval`): one forward a window of
+// eval_windows(T, window, stride) (the first max_windows of them where that is > 0), each token
+// counted once in the mean. `ffn_stats`: each layer's statistics summed over the windows' forwards
+// (LlamaCpu::logits'; stride = window only, so that no token counts twice). `on_window(done,
+// windows, so_far)` after each window (progress). Throws naming the window where its losses are not
+// finite. `what` names the text in messages.
+Perplexity windowed_perplexity(
+    const LanguageModel& model, const std::vector<int32_t>& tokens, int64_t window, int64_t stride,
+    int64_t max_windows = 0, std::vector<ActivationStats>* ffn_stats = nullptr,
+    const std::function<void(int64_t done, int64_t windows, const Perplexity& so_far)>& on_window = {},
+    const std::string& what = "the text");
 // −log p(tokens[t+1] | tokens[0..t]) for t < T − 1 from logits [T, V] (f32 or f64) computed for
 // `tokens`: the row's maximum m, then m + log Σ exp(x − m) − x[next], in double.
 std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens);
