@@ -456,14 +456,19 @@ std::vector<double> LanguageModel::next_token_nll(const std::vector<int32_t>& to
 
 namespace {
 
-Perplexity perplexity_of(const std::vector<double>& nll) {
+// The perplexity of `count` predictions whose losses sum to `sum`.
+Perplexity perplexity_of(double sum, int64_t count) {
   Perplexity p;
-  p.predictions = static_cast<int64_t>(nll.size());
-  double sum = 0;
-  for (double v : nll) sum += v;
-  p.mean_nll = sum / static_cast<double>(p.predictions);
+  p.predictions = count;
+  p.mean_nll = sum / static_cast<double>(count);
   p.perplexity = std::exp(p.mean_nll);
   return p;
+}
+
+Perplexity perplexity_of(const std::vector<double>& nll) {
+  double sum = 0;
+  for (double v : nll) sum += v;
+  return perplexity_of(sum, static_cast<int64_t>(nll.size()));
 }
 
 }  // namespace
@@ -529,19 +534,9 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
     }
     sum += window_sum;
     count += win.end - win.from;
-    if (on_window) {
-      Perplexity so_far;
-      so_far.predictions = count;
-      so_far.mean_nll = sum / double(count);
-      so_far.perplexity = std::exp(so_far.mean_nll);
-      on_window(w + 1, windows, so_far);
-    }
+    if (on_window) on_window(w + 1, windows, perplexity_of(sum, count));
   }
-  Perplexity p;
-  p.predictions = count;
-  p.mean_nll = sum / double(count);
-  p.perplexity = std::exp(p.mean_nll);
-  return p;
+  return perplexity_of(sum, count);
 }
 
 std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens) {
