@@ -889,20 +889,10 @@ struct LlamaCuda::Impl {
     reset();
   }
 
-  // Logits of every position (LlamaCuda::logits): up to kLogitsRows tokens that fit max_tokens, one
-  // forward with its head, as prefill's; more through forward_pieces, each piece copied into the result.
+  // Logits of every position (LlamaCuda::logits) through forward_pieces, each piece copied into the
+  // result (up to kLogitsRows tokens: one piece, the GEMM body()'s Head::all would run).
   Tensor all_logits(const std::vector<int32_t>& toks) {
     const int64_t T = static_cast<int64_t>(toks.size());
-    if (T <= kLogitsRows && T <= o.max_tokens) {
-      reset();
-      ensure_logits(T);
-      upload_inputs(toks.data(), T, aligned_call(1, 0));
-      body(tokens.as<int32_t>(), 1, T, Head::all, false);
-      last_tokens = T;
-      Tensor out = download_logits(T);
-      reset();
-      return out;
-    }
     Tensor out(DType::f32, {T, V});
     forward_pieces(toks, [&](int64_t first, int64_t n) {  // before the next piece's GEMM, in stream order
       TWELL_CUDA_CHECK(cudaMemcpyAsync(out.ptr<float>() + first * V, logits.get(), static_cast<size_t>(n * V) * 4,
