@@ -308,21 +308,21 @@ struct CodePoint {
   size_t len;
 };
 
+// The bytes of the UTF-8 sequence a byte starts: 1 (ASCII), 2, 3 or 4; 0 where it starts none (a
+// continuation byte, or 0xF8 and above).
+size_t utf8_length(unsigned char c) {
+  return c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+}
+
 CodePoint decode_utf8(std::string_view s, size_t pos) {
   const auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
   const unsigned char c = byte(pos);
-  if (c < 0x80) return {c, pos, 1};
-  size_t len;
-  uint32_t cp, min;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2, cp = c & 0x1F, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, cp = c & 0x0F, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, cp = c & 0x07, min = 0x10000;
-  } else {
-    return {kInvalid, pos, 1};
-  }
+  const size_t len = utf8_length(c);
+  if (len == 1) return {c, pos, 1};
+  if (len == 0) return {kInvalid, pos, 1};
+  constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};  // the shortest form's smallest code point
+  uint32_t cp = c & (0x7Fu >> len);
+  const uint32_t min = kMin[len];
   if (pos + len > s.size()) return {kInvalid, pos, 1};
   for (size_t i = 1; i < len; ++i) {
     if ((byte(pos + i) & 0xC0) != 0x80) return {kInvalid, pos, 1};
@@ -1317,8 +1317,7 @@ size_t whole_utf8_prefix(std::string_view s) {
   for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
     const auto c = static_cast<unsigned char>(s[s.size() - back]);
     if ((c & 0xC0) == 0x80) continue;  // a continuation byte: its lead is further back
-    const size_t need = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xC0 && c < 0xE0 ? 2 : 1;
-    return need > back ? s.size() - back : s.size();
+    return utf8_length(c) > back ? s.size() - back : s.size();  // an invalid lead (0) ends nothing
   }
   return s.size();  // ASCII, or continuation bytes alone (not UTF-8: passed on)
 }
