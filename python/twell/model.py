@@ -381,7 +381,7 @@ class Model:
         with self._busy("generate") as h, _callback_error_first(state):
             _capi.check(_capi.lib.twell_model_generate(h, c_prompt, n_prompt, max_new_tokens, ctypes.byref(s),
                                                        c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
-        tail = streamer.rest() if stream is not None and streamer is not None else ""
+        tail = streamer.rest() if streamer is not None else ""  # a streamer only where stream is given
         if tail:
             stream(tail)
         new = list(tokens[:g.n_tokens])
@@ -448,11 +448,10 @@ class Model:
             _capi.check(_capi.lib.twell_model_generate_batch(h, c_prompts, c_offsets, B, max_new_tokens,
                                                              ctypes.byref(s), c_stops, n_stops,
                                                              callback, None, tokens, g))
-        if stream is not None:
-            for i, st in enumerate(streamers):
-                tail = st.rest() if st is not None else ""
-                if tail:
-                    stream(i, tail)
+        for i, st in enumerate(streamers):  # streamers only where stream is given
+            tail = st.rest() if st is not None else ""
+            if tail:
+                stream(i, tail)
         out, self.last_generation = [], []
         for i in range(B):
             new = list(tokens[i * max_new_tokens:i * max_new_tokens + g[i].n_tokens])
