@@ -168,7 +168,11 @@ typedef struct {
                           the CPU and TWELL_CHOOSE_CUDA refuses it */
   int64_t max_batch;   /* GPU: the most sequences one call takes (twell_model_generate_batch), each with a
                           context's KV cache; 0: 1. The CPU backend takes up to 65535. */
-  int64_t reserved[2]; /* 0 */
+  int64_t max_tokens;  /* GPU: the most tokens one forward computes (its activations' size), at least
+                          max_batch; with kv_cache, longer prompts run in chunks. 0: up to 16384, fewer
+                          where the GPU's memory (or gpu_memory) holds the weights and KV cache but not
+                          that many (a note in the log says so) */
+  int64_t reserved[1]; /* 0 */
 } twell_model_options;
 
 typedef struct {

@@ -96,6 +96,7 @@ class CpuFfn(unittest.TestCase):
         self.assertEqual(_capi.ModelOptions.log.offset, 32)
         self.assertEqual(_capi.ModelOptions.gpu_memory.offset, 48)
         self.assertEqual(_capi.ModelOptions.max_batch.offset, 56)
+        self.assertEqual(_capi.ModelOptions.max_tokens.offset, 64)
         self.assertEqual(_capi.ModelInfo.max_batch.offset, 72)
         self.assertEqual(_capi.Generation.prefill_seconds.offset, 16)
 

@@ -73,6 +73,13 @@ def rows(logits, vocab):
     return flat if isinstance(flat[0], list) else [flat[k:k + vocab] for k in range(0, len(flat), vocab)]
 
 
+def relative_error(got, want, vocab=260):
+    """‖got − want‖ / ‖want‖ over whole logit matrices."""
+    got, want = rows(got, vocab), rows(want, vocab)
+    num = sum((a - b) ** 2 for ra, rb in zip(got, want) for a, b in zip(ra, rb))
+    return math.sqrt(num / sum(b * b for rb in want for b in rb))
+
+
 def argmax(row):
     return max(range(len(row)), key=lambda k: (row[k], -k))
 
@@ -186,6 +193,10 @@ class ModelOnTheCpu(unittest.TestCase):
             m.generate_batch([[256]], max_new_tokens=-2)
         with self.assertRaisesRegex(twell.TwellError, "max_batch"):
             twell.Model(self.dir, device="cpu", max_batch=0)
+        for bad in (0, 2, True, 3.0, "8"):
+            with self.assertRaisesRegex(twell.TwellError, r"max_batch_tokens must be a number of tokens of at least "
+                                                          r"max_batch \(3"):
+                twell.Model(self.dir, device="cpu", max_batch=3, max_batch_tokens=bad)
 
     def test_text_generation_streams_what_it_returns(self):
         m = self.model
@@ -345,10 +356,7 @@ class ModelOnTheGpu(unittest.TestCase):
                 gpu = twell.Model(folder, device="cuda", ffn=ffn, context=64, tokenizer="bytes")
                 self.assertEqual(gpu.device, "cuda")
                 ids = [256] + [random.Random(ffn).randrange(258) for _ in range(40)]
-                want, got = rows(cpu.logits(ids), 260), rows(gpu.logits(ids), 260)
-                num = sum((a - b) ** 2 for ra, rb in zip(got, want) for a, b in zip(ra, rb))
-                den = sum(b * b for rb in want for b in rb)
-                self.assertLess(math.sqrt(num / den), 1e-2, ffn)  # bf16 weights on the GPU
+                self.assertLess(relative_error(gpu.logits(ids), cpu.logits(ids)), 1e-2, ffn)  # bf16 weights on the GPU
                 out = gpu.generate([256, 40, 41], max_new_tokens=6, stop=False)
                 self.assertEqual(len(out), 6)
                 self.assertEqual(gpu.cached_tokens, 3 + 6 - 1)
@@ -365,6 +373,10 @@ class ModelOnTheGpu(unittest.TestCase):
             with self.assertRaisesRegex(twell.TwellError, "1 to 3"):
                 gpu.generate_batch(prompts + [[256]])
             gpu.close()
+            # Activations for 16 tokens a forward: 41 tokens' logits in chunks, as the CPU's.
+            with twell.Model(folder, device="cuda", context=64, tokenizer="bytes", max_batch_tokens=16) as small:
+                ids = [256] + [random.Random(7).randrange(258) for _ in range(40)]
+                self.assertLess(relative_error(small.logits(ids), cpu.logits(ids)), 1e-2)
             cpu.close()
         finally:
             shutil.rmtree(folder)

@@ -56,7 +56,8 @@ class ModelOptions(ctypes.Structure):
     _fields_ = [("device", ctypes.c_int32), ("dense_ffn", ctypes.c_int32), ("bf16_ffn", ctypes.c_int32),
                 ("check_finite", ctypes.c_int32), ("context", ctypes.c_int64), ("kv_cache", ctypes.c_int32),
                 ("reserved0", ctypes.c_int32), ("log", LOG_FN), ("log_user", ctypes.c_void_p),
-                ("gpu_memory", ctypes.c_int64), ("max_batch", ctypes.c_int64), ("reserved", ctypes.c_int64 * 2)]
+                ("gpu_memory", ctypes.c_int64), ("max_batch", ctypes.c_int64), ("max_tokens", ctypes.c_int64),
+                ("reserved", ctypes.c_int64 * 1)]
 
 
 class ModelInfo(ctypes.Structure):

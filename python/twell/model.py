@@ -133,7 +133,10 @@ class Model:
     model may take, in bytes or as "40GB" (None: all that is free); where it needs more, "auto" runs
     it on the CPU and "cuda" refuses it. kv_cache=False: logits() and
     perplexity() only. max_batch: the most prompts one generate_batch() takes on the GPU (each with a
-    context's KV cache; the CPU backend takes up to 65535). tokenizer: "auto" (the directory's
+    context's KV cache; the CPU backend takes up to 65535). max_batch_tokens: the most tokens one GPU
+    forward computes, which its activations are sized for (at least max_batch; a longer prompt runs in
+    chunks; None: up to 16384, fewer where the GPU's memory holds the weights and KV cache but not
+    that many). tokenizer: "auto" (the directory's
     tokenizer.json where there is one), "bytes" (our byte tokenizer) or None. verbose: loading's lines
     on stderr (else to the "twell" logger).
 
@@ -142,7 +145,8 @@ class Model:
     """
 
     def __init__(self, path, device="auto", ffn="twell", context=None, kv_cache=True, check_finite=True,
-                 bf16_ffn=False, tokenizer="auto", verbose=False, gpu_memory=None, max_batch=1):
+                 bf16_ffn=False, tokenizer="auto", verbose=False, gpu_memory=None, max_batch=1,
+                 max_batch_tokens=None):
         if device not in _capi.CHOOSE:
             raise TwellError(f"device must be one of {', '.join(_capi.CHOOSE)}, got {device!r}")
         if ffn not in ("twell", "dense"):
@@ -153,6 +157,10 @@ class Model:
             raise TwellError(f"context must be a positive number of positions or None, got {context!r}")
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= 65535:
             raise TwellError(f"max_batch must be a number of sequences in [1, 65535], got {max_batch!r}")
+        if max_batch_tokens is not None and (isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int)
+                                             or not max_batch <= max_batch_tokens < 2**63):
+            raise TwellError(f"max_batch_tokens must be a number of tokens of at least max_batch ({max_batch}: a "
+                             f"decode step takes one token a sequence) or None, got {max_batch_tokens!r}")
         path = os.fspath(path)
         self.path = path
         self._lock, self._owner = threading.Lock(), None
@@ -160,7 +168,7 @@ class Model:
         _capi.lib.twell_model_options_init(ctypes.byref(o))
         o.device, o.dense_ffn, o.bf16_ffn = _capi.CHOOSE[device], int(ffn == "dense"), int(bool(bf16_ffn))
         o.check_finite, o.context, o.kv_cache = int(bool(check_finite)), context or 0, int(bool(kv_cache))
-        o.max_batch = max_batch
+        o.max_batch, o.max_tokens = max_batch, max_batch_tokens or 0
         if gpu_memory is not None:
             cap = _capi.parse_bytes(gpu_memory) if isinstance(gpu_memory, str) else gpu_memory
             integral = isinstance(cap, numbers.Integral) or (isinstance(cap, float) and cap.is_integer())

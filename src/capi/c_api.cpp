@@ -32,7 +32,8 @@ static_assert(sizeof(twell_tensor) == 56 && sizeof(twell_activation_stats) == 32
 static_assert(sizeof(twell_model_options) == 80 && sizeof(twell_model_info) == 80 && sizeof(twell_sampling) == 64 &&
               sizeof(twell_generation) == 32 && sizeof(twell_tokenizer_info) == 20);
 static_assert(offsetof(twell_model_options, log) == 32 && offsetof(twell_model_options, gpu_memory) == 48 &&
-              offsetof(twell_model_options, max_batch) == 56 && offsetof(twell_model_info, max_batch) == 72 &&
+              offsetof(twell_model_options, max_batch) == 56 && offsetof(twell_model_options, max_tokens) == 64 &&
+              offsetof(twell_model_info, max_batch) == 72 &&
               offsetof(twell_generation, prefill_seconds) == 16);
 static_assert(TWELL_STOP_TOKEN == static_cast<int>(twell::model::StopReason::stop_token) &&
               TWELL_STOP_MAX_TOKENS == static_cast<int>(twell::model::StopReason::max_tokens) &&
@@ -372,7 +373,7 @@ int twell_model_load(const char* dir, const twell_model_options* options, twell_
     twell_model_options c;
     twell_model_options_init(&c);
     if (options != nullptr) c = *options;
-    TWELL_REQUIRE(c.reserved0 == 0 && std::all_of(c.reserved, c.reserved + 2, [](int64_t r) { return r == 0; }),
+    TWELL_REQUIRE(c.reserved0 == 0 && c.reserved[0] == 0,
                   "twell_model_options: reserved fields must be 0 (twell_model_options_init sets them)");
     TWELL_REQUIRE(c.device >= TWELL_CHOOSE_AUTO && c.device <= TWELL_CHOOSE_CUDA,
                   "twell_model_options: device must be TWELL_CHOOSE_AUTO, _CPU or _CUDA, got ", c.device);
@@ -390,6 +391,10 @@ int twell_model_load(const char* dir, const twell_model_options* options, twell_
     TWELL_REQUIRE(c.max_batch >= 0 && c.max_batch <= 65535,
                   "twell_model_options: max_batch must lie in [0, 65535] (0: 1), got ", c.max_batch);
     o.max_batch = c.max_batch > 0 ? c.max_batch : 1;
+    TWELL_REQUIRE(c.max_tokens >= 0, "twell_model_options: max_tokens must be at least 0 (0: the default), got ",
+                  c.max_tokens);
+    o.max_tokens = c.max_tokens;
+    o.max_tokens_choice_name = "twell_model_options: max_tokens";
     if (c.log != nullptr) o.log = [log = c.log, user = c.log_user](const std::string& line) { log(line.c_str(), user); };
     o.cuda_choice_name = "device cuda";
     o.cpu_choice_name = "device cpu";

@@ -355,6 +355,7 @@ struct LlamaCuda::Impl {
     };
     TWELL_CHECK(!__builtin_mul_overflow(2 * static_cast<size_t>(p.kv_buffers), p.kv, &p.memory.kv_cache),
                 "LlamaCuda: the KV cache of these options needs more than 2^64 bytes");
+    p.memory.max_tokens = T;
     p.memory.activations = sum({p.tokens, p.p0, p.x, p.a, p.qkv, p.attn, p.proj, p.y, p.g, p.u});
     p.memory.other =
         sum({LtGemm::kWorkspaceBytes, p.cos_sin, p.logits, p.sampler, p.qkv_workspace});  // one cuBLASLt workspace, shared

@@ -55,12 +55,26 @@ std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCuda
   const std::string fewer = co.max_batch > 1 ? ", and fewer sequences" : "";
   return str("the model needs ", bytes_str(weights + m.total()), " of GPU memory: weights ", bytes_str(weights),
              ", KV cache ", bytes_str(m.kv_cache), " for ", sequences, context,
-             " positions, activations and workspaces ", bytes_str(m.activations + m.ffn + m.other), "; the GPU has ",
-             has, " (", o.context_hint, fewer, ")");
+             " positions, activations and workspaces ", bytes_str(m.activations + m.ffn + m.other), " for ",
+             m.max_tokens, " tokens a forward; the GPU has ", has, " (", o.context_hint, fewer, ")");
 }
 #endif
 
 }  // namespace
+
+int64_t fit_max_tokens(int64_t least, int64_t preferred, const std::function<bool(int64_t)>& fits) {
+  TWELL_REQUIRE(least >= 1 && least <= preferred, "fit_max_tokens: need 1 <= least <= preferred, got least ", least,
+                ", preferred ", preferred);
+  if (fits(preferred)) return preferred;
+  if (!fits(least)) return 0;
+  int64_t lo = least, hi = preferred;  // fits(lo), not fits(hi)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  const int64_t rounded = lo / 256 * 256;
+  return rounded >= least ? rounded : lo;
+}
 
 bool gpu_chosen(DeviceChoice choice, std::string* why, const std::string& cuda_choice_name) {
   if (choice == DeviceChoice::cpu) {
@@ -85,6 +99,9 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
   const auto t0 = std::chrono::steady_clock::now();
   TWELL_REQUIRE(o.context >= 0, "the context must be at least 0 (0: the config's), got ", o.context);
   TWELL_REQUIRE(o.max_batch >= 1 && o.max_batch <= 65535, "max_batch must lie in [1, 65535], got ", o.max_batch);
+  TWELL_REQUIRE(o.max_tokens == 0 || o.max_tokens >= o.max_batch, o.max_tokens_choice_name,
+                " must be at least the most sequences a call takes (", o.max_batch,
+                ": a decode step takes one token of each), or 0 for the default; got ", o.max_tokens);
   const bool automatic = o.device == DeviceChoice::automatic;
   std::string no_gpu;
   bool gpu = gpu_chosen(o.device, &no_gpu, o.cuda_choice_name);
@@ -103,9 +120,27 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
       co.max_context = o.context > 0 ? std::min(o.context, config.max_position_embeddings) : 0;
       co.kv_cache = o.kv_cache;
       co.max_batch = o.max_batch;
+      co.max_tokens = o.max_tokens;
       // Before seconds of reading and copying weights. Under automatic a model the GPU cannot hold
       // runs on the CPU, as does a model the GPU runtime does not take.
-      const std::string shortfall = gpu_memory_shortfall(config, co, o);
+      std::string shortfall = gpu_memory_shortfall(config, co, o);
+      if (!shortfall.empty() && o.max_tokens == 0 && o.kv_cache) {
+        // Activations for fewer tokens a forward, where the weights and the KV cache fit: longer
+        // prompts then run in chunks, on the GPU, rather than the whole model on the CPU.
+        const int64_t preferred = cuda::LlamaCuda::memory_needed(config, co).max_tokens;
+        const int64_t fitted = fit_max_tokens(o.max_batch, preferred, [&](int64_t t) {
+          cuda::LlamaCudaOptions fewer = co;
+          fewer.max_tokens = t;
+          return gpu_memory_shortfall(config, fewer, o).empty();
+        });
+        if (fitted > 0) {
+          co.max_tokens = fitted;
+          shortfall.clear();
+          say(o, str("note: activations sized for ", fitted, " tokens a forward, not ", preferred,
+                     ", to fit the GPU's memory: longer prompts run in chunks of at most as many (",
+                     o.max_tokens_choice_name, " sets it)"));
+        }
+      }
       if (!shortfall.empty()) {
         TWELL_REQUIRE(automatic, o.cuda_choice_name, ": ", shortfall, "; ", o.cpu_choice_name,
                       " runs it on the CPU");

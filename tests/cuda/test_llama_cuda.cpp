@@ -4,6 +4,7 @@
 // dense FFN, head_dim 16/32/64/128, sequences crossing attention tiles, and argument errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "gpu_test.h"
 #include "model/llama_test_util.h"
 #include "twell/cuda/llama.h"
+#include "twell/model/load.h"
 
 namespace twell::cuda {
 namespace {
@@ -64,16 +66,26 @@ io::ModelConfig config_of(const Shape& s) {
 // standard deviation of ~16, softmax is nearly one-hot, and bf16 rounding of q and k alone moves
 // the logits by 5% (HF's own bf16 model differs from its fp32 one by as much); trained models
 // are far better conditioned.
-LlamaWeights bf16_weights(const io::ModelConfig& c, uint64_t seed) {
+// The model directory of such weights (the caller removes it).
+std::string write_test_model(const io::ModelConfig& c, uint64_t seed) {
   const std::string dir = ::testing::TempDir() + "twell_llama_cuda_" + std::to_string(seed);
   model::HfTensors t = model::random_hf_tensors(c, seed);
   for (auto& [name, tensor] : t)
     if (name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos)
       for (int64_t i = 0; i < tensor.numel(); ++i) tensor.ptr<float>()[i] *= 0.2f;
   model::write_hf(dir, c, t);
+  return dir;
+}
+
+LlamaWeights load_bf16(const std::string& dir) {
   model::LlamaLoadOptions lo;
   lo.dtype = DType::bf16;
-  LlamaWeights w = LlamaWeights::load_dir(dir, lo);
+  return LlamaWeights::load_dir(dir, lo);
+}
+
+LlamaWeights bf16_weights(const io::ModelConfig& c, uint64_t seed) {
+  const std::string dir = write_test_model(c, seed);
+  LlamaWeights w = load_bf16(dir);
   std::filesystem::remove_all(dir);
   return w;
 }
@@ -1216,6 +1228,63 @@ TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
   EXPECT_EQ(LlamaCuda::memory_needed(c, wide).activations,
             LlamaCuda::memory_needed(c, [&] { LlamaCudaOptions x = wide; x.max_tokens = 64 * 1300; return x; }())
                 .activations);
+}
+
+// Where the GPU memory given holds the weights and the KV cache but not activations of the default
+// tokens a forward, load_model sizes them for fewer, says so in its log, and a longer prompt runs in
+// chunks with the CPU model's logits. A count given is used as it is; one below max_batch is refused.
+TEST(LoadModel, FitsTheActivationsToTheGpuMemoryGiven) {
+  TWELL_REQUIRE_HOPPER();
+  io::ModelConfig c = config_of(kShapes[3]);
+  c.max_position_embeddings = 3000;
+  const std::string dir = write_test_model(c, 41);
+  const LlamaCpu cpu(load_bf16(dir));
+  const size_t weights = LlamaCudaWeights::bytes_for(c);
+  const LlamaCudaMemory whole = LlamaCuda::memory_needed(c);  // 3000 tokens a forward: the context
+  LlamaCudaOptions fewer;
+  fewer.max_tokens = 512;
+  const LlamaCudaMemory small = LlamaCuda::memory_needed(c, fewer);
+  ASSERT_EQ(whole.max_tokens, 3000);
+  ASSERT_LT(small.total(), whole.total());
+
+  std::vector<std::string> lines;
+  model::ModelLoadOptions o;
+  o.device = model::DeviceChoice::cuda;
+  o.gpu_memory = weights + (small.total() + whole.total()) / 2;
+  o.log = [&](const std::string& line) { lines.push_back(line); };
+  {
+    const std::unique_ptr<model::LanguageModel> m = model::load_model(dir, o);
+    const auto* gpu = dynamic_cast<const LlamaCuda*>(m.get());
+    ASSERT_NE(gpu, nullptr);
+    const int64_t t = gpu->options().max_tokens;
+    EXPECT_GT(t, 512);
+    EXPECT_LT(t, 3000);
+    EXPECT_EQ(t % 256, 0);
+    EXPECT_LE(weights + LlamaCuda::memory_needed(c, gpu->options()).total(), o.gpu_memory);
+    LlamaCudaOptions more = gpu->options();
+    more.max_tokens = t + 256;  // the largest multiple of 256 that fits
+    EXPECT_GT(weights + LlamaCuda::memory_needed(c, more).total(), o.gpu_memory);
+    const std::string note = str("activations sized for ", t, " tokens a forward, not 3000");
+    EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(note) != std::string::npos; }))
+        << "no log line says: " << note;
+    const std::vector<int32_t> tokens = some_tokens(2900, c.vocab_size, 9);
+    EXPECT_LT(relative_error(m->logits(tokens), cpu.logits(tokens)), kTol);
+  }
+  {  // given: used as it is, whatever fits
+    o.gpu_memory = 0;
+    o.max_tokens = 300;
+    const std::unique_ptr<model::LanguageModel> m = model::load_model(dir, o);
+    EXPECT_EQ(dynamic_cast<const LlamaCuda&>(*m).options().max_tokens, 300);
+    o.max_batch = 301;
+    test::expect_error([&] { model::load_model(dir, o); }, {"max_tokens must be at least the most sequences a call takes (301"});
+  }
+  {  // not even the KV cache fits: the shortfall names the tokens a forward it was figured for
+    model::ModelLoadOptions tight;
+    tight.device = model::DeviceChoice::cuda;
+    tight.gpu_memory = weights + whole.kv_cache / 2;
+    test::expect_error([&] { model::load_model(dir, tight); }, {"KV cache", "for 3000 tokens a forward"});
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // next_token_nll reduces each piece of the logits on the GPU: against nll_from_logits of logits()

@@ -233,7 +233,7 @@ TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
   twell_model_options o;
   twell_model_options_init(&o);
   o.device = TWELL_CHOOSE_CPU;
-  o.reserved[1] = 1;
+  o.reserved[0] = 1;
   EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);
   EXPECT_NE(error_text().find("reserved fields must be 0"), std::string::npos) << error_text();
   twell_model_options_init(&o);
@@ -241,6 +241,16 @@ TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
   o.max_batch = -1;
   EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);
   EXPECT_NE(error_text().find("max_batch must lie in [0, 65535]"), std::string::npos) << error_text();
+  twell_model_options_init(&o);
+  o.device = TWELL_CHOOSE_CPU;
+  o.max_batch = 4;
+  for (int64_t bad : {int64_t{-1}, int64_t{3}}) {
+    o.max_tokens = bad;
+    EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);
+    EXPECT_NE(error_text().find(bad < 0 ? "max_tokens must be at least 0" : "max_tokens must be at least the most sequences a call takes (4"),
+              std::string::npos)
+        << error_text();
+  }
   twell_model_options_init(&o);
   o.device = 7;
   EXPECT_EQ(twell_model_load(dir_.c_str(), &o, &m), TWELL_ERROR);

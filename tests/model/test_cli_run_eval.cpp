@@ -324,11 +324,17 @@ TEST(Cli, UnknownCommandsAreNamed) {
 // Values out of range fail before the model loads, with the option's name; nothing runs.
 TEST_F(CliModel, BadOptionsFailBeforeLoading) {
   for (const char* bad : {"--temperature -1", "--temperature inf", "--top-p 0", "--top-p nan", "--top-k -3", "-n -1",
-                          "--seed -1", "--seed 18446744073709551616"}) {
+                          "--seed -1", "--seed 18446744073709551616", "--max-batch-tokens -1"}) {
     const CliResult r = run_cli("run " + dir_ + " --byte-tokenizer -p hi " + bad, true);
     EXPECT_NE(r.status, 0) << bad;
     EXPECT_EQ(r.out.find("loaded "), std::string::npos) << bad << ": " << r.out;
   }
+  // Fewer tokens a forward than prompts: a decode step could not take one token of each.
+  const CliResult narrow = run_cli("run " + dir_ + " --byte-tokenizer -p hi -p ho --max-batch-tokens 1", true);
+  EXPECT_NE(narrow.status, 0);
+  EXPECT_NE(narrow.out.find("--max-batch-tokens must be at least the most sequences a call takes (2"), std::string::npos)
+      << narrow.out;
+  EXPECT_EQ(narrow.out.find("loaded "), std::string::npos) << narrow.out;
   const std::string text = path("t.txt");
   std::ofstream(text) << "some text";
   for (const char* bad : {"--context 0", "--context -5", "--max-windows -1"})

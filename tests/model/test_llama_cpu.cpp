@@ -27,6 +27,7 @@
 #include "twell/io/config.h"
 #include "twell/io/safetensors.h"
 #include "twell/model/llama.h"
+#include "twell/model/load.h"
 
 namespace twell::model {
 namespace {
@@ -939,6 +940,27 @@ TEST(PrefillChunks, FewestEvenChunks) {
       }
     }
   }
+}
+
+// The tokens a forward load_model sizes the GPU's activations for where the default does not fit:
+// the preferred count where it fits, else the largest that fits, rounded down to a multiple of 256
+// where that keeps it at least `least`; 0 where not even `least` fits.
+TEST(FitMaxTokens, TheLargestCountThatFits) {
+  auto below = [](int64_t limit) { return [limit](int64_t t) { return t <= limit; }; };
+  EXPECT_EQ(model::fit_max_tokens(1, 16384, below(20000)), 16384);
+  EXPECT_EQ(model::fit_max_tokens(1, 16384, below(16384)), 16384);
+  EXPECT_EQ(model::fit_max_tokens(1, 16384, below(16383)), 16128);
+  EXPECT_EQ(model::fit_max_tokens(1, 16384, below(5000)), 4864);
+  EXPECT_EQ(model::fit_max_tokens(1, 16384, below(255)), 255);   // no multiple of 256 fits
+  EXPECT_EQ(model::fit_max_tokens(300, 16384, below(500)), 500);  // 256 is below `least`
+  EXPECT_EQ(model::fit_max_tokens(300, 16384, below(299)), 0);
+  EXPECT_EQ(model::fit_max_tokens(7, 7, below(7)), 7);
+  EXPECT_EQ(model::fit_max_tokens(7, 7, below(6)), 0);
+  int calls = 0;
+  EXPECT_EQ(model::fit_max_tokens(1, 131072, [&](int64_t t) { return ++calls, t <= 70000; }), 69888);
+  EXPECT_LE(calls, 20);
+  expect_error([] { model::fit_max_tokens(0, 8, [](int64_t) { return true; }); }, {"1 <= least <= preferred"});
+  expect_error([] { model::fit_max_tokens(9, 8, [](int64_t) { return true; }); }, {"1 <= least <= preferred"});
 }
 
 // The windows of `twell eval`: at stride = window, windows that do not overlap, each one's first

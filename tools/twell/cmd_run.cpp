@@ -51,6 +51,11 @@ void register_run(CLI::App& app) {
           ->capture_default_str(),
       run->add_option("--seed", sampling->seed, "sampling seed")->check(seed_value())->capture_default_str()};
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
+  run->add_option("--max-batch-tokens", args->gpu_max_tokens,
+                  "GPU: the most tokens one forward computes (its activations' size); longer prompts run in chunks "
+                  "(0: up to 16384, fewer where the GPU's memory needs it)")
+      ->check(at_least(0))
+      ->capture_default_str();
 
   run->callback([=] {
     if (!prompts_file->empty()) {

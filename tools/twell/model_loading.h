@@ -28,6 +28,7 @@ struct ModelArgs {
   int64_t gpu_context = 0;
   bool gpu_kv_cache = true;
   int64_t gpu_max_batch = 1;  // sequences one call takes (run's prompts)
+  int64_t gpu_max_tokens = 0;  // run's --max-batch-tokens: tokens a forward (0: the default, fitted to memory)
 
   void add_to(CLI::App* cmd);
   // model::load_model with these options; prints what it loads, and on which backend, on stderr.

@@ -215,6 +215,7 @@ struct LlamaCudaMemory {
   size_t ffn = 0;          // the FFNs' workspaces (prefill, dense and gather FFN, the one-token decode FFN)
   size_t other = 0;        // cuBLASLt's workspace (one, shared by the FFNs), the RoPE table, logits of
                            // max_batch rows and the GPU sampler's weights for them, the QKV GEMM's
+  int64_t max_tokens = 0;  // the tokens a forward the activations are sized for (max_tokens, resolved)
   size_t total() const { return kv_cache + activations + ffn + other; }
 };
 

@@ -48,6 +48,13 @@ struct ModelLoadOptions {
   // (LlamaCudaOptions::max_tokens); without it, for all of them.
   // The CPU backend takes up to 65535.
   int64_t max_batch = 1;
+  // GPU: the most tokens one forward computes, which the activations are sized for
+  // (LlamaCudaOptions::max_tokens): with kv_cache, a longer prompt runs in chunks of at most as
+  // many. 0: the runtime's default (max_batch · context up to cuda::kDefaultMaxTokens), lowered
+  // where the GPU's memory (or gpu_memory) holds the weights and KV cache but not activations of
+  // that many tokens (fit_max_tokens; logged). At least max_batch: a decode step takes one token a
+  // sequence.
+  int64_t max_tokens = 0;
   // A cap on the GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all
   // the GPU's free memory. Checked at load against what the runtime will allocate (LlamaCuda::
   // memory_needed); where it needs more, `automatic` runs it on the CPU and `cuda` refuses it.
@@ -61,6 +68,7 @@ struct ModelLoadOptions {
   std::string cpu_choice_name = "device cpu";
   std::string bf16_choice_name = "bf16_ffn";                    // in the backend line's note on it
   std::string gpu_memory_choice_name = "gpu_memory";            // in a shortfall under that limit
+  std::string max_tokens_choice_name = "max_tokens";            // in its errors and notes
   std::string context_hint = "a shorter context needs less";  // in parentheses after a GPU memory shortfall
   // Appended to the "backend: CPU reference" line where the CPU runs it (the CLI: that --ffn was given
   // and means nothing there).
@@ -72,6 +80,12 @@ struct ModelLoadOptions {
 // a model the GPU runtime does not take, too little GPU memory: the figures), where under
 // `automatic` neither the GPU nor the host's memory holds it, or where the checkpoint is bad.
 std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoadOptions& options = {});
+
+// The tokens a forward may take where `preferred` does not fit: the largest count in [least,
+// preferred] for which `fits` holds, a multiple of 256 where one is at least `least`; `preferred`
+// where it fits, 0 where not even `least` does. `fits` must not hold for more tokens where it
+// fails for fewer (memory grows with the tokens). About log2(preferred) calls.
+int64_t fit_max_tokens(int64_t least, int64_t preferred, const std::function<bool(int64_t)>& fits);
 
 // Whether load_model would pick the GPU for `choice` before looking at a model (a Hopper GPU and a
 // CUDA build): false for cpu; for cuda, throws with the reason where there is none. `why` receives
