@@ -868,6 +868,7 @@ struct LlamaCuda::Impl {
     reset();
     ensure_logits(std::min({T, o.max_tokens, kLogitsRows}));
     try {
+      TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
       int64_t pos = 0;
       for (int64_t len : model::prefill_chunks(T, o.max_tokens)) {
         upload_inputs(toks.data() + pos, len, aligned_call(1, pos));
@@ -880,6 +881,7 @@ struct LlamaCuda::Impl {
         }
         pos += len;
       }
+      TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
       TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
     } catch (...) {
       cudaStreamSynchronize(stream);  // nothing queued may still write the caller's memory

@@ -158,8 +158,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->check(CLI::Range(int64_t{0}, int64_t{256}))
       ->capture_default_str();
   model->add_option("--long", mcfg->long_prompt,
-                    "one prompt of this many tokens on the twell model, prefilled in chunks of the default max_tokens "
-                    "(16384) and in one forward, with the memory each holds (model_long records); 0: none")
+                    "one prompt of this many tokens on the twell model, prefilled in even chunks of at most the default max_tokens "
+                    "(16384: 20000 tokens run as 10000 + 10000) and in one forward, with the memory each holds (model_long records); 0: none")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   model->add_option("--attention", mcfg->attention,

@@ -304,9 +304,10 @@ class LlamaCuda final : public model::LanguageModel {
     bool fused_qkv_rope = false;  // the QKV GEMM with RoPE in its epilogue (fused_qkv_rope)
   };
   PrefillKernels prefill_kernels() const;
-  // GPU time of the last prefill, decode or enqueue call's device work (the model's layers and
-  // head; not the token and logit copies, but for a prefill's batches or chunks the copies of those
-  // after the first). Waits for it.
+  // GPU time of the last prefill, decode, enqueue, logits or next_token_nll call's device work (the
+  // model's layers and head; not the token and logit copies, but for a prefill's batches or chunks
+  // the copies of those after the first, and for logits and next_token_nll the copies and losses of
+  // their pieces). Waits for it.
   float last_gpu_ms() const;
 
   const LlamaCudaOptions& options() const;

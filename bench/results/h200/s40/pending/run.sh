@@ -5,7 +5,8 @@
 # suite; the ragged prefill bench (new binary, and the binary before the attention rule: old_twell);
 # twell run's first token at 2049 tokens (new and old); the standard prefill bench (cuDNN at its first call).
 # Session 41 added the chunked prefill (LongPromptsRunInChunksOfMaxTokens in the filters; `bench model --long`) and
-# perplexity reduced on the GPU (NextTokenNll*; `twell eval` timed, new against old).
+# perplexity reduced on the GPU (NextTokenNll*; `twell eval` timed, new against old). Session 42 added the
+# activations fitted to the GPU memory given (LoadModel.FitsTheActivationsToTheGpuMemoryGiven).
 # Use: as out/runNNN.sh beside out/bins.tar.xz, whose new/ holds twell, twell_gpu_tests, twell_tests,
 # libtwell_c.so of the build to check and old_twell (twell built at 9eb5986, before the attention rule).
 set -u
@@ -21,7 +22,7 @@ t0=$(date +%s)
 ts() { echo "== $(( $(date +%s) - t0 ))s $*"; }
 cp "$0" $O/run.sh
 ts changed tests
-$B/twell_gpu_tests --gtest_filter='*Ragged*:*FollowsEachPrefillsDensity*:*AutomaticAttention*:*Cudnn*:*InChunks*:*NextTokenNll*:*ALongPrompt*' 2>&1 | grep -E "OK \]|FAIL|Failure|Expected|Which|step|sequence|attention" | head -30
+$B/twell_gpu_tests --gtest_filter='*Ragged*:*FollowsEachPrefillsDensity*:*AutomaticAttention*:*Cudnn*:*InChunks*:*NextTokenNll*:*ALongPrompt*:*LoadModel*' 2>&1 | grep -E "OK \]|FAIL|Failure|Expected|Which|step|sequence|attention" | head -30
 ts memcheck
 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $B/twell_gpu_tests --gtest_filter='*SparseFfnOfASparseModel*:*InChunks*:*NextTokenNll*' > $O/sanitizer_memcheck.log 2>&1; echo "rc $?" >> $O/sanitizer_memcheck.log; grep -E "PASSED|FAILED|ERROR SUMMARY|rc " $O/sanitizer_memcheck.log
 ts python tests
