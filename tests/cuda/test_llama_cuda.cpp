@@ -1154,6 +1154,7 @@ TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
       const int64_t n = max_tokens == 256 ? 600 : 1200;  // 3 × 200, or 2 × 600
       const Tensor all = gpu.logits(std::vector<int32_t>(tokens.begin(), tokens.begin() + n));
       EXPECT_EQ(gpu.last_tokens(), n);
+      EXPECT_GT(gpu.last_gpu_ms(), 0.f);  // this call's, the first of the model
       EXPECT_EQ(gpu.cached_tokens(), 0);
       EXPECT_LT(relative_error(all, rows(ref, 0, n)), kTol) << "logits()";
       if (attention == PrefillAttention::cudnn)
