@@ -377,6 +377,10 @@ class ModelOnTheGpu(unittest.TestCase):
             with twell.Model(folder, device="cuda", context=64, tokenizer="bytes", max_batch_tokens=16) as small:
                 ids = [256] + [random.Random(7).randrange(258) for _ in range(40)]
                 self.assertLess(relative_error(small.logits(ids), cpu.logits(ids)), 1e-2)
+                # The FFN statistics on the GPU too: every token counted, the non-zeros near the CPU's.
+                for got, want in zip(small.ffn_stats(ids), cpu.ffn_stats(ids)):
+                    self.assertEqual(got["tokens"], len(ids))
+                    self.assertLessEqual(abs(got["nnz"] - want["nnz"]), 0.02 * want["nnz"] + 1)
             cpu.close()
         finally:
             shutil.rmtree(folder)

@@ -252,8 +252,8 @@ class Model:
         return _as_output(buf, (n, vocab))
 
     def ffn_stats(self, ids):
-        """Each layer's FFN activation statistics over ids (CPU backend; ReLU models): a list of dicts
-        with tokens, nnz, max_nnz_per_token, l1_sum."""
+        """Each layer's FFN activation statistics over ids (ReLU models; zeros for SiLU ones): a list of
+        dicts with tokens, nnz, max_nnz_per_token, l1_sum."""
         c_ids, n = _ids(ids)
         vocab, layers = self.config["vocab_size"], self.config["num_layers"]
         _, out = _floats(n * vocab)

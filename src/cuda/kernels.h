@@ -309,6 +309,11 @@ void launch_dense_grad(const uint16_t* g, const uint16_t* u, const float* dh32, 
 // targets in [0, V): not checked), as model::nll_from_logits on the host.
 void launch_row_nll(const float* logits, int64_t rows, int64_t V, const int32_t* targets, double* nll,
                     cudaStream_t stream);
+// nnz[r] = the entries of row r of h [rows, cols] bf16 that are not zero (−0 is zero, NaN is not),
+// l1[r] = Σ |h[r, :]| in double: cpu::ffn_forward's ActivationStats per token, reduced in a fixed
+// order.
+void launch_row_activation_stats(const uint16_t* h, int64_t rows, int64_t cols, int32_t* nnz, double* l1,
+                                 cudaStream_t stream);
 // x[t, :] = float(table[tokens[t], :])          x [T, H] fp32, table [V, H] bf16
 void launch_embed(const int32_t* tokens, int64_t T, const uint16_t* table, float* x, int64_t H, cudaStream_t stream);
 // dst[r, :] = src[rows[r], :] for r < n: bf16 rows of H elements (a multiple of 8; 16-byte aligned

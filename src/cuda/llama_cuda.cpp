@@ -200,6 +200,10 @@ struct LlamaCuda::Impl {
   DecodeFfn decode_ffn;  // empty: not used
   DeviceBuffer tokens, p0, x, a, qkv, attn, proj, y, g, u, cos_sin, logits;
   DeviceBuffer nll_io;  // next_token_nll: T − 1 doubles out, then T − 1 int32 targets (grown as calls need)
+  // logits / next_token_nll with FFN statistics: each layer's, summed over the call's chunks (null
+  // outside such a call), and their buffers (add_activation_stats; allocated at the first one).
+  std::vector<ActivationStats>* act_stats = nullptr;
+  DeviceBuffer act_stats_io;
   int64_t logits_rows = 0;
   // Pinned staging of a call's inputs (tokens, then the position) and of small logits: copies
   // from and to pageable memory cost the host more per decode step. `staged` is recorded after the
@@ -518,6 +522,7 @@ struct LlamaCuda::Impl {
   FfnOut ffn(const LlamaCudaLayer& lw, int64_t layer, int64_t T, bool decode, const uint16_t* next_norm,
              const uint16_t* pending, FfnPath* path) {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
+    if (act_stats && relu && !decode) add_activation_stats(lw, layer, T);  // before the FFN overwrites `a`
     if (runs_decode_ffn(decode, T)) {
       decode_ffn.run(a.as<uint16_t>(), lw.ffn(), false, stream);
       *path = FfnPath::gather;
@@ -549,6 +554,39 @@ struct LlamaCuda::Impl {
     *path = FfnPath::dense;
     if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = FfnStats{FfnPath::dense, T};
     return FfnOut::y;
+  }
+
+  // Adds the statistics of layer `layer`'s h = ReLU(a Wgᵀ) ⊙ (a Wuᵀ) over the call's T rows to
+  // (*act_stats)[layer]: cuBLASLt GEMMs of the FFN's input (`a`) beside the FFN, rounded as the
+  // dense FFN rounds (bf16 g, u, h), each row counted on the GPU (launch_row_activation_stats), the
+  // rows summed here in order. Waits for them.
+  void add_activation_stats(const LlamaCudaLayer& lw, int64_t layer, int64_t T) {
+    const int64_t R = o.max_tokens;
+    const size_t need = static_cast<size_t>(R) * (static_cast<size_t>(4 * I) + 8 + 4);
+    if (act_stats_io.bytes() < need) {
+      TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+      act_stats_io = DeviceBuffer(need);
+    }
+    uint16_t* g_rows = act_stats_io.as<uint16_t>();
+    uint16_t* u_rows = g_rows + R * I;
+    double* l1 = reinterpret_cast<double*>(u_rows + R * I);  // 8-byte aligned: I is a multiple of 8
+    int32_t* nnz = reinterpret_cast<int32_t*>(l1 + R);
+    gemm.run(a.get(), lw.wg.view().data, g_rows, T, I, H, true, GemmEpilogue::relu, stream);
+    gemm.run(a.get(), lw.wu.view().data, u_rows, T, I, H, true, GemmEpilogue::none, stream);
+    launch_mul_bf16(g_rows, u_rows, g_rows, T * I, stream);
+    launch_row_activation_stats(g_rows, T, I, nnz, l1, stream);
+    std::vector<int32_t> row_nnz(static_cast<size_t>(T));
+    std::vector<double> row_l1(static_cast<size_t>(T));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(row_nnz.data(), nnz, row_nnz.size() * 4, cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(row_l1.data(), l1, row_l1.size() * 8, cudaMemcpyDeviceToHost, stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    ActivationStats& s = (*act_stats)[static_cast<size_t>(layer)];
+    s.tokens += T;
+    for (int64_t t = 0; t < T; ++t) {
+      s.nnz += row_nnz[static_cast<size_t>(t)];
+      s.max_nnz_per_token = std::max<int64_t>(s.max_nnz_per_token, row_nnz[static_cast<size_t>(t)]);
+      s.l1_sum += row_l1[static_cast<size_t>(t)];
+    }
   }
 
   // out [T, N] = in [T, K] Wᵀ: twell's GEMV for one token (LlamaCudaOptions::decode_gemv; returns
@@ -861,12 +899,18 @@ struct LlamaCuda::Impl {
   // more than max_tokens tokens; after each chunk, its head kLogitsRows rows at a time into `logits`,
   // each piece handed to piece(first row, rows) before the next overwrites it. Leaves the cache empty.
   // The pieces' work and copies are ordered on the stream, which is synchronised before this returns
-  // or throws (the caller's host buffers outlive it).
+  // or throws (the caller's host buffers outlive it). `layer_stats`: each layer's FFN statistics
+  // (add_activation_stats), or null.
   template <class Piece>
-  void forward_pieces(const std::vector<int32_t>& toks, Piece&& piece) {
+  void forward_pieces(const std::vector<int32_t>& toks, Piece&& piece, std::vector<ActivationStats>* layer_stats) {
     const int64_t T = static_cast<int64_t>(toks.size());
     reset();
     ensure_logits(std::min({T, o.max_tokens, kLogitsRows}));
+    if (layer_stats) layer_stats->assign(static_cast<size_t>(L), ActivationStats{});
+    struct StatsGuard {  // act_stats for this call only, however it ends
+      std::vector<ActivationStats>*& slot;
+      ~StatsGuard() { slot = nullptr; }
+    } guard{act_stats = layer_stats};
     try {
       TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
       int64_t pos = 0;
@@ -894,20 +938,20 @@ struct LlamaCuda::Impl {
 
   // Logits of every position (LlamaCuda::logits) through forward_pieces, each piece copied into the
   // result (up to kLogitsRows tokens: one piece, the GEMM body()'s Head::all would run).
-  Tensor all_logits(const std::vector<int32_t>& toks) {
+  Tensor all_logits(const std::vector<int32_t>& toks, std::vector<ActivationStats>* layer_stats) {
     const int64_t T = static_cast<int64_t>(toks.size());
     Tensor out(DType::f32, {T, V});
     forward_pieces(toks, [&](int64_t first, int64_t n) {  // before the next piece's GEMM, in stream order
       TWELL_CUDA_CHECK(cudaMemcpyAsync(out.ptr<float>() + first * V, logits.get(), static_cast<size_t>(n * V) * 4,
                                        cudaMemcpyDeviceToHost, stream));
-    });
+    }, layer_stats);
     return out;
   }
 
   // −log p(toks[t+1] | toks[..t]) for t < T − 1 (LlamaCuda::next_token_nll): each piece of logits
   // reduced on the GPU (launch_row_nll); the targets go up once and the T − 1 doubles come back once,
   // not T × V floats.
-  std::vector<double> all_nll(const std::vector<int32_t>& toks) {
+  std::vector<double> all_nll(const std::vector<int32_t>& toks, std::vector<ActivationStats>* layer_stats) {
     const int64_t T = static_cast<int64_t>(toks.size());
     const size_t bytes = static_cast<size_t>(T - 1) * (8 + 4);
     if (nll_io.bytes() < bytes) {
@@ -925,7 +969,7 @@ struct LlamaCuda::Impl {
       if (first + n == T)  // the last piece: every row reduced
         TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), nll, static_cast<size_t>(T - 1) * 8, cudaMemcpyDeviceToHost,
                                          stream));
-    });
+    }, layer_stats);
     return out;
   }
 
@@ -1083,15 +1127,15 @@ LlamaCuda& LlamaCuda::operator=(LlamaCuda&&) noexcept = default;
 const io::ModelConfig& LlamaCuda::config() const { return impl_->c; }
 
 Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats) const {
-  TWELL_CHECK(ffn_stats == nullptr, "LlamaCuda::logits: per-layer FFN statistics come from the CPU backend only");
   impl_->check_whole_sequence(tokens, "LlamaCuda::logits");
-  return impl_->all_logits(tokens);
+  return impl_->all_logits(tokens, ffn_stats);
 }
 
-std::vector<double> LlamaCuda::next_token_nll(const std::vector<int32_t>& tokens) const {
+std::vector<double> LlamaCuda::next_token_nll(const std::vector<int32_t>& tokens,
+                                              std::vector<ActivationStats>* ffn_stats) const {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   impl_->check_whole_sequence(tokens, "LlamaCuda::next_token_nll");
-  return impl_->all_nll(tokens);
+  return impl_->all_nll(tokens, ffn_stats);
 }
 
 Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) { return impl_->prefill({tokens}, true); }
@@ -1142,7 +1186,7 @@ size_t LlamaCuda::workspace_bytes() const {
   const Impl& m = *impl_;
   size_t n = m.tokens.bytes() + m.p0.bytes() + m.x.bytes() + m.a.bytes() + m.qkv.bytes() + m.attn.bytes() +
              m.proj.bytes() + m.y.bytes() + m.g.bytes() + m.u.bytes() + m.cos_sin.bytes() +
-             m.logits.bytes() + m.nll_io.bytes() + m.sampler.workspace_bytes();
+             m.logits.bytes() + m.nll_io.bytes() + m.act_stats_io.bytes() + m.sampler.workspace_bytes();
   for (const auto& b : m.k_cache) n += b.bytes();
   for (const auto& b : m.v_cache) n += b.bytes();
   if (m.ffn_prefill) n += m.ffn_prefill->workspace_bytes() + m.ffn_dense->workspace_bytes();

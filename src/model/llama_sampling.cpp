@@ -449,9 +449,10 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
   return gens;
 }
 
-std::vector<double> LanguageModel::next_token_nll(const std::vector<int32_t>& tokens) const {
+std::vector<double> LanguageModel::next_token_nll(const std::vector<int32_t>& tokens,
+                                                  std::vector<ActivationStats>* ffn_stats) const {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
-  return nll_from_logits(logits(tokens), tokens);
+  return nll_from_logits(logits(tokens, ffn_stats), tokens);
 }
 
 namespace {
@@ -476,8 +477,7 @@ Perplexity perplexity_of(const std::vector<double>& nll) {
 Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,
                       std::vector<ActivationStats>* ffn_stats) {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
-  if (ffn_stats) return perplexity_from_logits(model.logits(tokens, ffn_stats), tokens);
-  return perplexity_of(model.next_token_nll(tokens));
+  return perplexity_of(model.next_token_nll(tokens, ffn_stats));
 }
 
 Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens) {
@@ -516,7 +516,7 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
   for (int64_t w = 0; w < windows; ++w) {
     const EvalWindow& win = plan[static_cast<size_t>(w)];
     const std::vector<int32_t> ids(tokens.begin() + win.begin, tokens.begin() + win.end);
-    const std::vector<double> nll = ffn_stats ? nll_from_logits(model.logits(ids, &layers), ids) : model.next_token_nll(ids);
+    const std::vector<double> nll = model.next_token_nll(ids, ffn_stats ? &layers : nullptr);
     double window_sum = 0;  // row t predicts ids[t + 1]: token `from` is row from − 1 − begin
     for (int64_t q = win.from; q < win.end; ++q) window_sum += nll[static_cast<size_t>(q - 1 - win.begin)];
     TWELL_CHECK(std::isfinite(window_sum), "window ", w + 1, " of ", what, ": the mean NLL is ",

@@ -1341,6 +1341,68 @@ TEST(LlamaCuda, NextTokenNllReducesTheLogitsOnTheGpu) {
   EXPECT_EQ(whole.cached_tokens(), 3);
 }
 
+// logits and next_token_nll with FFN statistics count what the CPU model counts, layer by layer:
+// the tokens exactly (summed over chunks), the non-zeros, the most of a token and Σ|h| within 2%
+// (the GPU's FFN input is rounded to bf16, which moves a few gates near zero across it); the model's
+// own logits unchanged by the counting; a SiLU model's left at zero, as the CPU leaves them; and
+// `twell eval --sparsity`'s windows (model::windowed_perplexity) take them.
+TEST(LlamaCuda, FfnStatisticsCountWhatTheCpuCounts) {
+  TWELL_REQUIRE_HOPPER();
+  io::ModelConfig c = config_of(kShapes[3]);  // ReLU, H 256, I 512
+  c.max_position_embeddings = 700;
+  const auto [dw, cpu] = both_backends(c, 34);
+  const std::vector<int32_t> tokens = some_tokens(600, c.vocab_size, 10);
+  std::vector<ActivationStats> want;
+  const Tensor ref = cpu.logits(tokens, &want);
+  ASSERT_EQ(want.size(), static_cast<size_t>(c.num_hidden_layers));
+  LlamaCudaOptions small;
+  small.max_tokens = 256;  // 3 chunks of 200
+  LlamaCuda whole(dw), chunked(dw, small);
+  auto near = [](double got, double w) { return std::abs(got - w) <= 0.02 * std::abs(w) + 1; };
+  for (LlamaCuda* m : {&whole, &chunked}) {
+    SCOPED_TRACE(str("max_tokens ", m->options().max_tokens));
+    std::vector<ActivationStats> got, from_nll;
+    const Tensor logits = m->logits(tokens, &got);
+    EXPECT_LT(relative_error(logits, ref), kTol);
+    m->next_token_nll(tokens, &from_nll);
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(from_nll.size(), want.size());
+    for (size_t l = 0; l < want.size(); ++l) {
+      SCOPED_TRACE(str("layer ", l));
+      EXPECT_EQ(got[l].tokens, 600);
+      EXPECT_EQ(from_nll[l].tokens, 600);
+      EXPECT_GT(want[l].nnz, 0);
+      EXPECT_PRED2(near, double(got[l].nnz), double(want[l].nnz));
+      EXPECT_PRED2(near, double(got[l].max_nnz_per_token), double(want[l].max_nnz_per_token));
+      EXPECT_PRED2(near, got[l].l1_sum, want[l].l1_sum);
+      EXPECT_PRED2(near, double(from_nll[l].nnz), double(want[l].nnz));
+      EXPECT_PRED2(near, from_nll[l].l1_sum, want[l].l1_sum);
+    }
+    EXPECT_EQ(m->cached_tokens(), 0);
+  }
+  const size_t before = whole.workspace_bytes();
+  EXPECT_EQ(whole.logits(tokens).numel(), ref.numel());  // no statistics asked: nothing more allocated
+  EXPECT_EQ(whole.workspace_bytes(), before);
+  {  // eval's windows: two of 300, summed
+    std::vector<ActivationStats> windows, cpu_windows;
+    model::windowed_perplexity(whole, tokens, 300, 300, 0, &windows);
+    model::windowed_perplexity(cpu, tokens, 300, 300, 0, &cpu_windows);
+    ASSERT_EQ(windows.size(), cpu_windows.size());
+    for (size_t l = 0; l < windows.size(); ++l) {
+      EXPECT_EQ(windows[l].tokens, 600) << "layer " << l;
+      EXPECT_PRED2(near, double(windows[l].nnz), double(cpu_windows[l].nnz)) << "layer " << l;
+    }
+  }
+  {  // SiLU: zeros, as on the CPU
+    const auto [silu_w, silu_cpu] = both_backends(config_of(kShapes[2]), 35);
+    LlamaCuda silu(silu_w);
+    std::vector<ActivationStats> got;
+    silu.logits(some_tokens(50, kShapes[2].vocab, 11), &got);
+    ASSERT_EQ(got.size(), static_cast<size_t>(config_of(kShapes[2]).num_hidden_layers));
+    for (const ActivationStats& s : got) EXPECT_EQ(s.tokens, 0);
+  }
+}
+
 // Where the prefill FFN is sparse, a run below sparse_min_tokens (whose FFN runs dense by its size)
 // costs 1.3 rows a row: prompts of 150, 40, 40, 40 tokens split into 150 | 3 × 40 (270 rows) while
 // the model's density is unknown or high, but run as one batch of 600 rows on the sparse FFN once

@@ -241,8 +241,11 @@ class LlamaCuda final : public model::LanguageModel {
 
   // model::LanguageModel (one sequence). `logits` runs from position 0 in the KV cache's memory, so
   // it refuses (throws, changing nothing) while a generation is cached: after prefill or
-  // decode_step, until reset(). It leaves the cache empty, and cannot report per-layer FFN
-  // statistics (ffn_stats must be null: use the CPU backend). More tokens than max_tokens run in
+  // decode_step, until reset(). It leaves the cache empty. With `ffn_stats` (ReLU models; left at
+  // zero for SiLU ones, as LlamaCpu leaves them), each layer's statistics of h: from dense GEMMs of
+  // each layer's FFN input beside its FFN (whichever path that takes), rounded as the dense FFN
+  // rounds (bf16 g, u, h), counted on the GPU; [max_tokens, I] bf16 twice more of device memory from
+  // the first such call on, and a stream synchronisation a layer. More tokens than max_tokens run in
   // chunks (LlamaCudaOptions::max_tokens); the head of a call of more than 1024 tokens runs 1024
   // rows at a time, each copied to the result as it is done, so the device holds 1024 rows of
   // logits, not one for every token.
@@ -250,8 +253,9 @@ class LlamaCuda final : public model::LanguageModel {
   Tensor logits(const std::vector<int32_t>& tokens, std::vector<ActivationStats>* ffn_stats = nullptr) const override;
   // The same forward as logits(), each piece of its logits reduced to the next tokens' negative
   // log-likelihoods on the GPU (in double, as model::nll_from_logits): T − 1 numbers come back, not
-  // T × V logits (`twell eval`, model::perplexity).
-  std::vector<double> next_token_nll(const std::vector<int32_t>& tokens) const override;
+  // T × V logits (`twell eval`, model::perplexity); `ffn_stats` as for logits().
+  std::vector<double> next_token_nll(const std::vector<int32_t>& tokens,
+                                     std::vector<ActivationStats>* ffn_stats = nullptr) const override;
   Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]
   Tensor decode_step(int32_t token) override;                   // [V]
   bool samples_on_gpu() const;  // LlamaCudaOptions::sample_on_gpu, where the kernel runs
@@ -295,7 +299,7 @@ class LlamaCuda final : public model::LanguageModel {
   // per token on the sparse path, -1 on the dense one); empty without the option.
   std::vector<FfnStats> ffn_stats() const;
   // Device memory the model holds besides its weights: memory_needed()'s total after construction,
-  // and what later calls added (cuDNN's workspace, a larger logits buffer).
+  // and what later calls added (cuDNN's workspace, a larger logits buffer, the FFN statistics' buffers).
   size_t workspace_bytes() const;
   // The kernels the last call that was not a decode step ran (a prefill's last batch or chunk;
   // empty/false before any such call).

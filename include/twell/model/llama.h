@@ -127,8 +127,9 @@ class LanguageModel {
   // −log p(tokens[t+1] | tokens[0..t]) for t < T − 1 under one forward from position 0 (T ≥ 2;
   // perplexity): by default nll_from_logits of logits(); a backend may reduce the logits where they
   // are (LlamaCuda: on the GPU, so that T − 1 numbers cross to the host, not T × V logits). The same
-  // refusals as logits().
-  virtual std::vector<double> next_token_nll(const std::vector<int32_t>& tokens) const;
+  // refusals as logits(). `ffn_stats` as for logits().
+  virtual std::vector<double> next_token_nll(const std::vector<int32_t>& tokens,
+                                             std::vector<ActivationStats>* ffn_stats = nullptr) const;
   // KV-cache decoding: prefill clears the cache and returns the last token's logits [V].
   virtual Tensor prefill(const std::vector<int32_t>& tokens) = 0;
   virtual Tensor decode_step(int32_t token) = 0;  // [V]
@@ -322,8 +323,8 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
                                        const std::vector<int32_t>& stop_tokens = {},
                                        const std::function<bool(int64_t, int32_t)>& on_token = {});
 
-// Perplexity of a sequence under one full forward (T ≥ 2): model.next_token_nll, or with
-// `ffn_stats` (as for LlamaCpu::logits) from the logits, whose log-softmax is taken in double.
+// Perplexity of a sequence under one full forward (T ≥ 2): model.next_token_nll, with `ffn_stats`
+// as for logits().
 Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,
                       std::vector<ActivationStats>* ffn_stats = nullptr);
 // The same from logits [T, V] (f32 or f64) already computed for `tokens`.
@@ -342,7 +343,7 @@ std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t str
 // Perplexity of a text longer than one forward (`twell eval`): one forward a window of
 // eval_windows(T, window, stride) (the first max_windows of them where that is > 0), each token
 // counted once in the mean. `ffn_stats`: each layer's statistics summed over the windows' forwards
-// (LlamaCpu::logits'; stride = window only, so that no token counts twice). `on_window(done,
+// (logits()'; stride = window only, so that no token counts twice). `on_window(done,
 // windows, so_far)` after each window (progress). Throws naming the window where its losses are not
 // finite. `what` names the text in messages.
 Perplexity windowed_perplexity(

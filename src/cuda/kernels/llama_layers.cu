@@ -56,6 +56,41 @@ __global__ void __launch_bounds__(kNllThreads) row_nll_kernel(const float* __res
   }
 }
 
+// Per row of h [rows, cols] bf16: the entries that are not zero (−0 is zero, NaN is not: `h != 0`,
+// as cpu::ffn_forward counts) and Σ |h| in double, in a fixed order (deterministic). One block of
+// kStatsThreads a row.
+constexpr int kStatsThreads = 256;
+__global__ void __launch_bounds__(kStatsThreads) row_activation_stats_kernel(const uint16_t* __restrict__ h,
+                                                                             int64_t cols, int32_t* __restrict__ nnz,
+                                                                             double* __restrict__ l1) {
+  __shared__ int count_of[kStatsThreads / 32];
+  __shared__ double sum_of[kStatsThreads / 32];
+  const uint16_t* row = h + static_cast<int64_t>(blockIdx.x) * cols;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int count = 0;
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < cols; i += kStatsThreads) {
+    const uint16_t bits = row[i];
+    if ((bits & 0x7fffu) != 0) {
+      ++count;
+      sum += fabs(static_cast<double>(bf16_bits_to_float(bits)));
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    count += __shfl_xor_sync(0xffffffffu, count, o);
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  if (lane == 0) count_of[warp] = count, sum_of[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+    double l1_total = 0;
+    for (int w = 0; w < kStatsThreads / 32; ++w) total += count_of[w], l1_total += sum_of[w];
+    nnz[blockIdx.x] = total;
+    l1[blockIdx.x] = l1_total;
+  }
+}
+
 __global__ void embed_kernel(const int32_t* __restrict__ tokens, const uint16_t* __restrict__ table,
                              float* __restrict__ x, int64_t H) {
   const int64_t t = blockIdx.x;
@@ -265,6 +300,15 @@ void launch_row_nll(const float* logits, int64_t rows, int64_t V, const int32_t*
   TWELL_CHECK(rows >= 0 && rows <= 2147483647 && V >= 1, "row_nll: ", rows, " rows of ", V);
   if (rows == 0) return;
   row_nll_kernel<<<static_cast<unsigned>(rows), kNllThreads, 0, stream>>>(logits, V, targets, nll);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_row_activation_stats(const uint16_t* h, int64_t rows, int64_t cols, int32_t* nnz, double* l1,
+                                 cudaStream_t stream) {
+  TWELL_CHECK(rows >= 0 && rows <= 2147483647 && cols >= 1 && cols <= 2147483647, "row_activation_stats: ", rows,
+              " rows of ", cols);
+  if (rows == 0) return;
+  row_activation_stats_kernel<<<static_cast<unsigned>(rows), kStatsThreads, 0, stream>>>(h, cols, nnz, l1);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
