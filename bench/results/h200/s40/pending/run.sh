@@ -6,7 +6,8 @@
 # twell run's first token at 2049 tokens (new and old); the standard prefill bench (cuDNN at its first call).
 # Session 41 added the chunked prefill (LongPromptsRunInChunksOfMaxTokens in the filters; `bench model --long`) and
 # perplexity reduced on the GPU (NextTokenNll*; `twell eval` timed, new against old). Session 42 added the
-# activations fitted to the GPU memory given (LoadModel.FitsTheActivationsToTheGpuMemoryGiven).
+# activations fitted to the GPU memory given (LoadModel.FitsTheActivationsToTheGpuMemoryGiven) and FFN statistics on the
+# GPU (FfnStatisticsCountWhatTheCpuCounts, under memcheck too; `twell eval --sparsity` on the GPU).
 # Use: as out/runNNN.sh beside out/bins.tar.xz, whose new/ holds twell, twell_gpu_tests, twell_tests,
 # libtwell_c.so of the build to check and old_twell (twell built at 9eb5986, before the attention rule).
 set -u
@@ -22,9 +23,9 @@ t0=$(date +%s)
 ts() { echo "== $(( $(date +%s) - t0 ))s $*"; }
 cp "$0" $O/run.sh
 ts changed tests
-$B/twell_gpu_tests --gtest_filter='*Ragged*:*FollowsEachPrefillsDensity*:*AutomaticAttention*:*Cudnn*:*InChunks*:*NextTokenNll*:*ALongPrompt*:*LoadModel*' 2>&1 | grep -E "OK \]|FAIL|Failure|Expected|Which|step|sequence|attention" | head -30
+$B/twell_gpu_tests --gtest_filter='*Ragged*:*FollowsEachPrefillsDensity*:*AutomaticAttention*:*Cudnn*:*InChunks*:*NextTokenNll*:*ALongPrompt*:*LoadModel*:*FfnStatistics*' 2>&1 | grep -E "OK \]|FAIL|Failure|Expected|Which|step|sequence|attention" | head -30
 ts memcheck
-timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $B/twell_gpu_tests --gtest_filter='*SparseFfnOfASparseModel*:*InChunks*:*NextTokenNll*' > $O/sanitizer_memcheck.log 2>&1; echo "rc $?" >> $O/sanitizer_memcheck.log; grep -E "PASSED|FAILED|ERROR SUMMARY|rc " $O/sanitizer_memcheck.log
+timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $B/twell_gpu_tests --gtest_filter='*SparseFfnOfASparseModel*:*InChunks*:*NextTokenNll*:*FfnStatistics*' > $O/sanitizer_memcheck.log 2>&1; echo "rc $?" >> $O/sanitizer_memcheck.log; grep -E "PASSED|FAILED|ERROR SUMMARY|rc " $O/sanitizer_memcheck.log
 ts python tests
 TWELL_LIBRARY=$B/libtwell_c.so timeout 300 $PY -m unittest discover -s python/tests -v > $O/python_tests.log 2>&1; echo "rc $?" >> $O/python_tests.log; grep -E "ERROR|FAIL|^Ran|^OK|rc " $O/python_tests.log | head
 ts gpu suite
@@ -53,6 +54,7 @@ for v in new old; do
   echo "$v: $out ($(( ($(date +%s%N) - s0) / 1000000 )) ms)"
 done | tee $O/eval.txt
 timeout 300 $B/twell eval $M /tmp/text.txt --byte-tokenizer --device cuda --context 2048 --stride 512 2>&1 | tail -2 | tee -a $O/eval.txt
+timeout 300 $B/twell eval $M /tmp/text.txt --byte-tokenizer --device cuda --context 2048 --sparsity 2>&1 | tail -9 | tee -a $O/eval.txt
 ts long prompt
 $B/twell bench model --no-prefill --no-decode --long 20000 --iters 6 --json $O/long.json > $O/long.txt 2>&1; grep -E "long prompt of|model_long|rror" $O/long.txt | head
 ts bench model prefill
