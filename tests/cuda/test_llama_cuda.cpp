@@ -576,6 +576,47 @@ TEST(SplitSum, AddedAsTheHostAddsThem) {
   EXPECT_THROW(launch_split_sum(too_many, 64, any.as<uint16_t>(), nullptr), Error);
 }
 
+// Each row's non-zeros and Σ|h| as cpu::ffn_forward counts them (h != 0: −0 is zero, NaN is not;
+// Σ|h| in double): widths below, at and past the block's 256 threads, rows of one entry, an all-zero
+// row and a row holding a NaN.
+TEST(RowActivationStats, CountsWhatTheCpuCounts) {
+  TWELL_REQUIRE_HOPPER();
+  std::mt19937 rng(12);
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{3, 1}, {5, 255}, {4, 256}, {7, 5632},
+                                                                             {2, 70000}}) {
+    SCOPED_TRACE(str(rows, " × ", cols));
+    std::vector<uint16_t> h(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < h.size(); ++i) {
+      const uint32_t r = rng() % 8;
+      h[i] = r < 4 ? 0 : r == 4 ? 0x8000 /* −0 */ : float_to_bf16_bits(std::normal_distribution<float>()(rng));
+    }
+    std::fill(h.begin(), h.begin() + cols, uint16_t{0});  // row 0: all zeros
+    h.back() = 0x7fc0;                                     // the last row: a NaN
+    const DeviceBuffer dh = upload(h);
+    DeviceBuffer nnz(static_cast<size_t>(rows) * 4), l1(static_cast<size_t>(rows) * 8);
+    launch_row_activation_stats(dh.as<uint16_t>(), rows, cols, nnz.as<int32_t>(), l1.as<double>(), nullptr);
+    std::vector<int32_t> got_nnz(static_cast<size_t>(rows));
+    std::vector<double> got_l1(static_cast<size_t>(rows));
+    TWELL_CUDA_CHECK(cudaMemcpy(got_nnz.data(), nnz.get(), got_nnz.size() * 4, cudaMemcpyDeviceToHost));
+    TWELL_CUDA_CHECK(cudaMemcpy(got_l1.data(), l1.get(), got_l1.size() * 8, cudaMemcpyDeviceToHost));
+    for (int64_t r = 0; r < rows; ++r) {
+      int32_t want_nnz = 0;
+      double want_l1 = 0;
+      for (int64_t j = 0; j < cols; ++j)
+        if (const float v = bf16_bits_to_float(h[static_cast<size_t>(r * cols + j)]); v != 0)
+          ++want_nnz, want_l1 += std::fabs(static_cast<double>(v));
+      EXPECT_EQ(got_nnz[r], want_nnz) << "row " << r;
+      if (std::isnan(want_l1)) {
+        EXPECT_TRUE(std::isnan(got_l1[r])) << "row " << r;
+      } else {
+        EXPECT_NEAR(got_l1[r], want_l1, 1e-12 * (1 + want_l1)) << "row " << r;
+      }
+    }
+    EXPECT_EQ(got_nnz[0], 0);
+  }
+  EXPECT_THROW(launch_row_activation_stats(nullptr, 1, 0, nullptr, nullptr, nullptr), Error);
+}
+
 TEST(SplitSum, DecodeShapesItTakes) {  // host-only: runs without a GPU too
   EXPECT_TRUE(decode_ffn_supported(2048, 5632));
   EXPECT_TRUE(decode_ffn_supported(4096, 14336));
