@@ -23,7 +23,7 @@ t0=$(date +%s)
 ts() { echo "== $(( $(date +%s) - t0 ))s $*"; }
 cp "$0" $O/run.sh
 ts changed tests
-$B/twell_gpu_tests --gtest_filter='*Ragged*:*FollowsEachPrefillsDensity*:*AutomaticAttention*:*Cudnn*:*InChunks*:*NextTokenNll*:*ALongPrompt*:*LoadModel*:*FfnStatistics*' 2>&1 | grep -E "OK \]|FAIL|Failure|Expected|Which|step|sequence|attention" | head -30
+$B/twell_gpu_tests --gtest_filter='*Ragged*:*FollowsEachPrefillsDensity*:*AutomaticAttention*:*Cudnn*:*InChunks*:*NextTokenNll*:*ALongPrompt*:*LoadModel*:*FfnStatistics*:*RowActivationStats*' 2>&1 | grep -E "OK \]|FAIL|Failure|Expected|Which|step|sequence|attention" | head -30
 ts memcheck
 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $B/twell_gpu_tests --gtest_filter='*SparseFfnOfASparseModel*:*InChunks*:*NextTokenNll*:*FfnStatistics*' > $O/sanitizer_memcheck.log 2>&1; echo "rc $?" >> $O/sanitizer_memcheck.log; grep -E "PASSED|FAILED|ERROR SUMMARY|rc " $O/sanitizer_memcheck.log
 ts python tests
