@@ -204,6 +204,7 @@ struct LlamaCuda::Impl {
   // outside such a call), and their buffers (add_activation_stats; allocated at the first one).
   std::vector<ActivationStats>* act_stats = nullptr;
   DeviceBuffer act_stats_io;
+  int64_t act_stats_rows = 0;  // the rows act_stats_io is carved for: the call's largest forward
   int64_t logits_rows = 0;
   // Pinned staging of a call's inputs (tokens, then the position) and of small logits: copies
   // from and to pageable memory cost the host more per decode step. `staged` is recorded after the
@@ -360,6 +361,8 @@ struct LlamaCuda::Impl {
     TWELL_CHECK(!__builtin_mul_overflow(2 * static_cast<size_t>(p.kv_buffers), p.kv, &p.memory.kv_cache),
                 "LlamaCuda: the KV cache of these options needs more than 2^64 bytes");
     p.memory.max_tokens = T;
+    p.memory.logits_growth =
+        checked_nbytes(DType::f32, {std::max(o.max_batch, std::min(T, kLogitsRows)), V}) - p.logits;
     p.memory.activations = sum({p.tokens, p.p0, p.x, p.a, p.qkv, p.attn, p.proj, p.y, p.g, p.u});
     p.memory.other =
         sum({LtGemm::kWorkspaceBytes, p.cos_sin, p.logits, p.sampler, p.qkv_workspace});  // one cuBLASLt workspace, shared
@@ -561,12 +564,7 @@ struct LlamaCuda::Impl {
   // dense FFN rounds (bf16 g, u, h), each row counted on the GPU (launch_row_activation_stats), the
   // rows summed here in order. Waits for them.
   void add_activation_stats(const LlamaCudaLayer& lw, int64_t layer, int64_t T) {
-    const int64_t R = o.max_tokens;
-    const size_t need = static_cast<size_t>(R) * (static_cast<size_t>(4 * I) + 8 + 4);
-    if (act_stats_io.bytes() < need) {
-      TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-      act_stats_io = DeviceBuffer(need);
-    }
+    const int64_t R = act_stats_rows;  // at least T (forward_pieces)
     uint16_t* g_rows = act_stats_io.as<uint16_t>();
     uint16_t* u_rows = g_rows + R * I;
     double* l1 = reinterpret_cast<double*>(u_rows + R * I);  // 8-byte aligned: I is a multiple of 8
@@ -906,7 +904,23 @@ struct LlamaCuda::Impl {
     const int64_t T = static_cast<int64_t>(toks.size());
     reset();
     ensure_logits(std::min({T, o.max_tokens, kLogitsRows}));
-    if (layer_stats) layer_stats->assign(static_cast<size_t>(L), ActivationStats{});
+    if (layer_stats) {
+      layer_stats->assign(static_cast<size_t>(L), ActivationStats{});
+      // g, u [rows, I] bf16, then each row's Σ|h| (double) and non-zeros (int32), for this call's
+      // largest forward: sized for the call, kept for the next.
+      act_stats_rows = std::min(T, o.max_tokens);
+      const size_t need = static_cast<size_t>(act_stats_rows) * (static_cast<size_t>(4 * I) + 8 + 4);
+      if (act_stats_io.bytes() < need) {
+        TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+        act_stats_io = DeviceBuffer();
+        try {
+          act_stats_io = DeviceBuffer(need);
+        } catch (const Error& e) {
+          throw Error(str("LlamaCuda: the FFN statistics of ", act_stats_rows, " tokens a forward need ",
+                          bytes_str(need), " of GPU memory besides the model's: ", e.what()));
+        }
+      }
+    }
     struct StatsGuard {  // act_stats for this call only, however it ends
       std::vector<ActivationStats>*& slot;
       ~StatsGuard() { slot = nullptr; }

@@ -35,6 +35,11 @@ size_t host_memory_available() {
   return 0;
 }
 
+// The GPU memory a model may take: the free memory, or less under ModelLoadOptions::gpu_memory.
+size_t usable_gpu_memory(const ModelLoadOptions& o, const cuda::DeviceMemory& gpu) {
+  return o.gpu_memory ? std::min(o.gpu_memory, gpu.free) : gpu.free;
+}
+
 // Why a model's weights and buffers would not fit in the GPU's free memory, naming the parts; empty
 // where they fit.
 std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCudaOptions& co,
@@ -42,7 +47,7 @@ std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCuda
   const size_t weights = cuda::LlamaCudaWeights::bytes_for(c);
   const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(c, co);
   const cuda::DeviceMemory gpu = cuda::device_memory();
-  const size_t usable = o.gpu_memory ? std::min(o.gpu_memory, gpu.free) : gpu.free;
+  const size_t usable = usable_gpu_memory(o, gpu);
   const std::string has = o.gpu_memory && o.gpu_memory < gpu.free
                               ? str(gpu.str(), ", of which ", bytes_str(o.gpu_memory), " may be used (",
                                     o.gpu_memory_choice_name, ")")
@@ -52,7 +57,8 @@ std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCuda
   if (weights + m.total() <= usable) return {};
   const int64_t context = co.max_context ? co.max_context : c.max_position_embeddings;
   const std::string sequences = co.max_batch > 1 ? str(co.max_batch, " sequences of ") : "";
-  const std::string fewer = co.max_batch > 1 ? ", and fewer sequences" : "";
+  const std::string fewer = str(co.max_batch > 1 ? ", and fewer sequences" : "",
+                                o.max_tokens > 0 ? str(", and fewer tokens a forward (", o.max_tokens_choice_name, ")") : "");
   return str("the model needs ", bytes_str(weights + m.total()), " of GPU memory: weights ", bytes_str(weights),
              ", KV cache ", bytes_str(m.kv_cache), " for ", sequences, context,
              " positions, activations and workspaces ", bytes_str(m.activations + m.ffn + m.other), " for ",
@@ -127,11 +133,15 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
       if (!shortfall.empty() && o.max_tokens == 0 && o.kv_cache) {
         // Activations for fewer tokens a forward, where the weights and the KV cache fit: longer
         // prompts then run in chunks, on the GPU, rather than the whole model on the CPU.
+        // What logits() may add later, and kGpuHeadroomBytes, stay free.
         const int64_t preferred = cuda::LlamaCuda::memory_needed(config, co).max_tokens;
+        const size_t usable = usable_gpu_memory(o, cuda::device_memory()),
+                     weights = cuda::LlamaCudaWeights::bytes_for(config);
         const int64_t fitted = fit_max_tokens(o.max_batch, preferred, [&](int64_t t) {
           cuda::LlamaCudaOptions fewer = co;
           fewer.max_tokens = t;
-          return gpu_memory_shortfall(config, fewer, o).empty();
+          const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(config, fewer);
+          return weights + m.total() + m.logits_growth + kGpuHeadroomBytes <= usable;
         });
         if (fitted > 0) {
           co.max_tokens = fitted;

@@ -1273,44 +1273,52 @@ TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
 }
 
 // Where the GPU memory given holds the weights and the KV cache but not activations of the default
-// tokens a forward, load_model sizes them for fewer, says so in its log, and a longer prompt runs in
-// chunks with the CPU model's logits. A count given is used as it is; one below max_batch is refused.
+// tokens a forward, load_model sizes them for fewer (leaving what logits() adds and
+// kGpuHeadroomBytes free), says so in its log, and a longer prompt runs in chunks with the logits of
+// one forward. A count given is used as it is; one below max_batch is refused. One layer of the 2B
+// model's widths, so that the activations of 16384 tokens (~1 GB) dwarf the headroom.
 TEST(LoadModel, FitsTheActivationsToTheGpuMemoryGiven) {
   TWELL_REQUIRE_HOPPER();
-  io::ModelConfig c = config_of(kShapes[3]);
-  c.max_position_embeddings = 3000;
+  io::ModelConfig c = model::tiny_config("relu", true);
+  c.hidden_size = 2048, c.intermediate_size = 5632, c.num_hidden_layers = 1;
+  c.num_attention_heads = c.num_key_value_heads = 16, c.head_dim = 128;
+  c.vocab_size = 256, c.max_position_embeddings = 16384;
   const std::string dir = write_test_model(c, 41);
-  const LlamaCpu cpu(load_bf16(dir));
   const size_t weights = LlamaCudaWeights::bytes_for(c);
-  const LlamaCudaMemory whole = LlamaCuda::memory_needed(c);  // 3000 tokens a forward: the context
-  LlamaCudaOptions fewer;
-  fewer.max_tokens = 512;
-  const LlamaCudaMemory small = LlamaCuda::memory_needed(c, fewer);
-  ASSERT_EQ(whole.max_tokens, 3000);
-  ASSERT_LT(small.total(), whole.total());
+  auto needs = [&](int64_t max_tokens) {  // what the fit keeps within the memory given
+    LlamaCudaOptions co;
+    co.max_tokens = max_tokens;
+    const LlamaCudaMemory m = LlamaCuda::memory_needed(c, co);
+    return weights + m.total() + m.logits_growth + model::kGpuHeadroomBytes;
+  };
+  const LlamaCudaMemory whole = LlamaCuda::memory_needed(c);
+  ASSERT_EQ(whole.max_tokens, 16384);
+  ASSERT_LT(needs(4096), weights + whole.total());  // else the default would fit what is given
 
   std::vector<std::string> lines;
   model::ModelLoadOptions o;
   o.device = model::DeviceChoice::cuda;
-  o.gpu_memory = weights + (small.total() + whole.total()) / 2;
+  o.gpu_memory = (needs(4096) + weights + whole.total()) / 2;
   o.log = [&](const std::string& line) { lines.push_back(line); };
   {
     const std::unique_ptr<model::LanguageModel> m = model::load_model(dir, o);
     const auto* gpu = dynamic_cast<const LlamaCuda*>(m.get());
     ASSERT_NE(gpu, nullptr);
     const int64_t t = gpu->options().max_tokens;
-    EXPECT_GT(t, 512);
-    EXPECT_LT(t, 3000);
+    EXPECT_GT(t, 4096);
+    EXPECT_LT(t, 16384);
     EXPECT_EQ(t % 256, 0);
-    EXPECT_LE(weights + LlamaCuda::memory_needed(c, gpu->options()).total(), o.gpu_memory);
-    LlamaCudaOptions more = gpu->options();
-    more.max_tokens = t + 256;  // the largest multiple of 256 that fits
-    EXPECT_GT(weights + LlamaCuda::memory_needed(c, more).total(), o.gpu_memory);
-    const std::string note = str("activations sized for ", t, " tokens a forward, not 3000");
+    EXPECT_LE(needs(t), o.gpu_memory);
+    EXPECT_GT(needs(t + 256), o.gpu_memory);  // the largest multiple of 256 that fits
+    const std::string note = str("activations sized for ", t, " tokens a forward, not 16384");
     EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(note) != std::string::npos; }))
         << "no log line says: " << note;
-    const std::vector<int32_t> tokens = some_tokens(2900, c.vocab_size, 9);
-    EXPECT_LT(relative_error(m->logits(tokens), cpu.logits(tokens)), kTol);
+    const int64_t n = std::min<int64_t>(t + 1000, 16384);  // two chunks
+    const std::vector<int32_t> tokens = some_tokens(n, c.vocab_size, 9);
+    LlamaCuda one_forward(std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(load_bf16(dir))));
+    const Tensor chunked = m->logits(tokens);
+    EXPECT_EQ(gpu->last_tokens(), n);
+    EXPECT_LT(relative_error(chunked, one_forward.logits(tokens)), kTol);
   }
   {  // given: used as it is, whatever fits
     o.gpu_memory = 0;
@@ -1324,7 +1332,7 @@ TEST(LoadModel, FitsTheActivationsToTheGpuMemoryGiven) {
     model::ModelLoadOptions tight;
     tight.device = model::DeviceChoice::cuda;
     tight.gpu_memory = weights + whole.kv_cache / 2;
-    test::expect_error([&] { model::load_model(dir, tight); }, {"KV cache", "for 3000 tokens a forward"});
+    test::expect_error([&] { model::load_model(dir, tight); }, {"KV cache", "for 16384 tokens a forward"});
   }
   std::filesystem::remove_all(dir);
 }
@@ -1384,47 +1392,58 @@ TEST(LlamaCuda, NextTokenNllReducesTheLogitsOnTheGpu) {
 
 // logits and next_token_nll with FFN statistics count what the CPU model counts, layer by layer:
 // the tokens exactly (summed over chunks), the non-zeros, the most of a token and Σ|h| within 2%
-// (the GPU's FFN input is rounded to bf16, which moves a few gates near zero across it); the model's
-// own logits unchanged by the counting; a SiLU model's left at zero, as the CPU leaves them; and
-// `twell eval --sparsity`'s windows (model::windowed_perplexity) take them.
+// (the GPU's FFN input is rounded to bf16, which moves a few gates near zero across it), on the
+// twell FFN's model and on one whose FFN runs on the dense cuBLASLt path (I = 176); the logits the
+// bits they are without the counting, whose buffers a model that never counts never allocates; a
+// SiLU model's left at zero, as the CPU leaves them; and `twell eval --sparsity`'s windows
+// (model::windowed_perplexity) take them.
 TEST(LlamaCuda, FfnStatisticsCountWhatTheCpuCounts) {
   TWELL_REQUIRE_HOPPER();
-  io::ModelConfig c = config_of(kShapes[3]);  // ReLU, H 256, I 512
-  c.max_position_embeddings = 700;
-  const auto [dw, cpu] = both_backends(c, 34);
-  const std::vector<int32_t> tokens = some_tokens(600, c.vocab_size, 10);
-  std::vector<ActivationStats> want;
-  const Tensor ref = cpu.logits(tokens, &want);
-  ASSERT_EQ(want.size(), static_cast<size_t>(c.num_hidden_layers));
-  LlamaCudaOptions small;
-  small.max_tokens = 256;  // 3 chunks of 200
-  LlamaCuda whole(dw), chunked(dw, small);
   auto near = [](double got, double w) { return std::abs(got - w) <= 0.02 * std::abs(w) + 1; };
-  for (LlamaCuda* m : {&whole, &chunked}) {
-    SCOPED_TRACE(str("max_tokens ", m->options().max_tokens));
-    std::vector<ActivationStats> got, from_nll;
-    const Tensor logits = m->logits(tokens, &got);
-    EXPECT_LT(relative_error(logits, ref), kTol);
-    m->next_token_nll(tokens, &from_nll);
-    ASSERT_EQ(got.size(), want.size());
-    ASSERT_EQ(from_nll.size(), want.size());
-    for (size_t l = 0; l < want.size(); ++l) {
-      SCOPED_TRACE(str("layer ", l));
-      EXPECT_EQ(got[l].tokens, 600);
-      EXPECT_EQ(from_nll[l].tokens, 600);
-      EXPECT_GT(want[l].nnz, 0);
-      EXPECT_PRED2(near, double(got[l].nnz), double(want[l].nnz));
-      EXPECT_PRED2(near, double(got[l].max_nnz_per_token), double(want[l].max_nnz_per_token));
-      EXPECT_PRED2(near, got[l].l1_sum, want[l].l1_sum);
-      EXPECT_PRED2(near, double(from_nll[l].nnz), double(want[l].nnz));
-      EXPECT_PRED2(near, from_nll[l].l1_sum, want[l].l1_sum);
+  for (const Shape& shape : {kShapes[3], kShapes[4]}) {  // the twell FFN; the dense cuBLASLt FFN
+    SCOPED_TRACE(shape.name);
+    io::ModelConfig c = config_of(shape);
+    c.max_position_embeddings = 700;
+    const auto [dw, cpu] = both_backends(c, 34);
+    const std::vector<int32_t> tokens = some_tokens(600, c.vocab_size, 10);
+    std::vector<ActivationStats> want;
+    const Tensor ref = cpu.logits(tokens, &want);
+    ASSERT_EQ(want.size(), static_cast<size_t>(c.num_hidden_layers));
+    LlamaCudaOptions small;
+    small.max_tokens = 256;  // 3 chunks of 200
+    LlamaCuda whole(dw), chunked(dw, small);
+    whole.logits(tokens);
+    const size_t before = whole.workspace_bytes();
+    whole.logits(tokens, nullptr);
+    EXPECT_EQ(whole.workspace_bytes(), before) << "no statistics asked: nothing more allocated";
+    std::vector<ActivationStats> warm;
+    whole.logits(tokens, &warm);  // every GEMM's shape seen twice at least: cuBLASLt's choices settled
+    const Tensor plain = whole.logits(tokens);
+    for (LlamaCuda* m : {&whole, &chunked}) {
+      SCOPED_TRACE(str("max_tokens ", m->options().max_tokens));
+      std::vector<ActivationStats> got, from_nll;
+      const Tensor logits = m->logits(tokens, &got);
+      EXPECT_LT(relative_error(logits, ref), kTol);
+      if (m == &whole) {
+        EXPECT_EQ(std::memcmp(logits.view().data, plain.view().data, plain.nbytes()), 0) << "the counting moved the logits";
+      }
+      m->next_token_nll(tokens, &from_nll);
+      ASSERT_EQ(got.size(), want.size());
+      ASSERT_EQ(from_nll.size(), want.size());
+      for (size_t l = 0; l < want.size(); ++l) {
+        SCOPED_TRACE(str("layer ", l));
+        EXPECT_EQ(got[l].tokens, 600);
+        EXPECT_EQ(from_nll[l].tokens, 600);
+        EXPECT_GT(want[l].nnz, 0);
+        EXPECT_PRED2(near, double(got[l].nnz), double(want[l].nnz));
+        EXPECT_PRED2(near, double(got[l].max_nnz_per_token), double(want[l].max_nnz_per_token));
+        EXPECT_PRED2(near, got[l].l1_sum, want[l].l1_sum);
+        EXPECT_PRED2(near, double(from_nll[l].nnz), double(want[l].nnz));
+        EXPECT_PRED2(near, from_nll[l].l1_sum, want[l].l1_sum);
+      }
+      EXPECT_EQ(m->cached_tokens(), 0);
     }
-    EXPECT_EQ(m->cached_tokens(), 0);
-  }
-  const size_t before = whole.workspace_bytes();
-  EXPECT_EQ(whole.logits(tokens).numel(), ref.numel());  // no statistics asked: nothing more allocated
-  EXPECT_EQ(whole.workspace_bytes(), before);
-  {  // eval's windows: two of 300, summed
+    // eval's windows: two of 300, summed
     std::vector<ActivationStats> windows, cpu_windows;
     model::windowed_perplexity(whole, tokens, 300, 300, 0, &windows);
     model::windowed_perplexity(cpu, tokens, 300, 300, 0, &cpu_windows);
@@ -1434,14 +1453,13 @@ TEST(LlamaCuda, FfnStatisticsCountWhatTheCpuCounts) {
       EXPECT_PRED2(near, double(windows[l].nnz), double(cpu_windows[l].nnz)) << "layer " << l;
     }
   }
-  {  // SiLU: zeros, as on the CPU
-    const auto [silu_w, silu_cpu] = both_backends(config_of(kShapes[2]), 35);
-    LlamaCuda silu(silu_w);
-    std::vector<ActivationStats> got;
-    silu.logits(some_tokens(50, kShapes[2].vocab, 11), &got);
-    ASSERT_EQ(got.size(), static_cast<size_t>(config_of(kShapes[2]).num_hidden_layers));
-    for (const ActivationStats& s : got) EXPECT_EQ(s.tokens, 0);
-  }
+  // SiLU: zeros, as on the CPU
+  const auto [silu_w, silu_cpu] = both_backends(config_of(kShapes[2]), 35);
+  LlamaCuda silu(silu_w);
+  std::vector<ActivationStats> got;
+  silu.logits(some_tokens(50, kShapes[2].vocab, 11), &got);
+  ASSERT_EQ(got.size(), static_cast<size_t>(config_of(kShapes[2]).num_hidden_layers));
+  for (const ActivationStats& s : got) EXPECT_EQ(s.tokens, 0);
 }
 
 // Where the prefill FFN is sparse, a run below sparse_min_tokens (whose FFN runs dense by its size)

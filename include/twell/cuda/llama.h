@@ -207,14 +207,18 @@ struct LlamaCudaOptions {
 // The device memory a LlamaCuda allocates at construction besides its weights (bytes). Later
 // calls may add cuDNN's attention workspace (at the first prefill of a shape, as its plan asks),
 // grow the logits buffer (a call whose head takes more than max_batch rows: logits() and
-// next_token_nll up to 1024, enqueue() all its rows) and add next_token_nll's 12 bytes a token:
-// workspace_bytes() counts what is allocated at any time.
+// next_token_nll up to 1024, enqueue() all its rows), add next_token_nll's 12 bytes a token, and
+// with FFN statistics (logits(), next_token_nll) 4 · I + 12 bytes a row of the call's largest
+// forward: workspace_bytes() counts what is allocated at any time.
 struct LlamaCudaMemory {
   size_t kv_cache = 0;     // keys and values: 2 · layers (1 without kv_cache) · max_batch · max_context · nkv · hd · 2
   size_t activations = 0;  // the per-call buffers of max_tokens rows: the residual stream, norms, QKV, attention
   size_t ffn = 0;          // the FFNs' workspaces (prefill, dense and gather FFN, the one-token decode FFN)
   size_t other = 0;        // cuBLASLt's workspace (one, shared by the FFNs), the RoPE table, logits of
                            // max_batch rows and the GPU sampler's weights for them, the QKV GEMM's
+                           // workspace (fused_qkv_rope)
+  // Not in total(): what logits() and next_token_nll add to the logits buffer (up to 1024 rows).
+  size_t logits_growth = 0;
   int64_t max_tokens = 0;  // the tokens a forward the activations are sized for (max_tokens, resolved)
   size_t total() const { return kv_cache + activations + ffn + other; }
 };
@@ -311,7 +315,7 @@ class LlamaCuda final : public model::LanguageModel {
   // GPU time of the last prefill, decode, enqueue, logits or next_token_nll call's device work (the
   // model's layers and head; not the token and logit copies, but for a prefill's batches or chunks
   // the copies of those after the first, and for logits and next_token_nll the copies and losses of
-  // their pieces). Waits for it.
+  // their pieces, and with FFN statistics their GEMMs and a host wait a layer). Waits for it.
   float last_gpu_ms() const;
 
   const LlamaCudaOptions& options() const;

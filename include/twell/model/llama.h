@@ -122,6 +122,8 @@ class LanguageModel {
   virtual const io::ModelConfig& config() const = 0;
   // Logits of every position [T, V] of one sequence from position 0. A backend may refuse it while
   // a generation is cached (LlamaCuda, whose forward runs in the cache's memory): reset() first.
+  // `ffn_stats`: resized to one entry a layer, each the statistics of that layer's FFN activation h
+  // over the T tokens (ReLU models; zeros for SiLU ones).
   virtual Tensor logits(const std::vector<int32_t>& tokens,
                         std::vector<ActivationStats>* ffn_stats = nullptr) const = 0;
   // −log p(tokens[t+1] | tokens[0..t]) for t < T − 1 under one forward from position 0 (T ≥ 2;

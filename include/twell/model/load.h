@@ -10,6 +10,7 @@
 // with CUDA, so that one call picks the backend at run time.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -52,7 +53,7 @@ struct ModelLoadOptions {
   // (LlamaCudaOptions::max_tokens): with kv_cache, a longer prompt runs in chunks of at most as
   // many. 0: the runtime's default (max_batch · context up to cuda::kDefaultMaxTokens), lowered
   // where the GPU's memory (or gpu_memory) holds the weights and KV cache but not activations of
-  // that many tokens (fit_max_tokens; logged). At least max_batch: a decode step takes one token a
+  // that many tokens (fit_max_tokens, leaving kGpuHeadroomBytes and what logits() adds free; logged). At least max_batch: a decode step takes one token a
   // sequence.
   int64_t max_tokens = 0;
   // A cap on the GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all
@@ -80,6 +81,11 @@ struct ModelLoadOptions {
 // a model the GPU runtime does not take, too little GPU memory: the figures), where under
 // `automatic` neither the GPU nor the host's memory holds it, or where the checkpoint is bad.
 std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoadOptions& options = {});
+
+// GPU memory load_model leaves free where it lowers max_tokens to fit (besides what logits() may
+// add, LlamaCudaMemory::logits_growth): for cuDNN's attention workspace, the CUDA modules loaded at
+// their first use and the allocator's rounding, which LlamaCuda::memory_needed does not count.
+constexpr size_t kGpuHeadroomBytes = size_t{256} << 20;
 
 // The tokens a forward may take where `preferred` does not fit: the largest count in [least,
 // preferred] for which `fits` holds, a multiple of 256 where one is at least `least`; `preferred`
