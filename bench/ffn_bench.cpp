@@ -525,8 +525,10 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
 }
 
 void write_records(const std::vector<BenchRecord>& records, const std::string& path) {
-  io::detail::write_file_atomically(path, records_to_json(records));
+  write_json_file(path, records_to_json(records));
 }
+
+void write_json_file(const std::string& path, const std::string& text) { io::detail::write_file_atomically(path, text); }
 
 void check_records_path(const std::string& path) {
   if (path.empty()) return;

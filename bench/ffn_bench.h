@@ -169,6 +169,8 @@ void print_table(const std::vector<BenchRecord>& records, std::ostream& out);
 std::string records_to_json(const std::vector<BenchRecord>& records);
 // Writes the records atomically (temporary file + rename).
 void write_records(const std::vector<BenchRecord>& records, const std::string& path);
+// Writes `text` to `path` atomically (temporary file + rename): a reader never sees half a file.
+void write_json_file(const std::string& path, const std::string& text);
 // Throws unless a file can be created at `path` (its folder exists and is writable): run before a
 // benchmark, so that a bad --json path fails at once, not after minutes of measuring. Empty: no-op.
 void check_records_path(const std::string& path);

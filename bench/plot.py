@@ -4,10 +4,12 @@
 `twell bench ffn` (and `--train`): time relative to the dense baseline against activation
 density, one panel per token count, one line per implementation and distribution.
 `twell bench model`: prefill throughput and decode step time per implementation, and each
-relative to dense.
+relative to dense. `twell eval --sparsity --json`: each layer's FFN non-zeros per token (mean and
+most), one bar a layer.
 
     python3 bench/plot.py bench/results/h200/ffn.json -o bench/results/h200/ffn.png
     python3 bench/plot.py bench/results/h200/model.json -o bench/results/h200/model.png
+    python3 bench/plot.py eval.json -o sparsity.png
 
 Needs matplotlib (pip install matplotlib).
 """
@@ -36,7 +38,13 @@ def main():
     ap.add_argument("-o", "--output", required=True, help="PNG to write")
     args = ap.parse_args()
 
-    all_records = [r for path in args.json for r in json.load(open(path))]
+    loaded = [json.load(open(path)) for path in args.json]
+    if any(isinstance(d, dict) for d in loaded):  # `twell eval --json`: one result, not a list of records
+        if len(loaded) != 1 or "ffn_sparsity" not in loaded[0]:
+            sys.exit("bench/plot.py: an eval result plots alone, and only with its per-layer figures "
+                     "(twell eval --sparsity --json)")
+        return plot_sparsity(loaded[0], args.output)
+    all_records = [r for d in loaded for r in d]
     if any(r.get("bench", "").startswith("model_") for r in all_records):
         return plot_model([r for r in all_records if r.get("bench", "").startswith("model_")], args.output)
     kind = "ffn_train" if any(r.get("bench") == "ffn_train" for r in all_records) else "ffn"
@@ -124,6 +132,27 @@ def plot_model(records, output):
     ax.legend(fontsize=8)
     gpu = records[0]["gpu"] if records else ""
     fig.suptitle(f"twell bench model on {gpu}: dense vs twell FFN", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(output, dpi=110)
+
+
+def plot_sparsity(result, output):
+    layers = result["ffn_sparsity"]
+    xs = [r["layer"] for r in layers]
+    fig, ax = plt.subplots(figsize=(max(5, 0.25 * len(xs) + 2), 3.8))
+    ax.bar(xs, [r["nnz_per_token"] for r in layers], color="tab:blue", label="mean")
+    ax.plot(xs, [r["max_nnz_per_token"] for r in layers], "v", color="tab:red", ms=4, ls="none", label="most of a token")
+    ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.set_ylabel("FFN non-zeros per token")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    mean = sum(r["nnz_per_token"] for r in layers) / max(1, len(layers))
+    title = (f"twell eval --sparsity: {result['model']} on {result['file']} ({result['backend']}); "
+             f"mean {mean:.1f} of {result['intermediate_size']} a token ({100 * mean / result['intermediate_size']:.2f}%), "
+             f"perplexity {result['perplexity']:.3f}")
+    ax.set_title(textwrap.fill(title, width=int(12 * fig.get_figwidth())), fontsize=9)
     fig.tight_layout()
     fig.savefig(output, dpi=110)
 

@@ -11,6 +11,8 @@
 
 #include <sys/wait.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/io_test_util.h"
 #include "model/llama_test_util.h"
 #include "twell/model/llama.h"
@@ -123,10 +125,34 @@ TEST_F(CliModel, EvalPrintsPerplexity) {
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("perplexity"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tokens scored in"), std::string::npos) << r.out;  // the rate, on stderr
-  const CliResult s = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --context 32 --sparsity");
+  const std::string json = path("eval.json");
+  const CliResult s =
+      run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --context 32 --sparsity --device cpu --json " + json);
   ASSERT_EQ(s.status, 0) << s.out;
   EXPECT_NE(s.out.find("nnz/token"), std::string::npos) << s.out;
   EXPECT_NE(s.out.find("\nmean "), std::string::npos) << s.out;
+  // --json: the printed result and each layer's figures.
+  const nlohmann::json j = nlohmann::json::parse(test::read_file(json));
+  std::smatch printed;
+  ASSERT_TRUE(std::regex_search(s.out, printed, std::regex("(\\d+) tokens predicted in (\\d+) windows.*perplexity ([0-9.]+)")))
+      << s.out;
+  EXPECT_EQ(j["tokens_scored"].get<int64_t>(), std::stoll(printed[1]));
+  EXPECT_EQ(j["windows"].get<int64_t>(), std::stoll(printed[2]));
+  EXPECT_NEAR(j["perplexity"].get<double>(), std::stod(printed[3]), 1e-4 * std::stod(printed[3]));
+  EXPECT_EQ(j["backend"], "cpu");
+  EXPECT_EQ(j["context"], 32);
+  ASSERT_EQ(j["ffn_sparsity"].size(), 2u);  // the fixture's layers
+  for (const auto& layer : j["ffn_sparsity"]) {
+    // every token of each window: those scored, and each window's first (its context only)
+    EXPECT_EQ(layer["tokens"].get<int64_t>(), j["tokens_scored"].get<int64_t>() + j["windows"].get<int64_t>());
+    EXPECT_GT(layer["nnz_per_token"].get<double>(), 0);
+    EXPECT_NEAR(layer["density"].get<double>(), layer["nnz_per_token"].get<double>() / j["intermediate_size"].get<double>(),
+                1e-12);
+  }
+  // A --json path that cannot be written fails before the run.
+  const CliResult bad = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --json " + path("no/such/dir/e.json"), true);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_EQ(bad.out.find("loaded "), std::string::npos) << bad.out;
 }
 
 // --stride 1 slides a window of --context 8 one token at a time: each token is scored once, with the

@@ -10,7 +10,10 @@
 #include <iostream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
+#include "ffn_bench.h"
 #include "model_loading.h"
 #include "progress.h"
 
@@ -46,6 +49,7 @@ void register_eval(CLI::App& app) {
   auto max_windows = std::make_shared<int64_t>(0);
   auto stride = std::make_shared<int64_t>(0);
   auto sparsity = std::make_shared<bool>(false);
+  auto json_path = std::make_shared<std::string>();
   args->add_to(eval);
   eval->add_flag("--sparsity", *sparsity,
                  "also print each layer's FFN activation sparsity (ReLU models; on the GPU from dense GEMMs beside the "
@@ -65,6 +69,10 @@ void register_eval(CLI::App& app) {
   eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)")
       ->check(at_least(0))
       ->capture_default_str();
+  eval->add_option("--json", *json_path,
+                   "also write the result here as JSON (with --sparsity, each layer's figures too; "
+                   "bench/plot.py draws them)")
+      ->check(file_name());
 
   eval->callback([=] {
     // Everything that can be wrong with the arguments, the tokenizer or the text is found before
@@ -82,6 +90,7 @@ void register_eval(CLI::App& app) {
                   "): the tokens between windows would not be scored");
     TWELL_REQUIRE(!*sparsity || step == ctx, "--sparsity counts every token of each window: it takes windows that "
                   "do not overlap (--stride equal to the window)");
+    bench::check_records_path(*json_path);  // a bad --json path fails now, not after the run
     std::ifstream in(*file, std::ios::binary);
     TWELL_REQUIRE(in, *file, ": cannot read: ", std::strerror(errno));
     std::stringstream text;
@@ -132,6 +141,36 @@ void register_eval(CLI::App& app) {
     std::fprintf(stderr, "%lld token%s scored in %.2f s (%.0f tokens/s)\n", static_cast<long long>(predictions),
                  predictions == 1 ? "" : "s", seconds, seconds > 0 ? static_cast<double>(predictions) / seconds : 0.0);
     if (*sparsity) print_sparsity(layer_total, m.config());
+    if (!json_path->empty()) {
+      nlohmann::ordered_json j;
+      j["file"] = *file;
+      j["model"] = args->dir;
+      j["backend"] = dynamic_cast<const model::LlamaCpu*>(&m) ? "cpu" : "cuda";
+      j["tokens_scored"] = predictions;
+      j["windows"] = windows;
+      j["context"] = ctx;
+      j["stride"] = step;
+      j["mean_nll"] = p.mean_nll;
+      j["perplexity"] = p.perplexity;
+      j["seconds"] = seconds;
+      if (*sparsity) {
+        const int64_t I = m.config().intermediate_size;
+        nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+        for (size_t l = 0; l < layer_total.size(); ++l) {
+          const ActivationStats& s = layer_total[l];
+          layers.push_back({{"layer", l},
+                            {"tokens", s.tokens},
+                            {"nnz_per_token", s.mean_nnz_per_token()},
+                            {"max_nnz_per_token", s.max_nnz_per_token},
+                            {"density", s.mean_nnz_per_token() / static_cast<double>(I)},
+                            {"l1_per_token", s.l1_per_token()}});
+        }
+        j["intermediate_size"] = I;
+        j["ffn_sparsity"] = layers;
+      }
+      bench::write_json_file(*json_path, j.dump(2) + "\n");
+      std::fprintf(stderr, "wrote the result to %s\n", json_path->c_str());
+    }
   });
 }
 
