@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes; twell_c_api_version() returns it. */
-#define TWELL_C_API_VERSION 3
+#define TWELL_C_API_VERSION 4
 
 enum { TWELL_OK = 0, TWELL_ERROR = 1 };
 
@@ -221,6 +221,11 @@ TWELL_C_API int twell_model_perplexity(twell_model* model, const int32_t* ids, i
 TWELL_C_API int twell_model_perplexity_windows(twell_model* model, const int32_t* ids, int64_t n, int64_t window,
                                                int64_t stride, double* mean_nll, double* perplexity,
                                                int64_t* predictions);
+/* Each layer's FFN activation statistics (num_layers entries into layer_stats; ReLU models, a SiLU
+ * model's stay 0) over ids[0..n), in forwards of `window` tokens (>= 2) that do not overlap, as
+ * `twell eval --sparsity` counts a text: every token counted once, and no logits copied out. */
+TWELL_C_API int twell_model_ffn_stats(twell_model* model, const int32_t* ids, int64_t n, int64_t window,
+                                      twell_activation_stats* layer_stats);
 /* Each token's loss: nll[t] = -log p(ids[t+1] | ids[0..t]) for t < n - 1 (room for n - 1; n >= 2),
  * from the same forward as twell_model_perplexity (on the GPU reduced where the logits are). */
 TWELL_C_API int twell_model_token_nll(twell_model* model, const int32_t* ids, int64_t n, double* nll);

@@ -291,11 +291,27 @@ class ModelOnTheCpu(unittest.TestCase):
             m.token_nll([256])
 
     def test_ffn_stats_count_the_active_neurons(self):
-        stats = self.model.ffn_stats([256, 9, 8, 7])
+        m = self.model
+        stats = m.ffn_stats([256, 9, 8, 7])
         self.assertEqual(len(stats), 2)
         for s in stats:
             self.assertEqual(s["tokens"], 4)
             self.assertTrue(0 < s["nnz"] <= 4 * 128)
+            self.assertAlmostEqual(s["nnz_per_token"], s["nnz"] / 4)
+        self.assertEqual([s["tokens"] for s in m.ffn_stats([256])], [1, 1])  # one token: its forward
+        # A text longer than the model's context of 64, in windows that do not overlap: every token once,
+        # each window's counts those of its own forward.
+        ids = [256] + [random.Random(4).randrange(256) for _ in range(150)]
+        long = m.ffn_stats(ids)
+        parts = [m.ffn_stats(ids[a:a + 64]) for a in range(0, len(ids), 64)]
+        for layer, s in enumerate(long):
+            self.assertEqual(s["tokens"], len(ids))
+            self.assertEqual(s["nnz"], sum(p[layer]["nnz"] for p in parts))
+            self.assertEqual(s["max_nnz_per_token"], max(p[layer]["max_nnz_per_token"] for p in parts))
+        self.assertEqual(m.ffn_stats("some text", context=8)[0]["tokens"], len(m.encode("some text")))
+        for bad in (1, True, "8"):
+            with self.assertRaisesRegex(twell.TwellError, "context|at least 2 tokens"):
+                m.ffn_stats(ids, context=bad)
 
     def test_bad_input_is_refused_with_the_reason(self):
         m = self.model

@@ -10,7 +10,7 @@ import ctypes
 import glob
 import os
 
-API_VERSION = 3
+API_VERSION = 4
 MAX_DIMS = 4
 OK, ERROR = 0, 1
 BF16, F16, F32, F64 = 0, 1, 2, 3
@@ -157,6 +157,8 @@ _sig = {
                                                       _P(ctypes.c_double), _P(ctypes.c_int64)]),
     "twell_model_token_nll": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64,
                                              _P(ctypes.c_double)]),
+    "twell_model_ffn_stats": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, ctypes.c_int64,
+                                             _P(ActivationStats)]),
     "twell_model_perplexity": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64,
                                               _P(ctypes.c_double), _P(ctypes.c_double)]),
     "twell_sampling_init": (None, [_P(Sampling)]),

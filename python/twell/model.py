@@ -251,17 +251,21 @@ class Model:
             _capi.check(_capi.lib.twell_model_logits(h, c_ids, n, out, None))
         return _as_output(buf, (n, vocab))
 
-    def ffn_stats(self, ids):
-        """Each layer's FFN activation statistics over ids (ReLU models; zeros for SiLU ones): a list of
-        dicts with tokens, nnz, max_nnz_per_token, l1_sum."""
+    def ffn_stats(self, text_or_ids, context=None):
+        """Each layer's FFN activation statistics over a text (tokenized as perplexity() does) or ids (ReLU
+        models; zeros for SiLU ones): a list of dicts with tokens, nnz, max_nnz_per_token, l1_sum and
+        nnz_per_token. In forwards of `context` tokens (default the model's context) that do not overlap, as
+        `twell eval --sparsity` counts a text, every token once; no logits are copied out."""
+        ids = self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
+        window = self.config["context"] if context is None else context
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise TwellError(f"ffn_stats: context must be a number of tokens, got {context!r}")
         c_ids, n = _ids(ids)
-        vocab, layers = self.config["vocab_size"], self.config["num_layers"]
-        _, out = _floats(n * vocab)
-        stats = (_capi.ActivationStats * layers)()
+        stats = (_capi.ActivationStats * self.config["num_layers"])()
         with self._busy("ffn_stats") as h:
-            _capi.check(_capi.lib.twell_model_logits(h, c_ids, n, out, stats))
-        return [{"tokens": s.tokens, "nnz": s.nnz, "max_nnz_per_token": s.max_nnz_per_token, "l1_sum": s.l1_sum}
-                for s in stats]
+            _capi.check(_capi.lib.twell_model_ffn_stats(h, c_ids, n, window, stats))
+        return [{"tokens": s.tokens, "nnz": s.nnz, "max_nnz_per_token": s.max_nnz_per_token, "l1_sum": s.l1_sum,
+                 "nnz_per_token": s.nnz / s.tokens if s.tokens else 0.0} for s in stats]
 
     def prefill(self, ids):
         """Clears the KV cache, runs ids, and returns the last token's logits [vocab]."""

@@ -104,6 +104,20 @@ TEST_F(CApiModel, LogitsPrefillAndDecodeAreTheCppCallsBits) {
   EXPECT_EQ(twell_model_token_nll(m, prompt_.data(), 1, losses.data()), TWELL_ERROR);
   EXPECT_NE(error_text().find("at least 2 tokens"), std::string::npos) << error_text();
   EXPECT_EQ(twell_model_token_nll(m, prompt_.data(), T, nullptr), TWELL_ERROR);
+
+  // FFN statistics in windows: one window of the whole prompt is its forward's.
+  std::vector<twell_activation_stats> windows(static_cast<size_t>(config_.num_hidden_layers));
+  ASSERT_EQ(twell_model_ffn_stats(m, prompt_.data(), T, T, windows.data()), TWELL_OK) << error_text();
+  for (size_t l = 0; l < windows.size(); ++l) {
+    EXPECT_EQ(windows[l].tokens, ref_stats[l].tokens);
+    EXPECT_EQ(windows[l].nnz, ref_stats[l].nnz);
+    EXPECT_EQ(windows[l].max_nnz_per_token, ref_stats[l].max_nnz_per_token);
+    EXPECT_EQ(windows[l].l1_sum, ref_stats[l].l1_sum);
+  }
+  EXPECT_EQ(twell_model_ffn_stats(m, prompt_.data(), T, 1, windows.data()), TWELL_ERROR);
+  EXPECT_NE(error_text().find("at least 2 tokens"), std::string::npos) << error_text();
+  EXPECT_EQ(twell_model_ffn_stats(m, prompt_.data(), T, T, nullptr), TWELL_ERROR);
+  EXPECT_NE(error_text().find("layer_stats is NULL"), std::string::npos) << error_text();
   twell_model_destroy(m);
 }
 
