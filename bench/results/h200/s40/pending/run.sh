@@ -9,7 +9,9 @@
 # activations fitted to the GPU memory given (LoadModel.FitsTheActivationsToTheGpuMemoryGiven) and FFN statistics on the
 # GPU (FfnStatisticsCountWhatTheCpuCounts, under memcheck too; `twell eval --sparsity` on the GPU).
 # Use: as out/runNNN.sh beside out/bins.tar.xz, whose new/ holds twell, twell_gpu_tests, twell_tests,
-# libtwell_c.so of the build to check and old_twell (twell built at 9eb5986, before the attention rule).
+# libtwell_c.so of the build to check and old_twell (twell built at 9eb5986, before the attention rule; session 42
+# left it stripped in the working tree's ignored build-old/old_twell_9eb5986, and out/bins.tar.xz + out/run043.sh
+# ready for its last commit: rebuild new/ if anything changed since).
 set -u
 cd "$(dirname "$0")/.."
 R=$PWD
