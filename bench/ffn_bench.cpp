@@ -535,7 +535,11 @@ void check_records_path(const std::string& path) {
   struct stat st;
   TWELL_REQUIRE(path.back() != '/' && !(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)), "--json ", path,
                 ": is a directory; name a file");
-  io::detail::AtomicFile probe(path);  // creates the temporary next to `path`; removed, as it is never committed
+  try {
+    io::detail::AtomicFile probe(path);  // creates the temporary next to `path`; removed, as it is never committed
+  } catch (const Error& e) {
+    throw Error(str("--json ", e.what()));
+  }
 }
 
 void save_records(const std::vector<BenchRecord>& records, const std::string& path, std::ostream& out,

@@ -169,9 +169,10 @@ typedef struct {
   int64_t max_batch;   /* GPU: the most sequences one call takes (twell_model_generate_batch), each with a
                           context's KV cache; 0: 1. The CPU backend takes up to 65535. */
   int64_t max_tokens;  /* GPU: the most tokens one forward computes (its activations' size), at least
-                          max_batch; with kv_cache, longer prompts run in chunks. 0: up to 16384, fewer
-                          where the GPU's memory (or gpu_memory) holds the weights and KV cache but not
-                          that many (a note in the log says so) */
+                          max_batch, at most max_batch contexts; with kv_cache, longer prompts run in
+                          chunks. 0: with kv_cache up to 16384, fewer where the GPU's memory (or
+                          gpu_memory) holds the weights and KV cache but not that many (a note in the log
+                          says so); without it, max_batch contexts */
   int64_t reserved[1]; /* 0 */
 } twell_model_options;
 
@@ -222,8 +223,9 @@ TWELL_C_API int twell_model_perplexity_windows(twell_model* model, const int32_t
                                                int64_t stride, double* mean_nll, double* perplexity,
                                                int64_t* predictions);
 /* Each layer's FFN activation statistics (num_layers entries into layer_stats; ReLU models, a SiLU
- * model's stay 0) over ids[0..n), in forwards of `window` tokens (>= 2) that do not overlap, as
- * `twell eval --sparsity` counts a text: every token counted once, and no logits copied out. */
+ * model's stay 0) over ids[0..n) (n >= 1), in forwards of `window` tokens (>= 1) that do not
+ * overlap: every token counted once, no logits copied out, and the counts given whatever the
+ * logits hold (model::ffn_stats_in_windows). */
 TWELL_C_API int twell_model_ffn_stats(twell_model* model, const int32_t* ids, int64_t n, int64_t window,
                                       twell_activation_stats* layer_stats);
 /* Each token's loss: nll[t] = -log p(ids[t+1] | ids[0..t]) for t < n - 1 (room for n - 1; n >= 2),

@@ -197,6 +197,7 @@ class ModelOnTheCpu(unittest.TestCase):
             with self.assertRaisesRegex(twell.TwellError, r"max_batch_tokens must be a number of tokens of at least "
                                                           r"max_batch \(3"):
                 twell.Model(self.dir, device="cpu", max_batch=3, max_batch_tokens=bad)
+        twell.Model(self.dir, device="cpu", max_batch=3, max_batch_tokens=3).close()  # the least it takes
 
     def test_text_generation_streams_what_it_returns(self):
         m = self.model
@@ -309,9 +310,13 @@ class ModelOnTheCpu(unittest.TestCase):
             self.assertEqual(s["nnz"], sum(p[layer]["nnz"] for p in parts))
             self.assertEqual(s["max_nnz_per_token"], max(p[layer]["max_nnz_per_token"] for p in parts))
         self.assertEqual(m.ffn_stats("some text", context=8)[0]["tokens"], len(m.encode("some text")))
-        for bad in (1, True, "8"):
-            with self.assertRaisesRegex(twell.TwellError, "context|at least 2 tokens"):
+        self.assertEqual([s["tokens"] for s in m.ffn_stats(ids[:65])], [65, 65])  # 64 + 1: the last token too
+        for bad in (0, True, "8", 2**64 + 5):
+            with self.assertRaisesRegex(twell.TwellError, "ffn_stats: context must be a number of tokens of at least 1"):
                 m.ffn_stats(ids, context=bad)
+        for kw in ({"context": 1}, {"context": 2**64 + 5}, {"stride": 0}, {"stride": True}):
+            with self.assertRaisesRegex(twell.TwellError, "perplexity: (context|stride) must be a number of tokens"):
+                m.perplexity(ids, **kw)
 
     def test_bad_input_is_refused_with_the_reason(self):
         m = self.model

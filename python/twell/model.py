@@ -134,9 +134,9 @@ class Model:
     it on the CPU and "cuda" refuses it. kv_cache=False: logits() and
     perplexity() only. max_batch: the most prompts one generate_batch() takes on the GPU (each with a
     context's KV cache; the CPU backend takes up to 65535). max_batch_tokens: the most tokens one GPU
-    forward computes, which its activations are sized for (at least max_batch; a longer prompt runs in
-    chunks; None: up to 16384, fewer where the GPU's memory holds the weights and KV cache but not
-    that many). tokenizer: "auto" (the directory's
+    forward computes, which its activations are sized for (at least max_batch; with the KV cache a
+    longer prompt runs in chunks; None: with the KV cache up to 16384, fewer where the GPU's memory
+    holds the weights and cache but not that many; without it, max_batch contexts). tokenizer: "auto" (the directory's
     tokenizer.json where there is one), "bytes" (our byte tokenizer) or None. verbose: loading's lines
     on stderr (else to the "twell" logger).
 
@@ -254,12 +254,10 @@ class Model:
     def ffn_stats(self, text_or_ids, context=None):
         """Each layer's FFN activation statistics over a text (tokenized as perplexity() does) or ids (ReLU
         models; zeros for SiLU ones): a list of dicts with tokens, nnz, max_nnz_per_token, l1_sum and
-        nnz_per_token. In forwards of `context` tokens (default the model's context) that do not overlap, as
-        `twell eval --sparsity` counts a text, every token once; no logits are copied out."""
+        nnz_per_token. In forwards of `context` tokens (default the model's context up to 8192, as `twell eval`)
+        that do not overlap, every token once (BOS and EOS of a text too), no logits copied out."""
         ids = self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
-        window = self.config["context"] if context is None else context
-        if isinstance(window, bool) or not isinstance(window, int):
-            raise TwellError(f"ffn_stats: context must be a number of tokens, got {context!r}")
+        window = min(self.config["context"], 8192) if context is None else _tokens_arg(context, "ffn_stats: context", 1)
         c_ids, n = _ids(ids)
         stats = (_capi.ActivationStats * self.config["num_layers"])()
         with self._busy("ffn_stats") as h:
@@ -307,13 +305,11 @@ class Model:
             with self._busy("perplexity") as h:
                 _capi.check(_capi.lib.twell_model_perplexity(h, c_ids, n, None, ctypes.byref(ppl)))
             return ppl.value
-        window = self.config["context"] if context is None else context
-        for name, value in (("context", window), ("stride", stride)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise TwellError(f"perplexity: {name} must be a number of tokens, got {value!r}")
+        window = self.config["context"] if context is None else _tokens_arg(context, "perplexity: context", 2)
+        step = window if stride is None else _tokens_arg(stride, "perplexity: stride", 1)
         with self._busy("perplexity") as h:
-            _capi.check(_capi.lib.twell_model_perplexity_windows(h, c_ids, n, window, window if stride is None else stride,
-                                                                 None, ctypes.byref(ppl), None))
+            _capi.check(_capi.lib.twell_model_perplexity_windows(h, c_ids, n, window, step, None, ctypes.byref(ppl),
+                                                                 None))
         return ppl.value
 
     def token_nll(self, text_or_ids):
@@ -496,6 +492,13 @@ class Model:
 def _check_count(max_new_tokens):
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise TwellError(f"max_new_tokens must be an integer of at least 0, got {max_new_tokens!r}")
+
+
+def _tokens_arg(value, what, least):
+    """`value` as an int of at least `least` tokens that a C int64 holds (numpy's integers too), or TwellError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not least <= value < 2**63:
+        raise TwellError(f"{what} must be a number of tokens of at least {least}, got {value!r}")
+    return int(value)
 
 
 def _generation_record(new, g):

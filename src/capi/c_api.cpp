@@ -513,13 +513,8 @@ int twell_model_ffn_stats(twell_model* model, const int32_t* ids, int64_t n, int
   return guarded([&] {
     const model::LanguageModel& m = object(model);
     TWELL_REQUIRE(layer_stats != nullptr, "twell_model_ffn_stats: layer_stats is NULL");
-    TWELL_REQUIRE(window >= 2, "twell_model_ffn_stats: a window holds at least 2 tokens, got ", window);
-    const std::vector<int32_t> v = id_vector(ids, n, "twell_model_ffn_stats");
-    std::vector<ActivationStats> stats;
-    if (v.size() < 2)
-      m.logits(v, &stats);  // one token: its forward (a window predicts, so it holds two at least)
-    else
-      model::windowed_perplexity(m, v, window, window, 0, &stats);
+    const std::vector<ActivationStats> stats =
+        model::ffn_stats_in_windows(m, id_vector(ids, n, "twell_model_ffn_stats"), window);
     for (int64_t l = 0; l < m.config().num_hidden_layers; ++l) {
       const ActivationStats s = static_cast<size_t>(l) < stats.size() ? stats[l] : ActivationStats{};
       layer_stats[l] = twell_activation_stats{s.tokens, s.nnz, s.max_nnz_per_token, s.l1_sum};

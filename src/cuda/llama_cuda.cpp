@@ -268,6 +268,8 @@ struct LlamaCuda::Impl {
     if (o.max_tokens == 0)  // with the cache, longer prompts run in chunks (prefill_chunks)
       o.max_tokens = o.kv_cache ? std::min(o.max_batch * o.max_context, std::max(kDefaultMaxTokens, o.max_batch))
                                 : o.max_batch * o.max_context;
+    // No call takes more (check_call): activations for more rows would be memory never used.
+    o.max_tokens = std::min(o.max_tokens, o.max_batch * o.max_context);
     TWELL_CHECK(o.max_tokens >= o.max_batch, "LlamaCuda: max_tokens ", o.max_tokens, " is below max_batch ",
                 o.max_batch);
     TWELL_CHECK(!o.ffn_options.cublaslt_workspace && o.ffn_options.cublaslt_workspace_bytes == 0,

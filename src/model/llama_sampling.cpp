@@ -498,6 +498,39 @@ std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t str
   return out;
 }
 
+namespace {
+
+// Adds one forward's per-layer statistics to a running total (sized to them on the first).
+void add_layer_stats(std::vector<ActivationStats>& total, const std::vector<ActivationStats>& part) {
+  total.resize(std::max(total.size(), part.size()));
+  for (size_t l = 0; l < part.size(); ++l) {
+    ActivationStats& t = total[l];
+    t.tokens += part[l].tokens;
+    t.nnz += part[l].nnz;
+    t.l1_sum += part[l].l1_sum;
+    t.max_nnz_per_token = std::max(t.max_nnz_per_token, part[l].max_nnz_per_token);
+  }
+}
+
+}  // namespace
+
+std::vector<ActivationStats> ffn_stats_in_windows(const LanguageModel& model, const std::vector<int32_t>& tokens,
+                                                  int64_t window) {
+  TWELL_CHECK(!tokens.empty(), "ffn statistics: no tokens");
+  TWELL_CHECK(window >= 1, "ffn statistics: a window holds at least 1 token, got ", window);
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  std::vector<ActivationStats> total, part;
+  for (int64_t a = 0; a < T; a += window) {
+    const std::vector<int32_t> ids(tokens.begin() + a, tokens.begin() + std::min(T, a + window));
+    if (ids.size() >= 2)
+      model.next_token_nll(ids, &part);
+    else
+      model.logits(ids, &part);  // one token predicts nothing: its forward
+    add_layer_stats(total, part);
+  }
+  return total;
+}
+
 Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens, int64_t window,
                                int64_t stride, int64_t max_windows, std::vector<ActivationStats>* ffn_stats,
                                const std::function<void(int64_t, int64_t, const Perplexity&)>& on_window,
@@ -522,16 +555,7 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
     TWELL_CHECK(std::isfinite(window_sum), "window ", w + 1, " of ", what, ": the mean NLL is ",
                 window_sum / double(win.end - win.from),
                 ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
-    if (ffn_stats) {
-      ffn_stats->resize(layers.size());
-      for (size_t l = 0; l < layers.size(); ++l) {
-        ActivationStats& t = (*ffn_stats)[l];
-        t.tokens += layers[l].tokens;
-        t.nnz += layers[l].nnz;
-        t.l1_sum += layers[l].l1_sum;
-        t.max_nnz_per_token = std::max(t.max_nnz_per_token, layers[l].max_nnz_per_token);
-      }
-    }
+    if (ffn_stats) add_layer_stats(*ffn_stats, layers);
     sum += window_sum;
     count += win.end - win.from;
     if (on_window) on_window(w + 1, windows, perplexity_of(sum, count));

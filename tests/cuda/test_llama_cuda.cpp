@@ -1325,6 +1325,9 @@ TEST(LoadModel, FitsTheActivationsToTheGpuMemoryGiven) {
     o.max_tokens = 300;
     const std::unique_ptr<model::LanguageModel> m = model::load_model(dir, o);
     EXPECT_EQ(dynamic_cast<const LlamaCuda&>(*m).options().max_tokens, 300);
+    o.max_tokens = 1 << 20;  // more than a call can take: a context's
+    EXPECT_EQ(dynamic_cast<const LlamaCuda&>(*model::load_model(dir, o)).options().max_tokens, 16384);
+    o.max_tokens = 300;
     o.max_batch = 301;
     test::expect_error([&] { model::load_model(dir, o); }, {"max_tokens must be at least the most sequences a call takes (301"});
   }

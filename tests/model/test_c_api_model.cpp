@@ -114,8 +114,30 @@ TEST_F(CApiModel, LogitsPrefillAndDecodeAreTheCppCallsBits) {
     EXPECT_EQ(windows[l].max_nnz_per_token, ref_stats[l].max_nnz_per_token);
     EXPECT_EQ(windows[l].l1_sum, ref_stats[l].l1_sum);
   }
-  EXPECT_EQ(twell_model_ffn_stats(m, prompt_.data(), T, 1, windows.data()), TWELL_ERROR);
-  EXPECT_NE(error_text().find("at least 2 tokens"), std::string::npos) << error_text();
+  // Windows of w tokens: each one's forward, summed, the last one's shorter (T = k·w + 1: one token).
+  for (int64_t w : {int64_t{1}, int64_t{2}, T - 1, int64_t{3}}) {
+    SCOPED_TRACE("window " + std::to_string(w));
+    ASSERT_EQ(twell_model_ffn_stats(m, prompt_.data(), T, w, windows.data()), TWELL_OK) << error_text();
+    std::vector<ActivationStats> sum(windows.size());
+    for (int64_t a = 0; a < T; a += w) {
+      std::vector<ActivationStats> part;
+      ref.logits(std::vector<int32_t>(prompt_.begin() + a, prompt_.begin() + std::min(T, a + w)), &part);
+      for (size_t l = 0; l < sum.size(); ++l) {
+        sum[l].tokens += part[l].tokens, sum[l].nnz += part[l].nnz, sum[l].l1_sum += part[l].l1_sum;
+        sum[l].max_nnz_per_token = std::max(sum[l].max_nnz_per_token, part[l].max_nnz_per_token);
+      }
+    }
+    for (size_t l = 0; l < windows.size(); ++l) {
+      EXPECT_EQ(windows[l].tokens, T);
+      EXPECT_EQ(windows[l].nnz, sum[l].nnz);
+      EXPECT_EQ(windows[l].max_nnz_per_token, sum[l].max_nnz_per_token);
+      EXPECT_NEAR(windows[l].l1_sum, sum[l].l1_sum, 1e-9 * sum[l].l1_sum);
+    }
+  }
+  ASSERT_EQ(twell_model_ffn_stats(m, prompt_.data(), 1, 8, windows.data()), TWELL_OK) << error_text();
+  EXPECT_EQ(windows[0].tokens, 1);
+  EXPECT_EQ(twell_model_ffn_stats(m, prompt_.data(), T, 0, windows.data()), TWELL_ERROR);
+  EXPECT_NE(error_text().find("at least 1 token"), std::string::npos) << error_text();
   EXPECT_EQ(twell_model_ffn_stats(m, prompt_.data(), T, T, nullptr), TWELL_ERROR);
   EXPECT_NE(error_text().find("layer_stats is NULL"), std::string::npos) << error_text();
   twell_model_destroy(m);

@@ -113,8 +113,9 @@ struct LlamaCudaOptions {
   // rounding steps of the unfused cuBLASLt GEMM + RoPE kernel, which runs otherwise).
   bool fused_qkv_rope = true;
   int64_t max_batch = 1;     // sequences per call at most
-  // Token rows (B·S) one forward computes at most (the activations' size). 0: with the KV cache,
-  // max_batch · max_context up to kDefaultMaxTokens (or max_batch, where that is more); without it,
+  // Token rows (B·S) one forward computes at most (the activations' size; more than max_batch ·
+  // max_context is taken as that, which no call exceeds). 0: with the KV cache, max_batch ·
+  // max_context up to kDefaultMaxTokens (or max_batch, where that is more); without it,
   // max_batch · max_context. A prefill of several prompts above it runs as several batches
   // (ragged_prefill_runs), and a prompt longer than it, and logits() of more tokens, in chunks at
   // increasing positions over the cached keys (prefill_chunks; with the KV cache only): the

@@ -353,6 +353,12 @@ Perplexity windowed_perplexity(
     int64_t max_windows = 0, std::vector<ActivationStats>* ffn_stats = nullptr,
     const std::function<void(int64_t done, int64_t windows, const Perplexity& so_far)>& on_window = {},
     const std::string& what = "the text");
+// Each layer's FFN activation statistics over `tokens` (at least one) in forwards of `window` tokens
+// (≥ 1) that do not overlap, every token counted once (the last forward may hold fewer, one
+// included), summed: next_token_nll's forward (on the GPU, no logits copied out), its losses not
+// looked at, so a model whose logits are not finite still gives its counts.
+std::vector<ActivationStats> ffn_stats_in_windows(const LanguageModel& model, const std::vector<int32_t>& tokens,
+                                                  int64_t window);
 // −log p(tokens[t+1] | tokens[0..t]) for t < T − 1 from logits [T, V] (f32 or f64) computed for
 // `tokens`: the row's maximum m, then m + log Σ exp(x − m) − x[next], in double.
 std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens);

@@ -50,11 +50,12 @@ struct ModelLoadOptions {
   // The CPU backend takes up to 65535.
   int64_t max_batch = 1;
   // GPU: the most tokens one forward computes, which the activations are sized for
-  // (LlamaCudaOptions::max_tokens): with kv_cache, a longer prompt runs in chunks of at most as
-  // many. 0: the runtime's default (max_batch · context up to cuda::kDefaultMaxTokens), lowered
-  // where the GPU's memory (or gpu_memory) holds the weights and KV cache but not activations of
-  // that many tokens (fit_max_tokens, leaving kGpuHeadroomBytes and what logits() adds free; logged). At least max_batch: a decode step takes one token a
-  // sequence.
+  // (LlamaCudaOptions::max_tokens; at most max_batch contexts): with kv_cache, a longer prompt runs
+  // in chunks of at most as many. 0: the runtime's default (with kv_cache, max_batch · context up to
+  // cuda::kDefaultMaxTokens, lowered where the GPU's memory (or gpu_memory) holds the weights and
+  // KV cache but not activations of that many tokens: fit_max_tokens, leaving kGpuHeadroomBytes and
+  // what logits() adds free, logged; without it, max_batch contexts). At least max_batch: a decode
+  // step takes one token a sequence.
   int64_t max_tokens = 0;
   // A cap on the GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all
   // the GPU's free memory. Checked at load against what the runtime will allocate (LlamaCuda::
