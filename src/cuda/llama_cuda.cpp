@@ -464,6 +464,15 @@ struct LlamaCuda::Impl {
     eager_steps.clear();
   }
 
+  // Grows a buffer that calls size as they come (nll_io, act_stats_io) to at least `bytes`, once
+  // the stream is done with the old one, which is freed first.
+  void grow(DeviceBuffer& b, size_t bytes) {
+    if (b.bytes() >= bytes) return;
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    b = DeviceBuffer();
+    b = DeviceBuffer(bytes);
+  }
+
   void ensure_logits(int64_t rows) {
     if (rows <= logits_rows) return;
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be in use
@@ -548,32 +557,35 @@ struct LlamaCuda::Impl {
       return o.ffn_residual_norm ? FfnOut::normalised : FfnOut::y;
     }
     // Dense cuBLASLt FFN: SiLU models, and ReLU models whose H or I is not a multiple of 64.
-    gemm.run(a.get(), lw.wg.view().data, g.get(), T, I, H, true, relu ? GemmEpilogue::relu : GemmEpilogue::none,
-             stream);
-    gemm.run(a.get(), lw.wu.view().data, u.get(), T, I, H, true, GemmEpilogue::none, stream);
-    if (relu)
-      launch_mul_bf16(g.as<uint16_t>(), u.as<uint16_t>(), g.as<uint16_t>(), T * I, stream);
-    else
-      launch_silu_mul(g.as<uint16_t>(), u.as<uint16_t>(), g.as<uint16_t>(), T * I, stream);
+    dense_h(lw, T, g.as<uint16_t>(), u.as<uint16_t>());
     gemm.run(g.get(), lw.wd.view().data, y.get(), T, H, I, false, GemmEpilogue::none, stream);
     *path = FfnPath::dense;
     if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = FfnStats{FfnPath::dense, T};
     return FfnOut::y;
   }
 
+  // h = act(a Wgᵀ) ⊙ (a Wuᵀ) of `a`'s T rows into h_rows ([T, I] bf16; u_rows, as large, is scratch)
+  // by cuBLASLt, bf16 g, u and h: the dense FFN's first half, and what add_activation_stats counts.
+  void dense_h(const LlamaCudaLayer& lw, int64_t T, uint16_t* h_rows, uint16_t* u_rows) {
+    gemm.run(a.get(), lw.wg.view().data, h_rows, T, I, H, true, relu ? GemmEpilogue::relu : GemmEpilogue::none,
+             stream);
+    gemm.run(a.get(), lw.wu.view().data, u_rows, T, I, H, true, GemmEpilogue::none, stream);
+    if (relu)
+      launch_mul_bf16(h_rows, u_rows, h_rows, T * I, stream);
+    else
+      launch_silu_mul(h_rows, u_rows, h_rows, T * I, stream);
+  }
+
   // Adds the statistics of layer `layer`'s h = ReLU(a Wgᵀ) ⊙ (a Wuᵀ) over the call's T rows to
-  // (*act_stats)[layer]: cuBLASLt GEMMs of the FFN's input (`a`) beside the FFN, rounded as the
-  // dense FFN rounds (bf16 g, u, h), each row counted on the GPU (launch_row_activation_stats), the
-  // rows summed here in order. Waits for them.
+  // (*act_stats)[layer]: the dense FFN's h (dense_h) of the FFN's input beside the FFN, each row
+  // counted on the GPU (launch_row_activation_stats), the rows summed here in order. Waits for them.
   void add_activation_stats(const LlamaCudaLayer& lw, int64_t layer, int64_t T) {
     const int64_t R = act_stats_rows;  // at least T (forward_pieces)
     uint16_t* g_rows = act_stats_io.as<uint16_t>();
     uint16_t* u_rows = g_rows + R * I;
     double* l1 = reinterpret_cast<double*>(u_rows + R * I);  // 8-byte aligned: I is a multiple of 8
     int32_t* nnz = reinterpret_cast<int32_t*>(l1 + R);
-    gemm.run(a.get(), lw.wg.view().data, g_rows, T, I, H, true, GemmEpilogue::relu, stream);
-    gemm.run(a.get(), lw.wu.view().data, u_rows, T, I, H, true, GemmEpilogue::none, stream);
-    launch_mul_bf16(g_rows, u_rows, g_rows, T * I, stream);
+    dense_h(lw, T, g_rows, u_rows);  // h into g_rows
     launch_row_activation_stats(g_rows, T, I, nnz, l1, stream);
     std::vector<int32_t> row_nnz(static_cast<size_t>(T));
     std::vector<double> row_l1(static_cast<size_t>(T));
@@ -912,15 +924,11 @@ struct LlamaCuda::Impl {
       // largest forward: sized for the call, kept for the next.
       act_stats_rows = std::min(T, o.max_tokens);
       const size_t need = static_cast<size_t>(act_stats_rows) * (static_cast<size_t>(4 * I) + 8 + 4);
-      if (act_stats_io.bytes() < need) {
-        TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-        act_stats_io = DeviceBuffer();
-        try {
-          act_stats_io = DeviceBuffer(need);
-        } catch (const Error& e) {
-          throw Error(str("LlamaCuda: the FFN statistics of ", act_stats_rows, " tokens a forward need ",
-                          bytes_str(need), " of GPU memory besides the model's: ", e.what()));
-        }
+      try {
+        grow(act_stats_io, need);
+      } catch (const Error& e) {
+        throw Error(str("LlamaCuda: the FFN statistics of ", act_stats_rows, " tokens a forward need ",
+                        bytes_str(need), " of GPU memory besides the model's: ", e.what()));
       }
     }
     struct StatsGuard {  // act_stats for this call only, however it ends
@@ -969,11 +977,7 @@ struct LlamaCuda::Impl {
   // not T × V floats.
   std::vector<double> all_nll(const std::vector<int32_t>& toks, std::vector<ActivationStats>* layer_stats) {
     const int64_t T = static_cast<int64_t>(toks.size());
-    const size_t bytes = static_cast<size_t>(T - 1) * (8 + 4);
-    if (nll_io.bytes() < bytes) {
-      TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be in use
-      nll_io = DeviceBuffer(bytes);
-    }
+    grow(nll_io, static_cast<size_t>(T - 1) * (8 + 4));
     double* nll = nll_io.as<double>();
     auto* targets = reinterpret_cast<int32_t*>(nll + (T - 1));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(targets, toks.data() + 1, static_cast<size_t>(T - 1) * 4, cudaMemcpyHostToDevice,
