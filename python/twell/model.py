@@ -236,6 +236,10 @@ class Model:
         """The ids of text as HuggingFace's tokenizer(text) gives them: with its BOS (and EOS) added."""
         return self._tokenizer("encode").encode(text, add_special_tokens)
 
+    def _scored_ids(self, text_or_ids):
+        """The ids perplexity(), token_nll() and ffn_stats() run: a text's as encode() gives them, ids as given."""
+        return self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
+
     def decode(self, ids):
         return self._tokenizer("decode").decode(ids)
 
@@ -256,7 +260,7 @@ class Model:
         models; zeros for SiLU ones): a list of dicts with tokens, nnz, max_nnz_per_token, l1_sum and
         nnz_per_token. In forwards of `context` tokens (default the model's context up to 8192, as `twell eval`)
         that do not overlap, every token once (BOS and EOS of a text too), no logits copied out."""
-        ids = self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
+        ids = self._scored_ids(text_or_ids)
         window = min(self.config["context"], 8192) if context is None else _tokens_arg(context, "ffn_stats: context", 1)
         c_ids, n = _ids(ids)
         stats = (_capi.ActivationStats * self.config["num_layers"])()
@@ -298,7 +302,7 @@ class Model:
         `twell eval` scores a text longer than the model takes: every `stride` tokens (default the window: no
         overlap, each window's first token context only; less: HuggingFace's sliding window), each token
         counted once."""
-        ids = self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
+        ids = self._scored_ids(text_or_ids)
         c_ids, n = _ids(ids)
         ppl = ctypes.c_double()
         if context is None and stride is None:
@@ -315,7 +319,7 @@ class Model:
     def token_nll(self, text_or_ids):
         """Each token's loss, -log p(token t+1 | tokens 0..t), as a list of len(ids) - 1 floats (natural log),
         from the forward perplexity() takes (a text is tokenized as there); their mean is log(perplexity)."""
-        ids = self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
+        ids = self._scored_ids(text_or_ids)
         c_ids, n = _ids(ids)
         if n < 2:
             raise TwellError(f"token_nll: need at least 2 tokens, got {n}")
