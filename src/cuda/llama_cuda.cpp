@@ -557,19 +557,19 @@ struct LlamaCuda::Impl {
       return o.ffn_residual_norm ? FfnOut::normalised : FfnOut::y;
     }
     // Dense cuBLASLt FFN: SiLU models, and ReLU models whose H or I is not a multiple of 64.
-    dense_h(lw, T, g.as<uint16_t>(), u.as<uint16_t>());
+    dense_h(lw, a.as<uint16_t>(), T, g.as<uint16_t>(), u.as<uint16_t>());
     gemm.run(g.get(), lw.wd.view().data, y.get(), T, H, I, false, GemmEpilogue::none, stream);
     *path = FfnPath::dense;
     if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = FfnStats{FfnPath::dense, T};
     return FfnOut::y;
   }
 
-  // h = act(a Wgᵀ) ⊙ (a Wuᵀ) of `a`'s T rows into h_rows ([T, I] bf16; u_rows, as large, is scratch)
-  // by cuBLASLt, bf16 g, u and h: the dense FFN's first half, and what add_activation_stats counts.
-  void dense_h(const LlamaCudaLayer& lw, int64_t T, uint16_t* h_rows, uint16_t* u_rows) {
-    gemm.run(a.get(), lw.wg.view().data, h_rows, T, I, H, true, relu ? GemmEpilogue::relu : GemmEpilogue::none,
-             stream);
-    gemm.run(a.get(), lw.wu.view().data, u_rows, T, I, H, true, GemmEpilogue::none, stream);
+  // h = act(in Wgᵀ) ⊙ (in Wuᵀ) of T rows `in` ([T, H] bf16) into h_rows ([T, I] bf16; u_rows, as
+  // large, is scratch) by cuBLASLt, bf16 g, u and h: the dense FFN's first half, and what
+  // add_activation_stats counts.
+  void dense_h(const LlamaCudaLayer& lw, const uint16_t* in, int64_t T, uint16_t* h_rows, uint16_t* u_rows) {
+    gemm.run(in, lw.wg.view().data, h_rows, T, I, H, true, relu ? GemmEpilogue::relu : GemmEpilogue::none, stream);
+    gemm.run(in, lw.wu.view().data, u_rows, T, I, H, true, GemmEpilogue::none, stream);
     if (relu)
       launch_mul_bf16(h_rows, u_rows, h_rows, T * I, stream);
     else
@@ -577,16 +577,21 @@ struct LlamaCuda::Impl {
   }
 
   // Adds the statistics of layer `layer`'s h = ReLU(a Wgᵀ) ⊙ (a Wuᵀ) over the call's T rows to
-  // (*act_stats)[layer]: the dense FFN's h (dense_h) of the FFN's input beside the FFN, each row
-  // counted on the GPU (launch_row_activation_stats), the rows summed here in order. Waits for them.
+  // (*act_stats)[layer]: the dense FFN's h (dense_h) of the FFN's input beside the FFN, kStatsRows
+  // rows at a time, each row counted on the GPU (launch_row_activation_stats), the rows summed here
+  // in order. Waits for them.
   void add_activation_stats(const LlamaCudaLayer& lw, int64_t layer, int64_t T) {
     const int64_t R = act_stats_rows;  // at least T (forward_pieces)
+    const int64_t P = std::min(R, kStatsRows);
     uint16_t* g_rows = act_stats_io.as<uint16_t>();
-    uint16_t* u_rows = g_rows + R * I;
-    double* l1 = reinterpret_cast<double*>(u_rows + R * I);  // 8-byte aligned: I is a multiple of 8
+    uint16_t* u_rows = g_rows + P * I;
+    double* l1 = reinterpret_cast<double*>(u_rows + P * I);  // 8-byte aligned: I is a multiple of 8
     int32_t* nnz = reinterpret_cast<int32_t*>(l1 + R);
-    dense_h(lw, T, g_rows, u_rows);  // h into g_rows
-    launch_row_activation_stats(g_rows, T, I, nnz, l1, stream);
+    for (int64_t r = 0; r < T; r += P) {
+      const int64_t n = std::min(P, T - r);
+      dense_h(lw, a.as<uint16_t>() + r * H, n, g_rows, u_rows);  // h into g_rows
+      launch_row_activation_stats(g_rows, n, I, nnz + r, l1 + r, stream);
+    }
     std::vector<int32_t> row_nnz(static_cast<size_t>(T));
     std::vector<double> row_l1(static_cast<size_t>(T));
     TWELL_CUDA_CHECK(cudaMemcpyAsync(row_nnz.data(), nnz, row_nnz.size() * 4, cudaMemcpyDeviceToHost, stream));
@@ -894,6 +899,10 @@ struct LlamaCuda::Impl {
   // Rows of logits all_logits computes and copies out at a time: the device holds that many rows of
   // V floats (512 MB at Llama 3's 128256), not the whole call's (4 GB for an 8192-token window).
   static constexpr int64_t kLogitsRows = 1024;
+  // Rows of FFN statistics (add_activation_stats) counted at a time: their g and u take 4 · I bytes a
+  // row (46 MB at the 2B model's I = 5632), within the headroom load_model's fit leaves free
+  // (kGpuHeadroomBytes), however many rows a forward holds.
+  static constexpr int64_t kStatsRows = 2048;
 
   // The checks of a forward of one whole sequence from position 0 (logits, next_token_nll), before
   // anything changes.
@@ -920,10 +929,11 @@ struct LlamaCuda::Impl {
     ensure_logits(std::min({T, o.max_tokens, kLogitsRows}));
     if (layer_stats) {
       layer_stats->assign(static_cast<size_t>(L), ActivationStats{});
-      // g, u [rows, I] bf16, then each row's Σ|h| (double) and non-zeros (int32), for this call's
-      // largest forward: sized for the call, kept for the next.
+      // g, u [kStatsRows at most, I] bf16, then each row's Σ|h| (double) and non-zeros (int32) of
+      // this call's largest forward: sized for the call, kept for the next.
       act_stats_rows = std::min(T, o.max_tokens);
-      const size_t need = static_cast<size_t>(act_stats_rows) * (static_cast<size_t>(4 * I) + 8 + 4);
+      const size_t need = static_cast<size_t>(std::min(act_stats_rows, kStatsRows)) * static_cast<size_t>(4 * I) +
+                          static_cast<size_t>(act_stats_rows) * (8 + 4);
       try {
         grow(act_stats_io, need);
       } catch (const Error& e) {

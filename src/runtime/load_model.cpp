@@ -130,25 +130,34 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
       // Before seconds of reading and copying weights. Under automatic a model the GPU cannot hold
       // runs on the CPU, as does a model the GPU runtime does not take.
       std::string shortfall = gpu_memory_shortfall(config, co, o);
-      if (!shortfall.empty() && o.max_tokens == 0 && o.kv_cache) {
+      if (!shortfall.empty() && o.max_tokens == 0 && (o.kv_cache || o.max_batch == 1)) {
         // Activations for fewer tokens a forward, where the weights and the KV cache fit: longer
-        // prompts then run in chunks, on the GPU, rather than the whole model on the CPU.
-        // What logits() may add later, and kGpuHeadroomBytes, stay free.
-        const int64_t preferred = cuda::LlamaCuda::memory_needed(config, co).max_tokens;
+        // prompts then run in chunks, on the GPU, rather than the whole model on the CPU. Chunks
+        // need the KV cache; without it (`twell eval`) a sequence runs in one forward, so a single
+        // sequence's model that does not fit takes the cache (bytes a position beside the
+        // activations' kilobytes) where that lets it fit. What logits() may add later, and
+        // kGpuHeadroomBytes, stay free.
+        cuda::LlamaCudaOptions fit = co;
+        fit.kv_cache = true;
+        const int64_t preferred = cuda::LlamaCuda::memory_needed(config, fit).max_tokens;
         const size_t usable = usable_gpu_memory(o, cuda::device_memory()),
                      weights = cuda::LlamaCudaWeights::bytes_for(config);
         const int64_t fitted = fit_max_tokens(o.max_batch, preferred, [&](int64_t t) {
-          cuda::LlamaCudaOptions fewer = co;
-          fewer.max_tokens = t;
-          const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(config, fewer);
+          fit.max_tokens = t;
+          const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(config, fit);
           return weights + m.total() + m.logits_growth + kGpuHeadroomBytes <= usable;
         });
         if (fitted > 0) {
-          co.max_tokens = fitted;
+          fit.max_tokens = fitted;
+          co = fit;
           shortfall.clear();
-          say(o, str("note: activations sized for ", fitted, " tokens a forward, not ", preferred,
-                     ", to fit the GPU's memory: longer prompts run in chunks of at most as many (",
-                     o.max_tokens_choice_name, " sets it)"));
+          const std::string cache = o.kv_cache ? "" : "with the KV cache on, so that a sequence may run in chunks: ";
+          say(o, fitted < preferred
+                     ? str("note: ", cache, "activations sized for ", fitted, " tokens a forward, not ", preferred,
+                           ", to fit the GPU's memory: longer prompts run in chunks of at most as many (",
+                           o.max_tokens_choice_name, " sets it)")
+                     : str("note: ", cache, "activations for ", fitted, " tokens a forward fit the GPU's memory "
+                           "where one forward of the whole context did not"));
         }
       }
       if (!shortfall.empty()) {

@@ -1276,7 +1276,8 @@ TEST(LlamaCuda, LongPromptsRunInChunksOfMaxTokens) {
 // Where the GPU memory given holds the weights and the KV cache but not activations of the default
 // tokens a forward, load_model sizes them for fewer (leaving what logits() adds and
 // kGpuHeadroomBytes free), says so in its log, and a longer prompt runs in chunks with the logits of
-// one forward. A count given is used as it is; one below max_batch is refused. One layer of the 2B
+// one forward; without the KV cache, the cache goes on so that a sequence runs in chunks. A count
+// given is used as it is; one below max_batch is refused. One layer of the 2B
 // model's widths, so that the activations of 16384 tokens (~1 GB) dwarf the headroom.
 TEST(LoadModel, FitsTheActivationsToTheGpuMemoryGiven) {
   TWELL_REQUIRE_HOPPER();
@@ -1320,6 +1321,29 @@ TEST(LoadModel, FitsTheActivationsToTheGpuMemoryGiven) {
     const Tensor chunked = m->logits(tokens);
     EXPECT_EQ(gpu->last_tokens(), n);
     EXPECT_LT(relative_error(chunked, one_forward.logits(tokens)), kTol);
+  }
+  {  // without the KV cache (`twell eval`): one forward of the context does not fit, so the cache goes
+     // on and the count is fitted as with it; next_token_nll runs in chunks
+    model::ModelLoadOptions no_cache = o;
+    no_cache.kv_cache = false;
+    lines.clear();
+    const std::unique_ptr<model::LanguageModel> m = model::load_model(dir, no_cache);
+    const auto& gpu = dynamic_cast<const LlamaCuda&>(*m);
+    const int64_t t = gpu.options().max_tokens;
+    EXPECT_TRUE(gpu.options().kv_cache);
+    EXPECT_GT(t, 4096);
+    EXPECT_LT(t, 16384);
+    EXPECT_LE(needs(t), no_cache.gpu_memory);
+    EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [&](const std::string& l) {
+      return l.find("with the KV cache on") != std::string::npos;
+    })) << "no log line says the KV cache went on";
+    const std::vector<int32_t> tokens = some_tokens(t + 1000, c.vocab_size, 12);
+    LlamaCuda one_forward(std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(load_bf16(dir))));
+    const std::vector<double> chunked = m->next_token_nll(tokens), whole = one_forward.next_token_nll(tokens);
+    ASSERT_EQ(chunked.size(), whole.size());
+    double diff = 0, size = 0;
+    for (size_t i = 0; i < whole.size(); ++i) diff += std::abs(chunked[i] - whole[i]), size += std::abs(whole[i]);
+    EXPECT_LT(diff, kTol * size) << "per-token losses of the chunked forward against one forward's";
   }
   {  // given: used as it is, whatever fits
     o.gpu_memory = 0;
@@ -1396,25 +1420,26 @@ TEST(LlamaCuda, NextTokenNllReducesTheLogitsOnTheGpu) {
 
 // logits and next_token_nll with FFN statistics count what the CPU model counts, layer by layer:
 // the tokens exactly (summed over chunks), the non-zeros, the most of a token and Σ|h| within 2%
-// (the GPU's FFN input is rounded to bf16, which moves a few gates near zero across it), on the
-// twell FFN's model and on one whose FFN runs on the dense cuBLASLt path (I = 176); the logits the
+// (the GPU's FFN input is rounded to bf16, which moves a few gates near zero across it), in one
+// forward of more rows than the GPU counts at a time and in chunks, on the twell FFN's model and on one whose FFN runs on the dense cuBLASLt path (I = 176); the logits the
 // bits they are without the counting, whose buffers a model that never counts never allocates; a
 // SiLU model's left at zero, as the CPU leaves them; and `twell eval --sparsity`'s windows
 // (model::windowed_perplexity) take them.
 TEST(LlamaCuda, FfnStatisticsCountWhatTheCpuCounts) {
   TWELL_REQUIRE_HOPPER();
   auto near = [](double got, double w) { return std::abs(got - w) <= 0.02 * std::abs(w) + 1; };
+  constexpr int64_t kT = 2200;  // more rows than the GPU counts at a time (kStatsRows, 2048)
   for (const Shape& shape : {kShapes[3], kShapes[4]}) {  // the twell FFN; the dense cuBLASLt FFN
     SCOPED_TRACE(shape.name);
     io::ModelConfig c = config_of(shape);
-    c.max_position_embeddings = 700;
+    c.max_position_embeddings = 2300;
     const auto [dw, cpu] = both_backends(c, 34);
-    const std::vector<int32_t> tokens = some_tokens(600, c.vocab_size, 10);
+    const std::vector<int32_t> tokens = some_tokens(kT, c.vocab_size, 10);
     std::vector<ActivationStats> want;
     const Tensor ref = cpu.logits(tokens, &want);
     ASSERT_EQ(want.size(), static_cast<size_t>(c.num_hidden_layers));
     LlamaCudaOptions small;
-    small.max_tokens = 256;  // 3 chunks of 200
+    small.max_tokens = 1024;  // chunks of 734, 733 and 733
     LlamaCuda whole(dw), chunked(dw, small);
     whole.logits(tokens);
     const size_t before = whole.workspace_bytes();
@@ -1436,8 +1461,8 @@ TEST(LlamaCuda, FfnStatisticsCountWhatTheCpuCounts) {
       ASSERT_EQ(from_nll.size(), want.size());
       for (size_t l = 0; l < want.size(); ++l) {
         SCOPED_TRACE(str("layer ", l));
-        EXPECT_EQ(got[l].tokens, 600);
-        EXPECT_EQ(from_nll[l].tokens, 600);
+        EXPECT_EQ(got[l].tokens, kT);
+        EXPECT_EQ(from_nll[l].tokens, kT);
         EXPECT_GT(want[l].nnz, 0);
         EXPECT_PRED2(near, double(got[l].nnz), double(want[l].nnz));
         EXPECT_PRED2(near, double(got[l].max_nnz_per_token), double(want[l].max_nnz_per_token));
@@ -1447,13 +1472,13 @@ TEST(LlamaCuda, FfnStatisticsCountWhatTheCpuCounts) {
       }
       EXPECT_EQ(m->cached_tokens(), 0);
     }
-    // eval's windows: two of 300, summed
+    // eval's windows: two of 1100, summed
     std::vector<ActivationStats> windows, cpu_windows;
-    model::windowed_perplexity(whole, tokens, 300, 300, 0, &windows);
-    model::windowed_perplexity(cpu, tokens, 300, 300, 0, &cpu_windows);
+    model::windowed_perplexity(whole, tokens, 1100, 1100, 0, &windows);
+    model::windowed_perplexity(cpu, tokens, 1100, 1100, 0, &cpu_windows);
     ASSERT_EQ(windows.size(), cpu_windows.size());
     for (size_t l = 0; l < windows.size(); ++l) {
-      EXPECT_EQ(windows[l].tokens, 600) << "layer " << l;
+      EXPECT_EQ(windows[l].tokens, kT) << "layer " << l;
       EXPECT_PRED2(near, double(windows[l].nnz), double(cpu_windows[l].nnz)) << "layer " << l;
     }
   }

@@ -54,7 +54,8 @@ struct ModelLoadOptions {
   // in chunks of at most as many. 0: the runtime's default (with kv_cache, max_batch · context up to
   // cuda::kDefaultMaxTokens, lowered where the GPU's memory (or gpu_memory) holds the weights and
   // KV cache but not activations of that many tokens: fit_max_tokens, leaving kGpuHeadroomBytes and
-  // what logits() adds free, logged; without it, max_batch contexts). At least max_batch: a decode
+  // what logits() adds free, logged; without it, max_batch contexts, and where those do not fit
+  // and max_batch is 1, the KV cache on and the count fitted as with it). At least max_batch: a decode
   // step takes one token a sequence.
   int64_t max_tokens = 0;
   // A cap on the GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all
@@ -85,7 +86,9 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
 
 // GPU memory load_model leaves free where it lowers max_tokens to fit (besides what logits() may
 // add, LlamaCudaMemory::logits_growth): for cuDNN's attention workspace, the CUDA modules loaded at
-// their first use and the allocator's rounding, which LlamaCuda::memory_needed does not count.
+// their first use, the allocator's rounding, which LlamaCuda::memory_needed does not count, and
+// the FFN statistics' buffers of a call that asks for them (4 · I bytes a row of at most 2048 rows,
+// 12 a row of a forward: ~46 MB for a 2B model).
 constexpr size_t kGpuHeadroomBytes = size_t{256} << 20;
 
 // The tokens a forward may take where `preferred` does not fit: the largest count in [least,
