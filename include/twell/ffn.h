@@ -52,6 +52,12 @@ struct ActivationStats {
   double l1_sum = 0;              // Σ_m Σ_j |h[m, j]|
   double mean_nnz_per_token() const { return tokens ? double(nnz) / tokens : 0.0; }
   double l1_per_token() const { return tokens ? l1_sum / tokens : 0.0; }  // (1/M) Σ|h|
+  // The statistics of both token sets together.
+  ActivationStats& operator+=(const ActivationStats& o) {
+    tokens += o.tokens, nnz += o.nnz, l1_sum += o.l1_sum;
+    max_nnz_per_token = max_nnz_per_token > o.max_nnz_per_token ? max_nnz_per_token : o.max_nnz_per_token;
+    return *this;
+  }
 };
 
 // Coefficient of Σ|h| in the loss L = CE + λ · mean over layers of (1/M) Σ|h|.

@@ -908,7 +908,12 @@ struct LlamaCuda::Impl {
   // anything changes.
   void check_whole_sequence(const std::vector<int32_t>& toks, const char* what) const {
     model::check_token_ids(c, toks);
-    check_call(1, static_cast<int64_t>(toks.size()), true, true);
+    check_whole_sequences(1, static_cast<int64_t>(toks.size()), what);
+  }
+  // The same for B sequences of S tokens (their ids checked by the caller): one in chunks, several
+  // in one forward.
+  void check_whole_sequences(int64_t B, int64_t S, const char* what) const {
+    check_call(B, S, true, B == 1);
     // It runs in the KV cache's memory: a generation in progress would be lost, and a const call
     // must not end it. So it is refused, and nothing changes.
     TWELL_CHECK(lens.empty(), what, ": the KV cache holds ", longest(),
@@ -916,15 +921,18 @@ struct LlamaCuda::Impl {
                 "on a second LlamaCuda over the same weights");
   }
 
-  // The forward of one sequence from position 0 (logits, next_token_nll), in chunks where it holds
-  // more than max_tokens tokens; after each chunk, its head kLogitsRows rows at a time into `logits`,
-  // each piece handed to piece(first row, rows) before the next overwrites it. Leaves the cache empty.
-  // The pieces' work and copies are ordered on the stream, which is synchronised before this returns
-  // or throws (the caller's host buffers outlive it). `layer_stats`: each layer's FFN statistics
+  // The forward of B sequences of S tokens each (`flat`, B · S on the host) from position 0
+  // (logits, next_token_nll, next_token_nll_batch): one sequence in chunks where it holds more than
+  // max_tokens tokens, several in one forward (B · S at most max_tokens: check_batch); after each
+  // forward, its head kLogitsRows rows at a time into `logits`, each piece handed to piece(first row
+  // of the B · S, rows) before the next overwrites it. Leaves the cache empty. The pieces' work and
+  // copies are ordered on the stream, which is synchronised before this returns or throws (the
+  // caller's host buffers outlive it). `layer_stats`: each layer's FFN statistics
   // (add_activation_stats), or null.
   template <class Piece>
-  void forward_pieces(const std::vector<int32_t>& toks, Piece&& piece, std::vector<ActivationStats>* layer_stats) {
-    const int64_t T = static_cast<int64_t>(toks.size());
+  void forward_pieces(const int32_t* flat, int64_t B, int64_t S, Piece&& piece,
+                      std::vector<ActivationStats>* layer_stats) {
+    const int64_t T = B * S;
     reset();
     ensure_logits(std::min({T, o.max_tokens, kLogitsRows}));
     if (layer_stats) {
@@ -947,12 +955,12 @@ struct LlamaCuda::Impl {
     } guard{act_stats = layer_stats};
     try {
       TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
-      int64_t pos = 0;
-      for (int64_t len : model::prefill_chunks(T, o.max_tokens)) {
-        upload_inputs(toks.data() + pos, len, aligned_call(1, pos));
-        body(tokens.as<int32_t>(), 1, len, Head::none, false);  // leaves the final norm's rows in `a`
-        for (int64_t r = 0; r < len; r += kLogitsRows) {
-          const int64_t n = std::min(kLogitsRows, len - r);
+      int64_t pos = 0;  // B == 1: the chunk's first position; B > 1: one forward, from 0
+      for (int64_t len : B == 1 ? model::prefill_chunks(S, o.max_tokens) : std::vector<int64_t>{S}) {
+        upload_inputs(flat + pos, B * len, aligned_call(B, pos));
+        body(tokens.as<int32_t>(), B, len, Head::none, false);  // leaves the final norm's rows in `a`
+        for (int64_t r = 0; r < B * len; r += kLogitsRows) {
+          const int64_t n = std::min(kLogitsRows, B * len - r);
           gemm.run(a.as<uint16_t>() + r * H, w->head().view().data, logits.get(), n, V, H, true, GemmEpilogue::none,
                    stream, GemmOut::f32);
           piece(pos + r, n);
@@ -975,31 +983,69 @@ struct LlamaCuda::Impl {
   Tensor all_logits(const std::vector<int32_t>& toks, std::vector<ActivationStats>* layer_stats) {
     const int64_t T = static_cast<int64_t>(toks.size());
     Tensor out(DType::f32, {T, V});
-    forward_pieces(toks, [&](int64_t first, int64_t n) {  // before the next piece's GEMM, in stream order
+    forward_pieces(toks.data(), 1, T, [&](int64_t first, int64_t n) {  // before the next piece's GEMM, in stream order
       TWELL_CUDA_CHECK(cudaMemcpyAsync(out.ptr<float>() + first * V, logits.get(), static_cast<size_t>(n * V) * 4,
                                        cudaMemcpyDeviceToHost, stream));
     }, layer_stats);
     return out;
   }
 
-  // −log p(toks[t+1] | toks[..t]) for t < T − 1 (LlamaCuda::next_token_nll): each piece of logits
-  // reduced on the GPU (launch_row_nll); the targets go up once and the T − 1 doubles come back once,
-  // not T × V floats.
-  std::vector<double> all_nll(const std::vector<int32_t>& toks, std::vector<ActivationStats>* layer_stats) {
-    const int64_t T = static_cast<int64_t>(toks.size());
-    grow(nll_io, static_cast<size_t>(T - 1) * (8 + 4));
+  // −log p(next | before) at every row but the last of each of B sequences of S tokens (`flat`, B · S
+  // on the host) from position 0 (next_token_nll, next_token_nll_batch): each piece of logits reduced
+  // on the GPU (launch_row_nll); the targets go up once and the doubles come back once, not
+  // B · S × V floats. A sequence's last row predicts nothing: its target is a stand-in (id 0), its
+  // loss dropped.
+  std::vector<std::vector<double>> all_nll(const int32_t* flat, int64_t B, int64_t S,
+                                           std::vector<ActivationStats>* layer_stats) {
+    const int64_t T = B * S;
+    grow(nll_io, static_cast<size_t>(T) * (8 + 4));
     double* nll = nll_io.as<double>();
-    auto* targets = reinterpret_cast<int32_t*>(nll + (T - 1));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(targets, toks.data() + 1, static_cast<size_t>(T - 1) * 4, cudaMemcpyHostToDevice,
-                                     stream));
-    std::vector<double> out(static_cast<size_t>(T - 1));
-    forward_pieces(toks, [&](int64_t first, int64_t n) {
-      const int64_t m = std::min(n, T - 1 - first);  // rows with a next token (the last has none)
-      if (m > 0) launch_row_nll(logits.as<float>(), m, V, targets + first, nll + first, stream);
+    auto* targets = reinterpret_cast<int32_t*>(nll + T);
+    std::vector<int32_t> next(flat + 1, flat + T);  // row t predicts flat[t + 1] ...
+    next.push_back(0);
+    for (int64_t b = 1; b <= B; ++b) next[static_cast<size_t>(b * S - 1)] = 0;  // ... but each sequence's last
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(targets, next.data(), static_cast<size_t>(T) * 4, cudaMemcpyHostToDevice, stream));
+    std::vector<double> rows(static_cast<size_t>(T));
+    forward_pieces(flat, B, S, [&](int64_t first, int64_t n) {
+      launch_row_nll(logits.as<float>(), n, V, targets + first, nll + first, stream);
       if (first + n == T)  // the last piece: every row reduced
-        TWELL_CUDA_CHECK(cudaMemcpyAsync(out.data(), nll, static_cast<size_t>(T - 1) * 8, cudaMemcpyDeviceToHost,
-                                         stream));
+        TWELL_CUDA_CHECK(cudaMemcpyAsync(rows.data(), nll, static_cast<size_t>(T) * 8, cudaMemcpyDeviceToHost, stream));
     }, layer_stats);
+    std::vector<std::vector<double>> out;
+    for (int64_t b = 0; b < B; ++b) out.emplace_back(rows.begin() + b * S, rows.begin() + (b + 1) * S - 1);
+    return out;
+  }
+
+  // next_token_nll_batch: neighbouring sequences of one length in forwards of up to max_batch of
+  // them and max_tokens rows (all_nll), a longer one alone in chunks; every call checked first.
+  std::vector<std::vector<double>> batch_nll(const std::vector<std::vector<int32_t>>& seqs,
+                                             std::vector<ActivationStats>* layer_stats) {
+    std::vector<size_t> starts;  // each forward's first sequence, then seqs.size()
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      TWELL_CHECK(seqs[b].size() >= 2, "perplexity: sequence ", b, " needs at least 2 tokens, got ", seqs[b].size());
+      model::check_token_ids(c, seqs[b]);
+      const int64_t S = static_cast<int64_t>(seqs[b].size());
+      const int64_t n = starts.empty() ? 0 : static_cast<int64_t>(b - starts.back());
+      const bool joins = n > 0 && seqs[starts.back()].size() == seqs[b].size() && n < o.max_batch &&
+                         (n + 1) * S <= o.max_tokens;
+      if (!joins) starts.push_back(b);
+    }
+    starts.push_back(seqs.size());
+    for (size_t f = 0; f + 1 < starts.size(); ++f) {
+      const int64_t n = static_cast<int64_t>(starts[f + 1] - starts[f]);
+      check_whole_sequences(n, static_cast<int64_t>(seqs[starts[f]].size()), "LlamaCuda::next_token_nll_batch");
+    }
+    if (layer_stats) layer_stats->clear();
+    std::vector<std::vector<double>> out;
+    std::vector<ActivationStats> part;
+    std::vector<int32_t> flat;
+    for (size_t f = 0; f + 1 < starts.size(); ++f) {
+      const int64_t n = static_cast<int64_t>(starts[f + 1] - starts[f]), S = static_cast<int64_t>(seqs[starts[f]].size());
+      flat.clear();
+      for (size_t b = starts[f]; b < starts[f + 1]; ++b) flat.insert(flat.end(), seqs[b].begin(), seqs[b].end());
+      for (std::vector<double>& v : all_nll(flat.data(), n, S, layer_stats ? &part : nullptr)) out.push_back(std::move(v));
+      if (layer_stats) model::add_layer_stats(*layer_stats, part);
+    }
     return out;
   }
 
@@ -1165,7 +1211,12 @@ std::vector<double> LlamaCuda::next_token_nll(const std::vector<int32_t>& tokens
                                               std::vector<ActivationStats>* ffn_stats) const {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   impl_->check_whole_sequence(tokens, "LlamaCuda::next_token_nll");
-  return impl_->all_nll(tokens, ffn_stats);
+  return impl_->all_nll(tokens.data(), 1, static_cast<int64_t>(tokens.size()), ffn_stats).front();
+}
+
+std::vector<std::vector<double>> LlamaCuda::next_token_nll_batch(const std::vector<std::vector<int32_t>>& sequences,
+                                                                std::vector<ActivationStats>* ffn_stats) const {
+  return impl_->batch_nll(sequences, ffn_stats);
 }
 
 Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) { return impl_->prefill({tokens}, true); }

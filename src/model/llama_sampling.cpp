@@ -455,6 +455,23 @@ std::vector<double> LanguageModel::next_token_nll(const std::vector<int32_t>& to
   return nll_from_logits(logits(tokens, ffn_stats), tokens);
 }
 
+std::vector<std::vector<double>> LanguageModel::next_token_nll_batch(const std::vector<std::vector<int32_t>>& sequences,
+                                                                    std::vector<ActivationStats>* ffn_stats) const {
+  for (size_t b = 0; b < sequences.size(); ++b) {
+    TWELL_CHECK(sequences[b].size() >= 2, "perplexity: sequence ", b, " needs at least 2 tokens, got ",
+                sequences[b].size());
+    check_token_ids(config(), sequences[b]);
+  }
+  if (ffn_stats) ffn_stats->clear();
+  std::vector<std::vector<double>> out;
+  std::vector<ActivationStats> part;
+  for (const std::vector<int32_t>& seq : sequences) {
+    out.push_back(next_token_nll(seq, ffn_stats ? &part : nullptr));
+    if (ffn_stats) add_layer_stats(*ffn_stats, part);
+  }
+  return out;
+}
+
 namespace {
 
 // The perplexity of `count` predictions whose losses sum to `sum`.
@@ -498,21 +515,10 @@ std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t str
   return out;
 }
 
-namespace {
-
-// Adds one forward's per-layer statistics to a running total (sized to them on the first).
 void add_layer_stats(std::vector<ActivationStats>& total, const std::vector<ActivationStats>& part) {
   total.resize(std::max(total.size(), part.size()));
-  for (size_t l = 0; l < part.size(); ++l) {
-    ActivationStats& t = total[l];
-    t.tokens += part[l].tokens;
-    t.nnz += part[l].nnz;
-    t.l1_sum += part[l].l1_sum;
-    t.max_nnz_per_token = std::max(t.max_nnz_per_token, part[l].max_nnz_per_token);
-  }
+  for (size_t l = 0; l < part.size(); ++l) total[l] += part[l];
 }
-
-}  // namespace
 
 std::vector<ActivationStats> ffn_stats_in_windows(const LanguageModel& model, const std::vector<int32_t>& tokens,
                                                   int64_t window) {
@@ -534,31 +540,41 @@ std::vector<ActivationStats> ffn_stats_in_windows(const LanguageModel& model, co
 Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens, int64_t window,
                                int64_t stride, int64_t max_windows, std::vector<ActivationStats>* ffn_stats,
                                const std::function<void(int64_t, int64_t, const Perplexity&)>& on_window,
-                               const std::string& what) {
+                               const std::string& what, int64_t windows_per_call) {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   TWELL_CHECK(!ffn_stats || stride == window, "perplexity: FFN statistics count every token of each window: they "
               "take windows that do not overlap (stride = window)");
   TWELL_CHECK(max_windows >= 0, "perplexity: max_windows must be at least 0, got ", max_windows);
+  TWELL_CHECK(windows_per_call >= 1, "perplexity: windows_per_call must be at least 1, got ", windows_per_call);
   std::vector<EvalWindow> plan = eval_windows(static_cast<int64_t>(tokens.size()), window, stride);
   if (max_windows > 0 && static_cast<int64_t>(plan.size()) > max_windows) plan.resize(static_cast<size_t>(max_windows));
   const int64_t windows = static_cast<int64_t>(plan.size());
+  auto length = [&](int64_t w) { return plan[static_cast<size_t>(w)].end - plan[static_cast<size_t>(w)].begin; };
   if (ffn_stats) ffn_stats->clear();
   double sum = 0;
   int64_t count = 0;
   std::vector<ActivationStats> layers;
-  for (int64_t w = 0; w < windows; ++w) {
-    const EvalWindow& win = plan[static_cast<size_t>(w)];
-    const std::vector<int32_t> ids(tokens.begin() + win.begin, tokens.begin() + win.end);
-    const std::vector<double> nll = model.next_token_nll(ids, ffn_stats ? &layers : nullptr);
-    double window_sum = 0;  // row t predicts ids[t + 1]: token `from` is row from − 1 − begin
-    for (int64_t q = win.from; q < win.end; ++q) window_sum += nll[static_cast<size_t>(q - 1 - win.begin)];
-    TWELL_CHECK(std::isfinite(window_sum), "window ", w + 1, " of ", what, ": the mean NLL is ",
-                window_sum / double(win.end - win.from),
-                ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
+  for (int64_t first = 0; first < windows;) {
+    int64_t last = first + 1;  // neighbouring windows of one length (all but the text's last), in one call
+    while (last < windows && last - first < windows_per_call && length(last) == length(first)) ++last;
+    std::vector<std::vector<int32_t>> ids;
+    for (int64_t w = first; w < last; ++w)
+      ids.emplace_back(tokens.begin() + plan[static_cast<size_t>(w)].begin, tokens.begin() + plan[static_cast<size_t>(w)].end);
+    const std::vector<std::vector<double>> nll = model.next_token_nll_batch(ids, ffn_stats ? &layers : nullptr);
     if (ffn_stats) add_layer_stats(*ffn_stats, layers);
-    sum += window_sum;
-    count += win.end - win.from;
-    if (on_window) on_window(w + 1, windows, perplexity_of(sum, count));
+    for (int64_t w = first; w < last; ++w) {
+      const EvalWindow& win = plan[static_cast<size_t>(w)];
+      const std::vector<double>& losses = nll[static_cast<size_t>(w - first)];
+      double window_sum = 0;  // row t predicts ids[t + 1]: token `from` is row from − 1 − begin
+      for (int64_t q = win.from; q < win.end; ++q) window_sum += losses[static_cast<size_t>(q - 1 - win.begin)];
+      TWELL_CHECK(std::isfinite(window_sum), "window ", w + 1, " of ", what, ": the mean NLL is ",
+                  window_sum / double(win.end - win.from),
+                  ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
+      sum += window_sum;
+      count += win.end - win.from;
+      if (on_window) on_window(w + 1, windows, perplexity_of(sum, count));
+    }
+    first = last;
   }
   return perplexity_of(sum, count);
 }

@@ -130,7 +130,16 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
       // Before seconds of reading and copying weights. Under automatic a model the GPU cannot hold
       // runs on the CPU, as does a model the GPU runtime does not take.
       std::string shortfall = gpu_memory_shortfall(config, co, o);
-      if (!shortfall.empty() && o.max_tokens == 0 && (o.kv_cache || o.max_batch == 1)) {
+      if (!shortfall.empty() && o.fewer_sequences_to_fit && co.max_batch > 1) {
+        // Fewer sequences a call (`twell eval`'s windows a forward), halved until they fit, down to one.
+        while (co.max_batch > 1 && !shortfall.empty()) {
+          co.max_batch /= 2;
+          shortfall = gpu_memory_shortfall(config, co, o);
+        }
+        say(o, str("note: ", co.max_batch, " sequence", co.max_batch == 1 ? "" : "s", " a call, not ", o.max_batch,
+                   ", to fit the GPU's memory"));
+      }
+      if (!shortfall.empty() && o.max_tokens == 0 && (o.kv_cache || co.max_batch == 1)) {
         // Activations for fewer tokens a forward, where the weights and the KV cache fit: longer
         // prompts then run in chunks, on the GPU, rather than the whole model on the CPU. Chunks
         // need the KV cache; without it (`twell eval`) a sequence runs in one forward, so a single
@@ -142,7 +151,7 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
         const int64_t preferred = cuda::LlamaCuda::memory_needed(config, fit).max_tokens;
         const size_t usable = usable_gpu_memory(o, cuda::device_memory()),
                      weights = cuda::LlamaCudaWeights::bytes_for(config);
-        const int64_t fitted = fit_max_tokens(o.max_batch, preferred, [&](int64_t t) {
+        const int64_t fitted = fit_max_tokens(co.max_batch, preferred, [&](int64_t t) {
           fit.max_tokens = t;
           const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(config, fit);
           return weights + m.total() + m.logits_growth + kGpuHeadroomBytes <= usable;
@@ -152,10 +161,10 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
           co = fit;
           shortfall.clear();
           const std::string cache = o.kv_cache ? "" : "with the KV cache on, so that a sequence may run in chunks: ";
+          const std::string option = o.max_tokens_choice_name.empty() ? "" : str(" (", o.max_tokens_choice_name, " sets it)");
           say(o, fitted < preferred
                      ? str("note: ", cache, "activations sized for ", fitted, " tokens a forward, not ", preferred,
-                           ", to fit the GPU's memory: longer prompts run in chunks of at most as many (",
-                           o.max_tokens_choice_name, " sets it)")
+                           ", to fit the GPU's memory: longer sequences run in chunks of at most as many", option)
                      : str("note: ", cache, "activations for ", fitted, " tokens a forward fit the GPU's memory "
                            "where one forward of the whole context did not"));
         }

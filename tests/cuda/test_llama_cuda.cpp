@@ -1418,6 +1418,68 @@ TEST(LlamaCuda, NextTokenNllReducesTheLogitsOnTheGpu) {
   EXPECT_EQ(whole.cached_tokens(), 3);
 }
 
+// next_token_nll_batch runs neighbouring sequences of one length in one forward (up to max_batch of
+// them and max_tokens rows; `twell eval`'s windows, no KV cache), each sequence's losses those of
+// next_token_nll alone up to the batched arithmetic's rounding and its own rows against the CPU
+// model's (closer than neighbouring rows are: a row shifted by one sequence would not be); the FFN
+// statistics summed; every sequence checked before any runs; refused during a generation; and
+// windowed_perplexity gives the same perplexity with 4 windows a call as with one.
+TEST(LlamaCuda, NextTokenNllBatchRunsSequencesOfOneLengthTogether) {
+  TWELL_REQUIRE_HOPPER();
+  io::ModelConfig c = config_of(kShapes[3]);  // the twell FFN
+  c.max_position_embeddings = 400;
+  const auto [dw, cpu] = both_backends(c, 36);
+  LlamaCudaOptions batched;
+  batched.kv_cache = false, batched.max_batch = 4, batched.max_context = 200;
+  LlamaCuda m(dw, batched), single(dw);
+  std::vector<std::vector<int32_t>> seqs;
+  for (const int64_t len : {150, 150, 150, 150, 150, 90, 90, 150})  // forwards of 4, 1, 2 and 1
+    seqs.push_back(some_tokens(len, c.vocab_size, 100 + seqs.size()));
+  std::vector<ActivationStats> stats, one, want_stats, cpu_one;
+  const std::vector<std::vector<double>> got = m.next_token_nll_batch(seqs, &stats);
+  EXPECT_EQ(m.last_tokens(), 150) << "the last forward's rows";
+  ASSERT_EQ(got.size(), seqs.size());
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    SCOPED_TRACE(str("sequence ", b));
+    const std::vector<double> alone = single.next_token_nll(seqs[b], &one);
+    model::add_layer_stats(want_stats, one);
+    const std::vector<double> want = cpu.next_token_nll(seqs[b]);
+    ASSERT_EQ(got[b].size(), seqs[b].size() - 1);
+    double apart = 0, off = 0, diff = 0, size = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (i + 1 < want.size()) apart += std::abs(want[i + 1] - want[i]) / double(want.size() - 1);
+      off += std::abs(got[b][i] - want[i]) / double(want.size());
+      diff += std::abs(got[b][i] - alone[i]), size += std::abs(alone[i]);
+    }
+    EXPECT_LT(off, 0.25 * apart) << "against the CPU model's rows";
+    EXPECT_LT(diff, kTol * size) << "against next_token_nll of the sequence alone";
+  }
+  ASSERT_EQ(stats.size(), want_stats.size());
+  for (size_t l = 0; l < stats.size(); ++l) {
+    EXPECT_EQ(stats[l].tokens, 1080) << "layer " << l;
+    EXPECT_NEAR(double(stats[l].nnz), double(want_stats[l].nnz), 0.02 * double(want_stats[l].nnz) + 1) << "layer " << l;
+  }
+  // checked first: a bad id in the seventh sequence runs none of them
+  std::vector<std::vector<int32_t>> bad = seqs;
+  bad[6][5] = static_cast<int32_t>(c.vocab_size);
+  m.next_token_nll(seqs[5]);
+  test::expect_error([&] { m.next_token_nll_batch(bad); }, {"token"});
+  EXPECT_EQ(m.last_tokens(), 90) << "a refused call ran a forward";
+  test::expect_error([&] { m.next_token_nll_batch({seqs[0], {1}}); }, {"sequence 1 needs at least 2 tokens"});
+  test::expect_error([&] { m.next_token_nll_batch({some_tokens(201, c.vocab_size, 5), seqs[0]}); }, {"context"});
+  single.prefill({1, 2, 3});
+  test::expect_error([&] { single.next_token_nll_batch(seqs); }, {"generation in progress"});
+  EXPECT_EQ(single.cached_tokens(), 3);
+  single.reset();
+  // eval's windows, 4 a call against one
+  std::vector<int32_t> text;
+  for (const auto& s : seqs) text.insert(text.end(), s.begin(), s.end());
+  const model::Perplexity four = model::windowed_perplexity(m, text, 200, 200, 0, nullptr, {}, "the text", 4),
+                          one_a_call = model::windowed_perplexity(single, text, 200, 200);
+  EXPECT_EQ(four.predictions, one_a_call.predictions);
+  EXPECT_NEAR(four.mean_nll, one_a_call.mean_nll, 1e-3 * one_a_call.mean_nll);
+}
+
 // logits and next_token_nll with FFN statistics count what the CPU model counts, layer by layer:
 // the tokens exactly (summed over chunks), the non-zeros, the most of a token and Σ|h| within 2%
 // (the GPU's FFN input is rounded to bf16, which moves a few gates near zero across it), in one

@@ -154,6 +154,20 @@ TEST_F(CliModel, EvalPrintsPerplexity) {
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.out.find("--json " + path("no/such/dir/e.json") + ": cannot write it"), std::string::npos) << bad.out;
   EXPECT_EQ(bad.out.find("loaded "), std::string::npos) << bad.out;
+  // Nor may it be the text itself, which it would overwrite.
+  const std::string before = test::read_file(text);
+  const CliResult self = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --json " + text, true);
+  EXPECT_NE(self.status, 0);
+  EXPECT_NE(self.out.find("is the text file itself"), std::string::npos) << self.out;
+  EXPECT_EQ(test::read_file(text), before);
+  // --batch: windows a forward on the GPU; the CPU backend takes them one at a time, the same figures.
+  const CliResult batched =
+      run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --context 32 --batch 3 --device cpu --json " + json);
+  ASSERT_EQ(batched.status, 0) << batched.out;
+  const nlohmann::json b = nlohmann::json::parse(test::read_file(json));
+  EXPECT_EQ(b["windows_per_call"], 1);
+  EXPECT_EQ(b["perplexity"], j["perplexity"]);
+  EXPECT_NE(run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --batch 0").status, 0);
 }
 
 // --stride 1 slides a window of --context 8 one token at a time: each token is scored once, with the

@@ -1045,6 +1045,51 @@ TEST_F(LlamaCpuTest, PerplexityIsExpOfMeanNll) {
   EXPECT_NEAR(p.perplexity, std::exp(nll), 1e-8 * std::exp(nll));
 }
 
+// next_token_nll_batch's default runs next_token_nll of each sequence (the same bits), sums their
+// statistics and checks every sequence before any runs; windowed_perplexity gives the same figures
+// however many windows go to one call.
+TEST_F(LlamaCpuTest, NextTokenNllBatchIsEachSequencesAndWindowsPerCallChangeNothing) {
+  const LlamaCpu model = tiny();
+  const std::vector<std::vector<int32_t>> seqs = {{1, 5, 9, 2}, {7, 7, 3, 4}, {2, 8}};
+  std::vector<ActivationStats> stats;
+  const std::vector<std::vector<double>> got = model.next_token_nll_batch(seqs, &stats);
+  ASSERT_EQ(got.size(), seqs.size());
+  std::vector<ActivationStats> want, one;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    EXPECT_EQ(got[b], model.next_token_nll(seqs[b], &one)) << "sequence " << b;
+    add_layer_stats(want, one);
+  }
+  ASSERT_EQ(stats.size(), want.size());
+  for (size_t l = 0; l < want.size(); ++l) {
+    EXPECT_EQ(stats[l].tokens, 10);
+    EXPECT_EQ(stats[l].nnz, want[l].nnz);
+    EXPECT_EQ(stats[l].max_nnz_per_token, want[l].max_nnz_per_token);
+    EXPECT_DOUBLE_EQ(stats[l].l1_sum, want[l].l1_sum);
+  }
+  EXPECT_TRUE(model.next_token_nll_batch({}).empty());
+  expect_error([&] { model.next_token_nll_batch({{1, 2}, {3}}); }, {"sequence 1 needs at least 2 tokens"});
+  expect_error([&] { model.next_token_nll_batch({{1, 2}, {3, static_cast<int32_t>(model.config().vocab_size)}}); },
+               {"token"});
+
+  std::vector<int32_t> text;
+  for (int i = 0; i < 61; ++i) text.push_back((i * 7 + 3) % static_cast<int>(model.config().vocab_size));
+  std::vector<int64_t> done;
+  std::vector<ActivationStats> s1, s4;
+  const Perplexity one_a_call = windowed_perplexity(model, text, 8, 8, 0, &s1);
+  const Perplexity four = windowed_perplexity(
+      model, text, 8, 8, 0, &s4, [&](int64_t d, int64_t, const Perplexity&) { done.push_back(d); }, "the text", 4);
+  EXPECT_EQ(four.mean_nll, one_a_call.mean_nll);
+  EXPECT_EQ(four.predictions, one_a_call.predictions);
+  EXPECT_EQ(done, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));  // every window reported, in order
+  ASSERT_EQ(s4.size(), s1.size());
+  EXPECT_EQ(s4[0].tokens, 61);
+  EXPECT_EQ(s4[0].nnz, s1[0].nnz);
+  const Perplexity sliding = windowed_perplexity(model, text, 8, 3, 0, nullptr, {}, "the text", 3);
+  EXPECT_EQ(sliding.mean_nll, windowed_perplexity(model, text, 8, 3).mean_nll);
+  expect_error([&] { windowed_perplexity(model, text, 8, 8, 0, nullptr, {}, "the text", 0); },
+               {"windows_per_call must be at least 1"});
+}
+
 TEST_F(LlamaCpuTest, PerplexityFromLogitsMatchesTheModelAndChecksShapes) {
   const LlamaCpu model = tiny();
   const io::ModelConfig& c = model.config();

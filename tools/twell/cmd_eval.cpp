@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -16,8 +17,25 @@
 #include "ffn_bench.h"
 #include "model_loading.h"
 #include "progress.h"
+#if TWELL_WITH_CUDA
+#include "twell/cuda/llama.h"
+#endif
 
 namespace twell::cli {
+
+namespace {
+
+// The rows of one forward eval's default batch of windows fills: those of the GPU runtime's default
+// forward (none without it: one window a call).
+int64_t default_rows_a_forward() {
+#if TWELL_WITH_CUDA
+  return cuda::kDefaultMaxTokens;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace
 
 // One line per layer: non-zeros of h per token (mean and max), density, and the L1 of h per
 // token (the quantity the training penalty drives down).
@@ -50,6 +68,7 @@ void register_eval(CLI::App& app) {
   auto stride = std::make_shared<int64_t>(0);
   auto sparsity = std::make_shared<bool>(false);
   auto json_path = std::make_shared<std::string>();
+  auto batch = std::make_shared<int64_t>(0);
   args->add_to(eval);
   eval->add_flag("--sparsity", *sparsity,
                  "also print each layer's FFN activation sparsity (ReLU models; on the GPU from dense GEMMs beside the "
@@ -69,6 +88,10 @@ void register_eval(CLI::App& app) {
   eval->add_option("--max-windows", *max_windows, "evaluate at most this many windows (0 = all)")
       ->check(at_least(0))
       ->capture_default_str();
+  eval->add_option("--batch", *batch,
+                   "GPU: windows of one length a forward (default: as many as make 16384 tokens, so that short "
+                   "windows fill the GPU and take the sparse FFN; fewer where the GPU's memory asks)")
+      ->check(at_least(1));
   eval->add_option("--json", *json_path,
                    "also write the result here as JSON (with --sparsity, each layer's figures too; "
                    "bench/plot.py draws them)")
@@ -91,6 +114,9 @@ void register_eval(CLI::App& app) {
     TWELL_REQUIRE(!*sparsity || step == ctx, "--sparsity counts every token of each window: it takes windows that "
                   "do not overlap (--stride equal to the window)");
     bench::check_records_path(*json_path);  // a bad --json path fails now, not after the run
+    std::error_code same_error;
+    TWELL_REQUIRE(json_path->empty() || !std::filesystem::equivalent(*json_path, *file, same_error), "--json ",
+                  *json_path, " is the text file itself: the result would overwrite it");
     std::ifstream in(*file, std::ios::binary);
     TWELL_REQUIRE(in, *file, ": cannot read: ", std::strerror(errno));
     std::stringstream text;
@@ -106,15 +132,23 @@ void register_eval(CLI::App& app) {
     if (tok->eos_to_add()) ids.push_back(*tok->eos_to_add());  // as HF's tokenizer(text) ends it
     TWELL_REQUIRE(ids.size() >= 2, *file, ": needs at least 2 tokens, has ", ids.size(),
                 " (one token of text, and no BOS token to predict it from)");
-    // The GPU's buffers for one window (a forward each: no KV cache), no longer than the text.
-    args->gpu_context = std::min(ctx, static_cast<int64_t>(ids.size()));
-    args->gpu_kv_cache = false;
-    const std::unique_ptr<model::LanguageModel> model = args->load_model();
-    const model::LanguageModel& m = *model;
-
-    // Windows every `step` tokens; each scores the tokens the ones before it did not (eval_windows).
+    // Windows per call: --batch, or as many as make the default rows of a forward (at least one, at
+    // most the windows there are).
     int64_t windows = static_cast<int64_t>(model::eval_windows(static_cast<int64_t>(ids.size()), ctx, step).size());
     if (*max_windows > 0) windows = std::min(windows, *max_windows);
+    const int64_t per_call = std::min(windows, *batch > 0 ? *batch : std::max<int64_t>(1, default_rows_a_forward() / ctx));
+    // The GPU's buffers for that many windows (a forward for them all: no KV cache), none longer than
+    // the text; fewer windows where they do not fit.
+    args->gpu_context = std::min(ctx, static_cast<int64_t>(ids.size()));
+    args->gpu_kv_cache = false;
+    args->gpu_max_batch = per_call;
+    args->gpu_fewer_sequences_to_fit = true;
+    args->max_tokens_option = "";
+    const std::unique_ptr<model::LanguageModel> model = args->load_model();
+    const model::LanguageModel& m = *model;
+    const bool on_cpu = dynamic_cast<const model::LlamaCpu*>(&m) != nullptr;
+    const int64_t windows_per_call = on_cpu ? 1 : m.max_batch();  // the CPU's progress a window at a time
+
     bench::StepProgress progress(std::cerr, "", windows);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<ActivationStats> layer_total;
@@ -128,7 +162,7 @@ void register_eval(CLI::App& app) {
                         so_far.perplexity);
           progress.show(done, line);  // redrawn on a terminal, a line each tenth of the way into a file
         },
-        *file);
+        *file, windows_per_call);
     const int64_t predictions = p.predictions;
     progress.finish();
     const std::string every = step < ctx && windows > 1 ? str(" every ", step) : "";
@@ -145,11 +179,12 @@ void register_eval(CLI::App& app) {
       nlohmann::ordered_json j;
       j["file"] = *file;
       j["model"] = args->dir;
-      j["backend"] = dynamic_cast<const model::LlamaCpu*>(&m) ? "cpu" : "cuda";
+      j["backend"] = on_cpu ? "cpu" : "cuda";
       j["tokens_scored"] = predictions;
       j["windows"] = windows;
       j["context"] = ctx;
       j["stride"] = step;
+      j["windows_per_call"] = windows_per_call;
       j["mean_nll"] = p.mean_nll;
       j["perplexity"] = p.perplexity;
       j["seconds"] = seconds;

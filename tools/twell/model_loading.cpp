@@ -68,7 +68,8 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   o.kv_cache = gpu_kv_cache;
   o.max_batch = gpu_max_batch;
   o.max_tokens = gpu_max_tokens;
-  o.max_tokens_choice_name = "--max-batch-tokens";
+  o.fewer_sequences_to_fit = gpu_fewer_sequences_to_fit;
+  o.max_tokens_choice_name = max_tokens_option;
   o.gpu_memory = gpu_memory;
   o.gpu_memory_choice_name = "--gpu-memory";
   o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };

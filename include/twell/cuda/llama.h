@@ -261,6 +261,10 @@ class LlamaCuda final : public model::LanguageModel {
   // T × V logits (`twell eval`, model::perplexity); `ffn_stats` as for logits().
   std::vector<double> next_token_nll(const std::vector<int32_t>& tokens,
                                      std::vector<ActivationStats>* ffn_stats = nullptr) const override;
+  // Neighbouring sequences of one length in one forward, up to max_batch of them and max_tokens
+  // rows (so that `twell eval`'s short windows take the sparse FFN); a longer one alone, in chunks.
+  std::vector<std::vector<double>> next_token_nll_batch(const std::vector<std::vector<int32_t>>& sequences,
+                                                        std::vector<ActivationStats>* ffn_stats = nullptr) const override;
   Tensor prefill(const std::vector<int32_t>& tokens) override;  // [V]
   Tensor decode_step(int32_t token) override;                   // [V]
   bool samples_on_gpu() const;  // LlamaCudaOptions::sample_on_gpu, where the kernel runs

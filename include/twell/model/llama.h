@@ -132,6 +132,14 @@ class LanguageModel {
   // refusals as logits(). `ffn_stats` as for logits().
   virtual std::vector<double> next_token_nll(const std::vector<int32_t>& tokens,
                                              std::vector<ActivationStats>* ffn_stats = nullptr) const;
+  // next_token_nll of each of several sequences (each of at least 2 tokens; `twell eval`'s windows):
+  // result[b] is next_token_nll(sequences[b]) up to the summation order of batched arithmetic, and
+  // `ffn_stats` the statistics of all of them summed. By default one call each; a backend may run
+  // neighbouring sequences of one length in one forward (LlamaCuda: up to max_batch() of them and
+  // its max_tokens rows, so that short windows fill the GPU and take the sparse FFN). Every
+  // sequence is checked before any runs.
+  virtual std::vector<std::vector<double>> next_token_nll_batch(
+      const std::vector<std::vector<int32_t>>& sequences, std::vector<ActivationStats>* ffn_stats = nullptr) const;
   // KV-cache decoding: prefill clears the cache and returns the last token's logits [V].
   virtual Tensor prefill(const std::vector<int32_t>& tokens) = 0;
   virtual Tensor decode_step(int32_t token) = 0;  // [V]
@@ -347,12 +355,16 @@ std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t str
 // counted once in the mean. `ffn_stats`: each layer's statistics summed over the windows' forwards
 // (logits()'; stride = window only, so that no token counts twice). `on_window(done,
 // windows, so_far)` after each window (progress). Throws naming the window where its losses are not
-// finite. `what` names the text in messages.
+// finite. `what` names the text in messages. `windows_per_call`: up to as many neighbouring windows
+// of one length go to the model together (next_token_nll_batch; at most its max_batch() to batch
+// them on the GPU), their progress reported after the call.
 Perplexity windowed_perplexity(
     const LanguageModel& model, const std::vector<int32_t>& tokens, int64_t window, int64_t stride,
     int64_t max_windows = 0, std::vector<ActivationStats>* ffn_stats = nullptr,
     const std::function<void(int64_t done, int64_t windows, const Perplexity& so_far)>& on_window = {},
-    const std::string& what = "the text");
+    const std::string& what = "the text", int64_t windows_per_call = 1);
+// Adds one forward's per-layer FFN statistics to a running total (sized to them on the first).
+void add_layer_stats(std::vector<ActivationStats>& total, const std::vector<ActivationStats>& part);
 // Each layer's FFN activation statistics over `tokens` (at least one) in forwards of `window` tokens
 // (≥ 1) that do not overlap, every token counted once (the last forward may hold fewer, one
 // included), summed: next_token_nll's forward (on the GPU, no logits copied out), its losses not

@@ -49,6 +49,9 @@ struct ModelLoadOptions {
   // (LlamaCudaOptions::max_tokens); without it, for all of them.
   // The CPU backend takes up to 65535.
   int64_t max_batch = 1;
+  // GPU: where the model does not fit with max_batch sequences a call, halve them (down to 1) until
+  // it does, logged, before anything else gives way (`twell eval`: windows a forward).
+  bool fewer_sequences_to_fit = false;
   // GPU: the most tokens one forward computes, which the activations are sized for
   // (LlamaCudaOptions::max_tokens; at most max_batch contexts): with kv_cache, a longer prompt runs
   // in chunks of at most as many. 0: the runtime's default (with kv_cache, max_batch · context up to
@@ -71,7 +74,7 @@ struct ModelLoadOptions {
   std::string cpu_choice_name = "device cpu";
   std::string bf16_choice_name = "bf16_ffn";                    // in the backend line's note on it
   std::string gpu_memory_choice_name = "gpu_memory";            // in a shortfall under that limit
-  std::string max_tokens_choice_name = "max_tokens";            // in its errors and notes
+  std::string max_tokens_choice_name = "max_tokens";            // in its errors and notes (empty: none to name)
   std::string context_hint = "a shorter context needs less";  // in parentheses after a GPU memory shortfall
   // Appended to the "backend: CPU reference" line where the CPU runs it (the CLI: that --ffn was given
   // and means nothing there).
