@@ -45,6 +45,7 @@ struct ModelBenchConfig {
   int64_t long_prompt = 0;                     // one prompt of this many tokens, in chunks and in one forward; 0: none
   int32_t tile = 0;                            // the twell FFN's TwELL tile width (FfnOptions::tile; 0: its default)
   std::string attention = "auto";              // prefill attention: auto, cudnn or twell (PrefillAttention)
+  std::string save_dir;                        // the calibrated model written here as an HF checkpoint; "": not
   uint64_t seed = 1;
   std::string command;
 };

@@ -1020,6 +1020,12 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
   progress << line;
   const Calibration cal =
       calibrate(w, cfg.density, std::min<int64_t>(2048, c.max_position_embeddings), 4, cfg.seed, progress);
+  if (!cfg.save_dir.empty()) {
+    const auto ts = Clock::now();
+    w->download().save_dir(cfg.save_dir);
+    std::snprintf(line, sizeof line, " (%.1f s): twell run / eval it with --byte-tokenizer\n", seconds_since(ts));
+    progress << "wrote the calibrated model to " << cfg.save_dir << line;
+  }
   const CheckResult check =
       check_against_cpu(w, cfg, cfg.check_tokens, cfg.seed, attention_mode(cfg.attention), progress);
   GpuMeter energy;

@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <unordered_set>
 
 #include "twell/error.h"
+#include "twell/io/safetensors.h"
 #include "twell/model/llama.h"
 
 namespace twell::model {
@@ -293,6 +295,39 @@ LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfi
 LlamaWeights LlamaWeights::load_dir(const std::string& dir, const LlamaLoadOptions& options) {
   const io::ModelConfig config = io::read_config(dir);
   return load_weights(io::Checkpoint::open(dir), config, options, io::config_file(dir));
+}
+
+void LlamaWeights::save_dir(const std::string& dir) const {
+  validate();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  TWELL_REQUIRE(!ec, dir, ": cannot create the directory: ", ec.message());
+  const int64_t H = config.hidden_size, I = config.intermediate_size;
+  const size_t e = dtype_size(dtype());
+  std::vector<Tensor> down;  // each layer's wd as it is on disk, [H, I]
+  std::vector<std::pair<std::string, TensorView>> tensors{{"model.embed_tokens.weight", embed.view()}};
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LlamaLayerWeights& l = layers[i];
+    const auto* src = static_cast<const char*>(l.wd.view().data);
+    Tensor t(dtype(), {H, I});
+    auto* dst = static_cast<char*>(t.view().data);
+    for (int64_t n = 0; n < I; ++n)
+      for (int64_t h = 0; h < H; ++h) std::memcpy(dst + (h * I + n) * e, src + (n * H + h) * e, e);
+    down.push_back(std::move(t));
+    const int64_t li = static_cast<int64_t>(i);
+    for (const auto& [suffix, view] : std::vector<std::pair<const char*, TensorView>>{
+             {"input_layernorm.weight", l.input_norm.view()}, {"self_attn.q_proj.weight", l.wq.view()},
+             {"self_attn.k_proj.weight", l.wk.view()}, {"self_attn.v_proj.weight", l.wv.view()},
+             {"self_attn.o_proj.weight", l.wo.view()}, {"post_attention_layernorm.weight", l.post_norm.view()},
+             {"mlp.gate_proj.weight", l.wg.view()}, {"mlp.up_proj.weight", l.wu.view()},
+             {"mlp.down_proj.weight", down.back().view()}})
+      tensors.emplace_back(layer_name(li, suffix), view);
+  }
+  tensors.emplace_back("model.norm.weight", final_norm.view());
+  if (!config.tie_word_embeddings) tensors.emplace_back("lm_head.weight", lm_head.view());
+  // The weights first: a directory with config.json holds a whole model, or an earlier one.
+  io::write_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  io::write_config(dir, config);
 }
 
 }  // namespace twell::model

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
@@ -217,6 +218,49 @@ class LlamaCpuTest : public test::ScratchDirTest {
     return LlamaCpu(LlamaWeights::load_dir(dir_), options);
   }
 };
+
+// save_dir writes what load_dir reads back bit for bit (wd back to HF's [H, I] on disk), untied and
+// tied, f32 and bf16, with the same logits; a directory that cannot be made is refused.
+TEST_F(LlamaCpuTest, SaveDirWritesWhatLoadDirReads) {
+  for (const bool tied : {false, true}) {
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(str(tied ? "tied " : "untied ", dtype_name(dtype)));
+      const io::ModelConfig c = tiny_config("relu", tied);
+      write_hf(dir_, c, random_hf_tensors(c, 310));
+      LlamaLoadOptions o;
+      o.dtype = dtype;
+      const LlamaWeights w = LlamaWeights::load_dir(dir_, o);
+      const std::string copy = path(str("copy_", tied, "_", dtype_name(dtype)));
+      w.save_dir(copy);
+      EXPECT_TRUE(io::Checkpoint::open(copy).has("model.layers.1.mlp.down_proj.weight"));
+      EXPECT_EQ(io::Checkpoint::open(copy).info("model.layers.1.mlp.down_proj.weight").shape,
+                (Shape{c.hidden_size, c.intermediate_size}));
+      const LlamaWeights back = LlamaWeights::load_dir(copy, o);
+      EXPECT_TRUE(back.unused.empty());
+      EXPECT_TRUE(test::bit_equal(back.embed.view(), w.embed.view()));
+      EXPECT_TRUE(test::bit_equal(back.final_norm.view(), w.final_norm.view()));
+      if (!tied) {
+        EXPECT_TRUE(test::bit_equal(back.lm_head.view(), w.lm_head.view()));
+      }
+      ASSERT_EQ(back.layers.size(), w.layers.size());
+      for (size_t l = 0; l < w.layers.size(); ++l) {
+        const LlamaLayerWeights &a = back.layers[l], &b = w.layers[l];
+        for (const auto& [x, y] : std::vector<std::pair<const Tensor*, const Tensor*>>{
+                 {&a.input_norm, &b.input_norm}, {&a.wq, &b.wq}, {&a.wk, &b.wk}, {&a.wv, &b.wv}, {&a.wo, &b.wo},
+                 {&a.post_norm, &b.post_norm}, {&a.wg, &b.wg}, {&a.wu, &b.wu}, {&a.wd, &b.wd}})
+          EXPECT_TRUE(test::bit_equal(x->view(), y->view())) << "layer " << l;
+      }
+      if (dtype == DType::f32) {
+        const std::vector<int32_t> tokens = {1, 5, 9, 2, 7};
+        EXPECT_TRUE(test::bit_equal(LlamaCpu(LlamaWeights::load_dir(copy)).logits(tokens).view(),
+                                    LlamaCpu(LlamaWeights::load_dir(dir_)).logits(tokens).view()));
+      }
+    }
+  }
+  const LlamaWeights w = LlamaWeights::load_dir(dir_);
+  std::ofstream(path("a_file")) << "x";
+  expect_error([&] { w.save_dir(path("a_file") + "/model"); }, {"cannot create the directory"});
+}
 
 // A model wide enough that parallel_for really splits the projections, the LM head and the FFN
 // (the tiny one stays under its per-thread threshold and runs serially).

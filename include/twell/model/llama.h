@@ -80,6 +80,10 @@ struct LlamaWeights {
   static int64_t layer_of(const std::string& name);
   // config.json + safetensors from one directory (io::read_config, io::Checkpoint::open).
   static LlamaWeights load_dir(const std::string& dir, const LlamaLoadOptions& options = {});
+  // The inverse: config.json and model.safetensors (HF's names and layout, this dtype) into `dir`,
+  // created where missing, each file written atomically (the weights first). load_dir reads back
+  // the same bits.
+  void save_dir(const std::string& dir) const;
 
   // Checks weights built by hand as load() checks a checkpoint: the config, then every tensor's
   // shape (wd neuron-major, [I, H]) and dtype (all f32, or all bf16), lm_head empty exactly when
