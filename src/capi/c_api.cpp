@@ -43,6 +43,9 @@ static_assert(TWELL_STOP_TOKEN == static_cast<int>(twell::model::StopReason::sto
 struct twell_model {
   std::unique_ptr<twell::model::LanguageModel> model;
   bool on_gpu = false;
+  // The KV cache holds a generation twell_model_generate(_batch) finished, which nothing continues:
+  // the whole-sequence calls empty it first (whole_sequence_model) rather than refuse.
+  bool generation_done = false;
 };
 struct twell_tokenizer {
   std::unique_ptr<twell::model::Tokenizer> tokenizer;
@@ -157,6 +160,21 @@ twell::cuda::FfnForward& object(twell_cuda_ffn* ffn) {
 twell::model::LanguageModel& object(twell_model* m) {
   TWELL_REQUIRE(m != nullptr && m->model, "twell_model: NULL");
   return *m->model;
+}
+
+// The model for forwards of `ids` from position 0 (logits, perplexity, token NLL, FFN statistics),
+// the ids checked first, then a KV cache that holds only a finished twell_model_generate(_batch)
+// emptied: on the GPU those forwards run in the cache's memory and refuse a generation in progress
+// (prefill, decode_step), which a finished one is not.
+twell::model::LanguageModel& whole_sequence_model(twell_model* m, const std::vector<int32_t>& ids, const char* op) {
+  twell::model::LanguageModel& model = object(m);
+  TWELL_REQUIRE(!ids.empty(), op, ": no tokens");
+  twell::model::check_token_ids(model.config(), ids);
+  if (m->generation_done) {
+    model.reset();
+    m->generation_done = false;
+  }
+  return model;
 }
 
 const twell::model::Tokenizer& object(const twell_tokenizer* t) {
@@ -434,10 +452,11 @@ int twell_model_get_info(const twell_model* model, twell_model_info* info) {
 int twell_model_logits(twell_model* model, const int32_t* ids, int64_t n, float* logits,
                        twell_activation_stats* layer_stats) {
   return guarded([&] {
-    model::LanguageModel& m = object(model);
+    const std::vector<int32_t> v = id_vector(ids, n, "twell_model_logits");
+    model::LanguageModel& m = whole_sequence_model(model, v, "twell_model_logits");
     TWELL_REQUIRE(logits != nullptr, "twell_model_logits: the logits buffer is NULL");
     std::vector<ActivationStats> stats;
-    const Tensor t = m.logits(id_vector(ids, n, "twell_model_logits"), layer_stats ? &stats : nullptr);
+    const Tensor t = m.logits(v, layer_stats ? &stats : nullptr);
     copy_out(t, logits);
     if (layer_stats != nullptr)
       for (int64_t l = 0; l < m.config().num_hidden_layers; ++l) {
@@ -452,6 +471,7 @@ int twell_model_prefill(twell_model* model, const int32_t* ids, int64_t n, float
     model::LanguageModel& m = object(model);
     TWELL_REQUIRE(logits != nullptr, "twell_model_prefill: the logits buffer is NULL");
     copy_out(m.prefill(id_vector(ids, n, "twell_model_prefill")), logits);
+    model->generation_done = false;
   });
 }
 
@@ -460,11 +480,15 @@ int twell_model_decode_step(twell_model* model, int32_t id, float* logits) {
     model::LanguageModel& m = object(model);
     TWELL_REQUIRE(logits != nullptr, "twell_model_decode_step: the logits buffer is NULL");
     copy_out(m.decode_step(id), logits);
+    model->generation_done = false;  // continued: the caller's generation now
   });
 }
 
 int twell_model_reset(twell_model* model) {
-  return guarded([&] { object(model).reset(); });
+  return guarded([&] {
+    object(model).reset();
+    model->generation_done = false;
+  });
 }
 
 int twell_model_cached_tokens(const twell_model* model, int64_t* n) {
@@ -489,8 +513,8 @@ int twell_model_eos_ids(const twell_model* model, int32_t* ids, int64_t capacity
 
 int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, double* mean_nll, double* perplexity) {
   return guarded([&] {
-    model::LanguageModel& m = object(model);
-    const model::Perplexity p = model::perplexity(m, id_vector(ids, n, "twell_model_perplexity"));
+    const std::vector<int32_t> v = id_vector(ids, n, "twell_model_perplexity");
+    const model::Perplexity p = model::perplexity(whole_sequence_model(model, v, "twell_model_perplexity"), v);
     if (mean_nll) *mean_nll = p.mean_nll;
     if (perplexity) *perplexity = p.perplexity;
   });
@@ -499,9 +523,10 @@ int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, do
 int twell_model_perplexity_windows(twell_model* model, const int32_t* ids, int64_t n, int64_t window, int64_t stride,
                                    double* mean_nll, double* perplexity, int64_t* predictions) {
   return guarded([&] {
-    const model::LanguageModel& m = object(model);
-    const model::Perplexity p =
-        model::windowed_perplexity(m, id_vector(ids, n, "twell_model_perplexity_windows"), window, stride);
+    const std::vector<int32_t> v = id_vector(ids, n, "twell_model_perplexity_windows");
+    const model::LanguageModel& m = whole_sequence_model(model, v, "twell_model_perplexity_windows");
+    const model::Perplexity p = model::windowed_perplexity(m, v, window, stride, 0, nullptr, {}, "the text",
+                                                           model->on_gpu ? m.max_batch() : 1);
     if (mean_nll) *mean_nll = p.mean_nll;
     if (perplexity) *perplexity = p.perplexity;
     if (predictions) *predictions = p.predictions;
@@ -511,10 +536,10 @@ int twell_model_perplexity_windows(twell_model* model, const int32_t* ids, int64
 int twell_model_ffn_stats(twell_model* model, const int32_t* ids, int64_t n, int64_t window,
                           twell_activation_stats* layer_stats) {
   return guarded([&] {
-    const model::LanguageModel& m = object(model);
     TWELL_REQUIRE(layer_stats != nullptr, "twell_model_ffn_stats: layer_stats is NULL");
-    const std::vector<ActivationStats> stats =
-        model::ffn_stats_in_windows(m, id_vector(ids, n, "twell_model_ffn_stats"), window);
+    const std::vector<int32_t> v = id_vector(ids, n, "twell_model_ffn_stats");
+    const model::LanguageModel& m = whole_sequence_model(model, v, "twell_model_ffn_stats");
+    const std::vector<ActivationStats> stats = model::ffn_stats_in_windows(m, v, window);
     for (int64_t l = 0; l < m.config().num_hidden_layers; ++l) {
       const ActivationStats s = static_cast<size_t>(l) < stats.size() ? stats[l] : ActivationStats{};
       layer_stats[l] = twell_activation_stats{s.tokens, s.nnz, s.max_nnz_per_token, s.l1_sum};
@@ -524,10 +549,10 @@ int twell_model_ffn_stats(twell_model* model, const int32_t* ids, int64_t n, int
 
 int twell_model_token_nll(twell_model* model, const int32_t* ids, int64_t n, double* nll) {
   return guarded([&] {
-    const model::LanguageModel& m = object(model);
     TWELL_REQUIRE(nll != nullptr, "twell_model_token_nll: nll is NULL");
-    const std::vector<double> v = m.next_token_nll(id_vector(ids, n, "twell_model_token_nll"));
-    std::copy(v.begin(), v.end(), nll);
+    const std::vector<int32_t> v = id_vector(ids, n, "twell_model_token_nll");
+    const std::vector<double> out = whole_sequence_model(model, v, "twell_model_token_nll").next_token_nll(v);
+    std::copy(out.begin(), out.end(), nll);
   });
 }
 
@@ -576,6 +601,7 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     std::copy(g.tokens.begin(), g.tokens.end(), tokens);
     *result = twell_generation{static_cast<int64_t>(g.tokens.size()), static_cast<int32_t>(g.reason), 0,
                                g.prefill_seconds, g.decode_seconds};
+    model->generation_done = true;
   });
 }
 
@@ -609,6 +635,7 @@ int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const
       results[b] = twell_generation{static_cast<int64_t>(g[b].tokens.size()), static_cast<int32_t>(g[b].reason), 0,
                                     g[b].prefill_seconds, g[b].decode_seconds};
     }
+    model->generation_done = true;
   });
 }
 
