@@ -318,6 +318,21 @@ class ModelOnTheCpu(unittest.TestCase):
             with self.assertRaisesRegex(twell.TwellError, "perplexity: (context|stride) must be a number of tokens"):
                 m.perplexity(ids, **kw)
 
+    def test_a_huge_token_count_stops_at_the_full_context(self):
+        """The tokens' buffer is sized by what the context can hold, not by max_new_tokens; whole-sequence calls
+        after a finished generation empty its cache (they would refuse it on the GPU)."""
+        m = self.model
+        context = m.config["context"]
+        out = m.generate([256, 1], max_new_tokens=10**12, stop=False)
+        self.assertEqual(m.last_generation["reason"], "context_full")
+        self.assertLessEqual(len(out), context)
+        batch = m.generate_batch([[256, 1], [256, 1, 2, 3]], max_new_tokens=10**12, stop=False)
+        self.assertEqual([g["reason"] for g in m.last_generation], ["context_full"] * 2)
+        self.assertEqual(len(batch[0]) - len(batch[1]), 2)
+        self.assertGreater(m.cached_tokens, 0)
+        m.perplexity([256, 1, 2, 3])
+        self.assertEqual(m.cached_tokens, 0)
+
     def test_bad_input_is_refused_with_the_reason(self):
         m = self.model
         with self.assertRaisesRegex(twell.TwellError, "260"):
@@ -328,6 +343,11 @@ class ModelOnTheCpu(unittest.TestCase):
             m.generate([1], temperature=1.0, top_p=0.0)
         with self.assertRaisesRegex(twell.TwellError, "max_new_tokens"):
             m.generate([1], max_new_tokens=-1)
+        for bad in (dict(seed=-1), dict(seed=2**64), dict(seed=1.5), dict(top_k=2.7), dict(top_k=-1)):
+            with self.assertRaisesRegex(twell.TwellError, "seed must be|top_k must be"):
+                m.generate([1], max_new_tokens=2, temperature=0.5, **bad)
+        with self.assertRaisesRegex(twell.TwellError, "no tokens"):
+            m.logits([])
         with self.assertRaisesRegex(twell.TwellError, "device must be one of auto, cpu, cuda"):
             twell.Model(self.dir, device="gpu")
         with self.assertRaisesRegex(twell.TwellError, "no such|not found|No such|missing"):
@@ -381,6 +401,14 @@ class ModelOnTheGpu(unittest.TestCase):
                 out = gpu.generate([256, 40, 41], max_new_tokens=6, stop=False)
                 self.assertEqual(len(out), 6)
                 self.assertEqual(gpu.cached_tokens, 3 + 6 - 1)
+                # A finished generation does not stand in the way of whole-sequence calls (they run in the
+                # KV cache's memory on the GPU): the cache is emptied first; one in progress is refused.
+                self.assertGreater(gpu.perplexity(ids), 1.0)
+                self.assertEqual(gpu.cached_tokens, 0)
+                gpu.prefill([256, 40])
+                with self.assertRaisesRegex(twell.TwellError, "generation in progress"):
+                    gpu.perplexity(ids)
+                self.assertEqual(gpu.cached_tokens, 2)
                 gpu.close()
             # A batch of prompts of different lengths, sampled on the GPU: as many tokens as asked, the same
             # tokens again from the same seed, and no more prompts than max_batch.

@@ -350,6 +350,11 @@ class Model:
         return [] if stop is False or stop is None else list(stop)
 
     def _sampling(self, temperature, top_k, top_p, seed):
+        # Integers as `twell run` takes them: no silent truncation of 2.7 or wrap-around of -1 or 2**64.
+        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or not 0 <= top_k < 2**63:
+            raise TwellError(f"top_k must be an integer of at least 0 (0: all), got {top_k!r}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
+            raise TwellError(f"seed must be an integer in [0, 2**64), got {seed!r}")
         s = _capi.Sampling()
         _capi.lib.twell_sampling_init(ctypes.byref(s))
         s.temperature, s.top_k, s.top_p, s.seed = float(temperature), int(top_k), float(top_p), int(seed)
@@ -387,11 +392,12 @@ class Model:
 
         c_prompt, n_prompt = _ids(ids, "prompt")
         c_stops, n_stops = _ids(stops, "stop")
-        tokens = (ctypes.c_int32 * max(max_new_tokens, 1))()
+        room = self._room(max_new_tokens, [len(ids)])
+        tokens = (ctypes.c_int32 * max(room, 1))()
         g = _capi.Generation()
         callback = _capi.TOKEN_FN(on_token) if stream is not None else _capi.TOKEN_FN()  # NULL: no call a token
         with self._busy("generate") as h, _callback_error_first(state):
-            _capi.check(_capi.lib.twell_model_generate(h, c_prompt, n_prompt, max_new_tokens, ctypes.byref(s),
+            _capi.check(_capi.lib.twell_model_generate(h, c_prompt, n_prompt, room, ctypes.byref(s),
                                                        c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
         tail = streamer.rest() if streamer is not None else ""  # a streamer only where stream is given
         if tail:
@@ -399,6 +405,11 @@ class Model:
         new = list(tokens[:g.n_tokens])
         self.last_generation = _generation_record(new, g)
         return self._result(text_prompt, new, g)
+
+    def _room(self, max_new_tokens, prompt_lengths):
+        """The most tokens a generation can draw: max_new_tokens, or fewer where the context fills first (the
+        buffer for them is allocated up front; room for one more, so that a full context says so)."""
+        return max(0, min(max_new_tokens, self.config["context"] - min(prompt_lengths) + 2))
 
     def _result(self, text_prompt, new, g):
         """What generate() returns for a sequence: the new text (without a stop token) for a str prompt,
@@ -453,11 +464,12 @@ class Model:
                     state["error"] = e
                 return 1
 
-        tokens = (ctypes.c_int32 * max(B * max_new_tokens, 1))()
+        room = self._room(max_new_tokens, [len(p) for p in ids])
+        tokens = (ctypes.c_int32 * max(B * room, 1))()
         g = (_capi.Generation * B)()
         callback = _capi.BATCH_TOKEN_FN(on_token) if stream is not None else _capi.BATCH_TOKEN_FN()
         with self._busy("generate_batch") as h, _callback_error_first(state):
-            _capi.check(_capi.lib.twell_model_generate_batch(h, c_prompts, c_offsets, B, max_new_tokens,
+            _capi.check(_capi.lib.twell_model_generate_batch(h, c_prompts, c_offsets, B, room,
                                                              ctypes.byref(s), c_stops, n_stops,
                                                              callback, None, tokens, g))
         for i, st in enumerate(streamers):  # streamers only where stream is given
@@ -466,7 +478,7 @@ class Model:
                 stream(i, tail)
         out, self.last_generation = [], []
         for i in range(B):
-            new = list(tokens[i * max_new_tokens:i * max_new_tokens + g[i].n_tokens])
+            new = list(tokens[i * room:i * room + g[i].n_tokens])
             self.last_generation.append(_generation_record(new, g[i]))
             out.append(self._result(isinstance(prompts[i], str), new, g[i]))
         return out
