@@ -290,6 +290,12 @@ class ModelOnTheCpu(unittest.TestCase):
         self.assertEqual(m.token_nll("Hello"), losses)
         with self.assertRaisesRegex(twell.TwellError, "at least 2 tokens"):
             m.token_nll([256])
+        # stride= alone: windows of Model(context=), on the CPU backend too (which holds the whole context)
+        short = twell.Model(self.dir, device="cpu", tokenizer="bytes", context=4)
+        long_ids = ids * 3
+        self.assertEqual(short.perplexity(long_ids, stride=2), short.perplexity(long_ids, context=4, stride=2))
+        self.assertNotEqual(short.perplexity(long_ids, stride=2), m.perplexity(long_ids, stride=2))
+        short.close()
 
     def test_ffn_stats_count_the_active_neurons(self):
         m = self.model

@@ -196,6 +196,9 @@ class Model:
         self.config["hidden_act"] = "relu" if info.relu else "silu"
         self.device = "cuda" if info.device == _capi.CUDA else "cpu"
         self.max_batch = info.max_batch  # prompts generate_batch() takes at most
+        # Windows of perplexity(stride=) and ffn_stats() without context=: the context asked for (the CPU
+        # backend holds the config's whole context whatever it is), else the model's, up to 8192 as `twell eval`.
+        self._default_window = min(context or self.config["context"], self.config["context"], 8192)
         n = ctypes.c_int64()
         _capi.check(_capi.lib.twell_model_eos_ids(self._handle, None, 0, ctypes.byref(n)))
         eos = (ctypes.c_int32 * max(n.value, 1))()
@@ -258,10 +261,11 @@ class Model:
     def ffn_stats(self, text_or_ids, context=None):
         """Each layer's FFN activation statistics over a text (tokenized as perplexity() does) or ids (ReLU
         models; zeros for SiLU ones): a list of dicts with tokens, nnz, max_nnz_per_token, l1_sum and
-        nnz_per_token. In forwards of `context` tokens (default the model's context up to 8192, as `twell eval`)
+        nnz_per_token. In forwards of `context` tokens (default Model(context=), else the model's context, up
+        to 8192, as `twell eval`)
         that do not overlap, every token once (BOS and EOS of a text too), no logits copied out."""
         ids = self._scored_ids(text_or_ids)
-        window = min(self.config["context"], 8192) if context is None else _tokens_arg(context, "ffn_stats: context", 1)
+        window = self._default_window if context is None else _tokens_arg(context, "ffn_stats: context", 1)
         c_ids, n = _ids(ids)
         stats = (_capi.ActivationStats * self.config["num_layers"])()
         with self._busy("ffn_stats") as h:
@@ -298,7 +302,8 @@ class Model:
 
     def perplexity(self, text_or_ids, context=None, stride=None):
         """exp(mean negative log-likelihood) of a text (tokenized with BOS and EOS as HF does) or of ids: in one
-        forward, or with context= (a window's tokens; stride= alone: the model's context) in windows as
+        forward, or with context= (a window's tokens; stride= alone: Model(context=), else the model's context,
+        up to 8192, as `twell eval`) in windows as
         `twell eval` scores a text longer than the model takes: every `stride` tokens (default the window: no
         overlap, each window's first token context only; less: HuggingFace's sliding window), each token
         counted once."""
@@ -309,7 +314,7 @@ class Model:
             with self._busy("perplexity") as h:
                 _capi.check(_capi.lib.twell_model_perplexity(h, c_ids, n, None, ctypes.byref(ppl)))
             return ppl.value
-        window = self.config["context"] if context is None else _tokens_arg(context, "perplexity: context", 2)
+        window = self._default_window if context is None else _tokens_arg(context, "perplexity: context", 2)
         step = window if stride is None else _tokens_arg(stride, "perplexity: stride", 1)
         with self._busy("perplexity") as h:
             _capi.check(_capi.lib.twell_model_perplexity_windows(h, c_ids, n, window, step, None, ctypes.byref(ppl),
