@@ -494,7 +494,10 @@ Perplexity perplexity_of(const std::vector<double>& nll) {
 Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,
                       std::vector<ActivationStats>* ffn_stats) {
   TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
-  return perplexity_of(model.next_token_nll(tokens, ffn_stats));
+  const Perplexity p = perplexity_of(model.next_token_nll(tokens, ffn_stats));
+  TWELL_CHECK(std::isfinite(p.mean_nll), "perplexity: the mean NLL is ", p.mean_nll,
+              ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
+  return p;
 }
 
 Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens) {
