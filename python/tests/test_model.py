@@ -354,6 +354,11 @@ class ModelOnTheCpu(unittest.TestCase):
                 m.generate([1], max_new_tokens=2, temperature=0.5, **bad)
         with self.assertRaisesRegex(twell.TwellError, "no tokens"):
             m.logits([])
+        too_long = [1] * (m.config["context"] + 1)
+        with self.assertRaisesRegex(twell.TwellError, "exceed the model's context.*context= \\(and stride=\\)"):
+            m.perplexity(too_long)
+        with self.assertRaisesRegex(twell.TwellError, "exceed the model's context"):
+            m.token_nll(too_long)
         with self.assertRaisesRegex(twell.TwellError, "device must be one of auto, cpu, cuda"):
             twell.Model(self.dir, device="gpu")
         with self.assertRaisesRegex(twell.TwellError, "no such|not found|No such|missing"):

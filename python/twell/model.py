@@ -311,6 +311,7 @@ class Model:
         c_ids, n = _ids(ids)
         ppl = ctypes.c_double()
         if context is None and stride is None:
+            self._check_one_forward(n, "perplexity", "; context= (and stride=) scores it in windows, as `twell eval` does")
             with self._busy("perplexity") as h:
                 _capi.check(_capi.lib.twell_model_perplexity(h, c_ids, n, None, ctypes.byref(ppl)))
             return ppl.value
@@ -328,6 +329,7 @@ class Model:
         c_ids, n = _ids(ids)
         if n < 2:
             raise TwellError(f"token_nll: need at least 2 tokens, got {n}")
+        self._check_one_forward(n, "token_nll", "; perplexity(context=, stride=) scores a longer text in windows")
         out = (ctypes.c_double * (n - 1))()
         with self._busy("token_nll") as h:
             _capi.check(_capi.lib.twell_model_token_nll(h, c_ids, n, out))
@@ -410,6 +412,11 @@ class Model:
         new = list(tokens[:g.n_tokens])
         self.last_generation = _generation_record(new, g)
         return self._result(text_prompt, new, g)
+
+    def _check_one_forward(self, n, what, hint):
+        if n > self.config["context"]:
+            raise TwellError(f"{what}: {n} tokens exceed the model's context of {self.config['context']} positions"
+                             f"{hint}")
 
     def _room(self, max_new_tokens, prompt_lengths):
         """The most tokens a generation can draw: max_new_tokens, or fewer where the context fills first (the

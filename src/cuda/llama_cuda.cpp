@@ -1020,10 +1020,9 @@ struct LlamaCuda::Impl {
   // them and max_tokens rows (all_nll), a longer one alone in chunks; every call checked first.
   std::vector<std::vector<double>> batch_nll(const std::vector<std::vector<int32_t>>& seqs,
                                              std::vector<ActivationStats>* layer_stats) {
+    model::check_sequences(c, seqs, 2, "perplexity: sequence");
     std::vector<size_t> starts;  // each forward's first sequence, then seqs.size()
     for (size_t b = 0; b < seqs.size(); ++b) {
-      TWELL_CHECK(seqs[b].size() >= 2, "perplexity: sequence ", b, " needs at least 2 tokens, got ", seqs[b].size());
-      model::check_token_ids(c, seqs[b]);
       const int64_t S = static_cast<int64_t>(seqs[b].size());
       const int64_t n = starts.empty() ? 0 : static_cast<int64_t>(b - starts.back());
       const bool joins = n > 0 && seqs[starts.back()].size() == seqs[b].size() && n < o.max_batch &&

@@ -298,6 +298,18 @@ void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& token
                 " is outside the vocabulary [0, ", c.vocab_size, ")");
 }
 
+void check_sequences(const io::ModelConfig& c, const std::vector<std::vector<int32_t>>& sequences, int64_t least,
+                     const char* what) {
+  for (size_t b = 0; b < sequences.size(); ++b) {
+    const std::vector<int32_t>& s = sequences[b];
+    TWELL_CHECK(static_cast<int64_t>(s.size()) >= least, what, " ", b, " needs at least ", least, " token",
+                least == 1 ? "" : "s", ", got ", s.size());
+    for (size_t t = 0; t < s.size(); ++t)
+      TWELL_CHECK(s[t] >= 0 && s[t] < c.vocab_size, what, " ", b, ": token ", s[t], " at index ", t,
+                  " is outside the vocabulary [0, ", c.vocab_size, ")");
+  }
+}
+
 // One KV cache a sequence of the batch (one after prefill), in the math type's precision.
 struct LlamaCpu::Impl {
   std::vector<KvCache<float>> f32;

@@ -379,7 +379,7 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
   TWELL_CHECK(B >= 1, "generate_batch: no prompts");
   TWELL_CHECK(static_cast<int64_t>(B) <= model.max_batch(), "generate_batch: ", B,
               " prompts exceed the model's max_batch ", model.max_batch());
-  for (size_t b = 0; b < B; ++b) TWELL_CHECK(!prompts[b].empty(), "generate_batch: prompt ", b, " is empty");
+  check_sequences(model.config(), prompts, 1, "generate_batch: prompt");
   TWELL_CHECK(max_new_tokens >= 0, "generate_batch: max_new_tokens must be at least 0, got ", max_new_tokens);
   using clock = std::chrono::steady_clock;
   // The model's sequence i is prompts[order[i]]: ordered by length, so that a backend that prefills
@@ -457,11 +457,7 @@ std::vector<double> LanguageModel::next_token_nll(const std::vector<int32_t>& to
 
 std::vector<std::vector<double>> LanguageModel::next_token_nll_batch(const std::vector<std::vector<int32_t>>& sequences,
                                                                     std::vector<ActivationStats>* ffn_stats) const {
-  for (size_t b = 0; b < sequences.size(); ++b) {
-    TWELL_CHECK(sequences[b].size() >= 2, "perplexity: sequence ", b, " needs at least 2 tokens, got ",
-                sequences[b].size());
-    check_token_ids(config(), sequences[b]);
-  }
+  check_sequences(config(), sequences, 2, "perplexity: sequence");
   if (ffn_stats) ffn_stats->clear();
   std::vector<std::vector<double>> out;
   std::vector<ActivationStats> part;

@@ -1463,7 +1463,7 @@ TEST(LlamaCuda, NextTokenNllBatchRunsSequencesOfOneLengthTogether) {
   std::vector<std::vector<int32_t>> bad = seqs;
   bad[6][5] = static_cast<int32_t>(c.vocab_size);
   m.next_token_nll(seqs[5]);
-  test::expect_error([&] { m.next_token_nll_batch(bad); }, {"token"});
+  test::expect_error([&] { m.next_token_nll_batch(bad); }, {"perplexity: sequence 6: token "});
   EXPECT_EQ(m.last_tokens(), 90) << "a refused call ran a forward";
   test::expect_error([&] { m.next_token_nll_batch({seqs[0], {1}}); }, {"sequence 1 needs at least 2 tokens"});
   test::expect_error([&] { m.next_token_nll_batch({some_tokens(201, c.vocab_size, 5), seqs[0]}); }, {"context"});

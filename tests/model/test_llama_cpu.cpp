@@ -1112,8 +1112,13 @@ TEST_F(LlamaCpuTest, NextTokenNllBatchIsEachSequencesAndWindowsPerCallChangeNoth
   }
   EXPECT_TRUE(model.next_token_nll_batch({}).empty());
   expect_error([&] { model.next_token_nll_batch({{1, 2}, {3}}); }, {"sequence 1 needs at least 2 tokens"});
-  expect_error([&] { model.next_token_nll_batch({{1, 2}, {3, static_cast<int32_t>(model.config().vocab_size)}}); },
-               {"token"});
+  const int32_t V = static_cast<int32_t>(model.config().vocab_size);
+  expect_error([&] { model.next_token_nll_batch({{1, 2}, {3, V}}); }, {"perplexity: sequence 1: token ", " at index 1"});
+  LlamaCpu generating = tiny();
+  expect_error([&] { generate_batch(generating, {{1}, {V}}, 2, SamplingOptions{}); },
+               {"generate_batch: prompt 1: token "});
+  expect_error([&] { generate_batch(generating, {{1}, {}}, 2, SamplingOptions{}); },
+               {"generate_batch: prompt 1 needs at least 1 token, got 0"});
 
   std::vector<int32_t> text;
   for (int i = 0; i < 61; ++i) text.push_back((i * 7 + 3) % static_cast<int>(model.config().vocab_size));

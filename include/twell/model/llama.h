@@ -116,6 +116,11 @@ constexpr int32_t kNoToken = -1;
 // `no_token_ok`, is kNoToken: decode_batch's tokens).
 void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens, bool no_token_ok = false);
 
+// Throws, naming the first offender and its sequence ("<what> 2: token …"), unless every sequence
+// holds at least `least` tokens, each in [0, c.vocab_size).
+void check_sequences(const io::ModelConfig& c, const std::vector<std::vector<int32_t>>& sequences, int64_t least,
+                     const char* what);
+
 class Sampler;
 
 // What generation, perplexity and the CLI need of a model, whichever backend runs it: LlamaCpu
