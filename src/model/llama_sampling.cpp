@@ -545,7 +545,12 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
               "take windows that do not overlap (stride = window)");
   TWELL_CHECK(max_windows >= 0, "perplexity: max_windows must be at least 0, got ", max_windows);
   TWELL_CHECK(windows_per_call >= 1, "perplexity: windows_per_call must be at least 1, got ", windows_per_call);
-  std::vector<EvalWindow> plan = eval_windows(static_cast<int64_t>(tokens.size()), window, stride);
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  std::vector<EvalWindow> plan = eval_windows(T, window, stride);
+  // The text's last token alone after the last window predicts nothing, but its FFN runs: counted
+  // in the statistics (as ffn_stats_in_windows counts it) where every window runs.
+  const bool lone_last = ffn_stats && plan.back().end == T - 1 &&
+                         (max_windows == 0 || static_cast<int64_t>(plan.size()) <= max_windows);
   if (max_windows > 0 && static_cast<int64_t>(plan.size()) > max_windows) plan.resize(static_cast<size_t>(max_windows));
   const int64_t windows = static_cast<int64_t>(plan.size());
   auto length = [&](int64_t w) { return plan[static_cast<size_t>(w)].end - plan[static_cast<size_t>(w)].begin; };
@@ -574,6 +579,10 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
       if (on_window) on_window(w + 1, windows, perplexity_of(sum, count));
     }
     first = last;
+  }
+  if (lone_last) {
+    model.logits({tokens.back()}, &layers);
+    add_layer_stats(*ffn_stats, layers);
   }
   return perplexity_of(sum, count);
 }

@@ -1133,6 +1133,17 @@ TEST_F(LlamaCpuTest, NextTokenNllBatchIsEachSequencesAndWindowsPerCallChangeNoth
   ASSERT_EQ(s4.size(), s1.size());
   EXPECT_EQ(s4[0].tokens, 61);
   EXPECT_EQ(s4[0].nnz, s1[0].nnz);
+  // 57 tokens: 7 windows of 8 and the last token alone, which predicts nothing but is counted as
+  // ffn_stats_in_windows counts it (not where max_windows stops before it)
+  const std::vector<int32_t> text57(text.begin(), text.begin() + 57);
+  std::vector<ActivationStats> s57;
+  EXPECT_EQ(windowed_perplexity(model, text57, 8, 8, 0, &s57, {}, "the text", 4).predictions, 49);
+  EXPECT_EQ(s57[0].tokens, 57);
+  EXPECT_EQ(s57[0].nnz, ffn_stats_in_windows(model, text57, 8)[0].nnz);
+  windowed_perplexity(model, text57, 8, 8, 7, &s57);  // all 7 windows: the text's end reached
+  EXPECT_EQ(s57[0].tokens, 57);
+  windowed_perplexity(model, text57, 8, 8, 3, &s57);
+  EXPECT_EQ(s57[0].tokens, 24);
   const Perplexity sliding = windowed_perplexity(model, text, 8, 3, 0, nullptr, {}, "the text", 3);
   EXPECT_EQ(sliding.mean_nll, windowed_perplexity(model, text, 8, 3).mean_nll);
   expect_error([&] { windowed_perplexity(model, text, 8, 8, 0, nullptr, {}, "the text", 0); },

@@ -362,7 +362,9 @@ std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t str
 // Perplexity of a text longer than one forward (`twell eval`): one forward a window of
 // eval_windows(T, window, stride) (the first max_windows of them where that is > 0), each token
 // counted once in the mean. `ffn_stats`: each layer's statistics summed over the windows' forwards
-// (logits()'; stride = window only, so that no token counts twice). `on_window(done,
+// (logits()'; stride = window only, so that no token counts twice), and the text's last token's
+// where it is left alone after the last window (it predicts nothing): every token of the text, as
+// ffn_stats_in_windows counts them, unless max_windows stops short of the text's end. `on_window(done,
 // windows, so_far)` after each window (progress). Throws naming the window where its losses are not
 // finite. `what` names the text in messages. `windows_per_call`: up to as many neighbouring windows
 // of one length go to the model together (next_token_nll_batch; at most its max_batch() to batch
