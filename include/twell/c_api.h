@@ -201,9 +201,9 @@ TWELL_C_API int twell_model_get_info(const twell_model* model, twell_model_info*
  * layer_stats NULL, or num_layers entries: each layer's FFN activation statistics (ReLU models; a
  * SiLU model's stay 0; the GPU counts them from dense GEMMs beside its FFN, LlamaCuda::logits). On the
  * GPU these whole-sequence forwards (logits, perplexity, token NLL, FFN statistics) run in the KV
- * cache's memory: they first empty a cache that holds a generation twell_model_generate(_batch)
- * finished, and refuse one in progress (after twell_model_prefill or decode_step): twell_model_reset
- * first. Their ids are checked before the cache is touched. */
+ * cache's memory: once their arguments are checked, they empty a cache that holds a generation
+ * twell_model_generate(_batch) finished, and refuse one in progress (after twell_model_prefill or
+ * decode_step): twell_model_reset first. The CPU's leave its cache as it is. */
 TWELL_C_API int twell_model_logits(twell_model* model, const int32_t* ids, int64_t n, float* logits,
                                    twell_activation_stats* layer_stats);
 /* KV-cache decoding: prefill clears the cache and writes the last token's vocab_size logits; a

@@ -162,15 +162,21 @@ twell::model::LanguageModel& object(twell_model* m) {
   return *m->model;
 }
 
-// The model for forwards of `ids` from position 0 (logits, perplexity, token NLL, FFN statistics),
-// the ids checked first, then a KV cache that holds only a finished twell_model_generate(_batch)
-// emptied: on the GPU those forwards run in the cache's memory and refuse a generation in progress
-// (prefill, decode_step), which a finished one is not.
-twell::model::LanguageModel& whole_sequence_model(twell_model* m, const std::vector<int32_t>& ids, const char* op) {
+// The model for forwards of `ids` from position 0 (logits, perplexity, token NLL, FFN statistics) of
+// up to `forward` tokens each, everything the call can refuse checked first (at least `least` ids,
+// each in the vocabulary, forwards within the context; the caller checks its own arguments before),
+// then, on the GPU, a KV cache that holds only a finished twell_model_generate(_batch) emptied:
+// there those forwards run in the cache's memory and refuse a generation in progress (prefill,
+// decode_step), which a finished one is not. The CPU's forwards leave its cache alone.
+twell::model::LanguageModel& whole_sequence_model(twell_model* m, const std::vector<int32_t>& ids, const char* op,
+                                                  int64_t least, int64_t forward) {
   twell::model::LanguageModel& model = object(m);
   TWELL_REQUIRE(!ids.empty(), op, ": no tokens");
+  TWELL_REQUIRE(static_cast<int64_t>(ids.size()) >= least, op, ": need at least ", least, " tokens, got ", ids.size());
   twell::model::check_token_ids(model.config(), ids);
-  if (m->generation_done) {
+  TWELL_REQUIRE(forward <= model.context(), op, ": a forward of ", forward, " tokens exceeds the model's context of ",
+                model.context(), " positions");
+  if (m->generation_done && m->on_gpu) {
     model.reset();
     m->generation_done = false;
   }
@@ -453,8 +459,8 @@ int twell_model_logits(twell_model* model, const int32_t* ids, int64_t n, float*
                        twell_activation_stats* layer_stats) {
   return guarded([&] {
     const std::vector<int32_t> v = id_vector(ids, n, "twell_model_logits");
-    model::LanguageModel& m = whole_sequence_model(model, v, "twell_model_logits");
-    TWELL_REQUIRE(logits != nullptr, "twell_model_logits: the logits buffer is NULL");
+    TWELL_REQUIRE(logits != nullptr || v.empty(), "twell_model_logits: the logits buffer is NULL");
+    model::LanguageModel& m = whole_sequence_model(model, v, "twell_model_logits", 1, n);
     std::vector<ActivationStats> stats;
     const Tensor t = m.logits(v, layer_stats ? &stats : nullptr);
     copy_out(t, logits);
@@ -514,7 +520,7 @@ int twell_model_eos_ids(const twell_model* model, int32_t* ids, int64_t capacity
 int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, double* mean_nll, double* perplexity) {
   return guarded([&] {
     const std::vector<int32_t> v = id_vector(ids, n, "twell_model_perplexity");
-    const model::Perplexity p = model::perplexity(whole_sequence_model(model, v, "twell_model_perplexity"), v);
+    const model::Perplexity p = model::perplexity(whole_sequence_model(model, v, "twell_model_perplexity", 2, n), v);
     if (mean_nll) *mean_nll = p.mean_nll;
     if (perplexity) *perplexity = p.perplexity;
   });
@@ -524,7 +530,11 @@ int twell_model_perplexity_windows(twell_model* model, const int32_t* ids, int64
                                    double* mean_nll, double* perplexity, int64_t* predictions) {
   return guarded([&] {
     const std::vector<int32_t> v = id_vector(ids, n, "twell_model_perplexity_windows");
-    const model::LanguageModel& m = whole_sequence_model(model, v, "twell_model_perplexity_windows");
+    TWELL_REQUIRE(window >= 2, "twell_model_perplexity_windows: a window holds at least 2 tokens, got ", window);
+    TWELL_REQUIRE(stride >= 1 && stride <= window, "twell_model_perplexity_windows: the stride must lie in [1, window = ",
+                  window, "], got ", stride);
+    const model::LanguageModel& m =
+        whole_sequence_model(model, v, "twell_model_perplexity_windows", 2, std::min(window, n));
     const model::Perplexity p = model::windowed_perplexity(m, v, window, stride, 0, nullptr, {}, "the text",
                                                            model->on_gpu ? m.max_batch() : 1);
     if (mean_nll) *mean_nll = p.mean_nll;
@@ -538,7 +548,8 @@ int twell_model_ffn_stats(twell_model* model, const int32_t* ids, int64_t n, int
   return guarded([&] {
     TWELL_REQUIRE(layer_stats != nullptr, "twell_model_ffn_stats: layer_stats is NULL");
     const std::vector<int32_t> v = id_vector(ids, n, "twell_model_ffn_stats");
-    const model::LanguageModel& m = whole_sequence_model(model, v, "twell_model_ffn_stats");
+    TWELL_REQUIRE(window >= 1, "twell_model_ffn_stats: the window must be at least 1 token, got ", window);
+    const model::LanguageModel& m = whole_sequence_model(model, v, "twell_model_ffn_stats", 1, std::min(window, n));
     const std::vector<ActivationStats> stats = model::ffn_stats_in_windows(m, v, window);
     for (int64_t l = 0; l < m.config().num_hidden_layers; ++l) {
       const ActivationStats s = static_cast<size_t>(l) < stats.size() ? stats[l] : ActivationStats{};
@@ -551,7 +562,7 @@ int twell_model_token_nll(twell_model* model, const int32_t* ids, int64_t n, dou
   return guarded([&] {
     TWELL_REQUIRE(nll != nullptr, "twell_model_token_nll: nll is NULL");
     const std::vector<int32_t> v = id_vector(ids, n, "twell_model_token_nll");
-    const std::vector<double> out = whole_sequence_model(model, v, "twell_model_token_nll").next_token_nll(v);
+    const std::vector<double> out = whole_sequence_model(model, v, "twell_model_token_nll", 2, n).next_token_nll(v);
     std::copy(out.begin(), out.end(), nll);
   });
 }

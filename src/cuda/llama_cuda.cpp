@@ -923,7 +923,7 @@ struct LlamaCuda::Impl {
 
   // The forward of B sequences of S tokens each (`flat`, B · S on the host) from position 0
   // (logits, next_token_nll, next_token_nll_batch): one sequence in chunks where it holds more than
-  // max_tokens tokens, several in one forward (B · S at most max_tokens: check_batch); after each
+  // max_tokens tokens, several in one forward (B · S at most max_tokens: check_whole_sequences); after each
   // forward, its head kLogitsRows rows at a time into `logits`, each piece handed to piece(first row
   // of the B · S, rows) before the next overwrites it. Leaves the cache empty. The pieces' work and
   // copies are ordered on the stream, which is synchronised before this returns or throws (the

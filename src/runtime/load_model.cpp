@@ -130,44 +130,53 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
       // Before seconds of reading and copying weights. Under automatic a model the GPU cannot hold
       // runs on the CPU, as does a model the GPU runtime does not take.
       std::string shortfall = gpu_memory_shortfall(config, co, o);
-      if (!shortfall.empty() && o.fewer_sequences_to_fit && co.max_batch > 1) {
-        // Fewer sequences a call (`twell eval`'s windows a forward), halved until they fit, down to one.
-        while (co.max_batch > 1 && !shortfall.empty()) {
-          co.max_batch /= 2;
-          shortfall = gpu_memory_shortfall(config, co, o);
-        }
-        say(o, str("note: ", co.max_batch, " sequence", co.max_batch == 1 ? "" : "s", " a call, not ", o.max_batch,
-                   ", to fit the GPU's memory"));
-      }
-      if (!shortfall.empty() && o.max_tokens == 0 && (o.kv_cache || co.max_batch == 1)) {
-        // Activations for fewer tokens a forward, where the weights and the KV cache fit: longer
-        // prompts then run in chunks, on the GPU, rather than the whole model on the CPU. Chunks
-        // need the KV cache; without it (`twell eval`) a sequence runs in one forward, so a single
-        // sequence's model that does not fit takes the cache (bytes a position beside the
-        // activations' kilobytes) where that lets it fit. What logits() may add later, and
-        // kGpuHeadroomBytes, stay free.
-        cuda::LlamaCudaOptions fit = co;
-        fit.kv_cache = true;
-        const int64_t preferred = cuda::LlamaCuda::memory_needed(config, fit).max_tokens;
+      if (!shortfall.empty()) {
         const size_t usable = usable_gpu_memory(o, cuda::device_memory()),
                      weights = cuda::LlamaCudaWeights::bytes_for(config);
-        const int64_t fitted = fit_max_tokens(co.max_batch, preferred, [&](int64_t t) {
-          fit.max_tokens = t;
-          const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(config, fit);
+        // Whether `x` fits with what logits() may add later and kGpuHeadroomBytes free.
+        const auto roomy = [&](const cuda::LlamaCudaOptions& x) {
+          const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(config, x);
           return weights + m.total() + m.logits_growth + kGpuHeadroomBytes <= usable;
-        });
-        if (fitted > 0) {
-          fit.max_tokens = fitted;
-          co = fit;
-          shortfall.clear();
-          const std::string cache = o.kv_cache ? "" : "with the KV cache on, so that a sequence may run in chunks: ";
-          const std::string option = o.max_tokens_choice_name.empty() ? "" : str(" (", o.max_tokens_choice_name, " sets it)");
-          say(o, fitted < preferred
-                     ? str("note: ", cache, "activations sized for ", fitted, " tokens a forward, not ", preferred,
-                           ", to fit the GPU's memory: longer sequences run in chunks of at most as many", option)
-                     : str("note: ", cache, "activations for ", fitted, " tokens a forward fit the GPU's memory "
-                           "where one forward of the whole context did not"));
+        };
+        std::vector<std::string> notes;
+        if (o.shrink_to_fit && co.max_batch > 1) {
+          // Fewer sequences a call (`twell eval`'s windows a forward), halved until they fit, down to one.
+          do co.max_batch /= 2;
+          while (co.max_batch > 1 && !roomy(co));
+          notes.push_back(str("note: ", co.max_batch, " sequence", co.max_batch == 1 ? "" : "s", " a call, not ",
+                              o.max_batch, ", to fit the GPU's memory"));
+          if (roomy(co)) shortfall.clear();
         }
+        if (!shortfall.empty() && o.max_tokens == 0 && (o.kv_cache || (o.shrink_to_fit && co.max_batch == 1))) {
+          // Activations for fewer tokens a forward, where the weights and the KV cache fit: longer
+          // prompts then run in chunks, on the GPU, rather than the whole model on the CPU. Chunks
+          // need the KV cache; without it (`twell eval`, shrink_to_fit) a sequence runs in one
+          // forward, so there the cache goes on (bytes a position beside the activations'
+          // kilobytes) where that lets the model fit.
+          cuda::LlamaCudaOptions fit = co;
+          fit.kv_cache = true;
+          const int64_t preferred = cuda::LlamaCuda::memory_needed(config, fit).max_tokens;
+          const int64_t fitted = fit_max_tokens(co.max_batch, preferred, [&](int64_t t) {
+            fit.max_tokens = t;
+            return roomy(fit);
+          });
+          if (fitted > 0) {
+            fit.max_tokens = fitted;
+            co = fit;
+            shortfall.clear();
+            const std::string cache = o.kv_cache ? "" : "with the KV cache on, so that a sequence may run in chunks: ";
+            const std::string option =
+                o.max_tokens_choice_name.empty() ? "" : str(" (", o.max_tokens_choice_name, " sets it)");
+            notes.push_back(fitted < preferred
+                                ? str("note: ", cache, "activations sized for ", fitted, " tokens a forward, not ",
+                                      preferred, ", to fit the GPU's memory: longer sequences run in chunks of at "
+                                      "most as many", option)
+                                : str("note: ", cache, "activations for ", fitted, " tokens a forward fit the GPU's "
+                                      "memory where one forward of the whole context did not"));
+          }
+        }
+        if (shortfall.empty())
+          for (const std::string& line : notes) say(o, line);
       }
       if (!shortfall.empty()) {
         TWELL_REQUIRE(automatic, o.cuda_choice_name, ": ", shortfall, "; ", o.cpu_choice_name,

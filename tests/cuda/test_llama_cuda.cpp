@@ -1326,6 +1326,8 @@ TEST(LoadModel, FitsTheActivationsToTheGpuMemoryGiven) {
      // on and the count is fitted as with it; next_token_nll runs in chunks
     model::ModelLoadOptions no_cache = o;
     no_cache.kv_cache = false;
+    test::expect_error([&] { model::load_model(dir, no_cache); }, {"the model needs "});  // not without shrink_to_fit
+    no_cache.shrink_to_fit = true;
     lines.clear();
     const std::unique_ptr<model::LanguageModel> m = model::load_model(dir, no_cache);
     const auto& gpu = dynamic_cast<const LlamaCuda&>(*m);
@@ -1344,6 +1346,23 @@ TEST(LoadModel, FitsTheActivationsToTheGpuMemoryGiven) {
     double diff = 0, size = 0;
     for (size_t i = 0; i < whole.size(); ++i) diff += std::abs(chunked[i] - whole[i]), size += std::abs(whole[i]);
     EXPECT_LT(diff, kTol * size) << "per-token losses of the chunked forward against one forward's";
+  }
+  {  // shrink_to_fit halves the sequences a call until they fit, with logits() and the headroom
+     // room to spare, and says so
+    model::ModelLoadOptions windows = o;
+    windows.kv_cache = false, windows.shrink_to_fit = true, windows.context = 4096, windows.max_batch = 4;
+    lines.clear();
+    const std::unique_ptr<model::LanguageModel> m = model::load_model(dir, windows);
+    const LlamaCudaOptions& got = dynamic_cast<const LlamaCuda&>(*m).options();
+    EXPECT_LT(got.max_batch, 4);
+    if (!got.kv_cache) {
+      LlamaCudaOptions same = got;
+      const LlamaCudaMemory mem = LlamaCuda::memory_needed(c, same);
+      EXPECT_LE(weights + mem.total() + mem.logits_growth + model::kGpuHeadroomBytes, windows.gpu_memory);
+    }
+    const std::string note = str(got.max_batch, " sequence", got.max_batch == 1 ? "" : "s", " a call, not 4");
+    EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(note) != std::string::npos; }))
+        << "no log line says: " << note;
   }
   {  // given: used as it is, whatever fits
     o.gpu_memory = 0;

@@ -1111,6 +1111,11 @@ TEST_F(LlamaCpuTest, NextTokenNllBatchIsEachSequencesAndWindowsPerCallChangeNoth
     EXPECT_DOUBLE_EQ(stats[l].l1_sum, want[l].l1_sum);
   }
   EXPECT_TRUE(model.next_token_nll_batch({}).empty());
+  std::vector<ActivationStats> untouched(1);
+  untouched[0].tokens = 7;
+  expect_error([&] { model.next_token_nll_batch({{1, 2}, std::vector<int32_t>(model.context() + 1, 1)}, &untouched); },
+               {"perplexity: sequence 1 of ", "exceeds the model's context"});
+  EXPECT_EQ(untouched[0].tokens, 7) << "a refused call ran the sequences before the bad one";
   expect_error([&] { model.next_token_nll_batch({{1, 2}, {3}}); }, {"sequence 1 needs at least 2 tokens"});
   const int32_t V = static_cast<int32_t>(model.config().vocab_size);
   expect_error([&] { model.next_token_nll_batch({{1, 2}, {3, V}}); }, {"perplexity: sequence 1: token ", " at index 1"});

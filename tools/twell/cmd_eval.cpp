@@ -91,7 +91,7 @@ void register_eval(CLI::App& app) {
   eval->add_option("--batch", *batch,
                    "GPU: windows of one length a forward (default: as many as make 16384 tokens, so that short "
                    "windows fill the GPU and take the sparse FFN; fewer where the GPU's memory asks)")
-      ->check(at_least(1));
+      ->check(CLI::Range(int64_t{1}, int64_t{65535}));
   eval->add_option("--json", *json_path,
                    "also write the result here as JSON (with --sparsity, each layer's figures too; "
                    "bench/plot.py draws them)")
@@ -142,7 +142,7 @@ void register_eval(CLI::App& app) {
     args->gpu_context = std::min(ctx, static_cast<int64_t>(ids.size()));
     args->gpu_kv_cache = false;
     args->gpu_max_batch = per_call;
-    args->gpu_fewer_sequences_to_fit = true;
+    args->gpu_shrink_to_fit = true;
     args->max_tokens_option = "";
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
     const model::LanguageModel& m = *model;

@@ -68,7 +68,7 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   o.kv_cache = gpu_kv_cache;
   o.max_batch = gpu_max_batch;
   o.max_tokens = gpu_max_tokens;
-  o.fewer_sequences_to_fit = gpu_fewer_sequences_to_fit;
+  o.shrink_to_fit = gpu_shrink_to_fit;
   o.max_tokens_choice_name = max_tokens_option;
   o.gpu_memory = gpu_memory;
   o.gpu_memory_choice_name = "--gpu-memory";

@@ -29,7 +29,7 @@ struct ModelArgs {
   bool gpu_kv_cache = true;
   int64_t gpu_max_batch = 1;  // sequences one call takes (run's prompts)
   int64_t gpu_max_tokens = 0;  // run's --max-batch-tokens: tokens a forward (0: the default, fitted to memory)
-  bool gpu_fewer_sequences_to_fit = false;  // eval: fewer windows a forward where gpu_max_batch does not fit
+  bool gpu_shrink_to_fit = false;  // eval: fewer windows a forward where gpu_max_batch does not fit
   std::string max_tokens_option = "--max-batch-tokens";  // the command's option that sets it ("": none)
 
   void add_to(CLI::App* cmd);

@@ -49,16 +49,17 @@ struct ModelLoadOptions {
   // (LlamaCudaOptions::max_tokens); without it, for all of them.
   // The CPU backend takes up to 65535.
   int64_t max_batch = 1;
-  // GPU: where the model does not fit with max_batch sequences a call, halve them (down to 1) until
-  // it does, logged, before anything else gives way (`twell eval`: windows a forward).
-  bool fewer_sequences_to_fit = false;
+  // GPU, where the model does not fit: halve max_batch (down to 1) until it does, and where one
+  // sequence a call without the KV cache does not fit either, turn the cache on with max_tokens
+  // fitted as with it, so that a sequence runs in chunks; logged (`twell eval`: windows a forward).
+  bool shrink_to_fit = false;
   // GPU: the most tokens one forward computes, which the activations are sized for
   // (LlamaCudaOptions::max_tokens; at most max_batch contexts): with kv_cache, a longer prompt runs
   // in chunks of at most as many. 0: the runtime's default (with kv_cache, max_batch · context up to
   // cuda::kDefaultMaxTokens, lowered where the GPU's memory (or gpu_memory) holds the weights and
   // KV cache but not activations of that many tokens: fit_max_tokens, leaving kGpuHeadroomBytes and
-  // what logits() adds free, logged; without it, max_batch contexts, and where those do not fit
-  // and max_batch is 1, the KV cache on and the count fitted as with it). At least max_batch: a decode
+  // what logits() adds free, logged; without it, max_batch contexts, or under shrink_to_fit the
+  // KV cache on and the count fitted where they do not fit). At least max_batch: a decode
   // step takes one token a sequence.
   int64_t max_tokens = 0;
   // A cap on the GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all
