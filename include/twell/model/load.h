@@ -49,9 +49,11 @@ struct ModelLoadOptions {
   // (LlamaCudaOptions::max_tokens); without it, for all of them.
   // The CPU backend takes up to 65535.
   int64_t max_batch = 1;
-  // GPU, where the model does not fit: halve max_batch (down to 1) until it does, and where one
-  // sequence a call without the KV cache does not fit either, turn the cache on with max_tokens
-  // fitted as with it, so that a sequence runs in chunks; logged (`twell eval`: windows a forward).
+  // GPU, where the model does not fit: halve max_batch until it does with what logits() adds and
+  // kGpuHeadroomBytes free, down to 1; where one sequence a call without the KV cache has not that
+  // room either, turn the cache on with max_tokens fitted as with it, so that a sequence runs in
+  // chunks, or else take one sequence a call where it fits at all (as max_batch 1 is taken);
+  // logged (`twell eval`: windows a forward).
   bool shrink_to_fit = false;
   // GPU: the most tokens one forward computes, which the activations are sized for
   // (LlamaCudaOptions::max_tokens; at most max_batch contexts): with kv_cache, a longer prompt runs
