@@ -306,7 +306,8 @@ class Model:
         up to 8192, as `twell eval`) in windows as
         `twell eval` scores a text longer than the model takes: every `stride` tokens (default the window: no
         overlap, each window's first token context only; less: HuggingFace's sliding window), each token
-        counted once."""
+        counted once. On the GPU, windows of one length run up to Model(max_batch=) of them a forward, as
+        `twell eval --batch` does: short windows then fill the GPU and a sparse model takes its sparse FFN."""
         ids = self._scored_ids(text_or_ids)
         c_ids, n = _ids(ids)
         ppl = ctypes.c_double()
