@@ -1490,6 +1490,19 @@ TEST(LlamaCuda, NextTokenNllBatchRunsSequencesOfOneLengthTogether) {
   test::expect_error([&] { single.next_token_nll_batch(seqs); }, {"generation in progress"});
   EXPECT_EQ(single.cached_tokens(), 3);
   single.reset();
+  // with the KV cache (Python's Model(max_batch=4)): the same forwards in the cache's memory, which
+  // they leave empty
+  LlamaCudaOptions cached = batched;
+  cached.kv_cache = true;
+  LlamaCuda with_cache(dw, cached);
+  const std::vector<std::vector<double>> again = with_cache.next_token_nll_batch(seqs);
+  ASSERT_EQ(again.size(), got.size());
+  for (size_t b = 0; b < got.size(); ++b) {
+    double diff = 0, size = 0;
+    for (size_t i = 0; i < got[b].size(); ++i) diff += std::abs(again[b][i] - got[b][i]), size += std::abs(got[b][i]);
+    EXPECT_LT(diff, kTol * size) << "sequence " << b << " with the KV cache";
+  }
+  EXPECT_EQ(with_cache.cached_tokens(), 0);
   // eval's windows, 4 a call against one
   std::vector<int32_t> text;
   for (const auto& s : seqs) text.insert(text.end(), s.begin(), s.end());
