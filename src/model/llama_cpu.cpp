@@ -292,21 +292,19 @@ Tensor to_tensor(const std::vector<Acc>& v, Shape shape) {
 
 }  // namespace
 
-void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens, bool no_token_ok) {
+void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens, bool no_token_ok,
+                     const std::string& where) {
   for (size_t t = 0; t < tokens.size(); ++t)
-    TWELL_CHECK((tokens[t] >= 0 && tokens[t] < c.vocab_size) || (no_token_ok && tokens[t] == kNoToken), "llama: token ", tokens[t], " at index ", t,
-                " is outside the vocabulary [0, ", c.vocab_size, ")");
+    TWELL_CHECK((tokens[t] >= 0 && tokens[t] < c.vocab_size) || (no_token_ok && tokens[t] == kNoToken), where,
+                ": token ", tokens[t], " at index ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
 }
 
 void check_sequences(const io::ModelConfig& c, const std::vector<std::vector<int32_t>>& sequences, int64_t least,
                      const char* what) {
   for (size_t b = 0; b < sequences.size(); ++b) {
-    const std::vector<int32_t>& s = sequences[b];
-    TWELL_CHECK(static_cast<int64_t>(s.size()) >= least, what, " ", b, " needs at least ", least, " token",
-                least == 1 ? "" : "s", ", got ", s.size());
-    for (size_t t = 0; t < s.size(); ++t)
-      TWELL_CHECK(s[t] >= 0 && s[t] < c.vocab_size, what, " ", b, ": token ", s[t], " at index ", t,
-                  " is outside the vocabulary [0, ", c.vocab_size, ")");
+    TWELL_CHECK(static_cast<int64_t>(sequences[b].size()) >= least, what, " ", b, " needs at least ", least, " token",
+                least == 1 ? "" : "s", ", got ", sequences[b].size());
+    check_token_ids(c, sequences[b], false, str(what, " ", b));
   }
 }
 

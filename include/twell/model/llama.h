@@ -114,7 +114,9 @@ constexpr int32_t kNoToken = -1;
 
 // Throws, naming the first offender, unless every token id lies in [0, c.vocab_size) (or, with
 // `no_token_ok`, is kNoToken: decode_batch's tokens).
-void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens, bool no_token_ok = false);
+// `where` begins the message ("llama: token 260 at index 3 is outside …").
+void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens, bool no_token_ok = false,
+                     const std::string& where = "llama");
 
 // Throws, naming the first offender and its sequence ("<what> 2: token …"), unless every sequence
 // holds at least `least` tokens, each in [0, c.vocab_size).
