@@ -221,14 +221,14 @@ TWELL_C_API int twell_model_perplexity(twell_model* model, const int32_t* ids, i
 /* Perplexity of ids[0..n) longer than one forward, as `twell eval` scores a text: windows of `window`
  * tokens (>= 2) every `stride` (1..window; = window: no overlap, each window's first token context
  * only; less: HuggingFace's sliding window), each token counted once; *predictions (may be NULL)
- * receives how many were scored. */
+ * receives how many were scored. On the GPU up to max_batch neighbouring windows run in one forward. */
 TWELL_C_API int twell_model_perplexity_windows(twell_model* model, const int32_t* ids, int64_t n, int64_t window,
                                                int64_t stride, double* mean_nll, double* perplexity,
                                                int64_t* predictions);
 /* Each layer's FFN activation statistics (num_layers entries into layer_stats; ReLU models, a SiLU
  * model's stay 0) over ids[0..n) (n >= 1), in forwards of `window` tokens (>= 1) that do not
  * overlap: every token counted once, no logits copied out, and the counts given whatever the
- * logits hold (model::ffn_stats_in_windows). */
+ * logits hold (model::ffn_stats_in_windows; on the GPU up to max_batch windows a forward). */
 TWELL_C_API int twell_model_ffn_stats(twell_model* model, const int32_t* ids, int64_t n, int64_t window,
                                       twell_activation_stats* layer_stats);
 /* Each token's loss: nll[t] = -log p(ids[t+1] | ids[0..t]) for t < n - 1 (room for n - 1; n >= 2),

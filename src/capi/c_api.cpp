@@ -535,8 +535,7 @@ int twell_model_perplexity_windows(twell_model* model, const int32_t* ids, int64
                   window, "], got ", stride);
     const model::LanguageModel& m =
         whole_sequence_model(model, v, "twell_model_perplexity_windows", 2, std::min(window, n));
-    const model::Perplexity p = model::windowed_perplexity(m, v, window, stride, 0, nullptr, {}, "the text",
-                                                           model->on_gpu ? m.max_batch() : 1);
+    const model::Perplexity p = model::windowed_perplexity(m, v, window, stride);
     if (mean_nll) *mean_nll = p.mean_nll;
     if (perplexity) *perplexity = p.perplexity;
     if (predictions) *predictions = p.predictions;

@@ -523,19 +523,35 @@ void add_layer_stats(std::vector<ActivationStats>& total, const std::vector<Acti
 }
 
 std::vector<ActivationStats> ffn_stats_in_windows(const LanguageModel& model, const std::vector<int32_t>& tokens,
-                                                  int64_t window) {
+                                                  int64_t window, int64_t windows_per_call) {
   TWELL_CHECK(!tokens.empty(), "ffn statistics: no tokens");
   TWELL_CHECK(window >= 1, "ffn statistics: a window holds at least 1 token, got ", window);
+  TWELL_CHECK(windows_per_call >= 0, "ffn statistics: windows_per_call must be at least 0, got ", windows_per_call);
+  const int64_t per_call = windows_per_call > 0 ? windows_per_call : model.sequences_a_forward();
   const int64_t T = static_cast<int64_t>(tokens.size());
   std::vector<ActivationStats> total, part;
-  for (int64_t a = 0; a < T; a += window) {
-    const std::vector<int32_t> ids(tokens.begin() + a, tokens.begin() + std::min(T, a + window));
-    if (ids.size() >= 2)
-      model.next_token_nll(ids, &part);
-    else
-      model.logits(ids, &part);  // one token predicts nothing: its forward
+  std::vector<std::vector<int32_t>> batch;  // full windows of `window` tokens (≥ 2), per_call at a time
+  auto run = [&] {
+    if (batch.empty()) return;
+    model.next_token_nll_batch(batch, &part);
     add_layer_stats(total, part);
+    batch.clear();
+  };
+  for (int64_t a = 0; a < T; a += window) {
+    std::vector<int32_t> ids(tokens.begin() + a, tokens.begin() + std::min(T, a + window));
+    if (static_cast<int64_t>(ids.size()) != window || window < 2) {  // the text's shorter last window, or 1 token
+      run();
+      if (ids.size() >= 2)
+        model.next_token_nll(ids, &part);
+      else
+        model.logits(ids, &part);  // one token predicts nothing: its forward
+      add_layer_stats(total, part);
+      continue;
+    }
+    batch.push_back(std::move(ids));
+    if (static_cast<int64_t>(batch.size()) == per_call) run();
   }
+  run();
   return total;
 }
 
@@ -547,7 +563,8 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
   TWELL_CHECK(!ffn_stats || stride == window, "perplexity: FFN statistics count every token of each window: they "
               "take windows that do not overlap (stride = window)");
   TWELL_CHECK(max_windows >= 0, "perplexity: max_windows must be at least 0, got ", max_windows);
-  TWELL_CHECK(windows_per_call >= 1, "perplexity: windows_per_call must be at least 1, got ", windows_per_call);
+  TWELL_CHECK(windows_per_call >= 0, "perplexity: windows_per_call must be at least 0, got ", windows_per_call);
+  if (windows_per_call == 0) windows_per_call = model.sequences_a_forward();
   const int64_t T = static_cast<int64_t>(tokens.size());
   std::vector<EvalWindow> plan = eval_windows(T, window, stride);
   // The text's last token alone after the last window predicts nothing, but its FFN runs: counted

@@ -1510,6 +1510,20 @@ TEST(LlamaCuda, NextTokenNllBatchRunsSequencesOfOneLengthTogether) {
                           one_a_call = model::windowed_perplexity(single, text, 200, 200);
   EXPECT_EQ(four.predictions, one_a_call.predictions);
   EXPECT_NEAR(four.mean_nll, one_a_call.mean_nll, 1e-3 * one_a_call.mean_nll);
+  // by default as many windows a call as the model batches (max_batch), for the statistics too
+  // (Python's ffn_stats): 1080 tokens, five windows of 200 (a call of 4, one of 1) and one of 80
+  EXPECT_EQ(m.sequences_a_forward(), 4);
+  EXPECT_EQ(single.sequences_a_forward(), 1);
+  EXPECT_EQ(model::windowed_perplexity(m, text, 200, 200).mean_nll, four.mean_nll);
+  const std::vector<ActivationStats> batched_stats = model::ffn_stats_in_windows(m, text, 200),
+                                     single_stats = model::ffn_stats_in_windows(single, text, 200);
+  ASSERT_EQ(batched_stats.size(), single_stats.size());
+  for (size_t l = 0; l < single_stats.size(); ++l) {
+    EXPECT_EQ(batched_stats[l].tokens, 1080) << "layer " << l;
+    EXPECT_NEAR(double(batched_stats[l].nnz), double(single_stats[l].nnz), 0.02 * double(single_stats[l].nnz) + 1)
+        << "layer " << l;
+  }
+  EXPECT_EQ(m.last_tokens(), 80) << "the text's last, shorter window alone";
 }
 
 // logits and next_token_nll with FFN statistics count what the CPU model counts, layer by layer:

@@ -1151,8 +1151,20 @@ TEST_F(LlamaCpuTest, NextTokenNllBatchIsEachSequencesAndWindowsPerCallChangeNoth
   EXPECT_EQ(s57[0].tokens, 24);
   const Perplexity sliding = windowed_perplexity(model, text, 8, 3, 0, nullptr, {}, "the text", 3);
   EXPECT_EQ(sliding.mean_nll, windowed_perplexity(model, text, 8, 3).mean_nll);
-  expect_error([&] { windowed_perplexity(model, text, 8, 8, 0, nullptr, {}, "the text", 0); },
-               {"windows_per_call must be at least 1"});
+  expect_error([&] { windowed_perplexity(model, text, 8, 8, 0, nullptr, {}, "the text", -1); },
+               {"windows_per_call must be at least 0"});
+  // The statistics alone, 3 windows a call (57 = 7 × 8 + 1: two calls of 3, one of 1, the lone
+  // token's forward): the counts of one window a call.
+  EXPECT_EQ(model.sequences_a_forward(), 1);
+  const std::vector<ActivationStats> by3 = ffn_stats_in_windows(model, text57, 8, 3), by1 = ffn_stats_in_windows(model, text57, 8, 1);
+  ASSERT_EQ(by3.size(), by1.size());
+  for (size_t l = 0; l < by1.size(); ++l) {
+    EXPECT_EQ(by3[l].tokens, 57);
+    EXPECT_EQ(by3[l].nnz, by1[l].nnz);
+    EXPECT_EQ(by3[l].max_nnz_per_token, by1[l].max_nnz_per_token);
+  }
+  EXPECT_EQ(ffn_stats_in_windows(model, text57, 1, 4)[0].tokens, 57);  // each token alone, at position 0
+  expect_error([&] { ffn_stats_in_windows(model, text57, 8, -1); }, {"windows_per_call must be at least 0"});
 }
 
 TEST_F(LlamaCpuTest, PerplexityFromLogitsMatchesTheModelAndChecksShapes) {

@@ -147,7 +147,7 @@ void register_eval(CLI::App& app) {
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
     const model::LanguageModel& m = *model;
     const bool on_cpu = dynamic_cast<const model::LlamaCpu*>(&m) != nullptr;
-    const int64_t windows_per_call = on_cpu ? 1 : m.max_batch();  // the CPU's progress a window at a time
+    const int64_t windows_per_call = m.sequences_a_forward();  // the CPU: one, its progress a window at a time
 
     bench::StepProgress progress(std::cerr, "", windows);
     const auto t0 = std::chrono::steady_clock::now();

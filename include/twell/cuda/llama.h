@@ -284,6 +284,7 @@ class LlamaCuda final : public model::LanguageModel {
   std::vector<int32_t> decode_batch_sample(const std::vector<int32_t>& tokens,
                                            std::vector<model::Sampler>& samplers) override;
   int64_t max_batch() const override;  // LlamaCudaOptions::max_batch
+  int64_t sequences_a_forward() const override { return max_batch(); }
   std::vector<int64_t> cached_lengths() const override;
 
   // Low level, for benchmarks: enqueues B·S tokens already on the device (int32, sequence-major,

@@ -181,6 +181,11 @@ class LanguageModel {
   virtual std::vector<int32_t> decode_batch_sample(const std::vector<int32_t>& tokens,
                                                    std::vector<Sampler>& samplers);
   virtual int64_t max_batch() const { return 1; }
+  // How many neighbouring sequences of one length next_token_nll_batch runs in one forward: 1 by
+  // default (one call each, so that grouping more changes nothing but how often progress is
+  // reported); LlamaCuda: max_batch(). windowed_perplexity and ffn_stats_in_windows hand it that
+  // many windows at a time unless told otherwise.
+  virtual int64_t sequences_a_forward() const { return 1; }
   // Positions cached per sequence of the last prefill or prefill_batch (empty after reset()).
   virtual std::vector<int64_t> cached_lengths() const;
 };
@@ -369,21 +374,22 @@ std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t str
 // ffn_stats_in_windows counts them, unless max_windows stops short of the text's end. `on_window(done,
 // windows, so_far)` after each window (progress). Throws naming the window where its losses are not
 // finite. `what` names the text in messages. `windows_per_call`: up to as many neighbouring windows
-// of one length go to the model together (next_token_nll_batch; at most its max_batch() to batch
-// them on the GPU), their progress reported after the call.
+// of one length go to the model together (next_token_nll_batch), their progress reported after the
+// call; 0: model.sequences_a_forward().
 Perplexity windowed_perplexity(
     const LanguageModel& model, const std::vector<int32_t>& tokens, int64_t window, int64_t stride,
     int64_t max_windows = 0, std::vector<ActivationStats>* ffn_stats = nullptr,
     const std::function<void(int64_t done, int64_t windows, const Perplexity& so_far)>& on_window = {},
-    const std::string& what = "the text", int64_t windows_per_call = 1);
+    const std::string& what = "the text", int64_t windows_per_call = 0);
 // Adds one forward's per-layer FFN statistics to a running total (sized to them on the first).
 void add_layer_stats(std::vector<ActivationStats>& total, const std::vector<ActivationStats>& part);
 // Each layer's FFN activation statistics over `tokens` (at least one) in forwards of `window` tokens
 // (≥ 1) that do not overlap, every token counted once (the last forward may hold fewer, one
-// included), summed: next_token_nll's forward (on the GPU, no logits copied out), its losses not
-// looked at, so a model whose logits are not finite still gives its counts.
+// included), summed: next_token_nll_batch's forwards (on the GPU, no logits copied out; up to
+// `windows_per_call` windows together, 0: model.sequences_a_forward()), their losses not looked at,
+// so a model whose logits are not finite still gives its counts.
 std::vector<ActivationStats> ffn_stats_in_windows(const LanguageModel& model, const std::vector<int32_t>& tokens,
-                                                  int64_t window);
+                                                  int64_t window, int64_t windows_per_call = 0);
 // −log p(tokens[t+1] | tokens[0..t]) for t < T − 1 from logits [T, V] (f32 or f64) computed for
 // `tokens`: the row's maximum m, then m + log Σ exp(x − m) − x[next], in double.
 std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens);
