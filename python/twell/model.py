@@ -133,7 +133,8 @@ class Model:
     model may take, in bytes or as "40GB" (None: all that is free); where it needs more, "auto" runs
     it on the CPU and "cuda" refuses it. kv_cache=False: logits() and
     perplexity() only. max_batch: the most prompts one generate_batch() takes on the GPU (each with a
-    context's KV cache; the CPU backend takes up to 65535). max_batch_tokens: the most tokens one GPU
+    context's KV cache; the CPU backend takes up to 65535), and how many windows of perplexity(stride=) and
+    ffn_stats() one GPU forward runs (short windows fill the GPU that way). max_batch_tokens: the most tokens one GPU
     forward computes, which its activations are sized for (at least max_batch; with the KV cache a
     longer prompt runs in chunks; None: with the KV cache up to 16384, fewer where the GPU's memory
     holds the weights and cache but not that many; without it, max_batch contexts). tokenizer: "auto" (the directory's
