@@ -103,10 +103,70 @@ bool TensorView::is_contiguous() const {
   return true;
 }
 
+namespace {
+
+// The bytes [lo, hi) a non-empty view's elements lie in, relative to its data pointer, by its strides
+// (which may be negative).
+std::pair<int64_t, int64_t> byte_span(const TensorView& t) {
+  const int64_t e = static_cast<int64_t>(dtype_size(t.dtype));
+  int64_t lo = 0, hi = e;
+  for (int d = 0; d < t.rank(); ++d) {
+    const int64_t reach = (t.shape[d] - 1) * t.stride(d) * e;
+    (reach < 0 ? lo : hi) += reach;
+  }
+  return {lo, hi};
+}
+
+// A view as `rows` rows of `width` bytes every `pitch` bytes (pitch ≥ width > 0, or one row): rank 1
+// or any contiguous view as one row, rank 2 with unit column stride as its rows; else false.
+struct Rows {
+  int64_t rows = 1, width = 0, pitch = 0;
+};
+bool as_rows(const TensorView& t, Rows& r) {
+  const int64_t e = static_cast<int64_t>(dtype_size(t.dtype));
+  if (t.rank() == 1 && (t.shape[0] == 1 || t.stride(0) == 1)) {
+    r = {1, t.shape[0] * e, t.shape[0] * e};
+    return true;
+  }
+  if (t.rank() == 2 && (t.shape[1] == 1 || t.stride(1) == 1)) {
+    r = {t.shape[0], t.shape[1] * e, t.stride(0) * e};
+    if (r.rows == 1) r.pitch = r.width;
+    return r.pitch >= r.width;
+  }
+  if (t.is_contiguous()) {
+    r = {1, static_cast<int64_t>(t.nbytes()), static_cast<int64_t>(t.nbytes())};
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool memory_overlaps(const TensorView& a, const TensorView& b) {
   if (a.empty() || b.empty() || a.device != b.device) return false;
-  const char *a0 = static_cast<const char*>(a.data), *b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  const auto [alo, ahi] = byte_span(a);
+  const auto [blo, bhi] = byte_span(b);
+  const intptr_t a0 = reinterpret_cast<intptr_t>(a.data), b0 = reinterpret_cast<intptr_t>(b.data);
+  if (!(a0 + alo < b0 + bhi && b0 + blo < a0 + ahi)) return false;  // their spans are apart
+  // Spans that meet may still be apart where both are rows (x and y as the two column halves of one
+  // buffer, a strided y whose rows fall between another's): each row of the view with fewer against
+  // the rows of the other that could reach it.
+  Rows ra, rb;
+  if (!as_rows(a, ra) || !as_rows(b, rb)) return true;  // in doubt, overlapping: the callers refuse
+  const bool a_fewer = ra.rows <= rb.rows;
+  const Rows& few = a_fewer ? ra : rb;
+  const Rows& many = a_fewer ? rb : ra;
+  const int64_t few0 = a_fewer ? a0 : b0, many0 = a_fewer ? b0 : a0;
+  if (few.rows > (int64_t{1} << 22)) return true;  // too many to look at: taken as overlapping
+  auto floor_div = [](int64_t n, int64_t d) { return n >= 0 ? n / d : -((-n + d - 1) / d); };
+  for (int64_t i = 0; i < few.rows; ++i) {
+    const int64_t lo = few0 + i * few.pitch - many0, hi = lo + few.width;  // bytes [lo, hi) from many's start
+    // many's rows j with [j·pitch, j·pitch + width) meeting [lo, hi): j·pitch < hi and j·pitch + width > lo
+    const int64_t j_last = std::min(many.rows - 1, floor_div(hi - 1, many.pitch));
+    const int64_t j_first = std::max<int64_t>(0, floor_div(lo - many.width, many.pitch) + 1);
+    if (j_first <= j_last) return true;
+  }
+  return false;
 }
 
 // The checks of what a caller gave: the message names the argument, so no source location.

@@ -81,3 +81,40 @@ TEST(TensorView, DefaultIsEmptyAsTensorsIs) {  // it was rank 0: one element at 
 
 }  // namespace
 }  // namespace twell
+
+namespace twell {
+namespace {
+
+// memory_overlaps reads the views' strides: rows of a strided view that land in another are found
+// (a span of shape × element size would miss them), rows between them and the two column halves of
+// one buffer are apart, and a negative stride reaches below its data pointer.
+TEST(MemoryOverlaps, FollowsStrides) {
+  Tensor buf(DType::f32, {8, 64});
+  float* base = buf.ptr<float>();
+  const TensorView first_rows(base, DType::f32, {2, 32});  // bytes [0, 256)
+  TensorView strided(base + 64 * 4, DType::f32, {2, 32});  // rows 4 and 6, 32 columns each
+  strided.strides = {128, 1};
+  const TensorView row5(base + 64 * 5, DType::f32, {64});
+  const TensorView row6(base + 64 * 6, DType::f32, {64});
+  EXPECT_FALSE(memory_overlaps(first_rows, strided));
+  EXPECT_FALSE(memory_overlaps(strided, row5)) << "row 5 lies between the strided view's two rows";
+  EXPECT_TRUE(memory_overlaps(strided, row6)) << "the strided view's second row is row 6";
+  TensorView left(base, DType::f32, {8, 32}), right(base + 32, DType::f32, {8, 32});
+  left.strides = right.strides = {64, 1};
+  EXPECT_FALSE(memory_overlaps(left, right)) << "two column halves of one buffer";
+  TensorView last_of_left(base + 64 * 7 + 31, DType::f32, {1, 1});
+  last_of_left.strides = {64, 1};
+  EXPECT_TRUE(memory_overlaps(left, last_of_left));
+  EXPECT_FALSE(memory_overlaps(right, last_of_left));
+  EXPECT_FALSE(memory_overlaps(right, TensorView(base + 64 * 7 + 31, DType::f32, {1})));
+  TensorView every_other(base, DType::f32, {256});  // not rows: taken as overlapping where the spans meet
+  every_other.strides = {2};
+  EXPECT_TRUE(memory_overlaps(every_other, TensorView(base + 1, DType::f32, {1})));
+  TensorView backwards(base + 64 * 7, DType::f32, {8, 64});  // rows 7 down to 0
+  backwards.strides = {-64, 1};
+  EXPECT_TRUE(memory_overlaps(backwards, first_rows)) << "a negative stride reaches below the data pointer";
+  EXPECT_FALSE(memory_overlaps(TensorView(), first_rows));
+}
+
+}  // namespace
+}  // namespace twell

@@ -155,6 +155,24 @@ TEST_F(CpuFfnErrors, OutputsOverlappingInputsAreRefused) {
   const Tensor wd_before = wd.clone();
   expect_error([&] { cpu::ffn_forward(p.x, w, y_over_wd, Precision::bf16); }, {"y's memory overlaps w.wd's"});
   EXPECT_TRUE(test::bit_equal(wd, wd_before));
+  // y's first row before wd, its later ones inside it (rows every 30 floats; wd at 20..54 of one buffer)
+  Tensor both(DType::f32, {70});
+  std::copy(p.wd.ptr<float>(), p.wd.ptr<float>() + I * H, both.ptr<float>() + 20);
+  const Tensor both_before = both.clone();
+  FfnWeights w_in_both = p.weights();
+  w_in_both.wd = TensorView(both.ptr<float>() + 20, DType::f32, {I, H});
+  TensorView y_rows_in_wd(both.ptr<float>(), DType::f32, {M, H});
+  y_rows_in_wd.strides = {30, 1};
+  expect_error([&] { cpu::ffn_forward(p.x, w_in_both, y_rows_in_wd, Precision::bf16); }, {"y's memory overlaps w.wd's"});
+  EXPECT_TRUE(test::bit_equal(both, both_before));
+  Tensor xy(DType::f32, {M, 2 * H});  // x and y as the two column halves of one buffer: apart, accepted
+  TensorView x_half(xy.ptr<float>(), DType::f32, {M, H}), y_half(xy.ptr<float>() + H, DType::f32, {M, H});
+  x_half.strides = y_half.strides = {2 * H, 1};
+  for (int64_t i = 0; i < M * H; ++i) xy.ptr<float>()[(i / H) * 2 * H + i % H] = p.x.ptr<float>()[i];
+  cpu::ffn_forward(x_half, p.weights(), y_half, Precision::bf16);
+  Tensor want(DType::f32, {M, H});
+  cpu::ffn_forward(p.x, p.weights(), want, Precision::bf16);
+  for (int64_t i = 0; i < M * H; ++i) EXPECT_EQ(y_half.ptr<float>()[(i / H) * 2 * H + i % H], want.ptr<float>()[i]);
   Tensor h(DType::f32, {M, I});
   TensorView y_in_h = h.view();
   y_in_h.shape = {M, H};
