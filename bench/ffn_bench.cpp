@@ -530,11 +530,17 @@ void write_records(const std::vector<BenchRecord>& records, const std::string& p
 
 void write_json_file(const std::string& path, const std::string& text) { io::detail::write_file_atomically(path, text); }
 
-void check_records_path(const std::string& path) {
+void check_records_path(const std::string& path, const std::vector<std::pair<std::string, std::string>>& inputs) {
   if (path.empty()) return;
   struct stat st;
   TWELL_REQUIRE(path.back() != '/' && !(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)), "--json ", path,
                 ": is a directory; name a file");
+  for (const auto& [input, what] : inputs) {
+    struct stat in;  // the same file by another name (a link, a relative path) too
+    TWELL_REQUIRE(input.empty() || ::stat(path.c_str(), &st) != 0 || ::stat(input.c_str(), &in) != 0 ||
+                      st.st_dev != in.st_dev || st.st_ino != in.st_ino,
+                  "--json ", path, " is ", what, " ", input, ": the results would overwrite it");
+  }
   try {
     io::detail::AtomicFile probe(path);  // creates the temporary next to `path`; removed, as it is never committed
   } catch (const Error& e) {

@@ -171,9 +171,11 @@ std::string records_to_json(const std::vector<BenchRecord>& records);
 void write_records(const std::vector<BenchRecord>& records, const std::string& path);
 // Writes `text` to `path` atomically (temporary file + rename): a reader never sees half a file.
 void write_json_file(const std::string& path, const std::string& text);
-// Throws unless a file can be created at `path` (its folder exists and is writable): run before a
-// benchmark, so that a bad --json path fails at once, not after minutes of measuring. Empty: no-op.
-void check_records_path(const std::string& path);
+// Throws unless a file can be created at `path` (its folder exists and is writable) and `path` is none
+// of the `inputs` (file, what it is: "the --from input"), by any name: run before a benchmark, so that
+// a bad --json path fails at once, not after minutes of measuring. Empty: no-op.
+void check_records_path(const std::string& path,
+                        const std::vector<std::pair<std::string, std::string>>& inputs = {});
 // --json: writes the records to `path` (nothing when empty) and says so on `out`: "wrote N records to
 // PATH", `which` inserted after "records".
 void save_records(const std::vector<BenchRecord>& records, const std::string& path, std::ostream& out,

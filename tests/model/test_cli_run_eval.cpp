@@ -158,7 +158,15 @@ TEST_F(CliModel, EvalPrintsPerplexity) {
   const std::string before = test::read_file(text);
   const CliResult self = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --json " + text, true);
   EXPECT_NE(self.status, 0);
-  EXPECT_NE(self.out.find("is the text file itself"), std::string::npos) << self.out;
+  EXPECT_NE(self.out.find("is the text file " + text + ": the results would overwrite it"), std::string::npos)
+      << self.out;
+  EXPECT_EQ(test::read_file(text), before);
+  // bench ffn's --json is not its --from input either, by any name (refused before the file is read)
+  const std::string other_name = path("./text.txt");
+  const CliResult from_self = run_cli("bench ffn --backend cpu --from " + text + " --json " + other_name, true);
+  EXPECT_EQ(WEXITSTATUS(from_self.status), 1) << from_self.out;
+  EXPECT_NE(from_self.out.find("--json " + other_name + " is the --from input " + text), std::string::npos)
+      << from_self.out;
   EXPECT_EQ(test::read_file(text), before);
   // --batch: windows a forward on the GPU; the CPU backend takes them one at a time, the same figures.
   const CliResult batched =

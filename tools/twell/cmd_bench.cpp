@@ -79,7 +79,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   for (const char* shape_option : {"-M", "-H", "-I", "-d", "--distribution", "--non-gated"})
     from->excludes(ffn->get_option(shape_option));
   ffn->callback([=] {
-    bench::check_records_path(*json_path);  // before a run of minutes, not after it
+    bench::check_records_path(*json_path, {{cfg->from_file, "the --from input"}});  // before a run of minutes, not after it
     cfg->command = command_line;
     cfg->gated = !*non_gated;
     cfg->timing = *timing == "host" ? bench::Timing::host : bench::Timing::gpu;
