@@ -297,6 +297,9 @@ TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
   const CliResult file = run_cli("run " + dir_ + "/model.safetensors --byte-tokenizer -p hi", true);
   EXPECT_NE(file.status, 0);
   EXPECT_NE(file.out.find("must be a model directory"), std::string::npos) << file.out;
+  // Output that cannot be written (a full disk) is an error, not a lost table.
+  EXPECT_EQ(WEXITSTATUS(run_cli("inspect " + dir_).status), 0);
+  EXPECT_EQ(WEXITSTATUS(run_cli("inspect " + dir_ + " >/dev/full").status), 1);
 }
 
 // Without --context, eval's windows are the model's context up to 8192 tokens (a window's logits

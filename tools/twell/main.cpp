@@ -1,7 +1,11 @@
 // twell: command-line tool. `twell --help` lists the subcommands.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -124,8 +128,17 @@ int main(int argc, char** argv) {
     if (at_most != std::string::npos) what = what.substr(0, at_most) + " is given more than once";
     std::fprintf(stderr, "%s: %s; see %s --help\n", path.c_str(), what.c_str(), path.c_str());
     return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "twell: error: out of host memory (std::bad_alloc)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "twell: error: %s\n", e.what());
+    return 1;
+  }
+  // What was printed reached its file: a full disk or a closed pipe is an error, not a lost table.
+  std::cout.flush();
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
+    std::fprintf(stderr, "twell: error: writing the standard output failed: %s\n", std::strerror(errno ? errno : EIO));
     return 1;
   }
   return 0;
