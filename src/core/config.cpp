@@ -324,6 +324,15 @@ ModelConfig read_config(const std::string& path) {
   return c;
 }
 
+void check_model_directory(const std::string& path) {
+  TWELL_REQUIRE(!path.empty(), "expected a model directory, got an empty path");
+  if (detail::is_directory(path)) return;
+  struct stat st;
+  TWELL_REQUIRE(::stat(path.c_str(), &st) != 0, "must be a model directory (config.json, safetensors, tokenizer.json), "
+                "got the file ", path);
+  throw Error(str("no such directory: ", path));
+}
+
 std::string config_file(const std::string& path) {
   if (!detail::is_directory(path)) return path;
   return path + (!path.empty() && path.back() == '/' ? "config.json" : "/config.json");

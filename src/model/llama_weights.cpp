@@ -293,6 +293,7 @@ LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfi
 }
 
 LlamaWeights LlamaWeights::load_dir(const std::string& dir, const LlamaLoadOptions& options) {
+  io::check_model_directory(dir);
   const io::ModelConfig config = io::read_config(dir);
   return load_weights(io::Checkpoint::open(dir), config, options, io::config_file(dir));
 }

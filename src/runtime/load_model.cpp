@@ -102,6 +102,7 @@ bool gpu_chosen(DeviceChoice choice, std::string* why, const std::string& cuda_c
 }
 
 std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoadOptions& o) {
+  io::check_model_directory(dir);
   const auto t0 = std::chrono::steady_clock::now();
   TWELL_REQUIRE(o.context >= 0, "the context must be at least 0 (0: the config's), got ", o.context);
   TWELL_REQUIRE(o.max_batch >= 1 && o.max_batch <= 65535, "max_batch must lie in [1, 65535], got ", o.max_batch);

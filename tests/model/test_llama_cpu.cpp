@@ -29,6 +29,7 @@
 #include "twell/io/safetensors.h"
 #include "twell/model/llama.h"
 #include "twell/model/load.h"
+#include "twell/model/load.h"
 
 namespace twell::model {
 namespace {
@@ -260,6 +261,13 @@ TEST_F(LlamaCpuTest, SaveDirWritesWhatLoadDirReads) {
   const LlamaWeights w = LlamaWeights::load_dir(dir_);
   std::ofstream(path("a_file")) << "x";
   expect_error([&] { w.save_dir(path("a_file") + "/model"); }, {"cannot create the directory"});
+  // load_dir and load_model take the directory: a file in it, nothing, or an empty path is named as such
+  for (const std::string& file : {path("config.json"), path("model.safetensors")}) {
+    expect_error([&] { LlamaWeights::load_dir(file); }, {"must be a model directory", "got the file " + file});
+    expect_error([&] { load_model(file); }, {"must be a model directory", "got the file " + file});
+  }
+  expect_error([&] { LlamaWeights::load_dir(path("none")); }, {"no such directory: " + path("none")});
+  expect_error([&] { load_model(""); }, {"expected a model directory, got an empty path"});
 }
 
 // A model wide enough that parallel_for really splits the projections, the LM head and the FFN

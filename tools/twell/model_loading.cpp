@@ -9,10 +9,12 @@ void ModelArgs::add_to(CLI::App* cmd) {
       ->required()
       ->check(CLI::Validator(
           [](std::string& path) -> std::string {
-            if (CLI::ExistingDirectory(path).empty()) return {};
-            return CLI::ExistingFile(path).empty()
-                       ? "must be a model directory (config.json, safetensors, tokenizer.json), got the file " + path
-                       : "no such directory: " + path;
+            try {
+              io::check_model_directory(path);
+              return {};
+            } catch (const Error& e) {
+              return e.what();
+            }
           },
           "DIR"));
   cmd->add_flag("--byte-tokenizer", byte_tokenizer,

@@ -97,6 +97,9 @@ std::string config_file(const std::string& path);
 // `path` is a config.json or a directory that holds one (and then also generation_config.json,
 // whose eos_token_id is added to eos_token_ids).
 ModelConfig read_config(const std::string& path);
+// Throws unless `path` is a directory (a model's: config.json, safetensors, perhaps tokenizer.json),
+// saying what it is instead: empty, a file, or nothing.
+void check_model_directory(const std::string& path);
 // Validates, then writes `path` (a file, or a directory to hold config.json) atomically.
 void write_config(const std::string& path, const ModelConfig& config);
 
