@@ -43,7 +43,7 @@ static double expected_nnz(const std::vector<double>& p) {
   double heated = 0;
   for (double v : p) {
     if (v <= 0) continue;
-    const double z = v >= 1 ? -40.0 : normal_quantile(1.0 - v);
+    const double z = v >= 1 ? -40.0 : -normal_quantile(v);  // Φ⁻¹(1 − v), without 1 − v rounding to 1
     for (int i = 0; i < kPoints; ++i) {
       const double heat = kHeatMin + (kHeatMax - kHeatMin) * (i + 0.5) / kPoints;
       heated += 0.5 * std::erfc(-(heat - z) / std::sqrt(2.0)) / kPoints;
@@ -176,7 +176,7 @@ SyntheticFfn make_synthetic_ffn(const SyntheticSpec& s) {
     const double sigma = std::sqrt(norm2);
     const double p = f.fire_prob[j];
     // Probability 0 or 1: a threshold 40σ away is never crossed by a normal pre-activation.
-    const double z = p <= 0 ? 40.0 : p >= 1 ? -40.0 : normal_quantile(1.0 - p);
+    const double z = p <= 0 ? 40.0 : p >= 1 ? -40.0 : -normal_quantile(p);  // Φ⁻¹(1 − p)
     pg[j * s.H + 0] = bf16(static_cast<float>(-sigma * z));
     pg[j * s.H + 1] = bf16(static_cast<float>(sigma));
   }

@@ -53,6 +53,33 @@ TEST(BenchFfn, SyntheticCasesAreCheckedAndTimed) {
   EXPECT_NE(bench::records_to_json(records).find("\"compression\": 8"), std::string::npos);
 }
 
+// A synthetic case whose activations miss the density asked says so (at a small -H the gate's few
+// columns have no normal tail); one that holds it says nothing; a density too small for 1 − d to
+// differ from 1 runs (no non-zeros) instead of failing in the middle of the run.
+TEST(BenchFfn, SyntheticDensityMissedIsNoted) {
+  bench::FfnBenchConfig cfg = small_config();
+  cfg.tokens = {64};
+  cfg.I = 5632;
+  cfg.densities = {0.005};
+  cfg.distributions = {bench::Distribution::uniform};
+  cfg.iters = 1;
+  for (const int64_t H : {8, 64}) {
+    cfg.H = H;
+    std::ostringstream progress;
+    bench::run_ffn_bench(cfg, progress);
+    EXPECT_EQ(progress.str().find("non-zeros a token, not the 28.2 asked") != std::string::npos, H == 8)
+        << progress.str();
+  }
+  cfg.H = 64;
+  cfg.densities = {1e-17};
+  cfg.distributions = {bench::Distribution::uniform, bench::Distribution::skewed};
+  std::ostringstream progress;
+  for (const bench::BenchRecord& r : bench::run_ffn_bench(cfg, progress)) {
+    EXPECT_TRUE(r.correct) << r.impl;
+    EXPECT_EQ(r.nnz_per_token_mean, 0) << r.impl;
+  }
+}
+
 TEST(BenchFfn, FromFileRunsTheGivenTensors) {
   const bench::SyntheticFfn f = bench::make_synthetic_ffn({17, 64, 256, 0.05, bench::Distribution::skewed, true, 3});
   const std::string path = testing::TempDir() + "/twell_bench_from.safetensors";
