@@ -94,18 +94,24 @@ std::string format_gb(double bytes) {
 
 // At least what a problem's tensors take on the host (the sampled rows are small beside these): x
 // [M, H] and the weights [I, H] in bf16, and where the backend keeps them there (the CPU's) one
-// [M, I] activation in bf16. Checked against what the machine has free before the first case, so
-// that a mistyped size fails at once with its numbers, not by the out-of-memory killer minutes
-// later. `what` names the sizes.
+// [M, I] activation in bf16 and, once the tile is known (> 0), its TwELL packing: tile / compression
+// 32-bit slots and a count a row and tile (a tile wider than I still holds all its slots). Checked
+// against what the machine has free before the first case, so that a mistyped size fails at once
+// with its numbers, not by the out-of-memory killer minutes later. `what` names the sizes.
 void check_host_memory(const std::vector<int64_t>& tokens, int64_t H, int64_t I, bool gated, bool activations,
-                       const std::string& what) {
+                       const std::string& what, int64_t tile, int64_t compression) {
   const double available = available_host_bytes();
   if (available <= 0) return;  // unknown here
   for (int64_t M : tokens) {
     const double m = static_cast<double>(M), h = static_cast<double>(H), i = static_cast<double>(I);
-    const double need = 2 * (m * h + (gated ? 3 : 2) * i * h + (activations ? m * i : 0));
-    TWELL_REQUIRE(need <= available, "M = ", M, ", H = ", H, ", I = ", I, " (", what, ") needs at least ",
-                  format_gb(need), " of host memory; ", format_gb(available), " is available");
+    const double tiles = tile > 0 ? std::ceil(i / static_cast<double>(tile)) : 0;
+    const double packed = tile > 0 ? 4 * m * tiles * (static_cast<double>(tile / compression) + 1) : 0;
+    const double need = 2 * (m * h + (gated ? 3 : 2) * i * h) + (activations ? 2 * m * i + packed : 0);
+    const bool by_tile = activations && packed > 2 * m * i;  // the packing, not the sizes, is what is large
+    TWELL_REQUIRE(need <= available, "M = ", M, ", H = ", H, ", I = ", I, " (", what,
+                  by_tile ? str("; --tile ", tile, " --compression ", compression, " packs ",
+                                static_cast<int64_t>(tiles) * (tile / compression), " slots a token") : "",
+                  ") needs at least ", format_gb(need), " of host memory; ", format_gb(available), " is available");
   }
 }
 
@@ -137,7 +143,7 @@ FfnProblem load_problem(const std::string& path, bool activations_on_host) {
     TWELL_REQUIRE(ws[0] == I, path, ": up is ", shape_str(us), " but ", name, " is ", shape_str(ws),
                   ": the weights' I differ");
   }
-  check_host_memory({M}, H, I, gated, activations_on_host, "from " + path);
+  check_host_memory({M}, H, I, gated, activations_on_host, "from " + path, 0, 1);
   for (const char* name : {"x", "gate", "up", "down"})
     if (f.has(name)) f.check_finite(name);  // a NaN would fail every correctness check anyway: say why
   FfnProblem p;  // read_as refuses a finite value that bf16, the dtype the benchmark runs in, cannot hold
@@ -218,9 +224,19 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
                 "backend");
   TWELL_REQUIRE(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
               "--from takes M, H, I and the density from the file; drop -M and -d");
+  auto choose_tile = [&](int64_t I) {
+    if (cfg.tile != 0) return;
+    cfg.tile = default_ffn_tile(I, cfg.compression, cfg.train);
+    TWELL_REQUIRE(cfg.tile % cfg.compression == 0, "--compression must divide the tile width (", cfg.tile,
+                  ", the default here: give --tile), got ", cfg.compression);
+  };
   // The memory first: the reach check draws I-sized rates, minutes at a mistyped -I.
-  if (!from_file) check_host_memory(tokens, cfg.H, cfg.I, cfg.gated, backend->activations_on_host(), "-M, -H, -I");
-  if (!from_file) check_densities_reachable(cfg, densities, distributions);
+  if (!from_file) {
+    choose_tile(cfg.I);
+    check_host_memory(tokens, cfg.H, cfg.I, cfg.gated, backend->activations_on_host(), "-M, -H, -I", cfg.tile,
+                      cfg.compression);
+    check_densities_reachable(cfg, densities, distributions);
+  }
   if (cfg.energy) {
     std::string why;
     TWELL_REQUIRE(backend->energy_available(&why), "--energy: ", why);
@@ -229,11 +245,12 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
   }
 
   std::optional<FfnProblem> given;  // --from's tensors, read and checked before anything is said
-  if (from_file) given = load_problem(cfg.from_file, backend->activations_on_host());
-  if (cfg.tile == 0) {
-    cfg.tile = default_ffn_tile(from_file ? given->ffn.spec.I : cfg.I, cfg.compression, cfg.train);
-    TWELL_REQUIRE(cfg.tile % cfg.compression == 0, "--compression must divide the tile width (", cfg.tile,
-                  ", the default here: give --tile), got ", cfg.compression);
+  if (from_file) {
+    given = load_problem(cfg.from_file, backend->activations_on_host());
+    const SyntheticSpec& g = given->ffn.spec;
+    choose_tile(g.I);
+    check_host_memory({g.M}, g.H, g.I, g.gated, backend->activations_on_host(), "from " + cfg.from_file, cfg.tile,
+                      cfg.compression);
   }
   progress << backend_notes.str();
 
