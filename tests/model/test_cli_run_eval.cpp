@@ -359,6 +359,10 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"run . -p hi -n 0x10", "twell run: --max-tokens: must be an integer, got 0x10"},
       {"run . -p hi -n 99999999999999999999", "--max-tokens: must be an integer that fits in 64 bits"},
       {"inspect ''", "twell: error: expected a checkpoint path, got an empty one"},
+      // An empty number is not 0 (a 0% density case, greedy sampling).
+      {"bench ffn --backend cpu -M 4 -d ''", "twell bench ffn: -d has an empty value; give a number"},
+      {"bench ffn --backend cpu -M 4 --tile ''", "twell bench ffn: --tile has an empty value; give a number"},
+      {"run . -p hi --temperature ''", "twell run: --temperature has an empty value; give a number"},
       {"eval . no-such-file.txt", "twell eval: file: no such file: no-such-file.txt; see twell eval --help"},
       {"eval . /", "twell eval: file: expected a file, got the directory /; see twell eval --help"},
       // The CPU backend's banner comes only once the options are good: an error is said alone.

@@ -105,6 +105,22 @@ int main(int argc, char** argv) {
         return 1;
       }
   }
+  // CLI11 reads an empty value of a number option (`-d ""`) as 0: refused instead.
+  for (int i = 1; i + 1 < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    if (argv[i + 1][0] != '\0' || arg.size() < 2 || arg[0] != '-') continue;
+    for (const CLI::Option* o : level->get_options()) {
+      const std::string type = o->get_type_name();
+      const bool number = type.find("INT") != std::string::npos || type.find("FLOAT") != std::string::npos;
+      const bool named = arg.compare(0, 2, "--") == 0 ? o->check_lname(arg.substr(2)) : o->check_sname(arg.substr(1));
+      if (named && number && o->get_expected_min() > 0) {
+        std::fprintf(stderr, "%s: %s has an empty value; give a number; see %s --help\n", path.c_str(), arg.c_str(),
+                     path.c_str());
+        return 1;
+      }
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
