@@ -47,7 +47,7 @@ void print_model_table(const std::vector<BenchRecord>& records, std::ostream& ou
 #if !defined(TWELL_WITH_CUDA)
 
 std::vector<BenchRecord> run_model_bench(const ModelBenchConfig&, std::ostream&) {
-  TWELL_FAIL("twell bench model needs the CUDA backend: this build has none (configure with -DTWELL_CUDA=ON)");
+  throw Error("twell bench model needs the CUDA backend: this build has none (configure with -DTWELL_CUDA=ON)");
 }
 
 #else

@@ -25,7 +25,7 @@ std::string where(const char* op, const char* name) {
 void check_matrix(const char* op, const char* name, const TensorView& t, const Shape& expected,
                   std::initializer_list<DType> allowed, bool host) {
   const std::string n = where(op, name);
-  TWELL_CHECK(!t.empty(), n, ": missing (null data), expected a tensor of shape ",
+  TWELL_REQUIRE(!t.empty(), n, ": missing (null data), expected a tensor of shape ",
               shape_str(expected));
   check_shape(t, expected, n.c_str());
   check_dtype(t, allowed, n.c_str());
@@ -35,16 +35,16 @@ void check_matrix(const char* op, const char* name, const TensorView& t, const S
 }  // namespace
 
 FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& w, bool host) {
-  TWELL_CHECK(!x.empty(), op, ": x: missing (null data), expected a tensor [M, H]");
-  TWELL_CHECK(x.rank() == 2, op, ": x: expected a 2-d tensor [M, H], got shape ",
+  TWELL_REQUIRE(!x.empty(), op, ": x: missing (null data), expected a tensor [M, H]");
+  TWELL_REQUIRE(x.rank() == 2, op, ": x: expected a 2-d tensor [M, H], got shape ",
               shape_str(x.shape));
-  TWELL_CHECK(!w.wu.empty(), op, ": w.wu: missing (null data), expected a tensor [I, H]");
-  TWELL_CHECK(w.wu.rank() == 2, op, ": w.wu: expected a 2-d tensor [I, H], got shape ",
+  TWELL_REQUIRE(!w.wu.empty(), op, ": w.wu: missing (null data), expected a tensor [I, H]");
+  TWELL_REQUIRE(w.wu.rank() == 2, op, ": w.wu: expected a 2-d tensor [I, H], got shape ",
               shape_str(w.wu.shape));
   const int64_t M = x.shape[0], H = x.shape[1], I = w.wu.shape[0];
-  TWELL_CHECK(M >= 0, op, ": x: expected M >= 0 tokens, got shape ", shape_str(x.shape));
-  TWELL_CHECK(H >= 1, op, ": x: expected H >= 1, got shape ", shape_str(x.shape));
-  TWELL_CHECK(I >= 1, op, ": w.wu: expected I >= 1, got shape ", shape_str(w.wu.shape));
+  TWELL_REQUIRE(M >= 0, op, ": x: expected M >= 0 tokens, got shape ", shape_str(x.shape));
+  TWELL_REQUIRE(H >= 1, op, ": x: expected H >= 1, got shape ", shape_str(x.shape));
+  TWELL_REQUIRE(I >= 1, op, ": w.wu: expected I >= 1, got shape ", shape_str(w.wu.shape));
   check_matrix(op, "x", x, {M, H}, kFloatTypes, host);
   check_matrix(op, "w.wu", w.wu, {I, H}, kFloatTypes, host);
   check_matrix(op, "w.wd", w.wd, {I, H}, {w.wu.dtype}, host);
@@ -72,7 +72,7 @@ void check_written_disjoint(const char* op, const TensorView* const* views, cons
                             int n, const char* why) {
   for (int g = 0; g < n_written; ++g)
     for (int o = 0; o < n; ++o)
-      TWELL_CHECK(o == g || !memory_overlaps(*views[g], *views[o]), op, ": ", names[g], "'s memory overlaps ", names[o],
+      TWELL_REQUIRE(o == g || !memory_overlaps(*views[g], *views[o]), op, ": ", names[g], "'s memory overlaps ", names[o],
                   "'s (", why, ")");
 }
 

@@ -130,15 +130,15 @@ struct FfnForward::Impl {
     }
   };
   static Plan plan(const FfnShape& s, const FfnOptions& o, int sm_count) {
-    TWELL_CHECK(s.max_tokens >= 1 && s.hidden >= 1 && s.ffn >= 1, "FfnForward: sizes must be positive, got M=",
+    TWELL_REQUIRE(s.max_tokens >= 1 && s.hidden >= 1 && s.ffn >= 1, "FfnForward: sizes must be positive, got M=",
                 s.max_tokens, " H=", s.hidden, " I=", s.ffn);
-    TWELL_CHECK(s.hidden % 64 == 0 && s.ffn % 64 == 0, "FfnForward: H and I must be multiples of 64, got H=",
+    TWELL_REQUIRE(s.hidden % 64 == 0 && s.ffn % 64 == 0, "FfnForward: H and I must be multiples of 64, got H=",
                 s.hidden, " I=", s.ffn);
-    TWELL_CHECK(o.precision != Precision::f64, "FfnForward: Precision::f64 is CPU-only");
+    TWELL_REQUIRE(o.precision != Precision::f64, "FfnForward: Precision::f64 is CPU-only");
     const int64_t w = o.dw_slice_columns;
-    TWELL_CHECK(w == 0 || (w > 0 && w % 8 == 0 && s.hidden % w == 0), "FfnForward: dw_slice_columns = ", w,
+    TWELL_REQUIRE(w == 0 || (w > 0 && w % 8 == 0 && s.hidden % w == 0), "FfnForward: dw_slice_columns = ", w,
                 " must be 0 or a multiple of 8 dividing H = ", s.hidden);
-    TWELL_CHECK(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
+    TWELL_REQUIRE(o.dispatch_slots >= 1, "FfnForward: dispatch_slots must be >= 1, got ", o.dispatch_slots);
     checked_lt_workspace(o);
     Plan p;
     const size_t act_bytes = checked_nbytes(DType::bf16, {s.max_tokens, s.ffn});
@@ -196,12 +196,12 @@ struct FfnForward::Impl {
     l2_bytes = info.l2_bytes;
     const Plan p = plan(s, o, sm_count);
     if (workspace) {
-      TWELL_CHECK(reinterpret_cast<uintptr_t>(workspace) % DeviceArena::kAlign == 0, "FfnForward: the workspace must be ",
+      TWELL_REQUIRE(reinterpret_cast<uintptr_t>(workspace) % DeviceArena::kAlign == 0, "FfnForward: the workspace must be ",
                   DeviceArena::kAlign, "-byte aligned");
-      TWELL_CHECK(workspace_size >= p.total(), "FfnForward: the workspace holds ", workspace_size, " bytes, this shape "
+      TWELL_REQUIRE(workspace_size >= p.total(), "FfnForward: the workspace holds ", workspace_size, " bytes, this shape "
                   "and these options need ", p.total(), " (FfnForward::required_workspace_bytes)");
       const auto lt = reinterpret_cast<uintptr_t>(o.cublaslt_workspace), ws = reinterpret_cast<uintptr_t>(workspace);
-      TWELL_CHECK(!lt || lt + o.cublaslt_workspace_bytes <= ws || ws + p.total() <= lt,
+      TWELL_REQUIRE(!lt || lt + o.cublaslt_workspace_bytes <= ws || ws + p.total() <= lt,
                   "FfnForward: cublaslt_workspace overlaps the forward's workspace");
     }
     // Nothing is written to the workspace here: each call sets what it reads first, on its stream.
@@ -254,12 +254,12 @@ struct FfnForward::Impl {
   void check_args(const TensorView& x, const FfnWeights& w, const TensorView& y) const {
     const int64_t H = shape.hidden, I = shape.ffn;
     auto check = [](const TensorView& t, const Shape& s, const char* name) { check_operand(t, DType::bf16, s, name); };
-    TWELL_CHECK(x.rank() == 2, "FfnForward: x must be [M, H], got shape ", shape_str(x.shape));
+    TWELL_REQUIRE(x.rank() == 2, "FfnForward: x must be [M, H], got shape ", shape_str(x.shape));
     const int64_t M = x.shape[0];
-    TWELL_CHECK(M <= shape.max_tokens, "FfnForward: x has ", M, " tokens, the workspace holds ", shape.max_tokens);
+    TWELL_REQUIRE(M <= shape.max_tokens, "FfnForward: x has ", M, " tokens, the workspace holds ", shape.max_tokens);
     check(x, {M, H}, "FfnForward: x");
     check(y, {M, H}, "FfnForward: y");
-    TWELL_CHECK(w.gated() == shape.gated, "FfnForward: built for a ", shape.gated ? "gated" : "non-gated",
+    TWELL_REQUIRE(w.gated() == shape.gated, "FfnForward: built for a ", shape.gated ? "gated" : "non-gated",
                 " FFN but weights are ", w.gated() ? "gated" : "non-gated");
     if (shape.gated) check(w.wg, {I, H}, "FfnForward: wg");
     check(w.wu, {I, H}, "FfnForward: wu");
@@ -274,7 +274,7 @@ struct FfnForward::Impl {
     TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
     if (status == cudaStreamCaptureStatusNone) return;
     const bool fixed = options.dispatch == Dispatch::always_sparse || options.dispatch == Dispatch::always_dense;
-    TWELL_CHECK(fixed && !options.count_nonzeros,
+    TWELL_REQUIRE(fixed && !options.count_nonzeros,
                 "FfnForward: inside CUDA graph capture the density cannot be read back on the host; use "
                 "dispatch always_sparse or always_dense with count_nonzeros = false");
   }
@@ -452,18 +452,18 @@ struct FfnForward::Impl {
                 cudaStream_t stream) {
     check_args(x, w, dy);  // dy has y's shape and dtype
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
-    TWELL_CHECK(shape.gated, "FfnForward::backward: only the gated FFN has a GPU backward so far");
-    TWELL_CHECK(options.precision == Precision::bf16, "FfnForward::backward: only Precision::bf16 so far");
+    TWELL_REQUIRE(shape.gated, "FfnForward::backward: only the gated FFN has a GPU backward so far");
+    TWELL_REQUIRE(options.precision == Precision::bf16, "FfnForward::backward: only Precision::bf16 so far");
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    TWELL_CHECK(capture == cudaStreamCaptureStatusNone,
+    TWELL_REQUIRE(capture == cudaStreamCaptureStatusNone,
                 "FfnForward::backward: cannot be captured in a CUDA graph yet (it reads the forward's non-zero count "
                 "back to size the transpose)");
-    TWELL_CHECK(stats.tokens == M && (M == 0 || saved.ready),
+    TWELL_REQUIRE(stats.tokens == M && (M == 0 || saved.ready),
                 "FfnForward::backward: needs the state of a forward() of the same tokens; the last call had ",
                 stats.tokens, " tokens on the ", to_string(stats.path),
                 " path (for training set FfnOptions::training)");
-    TWELL_CHECK(M == 0 || (x.data == saved.x && w.wg.data == saved.wg && w.wu.data == saved.wu && w.wd.data == saved.wd),
+    TWELL_REQUIRE(M == 0 || (x.data == saved.x && w.wg.data == saved.wg && w.wu.data == saved.wu && w.wd.data == saved.wd),
                 "FfnForward::backward: x and the weights must be those of the last forward() (its saved state "
                 "belongs to them)");
     auto check_grad = [](const TensorView& t, const Shape& s, const char* name) {
@@ -474,7 +474,7 @@ struct FfnForward::Impl {
     check_grad(grads.dwu, {I, H}, "FfnForward::backward: grads.dwu");
     check_grad(grads.dwd, {I, H}, "FfnForward::backward: grads.dwd");
     check_ffn_grads_disjoint("FfnForward::backward", x, w, dy, grads);
-    TWELL_CHECK(std::isfinite(l1_coeff) && l1_coeff >= 0,
+    TWELL_REQUIRE(std::isfinite(l1_coeff) && l1_coeff >= 0,
                 "FfnForward::backward: l1_coeff: expected a finite value >= 0, got ", l1_coeff);
     const bool need_dw = !grads.dwg.empty() || !grads.dwu.empty() || !grads.dwd.empty();
     if (M == 0) {  // no tokens: the weight gradients are zero
@@ -483,7 +483,7 @@ struct FfnForward::Impl {
       return;
     }
     if (stats.path == FfnPath::dense) return dense_backward(x, w, dy, static_cast<float>(l1_coeff), grads, stream);
-    TWELL_CHECK(!need_dw || options.count_nonzeros,
+    TWELL_REQUIRE(!need_dw || options.count_nonzeros,
                 "FfnForward::backward: weight gradients need the forward's non-zero count (count_nonzeros = true)");
     const size_t u_bytes = static_cast<size_t>(twell_u_size(act.view())) * 2;
     grow(bwd.dg_vals, u_bytes);
@@ -609,20 +609,20 @@ struct FfnForward::Impl {
       check_operand(then->residual, DType::f32, {M, H}, "FfnForward: then.residual");
       check_operand(then->weight, DType::bf16, {H}, "FfnForward: then.weight");
       check_operand(then->normed, DType::bf16, {M, H}, "FfnForward: then.normed");
-      TWELL_CHECK(H % 8 == 0 && H <= kMaxNormWidth, "FfnForward: the residual RMSNorm takes H a multiple of 8 up to ",
+      TWELL_REQUIRE(H % 8 == 0 && H <= kMaxNormWidth, "FfnForward: the residual RMSNorm takes H a multiple of 8 up to ",
                   kMaxNormWidth, ", got ", H);
-      TWELL_CHECK(std::isfinite(then->eps) && then->eps >= 0.f, "FfnForward: then.eps ", then->eps,
+      TWELL_REQUIRE(std::isfinite(then->eps) && then->eps >= 0.f, "FfnForward: then.eps ", then->eps,
                   " must be finite and >= 0");
-      TWELL_CHECK(!memory_overlaps(then->normed, y) && !memory_overlaps(then->residual, y) &&
+      TWELL_REQUIRE(!memory_overlaps(then->normed, y) && !memory_overlaps(then->residual, y) &&
                       !memory_overlaps(then->normed, then->residual) && !memory_overlaps(then->residual, x),
                   "FfnForward: then.normed, then.residual and y must not overlap, nor then.residual x");
-      TWELL_CHECK(then->normed.data == x.data || !memory_overlaps(then->normed, x),
+      TWELL_REQUIRE(then->normed.data == x.data || !memory_overlaps(then->normed, x),
                   "FfnForward: then.normed must be x or not overlap it");
-      TWELL_CHECK(!options.training || !memory_overlaps(then->normed, x),
+      TWELL_REQUIRE(!options.training || !memory_overlaps(then->normed, x),
                   "FfnForward: with FfnOptions::training, then.normed must not be x: backward() reads x again");
       if (then->before.data) {
         check_operand(then->before, DType::bf16, {M, H}, "FfnForward: then.before");
-        TWELL_CHECK(!memory_overlaps(then->before, then->residual) && !memory_overlaps(then->before, then->normed) &&
+        TWELL_REQUIRE(!memory_overlaps(then->before, then->residual) && !memory_overlaps(then->before, then->normed) &&
                         !memory_overlaps(then->before, y),
                     "FfnForward: then.before must not overlap then.residual, then.normed or y");
       }
@@ -654,7 +654,7 @@ struct FfnForward::Impl {
   // into the residual and normalises, and returns true (as it does for no tokens).
   bool compute(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream, int64_t slot,
                const ResidualNormOut& then) {
-    TWELL_CHECK(slot >= 0 && slot < options.dispatch_slots, "FfnForward::forward: dispatch slot ", slot,
+    TWELL_REQUIRE(slot >= 0 && slot < options.dispatch_slots, "FfnForward::forward: dispatch slot ", slot,
                 " out of range [0, ", options.dispatch_slots, ") (FfnOptions::dispatch_slots)");
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
     const auto* xp = static_cast<const uint16_t*>(x.data);
@@ -665,7 +665,7 @@ struct FfnForward::Impl {
     const bool one_token = M == 1 && !decode.empty();
     // A non-gated FFN's multi-token kernels take h from the packed bf16 activation; only the
     // one-token kernel keeps relu(x·Wu) in fp32.
-    TWELL_CHECK(shape.gated || options.precision != Precision::h_fp32 || M == 0 || one_token,
+    TWELL_REQUIRE(shape.gated || options.precision != Precision::h_fp32 || M == 0 || one_token,
                 "FfnForward: Precision::h_fp32 for a non-gated FFN exists only for one-token calls on the one-token "
                 "kernel (FfnOptions::one_token_kernel, gather_max_tokens >= 1, not training, a shape it takes); got M = ",
                 M,
@@ -673,7 +673,7 @@ struct FfnForward::Impl {
     // A shape the sparse kernels cannot take: refused here where the call must be sparse (dispatch
     // runs it dense below), before the object's state or the stream is touched.
     const bool sparse_ok = sparse_supported(M);
-    TWELL_CHECK(M == 0 || sparse_ok ||
+    TWELL_REQUIRE(M == 0 || sparse_ok ||
                     (options.dispatch != Dispatch::always_sparse && options.precision != Precision::h_fp32),
                 "FfnForward: ", options.precision == Precision::h_fp32 ? "Precision::h_fp32" : "Dispatch::always_sparse",
                 " needs a sparse path, but ", sparse_problem(M));
@@ -763,7 +763,7 @@ FfnForward::FfnForward(const FfnShape& shape, const FfnOptions& options)
     : impl_(std::make_unique<Impl>(shape, options)) {}
 FfnForward::FfnForward(const FfnShape& shape, const FfnOptions& options, void* workspace, size_t workspace_bytes)
     : impl_([&] {
-        TWELL_CHECK(workspace, "FfnForward: the workspace is null (the constructor without one allocates its own)");
+        TWELL_REQUIRE(workspace, "FfnForward: the workspace is null (the constructor without one allocates its own)");
         return std::make_unique<Impl>(shape, options, workspace, workspace_bytes);
       }()) {}
 
@@ -787,7 +787,7 @@ void FfnForward::backward(const TensorView& x, const FfnWeights& w, const Tensor
 FfnPath FfnForward::last_path() const { return impl_->stats.path; }
 
 double FfnForward::observed_density(int64_t dispatch_slot) {
-  TWELL_CHECK(dispatch_slot >= 0 && dispatch_slot < impl_->options.dispatch_slots, "FfnForward::observed_density: slot ",
+  TWELL_REQUIRE(dispatch_slot >= 0 && dispatch_slot < impl_->options.dispatch_slots, "FfnForward::observed_density: slot ",
               dispatch_slot, " outside [0, ", impl_->options.dispatch_slots, ")");
   impl_->collect_sample(dispatch_slot, true);
   return impl_->slots[static_cast<size_t>(dispatch_slot)].previous_density;
@@ -804,7 +804,7 @@ FfnStats FfnForward::last_stats() const {
 
 TwellMatrix FfnForward::download_activation(cudaStream_t stream) const {
   impl_->collect_counts(true);
-  TWELL_CHECK(impl_->stats.path == FfnPath::sparse, "FfnForward: the last call took the ",
+  TWELL_REQUIRE(impl_->stats.path == FfnPath::sparse, "FfnForward: the last call took the ",
               to_string(impl_->stats.path), " path and packed nothing");
   TwellMatrix m = impl_->act.download(stream);
   const TwellLayout l{impl_->stats.tokens, impl_->shape.ffn, impl_->options.tile, impl_->options.compression};

@@ -41,12 +41,12 @@ void upload_rows(DeviceTensor& dst, std::initializer_list<const TensorView*> par
   for (const TensorView* p : parts) {
     const bool fits = !p->empty() && static_cast<size_t>(p->rank()) == want.size() &&
                       (want.size() == 1 || p->shape[1] == want[1]);
-    TWELL_CHECK(fits,
+    TWELL_REQUIRE(fits,
                 "LlamaCudaWeights: ", what, ": a part of shape ", shape_str(p->shape), " does not fit ",
                 shape_str(want), p->empty() ? " (missing)" : "");
     rows += p->shape[0];
   }
-  TWELL_CHECK(rows == want[0], "LlamaCudaWeights: ", what, ": its parts hold ", rows, " rows, the config's shape is ",
+  TWELL_REQUIRE(rows == want[0], "LlamaCudaWeights: ", what, ": its parts hold ", rows, " rows, the config's shape is ",
               shape_str(want));
   size_t offset = 0;
   for (const TensorView* p : parts) {
@@ -256,13 +256,13 @@ struct LlamaCuda::Impl {
   // The options with their defaults filled in (max_context, max_tokens), checked against the config.
   static LlamaCudaOptions resolve(const io::ModelConfig& c, LlamaCudaOptions o) {
     std::string why;
-    TWELL_CHECK(LlamaCuda::supports(c, &why), "LlamaCuda: this runtime does not take ", why);
+    TWELL_REQUIRE(LlamaCuda::supports(c, &why), "LlamaCuda: this runtime does not take ", why);
     if (o.max_context == 0) o.max_context = c.max_position_embeddings;
-    TWELL_CHECK(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
+    TWELL_REQUIRE(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
                 o.max_context, " must lie in [1, max_position_embeddings = ", c.max_position_embeddings, "]");
-    TWELL_CHECK(o.max_batch >= 1 && o.max_batch <= 65535, "LlamaCuda: max_batch must lie in [1, 65535] (the kernels' "
+    TWELL_REQUIRE(o.max_batch >= 1 && o.max_batch <= 65535, "LlamaCuda: max_batch must lie in [1, 65535] (the kernels' "
                 "grid), got ", o.max_batch);
-    TWELL_CHECK(o.decode_attention_splits >= 0 && o.decode_attention_splits <= kMaxDecodeAttentionSplits,
+    TWELL_REQUIRE(o.decode_attention_splits >= 0 && o.decode_attention_splits <= kMaxDecodeAttentionSplits,
                 "LlamaCuda: decode_attention_splits must lie in [0, ", kMaxDecodeAttentionSplits, "], got ",
                 o.decode_attention_splits);
     if (o.max_tokens == 0)  // with the cache, longer prompts run in chunks (prefill_chunks)
@@ -270,13 +270,13 @@ struct LlamaCuda::Impl {
                                 : o.max_batch * o.max_context;
     // No call takes more (check_call): activations for more rows would be memory never used.
     o.max_tokens = std::min(o.max_tokens, o.max_batch * o.max_context);
-    TWELL_CHECK(o.max_tokens >= o.max_batch, "LlamaCuda: max_tokens ", o.max_tokens, " is below max_batch ",
+    TWELL_REQUIRE(o.max_tokens >= o.max_batch, "LlamaCuda: max_tokens ", o.max_tokens, " is below max_batch ",
                 o.max_batch);
-    TWELL_CHECK(!o.ffn_options.cublaslt_workspace && o.ffn_options.cublaslt_workspace_bytes == 0,
+    TWELL_REQUIRE(!o.ffn_options.cublaslt_workspace && o.ffn_options.cublaslt_workspace_bytes == 0,
                 "LlamaCuda: ffn_options.cublaslt_workspace must be left null: the model's FFNs share its own");
     // h_fp32 exists on FfnForward's sparse paths only: FfnMode::dense and the dense decode FFN
     // could not honour it.
-    TWELL_CHECK(o.ffn_options.precision == Precision::bf16,
+    TWELL_REQUIRE(o.ffn_options.precision == Precision::bf16,
                 "LlamaCuda: ffn_options.precision must be Precision::bf16 (h_fp32 exists on the sparse FFN paths only)");
     return o;
   }
@@ -357,10 +357,10 @@ struct LlamaCuda::Impl {
     const auto sum = [](std::initializer_list<size_t> parts) {
       size_t s = 0;
       for (size_t b : parts)
-        TWELL_CHECK(!__builtin_add_overflow(s, b, &s), "LlamaCuda: these options need more than 2^64 bytes");
+        TWELL_REQUIRE(!__builtin_add_overflow(s, b, &s), "LlamaCuda: these options need more than 2^64 bytes");
       return s;
     };
-    TWELL_CHECK(!__builtin_mul_overflow(2 * static_cast<size_t>(p.kv_buffers), p.kv, &p.memory.kv_cache),
+    TWELL_REQUIRE(!__builtin_mul_overflow(2 * static_cast<size_t>(p.kv_buffers), p.kv, &p.memory.kv_cache),
                 "LlamaCuda: the KV cache of these options needs more than 2^64 bytes");
     p.memory.max_tokens = T;
     p.memory.logits_growth =
@@ -376,7 +376,7 @@ struct LlamaCuda::Impl {
   // model's own cuBLASLt workspace, counted in m.other, is allocated already (the member `gemm`).
   static void check_free_memory(const LlamaCudaMemory& m, const LlamaCudaOptions& o) {
     const DeviceMemory gpu = device_memory();
-    TWELL_CHECK(m.total() - LtGemm::kWorkspaceBytes <= gpu.free, "LlamaCuda: these options need ", bytes_str(m.total()),
+    TWELL_REQUIRE(m.total() - LtGemm::kWorkspaceBytes <= gpu.free, "LlamaCuda: these options need ", bytes_str(m.total()),
                 " of GPU memory besides the weights (KV cache ", bytes_str(m.kv_cache), " for max_batch ", o.max_batch,
                 " × max_context ", o.max_context, o.kv_cache ? "" : ", one layer's", "; activations ",
                 bytes_str(m.activations), " for max_tokens ", o.max_tokens, "; FFN workspaces ", bytes_str(m.ffn),
@@ -390,7 +390,7 @@ struct LlamaCuda::Impl {
     nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
     q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim;
     relu = c.hidden_act == "relu";
-    TWELL_CHECK(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
+    TWELL_REQUIRE(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
                 " layers, config has ", L);
 
     sm_count = device_info().sm_count;
@@ -488,14 +488,14 @@ struct LlamaCuda::Impl {
   // the KV cache (the chunks' keys and values stay there for the chunks after them).
   void check_call(int64_t B, int64_t S, bool fresh = false, bool chunked = false) const {
     const int64_t start = fresh ? 0 : longest();
-    TWELL_CHECK(B >= 1 && S >= 1, "LlamaCuda: need at least one sequence of one token, got ", B, " × ", S);
-    TWELL_CHECK(B <= o.max_batch, "LlamaCuda: ", B, " sequences exceed max_batch ", o.max_batch);
-    TWELL_CHECK(B * S <= o.max_tokens || (chunked && B == 1 && o.kv_cache), "LlamaCuda: ", B * S,
+    TWELL_REQUIRE(B >= 1 && S >= 1, "LlamaCuda: need at least one sequence of one token, got ", B, " × ", S);
+    TWELL_REQUIRE(B <= o.max_batch, "LlamaCuda: ", B, " sequences exceed max_batch ", o.max_batch);
+    TWELL_REQUIRE(B * S <= o.max_tokens || (chunked && B == 1 && o.kv_cache), "LlamaCuda: ", B * S,
                 " tokens exceed max_tokens ", o.max_tokens,
                 chunked && B == 1 ? " (a longer prompt runs in chunks, which needs the KV cache: kv_cache = true)" : "");
-    TWELL_CHECK(start + S <= o.max_context, "LlamaCuda: ", start + S, " positions exceed the context of ",
+    TWELL_REQUIRE(start + S <= o.max_context, "LlamaCuda: ", start + S, " positions exceed the context of ",
                 o.max_context);
-    TWELL_CHECK(fresh || lens.empty() || B == static_cast<int64_t>(lens.size()), "LlamaCuda: the cache holds ",
+    TWELL_REQUIRE(fresh || lens.empty() || B == static_cast<int64_t>(lens.size()), "LlamaCuda: the cache holds ",
                 lens.size(), " sequences, got ", B);
   }
 
@@ -658,7 +658,7 @@ struct LlamaCuda::Impl {
     else {
       TWELL_CHECK(aligned, "LlamaCuda: cuDNN's attention of sequences at different positions");
       done = sdpa.run(at, call_start, stream, &why);
-      TWELL_CHECK(done || mode != PrefillAttention::cudnn, "LlamaCuda: prefill_attention = cudnn, but ", why);
+      TWELL_REQUIRE(done || mode != PrefillAttention::cudnn, "LlamaCuda: prefill_attention = cudnn, but ", why);
       if (!done) why = "(" + why + ")";
     }
     if (!done) launch_attention(at, stream);
@@ -819,11 +819,11 @@ struct LlamaCuda::Impl {
   // alone, in chunks at increasing positions (prefill_chunks), each attending to the keys the
   // chunks before it cached; only the last one's last row goes through the head.
   Tensor prefill(const std::vector<std::vector<int32_t>>& prompts, bool one_row = false, bool download = true) {
-    TWELL_CHECK(!prompts.empty(), "LlamaCuda::prefill: no prompts");
+    TWELL_REQUIRE(!prompts.empty(), "LlamaCuda::prefill: no prompts");
     const int64_t B = static_cast<int64_t>(prompts.size());
     std::vector<int64_t> lengths;
     for (size_t b = 0; b < prompts.size(); ++b) {
-      TWELL_CHECK(!prompts[b].empty(), "LlamaCuda::prefill: prompt ", b, " is empty");
+      TWELL_REQUIRE(!prompts[b].empty(), "LlamaCuda::prefill: prompt ", b, " is empty");
       model::check_token_ids(c, prompts[b]);
       lengths.push_back(static_cast<int64_t>(prompts[b].size()));
     }
@@ -916,7 +916,7 @@ struct LlamaCuda::Impl {
     check_call(B, S, true, B == 1);
     // It runs in the KV cache's memory: a generation in progress would be lost, and a const call
     // must not end it. So it is refused, and nothing changes.
-    TWELL_CHECK(lens.empty(), what, ": the KV cache holds ", longest(),
+    TWELL_REQUIRE(lens.empty(), what, ": the KV cache holds ", longest(),
                 " positions of a generation in progress, which it would overwrite; call reset() first, or run it "
                 "on a second LlamaCuda over the same weights");
   }
@@ -1084,10 +1084,10 @@ struct LlamaCuda::Impl {
   // unread (that sequence's next step writes it again first; a full one has no next step), and its
   // logits are zeroed.
   Tensor decode(const std::vector<int32_t>& toks, bool one_row = false, bool download = true) {
-    TWELL_CHECK(o.kv_cache, "LlamaCuda::decode: built without a KV cache (kv_cache = false)");
-    TWELL_CHECK(!lens.empty(), "LlamaCuda::decode: call prefill first");
+    TWELL_REQUIRE(o.kv_cache, "LlamaCuda::decode: built without a KV cache (kv_cache = false)");
+    TWELL_REQUIRE(!lens.empty(), "LlamaCuda::decode: call prefill first");
     const int64_t B = static_cast<int64_t>(toks.size());
-    TWELL_CHECK(B == static_cast<int64_t>(lens.size()), "LlamaCuda::decode: the cache holds ", lens.size(),
+    TWELL_REQUIRE(B == static_cast<int64_t>(lens.size()), "LlamaCuda::decode: the cache holds ", lens.size(),
                 " sequences, got ", B, " tokens");
     model::check_token_ids(c, toks, true);
     std::vector<int32_t> ids(toks), positions(static_cast<size_t>(B));
@@ -1099,7 +1099,7 @@ struct LlamaCuda::Impl {
         positions[b] = static_cast<int32_t>(std::min(lens[b], o.max_context - 1));
         continue;
       }
-      TWELL_CHECK(lens[b] < o.max_context, "LlamaCuda: sequence ", b, " holds ", lens[b],
+      TWELL_REQUIRE(lens[b] < o.max_context, "LlamaCuda: sequence ", b, " holds ", lens[b],
                   " positions, the whole context: it has no room for another token");
       positions[b] = static_cast<int32_t>(lens[b]);
     }
@@ -1192,7 +1192,7 @@ bool LlamaCuda::supports(const io::ModelConfig& c, std::string* why) {
 }
 
 LlamaCuda::LlamaCuda(std::shared_ptr<const LlamaCudaWeights> weights, LlamaCudaOptions options) {
-  TWELL_CHECK(weights != nullptr, "LlamaCuda: no weights");
+  TWELL_REQUIRE(weights != nullptr, "LlamaCuda: no weights");
   impl_ = std::make_unique<Impl>(std::move(weights), options);
 }
 LlamaCuda::~LlamaCuda() = default;
@@ -1208,7 +1208,7 @@ Tensor LlamaCuda::logits(const std::vector<int32_t>& tokens, std::vector<Activat
 
 std::vector<double> LlamaCuda::next_token_nll(const std::vector<int32_t>& tokens,
                                               std::vector<ActivationStats>* ffn_stats) const {
-  TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
+  TWELL_REQUIRE(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   impl_->check_whole_sequence(tokens, "LlamaCuda::next_token_nll");
   return impl_->all_nll(tokens.data(), 1, static_cast<int64_t>(tokens.size()), ffn_stats).front();
 }

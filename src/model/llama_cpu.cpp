@@ -210,8 +210,8 @@ void ffn(std::vector<Acc>& x, int64_t T, const LlamaLayerWeights& l, const Llama
 // Throws unless `tokens` (non-empty, in the vocabulary) fit at positions p0.. of the context.
 void check_call(const io::ModelConfig& c, const std::vector<int32_t>& tokens, int64_t p0) {
   const int64_t T = static_cast<int64_t>(tokens.size());
-  TWELL_CHECK(T > 0, "llama: no tokens to run");
-  TWELL_CHECK(p0 + T <= c.max_position_embeddings, "llama: ", p0 + T,
+  TWELL_REQUIRE(T > 0, "llama: no tokens to run");
+  TWELL_REQUIRE(p0 + T <= c.max_position_embeddings, "llama: ", p0 + T,
               " positions exceed max_position_embeddings ", c.max_position_embeddings);
   check_token_ids(c, tokens);
 }
@@ -295,14 +295,14 @@ Tensor to_tensor(const std::vector<Acc>& v, Shape shape) {
 void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& tokens, bool no_token_ok,
                      const std::string& where) {
   for (size_t t = 0; t < tokens.size(); ++t)
-    TWELL_CHECK((tokens[t] >= 0 && tokens[t] < c.vocab_size) || (no_token_ok && tokens[t] == kNoToken), where,
+    TWELL_REQUIRE((tokens[t] >= 0 && tokens[t] < c.vocab_size) || (no_token_ok && tokens[t] == kNoToken), where,
                 ": token ", tokens[t], " at index ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
 }
 
 void check_sequences(const io::ModelConfig& c, const std::vector<std::vector<int32_t>>& sequences, int64_t least,
                      const char* what) {
   for (size_t b = 0; b < sequences.size(); ++b) {
-    TWELL_CHECK(static_cast<int64_t>(sequences[b].size()) >= least, what, " ", b, " needs at least ", least, " token",
+    TWELL_REQUIRE(static_cast<int64_t>(sequences[b].size()) >= least, what, " ", b, " needs at least ", least, " token",
                 least == 1 ? "" : "s", ", got ", sequences[b].size());
     check_token_ids(c, sequences[b], false, str(what, " ", b));
   }
@@ -326,7 +326,7 @@ struct LlamaCpu::Impl {
 
 LlamaCpu::LlamaCpu(LlamaWeights weights, LlamaOptions options)
     : weights_(std::move(weights)), options_(options), impl_(std::make_unique<Impl>()) {
-  TWELL_CHECK(options_.math == DType::f32 || options_.math == DType::f64,
+  TWELL_REQUIRE(options_.math == DType::f32 || options_.math == DType::f64,
               "LlamaCpu: math must be f32 or f64, got ", dtype_name(options_.math));
   weights_.validate();
   reset();
@@ -354,15 +354,15 @@ Tensor LlamaCpu::prefill(const std::vector<int32_t>& tokens) {
 }
 
 Tensor LlamaCpu::decode_step(int32_t token) {
-  TWELL_CHECK(cached_tokens() > 0, "LlamaCpu::decode_step: call prefill() first");
-  TWELL_CHECK(token != kNoToken, "LlamaCpu::decode_step: token ", token, " is outside the vocabulary");
+  TWELL_REQUIRE(cached_tokens() > 0, "LlamaCpu::decode_step: call prefill() first");
+  TWELL_REQUIRE(token != kNoToken, "LlamaCpu::decode_step: token ", token, " is outside the vocabulary");
   const Tensor rows = decode_batch({token});
   return Tensor::copy_of(TensorView(rows.view().data, rows.dtype(), {config().vocab_size}));
 }
 
 Tensor LlamaCpu::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) {
   const int64_t B = static_cast<int64_t>(prompts.size()), V = config().vocab_size;
-  TWELL_CHECK(B >= 1 && B <= kMaxBatch, "LlamaCpu::prefill_batch: need 1 to ", kMaxBatch, " prompts, got ", B);
+  TWELL_REQUIRE(B >= 1 && B <= kMaxBatch, "LlamaCpu::prefill_batch: need 1 to ", kMaxBatch, " prompts, got ", B);
   for (const auto& p : prompts) check_call(config(), p, 0);  // before reset(): a rejected call changes nothing
   reset();
   Tensor out(options_.math, {B, V});
@@ -386,8 +386,8 @@ Tensor LlamaCpu::prefill_batch(const std::vector<std::vector<int32_t>>& prompts)
 Tensor LlamaCpu::decode_batch(const std::vector<int32_t>& tokens) {
   const int64_t B = static_cast<int64_t>(tokens.size()), V = config().vocab_size;
   const std::vector<int64_t> lens = cached_lengths();
-  TWELL_CHECK(!lens.empty(), "LlamaCpu::decode_batch: call prefill() or prefill_batch() first");
-  TWELL_CHECK(B == static_cast<int64_t>(lens.size()), "LlamaCpu::decode_batch: the cache holds ", lens.size(),
+  TWELL_REQUIRE(!lens.empty(), "LlamaCpu::decode_batch: call prefill() or prefill_batch() first");
+  TWELL_REQUIRE(B == static_cast<int64_t>(lens.size()), "LlamaCpu::decode_batch: the cache holds ", lens.size(),
               " sequences, got ", B, " tokens");
   check_token_ids(config(), tokens, true);  // all checked before any sequence runs
   for (int64_t b = 0; b < B; ++b)

@@ -26,9 +26,9 @@ namespace twell::model {
 namespace {
 
 void check_logits_shape(const TensorView& logits) {
-  TWELL_CHECK(logits.rank() == 1 || (logits.rank() == 2 && logits.shape[0] == 1),
+  TWELL_REQUIRE(logits.rank() == 1 || (logits.rank() == 2 && logits.shape[0] == 1),
               "sample: logits must be [V] or [1, V], got ", shape_str(logits.shape));
-  TWELL_CHECK(logits.numel() > 0, "sample: empty logits");
+  TWELL_REQUIRE(logits.numel() > 0, "sample: empty logits");
 }
 
 // The error for a row whose entries are not all finite or -inf (a token ruled out), or all -inf.
@@ -263,9 +263,9 @@ std::vector<int32_t> Sampler::candidates(const TensorView& logits) const {
 }
 
 void check_samplers(const std::vector<Sampler>& samplers, size_t B, const char* what) {
-  TWELL_CHECK(samplers.size() == B, what, ": ", samplers.size(), " samplers for ", B, " sequences");
+  TWELL_REQUIRE(samplers.size() == B, what, ": ", samplers.size(), " samplers for ", B, " sequences");
   for (const Sampler& s : samplers)
-    TWELL_CHECK(s.options().same_rules(samplers[0].options()), what,
+    TWELL_REQUIRE(s.options().same_rules(samplers[0].options()), what,
                 ": the samplers of a batch must have the same options (their seeds may differ)");
 }
 
@@ -292,12 +292,12 @@ Tensor one_row(const Tensor& row) {
 }  // namespace
 
 Tensor LanguageModel::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) {
-  TWELL_CHECK(prompts.size() == 1, "prefill_batch: this backend runs one sequence at a time, got ", prompts.size());
+  TWELL_REQUIRE(prompts.size() == 1, "prefill_batch: this backend runs one sequence at a time, got ", prompts.size());
   return one_row(prefill(prompts[0]));
 }
 Tensor LanguageModel::decode_batch(const std::vector<int32_t>& tokens) {
-  TWELL_CHECK(tokens.size() == 1, "decode_batch: this backend runs one sequence at a time, got ", tokens.size());
-  TWELL_CHECK(cached_tokens() > 0, "decode_batch: call prefill() first");
+  TWELL_REQUIRE(tokens.size() == 1, "decode_batch: this backend runs one sequence at a time, got ", tokens.size());
+  TWELL_REQUIRE(cached_tokens() > 0, "decode_batch: call prefill() first");
   if (tokens[0] == kNoToken) return Tensor(DType::f32, {1, config().vocab_size});
   return one_row(decode_step(tokens[0]));
 }
@@ -319,8 +319,8 @@ std::vector<int64_t> LanguageModel::cached_lengths() const {
 Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
                     const SamplingOptions& sampling, const std::vector<int32_t>& stop_tokens,
                     const std::function<void(int32_t)>& on_token) {
-  TWELL_CHECK(!prompt.empty(), "generate: empty prompt");
-  TWELL_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be at least 0, got ", max_new_tokens);
+  TWELL_REQUIRE(!prompt.empty(), "generate: empty prompt");
+  TWELL_REQUIRE(max_new_tokens >= 0, "generate: max_new_tokens must be at least 0, got ", max_new_tokens);
   std::function<bool(int64_t, int32_t)> each;  // one sequence of a batch: seeded sampling.seed, its stop rules
   if (on_token) each = [&](int64_t, int32_t token) { return on_token(token), false; };
   return generate_batch(model, {prompt}, max_new_tokens, sampling, stop_tokens, each)[0];
@@ -329,10 +329,10 @@ Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, in
 std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t max_tokens,
                                   const std::function<double(int64_t rows)>& run_cost) {
   const int64_t B = static_cast<int64_t>(lengths.size());
-  TWELL_CHECK(B >= 1, "prefill_runs: no prompts");
-  TWELL_CHECK(max_tokens >= 1, "prefill_runs: max_tokens must be at least 1, got ", max_tokens);
+  TWELL_REQUIRE(B >= 1, "prefill_runs: no prompts");
+  TWELL_REQUIRE(max_tokens >= 1, "prefill_runs: max_tokens must be at least 1, got ", max_tokens);
   for (int64_t b = 0; b < B; ++b)
-    TWELL_CHECK(lengths[b] >= 1, "prefill_runs: prompt ", b, " holds ", lengths[b], " tokens");
+    TWELL_REQUIRE(lengths[b] >= 1, "prefill_runs: prompt ", b, " holds ", lengths[b], " tokens");
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
   if (std::all_of(lengths.begin(), lengths.end(), [&](int64_t n) { return n == longest; }) && B * longest <= max_tokens)
     return {0, B};
@@ -362,8 +362,8 @@ std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t m
 }
 
 std::vector<int64_t> prefill_chunks(int64_t tokens, int64_t max_tokens) {
-  TWELL_CHECK(tokens >= 1, "prefill_chunks: need at least one token, got ", tokens);
-  TWELL_CHECK(max_tokens >= 1, "prefill_chunks: max_tokens must be at least 1, got ", max_tokens);
+  TWELL_REQUIRE(tokens >= 1, "prefill_chunks: need at least one token, got ", tokens);
+  TWELL_REQUIRE(max_tokens >= 1, "prefill_chunks: max_tokens must be at least 1, got ", max_tokens);
   if (tokens <= max_tokens) return {tokens};
   const int64_t n = (tokens + max_tokens - 1) / max_tokens;  // the fewest chunks
   std::vector<int64_t> chunks(static_cast<size_t>(n), tokens / n);
@@ -376,11 +376,11 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
                                        const std::vector<int32_t>& stop_tokens,
                                        const std::function<bool(int64_t, int32_t)>& on_token) {
   const size_t B = prompts.size();
-  TWELL_CHECK(B >= 1, "generate_batch: no prompts");
-  TWELL_CHECK(static_cast<int64_t>(B) <= model.max_batch(), "generate_batch: ", B,
+  TWELL_REQUIRE(B >= 1, "generate_batch: no prompts");
+  TWELL_REQUIRE(static_cast<int64_t>(B) <= model.max_batch(), "generate_batch: ", B,
               " prompts exceed the model's max_batch ", model.max_batch());
   check_sequences(model.config(), prompts, 1, "generate_batch: prompt");
-  TWELL_CHECK(max_new_tokens >= 0, "generate_batch: max_new_tokens must be at least 0, got ", max_new_tokens);
+  TWELL_REQUIRE(max_new_tokens >= 0, "generate_batch: max_new_tokens must be at least 0, got ", max_new_tokens);
   using clock = std::chrono::steady_clock;
   // The model's sequence i is prompts[order[i]]: ordered by length, so that a backend that prefills
   // runs of neighbouring prompts as batches (LlamaCuda: prefill_runs) pads as little as it can.
@@ -411,7 +411,7 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
   size_t live = max_new_tokens > 0 ? B : 0;
   // Whether sequence i's context is full; asked only where another token would follow.
   const auto full = [&](const std::vector<int64_t>& lens, size_t i) {
-    TWELL_CHECK(lens.size() == B, "generate_batch: the model keeps no KV cache for these ", B,
+    TWELL_REQUIRE(lens.size() == B, "generate_batch: the model keeps no KV cache for these ", B,
                 " sequences (built for logits alone?): it cannot decode");
     return lens[i] >= model.context();
   };
@@ -451,7 +451,7 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
 
 std::vector<double> LanguageModel::next_token_nll(const std::vector<int32_t>& tokens,
                                                   std::vector<ActivationStats>* ffn_stats) const {
-  TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
+  TWELL_REQUIRE(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   return nll_from_logits(logits(tokens, ffn_stats), tokens);
 }
 
@@ -459,7 +459,7 @@ std::vector<std::vector<double>> LanguageModel::next_token_nll_batch(const std::
                                                                     std::vector<ActivationStats>* ffn_stats) const {
   check_sequences(config(), sequences, 2, "perplexity: sequence");
   for (size_t b = 0; b < sequences.size(); ++b)
-    TWELL_CHECK(static_cast<int64_t>(sequences[b].size()) <= context(), "perplexity: sequence ", b, " of ",
+    TWELL_REQUIRE(static_cast<int64_t>(sequences[b].size()) <= context(), "perplexity: sequence ", b, " of ",
                 sequences[b].size(), " tokens exceeds the model's context of ", context(), " positions");
   if (ffn_stats) ffn_stats->clear();
   std::vector<std::vector<double>> out;
@@ -492,9 +492,9 @@ Perplexity perplexity_of(const std::vector<double>& nll) {
 
 Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& tokens,
                       std::vector<ActivationStats>* ffn_stats) {
-  TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
+  TWELL_REQUIRE(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   const Perplexity p = perplexity_of(model.next_token_nll(tokens, ffn_stats));
-  TWELL_CHECK(std::isfinite(p.mean_nll), "perplexity: the mean NLL is ", p.mean_nll,
+  TWELL_REQUIRE(std::isfinite(p.mean_nll), "perplexity: the mean NLL is ", p.mean_nll,
               ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
   return p;
 }
@@ -504,8 +504,8 @@ Perplexity perplexity_from_logits(const TensorView& logits, const std::vector<in
 }
 
 std::vector<EvalWindow> eval_windows(int64_t tokens, int64_t window, int64_t stride) {
-  TWELL_CHECK(window >= 2, "eval_windows: a window holds at least 2 tokens, got ", window);
-  TWELL_CHECK(stride >= 1 && stride <= window, "eval_windows: the stride must lie in [1, window = ", window, "], got ",
+  TWELL_REQUIRE(window >= 2, "eval_windows: a window holds at least 2 tokens, got ", window);
+  TWELL_REQUIRE(stride >= 1 && stride <= window, "eval_windows: the stride must lie in [1, window = ", window, "], got ",
               stride, " (a longer one would leave tokens between windows unscored)");
   std::vector<EvalWindow> out;
   for (int64_t begin = 0, scored = 1; scored < tokens; begin += stride) {  // token 0 has nothing before it
@@ -524,9 +524,9 @@ void add_layer_stats(std::vector<ActivationStats>& total, const std::vector<Acti
 
 std::vector<ActivationStats> ffn_stats_in_windows(const LanguageModel& model, const std::vector<int32_t>& tokens,
                                                   int64_t window, int64_t windows_per_call) {
-  TWELL_CHECK(!tokens.empty(), "ffn statistics: no tokens");
-  TWELL_CHECK(window >= 1, "ffn statistics: a window holds at least 1 token, got ", window);
-  TWELL_CHECK(windows_per_call >= 0, "ffn statistics: windows_per_call must be at least 0, got ", windows_per_call);
+  TWELL_REQUIRE(!tokens.empty(), "ffn statistics: no tokens");
+  TWELL_REQUIRE(window >= 1, "ffn statistics: a window holds at least 1 token, got ", window);
+  TWELL_REQUIRE(windows_per_call >= 0, "ffn statistics: windows_per_call must be at least 0, got ", windows_per_call);
   const int64_t per_call = windows_per_call > 0 ? windows_per_call : model.sequences_a_forward();
   const int64_t T = static_cast<int64_t>(tokens.size());
   std::vector<ActivationStats> total, part;
@@ -559,11 +559,11 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
                                int64_t stride, int64_t max_windows, std::vector<ActivationStats>* ffn_stats,
                                const std::function<void(int64_t, int64_t, const Perplexity&)>& on_window,
                                const std::string& what, int64_t windows_per_call) {
-  TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
-  TWELL_CHECK(!ffn_stats || stride == window, "perplexity: FFN statistics count every token of each window: they "
+  TWELL_REQUIRE(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
+  TWELL_REQUIRE(!ffn_stats || stride == window, "perplexity: FFN statistics count every token of each window: they "
               "take windows that do not overlap (stride = window)");
-  TWELL_CHECK(max_windows >= 0, "perplexity: max_windows must be at least 0, got ", max_windows);
-  TWELL_CHECK(windows_per_call >= 0, "perplexity: windows_per_call must be at least 0, got ", windows_per_call);
+  TWELL_REQUIRE(max_windows >= 0, "perplexity: max_windows must be at least 0, got ", max_windows);
+  TWELL_REQUIRE(windows_per_call >= 0, "perplexity: windows_per_call must be at least 0, got ", windows_per_call);
   if (windows_per_call == 0) windows_per_call = model.sequences_a_forward();
   const int64_t T = static_cast<int64_t>(tokens.size());
   std::vector<EvalWindow> plan = eval_windows(T, window, stride);
@@ -591,7 +591,7 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
       const std::vector<double>& losses = nll[static_cast<size_t>(w - first)];
       double window_sum = 0;  // row t predicts ids[t + 1]: token `from` is row from − 1 − begin
       for (int64_t q = win.from; q < win.end; ++q) window_sum += losses[static_cast<size_t>(q - 1 - win.begin)];
-      TWELL_CHECK(std::isfinite(window_sum), "window ", w + 1, " of ", what, ": the mean NLL is ",
+      TWELL_REQUIRE(std::isfinite(window_sum), "window ", w + 1, " of ", what, ": the mean NLL is ",
                   window_sum / double(win.end - win.from),
                   ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
       sum += window_sum;
@@ -608,15 +608,15 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
 }
 
 std::vector<double> nll_from_logits(const TensorView& logits, const std::vector<int32_t>& tokens) {
-  TWELL_CHECK(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
+  TWELL_REQUIRE(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   const int64_t T = static_cast<int64_t>(tokens.size());
-  TWELL_CHECK(logits.rank() == 2 && logits.shape[0] == T, "perplexity: logits ", shape_str(logits.shape),
+  TWELL_REQUIRE(logits.rank() == 2 && logits.shape[0] == T, "perplexity: logits ", shape_str(logits.shape),
               " do not hold one row per token (", T, ")");
   check_device(logits, Device::cpu, "perplexity: logits");
   check_contiguous(logits, "perplexity: logits");
   const int64_t V = logits.shape[1];
   for (int64_t t = 1; t < T; ++t)
-    TWELL_CHECK(tokens[t] >= 0 && tokens[t] < V, "perplexity: token ", tokens[t], " outside [0, ", V, ")");
+    TWELL_REQUIRE(tokens[t] >= 0 && tokens[t] < V, "perplexity: token ", tokens[t], " outside [0, ", V, ")");
   const size_t row_bytes = static_cast<size_t>(V) * dtype_size(logits.dtype);
   std::vector<double> nll(static_cast<size_t>(T - 1));
   // Rows on the threads (each row's sum in one order: the same bits for any thread count), a row at a

@@ -1327,7 +1327,7 @@ size_t whole_utf8_prefix(std::string_view s) {
 TextStream::TextStream(const Tokenizer& tok, std::vector<int32_t> context, std::vector<int32_t> stops)
     : tok_(tok), ids_(std::move(context)), stops_(std::move(stops)), given_(ids_.size()) {
   for (const int32_t id : ids_)  // stop ids are only compared: a model's may lie past its tokenizer's
-    TWELL_CHECK(id >= 0 && id < tok_.vocab_size(), "TextStream: context id ", id, " is outside the tokenizer's [0, ",
+    TWELL_REQUIRE(id >= 0 && id < tok_.vocab_size(), "TextStream: context id ", id, " is outside the tokenizer's [0, ",
                 tok_.vocab_size(), ")");
 }
 
