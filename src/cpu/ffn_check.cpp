@@ -45,6 +45,8 @@ FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& 
   TWELL_REQUIRE(M >= 0, op, ": x: expected M >= 0 tokens, got shape ", shape_str(x.shape));
   TWELL_REQUIRE(H >= 1, op, ": x: expected H >= 1, got shape ", shape_str(x.shape));
   TWELL_REQUIRE(I >= 1, op, ": w.wu: expected I >= 1, got shape ", shape_str(w.wu.shape));
+  TWELL_REQUIRE(w.wu.shape[1] == H, op, ": x is ", shape_str(x.shape), ", w.wu ", shape_str(w.wu.shape),
+                ": their widths H (", H, " and ", w.wu.shape[1], ") differ");
   check_matrix(op, "x", x, {M, H}, kFloatTypes, host);
   check_matrix(op, "w.wu", w.wu, {I, H}, kFloatTypes, host);
   check_matrix(op, "w.wd", w.wd, {I, H}, {w.wu.dtype}, host);

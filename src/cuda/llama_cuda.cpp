@@ -1088,7 +1088,8 @@ struct LlamaCuda::Impl {
     TWELL_REQUIRE(!lens.empty(), "LlamaCuda::decode: call prefill first");
     const int64_t B = static_cast<int64_t>(toks.size());
     TWELL_REQUIRE(B == static_cast<int64_t>(lens.size()), "LlamaCuda::decode: the cache holds ", lens.size(),
-                " sequences, got ", B, " tokens");
+                " sequences, got ", B, " token", B == 1 ? "" : "s",
+                one_row ? " (decode_step after prefill_batch: decode_batch takes a token of each)" : "");
     model::check_token_ids(c, toks, true);
     std::vector<int32_t> ids(toks), positions(static_cast<size_t>(B));
     std::vector<int64_t> out;  // the sequences that sit out

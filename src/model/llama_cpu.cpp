@@ -355,6 +355,8 @@ Tensor LlamaCpu::prefill(const std::vector<int32_t>& tokens) {
 
 Tensor LlamaCpu::decode_step(int32_t token) {
   TWELL_REQUIRE(cached_tokens() > 0, "LlamaCpu::decode_step: call prefill() first");
+  TWELL_REQUIRE(cached_lengths().size() == 1, "LlamaCpu::decode_step: the cache holds ", cached_lengths().size(),
+                " sequences (prefill_batch): decode_batch takes a token of each");
   TWELL_REQUIRE(token != kNoToken, "LlamaCpu::decode_step: token ", token, " is outside the vocabulary");
   const Tensor rows = decode_batch({token});
   return Tensor::copy_of(TensorView(rows.view().data, rows.dtype(), {config().vocab_size}));

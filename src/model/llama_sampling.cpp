@@ -29,6 +29,7 @@ void check_logits_shape(const TensorView& logits) {
   TWELL_REQUIRE(logits.rank() == 1 || (logits.rank() == 2 && logits.shape[0] == 1),
               "sample: logits must be [V] or [1, V], got ", shape_str(logits.shape));
   TWELL_REQUIRE(logits.numel() > 0, "sample: empty logits");
+  check_dtype(logits, {DType::f32, DType::f64}, "sample: logits");
 }
 
 // The error for a row whose entries are not all finite or -inf (a token ruled out), or all -inf.
@@ -320,6 +321,7 @@ Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, in
                     const SamplingOptions& sampling, const std::vector<int32_t>& stop_tokens,
                     const std::function<void(int32_t)>& on_token) {
   TWELL_REQUIRE(!prompt.empty(), "generate: empty prompt");
+  check_token_ids(model.config(), prompt, false, "generate: prompt");  // named as generate's, not generate_batch's
   TWELL_REQUIRE(max_new_tokens >= 0, "generate: max_new_tokens must be at least 0, got ", max_new_tokens);
   std::function<bool(int64_t, int32_t)> each;  // one sequence of a batch: seeded sampling.seed, its stop rules
   if (on_token) each = [&](int64_t, int32_t token) { return on_token(token), false; };

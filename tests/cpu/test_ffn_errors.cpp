@@ -39,6 +39,11 @@ TEST_F(CpuFfnErrors, WrongShapesNameTheArgumentAndBothShapes) {
   expect_error([&] { cpu::ffn_forward(p.x, w, y, Precision::bf16); },
                {"ffn_forward", "w.wd", "[7, 5]", "[7, 6]"});
 
+  Tensor x_wide(DType::f32, {M, H + 1});  // x's width is not the weights': said of both, not blamed on w.wu
+  Tensor y_wide(DType::f32, {M, H + 1});
+  expect_error([&] { cpu::ffn_forward(x_wide, p.weights(), y_wide, Precision::bf16); },
+               {"ffn_forward: x is [3, 6], w.wu [7, 5]: their widths H (6 and 5) differ"});
+
   Tensor wg_bad(DType::f32, {I + 1, H});
   w = p.weights();
   w.wg = wg_bad;

@@ -636,6 +636,8 @@ TEST(LlamaSampling, NonFiniteLogitsAndBadOptionsAreRefused) {
   expect_error([] { Sampler({1.0, -3, 1.0, 0}); }, {"top_k must be >= 0"});
   expect_error([] { Sampler({1.0, 0, 1.5, 0}); }, {"top_p must be in (0, 1]"});
   expect_error([] { Sampler({1.0, 0, NAN, 0}); }, {"top_p"});
+  Tensor ints(DType::i32, {3});  // whole numbers are no logits
+  expect_error([&] { greedy.sample(ints); }, {"sample: logits", "f32 or f64", "i32"});
 }
 
 // A temperature so small that logit / temperature overflows samples the most likely token (the
@@ -839,8 +841,12 @@ TEST_F(LlamaCpuTest, BatchesOfAnyLengthsMatchSequencesRunAlone) {
   EXPECT_THROW(model.prefill_batch({{1}, std::vector<int32_t>(size_t(model.context() + 1), 1)}), Error);
   EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{5, 3, 8}));
   // decode_step runs one sequence, and says so of a batch; prefill makes a batch of one.
-  EXPECT_THROW(model.decode_step(1), Error);
+  expect_error([&] { model.decode_step(1); }, {"LlamaCpu::decode_step: the cache holds 3 sequences (prefill_batch)"});
   EXPECT_THROW(model.decode_step(kNoToken), Error);
+  EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{5, 3, 8}));
+  model.reset();
+  expect_error([&] { generate(model, {1, int32_t(V)}, 2, SamplingOptions{}); },
+               {"generate: prompt: token ", " at index 1 "});  // named as generate's, not generate_batch's
   model.prefill({5, 9});
   EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{2}));
   model.reset();
