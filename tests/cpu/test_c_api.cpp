@@ -84,7 +84,7 @@ TEST(CApi, BadArgumentsFailWithAMessageAndWriteNothing) {
   };
   twell_tensor bad = x;
   bad.shape[1] = p.H + 1;
-  EXPECT_C_ERROR(forward(bad), "w.wu: expected shape [32, 17], got [32, 16]");
+  EXPECT_C_ERROR(forward(bad), "x is [5, 17], w.wu [32, 16]: their widths H (17 and 16) differ");
   bad = x;
   bad.ndim = 0;
   EXPECT_C_ERROR(forward(bad), "x: ndim must be 1 to 4, got 0");
