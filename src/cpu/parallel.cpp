@@ -17,7 +17,7 @@ int num_threads() {
   if (const char* env = std::getenv("TWELL_NUM_THREADS"); env && *env) {
     char* end = nullptr;
     const long n = std::strtol(env, &end, 10);
-    TWELL_CHECK(end && *end == '\0' && n >= 1 && n <= 4096,
+    TWELL_REQUIRE(end && *end == '\0' && n >= 1 && n <= 4096,
                 "TWELL_NUM_THREADS: expected an integer in [1, 4096], got '", env, "'");
     return static_cast<int>(n);
   }
@@ -26,7 +26,7 @@ int num_threads() {
 }
 
 int set_num_threads(int n) {
-  TWELL_CHECK(n >= 0, "set_num_threads: expected n >= 0 (0 restores the default), got ", n);
+  TWELL_REQUIRE(n >= 0, "set_num_threads: expected n >= 0 (0 restores the default), got ", n);
   return g_override.exchange(n);
 }
 

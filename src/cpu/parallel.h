@@ -22,16 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "twell/cpu/threads.h"  // num_threads, set_num_threads
+
 namespace twell::cpu {
-
-// Threads parallel_for may use: set_num_threads(n) if n > 0 was set, else the environment
-// variable TWELL_NUM_THREADS (read at every call, so tests may setenv), else
-// std::thread::hardware_concurrency(). Always >= 1.
-int num_threads();
-
-// Overrides the thread count for this process (0 restores the default). Returns the previous
-// override. Not thread-safe with concurrent parallel_for calls; meant for tests and the CLI.
-int set_num_threads(int n);
 
 namespace detail {
 // True on a thread currently running the body of a parallel_for (nested loops run serially).

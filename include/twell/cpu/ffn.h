@@ -1,12 +1,14 @@
 // CPU reference backend for the FFN: the oracle every GPU kernel is tested against.
 // Plain, readable loops; fp32 (or fp64) accumulation; the rounding points of twell::Precision.
 // Multi-threaded over tokens (and over neurons for weight gradients), deterministic: results do
-// not depend on the thread count (threads: TWELL_NUM_THREADS, else all hardware threads).
+// not depend on the thread count (twell/cpu/threads.h: set_num_threads, else TWELL_NUM_THREADS, else
+// all hardware threads).
 // Rounding points and summation orders of every precision: src/cpu/ffn_common.h.
 // Argument errors throw twell::Error naming the argument, e.g.
 // "ffn_forward: w.wd: expected shape [300, 67], got [300, 66]".
 #pragma once
 
+#include "twell/cpu/threads.h"
 #include "twell/ffn.h"
 #include "twell/formats/twell_format.h"
 

@@ -190,6 +190,8 @@ class LanguageModel {
   virtual std::vector<int64_t> cached_lengths() const;
 };
 
+// The CPU backend: the reference the GPU runtime is tested against. Its loops run on
+// cpu::num_threads() threads (twell/cpu/threads.h), the same bits for any count.
 class LlamaCpu final : public LanguageModel {
  public:
   explicit LlamaCpu(LlamaWeights weights, LlamaOptions options = {});
