@@ -1,6 +1,6 @@
 # The test `install_example`: installs the build into a scratch prefix, then builds and runs
-# examples/ffn_forward (C++) and examples/c_api (C, over libtwell_c.so) against it with
-# find_package(twell), as a user's project would.
+# examples/ffn_forward and examples/generate (C++) and examples/c_api (C, over libtwell_c.so)
+# against it with find_package(twell), as a user's project would.
 # cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCXX=... -P install_example.cmake
 foreach(v BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX)
   if(NOT DEFINED ${v})
@@ -35,6 +35,21 @@ run_step("running the example" ${exe})
 message(STATUS "${step_output}")
 if(NOT step_output MATCHES "non-zeros a token on the CPU" OR NOT step_output MATCHES "models would run on the ")
   message(FATAL_ERROR "install_example: unexpected output:\n${step_output}")
+endif()
+
+# A language model through the C++ API (examples/generate), on the random model it writes itself.
+run_step("configuring the generate example" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/generate
+         -B ${WORK_DIR}/build-generate -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX}
+         -DCMAKE_PREFIX_PATH=${prefix})
+run_step("building the generate example" ${CMAKE_COMMAND} --build ${WORK_DIR}/build-generate --config Release)
+set(exe ${WORK_DIR}/build-generate/generate)
+if(NOT EXISTS ${exe})
+  set(exe ${WORK_DIR}/build-generate/Release/generate)
+endif()
+run_step("running the generate example" ${exe})
+message(STATUS "${step_output}")
+if(NOT step_output MATCHES "prompt perplexity" OR NOT step_output MATCHES "layer 1: .* FFN neurons active a token")
+  message(FATAL_ERROR "install_example: unexpected output of the generate example:\n${step_output}")
 endif()
 
 # The C interface from a C program (examples/c_api), against the installed libtwell_c.so.
