@@ -86,6 +86,13 @@ double available_host_bytes() {
   return kb * 1024;
 }
 
+// One decimal, without touching a stream's format flags.
+std::string fixed1(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", v);
+  return text;
+}
+
 std::string format_gb(double bytes) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(1) << bytes / 1e9 << " GB";
@@ -290,8 +297,8 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
         // (a few thousand tokens or more: skewed's rare hot tokens make a short batch's mean wander)
         if (!from_file && (M >= 2048 || H < 64) && asked_nnz * double(M) >= 1000 &&
             std::abs(got_nnz - asked_nnz) > 0.15 * asked_nnz)
-          progress << "note: case " << case_no << "'s activations hold " << std::fixed << std::setprecision(1)
-                   << got_nnz << " non-zeros a token, not the " << asked_nnz << " asked"
+          progress << "note: case " << case_no << "'s activations hold " << fixed1(got_nnz)
+                   << " non-zeros a token, not the " << fixed1(asked_nnz) << " asked"
                    << (H < 64 ? str(" (at -H ", H, " the synthetic gate's few columns miss its normal tail)") : "")
                    << "; the table's density column is the one asked, nnz/token the one measured" << std::endl;
         const auto rows = sample_rows(M, occ.densest_row);

@@ -1,19 +1,22 @@
 // Text from a Llama-style model through twell's C++ API: load (onto the GPU where one takes it,
-// else the CPU backend), tokenize, generate with sampling and the model's stop tokens, stream the
-// text, then the prompt's perplexity and each layer's FFN sparsity.
+// else the CPU backend), tokenize, the prompt's perplexity and each layer's FFN sparsity, then
+// generate with sampling and the model's stop tokens, the text streamed.
 //
 //   generate MODEL_DIR ["prompt"]   an HF checkpoint directory (config.json, safetensors,
 //                                   tokenizer.json), e.g. HuggingFaceTB/SmolLM-135M
 //   generate                        a small random ReLU model on bytes, written to a temporary
-//                                   directory first (LlamaWeights::save_dir): the text is noise,
-//                                   the calls are those of a real model (its FFN about half
-//                                   active, where a model trained with L1 is ~1%)
+//                                   directory first (LlamaWeights::save_dir; removed at the end):
+//                                   the text is noise, the calls are those of a real model (its
+//                                   FFN about half active, where a model trained with L1 is ~1%)
+#include <stdlib.h>  // mkdtemp
+
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -64,14 +67,25 @@ std::string write_random_model() {
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = ones(H);
-  const std::string dir = (std::filesystem::temp_directory_path() / "twell_generate_example").string();
+  std::string dir = (std::filesystem::temp_directory_path() / "twell_generate_XXXXXX").string();
+  if (!mkdtemp(dir.data())) throw std::runtime_error("cannot make a temporary directory: " + dir);
   w.save_dir(dir);  // config.json + model.safetensors
   return dir;
 }
 
+// Removes the random model's directory when the program ends, however it ends.
+struct RemoveAtExit {
+  std::string dir;
+  ~RemoveAtExit() {
+    std::error_code ignored;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ignored);
+  }
+};
+
 int run(int argc, char** argv) {
   const bool own = argc < 2;
-  const std::string dir = own ? write_random_model() : argv[1];
+  RemoveAtExit own_dir{own ? write_random_model() : ""};
+  const std::string dir = own ? own_dir.dir : argv[1];
   const std::string prompt = argc > 2 ? argv[2] : "The capital of France is";
 
   model::ModelLoadOptions options;  // device: automatic (a Hopper GPU where it takes the model, else the CPU)
@@ -96,6 +110,18 @@ int run(int argc, char** argv) {
   sampling.temperature = 0.7, sampling.top_p = 0.9, sampling.seed = 42;
   sampling.vocab_limit = tok->vocab_size();  // never an id the tokenizer cannot print
 
+  // The prompt's perplexity and each layer's FFN sparsity, before generating: on the GPU a
+  // generation stays in the model's KV cache, and a whole-sequence call would refuse to overwrite
+  // it (LanguageModel::reset() empties it).
+  if (ids.size() >= 2) {
+    std::vector<twell::ActivationStats> layers;
+    const model::Perplexity p = model::perplexity(*lm, ids, &layers);
+    std::printf("prompt perplexity %.3f over %lld predictions\n", p.perplexity, static_cast<long long>(p.predictions));
+    for (size_t l = 0; l < layers.size(); ++l)
+      std::printf("layer %zu: %.1f of %lld FFN neurons active a token\n", l, layers[l].mean_nnz_per_token(),
+                  static_cast<long long>(lm->config().intermediate_size));
+  }
+
   std::printf("%s", prompt.c_str());
   model::TextStream stream(*tok, ids, stops);  // whole characters only, however the ids split them
   const model::Generation g = model::generate(*lm, ids, 24, sampling, stops, [&](int32_t id) {
@@ -104,13 +130,6 @@ int run(int argc, char** argv) {
   });
   std::printf("%s\n%zu tokens, %s\n", stream.finish().c_str(), g.tokens.size(),
               g.reason == model::StopReason::stop_token ? "stopped at the end-of-sequence token" : "to the limit");
-
-  std::vector<twell::ActivationStats> layers;
-  const model::Perplexity p = model::perplexity(*lm, ids, &layers);
-  std::printf("prompt perplexity %.3f over %lld predictions\n", p.perplexity, static_cast<long long>(p.predictions));
-  for (size_t l = 0; l < layers.size(); ++l)
-    std::printf("layer %zu: %.1f of %lld FFN neurons active a token\n", l, layers[l].mean_nnz_per_token(),
-                static_cast<long long>(lm->config().intermediate_size));
   return 0;
 }
 

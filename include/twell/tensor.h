@@ -66,10 +66,11 @@ struct TensorView {
   }
 };
 
-// Whether two views may share a byte: exact for views of rows (rank 1, rank 2 with unit column
-// stride, any contiguous view), whatever their pitches (the two column halves of one buffer are
-// apart); for other strides (negative ones too) whether their spans meet. Conservative: true where
-// it cannot tell. Empty views never overlap; views on different devices are taken as disjoint.
+// Whether two views may share a byte: exact for views of rows (rank 1 with unit stride, rank 2 with
+// unit column stride, any contiguous view), whatever their pitches (the two column halves of one
+// buffer are apart); for other strides (negative ones too) whether their spans meet. Conservative:
+// true where it cannot tell. Views without data or of no elements never overlap; views on
+// different devices are taken as disjoint.
 bool memory_overlaps(const TensorView& a, const TensorView& b);
 
 // Precondition checks with messages that say what was expected and what was given.

@@ -143,7 +143,7 @@ bool as_rows(const TensorView& t, Rows& r) {
 }  // namespace
 
 bool memory_overlaps(const TensorView& a, const TensorView& b) {
-  if (a.empty() || b.empty() || a.device != b.device) return false;
+  if (a.empty() || b.empty() || a.numel() == 0 || b.numel() == 0 || a.device != b.device) return false;  // no byte
   const auto [alo, ahi] = byte_span(a);
   const auto [blo, bhi] = byte_span(b);
   const intptr_t a0 = reinterpret_cast<intptr_t>(a.data), b0 = reinterpret_cast<intptr_t>(b.data);

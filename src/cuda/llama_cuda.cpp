@@ -41,12 +41,12 @@ void upload_rows(DeviceTensor& dst, std::initializer_list<const TensorView*> par
   for (const TensorView* p : parts) {
     const bool fits = !p->empty() && static_cast<size_t>(p->rank()) == want.size() &&
                       (want.size() == 1 || p->shape[1] == want[1]);
-    TWELL_REQUIRE(fits,
+    TWELL_CHECK(fits,
                 "LlamaCudaWeights: ", what, ": a part of shape ", shape_str(p->shape), " does not fit ",
                 shape_str(want), p->empty() ? " (missing)" : "");
     rows += p->shape[0];
   }
-  TWELL_REQUIRE(rows == want[0], "LlamaCudaWeights: ", what, ": its parts hold ", rows, " rows, the config's shape is ",
+  TWELL_CHECK(rows == want[0], "LlamaCudaWeights: ", what, ": its parts hold ", rows, " rows, the config's shape is ",
               shape_str(want));
   size_t offset = 0;
   for (const TensorView* p : parts) {
@@ -390,7 +390,7 @@ struct LlamaCuda::Impl {
     nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
     q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim;
     relu = c.hidden_act == "relu";
-    TWELL_REQUIRE(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
+    TWELL_CHECK(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
                 " layers, config has ", L);
 
     sm_count = device_info().sm_count;

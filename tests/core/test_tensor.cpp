@@ -114,6 +114,11 @@ TEST(MemoryOverlaps, FollowsStrides) {
   backwards.strides = {-64, 1};
   EXPECT_TRUE(memory_overlaps(backwards, first_rows)) << "a negative stride reaches below the data pointer";
   EXPECT_FALSE(memory_overlaps(TensorView(), first_rows));
+  // no elements, no bytes (and no division by a zero pitch)
+  const TensorView row(base, DType::f32, {64});
+  EXPECT_FALSE(memory_overlaps(row, TensorView(base + 10, DType::f32, {0})));
+  EXPECT_FALSE(memory_overlaps(TensorView(base, DType::f32, {1, 64}), TensorView(base, DType::f32, {2, 0})));
+  EXPECT_FALSE(memory_overlaps(TensorView(base, DType::f32, {4, 0, 3}), first_rows));
 }
 
 }  // namespace

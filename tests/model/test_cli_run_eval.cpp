@@ -300,6 +300,7 @@ TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
   // Output that cannot be written (a full disk) is an error, not a lost table.
   EXPECT_EQ(WEXITSTATUS(run_cli("inspect " + dir_).status), 0);
   EXPECT_EQ(WEXITSTATUS(run_cli("inspect " + dir_ + " >/dev/full").status), 1);
+  EXPECT_EQ(WEXITSTATUS(run_cli("--help >/dev/full").status), 1);
 }
 
 // Without --context, eval's windows are the model's context up to 8192 tokens (a window's logits
@@ -360,9 +361,12 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"run . -p hi -n 99999999999999999999", "--max-tokens: must be an integer that fits in 64 bits"},
       {"inspect ''", "twell: error: expected a checkpoint path, got an empty one"},
       // An empty number is not 0 (a 0% density case, greedy sampling).
-      {"bench ffn --backend cpu -M 4 -d ''", "twell bench ffn: -d has an empty value; give a number"},
-      {"bench ffn --backend cpu -M 4 --tile ''", "twell bench ffn: --tile has an empty value; give a number"},
-      {"run . -p hi --temperature ''", "twell run: --temperature has an empty value; give a number"},
+      {"bench ffn --backend cpu -M 4 -d ''", "twell bench ffn: --density: got an empty value; give a number"},
+      {"bench ffn --backend cpu -M 4 -d 0.1 ''", "twell bench ffn: --density: got an empty value; give a number"},
+      {"bench ffn --backend cpu -M 4 --tile=", "twell bench ffn: --tile= has nothing after the '='"},
+      {"bench ffn --backend cpu -M 4 --iters ''", "twell bench ffn: --iters: got an empty value; give a number"},
+      {"run . -p hi --temperature ''", "twell run: --temperature: got an empty value; give a number"},
+      {"run . -p hi --seed ''", "twell run: --seed: got an empty value; give a number"},
       {"eval . no-such-file.txt", "twell eval: file: no such file: no-such-file.txt; see twell eval --help"},
       {"eval . /", "twell eval: file: expected a file, got the directory /; see twell eval --help"},
       // The CPU backend's banner comes only once the options are good: an error is said alone.

@@ -10,11 +10,15 @@
 
 namespace twell::cli {
 
+// What a number option says of an empty value (CLI11 would read it as 0).
+inline const char* const kEmptyNumber = "got an empty value; give a number";
+
 // An integer option's lower bound, with a plain message ("--iters: must be at least 1, got 0").
 // Decimal digits only: CLI11 would read 0x10 as 16, and 1e3 as nothing.
 inline CLI::Validator at_least(long long min) {
   return CLI::Validator(
       [min](std::string& value) -> std::string {
+        if (value.empty()) return kEmptyNumber;
         long long v = 0;
         const char* end = value.data() + value.size();
         const auto [stop, ec] = std::from_chars(value.data(), end, v);
@@ -30,9 +34,10 @@ inline CLI::Validator at_least(long long min) {
 inline CLI::Validator real_in(double lo, bool lo_open, double hi, const std::string& range) {
   return CLI::Validator(
       [=](std::string& value) -> std::string {
+        if (value.empty()) return kEmptyNumber;
         char* stop = nullptr;
-        const double v = value.empty() ? 0 : std::strtod(value.c_str(), &stop);
-        if (value.empty() || stop != value.c_str() + value.size()) return "must be a number, got " + value;
+        const double v = std::strtod(value.c_str(), &stop);
+        if (stop != value.c_str() + value.size()) return "must be a number, got " + value;
         const bool ok = (lo_open ? v > lo : v >= lo) && v <= hi && std::isfinite(v);
         return ok ? std::string() : "must be " + range + ", got " + value;
       },
@@ -43,7 +48,8 @@ inline CLI::Validator real_in(double lo, bool lo_open, double hi, const std::str
 inline CLI::Validator seed_value() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
-        const bool digits = !value.empty() && value.size() <= 20 &&
+        if (value.empty()) return kEmptyNumber;
+        const bool digits = value.size() <= 20 &&
                             value.find_first_not_of("0123456789") == std::string::npos;
         if (digits && (value.size() < 20 || value <= "18446744073709551615")) return {};
         return "must be an integer from 0 to 18446744073709551615, got " + value;

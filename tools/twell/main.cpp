@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <new>
 #include <string>
@@ -13,6 +14,19 @@
 #include "twell/version.h"
 
 namespace {
+
+// Whether what was printed reached its file (a full disk or a closed pipe is an error, not a lost
+// table); says so where not.
+bool stdout_written() {
+  std::cout.flush();
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int flush_errno = errno;
+  if (flushed && !std::ferror(stdout) && std::cout) return true;
+  std::fprintf(stderr, "twell: error: writing the standard output failed%s%s\n", flushed ? "" : ": ",
+               flushed ? " (an earlier write)" : std::strerror(flush_errno ? flush_errno : EIO));
+  return false;
+}
 
 // Edit distance (insertions, deletions, substitutions and swaps of neighbours), for "did you mean".
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -64,6 +78,20 @@ int main(int argc, char** argv) {
   twell::cli::register_inspect(app);
   twell::cli::register_run(app);
   twell::cli::register_eval(app);
+  // CLI11 reads an empty value of a number option (`-d ""`, `-d 0.1 ""`) as 0: refused instead, in
+  // every form a value is given (repeated, after '=', in a list); the options with a validator of
+  // their own (at_least, real_in, seed_value) say the same first.
+  const std::function<void(CLI::App*)> refuse_empty_numbers = [&](CLI::App* a) {
+    for (CLI::Option* o : a->get_options()) {
+      const std::string type = o->get_type_name();
+      if (type.find("INT") != std::string::npos || type.find("FLOAT") != std::string::npos)
+        o->check(CLI::Validator(
+            [](std::string& value) { return value.empty() ? std::string(twell::cli::kEmptyNumber) : ""; },
+            ""));
+    }
+    for (CLI::App* sub : a->get_subcommands({})) refuse_empty_numbers(sub);
+  };
+  refuse_empty_numbers(&app);
   // CLI11 would say "A subcommand is required" for a misspelt one (`twell bnech`, `twell bench ffm`).
   CLI::App* level = &app;
   std::string path = "twell";
@@ -105,26 +133,10 @@ int main(int argc, char** argv) {
         return 1;
       }
   }
-  // CLI11 reads an empty value of a number option (`-d ""`) as 0: refused instead.
-  for (int i = 1; i + 1 < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--") break;
-    if (argv[i + 1][0] != '\0' || arg.size() < 2 || arg[0] != '-') continue;
-    for (const CLI::Option* o : level->get_options()) {
-      const std::string type = o->get_type_name();
-      const bool number = type.find("INT") != std::string::npos || type.find("FLOAT") != std::string::npos;
-      const bool named = arg.compare(0, 2, "--") == 0 ? o->check_lname(arg.substr(2)) : o->check_sname(arg.substr(1));
-      if (named && number && o->get_expected_min() > 0) {
-        std::fprintf(stderr, "%s: %s has an empty value; give a number; see %s --help\n", path.c_str(), arg.c_str(),
-                     path.c_str());
-        return 1;
-      }
-    }
-  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    if (e.get_exit_code() == 0) return app.exit(e) == 0 && stdout_written() ? 0 : 1;  // --help, --version
     // Every command-line error in one form, "twell run: <what>; see twell run --help", exit status
     // 1 as for any other error. An unknown option is named first (CLI11 may report something else
     // about it, e.g. "A subcommand is required" for `twell --bogus`), with the nearest real one.
@@ -151,11 +163,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "twell: error: %s\n", e.what());
     return 1;
   }
-  // What was printed reached its file: a full disk or a closed pipe is an error, not a lost table.
-  std::cout.flush();
-  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
-    std::fprintf(stderr, "twell: error: writing the standard output failed: %s\n", std::strerror(errno ? errno : EIO));
-    return 1;
-  }
-  return 0;
+  return stdout_written() ? 0 : 1;
 }
