@@ -524,36 +524,46 @@ void add_layer_stats(std::vector<ActivationStats>& total, const std::vector<Acti
   for (size_t l = 0; l < part.size(); ++l) total[l] += part[l];
 }
 
+namespace {
+
+// Calls run(first, last) for runs [first, last) of neighbouring windows of one length (length(w)),
+// at most per_call windows each, in order: the windows one next_token_nll_batch call takes.
+template <class Length, class Run>
+void in_calls(int64_t windows, int64_t per_call, Length&& length, Run&& run) {
+  for (int64_t first = 0; first < windows;) {
+    int64_t last = first + 1;
+    while (last < windows && last - first < per_call && length(last) == length(first)) ++last;
+    run(first, last);
+    first = last;
+  }
+}
+
+}  // namespace
+
 std::vector<ActivationStats> ffn_stats_in_windows(const LanguageModel& model, const std::vector<int32_t>& tokens,
                                                   int64_t window, int64_t windows_per_call) {
   TWELL_REQUIRE(!tokens.empty(), "ffn statistics: no tokens");
   TWELL_REQUIRE(window >= 1, "ffn statistics: a window holds at least 1 token, got ", window);
   TWELL_REQUIRE(windows_per_call >= 0, "ffn statistics: windows_per_call must be at least 0, got ", windows_per_call);
-  const int64_t per_call = windows_per_call > 0 ? windows_per_call : model.sequences_a_forward();
   const int64_t T = static_cast<int64_t>(tokens.size());
+  auto begin = [&](int64_t w) { return std::min(T, w * window); };
+  auto length = [&](int64_t w) { return begin(w + 1) - begin(w); };
   std::vector<ActivationStats> total, part;
-  std::vector<std::vector<int32_t>> batch;  // full windows of `window` tokens (≥ 2), per_call at a time
-  auto run = [&] {
-    if (batch.empty()) return;
-    model.next_token_nll_batch(batch, &part);
-    add_layer_stats(total, part);
-    batch.clear();
-  };
-  for (int64_t a = 0; a < T; a += window) {
-    std::vector<int32_t> ids(tokens.begin() + a, tokens.begin() + std::min(T, a + window));
-    if (static_cast<int64_t>(ids.size()) != window || window < 2) {  // the text's shorter last window, or 1 token
-      run();
-      if (ids.size() >= 2)
-        model.next_token_nll(ids, &part);
-      else
-        model.logits(ids, &part);  // one token predicts nothing: its forward
-      add_layer_stats(total, part);
-      continue;
-    }
-    batch.push_back(std::move(ids));
-    if (static_cast<int64_t>(batch.size()) == per_call) run();
-  }
-  run();
+  in_calls((T + window - 1) / window, windows_per_call > 0 ? windows_per_call : model.sequences_a_forward(), length,
+           [&](int64_t first, int64_t last) {
+             std::vector<std::vector<int32_t>> ids;
+             for (int64_t w = first; w < last; ++w)
+               ids.emplace_back(tokens.begin() + begin(w), tokens.begin() + begin(w + 1));
+             if (length(first) >= 2) {
+               model.next_token_nll_batch(ids, &part);
+               add_layer_stats(total, part);
+             } else {
+               for (const std::vector<int32_t>& one : ids) {  // one token predicts nothing: its forward
+                 model.logits(one, &part);
+                 add_layer_stats(total, part);
+               }
+             }
+           });
   return total;
 }
 
@@ -580,9 +590,7 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
   double sum = 0;
   int64_t count = 0;
   std::vector<ActivationStats> layers;
-  for (int64_t first = 0; first < windows;) {
-    int64_t last = first + 1;  // neighbouring windows of one length (all but the text's last), in one call
-    while (last < windows && last - first < windows_per_call && length(last) == length(first)) ++last;
+  in_calls(windows, windows_per_call, length, [&](int64_t first, int64_t last) {
     std::vector<std::vector<int32_t>> ids;
     for (int64_t w = first; w < last; ++w)
       ids.emplace_back(tokens.begin() + plan[static_cast<size_t>(w)].begin, tokens.begin() + plan[static_cast<size_t>(w)].end);
@@ -600,8 +608,7 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
       count += win.end - win.from;
       if (on_window) on_window(w + 1, windows, perplexity_of(sum, count));
     }
-    first = last;
-  }
+  });
   if (lone_last) {
     model.logits({tokens.back()}, &layers);
     add_layer_stats(*ffn_stats, layers);
