@@ -373,6 +373,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"bench ffn --backend cpu --from no-such.safetensors", "--from: no such file: no-such.safetensors"},
       {"bench ffn --backend cpu --from ''", "--from: expected a file name, got an empty one"},  // not the default run
       {"bench ffn --json ''", "twell bench ffn: --json: expected a file name, got an empty one"},
+      {"bench model --save ''", "twell bench model: --save: expected a directory, got an empty name"},
       {"bench ffn --json -", "twell bench ffn: --json: expected a file name, got '-'"},
       // Refused before the first case runs, in the options' own terms.
       {"bench ffn --backend cpu -M 4 -H 64 -I 256 --train", "twell: error: --train needs the CUDA backend"},

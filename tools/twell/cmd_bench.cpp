@@ -174,7 +174,10 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->capture_default_str();
   model->add_option("--save", mcfg->save_dir,
                     "also write the calibrated synthetic model to this directory as an HF checkpoint (config.json, "
-                    "model.safetensors; bf16), a sparse model for twell run and eval (--byte-tokenizer)");
+                    "model.safetensors; bf16), a sparse model for twell run and eval (--byte-tokenizer)")
+      ->check(CLI::Validator(
+          [](std::string& dir) { return dir.empty() ? std::string("expected a directory, got an empty name") : ""; },
+          "DIR"));
   model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")
       ->check(seed_value())
       ->capture_default_str();
