@@ -69,7 +69,13 @@ std::string write_random_model() {
   w.final_norm = ones(H);
   std::string dir = (std::filesystem::temp_directory_path() / "twell_generate_XXXXXX").string();
   if (!mkdtemp(dir.data())) throw std::runtime_error("cannot make a temporary directory: " + dir);
-  w.save_dir(dir);  // config.json + model.safetensors
+  try {
+    w.save_dir(dir);  // config.json + model.safetensors
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+    throw;
+  }
   return dir;
 }
 

@@ -546,10 +546,11 @@ std::vector<ActivationStats> ffn_stats_in_windows(const LanguageModel& model, co
   TWELL_REQUIRE(window >= 1, "ffn statistics: a window holds at least 1 token, got ", window);
   TWELL_REQUIRE(windows_per_call >= 0, "ffn statistics: windows_per_call must be at least 0, got ", windows_per_call);
   const int64_t T = static_cast<int64_t>(tokens.size());
-  auto begin = [&](int64_t w) { return std::min(T, w * window); };
+  const int64_t windows = T / window + (T % window != 0);  // not (T + window − 1) / window: window may be huge
+  auto begin = [&](int64_t w) { return w >= windows ? T : w * window; };
   auto length = [&](int64_t w) { return begin(w + 1) - begin(w); };
   std::vector<ActivationStats> total, part;
-  in_calls((T + window - 1) / window, windows_per_call > 0 ? windows_per_call : model.sequences_a_forward(), length,
+  in_calls(windows, windows_per_call > 0 ? windows_per_call : model.sequences_a_forward(), length,
            [&](int64_t first, int64_t last) {
              std::vector<std::vector<int32_t>> ids;
              for (int64_t w = first; w < last; ++w)

@@ -367,6 +367,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"bench ffn --backend cpu -M 4 --iters ''", "twell bench ffn: --iters: got an empty value; give a number"},
       {"run . -p hi --temperature ''", "twell run: --temperature: got an empty value; give a number"},
       {"run . -p hi --seed ''", "twell run: --seed: got an empty value; give a number"},
+      {"bench model --ragged ''", "twell bench model: --ragged: got an empty value; give a number"},  // a Range check
       {"eval . no-such-file.txt", "twell eval: file: no such file: no-such-file.txt; see twell eval --help"},
       {"eval . /", "twell eval: file: expected a file, got the directory /; see twell eval --help"},
       // The CPU backend's banner comes only once the options are good: an error is said alone.

@@ -1178,6 +1178,11 @@ TEST_F(LlamaCpuTest, NextTokenNllBatchIsEachSequencesAndWindowsPerCallChangeNoth
     EXPECT_EQ(by3[l].max_nnz_per_token, by1[l].max_nnz_per_token);
   }
   EXPECT_EQ(ffn_stats_in_windows(model, text57, 1, 4)[0].tokens, 57);  // each token alone, at position 0
+  const std::vector<int32_t> text20(text.begin(), text.begin() + 20);
+  const std::vector<ActivationStats> whole = ffn_stats_in_windows(model, text20, INT64_MAX);  // one window
+  ASSERT_EQ(whole.size(), by1.size());
+  EXPECT_EQ(whole[0].tokens, 20);
+  EXPECT_EQ(whole[0].nnz, ffn_stats_in_windows(model, text20, 20)[0].nnz);
   expect_error([&] { ffn_stats_in_windows(model, text57, 8, -1); }, {"windows_per_call must be at least 0"});
 }
 

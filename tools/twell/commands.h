@@ -10,7 +10,8 @@
 
 namespace twell::cli {
 
-// What a number option says of an empty value (CLI11 would read it as 0).
+// What a number option says of an empty value (CLI11 would read it as 0): main() checks every
+// number option for it before the option's own validators.
 inline const char* const kEmptyNumber = "got an empty value; give a number";
 
 // An integer option's lower bound, with a plain message ("--iters: must be at least 1, got 0").
@@ -18,7 +19,6 @@ inline const char* const kEmptyNumber = "got an empty value; give a number";
 inline CLI::Validator at_least(long long min) {
   return CLI::Validator(
       [min](std::string& value) -> std::string {
-        if (value.empty()) return kEmptyNumber;
         long long v = 0;
         const char* end = value.data() + value.size();
         const auto [stop, ec] = std::from_chars(value.data(), end, v);
@@ -34,7 +34,6 @@ inline CLI::Validator at_least(long long min) {
 inline CLI::Validator real_in(double lo, bool lo_open, double hi, const std::string& range) {
   return CLI::Validator(
       [=](std::string& value) -> std::string {
-        if (value.empty()) return kEmptyNumber;
         char* stop = nullptr;
         const double v = std::strtod(value.c_str(), &stop);
         if (stop != value.c_str() + value.size()) return "must be a number, got " + value;
@@ -48,8 +47,7 @@ inline CLI::Validator real_in(double lo, bool lo_open, double hi, const std::str
 inline CLI::Validator seed_value() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
-        if (value.empty()) return kEmptyNumber;
-        const bool digits = value.size() <= 20 &&
+        const bool digits = !value.empty() && value.size() <= 20 &&
                             value.find_first_not_of("0123456789") == std::string::npos;
         if (digits && (value.size() < 20 || value <= "18446744073709551615")) return {};
         return "must be an integer from 0 to 18446744073709551615, got " + value;

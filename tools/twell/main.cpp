@@ -18,13 +18,13 @@ namespace {
 // Whether what was printed reached its file (a full disk or a closed pipe is an error, not a lost
 // table); says so where not.
 bool stdout_written() {
+  errno = 0;  // what these flushes set, not what an earlier call left
   std::cout.flush();
-  errno = 0;
   const bool flushed = std::fflush(stdout) == 0;
-  const int flush_errno = errno;
+  const int cause = errno;
   if (flushed && !std::ferror(stdout) && std::cout) return true;
-  std::fprintf(stderr, "twell: error: writing the standard output failed%s%s\n", flushed ? "" : ": ",
-               flushed ? " (an earlier write)" : std::strerror(flush_errno ? flush_errno : EIO));
+  std::fprintf(stderr, "twell: error: writing the standard output failed: %s\n",
+               cause ? std::strerror(cause) : "an earlier write did");
   return false;
 }
 
@@ -78,14 +78,14 @@ int main(int argc, char** argv) {
   twell::cli::register_inspect(app);
   twell::cli::register_run(app);
   twell::cli::register_eval(app);
-  // CLI11 reads an empty value of a number option (`-d ""`, `-d 0.1 ""`) as 0: refused instead, in
-  // every form a value is given (repeated, after '=', in a list); the options with a validator of
-  // their own (at_least, real_in, seed_value) say the same first.
+  // CLI11 reads an empty value of a number option (`-d ""`, `-d 0.1 ""`) as 0: refused instead,
+  // repeated or after '=', before the option's own checks (transform() goes first). (An empty piece
+  // of a list, `-d 0.1,,0.2`, CLI11 drops: no value is read as 0 there.)
   const std::function<void(CLI::App*)> refuse_empty_numbers = [&](CLI::App* a) {
     for (CLI::Option* o : a->get_options()) {
       const std::string type = o->get_type_name();
       if (type.find("INT") != std::string::npos || type.find("FLOAT") != std::string::npos)
-        o->check(CLI::Validator(
+        o->transform(CLI::Validator(
             [](std::string& value) { return value.empty() ? std::string(twell::cli::kEmptyNumber) : ""; },
             ""));
     }
