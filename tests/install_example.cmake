@@ -24,44 +24,29 @@ foreach(f include/twell/version.h include/twell/cpu/ffn.h include/twell/c_api.h)
     message(FATAL_ERROR "install_example: ${f} was not installed")
   endif()
 endforeach()
-run_step("configuring the example" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/ffn_forward -B ${WORK_DIR}/build
-         -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${prefix})
-run_step("building the example" ${CMAKE_COMMAND} --build ${WORK_DIR}/build --config Release)
-set(exe ${WORK_DIR}/build/ffn_forward)
-if(NOT EXISTS ${exe})  # a multi-config generator's folder
-  set(exe ${WORK_DIR}/build/Release/ffn_forward)
-endif()
-run_step("running the example" ${exe})
-message(STATUS "${step_output}")
-if(NOT step_output MATCHES "non-zeros a token on the CPU" OR NOT step_output MATCHES "models would run on the ")
-  message(FATAL_ERROR "install_example: unexpected output:\n${step_output}")
-endif()
+# Configures examples/<example> against the installed prefix in WORK_DIR/<folder>, builds it, runs
+# <exe>, and fails unless its output matches each regular expression after those arguments.
+function(build_and_run example folder exe)
+  run_step("configuring examples/${example}" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/${example}
+           -B ${WORK_DIR}/${folder} -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX}
+           -DCMAKE_PREFIX_PATH=${prefix})
+  run_step("building examples/${example}" ${CMAKE_COMMAND} --build ${WORK_DIR}/${folder} --config Release)
+  set(path ${WORK_DIR}/${folder}/${exe})
+  if(NOT EXISTS ${path})  # a multi-config generator's folder
+    set(path ${WORK_DIR}/${folder}/Release/${exe})
+  endif()
+  run_step("running examples/${example}" ${path})
+  message(STATUS "${step_output}")
+  foreach(expected ${ARGN})
+    if(NOT step_output MATCHES "${expected}")
+      message(FATAL_ERROR "install_example: examples/${example} did not print '${expected}':\n${step_output}")
+    endif()
+  endforeach()
+endfunction()
 
-# A language model through the C++ API (examples/generate), on the random model it writes itself.
-run_step("configuring the generate example" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/generate
-         -B ${WORK_DIR}/build-generate -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX}
-         -DCMAKE_PREFIX_PATH=${prefix})
-run_step("building the generate example" ${CMAKE_COMMAND} --build ${WORK_DIR}/build-generate --config Release)
-set(exe ${WORK_DIR}/build-generate/generate)
-if(NOT EXISTS ${exe})
-  set(exe ${WORK_DIR}/build-generate/Release/generate)
-endif()
-run_step("running the generate example" ${exe})
-message(STATUS "${step_output}")
-if(NOT step_output MATCHES "prompt perplexity" OR NOT step_output MATCHES "layer 1: .* FFN neurons active a token")
-  message(FATAL_ERROR "install_example: unexpected output of the generate example:\n${step_output}")
-endif()
-
-# The C interface from a C program (examples/c_api), against the installed libtwell_c.so.
-run_step("configuring the C example" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/c_api -B ${WORK_DIR}/build-c
-         -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix})
-run_step("building the C example" ${CMAKE_COMMAND} --build ${WORK_DIR}/build-c --config Release)
-set(exe ${WORK_DIR}/build-c/c_api_example)
-if(NOT EXISTS ${exe})
-  set(exe ${WORK_DIR}/build-c/Release/c_api_example)
-endif()
-run_step("running the C example" ${exe})
-message(STATUS "${step_output}")
-if(NOT step_output MATCHES "non-zeros, largest difference" OR NOT step_output MATCHES "refused: ")
-  message(FATAL_ERROR "install_example: unexpected output of the C example:\n${step_output}")
-endif()
+# One FFN layer on the CPU (and the GPU where there is one).
+build_and_run(ffn_forward build ffn_forward "non-zeros a token on the CPU" "models would run on the ")
+# A language model through the C++ API, on the random model it writes itself.
+build_and_run(generate build-generate generate "prompt perplexity" "layer 1: .* FFN neurons active a token")
+# The C interface from a C program, against the installed libtwell_c.so.
+build_and_run(c_api build-c c_api_example "non-zeros, largest difference" "refused: ")
