@@ -92,6 +92,10 @@ TWELL_C_API const char* twell_last_error(void);
 TWELL_C_API const char* twell_path_name(int32_t path);
 
 /* ---- CPU reference backend (twell/cpu/ffn.h) ---- */
+/* Threads of the CPU backend (its FFN and models; results do not depend on the count): n >= 1, or 0
+ * for the default (the environment variable TWELL_NUM_THREADS, else every hardware thread). *previous
+ * (may be NULL) receives the setting it replaces. */
+TWELL_C_API int twell_cpu_set_num_threads(int32_t n, int32_t* previous);
 /* wg NULL: the non-gated FFN. stats and h_out may be NULL. */
 TWELL_C_API int twell_cpu_ffn_forward(const twell_tensor* x, const twell_tensor* wg, const twell_tensor* wu,
                                       const twell_tensor* wd, const twell_tensor* y, int32_t precision,
@@ -252,7 +256,8 @@ typedef enum twell_stop_reason {
   TWELL_STOP_CALLBACK = 3      /* on_token returned non-zero */
 } twell_stop_reason;
 /* Sees each token as soon as it is drawn (the stop token included); non-zero stops after it (a stop
- * token still reports TWELL_STOP_TOKEN). */
+ * token still reports TWELL_STOP_TOKEN). It may not call the generating model (refused: the call
+ * would change the cache under the generation); other models and the tokenizer are fine. */
 typedef int (*twell_token_fn)(int32_t token, void* user);
 typedef struct {
   int64_t n_tokens; /* written to tokens */
@@ -263,8 +268,10 @@ typedef struct {
   double prefill_seconds, decode_seconds;
 } twell_generation;
 /* Prefills prompt[0..n_prompt), then draws up to max_new_tokens tokens into tokens (room for
- * max_new_tokens), stopping after any of stop[0..n_stop). Uses (and resets) the model's KV cache.
- * sampling NULL: greedy. */
+ * max_new_tokens), stopping after any of stop[0..n_stop). Uses (and resets) the model's KV cache,
+ * which afterwards holds the prompt and every new token but the last (n_prompt + n_tokens - 1
+ * positions): twell_model_decode_step(tokens[n_tokens - 1]) continues the text. sampling NULL:
+ * greedy. A refused call writes nothing to tokens or *result. */
 TWELL_C_API int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_prompt,
                                      int64_t max_new_tokens, const twell_sampling* sampling, const int32_t* stop,
                                      int64_t n_stop, twell_token_fn on_token, void* user, int32_t* tokens,
@@ -278,7 +285,9 @@ typedef int (*twell_batch_token_fn)(int64_t sequence, int32_t token, void* user)
  * draws from seed sampling->seed + b (so that, with logits of the same bits, its tokens are
  * twell_model_generate's with that seed), stops on its own, and writes its tokens to
  * tokens[b * max_new_tokens ...] (room for n_prompts * max_new_tokens) and its count, reason and times to
- * results[b]: prefill_seconds the batch's, decode_seconds up to its own last token. */
+ * results[b]: prefill_seconds the batch's, decode_seconds up to its own last token. The cache then
+ * holds the batch (twell_model_cached_tokens: its longest sequence), which twell_model_decode_step
+ * does not continue; the whole-sequence calls and twell_model_prefill start afresh. */
 TWELL_C_API int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const int64_t* offsets,
                                            int64_t n_prompts, int64_t max_new_tokens, const twell_sampling* sampling,
                                            const int32_t* stop, int64_t n_stop, twell_batch_token_fn on_token,

@@ -60,6 +60,20 @@ class CpuFfn(unittest.TestCase):
         self.assertEqual(stats.nnz, sum(v != 0 for row in self.h for v in row))
         self.assertAlmostEqual(stats.l1_sum, sum(abs(v) for row in self.h for v in row), delta=1e-9)
 
+    def test_thread_count_changes_no_bit(self):
+        one_thread, default = array.array("d", [0.0] * (self.M * self.H)), array.array("d", [0.0] * (self.M * self.H))
+        previous = _capi.set_num_threads(1)
+        try:
+            self.assertEqual(self.forward(_capi.tensor(one_thread.buffer_info()[0], _capi.F64, _capi.CPU,
+                                                       (self.M, self.H))), 0)
+        finally:
+            self.assertEqual(_capi.set_num_threads(previous), 1)
+        self.assertEqual(self.forward(_capi.tensor(default.buffer_info()[0], _capi.F64, _capi.CPU, (self.M, self.H))), 0)
+        self.assertEqual(one_thread.tolist(), default.tolist())
+        for bad in (-1, 5000):
+            with self.assertRaisesRegex(ValueError, "n must lie in"):
+                _capi.set_num_threads(bad)
+
     def test_backward_is_the_chain_rule(self):
         rng = random.Random(2)
         dy, tdy = f64([rng.gauss(0, 1) for _ in range(self.M * self.H)], (self.M, self.H))

@@ -24,12 +24,12 @@ try:  # PyTorch first where it is installed: its CUDA libraries (cuBLASLt) are t
 except ImportError:
     torch = None
 
-from ._capi import TwellError, version
+from ._capi import TwellError, set_num_threads, version
 from . import _capi
 from .model import Model, Tokenizer
 
 __all__ = ["FFN", "ffn_forward", "replace_hf_mlps", "Model", "Tokenizer", "TwellError", "cuda_available",
-           "cuda_unavailable_reason", "version", "l1_coefficient", "clear_cache"]
+           "cuda_unavailable_reason", "version", "set_num_threads", "l1_coefficient", "clear_cache"]
 __version__ = version()
 
 

@@ -128,6 +128,7 @@ _sig = {
     "twell_version": (ctypes.c_char_p, []),
     "twell_last_error": (ctypes.c_char_p, []),
     "twell_path_name": (ctypes.c_char_p, [ctypes.c_int32]),
+    "twell_cpu_set_num_threads": (ctypes.c_int, [ctypes.c_int32, _P(ctypes.c_int32)]),
     "twell_cpu_ffn_forward": (ctypes.c_int, [_T, _T, _T, _T, _T, ctypes.c_int32, _P(ActivationStats), _T]),
     "twell_cpu_ffn_backward": (ctypes.c_int, [_T, _T, _T, _T, _T, ctypes.c_double, _T, _T, _T, _T, ctypes.c_int32]),
     "twell_cuda_available": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t]),
@@ -211,6 +212,18 @@ def parse_bytes(text):
 
 def version():
     return lib.twell_version().decode()
+
+
+def set_num_threads(n):
+    """Threads of the CPU backend (its FFN and models; results do not depend on the count): n >= 1, or 0
+    for the default (TWELL_NUM_THREADS, else every hardware thread). Returns the setting it replaces."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"set_num_threads: n must be an int, got {n!r}")
+    if not 0 <= n <= 4096:
+        raise ValueError(f"set_num_threads: n must lie in [0, 4096] (0: the default), got {n}")
+    previous = ctypes.c_int32()
+    check(lib.twell_cpu_set_num_threads(n, ctypes.byref(previous)))
+    return previous.value
 
 
 def cuda_available():

@@ -46,6 +46,9 @@ struct twell_model {
   // The KV cache holds a generation twell_model_generate(_batch) finished, which nothing continues:
   // the whole-sequence calls empty it first (whole_sequence_model) rather than refuse.
   bool generation_done = false;
+  // A generation is running: its token callback may not call the model (it would change the cache
+  // under the generation).
+  bool generating = false;
 };
 struct twell_tokenizer {
   std::unique_ptr<twell::model::Tokenizer> tokenizer;
@@ -106,6 +109,11 @@ TensorView view(const twell_tensor* t, const char* name) {
                 ": device must be TWELL_DEVICE_CPU or TWELL_DEVICE_CUDA, got ", t->device);
   Shape shape(t->shape, t->shape + t->ndim);
   for (int64_t d : shape) TWELL_REQUIRE(d >= 0, name, ": negative dimension in ", shape_str(shape));
+  try {
+    checked_nbytes(static_cast<DType>(t->dtype), shape);  // no product past 64 bits: no caller owns that
+  } catch (const Error& e) {
+    throw Error(str(name, ": ", e.what()));
+  }
   return TensorView(t->data, static_cast<DType>(t->dtype), std::move(shape), static_cast<Device>(t->device));
 }
 
@@ -159,7 +167,31 @@ twell::cuda::FfnForward& object(twell_cuda_ffn* ffn) {
 
 twell::model::LanguageModel& object(twell_model* m) {
   TWELL_REQUIRE(m != nullptr && m->model, "twell_model: NULL");
+  TWELL_REQUIRE(!m->generating, "twell_model: called from this model's token callback while it generates; call it "
+                "after twell_model_generate returns (or on a second model)");
   return *m->model;
+}
+
+// m->generating for the life of a generation, however it ends.
+struct Generating {
+  twell_model* m;
+  explicit Generating(twell_model* model) : m(model) { m->generating = true; }
+  ~Generating() { m->generating = false; }
+};
+
+// The checks of generation prompts the model would make, in the C call's words (`op`), of one prompt
+// or more (`batch`: each named by its index) at least one token each, every id in the vocabulary,
+// none longer than the context.
+void check_prompts(const twell::model::LanguageModel& m, const std::vector<std::vector<int32_t>>& prompts,
+                   const std::string& op, bool batch) {
+  if (batch)
+    twell::model::check_sequences(m.config(), prompts, 1, (op + ": prompt").c_str());
+  else
+    twell::model::check_token_ids(m.config(), prompts[0], false, op + ": prompt");
+  for (size_t b = 0; b < prompts.size(); ++b)
+    TWELL_REQUIRE(static_cast<int64_t>(prompts[b].size()) <= m.context(), op, ": prompt",
+                  batch ? str(" ", b) : "", " of ", prompts[b].size(), " tokens exceeds the model's context of ",
+                  m.context(), " positions");
 }
 
 // The model for forwards of `ids` from position 0 (logits, perplexity, token NLL, FFN statistics) of
@@ -237,6 +269,14 @@ const char* twell_path_name(int32_t path) {
   return "?";
 }
 
+int twell_cpu_set_num_threads(int32_t n, int32_t* previous) {
+  return guarded([&] {
+    TWELL_REQUIRE(n >= 0 && n <= 4096, "twell_cpu_set_num_threads: n must lie in [0, 4096] (0: the default), got ", n);
+    const int before = cpu::set_num_threads(n);
+    if (previous) *previous = before;
+  });
+}
+
 int twell_cpu_ffn_forward(const twell_tensor* x, const twell_tensor* wg, const twell_tensor* wu, const twell_tensor* wd,
                           const twell_tensor* y, int32_t precision, twell_activation_stats* stats,
                           const twell_tensor* h_out) {
@@ -311,9 +351,9 @@ int twell_cuda_ffn_workspace_bytes(const twell_cuda_ffn_config* config, size_t* 
 int twell_cuda_ffn_create(const twell_cuda_ffn_config* config, void* workspace, size_t workspace_bytes,
                           twell_cuda_ffn** out) {
   return guarded([&] {
-#if TWELL_WITH_CUDA
     TWELL_REQUIRE(out != nullptr, "twell_cuda_ffn_create: out is NULL");
     *out = nullptr;
+#if TWELL_WITH_CUDA
     std::string why;
     TWELL_REQUIRE(cuda::hopper_available(&why), "twell_cuda_ffn_create: ", why);
     const cuda::FfnShape shape = shape_of(config);
@@ -408,6 +448,7 @@ int twell_model_load(const char* dir, const twell_model_options* options, twell_
     o.dense_ffn = c.dense_ffn != 0;
     o.bf16_ffn = c.bf16_ffn != 0;
     o.check_finite = c.check_finite != 0;
+    TWELL_REQUIRE(c.context >= 0, "twell_model_options: context must be at least 0 (0: the config's), got ", c.context);
     o.context = c.context;
     o.kv_cache = c.kv_cache != 0;
     TWELL_REQUIRE(c.gpu_memory >= 0, "twell_model_options: gpu_memory must be at least 0 (0: all), got ", c.gpu_memory);
@@ -476,6 +517,7 @@ int twell_model_prefill(twell_model* model, const int32_t* ids, int64_t n, float
   return guarded([&] {
     model::LanguageModel& m = object(model);
     TWELL_REQUIRE(logits != nullptr, "twell_model_prefill: the logits buffer is NULL");
+    TWELL_REQUIRE(n >= 1, "twell_model_prefill: need at least 1 token, got ", n);
     copy_out(m.prefill(id_vector(ids, n, "twell_model_prefill")), logits);
     model->generation_done = false;
   });
@@ -485,6 +527,9 @@ int twell_model_decode_step(twell_model* model, int32_t id, float* logits) {
   return guarded([&] {
     model::LanguageModel& m = object(model);
     TWELL_REQUIRE(logits != nullptr, "twell_model_decode_step: the logits buffer is NULL");
+    TWELL_REQUIRE(m.cached_lengths().size() <= 1, "twell_model_decode_step: the KV cache holds the ",
+                  m.cached_lengths().size(), " sequences of twell_model_generate_batch, which a step of one token "
+                  "cannot continue; twell_model_prefill (or twell_model_reset) first");
     copy_out(m.decode_step(id), logits);
     model->generation_done = false;  // continued: the caller's generation now
   });
@@ -596,7 +641,6 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
   return guarded([&] {
     model::LanguageModel& m = object(model);
     TWELL_REQUIRE(result != nullptr, "twell_model_generate: result is NULL");
-    *result = twell_generation{};
     TWELL_REQUIRE(max_new_tokens >= 0, "twell_model_generate: max_new_tokens must be at least 0, got ",
                   max_new_tokens);
     TWELL_REQUIRE(tokens != nullptr || max_new_tokens == 0, "twell_model_generate: tokens is NULL");
@@ -607,6 +651,9 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     std::function<bool(int64_t, int32_t)> seen;
     if (on_token != nullptr) seen = [&](int64_t, int32_t t) { return on_token(t, user) != 0; };
     TWELL_REQUIRE(!p.empty(), "twell_model_generate: empty prompt");
+    check_prompts(m, {p}, "twell_model_generate", false);
+    *result = twell_generation{};
+    const Generating busy(model);
     const model::Generation g = model::generate_batch(m, {p}, max_new_tokens, so, stops, seen)[0];
     std::copy(g.tokens.begin(), g.tokens.end(), tokens);
     *result = twell_generation{static_cast<int64_t>(g.tokens.size()), static_cast<int32_t>(g.reason), 0,
@@ -624,7 +671,6 @@ int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const
     TWELL_REQUIRE(n_prompts >= 1, "twell_model_generate_batch: n_prompts must be at least 1, got ", n_prompts);
     TWELL_REQUIRE(prompts != nullptr && offsets != nullptr && results != nullptr,
                   "twell_model_generate_batch: prompts, offsets or results is NULL");
-    std::fill(results, results + n_prompts, twell_generation{});
     TWELL_REQUIRE(max_new_tokens >= 0, "twell_model_generate_batch: max_new_tokens must be at least 0, got ",
                   max_new_tokens);
     TWELL_REQUIRE(tokens != nullptr || max_new_tokens == 0, "twell_model_generate_batch: tokens is NULL");
@@ -639,6 +685,9 @@ int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const
     const std::vector<int32_t> stops = id_vector(stop, n_stop, "twell_model_generate_batch (stop tokens)");
     std::function<bool(int64_t, int32_t)> seen;
     if (on_token != nullptr) seen = [&](int64_t b, int32_t t) { return on_token(b, t, user) != 0; };
+    check_prompts(m, ps, "twell_model_generate_batch", true);
+    std::fill(results, results + n_prompts, twell_generation{});
+    const Generating busy(model);
     const std::vector<model::Generation> g = model::generate_batch(m, ps, max_new_tokens, so, stops, seen);
     for (int64_t b = 0; b < n_prompts; ++b) {
       std::copy(g[b].tokens.begin(), g[b].tokens.end(), tokens + b * max_new_tokens);

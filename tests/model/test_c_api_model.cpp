@@ -249,7 +249,7 @@ TEST_F(CApiModel, BatchGenerationIsTheCppBatch) {
   EXPECT_EQ(twell_model_generate_batch(m, flat.data(), empty, 3, 5, &s, nullptr, 0, nullptr, nullptr, tokens.data(), g),
             TWELL_ERROR);
   EXPECT_NE(error_text().find("prompt 1 is empty"), std::string::npos) << error_text();
-  EXPECT_EQ(g[0].n_tokens, 0);  // results cleared
+  EXPECT_EQ(g[0].n_tokens, 5);  // a refused call writes nothing
   EXPECT_EQ(
       twell_model_generate_batch(m, flat.data(), shifted, 3, 5, &s, nullptr, 0, nullptr, nullptr, tokens.data(), g),
       TWELL_ERROR);
@@ -337,6 +337,85 @@ TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
   EXPECT_NE(error_text().find("twell_model: NULL"), std::string::npos) << error_text();
   twell_model_destroy(m);
   twell_model_destroy(nullptr);
+}
+
+// A token callback that calls its own generating model is refused (it would change the cache under
+// the generation), and the generation goes on as without it; after a generation the cache holds all
+// but the last token, which a decode step continues; after a batch a decode step is refused in the
+// C call's words; bad prompts are named as the C call's; the CPU's threads are set through the C API.
+TEST_F(CApiModel, CallbacksCannotReenterAndTheCacheAfterAGenerationIsSaid) {
+  twell_model* m = load();
+  ASSERT_NE(m, nullptr);
+  const int64_t T = static_cast<int64_t>(prompt_.size());
+  std::vector<int32_t> plain(4, -1), reentered(4, -1);
+  twell_generation g;
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), T, 4, nullptr, nullptr, 0, nullptr, nullptr, plain.data(), &g),
+            TWELL_OK);
+  struct Seen {
+    twell_model* m;
+    std::vector<int> status;
+    std::string error;
+  } seen{m, {}, {}};
+  const twell_token_fn reenter = [](int32_t, void* user) {
+    Seen& s = *static_cast<Seen*>(user);
+    const int32_t ids[] = {5, 6};
+    std::vector<int32_t> out(2);
+    twell_generation inner;
+    s.status.push_back(twell_model_generate(s.m, ids, 2, 2, nullptr, nullptr, 0, nullptr, nullptr, out.data(), &inner));
+    s.status.push_back(twell_model_reset(s.m));
+    s.error = twell_last_error();
+    return 0;
+  };
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), T, 4, nullptr, nullptr, 0, reenter, &seen, reentered.data(), &g),
+            TWELL_OK)
+      << error_text();
+  EXPECT_EQ(reentered, plain);
+  EXPECT_EQ(seen.status, std::vector<int>(8, TWELL_ERROR));
+  EXPECT_NE(seen.error.find("called from this model's token callback"), std::string::npos) << seen.error;
+  int64_t cached = -1;
+  ASSERT_EQ(twell_model_cached_tokens(m, &cached), TWELL_OK);
+  EXPECT_EQ(cached, T + 4 - 1);  // the prompt and every new token but the last
+  std::vector<float> logits(97);
+  EXPECT_EQ(twell_model_decode_step(m, plain[3], logits.data()), TWELL_OK) << error_text();
+
+  // a refused generate writes nothing; its bad prompt id is named as the C call's
+  const int32_t bad[] = {3, 97};
+  g.n_tokens = 42;
+  EXPECT_EQ(twell_model_generate(m, bad, 2, 4, nullptr, nullptr, 0, nullptr, nullptr, plain.data(), &g), TWELL_ERROR);
+  EXPECT_NE(error_text().find("twell_model_generate: prompt: token 97 at index 1"), std::string::npos) << error_text();
+  EXPECT_EQ(g.n_tokens, 42);
+  const std::vector<int32_t> long_prompt(33, 1);  // the model's context is 32
+  EXPECT_EQ(twell_model_generate(m, long_prompt.data(), 33, 1, nullptr, nullptr, 0, nullptr, nullptr, plain.data(), &g),
+            TWELL_ERROR);
+  EXPECT_NE(error_text().find("twell_model_generate: prompt of 33 tokens exceeds the model's context of 32"),
+            std::string::npos)
+      << error_text();
+
+  // after a batch, a decode step of one token is refused in the C API's words
+  const int32_t flat[] = {3, 14, 7};
+  const int64_t offsets[] = {0, 2, 3};
+  std::vector<int32_t> tokens(4);
+  twell_generation gs[2];
+  ASSERT_EQ(twell_model_generate_batch(m, flat, offsets, 2, 2, nullptr, nullptr, 0, nullptr, nullptr, tokens.data(), gs),
+            TWELL_OK);
+  EXPECT_EQ(twell_model_decode_step(m, 1, logits.data()), TWELL_ERROR);
+  EXPECT_NE(error_text().find("twell_model_decode_step: the KV cache holds the 2 sequences of "
+                              "twell_model_generate_batch"),
+            std::string::npos)
+      << error_text();
+  EXPECT_EQ(twell_model_prefill(m, flat, 0, logits.data()), TWELL_ERROR);
+  EXPECT_NE(error_text().find("twell_model_prefill: need at least 1 token, got 0"), std::string::npos) << error_text();
+
+  // threads: the same bits with one as with the default
+  std::vector<float> one(T * 97), many(T * 97);
+  int32_t previous = -1;
+  ASSERT_EQ(twell_cpu_set_num_threads(1, &previous), TWELL_OK);
+  ASSERT_EQ(twell_model_logits(m, prompt_.data(), T, one.data(), nullptr), TWELL_OK);
+  ASSERT_EQ(twell_cpu_set_num_threads(previous, nullptr), TWELL_OK);
+  ASSERT_EQ(twell_model_logits(m, prompt_.data(), T, many.data(), nullptr), TWELL_OK);
+  EXPECT_EQ(one, many);
+  EXPECT_EQ(twell_cpu_set_num_threads(-1, nullptr), TWELL_ERROR);
+  twell_model_destroy(m);
 }
 
 TEST_F(CApiModel, TokenizersEncodeAndDecodeAsTheCppOnes) {
