@@ -257,7 +257,8 @@ typedef enum twell_stop_reason {
 } twell_stop_reason;
 /* Sees each token as soon as it is drawn (the stop token included); non-zero stops after it (a stop
  * token still reports TWELL_STOP_TOKEN). It may not call the generating model (refused: the call
- * would change the cache under the generation); other models and the tokenizer are fine. */
+ * would change the cache under the generation; twell_model_destroy leaves it alone and says so on
+ * stderr) but for get_info, cached_tokens and eos_ids; other models and the tokenizer are fine. */
 typedef int (*twell_token_fn)(int32_t token, void* user);
 typedef struct {
   int64_t n_tokens; /* written to tokens */
@@ -270,15 +271,17 @@ typedef struct {
 /* Prefills prompt[0..n_prompt), then draws up to max_new_tokens tokens into tokens (room for
  * max_new_tokens), stopping after any of stop[0..n_stop). Uses (and resets) the model's KV cache,
  * which afterwards holds the prompt and every new token but the last (n_prompt + n_tokens - 1
- * positions): twell_model_decode_step(tokens[n_tokens - 1]) continues the text. sampling NULL:
- * greedy. A refused call writes nothing to tokens or *result. */
+ * positions; n_prompt where none was drawn): twell_model_decode_step(tokens[n_tokens - 1])
+ * continues the text, unless it stopped with TWELL_STOP_CONTEXT_FULL. sampling NULL: greedy. A call
+ * that fails writes nothing to *result (tokens may hold what was drawn before an error). */
 TWELL_C_API int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_prompt,
                                      int64_t max_new_tokens, const twell_sampling* sampling, const int32_t* stop,
                                      int64_t n_stop, twell_token_fn on_token, void* user, int32_t* tokens,
                                      twell_generation* result);
 
 /* Sees each token of sequence `sequence` as soon as it is drawn; non-zero stops that sequence after it
- * (TWELL_STOP_CALLBACK, unless the token is a stop token). */
+ * (TWELL_STOP_CALLBACK, unless the token is a stop token). The same calls are refused as from a
+ * twell_token_fn. */
 typedef int (*twell_batch_token_fn)(int64_t sequence, int32_t token, void* user);
 /* generate for n_prompts prompts at once, of any lengths: prompt b is prompts[offsets[b] .. offsets[b + 1])
  * (offsets has n_prompts + 1 entries, offsets[0] = 0), n_prompts at most the model's max_batch. Sequence b
@@ -287,7 +290,8 @@ typedef int (*twell_batch_token_fn)(int64_t sequence, int32_t token, void* user)
  * tokens[b * max_new_tokens ...] (room for n_prompts * max_new_tokens) and its count, reason and times to
  * results[b]: prefill_seconds the batch's, decode_seconds up to its own last token. The cache then
  * holds the batch (twell_model_cached_tokens: its longest sequence), which twell_model_decode_step
- * does not continue; the whole-sequence calls and twell_model_prefill start afresh. */
+ * does not continue where it holds 2 sequences or more; the whole-sequence calls and
+ * twell_model_prefill start afresh. A call that fails writes nothing to results. */
 TWELL_C_API int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const int64_t* offsets,
                                            int64_t n_prompts, int64_t max_new_tokens, const twell_sampling* sampling,
                                            const int32_t* stop, int64_t n_stop, twell_batch_token_fn on_token,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -184,6 +185,8 @@ struct Generating {
 // none longer than the context.
 void check_prompts(const twell::model::LanguageModel& m, const std::vector<std::vector<int32_t>>& prompts,
                    const std::string& op, bool batch) {
+  TWELL_REQUIRE(static_cast<int64_t>(prompts.size()) <= m.max_batch(), op, ": ", prompts.size(),
+                " prompts exceed the model's max_batch of ", m.max_batch());
   if (batch)
     twell::model::check_sequences(m.config(), prompts, 1, (op + ": prompt").c_str());
   else
@@ -471,6 +474,10 @@ int twell_model_load(const char* dir, const twell_model_options* options, twell_
 }
 
 void twell_model_destroy(twell_model* model) {
+  if (model != nullptr && model->generating) {  // from its own token callback: the generation still runs on it
+    std::fprintf(stderr, "twell_model_destroy: called from the model's own token callback; not destroyed\n");
+    return;
+  }
   try {
     delete model;
   } catch (...) {  // a destructor's CUDA error: nothing a C caller could do with it
@@ -652,7 +659,6 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     if (on_token != nullptr) seen = [&](int64_t, int32_t t) { return on_token(t, user) != 0; };
     TWELL_REQUIRE(!p.empty(), "twell_model_generate: empty prompt");
     check_prompts(m, {p}, "twell_model_generate", false);
-    *result = twell_generation{};
     const Generating busy(model);
     const model::Generation g = model::generate_batch(m, {p}, max_new_tokens, so, stops, seen)[0];
     std::copy(g.tokens.begin(), g.tokens.end(), tokens);
@@ -686,7 +692,6 @@ int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const
     std::function<bool(int64_t, int32_t)> seen;
     if (on_token != nullptr) seen = [&](int64_t b, int32_t t) { return on_token(b, t, user) != 0; };
     check_prompts(m, ps, "twell_model_generate_batch", true);
-    std::fill(results, results + n_prompts, twell_generation{});
     const Generating busy(model);
     const std::vector<model::Generation> g = model::generate_batch(m, ps, max_new_tokens, so, stops, seen);
     for (int64_t b = 0; b < n_prompts; ++b) {

@@ -406,6 +406,29 @@ TEST_F(CApiModel, CallbacksCannotReenterAndTheCacheAfterAGenerationIsSaid) {
   EXPECT_EQ(twell_model_prefill(m, flat, 0, logits.data()), TWELL_ERROR);
   EXPECT_NE(error_text().find("twell_model_prefill: need at least 1 token, got 0"), std::string::npos) << error_text();
 
+  // more prompts than the model batches: refused in the C call's words, results untouched
+  const int64_t too_many = LlamaCpu::kMaxBatch + 1;
+  std::vector<int32_t> ones(static_cast<size_t>(too_many), 1);
+  std::vector<int64_t> each(static_cast<size_t>(too_many + 1));
+  for (int64_t b = 0; b <= too_many; ++b) each[static_cast<size_t>(b)] = b;
+  std::vector<twell_generation> untouched(static_cast<size_t>(too_many));
+  untouched[0].n_tokens = 42;
+  EXPECT_EQ(twell_model_generate_batch(m, ones.data(), each.data(), too_many, 1, nullptr, nullptr, 0, nullptr, nullptr,
+                                       ones.data(), untouched.data()),
+            TWELL_ERROR);
+  EXPECT_NE(error_text().find("twell_model_generate_batch: 65536 prompts exceed the model's max_batch of 65535"),
+            std::string::npos)
+      << error_text();
+  EXPECT_EQ(untouched[0].n_tokens, 42);
+  // destroying the model from its own callback leaves it alone (the generation still runs on it)
+  const twell_token_fn destroy = [](int32_t, void* user) {
+    twell_model_destroy(static_cast<twell_model*>(user));
+    return 1;
+  };
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), T, 2, nullptr, nullptr, 0, destroy, m, plain.data(), &g), TWELL_OK);
+  EXPECT_EQ(g.reason, TWELL_STOP_CALLBACK);
+  ASSERT_EQ(twell_model_cached_tokens(m, &cached), TWELL_OK);
+
   // threads: the same bits with one as with the default
   std::vector<float> one(T * 97), many(T * 97);
   int32_t previous = -1;
