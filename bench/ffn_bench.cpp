@@ -265,13 +265,21 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
   const size_t n_cases = from_file ? 1 : tokens.size() * densities.size() * distributions.size();
   for (size_t case_no = 1; case_no <= n_cases; ++case_no) {
         FfnProblem p;
+        // The case said before it is made (a skewed problem's rates take a while at a large -I).
+        auto announce = [&](int64_t M, const std::string& what) {
+          if (backend->slow())
+            progress << "[" << case_no << "/" << n_cases << "] M=" << M << what << ": checking against float64, then "
+                     << warmup << " + " << iters << " runs of each implementation ..." << std::endl;
+        };
         if (from_file) {
           p = std::move(*given);
+          announce(p.ffn.spec.M, " from " + cfg.from_file);
         } else {
           const size_t c = case_no - 1, n_dist = distributions.size(), n_dens = densities.size();
           const Distribution dist = distributions[c % n_dist];
           const SyntheticSpec spec{tokens[c / (n_dist * n_dens)], cfg.H, cfg.I, densities[(c / n_dist) % n_dens], dist,
                                    cfg.gated, cfg.seed};
+          announce(spec.M, str(" density=", spec.density * 100, "% ", distribution_name(dist)));
           p.ffn = make_synthetic_ffn(spec);
           p.distribution = distribution_name(dist);
           p.density = spec.density;
@@ -283,12 +291,6 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
         }
         p.case_id = static_cast<int64_t>(case_no);
         const int64_t M = p.ffn.spec.M, H = p.ffn.spec.H, I = p.ffn.spec.I;
-        if (backend->slow())
-          progress << "[" << case_no << "/" << n_cases << "] M=" << M
-                   << (from_file ? std::string(" from ") + cfg.from_file
-                                 : str(" density=", p.density * 100, "% ", p.distribution))
-                   << ": checking against float64, then " << warmup << " + " << iters
-                   << " runs of each implementation ..." << std::endl;
 
         // Reference: float64 FFN on sampled rows of token set 0.
         const TwellOccupancy occ = backend->occupancy(p, cfg);
