@@ -110,8 +110,7 @@ int run(int argc, char** argv) {
 
   // generate() stops only at the ids it is given: config.json's (and generation_config.json's)
   // eos_token_id, and the tokenizer's EOS.
-  std::vector<int32_t> stops = lm->config().eos_token_ids;
-  if (tok->eos_id()) stops.push_back(*tok->eos_id());
+  const std::vector<int32_t> stops = model::default_stop_ids(lm->config(), *tok);
   model::SamplingOptions sampling;  // temperature 0: greedy
   sampling.temperature = 0.7, sampling.top_p = 0.9, sampling.seed = 42;
   sampling.vocab_limit = tok->vocab_size();  // never an id the tokenizer cannot print

@@ -266,4 +266,10 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& dir, int64_t 
   return tok;
 }
 
+std::vector<int32_t> default_stop_ids(const io::ModelConfig& config, const Tokenizer& tok) {
+  std::vector<int32_t> stops = config.eos_token_ids;
+  if (tok.eos_id() && std::find(stops.begin(), stops.end(), *tok.eos_id()) == stops.end()) stops.push_back(*tok.eos_id());
+  return stops;
+}
+
 }  // namespace twell::model

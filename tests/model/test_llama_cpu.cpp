@@ -29,6 +29,7 @@
 #include "twell/io/safetensors.h"
 #include "twell/model/llama.h"
 #include "twell/model/load.h"
+#include "twell/model/tokenizer.h"
 #include "twell/model/load.h"
 
 namespace twell::model {
@@ -268,6 +269,17 @@ TEST_F(LlamaCpuTest, SaveDirWritesWhatLoadDirReads) {
   }
   expect_error([&] { LlamaWeights::load_dir(path("none")); }, {"no such directory: " + path("none")});
   expect_error([&] { load_model(""); }, {"expected a model directory, got an empty path"});
+}
+
+// The ids a generation stops at by default: the config's, then the tokenizer's EOS where it is not
+// among them already.
+TEST(DefaultStopIds, AreTheConfigsAndTheTokenizersEos) {
+  io::ModelConfig c = tiny_config("relu", true);
+  c.eos_token_ids = {5, 257};
+  EXPECT_EQ(default_stop_ids(c, ByteTokenizer(true, true)), (std::vector<int32_t>{5, 257}));  // its EOS is 257
+  c.eos_token_ids = {};
+  EXPECT_EQ(default_stop_ids(c, ByteTokenizer(true, true)), (std::vector<int32_t>{257}));
+  EXPECT_TRUE(default_stop_ids(c, ByteTokenizer()).empty());
 }
 
 // A model wide enough that parallel_for really splits the projections, the LM head and the FFN

@@ -105,13 +105,7 @@ void register_run(CLI::App& app) {
     args->gpu_context = longest + std::min(*max_tokens, config.max_position_embeddings);
     args->gpu_max_batch = static_cast<int64_t>(B);
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
-    // End of sequence: the tokenizer's EOS and config.json's / generation_config.json's ids
-    // (Llama 3 Instruct ends a turn with any of three).
-    std::vector<int32_t> stops;
-    if (!*no_stop) {
-      stops = config.eos_token_ids;
-      if (tok->eos_id()) stops.push_back(*tok->eos_id());
-    }
+    const std::vector<int32_t> stops = *no_stop ? std::vector<int32_t>{} : model::default_stop_ids(config, *tok);
     // A model whose embedding is padded past the tokenizer must not draw ids it cannot print.
     sampling->vocab_limit = tok->vocab_size();
     // Why a generation stopped, where it was not its token count: `label` names the sequence.

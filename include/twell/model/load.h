@@ -118,4 +118,8 @@ void check_tokenizer_fits(const Tokenizer& tok, int64_t vocab_size);
 std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& dir, int64_t vocab_size, bool bytes = false,
                                                 const std::string& bytes_choice_name = "the byte tokenizer");
 
+// The ids that end a generation by default: config.json's and generation_config.json's
+// eos_token_id (Llama 3 Instruct ends a turn with any of three) and the tokenizer's EOS.
+std::vector<int32_t> default_stop_ids(const io::ModelConfig& config, const Tokenizer& tok);
+
 }  // namespace twell::model
