@@ -221,6 +221,13 @@ TEST_F(CliModel, DeviceSelection) {
   const CliResult alias = run_cli(args + " --backend cpu", true);
   EXPECT_EQ(alias.status, 0) << alias.out;
   EXPECT_NE(alias.out.find("backend: CPU reference"), std::string::npos) << alias.out;
+  // the GPU's options given to the CPU backend are named as unused
+  const CliResult gpu_options = run_cli(args + " --device cpu --gpu-memory 40GB --ffn dense --max-batch-tokens 64", true);
+  EXPECT_EQ(gpu_options.status, 0) << gpu_options.out;
+  EXPECT_NE(gpu_options.out.find("backend: CPU reference (--gpu-memory, --ffn, --max-batch-tokens: the GPU's, not used "
+                                 "here)"),
+            std::string::npos)
+      << gpu_options.out;
   EXPECT_NE(run_cli(args + " --device tpu").status, 0);
   EXPECT_NE(run_cli(args + " --ffn sometimes").status, 0);
   // On a machine without a Hopper GPU (CI), asking for one fails and says why; with one, it runs.
@@ -301,6 +308,15 @@ TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
   EXPECT_EQ(WEXITSTATUS(run_cli("inspect " + dir_).status), 0);
   EXPECT_EQ(WEXITSTATUS(run_cli("inspect " + dir_ + " >/dev/full").status), 1);
   EXPECT_EQ(WEXITSTATUS(run_cli("--help >/dev/full").status), 1);
+  // run stops generating at the first piece it cannot write, and says why
+  const std::string err = path("err.txt");
+  const int status = std::system((std::string(TWELL_CLI_PATH) + " run " + dir_ +
+                                  " --byte-tokenizer --no-stop -p hi -n 30 >/dev/full 2>" + err).c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  const std::string said = test::read_file(err);
+  EXPECT_NE(said.find("twell: error: writing the standard output failed: No space left on device"), std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("generated 30 tokens"), std::string::npos) << said;
 }
 
 // Without --context, eval's windows are the model's context up to 8192 tokens (a window's logits
@@ -353,6 +369,10 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"run . --prompt= --no-stop", "twell run: --prompt= has nothing after the '='; give a value"},
       {"eval . f.txt --context= --byte-tokenizer", "twell eval: --context= has nothing after the '='"},
       {"run . -p hi --no-stop=", "twell run: --no-stop is a flag and takes no value"},
+      // ... and an option that takes a value does not take the next option as it.
+      {"run . -p --no-stop -n 3",
+       "twell run: -p needs a value, got the option --no-stop (a value that starts with '-': --prompt=--no-stop)"},
+      {"eval . f.txt --json --sparsity", "twell eval: --json needs a value, got the option --sparsity"},
       // Values refused by the option's own rule, in one form; integers in decimal only.
       {"run . -p hi --top-p 1.5", "twell run: --top-p: must be in (0, 1], got 1.5; see twell run --help"},
       {"run . -p hi --temperature nan", "twell run: --temperature: must be finite and at least 0, got nan"},

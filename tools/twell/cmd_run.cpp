@@ -51,11 +51,11 @@ void register_run(CLI::App& app) {
           ->capture_default_str(),
       run->add_option("--seed", sampling->seed, "sampling seed")->check(seed_value())->capture_default_str()};
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
-  run->add_option("--max-batch-tokens", args->gpu_max_tokens,
+  args->gpu_only_options.push_back(run->add_option("--max-batch-tokens", args->gpu_max_tokens,
                   "GPU: the most tokens one forward computes (its activations' size); longer prompts run in chunks "
                   "(0: up to 16384, fewer where the GPU's memory needs it)")
       ->check(at_least(0))
-      ->capture_default_str();
+      ->capture_default_str());
 
   run->callback([=] {
     if (!prompts_file->empty()) {
@@ -125,12 +125,14 @@ void register_run(CLI::App& app) {
     };
 
     if (B > 1) {  // generated together, printed when all are done; meanwhile a count of tokens drawn
-      bench::StepProgress progress(std::cerr, "", std::max<int64_t>(1, static_cast<int64_t>(B) * *max_tokens));
+      int64_t most = 0;  // each prompt's -n, or what its context leaves (a last token drawn without a position)
+      for (const std::vector<int32_t>& p : ids)
+        most += std::min<int64_t>(*max_tokens, model->context() - static_cast<int64_t>(p.size()) + 1);
+      bench::StepProgress progress(std::cerr, "", std::max<int64_t>(1, most));
       int64_t drawn = 0;
       const auto count = [&](int64_t, int32_t) {
         ++drawn;
-        progress.show(drawn, str("generating: ", drawn, " of at most ", static_cast<int64_t>(B) * *max_tokens,
-                                 " tokens (", B, " prompts)"));
+        progress.show(drawn, str("generating: ", drawn, " of at most ", most, " tokens (", B, " prompts)"));
         return false;
       };
       const std::vector<model::Generation> gens =
@@ -154,8 +156,8 @@ void register_run(CLI::App& app) {
       if (after_first > 0)
         std::snprintf(rate, sizeof rate, ", the last %lld in %.3f s (%.1f tokens/s over the batch)", after_first,
                       decode, decode > 0 ? after_first / decode : 0.0);
-      std::fprintf(stderr, "%zu prompts (the longest %lld tokens) in %.3f s%s; generated %lld tokens%s\n", B,
-                   static_cast<long long>(longest), gens[0].prefill_seconds,
+      std::fprintf(stderr, "%zu prompts (the longest %lld token%s) in %.3f s%s; generated %lld tokens%s\n", B,
+                   static_cast<long long>(longest), longest == 1 ? "" : "s", gens[0].prefill_seconds,
                    generated > 0 ? " with the first new tokens" : "", generated, rate);
       return;
     }
@@ -165,10 +167,18 @@ void register_run(CLI::App& app) {
     // the same text as a single decode of everything (TextStream: a window of recent ids a token;
     // a stop token is not part of the text).
     model::TextStream shown(*tok, texts[0], stops);
-    std::cout << (*prompts)[0] << std::flush;
+    // Each piece as it comes; output that cannot be written (a full disk, a closed pipe) ends the
+    // generation there, with the cause.
+    const auto print = [](const std::string& text) {
+      errno = 0;
+      std::cout << text << std::flush;
+      if (!std::cout)
+        throw Error(str("writing the standard output failed: ", std::strerror(errno ? errno : EIO)));
+    };
+    print((*prompts)[0]);
     const std::function<void(int32_t)> stream = [&](int32_t token) {
       const std::string piece = shown.put(token);
-      if (!piece.empty()) std::cout << piece << std::flush;
+      if (!piece.empty()) print(piece);
     };
     model::Generation g;
     try {  // an error ends the streamed line first, so that it is not glued to the text

@@ -133,6 +133,27 @@ int main(int argc, char** argv) {
         return 1;
       }
   }
+  // CLI11 gives an option that takes a value the next argument even when that is another option
+  // (`-p --no-stop` would generate from the text "--no-stop", `--json --sparsity` write a file of
+  // that name): refused, unless written with '=' (`--prompt=--no-stop`).
+  const auto option_named = [&](const std::string& arg) -> const CLI::Option* {
+    if (arg.size() < 2 || arg[0] != '-') return nullptr;
+    for (const CLI::Option* o : level->get_options())
+      if (arg.compare(0, 2, "--") == 0 ? o->check_lname(arg.substr(2)) : arg.size() == 2 && o->check_sname(arg.substr(1)))
+        return o;
+    return nullptr;
+  };
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--") break;
+    const CLI::Option* o = option_named(argv[i]);
+    const CLI::Option* next = option_named(argv[i + 1]);
+    if (o == nullptr || next == nullptr || o->get_expected_min() == 0) continue;
+    const std::string hint = o->get_lnames().empty() ? std::string()
+                             : " (a value that starts with '-': --" + o->get_lnames().front() + "=" + argv[i + 1] + ")";
+    std::fprintf(stderr, "%s: %s needs a value, got the option %s%s; see %s --help\n", path.c_str(), argv[i],
+                 argv[i + 1], hint.c_str(), path.c_str());
+    return 1;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -30,7 +30,7 @@ void ModelArgs::add_to(CLI::App* cmd) {
                   "memory for it)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
-  cmd->add_option_function<std::string>(
+  gpu_only_options.push_back(cmd->add_option_function<std::string>(
          "--gpu-memory", [this](const std::string& v) { gpu_memory = parse_bytes(v); },
          "the most GPU memory the model may take, e.g. 40GB (default: all that is free); a model that needs more "
          "runs on the CPU under --device auto")
@@ -42,10 +42,11 @@ void ModelArgs::add_to(CLI::App* cmd) {
               return e.what();
             }
           },
-          "SIZE"));
-  ffn_option = cmd->add_option("--ffn", ffn, "GPU FFN of ReLU models: twell (sparse TwELL where it pays) or dense")
-                   ->check(CLI::IsMember({"twell", "dense"}))
-                   ->capture_default_str();
+          "SIZE")));
+  gpu_only_options.push_back(
+      cmd->add_option("--ffn", ffn, "GPU FFN of ReLU models: twell (sparse TwELL where it pays) or dense")
+          ->check(CLI::IsMember({"twell", "dense"}))
+          ->capture_default_str());
 }
 
 namespace {
@@ -79,7 +80,10 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   o.cpu_choice_name = "--device cpu";
   o.bf16_choice_name = "--bf16-ffn";
   o.context_hint = "a shorter context needs less: run's prompt and -n, eval's --context";
-  if (ffn_option && ffn_option->count()) o.cpu_backend_note = " (--ffn picks the GPU's FFN; the CPU runs its reference FFN)";
+  std::string given;
+  for (const CLI::Option* option : gpu_only_options)
+    if (option->count() > 0) given += (given.empty() ? "" : ", ") + option->get_name();
+  if (!given.empty()) o.cpu_backend_note = " (" + given + ": the GPU's, not used here)";
   return model::load_model(dir, o);
 }
 

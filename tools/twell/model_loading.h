@@ -21,7 +21,10 @@ struct ModelArgs {
   std::string device = "auto";  // cpu, cuda, auto (cuda when a Hopper GPU is present)
   std::string ffn = "twell";    // GPU FFN of ReLU models: twell (sparse when it pays) or dense
   size_t gpu_memory = 0;        // --gpu-memory: the most the model may take on the GPU (0: all free)
-  const CLI::Option* ffn_option = nullptr;  // given on the command line? (it means nothing on the CPU)
+  // The options that mean something on the GPU only (--ffn, --gpu-memory, and what the command
+  // adds: run's --max-batch-tokens, eval's --batch): where one was given, the CPU backend says it
+  // does not use it.
+  std::vector<const CLI::Option*> gpu_only_options;
   // What the GPU runtime allocates for (LlamaCudaOptions), set by the command from its job: the
   // positions a sequence holds, which are also the most tokens one call takes (0: the config's
   // max_position_embeddings, 131072 for Llama 3.1), and whether decode steps will follow.
