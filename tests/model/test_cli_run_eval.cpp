@@ -224,8 +224,8 @@ TEST_F(CliModel, DeviceSelection) {
   // the GPU's options given to the CPU backend are named as unused
   const CliResult gpu_options = run_cli(args + " --device cpu --gpu-memory 40GB --ffn dense --max-batch-tokens 64", true);
   EXPECT_EQ(gpu_options.status, 0) << gpu_options.out;
-  EXPECT_NE(gpu_options.out.find("backend: CPU reference (--gpu-memory, --ffn, --max-batch-tokens: the GPU's, not used "
-                                 "here)"),
+  EXPECT_NE(gpu_options.out.find("backend: CPU reference (--gpu-memory, --ffn, --max-batch-tokens: options for the GPU; "
+                                 "the CPU backend does not use them)"),
             std::string::npos)
       << gpu_options.out;
   EXPECT_NE(run_cli(args + " --device tpu").status, 0);
@@ -373,6 +373,9 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"run . -p --no-stop -n 3",
        "twell run: -p needs a value, got the option --no-stop (a value that starts with '-': --prompt=--no-stop)"},
       {"eval . f.txt --json --sparsity", "twell eval: --json needs a value, got the option --sparsity"},
+      {"eval . f.txt --json --context=8", "twell eval: --json needs a value, got the option --context=8"},
+      {"run . -p -n3", "twell run: -p needs a value, got the option -n3"},
+      {"run . -p -- -n 2", "twell run: -p needs a value, got the separator --"},
       // Values refused by the option's own rule, in one form; integers in decimal only.
       {"run . -p hi --top-p 1.5", "twell run: --top-p: must be in (0, 1], got 1.5; see twell run --help"},
       {"run . -p hi --temperature nan", "twell run: --temperature: must be finite and at least 0, got nan"},

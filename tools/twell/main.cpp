@@ -136,22 +136,35 @@ int main(int argc, char** argv) {
   // CLI11 gives an option that takes a value the next argument even when that is another option
   // (`-p --no-stop` would generate from the text "--no-stop", `--json --sparsity` write a file of
   // that name): refused, unless written with '=' (`--prompt=--no-stop`).
+  // The option an argument names, with its value attached or not (--name, --name=VALUE, -X, -XVALUE).
   const auto option_named = [&](const std::string& arg) -> const CLI::Option* {
-    if (arg.size() < 2 || arg[0] != '-') return nullptr;
+    if (arg.size() < 2 || arg[0] != '-' || arg == "--") return nullptr;
+    const bool long_form = arg.compare(0, 2, "--") == 0;
+    const std::string name = long_form ? arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos
+                                                                                          : arg.find('=') - 2)
+                                       : arg.substr(1, 1);
     for (const CLI::Option* o : level->get_options())
-      if (arg.compare(0, 2, "--") == 0 ? o->check_lname(arg.substr(2)) : arg.size() == 2 && o->check_sname(arg.substr(1)))
-        return o;
+      if (long_form ? o->check_lname(name) : o->check_sname(name)) return o;
     return nullptr;
   };
   for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--") break;
-    const CLI::Option* o = option_named(argv[i]);
-    const CLI::Option* next = option_named(argv[i + 1]);
-    if (o == nullptr || next == nullptr || o->get_expected_min() == 0) continue;
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    const CLI::Option* o = option_named(arg);
+    if (o == nullptr || o->get_expected_min() == 0) continue;
+    if ((arg.compare(0, 2, "--") == 0 && arg.find('=') != std::string::npos) ||
+        (arg.compare(0, 2, "--") != 0 && arg.size() > 2)) {
+      continue;  // its value is attached (--name=VALUE, -XVALUE)
+    }
+    const std::string next_arg = argv[i + 1];
+    if (option_named(next_arg) == nullptr && next_arg != "--") {
+      ++i;  // its value, whatever it looks like
+      continue;
+    }
     const std::string hint = o->get_lnames().empty() ? std::string()
                              : " (a value that starts with '-': --" + o->get_lnames().front() + "=" + argv[i + 1] + ")";
-    std::fprintf(stderr, "%s: %s needs a value, got the option %s%s; see %s --help\n", path.c_str(), argv[i],
-                 argv[i + 1], hint.c_str(), path.c_str());
+    std::fprintf(stderr, "%s: %s needs a value, got %s %s%s; see %s --help\n", path.c_str(), argv[i],
+                 next_arg == "--" ? "the separator" : "the option", argv[i + 1], hint.c_str(), path.c_str());
     return 1;
   }
   try {

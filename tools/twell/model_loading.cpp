@@ -83,7 +83,7 @@ std::unique_ptr<model::LanguageModel> ModelArgs::load_model() const {
   std::string given;
   for (const CLI::Option* option : gpu_only_options)
     if (option->count() > 0) given += (given.empty() ? "" : ", ") + option->get_name();
-  if (!given.empty()) o.cpu_backend_note = " (" + given + ": the GPU's, not used here)";
+  if (!given.empty()) o.cpu_backend_note = " (" + given + ": options for the GPU; the CPU backend does not use them)";
   return model::load_model(dir, o);
 }
 
