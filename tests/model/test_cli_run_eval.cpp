@@ -308,6 +308,10 @@ TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
   EXPECT_EQ(WEXITSTATUS(run_cli("inspect " + dir_).status), 0);
   EXPECT_EQ(WEXITSTATUS(run_cli("inspect " + dir_ + " >/dev/full").status), 1);
   EXPECT_EQ(WEXITSTATUS(run_cli("--help >/dev/full").status), 1);
+  // a prompt of words that begins with a dash is a prompt, not an option
+  const CliResult dashed = run_cli("run " + dir_ + " --byte-tokenizer -p '-n dashes and more' -n 2", true);
+  EXPECT_EQ(dashed.status, 0) << dashed.out;
+  EXPECT_NE(dashed.out.find("-n dashes and more"), std::string::npos) << dashed.out;  // echoed, then continued
   // run stops generating at the first piece it cannot write, and says why
   const std::string err = path("err.txt");
   const int status = std::system((std::string(TWELL_CLI_PATH) + " run " + dir_ +

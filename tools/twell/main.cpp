@@ -157,7 +157,9 @@ int main(int argc, char** argv) {
       continue;  // its value is attached (--name=VALUE, -XVALUE)
     }
     const std::string next_arg = argv[i + 1];
-    if (option_named(next_arg) == nullptr && next_arg != "--") {
+    // Text with a space in it is a value however it begins (a prompt "-n dashes here").
+    if ((option_named(next_arg) == nullptr || next_arg.find_first_of(" \t\n") != std::string::npos) &&
+        next_arg != "--") {
       ++i;  // its value, whatever it looks like
       continue;
     }
