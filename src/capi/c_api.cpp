@@ -187,14 +187,13 @@ void check_prompts(const twell::model::LanguageModel& m, const std::vector<std::
                    const std::string& op, bool batch) {
   TWELL_REQUIRE(static_cast<int64_t>(prompts.size()) <= m.max_batch(), op, ": ", prompts.size(),
                 " prompts exceed the model's max_batch of ", m.max_batch());
-  if (batch)
-    twell::model::check_sequences(m.config(), prompts, 1, (op + ": prompt").c_str());
-  else
-    twell::model::check_token_ids(m.config(), prompts[0], false, op + ": prompt");
-  for (size_t b = 0; b < prompts.size(); ++b)
-    TWELL_REQUIRE(static_cast<int64_t>(prompts[b].size()) <= m.context(), op, ": prompt",
-                  batch ? str(" ", b) : "", " of ", prompts[b].size(), " tokens exceeds the model's context of ",
-                  m.context(), " positions");
+  if (batch) {
+    twell::model::check_sequences(m.config(), prompts, 1, (op + ": prompt").c_str(), m.context());
+    return;
+  }
+  twell::model::check_token_ids(m.config(), prompts[0], false, op + ": prompt");
+  TWELL_REQUIRE(static_cast<int64_t>(prompts[0].size()) <= m.context(), op, ": prompt of ", prompts[0].size(),
+                " tokens exceeds the model's context of ", m.context(), " positions");
 }
 
 // The model for forwards of `ids` from position 0 (logits, perplexity, token NLL, FFN statistics) of

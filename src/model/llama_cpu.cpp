@@ -300,12 +300,15 @@ void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& token
 }
 
 void check_sequences(const io::ModelConfig& c, const std::vector<std::vector<int32_t>>& sequences, int64_t least,
-                     const char* what) {
+                     const char* what, int64_t context) {
   for (size_t b = 0; b < sequences.size(); ++b) {
-    TWELL_REQUIRE(static_cast<int64_t>(sequences[b].size()) >= least, what, " ", b, " needs at least ", least, " token",
-                least == 1 ? "" : "s", ", got ", sequences[b].size());
+    const int64_t n = static_cast<int64_t>(sequences[b].size());
+    TWELL_REQUIRE(n >= least, what, " ", b, " needs at least ", least, " token", least == 1 ? "" : "s", ", got ", n);
     check_token_ids(c, sequences[b], false, str(what, " ", b));
   }
+  for (size_t b = 0; b < sequences.size() && context > 0; ++b)
+    TWELL_REQUIRE(static_cast<int64_t>(sequences[b].size()) <= context, what, " ", b, " of ", sequences[b].size(),
+                  " tokens exceeds the model's context of ", context, " positions");
 }
 
 // One KV cache a sequence of the batch (one after prefill), in the math type's precision.

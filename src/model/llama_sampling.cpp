@@ -459,10 +459,7 @@ std::vector<double> LanguageModel::next_token_nll(const std::vector<int32_t>& to
 
 std::vector<std::vector<double>> LanguageModel::next_token_nll_batch(const std::vector<std::vector<int32_t>>& sequences,
                                                                     std::vector<ActivationStats>* ffn_stats) const {
-  check_sequences(config(), sequences, 2, "perplexity: sequence");
-  for (size_t b = 0; b < sequences.size(); ++b)
-    TWELL_REQUIRE(static_cast<int64_t>(sequences[b].size()) <= context(), "perplexity: sequence ", b, " of ",
-                sequences[b].size(), " tokens exceeds the model's context of ", context(), " positions");
+  check_sequences(config(), sequences, 2, "perplexity: sequence", context());
   if (ffn_stats) ffn_stats->clear();
   std::vector<std::vector<double>> out;
   std::vector<ActivationStats> part;

@@ -119,9 +119,10 @@ void check_token_ids(const io::ModelConfig& c, const std::vector<int32_t>& token
                      const std::string& where = "llama");
 
 // Throws, naming the first offender and its sequence ("<what> 2: token …"), unless every sequence
-// holds at least `least` tokens, each in [0, c.vocab_size).
+// holds at least `least` tokens, each in [0, c.vocab_size), and (where `context` > 0) at most
+// `context` ("<what> 2 of 65 tokens exceeds the model's context of 64 positions").
 void check_sequences(const io::ModelConfig& c, const std::vector<std::vector<int32_t>>& sequences, int64_t least,
-                     const char* what);
+                     const char* what, int64_t context = 0);
 
 class Sampler;
 
