@@ -114,28 +114,6 @@ int main(int argc, char** argv) {
     level = sub;
     path += std::string(" ") + argv[i];
   }
-  // CLI11 reads `--prompt=` (nothing after the '=') as `--prompt` and takes the next argument as its
-  // value, so that `--prompt= --no-stop` would generate from the text "--no-stop": refused instead.
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--") break;
-    if (arg.size() < 4 || arg.compare(0, 2, "--") != 0 || arg.back() != '=') continue;
-    const std::string name = arg.substr(2, arg.size() - 3);
-    for (const CLI::Option* o : level->get_options())
-      if (o->check_lname(name) && o->get_expected_min() == 0) {
-        std::fprintf(stderr, "%s: --%s is a flag and takes no value; see %s --help\n", path.c_str(), name.c_str(),
-                     path.c_str());
-        return 1;
-      } else if (o->check_lname(name)) {
-        std::fprintf(stderr,
-                     "%s: %s has nothing after the '='; give a value (--%s=VALUE or --%s VALUE); see %s --help\n",
-                     path.c_str(), arg.c_str(), name.c_str(), name.c_str(), path.c_str());
-        return 1;
-      }
-  }
-  // CLI11 gives an option that takes a value the next argument even when that is another option
-  // (`-p --no-stop` would generate from the text "--no-stop", `--json --sparsity` write a file of
-  // that name): refused, unless written with '=' (`--prompt=--no-stop`).
   // The option an argument names, with its value attached or not (--name, --name=VALUE, -X, -XVALUE).
   const auto option_named = [&](const std::string& arg) -> const CLI::Option* {
     if (arg.size() < 2 || arg[0] != '-' || arg == "--") return nullptr;
@@ -147,15 +125,32 @@ int main(int argc, char** argv) {
       if (long_form ? o->check_lname(name) : o->check_sname(name)) return o;
     return nullptr;
   };
-  for (int i = 1; i + 1 < argc; ++i) {
+  // What CLI11 would read wrongly, refused instead:
+  // - `--prompt=` (nothing after the '=') it reads as `--prompt` and takes the next argument as its
+  //   value, so that `--prompt= --no-stop` would generate from the text "--no-stop";
+  // - an option that takes a value gets the next argument even when that is another option
+  //   (`-p --no-stop`, `--json --sparsity` writing a file of that name), unless written with '='
+  //   (`--prompt=--no-stop`).
+  for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--") break;
     const CLI::Option* o = option_named(arg);
-    if (o == nullptr || o->get_expected_min() == 0) continue;
-    if ((arg.compare(0, 2, "--") == 0 && arg.find('=') != std::string::npos) ||
-        (arg.compare(0, 2, "--") != 0 && arg.size() > 2)) {
-      continue;  // its value is attached (--name=VALUE, -XVALUE)
+    if (o == nullptr) continue;
+    const bool long_form = arg.compare(0, 2, "--") == 0;
+    if (long_form && arg.size() >= 4 && arg.back() == '=') {
+      const std::string name = arg.substr(2, arg.size() - 3);
+      if (o->get_expected_min() == 0)
+        std::fprintf(stderr, "%s: --%s is a flag and takes no value; see %s --help\n", path.c_str(), name.c_str(),
+                     path.c_str());
+      else
+        std::fprintf(stderr,
+                     "%s: %s has nothing after the '='; give a value (--%s=VALUE or --%s VALUE); see %s --help\n",
+                     path.c_str(), arg.c_str(), name.c_str(), name.c_str(), path.c_str());
+      return 1;
     }
+    if (o->get_expected_min() == 0 || i + 1 >= argc) continue;
+    if ((long_form && arg.find('=') != std::string::npos) || (!long_form && arg.size() > 2))
+      continue;  // its value is attached (--name=VALUE, -XVALUE)
     const std::string next_arg = argv[i + 1];
     // Text with a space in it is a value however it begins (a prompt "-n dashes here").
     if ((option_named(next_arg) == nullptr || next_arg.find_first_of(" \t\n") != std::string::npos) &&
