@@ -170,10 +170,8 @@ void register_run(CLI::App& app) {
     // Each piece as it comes; output that cannot be written (a full disk, a closed pipe) ends the
     // generation there, with the cause.
     const auto print = [](const std::string& text) {
-      errno = 0;
-      std::cout << text << std::flush;
-      if (!std::cout)
-        throw Error(str("writing the standard output failed: ", std::strerror(errno ? errno : EIO)));
+      std::cout << text;
+      if (const std::string why = stdout_failure(); !why.empty()) throw Error(why);
     };
     print((*prompts)[0]);
     const std::function<void(int32_t)> stream = [&](int32_t token) {

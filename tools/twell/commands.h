@@ -2,13 +2,29 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <iostream>
 #include <string>
 #include <system_error>
 
 namespace twell::cli {
+
+// Flushes standard output; "" where everything printed reached its file, else why not ("writing the
+// standard output failed: No space left on device"): a full disk or a closed pipe is an error, not
+// a lost table.
+inline std::string stdout_failure() {
+  errno = 0;  // what these flushes set, not what an earlier call left
+  std::cout.flush();
+  const bool flushed = std::fflush(stdout) == 0;
+  const int cause = errno;
+  if (flushed && !std::ferror(stdout) && std::cout) return {};
+  return std::string("writing the standard output failed: ") + (cause ? std::strerror(cause) : "an earlier write did");
+}
 
 // What a number option says of an empty value (CLI11 would read it as 0): main() checks every
 // number option for it before the option's own validators.

@@ -15,17 +15,11 @@
 
 namespace {
 
-// Whether what was printed reached its file (a full disk or a closed pipe is an error, not a lost
-// table); says so where not.
+// Whether what was printed reached its file (stdout_failure); says so where not.
 bool stdout_written() {
-  errno = 0;  // what these flushes set, not what an earlier call left
-  std::cout.flush();
-  const bool flushed = std::fflush(stdout) == 0;
-  const int cause = errno;
-  if (flushed && !std::ferror(stdout) && std::cout) return true;
-  std::fprintf(stderr, "twell: error: writing the standard output failed: %s\n",
-               cause ? std::strerror(cause) : "an earlier write did");
-  return false;
+  const std::string why = twell::cli::stdout_failure();
+  if (!why.empty()) std::fprintf(stderr, "twell: error: %s\n", why.c_str());
+  return why.empty();
 }
 
 // Edit distance (insertions, deletions, substitutions and swaps of neighbours), for "did you mean".
