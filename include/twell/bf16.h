@@ -66,4 +66,10 @@ static_assert(sizeof(bf16) == 2, "bf16 must be two bytes");
 float f16_bits_to_float(uint16_t h);
 uint16_t float_to_f16_bits(float f);
 
+// Round-to-nearest-even double -> bf16 and f16 bits, rounded once (host). `float_to_bf16_bits(float(d))`
+// rounds twice and can miss the nearest value by an ulp (1 + 2^-8 + 2^-30 gives 1, not 1 + 2^-7) —
+// PyTorch's route, which the safetensors reader keeps on purpose; the f64 oracle's stores use these.
+uint16_t double_to_bf16_bits(double d);
+uint16_t double_to_f16_bits(double d);
+
 }  // namespace twell

@@ -80,6 +80,12 @@ void check_dtype(const TensorView& t, std::initializer_list<DType> allowed, cons
 void check_device(const TensorView& t, Device expected, const char* name);
 void check_contiguous(const TensorView& t, const char* name);
 void check_aligned(const TensorView& t, size_t alignment, const char* name);
+// An optional argument is either given (data) or left out (no data and no elements: TensorView{}).
+// Throws where `t` has a shape with elements but no data: a tensor meant to be given was not.
+void check_optional(const TensorView& t, const char* name);
+// True where two elements of `t` share memory (a stride 0, or rows that run into each other):
+// writing it would lose values. Conservative for interleaved strides, which it counts as overlapping.
+bool overlaps_itself(const TensorView& t);
 
 // Owning, contiguous host tensor.
 class Tensor {

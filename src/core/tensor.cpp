@@ -1,8 +1,11 @@
 #include "twell/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 namespace twell {
 
@@ -205,6 +208,28 @@ void check_aligned(const TensorView& t, size_t alignment, const char* name) {
                 addr % alignment, " bytes past a boundary");
 }
 
+void check_optional(const TensorView& t, const char* name) {
+  TWELL_REQUIRE(!t.empty() || t.numel() == 0, name, ": shape ", shape_str(t.shape),
+                " but no data (null): pass the tensor's memory, or an empty view (TensorView{}) to leave it out");
+}
+
+bool overlaps_itself(const TensorView& t) {
+  // Apart when each dimension's stride, smallest first, steps past everything the smaller ones span.
+  std::vector<std::pair<int64_t, int64_t>> dims;  // |stride|, size of the dimensions of more than one element
+  for (int64_t d = 0; d < t.rank(); ++d) {
+    if (t.shape[d] == 0) return false;  // no elements
+    if (t.shape[d] > 1) dims.emplace_back(std::llabs(t.stride(d)), t.shape[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements from the lowest to the highest offset of the dimensions so far, inclusive
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) return true;
+    const int64_t room = std::numeric_limits<int64_t>::max() - span;
+    span = stride > room / (size - 1) ? std::numeric_limits<int64_t>::max() : span + stride * (size - 1);
+  }
+  return false;
+}
+
 void Tensor::Free::operator()(void* p) const { std::free(p); }
 
 Tensor::Tensor(DType t, Shape s) {
@@ -271,10 +296,10 @@ void store_from_double(const TensorView& t, int64_t flat_index, double v) {
   int64_t i = strided_offset(t, flat_index);
   switch (t.dtype) {
     case DType::bf16:
-      static_cast<uint16_t*>(t.data)[i] = float_to_bf16_bits(static_cast<float>(v));
+      static_cast<uint16_t*>(t.data)[i] = double_to_bf16_bits(v);
       return;
     case DType::f16:
-      static_cast<uint16_t*>(t.data)[i] = float_to_f16_bits(static_cast<float>(v));
+      static_cast<uint16_t*>(t.data)[i] = double_to_f16_bits(v);
       return;
     case DType::f32: static_cast<float*>(t.data)[i] = static_cast<float>(v); return;
     case DType::f64: static_cast<double*>(t.data)[i] = v; return;
@@ -362,5 +387,23 @@ uint16_t float_to_f16_bits(float f) {
   uint32_t r = a + 0xfffu + ((a >> 13) & 1u);  // round to nearest even at bit 13
   return static_cast<uint16_t>(sign | ((r - 0x38000000u) >> 13));
 }
+
+namespace {
+
+// d rounded to float "to odd": truncated toward zero, with the last bit set where that dropped
+// anything. A round to nearest even from there to 13 or fewer significant bits is the one from d
+// itself (float keeps at least two more bits than bf16 and f16 need, subnormals included).
+float round_to_odd_float(double d) {
+  const float f = static_cast<float>(d);
+  if (!std::isfinite(d) || static_cast<double>(f) == d) return f;
+  uint32_t u = float_bits(f);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) --u;  // one step toward zero (Inf: to FLT_MAX)
+  return bits_float(u | 1u);
+}
+
+}  // namespace
+
+uint16_t double_to_bf16_bits(double d) { return float_to_bf16_bits(round_to_odd_float(d)); }
+uint16_t double_to_f16_bits(double d) { return float_to_f16_bits(round_to_odd_float(d)); }
 
 }  // namespace twell

@@ -16,8 +16,8 @@ void TwellLayout::check() const {
   TWELL_CHECK(tile >= 1 && tile <= 65536, "TwELL: tile width must be in [1, 65536], got ", tile);
   TWELL_CHECK(tile % compression == 0, "TwELL: tile width ", tile,
               " is not a multiple of the compression factor ", compression);
-  TWELL_CHECK(rows * n_tiles() < (int64_t{1} << 32), "TwELL: ", rows, " rows x ", n_tiles(),
-              " tiles exceed 2^32 tile ids");
+  TWELL_CHECK(rows < ((int64_t{1} << 32) + n_tiles() - 1) / n_tiles(), "TwELL: ", rows, " rows x ", n_tiles(),
+              " tiles exceed 2^32 tile ids");  // rows · n_tiles() < 2^32, without the product's overflow
 }
 
 int64_t TwellMatrix::nnz() const {

@@ -152,7 +152,12 @@ void ffn_backward(const TensorView& x, const FfnWeights& w, const TensorView& dy
   const char* op = "ffn_backward";
   const FfnDims d = detail::check_ffn_inputs(op, x, w, /*host=*/true);
   const std::initializer_list<DType> grad_types = {DType::f32, DType::f64};
+  detail::check_precision(op, p);
   detail::check_output(op, "dy", dy, {d.M, d.H}, {DType::bf16, DType::f32, DType::f64}, true);
+  check_optional(grads.dx, "ffn_backward: grads.dx");
+  check_optional(grads.dwg, "ffn_backward: grads.dwg");
+  check_optional(grads.dwu, "ffn_backward: grads.dwu");
+  check_optional(grads.dwd, "ffn_backward: grads.dwd");
   if (!grads.dx.empty())
     detail::check_output(op, "grads.dx", grads.dx, {d.M, d.H}, grad_types, true);
   if (!grads.dwu.empty())
@@ -163,11 +168,11 @@ void ffn_backward(const TensorView& x, const FfnWeights& w, const TensorView& dy
     if (!grads.dwg.empty())
       detail::check_output(op, "grads.dwg", grads.dwg, {d.I, d.H}, grad_types, true);
   } else {
-    TWELL_CHECK(grads.dwg.empty(), op, ": grads.dwg: expected an empty view for a non-gated FFN ",
-                "(w.wg is empty), got shape ", shape_str(grads.dwg.shape));
+    TWELL_REQUIRE(grads.dwg.empty(), op, ": grads.dwg: expected an empty view for a non-gated FFN ",
+                  "(w.wg is empty), got shape ", shape_str(grads.dwg.shape));
   }
-  TWELL_CHECK(std::isfinite(l1_coeff) && l1_coeff >= 0, op,
-              ": l1_coeff: expected a finite value >= 0, got ", l1_coeff);
+  TWELL_REQUIRE(std::isfinite(l1_coeff) && l1_coeff >= 0, op,
+                ": l1_coeff: expected a finite value >= 0, got ", l1_coeff);
   check_ffn_grads_disjoint(op, x, w, dy, grads);
 
   auto run = [&](auto acc_tag) {

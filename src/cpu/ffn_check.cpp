@@ -25,8 +25,9 @@ std::string where(const char* op, const char* name) {
 void check_matrix(const char* op, const char* name, const TensorView& t, const Shape& expected,
                   std::initializer_list<DType> allowed, bool host) {
   const std::string n = where(op, name);
-  TWELL_REQUIRE(!t.empty(), n, ": missing (null data), expected a tensor of shape ",
-              shape_str(expected));
+  // No data is fine for no elements (M = 0: PyTorch's data_ptr() of an empty tensor is null).
+  TWELL_REQUIRE(!t.empty() || (t.rank() > 0 && t.numel() == 0), n, ": missing (null data), expected a tensor of shape ",
+                shape_str(expected));
   check_shape(t, expected, n.c_str());
   check_dtype(t, allowed, n.c_str());
   if (host) check_device(t, Device::cpu, n.c_str());
@@ -35,7 +36,7 @@ void check_matrix(const char* op, const char* name, const TensorView& t, const S
 }  // namespace
 
 FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& w, bool host) {
-  TWELL_REQUIRE(!x.empty(), op, ": x: missing (null data), expected a tensor [M, H]");
+  TWELL_REQUIRE(!x.empty() || (x.rank() == 2 && x.numel() == 0), op, ": x: missing (null data), expected a tensor [M, H]");
   TWELL_REQUIRE(x.rank() == 2, op, ": x: expected a 2-d tensor [M, H], got shape ",
               shape_str(x.shape));
   TWELL_REQUIRE(!w.wu.empty(), op, ": w.wu: missing (null data), expected a tensor [I, H]");
@@ -50,6 +51,7 @@ FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& 
   check_matrix(op, "x", x, {M, H}, kFloatTypes, host);
   check_matrix(op, "w.wu", w.wu, {I, H}, kFloatTypes, host);
   check_matrix(op, "w.wd", w.wd, {I, H}, {w.wu.dtype}, host);
+  check_optional(w.wg, where(op, "w.wg (empty for a non-gated FFN)").c_str());
   if (w.gated()) check_matrix(op, "w.wg", w.wg, {I, H}, {w.wu.dtype}, host);
   return {M, H, I};
 }
@@ -57,6 +59,13 @@ FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& 
 void check_output(const char* op, const char* name, const TensorView& t, const Shape& expected,
                   std::initializer_list<DType> allowed, bool host) {
   check_matrix(op, name, t, expected, allowed, host);
+  TWELL_REQUIRE(!overlaps_itself(t), op, ": ", name, ": strides [", t.stride(0), ", ", t.stride(1), "] of shape ",
+                shape_str(t.shape), " put elements in the same memory: an output must hold each value apart");
+}
+
+void check_precision(const char* op, Precision p) {
+  TWELL_REQUIRE(p == Precision::bf16 || p == Precision::h_fp32 || p == Precision::f64, op,
+                ": precision must be Precision::bf16, h_fp32 or f64, got the value ", static_cast<int>(p));
 }
 
 }  // namespace cpu::detail

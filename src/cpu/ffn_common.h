@@ -182,19 +182,24 @@ void with_weight_rows(const FfnWeights& w, Fn&& fn) {
 }
 
 // Writes src[0, n) to row `row` of a 2-d host view of any float dtype and any strides.
-// Doubles go to bf16 through float (a double rounding; only Precision::f64 into a bf16 view).
+// Rounded once to the view's dtype (doubles too: Precision::f64 into a bf16 or f16 view).
+inline uint16_t to_bf16_bits(float v) { return float_to_bf16_bits(v); }
+inline uint16_t to_bf16_bits(double v) { return double_to_bf16_bits(v); }
+inline uint16_t to_f16_bits(float v) { return float_to_f16_bits(v); }
+inline uint16_t to_f16_bits(double v) { return double_to_f16_bits(v); }
+
 template <class Acc>
 void store_row(const TensorView& t, int64_t row, const Acc* src) {
   const int64_t n = t.shape[1], s0 = t.stride(0), s1 = t.stride(1);
   switch (t.dtype) {
     case DType::bf16: {
       auto* p = static_cast<uint16_t*>(t.data) + row * s0;
-      for (int64_t c = 0; c < n; ++c) p[c * s1] = float_to_bf16_bits(static_cast<float>(src[c]));
+      for (int64_t c = 0; c < n; ++c) p[c * s1] = to_bf16_bits(src[c]);
       return;
     }
     case DType::f16: {
       auto* p = static_cast<uint16_t*>(t.data) + row * s0;
-      for (int64_t c = 0; c < n; ++c) p[c * s1] = float_to_f16_bits(static_cast<float>(src[c]));
+      for (int64_t c = 0; c < n; ++c) p[c * s1] = to_f16_bits(src[c]);
       return;
     }
     case DType::f32: {
@@ -221,6 +226,7 @@ FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& 
 // `t` is a 2-d [rows, cols] tensor of one of the float dtypes `allowed`.
 void check_output(const char* op, const char* name, const TensorView& t, const Shape& expected,
                   std::initializer_list<DType> allowed, bool host);
+void check_precision(const char* op, Precision p);
 
 // Token block for the dense passes: tokens of a block share each weight row while it is in
 // cache. Blocking never changes results (each element has its own fixed order).

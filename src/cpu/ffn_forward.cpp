@@ -162,6 +162,8 @@ void ffn_forward(const TensorView& x, const FfnWeights& w, const TensorView& y, 
   const FfnDims d = detail::check_ffn_inputs("ffn_forward", x, w, /*host=*/true);
   detail::check_output("ffn_forward", "y", y, {d.M, d.H}, {DType::bf16, DType::f32, DType::f64},
                        true);
+  detail::check_precision("ffn_forward", p);
+  check_optional(h_out, "ffn_forward: h_out");
   if (!h_out.empty())
     detail::check_output("ffn_forward", "h_out", h_out, {d.M, d.I},
                          {DType::bf16, DType::f16, DType::f32, DType::f64}, true);
@@ -200,12 +202,14 @@ void ffn_forward_twell(const TensorView& x, const TwellMatrix& act, const FfnWei
   const FfnDims d = detail::check_ffn_inputs("ffn_forward_twell", x, w, /*host=*/true);
   detail::check_output("ffn_forward_twell", "y", y, {d.M, d.H},
                        {DType::bf16, DType::f32, DType::f64}, true);
-  TWELL_CHECK(p != Precision::f64,
-              "ffn_forward_twell: Precision::f64 is not supported: the TwELL "
-              "activation holds bf16 values; use ffn_forward for the f64 oracle");
-  TWELL_CHECK(act.layout.rows == d.M && act.layout.cols == d.I,
-              "ffn_forward_twell: act: expected a TwELL matrix of [M, I] = ", shape_str({d.M, d.I}),
-              ", got ", shape_str({act.layout.rows, act.layout.cols}));
+  detail::check_precision("ffn_forward_twell", p);
+  TWELL_REQUIRE(p != Precision::f64,
+                "ffn_forward_twell: Precision::f64 is not supported: the TwELL "
+                "activation holds bf16 values; use ffn_forward for the f64 oracle");
+  TWELL_REQUIRE(act.layout.rows == d.M && act.layout.cols == d.I,
+                "ffn_forward_twell: act: expected a TwELL matrix of [M, I] = ", shape_str({d.M, d.I}),
+                ", got ", shape_str({act.layout.rows, act.layout.cols}));
+  check_ffn_outputs_disjoint("ffn_forward_twell", x, w, y);
   twell_validate(act);
   std::vector<TokenStats> per_token(static_cast<size_t>(d.M));
   const std::vector<float> xa = to_f32(x);
@@ -215,8 +219,9 @@ void ffn_forward_twell(const TensorView& x, const TwellMatrix& act, const FfnWei
 }
 
 ActivationStats activation_stats(const TensorView& h) {
-  TWELL_CHECK(h.rank() == 2, "activation_stats: h: expected a 2-d tensor [M, I], got shape ",
-              shape_str(h.shape));
+  TWELL_REQUIRE(h.rank() == 2, "activation_stats: h: expected a 2-d tensor [M, I], got shape ",
+                shape_str(h.shape));
+  TWELL_REQUIRE(!h.empty() || h.numel() == 0, "activation_stats: h: missing (null data), shape ", shape_str(h.shape));
   check_device(h, Device::cpu, "activation_stats: h");
   check_dtype(h, {DType::bf16, DType::f16, DType::f32, DType::f64}, "activation_stats: h");
   const int64_t M = h.shape[0], I = h.shape[1];

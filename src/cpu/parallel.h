@@ -12,13 +12,16 @@
 // few times per op on large ranges, so the ~20 µs start-up per thread does not matter, and there
 // is no global state to shut down. Small loops (n · cost_per_item below ~2^20) run serially on
 // the caller. A parallel_for inside f runs serially (no nested oversubscription). An exception
-// thrown by f in any thread is rethrown on the caller after all threads have joined.
+// thrown by f in any thread is rethrown on the caller after all threads have joined. Where a thread
+// cannot be started (a pid or memory limit), the ranges left run on the caller: fewer threads, same
+// results.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -63,12 +66,19 @@ void parallel_for(int64_t n, F&& f, int64_t cost_per_item = 4096) {
   };
   std::vector<std::thread> workers;
   workers.reserve(static_cast<size_t>(threads - 1));
+  int64_t on_caller = n;  // the ranges from here on run on the caller: no thread could be started for them
   for (int64_t t = 1; t < threads; ++t) {
     const int64_t begin = t * chunk, end = std::min(n, begin + chunk);
     if (begin >= end) break;
-    workers.emplace_back(run, begin, end);
+    try {
+      workers.emplace_back(run, begin, end);
+    } catch (const std::system_error&) {  // out of threads (a container's pid limit, memory): go on with fewer
+      on_caller = begin;
+      break;
+    }
   }
   run(0, std::min(n, chunk));
+  if (on_caller < n) run(on_caller, n);
   for (auto& w : workers) w.join();
   if (error) std::rethrow_exception(error);
 }

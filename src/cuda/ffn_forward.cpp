@@ -134,7 +134,9 @@ struct FfnForward::Impl {
                 s.max_tokens, " H=", s.hidden, " I=", s.ffn);
     TWELL_REQUIRE(s.hidden % 64 == 0 && s.ffn % 64 == 0, "FfnForward: H and I must be multiples of 64, got H=",
                 s.hidden, " I=", s.ffn);
-    TWELL_REQUIRE(o.precision != Precision::f64, "FfnForward: Precision::f64 is CPU-only");
+    TWELL_REQUIRE(o.precision == Precision::bf16 || o.precision == Precision::h_fp32,
+                  "FfnForward: precision must be Precision::bf16 or h_fp32 (f64 is CPU-only), got ",
+                  o.precision == Precision::f64 ? "f64" : str("the value ", static_cast<int>(o.precision)));
     const int64_t w = o.dw_slice_columns;
     TWELL_REQUIRE(w == 0 || (w > 0 && w % 8 == 0 && s.hidden % w == 0), "FfnForward: dw_slice_columns = ", w,
                 " must be 0 or a multiple of 8 dividing H = ", s.hidden);
@@ -467,6 +469,7 @@ struct FfnForward::Impl {
                 "FfnForward::backward: x and the weights must be those of the last forward() (its saved state "
                 "belongs to them)");
     auto check_grad = [](const TensorView& t, const Shape& s, const char* name) {
+      check_optional(t, name);
       if (!t.empty()) check_operand(t, DType::f32, s, name);
     };
     check_grad(grads.dx, {M, H}, "FfnForward::backward: grads.dx");

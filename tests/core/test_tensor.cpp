@@ -3,6 +3,7 @@
 // longer owns.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -119,6 +120,61 @@ TEST(MemoryOverlaps, FollowsStrides) {
   EXPECT_FALSE(memory_overlaps(row, TensorView(base + 10, DType::f32, {0})));
   EXPECT_FALSE(memory_overlaps(TensorView(base, DType::f32, {1, 64}), TensorView(base, DType::f32, {2, 0})));
   EXPECT_FALSE(memory_overlaps(TensorView(base, DType::f32, {4, 0, 3}), first_rows));
+}
+
+TEST(OverlapsItself, ZeroAndShortStridesButNotTransposesOrPitches) {
+  Tensor buf(DType::f32, {4, 8});
+  TensorView v(buf.ptr<float>(), DType::f32, {4, 8});
+  EXPECT_FALSE(overlaps_itself(v));
+  v.strides = {0, 1};  // every row the same memory
+  EXPECT_TRUE(overlaps_itself(v));
+  v.strides = {4, 1};  // rows of 8 every 4: each runs into the next
+  EXPECT_TRUE(overlaps_itself(v));
+  v.strides = {16, 1};  // a pitch past the row
+  EXPECT_FALSE(overlaps_itself(v));
+  TensorView t(buf.ptr<float>(), DType::f32, {8, 4});  // the transpose of a [4, 8] buffer
+  t.strides = {1, 8};
+  EXPECT_FALSE(overlaps_itself(t));
+  t.strides = {-1, -8};
+  EXPECT_FALSE(overlaps_itself(t));
+  EXPECT_FALSE(overlaps_itself(TensorView(buf.ptr<float>(), DType::f32, {1, 8})));
+  TensorView one_column(buf.ptr<float>(), DType::f32, {4, 1});
+  one_column.strides = {0, 0};
+  EXPECT_TRUE(overlaps_itself(one_column));
+  TensorView none(buf.ptr<float>(), DType::f32, {0, 8});
+  none.strides = {0, 0};
+  EXPECT_FALSE(overlaps_itself(none)) << "no elements";
+}
+
+TEST(CheckOptional, ShapeWithoutDataIsATensorThatWasMeantToBeGiven) {
+  check_optional(TensorView(), "t");
+  check_optional(TensorView(nullptr, DType::f32, {0, 4}), "t");
+  Tensor a(DType::f32, {2, 2});
+  check_optional(a.view(), "t");
+  try {
+    check_optional(TensorView(nullptr, DType::f32, {2, 2}), "op: w.wg");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("op: w.wg: shape [2, 2] but no data"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DoubleToHalf, RoundsOnceToNearestEven) {
+  const double just_above = 1 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30);  // past bf16's midpoint by 2^-30
+  EXPECT_EQ(double_to_bf16_bits(just_above), float_to_bf16_bits(1.0078125f));
+  EXPECT_EQ(float_to_bf16_bits(static_cast<float>(just_above)), float_to_bf16_bits(1.0f)) << "through float: twice";
+  EXPECT_EQ(double_to_bf16_bits(-just_above), float_to_bf16_bits(-1.0078125f));
+  EXPECT_EQ(double_to_bf16_bits(1 + std::ldexp(1.0, -8)), float_to_bf16_bits(1.0f)) << "a tie: to even";
+  const double f16_above = 1 + std::ldexp(1.0, -11) + std::ldexp(1.0, -30);
+  EXPECT_EQ(double_to_f16_bits(f16_above), float_to_f16_bits(1 + std::ldexp(1.0f, -10)));
+  EXPECT_EQ(double_to_bf16_bits(1e300), 0x7f80) << "past float's range: Inf";
+  EXPECT_EQ(double_to_bf16_bits(-1e-300), 0x8000) << "below every subnormal: -0";
+  EXPECT_EQ(double_to_f16_bits(70000.0), 0x7c00);
+  EXPECT_EQ(double_to_bf16_bits(0.1), float_to_bf16_bits(0.1f));
+  EXPECT_TRUE(std::isnan(bf16_bits_to_float(double_to_bf16_bits(std::nan("")))));
+  Tensor t(DType::bf16, {1});
+  store_from_double(t.view(), 0, just_above);
+  EXPECT_EQ(t.ptr<bf16>()[0].bits, float_to_bf16_bits(1.0078125f));
 }
 
 }  // namespace

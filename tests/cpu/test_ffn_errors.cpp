@@ -218,5 +218,87 @@ TEST_F(CpuFfnErrors, SparseForwardChecksTheActivationAndPrecision) {
   expect_error([&] { cpu::ffn_pack_activation(p.x, p.weights(), bad_layout); }, {"compression"});
 }
 
+TEST_F(CpuFfnErrors, SparseForwardRefusesAnOutputOverAWeight) {
+  const TwellMatrix act = cpu::ffn_pack_activation(p.x, p.weights(), TwellLayout{});
+  Tensor wd = p.wd.clone();
+  FfnWeights w = p.weights();
+  w.wd = wd;
+  TensorView y_in_wd = wd.view();  // its first 15 floats as a [3, 5] y
+  y_in_wd.shape = {M, H};
+  const Tensor wd_before = wd.clone();
+  expect_error([&] { cpu::ffn_forward_twell(p.x, act, w, y_in_wd, Precision::h_fp32); },
+               {"ffn_forward_twell", "y's memory overlaps w.wd's"});
+  EXPECT_TRUE(test::bit_equal(wd, wd_before));
+}
+
+TEST_F(CpuFfnErrors, AGateWithAShapeButNoDataIsMissingNotNonGated) {
+  FfnWeights w = p.weights();
+  w.wg = TensorView(nullptr, DType::f32, {I, H});  // a weight a loader did not find
+  expect_error([&] { cpu::ffn_forward(p.x, w, y, Precision::f64); },
+               {"ffn_forward: w.wg", "shape [7, 5] but no data"});
+  expect_error([&] { check_ffn_args(p.x, w, y); }, {"w.wg", "no data"});
+  Tensor h(DType::f32, {M, I});
+  expect_error([&] { cpu::ffn_forward(p.x, p.weights(), y, Precision::f64, nullptr, TensorView(nullptr, DType::f32, {M, I})); },
+               {"ffn_forward: h_out: shape [3, 7] but no data"});
+  Tensor dy(DType::f32, {M, H});
+  FfnGrads g;
+  g.dwu = TensorView(nullptr, DType::f32, {I, H});
+  expect_error([&] { cpu::ffn_backward(p.x, p.weights(), dy, 0, g, Precision::f64); },
+               {"ffn_backward: grads.dwu: shape [7, 5] but no data"});
+}
+
+TEST_F(CpuFfnErrors, OutputsWhoseElementsShareMemoryAreRefused) {
+  Tensor row(DType::f32, {1, H});
+  TensorView y_one_row(row.ptr<float>(), DType::f32, {M, H});
+  y_one_row.strides = {0, 1};  // every token's y in the same row: only the last would be left
+  expect_error([&] { cpu::ffn_forward(p.x, p.weights(), y_one_row, Precision::f64); },
+               {"ffn_forward: y: strides [0, 1] of shape [3, 5]", "same memory"});
+  const TwellMatrix act = cpu::ffn_pack_activation(p.x, p.weights(), TwellLayout{});
+  expect_error([&] { cpu::ffn_forward_twell(p.x, act, p.weights(), y_one_row, Precision::bf16); }, {"same memory"});
+  Tensor dy(DType::f32, {M, H}), wrow(DType::f32, {1, H});
+  FfnGrads g;
+  g.dwd = TensorView(wrow.ptr<float>(), DType::f32, {I, H});
+  g.dwd.strides = {0, 1};
+  expect_error([&] { cpu::ffn_backward(p.x, p.weights(), dy, 0, g, Precision::f64); }, {"grads.dwd", "same memory"});
+}
+
+TEST_F(CpuFfnErrors, NoTokensNeedNoData) {  // PyTorch's data_ptr() of an empty tensor is null
+  const TensorView x0(nullptr, DType::f32, {0, H}), y0(nullptr, DType::f32, {0, H});
+  ActivationStats s;
+  s.tokens = 99;
+  cpu::ffn_forward(x0, p.weights(), y0, Precision::bf16, &s);
+  EXPECT_EQ(s.tokens, 0);
+  const TwellMatrix act = cpu::ffn_pack_activation(x0, p.weights(), TwellLayout{});
+  EXPECT_EQ(act.layout.rows, 0);
+  cpu::ffn_forward_twell(x0, act, p.weights(), y0, Precision::bf16);
+  EXPECT_EQ(cpu::activation_stats(TensorView(nullptr, DType::f32, {0, I})).tokens, 0);
+  expect_error([&] { cpu::activation_stats(TensorView(nullptr, DType::f32, {2, I})); },
+               {"activation_stats: h: missing (null data)"});
+  expect_error([&] { cpu::ffn_forward(TensorView(nullptr, DType::f32, {M, H}), p.weights(), y, Precision::bf16); },
+               {"x: missing (null data)"});
+}
+
+TEST_F(CpuFfnErrors, PrecisionOutOfRangeIsRefused) {
+  const auto bad = static_cast<Precision>(7);
+  expect_error([&] { cpu::ffn_forward(p.x, p.weights(), y, bad); }, {"ffn_forward: precision", "the value 7"});
+  Tensor dy(DType::f32, {M, H}), dx(DType::f32, {M, H});
+  expect_error([&] { cpu::ffn_backward(p.x, p.weights(), dy, 0, FfnGrads{dx, {}, {}, {}}, bad); }, {"the value 7"});
+}
+
+TEST(TwellLayoutCheck, TileIdsPastTwoToThe32AreRefusedWithoutOverflow) {
+  TwellLayout l;
+  l.rows = int64_t{1} << 34;
+  l.cols = int64_t{1} << 30;  // 2^22 tiles of 256: rows · tiles is 2^56 (a product of 2^64 wrapped to 0 before)
+  l.tile = 1;
+  l.compression = 1;
+  EXPECT_THROW(l.check(), Error);
+  l.tile = 256;
+  EXPECT_THROW(l.check(), Error);
+  l.rows = (int64_t{1} << 32) / 4, l.cols = 4 * 256;  // 2^32 tile ids exactly: one too many
+  EXPECT_THROW(l.check(), Error);
+  l.rows -= 1;
+  EXPECT_NO_THROW(l.check());
+}
+
 }  // namespace
 }  // namespace twell::cpu_test

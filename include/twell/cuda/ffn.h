@@ -188,9 +188,9 @@ struct FfnStats {
   double nnz_per_token() const { return tokens > 0 && nnz >= 0 ? double(nnz) / tokens : -1; }
 };
 
-// Device memory: about 4.5 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
+// Device memory: about 4.4 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
 // output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
-// them): 6.4 GB at max_tokens = 131072, I = 5632 (required_workspace_bytes says it exactly, and
+// them): 6.5 GB at max_tokens = 131072, I = 5632 (required_workspace_bytes says it exactly, and
 // the forward can run in the caller's memory instead), and 64 MiB for cuBLASLt's workspace (not
 // counted by either; FfnOptions::cublaslt_workspace shares the caller's instead).
 // FfnOptions::training adds one [max_tokens, I] bf16 buffer (h), and backward() its workspace, which
