@@ -6,43 +6,88 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <set>
+#include <unordered_set>
 #include <vector>
 
 #include "twell/error.h"
 
 namespace twell::io::detail {
 
+namespace {
+
+// The checks nlohmann's parser does not make, as a SAX pass: duplicate keys and the depth. (nlohmann's
+// parse callback would do them too, but its DOM builder then rescans an object's members after each
+// child object: a header of many tensors took time quadratic in their count.)
+class StrictChecker : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  StrictChecker(const std::string& source, const char* what, int max_depth)
+      : source_(source), what_(what), max_depth_(max_depth) {}
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    open(true);
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (!keys_.back().insert(k).second)
+      throw Error(str(source_, ": ", what_, " has the key '", printable(k), "' twice"));
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    open(false);
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    reason_ = e.what();
+    return false;
+  }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  void open(bool object) {
+    if (++depth_ > max_depth_) throw Error(str(source_, ": ", what_, " nests deeper than ", max_depth_, " levels"));
+    if (object) keys_.emplace_back();
+  }
+  const std::string& source_;
+  const char* what_;
+  int max_depth_, depth_ = 0;
+  std::vector<std::unordered_set<std::string>> keys_;  // of each open object
+  std::string reason_;
+};
+
+}  // namespace
+
 nlohmann::json parse_json_strict(const char* begin, const char* end, const std::string& source,
                                  const char* what, int max_depth) {
-  std::vector<std::set<std::string>> keys_per_open_object;
-  auto check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if (event == E::object_start || event == E::array_start) {
-      // `depth` counts the enclosing containers, so the new one is at depth + 1.
-      if (depth + 1 > max_depth)
-        throw Error(str(source, ": ", what, " nests deeper than ", max_depth, " levels"));
-      if (event == E::object_start) keys_per_open_object.emplace_back();
-    } else if (event == E::object_end) {
-      keys_per_open_object.pop_back();
-    } else if (event == E::key) {
-      const auto& key = parsed.get_ref<const std::string&>();
-      if (!keys_per_open_object.back().insert(key).second)
-        throw Error(str(source, ": ", what, " has the key '", printable(key), "' twice"));
-    }
-    return true;
-  };
+  StrictChecker checker(source, what, max_depth);
+  std::string reason;
   try {
-    return nlohmann::json::parse(begin, end, check);
+    if (nlohmann::json::sax_parse(begin, end, &checker)) return nlohmann::json::parse(begin, end);
+    reason = checker.reason();
   } catch (const nlohmann::json::exception& e) {
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix.
-    std::string reason = e.what();
-    if (!reason.empty() && reason[0] == '[') {
-      size_t close = reason.find("] ");
-      if (close != std::string::npos) reason = reason.substr(close + 2);
-    }
-    throw Error(str(source, ": ", what, " is not valid JSON: ", printable(reason, 300)));
+    reason = e.what();
   }
+  // Drop nlohmann's "[json.exception.parse_error.101] " prefix.
+  if (!reason.empty() && reason[0] == '[') {
+    size_t close = reason.find("] ");
+    if (close != std::string::npos) reason = reason.substr(close + 2);
+  }
+  throw Error(str(source, ": ", what, " is not valid JSON: ", printable(reason, 300)));
 }
 
 std::string printable(const std::string& s, size_t max_len) {
