@@ -12,7 +12,8 @@
  * alignment, overlapping outputs) has changed nothing: the C++ calls check before they write.
  *
  * Tensors are contiguous, row-major, and described by twell_tensor. A tensor whose data is NULL
- * is "not given" (an optional argument, or a gradient not to compute).
+ * is "not given" (an optional argument, or a gradient not to compute), unless a dimension is 0: then
+ * it is a tensor of no elements (PyTorch's data_ptr() of an empty tensor is NULL).
  */
 #ifndef TWELL_C_API_H
 #define TWELL_C_API_H
@@ -64,7 +65,7 @@ typedef enum twell_path {
 
 #define TWELL_MAX_DIMS 4
 typedef struct {
-  void* data;     /* NULL: not given */
+  void* data;     /* NULL: not given (but a tensor of no elements where a dimension is 0) */
   int32_t dtype;  /* twell_dtype */
   int32_t device; /* twell_device: TWELL_DEVICE_CUDA is the current CUDA device */
   int32_t ndim;   /* 1..TWELL_MAX_DIMS */

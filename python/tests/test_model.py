@@ -8,6 +8,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import struct
 import sys
 import tempfile
@@ -379,6 +380,70 @@ class ModelOnTheCpu(unittest.TestCase):
             with self.assertRaisesRegex(twell.TwellError, "gpu_memory must be at least 1 byte"):
                 twell.Model(self.dir, gpu_memory=bad)
 
+    def test_integers_bytes_and_paths_are_taken_as_meant(self):
+        m = self.model
+        m.prefill([256, 1])
+        want = rows(m.decode_step(5), 260)
+        for bad in (2**32 + 5, 2.7, True, "5"):  # no truncation, wrap-around or bool as an id
+            with self.assertRaisesRegex(twell.TwellError, "decode_step: token"):
+                m.decode_step(bad)
+        m.prefill([256, 1])
+        self.assertEqual(rows(m.decode_step(5), 260), want)
+        with self.assertRaisesRegex(twell.TwellError, "stop .*must be a list of integers, got int 5"):
+            m.generate([256], max_new_tokens=2, stop=5)
+        with self.assertRaisesRegex(twell.TwellError, "encode takes a str"):
+            m.tokenizer.encode(5)
+        # bytes are the text's UTF-8, in generation as in scoring (not ids)
+        self.assertEqual(m.generate(b"ab", max_new_tokens=4, stop=False), m.generate("ab", max_new_tokens=4, stop=False))
+        self.assertEqual(m.perplexity(bytearray(b"hello")), m.perplexity("hello"))
+        with self.assertRaisesRegex(twell.TwellError, "NUL"):
+            twell.Model(self.dir + "\0/elsewhere", device="cpu")
+        with self.assertRaisesRegex(twell.TwellError, "context must be a positive number"):
+            twell.Model(self.dir, device="cpu", context=2**64 + 16)
+        with self.assertRaisesRegex(twell.TwellError, "vocab_size must be"):
+            twell.Tokenizer(bytes=True, vocab_size=-5)
+        with self.assertRaisesRegex(twell.TwellError, "logits: 500000 tokens exceed the model's context"):
+            m.logits([1] * 500_000)  # before 500000 x 260 floats are allocated for them
+        try:
+            import numpy
+        except ImportError:
+            return
+        ids = numpy.array([256, 7, 8], dtype=numpy.int64)
+        self.assertEqual(m.generate(list(ids), max_new_tokens=numpy.int64(3), stop=numpy.array([257])),
+                         m.generate([256, 7, 8], max_new_tokens=3, stop=[257]))
+        self.assertEqual(twell.Model(self.dir, device="cpu", context=numpy.int32(32)).config["context"], 64)
+
+    def test_a_tokenizer_is_not_closed_under_a_running_generation(self):
+        m = twell.Model(self.dir, device="cpu", tokenizer="bytes")
+        with self.assertRaisesRegex(twell.TwellError, "close it after that returns"):
+            m.generate("ab", max_new_tokens=5, stream=lambda _: m.tokenizer.close())
+        self.assertEqual(m.generate("ab", max_new_tokens=3), self.model.generate("ab", max_new_tokens=3))
+        m.tokenizer.close()
+        with self.assertRaisesRegex(twell.TwellError, "Tokenizer: closed"):
+            m.encode("a")
+        m.close()
+
+    def test_a_ctrl_c_that_ctypes_drops_still_stops_and_reaches_the_caller(self):
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            self.skipTest("SIGINT has a handler of its own here")
+        calls = [0]
+
+        def stream(_):
+            calls[0] += 1
+            if calls[0] == 3:  # Ctrl-C as the callback is entered: ctypes prints the KeyboardInterrupt, drops it
+                try:
+                    signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+                except KeyboardInterrupt:
+                    pass
+        for run in (lambda: self.model.generate([256, 3], max_new_tokens=20, stop=False, stream=stream),
+                    lambda: self.model.generate_batch([[256, 3], "ab"], max_new_tokens=20, stop=False,
+                                                      stream=lambda i, piece: stream(piece))):
+            calls[0] = 0
+            with self.assertRaises(KeyboardInterrupt):
+                run()
+            self.assertEqual(calls[0], 3)  # the next token stopped it
+            self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler)
+
     def test_a_gpu_memory_cap_below_the_models_needs_runs_it_on_the_cpu(self):
         with twell.Model(self.dir, gpu_memory="1KB", tokenizer="bytes") as m:
             self.assertEqual(m.device, "cpu")
@@ -460,6 +525,33 @@ class _ListHandler(__import__("logging").Handler):
 
     def emit(self, record):
         self.lines.append(record.getMessage())
+
+
+class MetaspaceTokenizer(unittest.TestCase):
+    """A Llama 2-style tokenizer (Metaspace, whose decoder strips a leading space): what generate() returns is
+    what it streams and what `twell run` prints after the prompt, not the new ids decoded alone."""
+
+    def test_generate_returns_the_streamed_text(self):
+        fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "model", "data",
+                               "bpe_llama2.json")
+        with open(fixture) as f:
+            tok = json.load(f)
+        vocab = 1 + max(list(tok["model"]["vocab"].values()) + [t["id"] for t in tok.get("added_tokens", [])])
+        folder = tempfile.mkdtemp(prefix="twell_py_llama2_")
+        try:
+            write_model(folder, dict(CONFIG, vocab_size=vocab, bos_token_id=1, eos_token_id=2))
+            shutil.copy(fixture, os.path.join(folder, "tokenizer.json"))
+            with twell.Model(folder, device="cpu") as m:
+                for seed in (37, 75, 104, 0, 1):  # the first three draw a word-initial token ("▁H", "▁c") first
+                    pieces = []
+                    out = m.generate("日本", max_new_tokens=6, temperature=1.0, seed=seed, stream=pieces.append)
+                    self.assertEqual(out, "".join(pieces), seed)
+                    self.assertEqual(m.generate("日本", max_new_tokens=6, temperature=1.0, seed=seed), out, seed)
+                    self.assertEqual(m.generate_batch(["日本"], max_new_tokens=6, temperature=1.0, seed=seed), [out])
+                    if seed == 37:
+                        self.assertTrue(out.startswith(" H"), out)  # decoded alone, the space was lost
+        finally:
+            shutil.rmtree(folder)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ The GPU path needs a Hopper GPU and bf16 tensors; on the CPU the reference backe
 or f64 tensors; slow, for checking). What each call computes and where it rounds: DESIGN.md §2 and
 include/twell/cuda/ffn.h. The library is libtwell_c.so (twell/_capi.py says where it is looked for).
 """
+import numbers
 import threading
 
 try:  # PyTorch first where it is installed: its CUDA libraries (cuBLASLt) are then the ones libtwell_c.so finds
@@ -59,10 +60,9 @@ def _torch():
 
 def _dtype_code(t):
     torch = _torch()
-    codes = {torch.bfloat16: _capi.BF16, torch.float16: _capi.F16, torch.float32: _capi.F32,
-             torch.float64: _capi.F64}
+    codes = {torch.bfloat16: _capi.BF16, torch.float32: _capi.F32, torch.float64: _capi.F64}
     if t.dtype not in codes:
-        raise TwellError(f"twell takes bfloat16, float16, float32 or float64 tensors, got {t.dtype}")
+        raise TwellError(f"twell takes bfloat16, float32 or float64 tensors, got {t.dtype}")
     return codes[t.dtype]
 
 
@@ -370,6 +370,10 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                      precision="bf16", device=None, dtype=None):
             super().__init__()
             _check_options(dispatch, precision)
+            for name, value in (("hidden", hidden), ("ffn", ffn)):
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                    raise TwellError(f"twell.FFN: {name} must be a positive number of features, got {value!r}")
+            hidden, ffn = int(hidden), int(ffn)
             dtype = dtype or torch.bfloat16
             self.hidden, self.ffn, self.gated = hidden, ffn, gated
             self.l1, self.layers, self.max_tokens = l1, layers, max_tokens

@@ -9,8 +9,8 @@ TwELL FFN where it pays) or on its CPU reference backend, with its tokenizer.
     logits = model.logits(model.encode("Hello"))    # torch.Tensor [T, vocab], float32
 
 What each call computes is that of the C++ API (include/twell/model/llama.h, load.h) through the C
-interface (include/twell/c_api.h). Needs no PyTorch: without it, logits come back as a memoryview of
-floats with shape (T, vocab).
+interface (include/twell/c_api.h). Needs no PyTorch: without it, logits come back as a numpy array, or
+without numpy either as a memoryview of floats with shape (T, vocab) (.tolist() gives its rows).
 """
 import array
 import contextlib
@@ -18,6 +18,7 @@ import ctypes
 import logging
 import numbers
 import os
+import signal
 import sys
 import threading
 
@@ -30,16 +31,39 @@ _log = logging.getLogger("twell")
 
 
 def _ids(values, what="ids"):
-    """A ctypes int32 array of a sequence of ints (or a 1-D integer tensor)."""
+    """A ctypes int32 array of a sequence of ints (or a 1-D integer tensor or array)."""
     if hasattr(values, "tolist"):
         values = values.tolist()
+    if isinstance(values, numbers.Integral) or not hasattr(values, "__iter__"):
+        raise TwellError(f"{what} must be a list of integers, got {type(values).__name__} {values!r}")
     values = list(values)
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int):
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise TwellError(f"{what} must be integers, got {type(v).__name__} {v!r}")
         if not -2**31 <= v < 2**31:
             raise TwellError(f"{what}: {v} is not a token id")
+        values[i] = int(v)
     return (ctypes.c_int32 * len(values))(*values), len(values)
+
+
+def _int(value, what, least, below=2**63, expected=None):
+    """`value` as an int in [least, below) (numpy's integers too: not bools, floats or strings), or TwellError
+    "{what} must be {expected}, got {value!r}"."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not least <= value < below:
+        raise TwellError(f"{what} must be {expected or f'an integer in [{least}, {below})'}, got {value!r}")
+    return int(value)
+
+
+def _path(path):
+    """A path's bytes for the C API, refused where a NUL would cut it short (as open() refuses it)."""
+    encoded = os.fsencode(path)
+    if b"\0" in encoded:
+        raise TwellError(f"path contains a NUL character: {path!r}")
+    return encoded
+
+
+# What a prompt or a scored text may be: a str, or its UTF-8 bytes (a list of ints is ids).
+_TEXT = (str, bytes, bytearray)
 
 
 def _floats(n):
@@ -49,12 +73,18 @@ def _floats(n):
 
 
 def _as_output(buf, shape):
-    """torch.Tensor of the floats where PyTorch is installed, else a memoryview of that shape."""
+    """torch.Tensor of the floats where PyTorch is installed, else a numpy array where numpy is, else a
+    memoryview of that shape (.tolist() gives its rows)."""
     try:
         import torch
+        return torch.frombuffer(buf, dtype=torch.float32).reshape(shape)
+    except ImportError:
+        pass
+    try:
+        import numpy
+        return numpy.frombuffer(buf, dtype=numpy.float32).reshape(shape)
     except ImportError:
         return memoryview(buf).cast("B").cast("f", shape)
-    return torch.frombuffer(buf, dtype=torch.float32).reshape(shape)
 
 
 class Tokenizer:
@@ -64,8 +94,10 @@ class Tokenizer:
     def __init__(self, path=None, vocab_size=0, bytes=False):
         if path is None and not bytes:
             raise TwellError("Tokenizer: give the model directory, or bytes=True for the byte tokenizer")
+        vocab_size = _int(vocab_size, "Tokenizer: vocab_size", 0, 2**31, "the model's vocabulary size (0: none to fit)")
+        self._lock, self._streams = threading.RLock(), 0  # close() waits for a call, refuses while streams read it
         handle = ctypes.c_void_p()
-        _capi.check(_capi.lib.twell_tokenizer_load(None if path is None else os.fsencode(path), int(vocab_size),
+        _capi.check(_capi.lib.twell_tokenizer_load(None if path is None else _path(path), vocab_size,
                                                    int(bool(bytes)), ctypes.byref(handle)))
         self._handle = handle
         info = _capi.TokenizerInfo()
@@ -76,15 +108,25 @@ class Tokenizer:
         # What HuggingFace's tokenizer(text) puts before and after a text (add_special_tokens=True).
         self.bos_to_add, self.eos_to_add = optional(info.bos_to_add), optional(info.eos_to_add)
 
+    @contextlib.contextmanager
+    def _using(self):
+        """The tokenizer's handle for one call (close() waits for it)."""
+        with self._lock:
+            if getattr(self, "_handle", None) is None:
+                raise TwellError("twell.Tokenizer: closed")
+            yield self._handle
+
     def encode(self, text, add_special_tokens=False):
         """The ids of text (str, or bytes as they are); with add_special_tokens, HF's BOS / EOS around it."""
+        if not isinstance(text, _TEXT):
+            raise TwellError(f"encode takes a str (or its bytes), got {type(text).__name__} {text!r}"[:200])
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         n = ctypes.c_int64()
         capacity = len(data) + 16
         while True:
             ids = (ctypes.c_int32 * capacity)()
-            _capi.check(_capi.lib.twell_tokenizer_encode(self._handle, data, len(data), ids, capacity,
-                                                         ctypes.byref(n)))
+            with self._using() as h:
+                _capi.check(_capi.lib.twell_tokenizer_encode(h, data, len(data), ids, capacity, ctypes.byref(n)))
             if n.value <= capacity:
                 break
             capacity = n.value
@@ -101,7 +143,8 @@ class Tokenizer:
         capacity = 16 * n + 16
         while True:
             buf = ctypes.create_string_buffer(capacity)
-            _capi.check(_capi.lib.twell_tokenizer_decode(self._handle, c_ids, n, buf, capacity, ctypes.byref(length)))
+            with self._using() as h:
+                _capi.check(_capi.lib.twell_tokenizer_decode(h, c_ids, n, buf, capacity, ctypes.byref(length)))
             if length.value <= capacity:
                 return buf.raw[:length.value]
             capacity = length.value
@@ -111,9 +154,16 @@ class Tokenizer:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def close(self):
-        if getattr(self, "_handle", None) is not None and self._handle.value:
-            _capi.lib.twell_tokenizer_destroy(self._handle)
-        self._handle = None
+        """Frees the tokenizer now; refused while a generation's text stream reads it."""
+        if getattr(self, "_handle", None) is None:
+            return
+        with self._lock:
+            if self._streams:
+                raise TwellError("twell.Tokenizer.close: a generate() running now reads this tokenizer; close it "
+                                 "after that returns")
+            if self._handle is not None and self._handle.value:
+                _capi.lib.twell_tokenizer_destroy(self._handle)
+            self._handle = None
 
     def __del__(self):
         try:
@@ -131,8 +181,8 @@ class Model:
     context: GPU buffers for sequences of at most this many positions (None: the config's
     max_position_embeddings; a long context takes much memory). gpu_memory: the most GPU memory the
     model may take, in bytes or as "40GB" (None: all that is free); where it needs more, "auto" runs
-    it on the CPU and "cuda" refuses it. kv_cache=False: logits() and
-    perplexity() only. max_batch: the most prompts one generate_batch() takes on the GPU (each with a
+    it on the CPU and "cuda" refuses it. kv_cache=False: on the GPU, no KV cache (logits(), perplexity(),
+    token_nll() and ffn_stats() only); the CPU backend ignores it. max_batch: the most prompts one generate_batch() takes on the GPU (each with a
     context's KV cache; the CPU backend takes up to 65535), and how many windows of perplexity(stride=) and
     ffn_stats() one GPU forward runs (short windows fill the GPU that way). max_batch_tokens: the most tokens one GPU
     forward computes, which its activations are sized for (at least max_batch; with the KV cache a
@@ -154,14 +204,13 @@ class Model:
             raise TwellError(f"ffn must be 'twell' or 'dense', got {ffn!r}")
         if tokenizer not in ("auto", "bytes", None):
             raise TwellError(f"tokenizer must be 'auto', 'bytes' or None, got {tokenizer!r}")
-        if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
-            raise TwellError(f"context must be a positive number of positions or None, got {context!r}")
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= 65535:
-            raise TwellError(f"max_batch must be a number of sequences in [1, 65535], got {max_batch!r}")
-        if max_batch_tokens is not None and (isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int)
-                                             or not max_batch <= max_batch_tokens < 2**63):
-            raise TwellError(f"max_batch_tokens must be a number of tokens of at least max_batch ({max_batch}: a "
-                             f"decode step takes one token a sequence) or None, got {max_batch_tokens!r}")
+        if context is not None:
+            context = _int(context, "context", 1, 2**31, "a positive number of positions or None")
+        max_batch = _int(max_batch, "max_batch", 1, 65536, "a number of sequences in [1, 65535]")
+        if max_batch_tokens is not None:
+            max_batch_tokens = _int(max_batch_tokens, "max_batch_tokens", max_batch,
+                                    expected=f"a number of tokens of at least max_batch ({max_batch}: a decode step "
+                                    "takes one token a sequence) or None")
         path = os.fspath(path)
         self.path = path
         self._lock, self._owner = threading.Lock(), None
@@ -187,7 +236,7 @@ class Model:
 
         o.log = _capi.LOG_FN(log)  # referenced by o until the call returns
         handle = ctypes.c_void_p()
-        _capi.check(_capi.lib.twell_model_load(os.fsencode(path), ctypes.byref(o), ctypes.byref(handle)))
+        _capi.check(_capi.lib.twell_model_load(_path(path), ctypes.byref(o), ctypes.byref(handle)))
         self._handle = handle
         info = _capi.ModelInfo()
         _capi.check(_capi.lib.twell_model_get_info(self._handle, ctypes.byref(info)))
@@ -242,7 +291,7 @@ class Model:
 
     def _scored_ids(self, text_or_ids):
         """The ids perplexity(), token_nll() and ffn_stats() run: a text's as encode() gives them, ids as given."""
-        return self.encode(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else text_or_ids
+        return self.encode(text_or_ids) if isinstance(text_or_ids, _TEXT) else text_or_ids
 
     def decode(self, ids):
         return self._tokenizer("decode").decode(ids)
@@ -253,6 +302,7 @@ class Model:
         On the GPU it refuses while a generation is cached (after prefill or decode_step): reset() first.
         """
         c_ids, n = _ids(ids)
+        self._check_one_forward(n, "logits", "")  # before n x vocab floats are allocated for them
         vocab = self.config["vocab_size"]
         buf, out = _floats(n * vocab)
         with self._busy("logits") as h:
@@ -284,9 +334,10 @@ class Model:
 
     def decode_step(self, token):
         """Appends one token to the KV cache and returns its logits [vocab]."""
+        c_token, _ = _ids([token], "decode_step: token")
         buf, out = _floats(self.config["vocab_size"])
         with self._busy("decode_step") as h:
-            _capi.check(_capi.lib.twell_model_decode_step(h, int(token), out))
+            _capi.check(_capi.lib.twell_model_decode_step(h, c_token[0], out))
         return _as_output(buf, (self.config["vocab_size"],))
 
     def reset(self):
@@ -340,7 +391,7 @@ class Model:
     def _prompt_ids(self, prompt, what="generate"):
         """The ids a generation continues from (the tokenizer's BOS, then the text's ids, for a str), and the
         text's own ids (None for ids)."""
-        if not isinstance(prompt, str):
+        if not isinstance(prompt, _TEXT):
             return list(prompt.tolist() if hasattr(prompt, "tolist") else prompt), None
         tok = self._tokenizer(f"{what} from text")
         text_ids = tok.encode(prompt)
@@ -356,7 +407,9 @@ class Model:
             if self.tokenizer is not None and self.tokenizer.eos_id is not None:
                 stops.append(self.tokenizer.eos_id)
             return stops
-        return [] if stop is False or stop is None else list(stop)
+        if stop is False or stop is None:
+            return []
+        return [int(v) for v in _ids(stop, "stop (True, False, or a list of ids)")[0]]
 
     def _sampling(self, temperature, top_k, top_p, seed):
         # Integers as `twell run` takes them: no silent truncation of 2.7 or wrap-around of -1 or 2**64.
@@ -383,16 +436,18 @@ class Model:
         ids, why it stopped and its timings: prefill_seconds up to the first new token (the prompt's
         forward and the first draw), decode_seconds for the tokens after it, tokens_per_second their rate.
         """
-        text_prompt = isinstance(prompt, str)
+        text_prompt = isinstance(prompt, _TEXT)
         ids, text_ids = self._prompt_ids(prompt)
         _check_count(max_new_tokens)
         stops = self._stop_ids(stop)
         s = self._sampling(temperature, top_k, top_p, seed)
 
         streamer = _TextStream(self.tokenizer, text_ids, stops) if text_prompt and stream is not None else None
-        state = {"error": None}
+        state = {"error": None, "interrupted": False}
 
         def on_token(token, _user):
+            if state["interrupted"]:  # a Ctrl-C that ctypes dropped at a callback's entry: stop, raised below
+                return 1
             try:
                 return _streamed(streamer, stream, token)
             except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
@@ -405,15 +460,16 @@ class Model:
         tokens = (ctypes.c_int32 * max(room, 1))()
         g = _capi.Generation()
         callback = _capi.TOKEN_FN(on_token) if stream is not None else _capi.TOKEN_FN()  # NULL: no call a token
-        with self._busy("generate") as h, _callback_error_first(state):
+        with _streams_open([streamer]), _interrupt_noted(state), self._busy("generate") as h, \
+                _callback_error_first(state):
             _capi.check(_capi.lib.twell_model_generate(h, c_prompt, n_prompt, room, ctypes.byref(s),
                                                        c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
-        tail = streamer.rest() if streamer is not None else ""  # a streamer only where stream is given
+            tail = streamer.rest() if streamer is not None else ""  # a streamer only where stream is given
         if tail:
             stream(tail)
         new = list(tokens[:g.n_tokens])
         self.last_generation = _generation_record(new, g)
-        return self._result(text_prompt, new, g)
+        return self._text_of(text_ids, new, stops) if text_prompt else new
 
     def _check_one_forward(self, n, what, hint):
         if n > self.config["context"]:
@@ -425,13 +481,12 @@ class Model:
         buffer for them is allocated up front; room for one more, so that a full context says so)."""
         return max(0, min(max_new_tokens, self.config["context"] - min(prompt_lengths) + 2))
 
-    def _result(self, text_prompt, new, g):
-        """What generate() returns for a sequence: the new text (without a stop token) for a str prompt,
-        else the new ids."""
-        if not text_prompt:
-            return new
-        body = new[:-1] if new and g.reason == 0 else new  # the stop token is not part of the text
-        return self.tokenizer.decode(body) if body else ""
+    def _text_of(self, text_ids, new, stops):
+        """The text the new ids add to a text prompt's, as the stream gives it and `twell run` prints it (a
+        tokenizer may decode ids alone otherwise: Llama 2's drops a leading space), without a stop token."""
+        streamer = _TextStream(self.tokenizer, text_ids, stops)
+        with _streams_open([streamer]):
+            return "".join(streamer.add(t) for t in new) + streamer.rest()
 
     def generate_batch(self, prompts, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
                        stream=None):
@@ -444,7 +499,7 @@ class Model:
         the new text for a str prompt, the new ids for ids. `last_generation` then holds a list of
         generate()'s dicts, one a prompt, each with the batch's prefill_seconds and its own decode_seconds.
         """
-        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
+        if isinstance(prompts, _TEXT) or not hasattr(prompts, "__len__"):
             raise TwellError("generate_batch: prompts must be a list of prompts (for one, generate())")
         if not 1 <= len(prompts) <= self.max_batch:
             raise TwellError(f"generate_batch: {len(prompts)} prompts; this model takes 1 to {self.max_batch} "
@@ -464,12 +519,12 @@ class Model:
         c_stops, n_stops = _ids(stops, "stop")
         s = self._sampling(temperature, top_k, top_p, seed)
         B = len(prompts)
-        streamers = [_TextStream(self.tokenizer, text_ids, stops) if isinstance(p, str) and stream is not None else None
-                     for p, (_, text_ids) in zip(prompts, encoded)]
-        state = {"error": None}
+        streamers = [_TextStream(self.tokenizer, text_ids, stops) if isinstance(p, _TEXT) and stream is not None
+                     else None for p, (_, text_ids) in zip(prompts, encoded)]
+        state = {"error": None, "interrupted": False}
 
         def on_token(i, token, _user):
-            if state["error"] is not None:  # a callback raised: every sequence stops
+            if state["error"] is not None or state["interrupted"]:  # a callback raised, or Ctrl-C: all stop
                 return 1
             try:
                 return _streamed(streamers[i], lambda piece: stream(i, piece), token)
@@ -482,19 +537,20 @@ class Model:
         tokens = (ctypes.c_int32 * max(B * room, 1))()
         g = (_capi.Generation * B)()
         callback = _capi.BATCH_TOKEN_FN(on_token) if stream is not None else _capi.BATCH_TOKEN_FN()
-        with self._busy("generate_batch") as h, _callback_error_first(state):
+        with _streams_open(streamers), _interrupt_noted(state), self._busy("generate_batch") as h, \
+                _callback_error_first(state):
             _capi.check(_capi.lib.twell_model_generate_batch(h, c_prompts, c_offsets, B, room,
                                                              ctypes.byref(s), c_stops, n_stops,
                                                              callback, None, tokens, g))
-        for i, st in enumerate(streamers):  # streamers only where stream is given
-            tail = st.rest() if st is not None else ""
+            tails = [st.rest() if st is not None else "" for st in streamers]  # streamers only where stream is given
+        for i, tail in enumerate(tails):
             if tail:
                 stream(i, tail)
         out, self.last_generation = [], []
         for i in range(B):
             new = list(tokens[i * room:i * room + g[i].n_tokens])
             self.last_generation.append(_generation_record(new, g[i]))
-            out.append(self._result(isinstance(prompts[i], str), new, g[i]))
+            out.append(self._text_of(encoded[i][1], new, stops) if isinstance(prompts[i], _TEXT) else new)
         return out
 
     def close(self):
@@ -520,7 +576,7 @@ class Model:
 
 
 def _check_count(max_new_tokens):
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
         raise TwellError(f"max_new_tokens must be an integer of at least 0, got {max_new_tokens!r}")
 
 
@@ -562,6 +618,54 @@ class _callback_error_first:
         error = self.state["error"]
         if error is not None and (kind is None or issubclass(kind, TwellError)):
             raise error from value if value is not None else None
+        if kind is None and self.state.get("interrupted"):
+            raise KeyboardInterrupt
+        return False
+
+
+class _interrupt_noted:
+    """Notes a Ctrl-C in state["interrupted"] while a C call that runs stream callbacks is in progress.
+    Python raises KeyboardInterrupt as a callback is entered, where ctypes can only print it and go on:
+    so the callbacks after it stop the generation and _callback_error_first raises it once C returns.
+    (Only on the main thread, and only over Python's own handler.)"""
+
+    def __init__(self, state):
+        self.state, self.installed = state, False
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._handler)
+            self.installed = True
+        return self
+
+    def _handler(self, signum, frame):
+        self.state["interrupted"] = True
+        signal.default_int_handler(signum, frame)
+
+    def __exit__(self, kind, value, tb):
+        if self.installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        return False
+
+
+class _streams_open:
+    """Keeps text streams' tokenizers from being closed while they are read, and frees the streams after."""
+
+    def __init__(self, streamers):
+        self.streamers = [s for s in streamers if s is not None]
+
+    def __enter__(self):
+        for s in self.streamers:
+            with s.tokenizer._lock:
+                s.tokenizer._streams += 1
+        return self
+
+    def __exit__(self, kind, value, tb):
+        for s in self.streamers:
+            with s.tokenizer._lock:
+                s.tokenizer._streams -= 1
+            s.close()
         return False
 
 
@@ -576,13 +680,15 @@ class _TextStream:
         c_prompt, n_prompt = _ids(prompt_ids, "prompt")
         c_stops, n_stops = _ids(stops, "stop")
         handle = ctypes.c_void_p()
-        _capi.check(_capi.lib.twell_text_stream_create(tokenizer._handle, c_prompt, n_prompt, c_stops, n_stops,
-                                                       ctypes.byref(handle)))
+        with tokenizer._using() as t:
+            _capi.check(_capi.lib.twell_text_stream_create(t, c_prompt, n_prompt, c_stops, n_stops,
+                                                           ctypes.byref(handle)))
         self._handle = handle
 
     def _piece(self, call, *args):
         text, length = ctypes.c_void_p(), ctypes.c_size_t()
-        _capi.check(call(self._handle, *args, ctypes.byref(text), ctypes.byref(length)))
+        with self.tokenizer._using():  # the stream decodes with it
+            _capi.check(call(self._handle, *args, ctypes.byref(text), ctypes.byref(length)))
         return ctypes.string_at(text, length.value).decode("utf-8", errors="replace") if length.value else ""
 
     def add(self, token):
@@ -593,9 +699,13 @@ class _TextStream:
         """The bytes of a character that never ended, as text ("" where none)."""
         return self._piece(_capi.lib.twell_text_stream_finish)
 
+    def close(self):
+        if getattr(self, "_handle", None) is not None and self._handle.value:
+            _capi.lib.twell_text_stream_destroy(self._handle)
+        self._handle = None
+
     def __del__(self):
         try:
-            if getattr(self, "_handle", None) is not None and self._handle.value:
-                _capi.lib.twell_text_stream_destroy(self._handle)
+            self.close()
         except Exception:  # at interpreter exit the library may be gone already
             pass

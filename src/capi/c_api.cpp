@@ -1,6 +1,8 @@
 // twell's C interface (twell/c_api.h): argument translation and exception barriers around the C++ API.
 #include "twell/c_api.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
@@ -93,15 +95,21 @@ int guarded(F&& f) {
     return TWELL_OK;
   } catch (const std::exception& e) {
     last_error = e.what();
+  } catch (abi::__forced_unwind&) {  // a thread cancelled or exiting (pthread_exit) inside a callback: let it end
+    throw;
   } catch (...) {
     last_error = "unknown error";
   }
   return TWELL_ERROR;
 }
 
-// The view of a C tensor; empty where it is NULL or has no data (an argument not given).
+// The view of a C tensor; empty where it is NULL or has no data (an argument not given), but for a
+// tensor of no elements (a dimension 0: PyTorch's data_ptr() of an empty tensor is NULL), which is one.
 TensorView view(const twell_tensor* t, const char* name) {
-  if (t == nullptr || t->data == nullptr) return {};
+  if (t == nullptr) return {};
+  if (t->data == nullptr &&
+      !(t->ndim >= 1 && t->ndim <= TWELL_MAX_DIMS && std::count(t->shape, t->shape + t->ndim, int64_t{0}) > 0))
+    return {};
   TWELL_REQUIRE(t->ndim >= 1 && t->ndim <= TWELL_MAX_DIMS, name, ": ndim must be 1 to ", TWELL_MAX_DIMS, ", got ",
                 t->ndim);
   TWELL_REQUIRE(t->dtype >= TWELL_DTYPE_BF16 && t->dtype <= TWELL_DTYPE_F64, name,

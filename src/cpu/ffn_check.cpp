@@ -39,7 +39,8 @@ FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& 
   TWELL_REQUIRE(!x.empty() || (x.rank() == 2 && x.numel() == 0), op, ": x: missing (null data), expected a tensor [M, H]");
   TWELL_REQUIRE(x.rank() == 2, op, ": x: expected a 2-d tensor [M, H], got shape ",
               shape_str(x.shape));
-  TWELL_REQUIRE(!w.wu.empty(), op, ": w.wu: missing (null data), expected a tensor [I, H]");
+  TWELL_REQUIRE(!w.wu.empty() || (w.wu.rank() == 2 && w.wu.numel() == 0), op,
+                ": w.wu: missing (null data), expected a tensor [I, H]");
   TWELL_REQUIRE(w.wu.rank() == 2, op, ": w.wu: expected a 2-d tensor [I, H], got shape ",
               shape_str(w.wu.shape));
   const int64_t M = x.shape[0], H = x.shape[1], I = w.wu.shape[0];

@@ -102,7 +102,20 @@ TEST(CApi, BadArgumentsFailWithAMessageAndWriteNothing) {
   EXPECT_C_ERROR(forward(bad), "the CPU backend takes host tensors");
   EXPECT_C_ERROR(forward(x, 9), "precision must be");
   EXPECT_C_ERROR(twell_cpu_ffn_forward(&x, &wg, nullptr, &wd, &yc, TWELL_PRECISION_BF16, nullptr, nullptr), "wu");
+  twell_tensor wu_none = wu;  // data NULL with a shape of elements: not given, as the header says
+  wu_none.data = nullptr;
+  EXPECT_C_ERROR(twell_cpu_ffn_forward(&x, &wg, &wu_none, &wd, &yc, TWELL_PRECISION_BF16, nullptr, nullptr),
+                 "w.wu: missing (null data)");
   EXPECT_TRUE(test::bit_equal(y, poisoned));  // nothing written by any refused call
+  // No tokens: data NULL with a dimension 0 is a tensor of no elements (PyTorch's data_ptr() of one)
+  twell_tensor x0 = x, y0 = yc;
+  x0.data = y0.data = nullptr;
+  x0.shape[0] = y0.shape[0] = 0;
+  twell_activation_stats s0{};
+  s0.tokens = 7;
+  ASSERT_EQ(twell_cpu_ffn_forward(&x0, &wg, &wu, &wd, &y0, TWELL_PRECISION_BF16, &s0, nullptr), TWELL_OK)
+      << twell_last_error();
+  EXPECT_EQ(s0.tokens, 0);
   // A failed call's message stays until the next call on the thread, which clears it.
   ASSERT_EQ(forward(x), TWELL_OK) << twell_last_error();
   EXPECT_STREQ(twell_last_error(), "");
