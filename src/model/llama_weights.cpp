@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <set>
 #include <string>
 #include <unordered_set>
 
@@ -164,30 +165,36 @@ void check_runtime_config(const io::ModelConfig& config, const std::string& sour
 }
 
 // LlamaWeights::check. `source` names the config in messages: its file where it came from one.
-// Layers past the checkpoint's last are counted, not listed one tensor at a time: a config.json
-// claiming 10^9 layers fails at once, not after building 9·10^9 names. Returns the unused tensors;
-// `tensors`, when given, gets every tensor the model reads (all present, as the check passed).
+// Only the layers the checkpoint has tensors of are checked tensor by tensor; those it lacks
+// altogether are named while the list has room, then counted: a config.json claiming 10^9 layers, or
+// a stray tensor of layer 10^6, fails at once, not after building millions of names. Returns the
+// unused tensors; `tensors`, when given, gets every tensor the model reads (all present, as the check
+// passed).
 std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::ModelConfig& config,
                                        const std::string& source, std::vector<Expected>* tensors = nullptr) {
   check_runtime_config(config, source);
-  int64_t last = -1;  // the checkpoint's last layer
-  for (const io::TensorInfo& t : ckpt.tensors()) last = std::max(last, LlamaWeights::layer_of(t.name));
-  const int64_t listed_layers = std::min(config.num_hidden_layers - 1, last) + 1;
-  std::vector<Expected> expected = expected_tensors(config, listed_layers);
+  std::set<int64_t> present;  // the model's layers the checkpoint has a tensor of
+  for (const io::TensorInfo& t : ckpt.tensors()) {
+    const int64_t layer = LlamaWeights::layer_of(t.name);
+    if (layer >= 0 && layer < config.num_hidden_layers) present.insert(layer);
+  }
+  std::vector<Expected> expected = expected_tensors(config, 0);  // in model order: the layers after the embedding
+  std::vector<Expected> layers;
+  for (int64_t l : present)
+    for (Expected& t : layer_tensors(config, l)) layers.push_back(std::move(t));
+  expected.insert(expected.begin() + 1, std::make_move_iterator(layers.begin()), std::make_move_iterator(layers.end()));
   std::vector<std::string> problems;
   for (const Expected& e : expected)
     if (std::string p = tensor_problem(ckpt, e, config.tie_word_embeddings); !p.empty()) problems.push_back(p);
-  // Layers the checkpoint lacks altogether: their tensors named while the list has room, then counted.
-  int64_t unlisted = 0;
-  for (int64_t i = listed_layers; i < config.num_hidden_layers; ++i) {
-    if (problems.size() > kMaxListed) {
-      const int64_t rest = config.num_hidden_layers - i, most = std::numeric_limits<int64_t>::max() / 2;
-      unlisted = rest < most / 9 ? rest * 9 : most;  // saturated past 10^18 layers
-      break;
-    }
-    for (const Expected& e : layer_tensors(config, i))
-      problems.push_back(tensor_problem(ckpt, e, config.tie_word_embeddings));
+  const int64_t missing = config.num_hidden_layers - static_cast<int64_t>(present.size());
+  int64_t named = 0;
+  for (int64_t i = 0; named < missing && problems.size() <= kMaxListed; ++i) {
+    if (present.count(i)) continue;
+    for (const Expected& e : layer_tensors(config, i)) problems.push_back(tensor_problem(ckpt, e, config.tie_word_embeddings));
+    ++named;
   }
+  const int64_t rest = missing - named, most = std::numeric_limits<int64_t>::max() / 2;
+  const int64_t unlisted = rest < most / 9 ? rest * 9 : most;  // nine tensors a layer, saturated past 10^18 layers
   std::vector<std::string> unused = unused_tensors(ckpt, expected, config, problems);
   fail_if_any(ckpt.path(), problems, "problems with the checkpoint's tensors", unlisted);
   if (tensors) *tensors = std::move(expected);  // every layer's: a layer missing would have failed above
