@@ -19,6 +19,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "core/atomic_file.h"
 #include "twell/error.h"
 #include "twell/io/safetensors.h"
 #include "twell/model/llama.h"
@@ -333,9 +334,16 @@ void LlamaWeights::save_dir(const std::string& dir) const {
   }
   tensors.emplace_back("model.norm.weight", final_norm.view());
   if (!config.tie_word_embeddings) tensors.emplace_back("lm_head.weight", lm_head.view());
-  // The weights first: a directory with config.json holds a whole model, or an earlier one.
+  // config.json's temporary first (its path's checks: another user's link, not a regular file), the
+  // weights next, the config renamed last: a directory with config.json holds a whole model, the new
+  // one or an earlier one, whichever step fails.
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  config.validate(config_path);
+  io::detail::AtomicFile config_file(config_path);
+  const std::string text = config.to_json();
+  config_file.write(text.data(), text.size());
   io::write_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  io::write_config(dir, config);
+  config_file.commit();
 }
 
 }  // namespace twell::model

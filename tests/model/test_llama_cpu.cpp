@@ -262,6 +262,12 @@ TEST_F(LlamaCpuTest, SaveDirWritesWhatLoadDirReads) {
   const LlamaWeights w = LlamaWeights::load_dir(dir_);
   std::ofstream(path("a_file")) << "x";
   expect_error([&] { w.save_dir(path("a_file") + "/model"); }, {"cannot create the directory"});
+  // config.json's path is checked before the weights are written: where it cannot be written, no new
+  // weights sit beside an old (or no) config
+  const std::string blocked = path("blocked");
+  std::filesystem::create_directories(blocked + "/config.json");
+  expect_error([&] { w.save_dir(blocked); }, {"config.json"});
+  EXPECT_FALSE(std::filesystem::exists(blocked + "/model.safetensors"));
   // load_dir and load_model take the directory: a file in it, nothing, or an empty path is named as such
   for (const std::string& file : {path("config.json"), path("model.safetensors")}) {
     expect_error([&] { LlamaWeights::load_dir(file); }, {"must be a model directory", "got the file " + file});

@@ -1,5 +1,6 @@
 // `twell bench ffn` (forward, or forward + backward with --train) and `twell bench model`
 // (shared/BENCHMARKS.md): table on stdout, JSON to --json.
+#include <filesystem>
 #include <iostream>
 
 #include "commands.h"
@@ -176,7 +177,17 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "also write the calibrated synthetic model to this directory as an HF checkpoint (config.json, "
                     "model.safetensors; bf16), a sparse model for twell run and eval (--byte-tokenizer)")
       ->check(CLI::Validator(
-          [](std::string& dir) { return dir.empty() ? std::string("expected a directory, got an empty name") : ""; },
+          [](std::string& dir) {
+            if (dir.empty()) return std::string("expected a directory, got an empty name");
+            // Files run and eval would read with the saved model (its stop ids, a tokenizer, other weights)
+            std::string stale;
+            for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                                     "model.safetensors.index.json"})
+              if (std::filesystem::exists(std::filesystem::path(dir) / name)) stale += (stale.empty() ? "" : ", ") + std::string(name);
+            return stale.empty() ? std::string()
+                                 : dir + " holds " + stale + ", which twell run and eval would read with the saved "
+                                         "model: give a new directory (or remove them)";
+          },
           "DIR"));
   model->add_option("--seed", mcfg->seed, "random seed of the synthetic model")
       ->check(seed_value())

@@ -81,8 +81,9 @@ struct LlamaWeights {
   // config.json + safetensors from one directory (io::read_config, io::Checkpoint::open).
   static LlamaWeights load_dir(const std::string& dir, const LlamaLoadOptions& options = {});
   // The inverse: config.json and model.safetensors (HF's names and layout, this dtype) into `dir`,
-  // created where missing, each file written atomically (the weights first). load_dir reads back
-  // the same bits.
+  // created where missing, each file written atomically and config.json renamed last (a failure
+  // leaves the earlier model, or none). load_dir reads back the same bits. Other files in `dir`
+  // (generation_config.json, a tokenizer) stay and go with the saved model when it is loaded.
   void save_dir(const std::string& dir) const;
 
   // Checks weights built by hand as load() checks a checkpoint: the config, then every tensor's
