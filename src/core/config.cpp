@@ -307,8 +307,10 @@ ModelConfig read_config(const std::string& path) {
   const std::string file = config_file(path);
   const bool dir = file != path;
   struct stat st;
-  if (dir && ::stat(file.c_str(), &st) != 0 && errno == ENOENT)
+  if (dir && ::stat(file.c_str(), &st) != 0 && errno == ENOENT) {
+    if (std::string link = detail::dangling_link(file); !link.empty()) throw Error(link);
     throw Error(str(path, ": not a model directory (no config.json)"));
+  }
   ModelConfig c = ModelConfig::from_json(detail::read_text_file(file), file);
   // generate() in transformers stops on generation_config.json's eos_token_id, which may list
   // more ids than config.json's (Llama 3 Instruct): both are kept.

@@ -2,6 +2,7 @@
 #include "json_util.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -110,6 +111,15 @@ std::string printable(const std::string& s, size_t max_len) {
   return out;
 }
 
+std::string dangling_link(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode) || ::stat(path.c_str(), &st) == 0) return "";
+  std::string target(4096, '\0');
+  const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
+  target.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return str(path, " is a symbolic link to ", printable(target), ", which does not exist");
+}
+
 bool is_directory(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -123,8 +133,16 @@ std::string parent_dir(const std::string& path) {
 
 std::string read_text_file(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))  // it would open, and read as empty
-    throw Error(str(path, ": a directory, not a file"));
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode))  // it would open, and read as empty
+      throw Error(str(path, ": a directory, not a file"));
+    if (!S_ISREG(st.st_mode))  // a FIFO would block, /dev/zero never end
+      throw Error(str(path, ": not a regular file (a FIFO, socket or device)"));
+    if (st.st_size > (off_t{1} << 30))
+      throw Error(str(path, ": ", st.st_size, " bytes, more than the 1 GiB a JSON file of a model is taken to hold"));
+  } else if (std::string link = dangling_link(path); !link.empty()) {
+    throw Error(str("cannot read: ", link));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(str(path, ": cannot read: ", std::strerror(errno)));
   // Chunk by chunk, not `os << in.rdbuf()`: that swallows a read error (into the ostream's state).

@@ -16,8 +16,14 @@ nlohmann::json parse_json_strict(const char* begin, const char* end, const std::
 // characters, so that names from untrusted files keep error messages on one line.
 std::string printable(const std::string& s, size_t max_len = 200);
 
-// The whole file as a string; throws "<path>: cannot read: <reason>".
+// The whole file as a string; throws "<path>: cannot read: <reason>", and for what is not a regular
+// file (a directory, a FIFO that would block, a device such as /dev/zero that never ends) or holds
+// more than 1 GiB (no config or index is that large).
 std::string read_text_file(const std::string& path);
+
+// "" where `path` is not a symbolic link to nothing, else "<path> is a symbolic link to <target>, which
+// does not exist": for the messages of files that seem missing but were meant to be there.
+std::string dangling_link(const std::string& path);
 
 // Whether `path` names an existing directory (following links).
 bool is_directory(const std::string& path);

@@ -461,6 +461,10 @@ Checkpoint Checkpoint::open(const std::string& path) {
       file = index;
     } else if (errno != ENOENT) {
       fail(index, str("cannot open: ", std::strerror(errno)));
+    } else if (std::string link = detail::dangling_link(single); !link.empty()) {
+      fail(path, link);
+    } else if (std::string index_link = detail::dangling_link(index); !index_link.empty()) {
+      fail(path, index_link);
     } else {
       fail(path, "directory holds neither model.safetensors nor model.safetensors.index.json");
     }

@@ -1247,7 +1247,7 @@ bool has_tokenizer_file(const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path dir(model_dir);
-  return fs::exists(dir / "tokenizer.json", ec) || fs::exists(dir / "tokenizer.model", ec);
+  return fs::exists(fs::symlink_status(dir / "tokenizer.json", ec)) || fs::exists(dir / "tokenizer.model", ec);
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
@@ -1257,6 +1257,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   std::error_code ec;
   if (fs::exists(json_path, ec) && !fs::is_regular_file(json_path, ec))
     throw Error(str(json_path.string(), ": not a regular file (a directory?)"));
+  if (std::string link = io::detail::dangling_link(json_path.string()); !link.empty()) throw Error(link);
   if (!fs::is_regular_file(json_path, ec)) {
     std::string hint;
     if (fs::exists(dir / "tokenizer.model", ec))
@@ -1266,6 +1267,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   }
   std::unique_ptr<BpeTokenizer> tok = BpeTokenizer::from_file(json_path.string());
   const fs::path config_path = dir / "tokenizer_config.json";
+  if (fs::exists(config_path, ec) && !fs::is_regular_file(config_path, ec))  // not skipped: it says where BOS goes
+    throw Error(str(config_path.string(), ": not a regular file (a directory, FIFO or device)"));
   if (fs::is_regular_file(config_path, ec)) {
     const std::string source = config_path.string();
     const std::string text = io::detail::read_text_file(source);

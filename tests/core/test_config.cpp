@@ -1,5 +1,7 @@
 // ModelConfig: HF config.json parsing with defaults, validation errors that name the key and the
 // file, and an atomic writer that round-trips.
+#include <sys/stat.h>
+
 #include <cmath>
 #include <filesystem>
 
@@ -347,6 +349,24 @@ TEST_F(ConfigFile, FailedWriteKeepsTheOldFile) {
 TEST_F(ConfigFile, ADirectoryIsNotAConfigFile) {
   std::filesystem::create_directory(path("config.json"));
   expect_error([&] { io::read_config(dir_); }, {"config.json: a directory, not a file"});
+}
+
+// A FIFO would block the read and /dev/zero never end it; a link to nothing is said as such, not as
+// "no config.json".
+TEST_F(ConfigFile, NotARegularFileOrALinkToNothingIsSaidAsSuch) {
+  ASSERT_EQ(::mkfifo(path("config.json").c_str(), 0600), 0);
+  expect_error([&] { io::read_config(dir_); }, {"config.json: not a regular file"});
+  std::filesystem::remove(path("config.json"));
+  std::filesystem::create_symlink("/dev/zero", path("config.json"));
+  expect_error([&] { io::read_config(dir_); }, {"config.json: not a regular file"});
+  std::filesystem::remove(path("config.json"));
+  std::filesystem::create_symlink("gone.json", path("config.json"));
+  expect_error([&] { io::read_config(dir_); }, {"config.json is a symbolic link to gone.json, which does not exist"});
+  write_file(path("real.json"), minimal(R"("eos_token_id": 7)"));
+  std::filesystem::remove(path("config.json"));
+  std::filesystem::create_symlink("real.json", path("config.json"));
+  std::filesystem::create_symlink("/dev/zero", path("generation_config.json"));
+  expect_error([&] { io::read_config(dir_); }, {"generation_config.json: not a regular file"});
 }
 
 TEST_F(ConfigFile, GenerationConfigAddsEosIds) {
