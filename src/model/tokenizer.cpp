@@ -898,10 +898,13 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
     tok->unk_ = it->second;
   }
 
-  // merges: rank = position; a later duplicate of a pair replaces the earlier one, as in HF.
+  // merges: rank = position; a later duplicate of a pair replaces the earlier one, as in HF. Required,
+  // as HF requires it: without them every word would split into characters.
   const json* merges = member(*model, "merges");
-  if (merges && !merges->is_array()) throw Error(str(where, ": 'merges' must be an array"));
-  if (merges) {
+  if (!merges || !merges->is_array())
+    throw Error(str(where, ": 'merges' must be an array (", merges ? "got " + std::string(merges->type_name()) : "missing",
+                    "; a BPE without merges splits every word into characters)"));
+  {
     tok->merges_.reserve(merges->size());
     for (size_t rank = 0; rank < merges->size(); ++rank) {
       const auto [a, b] = parse_merge((*merges)[rank], rank, source);
@@ -972,7 +975,8 @@ void BpeTokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t
 
 std::string BpeTokenizer::id_to_token(int32_t id) const {
   if (id < 0 || id >= vocab_size_ || !has_id_[id])
-    throw Error(str("BpeTokenizer: unknown token id ", id, " (vocab size ", vocab_size_, ")"));
+    throw Error(str("BpeTokenizer: unknown token id ", id, " (vocab size ", vocab_size_,
+                    id >= 0 && id < vocab_size_ ? "; a gap in tokenizer.json's ids" : "", ")"));
   return id_to_token_[id];
 }
 
@@ -986,9 +990,10 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
-    if (id < 0 || id >= vocab_size_ || !has_id_[id])
+    if (id < 0 || id >= vocab_size_)
       throw Error(str("BpeTokenizer::decode: unknown token id ", id, " at position ", i,
                       " (vocab size ", vocab_size_, ")"));
+    if (!has_id_[id]) continue;  // a gap in tokenizer.json's ids: no token, no text (HF's decode skips it too)
     const std::string& token = id_to_token_[id];
     if (!metaspace_) {
       append_token_bytes(out, token);

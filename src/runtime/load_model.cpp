@@ -244,8 +244,16 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
 }
 
 void check_tokenizer_fits(const Tokenizer& tok, int64_t vocab_size) {
-  TWELL_REQUIRE(tok.vocab_size() <= vocab_size, "the tokenizer has ", tok.vocab_size(),
-                " ids but the model's vocabulary is ", vocab_size);
+  if (tok.vocab_size() <= vocab_size) return;
+  std::string last;  // the token of the largest id (often one added past the vocabulary: "<pad>"), where printable
+  try {
+    const std::string token = tok.id_to_token(tok.vocab_size() - 1);
+    if (!token.empty() && token.size() <= 40 && std::all_of(token.begin(), token.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
+      last = str(" (its last id, ", tok.vocab_size() - 1, ", is '", token, "')");
+  } catch (const Error&) {  // a gap: no token to name
+  }
+  throw Error(str("the tokenizer has ", tok.vocab_size(), " ids", last, " but the model's vocabulary (config.json's "
+                  "vocab_size) is ", vocab_size, ": an id past it has no embedding row"));
 }
 
 std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& dir, int64_t vocab_size, bool bytes,

@@ -447,7 +447,9 @@ TEST_F(CApiModel, TokenizersEncodeAndDecodeAsTheCppOnes) {
   EXPECT_EQ(t, nullptr);
   EXPECT_NE(error_text().find("tokenizer.json"), std::string::npos) << error_text();
   EXPECT_EQ(twell_tokenizer_load(dir_.c_str(), 97, 1, &t), TWELL_ERROR);  // 258 ids do not fit 97 rows
-  EXPECT_NE(error_text().find("the tokenizer has 258 ids but the model's vocabulary is 97"), std::string::npos)
+  EXPECT_NE(error_text().find("the tokenizer has 258 ids (its last id, 257, is '<eos>') but the model's vocabulary "
+                              "(config.json's vocab_size) is 97"),
+            std::string::npos)
       << error_text();
   ASSERT_EQ(twell_tokenizer_load(nullptr, 0, 1, &t), TWELL_OK) << error_text();
   twell_tokenizer_info info;

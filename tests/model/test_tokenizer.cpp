@@ -279,10 +279,29 @@ TEST(BpeTokenizer, MalformedFilesAreErrors) {
                {"merges[1]"});
   expect_error(load(edited_fixture([](J& j) { j["model"]["merges"][2] = "\xe2\x82\xac x"; })),
                {"merges[2]", "is not in the vocabulary"});
+  expect_error(load(edited_fixture([](J& j) { j["model"].erase("merges"); })),
+               {"'merges' must be an array (missing;", "splits every word into characters"});
+  expect_error(load(edited_fixture([](J& j) { j["model"]["merges"] = nullptr; })), {"'merges' must be an array"});
   expect_error(load(edited_fixture([](J& j) { j["added_tokens"][0].erase("id"); })),
                {"added_tokens[0]", "'id'"});
   expect_error(load(edited_fixture([](J& j) { j["added_tokens"][1]["lstrip"] = "yes"; })),
                {"added_tokens[1]", "'lstrip' must be a boolean"});
+}
+
+// An id no token has (a gap in tokenizer.json's ids) decodes to nothing, as in HF: a model that
+// draws it must not end its generation with an error.
+TEST(BpeTokenizer, AGapInTheIdsDecodesToNothing) {
+  const auto plain = BpeTokenizer::from_file(data_path("bpe_gpt2.json"));
+  const int32_t gap = plain->vocab_size(), past = plain->vocab_size() + 3;
+  const auto tok = BpeTokenizer::from_json(
+      edited_fixture([&](nlohmann::json& j) { j["model"]["vocab"]["zz_past_a_gap"] = past; }), "tok.json");
+  EXPECT_EQ(tok->vocab_size(), past + 1);
+  const std::vector<int32_t> hi = tok->encode("hi");
+  std::vector<int32_t> with_gap = hi;
+  with_gap.insert(with_gap.begin() + 1, gap);
+  EXPECT_EQ(tok->decode(with_gap), "hi");
+  expect_error([&] { tok->id_to_token(gap); }, {"unknown token id", "a gap in tokenizer.json's ids"});
+  expect_error([&] { tok->decode({past + 1}); }, {"unknown token id"});
 }
 
 TEST(BpeTokenizer, UnsupportedComponentsAreNamed) {

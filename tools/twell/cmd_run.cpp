@@ -112,7 +112,11 @@ void register_run(CLI::App& app) {
     const auto say_stop = [&](const model::Generation& g, const std::string& label) {
       if (g.reason == model::StopReason::stop_token) {
         // Its name where the tokenizer has a short printable one ("</s>", "<|eot_id|>"), else the id alone.
-        std::string name = tok->id_to_token(g.tokens.back());
+        std::string name;
+        try {
+          name = tok->id_to_token(g.tokens.back());
+        } catch (const Error&) {  // a stop id with no token (a gap in the tokenizer's ids): the id alone
+        }
         const bool plain = !name.empty() && name.size() <= 40 &&
                            std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
         name = plain ? " " + name : "";

@@ -27,7 +27,8 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
-  // The bytes the ids stand for, concatenated. Throws for an id the tokenizer does not know.
+  // The bytes the ids stand for, concatenated. Throws for an id outside [0, vocab_size()); an id in a
+  // gap of a tokenizer's ids (none of its tokens has it) adds nothing, as in HF's decode.
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
 
   // One past the largest id the tokenizer can produce or decode.
