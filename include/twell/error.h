@@ -28,6 +28,10 @@ std::string bytes_str(size_t bytes);
 // MB, G, GB, T, TB; B, bytes or none: bytes; any case). Throws an Error quoting the text where it is none.
 size_t parse_bytes(const std::string& text);
 
+// `s` with control and non-ASCII bytes escaped (\n, \x01, ...) and cut to `max_len` characters, so
+// that names from untrusted files (tensor names, metadata, tokens) keep messages and tables on one line.
+std::string printable(const std::string& s, size_t max_len = 200);
+
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 }  // namespace detail

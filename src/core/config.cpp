@@ -28,7 +28,7 @@ const json* find_key(const json& root, const char* key) {
 [[noreturn]] void wrong_type(const std::string& source, const char* key, const char* expected,
                              const json& value) {
   throw Error(str(source, ": key '", key, "' must be ", expected, ", got ", value.type_name(), " ",
-                  detail::printable(value.dump(), 60)));
+                  printable(value.dump(), 60)));
 }
 
 bool read_int(const json& root, const char* key, const std::string& source, int64_t* out) {
@@ -74,7 +74,7 @@ RopeScaling read_rope_scaling(const json& scaling, const char* key, const std::s
     if (read_string(scaling, type_key, where, &r.type)) break;
   if (r.none()) return r;
   if (r.type != "linear" && r.type != "llama3")
-    throw Error(str(where, " of type '", detail::printable(r.type, 40),
+    throw Error(str(where, " of type '", printable(r.type, 40),
                     "' is not supported (twell implements 'linear' and 'llama3'), so this model would run wrong"));
   auto missing = [&](const char* name) {
     return Error(str(where, " of type '", r.type, "' needs the key '", name, "'"));
@@ -97,8 +97,8 @@ RopeScaling read_rope(const json& root, const std::string& source) {
   const RopeScaling a = legacy ? read_rope_scaling(*legacy, "rope_scaling", source) : RopeScaling{};
   const RopeScaling b = params ? read_rope_scaling(*params, "rope_parameters", source) : RopeScaling{};
   if (legacy && params && a != b)  // a "default" one holds the defaults of every parameter
-    throw Error(str(source, ": rope_scaling and rope_parameters disagree (types '", detail::printable(a.type, 40),
-                    "' and '", detail::printable(b.type, 40), "')"));
+    throw Error(str(source, ": rope_scaling and rope_parameters disagree (types '", printable(a.type, 40),
+                    "' and '", printable(b.type, 40), "')"));
   return params ? b : a;
 }
 
@@ -245,7 +245,7 @@ void ModelConfig::validate(const std::string& source) const {
   // Architectures with Llama's tensor names but other arithmetic (Granite's and MiniCPM's
   // multipliers, SmolLM3's layers without RoPE) would load and run, wrongly.
   if (model_type != "llama" && model_type != "mistral")
-    throw Error(str(source, ": model_type '", detail::printable(model_type, 40),
+    throw Error(str(source, ": model_type '", printable(model_type, 40),
                     "' is not supported: twell runs 'llama' (and 'mistral' without a sliding window)"));
   positive("hidden_size", hidden_size);
   positive("intermediate_size", intermediate_size);
@@ -279,7 +279,7 @@ void ModelConfig::validate(const std::string& source) const {
   if (!r.none()) {
     if (r.type != "linear" && r.type != "llama3")
       throw Error(str(source, ": rope_scaling type must be default, linear or llama3, got '",
-                      detail::printable(r.type, 40), "'"));
+                      printable(r.type, 40), "'"));
     if (!(std::isfinite(r.factor) && r.factor > 0))
       throw Error(str(source, ": rope_scaling factor must be a positive number, got ", r.factor));
   }
@@ -300,7 +300,7 @@ void ModelConfig::validate(const std::string& source) const {
   if (!known)
     throw Error(str(source,
                     ": hidden_act must be one of relu, silu, gelu, gelu_pytorch_tanh, got '",
-                    detail::printable(hidden_act), "'"));
+                    printable(hidden_act), "'"));
 }
 
 ModelConfig read_config(const std::string& path) {

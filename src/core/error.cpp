@@ -48,6 +48,26 @@ size_t parse_bytes(const std::string& text) {
   return static_cast<size_t>(bytes);
 }
 
+std::string printable(const std::string& s, size_t max_len) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (out.size() >= max_len) return out + "...";
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c >= 0x7f) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 }  // namespace twell
 
 namespace twell::detail {
@@ -56,5 +76,6 @@ namespace twell::detail {
   const char* base = std::strrchr(file, '/');
   throw Error(str(message, " (", base ? base + 1 : file, ":", line, ")"));
 }
+
 
 }  // namespace twell::detail

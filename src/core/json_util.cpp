@@ -91,26 +91,6 @@ nlohmann::json parse_json_strict(const char* begin, const char* end, const std::
   throw Error(str(source, ": ", what, " is not valid JSON: ", printable(reason, 300)));
 }
 
-std::string printable(const std::string& s, size_t max_len) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (out.size() >= max_len) return out + "...";
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c < 0x20 || c >= 0x7f) {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
 std::string dangling_link(const std::string& path) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode) || ::stat(path.c_str(), &st) == 0) return "";

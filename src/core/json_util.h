@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "twell/error.h"  // printable, for the messages of these files
+
 namespace twell::io::detail {
 
 // Parses [begin, end) as JSON, rejecting what nlohmann would silently accept: duplicate keys in
@@ -11,10 +13,6 @@ namespace twell::io::detail {
 // "<source>: <what> is not valid JSON: <reason>".
 nlohmann::json parse_json_strict(const char* begin, const char* end, const std::string& source,
                                  const char* what, int max_depth = 16);
-
-// `s` with control and non-ASCII bytes escaped (\n, \x01, ...) and cut to `max_len`
-// characters, so that names from untrusted files keep error messages on one line.
-std::string printable(const std::string& s, size_t max_len = 200);
 
 // The whole file as a string; throws "<path>: cannot read: <reason>", and for what is not a regular
 // file (a directory, a FIFO that would block, a device such as /dev/zero that never ends) or holds

@@ -19,7 +19,6 @@
 
 namespace twell::io {
 
-using detail::printable;
 using json = nlohmann::json;
 
 namespace {

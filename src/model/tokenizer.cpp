@@ -20,7 +20,6 @@
 
 namespace twell::model {
 
-using io::detail::printable;
 using json = nlohmann::json;
 
 // ---- ByteTokenizer ------------------------------------------------------------------------

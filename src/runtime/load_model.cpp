@@ -209,7 +209,7 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
                c.num_hidden_layers));
   if (!w.unused.empty()) {
     std::string names;
-    for (size_t i = 0; i < w.unused.size() && i < 3; ++i) names += (i ? ", " : "") + w.unused[i];
+    for (size_t i = 0; i < w.unused.size() && i < 3; ++i) names += (i ? ", " : "") + printable(w.unused[i], 120);
     if (w.unused.size() > 3) names += str(", and ", w.unused.size() - 3, " more");
     say(o, str("note: ", w.unused.size(), " tensor", w.unused.size() == 1 ? "" : "s", " in the checkpoint ",
                w.unused.size() == 1 ? "is" : "are", " not used by the model: ", names));
@@ -245,11 +245,9 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
 
 void check_tokenizer_fits(const Tokenizer& tok, int64_t vocab_size) {
   if (tok.vocab_size() <= vocab_size) return;
-  std::string last;  // the token of the largest id (often one added past the vocabulary: "<pad>"), where printable
+  std::string last;  // the token of the largest id (often one added past the vocabulary: "<pad>")
   try {
-    const std::string token = tok.id_to_token(tok.vocab_size() - 1);
-    if (!token.empty() && token.size() <= 40 && std::all_of(token.begin(), token.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
-      last = str(" (its last id, ", tok.vocab_size() - 1, ", is '", token, "')");
+    last = str(" (its last id, ", tok.vocab_size() - 1, ", is '", printable(tok.id_to_token(tok.vocab_size() - 1), 40), "')");
   } catch (const Error&) {  // a gap: no token to name
   }
   throw Error(str("the tokenizer has ", tok.vocab_size(), " ids", last, " but the model's vocabulary (config.json's "

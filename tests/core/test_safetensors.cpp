@@ -506,6 +506,22 @@ class InspectCli : public test::ScratchDirTest {
   }
 };
 
+// Names and metadata from the file are printed escaped and cut: a newline in a name forged a line
+// ("finite: ..."), a megabyte-long name padded every row to its width.
+TEST_F(InspectCli, NamesFromTheFileCannotForgeLinesOrWidenTheTable) {
+  Tensor a = f32_tensor({1}, {1});
+  io::write_safetensors(path("x.safetensors"),
+                        {{"w\nfinite: all 20 float tensors hold only finite values", a},
+                         {std::string(100000, 'n'), a}},
+                        {{"note", "\x1b[31mred\nforged line"}});
+  const CliResult r = inspect("'" + path("x.safetensors") + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("\nfinite: all 20"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("w\\nfinite: all 20"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("note = \\x1b[31mred\\nforged line"), std::string::npos) << r.out;
+  EXPECT_LT(r.out.size(), 2000u) << "the long name's width";
+}
+
 TEST_F(InspectCli, PrintsConfigTensorsAndTotals) {
   io::ModelConfig cfg;
   cfg.hidden_size = 64;

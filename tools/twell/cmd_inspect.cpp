@@ -91,7 +91,7 @@ bool print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
     return false;
   }
   std::printf("\nmodel: the tensors match config.json");
-  if (!unused.empty()) std::printf(" (%zu more not used, e.g. %s)", unused.size(), unused.front().c_str());
+  if (!unused.empty()) std::printf(" (%zu more not used, e.g. %s)", unused.size(), printable(unused.front(), 120).c_str());
   std::printf("\n");
 #if TWELL_WITH_CUDA
   std::string why;
@@ -161,11 +161,14 @@ void run_inspect(const std::string& path, bool check_finite) {
   std::printf("checkpoint: %s (%zu file%s)\n", path.c_str(), ckpt.files().size(),
               ckpt.files().size() == 1 ? "" : "s");
   for (const auto& [key, value] : ckpt.metadata())
-    std::printf("  metadata %s = %s\n", key.c_str(), value.c_str());
+    std::printf("  metadata %s = %s\n", printable(key, 80).c_str(), printable(value).c_str());
 
+  // Names as the file has them, escaped and cut (a name of control bytes or a megabyte would forge
+  // lines or pad every row to its width).
+  const auto name_of = [](const io::TensorInfo& t) { return printable(t.name, 120); };
   size_t name_width = 4, shape_width = 5;
   for (const io::TensorInfo& t : ckpt.tensors()) {
-    name_width = std::max(name_width, t.name.size());
+    name_width = std::max(name_width, name_of(t).size());
     shape_width = std::max(shape_width, shape_str(t.shape).size());
   }
   const bool sharded = ckpt.files().size() > 1;
@@ -173,7 +176,7 @@ void run_inspect(const std::string& path, bool check_finite) {
               "shape", "MB", sharded ? "  file" : "");
   uint64_t params = 0, bytes = 0;
   for (const io::TensorInfo& t : ckpt.tensors()) {
-    std::printf("%-*s  %-5s  %-*s  %10.2f", (int)name_width, t.name.c_str(),
+    std::printf("%-*s  %-5s  %-*s  %10.2f", (int)name_width, name_of(t).c_str(),
                 io::safetensors_dtype_name(t.dtype).c_str(), (int)shape_width,
                 shape_str(t.shape).c_str(), t.nbytes() / 1e6);
     if (sharded) {
