@@ -511,12 +511,17 @@ Checkpoint Checkpoint::open(const std::string& path) {
       c.files_.push_back(SafetensorsFile::open(shard_path));
     }
 
+    // Every shard's names first: a tensor in two shards is said as such, whichever the index names.
     for (size_t i = 0; i < c.files_.size(); ++i) {
       for (const TensorInfo& t : c.files_[i].tensors()) {
-        auto seen = c.where_.find(t.name);
-        if (seen != c.where_.end())
+        const auto [seen, first] = c.where_.emplace(t.name, i);
+        if (!first)
           fail(file, str("tensor '", printable(t.name), "' is in both shard '",
                          shard_names[seen->second], "' and shard '", shard_names[i], "'"));
+      }
+    }
+    for (size_t i = 0; i < c.files_.size(); ++i) {
+      for (const TensorInfo& t : c.files_[i].tensors()) {
         auto listed = weight_map.find(t.name);
         if (listed == weight_map.end())
           fail(file, str("shard '", shard_names[i], "' holds tensor '", printable(t.name),
@@ -525,7 +530,6 @@ Checkpoint Checkpoint::open(const std::string& path) {
           fail(file,
                str("tensor '", printable(t.name), "' is in shard '", shard_names[i],
                    "' but the index maps it to '", printable(listed->get<std::string>()), "'"));
-        c.where_[t.name] = i;
         c.tensors_.push_back(t);
       }
     }

@@ -233,6 +233,14 @@ TEST_F(ShardedCheckpoint, DuplicatesAndUnlistedTensorsAreRejected) {
   write_index(kGoodMap);
   expect_error([&] { Checkpoint::open(dir_); },
                {"model.safetensors.index.json", "tensor 'a'", "model-00001", "model-00002"});
+  // said as two shards whichever the index names (mapped to the second, the first's copy was "in shard
+  // 1 but the index maps it to 2")
+  write_index("\"a\": \"model-00002-of-00002.safetensors\", \"b\": \"model-00001-of-00002.safetensors\","
+              " \"c\": \"model-00002-of-00002.safetensors\"");
+  expect_error([&] { Checkpoint::open(dir_); },
+               {"tensor 'a' is in both shard '", "'model-00001-of-00002.safetensors'",
+                "'model-00002-of-00002.safetensors'"});
+  write_index(kGoodMap);
 
   io::write_safetensors(path("model-00002-of-00002.safetensors"), {{"c", c_}, {"extra", a_}});
   expect_error([&] { Checkpoint::open(dir_); }, {"index.json", "'extra'", "does not list"});

@@ -105,7 +105,9 @@ void register_eval(CLI::App& app) {
                   "--sparsity needs a ReLU-gated FFN; this model's hidden_act is ", config.hidden_act);
     const auto tok = args->load_tokenizer(config);
     const int64_t ctx = *context > 0 ? *context : std::min<int64_t>(config.max_position_embeddings, 8192);
-    TWELL_REQUIRE(ctx >= 2, "--context must be at least 2, got ", ctx);
+    TWELL_REQUIRE(ctx >= 2, *context > 0 ? str("--context must be at least 2, got ", ctx)
+                                         : str("the model's context (config.json's max_position_embeddings, ", ctx,
+                                               ") holds one token: a perplexity needs at least 2"));
     TWELL_REQUIRE(ctx <= config.max_position_embeddings, "--context ", ctx, " is longer than the model's context of ",
                   config.max_position_embeddings);
     const int64_t step = *stride > 0 ? *stride : ctx;
