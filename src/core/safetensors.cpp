@@ -244,6 +244,7 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* data, size_t size, std::st
   f.data_size_ = size - 8 - header_len;
   for (const auto& [key, value] : root.items()) {
     if (key == "__metadata__") {
+      if (value.is_null()) continue;  // as the safetensors library reads it: no metadata
       if (!value.is_object())
         fail(f.path_, str("__metadata__ must be an object, got ", value.type_name()));
       for (const auto& [mkey, mvalue] : value.items()) {

@@ -305,6 +305,11 @@ TEST(SafetensorsParse, HeaderMustBeAJsonObject) {
       {"mem.safetensors", "key 'w' twice"});
   expect_parse_error(raw_file("{\"__metadata__\": {\"n\": 3}}", 0),
                      {"mem.safetensors", "__metadata__", "'n'", "number"});
+  const std::string null_metadata = raw_file("{\"__metadata__\": null}", 0);  // the safetensors library takes it
+  EXPECT_TRUE(SafetensorsFile::parse(reinterpret_cast<const uint8_t*>(null_metadata.data()), null_metadata.size(),
+                                     "mem.safetensors")
+                  .metadata()
+                  .empty());
 }
 
 TEST(SafetensorsParse, EntryFieldsAreChecked) {
