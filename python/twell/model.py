@@ -426,13 +426,15 @@ class Model:
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
                  stream=None):
-        """Continues prompt (a str, or a list of ids) with up to max_new_tokens tokens: greedy at temperature 0,
-        else sampled (top_k, top_p, seed: the same seed draws the same tokens as `twell run --seed`).
+        """Continues prompt (a str or its UTF-8 bytes, or a list of ids) with up to max_new_tokens tokens:
+        greedy at temperature 0, else sampled (top_k, top_p, seed: the same seed draws the same tokens as
+        `twell run --seed`).
 
         stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
-        list gives the ids. stream: a callable that receives the text as it comes (str prompts) or each
-        id (id prompts); returning True from it stops the generation. Returns the new text (without the
-        prompt or the stop token) for a str prompt, else the new ids. `last_generation` then holds the
+        list gives the ids. stream: a callable that receives the text as it comes (text prompts) or each
+        id (id prompts); returning True from it stops the generation (True itself: print's None and
+        sys.stdout.write's count go on). Returns the new text (without the prompt or the stop token) for a
+        text prompt, as the stream gives it, else the new ids. `last_generation` then holds the
         ids, why it stopped and its timings: prefill_seconds up to the first new token (the prompt's
         forward and the first draw), decode_seconds for the tokens after it, tokens_per_second their rate.
         """
@@ -495,7 +497,7 @@ class Model:
         prompt stopping on its own. Prompt i draws with seed + i, so that where the logits have the same
         bits (the CPU backend) its tokens are generate()'s with that seed. stream: a callable that
         receives (i, the text prompt i adds) as it comes (str prompts) or (i, each id) (id prompts);
-        returning True from it stops prompt i, the others go on. Returns a list, in the prompts' order:
+        returning True (itself) from it stops prompt i, the others go on. Returns a list, in the prompts' order:
         the new text for a str prompt, the new ids for ids. `last_generation` then holds a list of
         generate()'s dicts, one a prompt, each with the batch's prefill_seconds and its own decode_seconds.
         """
