@@ -364,6 +364,17 @@ Tensor SafetensorsFile::read_as(const std::string& name, DType dtype) const {
 void SafetensorsFile::check_finite(const std::string& name) const {
   const TensorInfo& t = info(name);
   int64_t bad = first_non_finite(view(name));
+  if (bad < 0 && t.dtype == DType::f64) {
+    const uint8_t* p = data_section_ + t.begin;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      double v;
+      std::memcpy(&v, p + i * 8, 8);
+      if (std::isinf(static_cast<float>(v)))
+        fail_tensor(path_, name,
+                    str("element ", i, " (index ", index_str(t.shape, i), ") is ", v,
+                        ", which overflows F32, the type it is read as (F64 in the file)"));
+    }
+  }
   if (bad < 0) return;
   const uint8_t* element = data_section_ + t.begin + bad * dtype_size(t.dtype);
   double v = 0;

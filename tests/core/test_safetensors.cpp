@@ -137,6 +137,7 @@ TEST_F(Safetensors, ReadAsConvertsBetweenFloatDtypes) {
   io::write_safetensors(path("f64.safetensors"), {{"d", f64}});
   SafetensorsFile g = SafetensorsFile::open(path("f64.safetensors"));
   expect_error([&] { g.read_as("d", DType::f32); }, {"'d'", "element 2", "overflows F32", "F64 in the file"});
+  expect_error([&] { g.check_finite("d"); }, {"'d'", "element 2", "overflows F32", "F64 in the file"});  // inspect's scan
   Tensor two(DType::f64, {2});
   for (int i = 0; i < 2; ++i) static_cast<double*>(two.view().data)[i] = doubles[i];
   io::write_safetensors(path("f64.safetensors"), {{"d", two}});

@@ -64,7 +64,8 @@ class SafetensorsFile {
   // even; F64 through f32, as PyTorch does), or a plain copy when the dtypes match. A finite value
   // that `dtype` cannot hold is an error, not Inf.
   Tensor read_as(const std::string& name, DType dtype) const;
-  // Throws if the tensor holds NaN or Inf, naming it and the first bad element.
+  // Throws if the tensor holds NaN or Inf, naming it and the first bad element; for F64, also a finite
+  // value past F32's range, which every read of it (read_as to F32 or BF16) would refuse.
   void check_finite(const std::string& name) const;
 
  private:
