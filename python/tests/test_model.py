@@ -408,6 +408,8 @@ class ModelOnTheCpu(unittest.TestCase):
             import numpy
         except ImportError:
             return
+        m.prefill([256, 1])
+        self.assertEqual(rows(m.decode_step(numpy.array(5)), 260), want)  # a 0-d array, as argmax() gives
         ids = numpy.array([256, 7, 8], dtype=numpy.int64)
         self.assertEqual(m.generate(list(ids), max_new_tokens=numpy.int64(3), stop=numpy.array([257])),
                          m.generate([256, 7, 8], max_new_tokens=3, stop=[257]))
@@ -426,23 +428,52 @@ class ModelOnTheCpu(unittest.TestCase):
     def test_a_ctrl_c_that_ctypes_drops_still_stops_and_reaches_the_caller(self):
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             self.skipTest("SIGINT has a handler of its own here")
-        calls = [0]
+        calls, streamed = [0], [0]
+        real_single, real_batch = _capi.TOKEN_FN, _capi.BATCH_TOKEN_FN
 
-        def stream(_):
+        def dropping(real):
+            """The C callback type, with a Ctrl-C at the third call's entry that ctypes drops (it prints the
+            KeyboardInterrupt and returns 0) before the Python callback runs."""
+            def make(fn=None):
+                if fn is None:
+                    return real()
+
+                def entry(*args):
+                    calls[0] += 1
+                    if calls[0] == 3:
+                        try:
+                            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+                        except KeyboardInterrupt:
+                            return 0
+                    return fn(*args)
+                return real(entry)
+            return make
+
+        def stream(*_):
+            streamed[0] += 1
+        try:
+            _capi.TOKEN_FN, _capi.BATCH_TOKEN_FN = dropping(real_single), dropping(real_batch)
+            for run in (lambda: self.model.generate([256, 3], max_new_tokens=20, stop=False, stream=stream),
+                        lambda: self.model.generate_batch([[256, 3], "ab"], max_new_tokens=20, stop=False,
+                                                          stream=stream)):
+                calls[0] = streamed[0] = 0
+                with self.assertRaises(KeyboardInterrupt):
+                    run()
+                self.assertEqual(streamed[0], 2)  # the calls after the dropped one stopped it, not streaming
+                self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler)
+        finally:
+            _capi.TOKEN_FN, _capi.BATCH_TOKEN_FN = real_single, real_batch
+
+        def handled(_):  # a callback that catches Ctrl-C itself and stops quietly: no KeyboardInterrupt after
             calls[0] += 1
-            if calls[0] == 3:  # Ctrl-C as the callback is entered: ctypes prints the KeyboardInterrupt, drops it
+            if calls[0] == 2:
                 try:
                     signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
                 except KeyboardInterrupt:
-                    pass
-        for run in (lambda: self.model.generate([256, 3], max_new_tokens=20, stop=False, stream=stream),
-                    lambda: self.model.generate_batch([[256, 3], "ab"], max_new_tokens=20, stop=False,
-                                                      stream=lambda i, piece: stream(piece))):
-            calls[0] = 0
-            with self.assertRaises(KeyboardInterrupt):
-                run()
-            self.assertEqual(calls[0], 3)  # the next token stopped it
-            self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler)
+                    return True
+        calls[0] = 0
+        self.assertEqual(len(self.model.generate([256, 3], max_new_tokens=20, stop=False, stream=handled)), 2)
+        self.assertEqual(self.model.last_generation["reason"], "callback")
 
     def test_a_gpu_memory_cap_below_the_models_needs_runs_it_on_the_cpu(self):
         with twell.Model(self.dir, gpu_memory="1KB", tokenizer="bytes") as m:

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import logging
 import numbers
+import operator
 import os
 import signal
 import sys
@@ -38,20 +39,30 @@ def _ids(values, what="ids"):
         raise TwellError(f"{what} must be a list of integers, got {type(values).__name__} {values!r}")
     values = list(values)
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise TwellError(f"{what} must be integers, got {type(v).__name__} {v!r}")
-        if not -2**31 <= v < 2**31:
+        values[i] = _integer(v, what, "integers")
+        if not -2**31 <= values[i] < 2**31:
             raise TwellError(f"{what}: {v} is not a token id")
-        values[i] = int(v)
     return (ctypes.c_int32 * len(values))(*values), len(values)
+
+
+def _integer(value, what, expected):
+    """An int of what has one (int, numpy's integers, a one-element integer tensor): not a bool, float or str."""
+    if isinstance(value, bool):
+        raise TwellError(f"{what} must be {expected}, got {type(value).__name__} {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TwellError(f"{what} must be {expected}, got {type(value).__name__} {value!r}") from None
 
 
 def _int(value, what, least, below=2**63, expected=None):
     """`value` as an int in [least, below) (numpy's integers too: not bools, floats or strings), or TwellError
     "{what} must be {expected}, got {value!r}"."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not least <= value < below:
-        raise TwellError(f"{what} must be {expected or f'an integer in [{least}, {below})'}, got {value!r}")
-    return int(value)
+    expected = expected or f"an integer in [{least}, {below})"
+    v = _integer(value, what, expected)
+    if not least <= v < below:
+        raise TwellError(f"{what} must be {expected}, got {value!r}")
+    return v
 
 
 def _path(path):
@@ -205,7 +216,7 @@ class Model:
         if tokenizer not in ("auto", "bytes", None):
             raise TwellError(f"tokenizer must be 'auto', 'bytes' or None, got {tokenizer!r}")
         if context is not None:
-            context = _int(context, "context", 1, 2**31, "a positive number of positions or None")
+            context = _int(context, "context", 1, expected="a positive number of positions or None")
         max_batch = _int(max_batch, "max_batch", 1, 65536, "a number of sequences in [1, 65535]")
         if max_batch_tokens is not None:
             max_batch_tokens = _int(max_batch_tokens, "max_batch_tokens", max_batch,
@@ -255,7 +266,8 @@ class Model:
         _capi.check(_capi.lib.twell_model_eos_ids(self._handle, eos, n.value, ctypes.byref(n)))
         self.eos_ids = list(eos[:n.value])  # config.json's and generation_config.json's
         self.tokenizer = None
-        if tokenizer == "bytes" or (tokenizer == "auto" and os.path.exists(os.path.join(path, "tokenizer.json"))):
+        # lexists: a link to nothing is the loader's to report, as `twell run` does, not a model without one
+        if tokenizer == "bytes" or (tokenizer == "auto" and os.path.lexists(os.path.join(path, "tokenizer.json"))):
             self.tokenizer = Tokenizer(path, self.config["vocab_size"], bytes=tokenizer == "bytes")
         self.last_generation = None
 
@@ -451,7 +463,9 @@ class Model:
             if state["interrupted"]:  # a Ctrl-C that ctypes dropped at a callback's entry: stop, raised below
                 return 1
             try:
-                return _streamed(streamer, stream, token)
+                stop_now = _streamed(streamer, stream, token)
+                state["interrupted"] = False  # one the callback caught itself is its own to handle
+                return stop_now
             except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
                 state["error"] = e
                 return 1
@@ -529,7 +543,9 @@ class Model:
             if state["error"] is not None or state["interrupted"]:  # a callback raised, or Ctrl-C: all stop
                 return 1
             try:
-                return _streamed(streamers[i], lambda piece: stream(i, piece), token)
+                stop_now = _streamed(streamers[i], lambda piece: stream(i, piece), token)
+                state["interrupted"] = False  # one the callback caught itself is its own to handle
+                return stop_now
             except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
                 if state["error"] is None:
                     state["error"] = e
@@ -637,8 +653,8 @@ class _interrupt_noted:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.installed = True  # first: a Ctrl-C right after signal() must still see it restored
             signal.signal(signal.SIGINT, self._handler)
-            self.installed = True
         return self
 
     def _handler(self, signum, frame):
@@ -655,18 +671,25 @@ class _streams_open:
     """Keeps text streams' tokenizers from being closed while they are read, and frees the streams after."""
 
     def __init__(self, streamers):
-        self.streamers = [s for s in streamers if s is not None]
+        self.streamers, self.counted = [s for s in streamers if s is not None], []
 
     def __enter__(self):
-        for s in self.streamers:
-            with s.tokenizer._lock:
-                s.tokenizer._streams += 1
+        try:
+            for s in self.streamers:
+                with s.tokenizer._lock:
+                    s.tokenizer._streams += 1
+                    self.counted.append(s)
+        except BaseException:  # a Ctrl-C half way: the ones counted are uncounted, or the tokenizer never closes
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, kind, value, tb):
-        for s in self.streamers:
+        for s in self.counted:
             with s.tokenizer._lock:
                 s.tokenizer._streams -= 1
+        self.counted = []
+        for s in self.streamers:
             s.close()
         return False
 

@@ -92,7 +92,7 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::write(const void* data, size_t size) {
-  TWELL_CHECK(fd_ >= 0 && !committed_, path_, ": write after commit");
+  TWELL_CHECK(fd_ >= 0 && !committed_, path_, ": write after sync or commit");
   const auto* p = static_cast<const char*>(data);
   while (size > 0) {
     // Linux writes at most ~2 GiB per call; loop over partial writes and EINTR.
@@ -104,13 +104,18 @@ void AtomicFile::write(const void* data, size_t size) {
   }
 }
 
-void AtomicFile::commit() {
-  TWELL_CHECK(fd_ >= 0 && !committed_, path_, ": commit called twice");
+void AtomicFile::sync() {
+  TWELL_CHECK(fd_ >= 0 && !committed_, path_, ": sync after sync or commit");
   if (::fsync(fd_) != 0)
     throw Error(str(path_, ": fsync of '", temp_path_, "' failed: ", errno_text()));
   int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) throw Error(str(path_, ": close of '", temp_path_, "' failed: ", errno_text()));
+}
+
+void AtomicFile::commit() {
+  TWELL_CHECK(!committed_, path_, ": commit called twice");
+  if (fd_ >= 0) sync();
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
     throw Error(str(path_, ": cannot rename '", temp_path_, "' over it: ", errno_text()));
   committed_ = true;

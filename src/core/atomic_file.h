@@ -22,7 +22,8 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void write(const void* data, size_t size);  // all bytes or throws
-  void commit();                              // fsync + rename + directory fsync, or throws
+  void sync();                                // the bytes on disk (fsync), no more writes; or throws
+  void commit();                              // sync where not done + rename + directory fsync, or throws
 
   const std::string& temp_path() const { return temp_path_; }
 

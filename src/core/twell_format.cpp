@@ -16,8 +16,9 @@ void TwellLayout::check() const {
   TWELL_CHECK(tile >= 1 && tile <= 65536, "TwELL: tile width must be in [1, 65536], got ", tile);
   TWELL_CHECK(tile % compression == 0, "TwELL: tile width ", tile,
               " is not a multiple of the compression factor ", compression);
-  TWELL_CHECK(rows < ((int64_t{1} << 32) + n_tiles() - 1) / n_tiles(), "TwELL: ", rows, " rows x ", n_tiles(),
-              " tiles exceed 2^32 tile ids");  // rows · n_tiles() < 2^32, without the product's overflow
+  const int64_t tiles = cols / tile + (cols % tile != 0);  // n_tiles(), whose cols + tile - 1 can overflow
+  TWELL_CHECK(rows <= ((int64_t{1} << 32) - 1) / tiles, "TwELL: ", rows, " rows x ", tiles,
+              " tiles exceed 2^32 tile ids");  // rows · tiles < 2^32, without the product's overflow
 }
 
 int64_t TwellMatrix::nnz() const {

@@ -153,7 +153,7 @@ void ffn_backward(const TensorView& x, const FfnWeights& w, const TensorView& dy
   const FfnDims d = detail::check_ffn_inputs(op, x, w, /*host=*/true);
   const std::initializer_list<DType> grad_types = {DType::f32, DType::f64};
   detail::check_precision(op, p);
-  detail::check_output(op, "dy", dy, {d.M, d.H}, {DType::bf16, DType::f32, DType::f64}, true);
+  detail::check_input(op, "dy", dy, {d.M, d.H}, {DType::bf16, DType::f32, DType::f64}, true);
   check_optional(grads.dx, "ffn_backward: grads.dx");
   check_optional(grads.dwg, "ffn_backward: grads.dwg");
   check_optional(grads.dwu, "ffn_backward: grads.dwu");

@@ -57,6 +57,11 @@ FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& 
   return {M, H, I};
 }
 
+void check_input(const char* op, const char* name, const TensorView& t, const Shape& expected,
+                 std::initializer_list<DType> allowed, bool host) {
+  check_matrix(op, name, t, expected, allowed, host);
+}
+
 void check_output(const char* op, const char* name, const TensorView& t, const Shape& expected,
                   std::initializer_list<DType> allowed, bool host) {
   check_matrix(op, name, t, expected, allowed, host);

@@ -223,7 +223,10 @@ struct FfnDims {
   int64_t M, H, I;
 };
 FfnDims check_ffn_inputs(const char* op, const TensorView& x, const FfnWeights& w, bool host);
-// `t` is a 2-d [rows, cols] tensor of one of the float dtypes `allowed`.
+// `t` is a 2-d [rows, cols] tensor of one of the float dtypes `allowed` (any strides: a broadcast dy too).
+void check_input(const char* op, const char* name, const TensorView& t, const Shape& expected,
+                 std::initializer_list<DType> allowed, bool host);
+// The same, and no two of its elements share memory: each written value is kept.
 void check_output(const char* op, const char* name, const TensorView& t, const Shape& expected,
                   std::initializer_list<DType> allowed, bool host);
 void check_precision(const char* op, Precision p);

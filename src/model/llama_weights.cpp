@@ -132,7 +132,7 @@ std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::v
     if (n >= k && t.name.compare(n - k, k, inv_freq) == 0) continue;
     const int64_t layer = LlamaWeights::layer_of(t.name);
     if (layer >= 0 && layer < c.num_hidden_layers)
-      problems.push_back(str("tensor '", t.name, "' is not part of the Llama layer twell runs (model_type ",
+      problems.push_back(str("tensor '", printable(t.name, 120), "' is not part of the Llama layer twell runs (model_type ",
                              c.model_type, "): its model (attention biases? extra norms?) would run wrong without it"));
     else
       unused.push_back(t.name);
@@ -334,14 +334,16 @@ void LlamaWeights::save_dir(const std::string& dir) const {
   }
   tensors.emplace_back("model.norm.weight", final_norm.view());
   if (!config.tie_word_embeddings) tensors.emplace_back("lm_head.weight", lm_head.view());
-  // config.json's temporary first (its path's checks: another user's link, not a regular file), the
-  // weights next, the config renamed last: a directory with config.json holds a whole model, the new
-  // one or an earlier one, whichever step fails.
+  // config.json's temporary first, written and synced (its path's checks: another user's link, not a
+  // regular file), the weights next, the config renamed last: a failure before that rename leaves the
+  // earlier model (or none) as it was; only the rename itself failing after the weights' would leave
+  // new weights under the old config.
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
   config.validate(config_path);
   io::detail::AtomicFile config_file(config_path);
   const std::string text = config.to_json();
   config_file.write(text.data(), text.size());
+  config_file.sync();
   io::write_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
   config_file.commit();
 }

@@ -250,8 +250,8 @@ void check_tokenizer_fits(const Tokenizer& tok, int64_t vocab_size) {
     last = str(" (its last id, ", tok.vocab_size() - 1, ", is '", printable(tok.id_to_token(tok.vocab_size() - 1), 40), "')");
   } catch (const Error&) {  // a gap: no token to name
   }
-  throw Error(str("the tokenizer has ", tok.vocab_size(), " ids", last, " but the model's vocabulary (config.json's "
-                  "vocab_size) is ", vocab_size, ": an id past it has no embedding row"));
+  throw Error(str("the tokenizer has ", tok.vocab_size(), " ids", last, " but the model's vocabulary is ", vocab_size,
+                  ": an id past it has no embedding row"));
 }
 
 std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& dir, int64_t vocab_size, bool bytes,

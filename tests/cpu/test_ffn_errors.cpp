@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "ffn_test_util.h"
@@ -260,6 +261,16 @@ TEST_F(CpuFfnErrors, OutputsWhoseElementsShareMemoryAreRefused) {
   g.dwd = TensorView(wrow.ptr<float>(), DType::f32, {I, H});
   g.dwd.strides = {0, 1};
   expect_error([&] { cpu::ffn_backward(p.x, p.weights(), dy, 0, g, Precision::f64); }, {"grads.dwd", "same memory"});
+  // an input may share memory with itself: a broadcast dy (the gradient of sum(y), ones expanded)
+  Tensor one(DType::f32, {1});
+  one.ptr<float>()[0] = 1;
+  TensorView ones(one.ptr<float>(), DType::f32, {M, H});
+  ones.strides = {0, 0};
+  Tensor full(DType::f32, {M, H}), dx_broadcast(DType::f32, {M, H}), dx_full(DType::f32, {M, H});
+  for (int64_t i = 0; i < M * H; ++i) full.ptr<float>()[i] = 1;
+  cpu::ffn_backward(p.x, p.weights(), ones, 0, FfnGrads{dx_broadcast, {}, {}, {}}, Precision::f64);
+  cpu::ffn_backward(p.x, p.weights(), full, 0, FfnGrads{dx_full, {}, {}, {}}, Precision::f64);
+  EXPECT_TRUE(test::bit_equal(dx_broadcast, dx_full));
 }
 
 TEST_F(CpuFfnErrors, NoTokensNeedNoData) {  // PyTorch's data_ptr() of an empty tensor is null
@@ -298,6 +309,10 @@ TEST(TwellLayoutCheck, TileIdsPastTwoToThe32AreRefusedWithoutOverflow) {
   EXPECT_THROW(l.check(), Error);
   l.rows -= 1;
   EXPECT_NO_THROW(l.check());
+  l.rows = 0, l.cols = std::numeric_limits<int64_t>::max();  // no tiles' ids at all: n_tiles() would overflow
+  EXPECT_NO_THROW(l.check());
+  l.rows = 1;
+  EXPECT_THROW(l.check(), Error);
 }
 
 }  // namespace

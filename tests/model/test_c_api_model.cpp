@@ -1,6 +1,7 @@
 // The C interface's models and tokenizers (twell/c_api.h) against the C++ calls they wrap, on the CPU
 // backend: the same bits, the same tokens, and refusals that say why and leave nothing behind.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <cmath>
 #include <cstring>
@@ -339,6 +340,48 @@ TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
   twell_model_destroy(nullptr);
 }
 
+// A thread that ends inside a token callback (pthread_exit, a forced unwind; Python's daemon threads at
+// exit) ends: the C API's exception barrier lets the unwind through rather than swallowing it, which
+// aborted the process ("FATAL: exception not rethrown"), and the model is usable after.
+TEST_F(CApiModel, AThreadEndingInsideATokenCallbackEnds) {
+  twell_model* m = load();
+  ASSERT_NE(m, nullptr);
+  struct Job {
+    twell_model* m;
+    const std::vector<int32_t>* prompt;
+    int calls = 0;
+  } job{m, &prompt_};
+  pthread_t thread;
+  ASSERT_EQ(pthread_create(
+                &thread, nullptr,
+                [](void* p) -> void* {
+                  Job& j = *static_cast<Job*>(p);
+                  std::vector<int32_t> out(8);
+                  twell_generation g;
+                  twell_model_generate(j.m, j.prompt->data(), static_cast<int64_t>(j.prompt->size()), 8, nullptr, nullptr,
+                                       0,
+                                       [](int32_t, void* user) -> int {
+                                         if (++*static_cast<int*>(user) == 2) pthread_exit(nullptr);
+                                         return 0;
+                                       },
+                                       &j.calls, out.data(), &g);
+                  return p;  // not reached
+                },
+                &job),
+            0);
+  void* result = &job;
+  ASSERT_EQ(pthread_join(thread, &result), 0);
+  EXPECT_EQ(result, nullptr);  // pthread_exit's value: the thread ended in the callback
+  EXPECT_EQ(job.calls, 2);
+  std::vector<int32_t> out(4);
+  twell_generation g;
+  EXPECT_EQ(twell_model_generate(m, prompt_.data(), static_cast<int64_t>(prompt_.size()), 4, nullptr, nullptr, 0,
+                                 nullptr, nullptr, out.data(), &g),
+            TWELL_OK)
+      << error_text();
+  twell_model_destroy(m);
+}
+
 // A token callback that calls its own generating model is refused (it would change the cache under
 // the generation), and the generation goes on as without it; after a generation the cache holds all
 // but the last token, which a decode step continues; after a batch a decode step is refused in the
@@ -448,7 +491,7 @@ TEST_F(CApiModel, TokenizersEncodeAndDecodeAsTheCppOnes) {
   EXPECT_NE(error_text().find("tokenizer.json"), std::string::npos) << error_text();
   EXPECT_EQ(twell_tokenizer_load(dir_.c_str(), 97, 1, &t), TWELL_ERROR);  // 258 ids do not fit 97 rows
   EXPECT_NE(error_text().find("the tokenizer has 258 ids (its last id, 257, is '<eos>') but the model's vocabulary "
-                              "(config.json's vocab_size) is 97"),
+                              "is 97"),
             std::string::npos)
       << error_text();
   ASSERT_EQ(twell_tokenizer_load(nullptr, 0, 1, &t), TWELL_OK) << error_text();

@@ -268,6 +268,15 @@ TEST_F(LlamaCpuTest, SaveDirWritesWhatLoadDirReads) {
   std::filesystem::create_directories(blocked + "/config.json");
   expect_error([&] { w.save_dir(blocked); }, {"config.json"});
   EXPECT_FALSE(std::filesystem::exists(blocked + "/model.safetensors"));
+  // the weights that cannot be written leave the earlier config as it was, and no temporary behind
+  const std::string earlier = path("earlier");
+  w.save_dir(earlier);
+  const std::string config_before = test::read_file(earlier + "/config.json");
+  std::filesystem::remove(earlier + "/model.safetensors");
+  std::filesystem::create_directories(earlier + "/model.safetensors");
+  expect_error([&] { w.save_dir(earlier); }, {"model.safetensors"});
+  EXPECT_EQ(test::read_file(earlier + "/config.json"), config_before);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(earlier), std::filesystem::directory_iterator()), 2);
   // load_dir and load_model take the directory: a file in it, nothing, or an empty path is named as such
   for (const std::string& file : {path("config.json"), path("model.safetensors")}) {
     expect_error([&] { LlamaWeights::load_dir(file); }, {"must be a model directory", "got the file " + file});

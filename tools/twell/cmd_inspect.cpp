@@ -181,7 +181,7 @@ void run_inspect(const std::string& path, bool check_finite) {
                 shape_str(t.shape).c_str(), t.nbytes() / 1e6);
     if (sharded) {
       const std::string& file = ckpt.file_of(t.name).path();
-      std::printf("  %s", file.substr(file.find_last_of('/') + 1).c_str());
+      std::printf("  %s", printable(file.substr(file.find_last_of('/') + 1), 120).c_str());
     }
     std::printf("\n");
     params += static_cast<uint64_t>(t.numel());

@@ -82,7 +82,7 @@ struct LlamaWeights {
   static LlamaWeights load_dir(const std::string& dir, const LlamaLoadOptions& options = {});
   // The inverse: config.json and model.safetensors (HF's names and layout, this dtype) into `dir`,
   // created where missing, each file written atomically and config.json renamed last (a failure
-  // leaves the earlier model, or none). load_dir reads back the same bits. Other files in `dir`
+  // before that rename leaves the earlier model, or none). load_dir reads back the same bits. Other files in `dir`
   // (generation_config.json, a tokenizer) stay and go with the saved model when it is loaded.
   void save_dir(const std::string& dir) const;
 
