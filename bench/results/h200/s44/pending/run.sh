@@ -1,12 +1,15 @@
 #!/bin/bash
-# Session 44's checks, not run: no GPU was lent that session. The next session runs them first, on
-# a build of the session's last commit (or later), binaries tarred as the earlier runs did:
+# Session 44's checks, not run: no GPU was lent that session, nor the forty-fifth. The next session
+# runs them first, on a build of its first commit (the code of both sessions), binaries tarred as the
+# earlier runs did:
 #   mkdir -p out/n2 && cp build-cuda/twell build-cuda/tests/twell_gpu_tests \
 #     build-cuda/tests/install_example/build-generate/generate out/n2/ && cp -L build-cuda/libtwell_c.so out/n2/ \
 #     && strip out/n2/* && tar cJf out/b9.tar.xz -C out n2
 # then the device runs `bash bench/results/h200/s44/pending/run.sh` with carry ["out"].
 # What it checks: the whole GPU suite (session 44: LanguageModel::sequences_a_forward and batched
-# ffn_stats_in_windows, memory_overlaps by strides, TWELL_REQUIRE messages, decode_step's message),
+# ffn_stats_in_windows, memory_overlaps by strides, TWELL_REQUIRE messages, decode_step's message;
+# session 45: FfnForward's precision check and optional gradients with a shape but no data, the C
+# API's no-element tensors with NULL data, twell.FFN's size checks and dtypes under PyTorch),
 # Python, examples/generate on the GPU (perplexity before generating: the GPU keeps a generation in
 # its KV cache), and Python's ffn_stats on the calibrated sparse 2B model with one window a forward
 # against 8. Prediction written before it ran: max_batch 8 takes 5–15% less time than 1 (eval
