@@ -42,6 +42,19 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
+if torch is not None:
+    class Mlp(torch.nn.Module):  # transformers' LlamaMLP, with a ReLU
+        def __init__(self, H, I, bias=False):
+            super().__init__()
+            self.gate_proj = torch.nn.Linear(H, I, bias=bias)
+            self.up_proj = torch.nn.Linear(H, I, bias=bias)
+            self.down_proj = torch.nn.Linear(I, H, bias=bias)
+            self.act_fn = torch.nn.ReLU()
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
 @unittest.skipIf(torch is None, "PyTorch is not installed")
 class TorchFfn(unittest.TestCase):
     def check_forward_and_backward(self, device, M, dispatch, expect_path):
@@ -115,17 +128,6 @@ class TorchFfn(unittest.TestCase):
 
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
     def test_from_hf_mlp(self):
-        class Mlp(torch.nn.Module):  # transformers' LlamaMLP, with a ReLU
-            def __init__(self, H, I):
-                super().__init__()
-                self.gate_proj = torch.nn.Linear(H, I, bias=False)
-                self.up_proj = torch.nn.Linear(H, I, bias=False)
-                self.down_proj = torch.nn.Linear(I, H, bias=False)
-                self.act_fn = torch.nn.ReLU()
-
-            def forward(self, x):
-                return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-
         mlp = Mlp(128, 384).to("cuda", torch.bfloat16)
         ffn = twell.FFN.from_hf_mlp(mlp, dispatch="always_sparse")
         self.assertTrue(torch.equal(ffn.wd, mlp.down_proj.weight.t()))
@@ -344,6 +346,62 @@ class TorchFfnUse(unittest.TestCase):
             self.assertEqual(plain(x).shape, x.shape)  # inference is fine
         with self.assertRaisesRegex(twell.TwellError, "has no backward"):
             twell.ffn_forward(x, ffn.wg, ffn.wu, ffn.wd)
+
+
+@unittest.skipIf(torch is None, "PyTorch is not installed")
+class TorchFfnFromHf(unittest.TestCase):
+    """On the CPU backend: what a model converted with replace_hf_mlps keeps of the original (its
+    state_dict's names, frozen weights, mode), and what the module refuses at once."""
+
+    def test_state_dict_keeps_hfs_names_and_frozen_weights_stay_frozen(self):
+        torch.manual_seed(0)
+        mlp = Mlp(32, 96).eval().requires_grad_(False)
+        ffn = twell.FFN.from_hf_mlp(mlp, precision="f64")
+        self.assertEqual(ffn.wu.dtype, torch.float32)  # the CPU keeps a float32 MLP's dtype
+        self.assertFalse(any(p.requires_grad for p in ffn.parameters()))
+        self.assertFalse(ffn.training)
+        x = torch.randn(5, 32)
+        with torch.no_grad():
+            self.assertLess(rel(ffn(x), mlp(x)), 1e-6)
+        sd = ffn.state_dict()
+        self.assertEqual(sorted(sd), ["down_proj.weight", "gate_proj.weight", "up_proj.weight"])
+        self.assertTrue(torch.equal(sd["down_proj.weight"], mlp.down_proj.weight))
+        again = Mlp(32, 96)
+        again.load_state_dict(sd)  # what save_pretrained writes, transformers loads
+        self.assertTrue(torch.equal(again.down_proj.weight, mlp.down_proj.weight))
+        fresh = twell.FFN(32, 96, dtype=torch.float32)  # either layout loads
+        fresh.load_state_dict(mlp.state_dict(), strict=False)
+        self.assertTrue(torch.equal(fresh.wd, ffn.wd))
+        fresh.load_state_dict(twell.FFN(32, 96, dtype=torch.float32).state_dict())
+        self.assertEqual(sorted(fresh.state_dict()), ["wd", "wg", "wu"])
+        copy.deepcopy(ffn), pickle.loads(pickle.dumps(ffn))
+
+        model = torch.nn.Sequential(Mlp(32, 96), Mlp(32, 96, bias=True))
+        self.assertEqual(twell.replace_hf_mlps(model), 1)  # the one with biases is left as it is
+        self.assertIsInstance(model[1], Mlp)
+        silu = Mlp(32, 96)
+        silu.act_fn = torch.nn.SiLU()
+        with self.assertWarnsRegex(UserWarning, "nothing replaced .*activations: SiLU"):
+            self.assertEqual(twell.replace_hf_mlps(torch.nn.Sequential(silu)), 0)
+
+    def test_refusals_double_backward_meta_and_autocast(self):
+        for bad in (dict(layers=0), dict(l1=-1.0), dict(l1=float("nan")), dict(dtype=torch.float16),
+                    dict(gated="no"), dict(max_tokens=-1)):
+            with self.assertRaises(twell.TwellError, msg=str(bad)):
+                twell.FFN(8, 16, **bad)
+        ffn = twell.FFN(16, 32, precision="f64", dtype=torch.float64)
+        x = torch.randn(6, 16, dtype=torch.float64, requires_grad=True)
+        with self.assertRaisesRegex(twell.TwellError, "no double backward"):
+            torch.autograd.grad(ffn(x).sum(), x, create_graph=True)
+        meta = twell.FFN(16, 32, device="meta")
+        self.assertEqual(meta(torch.empty(3, 16, device="meta", dtype=torch.bfloat16)).shape, (3, 16))
+        f32 = twell.FFN(16, 32, dtype=torch.float32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            self.assertEqual(f32(torch.randn(4, 16)).dtype, torch.bfloat16)  # as a Linear gives under autocast
+        f32(torch.randn(5, 16))
+        with self.assertRaises(twell.TwellError):
+            f32(torch.randn(7, 16).half())
+        self.assertEqual(f32.last_stats()["tokens"], 5)  # the refused call's are not there
 
 
 if __name__ == "__main__":

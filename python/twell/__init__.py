@@ -17,8 +17,10 @@ The GPU path needs a Hopper GPU and bf16 tensors; on the CPU the reference backe
 or f64 tensors; slow, for checking). What each call computes and where it rounds: DESIGN.md §2 and
 include/twell/cuda/ffn.h. The library is libtwell_c.so (twell/_capi.py says where it is looked for).
 """
+import math
 import numbers
 import threading
+import warnings
 
 try:  # PyTorch first where it is installed: its CUDA libraries (cuBLASLt) are then the ones libtwell_c.so finds
     import torch
@@ -212,6 +214,16 @@ def _check_options(dispatch, precision):
         raise TwellError(f"precision must be one of {', '.join(_capi.PRECISION)}, got {precision!r}")
 
 
+def _cpu_autocast_dtype():
+    """The dtype of CPU autocast where it is on (bf16 or f32, which the CPU backend takes), else None."""
+    torch = _torch()
+    try:
+        on, dtype = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    except (TypeError, AttributeError):  # PyTorch before 2.4
+        on, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    return dtype if on and dtype in (torch.bfloat16, torch.float32) else None
+
+
 def _autocast_on():
     torch = _torch()
     try:
@@ -222,18 +234,28 @@ def _autocast_on():
 
 def _is_relu_mlp(m):
     torch = _torch()
-    return (all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
+    linears = [getattr(m, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    return (all(isinstance(lin, torch.nn.Linear) and lin.bias is None for lin in linears)
             and isinstance(getattr(m, "act_fn", None), torch.nn.ReLU))
 
 
 def replace_hf_mlps(model, **kwargs):
     """Replaces every ReLU-gated Llama-style MLP in `model` (a submodule with gate_proj, up_proj and
     down_proj Linear layers without bias and act_fn a ReLU, as transformers' LlamaMLP) by a twell.FFN
-    holding its weights (FFN.from_hf_mlp, bf16); other MLPs are left as they are. `kwargs` go to each
-    FFN (l1, dispatch, max_tokens, ...); `layers` defaults to the number replaced. Returns that number.
-    """
+    holding its weights (FFN.from_hf_mlp: bf16 on the GPU; its state_dict keeps HF's names, so
+    save_pretrained writes a checkpoint transformers and twell.Model load); other MLPs (with biases,
+    another activation) are left as they are, with a warning where none is replaced. `kwargs` go to
+    each FFN (l1, dispatch, max_tokens, ...); `layers` defaults to the number replaced. Returns that
+    number."""
+    torch = _torch()
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if _is_relu_mlp(child)]
+    if not targets:
+        others = sorted({type(getattr(m, "act_fn", None)).__name__ for m in model.modules()
+                         if all(isinstance(getattr(m, n, None), torch.nn.Linear)
+                                for n in ("gate_proj", "up_proj", "down_proj"))})
+        warnings.warn("twell.replace_hf_mlps: no ReLU-gated MLP without biases in this model, nothing replaced"
+                      + (f" (its MLPs' activations: {', '.join(others)})" if others else ""), stacklevel=2)
     kwargs.setdefault("layers", max(len(targets), 1))
     for parent, name, child in targets:
         setattr(parent, name, FFN.from_hf_mlp(child, **kwargs))
@@ -276,8 +298,15 @@ def _make_function():
             return y
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
         def backward(ctx, dy):
+            if torch.is_grad_enabled():  # create_graph=True: a gradient of this gradient would be silently cut
+                raise TwellError("twell.FFN's backward is not differentiable: no double backward (create_graph=True, "
+                                 "gradient penalties); differentiate a plain PyTorch FFN there")
+            return _Ffn.gradients(ctx, dy)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def gradients(ctx, dy):
             x, wg, wu, wd = ctx.saved_tensors
             needed = ctx.needs_input_grad[:4]
             if x.shape[0] == 0:
@@ -350,9 +379,16 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         """A ReLU-gated (or plain ReLU) FFN whose forward and backward run twell's kernels.
 
         Parameters: wg and wu [ffn, hidden] (HF's gate_proj.weight and up_proj.weight), wd [ffn, hidden]
-        neuron-major (HF's down_proj.weight transposed); bf16 on the GPU.
+        neuron-major (HF's down_proj.weight transposed); bf16 on the GPU, bf16, float32 or float64 on the
+        CPU. With hf_state_dict (set by from_hf_mlp) state_dict() gives them HF's names and layout
+        (gate_proj.weight, up_proj.weight, down_proj.weight [hidden, ffn]); load_state_dict takes either.
 
-        `l1` is λ of the L1 penalty on h (DESIGN.md §2): its gradient λ/(M·layers)·sign(h) is added in
+        precision: where values are rounded. "bf16": g = relu(x Wgᵀ), u = x Wuᵀ and h = g ⊙ u each
+        rounded to bf16, as a bf16 PyTorch model does (fp32 accumulation); "h_fp32": g and u rounded,
+        h kept in fp32; "f64" (CPU only): nothing rounded, float64 accumulation, the oracle. Only "f64"
+        gives a float32 model float32's accuracy.
+
+        `l1` is λ of the L1 penalty on h, λ · mean over layers of (1/M) Σ|h|: its gradient λ/(M·layers)·sign(h) is added in
         backward, over the active set; its value is not computed. It is added once per backward, not
         scaled with the loss: with a loss divided over accumulation steps or scaled by a GradScaler,
         scale λ alike.
@@ -363,18 +399,25 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         largest call so far (in multiples of 4096 tokens); cuBLASLt's 64 MiB and the backward's
         workspace are its own. release_workspace() frees them all. A backward needs the module's last
         forward (the same tensor, as under activation checkpointing, is fine); otherwise it refuses
-        with a message. On the CPU, precision="f64" gives the float64 oracle.
+        with a message. There is no double backward (create_graph=True is refused).
         """
 
         def __init__(self, hidden, ffn, gated=True, *, l1=0.0, layers=1, max_tokens=0, dispatch="previous",
                      precision="bf16", device=None, dtype=None):
             super().__init__()
             _check_options(dispatch, precision)
-            for name, value in (("hidden", hidden), ("ffn", ffn)):
-                if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                    raise TwellError(f"twell.FFN: {name} must be a positive number of features, got {value!r}")
-            hidden, ffn = int(hidden), int(ffn)
+            for name, value, least in (("hidden", hidden, 1), ("ffn", ffn, 1), ("layers", layers, 1),
+                                       ("max_tokens", max_tokens, 0)):
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+                    raise TwellError(f"twell.FFN: {name} must be an integer of at least {least}, got {value!r}")
+            hidden, ffn, layers, max_tokens = int(hidden), int(ffn), int(layers), int(max_tokens)
+            if not isinstance(gated, bool):
+                raise TwellError(f"twell.FFN: gated must be True or False, got {gated!r}")
+            if isinstance(l1, bool) or not isinstance(l1, numbers.Real) or not math.isfinite(l1) or l1 < 0:
+                raise TwellError(f"twell.FFN: l1 must be a finite number of at least 0, got {l1!r}")
             dtype = dtype or torch.bfloat16
+            if dtype not in (torch.bfloat16, torch.float32, torch.float64):
+                raise TwellError(f"twell.FFN: dtype must be torch.bfloat16, float32 or float64, got {dtype}")
             self.hidden, self.ffn, self.gated = hidden, ffn, gated
             self.l1, self.layers, self.max_tokens = l1, layers, max_tokens
             self.dispatch, self.precision = dispatch, precision
@@ -382,8 +425,28 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             self.register_parameter("wg", make() if gated else None)
             self.wu, self.wd = make(), make()
             self.reset_parameters()
+            self.hf_state_dict = False
             self._runners = {}
             self._last = None
+
+        _HF_NAMES = (("wg", "gate_proj.weight"), ("wu", "up_proj.weight"), ("wd", "down_proj.weight"))
+
+        def _save_to_state_dict(self, destination, prefix, keep_vars):
+            if not self.hf_state_dict:
+                return super()._save_to_state_dict(destination, prefix, keep_vars)
+            for ours, theirs in self._HF_NAMES:
+                t = getattr(self, ours)
+                t = t if keep_vars else t.detach()
+                if ours == "wd":  # HF's down_proj.weight is [hidden, ffn]; contiguous for safetensors
+                    t = t.t() if keep_vars else t.t().contiguous()
+                destination[prefix + theirs] = t
+
+        def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+            for ours, theirs in self._HF_NAMES:  # HF's names and layout, as hf_state_dict saves them
+                if prefix + theirs in state_dict and prefix + ours not in state_dict:
+                    t = state_dict.pop(prefix + theirs)
+                    state_dict[prefix + ours] = t.t() if ours == "wd" else t
+            return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
         def __getstate__(self):  # copies and pickles carry the parameters, not the GPU objects
             state = self.__dict__.copy()
@@ -406,8 +469,10 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
 
         @classmethod
         def from_hf_mlp(cls, mlp, **kwargs):
-            """The FFN of a HF Llama-style MLP (gate_proj, up_proj, down_proj without bias, ReLU), copied (bf16
-            unless dtype= says otherwise)."""
+            """The FFN of a HF Llama-style MLP (gate_proj, up_proj, down_proj without bias, ReLU), copied: bf16
+            on the GPU, the MLP's dtype on the CPU (bf16 for float16), unless dtype= says otherwise; frozen
+            weights stay frozen, and the module's train/eval mode is the MLP's. Its state_dict keeps HF's
+            names (hf_state_dict)."""
             act = getattr(mlp, "act_fn", None)
             if not isinstance(act, torch.nn.ReLU):
                 raise TwellError(f"twell's FFN is ReLU-gated; this MLP's activation is {type(act).__name__}")
@@ -416,12 +481,15 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                     raise TwellError(f"twell's FFN has no biases; this MLP's {name} has one")
             wg = mlp.gate_proj.weight
             kwargs.setdefault("device", wg.device)
-            kwargs.setdefault("dtype", torch.bfloat16)  # what the GPU path takes, whatever the MLP's
+            cpu_dtype = wg.device.type == "cpu" and wg.dtype in (torch.float32, torch.float64)
+            kwargs.setdefault("dtype", wg.dtype if cpu_dtype else torch.bfloat16)  # the GPU path takes bf16
             m = cls(wg.shape[1], wg.shape[0], True, **kwargs)
             with torch.no_grad():
-                m.wg.copy_(wg)
-                m.wu.copy_(mlp.up_proj.weight)
-                m.wd.copy_(mlp.down_proj.weight.t())
+                for ours, theirs in ((m.wg, wg), (m.wu, mlp.up_proj.weight), (m.wd, mlp.down_proj.weight.t())):
+                    ours.copy_(theirs)
+                    ours.requires_grad_(theirs.requires_grad)
+            m.hf_state_dict = True
+            m.train(mlp.training)
             return m
 
         def _runner(self, device, training):
@@ -435,8 +503,14 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
 
         def forward(self, x):
             _check_shapes(x, self.wg, self.wu, self.wd)
+            if x.device.type == "meta":  # shapes only (init_empty_weights, tracing): no values to compute
+                return x.new_empty(x.shape[:-1] + (self.hidden,))
+            if x.device.type not in ("cpu", "cuda"):
+                raise TwellError(f"twell.FFN runs on the CPU or a CUDA GPU, not on {x.device.type}")
             if x.is_cuda and x.dtype != self.wu.dtype and _autocast_on():
                 x = x.to(self.wu.dtype)  # under autocast, as a Linear would take it
+            elif not x.is_cuda and _cpu_autocast_dtype() not in (None, x.dtype):
+                x = x.to(_cpu_autocast_dtype())  # CPU autocast: its dtype in and out, as a Linear gives
             if x.is_cuda and self.wu.dtype != torch.bfloat16:
                 raise TwellError(f"twell.FFN on the GPU takes bf16 parameters, this one's are {self.wu.dtype} "
                                  "(.to(torch.bfloat16); keep fp32 master weights in the optimizer if needed)")
@@ -452,8 +526,8 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             runner = self._runner(x.device, grad)
             if x.is_cuda and self.max_tokens > M:
                 runner.reserve(self.max_tokens)
-            self._last = runner if M > 0 else _NoTokens()
             y = _apply(x2, self.wg, self.wu, self.wd, runner, l1_coefficient(self.l1, M, self.layers))
+            self._last = runner if M > 0 else _NoTokens()  # after the call: a refused one leaves no stale stats
             return y.reshape(shape[:-1] + (self.hidden,))
 
         def last_stats(self):
