@@ -353,7 +353,7 @@ class TorchFfnFromHf(unittest.TestCase):
     """On the CPU backend: what a model converted with replace_hf_mlps keeps of the original (its
     state_dict's names, frozen weights, mode), and what the module refuses at once."""
 
-    def test_state_dict_keeps_hfs_names_and_frozen_weights_stay_frozen(self):
+    def test_hf_state_dict_names_and_frozen_weights_stay_frozen(self):
         torch.manual_seed(0)
         mlp = Mlp(32, 96).eval().requires_grad_(False)
         ffn = twell.FFN.from_hf_mlp(mlp, precision="f64")
@@ -363,17 +363,22 @@ class TorchFfnFromHf(unittest.TestCase):
         x = torch.randn(5, 32)
         with torch.no_grad():
             self.assertLess(rel(ffn(x), mlp(x)), 1e-6)
-        sd = ffn.state_dict()
-        self.assertEqual(sorted(sd), ["down_proj.weight", "gate_proj.weight", "up_proj.weight"])
-        self.assertTrue(torch.equal(sd["down_proj.weight"], mlp.down_proj.weight))
-        again = Mlp(32, 96)
-        again.load_state_dict(sd)  # what save_pretrained writes, transformers loads
-        self.assertTrue(torch.equal(again.down_proj.weight, mlp.down_proj.weight))
-        fresh = twell.FFN(32, 96, dtype=torch.float32)  # either layout loads
-        fresh.load_state_dict(mlp.state_dict(), strict=False)
-        self.assertTrue(torch.equal(fresh.wd, ffn.wd))
-        fresh.load_state_dict(twell.FFN(32, 96, dtype=torch.float32).state_dict())
-        self.assertEqual(sorted(fresh.state_dict()), ["wd", "wg", "wu"])
+        self.assertEqual(sorted(ffn.state_dict()), ["wd", "wg", "wu"])  # the parameters' own names (FSDP, EMA)
+        self.assertEqual(ffn.state_dict()["wd"].data_ptr(), ffn.wd.data_ptr())
+        sd = twell.hf_state_dict(torch.nn.Sequential(ffn))
+        self.assertEqual(sorted(sd), ["0.down_proj.weight", "0.gate_proj.weight", "0.up_proj.weight"])
+        self.assertTrue(torch.equal(sd["0.down_proj.weight"], mlp.down_proj.weight))
+        again = torch.nn.Sequential(Mlp(32, 96))
+        again.load_state_dict(sd)  # what save_pretrained(state_dict=hf_state_dict(model)) writes
+        self.assertTrue(torch.equal(again[0].down_proj.weight, mlp.down_proj.weight))
+        for assign in (False, True):  # either layout loads; assigned, wd is contiguous
+            fresh = twell.FFN(32, 96, dtype=torch.float32)
+            fresh.load_state_dict(mlp.state_dict(), assign=assign)
+            self.assertTrue(torch.equal(fresh.wd, ffn.wd))
+            self.assertTrue(fresh.wd.is_contiguous())
+        missing = twell.FFN(32, 96, dtype=torch.float32).load_state_dict(
+            {"gate_proj.weight": mlp.gate_proj.weight}, strict=False).missing_keys
+        self.assertEqual(sorted(missing), ["down_proj.weight", "up_proj.weight"])  # in the names it was given
         copy.deepcopy(ffn), pickle.loads(pickle.dumps(ffn))
 
         model = torch.nn.Sequential(Mlp(32, 96), Mlp(32, 96, bias=True))
@@ -385,19 +390,26 @@ class TorchFfnFromHf(unittest.TestCase):
             self.assertEqual(twell.replace_hf_mlps(torch.nn.Sequential(silu)), 0)
 
     def test_refusals_double_backward_meta_and_autocast(self):
-        for bad in (dict(layers=0), dict(l1=-1.0), dict(l1=float("nan")), dict(dtype=torch.float16),
+        for bad in (dict(layers=0), dict(l1=-1.0), dict(l1=float("nan")), dict(l1=10**400), dict(dtype=torch.float16),
                     dict(gated="no"), dict(max_tokens=-1)):
             with self.assertRaises(twell.TwellError, msg=str(bad)):
                 twell.FFN(8, 16, **bad)
         ffn = twell.FFN(16, 32, precision="f64", dtype=torch.float64)
         x = torch.randn(6, 16, dtype=torch.float64, requires_grad=True)
-        with self.assertRaisesRegex(twell.TwellError, "no double backward"):
-            torch.autograd.grad(ffn(x).sum(), x, create_graph=True)
+        g, = torch.autograd.grad(ffn(x).sum(), x, create_graph=True)  # a gradient is a constant there...
+        with self.assertRaisesRegex(RuntimeError, "no double backward"):
+            (g ** 2).sum().backward()  # ... and differentiating it raises (it was silently cut)
+        lin = torch.nn.Linear(16, 1, dtype=torch.float64)  # first-order uses of a create_graph still work
+        gw, = torch.autograd.grad(lin(ffn(x)).pow(2).sum(), [lin.weight], create_graph=True)
+        gw.pow(2).sum().backward()
+        self.assertIsNotNone(ffn.wd.grad)
         meta = twell.FFN(16, 32, device="meta")
-        self.assertEqual(meta(torch.empty(3, 16, device="meta", dtype=torch.bfloat16)).shape, (3, 16))
-        f32 = twell.FFN(16, 32, dtype=torch.float32)
+        out = meta(torch.empty(3, 16, device="meta", dtype=torch.bfloat16))
+        self.assertEqual((out.shape, out.requires_grad), ((3, 16), True))
+        f32, f64 = twell.FFN(16, 32, dtype=torch.float32), twell.FFN(16, 32, dtype=torch.float64)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             self.assertEqual(f32(torch.randn(4, 16)).dtype, torch.bfloat16)  # as a Linear gives under autocast
+            self.assertEqual(f64(torch.randn(4, 16, dtype=torch.float64)).dtype, torch.float64)  # as a Linear too
         f32(torch.randn(5, 16))
         with self.assertRaises(twell.TwellError):
             f32(torch.randn(7, 16).half())

@@ -31,7 +31,7 @@ from ._capi import TwellError, set_num_threads, version
 from . import _capi
 from .model import Model, Tokenizer
 
-__all__ = ["FFN", "ffn_forward", "replace_hf_mlps", "Model", "Tokenizer", "TwellError", "cuda_available",
+__all__ = ["FFN", "ffn_forward", "replace_hf_mlps", "hf_state_dict", "Model", "Tokenizer", "TwellError", "cuda_available",
            "cuda_unavailable_reason", "version", "set_num_threads", "l1_coefficient", "clear_cache"]
 __version__ = version()
 
@@ -239,12 +239,35 @@ def _is_relu_mlp(m):
             and isinstance(getattr(m, "act_fn", None), torch.nn.ReLU))
 
 
+# twell.FFN's weights and a LlamaMLP's: wd is down_proj.weight transposed (neuron-major)
+_HF_NAMES = (("wg", "gate_proj.weight"), ("wu", "up_proj.weight"), ("wd", "down_proj.weight"))
+
+
+def hf_state_dict(model):
+    """model.state_dict() with every twell.FFN's weights under HF's names and layout (gate_proj.weight,
+    up_proj.weight, down_proj.weight [hidden, ffn]): what a model converted by replace_hf_mlps saves as
+    the checkpoint it came from, `model.save_pretrained(dir, state_dict=twell.hf_state_dict(model))`,
+    which transformers, `twell run` and twell.Model load. (state_dict() itself keeps twell's names, which
+    FSDP, distributed checkpoints and in-place updates of its tensors rely on; load_state_dict takes
+    either.)"""
+    sd = model.state_dict()
+    for name, module in model.named_modules():
+        if isinstance(module, FFN):
+            prefix = name + "." if name else ""
+            for ours, theirs in _HF_NAMES:
+                if prefix + ours in sd:
+                    t = sd.pop(prefix + ours)
+                    sd[prefix + theirs] = t.t().contiguous() if ours == "wd" else t
+    return sd
+
+
 def replace_hf_mlps(model, **kwargs):
     """Replaces every ReLU-gated Llama-style MLP in `model` (a submodule with gate_proj, up_proj and
     down_proj Linear layers without bias and act_fn a ReLU, as transformers' LlamaMLP) by a twell.FFN
-    holding its weights (FFN.from_hf_mlp: bf16 on the GPU; its state_dict keeps HF's names, so
-    save_pretrained writes a checkpoint transformers and twell.Model load); other MLPs (with biases,
-    another activation) are left as they are, with a warning where none is replaced. `kwargs` go to
+    holding its weights (FFN.from_hf_mlp: bf16 on the GPU; save it with
+    `save_pretrained(dir, state_dict=twell.hf_state_dict(model))` for a checkpoint transformers and
+    twell.Model load); other MLPs (with biases, another activation) are left as they are, with a
+    warning where none is replaced. `kwargs` go to
     each FFN (l1, dispatch, max_tokens, ...); `layers` defaults to the number replaced. Returns that
     number."""
     torch = _torch()
@@ -299,13 +322,20 @@ def _make_function():
 
         @staticmethod
         def backward(ctx, dy):
-            if torch.is_grad_enabled():  # create_graph=True: a gradient of this gradient would be silently cut
-                raise TwellError("twell.FFN's backward is not differentiable: no double backward (create_graph=True, "
-                                 "gradient penalties); differentiate a plain PyTorch FFN there")
-            return _Ffn.gradients(ctx, dy)
+            with torch.no_grad():
+                grads = _Ffn.gradients(ctx, dy)
+            if not torch.is_grad_enabled():
+                return grads
+            # create_graph=True: the gradients are constants to autograd (they depend on x and the weights,
+            # which it does not see here), so a derivative through one would be silently cut; using one
+            # raises instead (once_differentiable only does so where dy requires grad). First-order uses
+            # of the graph (other layers' gradients, a penalty on them) are unaffected.
+            err = torch._C._functions.DelayedError(
+                b"twell.FFN's backward is not differentiable (no double backward): differentiate a plain "
+                b"PyTorch FFN there", len(grads))
+            return err(*(None if g is None else g.detach().requires_grad_() for g in grads))
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
         def gradients(ctx, dy):
             x, wg, wu, wd = ctx.saved_tensors
             needed = ctx.needs_input_grad[:4]
@@ -380,8 +410,8 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
 
         Parameters: wg and wu [ffn, hidden] (HF's gate_proj.weight and up_proj.weight), wd [ffn, hidden]
         neuron-major (HF's down_proj.weight transposed); bf16 on the GPU, bf16, float32 or float64 on the
-        CPU. With hf_state_dict (set by from_hf_mlp) state_dict() gives them HF's names and layout
-        (gate_proj.weight, up_proj.weight, down_proj.weight [hidden, ffn]); load_state_dict takes either.
+        CPU. load_state_dict takes these names or HF's (gate_proj.weight, up_proj.weight, down_proj.weight
+        [hidden, ffn]); twell.hf_state_dict(model) gives a model's state_dict in HF's.
 
         precision: where values are rounded. "bf16": g = relu(x Wgᵀ), u = x Wuᵀ and h = g ⊙ u each
         rounded to bf16, as a bf16 PyTorch model does (fp32 accumulation); "h_fp32": g and u rounded,
@@ -399,7 +429,8 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         largest call so far (in multiples of 4096 tokens); cuBLASLt's 64 MiB and the backward's
         workspace are its own. release_workspace() frees them all. A backward needs the module's last
         forward (the same tensor, as under activation checkpointing, is fine); otherwise it refuses
-        with a message. There is no double backward (create_graph=True is refused).
+        with a message. There is no double backward: with create_graph=True the FFN's gradients are
+        constants, and differentiating through one raises.
         """
 
         def __init__(self, hidden, ffn, gated=True, *, l1=0.0, layers=1, max_tokens=0, dispatch="previous",
@@ -413,7 +444,11 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             hidden, ffn, layers, max_tokens = int(hidden), int(ffn), int(layers), int(max_tokens)
             if not isinstance(gated, bool):
                 raise TwellError(f"twell.FFN: gated must be True or False, got {gated!r}")
-            if isinstance(l1, bool) or not isinstance(l1, numbers.Real) or not math.isfinite(l1) or l1 < 0:
+            try:
+                l1_value = float(l1)
+            except (TypeError, ValueError, OverflowError):
+                l1_value = math.nan
+            if isinstance(l1, bool) or not isinstance(l1, numbers.Real) or not math.isfinite(l1_value) or l1_value < 0:
                 raise TwellError(f"twell.FFN: l1 must be a finite number of at least 0, got {l1!r}")
             dtype = dtype or torch.bfloat16
             if dtype not in (torch.bfloat16, torch.float32, torch.float64):
@@ -425,28 +460,25 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             self.register_parameter("wg", make() if gated else None)
             self.wu, self.wd = make(), make()
             self.reset_parameters()
-            self.hf_state_dict = False
             self._runners = {}
             self._last = None
 
-        _HF_NAMES = (("wg", "gate_proj.weight"), ("wu", "up_proj.weight"), ("wd", "down_proj.weight"))
-
-        def _save_to_state_dict(self, destination, prefix, keep_vars):
-            if not self.hf_state_dict:
-                return super()._save_to_state_dict(destination, prefix, keep_vars)
-            for ours, theirs in self._HF_NAMES:
-                t = getattr(self, ours)
-                t = t if keep_vars else t.detach()
-                if ours == "wd":  # HF's down_proj.weight is [hidden, ffn]; contiguous for safetensors
-                    t = t.t() if keep_vars else t.t().contiguous()
-                destination[prefix + theirs] = t
-
-        def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-            for ours, theirs in self._HF_NAMES:  # HF's names and layout, as hf_state_dict saves them
+        def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                  error_msgs):
+            # HF's names and layout (a LlamaMLP's, or twell.hf_state_dict's) load too; contiguous, as assign=True
+            # puts the tensor itself in place
+            hf_layout = False
+            for ours, theirs in _HF_NAMES:
                 if prefix + theirs in state_dict and prefix + ours not in state_dict:
                     t = state_dict.pop(prefix + theirs)
-                    state_dict[prefix + ours] = t.t() if ours == "wd" else t
-            return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+                    state_dict[prefix + ours] = t.t().contiguous() if ours == "wd" else t
+                    hf_layout = True
+            start = len(missing_keys)
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                          error_msgs)
+            if hf_layout:  # a partial HF dict: what is missing said in its names
+                hf = {prefix + ours: prefix + theirs for ours, theirs in _HF_NAMES}
+                missing_keys[start:] = [hf.get(k, k) for k in missing_keys[start:]]
 
         def __getstate__(self):  # copies and pickles carry the parameters, not the GPU objects
             state = self.__dict__.copy()
@@ -471,8 +503,7 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         def from_hf_mlp(cls, mlp, **kwargs):
             """The FFN of a HF Llama-style MLP (gate_proj, up_proj, down_proj without bias, ReLU), copied: bf16
             on the GPU, the MLP's dtype on the CPU (bf16 for float16), unless dtype= says otherwise; frozen
-            weights stay frozen, and the module's train/eval mode is the MLP's. Its state_dict keeps HF's
-            names (hf_state_dict)."""
+            weights stay frozen, and the module's train/eval mode is the MLP's."""
             act = getattr(mlp, "act_fn", None)
             if not isinstance(act, torch.nn.ReLU):
                 raise TwellError(f"twell's FFN is ReLU-gated; this MLP's activation is {type(act).__name__}")
@@ -481,14 +512,14 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                     raise TwellError(f"twell's FFN has no biases; this MLP's {name} has one")
             wg = mlp.gate_proj.weight
             kwargs.setdefault("device", wg.device)
-            cpu_dtype = wg.device.type == "cpu" and wg.dtype in (torch.float32, torch.float64)
-            kwargs.setdefault("dtype", wg.dtype if cpu_dtype else torch.bfloat16)  # the GPU path takes bf16
+            target = torch.device(kwargs["device"]).type
+            keep = target in ("cpu", "meta") and wg.dtype in (torch.float32, torch.float64)
+            kwargs.setdefault("dtype", wg.dtype if keep else torch.bfloat16)  # the GPU path takes bf16
             m = cls(wg.shape[1], wg.shape[0], True, **kwargs)
             with torch.no_grad():
                 for ours, theirs in ((m.wg, wg), (m.wu, mlp.up_proj.weight), (m.wd, mlp.down_proj.weight.t())):
                     ours.copy_(theirs)
                     ours.requires_grad_(theirs.requires_grad)
-            m.hf_state_dict = True
             m.train(mlp.training)
             return m
 
@@ -503,14 +534,15 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
 
         def forward(self, x):
             _check_shapes(x, self.wg, self.wu, self.wd)
-            if x.device.type == "meta":  # shapes only (init_empty_weights, tracing): no values to compute
-                return x.new_empty(x.shape[:-1] + (self.hidden,))
+            if x.device.type == "meta":  # shapes only (init_empty_weights, tracing): the maths, free there
+                h = x @ self.wu.t()
+                return ((torch.relu(x @ self.wg.t()) * h if self.gated else torch.relu(h)) @ self.wd)
             if x.device.type not in ("cpu", "cuda"):
                 raise TwellError(f"twell.FFN runs on the CPU or a CUDA GPU, not on {x.device.type}")
             if x.is_cuda and x.dtype != self.wu.dtype and _autocast_on():
                 x = x.to(self.wu.dtype)  # under autocast, as a Linear would take it
-            elif not x.is_cuda and _cpu_autocast_dtype() not in (None, x.dtype):
-                x = x.to(_cpu_autocast_dtype())  # CPU autocast: its dtype in and out, as a Linear gives
+            elif not x.is_cuda and x.dtype == torch.float32 and _cpu_autocast_dtype() not in (None, x.dtype):
+                x = x.to(_cpu_autocast_dtype())  # CPU autocast casts float32, as a Linear's input
             if x.is_cuda and self.wu.dtype != torch.bfloat16:
                 raise TwellError(f"twell.FFN on the GPU takes bf16 parameters, this one's are {self.wu.dtype} "
                                  "(.to(torch.bfloat16); keep fp32 master weights in the optimizer if needed)")

@@ -47,7 +47,7 @@ def _ids(values, what="ids"):
 
 def _integer(value, what, expected):
     """An int of what has one (int, numpy's integers, a one-element integer tensor): not a bool, float or str."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):  # numpy's and torch's bools too
         raise TwellError(f"{what} must be {expected}, got {type(value).__name__} {value!r}")
     try:
         return operator.index(value)
@@ -425,10 +425,8 @@ class Model:
 
     def _sampling(self, temperature, top_k, top_p, seed):
         # Integers as `twell run` takes them: no silent truncation of 2.7 or wrap-around of -1 or 2**64.
-        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or not 0 <= top_k < 2**63:
-            raise TwellError(f"top_k must be an integer of at least 0 (0: all), got {top_k!r}")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
-            raise TwellError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+        top_k = _int(top_k, "top_k", 0, expected="an integer of at least 0 (0: all)")
+        seed = _int(seed, "seed", 0, 2**64, "an integer in [0, 2**64)")
         s = _capi.Sampling()
         _capi.lib.twell_sampling_init(ctypes.byref(s))
         s.temperature, s.top_k, s.top_p, s.seed = float(temperature), int(top_k), float(top_p), int(seed)
@@ -452,7 +450,7 @@ class Model:
         """
         text_prompt = isinstance(prompt, _TEXT)
         ids, text_ids = self._prompt_ids(prompt)
-        _check_count(max_new_tokens)
+        max_new_tokens = _check_count(max_new_tokens)
         stops = self._stop_ids(stop)
         s = self._sampling(temperature, top_k, top_p, seed)
 
@@ -520,7 +518,7 @@ class Model:
         if not 1 <= len(prompts) <= self.max_batch:
             raise TwellError(f"generate_batch: {len(prompts)} prompts; this model takes 1 to {self.max_batch} "
                              "(Model(max_batch=...))")
-        _check_count(max_new_tokens)
+        max_new_tokens = _check_count(max_new_tokens)
         encoded = [self._prompt_ids(p, "generate_batch") for p in prompts]
         ids = [e[0] for e in encoded]
         flat, offsets = [], [0]
@@ -594,15 +592,12 @@ class Model:
 
 
 def _check_count(max_new_tokens):
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
-        raise TwellError(f"max_new_tokens must be an integer of at least 0, got {max_new_tokens!r}")
+    return _int(max_new_tokens, "max_new_tokens", 0, 2**1000, "an integer of at least 0")
 
 
 def _tokens_arg(value, what, least):
     """`value` as an int of at least `least` tokens that a C int64 holds (numpy's integers too), or TwellError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not least <= value < 2**63:
-        raise TwellError(f"{what} must be a number of tokens of at least {least}, got {value!r}")
-    return int(value)
+    return _int(value, what, least, expected=f"a number of tokens of at least {least}")
 
 
 def _generation_record(new, g):
@@ -653,8 +648,12 @@ class _interrupt_noted:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self.installed = True  # first: a Ctrl-C right after signal() must still see it restored
-            signal.signal(signal.SIGINT, self._handler)
+            try:
+                signal.signal(signal.SIGINT, self._handler)
+                self.installed = True
+            except BaseException:  # a Ctrl-C just after the handler went in: out again, or it stays for good
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                raise
         return self
 
     def _handler(self, signum, frame):
