@@ -380,6 +380,11 @@ class TorchFfnFromHf(unittest.TestCase):
             {"gate_proj.weight": mlp.gate_proj.weight}, strict=False).missing_keys
         self.assertEqual(sorted(missing), ["down_proj.weight", "up_proj.weight"])  # in the names it was given
         copy.deepcopy(ffn), pickle.loads(pickle.dumps(ffn))
+        shared = torch.nn.Module()  # one FFN at two paths: both converted
+        shared.a = shared.b = ffn
+        self.assertEqual(sorted(twell.hf_state_dict(shared)), [f"{p}.{n}" for p in "ab" for n in
+                                                               ("down_proj.weight", "gate_proj.weight", "up_proj.weight")])
+        self.assertEqual(twell.FFN.from_hf_mlp(mlp, device=None).wu.device.type, "cpu")  # the default device
 
         model = torch.nn.Sequential(Mlp(32, 96), Mlp(32, 96, bias=True))
         self.assertEqual(twell.replace_hf_mlps(model), 1)  # the one with biases is left as it is
@@ -397,8 +402,11 @@ class TorchFfnFromHf(unittest.TestCase):
         ffn = twell.FFN(16, 32, precision="f64", dtype=torch.float64)
         x = torch.randn(6, 16, dtype=torch.float64, requires_grad=True)
         g, = torch.autograd.grad(ffn(x).sum(), x, create_graph=True)  # a gradient is a constant there...
-        with self.assertRaisesRegex(RuntimeError, "no double backward"):
+        with self.assertRaisesRegex(twell.TwellError, "no double backward"):
             (g ** 2).sum().backward()  # ... and differentiating it raises (it was silently cut)
+        g, = torch.autograd.grad((x + ffn(x)).pow(2).sum(), x, create_graph=True)  # through a residual
+        with self.assertRaisesRegex(twell.TwellError, "no double backward"):
+            torch.autograd.grad(g.pow(2).sum(), x)  # grad(inputs=...) too, not only backward()
         lin = torch.nn.Linear(16, 1, dtype=torch.float64)  # first-order uses of a create_graph still work
         gw, = torch.autograd.grad(lin(ffn(x)).pow(2).sum(), [lin.weight], create_graph=True)
         gw.pow(2).sum().backward()

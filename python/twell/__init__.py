@@ -243,21 +243,29 @@ def _is_relu_mlp(m):
 _HF_NAMES = (("wg", "gate_proj.weight"), ("wu", "up_proj.weight"), ("wd", "down_proj.weight"))
 
 
-def hf_state_dict(model):
-    """model.state_dict() with every twell.FFN's weights under HF's names and layout (gate_proj.weight,
-    up_proj.weight, down_proj.weight [hidden, ffn]): what a model converted by replace_hf_mlps saves as
-    the checkpoint it came from, `model.save_pretrained(dir, state_dict=twell.hf_state_dict(model))`,
-    which transformers, `twell run` and twell.Model load. (state_dict() itself keeps twell's names, which
-    FSDP, distributed checkpoints and in-place updates of its tensors rely on; load_state_dict takes
-    either.)"""
-    sd = model.state_dict()
-    for name, module in model.named_modules():
-        if isinstance(module, FFN):
-            prefix = name + "." if name else ""
-            for ours, theirs in _HF_NAMES:
-                if prefix + ours in sd:
-                    t = sd.pop(prefix + ours)
-                    sd[prefix + theirs] = t.t().contiguous() if ours == "wd" else t
+def hf_state_dict(model, state_dict=None):
+    """model.state_dict() (or `state_dict`, a dict of the model's that the caller has, e.g. FSDP's full
+    one) with every twell.FFN's weights under HF's names and layout (gate_proj.weight, up_proj.weight,
+    down_proj.weight [hidden, ffn]): what a model converted by replace_hf_mlps saves as the checkpoint it
+    came from, `model.save_pretrained(dir, state_dict=twell.hf_state_dict(model))`, which transformers,
+    `twell run` and twell.Model load. (state_dict() itself keeps twell's names, which FSDP, distributed
+    checkpoints and in-place updates of its tensors rely on; load_state_dict takes either.)"""
+    sd = dict(model.state_dict() if state_dict is None else state_dict)
+    for name, module in model.named_modules(remove_duplicate=False):  # an FFN at two paths is at both
+        if not isinstance(module, FFN):
+            continue
+        # the names state_dict() gives: without the wrappers' own levels (FSDP, activation checkpointing)
+        parts = [p for p in name.split(".") if p and p not in ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")]
+        prefix = ".".join(parts) + "." if parts else ""
+        found = False
+        for ours, theirs in _HF_NAMES:
+            if prefix + ours in sd:
+                t = sd.pop(prefix + ours)
+                sd[prefix + theirs] = t.t().contiguous() if ours == "wd" else t
+                found = True
+        if not found and prefix + "up_proj.weight" not in sd:  # neither name: not converted (not twice)
+            raise TwellError(f"twell.hf_state_dict: the weights of the FFN at '{name}' are not in the state dict "
+                             f"under '{prefix}wu' (a wrapper this function does not know?)")
     return sd
 
 
@@ -279,6 +287,10 @@ def replace_hf_mlps(model, **kwargs):
                                 for n in ("gate_proj", "up_proj", "down_proj"))})
         warnings.warn("twell.replace_hf_mlps: no ReLU-gated MLP without biases in this model, nothing replaced"
                       + (f" (its MLPs' activations: {', '.join(others)})" if others else ""), stacklevel=2)
+    elif hasattr(model, "save_pretrained"):  # a transformers model
+        warnings.warn("twell.replace_hf_mlps: save the model with save_pretrained(dir, "
+                      "state_dict=twell.hf_state_dict(model)); a plain save_pretrained keeps twell's names, which "
+                      "transformers does not load", stacklevel=2)
     kwargs.setdefault("layers", max(len(targets), 1))
     for parent, name, child in targets:
         setattr(parent, name, FFN.from_hf_mlp(child, **kwargs))
@@ -326,14 +338,13 @@ def _make_function():
                 grads = _Ffn.gradients(ctx, dy)
             if not torch.is_grad_enabled():
                 return grads
-            # create_graph=True: the gradients are constants to autograd (they depend on x and the weights,
-            # which it does not see here), so a derivative through one would be silently cut; using one
-            # raises instead (once_differentiable only does so where dy requires grad). First-order uses
-            # of the graph (other layers' gradients, a penalty on them) are unaffected.
-            err = torch._C._functions.DelayedError(
-                b"twell.FFN's backward is not differentiable (no double backward): differentiate a plain "
-                b"PyTorch FFN there", len(grads))
-            return err(*(None if g is None else g.detach().requires_grad_() for g in grads))
+            # create_graph=True: the gradients are constants to autograd, so a derivative through one would be
+            # silently cut. They come out of a node whose inputs are also what they depend on (x, the weights,
+            # dy), so that any derivative through them, by backward() or grad(inputs=...), reaches it and
+            # raises; first-order uses of the graph (other layers' gradients, a penalty on them) never do.
+            x, wg, wu, wd = ctx.saved_tensors
+            anchors = [t for t in (x, wg, wu, wd, dy) if t is not None and t.requires_grad]
+            return _NoDoubleBackward.apply(len(grads), *grads, *anchors)
 
         @staticmethod
         def gradients(ctx, dy):
@@ -346,6 +357,19 @@ def _make_function():
                 grads = ctx.runner.backward(x, wg, wu, wd, dy.to(x.dtype).contiguous(), ctx.l1_coeff, needed,
                                             ctx.generation)
             return tuple(None if g is None else g.to(t.dtype) for g, t in zip(grads, (x, wg, wu, wd))) + (None, None)
+
+    class _NoDoubleBackward(torch.autograd.Function):
+        """The FFN's gradients (the first n arguments) as outputs of the tensors they depend on (the rest):
+        differentiating through them raises."""
+
+        @staticmethod
+        def forward(ctx, n, *args):
+            return tuple(None if g is None else g.detach() for g in args[:n])
+
+        @staticmethod
+        def backward(ctx, *grads):
+            raise TwellError("twell.FFN's backward is not differentiable (no double backward): differentiate a "
+                             "plain PyTorch FFN there")
 
     return _Ffn
 
@@ -512,8 +536,11 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                     raise TwellError(f"twell's FFN has no biases; this MLP's {name} has one")
             wg = mlp.gate_proj.weight
             kwargs.setdefault("device", wg.device)
-            target = torch.device(kwargs["device"]).type
-            keep = target in ("cpu", "meta") and wg.dtype in (torch.float32, torch.float64)
+            target = torch.empty(0, device=kwargs["device"]).device.type if kwargs["device"] is None else \
+                torch.device(kwargs["device"]).type
+            # kept on the CPU (and on meta where no GPU will take it), bf16 for the GPU
+            keep = (target == "cpu" or (target == "meta" and not cuda_available())) and \
+                wg.dtype in (torch.float32, torch.float64)
             kwargs.setdefault("dtype", wg.dtype if keep else torch.bfloat16)  # the GPU path takes bf16
             m = cls(wg.shape[1], wg.shape[0], True, **kwargs)
             with torch.no_grad():

@@ -636,6 +636,17 @@ class _callback_error_first:
         return False
 
 
+_interruptible = []  # the states of the generations in progress on the main thread
+
+
+def _sigint(signum, frame):
+    """Python's Ctrl-C (KeyboardInterrupt), noted first in every generation in progress. Left installed by
+    a Ctrl-C at the wrong moment, it does no harm: with none in progress it is Python's own."""
+    for state in _interruptible:
+        state["interrupted"] = True
+    signal.default_int_handler(signum, frame)
+
+
 class _interrupt_noted:
     """Notes a Ctrl-C in state["interrupted"] while a C call that runs stream callbacks is in progress.
     Python raises KeyboardInterrupt as a callback is entered, where ctypes can only print it and go on:
@@ -643,26 +654,26 @@ class _interrupt_noted:
     (Only on the main thread, and only over Python's own handler.)"""
 
     def __init__(self, state):
-        self.state, self.installed = state, False
+        self.state, self.active = state, False
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _sigint):
+            self.active = True
+            _interruptible.append(self.state)
             try:
-                signal.signal(signal.SIGINT, self._handler)
-                self.installed = True
-            except BaseException:  # a Ctrl-C just after the handler went in: out again, or it stays for good
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+                signal.signal(signal.SIGINT, _sigint)
+            except BaseException:
+                self.__exit__(None, None, None)
                 raise
         return self
 
-    def _handler(self, signum, frame):
-        self.state["interrupted"] = True
-        signal.default_int_handler(signum, frame)
-
     def __exit__(self, kind, value, tb):
-        if self.installed:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.active:
+            self.active = False
+            _interruptible.remove(self.state)
+            if not _interruptible:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
         return False
 
 
