@@ -7,6 +7,7 @@
     loss = criterion(y) ; loss.backward()       # twell's backward, over the active set only
 
     twell.replace_hf_mlps(model)                # every ReLU-gated MLP of a model swapped for a twell.FFN
+    model.save_pretrained(d, state_dict=twell.hf_state_dict(model))  # saved as the HF checkpoint it was
     ffn = twell.FFN(2048, 5632, device="cuda")  # new bf16 weights: gate and up [I, H], down neuron-major [I, H]
     y = twell.ffn_forward(x, wg, wu, wd)        # functional, no autograd
 
@@ -14,7 +15,7 @@
     model.generate("Once upon a time", max_new_tokens=32, stream=lambda text: print(text, end=""))
 
 The GPU path needs a Hopper GPU and bf16 tensors; on the CPU the reference backend runs (bf16, f32
-or f64 tensors; slow, for checking). What each call computes and where it rounds: DESIGN.md §2 and
+or f64 tensors; slow, for checking). What each call computes and where it rounds: FFN's docstring and
 include/twell/cuda/ffn.h. The library is libtwell_c.so (twell/_capi.py says where it is looked for).
 """
 import math
@@ -31,8 +32,8 @@ from ._capi import TwellError, set_num_threads, version
 from . import _capi
 from .model import Model, Tokenizer
 
-__all__ = ["FFN", "ffn_forward", "replace_hf_mlps", "hf_state_dict", "Model", "Tokenizer", "TwellError", "cuda_available",
-           "cuda_unavailable_reason", "version", "set_num_threads", "l1_coefficient", "clear_cache"]
+__all__ = ["FFN", "ffn_forward", "replace_hf_mlps", "hf_state_dict", "Model", "Tokenizer", "TwellError",
+           "cuda_available", "cuda_unavailable_reason", "version", "set_num_threads", "l1_coefficient", "clear_cache"]
 __version__ = version()
 
 
