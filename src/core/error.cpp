@@ -77,5 +77,4 @@ namespace twell::detail {
   throw Error(str(message, " (", base ? base + 1 : file, ":", line, ")"));
 }
 
-
 }  // namespace twell::detail

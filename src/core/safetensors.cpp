@@ -191,6 +191,16 @@ bool element_non_finite(const uint8_t* p, DType t) {
   }
 }
 
+std::string index_str(const Shape& shape, int64_t flat);
+
+// Element `i` of `t` holds the finite `v`, which `to` cannot hold: read as it, it would be Inf.
+[[noreturn]] void fail_overflow(const std::string& file, const std::string& name, const TensorInfo& t, int64_t i,
+                                double v, DType to) {
+  fail_tensor(file, name,
+              str("element ", i, " (index ", index_str(t.shape, i), ") is ", v, ", which overflows ",
+                  safetensors_dtype_name(to), " (", safetensors_dtype_name(t.dtype), " in the file)"));
+}
+
 std::string index_str(const Shape& shape, int64_t flat) {
   Shape idx(shape.size());
   for (size_t d = shape.size(); d-- > 0;) {
@@ -354,9 +364,7 @@ Tensor SafetensorsFile::read_as(const std::string& name, DType dtype) const {
     store_float(dst + i * out_size, dtype, static_cast<float>(v));
     // A finite value past the narrower type's range would become Inf: refused, as Inf in the file is.
     if (std::isfinite(v) && !std::isfinite(load_float(dst + i * out_size, dtype)))
-      fail_tensor(path_, name,
-                  str("element ", i, " (index ", index_str(t.shape, i), ") is ", v, ", which overflows ",
-                      safetensors_dtype_name(dtype), " (", safetensors_dtype_name(t.dtype), " in the file)"));
+      fail_overflow(path_, name, t, i, v, dtype);
   }
   return out;
 }
@@ -369,10 +377,7 @@ void SafetensorsFile::check_finite(const std::string& name) const {
     for (int64_t i = 0; i < t.numel(); ++i) {
       double v;
       std::memcpy(&v, p + i * 8, 8);
-      if (std::isinf(static_cast<float>(v)))
-        fail_tensor(path_, name,
-                    str("element ", i, " (index ", index_str(t.shape, i), ") is ", v,
-                        ", which overflows F32, the type it is read as (F64 in the file)"));
+      if (std::isinf(static_cast<float>(v))) fail_overflow(path_, name, t, i, v, DType::f32);  // as read_as would
     }
   }
   if (bad < 0) return;

@@ -56,12 +56,12 @@ std::vector<Expected> layer_tensors(const io::ModelConfig& c, int64_t i) {
   return e;
 }
 
-// The model's tensors with the layer tensors of layers 0..layers-1 (layers <= num_hidden_layers).
-std::vector<Expected> expected_tensors(const io::ModelConfig& c, int64_t layers) {
+// The model's tensors, in model order, with the layer tensors of `layers` (each < num_hidden_layers).
+std::vector<Expected> expected_tensors(const io::ModelConfig& c, const std::set<int64_t>& layers) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
   std::vector<Expected> e;
   e.push_back({"model.embed_tokens.weight", {V, H}});
-  for (int64_t i = 0; i < layers; ++i)
+  for (int64_t i : layers)
     for (Expected& t : layer_tensors(c, i)) e.push_back(std::move(t));
   e.push_back({"model.norm.weight", {H}});
   if (!c.tie_word_embeddings) e.push_back({"lm_head.weight", {V, H}});
@@ -179,11 +179,7 @@ std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::Mod
     const int64_t layer = LlamaWeights::layer_of(t.name);
     if (layer >= 0 && layer < config.num_hidden_layers) present.insert(layer);
   }
-  std::vector<Expected> expected = expected_tensors(config, 0);  // in model order: the layers after the embedding
-  std::vector<Expected> layers;
-  for (int64_t l : present)
-    for (Expected& t : layer_tensors(config, l)) layers.push_back(std::move(t));
-  expected.insert(expected.begin() + 1, std::make_move_iterator(layers.begin()), std::make_move_iterator(layers.end()));
+  std::vector<Expected> expected = expected_tensors(config, present);
   std::vector<std::string> problems;
   for (const Expected& e : expected)
     if (std::string p = tensor_problem(ckpt, e, config.tie_word_embeddings); !p.empty()) problems.push_back(p);

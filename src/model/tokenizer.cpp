@@ -903,23 +903,21 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
   if (!merges || !merges->is_array())
     throw Error(str(where, ": 'merges' must be an array (", merges ? "got " + std::string(merges->type_name()) : "missing",
                     "; a BPE without merges splits every word into characters)"));
-  {
-    tok->merges_.reserve(merges->size());
-    for (size_t rank = 0; rank < merges->size(); ++rank) {
-      const auto [a, b] = parse_merge((*merges)[rank], rank, source);
-      const auto ia = tok->vocab_.find(a), ib = tok->vocab_.find(b), iab = tok->vocab_.find(a + b);
-      for (const auto& [it, name] : {std::pair{ia, &a}, std::pair{ib, &b}}) {
-        if (it == tok->vocab_.end())
-          throw Error(str(where, ".merges[", rank, "]: token '", printable(*name, 60),
-                          "' is not in the vocabulary"));
-      }
-      if (iab == tok->vocab_.end())
-        throw Error(str(where, ".merges[", rank, "]: merged token '", printable(a + b, 60),
+  tok->merges_.reserve(merges->size());
+  for (size_t rank = 0; rank < merges->size(); ++rank) {
+    const auto [a, b] = parse_merge((*merges)[rank], rank, source);
+    const auto ia = tok->vocab_.find(a), ib = tok->vocab_.find(b), iab = tok->vocab_.find(a + b);
+    for (const auto& [it, name] : {std::pair{ia, &a}, std::pair{ib, &b}}) {
+      if (it == tok->vocab_.end())
+        throw Error(str(where, ".merges[", rank, "]: token '", printable(*name, 60),
                         "' is not in the vocabulary"));
-      const uint64_t key =
-          (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
-      tok->merges_[key] = {static_cast<int32_t>(rank), iab->second};
     }
+    if (iab == tok->vocab_.end())
+      throw Error(str(where, ".merges[", rank, "]: merged token '", printable(a + b, 60),
+                      "' is not in the vocabulary"));
+    const uint64_t key =
+        (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
+    tok->merges_[key] = {static_cast<int32_t>(rank), iab->second};
   }
 
   const TemplateEnds ends = template_ends(member(root, "post_processor"), *tok, source + ": post_processor");
@@ -1271,9 +1269,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   }
   std::unique_ptr<BpeTokenizer> tok = BpeTokenizer::from_file(json_path.string());
   const fs::path config_path = dir / "tokenizer_config.json";
-  if (fs::exists(config_path, ec) && !fs::is_regular_file(config_path, ec))  // not skipped: it says where BOS goes
-    throw Error(str(config_path.string(), ": not a regular file (a directory, FIFO or device)"));
-  if (fs::is_regular_file(config_path, ec)) {
+  // Not skipped where it is no regular file (a directory, a FIFO): read_text_file says so. It says where BOS goes.
+  if (fs::exists(config_path, ec)) {
     const std::string source = config_path.string();
     const std::string text = io::detail::read_text_file(source);
     const json config = io::detail::parse_json_strict(text.data(), text.data() + text.size(),
