@@ -233,11 +233,17 @@ def _autocast_on():
         return torch.is_autocast_enabled()
 
 
-def _is_relu_mlp(m):
+def _mlp_linears(m):
+    """A Llama-style MLP's gate_proj, up_proj and down_proj, where all three are Linear layers; else None."""
     torch = _torch()
     linears = [getattr(m, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-    return (all(isinstance(lin, torch.nn.Linear) and lin.bias is None for lin in linears)
-            and isinstance(getattr(m, "act_fn", None), torch.nn.ReLU))
+    return linears if all(isinstance(lin, torch.nn.Linear) for lin in linears) else None
+
+
+def _is_relu_mlp(m):
+    linears = _mlp_linears(m)
+    return (linears is not None and all(lin.bias is None for lin in linears)
+            and isinstance(getattr(m, "act_fn", None), _torch().nn.ReLU))
 
 
 # twell.FFN's weights and a LlamaMLP's: wd is down_proj.weight transposed (neuron-major)
@@ -279,13 +285,11 @@ def replace_hf_mlps(model, **kwargs):
     warning where none is replaced. `kwargs` go to
     each FFN (l1, dispatch, max_tokens, ...); `layers` defaults to the number replaced. Returns that
     number."""
-    torch = _torch()
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if _is_relu_mlp(child)]
     if not targets:
         others = sorted({type(getattr(m, "act_fn", None)).__name__ for m in model.modules()
-                         if all(isinstance(getattr(m, n, None), torch.nn.Linear)
-                                for n in ("gate_proj", "up_proj", "down_proj"))})
+                         if _mlp_linears(m) is not None})
         warnings.warn("twell.replace_hf_mlps: no ReLU-gated MLP without biases in this model, nothing replaced"
                       + (f" (its MLPs' activations: {', '.join(others)})" if others else ""), stacklevel=2)
     elif hasattr(model, "save_pretrained"):  # a transformers model
@@ -462,11 +466,10 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                      precision="bf16", device=None, dtype=None):
             super().__init__()
             _check_options(dispatch, precision)
-            for name, value, least in (("hidden", hidden, 1), ("ffn", ffn, 1), ("layers", layers, 1),
-                                       ("max_tokens", max_tokens, 0)):
-                if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-                    raise TwellError(f"twell.FFN: {name} must be an integer of at least {least}, got {value!r}")
-            hidden, ffn, layers, max_tokens = int(hidden), int(ffn), int(layers), int(max_tokens)
+            hidden, ffn, layers, max_tokens = (
+                _capi._int(value, f"twell.FFN: {name}", least, expected=f"an integer of at least {least}")
+                for name, value, least in (("hidden", hidden, 1), ("ffn", ffn, 1), ("layers", layers, 1),
+                                           ("max_tokens", max_tokens, 0)))
             if not isinstance(gated, bool):
                 raise TwellError(f"twell.FFN: gated must be True or False, got {gated!r}")
             try:

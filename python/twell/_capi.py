@@ -8,6 +8,7 @@ package lives in (build/, build-*/), beside this package, then by the dynamic lo
 """
 import ctypes
 import glob
+import operator
 import os
 
 API_VERSION = 4
@@ -78,6 +79,26 @@ class Generation(ctypes.Structure):
 
 class TokenizerInfo(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in ("vocab_size", "bos_id", "eos_id", "bos_to_add", "eos_to_add")]
+
+
+def _integer(value, what, expected):
+    """An int of what has one (int, numpy's integers, a one-element integer tensor): not a bool, float or str."""
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):  # numpy's and torch's bools too
+        raise TwellError(f"{what} must be {expected}, got {type(value).__name__} {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TwellError(f"{what} must be {expected}, got {type(value).__name__} {value!r}") from None
+
+
+def _int(value, what, least, below=2**63, expected=None):
+    """`value` as an int in [least, below) (numpy's integers too: not bools, floats or strings), or TwellError
+    "{what} must be {expected}, got {value!r}"."""
+    expected = expected or f"an integer in [{least}, {below})"
+    v = _integer(value, what, expected)
+    if not least <= v < below:
+        raise TwellError(f"{what} must be {expected}, got {value!r}")
+    return v
 
 
 def tensor(data, dtype, device, shape):

@@ -17,22 +17,21 @@ import contextlib
 import ctypes
 import logging
 import numbers
-import operator
 import os
 import signal
 import sys
 import threading
 
 from . import _capi
-from ._capi import TwellError
+from ._capi import TwellError, _int, _integer
 
 __all__ = ["Model", "Tokenizer"]
 
 _log = logging.getLogger("twell")
 
 
-def _ids(values, what="ids"):
-    """A ctypes int32 array of a sequence of ints (or a 1-D integer tensor or array)."""
+def _id_list(values, what="ids"):
+    """A sequence of ints (or a 1-D integer tensor or array) as a list of token ids, each checked."""
     if hasattr(values, "tolist"):
         values = values.tolist()
     if isinstance(values, numbers.Integral) or not hasattr(values, "__iter__"):
@@ -42,27 +41,13 @@ def _ids(values, what="ids"):
         values[i] = _integer(v, what, "integers")
         if not -2**31 <= values[i] < 2**31:
             raise TwellError(f"{what}: {v} is not a token id")
+    return values
+
+
+def _ids(values, what="ids"):
+    """_id_list's ids as a ctypes int32 array, and their count."""
+    values = _id_list(values, what)
     return (ctypes.c_int32 * len(values))(*values), len(values)
-
-
-def _integer(value, what, expected):
-    """An int of what has one (int, numpy's integers, a one-element integer tensor): not a bool, float or str."""
-    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):  # numpy's and torch's bools too
-        raise TwellError(f"{what} must be {expected}, got {type(value).__name__} {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TwellError(f"{what} must be {expected}, got {type(value).__name__} {value!r}") from None
-
-
-def _int(value, what, least, below=2**63, expected=None):
-    """`value` as an int in [least, below) (numpy's integers too: not bools, floats or strings), or TwellError
-    "{what} must be {expected}, got {value!r}"."""
-    expected = expected or f"an integer in [{least}, {below})"
-    v = _integer(value, what, expected)
-    if not least <= v < below:
-        raise TwellError(f"{what} must be {expected}, got {value!r}")
-    return v
 
 
 def _path(path):
@@ -346,10 +331,10 @@ class Model:
 
     def decode_step(self, token):
         """Appends one token to the KV cache and returns its logits [vocab]."""
-        c_token, _ = _ids([token], "decode_step: token")
+        token = _id_list([token], "decode_step: token")[0]
         buf, out = _floats(self.config["vocab_size"])
         with self._busy("decode_step") as h:
-            _capi.check(_capi.lib.twell_model_decode_step(h, c_token[0], out))
+            _capi.check(_capi.lib.twell_model_decode_step(h, token, out))
         return _as_output(buf, (self.config["vocab_size"],))
 
     def reset(self):
@@ -421,7 +406,7 @@ class Model:
             return stops
         if stop is False or stop is None:
             return []
-        return [int(v) for v in _ids(stop, "stop (True, False, or a list of ids)")[0]]
+        return _id_list(stop, "stop (True, False, or a list of ids)")
 
     def _sampling(self, temperature, top_k, top_p, seed):
         # Integers as `twell run` takes them: no silent truncation of 2.7 or wrap-around of -1 or 2**64.
@@ -458,15 +443,7 @@ class Model:
         state = {"error": None, "interrupted": False}
 
         def on_token(token, _user):
-            if state["interrupted"]:  # a Ctrl-C that ctypes dropped at a callback's entry: stop, raised below
-                return 1
-            try:
-                stop_now = _streamed(streamer, stream, token)
-                state["interrupted"] = False  # one the callback caught itself is its own to handle
-                return stop_now
-            except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
-                state["error"] = e
-                return 1
+            return _stream_call(state, lambda: _streamed(streamer, stream, token))
 
         c_prompt, n_prompt = _ids(ids, "prompt")
         c_stops, n_stops = _ids(stops, "stop")
@@ -538,16 +515,7 @@ class Model:
         state = {"error": None, "interrupted": False}
 
         def on_token(i, token, _user):
-            if state["error"] is not None or state["interrupted"]:  # a callback raised, or Ctrl-C: all stop
-                return 1
-            try:
-                stop_now = _streamed(streamers[i], lambda piece: stream(i, piece), token)
-                state["interrupted"] = False  # one the callback caught itself is its own to handle
-                return stop_now
-            except BaseException as e:  # an exception cannot cross the C frames: stop, then raise it here
-                if state["error"] is None:
-                    state["error"] = e
-                return 1
+            return _stream_call(state, lambda: _streamed(streamers[i], lambda piece: stream(i, piece), token))
 
         room = self._room(max_new_tokens, [len(p) for p in ids])
         tokens = (ctypes.c_int32 * max(B * room, 1))()
@@ -605,6 +573,21 @@ def _generation_record(new, g):
     return {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"), "prefill_seconds": g.prefill_seconds,
             "decode_seconds": g.decode_seconds,
             "tokens_per_second": (len(new) - 1) / g.decode_seconds if len(new) >= 2 and g.decode_seconds > 0 else 0.0}
+
+
+def _stream_call(state, call):
+    """A C token callback's body: call() (what _streamed returns: 1 to stop), or 1 without it once a
+    callback raised or a Ctrl-C came (every sequence stops). An exception cannot cross the C frames: it is
+    kept in state["error"] for _callback_error_first to raise once the C call returns."""
+    if state["error"] is not None or state["interrupted"]:  # a Ctrl-C that ctypes dropped at a callback's entry too
+        return 1
+    try:
+        stop_now = call()
+        state["interrupted"] = False  # one the callback caught itself is its own to handle
+        return stop_now
+    except BaseException as e:
+        state["error"] = e
+        return 1
 
 
 def _streamed(streamer, emit, token):
