@@ -424,5 +424,67 @@ class TorchFfnFromHf(unittest.TestCase):
         self.assertEqual(f32.last_stats()["tokens"], 5)  # the refused call's are not there
 
 
+@unittest.skipIf(torch is None, "PyTorch is not installed")
+class TorchFfnCompiled(unittest.TestCase):
+    """twell.FFN as the custom ops twell::ffn and twell::ffn_backward: torch.compile(fullgraph=True) and
+    torch.export take it whole, with the same results as eager."""
+
+    def block_model(self, device, dtype, **kwargs):
+        torch.manual_seed(0)
+        H, I = 64, 192
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(H, H, device=device, dtype=dtype)
+                self.ffn = twell.FFN(H, I, l1=1e-3, device=device, dtype=dtype, **kwargs)
+
+            def forward(self, x):
+                return self.ffn(self.lin(x)) + x
+        return torch.nn.Sequential(Block(), Block())
+
+    def check_compiled_matches_eager(self, device, dtype, backend, **kwargs):
+        model = self.block_model(device, dtype, **kwargs)
+        x = torch.randn(2, 7, 64, device=device, dtype=dtype)
+
+        def run(f, x):
+            model.zero_grad()
+            xg = x.clone().requires_grad_()
+            y = f(xg)
+            y.float().pow(2).sum().backward()
+            return [y.detach(), xg.grad] + [p.grad.clone() for p in model.parameters()]
+        want = run(model, x)
+        compiled = torch.compile(model, fullgraph=True, backend=backend)
+        for tokens in (5, 9):  # other token counts first (dynamic shapes)
+            with torch.no_grad():
+                compiled(torch.randn(2, tokens, 64, device=device, dtype=dtype))
+        got = run(compiled, x)
+        for a, b in zip(got, want):
+            self.assertTrue(torch.equal(a, b))
+        self.assertEqual(model[1].ffn.last_stats()["tokens"], 14)
+        return model, x
+
+    def test_compile_export_and_opcheck_on_the_cpu(self):
+        model, x = self.check_compiled_matches_eager("cpu", torch.float64, "aot_eager", precision="f64")
+        exported = torch.export.export(model, (x,))
+        self.assertIn("torch.ops.twell.ffn", exported.graph_module.code)
+        self.assertTrue(torch.equal(exported.module()(x), model(x)))
+        ffn = model[0].ffn
+        xg = x.view(-1, 64).clone().requires_grad_()
+        for tokens in (14, 0):  # the schema, the fake (meta) kernel, the autograd registration
+            result = torch.library.opcheck(torch.ops.twell.ffn.default,
+                                           (xg[:tokens], ffn.wg, ffn.wu, ffn.wd, ffn._state.number, True))
+            self.assertEqual(set(result.values()), {"SUCCESS"}, result)
+        number = ffn._state.number
+        del model, ffn, exported
+        with self.assertRaisesRegex(twell.TwellError, "no longer exists"):  # a stale state number
+            torch.ops.twell.ffn(xg, *(torch.zeros(192, 64, dtype=torch.float64) for _ in range(3)), number, False)
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_compile_on_the_gpu(self):
+        for backend in ("aot_eager", "inductor"):
+            self.check_compiled_matches_eager("cuda", torch.bfloat16, backend, dispatch="always_sparse")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -18,10 +18,13 @@ The GPU path needs a Hopper GPU and bf16 tensors; on the CPU the reference backe
 or f64 tensors; slow, for checking). What each call computes and where it rounds: FFN's docstring and
 include/twell/cuda/ffn.h. The library is libtwell_c.so (twell/_capi.py says where it is looked for).
 """
+import itertools
 import math
 import numbers
 import threading
 import warnings
+import weakref
+from typing import List, Optional, Tuple
 
 try:  # PyTorch first where it is installed: its CUDA libraries (cuBLASLt) are then the ones libtwell_c.so finds
     import torch
@@ -323,72 +326,113 @@ def _check_shapes(x, wg, wu, wd):
         raise TwellError(f"x and the weights must be on one device, got {sorted(str(d) for d in devices)}")
 
 
-def _make_function():
-    torch = _torch()
+class _FfnState:
+    """What a twell.FFN holds besides its parameters: its runners (on the GPU an FfnForward per device and
+    mode) and the one that ran last. Its ops (twell::ffn, twell::ffn_backward) find it by its number, so
+    that what torch.compile and torch.export see of a call is tensors, an integer and a flag."""
 
-    class _Ffn(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, wg, wu, wd, runner, l1_coeff):
-            ctx.runner, ctx.l1_coeff = runner, l1_coeff
-            ctx.save_for_backward(x, wg, wu, wd)
-            if x.shape[0] == 0:  # no tokens: nothing to run; the weights' gradients are zeros
-                ctx.generation = None
-                return x.new_empty((0, wd.shape[1]))
-            y, ctx.generation = runner.forward(x, wg, wu, wd)
-            return y
+    def __init__(self, module):
+        self.module = weakref.ref(module)  # the state lives as long as its module, no longer
+        self.runners, self.last = {}, None
+        self.number = next(_state_numbers)
+        _states[self.number] = self
 
-        @staticmethod
-        def backward(ctx, dy):
-            with torch.no_grad():
-                grads = _Ffn.gradients(ctx, dy)
-            if not torch.is_grad_enabled():
-                return grads
-            # create_graph=True: the gradients are constants to autograd, so a derivative through one would be
-            # silently cut. They come out of a node whose inputs are also what they depend on (x, the weights,
-            # dy), so that any derivative through them, by backward() or grad(inputs=...), reaches it and
-            # raises; first-order uses of the graph (other layers' gradients, a penalty on them) never do.
-            x, wg, wu, wd = ctx.saved_tensors
-            anchors = [t for t in (x, wg, wu, wd, dy) if t is not None and t.requires_grad]
-            return _NoDoubleBackward.apply(len(grads), *grads, *anchors)
+    def runner(self, m, device, training):
+        if device.type == "cpu":
+            return self.runners.setdefault(("cpu", m.precision), _CpuRunner(m.precision))
+        key = (device, training, m.dispatch, m.precision)
+        if key not in self.runners:
+            self.runners[key] = _CudaRunner(device, m.hidden, m.ffn, m.gated, training, m.dispatch, m.precision)
+        return self.runners[key]
 
-        @staticmethod
-        def gradients(ctx, dy):
-            x, wg, wu, wd = ctx.saved_tensors
-            needed = ctx.needs_input_grad[:4]
-            if x.shape[0] == 0:
-                grads = [torch.zeros_like(t) if (t is not None and need) else None
-                         for t, need in zip((x, wg, wu, wd), needed)]
-            else:
-                grads = ctx.runner.backward(x, wg, wu, wd, dy.to(x.dtype).contiguous(), ctx.l1_coeff, needed,
-                                            ctx.generation)
-            return tuple(None if g is None else g.to(t.dtype) for g, t in zip(grads, (x, wg, wu, wd))) + (None, None)
-
-    class _NoDoubleBackward(torch.autograd.Function):
-        """The FFN's gradients (the first n arguments) as outputs of the tensors they depend on (the rest):
-        differentiating through them raises."""
-
-        @staticmethod
-        def forward(ctx, n, *args):
-            return tuple(None if g is None else g.detach() for g in args[:n])
-
-        @staticmethod
-        def backward(ctx, *grads):
-            raise TwellError("twell.FFN's backward is not differentiable (no double backward): differentiate a "
-                             "plain PyTorch FFN there")
-
-    return _Ffn
+    def release(self):
+        for runner in self.runners.values():
+            runner.release()
+        self.runners.clear()
+        self.last = None
 
 
-_function = None
+_states = weakref.WeakValueDictionary()  # number -> _FfnState
+_state_numbers = itertools.count(1)
+
+
+def _state(number):
+    state = _states.get(number)
+    module = None if state is None else state.module()
+    if module is None:
+        raise TwellError(f"twell.FFN: the module of this call (state {number}) no longer exists")
+    return state, module
+
+
+if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and later
+    # not inside a CUDA graph: the GPU path reads counts back to the host (the density, the non-zeros it packs)
+    _TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+
+    @torch.library.custom_op("twell::ffn", mutates_args=(), tags=_TAGS)
+    def _ffn_op(x: torch.Tensor, wg: Optional[torch.Tensor], wu: torch.Tensor, wd: torch.Tensor, state: int,
+                training: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        """y [M, H] = the FFN of x [M, H] (contiguous) for the twell.FFN whose state is number `state`, and
+        the generation of the runner that ran it (its backward checks that the forward state is still there)."""
+        st, m = _state(state)
+        runner = st.runner(m, x.device, training)
+        if x.shape[0] == 0:  # no tokens: nothing to run; the weights' gradients are zeros
+            st.last = _NoTokens()
+            return x.new_empty((0, wd.shape[1])), torch.zeros((), dtype=torch.int64)
+        if x.is_cuda and m.max_tokens > x.shape[0]:
+            runner.reserve(m.max_tokens)
+        y, generation = runner.forward(x, wg, wu, wd)
+        st.last = runner  # after the call: a refused one leaves no stale stats
+        return y, torch.tensor(generation, dtype=torch.int64)
+
+    @_ffn_op.register_fake
+    def _ffn_shapes(x, wg, wu, wd, state, training):
+        return x.new_empty((x.shape[0], wd.shape[1])), torch.empty((), dtype=torch.int64)
+
+    @torch.library.custom_op("twell::ffn_backward", mutates_args=(), tags=_TAGS)
+    def _ffn_backward_op(x: torch.Tensor, wg: Optional[torch.Tensor], wu: torch.Tensor, wd: torch.Tensor,
+                         dy: torch.Tensor, generation: torch.Tensor, state: int,
+                         needed: List[bool]) -> List[torch.Tensor]:
+        """dx, dwg, dwu, dwd of twell::ffn (each in its input's dtype; an empty tensor where not `needed`),
+        with the L1 penalty of the module's l1 and layers."""
+        st, m = _state(state)
+        inputs = (x, wg, wu, wd)
+        needed = [need and t is not None for t, need in zip(inputs, needed)]
+        if x.shape[0] == 0:
+            grads = [torch.zeros_like(t) if need else None for t, need in zip(inputs, needed)]
+        else:
+            grads = st.runner(m, x.device, True).backward(
+                x, wg, wu, wd, dy.to(x.dtype).contiguous(), l1_coefficient(m.l1, x.shape[0], m.layers), needed,
+                int(generation))
+        return [g.to(t.dtype) if need else x.new_empty(0) for g, t, need in zip(grads, inputs, needed)]
+
+    @_ffn_backward_op.register_fake
+    def _ffn_backward_shapes(x, wg, wu, wd, dy, generation, state, needed):
+        return [torch.empty_like(t) if (need and t is not None) else x.new_empty(0)
+                for t, need in zip((x, wg, wu, wd), needed)]
+
+    def _ffn_save(ctx, inputs, output):
+        x, wg, wu, wd, state, _ = inputs
+        ctx.save_for_backward(x, wg, wu, wd, output[1])
+        ctx.state = state
+
+    def _ffn_gradients(ctx, dy, _):
+        x, wg, wu, wd, generation = ctx.saved_tensors
+        needed = list(ctx.needs_input_grad[:4])
+        grads = torch.ops.twell.ffn_backward(x, wg, wu, wd, dy, generation, ctx.state, needed)
+        return tuple(g if need else None for g, need in zip(grads, needed)) + (None, None)
+
+    def _no_double_backward(ctx, *grads):
+        # with create_graph=True the gradients come out of twell::ffn_backward, tied to x, the weights and dy:
+        # a derivative through one, by backward() or grad(inputs=...), reaches this and raises (it would
+        # otherwise be silently cut); first-order uses of the graph (other layers' gradients) never do
+        raise TwellError("twell.FFN's backward is not differentiable (no double backward): differentiate a "
+                         "plain PyTorch FFN there")
+
+    _ffn_op.register_autograd(_ffn_gradients, setup_context=_ffn_save)
+    _ffn_backward_op.register_autograd(_no_double_backward)
+
 _functional_runners = {}
 _functional_lock = threading.Lock()
-
-
-def _apply(x, wg, wu, wd, runner, l1_coeff):
-    global _function
-    if _function is None:
-        _function = _make_function()
-    return _function.apply(x, wg, wu, wd, runner, l1_coeff)
 
 
 def ffn_forward(x, wg, wu, wd, precision="bf16", dispatch="observe"):
@@ -447,10 +491,10 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         h kept in fp32; "f64" (CPU only): nothing rounded, float64 accumulation, the oracle. Only "f64"
         gives a float32 model float32's accuracy.
 
-        `l1` is λ of the L1 penalty on h, λ · mean over layers of (1/M) Σ|h|: its gradient λ/(M·layers)·sign(h) is added in
-        backward, over the active set; its value is not computed. It is added once per backward, not
-        scaled with the loss: with a loss divided over accumulation steps or scaled by a GradScaler,
-        scale λ alike.
+        `l1` is λ of the L1 penalty on h, λ · mean over layers of (1/M) Σ|h|: its gradient
+        λ/(M·layers)·sign(h) is added in backward (with the module's l1 and layers at that time), over
+        the active set; its value is not computed. It is added once per backward, not scaled with the
+        loss: with a loss divided over accumulation steps or scaled by a GradScaler, scale λ alike.
 
         On the GPU each module holds an FfnForward per mode (training, inference), dispatched on the
         density of its own previous call. Its workspace (~4.4 · tokens · I · 2 bytes for inference,
@@ -458,13 +502,16 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         largest call so far (in multiples of 4096 tokens); cuBLASLt's 64 MiB and the backward's
         workspace are its own. release_workspace() frees them all. A backward needs the module's last
         forward (the same tensor, as under activation checkpointing, is fine); otherwise it refuses
-        with a message. There is no double backward: with create_graph=True the FFN's gradients are
-        constants, and differentiating through one raises.
+        with a message. There is no double backward: differentiating through the FFN's gradients
+        (create_graph=True) raises. The module runs as the custom operators twell::ffn and
+        twell::ffn_backward, which torch.compile (fullgraph) and torch.export take whole.
         """
 
         def __init__(self, hidden, ffn, gated=True, *, l1=0.0, layers=1, max_tokens=0, dispatch="previous",
                      precision="bf16", device=None, dtype=None):
             super().__init__()
+            if not hasattr(torch.library, "custom_op"):
+                raise TwellError(f"twell.FFN needs PyTorch 2.4 or later, this is {torch.__version__}")
             _check_options(dispatch, precision)
             hidden, ffn, layers, max_tokens = (
                 _capi._int(value, f"twell.FFN: {name}", least, expected=f"an integer of at least {least}")
@@ -488,8 +535,7 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             self.register_parameter("wg", make() if gated else None)
             self.wu, self.wd = make(), make()
             self.reset_parameters()
-            self._runners = {}
-            self._last = None
+            self._state = _FfnState(self)
 
         def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                   error_msgs):
@@ -510,15 +556,18 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
 
         def __getstate__(self):  # copies and pickles carry the parameters, not the GPU objects
             state = self.__dict__.copy()
-            state["_runners"], state["_last"] = {}, None
+            del state["_state"]
             return state
+
+        def __setstate__(self, state):
+            for old in ("_runners", "_last"):  # in pickles of twell before its ops
+                state.pop(old, None)
+            super().__setstate__(state)
+            self._state = _FfnState(self)
 
         def release_workspace(self):
             """Frees the GPU memory the module's FfnForward objects hold (rebuilt at the next call)."""
-            for runner in self._runners.values():
-                runner.release()
-            self._runners.clear()
-            self._last = None
+            self._state.release()
 
         def reset_parameters(self):
             bound_in, bound_out = self.hidden ** -0.5, self.ffn ** -0.5  # as nn.Linear's default
@@ -554,21 +603,9 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             m.train(mlp.training)
             return m
 
-        def _runner(self, device, training):
-            if device.type == "cpu":
-                return self._runners.setdefault(("cpu", self.precision), _CpuRunner(self.precision))
-            key = (device, training, self.dispatch, self.precision)
-            if key not in self._runners:
-                self._runners[key] = _CudaRunner(device, self.hidden, self.ffn, self.gated, training, self.dispatch,
-                                                 self.precision)
-            return self._runners[key]
-
         def forward(self, x):
             _check_shapes(x, self.wg, self.wu, self.wd)
-            if x.device.type == "meta":  # shapes only (init_empty_weights, tracing): the maths, free there
-                h = x @ self.wu.t()
-                return ((torch.relu(x @ self.wg.t()) * h if self.gated else torch.relu(h)) @ self.wd)
-            if x.device.type not in ("cpu", "cuda"):
+            if x.device.type not in ("cpu", "cuda", "meta"):  # meta: shapes only (init_empty_weights)
                 raise TwellError(f"twell.FFN runs on the CPU or a CUDA GPU, not on {x.device.type}")
             if x.is_cuda and x.dtype != self.wu.dtype and _autocast_on():
                 x = x.to(self.wu.dtype)  # under autocast, as a Linear would take it
@@ -579,18 +616,13 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                                  "(.to(torch.bfloat16); keep fp32 master weights in the optimizer if needed)")
             shape = x.shape
             x2 = x.reshape(-1, self.hidden).contiguous()
-            M = x2.shape[0]
             grad = torch.is_grad_enabled() and any(
                 t is not None and t.requires_grad for t in (x2, self.wg, self.wu, self.wd))
             if grad and x.is_cuda and (not self.gated or self.precision != "bf16"):
                 raise TwellError("twell.FFN: the GPU backward takes the gated FFN in bf16 precision only; this one is "
                                  f"gated={self.gated}, precision={self.precision} (train it on the CPU, or run it "
                                  "under torch.no_grad())")
-            runner = self._runner(x.device, grad)
-            if x.is_cuda and self.max_tokens > M:
-                runner.reserve(self.max_tokens)
-            y = _apply(x2, self.wg, self.wu, self.wd, runner, l1_coefficient(self.l1, M, self.layers))
-            self._last = runner if M > 0 else _NoTokens()  # after the call: a refused one leaves no stale stats
+            y, _ = torch.ops.twell.ffn(x2, self.wg, self.wu, self.wd, self._state.number, grad)
             return y.reshape(shape[:-1] + (self.hidden,))
 
         def last_stats(self):
@@ -598,7 +630,8 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             or "cpu"), tokens, nnz, spilled_tiles, sampled_density, max_nnz_per_token, l1_sum; -1 where the
             path did not count it (the GPU's dense path counts no non-zeros, only the GPU counts spills, only
             the CPU the per-token maximum and Σ|h|)."""
-            return None if self._last is None else self._last.stats
+            last = self._state.last
+            return None if last is None else last.stats
 
         def extra_repr(self):
             return (f"hidden={self.hidden}, ffn={self.ffn}, gated={self.gated}, l1={self.l1}, "
