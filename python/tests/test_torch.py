@@ -1,6 +1,7 @@
 """twell.FFN and twell.ffn_forward on PyTorch tensors: against float64 PyTorch, forward and backward, on
 the CPU backend and (where a Hopper GPU is present) on the GPU; skipped without PyTorch."""
 import copy
+import json
 import os
 import pickle
 import sys
@@ -484,6 +485,37 @@ class TorchFfnCompiled(unittest.TestCase):
     def test_compile_on_the_gpu(self):
         for backend in ("aot_eager", "inductor"):
             self.check_compiled_matches_eager("cuda", torch.bfloat16, backend, dispatch="always_sparse")
+
+
+try:
+    import transformers  # noqa: F401
+except ImportError:
+    transformers = None
+
+
+@unittest.skipIf(torch is None or transformers is None, "PyTorch and transformers are not both installed")
+class TrainSparseExample(unittest.TestCase):
+    """python/examples/train_sparse.py at a tiny size: it trains, logs, saves an HF checkpoint, and
+    twell.Model's logits of that checkpoint match the trained model's (the example checks and exits 1)."""
+
+    def test_trains_saves_and_loads(self):
+        import subprocess
+        import tempfile
+        here = os.path.dirname(os.path.abspath(__file__))
+        with tempfile.TemporaryDirectory() as out:
+            text = os.path.join(out, "text.txt")
+            with open(text, "w") as f:
+                f.write("the quick brown fox jumps over the lazy dog. " * 200)
+            args = [sys.executable, os.path.join(here, "..", "examples", "train_sparse.py"), "--data", text,
+                    "--out", out, "--steps", "6", "--log-every", "3", "--batch", "2", "--context", "32",
+                    "--hidden", "64", "--layers", "2", "--device", "cpu"]
+            run = subprocess.run(args, capture_output=True, text=True, timeout=300)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            self.assertRegex(run.stdout, r"step +6/6 +CE [0-9.]+ +held-out [0-9.]+ .*non-zeros a token [0-9.]+ of 256")
+            self.assertRegex(run.stdout, r"logits relative error [0-9.e+-]+ against the trained model's")
+            with open(os.path.join(out, "train_log.json")) as f:
+                self.assertEqual([e["step"] for e in json.load(f)["log"]], [3, 6])
+            self.assertTrue(os.path.isfile(os.path.join(out, "model.safetensors")))
 
 
 if __name__ == "__main__":
