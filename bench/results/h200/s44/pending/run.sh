@@ -23,7 +23,7 @@ O=$OUT/s44; mkdir -p $O
 cp "$0" $O/run.sh
 $B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests.log 2>&1; echo "rc $?" >> $O/gpu_tests.log; tail -3 $O/gpu_tests.log
 grep -E "FAILED|Failure" -A8 $O/gpu_tests.log | head -40
-TWELL_LIBRARY=$B/libtwell_c.so timeout 200 /opt/torch/.venv/bin/python -m unittest discover -s python/tests \
+TWELL_LIBRARY=$B/libtwell_c.so timeout 300 /opt/torch/.venv/bin/python -m unittest discover -s python/tests \
   > $O/python_tests.log 2>&1; echo "rc $?" >> $O/python_tests.log; tail -3 $O/python_tests.log
 $B/generate > $O/generate_example.txt 2>&1; echo "rc $?" >> $O/generate_example.txt; cat $O/generate_example.txt
 $B/twell bench model --no-decode --batch 8 --iters 3 --save /tmp/sp > $O/bench_model_save.txt 2>&1
