@@ -18,9 +18,11 @@ The GPU path needs a Hopper GPU and bf16 tensors; on the CPU the reference backe
 or f64 tensors; slow, for checking). What each call computes and where it rounds: FFN's docstring and
 include/twell/cuda/ffn.h. The library is libtwell_c.so (twell/_capi.py says where it is looked for).
 """
+import inspect
 import itertools
 import math
 import numbers
+import random
 import threading
 import warnings
 import weakref
@@ -90,6 +92,7 @@ class _CpuRunner:
     def __init__(self, precision):
         self.precision = _capi.PRECISION[precision]
         self.stats = None
+        self.generation = next(_generations)  # what a backward finds it by
 
     def forward(self, x, wg, wu, wd):
         torch = _torch()
@@ -101,7 +104,7 @@ class _CpuRunner:
                                                     None))
         self.stats = {"path": "cpu", "tokens": s.tokens, "nnz": s.nnz, "spilled_tiles": -1, "sampled_density": -1,
                       "max_nnz_per_token": s.max_nnz_per_token, "l1_sum": s.l1_sum}
-        return y, 0
+        return y, self.generation
 
     def release(self):
         pass
@@ -128,7 +131,7 @@ class _CudaRunner:
         self.device, self.hidden, self.ffn, self.gated = device, hidden, ffn, gated
         self.training, self.dispatch, self.precision = training, dispatch, precision
         self.handle, self.max_tokens, self.workspace, self.last_stream = None, 0, None, None
-        self.generation = 0  # bumped when the handle is rebuilt: a backward's forward state is then gone
+        self.generation = 0  # new when the handle is rebuilt: a backward's forward state is then gone
         self.lock = threading.Lock()
 
     def _reserve(self, tokens, stream):
@@ -145,7 +148,7 @@ class _CudaRunner:
         self.handle = _capi.CudaFfn(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
                                     self.precision, self.workspace.data_ptr(), nbytes)
         self.max_tokens = tokens
-        self.generation += 1
+        self.generation = next(_generations)  # unique in the process: a backward finds its forward's runner by it
 
     def _release(self):
         if self.handle is not None:
@@ -328,56 +331,76 @@ def _check_shapes(x, wg, wu, wd):
 
 class _FfnState:
     """What a twell.FFN holds besides its parameters: its runners (on the GPU an FfnForward per device and
-    mode) and the one that ran last. Its ops (twell::ffn, twell::ffn_backward) find it by its number, so
-    that what torch.compile and torch.export see of a call is tensors, an integer and a flag."""
+    mode) and the one that ran last. Its ops (twell::ffn, twell::ffn_backward) find it by its key, a
+    0-d int64 CPU tensor holding a random number: what torch.compile and torch.export see of a call is
+    tensors and a flag, so layers share compiled code (an integer would be compiled in, one graph a
+    layer), and a program exported from another process finds no state rather than another's."""
 
     def __init__(self, module):
-        self.module = weakref.ref(module)  # the state lives as long as its module, no longer
+        self.module = weakref.ref(module)  # no cycle: the module's memory goes when the module does
         self.runners, self.last = {}, None
-        self.number = next(_state_numbers)
-        _states[self.number] = self
+        self.lock = threading.Lock()
+        with _states_lock:
+            number = _random.getrandbits(62)
+            while number in _states:
+                number = _random.getrandbits(62)
+            _states[number] = self
+        self.key = torch.tensor(number, dtype=torch.int64)
 
     def runner(self, m, device, training):
-        if device.type == "cpu":
-            return self.runners.setdefault(("cpu", m.precision), _CpuRunner(m.precision))
-        key = (device, training, m.dispatch, m.precision)
-        if key not in self.runners:
-            self.runners[key] = _CudaRunner(device, m.hidden, m.ffn, m.gated, training, m.dispatch, m.precision)
-        return self.runners[key]
+        key = ("cpu", m.precision) if device.type == "cpu" else (device, training, m.dispatch, m.precision)
+        with self.lock:  # two threads' first calls build one runner
+            if key not in self.runners:
+                self.runners[key] = _CpuRunner(m.precision) if device.type == "cpu" else _CudaRunner(
+                    device, m.hidden, m.ffn, m.gated, training, m.dispatch, m.precision)
+            return self.runners[key]
+
+    def runner_of(self, generation):
+        """The runner that ran the forward of `generation`, or None where it is gone."""
+        with self.lock:
+            return next((r for r in self.runners.values() if r.generation == generation), None)
 
     def release(self):
-        for runner in self.runners.values():
-            runner.release()
-        self.runners.clear()
-        self.last = None
+        with self.lock:
+            for runner in self.runners.values():
+                runner.release()
+            self.runners.clear()
+            self.last = None
 
 
 _states = weakref.WeakValueDictionary()  # number -> _FfnState
-_state_numbers = itertools.count(1)
+_states_lock = threading.Lock()
+_random = random.SystemRandom()
+_generations = itertools.count(1)
 
 
-def _state(number):
+def _state(key):
+    number = int(key)
     state = _states.get(number)
     module = None if state is None else state.module()
     if module is None:
-        raise TwellError(f"twell.FFN: the module of this call (state {number}) no longer exists")
+        raise TwellError(f"twell.FFN: the module of this call (state {number}) does not exist in this process (a "
+                         "program exported elsewhere, or a module since deleted)")
     return state, module
 
 
 if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and later
-    # not inside a CUDA graph: the GPU path reads counts back to the host (the density, the non-zeros it packs)
-    _TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+    # not inside a CUDA graph: the GPU path reads counts back to the host (the density, the non-zeros it packs);
+    # custom_op takes tags from PyTorch 2.7
+    _cudagraph_unsafe = getattr(torch.Tag, "cudagraph_unsafe", None)
+    _OP_OPTIONS = {"tags": (_cudagraph_unsafe,)} if _cudagraph_unsafe is not None and \
+        "tags" in inspect.signature(torch.library.custom_op).parameters else {}
 
-    @torch.library.custom_op("twell::ffn", mutates_args=(), tags=_TAGS)
-    def _ffn_op(x: torch.Tensor, wg: Optional[torch.Tensor], wu: torch.Tensor, wd: torch.Tensor, state: int,
+    @torch.library.custom_op("twell::ffn", mutates_args=(), **_OP_OPTIONS)
+    def _ffn_op(x: torch.Tensor, wg: Optional[torch.Tensor], wu: torch.Tensor, wd: torch.Tensor, state: torch.Tensor,
                 training: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-        """y [M, H] = the FFN of x [M, H] (contiguous) for the twell.FFN whose state is number `state`, and
-        the generation of the runner that ran it (its backward checks that the forward state is still there)."""
+        """y [M, H] = the FFN of x [M, H] (contiguous) for the twell.FFN whose _FfnState has the key `state`,
+        and the generation of the runner that ran it (its backward finds that runner by it)."""
         st, m = _state(state)
         runner = st.runner(m, x.device, training)
         if x.shape[0] == 0:  # no tokens: nothing to run; the weights' gradients are zeros
             st.last = _NoTokens()
-            return x.new_empty((0, wd.shape[1])), torch.zeros((), dtype=torch.int64)
+            return x.new_empty((0, wd.shape[1])), torch.tensor(runner.generation, dtype=torch.int64)
         if x.is_cuda and m.max_tokens > x.shape[0]:
             runner.reserve(m.max_tokens)
         y, generation = runner.forward(x, wg, wu, wd)
@@ -388,21 +411,25 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
     def _ffn_shapes(x, wg, wu, wd, state, training):
         return x.new_empty((x.shape[0], wd.shape[1])), torch.empty((), dtype=torch.int64)
 
-    @torch.library.custom_op("twell::ffn_backward", mutates_args=(), tags=_TAGS)
+    @torch.library.custom_op("twell::ffn_backward", mutates_args=(), **_OP_OPTIONS)
     def _ffn_backward_op(x: torch.Tensor, wg: Optional[torch.Tensor], wu: torch.Tensor, wd: torch.Tensor,
-                         dy: torch.Tensor, generation: torch.Tensor, state: int,
+                         dy: torch.Tensor, generation: torch.Tensor, state: torch.Tensor,
                          needed: List[bool]) -> List[torch.Tensor]:
         """dx, dwg, dwu, dwd of twell::ffn (each in its input's dtype; an empty tensor where not `needed`),
-        with the L1 penalty of the module's l1 and layers."""
+        with the L1 penalty of the module's l1 and layers, by the runner that ran the forward."""
         st, m = _state(state)
         inputs = (x, wg, wu, wd)
         needed = [need and t is not None for t, need in zip(inputs, needed)]
         if x.shape[0] == 0:
             grads = [torch.zeros_like(t) if need else None for t, need in zip(inputs, needed)]
         else:
-            grads = st.runner(m, x.device, True).backward(
-                x, wg, wu, wd, dy.to(x.dtype).contiguous(), l1_coefficient(m.l1, x.shape[0], m.layers), needed,
-                int(generation))
+            runner = st.runner_of(int(generation))
+            if runner is None:
+                raise TwellError("twell.FFN backward: the state of its forward is gone: a later call with more tokens "
+                                 "rebuilt the module's GPU workspace (pass max_tokens= to size it up front), or "
+                                 "release_workspace() freed it")
+            grads = runner.backward(x, wg, wu, wd, dy.to(x.dtype).contiguous(),
+                                    l1_coefficient(m.l1, x.shape[0], m.layers), needed, int(generation))
         return [g.to(t.dtype) if need else x.new_empty(0) for g, t, need in zip(grads, inputs, needed)]
 
     @_ffn_backward_op.register_fake
@@ -412,13 +439,15 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
 
     def _ffn_save(ctx, inputs, output):
         x, wg, wu, wd, state, _ = inputs
-        ctx.save_for_backward(x, wg, wu, wd, output[1])
-        ctx.state = state
+        ctx.save_for_backward(x, wg, wu, wd, output[1], state)
+        if type(state) is torch.Tensor and not torch.compiler.is_compiling():  # eager: the graph keeps the module
+            found = _states.get(int(state))
+            ctx.module = None if found is None else found.module()
 
     def _ffn_gradients(ctx, dy, _):
-        x, wg, wu, wd, generation = ctx.saved_tensors
+        x, wg, wu, wd, generation, state = ctx.saved_tensors
         needed = list(ctx.needs_input_grad[:4])
-        grads = torch.ops.twell.ffn_backward(x, wg, wu, wd, dy, generation, ctx.state, needed)
+        grads = torch.ops.twell.ffn_backward(x, wg, wu, wd, dy, generation, state, needed)
         return tuple(g if need else None for g, need in zip(grads, needed)) + (None, None)
 
     def _no_double_backward(ctx, *grads):
@@ -622,7 +651,7 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                 raise TwellError("twell.FFN: the GPU backward takes the gated FFN in bf16 precision only; this one is "
                                  f"gated={self.gated}, precision={self.precision} (train it on the CPU, or run it "
                                  "under torch.no_grad())")
-            y, _ = torch.ops.twell.ffn(x2, self.wg, self.wu, self.wd, self._state.number, grad)
+            y, _ = torch.ops.twell.ffn(x2, self.wg, self.wu, self.wd, self._state.key, grad)
             return y.reshape(shape[:-1] + (self.hidden,))
 
         def last_stats(self):
