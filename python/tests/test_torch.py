@@ -495,6 +495,29 @@ class TorchFfnCompiled(unittest.TestCase):
         x = torch.randn(5, 16, dtype=torch.float64, requires_grad=True)
         twell.FFN(16, 32, precision="f64", dtype=torch.float64)(x).sum().backward()
         self.assertEqual(x.grad.shape, x.shape)
+        # ... and no more: a module holding its own output (a graph) is freed with it, as a Linear is
+        import gc
+        import weakref
+        m = twell.FFN(16, 32, precision="f64", dtype=torch.float64)
+        gone = weakref.ref(m)
+        m.out = m(x)
+        del m
+        gc.collect()
+        self.assertIsNone(gone())
+
+    def test_built_under_a_default_device_and_pickled(self):
+        with torch.device("meta"):  # as transformers builds a model before loading its weights
+            ffn = twell.FFN(16, 32, l1=0.5, layers=3, precision="f64", dtype=torch.float64)
+        ffn.to_empty(device="cpu")
+        ffn.reset_parameters()
+        x = torch.randn(4, 16, dtype=torch.float64)
+        with torch.no_grad():
+            y = ffn(x)
+        self.assertLess(rel(y, reference(x, ffn.wg, ffn.wu, ffn.wd, torch.float64)[0]), 1e-12)
+        twin = pickle.loads(pickle.dumps(ffn))
+        self.assertEqual((twin.l1, twin.layers), (0.5, 3))
+        with self.assertRaises(twell.TwellError):
+            twin.l1 = -1.0
 
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
     def test_compile_on_the_gpu(self):

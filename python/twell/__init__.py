@@ -339,13 +339,14 @@ class _FfnState:
     def __init__(self, module):
         self.module = weakref.ref(module)  # no cycle: the module's memory goes when the module does
         self.runners, self.last = {}, None
+        self.l1, self.layers = 0.0, 1  # the module's l1 and layers (its properties), which the backward reads
         self.lock = threading.Lock()
         with _states_lock:
             number = _random.getrandbits(62)
             while number in _states:
                 number = _random.getrandbits(62)
             _states[number] = self
-        self.key = torch.tensor(number, dtype=torch.int64)
+        self.key = torch.tensor(number, dtype=torch.int64, device="cpu")  # whatever the default device
 
     def runner(self, m, device, training):
         key = ("cpu", m.precision) if device.type == "cpu" else (device, training, m.dispatch, m.precision)
@@ -374,11 +375,15 @@ _random = random.SystemRandom()
 _generations = itertools.count(1)
 
 
-def _state(key):
+def _state(key, module_needed=True):
+    """The _FfnState of `key`, and its module (None where it is gone and not `module_needed`)."""
+    if key.device.type != "cpu" or key.dtype != torch.int64 or key.dim() != 0:
+        raise TwellError(f"twell.FFN: a state key is a 0-d int64 CPU tensor, got {key.dtype} {tuple(key.shape)} on "
+                         f"{key.device}")
     number = int(key)
     state = _states.get(number)
     module = None if state is None else state.module()
-    if module is None:
+    if state is None or (module is None and module_needed):
         raise TwellError(f"twell.FFN: the module of this call (state {number}) does not exist in this process (a "
                          "program exported elsewhere, or a module since deleted)")
     return state, module
@@ -400,16 +405,16 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
         runner = st.runner(m, x.device, training)
         if x.shape[0] == 0:  # no tokens: nothing to run; the weights' gradients are zeros
             st.last = _NoTokens()
-            return x.new_empty((0, wd.shape[1])), torch.tensor(runner.generation, dtype=torch.int64)
+            return x.new_empty((0, wd.shape[1])), torch.tensor(runner.generation, dtype=torch.int64, device="cpu")
         if x.is_cuda and m.max_tokens > x.shape[0]:
             runner.reserve(m.max_tokens)
         y, generation = runner.forward(x, wg, wu, wd)
         st.last = runner  # after the call: a refused one leaves no stale stats
-        return y, torch.tensor(generation, dtype=torch.int64)
+        return y, torch.tensor(generation, dtype=torch.int64, device="cpu")
 
     @_ffn_op.register_fake
     def _ffn_shapes(x, wg, wu, wd, state, training):
-        return x.new_empty((x.shape[0], wd.shape[1])), torch.empty((), dtype=torch.int64)
+        return x.new_empty((x.shape[0], wd.shape[1])), torch.empty((), dtype=torch.int64, device="cpu")
 
     @torch.library.custom_op("twell::ffn_backward", mutates_args=(), **_OP_OPTIONS)
     def _ffn_backward_op(x: torch.Tensor, wg: Optional[torch.Tensor], wu: torch.Tensor, wd: torch.Tensor,
@@ -417,7 +422,7 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
                          needed: List[bool]) -> List[torch.Tensor]:
         """dx, dwg, dwu, dwd of twell::ffn (each in its input's dtype; an empty tensor where not `needed`),
         with the L1 penalty of the module's l1 and layers, by the runner that ran the forward."""
-        st, m = _state(state)
+        st, _ = _state(state, module_needed=False)  # an eager graph keeps the state, not the module
         inputs = (x, wg, wu, wd)
         needed = [need and t is not None for t, need in zip(inputs, needed)]
         if x.shape[0] == 0:
@@ -429,7 +434,7 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
                                  "rebuilt the module's GPU workspace (pass max_tokens= to size it up front), or "
                                  "release_workspace() freed it")
             grads = runner.backward(x, wg, wu, wd, dy.to(x.dtype).contiguous(),
-                                    l1_coefficient(m.l1, x.shape[0], m.layers), needed, int(generation))
+                                    l1_coefficient(st.l1, x.shape[0], st.layers), needed, int(generation))
         return [g.to(t.dtype) if need else x.new_empty(0) for g, t, need in zip(grads, inputs, needed)]
 
     @_ffn_backward_op.register_fake
@@ -440,9 +445,8 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
     def _ffn_save(ctx, inputs, output):
         x, wg, wu, wd, state, _ = inputs
         ctx.save_for_backward(x, wg, wu, wd, output[1], state)
-        if type(state) is torch.Tensor and not torch.compiler.is_compiling():  # eager: the graph keeps the module
-            found = _states.get(int(state))
-            ctx.module = None if found is None else found.module()
+        if type(state) is torch.Tensor and not torch.compiler.is_compiling():
+            ctx.keep = _states.get(int(state))  # eager: the graph keeps the state (runners, l1) for the backward
 
     def _ffn_gradients(ctx, dy, _):
         x, wg, wu, wd, generation, state = ctx.saved_tensors
@@ -548,23 +552,41 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                                            ("max_tokens", max_tokens, 0)))
             if not isinstance(gated, bool):
                 raise TwellError(f"twell.FFN: gated must be True or False, got {gated!r}")
-            try:
-                l1_value = float(l1)
-            except (TypeError, ValueError, OverflowError):
-                l1_value = math.nan
-            if isinstance(l1, bool) or not isinstance(l1, numbers.Real) or not math.isfinite(l1_value) or l1_value < 0:
-                raise TwellError(f"twell.FFN: l1 must be a finite number of at least 0, got {l1!r}")
             dtype = dtype or torch.bfloat16
             if dtype not in (torch.bfloat16, torch.float32, torch.float64):
                 raise TwellError(f"twell.FFN: dtype must be torch.bfloat16, float32 or float64, got {dtype}")
-            self.hidden, self.ffn, self.gated = hidden, ffn, gated
-            self.l1, self.layers, self.max_tokens = l1, layers, max_tokens
+            self._state = _FfnState(self)
+            self.l1, self.layers = l1, layers  # kept in the state (properties)
+            self.hidden, self.ffn, self.gated, self.max_tokens = hidden, ffn, gated, max_tokens
             self.dispatch, self.precision = dispatch, precision
             make = lambda: torch.nn.Parameter(torch.empty(ffn, hidden, device=device, dtype=dtype))  # noqa: E731
             self.register_parameter("wg", make() if gated else None)
             self.wu, self.wd = make(), make()
             self.reset_parameters()
-            self._state = _FfnState(self)
+
+        @property
+        def l1(self):
+            """λ of the L1 penalty; the backward reads it when it runs."""
+            return self._state.l1
+
+        @l1.setter
+        def l1(self, value):
+            try:
+                number = float(value)
+            except (TypeError, ValueError, OverflowError):
+                number = math.nan
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(number) or number < 0:
+                raise TwellError(f"twell.FFN: l1 must be a finite number of at least 0, got {value!r}")
+            self._state.l1 = value
+
+        @property
+        def layers(self):
+            """The number of FFN layers the penalty's mean is over."""
+            return self._state.layers
+
+        @layers.setter
+        def layers(self, value):
+            self._state.layers = _capi._int(value, "twell.FFN: layers", 1, expected="an integer of at least 1")
 
         def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                   error_msgs):
@@ -583,16 +605,19 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                 hf = {prefix + ours: prefix + theirs for ours, theirs in _HF_NAMES}
                 missing_keys[start:] = [hf.get(k, k) for k in missing_keys[start:]]
 
-        def __getstate__(self):  # copies and pickles carry the parameters, not the GPU objects
+        def __getstate__(self):  # copies and pickles carry the parameters and l1, not the GPU objects
             state = self.__dict__.copy()
-            del state["_state"]
+            st = state.pop("_state")
+            state["l1"], state["layers"] = st.l1, st.layers
             return state
 
         def __setstate__(self, state):
+            l1, layers = state.pop("l1", 0.0), state.pop("layers", 1)
             for old in ("_runners", "_last"):  # in pickles of twell before its ops
                 state.pop(old, None)
             super().__setstate__(state)
             self._state = _FfnState(self)
+            self.l1, self.layers = l1, layers
 
         def release_workspace(self):
             """Frees the GPU memory the module's FfnForward objects hold (rebuilt at the next call)."""
