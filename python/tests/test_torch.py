@@ -389,6 +389,8 @@ class TorchFfnFromHf(unittest.TestCase):
         missing = twell.FFN(32, 96, dtype=torch.float32).load_state_dict(
             {"gate_proj.weight": mlp.gate_proj.weight}, strict=False).missing_keys
         self.assertEqual(sorted(missing), ["down_proj.weight", "up_proj.weight"])  # in the names it was given
+        with self.assertRaisesRegex(RuntimeError, r"size mismatch for down_proj.weight \(as twell's wd, transposed\)"):
+            twell.FFN(32, 64, dtype=torch.float32).load_state_dict(mlp.state_dict())
         copy.deepcopy(ffn), pickle.loads(pickle.dumps(ffn))
         shared = torch.nn.Module()  # one FFN at two paths: both converted
         shared.a = shared.b = ffn

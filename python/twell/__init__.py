@@ -598,12 +598,17 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                     t = state_dict.pop(prefix + theirs)
                     state_dict[prefix + ours] = t.t().contiguous() if ours == "wd" else t
                     hf_layout = True
-            start = len(missing_keys)
+            start, first_error = len(missing_keys), len(error_msgs)
             super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                           error_msgs)
-            if hf_layout:  # a partial HF dict: what is missing said in its names
+            if hf_layout:  # a partial or mis-sized HF dict: said in its names
                 hf = {prefix + ours: prefix + theirs for ours, theirs in _HF_NAMES}
                 missing_keys[start:] = [hf.get(k, k) for k in missing_keys[start:]]
+                for i in range(first_error, len(error_msgs)):
+                    for ours, theirs in _HF_NAMES:
+                        layout = ", transposed" if ours == "wd" else ""
+                        error_msgs[i] = error_msgs[i].replace(f"for {prefix}{ours}:",
+                                                              f"for {prefix}{theirs} (as twell's {ours}{layout}):")
 
         def __getstate__(self):  # copies and pickles carry the parameters and l1, not the GPU objects
             state = self.__dict__.copy()
