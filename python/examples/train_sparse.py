@@ -10,8 +10,10 @@ warmed up from 0 over the first --l1-warmup steps (DESIGN.md §2: L = CE + λ ·
 printed). On a Hopper GPU the FFNs run twell's kernels in bf16, with float32 master weights in the
 optimizer; elsewhere the CPU reference backend trains a smaller model in float32.
 
-Each --log-every steps it prints the step, the training CE, the held-out CE, the FFNs' non-zeros a
-token (mean over layers: the sparsity the penalty buys) and tokens a second. DIR (default
+Each --log-every steps it prints the step, the training CE and the held-out CE (nats a byte; the
+held-out windows the same each time), the FFNs' non-zeros a token in the step's batch (mean over
+layers: the sparsity the penalty buys; where the GPU ran an FFN dense, its sampled density × width)
+and the training tokens a second so far. DIR (default
 train_sparse_out/) then holds the model as the HF checkpoint it is (save_pretrained with
 twell.hf_state_dict: transformers, `twell run DIR --byte-tokenizer` and twell.Model load it),
 train_log.json (every logged step) and, where matplotlib is installed, train.png. Last, twell.Model
@@ -35,7 +37,7 @@ BOS, EOS, VOCAB = 256, 257, 264  # the byte tokenizer's ids; the embedding padde
 
 
 def default_text():
-    """The repository's own prose (README and docs): ~0.5 MB of bytes, enough to see the penalty work."""
+    """The repository's own prose (README and docs): ~0.3 MB of bytes, enough to see the penalty work."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     files = [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md")))
     return b"\n\n".join(open(f, "rb").read() for f in files if os.path.isfile(f))
@@ -94,6 +96,10 @@ def main():
     for name in ("steps", "batch", "hidden", "ffn", "layers", "head_dim", "log_every"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not (a.l1 >= 0 and a.l1_warmup >= 0 and a.lr > 0):
+        p.error("--l1 and --l1-warmup must be at least 0, --lr above 0")
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        p.error(f"--out {a.out} is a file, not a folder")
     if a.hidden % a.head_dim or a.context < 2:
         p.error("--hidden must be a multiple of --head-dim, and --context at least 2")
 
@@ -102,12 +108,15 @@ def main():
     except ImportError:
         sys.exit("this example builds its model with transformers: pip install transformers")
 
-    raw = open(a.data, "rb").read() if a.data else default_text()
+    try:
+        raw = open(a.data, "rb").read() if a.data else default_text()
+    except OSError as e:
+        sys.exit(f"--data: {e}")
+    split = int(len(raw) * 0.95)
+    if len(raw) - split <= a.context:
+        sys.exit(f"{len(raw)} bytes of text: too few for windows of {a.context} (give --data or a smaller --context)")
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
-    split = int(len(data) * 0.95)
     train, held_out = data[:split], data[split:]
-    if len(held_out) <= a.context:
-        sys.exit(f"{len(data)} bytes of text: too few for windows of {a.context} (give --data or a smaller --context)")
 
     torch.manual_seed(a.seed)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=a.hidden, intermediate_size=a.ffn,
@@ -115,8 +124,10 @@ def main():
                          num_key_value_heads=a.hidden // a.head_dim, head_dim=a.head_dim, hidden_act="relu",
                          max_position_embeddings=a.context, rope_theta=10000.0, rms_norm_eps=1e-5,
                          tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
-    dtype = torch.bfloat16 if on_gpu else torch.float32
-    model = LlamaForCausalLM(config).to(a.device, dtype)
+    model = LlamaForCausalLM(config).to(a.device)
+    if on_gpu:  # the parameters in bf16; buffers (RoPE's frequencies) stay float32, as from_pretrained keeps them
+        for t in model.parameters():
+            t.data = t.data.to(torch.bfloat16)
     # the CPU backend's "f64" precision keeps a float32 model's accuracy; the GPU trains in bf16
     with warnings.catch_warnings():  # its advice on save_pretrained: followed below
         warnings.simplefilter("ignore")
@@ -140,9 +151,10 @@ def main():
             hg = torch.Generator().manual_seed(12345)  # the same windows each time
             return ce(*batches(held_out, min(a.batch, 8), a.context, hg)).item()
 
-    log, t0, tokens = [], time.time(), 0
-    for step in range(1, a.steps + 1):
-        lr = a.lr * min(1.0, step / 20) * 0.5 * (1 + math.cos(math.pi * step / a.steps))  # warm-up, cosine
+    log, t0, tokens, evaluating = [], time.time(), 0, 0.0
+    warmup = max(1, min(20, a.steps // 10))
+    for step in range(1, a.steps + 1):  # a linear warm-up, then a cosine down to a tenth of --lr
+        lr = a.lr * min(1.0, step / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - 1) / a.steps)))
         for group in opt.param_groups:
             group["lr"] = lr
         l1 = a.l1 * min(1.0, step / a.l1_warmup) if a.l1_warmup else a.l1
@@ -163,9 +175,11 @@ def main():
                     t.copy_(m)
         tokens += a.batch * a.context
         if step % a.log_every == 0 or step == a.steps:
-            nnz, elapsed = ffn_nonzeros(model), time.time() - t0
-            entry = {"step": step, "ce": loss.item(), "held_out_ce": held_out_ce(), "l1": l1, "lr": lr,
+            nnz, ce_now, elapsed = ffn_nonzeros(model), loss.item(), time.time() - t0 - evaluating
+            started = time.time()
+            entry = {"step": step, "ce": ce_now, "held_out_ce": held_out_ce(), "l1": l1, "lr": lr,
                      "nnz_per_token": nnz, "ffn": a.ffn, "tokens_per_s": tokens / elapsed}
+            evaluating += time.time() - started  # the rate is of training alone
             log.append(entry)
             shown = "?" if nnz is None else f"{nnz:.1f} of {a.ffn} ({100 * nnz / a.ffn:.2f}%)"
             print(f"step {step:5d}/{a.steps}  CE {entry['ce']:.3f}  held-out {entry['held_out_ce']:.3f}  "
