@@ -3,7 +3,9 @@
 # each checks and the prediction for ffn_stats), in order of importance and within one deadline, on the build
 # of 84ddeb3 (out/b9.tar.xz; no C++ changed since) with this session's Python (twell.FFN as custom operators,
 # compiled on the GPU by the Python tests), and python/examples/train_sparse.py at its GPU defaults.
-# Everything is tarred into one file at the end (the device returns at most eight).
+# Everything is tarred into one file at the end (the device returns at most eight). Run on the device with
+# carry ["out"] after making out/b9.tar.xz as bench/results/h200/s44/pending/run.sh's header says (any later
+# build will do while no C++ changes; BUDGET= the seconds the script may take, default 560).
 set -u
 cd "$(dirname "$0")/../../../.."
 END=$(( $(date +%s) + ${BUDGET:-560} ))
