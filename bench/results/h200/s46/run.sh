@@ -1,11 +1,22 @@
 #!/bin/bash
-# Session 46's device call: the checks pending since session 44 (bench/results/h200/s44/pending/run.sh: what
-# each checks and the prediction for ffn_stats), in order of importance and within one deadline, on the build
-# of 84ddeb3 (out/b9.tar.xz; no C++ changed since) with this session's Python (twell.FFN as custom operators,
-# compiled on the GPU by the Python tests), and python/examples/train_sparse.py at its GPU defaults.
-# Everything is tarred into one file at the end (the device returns at most eight). Run on the device with
-# carry ["out"] after making out/b9.tar.xz as bench/results/h200/s44/pending/run.sh's header says (any later
-# build will do while no C++ changes; BUDGET= the seconds the script may take, default 560).
+# The checks pending since session 44 (no GPU was lent in sessions 44-46; this script replaces
+# s44/pending/run.sh), in order of importance and within one deadline, then session 46's additions:
+# - the whole GPU suite (session 44: LanguageModel::sequences_a_forward and batched ffn_stats_in_windows,
+#   memory_overlaps by strides, TWELL_REQUIRE messages, decode_step's message; session 45: FfnForward's
+#   precision check and optional gradients with a shape but no data, the C API's no-element tensors with
+#   NULL data);
+# - Python, with twell.FFN as custom operators (session 46), compiled by torch.compile on the GPU;
+# - python/examples/train_sparse.py at its GPU defaults (session 46);
+# - examples/generate on the GPU, then `bench model --save` of the calibrated sparse 2B model and Python's
+#   ffn_stats on it with one window a forward against 8. Prediction (session 44, before any run):
+#   max_batch 8 takes 5-15% less time than 1 (eval --sparsity's batched windows took 0.94 s against
+#   1.02 s in s43/run046), the same counts to ~1e-3.
+# Binaries: a build with no C++ change since 84ddeb3, tarred as earlier runs did:
+#   mkdir -p out/n2 && cp build-cuda/twell build-cuda/tests/twell_gpu_tests \
+#     build-cuda/tests/install_example/build-generate/generate out/n2/ && cp -L build-cuda/libtwell_c.so out/n2/ \
+#     && strip out/n2/* && tar cJf out/b9.tar.xz -C out n2
+# then on the device, with carry ["out"]: `BUDGET=<seconds> bash bench/results/h200/s46/run.sh` (default 560).
+# Everything is tarred into one file at the end (the device returns at most eight).
 set -u
 cd "$(dirname "$0")/../../../.."
 END=$(( $(date +%s) + ${BUDGET:-560} ))
