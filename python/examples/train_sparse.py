@@ -56,8 +56,8 @@ def ffn_nonzeros(model):
     the GPU's dense path counts none, and gives the sampled density instead)."""
     values = []
     for m in model.modules():
-        if isinstance(m, twell.FFN) and m.last_stats() is not None:
-            s = m.last_stats()
+        s = m.last_stats() if isinstance(m, twell.FFN) else None
+        if s is not None:
             if s["nnz"] >= 0 and s["tokens"] > 0:
                 values.append(s["nnz"] / s["tokens"])
             elif s["sampled_density"] >= 0:

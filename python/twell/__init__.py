@@ -546,17 +546,16 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             if not hasattr(torch.library, "custom_op"):
                 raise TwellError(f"twell.FFN needs PyTorch 2.4 or later, this is {torch.__version__}")
             _check_options(dispatch, precision)
-            hidden, ffn, layers, max_tokens = (
+            hidden, ffn, max_tokens = (
                 _capi._int(value, f"twell.FFN: {name}", least, expected=f"an integer of at least {least}")
-                for name, value, least in (("hidden", hidden, 1), ("ffn", ffn, 1), ("layers", layers, 1),
-                                           ("max_tokens", max_tokens, 0)))
+                for name, value, least in (("hidden", hidden, 1), ("ffn", ffn, 1), ("max_tokens", max_tokens, 0)))
             if not isinstance(gated, bool):
                 raise TwellError(f"twell.FFN: gated must be True or False, got {gated!r}")
             dtype = dtype or torch.bfloat16
             if dtype not in (torch.bfloat16, torch.float32, torch.float64):
                 raise TwellError(f"twell.FFN: dtype must be torch.bfloat16, float32 or float64, got {dtype}")
             self._state = _FfnState(self)
-            self.l1, self.layers = l1, layers  # kept in the state (properties)
+            self.l1, self.layers = l1, layers  # checked by their setters, kept in the state
             self.hidden, self.ffn, self.gated, self.max_tokens = hidden, ffn, gated, max_tokens
             self.dispatch, self.precision = dispatch, precision
             make = lambda: torch.nn.Parameter(torch.empty(ffn, hidden, device=device, dtype=dtype))  # noqa: E731
