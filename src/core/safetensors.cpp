@@ -48,6 +48,17 @@ std::string supported_dtype_names() {
   return names;
 }
 
+// Bytes an element of a safetensors dtype twell does not read takes; 0 where that is not a whole
+// number (F4, F6_*) or the name is unknown: its byte count is then left unchecked (it is still
+// bounded by the file and by its neighbours).
+uint64_t unread_dtype_size(const std::string& name) {
+  static const std::pair<const char*, uint64_t> sizes[] = {
+      {"BOOL", 1}, {"I8", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1}, {"I16", 2}, {"U16", 2}, {"U64", 8}};
+  for (const auto& [n, size] : sizes)
+    if (name == n) return size;
+  return 0;
+}
+
 // Reads a non-negative JSON integer that fits int64 (a shape dimension or an offset).
 bool get_non_negative(const json& j, int64_t* out) {
   if (j.is_number_unsigned()) {
@@ -76,17 +87,15 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   const json& dtype = entry["dtype"];
   if (!dtype.is_string())
     fail_tensor(file, name, str("dtype must be a string, got ", dtype.type_name()));
-  bool known = false;
+  t.file_dtype = dtype.get<std::string>();
+  t.readable = false;
   for (DType d : kAllDTypes) {
-    if (dtype.get_ref<const std::string&>() == safetensors_dtype_name(d)) {
+    if (t.file_dtype == safetensors_dtype_name(d)) {
       t.dtype = d;
-      known = true;
+      t.readable = true;
     }
   }
-  if (!known)
-    fail_tensor(file, name,
-                str("unknown dtype '", printable(dtype.get<std::string>()),
-                    "' (supported: ", supported_dtype_names(), ")"));
+  const uint64_t element_size = t.readable ? dtype_size(t.dtype) : unread_dtype_size(t.file_dtype);
 
   const json& shape = entry["shape"];
   const std::string shape_text = printable(shape.dump(), 100);
@@ -104,7 +113,7 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   }
   const uint64_t numel = static_cast<uint64_t>(t.numel());
   uint64_t needed = 0;
-  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(t.dtype)), &needed))
+  if (__builtin_mul_overflow(numel, std::max<uint64_t>(element_size, 1), &needed))
     fail_tensor(file, name, str("shape ", shape_text, " needs more bytes than fit in 64 bits"));
 
   const json& offsets = entry["data_offsets"];
@@ -120,11 +129,11 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
     fail_tensor(file, name,
                 str("data ends at byte ", t.end, " but the file's data section has ", data_size,
                     " bytes (truncated file?)"));
-  if (t.nbytes() != needed)
+  if (element_size != 0 && t.nbytes() != needed)
     fail_tensor(
         file, name,
         str("holds ", t.nbytes(), " bytes (data_offsets [", t.begin, ", ", t.end, "]) but ",
-            safetensors_dtype_name(t.dtype), " ", shape_str(t.shape), " needs ", needed, " bytes"));
+            printable(t.file_dtype), " ", shape_str(t.shape), " needs ", needed, " bytes"));
   return t;
 }
 
@@ -332,13 +341,21 @@ const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   return tensors_[it->second];
 }
 
-TensorView SafetensorsFile::view(const std::string& name) const {
+const TensorInfo& SafetensorsFile::readable_info(const std::string& name) const {
   const TensorInfo& t = info(name);
+  if (!t.readable)
+    fail_tensor(path_, name, str("dtype '", printable(t.file_dtype), "' is not one twell reads (it reads ",
+                                 supported_dtype_names(), ")"));
+  return t;
+}
+
+TensorView SafetensorsFile::view(const std::string& name) const {
+  const TensorInfo& t = readable_info(name);
   return TensorView(const_cast<uint8_t*>(data_section_ + t.begin), t.dtype, t.shape);
 }
 
 Tensor SafetensorsFile::read_as(const std::string& name, DType dtype) const {
-  const TensorInfo& t = info(name);
+  const TensorInfo& t = readable_info(name);
   const uint8_t* src = data_section_ + t.begin;
   Tensor out(dtype, t.shape);
   auto* dst = static_cast<uint8_t*>(out.view().data);
@@ -370,7 +387,7 @@ Tensor SafetensorsFile::read_as(const std::string& name, DType dtype) const {
 }
 
 void SafetensorsFile::check_finite(const std::string& name) const {
-  const TensorInfo& t = info(name);
+  const TensorInfo& t = readable_info(name);
   int64_t bad = first_non_finite(view(name));
   if (bad < 0 && t.dtype == DType::f64) {
     const uint8_t* p = data_section_ + t.begin;

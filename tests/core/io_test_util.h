@@ -9,6 +9,7 @@
 #include <functional>
 #include <initializer_list>
 #include <iterator>
+#include <cstdint>
 #include <string>
 
 #include "twell/error.h"
@@ -49,6 +50,29 @@ inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(out.good()) << "cannot write " << path;
+}
+
+// Rewrites the header of safetensors file `path`, every `"dtype":"<from>"` becoming `"dtype":"<to>"`
+// (a dtype twell cannot write, such as F8_E4M3 or BOOL, in place of one of the same element size);
+// the data section is kept as it is.
+inline void retype(const std::string& path, const std::string& from, const std::string& to) {
+  const std::string bytes = read_file(path);
+  ASSERT_GE(bytes.size(), 8u) << path;
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
+  ASSERT_LE(8 + n, bytes.size()) << path;
+  std::string header = bytes.substr(8, n);
+  const std::string old_text = "\"dtype\":\"" + from + "\"", new_text = "\"dtype\":\"" + to + "\"";
+  size_t count = 0;
+  for (size_t at = header.find(old_text); at != std::string::npos; at = header.find(old_text, at + new_text.size())) {
+    header.replace(at, old_text.size(), new_text);
+    ++count;
+  }
+  ASSERT_GT(count, 0u) << path << " has no " << old_text;
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(uint64_t{header.size()} >> (8 * i));
+  write_file(path, out + header + bytes.substr(8 + n));
 }
 
 // Runs `fn`, expects a twell::Error whose message is one line and contains every fragment.

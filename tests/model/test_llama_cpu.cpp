@@ -458,6 +458,22 @@ TEST_F(LlamaLoadErrors, WrongDtype) {
                {"tensor 'model.norm.weight'", "expected dtype BF16, F16, F32 or F64, got I32"});
 }
 
+// A tensor of a dtype twell does not read (FP8, BOOL, ...): where the model does not need it, the
+// checkpoint loads and lists it as unused; where it does, the tensor and its dtype are named.
+TEST_F(LlamaLoadErrors, DtypesTwellDoesNotRead) {
+  hf["model.extra.mask"] = Tensor(DType::u8, {4});
+  write_hf(dir_, c, hf);
+  test::retype(dir_ + "/model.safetensors", "U8", "BOOL");
+  EXPECT_EQ(LlamaWeights::load_dir(dir_).unused, std::vector<std::string>{"model.extra.mask"});
+
+  hf.erase("model.extra.mask");
+  hf["model.norm.weight"] = Tensor(DType::u8, {64});
+  write_hf(dir_, c, hf);
+  test::retype(dir_ + "/model.safetensors", "U8", "F8_E4M3");
+  expect_error([&] { load(); },
+               {"tensor 'model.norm.weight'", "expected dtype BF16, F16, F32 or F64, got F8_E4M3"});
+}
+
 TEST_F(LlamaLoadErrors, TruncatedFile) {
   write_hf(dir_, c, hf);
   const std::string file = dir_ + "/model.safetensors";

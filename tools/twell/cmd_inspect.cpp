@@ -166,18 +166,20 @@ void run_inspect(const std::string& path, bool check_finite) {
   // Names as the file has them, escaped and cut (a name of control bytes or a megabyte would forge
   // lines or pad every row to its width).
   const auto name_of = [](const io::TensorInfo& t) { return printable(t.name, 120); };
-  size_t name_width = 4, shape_width = 5;
+  const auto dtype_of = [](const io::TensorInfo& t) { return printable(t.file_dtype, 12); };
+  size_t name_width = 4, dtype_width = 5, shape_width = 5;
   for (const io::TensorInfo& t : ckpt.tensors()) {
     name_width = std::max(name_width, name_of(t).size());
+    dtype_width = std::max(dtype_width, dtype_of(t).size());
     shape_width = std::max(shape_width, shape_str(t.shape).size());
   }
   const bool sharded = ckpt.files().size() > 1;
-  std::printf("\n%-*s  %-5s  %-*s  %10s%s\n", (int)name_width, "name", "dtype", (int)shape_width,
+  std::printf("\n%-*s  %-*s  %-*s  %10s%s\n", (int)name_width, "name", (int)dtype_width, "dtype", (int)shape_width,
               "shape", "MB", sharded ? "  file" : "");
   uint64_t params = 0, bytes = 0;
   for (const io::TensorInfo& t : ckpt.tensors()) {
-    std::printf("%-*s  %-5s  %-*s  %10.2f", (int)name_width, name_of(t).c_str(),
-                io::safetensors_dtype_name(t.dtype).c_str(), (int)shape_width,
+    std::printf("%-*s  %-*s  %-*s  %10.2f", (int)name_width, name_of(t).c_str(), (int)dtype_width,
+                dtype_of(t).c_str(), (int)shape_width,
                 shape_str(t.shape).c_str(), t.nbytes() / 1e6);
     if (sharded) {
       const std::string& file = ckpt.file_of(t.name).path();
@@ -211,8 +213,8 @@ void run_inspect(const std::string& path, bool check_finite) {
 
   size_t scanned = 0, bad = 0;
   for (const io::TensorInfo& t : ckpt.tensors()) {
-    if (t.dtype != DType::bf16 && t.dtype != DType::f16 && t.dtype != DType::f32 &&
-        t.dtype != DType::f64)
+    if (!t.readable ||
+        (t.dtype != DType::bf16 && t.dtype != DType::f16 && t.dtype != DType::f32 && t.dtype != DType::f64))
       continue;
     ++scanned;
     try {

@@ -31,7 +31,13 @@ std::string safetensors_dtype_name(DType t);
 
 struct TensorInfo {
   std::string name;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  // meaningful only when `readable`
+  // The dtype as the file names it ("BF16", "F8_E4M3", ...), and whether twell reads it (then `dtype`
+  // is it). A tensor of another dtype (FP8, BOOL, I16, ...) is listed and its bytes bounded, but
+  // view(), read_as() and check_finite() refuse it: a checkpoint that carries one twell does not
+  // need still opens.
+  std::string file_dtype;
+  bool readable = true;
   Shape shape;
   uint64_t begin = 0;  // byte offsets within the data section, [begin, end)
   uint64_t end = 0;
@@ -69,6 +75,8 @@ class SafetensorsFile {
   void check_finite(const std::string& name) const;
 
  private:
+  const TensorInfo& readable_info(const std::string& name) const;  // info(), or throws if not readable
+
   std::string path_;
   std::shared_ptr<const uint8_t> mapping_;  // owns the mmap (empty for parse())
   const uint8_t* data_section_ = nullptr;
