@@ -481,6 +481,23 @@ class TorchFfnCompiled(unittest.TestCase):
         with self.assertRaisesRegex(twell.TwellError, "does not exist in this process"):
             exported.module()(x)  # its modules are gone: refused, not run with another module's state
 
+    def test_functional_forward_compiles_whole(self):
+        torch.manual_seed(1)
+        wg, wu, wd = (torch.randn(32, 16, dtype=torch.float64) * 0.3 for _ in range(3))
+
+        def f(x):
+            return twell.ffn_forward(torch.tanh(x), wg, wu, wd, precision="f64") * 2
+
+        x = torch.randn(3, 5, 16, dtype=torch.float64)
+        with torch.no_grad():
+            compiled = torch.compile(f, fullgraph=True, backend="aot_eager")  # a graph break would raise
+            for tokens in (4, 0, 5):
+                xt = x[:, :tokens]
+                self.assertTrue(torch.equal(compiled(xt), f(xt)))
+        result = torch.library.opcheck(torch.ops.twell.ffn_forward.default, (x.view(-1, 16), wg, wu, wd, "f64",
+                                       "observe"), test_utils=("test_schema", "test_faketensor"))
+        self.assertEqual(set(result.values()), {"SUCCESS"}, result)
+
     def test_layers_compiled_one_by_one_share_code_and_graphs_outlive_modules(self):
         from torch._dynamo.utils import counters
         torch._dynamo.reset()
@@ -526,6 +543,12 @@ class TorchFfnCompiled(unittest.TestCase):
         # aot_eager runs the same kernels; inductor fuses the bf16 residual adds around the FFN in float32
         for backend, tolerance in (("aot_eager", 0.0), ("inductor", 2e-2)):
             self.check_compiled_matches_eager("cuda", torch.bfloat16, backend, tolerance, dispatch="always_sparse")
+        ffn = self.block_model("cuda", torch.bfloat16)[0].ffn
+        x = torch.randn(3, 64, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            compiled = torch.compile(twell.ffn_forward, fullgraph=True, backend="aot_eager")
+            weights = (ffn.wg, ffn.wu, ffn.wd)
+            self.assertTrue(torch.equal(compiled(x, *weights), twell.ffn_forward(x, *weights)))
 
 
 try:

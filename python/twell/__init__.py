@@ -485,8 +485,19 @@ def ffn_forward(x, wg, wu, wd, precision="bf16", dispatch="observe"):
         raise TwellError("twell.ffn_forward has no backward: call it under torch.no_grad(), or train a twell.FFN")
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
-    if x2.shape[0] == 0:
-        return torch.empty(shape[:-1] + (wd.shape[1],), dtype=x.dtype, device=x.device)
+    weights = (None if t is None else t.contiguous() for t in (wg, wu, wd))
+    if hasattr(torch.library, "custom_op"):  # one node of a compiled graph (PyTorch 2.4 and later)
+        y = torch.ops.twell.ffn_forward(x2, *weights, precision, dispatch)
+    else:
+        y = _functional_ffn(x2, *weights, precision, dispatch)
+    return y.reshape(shape[:-1] + (wd.shape[1],))
+
+
+def _functional_ffn(x, wg, wu, wd, precision, dispatch):
+    """ffn_forward of x [M, H] and weights, all contiguous, checked: the body of twell::ffn_forward."""
+    torch = _torch()
+    if x.shape[0] == 0:
+        return x.new_empty((0, wd.shape[1]))
     if x.is_cuda:
         key = (x.device, wu.shape[1], wu.shape[0], wg is not None, precision, dispatch)
         with _functional_lock:
@@ -497,8 +508,20 @@ def ffn_forward(x, wg, wu, wd, precision="bf16", dispatch="observe"):
     else:
         runner = _CpuRunner(precision)
     with torch.no_grad():
-        y, _ = runner.forward(x2, *(None if t is None else t.contiguous() for t in (wg, wu, wd)))
-    return y.reshape(shape[:-1] + (wd.shape[1],))
+        y, _ = runner.forward(x, wg, wu, wd)
+    return y
+
+
+if torch is not None and hasattr(torch.library, "custom_op"):
+    @torch.library.custom_op("twell::ffn_forward", mutates_args=(), **_OP_OPTIONS)
+    def _ffn_forward_op(x: torch.Tensor, wg: Optional[torch.Tensor], wu: torch.Tensor, wd: torch.Tensor,
+                        precision: str, dispatch: str) -> torch.Tensor:
+        """twell.ffn_forward of x [M, H] (no autograd)."""
+        return _functional_ffn(x, wg, wu, wd, precision, dispatch)
+
+    @_ffn_forward_op.register_fake
+    def _ffn_forward_shapes(x, wg, wu, wd, precision, dispatch):
+        return x.new_empty((x.shape[0], wd.shape[1]))
 
 
 def clear_cache():
