@@ -117,6 +117,7 @@ class TorchFfn(unittest.TestCase):
     def test_gpu_large_call_dispatches_sparse_and_uses_torchs_memory(self):
         M, H, I = 16384, 512, 1536
         x, wg, wu, wd = sparse_problem(M, H, I, "cuda", seed=3)
+        twell.clear_cache()  # the inference workspace is shared: none held by earlier calls
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         ffn = twell.FFN(H, I, dispatch="observe", device="cuda")
@@ -302,6 +303,56 @@ class TorchFfnUse(unittest.TestCase):
         self.assertEqual(errors, [])
         for r in results:
             self.assertTrue(torch.equal(r, ref))
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_inference_modules_share_one_workspace(self):
+        import gc
+        twell.clear_cache()
+        gc.collect()
+        torch.cuda.synchronize()
+        M, shapes = 8192, [(512, 1536)] * 4 + [(256, 1024)]
+        problems = [sparse_problem(M, H, I, "cuda", seed=i) for i, (H, I) in enumerate(shapes)]
+        problems[3][1][:, 0] = 2.5  # module 3's gate mostly active: it runs dense, the others sparse
+        modules = []
+        for (H, I), (_, wg, wu, wd) in zip(shapes, problems):
+            m = twell.FFN(H, I, device="cuda", dispatch="observe")  # the same path at every call
+            with torch.no_grad():
+                m.wg.copy_(wg), m.wu.copy_(wu), m.wd.copy_(wd)
+            modules.append(m)
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        want, stats, used = [], [], []
+        with torch.no_grad():
+            for m, p in zip(modules, problems):
+                want.append(m(p[0]))
+                stats.append(m.last_stats())
+                used.append(torch.cuda.memory_allocated() - start - sum(y.numel() * 2 for y in want))
+        self.assertEqual([s["path"] for s in stats], ["sparse"] * 3 + ["dense", "sparse"])
+        self.assertGreater(used[0], 4 * M * 1536 * 2)  # one inference workspace ...
+        self.assertEqual(used[-1], used[0])  # ... for all five modules (the fifth's shape is smaller)
+        # interleaved on two streams: each module's own results, statistics and dispatch
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        with torch.no_grad():
+            for r in range(3):
+                outs = []
+                for i, (m, p) in enumerate(zip(modules, problems)):
+                    with torch.cuda.stream(streams[(i + r) % 2]):
+                        outs.append(m(p[0]))
+                        self.assertEqual(m.last_stats(), stats[i])
+                torch.cuda.synchronize()
+                for o, w in zip(outs, want):
+                    self.assertTrue(torch.equal(o, w))
+            # a larger call grows the memory; the others are rebuilt on it at their next call
+            x2 = torch.cat([problems[0][0], problems[0][0]])
+            y64, _ = reference(x2, *problems[0][1:], torch.float64)
+            y16, _ = reference(x2, *problems[0][1:], torch.bfloat16)
+            self.assertLessEqual(rel(modules[0](x2), y64), 2 * rel(y16, y64) + 1e-6)
+            for i in (1, 3, 4):
+                self.assertTrue(torch.equal(modules[i](problems[i][0]), want[i]))
+        del modules, outs, want
+        gc.collect()
+        torch.cuda.synchronize()
+        self.assertLess(torch.cuda.memory_allocated(), start)  # the workspace went with the modules
 
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
     def test_copies_and_release(self):

@@ -120,49 +120,88 @@ class _CpuRunner:
         return grads
 
 
-class _CudaRunner:
-    """An FfnForward on one GPU, its workspace taken from PyTorch's allocator; grown with the token count.
+class _Workspace:
+    """Device memory for the forward of FfnForward objects on one GPU, from PyTorch's allocator; its lock
+    orders their calls (one host thread at a time) and `last_stream` their streams.
 
-    Calls may come from any stream and thread: a host thread at a time (the lock), and each call's
-    stream waits for the stream of the call before it, since they share the object's workspace.
+    A training runner has one of its own: its backward reads what its forward left there. Inference
+    runners of a device share one (_shared_workspace): a call writes each buffer it reads first and copies
+    what it keeps (counts, density samples) to its object's own host memory, so objects whose calls are
+    ordered may share it, and a model's layers hold one workspace, sized for the largest, not one each.
+    The runners hold the memory (it goes with the last of them); when it grows, those built on the old
+    memory are rebuilt on the new at their next call (`generation`).
+    """
+
+    def __init__(self, device):
+        self.device, self.lock = device, threading.Lock()
+        self.memory, self.generation, self.last_stream = None, 0, None  # memory: a weak reference
+
+    def take(self, nbytes, stream):
+        """A tensor of at least `nbytes` bytes (called with the lock held, by a runner about to build on it)."""
+        torch = _torch()
+        memory = self.memory() if self.memory is not None else None
+        if memory is None or memory.numel() < nbytes:
+            memory = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
+            self.memory, self.generation = weakref.ref(memory), self.generation + 1
+            self.last_stream = stream  # the memory's stream in PyTorch's allocator
+        return memory
+
+    def order(self, stream, memory):
+        """Makes `stream` wait for the stream of the call before on `memory` (the current one)."""
+        if self.last_stream is not None and stream != self.last_stream:
+            stream.wait_stream(self.last_stream)
+            memory.record_stream(stream)  # not freed before this stream's work on it is done
+        self.last_stream = stream
+
+
+_shared_workspaces = {}  # device -> the _Workspace of its inference runners
+_shared_workspaces_lock = threading.Lock()
+
+
+def _shared_workspace(device):
+    with _shared_workspaces_lock:
+        return _shared_workspaces.setdefault(device, _Workspace(device))
+
+
+class _CudaRunner:
+    """An FfnForward on one GPU, its workspace (a _Workspace: its own in training, the device's shared one
+    for inference) grown with the token count.
+
+    Calls may come from any stream and thread: a host thread at a time (the workspace's lock), and each
+    call's stream waits for the stream of the call before it on that workspace.
     """
 
     def __init__(self, device, hidden, ffn, gated, training, dispatch, precision):
         self.device, self.hidden, self.ffn, self.gated = device, hidden, ffn, gated
         self.training, self.dispatch, self.precision = training, dispatch, precision
-        self.handle, self.max_tokens, self.workspace, self.last_stream = None, 0, None, None
+        self.space = _Workspace(device) if training else _shared_workspace(device)
+        self.lock = self.space.lock
+        self.handle, self.memory, self.max_tokens, self.space_generation = None, None, 0, 0
         self.generation = 0  # new when the handle is rebuilt: a backward's forward state is then gone
-        self.lock = threading.Lock()
 
     def _reserve(self, tokens, stream):
-        torch = _torch()
-        if self.handle is not None and tokens <= self.max_tokens:
+        if self.handle is not None and tokens <= self.max_tokens and self.space_generation == self.space.generation:
             return
-        tokens = -(-tokens // 4096) * 4096  # whole multiples of 4096 tokens: fewer rebuilds as batches vary
+        tokens = max(-(-tokens // 4096) * 4096, self.max_tokens)  # multiples of 4096 tokens: fewer rebuilds
         self._release()
         config = _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
                                            self.precision)
         nbytes = _capi.CudaFfn.workspace_bytes(config)
-        self.workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
-        self.last_stream = stream  # the workspace's stream in PyTorch's allocator
+        memory = self.space.take(nbytes, stream)
         self.handle = _capi.CudaFfn(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
-                                    self.precision, self.workspace.data_ptr(), nbytes)
-        self.max_tokens = tokens
+                                    self.precision, memory.data_ptr(), nbytes)
+        self.memory, self.max_tokens, self.space_generation = memory, tokens, self.space.generation
         self.generation = next(_generations)  # unique in the process: a backward finds its forward's runner by it
 
     def _release(self):
         if self.handle is not None:
             self.handle.close()  # its own buffers (cuBLASLt's workspace, the backward's) are freed here
-        self.handle, self.workspace, self.max_tokens = None, None, 0  # PyTorch frees ours after queued work
+        self.handle, self.memory, self.max_tokens = None, None, 0  # PyTorch frees the memory after queued work
 
     def _order(self):
-        """The current stream, made to wait for the stream of the call before (the shared workspace)."""
-        torch = _torch()
-        stream = torch.cuda.current_stream(self.device)
-        if self.last_stream is not None and stream != self.last_stream:
-            stream.wait_stream(self.last_stream)
-            self.workspace.record_stream(stream)  # not freed before this stream's work on it is done
-        self.last_stream = stream
+        """The current stream, made to wait for the stream of the call before on the workspace."""
+        stream = _torch().cuda.current_stream(self.device)
+        self.space.order(stream, self.memory)
         return stream
 
     def reserve(self, tokens):
@@ -553,10 +592,12 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         loss: with a loss divided over accumulation steps or scaled by a GradScaler, scale λ alike.
 
         On the GPU each module holds an FfnForward per mode (training, inference), dispatched on the
-        density of its own previous call. Its workspace (~4.4 · tokens · I · 2 bytes for inference,
-        ~5.4 for training) comes from PyTorch's allocator, sized by `max_tokens` up front or else by the
-        largest call so far (in multiples of 4096 tokens); cuBLASLt's 64 MiB and the backward's
-        workspace are its own. release_workspace() frees them all. A backward needs the module's last
+        density of its own previous call. Their workspaces come from PyTorch's allocator, sized by
+        `max_tokens` up front or else by the largest call so far (in multiples of 4096 tokens): in
+        training ~5.4 · tokens · I · 2 bytes a module (the backward reads what the forward left there),
+        for inference ~4.4 · tokens · I · 2 bytes shared by all the device's FFNs (and ffn_forward's),
+        sized for the largest; cuBLASLt's 64 MiB and the backward's workspace are each module's own.
+        release_workspace() frees the module's (the shared memory goes with the last module using it). A backward needs the module's last
         forward (the same tensor, as under activation checkpointing, is fine); otherwise it refuses
         with a message. There is no double backward: differentiating through the FFN's gradients
         (create_graph=True) raises. The module runs as the custom operators twell::ffn and
