@@ -48,15 +48,16 @@ std::string supported_dtype_names() {
   return names;
 }
 
-// Bytes an element of a safetensors dtype twell does not read takes; 0 where that is not a whole
-// number (F4, F6_*) or the name is unknown: its byte count is then left unchecked (it is still
-// bounded by the file and by its neighbours).
-uint64_t unread_dtype_size(const std::string& name) {
-  static const std::pair<const char*, uint64_t> sizes[] = {
-      {"BOOL", 1}, {"I8", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1}, {"I16", 2}, {"U16", 2}, {"U64", 8}};
-  for (const auto& [n, size] : sizes)
-    if (name == n) return size;
-  return 0;
+// The dtypes of the safetensors format that twell does not read, with their bits an element; a
+// tensor of one is listed and its bytes checked (ceil(elements · bits / 8)), and refused when read.
+constexpr std::pair<const char*, uint64_t> kUnreadDTypes[] = {
+    {"BOOL", 8}, {"I8", 8},   {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"I16", 16},
+    {"U16", 16}, {"U64", 64}, {"C64", 64},    {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6}};
+
+std::string known_dtype_names() {
+  std::string names = supported_dtype_names();
+  for (const auto& [name, bits] : kUnreadDTypes) names += str(", ", name);
+  return names;
 }
 
 // Reads a non-negative JSON integer that fits int64 (a shape dimension or an offset).
@@ -89,13 +90,20 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
     fail_tensor(file, name, str("dtype must be a string, got ", dtype.type_name()));
   t.file_dtype = dtype.get<std::string>();
   t.readable = false;
+  uint64_t bits = 0;  // an element's
   for (DType d : kAllDTypes) {
     if (t.file_dtype == safetensors_dtype_name(d)) {
       t.dtype = d;
       t.readable = true;
+      bits = 8 * dtype_size(d);
     }
   }
-  const uint64_t element_size = t.readable ? dtype_size(t.dtype) : unread_dtype_size(t.file_dtype);
+  for (const auto& [unread, unread_bits] : kUnreadDTypes)
+    if (t.file_dtype == unread) bits = unread_bits;
+  if (bits == 0)
+    fail_tensor(file, name,
+                str("unknown dtype '", printable(t.file_dtype), "' (safetensors' are ", known_dtype_names(),
+                    "; twell reads ", supported_dtype_names(), ")"));
 
   const json& shape = entry["shape"];
   const std::string shape_text = printable(shape.dump(), 100);
@@ -112,8 +120,8 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
     t.shape.push_back(d);
   }
   const uint64_t numel = static_cast<uint64_t>(t.numel());
-  uint64_t needed = 0;
-  if (__builtin_mul_overflow(numel, std::max<uint64_t>(element_size, 1), &needed))
+  uint64_t needed = 0;  // bits, then bytes
+  if (__builtin_mul_overflow(numel, bits, &needed))
     fail_tensor(file, name, str("shape ", shape_text, " needs more bytes than fit in 64 bits"));
 
   const json& offsets = entry["data_offsets"];
@@ -129,7 +137,8 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
     fail_tensor(file, name,
                 str("data ends at byte ", t.end, " but the file's data section has ", data_size,
                     " bytes (truncated file?)"));
-  if (element_size != 0 && t.nbytes() != needed)
+  needed = needed / 8 + (needed % 8 != 0);
+  if (t.nbytes() != needed)
     fail_tensor(
         file, name,
         str("holds ", t.nbytes(), " bytes (data_offsets [", t.begin, ", ", t.end, "]) but ",

@@ -313,15 +313,15 @@ TEST(SafetensorsParse, HeaderMustBeAJsonObject) {
                   .empty());
 }
 
-// Dtypes twell does not read (FP8, BOOL, sub-byte floats, names it does not know) are listed with
-// their bytes bounded; the file opens, and only reading such a tensor is refused, naming it.
+// Safetensors dtypes twell does not read (FP8, complex, sub-byte floats) are listed with their bytes
+// checked; the file opens, and only reading such a tensor is refused, naming it.
 TEST(SafetensorsParse, DtypesNotReadAreListedAndRefusedOnRead) {
   const std::string bytes = raw_file(
       "{\"a\": {\"dtype\": \"F8_E4M3\", \"shape\": [2, 3], \"data_offsets\": [0, 6]},"
       " \"b\": {\"dtype\": \"F4\", \"shape\": [4], \"data_offsets\": [6, 8]},"
-      " \"c\": {\"dtype\": \"f32\", \"shape\": [1], \"data_offsets\": [8, 12]},"
-      " \"d\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [12, 16]}}",
-      16);
+      " \"c\": {\"dtype\": \"C64\", \"shape\": [1], \"data_offsets\": [8, 16]},"
+      " \"d\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [16, 20]}}",
+      20);
   const SafetensorsFile f =
       SafetensorsFile::parse(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "mem.safetensors");
   ASSERT_EQ(f.tensors().size(), 4u);
@@ -329,7 +329,7 @@ TEST(SafetensorsParse, DtypesNotReadAreListedAndRefusedOnRead) {
     SCOPED_TRACE(name);
     const io::TensorInfo& t = f.info(name);
     EXPECT_FALSE(t.readable);
-    const std::string dtype = name == std::string("a") ? "F8_E4M3" : name == std::string("b") ? "F4" : "f32";
+    const std::string dtype = name == std::string("a") ? "F8_E4M3" : name == std::string("b") ? "F4" : "C64";
     EXPECT_EQ(t.file_dtype, dtype);
     const std::initializer_list<std::string> what = {"mem.safetensors", str("tensor '", name, "'"),
                                                      str("dtype '", dtype, "' is not one twell reads"), "BF16"};
@@ -362,7 +362,10 @@ TEST(SafetensorsParse, EntryFieldsAreChecked) {
   expect("\"dtype\": \"F8_E4M3\", \"shape\": [2], \"data_offsets\": [0, 3]", 3,
          "holds 3 bytes (data_offsets [0, 3]) but F8_E4M3 [2] needs 2 bytes");
   expect("\"dtype\": \"I16\", \"shape\": [3], \"data_offsets\": [0, 2]", 2, "I16 [3] needs 6 bytes");
+  expect("\"dtype\": \"F6_E2M3\", \"shape\": [3], \"data_offsets\": [0, 2]", 2, "F6_E2M3 [3] needs 3 bytes");
   expect("\"dtype\": 5, \"shape\": [2], \"data_offsets\": [0, 8]", 8, "dtype must be a string");
+  expect("\"dtype\": \"f32\", \"shape\": [2], \"data_offsets\": [0, 8]", 8, "unknown dtype 'f32'");
+  expect("\"dtype\": \"\", \"shape\": [2], \"data_offsets\": [0, 8]", 8, "unknown dtype ''");
   expect("\"dtype\": \"F32\", \"shape\": [2, -1], \"data_offsets\": [0, 8]", 8, "non-negative");
   expect("\"dtype\": \"F32\", \"shape\": [2.5], \"data_offsets\": [0, 8]", 8, "non-negative");
   expect("\"dtype\": \"F32\", \"shape\": [4611686018427387904, 4], \"data_offsets\": [0, 8]", 8,
@@ -409,7 +412,7 @@ TEST(SafetensorsParse, HolesAndTrailingBytesAreRejected) {
 
 TEST(SafetensorsParse, ControlCharactersInNamesStayOnOneLine) {
   expect_parse_error(
-      raw_file("{\"a\\nb\": {\"dtype\": \"F32\", \"shape\": [], \"data_offsets\": [0, 8]}}", 8),
+      raw_file("{\"a\\nb\": {\"dtype\": \"X\", \"shape\": [], \"data_offsets\": [0, 4]}}", 4),
       {"tensor 'a\\nb'"});
 }
 
@@ -554,6 +557,17 @@ class InspectCli : public test::ScratchDirTest {
   }
 };
 
+// A tensor of a dtype twell does not read is listed, and --check-finite says it did not scan it.
+TEST_F(InspectCli, ListsDtypesItDoesNotReadAndSaysTheyWereNotScanned) {
+  io::write_safetensors(path("model.safetensors"), {{"scale", Tensor(DType::u8, {4})}, {"w", f32_tensor({1}, {1})}});
+  test::retype(path("model.safetensors"), "U8", "F8_E4M3");
+  const CliResult r = inspect("--check-finite '" + path("model.safetensors") + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("F8_E4M3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("finite: all 1 float tensors hold only finite values"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("finite: not scanned: 1 F8_E4M3 (dtypes twell does not read)"), std::string::npos) << r.out;
+}
+
 // Names and metadata from the file are printed escaped and cut: a newline in a name forged a line
 // ("finite: ..."), a megabyte-long name padded every row to its width.
 TEST_F(InspectCli, NamesFromTheFileCannotForgeLinesOrWidenTheTable) {
@@ -655,9 +669,7 @@ TEST_F(InspectCli, FailsCleanlyOnCorruptedHeader) {
   ASSERT_NE(at, std::string::npos);
   bytes.replace(at, 3, "Q32");
   write_file(path("model.safetensors"), bytes);
-  const CliResult listed = inspect("'" + path("model.safetensors") + "'");  // a dtype twell does not read is listed
-  EXPECT_EQ(listed.exit_code, 0) << listed.err;
-  EXPECT_NE(listed.out.find("Q32"), std::string::npos) << listed.out;
+  expect_clean_failure(inspect("'" + path("model.safetensors") + "'"), "unknown dtype 'Q32'");
   bytes[12] = '\x01';  // control byte inside the JSON
   write_file(path("model.safetensors"), bytes);
   expect_clean_failure(inspect("'" + path("model.safetensors") + "'"), "not valid JSON");
