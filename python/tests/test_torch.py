@@ -309,28 +309,37 @@ class TorchFfnUse(unittest.TestCase):
         import gc
         twell.clear_cache()
         gc.collect()
-        torch.cuda.synchronize()
-        M, shapes = 8192, [(512, 1536)] * 4 + [(256, 1024)]
-        problems = [sparse_problem(M, H, I, "cuda", seed=i) for i, (H, I) in enumerate(shapes)]
-        problems[3][1][:, 0] = 2.5  # module 3's gate mostly active: it runs dense, the others sparse
+        self.check_shared_workspace()
+        gc.collect()
+        space = twell._shared_workspace(torch.device("cuda", torch.cuda.current_device()))
+        self.assertTrue(space.memory is None or space.memory() is None)  # it went with the modules
+
+    def check_shared_workspace(self):
+        # (shape, tokens, dispatch): the TwELL path (sampled at every call, or fused on the previous call's
+        # density), the gather path, the dense path, the one-token kernel
+        cases = [((512, 1536), 8192, "observe"), ((512, 1536), 8192, "previous"), ((512, 1536), 100, "always_sparse"),
+                 ((512, 1536), 8192, "observe"), ((256, 1024), 1, "previous"), ((512, 1536), 8192, "previous")]
+        problems = [sparse_problem(M, H, I, "cuda", seed=i) for i, ((H, I), M, _) in enumerate(cases)]
+        problems[3][1][:, 0] = 2.5  # case 3's gate mostly active: it runs dense
         modules = []
-        for (H, I), (_, wg, wu, wd) in zip(shapes, problems):
-            m = twell.FFN(H, I, device="cuda", dispatch="observe")  # the same path at every call
+        for ((H, I), _, dispatch), (_, wg, wu, wd) in zip(cases, problems):
+            m = twell.FFN(H, I, device="cuda", dispatch=dispatch)
             with torch.no_grad():
                 m.wg.copy_(wg), m.wu.copy_(wu), m.wd.copy_(wd)
             modules.append(m)
+        twins = [copy.deepcopy(m) for m in modules]
         torch.cuda.synchronize()
         start = torch.cuda.memory_allocated()
         want, stats, used = [], [], []
         with torch.no_grad():
-            for m, p in zip(modules, problems):
-                want.append(m(p[0]))
-                stats.append(m.last_stats())
-                used.append(torch.cuda.memory_allocated() - start - sum(y.numel() * 2 for y in want))
-        self.assertEqual([s["path"] for s in stats], ["sparse"] * 3 + ["dense", "sparse"])
-        self.assertGreater(used[0], 4 * M * 1536 * 2)  # one inference workspace ...
-        self.assertEqual(used[-1], used[0])  # ... for all five modules (the fifth's shape is smaller)
-        # interleaved on two streams: each module's own results, statistics and dispatch
+            for twin, p in zip(twins, problems):  # each twin's three calls in a row
+                want.append([twin(p[0]) for _ in range(3)])
+                stats.append(twin.last_stats())
+                used.append(torch.cuda.memory_allocated() - start - sum(y.numel() * 2 for ys in want for y in ys))
+        self.assertEqual([s["path"] for s in stats], ["sparse", "sparse", "gather", "dense", "gather", "sparse"])
+        self.assertGreater(used[0], 4 * 8192 * 1536 * 2)  # one inference workspace ...
+        self.assertEqual(used[-1], used[0])  # ... for all six (the fifth's shape is smaller)
+        # the modules' calls interleaved, on two streams: each gives its twin's results and statistics
         streams = [torch.cuda.Stream(), torch.cuda.Stream()]
         with torch.no_grad():
             for r in range(3):
@@ -338,21 +347,27 @@ class TorchFfnUse(unittest.TestCase):
                 for i, (m, p) in enumerate(zip(modules, problems)):
                     with torch.cuda.stream(streams[(i + r) % 2]):
                         outs.append(m(p[0]))
-                        self.assertEqual(m.last_stats(), stats[i])
                 torch.cuda.synchronize()
-                for o, w in zip(outs, want):
-                    self.assertTrue(torch.equal(o, w))
-            # a larger call grows the memory; the others are rebuilt on it at their next call
+                for i, o in enumerate(outs):
+                    self.assertTrue(torch.equal(o, want[i][r]), (r, i))
+            for m, st in zip(modules, stats):
+                self.assertEqual(m.last_stats(), st)
+            # a larger call grows the memory; the others let the old go at once (their statistics kept)
+            # and are rebuilt on the new at their next call
             x2 = torch.cat([problems[0][0], problems[0][0]])
+            space = twell._shared_workspace(x2.device)
+            torch.cuda.synchronize()
+            before, old = torch.cuda.memory_allocated(), space.memory().numel()
+            y2 = modules[0](x2)
+            new = space.memory().numel()
+            self.assertGreater(new, 1.9 * old)
+            self.assertEqual(torch.cuda.memory_allocated() - before, new - old + y2.numel() * 2)
             y64, _ = reference(x2, *problems[0][1:], torch.float64)
             y16, _ = reference(x2, *problems[0][1:], torch.bfloat16)
-            self.assertLessEqual(rel(modules[0](x2), y64), 2 * rel(y16, y64) + 1e-6)
-            for i in (1, 3, 4):
-                self.assertTrue(torch.equal(modules[i](problems[i][0]), want[i]))
-        del modules, outs, want
-        gc.collect()
-        torch.cuda.synchronize()
-        self.assertLess(torch.cuda.memory_allocated(), start)  # the workspace went with the modules
+            self.assertLessEqual(rel(y2, y64), 2 * rel(y16, y64) + 1e-6)
+            for i in range(1, len(cases)):
+                self.assertEqual(modules[i].last_stats(), stats[i])
+                self.assertTrue(torch.equal(modules[i](problems[i][0]), want[i][0]), i)
 
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
     def test_copies_and_release(self):

@@ -126,24 +126,29 @@ class _Workspace:
 
     A training runner has one of its own: its backward reads what its forward left there. Inference
     runners of a device share one (_shared_workspace): a call writes each buffer it reads first and copies
-    what it keeps (counts, density samples) to its object's own host memory, so objects whose calls are
-    ordered may share it, and a model's layers hold one workspace, sized for the largest, not one each.
-    The runners hold the memory (it goes with the last of them); when it grows, those built on the old
-    memory are rebuilt on the new at their next call (`generation`).
+    what it keeps (counts, density samples) to its object's own host memory (FfnForward's constructor
+    with a workspace says so), so objects whose calls are ordered may share it, and a model's layers hold
+    one workspace, sized for the largest, not one each. The runners hold the memory; when it grows, the
+    others let the old memory go at once and are rebuilt on the new at their next call.
     """
 
     def __init__(self, device):
         self.device, self.lock = device, threading.Lock()
-        self.memory, self.generation, self.last_stream = None, 0, None  # memory: a weak reference
+        self.memory, self.last_stream = None, None  # memory: a weak reference
+        self.runners = weakref.WeakSet()  # those that took memory here
 
-    def take(self, nbytes, stream):
-        """A tensor of at least `nbytes` bytes (called with the lock held, by a runner about to build on it)."""
+    def take(self, nbytes, stream, runner):
+        """A tensor of at least `nbytes` bytes for `runner`, about to build on it (called with the lock held)."""
         torch = _torch()
         memory = self.memory() if self.memory is not None else None
         if memory is None or memory.numel() < nbytes:
+            for other in list(self.runners):
+                if other is not runner:
+                    other.let_go()
+            memory = None  # PyTorch frees it after the work queued on it
             memory = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
-            self.memory, self.generation = weakref.ref(memory), self.generation + 1
-            self.last_stream = stream  # the memory's stream in PyTorch's allocator
+            self.memory, self.last_stream = weakref.ref(memory), stream  # the memory's stream in the allocator
+        self.runners.add(runner)
         return memory
 
     def order(self, stream, memory):
@@ -167,36 +172,49 @@ class _CudaRunner:
     """An FfnForward on one GPU, its workspace (a _Workspace: its own in training, the device's shared one
     for inference) grown with the token count.
 
-    Calls may come from any stream and thread: a host thread at a time (the workspace's lock), and each
-    call's stream waits for the stream of the call before it on that workspace.
+    Calls may come from any stream and thread: a host thread at a time on the workspace (its lock), and
+    each call's stream waits for the stream of the call before it there. `lock` guards the handle alone
+    (statistics wait for the GPU under it, not under the workspace's lock); it is taken after the
+    workspace's.
     """
 
     def __init__(self, device, hidden, ffn, gated, training, dispatch, precision):
         self.device, self.hidden, self.ffn, self.gated = device, hidden, ffn, gated
         self.training, self.dispatch, self.precision = training, dispatch, precision
         self.space = _Workspace(device) if training else _shared_workspace(device)
-        self.lock = self.space.lock
-        self.handle, self.memory, self.max_tokens, self.space_generation = None, None, 0, 0
+        self.lock = threading.Lock()
+        self.handle, self.memory, self.max_tokens, self.kept_stats = None, None, 0, None
         self.generation = 0  # new when the handle is rebuilt: a backward's forward state is then gone
 
     def _reserve(self, tokens, stream):
-        if self.handle is not None and tokens <= self.max_tokens and self.space_generation == self.space.generation:
+        """With the workspace's lock and ours held."""
+        if self.handle is not None and tokens <= self.max_tokens:
             return
         tokens = max(-(-tokens // 4096) * 4096, self.max_tokens)  # multiples of 4096 tokens: fewer rebuilds
         self._release()
         config = _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
                                            self.precision)
         nbytes = _capi.CudaFfn.workspace_bytes(config)
-        memory = self.space.take(nbytes, stream)
+        memory = self.space.take(nbytes, stream, self)
         self.handle = _capi.CudaFfn(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
                                     self.precision, memory.data_ptr(), nbytes)
-        self.memory, self.max_tokens, self.space_generation = memory, tokens, self.space.generation
+        self.memory, self.max_tokens, self.kept_stats = memory, tokens, None
         self.generation = next(_generations)  # unique in the process: a backward finds its forward's runner by it
 
     def _release(self):
+        """With our lock held."""
         if self.handle is not None:
             self.handle.close()  # its own buffers (cuBLASLt's workspace, the backward's) are freed here
-        self.handle, self.memory, self.max_tokens = None, None, 0  # PyTorch frees the memory after queued work
+        self.handle, self.memory, self.max_tokens, self.kept_stats = None, None, 0, None
+
+    def let_go(self):
+        """Another runner grows the shared memory: this one lets the old memory go now (with the workspace's
+        lock held) and is rebuilt at its size at its next call; its last statistics are kept till then."""
+        with self.lock:
+            if self.handle is not None:
+                stats, size = self.handle.last_stats(), self.max_tokens
+                self._release()
+                self.kept_stats, self.max_tokens = stats, size
 
     def _order(self):
         """The current stream, made to wait for the stream of the call before on the workspace."""
@@ -207,7 +225,7 @@ class _CudaRunner:
     def reserve(self, tokens):
         """Sizes the workspace for calls of up to `tokens` tokens now, not at the first larger call."""
         torch = _torch()
-        with self.lock, torch.cuda.device(self.device):
+        with self.space.lock, self.lock, torch.cuda.device(self.device):
             self._reserve(tokens, torch.cuda.current_stream(self.device))
 
     def release(self):
@@ -217,7 +235,7 @@ class _CudaRunner:
 
     def forward(self, x, wg, wu, wd):
         torch = _torch()
-        with self.lock, torch.cuda.device(self.device):
+        with self.space.lock, self.lock, torch.cuda.device(self.device):
             self._reserve(x.shape[0], torch.cuda.current_stream(self.device))
             stream = self._order()
             y = torch.empty_like(x)
@@ -226,7 +244,7 @@ class _CudaRunner:
 
     def backward(self, x, wg, wu, wd, dy, l1_coeff, needed, generation):
         torch = _torch()
-        with self.lock, torch.cuda.device(self.device):
+        with self.space.lock, self.lock, torch.cuda.device(self.device):
             if generation != self.generation or self.handle is None:
                 raise TwellError("twell.FFN backward: a later call with more tokens rebuilt the module's GPU workspace "
                                  "and its forward state (pass max_tokens= to size it up front)")
@@ -247,10 +265,8 @@ class _CudaRunner:
 
     @property
     def stats(self):
-        if self.handle is None:
-            return None
         with self.lock:
-            return self.handle.last_stats()
+            return self.handle.last_stats() if self.handle is not None else self.kept_stats
 
 
 def _check_options(dispatch, precision):

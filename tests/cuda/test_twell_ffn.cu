@@ -288,6 +288,65 @@ TEST(FfnForwardGpuEdges, RunsInTheCallersWorkspace) {
   test::expect_error([&] { cuda::FfnForward::required_workspace_bytes({M, 100, I, true}); }, {"multiples of 64"});
 }
 
+// Objects whose calls are ordered (one stream) share one forward workspace outside training (as
+// twell's Python FFNs do): interleaved, each gives the bits and statistics of a twin with its own
+// workspace called alike, on every path, with Dispatch::previous carrying its density across the
+// other objects' calls.
+TEST(FfnForwardGpuEdges, ObjectsShareOneWorkspaceWhenTheirCallsAreOrdered) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 300, H = 256, I = 640;
+  const cuda::FfnShape shape{M, H, I, true};
+  std::vector<GpuProblem> problems;
+  for (double d : {0.005, 0.3, 0.01}) problems.push_back(make_problem(M, H, I, d));
+  std::vector<cuda::FfnOptions> options(3);
+  options[0].dispatch = Dispatch::previous;
+  options[0].sparse_min_tokens = 1;  // sparse by its previous density: the fused gate after the first call
+  options[1].dispatch = Dispatch::observe;
+  options[1].sparse_min_tokens = 1;  // dense by its density
+  options[2].dispatch = Dispatch::always_sparse;
+  size_t need = 0;
+  for (const cuda::FfnOptions& o : options) need = std::max(need, cuda::FfnForward::required_workspace_bytes(shape, o));
+  cuda::DeviceBuffer ws(need);
+  cuda::fill_bytes(ws.get(), ws.bytes(), 0xa5, nullptr);
+  std::vector<cuda::FfnForward> shared, own;
+  for (const cuda::FfnOptions& o : options) {
+    shared.emplace_back(shape, o, ws.get(), need);
+    own.emplace_back(shape, o);
+  }
+  // Per object: calls of M, 5 (gather or dense) and 1 token (the one-token kernel) tokens, twice.
+  const int64_t sizes[] = {M, 5, 1, M, 5, 1};
+  std::vector<std::vector<Tensor>> expected(3);
+  std::vector<std::vector<cuda::FfnPath>> paths(3);
+  auto call = [&](cuda::FfnForward& ffn, GpuProblem& q, int64_t m) {
+    const TensorView x(q.x.view().data, DType::bf16, {m, H}, Device::cuda);
+    const TensorView y(q.y.view().data, DType::bf16, {m, H}, Device::cuda);
+    cuda::fill_bytes(q.y.view().data, q.y.nbytes(), 0xff, nullptr);
+    ffn.forward(x, q.w(), y, nullptr);
+    return q.y.download();
+  };
+  for (size_t i = 0; i < 3; ++i)
+    for (int64_t m : sizes) {
+      expected[i].push_back(call(own[i], problems[i], m));
+      paths[i].push_back(own[i].last_path());
+    }
+  EXPECT_EQ(paths[0][0], cuda::FfnPath::sparse);  // no density yet: g sampled, then packed
+  EXPECT_EQ(paths[0][1], cuda::FfnPath::gather);
+  EXPECT_EQ(paths[0][3], cuda::FfnPath::sparse);  // the fused gate, on the previous call's density
+  EXPECT_EQ(paths[1][3], cuda::FfnPath::dense);
+  EXPECT_EQ(paths[2][0], cuda::FfnPath::sparse);
+  for (size_t k = 0; k < std::size(sizes); ++k)
+    for (size_t i = 0; i < 3; ++i) {
+      SCOPED_TRACE(testing::Message() << "object " << i << ", call " << k);
+      EXPECT_TRUE(test::bit_equal(call(shared[i], problems[i], sizes[k]), expected[i][k]));
+      EXPECT_EQ(shared[i].last_path(), paths[i][k]);
+    }
+  for (size_t i = 0; i < 3; ++i) {
+    const cuda::FfnStats a = shared[i].last_stats(), b = own[i].last_stats();
+    EXPECT_EQ(a.nnz, b.nnz);
+    EXPECT_EQ(a.sampled_density, b.sampled_density);
+  }
+}
+
 // FfnOptions::cublaslt_workspace: objects whose calls are ordered share the caller's cuBLASLt
 // workspace, with the bits of objects that hold their own (same size, same algorithms), on the
 // paths that run cuBLASLt: the dense FFN, and the unfused gate of the sparse one. Bad settings are

@@ -205,7 +205,10 @@ class FfnForward {
   // object (forward and backward: it reads the forward's state) has finished. The constructor writes
   // nothing there; each call writes it on the call's stream, so the memory must be ready for use
   // on that stream. The forward's buffers are carved from it; the backward's workspace is still the
-  // object's own.
+  // object's own. Objects that never run backward() may share one such workspace where their calls
+  // are ordered (one stream, or streams joined by events): a call writes every buffer it reads there
+  // first, and what it keeps (counts, density samples) goes to the object's own host memory within
+  // the call; only download_activation() reads what a later call of another object overwrites.
   FfnForward(const FfnShape& shape, const FfnOptions& options, void* workspace, size_t workspace_bytes);
   // The forward's workspace for a shape and options on the current device (it depends on the SM
   // count), computed without allocating: what FfnForward(shape, options) allocates, and what the
