@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes; twell_c_api_version() returns it. */
-#define TWELL_C_API_VERSION 4
+#define TWELL_C_API_VERSION 5
 
 enum { TWELL_OK = 0, TWELL_ERROR = 1 };
 
@@ -118,10 +118,15 @@ typedef struct {
   int32_t training;                /* FfnOptions::training: backward() after either path */
   int32_t dispatch;                /* TWELL_DISPATCH_* */
   int32_t precision;               /* TWELL_PRECISION_BF16 or _H_FP32 */
-  int64_t reserved[4];             /* 0: room for options without a new struct (refused when not 0) */
+  /* FfnOptions::cublaslt_workspace: NULL (with 0 bytes), the handle allocates its own 64 MiB; or device
+   * memory, 256-byte aligned, that handles (and other cuBLAS work) whose calls are ordered may share. */
+  void* cublaslt_workspace;
+  int64_t cublaslt_workspace_bytes;
+  int64_t reserved[2]; /* 0: room for options without a new struct (refused when not 0) */
 } twell_cuda_ffn_config;
 
-/* FfnShape and FfnOptions' defaults: gated, not training, TWELL_DISPATCH_PREVIOUS, bf16; reserved 0. */
+/* FfnShape and FfnOptions' defaults: gated, not training, TWELL_DISPATCH_PREVIOUS, bf16, cuBLASLt's workspace
+ * the handle's own; reserved 0. */
 TWELL_C_API void twell_cuda_ffn_config_init(twell_cuda_ffn_config* config, int64_t max_tokens, int64_t hidden,
                                             int64_t ffn);
 /* FfnForward::required_workspace_bytes on the current device. */

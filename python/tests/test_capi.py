@@ -128,7 +128,7 @@ class CpuFfn(unittest.TestCase):
         self.assertEqual(ok, why == "")
         if not ok:  # a GPU handle is refused with the same reason (CI has no GPU)
             with self.assertRaisesRegex(_capi.TwellError, "twell_cuda_ffn_create: |has no CUDA backend"):
-                _capi.CudaFfn(128, 64, 128)
+                _capi.CudaFfn(_capi.CudaFfn.make_config(128, 64, 128))
             with self.assertRaisesRegex(_capi.TwellError, "dispatch must be one of"):
                 _capi.CudaFfn.make_config(128, 64, 128, dispatch="sometimes")
 

@@ -311,10 +311,19 @@ class TorchFfnUse(unittest.TestCase):
         gc.collect()
         self.check_shared_workspace()
         gc.collect()
-        space = twell._shared_workspace(torch.device("cuda", torch.cuda.current_device()))
-        self.assertTrue(space.memory is None or space.memory() is None)  # it went with the modules
+        shared = twell._device(torch.device("cuda", torch.cuda.current_device()))
+        for memory in (shared.forward, shared.lt):  # they went with the modules
+            self.assertTrue(memory is None or memory() is None)
 
     def check_shared_workspace(self):
+        shared = twell._device(torch.device("cuda", torch.cuda.current_device()))
+
+        def rounded(n):  # PyTorch's allocator counts blocks of 512 bytes
+            return -(-n // 512) * 512
+
+        def shared_bytes():
+            return rounded(shared.forward().numel()) + rounded(shared.lt().numel())
+
         # (shape, tokens, dispatch): the TwELL path (sampled at every call, or fused on the previous call's
         # density), the gather path, the dense path, the one-token kernel
         cases = [((512, 1536), 8192, "observe"), ((512, 1536), 8192, "previous"), ((512, 1536), 100, "always_sparse"),
@@ -337,8 +346,9 @@ class TorchFfnUse(unittest.TestCase):
                 stats.append(twin.last_stats())
                 used.append(torch.cuda.memory_allocated() - start - sum(y.numel() * 2 for ys in want for y in ys))
         self.assertEqual([s["path"] for s in stats], ["sparse", "sparse", "gather", "dense", "gather", "sparse"])
-        self.assertGreater(used[0], 4 * 8192 * 1536 * 2)  # one inference workspace ...
+        self.assertGreater(used[0], 4 * 8192 * 1536 * 2)  # one inference workspace, and cuBLASLt's ...
         self.assertEqual(used[-1], used[0])  # ... for all six (the fifth's shape is smaller)
+        self.assertEqual(used[0], shared_bytes())
         # the modules' calls interleaved, on two streams: each gives its twin's results and statistics
         streams = [torch.cuda.Stream(), torch.cuda.Stream()]
         with torch.no_grad():
@@ -355,11 +365,10 @@ class TorchFfnUse(unittest.TestCase):
             # a larger call grows the memory; the others let the old go at once (their statistics kept)
             # and are rebuilt on the new at their next call
             x2 = torch.cat([problems[0][0], problems[0][0]])
-            space = twell._shared_workspace(x2.device)
             torch.cuda.synchronize()
-            before, old = torch.cuda.memory_allocated(), space.memory().numel()
+            before, old = torch.cuda.memory_allocated(), rounded(shared.forward().numel())
             y2 = modules[0](x2)
-            new = space.memory().numel()
+            new = rounded(shared.forward().numel())
             self.assertGreater(new, 1.9 * old)
             self.assertEqual(torch.cuda.memory_allocated() - before, new - old + y2.numel() * 2)
             y64, _ = reference(x2, *problems[0][1:], torch.float64)

@@ -120,96 +120,111 @@ class _CpuRunner:
         return grads
 
 
-class _Workspace:
-    """Device memory for the forward of FfnForward objects on one GPU, from PyTorch's allocator; its lock
-    orders their calls (one host thread at a time) and `last_stream` their streams.
+class _Device:
+    """What the FfnForward objects of one GPU share, from PyTorch's allocator, and so the order of their calls:
+    one host thread at a time (`lock`), each call's stream after the stream of the call before (`order`).
 
-    A training runner has one of its own: its backward reads what its forward left there. Inference
-    runners of a device share one (_shared_workspace): a call writes each buffer it reads first and copies
-    what it keeps (counts, density samples) to its object's own host memory (FfnForward's constructor
-    with a workspace says so), so objects whose calls are ordered may share it, and a model's layers hold
-    one workspace, sized for the largest, not one each. The runners hold the memory; when it grows, the
-    others let the old memory go at once and are rebuilt on the new at their next call.
+    - cuBLASLt's workspace: 64 MiB for all of them (as a cuBLAS handle's is shared), not 64 MiB each.
+    - The inference runners' forward workspace: a call writes each buffer it reads there first and copies
+      what it keeps (counts, density samples) to its object's own host memory (FfnForward's constructor
+      with a workspace says so), so a model's layers hold one, sized for the largest, not one each. A
+      training runner has its own: its backward reads what its forward left there.
+    The runners hold the memory (the device only refers to it); when the shared forward workspace grows,
+    the others let the old memory go at once and are rebuilt on the new at their next call.
     """
+
+    LT_BYTES = 64 << 20  # LtGemm::kWorkspaceBytes
 
     def __init__(self, device):
         self.device, self.lock = device, threading.Lock()
-        self.memory, self.last_stream = None, None  # memory: a weak reference
-        self.runners = weakref.WeakSet()  # those that took memory here
+        self.lt, self.forward, self.last_stream = None, None, None  # lt, forward: weak references
+        self.runners = weakref.WeakSet()  # the inference runners that took the forward workspace
 
-    def take(self, nbytes, stream, runner):
-        """A tensor of at least `nbytes` bytes for `runner`, about to build on it (called with the lock held)."""
-        torch = _torch()
-        memory = self.memory() if self.memory is not None else None
+    def new(self, nbytes):
+        """Device memory on the current stream (the call's; order() makes other streams wait)."""
+        return _torch().empty(max(nbytes, 1), dtype=_torch().uint8, device=self.device)
+
+    def take_lt(self):
+        """cuBLASLt's workspace (called with the lock held)."""
+        lt = self.lt() if self.lt is not None else None
+        if lt is None:
+            lt = self.new(self.LT_BYTES)
+            self.lt = weakref.ref(lt)
+        return lt
+
+    def take_forward(self, nbytes, runner):
+        """The shared forward workspace, at least `nbytes` bytes, for `runner`, about to build on it (called
+        with the lock held)."""
+        memory = self.forward() if self.forward is not None else None
         if memory is None or memory.numel() < nbytes:
             for other in list(self.runners):
                 if other is not runner:
                     other.let_go()
             memory = None  # PyTorch frees it after the work queued on it
-            memory = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
-            self.memory, self.last_stream = weakref.ref(memory), stream  # the memory's stream in the allocator
+            memory = self.new(nbytes)
+            self.forward = weakref.ref(memory)
         self.runners.add(runner)
         return memory
 
-    def order(self, stream, memory):
-        """Makes `stream` wait for the stream of the call before on `memory` (the current one)."""
+    def order(self, stream, memories):
+        """Makes `stream` wait for the stream of the call before (they share memory)."""
         if self.last_stream is not None and stream != self.last_stream:
             stream.wait_stream(self.last_stream)
-            memory.record_stream(stream)  # not freed before this stream's work on it is done
+            for memory in memories:
+                memory.record_stream(stream)  # not freed before this stream's work on it is done
         self.last_stream = stream
 
 
-_shared_workspaces = {}  # device -> the _Workspace of its inference runners
-_shared_workspaces_lock = threading.Lock()
+_devices = {}  # torch.device -> _Device
+_devices_lock = threading.Lock()
 
 
-def _shared_workspace(device):
-    with _shared_workspaces_lock:
-        return _shared_workspaces.setdefault(device, _Workspace(device))
+def _device(device):
+    with _devices_lock:
+        return _devices.setdefault(device, _Device(device))
 
 
 class _CudaRunner:
-    """An FfnForward on one GPU, its workspace (a _Workspace: its own in training, the device's shared one
-    for inference) grown with the token count.
+    """An FfnForward on one GPU, on memory of its _Device (the shared forward workspace for inference, its
+    own in training), grown with the token count.
 
-    Calls may come from any stream and thread: a host thread at a time on the workspace (its lock), and
-    each call's stream waits for the stream of the call before it there. `lock` guards the handle alone
-    (statistics wait for the GPU under it, not under the workspace's lock); it is taken after the
-    workspace's.
+    Calls may come from any stream and thread: the device's lock and order serialise them. `lock` guards
+    the handle alone (statistics wait for the GPU under it, not under the device's); it is taken after the
+    device's.
     """
 
     def __init__(self, device, hidden, ffn, gated, training, dispatch, precision):
         self.device, self.hidden, self.ffn, self.gated = device, hidden, ffn, gated
         self.training, self.dispatch, self.precision = training, dispatch, precision
-        self.space = _Workspace(device) if training else _shared_workspace(device)
+        self.shared = _device(device)
         self.lock = threading.Lock()
-        self.handle, self.memory, self.max_tokens, self.kept_stats = None, None, 0, None
+        self.handle, self.memory, self.lt, self.max_tokens, self.kept_stats = None, None, None, 0, None
         self.generation = 0  # new when the handle is rebuilt: a backward's forward state is then gone
 
-    def _reserve(self, tokens, stream):
-        """With the workspace's lock and ours held."""
+    def _reserve(self, tokens):
+        """With the device's lock and ours held, on the call's device and stream."""
         if self.handle is not None and tokens <= self.max_tokens:
             return
         tokens = max(-(-tokens // 4096) * 4096, self.max_tokens)  # multiples of 4096 tokens: fewer rebuilds
         self._release()
+        lt = self.shared.take_lt()
         config = _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
-                                           self.precision)
+                                           self.precision, lt.data_ptr(), lt.numel())
         nbytes = _capi.CudaFfn.workspace_bytes(config)
-        memory = self.space.take(nbytes, stream, self)
-        self.handle = _capi.CudaFfn(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
-                                    self.precision, memory.data_ptr(), nbytes)
-        self.memory, self.max_tokens, self.kept_stats = memory, tokens, None
+        memory = self.shared.new(nbytes) if self.training else self.shared.take_forward(nbytes, self)
+        self.handle = _capi.CudaFfn(config, memory.data_ptr(), nbytes)
+        self.memory, self.lt, self.max_tokens, self.kept_stats = memory, lt, tokens, None
         self.generation = next(_generations)  # unique in the process: a backward finds its forward's runner by it
 
     def _release(self):
         """With our lock held."""
         if self.handle is not None:
-            self.handle.close()  # its own buffers (cuBLASLt's workspace, the backward's) are freed here
-        self.handle, self.memory, self.max_tokens, self.kept_stats = None, None, 0, None
+            self.handle.close()  # its own buffers (the backward's) are freed here
+        self.handle, self.memory, self.lt, self.max_tokens, self.kept_stats = None, None, None, 0, None
 
     def let_go(self):
-        """Another runner grows the shared memory: this one lets the old memory go now (with the workspace's
-        lock held) and is rebuilt at its size at its next call; its last statistics are kept till then."""
+        """Another runner grows the shared forward workspace: this one lets the old memory go now (with the
+        device's lock held) and is rebuilt at its size at its next call; its last statistics are kept till then."""
         with self.lock:
             if self.handle is not None:
                 stats, size = self.handle.last_stats(), self.max_tokens
@@ -217,16 +232,16 @@ class _CudaRunner:
                 self.kept_stats, self.max_tokens = stats, size
 
     def _order(self):
-        """The current stream, made to wait for the stream of the call before on the workspace."""
+        """The current stream, made to wait for the stream of the device's call before."""
         stream = _torch().cuda.current_stream(self.device)
-        self.space.order(stream, self.memory)
+        self.shared.order(stream, (self.memory, self.lt))
         return stream
 
     def reserve(self, tokens):
         """Sizes the workspace for calls of up to `tokens` tokens now, not at the first larger call."""
         torch = _torch()
-        with self.space.lock, self.lock, torch.cuda.device(self.device):
-            self._reserve(tokens, torch.cuda.current_stream(self.device))
+        with self.shared.lock, self.lock, torch.cuda.device(self.device):
+            self._reserve(tokens)
 
     def release(self):
         torch = _torch()
@@ -235,8 +250,8 @@ class _CudaRunner:
 
     def forward(self, x, wg, wu, wd):
         torch = _torch()
-        with self.space.lock, self.lock, torch.cuda.device(self.device):
-            self._reserve(x.shape[0], torch.cuda.current_stream(self.device))
+        with self.shared.lock, self.lock, torch.cuda.device(self.device):
+            self._reserve(x.shape[0])
             stream = self._order()
             y = torch.empty_like(x)
             self.handle.forward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(y, "y"), stream.cuda_stream)
@@ -244,7 +259,7 @@ class _CudaRunner:
 
     def backward(self, x, wg, wu, wd, dy, l1_coeff, needed, generation):
         torch = _torch()
-        with self.space.lock, self.lock, torch.cuda.device(self.device):
+        with self.shared.lock, self.lock, torch.cuda.device(self.device):
             if generation != self.generation or self.handle is None:
                 raise TwellError("twell.FFN backward: a later call with more tokens rebuilt the module's GPU workspace "
                                  "and its forward state (pass max_tokens= to size it up front)")
@@ -612,12 +627,13 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         `max_tokens` up front or else by the largest call so far (in multiples of 4096 tokens): in
         training ~5.4 · tokens · I · 2 bytes a module (the backward reads what the forward left there),
         for inference ~4.4 · tokens · I · 2 bytes shared by all the device's FFNs (and ffn_forward's),
-        sized for the largest; cuBLASLt's 64 MiB and the backward's workspace are each module's own.
-        release_workspace() frees the module's (the shared memory goes with the last module using it). A backward needs the module's last
-        forward (the same tensor, as under activation checkpointing, is fine); otherwise it refuses
-        with a message. There is no double backward: differentiating through the FFN's gradients
-        (create_graph=True) raises. The module runs as the custom operators twell::ffn and
-        twell::ffn_backward, which torch.compile (fullgraph) and torch.export take whole.
+        sized for the largest, with one 64 MiB cuBLASLt workspace for all; the backward's scratch is each
+        module's own. release_workspace() lets them go (shared memory goes with the last module using
+        it). A backward needs the module's last forward (the same tensor, as under activation
+        checkpointing, is fine); otherwise it refuses with a message. There is no double backward:
+        differentiating through the FFN's gradients (create_graph=True) raises. The module runs as the
+        custom operators twell::ffn and twell::ffn_backward, which torch.compile (fullgraph) and
+        torch.export take whole.
         """
 
         def __init__(self, hidden, ffn, gated=True, *, l1=0.0, layers=1, max_tokens=0, dispatch="previous",

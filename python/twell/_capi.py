@@ -11,7 +11,7 @@ import glob
 import operator
 import os
 
-API_VERSION = 4
+API_VERSION = 5
 MAX_DIMS = 4
 OK, ERROR = 0, 1
 BF16, F16, F32, F64 = 0, 1, 2, 3
@@ -43,7 +43,8 @@ class FfnStats(ctypes.Structure):
 class CudaFfnConfig(ctypes.Structure):
     _fields_ = [("max_tokens", ctypes.c_int64), ("hidden", ctypes.c_int64), ("ffn", ctypes.c_int64),
                 ("gated", ctypes.c_int32), ("training", ctypes.c_int32), ("dispatch", ctypes.c_int32),
-                ("precision", ctypes.c_int32), ("reserved", ctypes.c_int64 * 4)]
+                ("precision", ctypes.c_int32), ("cublaslt_workspace", ctypes.c_void_p),
+                ("cublaslt_workspace_bytes", ctypes.c_int64), ("reserved", ctypes.c_int64 * 2)]
 
 
 CHOOSE = {"auto": 0, "cpu": 1, "cuda": 2}
@@ -257,15 +258,16 @@ def cuda_available():
 class CudaFfn:
     """An FfnForward (twell/cuda/ffn.h) behind a handle; destroyed with this object."""
 
-    def __init__(self, max_tokens, hidden, ffn, gated=True, training=False, dispatch="previous", precision="bf16",
-                 workspace=None, workspace_bytes=0):
-        self.config = self.make_config(max_tokens, hidden, ffn, gated, training, dispatch, precision)
+    def __init__(self, config, workspace=None, workspace_bytes=0):
+        """An FfnForward of `config` (make_config), on `workspace` (a device pointer) or its own memory."""
+        self.config = config
         handle = ctypes.c_void_p()
         check(lib.twell_cuda_ffn_create(ctypes.byref(self.config), workspace, workspace_bytes, ctypes.byref(handle)))
         self.handle = handle
 
     @staticmethod
-    def make_config(max_tokens, hidden, ffn, gated=True, training=False, dispatch="previous", precision="bf16"):
+    def make_config(max_tokens, hidden, ffn, gated=True, training=False, dispatch="previous", precision="bf16",
+                    cublaslt_workspace=None, cublaslt_workspace_bytes=0):
         if dispatch not in DISPATCH:
             raise TwellError(f"dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
         if precision not in ("bf16", "h_fp32"):
@@ -274,6 +276,7 @@ class CudaFfn:
         lib.twell_cuda_ffn_config_init(ctypes.byref(c), max_tokens, hidden, ffn)
         c.gated, c.training = int(gated), int(training)
         c.dispatch, c.precision = DISPATCH[dispatch], PRECISION[precision]
+        c.cublaslt_workspace, c.cublaslt_workspace_bytes = cublaslt_workspace, cublaslt_workspace_bytes
         return c
 
     @staticmethod

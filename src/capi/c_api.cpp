@@ -165,6 +165,10 @@ cuda::FfnOptions options_of(const twell_cuda_ffn_config* c) {
   o.dispatch = static_cast<cuda::Dispatch>(c->dispatch);
   o.precision = static_cast<Precision>(c->precision);
   o.training = c->training != 0;
+  TWELL_REQUIRE(c->cublaslt_workspace_bytes >= 0, "twell_cuda_ffn_config: cublaslt_workspace_bytes must be >= 0, got ",
+                c->cublaslt_workspace_bytes);
+  o.cublaslt_workspace = c->cublaslt_workspace;
+  o.cublaslt_workspace_bytes = static_cast<size_t>(c->cublaslt_workspace_bytes);
   return o;
 }
 

@@ -163,7 +163,14 @@ TEST(CApi, NullArgumentsAreRefused) {
   twell_cuda_ffn_config c;
   twell_cuda_ffn_config_init(&c, 128, 64, 128);
   for (int64_t r : c.reserved) EXPECT_EQ(r, 0);
-  c.reserved[2] = 1;
+  EXPECT_EQ(c.cublaslt_workspace, nullptr);  // the handle's own
+  EXPECT_EQ(c.cublaslt_workspace_bytes, 0);
+  c.cublaslt_workspace_bytes = -1;
+  EXPECT_EQ(twell_cuda_ffn_workspace_bytes(&c, &bytes), TWELL_ERROR);
+  EXPECT_NE(std::string(twell_last_error()).find("cublaslt_workspace_bytes must be >= 0"), std::string::npos)
+      << twell_last_error();
+  c.cublaslt_workspace_bytes = 0;
+  c.reserved[1] = 1;
   EXPECT_EQ(twell_cuda_ffn_workspace_bytes(&c, &bytes), TWELL_ERROR);
   EXPECT_NE(std::string(twell_last_error()).find("reserved fields must be 0"), std::string::npos) << twell_last_error();
 #endif

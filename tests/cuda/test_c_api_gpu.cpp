@@ -7,6 +7,7 @@
 #include "common/compare.h"
 #include "common/c_tensor.h"
 #include "common/random.h"
+#include "cuda/cublaslt_gemm.h"
 #include "gpu_test.h"
 #include "synthetic.h"
 #include "twell/c_api.h"
@@ -65,6 +66,11 @@ TEST(CApiGpu, ForwardAndBackwardAreTheObjectsBits) {
       ASSERT_EQ(twell_cuda_ffn_workspace_bytes(&c, &need), TWELL_OK) << twell_last_error();
       EXPECT_EQ(need, cuda::FfnForward::required_workspace_bytes({M, H, I, true}, o));
       cuda::DeviceBuffer ws(callers_workspace ? need : 1);
+      cuda::DeviceBuffer lt(callers_workspace ? cuda::LtGemm::kWorkspaceBytes : 1);  // cuBLASLt's too, the same size
+      if (callers_workspace) {
+        c.cublaslt_workspace = lt.get();
+        c.cublaslt_workspace_bytes = static_cast<int64_t>(lt.bytes());
+      }
       Handle h;
       ASSERT_EQ(twell_cuda_ffn_create(&c, callers_workspace ? ws.get() : nullptr, callers_workspace ? need : 0, &h.p),
                 TWELL_OK)
@@ -129,6 +135,18 @@ TEST(CApiGpu, RefusedCallsSayWhyAndWriteNothing) {
   odd.hidden = 100;  // not a multiple of 64
   twell_cuda_ffn* none = nullptr;
   EXPECT_EQ(twell_cuda_ffn_create(&odd, nullptr, 0, &none), TWELL_ERROR);
+  EXPECT_EQ(none, nullptr);
+  odd = c;
+  cuda::DeviceBuffer lt(1024);
+  odd.cublaslt_workspace = lt.as<char>() + 16;
+  odd.cublaslt_workspace_bytes = 512;
+  EXPECT_EQ(twell_cuda_ffn_create(&odd, nullptr, 0, &none), TWELL_ERROR);
+  EXPECT_NE(std::string(twell_last_error()).find("cublaslt_workspace"), std::string::npos) << twell_last_error();
+  odd.cublaslt_workspace = lt.get();
+  odd.cublaslt_workspace_bytes = -1;
+  EXPECT_EQ(twell_cuda_ffn_create(&odd, nullptr, 0, &none), TWELL_ERROR);
+  EXPECT_NE(std::string(twell_last_error()).find("cublaslt_workspace_bytes must be >= 0"), std::string::npos)
+      << twell_last_error();
   EXPECT_EQ(none, nullptr);
   odd = c;
   odd.precision = TWELL_PRECISION_F64;
