@@ -34,11 +34,10 @@ struct FfnForward::Impl {
   struct Backward {
     DeviceBuffer dg_vals, du_vals, row_start, col_start, keys, pairs, keys_sorted, pairs_sorted, temp;
     DeviceBuffer dw_plan, dw_scratch;  // the dW pass's plan and split neurons' partial sums
-    DeviceBuffer dense_dh, dense_dgdu, dense_wgu;  // the dense path's dy·Wdᵀ (f32), [dg | du], [Wg; Wu]
+    // (The dense path's, ~8 · M · I bytes, is StreamScratch: one call's, shared with the other objects.)
     size_t bytes() const {
       return dg_vals.bytes() + du_vals.bytes() + row_start.bytes() + col_start.bytes() + keys.bytes() + pairs.bytes() +
-             keys_sorted.bytes() + pairs_sorted.bytes() + temp.bytes() + dw_plan.bytes() + dw_scratch.bytes() +
-             dense_dh.bytes() + dense_dgdu.bytes() + dense_wgu.bytes();
+             keys_sorted.bytes() + pairs_sorted.bytes() + temp.bytes() + dw_plan.bytes() + dw_scratch.bytes();
     }
   } bwd;
   // Gather path (M <= gather_tokens): the ranges' partial sums.
@@ -556,22 +555,22 @@ struct FfnForward::Impl {
   // bf16 rounding rule of ffn_grad.cuh), dx = [dg | du]·[Wg; Wu] as one GEMM (the weights stacked
   // by a copy: 2·I·H·2 bytes, cheaper than a second GEMM adding into f32 dx; no copy when Wu
   // already follows Wg in memory), dWg = dgᵀx, dWu = duᵀx (one GEMM when the two gradients are
-  // adjacent in memory), dWd = hᵀdy.
+  // adjacent in memory), dWd = hᵀdy. Its buffers are scratch of this call (StreamScratch): a
+  // model's layers share them rather than each keeping ~8 · M · I bytes after its first dense step.
   void dense_backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, float l1, const FfnGrads& grads,
                       cudaStream_t stream) {
     const int64_t M = x.shape[0], H = shape.hidden, I = shape.ffn;
-    grow(bwd.dense_dh, static_cast<size_t>(M * I) * 4);
-    grow(bwd.dense_dgdu, static_cast<size_t>(M * I) * 4);
-    auto* dgu = bwd.dense_dgdu.as<uint16_t>();  // [M, 2I]: dg in columns [0, I), du in [I, 2I)
-    gemm.run(dy.data, w.wd.data, bwd.dense_dh.get(), M, I, H, true, GemmEpilogue::none, stream, GemmOut::f32);
-    launch_dense_grad(g.as<uint16_t>(), u.as<uint16_t>(), bwd.dense_dh.as<float>(), l1, dgu, dgu + I, 2 * I, M, I,
-                      stream);
+    const size_t w_bytes = static_cast<size_t>(I * H) * 2;
+    const bool stack = !grads.dx.empty() && w.wu.data != static_cast<const char*>(w.wg.data) + w_bytes;
+    StreamScratch dh(static_cast<size_t>(M * I) * 4, stream), dgdu(static_cast<size_t>(M * I) * 4, stream),
+        wgu_stacked(stack ? 2 * w_bytes : 0, stream);
+    auto* dgu = dgdu.as<uint16_t>();  // [M, 2I]: dg in columns [0, I), du in [I, 2I)
+    gemm.run(dy.data, w.wd.data, dh.get(), M, I, H, true, GemmEpilogue::none, stream, GemmOut::f32);
+    launch_dense_grad(g.as<uint16_t>(), u.as<uint16_t>(), dh.as<float>(), l1, dgu, dgu + I, 2 * I, M, I, stream);
     if (!grads.dx.empty()) {
-      const size_t w_bytes = static_cast<size_t>(I * H) * 2;
       const void* wgu = w.wg.data;  // already stacked when Wu follows Wg (a fused gate_up weight)
-      if (w.wu.data != static_cast<const char*>(w.wg.data) + w_bytes) {
-        grow(bwd.dense_wgu, 2 * w_bytes);
-        char* stacked = static_cast<char*>(bwd.dense_wgu.get());
+      if (stack) {
+        char* stacked = wgu_stacked.as<char>();
         TWELL_CUDA_CHECK(cudaMemcpyAsync(stacked, w.wg.data, w_bytes, cudaMemcpyDeviceToDevice, stream));
         TWELL_CUDA_CHECK(cudaMemcpyAsync(stacked + w_bytes, w.wu.data, w_bytes, cudaMemcpyDeviceToDevice, stream));
         wgu = stacked;

@@ -1,10 +1,12 @@
 #include "twell/cuda/runtime.h"
 
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "cuda/kernels.h"
 
@@ -80,6 +82,45 @@ DeviceBuffer::DeviceBuffer(size_t bytes) {
     TWELL_CUDA_CHECK(err);
   }
   bytes_ = bytes;
+}
+
+namespace {
+// twell's stream-ordered pool of the current device, created at its first use: apart from the
+// device's default pool (which a framework may configure), keeping what is freed to it.
+cudaMemPool_t scratch_pool() {
+  static std::mutex mutex;
+  static std::vector<cudaMemPool_t> pools;
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (pools.size() <= static_cast<size_t>(device)) pools.resize(static_cast<size_t>(device) + 1, nullptr);
+  cudaMemPool_t& pool = pools[static_cast<size_t>(device)];
+  if (!pool) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    TWELL_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+    uint64_t keep = UINT64_MAX;
+    TWELL_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
+  return pool;
+}
+}  // namespace
+
+StreamScratch::StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
+  if (!bytes) return;
+  const cudaError_t err = cudaMallocFromPoolAsync(&ptr_, bytes, scratch_pool(), stream);
+  if (err == cudaErrorMemoryAllocation) {  // not sticky: the context stays usable
+    cudaGetLastError();
+    ptr_ = nullptr;
+    throw Error(str("CUDA out of memory: ", bytes_str(bytes), " of scratch asked for"));
+  }
+  TWELL_CUDA_CHECK(err);
+}
+
+StreamScratch::~StreamScratch() {
+  if (ptr_) cudaFreeAsync(ptr_, stream_);
 }
 
 DeviceBuffer DeviceBuffer::borrow(void* ptr, size_t bytes) {

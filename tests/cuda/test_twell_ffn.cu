@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "common/compare.h"
@@ -1135,6 +1136,42 @@ TEST(FfnBackwardGpuDense, StackedWeightsAndGradients) {
   EXPECT_LE(worst, 1e-4);
   EXPECT_LE(relative_error(together.dx.download(), apart.dx.download()), 1e-6);
   EXPECT_TRUE(test::bit_equal(together.dwd.download(), apart.dwd.download()));
+}
+
+// The dense backward's buffers are scratch of its call (StreamScratch): two layers' backwards in a
+// model's order (forward A, forward B, backward B, backward A, one stream) give each the gradients
+// it gives alone, and no object keeps them afterwards.
+TEST(FfnBackwardGpuDense, ScratchIsTheCallsNotTheObjects) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 96, H = 256, I = 640;
+  GpuProblem a = make_problem(M, H, I, 0.1), b = make_problem(M, H, I, 0.3);
+  const DeviceTensor dy = DeviceTensor::upload(test::random_normal(DType::bf16, {M, H}, 1.0, 29));
+  cuda::FfnOptions o;
+  o.training = true;
+  o.gather_max_tokens = 0;
+  o.dispatch = Dispatch::always_dense;
+  const cuda::FfnShape shape{M, H, I, true};
+  auto alone = [&](GpuProblem& q) {
+    cuda::FfnForward ffn(shape, o);
+    auto g = std::make_unique<DeviceGrads>(M, H, I);
+    ffn.forward(q.x, q.w(), q.y, nullptr);
+    ffn.backward(q.x, q.w(), dy, 0.05, g->views(), nullptr);
+    return g;
+  };
+  const auto want_a = alone(a), want_b = alone(b);
+  cuda::FfnForward fa(shape, o), fb(shape, o);
+  DeviceGrads ga(M, H, I), gb(M, H, I);
+  fa.forward(a.x, a.w(), a.y, nullptr);
+  fb.forward(b.x, b.w(), b.y, nullptr);
+  fb.backward(b.x, b.w(), dy, 0.05, gb.views(), nullptr);
+  fa.backward(a.x, a.w(), dy, 0.05, ga.views(), nullptr);
+  for (const auto& [got, want] : {std::pair{&ga, want_a.get()}, std::pair{&gb, want_b.get()}}) {
+    EXPECT_TRUE(test::bit_equal(got->dx.download(), want->dx.download()));
+    EXPECT_TRUE(test::bit_equal(got->dwg.download(), want->dwg.download()));
+    EXPECT_TRUE(test::bit_equal(got->dwu.download(), want->dwu.download()));
+    EXPECT_TRUE(test::bit_equal(got->dwd.download(), want->dwd.download()));
+  }
+  EXPECT_EQ(fa.workspace_bytes(), cuda::FfnForward::required_workspace_bytes(shape, o));
 }
 
 std::vector<BackwardCase> backward_cases() {

@@ -102,6 +102,29 @@ class DeviceBuffer : public detail::OwnedBytes<&detail::free_device> {
   static DeviceBuffer borrow(void* ptr, size_t bytes);
 };
 
+// Scratch for the work of one call on one stream: taken from a pool of the current device
+// (cudaMallocFromPoolAsync) on `stream`, given back on that stream when destroyed (cudaFreeAsync),
+// so the work queued before then still has it. The pool keeps what is given back (no release
+// threshold): the next call on the stream, of this object or another (a model's layers), takes
+// the same memory without a synchronisation, and the pool holds the largest call's need, not one
+// buffer an object. Not movable (it frees on its stream).
+class StreamScratch {
+ public:
+  StreamScratch(size_t bytes, cudaStream_t stream);
+  ~StreamScratch();
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
 // Where an object's device buffers come from: pieces of a caller's memory, each rounded up to
 // kAlign bytes (so each starts kAlign-aligned where the memory does), as borrowed DeviceBuffers; or,
 // default-constructed, an allocation of its own for each piece (so that compute-sanitizer sees each
