@@ -105,6 +105,8 @@ class CpuFfn(unittest.TestCase):
                  _capi.TokenizerInfo: 20}
         for struct, size in sizes.items():
             self.assertEqual(_capi.ctypes.sizeof(struct), size, struct.__name__)
+        config = _capi.CudaFfnConfig
+        self.assertEqual((config.cublaslt_workspace.offset, config.cublaslt_workspace_bytes.offset), (40, 48))
         self.assertEqual(_capi.Tensor.shape.offset, 24)
         self.assertEqual(_capi.FfnStats.tokens.offset, 8)
         self.assertEqual(_capi.ModelOptions.log.offset, 32)

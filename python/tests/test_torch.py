@@ -318,11 +318,11 @@ class TorchFfnUse(unittest.TestCase):
     def check_shared_workspace(self):
         shared = twell._device(torch.device("cuda", torch.cuda.current_device()))
 
-        def rounded(n):  # PyTorch's allocator counts blocks of 512 bytes
-            return -(-n // 512) * 512
+        def requested():  # the bytes asked of PyTorch's allocator (memory_allocated() counts its blocks)
+            return torch.cuda.memory_stats()["requested_bytes.all.current"]
 
         def shared_bytes():
-            return rounded(shared.forward().numel()) + rounded(shared.lt().numel())
+            return shared.forward().numel() + shared.lt().numel()
 
         # (shape, tokens, dispatch): the TwELL path (sampled at every call, or fused on the previous call's
         # density), the gather path, the dense path, the one-token kernel
@@ -338,13 +338,16 @@ class TorchFfnUse(unittest.TestCase):
             modules.append(m)
         twins = [copy.deepcopy(m) for m in modules]
         torch.cuda.synchronize()
-        start = torch.cuda.memory_allocated()
+        start = requested()
         want, stats, used = [], [], []
         with torch.no_grad():
-            for twin, p in zip(twins, problems):  # each twin's three calls in a row
-                want.append([twin(p[0]) for _ in range(3)])
+            for twin, p in zip(twins, problems):  # each twin's three calls, synchronised as the modules' below
+                want.append([])  # (dispatch "previous" reads the last call's density where it has arrived)
+                for _ in range(3):
+                    want[-1].append(twin(p[0]))
+                    torch.cuda.synchronize()
                 stats.append(twin.last_stats())
-                used.append(torch.cuda.memory_allocated() - start - sum(y.numel() * 2 for ys in want for y in ys))
+                used.append(requested() - start - sum(y.numel() * 2 for ys in want for y in ys))
         self.assertEqual([s["path"] for s in stats], ["sparse", "sparse", "gather", "dense", "gather", "sparse"])
         self.assertGreater(used[0], 4 * 8192 * 1536 * 2)  # one inference workspace, and cuBLASLt's ...
         self.assertEqual(used[-1], used[0])  # ... for all six (the fifth's shape is smaller)
@@ -366,11 +369,11 @@ class TorchFfnUse(unittest.TestCase):
             # and are rebuilt on the new at their next call
             x2 = torch.cat([problems[0][0], problems[0][0]])
             torch.cuda.synchronize()
-            before, old = torch.cuda.memory_allocated(), rounded(shared.forward().numel())
+            before, old = requested(), shared.forward().numel()
             y2 = modules[0](x2)
-            new = rounded(shared.forward().numel())
+            new = shared.forward().numel()
             self.assertGreater(new, 1.9 * old)
-            self.assertEqual(torch.cuda.memory_allocated() - before, new - old + y2.numel() * 2)
+            self.assertEqual(requested() - before, new - old + y2.numel() * 2)
             y64, _ = reference(x2, *problems[0][1:], torch.float64)
             y16, _ = reference(x2, *problems[0][1:], torch.bfloat16)
             self.assertLessEqual(rel(y2, y64), 2 * rel(y16, y64) + 1e-6)

@@ -167,11 +167,12 @@ class _Device:
         return memory
 
     def order(self, stream, memories):
-        """Makes `stream` wait for the stream of the call before (they share memory)."""
+        """Makes `stream` wait for the stream of the call before (they share memory), and the call's memory
+        wait for `stream` before PyTorch reuses it."""
         if self.last_stream is not None and stream != self.last_stream:
             stream.wait_stream(self.last_stream)
-            for memory in memories:
-                memory.record_stream(stream)  # not freed before this stream's work on it is done
+        for memory in memories:  # at every call: another runner's call may have made the switch
+            memory.record_stream(stream)  # not freed before this stream's work on it is done
         self.last_stream = stream
 
 
@@ -595,11 +596,23 @@ if torch is not None and hasattr(torch.library, "custom_op"):
 
 
 def clear_cache():
-    """Frees the GPU memory that ffn_forward's cached FfnForward objects hold."""
+    """Frees the GPU memory that ffn_forward's cached FfnForward objects hold, and the dense backward's
+    scratch that twell keeps (as release_workspace() does)."""
     with _functional_lock:
         for runner in _functional_runners.values():
             runner.release()
         _functional_runners.clear()
+    _release_scratch()
+
+
+def _release_scratch():
+    """Gives the dense backward's scratch, which a pool of each GPU twell ran on keeps for the next
+    backward (any module's), back to the driver (synchronising those GPUs)."""
+    with _devices_lock:
+        devices = list(_devices)
+    for device in devices:
+        with _torch().cuda.device(device):
+            _capi.check(_capi.lib.twell_cuda_release_scratch())
 
 
 if torch is not None:  # defined at the module's level, so that modules pickle (torch.save) and copy
@@ -627,9 +640,9 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         `max_tokens` up front or else by the largest call so far (in multiples of 4096 tokens): in
         training ~5.4 · tokens · I · 2 bytes a module (the backward reads what the forward left there),
         for inference ~4.4 · tokens · I · 2 bytes shared by all the device's FFNs (and ffn_forward's),
-        sized for the largest, with one 64 MiB cuBLASLt workspace for all; the backward's scratch is each
-        module's own. release_workspace() lets them go (shared memory goes with the last module using
-        it). A backward needs the module's last forward (the same tensor, as under activation
+        sized for the largest, with one 64 MiB cuBLASLt workspace for all; the sparse backward's
+        buffers are each module's own, the dense backward's scratch comes from a pool all share.
+        release_workspace() lets them go (shared memory goes with the last module using it). A backward needs the module's last forward (the same tensor, as under activation
         checkpointing, is fine); otherwise it refuses with a message. There is no double backward:
         differentiating through the FFN's gradients (create_graph=True) raises. The module runs as the
         custom operators twell::ffn and twell::ffn_backward, which torch.compile (fullgraph) and
@@ -720,8 +733,11 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             self.l1, self.layers = l1, layers
 
         def release_workspace(self):
-            """Frees the GPU memory the module's FfnForward objects hold (rebuilt at the next call)."""
+            """Frees the GPU memory the module's FfnForward objects hold (rebuilt at the next call), and the
+            dense backward's scratch twell keeps for all modules (a pool of the GPU holding the largest
+            backward's need, taken again at the next one)."""
             self._state.release()
+            _release_scratch()
 
         def reset_parameters(self):
             bound_in, bound_out = self.hidden ** -0.5, self.ffn ** -0.5  # as nn.Linear's default

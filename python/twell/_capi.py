@@ -163,6 +163,7 @@ _sig = {
     "twell_cuda_ffn_backward": (ctypes.c_int, [ctypes.c_void_p, _T, _T, _T, _T, _T, ctypes.c_double, _T, _T, _T, _T,
                                                ctypes.c_void_p]),
     "twell_cuda_ffn_last_stats": (ctypes.c_int, [ctypes.c_void_p, _P(FfnStats)]),
+    "twell_cuda_release_scratch": (ctypes.c_int, []),
     "twell_parse_bytes": (ctypes.c_int, [ctypes.c_char_p, _P(ctypes.c_int64)]),
     "twell_model_options_init": (None, [_P(ModelOptions)]),
     "twell_model_load": (ctypes.c_int, [ctypes.c_char_p, _P(ModelOptions), _P(ctypes.c_void_p)]),

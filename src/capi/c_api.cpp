@@ -32,6 +32,8 @@ static_assert(TWELL_DTYPE_BF16 == static_cast<int>(twell::DType::bf16) &&
 // these sizes there. Change both, and TWELL_C_API_VERSION, together.
 static_assert(sizeof(twell_tensor) == 56 && sizeof(twell_activation_stats) == 32 && sizeof(twell_ffn_stats) == 40 &&
               sizeof(twell_cuda_ffn_config) == 72);
+static_assert(offsetof(twell_cuda_ffn_config, cublaslt_workspace) == 40 &&
+              offsetof(twell_cuda_ffn_config, cublaslt_workspace_bytes) == 48);
 static_assert(sizeof(twell_model_options) == 80 && sizeof(twell_model_info) == 80 && sizeof(twell_sampling) == 64 &&
               sizeof(twell_generation) == 32 && sizeof(twell_tokenizer_info) == 20);
 static_assert(offsetof(twell_model_options, log) == 32 && offsetof(twell_model_options, gpu_memory) == 48 &&
@@ -409,6 +411,16 @@ int twell_cuda_ffn_backward(twell_cuda_ffn* ffn, const twell_tensor* x, const tw
 #if TWELL_WITH_CUDA
     object(ffn).backward(view(x, "x"), weights(wg, wu, wd), view(dy, "dy"), l1_coeff, grads(dx, dwg, dwu, dwd),
                          static_cast<cudaStream_t>(stream));
+#else
+    throw Error(kNoCuda);
+#endif
+  });
+}
+
+int twell_cuda_release_scratch(void) {
+  return guarded([&] {
+#if TWELL_WITH_CUDA
+    cuda::release_scratch();
 #else
     throw Error(kNoCuda);
 #endif

@@ -108,6 +108,11 @@ cudaMemPool_t scratch_pool() {
 }
 }  // namespace
 
+void release_scratch() {
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  TWELL_CUDA_CHECK(cudaMemPoolTrimTo(scratch_pool(), 0));
+}
+
 StreamScratch::StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
   if (!bytes) return;
   const cudaError_t err = cudaMallocFromPoolAsync(&ptr_, bytes, scratch_pool(), stream);

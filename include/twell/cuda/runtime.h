@@ -125,6 +125,10 @@ class StreamScratch {
   cudaStream_t stream_ = nullptr;
 };
 
+// Gives the memory the current device's StreamScratch pool keeps back to the driver (what is not in
+// use); synchronises the device first, so that every scratch given back is free.
+void release_scratch();
+
 // Where an object's device buffers come from: pieces of a caller's memory, each rounded up to
 // kAlign bytes (so each starts kAlign-aligned where the memory does), as borrowed DeviceBuffers; or,
 // default-constructed, an allocation of its own for each piece (so that compute-sanitizer sees each

@@ -59,6 +59,8 @@ outs = [m(x.clone().requires_grad_(True)) for m in mods[:8]]  # a dense step (ra
 sum(o.float().sum() for o in outs).backward()
 print(f"training, 8 layers at {M} tokens, dense: {(outside() - before) / 1e9:.3f} GB more outside PyTorch after "
       f"the step, paths {[m.last_stats()['path'] for m in mods[:2]]}", flush=True)
+twell.clear_cache()
+print(f"after twell.clear_cache(): {(outside() - before) / 1e9:.3f} GB", flush=True)
 PY
 echo "rc $?" >> $O/ffn_memory.txt; cat $O/ffn_memory.txt
 TWELL_LIBRARY=$B/libtwell_c.so timeout $(left 150) $PY python/examples/train_sparse.py --out /tmp/train_out \
