@@ -30,6 +30,7 @@ END=$(( $(date +%s) + ${BUDGET:-560} ))
 left() { local l=$(( END - $(date +%s) )); [ $l -gt $1 ] && echo $1 || echo $(( l > 5 ? l : 5 )); }
 tar xJf out/b9.tar.xz -C out
 B=$PWD/out/n2 PY=/opt/torch/.venv/bin/python
+export PYTHONPATH=$PWD/python  # the scripts read from stdin import twell from the tree
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
 O=$OUT/s47; mkdir -p $O; cp "$0" $O/run.sh
 timeout $(left 180) $B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests.log 2>&1; echo "rc $?" >> $O/gpu_tests.log
