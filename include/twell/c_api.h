@@ -152,8 +152,8 @@ TWELL_C_API int twell_cuda_ffn_backward(twell_cuda_ffn* ffn, const twell_tensor*
                                         const twell_tensor* dwu, const twell_tensor* dwd, void* stream);
 /* Statistics of the last call (waits for its non-zero count where the sparse path ran). */
 TWELL_C_API int twell_cuda_ffn_last_stats(const twell_cuda_ffn* ffn, twell_ffn_stats* stats);
-/* Gives the memory twell keeps for the dense backward's scratch (a stream-ordered pool of the current
- * device, holding the largest call's need) back to the driver; synchronises the device first. */
+/* Gives the memory twell keeps for the backward's scratch (a stream-ordered pool of the current device,
+ * holding the largest call's need) back to the driver; synchronises the device first. */
 TWELL_C_API int twell_cuda_release_scratch(void);
 
 /* ---- models (twell/model/load.h, twell/model/llama.h) ---- */

@@ -596,8 +596,8 @@ if torch is not None and hasattr(torch.library, "custom_op"):
 
 
 def clear_cache():
-    """Frees the GPU memory that ffn_forward's cached FfnForward objects hold, and the dense backward's
-    scratch that twell keeps (as release_workspace() does)."""
+    """Frees the GPU memory that ffn_forward's cached FfnForward objects hold, and the backward's scratch
+    that twell keeps (as release_workspace() does)."""
     with _functional_lock:
         for runner in _functional_runners.values():
             runner.release()
@@ -606,8 +606,8 @@ def clear_cache():
 
 
 def _release_scratch():
-    """Gives the dense backward's scratch, which a pool of each GPU twell ran on keeps for the next
-    backward (any module's), back to the driver (synchronising those GPUs)."""
+    """Gives the backward's scratch, which a pool of each GPU twell ran on keeps for the next backward
+    (any module's), back to the driver (synchronising those GPUs)."""
     with _devices_lock:
         devices = list(_devices)
     for device in devices:
@@ -640,8 +640,8 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         `max_tokens` up front or else by the largest call so far (in multiples of 4096 tokens): in
         training ~5.4 · tokens · I · 2 bytes a module (the backward reads what the forward left there),
         for inference ~4.4 · tokens · I · 2 bytes shared by all the device's FFNs (and ffn_forward's),
-        sized for the largest, with one 64 MiB cuBLASLt workspace for all; the sparse backward's
-        buffers are each module's own, the dense backward's scratch comes from a pool all share.
+        sized for the largest, with one 64 MiB cuBLASLt workspace for all; the backward's scratch
+        comes from a pool all share, its transpose of the active set is each module's own.
         release_workspace() lets them go (shared memory goes with the last module using it). A backward needs the module's last forward (the same tensor, as under activation
         checkpointing, is fine); otherwise it refuses with a message. There is no double backward:
         differentiating through the FFN's gradients (create_graph=True) raises. The module runs as the
@@ -734,7 +734,7 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
 
         def release_workspace(self):
             """Frees the GPU memory the module's FfnForward objects hold (rebuilt at the next call), and the
-            dense backward's scratch twell keeps for all modules (a pool of the GPU holding the largest
+            backward's scratch twell keeps for all modules (a pool of the GPU holding the largest
             backward's need, taken again at the next one)."""
             self._state.release()
             _release_scratch()

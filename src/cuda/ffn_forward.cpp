@@ -29,15 +29,16 @@ struct FfnForward::Impl {
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
   DeviceBuffer gate_workspace;       // the fused gate+pack GEMM's (CUTLASS tile scheduler)
-  // The backward's workspace, allocated on its first call: dg and du beside the format, and the
-  // transpose of the active set (sized by the forward's non-zero count, grown as needed).
+  // The backward's workspace, allocated on its first call: the transpose of the active set (sized
+  // by the forward's non-zero count, grown as needed), which the side stream writes. (dg and du
+  // beside the format, ~4.5 · M · I bytes, and the dense path's ~8 · M · I are StreamScratch: one
+  // call's, on its stream, shared with the other objects.)
   struct Backward {
-    DeviceBuffer dg_vals, du_vals, row_start, col_start, keys, pairs, keys_sorted, pairs_sorted, temp;
+    DeviceBuffer row_start, col_start, keys, pairs, keys_sorted, pairs_sorted, temp;
     DeviceBuffer dw_plan, dw_scratch;  // the dW pass's plan and split neurons' partial sums
-    // (The dense path's, ~8 · M · I bytes, is StreamScratch: one call's, shared with the other objects.)
     size_t bytes() const {
-      return dg_vals.bytes() + du_vals.bytes() + row_start.bytes() + col_start.bytes() + keys.bytes() + pairs.bytes() +
-             keys_sorted.bytes() + pairs_sorted.bytes() + temp.bytes() + dw_plan.bytes() + dw_scratch.bytes();
+      return row_start.bytes() + col_start.bytes() + keys.bytes() + pairs.bytes() + keys_sorted.bytes() +
+             pairs_sorted.bytes() + temp.bytes() + dw_plan.bytes() + dw_scratch.bytes();
     }
   } bwd;
   // Gather path (M <= gather_tokens): the ranges' partial sums.
@@ -487,9 +488,10 @@ struct FfnForward::Impl {
     if (stats.path == FfnPath::dense) return dense_backward(x, w, dy, static_cast<float>(l1_coeff), grads, stream);
     TWELL_REQUIRE(!need_dw || options.count_nonzeros,
                 "FfnForward::backward: weight gradients need the forward's non-zero count (count_nonzeros = true)");
+    // dg and du: written by the dh pass, read by the dx and dW passes, all on `stream` (the side
+    // stream's transpose reads the format only), so scratch of this call.
     const size_t u_bytes = static_cast<size_t>(twell_u_size(act.view())) * 2;
-    grow(bwd.dg_vals, u_bytes);
-    grow(bwd.du_vals, u_bytes);
+    StreamScratch dg_vals(u_bytes, stream), du_vals(u_bytes, stream);
     SparseBackwardArgs a;
     a.act = act_view(M);
     a.rows = {row_nnz.as<uint32_t>(), heavy_rows.as<uint32_t>(), &dev()->heavy_count};
@@ -499,8 +501,8 @@ struct FfnForward::Impl {
     a.wu = static_cast<const uint16_t*>(w.wu.data);
     a.wd = static_cast<const uint16_t*>(w.wd.data);
     a.u_vals = u_vals.as<uint16_t>();
-    a.dg_vals = bwd.dg_vals.as<uint16_t>();
-    a.du_vals = bwd.du_vals.as<uint16_t>();
+    a.dg_vals = dg_vals.as<uint16_t>();
+    a.du_vals = du_vals.as<uint16_t>();
     a.dx = static_cast<float*>(grads.dx.data);
     a.dwg = static_cast<float*>(grads.dwg.data);
     a.dwu = static_cast<float*>(grads.dwu.data);

@@ -1138,40 +1138,45 @@ TEST(FfnBackwardGpuDense, StackedWeightsAndGradients) {
   EXPECT_TRUE(test::bit_equal(together.dwd.download(), apart.dwd.download()));
 }
 
-// The dense backward's buffers are scratch of its call (StreamScratch): two layers' backwards in a
-// model's order (forward A, forward B, backward B, backward A, one stream) give each the gradients
-// it gives alone, and no object keeps them afterwards.
+// The backward's dense buffers, and dg and du beside the format, are scratch of its call
+// (StreamScratch): two layers' backwards in a model's order (forward A, forward B, backward B,
+// backward A, one stream: A's scratch is B's memory again) give each the gradients it gives alone,
+// on either path, and no object keeps the dense path's afterwards.
 TEST(FfnBackwardGpuDense, ScratchIsTheCallsNotTheObjects) {
   TWELL_REQUIRE_HOPPER();
-  const int64_t M = 96, H = 256, I = 640;
-  GpuProblem a = make_problem(M, H, I, 0.1), b = make_problem(M, H, I, 0.3);
-  const DeviceTensor dy = DeviceTensor::upload(test::random_normal(DType::bf16, {M, H}, 1.0, 29));
-  cuda::FfnOptions o;
-  o.training = true;
-  o.gather_max_tokens = 0;
-  o.dispatch = Dispatch::always_dense;
-  const cuda::FfnShape shape{M, H, I, true};
-  auto alone = [&](GpuProblem& q) {
-    cuda::FfnForward ffn(shape, o);
-    auto g = std::make_unique<DeviceGrads>(M, H, I);
-    ffn.forward(q.x, q.w(), q.y, nullptr);
-    ffn.backward(q.x, q.w(), dy, 0.05, g->views(), nullptr);
-    return g;
-  };
-  const auto want_a = alone(a), want_b = alone(b);
-  cuda::FfnForward fa(shape, o), fb(shape, o);
-  DeviceGrads ga(M, H, I), gb(M, H, I);
-  fa.forward(a.x, a.w(), a.y, nullptr);
-  fb.forward(b.x, b.w(), b.y, nullptr);
-  fb.backward(b.x, b.w(), dy, 0.05, gb.views(), nullptr);
-  fa.backward(a.x, a.w(), dy, 0.05, ga.views(), nullptr);
-  for (const auto& [got, want] : {std::pair{&ga, want_a.get()}, std::pair{&gb, want_b.get()}}) {
-    EXPECT_TRUE(test::bit_equal(got->dx.download(), want->dx.download()));
-    EXPECT_TRUE(test::bit_equal(got->dwg.download(), want->dwg.download()));
-    EXPECT_TRUE(test::bit_equal(got->dwu.download(), want->dwu.download()));
-    EXPECT_TRUE(test::bit_equal(got->dwd.download(), want->dwd.download()));
+  for (const Dispatch d : {Dispatch::always_dense, Dispatch::always_sparse}) {
+    SCOPED_TRACE(d == Dispatch::always_dense ? "dense" : "sparse");
+    const int64_t M = 96, H = 256, I = 640;
+    GpuProblem a = make_problem(M, H, I, 0.1), b = make_problem(M, H, I, 0.3);
+    const DeviceTensor dy = DeviceTensor::upload(test::random_normal(DType::bf16, {M, H}, 1.0, 29));
+    cuda::FfnOptions o;
+    o.training = true;
+    o.gather_max_tokens = 0;
+    o.dispatch = d;
+    const cuda::FfnShape shape{M, H, I, true};
+    auto alone = [&](GpuProblem& q) {
+      cuda::FfnForward ffn(shape, o);
+      auto g = std::make_unique<DeviceGrads>(M, H, I);
+      ffn.forward(q.x, q.w(), q.y, nullptr);
+      ffn.backward(q.x, q.w(), dy, 0.05, g->views(), nullptr);
+      return g;
+    };
+    const auto want_a = alone(a), want_b = alone(b);
+    cuda::FfnForward fa(shape, o), fb(shape, o);
+    DeviceGrads ga(M, H, I), gb(M, H, I);
+    fa.forward(a.x, a.w(), a.y, nullptr);
+    fb.forward(b.x, b.w(), b.y, nullptr);
+    fb.backward(b.x, b.w(), dy, 0.05, gb.views(), nullptr);
+    fa.backward(a.x, a.w(), dy, 0.05, ga.views(), nullptr);
+    for (const auto& [got, want] : {std::pair{&ga, want_a.get()}, std::pair{&gb, want_b.get()}}) {
+      EXPECT_TRUE(test::bit_equal(got->dx.download(), want->dx.download()));
+      EXPECT_TRUE(test::bit_equal(got->dwg.download(), want->dwg.download()));
+      EXPECT_TRUE(test::bit_equal(got->dwu.download(), want->dwu.download()));
+      EXPECT_TRUE(test::bit_equal(got->dwd.download(), want->dwd.download()));
+    }
+    if (d == Dispatch::always_dense)
+      EXPECT_EQ(fa.workspace_bytes(), cuda::FfnForward::required_workspace_bytes(shape, o));
   }
-  EXPECT_EQ(fa.workspace_bytes(), cuda::FfnForward::required_workspace_bytes(shape, o));
 }
 
 std::vector<BackwardCase> backward_cases() {
