@@ -33,10 +33,15 @@ B=$PWD/out/n2 PY=/opt/torch/.venv/bin/python
 export PYTHONPATH=$PWD/python  # the scripts read from stdin import twell from the tree
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
 O=$OUT/s47; mkdir -p $O; cp "$0" $O/run.sh
+# ONLY=py: the two Python steps read from stdin alone (the memory, ffn_stats), on a machine that ran the
+# rest (ffn_stats needs its /tmp/sp): as they ran again in session 47, when its first run lacked PYTHONPATH.
+all() { [ -z "${ONLY:-}" ]; }
+all && {
 timeout $(left 180) $B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests.log 2>&1; echo "rc $?" >> $O/gpu_tests.log
 tail -3 $O/gpu_tests.log; grep -E "FAILED|Failure" -A8 $O/gpu_tests.log | head -30
 TWELL_LIBRARY=$B/libtwell_c.so timeout $(left 240) $PY -m unittest discover -s python/tests -v > $O/python_tests.log 2>&1
 echo "rc $?" >> $O/python_tests.log; grep -E "^(FAIL|ERROR)|^Ran|^OK|FAILED" $O/python_tests.log | head
+}
 TWELL_LIBRARY=$B/libtwell_c.so timeout $(left 90) $PY - > $O/ffn_memory.txt 2>&1 <<'PY'
 import torch, twell
 H, I, L, M = 2048, 5632, 38, 8192
@@ -64,6 +69,7 @@ twell.clear_cache()
 print(f"after twell.clear_cache(): {(outside() - before) / 1e9:.3f} GB", flush=True)
 PY
 echo "rc $?" >> $O/ffn_memory.txt; cat $O/ffn_memory.txt
+all && {
 TWELL_LIBRARY=$B/libtwell_c.so timeout $(left 150) $PY python/examples/train_sparse.py --out /tmp/train_out \
   > $O/train.txt 2>&1; echo "rc $?" >> $O/train.txt; grep -v "Writing model" $O/train.txt | tail -6
 cp /tmp/train_out/train_log.json /tmp/train_out/train.png $O/ 2>/dev/null
@@ -71,6 +77,7 @@ timeout $(left 30) $B/generate > $O/generate_example.txt 2>&1; echo "rc $?" >> $
 tail -3 $O/generate_example.txt
 timeout $(left 90) $B/twell bench model --no-decode --batch 8 --iters 3 --save /tmp/sp > $O/bench_model_save.txt 2>&1
 echo "rc $?" >> $O/bench_model_save.txt; tail -3 $O/bench_model_save.txt
+}
 python3 -c "import random,sys; random.seed(1); sys.stdout.buffer.write(bytes(random.getrandbits(8) for _ in range(65536)))" \
   > /tmp/rand.bin
 TWELL_LIBRARY=$B/libtwell_c.so timeout $(left 150) $PY - > $O/ffn_stats_py.txt 2>&1 <<'PY'
