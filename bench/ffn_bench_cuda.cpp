@@ -192,7 +192,7 @@ class CudaBackend : public FfnBackend {
     // What a backward over the active set reads of the forward's state: the TwELL counts and packed
     // words, the spilled tiles' backups (bf16), and u beside them. What FfnForward holds in all is
     // larger (workspace_bytes: the dense g and u buffers, a backup sized for every tile to spill,
-    // dg and du, the transpose), reported beside it.
+    // the transpose; dg and du are scratch of the backward's call since session 47), reported beside it.
     auto kept = [M, I](const cuda::FfnForward& f) {
       const cuda::FfnStats stats = f.last_stats();
       const double dense_saved = 3.0 * M * I * 2;  // g, u, h

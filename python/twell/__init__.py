@@ -138,6 +138,7 @@ class _Device:
     def __init__(self, device):
         self.device, self.lock = device, threading.Lock()
         self.lt, self.forward, self.last_stream = None, None, None  # lt, forward: weak references
+        self.used = False  # a handle was built here (so twell's scratch pool may hold memory)
         self.runners = weakref.WeakSet()  # the inference runners that took the forward workspace
 
     def new(self, nbytes):
@@ -214,6 +215,7 @@ class _CudaRunner:
         nbytes = _capi.CudaFfn.workspace_bytes(config)
         memory = self.shared.new(nbytes) if self.training else self.shared.take_forward(nbytes, self)
         self.handle = _capi.CudaFfn(config, memory.data_ptr(), nbytes)
+        self.shared.used = True
         self.memory, self.lt, self.max_tokens, self.kept_stats = memory, lt, tokens, None
         self.generation = next(_generations)  # unique in the process: a backward finds its forward's runner by it
 
@@ -609,7 +611,7 @@ def _release_scratch():
     """Gives the backward's scratch, which a pool of each GPU twell ran on keeps for the next backward
     (any module's), back to the driver (synchronising those GPUs)."""
     with _devices_lock:
-        devices = list(_devices)
+        devices = [device for device, shared in _devices.items() if shared.used]
     for device in devices:
         with _torch().cuda.device(device):
             _capi.check(_capi.lib.twell_cuda_release_scratch())
@@ -642,8 +644,9 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         for inference ~4.4 · tokens · I · 2 bytes shared by all the device's FFNs (and ffn_forward's),
         sized for the largest, with one 64 MiB cuBLASLt workspace for all; the backward's scratch
         comes from a pool all share, its transpose of the active set is each module's own.
-        release_workspace() lets them go (shared memory goes with the last module using it). A backward needs the module's last forward (the same tensor, as under activation
-        checkpointing, is fine); otherwise it refuses with a message. There is no double backward:
+        release_workspace() lets them go (shared memory goes with the last module using it). A backward
+        needs the module's last forward (the same tensor, as under activation checkpointing, is fine);
+        otherwise it refuses with a message. There is no double backward:
         differentiating through the FFN's gradients (create_graph=True) raises. The module runs as the
         custom operators twell::ffn and twell::ffn_backward, which torch.compile (fullgraph) and
         torch.export take whole.

@@ -193,7 +193,10 @@ struct FfnStats {
 // them): 6.5 GB at max_tokens = 131072, I = 5632 (required_workspace_bytes says it exactly, and
 // the forward can run in the caller's memory instead), and 64 MiB for cuBLASLt's workspace (not
 // counted by either; FfnOptions::cublaslt_workspace shares the caller's instead).
-// FfnOptions::training adds one [max_tokens, I] bf16 buffer (h), and backward() its workspace, which
+// FfnOptions::training adds one [max_tokens, I] bf16 buffer (h). backward() takes its scratch (dg and
+// du beside the format, ~4.5 · max_tokens · I bytes; the dense path's ~8 · M · I) from the device's
+// stream-ordered pool (StreamScratch, twell/cuda/runtime.h: shared by all objects, holding the
+// largest call's need until release_scratch()), and keeps the transpose of the active set, which
 // grows with the largest M and non-zero count seen so far: a call that needs more frees and
 // reallocates it (cudaFree synchronises the device).
 class FfnForward {
@@ -204,7 +207,7 @@ class FfnForward {
   // allocator), that nothing else uses, and that stays valid until all the work enqueued through the
   // object (forward and backward: it reads the forward's state) has finished. The constructor writes
   // nothing there; each call writes it on the call's stream, so the memory must be ready for use
-  // on that stream. The forward's buffers are carved from it; the backward's workspace is still the
+  // on that stream. The forward's buffers are carved from it; the backward's transpose is still the
   // object's own. Objects that never run backward() may share one such workspace where their calls
   // are ordered (one stream, or streams joined by events): a call writes every buffer it reads there
   // first, and what it keeps (counts, density samples) goes to the object's own host memory within
@@ -251,8 +254,9 @@ class FfnForward {
   // where its kernels take the shape, the TwELL kernels otherwise. Where not, dispatch runs it
   // dense and Dispatch::always_sparse (or h_fp32) throws.
   bool sparse_supported(int64_t tokens) const;
-  // Device memory this object uses: the forward's workspace (required_workspace_bytes, its own or the
-  // caller's) and the backward's, which grows with use.
+  // Device memory this object holds: the forward's workspace (required_workspace_bytes, its own or the
+  // caller's) and the backward's transpose, which grows with use (not the backward's scratch, which
+  // is the pool's).
   size_t workspace_bytes() const;
   // The TwELL matrix of the last sparse call (device), for tests and inspection; throws if the
   // last call packed nothing. Copies on `stream` and synchronises it: pass the forward's stream

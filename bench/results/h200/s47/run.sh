@@ -35,6 +35,7 @@ export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudn
 O=$OUT/s47; mkdir -p $O; cp "$0" $O/run.sh
 # ONLY=py: the two Python steps read from stdin alone (the memory, ffn_stats), on a machine that ran the
 # rest (ffn_stats needs its /tmp/sp): as they ran again in session 47, when its first run lacked PYTHONPATH.
+case "${ONLY:-}" in "" | py) ;; *) echo "ONLY must be py or unset, got $ONLY" >&2; exit 2 ;; esac
 all() { [ -z "${ONLY:-}" ]; }
 all && {
 timeout $(left 180) $B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests.log 2>&1; echo "rc $?" >> $O/gpu_tests.log
