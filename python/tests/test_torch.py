@@ -572,6 +572,17 @@ class TorchFfnCompiled(unittest.TestCase):
             for tokens in (4, 0, 5):
                 xt = x[:, :tokens]
                 self.assertTrue(torch.equal(compiled(xt), f(xt)))
+        # torch.vmap: a batch of x is one call on more tokens; batched weights, one call a slice
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # not PyTorch's slice-by-slice fallback, which warns
+            batched = torch.vmap(lambda xi: twell.ffn_forward(xi, wg, wu, wd, precision="f64"))(x)
+            wgs = torch.stack([wg, wg * 0.5, wg * 2])
+            per_weight = torch.vmap(lambda w: twell.ffn_forward(x[0], w, wu, wd, precision="f64"))(wgs)
+        self.assertTrue(torch.equal(batched, torch.stack([twell.ffn_forward(xi, wg, wu, wd, precision="f64")
+                                                          for xi in x])))
+        for w, y in zip(wgs, per_weight):
+            self.assertTrue(torch.equal(y, twell.ffn_forward(x[0], w, wu, wd, precision="f64")))
         result = torch.library.opcheck(torch.ops.twell.ffn_forward.default, (x.view(-1, 16), wg, wu, wd, "f64",
                                        "observe"), test_utils=("test_schema", "test_faketensor"))
         self.assertEqual(set(result.values()), {"SUCCESS"}, result)

@@ -596,6 +596,24 @@ if torch is not None and hasattr(torch.library, "custom_op"):
     def _ffn_forward_shapes(x, wg, wu, wd, precision, dispatch):
         return x.new_empty((x.shape[0], wd.shape[1]))
 
+    if hasattr(torch.library, "register_vmap"):
+        @torch.library.register_vmap("twell::ffn_forward")
+        def _ffn_forward_vmap(info, in_dims, x, wg, wu, wd, precision, dispatch):
+            """torch.vmap: a batch of x alone is more tokens of one call; batched weights, a call a slice."""
+            x_dim, weight_dims = in_dims[0], in_dims[1:4]
+            if all(d is None for d in weight_dims):
+                x = x.movedim(x_dim, 0)
+                y = torch.ops.twell.ffn_forward(x.reshape(-1, x.shape[-1]).contiguous(), wg, wu, wd, precision,
+                                                dispatch)
+                return y.reshape(x.shape[0], x.shape[1], -1), 0
+            ys = []
+            for i in range(info.batch_size):
+                pick = [None if t is None else (t if d is None else t.select(d, i))
+                        for t, d in zip((x, wg, wu, wd), in_dims[:4])]
+                ys.append(torch.ops.twell.ffn_forward(*(None if t is None else t.contiguous() for t in pick),
+                                                      precision, dispatch))
+            return torch.stack(ys), 0
+
 
 def clear_cache():
     """Frees the GPU memory that ffn_forward's cached FfnForward objects hold, and the backward's scratch
