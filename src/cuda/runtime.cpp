@@ -67,20 +67,25 @@ bool hopper_available(std::string* why) {
 void detail::free_device(void* p) { cudaFree(p); }
 void detail::free_pinned(void* p) { cudaFreeHost(p); }
 
-DeviceBuffer::DeviceBuffer(size_t bytes) {
-  if (bytes) {
-    const cudaError_t err = cudaMalloc(&ptr_, bytes);
-    if (err == cudaErrorMemoryAllocation) {  // not sticky: the context stays usable
-      cudaGetLastError();
-      std::string free_now;
-      try {
-        free_now = str(", ", device_memory().str(), " on the GPU");
-      } catch (const Error&) {  // then without it
-      }
-      throw Error(str("CUDA out of memory: ", bytes_str(bytes), " asked for", free_now));
+namespace {
+// Throws for a failed allocation of `bytes` (`what`: "" or " of scratch"): out of memory, with the
+// GPU's free memory where it can be read (not sticky: the context stays usable), or the CUDA error.
+void check_allocation(cudaError_t err, size_t bytes, const char* what) {
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    std::string free_now;
+    try {
+      free_now = str(", ", device_memory().str(), " on the GPU");
+    } catch (const Error&) {  // then without it
     }
-    TWELL_CUDA_CHECK(err);
+    throw Error(str("CUDA out of memory: ", bytes_str(bytes), what, " asked for", free_now));
   }
+  TWELL_CUDA_CHECK(err);
+}
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(size_t bytes) {
+  if (bytes) check_allocation(cudaMalloc(&ptr_, bytes), bytes, "");
   bytes_ = bytes;
 }
 
@@ -116,12 +121,7 @@ void release_scratch() {
 StreamScratch::StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
   if (!bytes) return;
   const cudaError_t err = cudaMallocFromPoolAsync(&ptr_, bytes, scratch_pool(), stream);
-  if (err == cudaErrorMemoryAllocation) {  // not sticky: the context stays usable
-    cudaGetLastError();
-    ptr_ = nullptr;
-    throw Error(str("CUDA out of memory: ", bytes_str(bytes), " of scratch asked for"));
-  }
-  TWELL_CUDA_CHECK(err);
+  check_allocation(err, bytes, " of scratch");
 }
 
 StreamScratch::~StreamScratch() {
