@@ -19,6 +19,7 @@ enum class Device : uint8_t { cpu, cuda };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
+bool dtype_is_float(DType t);  // bf16, f16, f32 or f64
 // Parses the names used by safetensors ("BF16", "F32", ...) and by us ("bf16", "f32", ...).
 DType dtype_from_name(const std::string& name);
 

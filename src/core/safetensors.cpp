@@ -38,10 +38,6 @@ constexpr DType kAllDTypes[] = {DType::bf16, DType::f16, DType::f32, DType::f64,
   throw Error(str(file, ": tensor '", printable(tensor), "': ", message));
 }
 
-bool is_float(DType t) {
-  return t == DType::bf16 || t == DType::f16 || t == DType::f32 || t == DType::f64;
-}
-
 std::string supported_dtype_names() {
   std::string names;
   for (DType t : kAllDTypes) names += (names.empty() ? "" : ", ") + safetensors_dtype_name(t);
@@ -423,7 +419,7 @@ void SafetensorsFile::check_finite(const std::string& name) const {
 int64_t first_non_finite(const TensorView& t) {
   check_device(t, Device::cpu, "first_non_finite");
   check_contiguous(t, "first_non_finite");
-  if (!is_float(t.dtype)) return -1;
+  if (!dtype_is_float(t.dtype)) return -1;
   const auto* p = static_cast<const uint8_t*>(t.data);
   const size_t size = dtype_size(t.dtype);
   const int64_t n = t.numel();

@@ -37,6 +37,10 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+bool dtype_is_float(DType t) {
+  return t == DType::bf16 || t == DType::f16 || t == DType::f32 || t == DType::f64;
+}
+
 DType dtype_from_name(const std::string& name) {
   static const struct {
     const char* ours;

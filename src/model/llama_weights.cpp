@@ -77,8 +77,7 @@ std::string tensor_problem(const io::Checkpoint& ckpt, const Expected& e, bool t
     return str("missing tensor '", e.name, "' with shape ", shape_str(e.shape), hint);
   }
   const io::TensorInfo& info = ckpt.info(e.name);
-  if (!info.readable ||
-      (info.dtype != DType::bf16 && info.dtype != DType::f16 && info.dtype != DType::f32 && info.dtype != DType::f64))
+  if (!info.readable_float())
     return str("tensor '", e.name, "': expected dtype BF16, F16, F32 or F64, got ", printable(info.file_dtype, 40));
   if (info.shape != e.shape)
     return str("tensor '", e.name, "': expected shape ", shape_str(e.shape), ", got ", shape_str(info.shape));

@@ -219,7 +219,7 @@ void run_inspect(const std::string& path, bool check_finite) {
       if (t.file_dtype.rfind("F", 0) == 0 || t.file_dtype == "C64") ++unread[t.file_dtype];
       continue;
     }
-    if (t.dtype != DType::bf16 && t.dtype != DType::f16 && t.dtype != DType::f32 && t.dtype != DType::f64) continue;
+    if (!t.readable_float()) continue;
     ++scanned;
     try {
       ckpt.check_finite(t.name);

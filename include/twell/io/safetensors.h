@@ -44,6 +44,7 @@ struct TensorInfo {
 
   int64_t numel() const { return shape_numel(shape); }
   uint64_t nbytes() const { return end - begin; }
+  bool readable_float() const { return readable && dtype_is_float(dtype); }  // BF16, F16, F32 or F64
 };
 
 // One safetensors file, validated on open. Views point into the read-only mapping (or the
