@@ -218,6 +218,17 @@ void expect_repeatable(cuda::FfnForward& ffn, GpuProblem& q) {
   EXPECT_TRUE(test::bit_equal(q.y.download(), first));
 }
 
+// Runs `ffn` on the first `m` rows of q.x into q.y, poisoned first (rows past m stay poisoned);
+// returns y.
+Tensor run_rows(cuda::FfnForward& ffn, GpuProblem& q, int64_t m) {
+  const int64_t H = q.x.view().shape[1];
+  const TensorView x(q.x.view().data, DType::bf16, {m, H}, Device::cuda);
+  const TensorView y(q.y.view().data, DType::bf16, {m, H}, Device::cuda);
+  cuda::fill_bytes(q.y.view().data, q.y.nbytes(), 0xff, nullptr);
+  ffn.forward(x, q.w(), y, nullptr);
+  return q.y.download();
+}
+
 TEST(FfnForwardGpuDeterminism, TwoRunsGiveIdenticalBits) {
   TWELL_REQUIRE_HOPPER();
   GpuProblem p = make_problem(513, 1024, 2816, 0.02);
@@ -267,15 +278,10 @@ TEST(FfnForwardGpuEdges, RunsInTheCallersWorkspace) {
     EXPECT_EQ(mine.workspace_bytes(), need);
     for (int64_t m : {M, int64_t{5}, int64_t{1}}) {  // sparse or dense by d; the gather path; one token
       SCOPED_TRACE(m);
-      const TensorView x(p.x.view().data, DType::bf16, {m, H}, Device::cuda);
-      const TensorView y(p.y.view().data, DType::bf16, {m, H}, Device::cuda);
-      cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);  // rows past m stay poisoned in both
-      own.forward(x, p.w(), y, nullptr);
-      const Tensor expected = p.y.download();
-      cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, nullptr);
-      mine.forward(x, p.w(), y, nullptr);
+      const Tensor expected = run_rows(own, p, m);  // rows past m stay poisoned in both
+      const Tensor got = run_rows(mine, p, m);
       EXPECT_EQ(mine.last_path(), own.last_path());
-      EXPECT_TRUE(test::bit_equal(p.y.download(), expected));
+      EXPECT_TRUE(test::bit_equal(got, expected));
     }
     std::vector<uint8_t> after(tail);
     TWELL_CUDA_CHECK(cudaMemcpy(after.data(), ws.as<char>() + need, tail, cudaMemcpyDeviceToHost));
@@ -318,16 +324,9 @@ TEST(FfnForwardGpuEdges, ObjectsShareOneWorkspaceWhenTheirCallsAreOrdered) {
   const int64_t sizes[] = {M, 5, 1, M, 5, 1};
   std::vector<std::vector<Tensor>> expected(3);
   std::vector<std::vector<cuda::FfnPath>> paths(3);
-  auto call = [&](cuda::FfnForward& ffn, GpuProblem& q, int64_t m) {
-    const TensorView x(q.x.view().data, DType::bf16, {m, H}, Device::cuda);
-    const TensorView y(q.y.view().data, DType::bf16, {m, H}, Device::cuda);
-    cuda::fill_bytes(q.y.view().data, q.y.nbytes(), 0xff, nullptr);
-    ffn.forward(x, q.w(), y, nullptr);
-    return q.y.download();
-  };
   for (size_t i = 0; i < 3; ++i)
     for (int64_t m : sizes) {
-      expected[i].push_back(call(own[i], problems[i], m));
+      expected[i].push_back(run_rows(own[i], problems[i], m));
       paths[i].push_back(own[i].last_path());
     }
   EXPECT_EQ(paths[0][0], cuda::FfnPath::sparse);  // no density yet: g sampled, then packed
@@ -338,7 +337,7 @@ TEST(FfnForwardGpuEdges, ObjectsShareOneWorkspaceWhenTheirCallsAreOrdered) {
   for (size_t k = 0; k < std::size(sizes); ++k)
     for (size_t i = 0; i < 3; ++i) {
       SCOPED_TRACE(testing::Message() << "object " << i << ", call " << k);
-      EXPECT_TRUE(test::bit_equal(call(shared[i], problems[i], sizes[k]), expected[i][k]));
+      EXPECT_TRUE(test::bit_equal(run_rows(shared[i], problems[i], sizes[k]), expected[i][k]));
       EXPECT_EQ(shared[i].last_path(), paths[i][k]);
     }
   for (size_t i = 0; i < 3; ++i) {
