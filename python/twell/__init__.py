@@ -658,8 +658,8 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         On the GPU each module holds an FfnForward per mode (training, inference), dispatched on the
         density of its own previous call. Their workspaces come from PyTorch's allocator, sized by
         `max_tokens` up front or else by the largest call so far (in multiples of 4096 tokens): in
-        training ~5.4 · tokens · I · 2 bytes a module (the backward reads what the forward left there),
-        for inference ~4.4 · tokens · I · 2 bytes shared by all the device's FFNs (and ffn_forward's),
+        training ~3.4 · tokens · I · 2 bytes a module (the backward reads what the forward left there),
+        for inference as much, shared by all the device's FFNs (and ffn_forward's),
         sized for the largest, with one 64 MiB cuBLASLt workspace for all; the backward's scratch
         comes from a pool all share, its transpose of the active set is each module's own.
         release_workspace() lets them go (shared memory goes with the last module using it). A backward

@@ -19,11 +19,14 @@ struct FfnForward::Impl {
   int sm_count = 0;
   size_t l2_bytes = 0;
   LtGemm gemm;
-  // The forward's workspace: the buffers below (Plan), each its own allocation, or carved from the
-  // caller's memory; forward_bytes in all. The backward's (bwd) is apart.
+  // The forward's workspace: the buffers below (Plan), carved from the caller's memory or from
+  // `own`; forward_bytes in all. The backward's (bwd) is apart.
   size_t forward_bytes = 0;
-  DeviceBuffer g;   // [max_tokens, I] bf16: ReLU'd gate output (non-gated: h)
-  DeviceBuffer u;   // [max_tokens, I] bf16: up output / h on the dense path (not training)
+  DeviceBuffer own;  // the workspace when the caller gives none
+  DeviceBuffer g;    // [max_tokens, I] bf16: ReLU'd gate output (non-gated: h)
+  // The dense path's buffers and the TwELL path's share one region (Plan::paths): a call takes one
+  // path, and what a later call or backward() reads is that path's alone.
+  DeviceBuffer u;        // [max_tokens, I] bf16: up output / h on the dense path (not training)
   DeviceBuffer h_dense;  // training: h of the dense path, apart from u
   TwellDeviceMatrix act;
   DeviceBuffer u_vals;  // u of every active entry, beside the format (twell_u_size)
@@ -122,10 +125,14 @@ struct FfnForward::Impl {
     std::string twell_unsupported;  // why the TwELL kernels cannot take this shape, or ""
     int64_t gather_tokens = 0;
     bool one_token = false;
+    // The region both paths' buffers start at: the larger of the dense path's (u, h_dense) and the
+    // TwELL path's (the matrix, whose pieces are rounded already, and u_vals).
+    size_t dense_part() const { return DeviceArena::piece(u) + DeviceArena::piece(h_dense); }
+    size_t sparse_part() const { return act + DeviceArena::piece(u_vals); }
+    size_t paths() const { return std::max(dense_part(), sparse_part()); }
     size_t total() const {
-      size_t t = act;  // a TwellDeviceMatrix's own pieces are rounded already
-      for (size_t b : {g, u, h_dense, u_vals, row_nnz, heavy_rows, gate, gather, decode, counters, samples})
-        t += DeviceArena::piece(b);
+      size_t t = paths();
+      for (size_t b : {g, row_nnz, heavy_rows, gate, gather, decode, counters, samples}) t += DeviceArena::piece(b);
       return t;
     }
   };
@@ -207,14 +214,19 @@ struct FfnForward::Impl {
                   "FfnForward: cublaslt_workspace overlaps the forward's workspace");
     }
     // Nothing is written to the workspace here: each call sets what it reads first, on its stream.
-    DeviceArena arena = workspace ? DeviceArena(workspace, p.total()) : DeviceArena();
+    if (!workspace) {
+      own = DeviceBuffer(p.total());
+      workspace = own.get();
+    }
+    DeviceArena arena(workspace, p.total());
     g = arena.take(p.g, "g");
-    u = arena.take(p.u, "u");
-    h_dense = arena.take(p.h_dense, "h");
-    act = workspace ? TwellDeviceMatrix(p.act_layout, -1, arena.take(p.act, "the TwELL matrix").get())
-                    : TwellDeviceMatrix(p.act_layout);
+    const DeviceBuffer paths = arena.take(p.paths(), "the paths' buffers");
+    DeviceArena dense_part(paths.get(), p.dense_part()), sparse_part(paths.get(), p.sparse_part());
+    u = dense_part.take(p.u, "u");
+    h_dense = dense_part.take(p.h_dense, "h");
+    act = TwellDeviceMatrix(p.act_layout, -1, sparse_part.take(p.act, "the TwELL matrix").get());
     twell_unsupported = p.twell_unsupported;
-    u_vals = arena.take(p.u_vals, "u values");
+    u_vals = sparse_part.take(p.u_vals, "u values");
     row_nnz = arena.take(p.row_nnz, "row counts");
     heavy_rows = arena.take(p.heavy_rows, "heavy rows");
     gate_workspace = arena.take(p.gate, "the gate GEMM's workspace");
@@ -223,7 +235,7 @@ struct FfnForward::Impl {
     if (p.one_token) decode = DecodeFfn(s.hidden, s.ffn, sm_count, &arena);
     counters = arena.take(p.counters, "counters");
     sample_count = arena.take(p.samples, "dispatch samples");
-    forward_bytes = arena.used() + (workspace ? 0 : act.bytes());
+    forward_bytes = arena.used();
     TWELL_CHECK(forward_bytes == p.total(), "FfnForward: internal error: the workspace plan (", p.total(),
                 " bytes) and its use (", forward_bytes, ") differ");
     const auto n_slots = static_cast<size_t>(o.dispatch_slots);

@@ -1178,6 +1178,65 @@ TEST(FfnBackwardGpuDense, ScratchIsTheCallsNotTheObjects) {
   }
 }
 
+// The dense path's buffers and the TwELL path's share one region of the workspace (a call takes
+// one path; backward() reads that path's): a training object whose calls alternate between the
+// paths (dispatch observes each call's density) gives, forward and backward, the bits of objects
+// that only take one. Training needs no more workspace than inference where the TwELL kernels take
+// the shape.
+TEST(FfnBackwardGpuEdges, PathsTakenInTurnShareOneRegion) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 300, H = 512, I = 2048;
+  GpuProblem sparse = make_problem(M, H, I, 0.002), dense = make_problem(M, H, I, 0.1);
+  const DeviceTensor dy = DeviceTensor::upload(test::random_normal(DType::bf16, {M, H}, 1.0, 31));
+  cuda::FfnOptions o;
+  o.training = true;
+  o.gather_max_tokens = 0;
+  o.sparse_min_tokens = 1;
+  o.dispatch = Dispatch::observe;
+  const cuda::FfnShape shape{M, H, I, true};
+  struct Result {
+    Tensor y;
+    std::unique_ptr<DeviceGrads> g;
+  };
+  auto run = [&](cuda::FfnForward& ffn, GpuProblem& q) {
+    Result r{Tensor(), std::make_unique<DeviceGrads>(M, H, I)};
+    cuda::fill_bytes(q.y.view().data, q.y.nbytes(), 0xff, nullptr);
+    ffn.forward(q.x, q.w(), q.y, nullptr);
+    r.y = q.y.download();
+    ffn.backward(q.x, q.w(), dy, 0.05, r.g->views(), nullptr);
+    return r;
+  };
+  auto alone = [&](GpuProblem& q, Dispatch d) {
+    cuda::FfnOptions one = o;
+    one.dispatch = d;
+    cuda::FfnForward ffn(shape, one);
+    return run(ffn, q);
+  };
+  const Result want_sparse = alone(sparse, Dispatch::always_sparse), want_dense = alone(dense, Dispatch::always_dense);
+  cuda::FfnForward mixed(shape, o);
+  std::vector<Result> got;
+  const std::pair<GpuProblem*, cuda::FfnPath> turns[] = {{&sparse, cuda::FfnPath::sparse},
+                                                          {&dense, cuda::FfnPath::dense},
+                                                          {&sparse, cuda::FfnPath::sparse},
+                                                          {&dense, cuda::FfnPath::dense}};
+  for (const auto& [q, path] : turns) {
+    got.push_back(run(mixed, *q));
+    EXPECT_EQ(mixed.last_path(), path);
+  }
+  for (size_t k = 0; k < got.size(); ++k) {
+    SCOPED_TRACE(str("turn ", k));
+    const Result& want = turns[k].second == cuda::FfnPath::sparse ? want_sparse : want_dense;
+    EXPECT_TRUE(test::bit_equal(got[k].y, want.y));
+    EXPECT_TRUE(test::bit_equal(got[k].g->dx.download(), want.g->dx.download()));
+    EXPECT_TRUE(test::bit_equal(got[k].g->dwg.download(), want.g->dwg.download()));
+    EXPECT_TRUE(test::bit_equal(got[k].g->dwu.download(), want.g->dwu.download()));
+    EXPECT_TRUE(test::bit_equal(got[k].g->dwd.download(), want.g->dwd.download()));
+  }
+  cuda::FfnOptions inference = o;
+  inference.training = false;
+  EXPECT_LE(cuda::FfnForward::required_workspace_bytes(shape, o), cuda::FfnForward::required_workspace_bytes(shape, inference));
+}
+
 std::vector<BackwardCase> backward_cases() {
   return {
       {67, 256, 1344, 0.02, true},     {67, 256, 1344, 0.3, false},  // spilled tiles, heavy rows

@@ -188,12 +188,14 @@ struct FfnStats {
   double nnz_per_token() const { return tokens > 0 && nnz >= 0 ? double(nnz) / tokens : -1; }
 };
 
-// Device memory: about 4.4 · max_tokens · I · 2 bytes of workspace (the dense gate output, the up
-// output of the dense path, the TwELL arrays with a backup that holds every tile, and u beside
-// them): 6.5 GB at max_tokens = 131072, I = 5632 (required_workspace_bytes says it exactly, and
-// the forward can run in the caller's memory instead), and 64 MiB for cuBLASLt's workspace (not
-// counted by either; FfnOptions::cublaslt_workspace shares the caller's instead).
-// FfnOptions::training adds one [max_tokens, I] bf16 buffer (h). backward() takes its scratch (dg and
+// Device memory: about 3.4 · max_tokens · I · 2 bytes of workspace (the dense gate output, then
+// either path's buffers in one region: the dense path's up output, or the TwELL arrays with a
+// backup that holds every tile and u beside them, ~2.4 · I · 2 bytes a token): 5.0 GB at
+// max_tokens = 131072, I = 5632 (required_workspace_bytes says it exactly, and the forward can run
+// in the caller's memory instead), and 64 MiB for cuBLASLt's workspace (not counted by either;
+// FfnOptions::cublaslt_workspace shares the caller's instead). FfnOptions::training keeps the
+// dense path's h apart from u, in the same region (no more memory where the TwELL kernels take the
+// shape, since u and h are smaller than the TwELL path's buffers). backward() takes its scratch (dg and
 // du beside the format, ~4.5 · max_tokens · I bytes; the dense path's ~8 · M · I) from the device's
 // stream-ordered pool (StreamScratch, twell/cuda/runtime.h: shared by all objects, holding the
 // largest call's need until release_scratch()), and keeps the transpose of the active set, which
