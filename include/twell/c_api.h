@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes; twell_c_api_version() returns it. */
-#define TWELL_C_API_VERSION 5
+#define TWELL_C_API_VERSION 6
 
 enum { TWELL_OK = 0, TWELL_ERROR = 1 };
 
@@ -141,6 +141,9 @@ typedef struct twell_cuda_ffn twell_cuda_ffn;
 TWELL_C_API int twell_cuda_ffn_create(const twell_cuda_ffn_config* config, void* workspace, size_t workspace_bytes,
                                       twell_cuda_ffn** out);
 TWELL_C_API void twell_cuda_ffn_destroy(twell_cuda_ffn* ffn); /* NULL: nothing */
+/* FfnForward::use_workspace: the handle's buffers move to workspace (as twell_cuda_ffn_create takes it;
+ * not NULL); its own, if it had one, is freed. A backward then needs a forward first. */
+TWELL_C_API int twell_cuda_ffn_use_workspace(twell_cuda_ffn* ffn, void* workspace, size_t workspace_bytes);
 /* Enqueued on stream (a cudaStream_t; NULL: the legacy default stream). bf16 tensors on the device. */
 TWELL_C_API int twell_cuda_ffn_forward(twell_cuda_ffn* ffn, const twell_tensor* x, const twell_tensor* wg,
                                        const twell_tensor* wu, const twell_tensor* wd, const twell_tensor* y,

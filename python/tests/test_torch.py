@@ -128,8 +128,8 @@ class TorchFfn(unittest.TestCase):
         self.assertEqual(stats["path"], "sparse")
         self.assertGreater(stats["nnz"], 0)
         self.assertLess(stats["nnz"] / M, 0.02 * I)
-        # the workspace (~4.5 · M · I · 2 bytes) came from PyTorch's allocator
-        self.assertGreater(torch.cuda.memory_allocated() - before, 4 * M * I * 2)
+        # the workspace (~3.4 · M · I · 2 bytes) came from PyTorch's allocator
+        self.assertGreater(torch.cuda.memory_allocated() - before, 3 * M * I * 2)
         y64, _ = reference(x, wg, wu, wd, torch.float64)
         y16, _ = reference(x, wg, wu, wd, torch.bfloat16)
         self.assertLessEqual(rel(y, y64), 2 * rel(y16, y64) + 1e-6)
@@ -248,6 +248,46 @@ class TorchFfnUse(unittest.TestCase):
         with self.assertRaisesRegex(twell.TwellError, "takes bf16 parameters"):
             wide(x)
 
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_training_workspaces_live_with_their_graphs(self):
+        """A training forward's workspace is held by its autograd graph, not by the module: nothing between
+        steps, and activation checkpointing holds one layer's at a time (the same gradients)."""
+        import gc
+        import torch.utils.checkpoint as cp
+        H, I, M, L = 512, 1536, 4096, 4
+        layers = [twell.FFN(H, I, device="cuda") for _ in range(L)]
+        x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
+        config = twell._capi.CudaFfn.make_config(M, H, I, training=True)
+        ws = twell._capi.CudaFfn.workspace_bytes(config)
+
+        def step(checkpointed):
+            for m in layers:
+                for p in m.parameters():
+                    p.grad = None
+            xg = x.clone().requires_grad_()
+            h = xg
+            for m in layers:
+                h = h + (cp.checkpoint(m, h, use_reentrant=False) if checkpointed else m(h))
+            h.float().sum().backward()
+            torch.cuda.synchronize()
+            return [xg.grad] + [p.grad for m in layers for p in m.parameters()]
+
+        step(False)  # the handles, cuBLASLt's workspace and the tuning
+        gc.collect()
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()  # the parameters and their gradients
+        peaks, grads = {}, {}
+        for checkpointed in (False, True):
+            torch.cuda.reset_peak_memory_stats()
+            g = step(checkpointed)
+            peaks[checkpointed] = torch.cuda.max_memory_allocated() - base
+            held = torch.cuda.memory_allocated() - base - g[0].numel() * g[0].element_size()  # x's gradient
+            self.assertLess(held, ws, f"checkpointed {checkpointed}: {held} bytes held after the step")
+            grads[checkpointed] = [t.cpu() for t in g]
+        self.assertGreater(peaks[False] - peaks[True], 2 * ws, peaks)  # L workspaces at once against one
+        for a, b in zip(grads[False], grads[True]):
+            self.assertTrue(torch.equal(a, b))
+
     @unittest.skipUnless(GPU and torch is not None and torch.cuda.device_count() >= 2, "fewer than two GPUs")
     def test_a_module_on_the_second_gpu(self):
         # the handle is built and called on the tensors' device, whatever device is current
@@ -349,7 +389,7 @@ class TorchFfnUse(unittest.TestCase):
                 stats.append(twin.last_stats())
                 used.append(requested() - start - sum(y.numel() * 2 for ys in want for y in ys))
         self.assertEqual([s["path"] for s in stats], ["sparse", "sparse", "gather", "dense", "gather", "sparse"])
-        self.assertGreater(used[0], 4 * 8192 * 1536 * 2)  # one inference workspace, and cuBLASLt's ...
+        self.assertGreater(used[0], 3 * 8192 * 1536 * 2)  # one inference workspace, and cuBLASLt's ...
         self.assertEqual(used[-1], used[0])  # ... for all six (the fifth's shape is smaller)
         self.assertEqual(used[0], shared_bytes())
         # the modules' calls interleaved, on two streams: each gives its twin's results and statistics

@@ -128,7 +128,8 @@ class _Device:
     - The inference runners' forward workspace: a call writes each buffer it reads there first and copies
       what it keeps (counts, density samples) to its object's own host memory (FfnForward's constructor
       with a workspace says so), so a model's layers hold one, sized for the largest, not one each. A
-      training runner has its own: its backward reads what its forward left there.
+      training runner gives each forward its own (FfnForward::use_workspace): its backward reads what the
+      forward left there.
     The runners hold the memory (the device only refers to it); when the shared forward workspace grows,
     the others let the old memory go at once and are rebuilt on the new at their next call.
     """
@@ -187,8 +188,10 @@ def _device(device):
 
 
 class _CudaRunner:
-    """An FfnForward on one GPU, on memory of its _Device (the shared forward workspace for inference, its
-    own in training), grown with the token count.
+    """An FfnForward on one GPU, on memory of its _Device, grown with the token count: for inference the shared
+    forward workspace; in training a workspace of each forward's own, which the backward reads and which lives
+    as long as the forward's autograd graph (`pending`, emptied by the finalizer of the generation tensor the
+    graph saves), so that nothing is held between steps and activation checkpointing frees it.
 
     Calls may come from any stream and thread: the device's lock and order serialise them. `lock` guards
     the handle alone (statistics wait for the GPU under it, not under the device's); it is taken after the
@@ -201,7 +204,10 @@ class _CudaRunner:
         self.shared = _device(device)
         self.lock = threading.Lock()
         self.handle, self.memory, self.lt, self.max_tokens, self.kept_stats = None, None, None, 0, None
-        self.generation = 0  # new when the handle is rebuilt: a backward's forward state is then gone
+        self.nbytes = 0
+        self.generation = 0  # of the last forward (training) or of the handle (inference); a backward finds its runner by it
+        self.handle_from = 0  # training: the generations of the current handle's forwards are above it
+        self.pending = {}  # training: generation -> the workspace its forward wrote, while its graph lives
 
     def _reserve(self, tokens):
         """With the device's lock and ours held, on the call's device and stream."""
@@ -216,8 +222,9 @@ class _CudaRunner:
         memory = self.shared.new(nbytes) if self.training else self.shared.take_forward(nbytes, self)
         self.handle = _capi.CudaFfn(config, memory.data_ptr(), nbytes)
         self.shared.used = True
-        self.memory, self.lt, self.max_tokens, self.kept_stats = memory, lt, tokens, None
+        self.memory, self.lt, self.max_tokens, self.kept_stats, self.nbytes = memory, lt, tokens, None, nbytes
         self.generation = next(_generations)  # unique in the process: a backward finds its forward's runner by it
+        self.handle_from = self.generation
 
     def _release(self):
         """With our lock held."""
@@ -234,10 +241,15 @@ class _CudaRunner:
                 self._release()
                 self.kept_stats, self.max_tokens = stats, size
 
-    def _order(self):
+    def forget(self, generation):
+        """The graph of a training forward is gone: its workspace goes back to PyTorch (from any thread; a
+        dict's pop needs no lock)."""
+        self.pending.pop(generation, None)
+
+    def _order(self, memory):
         """The current stream, made to wait for the stream of the device's call before."""
         stream = _torch().cuda.current_stream(self.device)
-        self.shared.order(stream, (self.memory, self.lt))
+        self.shared.order(stream, (memory, self.lt))
         return stream
 
     def reserve(self, tokens):
@@ -255,18 +267,37 @@ class _CudaRunner:
         torch = _torch()
         with self.shared.lock, self.lock, torch.cuda.device(self.device):
             self._reserve(x.shape[0])
-            stream = self._order()
+            memory = self.memory
+            if self.training:  # a workspace of this forward's own: the one the handle was built on, else a new one
+                self.memory = None  # held by `pending` from here on, not by the runner
+                if memory is None:
+                    memory = self.shared.new(self.nbytes)
+                    self.handle.use_workspace(memory.data_ptr(), self.nbytes)
+            stream = self._order(memory)
             y = torch.empty_like(x)
-            self.handle.forward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(y, "y"), stream.cuda_stream)
+            try:
+                self.handle.forward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(y, "y"),
+                                    stream.cuda_stream)
+            except TwellError:
+                last = self.pending.get(self.generation) if self.training else None
+                if last is not None:  # refused before any work: the last forward's state is still there
+                    self.handle.use_workspace(last.data_ptr(), self.nbytes)
+                raise
+            if self.training:
+                self.generation = next(_generations)
+                self.pending[self.generation] = memory
             return y, self.generation
 
     def backward(self, x, wg, wu, wd, dy, l1_coeff, needed, generation):
         torch = _torch()
         with self.shared.lock, self.lock, torch.cuda.device(self.device):
-            if generation != self.generation or self.handle is None:
+            if self.handle is None or generation < self.handle_from:
                 raise TwellError("twell.FFN backward: a later call with more tokens rebuilt the module's GPU workspace "
                                  "and its forward state (pass max_tokens= to size it up front)")
-            stream = self._order()
+            memory = self.pending.get(self.generation)  # the state the handle holds is the last forward's
+            if memory is None:
+                raise TwellError(self.ANOTHER_FORWARD)
+            stream = self._order(memory)
             grads = [torch.empty(t.shape, dtype=torch.float32, device=self.device) if (t is not None and need)
                      else None for t, need in zip((x, wg, wu, wd), needed)]
             try:
@@ -275,11 +306,13 @@ class _CudaRunner:
                                      stream.cuda_stream)
             except TwellError as e:
                 if "must be those of the last forward" in str(e):
-                    raise TwellError("twell.FFN backward: the module ran another forward (on other tokens) since "
-                                     "the one this backward belongs to; an FFN keeps the state of its last forward "
-                                     "only (call it once per backward, or on the same tensor)") from e
+                    raise TwellError(self.ANOTHER_FORWARD) from e
                 raise
             return grads
+
+    ANOTHER_FORWARD = ("twell.FFN backward: the module ran another forward (on other tokens) since the one this "
+                       "backward belongs to; an FFN keeps the state of its last forward only (call it once per "
+                       "backward, or on the same tensor)")
 
     @property
     def stats(self):
@@ -432,7 +465,8 @@ class _FfnState:
     def runner_of(self, generation):
         """The runner that ran the forward of `generation`, or None where it is gone."""
         with self.lock:
-            return next((r for r in self.runners.values() if r.generation == generation), None)
+            return next((r for r in self.runners.values()
+                         if r.generation == generation or generation in getattr(r, "pending", ())), None)
 
     def release(self):
         with self.lock:
@@ -483,7 +517,10 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
             runner.reserve(m.max_tokens)
         y, generation = runner.forward(x, wg, wu, wd)
         st.last = runner  # after the call: a refused one leaves no stale stats
-        return y, torch.tensor(generation, dtype=torch.int64, device="cpu")
+        key = torch.tensor(generation, dtype=torch.int64, device="cpu")
+        if x.is_cuda and training:  # the forward's workspace lives as long as this tensor (its graph saves it)
+            weakref.finalize(key, runner.forget, generation)
+        return y, key
 
     @_ffn_op.register_fake
     def _ffn_shapes(x, wg, wu, wd, state, training):
@@ -658,8 +695,9 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         On the GPU each module holds an FfnForward per mode (training, inference), dispatched on the
         density of its own previous call. Their workspaces come from PyTorch's allocator, sized by
         `max_tokens` up front or else by the largest call so far (in multiples of 4096 tokens): in
-        training ~3.4 · tokens · I · 2 bytes a module (the backward reads what the forward left there),
-        for inference as much, shared by all the device's FFNs (and ffn_forward's),
+        training ~3.4 · tokens · I · 2 bytes a forward, which its backward reads and which lives as long as
+        its autograd graph (so nothing is held between steps, and under activation checkpointing one
+        layer's at a time), for inference as much, shared by all the device's FFNs (and ffn_forward's),
         sized for the largest, with one 64 MiB cuBLASLt workspace for all; the backward's scratch
         comes from a pool all share, its transpose of the active set is each module's own.
         release_workspace() lets them go (shared memory goes with the last module using it). A backward

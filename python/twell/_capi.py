@@ -11,7 +11,7 @@ import glob
 import operator
 import os
 
-API_VERSION = 5
+API_VERSION = 6
 MAX_DIMS = 4
 OK, ERROR = 0, 1
 BF16, F16, F32, F64 = 0, 1, 2, 3
@@ -159,6 +159,7 @@ _sig = {
     "twell_cuda_ffn_create": (ctypes.c_int, [_P(CudaFfnConfig), ctypes.c_void_p, ctypes.c_size_t,
                                              _P(ctypes.c_void_p)]),
     "twell_cuda_ffn_destroy": (None, [ctypes.c_void_p]),
+    "twell_cuda_ffn_use_workspace": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
     "twell_cuda_ffn_forward": (ctypes.c_int, [ctypes.c_void_p, _T, _T, _T, _T, _T, ctypes.c_void_p]),
     "twell_cuda_ffn_backward": (ctypes.c_int, [ctypes.c_void_p, _T, _T, _T, _T, _T, ctypes.c_double, _T, _T, _T, _T,
                                                ctypes.c_void_p]),
@@ -285,6 +286,9 @@ class CudaFfn:
         n = ctypes.c_size_t()
         check(lib.twell_cuda_ffn_workspace_bytes(ctypes.byref(config), ctypes.byref(n)))
         return n.value
+
+    def use_workspace(self, workspace, workspace_bytes):
+        check(lib.twell_cuda_ffn_use_workspace(self.handle, workspace, workspace_bytes))
 
     def forward(self, x, wg, wu, wd, y, stream):
         check(lib.twell_cuda_ffn_forward(self.handle, ref(x), ref(wg), ref(wu), ref(wd), ref(y), stream))

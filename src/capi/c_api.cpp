@@ -393,6 +393,17 @@ void twell_cuda_ffn_destroy(twell_cuda_ffn* ffn) {
 #endif
 }
 
+int twell_cuda_ffn_use_workspace(twell_cuda_ffn* ffn, void* workspace, size_t workspace_bytes) {
+  return guarded([&] {
+#if TWELL_WITH_CUDA
+    TWELL_REQUIRE(workspace != nullptr, "twell_cuda_ffn_use_workspace: workspace is NULL");
+    object(ffn).use_workspace(workspace, workspace_bytes);
+#else
+    throw Error(kNoCuda);
+#endif
+  });
+}
+
 int twell_cuda_ffn_forward(twell_cuda_ffn* ffn, const twell_tensor* x, const twell_tensor* wg, const twell_tensor* wu,
                            const twell_tensor* wd, const twell_tensor* y, void* stream) {
   return guarded([&] {

@@ -23,6 +23,8 @@ struct FfnForward::Impl {
   // `own`; forward_bytes in all. The backward's (bwd) is apart.
   size_t forward_bytes = 0;
   DeviceBuffer own;  // the workspace when the caller gives none
+  void* base = nullptr;          // where the workspace starts
+  void* forward_base = nullptr;  // where it started at the last forward(), whose state is there
   DeviceBuffer g;    // [max_tokens, I] bf16: ReLU'd gate output (non-gated: h)
   // The dense path's buffers and the TwELL path's share one region (Plan::paths): a call takes one
   // path, and what a later call or backward() reads is that path's alone.
@@ -193,6 +195,52 @@ struct FfnForward::Impl {
     return p;
   }
 
+  Plan planned;  // this object's buffers
+
+  // The caller's workspace for this object: aligned, large enough, apart from cuBLASLt's.
+  void check_workspace(void* workspace, size_t bytes, const char* who) const {
+    TWELL_REQUIRE(workspace, who, ": the workspace is null");
+    TWELL_REQUIRE(reinterpret_cast<uintptr_t>(workspace) % DeviceArena::kAlign == 0, who, ": the workspace must be ",
+                  DeviceArena::kAlign, "-byte aligned");
+    TWELL_REQUIRE(bytes >= planned.total(), who, ": the workspace holds ", bytes, " bytes, this shape and these options "
+                  "need ", planned.total(), " (FfnForward::required_workspace_bytes)");
+    const auto lt = reinterpret_cast<uintptr_t>(options.cublaslt_workspace), ws = reinterpret_cast<uintptr_t>(workspace);
+    TWELL_REQUIRE(!lt || lt + options.cublaslt_workspace_bytes <= ws || ws + planned.total() <= lt, who,
+                  ": cublaslt_workspace overlaps the forward's workspace");
+  }
+
+  // The forward's buffers, carved from `workspace` (planned.total() bytes). Nothing is written there:
+  // each call sets what it reads first, on its stream.
+  void carve(void* workspace) {
+    const Plan& p = planned;
+    DeviceArena arena(workspace, p.total());
+    g = arena.take(p.g, "g");
+    const DeviceBuffer paths = arena.take(p.paths(), "the paths' buffers");
+    DeviceArena dense_part(paths.get(), p.dense_part()), sparse_part(paths.get(), p.sparse_part());
+    u = dense_part.take(p.u, "u");
+    h_dense = dense_part.take(p.h_dense, "h");
+    act = TwellDeviceMatrix(p.act_layout, -1, sparse_part.take(p.act, "the TwELL matrix").get());
+    u_vals = sparse_part.take(p.u_vals, "u values");
+    row_nnz = arena.take(p.row_nnz, "row counts");
+    heavy_rows = arena.take(p.heavy_rows, "heavy rows");
+    gate_workspace = arena.take(p.gate, "the gate GEMM's workspace");
+    gather_partial = arena.take(p.gather, "the gather path's partial sums");
+    if (p.one_token) decode = DecodeFfn(shape.hidden, shape.ffn, sm_count, &arena);
+    counters = arena.take(p.counters, "counters");
+    sample_count = arena.take(p.samples, "dispatch samples");
+    forward_bytes = arena.used();
+    TWELL_CHECK(forward_bytes == p.total(), "FfnForward: internal error: the workspace plan (", p.total(),
+                " bytes) and its use (", forward_bytes, ") differ");
+    base = workspace;
+  }
+
+  void use_workspace(void* workspace, size_t bytes) {
+    check_workspace(workspace, bytes, "FfnForward::use_workspace");
+    if (workspace == base) return;
+    carve(workspace);
+    own = DeviceBuffer();  // after the carve, which may throw; cudaFree waits for the work queued on it
+  }
+
   // `workspace`: the caller's (at least plan().total() bytes, 256-byte aligned), or null: one
   // allocation of its own.
   Impl(const FfnShape& s, const FfnOptions& asked, void* workspace = nullptr, size_t workspace_size = 0)
@@ -203,41 +251,16 @@ struct FfnForward::Impl {
     const DeviceInfo info = device_info();
     sm_count = info.sm_count;
     l2_bytes = info.l2_bytes;
-    const Plan p = plan(s, o, sm_count);
+    planned = plan(s, o, sm_count);
+    twell_unsupported = planned.twell_unsupported;
+    gather_tokens = planned.gather_tokens;
     if (workspace) {
-      TWELL_REQUIRE(reinterpret_cast<uintptr_t>(workspace) % DeviceArena::kAlign == 0, "FfnForward: the workspace must be ",
-                  DeviceArena::kAlign, "-byte aligned");
-      TWELL_REQUIRE(workspace_size >= p.total(), "FfnForward: the workspace holds ", workspace_size, " bytes, this shape "
-                  "and these options need ", p.total(), " (FfnForward::required_workspace_bytes)");
-      const auto lt = reinterpret_cast<uintptr_t>(o.cublaslt_workspace), ws = reinterpret_cast<uintptr_t>(workspace);
-      TWELL_REQUIRE(!lt || lt + o.cublaslt_workspace_bytes <= ws || ws + p.total() <= lt,
-                  "FfnForward: cublaslt_workspace overlaps the forward's workspace");
-    }
-    // Nothing is written to the workspace here: each call sets what it reads first, on its stream.
-    if (!workspace) {
-      own = DeviceBuffer(p.total());
+      check_workspace(workspace, workspace_size, "FfnForward");
+    } else {
+      own = DeviceBuffer(planned.total());
       workspace = own.get();
     }
-    DeviceArena arena(workspace, p.total());
-    g = arena.take(p.g, "g");
-    const DeviceBuffer paths = arena.take(p.paths(), "the paths' buffers");
-    DeviceArena dense_part(paths.get(), p.dense_part()), sparse_part(paths.get(), p.sparse_part());
-    u = dense_part.take(p.u, "u");
-    h_dense = dense_part.take(p.h_dense, "h");
-    act = TwellDeviceMatrix(p.act_layout, -1, sparse_part.take(p.act, "the TwELL matrix").get());
-    twell_unsupported = p.twell_unsupported;
-    u_vals = sparse_part.take(p.u_vals, "u values");
-    row_nnz = arena.take(p.row_nnz, "row counts");
-    heavy_rows = arena.take(p.heavy_rows, "heavy rows");
-    gate_workspace = arena.take(p.gate, "the gate GEMM's workspace");
-    gather_tokens = p.gather_tokens;
-    gather_partial = arena.take(p.gather, "the gather path's partial sums");
-    if (p.one_token) decode = DecodeFfn(s.hidden, s.ffn, sm_count, &arena);
-    counters = arena.take(p.counters, "counters");
-    sample_count = arena.take(p.samples, "dispatch samples");
-    forward_bytes = arena.used();
-    TWELL_CHECK(forward_bytes == p.total(), "FfnForward: internal error: the workspace plan (", p.total(),
-                " bytes) and its use (", forward_bytes, ") differ");
+    carve(workspace);
     const auto n_slots = static_cast<size_t>(o.dispatch_slots);
     host_counters = PinnedBuffer(sizeof(Counters));
     host_samples = PinnedBuffer(n_slots * sizeof(unsigned long long));
@@ -473,6 +496,8 @@ struct FfnForward::Impl {
     TWELL_REQUIRE(capture == cudaStreamCaptureStatusNone,
                 "FfnForward::backward: cannot be captured in a CUDA graph yet (it reads the forward's non-zero count "
                 "back to size the transpose)");
+    TWELL_REQUIRE(base == forward_base, "FfnForward::backward: use_workspace() moved the workspace since the last "
+                  "forward(), whose state the backward reads there: run the forward again (or move back)");
     TWELL_REQUIRE(stats.tokens == M && (M == 0 || saved.ready),
                 "FfnForward::backward: needs the state of a forward() of the same tokens; the last call had ",
                 stats.tokens, " tokens on the ", to_string(stats.path),
@@ -698,6 +723,7 @@ struct FfnForward::Impl {
     counts.pending = false;  // if not, it is dropped (its mirror is about to be overwritten)
     stats = FfnStats{};  // path none until one runs
     saved = SavedForward{};
+    forward_base = base;
     stats.tokens = M;
     if (M == 0) return true;  // nothing to compute (and no density to sample)
 
@@ -786,6 +812,7 @@ FfnForward::FfnForward(const FfnShape& shape, const FfnOptions& options, void* w
 size_t FfnForward::required_workspace_bytes(const FfnShape& shape, const FfnOptions& options) {
   return Impl::plan(shape, Impl::with_tile(options, shape), device_info().sm_count).total();
 }
+void FfnForward::use_workspace(void* workspace, size_t workspace_bytes) { impl_->use_workspace(workspace, workspace_bytes); }
 FfnForward::~FfnForward() = default;
 FfnForward::FfnForward(FfnForward&&) noexcept = default;
 FfnForward& FfnForward::operator=(FfnForward&&) noexcept = default;

@@ -154,6 +154,7 @@ TEST(CApi, NullArgumentsAreRefused) {
   EXPECT_EQ(twell_cuda_ffn_create(nullptr, nullptr, 0, &ffn), TWELL_ERROR);
   EXPECT_EQ(ffn, nullptr);
   EXPECT_EQ(twell_cuda_ffn_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), TWELL_ERROR);
+  EXPECT_EQ(twell_cuda_ffn_use_workspace(nullptr, nullptr, 0), TWELL_ERROR);
   twell_ffn_stats s;
   EXPECT_EQ(twell_cuda_ffn_last_stats(nullptr, &s), TWELL_ERROR);
   EXPECT_EQ(twell_cpu_ffn_forward(nullptr, nullptr, nullptr, nullptr, nullptr, TWELL_PRECISION_BF16, nullptr, nullptr),

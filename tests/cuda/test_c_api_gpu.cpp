@@ -131,6 +131,22 @@ TEST(CApiGpu, RefusedCallsSayWhyAndWriteNothing) {
 
   EXPECT_EQ(twell_cuda_ffn_forward(nullptr, &xc, &wgc, &wuc, &wdc, &yc, nullptr), TWELL_ERROR);
   EXPECT_NE(std::string(twell_last_error()).find("NULL"), std::string::npos) << twell_last_error();
+  // The handle's buffers moved (twell_cuda_ffn_use_workspace): NULL and too little memory refused, and
+  // the handle runs on the memory it is given.
+  size_t need = 0;
+  ASSERT_EQ(twell_cuda_ffn_workspace_bytes(&c, &need), TWELL_OK) << twell_last_error();
+  cuda::DeviceBuffer moved(need);
+  EXPECT_EQ(twell_cuda_ffn_use_workspace(h.p, nullptr, need), TWELL_ERROR);
+  EXPECT_NE(std::string(twell_last_error()).find("workspace is NULL"), std::string::npos) << twell_last_error();
+  EXPECT_EQ(twell_cuda_ffn_use_workspace(h.p, moved.get(), need - 1), TWELL_ERROR);
+  EXPECT_NE(std::string(twell_last_error()).find("need"), std::string::npos) << twell_last_error();
+  EXPECT_TRUE(test::bit_equal(y.download(), before));
+  ASSERT_EQ(twell_cuda_ffn_use_workspace(h.p, moved.get(), need), TWELL_OK) << twell_last_error();
+  ASSERT_EQ(twell_cuda_ffn_forward(h.p, &xc, &wgc, &wuc, &wdc, &yc, nullptr), TWELL_OK) << twell_last_error();
+  cuda::FfnForward twin({M, H, I, true});  // the config's defaults: its first call, as the handle's
+  DeviceTensor y_twin = poisoned(DType::bf16, {M, H});
+  twin.forward(x, {wg.view(), wu.view(), wd.view()}, y_twin, nullptr);
+  EXPECT_TRUE(test::bit_equal(y.download(), y_twin.download()));
   twell_cuda_ffn_config odd = c;
   odd.hidden = 100;  // not a multiple of 64
   twell_cuda_ffn* none = nullptr;

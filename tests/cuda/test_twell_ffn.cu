@@ -1237,6 +1237,62 @@ TEST(FfnBackwardGpuEdges, PathsTakenInTurnShareOneRegion) {
   EXPECT_LE(cuda::FfnForward::required_workspace_bytes(shape, o), cuda::FfnForward::required_workspace_bytes(shape, inference));
 }
 
+// use_workspace moves an object's buffers: the forward and backward on the new memory give the bits of an
+// object that never moved; a backward after a move without a forward is refused, and works again once
+// moved back; bad memory is refused and changes nothing.
+TEST(FfnBackwardGpuEdges, UseWorkspaceMovesTheBuffers) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 300, H = 512, I = 2048;
+  GpuProblem q = make_problem(M, H, I, 0.002);
+  const DeviceTensor dy = DeviceTensor::upload(test::random_normal(DType::bf16, {M, H}, 1.0, 37));
+  for (const Dispatch d : {Dispatch::always_sparse, Dispatch::always_dense}) {
+    SCOPED_TRACE(d == Dispatch::always_dense ? "dense" : "sparse");
+    cuda::FfnOptions o;
+    o.training = true;
+    o.gather_max_tokens = 0;
+    o.dispatch = d;
+    const cuda::FfnShape shape{M, H, I, true};
+    const size_t need = cuda::FfnForward::required_workspace_bytes(shape, o);
+    auto run = [&](cuda::FfnForward& ffn, bool forward) {
+      auto g = std::make_unique<DeviceGrads>(M, H, I);
+      if (forward) ffn.forward(q.x, q.w(), q.y, nullptr);
+      ffn.backward(q.x, q.w(), dy, 0.05, g->views(), nullptr);
+      return g;
+    };
+    auto expect_same = [](const DeviceGrads& got, const DeviceGrads& want) {
+      EXPECT_TRUE(test::bit_equal(got.dx.download(), want.dx.download()));
+      EXPECT_TRUE(test::bit_equal(got.dwg.download(), want.dwg.download()));
+      EXPECT_TRUE(test::bit_equal(got.dwu.download(), want.dwu.download()));
+      EXPECT_TRUE(test::bit_equal(got.dwd.download(), want.dwd.download()));
+    };
+    cuda::FfnForward still(shape, o);
+    const auto want = run(still, true);
+    const Tensor y_want = q.y.download();
+
+    cuda::DeviceBuffer a(need), b(need);
+    for (const cuda::DeviceBuffer* m : {&a, &b}) cuda::fill_bytes(m->get(), need, 0xa5, nullptr);
+    cuda::FfnForward mover(shape, o);  // its own memory first, then the caller's
+    mover.forward(q.x, q.w(), q.y, nullptr);
+    mover.use_workspace(a.get(), need);
+    EXPECT_EQ(mover.workspace_bytes(), still.workspace_bytes());
+    test::expect_error([&] { run(mover, false); }, {"use_workspace() moved the workspace", "run the forward again"});
+    cuda::fill_bytes(q.y.view().data, q.y.nbytes(), 0xff, nullptr);
+    expect_same(*run(mover, true), *want);
+    EXPECT_TRUE(test::bit_equal(q.y.download(), y_want));
+    mover.use_workspace(b.get(), need);
+    test::expect_error([&] { run(mover, false); }, {"moved the workspace"});
+    mover.use_workspace(a.get(), need);  // back where the last forward left its state
+    expect_same(*run(mover, false), *want);
+    // Refused: null, misaligned, too small; the object stays on `a`.
+    test::expect_error([&] { mover.use_workspace(nullptr, need); }, {"use_workspace", "null"});
+    test::expect_error([&] { mover.use_workspace(static_cast<char*>(b.get()) + 16, need - 16); }, {"256-byte aligned"});
+    test::expect_error([&] { mover.use_workspace(b.get(), need - 1); }, {"holds", "need"});
+    expect_same(*run(mover, false), *want);
+    mover.use_workspace(b.get(), need);
+    expect_same(*run(mover, true), *want);
+  }
+}
+
 std::vector<BackwardCase> backward_cases() {
   return {
       {67, 256, 1344, 0.02, true},     {67, 256, 1344, 0.3, false},  // spilled tiles, heavy rows

@@ -219,6 +219,15 @@ class FfnForward {
   // count), computed without allocating: what FfnForward(shape, options) allocates, and what the
   // constructor above needs. Throws, as the constructors do, for a shape or options they refuse.
   static size_t required_workspace_bytes(const FfnShape& shape, const FfnOptions& options = {});
+  // Moves the forward's buffers to other memory, taken as the constructor above takes it (at least
+  // required_workspace_bytes, 256-byte aligned, apart from cublaslt_workspace); the object's own, if
+  // it had one, is freed (cudaFree: the device synchronises). Host work only: nothing is copied, the
+  // next call writes what it reads there first. The last forward's state stays in the old memory: a
+  // backward() needs a forward() since, or the move back (it throws, saying so). The old memory must
+  // stay valid until the work queued on it has finished; the same memory again changes nothing. With
+  // it a framework gives each training forward memory that lives as long as its autograd graph
+  // (twell.FFN does), rather than the object holding it between steps.
+  void use_workspace(void* workspace, size_t workspace_bytes);
   ~FfnForward();
   FfnForward(FfnForward&&) noexcept;
   FfnForward& operator=(FfnForward&&) noexcept;

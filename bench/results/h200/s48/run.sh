@@ -3,8 +3,11 @@
 # TwELL path's matrix and u values at one place): the whole GPU suite (PathsTakenInTurnShareOneRegion new),
 # the Python tests, the memory of the 2B shape's FFN modules (s47's probe, with the workspace each mode
 # needs), and the benchmarks that use the workspace (bench ffn's headline cases, a 4-layer prefill).
+# And FfnForward::use_workspace: twell.FFN's training forwards each on memory their autograd graph holds.
 # Prediction: required bytes at I = 5632 ~3.4 · M · I · 2 in both modes (4.4 and 5.4 before); 38
-# inference modules at 8192 tokens hold ~0.40 GB (0.512 in s47); speed unchanged within noise.
+# inference modules at 8192 tokens hold ~0.40 GB (0.512 in s47); after a training step of 8 layers
+# nothing held beyond the gradients (8 workspaces, ~2.5 GB, before); checkpointed, the step's peak ~2.2 GB
+# lower (one workspace at a time); speed unchanged within noise.
 # Binaries: a build of the commit in out/n2/COMMIT, tarred as bench/results/h200/s47/run.sh says.
 # On the device, with carry ["out"]: `BUDGET=<seconds> bash bench/results/h200/s48/run.sh` (default 560).
 set -u
@@ -38,16 +41,26 @@ with torch.no_grad():
 torch.cuda.synchronize()
 print(f"inference, {L} layers at {M} tokens: {(torch.cuda.memory_allocated() - base) / 1e9:.3f} GB held after, "
       f"peak {(torch.cuda.max_memory_allocated() - base) / 1e9:.3f} GB", flush=True)
+import torch.utils.checkpoint as cp
 for m in mods:
     m.wg.requires_grad_(True)
     m.max_tokens = M
-base = torch.cuda.memory_allocated()
-outs = [m(x.clone().requires_grad_(True)) for m in mods[:8]]  # a dense step (random weights: ~50% active)
-sum(o.float().sum() for o in outs).backward()
-torch.cuda.synchronize()
-print(f"training, 8 layers at {M} tokens, dense: {(torch.cuda.memory_allocated() - base) / 1e9:.3f} GB more held by "
-      f"PyTorch's allocator after the step (workspaces and gradients), paths {[m.last_stats()['path'] for m in mods[:2]]}",
-      flush=True)
+def step(checkpointed, n=8):  # random weights: ~50% active, the dense path
+    h = x.clone().requires_grad_(True)
+    for m in mods[:n]:
+        h = h + (cp.checkpoint(m, h, use_reentrant=False) if checkpointed else m(h))
+    h.float().sum().backward()
+    torch.cuda.synchronize()
+step(False)
+for checkpointed in (False, True):
+    for p in (p for m in mods for p in m.parameters()):
+        p.grad = None
+    torch.cuda.synchronize(); base = torch.cuda.memory_allocated(); torch.cuda.reset_peak_memory_stats()
+    step(checkpointed)
+    grads = sum(p.grad.numel() * p.grad.element_size() for m in mods for p in m.parameters() if p.grad is not None)
+    print(f"training, 8 layers at {M} tokens, checkpointed {checkpointed}: peak {(torch.cuda.max_memory_allocated() - base) / 1e9:.3f} GB, "
+          f"held after the step beyond the gradients {(torch.cuda.memory_allocated() - base - grads) / 1e9:.3f} GB, "
+          f"paths {[m.last_stats()['path'] for m in mods[:2]]}", flush=True)
 PY
 echo "rc $?" >> $O/ffn_memory.txt; cat $O/ffn_memory.txt
 timeout $(left 120) $B/twell bench ffn --backend cuda -M 16384 -M 131072 -d 0.005 -d 0.01 --json $O/ffn.json \
