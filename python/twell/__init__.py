@@ -188,26 +188,20 @@ def _device(device):
 
 
 class _CudaRunner:
-    """An FfnForward on one GPU, on memory of its _Device, grown with the token count: for inference the shared
-    forward workspace; in training a workspace of each forward's own, which the backward reads and which lives
-    as long as the forward's autograd graph (`pending`, emptied by the finalizer of the generation tensor the
-    graph saves), so that nothing is held between steps and activation checkpointing frees it.
+    """An inference FfnForward on one GPU, on its _Device's shared forward workspace, grown with the token count.
 
     Calls may come from any stream and thread: the device's lock and order serialise them. `lock` guards
     the handle alone (statistics wait for the GPU under it, not under the device's); it is taken after the
     device's.
     """
 
-    def __init__(self, device, hidden, ffn, gated, training, dispatch, precision):
+    def __init__(self, device, hidden, ffn, gated, dispatch, precision):
         self.device, self.hidden, self.ffn, self.gated = device, hidden, ffn, gated
-        self.training, self.dispatch, self.precision = training, dispatch, precision
+        self.dispatch, self.precision = dispatch, precision
         self.shared = _device(device)
         self.lock = threading.Lock()
         self.handle, self.memory, self.lt, self.max_tokens, self.kept_stats = None, None, None, 0, None
-        self.nbytes = 0
-        self.generation = 0  # of the last forward (training) or of the handle (inference); a backward finds its runner by it
-        self.handle_from = 0  # training: the generations of the current handle's forwards are above it
-        self.pending = {}  # training: generation -> the workspace its forward wrote, while its graph lives
+        self.generation = next(_generations)  # what the op returns (inference has no backward)
 
     def _reserve(self, tokens):
         """With the device's lock and ours held, on the call's device and stream."""
@@ -216,20 +210,18 @@ class _CudaRunner:
         tokens = max(-(-tokens // 4096) * 4096, self.max_tokens)  # multiples of 4096 tokens: fewer rebuilds
         self._release()
         lt = self.shared.take_lt()
-        config = _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, self.training, self.dispatch,
+        config = _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, False, self.dispatch,
                                            self.precision, lt.data_ptr(), lt.numel())
         nbytes = _capi.CudaFfn.workspace_bytes(config)
-        memory = self.shared.new(nbytes) if self.training else self.shared.take_forward(nbytes, self)
+        memory = self.shared.take_forward(nbytes, self)
         self.handle = _capi.CudaFfn(config, memory.data_ptr(), nbytes)
         self.shared.used = True
-        self.memory, self.lt, self.max_tokens, self.kept_stats, self.nbytes = memory, lt, tokens, None, nbytes
-        self.generation = next(_generations)  # unique in the process: a backward finds its forward's runner by it
-        self.handle_from = self.generation
+        self.memory, self.lt, self.max_tokens, self.kept_stats = memory, lt, tokens, None
 
     def _release(self):
         """With our lock held."""
         if self.handle is not None:
-            self.handle.close()  # its own buffers (the backward's) are freed here
+            self.handle.close()
         self.handle, self.memory, self.lt, self.max_tokens, self.kept_stats = None, None, None, 0, None
 
     def let_go(self):
@@ -240,17 +232,6 @@ class _CudaRunner:
                 stats, size = self.handle.last_stats(), self.max_tokens
                 self._release()
                 self.kept_stats, self.max_tokens = stats, size
-
-    def forget(self, generation):
-        """The graph of a training forward is gone: its workspace goes back to PyTorch (from any thread; a
-        dict's pop needs no lock)."""
-        self.pending.pop(generation, None)
-
-    def _order(self, memory):
-        """The current stream, made to wait for the stream of the device's call before."""
-        stream = _torch().cuda.current_stream(self.device)
-        self.shared.order(stream, (memory, self.lt))
-        return stream
 
     def reserve(self, tokens):
         """Sizes the workspace for calls of up to `tokens` tokens now, not at the first larger call."""
@@ -267,57 +248,140 @@ class _CudaRunner:
         torch = _torch()
         with self.shared.lock, self.lock, torch.cuda.device(self.device):
             self._reserve(x.shape[0])
-            memory = self.memory
-            if self.training:  # a workspace of this forward's own: the one the handle was built on, else a new one
-                self.memory = None  # held by `pending` from here on, not by the runner
-                if memory is None:
-                    memory = self.shared.new(self.nbytes)
-                    self.handle.use_workspace(memory.data_ptr(), self.nbytes)
-            stream = self._order(memory)
+            stream = torch.cuda.current_stream(self.device)
+            self.shared.order(stream, (self.memory, self.lt))
             y = torch.empty_like(x)
-            try:
-                self.handle.forward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(y, "y"),
-                                    stream.cuda_stream)
-            except TwellError:
-                last = self.pending.get(self.generation) if self.training else None
-                if last is not None:  # refused before any work: the last forward's state is still there
-                    self.handle.use_workspace(last.data_ptr(), self.nbytes)
-                raise
-            if self.training:
-                self.generation = next(_generations)
-                self.pending[self.generation] = memory
+            self.handle.forward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(y, "y"), stream.cuda_stream)
             return y, self.generation
-
-    def backward(self, x, wg, wu, wd, dy, l1_coeff, needed, generation):
-        torch = _torch()
-        with self.shared.lock, self.lock, torch.cuda.device(self.device):
-            if self.handle is None or generation < self.handle_from:
-                raise TwellError("twell.FFN backward: a later call with more tokens rebuilt the module's GPU workspace "
-                                 "and its forward state (pass max_tokens= to size it up front)")
-            memory = self.pending.get(self.generation)  # the state the handle holds is the last forward's
-            if memory is None:
-                raise TwellError(self.ANOTHER_FORWARD)
-            stream = self._order(memory)
-            grads = [torch.empty(t.shape, dtype=torch.float32, device=self.device) if (t is not None and need)
-                     else None for t, need in zip((x, wg, wu, wd), needed)]
-            try:
-                self.handle.backward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(dy, "dy"), l1_coeff,
-                                     *(_c(g, n) for g, n in zip(grads, ("dx", "dwg", "dwu", "dwd"))),
-                                     stream.cuda_stream)
-            except TwellError as e:
-                if "must be those of the last forward" in str(e):
-                    raise TwellError(self.ANOTHER_FORWARD) from e
-                raise
-            return grads
-
-    ANOTHER_FORWARD = ("twell.FFN backward: the module ran another forward (on other tokens) since the one this "
-                       "backward belongs to; an FFN keeps the state of its last forward only (call it once per "
-                       "backward, or on the same tensor)")
 
     @property
     def stats(self):
         with self.lock:
             return self.handle.last_stats() if self.handle is not None else self.kept_stats
+
+
+class _CudaTrainer:
+    """Training FfnForward objects on one GPU: each forward takes an idle one (or a new one) and a workspace of
+    its own from PyTorch's allocator, moved there (FfnForward::use_workspace), which the object's state and the
+    memory keep for the backward for as long as the forward's autograd graph lives (`live`, emptied by the
+    finalizer of the generation tensor the graph saves). So nothing is held between steps, activation
+    checkpointing holds one layer's at a time, and several forwards may await their backwards (micro-batches
+    of a pipeline schedule, two losses): each has its own object, as a graph has its own saved tensors.
+
+    Locks as _CudaRunner's. The finalizers run on any thread at any time: they only move an object from
+    `live` to `idle` (or `retired`, when the size has changed), which forward() then reuses (or closes).
+    """
+
+    def __init__(self, device, hidden, ffn, gated, dispatch, precision):
+        self.device, self.hidden, self.ffn, self.gated = device, hidden, ffn, gated
+        self.dispatch, self.precision = dispatch, precision
+        self.shared = _device(device)
+        self.lock = threading.Lock()
+        self.config, self.lt, self.max_tokens, self.nbytes = None, None, 0, 0
+        self.idle = []  # (object, max_tokens): no forward state anyone needs
+        self.live = {}  # generation -> (object, workspace, cuBLASLt workspace, max_tokens)
+        self.retired = []  # objects of an earlier size, closed by the next forward
+        self.last, self.kept_stats = None, None  # the object of the last forward (its statistics)
+
+    def _reserve(self, tokens):
+        """With the device's lock and ours held, on the call's device."""
+        if self.config is not None and tokens <= self.max_tokens:
+            return
+        tokens = max(-(-tokens // 4096) * 4096, self.max_tokens)  # multiples of 4096 tokens: fewer rebuilds
+        self._retire_idle()
+        lt = self.shared.take_lt()
+        self.config = _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, True, self.dispatch,
+                                                self.precision, lt.data_ptr(), lt.numel())
+        self.nbytes = _capi.CudaFfn.workspace_bytes(self.config)
+        self.lt, self.max_tokens = lt, tokens
+
+    def _retire_idle(self):
+        while self.idle:
+            self.retired.append(self.idle.pop()[0])
+
+    def _close_retired(self):
+        """With our lock held."""
+        while self.retired:
+            handle = self.retired.pop()
+            if handle is self.last:
+                self.kept_stats, self.last = handle.last_stats(), None
+            handle.close()
+
+    def forget(self, generation):
+        """The graph of a forward is gone (a finalizer: any thread, no locks; a dict's pop and a list's append
+        are atomic): its workspace goes back to PyTorch, its object becomes idle."""
+        _trainer_of.pop(generation, None)
+        entry = self.live.pop(generation, None)
+        if entry is not None:
+            handle, _, _, size = entry
+            if size == self.max_tokens:
+                self.idle.append((handle, size))
+            else:
+                self.retired.append(handle)
+
+    def reserve(self, tokens):
+        """Sizes the objects for calls of up to `tokens` tokens now, not at the first larger call."""
+        torch = _torch()
+        with self.shared.lock, self.lock, torch.cuda.device(self.device):
+            self._reserve(tokens)
+
+    def release(self):
+        """Closes the idle objects; those of forwards whose graphs live stay until the graphs go."""
+        torch = _torch()
+        with self.lock, torch.cuda.device(self.device):
+            self._retire_idle()
+            self._close_retired()
+            self.config, self.lt, self.max_tokens, self.nbytes = None, None, 0, 0
+
+    def forward(self, x, wg, wu, wd):
+        torch = _torch()
+        with self.shared.lock, self.lock, torch.cuda.device(self.device):
+            self._reserve(x.shape[0])
+            self._close_retired()
+            memory = self.shared.new(self.nbytes)
+            handle = None
+            while self.idle and handle is None:
+                candidate, size = self.idle.pop()
+                if size == self.max_tokens:
+                    handle = candidate
+                    handle.use_workspace(memory.data_ptr(), self.nbytes)
+                else:  # freed by a finalizer while the size changed
+                    self.retired.append(candidate)
+            if handle is None:
+                handle = _capi.CudaFfn(self.config, memory.data_ptr(), self.nbytes)
+                self.shared.used = True
+            stream = torch.cuda.current_stream(self.device)
+            self.shared.order(stream, (memory, self.lt))
+            y = torch.empty_like(x)
+            try:
+                handle.forward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(y, "y"), stream.cuda_stream)
+            except TwellError:
+                self.idle.append((handle, self.max_tokens))
+                raise
+            generation = next(_generations)
+            self.live[generation] = (handle, memory, self.lt, self.max_tokens)
+            self.last = handle
+            return y, generation
+
+    def backward(self, x, wg, wu, wd, dy, l1_coeff, needed, generation):
+        torch = _torch()
+        with self.shared.lock, self.lock, torch.cuda.device(self.device):
+            entry = self.live.get(generation)
+            if entry is None:  # its graph, which holds the generation, is calling: cannot happen
+                raise TwellError("twell.FFN backward: the state of its forward is gone (internal error)")
+            handle, memory, lt, _ = entry
+            stream = torch.cuda.current_stream(self.device)
+            self.shared.order(stream, (memory, lt))
+            grads = [torch.empty(t.shape, dtype=torch.float32, device=self.device) if (t is not None and need)
+                     else None for t, need in zip((x, wg, wu, wd), needed)]
+            handle.backward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(dy, "dy"), l1_coeff,
+                            *(_c(g, n) for g, n in zip(grads, ("dx", "dwg", "dwu", "dwd"))), stream.cuda_stream)
+            return grads
+
+    @property
+    def stats(self):
+        with self.lock:
+            return self.last.last_stats() if self.last is not None else self.kept_stats
 
 
 def _check_options(dispatch, precision):
@@ -458,15 +522,18 @@ class _FfnState:
         key = ("cpu", m.precision) if device.type == "cpu" else (device, training, m.dispatch, m.precision)
         with self.lock:  # two threads' first calls build one runner
             if key not in self.runners:
-                self.runners[key] = _CpuRunner(m.precision) if device.type == "cpu" else _CudaRunner(
-                    device, m.hidden, m.ffn, m.gated, training, m.dispatch, m.precision)
+                self.runners[key] = _CpuRunner(m.precision) if device.type == "cpu" else (
+                    _CudaTrainer if training else _CudaRunner)(device, m.hidden, m.ffn, m.gated, m.dispatch,
+                                                               m.precision)
             return self.runners[key]
 
     def runner_of(self, generation):
         """The runner that ran the forward of `generation`, or None where it is gone."""
+        trainer = _trainer_of.get(generation)  # a GPU forward whose graph lives, even after release()
+        if trainer is not None:
+            return trainer
         with self.lock:
-            return next((r for r in self.runners.values()
-                         if r.generation == generation or generation in getattr(r, "pending", ())), None)
+            return next((r for r in self.runners.values() if getattr(r, "generation", None) == generation), None)
 
     def release(self):
         with self.lock:
@@ -480,6 +547,7 @@ _states = weakref.WeakValueDictionary()  # number -> _FfnState
 _states_lock = threading.Lock()
 _random = random.SystemRandom()
 _generations = itertools.count(1)
+_trainer_of = {}  # generation -> the _CudaTrainer holding its forward's state (its finalizer takes it out)
 
 
 def _state(key, module_needed=True):
@@ -512,13 +580,14 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
         runner = st.runner(m, x.device, training)
         if x.shape[0] == 0:  # no tokens: nothing to run; the weights' gradients are zeros
             st.last = _NoTokens()
-            return x.new_empty((0, wd.shape[1])), torch.tensor(runner.generation, dtype=torch.int64, device="cpu")
+            return x.new_empty((0, wd.shape[1])), torch.tensor(0, dtype=torch.int64, device="cpu")
         if x.is_cuda and m.max_tokens > x.shape[0]:
             runner.reserve(m.max_tokens)
         y, generation = runner.forward(x, wg, wu, wd)
         st.last = runner  # after the call: a refused one leaves no stale stats
         key = torch.tensor(generation, dtype=torch.int64, device="cpu")
-        if x.is_cuda and training:  # the forward's workspace lives as long as this tensor (its graph saves it)
+        if isinstance(runner, _CudaTrainer):  # the forward's state lives as long as this tensor (its graph saves it)
+            _trainer_of[generation] = runner
             weakref.finalize(key, runner.forget, generation)
         return y, key
 
@@ -540,9 +609,7 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
         else:
             runner = st.runner_of(int(generation))
             if runner is None:
-                raise TwellError("twell.FFN backward: the state of its forward is gone: a later call with more tokens "
-                                 "rebuilt the module's GPU workspace (pass max_tokens= to size it up front), or "
-                                 "release_workspace() freed it")
+                raise TwellError("twell.FFN backward: the state of its forward is gone")
             grads = runner.backward(x, wg, wu, wd, dy.to(x.dtype).contiguous(),
                                     l1_coefficient(st.l1, x.shape[0], st.layers), needed, int(generation))
         return [g.to(t.dtype) if need else x.new_empty(0) for g, t, need in zip(grads, inputs, needed)]
@@ -614,7 +681,7 @@ def _functional_ffn(x, wg, wu, wd, precision, dispatch):
             runner = _functional_runners.get(key)
             if runner is None:
                 runner = _functional_runners[key] = _CudaRunner(x.device, wu.shape[1], wu.shape[0], wg is not None,
-                                                                False, dispatch, precision)
+                                                                dispatch, precision)
     else:
         runner = _CpuRunner(precision)
     with torch.no_grad():
@@ -692,17 +759,17 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         the active set; its value is not computed. It is added once per backward, not scaled with the
         loss: with a loss divided over accumulation steps or scaled by a GradScaler, scale λ alike.
 
-        On the GPU each module holds an FfnForward per mode (training, inference), dispatched on the
-        density of its own previous call. Their workspaces come from PyTorch's allocator, sized by
-        `max_tokens` up front or else by the largest call so far (in multiples of 4096 tokens): in
-        training ~3.4 · tokens · I · 2 bytes a forward, which its backward reads and which lives as long as
-        its autograd graph (so nothing is held between steps, and under activation checkpointing one
-        layer's at a time), for inference as much, shared by all the device's FFNs (and ffn_forward's),
-        sized for the largest, with one 64 MiB cuBLASLt workspace for all; the backward's scratch
-        comes from a pool all share, its transpose of the active set is each module's own.
-        release_workspace() lets them go (shared memory goes with the last module using it). A backward
-        needs the module's last forward (the same tensor, as under activation checkpointing, is fine);
-        otherwise it refuses with a message. There is no double backward:
+        On the GPU each module runs FfnForward objects, dispatched on the density of their previous call:
+        one for inference, and in training one for each forward awaiting its backward (reused once the
+        forward's graph is gone). Their workspaces come from PyTorch's allocator, sized by `max_tokens` up
+        front or else by the largest call so far (in multiples of 4096 tokens): in training ~3.4 · tokens ·
+        I · 2 bytes a forward, which its backward reads and which lives as long as its autograd graph (as
+        saved activations do: nothing held between steps, one layer's at a time under activation
+        checkpointing, one a micro-batch where several forwards await their backwards), for inference as
+        much, shared by all the device's FFNs (and ffn_forward's), sized for the largest, with one 64 MiB
+        cuBLASLt workspace for all; the backward's scratch comes from a pool all share, its transpose of
+        the active set is each object's own. release_workspace() lets them go (shared memory goes with
+        the last module using it; a forward's goes with its graph). There is no double backward:
         differentiating through the FFN's gradients (create_graph=True) raises. The module runs as the
         custom operators twell::ffn and twell::ffn_backward, which torch.compile (fullgraph) and
         torch.export take whole.
