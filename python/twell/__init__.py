@@ -260,6 +260,28 @@ class _CudaRunner:
             return self.handle.last_stats() if self.handle is not None else self.kept_stats
 
 
+class _Lease:
+    """The autograd node's hold on its training forward's state (eager mode), beside the generation tensor's:
+    a saved-tensor hook that copies saved tensors (torch.autograd.graph.save_on_cpu) lets that tensor go at
+    once, and the node's hold keeps the state until the backward has run (or the graph has gone)."""
+
+    def __init__(self, trainer, generation):
+        trainer.hold(generation, "node")
+        self.release = weakref.finalize(self, trainer.forget, generation, "node")  # idempotent
+
+
+def _saved_tensors_may_be_copied():
+    """Whether a saved-tensor hook is on that may let the generation tensor go before the backward needs the
+    state (save_on_cpu copies it). Activation checkpointing's own hook drops it on purpose (its backward gets
+    the recomputed forward's), so there the forward's state goes at once; where the hooks cannot be read,
+    any hook is taken for one that copies (correct, but checkpointing then keeps each forward's state)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    hooks = top(True) if top is not None else ()
+    if hooks is None:
+        return False
+    return not hooks or not getattr(hooks[0], "__qualname__", "").startswith("_checkpoint_hook.")
+
+
 class _CudaTrainer:
     """Training FfnForward objects on one GPU: each forward takes an idle one (or a new one) and a workspace of
     its own from PyTorch's allocator, moved there (FfnForward::use_workspace), which the object's state and the
@@ -307,17 +329,32 @@ class _CudaTrainer:
                 self.kept_stats, self.last = handle.last_stats(), None
             handle.close()
 
-    def forget(self, generation):
-        """The graph of a forward is gone (a finalizer: any thread, no locks; a dict's pop and a list's append
-        are atomic): its workspace goes back to PyTorch, its object becomes idle."""
-        _trainer_of.pop(generation, None)
-        entry = self.live.pop(generation, None)
+    def adopt(self, generation, key):
+        """The forward of `generation` is held by the generation tensor `key` (its graph saves it)."""
+        _trainer_of[generation] = self
+        weakref.finalize(key, self.forget, generation, "key")
+
+    def hold(self, generation, holder):
+        entry = self.live.get(generation)
         if entry is not None:
-            handle, _, _, size = entry
-            if size == self.max_tokens:
-                self.idle.append((handle, size))
-            else:
-                self.retired.append(handle)
+            entry[4].add(holder)
+
+    def forget(self, generation, holder):
+        """`holder` lets the forward's state go (finalizers: any thread, no locks; a set's discard, a dict's pop
+        and a list's append are atomic). With the last one its workspace goes back to PyTorch and its object
+        becomes idle."""
+        entry = self.live.get(generation)
+        if entry is None:
+            return
+        entry[4].discard(holder)
+        if entry[4] or self.live.pop(generation, None) is None:  # held still, or let go by another thread
+            return
+        _trainer_of.pop(generation, None)
+        handle, _, _, size, _ = entry
+        if size == self.max_tokens:
+            self.idle.append((handle, size))
+        else:
+            self.retired.append(handle)
 
     def reserve(self, tokens):
         """Sizes the objects for calls of up to `tokens` tokens now, not at the first larger call."""
@@ -359,7 +396,7 @@ class _CudaTrainer:
                 self.idle.append((handle, self.max_tokens))
                 raise
             generation = next(_generations)
-            self.live[generation] = (handle, memory, self.lt, self.max_tokens)
+            self.live[generation] = (handle, memory, self.lt, self.max_tokens, {"key"})
             self.last = handle
             return y, generation
 
@@ -367,9 +404,11 @@ class _CudaTrainer:
         torch = _torch()
         with self.shared.lock, self.lock, torch.cuda.device(self.device):
             entry = self.live.get(generation)
-            if entry is None:  # its graph, which holds the generation, is calling: cannot happen
-                raise TwellError("twell.FFN backward: the state of its forward is gone (internal error)")
-            handle, memory, lt, _ = entry
+            if entry is None:
+                raise TwellError("twell.FFN backward: the state of its forward is gone: a saved-tensor hook copied "
+                                 "the graph's saved tensors (as save_on_cpu does) and its backward has run already "
+                                 "(a second backward of such a graph, retain_graph=True, is not supported)")
+            handle, memory, lt, _, _ = entry
             stream = torch.cuda.current_stream(self.device)
             self.shared.order(stream, (memory, lt))
             grads = [torch.empty(t.shape, dtype=torch.float32, device=self.device) if (t is not None and need)
@@ -585,10 +624,14 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
             runner.reserve(m.max_tokens)
         y, generation = runner.forward(x, wg, wu, wd)
         st.last = runner  # after the call: a refused one leaves no stale stats
-        key = torch.tensor(generation, dtype=torch.int64, device="cpu")
-        if isinstance(runner, _CudaTrainer):  # the forward's state lives as long as this tensor (its graph saves it)
-            _trainer_of[generation] = runner
-            weakref.finalize(key, runner.forget, generation)
+        if not isinstance(runner, _CudaTrainer):
+            return y, torch.tensor(generation, dtype=torch.int64, device="cpu")
+        try:
+            key = torch.tensor(generation, dtype=torch.int64, device="cpu")
+        except BaseException:
+            runner.forget(generation, "key")
+            raise
+        runner.adopt(generation, key)  # the forward's state lives as long as this tensor (its graph saves it)
         return y, key
 
     @_ffn_op.register_fake
@@ -624,11 +667,17 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
         ctx.save_for_backward(x, wg, wu, wd, output[1], state)
         if type(state) is torch.Tensor and not torch.compiler.is_compiling():
             ctx.keep = _states.get(int(state))  # eager: the graph keeps the state (runners, l1) for the backward
+            trainer = _trainer_of.get(int(output[1]))
+            if trainer is not None and _saved_tensors_may_be_copied():
+                ctx.lease = _Lease(trainer, int(output[1]))
 
     def _ffn_gradients(ctx, dy, _):
         x, wg, wu, wd, generation, state = ctx.saved_tensors
         needed = list(ctx.needs_input_grad[:4])
         grads = torch.ops.twell.ffn_backward(x, wg, wu, wd, dy, generation, state, needed)
+        lease = getattr(ctx, "lease", None)
+        if lease is not None:
+            lease.release()
         return tuple(g if need else None for g, need in zip(grads, needed)) + (None, None)
 
     def _no_double_backward(ctx, *grads):

@@ -849,6 +849,8 @@ TwellMatrix FfnForward::download_activation(cudaStream_t stream) const {
   impl_->collect_counts(true);
   TWELL_REQUIRE(impl_->stats.path == FfnPath::sparse, "FfnForward: the last call took the ",
               to_string(impl_->stats.path), " path and packed nothing");
+  TWELL_REQUIRE(impl_->base == impl_->forward_base, "FfnForward::download_activation: use_workspace() moved the "
+                "workspace since the last forward(), whose matrix is in the old memory");
   TwellMatrix m = impl_->act.download(stream);
   const TwellLayout l{impl_->stats.tokens, impl_->shape.ffn, impl_->options.tile, impl_->options.compression};
   m.layout = l;

@@ -223,10 +223,11 @@ class FfnForward {
   // required_workspace_bytes, 256-byte aligned, apart from cublaslt_workspace); the object's own, if
   // it had one, is freed (cudaFree: the device synchronises). Host work only: nothing is copied, the
   // next call writes what it reads there first. The last forward's state stays in the old memory: a
-  // backward() needs a forward() since, or the move back (it throws, saying so). The old memory must
-  // stay valid until the work queued on it has finished; the same memory again changes nothing. With
-  // it a framework gives each training forward memory that lives as long as its autograd graph
-  // (twell.FFN does), rather than the object holding it between steps.
+  // backward() (and download_activation()) needs a forward() since, or the move back to the caller's
+  // memory it was in (it throws, saying so). The old memory must stay valid until the work queued on
+  // it has finished; the same memory again changes nothing. With it a framework gives each training
+  // forward memory that lives as long as its autograd graph (twell.FFN does), rather than the object
+  // holding it between steps.
   void use_workspace(void* workspace, size_t workspace_bytes);
   ~FfnForward();
   FfnForward(FfnForward&&) noexcept;
