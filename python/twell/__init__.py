@@ -260,28 +260,6 @@ class _CudaRunner:
             return self.handle.last_stats() if self.handle is not None else self.kept_stats
 
 
-class _Lease:
-    """The autograd node's hold on its training forward's state (eager mode), beside the generation tensor's:
-    a saved-tensor hook that copies saved tensors (torch.autograd.graph.save_on_cpu) lets that tensor go at
-    once, and the node's hold keeps the state until the backward has run (or the graph has gone)."""
-
-    def __init__(self, trainer, generation):
-        trainer.hold(generation, "node")
-        self.release = weakref.finalize(self, trainer.forget, generation, "node")  # idempotent
-
-
-def _saved_tensors_may_be_copied():
-    """Whether a saved-tensor hook is on that may let the generation tensor go before the backward needs the
-    state (save_on_cpu copies it). Activation checkpointing's own hook drops it on purpose (its backward gets
-    the recomputed forward's), so there the forward's state goes at once; where the hooks cannot be read,
-    any hook is taken for one that copies (correct, but checkpointing then keeps each forward's state)."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    hooks = top(True) if top is not None else ()
-    if hooks is None:
-        return False
-    return not hooks or not getattr(hooks[0], "__qualname__", "").startswith("_checkpoint_hook.")
-
-
 class _CudaTrainer:
     """Training FfnForward objects on one GPU: each forward takes an idle one (or a new one) and a workspace of
     its own from PyTorch's allocator, moved there (FfnForward::use_workspace), which the object's state and the
@@ -332,25 +310,16 @@ class _CudaTrainer:
     def adopt(self, generation, key):
         """The forward of `generation` is held by the generation tensor `key` (its graph saves it)."""
         _trainer_of[generation] = self
-        weakref.finalize(key, self.forget, generation, "key")
+        weakref.finalize(key, self.forget, generation)
 
-    def hold(self, generation, holder):
-        entry = self.live.get(generation)
-        if entry is not None:
-            entry[4].add(holder)
-
-    def forget(self, generation, holder):
-        """`holder` lets the forward's state go (finalizers: any thread, no locks; a set's discard, a dict's pop
-        and a list's append are atomic). With the last one its workspace goes back to PyTorch and its object
-        becomes idle."""
-        entry = self.live.get(generation)
+    def forget(self, generation):
+        """The forward's graph is gone (a finalizer: any thread, no locks; a dict's pop and a list's append are
+        atomic): its workspace goes back to PyTorch, its object becomes idle."""
+        _trainer_of.pop(generation, None)
+        entry = self.live.pop(generation, None)
         if entry is None:
             return
-        entry[4].discard(holder)
-        if entry[4] or self.live.pop(generation, None) is None:  # held still, or let go by another thread
-            return
-        _trainer_of.pop(generation, None)
-        handle, _, _, size, _ = entry
+        handle, _, _, size = entry
         if size == self.max_tokens:
             self.idle.append((handle, size))
         else:
@@ -396,7 +365,7 @@ class _CudaTrainer:
                 self.idle.append((handle, self.max_tokens))
                 raise
             generation = next(_generations)
-            self.live[generation] = (handle, memory, self.lt, self.max_tokens, {"key"})
+            self.live[generation] = (handle, memory, self.lt, self.max_tokens)
             self.last = handle
             return y, generation
 
@@ -405,17 +374,25 @@ class _CudaTrainer:
         with self.shared.lock, self.lock, torch.cuda.device(self.device):
             entry = self.live.get(generation)
             if entry is None:
-                raise TwellError("twell.FFN backward: the state of its forward is gone: a saved-tensor hook copied "
-                                 "the graph's saved tensors (as save_on_cpu does) and its backward has run already "
-                                 "(a second backward of such a graph, retain_graph=True, is not supported)")
-            handle, memory, lt, _, _ = entry
+                raise TwellError(self.MOVED)
+            handle, memory, lt, _ = entry
             stream = torch.cuda.current_stream(self.device)
             self.shared.order(stream, (memory, lt))
             grads = [torch.empty(t.shape, dtype=torch.float32, device=self.device) if (t is not None and need)
                      else None for t, need in zip((x, wg, wu, wd), needed)]
-            handle.backward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(dy, "dy"), l1_coeff,
-                            *(_c(g, n) for g, n in zip(grads, ("dx", "dwg", "dwu", "dwd"))), stream.cuda_stream)
+            try:
+                handle.backward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(dy, "dy"), l1_coeff,
+                                *(_c(g, n) for g, n in zip(grads, ("dx", "dwg", "dwu", "dwd"))), stream.cuda_stream)
+            except TwellError as e:
+                if "must be those of the last forward" in str(e):
+                    raise TwellError(self.MOVED) from e
+                raise
             return grads
+
+    MOVED = ("twell.FFN backward: the tensors its forward saw, or the state the forward left for it, are gone: a "
+             "saved-tensor hook (torch.autograd.graph.save_on_cpu, an offloading wrapper) moved or copied what the "
+             "graph saved. The GPU backward reads state tied to the forward's own tensors; such hooks are not "
+             "supported (activation checkpointing is)")
 
     @property
     def stats(self):
@@ -629,7 +606,7 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
         try:
             key = torch.tensor(generation, dtype=torch.int64, device="cpu")
         except BaseException:
-            runner.forget(generation, "key")
+            runner.forget(generation)
             raise
         runner.adopt(generation, key)  # the forward's state lives as long as this tensor (its graph saves it)
         return y, key
@@ -667,17 +644,11 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
         ctx.save_for_backward(x, wg, wu, wd, output[1], state)
         if type(state) is torch.Tensor and not torch.compiler.is_compiling():
             ctx.keep = _states.get(int(state))  # eager: the graph keeps the state (runners, l1) for the backward
-            trainer = _trainer_of.get(int(output[1]))
-            if trainer is not None and _saved_tensors_may_be_copied():
-                ctx.lease = _Lease(trainer, int(output[1]))
 
     def _ffn_gradients(ctx, dy, _):
         x, wg, wu, wd, generation, state = ctx.saved_tensors
         needed = list(ctx.needs_input_grad[:4])
         grads = torch.ops.twell.ffn_backward(x, wg, wu, wd, dy, generation, state, needed)
-        lease = getattr(ctx, "lease", None)
-        if lease is not None:
-            lease.release()
         return tuple(g if need else None for g, need in zip(grads, needed)) + (None, None)
 
     def _no_double_backward(ctx, *grads):
