@@ -628,8 +628,9 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
             grads = [torch.zeros_like(t) if need else None for t, need in zip(inputs, needed)]
         else:
             runner = st.runner_of(int(generation))
-            if runner is None:
-                raise TwellError("twell.FFN backward: the state of its forward is gone")
+            if runner is None:  # its forward's graph held it: the generation tensor it saved was copied
+                raise TwellError(_CudaTrainer.MOVED if x.is_cuda else "twell.FFN backward: the state of its forward "
+                                 "is gone")
             grads = runner.backward(x, wg, wu, wd, dy.to(x.dtype).contiguous(),
                                     l1_coefficient(st.l1, x.shape[0], st.layers), needed, int(generation))
         return [g.to(t.dtype) if need else x.new_empty(0) for g, t, need in zip(grads, inputs, needed)]
