@@ -247,6 +247,7 @@ class _CudaRunner:
     def forward(self, x, wg, wu, wd):
         torch = _torch()
         with self.shared.lock, self.lock, torch.cuda.device(self.device):
+            _capi.reap()
             self._reserve(x.shape[0])
             stream = torch.cuda.current_stream(self.device)
             self.shared.order(stream, (self.memory, self.lt))
@@ -342,6 +343,7 @@ class _CudaTrainer:
     def forward(self, x, wg, wu, wd):
         torch = _torch()
         with self.shared.lock, self.lock, torch.cuda.device(self.device):
+            _capi.reap()
             self._reserve(x.shape[0])
             self._close_retired()
             memory = self.shared.new(self.nbytes)
@@ -350,18 +352,18 @@ class _CudaTrainer:
                 candidate, size = self.idle.pop()
                 if size == self.max_tokens:
                     handle = candidate
-                    handle.use_workspace(memory.data_ptr(), self.nbytes)
                 else:  # freed by a finalizer while the size changed
                     self.retired.append(candidate)
             if handle is None:
                 handle = _capi.CudaFfn(self.config, memory.data_ptr(), self.nbytes)
                 self.shared.used = True
-            stream = torch.cuda.current_stream(self.device)
-            self.shared.order(stream, (memory, self.lt))
-            y = torch.empty_like(x)
             try:
+                handle.use_workspace(memory.data_ptr(), self.nbytes)  # (a new object is there already)
+                stream = torch.cuda.current_stream(self.device)
+                self.shared.order(stream, (memory, self.lt))
+                y = torch.empty_like(x)
                 handle.forward(_c(x, "x"), _c(wg, "wg"), _c(wu, "wu"), _c(wd, "wd"), _c(y, "y"), stream.cuda_stream)
-            except TwellError:
+            except BaseException:  # refused, out of memory, interrupted: the object has no state anyone needs
                 self.idle.append((handle, self.max_tokens))
                 raise
             generation = next(_generations)
@@ -389,10 +391,11 @@ class _CudaTrainer:
                 raise
             return grads
 
-    MOVED = ("twell.FFN backward: the tensors its forward saw, or the state the forward left for it, are gone: a "
-             "saved-tensor hook (torch.autograd.graph.save_on_cpu, an offloading wrapper) moved or copied what the "
-             "graph saved. The GPU backward reads state tied to the forward's own tensors; such hooks are not "
-             "supported (activation checkpointing is)")
+    MOVED = ("twell.FFN backward: x or a weight is not in the memory its forward read, or the state the forward "
+             "left for it is gone: a saved-tensor hook (torch.autograd.graph.save_on_cpu, an offloading wrapper) "
+             "moved or copied what the graph saved, or a weight's storage was reallocated (FSDP resharding). The "
+             "GPU backward reads state tied to the forward's own tensors; such hooks and resharding between "
+             "forward and backward are not supported (activation checkpointing is)")
 
     @property
     def stats(self):
@@ -516,8 +519,8 @@ def _check_shapes(x, wg, wu, wd):
 
 
 class _FfnState:
-    """What a twell.FFN holds besides its parameters: its runners (on the GPU an FfnForward per device and
-    mode) and the one that ran last. Its ops (twell::ffn, twell::ffn_backward) find it by its key, a
+    """What a twell.FFN holds besides its parameters: its runners (on the GPU a _CudaRunner for inference and a
+    _CudaTrainer for training per device and options) and the one that ran last. Its ops (twell::ffn, twell::ffn_backward) find it by its key, a
     0-d int64 CPU tensor holding a random number: what torch.compile and torch.export see of a call is
     tensors and a flag, so layers share compiled code (an integer would be compiled in, one graph a
     layer), and a program exported from another process finds no state rather than another's."""
@@ -591,7 +594,8 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
     def _ffn_op(x: torch.Tensor, wg: Optional[torch.Tensor], wu: torch.Tensor, wd: torch.Tensor, state: torch.Tensor,
                 training: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         """y [M, H] = the FFN of x [M, H] (contiguous) for the twell.FFN whose _FfnState has the key `state`,
-        and the generation of the runner that ran it (its backward finds that runner by it)."""
+        and the call's generation: its backward finds the runner and, on the GPU, the forward's state by it
+        (which the tensor keeps: the graph that saves it holds that state)."""
         st, m = _state(state)
         runner = st.runner(m, x.device, training)
         if x.shape[0] == 0:  # no tokens: nothing to run; the weights' gradients are zeros
@@ -785,8 +789,9 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         forward's graph is gone). Their workspaces come from PyTorch's allocator, sized by `max_tokens` up
         front or else by the largest call so far (in multiples of 4096 tokens): in training ~3.4 · tokens ·
         I · 2 bytes a forward, which its backward reads and which lives as long as its autograd graph (as
-        saved activations do: nothing held between steps, one layer's at a time under activation
-        checkpointing, one a micro-batch where several forwards await their backwards), for inference as
+        saved activations do: no workspace held between steps, one layer's at a time under activation
+        checkpointing, one a micro-batch where several forwards await their backwards; an idle object keeps
+        its sparse backward's transpose, ~24 bytes a non-zero, outside PyTorch's allocator), for inference as
         much, shared by all the device's FFNs (and ffn_forward's), sized for the largest, with one 64 MiB
         cuBLASLt workspace for all; the backward's scratch comes from a pool all share, its transpose of
         the active set is each object's own. release_workspace() lets them go (shared memory goes with

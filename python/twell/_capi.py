@@ -310,7 +310,21 @@ class CudaFfn:
         self.handle = None
 
     def __del__(self):
+        # Not destroyed here: the collector may run on any thread at any time, e.g. while another thread
+        # captures a CUDA graph (the destructor frees device memory). reap() does it at twell's next call.
+        if getattr(self, "handle", None) is not None and self.handle.value:
+            _graveyard.append(self.handle)
+        self.handle = None
+
+
+_graveyard = []  # handles of CudaFfn objects collected without close(): destroyed by reap()
+
+
+def reap():
+    """Destroys the handles whose objects were collected (called by twell's GPU calls, under a device's lock)."""
+    while _graveyard:
         try:
-            self.close()
-        except Exception:  # at interpreter exit the library may be gone already
-            pass
+            handle = _graveyard.pop()
+        except IndexError:  # another thread took the last
+            return
+        lib.twell_cuda_ffn_destroy(handle)

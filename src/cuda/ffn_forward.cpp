@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "cuda/cublaslt_gemm.h"
@@ -35,15 +36,16 @@ struct FfnForward::Impl {
   DeviceBuffer row_nnz, heavy_rows;  // per-row counts and the heavy-row list (RowCounts)
   DeviceBuffer gate_workspace;       // the fused gate+pack GEMM's (CUTLASS tile scheduler)
   // The backward's workspace, allocated on its first call: the transpose of the active set (sized
-  // by the forward's non-zero count, grown as needed), which the side stream writes. (dg and du
-  // beside the format, ~4.5 · M · I bytes, and the dense path's ~8 · M · I are StreamScratch: one
-  // call's, on its stream, shared with the other objects.)
+  // by the forward's non-zero count, grown as needed) and the dW pass's plan, which the side stream
+  // writes. (dg and du beside the format, ~4.5 · M · I bytes, the dW pass's partial sums, ~100 MB at
+  // H = 2048, and the dense path's ~8 · M · I are StreamScratch: one call's, on its stream, shared
+  // with the other objects.)
   struct Backward {
     DeviceBuffer row_start, col_start, keys, pairs, keys_sorted, pairs_sorted, temp;
-    DeviceBuffer dw_plan, dw_scratch;  // the dW pass's plan and split neurons' partial sums
+    DeviceBuffer dw_plan;  // the dW pass's plan
     size_t bytes() const {
       return row_start.bytes() + col_start.bytes() + keys.bytes() + pairs.bytes() + keys_sorted.bytes() +
-             pairs_sorted.bytes() + temp.bytes() + dw_plan.bytes() + dw_scratch.bytes();
+             pairs_sorted.bytes() + temp.bytes() + dw_plan.bytes();
     }
   } bwd;
   // Gather path (M <= gather_tokens): the ranges' partial sums.
@@ -529,6 +531,9 @@ struct FfnForward::Impl {
     // stream's transpose reads the format only), so scratch of this call.
     const size_t u_bytes = static_cast<size_t>(twell_u_size(act.view())) * 2;
     StreamScratch dg_vals(u_bytes, stream), du_vals(u_bytes, stream);
+    // The dW pass's partial sums of split neurons: written and read on `stream` alone, after the join.
+    // Sized by the forward's non-zero count, known once need_dw has waited for it below.
+    std::optional<StreamScratch> dw_scratch;
     SparseBackwardArgs a;
     a.act = act_view(M);
     a.rows = {row_nnz.as<uint32_t>(), heavy_rows.as<uint32_t>(), &dev()->heavy_count};
@@ -561,9 +566,9 @@ struct FfnForward::Impl {
       for (DeviceBuffer* b : {&bwd.pairs, &bwd.pairs_sorted}) grow(*b, 2 * n);
       grow(bwd.temp, std::max<size_t>(twell_backward_temp_bytes(stats.nnz, M, I), 16));
       grow(bwd.dw_plan, twell_dw_plan_words(stats.nnz, I) * 4);
-      grow(bwd.dw_scratch, twell_dw_scratch_bytes(stats.nnz, H));
+      dw_scratch.emplace(twell_dw_scratch_bytes(stats.nnz, H), stream);
       a.dw_plan = bwd.dw_plan.as<uint32_t>();
-      a.dw_scratch = bwd.dw_scratch.as<float>();
+      a.dw_scratch = dw_scratch->as<float>();
       a.row_start = bwd.row_start.as<uint32_t>();
       a.col_start = bwd.col_start.as<uint32_t>();
       a.keys = bwd.keys.as<uint32_t>();

@@ -196,11 +196,12 @@ struct FfnStats {
 // FfnOptions::cublaslt_workspace shares the caller's instead). FfnOptions::training keeps the
 // dense path's h apart from u, in the same region (no more memory where the TwELL kernels take the
 // shape, since u and h are smaller than the TwELL path's buffers). backward() takes its scratch (dg and
-// du beside the format, ~4.5 · max_tokens · I bytes; the dense path's ~8 · M · I) from the device's
-// stream-ordered pool (StreamScratch, twell/cuda/runtime.h: shared by all objects, holding the
-// largest call's need until release_scratch()), and keeps the transpose of the active set, which
-// grows with the largest M and non-zero count seen so far: a call that needs more frees and
-// reallocates it (cudaFree synchronises the device).
+// du beside the format, ~4.5 · max_tokens · I bytes, and the dW pass's partial sums, up to ~100 MB at
+// H = 2048; the dense path's ~8 · M · I) from the device's stream-ordered pool (StreamScratch,
+// twell/cuda/runtime.h: shared by all objects, holding the largest call's need until
+// release_scratch()), and keeps the transpose of the active set and the dW pass's plan (~24 bytes a
+// non-zero, and the sort's temporary), which grow with the largest M and non-zero count seen so far:
+// a call that needs more frees and reallocates them (cudaFree synchronises the device).
 class FfnForward {
  public:
   FfnForward(const FfnShape& shape, const FfnOptions& options = {});
