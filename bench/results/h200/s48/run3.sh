@@ -1,0 +1,17 @@
+#!/bin/bash
+# A/B on one GPU: the training step (forward + backward) of 68cbfaf (the session's start) against this
+# session's build (ba038b3: the workspace region, use_workspace, the dW partial sums as scratch),
+# alternated twice, M = 16384 and 131072 at 0.5% uniform. Binaries: out/old.tar.xz (old/twell) and
+# out/b9.tar.xz (n2/twell). Prediction: the same times within noise (only where buffers sit changed).
+set -u
+cd "$(dirname "$0")/../../../.."
+tar xJf out/b9.tar.xz -C out && tar xJf out/old.tar.xz -C out
+O=$OUT/s48ab; mkdir -p $O; cp "$0" $O/run3.sh
+for r in 1 2; do
+  for v in old n2; do
+    timeout 100 out/$v/twell bench ffn --backend cuda --train -M 16384 -M 131072 -d 0.005 --distribution uniform \
+      --json $O/train_${v}_$r.json > $O/train_${v}_$r.txt 2>&1
+    echo "== $v round $r rc $?"; grep -E "^(16384|131072) .*(dense_cublas|twell ) " $O/train_${v}_$r.txt
+  done
+done
+cd $OUT && tar cJf results.tar.xz s48ab && rm -rf s48ab
