@@ -187,19 +187,38 @@ def _device(device):
         return _devices.setdefault(device, _Device(device))
 
 
-class _CudaRunner:
-    """An inference FfnForward on one GPU, on its _Device's shared forward workspace, grown with the token count.
-
-    Calls may come from any stream and thread: the device's lock and order serialise them. `lock` guards
-    the handle alone (statistics wait for the GPU under it, not under the device's); it is taken after the
-    device's.
-    """
+class _GpuRunner:
+    """What the GPU runners share: their FFN's shape and options, their _Device, and the locks. Calls may come
+    from any stream and thread: the device's lock and order serialise them. `lock` guards the runner's own
+    objects (statistics wait for the GPU under it, not under the device's); it is taken after the device's."""
 
     def __init__(self, device, hidden, ffn, gated, dispatch, precision):
         self.device, self.hidden, self.ffn, self.gated = device, hidden, ffn, gated
         self.dispatch, self.precision = dispatch, precision
         self.shared = _device(device)
         self.lock = threading.Lock()
+
+    def _config(self, tokens, training, lt):
+        return _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, training, self.dispatch,
+                                         self.precision, lt.data_ptr(), lt.numel())
+
+    def reserve(self, tokens):
+        """Sizes the runner for calls of up to `tokens` tokens now, not at the first larger call."""
+        torch = _torch()
+        with self.shared.lock, self.lock, torch.cuda.device(self.device):
+            self._reserve(tokens)
+
+    def release(self):
+        torch = _torch()
+        with self.lock, torch.cuda.device(self.device):
+            self._release()
+
+
+class _CudaRunner(_GpuRunner):
+    """An inference FfnForward on one GPU, on its _Device's shared forward workspace, grown with the token count."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
         self.handle, self.memory, self.lt, self.max_tokens, self.kept_stats = None, None, None, 0, None
         self.generation = next(_generations)  # what the op returns (inference has no backward)
 
@@ -210,8 +229,7 @@ class _CudaRunner:
         tokens = max(-(-tokens // 4096) * 4096, self.max_tokens)  # multiples of 4096 tokens: fewer rebuilds
         self._release()
         lt = self.shared.take_lt()
-        config = _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, False, self.dispatch,
-                                           self.precision, lt.data_ptr(), lt.numel())
+        config = self._config(tokens, False, lt)
         nbytes = _capi.CudaFfn.workspace_bytes(config)
         memory = self.shared.take_forward(nbytes, self)
         self.handle = _capi.CudaFfn(config, memory.data_ptr(), nbytes)
@@ -233,17 +251,6 @@ class _CudaRunner:
                 self._release()
                 self.kept_stats, self.max_tokens = stats, size
 
-    def reserve(self, tokens):
-        """Sizes the workspace for calls of up to `tokens` tokens now, not at the first larger call."""
-        torch = _torch()
-        with self.shared.lock, self.lock, torch.cuda.device(self.device):
-            self._reserve(tokens)
-
-    def release(self):
-        torch = _torch()
-        with self.lock, torch.cuda.device(self.device):
-            self._release()
-
     def forward(self, x, wg, wu, wd):
         torch = _torch()
         with self.shared.lock, self.lock, torch.cuda.device(self.device):
@@ -261,7 +268,7 @@ class _CudaRunner:
             return self.handle.last_stats() if self.handle is not None else self.kept_stats
 
 
-class _CudaTrainer:
+class _CudaTrainer(_GpuRunner):
     """Training FfnForward objects on one GPU: each forward takes an idle one (or a new one) and a workspace of
     its own from PyTorch's allocator, moved there (FfnForward::use_workspace), which the object's state and the
     memory keep for the backward for as long as the forward's autograd graph lives (`live`, emptied by the
@@ -269,15 +276,12 @@ class _CudaTrainer:
     checkpointing holds one layer's at a time, and several forwards may await their backwards (micro-batches
     of a pipeline schedule, two losses): each has its own object, as a graph has its own saved tensors.
 
-    Locks as _CudaRunner's. The finalizers run on any thread at any time: they only move an object from
-    `live` to `idle` (or `retired`, when the size has changed), which forward() then reuses (or closes).
+    The finalizers run on any thread at any time: they only move an object from `live` to `idle` (or
+    `retired`, when the size has changed), which forward() then reuses (or closes).
     """
 
-    def __init__(self, device, hidden, ffn, gated, dispatch, precision):
-        self.device, self.hidden, self.ffn, self.gated = device, hidden, ffn, gated
-        self.dispatch, self.precision = dispatch, precision
-        self.shared = _device(device)
-        self.lock = threading.Lock()
+    def __init__(self, *args):
+        super().__init__(*args)
         self.config, self.lt, self.max_tokens, self.nbytes = None, None, 0, 0
         self.idle = []  # (object, max_tokens): no forward state anyone needs
         self.live = {}  # generation -> (object, workspace, cuBLASLt workspace, max_tokens)
@@ -291,8 +295,7 @@ class _CudaTrainer:
         tokens = max(-(-tokens // 4096) * 4096, self.max_tokens)  # multiples of 4096 tokens: fewer rebuilds
         self._retire_idle()
         lt = self.shared.take_lt()
-        self.config = _capi.CudaFfn.make_config(tokens, self.hidden, self.ffn, self.gated, True, self.dispatch,
-                                                self.precision, lt.data_ptr(), lt.numel())
+        self.config = self._config(tokens, True, lt)
         self.nbytes = _capi.CudaFfn.workspace_bytes(self.config)
         self.lt, self.max_tokens = lt, tokens
 
@@ -326,19 +329,12 @@ class _CudaTrainer:
         else:
             self.retired.append(handle)
 
-    def reserve(self, tokens):
-        """Sizes the objects for calls of up to `tokens` tokens now, not at the first larger call."""
-        torch = _torch()
-        with self.shared.lock, self.lock, torch.cuda.device(self.device):
-            self._reserve(tokens)
-
-    def release(self):
-        """Closes the idle objects; those of forwards whose graphs live stay until the graphs go."""
-        torch = _torch()
-        with self.lock, torch.cuda.device(self.device):
-            self._retire_idle()
-            self._close_retired()
-            self.config, self.lt, self.max_tokens, self.nbytes = None, None, 0, 0
+    def _release(self):
+        """Closes the idle objects (with our lock held); those of forwards whose graphs live stay until the
+        graphs go."""
+        self._retire_idle()
+        self._close_retired()
+        self.config, self.lt, self.max_tokens, self.nbytes = None, None, 0, 0
 
     def forward(self, x, wg, wu, wd):
         torch = _torch()

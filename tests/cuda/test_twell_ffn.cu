@@ -962,6 +962,14 @@ struct DeviceGrads {
   FfnGrads views() const { return {dx.view(), dwg.view(), dwu.view(), dwd.view()}; }
 };
 
+// The four gradients are the same bits.
+void expect_same_grads(const DeviceGrads& got, const DeviceGrads& want) {
+  EXPECT_TRUE(test::bit_equal(got.dx.download(), want.dx.download()));
+  EXPECT_TRUE(test::bit_equal(got.dwg.download(), want.dwg.download()));
+  EXPECT_TRUE(test::bit_equal(got.dwu.download(), want.dwu.download()));
+  EXPECT_TRUE(test::bit_equal(got.dwd.download(), want.dwd.download()));
+}
+
 // Training and a non-gated FFN in the caller's workspace (RunsInTheCallersWorkspace covers
 // inference): the backward, which reads the forward's state from that workspace, and the non-gated
 // forward give the bits of an object with its own, on the sparse and the dense path.
@@ -1167,12 +1175,8 @@ TEST(FfnBackwardGpuDense, ScratchIsTheCallsNotTheObjects) {
     fb.forward(b.x, b.w(), b.y, nullptr);
     fb.backward(b.x, b.w(), dy, 0.05, gb.views(), nullptr);
     fa.backward(a.x, a.w(), dy, 0.05, ga.views(), nullptr);
-    for (const auto& [got, want] : {std::pair{&ga, want_a.get()}, std::pair{&gb, want_b.get()}}) {
-      EXPECT_TRUE(test::bit_equal(got->dx.download(), want->dx.download()));
-      EXPECT_TRUE(test::bit_equal(got->dwg.download(), want->dwg.download()));
-      EXPECT_TRUE(test::bit_equal(got->dwu.download(), want->dwu.download()));
-      EXPECT_TRUE(test::bit_equal(got->dwd.download(), want->dwd.download()));
-    }
+    expect_same_grads(ga, *want_a);
+    expect_same_grads(gb, *want_b);
     if (d == Dispatch::always_dense)
       EXPECT_EQ(fa.workspace_bytes(), cuda::FfnForward::required_workspace_bytes(shape, o));
   }
@@ -1228,10 +1232,7 @@ TEST(FfnBackwardGpuEdges, PathsTakenInTurnShareOneRegion) {
     SCOPED_TRACE(str("turn ", k));
     const Result& want = turns[k].second == cuda::FfnPath::sparse ? want_sparse : want_dense;
     EXPECT_TRUE(test::bit_equal(got[k].y, want.y));
-    EXPECT_TRUE(test::bit_equal(got[k].g->dx.download(), want.g->dx.download()));
-    EXPECT_TRUE(test::bit_equal(got[k].g->dwg.download(), want.g->dwg.download()));
-    EXPECT_TRUE(test::bit_equal(got[k].g->dwu.download(), want.g->dwu.download()));
-    EXPECT_TRUE(test::bit_equal(got[k].g->dwd.download(), want.g->dwd.download()));
+    expect_same_grads(*got[k].g, *want.g);
   }
   cuda::FfnOptions inference = o;
   inference.training = false;
@@ -1260,12 +1261,6 @@ TEST(FfnBackwardGpuEdges, UseWorkspaceMovesTheBuffers) {
       ffn.backward(q.x, q.w(), dy, 0.05, g->views(), nullptr);
       return g;
     };
-    auto expect_same = [](const DeviceGrads& got, const DeviceGrads& want) {
-      EXPECT_TRUE(test::bit_equal(got.dx.download(), want.dx.download()));
-      EXPECT_TRUE(test::bit_equal(got.dwg.download(), want.dwg.download()));
-      EXPECT_TRUE(test::bit_equal(got.dwu.download(), want.dwu.download()));
-      EXPECT_TRUE(test::bit_equal(got.dwd.download(), want.dwd.download()));
-    };
     cuda::FfnForward still(shape, o);
     const auto want = run(still, true);
     const Tensor y_want = q.y.download();
@@ -1278,19 +1273,19 @@ TEST(FfnBackwardGpuEdges, UseWorkspaceMovesTheBuffers) {
     EXPECT_EQ(mover.workspace_bytes(), need);  // no backward yet: no transpose
     test::expect_error([&] { run(mover, false); }, {"use_workspace() moved the workspace", "run the forward again"});
     cuda::fill_bytes(q.y.view().data, q.y.nbytes(), 0xff, nullptr);
-    expect_same(*run(mover, true), *want);
+    expect_same_grads(*run(mover, true), *want);
     EXPECT_TRUE(test::bit_equal(q.y.download(), y_want));
     mover.use_workspace(b.get(), need);
     test::expect_error([&] { run(mover, false); }, {"moved the workspace"});
     mover.use_workspace(a.get(), need);  // back where the last forward left its state
-    expect_same(*run(mover, false), *want);
+    expect_same_grads(*run(mover, false), *want);
     // Refused: null, misaligned, too small; the object stays on `a`.
     test::expect_error([&] { mover.use_workspace(nullptr, need); }, {"use_workspace", "null"});
     test::expect_error([&] { mover.use_workspace(static_cast<char*>(b.get()) + 16, need - 16); }, {"256-byte aligned"});
     test::expect_error([&] { mover.use_workspace(b.get(), need - 1); }, {"holds", "need"});
-    expect_same(*run(mover, false), *want);
+    expect_same_grads(*run(mover, false), *want);
     mover.use_workspace(b.get(), need);
-    expect_same(*run(mover, true), *want);
+    expect_same_grads(*run(mover, true), *want);
   }
 }
 
