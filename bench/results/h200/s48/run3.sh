@@ -14,4 +14,10 @@ for r in 1 2; do
     echo "== $v round $r rc $?"; grep -E "^(16384|131072) .*(dense_cublas|twell ) " $O/train_${v}_$r.txt
   done
 done
+# and the last tidy's tests (expect_same_grads; Python's _GpuRunner)
+export PYTHONPATH=$PWD/python TWELL_LIBRARY=$PWD/out/n2/libtwell_c.so
+timeout 120 out/n2/twell_gpu_tests --gtest_brief=1 --gtest_filter='*FfnBackward*:*UseWorkspace*:*PathsTakenInTurn*' \
+  > $O/gpu_tests.log 2>&1; echo "rc $?" >> $O/gpu_tests.log; tail -3 $O/gpu_tests.log
+timeout 150 /opt/torch/.venv/bin/python -m unittest discover -s python/tests > $O/python_tests.log 2>&1
+echo "rc $?" >> $O/python_tests.log; tail -3 $O/python_tests.log
 cd $OUT && tar cJf results.tar.xz s48ab && rm -rf s48ab
