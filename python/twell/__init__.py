@@ -752,11 +752,13 @@ def clear_cache():
 
 def _release_scratch():
     """Gives the backward's scratch, which a pool of each GPU twell ran on keeps for the next backward
-    (any module's), back to the driver (synchronising those GPUs)."""
+    (any module's), and the memory of collected FfnForward objects back to the driver (synchronising those
+    GPUs)."""
     with _devices_lock:
-        devices = [device for device, shared in _devices.items() if shared.used]
-    for device in devices:
-        with _torch().cuda.device(device):
+        devices = [(device, shared) for device, shared in _devices.items() if shared.used]
+    for device, shared in devices:
+        with shared.lock, _torch().cuda.device(device):
+            _capi.reap()  # the collected objects' memory too
             _capi.check(_capi.lib.twell_cuda_release_scratch())
 
 
