@@ -343,6 +343,32 @@ class TorchFfnUse(unittest.TestCase):
         self.assertEqual(errors, [])
         for r in results:
             self.assertTrue(torch.equal(r, ref))
+        # training from two threads on two streams: each forward has its own state, each backward x's gradient
+        xg = inputs[0][0].clone().requires_grad_()
+        ffn(xg).float().sum().backward()
+        ref_grad, grads = xg.grad.clone(), []
+
+        def train():
+            try:
+                st = torch.cuda.Stream()
+                with torch.cuda.stream(st):
+                    for _ in range(5):
+                        x = inputs[0][0].clone().requires_grad_()
+                        ffn(x).float().sum().backward()
+                        grads.append(x.grad)
+                st.synchronize()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        threads = [threading.Thread(target=train) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        torch.cuda.synchronize()
+        self.assertEqual(errors, [])
+        self.assertEqual(len(grads), 10)
+        for g in grads:
+            self.assertTrue(torch.equal(g, ref_grad))
 
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
     def test_inference_modules_share_one_workspace(self):
