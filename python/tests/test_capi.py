@@ -70,8 +70,8 @@ class CpuFfn(unittest.TestCase):
             self.assertEqual(_capi.set_num_threads(previous), 1)
         self.assertEqual(self.forward(_capi.tensor(default.buffer_info()[0], _capi.F64, _capi.CPU, (self.M, self.H))), 0)
         self.assertEqual(one_thread.tolist(), default.tolist())
-        for bad in (-1, 5000):
-            with self.assertRaisesRegex(ValueError, "n must lie in"):
+        for bad in (-1, 5000, 2.0, True, "1"):
+            with self.assertRaisesRegex(_capi.TwellError, "n must be an integer in \\[0, 4096\\]"):
                 _capi.set_num_threads(bad)
 
     def test_backward_is_the_chain_rule(self):

@@ -186,6 +186,23 @@ class TorchFfn(unittest.TestCase):
         self.assertEqual(tuple(twell.ffn_forward(x[:0], wg, wu, wd).shape), (0, 128))
 
 
+    def test_one_dtype_and_float16_said_on_the_cpu(self):
+        x, wg, wu, wd = sparse_problem(8, 16, 32, "cpu")
+        with self.assertRaisesRegex(twell.TwellError, "one dtype, got x bfloat16, wg float32, wu float32"):
+            twell.ffn_forward(x, wg.float(), wu.float(), wd.float())
+        with self.assertRaisesRegex(twell.TwellError, "I >= 1 and H >= 1"):
+            twell.ffn_forward(x[:, :0], wg[:, :0], wu[:, :0], wd[:, :0])
+        f32 = twell.FFN(16, 32, dtype=torch.float32)
+        with self.assertRaisesRegex(twell.TwellError, "x is torch.float64, the parameters torch.float32"):
+            f32(torch.randn(3, 16, dtype=torch.float64))
+        with self.assertRaisesRegex(twell.TwellError, "no float16 kernels"):
+            f32.half()(torch.randn(3, 16).half())
+        model = torch.nn.Sequential(Mlp(16, 32)).half()
+        with self.assertRaisesRegex(twell.TwellError, "float16 parameters .*model.to\\(torch.bfloat16\\)"):
+            twell.replace_hf_mlps(model)
+        self.assertIsInstance(model[0], Mlp)  # nothing replaced
+
+
 @unittest.skipIf(torch is None, "PyTorch is not installed")
 class TorchFfnUse(unittest.TestCase):
     """How a PyTorch user calls it: streams, threads, copies, autograd's corners."""

@@ -70,7 +70,9 @@ def _dtype_code(t):
     torch = _torch()
     codes = {torch.bfloat16: _capi.BF16, torch.float32: _capi.F32, torch.float64: _capi.F64}
     if t.dtype not in codes:
-        raise TwellError(f"twell takes bfloat16, float32 or float64 tensors, got {t.dtype}")
+        raise TwellError(f"twell takes bfloat16, float32 or float64 tensors, got {t.dtype}" +
+                         (" (it has no float16 kernels: convert the model with .to(torch.bfloat16))"
+                          if t.dtype == torch.float16 else ""))
     return codes[t.dtype]
 
 
@@ -485,8 +487,13 @@ def replace_hf_mlps(model, **kwargs):
                       + (f" (its MLPs' activations: {', '.join(others)})" if others else ""), stacklevel=2)
     elif hasattr(model, "save_pretrained"):  # a transformers model
         warnings.warn("twell.replace_hf_mlps: save the model with save_pretrained(dir, "
-                      "state_dict=twell.hf_state_dict(model)); a plain save_pretrained keeps twell's names, which "
-                      "transformers does not load", stacklevel=2)
+                      "state_dict=twell.hf_state_dict(model)); a plain save_pretrained writes twell's names "
+                      "(mlp.wg, mlp.wu, mlp.wd), which transformers loads with its MLPs left random (reporting them "
+                      "missing) and twell refuses", stacklevel=2)
+    half = [name for name, p in model.named_parameters() if p.dtype == torch.float16]
+    if targets and half:
+        raise TwellError(f"twell.replace_hf_mlps: the model holds float16 parameters ({half[0]}, ...), for which "
+                         "twell has no kernels: convert it first with model.to(torch.bfloat16); nothing replaced")
     kwargs.setdefault("layers", max(len(targets), 1))
     for parent, name, child in targets:
         setattr(parent, name, FFN.from_hf_mlp(child, **kwargs))
@@ -509,6 +516,8 @@ def _check_shapes(x, wg, wu, wd):
                          f"wd {tuple(wd.shape)}")
     if x.shape[-1] != wu.shape[1]:
         raise TwellError(f"x's last dimension {x.shape[-1]} is not the weights' H = {wu.shape[1]}")
+    if wu.shape[0] < 1 or wu.shape[1] < 1:
+        raise TwellError(f"the weights must have I >= 1 and H >= 1, got [{wu.shape[0]}, {wu.shape[1]}]")
     devices = {t.device for t in (x, wg, wu, wd) if t is not None}
     if len(devices) != 1:
         raise TwellError(f"x and the weights must be on one device, got {sorted(str(d) for d in devices)}")
@@ -679,6 +688,10 @@ def ffn_forward(x, wg, wu, wd, precision="bf16", dispatch="observe"):
     torch = _torch()
     _check_options(dispatch, precision)
     _check_shapes(x, wg, wu, wd)
+    dtypes = {name: t.dtype for name, t in (("x", x), ("wg", wg), ("wu", wu), ("wd", wd)) if t is not None}
+    if len(set(dtypes.values())) > 1:
+        raise TwellError("twell.ffn_forward: x and the weights must have one dtype, got "
+                         + ", ".join(f"{name} {str(d).replace('torch.', '')}" for name, d in dtypes.items()))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, wg, wu, wd)):
         raise TwellError("twell.ffn_forward has no backward: call it under torch.no_grad(), or train a twell.FFN")
     shape = x.shape
@@ -899,8 +912,10 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         @classmethod
         def from_hf_mlp(cls, mlp, **kwargs):
             """The FFN of a HF Llama-style MLP (gate_proj, up_proj, down_proj without bias, ReLU), copied: bf16
-            on the GPU, the MLP's dtype on the CPU (bf16 for float16), unless dtype= says otherwise; frozen
-            weights stay frozen, and the module's train/eval mode is the MLP's."""
+            on the GPU, the MLP's dtype on the CPU (float32 or float64; bf16 for a bf16 or float16 MLP), unless
+            dtype= says otherwise; frozen weights stay frozen, and the module's train/eval mode is the MLP's.
+            Its precision is bf16 (rounded where a bf16 model rounds) unless precision= says otherwise:
+            precision="f64" on the CPU for the MLP's float32 results within float32 rounding."""
             act = getattr(mlp, "act_fn", None)
             if not isinstance(act, torch.nn.ReLU):
                 raise TwellError(f"twell's FFN is ReLU-gated; this MLP's activation is {type(act).__name__}")
@@ -934,6 +949,11 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             if x.is_cuda and self.wu.dtype != torch.bfloat16:
                 raise TwellError(f"twell.FFN on the GPU takes bf16 parameters, this one's are {self.wu.dtype} "
                                  "(.to(torch.bfloat16); keep fp32 master weights in the optimizer if needed)")
+            autocast = _autocast_on() if x.is_cuda else _cpu_autocast_dtype() is not None
+            if x.dtype != self.wu.dtype and not autocast:  # as a Linear, one dtype outside autocast
+                half = torch.float16 in (x.dtype, self.wu.dtype)
+                raise TwellError(f"twell.FFN: x is {x.dtype}, the parameters {self.wu.dtype}: convert one to the "
+                                 "other" + (" (twell has no float16 kernels: model.to(torch.bfloat16))" if half else ""))
             shape = x.shape
             x2 = x.reshape(-1, self.hidden).contiguous()
             grad = torch.is_grad_enabled() and any(

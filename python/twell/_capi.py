@@ -241,10 +241,7 @@ def version():
 def set_num_threads(n):
     """Threads of the CPU backend (its FFN and models; results do not depend on the count): n >= 1, or 0
     for the default (TWELL_NUM_THREADS, else every hardware thread). Returns the setting it replaces."""
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"set_num_threads: n must be an int, got {n!r}")
-    if not 0 <= n <= 4096:
-        raise ValueError(f"set_num_threads: n must lie in [0, 4096] (0: the default), got {n}")
+    n = _int(n, "set_num_threads: n", 0, 4097, expected="an integer in [0, 4096] (0: the default)")
     previous = ctypes.c_int32()
     check(lib.twell_cpu_set_num_threads(n, ctypes.byref(previous)))
     return previous.value

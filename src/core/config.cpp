@@ -298,9 +298,9 @@ void ModelConfig::validate(const std::string& source) const {
   bool known = false;
   for (const char* a : kActivations) known = known || hidden_act == a;
   if (!known)
-    throw Error(str(source,
-                    ": hidden_act must be one of relu, silu, gelu, gelu_pytorch_tanh, got '",
-                    printable(hidden_act), "'"));
+    throw Error(str(source, ": hidden_act '", printable(hidden_act),
+                    "' is not an activation twell knows (relu, silu, gelu, gelu_pytorch_tanh; the Llama runtime runs "
+                    "relu and silu)"));
 }
 
 ModelConfig read_config(const std::string& path) {

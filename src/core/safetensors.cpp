@@ -504,7 +504,13 @@ Checkpoint Checkpoint::open(const std::string& path) {
     } else if (std::string index_link = detail::dangling_link(index); !index_link.empty()) {
       fail(path, index_link);
     } else {
-      fail(path, "directory holds neither model.safetensors nor model.safetensors.index.json");
+      struct stat bin {};
+      const bool has_bin = ::stat((path + "/pytorch_model.bin").c_str(), &bin) == 0 ||
+                           ::stat((path + "/pytorch_model.bin.index.json").c_str(), &bin) == 0;
+      fail(path, str("directory holds neither model.safetensors nor model.safetensors.index.json",
+                     has_bin ? " (twell does not read pytorch_model.bin: re-save the model with transformers' "
+                               "save_pretrained(dir, safe_serialization=True))"
+                             : ""));
     }
   }
 

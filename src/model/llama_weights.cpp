@@ -119,6 +119,16 @@ namespace {
 // of another architecture (attention biases, extra norms) that would be dropped silently. Layers
 // past the config's, and tensors outside the layers, are listed; HF's rotary_emb.inv_freq
 // buffers, which transformers recomputes too, are skipped.
+// A layer's MLP weight under twell.FFN's parameter names (mlp.wg, mlp.wu, mlp.wd): a converted model saved
+// with a plain state_dict.
+bool twells_own_name(const std::string& name) {
+  for (const char* suffix : {".mlp.wg", ".mlp.wu", ".mlp.wd"}) {
+    const std::string s(suffix);
+    if (name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) return true;
+  }
+  return false;
+}
+
 std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::vector<Expected>& expected,
                                         const io::ModelConfig& c, std::vector<std::string>& problems) {
   std::unordered_set<std::string> names;
@@ -130,7 +140,11 @@ std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::v
     const size_t n = t.name.size(), k = inv_freq.size();
     if (n >= k && t.name.compare(n - k, k, inv_freq) == 0) continue;
     const int64_t layer = LlamaWeights::layer_of(t.name);
-    if (layer >= 0 && layer < c.num_hidden_layers)
+    if (layer >= 0 && layer < c.num_hidden_layers && twells_own_name(t.name))
+      problems.push_back(str("tensor '", printable(t.name, 120), "' has twell.FFN's name, not HF's: a model converted by "
+                             "twell.replace_hf_mlps saves as HF's checkpoint with save_pretrained(dir, "
+                             "state_dict=twell.hf_state_dict(model))"));
+    else if (layer >= 0 && layer < c.num_hidden_layers)
       problems.push_back(str("tensor '", printable(t.name, 120), "' is not part of the Llama layer twell runs (model_type ",
                              c.model_type, "): its model (attention biases? extra norms?) would run wrong without it"));
     else

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 
@@ -164,6 +165,10 @@ TEST_F(Safetensors, CheckpointOpensFileOrDirectory) {
   expect_error([&] { Checkpoint::open(path("empty")); },
                {"empty", "neither model.safetensors nor model.safetensors.index.json"});
   expect_error([&] { Checkpoint::open(path("absent")); }, {"absent", "No such file"});
+  std::filesystem::create_directories(path("torch_bin"));
+  std::ofstream(path("torch_bin/pytorch_model.bin")) << "x";
+  expect_error([&] { Checkpoint::open(path("torch_bin")); },
+               {"neither model.safetensors", "does not read pytorch_model.bin", "safe_serialization=True"});
 }
 
 // Two shards and an index written by hand, as HuggingFace lays them out.

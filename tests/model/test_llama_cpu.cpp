@@ -590,6 +590,16 @@ TEST_F(LlamaLoadErrors, ForeignTensorInALayerIsRefused) {
   expect_error([&] { load(); }, {"tensor 'model.layers.0.self_attn.q_proj.bias'", "is not part of the Llama layer"});
 }
 
+// A converted model saved with twell.FFN's parameter names (a plain state_dict): the refusal says how
+// to save it as HF's checkpoint.
+TEST_F(LlamaLoadErrors, TwellsOwnFfnNamesSayHowToSave) {
+  for (const char* n : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"})
+    hf.erase(str("model.layers.0.mlp.", n));
+  for (const char* n : {"wg", "wu", "wd"}) hf[str("model.layers.0.mlp.", n)] = Tensor(DType::f32, {c.intermediate_size, c.hidden_size});
+  write_hf(dir_, c, hf);
+  expect_error([&] { load(); }, {"tensor 'model.layers.0.mlp.wg' has twell.FFN's name", "twell.hf_state_dict(model)"});
+}
+
 // Other tensors the model does not read are listed (rotary_emb.inv_freq, which HF recomputes, is not).
 TEST_F(LlamaLoadErrors, UnusedTensorsAreListed) {
   hf["model.layers.0.self_attn.rotary_emb.inv_freq"] = Tensor(DType::f32, {8});
