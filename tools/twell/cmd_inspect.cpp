@@ -82,14 +82,14 @@ void print_config(const io::ModelConfig& c, const std::string& file) {
 
 // Whether `twell run` and `twell eval` take the checkpoint with this config (the loader's checks,
 // no tensor data read), and on which backend.
-// Returns false where they refuse it.
-bool print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
+// Returns why they refuse it, or "" where they take it.
+std::string print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
   std::vector<std::string> unused;
   try {
     unused = model::LlamaWeights::check(ckpt, c);
   } catch (const Error& e) {
     std::printf("\nmodel: twell run and twell eval refuse this checkpoint: %s\n", e.what());
-    return false;
+    return e.what();
   }
   std::printf("\nmodel: the tensors match config.json");
   if (!unused.empty()) std::printf(" (%zu more not used, e.g. %s)", unused.size(), printable(unused.front(), 120).c_str());
@@ -108,7 +108,7 @@ bool print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig& c) {
   } else
     std::printf("  GPU runtime: does not take this model's %s (twell run/eval use the CPU backend)\n", why.c_str());
 #endif
-  return true;
+  return "";
 }
 
 void run_inspect(const std::string& path, bool check_finite) {
@@ -197,8 +197,9 @@ void run_inspect(const std::string& path, bool check_finite) {
   const std::string base = path.substr(path.find_last_of('/') + 1);
   const bool whole = S_ISDIR(st.st_mode) || base == "model.safetensors" ||
                      (base.size() > 11 && ends_with(base, ".index.json"));
-  if (config && whole && !print_model_check(ckpt, *config))
-    problems.push_back("twell run and twell eval refuse this checkpoint");
+  if (config && whole)  // the reason again in the error line: stderr alone says why
+    if (const std::string why = print_model_check(ckpt, *config); !why.empty())
+      problems.push_back("twell run and twell eval refuse this checkpoint: " + why);
   auto fail_if_any = [&] {
     std::fflush(stdout);
     std::string all;
