@@ -198,9 +198,12 @@ class TorchFfn(unittest.TestCase):
         with self.assertRaisesRegex(twell.TwellError, "no float16 kernels"):
             f32.half()(torch.randn(3, 16).half())
         model = torch.nn.Sequential(Mlp(16, 32)).half()
-        with self.assertRaisesRegex(twell.TwellError, "float16 parameters .*model.to\\(torch.bfloat16\\)"):
+        with self.assertRaisesRegex(twell.TwellError, "1 of the MLPs hold float16 weights.*model.to\\(torch.bfloat16\\)"):
             twell.replace_hf_mlps(model)
         self.assertIsInstance(model[0], Mlp)  # nothing replaced
+        meta = torch.nn.Sequential(Mlp(16, 32)).to("meta")  # shapes only: a bf16 FFN in an fp32 model is fine
+        twell.replace_hf_mlps(meta, dtype=torch.bfloat16)
+        self.assertEqual(meta(torch.empty(3, 16, device="meta")).shape, (3, 16))
 
 
 @unittest.skipIf(torch is None, "PyTorch is not installed")

@@ -480,6 +480,10 @@ def replace_hf_mlps(model, **kwargs):
     number."""
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if _is_relu_mlp(child)]
+    half = [child for _, _, child in targets if any(p.dtype == torch.float16 for p in child.parameters())]
+    if half:
+        raise TwellError(f"twell.replace_hf_mlps: {len(half)} of the MLPs hold float16 weights, for which twell has "
+                         "no kernels: convert the model first with model.to(torch.bfloat16); nothing replaced")
     if not targets:
         others = sorted({type(getattr(m, "act_fn", None)).__name__ for m in model.modules()
                          if _mlp_linears(m) is not None})
@@ -490,10 +494,6 @@ def replace_hf_mlps(model, **kwargs):
                       "state_dict=twell.hf_state_dict(model)); a plain save_pretrained writes twell's names "
                       "(mlp.wg, mlp.wu, mlp.wd), which transformers loads with its MLPs left random (reporting them "
                       "missing) and twell refuses", stacklevel=2)
-    half = [name for name, p in model.named_parameters() if p.dtype == torch.float16]
-    if targets and half:
-        raise TwellError(f"twell.replace_hf_mlps: the model holds float16 parameters ({half[0]}, ...), for which "
-                         "twell has no kernels: convert it first with model.to(torch.bfloat16); nothing replaced")
     kwargs.setdefault("layers", max(len(targets), 1))
     for parent, name, child in targets:
         setattr(parent, name, FFN.from_hf_mlp(child, **kwargs))
@@ -754,8 +754,10 @@ if torch is not None and hasattr(torch.library, "custom_op"):
 
 
 def clear_cache():
-    """Frees the GPU memory that ffn_forward's cached FfnForward objects hold, and the backward's scratch
-    that twell keeps (as release_workspace() does)."""
+    """Frees the GPU memory that ffn_forward's cached FfnForward objects hold, the backward's scratch that
+    twell keeps (as release_workspace() does), and what the objects of deleted modules held: those are
+    destroyed at twell's next GPU call, or here (not by the garbage collector, which may run on any thread
+    at any time)."""
     with _functional_lock:
         for runner in _functional_runners.values():
             runner.release()
@@ -950,7 +952,8 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                 raise TwellError(f"twell.FFN on the GPU takes bf16 parameters, this one's are {self.wu.dtype} "
                                  "(.to(torch.bfloat16); keep fp32 master weights in the optimizer if needed)")
             autocast = _autocast_on() if x.is_cuda else _cpu_autocast_dtype() is not None
-            if x.dtype != self.wu.dtype and not autocast:  # as a Linear, one dtype outside autocast
+            meta = x.device.type == "meta"  # shapes only (a converted model's FFNs are bf16 where a GPU will run it)
+            if x.dtype != self.wu.dtype and not autocast and not meta:  # as a Linear, one dtype outside autocast
                 half = torch.float16 in (x.dtype, self.wu.dtype)
                 raise TwellError(f"twell.FFN: x is {x.dtype}, the parameters {self.wu.dtype}: convert one to the "
                                  "other" + (" (twell has no float16 kernels: model.to(torch.bfloat16))" if half else ""))

@@ -140,11 +140,7 @@ std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::v
     const size_t n = t.name.size(), k = inv_freq.size();
     if (n >= k && t.name.compare(n - k, k, inv_freq) == 0) continue;
     const int64_t layer = LlamaWeights::layer_of(t.name);
-    if (layer >= 0 && layer < c.num_hidden_layers && twells_own_name(t.name))
-      problems.push_back(str("tensor '", printable(t.name, 120), "' has twell.FFN's name, not HF's: a model converted by "
-                             "twell.replace_hf_mlps saves as HF's checkpoint with save_pretrained(dir, "
-                             "state_dict=twell.hf_state_dict(model))"));
-    else if (layer >= 0 && layer < c.num_hidden_layers)
+    if (layer >= 0 && layer < c.num_hidden_layers)
       problems.push_back(str("tensor '", printable(t.name, 120), "' is not part of the Llama layer twell runs (model_type ",
                              c.model_type, "): its model (attention biases? extra norms?) would run wrong without it"));
     else
@@ -192,6 +188,15 @@ std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::Mod
     const int64_t layer = LlamaWeights::layer_of(t.name);
     if (layer >= 0 && layer < config.num_hidden_layers) present.insert(layer);
   }
+  // A converted model saved with twell.FFN's names: said alone, before the missing HF tensors it causes.
+  int64_t own = 0;
+  std::string first_own;
+  for (const io::TensorInfo& t : ckpt.tensors())
+    if (LlamaWeights::layer_of(t.name) >= 0 && twells_own_name(t.name) && own++ == 0) first_own = t.name;
+  if (own > 0)
+    throw Error(str(ckpt.path(), ": ", own, " tensor", own == 1 ? " has" : "s have", " twell.FFN's names, not HF's (e.g. '",
+                    printable(first_own, 120), "'): a model converted by twell.replace_hf_mlps saves as HF's checkpoint "
+                    "with save_pretrained(dir, state_dict=twell.hf_state_dict(model))"));
   std::vector<Expected> expected = expected_tensors(config, present);
   std::vector<std::string> problems;
   for (const Expected& e : expected)

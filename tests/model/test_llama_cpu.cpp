@@ -593,11 +593,16 @@ TEST_F(LlamaLoadErrors, ForeignTensorInALayerIsRefused) {
 // A converted model saved with twell.FFN's parameter names (a plain state_dict): the refusal says how
 // to save it as HF's checkpoint.
 TEST_F(LlamaLoadErrors, TwellsOwnFfnNamesSayHowToSave) {
-  for (const char* n : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"})
-    hf.erase(str("model.layers.0.mlp.", n));
-  for (const char* n : {"wg", "wu", "wd"}) hf[str("model.layers.0.mlp.", n)] = Tensor(DType::f32, {c.intermediate_size, c.hidden_size});
+  c.num_hidden_layers = 9;  // said first, not after the 27 missing HF tensors' problems
+  hf = random_hf_tensors(c, 501);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (const char* n : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) hf.erase(str("model.layers.", l, ".mlp.", n));
+    for (const char* n : {"wg", "wu", "wd"})
+      hf[str("model.layers.", l, ".mlp.", n)] = Tensor(DType::f32, {c.intermediate_size, c.hidden_size});
+  }
   write_hf(dir_, c, hf);
-  expect_error([&] { load(); }, {"tensor 'model.layers.0.mlp.wg' has twell.FFN's name", "twell.hf_state_dict(model)"});
+  expect_error([&] { load(); }, {"27 tensors have twell.FFN's names, not HF's (e.g. 'model.layers.",
+                                 "save_pretrained(dir, state_dict=twell.hf_state_dict(model))"});
 }
 
 // Other tensors the model does not read are listed (rotary_emb.inv_freq, which HF recomputes, is not).
