@@ -343,51 +343,41 @@ class TorchFfnUse(unittest.TestCase):
         with torch.no_grad():
             ffn.wg.copy_(inputs[0][1]), ffn.wu.copy_(inputs[0][2]), ffn.wd.copy_(inputs[0][3])
             ref = ffn(inputs[0][0])
-        results, errors = [], []
 
-        def work():
-            try:
-                st = torch.cuda.Stream()
-                with torch.no_grad(), torch.cuda.stream(st):
-                    for _ in range(5):
-                        results.append(ffn(inputs[0][0]))
-                st.synchronize()
-            except Exception as e:  # noqa: BLE001
-                errors.append(e)
-        threads = [threading.Thread(target=work) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        torch.cuda.synchronize()
-        self.assertEqual(errors, [])
-        for r in results:
+        def on_two_threads(call):  # five calls on each of two threads, each thread on a stream of its own
+            results, errors = [], []
+
+            def work():
+                try:
+                    st = torch.cuda.Stream()
+                    with torch.cuda.stream(st):
+                        for _ in range(5):
+                            results.append(call())
+                    st.synchronize()
+                except Exception as e:  # noqa: BLE001
+                    errors.append(e)
+            threads = [threading.Thread(target=work) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            torch.cuda.synchronize()
+            self.assertEqual(errors, [])
+            self.assertEqual(len(results), 10)
+            return results
+
+        def infer():
+            with torch.no_grad():
+                return ffn(inputs[0][0])
+        for r in on_two_threads(infer):
             self.assertTrue(torch.equal(r, ref))
-        # training from two threads on two streams: each forward has its own state, each backward x's gradient
-        xg = inputs[0][0].clone().requires_grad_()
-        ffn(xg).float().sum().backward()
-        ref_grad, grads = xg.grad.clone(), []
 
-        def train():
-            try:
-                st = torch.cuda.Stream()
-                with torch.cuda.stream(st):
-                    for _ in range(5):
-                        x = inputs[0][0].clone().requires_grad_()
-                        ffn(x).float().sum().backward()
-                        grads.append(x.grad)
-                st.synchronize()
-            except Exception as e:  # noqa: BLE001
-                errors.append(e)
-        threads = [threading.Thread(target=train) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        torch.cuda.synchronize()
-        self.assertEqual(errors, [])
-        self.assertEqual(len(grads), 10)
-        for g in grads:
+        def train():  # each forward has its own state, each backward gives x's gradient
+            x = inputs[0][0].clone().requires_grad_()
+            ffn(x).float().sum().backward()
+            return x.grad
+        ref_grad = train()
+        for g in on_two_threads(train):
             self.assertTrue(torch.equal(g, ref_grad))
 
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
