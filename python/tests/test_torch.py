@@ -201,6 +201,10 @@ class TorchFfn(unittest.TestCase):
         with self.assertRaisesRegex(twell.TwellError, "1 of the MLPs hold float16 weights.*model.to\\(torch.bfloat16\\)"):
             twell.replace_hf_mlps(model)
         self.assertIsInstance(model[0], Mlp)  # nothing replaced
+        f64 = twell.FFN(16, 32, dtype=torch.float64, precision="f64")
+        with self.assertRaisesRegex(twell.TwellError, "torch.func's gradient transforms"):
+            torch.func.grad(lambda x: f64(x).sum())(torch.randn(3, 16, dtype=torch.float64))
+        self.assertEqual(torch.vmap(f64)(torch.randn(2, 3, 16, dtype=torch.float64)).shape, (2, 3, 16))
         meta = torch.nn.Sequential(Mlp(16, 32)).to("meta")  # shapes only: a bf16 FFN in an fp32 model is fine
         twell.replace_hf_mlps(meta, dtype=torch.bfloat16)
         self.assertEqual(meta(torch.empty(3, 16, device="meta")).shape, (3, 16))

@@ -951,6 +951,13 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             if x.is_cuda and self.wu.dtype != torch.bfloat16:
                 raise TwellError(f"twell.FFN on the GPU takes bf16 parameters, this one's are {self.wu.dtype} "
                                  "(.to(torch.bfloat16); keep fp32 master weights in the optimizer if needed)")
+            # Under torch.func.grad PyTorch's own refusal names an autograd.Function's setup_context; said
+            # here instead (not while dynamo traces: it cannot trace the check).
+            tracked = getattr(torch._C._functorch, "is_gradtrackingtensor", lambda t: False)
+            if not torch.compiler.is_compiling() and any(t is not None and tracked(t)
+                                                         for t in (x, self.wg, self.wu, self.wd)):
+                raise TwellError("twell.FFN does not run under torch.func's gradient transforms (grad, vjp, jacrev): "
+                                 "differentiate with torch.autograd (backward(), torch.autograd.grad); torch.vmap works")
             autocast = _autocast_on() if x.is_cuda else _cpu_autocast_dtype() is not None
             meta = x.device.type == "meta"  # shapes only (a converted model's FFNs are bf16 where a GPU will run it)
             if x.dtype != self.wu.dtype and not autocast and not meta:  # as a Linear, one dtype outside autocast
