@@ -32,6 +32,9 @@ size_t parse_bytes(const std::string& text);
 // that names from untrusted files (tensor names, metadata, tokens) keep messages and tables on one line.
 std::string printable(const std::string& s, size_t max_len = 200);
 
+// Whether `s` ends with `suffix`.
+bool ends_with(const std::string& s, const std::string& suffix);
+
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 }  // namespace detail

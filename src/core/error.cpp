@@ -48,6 +48,10 @@ size_t parse_bytes(const std::string& text) {
   return static_cast<size_t>(bytes);
 }
 
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 std::string printable(const std::string& s, size_t max_len) {
   std::string out;
   for (unsigned char c : s) {

@@ -115,20 +115,16 @@ int64_t LlamaWeights::layer_of(const std::string& name) {
 
 namespace {
 
+// A layer's MLP weight under twell.FFN's parameter names (mlp.wg, mlp.wu, mlp.wd): a converted model saved
+// with a plain state_dict.
+bool twells_own_name(const std::string& name) {
+  return ends_with(name, ".mlp.wg") || ends_with(name, ".mlp.wu") || ends_with(name, ".mlp.wd");
+}
+
 // Checkpoint tensors outside `expected`. One inside a layer the model runs is an error: weights
 // of another architecture (attention biases, extra norms) that would be dropped silently. Layers
 // past the config's, and tensors outside the layers, are listed; HF's rotary_emb.inv_freq
 // buffers, which transformers recomputes too, are skipped.
-// A layer's MLP weight under twell.FFN's parameter names (mlp.wg, mlp.wu, mlp.wd): a converted model saved
-// with a plain state_dict.
-bool twells_own_name(const std::string& name) {
-  for (const char* suffix : {".mlp.wg", ".mlp.wu", ".mlp.wd"}) {
-    const std::string s(suffix);
-    if (name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) return true;
-  }
-  return false;
-}
-
 std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::vector<Expected>& expected,
                                         const io::ModelConfig& c, std::vector<std::string>& problems) {
   std::unordered_set<std::string> names;
@@ -136,9 +132,7 @@ std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::v
   std::vector<std::string> unused;
   for (const io::TensorInfo& t : ckpt.tensors()) {
     if (names.count(t.name)) continue;
-    const std::string inv_freq = "rotary_emb.inv_freq";
-    const size_t n = t.name.size(), k = inv_freq.size();
-    if (n >= k && t.name.compare(n - k, k, inv_freq) == 0) continue;
+    if (ends_with(t.name, "rotary_emb.inv_freq")) continue;
     const int64_t layer = LlamaWeights::layer_of(t.name);
     if (layer >= 0 && layer < c.num_hidden_layers)
       problems.push_back(str("tensor '", printable(t.name, 120), "' is not part of the Llama layer twell runs (model_type ",
@@ -184,15 +178,14 @@ std::vector<std::string> check_against(const io::Checkpoint& ckpt, const io::Mod
                                        const std::string& source, std::vector<Expected>* tensors = nullptr) {
   check_runtime_config(config, source);
   std::set<int64_t> present;  // the model's layers the checkpoint has a tensor of
+  int64_t own = 0;             // layer tensors under twell.FFN's names, the first of them
+  std::string first_own;
   for (const io::TensorInfo& t : ckpt.tensors()) {
     const int64_t layer = LlamaWeights::layer_of(t.name);
     if (layer >= 0 && layer < config.num_hidden_layers) present.insert(layer);
+    if (layer >= 0 && twells_own_name(t.name) && own++ == 0) first_own = t.name;
   }
   // A converted model saved with twell.FFN's names: said alone, before the missing HF tensors it causes.
-  int64_t own = 0;
-  std::string first_own;
-  for (const io::TensorInfo& t : ckpt.tensors())
-    if (LlamaWeights::layer_of(t.name) >= 0 && twells_own_name(t.name) && own++ == 0) first_own = t.name;
   if (own > 0)
     throw Error(str(ckpt.path(), ": ", own, " tensor", own == 1 ? " has" : "s have", " twell.FFN's names, not HF's (e.g. '",
                     printable(first_own, 120), "'): a model converted by twell.replace_hf_mlps saves as HF's checkpoint "

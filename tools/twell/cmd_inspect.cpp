@@ -39,9 +39,6 @@ std::string parent_dir(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
 }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 // The directory holding config.json: PATH (a directory) or the directory of PATH (a file); "" if
 // it has none.
