@@ -313,6 +313,118 @@ cuda::PrefillAttention attention_mode(const std::string& name) {
   TWELL_FAIL("bench model: --attention must be auto, cudnn or twell, got '", name, "'");
 }
 
+// Each phase's options (its models then set `ffn`): one place for the phase and for check_memory.
+LlamaCudaOptions phase_options(const ModelBenchConfig& cfg) {
+  LlamaCudaOptions o;
+  o.ffn_residual_norm = cfg.ffn_residual_norm;
+  o.deferred_residual_add = cfg.deferred_residual_add;
+  o.ffn_options.tile = cfg.tile;
+  return o;
+}
+
+// The prefill's: batch × seq tokens in one forward, no KV cache.
+LlamaCudaOptions prefill_options(const ModelBenchConfig& cfg) {
+  LlamaCudaOptions o = phase_options(cfg);
+  o.kv_cache = false;
+  o.max_batch = cfg.batch;
+  o.max_context = cfg.seq;
+  o.max_tokens = cfg.batch * cfg.seq;
+  o.prefill_attention = attention_mode(cfg.attention);
+  o.fused_qkv_rope = cfg.fused_qkv_rope;
+  return o;
+}
+
+// Decode at batch B: B prompts of --context tokens in one prefill, then the steps.
+LlamaCudaOptions decode_options(const ModelBenchConfig& cfg, int64_t B) {
+  LlamaCudaOptions o = phase_options(cfg);
+  o.max_batch = B;
+  o.max_context = cfg.context + 3 + cfg.steps + kEnergyContext;  // 3 warm-up steps
+  o.max_tokens = B * cfg.context;
+  o.cuda_graphs = cfg.cuda_graphs;
+  o.fused_decode_ffn = cfg.fused_decode_ffn;
+  o.decode_gemv = cfg.decode_gemv;
+  o.decode_attention_splits = cfg.decode_attention_splits;
+  return o;
+}
+
+// Whether decode at batch B times a third model, twell_gather: only where it differs from twell,
+// at batches the default options send through the dense decode FFN but the gather path still takes
+// (none with the defaults).
+bool decode_gathers(const ModelBenchConfig& cfg, int64_t B) {
+  return B <= cfg.gather_batches && B > LlamaCudaOptions{}.decode_gather_tokens;
+}
+
+constexpr int64_t kRaggedShortest = 64, kRaggedLongest = 511;  // the ragged prompts' lengths
+
+// The ragged prefill's: --ragged prompts, padded to the longest in one forward.
+LlamaCudaOptions ragged_options(const ModelBenchConfig& cfg) {
+  LlamaCudaOptions o = phase_options(cfg);
+  o.max_batch = cfg.ragged;
+  o.max_context = kRaggedLongest;
+  o.max_tokens = cfg.ragged * kRaggedLongest;  // the padded batch in one forward (the default caps it at kDefaultMaxTokens)
+  o.prefill_attention = attention_mode(cfg.attention);
+  o.fused_qkv_rope = cfg.fused_qkv_rope;
+  return o;
+}
+
+// The long prompt's (its chunked model; the whole one sets max_tokens to the prompt).
+LlamaCudaOptions long_options(const ModelBenchConfig& cfg) {
+  LlamaCudaOptions o = phase_options(cfg);
+  o.max_context = cfg.long_prompt;
+  o.prefill_attention = attention_mode(cfg.attention);
+  o.fused_qkv_rope = cfg.fused_qkv_rope;
+  return o;
+}
+
+// Refuses, before the weights are made, a phase whose models (those it holds at once) need more
+// GPU memory than is free beside the weights, so that it fails at once and not after the phases
+// before it have run; says which phase and what to lower. The models' constructors check again.
+void check_memory(const io::ModelConfig& c, const ModelBenchConfig& cfg) {
+  using cuda::FfnMode;
+  const cuda::DeviceMemory gpu = cuda::device_memory();
+  const size_t weights = LlamaCudaWeights::bytes_for(c);
+  const auto need = [&](LlamaCudaOptions o, std::initializer_list<FfnMode> modes) {
+    size_t bytes = 0;
+    for (FfnMode m : modes) o.ffn = m, bytes += LlamaCuda::memory_needed(c, o).total();
+    return bytes;
+  };
+  const auto fits = [&](size_t bytes, const std::string& phase, const char* lower) {
+    TWELL_REQUIRE(bytes <= gpu.free && gpu.free - bytes >= weights, "bench model: ", phase, " needs ",
+                  bytes_str(bytes), " of GPU memory for its models' buffers beside the weights' ", bytes_str(weights),
+                  ", and the GPU has ", gpu.str(), ": ", lower);
+  };
+  if (cfg.prefill)
+    fits(need(prefill_options(cfg), {FfnMode::dense, FfnMode::twell}), "the prefill (dense and twell models)",
+         "lower --batch or --seq, or give --no-prefill");
+  if (cfg.decode)
+    for (const int64_t B : cfg.decode_batches) {
+      LlamaCudaOptions o = decode_options(cfg, B);
+      size_t bytes = need(o, {FfnMode::dense, FfnMode::twell});
+      if (decode_gathers(cfg, B)) {
+        o.decode_gather_tokens = std::max(kGatherTokens, cfg.gather_batches);
+        bytes += need(o, {FfnMode::twell});
+      }
+      o.max_batch = 1;  // the check's one-sequence model
+      bytes += need(o, {FfnMode::dense});
+      fits(bytes, str("decode at batch ", B, " (dense and twell models, ", cfg.context, " + ", o.max_context - cfg.context,
+                      " positions a sequence)"),
+           "lower --context or leave that --decode-batch out");
+    }
+  if (cfg.ragged > 0) {
+    LlamaCudaOptions one = ragged_options(cfg);  // the check's one-sequence model
+    one.ffn = FfnMode::dense, one.max_batch = 1, one.max_tokens = kRaggedLongest;
+    const LlamaCudaOptions o = ragged_options(cfg);  // two models (runs, padded) of the default FFN
+    fits(2 * need(o, {o.ffn}) + need(one, {FfnMode::dense}),
+         str("the ragged prefill of ", cfg.ragged, " prompts"), "lower --ragged");
+  }
+  if (cfg.long_prompt > 0) {
+    LlamaCudaOptions whole = long_options(cfg);
+    whole.max_tokens = cfg.long_prompt;
+    fits(need(long_options(cfg), {FfnMode::twell}) + need(whole, {FfnMode::twell}),
+         str("the long prompt of ", cfg.long_prompt, " tokens"), "lower --long");
+  }
+}
+
 struct CheckResult {
   double prefill_dense = -1, prefill_twell = -1, decode_dense = -1, decode_twell = -1;
 };
@@ -456,16 +568,7 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
                    const CheckResult& check, GpuMeter& energy, std::vector<BenchRecord>& out,
                    std::ostream& progress) {
   const int64_t B = cfg.batch, S = cfg.seq, T = B * S;
-  LlamaCudaOptions o;
-  o.kv_cache = false;
-  o.max_batch = B;
-  o.max_context = S;
-  o.max_tokens = T;
-  o.prefill_attention = attention_mode(cfg.attention);
-  o.fused_qkv_rope = cfg.fused_qkv_rope;
-  o.ffn_residual_norm = cfg.ffn_residual_norm;
-  o.deferred_residual_add = cfg.deferred_residual_add;
-  o.ffn_options.tile = cfg.tile;
+  LlamaCudaOptions o = prefill_options(cfg);
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;
@@ -618,24 +721,12 @@ void prefill_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchC
 void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, int64_t B,
                   const Calibration& cal, const CheckResult& check, GpuMeter& energy,
                   std::vector<BenchRecord>& out, std::ostream& progress) {
-  LlamaCudaOptions o;
-  o.max_batch = B;
-  o.max_context = cfg.context + 3 + cfg.steps + kEnergyContext;  // 3 warm-up steps
-  o.max_tokens = B * cfg.context;
-  o.cuda_graphs = cfg.cuda_graphs;
-  o.fused_decode_ffn = cfg.fused_decode_ffn;
-  o.decode_gemv = cfg.decode_gemv;
-  o.decode_attention_splits = cfg.decode_attention_splits;
-  o.ffn_residual_norm = cfg.ffn_residual_norm;
-  o.deferred_residual_add = cfg.deferred_residual_add;
-  o.ffn_options.tile = cfg.tile;
+  LlamaCudaOptions o = decode_options(cfg, B);
   o.ffn = cuda::FfnMode::dense;
   LlamaCuda dense(w, o);
   o.ffn = cuda::FfnMode::twell;
   LlamaCuda twell(w, o);
-  // twell_gather only where it differs from twell: batches the default options send through the
-  // dense decode FFN but the gather path still takes (none with the defaults, both 8).
-  const int n_models = B <= cfg.gather_batches && B > LlamaCudaOptions{}.decode_gather_tokens ? 3 : 2;
+  const int n_models = decode_gathers(cfg, B) ? 3 : 2;
   o.decode_gather_tokens = std::max(kGatherTokens, cfg.gather_batches);
   std::unique_ptr<LlamaCuda> gather = n_models == 3 ? std::make_unique<LlamaCuda>(w, o) : nullptr;
   LlamaCuda* models[3] = {&dense, &twell, gather.get()};
@@ -800,17 +891,8 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
 // the CPU check's bound.
 void ragged_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, const Calibration& cal,
                   const CheckResult& check, std::vector<BenchRecord>& out, std::ostream& progress) {
-  constexpr int64_t kShortest = 64, kLongest = 511;
   const int64_t B = cfg.ragged, V = w->config.vocab_size;
-  LlamaCudaOptions o;
-  o.max_batch = B;
-  o.max_context = kLongest;
-  o.max_tokens = B * kLongest;  // the padded batch in one forward (the default caps it at kDefaultMaxTokens)
-  o.ffn_options.tile = cfg.tile;
-  o.prefill_attention = attention_mode(cfg.attention);
-  o.fused_qkv_rope = cfg.fused_qkv_rope;
-  o.ffn_residual_norm = cfg.ffn_residual_norm;
-  o.deferred_residual_add = cfg.deferred_residual_add;
+  LlamaCudaOptions o = ragged_options(cfg);
   LlamaCuda runs(w, o);
   o.ragged_prefill_runs = false;
   LlamaCuda padded(w, o);
@@ -819,7 +901,7 @@ void ragged_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
   auto prompt_set = [&]() {
     std::vector<std::vector<int32_t>> prompts;
     for (int64_t b = 0; b < B; ++b)
-      prompts.push_back(random_tokens(kShortest + static_cast<int64_t>(rng() % (kLongest - kShortest + 1)), V, rng()));
+      prompts.push_back(random_tokens(kRaggedShortest + static_cast<int64_t>(rng() % (kRaggedLongest - kRaggedShortest + 1)), V, rng()));
     std::stable_sort(prompts.begin(), prompts.end(), [](const auto& x, const auto& y) { return x.size() < y.size(); });
     return prompts;
   };
@@ -831,7 +913,7 @@ void ragged_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     LlamaCudaOptions ro = o;
     ro.ffn = cuda::FfnMode::dense;
     ro.max_batch = 1;
-    ro.max_tokens = kLongest;
+    ro.max_tokens = kRaggedLongest;
     LlamaCuda ref(w, ro);
     Tensor got[2];
     for (int k = 0; k < 2; ++k) {
@@ -880,7 +962,7 @@ void ragged_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
       if (!(err[0] <= bound)) r.ratio_to_dense = NAN;
       std::snprintf(line, sizeof line, "%lld prompts of %lld-%lld tokens, ordered by length, %s; %lld rows computed for %lld "
                     "tokens (the checked set); ratio against the padded batch; wall time of prefill_batch",
-                    static_cast<long long>(B), static_cast<long long>(kShortest), static_cast<long long>(kLongest),
+                    static_cast<long long>(B), static_cast<long long>(kRaggedShortest), static_cast<long long>(kRaggedLongest),
                     is_fresh ? "new lengths every call (new shapes)" : "one set repeated (shapes known, GEMMs tuned)",
                     static_cast<long long>(rows[k]), static_cast<long long>(real));
       r.note = line;
@@ -903,13 +985,7 @@ void ragged_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
 void long_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, const Calibration& cal,
                 const CheckResult& check, std::vector<BenchRecord>& out, std::ostream& progress) {
   const int64_t N = cfg.long_prompt, V = w->config.vocab_size;
-  LlamaCudaOptions o;
-  o.max_context = N;
-  o.ffn_options.tile = cfg.tile;
-  o.prefill_attention = attention_mode(cfg.attention);
-  o.fused_qkv_rope = cfg.fused_qkv_rope;
-  o.ffn_residual_norm = cfg.ffn_residual_norm;
-  o.deferred_residual_add = cfg.deferred_residual_add;
+  LlamaCudaOptions o = long_options(cfg);
   std::mt19937_64 rng(cfg.seed + 91);
   const std::vector<int32_t> fixed = random_tokens(N, V, rng());
   // The reference first, and gone before the two models take their memory. next_token_nll runs from
@@ -1009,6 +1085,7 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
   const io::ModelConfig c = model_config(cfg);
   std::string why;
   TWELL_REQUIRE(cuda::hopper_available(&why), "twell bench model needs a Hopper GPU: ", why);
+  check_memory(c, cfg);
   const auto t0 = Clock::now();
   auto w = make_weights(c, cfg.seed);
   char line[200];

@@ -66,5 +66,25 @@ TEST(BenchModel, ALongPromptRunsInChunksAndInOneForward) {
   EXPECT_LT(records[1].peak_mem_bytes, records[0].peak_mem_bytes);
 }
 
+// A phase that cannot fit in the GPU's memory is refused before anything runs (no weights made, no
+// calibration), naming the phase and what to lower; not after the phases before it have run.
+TEST(BenchModel, APhaseThatCannotFitIsRefusedFirst) {
+  TWELL_REQUIRE_HOPPER();
+  bench::ModelBenchConfig cfg;
+  cfg.layers = 2, cfg.hidden = 512, cfg.ffn = 2048, cfg.heads = 8, cfg.kv_heads = 8, cfg.vocab = 4096;
+  cfg.prefill = false;
+  cfg.decode_batches = {1, 1 << 16};  // 65536 sequences of 675 positions: ~181 GB of KV cache a model
+  std::ostringstream progress;
+  try {
+    bench::run_model_bench(cfg, progress);
+    ADD_FAILURE() << "expected a refusal";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("decode at batch 65536"), std::string::npos) << what;
+    EXPECT_NE(what.find("lower --context or leave that --decode-batch out"), std::string::npos) << what;
+  }
+  EXPECT_EQ(progress.str(), "") << "ran before refusing";
+}
+
 }  // namespace
 }  // namespace twell
