@@ -128,10 +128,10 @@ def main():
     if on_gpu:  # the parameters in bf16; buffers (RoPE's frequencies) stay float32, as from_pretrained keeps them
         for t in model.parameters():
             t.data = t.data.to(torch.bfloat16)
-    # the CPU backend's "f64" precision keeps a float32 model's accuracy; the GPU trains in bf16
+    # precision "auto": a float32 model keeps float32's accuracy on the CPU; the GPU trains in bf16
     with warnings.catch_warnings():  # its advice on save_pretrained: followed below
         warnings.simplefilter("ignore")
-        n = twell.replace_hf_mlps(model, l1=0.0, precision="bf16" if on_gpu else "f64")
+        n = twell.replace_hf_mlps(model, l1=0.0)
     ffns = [m for m in model.modules() if isinstance(m, twell.FFN)]
     print(f"{n} MLPs now twell FFNs; {sum(t.numel() for t in model.parameters()) / 1e6:.1f}M parameters on "
           f"{a.device}; {len(train)} training bytes, {len(held_out)} held out", flush=True)

@@ -349,6 +349,10 @@ class ModelOnTheCpu(unittest.TestCase):
             m.logits([1, 2.5])
         with self.assertRaisesRegex(twell.TwellError, "top_p"):
             m.generate([1], temperature=1.0, top_p=0.0)
+        with self.assertRaisesRegex(twell.TwellError, "temperature must be a number, got str 'hot'"):
+            m.generate([1], temperature="hot")
+        with self.assertRaisesRegex(twell.TwellError, "one sequence of ids, 1-D, got a batch of 1: pass ids\\[0\\]"):
+            m.logits([[1, 2, 3]])  # HF's input_ids [1, T]
         with self.assertRaisesRegex(twell.TwellError, "max_new_tokens"):
             m.generate([1], max_new_tokens=-1)
         for bad in (dict(seed=-1), dict(seed=2**64), dict(seed=1.5), dict(top_k=2.7), dict(top_k=-1)):

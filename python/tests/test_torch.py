@@ -228,6 +228,53 @@ class TorchFfnUse(unittest.TestCase):
         self.assertEqual(twell.cuda_available(), twell.cuda_unavailable_reason() == "")
         self.assertEqual(twell.__version__, twell.version())
 
+    def test_cpu_precision_follows_the_dtype(self):
+        # "auto": a float32 module (a float32 model's MLPs replaced) keeps float32's accuracy; bf16 rounds
+        H, I, M = 32, 96, 20
+        mlp = Mlp(H, I)
+        x = torch.randn(M, H)
+        y64, _ = reference(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.t(), torch.float64)
+        with torch.no_grad():
+            ffn = twell.FFN.from_hf_mlp(mlp)
+            self.assertEqual(ffn.wu.dtype, torch.float32)
+            self.assertLess(rel(ffn(x), y64), 1e-6)
+            self.assertLess(rel(twell.ffn_forward(x, ffn.wg, ffn.wu, ffn.wd), y64), 1e-6)
+            rounded = rel(twell.FFN.from_hf_mlp(mlp, precision="bf16")(x), y64)
+            self.assertGreater(rounded, 1e-4)
+            self.assertGreater(rel(twell.ffn_forward(x, ffn.wg, ffn.wu, ffn.wd, precision="bf16"), y64), 1e-4)
+            self.assertLess(rel(ffn.to(torch.bfloat16)(x.bfloat16()), y64), 2e-2)  # bf16 parameters: bf16
+        self.assertIn("precision=auto", repr(ffn))
+        # a CPU forward's backward after release_workspace() (CPU runners hold nothing)
+        f = twell.FFN(H, I, dtype=torch.float64)
+        xg = torch.randn(3, H, dtype=torch.float64, requires_grad=True)
+        y = f(xg)
+        f.release_workspace()
+        y.sum().backward()
+        self.assertEqual(xg.grad.shape, (3, H))
+
+    def test_replace_hf_mlps_keeps_a_shared_mlp_shared(self):
+        mlp = Mlp(16, 32)
+
+        class Two(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = mlp, mlp
+                self.c = torch.nn.Sequential(mlp)
+
+        model = Two()
+        x = torch.randn(4, 16)
+        with torch.no_grad():
+            want = mlp(x)
+        self.assertEqual(twell.replace_hf_mlps(model), 1)
+        self.assertIsInstance(model.a, twell.FFN)
+        self.assertIs(model.a, model.b)
+        self.assertIs(model.a, model.c[0])
+        self.assertEqual(model.a.layers, 1)
+        with torch.no_grad():
+            self.assertLess(rel(model.a(x), want), 1e-6)
+        with self.assertRaisesRegex(twell.TwellError, "an MLP itself: twell.FFN.from_hf_mlp\\(mlp\\)"):
+            twell.replace_hf_mlps(Mlp(16, 32))
+
     def test_cpu_float64_oracle_and_non_gated_backward(self):
         H, I, M = 32, 96, 20
         g = torch.Generator().manual_seed(7)
@@ -560,7 +607,9 @@ class TorchFfnFromHf(unittest.TestCase):
         missing = twell.FFN(32, 96, dtype=torch.float32).load_state_dict(
             {"gate_proj.weight": mlp.gate_proj.weight}, strict=False).missing_keys
         self.assertEqual(sorted(missing), ["down_proj.weight", "up_proj.weight"])  # in the names it was given
-        with self.assertRaisesRegex(RuntimeError, r"size mismatch for down_proj.weight \(as twell's wd, transposed\)"):
+        with self.assertRaisesRegex(RuntimeError, r"size mismatch for down_proj.weight \(as twell's wd, transposed\): "
+                                    r"copying a param with shape torch.Size\(\[32, 96\]\) from checkpoint, the shape "
+                                    r"in current model is torch.Size\(\[32, 64\]\)"):  # down_proj's layout
             twell.FFN(32, 64, dtype=torch.float32).load_state_dict(mlp.state_dict())
         copy.deepcopy(ffn), pickle.loads(pickle.dumps(ffn))
         shared = torch.nn.Module()  # one FFN at two paths: both converted

@@ -23,6 +23,7 @@ import itertools
 import math
 import numbers
 import random
+import re
 import threading
 import warnings
 import weakref
@@ -404,8 +405,17 @@ class _CudaTrainer(_GpuRunner):
 def _check_options(dispatch, precision):
     if dispatch not in _capi.DISPATCH:
         raise TwellError(f"dispatch must be one of {', '.join(_capi.DISPATCH)}, got {dispatch!r}")
-    if precision not in _capi.PRECISION:
-        raise TwellError(f"precision must be one of {', '.join(_capi.PRECISION)}, got {precision!r}")
+    if precision != "auto" and precision not in _capi.PRECISION:
+        raise TwellError(f"precision must be one of auto, {', '.join(_capi.PRECISION)}, got {precision!r}")
+
+
+def _resolved_precision(precision, dtype):
+    """precision="auto" for tensors of `dtype`: "f64" for float32 and float64 (the CPU backend's float64
+    accumulation, nothing rounded to bf16: a float32 model's accuracy), "bf16" for bf16."""
+    if precision != "auto":
+        return precision
+    torch = _torch()
+    return "f64" if dtype in (torch.float32, torch.float64) else "bf16"
 
 
 def _cpu_autocast_dtype():
@@ -475,11 +485,16 @@ def replace_hf_mlps(model, **kwargs):
     holding its weights (FFN.from_hf_mlp: bf16 on the GPU; save it with
     `save_pretrained(dir, state_dict=twell.hf_state_dict(model))` for a checkpoint transformers and
     twell.Model load); other MLPs (with biases, another activation) are left as they are, with a
-    warning where none is replaced. `kwargs` go to
-    each FFN (l1, dispatch, max_tokens, ...); `layers` defaults to the number replaced. Returns that
+    warning where none is replaced. An MLP held at several places becomes one FFN held there. `kwargs` go
+    to each FFN (l1, dispatch, max_tokens, ...); `layers` defaults to the number replaced. Returns that
     number."""
-    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-               if _is_relu_mlp(child)]
+    if _is_relu_mlp(model):
+        raise TwellError("twell.replace_hf_mlps replaces the MLPs inside a model, and this is an MLP itself: "
+                         "twell.FFN.from_hf_mlp(mlp) makes its FFN")
+    # every place a module is held (named_children() names a module held twice once), so that a shared MLP
+    # becomes one shared FFN
+    targets = [(parent, name, child) for parent in model.modules() for name, child in parent._modules.items()
+               if child is not None and _is_relu_mlp(child)]
     half = [child for _, _, child in targets if any(p.dtype == torch.float16 for p in child.parameters())]
     if half:
         raise TwellError(f"twell.replace_hf_mlps: {len(half)} of the MLPs hold float16 weights, for which twell has "
@@ -494,10 +509,14 @@ def replace_hf_mlps(model, **kwargs):
                       "state_dict=twell.hf_state_dict(model)); a plain save_pretrained writes twell's names "
                       "(mlp.wg, mlp.wu, mlp.wd), which transformers loads with its MLPs left random (reporting them "
                       "missing) and twell refuses", stacklevel=2)
-    kwargs.setdefault("layers", max(len(targets), 1))
+    made = {}  # id(MLP) -> its FFN
+    for _, _, child in targets:
+        made.setdefault(id(child), child)
+    kwargs.setdefault("layers", max(len(made), 1))
+    made = {key: FFN.from_hf_mlp(child, **kwargs) for key, child in made.items()}
     for parent, name, child in targets:
-        setattr(parent, name, FFN.from_hf_mlp(child, **kwargs))
-    return len(targets)
+        setattr(parent, name, made[id(child)])
+    return len(made)
 
 
 class _NoTokens:
@@ -543,12 +562,13 @@ class _FfnState:
         self.key = torch.tensor(number, dtype=torch.int64, device="cpu")  # whatever the default device
 
     def runner(self, m, device, training):
-        key = ("cpu", m.precision) if device.type == "cpu" else (device, training, m.dispatch, m.precision)
+        precision = _resolved_precision(m.precision, m.wu.dtype)
+        key = ("cpu", precision) if device.type == "cpu" else (device, training, m.dispatch, precision)
         with self.lock:  # two threads' first calls build one runner
             if key not in self.runners:
-                self.runners[key] = _CpuRunner(m.precision) if device.type == "cpu" else (
+                self.runners[key] = _CpuRunner(precision) if device.type == "cpu" else (
                     _CudaTrainer if training else _CudaRunner)(device, m.hidden, m.ffn, m.gated, m.dispatch,
-                                                               m.precision)
+                                                               precision)
             return self.runners[key]
 
     def runner_of(self, generation):
@@ -563,7 +583,8 @@ class _FfnState:
         with self.lock:
             for runner in self.runners.values():
                 runner.release()
-            self.runners.clear()
+            # CPU runners hold no memory, and a pending backward finds its forward's runner by its generation
+            self.runners = {key: r for key, r in self.runners.items() if isinstance(r, _CpuRunner)}
             self.last = None
 
 
@@ -675,19 +696,20 @@ _functional_runners = {}
 _functional_lock = threading.Lock()
 
 
-def ffn_forward(x, wg, wu, wd, precision="bf16", dispatch="observe"):
+def ffn_forward(x, wg, wu, wd, precision="auto", dispatch="observe"):
     """y = (relu(x wgᵀ) ⊙ x wuᵀ) wd (wg None: relu(x wuᵀ) wd), for inference: no autograd (twell.FFN trains).
 
     x [..., H]; wg, wu [I, H]; wd [I, H] neuron-major (HF's down_proj.weight.t().contiguous()). On the GPU
     (bf16) one FfnForward per device, shape and options serves every call, dispatched on each call's
     density ("observe": one stream synchronisation a call; with "previous" every call of a shape would
     be dispatched on the density of the call before it, whatever layer that was); clear_cache() frees
-    their memory. On the CPU, precision="f64" gives the float64 oracle; "bf16" rounds where a bf16
-    model does, whatever the tensors' dtype.
+    their memory. precision (FFN's): "auto" rounds where a bf16 model does for bf16 tensors and computes
+    float32 and float64 ones in float64 on the CPU ("f64", the oracle); "bf16" rounds whatever the dtype.
     """
     torch = _torch()
     _check_options(dispatch, precision)
     _check_shapes(x, wg, wu, wd)
+    precision = _resolved_precision(precision, x.dtype)
     dtypes = {name: t.dtype for name, t in (("x", x), ("wg", wg), ("wu", wu), ("wd", wd)) if t is not None}
     if len(set(dtypes.values())) > 1:
         raise TwellError("twell.ffn_forward: x and the weights must have one dtype, got "
@@ -789,8 +811,9 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
 
         precision: where values are rounded. "bf16": g = relu(x Wgᵀ), u = x Wuᵀ and h = g ⊙ u each
         rounded to bf16, as a bf16 PyTorch model does (fp32 accumulation); "h_fp32": g and u rounded,
-        h kept in fp32; "f64" (CPU only): nothing rounded, float64 accumulation, the oracle. Only "f64"
-        gives a float32 model float32's accuracy.
+        h kept in fp32; "f64" (CPU only): nothing rounded, float64 accumulation, the oracle, which gives a
+        float32 model float32's accuracy. "auto" (the default): "bf16" for bf16 parameters (the GPU's),
+        "f64" for float32 and float64 ones (the CPU's), decided at each call.
 
         `l1` is λ of the L1 penalty on h, λ · mean over layers of (1/M) Σ|h|: its gradient
         λ/(M·layers)·sign(h) is added in backward (with the module's l1 and layers at that time), over
@@ -815,7 +838,7 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         """
 
         def __init__(self, hidden, ffn, gated=True, *, l1=0.0, layers=1, max_tokens=0, dispatch="previous",
-                     precision="bf16", device=None, dtype=None):
+                     precision="auto", device=None, dtype=None):
             super().__init__()
             if not hasattr(torch.library, "custom_op"):
                 raise TwellError(f"twell.FFN needs PyTorch 2.4 or later, this is {torch.__version__}")
@@ -880,8 +903,11 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                 for i in range(first_error, len(error_msgs)):
                     for ours, theirs in _HF_NAMES:
                         layout = ", transposed" if ours == "wd" else ""
-                        error_msgs[i] = error_msgs[i].replace(f"for {prefix}{ours}:",
-                                                              f"for {prefix}{theirs} (as twell's {ours}{layout}):")
+                        msg = error_msgs[i]
+                        if ours == "wd" and f"for {prefix}{ours}:" in msg:  # the shapes in down_proj's layout too
+                            msg = re.sub(r"\[(\d+), (\d+)\]", r"[\2, \1]", msg)
+                        error_msgs[i] = msg.replace(f"for {prefix}{ours}:",
+                                                    f"for {prefix}{theirs} (as twell's {ours}{layout}):")
 
         def __getstate__(self):  # copies and pickles carry the parameters and l1, not the GPU objects
             state = self.__dict__.copy()
@@ -916,8 +942,8 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             """The FFN of a HF Llama-style MLP (gate_proj, up_proj, down_proj without bias, ReLU), copied: bf16
             on the GPU, the MLP's dtype on the CPU (float32 or float64; bf16 for a bf16 or float16 MLP), unless
             dtype= says otherwise; frozen weights stay frozen, and the module's train/eval mode is the MLP's.
-            Its precision is bf16 (rounded where a bf16 model rounds) unless precision= says otherwise:
-            precision="f64" on the CPU for the MLP's float32 results within float32 rounding."""
+            Its precision is "auto" unless precision= says otherwise: a bf16 module rounds where a bf16 model
+            rounds, a float32 or float64 one (on the CPU) gives the MLP's results within float32 rounding."""
             act = getattr(mlp, "act_fn", None)
             if not isinstance(act, torch.nn.ReLU):
                 raise TwellError(f"twell's FFN is ReLU-gated; this MLP's activation is {type(act).__name__}")
@@ -968,9 +994,10 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             x2 = x.reshape(-1, self.hidden).contiguous()
             grad = torch.is_grad_enabled() and any(
                 t is not None and t.requires_grad for t in (x2, self.wg, self.wu, self.wd))
-            if grad and x.is_cuda and (not self.gated or self.precision != "bf16"):
+            precision = _resolved_precision(self.precision, self.wu.dtype)
+            if grad and x.is_cuda and (not self.gated or precision != "bf16"):
                 raise TwellError("twell.FFN: the GPU backward takes the gated FFN in bf16 precision only; this one is "
-                                 f"gated={self.gated}, precision={self.precision} (train it on the CPU, or run it "
+                                 f"gated={self.gated}, precision={precision} (train it on the CPU, or run it "
                                  "under torch.no_grad())")
             y, _ = torch.ops.twell.ffn(x2, self.wg, self.wu, self.wd, self._state.key, grad)
             return y.reshape(shape[:-1] + (self.hidden,))

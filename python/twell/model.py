@@ -37,6 +37,9 @@ def _id_list(values, what="ids"):
     if isinstance(values, numbers.Integral) or not hasattr(values, "__iter__"):
         raise TwellError(f"{what} must be a list of integers, got {type(values).__name__} {values!r}")
     values = list(values)
+    if values and all(isinstance(v, (list, tuple)) for v in values):  # a batch, as HF's input_ids [1, T]
+        raise TwellError(f"{what} must be one sequence of ids, 1-D, got a batch of {len(values)}"
+                         + (": pass ids[0]" if len(values) == 1 else " (generate_batch takes several prompts)"))
     for i, v in enumerate(values):
         values[i] = _integer(v, what, "integers")
         if not -2**31 <= values[i] < 2**31:
@@ -414,7 +417,16 @@ class Model:
         seed = _int(seed, "seed", 0, 2**64, "an integer in [0, 2**64)")
         s = _capi.Sampling()
         _capi.lib.twell_sampling_init(ctypes.byref(s))
-        s.temperature, s.top_k, s.top_p, s.seed = float(temperature), int(top_k), float(top_p), int(seed)
+        numbers_ = []
+        for name, value in (("temperature", temperature), ("top_p", top_p)):
+            try:
+                if isinstance(value, (str, bytes, bool)):
+                    raise TypeError
+                numbers_.append(float(value))
+            except (TypeError, ValueError):
+                raise TwellError(f"{name} must be a number, got {type(value).__name__} {value!r}") from None
+        s.temperature, s.top_p = numbers_
+        s.top_k, s.seed = int(top_k), int(seed)
         if self.tokenizer is not None:  # never draw an id the tokenizer cannot print
             s.vocab_limit = self.tokenizer.vocab_size
         return s
