@@ -252,29 +252,6 @@ class TorchFfnUse(unittest.TestCase):
         y.sum().backward()
         self.assertEqual(xg.grad.shape, (3, H))
 
-    def test_replace_hf_mlps_keeps_a_shared_mlp_shared(self):
-        mlp = Mlp(16, 32)
-
-        class Two(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.a, self.b = mlp, mlp
-                self.c = torch.nn.Sequential(mlp)
-
-        model = Two()
-        x = torch.randn(4, 16)
-        with torch.no_grad():
-            want = mlp(x)
-        self.assertEqual(twell.replace_hf_mlps(model), 1)
-        self.assertIsInstance(model.a, twell.FFN)
-        self.assertIs(model.a, model.b)
-        self.assertIs(model.a, model.c[0])
-        self.assertEqual(model.a.layers, 1)
-        with torch.no_grad():
-            self.assertLess(rel(model.a(x), want), 1e-6)
-        with self.assertRaisesRegex(twell.TwellError, "an MLP itself: twell.FFN.from_hf_mlp\\(mlp\\)"):
-            twell.replace_hf_mlps(Mlp(16, 32))
-
     def test_cpu_float64_oracle_and_non_gated_backward(self):
         H, I, M = 32, 96, 20
         g = torch.Generator().manual_seed(7)
@@ -580,6 +557,29 @@ class TorchFfnUse(unittest.TestCase):
 class TorchFfnFromHf(unittest.TestCase):
     """On the CPU backend: what a model converted with replace_hf_mlps keeps of the original (its
     state_dict's names, frozen weights, mode), and what the module refuses at once."""
+
+    def test_replace_hf_mlps_keeps_a_shared_mlp_shared(self):
+        mlp = Mlp(16, 32)
+
+        class Two(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = mlp, mlp
+                self.c = torch.nn.Sequential(mlp)
+
+        model = Two()
+        x = torch.randn(4, 16)
+        with torch.no_grad():
+            want = mlp(x)
+        self.assertEqual(twell.replace_hf_mlps(model), 1)
+        self.assertIsInstance(model.a, twell.FFN)
+        self.assertIs(model.a, model.b)
+        self.assertIs(model.a, model.c[0])
+        self.assertEqual(model.a.layers, 1)
+        with torch.no_grad():
+            self.assertLess(rel(model.a(x), want), 1e-6)
+        with self.assertRaisesRegex(twell.TwellError, "an MLP itself: twell.FFN.from_hf_mlp\\(mlp\\)"):
+            twell.replace_hf_mlps(Mlp(16, 32))
 
     def test_hf_state_dict_names_and_frozen_weights_stay_frozen(self):
         torch.manual_seed(0)
