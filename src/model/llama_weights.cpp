@@ -258,7 +258,20 @@ LlamaWeights load_weights(const io::Checkpoint& ckpt, const io::ModelConfig& con
     w.layers.push_back(std::move(l));
   }
   w.final_norm = read("model.norm.weight");
-  if (!config.tie_word_embeddings) w.lm_head = read("lm_head.weight");
+  if (!config.tie_word_embeddings) {
+    w.lm_head = read("lm_head.weight");
+  } else if (ckpt.has("lm_head.weight") && ckpt.info("lm_head.weight").shape == w.embed.shape() &&
+             ckpt.info("lm_head.weight").readable_float()) {
+    // Tied in config.json, yet a head of its own in the checkpoint: transformers 5 keeps it untied
+    // where its values differ from the embedding's (and says so), so the logits are that head's.
+    Tensor head = read("lm_head.weight");
+    if (std::memcmp(head.view().data, w.embed.view().data, head.nbytes()) != 0) {
+      w.config.tie_word_embeddings = false;
+      w.lm_head = std::move(head);
+      w.head_untied = true;
+      w.unused.erase(std::remove(w.unused.begin(), w.unused.end(), "lm_head.weight"), w.unused.end());
+    }
+  }
   return w;
 }
 

@@ -207,6 +207,9 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
     say(o, str("warning: the checkpoint holds ", last_layer + (last_layer < INT64_MAX),  // saturated
                " layers; config.json's num_hidden_layers = ", c.num_hidden_layers, " runs only the first ",
                c.num_hidden_layers));
+  if (w.head_untied)
+    say(o, "warning: config.json ties the embeddings (tie_word_embeddings), but the checkpoint's lm_head.weight "
+           "differs from model.embed_tokens.weight: the model uses lm_head.weight, as transformers 5 does");
   if (!w.unused.empty()) {
     std::string names;
     for (size_t i = 0; i < w.unused.size() && i < 3; ++i) names += (i ? ", " : "") + printable(w.unused[i], 120);

@@ -8,6 +8,8 @@
 //    (tests/model/data/llama/<name>/: config.json, model.safetensors, logits.safetensors).
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -612,6 +614,29 @@ TEST_F(LlamaLoadErrors, UnusedTensorsAreListed) {
   write_hf(dir_, c, hf);
   const LlamaWeights w = LlamaWeights::load_dir(dir_);
   EXPECT_EQ(w.unused, std::vector<std::string>{"model.extra.weight"});
+}
+
+// config.json ties the embeddings, yet the checkpoint holds a head of its own: where its values
+// differ from the embedding's the model uses it, as transformers 5 does (and says so); where they are
+// the same it is the tied head, listed as unused.
+TEST_F(LlamaLoadErrors, ATiedConfigsOwnHeadIsUsedWhereItDiffers) {
+  c.tie_word_embeddings = true;
+  write_hf(dir_, c, hf);  // lm_head.weight included
+  const LlamaWeights own = LlamaWeights::load_dir(dir_);
+  EXPECT_TRUE(own.head_untied);
+  EXPECT_FALSE(own.config.tie_word_embeddings);
+  EXPECT_TRUE(own.unused.empty());
+  const Tensor& want = hf.at("lm_head.weight");
+  ASSERT_EQ(own.head().nbytes(), want.nbytes());
+  EXPECT_EQ(std::memcmp(own.head().data, want.view().data, want.nbytes()), 0);
+
+  hf["lm_head.weight"] = Tensor(DType::f32, want.shape());
+  std::memcpy(hf["lm_head.weight"].view().data, hf.at("model.embed_tokens.weight").view().data, want.nbytes());
+  write_hf(dir_, c, hf);
+  const LlamaWeights same = LlamaWeights::load_dir(dir_);
+  EXPECT_FALSE(same.head_untied);
+  EXPECT_TRUE(same.config.tie_word_embeddings);
+  EXPECT_EQ(same.unused, std::vector<std::string>{"lm_head.weight"});
 }
 
 TEST_F(LlamaLoadErrors, UnsupportedActivation) {

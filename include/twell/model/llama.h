@@ -66,6 +66,9 @@ struct LlamaWeights {
   // Checkpoint tensors the model does not use, by name: lm_head.weight of a tied model, say, or
   // layers past config.num_hidden_layers. HF's rotary_emb.inv_freq buffers are not listed.
   std::vector<std::string> unused;
+  // load() found config.json tying the embeddings but the checkpoint holding an lm_head.weight of
+  // other values: it used that head (config.tie_word_embeddings now false), as transformers 5 does.
+  bool head_untied = false;
 
   // Validates every tensor's presence, shape and dtype (float: BF16, F16, F32 or F64) against
   // `config`, then converts. Errors name the tensor, e.g. "<ckpt>: tensor
