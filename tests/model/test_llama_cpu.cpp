@@ -8,12 +8,11 @@
 //    (tests/model/data/llama/<name>/: config.json, model.safetensors, logits.safetensors).
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
