@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <set>
 
@@ -503,10 +504,23 @@ Checkpoint Checkpoint::open(const std::string& path) {
       struct stat bin {};
       const bool has_bin = ::stat((path + "/pytorch_model.bin").c_str(), &bin) == 0 ||
                            ::stat((path + "/pytorch_model.bin.index.json").c_str(), &bin) == 0;
+      // Other .safetensors files: shards without their index, or one file of another name.
+      std::string others;
+      size_t n_others = 0;
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator(path, ec))
+        if (entry.path().extension() == ".safetensors") {
+          const std::string name = entry.path().filename().string();
+          if (n_others++ == 0 || name < others) others = name;  // the first by name
+        }
       fail(path, str("directory holds neither model.safetensors nor model.safetensors.index.json",
                      has_bin ? " (twell does not read pytorch_model.bin: re-save the model with transformers' "
                                "save_pretrained(dir, safe_serialization=True))"
-                             : ""));
+                     : n_others > 0
+                         ? str(" (it holds ", n_others, " other .safetensors file", n_others == 1 ? "" : "s", ", e.g. '",
+                               printable(others, 120), "': shards are read through the model.safetensors.index.json "
+                               "saved with them)")
+                         : std::string()));
     }
   }
 

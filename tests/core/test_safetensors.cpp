@@ -169,6 +169,12 @@ TEST_F(Safetensors, CheckpointOpensFileOrDirectory) {
   std::ofstream(path("torch_bin/pytorch_model.bin")) << "x";
   expect_error([&] { Checkpoint::open(path("torch_bin")); },
                {"neither model.safetensors", "does not read pytorch_model.bin", "safe_serialization=True"});
+  std::filesystem::create_directories(path("shards"));  // shards without their index
+  for (const char* name : {"model-00002-of-00002.safetensors", "model-00001-of-00002.safetensors"})
+    io::write_safetensors(path(std::string("shards/") + name), {{name, w}});
+  expect_error([&] { Checkpoint::open(path("shards")); },
+               {"neither model.safetensors", "it holds 2 other .safetensors files, e.g. "
+                "'model-00001-of-00002.safetensors': shards are read through the model.safetensors.index.json"});
 }
 
 // Two shards and an index written by hand, as HuggingFace lays them out.

@@ -364,6 +364,10 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"bench ffn --backnd cpu -M 4", "twell bench ffn: unknown option '--backnd' (did you mean --backend?)"},
       {"run . -p hi --zzzzzz", "twell run: unknown option '--zzzzzz'; see twell run --help"},
       {"--bogus", "twell: unknown option '--bogus'; see twell --help"},
+      // Arguments left over, in their order; an unquoted prompt is said to need quotes.
+      {"run . -p The quick brown", "twell run: unexpected arguments 'quick brown' (a prompt of several words goes in "
+                                   "quotes: -p \"...\"); see twell run --help"},
+      {"inspect . extra", "twell inspect: unexpected argument 'extra'; see twell inspect --help"},
       // Every command-line error in one form, exit status 1.
       {"run .", "twell run: --prompt (or --prompts FILE) is required; see twell run --help"},
       {"", "twell: a command is required: bench, inspect, run, eval; see twell --help"},

@@ -177,6 +177,14 @@ int main(int argc, char** argv) {
     while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
     // CLI11's own phrasings, in ours.
     if (what == "A subcommand is required") what = "a command is required: " + command_names();
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {  // in their order, with a hint for prompts
+      const std::vector<std::string> extras = app.remaining(true);
+      std::string words;
+      for (const std::string& arg : extras) words += (words.empty() ? "" : " ") + arg;
+      what = std::string("unexpected argument") + (extras.size() == 1 ? "" : "s") + " '" + words + "'";
+      if (level->get_option_no_throw("--prompt") != nullptr)
+        what += " (a prompt of several words goes in quotes: -p \"...\")";
+    }
     const size_t at_most = what.find(": At Most 1 required but received ");
     if (at_most != std::string::npos) what = what.substr(0, at_most) + " is given more than once";
     std::fprintf(stderr, "%s: %s; see %s --help\n", path.c_str(), what.c_str(), path.c_str());
