@@ -189,6 +189,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
     c.tie_word_embeddings = tie->get<bool>();
   }
   read_string(root, "hidden_act", source, &c.hidden_act);
+  if (c.hidden_act == "swish") c.hidden_act = "silu";  // transformers' ACT2FN: the same function
   if (!read_string(root, "torch_dtype", source, &c.torch_dtype))
     read_string(root, "dtype", source, &c.torch_dtype);
   c.rope_scaling = read_rope(root, source);

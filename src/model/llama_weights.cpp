@@ -164,8 +164,8 @@ namespace {
 void check_runtime_config(const io::ModelConfig& config, const std::string& source) {
   config.validate(source);
   if (config.hidden_act != "relu" && config.hidden_act != "silu")
-    throw Error(str(source, ": hidden_act \"", config.hidden_act,
-                    "\" is not supported by the Llama runtime (it runs \"relu\" and \"silu\")"));
+    throw Error(str(source, ": hidden_act '", config.hidden_act,
+                    "' is not supported by the Llama runtime (it runs relu and silu)"));
 }
 
 // LlamaWeights::check. `source` names the config in messages: its file where it came from one.

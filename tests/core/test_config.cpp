@@ -307,8 +307,9 @@ TEST(ModelConfig, ValidateExplainsInconsistencies) {
                {"x.json", "vocab_size must be positive, got 0"});
   expect_error([&] { with([](ModelConfig& c) { c.num_hidden_layers = -1; }).validate("x.json"); },
                {"num_hidden_layers must be positive, got -1"});
-  expect_error([&] { with([](ModelConfig& c) { c.hidden_act = "swish"; }).validate("x.json"); },
-               {"x.json", "hidden_act", "'swish'"});
+  expect_error([&] { with([](ModelConfig& c) { c.hidden_act = "mish"; }).validate("x.json"); },
+               {"x.json", "hidden_act", "'mish'"});
+  EXPECT_EQ(ModelConfig::from_json(odd + R"(, "head_dim": 16, "hidden_act": "swish"})").hidden_act, "silu");  // HF's alias
   expect_error([&] { with([](ModelConfig& c) { c.rope_theta = -1; }).validate("x.json"); },
                {"rope_theta must be a positive number"});
   expect_error([&] { with([](ModelConfig& c) { c.head_dim = 7; }).validate("x.json"); },

@@ -187,8 +187,8 @@ void run_inspect(const std::string& path, bool check_finite) {
     params += static_cast<uint64_t>(t.numel());
     bytes += t.nbytes();
   }
-  std::printf("\n%zu tensors, %s parameters, %s bytes (%.2f MB)\n", ckpt.tensors().size(),
-              grouped(params).c_str(), grouped(bytes).c_str(), bytes / 1e6);
+  std::printf("\n%zu tensor%s, %s parameters, %s bytes (%.2f MB)\n", ckpt.tensors().size(),
+              ckpt.tensors().size() == 1 ? "" : "s", grouped(params).c_str(), grouped(bytes).c_str(), bytes / 1e6);
   std::fflush(stdout);
   // The whole checkpoint (a lone shard would miss tensors): a directory, an index, model.safetensors.
   const std::string base = path.substr(path.find_last_of('/') + 1);
