@@ -111,7 +111,8 @@ void register_eval(CLI::App& app) {
     TWELL_REQUIRE(ctx <= config.max_position_embeddings, "--context ", ctx, " is longer than the model's context of ",
                   config.max_position_embeddings);
     const int64_t step = *stride > 0 ? *stride : ctx;
-    TWELL_REQUIRE(step <= ctx, "--stride ", step, " is longer than the window (--context ", ctx,
+    TWELL_REQUIRE(step <= ctx, "--stride ", step, " is longer than the window (",
+                  *context > 0 ? str("--context ", ctx) : str(ctx, " tokens, the model's context; --context sets it"),
                   "): the tokens between windows would not be scored");
     TWELL_REQUIRE(!*sparsity || step == ctx, "--sparsity counts every token of each window: it takes windows that "
                   "do not overlap (--stride equal to the window)");

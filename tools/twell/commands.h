@@ -23,7 +23,8 @@ inline std::string stdout_failure() {
   const bool flushed = std::fflush(stdout) == 0;
   const int cause = errno;
   if (flushed && !std::ferror(stdout) && std::cout) return {};
-  return std::string("writing the standard output failed: ") + (cause ? std::strerror(cause) : "an earlier write did");
+  return std::string("writing the standard output failed: ") +
+         (cause ? std::strerror(cause) : "an earlier write did (a full disk, or a reader that closed the pipe?)");
 }
 
 // What a number option says of an empty value (CLI11 would read it as 0): main() checks every
