@@ -15,8 +15,8 @@ export PYTHONPATH=$PWD/python TWELL_LIBRARY=$B/libtwell_c.so
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
 O=$OUT/s49c; mkdir -p $O; cp "$0" $O/; cp $B/COMMIT $O/
 nvidia-smi --query-gpu=name,memory.total --format=csv > $O/gpu.txt; cat $O/gpu.txt
-S=$(date +%s.%N)
-timeout 120 $B/twell bench model --no-prefill --decode-batch 1,64,512 > $O/refusal.txt 2>&1; echo "rc $? after $(echo "$(date +%s.%N) - $S" | bc) s" >> $O/refusal.txt
+S=$(date +%s%N)
+timeout 120 $B/twell bench model --no-prefill --decode-batch 1,64,512 > $O/refusal.txt 2>&1; echo "rc $? after $(( ($(date +%s%N) - S) / 1000000 )) ms" >> $O/refusal.txt
 cat $O/refusal.txt
 timeout $(left 200) $B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests.log 2>&1; echo "rc $?" >> $O/gpu_tests.log
 tail -3 $O/gpu_tests.log; grep -E "FAILED|Failure" -A8 $O/gpu_tests.log | head -30
