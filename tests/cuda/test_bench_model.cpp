@@ -73,14 +73,15 @@ TEST(BenchModel, APhaseThatCannotFitIsRefusedFirst) {
   bench::ModelBenchConfig cfg;
   cfg.layers = 2, cfg.hidden = 512, cfg.ffn = 2048, cfg.heads = 8, cfg.kv_heads = 8, cfg.vocab = 4096;
   cfg.prefill = false;
-  cfg.decode_batches = {1, 1 << 16};  // 65536 sequences of 675 positions: ~181 GB of KV cache a model
+  cfg.decode_batches = {1, 16384};
+  cfg.context = 4096;  // 16384 sequences of 4259 positions: ~286 GB of KV cache a model
   std::ostringstream progress;
   try {
     bench::run_model_bench(cfg, progress);
     ADD_FAILURE() << "expected a refusal";
   } catch (const Error& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("decode at batch 65536"), std::string::npos) << what;
+    EXPECT_NE(what.find("decode at batch 16384"), std::string::npos) << what;
     EXPECT_NE(what.find("lower --context or leave that --decode-batch out"), std::string::npos) << what;
   }
   EXPECT_EQ(progress.str(), "") << "ran before refusing";
