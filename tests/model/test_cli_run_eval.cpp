@@ -116,6 +116,15 @@ TEST_F(CliModel, RunSaysWhatItIgnoredAndWhyItStopped) {
   EXPECT_NE(stopped.out.find("(stopped: end-of-sequence token " + std::to_string(id)), std::string::npos)
       << stopped.out;
   EXPECT_NE(stopped.out.find("with the first new token; generated 1 token\n"), std::string::npos) << stopped.out;
+
+  // A stop id no token has is said once, not silently never met.
+  c.eos_token_ids = {id, 5000};
+  io::write_config(dir_, c);
+  const CliResult outside = run_cli("run " + dir_ + " --byte-tokenizer -p 'hello' -n 1", true);
+  ASSERT_EQ(outside.status, 0) << outside.out;
+  EXPECT_NE(outside.out.find("note: stop id 5000 (an eos_token_id of config.json or generation_config.json) lies "
+                             "outside the tokenizer's 258 ids: no generation stops on it"),
+            std::string::npos) << outside.out;
 }
 
 TEST_F(CliModel, EvalPrintsPerplexity) {

@@ -108,6 +108,11 @@ void register_run(CLI::App& app) {
     const std::vector<int32_t> stops = *no_stop ? std::vector<int32_t>{} : model::default_stop_ids(config, *tok);
     // A model whose embedding is padded past the tokenizer must not draw ids it cannot print.
     sampling->vocab_limit = tok->vocab_size();
+    for (const int32_t id : stops)  // one it never draws: said, as the run would not stop on it
+      if (id < 0 || id >= sampling->vocab_limit)
+        std::fprintf(stderr, "note: stop id %d (an eos_token_id of config.json or generation_config.json) lies "
+                             "outside the tokenizer's %lld ids: no generation stops on it\n",
+                     static_cast<int>(id), static_cast<long long>(sampling->vocab_limit));
     // Why a generation stopped, where it was not its token count: `label` names the sequence.
     const auto say_stop = [&](const model::Generation& g, const std::string& label) {
       if (g.reason == model::StopReason::stop_token) {
