@@ -393,9 +393,16 @@ void check_memory(const io::ModelConfig& c, const ModelBenchConfig& cfg) {
                   bytes_str(bytes), " of GPU memory for its models' buffers beside the weights' ", bytes_str(weights),
                   ", and the GPU has ", gpu.str(), ": ", lower);
   };
-  if (cfg.prefill)
-    fits(need(prefill_options(cfg), {FfnMode::dense, FfnMode::twell}), "the prefill (dense and twell models)",
-         "lower --batch or --seq, or give --no-prefill");
+  if (cfg.prefill) {
+    // Beside the two timed models, in turn: the attention check's dense model (twell's attention, the
+    // unfused QKV) and the twell model that counts the non-zeros.
+    const LlamaCudaOptions o = prefill_options(cfg);
+    LlamaCudaOptions own = o, probe = o;
+    own.prefill_attention = cuda::PrefillAttention::twell, own.fused_qkv_rope = false;
+    probe.record_ffn_stats = true;
+    fits(need(o, {FfnMode::dense, FfnMode::twell}) + std::max(need(own, {FfnMode::dense}), need(probe, {FfnMode::twell})),
+         "the prefill (dense and twell models, and a third in turn)", "lower --batch or --seq, or give --no-prefill");
+  }
   if (cfg.decode)
     for (const int64_t B : cfg.decode_batches) {
       LlamaCudaOptions o = decode_options(cfg, B);

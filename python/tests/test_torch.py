@@ -242,6 +242,8 @@ class TorchFfnUse(unittest.TestCase):
             rounded = rel(twell.FFN.from_hf_mlp(mlp, precision="bf16")(x), y64)
             self.assertGreater(rounded, 1e-4)
             self.assertGreater(rel(twell.ffn_forward(x, ffn.wg, ffn.wu, ffn.wd, precision="bf16"), y64), 1e-4)
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # x made bf16: rounded as the autocast Linears
+                self.assertEqual(rel(ffn(x), y64), rel(twell.FFN.from_hf_mlp(mlp, precision="bf16")(x.bfloat16()), y64))
             self.assertLess(rel(ffn.to(torch.bfloat16)(x.bfloat16()), y64), 2e-2)  # bf16 parameters: bf16
         self.assertIn("precision=auto", repr(ffn))
         # a CPU forward's backward after release_workspace() (CPU runners hold nothing)
@@ -571,11 +573,11 @@ class TorchFfnFromHf(unittest.TestCase):
         x = torch.randn(4, 16)
         with torch.no_grad():
             want = mlp(x)
-        self.assertEqual(twell.replace_hf_mlps(model), 1)
+        self.assertEqual(twell.replace_hf_mlps(model), 3)  # places: a shared MLP runs at each
         self.assertIsInstance(model.a, twell.FFN)
         self.assertIs(model.a, model.b)
         self.assertIs(model.a, model.c[0])
-        self.assertEqual(model.a.layers, 1)
+        self.assertEqual(model.a.layers, 3)
         with torch.no_grad():
             self.assertLess(rel(model.a(x), want), 1e-6)
         with self.assertRaisesRegex(twell.TwellError, "an MLP itself: twell.FFN.from_hf_mlp\\(mlp\\)"):

@@ -409,13 +409,13 @@ def _check_options(dispatch, precision):
         raise TwellError(f"precision must be one of auto, {', '.join(_capi.PRECISION)}, got {precision!r}")
 
 
-def _resolved_precision(precision, dtype):
-    """precision="auto" for tensors of `dtype`: "f64" for float32 and float64 (the CPU backend's float64
-    accumulation, nothing rounded to bf16: a float32 model's accuracy), "bf16" for bf16."""
+def _resolved_precision(precision, x):
+    """precision="auto" for a call on `x` (its dtype and device): on the CPU "f64" for float32 and float64
+    (float64 accumulation, nothing rounded to bf16: a float32 model's accuracy), else "bf16" (the GPU's)."""
     if precision != "auto":
         return precision
     torch = _torch()
-    return "f64" if dtype in (torch.float32, torch.float64) else "bf16"
+    return "f64" if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) else "bf16"
 
 
 def _cpu_autocast_dtype():
@@ -486,8 +486,8 @@ def replace_hf_mlps(model, **kwargs):
     `save_pretrained(dir, state_dict=twell.hf_state_dict(model))` for a checkpoint transformers and
     twell.Model load); other MLPs (with biases, another activation) are left as they are, with a
     warning where none is replaced. An MLP held at several places becomes one FFN held there. `kwargs` go
-    to each FFN (l1, dispatch, max_tokens, ...); `layers` defaults to the number replaced. Returns that
-    number."""
+    to each FFN (l1, dispatch, max_tokens, ...); `layers` defaults to the number of places replaced (a
+    shared MLP counts at each: it runs at each). Returns that number."""
     if _is_relu_mlp(model):
         raise TwellError("twell.replace_hf_mlps replaces the MLPs inside a model, and this is an MLP itself: "
                          "twell.FFN.from_hf_mlp(mlp) makes its FFN")
@@ -495,7 +495,7 @@ def replace_hf_mlps(model, **kwargs):
     # becomes one shared FFN
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent._modules.items()
                if child is not None and _is_relu_mlp(child)]
-    half = [child for _, _, child in targets if any(p.dtype == torch.float16 for p in child.parameters())]
+    half = {id(child) for _, _, child in targets if any(p.dtype == torch.float16 for p in child.parameters())}
     if half:
         raise TwellError(f"twell.replace_hf_mlps: {len(half)} of the MLPs hold float16 weights, for which twell has "
                          "no kernels: convert the model first with model.to(torch.bfloat16); nothing replaced")
@@ -509,14 +509,13 @@ def replace_hf_mlps(model, **kwargs):
                       "state_dict=twell.hf_state_dict(model)); a plain save_pretrained writes twell's names "
                       "(mlp.wg, mlp.wu, mlp.wd), which transformers loads with its MLPs left random (reporting them "
                       "missing) and twell refuses", stacklevel=2)
+    kwargs.setdefault("layers", max(len(targets), 1))  # the places: a shared MLP runs at each
     made = {}  # id(MLP) -> its FFN
-    for _, _, child in targets:
-        made.setdefault(id(child), child)
-    kwargs.setdefault("layers", max(len(made), 1))
-    made = {key: FFN.from_hf_mlp(child, **kwargs) for key, child in made.items()}
     for parent, name, child in targets:
+        if id(child) not in made:
+            made[id(child)] = FFN.from_hf_mlp(child, **kwargs)
         setattr(parent, name, made[id(child)])
-    return len(made)
+    return len(targets)
 
 
 class _NoTokens:
@@ -561,8 +560,9 @@ class _FfnState:
             _states[number] = self
         self.key = torch.tensor(number, dtype=torch.int64, device="cpu")  # whatever the default device
 
-    def runner(self, m, device, training):
-        precision = _resolved_precision(m.precision, m.wu.dtype)
+    def runner(self, m, x, training):
+        """The runner of a call on x (after autocast's cast: under CPU autocast a float32 module runs as bf16)."""
+        device, precision = x.device, _resolved_precision(m.precision, x)
         key = ("cpu", precision) if device.type == "cpu" else (device, training, m.dispatch, precision)
         with self.lock:  # two threads' first calls build one runner
             if key not in self.runners:
@@ -623,7 +623,7 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
         and the call's generation: its backward finds the runner and, on the GPU, the forward's state by it
         (which the tensor keeps: the graph that saves it holds that state)."""
         st, m = _state(state)
-        runner = st.runner(m, x.device, training)
+        runner = st.runner(m, x, training)
         if x.shape[0] == 0:  # no tokens: nothing to run; the weights' gradients are zeros
             st.last = _NoTokens()
             return x.new_empty((0, wd.shape[1])), torch.tensor(0, dtype=torch.int64, device="cpu")
@@ -709,7 +709,7 @@ def ffn_forward(x, wg, wu, wd, precision="auto", dispatch="observe"):
     torch = _torch()
     _check_options(dispatch, precision)
     _check_shapes(x, wg, wu, wd)
-    precision = _resolved_precision(precision, x.dtype)
+    precision = _resolved_precision(precision, x)
     dtypes = {name: t.dtype for name, t in (("x", x), ("wg", wg), ("wu", wu), ("wd", wd)) if t is not None}
     if len(set(dtypes.values())) > 1:
         raise TwellError("twell.ffn_forward: x and the weights must have one dtype, got "
@@ -729,6 +729,8 @@ def ffn_forward(x, wg, wu, wd, precision="auto", dispatch="observe"):
 def _functional_ffn(x, wg, wu, wd, precision, dispatch):
     """ffn_forward of x [M, H] and weights, all contiguous, checked: the body of twell::ffn_forward."""
     torch = _torch()
+    _check_options(dispatch, precision)  # the op may be called directly
+    precision = _resolved_precision(precision, x)
     if x.shape[0] == 0:
         return x.new_empty((0, wd.shape[1]))
     if x.is_cuda:
@@ -812,8 +814,9 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
         precision: where values are rounded. "bf16": g = relu(x Wgᵀ), u = x Wuᵀ and h = g ⊙ u each
         rounded to bf16, as a bf16 PyTorch model does (fp32 accumulation); "h_fp32": g and u rounded,
         h kept in fp32; "f64" (CPU only): nothing rounded, float64 accumulation, the oracle, which gives a
-        float32 model float32's accuracy. "auto" (the default): "bf16" for bf16 parameters (the GPU's),
-        "f64" for float32 and float64 ones (the CPU's), decided at each call.
+        float32 model float32's accuracy. "auto" (the default), decided at each call: "f64" where x is float32
+        or float64 on the CPU, else "bf16" (on the GPU, for bf16 tensors, and under CPU autocast, which
+        makes x bf16).
 
         `l1` is λ of the L1 penalty on h, λ · mean over layers of (1/M) Σ|h|: its gradient
         λ/(M·layers)·sign(h) is added in backward (with the module's l1 and layers at that time), over
@@ -994,7 +997,7 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
             x2 = x.reshape(-1, self.hidden).contiguous()
             grad = torch.is_grad_enabled() and any(
                 t is not None and t.requires_grad for t in (x2, self.wg, self.wu, self.wd))
-            precision = _resolved_precision(self.precision, self.wu.dtype)
+            precision = _resolved_precision(self.precision, x)
             if grad and x.is_cuda and (not self.gated or precision != "bf16"):
                 raise TwellError("twell.FFN: the GPU backward takes the gated FFN in bf16 precision only; this one is "
                                  f"gated={self.gated}, precision={precision} (train it on the CPU, or run it "

@@ -39,7 +39,8 @@ def _id_list(values, what="ids"):
     values = list(values)
     if values and all(isinstance(v, (list, tuple)) for v in values):  # a batch, as HF's input_ids [1, T]
         raise TwellError(f"{what} must be one sequence of ids, 1-D, got a batch of {len(values)}"
-                         + (": pass ids[0]" if len(values) == 1 else " (generate_batch takes several prompts)"))
+                         + ("" if what != "ids" else ": pass ids[0]" if len(values) == 1
+                            else " (generate_batch takes several prompts)"))
     for i, v in enumerate(values):
         values[i] = _integer(v, what, "integers")
         if not -2**31 <= values[i] < 2**31:
@@ -420,10 +421,10 @@ class Model:
         numbers_ = []
         for name, value in (("temperature", temperature), ("top_p", top_p)):
             try:
-                if isinstance(value, (str, bytes, bool)):
+                if isinstance(value, (str, bytes, bool)) or "bool" in str(getattr(value, "dtype", "")):
                     raise TypeError
                 numbers_.append(float(value))
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise TwellError(f"{name} must be a number, got {type(value).__name__} {value!r}") from None
         s.temperature, s.top_p = numbers_
         s.top_k, s.seed = int(top_k), int(seed)

@@ -516,10 +516,12 @@ Checkpoint Checkpoint::open(const std::string& path) {
       fail(path, str("directory holds neither model.safetensors nor model.safetensors.index.json",
                      has_bin ? " (twell does not read pytorch_model.bin: re-save the model with transformers' "
                                "save_pretrained(dir, safe_serialization=True))"
-                     : n_others > 0
-                         ? str(" (it holds ", n_others, " other .safetensors file", n_others == 1 ? "" : "s", ", e.g. '",
-                               printable(others, 120), "': shards are read through the model.safetensors.index.json "
-                               "saved with them)")
+                     : n_others == 1
+                         ? str(" (it holds '", printable(others, 120), "': a checkpoint of one file is read as "
+                               "model.safetensors)")
+                     : n_others > 1
+                         ? str(" (it holds ", n_others, " other .safetensors files, e.g. '", printable(others, 120),
+                               "': shards are read through the model.safetensors.index.json saved with them)")
                          : std::string()));
     }
   }

@@ -266,6 +266,7 @@ LlamaWeights load_weights(const io::Checkpoint& ckpt, const io::ModelConfig& con
     // where its values differ from the embedding's (and says so), so the logits are that head's.
     Tensor head = read("lm_head.weight");
     if (std::memcmp(head.view().data, w.embed.view().data, head.nbytes()) != 0) {
+      if (options.check_finite) ckpt.check_finite("lm_head.weight");  // not among the tensors scanned above
       w.config.tie_word_embeddings = false;
       w.lm_head = std::move(head);
       w.head_untied = true;

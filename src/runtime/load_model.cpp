@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "twell/error.h"
+#include "twell/io/safetensors.h"
 #if TWELL_WITH_CUDA
 #include "twell/cuda/llama.h"
 #include "twell/cuda/runtime.h"
@@ -116,7 +117,12 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
 #if TWELL_WITH_CUDA
   cuda::LlamaCudaOptions co;
   if (gpu) {  // a model the GPU runtime does not take runs on the CPU under automatic
-    const io::ModelConfig config = io::read_config(dir);
+    io::ModelConfig config = io::read_config(dir);
+    if (config.tie_word_embeddings) {  // a head of its own may load untied (LlamaWeights::head_untied): counted
+      const io::Checkpoint ckpt = io::Checkpoint::open(dir);
+      config.tie_word_embeddings = !(ckpt.has("lm_head.weight") && ckpt.info("lm_head.weight").shape ==
+                                                                       Shape{config.vocab_size, config.hidden_size});
+    }
     std::string why;
     if (!cuda::LlamaCuda::supports(config, &why)) {
       TWELL_REQUIRE(automatic, o.cuda_choice_name, ": the GPU runtime does not take this model's ", why);

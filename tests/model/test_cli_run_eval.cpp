@@ -377,6 +377,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"run . -p The quick brown", "twell run: unexpected arguments 'quick brown' (a prompt of several words goes in "
                                    "quotes: -p \"...\"); see twell run --help"},
       {"inspect . extra", "twell inspect: unexpected argument 'extra'; see twell inspect --help"},
+      {"run . -p hi -n 5 6", "twell run: unexpected argument '6'; see twell run --help"},  // a number: no prompt's
       // Every command-line error in one form, exit status 1.
       {"run .", "twell run: --prompt (or --prompts FILE) is required; see twell run --help"},
       {"", "twell: a command is required: bench, inspect, run, eval; see twell --help"},

@@ -628,6 +628,11 @@ TEST_F(LlamaLoadErrors, ATiedConfigsOwnHeadIsUsedWhereItDiffers) {
   const Tensor& want = hf.at("lm_head.weight");
   ASSERT_EQ(own.head().nbytes(), want.nbytes());
   EXPECT_EQ(std::memcmp(own.head().data, want.view().data, want.nbytes()), 0);
+  LlamaLoadOptions checked;  // the head it takes is scanned as an untied one is
+  checked.check_finite = true;
+  hf["lm_head.weight"].ptr<float>()[5] = NAN;
+  write_hf(dir_, c, hf);
+  expect_error([&] { LlamaWeights::load_dir(dir_, checked); }, {"tensor 'lm_head.weight'", "NaN"});
 
   hf["lm_head.weight"] = Tensor(DType::f32, want.shape());
   std::memcpy(hf["lm_head.weight"].view().data, hf.at("model.embed_tokens.weight").view().data, want.nbytes());

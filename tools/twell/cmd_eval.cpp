@@ -112,7 +112,9 @@ void register_eval(CLI::App& app) {
                   config.max_position_embeddings);
     const int64_t step = *stride > 0 ? *stride : ctx;
     TWELL_REQUIRE(step <= ctx, "--stride ", step, " is longer than the window (",
-                  *context > 0 ? str("--context ", ctx) : str(ctx, " tokens, the model's context; --context sets it"),
+                  *context > 0 ? str("--context ", ctx)
+                  : ctx < config.max_position_embeddings ? str(ctx, " tokens, the model's context capped at 8192; --context sets it")
+                                                         : str(ctx, " tokens, the model's context; --context sets it"),
                   "): the tokens between windows would not be scored");
     TWELL_REQUIRE(!*sparsity || step == ctx, "--sparsity counts every token of each window: it takes windows that "
                   "do not overlap (--stride equal to the window)");

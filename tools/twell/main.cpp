@@ -180,9 +180,13 @@ int main(int argc, char** argv) {
     if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {  // in their order, with a hint for prompts
       const std::vector<std::string> extras = app.remaining(true);
       std::string words;
-      for (const std::string& arg : extras) words += (words.empty() ? "" : " ") + arg;
+      bool word = false;  // one that is not a number: the rest of a prompt, perhaps
+      for (const std::string& arg : extras) {
+        words += (words.empty() ? "" : " ") + arg;
+        word = word || arg.find_first_not_of("0123456789.-+eE") != std::string::npos;
+      }
       what = std::string("unexpected argument") + (extras.size() == 1 ? "" : "s") + " '" + words + "'";
-      if (level->get_option_no_throw("--prompt") != nullptr)
+      if (word && level->get_option_no_throw("--prompt") != nullptr)
         what += " (a prompt of several words goes in quotes: -p \"...\")";
     }
     const size_t at_most = what.find(": At Most 1 required but received ");
