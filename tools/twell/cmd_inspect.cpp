@@ -91,6 +91,9 @@ std::string print_model_check(const io::Checkpoint& ckpt, const io::ModelConfig&
   std::printf("\nmodel: the tensors match config.json");
   if (!unused.empty()) std::printf(" (%zu more not used, e.g. %s)", unused.size(), printable(unused.front(), 120).c_str());
   std::printf("\n");
+  if (c.tie_word_embeddings && std::find(unused.begin(), unused.end(), "lm_head.weight") != unused.end())
+    std::printf("  lm_head.weight beside tied embeddings: run and eval use it where its values differ from the "
+                "embedding's, as transformers 5 does (not read here)\n");
 #if TWELL_WITH_CUDA
   std::string why;
   if (cuda::LlamaCuda::supports(c, &why)) {
