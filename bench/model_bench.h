@@ -50,8 +50,11 @@ struct ModelBenchConfig {
   std::string command;
 };
 
-// Throws if no Hopper GPU is present or the build has no CUDA backend.
-std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress);
+// Throws if no Hopper GPU is present or the build has no CUDA backend. Where `failure` is given, an
+// error in a phase after some records were made stops the run there, its message in *failure, and
+// returns those records (the CLI prints and writes them, then fails); without it, it throws.
+std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress,
+                                         std::string* failure = nullptr);
 void print_model_table(const std::vector<BenchRecord>& records, std::ostream& out);
 
 }  // namespace twell::bench

@@ -46,7 +46,7 @@ void print_model_table(const std::vector<BenchRecord>& records, std::ostream& ou
 
 #if !defined(TWELL_WITH_CUDA)
 
-std::vector<BenchRecord> run_model_bench(const ModelBenchConfig&, std::ostream&) {
+std::vector<BenchRecord> run_model_bench(const ModelBenchConfig&, std::ostream&, std::string*) {
   throw Error("twell bench model needs the CUDA backend: this build has none (configure with -DTWELL_CUDA=ON)");
 }
 
@@ -1069,7 +1069,7 @@ void long_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConf
 
 }  // namespace
 
-std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress) {
+std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress, std::string* failure) {
   // The arguments first, so that a typo fails at once, on any machine.
   TWELL_REQUIRE(cfg.prefill || cfg.decode || cfg.ragged > 0 || cfg.long_prompt > 0,
                 "bench model: --no-prefill and --no-decode together leave nothing to run (without --ragged or --long)");
@@ -1133,11 +1133,29 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
       }
     return out;
   }
-  if (cfg.prefill) prefill_bench(w, cfg, cal, check, energy, out, progress);
-  if (cfg.decode)
-    for (int64_t B : cfg.decode_batches) decode_bench(w, cfg, B, cal, check, energy, out, progress);
-  if (cfg.ragged > 0) ragged_bench(w, cfg, cal, check, out, progress);
-  if (cfg.long_prompt > 0) long_bench(w, cfg, cal, check, out, progress);
+  std::string phase;
+  try {
+    if (cfg.prefill) {
+      phase = "the prefill";
+      prefill_bench(w, cfg, cal, check, energy, out, progress);
+    }
+    for (int64_t B : cfg.decode ? cfg.decode_batches : std::vector<int64_t>{}) {
+      phase = str("decode at batch ", B);
+      decode_bench(w, cfg, B, cal, check, energy, out, progress);
+    }
+    if (cfg.ragged > 0) {
+      phase = "the ragged prefill";
+      ragged_bench(w, cfg, cal, check, out, progress);
+    }
+    if (cfg.long_prompt > 0) {
+      phase = "the long prompt";
+      long_bench(w, cfg, cal, check, out, progress);
+    }
+  } catch (const std::exception& e) {  // the phases before it keep their records
+    if (!failure || out.empty()) throw;
+    *failure = str(phase, ": ", e.what());
+    progress << "stopped in " << *failure << "\n";
+  }
   return out;
 }
 

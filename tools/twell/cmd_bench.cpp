@@ -204,9 +204,11 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     mcfg->deferred_residual_add = !*eager_residual;
     if (*unfused_decode_ffn) mcfg->fused_decode_ffn = false;
     if (*cublas_projections) mcfg->decode_gemv = false;
-    const auto records = bench::run_model_bench(*mcfg, std::cerr);
+    std::string failure;  // a later phase's error: the earlier phases' records are printed and written first
+    const auto records = bench::run_model_bench(*mcfg, std::cerr, &failure);
     bench::print_model_table(records, std::cout);
     bench::save_records(records, *model_json, std::cout);
+    TWELL_CHECK(failure.empty(), "bench model stopped in ", failure, " (the records of the phases before it are above)");
     for (const auto& r : records)
       TWELL_CHECK(r.correct, r.bench, " impl ", r.impl, " failed its correctness check: ", r.note);
   });
