@@ -11,9 +11,10 @@
  * twell_last_error() (per thread). A call refused for its arguments (shapes, dtypes, devices,
  * alignment, overlapping outputs) has changed nothing: the C++ calls check before they write.
  *
- * Tensors are contiguous, row-major, and described by twell_tensor. A tensor whose data is NULL
- * is "not given" (an optional argument, or a gradient not to compute), unless a dimension is 0: then
- * it is a tensor of no elements (PyTorch's data_ptr() of an empty tensor is NULL).
+ * Tensors are contiguous, row-major, and described by twell_tensor. An argument not given (an
+ * optional one, or a gradient not to compute) is a NULL pointer, or a tensor whose data is NULL and
+ * ndim 0 (a zeroed struct). Data NULL with a dimension 0 is a tensor of no elements (PyTorch's
+ * data_ptr() of an empty tensor is NULL); data NULL with a shape of elements is refused.
  */
 #ifndef TWELL_C_API_H
 #define TWELL_C_API_H
@@ -65,7 +66,7 @@ typedef enum twell_path {
 
 #define TWELL_MAX_DIMS 4
 typedef struct {
-  void* data;     /* NULL: not given (but a tensor of no elements where a dimension is 0) */
+  void* data;     /* NULL: not given where ndim is 0; no elements where a dimension is 0; else refused */
   int32_t dtype;  /* twell_dtype */
   int32_t device; /* twell_device: TWELL_DEVICE_CUDA is the current CUDA device */
   int32_t ndim;   /* 1..TWELL_MAX_DIMS */
@@ -93,8 +94,8 @@ TWELL_C_API const char* twell_last_error(void);
 TWELL_C_API const char* twell_path_name(int32_t path);
 
 /* ---- CPU reference backend (twell/cpu/ffn.h) ---- */
-/* Threads of the CPU backend (its FFN and models; results do not depend on the count): n >= 1, or 0
- * for the default (the environment variable TWELL_NUM_THREADS, else every hardware thread). *previous
+/* Threads of the CPU backend (its FFN and models; results do not depend on the count): n in [1, 4096],
+ * or 0 for the default (the environment variable TWELL_NUM_THREADS, else every hardware thread). *previous
  * (may be NULL) receives the setting it replaces. */
 TWELL_C_API int twell_cpu_set_num_threads(int32_t n, int32_t* previous);
 /* wg NULL: the non-gated FFN. stats and h_out may be NULL. */
@@ -285,7 +286,7 @@ typedef struct {
  * which afterwards holds the prompt and every new token but the last (n_prompt + n_tokens - 1
  * positions; n_prompt where none was drawn): twell_model_decode_step(tokens[n_tokens - 1])
  * continues the text, unless it stopped with TWELL_STOP_CONTEXT_FULL. sampling NULL: greedy. A call
- * that fails writes nothing to *result (tokens may hold what was drawn before an error). */
+ * that fails writes nothing to *result nor to tokens. */
 TWELL_C_API int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_prompt,
                                      int64_t max_new_tokens, const twell_sampling* sampling, const int32_t* stop,
                                      int64_t n_stop, twell_token_fn on_token, void* user, int32_t* tokens,

@@ -105,13 +105,18 @@ int guarded(F&& f) {
   return TWELL_ERROR;
 }
 
-// The view of a C tensor; empty where it is NULL or has no data (an argument not given), but for a
-// tensor of no elements (a dimension 0: PyTorch's data_ptr() of an empty tensor is NULL), which is one.
+// The view of a C tensor; empty where it is NULL, or has no data and ndim 0 (an argument not given);
+// a tensor of no elements (a dimension 0: PyTorch's data_ptr() of an empty tensor is NULL) is one.
+// No data with a shape of elements is refused: taken as "not given", a forgotten pointer would turn a
+// gated FFN into a non-gated one, or skip a gradient, silently.
 TensorView view(const twell_tensor* t, const char* name) {
   if (t == nullptr) return {};
   if (t->data == nullptr &&
-      !(t->ndim >= 1 && t->ndim <= TWELL_MAX_DIMS && std::count(t->shape, t->shape + t->ndim, int64_t{0}) > 0))
+      !(t->ndim >= 1 && t->ndim <= TWELL_MAX_DIMS && std::count(t->shape, t->shape + t->ndim, int64_t{0}) > 0)) {
+    TWELL_REQUIRE(t->ndim == 0, name, ": data is NULL but ndim is ", t->ndim, " (a shape of elements): an argument "
+                  "not given is a NULL tensor pointer, or a tensor of ndim 0");
     return {};
+  }
   TWELL_REQUIRE(t->ndim >= 1 && t->ndim <= TWELL_MAX_DIMS, name, ": ndim must be 1 to ", TWELL_MAX_DIMS, ", got ",
                 t->ndim);
   TWELL_REQUIRE(t->dtype >= TWELL_DTYPE_BF16 && t->dtype <= TWELL_DTYPE_F64, name,

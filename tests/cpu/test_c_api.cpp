@@ -102,10 +102,13 @@ TEST(CApi, BadArgumentsFailWithAMessageAndWriteNothing) {
   EXPECT_C_ERROR(forward(bad), "the CPU backend takes host tensors");
   EXPECT_C_ERROR(forward(x, 9), "precision must be");
   EXPECT_C_ERROR(twell_cpu_ffn_forward(&x, &wg, nullptr, &wd, &yc, TWELL_PRECISION_BF16, nullptr, nullptr), "wu");
-  twell_tensor wu_none = wu;  // data NULL with a shape of elements: not given, as the header says
-  wu_none.data = nullptr;
+  twell_tensor wu_none{};  // not given (a zeroed struct): the required wu is missing
   EXPECT_C_ERROR(twell_cpu_ffn_forward(&x, &wg, &wu_none, &wd, &yc, TWELL_PRECISION_BF16, nullptr, nullptr),
                  "w.wu: missing (null data)");
+  twell_tensor wg_lost = wg;  // data NULL with a shape of elements: a forgotten pointer, not "no gate"
+  wg_lost.data = nullptr;
+  EXPECT_C_ERROR(twell_cpu_ffn_forward(&x, &wg_lost, &wu, &wd, &yc, TWELL_PRECISION_BF16, nullptr, nullptr),
+                 "wg: data is NULL but ndim is 2 (a shape of elements)");
   EXPECT_TRUE(test::bit_equal(y, poisoned));  // nothing written by any refused call
   // No tokens: data NULL with a dimension 0 is a tensor of no elements (PyTorch's data_ptr() of one)
   twell_tensor x0 = x, y0 = yc;
