@@ -22,6 +22,12 @@ static twell_tensor tensor(double* data, int64_t rows, int64_t cols) {
 }
 
 int main(void) {
+  /* The library loaded is the one this was compiled against: its structs have these layouts. */
+  if (twell_c_api_version() != TWELL_C_API_VERSION) {
+    fprintf(stderr, "c_api example: built for twell's C API %d, the library loaded has %d\n", TWELL_C_API_VERSION,
+            (int)twell_c_api_version());
+    return 1;
+  }
   double x[M * H], wg[I * H], wu[I * H], wd[I * H], y[M * H];
   for (int i = 0; i < M * H; ++i) x[i] = 0.25 * (i % 5) - 0.5;
   for (int i = 0; i < I * H; ++i) {
