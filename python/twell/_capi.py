@@ -127,18 +127,27 @@ def _candidates():
 
 
 def _load():
+    """The first candidate that loads and has this package's C API version (a stale build folder is passed over)."""
     tried = []
     for path in _candidates():
         if os.sep in path and not os.path.exists(path):
             tried.append(path)
             continue
         try:
-            return ctypes.CDLL(path)
-        except OSError as e:
+            found = ctypes.CDLL(path)
+            version = found.twell_c_api_version
+        except (OSError, AttributeError) as e:
             tried.append(f"{path} ({e})")
-    raise ImportError("twell: libtwell_c.so not found (build it: cmake --build build --target twell_c; a package "
-                      "installed with pip install -e python finds it in the repository's build folders, one "
-                      "installed otherwise needs TWELL_LIBRARY set to its path); tried " + ", ".join(tried))
+            continue
+        version.restype, version.argtypes = ctypes.c_int32, []
+        if version() == API_VERSION:
+            return found
+        tried.append(f"{path} (C API version {version()}, this package's {API_VERSION}: rebuild it from the same "
+                     "checkout)")
+    raise ImportError(f"twell: no libtwell_c.so of C API version {API_VERSION} found (build it: cmake --build build "
+                      "--target twell_c; a package installed with pip install -e python finds it in the repository's "
+                      "build folders, one installed otherwise needs TWELL_LIBRARY set to its path); tried "
+                      + ", ".join(tried))
 
 
 lib = _load()
@@ -210,10 +219,6 @@ _sig = {
 for _name, (_res, _args) in _sig.items():
     _f = getattr(lib, _name)
     _f.restype, _f.argtypes = _res, _args
-
-if lib.twell_c_api_version() != API_VERSION:
-    raise ImportError(f"twell: libtwell_c.so has C API version {lib.twell_c_api_version()}, this package "
-                      f"{API_VERSION}: rebuild the library from the same checkout")
 
 
 def check(rc):
