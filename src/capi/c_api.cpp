@@ -260,6 +260,13 @@ std::vector<int32_t> id_vector(const int32_t* ids, int64_t n, const char* op) {
   return std::vector<int32_t>(ids, ids + n);
 }
 
+// Stop ids: a negative one is no token's (one past the vocabulary may be a config's, and is never met).
+std::vector<int32_t> stop_vector(const int32_t* ids, int64_t n, const char* op) {
+  std::vector<int32_t> stops = id_vector(ids, n, op);
+  for (const int32_t id : stops) TWELL_REQUIRE(id >= 0, op, ": ", id, " is not a token id");
+  return stops;
+}
+
 // A host tensor's values into out as f32.
 void copy_out(const Tensor& t, float* out) {
   if (t.dtype() == DType::f32) {
@@ -692,7 +699,7 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     TWELL_REQUIRE(tokens != nullptr || max_new_tokens == 0, "twell_model_generate: tokens is NULL");
     const model::SamplingOptions so = sampling_options(sampling);
     const std::vector<int32_t> p = id_vector(prompt, n_prompt, "twell_model_generate");
-    const std::vector<int32_t> stops = id_vector(stop, n_stop, "twell_model_generate (stop tokens)");
+    const std::vector<int32_t> stops = stop_vector(stop, n_stop, "twell_model_generate (stop tokens)");
     // A stop token ends the generation as one whatever the callback says (generate_batch's rule).
     std::function<bool(int64_t, int32_t)> seen;
     if (on_token != nullptr) seen = [&](int64_t, int32_t t) { return on_token(t, user) != 0; };
@@ -727,7 +734,7 @@ int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const
                     offsets[b], " to ", offsets[b + 1], ")");
       ps.push_back(id_vector(prompts + offsets[b], offsets[b + 1] - offsets[b], "twell_model_generate_batch"));
     }
-    const std::vector<int32_t> stops = id_vector(stop, n_stop, "twell_model_generate_batch (stop tokens)");
+    const std::vector<int32_t> stops = stop_vector(stop, n_stop, "twell_model_generate_batch (stop tokens)");
     std::function<bool(int64_t, int32_t)> seen;
     if (on_token != nullptr) seen = [&](int64_t b, int32_t t) { return on_token(b, t, user) != 0; };
     check_prompts(m, ps, "twell_model_generate_batch", true);
@@ -802,7 +809,7 @@ int twell_text_stream_create(const twell_tokenizer* tokenizer, const int32_t* co
     const model::Tokenizer& t = object(tokenizer);
     auto s = std::make_unique<twell_text_stream>();
     s->stream = std::make_unique<model::TextStream>(t, id_vector(context, n_context, "twell_text_stream_create"),
-                                                    id_vector(stop, n_stop, "twell_text_stream_create (stop tokens)"));
+                                                    stop_vector(stop, n_stop, "twell_text_stream_create (stop tokens)"));
     *out = s.release();
   });
 }

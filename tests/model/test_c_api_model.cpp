@@ -186,6 +186,10 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
   EXPECT_EQ(g.reason, TWELL_STOP_TOKEN);
   EXPECT_LE(g.n_tokens, 5);
   EXPECT_EQ(tokens[g.n_tokens - 1], stop[0]);
+  const int32_t no_token[] = {-7};  // refused: no token has it
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 10, &s, no_token, 1, nullptr, nullptr, tokens.data(), &g),
+            TWELL_ERROR);
+  EXPECT_NE(error_text().find("(stop tokens): -7 is not a token id"), std::string::npos) << error_text();
   const int32_t first_stop[] = {expected.tokens[0]};
   ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 10, &s, first_stop, 1, always, nullptr, tokens.data(), &g),
             TWELL_OK);
