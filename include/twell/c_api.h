@@ -284,7 +284,7 @@ typedef struct {
   double prefill_seconds, decode_seconds;
 } twell_generation;
 /* Prefills prompt[0..n_prompt), then draws up to max_new_tokens tokens into tokens (room for
- * max_new_tokens), stopping after any of stop[0..n_stop). Uses (and resets) the model's KV cache,
+ * max_new_tokens), stopping after any of stop[0..n_stop) (ids >= 0). Uses (and resets) the model's KV cache,
  * which afterwards holds the prompt and every new token but the last (n_prompt + n_tokens - 1
  * positions; n_prompt where none was drawn): twell_model_decode_step(tokens[n_tokens - 1])
  * continues the text, unless it stopped with TWELL_STOP_CONTEXT_FULL. sampling NULL: greedy. A call
