@@ -19,6 +19,9 @@ struct FfnForward::Impl {
   FfnOptions options;
   int sm_count = 0;
   size_t l2_bytes = 0;
+  int device = 0;  // the GPU current at construction, whose memory the buffers are
+  // The weights last found in the device's memory (check_memory), checked again only when they move.
+  const void* checked_weights[3] = {nullptr, nullptr, nullptr};
   LtGemm gemm;
   // The forward's workspace: the buffers below (Plan), carved from the caller's memory or from
   // `own`; forward_bytes in all. The backward's (bwd) is apart.
@@ -251,6 +254,7 @@ struct FfnForward::Impl {
         gemm(LtGemm::autotune_default(), checked_lt_workspace(asked), asked.cublaslt_workspace_bytes) {
     const FfnOptions& o = options;
     const DeviceInfo info = device_info();
+    device = info.index;
     sm_count = info.sm_count;
     l2_bytes = info.l2_bytes;
     planned = plan(s, o, sm_count);
@@ -304,6 +308,22 @@ struct FfnForward::Impl {
     check(w.wu, {I, H}, "FfnForward: wu");
     check(w.wd, {I, H}, "FfnForward: wd");
     check_ffn_outputs_disjoint("FfnForward", x, w, y);
+  }
+
+  // Where the operands are: on this object's GPU, which is the current one (a pointer's attributes
+  // are a driver call, ~µs: the weights only when they are not the last call's).
+  void check_memory(std::initializer_list<std::pair<const TensorView*, const char*>> operands, const FfnWeights& w) {
+    int now = 0;
+    TWELL_CUDA_CHECK(cudaGetDevice(&now));
+    TWELL_REQUIRE(now == device, "FfnForward: made on GPU ", device, " but called with GPU ", now,
+                  " current (make its device current: cudaSetDevice, torch.cuda.device)");
+    for (const auto& [t, name] : operands) check_on_current_gpu(*t, name);
+    const void* weights[3] = {w.wg.data, w.wu.data, w.wd.data};
+    if (std::equal(weights, weights + 3, checked_weights)) return;
+    check_on_current_gpu(w.wg, "FfnForward: wg");
+    check_on_current_gpu(w.wu, "FfnForward: wu");
+    check_on_current_gpu(w.wd, "FfnForward: wd");
+    std::copy(weights, weights + 3, checked_weights);
   }
 
   // Inside CUDA graph capture nothing may come back to the host: dispatch must be fixed and the
@@ -516,6 +536,10 @@ struct FfnForward::Impl {
     check_grad(grads.dwu, {I, H}, "FfnForward::backward: grads.dwu");
     check_grad(grads.dwd, {I, H}, "FfnForward::backward: grads.dwd");
     check_ffn_grads_disjoint("FfnForward::backward", x, w, dy, grads);
+    check_memory({{&x, "FfnForward::backward: x"}, {&dy, "FfnForward::backward: dy"},
+                  {&grads.dx, "FfnForward::backward: grads.dx"}, {&grads.dwg, "FfnForward::backward: grads.dwg"},
+                  {&grads.dwu, "FfnForward::backward: grads.dwu"}, {&grads.dwd, "FfnForward::backward: grads.dwd"}},
+                 w);
     TWELL_REQUIRE(std::isfinite(l1_coeff) && l1_coeff >= 0,
                 "FfnForward::backward: l1_coeff: expected a finite value >= 0, got ", l1_coeff);
     const bool need_dw = !grads.dwg.empty() || !grads.dwu.empty() || !grads.dwd.empty();
@@ -649,6 +673,7 @@ struct FfnForward::Impl {
   void forward(const TensorView& x, const FfnWeights& w, const TensorView& y, cudaStream_t stream, int64_t slot,
                const ResidualNorm* then) {
     check_args(x, w, y);
+    check_memory({{&x, "FfnForward: x"}, {&y, "FfnForward: y"}}, w);
     ResidualNormOut fused;
     if (then) {
       const int64_t M = x.shape[0], H = shape.hidden;

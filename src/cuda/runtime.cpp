@@ -42,6 +42,19 @@ DeviceMemory device_memory() {
 
 std::string DeviceMemory::str() const { return twell::str(bytes_str(free), " of ", bytes_str(total), " free"); }
 
+void check_on_current_gpu(const TensorView& t, const char* name) {
+  if (t.empty() || t.numel() == 0) return;
+  cudaPointerAttributes a{};
+  TWELL_CUDA_CHECK(cudaPointerGetAttributes(&a, t.data));
+  TWELL_REQUIRE(a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged, name, ": tagged as GPU memory, "
+                "but its address is ", a.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory",
+                " (a host tensor passed as a device one?)");
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  TWELL_REQUIRE(a.type == cudaMemoryTypeManaged || a.device == device, name, ": its memory is GPU ", a.device,
+                "'s, and the current device is GPU ", device);
+}
+
 bool hopper_available(std::string* why) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);

@@ -127,6 +127,20 @@ TEST(CApiGpu, RefusedCallsSayWhyAndWriteNothing) {
   bad = xc;
   bad.device = TWELL_DEVICE_CPU;
   expect_refused(bad, "x");
+  // Host memory tagged as the GPU's, pageable or pinned: refused before any kernel could fault on it.
+  std::vector<uint16_t> host(static_cast<size_t>(M * H));
+  bad = xc;
+  bad.data = host.data();
+  expect_refused(bad, "FfnForward: x: tagged as GPU memory, but its address is host memory");
+  cuda::PinnedBuffer pinned(static_cast<size_t>(M * H) * 2);
+  bad.data = pinned.get();
+  expect_refused(bad, "FfnForward: x: tagged as GPU memory, but its address is pinned host memory");
+  twell_tensor host_wd = wdc;
+  std::vector<uint16_t> host_w(static_cast<size_t>(I * H));
+  host_wd.data = host_w.data();
+  EXPECT_EQ(twell_cuda_ffn_forward(h.p, &xc, &wgc, &wuc, &host_wd, &yc, nullptr), TWELL_ERROR);
+  EXPECT_NE(std::string(twell_last_error()).find("FfnForward: wd: tagged as GPU memory"), std::string::npos)
+      << twell_last_error();
   EXPECT_TRUE(test::bit_equal(y.download(), before));
 
   EXPECT_EQ(twell_cuda_ffn_forward(nullptr, &xc, &wgc, &wuc, &wdc, &yc, nullptr), TWELL_ERROR);

@@ -46,6 +46,12 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory();
 
+// Refuses a tensor whose memory is not the current GPU's (host memory, pageable or pinned, tagged
+// Device::cuda, or another GPU's), naming `name`: a kernel reading it would fault, and a fault ends
+// the CUDA context of the whole process. Managed memory passes. Nothing for a tensor of no elements
+// or none given (no data).
+void check_on_current_gpu(const TensorView& t, const char* name);
+
 // True when a GPU this build can run on (compute capability 9.0, sm_90a code) is present;
 // otherwise `why` says what is missing.
 bool hopper_available(std::string* why = nullptr);
