@@ -1,6 +1,6 @@
 #!/bin/bash
 # Forty-ninth session: the operands' memory checked (FfnForward::check_memory) and the C API's review fixes;
-# the whole GPU suite, the Python tests on the GPU, one 4-layer bench model (the checks cost nothing visible).
+# the whole GPU suite, the Python tests on the GPU, one 4-layer bench model (predicted: the checks, a few driver calls a call, change no figure).
 # Binaries: out/b9.tar.xz. On the device, with carry ["out"]: `bash bench/results/h200/s49/run5.sh`.
 set -u
 cd "$(dirname "$0")/../../../.."
