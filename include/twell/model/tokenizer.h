@@ -90,11 +90,11 @@ class ByteTokenizer final : public Tokenizer {
 // Matches HF `tokenizers` 0.23 id for id on the fixtures and on 5000 random mixed-script texts
 // (the Llama-3 split on another 4000, with upper-case contractions, newline runs and digit runs;
 // the Llama-2 style on 4000 more, with byte fallback and special tokens inside the text)
-// (the letter/number classes of the split regex are tables probed from `tokenizers` itself,
-// Unicode 16). Known differences: decode() returns raw bytes where HF replaces invalid UTF-8
-// with U+FFFD (so a token sequence cut inside a character still concatenates correctly);
-// single_word uses letters/digits/'_' as word characters; text that is not valid UTF-8 (which
-// HF cannot take) is encoded byte for byte, each bad byte as a code point of class "other".
+// (the letter/number classes of the split regex, and the word characters beside single_word added
+// tokens, are tables probed from `tokenizers` itself, Unicode 16). Known differences: decode()
+// returns raw bytes where HF replaces invalid UTF-8 with U+FFFD (so a token sequence cut inside a
+// character still concatenates correctly); text that is not valid UTF-8 (which HF cannot take) is
+// encoded byte for byte, each bad byte as a code point of class "other".
 class BpeTokenizer final : public Tokenizer {
  public:
   static std::unique_ptr<BpeTokenizer> from_file(const std::string& path);

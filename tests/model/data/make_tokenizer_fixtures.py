@@ -8,6 +8,7 @@ HuggingFace `tokenizers` library gives for them (the test suite itself needs no 
 Three small byte-level BPE tokenizer.json files share one vocabulary (the 256 byte tokens plus
 a few dozen merges) and differ in what the C++ side must handle:
   bpe_gpt2.json    "a b" merges, ByteLevel pre-tokenizer, added tokens with lstrip/rstrip/single_word
+                   (and one that starts with a space)
   bpe_smollm.json  ["a", "b"] merges, Sequence[Digits(individual), ByteLevel], ignore_merges,
                    chat special tokens (as SmolLM ships)
   bpe_prefix.json  Sequence[Digits(contiguous), ByteLevel(add_prefix_space)]
@@ -167,6 +168,11 @@ TEXTS = [
     "I'M YOU'RE THEY'VE IT'S 'Ll 'D", "1 12 123 1234 12345678 ٣٤٥٦", "a\n\n\nb\r\n\r\nc",
     "end.\n\nNext!!\n x", "  \n  \n  y", "$hello #tag @user _under", "\tword\t\tword", "hi \n",
     "x  \t\n", "...\r\n", "'hello' \"quoted\"", "a1b2c3 1a 12ab",
+    # word characters beside a single_word token as HF's matcher has them (marks, joiners, connector
+    # punctuation and other alphabetics are; superscripts and fractions are not)
+    "<word>\u0301 <word>\u200d \u203f<word> <word>\u24b6 <word>\u0939\u093f", "<word>\u00b2 \u00bd<word> <word>\u2460",
+    # a token starting inside the whitespace an rstrip token takes is a token too
+    "<sep> spacey", "<sep>   spacey x<sep>\n spacey",
 ]
 
 ALPHABET = list("abcHe lo'stm\n\t1239 .,!?_-") + ["  ", "é", "e\u0301", "你", "好", "👍", "٣", "½",
@@ -181,11 +187,17 @@ def random_texts(count, seed):
 def print_tables():
     """The non-ASCII code points that HF's ByteLevel regex takes as \\p{L} and \\p{N} (its Unicode
     version, newer than Python's unicodedata), found by asking the pre-tokenizer whether "a" + c
-    (or "0" + c) stays one piece, printed as the C++ range tables."""
-    from tokenizers import pre_tokenizers
+    (or "0" + c) stays one piece; and those its added-token matcher takes as word characters around a
+    single_word token (Rust's \\w: letters and other alphabetics, marks, decimal digits, connector
+    punctuation, joiners), found by asking whether "<w>" + c still holds the token; printed as the
+    C++ range tables."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    letters, numbers = [], []
+    single_word = Tokenizer(models.BPE())
+    single_word.add_tokens([AddedToken("<w>", single_word=True, normalized=False)])
+    w = single_word.token_to_id("<w>")
+    letters, numbers, words = [], [], []
     for cp in range(0x80, 0x110000):
         if 0xD800 <= cp <= 0xDFFF:
             continue
@@ -193,6 +205,8 @@ def print_tables():
             letters.append(cp)
         if len(byte_level.pre_tokenize_str("0" + chr(cp))) == 1:
             numbers.append(cp)
+        if w not in single_word.encode("<w>" + chr(cp), add_special_tokens=False).ids:
+            words.append(cp)
 
     def ranges(cps):
         out = []
@@ -203,7 +217,7 @@ def print_tables():
                 out.append([cp, cp])
         return out
 
-    for name, cps in (("kLetterRanges", letters), ("kNumberRanges", numbers)):
+    for name, cps in (("kLetterRanges", letters), ("kNumberRanges", numbers), ("kWordRanges", words)):
         print(f"constexpr CodeRange {name}[] = {{")
         line = "   "
         for a, b in ranges(cps):
@@ -226,7 +240,8 @@ def main():
     n = len(vocab)
     gpt2_added = [added_token(0, "<|endoftext|>"), added_token(n, "<mask>", lstrip=True),
                   added_token(n + 1, "<sep>", rstrip=True),
-                  added_token(n + 2, "<word>", special=False, normalized=True, single_word=True)]
+                  added_token(n + 2, "<word>", special=False, normalized=True, single_word=True),
+                  added_token(n + 3, " spacey", special=False)]
     chat_added = [added_token(0, "<|endoftext|>"), added_token(n, "<|im_start|>"), added_token(n + 1, "<|im_end|>")]
     digits = lambda individual: {"type": "Digits", "individual_digits": individual}
     fixtures = {
