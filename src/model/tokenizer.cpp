@@ -1128,6 +1128,29 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
       }
     return tok;
   }
+  if (const json* pre = member(root, "pre_tokenizer"); pre && pre->is_object() && pre->value("type", "") == "Metaspace") {
+    // The newer SentencePiece layout: no normalizer, Metaspace("▁", not split), Llama 2's decoder.
+    const std::string where = source + ": pre_tokenizer Metaspace";
+    if (get_string(*pre, "replacement", where) != kMetaspace)
+      throw Error(str(where, ": replacement must be \"", kMetaspace, "\" (U+2581)"));
+    if (get_bool(*pre, "split", true, where))
+      throw Error(str(where, ": split = true is not supported (Llama 2 and Mistral conversions have false)"));
+    using P = BpeTokenizer::MetaspacePrepend;
+    P prepend = get_bool(*pre, "add_prefix_space", true, where) ? P::kAlways : P::kNever;  // before prepend_scheme
+    if (const json* scheme = member(*pre, "prepend_scheme")) {
+      const std::string s = scheme->is_string() ? scheme->get<std::string>() : "";
+      if (s != "first" && s != "always" && s != "never")
+        throw Error(str(where, ": prepend_scheme must be first, always or never, got ", printable(scheme->dump(), 40)));
+      prepend = s == "first" ? P::kFirst : s == "always" ? P::kAlways : P::kNever;
+    }
+    const json* decoder = member(root, "decoder");
+    if (!decoder || !is_llama2_decoder(*decoder))
+      throw Error(str(source, ": decoder must be Llama 2's Sequence[Replace \"▁\" -> \" \", ByteFallback, Fuse, "
+                              "Strip 1 leading space] with a Metaspace pre-tokenizer"));
+    tok->metaspace_ = true;
+    tok->metaspace_prepend_ = prepend;
+    return tok;
+  }
   tok->pre_ = parse_pre_tokenizer(member(root, "pre_tokenizer"), source);
   if (const json* decoder = member(root, "decoder")) {
     const std::string decoder_type = type_of(*decoder, source + ": decoder");
@@ -1306,7 +1329,21 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
 
 // Text between added tokens: Digits or the Llama-3 Split (if configured), then ByteLevel on each
 // resulting split.
-void BpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+void BpeTokenizer::encode_plain(std::string_view text, bool at_start, std::vector<int32_t>& out) const {
+  if (metaspace_ && metaspace_prepend_ != MetaspacePrepend::kNormalizer) {
+    // Metaspace, not split: spaces to "▁", and "▁" in front where the scheme asks and there is none.
+    if (text.empty()) return;
+    const bool wanted = metaspace_prepend_ == MetaspacePrepend::kAlways ||
+                        (metaspace_prepend_ == MetaspacePrepend::kFirst && at_start);
+    std::string piece = wanted && text[0] != ' ' && text.compare(0, 3, kMetaspace) != 0 ? kMetaspace : "";
+    for (char c : text) {
+      if (c == ' ') piece += kMetaspace;
+      else piece += c;
+    }
+    const std::vector<int32_t> ids = merge_word(piece);
+    out.insert(out.end(), ids.begin(), ids.end());
+    return;
+  }
   if (metaspace_) {
     // HF normalizes the segment, matches the normalized added tokens in it (their content
     // normalized alike: "▁<tok>"), and sends each piece between them to the model as one word.
@@ -1378,7 +1415,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<Segment> first, segments;
   split_added(text, raw, first);
   for (const Segment& s : first) {
-    if (s.id >= 0 || metaspace_) {
+    if (s.id >= 0 || (metaspace_ && metaspace_prepend_ == MetaspacePrepend::kNormalizer)) {
       segments.push_back(s);
     } else {
       split_added(s.text, normalized, segments);
@@ -1389,7 +1426,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
     if (s.id >= 0) {
       ids.push_back(s.id);
     } else {
-      encode_plain(s.text, ids);
+      encode_plain(s.text, s.text.data() == text.data(), ids);
     }
   }
   return ids;

@@ -119,7 +119,7 @@ TEST_P(BpeMatchesHuggingFace, IdsAndDecodedText) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BpeMatchesHuggingFace,
                          testing::Values("bpe_gpt2.json", "bpe_smollm.json", "bpe_prefix.json", "bpe_llama3.json",
-                                         "bpe_llama2.json"),
+                                         "bpe_llama2.json", "bpe_llama2_metaspace.json"),
                          [](const auto& p) { return p.param.substr(4, p.param.size() - 9); });
 
 // ---- TextStream ----------------------------------------------------------------------------
@@ -129,7 +129,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BpeMatchesHuggingFace,
 // every fixture, Llama 2's leading-space strip included, with and without a context.
 TEST(TextStream, PiecesAddUpToOneDecodeOfEverything) {
   std::vector<std::unique_ptr<Tokenizer>> toks;
-  for (const char* name : {"bpe_gpt2.json", "bpe_smollm.json", "bpe_prefix.json", "bpe_llama3.json", "bpe_llama2.json"})
+  for (const char* name : {"bpe_gpt2.json", "bpe_smollm.json", "bpe_prefix.json", "bpe_llama3.json", "bpe_llama2.json",
+                           "bpe_llama2_metaspace.json"})
     toks.push_back(BpeTokenizer::from_file(data_path(name)));
   toks.push_back(std::make_unique<ByteTokenizer>(true, true));
   std::mt19937 rng(3);
@@ -311,10 +312,15 @@ TEST(BpeTokenizer, UnsupportedComponentsAreNamed) {
   };
   expect_error(load(edited_fixture([](J& j) { j["model"]["type"] = "WordPiece"; })),
                {"unsupported model type 'WordPiece'"});
-  expect_error(load(edited_fixture([](J& j) {
-                 j["pre_tokenizer"] = {{"type", "Metaspace"}};
+  // Metaspace: only as the newer SentencePiece layout has it (not split, with Llama 2's decoder).
+  const J metaspace = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "first"}, {"split", true}};
+  expect_error(load(edited_fixture([&](J& j) { j["pre_tokenizer"] = metaspace; })),
+               {"pre_tokenizer Metaspace: split = true is not supported"});
+  expect_error(load(edited_fixture([&](J& j) {
+                 j["pre_tokenizer"] = metaspace;
+                 j["pre_tokenizer"]["split"] = false;  // but the byte-level decoder
                })),
-               {"unsupported pre-tokenizer 'Metaspace'"});
+               {"decoder must be Llama 2's", "with a Metaspace pre-tokenizer"});
   expect_error(load(edited_fixture([](J& j) {
                  j["pre_tokenizer"] = {
                      {"type", "Sequence"},

@@ -79,8 +79,10 @@ class ByteTokenizer final : public Tokenizer {
 //   pre_tokenizer ByteLevel (add_prefix_space, use_regex), or a Sequence of Digits
 //                (individual_digits) and ByteLevel, as SmolLM ships, or a Sequence of Split
 //                with the Llama-3 regex (Isolated) and ByteLevel (use_regex false), as Llama 3
-//                ships; any other Split pattern is refused by name.
-//   decoder      ByteLevel (or null); Llama 2's, with its normalizer.
+//                ships; any other Split pattern is refused by name. Or, with no normalizer, the
+//                SentencePiece-style BPE in the newer layout (Mistral's, Llama 2's converted with
+//                legacy = false): Metaspace ("▁", split false, prepend_scheme first/always/never).
+//   decoder      ByteLevel (or null); Llama 2's, with its normalizer or the Metaspace pre-tokenizer.
 //   added_tokens matched verbatim before pre-tokenization, leftmost-longest, honouring
 //                lstrip/rstrip/single_word; "normalized": false tokens first, as HF does.
 //   post_processor null, ByteLevel, or TemplateProcessing (alone or in a Sequence) with at most one
@@ -138,7 +140,8 @@ class BpeTokenizer final : public Tokenizer {
   // Ids of one pre-tokenized piece (already in byte-level form), through the cache.
   void encode_word(const std::string& word, std::vector<int32_t>& out) const;
   std::vector<int32_t> merge_word(const std::string& word) const;
-  void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
+  // `at_start`: the text begins the input (Metaspace's prepend_scheme "first").
+  void encode_plain(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
 
   std::unordered_map<std::string, int32_t> vocab_;  // model vocab + added tokens
   std::vector<std::string> id_to_token_;            // "" where an id has no token
@@ -153,6 +156,11 @@ class BpeTokenizer final : public Tokenizer {
   // SentencePiece-style BPE as Llama 2 ships it: "▁" for spaces and in front of the text, no
   // pre-tokenizer, characters (not bytes) as the initial symbols, <0xHH> tokens for bytes.
   bool metaspace_ = false;
+  // Where the "▁" in front comes from: Llama 2's normalizer (every piece between added tokens), or,
+  // as newer conversions (Mistral, Llama 2 with legacy = false) lay it out, no normalizer and a
+  // Metaspace pre-tokenizer (spaces to "▁", not split) that puts it in front of a piece that has
+  // none: the input's first piece ("first"), every piece ("always"), none ("never").
+  enum class MetaspacePrepend { kNormalizer, kFirst, kAlways, kNever } metaspace_prepend_ = MetaspacePrepend::kNormalizer;
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;
   std::optional<int32_t> unk_;

@@ -18,6 +18,8 @@ and one SentencePiece-style BPE with a vocabulary of its own:
   bpe_llama2.json  normalizer Prepend("▁") + Replace(" " -> "▁"), no pre-tokenizer, characters as
                    symbols, byte_fallback to <0xHH>, the decoder Llama 2 ships, and two added
                    tokens with normalized = true (as `add_tokens` makes them)
+  bpe_llama2_metaspace.json  the same in the newer layout: no normalizer, Metaspace pre-tokenizer
+                   (prepend_scheme "first", not split), as Mistral's and legacy=False conversions ship
 """
 import json
 import random
@@ -87,6 +89,15 @@ LLAMA2_MERGES = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("i", "n"), ("e", "r"
                  ("▁", "c"), ("a", "t"), ("▁c", "at"), ("▁", "H"), ("▁H", "e"), ("▁He", "ll"), ("▁Hell", "o"),
                  ("▁w", "or"), ("l", "d"), ("▁wor", "ld"), ("1", "2"), ("▁", "▁"), ("▁▁", "▁▁"), ("c", "a"),
                  ("ca", "f"), ("caf", "é"), ("'", "s"), ("▁", "1")]
+
+
+def llama2_metaspace_tokenizer():
+    """The same vocabulary in the layout of newer conversions (Mistral's, Llama 2's with legacy=False):
+    no normalizer, a Metaspace pre-tokenizer that puts "▁" in front of the text's first piece only."""
+    spec = llama2_tokenizer()
+    spec["normalizer"] = None
+    spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+    return spec
 
 
 def llama2_tokenizer():
@@ -262,6 +273,7 @@ def main():
                 byte_level(False, use_regex=False)]},
             added=chat_added, ignore_merges=True),
         "bpe_llama2.json": llama2_tokenizer(),
+        "bpe_llama2_metaspace.json": llama2_metaspace_tokenizer(),
     }
     texts = TEXTS + random_texts(60, seed=5)
     expected = {"tokenizers_version": __import__("tokenizers").__version__, "cases": {}}
