@@ -15,6 +15,15 @@
 namespace twell::cuda {
 
 struct FfnForward::Impl {
+  // Destroyed last: gives back the device that was current when the object was destroyed, which
+  // ~Impl makes its own GPU for the members' destructors (an object may be destroyed with another
+  // GPU current: Python's deferred destruction of collected handles, say).
+  struct RestoreDevice {
+    int previous = -1;
+    ~RestoreDevice() {
+      if (previous >= 0) cudaSetDevice(previous);
+    }
+  } restore_device;
   FfnShape shape;
   FfnOptions options;
   int sm_count = 0;
@@ -275,6 +284,9 @@ struct FfnForward::Impl {
     for (Slot& sl : slots) TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&sl.sample.ready, cudaEventDisableTiming));
   }
   ~Impl() {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now != device && cudaSetDevice(device) == cudaSuccess)
+      restore_device.previous = now;
     if (counts.ready) cudaEventDestroy(counts.ready);
     for (Slot& sl : slots)
       if (sl.sample.ready) cudaEventDestroy(sl.sample.ready);
