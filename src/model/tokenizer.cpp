@@ -945,6 +945,12 @@ void split_added(std::string_view text, const std::vector<const BpeTokenizer::Ad
       ++pos;
       continue;
     }
+    // As HF's find_matches: the matches are those of the text (the search goes on from a token's own
+    // end), widened after: lstrip takes the whitespace before it that no earlier piece took, rstrip
+    // the whitespace after it, and the next piece starts where this one stops. So a token starting
+    // inside the whitespace an rstrip token took (" spacey", "\n") is a token too, and the text after
+    // it is text again; one that lstrip leaves empty is no token (HF drops empty pieces; where HF
+    // would fail, an lstrip token wholly inside the earlier piece, twell drops it too).
     size_t start = pos, stop = pos + best->content.size();
     pos = stop;
     if (best->single_word) {
@@ -953,19 +959,17 @@ void split_added(std::string_view text, const std::vector<const BpeTokenizer::Ad
       if (word_before || word_after) continue;
     }
     if (best->lstrip) {
-      // Take in the whitespace before the token, but not text an earlier match took.
-      while (start > done) {
+      while (start > 0) {
         size_t prev = start - 1;
-        while (prev > done && (static_cast<unsigned char>(text[prev]) & 0xC0) == 0x80) --prev;
+        while (prev > 0 && (static_cast<unsigned char>(text[prev]) & 0xC0) == 0x80) --prev;
         const CodePoint cp = decode_utf8(text, prev);
         if (prev + cp.len != start || !is_space(cp.cp)) break;
         start = prev;
       }
+      start = std::max(start, done);
+      if (start >= stop) continue;  // nothing of it left after the earlier piece
     }
     if (best->rstrip) {
-      // The whitespace after it goes with it; the search goes on from the token's end, as transformers'
-      // matches are found in the text first and widened after: an added token starting inside that
-      // whitespace (" spacey", "\n\n") is a token of its own too.
       while (stop < text.size()) {
         const CodePoint cp = decode_utf8(text, stop);
         if (!is_space(cp.cp)) break;
@@ -973,8 +977,8 @@ void split_added(std::string_view text, const std::vector<const BpeTokenizer::Ad
       }
     }
     if (done < start) out.push_back({text.substr(done, start - done), -1});
-    out.push_back({text.substr(std::max(start, done), std::max(stop, done) - std::max(start, done)), best->id});
-    done = std::max(done, stop);
+    out.push_back({text.substr(start, stop - start), best->id});
+    done = stop;
   }
   if (done < text.size()) out.push_back({text.substr(done), -1});
 }
@@ -1045,6 +1049,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
       t.rstrip = get_bool(a, "rstrip", false, w);
       t.single_word = get_bool(a, "single_word", false, w);
       if (t.content.empty()) throw Error(str(w, ": empty 'content'"));
+      if (!tok->vocab_.count(t.content)) tok->added_only_.insert(t.content);
       tok->vocab_[t.content] = t.id;
       max_id = std::max(max_id, t.id);
       tok->added_.push_back(std::move(t));
@@ -1220,9 +1225,14 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
 
 // BPE on one word, as HF's Word::merge_all: repeatedly merge the adjacent pair of lowest rank,
 // the leftmost first among equals, until no pair has a merge.
+std::unordered_map<std::string, int32_t>::const_iterator BpeTokenizer::model_token(const std::string& s) const {
+  const auto it = vocab_.find(s);
+  return it == vocab_.end() || added_only_.empty() || !added_only_.count(s) ? it : vocab_.end();
+}
+
 std::vector<int32_t> BpeTokenizer::merge_word(const std::string& word) const {
   if (ignore_merges_) {
-    auto it = vocab_.find(word);
+    auto it = model_token(word);
     if (it != vocab_.end()) return {it->second};
   }
   struct Symbol {
@@ -1234,7 +1244,7 @@ std::vector<int32_t> BpeTokenizer::merge_word(const std::string& word) const {
   bool last_was_unk = false;
   for (size_t pos = 0; pos < word.size();) {
     const size_t len = decode_utf8(word, pos).len;
-    auto it = vocab_.find(word.substr(pos, len));
+    auto it = model_token(word.substr(pos, len));
     pos += len;
     if (it != vocab_.end()) {
       symbols.push_back({it->second, 0, 0, true});
@@ -1246,7 +1256,7 @@ std::vector<int32_t> BpeTokenizer::merge_word(const std::string& word) const {
       for (size_t b = pos - len; b < pos; ++b) {
         char name[8];
         std::snprintf(name, sizeof name, "<0x%02X>", static_cast<unsigned char>(word[b]));
-        auto bt = vocab_.find(name);
+        auto bt = model_token(name);
         if (bt == vocab_.end()) break;
         bytes.push_back(bt->second);
       }

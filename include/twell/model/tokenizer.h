@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace twell::model {
@@ -144,6 +145,11 @@ class BpeTokenizer final : public Tokenizer {
   void encode_plain(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
 
   std::unordered_map<std::string, int32_t> vocab_;  // model vocab + added tokens
+  // Added tokens that are not in the model's vocabulary: the BPE model never makes them (a character
+  // with no token of the model's falls back to bytes or unk, as in HF, even where an added token has it).
+  std::unordered_set<std::string> added_only_;
+  // vocab_'s entry of a model token, or end().
+  std::unordered_map<std::string, int32_t>::const_iterator model_token(const std::string& s) const;
   std::vector<std::string> id_to_token_;            // "" where an id has no token
   std::vector<bool> has_id_;
   // (left id << 32 | right id) -> (rank, merged id)

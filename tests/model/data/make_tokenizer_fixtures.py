@@ -8,7 +8,7 @@ HuggingFace `tokenizers` library gives for them (the test suite itself needs no 
 Three small byte-level BPE tokenizer.json files share one vocabulary (the 256 byte tokens plus
 a few dozen merges) and differ in what the C++ side must handle:
   bpe_gpt2.json    "a b" merges, ByteLevel pre-tokenizer, added tokens with lstrip/rstrip/single_word
-                   (and one that starts with a space)
+                   (and two that start with whitespace)
   bpe_smollm.json  ["a", "b"] merges, Sequence[Digits(individual), ByteLevel], ignore_merges,
                    chat special tokens (as SmolLM ships)
   bpe_prefix.json  Sequence[Digits(contiguous), ByteLevel(add_prefix_space)]
@@ -97,6 +97,9 @@ def llama2_metaspace_tokenizer():
     spec = llama2_tokenizer()
     spec["normalizer"] = None
     spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+    # an added token the model's vocabulary lacks: where it is not matched (single_word, between letters)
+    # the model makes the character's bytes, not the token
+    spec["added_tokens"].append(added_token(len(spec["model"]["vocab"]) + 2, "\n", special=False, single_word=True))
     return spec
 
 
@@ -182,8 +185,9 @@ TEXTS = [
     # word characters beside a single_word token as HF's matcher has them (marks, joiners, connector
     # punctuation and other alphabetics are; superscripts and fractions are not)
     "<word>\u0301 <word>\u200d \u203f<word> <word>\u24b6 <word>\u0939\u093f", "<word>\u00b2 \u00bd<word> <word>\u2460",
-    # a token starting inside the whitespace an rstrip token takes is a token too
-    "<sep> spacey", "<sep>   spacey x<sep>\n spacey",
+    # a token starting inside the whitespace an rstrip token takes is a token too, and the text after it
+    # text again
+    "<sep> spacey", "<sep>   spacey x<sep>\n spacey", "<sep>  spacey!", "<sep> spacey  x", "a\nb a \n b", "<sep>\n\n\n  x",
 ]
 
 ALPHABET = list("abcHe lo'stm\n\t1239 .,!?_-") + ["  ", "é", "e\u0301", "你", "好", "👍", "٣", "½",
@@ -252,7 +256,7 @@ def main():
     gpt2_added = [added_token(0, "<|endoftext|>"), added_token(n, "<mask>", lstrip=True),
                   added_token(n + 1, "<sep>", rstrip=True),
                   added_token(n + 2, "<word>", special=False, normalized=True, single_word=True),
-                  added_token(n + 3, " spacey", special=False)]
+                  added_token(n + 3, " spacey", special=False), added_token(n + 4, "\n\n", special=False)]
     chat_added = [added_token(0, "<|endoftext|>"), added_token(n, "<|im_start|>"), added_token(n + 1, "<|im_end|>")]
     digits = lambda individual: {"type": "Digits", "individual_digits": individual}
     fixtures = {
