@@ -367,8 +367,10 @@ int twell_cuda_ffn_workspace_bytes(const twell_cuda_ffn_config* config, size_t* 
   return guarded([&] {
 #if TWELL_WITH_CUDA
     TWELL_REQUIRE(bytes != nullptr, "twell_cuda_ffn_workspace_bytes: bytes is NULL");
-    const cuda::FfnShape shape = shape_of(config);
+    const cuda::FfnShape shape = shape_of(config);  // the arguments first, on any machine
     const cuda::FfnOptions options = options_of(config);
+    std::string why;  // the plan reads the GPU's properties: said as twell_cuda_ffn_create says it
+    TWELL_REQUIRE(cuda::hopper_available(&why), "twell_cuda_ffn_workspace_bytes: ", why);
     *bytes = cuda::FfnForward::required_workspace_bytes(shape, options);
 #else
     throw Error(kNoCuda);
@@ -443,6 +445,8 @@ int twell_cuda_ffn_backward(twell_cuda_ffn* ffn, const twell_tensor* x, const tw
 int twell_cuda_release_scratch(void) {
   return guarded([&] {
 #if TWELL_WITH_CUDA
+    std::string why;
+    TWELL_REQUIRE(cuda::hopper_available(&why), "twell_cuda_release_scratch: ", why);
     cuda::release_scratch();
 #else
     throw Error(kNoCuda);

@@ -143,8 +143,11 @@ TEST(CApi, GpuCallsSayWhyWhereThereIsNoGpu) {
   EXPECT_EQ(twell_cuda_ffn_create(&c, nullptr, 0, &ffn), TWELL_ERROR);
   EXPECT_GT(std::strlen(twell_last_error()), 0u);
   EXPECT_EQ(ffn, nullptr);
-  size_t bytes = 0;
+  size_t bytes = 0;  // each says why, as twell_cuda_available does (not a CUDA error's name)
   EXPECT_EQ(twell_cuda_ffn_workspace_bytes(&c, &bytes), TWELL_ERROR);
+  EXPECT_EQ(std::string(twell_last_error()), std::string("twell_cuda_ffn_workspace_bytes: ") + why);
+  EXPECT_EQ(twell_cuda_release_scratch(), TWELL_ERROR);
+  EXPECT_EQ(std::string(twell_last_error()), std::string("twell_cuda_release_scratch: ") + why);
   twell_cuda_ffn_destroy(nullptr);
 }
 
