@@ -230,7 +230,6 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-
 }  // namespace
 
 std::string safetensors_dtype_name(DType t) {
@@ -501,9 +500,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
     } else if (std::string index_link = detail::dangling_link(index); !index_link.empty()) {
       fail(path, index_link);
     } else {
-      struct stat bin {};
-      const bool has_bin = ::stat((path + "/pytorch_model.bin").c_str(), &bin) == 0 ||
-                           ::stat((path + "/pytorch_model.bin.index.json").c_str(), &bin) == 0;
+      const bool has_bin = exists(path + "/pytorch_model.bin") || exists(path + "/pytorch_model.bin.index.json");
       // Other .safetensors files: shards without their index, or one file of another name.
       std::string others;
       size_t n_others = 0;

@@ -806,11 +806,12 @@ TemplateEnds template_ends(const json* pp, const BpeTokenizer& tok, const std::s
 //   decoder    Sequence[Replace "▁" -> " ", ByteFallback, Fuse, Strip " " start 1 stop 0]
 constexpr const char* kMetaspace = "\xE2\x96\x81";  // U+2581 "▁"
 
-// Llama 2's normalizer: "▁" in front of a non-empty text and in place of every space.
-std::string metaspace_normalized(std::string_view text) {
+// Llama 2's normalizer: "▁" in front of a non-empty text (unless not `prepend`) and in place of every
+// space; the Metaspace pre-tokenizer's step too.
+std::string metaspace_normalized(std::string_view text, bool prepend = true) {
   std::string out;
   if (text.empty()) return out;
-  out = kMetaspace;
+  if (prepend) out = kMetaspace;
   for (char c : text) {
     if (c == ' ') out += kMetaspace;
     else out += c;
@@ -1135,17 +1136,17 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
   }
   if (const json* pre = member(root, "pre_tokenizer"); pre && pre->is_object() && pre->value("type", "") == "Metaspace") {
     // The newer SentencePiece layout: no normalizer, Metaspace("▁", not split), Llama 2's decoder.
-    const std::string where = source + ": pre_tokenizer Metaspace";
-    if (get_string(*pre, "replacement", where) != kMetaspace)
-      throw Error(str(where, ": replacement must be \"", kMetaspace, "\" (U+2581)"));
-    if (get_bool(*pre, "split", true, where))
-      throw Error(str(where, ": split = true is not supported (Llama 2 and Mistral conversions have false)"));
+    const std::string pre_where = source + ": pre_tokenizer Metaspace";
+    if (get_string(*pre, "replacement", pre_where) != kMetaspace)
+      throw Error(str(pre_where, ": replacement must be \"", kMetaspace, "\" (U+2581)"));
+    if (get_bool(*pre, "split", true, pre_where))
+      throw Error(str(pre_where, ": split = true is not supported (Llama 2 and Mistral conversions have false)"));
     using P = BpeTokenizer::MetaspacePrepend;
-    P prepend = get_bool(*pre, "add_prefix_space", true, where) ? P::kAlways : P::kNever;  // before prepend_scheme
+    P prepend = get_bool(*pre, "add_prefix_space", true, pre_where) ? P::kAlways : P::kNever;  // before prepend_scheme
     if (const json* scheme = member(*pre, "prepend_scheme")) {
       const std::string s = scheme->is_string() ? scheme->get<std::string>() : "";
       if (s != "first" && s != "always" && s != "never")
-        throw Error(str(where, ": prepend_scheme must be first, always or never, got ", printable(scheme->dump(), 40)));
+        throw Error(str(pre_where, ": prepend_scheme must be first, always or never, got ", printable(scheme->dump(), 40)));
       prepend = s == "first" ? P::kFirst : s == "always" ? P::kAlways : P::kNever;
     }
     const json* decoder = member(root, "decoder");
@@ -1223,13 +1224,13 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-// BPE on one word, as HF's Word::merge_all: repeatedly merge the adjacent pair of lowest rank,
-// the leftmost first among equals, until no pair has a merge.
 std::unordered_map<std::string, int32_t>::const_iterator BpeTokenizer::model_token(const std::string& s) const {
   const auto it = vocab_.find(s);
   return it == vocab_.end() || added_only_.empty() || !added_only_.count(s) ? it : vocab_.end();
 }
 
+// BPE on one word, as HF's Word::merge_all: repeatedly merge the adjacent pair of lowest rank,
+// the leftmost first among equals, until no pair has a merge.
 std::vector<int32_t> BpeTokenizer::merge_word(const std::string& word) const {
   if (ignore_merges_) {
     auto it = model_token(word);
@@ -1345,12 +1346,8 @@ void BpeTokenizer::encode_plain(std::string_view text, bool at_start, std::vecto
     if (text.empty()) return;
     const bool wanted = metaspace_prepend_ == MetaspacePrepend::kAlways ||
                         (metaspace_prepend_ == MetaspacePrepend::kFirst && at_start);
-    std::string piece = wanted && text[0] != ' ' && text.compare(0, 3, kMetaspace) != 0 ? kMetaspace : "";
-    for (char c : text) {
-      if (c == ' ') piece += kMetaspace;
-      else piece += c;
-    }
-    const std::vector<int32_t> ids = merge_word(piece);
+    const std::vector<int32_t> ids =
+        merge_word(metaspace_normalized(text, wanted && text[0] != ' ' && text.compare(0, 3, kMetaspace) != 0));
     out.insert(out.end(), ids.begin(), ids.end());
     return;
   }

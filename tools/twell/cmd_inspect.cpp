@@ -39,7 +39,6 @@ std::string parent_dir(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
 }
 
-
 // The directory holding config.json: PATH (a directory) or the directory of PATH (a file); "" if
 // it has none.
 std::string find_config_dir(const std::string& path) {
