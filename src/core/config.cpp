@@ -34,10 +34,9 @@ const json* find_key(const json& root, const char* key) {
 bool read_int(const json& root, const char* key, const std::string& source, int64_t* out) {
   const json* v = find_key(root, key);
   if (!v) return false;
-  if (!v->is_number_integer() ||
-      (v->is_number_unsigned() &&
-       v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())))
-    wrong_type(source, key, "an integer", *v);
+  if (!v->is_number_integer()) wrong_type(source, key, "an integer", *v);
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    throw Error(str(source, ": key '", key, "' is ", v->get<uint64_t>(), ", past the largest integer twell reads (2^63 - 1)"));
   *out = v->get<int64_t>();
   return true;
 }
@@ -178,7 +177,8 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   const bool top_theta = read_number(root, "rope_theta", source, &c.rope_theta);
   if (const json* rope = find_key(root, "rope_parameters"); rope && rope->is_object()) {
     double theta = c.rope_theta;
-    if (read_number(*rope, "rope_theta", source, &theta) && top_theta && theta != c.rope_theta)
+    if (read_number(*rope, "rope_theta", str(source, ": rope_parameters"), &theta) && top_theta &&
+        theta != c.rope_theta)
       throw Error(str(source, ": rope_theta ", exact(c.rope_theta), " and rope_parameters.rope_theta ", exact(theta),
                       " disagree"));
     c.rope_theta = theta;

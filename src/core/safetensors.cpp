@@ -39,6 +39,20 @@ constexpr DType kAllDTypes[] = {DType::bf16, DType::f16, DType::f32, DType::f64,
   throw Error(str(file, ": tensor '", printable(tensor), "': ", message));
 }
 
+// The bits of a tensor of `shape` at `bits` an element. Reader and writer alike refuse a shape whose
+// non-zero dimensions' product overflows int64 (so that shape_numel() and every prefix product are
+// defined even where a later dimension is 0), or whose bits overflow 64.
+uint64_t shape_bits(const std::string& file, const std::string& tensor, const Shape& shape, uint64_t bits) {
+  int64_t product = 1;
+  for (int64_t d : shape)
+    if (d != 0 && __builtin_mul_overflow(product, d, &product))
+      fail_tensor(file, tensor, str("shape ", shape_str(shape), " has more elements than fit in int64"));
+  uint64_t total = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(shape_numel(shape)), bits, &total))
+    fail_tensor(file, tensor, str("shape ", shape_str(shape), " needs more bytes than fit in 64 bits"));
+  return total;
+}
+
 std::string supported_dtype_names() {
   std::string names;
   for (DType t : kAllDTypes) names += (names.empty() ? "" : ", ") + safetensors_dtype_name(t);
@@ -46,7 +60,7 @@ std::string supported_dtype_names() {
 }
 
 // The dtypes of the safetensors format that twell does not read, with their bits an element; a
-// tensor of one is listed and its bytes checked (ceil(elements · bits / 8)), and refused when read.
+// tensor of one is listed and its bytes checked (elements · bits / 8, whole bytes), and refused when read.
 constexpr std::pair<const char*, uint64_t> kUnreadDTypes[] = {
     {"BOOL", 8}, {"I8", 8},   {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"I16", 16},
     {"U16", 16}, {"U64", 64}, {"C64", 64},    {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6}};
@@ -105,21 +119,16 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   const json& shape = entry["shape"];
   const std::string shape_text = printable(shape.dump(), 100);
   if (!shape.is_array()) fail_tensor(file, name, str("shape must be an array, got ", shape_text));
-  // The product of the non-zero dimensions must fit int64, so that shape_numel() and every
-  // prefix product of the shape are well defined even when a later dimension is 0.
-  int64_t product = 1;
   for (const json& dim : shape) {
     int64_t d = 0;
     if (!get_non_negative(dim, &d))
       fail_tensor(file, name, str("shape must hold non-negative integers, got ", shape_text));
-    if (d != 0 && __builtin_mul_overflow(product, d, &product))
-      fail_tensor(file, name, str("shape ", shape_text, " has more elements than fit in int64"));
     t.shape.push_back(d);
   }
-  const uint64_t numel = static_cast<uint64_t>(t.numel());
-  uint64_t needed = 0;  // bits, then bytes
-  if (__builtin_mul_overflow(numel, bits, &needed))
-    fail_tensor(file, name, str("shape ", shape_text, " needs more bytes than fit in 64 bits"));
+  uint64_t needed = shape_bits(file, name, t.shape, bits);  // bits, then bytes
+  // Whole bytes only, as the reference reader (MisalignedSlice): an odd count of 4-bit values is refused.
+  if (needed % 8 != 0)
+    fail_tensor(file, name, str(t.numel(), " ", printable(t.file_dtype), " elements do not fill whole bytes"));
 
   const json& offsets = entry["data_offsets"];
   int64_t begin = 0, end = 0;
@@ -134,7 +143,7 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
     fail_tensor(file, name,
                 str("data ends at byte ", t.end, " but the file's data section has ", data_size,
                     " bytes (truncated file?)"));
-  needed = needed / 8 + (needed % 8 != 0);
+  needed /= 8;
   if (t.nbytes() != needed)
     fail_tensor(
         file, name,
@@ -254,6 +263,10 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* data, size_t size, std::st
                    " bytes) (truncated file?)"));
 
   const char* header = reinterpret_cast<const char*>(data + 8);
+  // The format's rule (the safetensors library's InvalidHeaderStart): no byte-order mark or space first.
+  if (header_len == 0 || header[0] != '{')
+    fail(name, str("not a safetensors file? Its header must start with '{', got ",
+                   header_len == 0 ? std::string("nothing") : printable(std::string(header, std::min<uint64_t>(header_len, 16)), 40)));
   // Three levels suffice: {tensor: {"shape": [..]}}; a little slack for odd metadata.
   json root = detail::parse_json_strict(header, header + header_len, name, "header", 4);
   if (!root.is_object()) fail(name, str("header must be a JSON object, got ", root.type_name()));
@@ -436,11 +449,12 @@ void write_safetensors(const std::string& path,
     if (!names.insert(name).second) fail_tensor(path, name, "name given twice");
     if (view.device != Device::cpu)
       fail_tensor(path, name, "is a device tensor; copy it to the host first");
-    if (!view.is_contiguous())
-      fail_tensor(path, name, str("is not contiguous (shape ", shape_str(view.shape), ")"));
     for (int64_t d : view.shape)
       if (d < 0)
         fail_tensor(path, name, str("negative dimension in shape ", shape_str(view.shape)));
+    shape_bits(path, name, view.shape, 8 * dtype_size(view.dtype));  // the reader's rule, before the write
+    if (!view.is_contiguous())
+      fail_tensor(path, name, str("is not contiguous (shape ", shape_str(view.shape), ")"));
     if (view.data == nullptr && view.numel() != 0) fail_tensor(path, name, "has no data");
   }
 
@@ -559,7 +573,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
       const std::string shard_path = detail::parent_dir(file) + "/" + shard_name;
       if (!exists(shard_path))
         fail(file, str("shard '", printable(shard_name), "' (holding tensor '", printable(tensor),
-                       "') is missing: ", shard_path, ": ", std::strerror(errno)));
+                       "') is missing: ", printable(shard_path), ": ", std::strerror(errno)));
       shard_index[shard_name] = shard_names.size();
       shard_names.push_back(shard_name);
       c.files_.push_back(SafetensorsFile::open(shard_path));
@@ -571,18 +585,18 @@ Checkpoint Checkpoint::open(const std::string& path) {
         const auto [seen, first] = c.where_.emplace(t.name, i);
         if (!first)
           fail(file, str("tensor '", printable(t.name), "' is in both shard '",
-                         shard_names[seen->second], "' and shard '", shard_names[i], "'"));
+                         printable(shard_names[seen->second]), "' and shard '", printable(shard_names[i]), "'"));
       }
     }
     for (size_t i = 0; i < c.files_.size(); ++i) {
       for (const TensorInfo& t : c.files_[i].tensors()) {
         auto listed = weight_map.find(t.name);
         if (listed == weight_map.end())
-          fail(file, str("shard '", shard_names[i], "' holds tensor '", printable(t.name),
+          fail(file, str("shard '", printable(shard_names[i]), "' holds tensor '", printable(t.name),
                          "' which the index does not list"));
         if (listed->get_ref<const std::string&>() != shard_names[i])
           fail(file,
-               str("tensor '", printable(t.name), "' is in shard '", shard_names[i],
+               str("tensor '", printable(t.name), "' is in shard '", printable(shard_names[i]),
                    "' but the index maps it to '", printable(listed->get<std::string>()), "'"));
         c.tensors_.push_back(t);
       }

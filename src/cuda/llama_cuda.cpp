@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <set>
@@ -260,6 +261,10 @@ struct LlamaCuda::Impl {
     if (o.max_context == 0) o.max_context = c.max_position_embeddings;
     TWELL_REQUIRE(o.max_context >= 1 && o.max_context <= c.max_position_embeddings, "LlamaCuda: max_context ",
                 o.max_context, " must lie in [1, max_position_embeddings = ", c.max_position_embeddings, "]");
+    // The kernels index positions in 32 bits (a key block past the context's end included); the RoPE
+    // table alone would take 128 GiB long before this bound.
+    TWELL_REQUIRE(o.max_context <= INT32_MAX - 64, "LlamaCuda: max_context ", o.max_context,
+                  " is past the runtime's ", INT32_MAX - 64, " positions");
     TWELL_REQUIRE(o.max_batch >= 1 && o.max_batch <= 65535, "LlamaCuda: max_batch must lie in [1, 65535] (the kernels' "
                 "grid), got ", o.max_batch);
     TWELL_REQUIRE(o.decode_attention_splits >= 0 && o.decode_attention_splits <= kMaxDecodeAttentionSplits,

@@ -276,6 +276,13 @@ TEST(ModelConfig, ReadsRopeThetaOnceAndEosIds) {
   expect_error(  // every digit, where 6 would print the same number twice
       [] { ModelConfig::from_json(minimal(R"("rope_theta": 1000000, "rope_parameters": {"rope_theta": 1000001})")); },
       {"rope_theta 1000000 and rope_parameters.rope_theta 1000001 disagree"});
+  // A bad rope_parameters.rope_theta is said to be there, not at the top level's valid one.
+  expect_error(
+      [] { ModelConfig::from_json(minimal(R"("rope_theta": 1e4, "rope_parameters": {"rope_theta": "1e4"})"), "c.json"); },
+      {"c.json: rope_parameters: key 'rope_theta' must be a number"});
+  // An integer past int64 is said to be too large, not to be no integer.
+  expect_error([] { ModelConfig::from_json(minimal(R"("num_key_value_heads": 9223372036854775808)"), "c.json"); },
+               {"c.json: key 'num_key_value_heads' is 9223372036854775808, past the largest integer"});
   EXPECT_TRUE(ModelConfig::from_json(minimal()).eos_token_ids.empty());
   EXPECT_TRUE(ModelConfig::from_json(minimal(R"("eos_token_id": null)")).eos_token_ids.empty());
   EXPECT_EQ(ModelConfig::from_json(minimal(R"("eos_token_id": 2)")).eos_token_ids, std::vector<int32_t>{2});

@@ -307,7 +307,11 @@ TEST(SafetensorsParse, BadHeaderLength) {
 
 TEST(SafetensorsParse, HeaderMustBeAJsonObject) {
   expect_parse_error(raw_file("{not json}", 0), {"mem.safetensors", "header is not valid JSON"});
-  expect_parse_error(raw_file("[1, 2]    ", 0), {"mem.safetensors", "JSON object", "array"});
+  // The header starts with '{' (the format's rule): an array, a byte-order mark, a space, nothing.
+  expect_parse_error(raw_file("[1, 2]    ", 0), {"mem.safetensors", "must start with '{'", "[1, 2]"});
+  expect_parse_error(raw_file("\xef\xbb\xbf{}", 0), {"mem.safetensors", "must start with '{'"});
+  expect_parse_error(raw_file("  {}", 0), {"mem.safetensors", "must start with '{'"});
+  expect_parse_error(raw_file("", 0), {"mem.safetensors", "must start with '{', got nothing"});
   expect_parse_error(raw_file("{\"a\": \"\xff\"}", 0), {"mem.safetensors", "not valid JSON"});
   expect_parse_error(raw_file("{\"x\": [[[[[[1]]]]]]}", 0), {"mem.safetensors", "nests deeper"});
   expect_parse_error(
@@ -373,7 +377,11 @@ TEST(SafetensorsParse, EntryFieldsAreChecked) {
   expect("\"dtype\": \"F8_E4M3\", \"shape\": [2], \"data_offsets\": [0, 3]", 3,
          "holds 3 bytes (data_offsets [0, 3]) but F8_E4M3 [2] needs 2 bytes");
   expect("\"dtype\": \"I16\", \"shape\": [3], \"data_offsets\": [0, 2]", 2, "I16 [3] needs 6 bytes");
-  expect("\"dtype\": \"F6_E2M3\", \"shape\": [3], \"data_offsets\": [0, 2]", 2, "F6_E2M3 [3] needs 3 bytes");
+  expect("\"dtype\": \"F6_E2M3\", \"shape\": [4], \"data_offsets\": [0, 2]", 2, "F6_E2M3 [4] needs 3 bytes");
+  // Sub-byte elements must fill whole bytes, as the safetensors library requires (its MisalignedSlice).
+  expect("\"dtype\": \"F6_E2M3\", \"shape\": [3], \"data_offsets\": [0, 3]", 3,
+         "3 F6_E2M3 elements do not fill whole bytes");
+  expect("\"dtype\": \"F4\", \"shape\": [3], \"data_offsets\": [0, 2]", 2, "3 F4 elements do not fill whole bytes");
   expect("\"dtype\": 5, \"shape\": [2], \"data_offsets\": [0, 8]", 8, "dtype must be a string");
   expect("\"dtype\": \"f32\", \"shape\": [2], \"data_offsets\": [0, 8]", 8, "unknown dtype 'f32'");
   expect("\"dtype\": \"\", \"shape\": [2], \"data_offsets\": [0, 8]", 8, "unknown dtype ''");
@@ -447,6 +455,14 @@ TEST_F(Safetensors, WriteIsAtomic) {
   on_device.device = Device::cuda;
   expect_error([&] { io::write_safetensors(file, {{"d", on_device}}); }, {file, "'d'", "device"});
   expect_error([&] { io::write_safetensors(file, {{"__metadata__", w}}); }, {file, "reserved"});
+  // A shape the reader would refuse is refused before writing (its element count overflowed to 0 and
+  // the file replaced the old one), also where a zero dimension makes it empty.
+  for (const Shape& shape : {Shape{int64_t{1} << 32, int64_t{1} << 32, 2}, Shape{int64_t{1} << 40, int64_t{1} << 40, 0}}) {
+    TensorView huge = w.view();
+    huge.shape = shape;
+    huge.strides.clear();
+    expect_error([&] { io::write_safetensors(file, {{"huge", huge}}); }, {file, "'huge'", "more elements than fit in int64"});
+  }
   EXPECT_EQ(read_file(file), before) << "a failed write clobbered the old file";
   EXPECT_EQ(listing(), std::vector<std::string>{"model.safetensors"}) << "temporary left behind";
 

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "common/compare.h"
+#include "core/io_test_util.h"
 #include "common/random.h"
 #include "twell/formats/twell_format.h"
 
@@ -132,6 +134,9 @@ TEST(TwellFormat, RejectsBadLayoutsAndInputs) {
   EXPECT_THROW(twell_pack(dense, {4, 101, 256, 8}), Error);      // shape mismatch
   Tensor f32 = Tensor::of<float>({4, 100});
   EXPECT_THROW(twell_pack(f32, {4, 100, 256, 8}), Error);        // dtype
+  // A width whose tile count n_tiles() would compute past int64 (no rows: no tile id to bound it).
+  test::expect_error([] { TwellLayout{0, std::numeric_limits<int64_t>::max(), 256, 8}.check(); }, {"cols", "too large"});
+  TwellLayout{0, std::numeric_limits<int64_t>::max() - 255, 256, 8}.check();
 }
 
 // Corrupting any part of a valid matrix is caught by validate().
