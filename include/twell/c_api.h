@@ -258,7 +258,7 @@ typedef struct {
   double temperature;  /* 0: greedy (argmax) */
   int64_t top_k;       /* 0: all */
   double top_p;        /* 1: all */
-  uint64_t seed;       /* the same seed draws the same tokens wherever exp() rounds alike */
+  uint64_t seed;       /* the same seed draws the same tokens from the same logits (one backend) wherever exp() rounds alike */
   int64_t vocab_limit; /* draw only ids below it (0: any), for an embedding padded past its tokenizer */
   int64_t reserved[3]; /* 0 */
 } twell_sampling;
@@ -337,7 +337,8 @@ TWELL_C_API int twell_tokenizer_decode(const twell_tokenizer* tokenizer, const i
 /* The text a generation adds as its ids come, for streaming (model::TextStream, as `twell run` streams):
  * put gives what decode(context + the ids so far) has past what the pieces before gave, up to its
  * last whole UTF-8 character (a character split across ids comes with the id that ends it); a stop
- * id adds nothing; finish gives the bytes of a character that never ended. *text points into the
+ * id adds nothing; finish gives a character that never ended. The pieces are valid UTF-8 (bytes that
+ * form no character come as U+FFFD, as Python's errors="replace" gives them). *text points into the
  * stream (*len bytes, not NUL-terminated), valid until its next call. The tokenizer must outlive it. */
 typedef struct twell_text_stream twell_text_stream;
 TWELL_C_API int twell_text_stream_create(const twell_tokenizer* tokenizer, const int32_t* context, int64_t n_context,

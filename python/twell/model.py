@@ -436,7 +436,7 @@ class Model:
                  stream=None):
         """Continues prompt (a str or its UTF-8 bytes, or a list of ids) with up to max_new_tokens tokens:
         greedy at temperature 0, else sampled (top_k, top_p, seed: the same seed draws the same tokens as
-        `twell run --seed`).
+        `twell run --seed` on the same backend; the CPU's and the GPU's logits round differently).
 
         stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
         list gives the ids. stream: a callable that receives the text as it comes (text prompts) or each

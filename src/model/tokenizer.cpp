@@ -1448,6 +1448,36 @@ size_t first_invalid_utf8(std::string_view text) {
   return std::string_view::npos;
 }
 
+std::string valid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  for (size_t pos = 0; pos < text.size();) {
+    const CodePoint cp = decode_utf8(text, pos);
+    if (cp.cp != kInvalid) {
+      out.append(text.substr(pos, cp.len));
+      pos += cp.len;
+      continue;
+    }
+    // The maximal subpart (Unicode's "U+FFFD substitution of maximal subparts", as Python's
+    // errors="replace" and Rust's from_utf8_lossy): the lead and the bytes that still continue some
+    // well-formed sequence, whose second byte's range depends on the lead (Table 3-7).
+    const unsigned char lead = byte(pos);
+    const size_t len = lead >= 0xC2 && lead <= 0xF4 ? utf8_length(lead) : 0;
+    size_t take = 1;
+    if (len > 1 && pos + 1 < text.size()) {
+      const unsigned char second = byte(pos + 1);
+      const unsigned char lo = lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80;
+      const unsigned char hi = lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF;
+      if (second >= lo && second <= hi)
+        for (take = 2; take < len && pos + take < text.size() && (byte(pos + take) & 0xC0) == 0x80;) ++take;
+    }
+    out += "\xEF\xBF\xBD";  // U+FFFD
+    pos += take;
+  }
+  return out;
+}
+
 // ---- load_tokenizer -------------------------------------------------------------------------
 
 namespace {
@@ -1575,11 +1605,11 @@ std::string TextStream::put(int32_t id) {
   }
   if (now.size() > known.size()) held_ += now.substr(known.size());
   const size_t whole = whole_utf8_prefix(held_);
-  std::string piece = held_.substr(0, whole);
+  std::string piece = valid_utf8(std::string_view(held_).substr(0, whole));
   held_.erase(0, whole);
   return piece;
 }
 
-std::string TextStream::finish() { return std::exchange(held_, std::string()); }
+std::string TextStream::finish() { return valid_utf8(std::exchange(held_, std::string())); }
 
 }  // namespace twell::model

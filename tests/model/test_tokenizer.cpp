@@ -149,7 +149,7 @@ TEST(TextStream, PiecesAddUpToOneDecodeOfEverything) {
       all.insert(all.end(), ids.begin(), ids.end());
       const std::string whole = tok->decode(all), before = tok->decode(context);
       ASSERT_EQ(whole.compare(0, before.size(), before), 0);
-      EXPECT_EQ(escaped(pieces), escaped(whole.substr(before.size()))) << "trial " << trial;
+      EXPECT_EQ(escaped(pieces), escaped(valid_utf8(whole.substr(before.size())))) << "trial " << trial;
     }
   }
 }
@@ -183,8 +183,44 @@ TEST(TextStream, PiecesAreWholeCharactersAndStopsAddNothing) {
   ByteTokenizer bytes(true, true);
   TextStream cut(bytes, {});
   for (const int32_t b : {0xF0, 0x9F, 0x91}) EXPECT_EQ(cut.put(b), "");
-  EXPECT_EQ(escaped(cut.finish()), escaped("\xf0\x9f\x91"));
+  EXPECT_EQ(escaped(cut.finish()), escaped("\xef\xbf\xbd"));  // one U+FFFD for the unended character
   EXPECT_EQ(cut.put('x'), "x");  // nothing held any more
+  // Bytes that form no character come as U+FFFD, never raw: a lone continuation byte, a lead
+  // followed by ASCII.
+  EXPECT_EQ(escaped(cut.put(0x80)), escaped("\xef\xbf\xbd"));
+  EXPECT_EQ(cut.put(0xC3), "");
+  EXPECT_EQ(escaped(cut.put('y')), escaped("\xef\xbf\xbdy"));
+}
+
+// valid_utf8 replaces each maximal ill-formed subsequence by one U+FFFD, as Python's
+// bytes.decode("utf-8", errors="replace") does (the expected strings are Python's).
+TEST(TextStream, InvalidBytesBecomeReplacementCharactersAsPythonReplaces) {
+  const std::string r = "\xef\xbf\xbd";
+  const std::pair<std::string, std::string> cases[] = {
+      {"", ""},
+      {"abc \xc3\xa9 \xf0\x9f\x91\x8b", "abc \xc3\xa9 \xf0\x9f\x91\x8b"},  // valid: as it is
+      {"\x80", r},
+      {"\x80\x80", r + r},
+      {"\xc3", r},
+      {"\xc3x", r + "x"},
+      {"\xc0\x80", r + r},                  // C0, C1 start nothing
+      {"\xe0\x80\x80", r + r + r},         // E0 needs A0..BF second
+      {"\xe0\xa0", r},                      // a truncated valid prefix: one
+      {"\xed\xa0\x80", r + r + r},         // a surrogate: ED needs 80..9F
+      {"\xed\x9f", r},
+      {"\xf0\x9f\x98", r},                 // three of four bytes: one
+      {"\xf0\x9f\x98x", r + "x"},
+      {"\xf0\x80\x80\x80", r + r + r + r},  // F0 needs 90..BF
+      {"\xf4\x90\x80\x80", r + r + r + r},  // past U+10FFFF
+      {"\xf4\x8f\xbf\xbf", "\xf4\x8f\xbf\xbf"},
+      {"\xf5\x80", r + r},
+      {"\xff", r},
+      {"a\xe4\xbd\xe5\xa5\xbd" "b", "a" + r + "\xe5\xa5\xbd" "b"},
+  };
+  for (const auto& [in, out] : cases) {
+    EXPECT_EQ(escaped(valid_utf8(in)), escaped(out)) << escaped(in);
+    EXPECT_EQ(first_invalid_utf8(valid_utf8(in)), std::string_view::npos);
+  }
 }
 
 // ---- BpeTokenizer behaviour ---------------------------------------------------------------

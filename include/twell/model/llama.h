@@ -248,7 +248,9 @@ struct SamplingOptions {
   double temperature = 0.0;
   int64_t top_k = 0;   // keep the k most likely tokens; 0 = all
   double top_p = 1.0;  // keep the smallest set whose probability reaches top_p; 1 = all
-  uint64_t seed = 0;   // RNG seed; the same seed gives the same tokens wherever std::exp rounds alike
+  // RNG seed; the same seed gives the same tokens from the same logits (on one backend: the CPU's and
+  // the GPU's round differently) wherever std::exp rounds alike.
+  uint64_t seed = 0;
   // Draw only ids below this (0 = any): for a model whose embedding rows are padded past its
   // tokenizer's vocabulary, whose extra ids could not be decoded.
   int64_t vocab_limit = 0;

@@ -183,19 +183,21 @@ class BpeTokenizer final : public Tokenizer {
 // python/twell through the C API's twell_text_stream): put(id) returns what decode(context + ids so
 // far) has beyond what the pieces before gave, up to its last whole UTF-8 character: the bytes of a
 // character split across ids wait for the id that ends it, so each piece can be shown as text on its
-// own (bytes that are no UTF-8 at all pass as they are); finish() returns those of a character that
-// never ended. An id in `stops` (an end-of-sequence token) adds nothing. Each step decodes only a
-// window of the last few ids, so a step's cost does not grow with the text. The window always
-// begins with ids whose text was given already, so a decoder that treats the first token specially
-// (Llama 2's strips one leading space) gives the same text as a single decode of everything,
-// provided those ids decode to some text: after six ids of none (ByteTokenizer's BOS and EOS, say)
-// such a decoder would strip the next token's space (no tokenizer twell loads has both).
+// own; finish() returns what is held of a character that never ended. Pieces are valid UTF-8: bytes
+// that form no character (a model may draw byte tokens in any order) come as U+FFFD, one for each
+// maximal ill-formed subsequence (valid_utf8), as HF's decode and Python's errors="replace" give
+// them. An id in `stops` (an end-of-sequence token) adds nothing. Each step decodes only a window of
+// the last few ids, so a step's cost does not grow with the text. The window always begins with ids
+// whose text was given already, so a decoder that treats the first token specially (Llama 2's strips
+// one leading space) gives the same text as a single decode of everything, provided those ids decode
+// to some text: after six ids of none (ByteTokenizer's BOS and EOS, say) such a decoder would strip
+// the next token's space (no tokenizer twell loads has both).
 class TextStream {
  public:
   // `context`: ids whose text is not given (a prompt); may be empty. `tok` must outlive the stream.
   TextStream(const Tokenizer& tok, std::vector<int32_t> context, std::vector<int32_t> stops = {});
   std::string put(int32_t id);
-  std::string finish();  // the held bytes of a character that never ended; then none are held
+  std::string finish();  // a character that never ended, as U+FFFD; then nothing is held
 
  private:
   static constexpr size_t kWindow = 6;  // ids of context a window keeps
@@ -208,6 +210,9 @@ class TextStream {
 // Where `text` stops being valid UTF-8: the offset of the first byte that does not start a valid
 // sequence (overlong forms, surrogates and code points past U+10FFFF included), or npos.
 size_t first_invalid_utf8(std::string_view text);
+// `text` with each maximal ill-formed subsequence replaced by U+FFFD (Unicode's recommended practice,
+// Python's errors="replace", Rust's from_utf8_lossy); valid UTF-8 comes back as it is.
+std::string valid_utf8(std::string_view text);
 
 // `<model_dir>/tokenizer.json` as a BpeTokenizer, with BOS/EOS taken from
 // tokenizer_config.json ("bos_token"/"eos_token", "add_bos_token") when that file exists.
