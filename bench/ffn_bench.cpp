@@ -23,12 +23,15 @@ namespace twell::bench {
 
 namespace {
 
-// Rows checked against the float64 reference: spread over the batch, plus the densest token.
-std::vector<int64_t> sample_rows(int64_t M, int64_t densest) {
+// Rows checked against the float64 reference: spread over the batch, plus the densest token and the
+// first tokens with a tile over capacity (the backup path). Every row is checked to be finite apart
+// (check_all_written).
+std::vector<int64_t> sample_rows(int64_t M, const TwellOccupancy& occ) {
   const int64_t n = std::min<int64_t>(M, 16);
   std::vector<int64_t> rows;
   for (int64_t i = 0; i < n; ++i) rows.push_back(i * (M - 1) / std::max<int64_t>(n - 1, 1));
-  if (densest >= 0) rows.push_back(densest);
+  if (occ.densest_row >= 0) rows.push_back(occ.densest_row);
+  rows.insert(rows.end(), occ.spilled_rows.begin(), occ.spilled_rows.end());
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   return rows;
@@ -42,6 +45,15 @@ Tensor gather_rows(const TensorView& t, const std::vector<int64_t>& rows) {
     std::memcpy(static_cast<char*>(out.view().data) + i * row_bytes,
                 static_cast<const char*>(t.data) + rows[i] * row_bytes, row_bytes);
   return out;
+}
+
+// Why `t` (an output written over poison) holds a NaN or Inf, where the float64 reference's sampled
+// rows miss it (an unwritten row), or "".
+std::string check_all_written(const char* quantity, const Tensor& t) {
+  const int64_t bad = io::first_non_finite(t.view());
+  if (bad < 0) return {};
+  const int64_t cols = t.shape().size() >= 2 ? t.shape()[1] : 1;
+  return str(quantity, "[", bad / cols, ", ", bad % cols, "] is not finite (unwritten, or an overflow)");
 }
 
 double median(std::vector<double> v) {
@@ -172,7 +184,8 @@ const char* timing_name(Timing t) { return t == Timing::gpu ? "gpu" : "host"; }
 // 12 would throw away minutes of results), in the options' own names.
 static void check_config(const FfnBenchConfig& cfg) {
   for (int64_t M : cfg.tokens) TWELL_REQUIRE(M >= 1, "-M must be at least 1, got ", M);
-  for (double d : cfg.densities) TWELL_REQUIRE(d >= 0 && d <= 1, "-d must be a density in [0, 1], got ", d);
+  for (double d : cfg.densities)  // 0 would time an FFN of zeros
+    TWELL_REQUIRE(d > 0 && d <= 1, "-d must be a density in (0, 1], got ", d);
   if (cfg.from_file.empty())
     TWELL_REQUIRE(cfg.H >= 3 && cfg.I >= 1, "-H must be at least 3 and -I at least 1, got ", cfg.H, " and ", cfg.I);
   TWELL_REQUIRE(cfg.tile >= 0 && cfg.tile <= 65536, "--tile must be 0 (the FFN's default) or in [1, 65536], got ",
@@ -303,7 +316,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
                    << " non-zeros a token, not the " << fixed1(asked_nnz) << " asked"
                    << (H < 64 ? str(" (at -H ", H, " the synthetic gate's few columns miss its normal tail)") : "")
                    << "; the table's density column is the one asked, nnz/token the one measured" << std::endl;
-        const auto rows = sample_rows(M, occ.densest_row);
+        const auto rows = sample_rows(M, occ);
         const Tensor x_sample = gather_rows(p.ffn.x, rows);
         Tensor y_ref = Tensor::of<double>({static_cast<int64_t>(rows.size()), H});
         cpu::ffn_forward(x_sample, p.ffn.weights(), y_ref, Precision::f64);
@@ -333,6 +346,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
         std::vector<FfnRunner> runners = cfg.train ? backend->train_runners(p, cfg, dy) : backend->runners(p, cfg);
         std::vector<BenchRecord> recs(runners.size());
         std::vector<std::vector<double>> errs(runners.size());  // y, then (train) dx, dWg, dWu, dWd
+        std::vector<std::string> unwritten(runners.size());     // a non-finite output element, or ""
         for (size_t i = 0; i < runners.size(); ++i) {
           BenchRecord& r = recs[i];
           r.impl = runners[i].impl;
@@ -353,13 +367,16 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
           runners[i].run(0);
           const Tensor y = runners[i].output();
           errs[i].push_back(relative_error(gather_rows(y, rows), y_ref));
+          unwritten[i] = check_all_written("y", y);
           if (cfg.train) {
             const std::vector<Tensor> g = runners[i].grads();
             errs[i].push_back(relative_error(gather_rows(g[0], rows), grad_ref[0]));
             for (int k = 1; k < 4; ++k) errs[i].push_back(relative_error(gather_rows(g[k], neurons), grad_ref[k]));
+            static constexpr const char* kGrad[] = {"dx", "dWg", "dWu", "dWd"};
+            for (int k = 0; k < 4 && unwritten[i].empty(); ++k) unwritten[i] = check_all_written(kGrad[k], g[k]);
             if (runners[i].note) r.note = runners[i].note();
           }
-          r.rel_err = *std::max_element(errs[i].begin(), errs[i].end());
+          r.rel_err = unwritten[i].empty() ? *std::max_element(errs[i].begin(), errs[i].end()) : INFINITY;
         }
         const double dense_err = recs[0].rel_err;
         for (size_t i = 0; i < recs.size(); ++i) {
@@ -368,7 +385,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
           // bf16 outputs: the dense pipeline lands near 4e-3; a fused kernel may be 2x as far. Each
           // quantity (y, and with --train every gradient) against the dense pipeline's own error.
           bool ok = std::isfinite(r.rel_err);
-          std::string why;
+          std::string why = unwritten[i];
           for (size_t k = 0; k < errs[i].size(); ++k) {
             // Twice the dense pipeline's error, and never more than twice the bound dense itself has
             // to meet (a broken baseline must not let the others through).
@@ -468,7 +485,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
         if (mix.mhz() >= 0)
           progress << "; timed interleaved at " << std::setprecision(0) << mix.mhz() << " MHz, "
                    << 100 * mix.capped() << "% at the power cap";
-        progress << std::defaultfloat << std::endl;
+        progress << std::defaultfloat << std::setprecision(6) << std::endl;  // the stream's defaults again
         records.insert(records.end(), recs.begin(), recs.end());
         if (finished) finished->insert(finished->end(), recs.begin(), recs.end());
       }
@@ -535,7 +552,7 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
     j["ms_median"] = r.correct ? number_or_null(r.ms_median) : nlohmann::ordered_json();
     j["ms_min"] = r.correct ? number_or_null(r.ms_min) : nlohmann::ordered_json();
     j["ms_max"] = r.correct ? number_or_null(r.ms_max) : nlohmann::ordered_json();
-    j["ratio_to_dense"] = number_or_null(r.ratio_to_dense);
+    j["ratio_to_dense"] = r.correct ? number_or_null(r.ratio_to_dense) : nlohmann::ordered_json();
     j["rel_err"] = number_or_null(r.rel_err);
     j["dense_rel_err"] = number_or_null(r.dense_rel_err);
     j["correct"] = r.correct;

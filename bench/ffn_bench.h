@@ -4,6 +4,7 @@
 // interleaved, reporting the median and each one's ratio to the dense baseline.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -56,7 +57,7 @@ struct BenchRecord {
   std::string distribution;
   double density = 0, nnz_per_token_mean = 0;
   int64_t nnz_per_token_max = 0;
-  double ms_median = 0, ms_min = 0, ms_max = 0, ratio_to_dense = 0;
+  double ms_median = 0, ms_min = 0, ms_max = 0, ratio_to_dense = NAN;  // NAN: no ratio (written as null)
   double rel_err = 0, dense_rel_err = 0;
   bool correct = false;
   // Whole-model benchmarks (twell bench model); unset ones are written as null.

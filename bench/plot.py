@@ -84,10 +84,13 @@ def main():
 
 def plain_ticks_if_narrow(axis, values):
     """On a log axis spanning less than a decade, the default ticks are one or two labels like 1.2×10⁰:
-    put plain numbers (0.8, 1, 1.2) at linearly spaced values instead. Wider ranges keep the default."""
+    put plain numbers (0.8, 1, 1.2) at linearly spaced values instead (one at the value where all are
+    one). Wider ranges keep the default."""
     if not values or max(values) >= 10 * min(values):
         return
-    axis.set_major_locator(ticker.MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    # One value (a single density, say): one tick at it, where linear ticks over the narrow log view overlap.
+    axis.set_major_locator(ticker.FixedLocator([values[0]]) if len(set(values)) == 1
+                           else ticker.MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
     axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(ticker.NullFormatter())
 

@@ -39,8 +39,9 @@ while [ $# -gt 0 ]; do
 done
 
 if [ -z "$bin" ]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWELL_CUDA=ON >"$out/configure.log" 2>&1 &&
-    cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWELL_CUDA=ON >"$out/configure.log" 2>&1 ||
+    { tail -30 "$out/configure.log"; exit 1; }
+  cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
   mkdir -p build-gpu/bin && cp build-gpu/twell build-gpu/tests/twell_gpu_tests build-gpu/bin/
   [ -e build-gpu/libtwell_ktrace.so ] && cp build-gpu/libtwell_ktrace.so build-gpu/bin/
   cp -L build-gpu/libtwell_c.so build-gpu/bin/
@@ -110,8 +111,9 @@ if command -v compute-sanitizer >/dev/null; then
   # tests (LlamaCuda.*, whose kernels the other tests of the filter cover one by one) and runs with
   # cuBLASLt's heuristic choice instead of timing every candidate (TWELL_LT_AUTOTUNE=0; the LtGemm
   # tests still tune). With them it ran past 6 minutes (twenty-sixth session).
+  # (Its exit status is the tests': a failed test or a crash fails the check.)
   TWELL_LT_AUTOTUNE=0 compute-sanitizer --tool racecheck "$bin/twell_gpu_tests" --gtest_brief=1 \
-    --gtest_filter="${filter/:LlamaCuda.\*/}" >"$out/sanitizer_racecheck.log" 2>&1
+    --gtest_filter="${filter/:LlamaCuda.\*/}" >"$out/sanitizer_racecheck.log" 2>&1 || status=1
   ours=$(grep -E 'Race reported' "$out/sanitizer_racecheck.log" | grep -vEc 'nvjet_|cudnn_generated_' || true)
   grep -q 'FAILED' "$out/sanitizer_racecheck.log" && status=1
   [ "$ours" = 0 ] || status=1
@@ -145,8 +147,11 @@ energy_args=(-M 16384 -M 131072 -d 0.005)
 if "$bin/twell" bench ffn --backend cuda "${energy_args[@]}" --energy --json "$out/ffn_energy.json" \
     >"$out/ffn_energy.txt" 2>"$out/ffn_energy_progress.log"; then
   cat "$out/ffn_energy.txt"
-else
+elif grep -q -- '--energy: NVML' "$out/ffn_energy_progress.log"; then
   echo "no energy figures:"; tail -1 "$out/ffn_energy_progress.log"
+else  # a failed check or a crash is a failure like any other
+  echo "twell bench ffn --energy failed:"; tail -3 "$out/ffn_energy_progress.log"; cat "$out/ffn_energy.txt"
+  status=1
 fi
 
 if [ -n "$py" ]; then  # twell.FFN from PyTorch against PyTorch's unfused dense FFN

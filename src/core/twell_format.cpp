@@ -144,13 +144,15 @@ TwellOccupancy twell_occupancy(const TwellMatrix& m) {
   TwellOccupancy o;
   const TwellLayout& l = m.layout;
   for (int64_t r = 0; r < l.rows; ++r) {
-    int64_t row = 0;
+    int64_t row = 0, spilled = 0;
     for (int64_t t = 0; t < l.n_tiles(); ++t) {
       const uint32_t c = m.counts[l.tile_id(r, t)];
       row += c;
       o.max_tile_count = std::max<int64_t>(o.max_tile_count, c);
-      o.spilled_tiles += twell_is_spilled(l, c);
+      spilled += twell_is_spilled(l, c);
     }
+    o.spilled_tiles += spilled;
+    if (spilled && o.spilled_rows.size() < TwellOccupancy::kSpilledRowsKept) o.spilled_rows.push_back(r);
     o.nnz += row;
     if (row > o.max_row_count || o.densest_row < 0) o.max_row_count = row, o.densest_row = r;
     o.empty_rows += row == 0;

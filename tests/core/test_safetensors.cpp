@@ -536,6 +536,16 @@ TEST_F(Safetensors, NonFiniteValuesAreFoundAndNamed) {
   EXPECT_EQ(io::first_non_finite(has_inf), 2);
   EXPECT_EQ(io::first_non_finite(finite), -1);
   EXPECT_EQ(io::first_non_finite(ints), -1);
+  // Across and inside the scan's blocks of 4096, in every float dtype, the first bad element found.
+  for (const DType t : {DType::bf16, DType::f16, DType::f32, DType::f64}) {
+    Tensor big(t, {3, 4097});  // zeros: finite
+    EXPECT_EQ(io::first_non_finite(big), -1);
+    auto* bytes = static_cast<uint8_t*>(big.view().data);
+    for (const int64_t at : {int64_t{12290}, int64_t{8192}, int64_t{4095}, int64_t{0}}) {
+      std::memset(bytes + at * dtype_size(t), 0xff, dtype_size(t));  // a NaN in every dtype
+      EXPECT_EQ(io::first_non_finite(big), at) << dtype_name(t);
+    }
+  }
 
   io::write_safetensors(
       path("model.safetensors"),

@@ -46,6 +46,13 @@ TEST_P(TwellRoundTrip, PackUnpackIsBitExactAndValid) {
   const TwellOccupancy occ = twell_occupancy(m);
   EXPECT_EQ(occ.nnz, nnz);
   EXPECT_EQ(occ.spilled_tiles, m.n_backup());
+  // The first rows with a spilled tile (the benchmark checks them against float64), in order.
+  std::vector<int64_t> spilled_rows;
+  for (int64_t b = 0; b < m.n_backup() && spilled_rows.size() < TwellOccupancy::kSpilledRowsKept; ++b) {
+    const int64_t row = m.backup_owner[b] / layout.n_tiles();
+    if (spilled_rows.empty() || spilled_rows.back() != row) spilled_rows.push_back(row);
+  }
+  EXPECT_EQ(occ.spilled_rows, spilled_rows);
 }
 
 std::vector<RoundTripCase> round_trip_cases() {

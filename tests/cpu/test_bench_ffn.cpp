@@ -248,7 +248,8 @@ TEST(BenchFfn, EveryCaseIsCheckedBeforeAnyRuns) {
     EXPECT_EQ(progress.str().find("[1/"), std::string::npos) << progress.str();
   };
   refused([](bench::FfnBenchConfig& c) { c.tokens = {9, 0}; }, "-M must be at least 1, got 0");
-  refused([](bench::FfnBenchConfig& c) { c.densities = {0.01, 1.5}; }, "-d must be a density in [0, 1], got 1.5");
+  refused([](bench::FfnBenchConfig& c) { c.densities = {0.01, 1.5}; }, "-d must be a density in (0, 1], got 1.5");
+  refused([](bench::FfnBenchConfig& c) { c.densities = {0}; }, "-d must be a density in (0, 1], got 0");
   refused([](bench::FfnBenchConfig& c) { c.densities = {NAN}; }, "-d must be a density");
   refused([](bench::FfnBenchConfig& c) { c.H = 2; }, "-H must be at least 3");
   refused([](bench::FfnBenchConfig& c) { c.tile = -1; }, "--tile must be 0 (the FFN's default) or in [1, 65536]");

@@ -103,6 +103,8 @@ struct TwellOccupancy {
   int64_t max_row_count = 0;
   int64_t densest_row = -1;  // a row holding max_row_count non-zeros
   int64_t empty_rows = 0;
+  std::vector<int64_t> spilled_rows;  // the first rows (at most kSpilledRowsKept) with a spilled tile
+  static constexpr size_t kSpilledRowsKept = 8;
 };
 TwellOccupancy twell_occupancy(const TwellMatrix& m);
 
