@@ -16,6 +16,7 @@ Needs matplotlib (pip install matplotlib).
 import argparse
 import collections
 import json
+import os
 import sys
 import textwrap
 
@@ -38,13 +39,41 @@ def main():
     ap.add_argument("-o", "--output", required=True, help="PNG to write")
     args = ap.parse_args()
 
-    loaded = [json.load(open(path)) for path in args.json]
+    loaded = [load(path) for path in args.json]
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        sys.exit(f"bench/plot.py: -o {args.output}: no such directory {out_dir}")
+    try:
+        plot(loaded, args)
+    except OSError as e:  # the PNG could not be written
+        sys.exit(f"bench/plot.py: -o {args.output}: {e.strerror or e}")
+
+
+def load(path):
+    """One file's records (`twell bench --json`: a list of them) or result (`twell eval --json`), or a one-line
+    exit saying why not."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        sys.exit(f"bench/plot.py: {path}: {e.strerror or e}")
+    except (ValueError, UnicodeDecodeError) as e:
+        sys.exit(f"bench/plot.py: {path}: not JSON ({e})")
+    is_records = isinstance(data, list) and all(isinstance(r, dict) and "bench" in r for r in data)
+    if not is_records and not (isinstance(data, dict) and "perplexity" in data):
+        sys.exit(f"bench/plot.py: {path}: not a file of `twell bench --json` records or a `twell eval --json` result")
+    return data
+
+
+def plot(loaded, args):
     if any(isinstance(d, dict) for d in loaded):  # `twell eval --json`: one result, not a list of records
         if len(loaded) != 1 or "ffn_sparsity" not in loaded[0]:
             sys.exit("bench/plot.py: an eval result plots alone, and only with its per-layer figures "
                      "(twell eval --sparsity --json)")
         return plot_sparsity(loaded[0], args.output)
     all_records = [r for d in loaded for r in d]
+    if not all_records:
+        sys.exit("bench/plot.py: the files hold no records")
     if any(r.get("bench", "").startswith("model_") for r in all_records):
         return plot_model([r for r in all_records if r.get("bench", "").startswith("model_")], args.output)
     kind = "ffn_train" if any(r.get("bench") == "ffn_train" for r in all_records) else "ffn"

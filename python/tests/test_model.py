@@ -264,6 +264,10 @@ class ModelOnTheCpu(unittest.TestCase):
         self.assertEqual(results, [want] * 4)
         with self.assertRaisesRegex(twell.TwellError, "reset: called from the stream callback"):
             m.generate([256, 4], max_new_tokens=3, stream=lambda _: m.reset())
+        # A generation from a generation's callback: the same error, and the Ctrl-C bookkeeping left clean.
+        with self.assertRaisesRegex(twell.TwellError, "generate: called from the stream callback"):
+            m.generate([256, 4], max_new_tokens=3, stream=lambda _: m.generate([256], max_new_tokens=1))
+        self.assertEqual(twell.model._interruptible, [])
         self.assertEqual(m.generate([256, 4, 5], max_new_tokens=6, stop=False), want)  # still usable
 
     def test_perplexity_is_that_of_the_logits(self):
@@ -358,6 +362,9 @@ class ModelOnTheCpu(unittest.TestCase):
         for bad in (dict(seed=-1), dict(seed=2**64), dict(seed=1.5), dict(top_k=2.7), dict(top_k=-1)):
             with self.assertRaisesRegex(twell.TwellError, "seed must be|top_k must be"):
                 m.generate([1], max_new_tokens=2, temperature=0.5, **bad)
+        # Sampling settings at temperature 0 are said to do nothing (as `twell run` notes), not ignored silently.
+        with self.assertWarnsRegex(UserWarning, "at temperature 0 the generation is greedy"):
+            m.generate([1], max_new_tokens=1, top_p=0.5)
         with self.assertRaisesRegex(twell.TwellError, "no tokens"):
             m.logits([])
         too_long = [1] * (m.config["context"] + 1)

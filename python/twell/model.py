@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 
 from . import _capi
 from ._capi import TwellError, _int, _integer
@@ -428,6 +429,9 @@ class Model:
                 raise TwellError(f"{name} must be a number, got {type(value).__name__} {value!r}") from None
         s.temperature, s.top_p = numbers_
         s.top_k, s.seed = int(top_k), int(seed)
+        if s.temperature == 0 and (s.top_k != 0 or s.top_p != 1 or s.seed != 0):  # as `twell run` notes it
+            warnings.warn("twell.Model: top_k, top_p and seed only shape sampling; at temperature 0 the "
+                          "generation is greedy (argmax)", stacklevel=3)
         if self.tokenizer is not None:  # never draw an id the tokenizer cannot print
             s.vocab_limit = self.tokenizer.vocab_size
         return s
@@ -667,7 +671,8 @@ class _interrupt_noted:
     def __exit__(self, kind, value, tb):
         if self.active:
             self.active = False
-            _interruptible.remove(self.state)
+            # By identity: states are dicts, and list.remove's equality could take another call's.
+            _interruptible[:] = [state for state in _interruptible if state is not self.state]
             if not _interruptible:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
         return False

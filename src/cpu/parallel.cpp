@@ -17,9 +17,9 @@ int num_threads() {
   if (const char* env = std::getenv("TWELL_NUM_THREADS"); env && *env) {
     char* end = nullptr;
     const long n = std::strtol(env, &end, 10);
-    TWELL_REQUIRE(end && *end == '\0' && n >= 1 && n <= 4096,
-                "TWELL_NUM_THREADS: expected an integer in [1, 4096], got '", env, "'");
-    return static_cast<int>(n);
+    TWELL_REQUIRE(end && *end == '\0' && n >= 0 && n <= 4096,
+                  "TWELL_NUM_THREADS: expected an integer in [0, 4096] (0: every hardware thread), got '", env, "'");
+    if (n > 0) return static_cast<int>(n);  // 0: the default, as set_num_threads(0)
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw ? static_cast<int>(hw) : 1;

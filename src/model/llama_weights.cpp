@@ -130,15 +130,40 @@ std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::v
   std::unordered_set<std::string> names;
   for (const Expected& e : expected) names.insert(e.name);
   std::vector<std::string> unused;
+  // Foreign tensors by their name with the layer as '*' (model.layers.*.self_attn.q_proj.bias), in the
+  // order first met, with how many layers have each: one problem, however many layers.
+  std::vector<std::pair<std::string, int64_t>> foreign;
+  std::string first_foreign;
   for (const io::TensorInfo& t : ckpt.tensors()) {
     if (names.count(t.name)) continue;
     if (ends_with(t.name, "rotary_emb.inv_freq")) continue;
     const int64_t layer = LlamaWeights::layer_of(t.name);
-    if (layer >= 0 && layer < c.num_hidden_layers)
-      problems.push_back(str("tensor '", printable(t.name, 120), "' is not part of the Llama layer twell runs (model_type ",
-                             c.model_type, "): its model (attention biases? extra norms?) would run wrong without it"));
-    else
+    if (layer < 0 || layer >= c.num_hidden_layers) {
       unused.push_back(t.name);
+      continue;
+    }
+    if (first_foreign.empty()) first_foreign = t.name;
+    const size_t dot = t.name.find('.', std::strlen("model.layers."));
+    const std::string pattern = "model.layers.*" + t.name.substr(dot);
+    auto it = std::find_if(foreign.begin(), foreign.end(), [&](const auto& f) { return f.first == pattern; });
+    if (it == foreign.end()) foreign.emplace_back(pattern, 1);
+    else ++it->second;
+  }
+  const std::string why = str(" not part of the Llama layer twell runs (model_type ", c.model_type,
+                              "): its model (attention biases? extra norms?) would run wrong without ");
+  if (foreign.size() == 1 && foreign[0].second == 1) {
+    problems.push_back(str("tensor '", printable(first_foreign, 120), "' is", why, "it"));
+  } else if (!foreign.empty()) {
+    int64_t total = 0;
+    std::string list;
+    for (size_t i = 0; i < foreign.size(); ++i) {
+      total += foreign[i].second;
+      if (i < 6)
+        list += str(i ? ", " : "", "'", printable(foreign[i].first, 120), "' (", foreign[i].second, " layer",
+                    foreign[i].second == 1 ? "" : "s", ")");
+    }
+    if (foreign.size() > 6) list += str(", and ", foreign.size() - 6, " more names");
+    problems.push_back(str(total, " tensors ", list, " are", why, "them"));
   }
   return unused;
 }

@@ -272,8 +272,13 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& dir, int64_t 
     try {
       tok = load_tokenizer(dir);
     } catch (const Error& e) {
-      // Where there is no tokenizer at all, the model may be one of ours, trained on bytes.
+      // Where there is no tokenizer at all, the model may be one of ours, trained on bytes (if its
+      // vocabulary holds the byte tokenizer's ids).
       if (has_tokenizer_file(dir)) throw;
+      const int64_t byte_ids = ByteTokenizer(true, true).vocab_size();
+      if (vocab_size < byte_ids)
+        throw Error(str(e.what(), "; the model's vocabulary of ", vocab_size, " is too small for ", bytes_choice_name,
+                        " (", byte_ids, " ids): it needs its own tokenizer.json"));
       throw Error(str(e.what(), "; a model of our own trained on bytes runs with ", bytes_choice_name));
     }
   }

@@ -668,7 +668,11 @@ TEST_F(InspectCli, PrintsConfigTensorsAndTotals) {
 TEST_F(InspectCli, SaysWhenTheModelLoads) {
   io::ModelConfig c = model::tiny_config("relu", true);
   model::write_hf(dir_, c, model::random_hf_tensors(c, 3));
-  expect_clean_failure(inspect("'" + dir_ + "'"), "too small for --byte-tokenizer");
+  const CliResult small = inspect("'" + dir_ + "'");
+  expect_clean_failure(small, "too small for --byte-tokenizer");
+  // The tokenizer line says the same, not that --byte-tokenizer would serve (the error's "above").
+  EXPECT_NE(small.out.find("tokenizer: no tokenizer, and a vocabulary of"), std::string::npos) << small.out;
+  EXPECT_EQ(small.out.find("then need --byte-tokenizer"), std::string::npos) << small.out;
   c.vocab_size = 300;
   model::write_hf(dir_, c, model::random_hf_tensors(c, 3));
   CliResult r = inspect("'" + dir_ + "'");

@@ -102,8 +102,13 @@ TEST(CpuParallelFor, EnvironmentVariableSetsTheThreadCount) {
   cpu::set_num_threads(0);
   setenv("TWELL_NUM_THREADS", "zero", 1);
   EXPECT_THROW(cpu::num_threads(), Error);
+  setenv("TWELL_NUM_THREADS", "-1", 1);
+  EXPECT_THROW(cpu::num_threads(), Error);
   unsetenv("TWELL_NUM_THREADS");
-  EXPECT_GE(cpu::num_threads(), 1);
+  const int hardware = cpu::num_threads();
+  EXPECT_GE(hardware, 1);
+  setenv("TWELL_NUM_THREADS", "0", 1);  // the default, as set_num_threads(0)
+  EXPECT_EQ(cpu::num_threads(), hardware);
 }
 
 // Everything the FFN computes, for one thread setting.

@@ -313,7 +313,22 @@ TEST_F(CliModel, AGpuMemoryCapBelowTheModelsNeedsRunsItOnTheCpu) {
 }
 
 TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
-  EXPECT_NE(run_cli("run " + dir_ + " -p hi").status, 0);  // no tokenizer.json, no --byte-tokenizer
+  const CliResult none = run_cli("run " + dir_ + " -p hi", true);  // no tokenizer.json, no --byte-tokenizer
+  EXPECT_NE(none.status, 0);
+  EXPECT_NE(none.out.find("trained on bytes runs with --byte-tokenizer"), std::string::npos) << none.out;
+  // A bad TWELL_NUM_THREADS is said before the model loads (the prompt was echoed, the model read, first).
+  setenv("TWELL_NUM_THREADS", "abc", 1);
+  const CliResult threads = run_cli("run " + dir_ + " --byte-tokenizer -p hi", true);
+  unsetenv("TWELL_NUM_THREADS");
+  EXPECT_NE(threads.status, 0);
+  EXPECT_EQ(threads.out.rfind("twell: error: TWELL_NUM_THREADS: expected an integer", 0), 0u) << threads.out;
+  // ... which a vocabulary smaller than the byte tokenizer's cannot take: not suggested there.
+  io::ModelConfig small = tiny_config("relu", true);
+  write_hf(path("small"), small, random_hf_tensors(small, 5));
+  const CliResult too_small = run_cli("run " + path("small") + " -p hi", true);
+  EXPECT_NE(too_small.status, 0);
+  EXPECT_NE(too_small.out.find("too small for --byte-tokenizer (258 ids): it needs its own tokenizer.json"),
+            std::string::npos) << too_small.out;
   EXPECT_NE(run_cli("run " + path("nothing") + " --byte-tokenizer -p hi").status, 0);
   const CliResult file = run_cli("run " + dir_ + "/model.safetensors --byte-tokenizer -p hi", true);
   EXPECT_NE(file.status, 0);
@@ -376,6 +391,11 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"bench ffm -M 4", "twell bench: unknown command 'ffm' (commands: ffn, model"},
       {"bench ffn --backend cpu -M 4 -H 64 -I 256 --l1 0.1", "--l1 requires --train"},  // means nothing alone
       {"bench ffn --backnd cpu -M 4", "twell bench ffn: unknown option '--backnd' (did you mean --backend?)"},
+      {"run . -p hi --temp 0.5", "twell run: unknown option '--temp' (did you mean --temperature?)"},  // abbreviated
+      // CLI11's phrasings in ours: an option of several values took a word meant for another; no value at the end.
+      {"bench ffn -d 0.005 out.json", "twell bench ffn: --density: cannot read '0.005 out.json' as its values (it "
+                                      "takes every word after it, up to the next option)"},
+      {"eval . f.txt --json", "twell eval: --json needs a value; see twell eval --help"},
       {"run . -p hi --zzzzzz", "twell run: unknown option '--zzzzzz'; see twell run --help"},
       {"--bogus", "twell: unknown option '--bogus'; see twell --help"},
       // Arguments left over, in their order; an unquoted prompt is said to need quotes.

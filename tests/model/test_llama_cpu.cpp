@@ -589,6 +589,20 @@ TEST_F(LlamaLoadErrors, ForeignTensorInALayerIsRefused) {
   hf["model.layers.0.self_attn.q_proj.bias"] = Tensor(DType::f32, {64});
   write_hf(dir_, c, hf);
   expect_error([&] { load(); }, {"tensor 'model.layers.0.self_attn.q_proj.bias'", "is not part of the Llama layer"});
+  // Many: one problem, by name with the layer as '*', each with its count (not one explanation a tensor).
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    for (const char* p : {"q", "k", "v"}) hf[str("model.layers.", l, ".self_attn.", p, "_proj.bias")] = Tensor(DType::f32, {64});
+  write_hf(dir_, c, hf);
+  const int64_t n = c.num_hidden_layers;
+  expect_error([&] { load(); }, {str(3 * n, " tensors 'model.layers.*.self_attn.k_proj.bias' (", n, " layer"),
+                                 str("'model.layers.*.self_attn.q_proj.bias' (", n, " layer"),
+                                 "are not part of the Llama layer twell runs"});
+  try {
+    load();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find("would run wrong"), what.rfind("would run wrong")) << what;  // said once
+  }
 }
 
 // A converted model saved with twell.FFN's parameter names (a plain state_dict): the refusal says how

@@ -137,11 +137,16 @@ void run_inspect(const std::string& path, bool check_finite) {
   }
   if (S_ISDIR(st.st_mode)) {  // what run and eval will encode with
     if (!model::has_tokenizer_file(path)) {
-      std::printf("tokenizer: none (twell run and twell eval then need --byte-tokenizer: a byte-vocabulary model)\n");
       const int64_t byte_ids = model::ByteTokenizer(true, true).vocab_size();  // --byte-tokenizer's
-      if (config && config->vocab_size < byte_ids)
-        problems.push_back(str("no tokenizer, and a vocabulary of ", config->vocab_size,
-                               " is too small for --byte-tokenizer (", byte_ids, " ids)"));
+      if (config && config->vocab_size < byte_ids) {
+        const std::string why = str("no tokenizer, and a vocabulary of ", config->vocab_size,
+                                    " is too small for --byte-tokenizer (", byte_ids,
+                                    " ids): twell run and twell eval need the model's tokenizer.json");
+        std::printf("tokenizer: %s\n", why.c_str());
+        problems.push_back(why);
+      } else {
+        std::printf("tokenizer: none (twell run and twell eval then need --byte-tokenizer: a byte-vocabulary model)\n");
+      }
     } else {
       try {
         const std::unique_ptr<model::Tokenizer> tok = model::load_tokenizer(path);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "twell/cpu/threads.h"
 #include "twell/version.h"
 
 namespace {
@@ -46,9 +47,14 @@ std::string unknown_option(const CLI::App& app) {
   return {};
 }
 
-// "did you mean --backend?" for the nearest long option of `app` within an edit for every three
-// letters of the name (at least one), or "".
+// "did you mean --backend?" for the one long option of `app` the name begins (an abbreviation:
+// --temp), else the nearest within an edit for every three letters of the name (at least one), or "".
 std::string nearest_option(const CLI::App& app, const std::string& name) {
+  std::vector<std::string> longer;
+  for (const CLI::Option* o : app.get_options())
+    for (const std::string& l : o->get_lnames())
+      if (name.size() > 3 && ("--" + l).compare(0, name.size(), name) == 0) longer.push_back("--" + l);
+  if (longer.size() == 1) return longer.front();
   std::string best;
   const size_t letters = name.size() - std::min<size_t>(name.find_first_not_of('-'), name.size());
   size_t best_d = std::max<size_t>(1, letters / 3) + 1;
@@ -159,6 +165,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
+    twell::cpu::num_threads();  // a bad TWELL_NUM_THREADS said before a command loads anything
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e) == 0 && stdout_written() ? 0 : 1;  // --help, --version
@@ -191,6 +198,20 @@ int main(int argc, char** argv) {
     }
     const size_t at_most = what.find(": At Most 1 required but received ");
     if (at_most != std::string::npos) what = what.substr(0, at_most) + " is given more than once";
+    // "--json: 1 required TEXT:FILE missing": the option came last, with no value.
+    const size_t required = what.find(": 1 required ");
+    if (required != std::string::npos && what.size() > 8 && what.compare(what.size() - 8, 8, " missing") == 0)
+      what = what.substr(0, required) + " needs a value";
+    // "Could not convert: --density = 0.005,out.json": an option of several values takes every word
+    // after it, up to the next option; a word meant for another option went with them.
+    const std::string convert = "Could not convert: ";
+    if (what.compare(0, convert.size(), convert) == 0 && what.find(" = ") != std::string::npos) {
+      const size_t eq = what.find(" = ");
+      std::string values = what.substr(eq + 3);
+      std::replace(values.begin(), values.end(), ',', ' ');
+      what = what.substr(convert.size(), eq - convert.size()) + ": cannot read '" + values +
+             "' as its values (it takes every word after it, up to the next option)";
+    }
     std::fprintf(stderr, "%s: %s; see %s --help\n", path.c_str(), what.c_str(), path.c_str());
     return 1;
   } catch (const std::bad_alloc&) {
