@@ -460,6 +460,8 @@ class Model:
         state = {"error": None, "interrupted": False}
 
         def on_token(token, _user):
+            if stream is None:  # only to see a Ctrl-C
+                return _stream_call(state, lambda: 0)
             return _stream_call(state, lambda: _streamed(streamer, stream, token))
 
         c_prompt, n_prompt = _ids(ids, "prompt")
@@ -467,7 +469,8 @@ class Model:
         room = self._room(max_new_tokens, [len(ids)])
         tokens = (ctypes.c_int32 * max(room, 1))()
         g = _capi.Generation()
-        callback = _capi.TOKEN_FN(on_token) if stream is not None else _capi.TOKEN_FN()  # NULL: no call a token
+        # A call a token where there is a stream, or a Ctrl-C to see (else NULL: none).
+        callback = _capi.TOKEN_FN(on_token) if stream is not None or _notes_interrupts() else _capi.TOKEN_FN()
         with _streams_open([streamer]), _interrupt_noted(state), self._busy("generate") as h, \
                 _callback_error_first(state):
             _capi.check(_capi.lib.twell_model_generate(h, c_prompt, n_prompt, room, ctypes.byref(s),
@@ -532,12 +535,15 @@ class Model:
         state = {"error": None, "interrupted": False}
 
         def on_token(i, token, _user):
+            if stream is None:  # only to see a Ctrl-C
+                return _stream_call(state, lambda: 0)
             return _stream_call(state, lambda: _streamed(streamers[i], lambda piece: stream(i, piece), token))
 
         room = self._room(max_new_tokens, [len(p) for p in ids])
         tokens = (ctypes.c_int32 * max(B * room, 1))()
         g = (_capi.Generation * B)()
-        callback = _capi.BATCH_TOKEN_FN(on_token) if stream is not None else _capi.BATCH_TOKEN_FN()
+        callback = _capi.BATCH_TOKEN_FN(on_token) if stream is not None or _notes_interrupts() else \
+            _capi.BATCH_TOKEN_FN()
         with _streams_open(streamers), _interrupt_noted(state), self._busy("generate_batch") as h, \
                 _callback_error_first(state):
             _capi.check(_capi.lib.twell_model_generate_batch(h, c_prompts, c_offsets, B, room,
@@ -647,19 +653,34 @@ def _sigint(signum, frame):
     signal.default_int_handler(signum, frame)
 
 
+def _notes_interrupts():
+    """Whether a Ctrl-C can be noted here (_interrupt_noted): on the main thread, over Python's own handler."""
+    return threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _sigint)
+
+
+def _quiet_interrupts(unraisable):
+    """sys.unraisablehook while generations are noted: the KeyboardInterrupt ctypes cannot pass out of a
+    token callback is noted already (_sigint), not printed as an ignored exception; the rest as before."""
+    if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+        _quiet_interrupts.previous(unraisable)
+
+
 class _interrupt_noted:
-    """Notes a Ctrl-C in state["interrupted"] while a C call that runs stream callbacks is in progress.
-    Python raises KeyboardInterrupt as a callback is entered, where ctypes can only print it and go on:
+    """Notes a Ctrl-C in state["interrupted"] while a C call that runs token callbacks is in progress.
+    Python raises KeyboardInterrupt as a callback is entered, where ctypes can only drop it and go on:
     so the callbacks after it stop the generation and _callback_error_first raises it once C returns.
-    (Only on the main thread, and only over Python's own handler.)"""
+    (Only where _notes_interrupts(); generations without a stream get a callback for this alone.)"""
 
     def __init__(self, state):
         self.state, self.active = state, False
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _sigint):
+        if _notes_interrupts():
             self.active = True
+            if not _interruptible:
+                _quiet_interrupts.previous = sys.unraisablehook
+                sys.unraisablehook = _quiet_interrupts
             _interruptible.append(self.state)
             try:
                 signal.signal(signal.SIGINT, _sigint)
@@ -675,6 +696,8 @@ class _interrupt_noted:
             _interruptible[:] = [state for state in _interruptible if state is not self.state]
             if not _interruptible:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
+                if sys.unraisablehook is _quiet_interrupts:
+                    sys.unraisablehook = _quiet_interrupts.previous
         return False
 
 
