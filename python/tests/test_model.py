@@ -444,23 +444,31 @@ class ModelOnTheCpu(unittest.TestCase):
         calls, streamed = [0], [0]
         real_single, real_batch = _capi.TOKEN_FN, _capi.BATCH_TOKEN_FN
 
-        def dropping(real):
-            """The C callback type, with a Ctrl-C at the third call's entry that ctypes drops (it prints the
-            KeyboardInterrupt and returns 0) before the Python callback runs."""
+        def at_third_call(real, interrupt):
+            """The C callback type, with interrupt() at the third call's entry: what it returns (not None) is the
+            call's, the Python callback unrun."""
             def make(fn=None):
                 if fn is None:
                     return real()
 
                 def entry(*args):
                     calls[0] += 1
-                    if calls[0] == 3:
-                        try:
-                            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
-                        except KeyboardInterrupt:
-                            return 0
+                    if calls[0] == 3 and (returned := interrupt()) is not None:
+                        return returned
                     return fn(*args)
                 return real(entry)
             return make
+
+        def dropped():
+            """A Ctrl-C that ctypes drops (it prints the KeyboardInterrupt and returns 0) before the Python
+            callback runs."""
+            try:
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            except KeyboardInterrupt:
+                return 0
+
+        def dropping(real):
+            return at_third_call(real, dropped)
 
         def stream(*_):
             streamed[0] += 1
@@ -479,18 +487,8 @@ class ModelOnTheCpu(unittest.TestCase):
 
         # A real Ctrl-C (the signal itself) at a token of a generation without a stream: it stops there, and
         # the KeyboardInterrupt ctypes cannot pass out of the callback is not printed as an ignored exception.
-        def signalling(real):
-            def make(fn=None):
-                if fn is None:
-                    return real()
-
-                def entry(*args):
-                    calls[0] += 1
-                    if calls[0] == 3:
-                        os.kill(os.getpid(), signal.SIGINT)  # Python's handler runs at the next instruction
-                    return fn(*args)
-                return real(entry)
-            return make
+        def signalling(real):  # Python's handler runs at the next instruction
+            return at_third_call(real, lambda: os.kill(os.getpid(), signal.SIGINT))
         try:
             _capi.TOKEN_FN, _capi.BATCH_TOKEN_FN = signalling(real_single), signalling(real_batch)
             for run in (lambda: self.model.generate([256, 3], max_new_tokens=20, stop=False),
