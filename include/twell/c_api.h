@@ -178,7 +178,8 @@ typedef struct {
   int32_t bf16_ffn;     /* CPU backend: round the ReLU FFN's g, u, h to bf16 as a bf16 model does */
   int32_t check_finite; /* 1: refuse weights holding NaN or Inf */
   int64_t context;      /* GPU: positions a sequence holds (the KV cache's size); 0: the config's */
-  int32_t kv_cache;     /* GPU: 0 for logits alone (no KV cache: no prefill or decode steps) */
+  int32_t kv_cache;     /* GPU: 0 for whole-sequence forwards alone (logits, perplexity; no KV cache: no
+                          decode steps, a generation of at most one token) */
   int32_t reserved0;    /* 0 */
   twell_log_fn log;     /* NULL: silent */
   void* log_user;

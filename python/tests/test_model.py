@@ -584,6 +584,15 @@ class ModelOnTheGpu(unittest.TestCase):
                 for got, want in zip(small.ffn_stats(ids), cpu.ffn_stats(ids)):
                     self.assertEqual(got["tokens"], len(ids))
                     self.assertLessEqual(abs(got["nnz"] - want["nnz"]), 0.02 * want["nnz"] + 1)
+            # Without a KV cache: whole-sequence calls, and a generation of one token; more is refused before
+            # the prompt's forward, with no token passed to the stream.
+            with twell.Model(folder, device="cuda", context=64, tokenizer="bytes", kv_cache=False) as bare:
+                self.assertLess(relative_error(bare.logits(ids), cpu.logits(ids)), 1e-2)
+                self.assertEqual(len(bare.generate([256, 40], max_new_tokens=1, stop=False)), 1)
+                seen = []
+                with self.assertRaisesRegex(twell.TwellError, "without a KV cache.*at most one token"):
+                    bare.generate([256, 40], max_new_tokens=2, stop=False, stream=seen.append)
+                self.assertEqual(seen, [])
             cpu.close()
         finally:
             shutil.rmtree(folder)

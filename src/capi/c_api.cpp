@@ -48,6 +48,9 @@ static_assert(TWELL_STOP_TOKEN == static_cast<int>(twell::model::StopReason::sto
 struct twell_model {
   std::unique_ptr<twell::model::LanguageModel> model;
   bool on_gpu = false;
+  // Made without a KV cache (twell_model_options.kv_cache 0, GPU): whole-sequence forwards alone, and a
+  // generation of at most one token.
+  bool no_kv_cache = false;
   // The KV cache holds a generation twell_model_generate(_batch) finished, which nothing continues:
   // the whole-sequence calls empty it first (whole_sequence_model) rather than refuse.
   bool generation_done = false;
@@ -192,11 +195,20 @@ twell::model::LanguageModel& object(twell_model* m) {
   return *m->model;
 }
 
-// m->generating for the life of a generation, however it ends.
+// A generation of more than one token decodes: refused up front without a KV cache (it failed after
+// the prompt's forward, with a token already passed to the callback).
+void check_cache_for(const twell_model* m, int64_t max_new_tokens, const char* op) {
+  TWELL_REQUIRE(!m->no_kv_cache || max_new_tokens <= 1, op, ": the model was made without a KV cache "
+                "(twell_model_options.kv_cache 0: whole-sequence forwards), so a generation draws at most one token; "
+                "got max_new_tokens ", max_new_tokens);
+}
+
+// m->generating for the life of a generation; after it, however it ends (an error half way too: its
+// cache holds what no caller can continue), a finished generation (generation_done).
 struct Generating {
   twell_model* m;
   explicit Generating(twell_model* model) : m(model) { m->generating = true; }
-  ~Generating() { m->generating = false; }
+  ~Generating() { m->generating = false, m->generation_done = true; }
 };
 
 // The checks of generation prompts the model would make, in the C call's words (`op`), of one prompt
@@ -519,6 +531,7 @@ int twell_model_load(const char* dir, const twell_model_options* options, twell_
     auto m = std::make_unique<twell_model>();
     m->model = model::load_model(dir, o);
     m->on_gpu = dynamic_cast<const model::LlamaCpu*>(m->model.get()) == nullptr;
+    m->no_kv_cache = m->on_gpu && !o.kv_cache;
     *out = m.release();
   });
 }
@@ -701,6 +714,7 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     TWELL_REQUIRE(max_new_tokens >= 0, "twell_model_generate: max_new_tokens must be at least 0, got ",
                   max_new_tokens);
     TWELL_REQUIRE(tokens != nullptr || max_new_tokens == 0, "twell_model_generate: tokens is NULL");
+    check_cache_for(model, max_new_tokens, "twell_model_generate");
     const model::SamplingOptions so = sampling_options(sampling);
     const std::vector<int32_t> p = id_vector(prompt, n_prompt, "twell_model_generate");
     const std::vector<int32_t> stops = stop_vector(stop, n_stop, "twell_model_generate (stop tokens)");
@@ -714,7 +728,6 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     std::copy(g.tokens.begin(), g.tokens.end(), tokens);
     *result = twell_generation{static_cast<int64_t>(g.tokens.size()), static_cast<int32_t>(g.reason), 0,
                                g.prefill_seconds, g.decode_seconds};
-    model->generation_done = true;
   });
 }
 
@@ -730,6 +743,7 @@ int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const
     TWELL_REQUIRE(max_new_tokens >= 0, "twell_model_generate_batch: max_new_tokens must be at least 0, got ",
                   max_new_tokens);
     TWELL_REQUIRE(tokens != nullptr || max_new_tokens == 0, "twell_model_generate_batch: tokens is NULL");
+    check_cache_for(model, max_new_tokens, "twell_model_generate_batch");
     const model::SamplingOptions so = sampling_options(sampling);
     TWELL_REQUIRE(offsets[0] == 0, "twell_model_generate_batch: offsets[0] must be 0, got ", offsets[0]);
     std::vector<std::vector<int32_t>> ps;
@@ -749,7 +763,6 @@ int twell_model_generate_batch(twell_model* model, const int32_t* prompts, const
       results[b] = twell_generation{static_cast<int64_t>(g[b].tokens.size()), static_cast<int32_t>(g[b].reason), 0,
                                     g[b].prefill_seconds, g[b].decode_seconds};
     }
-    model->generation_done = true;
   });
 }
 

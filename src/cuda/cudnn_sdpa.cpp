@@ -142,7 +142,15 @@ struct CudnnSdpa::Impl {
     if (plans.size() >= kMaxPlans) plans.clear();
     if (static_cast<size_t>(p.workspace) > workspace.bytes()) {
       TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old workspace may still be in use
-      workspace = DeviceBuffer(static_cast<size_t>(p.workspace));
+      try {
+        workspace = DeviceBuffer(static_cast<size_t>(p.workspace));
+      } catch (const Error& e) {  // the GPU's memory is short: twell's kernel serves the shape (automatic)
+        reason = str("cuDNN SDPA: its workspace of ", bytes_str(static_cast<size_t>(p.workspace)),
+                     " could not be allocated: ", e.what());
+        rejected.emplace(key, reason);
+        *why = reason;
+        return nullptr;
+      }
     }
     return &plans.emplace(key, std::move(p)).first->second;
   }

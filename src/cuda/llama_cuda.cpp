@@ -368,8 +368,10 @@ struct LlamaCuda::Impl {
     TWELL_REQUIRE(!__builtin_mul_overflow(2 * static_cast<size_t>(p.kv_buffers), p.kv, &p.memory.kv_cache),
                 "LlamaCuda: the KV cache of these options needs more than 2^64 bytes");
     p.memory.max_tokens = T;
-    p.memory.logits_growth =
-        checked_nbytes(DType::f32, {std::max(o.max_batch, std::min(T, kLogitsRows)), V}) - p.logits;
+    // At its peak: ensure_logits allocates the larger buffer before the old one goes (so that a failed
+    // allocation leaves the old in place).
+    const size_t grown = checked_nbytes(DType::f32, {std::max(o.max_batch, std::min(T, kLogitsRows)), V});
+    p.memory.logits_growth = grown > p.logits ? grown : 0;
     p.memory.activations = sum({p.tokens, p.p0, p.x, p.a, p.qkv, p.attn, p.proj, p.y, p.g, p.u});
     p.memory.other =
         sum({LtGemm::kWorkspaceBytes, p.cos_sin, p.logits, p.sampler, p.qkv_workspace});  // one cuBLASLt workspace, shared

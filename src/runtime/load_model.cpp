@@ -41,12 +41,26 @@ size_t usable_gpu_memory(const ModelLoadOptions& o, const cuda::DeviceMemory& gp
   return o.gpu_memory ? std::min(o.gpu_memory, gpu.free) : gpu.free;
 }
 
-// Why a model's weights and buffers would not fit in the GPU's free memory, naming the parts; empty
-// where they fit.
+// The GPU memory a model takes with options `co`, and the room to leave free beside it: what a
+// whole-sequence call's logits add later (logits(), perplexity) and kGpuHeadroomBytes. A model that
+// fits only without that room would load, then fail its first whole-sequence call.
+struct GpuNeeds {
+  size_t weights, room;
+  cuda::LlamaCudaMemory m;
+  size_t total() const { return weights + m.total() + room; }
+};
+GpuNeeds gpu_needs(const io::ModelConfig& c, const cuda::LlamaCudaOptions& co) {
+  const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(c, co);
+  return {cuda::LlamaCudaWeights::bytes_for(c), m.logits_growth + kGpuHeadroomBytes, m};
+}
+
+// Why a model's weights and buffers (and the room beside them: gpu_needs) would not fit in the GPU's
+// free memory, naming the parts; empty where they fit.
 std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCudaOptions& co,
                                  const ModelLoadOptions& o) {
-  const size_t weights = cuda::LlamaCudaWeights::bytes_for(c);
-  const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(c, co);
+  const GpuNeeds needs = gpu_needs(c, co);
+  const size_t weights = needs.weights, room = needs.room;
+  const cuda::LlamaCudaMemory& m = needs.m;
   const cuda::DeviceMemory gpu = cuda::device_memory();
   const size_t usable = usable_gpu_memory(o, gpu);
   const std::string has = o.gpu_memory && o.gpu_memory < gpu.free
@@ -55,15 +69,17 @@ std::string gpu_memory_shortfall(const io::ModelConfig& c, const cuda::LlamaCuda
                               : gpu.str();
   if (weights > usable)
     return str("the model's weights need ", bytes_str(weights), " of GPU memory, and the GPU has ", has);
-  if (weights + m.total() <= usable) return {};
+  if (needs.total() <= usable) return {};
   const int64_t context = co.max_context ? co.max_context : c.max_position_embeddings;
   const std::string sequences = co.max_batch > 1 ? str(co.max_batch, " sequences of ") : "";
   const std::string fewer = str(co.max_batch > 1 ? ", and fewer sequences" : "",
                                 o.max_tokens > 0 ? str(", and fewer tokens a forward (", o.max_tokens_choice_name, ")") : "");
-  return str("the model needs ", bytes_str(weights + m.total()), " of GPU memory: weights ", bytes_str(weights),
+  return str("the model needs ", bytes_str(needs.total()), " of GPU memory: weights ", bytes_str(weights),
              ", KV cache ", bytes_str(m.kv_cache), " for ", sequences, context,
              " positions, activations and workspaces ", bytes_str(m.activations + m.ffn + m.other), " for ",
-             m.max_tokens, " tokens a forward; the GPU has ", has, " (", o.context_hint, fewer, ")");
+             m.max_tokens, " tokens a forward, and ", bytes_str(room),
+             " free for whole-sequence logits and libraries' workspaces; the GPU has ", has, " (", o.context_hint,
+             fewer, ")");
 }
 #endif
 
@@ -138,13 +154,9 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
       // runs on the CPU, as does a model the GPU runtime does not take.
       std::string shortfall = gpu_memory_shortfall(config, co, o);
       if (!shortfall.empty()) {
-        const size_t usable = usable_gpu_memory(o, cuda::device_memory()),
-                     weights = cuda::LlamaCudaWeights::bytes_for(config);
-        // Whether `x` fits with what logits() may add later and kGpuHeadroomBytes free.
-        const auto roomy = [&](const cuda::LlamaCudaOptions& x) {
-          const cuda::LlamaCudaMemory m = cuda::LlamaCuda::memory_needed(config, x);
-          return weights + m.total() + m.logits_growth + kGpuHeadroomBytes <= usable;
-        };
+        const size_t usable = usable_gpu_memory(o, cuda::device_memory());
+        // Whether `x` fits, with the room beside it.
+        const auto roomy = [&](const cuda::LlamaCudaOptions& x) { return gpu_needs(config, x).total() <= usable; };
         std::vector<std::string> notes;
         if (o.shrink_to_fit && co.max_batch > 1) {
           // Fewer sequences a call (`twell eval`'s windows a forward), halved until they fit, down to one.

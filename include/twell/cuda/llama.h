@@ -218,7 +218,8 @@ struct LlamaCudaMemory {
   size_t other = 0;        // cuBLASLt's workspace (one, shared by the FFNs), the RoPE table, logits of
                            // max_batch rows and the GPU sampler's weights for them, the QKV GEMM's
                            // workspace (fused_qkv_rope)
-  // Not in total(): what logits() and next_token_nll add to the logits buffer (up to 1024 rows).
+  // Not in total(): what logits() and next_token_nll add to the logits buffer (up to 1024 rows) at
+  // the peak of its growth, the larger buffer beside the old.
   size_t logits_growth = 0;
   int64_t max_tokens = 0;  // the tokens a forward the activations are sized for (max_tokens, resolved)
   size_t total() const { return kv_cache + activations + ffn + other; }

@@ -66,7 +66,8 @@ struct ModelLoadOptions {
   int64_t max_tokens = 0;
   // A cap on the GPU memory the model may take (weights, KV cache, activations, workspaces); 0: all
   // the GPU's free memory. Checked at load against what the runtime will allocate (LlamaCuda::
-  // memory_needed); where it needs more, `automatic` runs it on the CPU and `cuda` refuses it.
+  // memory_needed) and the room to leave beside it (kGpuHeadroomBytes and what logits() adds); where
+  // it needs more, `automatic` runs it on the CPU and `cuda` refuses it.
   size_t gpu_memory = 0;
   // Progress and notes, a line at a time without the newline ("loaded …", "backend: …", a warning
   // about unused tensors, why the CPU runs it under DeviceChoice::automatic). Empty: silent.
@@ -90,8 +91,8 @@ struct ModelLoadOptions {
 // `automatic` neither the GPU nor the host's memory holds it, or where the checkpoint is bad.
 std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoadOptions& options = {});
 
-// GPU memory load_model leaves free where it lowers max_tokens to fit (besides what logits() may
-// add, LlamaCudaMemory::logits_growth): for cuDNN's attention workspace, the CUDA modules loaded at
+// GPU memory load_model leaves free beside a model it puts on the GPU, whether it fits as asked or
+// with max_tokens lowered (besides what logits() may add, LlamaCudaMemory::logits_growth): for cuDNN's attention workspace, the CUDA modules loaded at
 // their first use, the allocator's rounding, which LlamaCuda::memory_needed does not count, and
 // the FFN statistics' buffers of a call that asks for them (4 · I bytes a row of at most 2048 rows,
 // 12 a row of a forward: ~46 MB for a 2B model).
