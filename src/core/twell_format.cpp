@@ -17,9 +17,9 @@ void TwellLayout::check() const {
   TWELL_CHECK(tile >= 1 && tile <= 65536, "TwELL: tile width must be in [1, 65536], got ", tile);
   TWELL_CHECK(tile % compression == 0, "TwELL: tile width ", tile,
               " is not a multiple of the compression factor ", compression);
-  // n_tiles() computes cols + tile - 1: defined for every layout that passes (with no rows the tile
-  // ids' bound below holds at any cols).
-  TWELL_CHECK(cols <= std::numeric_limits<int64_t>::max() - (tile - 1), "TwELL: cols ", cols, " too large");
+  // n_tiles() computes cols + tile - 1 (cols + tile first): defined for every layout that passes (with
+  // no rows the tile ids' bound below holds at any cols).
+  TWELL_CHECK(cols <= std::numeric_limits<int64_t>::max() - tile, "TwELL: cols ", cols, " too large");
   const int64_t tiles = n_tiles();
   TWELL_CHECK(rows <= ((int64_t{1} << 32) - 1) / tiles, "TwELL: ", rows, " rows x ", tiles,
               " tiles exceed 2^32 tile ids");  // rows · tiles < 2^32, without the product's overflow

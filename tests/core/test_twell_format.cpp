@@ -143,7 +143,7 @@ TEST(TwellFormat, RejectsBadLayoutsAndInputs) {
   EXPECT_THROW(twell_pack(f32, {4, 100, 256, 8}), Error);        // dtype
   // A width whose tile count n_tiles() would compute past int64 (no rows: no tile id to bound it).
   test::expect_error([] { TwellLayout{0, std::numeric_limits<int64_t>::max(), 256, 8}.check(); }, {"cols", "too large"});
-  TwellLayout{0, std::numeric_limits<int64_t>::max() - 255, 256, 8}.check();
+  TwellLayout{0, std::numeric_limits<int64_t>::max() - 256, 256, 8}.check();
 }
 
 // Corrupting any part of a valid matrix is caught by validate().

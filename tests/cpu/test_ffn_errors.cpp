@@ -309,7 +309,7 @@ TEST(TwellLayoutCheck, TileIdsPastTwoToThe32AreRefusedWithoutOverflow) {
   EXPECT_THROW(l.check(), Error);
   l.rows -= 1;
   EXPECT_NO_THROW(l.check());
-  l.rows = 0, l.cols = std::numeric_limits<int64_t>::max() - 255;  // no tiles' ids at all; n_tiles() defined
+  l.rows = 0, l.cols = std::numeric_limits<int64_t>::max() - 256;  // no tiles' ids at all; n_tiles() defined
   EXPECT_NO_THROW(l.check());
   l.rows = 1;
   EXPECT_THROW(l.check(), Error);
