@@ -62,6 +62,13 @@ bool read_string(const json& root, const char* key, const std::string& source, s
   return true;
 }
 
+// All the digits a double needs to be read back as itself (1000001, not 1e+06).
+std::string exact(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
 // One "rope_scaling" / "rope_parameters" object: its kind and the keys that kind needs (their
 // values are checked by validate()). Kinds twell does not implement are refused, since the model
 // would otherwise run, wrongly. No type, or "default", means no scaling.
@@ -82,30 +89,70 @@ RopeScaling read_rope_scaling(const json& scaling, const char* key, const std::s
   if (r.type == "llama3") {
     if (!read_number(scaling, "low_freq_factor", where, &r.low_freq_factor)) throw missing("low_freq_factor");
     if (!read_number(scaling, "high_freq_factor", where, &r.high_freq_factor)) throw missing("high_freq_factor");
+    // Absent: -1 here, then resolved as transformers 5 does (read_rope).
     if (!read_int(scaling, "original_max_position_embeddings", where, &r.original_max_position_embeddings))
-      throw missing("original_max_position_embeddings");
+      r.original_max_position_embeddings = -1;
   }
   return r;
 }
 
-// The RoPE scaling of "rope_scaling" and "rope_parameters" (newer transformers); where both are
-// given they must say the same, "default" included (transformers reads one or the other).
-RopeScaling read_rope(const json& root, const std::string& source) {
+// The RoPE of a config as transformers 5 reads it (PreTrainedConfig.convert_rope_params_to_dict,
+// standardize_rope_params): one dict of parameters, "rope_scaling" (the older key) where it is given
+// and not empty, else "rope_parameters"; rope_theta from that dict, else the top level, else 10000;
+// for llama3, original_max_position_embeddings from the top level (Phi-3's place, which transformers
+// puts first), else the dict, else max_position_embeddings. Where the places disagree (transformers 4
+// read some of them otherwise) the config is refused rather than read one way: rope_scaling against
+// rope_parameters (their scaling, and a theta either gives), a top-level rope_theta or
+// original_max_position_embeddings against the dict's.
+void read_rope(const json& root, const std::string& source, ModelConfig& c) {
   const json* legacy = find_key(root, "rope_scaling");
   const json* params = find_key(root, "rope_parameters");
+  if (legacy && legacy->is_object() && legacy->empty()) legacy = nullptr;  // falsy in transformers' `or`
   const RopeScaling a = legacy ? read_rope_scaling(*legacy, "rope_scaling", source) : RopeScaling{};
   const RopeScaling b = params ? read_rope_scaling(*params, "rope_parameters", source) : RopeScaling{};
   if (legacy && params && a != b)  // a "default" one holds the defaults of every parameter
     throw Error(str(source, ": rope_scaling and rope_parameters disagree (types '", printable(a.type, 40),
                     "' and '", printable(b.type, 40), "')"));
-  return params ? b : a;
-}
+  const json* used = legacy ? legacy : params;
+  const char* used_key = legacy ? "rope_scaling" : "rope_parameters";
+  c.rope_scaling = legacy ? a : b;
 
-// All the digits a double needs to be read back as itself (1000001, not 1e+06).
-std::string exact(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
+  // rope_theta: each place that gives one must give the one used.
+  const bool top_theta = read_number(root, "rope_theta", source, &c.rope_theta);
+  std::vector<std::pair<std::string, double>> thetas;  // (where, value) of every place that says it
+  if (top_theta) thetas.emplace_back("rope_theta", c.rope_theta);
+  for (const auto& [dict, key] : {std::pair{legacy, "rope_scaling"}, std::pair{params, "rope_parameters"}}) {
+    double theta = 0;
+    if (dict && dict->is_object() && read_number(*dict, "rope_theta", str(source, ": ", key), &theta))
+      thetas.emplace_back(str(key, ".rope_theta"), theta);
+  }
+  const bool dict_theta =
+      used && used->is_object() && read_number(*used, "rope_theta", str(source, ": ", used_key), &c.rope_theta);
+  const std::string taken = dict_theta ? str(used_key, ".rope_theta") : top_theta ? "rope_theta" : "the default";
+  for (const auto& [where, theta] : thetas)
+    if (theta != c.rope_theta)
+      throw Error(str(source, ": ", where, " ", exact(theta), " and ", taken, " ", exact(c.rope_theta),
+                      ", which transformers takes, disagree"));
+
+  // A part of each head rotated (StableLM's and Phi's arithmetic), in the dict as transformers 5 writes
+  // it: refused as at the top level.
+  double partial = 1;
+  if (used && used->is_object() && read_number(*used, "partial_rotary_factor", str(source, ": ", used_key), &partial) &&
+      partial != 1)
+    throw Error(str(source, ": ", used_key, ".partial_rotary_factor ", exact(partial),
+                    " is not supported: twell rotates every dimension of a head (1)"));
+
+  RopeScaling& r = c.rope_scaling;
+  if (r.type != "llama3") return;
+  int64_t top = 0;
+  if (read_int(root, "original_max_position_embeddings", source, &top)) {
+    if (r.original_max_position_embeddings != -1 && r.original_max_position_embeddings != top)
+      throw Error(str(source, ": original_max_position_embeddings ", top, " and ", used_key,
+                      ".original_max_position_embeddings ", r.original_max_position_embeddings,
+                      " disagree (transformers 5 takes the first, 4 the second)"));
+    r.original_max_position_embeddings = top;
+  }
+  if (r.original_max_position_embeddings == -1) r.original_max_position_embeddings = c.max_position_embeddings;
 }
 
 // A sliding window shorter than the context changes which keys a query sees: refused, since the
@@ -172,17 +219,6 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
                       c.num_attention_heads, ", and no head_dim is given"));
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  // Recent transformers versions move rope_theta into "rope_parameters"; where both say it, they
-  // must agree (as rope_scaling and rope_parameters must, below).
-  const bool top_theta = read_number(root, "rope_theta", source, &c.rope_theta);
-  if (const json* rope = find_key(root, "rope_parameters"); rope && rope->is_object()) {
-    double theta = c.rope_theta;
-    if (read_number(*rope, "rope_theta", str(source, ": rope_parameters"), &theta) && top_theta &&
-        theta != c.rope_theta)
-      throw Error(str(source, ": rope_theta ", exact(c.rope_theta), " and rope_parameters.rope_theta ", exact(theta),
-                      " disagree"));
-    c.rope_theta = theta;
-  }
   read_number(root, "rms_norm_eps", source, &c.rms_norm_eps);
   if (const json* tie = find_key(root, "tie_word_embeddings")) {
     if (!tie->is_boolean()) wrong_type(source, "tie_word_embeddings", "true or false", *tie);
@@ -192,7 +228,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   if (c.hidden_act == "swish") c.hidden_act = "silu";  // transformers' ACT2FN: the same function
   if (!read_string(root, "torch_dtype", source, &c.torch_dtype))
     read_string(root, "dtype", source, &c.torch_dtype);
-  c.rope_scaling = read_rope(root, source);
+  read_rope(root, source, c);  // rope_theta and rope_scaling
   refuse_sliding_window(root, c, source);
   // RoPE on a part of each head (StableLM's and Phi's arithmetic): transformers' Llama does not run
   // it either, so a config that asks for it would run here wrongly.

@@ -188,8 +188,6 @@ TEST(ModelConfig, RefusesUnsupportedRopeScalingAndSlidingWindows) {
   refused(R"("rope_scaling": {"rope_type": "longrope"})", {"'longrope'"});
   refused(R"("rope_scaling": 2)", {"'rope_scaling' must be an object"});
   refused(R"("rope_scaling": {"rope_type": "linear"})", {"c.json: rope_scaling", "needs the key 'factor'"});
-  refused(R"("rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4})",
-          {"needs the key 'original_max_position_embeddings'"});
   refused(R"("rope_scaling": {"rope_type": "linear", "factor": "2"})", {"'factor' must be a number"});
   refused(R"("rope_scaling": {"rope_type": "linear", "factor": 0})", {"rope_scaling factor must be a positive number"});
   refused(R"("rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4,
@@ -205,8 +203,8 @@ TEST(ModelConfig, RefusesUnsupportedRopeScalingAndSlidingWindows) {
              "rope_parameters": {"rope_type": "linear", "factor": 4})",
           {"rope_scaling and rope_parameters disagree", "'default' and 'linear'"});
   refused(R"("rope_scaling": {"rope_type": 3})", {"c.json: rope_scaling: key 'rope_type' must be a string"});
-  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("rope_scaling": {"rope_type": "linear", "factor": 2},
-             "rope_parameters": {"rope_type": "linear", "factor": 2, "rope_theta": 1e5})")));
+  EXPECT_EQ(ModelConfig::from_json(minimal(R"("rope_scaling": {"rope_type": "linear", "factor": 2, "rope_theta": 1e5},
+             "rope_parameters": {"rope_type": "linear", "factor": 2})")).rope_theta, 1e5);
   refused(R"("sliding_window": 16)", {"sliding_window 16", "not supported"});
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": null)")));
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("sliding_window": 16, "use_sliding_window": false)")));
@@ -267,15 +265,54 @@ TEST(ModelConfig, RefusesSizesThatWouldOverflow) {
 
 // rope_theta at the top level and in rope_parameters must agree; eos_token_id is one id or a
 // list (Llama 3 Instruct's three), and is written back.
+// RoPE as transformers 5 reads it (convert_rope_params_to_dict, standardize_rope_params): rope_scaling's
+// dict where given, else rope_parameters'; rope_theta from it, else the top level, else 10000; llama3's
+// original context from the top level (Phi-3's place), else the dict, else max_position_embeddings.
+// Places that disagree (which transformers 4 read otherwise) are refused.
+TEST(ModelConfig, ReadsRopeWhereTransformersFiveDoes) {
+  const std::string llama3 = R"("rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4)";
+  // rope_theta inside rope_scaling, none at the top level: the dict's.
+  EXPECT_EQ(ModelConfig::from_json(minimal(R"("rope_scaling": {)" + llama3 + R"(, "rope_theta": 5e5,
+      "original_max_position_embeddings": 16})")).rope_theta, 5e5);
+  // rope_scaling without a theta beside rope_parameters with one: transformers takes rope_scaling's
+  // (the default), so the two disagree.
+  expect_error([&] {
+    ModelConfig::from_json(minimal(R"("rope_parameters": {)" + llama3 + R"(, "rope_theta": 5e5,
+        "original_max_position_embeddings": 16}, "rope_scaling": {)" + llama3 + R"(,
+        "original_max_position_embeddings": 16})"), "c.json");
+  }, {"c.json: rope_parameters.rope_theta 500000 and the default 10000, which transformers takes, disagree"});
+  // llama3's original context: the top level's, the dict's, else max_position_embeddings (256).
+  const auto original = [&](const std::string& extra) {
+    return ModelConfig::from_json(minimal(extra)).rope_scaling.original_max_position_embeddings;
+  };
+  EXPECT_EQ(original(R"("rope_parameters": {)" + llama3 + R"(, "original_max_position_embeddings": 16})"), 16);
+  EXPECT_EQ(original(R"("rope_parameters": {)" + llama3 + R"(}, "original_max_position_embeddings": 4)"), 4);
+  EXPECT_EQ(original(R"("rope_parameters": {)" + llama3 + R"(})"), 256);
+  EXPECT_EQ(original(R"("rope_parameters": {)" + llama3 + R"(, "original_max_position_embeddings": 16},
+      "original_max_position_embeddings": 16)"), 16);
+  expect_error([&] {
+    ModelConfig::from_json(minimal(R"("rope_parameters": {)" + llama3 + R"(, "original_max_position_embeddings": 16},
+        "original_max_position_embeddings": 4)"), "c.json");
+  }, {"c.json: original_max_position_embeddings 4 and rope_parameters.original_max_position_embeddings 16 disagree"});
+  // Not llama3: a top-level original context means nothing, as in transformers.
+  EXPECT_EQ(ModelConfig::from_json(minimal(R"("original_max_position_embeddings": 4)")).rope_scaling.type, "default");
+  // A part of each head rotated, in the dict where transformers 5 writes it: refused as at the top level.
+  expect_error([&] {
+    ModelConfig::from_json(minimal(R"("rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})"),
+                           "c.json");
+  }, {"c.json: rope_parameters.partial_rotary_factor 0.5 is not supported"});
+  EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1.0})")));
+}
+
 TEST(ModelConfig, ReadsRopeThetaOnceAndEosIds) {
   expect_error(
       [] { ModelConfig::from_json(minimal(R"("rope_theta": 1e4, "rope_parameters": {"rope_theta": 5e5})"), "c.json"); },
-      {"c.json", "rope_theta 10000 and rope_parameters.rope_theta 500000 disagree"});
+      {"c.json", "rope_theta 10000 and rope_parameters.rope_theta 500000, which transformers takes, disagree"});
   EXPECT_EQ(ModelConfig::from_json(minimal(R"("rope_theta": 5e5, "rope_parameters": {"rope_theta": 5e5})")).rope_theta,
             5e5);
   expect_error(  // every digit, where 6 would print the same number twice
       [] { ModelConfig::from_json(minimal(R"("rope_theta": 1000000, "rope_parameters": {"rope_theta": 1000001})")); },
-      {"rope_theta 1000000 and rope_parameters.rope_theta 1000001 disagree"});
+      {"rope_theta 1000000 and rope_parameters.rope_theta 1000001, which transformers takes, disagree"});
   // A bad rope_parameters.rope_theta is said to be there, not at the top level's valid one.
   expect_error(
       [] { ModelConfig::from_json(minimal(R"("rope_theta": 1e4, "rope_parameters": {"rope_theta": "1e4"})"), "c.json"); },
