@@ -209,8 +209,9 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   read_required_int(root, "num_attention_heads", source, &c.num_attention_heads);
   read_required_int(root, "vocab_size", source, &c.vocab_size);
   read_required_int(root, "max_position_embeddings", source, &c.max_position_embeddings);
+  // Absent: LlamaConfig takes num_attention_heads, MistralConfig its default of 8.
   if (!read_int(root, "num_key_value_heads", source, &c.num_key_value_heads))
-    c.num_key_value_heads = c.num_attention_heads;
+    c.num_key_value_heads = c.model_type == "mistral" ? 8 : c.num_attention_heads;
   // Without head_dim, transformers takes hidden_size / num_attention_heads, which must then divide;
   // given, the heads need not span hidden_size (q_proj is [heads · head_dim, hidden_size]).
   if (!read_int(root, "head_dim", source, &c.head_dim) && c.num_attention_heads > 0) {

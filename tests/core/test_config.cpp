@@ -228,6 +228,11 @@ TEST(ModelConfig, RefusesOtherArchitecturesByModelType) {
   EXPECT_EQ(ModelConfig::from_json(minimal(R"("model_type": "mistral", "sliding_window": null)")).model_type,
             "mistral");
   EXPECT_EQ(ModelConfig::from_json(minimal()).model_type, "llama");
+  // num_key_value_heads absent: LlamaConfig's default is the heads, MistralConfig's 8.
+  const std::string sixteen = R"({"hidden_size": 256, "intermediate_size": 176, "num_hidden_layers": 2,
+      "num_attention_heads": 16, "vocab_size": 100, "max_position_embeddings": 256, "sliding_window": null)";
+  EXPECT_EQ(ModelConfig::from_json(sixteen + "}").num_key_value_heads, 16);
+  EXPECT_EQ(ModelConfig::from_json(sixteen + R"(, "model_type": "mistral"})").num_key_value_heads, 8);
 }
 
 // Mistral as transformers reads it: no sliding_window key means MistralConfig's 4096, only null
