@@ -460,8 +460,8 @@ class ModelOnTheCpu(unittest.TestCase):
             return make
 
         def dropped():
-            """A Ctrl-C that ctypes drops (it prints the KeyboardInterrupt and returns 0) before the Python
-            callback runs."""
+            """A Ctrl-C that ctypes drops before the Python callback runs (it reports the KeyboardInterrupt; what
+            the C side then reads is not defined: here 0, go on)."""
             try:
                 signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
             except KeyboardInterrupt:
@@ -497,7 +497,9 @@ class ModelOnTheCpu(unittest.TestCase):
                 err = io.StringIO()
                 with contextlib.redirect_stderr(err), self.assertRaises(KeyboardInterrupt):
                     run()
-                self.assertLessEqual(calls[0], 4)  # stopped at the call after the signal's
+                # Stopped at the calls after the signal's: the interrupted call's return value is not defined,
+                # so its sequence may take one more step (2 prompts: at most 5 calls).
+                self.assertLessEqual(calls[0], 5)
                 self.assertEqual(err.getvalue(), "")
                 self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler)
                 self.assertIsNot(sys.unraisablehook, twell.model._quiet_interrupts)

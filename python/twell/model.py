@@ -183,7 +183,7 @@ class Model:
     max_position_embeddings; a long context takes much memory). gpu_memory: the most GPU memory the
     model may take, in bytes or as "40GB" (None: all that is free); where it needs more, "auto" runs
     it on the CPU and "cuda" refuses it. kv_cache=False: on the GPU, no KV cache (logits(), perplexity(),
-    token_nll() and ffn_stats() only); the CPU backend ignores it. max_batch: the most prompts one generate_batch() takes on the GPU (each with a
+    token_nll(), ffn_stats() and generations of one token); the CPU backend ignores it. max_batch: the most prompts one generate_batch() takes on the GPU (each with a
     context's KV cache; the CPU backend takes up to 65535), and how many windows of perplexity(stride=) and
     ffn_stats() one GPU forward runs (short windows fill the GPU that way). max_batch_tokens: the most tokens one GPU
     forward computes, which its activations are sized for (at least max_batch; with the KV cache a

@@ -36,7 +36,8 @@ bool read_int(const json& root, const char* key, const std::string& source, int6
   if (!v) return false;
   if (!v->is_number_integer()) wrong_type(source, key, "an integer", *v);
   if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-    throw Error(str(source, ": key '", key, "' is ", v->get<uint64_t>(), ", past the largest integer twell reads (2^63 - 1)"));
+    throw Error(str(source, ": key '", key, "' is ", v->get<uint64_t>(),
+                    ", past the largest integer twell reads (2^63 - 1)"));
   *out = v->get<int64_t>();
   return true;
 }
@@ -110,9 +111,24 @@ void read_rope(const json& root, const std::string& source, ModelConfig& c) {
   if (legacy && legacy->is_object() && legacy->empty()) legacy = nullptr;  // falsy in transformers' `or`
   const RopeScaling a = legacy ? read_rope_scaling(*legacy, "rope_scaling", source) : RopeScaling{};
   const RopeScaling b = params ? read_rope_scaling(*params, "rope_parameters", source) : RopeScaling{};
-  if (legacy && params && a != b)  // a "default" one holds the defaults of every parameter
-    throw Error(str(source, ": rope_scaling and rope_parameters disagree (types '", printable(a.type, 40),
-                    "' and '", printable(b.type, 40), "')"));
+  if (legacy && params && a != b) {  // a "default" one holds the defaults of every parameter
+    const auto value = [](double v) { return v == -1 ? std::string("absent") : exact(v); };
+    std::string what = str("types '", printable(a.type, 40), "' and '", printable(b.type, 40), "'");
+    if (a.type == b.type) {
+      const std::pair<const char*, std::pair<double, double>> fields[] = {
+          {"factor", {a.factor, b.factor}},
+          {"low_freq_factor", {a.low_freq_factor, b.low_freq_factor}},
+          {"high_freq_factor", {a.high_freq_factor, b.high_freq_factor}},
+          {"original_max_position_embeddings",
+           {double(a.original_max_position_embeddings), double(b.original_max_position_embeddings)}}};
+      for (const auto& [field, values] : fields)
+        if (values.first != values.second) {
+          what = str(field, " ", value(values.first), " and ", value(values.second));
+          break;
+        }
+    }
+    throw Error(str(source, ": rope_scaling and rope_parameters disagree (", what, ")"));
+  }
   const json* used = legacy ? legacy : params;
   const char* used_key = legacy ? "rope_scaling" : "rope_parameters";
   c.rope_scaling = legacy ? a : b;

@@ -41,15 +41,17 @@ constexpr DType kAllDTypes[] = {DType::bf16, DType::f16, DType::f32, DType::f64,
 
 // The bits of a tensor of `shape` at `bits` an element. Reader and writer alike refuse a shape whose
 // non-zero dimensions' product overflows int64 (so that shape_numel() and every prefix product are
-// defined even where a later dimension is 0), or whose bits overflow 64.
+// defined even where a later dimension is 0), or whose bits overflow 64. The shape is said cut to 100
+// characters (a file's may have any number of dimensions).
 uint64_t shape_bits(const std::string& file, const std::string& tensor, const Shape& shape, uint64_t bits) {
+  const auto said = [&] { return printable(shape_str(shape), 100); };
   int64_t product = 1;
   for (int64_t d : shape)
     if (d != 0 && __builtin_mul_overflow(product, d, &product))
-      fail_tensor(file, tensor, str("shape ", shape_str(shape), " has more elements than fit in int64"));
+      fail_tensor(file, tensor, str("shape ", said(), " has more elements than fit in int64"));
   uint64_t total = 0;
   if (__builtin_mul_overflow(static_cast<uint64_t>(shape_numel(shape)), bits, &total))
-    fail_tensor(file, tensor, str("shape ", shape_str(shape), " needs more bytes than fit in 64 bits"));
+    fail_tensor(file, tensor, str("shape ", said(), " needs more bytes than fit in 64 bits"));
   return total;
 }
 
@@ -148,7 +150,7 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
     fail_tensor(
         file, name,
         str("holds ", t.nbytes(), " bytes (data_offsets [", t.begin, ", ", t.end, "]) but ",
-            printable(t.file_dtype), " ", shape_str(t.shape), " needs ", needed, " bytes"));
+            printable(t.file_dtype), " ", printable(shape_str(t.shape), 100), " needs ", needed, " bytes"));
   return t;
 }
 
@@ -266,7 +268,8 @@ SafetensorsFile SafetensorsFile::parse(const uint8_t* data, size_t size, std::st
   // The format's rule (the safetensors library's InvalidHeaderStart): no byte-order mark or space first.
   if (header_len == 0 || header[0] != '{')
     fail(name, str("not a safetensors file? Its header must start with '{', got ",
-                   header_len == 0 ? std::string("nothing") : printable(std::string(header, std::min<uint64_t>(header_len, 16)), 40)));
+                   header_len == 0 ? std::string("nothing")
+                                   : printable(std::string(header, std::min<uint64_t>(header_len, 16)), 40)));
   // Three levels suffice: {tensor: {"shape": [..]}}; a little slack for odd metadata.
   json root = detail::parse_json_strict(header, header + header_len, name, "header", 4);
   if (!root.is_object()) fail(name, str("header must be a JSON object, got ", root.type_name()));

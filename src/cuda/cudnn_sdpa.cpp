@@ -145,6 +145,7 @@ struct CudnnSdpa::Impl {
       try {
         workspace = DeviceBuffer(static_cast<size_t>(p.workspace));
       } catch (const Error& e) {  // the GPU's memory is short: twell's kernel serves the shape (automatic)
+        if (std::string(e.what()).rfind("CUDA out of memory", 0) != 0) throw;  // another CUDA error is one
         reason = str("cuDNN SDPA: its workspace of ", bytes_str(static_cast<size_t>(p.workspace)),
                      " could not be allocated: ", e.what());
         rejected.emplace(key, reason);

@@ -194,8 +194,7 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
                                       "memory where one forward of the whole context did not"));
           }
         }
-        // Fewer sequences that fit but without the room to spare: taken as asking for them would be (and
-        // where they do not fit either, the shortfall gives their figures).
+        // Fewer sequences that still do not fit: the shortfall gives their figures.
         if (!shortfall.empty() && co.max_batch < o.max_batch) shortfall = gpu_memory_shortfall(config, co, o);
         if (shortfall.empty())
           for (const std::string& line : notes) say(o, line);

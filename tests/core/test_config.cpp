@@ -268,8 +268,6 @@ TEST(ModelConfig, RefusesSizesThatWouldOverflow) {
   expect_error([&] { c.validate("x.json"); }, {"max_position_embeddings 1099511627776 is larger than twell supports"});
 }
 
-// rope_theta at the top level and in rope_parameters must agree; eos_token_id is one id or a
-// list (Llama 3 Instruct's three), and is written back.
 // RoPE as transformers 5 reads it (convert_rope_params_to_dict, standardize_rope_params): rope_scaling's
 // dict where given, else rope_parameters'; rope_theta from it, else the top level, else 10000; llama3's
 // original context from the top level (Phi-3's place), else the dict, else max_position_embeddings.
@@ -286,6 +284,11 @@ TEST(ModelConfig, ReadsRopeWhereTransformersFiveDoes) {
         "original_max_position_embeddings": 16}, "rope_scaling": {)" + llama3 + R"(,
         "original_max_position_embeddings": 16})"), "c.json");
   }, {"c.json: rope_parameters.rope_theta 500000 and the default 10000, which transformers takes, disagree"});
+  // The two dicts disagreeing on one key: named.
+  expect_error([&] {
+    ModelConfig::from_json(minimal(R"("rope_parameters": {)" + llama3 + R"(}, "rope_scaling": {)" + llama3 + R"(,
+        "original_max_position_embeddings": 16})"), "c.json");
+  }, {"c.json: rope_scaling and rope_parameters disagree (original_max_position_embeddings 16 and absent)"});
   // llama3's original context: the top level's, the dict's, else max_position_embeddings (256).
   const auto original = [&](const std::string& extra) {
     return ModelConfig::from_json(minimal(extra)).rope_scaling.original_max_position_embeddings;
@@ -309,6 +312,8 @@ TEST(ModelConfig, ReadsRopeWhereTransformersFiveDoes) {
   EXPECT_NO_THROW(ModelConfig::from_json(minimal(R"("rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1.0})")));
 }
 
+// rope_theta at the top level and in rope_parameters must agree; eos_token_id is one id or a
+// list (Llama 3 Instruct's three), and is written back.
 TEST(ModelConfig, ReadsRopeThetaOnceAndEosIds) {
   expect_error(
       [] { ModelConfig::from_json(minimal(R"("rope_theta": 1e4, "rope_parameters": {"rope_theta": 5e5})"), "c.json"); },

@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "common/compare.h"
-#include "core/io_test_util.h"
 #include "common/random.h"
+#include "core/io_test_util.h"
 #include "twell/formats/twell_format.h"
 
 namespace twell {

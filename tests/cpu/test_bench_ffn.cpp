@@ -370,6 +370,23 @@ TEST(BenchModel, UnknownEnergyIsNotANumber) {
   EXPECT_NE(bench::records_to_json({r}).find("\"energy_mj_per_token\": null"), std::string::npos);
 }
 
+// A record that failed its check has no time, ratio or rate: "-" in the table, null in the JSON, whatever
+// its fields hold (a model the full-size check failed was not timed).
+TEST(BenchModel, AFailedRecordShowsNoFigures) {
+  bench::BenchRecord r;
+  r.bench = "model_prefill", r.impl = "twell", r.M = 131072, r.ms_median = 0, r.tokens_per_ms = 7;
+  r.correct = false, r.rel_err = 0.5;
+  std::ostringstream table;
+  bench::print_model_table({r}, table);
+  EXPECT_NE(table.str().find(" FAILED"), std::string::npos) << table.str();
+  EXPECT_EQ(table.str().find("0.000"), std::string::npos) << table.str();
+  EXPECT_EQ(table.str().find("7.00"), std::string::npos) << table.str();
+  const std::string json = bench::records_to_json({r});
+  for (const char* field : {"\"ratio_to_dense\": null", "\"ms_median\": null", "\"tokens_per_ms\": null"})
+    EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
+  EXPECT_TRUE(std::isnan(bench::BenchRecord{}.ratio_to_dense));  // no ratio unless one is computed
+}
+
 // `twell bench model`'s arguments are checked before it looks for a GPU, so a typo fails at once
 // on any machine, with the option's name.
 TEST(BenchModel, BadArgumentsFailFirst) {

@@ -52,7 +52,7 @@ class CliModel : public test::ScratchDirTest {
 TEST_F(CliModel, RunGeneratesAtMostMaxTokens) {
   const CliResult r = run_cli("run " + dir_ + " --byte-tokenizer --no-stop -p 'hello' -n 7 --temperature 0.8 --seed 3");
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_EQ(r.out.rfind("hello", 0), 0u) << r.out;  // the prompt, then the continuation
+  ASSERT_EQ(r.out.rfind("hello", 0), 0u) << r.out;  // the prompt, then the continuation
   // At most 7 characters and the newline, as valid UTF-8: bytes drawn that form no character print as
   // U+FFFD (three bytes), as Python's errors="replace" shows them.
   EXPECT_EQ(first_invalid_utf8(r.out), std::string::npos) << r.out;
@@ -319,6 +319,7 @@ TEST_F(CliModel, MissingTokenizerAndBadModelFailCleanly) {
   // A bad TWELL_NUM_THREADS is said before the model loads (the prompt was echoed, the model read, first).
   setenv("TWELL_NUM_THREADS", "abc", 1);
   const CliResult threads = run_cli("run " + dir_ + " --byte-tokenizer -p hi", true);
+  EXPECT_EQ(run_cli("--version").status, 0);  // --help and --version are answered all the same
   unsetenv("TWELL_NUM_THREADS");
   EXPECT_NE(threads.status, 0);
   EXPECT_EQ(threads.out.rfind("twell: error: TWELL_NUM_THREADS: expected an integer", 0), 0u) << threads.out;
@@ -396,6 +397,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"bench ffn -d 0.005 out.json", "twell bench ffn: --density: cannot read '0.005 out.json' as its values (it "
                                       "takes every word after it, up to the next option)"},
       {"eval . f.txt --json", "twell eval: --json needs a value; see twell eval --help"},
+      {"bench ffn -H abc", "twell bench ffn: --hidden: cannot read 'abc' as a number; see twell bench ffn --help"},
       {"run . -p hi --zzzzzz", "twell run: unknown option '--zzzzzz'; see twell run --help"},
       {"--bogus", "twell: unknown option '--bogus'; see twell --help"},
       // Arguments left over, in their order; an unquoted prompt is said to need quotes.

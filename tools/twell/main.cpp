@@ -165,7 +165,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    twell::cpu::num_threads();  // a bad TWELL_NUM_THREADS said before a command loads anything
+    // A bad TWELL_NUM_THREADS said before a command loads anything (--help and --version, which
+    // parse() answers by throwing, go first).
+    app.parse_complete_callback([] { twell::cpu::num_threads(); });
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e) == 0 && stdout_written() ? 0 : 1;  // --help, --version
@@ -207,10 +209,12 @@ int main(int argc, char** argv) {
     const std::string convert = "Could not convert: ";
     if (what.compare(0, convert.size(), convert) == 0 && what.find(" = ") != std::string::npos) {
       const size_t eq = what.find(" = ");
+      const std::string name = what.substr(convert.size(), eq - convert.size());
       std::string values = what.substr(eq + 3);
+      const bool several = values.find(',') != std::string::npos;  // CLI11 joins the words it took
       std::replace(values.begin(), values.end(), ',', ' ');
-      what = what.substr(convert.size(), eq - convert.size()) + ": cannot read '" + values +
-             "' as its values (it takes every word after it, up to the next option)";
+      what = name + ": cannot read '" + values + "'" +
+             (several ? " as its values (it takes every word after it, up to the next option)" : " as a number");
     }
     std::fprintf(stderr, "%s: %s; see %s --help\n", path.c_str(), what.c_str(), path.c_str());
     return 1;

@@ -52,8 +52,7 @@ struct ModelLoadOptions {
   // GPU, where the model does not fit: halve max_batch until it does with what logits() adds and
   // kGpuHeadroomBytes free, down to 1; where one sequence a call without the KV cache has not that
   // room either, turn the cache on with max_tokens fitted as with it, so that a sequence runs in
-  // chunks, or else take one sequence a call where it fits at all (as max_batch 1 is taken);
-  // logged (`twell eval`: windows a forward).
+  // chunks; logged (`twell eval`: windows a forward).
   bool shrink_to_fit = false;
   // GPU: the most tokens one forward computes, which the activations are sized for
   // (LlamaCudaOptions::max_tokens; at most max_batch contexts): with kv_cache, a longer prompt runs
@@ -92,10 +91,10 @@ struct ModelLoadOptions {
 std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoadOptions& options = {});
 
 // GPU memory load_model leaves free beside a model it puts on the GPU, whether it fits as asked or
-// with max_tokens lowered (besides what logits() may add, LlamaCudaMemory::logits_growth): for cuDNN's attention workspace, the CUDA modules loaded at
-// their first use, the allocator's rounding, which LlamaCuda::memory_needed does not count, and
-// the FFN statistics' buffers of a call that asks for them (4 · I bytes a row of at most 2048 rows,
-// 12 a row of a forward: ~46 MB for a 2B model).
+// with max_tokens lowered (besides what logits() may add, LlamaCudaMemory::logits_growth): for
+// cuDNN's attention workspace, the CUDA modules loaded at their first use, the allocator's rounding,
+// which LlamaCuda::memory_needed does not count, and the FFN statistics' buffers of a call that asks
+// for them (4 · I bytes a row of at most 2048 rows, 12 a row of a forward: ~46 MB for a 2B model).
 constexpr size_t kGpuHeadroomBytes = size_t{256} << 20;
 
 // The tokens a forward may take where `preferred` does not fit: the largest count in [least,
