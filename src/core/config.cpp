@@ -112,21 +112,20 @@ void read_rope(const json& root, const std::string& source, ModelConfig& c) {
   const RopeScaling a = legacy ? read_rope_scaling(*legacy, "rope_scaling", source) : RopeScaling{};
   const RopeScaling b = params ? read_rope_scaling(*params, "rope_parameters", source) : RopeScaling{};
   if (legacy && params && a != b) {  // a "default" one holds the defaults of every parameter
-    const auto value = [](double v) { return v == -1 ? std::string("absent") : exact(v); };
+    // The original context's -1 is read_rope_scaling's "absent"; the factors' values are as given.
+    const auto context = [](int64_t v) { return v == -1 ? std::string("absent") : std::to_string(v); };
+    const std::pair<const char*, std::pair<std::string, std::string>> fields[] = {
+        {"factor", {exact(a.factor), exact(b.factor)}},
+        {"low_freq_factor", {exact(a.low_freq_factor), exact(b.low_freq_factor)}},
+        {"high_freq_factor", {exact(a.high_freq_factor), exact(b.high_freq_factor)}},
+        {"original_max_position_embeddings",
+         {context(a.original_max_position_embeddings), context(b.original_max_position_embeddings)}}};
     std::string what = str("types '", printable(a.type, 40), "' and '", printable(b.type, 40), "'");
-    if (a.type == b.type) {
-      const std::pair<const char*, std::pair<double, double>> fields[] = {
-          {"factor", {a.factor, b.factor}},
-          {"low_freq_factor", {a.low_freq_factor, b.low_freq_factor}},
-          {"high_freq_factor", {a.high_freq_factor, b.high_freq_factor}},
-          {"original_max_position_embeddings",
-           {double(a.original_max_position_embeddings), double(b.original_max_position_embeddings)}}};
-      for (const auto& [field, values] : fields)
-        if (values.first != values.second) {
-          what = str(field, " ", value(values.first), " and ", value(values.second));
-          break;
-        }
-    }
+    for (const auto& [field, values] : fields)
+      if (a.type == b.type && values.first != values.second) {
+        what = str(field, " ", values.first, " and ", values.second);
+        break;
+      }
     throw Error(str(source, ": rope_scaling and rope_parameters disagree (", what, ")"));
   }
   const json* used = legacy ? legacy : params;
