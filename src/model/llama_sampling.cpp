@@ -9,6 +9,8 @@
 // whole: at a vocabulary of 49152 a full sort each token took milliseconds, more than a decode step
 // on the GPU. top-k takes a selection, top-p buckets the candidates by logit and sorts only the
 // bucket where the nucleus ends; the draw then runs over the kept tokens in id order.
+#include "cpu/fp_contract_off.h"  // must come first, see there: the top logit's weight must be exactly 1
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -417,11 +419,16 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
                 " sequences (built for logits alone?): it cannot decode");
     return lens[i] >= model.context();
   };
+  std::vector<char> finished(B, 0);  // by position in `ordered`
   while (live > 0) {
     const std::vector<int64_t> lens = model.cached_lengths();
     for (size_t b = 0; b < B; ++b) {  // in the caller's order
       const size_t i = where[b];
-      if (next[i] == kNoToken) continue;  // done before
+      if (finished[i]) continue;
+      // A live sequence always draws a token; kNoToken here would make it sit out unfinished and
+      // the loop spin, so it is refused instead.
+      TWELL_REQUIRE(next[i] >= 0, "generate_batch: no token was drawn for sequence ", b,
+                    " (internal error in sampling; please report it with the sampling settings)");
       Generation& g = gens[b];
       g.tokens.push_back(next[i]);
       const bool asked = on_token && on_token(static_cast<int64_t>(b), next[i]);
@@ -438,6 +445,7 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
         done = false;
       if (done) {
         ended[b] = clock::now();
+        finished[i] = 1;
         next[i] = kNoToken;  // sits the remaining steps out
         --live;
       }

@@ -757,12 +757,18 @@ TEST(LlamaSampling, NonFiniteLogitsAndBadOptionsAreRefused) {
 }
 
 // A temperature so small that logit / temperature overflows samples the most likely token (the
-// draw saw NaN probabilities and returned the least likely one).
+// draw saw NaN probabilities and returned the least likely one). The greatest logit's weight must
+// be exactly 1: with logit / temperature - max contracted into an FMA (aarch64, -march=x86-64-v3),
+// it was exp(the product's rounding error), 0 past ~1e18, and no token was drawn.
 TEST(LlamaSampling, TinyTemperatureIsGreedy) {
-  const Tensor row = logit_row({0.5f, -2.0f, 3.0f, 1.0f});
-  for (double t : {1e-320, 1e-300, 1e-30}) {
-    Sampler s({t, 0, 1.0, 9});
-    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(row), 2) << "temperature " << t;
+  const std::pair<std::vector<float>, int32_t> cases[] = {
+      {{0.5f, -2.0f, 3.0f, 1.0f}, 2}, {{0.0f, 0.7f, -1.0f}, 1}, {{7.1f, 25.3f, 25.0f, -3.0f}, 1}};
+  for (const auto& [logits, want] : cases) {
+    const Tensor row = logit_row(logits);
+    for (double t : {1e-320, 1e-300, 1e-30, 1e-20, 1e-18}) {
+      Sampler s({t, 0, 1.0, 9});
+      for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(row), want) << "temperature " << t;
+    }
   }
 }
 

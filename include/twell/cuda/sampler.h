@@ -8,10 +8,12 @@
 //   std::vector<int32_t> next = on_gpu.sample(device_logits, sampler, stream);  // one a row
 //
 // A row's token is the one sampler.sample() would draw from the same logits with the same random
-// number, except where the draw or a top-p cut falls within ~1e-12 of the total weight of a token's
-// boundary: the GPU holds the softmax weights as 40-bit fixed point, exact and order-independent,
-// where the host sums doubles (so a token whose weight is below 2^-40 of the greatest is never
-// drawn here). Greedy is the argmax either way, lowest id on ties. Deterministic for a seed.
+// number, except where the draw or a top-p cut falls near a token's boundary: the GPU holds each
+// softmax weight as a multiple of 2^-40 of the greatest (exact and order-independent sums), where
+// the host sums doubles. Each weight is off by at most 2^-41 of the greatest, so the two totals
+// differ by at most V · 2^-41 of it: ~2e-8 at a vocabulary of 49152, ~1.2e-7 at 256000. A token
+// whose weight is below 2^-41 of the greatest is never drawn here. Greedy is the argmax either
+// way, lowest id on ties. Deterministic for a seed.
 //
 // LlamaCuda's generation uses it (model::generate and generate_batch through
 // LanguageModel::prefill_batch_sample and decode_batch_sample). Kernel: src/cuda/kernels/sample.cu.
