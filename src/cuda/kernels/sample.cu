@@ -423,7 +423,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
     if (lead) *out = SampleResult{-1, kSampleNoConvergence, stage, 0};
   };
 
-  // top-k: the k-th greatest logit (counting -inf ones, as the host's selection does) is the floor.
+  // top-k: the k-th greatest logit is the floor. Where k reaches the count of logits above -inf there is
+  // none (the host's selection, counting the -inf ones, finds -inf there: the same candidates).
   double floor = -HUGE_VAL;
   if (a.top_k > 0 && a.top_k < alive) {
     u64 unused;
