@@ -196,8 +196,9 @@ struct FfnForward::Impl {
     p.gather_tokens = gather_supports(s.hidden, s.ffn) && !o.training
                           ? std::min(s.max_tokens, std::max<int64_t>(o.gather_max_tokens, 0))
                           : 0;
-    int64_t partial = 0;  // sized for the largest need over the M the path takes
-    for (int64_t m = 1; m <= p.gather_tokens; ++m) partial = std::max(partial, m * gather_splits(m) * s.hidden);
+    int64_t partial = 0;  // sized for the largest need over the M the path takes (one range writes y)
+    for (int64_t m = 1; m <= p.gather_tokens; ++m)
+      if (gather_splits(m) > 1) partial = std::max(partial, m * gather_splits(m) * s.hidden);
     p.gather = static_cast<size_t>(partial) * 4;
     // The one-token kernel uses none of the gather path's buffers and takes shapes it does not
     // (I past 12288), so it goes with gather_max_tokens >= 1 wherever its own kernel takes the shape
@@ -501,7 +502,8 @@ struct FfnForward::Impl {
 
   // One token through the fused decode kernel, its partial sums added into y.
   void run_decode(const uint16_t* xp, const FfnWeights& w, uint16_t* yp, cudaStream_t stream) {
-    launch_split_sum(decode.run(xp, w, options.precision == Precision::h_fp32, stream), shape.hidden, yp, stream);
+    launch_split_sum(decode.run(xp, w, options.precision == Precision::h_fp32, options.early_weight_reads, stream),
+                     shape.hidden, yp, stream);
   }
 
   // Reads the counts of the last sparse call if they are available (or waits for them).
@@ -565,7 +567,11 @@ struct FfnForward::Impl {
                 "FfnForward::backward: weight gradients need the forward's non-zero count (count_nonzeros = true)");
     // dg and du: written by the dh pass, read by the dx and dW passes, all on `stream` (the side
     // stream's transpose reads the format only), so scratch of this call.
-    const size_t u_bytes = static_cast<size_t>(twell_u_size(act.view())) * 2;
+    // Sized for this call's M: a u index is below M·n_tiles·slots + (spilled tiles)·tile, and a call
+    // spills at most M·n_tiles tiles (the backup count restarts each call).
+    const TwellDeviceView view = act_view(M);
+    const size_t u_bytes =
+        static_cast<size_t>(std::min(twell_u_size(view), M * values_per_row(view.layout))) * 2;
     StreamScratch dg_vals(u_bytes, stream), du_vals(u_bytes, stream);
     // The dW pass's partial sums of split neurons: written and read on `stream` alone, after the join.
     // Sized by the forward's non-zero count, known once need_dw has waited for it below.
@@ -676,6 +682,7 @@ struct FfnForward::Impl {
       DecodeGemvArgs args;
       args.x = static_cast<const uint16_t*>(x), args.w = static_cast<const uint16_t*>(weight), args.y = out;
       args.N = I, args.K = H, args.relu = relu;
+      args.early_weight_reads = options.early_weight_reads;
       launch_decode_gemv(args, sm_count, stream);
     } else {
       gemm.run(x, weight, out, M, I, H, true, relu ? GemmEpilogue::relu : GemmEpilogue::none, stream);

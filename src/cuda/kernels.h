@@ -234,8 +234,9 @@ struct SplitSum {
 // g = bf16(relu(x·Wg_j)), and for the active rows h = bf16(g · bf16(x·Wu_j)) (non-gated: the
 // format's h from x·Wu_j) and the block's Σ h·Wd_j go to parts[b] (flags[b] = 1; 0 when the block
 // has no active row). Rounded as cpu::ffn_forward's pipeline; deterministic. H a multiple of 32,
-// at most 4096, I a multiple of 8, 16-byte aligned pointers (decode_ffn_supported). The gate rows
-// are read before the kernel waits for its predecessor on the stream, which must not write them.
+// at most 4096, I a multiple of 8, 16-byte aligned pointers (decode_ffn_supported). With
+// early_weight_reads the gate rows are copied before the kernel waits for its predecessor on the
+// stream, which must then not write them.
 struct DecodeFfnArgs {
   const uint16_t* x = nullptr;      // [H]
   const uint16_t* w_act = nullptr;  // [I, H]: the matrix whose ReLU output is the active set (Wg; non-gated: Wu)
@@ -246,6 +247,7 @@ struct DecodeFfnArgs {
   int64_t H = 0, I = 0;
   bool gated = true;
   bool h_fp32 = false;
+  bool early_weight_reads = false;  // FfnOptions::early_weight_reads
 };
 bool decode_ffn_supported(int64_t H, int64_t I);
 int decode_ffn_blocks(int64_t H, int64_t I, int sm_count);
@@ -260,7 +262,7 @@ class DecodeFfn {
   static size_t bytes_for(int64_t H, int64_t I, int sm_count);
   bool empty() const { return blocks_ == 0; }
   // launch_decode_ffn on x [H] bf16 with w's rows; returns output().
-  SplitSum run(const uint16_t* x, const FfnWeights& w, bool h_fp32, cudaStream_t stream);
+  SplitSum run(const uint16_t* x, const FfnWeights& w, bool h_fp32, bool early_weight_reads, cudaStream_t stream);
   SplitSum output() const { return SplitSum{parts_.as<float>(), flags_.as<uint32_t>(), blocks_}; }
   // bytes_for(H, I, sm_count): each buffer counted as an arena's piece, allocated there or not.
   size_t bytes() const { return DeviceArena::piece(parts_.bytes()) + DeviceArena::piece(flags_.bytes()); }
@@ -274,8 +276,9 @@ class DecodeFfn {
 void launch_split_sum(const SplitSum& s, int64_t H, uint16_t* y, cudaStream_t stream);
 
 // decode_gemv.cu: y [N] = x [K] Wᵀ (W [N, K] row-major), bf16, fp32 accumulation, for one token.
-// Launched with programmatic dependent launch: W's rows are copied into shared memory before the
-// kernel waits for its predecessor on the stream (which must not write W); x is read after.
+// Launched with programmatic dependent launch; with early_weight_reads W's rows are copied into
+// shared memory before the kernel waits for its predecessor on the stream (which must then not
+// write W); x is read after.
 // K a multiple of 8, at most 4096; x and W 16-byte aligned.
 struct DecodeGemvArgs {
   const uint16_t* x = nullptr;
@@ -283,6 +286,7 @@ struct DecodeGemvArgs {
   uint16_t* y = nullptr;
   int64_t N = 0, K = 0;
   bool relu = false;  // y = bf16(relu(x Wᵀ)), as cuBLASLt's ReLU epilogue
+  bool early_weight_reads = false;  // FfnOptions::early_weight_reads
 };
 bool decode_gemv_supported(int64_t N, int64_t K);
 void launch_decode_gemv(const DecodeGemvArgs& a, int sm_count, cudaStream_t stream);

@@ -322,6 +322,7 @@ struct LlamaCuda::Impl {
       p.prefill = o.ffn_options;
       if (!sparse) p.prefill.dispatch = Dispatch::always_dense;
       p.prefill.one_token_gemv = p.prefill.one_token_gemv && o.decode_gemv;
+      p.prefill.early_weight_reads = true;  // the model's weights never change after loading
       p.prefill.dispatch_slots = L;  // each layer dispatched on its own density
       p.prefill_shape = FfnShape{T, H, I, true};
       p.dense = p.prefill;
@@ -545,7 +546,7 @@ struct LlamaCuda::Impl {
     const TensorView in = dev_view(a.get(), DType::bf16, {T, H}), out = dev_view(y.get(), DType::bf16, {T, H});
     if (act_stats && relu && !decode) add_activation_stats(lw, layer, T);  // before the FFN overwrites `a`
     if (runs_decode_ffn(decode, T)) {
-      decode_ffn.run(a.as<uint16_t>(), lw.ffn(), false, stream);
+      decode_ffn.run(a.as<uint16_t>(), lw.ffn(), false, true, stream);  // weights fixed: read early
       *path = FfnPath::gather;
       return FfnOut::split;
     }
@@ -619,6 +620,7 @@ struct LlamaCuda::Impl {
     if (T == 1 && o.decode_gemv && decode_gemv_supported(N, K)) {
       DecodeGemvArgs args;
       args.x = in, args.w = bits(weight), args.y = out, args.N = N, args.K = K;
+      args.early_weight_reads = true;  // the model's weights never change after loading
       launch_decode_gemv(args, sm_count, stream);
       return true;
     }

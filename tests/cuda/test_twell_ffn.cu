@@ -500,6 +500,65 @@ TEST(FfnForwardGpuDecode, WithoutTheOneTokenKernel) {
   EXPECT_TRUE(test::all_close(y.download(), y_cpu, 0.05 * rms(y_cpu) + 1e-6, 0.02));
 }
 
+__global__ void copy_words(const uint4* from, uint4* to, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * int64_t(blockDim.x))
+    to[i] = from[i];
+}
+
+// The one-token kernels start before the kernel ahead of them ends (programmatic dependent launch):
+// by default they wait for it before copying their weights, so weights a kernel writes just before
+// forward() are read as written. Each call's weights (two sets in turn, written into the same
+// buffers by a kernel on the stream) must give the bits of a call on buffers that always held them;
+// early_weight_reads (for fixed weights) the same bits.
+TEST(FfnForwardGpuDecode, WeightsWrittenJustBeforeAreReadAsWritten) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t H = 2048, I = 5632;
+  const bench::SyntheticFfn a = bench::make_synthetic_ffn({1, H, I, 0.05, bench::Distribution::uniform, true, 31});
+  const bench::SyntheticFfn b = bench::make_synthetic_ffn({1, H, I, 0.05, bench::Distribution::uniform, true, 32});
+  DeviceTensor x = DeviceTensor::upload(a.x);
+  const DeviceTensor sets[2][3] = {{DeviceTensor::upload(a.wg), DeviceTensor::upload(a.wu), DeviceTensor::upload(a.wd)},
+                                   {DeviceTensor::upload(b.wg), DeviceTensor::upload(b.wu), DeviceTensor::upload(b.wd)}};
+  DeviceTensor live[3] = {DeviceTensor(DType::bf16, {I, H}), DeviceTensor(DType::bf16, {I, H}),
+                          DeviceTensor(DType::bf16, {I, H})};
+  const FfnWeights w_live{live[0].view(), live[1].view(), live[2].view()};
+  const cudaStream_t stream = nullptr;
+  for (Dispatch d : {Dispatch::always_sparse, Dispatch::always_dense})  // the decode FFN kernel; the GEMV
+    for (bool early : {false, true}) {
+      SCOPED_TRACE(str(d == Dispatch::always_sparse ? "decode FFN kernel" : "dense, GEMV", early ? ", early" : ""));
+      cuda::FfnOptions o;
+      o.dispatch = d;
+      o.gather_max_tokens = 4;
+      o.early_weight_reads = early;
+      cuda::FfnForward ffn({4, H, I, true}, o);
+      DeviceTensor y(DType::bf16, {1, H});
+      Tensor want[2];
+      for (int k = 0; k < 2; ++k) {
+        ffn.forward(x, FfnWeights{sets[k][0].view(), sets[k][1].view(), sets[k][2].view()}, y, stream);
+        TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+        want[k] = y.download();
+      }
+      ASSERT_FALSE(test::bit_equal(want[0], want[1]));
+      for (int call = 0; call < 8; ++call) {
+        const int k = call % 2;
+        cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, stream);  // poison: NaN
+        if (early) {  // fixed weights: written, then a wait
+          for (int m = 0; m < 3; ++m)
+            TWELL_CUDA_CHECK(cudaMemcpy(live[m].view().data, sets[k][m].view().data, live[m].nbytes(),
+                                        cudaMemcpyDeviceToDevice));
+        } else {
+          for (int m = 0; m < 3; ++m)
+            copy_words<<<264, 256, 0, stream>>>(static_cast<const uint4*>(sets[k][m].view().data),
+                                                       static_cast<uint4*>(live[m].view().data),
+                                                       static_cast<int64_t>(live[m].nbytes() / 16));
+          TWELL_CUDA_CHECK(cudaGetLastError());  // the copy kernel is the one just before the FFN's
+        }
+        ffn.forward(x, w_live, y, stream);
+        TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+        EXPECT_TRUE(test::bit_equal(y.download(), want[k])) << "call " << call;
+      }
+    }
+}
+
 // The dispatch tests: a 0.5% and a 30% dense problem of 256 tokens, the threshold between them.
 struct DispatchCase {
   GpuProblem sparse = make_problem(256, 256, 1024, 0.005), dense = make_problem(256, 256, 1024, 0.3);

@@ -131,13 +131,15 @@ struct FfnOptions {
   // model's decode step does).
   bool one_token_kernel = true;
   // The dense path of one token runs its gate (with the ReLU) and up products through twell's
-  // GEMV (launch_decode_gemv, weights copied while the kernel before runs) where the shape allows;
-  // false: cuBLASLt, as for more tokens (A/B).
-  // Both one-token kernels (this GEMV and one_token_kernel's) start copying their weights while
-  // the kernel before them on the stream still runs, as programmatic dependents. So a kernel that
-  // writes the weights just before forward() must not trigger its dependents early
-  // (cudaTriggerProgrammaticLaunchCompletion); ordinary kernels and copies complete first.
+  // GEMV (launch_decode_gemv) where the shape allows; false: cuBLASLt, as for more tokens (A/B).
   bool one_token_gemv = true;
+  // Both one-token kernels (one_token_gemv's and one_token_kernel's) start as programmatic
+  // dependents of the kernel before them on the stream. true: they copy their weights into shared
+  // memory while that kernel still runs, before waiting for it (a few µs a call earlier), which is
+  // right only if the work just before forward() on the stream does not write the weights: that
+  // kernel's writes are certain to be visible only after the wait. For weights fixed while the
+  // calls run, as a loaded model's are (LlamaCuda sets it). false: they wait first.
+  bool early_weight_reads = false;
   // The backward's dW pass works in column slices of this many columns, one after another, so
   // that the slice's columns of x and dy stay in L2 (each row is read once per active neuron of
   // its token). 0: the widest of H, H/2, H/4, ... (not under 512) whose x and dy columns fit the

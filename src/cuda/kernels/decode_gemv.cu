@@ -30,6 +30,7 @@ __global__ void __launch_bounds__(kGemvThreads) decode_gemv_kernel(const DecodeG
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = threadIdx.x; r < n_rows; r += kGemvThreads) init_barrier(&bar[r]);
   __syncthreads();
+  if (!a.early_weight_reads) wait_for_previous_grid();  // W may be the previous kernel's output
   // The last warp's first thread issues the copies (issuing stalls while the TMA unit is busy;
   // the other warps load x meanwhile).
   if (threadIdx.x == kGemvThreads - 32) {

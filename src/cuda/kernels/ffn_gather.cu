@@ -210,7 +210,8 @@ void launch(const GatherArgs& a, int splits, int64_t R, cudaStream_t stream) {
 // in flight before the token is known: a block's R rows of the gate matrix (R·H·2 bytes, ~88 KB
 // at the paper's shape, two blocks an SM) are bulk-copied into shared memory at the block's start,
 // each on its own mbarrier, while the kernel before it (the RMSNorm that produces x) is still
-// running; the last warp issues them, so the others load x meanwhile. Then a warp per row, as
+// running where the caller says the weights are fixed (early_weight_reads: the model's decode;
+// otherwise after the wait); the last warp issues them, so the others load x meanwhile. Then a warp per row, as
 // soon as that row has landed:
 //   1. g = bf16(relu(x · W_j)) from shared memory, x in registers;
 //   2. an active row starts the bulk copy of its Wd row into its own (consumed) slot and computes
@@ -245,6 +246,9 @@ __global__ void __launch_bounds__(kThreads, kChunks <= 8 ? 2 : 1) decode_ffn_ker
   const uint64_t stream_once = l2_evict_first_policy();  // weights are read once a step
   for (int r = threadIdx.x; r < n_rows; r += kThreads) init_barrier(&bar[r]);
   __syncthreads();  // the barriers are initialised
+  // The previous kernel's writes are visible only after the wait: the weights are copied before it
+  // only where the caller vouches that the kernel before does not write them.
+  if (!a.early_weight_reads) wait_for_previous_grid();
   // One thread of the last warp issues the copies: issuing stalls while the TMA unit is busy
   // (~5 µs for 44 rows an SM, measured), and the other warps must not wait for it to load x.
   if (threadIdx.x == kThreads - 32)
@@ -445,7 +449,8 @@ size_t DecodeFfn::bytes_for(int64_t H, int64_t I, int sm_count) {
   return DeviceArena::piece(blocks * static_cast<size_t>(H) * 4) + DeviceArena::piece(blocks * 4);
 }
 
-SplitSum DecodeFfn::run(const uint16_t* x, const FfnWeights& w, bool h_fp32, cudaStream_t stream) {
+SplitSum DecodeFfn::run(const uint16_t* x, const FfnWeights& w, bool h_fp32, bool early_weight_reads,
+                        cudaStream_t stream) {
   DecodeFfnArgs a;
   a.x = x;
   a.gated = w.gated();
@@ -456,6 +461,7 @@ SplitSum DecodeFfn::run(const uint16_t* x, const FfnWeights& w, bool h_fp32, cud
   a.flags = flags_.as<uint32_t>();
   a.H = H_, a.I = I_;
   a.h_fp32 = h_fp32;
+  a.early_weight_reads = early_weight_reads;
   launch_decode_ffn(a, sm_count_, stream);
   return output();
 }
