@@ -134,12 +134,17 @@ struct CudnnSdpa::Impl {
       reason = str("cuDNN SDPA: ", e.what());
     }
     if (!reason.empty()) {
+      if (rejected.size() >= kMaxPlans) rejected.clear();  // bounded as the plans are (asked again later)
       rejected.emplace(key, reason);
       *why = reason;
       return nullptr;
     }
-    // Bounded: a server seeing many prompt lengths would otherwise keep every plan it ever built.
-    if (plans.size() >= kMaxPlans) plans.clear();
+    // Bounded: a server seeing many prompt lengths would otherwise keep every plan it ever built. A
+    // plan's enqueued executions may still run: they finish before its graph goes.
+    if (plans.size() >= kMaxPlans) {
+      TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+      plans.clear();
+    }
     if (static_cast<size_t>(p.workspace) > workspace.bytes()) {
       TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old workspace may still be in use
       try {
@@ -148,6 +153,8 @@ struct CudnnSdpa::Impl {
         if (std::string(e.what()).rfind("CUDA out of memory", 0) != 0) throw;  // another CUDA error is one
         reason = str("cuDNN SDPA: its workspace of ", bytes_str(static_cast<size_t>(p.workspace)),
                      " could not be allocated: ", e.what());
+        // Remembered (as cuDNN's refusals are): asking again would rebuild the plan, ~0.1 s, at each layer.
+        if (rejected.size() >= kMaxPlans) rejected.clear();
         rejected.emplace(key, reason);
         *why = reason;
         return nullptr;

@@ -331,13 +331,15 @@ void launch_gather_rows(const uint16_t* src, const int32_t* rows, int64_t n, int
 // had with x stored in between, and x [T, H] f32 is written once instead of twice. x fp32 [*, H];
 // before, delta, out, w bf16; H a multiple of 8, at most kMaxNormWidth. `dependent`: launched with
 // programmatic dependent launch (the norm weights are loaded before it waits for the kernel before
-// it; worth it only after a kernel that lets its dependents start early, as launch_decode_gemv does).
+// it, which must not write them; worth it only after a kernel that lets its dependents start early,
+// as launch_decode_gemv does).
 constexpr int64_t kMaxNormWidth = 16384;
 void launch_add_rmsnorm(float* x, const uint16_t* before, const uint16_t* delta, bool store_x, const uint16_t* w,
                         uint16_t* out, int64_t rows, int64_t H, int64_t step, int64_t offset, float eps,
                         cudaStream_t stream, bool dependent = false);
 // The same for one row whose delta is a split sum (launch_decode_ffn's output), added as
-// bf16(Σ parts): x[0] += delta, out[0] = the norm (launched with programmatic dependent launch).
+// bf16(Σ parts): x[0] += delta, out[0] = the norm (launched with programmatic dependent launch, the
+// norm weights read before the wait: the kernel before must not write them).
 void launch_add_rmsnorm(float* x, const SplitSum& delta, const uint16_t* w, uint16_t* out, int64_t H, float eps,
                         cudaStream_t stream);
 
