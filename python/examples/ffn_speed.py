@@ -8,6 +8,7 @@ L2 (a 256 MB buffer is written first, outside the timed stretch); the median of 
 --warmup. PyTorch's FFN is the literature's unfused one: three GEMMs, the ReLU and the product apart.
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -84,8 +85,8 @@ def main():
             err_twell, err_torch = rel(y[rows], y64), rel(torch_ffn(x[rows], wg, wu, wd), y64)
             if not err_twell <= 2 * err_torch + 1e-6:
                 sys.exit(f"M = {M}: twell's relative error {err_twell:.2e} is over twice PyTorch's {err_torch:.2e}")
-            t_torch = time_ms(lambda: torch_ffn(x, wg, wu, wd), args.warmup, args.iters)
-            t_twell = time_ms(lambda: ffn(x), args.warmup, args.iters)
+            t_torch = time_ms(functools.partial(torch_ffn, x, wg, wu, wd), args.warmup, args.iters)
+            t_twell = time_ms(functools.partial(ffn, x), args.warmup, args.iters)
         r = {"bench": "python_ffn", "M": M, "H": H, "I": I, "nnz_per_token": stats["nnz"] / M, "path": stats["path"],
              "rel_err_twell": err_twell, "rel_err_torch": err_torch, "torch_unfused_ms": t_torch, "twell_ms": t_twell,
              "ratio_to_torch": t_twell / t_torch, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

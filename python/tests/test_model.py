@@ -428,6 +428,35 @@ class ModelOnTheCpu(unittest.TestCase):
                          m.generate([256, 7, 8], max_new_tokens=3, stop=[257]))
         self.assertEqual(twell.Model(self.dir, device="cpu", context=numpy.int32(32)).config["context"], 64)
 
+    def test_copies_are_refused_and_bytes_paths_load(self):
+        import copy
+        import pickle
+        for obj in (self.model, self.model.tokenizer):
+            for make in (copy.copy, copy.deepcopy, pickle.dumps):
+                with self.assertRaisesRegex(TypeError, "cannot be copied or pickled"):
+                    make(obj)
+        with twell.Model(os.fsencode(self.dir), device="cpu", tokenizer="bytes") as m:
+            self.assertEqual(m.generate([256, 1], max_new_tokens=3, stop=False),
+                             self.model.generate([256, 1], max_new_tokens=3, stop=False))
+
+    def test_an_exception_in_a_log_handler_reaches_the_caller_and_frees_the_model(self):
+        class Boom(Exception):
+            pass
+
+        class Raising(__import__("logging").Handler):
+            def emit(self, record):
+                raise Boom(record.getMessage())
+
+        handler = Raising()
+        handler.handleError = lambda record: (_ for _ in ()).throw(sys.exc_info()[1])  # not printed: raised
+        twell.model._log.addHandler(handler)
+        twell.model._log.setLevel("INFO")
+        try:
+            with self.assertRaises(Boom):
+                twell.Model(self.dir, device="cpu", tokenizer="bytes")
+        finally:
+            twell.model._log.removeHandler(handler)
+
     def test_a_tokenizer_is_not_closed_under_a_running_generation(self):
         m = twell.Model(self.dir, device="cpu", tokenizer="bytes")
         with self.assertRaisesRegex(twell.TwellError, "close it after that returns"):

@@ -172,6 +172,22 @@ class Tokenizer:
         except Exception:  # at interpreter exit the library may be gone already
             pass
 
+    def __copy__(self):
+        _no_copies(self)
+
+    def __deepcopy__(self, memo):
+        _no_copies(self)
+
+    def __reduce__(self):
+        _no_copies(self)
+
+
+def _no_copies(obj):
+    """A copy would share the C handle: closing either would free the other's."""
+    name = type(obj).__name__
+    raise TypeError(f"twell.{name} cannot be copied or pickled: it owns memory outside Python (pass the object "
+                    f"itself around, or load another twell.{name})")
+
 
 class Model:
     """A Llama-style model loaded from a HuggingFace directory.
@@ -228,17 +244,35 @@ class Model:
                                  f"None: no cap), got {gpu_memory!r}")
             o.gpu_memory = int(cap)
 
+        raised = []  # an exception in a log handler (Ctrl-C too): ctypes cannot pass it through C
+
         def log(line, _user):
-            text = line.decode(errors="replace")
-            if verbose:
-                print(text, file=sys.stderr, flush=True)
-            else:
-                _log.log(logging.WARNING if text.startswith("warning:") else logging.INFO, text)
+            try:
+                text = line.decode(errors="replace")
+                if verbose:
+                    print(text, file=sys.stderr, flush=True)
+                else:
+                    _log.log(logging.WARNING if text.startswith("warning:") else logging.INFO, text)
+            except BaseException as e:  # noqa: B036 - re-raised once the load returns
+                raised.append(e)
 
         o.log = _capi.LOG_FN(log)  # referenced by o until the call returns
         handle = ctypes.c_void_p()
-        _capi.check(_capi.lib.twell_model_load(_path(path), ctypes.byref(o), ctypes.byref(handle)))
+        status = _capi.lib.twell_model_load(_path(path), ctypes.byref(o), ctypes.byref(handle))
+        if raised:
+            if status == _capi.OK and handle.value:
+                _capi.lib.twell_model_destroy(handle)
+            raise raised[0]
+        _capi.check(status)
         self._handle = handle
+        try:
+            self._describe(path, context, tokenizer)
+        except BaseException:
+            self.close()  # not held by a traceback that outlives the failure
+            raise
+
+    def _describe(self, path, context, tokenizer):
+        """The loaded model's sizes, stop ids and tokenizer (after __init__'s load)."""
         info = _capi.ModelInfo()
         _capi.check(_capi.lib.twell_model_get_info(self._handle, ctypes.byref(info)))
         self.config = {name: getattr(info, name) for name in ("vocab_size", "hidden_size", "intermediate_size",
@@ -257,7 +291,8 @@ class Model:
         self.eos_ids = list(eos[:n.value])  # config.json's and generation_config.json's
         self.tokenizer = None
         # lexists: a link to nothing is the loader's to report, as `twell run` does, not a model without one
-        if tokenizer == "bytes" or (tokenizer == "auto" and os.path.lexists(os.path.join(path, "tokenizer.json"))):
+        if tokenizer == "bytes" or (tokenizer == "auto" and
+                                    os.path.lexists(os.path.join(os.fsdecode(path), "tokenizer.json"))):
             self.tokenizer = Tokenizer(path, self.config["vocab_size"], bytes=tokenizer == "bytes")
         self.last_generation = None
 
@@ -580,6 +615,15 @@ class Model:
             self.close()
         except Exception:  # at interpreter exit the library may be gone already
             pass
+
+    def __copy__(self):
+        _no_copies(self)
+
+    def __deepcopy__(self, memo):
+        _no_copies(self)
+
+    def __reduce__(self):
+        _no_copies(self)
 
 
 def _check_count(max_new_tokens):

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -133,6 +134,9 @@ TensorView view(const twell_tensor* t, const char* name) {
   } catch (const Error& e) {
     throw Error(str(name, ": ", e.what()));
   }
+  const size_t element = dtype_size(static_cast<DType>(t->dtype));
+  TWELL_REQUIRE(reinterpret_cast<uintptr_t>(t->data) % element == 0, name, ": data at ", t->data,
+                " is not aligned to its elements (", element, " bytes)");
   return TensorView(t->data, static_cast<DType>(t->dtype), std::move(shape), static_cast<Device>(t->device));
 }
 
@@ -771,6 +775,8 @@ int twell_tokenizer_load(const char* dir, int64_t vocab_size, int32_t bytes, twe
     TWELL_REQUIRE(out != nullptr, "twell_tokenizer_load: out is NULL");
     *out = nullptr;
     TWELL_REQUIRE(bytes != 0 || dir != nullptr, "twell_tokenizer_load: dir is NULL");
+    TWELL_REQUIRE(vocab_size >= 0, "twell_tokenizer_load: vocab_size must be >= 0 (0: none to fit), got ",
+                  vocab_size);
     auto t = std::make_unique<twell_tokenizer>();
     t->tokenizer = vocab_size > 0 ? model::load_model_tokenizer(dir ? dir : "", vocab_size, bytes != 0,
                                                                 "the byte tokenizer (bytes = 1)")

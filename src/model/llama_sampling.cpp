@@ -420,6 +420,9 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
     return lens[i] >= model.context();
   };
   std::vector<char> finished(B, 0);  // by position in `ordered`
+  // The decode clock starts once the first tokens are handed over: their callbacks are the
+  // prefill's, so n tokens take n - 1 steps' time (a one-token generation: 0).
+  std::optional<clock::time_point> decode_start;
   while (live > 0) {
     const std::vector<int64_t> lens = model.cached_lengths();
     for (size_t b = 0; b < B; ++b) {  // in the caller's order
@@ -450,11 +453,13 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
         --live;
       }
     }
+    if (!decode_start) decode_start = clock::now();
     if (live > 0) next = model.decode_batch_sample(next, samplers);
   }
   for (size_t b = 0; b < B; ++b) {
     gens[b].prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
-    gens[b].decode_seconds = std::chrono::duration<double>(ended[b] - t1).count();
+    const auto from = decode_start.value_or(t1);
+    gens[b].decode_seconds = ended[b] > from ? std::chrono::duration<double>(ended[b] - from).count() : 0.0;
   }
   return gens;
 }

@@ -100,6 +100,10 @@ TEST(CApi, BadArgumentsFailWithAMessageAndWriteNothing) {
   bad = x;
   bad.device = TWELL_DEVICE_CUDA;
   EXPECT_C_ERROR(forward(bad), "the CPU backend takes host tensors");
+  bad = x;  // f32 data two bytes off its elements' alignment
+  bad.data = static_cast<char*>(bad.data) + 2;
+  bad.shape[0] = p.M - 1;  // within the buffer
+  EXPECT_C_ERROR(forward(bad), "is not aligned to its elements (4 bytes)");
   EXPECT_C_ERROR(forward(x, 9), "precision must be");
   EXPECT_C_ERROR(twell_cpu_ffn_forward(&x, &wg, nullptr, &wd, &yc, TWELL_PRECISION_BF16, nullptr, nullptr), "wu");
   twell_tensor wu_none{};  // not given (a zeroed struct): the required wu is missing
