@@ -88,7 +88,26 @@ def _as_output(buf, shape):
         return memoryview(buf).cast("B").cast("f", shape)
 
 
-class Tokenizer:
+class _OwnsAHandle:
+    """Refuses copies and pickling: a copy would share the C handle, and closing either would free the
+    other's."""
+
+    def _refuse(self):
+        name = type(self).__name__
+        raise TypeError(f"twell.{name} cannot be copied or pickled: it owns memory outside Python (pass the "
+                        f"object itself around, or load another twell.{name})")
+
+    def __copy__(self):
+        self._refuse()
+
+    def __deepcopy__(self, memo):
+        self._refuse()
+
+    def __reduce__(self):
+        self._refuse()
+
+
+class Tokenizer(_OwnsAHandle):
     """A model's tokenizer (byte-level BPE from tokenizer.json), or the byte tokenizer of our own
     small models (ids 0..255 bytes, BOS 256, EOS 257)."""
 
@@ -172,24 +191,8 @@ class Tokenizer:
         except Exception:  # at interpreter exit the library may be gone already
             pass
 
-    def __copy__(self):
-        _no_copies(self)
 
-    def __deepcopy__(self, memo):
-        _no_copies(self)
-
-    def __reduce__(self):
-        _no_copies(self)
-
-
-def _no_copies(obj):
-    """A copy would share the C handle: closing either would free the other's."""
-    name = type(obj).__name__
-    raise TypeError(f"twell.{name} cannot be copied or pickled: it owns memory outside Python (pass the object "
-                    f"itself around, or load another twell.{name})")
-
-
-class Model:
+class Model(_OwnsAHandle):
     """A Llama-style model loaded from a HuggingFace directory.
 
     device: "auto" (the GPU where a Hopper GPU is present, its runtime takes the model and it has the
@@ -615,15 +618,6 @@ class Model:
             self.close()
         except Exception:  # at interpreter exit the library may be gone already
             pass
-
-    def __copy__(self):
-        _no_copies(self)
-
-    def __deepcopy__(self, memo):
-        _no_copies(self)
-
-    def __reduce__(self):
-        _no_copies(self)
 
 
 def _check_count(max_new_tokens):
