@@ -98,6 +98,7 @@ filter+=':Cases/QkvRope.*B3_S77*:Cases/QkvRope.*B2_S300*'  # the fused QKV GEMM 
 filter+=':DecodeAttention.*:DecodeGemv.*'  # the one-kernel decode attention (clusters), the one-token GEMV
 filter+=':LtGemm.*'  # cuBLASLt's autotune: scratch outputs, the device comparison
 filter+=':DeviceSampler.RowsItCannot*'  # the sampler's cluster kernel (distributed shared memory), every exit path
+filter+=':FfnForwardGpuDecode.WeightsWritten*'  # the one-token kernels after a kernel that writes their weights
 # (Not CudaRuntime.OutOfMemorySaysHowMuch: memcheck reports its deliberate failed cudaMalloc as an error.)
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/twell_gpu_tests" --gtest_brief=1 \
