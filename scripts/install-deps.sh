@@ -7,13 +7,14 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  cmake ninja-build g++ git python3 python3-pip \
+  cmake ninja-build g++ git python3 python3-pip python3-venv \
   libgtest-dev nlohmann-json3-dev libcli11-dev >/dev/null
 # CMakeLists.txt needs CMake 3.24 (Debian 12 and Ubuntu 24.04 ship newer; older releases do not).
 cmake_have=$(cmake --version | awk 'NR == 1 { print $3 }')
 if [ "$(printf '%s\n' 3.24 "$cmake_have" | sort -V | head -n1)" != 3.24 ]; then
   echo "twell: CMake $cmake_have is older than the 3.24 twell needs; install a newer one first, e.g." \
-    "python3 -m venv ~/cmake-venv && ~/cmake-venv/bin/pip install cmake && export PATH=~/cmake-venv/bin:\$PATH" >&2
+    "python3 -m venv ~/cmake-venv && ~/cmake-venv/bin/pip install cmake && export PATH=~/cmake-venv/bin:\$PATH," \
+    "then run this script again (without sudo, which resets PATH; as root, or it asks for sudo itself)" >&2
   exit 1
 fi
 # Optional: clang with its sanitizer and libFuzzer runtimes, for the sanitizer/fuzz build of

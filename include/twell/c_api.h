@@ -281,8 +281,8 @@ typedef struct {
   int32_t reason;   /* twell_stop_reason */
   int32_t reserved;
   /* prefill_seconds: up to the first new token (the prompt's forward and the first draw);
-   * decode_seconds: the tokens after it, from the first token's callback on (n_tokens - 1 decode
-   * steps, their draws and callbacks included; 0 for one token). */
+   * decode_seconds: the tokens after it, from after the first token's callback (counted in neither)
+   * on (n_tokens - 1 decode steps, their draws and callbacks included; 0 for one token). */
   double prefill_seconds, decode_seconds;
 } twell_generation;
 /* Prefills prompt[0..n_prompt), then draws up to max_new_tokens tokens into tokens (room for

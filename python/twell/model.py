@@ -261,10 +261,17 @@ class Model(_OwnsAHandle):
 
         o.log = _capi.LOG_FN(log)  # referenced by o until the call returns
         handle = ctypes.c_void_p()
-        status = _capi.lib.twell_model_load(_path(path), ctypes.byref(o), ctypes.byref(handle))
+        try:
+            status = _capi.lib.twell_model_load(_path(path), ctypes.byref(o), ctypes.byref(handle))
+        except BaseException:  # a Ctrl-C that CPython raises as the call returns: the model is nobody's
+            if handle.value:
+                _capi.lib.twell_model_destroy(handle)
+            raise
         if raised:
             if status == _capi.OK and handle.value:
                 _capi.lib.twell_model_destroy(handle)
+            if status != _capi.OK:  # the load's own failure, kept beside the handler's
+                raise raised[0] from TwellError(_capi.lib.twell_last_error().decode(errors="replace"))
             raise raised[0]
         _capi.check(status)
         self._handle = handle

@@ -203,7 +203,8 @@ void launch_twell_ffn_backward(const SparseBackwardArgs& a, int sm_count, cudaSt
 
 // ffn_gather.cu: the sparse FFN for a few tokens without TwELL packing, after the gate GEMM (one
 // kernel, and a reduce kernel when a token is split over several ranges). g [M, I] is the ReLU'd
-// gate (non-gated: h itself); y [M, H] bf16. Workspace: partial S·M·H f32 with S = gather_splits(M).
+// gate (non-gated: h itself); y [M, H] bf16. Workspace: partial S·M·H f32 with S = gather_splits(M)
+// where S > 1 (none where S = 1: the one range writes y).
 struct GatherArgs {
   const uint16_t* g = nullptr;
   const uint16_t* x = nullptr;

@@ -500,7 +500,12 @@ TEST(FfnForwardGpuDecode, WithoutTheOneTokenKernel) {
   EXPECT_TRUE(test::all_close(y.download(), y_cpu, 0.05 * rms(y_cpu) + 1e-6, 0.02));
 }
 
+// Lets its programmatic dependents start at once, then writes after ~10 µs: a dependent that read
+// `to` before waiting for this grid would read it stale.
 __global__ void copy_words(const uint4* from, uint4* to, int64_t n) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  for (const long long t0 = clock64(); clock64() - t0 < 20000;) {
+  }
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * int64_t(blockDim.x))
     to[i] = from[i];
 }
@@ -541,7 +546,7 @@ TEST(FfnForwardGpuDecode, WeightsWrittenJustBeforeAreReadAsWritten) {
       for (int call = 0; call < 8; ++call) {
         const int k = call % 2;
         cuda::fill_bytes(y.view().data, y.nbytes(), 0xff, stream);  // poison: NaN
-        if (early) {  // fixed weights: written, then a wait
+        if (early) {  // fixed weights: copied in stream order, before the FFN's kernels start
           for (int m = 0; m < 3; ++m)
             TWELL_CUDA_CHECK(cudaMemcpy(live[m].view().data, sets[k][m].view().data, live[m].nbytes(),
                                         cudaMemcpyDeviceToDevice));

@@ -306,8 +306,9 @@ struct Generation {
   std::vector<int32_t> tokens;  // the new tokens only, ending with the stop token if one ended it
   StopReason reason = StopReason::max_tokens;
   double prefill_seconds = 0;  // wall time of the prompt's forward and the first token's draw
-  double decode_seconds = 0;   // wall time from the first token's callback to the end: the tokens
-                               // after the first, their draws and callbacks included (a rate:
+  double decode_seconds = 0;   // wall time from after the first tokens' callbacks (every sequence's
+                               // first, counted in neither figure) to the end: the tokens after the
+                               // first, their draws and callbacks included (a rate:
                                // (tokens.size() - 1) / it; 0 for one token)
 };
 

@@ -2,9 +2,10 @@
 // optional ReLU: the model's QKV and output projections, and the dense FFN's gate and up products
 // (FfnOptions::one_token_gemv). cuBLASLt's kernels for M = 1 start reading the weights
 // only once the kernel before them has finished, and its 8 MB output projection ran at 1.5 TB/s
-// (5.6 µs). This kernel is launched with programmatic dependent launch: each block bulk-copies its
-// R rows of W (TMA, one mbarrier a row) into shared memory while the previous kernel (attention,
-// RMSNorm) still runs, and waits for that kernel only to read x. A warp then takes a row as soon
+// (5.6 µs). This kernel is launched with programmatic dependent launch: with early_weight_reads
+// (the model's fixed weights) each block bulk-copies its R rows of W (TMA, one mbarrier a row) into
+// shared memory while the previous kernel (attention, RMSNorm) still runs, and waits for that kernel
+// only to read x; without it, it waits first. A warp then takes a row as soon
 // as it has landed: the dot product in registers, a butterfly over the lanes, y[j] in bf16.
 #include <algorithm>
 
