@@ -1,0 +1,18 @@
+#!/bin/bash
+# Fifty-first session, third check: can the new one-token test fail? The GPU suite of this commit
+# (head/) against a build of it whose one-token kernels copy their weights before waiting, as before
+# the session's fix (early_reads/: `if (!a.early_weight_reads) wait_for_previous_grid();` made
+# `if (false) ...` in ffn_gather.cu and decode_gemv.cu). Predicted: head passes, early_reads fails
+# the test's calls after the writer kernel (stale weights: the bits of the other set).
+# Binaries: out/head/twell_gpu_tests, out/early_reads/twell_gpu_tests (stripped).
+# On the device, with carry ["out"]: `bash bench/results/h200/s51/run3.sh`.
+set -u
+cd "$(dirname "$0")/../../../.."
+O=$OUT/s51_3; mkdir -p $O; cp "$0" $O/run.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv > $O/gpu.txt
+for b in head early_reads head early_reads; do
+  timeout 60 out/$b/twell_gpu_tests --gtest_filter='*WeightsWrittenJustBeforeAreReadAsWritten*' >> $O/$b.log 2>&1
+  echo "rc $?" >> $O/$b.log
+done
+grep -cE "Failure" $O/head.log $O/early_reads.log; grep -E "rc |PASSED|FAILED  \]" $O/*.log
+cd $OUT && tar cJf results.tar.xz s51_3 && rm -rf s51_3
