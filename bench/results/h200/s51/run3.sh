@@ -4,7 +4,8 @@
 # the session's fix (early_reads/: `if (!a.early_weight_reads) wait_for_previous_grid();` made
 # `if (false) ...` in ffn_gather.cu and decode_gemv.cu). Predicted: head passes, early_reads fails
 # the test's calls after the writer kernel (stale weights: the bits of the other set).
-# Binaries: out/head/twell_gpu_tests, out/early_reads/twell_gpu_tests (stripped).
+# Then the Python tests on this commit's library (the C API's alignment check, the copy refusals).
+# Binaries: out/head/{twell_gpu_tests,libtwell_c.so}, out/early_reads/twell_gpu_tests (stripped).
 # On the device, with carry ["out"]: `bash bench/results/h200/s51/run3.sh`.
 set -u
 cd "$(dirname "$0")/../../../.."
@@ -15,4 +16,7 @@ for b in head early_reads head early_reads; do
   echo "rc $?" >> $O/$b.log
 done
 grep -cE "Failure" $O/head.log $O/early_reads.log; grep -E "rc |PASSED|FAILED  \]" $O/*.log
+PYTHONPATH=$PWD/python TWELL_LIBRARY=$PWD/out/head/libtwell_c.so timeout 90 /opt/torch/.venv/bin/python -m unittest \
+  discover -s python/tests > $O/python_tests.log 2>&1; echo "rc $?" >> $O/python_tests.log
+grep -E "^(FAIL|ERROR)|^Ran|^OK|FAILED|^rc" $O/python_tests.log
 cd $OUT && tar cJf results.tar.xz s51_3 && rm -rf s51_3
