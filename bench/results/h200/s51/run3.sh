@@ -5,10 +5,11 @@
 # `if (false) ...` in ffn_gather.cu and decode_gemv.cu). Predicted: head passes, early_reads fails
 # the test's calls after the writer kernel (stale weights: the bits of the other set).
 # Then the Python tests on this commit's library (the C API's alignment check, the copy refusals).
-# Binaries: out/head/{twell_gpu_tests,libtwell_c.so}, out/early_reads/twell_gpu_tests (stripped).
+# Binaries: out/head/{twell_gpu_tests,libtwell_c.so}, out/early_reads/twell_gpu_tests (stripped), in out/b11.tar.xz.
 # On the device, with carry ["out"]: `bash bench/results/h200/s51/run3.sh`.
 set -u
 cd "$(dirname "$0")/../../../.."
+tar xJf out/b11.tar.xz -C out
 O=$OUT/s51_3; mkdir -p $O; cp "$0" $O/run.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv > $O/gpu.txt
 for b in head early_reads head early_reads; do
