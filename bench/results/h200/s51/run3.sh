@@ -6,6 +6,10 @@
 # the test's calls after the writer kernel (stale weights: the bits of the other set).
 # Then the Python tests on this commit's library (the C API's alignment check, the copy refusals).
 # Binaries: out/head/{twell_gpu_tests,libtwell_c.so}, out/early_reads/twell_gpu_tests (stripped), in out/b11.tar.xz.
+# (early_reads/: a worktree of this commit with third_party/ copied in, the two lines changed by
+#  sed -i 's/  if (!a.early_weight_reads) wait_for_previous_grid();/  if (false) wait_for_previous_grid();/'
+#  src/cuda/kernels/ffn_gather.cu src/cuda/kernels/decode_gemv.cu, then `ninja -C build tests/twell_gpu_tests`;
+#  `tar cJf out/b11.tar.xz -C out head early_reads`.)
 # On the device, with carry ["out"]: `bash bench/results/h200/s51/run3.sh`.
 set -u
 cd "$(dirname "$0")/../../../.."
