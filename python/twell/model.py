@@ -12,7 +12,6 @@ What each call computes is that of the C++ API (include/twell/model/llama.h, loa
 interface (include/twell/c_api.h). Needs no PyTorch: without it, logits come back as a numpy array, or
 without numpy either as a memoryview of floats with shape (T, vocab) (.tolist() gives its rows).
 """
-import array
 import contextlib
 import ctypes
 import logging
@@ -68,9 +67,10 @@ _TEXT = (str, bytes, bytearray)
 
 
 def _floats(n):
-    buf = array.array("f", bytes(4 * n))
-    address, _ = buf.buffer_info()
-    return buf, ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+    """A zeroed buffer of n floats and a pointer the library writes them through (allocated once: no
+    transient copy, which for a long text's logits would double the host's peak)."""
+    buf = bytearray(4 * n)
+    return buf, ctypes.cast((ctypes.c_char * len(buf)).from_buffer(buf), ctypes.POINTER(ctypes.c_float))
 
 
 def _as_output(buf, shape):
