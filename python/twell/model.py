@@ -263,16 +263,13 @@ class Model(_OwnsAHandle):
         handle = ctypes.c_void_p()
         try:
             status = _capi.lib.twell_model_load(_path(path), ctypes.byref(o), ctypes.byref(handle))
-        except BaseException:  # a Ctrl-C that CPython raises as the call returns: the model is nobody's
-            if handle.value:
+            if raised:  # the load's own failure, if any, kept as the handler's exception's cause
+                error = _capi.lib.twell_last_error().decode(errors="replace")
+                raise raised[0] from (None if status == _capi.OK else TwellError(error))
+        except BaseException:  # that, or a Ctrl-C CPython raises as the call returns: the model is nobody's
+            if handle.value:  # set only by a load that succeeded
                 _capi.lib.twell_model_destroy(handle)
             raise
-        if raised:
-            if status == _capi.OK and handle.value:
-                _capi.lib.twell_model_destroy(handle)
-            if status != _capi.OK:  # the load's own failure, kept beside the handler's
-                raise raised[0] from TwellError(_capi.lib.twell_last_error().decode(errors="replace"))
-            raise raised[0]
         _capi.check(status)
         self._handle = handle
         try:

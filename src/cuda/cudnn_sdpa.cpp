@@ -126,6 +126,13 @@ struct CudnnSdpa::Impl {
         return nullptr;
       }
     }
+    // Remembered, bounded as the plans are (asked again later): asking again would rebuild the plan,
+    // ~0.1 s, at each layer.
+    const auto reject = [&](const std::string& reason) -> const Plan* {
+      if (rejected.size() >= kMaxPlans) rejected.clear();
+      *why = rejected.emplace(key, reason).first->second;
+      return nullptr;
+    };
     std::string reason;
     Plan p;
     try {
@@ -133,12 +140,7 @@ struct CudnnSdpa::Impl {
     } catch (const std::exception& e) {  // the frontend throws when a symbol cannot be loaded
       reason = str("cuDNN SDPA: ", e.what());
     }
-    if (!reason.empty()) {
-      if (rejected.size() >= kMaxPlans) rejected.clear();  // bounded as the plans are (asked again later)
-      rejected.emplace(key, reason);
-      *why = reason;
-      return nullptr;
-    }
+    if (!reason.empty()) return reject(reason);
     // Bounded: a server seeing many prompt lengths would otherwise keep every plan it ever built. A
     // plan's enqueued executions may still run: they finish before its graph goes.
     if (plans.size() >= kMaxPlans) {
@@ -151,13 +153,8 @@ struct CudnnSdpa::Impl {
         workspace = DeviceBuffer(static_cast<size_t>(p.workspace));
       } catch (const Error& e) {  // the GPU's memory is short: twell's kernel serves the shape (automatic)
         if (std::string(e.what()).rfind("CUDA out of memory", 0) != 0) throw;  // another CUDA error is one
-        reason = str("cuDNN SDPA: its workspace of ", bytes_str(static_cast<size_t>(p.workspace)),
-                     " could not be allocated: ", e.what());
-        // Remembered (as cuDNN's refusals are): asking again would rebuild the plan, ~0.1 s, at each layer.
-        if (rejected.size() >= kMaxPlans) rejected.clear();
-        rejected.emplace(key, reason);
-        *why = reason;
-        return nullptr;
+        return reject(str("cuDNN SDPA: its workspace of ", bytes_str(static_cast<size_t>(p.workspace)),
+                          " could not be allocated: ", e.what()));
       }
     }
     return &plans.emplace(key, std::move(p)).first->second;

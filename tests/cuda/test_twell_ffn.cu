@@ -19,6 +19,7 @@
 #include "common/random.h"
 #include "cuda/cublaslt_gemm.h"
 #include "cuda/kernels.h"
+#include "cuda/kernels/bulk_copy.cuh"
 #include "core/io_test_util.h"
 #include "gpu_test.h"
 #include "synthetic.h"
@@ -503,7 +504,7 @@ TEST(FfnForwardGpuDecode, WithoutTheOneTokenKernel) {
 // Lets its programmatic dependents start at once, then writes after ~10 µs: a dependent that read
 // `to` before waiting for this grid would read it stale.
 __global__ void copy_words(const uint4* from, uint4* to, int64_t n) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  cuda::allow_dependent_launch();
   for (const long long t0 = clock64(); clock64() - t0 < 20000;) {
   }
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * int64_t(blockDim.x))
