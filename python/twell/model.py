@@ -595,11 +595,12 @@ class Model(_OwnsAHandle):
         for i, tail in enumerate(tails):
             if tail:
                 stream(i, tail)
-        out, self.last_generation = [], []
+        out, records = [], []
         for i in range(B):
             new = list(tokens[i * room:i * room + g[i].n_tokens])
-            self.last_generation.append(_generation_record(new, g[i]))
+            records.append(_generation_record(new, g[i]))
             out.append(self._text_of(encoded[i][1], new, stops) if isinstance(prompts[i], _TEXT) else new)
+        self.last_generation = records  # whole, once: a reader never sees a list being filled
         return out
 
     def close(self):
