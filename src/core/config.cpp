@@ -345,6 +345,15 @@ void ModelConfig::validate(const std::string& source) const {
       throw Error(str(source, ": rope_scaling original_max_position_embeddings must be positive, got ",
                       r.original_max_position_embeddings));
   }
+  // Each finite and positive as the float the GPU's table holds (rope_theta 1e-300 passes the checks above and
+  // gives infinite angles: NaN logits, blamed on the weights).
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    const float f = rope_inv_freq<float>(i);
+    if (!(std::isfinite(f) && f > 0))
+      throw Error(str(source, ": rope_theta ", rope_theta, r.none() ? "" : " with its rope_scaling",
+                      " gives rotary pair ", i, " the inverse frequency ", f, " in float; expected a finite positive "
+                      "one (rope_theta is usually 1e4 to 1e6)"));
+  }
   if (!(std::isfinite(rms_norm_eps) && rms_norm_eps > 0))
     throw Error(str(source, ": rms_norm_eps must be a positive number, got ", rms_norm_eps));
   static const char* const kActivations[] = {"relu", "silu", "gelu", "gelu_pytorch_tanh"};

@@ -77,6 +77,10 @@ nlohmann::json parse_json_strict(const char* begin, const char* end, const std::
                                  const char* what, int max_depth) {
   StrictChecker checker(source, what, max_depth);
   std::string reason;
+  // nlohmann's lexer takes a NUL byte for the input's end and would ignore what follows; JSON has no raw NUL.
+  if (const void* nul = std::memchr(begin, '\0', static_cast<size_t>(end - begin)))
+    throw Error(str(source, ": ", what, " is not valid JSON: a NUL byte at offset ",
+                    static_cast<const char*>(nul) - begin));
   try {
     if (nlohmann::json::sax_parse(begin, end, &checker)) return nlohmann::json::parse(begin, end);
     reason = checker.reason();

@@ -121,6 +121,9 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   const json& shape = entry["shape"];
   const std::string shape_text = printable(shape.dump(), 100);
   if (!shape.is_array()) fail_tensor(file, name, str("shape must be an array, got ", shape_text));
+  constexpr size_t kMaxRank = 64;  // no model has more; a header's million 1s would make messages and tables huge
+  if (shape.size() > kMaxRank)
+    fail_tensor(file, name, str("shape has ", shape.size(), " dimensions; twell reads at most ", kMaxRank));
   for (const json& dim : shape) {
     int64_t d = 0;
     if (!get_non_negative(dim, &d))
@@ -592,7 +595,8 @@ Checkpoint Checkpoint::open(const std::string& path) {
                        ", expected a shard file name"));
       const std::string& shard_name = shard.get_ref<const std::string&>();
       if (shard_index.count(shard_name)) continue;
-      if (shard_name.empty() || shard_name.find('/') != std::string::npos)
+      if (shard_name.empty() || shard_name == "." || shard_name == ".." ||
+          shard_name.find_first_of(std::string("/\0", 2)) != std::string::npos)
         fail(file, str("shard name '", printable(shard_name),
                        "' must be a file name in the index's directory"));
       const std::string shard_path = detail::parent_dir(file) + "/" + shard_name;

@@ -19,6 +19,11 @@ void allow_dynamic_smem(const void* kernel, int bytes);
 // Lets `kernel` run in clusters of more than 8 blocks (Hopper takes 16) on the current device: a
 // function attribute, set once per device. Thread-safe. (runtime.cpp)
 void allow_non_portable_clusters(const void* kernel);
+// The most blocks (at most `largest`, at least 1) a cluster of `kernel`, launched with `threads` threads a block
+// and no dynamic shared memory, may have on the current device: 16 on a whole H100 or H200, fewer where a MIG
+// slice or an MPS limit leaves a GPC fewer SMs. Asked once per kernel and device (allow_non_portable_clusters
+// first, for more than 8). Thread-safe. (runtime.cpp)
+int max_cluster_blocks(const void* kernel, int threads, int largest);
 
 // Non-zero totals are accumulated in kNnzCounters counters (blocks spread their atomics over
 // them; one hot address would serialise ~10^5 atomics): the total is their sum.
@@ -408,7 +413,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream);
 // In LlamaCuda that holds because each layer has its own cache, whose rows before p0 earlier
 // calls wrote, and p0 is copied from the host before each call's first (non-dependent) kernel.
 // `splits`: key ranges a head (blocks of a cluster, 1 to kMaxDecodeAttentionSplits); 0:
-// decode_attention_splits' choice.
+// decode_attention_splits' choice. Either is capped at the cluster the device can run (max_cluster_blocks).
 constexpr int kMaxDecodeAttentionSplits = 16;
 void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
                              bool dependent = false, int splits = 0);

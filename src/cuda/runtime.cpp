@@ -224,4 +224,34 @@ void allow_non_portable_clusters(const void* kernel) {
   TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 }
 
+int max_cluster_blocks(const void* kernel, int threads, int largest) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> known;  // (kernel, device) -> blocks
+  int device = 0;
+  TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto [it, added] = known.try_emplace({kernel, device}, 1);
+  if (!added) return it->second;
+  for (int n = largest; n > 1; --n) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(1, 1, static_cast<unsigned>(n));
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    cudaLaunchAttribute cluster = {};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = static_cast<unsigned>(n);
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it and try a smaller cluster
+      continue;
+    }
+    if (clusters >= 1) {
+      it->second = n;
+      break;
+    }
+  }
+  return it->second;
+}
+
 }  // namespace twell::cuda

@@ -17,6 +17,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/atomic_file.h"
@@ -133,6 +134,7 @@ std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::v
   // Foreign tensors by their name with the layer as '*' (model.layers.*.self_attn.q_proj.bias), in the
   // order first met, with how many layers have each: one problem, however many layers.
   std::vector<std::pair<std::string, int64_t>> foreign;
+  std::unordered_map<std::string, size_t> foreign_at;  // pattern -> its index in `foreign` (a header may hold ~1M names)
   std::string first_foreign;
   for (const io::TensorInfo& t : ckpt.tensors()) {
     if (names.count(t.name)) continue;
@@ -145,9 +147,9 @@ std::vector<std::string> unused_tensors(const io::Checkpoint& ckpt, const std::v
     if (first_foreign.empty()) first_foreign = t.name;
     const size_t dot = t.name.find('.', std::strlen("model.layers."));
     const std::string pattern = "model.layers.*" + t.name.substr(dot);
-    auto it = std::find_if(foreign.begin(), foreign.end(), [&](const auto& f) { return f.first == pattern; });
-    if (it == foreign.end()) foreign.emplace_back(pattern, 1);
-    else ++it->second;
+    const auto [it, added] = foreign_at.try_emplace(pattern, foreign.size());
+    if (added) foreign.emplace_back(pattern, 1);
+    else ++foreign[it->second].second;
   }
   const std::string why = str(" not part of the Llama layer twell runs (model_type ", c.model_type,
                               "): its model (attention biases? extra norms?) would run wrong without ");
@@ -344,6 +346,18 @@ void LlamaWeights::validate() const {
 LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfig& config,
                                 const LlamaLoadOptions& options) {
   return load_weights(ckpt, config, options, "config");
+}
+
+size_t LlamaWeights::bytes_for(const io::ModelConfig& config, DType dtype) {
+  // Saturating: a config's dimensions are bounded one by one, not their products.
+  constexpr size_t kMax = std::numeric_limits<size_t>::max();
+  const auto add = [&](size_t a, size_t b) { return a > kMax - b ? kMax : a + b; };
+  size_t layer = 0, n = 0;
+  for (const Expected& e : layer_tensors(config, 0)) layer = add(layer, checked_nbytes(dtype, e.shape));
+  const size_t layers = static_cast<size_t>(config.num_hidden_layers);
+  n = layers != 0 && layer > kMax / layers ? kMax : layer * layers;
+  for (const Expected& e : expected_tensors(config, {})) n = add(n, checked_nbytes(dtype, e.shape));
+  return n;
 }
 
 LlamaWeights LlamaWeights::load_dir(const std::string& dir, const LlamaLoadOptions& options) {

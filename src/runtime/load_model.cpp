@@ -23,7 +23,6 @@ void say(const ModelLoadOptions& o, const std::string& line) {
   if (o.log) o.log(line);
 }
 
-#if TWELL_WITH_CUDA
 // The host memory available for new allocations (MemAvailable of /proc/meminfo); 0 where unknown.
 size_t host_memory_available() {
   std::ifstream meminfo("/proc/meminfo");
@@ -36,6 +35,16 @@ size_t host_memory_available() {
   return 0;
 }
 
+// "" where the CPU backend's weights (f32) fit the host's available memory (or it is unknown), else why not:
+// refused before minutes of reading, rather than the kernel's OOM killer ending the process mid-load.
+std::string host_shortfall(const io::ModelConfig& config) {
+  const size_t host = host_memory_available(), f32_weights = LlamaWeights::bytes_for(config, DType::f32);
+  if (host == 0 || f32_weights <= host) return "";
+  return str("the CPU backend's f32 weights need ", bytes_str(f32_weights), " and the machine has ", bytes_str(host),
+             " available");
+}
+
+#if TWELL_WITH_CUDA
 // The GPU memory a model may take: the free memory, or less under ModelLoadOptions::gpu_memory.
 size_t usable_gpu_memory(const ModelLoadOptions& o, const cuda::DeviceMemory& gpu) {
   return o.gpu_memory ? std::min(o.gpu_memory, gpu.free) : gpu.free;
@@ -202,17 +211,18 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
       if (!shortfall.empty()) {
         TWELL_REQUIRE(automatic, o.cuda_choice_name, ": ", shortfall, "; ", o.cpu_choice_name,
                       " runs it on the CPU");
-        // The CPU backend holds the weights in f32: twice their bf16 bytes. Refuse before minutes of
-        // reading where the host cannot hold them either.
-        const size_t host = host_memory_available(), f32_weights = 2 * cuda::LlamaCudaWeights::bytes_for(config);
-        TWELL_REQUIRE(host == 0 || f32_weights <= host, shortfall, "; nor does it fit on the CPU, whose f32 weights ",
-                      "need ", bytes_str(f32_weights), " and the machine has ", bytes_str(host), " available");
+        const std::string host = host_shortfall(config);
+        TWELL_REQUIRE(host.empty(), shortfall, "; nor does it fit on the CPU: ", host);
         say(o, shortfall + ": using the CPU backend");
         gpu = false;
       }
     }
   }
 #endif
+  if (!gpu) {
+    const std::string host = host_shortfall(io::read_config(dir));
+    TWELL_REQUIRE(host.empty(), dir, ": the model does not fit in memory: ", host);
+  }
   LlamaLoadOptions lo;
   lo.check_finite = o.check_finite;
   if (gpu) lo.dtype = DType::bf16;  // the GPU's storage: convert once, at load

@@ -104,6 +104,9 @@ TEST(ModelConfig, ErrorsNameTheKeyAndTheFile) {
   expect_error([] { ModelConfig::from_json("{\"hidden_size\": 64,", "c.json"); },
                {"c.json", "not valid JSON"});
   expect_error([] { ModelConfig::from_json("[]", "c.json"); }, {"c.json", "JSON object", "array"});
+  // A NUL byte ends nlohmann's input: what follows it would be ignored, not refused.
+  expect_error([] { ModelConfig::from_json(minimal("") + std::string(1, '\0') + R"({"hidden_size": -5)", "c.json"); },
+               {"c.json", "not valid JSON", "a NUL byte at offset"});
   expect_error([] { ModelConfig::from_json(minimal(R"("hidden_size": 32)"), "c.json"); },
                {"c.json", "'hidden_size' twice"});
 }
@@ -366,6 +369,15 @@ TEST(ModelConfig, ValidateExplainsInconsistencies) {
   EXPECT_EQ(ModelConfig::from_json(odd + R"(, "head_dim": 16, "hidden_act": "swish"})").hidden_act, "silu");  // HF's alias
   expect_error([&] { with([](ModelConfig& c) { c.rope_theta = -1; }).validate("x.json"); },
                {"rope_theta must be a positive number"});
+  // Positive and finite as a double, yet infinite angles in the float RoPE table: refused as the config's fault.
+  expect_error([&] { with([](ModelConfig& c) { c.rope_theta = 1e-300; }).validate("x.json"); },
+               {"x.json: rope_theta 1e-300 gives rotary pair 1 the inverse frequency inf in float"});
+  expect_error([&] {
+    with([](ModelConfig& c) {
+      c.rope_scaling.type = "linear";
+      c.rope_scaling.factor = 1e-300;
+    }).validate("x.json");
+  }, {"x.json: rope_theta", "with its rope_scaling gives rotary pair 0 the inverse frequency inf"});
   expect_error([&] { with([](ModelConfig& c) { c.head_dim = 7; }).validate("x.json"); },
                {"head_dim must be even"});
   expect_error([] { ModelConfig::from_json(minimal(R"("num_key_value_heads": 3)"), "c.json"); },

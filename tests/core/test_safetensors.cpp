@@ -264,6 +264,17 @@ TEST_F(ShardedCheckpoint, DuplicatesAndUnlistedTensorsAreRejected) {
   expect_error([&] { Checkpoint::open(dir_); }, {"index.json", "weight_map"});
 }
 
+// A shard is a file beside the index: no path, no "." or "..", no NUL (which would cut the name short and open
+// another file).
+TEST_F(ShardedCheckpoint, ShardNamesAreFileNamesBesideTheIndex) {
+  for (const std::string& name : {std::string("sub/x.safetensors"), std::string(".."), std::string("."),
+                                  std::string("model-00002-of-00002.safetensors\\u0000zzz")}) {
+    SCOPED_TRACE(name);
+    write_index(kGoodMap + ", \"d\": \"" + name + "\"");
+    expect_error([&] { Checkpoint::open(dir_); }, {"index.json", "must be a file name in the index's directory"});
+  }
+}
+
 TEST_F(Safetensors, TruncatedFileIsReportedAtEveryCut) {
   Tensor w = random_bits(DType::f32, {16, 8}, 9);
   Tensor v = random_bits(DType::bf16, {32}, 10);
@@ -393,6 +404,10 @@ TEST(SafetensorsParse, EntryFieldsAreChecked) {
          "64 bits");
   expect("\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]", 8,
          "holds 8 bytes (data_offsets [0, 8]) but F32 [3] needs 12 bytes");
+  std::string ones = "1";
+  for (int i = 0; i < 64; ++i) ones += ", 1";  // 65 dimensions
+  expect("\"dtype\": \"F32\", \"shape\": [" + ones + "], \"data_offsets\": [0, 4]", 4,
+         "shape has 65 dimensions; twell reads at most 64");
   expect("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [8, 0]", 8, "begin <= end");
   expect("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0]", 8, "[begin, end]");
   expect("\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]", 4,

@@ -2,7 +2,7 @@
 // needs more than it was given before (it once kept the first call's size, and a later, larger
 // launch of the same kernel failed); an allocation beyond the GPU's memory says how much it asked
 // for; PinnedBuffer owns, moves and grows page-locked memory that
-// copies land in.
+// copies land in; max_cluster_blocks finds the clusters the device runs.
 #include <gtest/gtest.h>
 
 #include "cuda/kernels.h"
@@ -34,6 +34,36 @@ TEST(CudaRuntime, DynamicSmemLimitGrowsWithTheLargestRequest) {
 }
 
 // An allocation the GPU cannot hold names its size and the free memory, and leaves the context usable.
+__global__ void cluster_rank(int* out) {
+  out[blockIdx.z] = static_cast<int>(blockIdx.z);
+}
+__global__ void cluster_rank_portable(int* out) {
+  out[blockIdx.z] = static_cast<int>(blockIdx.z);
+}
+
+// max_cluster_blocks: 16 blocks a cluster on a whole Hopper GPU once non-portable sizes are allowed, 8 (the
+// portable limit) for a kernel without that attribute; each answer runs.
+TEST(CudaRuntime, MaxClusterBlocksIsWhatTheDeviceRuns) {
+  TWELL_REQUIRE_HOPPER();
+  const void* wide = reinterpret_cast<const void*>(&cluster_rank);
+  cuda::allow_non_portable_clusters(wide);
+  const int n = cuda::max_cluster_blocks(wide, 128, 16);
+  EXPECT_EQ(cuda::max_cluster_blocks(reinterpret_cast<const void*>(&cluster_rank_portable), 128, 16), 8);
+  EXPECT_EQ(cuda::max_cluster_blocks(wide, 128, 16), n);  // asked once, remembered
+  EXPECT_EQ(n, 16) << "not a whole H100 or H200 (a MIG slice?)";
+  cuda::DeviceBuffer out(16 * sizeof(int));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1, 1, static_cast<unsigned>(n));
+  config.blockDim = dim3(128);
+  cudaLaunchAttribute cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = static_cast<unsigned>(n);
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  ASSERT_EQ(cudaLaunchKernelEx(&config, cluster_rank, out.as<int>()), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 TEST(CudaRuntime, OutOfMemorySaysHowMuch) {
   TWELL_REQUIRE_HOPPER();
   try {

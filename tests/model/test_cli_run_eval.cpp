@@ -268,7 +268,7 @@ TEST_F(CliModel, DeviceSelection) {
 
 // A model no GPU can hold: --device cuda refuses it, saying what it needs; --device auto would run it
 // on the CPU, but this one (~3.3 TB of bf16 weights) fits on no host either, and is refused with both
-// figures. The checks read config.json alone, before the weights (here the tiny ones).
+// figures; --device cpu with the host's. The checks read config.json alone, before the weights (here the tiny ones).
 TEST_F(CliModel, AModelTooLargeForTheGpuAndTheHostIsRefusedWithBothFigures) {
   io::ModelConfig c = io::read_config(dir_);
   c.hidden_size = 8192;  // within what the GPU runtime takes, so that only its size is in the way
@@ -276,6 +276,10 @@ TEST_F(CliModel, AModelTooLargeForTheGpuAndTheHostIsRefusedWithBothFigures) {
   c.num_hidden_layers = 1024;  // ~3.3 TB of bf16 weights
   io::write_config(dir_, c);
   const std::string args = "run " + dir_ + " --byte-tokenizer --no-stop -p 'hi' -n 5";
+  const CliResult cpu = run_cli(args + " --device cpu", true);  // refused before the load, not killed mid-way
+  EXPECT_NE(cpu.status, 0) << cpu.out;
+  EXPECT_NE(cpu.out.find(": the model does not fit in memory: the CPU backend's f32 weights need 6.6 TB"),
+            std::string::npos) << cpu.out;
   const CliResult cuda = run_cli(args + " --device cuda", true);
   EXPECT_NE(cuda.status, 0) << cuda.out;
   if (cuda.out.find("weights need") == std::string::npos) GTEST_SKIP() << "no Hopper GPU here: " << cuda.out;
@@ -283,7 +287,8 @@ TEST_F(CliModel, AModelTooLargeForTheGpuAndTheHostIsRefusedWithBothFigures) {
   EXPECT_NE(cuda.out.find("; --device cpu runs it on the CPU"), std::string::npos) << cuda.out;
   const CliResult automatic = run_cli(args + " --device auto", true);
   EXPECT_NE(automatic.status, 0) << automatic.out;
-  EXPECT_NE(automatic.out.find("; nor does it fit on the CPU, whose f32 weights need 6.6 TB"), std::string::npos)
+  EXPECT_NE(automatic.out.find("; nor does it fit on the CPU: the CPU backend's f32 weights need 6.6 TB"),
+            std::string::npos)
       << automatic.out;
 }
 

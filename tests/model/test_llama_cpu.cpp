@@ -261,6 +261,12 @@ TEST_F(LlamaCpuTest, SaveDirWritesWhatLoadDirReads) {
     }
   }
   const LlamaWeights w = LlamaWeights::load_dir(dir_);
+  size_t held = w.embed.nbytes() + w.final_norm.nbytes() + w.lm_head.nbytes();  // what the load's memory check counts
+  for (const LlamaLayerWeights& l : w.layers)
+    for (const Tensor* t : {&l.input_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.post_norm, &l.wg, &l.wu, &l.wd})
+      held += t->nbytes();
+  EXPECT_EQ(LlamaWeights::bytes_for(w.config, DType::f32), held);
+  EXPECT_EQ(LlamaWeights::bytes_for(w.config, DType::bf16), held / 2);
   std::ofstream(path("a_file")) << "x";
   expect_error([&] { w.save_dir(path("a_file") + "/model"); }, {"cannot create the directory"});
   // config.json's path is checked before the weights are written: where it cannot be written, no new
@@ -485,11 +491,10 @@ TEST_F(LlamaLoadErrors, TruncatedFile) {
 TEST_F(LlamaLoadErrors, NonFiniteWeightWhenChecked) {
   hf["model.layers.1.mlp.gate_proj.weight"].ptr<float>()[7] = NAN;
   write_hf(dir_, c, hf);
-  EXPECT_NO_THROW(load());  // not checked by default
+  expect_error([&] { load(); }, {"model.layers.1.mlp.gate_proj.weight"});  // checked by default
   LlamaLoadOptions opts;
-  opts.check_finite = true;
-  expect_error([&] { LlamaWeights::load_dir(dir_, opts); },
-               {"model.layers.1.mlp.gate_proj.weight"});
+  opts.check_finite = false;
+  EXPECT_NO_THROW(LlamaWeights::load_dir(dir_, opts));
 }
 
 // Several problems in one checkpoint are named in one error (one line), so that one round fixes
@@ -642,8 +647,7 @@ TEST_F(LlamaLoadErrors, ATiedConfigsOwnHeadIsUsedWhereItDiffers) {
   const Tensor& want = hf.at("lm_head.weight");
   ASSERT_EQ(own.head().nbytes(), want.nbytes());
   EXPECT_EQ(std::memcmp(own.head().data, want.view().data, want.nbytes()), 0);
-  LlamaLoadOptions checked;  // the head it takes is scanned as an untied one is
-  checked.check_finite = true;
+  LlamaLoadOptions checked;  // the head it takes is scanned as an untied one is (checked by default)
   hf["lm_head.weight"].ptr<float>()[5] = NAN;
   write_hf(dir_, c, hf);
   expect_error([&] { LlamaWeights::load_dir(dir_, checked); }, {"tensor 'lm_head.weight'", "NaN"});

@@ -38,9 +38,9 @@ namespace twell::model {
 struct LlamaLoadOptions {
   // Storage dtype of the loaded weights: f32 (default) or bf16. Converted once at load.
   DType dtype = DType::f32;
-  // Reject NaN/Inf in any tensor (reads every element once more). `twell run` and `twell eval`
-  // set it unless told --no-check-finite.
-  bool check_finite = false;
+  // Reject NaN/Inf in any tensor (reads every element once more), as twell::runtime::load_model, the
+  // C API and the CLI do unless told not to (--no-check-finite).
+  bool check_finite = true;
 };
 
 struct LlamaLayerWeights {
@@ -81,6 +81,8 @@ struct LlamaWeights {
   static std::vector<std::string> check(const io::Checkpoint& ckpt, const io::ModelConfig& config);
   // The layer of a "model.layers.<n>.…" tensor name, or -1.
   static int64_t layer_of(const std::string& name);
+  // The bytes of the weights `config` names, each element `dtype` (what load holds with that storage dtype).
+  static size_t bytes_for(const io::ModelConfig& config, DType dtype);
   // config.json + safetensors from one directory (io::read_config, io::Checkpoint::open).
   static LlamaWeights load_dir(const std::string& dir, const LlamaLoadOptions& options = {});
   // The inverse: config.json and model.safetensors (HF's names and layout, this dtype) into `dir`,

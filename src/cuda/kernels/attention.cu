@@ -414,7 +414,7 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   constexpr int kRows = 4 * 16 * MT, kPitch = HD + 8;
   const int smem = (kRows + 2 * STAGES * kKeys) * kPitch * 2;
   allow_dynamic_smem(reinterpret_cast<const void*>(flash_prefill_kernel<HD, MT, STAGES>), smem);
-  const dim3 grid(static_cast<unsigned>((a.S + kRows - 1) / kRows), static_cast<unsigned>(a.nh),
+  const dim3 grid(static_cast<unsigned>((static_cast<int64_t>(a.S) + kRows - 1) / kRows), static_cast<unsigned>(a.nh),
                   static_cast<unsigned>(a.B));
   flash_prefill_kernel<HD, MT, STAGES><<<grid, kThreads, smem, stream>>>(a);
   TWELL_CUDA_CHECK(cudaGetLastError());
@@ -422,7 +422,9 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
 
 template <int HD>
 void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool dependent, cudaStream_t stream) {
-  allow_non_portable_clusters(reinterpret_cast<const void*>(decode_attention_kernel<HD>));
+  const void* kernel = reinterpret_cast<const void*>(decode_attention_kernel<HD>);
+  allow_non_portable_clusters(kernel);
+  splits = std::min(splits, max_cluster_blocks(kernel, kThreads, kMaxDecodeAttentionSplits));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
   config.blockDim = dim3(kThreads);

@@ -20,9 +20,11 @@ __global__ void twell_unpack_kernel(const TwellDeviceView m, uint16_t* __restric
   const uint32_t count = m.counts[tile_id];
   const uint32_t* words = m.slots + tile_id * l.slots();
   if (twell_is_spilled(l, count)) {
-    if (words[0] >= m.backup_capacity) return;  // never filled (a matrix not packed yet): no read out of bounds
-    const uint16_t* src = m.backup + static_cast<int64_t>(words[0]) * l.tile;
-    for (int c = lane; c < width; c += 32) out[c] = src[c];
+    // A backup index past the backup: never filled (a matrix not packed yet). Zeros, as an empty tile, rather
+    // than a read out of bounds or the output's old values.
+    const bool filled = words[0] < m.backup_capacity;
+    const uint16_t* src = m.backup + (filled ? static_cast<int64_t>(words[0]) * l.tile : 0);
+    for (int c = lane; c < width; c += 32) out[c] = filled ? src[c] : uint16_t{0};
     return;
   }
   for (int c = lane; c < width; c += 32) out[c] = 0;
