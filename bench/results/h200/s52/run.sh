@@ -1,17 +1,18 @@
 #!/bin/bash
-# Fifty-second session's check, on 6aeb115's build (the fifty-first session's last commit, whose GPU suite
-# had not run: its one-token test's writer kernel and cuDNN SDPA's host code changed after c4dcacf):
-#  1. the GPU suite (predicted 195/195);
+# Fifty-second session's check, on 98ef71c's build (the fifty-first session's last commit, 6aeb115, whose GPU
+# suite had not run, with this session's review fixes: decode attention's cluster capped at what the device
+# runs, an unfilled spilled tile unpacked as zeros, two new GPU tests):
+#  1. the GPU suite (predicted 197/197: 195 and the two new);
 #  2. s51/run3.sh's question, can the one-token test fail: `*WeightsWrittenJustBeforeAreReadAsWritten*` on
-#     this build (head/) and on one whose one-token kernels copy their weights before waiting, as before
-#     the fifty-first session's fix (early_reads/). Predicted: head passes, early_reads fails the calls
-#     made after the writer kernel (stale weights);
+#     this build (head/) and on a build of 6aeb115 (the same test) whose one-token kernels copy their weights
+#     before waiting, as before the fifty-first session's fix (early_reads/). Predicted: head passes,
+#     early_reads fails the calls made after the writer kernel (stale weights);
 #  3. the Python tests on this build's library (predicted 57/57, 2 skipped);
 #  4. `twell bench ffn` and `twell bench model`, the standard runs (kernels unchanged since the
 #     thirty-ninth session; predicted within its spread: 0.576-0.625x at M = 131072 on an H200,
-#     0.59-0.62x on an H100; prefill 0.765-0.773x).
+#     0.59-0.62x on an H100; prefill 0.765-0.773x, decode batch 1 unchanged by the cluster cap, 16 here).
 # Binaries (out/b12.tar.xz): head/ as h200/s47/run.sh says (twell, twell_gpu_tests, libtwell_c.so,
-# stripped, COMMIT); early_reads/twell_gpu_tests from a worktree of 6aeb115 with third_party/ copied and
+# stripped, COMMIT: 98ef71c); early_reads/twell_gpu_tests from a worktree of 6aeb115 with third_party/ copied and
 #   sed -i 's/  if (!a.early_weight_reads) wait_for_previous_grid();/  if (false) wait_for_previous_grid();/' \
 #     src/cuda/kernels/ffn_gather.cu src/cuda/kernels/decode_gemv.cu
 # then `cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build tests/twell_gpu_tests`.
