@@ -118,6 +118,9 @@ struct FfnForward::Impl {
   struct SavedForward {
     bool ready = false;
     const void *x = nullptr, *wg = nullptr, *wu = nullptr, *wd = nullptr;
+    // then.normed was x (allowed without FfnOptions::training): the weight gradients dWg, dWu, which read x
+    // again, cannot be had; dx and dWd can.
+    bool x_overwritten = false;
   } saved;
 
   // FfnOptions::cublaslt_workspace, checked before the LtGemm takes it.
@@ -549,6 +552,9 @@ struct FfnForward::Impl {
     check_grad(grads.dwg, {I, H}, "FfnForward::backward: grads.dwg");
     check_grad(grads.dwu, {I, H}, "FfnForward::backward: grads.dwu");
     check_grad(grads.dwd, {I, H}, "FfnForward::backward: grads.dwd");
+    TWELL_REQUIRE(!saved.x_overwritten || (grads.dwg.empty() && grads.dwu.empty()),
+                "FfnForward::backward: the last forward() wrote then.normed over x, which grads.dwg and grads.dwu "
+                "need (dx and dwd do not): give then.normed its own memory (FfnOptions::training refuses the overlap)");
     check_ffn_grads_disjoint("FfnForward::backward", x, w, dy, grads);
     check_memory({{&x, "FfnForward::backward: x"}, {&dy, "FfnForward::backward: dy"},
                   {&grads.dx, "FfnForward::backward: grads.dx"}, {&grads.dwg, "FfnForward::backward: grads.dwg"},
@@ -804,7 +810,7 @@ struct FfnForward::Impl {
       stats.path = FfnPath::sparse;
       if (policy == Dispatch::previous) stats.sampled_density = previous_density;
       run_sparse(M, xp, w, yp, then, stream, true, policy == Dispatch::previous ? slot : -1);
-      saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
+      saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data, then.resid && then.normed == x.data};
       return true;
     }
 
@@ -831,7 +837,7 @@ struct FfnForward::Impl {
     }
     if (path == FfnPath::sparse) {
       run_sparse(M, xp, w, yp, then, stream);
-      saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data};
+      saved = {true, x.data, w.wg.data, w.wu.data, w.wd.data, then.resid && then.normed == x.data};
       return true;
     }
 

@@ -8,8 +8,9 @@
 #include "twell/model/tokenizer.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <array>
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <queue>
 #include <string_view>
@@ -1205,8 +1206,11 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
       append_token_bytes(out, token);
       continue;
     }
-    unsigned byte = 0;  // Llama 2's decoder: <0xHH> is a byte, "▁" a space
-    if (byte_fallback_ && token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' &&
+    // Llama 2's decoder: <0xHH> is a byte (its ByteFallback step, whatever the model's byte_fallback), "▁" a
+    // space. Two hex digits exactly, as HF's from_str_radix takes them (sscanf alone would take "<0x+1>").
+    unsigned byte = 0;
+    const auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+    if (token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' && hex(token[3]) && hex(token[4]) &&
         std::sscanf(token.c_str() + 3, "%2x", &byte) == 1) {
       out += static_cast<char>(byte);
       continue;

@@ -1443,6 +1443,22 @@ TEST(FfnBackwardGpuEdges, NeedsASparseForwardOfTheSameTokensAndGoodArguments) {
   ffn.backward(p.x, p.w(), dy, 0.0, {g.dx.view(), {}, {}, {}}, nullptr);
   const Tensor dwd = g.dwd.download();
   EXPECT_TRUE(std::isnan(load_as_double(dwd, 0)));
+  // Without training, then.normed may be x: the forward then writes over x, which dWg and dWu need (refused);
+  // dx and dWd do not read x. (M = 16 is past gather_max_tokens = 0: the TwELL path, which keeps the state.)
+  {
+    GpuProblem q = make_problem(16, 128, 256, 0.05);
+    DeviceTensor resid = DeviceTensor::upload(test::random_normal(DType::f32, {16, 128}, 1.0, 5));
+    DeviceTensor wn = DeviceTensor::upload(test::random_normal(DType::bf16, {128}, 1.0, 6));
+    const cuda::ResidualNorm then{resid.view(), wn.view(), q.x.view(), 1e-5f};
+    ffn.forward(q.x, q.w(), q.y, nullptr, 0, &then);
+    EXPECT_EQ(ffn.last_path(), cuda::FfnPath::sparse);
+    test::expect_error([&] { ffn.backward(q.x, q.w(), dy, 0.0, g.views(), nullptr); },
+                 {"wrote then.normed over x, which grads.dwg and grads.dwu need"});
+    test::expect_error([&] { ffn.backward(q.x, q.w(), dy, 0.0, {{}, {}, g.dwu.view(), {}}, nullptr); },
+                       {"then.normed"});
+    EXPECT_NO_THROW(ffn.backward(q.x, q.w(), dy, 0.0, {g.dx.view(), {}, {}, g.dwd.view()}, nullptr));
+    TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   // A dW slice must be a multiple of 8 dividing H.
   for (int64_t bad : {-8, 4, 12, 96, 256}) {
     o.dw_slice_columns = bad;
