@@ -934,9 +934,16 @@ void split_added(std::string_view text, const std::vector<const BpeTokenizer::Ad
     if (!text.empty()) out.push_back({text, -1});
     return;
   }
+  std::array<bool, 256> starts{};  // the tokens' first bytes: elsewhere no token is compared (Llama 3 has 256)
+  for (const auto* t : tokens)
+    if (!t->content.empty()) starts[static_cast<unsigned char>(t->content[0])] = true;
   size_t done = 0;  // text before this is already in `out`
   size_t pos = 0;
   while (pos < text.size()) {
+    if (!starts[static_cast<unsigned char>(text[pos])]) {
+      ++pos;
+      continue;
+    }
     const BpeTokenizer::AddedToken* best = nullptr;
     for (const auto* t : tokens) {
       if (t->content.size() > (best ? best->content.size() : 0) &&
