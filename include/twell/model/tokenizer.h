@@ -97,7 +97,10 @@ class ByteTokenizer final : public Tokenizer {
 // tokens, are tables probed from `tokenizers` itself, Unicode 16). Known differences: decode()
 // returns raw bytes where HF replaces invalid UTF-8 with U+FFFD (so a token sequence cut inside a
 // character still concatenates correctly); text that is not valid UTF-8 (which HF cannot take) is
-// encoded byte for byte, each bad byte as a code point of class "other".
+// encoded byte for byte, each bad byte as a code point of class "other"; with byte fallback and a
+// vocabulary missing some <0xHH> tokens (no SentencePiece vocabulary does), a character with no token
+// before one that falls back gives <unk> first, where HF puts it after the bytes; "decoder": null decodes
+// as ByteLevel, where HF joins the raw tokens with spaces.
 class BpeTokenizer final : public Tokenizer {
  public:
   static std::unique_ptr<BpeTokenizer> from_file(const std::string& path);
