@@ -16,7 +16,8 @@
 #   sed -i 's/  if (!a.early_weight_reads) wait_for_previous_grid();/  if (false) wait_for_previous_grid();/' \
 #     src/cuda/kernels/ffn_gather.cu src/cuda/kernels/decode_gemv.cu
 # then `cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build tests/twell_gpu_tests`.
-# On the device, with carry ["out"]: `BUDGET=<seconds> bash bench/results/h200/s52/run.sh` (default 560).
+# On the device, with carry ["out"]: `BUDGET=<seconds> bash bench/results/h200/s52/run.sh` (default 560);
+# CHECKS_ONLY=1 stops before the benchmarks.
 set -u
 cd "$(dirname "$0")/../../../.."
 END=$(( $(date +%s) + ${BUDGET:-560} ))
@@ -38,6 +39,7 @@ done
 grep -c "Failure" $O/one_token_*.log; grep -E "^rc |PASSED|FAILED  \]" $O/one_token_*.log; save
 timeout $(left 90) $PY -m unittest discover -s python/tests > $O/python_tests.log 2>&1
 echo "rc $?" >> $O/python_tests.log; grep -E "^(FAIL|ERROR)|^Ran|^OK|FAILED" $O/python_tests.log | head; save
+if [ -n "${CHECKS_ONLY:-}" ]; then rm -rf $O; exit 0; fi  # little device time: the checks alone
 timeout $(left 150) $B/twell bench ffn --backend cuda --json $O/ffn.json > $O/ffn.txt 2> $O/ffn_progress.log
 echo "rc $?" >> $O/ffn.txt; cat $O/ffn.txt; save
 timeout $(left 200) $B/twell bench model --json $O/model.json > $O/model.txt 2> $O/model_progress.log
