@@ -348,11 +348,11 @@ void ModelConfig::validate(const std::string& source) const {
   // Each finite and positive as the float the GPU's table holds (rope_theta 1e-300 passes the checks above and
   // gives infinite angles: NaN logits, blamed on the weights).
   for (int64_t i = 0; i < head_dim / 2; ++i) {
-    const float f = rope_inv_freq<float>(i);
-    if (!(std::isfinite(f) && f > 0))
+    const float f = rope_inv_freq<float>(i);  // and its angle at the last position finite too
+    if (!(std::isfinite(f) && f > 0 && std::isfinite(f * static_cast<float>(max_position_embeddings))))
       throw Error(str(source, ": rope_theta ", rope_theta, r.none() ? "" : " with its rope_scaling",
                       " gives rotary pair ", i, " the inverse frequency ", f, " in float; expected a finite positive "
-                      "one (rope_theta is usually 1e4 to 1e6)"));
+                      "one, finite at every position too (rope_theta is usually 1e4 to 1e6)"));
   }
   if (!(std::isfinite(rms_norm_eps) && rms_norm_eps > 0))
     throw Error(str(source, ": rms_norm_eps must be a positive number, got ", rms_norm_eps));

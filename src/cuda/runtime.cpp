@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -226,12 +227,14 @@ void allow_non_portable_clusters(const void* kernel) {
 
 int max_cluster_blocks(const void* kernel, int threads, int largest) {
   static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> known;  // (kernel, device) -> blocks
+  static std::map<std::tuple<const void*, int, int, int>, int> known;  // (kernel, device, threads, largest) -> blocks
   int device = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mutex);
-  const auto [it, added] = known.try_emplace({kernel, device}, 1);
-  if (!added) return it->second;
+  const auto key = std::make_tuple(kernel, device, threads, largest);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  bool answered = false;  // some query answered: the result is the device's, kept (else asked again next time)
+  int blocks = 1;
   for (int n = largest; n > 1; --n) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(1, 1, static_cast<unsigned>(n));
@@ -243,15 +246,17 @@ int max_cluster_blocks(const void* kernel, int threads, int largest) {
     config.numAttrs = 1;
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
-      cudaGetLastError();  // not sticky: clear it and try a smaller cluster
+      cudaGetLastError();  // not sticky (a size past the kernel's limit, say): clear it and try a smaller cluster
       continue;
     }
+    answered = true;
     if (clusters >= 1) {
-      it->second = n;
+      blocks = n;
       break;
     }
   }
-  return it->second;
+  if (answered) known.emplace(key, blocks);
+  return blocks;
 }
 
 }  // namespace twell::cuda

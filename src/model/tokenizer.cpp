@@ -1214,10 +1214,12 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
       continue;
     }
     // Llama 2's decoder: <0xHH> is a byte (its ByteFallback step, whatever the model's byte_fallback), "▁" a
-    // space. Two hex digits exactly, as HF's from_str_radix takes them (sscanf alone would take "<0x+1>").
+    // space. What HF's u8::from_str_radix(HH, 16) takes: two hex digits, or "+" and one ("<0x+1>" is byte 1);
+    // sscanf alone would also take "<0x-1>" and "<0x 1>".
     unsigned byte = 0;
     const auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
-    if (token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' && hex(token[3]) && hex(token[4]) &&
+    if (token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' &&
+        (hex(token[3]) || token[3] == '+') && hex(token[4]) &&
         std::sscanf(token.c_str() + 3, "%2x", &byte) == 1) {
       out += static_cast<char>(byte);
       continue;

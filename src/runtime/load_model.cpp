@@ -23,16 +23,18 @@ void say(const ModelLoadOptions& o, const std::string& line) {
   if (o.log) o.log(line);
 }
 
-// The host memory available for new allocations (MemAvailable of /proc/meminfo); 0 where unknown.
+// The host memory available for new allocations, swap included (MemAvailable + SwapFree of /proc/meminfo:
+// a load that swaps is slow, not refused); 0 where unknown.
 size_t host_memory_available() {
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
-  size_t kib = 0;
+  size_t kib = 0, available = 0, swap = 0;
   while (meminfo >> key) {
-    if (key == "MemAvailable:" && meminfo >> kib) return kib * 1024;
+    if (key == "MemAvailable:" && meminfo >> kib) available = kib * 1024;
+    if (key == "SwapFree:" && meminfo >> kib) swap = kib * 1024;
     meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
-  return 0;
+  return available == 0 ? 0 : available + swap;
 }
 
 // "" where the CPU backend's weights (f32) fit the host's available memory (or it is unknown), else why not:
@@ -41,7 +43,7 @@ std::string host_shortfall(const io::ModelConfig& config) {
   const size_t host = host_memory_available(), f32_weights = LlamaWeights::bytes_for(config, DType::f32);
   if (host == 0 || f32_weights <= host) return "";
   return str("the CPU backend's f32 weights need ", bytes_str(f32_weights), " and the machine has ", bytes_str(host),
-             " available");
+             " available (memory and swap)");
 }
 
 #if TWELL_WITH_CUDA

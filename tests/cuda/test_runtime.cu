@@ -33,7 +33,6 @@ TEST(CudaRuntime, DynamicSmemLimitGrowsWithTheLargestRequest) {
   }
 }
 
-// An allocation the GPU cannot hold names its size and the free memory, and leaves the context usable.
 __global__ void cluster_rank(int* out) {
   out[blockIdx.z] = static_cast<int>(blockIdx.z);
 }
@@ -51,19 +50,26 @@ TEST(CudaRuntime, MaxClusterBlocksIsWhatTheDeviceRuns) {
   EXPECT_EQ(cuda::max_cluster_blocks(reinterpret_cast<const void*>(&cluster_rank_portable), 128, 16), 8);
   EXPECT_EQ(cuda::max_cluster_blocks(wide, 128, 16), n);  // asked once, remembered
   EXPECT_EQ(n, 16) << "not a whole H100 or H200 (a MIG slice?)";
-  cuda::DeviceBuffer out(16 * sizeof(int));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(1, 1, static_cast<unsigned>(n));
-  config.blockDim = dim3(128);
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = static_cast<unsigned>(n);
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  ASSERT_EQ(cudaLaunchKernelEx(&config, cluster_rank, out.as<int>()), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (const auto& [kernel, blocks] : {std::make_pair(&cluster_rank, n), std::make_pair(&cluster_rank_portable, 8)}) {
+    SCOPED_TRACE(blocks);
+    cuda::DeviceBuffer out(16 * sizeof(int));
+    cuda::fill_bytes(out.get(), 16 * sizeof(int), 0xff, nullptr);  // -1
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(1, 1, static_cast<unsigned>(blocks));
+    config.blockDim = dim3(128);
+    cudaLaunchAttribute cluster = {};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = static_cast<unsigned>(blocks);
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    ASSERT_EQ(cudaLaunchKernelEx(&config, kernel, out.as<int>()), cudaSuccess);
+    int got[16];
+    ASSERT_EQ(cudaMemcpy(got, out.get(), sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(got[i], i < blocks ? i : -1) << i;
+  }
 }
 
+// An allocation the GPU cannot hold names its size and the free memory, and leaves the context usable.
 TEST(CudaRuntime, OutOfMemorySaysHowMuch) {
   TWELL_REQUIRE_HOPPER();
   try {

@@ -1457,6 +1457,8 @@ TEST(FfnBackwardGpuEdges, NeedsASparseForwardOfTheSameTokensAndGoodArguments) {
     test::expect_error([&] { ffn.backward(q.x, q.w(), dy, 0.0, {{}, {}, g.dwu.view(), {}}, nullptr); },
                        {"then.normed"});
     EXPECT_NO_THROW(ffn.backward(q.x, q.w(), dy, 0.0, {g.dx.view(), {}, {}, g.dwd.view()}, nullptr));
+    ffn.forward(q.x, q.w(), q.y, nullptr);  // a forward without `then`: every gradient again
+    EXPECT_NO_THROW(ffn.backward(q.x, q.w(), dy, 0.0, g.views(), nullptr));
     TWELL_CUDA_CHECK(cudaDeviceSynchronize());
   }
   // A dW slice must be a multiple of 8 dividing H.

@@ -342,7 +342,8 @@ TEST(BpeTokenizer, AGapInTheIdsDecodesToNothing) {
 }
 
 // Llama 2's decoder turns <0xHH> tokens into bytes (its ByteFallback step) whether or not the model falls back to
-// them when encoding, as HF's does; a token that only looks like one (<0x+1>) is text.
+// them when encoding, as HF's does (<0x+1> too: Rust's from_str_radix takes the "+"); one that only looks like
+// one (<0x-1>) is text.
 TEST(BpeTokenizer, ByteTokensDecodeAsBytesWithoutTheModelsByteFallback) {
   auto j = nlohmann::json::parse(fixture_text("bpe_llama2.json"));
   j["model"]["byte_fallback"] = false;
@@ -350,10 +351,11 @@ TEST(BpeTokenizer, ByteTokensDecodeAsBytesWithoutTheModelsByteFallback) {
   for (const auto& [token, id] : j["model"]["vocab"].items()) next = std::max(next, id.get<int32_t>() + 1);
   for (const auto& added : j["added_tokens"]) next = std::max(next, added["id"].get<int32_t>() + 1);
   j["model"]["vocab"]["<0x+1>"] = next;
+  j["model"]["vocab"]["<0x-1>"] = next + 1;
   const auto tok = BpeTokenizer::from_json(j.dump(), "tok.json");
   EXPECT_EQ(tok->decode({87, 198, 172}), "T\xc3\xa9");  // <0x54><0xC3><0xA9>: "Té"
-  const int32_t lookalike = j["model"]["vocab"]["<0x+1>"].get<int32_t>();
-  EXPECT_EQ(tok->decode({lookalike}), "<0x+1>");
+  EXPECT_EQ(tok->decode({next}), std::string(1, '\x01'));
+  EXPECT_EQ(tok->decode({next + 1}), "<0x-1>");
 }
 
 TEST(BpeTokenizer, UnsupportedComponentsAreNamed) {
