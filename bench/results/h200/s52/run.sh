@@ -1,5 +1,5 @@
 #!/bin/bash
-# Fifty-second session's check, on 179e8c3's build (the fifty-first session's last commit, 6aeb115, whose GPU
+# Fifty-second session's check, on 86c8ef5's build (the fifty-first session's last commit, 6aeb115, whose GPU
 # suite had not run, with this session's review fixes: decode attention's cluster capped at what the device
 # runs, an unfilled spilled tile unpacked as zeros, a backward after a forward that overwrote x refusing dWg/dWu; two new GPU tests):
 #  1. the GPU suite (predicted 197/197: 195 and the two new);
@@ -12,7 +12,7 @@
 #     thirty-ninth session; predicted within its spread: 0.576-0.625x at M = 131072 on an H200,
 #     0.59-0.62x on an H100; prefill 0.765-0.773x, decode batch 1 unchanged by the cluster cap, 16 here).
 # Binaries (out/b12.tar.xz): head/ as h200/s47/run.sh says (twell, twell_gpu_tests, libtwell_c.so,
-# stripped, COMMIT: 179e8c3); early_reads/twell_gpu_tests from a worktree of 6aeb115 with third_party/ copied and
+# stripped, COMMIT: 86c8ef5); early_reads/twell_gpu_tests from a worktree of 6aeb115 with third_party/ copied and
 #   sed -i 's/  if (!a.early_weight_reads) wait_for_previous_grid();/  if (false) wait_for_previous_grid();/' \
 #     src/cuda/kernels/ffn_gather.cu src/cuda/kernels/decode_gemv.cu
 # then `cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build tests/twell_gpu_tests`.
