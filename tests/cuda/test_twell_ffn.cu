@@ -501,14 +501,24 @@ TEST(FfnForwardGpuDecode, WithoutTheOneTokenKernel) {
   EXPECT_TRUE(test::all_close(y.download(), y_cpu, 0.05 * rms(y_cpu) + 1e-6, 0.02));
 }
 
-// Lets its programmatic dependents start at once, then writes after ~10 µs: a dependent that read
-// `to` before waiting for this grid would read it stale.
-__global__ void copy_words(const uint4* from, uint4* to, int64_t n) {
+// The three weight buffers of a call, written by one kernel (copy_weights).
+struct WeightCopy {
+  const uint4* from[3];
+  uint4* to[3];
+  int64_t n[3];  // 16-byte words
+};
+
+// Lets its programmatic dependents start at once, then, after ~100 µs, writes all three weights, Wg last:
+// a dependent that read any of them before waiting for this grid would read it stale. (One kernel: with
+// a kernel for each, the first two would end before the next began, as stream order has it, and only Wd,
+// which the one-token kernels read after waiting anyway, would be written while they run.)
+__global__ void copy_weights(const WeightCopy c) {
   cuda::allow_dependent_launch();
-  for (const long long t0 = clock64(); clock64() - t0 < 20000;) {
+  for (const long long t0 = clock64(); clock64() - t0 < 200000;) {
   }
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * int64_t(blockDim.x))
-    to[i] = from[i];
+  for (int m = 2; m >= 0; --m)
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < c.n[m]; i += gridDim.x * int64_t(blockDim.x))
+      c.to[m][i] = c.from[m][i];
 }
 
 // The one-token kernels start before the kernel ahead of them ends (programmatic dependent launch):
@@ -552,10 +562,13 @@ TEST(FfnForwardGpuDecode, WeightsWrittenJustBeforeAreReadAsWritten) {
             TWELL_CUDA_CHECK(cudaMemcpy(live[m].view().data, sets[k][m].view().data, live[m].nbytes(),
                                         cudaMemcpyDeviceToDevice));
         } else {
-          for (int m = 0; m < 3; ++m)
-            copy_words<<<264, 256, 0, stream>>>(static_cast<const uint4*>(sets[k][m].view().data),
-                                                       static_cast<uint4*>(live[m].view().data),
-                                                       static_cast<int64_t>(live[m].nbytes() / 16));
+          WeightCopy c;
+          for (int m = 0; m < 3; ++m) {
+            c.from[m] = static_cast<const uint4*>(sets[k][m].view().data);
+            c.to[m] = static_cast<uint4*>(live[m].view().data);
+            c.n[m] = static_cast<int64_t>(live[m].nbytes() / 16);
+          }
+          copy_weights<<<264, 256, 0, stream>>>(c);
           TWELL_CUDA_CHECK(cudaGetLastError());  // the copy kernel is the one just before the FFN's
         }
         ffn.forward(x, w_live, y, stream);
