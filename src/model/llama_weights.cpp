@@ -351,11 +351,11 @@ LlamaWeights LlamaWeights::load(const io::Checkpoint& ckpt, const io::ModelConfi
 size_t LlamaWeights::bytes_for(const io::ModelConfig& config, DType dtype) {
   // Saturating: a config's dimensions are bounded one by one, not their products.
   constexpr size_t kMax = std::numeric_limits<size_t>::max();
-  const auto add = [&](size_t a, size_t b) { return a > kMax - b ? kMax : a + b; };
-  size_t layer = 0, n = 0;
+  const auto add = [](size_t a, size_t b) { return a > kMax - b ? kMax : a + b; };
+  size_t layer = 0;
   for (const Expected& e : layer_tensors(config, 0)) layer = add(layer, checked_nbytes(dtype, e.shape));
   const size_t layers = static_cast<size_t>(config.num_hidden_layers);
-  n = layers != 0 && layer > kMax / layers ? kMax : layer * layers;
+  size_t n = layers != 0 && layer > kMax / layers ? kMax : layer * layers;
   for (const Expected& e : expected_tensors(config, {})) n = add(n, checked_nbytes(dtype, e.shape));
   return n;
 }

@@ -140,6 +140,7 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
   const bool automatic = o.device == DeviceChoice::automatic;
   std::string no_gpu;
   bool gpu = gpu_chosen(o.device, &no_gpu, o.cuda_choice_name);
+  bool host_checked = false;  // host_shortfall asked already (a model the GPU could not hold, moved to the CPU)
   if (!gpu && automatic) say(o, "using the CPU backend: " + no_gpu);
 #if TWELL_WITH_CUDA
   cuda::LlamaCudaOptions co;
@@ -217,11 +218,12 @@ std::unique_ptr<LanguageModel> load_model(const std::string& dir, const ModelLoa
         TWELL_REQUIRE(host.empty(), shortfall, "; nor does it fit on the CPU: ", host);
         say(o, shortfall + ": using the CPU backend");
         gpu = false;
+        host_checked = true;
       }
     }
   }
 #endif
-  if (!gpu) {
+  if (!gpu && !host_checked) {
     const std::string host = host_shortfall(io::read_config(dir));
     TWELL_REQUIRE(host.empty(), dir, ": the model does not fit in memory: ", host);
   }

@@ -168,10 +168,11 @@ struct FfnOptions {
 // a kernel of its own. Same results either way, but for the order in which the sum of squares is
 // added. residual [M, H] f32, weight [H] bf16, normed [M, H] bf16, on the device, 16-byte
 // aligned; normed may be x (read before it is written; not in training, whose backward reads x
-// again; a backward after such a forward gives dx and dwd only), none of them may overlap y or each other. `before` (optional, bf16 [M, H]): an add to the
-// residual the caller deferred to here, done first: residual[m] = (residual[m] + before[m]) +
-// bf16(y[m]), the order, and so the bits, of adding it before the FFN (LlamaCuda defers the
-// attention's output so, writing the f32 residual once a layer).
+// again; a backward after such a forward gives dx and dwd only), none of them may overlap y or each
+// other. `before` (optional, bf16 [M, H]): an add to the residual the caller deferred to here, done
+// first: residual[m] = (residual[m] + before[m]) + bf16(y[m]), the order, and so the bits, of
+// adding it before the FFN (LlamaCuda defers the attention's output so, writing the f32 residual
+// once a layer).
 struct ResidualNorm {
   TensorView residual;
   TensorView weight;

@@ -189,10 +189,11 @@ class BpeTokenizer final : public Tokenizer {
 // own; finish() returns what is held of a character that never ended. Pieces are valid UTF-8: bytes
 // that form no character (a model may draw byte tokens in any order) come as U+FFFD, one for each
 // maximal ill-formed subsequence (valid_utf8), as Python's errors="replace" and HF's decode of a
-// byte-level tokenizer give them (HF's ByteFallback, Llama 2's, makes every byte token of an invalid run
-// U+FFFD, the valid ones among them too: [<0x4D>, <0xEE>] is "��" there, "M�" here). An id in `stops` (an end-of-sequence token) adds nothing. Each step decodes only a window of
-// the last few ids, so a step's cost does not grow with the text. The window always begins with ids
-// whose text was given already, so a decoder that treats the first token specially (Llama 2's strips
+// byte-level tokenizer give them (HF's ByteFallback, Llama 2's, makes every byte token of an invalid
+// run U+FFFD, the valid ones among them too: [<0x4D>, <0xEE>] is "��" there, "M�" here). An id in
+// `stops` (an end-of-sequence token) adds nothing. Each step decodes only a window of the last few
+// ids, so a step's cost does not grow with the text. The window always begins with ids whose text was
+// given already, so a decoder that treats the first token specially (Llama 2's strips
 // one leading space) gives the same text as a single decode of everything, provided those ids decode
 // to some text: after six ids of none (ByteTokenizer's BOS and EOS, say) such a decoder would strip
 // the next token's space (no tokenizer twell loads has both).
