@@ -26,6 +26,7 @@ export PYTHONPATH=$PWD/python TWELL_LIBRARY=$B/libtwell_c.so
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
 O=$OUT/s53; mkdir -p $O; cp $B/COMMIT $O/COMMIT
 save() { (cd $OUT && tar cJf results.tar.xz s53); }  # after each step: a run cut short keeps what it did
+trap 'save; rm -rf $O' EXIT  # one file comes back (the device returns at most eight)
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,driver_version --format=csv > $O/gpu.txt; cat $O/gpu.txt
 timeout $(left 170) $B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests.log 2>&1; echo "rc $?" >> $O/gpu_tests.log
 tail -3 $O/gpu_tests.log; grep -E "FAILED|Failure" -A8 $O/gpu_tests.log | head -30; save
