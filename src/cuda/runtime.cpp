@@ -1,5 +1,6 @@
 #include "twell/cuda/runtime.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -235,6 +236,11 @@ int max_cluster_blocks(const void* kernel, int threads, int largest) {
   if (const auto it = known.find(key); it != known.end()) return it->second;
   bool answered = false;  // some query answered: the result is the device's, kept (else asked again next time)
   int blocks = 1;
+  cudaFuncAttributes attributes = {};
+  TWELL_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  // Past 8 (the portable limit) only where allowed: asking for more fails, and a failed query is an error
+  // compute-sanitizer reports.
+  if (!attributes.nonPortableClusterSizeAllowed) largest = std::min(largest, 8);
   for (int n = largest; n > 1; --n) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(1, 1, static_cast<unsigned>(n));

@@ -501,21 +501,34 @@ TEST(FfnForwardGpuDecode, WithoutTheOneTokenKernel) {
   EXPECT_TRUE(test::all_close(y.download(), y_cpu, 0.05 * rms(y_cpu) + 1e-6, 0.02));
 }
 
-// The three weight buffers of a call, written by one kernel (copy_weights).
+// The three weight buffers of a call, written by one kernel (copy_weights), and the host's word that the
+// FFN's kernels are enqueued.
 struct WeightCopy {
   const uint4* from[3];
   uint4* to[3];
-  int64_t n[3];  // 16-byte words
+  int64_t n[3];            // 16-byte words
+  volatile int* enqueued;  // page-locked: [0] set by the host after forward(), [1] set here if it never came
 };
 
-// Lets its programmatic dependents start at once, then, after ~100 µs, writes all three weights, Wg last:
-// a dependent that read any of them before waiting for this grid would read it stale. (One kernel: with
-// a kernel for each, the first two would end before the next began, as stream order has it, and only Wd,
-// which the one-token kernels read after waiting anyway, would be written while they run.)
+// Lets its programmatic dependents start at once, waits until the host has enqueued the FFN's kernels
+// (at most ~2 s) and ~50 µs more for them to start, then writes all three weights, Wg last: a dependent
+// that read any of them before waiting for this grid reads it stale. (One kernel: with a kernel for each,
+// the first two would end before the next began, as stream order has it, and only Wd, which the one-token
+// kernels read after waiting anyway, would be written while they run. A fixed ~100 µs instead of the
+// host's word let the old early reads pass one run in two: forward()'s host side can take longer.)
 __global__ void copy_weights(const WeightCopy c) {
   cuda::allow_dependent_launch();
-  for (const long long t0 = clock64(); clock64() - t0 < 200000;) {
+  if (threadIdx.x == 0) {
+    const long long t0 = clock64();
+    while (c.enqueued[0] == 0)
+      if (clock64() - t0 > 4'000'000'000LL) {
+        c.enqueued[1] = 1;
+        break;
+      }
+    for (const long long t1 = clock64(); clock64() - t1 < 100'000;) {
+    }
   }
+  __syncthreads();
   for (int m = 2; m >= 0; --m)
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < c.n[m]; i += gridDim.x * int64_t(blockDim.x))
       c.to[m][i] = c.from[m][i];
@@ -538,6 +551,8 @@ TEST(FfnForwardGpuDecode, WeightsWrittenJustBeforeAreReadAsWritten) {
                           DeviceTensor(DType::bf16, {I, H})};
   const FfnWeights w_live{live[0].view(), live[1].view(), live[2].view()};
   const cudaStream_t stream = nullptr;
+  cuda::PinnedBuffer flags(2 * sizeof(int));
+  volatile int* enqueued = flags.as<int>();
   for (Dispatch d : {Dispatch::always_sparse, Dispatch::always_dense})  // the decode FFN kernel; the GEMV
     for (bool early : {false, true}) {
       SCOPED_TRACE(str(d == Dispatch::always_sparse ? "decode FFN kernel" : "dense, GEMV", early ? ", early" : ""));
@@ -563,6 +578,8 @@ TEST(FfnForwardGpuDecode, WeightsWrittenJustBeforeAreReadAsWritten) {
                                         cudaMemcpyDeviceToDevice));
         } else {
           WeightCopy c;
+          c.enqueued = enqueued;
+          enqueued[0] = enqueued[1] = 0;
           for (int m = 0; m < 3; ++m) {
             c.from[m] = static_cast<const uint4*>(sets[k][m].view().data);
             c.to[m] = static_cast<uint4*>(live[m].view().data);
@@ -572,7 +589,9 @@ TEST(FfnForwardGpuDecode, WeightsWrittenJustBeforeAreReadAsWritten) {
           TWELL_CUDA_CHECK(cudaGetLastError());  // the copy kernel is the one just before the FFN's
         }
         ffn.forward(x, w_live, y, stream);
+        enqueued[0] = 1;  // a volatile store to page-locked memory: the copy kernel polls it
         TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+        EXPECT_EQ(enqueued[1], 0) << "call " << call << ": forward() waited for the GPU before returning";
         EXPECT_TRUE(test::bit_equal(y.download(), want[k])) << "call " << call;
       }
     }
