@@ -1461,10 +1461,35 @@ size_t first_invalid_utf8(std::string_view text) {
   return std::string_view::npos;
 }
 
+namespace {
+
+// Where a well-formed sequence may begin at `pos`: its length (0 where the byte begins none: a
+// continuation, C0, C1, F5..FF) and how many of the bytes from `pos` still continue some well-formed
+// sequence, its maximal subpart (at least 1; the second byte's range depends on the lead, Unicode's
+// Table 3-7). A whole character where `take` equals `len`.
+struct Utf8Start {
+  size_t len, take;
+};
+Utf8Start utf8_start(std::string_view s, size_t pos) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char lead = byte(pos);
+  const size_t len = lead < 0x80 ? 1 : lead >= 0xC2 && lead <= 0xF4 ? utf8_length(lead) : 0;
+  size_t take = 1;
+  if (len > 1 && pos + 1 < s.size()) {
+    const unsigned char second = byte(pos + 1);
+    const unsigned char lo = lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80;
+    const unsigned char hi = lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF;
+    if (second >= lo && second <= hi)
+      for (take = 2; take < len && pos + take < s.size() && (byte(pos + take) & 0xC0) == 0x80;) ++take;
+  }
+  return {len, take};
+}
+
+}  // namespace
+
 std::string valid_utf8(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
   for (size_t pos = 0; pos < text.size();) {
     const CodePoint cp = decode_utf8(text, pos);
     if (cp.cp != kInvalid) {
@@ -1473,20 +1498,9 @@ std::string valid_utf8(std::string_view text) {
       continue;
     }
     // The maximal subpart (Unicode's "U+FFFD substitution of maximal subparts", as Python's
-    // errors="replace" and Rust's from_utf8_lossy): the lead and the bytes that still continue some
-    // well-formed sequence, whose second byte's range depends on the lead (Table 3-7).
-    const unsigned char lead = byte(pos);
-    const size_t len = lead >= 0xC2 && lead <= 0xF4 ? utf8_length(lead) : 0;
-    size_t take = 1;
-    if (len > 1 && pos + 1 < text.size()) {
-      const unsigned char second = byte(pos + 1);
-      const unsigned char lo = lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80;
-      const unsigned char hi = lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF;
-      if (second >= lo && second <= hi)
-        for (take = 2; take < len && pos + take < text.size() && (byte(pos + take) & 0xC0) == 0x80;) ++take;
-    }
+    // errors="replace" and Rust's from_utf8_lossy).
     out += "\xEF\xBF\xBD";  // U+FFFD
-    pos += take;
+    pos += utf8_start(text, pos).take;
   }
   return out;
 }
@@ -1582,13 +1596,15 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
 
 namespace {
 
-// The length of `s` without a UTF-8 character that has begun but not ended at its end (a lead byte
-// in the last three whose sequence is longer than what follows it).
+// The length of `s` without a UTF-8 character that has begun but not ended at its end: a lead in the
+// last three bytes whose sequence is longer than what follows it, all of which may still continue it.
+// (Bytes that cannot, as F0 80, are passed on now as U+FFFD, not held for the next piece.)
 size_t whole_utf8_prefix(std::string_view s) {
   for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
-    const auto c = static_cast<unsigned char>(s[s.size() - back]);
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: its lead is further back
-    return utf8_length(c) > back ? s.size() - back : s.size();  // an invalid lead (0) ends nothing
+    const size_t pos = s.size() - back;
+    if ((static_cast<unsigned char>(s[pos]) & 0xC0) == 0x80) continue;  // a continuation byte: its lead is further back
+    const Utf8Start start = utf8_start(s, pos);
+    return start.len > back && start.take == back ? pos : s.size();
   }
   return s.size();  // ASCII, or continuation bytes alone (not UTF-8: passed on)
 }

@@ -190,6 +190,18 @@ TEST(TextStream, PiecesAreWholeCharactersAndStopsAddNothing) {
   EXPECT_EQ(escaped(cut.put(0x80)), escaped("\xef\xbf\xbd"));
   EXPECT_EQ(cut.put(0xC3), "");
   EXPECT_EQ(escaped(cut.put('y')), escaped("\xef\xbf\xbdy"));
+  // Bytes no continuation can make whole come at once, not with the next piece: F0 80 (F0 needs a second
+  // byte of 90..BF), C0 and F5 (which begin nothing); a valid prefix waits.
+  EXPECT_EQ(cut.put(0xF0), "");
+  EXPECT_EQ(escaped(cut.put(0x80)), escaped("\xef\xbf\xbd\xef\xbf\xbd"));
+  EXPECT_EQ(escaped(cut.put(0xC0)), escaped("\xef\xbf\xbd"));
+  EXPECT_EQ(escaped(cut.put(0xF5)), escaped("\xef\xbf\xbd"));
+  EXPECT_EQ(cut.put(0xED), "");
+  EXPECT_EQ(cut.put(0x9F), "");
+  EXPECT_EQ(escaped(cut.put(0xBF)), escaped("\xed\x9f\xbf"));
+  EXPECT_EQ(cut.put(0xED), "");
+  EXPECT_EQ(escaped(cut.put(0xA0)), escaped("\xef\xbf\xbd\xef\xbf\xbd"));  // a surrogate's start
+  EXPECT_EQ(cut.finish(), "");
 }
 
 // valid_utf8 replaces each maximal ill-formed subsequence by one U+FFFD, as Python's
