@@ -121,10 +121,14 @@ void AtomicFile::commit() {
   committed_ = true;
   // Make the rename itself durable. A failure here cannot be undone and the data is in place,
   // so it is not an error.
-  int dir = ::open(parent_dir(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
+  sync_directory(parent_dir(path_));
+}
+
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
   }
 }
 

@@ -34,6 +34,10 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// fsyncs the directory `dir`, so that entries made or renamed in it last through a crash; best effort
+// (nothing to undo where it fails).
+void sync_directory(const std::string& dir);
+
 // Writes `text` to `path` atomically.
 void write_file_atomically(const std::string& path, const std::string& text);
 

@@ -369,6 +369,12 @@ LlamaWeights LlamaWeights::load_dir(const std::string& dir, const LlamaLoadOptio
 void LlamaWeights::save_dir(const std::string& dir) const {
   validate();
   std::error_code ec;
+  std::vector<std::filesystem::path> made;  // the directories created here, deepest first
+  for (std::filesystem::path p = std::filesystem::absolute(dir, ec); !ec && p.has_relative_path();
+       p = p.parent_path()) {
+    if (std::filesystem::exists(p, ec) || ec) break;
+    made.push_back(p);
+  }
   std::filesystem::create_directories(dir, ec);
   TWELL_REQUIRE(!ec, dir, ": cannot create the directory: ", ec.message());
   const int64_t H = config.hidden_size, I = config.intermediate_size;
@@ -406,6 +412,7 @@ void LlamaWeights::save_dir(const std::string& dir) const {
   config_file.sync();
   io::write_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
   config_file.commit();
+  for (const std::filesystem::path& p : made) io::detail::sync_directory(p.parent_path().string());  // their entries
 }
 
 }  // namespace twell::model
