@@ -5,7 +5,9 @@
 //   non-gated: h = relu(x Wuᵀ),                     y = h Wd
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "twell/tensor.h"
 
@@ -60,9 +62,19 @@ struct ActivationStats {
   }
 };
 
-// Coefficient of Σ|h| in the loss L = CE + λ · mean over layers of (1/M) Σ|h|.
+// Coefficient of Σ|h| in the loss L = CE + λ · mean over layers of (1/M) Σ|h|; 0 for no tokens (an
+// empty batch adds no penalty), as python/twell's l1_coefficient.
 inline double l1_coefficient(double lambda, int64_t tokens, int64_t layers) {
-  return lambda / (static_cast<double>(tokens) * static_cast<double>(layers));
+  TWELL_REQUIRE(tokens >= 0 && layers >= 1, "l1_coefficient: expected tokens >= 0 and layers >= 1, got tokens ",
+                tokens, ", layers ", layers);
+  return tokens == 0 ? 0.0 : lambda / (static_cast<double>(tokens) * static_cast<double>(layers));
+}
+
+// The backwards' check of their l1_coeff: finite, >= 0, and within float's range (the kernels multiply
+// in float, where a larger value is inf, and inf · sign(0) NaN).
+inline void check_l1_coefficient(double l1_coeff, const char* op) {
+  TWELL_REQUIRE(std::isfinite(l1_coeff) && l1_coeff >= 0 && l1_coeff <= std::numeric_limits<float>::max(), op,
+                ": l1_coeff: expected a finite value in [0, 3.4e+38] (float's range), got ", l1_coeff);
 }
 
 }  // namespace twell

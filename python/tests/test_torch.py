@@ -114,6 +114,36 @@ class TorchFfn(unittest.TestCase):
         self.check_forward_and_backward("cuda", 1000, "previous", "dense")  # few tokens: dense pays
 
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
+    def test_gpu_takes_views_not_16_byte_aligned(self):
+        """A contiguous view at an odd offset (buf[3:]) is not 16-byte aligned, as the GPU kernels read: twell
+        copies it (x, the weights, dy) and gives the bits of aligned tensors (it refused them before)."""
+        M, H, I = 300, 256, 1024
+        x, wg, wu, wd = sparse_problem(M, H, I, "cuda")
+        dy = torch.randn(M, H, generator=torch.Generator().manual_seed(6)).to("cuda", torch.bfloat16)
+
+        def odd(t):  # the same values, 6 bytes past a 16-byte boundary: (buffer, view)
+            buf = torch.cat([t.new_zeros(3), t.flatten()])
+            return buf, buf[3:].view(t.shape)
+
+        self.assertNotEqual(odd(x)[1].data_ptr() % 16, 0)
+        with torch.no_grad():
+            want = twell.ffn_forward(x, wg, wu, wd)
+            self.assertTrue(torch.equal(twell.ffn_forward(*(odd(t)[1] for t in (x, wg, wu, wd))), want))
+        ffn = twell.FFN(H, I, l1=1e-3, dispatch="always_sparse", device="cuda")
+        with torch.no_grad():
+            ffn.wg.copy_(wg), ffn.wu.copy_(wu), ffn.wd.copy_(wd)
+        runs = []
+        for shifted in (False, True):
+            ffn.zero_grad(set_to_none=True)
+            buf = (odd(x)[0] if shifted else x.clone()).requires_grad_()
+            xv = buf[3:].view(M, H) if shifted else buf
+            y = ffn(xv)
+            y.backward(odd(dy)[1] if shifted else dy)
+            runs.append([y, (buf.grad[3:].view(M, H) if shifted else buf.grad), ffn.wg.grad, ffn.wu.grad, ffn.wd.grad])
+        for name, a, b in zip(["y", "dx", "dwg", "dwu", "dwd"], *runs):
+            self.assertTrue(torch.equal(a, b), name)
+
+    @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
     def test_gpu_large_call_dispatches_sparse_and_uses_torchs_memory(self):
         M, H, I = 16384, 512, 1536
         x, wg, wu, wd = sparse_problem(M, H, I, "cuda", seed=3)

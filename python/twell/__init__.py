@@ -77,6 +77,14 @@ def _dtype_code(t):
     return codes[t.dtype]
 
 
+def _aligned(t):
+    """t, or a copy where it is a CUDA tensor not 16-byte aligned: the GPU kernels read 16-byte vectors, and
+    refuse a contiguous view at an odd offset (buf[3:], a slice of torch.cat's result) that PyTorch passes."""
+    if t is None or not t.is_cuda or t.data_ptr() % 16 == 0:
+        return t
+    return t.clone()
+
+
 def _c(t, name):
     """The twell_tensor of a contiguous torch tensor, or None for None."""
     if t is None:
@@ -661,7 +669,7 @@ if torch is not None and hasattr(torch.library, "custom_op"):  # PyTorch 2.4 and
             if runner is None:  # its forward's graph held it: the generation tensor it saved was copied
                 raise TwellError(_CudaTrainer.MOVED if x.is_cuda else "twell.FFN backward: the state of its forward "
                                  "is gone")
-            grads = runner.backward(x, wg, wu, wd, dy.to(x.dtype).contiguous(),
+            grads = runner.backward(x, wg, wu, wd, _aligned(dy.to(x.dtype).contiguous()),
                                     l1_coefficient(st.l1, x.shape[0], st.layers), needed, int(generation))
         return [g.to(t.dtype) if need else x.new_empty(0) for g, t, need in zip(grads, inputs, needed)]
 
@@ -733,6 +741,7 @@ def _functional_ffn(x, wg, wu, wd, precision, dispatch):
     precision = _resolved_precision(precision, x)
     if x.shape[0] == 0:
         return x.new_empty((0, wd.shape[1]))
+    x, wg, wu, wd = (_aligned(t) for t in (x, wg, wu, wd))
     if x.is_cuda:
         key = (x.device, wu.shape[1], wu.shape[0], wg is not None, precision, dispatch)
         with _functional_lock:
@@ -995,6 +1004,8 @@ if torch is not None:  # defined at the module's level, so that modules pickle (
                                  "other" + (" (twell has no float16 kernels: model.to(torch.bfloat16))" if half else ""))
             shape = x.shape
             x2 = x.reshape(-1, self.hidden).contiguous()
+            if not torch.compiler.is_compiling():  # a compiled graph's fake tensors have no address
+                x2 = _aligned(x2)
             grad = torch.is_grad_enabled() and any(
                 t is not None and t.requires_grad for t in (x2, self.wg, self.wu, self.wd))
             precision = _resolved_precision(self.precision, x)

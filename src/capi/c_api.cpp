@@ -109,10 +109,13 @@ int guarded(F&& f) {
   return TWELL_ERROR;
 }
 
-// The view of a C tensor; empty where it is NULL, or has no data and ndim 0 (an argument not given);
-// a tensor of no elements (a dimension 0: PyTorch's data_ptr() of an empty tensor is NULL) is one.
-// No data with a shape of elements is refused: taken as "not given", a forgotten pointer would turn a
-// gated FFN into a non-gated one, or skip a gradient, silently.
+// The view of a C tensor; empty where it is NULL, or has no data and ndim 0 (an argument not given).
+// A tensor of no elements (a dimension 0: PyTorch's data_ptr() of an empty tensor is NULL) is given:
+// its view points at kNoElements (never read), so it is checked as the argument it stands for (a wg of
+// [0, H] was taken as "no wg", a non-gated FFN; a dx of no elements for M = 10 was skipped). No data
+// with a shape of elements is refused: taken as "not given", a forgotten pointer would turn a gated
+// FFN into a non-gated one, or skip a gradient, silently.
+alignas(256) char kNoElements[256];
 TensorView view(const twell_tensor* t, const char* name) {
   if (t == nullptr) return {};
   if (t->data == nullptr &&
@@ -137,7 +140,8 @@ TensorView view(const twell_tensor* t, const char* name) {
   const size_t element = dtype_size(static_cast<DType>(t->dtype));
   TWELL_REQUIRE(reinterpret_cast<uintptr_t>(t->data) % element == 0, name, ": data at ", t->data,
                 " is not aligned to its elements (", element, " bytes)");
-  return TensorView(t->data, static_cast<DType>(t->dtype), std::move(shape), static_cast<Device>(t->device));
+  void* data = t->data != nullptr ? t->data : kNoElements;  // NULL here: a shape of no elements
+  return TensorView(data, static_cast<DType>(t->dtype), std::move(shape), static_cast<Device>(t->device));
 }
 
 Precision precision_of(int32_t p) {

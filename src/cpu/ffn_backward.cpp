@@ -171,8 +171,7 @@ void ffn_backward(const TensorView& x, const FfnWeights& w, const TensorView& dy
     TWELL_REQUIRE(grads.dwg.empty(), op, ": grads.dwg: expected an empty view for a non-gated FFN ",
                   "(w.wg is empty), got shape ", shape_str(grads.dwg.shape));
   }
-  TWELL_REQUIRE(std::isfinite(l1_coeff) && l1_coeff >= 0, op,
-                ": l1_coeff: expected a finite value >= 0, got ", l1_coeff);
+  check_l1_coefficient(l1_coeff, op);
   check_ffn_grads_disjoint(op, x, w, dy, grads);
 
   auto run = [&](auto acc_tag) {

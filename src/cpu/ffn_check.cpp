@@ -25,8 +25,9 @@ std::string where(const char* op, const char* name) {
 void check_matrix(const char* op, const char* name, const TensorView& t, const Shape& expected,
                   std::initializer_list<DType> allowed, bool host) {
   const std::string n = where(op, name);
-  // No data is fine for no elements (M = 0: PyTorch's data_ptr() of an empty tensor is null).
-  TWELL_REQUIRE(!t.empty() || (t.rank() > 0 && t.numel() == 0), n, ": missing (null data), expected a tensor of shape ",
+  // No data is fine for no elements (M = 0: PyTorch's data_ptr() of an empty tensor is null); a
+  // default view (TensorView{}, shape [0]) is missing.
+  TWELL_REQUIRE(!t.empty() || (t.rank() == 2 && t.numel() == 0), n, ": missing (null data), expected a tensor of shape ",
                 shape_str(expected));
   check_shape(t, expected, n.c_str());
   check_dtype(t, allowed, n.c_str());

@@ -560,8 +560,7 @@ struct FfnForward::Impl {
                   {&grads.dx, "FfnForward::backward: grads.dx"}, {&grads.dwg, "FfnForward::backward: grads.dwg"},
                   {&grads.dwu, "FfnForward::backward: grads.dwu"}, {&grads.dwd, "FfnForward::backward: grads.dwd"}},
                  w);
-    TWELL_REQUIRE(std::isfinite(l1_coeff) && l1_coeff >= 0,
-                "FfnForward::backward: l1_coeff: expected a finite value >= 0, got ", l1_coeff);
+    check_l1_coefficient(l1_coeff, "FfnForward::backward");
     const bool need_dw = !grads.dwg.empty() || !grads.dwu.empty() || !grads.dwd.empty();
     if (M == 0) {  // no tokens: the weight gradients are zero
       for (const TensorView* t : {&grads.dwg, &grads.dwu, &grads.dwd})

@@ -113,6 +113,27 @@ TEST(CApi, BadArgumentsFailWithAMessageAndWriteNothing) {
   wg_lost.data = nullptr;
   EXPECT_C_ERROR(twell_cpu_ffn_forward(&x, &wg_lost, &wu, &wd, &yc, TWELL_PRECISION_BF16, nullptr, nullptr),
                  "wg: data is NULL but ndim is 2 (a shape of elements)");
+  // A tensor of no elements with data NULL is given, checked as what it stands for: a wg of [0, H] is
+  // not "no wg" (it ran the non-gated FFN), and a gradient of no elements for M = 5 is not skipped.
+  twell_tensor wg_empty = wg;
+  wg_empty.data = nullptr;
+  wg_empty.shape[0] = 0;
+  EXPECT_C_ERROR(twell_cpu_ffn_forward(&x, &wg_empty, &wu, &wd, &yc, TWELL_PRECISION_BF16, nullptr, nullptr),
+                 "wg: expected shape [32, 16], got [0, 16]");
+  const Tensor dy(DType::f32, {p.M, p.H});
+  const twell_tensor dyc = c_tensor(dy);
+  twell_tensor dx_empty = x;
+  dx_empty.data = nullptr;
+  dx_empty.shape[0] = 0;
+  EXPECT_C_ERROR(twell_cpu_ffn_backward(&x, &wg, &wu, &wd, &dyc, 0.1, &dx_empty, nullptr, nullptr, nullptr,
+                                        TWELL_PRECISION_BF16),
+                 "grads.dx: expected shape [5, 16], got [0, 16]");
+  EXPECT_C_ERROR(twell_cpu_ffn_backward(&x, &wg, &wu, &wd, nullptr, 0.1, nullptr, nullptr, nullptr, nullptr,
+                                        TWELL_PRECISION_BF16),
+                 "dy: missing (null data)");
+  EXPECT_C_ERROR(twell_cpu_ffn_backward(&x, &wg, &wu, &wd, &dyc, 1e39, nullptr, nullptr, nullptr, nullptr,
+                                        TWELL_PRECISION_BF16),
+                 "l1_coeff: expected a finite value in [0, 3.4e+38] (float's range)");
   EXPECT_TRUE(test::bit_equal(y, poisoned));  // nothing written by any refused call
   // No tokens: data NULL with a dimension 0 is a tensor of no elements (PyTorch's data_ptr() of one)
   twell_tensor x0 = x, y0 = yc;

@@ -164,5 +164,20 @@ TEST(CpuFfnBackward, DeadNeuronsGetZeroRowsAndEmptyViewsAreSkipped) {
   for (int64_t i = 0; i < g.dwd.numel(); ++i) ASSERT_FALSE(std::isnan(load_as_double(g.dwd, i)));
 }
 
+// l1_coefficient is 0 for no tokens (it was λ/0 = inf, which the backward refuses), so an empty batch's
+// backward runs as the recipe says; no layers is refused.
+TEST(CpuFfnBackward, L1CoefficientOfNoTokensIsZero) {
+  EXPECT_EQ(l1_coefficient(0.1, 0, 3), 0.0);
+  EXPECT_EQ(l1_coefficient(0.0, 0, 1), 0.0);
+  EXPECT_DOUBLE_EQ(l1_coefficient(0.3, 10, 3), 0.01);
+  EXPECT_THROW(l1_coefficient(0.1, 10, 0), Error);
+  EXPECT_THROW(l1_coefficient(0.1, -1, 1), Error);
+  Problem p = random_problem(0, 12, 20, true, DType::f32, 43);
+  const Tensor dy(DType::f32, {0, 12});
+  Grads g = make_grads(p, DType::f32);
+  cpu::ffn_backward(p.x, p.weights(), dy, l1_coefficient(0.1, 0, 1), g.views(), Precision::bf16);
+  for (int64_t i = 0; i < g.dwd.numel(); ++i) ASSERT_EQ(load_as_double(g.dwd, i), 0.0);
+}
+
 }  // namespace
 }  // namespace twell::cpu_test

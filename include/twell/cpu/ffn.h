@@ -34,7 +34,8 @@ void ffn_forward_twell(const TensorView& x, const TwellMatrix& act, const FfnWei
 // penalty's gradient `l1_coeff · sign(h)` added to dh
 // (l1_coeff = l1_coefficient(λ, M, layers)). Precision::bf16 rounds dh, dg, du to bf16 as a bf16
 // PyTorch model does (h_fp32 keeps them in fp32); gradients are accumulated in fp32 (f64 with
-// Precision::f64). dy is [M, H], bf16, f32 or f64. Forward quantities are recomputed.
+// Precision::f64) and written over what the outputs held (not added to it). dy is [M, H], bf16, f32 or
+// f64. Forward quantities are recomputed.
 void ffn_backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,
                   const FfnGrads& grads, Precision p);
 

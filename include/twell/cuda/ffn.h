@@ -248,9 +248,9 @@ class FfnForward {
   // The backward of the last forward() (training; a gated FFN, Precision::bf16), on the path that
   // forward took: over the active set from the state the TwELL path kept (the TwELL activation and
   // u), or, after the dense path with FfnOptions::training, by cuBLASLt GEMMs from g, u and h.
-  // x and w must be those of that call; dy [M, H] bf16. Gradients in f32 on the device (FfnGrads,
-  // twell/ffn.h; an empty view is not computed); the L1 penalty's gradient l1_coeff·sign(h) is added
-  // to dh (l1_coefficient, twell/ffn.h). Exact at any density; the sparse path is bitwise
+  // x and w must be those of that call; dy [M, H] bf16. Gradients in f32 on the device, written over what
+  // they held (FfnGrads, twell/ffn.h; an empty view is not computed); the L1 penalty's gradient
+  // l1_coeff·sign(h) is added to dh (l1_coefficient, twell/ffn.h). Exact at any density; the sparse path is bitwise
   // reproducible. The sparse path synchronises the stream once (the forward's non-zero count sizes
   // the transpose).
   void backward(const TensorView& x, const FfnWeights& w, const TensorView& dy, double l1_coeff,
