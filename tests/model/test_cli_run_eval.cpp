@@ -175,6 +175,15 @@ TEST_F(CliModel, EvalPrintsPerplexity) {
   EXPECT_NE(self.out.find("is the text file " + text + ": the results would overwrite it"), std::string::npos)
       << self.out;
   EXPECT_EQ(test::read_file(text), before);
+  // Nor a file of the model (it replaced config.json or the weights, and said it wrote the result).
+  for (const char* name : {"config.json", "model.safetensors"}) {
+    const std::string model_file = dir_ + "/" + name, kept = test::read_file(model_file);
+    const CliResult over = run_cli("eval " + dir_ + " " + text + " --byte-tokenizer --json " + model_file, true);
+    EXPECT_NE(over.status, 0);
+    EXPECT_NE(over.out.find("is a file of the model: " + model_file + ": the results would overwrite it"),
+              std::string::npos) << over.out;
+    EXPECT_EQ(test::read_file(model_file), kept);
+  }
   // bench ffn's --json is not its --from input either, by any name (refused before the file is read)
   const std::string other_name = path("./text.txt");
   const CliResult from_self = run_cli("bench ffn --backend cpu --from " + text + " --json " + other_name, true);
@@ -448,6 +457,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"bench ffn --backend cpu --from ''", "--from: expected a file name, got an empty one"},  // not the default run
       {"bench ffn --json ''", "twell bench ffn: --json: expected a file name, got an empty one"},
       {"bench model --save ''", "twell bench model: --save: expected a directory, got an empty name"},
+      {"bench model --save /dev/null", "twell bench model: --save: /dev/null exists and is not a directory"},
       {"bench ffn --json -", "twell bench ffn: --json: expected a file name, got '-'"},
       // Refused before the first case runs, in the options' own terms.
       {"bench ffn --backend cpu -M 4 -H 64 -I 256 --train", "twell: error: --train needs the CUDA backend"},
@@ -463,6 +473,16 @@ TEST(Cli, UnknownCommandsAreNamed) {
     EXPECT_EQ(r.out.find("checking against float64"), std::string::npos) << c.args << ": a case ran: " << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c.args << ": more than the error: " << r.out;
   }
+}
+
+// bench model --save does not replace a checkpoint (it did, after the run, without a word): refused first.
+TEST_F(CliModel, BenchModelSaveRefusesADirectoryHoldingAModel) {
+  const std::string kept = test::read_file(dir_ + "/config.json");
+  const CliResult r = run_cli("bench model --save " + dir_, true);
+  EXPECT_EQ(WEXITSTATUS(r.status), 1) << r.out;
+  EXPECT_NE(r.out.find("--save: " + dir_ + " holds a model already (config.json): give a new directory"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(test::read_file(dir_ + "/config.json"), kept);
 }
 
 // Values out of range fail before the model loads, with the option's name; nothing runs.

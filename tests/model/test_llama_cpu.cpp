@@ -1325,6 +1325,16 @@ TEST_F(LlamaCpuTest, PerplexityFromLogitsMatchesTheModelAndChecksShapes) {
   std::vector<int32_t> bad = tokens;
   bad.back() = static_cast<int32_t>(c.vocab_size);
   EXPECT_THROW(perplexity_from_logits(logits, bad), Error);  // next token outside the vocabulary
+  // A mean NLL past ~709.8 nats is finite, its exp not: refused, not reported as an infinite perplexity
+  // (which JSON cannot hold).
+  Tensor wild = Tensor::of<float>({2, 2});
+  wild.ptr<float>()[0] = 1000.f;  // row 0 predicts token 1 with logit 0 against 1000: NLL ~1000 nats
+  try {
+    perplexity_from_logits(wild, {0, 1});
+    ADD_FAILURE() << "an overflowing perplexity was returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("overflows a double"), std::string::npos) << e.what();
+  }
 }
 
 // ---- parity with HuggingFace transformers ----------------------------------------------------

@@ -1,5 +1,9 @@
 // `twell bench ffn` (forward, or forward + backward with --train) and `twell bench model`
 // (shared/BENCHMARKS.md): table on stdout, JSON to --json.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 
@@ -178,7 +182,19 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "model.safetensors; bf16), a sparse model for twell run and eval (--byte-tokenizer)")
       ->check(CLI::Validator(
           [](std::string& dir) {
+            namespace fs = std::filesystem;
             if (dir.empty()) return std::string("expected a directory, got an empty name");
+            std::error_code ec;
+            if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) return dir + " exists and is not a directory";
+            // A checkpoint there is not replaced (found after a run of minutes, it was, without a word)
+            for (const char* name : {"config.json", "model.safetensors"})
+              if (fs::exists(fs::path(dir) / name, ec))
+                return dir + " holds a model already (" + name + "): give a new directory (twell does not replace one)";
+            // Writable: the directory, or the nearest one above it that exists (save_dir creates the rest)
+            fs::path probe = fs::absolute(dir, ec);
+            while (!ec && probe.has_relative_path() && !fs::exists(probe, ec)) probe = probe.parent_path();
+            if (::access(probe.c_str(), W_OK | X_OK) != 0)
+              return "cannot write in " + probe.string() + ": " + std::strerror(errno);
             // Files run and eval would read with the saved model (its stop ids, a tokenizer, other weights)
             std::string stale;
             for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",

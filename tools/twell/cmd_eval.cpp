@@ -35,6 +35,23 @@ int64_t default_rows_a_forward() {
 #endif
 }
 
+// The files of `dir` a model's load reads (its config and generation config, tokenizer files, weights and
+// their index), as --json's inputs: the results must not overwrite one.
+std::vector<std::pair<std::string, std::string>> model_files(const std::string& dir) {
+  const auto ends_with = [](const std::string& s, const std::string& end) {
+    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+  };
+  std::vector<std::pair<std::string, std::string>> files;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == "config.json" || name == "generation_config.json" || name == "special_tokens_map.json" ||
+        name.rfind("tokenizer", 0) == 0 || ends_with(name, ".safetensors") || ends_with(name, ".safetensors.index.json"))
+      files.emplace_back(it->path().string(), "a file of the model:");
+  }
+  return files;
+}
+
 }  // namespace
 
 // One line per layer: non-zeros of h per token (mean and max), density, and the L1 of h per
@@ -118,7 +135,9 @@ void register_eval(CLI::App& app) {
                   "): the tokens between windows would not be scored");
     TWELL_REQUIRE(!*sparsity || step == ctx, "--sparsity counts every token of each window: it takes windows that "
                   "do not overlap (--stride equal to the window)");
-    bench::check_records_path(*json_path, {{*file, "the text file"}});  // a bad --json path fails now, not after the run
+    std::vector<std::pair<std::string, std::string>> inputs = model_files(args->dir);
+    inputs.emplace_back(*file, "the text file");
+    bench::check_records_path(*json_path, inputs);  // a bad --json path fails now, not after the run
     std::ifstream in(*file, std::ios::binary);
     TWELL_REQUIRE(in, *file, ": cannot read: ", std::strerror(errno));
     std::stringstream text;
