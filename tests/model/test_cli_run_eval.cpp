@@ -439,6 +439,9 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"run . -p hi --top-p 1.5", "twell run: --top-p: must be in (0, 1], got 1.5; see twell run --help"},
       {"run . -p hi --temperature nan", "twell run: --temperature: must be finite and at least 0, got nan"},
       {"run . -p hi --top-k 1.5", "twell run: --top-k: must be an integer, got 1.5"},
+      {"eval . /dev/null --batch abc", "twell eval: --batch: must be an integer, got abc"},  // CLI11: "not in range"
+      {"bench model --gather-batches 0", "twell bench model: --gather-batches: must be in [1, 256], got 0"},
+      {"bench ffn --energy --energy-seconds 0.1", "twell bench ffn: --energy-seconds: must be in [0.5, 60], got 0.1"},
       {"run . -p hi -n 0x10", "twell run: --max-tokens: must be an integer, got 0x10"},
       {"run . -p hi -n 99999999999999999999", "--max-tokens: must be an integer that fits in 64 bits"},
       {"inspect ''", "twell: error: expected a checkpoint path, got an empty one"},

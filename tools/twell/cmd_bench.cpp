@@ -71,7 +71,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       "GPU's power through NVML: energy per token, the sustained time a call, the SM clock and the time at the "
       "power cap (CUDA backend)");
   ffn->add_option("--energy-seconds", cfg->energy_seconds, "with --energy: seconds each implementation runs, each time")
-      ->check(CLI::Range(0.5, 60.0))
+      ->check(real_in(0.5, false, 60.0, "in [0.5, 60]"))
       ->needs(energy)
       ->capture_default_str();
   ffn->add_flag("--train", cfg->train,
@@ -153,19 +153,19 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_option("--gather-batches", mcfg->gather_batches,
                     "decode: batches up to this size are also timed with the gather FFN where the default options "
                     "take the dense one (twell_gather records; A/B of LlamaCudaOptions::decode_gather_tokens)")
-      ->check(CLI::Range(int64_t{1}, int64_t{256}))
+      ->check(int_in(1, 256))
       ->capture_default_str();
   model->add_option("--ragged", mcfg->ragged,
                     "ragged prefill: batches of this many prompts of random lengths (64 to 511 tokens, new lengths "
                     "each call, as a server sees them, and one set repeated) on the twell model, as runs of "
                     "neighbouring prompts and as one padded batch (LlamaCudaOptions::ragged_prefill_runs; "
                     "model_ragged records); 0: none")
-      ->check(CLI::Range(int64_t{0}, int64_t{256}))
+      ->check(int_in(0, 256))
       ->capture_default_str();
   model->add_option("--long", mcfg->long_prompt,
                     "one prompt of this many tokens on the twell model, prefilled in even chunks of at most the default max_tokens "
                     "(16384: 20000 tokens run as 10000 + 10000) and in one forward, with the memory each holds (model_long records); 0: none")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->check(int_in(0, 1 << 20))
       ->capture_default_str();
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads, from 2048 tokens a call, from a "
@@ -175,7 +175,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_option("--tile", mcfg->tile,
                     "the twell FFN's TwELL tile width T; 0: the FFN's default (176 where I is a multiple of 176, "
                     "else 256)")
-      ->check(CLI::Range(0, 65536))
+      ->check(int_in(0, 65536))
       ->capture_default_str();
   model->add_option("--save", mcfg->save_dir,
                     "also write the calibrated synthetic model to this directory as an HF checkpoint (config.json, "

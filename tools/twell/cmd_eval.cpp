@@ -108,7 +108,7 @@ void register_eval(CLI::App& app) {
   args->gpu_only_options.push_back(eval->add_option("--batch", *batch,
                    "GPU: windows of one length a forward (default: as many as make 16384 tokens, so that short "
                    "windows fill the GPU and take the sparse FFN; fewer where the GPU's memory asks)")
-      ->check(CLI::Range(int64_t{1}, int64_t{65535})));
+      ->check(int_in(1, 65535)));
   eval->add_option("--json", *json_path,
                    "also write the result here as JSON (with --sparsity, each layer's figures too; "
                    "bench/plot.py draws them)")

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <climits>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -31,20 +32,23 @@ inline std::string stdout_failure() {
 // number option for it before the option's own validators.
 inline const char* const kEmptyNumber = "got an empty value; give a number";
 
-// An integer option's lower bound, with a plain message ("--iters: must be at least 1, got 0").
-// Decimal digits only: CLI11 would read 0x10 as 16, and 1e3 as nothing.
-inline CLI::Validator at_least(long long min) {
+// An integer option in [min, max], with a plain message ("--iters: must be at least 1, got 0", "--batch:
+// must be in [1, 65535], got 0"). Decimal digits only: CLI11 would read 0x10 as 16, and 1e3 as nothing.
+inline CLI::Validator int_in(long long min, long long max) {
   return CLI::Validator(
-      [min](std::string& value) -> std::string {
+      [min, max](std::string& value) -> std::string {
         long long v = 0;
         const char* end = value.data() + value.size();
         const auto [stop, ec] = std::from_chars(value.data(), end, v);
         if (ec == std::errc::result_out_of_range) return "must be an integer that fits in 64 bits, got " + value;
         if (value.empty() || ec != std::errc() || stop != end) return "must be an integer, got " + value;
-        return v >= min ? std::string() : "must be at least " + std::to_string(min) + ", got " + value;
+        if (v >= min && v <= max) return {};
+        return max == LLONG_MAX ? "must be at least " + std::to_string(min) + ", got " + value
+                                : "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + value;
       },
-      ">=" + std::to_string(min));
+      max == LLONG_MAX ? ">=" + std::to_string(min) : "[" + std::to_string(min) + ", " + std::to_string(max) + "]");
 }
+inline CLI::Validator at_least(long long min) { return int_in(min, LLONG_MAX); }
 
 // A real option in [lo, hi], or (lo, hi] where lo_open; finite; `range` says it in the message
 // ("--top-p: must be in (0, 1], got 1.5"). NaN fails every comparison, so it is refused too.
