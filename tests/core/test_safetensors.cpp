@@ -676,6 +676,13 @@ TEST_F(InspectCli, PrintsConfigTensorsAndTotals) {
   EXPECT_NE(yarn.out.find("'yarn'"), std::string::npos) << yarn.out;
   EXPECT_NE(yarn.out.find("2 tensors, 11,266 parameters"), std::string::npos) << yarn.out;
   expect_clean_failure(yarn, "refuse its config.json");
+  // A config.json that is a directory is refused as one (it was "config: none found").
+  std::filesystem::remove(path("config.json"));
+  std::filesystem::create_directory(path("config.json"));
+  CliResult not_file = inspect("'" + dir_ + "'");
+  EXPECT_NE(not_file.out.find("config: refused: " + path("config.json") + ": a directory, not a file"),
+            std::string::npos) << not_file.out;
+  expect_clean_failure(not_file, "refuse its config.json");
 }
 
 // A directory whose tensors match its config: said so, exit 0 (with no tokenizer, only where

@@ -28,11 +28,6 @@ namespace twell::cli {
 
 namespace {
 
-bool file_exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 // The directory a file's path names ("." for a bare name, "/" for a file at the root).
 std::string parent_dir(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -44,7 +39,8 @@ std::string parent_dir(const std::string& path) {
 std::string find_config_dir(const std::string& path) {
   struct stat st;
   const std::string dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) ? path : parent_dir(path);
-  return file_exists(dir + "/config.json") ? dir : "";
+  struct stat config;  // any entry: a config.json that is no file is refused by read_config, saying so
+  return ::lstat((dir + "/config.json").c_str(), &config) == 0 ? dir : "";
 }
 
 // 1234567 -> "1,234,567".
