@@ -104,8 +104,8 @@ TWELL_C_API int twell_cpu_set_num_threads(int32_t n, int32_t* previous);
 TWELL_C_API int twell_cpu_ffn_forward(const twell_tensor* x, const twell_tensor* wg, const twell_tensor* wu,
                                       const twell_tensor* wd, const twell_tensor* y, int32_t precision,
                                       twell_activation_stats* stats, const twell_tensor* h_out);
-/* Gradients in f32 or f64, written over what they held (not added to); a NULL gradient (or one of ndim 0)
- * is not computed. A gradient of no elements (a dimension 0, data NULL) is given and must have its shape. */
+/* Gradients in f32 or f64, written over what they held (not added to); a NULL gradient (or one of ndim 0 and
+ * data NULL) is not computed. A gradient of no elements (a dimension 0, data NULL) is given and must have its shape. */
 TWELL_C_API int twell_cpu_ffn_backward(const twell_tensor* x, const twell_tensor* wg, const twell_tensor* wu,
                                        const twell_tensor* wd, const twell_tensor* dy, double l1_coeff,
                                        const twell_tensor* dx, const twell_tensor* dwg, const twell_tensor* dwu,

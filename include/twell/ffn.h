@@ -71,7 +71,8 @@ inline double l1_coefficient(double lambda, int64_t tokens, int64_t layers) {
 }
 
 // The backwards' check of their l1_coeff: finite, >= 0, and within float's range (the kernels multiply
-// in float, where a larger value is inf, and inf · sign(0) NaN).
+// in float, where a larger value is inf, and inf · sign(0) NaN). Not a guarantee of finite gradients:
+// a value near the bound still overflows dh, and bf16's (Precision::bf16) at ~3.39e38.
 inline void check_l1_coefficient(double l1_coeff, const char* op) {
   TWELL_REQUIRE(std::isfinite(l1_coeff) && l1_coeff >= 0 && l1_coeff <= std::numeric_limits<float>::max(), op,
                 ": l1_coeff: expected a finite value in [0, 3.4e+38] (float's range), got ", l1_coeff);

@@ -142,6 +142,10 @@ class TorchFfn(unittest.TestCase):
             runs.append([y, (buf.grad[3:].view(M, H) if shifted else buf.grad), ffn.wg.grad, ffn.wu.grad, ffn.wd.grad])
         for name, a, b in zip(["y", "dx", "dwg", "dwu", "dwd"], *runs):
             self.assertTrue(torch.equal(a, b), name)
+        with torch.no_grad():  # torch.vmap's batched tensors have no address: passed on as they are
+            batched = torch.vmap(ffn)(x.view(2, M // 2, H))
+            self.assertEqual(tuple(batched.shape), (2, M // 2, H))
+            self.assertLess(rel(batched.reshape(M, H).double(), ffn(x).double()), 1e-2)
 
     @unittest.skipUnless(GPU, f"no Hopper GPU: {WHY}")
     def test_gpu_large_call_dispatches_sparse_and_uses_torchs_memory(self):

@@ -55,6 +55,8 @@ def cuda_unavailable_reason():
 
 def l1_coefficient(l1, tokens, layers=1):
     """The coefficient of Σ|h| in L = CE + λ · mean over layers of (1/M) Σ|h| (DESIGN.md §2)."""
+    if tokens < 0 or layers < 1:
+        raise ValueError(f"l1_coefficient: expected tokens >= 0 and layers >= 1, got tokens {tokens}, layers {layers}")
     return l1 / (float(tokens) * float(layers)) if tokens > 0 else 0.0
 
 
@@ -80,9 +82,13 @@ def _dtype_code(t):
 def _aligned(t):
     """t, or a copy where it is a CUDA tensor not 16-byte aligned: the GPU kernels read 16-byte vectors, and
     refuse a contiguous view at an odd offset (buf[3:], a slice of torch.cat's result) that PyTorch passes."""
-    if t is None or not t.is_cuda or t.data_ptr() % 16 == 0:
+    if t is None or not t.is_cuda:
         return t
-    return t.clone()
+    try:
+        address = t.data_ptr()
+    except RuntimeError:  # no storage (torch.vmap's batched tensors, fake ones): the op sees the real ones
+        return t
+    return t if address % 16 == 0 else t.clone()
 
 
 def _c(t, name):

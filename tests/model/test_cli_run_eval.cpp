@@ -415,6 +415,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"run . -p hi --zzzzzz", "twell run: unknown option '--zzzzzz'; see twell run --help"},
       {"--bogus", "twell: unknown option '--bogus'; see twell --help"},
       // Arguments left over, in their order; an unquoted prompt is said to need quotes.
+      {"run . tiny -p hi", "twell run: unexpected argument 'tiny'; see twell run --help"},  // no quoting hint: before -p
       {"run . -p The quick brown", "twell run: unexpected arguments 'quick brown' (a prompt of several words goes in "
                                    "quotes: -p \"...\"); see twell run --help"},
       {"inspect . extra", "twell inspect: unexpected argument 'extra'; see twell inspect --help"},
