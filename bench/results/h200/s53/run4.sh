@@ -3,7 +3,7 @@
 # torch.vmap's batched CUDA tensors, which have no address; the CLI's checks). Predicted: Python 58/58 (2 skipped),
 # test_gpu_takes_views_not_16_byte_aligned with its new torch.vmap step passing; the GPU suite 197/197.
 # Binaries (out/b17.tar.xz): head/ (twell, twell_gpu_tests, libtwell_c.so of build-cuda, stripped, COMMIT).
-# On the device, with carry ["out"]: `bash bench/results/h200/s53/run3.sh`.
+# On the device, with carry ["out"]: `bash bench/results/h200/s53/run4.sh`.
 set -u
 cd "$(dirname "$0")/../../../.."
 tar xJf out/b17.tar.xz -C out
