@@ -77,9 +77,10 @@ TEST_F(CliModel, RunGeneratesABatchOfPrompts) {
   }
   EXPECT_NE(r.out.find("3 prompts (the longest 21 tokens)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("generated 18 tokens, the last 15 in"), std::string::npos) << r.out;
-  // --prompts FILE: one a line, empty lines skipped, after any -p: the same batch.
+  // --prompts FILE: one a line, empty lines skipped, after any -p: the same batch (a Windows editor's
+  // byte-order mark and line ends are not part of the prompts).
   const std::string file = dir_ + "/prompts.txt";
-  std::ofstream(file) << "a much longer prompt\n\nx\r\n";
+  std::ofstream(file) << "\xEF\xBB\xBF" "a much longer prompt\n\nx\r\n";
   const CliResult from_file = run_cli("run -p 'hello' --prompts " + file + " " + dir_ + opts + " --seed 3", true);
   ASSERT_EQ(from_file.status, 0) << from_file.out;
   EXPECT_EQ(from_file.out.substr(0, from_file.out.find("\n3 prompts")), r.out.substr(0, r.out.find("\n3 prompts")));

@@ -61,7 +61,9 @@ void register_run(CLI::App& app) {
     if (!prompts_file->empty()) {
       std::ifstream in(*prompts_file, std::ios::binary);
       TWELL_REQUIRE(in, *prompts_file, ": cannot read: ", std::strerror(errno));
-      for (std::string line; std::getline(in, line);) {
+      bool first = true;
+      for (std::string line; std::getline(in, line); first = false) {
+        if (first && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte-order mark
         if (!line.empty() && line.back() == '\r') line.pop_back();  // a file written on Windows
         if (!line.empty()) prompts->push_back(line);
       }
