@@ -450,6 +450,11 @@ TEST(Cli, UnknownCommandsAreNamed) {
       // An empty number is not 0 (a 0% density case, greedy sampling).
       {"bench ffn --backend cpu -M 4 -d ''", "twell bench ffn: --density: got an empty value; give a number"},
       {"bench ffn --backend cpu -M 4 -d 0.1 ''", "twell bench ffn: --density: got an empty value; give a number"},
+      // ... nor is an empty item of a list (CLI11 drops it).
+      {"bench ffn --backend cpu -M 4,,8", "twell bench ffn: -M: the list '4,,8' has an empty item"},
+      {"bench ffn --backend cpu -M 4 --distribution=uniform,", "twell bench ffn: --distribution: the list 'uniform,' "
+                                                             "has an empty item"},
+      {"bench ffn --backend cpu -M 4 -d,0.1", "twell bench ffn: -d: the list ',0.1' has an empty item"},
       {"bench ffn --backend cpu -M 4 --tile=", "twell bench ffn: --tile= has nothing after the '='"},
       {"bench ffn --backend cpu -M 4 --iters ''", "twell bench ffn: --iters: got an empty value; give a number"},
       {"run . -p hi --temperature ''", "twell run: --temperature: got an empty value; give a number"},

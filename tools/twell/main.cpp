@@ -148,6 +148,19 @@ int main(int argc, char** argv) {
                      path.c_str(), arg.c_str(), name.c_str(), name.c_str(), path.c_str());
       return 1;
     }
+    // A list with an empty item (`-M 4,,8`, `--distribution uniform,`): CLI11 drops the item silently.
+    if (o->get_delimiter() == ',') {
+      const size_t eq = arg.find('=');
+      const std::string value = long_form && eq != std::string::npos ? arg.substr(eq + 1)
+                                : !long_form && arg.size() > 2     ? arg.substr(2)
+                                : i + 1 < argc                     ? std::string(argv[i + 1])
+                                                                   : std::string();
+      if (value.find(",,") != std::string::npos || (!value.empty() && (value.front() == ',' || value.back() == ','))) {
+        std::fprintf(stderr, "%s: %s: the list '%s' has an empty item; see %s --help\n", path.c_str(),
+                     arg.substr(0, long_form ? eq : 2).c_str(), value.c_str(), path.c_str());
+        return 1;
+      }
+    }
     if (o->get_expected_min() == 0 || i + 1 >= argc) continue;
     if ((long_form && arg.find('=') != std::string::npos) || (!long_form && arg.size() > 2))
       continue;  // its value is attached (--name=VALUE, -XVALUE)
