@@ -412,7 +412,9 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"bench ffn -d 0.005 out.json", "twell bench ffn: --density: cannot read '0.005 out.json' as its values (it "
                                       "takes every word after it, up to the next option)"},
       {"eval . f.txt --json", "twell eval: --json needs a value; see twell eval --help"},
-      {"bench ffn -H abc", "twell bench ffn: --hidden: cannot read 'abc' as a number; see twell bench ffn --help"},
+      {"bench ffn -H abc", "twell bench ffn: --hidden: must be an integer, got abc; see twell bench ffn --help"},
+      {"bench ffn --backend cpu -M 4,0", "twell bench ffn: --tokens: must be at least 1, got 0"},  // was "twell: error: -M"
+      {"bench ffn --backend cpu -M 4 -d 0.1,1.5", "twell bench ffn: --density: must be a density in (0, 1], got 1.5"},
       {"run . -p hi --zzzzzz", "twell run: unknown option '--zzzzzz'; see twell run --help"},
       {"--bogus", "twell: unknown option '--bogus'; see twell --help"},
       // Arguments left over, in their order; an unquoted prompt is said to need quotes.

@@ -29,12 +29,16 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->capture_default_str();
   ffn->add_option("-M,--tokens", cfg->tokens,
                   "token counts M, repeated or a list: -M 128,2048 (default: the backend's standard set)")
-      ->delimiter(',');
-  ffn->add_option("-H,--hidden", cfg->H, "model width H")->capture_default_str();
-  ffn->add_option("-I,--intermediate", cfg->I, "FFN width I (HF: intermediate_size)")->capture_default_str();
+      ->delimiter(',')
+      ->check(numeric_items(at_least(1)));
+  ffn->add_option("-H,--hidden", cfg->H, "model width H")->check(at_least(3))->capture_default_str();
+  ffn->add_option("-I,--intermediate", cfg->I, "FFN width I (HF: intermediate_size)")
+      ->check(at_least(1))
+      ->capture_default_str();
   ffn->add_option("-d,--density", cfg->densities,
                   "activation densities, non-zeros per token / I (e.g. 0.005, or a list: 0.005,0.01)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(numeric_items(real_in(0, true, 1, "a density in (0, 1]")));
   ffn->add_option("--distribution", *distributions, "uniform and/or skewed (a list: uniform,skewed)")
       ->delimiter(',')
       ->check(CLI::IsMember({"uniform", "skewed"}))
@@ -43,8 +47,10 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   ffn->add_option("--tile", cfg->tile,
                   "TwELL tile width T; 0: the FFN's default (176 where I is a multiple of 176, as 5632 is, and "
                   "--compression divides 176, outside --train; else 256)")
+      ->check(int_in(0, 65536))
       ->capture_default_str();
   ffn->add_option("--compression", cfg->compression, "TwELL compression factor C (capacity T/C per tile)")
+      ->check(int_in(1, 65536))
       ->capture_default_str();
   ffn->add_option("--warmup", cfg->warmup, "warm-up runs (default: backend's)")->check(at_least(0));
   ffn->add_option("--iters", cfg->iters, "timed runs, median reported (default: backend's)")->check(at_least(1));

@@ -64,6 +64,20 @@ inline CLI::Validator real_in(double lo, bool lo_open, double hi, const std::str
       range);
 }
 
+// `check` on the items of a list option that are numbers; one that is not is left to the conversion's own
+// message, which names the words a list swallowed ("--density: cannot read '0.005 out.json' as its values").
+inline CLI::Validator numeric_items(CLI::Validator check) {
+  const std::string description = check.get_description();
+  return CLI::Validator(
+      [check](std::string& value) mutable -> std::string {
+        char* stop = nullptr;
+        std::strtod(value.c_str(), &stop);
+        if (value.empty() || stop != value.c_str() + value.size()) return {};
+        return check(value);
+      },
+      description);
+}
+
 // A 64-bit seed: decimal digits only, at most 2^64 - 1 (a sign or an overflow would otherwise wrap).
 inline CLI::Validator seed_value() {
   return CLI::Validator(
