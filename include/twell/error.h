@@ -35,6 +35,9 @@ std::string printable(const std::string& s, size_t max_len = 200);
 // Whether `s` ends with `suffix`.
 bool ends_with(const std::string& s, const std::string& suffix);
 
+// A value that is not finite, for messages: "NaN", "+Inf" or "-Inf".
+const char* non_finite_name(double v);
+
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 }  // namespace detail

@@ -52,6 +52,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+const char* non_finite_name(double v) { return std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"; }
+
 std::string printable(const std::string& s, size_t max_len) {
   std::string out;
   for (unsigned char c : s) {

@@ -427,7 +427,7 @@ void SafetensorsFile::check_finite(const std::string& name) const {
   }
   fail_tensor(path_, name,
               str("element ", bad, " (index ", index_str(t.shape, bad), ") is ",
-                  std::isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf"), " (", t.numel(), " elements, ",
+                  non_finite_name(v), " (", t.numel(), " elements, ",
                   safetensors_dtype_name(t.dtype), ")"));
 }
 

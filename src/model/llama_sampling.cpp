@@ -510,7 +510,7 @@ Perplexity perplexity(const LanguageModel& model, const std::vector<int32_t>& to
   TWELL_REQUIRE(tokens.size() >= 2, "perplexity: need at least 2 tokens, got ", tokens.size());
   const Perplexity p = perplexity_of(model.next_token_nll(tokens, ffn_stats));
   TWELL_REQUIRE(std::isfinite(p.mean_nll), "perplexity: the mean NLL is ",
-                std::isnan(p.mean_nll) ? "NaN" : p.mean_nll > 0 ? "+Inf" : "-Inf",
+                non_finite_name(p.mean_nll),
               ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
   return p;
 }
@@ -617,7 +617,7 @@ Perplexity windowed_perplexity(const LanguageModel& model, const std::vector<int
       double window_sum = 0;  // row t predicts ids[t + 1]: token `from` is row from − 1 − begin
       for (int64_t q = win.from; q < win.end; ++q) window_sum += losses[static_cast<size_t>(q - 1 - win.begin)];
       TWELL_REQUIRE(std::isfinite(window_sum), "window ", w + 1, " of ", what, ": the mean NLL is ",
-                  std::isnan(window_sum) ? "NaN" : window_sum > 0 ? "+Inf" : "-Inf",
+                  non_finite_name(window_sum),
                   ": the model's logits are not finite (NaN or Inf weights, or an overflow in its activations)");
       sum += window_sum;
       count += win.end - win.from;

@@ -38,9 +38,6 @@ int64_t default_rows_a_forward() {
 // The files of `dir` a model's load reads (its config and generation config, tokenizer files, weights and
 // their index), as --json's inputs: the results must not overwrite one.
 std::vector<std::pair<std::string, std::string>> model_files(const std::string& dir) {
-  const auto ends_with = [](const std::string& s, const std::string& end) {
-    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
-  };
   std::vector<std::pair<std::string, std::string>> files;
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {

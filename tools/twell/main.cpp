@@ -210,16 +210,14 @@ int main(int argc, char** argv) {
       what = std::string("unexpected argument") + (extras.size() == 1 ? "" : "s") + " '" + words + "'";
       // The hint where the extra words follow a -p (given as -p, --prompt, --prompt=..., -pWORD): "twell run
       // M M -p hi" is a repeated model, not a prompt out of quotes.
+      const CLI::Option* prompt = level->get_option_no_throw("--prompt");
       int prompt_at = -1;
-      for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        if (arg == "--") break;
-        if (arg == "--prompt" || arg.rfind("--prompt=", 0) == 0 || arg.rfind("-p", 0) == 0) prompt_at = i;
-      }
+      for (int i = 1; prompt != nullptr && i < argc && std::string(argv[i]) != "--"; ++i)
+        if (option_named(argv[i]) == prompt) prompt_at = i;
       bool after_prompt = false;
       for (int i = prompt_at + 1; prompt_at >= 0 && i < argc && !extras.empty(); ++i)
         after_prompt = after_prompt || extras.front() == argv[i];
-      if (word && after_prompt && level->get_option_no_throw("--prompt") != nullptr)
+      if (word && after_prompt)
         what += " (a prompt of several words goes in quotes: -p \"...\")";
     }
     const size_t at_most = what.find(": At Most 1 required but received ");
