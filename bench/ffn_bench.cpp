@@ -238,8 +238,8 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
   const int warmup = cfg.warmup >= 0 ? cfg.warmup : backend->default_warmup();
   const int iters = cfg.iters > 0 ? cfg.iters : backend->default_iters();
   const bool from_file = !cfg.from_file.empty();
-  Timing timing = backend->timing_used(cfg.train ? Timing::host : cfg.timing);
-  TWELL_REQUIRE(!cfg.timing_given || cfg.train || timing == cfg.timing, "--timing ", timing_name(cfg.timing),
+  const Timing timing_asked = backend->timing_used(cfg.train ? Timing::host : cfg.timing);
+  TWELL_REQUIRE(!cfg.timing_given || cfg.train || timing_asked == cfg.timing, "--timing ", timing_name(cfg.timing),
                 ": this backend times every call from the host (--timing host); the GPU's timing needs the CUDA "
                 "backend");
   TWELL_REQUIRE(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
@@ -306,9 +306,18 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
         const int64_t M = p.ffn.spec.M, H = p.ffn.spec.H, I = p.ffn.spec.I;
 
         // Reference: float64 FFN on sampled rows of token set 0.
-        const TwellOccupancy occ = backend->occupancy(p, cfg);
+        const TwellOccupancy occ = backend->occupancy(p, cfg, 0);
         if (from_file) p.density = double(occ.nnz) / double(M * I);
-        const double asked_nnz = p.density * double(I), got_nnz = double(occ.nnz) / double(M);
+        // The records' non-zero counts are those of every token set the timed calls rotate through (up to
+        // 8 at small M: at M = 1, one token's count alone said little of the eight timed).
+        int64_t nnz_timed = occ.nnz, max_row_timed = occ.max_row_count;
+        for (int set = 1; set < p.n_token_sets(); ++set) {
+          const TwellOccupancy o = backend->occupancy(p, cfg, set);
+          nnz_timed += o.nnz;
+          max_row_timed = std::max(max_row_timed, o.max_row_count);
+        }
+        const double tokens_timed = double(M) * p.n_token_sets();
+        const double asked_nnz = p.density * double(I), got_nnz = double(nnz_timed) / tokens_timed;
         // (a few thousand tokens or more: skewed's rare hot tokens make a short batch's mean wander)
         if (!from_file && (M >= 2048 || H < 64) && asked_nnz * double(M) >= 1000 &&
             std::abs(got_nnz - asked_nnz) > 0.15 * asked_nnz)
@@ -354,8 +363,8 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
           r.M = M, r.H = H, r.I = I;
           r.distribution = p.distribution;
           r.density = p.density;
-          r.nnz_per_token_mean = double(occ.nnz) / M;
-          r.nnz_per_token_max = occ.max_row_count;
+          r.nnz_per_token_mean = got_nnz;
+          r.nnz_per_token_max = max_row_timed;
           r.commit = TWELL_GIT_SHA;
           r.command = cfg.command;
           // Correctness first: a case that fails is reported, never timed. The checked run is one
@@ -409,28 +418,41 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
         // a fresh random order every iteration, so that none always follows the same neighbour
         // (with a fixed order, twell's dense fallback always ran right after the unfused dense FFN
         // and measured 3-7% slower than the identical dense_cublas at M = 131072).
-        // A case whose calls turn out not to allow Timing::gpu (one synchronised inside) is timed
-        // again with the timing the backend falls back to, so that no case mixes the two.
+        // A case whose calls turn out not to allow Timing::gpu (one outlasted the hold: it synchronised
+        // inside, or the host stalled) is timed again as asked, then, failing again, with the timing the
+        // backend falls back to, so that no case mixes the two. The next case starts as asked: one stall
+        // does not move the rest of the run to host timing.
         std::vector<std::vector<double>> times;
+        // A backward grows its buffers to the largest count of non-zeros it has met (a cudaFree and a
+        // cudaMalloc): the warm-up runs every token set, so that no timed call meets a new largest.
+        const int case_warmup = cfg.train ? std::max(warmup, p.n_token_sets()) : warmup;
+        Timing timing = timing_asked;
+        backend->reset_timing();
         if (cfg.energy) backend->meter_start();  // the clock the interleaved timing ran at
-        for (;;) {
+        for (int attempt = 1;; ++attempt) {
           times.assign(runners.size(), {});
           std::vector<size_t> order(runners.size());
           std::iota(order.begin(), order.end(), size_t{0});
           std::mt19937 shuffle_rng(static_cast<uint32_t>(cfg.seed));
-          for (int it = -warmup; it < iters; ++it) {
+          for (int it = -case_warmup; it < iters; ++it) {
             std::shuffle(order.begin(), order.end(), shuffle_rng);
             for (size_t i : order) {
               if (!recs[i].correct) continue;
-              const int set = static_cast<int>((it + warmup) % p.n_token_sets());
+              const int set = static_cast<int>((it + case_warmup) % p.n_token_sets());
               const double ms = backend->time_ms([&] { runners[i].run(set); }, timing);
               if (it >= 0) times[i].push_back(ms);
             }
           }
           const Timing used = backend->timing_used(timing);
           if (used == timing) break;
-          progress << "a timed call synchronised with the GPU, so this case and the rest are timed from an idle "
-                      "GPU (--timing "
+          if (attempt == 1) {
+            progress << "a timed call outlasted the hold on the GPU's stream (the host stalled, or the call "
+                        "synchronised inside): timing the case again"
+                     << std::endl;
+            backend->reset_timing();
+            continue;
+          }
+          progress << "a timed call outlasted the hold again, so this case is timed from an idle GPU (--timing "
                    << timing_name(used) << ")" << std::endl;
           timing = used;
         }
@@ -438,7 +460,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
           r.timing = timing_name(timing);
           r.gated = p.ffn.spec.gated ? 1 : 0;
           r.tile = cfg.tile, r.compression = cfg.compression;
-          r.warmup = warmup, r.iters = iters;
+          r.warmup = case_warmup, r.iters = iters;
         }
         for (size_t i = 0; i < runners.size(); ++i) {
           if (!recs[i].correct) continue;

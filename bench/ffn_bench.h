@@ -119,8 +119,8 @@ class FfnBackend {
   // density): then each implementation runs once before its checked run, so that the check sees
   // the path the timed calls take.
   virtual bool stateful() const { return false; }
-  // Occupancy of the problem's packed activation (token set 0), computed by this backend.
-  virtual TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg) = 0;
+  // Occupancy of the packed activation of the problem's token set `set`, computed by this backend.
+  virtual TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg, int set) = 0;
   // The first runner is the dense baseline.
   virtual std::vector<FfnRunner> runners(const FfnProblem& p, const FfnBenchConfig& cfg) = 0;
   virtual bool train_available() const { return false; }
@@ -152,6 +152,8 @@ class FfnBackend {
   virtual double time_ms(const std::function<void()>& fn, Timing timing) = 0;
   // The timing time_ms really used for `requested` (the CPU backend always times host).
   virtual Timing timing_used(Timing requested) const { return requested; }
+  // Forgets a fallback timing_used reported: the next calls are timed as requested again.
+  virtual void reset_timing() {}
   // Whether a case takes long enough here (seconds, on the CPU) to be announced when it starts.
   virtual bool slow() const { return false; }
 };

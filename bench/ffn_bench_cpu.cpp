@@ -28,9 +28,9 @@ class CpuBackend : public FfnBackend {
   int default_iters() const override { return 5; }
   size_t rotate_below_bytes() const override { return 0; }  // CPU timings are of the whole FFN anyway
 
-  TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg) override {
+  TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg, int set) override {
     const TwellLayout layout{p.ffn.spec.M, p.ffn.spec.I, cfg.tile, cfg.compression};
-    return twell_occupancy(cpu::ffn_pack_activation(p.ffn.x, p.ffn.weights(), layout));
+    return twell_occupancy(cpu::ffn_pack_activation(p.x(set), p.ffn.weights(), layout));
   }
 
   std::vector<FfnRunner> runners(const FfnProblem& p, const FfnBenchConfig& cfg) override {

@@ -53,13 +53,13 @@ class CudaBackend : public FfnBackend {
   size_t rotate_below_bytes() const override { return 2 * info_.l2_bytes; }
   bool stateful() const override { return true; }  // dispatch on the previous call's density
 
-  TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg) override {
+  TwellOccupancy occupancy(const FfnProblem& p, const FfnBenchConfig& cfg, int set) override {
     prepare(p, cfg);
     cuda::FfnOptions o = options(cfg);
     o.dispatch = cuda::Dispatch::always_sparse;
     o.gather_max_tokens = 0;  // the TwELL matrix itself
     cuda::FfnForward ffn(shape(p), o);
-    ffn.forward(state_->x[0], weights(), state_->y_twell, stream_);
+    ffn.forward(state_->x.at(static_cast<size_t>(set)), weights(), state_->y_twell, stream_);
     return twell_occupancy(ffn.download_activation(stream_));
   }
 
@@ -231,6 +231,7 @@ class CudaBackend : public FfnBackend {
   }
 
   Timing timing_used(Timing requested) const override { return hold_failed_ ? Timing::host : requested; }
+  void reset_timing() override { hold_failed_ = false; }
 
   double time_ms(const std::function<void()>& fn, Timing timing) override {
     const bool hold = timing == Timing::gpu && !hold_failed_;
@@ -263,7 +264,7 @@ class CudaBackend : public FfnBackend {
     if (hold) __atomic_store_n(&hold_word()[0], 1u, __ATOMIC_RELEASE);
     TWELL_CUDA_CHECK(cudaEventSynchronize(stop_));
     // A call that synchronises inside outlasts the hold, which then lets the stream go: its time
-    // includes the host's latency after all. From here on this backend times host (timing_used
+    // includes the host's latency after all. Until reset_timing() this backend times host (timing_used
     // says so, and run_ffn_bench times the case again).
     if (hold && __atomic_load_n(&hold_word()[1], __ATOMIC_ACQUIRE) != 0) hold_failed_ = true;
     float ms = 0;
@@ -386,7 +387,7 @@ class CudaBackend : public FfnBackend {
   static constexpr uint64_t kHoldTimeoutNs = 100'000'000;
   cuda::PinnedBuffer hold_words_{2 * sizeof(uint32_t), cudaHostAllocMapped};
   uint32_t* hold_word() const { return hold_words_.as<uint32_t>(); }
-  bool hold_failed_ = false;  // a held call outlasted the hold: time host from then on
+  bool hold_failed_ = false;  // a held call outlasted the hold: time host until reset_timing()
   cuda::DeviceBuffer flush_, flush_sink_;  // time_ms's L2 flush
   std::unique_ptr<GpuMeter> meter_;  // --energy, made on first use
   cudaEvent_t batch_done_[2] = {};   // sustained()'s batches

@@ -71,44 +71,78 @@ def plot(loaded, args):
             sys.exit("bench/plot.py: an eval result plots alone, and only with its per-layer figures "
                      "(twell eval --sparsity --json)")
         return plot_sparsity(loaded[0], args.output)
-    all_records = [r for d in loaded for r in d]
+    # Each record with the index of its file, so that the same case from several files is a line of each.
+    all_records = [dict(r, _file=i) for i, d in enumerate(loaded) for r in d]
     if not all_records:
         sys.exit("bench/plot.py: the files hold no records")
     if any(r.get("bench", "").startswith("model_") for r in all_records):
-        return plot_model([r for r in all_records if r.get("bench", "").startswith("model_")], args.output)
+        model = [r for r in all_records if r["bench"] in ("model_prefill", "model_decode")]
+        note_left_out(all_records, model, "model_prefill and model_decode")
+        if not model:
+            sys.exit("bench/plot.py: no model_prefill or model_decode records to plot")
+        return plot_model(model, args.output)
     kind = "ffn_train" if any(r.get("bench") == "ffn_train" for r in all_records) else "ffn"
     records = [r for r in all_records if r.get("bench") == kind]
+    note_left_out(all_records, records, kind)
     shapes = sorted({(r["H"], r["I"], r["M"]) for r in records})
     baselines = {BASELINES[r["impl"]] for r in records if r["impl"] in BASELINES}
     baseline = baselines.pop() if len(baselines) == 1 else "dense"
     ratios = [r["ratio_to_dense"] for r in records if r["correct"] and r["ratio_to_dense"] is not None]
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), squeeze=False, sharey=True)
+    # What else tells records apart where the files mix them: a line each, named by it.
+    varying = [k for k in ("gpu", "timing", "gated", "tile", "compression", "_file")
+               if len({str(r.get(k)) for r in records}) > 1]
+    left_out = [r for r in records if r["correct"] and r["ratio_to_dense"] is not None and not r["density"] > 0]
+    if left_out:
+        print(f"bench/plot.py: {len(left_out)} record(s) of density 0 left out (the density axis is logarithmic)",
+              file=sys.stderr)
     for ax, (H, I, M) in zip(axes[0], shapes):
-        lines = collections.defaultdict(list)
+        lines = collections.defaultdict(dict)
         for r in records:
-            if (r["H"], r["I"], r["M"]) == (H, I, M) and r["correct"] and r["ratio_to_dense"] is not None:
-                lines[(r["impl"], r["distribution"])].append((r["density"] * 100, r["ratio_to_dense"]))
-        for (impl, dist), pts in sorted(lines.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
-                    ls="-" if dist == "uniform" else "--", label=f"{impl} ({dist})")
+            if ((r["H"], r["I"], r["M"]) == (H, I, M) and r["correct"] and r["ratio_to_dense"] is not None
+                    and r["density"] > 0):
+                key = (r["impl"], r["distribution"]) + tuple(str(r.get(k)) for k in varying)
+                if r["density"] in lines[key]:
+                    sys.exit(f"bench/plot.py: two records of {r['impl']}, M={M}, {r['distribution']} at density "
+                             f"{r['density']} in one file: plot the runs from separate files")
+                lines[key][r["density"]] = r["ratio_to_dense"]
+        for key, pts in sorted(lines.items()):
+            impl, dist, rest = key[0], key[1], key[2:]
+            extra = "".join(f", {name(k)} {v}" for k, v in zip(varying, rest))
+            xs = sorted(pts)
+            ax.plot([x * 100 for x in xs], [pts[x] for x in xs], marker="o", ms=3,
+                    ls="-" if dist == "uniform" else "--", label=f"{impl} ({dist}{extra})")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        plain_ticks_if_narrow(ax.xaxis, [x for pts in lines.values() for x, _ in pts])
+        plain_ticks_if_narrow(ax.xaxis, [x * 100 for pts in lines.values() for x in pts])
         plain_ticks_if_narrow(ax.yaxis, ratios)
         ax.set_title(f"M={M}, H={H}, I={I}", fontsize=9)
         ax.set_xlabel("activation density (%)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel(f"time / {baseline} (lower is faster)")
     axes[0][-1].legend(fontsize=7, loc="upper left")
-    gpu = records[0]["gpu"] if records else ""
+    gpu = " / ".join(sorted({r["gpu"] for r in records}))
     what = "forward + backward" if kind == "ffn_train" else "forward"
     # About 12 characters of 10 pt text to the inch; one panel is too narrow for the title on one line.
     title = f"twell bench ffn on {gpu}: {what} time relative to dense"
     fig.suptitle(textwrap.fill(title, width=int(12 * fig.get_figwidth())), fontsize=10)
     fig.tight_layout()
     fig.savefig(args.output, dpi=110)
+
+
+def name(key):
+    """A record field as a line's label names it."""
+    return "file" if key == "_file" else key
+
+
+def note_left_out(records, kept, what):
+    """Says on stderr how many records of other benches a plot of `what` leaves out."""
+    others = collections.Counter(r.get("bench") for r in records if not any(r is k for k in kept))
+    if others:
+        listed = ", ".join(f"{n} {b}" for b, n in sorted(others.items()))
+        print(f"bench/plot.py: plotting the {what} records; left out: {listed} (plot them from a file of their own)",
+              file=sys.stderr)
 
 
 def plain_ticks_if_narrow(axis, values):
@@ -133,6 +167,9 @@ def plot_model(records, output):
     prefill = [r for r in ok if r["bench"] == "model_prefill"]
     ax = axes[0]
     present = [impl for impl in impls if any(r["impl"] == impl for r in prefill)]
+    if len(prefill) > len({r["impl"] for r in prefill}):
+        print("bench/plot.py: several prefill records of one implementation: each bar is the first",
+              file=sys.stderr)
     for i, impl in enumerate(present):
         r = next(r for r in prefill if r["impl"] == impl)
         ax.bar(i, r["tokens_per_ms"], color=colors[impl])
@@ -183,7 +220,8 @@ def plot_sparsity(result, output):
     mean = sum(r["nnz_per_token"] for r in layers) / max(1, len(layers))
     title = (f"twell eval --sparsity: {result['model']} on {result['file']} ({result['backend']}); "
              f"mean {mean:.1f} of {result['intermediate_size']} a token ({100 * mean / result['intermediate_size']:.2f}%), "
-             f"perplexity {result['perplexity']:.3f}")
+             + (f"perplexity {result['perplexity']:.3f}" if result.get("perplexity") is not None
+                else f"mean NLL {result['mean_nll']:.3f} nats (its perplexity overflows)"))
     ax.set_title(textwrap.fill(title, width=int(12 * fig.get_figwidth())), fontsize=9)
     fig.tight_layout()
     fig.savefig(output, dpi=110)

@@ -39,6 +39,7 @@ class StepProgress {
       }
       drawn_ = now;
       skipped_.clear();
+      open_ = true;
       out_ << "\r" << line << "\x1b[K" << std::flush;  // erase what a longer line left after it
     } else if (done == total_ || (10 * done) / total_ != (10 * (done - 1)) / total_) {
       out_ << line << "\n" << std::flush;
@@ -49,7 +50,16 @@ class StepProgress {
     if (!live_) return;
     if (!skipped_.empty()) out_ << "\r" << skipped_ << "\x1b[K";
     out_ << "\n" << std::flush;
+    open_ = false;
+    skipped_.clear();
   }
+  // A run that stops early (an error on its way up) leaves no half-drawn line for the next output to
+  // join.
+  ~StepProgress() {
+    if (open_) out_ << "\n" << std::flush;
+  }
+  StepProgress(const StepProgress&) = delete;
+  StepProgress& operator=(const StepProgress&) = delete;
 
  private:
   std::ostream& out_;
@@ -58,6 +68,7 @@ class StepProgress {
   bool live_;
   std::chrono::steady_clock::time_point drawn_{};  // the last redraw (live)
   std::string skipped_;                            // a line not drawn since (live)
+  bool open_ = false;                              // a line drawn and not yet ended (live)
 };
 
 }  // namespace twell::bench

@@ -237,7 +237,8 @@ TWELL_C_API int twell_model_cached_tokens(const twell_model* model, int64_t* n);
 /* The ids that end a generation by default: config.json's and generation_config.json's eos_token_id
  * (the tokenizer's EOS is the caller's to add). *n receives their count; at most capacity are written. */
 TWELL_C_API int twell_model_eos_ids(const twell_model* model, int32_t* ids, int64_t capacity, int64_t* n);
-/* Perplexity of ids[0..n) (n >= 2) under one forward; log-softmax in double. */
+/* Perplexity of ids[0..n) (n >= 2) under one forward; log-softmax in double. *perplexity is +inf where
+ * exp(*mean_nll) overflows a double (a mean NLL past ~709.8 nats); *mean_nll is then still exact. */
 TWELL_C_API int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, double* mean_nll,
                                        double* perplexity);
 /* Perplexity of ids[0..n) longer than one forward, as `twell eval` scores a text: windows of `window`

@@ -5,7 +5,7 @@ TwELL FFN where it pays) or on its CPU reference backend, with its tokenizer.
     model = twell.Model("models/smol")              # config.json, safetensors, tokenizer.json
     model.generate("The capital of France is", max_new_tokens=20)
     model.generate("Once upon", temperature=0.8, top_p=0.95, seed=1, stream=lambda t: print(t, end=""))
-    model.perplexity(open("wiki.txt").read())
+    model.perplexity(open("wiki.txt", "rb").read())  # the file's bytes, as `twell eval` reads it
     logits = model.logits(model.encode("Hello"))    # torch.Tensor [T, vocab], float32
 
 What each call computes is that of the C++ API (include/twell/model/llama.h, load.h) through the C

@@ -359,6 +359,27 @@ TEST(BenchProgress, RedrawsATerminalAtMostTenTimesASecond) {
   EXPECT_NE(short_out.str().find("\rtoken 500/1000\x1b[K\n"), std::string::npos) << short_out.str();
 }
 
+// A loop left by an error (no finish()) ends its drawn line as the progress goes out of scope, so the
+// error that follows starts a line of its own; a finished one adds nothing more.
+TEST(BenchProgress, AnUnfinishedLineEndsWhenTheProgressGoes) {
+  std::ostringstream out;
+  try {
+    bench::StepProgress steps(out, "window ", 10, true);
+    steps.step(1);
+    throw Error("window 2: the mean NLL is NaN");
+  } catch (const Error& e) {
+    out << "twell: error: " << e.what() << "\n";
+  }
+  EXPECT_EQ(out.str(), "\rwindow 1/10\x1b[K\ntwell: error: window 2: the mean NLL is NaN\n");
+  std::ostringstream done;
+  {
+    bench::StepProgress steps(done, "window ", 1, true);
+    steps.step(1);
+    steps.finish();
+  }
+  EXPECT_EQ(done.str(), "\rwindow 1/1\x1b[K\n");
+}
+
 // An energy NVML could not measure (its counter did not move) is "n/a" in the table, not 0 or -1.
 TEST(BenchModel, UnknownEnergyIsNotANumber) {
   bench::BenchRecord r;

@@ -236,6 +236,48 @@ TEST_F(CliModel, EvalSlidesItsWindowByTheStride) {
   EXPECT_NE(sparsity.out.find("--sparsity counts every token"), std::string::npos) << sparsity.out;
 }
 
+// --max-windows says the result is part of the text's; a UTF-16 file is refused (its bytes are not its
+// text); a --json path whose bytes are not UTF-8 still gets its record (dump() threw after the run).
+TEST_F(CliModel, EvalSaysWhatItScoredAndRefusesUtf16) {
+  const std::string text = path("part.txt");
+  std::ofstream(text) << std::string(200, 'a');
+  const std::string json = path("part.json");
+  const std::string args = " --byte-tokenizer --device cpu --context 32";
+  const CliResult part = run_cli("eval " + dir_ + " " + text + args + " --max-windows 2 --json " + json);
+  ASSERT_EQ(part.status, 0) << part.out;
+  EXPECT_NE(part.out.find("in 2 windows of up to 32 (the first 2 of the text's 7: --max-windows)"), std::string::npos)
+      << part.out;
+  const nlohmann::json j = nlohmann::json::parse(test::read_file(json));
+  EXPECT_EQ(j["windows"], 2);
+  EXPECT_EQ(j["windows_in_text"], 7);
+  EXPECT_EQ(j["max_windows"], 2);
+  const CliResult whole = run_cli("eval " + dir_ + " " + text + args + " --json " + json);
+  ASSERT_EQ(whole.status, 0) << whole.out;
+  EXPECT_EQ(whole.out.find("--max-windows"), std::string::npos) << whole.out;
+  EXPECT_FALSE(nlohmann::json::parse(test::read_file(json)).contains("windows_in_text"));
+
+  const std::string odd_name = path("odd\xff.txt");
+  std::ofstream(odd_name) << std::string(40, 'b');
+  const std::string odd_json = path("odd\xfe.json");
+  const CliResult odd = run_cli("eval " + dir_ + " '" + odd_name + "'" + args + " --json '" + odd_json + "'", true);
+  ASSERT_EQ(odd.status, 0) << odd.out;
+  EXPECT_NE(nlohmann::json::parse(test::read_file(odd_json))["file"].get<std::string>().find("odd\xEF\xBF\xBD.txt"),
+            std::string::npos);
+
+  for (const auto& [mark, name] : {std::pair<std::string, std::string>{"\xFF\xFE", "UTF-16"},
+                                   {"\xFE\xFF", "UTF-16"},
+                                   {std::string("\xFF\xFE\0\0", 4), "UTF-32"}}) {
+    const std::string wide = path("wide.txt");
+    std::ofstream(wide, std::ios::binary) << mark << std::string("h\0i\0", 4);
+    const CliResult r = run_cli("eval " + dir_ + " " + wide + args, true);
+    EXPECT_EQ(WEXITSTATUS(r.status), 1) << r.out;
+    EXPECT_NE(r.out.find(wide + " is " + name + " (it starts with the byte-order mark"), std::string::npos) << r.out;
+    const CliResult run = run_cli("run " + dir_ + " --byte-tokenizer --device cpu -n 1 --prompts " + wide, true);
+    EXPECT_EQ(WEXITSTATUS(run.status), 1) << run.out;
+    EXPECT_NE(run.out.find(wide + " is " + name), std::string::npos) << run.out;
+  }
+}
+
 TEST_F(CliModel, DeviceSelection) {
   const std::string args = "run " + dir_ + " --byte-tokenizer --no-stop -p 'hi' -n 5";
   const CliResult cpu = run_cli(args + " --device cpu", true);
@@ -500,7 +542,9 @@ TEST_F(CliModel, BenchModelSaveRefusesADirectoryHoldingAModel) {
 // Values out of range fail before the model loads, with the option's name; nothing runs.
 TEST_F(CliModel, BadOptionsFailBeforeLoading) {
   for (const char* bad : {"--temperature -1", "--temperature inf", "--top-p 0", "--top-p nan", "--top-k -3", "-n -1",
-                          "--seed -1", "--seed 18446744073709551616", "--max-batch-tokens -1"}) {
+                          "--seed -1", "--seed 18446744073709551616", "--max-batch-tokens -1",
+                          // 0 to strtod (greedy, unsaid), 16, 0.5: decimal forms a double holds only
+                          "--temperature 1e-400", "--temperature 0x10", "--top-p ' 0.5'"}) {
     const CliResult r = run_cli("run " + dir_ + " --byte-tokenizer -p hi " + bad, true);
     EXPECT_NE(r.status, 0) << bad;
     EXPECT_EQ(r.out.find("loaded "), std::string::npos) << bad << ": " << r.out;

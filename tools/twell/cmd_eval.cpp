@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 
@@ -137,14 +138,15 @@ void register_eval(CLI::App& app) {
     bench::check_records_path(*json_path, inputs);  // a bad --json path fails now, not after the run
     std::ifstream in(*file, std::ios::binary);
     TWELL_REQUIRE(in, *file, ": cannot read: ", std::strerror(errno));
-    std::stringstream text;
+    std::string text;
     char chunk[1 << 16];
-    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) text.write(chunk, in.gcount());
+    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) text.append(chunk, static_cast<size_t>(in.gcount()));
     TWELL_REQUIRE(!in.bad(), *file, ": read failed: ", std::strerror(errno));
-    note_if_not_utf8(*file, text.str());
+    refuse_utf16_or_32(*file, text);
+    const bool valid_utf8 = note_if_not_utf8(*file, text);
     std::vector<int32_t> ids;
     if (tok->bos_to_add()) ids.push_back(*tok->bos_to_add());
-    const std::vector<int32_t> body = tok->encode(text.str());
+    const std::vector<int32_t> body = tok->encode(text);
     TWELL_REQUIRE(!body.empty(), *file, ": no text to evaluate (it encodes to no tokens)");
     ids.insert(ids.end(), body.begin(), body.end());
     if (tok->eos_to_add()) ids.push_back(*tok->eos_to_add());  // as HF's tokenizer(text) ends it
@@ -152,8 +154,9 @@ void register_eval(CLI::App& app) {
                 " (one token of text, and no BOS token to predict it from)");
     // Windows per call: --batch, or as many as make the default rows of a forward (at least one, at
     // most the windows there are).
-    int64_t windows = static_cast<int64_t>(model::eval_windows(static_cast<int64_t>(ids.size()), ctx, step).size());
-    if (*max_windows > 0) windows = std::min(windows, *max_windows);
+    const int64_t windows_in_text =
+        static_cast<int64_t>(model::eval_windows(static_cast<int64_t>(ids.size()), ctx, step).size());
+    const int64_t windows = *max_windows > 0 ? std::min(windows_in_text, *max_windows) : windows_in_text;
     const int64_t per_call = std::min(windows, *batch > 0 ? *batch : std::max<int64_t>(1, default_rows_a_forward() / ctx));
     // The GPU's buffers for that many windows (a forward for them all: no KV cache), none longer than
     // the text; fewer windows where they do not fit.
@@ -184,10 +187,16 @@ void register_eval(CLI::App& app) {
     const int64_t predictions = p.predictions;
     progress.finish();
     const std::string every = step < ctx && windows > 1 ? str(" every ", step) : "";
-    std::printf("%s: %lld token%s predicted in %lld window%s of up to %lld%s, mean NLL %.6f nats, perplexity %.4f\n",
+    const std::string part = windows < windows_in_text
+                                 ? str(" (the first ", windows, " of the text's ", windows_in_text, ": --max-windows)")
+                                 : "";
+    // Past ~709.8 nats the perplexity overflows a double: the NLL is the figure then.
+    const std::string ppl = std::isfinite(p.perplexity) ? str(std::fixed, std::setprecision(4), p.perplexity)
+                                                        : std::string("inf (its exp overflows a double)");
+    std::printf("%s: %lld token%s predicted in %lld window%s of up to %lld%s%s, mean NLL %.6f nats, perplexity %s\n",
                 file->c_str(), static_cast<long long>(predictions), predictions == 1 ? "" : "s",
                 static_cast<long long>(windows), windows == 1 ? "" : "s", static_cast<long long>(ctx), every.c_str(),
-                p.mean_nll, p.perplexity);
+                part.c_str(), p.mean_nll, ppl.c_str());
     std::fflush(stdout);  // the result before the rate where both go to one pipe
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "%lld token%s scored in %.2f s (%.0f tokens/s)\n", static_cast<long long>(predictions),
@@ -200,11 +209,21 @@ void register_eval(CLI::App& app) {
       j["backend"] = on_cpu ? "cpu" : "cuda";
       j["tokens_scored"] = predictions;
       j["windows"] = windows;
+      if (windows < windows_in_text) {
+        j["windows_in_text"] = windows_in_text;  // --max-windows: a part of the text, not all of it
+        j["max_windows"] = *max_windows;
+      }
       j["context"] = ctx;
       j["stride"] = step;
       j["windows_per_call"] = windows_per_call;
       j["mean_nll"] = p.mean_nll;
-      j["perplexity"] = p.perplexity;
+      if (std::isfinite(p.perplexity)) {
+        j["perplexity"] = p.perplexity;
+      } else {
+        j["perplexity"] = nullptr;  // JSON has no infinity
+        j["perplexity_overflows"] = true;
+      }
+      if (!valid_utf8) j["valid_utf8"] = false;  // its bytes were encoded as they are (noted on stderr)
       j["seconds"] = seconds;
       if (*sparsity) {
         const int64_t I = m.config().intermediate_size;
@@ -221,7 +240,8 @@ void register_eval(CLI::App& app) {
         j["intermediate_size"] = I;
         j["ffn_sparsity"] = layers;
       }
-      bench::write_json_file(*json_path, j.dump(2) + "\n");
+      // A path's bytes that are not UTF-8 become U+FFFD in the record (dump() would throw, the run lost).
+      bench::write_json_file(*json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
       std::fprintf(stderr, "wrote the result to %s\n", json_path->c_str());
     }
   });

@@ -49,7 +49,7 @@ void register_run(CLI::App& app) {
       run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")
           ->check(real_in(0, true, 1, "in (0, 1]"))
           ->capture_default_str(),
-      run->add_option("--seed", sampling->seed, "sampling seed")->check(seed_value())->capture_default_str()};
+      run->add_option("--seed", sampling->seed, "sampling seed (a run repeats its tokens unless it changes)")->check(seed_value())->capture_default_str()};
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
   args->gpu_only_options.push_back(run->add_option("--max-batch-tokens", args->gpu_max_tokens,
                   "GPU: the most tokens one forward computes (its activations' size); longer prompts run in chunks "
@@ -63,6 +63,7 @@ void register_run(CLI::App& app) {
       TWELL_REQUIRE(in, *prompts_file, ": cannot read: ", std::strerror(errno));
       bool first = true;
       for (std::string line; std::getline(in, line); first = false) {
+        if (first) refuse_utf16_or_32(*prompts_file, line);
         if (first && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte-order mark
         if (!line.empty() && line.back() == '\r') line.pop_back();  // a file written on Windows
         if (!line.empty()) prompts->push_back(line);

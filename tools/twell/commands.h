@@ -51,13 +51,17 @@ inline CLI::Validator int_in(long long min, long long max) {
 inline CLI::Validator at_least(long long min) { return int_in(min, LLONG_MAX); }
 
 // A real option in [lo, hi], or (lo, hi] where lo_open; finite; `range` says it in the message
-// ("--top-p: must be in (0, 1], got 1.5"). NaN fails every comparison, so it is refused too.
+// ("--top-p: must be in (0, 1], got 1.5"). NaN fails every comparison, so it is refused too. Decimal
+// forms only, as int_in: strtod (and so CLI11) would read 0x10 as 16, and 1e-400 as 0 (a temperature
+// of 1e-400 ran greedy with no word of it).
 inline CLI::Validator real_in(double lo, bool lo_open, double hi, const std::string& range) {
   return CLI::Validator(
       [=](std::string& value) -> std::string {
-        char* stop = nullptr;
-        const double v = std::strtod(value.c_str(), &stop);
-        if (stop != value.c_str() + value.size()) return "must be a number, got " + value;
+        double v = 0;
+        const char* end = value.data() + value.size();
+        const auto [stop, ec] = std::from_chars(value.data(), end, v, std::chars_format::general);
+        if (ec == std::errc::result_out_of_range) return "must be a number a double holds, got " + value;
+        if (value.empty() || ec != std::errc() || stop != end) return "must be a number, got " + value;
         const bool ok = (lo_open ? v > lo : v >= lo) && v <= hi && std::isfinite(v);
         return ok ? std::string() : "must be " + range + ", got " + value;
       },

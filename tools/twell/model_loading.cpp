@@ -91,12 +91,28 @@ std::unique_ptr<model::Tokenizer> ModelArgs::load_tokenizer(const io::ModelConfi
   return model::load_model_tokenizer(dir, c.vocab_size, byte_tokenizer, "--byte-tokenizer");
 }
 
-void note_if_not_utf8(const std::string& what, std::string_view text) {
-  if (const size_t bad = model::first_invalid_utf8(text); bad != std::string_view::npos)
-    std::fprintf(stderr,
-                 "note: %s is not valid UTF-8 from byte %zu on; its bytes are encoded as they are (HuggingFace "
-                 "would not take it)\n",
-                 what.c_str(), bad);
+bool note_if_not_utf8(const std::string& what, std::string_view text) {
+  const size_t bad = model::first_invalid_utf8(text);
+  if (bad == std::string_view::npos) return true;
+  std::fprintf(stderr,
+               "note: %s is not valid UTF-8 from byte %zu on; its bytes are encoded as they are (HuggingFace "
+               "would not take it)\n",
+               what.c_str(), bad);
+  return false;
+}
+
+void refuse_utf16_or_32(const std::string& what, std::string_view text) {
+  struct Mark {
+    std::string_view bytes, encoding, shown;
+  };
+  // UTF-32LE's mark begins with UTF-16LE's: the longer ones first.
+  static constexpr Mark marks[] = {{std::string_view("\xFF\xFE\0\0", 4), "UTF-32", "FF FE 00 00"},
+                                   {std::string_view("\0\0\xFE\xFF", 4), "UTF-32", "00 00 FE FF"},
+                                   {"\xFF\xFE", "UTF-16", "FF FE"},
+                                   {"\xFE\xFF", "UTF-16", "FE FF"}};
+  for (const Mark& m : marks)
+    TWELL_REQUIRE(text.substr(0, m.bytes.size()) != m.bytes, what, " is ", m.encoding, " (it starts with the byte-order mark ",
+                  m.shown, "); twell reads UTF-8: convert it first, e.g. iconv -f ", m.encoding, " -t UTF-8");
 }
 
 }  // namespace twell::cli

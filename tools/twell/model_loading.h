@@ -43,7 +43,10 @@ struct ModelArgs {
 };
 
 // A note on stderr where `text` (named by `what`: "the prompt", a file) stops being valid UTF-8: it
-// is encoded byte for byte all the same, where HuggingFace's tokenizers would refuse it.
-void note_if_not_utf8(const std::string& what, std::string_view text);
+// is encoded byte for byte all the same, where HuggingFace's tokenizers would refuse it. False then.
+bool note_if_not_utf8(const std::string& what, std::string_view text);
+// Refuses a text that starts with a UTF-16 or UTF-32 byte-order mark (a file saved as "Unicode" on
+// Windows): its bytes would be scored, or continued, as UTF-8 nonsense, not as its text.
+void refuse_utf16_or_32(const std::string& what, std::string_view text);
 
 }  // namespace twell::cli

@@ -327,7 +327,7 @@ Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, in
 struct Perplexity {
   int64_t predictions = 0;  // T − 1
   double mean_nll = 0;      // mean over t of −log p(tokens[t+1] | tokens[0..t]), natural log
-  double perplexity = 0;    // exp(mean_nll)
+  double perplexity = 0;    // exp(mean_nll); +inf where that overflows a double (a mean NLL past ~709.8 nats)
 };
 // How a batch of prompts of these lengths is best prefilled as runs of neighbouring prompts, each
 // run one batch padded to its own longest prompt: the runs' bounds [0, b1, ..., B], chosen for the
