@@ -56,12 +56,6 @@ std::string check_all_written(const char* quantity, const Tensor& t) {
   return str(quantity, "[", bad / cols, ", ", bad % cols, "] is not finite (unwritten, or an overflow)");
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // The CPU backend, said to be what it is: it checks the arithmetic, not the speed-up.
 std::unique_ptr<FfnBackend> cpu_backend(std::ostream& progress) {
   progress << "CPU reference backend: it is the oracle the GPU kernels are checked against, and its dense FFN "
@@ -177,6 +171,13 @@ FfnProblem load_problem(const std::string& path, bool activations_on_host) {
 }
 
 }  // namespace
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 const char* timing_name(Timing t) { return t == Timing::gpu ? "gpu" : "host"; }
 

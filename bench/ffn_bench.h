@@ -174,6 +174,8 @@ std::string records_to_json(const std::vector<BenchRecord>& records);
 void write_records(const std::vector<BenchRecord>& records, const std::string& path);
 // Writes `text` to `path` atomically (temporary file + rename): a reader never sees half a file.
 void write_json_file(const std::string& path, const std::string& text);
+// The median of timings (the mean of the two middle ones of an even count; NAN of none): every bench's.
+double median(std::vector<double> v);
 // Throws unless a file can be created at `path` (its folder exists and is writable) and `path` is none
 // of the `inputs` (file, what it is: "the --from input"), by any name: run before a benchmark, so that
 // a bad --json path fails at once, not after minutes of measuring. Empty: no-op.
