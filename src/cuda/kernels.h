@@ -21,7 +21,7 @@ void allow_dynamic_smem(const void* kernel, int bytes);
 void allow_non_portable_clusters(const void* kernel);
 // The most blocks (at most `largest`, at least 1) a cluster of `kernel`, launched with `threads` threads a block
 // and no dynamic shared memory, may have on the current device: 16 on a whole H100 or H200, fewer where a MIG
-// slice or an MPS limit leaves a GPC fewer SMs. Asked once per kernel, device, threads and largest (again
+// slice or an MPS limit leaves a GPC fewer SMs. Asked once per kernel, device, threads and largest (capped at 8 where the kernel is not yet allowed more; again
 // while every query fails); allow_non_portable_clusters first, for more than 8. Thread-safe. (runtime.cpp)
 int max_cluster_blocks(const void* kernel, int threads, int largest);
 

@@ -231,16 +231,17 @@ int max_cluster_blocks(const void* kernel, int threads, int largest) {
   static std::map<std::tuple<const void*, int, int, int>, int> known;  // (kernel, device, threads, largest) -> blocks
   int device = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  cudaFuncAttributes attributes = {};
+  TWELL_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  // Past 8 (the portable limit) only where allowed: asking for more fails, and a failed query is an error
+  // compute-sanitizer reports. The cap is in the key: an answer from before allow_non_portable_clusters
+  // is not the answer after it.
+  if (!attributes.nonPortableClusterSizeAllowed) largest = std::min(largest, 8);
   std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_tuple(kernel, device, threads, largest);
   if (const auto it = known.find(key); it != known.end()) return it->second;
   bool answered = false;  // some query answered: the result is the device's, kept (else asked again next time)
   int blocks = 1;
-  cudaFuncAttributes attributes = {};
-  TWELL_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  // Past 8 (the portable limit) only where allowed: asking for more fails, and a failed query is an error
-  // compute-sanitizer reports.
-  if (!attributes.nonPortableClusterSizeAllowed) largest = std::min(largest, 8);
   for (int n = largest; n > 1; --n) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(1, 1, static_cast<unsigned>(n));
