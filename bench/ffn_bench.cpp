@@ -63,18 +63,24 @@ std::unique_ptr<FfnBackend> cpu_backend(std::ostream& progress) {
   return make_cpu_backend();
 }
 
-std::unique_ptr<FfnBackend> pick_backend(const std::string& name, std::ostream& progress) {
+// `no_gpu`: why the CPU backend runs where it does (what --train and --energy say they miss); empty
+// where the CUDA backend does.
+std::unique_ptr<FfnBackend> pick_backend(const std::string& name, std::ostream& progress, std::string& no_gpu) {
+  no_gpu = "--backend cpu";
   if (name == "cpu") return cpu_backend(progress);
+  no_gpu.clear();
 #if defined(TWELL_WITH_CUDA)
   std::string why;
   if (name == "cuda" || name == "auto") {
     if (cuda_backend_available(&why)) return make_cuda_backend();
     TWELL_REQUIRE(name == "auto", "--backend cuda: ", why);
     progress << "no usable GPU (" << why << "): running the CPU backend\n";
+    no_gpu = why;
     return cpu_backend(progress);
   }
 #else
   TWELL_REQUIRE(name == "auto", "--backend ", name, ": this build has no CUDA backend (configure with -DTWELL_CUDA=ON)");
+  no_gpu = "this build has no CUDA backend (configure with -DTWELL_CUDA=ON)";
   if (name == "auto") return cpu_backend(progress);
 #endif
   TWELL_FAIL("unknown backend '", name, "' (expected cpu, cuda or auto)");
@@ -221,8 +227,9 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
   // What the backend says of itself is shown once the options are known to be good: an error
   // alone on stderr otherwise.
   std::ostringstream backend_notes;
-  std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, backend_notes);
-  TWELL_REQUIRE(!cfg.train || backend->train_available(), "--train needs the CUDA backend (a Hopper GPU)");
+  std::string no_gpu;
+  std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, backend_notes, no_gpu);
+  TWELL_REQUIRE(!cfg.train || backend->train_available(), "--train needs the CUDA backend (a Hopper GPU): ", no_gpu);
   // Each case once, in the order given (-M 16 -M 16 is one case, and so for -d and --distribution).
   auto once = [](auto values) {
     auto end = values.begin();
@@ -260,7 +267,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
   }
   if (cfg.energy) {
     std::string why;
-    TWELL_REQUIRE(backend->energy_available(&why), "--energy: ", why);
+    TWELL_REQUIRE(backend->energy_available(&why), "--energy: ", why, no_gpu.empty() ? "" : ": " + no_gpu);
     TWELL_REQUIRE(cfg.energy_seconds >= 0.5 && cfg.energy_seconds <= 60, "--energy-seconds must be in [0.5, 60], got ",
                   cfg.energy_seconds, " (the H200's energy counter moves every 100 ms)");
   }

@@ -140,7 +140,7 @@ class FfnBackend {
   };
   // Whether the energy can be read here; if not, why.
   virtual bool energy_available(std::string* why) {
-    if (why) *why = "energy needs the CUDA backend (NVML)";
+    if (why) *why = "energy needs the CUDA backend (a Hopper GPU, NVML)";
     return false;
   }
   // fn(call) run back to back for about `seconds` > 0 (call = 0, 1, ...), metered.

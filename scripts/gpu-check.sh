@@ -38,6 +38,14 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# A Hopper GPU first: without one every check would skip or fail, after the build's ~8 minutes.
+cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
+case "$cap" in
+  9.*) ;;
+  "") echo "scripts/gpu-check.sh checks the GPU claims on a Hopper GPU: nvidia-smi finds no NVIDIA GPU here" >&2; exit 1 ;;
+  *) echo "scripts/gpu-check.sh checks the GPU claims on a Hopper GPU (sm_90): this one is sm_${cap/./}" >&2; exit 1 ;;
+esac
+
 if [ -z "$bin" ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWELL_CUDA=ON >"$out/configure.log" 2>&1 ||
     { tail -30 "$out/configure.log"; exit 1; }

@@ -100,7 +100,8 @@ int run(int argc, char** argv) {
   const std::unique_ptr<twell::model::Tokenizer> tok =
       model::load_model_tokenizer(dir, lm->config().vocab_size, /*bytes=*/own);
   if (dynamic_cast<const model::LlamaCpu*>(lm.get()))
-    std::printf("on the CPU backend, %d threads (twell::cpu::set_num_threads)\n", twell::cpu::num_threads());
+    std::printf("on the CPU backend, %d thread%s (twell::cpu::set_num_threads)\n", twell::cpu::num_threads(),
+                twell::cpu::num_threads() == 1 ? "" : "s");
 
   // The prompt's ids: encode() adds no BOS; the tokenizer says whether this model wants one.
   std::vector<int32_t> ids;
