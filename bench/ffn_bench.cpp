@@ -223,13 +223,22 @@ static void check_densities_reachable(const FfnBenchConfig& cfg, const std::vect
 std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream& progress,
                                        std::vector<BenchRecord>* finished) {
   check_config(asked);
-  FfnBenchConfig cfg = asked;  // with the tile width chosen, once I is known
   // What the backend says of itself is shown once the options are known to be good: an error
   // alone on stderr otherwise.
   std::ostringstream backend_notes;
   std::string no_gpu;
-  std::unique_ptr<FfnBackend> backend = pick_backend(cfg.backend, backend_notes, no_gpu);
-  TWELL_REQUIRE(!cfg.train || backend->train_available(), "--train needs the CUDA backend (a Hopper GPU): ", no_gpu);
+  std::unique_ptr<FfnBackend> backend = pick_backend(asked.backend, backend_notes, no_gpu);
+  return run_ffn_bench_on(*backend, asked, progress, finished, backend_notes.str(), no_gpu);
+}
+
+std::vector<BenchRecord> run_ffn_bench_on(FfnBackend& backend_ref, const FfnBenchConfig& asked, std::ostream& progress,
+                                          std::vector<BenchRecord>* finished, const std::string& backend_notes,
+                                          const std::string& no_gpu) {
+  check_config(asked);
+  FfnBenchConfig cfg = asked;  // with the tile width chosen, once I is known
+  FfnBackend* const backend = &backend_ref;
+  TWELL_REQUIRE(!cfg.train || backend->train_available(), "--train needs the CUDA backend (a Hopper GPU)",
+                no_gpu.empty() ? "" : ": " + no_gpu);
   // Each case once, in the order given (-M 16 -M 16 is one case, and so for -d and --distribution).
   auto once = [](auto values) {
     auto end = values.begin();
@@ -280,7 +289,7 @@ std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& asked, std::ostream
     check_host_memory({g.M}, g.H, g.I, g.gated, backend->activations_on_host(), "from " + cfg.from_file, cfg.tile,
                       cfg.compression);
   }
-  progress << backend_notes.str();
+  progress << backend_notes;
 
   std::vector<BenchRecord> records;
   const size_t n_cases = from_file ? 1 : tokens.size() * densities.size() * distributions.size();
@@ -602,7 +611,8 @@ std::string records_to_json(const std::vector<BenchRecord>& records) {
     j["command"] = r.command;
     all.push_back(std::move(j));
   }
-  return all.dump(1) + "\n";
+  // The command's bytes that are not UTF-8 (a path's) become U+FFFD: dump() would throw, the run lost.
+  return all.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 void write_records(const std::vector<BenchRecord>& records, const std::string& path) {

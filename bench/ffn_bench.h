@@ -168,6 +168,11 @@ bool cuda_backend_available(std::string* why);
 // so that a caller that catches an error from a later case still has them.
 std::vector<BenchRecord> run_ffn_bench(const FfnBenchConfig& cfg, std::ostream& progress,
                                        std::vector<BenchRecord>* finished = nullptr);
+// The same on a given backend, `cfg.backend` not read (tests' stand-ins); `backend_notes` is printed
+// once the options are checked, and `no_gpu` says why --train and --energy have no GPU (empty: not asked).
+std::vector<BenchRecord> run_ffn_bench_on(FfnBackend& backend, const FfnBenchConfig& cfg, std::ostream& progress,
+                                          std::vector<BenchRecord>* finished = nullptr,
+                                          const std::string& backend_notes = "", const std::string& no_gpu = "");
 void print_table(const std::vector<BenchRecord>& records, std::ostream& out);
 std::string records_to_json(const std::vector<BenchRecord>& records);
 // Writes the records atomically (temporary file + rename).

@@ -84,6 +84,8 @@ def plot(loaded, args):
     kind = "ffn_train" if any(r.get("bench") == "ffn_train" for r in all_records) else "ffn"
     records = [r for r in all_records if r.get("bench") == kind]
     note_left_out(all_records, records, kind)
+    if not records:
+        sys.exit(f"bench/plot.py: no records it plots ({', '.join(PLOTTED)})")
     shapes = sorted({(r["H"], r["I"], r["M"]) for r in records})
     baselines = {BASELINES[r["impl"]] for r in records if r["impl"] in BASELINES}
     baseline = baselines.pop() if len(baselines) == 1 else "dense"
@@ -136,13 +138,19 @@ def name(key):
     return "file" if key == "_file" else key
 
 
+# The benches plot.py draws (each kind alone: ffn_train before ffn, model before both).
+PLOTTED = ("ffn", "ffn_train", "model_prefill", "model_decode")
+
+
 def note_left_out(records, kept, what):
-    """Says on stderr how many records of other benches a plot of `what` leaves out."""
+    """Says on stderr how many records of other benches a plot of `what` leaves out, and whether plot.py
+    draws them at all."""
     others = collections.Counter(r.get("bench") for r in records if not any(r is k for k in kept))
     if others:
-        listed = ", ".join(f"{n} {b}" for b, n in sorted(others.items()))
-        print(f"bench/plot.py: plotting the {what} records; left out: {listed} (plot them from a file of their own)",
-              file=sys.stderr)
+        listed = ", ".join(f"{n} {b}" for b, n in sorted(others.items(), key=lambda kv: str(kv[0])))
+        how = ("plot those from a file of their own" if any(b in PLOTTED for b in others)
+               else "plot.py draws no plot of those")
+        print(f"bench/plot.py: plotting the {what} records; left out: {listed} ({how})", file=sys.stderr)
 
 
 def plain_ticks_if_narrow(axis, values):
@@ -190,6 +198,9 @@ def plot_model(records, output):
         xs, ys = [], []
         for j, b in enumerate(batches):
             rs = [r for r in decode if r["impl"] == impl and r["M"] == b]
+            if len(rs) > 1:
+                print(f"bench/plot.py: {len(rs)} decode records of {impl} at batch {b}: the bar is the first",
+                      file=sys.stderr)
             if rs:
                 xs.append(j + (i - 1) * width)
                 ys.append(rs[0]["ratio_to_dense"])
@@ -199,7 +210,7 @@ def plot_model(records, output):
     ax.set_ylabel("decode step time / dense (lower is faster)")
     ax.set_title("decode, one step (graph replay + copies)", fontsize=9)
     ax.legend(fontsize=8)
-    gpu = records[0]["gpu"] if records else ""
+    gpu = " / ".join(sorted({r["gpu"] for r in records}))
     fig.suptitle(f"twell bench model on {gpu}: dense vs twell FFN", fontsize=10)
     fig.tight_layout()
     fig.savefig(output, dpi=110)

@@ -39,10 +39,13 @@ while [ $# -gt 0 ]; do
 done
 
 # A Hopper GPU first: without one every check would skip or fail, after the build's ~8 minutes.
-cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
+# The GPU CUDA will use: CUDA_VISIBLE_DEVICES's first (an index or a UUID, as nvidia-smi -i takes them).
+first=${CUDA_VISIBLE_DEVICES:-}; first=${first%%,*}
+cap=$(nvidia-smi ${first:+-i "$first"} --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
 case "$cap" in
   9.*) ;;
-  "") echo "scripts/gpu-check.sh checks the GPU claims on a Hopper GPU: nvidia-smi finds no NVIDIA GPU here" >&2; exit 1 ;;
+  "") echo "scripts/gpu-check.sh checks the GPU claims on a Hopper GPU: nvidia-smi could not report a GPU here" >&2
+      exit 1 ;;
   *) echo "scripts/gpu-check.sh checks the GPU claims on a Hopper GPU (sm_90): this one is sm_${cap/./}" >&2; exit 1 ;;
 esac
 

@@ -244,7 +244,8 @@ TWELL_C_API int twell_model_perplexity(twell_model* model, const int32_t* ids, i
 /* Perplexity of ids[0..n) longer than one forward, as `twell eval` scores a text: windows of `window`
  * tokens (>= 2) every `stride` (1..window; = window: no overlap, each window's first token context
  * only; less: HuggingFace's sliding window), each token counted once; *predictions (may be NULL)
- * receives how many were scored. On the GPU up to max_batch neighbouring windows run in one forward. */
+ * receives how many were scored. On the GPU up to max_batch neighbouring windows run in one forward.
+ * *perplexity is +inf where exp(*mean_nll) overflows a double, as in twell_model_perplexity. */
 TWELL_C_API int twell_model_perplexity_windows(twell_model* model, const int32_t* ids, int64_t n, int64_t window,
                                                int64_t stride, double* mean_nll, double* perplexity,
                                                int64_t* predictions);

@@ -403,7 +403,8 @@ class Model(_OwnsAHandle):
         `twell eval` scores a text longer than the model takes: every `stride` tokens (default the window: no
         overlap, each window's first token context only; less: HuggingFace's sliding window), each token
         counted once. On the GPU, windows of one length run up to Model(max_batch=) of them a forward, as
-        `twell eval --batch` does: short windows then fill the GPU and a sparse model takes its sparse FFN."""
+        `twell eval --batch` does: short windows then fill the GPU and a sparse model takes its sparse FFN.
+        A mean NLL past ~709.8 nats gives inf, as torch.exp does (token_nll() gives the losses themselves)."""
         ids = self._scored_ids(text_or_ids)
         c_ids, n = _ids(ids)
         ppl = ctypes.c_double()

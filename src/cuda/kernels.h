@@ -21,8 +21,9 @@ void allow_dynamic_smem(const void* kernel, int bytes);
 void allow_non_portable_clusters(const void* kernel);
 // The most blocks (at most `largest`, at least 1) a cluster of `kernel`, launched with `threads` threads a block
 // and no dynamic shared memory, may have on the current device: 16 on a whole H100 or H200, fewer where a MIG
-// slice or an MPS limit leaves a GPC fewer SMs. Asked once per kernel, device, threads and largest (capped at 8 where the kernel is not yet allowed more; again
-// while every query fails); allow_non_portable_clusters first, for more than 8. Thread-safe. (runtime.cpp)
+// slice or an MPS limit leaves a GPC fewer SMs. Asked once per kernel, device, threads, largest and whether
+// allow_non_portable_clusters was called (again while every query fails); allow_non_portable_clusters first, for
+// more than 8. Thread-safe. (runtime.cpp)
 int max_cluster_blocks(const void* kernel, int threads, int largest);
 
 // Non-zero totals are accumulated in kNnzCounters counters (blocks spread their atomics over

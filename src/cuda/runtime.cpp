@@ -216,30 +216,34 @@ void allow_dynamic_smem(const void* kernel, int bytes) {
   set = bytes;
 }
 
+namespace {
+std::mutex cluster_mutex;                                      // the two below, and the attribute's setting
+std::set<std::pair<const void*, int>> non_portable_allowed;  // (kernel, device) allow_non_portable_clusters set
+}  // namespace
+
 void allow_non_portable_clusters(const void* kernel) {
-  static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> allowed;  // (kernel, device)
   int device = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!allowed.insert({kernel, device}).second) return;
+  std::lock_guard<std::mutex> lock(cluster_mutex);
+  if (non_portable_allowed.count({kernel, device})) return;
   TWELL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  non_portable_allowed.insert({kernel, device});
 }
 
 int max_cluster_blocks(const void* kernel, int threads, int largest) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, int, int>, int> known;  // (kernel, device, threads, largest) -> blocks
+  // (kernel, device, threads, largest, allowed past 8) -> blocks: an answer from before
+  // allow_non_portable_clusters is not the answer after it.
+  static std::map<std::tuple<const void*, int, int, int, bool>, int> known;
   int device = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(cluster_mutex);
+  const auto key = std::make_tuple(kernel, device, threads, largest, non_portable_allowed.count({kernel, device}) > 0);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  // Past 8 (the portable limit) only where allowed: asking for more fails, and a failed query is an error
+  // compute-sanitizer reports.
   cudaFuncAttributes attributes = {};
   TWELL_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  // Past 8 (the portable limit) only where allowed: asking for more fails, and a failed query is an error
-  // compute-sanitizer reports. The cap is in the key: an answer from before allow_non_portable_clusters
-  // is not the answer after it.
   if (!attributes.nonPortableClusterSizeAllowed) largest = std::min(largest, 8);
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(kernel, device, threads, largest);
-  if (const auto it = known.find(key); it != known.end()) return it->second;
   bool answered = false;  // some query answered: the result is the device's, kept (else asked again next time)
   int blocks = 1;
   for (int n = largest; n > 1; --n) {

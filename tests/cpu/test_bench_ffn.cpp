@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
+#include <memory>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +28,105 @@ bench::FfnBenchConfig small_config() {
   cfg.warmup = 0;
   cfg.iters = 2;
   return cfg;
+}
+
+// The CPU backend as a GPU-like one for the bench's own logic: inputs rotated over several token sets (as
+// the CUDA backend does below 2 × L2), and a GPU timing whose hold "fails" on the calls `failing` picks.
+class RotatingBackend : public bench::FfnBackend {
+ public:
+  std::function<bool(int attempt_call)> failing = [](int) { return false; };
+  std::vector<std::pair<int, TwellOccupancy>> seen;  // occupancy()'s token sets and answers, in order
+  int calls = 0;                  // time_ms calls since the last reset_timing()
+
+  std::string device_name() const override { return cpu_->device_name(); }
+  std::vector<int64_t> default_tokens() const override { return cpu_->default_tokens(); }
+  std::vector<double> default_densities() const override { return cpu_->default_densities(); }
+  int default_warmup() const override { return 0; }
+  int default_iters() const override { return 2; }
+  size_t rotate_below_bytes() const override { return size_t{1} << 40; }  // every case: the most sets (8)
+  TwellOccupancy occupancy(const bench::FfnProblem& p, const bench::FfnBenchConfig& cfg, int set) override {
+    seen.emplace_back(set, cpu_->occupancy(p, cfg, set));
+    return seen.back().second;
+  }
+  std::vector<bench::FfnRunner> runners(const bench::FfnProblem& p, const bench::FfnBenchConfig& cfg) override {
+    return cpu_->runners(p, cfg);
+  }
+  double time_ms(const std::function<void()>& fn, bench::Timing timing) override {
+    if (timing == bench::Timing::gpu && failing(calls++)) failed_ = true;
+    return cpu_->time_ms(fn, bench::Timing::host);
+  }
+  bench::Timing timing_used(bench::Timing requested) const override {
+    return failed_ ? bench::Timing::host : requested;
+  }
+  void reset_timing() override { failed_ = false, calls = 0; }
+
+ private:
+  std::unique_ptr<bench::FfnBackend> cpu_ = bench::make_cpu_backend();
+  bool failed_ = false;
+};
+
+// Where the timed calls rotate through several token sets, the records' non-zero counts are those of
+// every set (M = 1: one token's count said little of the eight timed), and the densest row is the
+// densest of them all.
+TEST(BenchFfn, NonZeroCountsCoverEveryTokenSetTimed) {
+  bench::FfnBenchConfig cfg = small_config();
+  cfg.tokens = {1};
+  cfg.H = 64;
+  cfg.I = 320;
+  cfg.densities = {0.1};
+  cfg.distributions = {bench::Distribution::uniform};
+  RotatingBackend backend;
+  std::ostringstream progress;
+  const auto records = bench::run_ffn_bench_on(backend, cfg, progress);
+  ASSERT_EQ(backend.seen.size(), 8u);
+  int64_t nnz = 0, most = 0;
+  for (size_t set = 0; set < 8; ++set) {
+    EXPECT_EQ(backend.seen[set].first, static_cast<int>(set));
+    nnz += backend.seen[set].second.nnz, most = std::max(most, backend.seen[set].second.max_row_count);
+  }
+  EXPECT_NE(backend.seen[0].second.nnz * 8, nnz) << "the sets' counts are all alike: the test would show nothing";
+  ASSERT_EQ(records.size(), 2u);
+  for (const bench::BenchRecord& r : records) {
+    EXPECT_DOUBLE_EQ(r.nnz_per_token_mean, static_cast<double>(nnz) / 8) << r.impl;
+    EXPECT_EQ(r.nnz_per_token_max, most) << r.impl;
+  }
+}
+
+// A timed call that outlasts the GPU timing's hold (a host stall) times its case again as asked; failing
+// again, that case alone is timed from the host, and the next case is timed as asked.
+TEST(BenchFfn, AFailedHoldRetimesItsCaseAndFallsBackForItAlone) {
+  bench::FfnBenchConfig cfg = small_config();
+  cfg.tokens = {1};
+  cfg.H = 64;
+  cfg.I = 320;
+  cfg.densities = {0.1, 0.2};
+  cfg.distributions = {bench::Distribution::uniform};
+  {
+    RotatingBackend once;  // the first call of the first attempt fails, then none
+    bool failed = false;
+    once.failing = [&](int) { return !failed && (failed = true); };
+    std::ostringstream progress;
+    const auto records = bench::run_ffn_bench_on(once, cfg, progress);
+    ASSERT_EQ(records.size(), 4u);
+    for (const bench::BenchRecord& r : records) EXPECT_EQ(r.timing, "gpu") << r.impl;
+    EXPECT_NE(progress.str().find("timing the case again"), std::string::npos) << progress.str();
+    EXPECT_EQ(progress.str().find("timed from an idle GPU"), std::string::npos) << progress.str();
+  }
+  RotatingBackend first_case;  // the first case's two attempts fail, none after
+  int attempts = 0;
+  first_case.failing = [&](int call) {
+    attempts += call == 0;  // time_ms's count restarts with each attempt (reset_timing)
+    return attempts <= 2;
+  };
+  std::ostringstream progress;
+  const auto records = bench::run_ffn_bench_on(first_case, cfg, progress);
+  ASSERT_EQ(records.size(), 4u);
+  EXPECT_EQ(records[0].timing, "host");
+  EXPECT_EQ(records[1].timing, "host");
+  EXPECT_EQ(records[2].timing, "gpu") << progress.str();
+  EXPECT_EQ(records[3].timing, "gpu");
+  EXPECT_NE(progress.str().find("this case is timed from an idle GPU (--timing host)"), std::string::npos)
+      << progress.str();
 }
 
 TEST(BenchFfn, SyntheticCasesAreCheckedAndTimed) {

@@ -263,6 +263,11 @@ TEST_F(CliModel, EvalSaysWhatItScoredAndRefusesUtf16) {
   ASSERT_EQ(odd.status, 0) << odd.out;
   EXPECT_NE(nlohmann::json::parse(test::read_file(odd_json))["file"].get<std::string>().find("odd\xEF\xBF\xBD.txt"),
             std::string::npos);
+  // So for bench's records, whose command holds the path.
+  const CliResult bench = run_cli("bench ffn --backend cpu -M 4 -H 64 -I 256 -d 0.1 --iters 1 --json '" + odd_json + "'");
+  ASSERT_EQ(bench.status, 0) << bench.out;
+  EXPECT_NE(nlohmann::json::parse(test::read_file(odd_json))[0]["command"].get<std::string>().find("odd\xEF\xBF\xBD.json"),
+            std::string::npos);
 
   for (const auto& [mark, name] : {std::pair<std::string, std::string>{"\xFF\xFE", "UTF-16"},
                                    {"\xFE\xFF", "UTF-16"},

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <charconv>
@@ -32,6 +33,14 @@ inline std::string stdout_failure() {
 // number option for it before the option's own validators.
 inline const char* const kEmptyNumber = "got an empty value; give a number";
 
+// Where a number's digits start: past one '+' before a digit or a point ("+0.5", as strtod reads it), which
+// std::from_chars does not take.
+inline const char* after_plus(const std::string& value) {
+  const bool plus = value.size() > 1 && value[0] == '+' &&
+                    (std::isdigit(static_cast<unsigned char>(value[1])) || value[1] == '.');
+  return value.data() + (plus ? 1 : 0);
+}
+
 // An integer option in [min, max], with a plain message ("--iters: must be at least 1, got 0", "--batch:
 // must be in [1, 65535], got 0"). Decimal digits only: CLI11 would read 0x10 as 16, and 1e3 as nothing.
 inline CLI::Validator int_in(long long min, long long max) {
@@ -39,7 +48,7 @@ inline CLI::Validator int_in(long long min, long long max) {
       [min, max](std::string& value) -> std::string {
         long long v = 0;
         const char* end = value.data() + value.size();
-        const auto [stop, ec] = std::from_chars(value.data(), end, v);
+        const auto [stop, ec] = std::from_chars(after_plus(value), end, v);
         if (ec == std::errc::result_out_of_range) return "must be an integer that fits in 64 bits, got " + value;
         if (value.empty() || ec != std::errc() || stop != end) return "must be an integer, got " + value;
         if (v >= min && v <= max) return {};
@@ -59,7 +68,7 @@ inline CLI::Validator real_in(double lo, bool lo_open, double hi, const std::str
       [=](std::string& value) -> std::string {
         double v = 0;
         const char* end = value.data() + value.size();
-        const auto [stop, ec] = std::from_chars(value.data(), end, v, std::chars_format::general);
+        const auto [stop, ec] = std::from_chars(after_plus(value), end, v, std::chars_format::general);
         if (ec == std::errc::result_out_of_range) return "must be a number a double holds, got " + value;
         if (value.empty() || ec != std::errc() || stop != end) return "must be a number, got " + value;
         const bool ok = (lo_open ? v > lo : v >= lo) && v <= hi && std::isfinite(v);
