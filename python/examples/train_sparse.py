@@ -24,7 +24,9 @@ import glob
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 
@@ -65,11 +67,89 @@ def ffn_nonzeros(model):
     return sum(values) / len(values) if values else None
 
 
+def out_unusable(out):
+    """Why --out cannot take this run's checkpoint (checked before training, not after it), or None. It may
+    be absent, empty, or an earlier run's (it holds train_log.json): another model's folder is not replaced."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        return f"--out {out} is a file, not a folder"
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):  # made at the save: the nearest folder that exists must take them
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        return f"--out {out}: {parent} is not a folder this run can write in"
+    if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, "train_log.json")):
+        return (f"--out {out} holds files of something else (no train_log.json of an earlier run): "
+                "name a new or empty folder")
+    return None
+
+
+def save_atomically(out, write):
+    """write(folder) into a new folder beside `out`, its files synced, then that folder renamed to `out`
+    (an earlier run's moved aside first, then removed). Returns what write returns."""
+    out = os.path.abspath(out)
+    parent, name = os.path.dirname(out), os.path.basename(out)
+    os.makedirs(parent, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix=f".{name}.saving.", dir=parent)
+    old = None
+    try:
+        result = write(folder)
+        for entry in os.listdir(folder):
+            if os.path.isfile(os.path.join(folder, entry)):
+                with open(os.path.join(folder, entry), "rb") as f:
+                    os.fsync(f.fileno())
+        os.chmod(folder, 0o755)  # mkdtemp's folder is private
+        if os.path.exists(out):
+            old = tempfile.mkdtemp(prefix=f".{name}.old.", dir=parent)
+            os.rename(out, os.path.join(old, name))
+        os.rename(folder, out)
+        fd = os.open(parent, os.O_RDONLY)  # the renames themselves, on the disk
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        if old is not None and not os.path.exists(out):  # the earlier run's back in its place
+            os.rename(os.path.join(old, name), out)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return result
+
+
+def save(model, log, a, folder):
+    """The HF checkpoint, train_log.json and train.png into folder; says whether the plot was drawn."""
+    model.save_pretrained(folder, state_dict=twell.hf_state_dict(model), safe_serialization=True)
+    with open(os.path.join(folder, "train_log.json"), "w") as f:
+        json.dump({"args": vars(a), "log": log}, f, indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        steps = [e["step"] for e in log]
+        left.plot(steps, [e["ce"] for e in log], label="training CE")
+        left.plot(steps, [e["held_out_ce"] for e in log], label="held-out CE")
+        left.set_xlabel("step"), left.set_ylabel("cross-entropy (nats a byte)"), left.legend()
+        right.plot([s for s, e in zip(steps, log) if e["nnz_per_token"] is not None],
+                   [e["nnz_per_token"] for e in log if e["nnz_per_token"] is not None])
+        right.set_xlabel("step"), right.set_ylabel(f"FFN non-zeros a token (of {a.ffn})"), right.set_yscale("log")
+        fig.tight_layout()
+        fig.savefig(os.path.join(folder, "train.png"), dpi=100)
+        plot = ", train.png"
+    except ImportError:
+        plot = " (pip install matplotlib for train.png)"
+    return plot
+
+
 def main():
     gpu = twell.cuda_available() and torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", help="a text file to train on (default: the repository's README and docs)")
-    p.add_argument("--out", default="train_sparse_out", help="folder for the checkpoint, log and plot")
+    p.add_argument("--out", default="train_sparse_out",
+                   help="folder for the checkpoint, log and plot: new, empty or an earlier run's, which the finished "
+                        "run replaces whole")
     p.add_argument("--device", default="cuda" if gpu else "cpu", choices=["cuda", "cpu"])
     p.add_argument("--steps", type=int, help="optimizer steps (default 1000 on the GPU, 200 on the CPU)")
     p.add_argument("--batch", type=int, help="windows a step (default 32 on the GPU, 8 on the CPU)")
@@ -98,8 +178,9 @@ def main():
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if not (a.l1 >= 0 and a.l1_warmup >= 0 and a.lr > 0):
         p.error("--l1 and --l1-warmup must be at least 0, --lr above 0")
-    if os.path.exists(a.out) and not os.path.isdir(a.out):
-        p.error(f"--out {a.out} is a file, not a folder")
+    why = out_unusable(a.out)
+    if why:
+        p.error(why)
     if a.hidden % a.head_dim or a.context < 2:
         p.error("--hidden must be a multiple of --head-dim, and --context at least 2")
 
@@ -185,27 +266,9 @@ def main():
             print(f"step {step:5d}/{a.steps}  CE {entry['ce']:.3f}  held-out {entry['held_out_ce']:.3f}  "
                   f"λ {l1:.1e}  non-zeros a token {shown}  {entry['tokens_per_s']:.0f} tokens/s", flush=True)
 
-    os.makedirs(a.out, exist_ok=True)
-    model.save_pretrained(a.out, state_dict=twell.hf_state_dict(model), safe_serialization=True)
-    with open(os.path.join(a.out, "train_log.json"), "w") as f:
-        json.dump({"args": vars(a), "log": log}, f, indent=1)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-        steps = [e["step"] for e in log]
-        left.plot(steps, [e["ce"] for e in log], label="training CE")
-        left.plot(steps, [e["held_out_ce"] for e in log], label="held-out CE")
-        left.set_xlabel("step"), left.set_ylabel("cross-entropy (nats a byte)"), left.legend()
-        right.plot([s for s, e in zip(steps, log) if e["nnz_per_token"] is not None],
-                   [e["nnz_per_token"] for e in log if e["nnz_per_token"] is not None])
-        right.set_xlabel("step"), right.set_ylabel(f"FFN non-zeros a token (of {a.ffn})"), right.set_yscale("log")
-        fig.tight_layout()
-        fig.savefig(os.path.join(a.out, "train.png"), dpi=100)
-        plot = ", train.png"
-    except ImportError:
-        plot = " (pip install matplotlib for train.png)"
+    # Everything is written to a new folder beside --out, which then takes --out's place: a save that
+    # fails (a full disk) leaves the earlier run's checkpoint whole, never its config with new weights.
+    plot = save_atomically(a.out, lambda folder: save(model, log, a, folder))
     print(f"saved {a.out}/: the checkpoint, train_log.json{plot}", flush=True)
 
     # the saved checkpoint, loaded by twell's runtime: its logits against the trained model's

@@ -833,20 +833,37 @@ class TrainSparseExample(unittest.TestCase):
         import subprocess
         import tempfile
         here = os.path.dirname(os.path.abspath(__file__))
-        with tempfile.TemporaryDirectory() as out:
-            text = os.path.join(out, "text.txt")
+        with tempfile.TemporaryDirectory() as tmp:
+            text = os.path.join(tmp, "text.txt")
             with open(text, "w") as f:
                 f.write("the quick brown fox jumps over the lazy dog. " * 200)
-            args = [sys.executable, os.path.join(here, "..", "examples", "train_sparse.py"), "--data", text,
-                    "--out", out, "--steps", "6", "--log-every", "3", "--batch", "2", "--context", "32",
-                    "--hidden", "64", "--layers", "2", "--device", "cpu"]
-            run = subprocess.run(args, capture_output=True, text=True, timeout=300)
+            out = os.path.join(tmp, "runs", "ckpt")
+
+            def train(out, steps):
+                args = [sys.executable, os.path.join(here, "..", "examples", "train_sparse.py"), "--data", text,
+                        "--out", out, "--steps", str(steps), "--log-every", "3", "--batch", "2", "--context", "32",
+                        "--hidden", "64", "--layers", "2", "--device", "cpu"]
+                return subprocess.run(args, capture_output=True, text=True, timeout=300)
+
+            run = train(out, 6)
             self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
             self.assertRegex(run.stdout, r"step +6/6 +CE [0-9.]+ +held-out [0-9.]+ .*non-zeros a token [0-9.]+ of 256")
             self.assertRegex(run.stdout, r"logits relative error [0-9.e+-]+ against the trained model's")
             with open(os.path.join(out, "train_log.json")) as f:
                 self.assertEqual([e["step"] for e in json.load(f)["log"]], [3, 6])
             self.assertTrue(os.path.isfile(os.path.join(out, "model.safetensors")))
+            # An earlier run's folder is replaced whole; nothing is left beside it.
+            again = train(out, 3)
+            self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+            with open(os.path.join(out, "train_log.json")) as f:
+                self.assertEqual([e["step"] for e in json.load(f)["log"]], [3])
+            self.assertEqual(sorted(os.listdir(os.path.dirname(out))), ["ckpt"])
+            # A folder of something else (here the data's) is refused before any training, and kept.
+            refused = train(tmp, 3)
+            self.assertEqual(refused.returncode, 2, refused.stdout + refused.stderr)
+            self.assertIn("holds files of something else", refused.stderr)
+            self.assertNotIn("step", refused.stdout)
+            self.assertTrue(os.path.isfile(text))
 
 
 if __name__ == "__main__":
