@@ -377,6 +377,16 @@ void LlamaWeights::save_dir(const std::string& dir) const {
   }
   std::filesystem::create_directories(dir, ec);
   TWELL_REQUIRE(!ec, dir, ": cannot create the directory: ", ec.message());
+  try {
+    write_dir(dir);
+  } catch (...) {
+    for (const std::filesystem::path& p : made) std::filesystem::remove(p, ec);  // empty again: changes nothing
+    throw;
+  }
+  for (const std::filesystem::path& p : made) io::detail::sync_directory(p.parent_path().string());  // their entries
+}
+
+void LlamaWeights::write_dir(const std::string& dir) const {
   const int64_t H = config.hidden_size, I = config.intermediate_size;
   const size_t e = dtype_size(dtype());
   std::vector<Tensor> down;  // each layer's wd as it is on disk, [H, I]
@@ -412,7 +422,6 @@ void LlamaWeights::save_dir(const std::string& dir) const {
   config_file.sync();
   io::write_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
   config_file.commit();
-  for (const std::filesystem::path& p : made) io::detail::sync_directory(p.parent_path().string());  // their entries
 }
 
 }  // namespace twell::model

@@ -193,8 +193,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
             std::error_code ec;
             if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) return dir + " exists and is not a directory";
             // A checkpoint there is not replaced (found after a run of minutes, it was, without a word)
-            for (const char* name : {"config.json", "model.safetensors"})
-              if (fs::exists(fs::path(dir) / name, ec))
+            for (const char* name : {"config.json", "model.safetensors"})  // (a dangling link too: not replaced)
+              if (fs::exists(fs::symlink_status(fs::path(dir) / name, ec)))
                 return dir + " holds a model already (" + name + "): give a new directory (twell does not replace one)";
             // Writable: the directory, or the nearest one above it that exists (save_dir creates the rest)
             fs::path probe = fs::absolute(dir, ec);

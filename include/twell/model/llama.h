@@ -87,8 +87,9 @@ struct LlamaWeights {
   static LlamaWeights load_dir(const std::string& dir, const LlamaLoadOptions& options = {});
   // The inverse: config.json and model.safetensors (HF's names and layout, this dtype) into `dir`,
   // created where missing, each file written atomically and config.json renamed last (a failure
-  // before that rename leaves the earlier model, or none). load_dir reads back the same bits. Other files in `dir`
-  // (generation_config.json, a tokenizer) stay and go with the saved model when it is loaded.
+  // before that rename leaves the earlier model, or none, and no directory it created). load_dir reads back the
+  // same bits. Other files in `dir` (generation_config.json, a tokenizer) stay and go with the saved model when it
+  // is loaded.
   void save_dir(const std::string& dir) const;
 
   // Checks weights built by hand as load() checks a checkpoint: the config, then every tensor's
@@ -102,6 +103,9 @@ struct LlamaWeights {
     return config.tie_word_embeddings ? embed.view() : lm_head.view();
   }
   DType dtype() const { return embed.dtype(); }
+
+ private:
+  void write_dir(const std::string& dir) const;  // save_dir's files, into a directory that exists
 };
 
 // ---- forward --------------------------------------------------------------------------------
