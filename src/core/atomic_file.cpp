@@ -2,6 +2,7 @@
 #include "atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "json_util.h"
 #include "twell/error.h"
@@ -52,7 +54,51 @@ std::string target_of(const std::string& path, mode_t* mode) {
   return target;
 }
 
+// The temporaries being written, for remove_temporaries_on_signals: a slot each, its path copied in,
+// read by a signal handler (so no locks and no allocation there; a slot's state is atomic).
+struct TempSlot {
+  std::atomic<int> state{0};  // 0 free, 1 being filled or emptied, 2 holds a temporary's path
+  char path[4096] = {};
+};
+TempSlot temp_slots[16];
+
+int claim_slot(const std::string& temp) {
+  if (temp.size() >= sizeof(TempSlot::path)) return -1;
+  for (int i = 0; i < 16; ++i) {
+    int free = 0;
+    if (!temp_slots[i].state.compare_exchange_strong(free, 1)) continue;
+    std::memcpy(temp_slots[i].path, temp.c_str(), temp.size() + 1);
+    temp_slots[i].state.store(2);
+    return i;
+  }
+  return -1;  // more writers at once than slots: that one's temporary is not removed on a signal
+}
+
+void release_slot(int slot) {
+  if (slot < 0) return;
+  temp_slots[slot].state.store(1);
+  temp_slots[slot].state.store(0);
+}
+
+extern "C" void remove_temporaries_and_reraise(int sig) {
+  for (TempSlot& t : temp_slots)
+    if (t.state.load() == 2) ::unlink(t.path);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 }  // namespace
+
+void remove_temporaries_on_signals() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction now = {};
+    if (::sigaction(sig, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) continue;  // ignored, or the program's
+    struct sigaction act = {};
+    act.sa_handler = remove_temporaries_and_reraise;
+    sigemptyset(&act.sa_mask);
+    ::sigaction(sig, &act, nullptr);
+  }
+}
 
 AtomicFile::AtomicFile(std::string path) {
   mode_t mode = kNewFile;  // a new file is created with 0644 less the umask
@@ -78,10 +124,12 @@ AtomicFile::AtomicFile(std::string path) {
   }
   if (fd_ < 0)
     throw Error(str(path_, ": cannot create temporary file '", temp_path_, "': ", errno_text()));
+  slot_ = claim_slot(temp_path_);
   if (mode != kNewFile && ::fchmod(fd_, mode) != 0) {  // a replaced file keeps its permissions
     const std::string why = errno_text();
     ::close(fd_);  // no destructor runs for a constructor that throws
     ::unlink(temp_path_.c_str());
+    release_slot(slot_);
     throw Error(str(path_, ": cannot set the permissions of '", temp_path_, "': ", why));
   }
 }
@@ -89,6 +137,7 @@ AtomicFile::AtomicFile(std::string path) {
 AtomicFile::~AtomicFile() {
   if (fd_ >= 0) ::close(fd_);
   if (!committed_) ::unlink(temp_path_.c_str());
+  release_slot(slot_);
 }
 
 void AtomicFile::write(const void* data, size_t size) {
@@ -119,6 +168,7 @@ void AtomicFile::commit() {
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
     throw Error(str(path_, ": cannot rename '", temp_path_, "' over it: ", errno_text()));
   committed_ = true;
+  release_slot(std::exchange(slot_, -1));  // no temporary left to remove
   // Make the rename itself durable. A failure here cannot be undone and the data is in place,
   // so it is not an error.
   sync_directory(parent_dir(path_));

@@ -32,6 +32,7 @@ class AtomicFile {
   std::string temp_path_;
   int fd_ = -1;
   bool committed_ = false;
+  int slot_ = -1;  // where a signal handler finds the temporary (remove_temporaries_on_signals)
 };
 
 // fsyncs the directory `dir`, so that entries made or renamed in it last through a crash; best effort
@@ -40,5 +41,11 @@ void sync_directory(const std::string& dir);
 
 // Writes `text` to `path` atomically.
 void write_file_atomically(const std::string& path, const std::string& text);
+
+// For a program (the CLI), not a library's host: SIGINT, SIGTERM and SIGHUP remove every AtomicFile's
+// uncommitted temporary before the signal ends the process as it would have (a Ctrl-C during
+// `bench model --save` left gigabytes of temporary beside the model, never removed). Signals whose
+// handler the program set already are left to it. Call once, early.
+void remove_temporaries_on_signals();
 
 }  // namespace twell::io::detail

@@ -3,8 +3,10 @@
 // inspect` CLI failing cleanly on broken files.
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -448,6 +450,29 @@ TEST(SafetensorsParse, ControlCharactersInNamesStayOnOneLine) {
   expect_parse_error(
       raw_file("{\"a\\nb\": {\"dtype\": \"X\", \"shape\": [], \"data_offsets\": [0, 4]}}", 4),
       {"tensor 'a\\nb'"});
+}
+
+// A program that asked for it (the CLI) loses no temporary to a Ctrl-C or a kill mid-write: the signal
+// removes the temporaries being written, then ends the process as it would have. A committed file stays.
+TEST_F(Safetensors, ASignalMidWriteRemovesTheTemporary) {
+  const std::string kept = path("kept.json"), cut = path("cut.safetensors");
+  for (const int sig : {SIGINT, SIGTERM}) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      io::detail::remove_temporaries_on_signals();
+      io::detail::write_file_atomically(kept, "{}");
+      io::detail::AtomicFile a(cut), b(cut);  // two writers at once
+      a.write("half", 4), b.write("half", 4);
+      ::raise(sig);
+      ::_exit(0);  // not reached
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << status;
+    EXPECT_EQ(listing(), std::vector<std::string>{"kept.json"}) << "a temporary outlived the signal";
+    EXPECT_EQ(read_file(kept), "{}");
+  }
 }
 
 TEST_F(Safetensors, WriteIsAtomic) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "core/atomic_file.h"
 #include "twell/cpu/threads.h"
 #include "twell/version.h"
 
@@ -69,6 +70,7 @@ std::string nearest_option(const CLI::App& app, const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  twell::io::detail::remove_temporaries_on_signals();  // a Ctrl-C mid-save leaves no temporary behind
   CLI::App app{"twell: sparse-activation transformer FFNs (TwELL format and kernels)", "twell"};
   app.set_version_flag("--version", TWELL_VERSION_STRING);
   app.require_subcommand(1);
