@@ -57,7 +57,7 @@ std::string target_of(const std::string& path, mode_t* mode) {
 // The temporaries being written, for remove_temporaries_on_signals: a slot each, its path copied in,
 // read by a signal handler (so no locks and no allocation there; a slot's state is atomic).
 struct TempSlot {
-  std::atomic<int> state{0};  // 0 free, 1 being filled or emptied, 2 holds a temporary's path
+  std::atomic<int> state{0};  // 0 free, 1 being filled, 2 holds a temporary's path
   char path[4096] = {};
 };
 TempSlot temp_slots[16];
@@ -75,9 +75,7 @@ int claim_slot(const std::string& temp) {
 }
 
 void release_slot(int slot) {
-  if (slot < 0) return;
-  temp_slots[slot].state.store(1);
-  temp_slots[slot].state.store(0);
+  if (slot >= 0) temp_slots[slot].state.store(0);
 }
 
 extern "C" void remove_temporaries_and_reraise(int sig) {

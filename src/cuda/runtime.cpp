@@ -237,13 +237,12 @@ int max_cluster_blocks(const void* kernel, int threads, int largest) {
   int device = 0;
   TWELL_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(cluster_mutex);
-  const auto key = std::make_tuple(kernel, device, threads, largest, non_portable_allowed.count({kernel, device}) > 0);
+  const bool allowed = non_portable_allowed.count({kernel, device}) > 0;  // the attribute is set only there
+  const auto key = std::make_tuple(kernel, device, threads, largest, allowed);
   if (const auto it = known.find(key); it != known.end()) return it->second;
   // Past 8 (the portable limit) only where allowed: asking for more fails, and a failed query is an error
   // compute-sanitizer reports.
-  cudaFuncAttributes attributes = {};
-  TWELL_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  if (!attributes.nonPortableClusterSizeAllowed) largest = std::min(largest, 8);
+  if (!allowed) largest = std::min(largest, 8);
   bool answered = false;  // some query answered: the result is the device's, kept (else asked again next time)
   int blocks = 1;
   for (int n = largest; n > 1; --n) {
