@@ -352,6 +352,18 @@ TWELL_C_API int twell_text_stream_create(const twell_tokenizer* tokenizer, const
 TWELL_C_API void twell_text_stream_destroy(twell_text_stream* stream); /* NULL: nothing */
 TWELL_C_API int twell_text_stream_put(twell_text_stream* stream, int32_t id, const char** text, size_t* len);
 TWELL_C_API int twell_text_stream_finish(twell_text_stream* stream, const char** text, size_t* len);
+/* Stop strings (model::TextStream::stop_at; `twell run --stop`), given before the stream's first put:
+ * the text ends just before the first place one of them appears in the new text (the context's is
+ * not searched), the stop string left out. The put whose id completes one makes
+ * twell_text_stream_stopped say so, and every put after it gives nothing: its caller stops the
+ * generation there (a token callback's non-zero return). Until then a piece holds back its end where
+ * a stop string could begin, and finish gives what is held. strings[i] has lengths[i] bytes (not
+ * NUL-terminated), each at least one and valid UTF-8. */
+TWELL_C_API int twell_text_stream_stop_at(twell_text_stream* stream, const char* const* strings,
+                                          const size_t* lengths, int64_t n);
+/* *stopped: 1 once a stop string was met, and *which its index in stop_at's strings (the first equal
+ * one); else 0 and -1. which may be NULL. */
+TWELL_C_API int twell_text_stream_stopped(const twell_text_stream* stream, int* stopped, int64_t* which);
 
 #ifdef __cplusplus
 }

@@ -211,6 +211,44 @@ class ModelOnTheCpu(unittest.TestCase):
         body = new[:-1] if m.last_generation["reason"] == "stop_token" else new
         self.assertEqual(text, m.tokenizer.decode(body))
 
+    def test_stop_strings_end_the_text_before_them(self):
+        m = self.model
+        kw = dict(max_new_tokens=16, temperature=1.0, seed=7, stop=False)
+        free = m.generate("ab", **kw)
+        free_tokens = m.last_generation["tokens"]
+        letters = [c for c in free[1:] if c.isalnum()]
+        if not letters:
+            self.skipTest(f"no letter in this continuation: {free!r}")
+        stop = letters[0]
+        cut = free.index(stop)
+        pieces = []
+        text = m.generate("ab", stream=pieces.append, stop_strings=[stop, "never met"], **kw)
+        self.assertEqual(text, free[:cut])
+        self.assertEqual("".join(pieces), text)
+        record = m.last_generation
+        self.assertEqual(record["reason"], "stop_string")
+        self.assertEqual(record["stop_string"], stop)
+        # The generation ended at the token that completed it (one a byte: the byte tokenizer).
+        self.assertEqual(record["tokens"], free_tokens[:len(record["tokens"])])
+        self.assertLess(len(record["tokens"]), len(free_tokens))
+        self.assertEqual(m.generate("ab", stop_strings=stop, **kw), text)  # one str; no stream
+        # A batch: each str prompt on its own, as generate() gives it with seed + i.
+        batch = m.generate_batch(["ab", "hello there"], stop_strings=[stop], **kw)
+        self.assertEqual(batch[0], text)
+        self.assertEqual(batch[1], m.generate("hello there", stop_strings=[stop], **dict(kw, seed=8)))
+        # Never met: the text as it was.
+        self.assertEqual(m.generate("ab", stop_strings=["\x00never"], **kw), free)
+        self.assertEqual(m.last_generation["reason"], "max_tokens")
+        self.assertNotIn("stop_string", m.last_generation)
+        for bad, why in ((["" ], "must not be empty"), ([3], "list of str"), (b"x", "str or a list of str"),
+                         (["\ud800"], "not valid UTF-8")):
+            with self.assertRaisesRegex(twell.TwellError, why):
+                m.generate("ab", stop_strings=bad, **kw)
+        with self.assertRaisesRegex(twell.TwellError, "stop_strings are matched in the text"):
+            m.generate([256, 1], stop_strings=["x"], **kw)
+        with self.assertRaisesRegex(twell.TwellError, "stop_strings are matched in the text"):
+            m.generate_batch(["ab", [256, 1]], stop_strings=["x"], **kw)
+
     def test_an_exception_in_the_stream_callback_reaches_the_caller(self):
         def boom(_):
             raise KeyError("from the callback")

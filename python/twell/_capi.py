@@ -215,6 +215,9 @@ _sig = {
     "twell_text_stream_destroy": (None, [ctypes.c_void_p]),
     "twell_text_stream_put": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int32, _P(ctypes.c_void_p), _P(ctypes.c_size_t)]),
     "twell_text_stream_finish": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_void_p), _P(ctypes.c_size_t)]),
+    "twell_text_stream_stop_at": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_char_p), _P(ctypes.c_size_t),
+                                                 ctypes.c_int64]),
+    "twell_text_stream_stopped": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int), _P(ctypes.c_int64)]),
 }
 for _name, (_res, _args) in _sig.items():
     _f = getattr(lib, _name)

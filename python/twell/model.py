@@ -480,30 +480,39 @@ class Model(_OwnsAHandle):
         return s
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
-                 stream=None):
+                 stream=None, stop_strings=None):
         """Continues prompt (a str or its UTF-8 bytes, or a list of ids) with up to max_new_tokens tokens:
         greedy at temperature 0, else sampled (top_k, top_p, seed: the same seed draws the same tokens as
         `twell run --seed` on the same backend; the CPU's and the GPU's logits round differently).
 
         stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
-        list gives the ids. stream: a callable that receives the text as it comes (text prompts) or each
-        id (id prompts); returning True from it stops the generation (True itself: print's None and
-        sys.stdout.write's count go on). Returns the new text (without the prompt or the stop token) for a
-        text prompt, as the stream gives it, else the new ids. `last_generation` then holds the
-        ids, why it stopped and its timings: prefill_seconds up to the first new token (the prompt's
+        list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before
+        the first place one appears in the new text, and the generation at the token that completes it
+        (`twell run --stop`; the prompt's text is not searched). stream: a callable that receives the text
+        as it comes (text prompts) or each id (id prompts); returning True from it stops the generation
+        (True itself: print's None and sys.stdout.write's count go on). Returns the new text (without the
+        prompt, the stop token, or a stop string and what follows it) for a text prompt, as the stream
+        gives it, else the new ids. `last_generation` then holds the ids, why it stopped ("stop_string"
+        with the string met as "stop_string", "stop_token", "max_tokens", "context_full", or "callback":
+        the stream asked) and its timings: prefill_seconds up to the first new token (the prompt's
         forward and the first draw), decode_seconds for the tokens after it, tokens_per_second their rate.
         """
         text_prompt = isinstance(prompt, _TEXT)
+        stop_strings = _stop_strings(stop_strings)
+        if stop_strings and not text_prompt:
+            raise TwellError("generate: stop_strings are matched in the text of a str prompt; this prompt is ids "
+                             "(give stop ids as stop=[...])")
         ids, text_ids = self._prompt_ids(prompt)
         max_new_tokens = _check_count(max_new_tokens)
         stops = self._stop_ids(stop)
         s = self._sampling(temperature, top_k, top_p, seed)
 
-        streamer = _TextStream(self.tokenizer, text_ids, stops) if text_prompt and stream is not None else None
+        streamer = _TextStream(self.tokenizer, text_ids, stops, stop_strings) \
+            if text_prompt and (stream is not None or stop_strings) else None
         state = {"error": None, "interrupted": False}
 
         def on_token(token, _user):
-            if stream is None:  # only to see a Ctrl-C
+            if streamer is None and stream is None:  # only to see a Ctrl-C
                 return _stream_call(state, lambda: 0)
             return _stream_call(state, lambda: _streamed(streamer, stream, token))
 
@@ -513,17 +522,19 @@ class Model(_OwnsAHandle):
         tokens = (ctypes.c_int32 * max(room, 1))()
         g = _capi.Generation()
         # A call a token where there is a stream, or a Ctrl-C to see (else NULL: none).
-        callback = _capi.TOKEN_FN(on_token) if stream is not None or _notes_interrupts() else _capi.TOKEN_FN()
+        callback = _capi.TOKEN_FN(on_token) if streamer is not None or stream is not None or _notes_interrupts() \
+            else _capi.TOKEN_FN()
         with _streams_open([streamer]), _interrupt_noted(state), self._busy("generate") as h, \
                 _callback_error_first(state):
             _capi.check(_capi.lib.twell_model_generate(h, c_prompt, n_prompt, room, ctypes.byref(s),
                                                        c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
-            tail = streamer.rest() if streamer is not None else ""  # a streamer only where stream is given
-        if tail:
+            tail = streamer.rest() if streamer is not None else ""
+            met = streamer.stopped_by(stop_strings) if streamer is not None else None
+        if tail and stream is not None:
             stream(tail)
         new = list(tokens[:g.n_tokens])
-        self.last_generation = _generation_record(new, g)
-        return self._text_of(text_ids, new, stops) if text_prompt else new
+        self.last_generation = _generation_record(new, g, met)
+        return self._text_of(text_ids, new, stops, stop_strings) if text_prompt else new
 
     def _check_one_forward(self, n, what, hint):
         if n > self.config["context"]:
@@ -535,29 +546,35 @@ class Model(_OwnsAHandle):
         buffer for them is allocated up front; room for one more, so that a full context says so)."""
         return max(0, min(max_new_tokens, self.config["context"] - min(prompt_lengths) + 2))
 
-    def _text_of(self, text_ids, new, stops):
+    def _text_of(self, text_ids, new, stops, stop_strings):
         """The text the new ids add to a text prompt's, as the stream gives it and `twell run` prints it (a
-        tokenizer may decode ids alone otherwise: Llama 2's drops a leading space), without a stop token."""
-        streamer = _TextStream(self.tokenizer, text_ids, stops)
+        tokenizer may decode ids alone otherwise: Llama 2's drops a leading space), without a stop token,
+        and cut before a stop string."""
+        streamer = _TextStream(self.tokenizer, text_ids, stops, stop_strings)
         with _streams_open([streamer]):
             return "".join(streamer.add(t) for t in new) + streamer.rest()
 
     def generate_batch(self, prompts, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
-                       stream=None):
+                       stream=None, stop_strings=None):
         """generate() for several prompts at once (each a str or a list of ids, of any lengths; at most
         max_batch of them, which Model(max_batch=...) sets on the GPU): one batched forward a step, each
         prompt stopping on its own. Prompt i draws with seed + i, so that where the logits have the same
         bits (the CPU backend) its tokens are generate()'s with that seed. stream: a callable that
         receives (i, the text prompt i adds) as it comes (str prompts) or (i, each id) (id prompts);
-        returning True (itself) from it stops prompt i, the others go on. Returns a list, in the prompts' order:
-        the new text for a str prompt, the new ids for ids. `last_generation` then holds a list of
-        generate()'s dicts, one a prompt, each with the batch's prefill_seconds and its own decode_seconds.
+        returning True (itself) from it stops prompt i, the others go on. stop_strings: as generate()'s, for
+        each prompt on its own (str prompts only). Returns a list, in the prompts' order: the new text for a
+        str prompt, the new ids for ids. `last_generation` then holds a list of generate()'s dicts, one a
+        prompt, each with the batch's prefill_seconds and its own decode_seconds.
         """
         if isinstance(prompts, _TEXT) or not hasattr(prompts, "__len__"):
             raise TwellError("generate_batch: prompts must be a list of prompts (for one, generate())")
         if not 1 <= len(prompts) <= self.max_batch:
             raise TwellError(f"generate_batch: {len(prompts)} prompts; this model takes 1 to {self.max_batch} "
                              "(Model(max_batch=...))")
+        stop_strings = _stop_strings(stop_strings)
+        if stop_strings and not all(isinstance(p, _TEXT) for p in prompts):
+            raise TwellError("generate_batch: stop_strings are matched in the text of str prompts; some prompts "
+                             "are ids (give stop ids as stop=[...])")
         max_new_tokens = _check_count(max_new_tokens)
         encoded = [self._prompt_ids(p, "generate_batch") for p in prompts]
         ids = [e[0] for e in encoded]
@@ -573,34 +590,38 @@ class Model(_OwnsAHandle):
         c_stops, n_stops = _ids(stops, "stop")
         s = self._sampling(temperature, top_k, top_p, seed)
         B = len(prompts)
-        streamers = [_TextStream(self.tokenizer, text_ids, stops) if isinstance(p, _TEXT) and stream is not None
-                     else None for p, (_, text_ids) in zip(prompts, encoded)]
+        streamers = [_TextStream(self.tokenizer, text_ids, stops, stop_strings)
+                     if isinstance(p, _TEXT) and (stream is not None or stop_strings) else None
+                     for p, (_, text_ids) in zip(prompts, encoded)]
         state = {"error": None, "interrupted": False}
 
         def on_token(i, token, _user):
-            if stream is None:  # only to see a Ctrl-C
+            if streamers[i] is None and stream is None:  # only to see a Ctrl-C
                 return _stream_call(state, lambda: 0)
-            return _stream_call(state, lambda: _streamed(streamers[i], lambda piece: stream(i, piece), token))
+            emit = (lambda piece: stream(i, piece)) if stream is not None else None
+            return _stream_call(state, lambda: _streamed(streamers[i], emit, token))
 
         room = self._room(max_new_tokens, [len(p) for p in ids])
         tokens = (ctypes.c_int32 * max(B * room, 1))()
         g = (_capi.Generation * B)()
-        callback = _capi.BATCH_TOKEN_FN(on_token) if stream is not None or _notes_interrupts() else \
-            _capi.BATCH_TOKEN_FN()
+        callback = _capi.BATCH_TOKEN_FN(on_token) if stream is not None or stop_strings or _notes_interrupts() \
+            else _capi.BATCH_TOKEN_FN()
         with _streams_open(streamers), _interrupt_noted(state), self._busy("generate_batch") as h, \
                 _callback_error_first(state):
             _capi.check(_capi.lib.twell_model_generate_batch(h, c_prompts, c_offsets, B, room,
                                                              ctypes.byref(s), c_stops, n_stops,
                                                              callback, None, tokens, g))
-            tails = [st.rest() if st is not None else "" for st in streamers]  # streamers only where stream is given
+            tails = [st.rest() if st is not None else "" for st in streamers]
+            met = [st.stopped_by(stop_strings) if st is not None else None for st in streamers]
         for i, tail in enumerate(tails):
-            if tail:
+            if tail and stream is not None:
                 stream(i, tail)
         out, records = [], []
         for i in range(B):
             new = list(tokens[i * room:i * room + g[i].n_tokens])
-            records.append(_generation_record(new, g[i]))
-            out.append(self._text_of(encoded[i][1], new, stops) if isinstance(prompts[i], _TEXT) else new)
+            records.append(_generation_record(new, g[i], met[i]))
+            out.append(self._text_of(encoded[i][1], new, stops, stop_strings) if isinstance(prompts[i], _TEXT)
+                       else new)
         self.last_generation = records  # whole, once: a reader never sees a list being filled
         return out
 
@@ -635,11 +656,34 @@ def _tokens_arg(value, what, least):
     return _int(value, what, least, expected=f"a number of tokens of at least {least}")
 
 
-def _generation_record(new, g):
-    """last_generation's dict of one sequence's new ids and its twell_generation."""
-    return {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"), "prefill_seconds": g.prefill_seconds,
-            "decode_seconds": g.decode_seconds,
-            "tokens_per_second": (len(new) - 1) / g.decode_seconds if len(new) >= 2 and g.decode_seconds > 0 else 0.0}
+def _generation_record(new, g, stop_string=None):
+    """last_generation's dict of one sequence's new ids and its twell_generation; stop_string: the one that
+    ended it (its callback's stop), if any."""
+    record = {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"), "prefill_seconds": g.prefill_seconds,
+              "decode_seconds": g.decode_seconds,
+              "tokens_per_second": (len(new) - 1) / g.decode_seconds if len(new) >= 2 and g.decode_seconds > 0
+              else 0.0}
+    if stop_string is not None:
+        record["reason"], record["stop_string"] = "stop_string", stop_string
+    return record
+
+
+def _stop_strings(value):
+    """stop_strings as a list of str (None: none; one str: that one), each non-empty (the library checks
+    the rest when a stream takes them)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not hasattr(value, "__iter__") or isinstance(value, (bytes, bytearray)):
+        raise TwellError(f"stop_strings must be a str or a list of str, got {type(value).__name__} {value!r}")
+    value = list(value)
+    for v in value:
+        if not isinstance(v, str):
+            raise TwellError(f"stop_strings must be a str or a list of str; one is {type(v).__name__} {v!r}")
+        if not v:
+            raise TwellError("stop_strings: a stop string must not be empty")
+    return value
 
 
 def _stream_call(state, call):
@@ -658,12 +702,13 @@ def _stream_call(state, call):
 
 
 def _streamed(streamer, emit, token):
-    """Passes emit what token adds: the token itself (no streamer: an id prompt), or the text it adds
-    (nothing where that is empty). 1 where emit returned True (stop), else 0."""
+    """Passes emit (None: nobody) what token adds: the token itself (no streamer: an id prompt), or the text
+    it adds (nothing where that is empty). 1 where emit returned True or a stop string was met (stop), else 0."""
     if streamer is None:
         return 1 if emit(token) is True else 0
     text = streamer.add(token)
-    return 1 if text and emit(text) is True else 0
+    asked = text and emit is not None and emit(text) is True
+    return 1 if asked or streamer.stopped else 0
 
 
 class _callback_error_first:
@@ -778,7 +823,7 @@ class _TextStream:
     grow with the text; whole characters a piece (a character split across tokens waits for its end), nothing
     for a stop id; rest() gives the bytes of a character that never ended."""
 
-    def __init__(self, tokenizer, prompt_ids, stops):
+    def __init__(self, tokenizer, prompt_ids, stops, stop_strings=()):
         self.tokenizer = tokenizer  # the stream reads it: it must outlive the stream
         c_prompt, n_prompt = _ids(prompt_ids, "prompt")
         c_stops, n_stops = _ids(stops, "stop")
@@ -787,6 +832,16 @@ class _TextStream:
             _capi.check(_capi.lib.twell_text_stream_create(t, c_prompt, n_prompt, c_stops, n_stops,
                                                            ctypes.byref(handle)))
         self._handle = handle
+        self.stopped = False
+        if stop_strings:
+            encoded = [v.encode("utf-8", errors="surrogatepass") for v in stop_strings]
+            strings = (ctypes.c_char_p * len(encoded))(*encoded)
+            lengths = (ctypes.c_size_t * len(encoded))(*(len(v) for v in encoded))
+            try:
+                _capi.check(_capi.lib.twell_text_stream_stop_at(self._handle, strings, lengths, len(encoded)))
+            except BaseException:
+                self.close()
+                raise
 
     def _piece(self, call, *args):
         text, length = ctypes.c_void_p(), ctypes.c_size_t()
@@ -795,8 +850,18 @@ class _TextStream:
         return ctypes.string_at(text, length.value).decode("utf-8", errors="replace") if length.value else ""
 
     def add(self, token):
-        """The text token adds ("" for a stop token, or where a character has not ended)."""
-        return self._piece(_capi.lib.twell_text_stream_put, token)
+        """The text token adds ("" for a stop token, or where a character has not ended); sets stopped once
+        a stop string is met."""
+        text = self._piece(_capi.lib.twell_text_stream_put, token)
+        if not self.stopped:
+            flag, which = ctypes.c_int(), ctypes.c_int64()
+            _capi.check(_capi.lib.twell_text_stream_stopped(self._handle, ctypes.byref(flag), ctypes.byref(which)))
+            self.stopped, self._which = bool(flag.value), which.value
+        return text
+
+    def stopped_by(self, stop_strings):
+        """The stop string (of those given) that ended the text, or None."""
+        return stop_strings[self._which] if self.stopped else None
 
     def rest(self):
         """The bytes of a character that never ended, as text ("" where none)."""

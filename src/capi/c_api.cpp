@@ -65,6 +65,7 @@ struct twell_tokenizer {
 struct twell_text_stream {
   std::unique_ptr<twell::model::TextStream> stream;
   std::string piece;  // what the last put or finish returned (the caller reads it until the next call)
+  std::vector<std::string> stop_strings;  // as stop_at was given them
 };
 static_assert(TWELL_DEVICE_CPU == static_cast<int>(twell::Device::cpu) &&
               TWELL_DEVICE_CUDA == static_cast<int>(twell::Device::cuda));
@@ -265,6 +266,7 @@ twell_text_stream& object(twell_text_stream* s) {
   TWELL_REQUIRE(s != nullptr && s->stream, "twell_text_stream: NULL");
   return *s;
 }
+const twell_text_stream& object(const twell_text_stream* s) { return object(const_cast<twell_text_stream*>(s)); }
 
 // A text stream's piece, kept in the stream for the caller to read until its next call.
 void give_piece(twell_text_stream& s, std::string piece, const char** text, size_t* len) {
@@ -856,6 +858,33 @@ int twell_text_stream_finish(twell_text_stream* stream, const char** text, size_
     twell_text_stream& s = object(stream);
     TWELL_REQUIRE(text != nullptr && len != nullptr, "twell_text_stream_finish: text or len is NULL");
     give_piece(s, s.stream->finish(), text, len);
+  });
+}
+
+int twell_text_stream_stop_at(twell_text_stream* stream, const char* const* strings, const size_t* lengths,
+                              int64_t n) {
+  return guarded([&] {
+    twell_text_stream& s = object(stream);
+    TWELL_REQUIRE(n >= 0, "twell_text_stream_stop_at: the count must be at least 0, got ", n);
+    TWELL_REQUIRE(n == 0 || (strings != nullptr && lengths != nullptr),
+                  "twell_text_stream_stop_at: strings or lengths is NULL");
+    std::vector<std::string> given;
+    for (int64_t i = 0; i < n; ++i) {
+      TWELL_REQUIRE(strings[i] != nullptr || lengths[i] == 0, "twell_text_stream_stop_at: string ", i, " is NULL");
+      given.emplace_back(lengths[i] > 0 ? strings[i] : "", lengths[i]);
+    }
+    s.stream->stop_at(given);
+    s.stop_strings = std::move(given);
+  });
+}
+
+int twell_text_stream_stopped(const twell_text_stream* stream, int* stopped, int64_t* which) {
+  return guarded([&] {
+    const twell_text_stream& s = object(stream);
+    TWELL_REQUIRE(stopped != nullptr, "twell_text_stream_stopped: stopped is NULL");
+    const auto at = std::find(s.stop_strings.begin(), s.stop_strings.end(), s.stream->stopped_by());
+    *stopped = s.stream->stopped() ? 1 : 0;
+    if (which != nullptr) *which = s.stream->stopped() ? static_cast<int64_t>(at - s.stop_strings.begin()) : -1;
   });
 }
 

@@ -1619,7 +1619,8 @@ TextStream::TextStream(const Tokenizer& tok, std::vector<int32_t> context, std::
 }
 
 std::string TextStream::put(int32_t id) {
-  if (std::find(stops_.begin(), stops_.end(), id) != stops_.end()) return {};  // not part of the text
+  started_ = true;
+  if (stopped() || std::find(stops_.begin(), stops_.end(), id) != stops_.end()) return {};  // not part of the text
   const size_t first = given_ > kWindow ? given_ - kWindow : 0;
   const std::vector<int32_t> before(ids_.begin() + first, ids_.begin() + given_);
   std::vector<int32_t> all(ids_.begin() + first, ids_.end());
@@ -1636,9 +1637,52 @@ std::string TextStream::put(int32_t id) {
   const size_t whole = whole_utf8_prefix(held_);
   std::string piece = valid_utf8(std::string_view(held_).substr(0, whole));
   held_.erase(0, whole);
-  return piece;
+  return cut(std::move(piece));
 }
 
-std::string TextStream::finish() { return valid_utf8(std::exchange(held_, std::string())); }
+std::string TextStream::finish() {
+  std::string rest = cut(valid_utf8(std::exchange(held_, std::string())));
+  return rest + std::exchange(pending_, std::string());  // nothing is pending once stopped
+}
+
+void TextStream::check_stop_strings(const std::vector<std::string>& strings) {
+  for (const std::string& s : strings) {
+    TWELL_REQUIRE(!s.empty(), "a stop string must not be empty");
+    TWELL_REQUIRE(first_invalid_utf8(s) == std::string::npos, "stop string \"", valid_utf8(s),
+                  "\" is not valid UTF-8 (the generated text always is, so it could never be met)");
+  }
+}
+
+void TextStream::stop_at(std::vector<std::string> strings) {
+  TWELL_REQUIRE(!started_, "TextStream: stop strings are given before the first token");
+  check_stop_strings(strings);
+  stop_strings_ = std::move(strings);
+}
+
+std::string TextStream::cut(std::string piece) {
+  if (stop_strings_.empty() || stopped()) return stopped() ? std::string() : piece;
+  pending_ += piece;
+  // The earliest place a stop string starts (the first given among those starting there).
+  size_t at = std::string::npos;
+  for (const std::string& s : stop_strings_)
+    if (const size_t p = pending_.find(s); p < at) at = p, stopped_by_ = s;
+  if (at != std::string::npos) {
+    std::string shown = pending_.substr(0, at);
+    pending_.clear();
+    return shown;
+  }
+  // Hold back the longest end of the text that a stop string begins with. It starts on a character's
+  // first byte: a valid UTF-8 string does not begin with a continuation byte.
+  size_t keep = 0;
+  for (const std::string& s : stop_strings_)
+    for (size_t n = std::min(s.size() - 1, pending_.size()); n > keep; --n)
+      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+  std::string shown = pending_.substr(0, pending_.size() - keep);
+  pending_.erase(0, pending_.size() - keep);
+  return shown;
+}
 
 }  // namespace twell::model

@@ -578,5 +578,60 @@ TEST_F(CApiModel, TextStreamsGiveWholeCharacters) {
   twell_tokenizer_destroy(t);
 }
 
+// Stop strings on a text stream: the text before the first one met, the index of the one met, nothing
+// after it; refused: an empty or non-UTF-8 string, NULL arrays, and stop strings after the first put.
+TEST_F(CApiModel, TextStreamsStopAtStopStrings) {
+  twell_tokenizer* t = nullptr;
+  ASSERT_EQ(twell_tokenizer_load(nullptr, 0, 1, &t), TWELL_OK) << error_text();
+  twell_text_stream* s = nullptr;
+  ASSERT_EQ(twell_text_stream_create(t, nullptr, 0, nullptr, 0, &s), TWELL_OK) << error_text();
+  const char* strings[] = {"never", "o w"};
+  const size_t lengths[] = {5, 3};
+  ASSERT_EQ(twell_text_stream_stop_at(s, strings, lengths, 2), TWELL_OK) << error_text();
+  std::string shown;
+  int stopped = -1;
+  int64_t which = -2;
+  for (const char c : std::string("hello world")) {
+    const char* text = nullptr;
+    size_t len = 0;
+    ASSERT_EQ(twell_text_stream_put(s, static_cast<unsigned char>(c), &text, &len), TWELL_OK) << error_text();
+    shown.append(text, len);
+    ASSERT_EQ(twell_text_stream_stopped(s, &stopped, &which), TWELL_OK);
+    if (c != 'w') {
+      EXPECT_EQ(stopped, 0) << c;
+      EXPECT_EQ(which, -1);
+    }
+    if (stopped) break;
+  }
+  EXPECT_EQ(shown, "hell");
+  EXPECT_EQ(stopped, 1);
+  EXPECT_EQ(which, 1);
+  const char* text = nullptr;
+  size_t len = 7;
+  ASSERT_EQ(twell_text_stream_put(s, 'x', &text, &len), TWELL_OK);
+  EXPECT_EQ(len, 0u);  // nothing after the stop
+  ASSERT_EQ(twell_text_stream_finish(s, &text, &len), TWELL_OK);
+  EXPECT_EQ(len, 0u);
+  EXPECT_EQ(twell_text_stream_stop_at(s, strings, lengths, 1), TWELL_ERROR);  // after a put
+  EXPECT_NE(error_text().find("before the first token"), std::string::npos) << error_text();
+  EXPECT_EQ(twell_text_stream_stopped(s, nullptr, &which), TWELL_ERROR);
+  twell_text_stream_destroy(s);
+  ASSERT_EQ(twell_text_stream_create(t, nullptr, 0, nullptr, 0, &s), TWELL_OK);
+  const size_t empty[] = {0};
+  EXPECT_EQ(twell_text_stream_stop_at(s, strings, empty, 1), TWELL_ERROR);
+  EXPECT_NE(error_text().find("must not be empty"), std::string::npos) << error_text();
+  const char* bad[] = {"\xff"};
+  const size_t one[] = {1};
+  EXPECT_EQ(twell_text_stream_stop_at(s, bad, one, 1), TWELL_ERROR);
+  EXPECT_NE(error_text().find("not valid UTF-8"), std::string::npos) << error_text();
+  EXPECT_EQ(twell_text_stream_stop_at(s, nullptr, one, 1), TWELL_ERROR);
+  EXPECT_EQ(twell_text_stream_stop_at(s, strings, lengths, -1), TWELL_ERROR);
+  ASSERT_EQ(twell_text_stream_stop_at(s, nullptr, nullptr, 0), TWELL_OK);  // none: the text as it is
+  ASSERT_EQ(twell_text_stream_put(s, 'o', &text, &len), TWELL_OK);
+  EXPECT_EQ(std::string(text, len), "o");
+  twell_text_stream_destroy(s);
+  twell_tokenizer_destroy(t);
+}
+
 }  // namespace
 }  // namespace twell::model

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -131,6 +132,47 @@ TEST_F(CliModel, RunSaysWhatItIgnoredAndWhyItStopped) {
   EXPECT_NE(outside.out.find("note: stop id 5000 (an eos_token_id of config.json or generation_config.json) lies "
                              "outside the tokenizer's 258 ids: no generation stops on it"),
             std::string::npos) << outside.out;
+}
+
+// --stop: the text ends before the stop string, the run at the token that completes it, and it says
+// so; a batch cuts each prompt's text on its own; an empty stop string is refused before loading.
+TEST_F(CliModel, RunStopsAtAStopString) {
+  const std::string hello = "run " + dir_ + " --byte-tokenizer --no-stop -p 'hello' -n 12";
+  const CliResult free = run_cli(hello);
+  ASSERT_EQ(free.status, 0);
+  const std::string continuation = free.out.substr(5, free.out.size() - 6);  // less the prompt and newline
+  // A letter or digit the greedy continuation holds after its first character (a byte token each).
+  const auto at = std::find_if(continuation.begin() + 1, continuation.end(),
+                               [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; });
+  if (at == continuation.end()) GTEST_SKIP() << "no letter in this continuation: " << continuation;
+  const std::string stop(1, *at);
+  const size_t cut = continuation.find(stop);  // its first place, perhaps before `at`
+  const CliResult stopped = run_cli(hello + " --stop '" + stop + "' --stop 'never met'", true);
+  ASSERT_EQ(stopped.status, 0) << stopped.out;
+  EXPECT_NE(stopped.out.find("\nhello" + continuation.substr(0, cut) + "\n(stopped: --stop \"" + stop + "\")\n"),
+            std::string::npos) << stopped.out << "\nfree: " << free.out;
+  EXPECT_EQ(stopped.out.find("generated 12 tokens"), std::string::npos) << stopped.out;  // it stopped early
+  // The same in a batch: each prompt's line as its own run prints it.
+  const CliResult batch = run_cli("run " + dir_ + " --byte-tokenizer --no-stop -n 12 -p 'hello' -p 'other' --stop '" +
+                                      stop + "'",
+                                  true);
+  ASSERT_EQ(batch.status, 0) << batch.out;
+  EXPECT_NE(batch.out.find("[1] hello" + continuation.substr(0, cut) + "\n"), std::string::npos) << batch.out;
+  EXPECT_NE(batch.out.find("([1] stopped: --stop \"" + stop + "\")"), std::string::npos) << batch.out;
+  const CliResult other = run_cli("run " + dir_ + " --byte-tokenizer --no-stop -n 12 -p 'other' --seed 1 --stop '" + stop + "'");
+  EXPECT_NE(batch.out.find("[2] " + other.out), std::string::npos) << batch.out << "\nalone: " << other.out;
+  // Escapes: '\n' is a newline.
+  const CliResult newline = run_cli(hello + " --stop '\\n'", true);
+  const size_t line_end = continuation.find('\n');
+  if (line_end == std::string::npos) {
+    EXPECT_NE(newline.out.find(free.out), std::string::npos) << newline.out;
+  } else {
+    EXPECT_NE(newline.out.find("\nhello" + continuation.substr(0, line_end) + "\n(stopped: --stop \"\\n\")\n"),
+              std::string::npos) << newline.out;
+  }
+  const CliResult empty = run_cli(hello + " --stop ''", true);
+  EXPECT_NE(empty.status, 0);
+  EXPECT_NE(empty.out.find("a stop string must not be empty"), std::string::npos) << empty.out;
 }
 
 TEST_F(CliModel, EvalPrintsPerplexity) {

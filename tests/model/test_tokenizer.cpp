@@ -204,6 +204,68 @@ TEST(TextStream, PiecesAreWholeCharactersAndStopsAddNothing) {
   EXPECT_EQ(cut.finish(), "");
 }
 
+// Stop strings: the pieces add up to the text before the first place a stop string starts, whatever
+// the split of the text into tokens (random splits of bytes, a stop string across tokens, one inside a
+// token, a prefix of one that does not go on), and stopped() is set by the id that completes one.
+TEST(TextStream, StopStringsEndTheTextBeforeThemWhateverTheTokens) {
+  ByteTokenizer bytes(true, true);
+  struct Case {
+    std::string text;
+    std::vector<std::string> stops;
+    std::string shown, by;  // by: "" where no stop string is met
+  };
+  const Case cases[] = {
+      {"hello\n\nworld", {"\n\n"}, "hello", "\n\n"},
+      {"\nworld", {"\n\n"}, "\nworld", ""},                        // not with the context's newline
+      {"hello\nworld\n", {"\n\n"}, "hello\nworld\n", ""},        // a prefix at the end is given at finish()
+      {"abcabd", {"abd"}, "abc", "abd"},                           // a held prefix that did not go on, then one that did
+      {"xxUser: hi", {"Assistant:", "User:"}, "xx", "User:"},
+      {"one two", {"two", "one t"}, "", "one t"},                  // the earliest start wins
+      {"ab", {"abc", "b"}, "a", "b"},
+      {"caf\xc3\xa9 ok", {"\xc3\xa9"}, "caf", "\xc3\xa9"},      // a character's bytes in separate tokens
+      {"\xf0\x9f\x91\x8b!", {"\xef\xbf\xbd!"}, "\xf0\x9f\x91\x8b!", ""},
+  };
+  for (const Case& c : cases) {
+    for (int trial = 0; trial < 2; ++trial) {  // byte tokens: a character's bytes come one at a time
+      TextStream stream(bytes, {'\n'});      // the context's text is not searched
+      stream.stop_at(c.stops);
+      std::string shown;
+      size_t completed_at = std::string::npos;  // the byte whose id set stopped()
+      for (size_t i = 0; i < c.text.size(); ++i) {
+        const std::string piece = stream.put(static_cast<unsigned char>(c.text[i]));
+        EXPECT_EQ(first_invalid_utf8(piece), std::string::npos);
+        shown += piece;
+        if (stream.stopped() && completed_at == std::string::npos) completed_at = i;
+        if (trial % 2 && stream.stopped()) break;  // its generation stops here; a later put gives nothing
+      }
+      shown += stream.finish();
+      EXPECT_EQ(escaped(shown), escaped(c.shown)) << escaped(c.text) << " trial " << trial;
+      EXPECT_EQ(escaped(stream.stopped_by()), escaped(c.by));
+      if (!c.by.empty()) {  // the byte that ends the first occurrence of the stop string met
+        EXPECT_EQ(completed_at, c.text.find(c.by) + c.by.size() - 1) << escaped(c.text);
+      }
+    }
+  }
+  // A BPE tokenizer's tokens hold several characters: the text before the stop string comes out
+  // whole, the rest of the token that completed it not at all.
+  const auto gpt2 = BpeTokenizer::from_file(data_path("bpe_gpt2.json"));
+  const std::string text = "The quick brown fox. The lazy dog.";
+  TextStream stream(*gpt2, {});
+  stream.stop_at({"fox."});
+  std::string shown;
+  for (int32_t id : gpt2->encode(text)) {
+    shown += stream.put(id);
+    if (stream.stopped()) break;
+  }
+  EXPECT_EQ(shown + stream.finish(), "The quick brown ");
+  // Refused: an empty stop string, one that is not UTF-8, and stop strings given after the first token.
+  TextStream late(bytes, {});
+  EXPECT_THROW(late.stop_at({""}), Error);
+  EXPECT_THROW(late.stop_at({"\xc3"}), Error);
+  late.put('a');
+  EXPECT_THROW(late.stop_at({"b"}), Error);
+}
+
 // valid_utf8 replaces each maximal ill-formed subsequence by one U+FFFD, as Python's
 // bytes.decode("utf-8", errors="replace") does (the expected strings are Python's).
 TEST(TextStream, InvalidBytesBecomeReplacementCharactersAsPythonReplaces) {

@@ -14,6 +14,30 @@
 #include "progress.h"
 
 namespace twell::cli {
+namespace {
+
+// A --stop value with \n, \t, \r and \\ read as escapes (a newline is awkward to type in a shell);
+// a backslash before anything else stays as it is.
+std::string unescape_stop(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    const char c = s[i + 1];
+    const char* known = std::strchr("ntr\\", c);
+    if (c == '\0' || known == nullptr) {
+      out += s[i];
+      continue;
+    }
+    out += c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : '\\';
+    ++i;
+  }
+  return out;
+}
+
+}  // namespace
 
 void register_run(CLI::App& app) {
   CLI::App* run = app.add_subcommand("run", "Generate text from a Llama-style model (GPU, or the CPU backend)");
@@ -22,6 +46,7 @@ void register_run(CLI::App& app) {
   auto max_tokens = std::make_shared<int64_t>(64);
   auto sampling = std::make_shared<model::SamplingOptions>();
   auto no_stop = std::make_shared<bool>(false);
+  auto stop_texts = std::make_shared<std::vector<std::string>>();
   args->add_to(run);
   auto prompts_file = std::make_shared<std::string>();
   run->add_option("-p,--prompt", *prompts,
@@ -51,6 +76,11 @@ void register_run(CLI::App& app) {
           ->capture_default_str(),
       run->add_option("--seed", sampling->seed, "sampling seed (a run repeats its tokens unless it changes)")->check(seed_value())->capture_default_str()};
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
+  run->add_option("--stop", *stop_texts,
+                  "end the text just before this string and the generation at the token that completes it (given "
+                  "more than once: at any of them); \\n, \\t, \\r and \\\\ are read as escapes; the prompt is not "
+                  "searched")
+      ->allow_extra_args(false);
   args->gpu_only_options.push_back(run->add_option("--max-batch-tokens", args->gpu_max_tokens,
                   "GPU: the most tokens one forward computes (its activations' size); longer prompts run in chunks "
                   "(0: up to 16384, fewer where the GPU's memory needs it)")
@@ -72,6 +102,9 @@ void register_run(CLI::App& app) {
       TWELL_REQUIRE(!prompts->empty(), *prompts_file, ": no prompts (every line is empty)");
     }
     sampling->check();  // before the load, which can take a while
+    std::vector<std::string> stop_strings;
+    for (const std::string& s : *stop_texts) stop_strings.push_back(unescape_stop(s));
+    model::TextStream::check_stop_strings(stop_strings);
     if (sampling->temperature == 0) {
       std::string ignored;
       for (const CLI::Option* o : sampling_only)
@@ -135,6 +168,18 @@ void register_run(CLI::App& app) {
         std::fprintf(stderr, "(%sstopped: the context of %lld positions is full)\n", label.c_str(),
                      static_cast<long long>(model->context()));
     };
+    // The text of each sequence's new tokens as it comes, cut at a stop string.
+    std::vector<model::TextStream> shown;
+    for (size_t b = 0; b < B; ++b) {
+      shown.emplace_back(*tok, texts[b], stops);
+      shown.back().stop_at(stop_strings);
+    }
+    const auto say_stop_string = [&](size_t b, const std::string& label) {
+      if (!shown[b].stopped()) return;
+      const auto at = std::find(stop_strings.begin(), stop_strings.end(), shown[b].stopped_by());
+      std::fprintf(stderr, "(%sstopped: --stop \"%s\")\n", label.c_str(),
+                   (*stop_texts)[static_cast<size_t>(at - stop_strings.begin())].c_str());
+    };
 
     if (B > 1) {  // generated together, printed when all are done; meanwhile a count of tokens drawn
       int64_t most = 0;  // each prompt's -n, or what its context leaves (a last token drawn without a position)
@@ -142,10 +187,12 @@ void register_run(CLI::App& app) {
         most += std::min<int64_t>(*max_tokens, model->context() - static_cast<int64_t>(p.size()) + 1);
       bench::StepProgress progress(std::cerr, "", std::max<int64_t>(1, most));
       int64_t drawn = 0;
-      const auto count = [&](int64_t, int32_t) {
+      std::vector<std::string> text = *prompts;
+      const auto count = [&](int64_t b, int32_t token) {
         ++drawn;
         progress.show(drawn, str("generating: ", drawn, " of at most ", most, " tokens (", B, " prompts)"));
-        return false;
+        text[static_cast<size_t>(b)] += shown[static_cast<size_t>(b)].put(token);
+        return shown[static_cast<size_t>(b)].stopped();
       };
       const std::vector<model::Generation> gens =
           model::generate_batch(*model, ids, *max_tokens, *sampling, stops, count);
@@ -153,17 +200,16 @@ void register_run(CLI::App& app) {
       long long after_first = 0, generated = 0;
       double decode = 0;
       for (size_t b = 0; b < B; ++b) {
-        model::TextStream shown(*tok, texts[b], stops);
-        std::string text = (*prompts)[b];
-        for (int32_t t : gens[b].tokens) text += shown.put(t);
-        text += shown.finish();
-        std::cout << "[" << b + 1 << "] " << text << "\n";
+        std::cout << "[" << b + 1 << "] " << text[b] << shown[b].finish() << "\n";
         generated += static_cast<long long>(gens[b].tokens.size());
         after_first += std::max<long long>(0, static_cast<long long>(gens[b].tokens.size()) - 1);
         decode = std::max(decode, gens[b].decode_seconds);
       }
       std::cout << std::flush;
-      for (size_t b = 0; b < B; ++b) say_stop(gens[b], str("[", b + 1, "] "));
+      for (size_t b = 0; b < B; ++b) {
+        say_stop(gens[b], str("[", b + 1, "] "));
+        say_stop_string(b, str("[", b + 1, "] "));
+      }
       char rate[128] = "";
       if (after_first > 0)
         std::snprintf(rate, sizeof rate, ", the last %lld in %.3f s (%.1f tokens/s over the batch)", after_first,
@@ -177,8 +223,7 @@ void register_run(CLI::App& app) {
     // What is printed of the continuation: decode(prompt + new tokens) past decode(prompt), so a
     // tokenizer whose decoder depends on context (Llama 2's strips one leading space) streams
     // the same text as a single decode of everything (TextStream: a window of recent ids a token;
-    // a stop token is not part of the text).
-    model::TextStream shown(*tok, texts[0], stops);
+    // a stop token is not part of the text, nor a stop string or what follows it).
     // Each piece as it comes; output that cannot be written (a full disk, a closed pipe) ends the
     // generation there, with the cause.
     const auto print = [](const std::string& text) {
@@ -186,20 +231,22 @@ void register_run(CLI::App& app) {
       if (const std::string why = stdout_failure(); !why.empty()) throw Error(why);
     };
     print((*prompts)[0]);
-    const std::function<void(int32_t)> stream = [&](int32_t token) {
-      const std::string piece = shown.put(token);
+    const auto stream = [&](int64_t, int32_t token) {  // true: a stop string ends the generation here
+      const std::string piece = shown[0].put(token);
       if (!piece.empty()) print(piece);
+      return shown[0].stopped();
     };
     model::Generation g;
     try {  // an error ends the streamed line first, so that it is not glued to the text
-      g = model::generate(*model, ids[0], *max_tokens, *sampling, stops, stream);
+      g = model::generate_batch(*model, ids, *max_tokens, *sampling, stops, stream)[0];  // generate() with a stop
     } catch (...) {
-      std::cout << shown.finish() << std::endl;
+      std::cout << shown[0].finish() << std::endl;
       throw;
     }
     // Flushed before the summary on stderr, which may share a terminal or a pipe.
-    std::cout << shown.finish() << std::endl;
+    std::cout << shown[0].finish() << std::endl;
     say_stop(g, "");
+    say_stop_string(0, "");
     // The prompt's time includes the first new token's draw; the rate is that of the steps after it.
     const long long generated = static_cast<long long>(g.tokens.size());
     char rate[96] = "";

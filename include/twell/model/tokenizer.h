@@ -204,12 +204,30 @@ class TextStream {
   std::string put(int32_t id);
   std::string finish();  // a character that never ended, as U+FFFD; then nothing is held
 
+  // Stop strings (`twell run --stop`, Python's stop_strings): the text ends just before the first
+  // place where one of them appears in the new text (the context's text is not searched, as vLLM and
+  // OpenAI's API do), the stop string left out. The id that completes one sets stopped(), and put()
+  // gives nothing from then on: its caller stops the generation there. Until then a piece holds back
+  // its end where that could be the start of a stop string, and finish() gives what is held. Each
+  // string non-empty and valid UTF-8 (the text is, so another could never match); given before the
+  // first put().
+  void stop_at(std::vector<std::string> strings);
+  static void check_stop_strings(const std::vector<std::string>& strings);  // stop_at's check alone
+  bool stopped() const { return !stopped_by_.empty(); }
+  const std::string& stopped_by() const { return stopped_by_; }  // the stop string met ("" while none)
+
  private:
+  std::string cut(std::string piece);  // a piece with the stop strings applied
+
   static constexpr size_t kWindow = 6;  // ids of context a window keeps
   const Tokenizer& tok_;
   std::vector<int32_t> ids_, stops_;
   size_t given_;      // ids whose text has been given (or was context)
   std::string held_;  // the start of a character whose end has not come
+  std::vector<std::string> stop_strings_;
+  std::string pending_;     // whole characters held back: they could begin a stop string
+  std::string stopped_by_;  // the stop string that ended the text
+  bool started_ = false;    // put() has been called
 };
 
 // Where `text` stops being valid UTF-8: the offset of the first byte that does not start a valid
