@@ -265,7 +265,8 @@ typedef struct {
   double top_p;        /* 1: all */
   uint64_t seed;       /* the same seed draws the same tokens from the same logits (one backend) wherever exp() rounds alike */
   int64_t vocab_limit; /* draw only ids below it (0: any), for an embedding padded past its tokenizer */
-  int64_t reserved[3]; /* 0 */
+  double min_p;        /* 0: all; else keep the tokens at least min_p times as likely as the most likely (after top_k and top_p) */
+  int64_t reserved[2]; /* 0 */
 } twell_sampling;
 TWELL_C_API void twell_sampling_init(twell_sampling* sampling); /* greedy */
 

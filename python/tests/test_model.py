@@ -211,6 +211,17 @@ class ModelOnTheCpu(unittest.TestCase):
         body = new[:-1] if m.last_generation["reason"] == "stop_token" else new
         self.assertEqual(text, m.tokenizer.decode(body))
 
+    def test_min_p_one_is_greedy(self):
+        m = self.model
+        greedy = m.generate("ab", max_new_tokens=10, stop=False)
+        self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=1.5, seed=4, min_p=1.0), greedy)
+        self.assertEqual(m.generate_batch(["ab"], max_new_tokens=10, stop=False, temperature=1.5, min_p=1.0), [greedy])
+        for bad, why in ((1.5, r"min_p must be in \[0, 1\]"), (-0.1, "min_p"), ("0.5", "min_p must be a number")):
+            with self.assertRaisesRegex(twell.TwellError, why):
+                m.generate("ab", max_new_tokens=2, temperature=1.0, min_p=bad)
+        with self.assertWarnsRegex(UserWarning, "min_p"):
+            m.generate("ab", max_new_tokens=1, min_p=0.5)
+
     def test_stop_strings_end_the_text_before_them(self):
         m = self.model
         kw = dict(max_new_tokens=16, temperature=1.0, seed=7, stop=False)

@@ -456,34 +456,35 @@ class Model(_OwnsAHandle):
             return []
         return _id_list(stop, "stop (True, False, or a list of ids)")
 
-    def _sampling(self, temperature, top_k, top_p, seed):
+    def _sampling(self, temperature, top_k, top_p, seed, min_p=0.0):
         # Integers as `twell run` takes them: no silent truncation of 2.7 or wrap-around of -1 or 2**64.
         top_k = _int(top_k, "top_k", 0, expected="an integer of at least 0 (0: all)")
         seed = _int(seed, "seed", 0, 2**64, "an integer in [0, 2**64)")
         s = _capi.Sampling()
         _capi.lib.twell_sampling_init(ctypes.byref(s))
         numbers_ = []
-        for name, value in (("temperature", temperature), ("top_p", top_p)):
+        for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
             try:
                 if isinstance(value, (str, bytes, bool)) or "bool" in str(getattr(value, "dtype", "")):
                     raise TypeError
                 numbers_.append(float(value))
             except (TypeError, ValueError, OverflowError):
                 raise TwellError(f"{name} must be a number, got {type(value).__name__} {value!r}") from None
-        s.temperature, s.top_p = numbers_
+        s.temperature, s.top_p, s.min_p = numbers_
         s.top_k, s.seed = int(top_k), int(seed)
-        if s.temperature == 0 and (s.top_k != 0 or s.top_p != 1 or s.seed != 0):  # as `twell run` notes it
-            warnings.warn("twell.Model: top_k, top_p and seed only shape sampling; at temperature 0 the "
+        if s.temperature == 0 and (s.top_k != 0 or s.top_p != 1 or s.min_p != 0 or s.seed != 0):  # as `twell run` notes it
+            warnings.warn("twell.Model: top_k, top_p, min_p and seed only shape sampling; at temperature 0 the "
                           "generation is greedy (argmax)", stacklevel=3)
         if self.tokenizer is not None:  # never draw an id the tokenizer cannot print
             s.vocab_limit = self.tokenizer.vocab_size
         return s
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
-                 stream=None, stop_strings=None):
+                 stream=None, stop_strings=None, min_p=0.0):
         """Continues prompt (a str or its UTF-8 bytes, or a list of ids) with up to max_new_tokens tokens:
-        greedy at temperature 0, else sampled (top_k, top_p, seed: the same seed draws the same tokens as
-        `twell run --seed` on the same backend; the CPU's and the GPU's logits round differently).
+        greedy at temperature 0, else sampled (top_k, top_p, then min_p, in transformers' order; seed: the
+        same seed draws the same tokens as `twell run --seed` on the same backend; the CPU's and the GPU's
+        logits round differently).
 
         stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
         list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before
@@ -505,7 +506,7 @@ class Model(_OwnsAHandle):
         ids, text_ids = self._prompt_ids(prompt)
         max_new_tokens = _check_count(max_new_tokens)
         stops = self._stop_ids(stop)
-        s = self._sampling(temperature, top_k, top_p, seed)
+        s = self._sampling(temperature, top_k, top_p, seed, min_p)
 
         streamer = _TextStream(self.tokenizer, text_ids, stops, stop_strings) \
             if text_prompt and (stream is not None or stop_strings) else None
@@ -555,7 +556,7 @@ class Model(_OwnsAHandle):
             return "".join(streamer.add(t) for t in new) + streamer.rest()
 
     def generate_batch(self, prompts, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
-                       stream=None, stop_strings=None):
+                       stream=None, stop_strings=None, min_p=0.0):
         """generate() for several prompts at once (each a str or a list of ids, of any lengths; at most
         max_batch of them, which Model(max_batch=...) sets on the GPU): one batched forward a step, each
         prompt stopping on its own. Prompt i draws with seed + i, so that where the logits have the same
@@ -588,7 +589,7 @@ class Model(_OwnsAHandle):
         c_offsets = (ctypes.c_int64 * len(offsets))(*offsets)
         stops = self._stop_ids(stop)
         c_stops, n_stops = _ids(stops, "stop")
-        s = self._sampling(temperature, top_k, top_p, seed)
+        s = self._sampling(temperature, top_k, top_p, seed, min_p)
         B = len(prompts)
         streamers = [_TextStream(self.tokenizer, text_ids, stops, stop_strings)
                      if isinstance(p, _TEXT) and (stream is not None or stop_strings) else None

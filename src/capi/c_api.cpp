@@ -702,13 +702,14 @@ namespace {
 model::SamplingOptions sampling_options(const twell_sampling* sampling) {
   model::SamplingOptions so;
   if (sampling != nullptr) {
-    TWELL_REQUIRE(std::all_of(sampling->reserved, sampling->reserved + 3, [](int64_t r) { return r == 0; }),
+    TWELL_REQUIRE(std::all_of(sampling->reserved, sampling->reserved + 2, [](int64_t r) { return r == 0; }),
                   "twell_sampling: reserved fields must be 0 (twell_sampling_init sets them)");
     so.temperature = sampling->temperature;
     so.top_k = sampling->top_k;
     so.top_p = sampling->top_p;
     so.seed = sampling->seed;
     so.vocab_limit = sampling->vocab_limit;
+    so.min_p = sampling->min_p;
   }
   so.check();
   return so;

@@ -65,6 +65,7 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, const std::
   a.temperature = o.temperature;
   a.top_k = o.top_k;
   a.top_p = o.top_p;
+  a.min_p = o.min_p;
   a.uniforms = uniforms;
   a.weights = weights_.as<unsigned long long>();
   a.results = results;

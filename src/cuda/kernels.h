@@ -441,6 +441,7 @@ struct SampleArgs {
   double temperature = 0;  // 0: greedy
   int64_t top_k = 0;       // 0: all
   double top_p = 1;        // 1: all
+  double min_p = 0;        // 0: all
   double inline_uniforms[kSampleInlineRows] = {};
   const double* uniforms = nullptr;
   unsigned long long* weights = nullptr;

@@ -1,10 +1,11 @@
-// Sampling from logits (greedy, temperature, top-k, top-p), generation with the KV cache, and
+// Sampling from logits (greedy, temperature, top-k, top-p, min-p), generation with the KV cache, and
 // perplexity (include/twell/model/llama.h). All probability maths in double.
 //
 // Sampling order, as HF's generate applies its warpers: temperature, then top-k (every token whose
 // logit is at least the k-th largest, so ties at the cut are all kept, as HF keeps them), then
 // top-p (nucleus: the smallest prefix of the tokens sorted by probability, descending, whose mass
-// reaches top_p; always at least one token), then one draw from the renormalised distribution.
+// reaches top_p; always at least one token), then min-p (the tokens left whose probability is at least
+// min_p times the greatest), then one draw from the renormalised distribution.
 // Ties in sorting are broken by the lower token id, so results are deterministic. Nothing is sorted
 // whole: at a vocabulary of 49152 a full sort each token took milliseconds, more than a decode step
 // on the GPU. top-k takes a selection, top-p buckets the candidates by logit and sorts only the
@@ -173,8 +174,9 @@ struct Kept {
   const std::vector<Candidate>* c = nullptr;
   std::optional<Candidate> last;
   std::optional<int32_t> only;  // a temperature so small that the top logit over it overflows: greedy
+  double min_w = 0;             // min-p: the least weight kept (the top token's weight is 1)
 
-  bool keeps(const Candidate& x) const { return !last || !before(*last, x); }
+  bool keeps(const Candidate& x) const { return (!last || !before(*last, x)) && x.w >= min_w; }
 };
 
 Kept kept_tokens(const TensorView& logits, const SamplingOptions& o, Scratch& s) {
@@ -209,6 +211,7 @@ Kept kept_tokens(const TensorView& logits, const SamplingOptions& o, Scratch& s)
   // top-p: the shortest prefix in the candidates' order whose probability reaches top_p. Its last
   // member bounds it, so the draw reads the kept tokens in id order, whatever order finding it took.
   if (o.top_p < 1) k.last = nucleus_last(s.c, o.top_p * total, s);
+  k.min_w = o.min_p;  // weights are relative to the top token's, exp(0) = 1: never above it
   return k;
 }
 
@@ -227,6 +230,7 @@ void SamplingOptions::check() const {
   TWELL_REQUIRE(vocab_limit >= 0, "sampling: vocab_limit must be >= 0, got ", vocab_limit);
   TWELL_REQUIRE(top_k >= 0, "sampling: top_k must be >= 0, got ", top_k);
   TWELL_REQUIRE(top_p > 0 && top_p <= 1, "sampling: top_p must be in (0, 1], got ", top_p);
+  TWELL_REQUIRE(min_p >= 0 && min_p <= 1, "sampling: min_p must be in [0, 1], got ", min_p);
 }
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) { options.check(); }

@@ -26,14 +26,16 @@ namespace {
 using model::Sampler;
 using model::SamplingOptions;
 
-SamplingOptions options(double t, int64_t k = 0, double p = 1, uint64_t seed = 7, int64_t limit = 0) {
+SamplingOptions options(double t, int64_t k = 0, double p = 1, uint64_t seed = 7, int64_t limit = 0,
+                        double min_p = 0) {
   SamplingOptions o;
-  o.temperature = t, o.top_k = k, o.top_p = p, o.seed = seed, o.vocab_limit = limit;
+  o.temperature = t, o.top_k = k, o.top_p = p, o.seed = seed, o.vocab_limit = limit, o.min_p = min_p;
   return o;
 }
 
 std::string str_of(const SamplingOptions& o) {
-  return str("T=", o.temperature, " top_k=", o.top_k, " top_p=", o.top_p, " seed=", o.seed, " limit=", o.vocab_limit);
+  return str("T=", o.temperature, " top_k=", o.top_k, " top_p=", o.top_p, " seed=", o.seed, " limit=", o.vocab_limit,
+             " min_p=", o.min_p);
 }
 
 // Rows of logits of several kinds, [rows, V] f32.
@@ -86,7 +88,8 @@ TEST(DeviceSampler, DrawsTheHostsTokens) {
       options(0),           options(0.8),           options(1.3, 1),        options(1, 5),
       options(0.7, 50),     options(1, 0, 0.5),     options(0.8, 0, 0.95),  options(1, 0, 0.999),
       options(1, 40, 0.9),  options(2, 3, 0.3),     options(1e-300),        options(1, 0, 1e-9),
-      options(0.9, 0, 0.9, 11, 40),
+      options(0.9, 0, 0.9, 11, 40), options(1, 0, 1, 12, 0, 0.05), options(0.8, 30, 0.95, 13, 0, 0.3),
+      options(1.5, 0, 1, 14, 0, 1.0),
   };
   DeviceSampler gpu;
   int64_t draws = 0;
@@ -239,7 +242,8 @@ TEST(DeviceSampler, LlamaCudaGeneratesTheHostDrawnTokens) {
   LlamaCuda on_host(w, lo);
   EXPECT_FALSE(on_host.samples_on_gpu());
   const std::vector<int32_t> prompt = {5, 17, 200, 3, 99};
-  for (const SamplingOptions& o : {options(0), options(0.9, 0, 0.95, 3), options(1.2, 20, 1, 4), options(1, 0, 1, 5, 250)}) {
+  for (const SamplingOptions& o : {options(0), options(0.9, 0, 0.95, 3), options(1.2, 20, 1, 4), options(1, 0, 1, 5, 250),
+                                   options(1.1, 0, 1, 6, 0, 0.1)}) {
     const model::Generation a = model::generate(gpu, prompt, 40, o);
     const model::Generation b = model::generate(host, prompt, 40, o);
     EXPECT_EQ(a.tokens, b.tokens) << str_of(o);

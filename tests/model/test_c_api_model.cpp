@@ -155,12 +155,14 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
   s.top_p = 0.9;
   s.seed = 7;
   s.vocab_limit = 90;
+  s.min_p = 0.05;
   SamplingOptions so;
   so.temperature = 0.8;
   so.top_k = 20;
   so.top_p = 0.9;
   so.seed = 7;
   so.vocab_limit = 90;
+  so.min_p = 0.05;
   const Generation expected = generate(ref, prompt_, 10, so);
 
   std::vector<int32_t> tokens(10, -1), seen;
@@ -337,6 +339,14 @@ TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
   int32_t out[4];
   EXPECT_EQ(twell_model_generate(m, bad, 1, 4, &s, nullptr, 0, nullptr, nullptr, out, &g), TWELL_ERROR);
   EXPECT_NE(error_text().find("top_p"), std::string::npos) << error_text();
+  twell_sampling_init(&s);
+  s.min_p = 2;
+  EXPECT_EQ(twell_model_generate(m, bad, 1, 4, &s, nullptr, 0, nullptr, nullptr, out, &g), TWELL_ERROR);
+  EXPECT_NE(error_text().find("min_p must be in [0, 1]"), std::string::npos) << error_text();
+  twell_sampling_init(&s);
+  s.reserved[1] = 1;
+  EXPECT_EQ(twell_model_generate(m, bad, 1, 4, &s, nullptr, 0, nullptr, nullptr, out, &g), TWELL_ERROR);
+  EXPECT_NE(error_text().find("reserved fields must be 0"), std::string::npos) << error_text();
   EXPECT_EQ(twell_model_generate(m, bad, 1, -1, nullptr, nullptr, 0, nullptr, nullptr, out, &g), TWELL_ERROR);
   EXPECT_EQ(twell_model_get_info(nullptr, nullptr), TWELL_ERROR);
   EXPECT_NE(error_text().find("twell_model: NULL"), std::string::npos) << error_text();

@@ -134,6 +134,23 @@ TEST_F(CliModel, RunSaysWhatItIgnoredAndWhyItStopped) {
             std::string::npos) << outside.out;
 }
 
+// --min-p 1 keeps only the most likely token: a sampled run draws the greedy text. Out of [0, 1] it is
+// refused before loading, and a greedy run says it ignored it.
+TEST_F(CliModel, RunMinPOneIsGreedy) {
+  const std::string hello = "run " + dir_ + " --byte-tokenizer --no-stop -p 'hello' -n 10";
+  const CliResult greedy = run_cli(hello);
+  ASSERT_EQ(greedy.status, 0);
+  const CliResult min_p = run_cli(hello + " --temperature 1.5 --seed 4 --min-p 1");
+  ASSERT_EQ(min_p.status, 0);
+  EXPECT_EQ(min_p.out, greedy.out);
+  EXPECT_NE(run_cli(hello + " --temperature 1.5 --seed 4 --min-p 0.01").out, "");
+  const CliResult bad = run_cli(hello + " --temperature 1 --min-p 1.5", true);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--min-p: must be in [0, 1]"), std::string::npos) << bad.out;
+  const CliResult ignored = run_cli(hello + " --min-p 0.5", true);
+  EXPECT_NE(ignored.out.find("note: --min-p only shapes sampling"), std::string::npos) << ignored.out;
+}
+
 // --stop: the text ends before the stop string, the run at the token that completes it, and it says
 // so; a batch cuts each prompt's text on its own; an empty stop string is refused before loading.
 TEST_F(CliModel, RunStopsAtAStopString) {

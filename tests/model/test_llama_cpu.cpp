@@ -726,6 +726,25 @@ TEST(LlamaSampling, FrequenciesFollowSoftmaxAndFilters) {
   }
 }
 
+// min-p keeps the tokens at least min_p times as likely as the most likely one (HF's MinPLogitsWarper,
+// after top-p): p = [.1, .2, .3, .4] at min_p 0.45 keeps {1, 2, 3}, drawn in proportion; min_p 1 is
+// greedy but for ties.
+TEST(LlamaSampling, MinPKeepsTokensNearTheMostLikely) {
+  const Tensor four = logit_row({std::log(.1f), std::log(.2f), std::log(.3f), std::log(.4f)});
+  EXPECT_EQ(Sampler({1.0, 0, 1.0, 0, 0, 0.45}).candidates(four), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(Sampler({1.0, 0, 1.0, 0, 0, 0.76}).candidates(four), (std::vector<int32_t>{3}));
+  EXPECT_EQ(Sampler({1.0, 0, 1.0, 0, 0, 0.6}).candidates(four), (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(Sampler({2.0, 0, 1.0, 0, 0, 0.6}).candidates(four), (std::vector<int32_t>{1, 2, 3}));  // after T: √½
+  EXPECT_EQ(Sampler({1.0, 0, 0.4, 0, 0, 0.1}).candidates(four), (std::vector<int32_t>{3}));  // after top-p
+  Sampler half({1.0, 0, 1.0, 47, 0, 0.45});
+  int count[4] = {};
+  for (int i = 0; i < 9000; ++i) ++count[half.sample(four)];
+  EXPECT_EQ(count[0], 0);
+  for (int t = 1; t <= 3; ++t) EXPECT_NEAR(count[t] / 9000.0, (t + 1) / 9.0, 0.02) << "token " << t;
+  const Tensor tied = logit_row({1.0f, 2.0f, 0.5f, 2.0f});
+  EXPECT_EQ(Sampler({1.0, 0, 1.0, 0, 0, 1.0}).candidates(tied), (std::vector<int32_t>{1, 3}));
+}
+
 // top_k keeps every token tied with the k-th largest logit, as HF's TopKLogitsWarper does: with
 // logits {1, 2, 2, 2, 0} and top_k = 1, tokens 1, 2 and 3 are each drawn about a third of the time.
 TEST(LlamaSampling, TopKKeepsTiesAtTheCut) {
@@ -756,6 +775,9 @@ TEST(LlamaSampling, NonFiniteLogitsAndBadOptionsAreRefused) {
   expect_error([] { Sampler({1.0, -3, 1.0, 0}); }, {"top_k must be >= 0"});
   expect_error([] { Sampler({1.0, 0, 1.5, 0}); }, {"top_p must be in (0, 1]"});
   expect_error([] { Sampler({1.0, 0, NAN, 0}); }, {"top_p"});
+  expect_error([] { Sampler({1.0, 0, 1.0, 0, 0, 1.5}); }, {"min_p must be in [0, 1]"});
+  expect_error([] { Sampler({1.0, 0, 1.0, 0, 0, -0.1}); }, {"min_p must be in [0, 1]"});
+  expect_error([] { Sampler({1.0, 0, 1.0, 0, 0, NAN}); }, {"min_p"});
   Tensor ints(DType::i32, {3});  // whole numbers are no logits
   expect_error([&] { greedy.sample(ints); }, {"sample: logits", "f32 or f64", "i32"});
 }
@@ -790,7 +812,7 @@ TEST(LlamaSampling, VocabLimitExcludesPaddedIds) {
 // descending, ties by the lower id) whose probability reaches top_p. Rows of 40 to 20000 logits,
 // with runs of ties, a far outlier and top_p near 0 and 1, exercise the bucketing's every branch.
 std::vector<int32_t> reference_candidates(const std::vector<float>& v, double temperature, int64_t top_k,
-                                          double top_p) {
+                                          double top_p, double min_p = 0) {
   const size_t V = v.size();
   std::vector<int32_t> order(V);
   std::iota(order.begin(), order.end(), 0);
@@ -810,6 +832,7 @@ std::vector<int32_t> reference_candidates(const std::vector<float>& v, double te
     while (n < keep && mass < top_p * sum) mass += p[n++];
     n = std::max<size_t>(n, 1);
   }
+  while (n > 1 && p[n - 1] < min_p * p[0]) --n;  // min-p, after top-p (a prefix too: p descends)
   std::vector<int32_t> ids(order.begin(), order.begin() + n);
   std::sort(ids.begin(), ids.end());
   return ids;
@@ -828,22 +851,26 @@ TEST(LlamaSampling, CandidatesAreThoseOfTheDefinition) {
       if (trial >= 4) v[V / 3] = -1000.0f;  // one far-low logit: the rest crowd a few buckets, taken further
       const Tensor row = logit_row(v);
       for (const double top_p : {1e-6, 0.3, 0.9, 0.999, 1.0})
-        for (const int64_t top_k : {int64_t{0}, int64_t{1}, int64_t{50}}) {
-          const double temperature = 0.8;
-          const Sampler s({temperature, top_k, top_p, 1});
-          // Weights that round alike: the reference sums in sorted order and the sampler otherwise,
-          // so a cut within rounding of top_p may differ by a token; such rows are not asserted.
-          const std::vector<int32_t> want = reference_candidates(v, temperature, top_k, top_p);
-          const std::vector<int32_t> got = s.candidates(row);
-          const std::vector<int32_t> wider = reference_candidates(v, temperature, top_k, std::min(1.0, top_p + 1e-9));
-          const std::vector<int32_t> narrower = reference_candidates(v, temperature, top_k, std::max(1e-12, top_p - 1e-9));
-          if (wider != want || narrower != want) continue;
-          EXPECT_EQ(got, want) << "V " << V << ", trial " << trial << ", top_k " << top_k << ", top_p " << top_p;
-          ++checked;
-        }
+        for (const int64_t top_k : {int64_t{0}, int64_t{1}, int64_t{50}})
+          for (const double min_p : {0.0, 0.02, 0.3}) {
+            const double temperature = 0.8;
+            const Sampler s({temperature, top_k, top_p, 1, 0, min_p});
+            // Weights that round alike: the reference sums in sorted order and the sampler otherwise,
+            // so a cut within rounding of top_p (or min_p) may differ by a token; such rows are not asserted.
+            const std::vector<int32_t> want = reference_candidates(v, temperature, top_k, top_p, min_p);
+            const std::vector<int32_t> got = s.candidates(row);
+            const std::vector<int32_t> wider =
+                reference_candidates(v, temperature, top_k, std::min(1.0, top_p + 1e-9), min_p * (1 - 1e-9));
+            const std::vector<int32_t> narrower =
+                reference_candidates(v, temperature, top_k, std::max(1e-12, top_p - 1e-9), min_p * (1 + 1e-9));
+            if (wider != want || narrower != want) continue;
+            EXPECT_EQ(got, want) << "V " << V << ", trial " << trial << ", top_k " << top_k << ", top_p " << top_p
+                                 << ", min_p " << min_p;
+            ++checked;
+          }
     }
   }
-  EXPECT_GT(checked, 200);
+  EXPECT_GT(checked, 600);
   // A draw never leaves them.
   std::vector<float> v(3000);
   std::normal_distribution<float> normal(0.0f, 2.0f);

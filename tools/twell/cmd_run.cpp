@@ -74,6 +74,11 @@ void register_run(CLI::App& app) {
       run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")
           ->check(real_in(0, true, 1, "in (0, 1]"))
           ->capture_default_str(),
+      run->add_option("--min-p", sampling->min_p,
+                      "keep only tokens at least this many times as likely as the most likely one (after --top-k "
+                      "and --top-p, as transformers applies it; 0 = all)")
+          ->check(real_in(0, false, 1, "in [0, 1]"))
+          ->capture_default_str(),
       run->add_option("--seed", sampling->seed, "sampling seed (a run repeats its tokens unless it changes)")->check(seed_value())->capture_default_str()};
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
   run->add_option("--stop", *stop_texts,

@@ -260,13 +260,17 @@ struct SamplingOptions {
   // Draw only ids below this (0 = any): for a model whose embedding rows are padded past its
   // tokenizer's vocabulary, whose extra ids could not be decoded.
   int64_t vocab_limit = 0;
+  // min-p, after top-k and top-p as HF's MinPLogitsWarper: keep the tokens whose probability is at
+  // least min_p times the most likely one's (weight exp((logit − max) / T) ≥ min_p); 0 = all.
+  double min_p = 0.0;
 
   void check() const;  // throws twell::Error on a value out of range (NaN included)
   // How many of a row of V logits a draw reads: the first vocab_limit where it is in (0, V), else all.
   int64_t drawable(int64_t V) const { return vocab_limit > 0 && vocab_limit < V ? vocab_limit : V; }
   // Whether `o` draws by the same rules (all but the seed): samplers one batch may mix.
   bool same_rules(const SamplingOptions& o) const {
-    return temperature == o.temperature && top_k == o.top_k && top_p == o.top_p && vocab_limit == o.vocab_limit;
+    return temperature == o.temperature && top_k == o.top_k && top_p == o.top_p && vocab_limit == o.vocab_limit &&
+           min_p == o.min_p;
   }
 };
 

@@ -1,7 +1,7 @@
 // Drawing tokens from logits on the GPU, with model::Sampler's rules (model/llama.h,
 // src/model/llama_sampling.cpp): greedy, temperature, top-k (ties at the cut kept), top-p (the
-// shortest prefix, in the order logit descending then id ascending, whose mass reaches top_p), and
-// the draw in id order. A cluster of 8 blocks a row, each reading an eighth of it (one SM reading
+// shortest prefix, in the order logit descending then id ascending, whose mass reaches top_p), min-p
+// (a weight of at least min_p, the top token's being 1), and the draw in id order. A cluster of 8 blocks a row, each reading an eighth of it (one SM reading
 // a whole row of 49152 took ~10 µs a pass, 154 µs at top-p; the cluster, 77): the blocks combine
 // their reductions and histograms in distributed shared memory and all take the same decisions.
 // What leaves the GPU is the token.
@@ -468,10 +468,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
     if (cut_id < 0) return fail(3);
   }
 
-  // The draw: r in [0, kept mass), and the first kept id whose prefix mass passes r.
+  // The draw: r in [0, kept mass), and the first kept id whose prefix mass passes r. min-p keeps a
+  // weight of at least min_p · 2^40 (the top token's is 2^40), after the nucleus as HF applies it.
+  const u64 min_w = __double2ull_rn(a.min_p * kWeightScale);  // rounded as the weights are: none the host keeps is lost
   const auto kept_weight = [&](int64_t i) -> u64 {
     const double v = l[i];
-    return v > cut_value || (v == cut_value && i <= cut_id) ? w[i] : 0;
+    return (v > cut_value || (v == cut_value && i <= cut_id)) && w[i] >= min_w ? w[i] : 0;
   };
   const u64 mine = warp_range_sum(wr, kept_weight);
   const u64 kept_total = row_sum(mine, s);
