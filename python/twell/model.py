@@ -488,8 +488,9 @@ class Model(_OwnsAHandle):
 
         stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
         list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before
-        the first place one appears in the new text, and the generation at the token that completes it
-        (`twell run --stop`; the prompt's text is not searched). stream: a callable that receives the text
+        the first place one appears in the new text (where one token completes two, the one that starts
+        earlier), and the generation at the token that completes it (`twell run --stop`; the prompt's
+        text is not searched). stream: a callable that receives the text
         as it comes (text prompts) or each id (id prompts); returning True from it stops the generation
         (True itself: print's None and sys.stdout.write's count go on). Returns the new text (without the
         prompt, the stop token, or a stop string and what follows it) for a text prompt, as the stream
@@ -563,7 +564,7 @@ class Model(_OwnsAHandle):
         bits (the CPU backend) its tokens are generate()'s with that seed. stream: a callable that
         receives (i, the text prompt i adds) as it comes (str prompts) or (i, each id) (id prompts);
         returning True (itself) from it stops prompt i, the others go on. stop_strings: as generate()'s, for
-        each prompt on its own (str prompts only). Returns a list, in the prompts' order: the new text for a
+        each prompt on its own (every prompt must then be a str). Returns a list, in the prompts' order: the new text for a
         str prompt, the new ids for ids. `last_generation` then holds a list of generate()'s dicts, one a
         prompt, each with the batch's prefill_seconds and its own decode_seconds.
         """

@@ -1641,8 +1641,11 @@ std::string TextStream::put(int32_t id) {
 }
 
 std::string TextStream::finish() {
-  std::string rest = cut(valid_utf8(std::exchange(held_, std::string())));
-  return rest + std::exchange(pending_, std::string());  // nothing is pending once stopped
+  // Not searched for stop strings: the generation has ended already, for another reason, which its
+  // caller reports; the text should agree with it.
+  std::string rest = valid_utf8(std::exchange(held_, std::string()));
+  if (stopped()) return {};
+  return std::exchange(pending_, std::string()) + rest;
 }
 
 void TextStream::check_stop_strings(const std::vector<std::string>& strings) {

@@ -258,6 +258,14 @@ TEST(TextStream, StopStringsEndTheTextBeforeThemWhateverTheTokens) {
     if (stream.stopped()) break;
   }
   EXPECT_EQ(shown + stream.finish(), "The quick brown ");
+  // finish() gives what is held as it is: a generation that ended for another reason is not cut there
+  // (a character that never ended, U+FFFD, completes no stop string).
+  TextStream unended(bytes, {});
+  unended.stop_at({"a\xef\xbf\xbd"});
+  EXPECT_EQ(unended.put('a'), "");
+  EXPECT_EQ(unended.put(0xC3), "");
+  EXPECT_EQ(escaped(unended.finish()), escaped("a\xef\xbf\xbd"));
+  EXPECT_FALSE(unended.stopped());
   // Refused: an empty stop string, one that is not UTF-8, and stop strings given after the first token.
   TextStream late(bytes, {});
   EXPECT_THROW(late.stop_at({""}), Error);

@@ -37,6 +37,26 @@ std::string unescape_stop(const std::string& s) {
   return out;
 }
 
+// A stop string as --stop would take it: \n, \t, \r, \\ and \xNN for the other control bytes, so
+// that the note stays on one line.
+std::string escape_stop(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\\') out += "\\\\";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(c));
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_run(CLI::App& app) {
@@ -180,10 +200,8 @@ void register_run(CLI::App& app) {
       shown.back().stop_at(stop_strings);
     }
     const auto say_stop_string = [&](size_t b, const std::string& label) {
-      if (!shown[b].stopped()) return;
-      const auto at = std::find(stop_strings.begin(), stop_strings.end(), shown[b].stopped_by());
-      std::fprintf(stderr, "(%sstopped: --stop \"%s\")\n", label.c_str(),
-                   (*stop_texts)[static_cast<size_t>(at - stop_strings.begin())].c_str());
+      if (shown[b].stopped())
+        std::fprintf(stderr, "(%sstopped: --stop \"%s\")\n", label.c_str(), escape_stop(shown[b].stopped_by()).c_str());
     };
 
     if (B > 1) {  // generated together, printed when all are done; meanwhile a count of tokens drawn

@@ -282,7 +282,7 @@ class Sampler {
   explicit Sampler(const SamplingOptions& options);
   // `logits`: [V] or [1, V], f32 or f64, on the host. Takes one next_uniform() unless greedy.
   int32_t sample(const TensorView& logits);
-  // The tokens sample() can return from these logits (temperature, top-k and top-p applied: a
+  // The tokens sample() can return from these logits (temperature, top-k, top-p and min-p applied: a
   // positive probability), in id order; greedy: the argmax alone. Draws nothing.
   std::vector<int32_t> candidates(const TensorView& logits) const;
 

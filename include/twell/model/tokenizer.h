@@ -205,12 +205,13 @@ class TextStream {
   std::string finish();  // a character that never ended, as U+FFFD; then nothing is held
 
   // Stop strings (`twell run --stop`, Python's stop_strings): the text ends just before the first
-  // place where one of them appears in the new text (the context's text is not searched, as vLLM and
-  // OpenAI's API do), the stop string left out. The id that completes one sets stopped(), and put()
-  // gives nothing from then on: its caller stops the generation there. Until then a piece holds back
-  // its end where that could be the start of a stop string, and finish() gives what is held. Each
-  // string non-empty and valid UTF-8 (the text is, so another could never match); given before the
-  // first put().
+  // place where one of them appears in the new text, the stop string left out (the context's text is
+  // not searched, as in vLLM and OpenAI's API; where one id completes two, the one that starts
+  // earlier wins). The id that completes one sets stopped(), and put() gives nothing from then on:
+  // its caller stops the generation there. Until then a piece holds back its end where that could be
+  // the start of a stop string, and finish() gives what is held, as it is (a generation that ended
+  // otherwise is not cut at its end). Each string non-empty and valid UTF-8 (the text is, so another
+  // could never match); given before the first put().
   void stop_at(std::vector<std::string> strings);
   static void check_stop_strings(const std::vector<std::string>& strings);  // stop_at's check alone
   bool stopped() const { return !stopped_by_.empty(); }

@@ -470,7 +470,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
 
   // The draw: r in [0, kept mass), and the first kept id whose prefix mass passes r. min-p keeps a
   // weight of at least min_p · 2^40 (the top token's is 2^40), after the nucleus as HF applies it.
-  const u64 min_w = __double2ull_rn(a.min_p * kWeightScale);  // rounded as the weights are: none the host keeps is lost
+  // Rounded as the weights are, so the host's and these decisions part only within exp()'s last bit
+  // (CUDA's and the host's) of min_p, as the draw's own boundaries do.
+  const u64 min_w = __double2ull_rn(a.min_p * kWeightScale);
   const auto kept_weight = [&](int64_t i) -> u64 {
     const double v = l[i];
     return (v > cut_value || (v == cut_value && i <= cut_id)) && w[i] >= min_w ? w[i] : 0;
