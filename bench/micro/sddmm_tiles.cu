@@ -297,7 +297,9 @@ __global__ void __launch_bounds__(kTokens, 1) groups_kernel(const uint16_t* __re
     const auto stage_chunk = [&](int c, int buf) {
       for (int i = tid; i < 4 * R; i += kTokens) {  // 16-byte parts, a row's four by neighbouring threads
         const int r = i / 4, part = i % 4;
-        cp_async16(&s.stage[buf][r][part], w + static_cast<size_t>(s.rows[r]) * kH + c * kWide + part * 8);
+        // Part p of row r sits at p ^ ((r >> 1) & 3): eight threads reading part p of random rows then
+        // fall on all eight 16-byte bank groups, not on the two that r's parity gives.
+        cp_async16(&s.stage[buf][r][part ^ ((r >> 1) & 3)], w + static_cast<size_t>(s.rows[r]) * kH + c * kWide + part * 8);
       }
       cp_async_commit();
     };
@@ -332,9 +334,10 @@ __global__ void __launch_bounds__(kTokens, 1) groups_kernel(const uint16_t* __re
       for (int e = 0; e < kMaxGroup; ++e)
         if (e < count) {
           const uint4* row = s.stage[buf][slot[e]];
+          const uint32_t swz = (slot[e] >> 1) & 3;
           float d = 0;
 #pragma unroll
-          for (int p = 0; p < 4; ++p) d += dot8(xf + 8 * p, row[p]);
+          for (int p = 0; p < 4; ++p) d += dot8(xf + 8 * p, row[p ^ swz]);
           acc[e] += d;
         }
       __syncthreads();  // the stage is overwritten two chunks on
