@@ -14,9 +14,16 @@
 //           memory one chunk ahead, and adds each of its E entries' 8 products from the staged
 //           piece to that entry's sum (E sums in registers). At 0.5% a block reads ~5200 rows for
 //           ~14300 pairs: 0.36 of the gather's row bytes; at 1%, 0.19.
-// Both are checked against float64 on sampled tokens and against each other; then each is timed with
+//   groups  tiles with 64-byte pieces: the neurons a quarter at a time (below).
+// All are checked against float64 on sampled tokens and against each other; then each is timed with
 // CUDA events (3 warm-ups, median of 20, the L2 flushed before every call: the weights start in DRAM,
 // as after the gate GEMM).
+// Measured (H100, fifty-fifth session, docs/perf.md FFN item 39; bench/results/h100/s55_micro*/): at
+// M = 131072, E = 28 the gather takes 1.94 ms (7.8 TB/s of rows), tiles 2.82 (bound by the L2's
+// 16-byte requests: 83%), groups 3.27 with its rows swizzled (4.24 without: four-way bank conflicts);
+// E = 56: gather 3.75, tiles 4.95; M = 16384: 0.25 against 1.40. Both tiled kernels execute 2-4x the
+// gather's instructions for their dot products on the CUDA cores, and stall on shared memory: rows read
+// once a block do not pay for that at 0.5-1%.
 // Built as twell_micro_sddmm_tiles with TWELL_CUDA (or: nvcc -O3 -std=c++17 -arch=sm_90a
 // bench/micro/sddmm_tiles.cu -o sddmm_tiles); run: twell_micro_sddmm_tiles [M = 131072] [E = 28].
 #include <cuda_runtime.h>
