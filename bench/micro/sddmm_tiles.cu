@@ -18,7 +18,7 @@
 // All are checked against float64 on sampled tokens and against each other; then each is timed with
 // CUDA events (3 warm-ups, median of 20, the L2 flushed before every call: the weights start in DRAM,
 // as after the gate GEMM).
-// Measured (H100, fifty-fifth session, docs/perf.md FFN item 39; bench/results/h100/s55_micro*/): at
+// Measured (H100, fifty-fifth session, docs/perf.md FFN item 48; bench/results/h100/s55_micro*/): at
 // M = 131072, E = 28 the gather takes 1.94 ms (7.8 TB/s of rows), tiles 2.82 (bound by the L2's
 // 16-byte requests: 83%), groups 3.27 with its rows swizzled (4.24 without: four-way bank conflicts);
 // E = 56: gather 3.75, tiles 4.95; M = 16384: 0.25 against 1.40. Both tiled kernels execute 2-4x the
