@@ -266,7 +266,8 @@ typedef struct {
   uint64_t seed;       /* the same seed draws the same tokens from the same logits (one backend) wherever exp() rounds alike */
   int64_t vocab_limit; /* draw only ids below it (0: any), for an embedding padded past its tokenizer */
   double min_p;        /* 0: all; else keep the tokens at least min_p times as likely as the most likely (after top_k and top_p) */
-  int64_t reserved[2]; /* 0 */
+  double repetition_penalty; /* 1 (or 0, as callers built before it leave it): off; else HF's repetition penalty on the ids the sequence holds */
+  int64_t reserved[1]; /* 0 */
 } twell_sampling;
 TWELL_C_API void twell_sampling_init(twell_sampling* sampling); /* greedy */
 

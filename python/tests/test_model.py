@@ -4,6 +4,7 @@ decoding, generation, perplexity, streaming), bad input is refused with the reas
 present its logits match the CPU backend's."""
 import array
 import contextlib
+import ctypes
 import io
 import json
 import math
@@ -210,6 +211,26 @@ class ModelOnTheCpu(unittest.TestCase):
         new = m.last_generation["tokens"]
         body = new[:-1] if m.last_generation["reason"] == "stop_token" else new
         self.assertEqual(text, m.tokenizer.decode(body))
+
+    def test_repetition_penalty_is_applied_to_every_id_the_sequence_holds(self):
+        m = self.model
+        prompt, penalty = [256, 5, 6, 7, 5], 1.7
+        out = m.generate(prompt, max_new_tokens=8, stop=False, repetition_penalty=penalty)
+        chain = list(prompt)
+        f32 = ctypes.c_float
+        for _ in range(8):  # the argmax of the last row with the held ids' logits penalized (f32, as transformers)
+            row = rows(m.logits(chain), 260)[-1][:258]
+            for i in set(chain):
+                v = f32(row[i]).value
+                row[i] = f32(v * f32(penalty).value).value if v < 0 else f32(v / f32(penalty).value).value
+            chain.append(argmax(row))
+        self.assertEqual(out, chain[len(prompt):])
+        self.assertEqual(m.generate(prompt, max_new_tokens=8, stop=False, repetition_penalty=1.0),
+                         m.generate(prompt, max_new_tokens=8, stop=False))
+        self.assertEqual(m.generate_batch([prompt], max_new_tokens=8, stop=False, repetition_penalty=penalty), [out])
+        for bad in (0, -1.0, float("nan"), float("inf")):
+            with self.assertRaisesRegex(twell.TwellError, "repetition_penalty must be finite and > 0"):
+                m.generate(prompt, max_new_tokens=1, repetition_penalty=bad)
 
     def test_min_p_one_is_greedy(self):
         m = self.model

@@ -825,6 +825,34 @@ except ImportError:
 
 
 @unittest.skipIf(torch is None or transformers is None, "PyTorch and transformers are not both installed")
+class GenerationMatchesTransformers(unittest.TestCase):
+    """twell.Model's greedy generation on the CPU backend draws transformers' tokens for the same float32
+    checkpoint, with its repetition_penalty too (applied to the prompt's ids and the new ones)."""
+
+    def test_greedy_tokens_with_and_without_the_repetition_penalty(self):
+        import tempfile
+        cfg = transformers.LlamaConfig(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, hidden_act="relu",
+                                       max_position_embeddings=64, tie_word_embeddings=False, bos_token_id=256,
+                                       eos_token_id=257)
+        torch.manual_seed(0)
+        hf = transformers.LlamaForCausalLM(cfg).eval()
+        with torch.no_grad():
+            for p in hf.parameters():  # weights large enough that the text moves and repeats
+                p.normal_(0, 0.3)
+        prompt = [256, 10, 11, 12, 10]
+        with tempfile.TemporaryDirectory() as tmp:
+            hf.save_pretrained(tmp, safe_serialization=True)
+            with twell.Model(tmp, device="cpu", tokenizer="bytes") as m:
+                for penalty in (1.0, 1.3, 0.8):
+                    with torch.no_grad():
+                        want = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                                           repetition_penalty=penalty, eos_token_id=None, pad_token_id=0)
+                    got = m.generate(prompt, max_new_tokens=16, stop=False, repetition_penalty=penalty)
+                    self.assertEqual(got, want[0, len(prompt):].tolist(), f"repetition_penalty {penalty}")
+
+
+@unittest.skipIf(torch is None or transformers is None, "PyTorch and transformers are not both installed")
 class TrainSparseExample(unittest.TestCase):
     """python/examples/train_sparse.py at a tiny size: it trains, logs, saves an HF checkpoint, and
     twell.Model's logits of that checkpoint match the trained model's (the example checks and exits 1)."""

@@ -71,7 +71,7 @@ class ModelInfo(ctypes.Structure):
 class Sampling(ctypes.Structure):
     _fields_ = [("temperature", ctypes.c_double), ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double),
                 ("seed", ctypes.c_uint64), ("vocab_limit", ctypes.c_int64), ("min_p", ctypes.c_double),
-                ("reserved", ctypes.c_int64 * 2)]
+                ("repetition_penalty", ctypes.c_double), ("reserved", ctypes.c_int64 * 1)]
 
 
 class Generation(ctypes.Structure):

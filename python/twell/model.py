@@ -15,6 +15,7 @@ without numpy either as a memoryview of floats with shape (T, vocab) (.tolist() 
 import contextlib
 import ctypes
 import logging
+import math
 import numbers
 import os
 import signal
@@ -456,21 +457,24 @@ class Model(_OwnsAHandle):
             return []
         return _id_list(stop, "stop (True, False, or a list of ids)")
 
-    def _sampling(self, temperature, top_k, top_p, seed, min_p=0.0):
+    def _sampling(self, temperature, top_k, top_p, seed, min_p=0.0, repetition_penalty=1.0):
         # Integers as `twell run` takes them: no silent truncation of 2.7 or wrap-around of -1 or 2**64.
         top_k = _int(top_k, "top_k", 0, expected="an integer of at least 0 (0: all)")
         seed = _int(seed, "seed", 0, 2**64, "an integer in [0, 2**64)")
         s = _capi.Sampling()
         _capi.lib.twell_sampling_init(ctypes.byref(s))
         numbers_ = []
-        for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
+        for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p),
+                            ("repetition_penalty", repetition_penalty)):
             try:
                 if isinstance(value, (str, bytes, bool)) or "bool" in str(getattr(value, "dtype", "")):
                     raise TypeError
                 numbers_.append(float(value))
             except (TypeError, ValueError, OverflowError):
                 raise TwellError(f"{name} must be a number, got {type(value).__name__} {value!r}") from None
-        s.temperature, s.top_p, s.min_p = numbers_
+        s.temperature, s.top_p, s.min_p, s.repetition_penalty = numbers_
+        if not (s.repetition_penalty > 0 and math.isfinite(s.repetition_penalty)):  # 0 would read as off in C
+            raise TwellError(f"repetition_penalty must be finite and > 0, got {s.repetition_penalty!r}")
         s.top_k, s.seed = int(top_k), int(seed)
         if s.temperature == 0 and (s.top_k != 0 or s.top_p != 1 or s.min_p != 0 or s.seed != 0):  # as `twell run` notes it
             warnings.warn("twell.Model: top_k, top_p, min_p and seed only shape sampling; at temperature 0 the "
@@ -480,11 +484,13 @@ class Model(_OwnsAHandle):
         return s
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
-                 stream=None, stop_strings=None, min_p=0.0):
+                 stream=None, stop_strings=None, min_p=0.0, repetition_penalty=1.0):
         """Continues prompt (a str or its UTF-8 bytes, or a list of ids) with up to max_new_tokens tokens:
         greedy at temperature 0, else sampled (top_k, top_p, then min_p, in transformers' order; seed: the
         same seed draws the same tokens as `twell run --seed` on the same backend; the CPU's and the GPU's
-        logits round differently).
+        logits round differently). repetition_penalty (1: off) divides the logit of each id the sequence
+        holds (prompt and new tokens) where positive and multiplies it where negative, before the rest,
+        greedy included, as transformers' repetition_penalty does.
 
         stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
         list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before
@@ -507,7 +513,7 @@ class Model(_OwnsAHandle):
         ids, text_ids = self._prompt_ids(prompt)
         max_new_tokens = _check_count(max_new_tokens)
         stops = self._stop_ids(stop)
-        s = self._sampling(temperature, top_k, top_p, seed, min_p)
+        s = self._sampling(temperature, top_k, top_p, seed, min_p, repetition_penalty)
 
         streamer = _TextStream(self.tokenizer, text_ids, stops, stop_strings) \
             if text_prompt and (stream is not None or stop_strings) else None
@@ -557,7 +563,7 @@ class Model(_OwnsAHandle):
             return "".join(streamer.add(t) for t in new) + streamer.rest()
 
     def generate_batch(self, prompts, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
-                       stream=None, stop_strings=None, min_p=0.0):
+                       stream=None, stop_strings=None, min_p=0.0, repetition_penalty=1.0):
         """generate() for several prompts at once (each a str or a list of ids, of any lengths; at most
         max_batch of them, which Model(max_batch=...) sets on the GPU): one batched forward a step, each
         prompt stopping on its own. Prompt i draws with seed + i, so that where the logits have the same
@@ -590,7 +596,7 @@ class Model(_OwnsAHandle):
         c_offsets = (ctypes.c_int64 * len(offsets))(*offsets)
         stops = self._stop_ids(stop)
         c_stops, n_stops = _ids(stops, "stop")
-        s = self._sampling(temperature, top_k, top_p, seed, min_p)
+        s = self._sampling(temperature, top_k, top_p, seed, min_p, repetition_penalty)
         B = len(prompts)
         streamers = [_TextStream(self.tokenizer, text_ids, stops, stop_strings)
                      if isinstance(p, _TEXT) and (stream is not None or stop_strings) else None

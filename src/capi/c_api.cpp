@@ -695,6 +695,7 @@ void twell_sampling_init(twell_sampling* sampling) {
   if (sampling == nullptr) return;
   *sampling = twell_sampling{};
   sampling->top_p = 1.0;
+  sampling->repetition_penalty = 1.0;
 }
 
 namespace {
@@ -702,7 +703,7 @@ namespace {
 model::SamplingOptions sampling_options(const twell_sampling* sampling) {
   model::SamplingOptions so;
   if (sampling != nullptr) {
-    TWELL_REQUIRE(std::all_of(sampling->reserved, sampling->reserved + 2, [](int64_t r) { return r == 0; }),
+    TWELL_REQUIRE(sampling->reserved[0] == 0,
                   "twell_sampling: reserved fields must be 0 (twell_sampling_init sets them)");
     so.temperature = sampling->temperature;
     so.top_k = sampling->top_k;
@@ -710,6 +711,8 @@ model::SamplingOptions sampling_options(const twell_sampling* sampling) {
     so.seed = sampling->seed;
     so.vocab_limit = sampling->vocab_limit;
     so.min_p = sampling->min_p;
+    // 0 is what a caller built before the field (a reserved word then) leaves there: off, as 1 is.
+    so.repetition_penalty = sampling->repetition_penalty == 0 ? 1.0 : sampling->repetition_penalty;
   }
   so.check();
   return so;

@@ -60,6 +60,30 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, const std::
     for (int64_t r = 0; r < rows; ++r) u[r] = samplers[r] ? samplers[r]->next_uniform() : 0.0;
   }
   a.logits = static_cast<const float*>(logits.data);
+  if (o.repetition_penalty != 1) {  // a copy of the rows with each sampler's seen ids penalized
+    size_t count = 0;
+    for (const model::Sampler* s : samplers) count += s ? s->seen_ids().size() : 0;
+    const size_t bytes = static_cast<size_t>(rows + 1) * sizeof(int64_t) + count * sizeof(int32_t);
+    if (seen_.bytes() < bytes) seen_.reserve(bytes);
+    auto* offsets = seen_.as<int64_t>();
+    auto* ids = reinterpret_cast<int32_t*>(offsets + rows + 1);
+    offsets[0] = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t k = offsets[r];
+      if (samplers[r])
+        for (const int32_t id : samplers[r]->seen_ids())
+          if (id < V) ids[k++] = id;
+      offsets[r + 1] = k;
+    }
+    const size_t row_bytes = static_cast<size_t>(V) * sizeof(float);
+    if (penalized_.bytes() < static_cast<size_t>(rows) * row_bytes)
+      penalized_ = DeviceBuffer(static_cast<size_t>(rows) * row_bytes);
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(penalized_.get(), logits.data, static_cast<size_t>(rows) * row_bytes,
+                                     cudaMemcpyDeviceToDevice, stream));
+    launch_repetition_penalty(penalized_.as<float>(), V, rows, offsets, ids,
+                              static_cast<float>(o.repetition_penalty), stream);
+    a.logits = penalized_.as<float>();
+  }
   a.ld = V;
   a.n = n;
   a.temperature = o.temperature;

@@ -1,4 +1,5 @@
-// Sampling from logits (greedy, temperature, top-k, top-p, min-p), generation with the KV cache, and
+// Sampling from logits (repetition penalty, greedy, temperature, top-k, top-p, min-p), generation with
+// the KV cache, and
 // perplexity (include/twell/model/llama.h). All probability maths in double.
 //
 // Sampling order, as HF's generate applies its warpers: temperature, then top-k (every token whose
@@ -231,6 +232,8 @@ void SamplingOptions::check() const {
   TWELL_REQUIRE(top_k >= 0, "sampling: top_k must be >= 0, got ", top_k);
   TWELL_REQUIRE(top_p > 0 && top_p <= 1, "sampling: top_p must be in (0, 1], got ", top_p);
   TWELL_REQUIRE(min_p >= 0 && min_p <= 1, "sampling: min_p must be in [0, 1], got ", min_p);
+  TWELL_REQUIRE(repetition_penalty > 0 && std::isfinite(repetition_penalty),
+                "sampling: repetition_penalty must be finite and > 0, got ", repetition_penalty);
 }
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) { options.check(); }
@@ -239,7 +242,36 @@ double Sampler::next_uniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }
 
-int32_t Sampler::sample(const TensorView& logits) {
+void Sampler::seen(int32_t id) {
+  if (options_.repetition_penalty == 1 || id < 0) return;
+  if (static_cast<size_t>(id) >= is_seen_.size()) is_seen_.resize(static_cast<size_t>(id) + 1, 0);
+  if (!is_seen_[static_cast<size_t>(id)]) is_seen_[static_cast<size_t>(id)] = 1, seen_.push_back(id);
+}
+
+void Sampler::seen(const std::vector<int32_t>& ids) {
+  for (const int32_t id : ids) seen(id);
+}
+
+TensorView Sampler::penalized(const TensorView& logits, Tensor& copy) const {
+  if (options_.repetition_penalty == 1 || seen_.empty()) return logits;
+  check_logits_shape(logits);
+  check_device(logits, Device::cpu, "sample: logits");
+  copy = Tensor::copy_of(logits);
+  const int64_t V = logits.numel();
+  const auto apply = [&](auto* row, auto penalty) {
+    for (const int32_t id : seen_)
+      if (id < V) row[id] = row[id] < 0 ? row[id] * penalty : row[id] / penalty;
+  };
+  if (copy.dtype() == DType::f32)
+    apply(copy.ptr<float>(), static_cast<float>(options_.repetition_penalty));  // transformers' f32 arithmetic
+  else
+    apply(copy.ptr<double>(), options_.repetition_penalty);
+  return copy.view();
+}
+
+int32_t Sampler::sample(const TensorView& raw) {
+  Tensor copy;
+  const TensorView logits = penalized(raw, copy);
   if (options_.temperature == 0) return argmax_logits(logits, options_);
   const double u = next_uniform();  // first, whatever follows: a device sampler takes it before it knows
   const Kept k = kept_tokens(logits, options_, scratch());
@@ -259,7 +291,9 @@ int32_t Sampler::sample(const TensorView& logits) {
   return last_drawable;  // r within rounding of the total
 }
 
-std::vector<int32_t> Sampler::candidates(const TensorView& logits) const {
+std::vector<int32_t> Sampler::candidates(const TensorView& raw) const {
+  Tensor copy;
+  const TensorView logits = penalized(raw, copy);
   if (options_.temperature == 0) return {argmax_logits(logits, options_)};
   const Kept k = kept_tokens(logits, options_, scratch());
   if (k.only) return {*k.only};
@@ -406,6 +440,7 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
     SamplingOptions o = sampling;
     o.seed = sampling.seed + order[i];  // wraps; any seed is a seed
     samplers.emplace_back(o);
+    samplers.back().seen(ordered.back());  // the repetition penalty's history starts with the prompt
   }
   std::vector<Generation> gens(B);
   const auto t0 = clock::now();
@@ -438,6 +473,7 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
                     " (internal error in sampling; please report it with the sampling settings)");
       Generation& g = gens[b];
       g.tokens.push_back(next[i]);
+      samplers[i].seen(next[i]);
       const bool asked = on_token && on_token(static_cast<int64_t>(b), next[i]);
       bool done = true;
       if (std::find(stop_tokens.begin(), stop_tokens.end(), next[i]) != stop_tokens.end())

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <filesystem>
 #include <random>
@@ -113,6 +114,39 @@ TEST(DeviceSampler, DrawsTheHostsTokens) {
       }
     }
   std::printf("%lld rows drawn, every one the host's token\n", static_cast<long long>(draws));
+}
+
+// The repetition penalty on the GPU: each row's sampler's seen ids penalized in a copy (the logits
+// unchanged), the host's tokens drawn, greedy and sampled.
+TEST(DeviceSampler, RepetitionPenaltyDrawsTheHostsTokens) {
+  TWELL_REQUIRE_HOPPER();
+  DeviceSampler gpu;
+  for (const int64_t V : {97, 49152}) {
+    const int64_t rows = 5;
+    const Tensor logits = make_logits(Kind::peaked, rows, V, 77);
+    const DeviceBuffer d = upload_f32(logits);
+    for (SamplingOptions o : {options(0), options(1.0, 0, 0.9, 31), options(0.7, 20, 1, 32)})
+      for (const double penalty : {1.3, 0.7, 50.0}) {
+        o.repetition_penalty = penalty;
+        std::vector<Sampler> host(static_cast<size_t>(rows), Sampler(o)), dev = host;
+        std::vector<Sampler*> by_row;
+        std::vector<int32_t> want;
+        for (int64_t r = 0; r < rows; ++r) {
+          // Row r has seen ids 3 (the peak), r, and a few more, some past V's end for the small rows.
+          const std::vector<int32_t> seen = {3, static_cast<int32_t>(r), static_cast<int32_t>((r * 31) % V), 96, 5000};
+          host[r].seen(seen), dev[r].seen(seen);
+          want.push_back(host[r].sample(TensorView(logits.ptr<float>() + r * V, DType::f32, {V})));
+          by_row.push_back(&dev[r]);
+        }
+        const std::vector<int32_t> got = gpu.sample(device_view(d, {rows, V}), by_row, nullptr);
+        EXPECT_EQ(got, want) << "V=" << V << " " << str_of(o) << " penalty " << penalty;
+        if (o.temperature == 0 && penalty == 50.0)
+          for (const int32_t t : got) EXPECT_NE(t, 3) << "the peak, seen, divided by 50";
+      }
+    Tensor back(DType::f32, {rows, V});  // the logits were not written
+    TWELL_CUDA_CHECK(cudaMemcpy(back.ptr<float>(), d.get(), back.nbytes(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::memcmp(back.ptr<float>(), logits.ptr<float>(), back.nbytes()), 0);
+  }
 }
 
 // Past kSampleInlineRows rows the random numbers reach the kernel through memory instead of its
@@ -242,8 +276,10 @@ TEST(DeviceSampler, LlamaCudaGeneratesTheHostDrawnTokens) {
   LlamaCuda on_host(w, lo);
   EXPECT_FALSE(on_host.samples_on_gpu());
   const std::vector<int32_t> prompt = {5, 17, 200, 3, 99};
+  SamplingOptions penalized = options(0.9, 0, 1, 7), greedy_penalized = options(0);
+  penalized.repetition_penalty = 1.4, greedy_penalized.repetition_penalty = 2.0;
   for (const SamplingOptions& o : {options(0), options(0.9, 0, 0.95, 3), options(1.2, 20, 1, 4), options(1, 0, 1, 5, 250),
-                                   options(1.1, 0, 1, 6, 0, 0.1)}) {
+                                   options(1.1, 0, 1, 6, 0, 0.1), penalized, greedy_penalized}) {
     const model::Generation a = model::generate(gpu, prompt, 40, o);
     const model::Generation b = model::generate(host, prompt, 40, o);
     EXPECT_EQ(a.tokens, b.tokens) << str_of(o);

@@ -156,6 +156,7 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
   s.seed = 7;
   s.vocab_limit = 90;
   s.min_p = 0.05;
+  s.repetition_penalty = 1.25;
   SamplingOptions so;
   so.temperature = 0.8;
   so.top_k = 20;
@@ -163,6 +164,7 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
   so.seed = 7;
   so.vocab_limit = 90;
   so.min_p = 0.05;
+  so.repetition_penalty = 1.25;
   const Generation expected = generate(ref, prompt_, 10, so);
 
   std::vector<int32_t> tokens(10, -1), seen;
@@ -178,6 +180,16 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
   ASSERT_EQ(g.n_tokens, 10);
   EXPECT_EQ(tokens, expected.tokens);
   EXPECT_EQ(seen, expected.tokens);
+  // A repetition penalty of 0, what a caller built before the field leaves in that word, is off, as 1 is.
+  for (const double off : {0.0, 1.0}) {
+    twell_sampling plain = s;
+    plain.repetition_penalty = off;
+    SamplingOptions plain_so = so;
+    plain_so.repetition_penalty = 1.0;
+    ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 10, &plain, nullptr, 0, nullptr, nullptr, tokens.data(), &g),
+              TWELL_OK);
+    EXPECT_EQ(tokens, generate(ref, prompt_, 10, plain_so).tokens) << off;
+  }
 
   // A stop token (a callback asking to stop at it too: still TWELL_STOP_TOKEN), then a callback that
   // asks to stop after the third token.
@@ -344,7 +356,11 @@ TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
   EXPECT_EQ(twell_model_generate(m, bad, 1, 4, &s, nullptr, 0, nullptr, nullptr, out, &g), TWELL_ERROR);
   EXPECT_NE(error_text().find("min_p must be in [0, 1]"), std::string::npos) << error_text();
   twell_sampling_init(&s);
-  s.reserved[1] = 1;
+  s.repetition_penalty = -1;
+  EXPECT_EQ(twell_model_generate(m, bad, 1, 4, &s, nullptr, 0, nullptr, nullptr, out, &g), TWELL_ERROR);
+  EXPECT_NE(error_text().find("repetition_penalty must be finite and > 0"), std::string::npos) << error_text();
+  twell_sampling_init(&s);
+  s.reserved[0] = 1;
   EXPECT_EQ(twell_model_generate(m, bad, 1, 4, &s, nullptr, 0, nullptr, nullptr, out, &g), TWELL_ERROR);
   EXPECT_NE(error_text().find("reserved fields must be 0"), std::string::npos) << error_text();
   EXPECT_EQ(twell_model_generate(m, bad, 1, -1, nullptr, nullptr, 0, nullptr, nullptr, out, &g), TWELL_ERROR);

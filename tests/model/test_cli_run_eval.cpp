@@ -135,7 +135,7 @@ TEST_F(CliModel, RunSaysWhatItIgnoredAndWhyItStopped) {
 }
 
 // --min-p 1 keeps only the most likely token: a sampled run draws the greedy text. Out of [0, 1] it is
-// refused before loading, and a greedy run says it ignored it.
+// refused before loading, and a greedy run says it ignored it. (And --repetition-penalty's edges.)
 TEST_F(CliModel, RunMinPOneIsGreedy) {
   const std::string hello = "run " + dir_ + " --byte-tokenizer --no-stop -p 'hello' -n 10";
   const CliResult greedy = run_cli(hello);
@@ -149,6 +149,14 @@ TEST_F(CliModel, RunMinPOneIsGreedy) {
   EXPECT_NE(bad.out.find("--min-p: must be in [0, 1]"), std::string::npos) << bad.out;
   const CliResult ignored = run_cli(hello + " --min-p 0.5", true);
   EXPECT_NE(ignored.out.find("note: --min-p only shapes sampling"), std::string::npos) << ignored.out;
+  // --repetition-penalty applies to greedy runs too (no note); 1 is off; 0 is refused before loading.
+  EXPECT_EQ(run_cli(hello + " --repetition-penalty 1").out, greedy.out);
+  const CliResult penalized = run_cli(hello + " --repetition-penalty 1.5", true);
+  EXPECT_EQ(penalized.status, 0);
+  EXPECT_EQ(penalized.out.find("note:"), std::string::npos) << penalized.out;
+  const CliResult zero = run_cli(hello + " --repetition-penalty 0", true);
+  EXPECT_NE(zero.status, 0);
+  EXPECT_NE(zero.out.find("--repetition-penalty: must be finite and above 0"), std::string::npos) << zero.out;
 }
 
 // --stop: the text ends before the stop string, the run at the token that completes it, and it says

@@ -745,6 +745,43 @@ TEST(LlamaSampling, MinPKeepsTokensNearTheMostLikely) {
   EXPECT_EQ(Sampler({1.0, 0, 1.0, 0, 0, 1.0}).candidates(tied), (std::vector<int32_t>{1, 3}));
 }
 
+// The repetition penalty as HF's RepetitionPenaltyLogitsProcessor: a seen id's logit divided by the
+// penalty where positive, multiplied where negative (f32), before greedy as before sampling; with 1
+// nothing is kept or changed.
+TEST(LlamaSampling, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogitsOfSeenIds) {
+  const Tensor row = logit_row({2.0f, -1.0f, 0.5f, 1.9f, 0.0f});
+  SamplingOptions o;
+  o.repetition_penalty = 2.0;
+  Sampler greedy(o);
+  EXPECT_EQ(greedy.sample(row), 0);
+  greedy.seen(std::vector<int32_t>{0, 1, 4, 0, -1});  // each once; no negative id (kNoToken)
+  EXPECT_EQ(greedy.seen_ids(), (std::vector<int32_t>{0, 1, 4}));
+  Tensor copy;
+  const TensorView p = greedy.penalized(row.view(), copy);
+  const float* v = p.ptr<float>();
+  EXPECT_EQ(std::vector<float>(v, v + 5), (std::vector<float>{1.0f, -2.0f, 0.5f, 1.9f, 0.0f}));
+  EXPECT_EQ(row.ptr<float>()[0], 2.0f);  // the logits are not written
+  EXPECT_EQ(greedy.sample(row), 3);
+  greedy.seen(3);
+  EXPECT_EQ(greedy.sample(row), 0);  // 1.0 against 0.95
+  o.temperature = 1.0;
+  Sampler drawn(o);
+  drawn.seen(3);
+  EXPECT_EQ(drawn.candidates(row), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  o.top_k = 1;
+  Sampler top1(o);
+  top1.seen(0);
+  EXPECT_EQ(top1.candidates(row), std::vector<int32_t>{3});  // 1.9 against the halved 1.0
+  Sampler off({});
+  off.seen(std::vector<int32_t>{0, 1});
+  EXPECT_TRUE(off.seen_ids().empty());
+  for (const double bad : {0.0, -1.0, double{NAN}, double{INFINITY}}) {
+    SamplingOptions b;
+    b.repetition_penalty = bad;
+    expect_error([&] { Sampler s(b); }, {"repetition_penalty must be finite and > 0"});
+  }
+}
+
 // top_k keeps every token tied with the k-th largest logit, as HF's TopKLogitsWarper does: with
 // logits {1, 2, 2, 2, 0} and top_k = 1, tokens 1, 2 and 3 are each drawn about a third of the time.
 TEST(LlamaSampling, TopKKeepsTiesAtTheCut) {

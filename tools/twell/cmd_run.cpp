@@ -100,6 +100,11 @@ void register_run(CLI::App& app) {
           ->check(real_in(0, false, 1, "in [0, 1]"))
           ->capture_default_str(),
       run->add_option("--seed", sampling->seed, "sampling seed (a run repeats its tokens unless it changes)")->check(seed_value())->capture_default_str()};
+  run->add_option("--repetition-penalty", sampling->repetition_penalty,
+                  "divide the logit of every token the text holds so far by this where positive, multiply where "
+                  "negative (transformers' repetition_penalty, greedy runs included; 1 = off)")
+      ->check(real_in(0, true, HUGE_VAL, "finite and above 0"))
+      ->capture_default_str();
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
   run->add_option("--stop", *stop_texts,
                   "end the text just before this string and the generation at the token that completes it (given "

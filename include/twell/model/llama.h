@@ -263,6 +263,11 @@ struct SamplingOptions {
   // min-p, after top-k and top-p as HF's MinPLogitsWarper: keep the tokens whose probability is at
   // least min_p times the most likely one's (weight exp((logit − max) / T) ≥ min_p); 0 = all.
   double min_p = 0.0;
+  // HF's RepetitionPenaltyLogitsProcessor, before everything else, greedy decoding included: the logit
+  // of every id the sequence holds so far (its prompt and the tokens drawn: Sampler::seen) is divided
+  // by the penalty where positive and multiplied by it where negative, in f32 as transformers does;
+  // 1 = off, above 1 discourages repeats.
+  double repetition_penalty = 1.0;
 
   void check() const;  // throws twell::Error on a value out of range (NaN included)
   // How many of a row of V logits a draw reads: the first vocab_limit where it is in (0, V), else all.
@@ -270,7 +275,7 @@ struct SamplingOptions {
   // Whether `o` draws by the same rules (all but the seed): samplers one batch may mix.
   bool same_rules(const SamplingOptions& o) const {
     return temperature == o.temperature && top_k == o.top_k && top_p == o.top_p && vocab_limit == o.vocab_limit &&
-           min_p == o.min_p;
+           min_p == o.min_p && repetition_penalty == o.repetition_penalty;
   }
 };
 
@@ -291,9 +296,21 @@ class Sampler {
   // sampler that draws elsewhere (on the GPU) from the same stream.
   double next_uniform();
 
+  // The ids its sequence holds, for the repetition penalty (kept only where it is on): generate()
+  // and generate_batch() give each sequence's prompt and then each token drawn; a caller drawing with
+  // a Sampler itself does the same. Negative ids are not kept.
+  void seen(const std::vector<int32_t>& ids);
+  void seen(int32_t id);
+  const std::vector<int32_t>& seen_ids() const { return seen_; }  // each once, in the order first seen
+  // `logits` with the repetition penalty applied to the seen ids: a copy in `copy`, or `logits` itself
+  // where there is nothing to apply.
+  TensorView penalized(const TensorView& logits, Tensor& copy) const;
+
  private:
   SamplingOptions options_;
   std::mt19937_64 rng_;
+  std::vector<int32_t> seen_;
+  std::vector<char> is_seen_;  // by id
 };
 
 // Throws unless `samplers` holds one sampler for each of B sequences, all with the same options

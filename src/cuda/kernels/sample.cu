@@ -487,7 +487,23 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) sam
   if (lead) *out = SampleResult{static_cast<int32_t>(id), kSampleOk, -1, 0};
 }
 
+__global__ void repetition_penalty_kernel(float* out, int64_t n, const int64_t* offsets, const int32_t* ids,
+                                          float penalty) {
+  float* row = out + static_cast<int64_t>(blockIdx.x) * n;
+  for (int64_t k = offsets[blockIdx.x] + threadIdx.x; k < offsets[blockIdx.x + 1]; k += blockDim.x) {
+    const float v = row[ids[k]];
+    row[ids[k]] = v < 0 ? __fmul_rn(v, penalty) : __fdiv_rn(v, penalty);
+  }
+}
+
 }  // namespace
+
+void launch_repetition_penalty(float* out, int64_t n, int64_t rows, const int64_t* offsets, const int32_t* ids,
+                               float penalty, cudaStream_t stream) {
+  TWELL_CHECK(rows >= 1 && rows <= INT32_MAX && n >= 1, "launch_repetition_penalty: rows ", rows, ", n ", n);
+  repetition_penalty_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(out, n, offsets, ids, penalty);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
 
 bool sample_kernel_runs(std::string* why) {
   cudaLaunchConfig_t config = {};  // the cluster's shape is the kernel's own (__cluster_dims__)
