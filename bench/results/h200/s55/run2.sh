@@ -1,11 +1,12 @@
 #!/bin/bash
 # Fifty-fifth session, second check: the repetition penalty (host, GPU sampler, generate_batch's history), with the
-# sampler). On the device:
+# stop strings and min-p of run.sh. On the device:
 #  1. the GPU suite (predicted 198/198: DeviceSampler.RepetitionPenaltyDrawsTheHostsTokens new, and the
 #     penalized modes of LlamaCudaGeneratesTheHostDrawnTokens drawing the host's tokens);
 #  2. memcheck of the DeviceSampler tests (predicted 0 errors);
 #  3. the Python tests on the GPU (predicted all pass);
-#  4. `twell run` with --min-p 1 at temperature 1.5 against greedy, and --stop, on a random GPU model;
+#  4. `twell run` with --min-p 1 at temperature 1.5 against greedy, --stop, and --repetition-penalty 1.5 on the GPU
+#     and the CPU backend, on a random model;
 #  5. only on an H200 (the issues' targets are H200 figures; every run since the forty-seventh session got an
 #     H100): `twell bench ffn` and `twell bench model`, the standard cases. Kernels of the FFN unchanged since
 #     the thirty-ninth session: predicted within perf.md's top table.
