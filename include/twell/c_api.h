@@ -35,7 +35,7 @@ extern "C" {
 /* Bumped whenever a struct or a signature below changes; twell_c_api_version() returns it. The
  * library's file name does not follow it: a program checks twell_c_api_version() == TWELL_C_API_VERSION
  * at start (examples/c_api does), so that a library of other layouts is refused, not misread. */
-#define TWELL_C_API_VERSION 6
+#define TWELL_C_API_VERSION 7
 
 enum { TWELL_OK = 0, TWELL_ERROR = 1 };
 

@@ -831,7 +831,7 @@ class GenerationMatchesTransformers(unittest.TestCase):
 
     def test_greedy_tokens_with_and_without_the_repetition_penalty(self):
         import tempfile
-        cfg = transformers.LlamaConfig(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        cfg = transformers.LlamaConfig(vocab_size=258, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, hidden_act="relu",
                                        max_position_embeddings=64, tie_word_embeddings=False, bos_token_id=256,
                                        eos_token_id=257)

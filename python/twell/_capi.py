@@ -11,7 +11,7 @@ import glob
 import operator
 import os
 
-API_VERSION = 6
+API_VERSION = 7
 MAX_DIMS = 4
 OK, ERROR = 0, 1
 BF16, F16, F32, F64 = 0, 1, 2, 3

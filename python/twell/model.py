@@ -488,9 +488,10 @@ class Model(_OwnsAHandle):
         """Continues prompt (a str or its UTF-8 bytes, or a list of ids) with up to max_new_tokens tokens:
         greedy at temperature 0, else sampled (top_k, top_p, then min_p, in transformers' order; seed: the
         same seed draws the same tokens as `twell run --seed` on the same backend; the CPU's and the GPU's
-        logits round differently). repetition_penalty (1: off) divides the logit of each id the sequence
-        holds (prompt and new tokens) where positive and multiplies it where negative, before the rest,
-        greedy included, as transformers' repetition_penalty does.
+        logits round differently). repetition_penalty (1: off; above 1 discourages repeats, below 1
+        encourages them) divides the logit of each id the sequence holds (the prompt's, BOS and special
+        tokens included, and the new ones) where positive and multiplies it where negative, before the
+        rest, greedy included, as transformers' repetition_penalty does.
 
         stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
         list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before

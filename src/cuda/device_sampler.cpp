@@ -64,7 +64,7 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, const std::
     size_t count = 0;
     for (const model::Sampler* s : samplers) count += s ? s->seen_ids().size() : 0;
     const size_t bytes = static_cast<size_t>(rows + 1) * sizeof(int64_t) + count * sizeof(int32_t);
-    if (seen_.bytes() < bytes) seen_.reserve(bytes);
+    if (seen_.bytes() < bytes) seen_.reserve(std::max(bytes, 2 * seen_.bytes()));  // grows a token at a time
     auto* offsets = seen_.as<int64_t>();
     auto* ids = reinterpret_cast<int32_t*>(offsets + rows + 1);
     offsets[0] = 0;
@@ -75,14 +75,17 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, const std::
           if (id < V) ids[k++] = id;
       offsets[r + 1] = k;
     }
-    const size_t row_bytes = static_cast<size_t>(V) * sizeof(float);
-    if (penalized_.bytes() < static_cast<size_t>(rows) * row_bytes)
-      penalized_ = DeviceBuffer(static_cast<size_t>(rows) * row_bytes);
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(penalized_.get(), logits.data, static_cast<size_t>(rows) * row_bytes,
-                                     cudaMemcpyDeviceToDevice, stream));
-    launch_repetition_penalty(penalized_.as<float>(), V, rows, offsets, ids,
-                              static_cast<float>(o.repetition_penalty), stream);
-    a.logits = penalized_.as<float>();
+    float* out = static_cast<float*>(logits.data);
+    if (!in_place_) {
+      const size_t row_bytes = static_cast<size_t>(V) * sizeof(float);
+      if (penalized_.bytes() < static_cast<size_t>(rows) * row_bytes)
+        penalized_ = DeviceBuffer(static_cast<size_t>(rows) * row_bytes);
+      TWELL_CUDA_CHECK(cudaMemcpyAsync(penalized_.get(), logits.data, static_cast<size_t>(rows) * row_bytes,
+                                       cudaMemcpyDeviceToDevice, stream));
+      out = penalized_.as<float>();
+    }
+    launch_repetition_penalty(out, V, rows, offsets, ids, static_cast<float>(o.repetition_penalty), stream);
+    a.logits = out;
   }
   a.ld = V;
   a.n = n;

@@ -448,9 +448,9 @@ struct SampleArgs {
   SampleResult* results = nullptr;
 };
 void launch_sample(const SampleArgs& a, int64_t rows, cudaStream_t stream);
-// The repetition penalty (model::SamplingOptions::repetition_penalty) on rows [rows, n] of `out`, a copy
-// of the logits: row r's ids ids[offsets[r] .. offsets[r + 1]) (each once, below n) divided by the
-// penalty where positive, multiplied where negative, in f32. offsets and ids may be pinned host memory.
+// The repetition penalty (model::SamplingOptions::repetition_penalty) on `rows` rows of `n` logits each,
+// in place: row r's ids ids[offsets[r] .. offsets[r + 1]) (each once, below n) divided by the penalty
+// where positive, multiplied where negative, in f32. offsets and ids may be pinned host memory.
 void launch_repetition_penalty(float* out, int64_t n, int64_t rows, const int64_t* offsets, const int32_t* ids,
                                float penalty, cudaStream_t stream);
 // Whether launch_sample's kernel (a cluster of 8 blocks of 512 threads a row) can run on the

@@ -434,6 +434,7 @@ struct LlamaCuda::Impl {
     ensure_logits(o.max_batch);
     gpu_sampling = o.sample_on_gpu && sample_kernel_runs();
     if (o.sample_on_gpu) sampler.reserve(o.max_batch, V);  // as planned, even where it cannot run
+    sampler.penalize_in_place(true);  // the logits it draws from are this model's scratch
     fused_qkv = p.fused_qkv;
     if (fused_qkv) qkv_workspace = DeviceBuffer(p.qkv_workspace);
 

@@ -1,8 +1,8 @@
 // Sampling from logits (repetition penalty, greedy, temperature, top-k, top-p, min-p), generation with
-// the KV cache, and
-// perplexity (include/twell/model/llama.h). All probability maths in double.
+// the KV cache, and perplexity (include/twell/model/llama.h). All probability maths in double.
 //
-// Sampling order, as HF's generate applies its warpers: temperature, then top-k (every token whose
+// Sampling order, as HF's generate applies its processors and warpers: the repetition penalty (on the
+// logits, in f32; greedy too), temperature, then top-k (every token whose
 // logit is at least the k-th largest, so ties at the cut are all kept, as HF keeps them), then
 // top-p (nucleus: the smallest prefix of the tokens sorted by probability, descending, whose mass
 // reaches top_p; always at least one token), then min-p (the tokens left whose probability is at least
@@ -244,8 +244,7 @@ double Sampler::next_uniform() {
 
 void Sampler::seen(int32_t id) {
   if (options_.repetition_penalty == 1 || id < 0) return;
-  if (static_cast<size_t>(id) >= is_seen_.size()) is_seen_.resize(static_cast<size_t>(id) + 1, 0);
-  if (!is_seen_[static_cast<size_t>(id)]) is_seen_[static_cast<size_t>(id)] = 1, seen_.push_back(id);
+  if (is_seen_.insert(id).second) seen_.push_back(id);
 }
 
 void Sampler::seen(const std::vector<int32_t>& ids) {

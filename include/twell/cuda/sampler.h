@@ -39,8 +39,8 @@ class DeviceSampler {
   // on `stream` after the work that writes the logits; returns once the tokens are on the host.
   // Throws what sampler.sample() would for a row with a NaN or +inf logit, or with all -inf.
   // Device memory, kept for later calls: 8 bytes a logit (the fixed-point weights) unless greedy,
-  // 1.5 MB for 4 rows of 49152; with a repetition penalty 4 bytes a logit more (a penalized copy:
-  // `logits` are not written).
+  // 1.5 MB for 4 rows of 49152; with a repetition penalty 4 bytes a logit more for a penalized copy
+  // (`logits` are not written), unless penalize_in_place.
   std::vector<int32_t> sample(const TensorView& logits, model::Sampler& sampler, cudaStream_t stream);
   // The same with a sampler a row (a batch of sequences, each with its own random numbers):
   // samplers[r] draws row r, as samplers[r]->sample() would. All have the same options; a null
@@ -51,13 +51,17 @@ class DeviceSampler {
   // allocate nothing (LlamaCuda does it at construction, counted in its memory plan).
   void reserve(int64_t rows, int64_t V);
   static size_t device_bytes(int64_t rows, int64_t V) { return static_cast<size_t>(rows * V) * 8; }
-  size_t workspace_bytes() const { return weights_.bytes(); }  // device memory held now
+  size_t workspace_bytes() const { return weights_.bytes() + penalized_.bytes(); }  // device memory held now
+  // The logits given are the caller's scratch (LlamaCuda's): the repetition penalty is applied to them
+  // in place, with no copy (no memory beyond device_bytes).
+  void penalize_in_place(bool on) { in_place_ = on; }
 
  private:
   DeviceBuffer weights_;    // the kernel's workspace
   PinnedBuffer staging_;    // uniforms in, results out, read and written by the kernel in place
   DeviceBuffer penalized_;  // the logits with the repetition penalty applied (only where it is on)
   PinnedBuffer seen_;       // the rows' seen ids for it, read by the kernel in place
+  bool in_place_ = false;
 };
 
 }  // namespace twell::cuda

@@ -25,6 +25,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "twell/ffn.h"
@@ -287,8 +288,8 @@ class Sampler {
   explicit Sampler(const SamplingOptions& options);
   // `logits`: [V] or [1, V], f32 or f64, on the host. Takes one next_uniform() unless greedy.
   int32_t sample(const TensorView& logits);
-  // The tokens sample() can return from these logits (temperature, top-k, top-p and min-p applied: a
-  // positive probability), in id order; greedy: the argmax alone. Draws nothing.
+  // The tokens sample() can return from these logits (the repetition penalty, temperature, top-k, top-p
+  // and min-p applied: a positive probability), in id order; greedy: the argmax alone. Draws nothing.
   std::vector<int32_t> candidates(const TensorView& logits) const;
 
   const SamplingOptions& options() const { return options_; }
@@ -310,7 +311,7 @@ class Sampler {
   SamplingOptions options_;
   std::mt19937_64 rng_;
   std::vector<int32_t> seen_;
-  std::vector<char> is_seen_;  // by id
+  std::unordered_set<int32_t> is_seen_;
 };
 
 // Throws unless `samplers` holds one sampler for each of B sequences, all with the same options
