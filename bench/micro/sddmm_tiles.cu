@@ -126,6 +126,37 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
+// The union of a block's tokens' neurons as a bitmap of kWords words, and each word's count of set
+// bits before it within its segment of `segment` words (a warp a segment; the segments of a block
+// at most its warps). Ends with the block synchronised.
+template <int E>
+__device__ void mark_union(uint32_t* bits, uint16_t* before, const int32_t* nt, bool live, int segment) {
+  const int tid = threadIdx.x;
+  for (int i = tid; i < kWords; i += blockDim.x) bits[i] = 0;
+  __syncthreads();
+  if (live)
+    for (int e = 0; e < E; ++e) atomicOr(&bits[nt[e] / 32], 1u << (nt[e] % 32));
+  __syncthreads();
+  if (tid < 32 * (kWords / segment)) {
+    const int g = tid / 32, lane = tid % 32;
+    int carry = 0;
+    for (int base = 0; base < segment; base += 32) {
+      const int i = g * segment + base + lane;
+      const bool in = base + lane < segment;
+      const int c = in ? __popc(bits[i]) : 0;
+      int inc = c;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int o = __shfl_up_sync(~0u, inc, d);
+        if (lane >= d) inc += o;
+      }
+      if (in) before[i] = static_cast<uint16_t>(carry + inc - c);
+      carry += __shfl_sync(~0u, inc, 31);
+    }
+  }
+  __syncthreads();
+}
+
 // Shared memory: two stages of the union's pieces (16 bytes a row), the bitmap and its word prefix
 // counts, the union's neuron ids.
 struct TileShared {
@@ -144,27 +175,8 @@ __global__ void __launch_bounds__(kTokens, 1) tiles_kernel(const uint16_t* __res
   const int tid = threadIdx.x;
   const int t = blockIdx.x * kTokens + tid;
   const bool live = t < M;
-  for (int i = tid; i < kWords; i += kTokens) s.bits[i] = 0;
-  __syncthreads();
   const int32_t* nt = n + static_cast<size_t>(live ? t : 0) * E;
-  if (live)
-    for (int e = 0; e < E; ++e) atomicOr(&s.bits[nt[e] / 32], 1u << (nt[e] % 32));
-  __syncthreads();
-  if (tid < 32) {  // the words' prefix counts, a warp over 176 words
-    int carry = 0;
-    for (int base = 0; base < kWords; base += 32) {
-      const int i = base + tid;
-      const int c = i < kWords ? __popc(s.bits[i]) : 0;
-      int inc = c;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int o = __shfl_up_sync(~0u, inc, d);
-        if (tid >= d) inc += o;
-      }
-      if (i < kWords) s.before[i] = static_cast<uint16_t>(carry + inc - c);
-      carry += __shfl_sync(~0u, inc, 31);
-    }
-  }
+  mark_union<E>(s.bits, s.before, nt, live, kWords);
   __syncthreads();
   const int R = s.before[kWords - 1] + __popc(s.bits[kWords - 1]);
   for (int i = tid; i < kWords; i += kTokens) {  // the union's ids
@@ -247,29 +259,8 @@ __global__ void __launch_bounds__(kTokens, 1) groups_kernel(const uint16_t* __re
   const int tid = threadIdx.x;
   const int t = blockIdx.x * kTokens + tid;
   const bool live = t < M;
-  for (int i = tid; i < kWords; i += kTokens) s.bits[i] = 0;
-  __syncthreads();
   const int32_t* nt = n + static_cast<size_t>(live ? t : 0) * E;
-  if (live)
-    for (int e = 0; e < E; ++e) atomicOr(&s.bits[nt[e] / 32], 1u << (nt[e] % 32));
-  __syncthreads();
-  if (tid < 32 * kGroups) {  // each group's words' prefix counts, a warp a group (44 words)
-    const int g = tid / 32, lane = tid % 32;
-    int carry = 0;
-    for (int base = 0; base < kGroupWords; base += 32) {
-      const int i = g * kGroupWords + base + lane;
-      const bool in = base + lane < kGroupWords;
-      const int c = in ? __popc(s.bits[i]) : 0;
-      int inc = c;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int o = __shfl_up_sync(~0u, inc, d);
-        if (lane >= d) inc += o;
-      }
-      if (in) s.before[i] = static_cast<uint16_t>(carry + inc - c);
-      carry += __shfl_sync(~0u, inc, 31);
-    }
-  }
+  mark_union<E>(s.bits, s.before, nt, live, kGroupWords);
   __syncthreads();
   const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<size_t>(live ? t : 0) * kH);
   float* ut = u + static_cast<size_t>(live ? t : 0) * E;
