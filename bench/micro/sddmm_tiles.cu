@@ -51,7 +51,6 @@ constexpr int kTokens = 512;              // tokens (threads) a block of the til
 constexpr int kChunk = 8;                 // columns a chunk: one 16-byte piece a row
 constexpr int kChunks = kH / kChunk;      // 256
 constexpr int kWords = kI / 32;           // the bitmap of a block's neurons
-constexpr int kStageBytes = kI * 16;      // room for every neuron's piece (the union is at most I)
 
 __device__ __forceinline__ float lo_bf16(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
