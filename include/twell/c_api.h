@@ -265,8 +265,10 @@ typedef struct {
   double top_p;        /* 1: all */
   uint64_t seed;       /* the same seed draws the same tokens from the same logits (one backend) wherever exp() rounds alike */
   int64_t vocab_limit; /* draw only ids below it (0: any), for an embedding padded past its tokenizer */
-  double min_p;        /* 0: all; else keep the tokens at least min_p times as likely as the most likely (after top_k and top_p) */
-  double repetition_penalty; /* 1 (or 0, as callers built before it leave it): off; else HF's repetition penalty on the ids the sequence holds */
+  double min_p;        /* 0: all; else keep the tokens at least min_p times as likely as the most likely
+                          (after top_k and top_p) */
+  double repetition_penalty; /* 1 (or 0, which callers built before it leave there): off; else
+                                transformers' repetition penalty on the ids the sequence holds */
   int64_t reserved[1]; /* 0 */
 } twell_sampling;
 TWELL_C_API void twell_sampling_init(twell_sampling* sampling); /* greedy */
@@ -363,8 +365,8 @@ TWELL_C_API int twell_text_stream_finish(twell_text_stream* stream, const char**
  * NUL-terminated), each at least one and valid UTF-8. */
 TWELL_C_API int twell_text_stream_stop_at(twell_text_stream* stream, const char* const* strings,
                                           const size_t* lengths, int64_t n);
-/* *stopped: 1 once a stop string was met, and *which its index in stop_at's strings (the first equal
- * one); else 0 and -1. which may be NULL. */
+/* *stopped: 1 once a stop string was met, and *which its index in stop_at's strings; else 0 and -1.
+ * which may be NULL. */
 TWELL_C_API int twell_text_stream_stopped(const twell_text_stream* stream, int* stopped, int64_t* which);
 
 #ifdef __cplusplus

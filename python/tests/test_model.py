@@ -268,6 +268,11 @@ class ModelOnTheCpu(unittest.TestCase):
         batch = m.generate_batch(["ab", "hello there"], stop_strings=[stop], **kw)
         self.assertEqual(batch[0], text)
         self.assertEqual(batch[1], m.generate("hello there", stop_strings=[stop], **dict(kw, seed=8)))
+        got = [[], []]  # streamed, each prompt's pieces add up to its text (a held tail included)
+        streamed = m.generate_batch(["ab", "hello there"], stop_strings=[stop, free[-1] + "\x00"],
+                                    stream=lambda i, piece: got[i].append(piece), **kw)
+        self.assertEqual(["".join(g) for g in got], streamed)
+        self.assertEqual(streamed, batch)
         # Never met: the text as it was.
         self.assertEqual(m.generate("ab", stop_strings=["\x00never"], **kw), free)
         self.assertEqual(m.last_generation["reason"], "max_tokens")

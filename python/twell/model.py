@@ -476,7 +476,8 @@ class Model(_OwnsAHandle):
         if not (s.repetition_penalty > 0 and math.isfinite(s.repetition_penalty)):  # 0 would read as off in C
             raise TwellError(f"repetition_penalty must be finite and > 0, got {s.repetition_penalty!r}")
         s.top_k, s.seed = int(top_k), int(seed)
-        if s.temperature == 0 and (s.top_k != 0 or s.top_p != 1 or s.min_p != 0 or s.seed != 0):  # as `twell run` notes it
+        # As `twell run` notes it:
+        if s.temperature == 0 and (s.top_k != 0 or s.top_p != 1 or s.min_p != 0 or s.seed != 0):
             warnings.warn("twell.Model: top_k, top_p, min_p and seed only shape sampling; at temperature 0 the "
                           "generation is greedy (argmax)", stacklevel=3)
         if self.tokenizer is not None:  # never draw an id the tokenizer cannot print
@@ -571,9 +572,10 @@ class Model(_OwnsAHandle):
         bits (the CPU backend) its tokens are generate()'s with that seed. stream: a callable that
         receives (i, the text prompt i adds) as it comes (str prompts) or (i, each id) (id prompts);
         returning True (itself) from it stops prompt i, the others go on. stop_strings: as generate()'s, for
-        each prompt on its own (every prompt must then be a str). Returns a list, in the prompts' order: the new text for a
-        str prompt, the new ids for ids. `last_generation` then holds a list of generate()'s dicts, one a
-        prompt, each with the batch's prefill_seconds and its own decode_seconds.
+        each prompt on its own (every prompt must then be text: str or bytes). Returns a list, in the
+        prompts' order: the new text for a str prompt, the new ids for ids. `last_generation` then holds a
+        list of generate()'s dicts, one a prompt, each with the batch's prefill_seconds and its own
+        decode_seconds.
         """
         if isinstance(prompts, _TEXT) or not hasattr(prompts, "__len__"):
             raise TwellError("generate_batch: prompts must be a list of prompts (for one, generate())")
@@ -830,7 +832,8 @@ class _TextStream:
     """The text a str prompt's new ids add, as they come (twell_text_stream: the stream `twell run` prints):
     decode(prompt + new ids) past decode(prompt), a window of recent ids at a time, so a token's cost does not
     grow with the text; whole characters a piece (a character split across tokens waits for its end), nothing
-    for a stop id; rest() gives the bytes of a character that never ended."""
+    for a stop id, and nothing from a stop string on (stopped is then True); rest() gives what is held: the
+    start of a stop string that never went on and the bytes of a character that never ended."""
 
     def __init__(self, tokenizer, prompt_ids, stops, stop_strings=()):
         self.tokenizer = tokenizer  # the stream reads it: it must outlive the stream
@@ -841,7 +844,7 @@ class _TextStream:
             _capi.check(_capi.lib.twell_text_stream_create(t, c_prompt, n_prompt, c_stops, n_stops,
                                                            ctypes.byref(handle)))
         self._handle = handle
-        self.stopped = False
+        self.stopped, self._which, self._stops = False, -1, bool(stop_strings)
         if stop_strings:
             encoded = [v.encode("utf-8", errors="surrogatepass") for v in stop_strings]
             strings = (ctypes.c_char_p * len(encoded))(*encoded)
@@ -862,7 +865,7 @@ class _TextStream:
         """The text token adds ("" for a stop token, or where a character has not ended); sets stopped once
         a stop string is met."""
         text = self._piece(_capi.lib.twell_text_stream_put, token)
-        if not self.stopped:
+        if self._stops and not self.stopped:
             flag, which = ctypes.c_int(), ctypes.c_int64()
             _capi.check(_capi.lib.twell_text_stream_stopped(self._handle, ctypes.byref(flag), ctypes.byref(which)))
             self.stopped, self._which = bool(flag.value), which.value
@@ -873,7 +876,8 @@ class _TextStream:
         return stop_strings[self._which] if self.stopped else None
 
     def rest(self):
-        """The bytes of a character that never ended, as text ("" where none)."""
+        """What is held, as text ("" where nothing is): the start of a stop string that never went on, and the
+        bytes of a character that never ended."""
         return self._piece(_capi.lib.twell_text_stream_finish)
 
     def close(self):

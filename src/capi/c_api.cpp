@@ -65,7 +65,6 @@ struct twell_tokenizer {
 struct twell_text_stream {
   std::unique_ptr<twell::model::TextStream> stream;
   std::string piece;  // what the last put or finish returned (the caller reads it until the next call)
-  std::vector<std::string> stop_strings;  // as stop_at was given them
 };
 static_assert(TWELL_DEVICE_CPU == static_cast<int>(twell::Device::cpu) &&
               TWELL_DEVICE_CUDA == static_cast<int>(twell::Device::cuda));
@@ -877,8 +876,7 @@ int twell_text_stream_stop_at(twell_text_stream* stream, const char* const* stri
       TWELL_REQUIRE(strings[i] != nullptr || lengths[i] == 0, "twell_text_stream_stop_at: string ", i, " is NULL");
       given.emplace_back(lengths[i] > 0 ? strings[i] : "", lengths[i]);
     }
-    s.stream->stop_at(given);
-    s.stop_strings = std::move(given);
+    s.stream->stop_at(std::move(given));
   });
 }
 
@@ -886,9 +884,8 @@ int twell_text_stream_stopped(const twell_text_stream* stream, int* stopped, int
   return guarded([&] {
     const twell_text_stream& s = object(stream);
     TWELL_REQUIRE(stopped != nullptr, "twell_text_stream_stopped: stopped is NULL");
-    const auto at = std::find(s.stop_strings.begin(), s.stop_strings.end(), s.stream->stopped_by());
     *stopped = s.stream->stopped() ? 1 : 0;
-    if (which != nullptr) *which = s.stream->stopped() ? static_cast<int64_t>(at - s.stop_strings.begin()) : -1;
+    if (which != nullptr) *which = s.stream->stopped_index();
   });
 }
 

@@ -232,8 +232,11 @@ void SamplingOptions::check() const {
   TWELL_REQUIRE(top_k >= 0, "sampling: top_k must be >= 0, got ", top_k);
   TWELL_REQUIRE(top_p > 0 && top_p <= 1, "sampling: top_p must be in (0, 1], got ", top_p);
   TWELL_REQUIRE(min_p >= 0 && min_p <= 1, "sampling: min_p must be in [0, 1], got ", min_p);
-  TWELL_REQUIRE(repetition_penalty > 0 && std::isfinite(repetition_penalty),
-                "sampling: repetition_penalty must be finite and > 0, got ", repetition_penalty);
+  // Applied in f32, as transformers does: a value that f32 makes 0, subnormal or inf is refused too.
+  TWELL_REQUIRE(repetition_penalty > 0 && std::isfinite(repetition_penalty) &&
+                    std::isnormal(static_cast<float>(repetition_penalty)),
+                "sampling: repetition_penalty must be finite and > 0 (a normal float: about 1.2e-38 to 3.4e38), got ",
+                repetition_penalty);
 }
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) { options.check(); }

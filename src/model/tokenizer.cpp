@@ -1662,13 +1662,13 @@ void TextStream::stop_at(std::vector<std::string> strings) {
   stop_strings_ = std::move(strings);
 }
 
-std::string TextStream::cut(std::string piece) {
-  if (stop_strings_.empty() || stopped()) return stopped() ? std::string() : piece;
+std::string TextStream::cut(std::string piece) {  // put() gives nothing once stopped: never called then
+  if (stop_strings_.empty()) return piece;
   pending_ += piece;
   // The earliest place a stop string starts (the first given among those starting there).
   size_t at = std::string::npos;
-  for (const std::string& s : stop_strings_)
-    if (const size_t p = pending_.find(s); p < at) at = p, stopped_by_ = s;
+  for (size_t k = 0; k < stop_strings_.size(); ++k)
+    if (const size_t p = pending_.find(stop_strings_[k]); p < at) at = p, stopped_index_ = static_cast<int64_t>(k);
   if (at != std::string::npos) {
     std::string shown = pending_.substr(0, at);
     pending_.clear();

@@ -149,11 +149,25 @@ TEST_F(CliModel, RunMinPOneIsGreedy) {
   EXPECT_NE(bad.out.find("--min-p: must be in [0, 1]"), std::string::npos) << bad.out;
   const CliResult ignored = run_cli(hello + " --min-p 0.5", true);
   EXPECT_NE(ignored.out.find("note: --min-p only shapes sampling"), std::string::npos) << ignored.out;
-  // --repetition-penalty applies to greedy runs too (no note); 1 is off; 0 is refused before loading.
+  // --repetition-penalty applies to greedy runs too (no note): the text of the library's generate() with
+  // it on the same model; 1 is off; 0 is refused before loading.
   EXPECT_EQ(run_cli(hello + " --repetition-penalty 1").out, greedy.out);
   const CliResult penalized = run_cli(hello + " --repetition-penalty 1.5", true);
   EXPECT_EQ(penalized.status, 0);
   EXPECT_EQ(penalized.out.find("note:"), std::string::npos) << penalized.out;
+  LlamaCpu cpu(LlamaWeights::load_dir(dir_));
+  SamplingOptions so;
+  so.repetition_penalty = 1.5;
+  so.vocab_limit = 258;
+  ByteTokenizer bytes(true, true);
+  const std::vector<int32_t> text = bytes.encode("hello");
+  std::vector<int32_t> prompt = {*bytes.bos_to_add()};
+  prompt.insert(prompt.end(), text.begin(), text.end());
+  TextStream stream(bytes, text);
+  std::string want = "hello";
+  for (const int32_t t : generate(cpu, prompt, 10, so).tokens) want += stream.put(t);
+  want += stream.finish();
+  EXPECT_NE(penalized.out.find("\n" + want + "\n"), std::string::npos) << penalized.out << "\nwant: " << want;
   const CliResult zero = run_cli(hello + " --repetition-penalty 0", true);
   EXPECT_NE(zero.status, 0);
   EXPECT_NE(zero.out.find("--repetition-penalty: must be finite and above 0"), std::string::npos) << zero.out;
@@ -186,6 +200,21 @@ TEST_F(CliModel, RunStopsAtAStopString) {
   EXPECT_NE(batch.out.find("([1] stopped: --stop \"" + stop + "\")"), std::string::npos) << batch.out;
   const CliResult other = run_cli("run " + dir_ + " --byte-tokenizer --no-stop -n 12 -p 'other' --seed 1 --stop '" + stop + "'");
   EXPECT_NE(batch.out.find("[2] " + other.out), std::string::npos) << batch.out << "\nalone: " << other.out;
+  // \xNN is a byte: the same stop as the letter itself; a control byte's note shows it as \xNN, which
+  // --stop reads back.
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(stop[0]));
+  const CliResult by_hex = run_cli(hello + " --stop '" + hex + "'", true);
+  EXPECT_NE(by_hex.out.find("\nhello" + continuation.substr(0, cut) + "\n(stopped: --stop \"" + stop + "\")\n"),
+            std::string::npos) << by_hex.out;
+  const auto control = std::find_if(continuation.begin(), continuation.end(),
+                                    [](char c) { return static_cast<unsigned char>(c) < 0x20 && c != '\n'; });
+  if (control != continuation.end()) {
+    std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(*control));
+    const CliResult at_control = run_cli(hello + " --stop '" + hex + "'", true);
+    EXPECT_NE(at_control.out.find("(stopped: --stop \"" + std::string(hex) + "\")"), std::string::npos)
+        << at_control.out;
+  }
   // Escapes: '\n' is a newline.
   const CliResult newline = run_cli(hello + " --stop '\\n'", true);
   const size_t line_end = continuation.find('\n');

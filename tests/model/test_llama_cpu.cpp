@@ -775,7 +775,7 @@ TEST(LlamaSampling, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogitsO
   Sampler off({});
   off.seen(std::vector<int32_t>{0, 1});
   EXPECT_TRUE(off.seen_ids().empty());
-  for (const double bad : {0.0, -1.0, double{NAN}, double{INFINITY}}) {
+  for (const double bad : {0.0, -1.0, double{NAN}, double{INFINITY}, 1e-50, 1e300}) {  // f32 makes 0 and inf
     SamplingOptions b;
     b.repetition_penalty = bad;
     expect_error([&] { Sampler s(b); }, {"repetition_penalty must be finite and > 0"});

@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <iostream>
 
 #include "commands.h"
@@ -16,35 +15,38 @@
 namespace twell::cli {
 namespace {
 
-// A --stop value with \n, \t, \r and \\ read as escapes (a newline is awkward to type in a shell);
-// a backslash before anything else stays as it is.
+int hex_digit(char c) {
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+// A --stop value with \n, \t, \r, \", \\ and \xNN (two hex digits: a byte) read as escapes (a newline
+// is awkward to type in a shell); a backslash before anything else stays as it is.
 std::string unescape_stop(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '\\' || i + 1 == s.size()) {
+    const char c = i + 1 < s.size() && s[i] == '\\' ? s[i + 1] : '\0';
+    if (c == 'x' && i + 3 < s.size() && hex_digit(s[i + 2]) >= 0 && hex_digit(s[i + 3]) >= 0) {
+      out += static_cast<char>(hex_digit(s[i + 2]) * 16 + hex_digit(s[i + 3]));
+      i += 3;
+    } else if (c != '\0' && std::strchr("ntr\"\\", c) != nullptr) {
+      out += c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c;
+      ++i;
+    } else {
       out += s[i];
-      continue;
     }
-    const char c = s[i + 1];
-    const char* known = std::strchr("ntr\\", c);
-    if (c == '\0' || known == nullptr) {
-      out += s[i];
-      continue;
-    }
-    out += c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : '\\';
-    ++i;
   }
   return out;
 }
 
-// A stop string as --stop would take it: \n, \t, \r, \\ and \xNN for the other control bytes, so
-// that the note stays on one line.
+// A stop string as --stop takes it (unescape_stop's inverse): \n, \t, \r, \", \\ and \xNN for the other
+// control bytes, so that the note stays on one line and can be pasted back.
 std::string escape_stop(const std::string& s) {
   std::string out;
   for (const char c : s) {
     if (c == '\n') out += "\\n";
     else if (c == '\t') out += "\\t";
     else if (c == '\r') out += "\\r";
+    else if (c == '"') out += "\\\"";
     else if (c == '\\') out += "\\\\";
     else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
       char buf[8];
@@ -108,8 +110,8 @@ void register_run(CLI::App& app) {
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
   run->add_option("--stop", *stop_texts,
                   "end the text just before this string and the generation at the token that completes it (given "
-                  "more than once: at any of them); \\n, \\t, \\r and \\\\ are read as escapes; the prompt is not "
-                  "searched")
+                  "more than once: at any of them); \\n, \\t, \\r, \\\", \\\\ and \\xNN are read as escapes; "
+                  "the prompt is not searched")
       ->allow_extra_args(false);
   args->gpu_only_options.push_back(run->add_option("--max-batch-tokens", args->gpu_max_tokens,
                   "GPU: the most tokens one forward computes (its activations' size); longer prompts run in chunks "

@@ -202,7 +202,9 @@ class TextStream {
   // `context`: ids whose text is not given (a prompt); may be empty. `tok` must outlive the stream.
   TextStream(const Tokenizer& tok, std::vector<int32_t> context, std::vector<int32_t> stops = {});
   std::string put(int32_t id);
-  std::string finish();  // a character that never ended, as U+FFFD; then nothing is held
+  // What is held: a start of a stop string that never went on, and a character that never ended (as
+  // U+FFFD); then nothing is held.
+  std::string finish();
 
   // Stop strings (`twell run --stop`, Python's stop_strings): the text ends just before the first
   // place where one of them appears in the new text, the stop string left out (the context's text is
@@ -214,8 +216,12 @@ class TextStream {
   // could never match); given before the first put().
   void stop_at(std::vector<std::string> strings);
   static void check_stop_strings(const std::vector<std::string>& strings);  // stop_at's check alone
-  bool stopped() const { return !stopped_by_.empty(); }
-  const std::string& stopped_by() const { return stopped_by_; }  // the stop string met ("" while none)
+  bool stopped() const { return stopped_index_ >= 0; }
+  // The stop string met, and its index in stop_at's list ("" and -1 while none).
+  const std::string& stopped_by() const {
+    return stopped() ? stop_strings_[static_cast<size_t>(stopped_index_)] : none_;
+  }
+  int64_t stopped_index() const { return stopped_index_; }
 
  private:
   std::string cut(std::string piece);  // a piece with the stop strings applied
@@ -227,7 +233,8 @@ class TextStream {
   std::string held_;  // the start of a character whose end has not come
   std::vector<std::string> stop_strings_;
   std::string pending_;     // whole characters held back: they could begin a stop string
-  std::string stopped_by_;  // the stop string that ended the text
+  int64_t stopped_index_ = -1;  // the stop string that ended the text
+  std::string none_;
   bool started_ = false;    // put() has been called
 };
 

@@ -1,8 +1,10 @@
 // Drawing tokens from logits on the GPU, with model::Sampler's rules (model/llama.h,
 // src/model/llama_sampling.cpp): greedy, temperature, top-k (ties at the cut kept), top-p (the
 // shortest prefix, in the order logit descending then id ascending, whose mass reaches top_p), min-p
-// (a weight of at least min_p, the top token's being 1), and the draw in id order. A cluster of 8 blocks a row, each reading an eighth of it (one SM reading
-// a whole row of 49152 took ~10 µs a pass, 154 µs at top-p; the cluster, 77): the blocks combine
+// (a weight of at least min_p, the top token's being 1), and the draw in id order; the repetition
+// penalty on a copy of the rows before (launch_repetition_penalty). A cluster of 8 blocks a row, each
+// reading an eighth of it (one SM reading a whole row of 49152 took ~10 µs a pass, 154 µs at top-p;
+// the cluster, 77): the blocks combine
 // their reductions and histograms in distributed shared memory and all take the same decisions.
 // What leaves the GPU is the token.
 //
