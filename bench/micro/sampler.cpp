@@ -5,7 +5,9 @@
 // row included for the host sampler as a decode step pays it). Rows: V = 49152 (the paper's
 // vocabulary), normal logits (sd 2), the same with two outliers (+30 and -1e4: the bucketing's worst
 // case, one bucket for nearly everything), and logits of 8 distinct values, 0 to 7 (ties at every
-// cut; the rows of this name in the s38 results held 15, -7 to 7).
+// cut; the rows of this name in the s38 results held 15, -7 to 7). The min-p and repetition-penalty
+// modes (fifty-fifth session) draw with 2048 seen ids for the penalty, as a sequence of that length
+// holds: the GPU sampler copies the row, penalizes the copy from the ids in pinned memory, then draws.
 // Built as twell_micro_sampler with TWELL_CUDA; run: twell_micro_sampler [V].
 #include <algorithm>
 #include <chrono>
@@ -26,9 +28,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-model::SamplingOptions mode(double t, int64_t k, double p) {
+model::SamplingOptions mode(double t, int64_t k, double p, double min_p = 0, double penalty = 1) {
   model::SamplingOptions o;
-  o.temperature = t, o.top_k = k, o.top_p = p, o.seed = 1;
+  o.temperature = t, o.top_k = k, o.top_p = p, o.seed = 1, o.min_p = min_p, o.repetition_penalty = penalty;
   return o;
 }
 
@@ -56,7 +58,12 @@ int main(int argc, char** argv) {
                {"T 0.8", mode(0.8, 0, 1)},
                {"T 0.8, top-p 0.95", mode(0.8, 0, 0.95)},
                {"top-k 50", mode(1, 50, 1)},
-               {"top-k 50, top-p 0.9", mode(1, 50, 0.9)}};
+               {"top-k 50, top-p 0.9", mode(1, 50, 0.9)},
+               {"T 0.8, min-p 0.05", mode(0.8, 0, 1, 0.05)},
+               {"greedy, penalty 1.2", mode(0, 0, 1, 0, 1.2)},
+               {"T 0.8, penalty 1.2", mode(0.8, 0, 1, 0, 1.2)}};
+  std::vector<int32_t> seen(static_cast<size_t>(std::min<int64_t>(V, 2048)));  // a sequence's ids, for the penalty
+  for (size_t i = 0; i < seen.size(); ++i) seen[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(V));
   cuda::DeviceBuffer logits(V * 4);
   float* d = logits.as<float>();
   cudaStream_t stream;
@@ -73,6 +80,7 @@ int main(int argc, char** argv) {
     TWELL_CUDA_CHECK(cudaMemcpy(d, r.x.data(), V * 4, cudaMemcpyHostToDevice));
     for (const auto& m : modes) {
       model::Sampler hs(m.o), gs(m.o);
+      hs.seen(seen), gs.seen(seen);  // kept only where the penalty is on
       const TensorView hv(r.x.data(), DType::f32, {V});
       for (int i = 0; i < 64; ++i) {
         const int32_t a = hs.sample(hv), b = gpu.sample(dv, gs, stream)[0];
