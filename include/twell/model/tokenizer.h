@@ -218,9 +218,7 @@ class TextStream {
   static void check_stop_strings(const std::vector<std::string>& strings);  // stop_at's check alone
   bool stopped() const { return stopped_index_ >= 0; }
   // The stop string met, and its index in stop_at's list ("" and -1 while none).
-  const std::string& stopped_by() const {
-    return stopped() ? stop_strings_[static_cast<size_t>(stopped_index_)] : none_;
-  }
+  std::string stopped_by() const { return stopped() ? stop_strings_[static_cast<size_t>(stopped_index_)] : ""; }
   int64_t stopped_index() const { return stopped_index_; }
 
  private:
@@ -234,7 +232,6 @@ class TextStream {
   std::vector<std::string> stop_strings_;
   std::string pending_;     // whole characters held back: they could begin a stop string
   int64_t stopped_index_ = -1;  // the stop string that ended the text
-  std::string none_;
   bool started_ = false;    // put() has been called
 };
 
