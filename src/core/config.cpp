@@ -384,6 +384,16 @@ ModelConfig read_config(const std::string& path) {
     for (int32_t id : read_token_ids(root, "eos_token_id", gen))
       if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
         c.eos_token_ids.push_back(id);
+    GenerationDefaults& g = c.generation;
+    g.source = gen;
+    if (const json* v = find_key(root, "do_sample")) {
+      if (!v->is_boolean()) wrong_type(gen, "do_sample", "true or false", *v);
+      g.do_sample = v->get<bool>();
+    }
+    for (auto [key, field] : {std::pair{"temperature", &g.temperature}, std::pair{"top_p", &g.top_p},
+                              std::pair{"min_p", &g.min_p}, std::pair{"repetition_penalty", &g.repetition_penalty}})
+      if (double v = 0; read_number(root, key, gen, &v)) *field = v;
+    if (int64_t v = 0; read_int(root, "top_k", gen, &v)) g.top_k = v;
   }
   return c;
 }

@@ -60,9 +60,9 @@ std::vector<int32_t> DeviceSampler::sample(const TensorView& logits, const std::
     for (int64_t r = 0; r < rows; ++r) u[r] = samplers[r] ? samplers[r]->next_uniform() : 0.0;
   }
   a.logits = static_cast<const float*>(logits.data);
-  if (o.repetition_penalty != 1) {  // a copy of the rows with each sampler's seen ids penalized
-    size_t count = 0;
-    for (const model::Sampler* s : samplers) count += s ? s->seen_ids().size() : 0;
+  size_t count = 0;  // the seen ids, for the repetition penalty (kept only where it is on)
+  for (const model::Sampler* s : samplers) count += s ? s->seen_ids().size() : 0;
+  if (count > 0) {  // the rows (or a copy) with each sampler's seen ids penalized, as model::Sampler::penalized
     const size_t bytes = static_cast<size_t>(rows + 1) * sizeof(int64_t) + count * sizeof(int32_t);
     if (seen_.bytes() < bytes) seen_.reserve(std::max(bytes, 2 * seen_.bytes()));  // grows a token at a time
     auto* offsets = seen_.as<int64_t>();

@@ -239,6 +239,25 @@ void SamplingOptions::check() const {
                 repetition_penalty);
 }
 
+SamplingOptions generation_sampling(const io::GenerationDefaults& g) {
+  SamplingOptions o;
+  o.repetition_penalty = g.repetition_penalty.value_or(1.0);
+  if (g.do_sample.value_or(false)) {
+    o.temperature = g.temperature.value_or(1.0);
+    o.top_k = g.top_k.value_or(50);
+    o.top_p = g.top_p.value_or(1.0);
+    o.min_p = g.min_p.value_or(0.0);
+  }
+  try {
+    o.check();
+  } catch (const Error& e) {  // "sampling: top_p must be ..." as "<file>: top_p must be ..."
+    std::string what = e.what();
+    if (what.rfind("sampling: ", 0) == 0) what.erase(0, 10);
+    throw Error(str(g.source.empty() ? "generation config" : g.source, ": ", what));
+  }
+  return o;
+}
+
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) { options.check(); }
 
 double Sampler::next_uniform() {

@@ -446,6 +446,33 @@ TEST_F(ConfigFile, GenerationConfigAddsEosIds) {
   expect_error([&] { io::read_config(dir_); }, {"generation_config.json", "'eos_token_id' must be a token id"});
 }
 
+// Its sampling keys are kept as the file gives them (null as absent), type-checked; config.json alone
+// has none.
+TEST_F(ConfigFile, GenerationConfigGivesSamplingDefaults) {
+  write_file(path("config.json"), minimal(""));
+  EXPECT_FALSE(io::read_config(dir_).generation.any());
+  write_file(path("generation_config.json"), R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "top_k": null,
+      "min_p": 0, "repetition_penalty": 1, "max_new_tokens": 100})");
+  const io::GenerationDefaults g = io::read_config(dir_).generation;
+  EXPECT_TRUE(g.any());
+  EXPECT_EQ(g.source, dir_ + "/generation_config.json");
+  EXPECT_EQ(g.do_sample, true);
+  EXPECT_EQ(g.temperature, 0.6);
+  EXPECT_EQ(g.top_p, 0.9);
+  EXPECT_FALSE(g.top_k.has_value());
+  EXPECT_EQ(g.min_p, 0.0);
+  EXPECT_EQ(g.repetition_penalty, 1.0);
+  EXPECT_FALSE(io::read_config(path("config.json")).generation.any());  // the file alone
+  write_file(path("generation_config.json"), R"({"top_k": 40})");
+  EXPECT_EQ(io::read_config(dir_).generation.top_k, 40);
+  write_file(path("generation_config.json"), R"({"top_k": 0.5})");
+  expect_error([&] { io::read_config(dir_); }, {"generation_config.json", "'top_k' must be an integer"});
+  write_file(path("generation_config.json"), R"({"temperature": "hot"})");
+  expect_error([&] { io::read_config(dir_); }, {"generation_config.json", "'temperature' must be a number"});
+  write_file(path("generation_config.json"), R"({"do_sample": 1})");
+  expect_error([&] { io::read_config(dir_); }, {"generation_config.json", "'do_sample' must be true or false"});
+}
+
 TEST_F(ConfigFile, ReadErrorsNameTheFile) {
   expect_error([&] { io::read_config(dir_); }, {dir_, "not a model directory (no config.json)"});
   expect_error([&] { io::read_config(path("config.json")); }, {dir_ + "/config.json", "cannot read"});

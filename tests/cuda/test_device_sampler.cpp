@@ -126,14 +126,16 @@ TEST(DeviceSampler, RepetitionPenaltyDrawsTheHostsTokens) {
     const Tensor logits = make_logits(Kind::peaked, rows, V, 77);
     const DeviceBuffer d = upload_f32(logits);
     for (SamplingOptions o : {options(0), options(1.0, 0, 0.9, 31), options(0.7, 20, 1, 32)})
-      for (const double penalty : {1.3, 0.7, 50.0}) {
+      for (const double penalty : {1.3, 0.7, 50.0, 2.0}) {
         o.repetition_penalty = penalty;
         std::vector<Sampler> host(static_cast<size_t>(rows), Sampler(o)), dev = host;
         std::vector<Sampler*> by_row;
         std::vector<int32_t> want;
         for (int64_t r = 0; r < rows; ++r) {
-          // Row r has seen ids 3 (the peak), r, and a few more, some past V's end for the small rows.
-          const std::vector<int32_t> seen = {3, static_cast<int32_t>(r), static_cast<int32_t>((r * 31) % V), 96, 5000};
+          // Row r has seen ids 3 (the peak), r, and a few more, some past V's end for the small rows; the
+          // last row none, and at penalty 2 no row any (the penalty then changes nothing).
+          std::vector<int32_t> seen = {3, static_cast<int32_t>(r), static_cast<int32_t>((r * 31) % V), 96, 5000};
+          if (r == rows - 1 || penalty == 2.0) seen.clear();
           host[r].seen(seen), dev[r].seen(seen);
           want.push_back(host[r].sample(TensorView(logits.ptr<float>() + r * V, DType::f32, {V})));
           by_row.push_back(&dev[r]);

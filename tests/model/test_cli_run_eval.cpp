@@ -173,6 +173,45 @@ TEST_F(CliModel, RunMinPOneIsGreedy) {
   EXPECT_NE(zero.out.find("--repetition-penalty: must be finite and above 0"), std::string::npos) << zero.out;
 }
 
+// A generation_config.json's sampling keys set the options not given, as transformers' generate() takes
+// them (greedy unless do_sample; top_k 50 by default with it), said in a note; an option given wins,
+// --generation-config ignore drops them all, and a value out of range is refused naming the file.
+TEST_F(CliModel, RunTakesTheGenerationConfigsSampling) {
+  const std::string hello = "run " + dir_ + " --byte-tokenizer --no-stop -p 'hello' -n 10";
+  const std::string gen = dir_ + "/generation_config.json";
+  const CliResult greedy = run_cli(hello);
+  const CliResult sampled = run_cli(hello + " --temperature 1.5 --top-k 50 --top-p 0.9 --seed 2");
+  const CliResult penalized = run_cli(hello + " --repetition-penalty 1.5");
+  ASSERT_EQ(greedy.status, 0);
+  ASSERT_NE(sampled.out, greedy.out) << "the test needs a sampled text unlike the greedy one";
+  ASSERT_NE(penalized.out, greedy.out) << "the test needs a penalized text unlike the greedy one";
+
+  test::write_file(gen, R"({"do_sample": true, "temperature": 1.5, "top_p": 0.9, "eos_token_id": 257})");
+  const CliResult r = run_cli(hello + " --seed 2", true);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("note: --temperature 1.5, --top-k 50, --top-p 0.9 from " + gen), std::string::npos) << r.out;
+  EXPECT_EQ(run_cli(hello + " --seed 2").out, sampled.out);
+  const CliResult given = run_cli(hello + " --temperature 0", true);  // given: greedy, and no note of the others
+  EXPECT_EQ(given.out.find("note:"), std::string::npos) << given.out;
+  EXPECT_EQ(run_cli(hello + " --temperature 0").out, greedy.out);
+  EXPECT_EQ(run_cli(hello + " --generation-config ignore").out, greedy.out);
+
+  test::write_file(gen, R"({"do_sample": false, "temperature": 0.6, "repetition_penalty": 1.5})");  // greedy, penalized
+  EXPECT_EQ(run_cli(hello).out, penalized.out);
+  EXPECT_EQ(run_cli(hello + " --repetition-penalty 1").out, greedy.out);
+
+  test::write_file(gen, R"({"do_sample": true, "top_p": 0})");
+  const CliResult bad = run_cli(hello, true);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find(gen + ": top_p must be in (0, 1], got 0"), std::string::npos) << bad.out;
+  EXPECT_EQ(run_cli(hello + " --generation-config ignore").out, greedy.out);
+  test::write_file(gen, R"({"do_sample": "yes"})");
+  const CliResult wrong = run_cli(hello, true);
+  EXPECT_NE(wrong.status, 0);
+  EXPECT_NE(wrong.out.find("key 'do_sample' must be true or false, got string"), std::string::npos) << wrong.out;
+  EXPECT_NE(run_cli(hello + " --generation-config none", true).status, 0);
+}
+
 // --stop: the text ends before the stop string, the run at the token that completes it, and it says
 // so; a batch cuts each prompt's text on its own; an empty stop string is refused before loading.
 TEST_F(CliModel, RunStopsAtAStopString) {

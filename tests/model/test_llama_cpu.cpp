@@ -729,6 +729,38 @@ TEST(LlamaSampling, FrequenciesFollowSoftmaxAndFilters) {
 // min-p keeps the tokens at least min_p times as likely as the most likely one (HF's MinPLogitsWarper,
 // after top-p): p = [.1, .2, .3, .4] at min_p 0.45 keeps {1, 2, 3}, drawn in proportion; min_p 1 is
 // greedy but for ties.
+// generation_config.json's keys as transformers' generate() takes them: greedy unless do_sample, which
+// brings temperature 1 and top_k 50 where unset; repetition_penalty either way; ranges checked naming
+// the file.
+TEST(LlamaSampling, GenerationSamplingFollowsTransformersDefaults) {
+  io::GenerationDefaults g;
+  g.source = "m/generation_config.json";
+  SamplingOptions o = generation_sampling(g);
+  EXPECT_TRUE(o.same_rules(SamplingOptions()));
+  g.temperature = 0.6, g.top_p = 0.9, g.repetition_penalty = 1.2;
+  o = generation_sampling(g);  // no do_sample: greedy, penalized
+  EXPECT_EQ(o.temperature, 0);
+  EXPECT_EQ(o.top_p, 1);
+  EXPECT_EQ(o.repetition_penalty, 1.2);
+  g.do_sample = true;
+  o = generation_sampling(g);
+  EXPECT_EQ(o.temperature, 0.6);
+  EXPECT_EQ(o.top_k, 50);
+  EXPECT_EQ(o.top_p, 0.9);
+  EXPECT_EQ(o.min_p, 0);
+  g.temperature.reset(), g.top_k = 0, g.min_p = 0.05;
+  o = generation_sampling(g);
+  EXPECT_EQ(o.temperature, 1);
+  EXPECT_EQ(o.top_k, 0);
+  EXPECT_EQ(o.min_p, 0.05);
+  g.top_p = 0;
+  expect_error([&] { generation_sampling(g); }, {"m/generation_config.json: top_p must be in (0, 1], got 0"});
+  g.top_p.reset(), g.do_sample = false, g.top_k = -3;  // unused, greedy: not checked
+  EXPECT_NO_THROW(generation_sampling(g));
+  g.repetition_penalty = -1;
+  expect_error([&] { generation_sampling(g); }, {"m/generation_config.json: repetition_penalty must be finite and > 0"});
+}
+
 TEST(LlamaSampling, MinPKeepsTokensNearTheMostLikely) {
   const Tensor four = logit_row({std::log(.1f), std::log(.2f), std::log(.3f), std::log(.4f)});
   EXPECT_EQ(Sampler({1.0, 0, 1.0, 0, 0, 0.45}).candidates(four), (std::vector<int32_t>{1, 2, 3}));

@@ -85,27 +85,37 @@ void register_run(CLI::App& app) {
   run->add_option("-n,--max-tokens", *max_tokens, "tokens to generate at most")
       ->check(at_least(0))
       ->capture_default_str();
-  run->add_option("--temperature", sampling->temperature, "0 = greedy")
-      ->check(real_in(0, false, HUGE_VAL, "finite and at least 0"))
-      ->capture_default_str();
+  CLI::Option* temperature = run->add_option("--temperature", sampling->temperature, "0 = greedy")
+                                  ->check(real_in(0, false, HUGE_VAL, "finite and at least 0"))
+                                  ->capture_default_str();
+  CLI::Option* top_k = run->add_option("--top-k", sampling->top_k, "sample from the k most likely tokens (0 = all)")
+                           ->check(at_least(0))
+                           ->capture_default_str();
+  CLI::Option* top_p = run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")
+                           ->check(real_in(0, true, 1, "in (0, 1]"))
+                           ->capture_default_str();
+  CLI::Option* min_p = run->add_option("--min-p", sampling->min_p,
+                                       "keep only tokens at least this many times as likely as the most likely one "
+                                       "(after --top-k and --top-p, as transformers applies it; 0 = all)")
+                           ->check(real_in(0, false, 1, "in [0, 1]"))
+                           ->capture_default_str();
+  CLI::Option* seed = run->add_option("--seed", sampling->seed, "sampling seed (a run repeats its tokens unless it changes)")
+                          ->check(seed_value())
+                          ->capture_default_str();
+  CLI::Option* penalty = run->add_option("--repetition-penalty", sampling->repetition_penalty,
+                                         "divide the logit of every token the text holds so far by this where "
+                                         "positive, multiply where negative (transformers' repetition_penalty, "
+                                         "greedy runs included; 1 = off)")
+                             ->check(real_in(0, true, HUGE_VAL, "finite and above 0"))
+                             ->capture_default_str();
   // Options that shape sampling only, so that a greedy run can say it ignored them.
-  const std::vector<CLI::Option*> sampling_only = {
-      run->add_option("--top-k", sampling->top_k, "sample from the k most likely tokens (0 = all)")
-          ->check(at_least(0))
-          ->capture_default_str(),
-      run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")
-          ->check(real_in(0, true, 1, "in (0, 1]"))
-          ->capture_default_str(),
-      run->add_option("--min-p", sampling->min_p,
-                      "keep only tokens at least this many times as likely as the most likely one (after --top-k "
-                      "and --top-p, as transformers applies it; 0 = all)")
-          ->check(real_in(0, false, 1, "in [0, 1]"))
-          ->capture_default_str(),
-      run->add_option("--seed", sampling->seed, "sampling seed (a run repeats its tokens unless it changes)")->check(seed_value())->capture_default_str()};
-  run->add_option("--repetition-penalty", sampling->repetition_penalty,
-                  "divide the logit of every token the text holds so far by this where positive, multiply where "
-                  "negative (transformers' repetition_penalty, greedy runs included; 1 = off)")
-      ->check(real_in(0, true, HUGE_VAL, "finite and above 0"))
+  const std::vector<CLI::Option*> sampling_only = {top_k, top_p, min_p, seed};
+  auto generation_config = std::make_shared<std::string>("auto");
+  run->add_option("--generation-config", *generation_config,
+                  "auto: the model's generation_config.json sets the sampling options not given here (do_sample, "
+                  "temperature, top_k, top_p, min_p, repetition_penalty), as transformers' generate() takes them; "
+                  "ignore: twell's defaults (greedy)")
+      ->check(CLI::IsMember({"auto", "ignore"}))
       ->capture_default_str();
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
   run->add_option("--stop", *stop_texts,
@@ -137,6 +147,28 @@ void register_run(CLI::App& app) {
     std::vector<std::string> stop_strings;
     for (const std::string& s : *stop_texts) stop_strings.push_back(unescape_stop(s));
     model::TextStream::check_stop_strings(stop_strings);
+    const io::ModelConfig config = io::read_config(args->dir);
+    if (*generation_config == "auto" && config.generation.any()) {
+      // Each option not given takes the model's value, said in a note where it is not twell's default.
+      const model::SamplingOptions model_says = model::generation_sampling(config.generation);
+      std::string taken;
+      const auto take = [&](const CLI::Option* o, auto& field, auto value) {
+        if (o->count() > 0 || field == value) return;
+        field = value;
+        taken += str(taken.empty() ? "" : ", ", o->get_name(), " ", value);
+      };
+      take(temperature, sampling->temperature, model_says.temperature);
+      if (sampling->temperature != 0) {  // greedy (said so, or --temperature 0) has no use for the rest
+        take(top_k, sampling->top_k, model_says.top_k);
+        take(top_p, sampling->top_p, model_says.top_p);
+        take(min_p, sampling->min_p, model_says.min_p);
+      }
+      take(penalty, sampling->repetition_penalty, model_says.repetition_penalty);
+      if (!taken.empty())
+        std::fprintf(stderr, "note: %s from %s (an option given here overrides its value; --generation-config "
+                             "ignore: twell's defaults, greedy)\n",
+                     taken.c_str(), config.generation.source.c_str());
+    }
     if (sampling->temperature == 0) {
       std::string ignored;
       for (const CLI::Option* o : sampling_only)
@@ -145,7 +177,6 @@ void register_run(CLI::App& app) {
         std::fprintf(stderr, "note: %s only shape%s sampling; at --temperature 0 the run is greedy (argmax)\n",
                      ignored.c_str(), ignored.find(',') == std::string::npos ? "s" : "");
     }
-    const io::ModelConfig config = io::read_config(args->dir);
     const auto tok = args->load_tokenizer(config);
     // Each prompt's ids as HF's tokenizer(prompt) gives them (its BOS first), without the EOS some
     // tokenizers append: a prompt to continue does not end.

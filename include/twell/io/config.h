@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,18 @@ struct RopeScaling {
   Acc scale(Acc inv_freq) const;
 };
 
+// The sampling keys of a model's generation_config.json (transformers' GenerationConfig), as the file
+// gives them: unset where absent or null. Types are checked when read, ranges where they are used
+// (model::generation_sampling gives the options transformers' generate() would draw with).
+struct GenerationDefaults {
+  std::string source;  // the file they came from; empty where there was none
+  std::optional<bool> do_sample;
+  std::optional<double> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int64_t> top_k;
+
+  bool any() const { return do_sample || temperature || top_p || min_p || repetition_penalty || top_k; }
+};
+
 struct ModelConfig {
   std::string model_type = "llama";    // "llama" or "mistral" (validate() refuses others)
   int64_t hidden_size = 0;              // H, required
@@ -54,6 +67,7 @@ struct ModelConfig {
   std::string hidden_act = "silu";  // "relu" for the paper's sparse models
   std::string torch_dtype;          // e.g. "bfloat16"; also read from "dtype"; may be empty
   std::vector<int32_t> eos_token_ids;  // "eos_token_id": one id or a list; empty when absent
+  GenerationDefaults generation;       // generation_config.json's sampling keys (read_config); not in to_json
 
   // Parses config.json text, fills the defaults above and validates; `source` names the file in
   // errors. Keys we do not use are ignored.
@@ -95,7 +109,7 @@ Acc RopeScaling::scale(Acc inv_freq) const {
 // The config file a model path names: `path` itself, or `path`/config.json where it is a directory.
 std::string config_file(const std::string& path);
 // `path` is a config.json or a directory that holds one (and then also generation_config.json,
-// whose eos_token_id is added to eos_token_ids).
+// whose eos_token_id is added to eos_token_ids and whose sampling keys fill `generation`).
 ModelConfig read_config(const std::string& path);
 // Throws unless `path` is a directory (a model's: config.json, safetensors, perhaps tokenizer.json),
 // saying what it is instead: empty, a file, or nothing.

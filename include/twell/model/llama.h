@@ -280,6 +280,12 @@ struct SamplingOptions {
   }
 };
 
+// The options transformers' generate() draws with by default from a model's generation_config.json:
+// greedy unless do_sample is true, which brings temperature (default 1), top_k (default 50, as
+// GenerationConfig's), top_p (1) and min_p (0); repetition_penalty (1) either way. Seed and vocab_limit
+// are left at their defaults. Throws, naming the file, on a value out of SamplingOptions' ranges.
+SamplingOptions generation_sampling(const io::GenerationDefaults& g);
+
 // Draws tokens from logit rows. Deterministic for a seed: std::mt19937_64 and our own
 // uniform-double conversion (std distributions differ between standard libraries).
 // twell::cuda::DeviceSampler (cuda/sampler.h) draws by the same rules from logits on the GPU.
