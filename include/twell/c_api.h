@@ -35,7 +35,7 @@ extern "C" {
 /* Bumped whenever a struct or a signature below changes; twell_c_api_version() returns it. The
  * library's file name does not follow it: a program checks twell_c_api_version() == TWELL_C_API_VERSION
  * at start (examples/c_api does), so that a library of other layouts is refused, not misread. */
-#define TWELL_C_API_VERSION 7
+#define TWELL_C_API_VERSION 8
 
 enum { TWELL_OK = 0, TWELL_ERROR = 1 };
 
@@ -272,6 +272,13 @@ typedef struct {
   int64_t reserved[1]; /* 0 */
 } twell_sampling;
 TWELL_C_API void twell_sampling_init(twell_sampling* sampling); /* greedy */
+/* The options transformers' generate() draws with by default for this model, from its
+ * generation_config.json: greedy unless do_sample is true, which brings temperature (default 1),
+ * top_k (50), top_p (1) and min_p (0); repetition_penalty (1) either way; seed and vocab_limit 0.
+ * *from_file (may be NULL) receives 1 where the file gave any of these keys, else 0 (and *sampling is
+ * twell_sampling_init's). An error, naming the file, where a value is out of range. */
+TWELL_C_API int twell_model_generation_sampling(const twell_model* model, twell_sampling* sampling,
+                                                int32_t* from_file);
 
 typedef enum twell_stop_reason {
   TWELL_STOP_TOKEN = 0,        /* the last token is one of the stop tokens */

@@ -153,7 +153,7 @@ def run(folder, args):
     results["twell_prefill_tokens_per_ms"] = args.prompt_tokens / (prefill_s * 1e3)
     rates = []
     for _ in range(args.repeats):
-        model.generate(prompt, max_new_tokens=args.new_tokens, stop=False)
+        model.generate(prompt, max_new_tokens=args.new_tokens, stop=False, temperature=0)  # greedy, as HF below
         rates.append(model.last_generation["tokens_per_second"])
     results["twell_decode_tokens_per_second"] = max(rates)
 

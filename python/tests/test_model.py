@@ -243,6 +243,44 @@ class ModelOnTheCpu(unittest.TestCase):
         with self.assertWarnsRegex(UserWarning, "min_p"):
             m.generate("ab", max_new_tokens=1, min_p=0.5)
 
+    def test_generation_config_sets_the_sampling_arguments_left_none(self):
+        base = self.model
+        greedy = base.generate("ab", max_new_tokens=10, stop=False)
+        sampled = base.generate("ab", max_new_tokens=10, stop=False, temperature=1.5, top_k=50, top_p=0.9, seed=2)
+        penalized = base.generate("ab", max_new_tokens=10, stop=False, repetition_penalty=1.5)
+        self.assertFalse(base.generation_defaults["from_file"])
+        self.assertEqual(base.generation_defaults["temperature"], 0)
+        folder = tempfile.mkdtemp(prefix="twell_py_gen_")
+        self.addCleanup(shutil.rmtree, folder)
+        for name in ("config.json", "model.safetensors"):
+            os.symlink(os.path.join(self.dir, name), os.path.join(folder, name))
+        gen = os.path.join(folder, "generation_config.json")
+
+        def model_with(generation_config):
+            with open(gen, "w") as f:
+                json.dump(generation_config, f)
+            m = twell.Model(folder, device="cpu", tokenizer="bytes")
+            self.addCleanup(m.close)
+            return m
+
+        m = model_with({"do_sample": True, "temperature": 1.5, "top_p": 0.9})  # transformers' top_k 50 with it
+        self.assertEqual(m.generation_defaults, {"temperature": 1.5, "top_k": 50, "top_p": 0.9, "min_p": 0.0,
+                                                 "repetition_penalty": 1.0, "from_file": True})
+        self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, seed=2), sampled)
+        self.assertEqual(m.generate_batch(["ab"], max_new_tokens=10, stop=False, seed=2), [sampled])
+        self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=0), greedy)  # given: wins
+        m = model_with({"do_sample": False, "temperature": 0.6, "repetition_penalty": 1.5})  # greedy, penalized
+        self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), penalized)
+        self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, repetition_penalty=1), greedy)
+        m = model_with({"do_sample": True, "top_p": 0})  # loads (logits, perplexity); generate() says why not
+        self.assertEqual(len(m.logits([256, 5])), 2)
+        with self.assertRaisesRegex(twell.TwellError, "generation_config.json: top_p must be in"):
+            m.generate("ab", max_new_tokens=2)
+        with self.assertRaisesRegex(twell.TwellError, "generation_config.json: top_p must be in"):
+            m.generation_defaults
+        self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=0, top_k=0, top_p=1, min_p=0,
+                                    repetition_penalty=1), greedy)  # every argument given: the file is not used
+
     def test_stop_strings_end_the_text_before_them(self):
         m = self.model
         kw = dict(max_new_tokens=16, temperature=1.0, seed=7, stop=False)

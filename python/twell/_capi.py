@@ -11,7 +11,7 @@ import glob
 import operator
 import os
 
-API_VERSION = 7
+API_VERSION = 8
 MAX_DIMS = 4
 OK, ERROR = 0, 1
 BF16, F16, F32, F64 = 0, 1, 2, 3
@@ -197,6 +197,7 @@ _sig = {
     "twell_model_perplexity": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64,
                                               _P(ctypes.c_double), _P(ctypes.c_double)]),
     "twell_sampling_init": (None, [_P(Sampling)]),
+    "twell_model_generation_sampling": (ctypes.c_int, [ctypes.c_void_p, _P(Sampling), _P(ctypes.c_int32)]),
     "twell_model_generate": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, ctypes.c_int64,
                                             _P(Sampling), _P(ctypes.c_int32), ctypes.c_int64, TOKEN_FN,
                                             ctypes.c_void_p, _P(ctypes.c_int32), _P(Generation)]),

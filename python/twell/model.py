@@ -297,6 +297,15 @@ class Model(_OwnsAHandle):
         eos = (ctypes.c_int32 * max(n.value, 1))()
         _capi.check(_capi.lib.twell_model_eos_ids(self._handle, eos, n.value, ctypes.byref(n)))
         self.eos_ids = list(eos[:n.value])  # config.json's and generation_config.json's
+        s, from_file = _capi.Sampling(), ctypes.c_int32()
+        try:
+            _capi.check(_capi.lib.twell_model_generation_sampling(self._handle, ctypes.byref(s),
+                                                                  ctypes.byref(from_file)))
+            self._generation_defaults = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+                                         "min_p": s.min_p, "repetition_penalty": s.repetition_penalty,
+                                         "from_file": bool(from_file.value)}
+        except TwellError as e:
+            self._generation_defaults = str(e)
         self.tokenizer = None
         # lexists: a link to nothing is the loader's to report, as `twell run` does, not a model without one
         if tokenizer == "bytes" or (tokenizer == "auto" and
@@ -457,7 +466,28 @@ class Model(_OwnsAHandle):
             return []
         return _id_list(stop, "stop (True, False, or a list of ids)")
 
-    def _sampling(self, temperature, top_k, top_p, seed, min_p=0.0, repetition_penalty=1.0):
+    @property
+    def generation_defaults(self):
+        """The sampling options generate() takes where an argument is None (its default): transformers'
+        defaults from the model's generation_config.json (greedy unless its do_sample is true, which brings
+        temperature 1, top_k 50, top_p 1 and min_p 0 where unset; its repetition_penalty either way), as
+        `twell run` takes them; twell's (greedy) where the file gives none. A dict of temperature, top_k, top_p,
+        min_p and repetition_penalty, with "from_file": whether the file gave any."""
+        if isinstance(self._generation_defaults, str):  # a value out of range: said where it is used
+            raise TwellError(self._generation_defaults)
+        return dict(self._generation_defaults)
+
+    def _sampling(self, temperature, top_k, top_p, seed, min_p, repetition_penalty):
+        # None: the model's default (generation_config.json), as `twell run` takes it for an option not given;
+        # the rest only where the temperature it ends with samples.
+        if None in (temperature, top_k, top_p, min_p, repetition_penalty):
+            d = self.generation_defaults
+            temperature = d["temperature"] if temperature is None else temperature
+            repetition_penalty = d["repetition_penalty"] if repetition_penalty is None else repetition_penalty
+            greedy = not isinstance(temperature, (str, bytes)) and temperature == 0
+            top_k = (0 if greedy else d["top_k"]) if top_k is None else top_k
+            top_p = (1.0 if greedy else d["top_p"]) if top_p is None else top_p
+            min_p = (0.0 if greedy else d["min_p"]) if min_p is None else min_p
         # Integers as `twell run` takes them: no silent truncation of 2.7 or wrap-around of -1 or 2**64.
         top_k = _int(top_k, "top_k", 0, expected="an integer of at least 0 (0: all)")
         seed = _int(seed, "seed", 0, 2**64, "an integer in [0, 2**64)")
@@ -484,15 +514,17 @@ class Model(_OwnsAHandle):
             s.vocab_limit = self.tokenizer.vocab_size
         return s
 
-    def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
-                 stream=None, stop_strings=None, min_p=0.0, repetition_penalty=1.0):
+    def generate(self, prompt, max_new_tokens=64, temperature=None, top_k=None, top_p=None, seed=0, stop=True,
+                 stream=None, stop_strings=None, min_p=None, repetition_penalty=None):
         """Continues prompt (a str or its UTF-8 bytes, or a list of ids) with up to max_new_tokens tokens:
         greedy at temperature 0, else sampled (top_k, top_p, then min_p, in transformers' order; seed: the
         same seed draws the same tokens as `twell run --seed` on the same backend; the CPU's and the GPU's
         logits round differently). repetition_penalty (1: off; above 1 discourages repeats, below 1
         encourages them) divides the logit of each id the sequence holds (the prompt's, BOS and special
         tokens included, and the new ones) where positive and multiplies it where negative, before the
-        rest, greedy included, as transformers' repetition_penalty does.
+        rest, greedy included, as transformers' repetition_penalty does. A sampling argument left None is
+        the model's `generation_defaults` (its generation_config.json's, as transformers' generate() takes
+        them; without one: greedy, top_k 0, top_p 1, min_p 0, repetition_penalty 1).
 
         stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
         list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before
@@ -564,8 +596,8 @@ class Model(_OwnsAHandle):
         with _streams_open([streamer]):
             return "".join(streamer.add(t) for t in new) + streamer.rest()
 
-    def generate_batch(self, prompts, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=True,
-                       stream=None, stop_strings=None, min_p=0.0, repetition_penalty=1.0):
+    def generate_batch(self, prompts, max_new_tokens=64, temperature=None, top_k=None, top_p=None, seed=0, stop=True,
+                       stream=None, stop_strings=None, min_p=None, repetition_penalty=None):
         """generate() for several prompts at once (each a str or a list of ids, of any lengths; at most
         max_batch of them, which Model(max_batch=...) sets on the GPU): one batched forward a step, each
         prompt stopping on its own. Prompt i draws with seed + i, so that where the logits have the same

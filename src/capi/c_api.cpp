@@ -641,6 +641,22 @@ int twell_model_eos_ids(const twell_model* model, int32_t* ids, int64_t capacity
   });
 }
 
+int twell_model_generation_sampling(const twell_model* model, twell_sampling* sampling, int32_t* from_file) {
+  return guarded([&] {
+    TWELL_REQUIRE(model != nullptr && model->model, "twell_model: NULL");
+    TWELL_REQUIRE(sampling != nullptr, "twell_model_generation_sampling: sampling is NULL");
+    const io::GenerationDefaults& g = model->model->config().generation;
+    const model::SamplingOptions o = model::generation_sampling(g);  // throws before anything is written
+    twell_sampling_init(sampling);
+    sampling->temperature = o.temperature;
+    sampling->top_k = o.top_k;
+    sampling->top_p = o.top_p;
+    sampling->min_p = o.min_p;
+    sampling->repetition_penalty = o.repetition_penalty;
+    if (from_file) *from_file = g.any() ? 1 : 0;
+  });
+}
+
 int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, double* mean_nll, double* perplexity) {
   return guarded([&] {
     const std::vector<int32_t> v = id_vector(ids, n, "twell_model_perplexity");

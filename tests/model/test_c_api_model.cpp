@@ -230,6 +230,45 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
 
 // A batch of prompts of different lengths: model::generate_batch's tokens, laid out max_new_tokens
 // a sequence; a callback that stops one sequence; offsets that do not describe prompts are refused.
+// The sampling options of generation_config.json, as model::generation_sampling gives them; none where
+// there is no file; a value out of range refused, leaving *sampling as it was.
+TEST_F(CApiModel, GenerationSamplingIsTheGenerationConfigs) {
+  twell_model* m = load();
+  ASSERT_NE(m, nullptr);
+  twell_sampling s;
+  int32_t from_file = -1;
+  ASSERT_EQ(twell_model_generation_sampling(m, &s, &from_file), TWELL_OK) << error_text();
+  EXPECT_EQ(from_file, 0);
+  EXPECT_EQ(s.temperature, 0);
+  EXPECT_EQ(s.top_p, 1);
+  EXPECT_EQ(s.repetition_penalty, 1);
+  twell_model_destroy(m);
+  test::write_file(dir_ + "/generation_config.json", R"({"do_sample": true, "temperature": 0.7, "min_p": 0.1,
+      "repetition_penalty": 1.1})");
+  m = load();
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(twell_model_generation_sampling(m, &s, &from_file), TWELL_OK) << error_text();
+  EXPECT_EQ(from_file, 1);
+  EXPECT_EQ(s.temperature, 0.7);
+  EXPECT_EQ(s.top_k, 50);
+  EXPECT_EQ(s.top_p, 1);
+  EXPECT_EQ(s.min_p, 0.1);
+  EXPECT_EQ(s.repetition_penalty, 1.1);
+  EXPECT_EQ(s.seed, 0u);
+  EXPECT_EQ(twell_model_generation_sampling(m, nullptr, nullptr), TWELL_ERROR);
+  EXPECT_NE(error_text().find("sampling is NULL"), std::string::npos) << error_text();
+  twell_model_destroy(m);
+  test::write_file(dir_ + "/generation_config.json", R"({"do_sample": true, "temperature": -1})");
+  m = load();
+  ASSERT_NE(m, nullptr);
+  s.top_k = 77;
+  EXPECT_EQ(twell_model_generation_sampling(m, &s, nullptr), TWELL_ERROR);
+  EXPECT_NE(error_text().find("generation_config.json: temperature must be finite and >= 0"), std::string::npos)
+      << error_text();
+  EXPECT_EQ(s.top_k, 77);
+  twell_model_destroy(m);
+}
+
 TEST_F(CApiModel, BatchGenerationIsTheCppBatch) {
   twell_model* m = load();
   ASSERT_NE(m, nullptr);
