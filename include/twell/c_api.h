@@ -346,6 +346,10 @@ TWELL_C_API int twell_tokenizer_get_info(const twell_tokenizer* tokenizer, twell
  * written, so a caller whose *n came back larger calls again with room for *n. */
 TWELL_C_API int twell_tokenizer_encode(const twell_tokenizer* tokenizer, const char* text, size_t len, int32_t* ids,
                                        int64_t capacity, int64_t* n);
+/* The ids HF's decode(skip_special_tokens=True) leaves out, ascending: the added tokens marked special,
+ * BOS and EOS. *n receives their count; at most capacity are written, as for encode. */
+TWELL_C_API int twell_tokenizer_special_ids(const twell_tokenizer* tokenizer, int32_t* ids, int64_t capacity,
+                                            int64_t* n);
 /* The bytes ids[0..n) stand for (not NUL-terminated): *len receives their count, at most capacity
  * are written, as for encode. */
 TWELL_C_API int twell_tokenizer_decode(const twell_tokenizer* tokenizer, const int32_t* ids, int64_t n, char* text,

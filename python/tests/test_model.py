@@ -778,5 +778,38 @@ class MetaspaceTokenizer(unittest.TestCase):
             shutil.rmtree(folder)
 
 
+class SpecialTokens(unittest.TestCase):
+    """skip_special_tokens, as HF's decode(skip_special_tokens=True): the byte-level BPE fixture's special added
+    tokens (<|endoftext|> 0, <mask> 305, <sep> 306) leave the text, the rest stays as it was."""
+
+    def test_skip_special_tokens_leaves_them_out(self):
+        fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "model", "data",
+                               "bpe_gpt2.json")
+        folder = tempfile.mkdtemp(prefix="twell_py_special_")
+        self.addCleanup(shutil.rmtree, folder)
+        write_model(folder, dict(CONFIG, vocab_size=310))
+        shutil.copy(fixture, os.path.join(folder, "tokenizer.json"))
+        with twell.Model(folder, device="cpu") as m:
+            tok = m.tokenizer
+            self.assertEqual(tok.special_ids, [0, 305, 306])
+            ids = tok.encode("a<sep>b<mask> c<word>")
+            self.assertIn(306, ids)
+            self.assertEqual(tok.decode(ids), "a<sep>b<mask> c<word>")
+            self.assertEqual(tok.decode(ids, skip_special_tokens=True), "ab c<word>")
+            kw = dict(max_new_tokens=60, temperature=50.0, seed=5, stop=False)
+            kept = m.generate_batch(["a<sep>b"] * 16, **kw)
+            skipped = m.generate_batch(["a<sep>b"] * 16, skip_special_tokens=True, **kw)
+            specials = sum(t.count(s) for t in kept for s in ("<|endoftext|>", "<mask>", "<sep>"))
+            self.assertGreater(specials, 0, "the test needs special tokens in the new text")
+            for a, b in zip(kept, skipped):
+                for s in ("<|endoftext|>", "<mask>", "<sep>"):
+                    a = a.replace(s, "")
+                self.assertEqual(a, b)
+            pieces = []
+            one = m.generate("a<sep>b", skip_special_tokens=True, stream=pieces.append, **kw)
+            self.assertEqual(one, skipped[0])
+            self.assertEqual("".join(pieces), one)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -210,6 +210,8 @@ _sig = {
     "twell_tokenizer_get_info": (ctypes.c_int, [ctypes.c_void_p, _P(TokenizerInfo)]),
     "twell_tokenizer_encode": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, _P(ctypes.c_int32),
                                               ctypes.c_int64, _P(ctypes.c_int64)]),
+    "twell_tokenizer_special_ids": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64,
+                                                   _P(ctypes.c_int64)]),
     "twell_tokenizer_decode": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, ctypes.c_char_p,
                                               ctypes.c_size_t, _P(ctypes.c_size_t)]),
     "twell_text_stream_create": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64,

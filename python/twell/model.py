@@ -128,6 +128,12 @@ class Tokenizer(_OwnsAHandle):
         self.bos_id, self.eos_id = optional(info.bos_id), optional(info.eos_id)
         # What HuggingFace's tokenizer(text) puts before and after a text (add_special_tokens=True).
         self.bos_to_add, self.eos_to_add = optional(info.bos_to_add), optional(info.eos_to_add)
+        # What HF's decode(skip_special_tokens=True) leaves out: the added tokens marked special, BOS, EOS.
+        n = ctypes.c_int64()
+        _capi.check(_capi.lib.twell_tokenizer_special_ids(self._handle, None, 0, ctypes.byref(n)))
+        special = (ctypes.c_int32 * max(n.value, 1))()
+        _capi.check(_capi.lib.twell_tokenizer_special_ids(self._handle, special, n.value, ctypes.byref(n)))
+        self.special_ids = list(special[:n.value])
 
     @contextlib.contextmanager
     def _using(self):
@@ -157,8 +163,12 @@ class Tokenizer(_OwnsAHandle):
                   ([self.eos_to_add] if self.eos_to_add is not None else [])
         return out
 
-    def decode_bytes(self, ids):
-        """The bytes the ids stand for (a token may end inside a UTF-8 character)."""
+    def decode_bytes(self, ids, skip_special_tokens=False):
+        """The bytes the ids stand for (a token may end inside a UTF-8 character); skip_special_tokens leaves
+        special_ids out, as HF's decode(skip_special_tokens=True)."""
+        if skip_special_tokens:
+            special = set(self.special_ids)
+            ids = [i for i in _id_list(ids) if i not in special]
         c_ids, n = _ids(ids)
         length = ctypes.c_size_t()
         capacity = 16 * n + 16
@@ -170,9 +180,9 @@ class Tokenizer(_OwnsAHandle):
                 return buf.raw[:length.value]
             capacity = length.value
 
-    def decode(self, ids):
-        """The text the ids stand for; bytes that are not UTF-8 become U+FFFD."""
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+    def decode(self, ids, skip_special_tokens=False):
+        """The text the ids stand for; bytes that are not UTF-8 become U+FFFD. skip_special_tokens: as HF's."""
+        return self.decode_bytes(ids, skip_special_tokens).decode("utf-8", errors="replace")
 
     def close(self):
         """Frees the tokenizer now; refused while a generation's text stream reads it."""
@@ -515,7 +525,7 @@ class Model(_OwnsAHandle):
         return s
 
     def generate(self, prompt, max_new_tokens=64, temperature=None, top_k=None, top_p=None, seed=0, stop=True,
-                 stream=None, stop_strings=None, min_p=None, repetition_penalty=None):
+                 stream=None, stop_strings=None, min_p=None, repetition_penalty=None, skip_special_tokens=False):
         """Continues prompt (a str or its UTF-8 bytes, or a list of ids) with up to max_new_tokens tokens:
         greedy at temperature 0, else sampled (top_k, top_p, then min_p, in transformers' order; seed: the
         same seed draws the same tokens as `twell run --seed` on the same backend; the CPU's and the GPU's
@@ -530,8 +540,9 @@ class Model(_OwnsAHandle):
         list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before
         the first place one appears in the new text (where one token completes two, the one that starts
         earlier), and the generation at the token that completes it (`twell run --stop`; the prompt's
-        text is not searched). stream: a callable that receives the text
-        as it comes (text prompts) or each id (id prompts); returning True from it stops the generation
+        text is not searched). skip_special_tokens: the text leaves the tokenizer's special_ids out, as HF's
+        decode(skip_special_tokens=True) and `twell run --skip-special-tokens`. stream: a callable that
+        receives the text as it comes (text prompts) or each id (id prompts); returning True from it stops the generation
         (True itself: print's None and sys.stdout.write's count go on). Returns the new text (without the
         prompt, the stop token, or a stop string and what follows it) for a text prompt, as the stream
         gives it, else the new ids. `last_generation` then holds the ids, why it stopped ("stop_string"
@@ -549,7 +560,7 @@ class Model(_OwnsAHandle):
         stops = self._stop_ids(stop)
         s = self._sampling(temperature, top_k, top_p, seed, min_p, repetition_penalty)
 
-        streamer = _TextStream(self.tokenizer, text_ids, stops, stop_strings) \
+        streamer = _TextStream(self.tokenizer, text_ids, stops, stop_strings, skip_special_tokens) \
             if text_prompt and (stream is not None or stop_strings) else None
         state = {"error": None, "interrupted": False}
 
@@ -576,7 +587,7 @@ class Model(_OwnsAHandle):
             stream(tail)
         new = list(tokens[:g.n_tokens])
         self.last_generation = _generation_record(new, g, met)
-        return self._text_of(text_ids, new, stops, stop_strings) if text_prompt else new
+        return self._text_of(text_ids, new, stops, stop_strings, skip_special_tokens) if text_prompt else new
 
     def _check_one_forward(self, n, what, hint):
         if n > self.config["context"]:
@@ -588,16 +599,17 @@ class Model(_OwnsAHandle):
         buffer for them is allocated up front; room for one more, so that a full context says so)."""
         return max(0, min(max_new_tokens, self.config["context"] - min(prompt_lengths) + 2))
 
-    def _text_of(self, text_ids, new, stops, stop_strings):
+    def _text_of(self, text_ids, new, stops, stop_strings, skip_special_tokens):
         """The text the new ids add to a text prompt's, as the stream gives it and `twell run` prints it (a
         tokenizer may decode ids alone otherwise: Llama 2's drops a leading space), without a stop token,
         and cut before a stop string."""
-        streamer = _TextStream(self.tokenizer, text_ids, stops, stop_strings)
+        streamer = _TextStream(self.tokenizer, text_ids, stops, stop_strings, skip_special_tokens)
         with _streams_open([streamer]):
             return "".join(streamer.add(t) for t in new) + streamer.rest()
 
     def generate_batch(self, prompts, max_new_tokens=64, temperature=None, top_k=None, top_p=None, seed=0, stop=True,
-                       stream=None, stop_strings=None, min_p=None, repetition_penalty=None):
+                       stream=None, stop_strings=None, min_p=None, repetition_penalty=None,
+                       skip_special_tokens=False):
         """generate() for several prompts at once (each a str or a list of ids, of any lengths; at most
         max_batch of them, which Model(max_batch=...) sets on the GPU): one batched forward a step, each
         prompt stopping on its own. Prompt i draws with seed + i, so that where the logits have the same
@@ -633,7 +645,7 @@ class Model(_OwnsAHandle):
         c_stops, n_stops = _ids(stops, "stop")
         s = self._sampling(temperature, top_k, top_p, seed, min_p, repetition_penalty)
         B = len(prompts)
-        streamers = [_TextStream(self.tokenizer, text_ids, stops, stop_strings)
+        streamers = [_TextStream(self.tokenizer, text_ids, stops, stop_strings, skip_special_tokens)
                      if isinstance(p, _TEXT) and (stream is not None or stop_strings) else None
                      for p, (_, text_ids) in zip(prompts, encoded)]
         state = {"error": None, "interrupted": False}
@@ -663,8 +675,8 @@ class Model(_OwnsAHandle):
         for i in range(B):
             new = list(tokens[i * room:i * room + g[i].n_tokens])
             records.append(_generation_record(new, g[i], met[i]))
-            out.append(self._text_of(encoded[i][1], new, stops, stop_strings) if isinstance(prompts[i], _TEXT)
-                       else new)
+            out.append(self._text_of(encoded[i][1], new, stops, stop_strings, skip_special_tokens)
+                       if isinstance(prompts[i], _TEXT) else new)
         self.last_generation = records  # whole, once: a reader never sees a list being filled
         return out
 
@@ -867,8 +879,12 @@ class _TextStream:
     for a stop id, and nothing from a stop string on (stopped is then True); rest() gives what is held: the
     start of a stop string that never went on and the bytes of a character that never ended."""
 
-    def __init__(self, tokenizer, prompt_ids, stops, stop_strings=()):
+    def __init__(self, tokenizer, prompt_ids, stops, stop_strings=(), skip_special_tokens=False):
         self.tokenizer = tokenizer  # the stream reads it: it must outlive the stream
+        if skip_special_tokens:  # special ids add no text, in the prompt as in the new ids (`twell run`'s)
+            stops = list(stops) + tokenizer.special_ids
+            silent = set(stops)
+            prompt_ids = [i for i in prompt_ids if i not in silent]
         c_prompt, n_prompt = _ids(prompt_ids, "prompt")
         c_stops, n_stops = _ids(stops, "stop")
         handle = ctypes.c_void_p()

@@ -823,6 +823,18 @@ int twell_tokenizer_get_info(const twell_tokenizer* tokenizer, twell_tokenizer_i
   });
 }
 
+int twell_tokenizer_special_ids(const twell_tokenizer* tokenizer, int32_t* ids, int64_t capacity, int64_t* n) {
+  return guarded([&] {
+    const model::Tokenizer& t = object(tokenizer);
+    TWELL_REQUIRE(n != nullptr, "twell_tokenizer_special_ids: n is NULL");
+    TWELL_REQUIRE(capacity >= 0 && (ids != nullptr || capacity == 0),
+                  "twell_tokenizer_special_ids: ids must have room for capacity ids");
+    const std::vector<int32_t> v = t.special_ids();
+    *n = static_cast<int64_t>(v.size());
+    std::copy_n(v.begin(), std::min<int64_t>(capacity, *n), ids);
+  });
+}
+
 int twell_tokenizer_encode(const twell_tokenizer* tokenizer, const char* text, size_t len, int32_t* ids,
                            int64_t capacity, int64_t* n) {
   return guarded([&] {

@@ -61,6 +61,13 @@ std::string ByteTokenizer::id_to_token(int32_t id) const {
   throw Error(str("ByteTokenizer: unknown token id ", id, " (vocab size ", vocab_size_, ")"));
 }
 
+std::vector<int32_t> ByteTokenizer::special_ids() const {
+  std::vector<int32_t> ids;
+  for (const std::optional<int32_t>& id : {bos_, eos_})
+    if (id) ids.push_back(*id);
+  return ids;
+}
+
 std::optional<int32_t> ByteTokenizer::token_to_id(std::string_view token) const {
   if (token.size() == 1) return static_cast<unsigned char>(token[0]);
   if (token == "<bos>") return bos_;
@@ -1173,6 +1180,17 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
                       "' (only ByteLevel is supported)"));
   }
   return tok;
+}
+
+std::vector<int32_t> BpeTokenizer::special_ids() const {
+  std::vector<int32_t> ids;
+  for (const AddedToken& t : added_)
+    if (t.special) ids.push_back(t.id);
+  for (const std::optional<int32_t>& id : {bos_, eos_})
+    if (id) ids.push_back(*id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
 }
 
 void BpeTokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos, std::optional<bool> add_bos,

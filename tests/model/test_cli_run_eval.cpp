@@ -746,6 +746,28 @@ TEST_F(CliModel, PaddedVocabularyAndEmptyPrompt) {
   EXPECT_EQ(empty.out.find("loaded "), std::string::npos) << empty.out;
 }
 
+// --skip-special-tokens: the text of each sequence without its special tokens' (the fixture's
+// <|endoftext|>, <mask> and <sep>), the rest as it was, in the prompt too; hot sampling over a batch
+// draws some of them.
+TEST_F(CliModel, SkipSpecialTokensLeavesThemOutOfTheText) {
+  const std::string model = path("special");
+  write_bpe_model(model, 14);
+  std::string batch = "run " + model + " --no-stop -n 60 --temperature 50 --seed 5";
+  for (int i = 0; i < 32; ++i) batch += " -p 'a<sep>b'";
+  const CliResult kept = run_cli(batch), skipped = run_cli(batch + " --skip-special-tokens");
+  ASSERT_EQ(kept.status, 0) << kept.out;
+  ASSERT_EQ(skipped.status, 0) << skipped.out;
+  std::string want = kept.out;
+  size_t special = 0;
+  for (const std::string s : {"<|endoftext|>", "<mask>", "<sep>"})
+    for (size_t at; (at = want.find(s)) != std::string::npos; ++special) want.erase(at, s.size());
+  EXPECT_GT(special, 32u) << "the test needs special tokens in the new text: " << kept.out;
+  // The prompts are printed as given, their <sep> too.
+  std::string skipped_out = skipped.out;
+  for (size_t at = 0; (at = skipped_out.find("a<sep>b", at)) != std::string::npos;) skipped_out.erase(at + 1, 5);
+  EXPECT_EQ(skipped_out, want);
+}
+
 // A tokenizer that puts EOS after a text (add_eos_token): eval scores it, as HF's tokenizer(text)
 // ends the text with it, one token more predicted; run does not end the prompt with it, and says so.
 TEST_F(CliModel, EosAfterATextIsScoredByEvalNotAddedToAPrompt) {

@@ -346,6 +346,17 @@ TEST(BpeTokenizer, SpecialTokensAreMatchedVerbatimAndKeepTheirIds) {
   EXPECT_FALSE(tok->bos_id());
 }
 
+// special_ids: what HF's decode(skip_special_tokens=True) leaves out: the added tokens marked special
+// (not <word>, ' spacey' or '\n\n' of the fixture), and BOS and EOS however they were named.
+TEST(BpeTokenizer, SpecialIdsAreTheSpecialAddedTokensAndBosEos) {
+  auto tok = BpeTokenizer::from_file(data_path("bpe_gpt2.json"));
+  EXPECT_EQ(tok->special_ids(), (std::vector<int32_t>{0, 305, 306}));
+  tok->set_bos_eos(7, 306);
+  EXPECT_EQ(tok->special_ids(), (std::vector<int32_t>{0, 7, 305, 306}));
+  EXPECT_EQ(ByteTokenizer(true, true).special_ids(), (std::vector<int32_t>{256, 257}));
+  EXPECT_EQ(ByteTokenizer(false, false).special_ids(), std::vector<int32_t>{});
+}
+
 TEST(BpeTokenizer, RepeatedAndLongWordsGiveStableIds) {
   auto tok = BpeTokenizer::from_file(data_path("bpe_gpt2.json"));
   const std::string text = "the cat sat on the mat the cat sat on the mat";

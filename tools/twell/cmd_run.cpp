@@ -118,6 +118,10 @@ void register_run(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "ignore"}))
       ->capture_default_str();
   run->add_flag("--no-stop", *no_stop, "keep generating past the end-of-sequence token");
+  auto skip_special = std::make_shared<bool>(false);
+  run->add_flag("--skip-special-tokens", *skip_special,
+                "leave special tokens (BOS, EOS, a chat model's headers) out of the text, as transformers' "
+                "decode(skip_special_tokens=True) and its text-generation pipeline do");
   run->add_option("--stop", *stop_texts,
                   "end the text just before this string and the generation at the token that completes it (given "
                   "more than once: at any of them); \\n, \\t, \\r, \\\", \\\\ and \\xNN are read as escapes; "
@@ -232,9 +236,20 @@ void register_run(CLI::App& app) {
                      static_cast<long long>(model->context()));
     };
     // The text of each sequence's new tokens as it comes, cut at a stop string.
+    // With --skip-special-tokens the special ids add no text, in the prompt's ids as in the new ones.
+    std::vector<int32_t> silent = stops;
+    if (*skip_special) {
+      const std::vector<int32_t> special = tok->special_ids();
+      silent.insert(silent.end(), special.begin(), special.end());
+    }
     std::vector<model::TextStream> shown;
     for (size_t b = 0; b < B; ++b) {
-      shown.emplace_back(*tok, texts[b], stops);
+      std::vector<int32_t> context = texts[b];
+      if (*skip_special)
+        context.erase(std::remove_if(context.begin(), context.end(),
+                                     [&](int32_t id) { return std::count(silent.begin(), silent.end(), id) > 0; }),
+                      context.end());
+      shown.emplace_back(*tok, std::move(context), silent);
       shown.back().stop_at(stop_strings);
     }
     const auto say_stop_string = [&](size_t b, const std::string& label) {

@@ -47,6 +47,9 @@ class Tokenizer {
   // Throws for an unknown id.
   virtual std::string id_to_token(int32_t id) const = 0;
   virtual std::optional<int32_t> token_to_id(std::string_view token) const = 0;
+  // The ids HF's decode(skip_special_tokens=True) leaves out (the text-generation pipeline's default),
+  // ascending: the added tokens marked special, BOS and EOS. `twell run --skip-special-tokens`.
+  virtual std::vector<int32_t> special_ids() const = 0;
 };
 
 // Ids 0..255 are bytes; BOS (if any) is 256 and EOS (if any) comes after it. Any byte string,
@@ -63,6 +66,7 @@ class ByteTokenizer final : public Tokenizer {
   std::optional<int32_t> bos_to_add() const override { return bos_; }
   std::string id_to_token(int32_t id) const override;
   std::optional<int32_t> token_to_id(std::string_view token) const override;
+  std::vector<int32_t> special_ids() const override;
 
  private:
   std::optional<int32_t> bos_, eos_;
@@ -117,6 +121,7 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> eos_to_add() const override { return eos_to_add_; }
   std::string id_to_token(int32_t id) const override;
   std::optional<int32_t> token_to_id(std::string_view token) const override;
+  std::vector<int32_t> special_ids() const override;
 
   // tokenizer.json names only the tokens its post-processor puts around a text (bos_id() and
   // bos_to_add() start as the first, eos_to_add() as the last); tokenizer_config.json names BOS
