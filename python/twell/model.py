@@ -587,6 +587,8 @@ class Model(_OwnsAHandle):
             stream(tail)
         new = list(tokens[:g.n_tokens])
         self.last_generation = _generation_record(new, g, met)
+        if streamer is not None:  # the text streamed (decoded once)
+            return "".join(streamer.pieces)
         return self._text_of(text_ids, new, stops, stop_strings, skip_special_tokens) if text_prompt else new
 
     def _check_one_forward(self, n, what, hint):
@@ -605,7 +607,10 @@ class Model(_OwnsAHandle):
         and cut before a stop string."""
         streamer = _TextStream(self.tokenizer, text_ids, stops, stop_strings, skip_special_tokens)
         with _streams_open([streamer]):
-            return "".join(streamer.add(t) for t in new) + streamer.rest()
+            for t in new:
+                streamer.add(t)
+            streamer.rest()
+        return "".join(streamer.pieces)
 
     def generate_batch(self, prompts, max_new_tokens=64, temperature=None, top_k=None, top_p=None, seed=0, stop=True,
                        stream=None, stop_strings=None, min_p=None, repetition_penalty=None,
@@ -675,8 +680,11 @@ class Model(_OwnsAHandle):
         for i in range(B):
             new = list(tokens[i * room:i * room + g[i].n_tokens])
             records.append(_generation_record(new, g[i], met[i]))
-            out.append(self._text_of(encoded[i][1], new, stops, stop_strings, skip_special_tokens)
-                       if isinstance(prompts[i], _TEXT) else new)
+            if streamers[i] is not None:  # the text streamed (decoded once)
+                out.append("".join(streamers[i].pieces))
+            else:
+                out.append(self._text_of(encoded[i][1], new, stops, stop_strings, skip_special_tokens)
+                           if isinstance(prompts[i], _TEXT) else new)
         self.last_generation = records  # whole, once: a reader never sees a list being filled
         return out
 
@@ -892,6 +900,7 @@ class _TextStream:
             _capi.check(_capi.lib.twell_text_stream_create(t, c_prompt, n_prompt, c_stops, n_stops,
                                                            ctypes.byref(handle)))
         self._handle = handle
+        self.pieces = []  # every piece given: the text so far
         self.stopped, self._which, self._stops = False, -1, bool(stop_strings)
         if stop_strings:
             encoded = [v.encode("utf-8", errors="surrogatepass") for v in stop_strings]
@@ -913,6 +922,7 @@ class _TextStream:
         """The text token adds ("" for a stop token, or where a character has not ended); sets stopped once
         a stop string is met."""
         text = self._piece(_capi.lib.twell_text_stream_put, token)
+        self.pieces.append(text)
         if self._stops and not self.stopped:
             flag, which = ctypes.c_int(), ctypes.c_int64()
             _capi.check(_capi.lib.twell_text_stream_stopped(self._handle, ctypes.byref(flag), ctypes.byref(which)))
@@ -926,7 +936,9 @@ class _TextStream:
     def rest(self):
         """What is held, as text ("" where nothing is): the start of a stop string that never went on, and the
         bytes of a character that never ended."""
-        return self._piece(_capi.lib.twell_text_stream_finish)
+        text = self._piece(_capi.lib.twell_text_stream_finish)
+        self.pieces.append(text)
+        return text
 
     def close(self):
         if getattr(self, "_handle", None) is not None and self._handle.value:
