@@ -273,12 +273,17 @@ typedef struct {
 } twell_sampling;
 TWELL_C_API void twell_sampling_init(twell_sampling* sampling); /* greedy */
 /* The options transformers' generate() draws with by default for this model, from its
- * generation_config.json: greedy unless do_sample is true, which brings temperature (default 1),
- * top_k (50), top_p (1) and min_p (0); repetition_penalty (1) either way; seed and vocab_limit 0.
- * *from_file (may be NULL) receives 1 where the file gave any of these keys, else 0 (and *sampling is
- * twell_sampling_init's). An error, naming the file, where a value is out of range. */
+ * generation_config.json (config.json's keys where there is none): greedy unless do_sample is true,
+ * which brings temperature (default 1); repetition_penalty (1) either way; top_k, top_p and min_p as
+ * the file gives them, for a run that samples (top_k 50 where do_sample is true and the file says
+ * none); seed and vocab_limit 0 (model::generation_sampling). *from_file (may be NULL) receives 1 where
+ * the file gave any of these keys, else 0 (and *sampling is twell_sampling_init's); *unapplied (may be
+ * NULL) the keys it sets that twell does not apply, with their values ("num_beams 4, typical_p 0.9";
+ * "" where none), valid while the model lives. An error, naming the file, where a key has the wrong type
+ * or a value is out of range (*unapplied is set even then). (The generate calls take their sampling as
+ * given: NULL is greedy.) */
 TWELL_C_API int twell_model_generation_sampling(const twell_model* model, twell_sampling* sampling,
-                                                int32_t* from_file);
+                                                int32_t* from_file, const char** unapplied);
 
 typedef enum twell_stop_reason {
   TWELL_STOP_TOKEN = 0,        /* the last token is one of the stop tokens */

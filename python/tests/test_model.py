@@ -272,14 +272,19 @@ class ModelOnTheCpu(unittest.TestCase):
         m = model_with({"do_sample": False, "temperature": 0.6, "repetition_penalty": 1.5})  # greedy, penalized
         self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), penalized)
         self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, repetition_penalty=1), greedy)
-        m = model_with({"do_sample": True, "top_p": 0})  # loads (logits, perplexity); generate() says why not
-        self.assertEqual(len(m.logits([256, 5])), 2)
-        with self.assertRaisesRegex(twell.TwellError, "generation_config.json: top_p must be in"):
-            m.generate("ab", max_new_tokens=2)
-        with self.assertRaisesRegex(twell.TwellError, "generation_config.json: top_p must be in"):
-            m.generation_defaults
-        self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=0, top_k=0, top_p=1, min_p=0,
-                                    repetition_penalty=1), greedy)  # every argument given: the file is not used
+        for bad, why in (({"do_sample": True, "top_p": 0}, r"generation_config.json: top_p must be in"),
+                         ({"temperature": "hot"}, "generation_config.json: key 'temperature' must be a number")):
+            m = model_with(bad)  # loads (logits, perplexity); generate() says why it cannot take the file
+            self.assertEqual(len(m.logits([256, 5])), 2)
+            with self.assertRaisesRegex(twell.TwellError, why + r".*\(pass the argument\)"):
+                m.generate("ab", max_new_tokens=2)
+            with self.assertRaisesRegex(twell.TwellError, why):
+                m.generation_defaults
+            self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=0, top_k=0, top_p=1,
+                                        min_p=0, repetition_penalty=1), greedy)  # every argument given
+        m = model_with({"num_beams": 3})
+        with self.assertWarnsRegex(UserWarning, "sets num_beams 3, which twell does not apply"):
+            self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), greedy)
 
     def test_stop_strings_end_the_text_before_them(self):
         m = self.model

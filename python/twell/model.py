@@ -307,15 +307,16 @@ class Model(_OwnsAHandle):
         eos = (ctypes.c_int32 * max(n.value, 1))()
         _capi.check(_capi.lib.twell_model_eos_ids(self._handle, eos, n.value, ctypes.byref(n)))
         self.eos_ids = list(eos[:n.value])  # config.json's and generation_config.json's
-        s, from_file = _capi.Sampling(), ctypes.c_int32()
+        s, from_file, unapplied = _capi.Sampling(), ctypes.c_int32(), ctypes.c_char_p()
         try:
             _capi.check(_capi.lib.twell_model_generation_sampling(self._handle, ctypes.byref(s),
-                                                                  ctypes.byref(from_file)))
+                                                                  ctypes.byref(from_file), ctypes.byref(unapplied)))
             self._generation_defaults = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
                                          "min_p": s.min_p, "repetition_penalty": s.repetition_penalty,
                                          "from_file": bool(from_file.value)}
         except TwellError as e:
-            self._generation_defaults = str(e)
+            self._generation_defaults = f"{e} (pass the argument)"
+        self._unapplied = (unapplied.value or b"").decode(errors="replace")
         self.tokenizer = None
         # lexists: a link to nothing is the loader's to report, as `twell run` does, not a model without one
         if tokenizer == "bytes" or (tokenizer == "auto" and
@@ -482,7 +483,9 @@ class Model(_OwnsAHandle):
         defaults from the model's generation_config.json (greedy unless its do_sample is true, which brings
         temperature 1, top_k 50, top_p 1 and min_p 0 where unset; its repetition_penalty either way), as
         `twell run` takes them; twell's (greedy) where the file gives none. A dict of temperature, top_k, top_p,
-        min_p and repetition_penalty, with "from_file": whether the file gave any."""
+        min_p and repetition_penalty, with "from_file": whether the file gave any. top_k, top_p and min_p are
+        the file's where it is greedy too: they shape a run given a temperature. Raises where the file has a
+        key of the wrong type or a value out of range (the model still loads; give the arguments)."""
         if isinstance(self._generation_defaults, str):  # a value out of range: said where it is used
             raise TwellError(self._generation_defaults)
         return dict(self._generation_defaults)
@@ -491,6 +494,10 @@ class Model(_OwnsAHandle):
         # None: the model's default (generation_config.json), as `twell run` takes it for an option not given;
         # the rest only where the temperature it ends with samples.
         if None in (temperature, top_k, top_p, min_p, repetition_penalty):
+            if self._unapplied:
+                warnings.warn(f"twell.Model: the model's generation config sets {self._unapplied}, which twell does "
+                              "not apply (one sequence a prompt, by temperature, top_k, top_p, min_p and "
+                              "repetition_penalty)", stacklevel=3)
             d = self.generation_defaults
             temperature = d["temperature"] if temperature is None else temperature
             repetition_penalty = d["repetition_penalty"] if repetition_penalty is None else repetition_penalty
@@ -534,7 +541,8 @@ class Model(_OwnsAHandle):
         tokens included, and the new ones) where positive and multiplies it where negative, before the
         rest, greedy included, as transformers' repetition_penalty does. A sampling argument left None is
         the model's `generation_defaults` (its generation_config.json's, as transformers' generate() takes
-        them; without one: greedy, top_k 0, top_p 1, min_p 0, repetition_penalty 1).
+        them; without one: greedy, top_k 0, top_p 1, min_p 0, repetition_penalty 1); top_k, top_p and min_p
+        take them only where the run samples.
 
         stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
         list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before
@@ -622,7 +630,8 @@ class Model(_OwnsAHandle):
         receives (i, the text prompt i adds) as it comes (str prompts) or (i, each id) (id prompts);
         returning True (itself) from it stops prompt i, the others go on. stop_strings: as generate()'s, for
         each prompt on its own (every prompt must then be text: str or bytes). Returns a list, in the
-        prompts' order: the new text for a str prompt, the new ids for ids. `last_generation` then holds a
+        prompts' order: the new text for a str prompt, the new ids for ids. Sampling arguments left None are
+        the model's `generation_defaults`, as in generate(). `last_generation` then holds a
         list of generate()'s dicts, one a prompt, each with the batch's prefill_seconds and its own
         decode_seconds.
         """

@@ -641,11 +641,13 @@ int twell_model_eos_ids(const twell_model* model, int32_t* ids, int64_t capacity
   });
 }
 
-int twell_model_generation_sampling(const twell_model* model, twell_sampling* sampling, int32_t* from_file) {
+int twell_model_generation_sampling(const twell_model* model, twell_sampling* sampling, int32_t* from_file,
+                                    const char** unapplied) {
   return guarded([&] {
     TWELL_REQUIRE(model != nullptr && model->model, "twell_model: NULL");
     TWELL_REQUIRE(sampling != nullptr, "twell_model_generation_sampling: sampling is NULL");
     const io::GenerationDefaults& g = model->model->config().generation;
+    if (unapplied) *unapplied = g.unapplied.c_str();
     const model::SamplingOptions o = model::generation_sampling(g);  // throws before anything is written
     twell_sampling_init(sampling);
     sampling->temperature = o.temperature;

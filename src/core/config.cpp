@@ -365,6 +365,44 @@ void ModelConfig::validate(const std::string& source) const {
                     "relu and silu)"));
 }
 
+// The sampling keys of a generation config's JSON (GenerationDefaults), and the keys transformers would
+// apply that twell does not, with their GenerationConfig defaults (null: none).
+GenerationDefaults read_generation_defaults(const json& root, const std::string& source) {
+  GenerationDefaults g;
+  g.source = source;
+  try {
+    if (const json* v = find_key(root, "do_sample")) {
+      if (!v->is_boolean()) wrong_type(source, "do_sample", "true or false", *v);
+      g.do_sample = v->get<bool>();
+    }
+    for (auto [key, field] : {std::pair{"temperature", &g.temperature}, std::pair{"top_p", &g.top_p},
+                              std::pair{"min_p", &g.min_p}, std::pair{"repetition_penalty", &g.repetition_penalty}})
+      if (double v = 0; read_number(root, key, source, &v)) *field = v;
+    if (int64_t v = 0; read_int(root, "top_k", source, &v)) g.top_k = v;
+  } catch (const Error& e) {
+    g = GenerationDefaults{};
+    g.source = source;
+    g.error = e.what();
+  }
+  static const std::pair<const char*, json> kUnapplied[] = {
+      {"num_beams", 1},          {"num_beam_groups", 1},          {"num_return_sequences", 1},
+      {"typical_p", 1.0},        {"epsilon_cutoff", 0.0},         {"eta_cutoff", 0.0},
+      {"no_repeat_ngram_size", 0}, {"encoder_no_repeat_ngram_size", 0}, {"encoder_repetition_penalty", 1.0},
+      {"diversity_penalty", 0.0}, {"min_length", 0},              {"min_new_tokens", nullptr},
+      {"penalty_alpha", nullptr}, {"top_h", nullptr},             {"guidance_scale", nullptr},
+      {"suppress_tokens", nullptr}, {"begin_suppress_tokens", nullptr}, {"bad_words_ids", nullptr},
+      {"sequence_bias", nullptr}, {"forced_bos_token_id", nullptr}, {"forced_eos_token_id", nullptr},
+      {"exponential_decay_length_penalty", nullptr}, {"dola_layers", nullptr}, {"watermarking_config", nullptr}};
+  for (const auto& [key, default_value] : kUnapplied) {
+    const auto it = root.find(key);
+    if (it == root.end() || it->is_null() || *it == default_value || (it->is_array() && it->empty()) ||
+        (std::string_view(key) == "guidance_scale" && *it == json(1.0)))
+      continue;
+    g.unapplied += str(g.unapplied.empty() ? "" : ", ", key, " ", printable(it->dump(), 40));
+  }
+  return g;
+}
+
 ModelConfig read_config(const std::string& path) {
   const std::string file = config_file(path);
   const bool dir = file != path;
@@ -373,7 +411,8 @@ ModelConfig read_config(const std::string& path) {
     if (std::string link = detail::dangling_link(file); !link.empty()) throw Error(link);
     throw Error(str(path, ": not a model directory (no config.json)"));
   }
-  ModelConfig c = ModelConfig::from_json(detail::read_text_file(file), file);
+  const std::string config_text = detail::read_text_file(file);
+  ModelConfig c = ModelConfig::from_json(config_text, file);
   // generate() in transformers stops on generation_config.json's eos_token_id, which may list
   // more ids than config.json's (Llama 3 Instruct): both are kept.
   const std::string gen = path + "/generation_config.json";
@@ -384,16 +423,11 @@ ModelConfig read_config(const std::string& path) {
     for (int32_t id : read_token_ids(root, "eos_token_id", gen))
       if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
         c.eos_token_ids.push_back(id);
-    GenerationDefaults& g = c.generation;
-    g.source = gen;
-    if (const json* v = find_key(root, "do_sample")) {
-      if (!v->is_boolean()) wrong_type(gen, "do_sample", "true or false", *v);
-      g.do_sample = v->get<bool>();
-    }
-    for (auto [key, field] : {std::pair{"temperature", &g.temperature}, std::pair{"top_p", &g.top_p},
-                              std::pair{"min_p", &g.min_p}, std::pair{"repetition_penalty", &g.repetition_penalty}})
-      if (double v = 0; read_number(root, key, gen, &v)) *field = v;
-    if (int64_t v = 0; read_int(root, "top_k", gen, &v)) g.top_k = v;
+    c.generation = read_generation_defaults(root, gen);
+  } else {  // transformers' GenerationConfig.from_model_config: config.json's keys
+    c.generation = read_generation_defaults(
+        detail::parse_json_strict(config_text.data(), config_text.data() + config_text.size(), file, "config"), file);
+    if (!c.generation.any() && c.generation.unapplied.empty()) c.generation.source.clear();
   }
   return c;
 }

@@ -240,20 +240,25 @@ void SamplingOptions::check() const {
 }
 
 SamplingOptions generation_sampling(const io::GenerationDefaults& g) {
+  if (!g.error.empty()) throw Error(g.error);
+  const std::string source = g.source.empty() ? "generation config" : g.source;
+  const bool sample = g.do_sample.value_or(false);
+  TWELL_REQUIRE(!sample || g.temperature.value_or(1.0) != 0, source,
+                ": do_sample is true with temperature 0, which transformers refuses (do_sample false is greedy)");
   SamplingOptions o;
   o.repetition_penalty = g.repetition_penalty.value_or(1.0);
-  if (g.do_sample.value_or(false)) {
-    o.temperature = g.temperature.value_or(1.0);
-    o.top_k = g.top_k.value_or(50);
-    o.top_p = g.top_p.value_or(1.0);
-    o.min_p = g.min_p.value_or(0.0);
-  }
+  o.temperature = sample ? g.temperature.value_or(1.0) : 0.0;
+  // The rest as a sampled run would take them, greedy or not: transformers' do_sample=True (here, a
+  // temperature given) uses them, with its top_k 50 only where do_sample says so.
+  o.top_k = g.top_k.value_or(sample ? 50 : 0);
+  o.top_p = g.top_p.value_or(1.0);
+  o.min_p = g.min_p.value_or(0.0);
   try {
     o.check();
   } catch (const Error& e) {  // "sampling: top_p must be ..." as "<file>: top_p must be ..."
     std::string what = e.what();
     if (what.rfind("sampling: ", 0) == 0) what.erase(0, 10);
-    throw Error(str(g.source.empty() ? "generation config" : g.source, ": ", what));
+    throw Error(str(source, ": ", what));
   }
   return o;
 }

@@ -446,8 +446,10 @@ TEST_F(ConfigFile, GenerationConfigAddsEosIds) {
   expect_error([&] { io::read_config(dir_); }, {"generation_config.json", "'eos_token_id' must be a token id"});
 }
 
-// Its sampling keys are kept as the file gives them (null as absent), type-checked; config.json alone
-// has none.
+// Its sampling keys are kept as the file gives them (null as absent); a key of the wrong type is kept
+// as an error for where they are used (the model still loads, as in transformers); keys transformers
+// would apply and twell does not are listed; without the file, config.json's keys, as transformers
+// takes them.
 TEST_F(ConfigFile, GenerationConfigGivesSamplingDefaults) {
   write_file(path("config.json"), minimal(""));
   EXPECT_FALSE(io::read_config(dir_).generation.any());
@@ -465,12 +467,27 @@ TEST_F(ConfigFile, GenerationConfigGivesSamplingDefaults) {
   EXPECT_FALSE(io::read_config(path("config.json")).generation.any());  // the file alone
   write_file(path("generation_config.json"), R"({"top_k": 40})");
   EXPECT_EQ(io::read_config(dir_).generation.top_k, 40);
-  write_file(path("generation_config.json"), R"({"top_k": 0.5})");
-  expect_error([&] { io::read_config(dir_); }, {"generation_config.json", "'top_k' must be an integer"});
-  write_file(path("generation_config.json"), R"({"temperature": "hot"})");
-  expect_error([&] { io::read_config(dir_); }, {"generation_config.json", "'temperature' must be a number"});
-  write_file(path("generation_config.json"), R"({"do_sample": 1})");
-  expect_error([&] { io::read_config(dir_); }, {"generation_config.json", "'do_sample' must be true or false"});
+  EXPECT_EQ(io::read_config(dir_).generation.unapplied, "");
+  const auto error_of = [&](const char* text) {
+    write_file(path("generation_config.json"), text);
+    const io::GenerationDefaults bad = io::read_config(dir_).generation;
+    EXPECT_TRUE(bad.any());
+    EXPECT_FALSE(bad.temperature.has_value());
+    return bad.error;
+  };
+  EXPECT_NE(error_of(R"({"top_k": 0.5, "temperature": 1})").find("generation_config.json: key 'top_k' must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"temperature": "hot"})").find("'temperature' must be a number"), std::string::npos);
+  EXPECT_NE(error_of(R"({"do_sample": 1})").find("'do_sample' must be true or false"), std::string::npos);
+  write_file(path("generation_config.json"), R"({"num_beams": 4, "typical_p": 1.0, "no_repeat_ngram_size": 3,
+      "suppress_tokens": [], "bad_words_ids": [[5]], "num_return_sequences": 1, "guidance_scale": 1})");
+  EXPECT_EQ(io::read_config(dir_).generation.unapplied, "num_beams 4, no_repeat_ngram_size 3, bad_words_ids [[5]]");
+  std::filesystem::remove(path("generation_config.json"));
+  write_file(path("config.json"), minimal(R"("do_sample": true, "top_p": 0.8)"));
+  const io::GenerationDefaults legacy = io::read_config(dir_).generation;
+  EXPECT_EQ(legacy.source, dir_ + "/config.json");
+  EXPECT_EQ(legacy.do_sample, true);
+  EXPECT_EQ(legacy.top_p, 0.8);
 }
 
 TEST_F(ConfigFile, ReadErrorsNameTheFile) {

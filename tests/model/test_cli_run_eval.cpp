@@ -200,16 +200,28 @@ TEST_F(CliModel, RunTakesTheGenerationConfigsSampling) {
   EXPECT_EQ(run_cli(hello).out, penalized.out);
   EXPECT_EQ(run_cli(hello + " --repetition-penalty 1").out, greedy.out);
 
+  // A greedy file's top_p shapes a run told to sample, as transformers' generate(do_sample=True) takes it.
+  test::write_file(gen, R"({"top_p": 0.9})");
+  EXPECT_EQ(run_cli(hello + " --temperature 1.5 --top-k 50 --seed 2").out, sampled.out);
+
   test::write_file(gen, R"({"do_sample": true, "top_p": 0})");
   const CliResult bad = run_cli(hello, true);
   EXPECT_NE(bad.status, 0);
-  EXPECT_NE(bad.out.find(gen + ": top_p must be in (0, 1], got 0"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find(gen + ": top_p must be in (0, 1], got 0 (give the option, or --generation-config ignore)"),
+            std::string::npos) << bad.out;
   EXPECT_EQ(run_cli(hello + " --generation-config ignore").out, greedy.out);
-  test::write_file(gen, R"({"do_sample": "yes"})");
+  const std::string every = " --temperature 0 --top-k 0 --top-p 1 --min-p 0 --repetition-penalty 1";
+  EXPECT_EQ(run_cli(hello + every).out, greedy.out);  // every option given: the file is not read
+  test::write_file(gen, R"({"do_sample": "yes"})");  // the model loads (eval, --generation-config ignore)
   const CliResult wrong = run_cli(hello, true);
   EXPECT_NE(wrong.status, 0);
   EXPECT_NE(wrong.out.find("key 'do_sample' must be true or false, got string"), std::string::npos) << wrong.out;
+  EXPECT_EQ(run_cli(hello + " --generation-config ignore").out, greedy.out);
   EXPECT_NE(run_cli(hello + " --generation-config none", true).status, 0);
+  test::write_file(gen, R"({"num_beams": 4, "do_sample": false})");
+  const CliResult beams = run_cli(hello, true);
+  EXPECT_NE(beams.out.find("note: " + gen + " sets num_beams 4, which twell does not apply"), std::string::npos)
+      << beams.out;
 }
 
 // --stop: the text ends before the stop string, the run at the token that completes it, and it says

@@ -730,17 +730,18 @@ TEST(LlamaSampling, FrequenciesFollowSoftmaxAndFilters) {
 // after top-p): p = [.1, .2, .3, .4] at min_p 0.45 keeps {1, 2, 3}, drawn in proportion; min_p 1 is
 // greedy but for ties.
 // generation_config.json's keys as transformers' generate() takes them: greedy unless do_sample, which
-// brings temperature 1 and top_k 50 where unset; repetition_penalty either way; ranges checked naming
-// the file.
+// brings temperature 1 and top_k 50 where unset; repetition_penalty either way; top_k, top_p and min_p
+// as given, for a run that samples; types and ranges checked naming the file.
 TEST(LlamaSampling, GenerationSamplingFollowsTransformersDefaults) {
   io::GenerationDefaults g;
   g.source = "m/generation_config.json";
   SamplingOptions o = generation_sampling(g);
   EXPECT_TRUE(o.same_rules(SamplingOptions()));
   g.temperature = 0.6, g.top_p = 0.9, g.repetition_penalty = 1.2;
-  o = generation_sampling(g);  // no do_sample: greedy, penalized
+  o = generation_sampling(g);  // no do_sample: greedy, penalized; top_p for a run told to sample
   EXPECT_EQ(o.temperature, 0);
-  EXPECT_EQ(o.top_p, 1);
+  EXPECT_EQ(o.top_k, 0);
+  EXPECT_EQ(o.top_p, 0.9);
   EXPECT_EQ(o.repetition_penalty, 1.2);
   g.do_sample = true;
   o = generation_sampling(g);
@@ -755,10 +756,16 @@ TEST(LlamaSampling, GenerationSamplingFollowsTransformersDefaults) {
   EXPECT_EQ(o.min_p, 0.05);
   g.top_p = 0;
   expect_error([&] { generation_sampling(g); }, {"m/generation_config.json: top_p must be in (0, 1], got 0"});
-  g.top_p.reset(), g.do_sample = false, g.top_k = -3;  // unused, greedy: not checked
-  EXPECT_NO_THROW(generation_sampling(g));
-  g.repetition_penalty = -1;
+  g.top_p.reset(), g.do_sample = false, g.top_k = -3;
+  expect_error([&] { generation_sampling(g); }, {"m/generation_config.json: top_k must be >= 0, got -3"});
+  g.top_k.reset(), g.repetition_penalty = -1;
   expect_error([&] { generation_sampling(g); }, {"m/generation_config.json: repetition_penalty must be finite and > 0"});
+  g.repetition_penalty.reset(), g.do_sample = true, g.temperature = 0;
+  expect_error([&] { generation_sampling(g); }, {"do_sample is true with temperature 0, which transformers refuses"});
+  g.do_sample = false;
+  EXPECT_EQ(generation_sampling(g).temperature, 0);
+  g.error = "m/generation_config.json: key 'top_k' must be an integer, got string \"x\"";
+  expect_error([&] { generation_sampling(g); }, {g.error});
 }
 
 TEST(LlamaSampling, MinPKeepsTokensNearTheMostLikely) {

@@ -152,9 +152,20 @@ void register_run(CLI::App& app) {
     for (const std::string& s : *stop_texts) stop_strings.push_back(unescape_stop(s));
     model::TextStream::check_stop_strings(stop_strings);
     const io::ModelConfig config = io::read_config(args->dir);
-    if (*generation_config == "auto" && config.generation.any()) {
+    const std::vector<const CLI::Option*> from_model = {temperature, top_k, top_p, min_p, penalty};
+    const bool any_left = std::any_of(from_model.begin(), from_model.end(), [](auto o) { return o->count() == 0; });
+    if (*generation_config == "auto" && !config.generation.unapplied.empty())
+      std::fprintf(stderr, "note: %s sets %s, which twell does not apply (it draws one sequence a prompt, by "
+                           "temperature, top-k, top-p, min-p and the repetition penalty)\n",
+                   config.generation.source.c_str(), config.generation.unapplied.c_str());
+    if (*generation_config == "auto" && config.generation.any() && any_left) {
       // Each option not given takes the model's value, said in a note where it is not twell's default.
-      const model::SamplingOptions model_says = model::generation_sampling(config.generation);
+      model::SamplingOptions model_says;
+      try {
+        model_says = model::generation_sampling(config.generation);
+      } catch (const Error& e) {
+        throw Error(str(e.what(), " (give the option, or --generation-config ignore)"));
+      }
       std::string taken;
       const auto take = [&](const CLI::Option* o, auto& field, auto value) {
         if (o->count() > 0 || field == value) return;

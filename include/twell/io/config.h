@@ -38,16 +38,22 @@ struct RopeScaling {
   Acc scale(Acc inv_freq) const;
 };
 
-// The sampling keys of a model's generation_config.json (transformers' GenerationConfig), as the file
-// gives them: unset where absent or null. Types are checked when read, ranges where they are used
-// (model::generation_sampling gives the options transformers' generate() would draw with).
+// The sampling keys of a model's generation_config.json (transformers' GenerationConfig; config.json's
+// where there is none, as transformers falls back to it), as the file gives them: unset where absent
+// or null. Their types and ranges are checked where they are used (model::generation_sampling gives the
+// options transformers' generate() would draw with, or throws `error`), so that a model whose file
+// has a bad one still loads, as in transformers.
 struct GenerationDefaults {
   std::string source;  // the file they came from; empty where there was none
   std::optional<bool> do_sample;
   std::optional<double> temperature, top_p, min_p, repetition_penalty;
   std::optional<int64_t> top_k;
+  std::string error;      // a key of the wrong type, said as read_config would have ("" where none)
+  std::string unapplied;  // keys it sets that twell does not apply, with their values: "num_beams 4, ..."
 
-  bool any() const { return do_sample || temperature || top_p || min_p || repetition_penalty || top_k; }
+  bool any() const {
+    return do_sample || temperature || top_p || min_p || repetition_penalty || top_k || !error.empty();
+  }
 };
 
 struct ModelConfig {
@@ -109,7 +115,8 @@ Acc RopeScaling::scale(Acc inv_freq) const {
 // The config file a model path names: `path` itself, or `path`/config.json where it is a directory.
 std::string config_file(const std::string& path);
 // `path` is a config.json or a directory that holds one (and then also generation_config.json,
-// whose eos_token_id is added to eos_token_ids and whose sampling keys fill `generation`).
+// whose eos_token_id is added to eos_token_ids and whose sampling keys fill `generation`; without
+// one, config.json's sampling keys do).
 ModelConfig read_config(const std::string& path);
 // Throws unless `path` is a directory (a model's: config.json, safetensors, perhaps tokenizer.json),
 // saying what it is instead: empty, a file, or nothing.

@@ -281,9 +281,12 @@ struct SamplingOptions {
 };
 
 // The options transformers' generate() draws with by default from a model's generation_config.json:
-// greedy unless do_sample is true, which brings temperature (default 1), top_k (default 50, as
-// GenerationConfig's), top_p (1) and min_p (0); repetition_penalty (1) either way. Seed and vocab_limit
-// are left at their defaults. Throws, naming the file, on a value out of SamplingOptions' ranges.
+// greedy unless do_sample is true, which brings temperature (default 1); repetition_penalty (1) either
+// way; top_k, top_p and min_p as given (top_k 50 where do_sample says so and the file does not, as
+// GenerationConfig's default), which a caller applies where the run samples (a greedy file's top_k
+// shapes a run its user asks to sample, as transformers' generate(do_sample=True) takes it). Seed and
+// vocab_limit are left at their defaults. Throws, naming the file, on a key of the wrong type, a value
+// out of SamplingOptions' ranges, or do_sample with temperature 0 (transformers refuses it).
 SamplingOptions generation_sampling(const io::GenerationDefaults& g);
 
 // Draws tokens from logit rows. Deterministic for a seed: std::mt19937_64 and our own
