@@ -85,29 +85,32 @@ void register_run(CLI::App& app) {
   run->add_option("-n,--max-tokens", *max_tokens, "tokens to generate at most")
       ->check(at_least(0))
       ->capture_default_str();
-  CLI::Option* temperature = run->add_option("--temperature", sampling->temperature, "0 = greedy")
-                                  ->check(real_in(0, false, HUGE_VAL, "finite and at least 0"))
-                                  ->capture_default_str();
-  CLI::Option* top_k = run->add_option("--top-k", sampling->top_k, "sample from the k most likely tokens (0 = all)")
-                           ->check(at_least(0))
-                           ->capture_default_str();
-  CLI::Option* top_p = run->add_option("--top-p", sampling->top_p, "nucleus sampling threshold (1 = all)")
-                           ->check(real_in(0, true, 1, "in (0, 1]"))
-                           ->capture_default_str();
+  // Their defaults are the model's generation_config.json's (--generation-config), else twell's.
+  CLI::Option* temperature = run->add_option("--temperature", sampling->temperature,
+                                             "0 = greedy (default: the model's generation_config.json's, else 0)")
+                                  ->check(real_in(0, false, HUGE_VAL, "finite and at least 0"));
+  CLI::Option* top_k = run->add_option("--top-k", sampling->top_k,
+                                       "sample from the k most likely tokens (0 = all; default: the model's "
+                                       "generation_config.json's, else 0)")
+                           ->check(at_least(0));
+  CLI::Option* top_p = run->add_option("--top-p", sampling->top_p,
+                                       "nucleus sampling threshold (1 = all; default: the model's "
+                                       "generation_config.json's, else 1)")
+                           ->check(real_in(0, true, 1, "in (0, 1]"));
   CLI::Option* min_p = run->add_option("--min-p", sampling->min_p,
                                        "keep only tokens at least this many times as likely as the most likely one "
-                                       "(after --top-k and --top-p, as transformers applies it; 0 = all)")
-                           ->check(real_in(0, false, 1, "in [0, 1]"))
-                           ->capture_default_str();
+                                       "(after --top-k and --top-p, as transformers applies it; 0 = all; default: "
+                                       "the model's generation_config.json's, else 0)")
+                           ->check(real_in(0, false, 1, "in [0, 1]"));
   CLI::Option* seed = run->add_option("--seed", sampling->seed, "sampling seed (a run repeats its tokens unless it changes)")
                           ->check(seed_value())
                           ->capture_default_str();
   CLI::Option* penalty = run->add_option("--repetition-penalty", sampling->repetition_penalty,
                                          "divide the logit of every token the text holds so far by this where "
                                          "positive, multiply where negative (transformers' repetition_penalty, "
-                                         "greedy runs included; 1 = off)")
-                             ->check(real_in(0, true, HUGE_VAL, "finite and above 0"))
-                             ->capture_default_str();
+                                         "greedy runs included; 1 = off; default: the model's "
+                                         "generation_config.json's, else 1)")
+                             ->check(real_in(0, true, HUGE_VAL, "finite and above 0"));
   // Options that shape sampling only, so that a greedy run can say it ignored them.
   const std::vector<CLI::Option*> sampling_only = {top_k, top_p, min_p, seed};
   auto generation_config = std::make_shared<std::string>("auto");
