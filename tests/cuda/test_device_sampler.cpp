@@ -142,8 +142,8 @@ TEST(DeviceSampler, RepetitionPenaltyDrawsTheHostsTokens) {
         }
         const std::vector<int32_t> got = gpu.sample(device_view(d, {rows, V}), by_row, nullptr);
         EXPECT_EQ(got, want) << "V=" << V << " " << str_of(o) << " penalty " << penalty;
-        if (o.temperature == 0 && penalty == 50.0)
-          for (const int32_t t : got) EXPECT_NE(t, 3) << "the peak, seen, divided by 50";
+        if (o.temperature == 0 && penalty == 50.0)  // the rows that saw it (not the last)
+          for (int64_t r = 0; r + 1 < rows; ++r) EXPECT_NE(got[r], 3) << "the peak, seen, divided by 50";
       }
     Tensor back(DType::f32, {rows, V});  // the logits were not written
     TWELL_CUDA_CHECK(cudaMemcpy(back.ptr<float>(), d.get(), back.nbytes(), cudaMemcpyDeviceToHost));
