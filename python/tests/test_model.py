@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import unittest
+import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import twell  # noqa: E402
@@ -285,6 +286,15 @@ class ModelOnTheCpu(unittest.TestCase):
         m = model_with({"num_beams": 3})
         with self.assertWarnsRegex(UserWarning, "sets num_beams 3, which twell does not apply"):
             self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), greedy)
+        with open(gen, "w") as f:  # the file left out, bad values and all: twell's defaults
+            json.dump({"do_sample": True, "top_p": 0, "num_beams": 3}, f)
+        with twell.Model(folder, device="cpu", tokenizer="bytes", generation_config="ignore") as m:
+            self.assertFalse(m.generation_defaults["from_file"])
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), greedy)
+        with self.assertRaisesRegex(twell.TwellError, "generation_config must be 'auto' or 'ignore'"):
+            twell.Model(folder, device="cpu", generation_config=None)
 
     def test_stop_strings_end_the_text_before_them(self):
         m = self.model

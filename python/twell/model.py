@@ -220,7 +220,9 @@ class Model(_OwnsAHandle):
     longer prompt runs in chunks; None: with the KV cache up to 16384, fewer where the GPU's memory
     holds the weights and cache but not that many; without it, max_batch contexts). tokenizer: "auto" (the directory's
     tokenizer.json where there is one), "bytes" (our byte tokenizer) or None. verbose: loading's lines
-    on stderr (else to the "twell" logger).
+    on stderr (else to the "twell" logger). generation_config: "auto" (generate()'s sampling arguments
+    left None take the model's generation_config.json, as `twell run --generation-config auto`) or
+    "ignore" (twell's defaults: greedy, no repetition penalty).
 
     A model runs one call at a time: calls from other threads wait for the one in progress; a call
     from generate()'s own stream callback is refused.
@@ -228,13 +230,15 @@ class Model(_OwnsAHandle):
 
     def __init__(self, path, device="auto", ffn="twell", context=None, kv_cache=True, check_finite=True,
                  bf16_ffn=False, tokenizer="auto", verbose=False, gpu_memory=None, max_batch=1,
-                 max_batch_tokens=None):
+                 max_batch_tokens=None, generation_config="auto"):
         if device not in _capi.CHOOSE:
             raise TwellError(f"device must be one of {', '.join(_capi.CHOOSE)}, got {device!r}")
         if ffn not in ("twell", "dense"):
             raise TwellError(f"ffn must be 'twell' or 'dense', got {ffn!r}")
         if tokenizer not in ("auto", "bytes", None):
             raise TwellError(f"tokenizer must be 'auto', 'bytes' or None, got {tokenizer!r}")
+        if generation_config not in ("auto", "ignore"):
+            raise TwellError(f"generation_config must be 'auto' or 'ignore', got {generation_config!r}")
         if context is not None:
             context = _int(context, "context", 1, expected="a positive number of positions or None")
         max_batch = _int(max_batch, "max_batch", 1, 65536, "a number of sequences in [1, 65535]")
@@ -284,12 +288,12 @@ class Model(_OwnsAHandle):
         _capi.check(status)
         self._handle = handle
         try:
-            self._describe(path, context, tokenizer)
+            self._describe(path, context, tokenizer, generation_config)
         except BaseException:
             self.close()  # not held by a traceback that outlives the failure
             raise
 
-    def _describe(self, path, context, tokenizer):
+    def _describe(self, path, context, tokenizer, generation_config):
         """The loaded model's sizes, stop ids and tokenizer (after __init__'s load)."""
         info = _capi.ModelInfo()
         _capi.check(_capi.lib.twell_model_get_info(self._handle, ctypes.byref(info)))
@@ -317,6 +321,10 @@ class Model(_OwnsAHandle):
         except TwellError as e:
             self._generation_defaults = f"{e} (pass the argument)"
         self._unapplied = (unapplied.value or b"").decode(errors="replace")
+        if generation_config == "ignore":
+            self._generation_defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+                                         "repetition_penalty": 1.0, "from_file": False}
+            self._unapplied = ""
         self.tokenizer = None
         # lexists: a link to nothing is the loader's to report, as `twell run` does, not a model without one
         if tokenizer == "bytes" or (tokenizer == "auto" and
