@@ -272,18 +272,27 @@ typedef struct {
   int64_t reserved[1]; /* 0 */
 } twell_sampling;
 TWELL_C_API void twell_sampling_init(twell_sampling* sampling); /* greedy */
-/* The options transformers' generate() draws with by default for this model, from its
- * generation_config.json (config.json's keys where there is none): greedy unless do_sample is true,
- * which brings temperature (default 1); repetition_penalty (1) either way; top_k, top_p and min_p as
- * the file gives them, for a run that samples (top_k 50 where do_sample is true and the file says
- * none); seed and vocab_limit 0 (model::generation_sampling). *from_file (may be NULL) receives 1 where
- * the file gave any of these keys, else 0 (and *sampling is twell_sampling_init's); *unapplied (may be
- * NULL) the keys it sets that twell does not apply, with their values ("num_beams 4, typical_p 0.9";
- * "" where none), valid while the model lives. An error, naming the file, where a key has the wrong type
- * or a value is out of range (*unapplied is set even then). (The generate calls take their sampling as
+/* The sampling options a caller sets itself, as bits of twell_model_generation_sampling's `given`. */
+enum {
+  TWELL_SAMPLE_TEMPERATURE = 1,
+  TWELL_SAMPLE_TOP_K = 2,
+  TWELL_SAMPLE_TOP_P = 4,
+  TWELL_SAMPLE_MIN_P = 8,
+  TWELL_SAMPLE_REPETITION_PENALTY = 16
+};
+/* *sampling completed from the model's generation_config.json (config.json's keys where there is none)
+ * as transformers' generate() completes its arguments (model::with_generation_config): each field whose
+ * bit is not in `given` takes the file's value: the temperature the file's where its do_sample is true
+ * (1 where it says none), else 0; repetition_penalty the file's (1); top_k, top_p and min_p the file's
+ * only where the temperature the call ends with samples (top_k 50 where do_sample is true and the file
+ * says none). The fields given, seed and vocab_limit are left as they are. *taken (may be NULL) receives
+ * the bits of the fields taken from the file; *unapplied (may be NULL) the keys the file sets that twell
+ * does not apply, with their values ("num_beams 4, typical_p 0.9"; "" where none), valid while the
+ * model lives. An error, naming the file, where a value taken has the wrong type or is out of range
+ * (*unapplied is set even then; *sampling is not changed). (The generate calls take their sampling as
  * given: NULL is greedy.) */
-TWELL_C_API int twell_model_generation_sampling(const twell_model* model, twell_sampling* sampling,
-                                                int32_t* from_file, const char** unapplied);
+TWELL_C_API int twell_model_generation_sampling(const twell_model* model, twell_sampling* sampling, uint32_t given,
+                                                uint32_t* taken, const char** unapplied);
 
 typedef enum twell_stop_reason {
   TWELL_STOP_TOKEN = 0,        /* the last token is one of the stop tokens */

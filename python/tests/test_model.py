@@ -249,8 +249,8 @@ class ModelOnTheCpu(unittest.TestCase):
         greedy = base.generate("ab", max_new_tokens=10, stop=False)
         sampled = base.generate("ab", max_new_tokens=10, stop=False, temperature=1.5, top_k=50, top_p=0.9, seed=2)
         penalized = base.generate("ab", max_new_tokens=10, stop=False, repetition_penalty=1.5)
-        self.assertFalse(base.generation_defaults["from_file"])
-        self.assertEqual(base.generation_defaults["temperature"], 0)
+        self.assertEqual(base.generation_defaults, {"temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0,
+                                                    "repetition_penalty": 1})
         folder = tempfile.mkdtemp(prefix="twell_py_gen_")
         self.addCleanup(shutil.rmtree, folder)
         for name in ("config.json", "model.safetensors"):
@@ -266,13 +266,15 @@ class ModelOnTheCpu(unittest.TestCase):
 
         m = model_with({"do_sample": True, "temperature": 1.5, "top_p": 0.9})  # transformers' top_k 50 with it
         self.assertEqual(m.generation_defaults, {"temperature": 1.5, "top_k": 50, "top_p": 0.9, "min_p": 0.0,
-                                                 "repetition_penalty": 1.0, "from_file": True})
+                                                 "repetition_penalty": 1.0})
         self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, seed=2), sampled)
         self.assertEqual(m.generate_batch(["ab"], max_new_tokens=10, stop=False, seed=2), [sampled])
         self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=0), greedy)  # given: wins
         m = model_with({"do_sample": False, "temperature": 0.6, "repetition_penalty": 1.5})  # greedy, penalized
         self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), penalized)
         self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, repetition_penalty=1), greedy)
+        m = model_with({"top_p": 0.9})  # greedy; its top_p shapes a run given a temperature
+        self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=1.5, top_k=50, seed=2), sampled)
         for bad, why in (({"do_sample": True, "top_p": 0}, r"generation_config.json: top_p must be in"),
                          ({"temperature": "hot"}, "generation_config.json: key 'temperature' must be a number")):
             m = model_with(bad)  # loads (logits, perplexity); generate() says why it cannot take the file
@@ -281,15 +283,14 @@ class ModelOnTheCpu(unittest.TestCase):
                 m.generate("ab", max_new_tokens=2)
             with self.assertRaisesRegex(twell.TwellError, why):
                 m.generation_defaults
-            self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=0, top_k=0, top_p=1,
-                                        min_p=0, repetition_penalty=1), greedy)  # every argument given
+            self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=0), greedy)  # not taken
         m = model_with({"num_beams": 3})
         with self.assertWarnsRegex(UserWarning, "sets num_beams 3, which twell does not apply"):
             self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), greedy)
         with open(gen, "w") as f:  # the file left out, bad values and all: twell's defaults
             json.dump({"do_sample": True, "top_p": 0, "num_beams": 3}, f)
         with twell.Model(folder, device="cpu", tokenizer="bytes", generation_config="ignore") as m:
-            self.assertFalse(m.generation_defaults["from_file"])
+            self.assertEqual(m.generation_defaults["temperature"], 0)
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), greedy)

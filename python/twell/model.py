@@ -28,6 +28,10 @@ from ._capi import TwellError, _int, _integer
 
 __all__ = ["Model", "Tokenizer"]
 
+# twell_model_generation_sampling's bits: the sampling arguments a caller gave.
+_SAMPLE_BITS = {"temperature": 1, "top_k": 2, "top_p": 4, "min_p": 8, "repetition_penalty": 16}
+_SAMPLE_ALL = 31
+
 _log = logging.getLogger("twell")
 
 
@@ -311,20 +315,11 @@ class Model(_OwnsAHandle):
         eos = (ctypes.c_int32 * max(n.value, 1))()
         _capi.check(_capi.lib.twell_model_eos_ids(self._handle, eos, n.value, ctypes.byref(n)))
         self.eos_ids = list(eos[:n.value])  # config.json's and generation_config.json's
-        s, from_file, unapplied = _capi.Sampling(), ctypes.c_int32(), ctypes.c_char_p()
-        try:
-            _capi.check(_capi.lib.twell_model_generation_sampling(self._handle, ctypes.byref(s),
-                                                                  ctypes.byref(from_file), ctypes.byref(unapplied)))
-            self._generation_defaults = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-                                         "min_p": s.min_p, "repetition_penalty": s.repetition_penalty,
-                                         "from_file": bool(from_file.value)}
-        except TwellError as e:
-            self._generation_defaults = f"{e} (pass the argument)"
-        self._unapplied = (unapplied.value or b"").decode(errors="replace")
-        if generation_config == "ignore":
-            self._generation_defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
-                                         "repetition_penalty": 1.0, "from_file": False}
-            self._unapplied = ""
+        self._generation_config = generation_config == "auto"
+        unapplied = ctypes.c_char_p()
+        _capi.check(_capi.lib.twell_model_generation_sampling(self._handle, ctypes.byref(_capi.Sampling()),
+                                                              _SAMPLE_ALL, None, ctypes.byref(unapplied)))
+        self._unapplied = (unapplied.value or b"").decode(errors="replace") if self._generation_config else ""
         self.tokenizer = None
         # lexists: a link to nothing is the loader's to report, as `twell run` does, not a model without one
         if tokenizer == "bytes" or (tokenizer == "auto" and
@@ -366,8 +361,8 @@ class Model(_OwnsAHandle):
         """The ids perplexity(), token_nll() and ffn_stats() run: a text's as encode() gives them, ids as given."""
         return self.encode(text_or_ids) if isinstance(text_or_ids, _TEXT) else text_or_ids
 
-    def decode(self, ids):
-        return self._tokenizer("decode").decode(ids)
+    def decode(self, ids, skip_special_tokens=False):
+        return self._tokenizer("decode").decode(ids, skip_special_tokens)
 
     def logits(self, ids):
         """Logits of every position of one sequence from position 0: [T, vocab] float32 (on the host).
@@ -487,32 +482,42 @@ class Model(_OwnsAHandle):
 
     @property
     def generation_defaults(self):
-        """The sampling options generate() takes where an argument is None (its default): transformers'
-        defaults from the model's generation_config.json (greedy unless its do_sample is true, which brings
-        temperature 1, top_k 50, top_p 1 and min_p 0 where unset; its repetition_penalty either way), as
-        `twell run` takes them; twell's (greedy) where the file gives none. A dict of temperature, top_k, top_p,
-        min_p and repetition_penalty, with "from_file": whether the file gave any. top_k, top_p and min_p are
-        the file's where it is greedy too: they shape a run given a temperature. Raises where the file has a
-        key of the wrong type or a value out of range (the model still loads; give the arguments)."""
-        if isinstance(self._generation_defaults, str):  # a value out of range: said where it is used
-            raise TwellError(self._generation_defaults)
-        return dict(self._generation_defaults)
+        """The sampling options generate() takes where every sampling argument is None (its default), as
+        `twell run` takes them with no option given: transformers' defaults from the model's
+        generation_config.json (config.json's keys where there is none): greedy unless its do_sample is true,
+        which brings its temperature (1 where unset), top_k (50), top_p and min_p; its repetition_penalty
+        either way; twell's (greedy) where the file gives none, or with Model(generation_config="ignore"). A
+        dict of temperature, top_k, top_p, min_p and repetition_penalty. Raises where the file has a value of
+        the wrong type or out of range (the model still loads; give the arguments)."""
+        s = _capi.Sampling()
+        _capi.lib.twell_sampling_init(ctypes.byref(s))
+        s = self._completed(s, 0)
+        return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+                "repetition_penalty": s.repetition_penalty}
+
+    def _completed(self, s, given):
+        """s (a twell_sampling) with the fields whose bits are not in given taken from the generation config."""
+        if not self._generation_config:
+            return s
+        with self._busy("generate") as h:
+            rc = _capi.lib.twell_model_generation_sampling(h, ctypes.byref(s), given, None, None)
+        if rc != _capi.OK:
+            raise TwellError(_capi.lib.twell_last_error().decode(errors="replace") + " (pass the argument)")
+        return s
 
     def _sampling(self, temperature, top_k, top_p, seed, min_p, repetition_penalty):
         # None: the model's default (generation_config.json), as `twell run` takes it for an option not given;
-        # the rest only where the temperature it ends with samples.
-        if None in (temperature, top_k, top_p, min_p, repetition_penalty):
-            if self._unapplied:
-                warnings.warn(f"twell.Model: the model's generation config sets {self._unapplied}, which twell does "
-                              "not apply (one sequence a prompt, by temperature, top_k, top_p, min_p and "
-                              "repetition_penalty)", stacklevel=3)
-            d = self.generation_defaults
-            temperature = d["temperature"] if temperature is None else temperature
-            repetition_penalty = d["repetition_penalty"] if repetition_penalty is None else repetition_penalty
-            greedy = not isinstance(temperature, (str, bytes)) and temperature == 0
-            top_k = (0 if greedy else d["top_k"]) if top_k is None else top_k
-            top_p = (1.0 if greedy else d["top_p"]) if top_p is None else top_p
-            min_p = (0.0 if greedy else d["min_p"]) if min_p is None else min_p
+        # top_k, top_p and min_p only where the temperature the run ends with samples.
+        args = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+                "repetition_penalty": repetition_penalty}
+        given = sum(bit for name, bit in _SAMPLE_BITS.items() if args[name] is not None)
+        if self._unapplied and given != _SAMPLE_ALL:
+            warnings.warn(f"twell.Model: the model's generation config sets {self._unapplied}, which twell does "
+                          "not apply (one sequence a prompt, by temperature, top_k, top_p, min_p and "
+                          "repetition_penalty)", stacklevel=3)
+        defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+        temperature, top_k, top_p, min_p, repetition_penalty = (
+            defaults[name] if args[name] is None else args[name] for name in defaults)
         # Integers as `twell run` takes them: no silent truncation of 2.7 or wrap-around of -1 or 2**64.
         top_k = _int(top_k, "top_k", 0, expected="an integer of at least 0 (0: all)")
         seed = _int(seed, "seed", 0, 2**64, "an integer in [0, 2**64)")
@@ -531,6 +536,8 @@ class Model(_OwnsAHandle):
         if not (s.repetition_penalty > 0 and math.isfinite(s.repetition_penalty)):  # 0 would read as off in C
             raise TwellError(f"repetition_penalty must be finite and > 0, got {s.repetition_penalty!r}")
         s.top_k, s.seed = int(top_k), int(seed)
+        if given != _SAMPLE_ALL:
+            s = self._completed(s, given)
         # As `twell run` notes it:
         if s.temperature == 0 and (s.top_k != 0 or s.top_p != 1 or s.min_p != 0 or s.seed != 0):
             warnings.warn("twell.Model: top_k, top_p, min_p and seed only shape sampling; at temperature 0 the "
@@ -639,7 +646,8 @@ class Model(_OwnsAHandle):
         returning True (itself) from it stops prompt i, the others go on. stop_strings: as generate()'s, for
         each prompt on its own (every prompt must then be text: str or bytes). Returns a list, in the
         prompts' order: the new text for a str prompt, the new ids for ids. Sampling arguments left None are
-        the model's `generation_defaults`, as in generate(). `last_generation` then holds a
+        the model's `generation_defaults`, as in generate(); skip_special_tokens as there (text prompts).
+        `last_generation` then holds a
         list of generate()'s dicts, one a prompt, each with the batch's prefill_seconds and its own
         decode_seconds.
         """
@@ -906,10 +914,10 @@ class _TextStream:
 
     def __init__(self, tokenizer, prompt_ids, stops, stop_strings=(), skip_special_tokens=False):
         self.tokenizer = tokenizer  # the stream reads it: it must outlive the stream
-        if skip_special_tokens:  # special ids add no text, in the prompt as in the new ids (`twell run`'s)
+        if skip_special_tokens:  # special ids add no text, in the prompt as in the new ids (`twell run`'s); stop
+            special = set(tokenizer.special_ids)  # ids only in the new ones (an ordinary token may be one)
             stops = list(stops) + tokenizer.special_ids
-            silent = set(stops)
-            prompt_ids = [i for i in prompt_ids if i not in silent]
+            prompt_ids = [i for i in prompt_ids if i not in special]
         c_prompt, n_prompt = _ids(prompt_ids, "prompt")
         c_stops, n_stops = _ids(stops, "stop")
         handle = ctypes.c_void_p()

@@ -35,6 +35,10 @@ static_assert(sizeof(twell_tensor) == 56 && sizeof(twell_activation_stats) == 32
               sizeof(twell_cuda_ffn_config) == 72);
 static_assert(offsetof(twell_cuda_ffn_config, cublaslt_workspace) == 40 &&
               offsetof(twell_cuda_ffn_config, cublaslt_workspace_bytes) == 48);
+static_assert(TWELL_SAMPLE_TEMPERATURE == twell::model::kSampleTemperature &&
+              TWELL_SAMPLE_TOP_K == twell::model::kSampleTopK && TWELL_SAMPLE_TOP_P == twell::model::kSampleTopP &&
+              TWELL_SAMPLE_MIN_P == twell::model::kSampleMinP &&
+              TWELL_SAMPLE_REPETITION_PENALTY == twell::model::kSampleRepetitionPenalty);
 static_assert(sizeof(twell_model_options) == 80 && sizeof(twell_model_info) == 80 && sizeof(twell_sampling) == 64 &&
               sizeof(twell_generation) == 32 && sizeof(twell_tokenizer_info) == 20);
 static_assert(offsetof(twell_model_options, log) == 32 && offsetof(twell_model_options, gpu_memory) == 48 &&
@@ -641,21 +645,29 @@ int twell_model_eos_ids(const twell_model* model, int32_t* ids, int64_t capacity
   });
 }
 
-int twell_model_generation_sampling(const twell_model* model, twell_sampling* sampling, int32_t* from_file,
-                                    const char** unapplied) {
+int twell_model_generation_sampling(const twell_model* model, twell_sampling* sampling, uint32_t given,
+                                    uint32_t* taken, const char** unapplied) {
   return guarded([&] {
     TWELL_REQUIRE(model != nullptr && model->model, "twell_model: NULL");
     TWELL_REQUIRE(sampling != nullptr, "twell_model_generation_sampling: sampling is NULL");
+    TWELL_REQUIRE((given & ~uint32_t{model::kSampleAllFields}) == 0,
+                  "twell_model_generation_sampling: given holds bits that are no TWELL_SAMPLE_ field: ", given);
     const io::GenerationDefaults& g = model->model->config().generation;
     if (unapplied) *unapplied = g.unapplied.c_str();
-    const model::SamplingOptions o = model::generation_sampling(g);  // throws before anything is written
-    twell_sampling_init(sampling);
+    model::SamplingOptions mine;
+    mine.temperature = sampling->temperature;
+    mine.top_k = sampling->top_k;
+    mine.top_p = sampling->top_p;
+    mine.min_p = sampling->min_p;
+    mine.repetition_penalty = sampling->repetition_penalty;
+    unsigned took = 0;
+    const model::SamplingOptions o = model::with_generation_config(mine, given, g, &took);  // throws first
     sampling->temperature = o.temperature;
     sampling->top_k = o.top_k;
     sampling->top_p = o.top_p;
     sampling->min_p = o.min_p;
     sampling->repetition_penalty = o.repetition_penalty;
-    if (from_file) *from_file = g.any() ? 1 : 0;
+    if (taken) *taken = took;
   });
 }
 

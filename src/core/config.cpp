@@ -370,20 +370,27 @@ void ModelConfig::validate(const std::string& source) const {
 GenerationDefaults read_generation_defaults(const json& root, const std::string& source) {
   GenerationDefaults g;
   g.source = source;
-  try {
+  const auto kept = [&](const char* key, const auto& read) {  // a key of the wrong type: its error kept
+    try {
+      read();
+    } catch (const Error& e) {
+      g.errors.emplace_back(key, e.what());
+    }
+  };
+  kept("do_sample", [&] {
     if (const json* v = find_key(root, "do_sample")) {
       if (!v->is_boolean()) wrong_type(source, "do_sample", "true or false", *v);
       g.do_sample = v->get<bool>();
     }
-    for (auto [key, field] : {std::pair{"temperature", &g.temperature}, std::pair{"top_p", &g.top_p},
-                              std::pair{"min_p", &g.min_p}, std::pair{"repetition_penalty", &g.repetition_penalty}})
+  });
+  for (auto [key, field] : {std::pair{"temperature", &g.temperature}, std::pair{"top_p", &g.top_p},
+                            std::pair{"min_p", &g.min_p}, std::pair{"repetition_penalty", &g.repetition_penalty}})
+    kept(key, [&, key = key, field = field] {
       if (double v = 0; read_number(root, key, source, &v)) *field = v;
+    });
+  kept("top_k", [&] {
     if (int64_t v = 0; read_int(root, "top_k", source, &v)) g.top_k = v;
-  } catch (const Error& e) {
-    g = GenerationDefaults{};
-    g.source = source;
-    g.error = e.what();
-  }
+  });
   static const std::pair<const char*, json> kUnapplied[] = {
       {"num_beams", 1},          {"num_beam_groups", 1},          {"num_return_sequences", 1},
       {"typical_p", 1.0},        {"epsilon_cutoff", 0.0},         {"eta_cutoff", 0.0},

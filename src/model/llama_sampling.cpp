@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -239,28 +240,48 @@ void SamplingOptions::check() const {
                 repetition_penalty);
 }
 
-SamplingOptions generation_sampling(const io::GenerationDefaults& g) {
-  if (!g.error.empty()) throw Error(g.error);
+SamplingOptions with_generation_config(SamplingOptions mine, unsigned given, const io::GenerationDefaults& g,
+                                       unsigned* taken) {
+  unsigned took = 0;
+  if (taken) *taken = 0;
+  if (!g.any()) return mine;  // nothing to take (twell's defaults are the file's without it)
   const std::string source = g.source.empty() ? "generation config" : g.source;
+  // Takes field `f` from the file: its keys' type errors first, then the value's range, alone.
+  const auto take = [&](SamplingField f, std::initializer_list<const char*> keys, auto& field, auto value) {
+    if ((given & f) != 0) return false;
+    for (const char* key : keys)
+      if (std::string what = g.error(key); !what.empty()) throw Error(what);
+    field = value;
+    took |= f;
+    return true;
+  };
   const bool sample = g.do_sample.value_or(false);
-  TWELL_REQUIRE(!sample || g.temperature.value_or(1.0) != 0, source,
-                ": do_sample is true with temperature 0, which transformers refuses (do_sample false is greedy)");
-  SamplingOptions o;
-  o.repetition_penalty = g.repetition_penalty.value_or(1.0);
-  o.temperature = sample ? g.temperature.value_or(1.0) : 0.0;
-  // The rest as a sampled run would take them, greedy or not: transformers' do_sample=True (here, a
-  // temperature given) uses them, with its top_k 50 only where do_sample says so.
-  o.top_k = g.top_k.value_or(sample ? 50 : 0);
-  o.top_p = g.top_p.value_or(1.0);
-  o.min_p = g.min_p.value_or(0.0);
+  take(kSampleRepetitionPenalty, {"repetition_penalty"}, mine.repetition_penalty, g.repetition_penalty.value_or(1.0));
+  if (take(kSampleTemperature, {"do_sample", "temperature"}, mine.temperature,
+           sample ? g.temperature.value_or(1.0) : 0.0))
+    TWELL_REQUIRE(!sample || mine.temperature != 0, source,
+                  ": do_sample is true with temperature 0, which transformers refuses (do_sample false is greedy)");
+  if (mine.temperature != 0) {  // greedy has no use for the rest
+    take(kSampleTopK, {"do_sample", "top_k"}, mine.top_k, g.top_k.value_or(sample ? 50 : 0));
+    take(kSampleTopP, {"top_p"}, mine.top_p, g.top_p.value_or(1.0));
+    take(kSampleMinP, {"min_p"}, mine.min_p, g.min_p.value_or(0.0));
+  }
+  // The values taken, checked alone (with twell's defaults for the rest), so that an error is the file's.
+  SamplingOptions alone;
+  if (took & kSampleTemperature) alone.temperature = mine.temperature;
+  if (took & kSampleTopK) alone.top_k = mine.top_k;
+  if (took & kSampleTopP) alone.top_p = mine.top_p;
+  if (took & kSampleMinP) alone.min_p = mine.min_p;
+  if (took & kSampleRepetitionPenalty) alone.repetition_penalty = mine.repetition_penalty;
   try {
-    o.check();
+    alone.check();
   } catch (const Error& e) {  // "sampling: top_p must be ..." as "<file>: top_p must be ..."
     std::string what = e.what();
     if (what.rfind("sampling: ", 0) == 0) what.erase(0, 10);
     throw Error(str(source, ": ", what));
   }
-  return o;
+  if (taken) *taken = took;
+  return mine;
 }
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) { options.check(); }

@@ -1188,9 +1188,17 @@ std::vector<int32_t> BpeTokenizer::special_ids() const {
     if (t.special) ids.push_back(t.id);
   for (const std::optional<int32_t>& id : {bos_, eos_})
     if (id) ids.push_back(*id);
+  ids.insert(ids.end(), more_special_.begin(), more_special_.end());
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
+}
+
+void BpeTokenizer::add_special_ids(const std::vector<int32_t>& ids) {
+  for (const int32_t id : ids)
+    if (id < 0 || id >= vocab_size_ || !has_id_[id])
+      throw Error(str("BpeTokenizer::add_special_ids: id ", id, " is not in the vocabulary"));
+  more_special_.insert(more_special_.end(), ids.begin(), ids.end());
 }
 
 void BpeTokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos, std::optional<bool> add_bos,
@@ -1608,6 +1616,23 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
     if (add_eos.value_or(false) && !eos_id)
       throw Error(str(source, ": EOS is to be added (add_eos_token) but no eos_token is named"));
     tok->set_bos_eos(bos_id, eos_id, add_bos, add_eos);
+    // What else transformers makes special (decode(skip_special_tokens=True) leaves it out): the other named
+    // special tokens that the vocabulary holds, and added_tokens_decoder's entries marked special.
+    std::vector<int32_t> special;
+    for (const char* key : {"unk_token", "pad_token", "sep_token", "cls_token", "mask_token"}) {
+      const json* v = member(config, key);
+      const json* content = v && v->is_object() ? member(*v, "content") : v;
+      if (content && content->is_string())
+        if (const std::optional<int32_t> id = tok->token_to_id(content->get<std::string>())) special.push_back(*id);
+    }
+    if (const json* decoder = member(config, "added_tokens_decoder"); decoder && decoder->is_object())
+      for (const auto& [key, entry] : decoder->items()) {
+        const json* flag = entry.is_object() ? member(entry, "special") : nullptr;
+        const json* content = entry.is_object() ? member(entry, "content") : nullptr;
+        if (!flag || !flag->is_boolean() || !flag->get<bool>() || !content || !content->is_string()) continue;
+        if (const std::optional<int32_t> id = tok->token_to_id(content->get<std::string>())) special.push_back(*id);
+      }
+    tok->add_special_ids(special);
   }
   return tok;
 }

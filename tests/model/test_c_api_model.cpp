@@ -230,45 +230,55 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
 
 // A batch of prompts of different lengths: model::generate_batch's tokens, laid out max_new_tokens
 // a sequence; a callback that stops one sequence; offsets that do not describe prompts are refused.
-// The sampling options of generation_config.json, as model::generation_sampling gives them; none where
-// there is no file; a value out of range refused, leaving *sampling as it was.
-TEST_F(CApiModel, GenerationSamplingIsTheGenerationConfigs) {
+// A twell_sampling completed from generation_config.json as model::with_generation_config does: the
+// fields given kept; nothing taken where there is no file; a value taken out of range refused, leaving
+// *sampling as it was.
+TEST_F(CApiModel, GenerationSamplingCompletesFromTheGenerationConfig) {
   twell_model* m = load();
   ASSERT_NE(m, nullptr);
   twell_sampling s;
-  int32_t from_file = -1;
+  twell_sampling_init(&s);
+  uint32_t taken = 99;
   const char* unapplied = nullptr;
-  ASSERT_EQ(twell_model_generation_sampling(m, &s, &from_file, &unapplied), TWELL_OK) << error_text();
-  EXPECT_EQ(from_file, 0);
+  ASSERT_EQ(twell_model_generation_sampling(m, &s, 0, &taken, &unapplied), TWELL_OK) << error_text();
+  EXPECT_EQ(taken, 0u);
   EXPECT_STREQ(unapplied, "");
   EXPECT_EQ(s.temperature, 0);
-  EXPECT_EQ(s.top_p, 1);
-  EXPECT_EQ(s.repetition_penalty, 1);
   twell_model_destroy(m);
   test::write_file(dir_ + "/generation_config.json", R"({"do_sample": true, "temperature": 0.7, "min_p": 0.1,
       "repetition_penalty": 1.1, "num_beams": 2})");
   m = load();
   ASSERT_NE(m, nullptr);
-  ASSERT_EQ(twell_model_generation_sampling(m, &s, &from_file, &unapplied), TWELL_OK) << error_text();
-  EXPECT_EQ(from_file, 1);
+  twell_sampling_init(&s);
+  s.seed = 5;
+  s.top_p = 0.5;
+  ASSERT_EQ(twell_model_generation_sampling(m, &s, TWELL_SAMPLE_TOP_P, &taken, &unapplied), TWELL_OK) << error_text();
+  EXPECT_EQ(taken, unsigned{TWELL_SAMPLE_TEMPERATURE | TWELL_SAMPLE_TOP_K | TWELL_SAMPLE_MIN_P |
+                            TWELL_SAMPLE_REPETITION_PENALTY});
   EXPECT_STREQ(unapplied, "num_beams 2");
   EXPECT_EQ(s.temperature, 0.7);
   EXPECT_EQ(s.top_k, 50);
-  EXPECT_EQ(s.top_p, 1);
+  EXPECT_EQ(s.top_p, 0.5);  // given
   EXPECT_EQ(s.min_p, 0.1);
   EXPECT_EQ(s.repetition_penalty, 1.1);
-  EXPECT_EQ(s.seed, 0u);
-  EXPECT_EQ(twell_model_generation_sampling(m, nullptr, nullptr, nullptr), TWELL_ERROR);
+  EXPECT_EQ(s.seed, 5u);
+  EXPECT_EQ(twell_model_generation_sampling(m, nullptr, 0, nullptr, nullptr), TWELL_ERROR);
   EXPECT_NE(error_text().find("sampling is NULL"), std::string::npos) << error_text();
+  EXPECT_EQ(twell_model_generation_sampling(m, &s, 64, nullptr, nullptr), TWELL_ERROR);
+  EXPECT_NE(error_text().find("no TWELL_SAMPLE_ field"), std::string::npos) << error_text();
   twell_model_destroy(m);
   test::write_file(dir_ + "/generation_config.json", R"({"do_sample": true, "temperature": -1})");
   m = load();
   ASSERT_NE(m, nullptr);
+  twell_sampling_init(&s);
   s.top_k = 77;
-  EXPECT_EQ(twell_model_generation_sampling(m, &s, nullptr, nullptr), TWELL_ERROR);
+  EXPECT_EQ(twell_model_generation_sampling(m, &s, 0, nullptr, nullptr), TWELL_ERROR);
   EXPECT_NE(error_text().find("generation_config.json: temperature must be finite and >= 0"), std::string::npos)
       << error_text();
   EXPECT_EQ(s.top_k, 77);
+  s.temperature = 0.5;  // given: the file's bad temperature is not taken
+  EXPECT_EQ(twell_model_generation_sampling(m, &s, TWELL_SAMPLE_TEMPERATURE, nullptr, nullptr), TWELL_OK)
+      << error_text();
   twell_model_destroy(m);
 }
 

@@ -731,41 +731,57 @@ TEST(LlamaSampling, FrequenciesFollowSoftmaxAndFilters) {
 // greedy but for ties.
 // generation_config.json's keys as transformers' generate() takes them: greedy unless do_sample, which
 // brings temperature 1 and top_k 50 where unset; repetition_penalty either way; top_k, top_p and min_p
-// as given, for a run that samples; types and ranges checked naming the file.
-TEST(LlamaSampling, GenerationSamplingFollowsTransformersDefaults) {
+// where the run samples; a field given is the caller's, and only the values taken are checked, naming
+// the file.
+TEST(LlamaSampling, WithGenerationConfigCompletesAsTransformers) {
   io::GenerationDefaults g;
   g.source = "m/generation_config.json";
-  SamplingOptions o = generation_sampling(g);
-  EXPECT_TRUE(o.same_rules(SamplingOptions()));
+  const SamplingOptions mine;
+  unsigned taken = 99;
+  EXPECT_TRUE(with_generation_config(mine, 0, g, &taken).same_rules(mine));
   g.temperature = 0.6, g.top_p = 0.9, g.repetition_penalty = 1.2;
-  o = generation_sampling(g);  // no do_sample: greedy, penalized; top_p for a run told to sample
+  SamplingOptions o = with_generation_config(mine, 0, g, &taken);  // no do_sample: greedy, penalized
   EXPECT_EQ(o.temperature, 0);
+  EXPECT_EQ(o.top_p, 1);
+  EXPECT_EQ(o.repetition_penalty, 1.2);
+  EXPECT_EQ(taken, kSampleTemperature | kSampleRepetitionPenalty);
+  SamplingOptions hot;
+  hot.temperature = 0.8;
+  o = with_generation_config(hot, kSampleTemperature, g, &taken);  // told to sample: the file's top_p
+  EXPECT_EQ(o.temperature, 0.8);
   EXPECT_EQ(o.top_k, 0);
   EXPECT_EQ(o.top_p, 0.9);
-  EXPECT_EQ(o.repetition_penalty, 1.2);
+  EXPECT_EQ(taken, kSampleTopK | kSampleTopP | kSampleMinP | kSampleRepetitionPenalty);
   g.do_sample = true;
-  o = generation_sampling(g);
+  o = with_generation_config(mine, 0, g);
   EXPECT_EQ(o.temperature, 0.6);
   EXPECT_EQ(o.top_k, 50);
   EXPECT_EQ(o.top_p, 0.9);
   EXPECT_EQ(o.min_p, 0);
   g.temperature.reset(), g.top_k = 0, g.min_p = 0.05;
-  o = generation_sampling(g);
+  o = with_generation_config(mine, 0, g);
   EXPECT_EQ(o.temperature, 1);
   EXPECT_EQ(o.top_k, 0);
   EXPECT_EQ(o.min_p, 0.05);
-  g.top_p = 0;
-  expect_error([&] { generation_sampling(g); }, {"m/generation_config.json: top_p must be in (0, 1], got 0"});
-  g.top_p.reset(), g.do_sample = false, g.top_k = -3;
-  expect_error([&] { generation_sampling(g); }, {"m/generation_config.json: top_k must be >= 0, got -3"});
+  g.top_p = 0;  // refused where taken; a top_p given, or a greedy run, does not take it
+  expect_error([&] { with_generation_config(mine, 0, g); }, {"m/generation_config.json: top_p must be in (0, 1], got 0"});
+  EXPECT_EQ(with_generation_config(mine, kSampleTopP, g).top_p, 1);
+  EXPECT_EQ(with_generation_config(mine, kSampleTemperature, g).temperature, 0);
+  g.top_p.reset(), g.top_k = -3;
+  expect_error([&] { with_generation_config(mine, 0, g); }, {"m/generation_config.json: top_k must be >= 0, got -3"});
   g.top_k.reset(), g.repetition_penalty = -1;
-  expect_error([&] { generation_sampling(g); }, {"m/generation_config.json: repetition_penalty must be finite and > 0"});
-  g.repetition_penalty.reset(), g.do_sample = true, g.temperature = 0;
-  expect_error([&] { generation_sampling(g); }, {"do_sample is true with temperature 0, which transformers refuses"});
+  expect_error([&] { with_generation_config(mine, 0, g); },
+               {"m/generation_config.json: repetition_penalty must be finite and > 0"});
+  g.repetition_penalty.reset(), g.temperature = 0;
+  expect_error([&] { with_generation_config(mine, 0, g); },
+               {"do_sample is true with temperature 0, which transformers refuses"});
+  EXPECT_EQ(with_generation_config(hot, kSampleTemperature, g).temperature, 0.8);
   g.do_sample = false;
-  EXPECT_EQ(generation_sampling(g).temperature, 0);
-  g.error = "m/generation_config.json: key 'top_k' must be an integer, got string \"x\"";
-  expect_error([&] { generation_sampling(g); }, {g.error});
+  EXPECT_EQ(with_generation_config(mine, 0, g).temperature, 0);
+  g.errors = {{"top_p", "m/generation_config.json: key 'top_p' must be a number, got string \"x\""}};
+  EXPECT_EQ(with_generation_config(mine, 0, g).top_p, 1);  // greedy: top_p not taken
+  expect_error([&] { with_generation_config(hot, kSampleTemperature, g); }, {g.errors[0].second});
+  EXPECT_EQ(with_generation_config(hot, kSampleTemperature | kSampleTopP, g).top_p, 1);
 }
 
 TEST(LlamaSampling, MinPKeepsTokensNearTheMostLikely) {

@@ -602,6 +602,21 @@ TEST_F(LoadTokenizer, ReadsTokenizerJsonAndBosEosFromTheConfig) {
 }
 
 // Llama 2's template adds <s> with no tokenizer_config.json; add_bos_token false there turns it off.
+// tokenizer_config.json's other named special tokens (where the vocabulary holds them) and its
+// added_tokens_decoder entries marked special are special too, as transformers makes them.
+TEST_F(LoadTokenizer, TheConfigsSpecialTokensAreSpecialIds) {
+  write_file(path("tokenizer.json"), fixture_text("bpe_gpt2.json"));
+  EXPECT_EQ(load_tokenizer(dir_)->special_ids(), (std::vector<int32_t>{0, 305, 306}));
+  write_file(path("tokenizer_config.json"),
+             R"({"unk_token": "Hello", "pad_token": {"content": "<|endoftext|>"}, "mask_token": "<not there>",
+                 "added_tokens_decoder": {"307": {"content": "<word>", "special": true},
+                                          "308": {"content": " spacey", "special": false}}})");
+  auto tok = load_tokenizer(dir_);
+  std::vector<int32_t> want = {0, 305, 306, *tok->token_to_id("Hello"), 307};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(tok->special_ids(), want);
+}
+
 TEST_F(LoadTokenizer, AddBosTokenOverridesThePostProcessor) {
   write_file(path("tokenizer.json"), fixture_text("bpe_llama2.json"));
   EXPECT_EQ(load_tokenizer(dir_)->bos_to_add(), 1);

@@ -124,7 +124,7 @@ void register_run(CLI::App& app) {
   auto skip_special = std::make_shared<bool>(false);
   run->add_flag("--skip-special-tokens", *skip_special,
                 "leave special tokens (BOS, EOS, a chat model's headers) out of the text, as transformers' "
-                "decode(skip_special_tokens=True) and its text-generation pipeline do");
+                "decode(skip_special_tokens=True) does");
   run->add_option("--stop", *stop_texts,
                   "end the text just before this string and the generation at the token that completes it (given "
                   "more than once: at any of them); \\n, \\t, \\r, \\\", \\\\ and \\xNN are read as escapes; "
@@ -155,33 +155,32 @@ void register_run(CLI::App& app) {
     for (const std::string& s : *stop_texts) stop_strings.push_back(unescape_stop(s));
     model::TextStream::check_stop_strings(stop_strings);
     const io::ModelConfig config = io::read_config(args->dir);
-    const std::vector<const CLI::Option*> from_model = {temperature, top_k, top_p, min_p, penalty};
-    const bool any_left = std::any_of(from_model.begin(), from_model.end(), [](auto o) { return o->count() == 0; });
-    if (*generation_config == "auto" && !config.generation.unapplied.empty())
-      std::fprintf(stderr, "note: %s sets %s, which twell does not apply (it draws one sequence a prompt, by "
-                           "temperature, top-k, top-p, min-p and the repetition penalty)\n",
-                   config.generation.source.c_str(), config.generation.unapplied.c_str());
-    if (*generation_config == "auto" && config.generation.any() && any_left) {
-      // Each option not given takes the model's value, said in a note where it is not twell's default.
-      model::SamplingOptions model_says;
+    if (*generation_config == "auto") {
+      // Each option not given takes the model's value, said in a note where it changes twell's default.
+      const std::vector<std::pair<const CLI::Option*, model::SamplingField>> fields = {
+          {temperature, model::kSampleTemperature}, {top_k, model::kSampleTopK}, {top_p, model::kSampleTopP},
+          {min_p, model::kSampleMinP}, {penalty, model::kSampleRepetitionPenalty}};
+      unsigned given = 0;
+      for (const auto& [o, f] : fields) given |= o->count() > 0 ? f : 0u;
+      if (given != model::kSampleAllFields && !config.generation.unapplied.empty())
+        std::fprintf(stderr, "note: %s sets %s, which twell does not apply (it draws one sequence a prompt, by "
+                             "temperature, top-k, top-p, min-p and the repetition penalty)\n",
+                     config.generation.source.c_str(), config.generation.unapplied.c_str());
+      const model::SamplingOptions before = *sampling;
       try {
-        model_says = model::generation_sampling(config.generation);
+        *sampling = model::with_generation_config(before, given, config.generation);
       } catch (const Error& e) {
         throw Error(str(e.what(), " (give the option, or --generation-config ignore)"));
       }
       std::string taken;
-      const auto take = [&](const CLI::Option* o, auto& field, auto value) {
-        if (o->count() > 0 || field == value) return;
-        field = value;
-        taken += str(taken.empty() ? "" : ", ", o->get_name(), " ", value);
+      const auto said = [&](const CLI::Option* o, auto was, auto now) {
+        if (was != now) taken += str(taken.empty() ? "" : ", ", o->get_name(), " ", now);
       };
-      take(temperature, sampling->temperature, model_says.temperature);
-      if (sampling->temperature != 0) {  // greedy (said so, or --temperature 0) has no use for the rest
-        take(top_k, sampling->top_k, model_says.top_k);
-        take(top_p, sampling->top_p, model_says.top_p);
-        take(min_p, sampling->min_p, model_says.min_p);
-      }
-      take(penalty, sampling->repetition_penalty, model_says.repetition_penalty);
+      said(temperature, before.temperature, sampling->temperature);
+      said(top_k, before.top_k, sampling->top_k);
+      said(top_p, before.top_p, sampling->top_p);
+      said(min_p, before.min_p, sampling->min_p);
+      said(penalty, before.repetition_penalty, sampling->repetition_penalty);
       if (!taken.empty())
         std::fprintf(stderr, "note: %s from %s (an option given here overrides its value; --generation-config "
                              "ignore: twell's defaults, greedy)\n",
@@ -192,7 +191,7 @@ void register_run(CLI::App& app) {
       for (const CLI::Option* o : sampling_only)
         if (o->count() > 0) ignored += (ignored.empty() ? "" : ", ") + o->get_name();
       if (!ignored.empty())
-        std::fprintf(stderr, "note: %s only shape%s sampling; at --temperature 0 the run is greedy (argmax)\n",
+        std::fprintf(stderr, "note: %s only shape%s sampling; at temperature 0 the run is greedy (argmax)\n",
                      ignored.c_str(), ignored.find(',') == std::string::npos ? "s" : "");
     }
     const auto tok = args->load_tokenizer(config);
@@ -250,19 +249,17 @@ void register_run(CLI::App& app) {
                      static_cast<long long>(model->context()));
     };
     // The text of each sequence's new tokens as it comes, cut at a stop string.
-    // With --skip-special-tokens the special ids add no text, in the prompt's ids as in the new ones.
+    // With --skip-special-tokens the special ids add no text, in the prompt's ids as in the new ones (the
+    // stop ids only in the new ones: an ordinary token may be one).
+    const std::vector<int32_t> special = *skip_special ? tok->special_ids() : std::vector<int32_t>{};
     std::vector<int32_t> silent = stops;
-    if (*skip_special) {
-      const std::vector<int32_t> special = tok->special_ids();
-      silent.insert(silent.end(), special.begin(), special.end());
-    }
+    silent.insert(silent.end(), special.begin(), special.end());
     std::vector<model::TextStream> shown;
     for (size_t b = 0; b < B; ++b) {
       std::vector<int32_t> context = texts[b];
-      if (*skip_special)
-        context.erase(std::remove_if(context.begin(), context.end(),
-                                     [&](int32_t id) { return std::count(silent.begin(), silent.end(), id) > 0; }),
-                      context.end());
+      context.erase(std::remove_if(context.begin(), context.end(),
+                                   [&](int32_t id) { return std::count(special.begin(), special.end(), id) > 0; }),
+                    context.end());
       shown.emplace_back(*tok, std::move(context), silent);
       shown.back().stop_at(stop_strings);
     }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace twell::io {
@@ -40,19 +41,26 @@ struct RopeScaling {
 
 // The sampling keys of a model's generation_config.json (transformers' GenerationConfig; config.json's
 // where there is none, as transformers falls back to it), as the file gives them: unset where absent
-// or null. Their types and ranges are checked where they are used (model::generation_sampling gives the
-// options transformers' generate() would draw with, or throws `error`), so that a model whose file
-// has a bad one still loads, as in transformers.
+// or null. Their types and ranges are checked where they are used (model::with_generation_config
+// completes a caller's options as transformers' generate() would, and throws for a bad value it takes),
+// so that a model whose file has a bad one still loads, as in transformers.
 struct GenerationDefaults {
   std::string source;  // the file they came from; empty where there was none
   std::optional<bool> do_sample;
   std::optional<double> temperature, top_p, min_p, repetition_penalty;
   std::optional<int64_t> top_k;
-  std::string error;      // a key of the wrong type, said as read_config would have ("" where none)
+  // Each key of the wrong type (left unset above) and what is wrong with it, said as read_config would.
+  std::vector<std::pair<std::string, std::string>> errors;
   std::string unapplied;  // keys it sets that twell does not apply, with their values: "num_beams 4, ..."
 
   bool any() const {
-    return do_sample || temperature || top_p || min_p || repetition_penalty || top_k || !error.empty();
+    return do_sample || temperature || top_p || min_p || repetition_penalty || top_k || !errors.empty();
+  }
+  // The error of `key` ("" where it has none).
+  std::string error(const std::string& key) const {
+    for (const auto& [k, what] : errors)
+      if (k == key) return what;
+    return "";
   }
 };
 

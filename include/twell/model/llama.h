@@ -280,14 +280,29 @@ struct SamplingOptions {
   }
 };
 
-// The options transformers' generate() draws with by default from a model's generation_config.json:
-// greedy unless do_sample is true, which brings temperature (default 1); repetition_penalty (1) either
-// way; top_k, top_p and min_p as given (top_k 50 where do_sample says so and the file does not, as
-// GenerationConfig's default), which a caller applies where the run samples (a greedy file's top_k
-// shapes a run its user asks to sample, as transformers' generate(do_sample=True) takes it). Seed and
-// vocab_limit are left at their defaults. Throws, naming the file, on a key of the wrong type, a value
-// out of SamplingOptions' ranges, or do_sample with temperature 0 (transformers refuses it).
-SamplingOptions generation_sampling(const io::GenerationDefaults& g);
+// The sampling options a caller may set itself, as bits: those of `twell run` given on its command
+// line, Python's generate() arguments that are not None.
+enum SamplingField : unsigned {
+  kSampleTemperature = 1,
+  kSampleTopK = 2,
+  kSampleTopP = 4,
+  kSampleMinP = 8,
+  kSampleRepetitionPenalty = 16,
+  kSampleAllFields = 31
+};
+
+// `mine` completed from a model's generation config (generation_config.json, or config.json's keys) as
+// transformers' generate() completes its arguments from it: each field not in `given` takes the file's
+// value. The temperature is the file's where do_sample is true (1 where it says none), else 0 (greedy);
+// repetition_penalty the file's either way; top_k, top_p and min_p the file's only where the temperature
+// the run ends with samples (top_k 50 where do_sample is true and the file says none, as
+// GenerationConfig's default; twell's 0 otherwise, where transformers' do_sample=True would add 50 too).
+// Only the values taken are checked (a caller's own override a bad one): a key of the wrong type, a value
+// out of SamplingOptions' ranges, or do_sample with temperature 0 (transformers refuses it) throws,
+// naming the file. `taken` (may be null) receives the fields whose value came from the file. Seed and
+// vocab_limit stay mine.
+SamplingOptions with_generation_config(SamplingOptions mine, unsigned given, const io::GenerationDefaults& g,
+                                       unsigned* taken = nullptr);
 
 // Draws tokens from logit rows. Deterministic for a seed: std::mt19937_64 and our own
 // uniform-double conversion (std distributions differ between standard libraries).

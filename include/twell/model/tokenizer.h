@@ -47,8 +47,9 @@ class Tokenizer {
   // Throws for an unknown id.
   virtual std::string id_to_token(int32_t id) const = 0;
   virtual std::optional<int32_t> token_to_id(std::string_view token) const = 0;
-  // The ids HF's decode(skip_special_tokens=True) leaves out (the text-generation pipeline's default),
-  // ascending: the added tokens marked special, BOS and EOS. `twell run --skip-special-tokens`.
+  // The ids HF's decode(skip_special_tokens=True) leaves out, ascending: the added tokens marked special,
+  // BOS and EOS, and the tokens tokenizer_config.json makes special (BpeTokenizer::add_special_ids).
+  // `twell run --skip-special-tokens`.
   virtual std::vector<int32_t> special_ids() const = 0;
 };
 
@@ -129,6 +130,9 @@ class BpeTokenizer final : public Tokenizer {
   // post-processor does). load_tokenizer sets them. Throws for ids outside the vocabulary.
   void set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos, std::optional<bool> add_bos = {},
                    std::optional<bool> add_eos = {});
+  // Ids tokenizer_config.json makes special beyond tokenizer.json's (its unk/pad/sep/cls/mask tokens, its
+  // added_tokens_decoder entries marked special): special_ids() has them too. load_tokenizer sets them.
+  void add_special_ids(const std::vector<int32_t>& ids);
 
   struct AddedToken {
     std::string content;
@@ -181,6 +185,7 @@ class BpeTokenizer final : public Tokenizer {
   bool fuse_unk_ = false;
   int32_t vocab_size_ = 0;
   std::optional<int32_t> bos_, eos_, bos_to_add_, eos_to_add_;
+  std::vector<int32_t> more_special_;  // add_special_ids'
 
   // Words seen before -> their ids, as HF's BPE cache; bounded, cleared when full.
   mutable std::mutex cache_mutex_;
