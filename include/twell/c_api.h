@@ -286,7 +286,8 @@ enum {
  * (1 where it says none), else 0; repetition_penalty the file's (1); top_k, top_p and min_p the file's
  * only where the temperature the call ends with samples (top_k 50 where do_sample is true and the file
  * says none). The fields given, seed and vocab_limit are left as they are. *taken (may be NULL) receives
- * the bits of the fields taken from the file; *unapplied (may be NULL) the keys the file sets that twell
+ * the bits of the fields the completion set (to the file's values or, where it says none, transformers'
+ * defaults; none where the file gives no key); *unapplied (may be NULL) the keys the file sets that twell
  * does not apply, with their values ("num_beams 4, typical_p 0.9"; "" where none), valid while the
  * model lives. An error, naming the file, where a value taken has the wrong type or is out of range
  * (*unapplied is set even then; *sampling is not changed). (The generate calls take their sampling as

@@ -275,8 +275,12 @@ class ModelOnTheCpu(unittest.TestCase):
         self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, repetition_penalty=1), greedy)
         m = model_with({"top_p": 0.9})  # greedy; its top_p shapes a run given a temperature
         self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=1.5, top_k=50, seed=2), sampled)
+        seen = []  # read from a stream callback (the config does not change: no call into the model)
+        m.generate("ab", max_new_tokens=2, stream=lambda t: seen.append(m.generation_defaults["top_p"]))
+        self.assertEqual(seen[:1], [1.0])
         for bad, why in (({"do_sample": True, "top_p": 0}, r"generation_config.json: top_p must be in"),
-                         ({"temperature": "hot"}, "generation_config.json: key 'temperature' must be a number")):
+                         ({"do_sample": True, "temperature": "hot"},
+                          "generation_config.json: key 'temperature' must be a number")):
             m = model_with(bad)  # loads (logits, perplexity); generate() says why it cannot take the file
             self.assertEqual(len(m.logits([256, 5])), 2)
             with self.assertRaisesRegex(twell.TwellError, why + r".*\(pass the argument\)"):
@@ -284,6 +288,8 @@ class ModelOnTheCpu(unittest.TestCase):
             with self.assertRaisesRegex(twell.TwellError, why):
                 m.generation_defaults
             self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=0), greedy)  # not taken
+        m = model_with({"temperature": "hot"})  # greedy: its temperature is never taken (as in transformers)
+        self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), greedy)
         m = model_with({"num_beams": 3})
         with self.assertWarnsRegex(UserWarning, "sets num_beams 3, which twell does not apply"):
             self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), greedy)

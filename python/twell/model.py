@@ -320,6 +320,14 @@ class Model(_OwnsAHandle):
         _capi.check(_capi.lib.twell_model_generation_sampling(self._handle, ctypes.byref(_capi.Sampling()),
                                                               _SAMPLE_ALL, None, ctypes.byref(unapplied)))
         self._unapplied = (unapplied.value or b"").decode(errors="replace") if self._generation_config else ""
+        try:  # what a call with every sampling argument None takes (the config does not change): read once
+            s = _capi.Sampling()
+            _capi.lib.twell_sampling_init(ctypes.byref(s))
+            s = self._completed(s, 0, "Model")
+            self._generation_defaults = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+                                         "min_p": s.min_p, "repetition_penalty": s.repetition_penalty}
+        except TwellError as e:  # said where it is used
+            self._generation_defaults = str(e)
         self.tokenizer = None
         # lexists: a link to nothing is the loader's to report, as `twell run` does, not a model without one
         if tokenizer == "bytes" or (tokenizer == "auto" and
@@ -485,27 +493,27 @@ class Model(_OwnsAHandle):
         """The sampling options generate() takes where every sampling argument is None (its default), as
         `twell run` takes them with no option given: transformers' defaults from the model's
         generation_config.json (config.json's keys where there is none): greedy unless its do_sample is true,
-        which brings its temperature (1 where unset), top_k (50), top_p and min_p; its repetition_penalty
-        either way; twell's (greedy) where the file gives none, or with Model(generation_config="ignore"). A
-        dict of temperature, top_k, top_p, min_p and repetition_penalty. Raises where the file has a value of
+        which brings its temperature (1 where unset), top_k (50 where unset), top_p and min_p; its
+        repetition_penalty either way; twell's (greedy) where the file gives none, or with
+        Model(generation_config="ignore"). A dict of temperature, top_k, top_p, min_p and repetition_penalty.
+        (A call that gives some arguments takes the rest from the file field by field: a greedy file's top_k,
+        top_p and min_p shape a call given a temperature.) Raises where the file has a value it would take of
         the wrong type or out of range (the model still loads; give the arguments)."""
-        s = _capi.Sampling()
-        _capi.lib.twell_sampling_init(ctypes.byref(s))
-        s = self._completed(s, 0)
-        return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
-                "repetition_penalty": s.repetition_penalty}
+        if isinstance(self._generation_defaults, str):
+            raise TwellError(self._generation_defaults)
+        return dict(self._generation_defaults)
 
-    def _completed(self, s, given):
+    def _completed(self, s, given, what):
         """s (a twell_sampling) with the fields whose bits are not in given taken from the generation config."""
-        if not self._generation_config:
+        if not self._generation_config or given == _SAMPLE_ALL:
             return s
-        with self._busy("generate") as h:
+        with self._busy(what) as h:
             rc = _capi.lib.twell_model_generation_sampling(h, ctypes.byref(s), given, None, None)
         if rc != _capi.OK:
             raise TwellError(_capi.lib.twell_last_error().decode(errors="replace") + " (pass the argument)")
         return s
 
-    def _sampling(self, temperature, top_k, top_p, seed, min_p, repetition_penalty):
+    def _sampling(self, temperature, top_k, top_p, seed, min_p, repetition_penalty, what):
         # None: the model's default (generation_config.json), as `twell run` takes it for an option not given;
         # top_k, top_p and min_p only where the temperature the run ends with samples.
         args = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
@@ -536,8 +544,7 @@ class Model(_OwnsAHandle):
         if not (s.repetition_penalty > 0 and math.isfinite(s.repetition_penalty)):  # 0 would read as off in C
             raise TwellError(f"repetition_penalty must be finite and > 0, got {s.repetition_penalty!r}")
         s.top_k, s.seed = int(top_k), int(seed)
-        if given != _SAMPLE_ALL:
-            s = self._completed(s, given)
+        s = self._completed(s, given, what)
         # As `twell run` notes it:
         if s.temperature == 0 and (s.top_k != 0 or s.top_p != 1 or s.min_p != 0 or s.seed != 0):
             warnings.warn("twell.Model: top_k, top_p, min_p and seed only shape sampling; at temperature 0 the "
@@ -554,10 +561,10 @@ class Model(_OwnsAHandle):
         logits round differently). repetition_penalty (1: off; above 1 discourages repeats, below 1
         encourages them) divides the logit of each id the sequence holds (the prompt's, BOS and special
         tokens included, and the new ones) where positive and multiplies it where negative, before the
-        rest, greedy included, as transformers' repetition_penalty does. A sampling argument left None is
-        the model's `generation_defaults` (its generation_config.json's, as transformers' generate() takes
-        them; without one: greedy, top_k 0, top_p 1, min_p 0, repetition_penalty 1); top_k, top_p and min_p
-        take them only where the run samples.
+        rest, greedy included, as transformers' repetition_penalty does. A sampling argument left None takes
+        the model's generation_config.json's value, as transformers' generate() and `twell run` take it
+        (top_k, top_p and min_p only where the call samples; without a file: greedy, top_k 0, top_p 1,
+        min_p 0, repetition_penalty 1); `generation_defaults` shows what a call with none given takes.
 
         stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
         list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before
@@ -581,7 +588,7 @@ class Model(_OwnsAHandle):
         ids, text_ids = self._prompt_ids(prompt)
         max_new_tokens = _check_count(max_new_tokens)
         stops = self._stop_ids(stop)
-        s = self._sampling(temperature, top_k, top_p, seed, min_p, repetition_penalty)
+        s = self._sampling(temperature, top_k, top_p, seed, min_p, repetition_penalty, "generate")
 
         streamer = _TextStream(self.tokenizer, text_ids, stops, stop_strings, skip_special_tokens) \
             if text_prompt and (stream is not None or stop_strings) else None
@@ -645,8 +652,8 @@ class Model(_OwnsAHandle):
         receives (i, the text prompt i adds) as it comes (str prompts) or (i, each id) (id prompts);
         returning True (itself) from it stops prompt i, the others go on. stop_strings: as generate()'s, for
         each prompt on its own (every prompt must then be text: str or bytes). Returns a list, in the
-        prompts' order: the new text for a str prompt, the new ids for ids. Sampling arguments left None are
-        the model's `generation_defaults`, as in generate(); skip_special_tokens as there (text prompts).
+        prompts' order: the new text for a str prompt, the new ids for ids. Sampling arguments left None take
+        the generation config's values, as in generate(); skip_special_tokens as there (text prompts).
         `last_generation` then holds a
         list of generate()'s dicts, one a prompt, each with the batch's prefill_seconds and its own
         decode_seconds.
@@ -673,7 +680,7 @@ class Model(_OwnsAHandle):
         c_offsets = (ctypes.c_int64 * len(offsets))(*offsets)
         stops = self._stop_ids(stop)
         c_stops, n_stops = _ids(stops, "stop")
-        s = self._sampling(temperature, top_k, top_p, seed, min_p, repetition_penalty)
+        s = self._sampling(temperature, top_k, top_p, seed, min_p, repetition_penalty, "generate_batch")
         B = len(prompts)
         streamers = [_TextStream(self.tokenizer, text_ids, stops, stop_strings, skip_special_tokens)
                      if isinstance(p, _TEXT) and (stream is not None or stop_strings) else None

@@ -257,12 +257,16 @@ SamplingOptions with_generation_config(SamplingOptions mine, unsigned given, con
   };
   const bool sample = g.do_sample.value_or(false);
   take(kSampleRepetitionPenalty, {"repetition_penalty"}, mine.repetition_penalty, g.repetition_penalty.value_or(1.0));
-  if (take(kSampleTemperature, {"do_sample", "temperature"}, mine.temperature,
+  // A key's type error counts only where its value is used: the file's temperature only with do_sample,
+  // do_sample for top_k only where the file says no top_k.
+  using Keys = std::initializer_list<const char*>;
+  if (take(kSampleTemperature, sample ? Keys{"do_sample", "temperature"} : Keys{"do_sample"}, mine.temperature,
            sample ? g.temperature.value_or(1.0) : 0.0))
     TWELL_REQUIRE(!sample || mine.temperature != 0, source,
                   ": do_sample is true with temperature 0, which transformers refuses (do_sample false is greedy)");
   if (mine.temperature != 0) {  // greedy has no use for the rest
-    take(kSampleTopK, {"do_sample", "top_k"}, mine.top_k, g.top_k.value_or(sample ? 50 : 0));
+    take(kSampleTopK, g.top_k ? Keys{"top_k"} : Keys{"do_sample", "top_k"}, mine.top_k,
+         g.top_k.value_or(sample ? 50 : 0));
     take(kSampleTopP, {"top_p"}, mine.top_p, g.top_p.value_or(1.0));
     take(kSampleMinP, {"min_p"}, mine.min_p, g.min_p.value_or(0.0));
   }

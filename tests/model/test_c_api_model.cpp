@@ -228,8 +228,6 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
   twell_model_destroy(m);
 }
 
-// A batch of prompts of different lengths: model::generate_batch's tokens, laid out max_new_tokens
-// a sequence; a callback that stops one sequence; offsets that do not describe prompts are refused.
 // A twell_sampling completed from generation_config.json as model::with_generation_config does: the
 // fields given kept; nothing taken where there is no file; a value taken out of range refused, leaving
 // *sampling as it was.
@@ -282,6 +280,8 @@ TEST_F(CApiModel, GenerationSamplingCompletesFromTheGenerationConfig) {
   twell_model_destroy(m);
 }
 
+// A batch of prompts of different lengths: model::generate_batch's tokens, laid out max_new_tokens
+// a sequence; a callback that stops one sequence; offsets that do not describe prompts are refused.
 TEST_F(CApiModel, BatchGenerationIsTheCppBatch) {
   twell_model* m = load();
   ASSERT_NE(m, nullptr);

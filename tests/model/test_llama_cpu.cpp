@@ -782,6 +782,16 @@ TEST(LlamaSampling, WithGenerationConfigCompletesAsTransformers) {
   EXPECT_EQ(with_generation_config(mine, 0, g).top_p, 1);  // greedy: top_p not taken
   expect_error([&] { with_generation_config(hot, kSampleTemperature, g); }, {g.errors[0].second});
   EXPECT_EQ(with_generation_config(hot, kSampleTemperature | kSampleTopP, g).top_p, 1);
+  // A key's error counts only where its value is used: a greedy file's temperature never is; do_sample
+  // decides top_k only where the file gives none.
+  io::GenerationDefaults greedy_file;
+  greedy_file.errors = {{"temperature", "m: key 'temperature' must be a number"}};
+  EXPECT_EQ(with_generation_config(mine, 0, greedy_file).temperature, 0);
+  io::GenerationDefaults bad_flag;
+  bad_flag.errors = {{"do_sample", "m: key 'do_sample' must be true or false"}};
+  bad_flag.top_k = 40;
+  EXPECT_EQ(with_generation_config(hot, kSampleTemperature, bad_flag).top_k, 40);
+  expect_error([&] { with_generation_config(mine, 0, bad_flag); }, {"'do_sample' must be true or false"});
 }
 
 TEST(LlamaSampling, MinPKeepsTokensNearTheMostLikely) {

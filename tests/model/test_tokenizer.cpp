@@ -601,7 +601,6 @@ TEST_F(LoadTokenizer, ReadsTokenizerJsonAndBosEosFromTheConfig) {
   expect_error([&] { load_tokenizer(dir_); }, {"tokenizer_config.json", "'add_bos_token' must be true or false"});
 }
 
-// Llama 2's template adds <s> with no tokenizer_config.json; add_bos_token false there turns it off.
 // tokenizer_config.json's other named special tokens (where the vocabulary holds them) and its
 // added_tokens_decoder entries marked special are special too, as transformers makes them.
 TEST_F(LoadTokenizer, TheConfigsSpecialTokensAreSpecialIds) {
@@ -617,6 +616,7 @@ TEST_F(LoadTokenizer, TheConfigsSpecialTokensAreSpecialIds) {
   EXPECT_EQ(tok->special_ids(), want);
 }
 
+// Llama 2's template adds <s> with no tokenizer_config.json; add_bos_token false there turns it off.
 TEST_F(LoadTokenizer, AddBosTokenOverridesThePostProcessor) {
   write_file(path("tokenizer.json"), fixture_text("bpe_llama2.json"));
   EXPECT_EQ(load_tokenizer(dir_)->bos_to_add(), 1);

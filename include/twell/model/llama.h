@@ -299,7 +299,8 @@ enum SamplingField : unsigned {
 // GenerationConfig's default; twell's 0 otherwise, where transformers' do_sample=True would add 50 too).
 // Only the values taken are checked (a caller's own override a bad one): a key of the wrong type, a value
 // out of SamplingOptions' ranges, or do_sample with temperature 0 (transformers refuses it) throws,
-// naming the file. `taken` (may be null) receives the fields whose value came from the file. Seed and
+// naming the file. `taken` (may be null) receives the fields the completion set (to the file's values,
+// or to transformers' defaults where the file says none); none where the file gives no key. Seed and
 // vocab_limit stay mine.
 SamplingOptions with_generation_config(SamplingOptions mine, unsigned given, const io::GenerationDefaults& g,
                                        unsigned* taken = nullptr);
