@@ -391,6 +391,10 @@ TWELL_C_API int twell_text_stream_finish(twell_text_stream* stream, const char**
  * NUL-terminated), each at least one and valid UTF-8. */
 TWELL_C_API int twell_text_stream_stop_at(twell_text_stream* stream, const char* const* strings,
                                           const size_t* lengths, int64_t n);
+/* The tokenizer's special ids (twell_tokenizer_special_ids) add no text, in the context as in the new
+ * ids, as HF's decode(skip_special_tokens=True) (model::TextStream::skip_special_tokens); before the
+ * stream's first put. */
+TWELL_C_API int twell_text_stream_skip_special_tokens(twell_text_stream* stream);
 /* *stopped: 1 once a stop string was met, and *which its index in stop_at's strings; else 0 and -1.
  * which may be NULL. */
 TWELL_C_API int twell_text_stream_stopped(const twell_text_stream* stream, int* stopped, int64_t* which);

@@ -222,6 +222,7 @@ _sig = {
     "twell_text_stream_finish": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_void_p), _P(ctypes.c_size_t)]),
     "twell_text_stream_stop_at": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_char_p), _P(ctypes.c_size_t),
                                                  ctypes.c_int64]),
+    "twell_text_stream_skip_special_tokens": (ctypes.c_int, [ctypes.c_void_p]),
     "twell_text_stream_stopped": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int), _P(ctypes.c_int64)]),
 }
 for _name, (_res, _args) in _sig.items():

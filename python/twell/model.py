@@ -921,10 +921,6 @@ class _TextStream:
 
     def __init__(self, tokenizer, prompt_ids, stops, stop_strings=(), skip_special_tokens=False):
         self.tokenizer = tokenizer  # the stream reads it: it must outlive the stream
-        if skip_special_tokens:  # special ids add no text, in the prompt as in the new ids (`twell run`'s); stop
-            special = set(tokenizer.special_ids)  # ids only in the new ones (an ordinary token may be one)
-            stops = list(stops) + tokenizer.special_ids
-            prompt_ids = [i for i in prompt_ids if i not in special]
         c_prompt, n_prompt = _ids(prompt_ids, "prompt")
         c_stops, n_stops = _ids(stops, "stop")
         handle = ctypes.c_void_p()
@@ -934,15 +930,17 @@ class _TextStream:
         self._handle = handle
         self.pieces = []  # every piece given: the text so far
         self.stopped, self._which, self._stops = False, -1, bool(stop_strings)
-        if stop_strings:
-            encoded = [v.encode("utf-8", errors="surrogatepass") for v in stop_strings]
-            strings = (ctypes.c_char_p * len(encoded))(*encoded)
-            lengths = (ctypes.c_size_t * len(encoded))(*(len(v) for v in encoded))
-            try:
+        try:
+            if stop_strings:
+                encoded = [v.encode("utf-8", errors="surrogatepass") for v in stop_strings]
+                strings = (ctypes.c_char_p * len(encoded))(*encoded)
+                lengths = (ctypes.c_size_t * len(encoded))(*(len(v) for v in encoded))
                 _capi.check(_capi.lib.twell_text_stream_stop_at(self._handle, strings, lengths, len(encoded)))
-            except BaseException:
-                self.close()
-                raise
+            if skip_special_tokens:  # the special ids add no text, in the prompt as in the new ids
+                _capi.check(_capi.lib.twell_text_stream_skip_special_tokens(self._handle))
+        except BaseException:
+            self.close()
+            raise
 
     def _piece(self, call, *args):
         text, length = ctypes.c_void_p(), ctypes.c_size_t()

@@ -906,6 +906,10 @@ int twell_text_stream_finish(twell_text_stream* stream, const char** text, size_
   });
 }
 
+int twell_text_stream_skip_special_tokens(twell_text_stream* stream) {
+  return guarded([&] { object(stream).stream->skip_special_tokens(); });
+}
+
 int twell_text_stream_stop_at(twell_text_stream* stream, const char* const* strings, const size_t* lengths,
                               int64_t n) {
   return guarded([&] {

@@ -1661,6 +1661,16 @@ TextStream::TextStream(const Tokenizer& tok, std::vector<int32_t> context, std::
                 tok_.vocab_size(), ")");
 }
 
+void TextStream::skip_special_tokens() {
+  TWELL_REQUIRE(!started_, "TextStream: special tokens are skipped from before the first token");
+  const std::vector<int32_t> special = tok_.special_ids();  // ascending
+  ids_.erase(std::remove_if(ids_.begin(), ids_.end(),
+                            [&](int32_t id) { return std::binary_search(special.begin(), special.end(), id); }),
+             ids_.end());
+  given_ = ids_.size();
+  stops_.insert(stops_.end(), special.begin(), special.end());
+}
+
 std::string TextStream::put(int32_t id) {
   started_ = true;
   if (stopped() || std::find(stops_.begin(), stops_.end(), id) != stops_.end()) return {};  // not part of the text

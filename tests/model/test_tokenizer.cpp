@@ -357,6 +357,30 @@ TEST(BpeTokenizer, SpecialIdsAreTheSpecialAddedTokensAndBosEos) {
   EXPECT_EQ(ByteTokenizer(false, false).special_ids(), std::vector<int32_t>{});
 }
 
+// skip_special_tokens: the special ids add no text, in the context as in the new ids (decode of
+// context + new without them, past the context's); a stop id stays in the context; refused once started.
+TEST(TextStream, SkipSpecialTokensLeavesThemOut) {
+  const auto tok = BpeTokenizer::from_file(data_path("bpe_gpt2.json"));
+  const std::vector<int32_t> context = tok->encode("a<sep>b");
+  ASSERT_NE(std::find(context.begin(), context.end(), 306), context.end());
+  const std::vector<int32_t> fresh = tok->encode(" hello<mask> world<|endoftext|>!");
+  const auto plain = [&](std::vector<int32_t> ids) {
+    ids.erase(std::remove_if(ids.begin(), ids.end(), [](int32_t id) { return id == 0 || id == 305 || id == 306; }),
+              ids.end());
+    return tok->decode(ids);
+  };
+  TextStream stream(*tok, context);
+  stream.skip_special_tokens();
+  std::string text;
+  for (const int32_t id : fresh) text += stream.put(id);
+  text += stream.finish();
+  std::vector<int32_t> all = context;
+  all.insert(all.end(), fresh.begin(), fresh.end());
+  EXPECT_EQ(text, plain(all).substr(plain(context).size()));
+  EXPECT_EQ(text, " hello world!");
+  expect_error([&] { stream.skip_special_tokens(); }, {"before the first token"});
+}
+
 TEST(BpeTokenizer, RepeatedAndLongWordsGiveStableIds) {
   auto tok = BpeTokenizer::from_file(data_path("bpe_gpt2.json"));
   const std::string text = "the cat sat on the mat the cat sat on the mat";

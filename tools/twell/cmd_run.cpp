@@ -249,19 +249,11 @@ void register_run(CLI::App& app) {
                      static_cast<long long>(model->context()));
     };
     // The text of each sequence's new tokens as it comes, cut at a stop string.
-    // With --skip-special-tokens the special ids add no text, in the prompt's ids as in the new ones (the
-    // stop ids only in the new ones: an ordinary token may be one).
-    const std::vector<int32_t> special = *skip_special ? tok->special_ids() : std::vector<int32_t>{};
-    std::vector<int32_t> silent = stops;
-    silent.insert(silent.end(), special.begin(), special.end());
     std::vector<model::TextStream> shown;
     for (size_t b = 0; b < B; ++b) {
-      std::vector<int32_t> context = texts[b];
-      context.erase(std::remove_if(context.begin(), context.end(),
-                                   [&](int32_t id) { return std::count(special.begin(), special.end(), id) > 0; }),
-                    context.end());
-      shown.emplace_back(*tok, std::move(context), silent);
+      shown.emplace_back(*tok, texts[b], stops);
       shown.back().stop_at(stop_strings);
+      if (*skip_special) shown.back().skip_special_tokens();
     }
     const auto say_stop_string = [&](size_t b, const std::string& label) {
       if (shown[b].stopped())

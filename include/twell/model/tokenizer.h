@@ -225,6 +225,10 @@ class TextStream {
   // otherwise is not cut at its end). Each string non-empty and valid UTF-8 (the text is, so another
   // could never match); given before the first put().
   void stop_at(std::vector<std::string> strings);
+  // The tokenizer's special_ids() add no text, in the context as in the new ids (HF's
+  // decode(skip_special_tokens=True) of context + new ids past that of the context); given before the
+  // first put(). The stop ids stay in the context (an ordinary token may be one).
+  void skip_special_tokens();
   static void check_stop_strings(const std::vector<std::string>& strings);  // stop_at's check alone
   bool stopped() const { return stopped_index_ >= 0; }
   // The stop string met, and its index in stop_at's list ("" and -1 while none).
