@@ -28,7 +28,7 @@ from ._capi import TwellError, _int, _integer
 
 __all__ = ["Model", "Tokenizer"]
 
-# twell_model_generation_sampling's bits: the sampling arguments a caller gave.
+# twell_model_generation_sampling's bits: the sampling arguments a caller gave (_sampling unpacks them in this order).
 _SAMPLE_BITS = {"temperature": 1, "top_k": 2, "top_p": 4, "min_p": 8, "repetition_penalty": 16}
 _SAMPLE_ALL = 31
 
@@ -315,19 +315,17 @@ class Model(_OwnsAHandle):
         eos = (ctypes.c_int32 * max(n.value, 1))()
         _capi.check(_capi.lib.twell_model_eos_ids(self._handle, eos, n.value, ctypes.byref(n)))
         self.eos_ids = list(eos[:n.value])  # config.json's and generation_config.json's
+        # What a call with every sampling argument None takes (the config does not change: read once; an
+        # error is said where it is used), and the keys the file sets that twell does not apply.
         self._generation_config = generation_config == "auto"
-        unapplied = ctypes.c_char_p()
-        _capi.check(_capi.lib.twell_model_generation_sampling(self._handle, ctypes.byref(_capi.Sampling()),
-                                                              _SAMPLE_ALL, None, ctypes.byref(unapplied)))
+        s, unapplied = _capi.Sampling(), ctypes.c_char_p()
+        _capi.lib.twell_sampling_init(ctypes.byref(s))
+        rc = _capi.lib.twell_model_generation_sampling(self._handle, ctypes.byref(s),
+                                                       0 if self._generation_config else _SAMPLE_ALL, None,
+                                                       ctypes.byref(unapplied))
         self._unapplied = (unapplied.value or b"").decode(errors="replace") if self._generation_config else ""
-        try:  # what a call with every sampling argument None takes (the config does not change): read once
-            s = _capi.Sampling()
-            _capi.lib.twell_sampling_init(ctypes.byref(s))
-            s = self._completed(s, 0, "Model")
-            self._generation_defaults = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-                                         "min_p": s.min_p, "repetition_penalty": s.repetition_penalty}
-        except TwellError as e:  # said where it is used
-            self._generation_defaults = str(e)
+        self._generation_defaults = {name: getattr(s, name) for name in _SAMPLE_BITS} if rc == _capi.OK else \
+            _capi.lib.twell_last_error().decode(errors="replace") + " (pass the argument)"
         self.tokenizer = None
         # lexists: a link to nothing is the loader's to report, as `twell run` does, not a model without one
         if tokenizer == "bytes" or (tokenizer == "auto" and
@@ -523,14 +521,13 @@ class Model(_OwnsAHandle):
             warnings.warn(f"twell.Model: the model's generation config sets {self._unapplied}, which twell does "
                           "not apply (one sequence a prompt, by temperature, top_k, top_p, min_p and "
                           "repetition_penalty)", stacklevel=3)
-        defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+        s = _capi.Sampling()
+        _capi.lib.twell_sampling_init(ctypes.byref(s))  # twell's defaults, for the arguments left None
         temperature, top_k, top_p, min_p, repetition_penalty = (
-            defaults[name] if args[name] is None else args[name] for name in defaults)
+            getattr(s, name) if args[name] is None else args[name] for name in _SAMPLE_BITS)
         # Integers as `twell run` takes them: no silent truncation of 2.7 or wrap-around of -1 or 2**64.
         top_k = _int(top_k, "top_k", 0, expected="an integer of at least 0 (0: all)")
         seed = _int(seed, "seed", 0, 2**64, "an integer in [0, 2**64)")
-        s = _capi.Sampling()
-        _capi.lib.twell_sampling_init(ctypes.byref(s))
         numbers_ = []
         for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p),
                             ("repetition_penalty", repetition_penalty)):
