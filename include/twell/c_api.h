@@ -35,7 +35,7 @@ extern "C" {
 /* Bumped whenever a struct or a signature below changes; twell_c_api_version() returns it. The
  * library's file name does not follow it: a program checks twell_c_api_version() == TWELL_C_API_VERSION
  * at start (examples/c_api does), so that a library of other layouts is refused, not misread. */
-#define TWELL_C_API_VERSION 8
+#define TWELL_C_API_VERSION 9
 
 enum { TWELL_OK = 0, TWELL_ERROR = 1 };
 
@@ -398,6 +398,29 @@ TWELL_C_API int twell_text_stream_skip_special_tokens(twell_text_stream* stream)
 /* *stopped: 1 once a stop string was met, and *which its index in stop_at's strings; else 0 and -1.
  * which may be NULL. */
 TWELL_C_API int twell_text_stream_stopped(const twell_text_stream* stream, int* stopped, int64_t* which);
+
+/* ---- chat templates (twell/model/chat_template.h) ---- */
+/* The Jinja template that turns a conversation into a chat model's prompt, rendered as transformers'
+ * apply_chat_template(messages, tokenize=False) renders it (a subset of Jinja: what twell does not
+ * evaluate is an error naming it, never another text). */
+typedef struct twell_chat_template twell_chat_template;
+/* dir's template (chat_template.jinja, else tokenizer_config.json's chat_template, else
+ * chat_template.json's) with tokenizer_config.json's special tokens (bos_token, eos_token, ...) as its
+ * variables; *out is NULL where the model has none. */
+TWELL_C_API int twell_chat_template_load(const char* dir, twell_chat_template** out);
+/* A template from its text. special_tokens_json: a JSON object of names and strings, as
+ * {"bos_token": "<s>"} (NULL: none). */
+TWELL_C_API int twell_chat_template_create(const char* text, const char* special_tokens_json,
+                                           twell_chat_template** out);
+TWELL_C_API void twell_chat_template_destroy(twell_chat_template* chat_template); /* NULL: nothing */
+/* The prompt text of messages_json (a JSON array of {"role": ..., "content": ...}), with the
+ * assistant's header after it where add_generation_prompt != 0; variables_json (NULL: none) a JSON
+ * object of further variables (tools, documents, a template's own flags). *text points into the
+ * template object (*len bytes, NUL-terminated too), valid until its next apply. Encode it without
+ * BOS: the template writes the special tokens it wants. */
+TWELL_C_API int twell_chat_template_apply(twell_chat_template* chat_template, const char* messages_json,
+                                          int add_generation_prompt, const char* variables_json, const char** text,
+                                          size_t* len);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,7 @@
 
 #include "twell/cpu/ffn.h"
 #include "twell/error.h"
+#include "twell/model/chat_template.h"
 #include "twell/model/load.h"
 #include "twell/version.h"
 #if TWELL_WITH_CUDA
@@ -35,10 +36,11 @@ static_assert(sizeof(twell_tensor) == 56 && sizeof(twell_activation_stats) == 32
               sizeof(twell_cuda_ffn_config) == 72);
 static_assert(offsetof(twell_cuda_ffn_config, cublaslt_workspace) == 40 &&
               offsetof(twell_cuda_ffn_config, cublaslt_workspace_bytes) == 48);
-static_assert(TWELL_SAMPLE_TEMPERATURE == twell::model::kSampleTemperature &&
-              TWELL_SAMPLE_TOP_K == twell::model::kSampleTopK && TWELL_SAMPLE_TOP_P == twell::model::kSampleTopP &&
-              TWELL_SAMPLE_MIN_P == twell::model::kSampleMinP &&
-              TWELL_SAMPLE_REPETITION_PENALTY == twell::model::kSampleRepetitionPenalty);
+static_assert(unsigned{TWELL_SAMPLE_TEMPERATURE} == twell::model::kSampleTemperature &&
+              unsigned{TWELL_SAMPLE_TOP_K} == twell::model::kSampleTopK &&
+              unsigned{TWELL_SAMPLE_TOP_P} == twell::model::kSampleTopP &&
+              unsigned{TWELL_SAMPLE_MIN_P} == twell::model::kSampleMinP &&
+              unsigned{TWELL_SAMPLE_REPETITION_PENALTY} == twell::model::kSampleRepetitionPenalty);
 static_assert(sizeof(twell_model_options) == 80 && sizeof(twell_model_info) == 80 && sizeof(twell_sampling) == 64 &&
               sizeof(twell_generation) == 32 && sizeof(twell_tokenizer_info) == 20);
 static_assert(offsetof(twell_model_options, log) == 32 && offsetof(twell_model_options, gpu_memory) == 48 &&
@@ -65,6 +67,10 @@ struct twell_model {
 };
 struct twell_tokenizer {
   std::unique_ptr<twell::model::Tokenizer> tokenizer;
+};
+struct twell_chat_template {
+  std::optional<twell::model::ChatTemplate> chat_template;
+  std::string text;  // what the last apply returned (the caller reads it until the next call)
 };
 struct twell_text_stream {
   std::unique_ptr<twell::model::TextStream> stream;
@@ -270,6 +276,11 @@ twell_text_stream& object(twell_text_stream* s) {
   return *s;
 }
 const twell_text_stream& object(const twell_text_stream* s) { return object(const_cast<twell_text_stream*>(s)); }
+
+twell_chat_template& object(twell_chat_template* t) {
+  TWELL_REQUIRE(t != nullptr && t->chat_template, "twell_chat_template: NULL");
+  return *t;
+}
 
 // A text stream's piece, kept in the stream for the caller to read until its next call.
 void give_piece(twell_text_stream& s, std::string piece, const char** text, size_t* len) {
@@ -932,6 +943,48 @@ int twell_text_stream_stopped(const twell_text_stream* stream, int* stopped, int
     TWELL_REQUIRE(stopped != nullptr, "twell_text_stream_stopped: stopped is NULL");
     *stopped = s.stream->stopped() ? 1 : 0;
     if (which != nullptr) *which = s.stream->stopped_index();
+  });
+}
+
+
+int twell_chat_template_load(const char* dir, twell_chat_template** out) {
+  return guarded([&] {
+    TWELL_REQUIRE(out != nullptr, "twell_chat_template_load: out is NULL");
+    *out = nullptr;
+    TWELL_REQUIRE(dir != nullptr, "twell_chat_template_load: dir is NULL");
+    std::optional<model::ChatTemplate> t = model::load_chat_template(dir);
+    if (!t) return;
+    auto c = std::make_unique<twell_chat_template>();
+    c->chat_template = std::move(t);
+    *out = c.release();
+  });
+}
+
+int twell_chat_template_create(const char* text, const char* special_tokens_json, twell_chat_template** out) {
+  return guarded([&] {
+    TWELL_REQUIRE(out != nullptr, "twell_chat_template_create: out is NULL");
+    *out = nullptr;
+    TWELL_REQUIRE(text != nullptr, "twell_chat_template_create: text is NULL");
+    auto c = std::make_unique<twell_chat_template>();
+    c->chat_template.emplace(text);
+    if (special_tokens_json != nullptr) c->chat_template->set_special_tokens(special_tokens_json);
+    *out = c.release();
+  });
+}
+
+void twell_chat_template_destroy(twell_chat_template* chat_template) { delete chat_template; }
+
+int twell_chat_template_apply(twell_chat_template* chat_template, const char* messages_json,
+                              int add_generation_prompt, const char* variables_json, const char** text,
+                              size_t* len) {
+  return guarded([&] {
+    twell_chat_template& c = object(chat_template);
+    TWELL_REQUIRE(messages_json != nullptr, "twell_chat_template_apply: messages_json is NULL");
+    TWELL_REQUIRE(text != nullptr && len != nullptr, "twell_chat_template_apply: text or len is NULL");
+    c.text = c.chat_template->apply(messages_json, add_generation_prompt != 0,
+                                    variables_json != nullptr ? variables_json : "");
+    *text = c.text.c_str();
+    *len = c.text.size();
   });
 }
 

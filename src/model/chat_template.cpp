@@ -1,0 +1,2821 @@
+// Chat templates (chat_template.h): a Jinja subset evaluated over JSON values, as transformers'
+// apply_chat_template renders them with jinja2 (trim_blocks, lstrip_blocks, loop controls, HF's tojson).
+//
+// Three stages: the lexer cuts the source into text and tags, applying Jinja's whitespace rules; the
+// parser turns tags into statements and expressions (jinja2's grammar and precedence); the renderer
+// walks them with Python's semantics for the values JSON holds (str(), ==, +, slices, truthiness).
+#include "twell/model/chat_template.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/json_util.h"
+#include "twell/error.h"
+
+namespace twell::model {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// ---- UTF-8 and Python's str helpers ----------------------------------------------------------
+
+// Byte offsets of the code points of `s`, and s.size() at the end (invalid bytes count one each).
+std::vector<size_t> code_points(const std::string& s) {
+  std::vector<size_t> at;
+  at.reserve(s.size() + 1);
+  for (size_t i = 0; i < s.size();) {
+    at.push_back(i);
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+    if (i + len > s.size()) len = 1;
+    for (size_t k = 1; k < len; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) len = 1;
+    i += len;
+  }
+  at.push_back(s.size());
+  return at;
+}
+
+uint32_t code_point_at(const std::string& s, size_t i, size_t len) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  if (len == 1) return c;
+  uint32_t cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return cp;
+}
+
+// Python's str.isspace() for one code point.
+bool py_space(uint32_t cp) {
+  return (cp >= 9 && cp <= 13) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+         cp == 0x3000;
+}
+
+// str.strip / lstrip / rstrip: of whitespace, or of the code points in `chars`.
+std::string py_strip(const std::string& s, bool left, bool right, const std::string* chars) {
+  const std::vector<size_t> at = code_points(s);
+  const std::vector<size_t> set_at = chars ? code_points(*chars) : std::vector<size_t>{};
+  auto stripped = [&](size_t k) {
+    const uint32_t cp = code_point_at(s, at[k], at[k + 1] - at[k]);
+    if (!chars) return py_space(cp);
+    for (size_t j = 0; j + 1 < set_at.size(); ++j)
+      if (code_point_at(*chars, set_at[j], set_at[j + 1] - set_at[j]) == cp) return true;
+    return false;
+  };
+  size_t begin = 0, end = at.size() - 1;
+  if (left) while (begin < end && stripped(begin)) ++begin;
+  if (right) while (end > begin && stripped(end - 1)) --end;
+  return s.substr(at[begin], at[end] - at[begin]);
+}
+
+// repr() of a float, as Python writes it: the shortest digits that read back the same, fixed notation
+// for exponents in [-4, 16), else scientific with a two-digit exponent at least.
+std::string py_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  int precision = 1;
+  for (; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*e", precision - 1, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string sci = buf;  // d.ddde±XX
+  const size_t e_at = sci.find('e');
+  const int exponent = std::atoi(sci.c_str() + e_at + 1);
+  std::string digits;
+  for (size_t i = 0; i < e_at; ++i)
+    if (std::isdigit(static_cast<unsigned char>(sci[i]))) digits += sci[i];
+  const bool negative = v < 0 || (v == 0 && std::signbit(v));
+  std::string out = negative ? "-" : "";
+  if (exponent >= -4 && exponent < 16) {
+    if (exponent < 0) {
+      out += "0." + std::string(static_cast<size_t>(-exponent - 1), '0') + digits;
+    } else if (static_cast<size_t>(exponent) + 1 >= digits.size()) {
+      out += digits + std::string(static_cast<size_t>(exponent) + 1 - digits.size(), '0') + ".0";
+    } else {
+      out += digits.substr(0, static_cast<size_t>(exponent) + 1) + "." + digits.substr(static_cast<size_t>(exponent) + 1);
+    }
+    return out;
+  }
+  out += digits.substr(0, 1);
+  if (digits.size() > 1) out += "." + digits.substr(1);
+  std::snprintf(buf, sizeof buf, "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
+  return out + buf;
+}
+
+// repr() of a str: single quotes unless the text holds one and no double quote.
+std::string py_repr_string(const std::string& s) {
+  const bool dq = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
+  const char q = dq ? '"' : '\'';
+  std::string out(1, q);
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (ch == q || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\r') {
+      out += "\\r";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + q;
+}
+
+std::string py_str(const Json& j, bool repr = false);
+
+// str() of a value in a container: repr() of its items.
+std::string py_str(const Json& j, bool repr) {
+  switch (j.type()) {
+    case Json::value_t::null: return "None";
+    case Json::value_t::boolean: return j.get<bool>() ? "True" : "False";
+    case Json::value_t::number_integer: return std::to_string(j.get<int64_t>());
+    case Json::value_t::number_unsigned: return std::to_string(j.get<uint64_t>());
+    case Json::value_t::number_float: return py_float(j.get<double>());
+    case Json::value_t::string: return repr ? py_repr_string(j.get_ref<const std::string&>()) : j.get<std::string>();
+    case Json::value_t::array: {
+      std::string out = "[";
+      for (size_t i = 0; i < j.size(); ++i) out += (i ? ", " : "") + py_str(j[i], true);
+      return out + "]";
+    }
+    case Json::value_t::object: {
+      std::string out = "{";
+      bool first = true;
+      for (const auto& [k, v] : j.items()) {
+        out += (first ? "" : ", ") + py_repr_string(k) + ": " + py_str(v, true);
+        first = false;
+      }
+      return out + "}";
+    }
+    default: return "";
+  }
+}
+
+// json.dumps with Python's defaults as transformers' tojson calls it.
+struct DumpOptions {
+  bool ensure_ascii = false;
+  int indent = -1;  // None
+  std::string item_sep = ", ", key_sep = ": ";
+  bool sort_keys = false;
+};
+
+void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
+  out += '"';
+  const std::vector<size_t> at = code_points(s);
+  for (size_t k = 0; k + 1 < at.size(); ++k) {
+    const size_t len = at[k + 1] - at[k];
+    const uint32_t cp = code_point_at(s, at[k], len);
+    char buf[16];
+    switch (cp) {
+      case '"': out += "\\\""; continue;
+      case '\\': out += "\\\\"; continue;
+      case '\n': out += "\\n"; continue;
+      case '\r': out += "\\r"; continue;
+      case '\t': out += "\\t"; continue;
+      case '\b': out += "\\b"; continue;
+      case '\f': out += "\\f"; continue;
+      default: break;
+    }
+    if (cp < 0x20 || (ensure_ascii && cp > 0x7E)) {
+      if (cp >= 0x10000) {
+        const uint32_t v = cp - 0x10000;
+        std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+      } else {
+        std::snprintf(buf, sizeof buf, "\\u%04x", cp);
+      }
+      out += buf;
+    } else {
+      out.append(s, at[k], len);
+    }
+  }
+  out += '"';
+}
+
+void json_dump(const Json& j, const DumpOptions& o, int depth, std::string& out) {
+  auto newline = [&](int d) {
+    if (o.indent < 0) return;
+    out += '\n';
+    out.append(static_cast<size_t>(o.indent) * static_cast<size_t>(d), ' ');
+  };
+  const std::string item_sep = o.indent < 0 ? o.item_sep : (o.item_sep == ", " ? "," : o.item_sep);
+  switch (j.type()) {
+    case Json::value_t::null: out += "null"; return;
+    case Json::value_t::boolean: out += j.get<bool>() ? "true" : "false"; return;
+    case Json::value_t::number_float: {
+      const double v = j.get<double>();
+      out += std::isnan(v) ? "NaN" : std::isinf(v) ? (v > 0 ? "Infinity" : "-Infinity") : py_float(v);
+      return;
+    }
+    case Json::value_t::string: json_string(j.get_ref<const std::string&>(), o.ensure_ascii, out); return;
+    case Json::value_t::array: {
+      if (j.empty()) { out += "[]"; return; }
+      out += '[';
+      for (size_t i = 0; i < j.size(); ++i) {
+        if (i) out += item_sep;
+        newline(depth + 1);
+        json_dump(j[i], o, depth + 1, out);
+      }
+      newline(depth);
+      out += ']';
+      return;
+    }
+    case Json::value_t::object: {
+      if (j.empty()) { out += "{}"; return; }
+      std::vector<std::pair<std::string, const Json*>> items;
+      for (const auto& [k, v] : j.items()) items.emplace_back(k, &v);
+      if (o.sort_keys)
+        std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      out += '{';
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (i) out += item_sep;
+        newline(depth + 1);
+        json_string(items[i].first, o.ensure_ascii, out);
+        out += o.key_sep;
+        json_dump(*items[i].second, o, depth + 1, out);
+      }
+      newline(depth);
+      out += '}';
+      return;
+    }
+    default: out += j.dump(); return;  // integers
+  }
+}
+
+// ---- values ----------------------------------------------------------------------------------
+
+struct Value;
+struct Args {
+  std::vector<Value> pos;
+  std::vector<std::pair<std::string, Value>> kw;
+};
+using Function = std::function<Value(Args&)>;
+
+// A value in a template: JSON data, a namespace (shared, so that `set ns.x` is seen through every copy),
+// a function or method, or Jinja's undefined (printed as nothing, false, an error where used further).
+struct Value {
+  enum class Kind { kUndefined, kData, kNamespace, kFunction } kind = Kind::kUndefined;
+  Json data;
+  std::shared_ptr<Json> ns;
+  std::shared_ptr<const Function> fn;
+  std::string name;  // of what is undefined, or of the function, for messages
+
+  static Value undefined(std::string what) {
+    Value v;
+    v.name = std::move(what);
+    return v;
+  }
+  static Value of(Json j) {
+    Value v;
+    v.kind = Kind::kData;
+    v.data = std::move(j);
+    return v;
+  }
+  static Value function(std::string what, Function f) {
+    Value v;
+    v.kind = Kind::kFunction;
+    v.name = std::move(what);
+    v.fn = std::make_shared<const Function>(std::move(f));
+    return v;
+  }
+  bool is_undefined() const { return kind == Kind::kUndefined; }
+  bool is_data() const { return kind == Kind::kData; }
+  bool is_string() const { return is_data() && data.is_string(); }
+  bool is_number() const { return is_data() && (data.is_number() || data.is_boolean()); }
+  const std::string& str_ref() const { return data.get_ref<const std::string&>(); }
+};
+
+struct RenderError {
+  std::string message;
+};
+
+[[noreturn]] void fail(const std::string& message) { throw RenderError{message}; }
+
+const char* type_name(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::kUndefined: return "undefined";
+    case Value::Kind::kNamespace: return "namespace";
+    case Value::Kind::kFunction: return "function";
+    case Value::Kind::kData: break;
+  }
+  switch (v.data.type()) {
+    case Json::value_t::null: return "none";
+    case Json::value_t::boolean: return "bool";
+    case Json::value_t::number_float: return "float";
+    case Json::value_t::string: return "str";
+    case Json::value_t::array: return "list";
+    case Json::value_t::object: return "dict";
+    default: return "int";
+  }
+}
+
+// Where a value is used as data: undefined and namespaces are errors, as jinja2 raises them.
+const Json& data_of(const Value& v, const std::string& use) {
+  if (v.is_undefined()) fail(str("'", v.name, "' is undefined (", use, ")"));
+  if (!v.is_data()) fail(str("a ", type_name(v), " cannot be ", use));
+  return v.data;
+}
+
+bool truthy(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::kUndefined: return false;
+    case Value::Kind::kNamespace:
+    case Value::Kind::kFunction: return true;
+    case Value::Kind::kData: break;
+  }
+  const Json& j = v.data;
+  switch (j.type()) {
+    case Json::value_t::null: return false;
+    case Json::value_t::boolean: return j.get<bool>();
+    case Json::value_t::number_float: return j.get<double>() != 0;
+    case Json::value_t::number_integer: return j.get<int64_t>() != 0;
+    case Json::value_t::number_unsigned: return j.get<uint64_t>() != 0;
+    case Json::value_t::string: return !j.get_ref<const std::string&>().empty();  // (json::empty() is false for any string)
+    case Json::value_t::array:
+    case Json::value_t::object: return !j.empty();
+    default: return true;
+  }
+}
+
+std::string to_text(const Value& v) {
+  if (v.is_undefined()) return "";
+  if (v.kind == Value::Kind::kNamespace) return "<Namespace " + py_str(*v.ns, true) + ">";
+  if (v.kind == Value::Kind::kFunction) fail(str("cannot print the function '", v.name, "' (call it)"));
+  return py_str(v.data);
+}
+
+bool is_int(const Json& j) { return j.is_number_integer() || j.is_boolean(); }
+int64_t as_int(const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1 : 0) : j.get<int64_t>(); }
+double as_double(const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); }
+bool is_num(const Json& j) { return j.is_number() || j.is_boolean(); }
+
+// Python's ==: numbers (and bools) by value, containers item by item, other types never equal.
+bool py_eq(const Json& a, const Json& b) {
+  if (is_num(a) && is_num(b)) {
+    if (is_int(a) && is_int(b)) return as_int(a) == as_int(b);
+    return as_double(a) == as_double(b);
+  }
+  if (a.type() != b.type()) return false;
+  if (a.is_array()) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!py_eq(a[i], b[i])) return false;
+    return true;
+  }
+  if (a.is_object()) {
+    if (a.size() != b.size()) return false;
+    for (const auto& [k, v] : a.items()) {
+      const auto it = b.find(k);
+      if (it == b.end() || !py_eq(v, *it)) return false;
+    }
+    return true;
+  }
+  return a == b;
+}
+
+bool values_eq(const Value& a, const Value& b) {
+  if (a.is_undefined() || b.is_undefined()) return a.is_undefined() && b.is_undefined();
+  if (a.kind != b.kind) return false;
+  if (a.is_data()) return py_eq(a.data, b.data);
+  if (a.kind == Value::Kind::kNamespace) return a.ns == b.ns;
+  return a.fn == b.fn;
+}
+
+// Python's <: numbers, strings (by code point: UTF-8's byte order), lists item by item.
+int py_compare(const Json& a, const Json& b) {
+  if (is_num(a) && is_num(b)) {
+    if (is_int(a) && is_int(b)) return as_int(a) < as_int(b) ? -1 : as_int(a) > as_int(b);
+    const double x = as_double(a), y = as_double(b);
+    return x < y ? -1 : x > y;
+  }
+  if (a.is_string() && b.is_string()) {
+    const int c = a.get_ref<const std::string&>().compare(b.get_ref<const std::string&>());
+    return c < 0 ? -1 : c > 0;
+  }
+  if (a.is_array() && b.is_array()) {
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+      if (py_eq(a[i], b[i])) continue;
+      return py_compare(a[i], b[i]);
+    }
+    return a.size() < b.size() ? -1 : a.size() > b.size();
+  }
+  fail(str("'<' is not supported between ", a.type_name(), " and ", b.type_name()));
+}
+
+// Python's floor division and modulo for ints.
+int64_t floor_div(int64_t a, int64_t b) {
+  if (b == 0) fail("integer division or modulo by zero");
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+
+// len() of a string (code points), list or dict.
+int64_t py_len(const Json& j) {
+  if (j.is_string()) return static_cast<int64_t>(code_points(j.get_ref<const std::string&>()).size() - 1);
+  if (j.is_array() || j.is_object()) return static_cast<int64_t>(j.size());
+  fail(str("object of type '", j.type_name(), "' has no len()"));
+}
+
+// The items a for loop, a filter or `in` walks: a list's, a dict's keys, a string's characters.
+std::vector<Json> iterate(const Value& v) {
+  if (v.is_undefined()) return {};
+  const Json& j = data_of(v, "iterated");
+  std::vector<Json> items;
+  if (j.is_array()) {
+    items.assign(j.begin(), j.end());
+  } else if (j.is_object()) {
+    for (const auto& [k, _] : j.items()) items.emplace_back(k);
+  } else if (j.is_string()) {
+    const std::string& s = j.get_ref<const std::string&>();
+    const std::vector<size_t> at = code_points(s);
+    for (size_t k = 0; k + 1 < at.size(); ++k) items.emplace_back(s.substr(at[k], at[k + 1] - at[k]));
+  } else {
+    fail(str("'", j.type_name(), "' object is not iterable"));
+  }
+  return items;
+}
+
+// A Python slice of a list or string.
+Json slice(const Json& j, std::optional<int64_t> start, std::optional<int64_t> stop, std::optional<int64_t> step_) {
+  const int64_t step = step_.value_or(1);
+  if (step == 0) fail("slice step cannot be zero");
+  std::vector<size_t> at;
+  int64_t n;
+  if (j.is_string()) {
+    at = code_points(j.get_ref<const std::string&>());
+    n = static_cast<int64_t>(at.size()) - 1;
+  } else if (j.is_array()) {
+    n = static_cast<int64_t>(j.size());
+  } else {
+    fail(str("a ", j.type_name(), " cannot be sliced"));
+  }
+  auto clamp = [&](std::optional<int64_t> x, int64_t dflt) {
+    if (!x) return dflt;
+    int64_t v = *x < 0 ? *x + n : *x;
+    if (step > 0) return std::clamp<int64_t>(v, 0, n);
+    return std::clamp<int64_t>(v, -1, n - 1);
+  };
+  const int64_t b = clamp(start, step > 0 ? 0 : n - 1), e = clamp(stop, step > 0 ? n : -1);
+  std::vector<int64_t> picked;
+  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) picked.push_back(i);
+  if (j.is_string()) {
+    const std::string& s = j.get_ref<const std::string&>();
+    std::string out;
+    for (const int64_t i : picked) out.append(s, at[static_cast<size_t>(i)], at[static_cast<size_t>(i) + 1] - at[static_cast<size_t>(i)]);
+    return out;
+  }
+  Json out = Json::array();
+  for (const int64_t i : picked) out.push_back(j[static_cast<size_t>(i)]);
+  return out;
+}
+
+// ---- the lexer -------------------------------------------------------------------------------
+
+struct Token {
+  enum class Type { kName, kString, kInt, kFloat, kOp, kEnd } type = Type::kEnd;
+  std::string text;  // a name, an operator, a string's value
+  int64_t int_value = 0;
+  double float_value = 0;
+};
+
+struct Piece {
+  enum class Type { kText, kOutput, kStatement } type;
+  std::string text;           // kText
+  std::vector<Token> tokens;  // kOutput, kStatement (ending with kEnd)
+  int line = 1;
+};
+
+class Lexer {
+ public:
+  Lexer(std::string source, const std::string& name) : name_(name) {
+    // jinja2 reads \r\n and \r as \n and drops one newline at the end (keep_trailing_newline off).
+    src_.reserve(source.size());
+    for (size_t i = 0; i < source.size(); ++i) {
+      if (source[i] == '\r') {
+        src_ += '\n';
+        if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+      } else {
+        src_ += source[i];
+      }
+    }
+    if (!src_.empty() && src_.back() == '\n') src_.pop_back();
+  }
+
+  std::vector<Piece> run() {
+    size_t pos = 0;
+    bool strip_next = false;  // the last tag ended with '-': the text after it loses its leading whitespace
+    while (pos <= src_.size()) {
+      size_t open = find_open(pos);
+      std::string text = src_.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
+      size_t text_start = pos;  // where the last tag's match ended
+      if (strip_next) {
+        size_t k = 0;
+        while (k < text.size() && std::isspace(static_cast<unsigned char>(text[k]))) ++k;
+        text.erase(0, k);
+        text_start += k;
+      }
+      if (open == std::string::npos) {
+        add_text(std::move(text));
+        break;
+      }
+      const char kind = src_[open + 1];  // '{', '%' or '#'
+      size_t inner = open + 2;
+      const char sign = inner < src_.size() ? src_[inner] : '\0';
+      if (sign == '-') {
+        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+        ++inner;
+      } else if (kind != '{' && sign == '+') {
+        ++inner;
+      } else if (kind != '{') {
+        lstrip_block(text, text_start);
+      }
+      add_text(std::move(text));
+      const int line = line_at(open);
+      if (kind == '#') {
+        const size_t close = src_.find("#}", inner);
+        if (close == std::string::npos) error(line, "a comment {# is not closed");
+        const bool minus = close > inner && src_[close - 1] == '-';
+        pos = close + 2;
+        strip_next = minus;
+        if (!minus) trim_block(pos, close > inner && src_[close - 1] == '+');
+        continue;
+      }
+      Piece piece;
+      piece.type = kind == '{' ? Piece::Type::kOutput : Piece::Type::kStatement;
+      piece.line = line;
+      bool minus = false, plus = false;
+      pos = tokenize(inner, kind == '{' ? '}' : '%', line, piece.tokens, minus, plus);
+      strip_next = minus;
+      if (kind == '%' && !minus) trim_block(pos, plus);
+      if (kind == '%' && is_raw(piece.tokens)) {
+        pos = raw_block(pos, line, strip_next);
+        continue;
+      }
+      pieces_.push_back(std::move(piece));
+    }
+    return std::move(pieces_);
+  }
+
+ private:
+  [[noreturn]] void error(int line, const std::string& what) const { throw Error(str(name_, ":", line, ": ", what)); }
+
+  int line_at(size_t pos) const { return 1 + static_cast<int>(std::count(src_.begin(), src_.begin() + static_cast<std::ptrdiff_t>(pos), '\n')); }
+
+  size_t find_open(size_t from) const {
+    for (size_t p = src_.find('{', from); p != std::string::npos; p = src_.find('{', p + 1))
+      if (p + 1 < src_.size() && (src_[p + 1] == '{' || src_[p + 1] == '%' || src_[p + 1] == '#')) return p;
+    return std::string::npos;
+  }
+
+  void add_text(std::string text) {
+    if (text.empty()) return;
+    if (!pieces_.empty() && pieces_.back().type == Piece::Type::kText) {
+      pieces_.back().text += text;
+      return;
+    }
+    Piece p;
+    p.type = Piece::Type::kText;
+    p.text = std::move(text);
+    pieces_.push_back(std::move(p));
+  }
+
+  // lstrip_blocks: the spaces and tabs between a line's start and a block or comment tag go.
+  void lstrip_block(std::string& text, size_t text_start) const {
+    const size_t nl = text.rfind('\n');
+    size_t from;
+    if (nl != std::string::npos) {
+      from = nl + 1;
+    } else {
+      // No newline in the text: the tag's line began before it, at the template's start or where the
+      // last tag's match ended with a newline.
+      const bool line_starting = text_start == 0 || src_[text_start - 1] == '\n';
+      if (!line_starting) return;
+      from = 0;
+    }
+    for (size_t k = from; k < text.size(); ++k)
+      if (!std::isspace(static_cast<unsigned char>(text[k]))) return;
+    text.erase(from);
+  }
+
+  // trim_blocks: the first newline after a block or comment tag goes (not after `+%}`).
+  void trim_block(size_t& pos, bool plus) const {
+    if (!plus && pos < src_.size() && src_[pos] == '\n') ++pos;
+  }
+
+  static bool is_raw(const std::vector<Token>& t) {
+    return t.size() == 2 && t[0].type == Token::Type::kName && t[0].text == "raw";
+  }
+
+  // The text of {% raw %} ... {% endraw %} as it stands.
+  size_t raw_block(size_t pos, int line, bool strip_start) {
+    for (size_t p = src_.find("{%", pos); p != std::string::npos; p = src_.find("{%", p + 2)) {
+      size_t k = p + 2;
+      const bool minus = k < src_.size() && src_[k] == '-';
+      if (k < src_.size() && (src_[k] == '-' || src_[k] == '+')) ++k;
+      while (k < src_.size() && std::isspace(static_cast<unsigned char>(src_[k]))) ++k;
+      if (src_.compare(k, 6, "endraw") != 0) continue;
+      k += 6;
+      while (k < src_.size() && std::isspace(static_cast<unsigned char>(src_[k]))) ++k;
+      bool end_minus = false, end_plus = false;
+      if (k < src_.size() && (src_[k] == '-' || src_[k] == '+')) (src_[k] == '-' ? end_minus : end_plus) = true, ++k;
+      if (src_.compare(k, 2, "%}") != 0) continue;
+      std::string text = src_.substr(pos, p - pos);
+      if (strip_start) {
+        size_t s = 0;
+        while (s < text.size() && std::isspace(static_cast<unsigned char>(text[s]))) ++s;
+        text.erase(0, s);
+      }
+      if (minus)
+        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+      add_text(std::move(text));
+      size_t after = k + 2;
+      if (!end_minus) trim_block(after, end_plus);
+      else
+        while (after < src_.size() && std::isspace(static_cast<unsigned char>(src_[after]))) ++after;
+      return after;
+    }
+    error(line, "{% raw %} has no {% endraw %}");
+  }
+
+  // The tokens of a tag's inside, up to its closing `}}` or `%}` outside brackets; returns the
+  // position after it.
+  size_t tokenize(size_t pos, char close, int line, std::vector<Token>& out, bool& minus, bool& plus) {
+    int depth = 0;
+    while (true) {
+      while (pos < src_.size() && std::isspace(static_cast<unsigned char>(src_[pos]))) ++pos;
+      if (pos >= src_.size()) error(line, close == '}' ? "a {{ is not closed" : "a {% is not closed");
+      const char c = src_[pos];
+      if (depth == 0) {
+        if ((c == '-' || c == '+') && src_.compare(pos + 1, 1, std::string(1, close)) == 0 &&
+            pos + 2 < src_.size() && src_[pos + 2] == '}') {
+          if (c == '+' && close == '}') error(line, "'+' before }} is not Jinja");
+          (c == '-' ? minus : plus) = true;
+          out.push_back(Token{});
+          return pos + 3;
+        }
+        if (c == close && pos + 1 < src_.size() && src_[pos + 1] == '}') {
+          out.push_back(Token{});
+          return pos + 2;
+        }
+      }
+      Token t;
+      if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+        size_t e = pos;
+        while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        t.type = Token::Type::kName;
+        t.text = src_.substr(pos, e - pos);
+        pos = e;
+      } else if (std::isdigit(static_cast<unsigned char>(c))) {
+        size_t e = pos;
+        bool is_float = false;
+        while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        if (e + 1 < src_.size() && src_[e] == '.' && std::isdigit(static_cast<unsigned char>(src_[e + 1]))) {
+          is_float = true;
+          ++e;
+          while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        }
+        if (e < src_.size() && (src_[e] == 'e' || src_[e] == 'E')) {
+          size_t k = e + 1;
+          if (k < src_.size() && (src_[k] == '+' || src_[k] == '-')) ++k;
+          if (k < src_.size() && std::isdigit(static_cast<unsigned char>(src_[k]))) {
+            is_float = true;
+            e = k;
+            while (e < src_.size() && std::isdigit(static_cast<unsigned char>(src_[e]))) ++e;
+          }
+        }
+        std::string digits = src_.substr(pos, e - pos);
+        digits.erase(std::remove(digits.begin(), digits.end(), '_'), digits.end());
+        if (is_float) {
+          t.type = Token::Type::kFloat;
+          t.float_value = std::strtod(digits.c_str(), nullptr);
+        } else {
+          t.type = Token::Type::kInt;
+          errno = 0;
+          t.int_value = std::strtoll(digits.c_str(), nullptr, 10);
+          if (errno == ERANGE) error(line, "the integer " + digits + " is out of range");
+        }
+        pos = e;
+      } else if (c == '\'' || c == '"') {
+        t.type = Token::Type::kString;
+        pos = read_string(pos, line, t.text);
+      } else {
+        static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<",
+                                           ">", "=", "|", ".", ",", ":", "(", ")", "[", "]", "{", "}"};
+        const char* op = nullptr;
+        for (const char* o : kOps)
+          if (src_.compare(pos, std::strlen(o), o) == 0) {
+            op = o;
+            break;
+          }
+        if (!op) error(line, str("unexpected character '", printable(std::string(1, c)), "' in a tag"));
+        t.type = Token::Type::kOp;
+        t.text = op;
+        pos += t.text.size();
+        if (t.text == "(" || t.text == "[" || t.text == "{") ++depth;
+        if (t.text == ")" || t.text == "]" || t.text == "}") {
+          if (depth == 0) error(line, "unbalanced '" + t.text + "'");
+          --depth;
+        }
+      }
+      out.push_back(std::move(t));
+    }
+  }
+
+  // A string literal with Python's escapes.
+  size_t read_string(size_t pos, int line, std::string& out) const {
+    const char q = src_[pos++];
+    while (pos < src_.size() && src_[pos] != q) {
+      char c = src_[pos++];
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (pos >= src_.size()) break;
+      c = src_[pos++];
+      switch (c) {
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case '0': out += '\0'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'v': out += '\v'; break;
+        case 'a': out += '\a'; break;
+        case '\\': case '\'': case '"': out += c; break;
+        case '\n': break;
+        case 'x': case 'u': case 'U': {
+          const size_t n = c == 'x' ? 2 : c == 'u' ? 4 : 8;
+          if (pos + n > src_.size()) error(line, "a truncated \\" + std::string(1, c) + " escape");
+          const std::string hex = src_.substr(pos, n);
+          if (hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+            error(line, "a bad \\" + std::string(1, c) + " escape");
+          const uint32_t cp = static_cast<uint32_t>(std::strtoul(hex.c_str(), nullptr, 16));
+          pos += n;
+          if (cp < 0x80) {
+            out += static_cast<char>(cp);
+          } else if (cp < 0x800) {
+            out += static_cast<char>(0xC0 | (cp >> 6));
+            out += static_cast<char>(0x80 | (cp & 0x3F));
+          } else if (cp < 0x10000) {
+            out += static_cast<char>(0xE0 | (cp >> 12));
+            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+            out += static_cast<char>(0x80 | (cp & 0x3F));
+          } else if (cp < 0x110000) {
+            out += static_cast<char>(0xF0 | (cp >> 18));
+            out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+            out += static_cast<char>(0x80 | (cp & 0x3F));
+          } else {
+            error(line, "a \\U escape past U+10FFFF");
+          }
+          break;
+        }
+        default: out += '\\'; out += c; break;  // Python keeps unknown escapes as they are
+      }
+    }
+    if (pos >= src_.size()) error(line, "a string literal is not closed");
+    return pos + 1;
+  }
+
+  std::string src_;
+  const std::string& name_;
+  std::vector<Piece> pieces_;
+};
+
+// ---- expressions -----------------------------------------------------------------------------
+
+struct Context;
+
+struct Expr {
+  int line = 0;
+  virtual ~Expr() = default;
+  virtual Value eval(Context& c) const = 0;
+};
+using ExprPtr = std::unique_ptr<Expr>;
+
+struct CallArgs {
+  std::vector<ExprPtr> pos;
+  std::vector<std::pair<std::string, ExprPtr>> kw;
+};
+
+struct Frame {
+  std::unordered_map<std::string, Value> vars;
+};
+
+struct Context {
+  std::vector<std::shared_ptr<Frame>> frames;
+  const std::unordered_map<std::string, Value>* globals = nullptr;
+  const std::string* source = nullptr;
+  int depth = 0;  // of macro calls
+
+  Value lookup(const std::string& name) const {
+    for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
+      const auto found = (*it)->vars.find(name);
+      if (found != (*it)->vars.end()) return found->second;
+    }
+    const auto g = globals->find(name);
+    if (g != globals->end()) return g->second;
+    return Value::undefined(name);
+  }
+  void set(const std::string& name, Value v) { frames.back()->vars[name] = std::move(v); }
+};
+
+Args eval_args(Context& c, const CallArgs& a) {
+  Args out;
+  for (const ExprPtr& e : a.pos) out.pos.push_back(e->eval(c));
+  for (const auto& [k, e] : a.kw) out.kw.emplace_back(k, e->eval(c));
+  return out;
+}
+
+// The arguments of a builtin by name: `names` in order; positional first, then by keyword.
+struct Bound {
+  std::vector<std::optional<Value>> v;
+  const std::optional<Value>& operator[](size_t i) const { return v[i]; }
+};
+
+Bound bind(const std::string& what, Args& a, std::initializer_list<const char*> names) {
+  Bound b;
+  b.v.resize(names.size());
+  if (a.pos.size() > names.size()) fail(str(what, "() takes at most ", names.size(), " arguments (", a.pos.size(), " given)"));
+  for (size_t i = 0; i < a.pos.size(); ++i) b.v[i] = a.pos[i];
+  for (auto& [k, val] : a.kw) {
+    size_t i = 0;
+    for (const char* n : names) {
+      if (k == n) break;
+      ++i;
+    }
+    if (i == names.size()) fail(str(what, "() got an unexpected keyword argument '", k, "'"));
+    if (b.v[i]) fail(str(what, "() got multiple values for argument '", k, "'"));
+    b.v[i] = val;
+  }
+  return b;
+}
+
+std::string arg_string(const std::optional<Value>& v, const std::string& what) {
+  if (!v || !v->is_string()) fail(str(what, " must be a string"));
+  return v->str_ref();
+}
+
+int64_t arg_int(const std::optional<Value>& v, const std::string& what) {
+  if (!v || !v->is_data() || !is_int(v->data)) fail(str(what, " must be an integer"));
+  return as_int(v->data);
+}
+
+// ---- methods of strings and dicts --------------------------------------------------------------
+
+std::string ascii_case(const std::string& s, const char* what, int mode) {  // 0 lower, 1 upper, 2 title, 3 capitalize
+  for (const char ch : s)
+    if (static_cast<unsigned char>(ch) >= 0x80)
+      fail(str(what, " of text beyond ASCII is not supported by twell's chat templates"));
+  std::string out = s;
+  bool word_start = true;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(out[i]);
+    switch (mode) {
+      case 0: out[i] = static_cast<char>(std::tolower(c)); break;
+      case 1: out[i] = static_cast<char>(std::toupper(c)); break;
+      case 2:
+        out[i] = static_cast<char>(word_start ? std::toupper(c) : std::tolower(c));
+        word_start = !std::isalpha(c);
+        break;
+      default: out[i] = static_cast<char>(i == 0 ? std::toupper(c) : std::tolower(c)); break;
+    }
+  }
+  return out;
+}
+
+Json py_split(const std::string& s, const std::optional<Value>& sep_v, int64_t maxsplit, bool from_right) {
+  Json out = Json::array();
+  if (!sep_v || (sep_v->is_data() && sep_v->data.is_null())) {
+    // Runs of whitespace, none at the ends.
+    const std::vector<size_t> at = code_points(s);
+    std::vector<std::pair<size_t, size_t>> words;
+    size_t k = 0;
+    const size_t n = at.size() - 1;
+    auto space = [&](size_t i) { return py_space(code_point_at(s, at[i], at[i + 1] - at[i])); };
+    while (k < n) {
+      while (k < n && space(k)) ++k;
+      if (k == n) break;
+      size_t e = k;
+      while (e < n && !space(e)) ++e;
+      words.emplace_back(k, e);
+      k = e;
+    }
+    if (maxsplit >= 0 && static_cast<int64_t>(words.size()) > maxsplit + 1) {
+      if (!from_right) {
+        const size_t cut = static_cast<size_t>(maxsplit);
+        for (size_t i = 0; i < cut; ++i) out.push_back(s.substr(at[words[i].first], at[words[i].second] - at[words[i].first]));
+        std::string rest = s.substr(at[words[cut].first]);
+        out.push_back(py_strip(rest, false, true, nullptr));
+      } else {
+        const size_t keep = words.size() - static_cast<size_t>(maxsplit);
+        std::string head = s.substr(0, at[words[keep - 1].second]);
+        out.push_back(py_strip(head, true, false, nullptr));
+        for (size_t i = keep; i < words.size(); ++i) out.push_back(s.substr(at[words[i].first], at[words[i].second] - at[words[i].first]));
+      }
+      return out;
+    }
+    for (const auto& [b, e] : words) out.push_back(s.substr(at[b], at[e] - at[b]));
+    return out;
+  }
+  const std::string sep = arg_string(sep_v, "split()'s separator");
+  if (sep.empty()) fail("split(): empty separator");
+  std::vector<std::string> parts;
+  if (!from_right) {
+    size_t from = 0;
+    int64_t splits = 0;
+    for (size_t p = s.find(sep); p != std::string::npos && (maxsplit < 0 || splits < maxsplit); p = s.find(sep, from)) {
+      parts.push_back(s.substr(from, p - from));
+      from = p + sep.size();
+      ++splits;
+    }
+    parts.push_back(s.substr(from));
+  } else {
+    size_t end = s.size();
+    int64_t splits = 0;
+    std::vector<std::string> rev;
+    while (maxsplit < 0 || splits < maxsplit) {
+      if (end < sep.size()) break;
+      const size_t p = s.rfind(sep, end - sep.size());
+      if (p == std::string::npos) break;
+      rev.push_back(s.substr(p + sep.size(), end - p - sep.size()));
+      end = p;
+      ++splits;
+    }
+    rev.push_back(s.substr(0, end));
+    parts.assign(rev.rbegin(), rev.rend());
+  }
+  for (std::string& p : parts) out.push_back(std::move(p));
+  return out;
+}
+
+std::string py_replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+  std::string out;
+  if (from.empty()) {  // Python inserts `to` around every character
+    const std::vector<size_t> at = code_points(s);
+    int64_t done = 0;
+    for (size_t k = 0; k + 1 < at.size(); ++k) {
+      if (count < 0 || done < count) out += to, ++done;
+      out.append(s, at[k], at[k + 1] - at[k]);
+    }
+    if (count < 0 || done < count) out += to;
+    return out;
+  }
+  size_t from_pos = 0;
+  int64_t done = 0;
+  for (size_t p = s.find(from); p != std::string::npos && (count < 0 || done < count); p = s.find(from, from_pos)) {
+    out.append(s, from_pos, p - from_pos);
+    out += to;
+    from_pos = p + from.size();
+    ++done;
+  }
+  out.append(s, from_pos, std::string::npos);
+  return out;
+}
+
+// The code point index of a byte offset (find()'s result).
+int64_t cp_index(const std::string& s, size_t byte) {
+  const std::vector<size_t> at = code_points(s);
+  return static_cast<int64_t>(std::lower_bound(at.begin(), at.end(), byte) - at.begin());
+}
+
+Value string_method(const std::string& s, const std::string& name) {
+  auto m = [&](Function f) { return Value::function("str." + name, std::move(f)); };
+  if (name == "strip" || name == "lstrip" || name == "rstrip")
+    return m([s, name](Args& a) {
+      const Bound b = bind(name, a, {"chars"});
+      std::optional<std::string> chars;
+      if (b[0] && !(b[0]->is_data() && b[0]->data.is_null())) chars = arg_string(b[0], name + "()'s chars");
+      return Value::of(py_strip(s, name != "rstrip", name != "lstrip", chars ? &*chars : nullptr));
+    });
+  if (name == "split" || name == "rsplit")
+    return m([s, name](Args& a) {
+      const Bound b = bind(name, a, {"sep", "maxsplit"});
+      return Value::of(py_split(s, b[0], b[1] ? arg_int(b[1], "maxsplit") : -1, name == "rsplit"));
+    });
+  if (name == "startswith" || name == "endswith")
+    return m([s, name](Args& a) {
+      const Bound b = bind(name, a, {"prefix"});
+      if (!b[0] || !b[0]->is_data()) fail(name + "() takes a string or a tuple of strings");
+      std::vector<std::string> options;
+      if (b[0]->data.is_array()) {
+        for (const Json& j : b[0]->data) {
+          if (!j.is_string()) fail(name + "() takes a string or a tuple of strings");
+          options.push_back(j.get<std::string>());
+        }
+      } else {
+        options.push_back(arg_string(b[0], name + "()'s argument"));
+      }
+      for (const std::string& o : options) {
+        const bool hit = name == "startswith" ? s.compare(0, o.size(), o) == 0
+                                              : s.size() >= o.size() && s.compare(s.size() - o.size(), o.size(), o) == 0;
+        if (hit) return Value::of(true);
+      }
+      return Value::of(false);
+    });
+  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize")
+    return m([s, name](Args& a) {
+      bind(name, a, {});
+      const int mode = name == "lower" ? 0 : name == "upper" ? 1 : name == "title" ? 2 : 3;
+      return Value::of(ascii_case(s, ("str." + name + "()").c_str(), mode));
+    });
+  if (name == "replace")
+    return m([s](Args& a) {
+      const Bound b = bind("replace", a, {"old", "new", "count"});
+      return Value::of(py_replace(s, arg_string(b[0], "replace()'s old"), arg_string(b[1], "replace()'s new"),
+                                  b[2] ? arg_int(b[2], "replace()'s count") : -1));
+    });
+  if (name == "find" || name == "rfind" || name == "count")
+    return m([s, name](Args& a) {
+      const Bound b = bind(name, a, {"sub"});
+      const std::string sub = arg_string(b[0], name + "()'s argument");
+      if (name == "count") {
+        if (sub.empty()) return Value::of(py_len(s) + 1);
+        int64_t n = 0;
+        for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+        return Value::of(n);
+      }
+      const size_t p = name == "find" ? s.find(sub) : s.rfind(sub);
+      return Value::of(p == std::string::npos ? int64_t{-1} : cp_index(s, p));
+    });
+  if (name == "join")
+    return m([s](Args& a) {
+      const Bound b = bind("join", a, {"iterable"});
+      if (!b[0]) fail("join() takes one argument");
+      std::string out;
+      bool first = true;
+      for (const Json& j : iterate(*b[0])) {
+        if (!j.is_string()) fail(str("join(): expected str items, found ", j.type_name()));
+        if (!first) out += s;
+        out += j.get_ref<const std::string&>();
+        first = false;
+      }
+      return Value::of(out);
+    });
+  if (name == "splitlines")
+    return m([s](Args& a) {
+      bind("splitlines", a, {});
+      Json out = Json::array();
+      size_t from = 0;
+      for (size_t i = 0; i < s.size(); ++i)
+        if (s[i] == '\n' || s[i] == '\r') {
+          out.push_back(s.substr(from, i - from));
+          if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
+          from = i + 1;
+        }
+      if (from < s.size()) out.push_back(s.substr(from));
+      return Value::of(out);
+    });
+  if (name == "removeprefix" || name == "removesuffix")
+    return m([s, name](Args& a) {
+      const std::string x = arg_string(bind(name, a, {"affix"})[0], name + "()'s argument");
+      if (name == "removeprefix") return Value::of(s.compare(0, x.size(), x) == 0 ? s.substr(x.size()) : s);
+      const bool ends = s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+      return Value::of(ends ? s.substr(0, s.size() - x.size()) : s);
+    });
+  if (name == "isdigit" || name == "isspace" || name == "isalpha" || name == "isalnum")
+    return m([s, name](Args& a) {
+      bind(name, a, {});
+      if (s.empty()) return Value::of(false);
+      for (const char ch : s) {
+        const unsigned char c = static_cast<unsigned char>(ch);
+        if (c >= 0x80) fail(str("str.", name, "() of text beyond ASCII is not supported by twell's chat templates"));
+        const bool ok = name == "isdigit" ? std::isdigit(c) : name == "isspace" ? std::isspace(c)
+                        : name == "isalpha" ? std::isalpha(c) : std::isalnum(c);
+        if (!ok) return Value::of(false);
+      }
+      return Value::of(true);
+    });
+  return Value::undefined("str." + name);
+}
+
+Value dict_method(const Json& d, const std::string& name) {
+  auto m = [&](Function f) { return Value::function("dict." + name, std::move(f)); };
+  if (name == "items")
+    return m([d](Args& a) {
+      bind("items", a, {});
+      Json out = Json::array();
+      for (const auto& [k, v] : d.items()) out.push_back(Json::array({k, v}));
+      return Value::of(out);
+    });
+  if (name == "keys" || name == "values")
+    return m([d, name](Args& a) {
+      bind(name, a, {});
+      Json out = Json::array();
+      for (const auto& [k, v] : d.items()) out.push_back(name == "keys" ? Json(k) : v);
+      return Value::of(out);
+    });
+  if (name == "get")
+    return m([d](Args& a) {
+      const Bound b = bind("get", a, {"key", "default"});
+      if (b[0] && b[0]->is_string()) {
+        const auto it = d.find(b[0]->str_ref());
+        if (it != d.end()) return Value::of(*it);
+      }
+      return b[1] ? *b[1] : Value::of(nullptr);
+    });
+  return Value::undefined("dict." + name);
+}
+
+// obj.name: a dict's methods first, then its key (jinja2's getattr); a string's methods; a namespace's
+// attribute. Undefined where there is none; an error on undefined itself.
+Value get_attribute(const Value& base, const std::string& name) {
+  if (base.is_undefined()) fail(str("'", base.name, "' is undefined (its attribute '", name, "' was asked for)"));
+  if (base.kind == Value::Kind::kNamespace) {
+    const auto it = base.ns->find(name);
+    return it == base.ns->end() ? Value::undefined(name) : Value::of(*it);
+  }
+  if (base.kind == Value::Kind::kFunction) return Value::undefined(name);
+  const Json& j = base.data;
+  if (j.is_object()) {
+    Value m = dict_method(j, name);
+    if (!m.is_undefined()) return m;
+    const auto it = j.find(name);
+    return it == j.end() ? Value::undefined(name) : Value::of(*it);
+  }
+  if (j.is_string()) {
+    Value m = string_method(j.get_ref<const std::string&>(), name);
+    if (!m.is_undefined()) return m;
+    fail(str("str has no method '", name, "' in twell's chat templates"));
+  }
+  if (j.is_array() && (name == "append" || name == "pop" || name == "extend" || name == "insert"))
+    fail(str("list.", name, "() is not allowed: chat templates are immutable (as transformers' sandbox)"));
+  return Value::undefined(name);
+}
+
+// obj[key]: an item first, then an attribute (jinja2's getitem).
+Value get_item(const Value& base, const Value& key) {
+  if (base.is_undefined()) fail(str("'", base.name, "' is undefined (an item of it was asked for)"));
+  if (base.kind == Value::Kind::kNamespace) {
+    if (!key.is_string()) return Value::undefined("[]");
+    return get_attribute(base, key.str_ref());
+  }
+  if (!base.is_data() || !key.is_data()) return Value::undefined("[]");
+  const Json& j = base.data;
+  const Json& k = key.data;
+  if ((j.is_array() || j.is_string()) && is_int(k)) {
+    const int64_t n = py_len(j);
+    int64_t i = as_int(k);
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) return Value::undefined("[" + std::to_string(as_int(k)) + "]");
+    if (j.is_array()) return Value::of(j[static_cast<size_t>(i)]);
+    return Value::of(slice(j, i, i + 1, 1));
+  }
+  if (j.is_object() && k.is_string()) {
+    const auto it = j.find(k.get_ref<const std::string&>());
+    if (it != j.end()) return Value::of(*it);
+    return Value::undefined(k.get<std::string>());
+  }
+  if (k.is_string()) return get_attribute(base, k.get_ref<const std::string&>());
+  return Value::undefined("[]");
+}
+
+// ---- expression nodes --------------------------------------------------------------------------
+
+struct Literal : Expr {
+  Json value;
+  Value eval(Context&) const override { return Value::of(value); }
+};
+
+struct Name : Expr {
+  std::string name;
+  Value eval(Context& c) const override { return c.lookup(name); }
+};
+
+struct ListExpr : Expr {
+  std::vector<ExprPtr> items;
+  Value eval(Context& c) const override {
+    Json out = Json::array();
+    for (const ExprPtr& e : items) out.push_back(data_of(e->eval(c), "put in a list"));
+    return Value::of(out);
+  }
+};
+
+struct DictExpr : Expr {
+  std::vector<std::pair<ExprPtr, ExprPtr>> items;
+  Value eval(Context& c) const override {
+    Json out = Json::object();
+    for (const auto& [k, v] : items) {
+      const Value key = k->eval(c);
+      if (!key.is_string()) fail("twell's chat templates take dict keys that are strings");
+      out[key.str_ref()] = data_of(v->eval(c), "put in a dict");
+    }
+    return Value::of(out);
+  }
+};
+
+struct Attribute : Expr {
+  ExprPtr base;
+  std::string name;
+  Value eval(Context& c) const override { return get_attribute(base->eval(c), name); }
+};
+
+struct Subscript : Expr {
+  ExprPtr base, key;
+  Value eval(Context& c) const override { return get_item(base->eval(c), key->eval(c)); }
+};
+
+struct SliceExpr : Expr {
+  ExprPtr base, start, stop, step;
+  Value eval(Context& c) const override {
+    const Value b = base->eval(c);
+    auto bound = [&](const ExprPtr& e) -> std::optional<int64_t> {
+      if (!e) return std::nullopt;
+      const Value v = e->eval(c);
+      if (v.is_data() && v.data.is_null()) return std::nullopt;
+      return arg_int(v, "a slice index");
+    };
+    return Value::of(slice(data_of(b, "sliced"), bound(start), bound(stop), bound(step)));
+  }
+};
+
+struct Call : Expr {
+  ExprPtr fn;
+  CallArgs args;
+  Value eval(Context& c) const override {
+    const Value f = fn->eval(c);
+    if (f.kind != Value::Kind::kFunction) {
+      if (f.is_undefined()) fail(str("'", f.name, "' is undefined (called as a function)"));
+      fail(str("a ", type_name(f), " is not callable"));
+    }
+    Args a = eval_args(c, args);
+    return (*f.fn)(a);
+  }
+};
+
+struct Unary : Expr {
+  char op;  // '-', '+', '!'
+  ExprPtr operand;
+  Value eval(Context& c) const override {
+    const Value v = operand->eval(c);
+    if (op == '!') return Value::of(!truthy(v));
+    const Json& j = data_of(v, "negated");
+    if (!is_num(j)) fail(str("bad operand type for unary ", op, ": '", j.type_name(), "'"));
+    if (op == '+') return Value::of(is_int(j) ? Json(as_int(j)) : Json(as_double(j)));
+    return Value::of(is_int(j) ? Json(-as_int(j)) : Json(-as_double(j)));
+  }
+};
+
+struct Logic : Expr {
+  bool is_and;
+  ExprPtr a, b;
+  Value eval(Context& c) const override {
+    Value x = a->eval(c);
+    if (truthy(x) != is_and) return x;  // Python's and/or return an operand
+    return b->eval(c);
+  }
+};
+
+struct Conditional : Expr {
+  ExprPtr then, cond, otherwise;
+  Value eval(Context& c) const override {
+    if (truthy(cond->eval(c))) return then->eval(c);
+    return otherwise ? otherwise->eval(c) : Value::undefined("the else of a conditional expression");
+  }
+};
+
+Value arithmetic(const std::string& op, const Value& x, const Value& y) {
+  if (op == "~") return Value::of(to_text(x) + to_text(y));
+  const Json& a = data_of(x, "an operand of " + op);
+  const Json& b = data_of(y, "an operand of " + op);
+  if (op == "+") {
+    if (a.is_string() && b.is_string()) return Value::of(a.get<std::string>() + b.get<std::string>());
+    if (a.is_array() && b.is_array()) {
+      Json out = a;
+      for (const Json& j : b) out.push_back(j);
+      return Value::of(out);
+    }
+  }
+  if (op == "*" && (((a.is_string() || a.is_array()) && is_int(b)) || ((b.is_string() || b.is_array()) && is_int(a)))) {
+    const Json& seq = is_int(b) ? a : b;
+    const int64_t n = is_int(b) ? as_int(b) : as_int(a);
+    if (n > 0 && py_len(seq) * n > 10000000) fail("a repetition of over 10 million items");
+    Json out = seq.is_string() ? Json("") : Json::array();
+    for (int64_t i = 0; i < n; ++i) {
+      if (seq.is_string()) out.get_ref<std::string&>() += seq.get_ref<const std::string&>();
+      else for (const Json& j : seq) out.push_back(j);
+    }
+    return Value::of(out);
+  }
+  if (op == "%" && a.is_string()) fail("string formatting with % is not supported by twell's chat templates");
+  if (!is_num(a) || !is_num(b))
+    fail(str("unsupported operand types for ", op, ": '", a.type_name(), "' and '", b.type_name(), "'"));
+  const bool ints = is_int(a) && is_int(b);
+  if (ints) {
+    const int64_t p = as_int(a), q = as_int(b);
+    if (op == "+") return Value::of(p + q);
+    if (op == "-") return Value::of(p - q);
+    if (op == "*") return Value::of(p * q);
+    if (op == "//") return Value::of(floor_div(p, q));
+    if (op == "%") return Value::of(p - floor_div(p, q) * q);
+    if (op == "**" && q >= 0) {
+      int64_t r = 1;
+      for (int64_t i = 0; i < q; ++i) r *= p;
+      return Value::of(r);
+    }
+  }
+  const double p = as_double(a), q = as_double(b);
+  if (op == "+") return Value::of(p + q);
+  if (op == "-") return Value::of(p - q);
+  if (op == "*") return Value::of(p * q);
+  if (op == "**") return Value::of(std::pow(p, q));
+  if (q == 0) fail("division by zero");
+  if (op == "/") return Value::of(p / q);
+  if (op == "//") return Value::of(std::floor(p / q));
+  if (op == "%") return Value::of(p - std::floor(p / q) * q);
+  fail("unknown operator " + op);
+}
+
+bool contains(const Value& item, const Value& container) {
+  const Json& c = data_of(container, "searched with in");
+  if (c.is_string()) {
+    if (!item.is_string()) fail(str("'in <string>' requires a string on the left, not ", type_name(item)));
+    return c.get_ref<const std::string&>().find(item.str_ref()) != std::string::npos;
+  }
+  if (c.is_object()) return item.is_string() && c.contains(item.str_ref());
+  if (c.is_array()) {
+    if (!item.is_data()) return false;
+    for (const Json& j : c)
+      if (py_eq(j, item.data)) return true;
+    return false;
+  }
+  fail(str("argument of type '", c.type_name(), "' is not iterable"));
+}
+
+bool compare(const std::string& op, const Value& x, const Value& y) {
+  if (op == "==") return values_eq(x, y);
+  if (op == "!=") return !values_eq(x, y);
+  if (op == "in") return contains(x, y);
+  if (op == "notin") return !contains(x, y);
+  const int r = py_compare(data_of(x, "compared"), data_of(y, "compared"));
+  if (op == "<") return r < 0;
+  if (op == "<=") return r <= 0;
+  if (op == ">") return r > 0;
+  return r >= 0;
+}
+
+struct Binary : Expr {
+  std::string op;
+  ExprPtr a, b;
+  Value eval(Context& c) const override { return arithmetic(op, a->eval(c), b->eval(c)); }
+};
+
+struct Compare : Expr {
+  ExprPtr first;
+  std::vector<std::pair<std::string, ExprPtr>> rest;
+  Value eval(Context& c) const override {
+    Value left = first->eval(c);
+    for (const auto& [op, e] : rest) {
+      Value right = e->eval(c);
+      if (!compare(op, left, right)) return Value::of(false);
+      left = std::move(right);
+    }
+    return Value::of(true);
+  }
+};
+
+// ---- filters and tests ---------------------------------------------------------------------
+
+using TestFn = bool (*)(const Value&, const std::vector<Value>&);
+
+bool test_arg_count(const std::vector<Value>& a, size_t n, const char* name) {
+  if (a.size() != n) fail(str("the test '", name, "' takes ", n, " argument", n == 1 ? "" : "s"));
+  return true;
+}
+
+const std::map<std::string, TestFn>& tests() {
+  static const std::map<std::string, TestFn> t = {
+      {"defined", [](const Value& v, const std::vector<Value>&) { return !v.is_undefined(); }},
+      {"undefined", [](const Value& v, const std::vector<Value>&) { return v.is_undefined(); }},
+      {"none", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_null(); }},
+      {"boolean", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_boolean(); }},
+      {"true", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_boolean() && v.data.get<bool>(); }},
+      {"false", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_boolean() && !v.data.get<bool>(); }},
+      {"integer", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_number_integer(); }},
+      {"float", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_number_float(); }},
+      {"number", [](const Value& v, const std::vector<Value>&) { return v.is_number(); }},
+      {"string", [](const Value& v, const std::vector<Value>&) { return v.is_string(); }},
+      {"mapping", [](const Value& v, const std::vector<Value>&) { return (v.is_data() && v.data.is_object()) || v.kind == Value::Kind::kNamespace; }},
+      {"sequence", [](const Value& v, const std::vector<Value>&) { return v.is_data() && (v.data.is_array() || v.data.is_string() || v.data.is_object()); }},
+      {"iterable", [](const Value& v, const std::vector<Value>&) { return v.is_data() && (v.data.is_array() || v.data.is_string() || v.data.is_object()); }},
+      {"callable", [](const Value& v, const std::vector<Value>&) { return v.kind == Value::Kind::kFunction; }},
+      {"even", [](const Value& v, const std::vector<Value>&) { return arg_int(v, "the even test's value") % 2 == 0; }},
+      {"odd", [](const Value& v, const std::vector<Value>&) { return arg_int(v, "the odd test's value") % 2 != 0; }},
+      {"divisibleby", [](const Value& v, const std::vector<Value>& a) {
+         test_arg_count(a, 1, "divisibleby");
+         const int64_t d = arg_int(a[0], "divisibleby's argument");
+         return d != 0 && arg_int(v, "divisibleby's value") % d == 0;
+       }},
+      {"eq", [](const Value& v, const std::vector<Value>& a) { return test_arg_count(a, 1, "eq") && values_eq(v, a[0]); }},
+      {"ne", [](const Value& v, const std::vector<Value>& a) { return test_arg_count(a, 1, "ne") && !values_eq(v, a[0]); }},
+      {"lt", [](const Value& v, const std::vector<Value>& a) { return test_arg_count(a, 1, "lt") && compare("<", v, a[0]); }},
+      {"le", [](const Value& v, const std::vector<Value>& a) { return test_arg_count(a, 1, "le") && compare("<=", v, a[0]); }},
+      {"gt", [](const Value& v, const std::vector<Value>& a) { return test_arg_count(a, 1, "gt") && compare(">", v, a[0]); }},
+      {"ge", [](const Value& v, const std::vector<Value>& a) { return test_arg_count(a, 1, "ge") && compare(">=", v, a[0]); }},
+      {"in", [](const Value& v, const std::vector<Value>& a) { return test_arg_count(a, 1, "in") && contains(v, a[0]); }},
+      {"sameas", [](const Value& v, const std::vector<Value>& a) {
+         test_arg_count(a, 1, "sameas");  // `is` of Python: the singletons none, true and false
+         return v.is_data() && a[0].is_data() && (v.data.is_null() || v.data.is_boolean()) && v.data == a[0].data;
+       }},
+      {"lower", [](const Value& v, const std::vector<Value>&) { return v.is_string() && ascii_case(v.str_ref(), "the lower test", 0) == v.str_ref(); }},
+      {"upper", [](const Value& v, const std::vector<Value>&) { return v.is_string() && ascii_case(v.str_ref(), "the upper test", 1) == v.str_ref(); }},
+  };
+  return t;
+}
+
+const std::map<std::string, std::string>& test_aliases() {
+  static const std::map<std::string, std::string> a = {{"equalto", "eq"}, {"==", "eq"}, {"!=", "ne"},
+      {"<", "lt"}, {"lessthan", "lt"}, {"<=", "le"}, {">", "gt"}, {"greaterthan", "gt"}, {">=", "ge"}};
+  return a;
+}
+
+std::string test_name(const std::string& name) {
+  const auto alias = test_aliases().find(name);
+  return alias == test_aliases().end() ? name : alias->second;
+}
+
+bool run_test(const std::string& name, const Value& v, const std::vector<Value>& args) {
+  const auto it = tests().find(test_name(name));
+  if (it == tests().end()) fail(str("no test named '", name, "' in twell's chat templates"));
+  return it->second(v, args);
+}
+
+using FilterFn = Value (*)(Context&, const Value&, Args&);
+
+Value apply_filter(Context& c, const std::string& name, const Value& v, Args& a);
+
+// The attribute of an item a filter names ("content", or "a.b" dotted).
+Value item_attribute(const Json& item, const std::string& path) {
+  Value v = Value::of(item);
+  size_t from = 0;
+  while (true) {
+    const size_t dot = path.find('.', from);
+    const std::string part = path.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
+    if (v.is_undefined()) return v;
+    const bool digits = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
+    v = digits && v.is_data() && v.data.is_array() ? get_item(v, Value::of(std::stoll(part)))
+                                                   : get_item(v, Value::of(part));
+    if (dot == std::string::npos) return v;
+    from = dot + 1;
+  }
+}
+
+Value select_filter(const Value& v, Args& a, bool attr, bool keep, const char* what) {
+  if (a.pos.empty() && attr) fail(str(what, "() needs an attribute"));
+  size_t next = 0;
+  std::string attribute;
+  if (attr) attribute = arg_string(a.pos[next++], str(what, "()'s attribute"));
+  std::optional<std::string> test;
+  if (next < a.pos.size()) test = arg_string(a.pos[next++], str(what, "()'s test"));
+  if (!a.kw.empty()) fail(str(what, "() takes no keyword arguments in twell's chat templates"));
+  const std::vector<Value> test_args(a.pos.begin() + static_cast<std::ptrdiff_t>(next), a.pos.end());
+  Json out = Json::array();
+  for (const Json& item : iterate(v)) {
+    const Value x = attr ? item_attribute(item, attribute) : Value::of(item);
+    const bool hit = test ? run_test(*test, x, test_args) : truthy(x);
+    if (hit == keep) out.push_back(item);
+  }
+  return Value::of(out);
+}
+
+std::string html_escape(const std::string& s) {
+  std::string out;
+  for (const char ch : s) {
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += ch;
+    }
+  }
+  return out;
+}
+
+const std::map<std::string, FilterFn>& filters() {
+  static const std::map<std::string, FilterFn> f = {
+      {"length", [](Context&, const Value& v, Args& a) { bind("length", a, {}); return Value::of(py_len(data_of(v, "measured"))); }},
+      {"trim", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("trim", a, {"chars"});
+         std::optional<std::string> chars;
+         if (b[0]) chars = arg_string(b[0], "trim()'s chars");
+         return Value::of(py_strip(to_text(v), true, true, chars ? &*chars : nullptr));
+       }},
+      {"tojson", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("tojson", a, {"ensure_ascii", "indent", "separators", "sort_keys"});
+         DumpOptions o;
+         if (b[0]) o.ensure_ascii = truthy(*b[0]);
+         if (b[1] && !(b[1]->is_data() && b[1]->data.is_null())) {
+           o.indent = static_cast<int>(arg_int(b[1], "tojson()'s indent"));
+           o.item_sep = ",";
+         }
+         if (b[2] && !(b[2]->is_data() && b[2]->data.is_null())) {
+           const Json& s = data_of(*b[2], "tojson()'s separators");
+           if (!s.is_array() || s.size() != 2 || !s[0].is_string() || !s[1].is_string())
+             fail("tojson()'s separators must be two strings");
+           o.item_sep = s[0].get<std::string>();
+           o.key_sep = s[1].get<std::string>();
+         }
+         if (b[3]) o.sort_keys = truthy(*b[3]);
+         std::string out;
+         if (v.kind == Value::Kind::kNamespace) fail("Object of type Namespace is not JSON serializable");
+         json_dump(data_of(v, "written as JSON"), o, 0, out);
+         return Value::of(out);
+       }},
+      {"upper", [](Context&, const Value& v, Args& a) { bind("upper", a, {}); return Value::of(ascii_case(to_text(v), "upper", 1)); }},
+      {"lower", [](Context&, const Value& v, Args& a) { bind("lower", a, {}); return Value::of(ascii_case(to_text(v), "lower", 0)); }},
+      {"title", [](Context&, const Value& v, Args& a) { bind("title", a, {}); return Value::of(ascii_case(to_text(v), "title", 2)); }},
+      {"capitalize", [](Context&, const Value& v, Args& a) { bind("capitalize", a, {}); return Value::of(ascii_case(to_text(v), "capitalize", 3)); }},
+      {"string", [](Context&, const Value& v, Args& a) { bind("string", a, {}); return Value::of(to_text(v)); }},
+      {"safe", [](Context&, const Value& v, Args& a) { bind("safe", a, {}); return v; }},
+      {"escape", [](Context&, const Value& v, Args& a) { bind("escape", a, {}); return Value::of(html_escape(to_text(v))); }},
+      {"int", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("int", a, {"default", "base"});
+         const Json dflt = b[0] ? data_of(*b[0], "int()'s default") : Json(0);
+         if (b[1]) fail("int()'s base is not supported by twell's chat templates");
+         if (!v.is_data()) return Value::of(dflt);
+         if (is_int(v.data)) return Value::of(as_int(v.data));
+         if (v.data.is_number_float()) return Value::of(static_cast<int64_t>(v.data.get<double>()));
+         if (v.data.is_string()) {
+           const std::string s = py_strip(v.str_ref(), true, true, nullptr);
+           char* end = nullptr;
+           errno = 0;
+           const long long i = std::strtoll(s.c_str(), &end, 10);
+           if (!s.empty() && end == s.c_str() + s.size() && errno == 0) return Value::of(static_cast<int64_t>(i));
+           const double d = std::strtod(s.c_str(), &end);
+           if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d)) return Value::of(static_cast<int64_t>(d));
+         }
+         return Value::of(dflt);
+       }},
+      {"float", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("float", a, {"default"});
+         const Json dflt = b[0] ? data_of(*b[0], "float()'s default") : Json(0.0);
+         if (v.is_number()) return Value::of(as_double(v.data));
+         if (v.is_string()) {
+           const std::string s = py_strip(v.str_ref(), true, true, nullptr);
+           char* end = nullptr;
+           const double d = std::strtod(s.c_str(), &end);
+           if (!s.empty() && end == s.c_str() + s.size()) return Value::of(d);
+         }
+         return Value::of(dflt);
+       }},
+      {"abs", [](Context&, const Value& v, Args& a) {
+         bind("abs", a, {});
+         const Json& j = data_of(v, "abs()'s value");
+         if (!is_num(j)) fail(str("bad operand type for abs(): '", j.type_name(), "'"));
+         return Value::of(is_int(j) ? Json(std::llabs(as_int(j))) : Json(std::fabs(as_double(j))));
+       }},
+      {"round", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("round", a, {"precision", "method"});
+         const int64_t p = b[0] ? arg_int(b[0], "round()'s precision") : 0;
+         const std::string method = b[1] ? arg_string(b[1], "round()'s method") : "common";
+         const double x = as_double(data_of(v, "rounded")), scale = std::pow(10.0, static_cast<double>(p));
+         double r;
+         if (method == "common") r = std::round(x * scale) / scale;
+         else if (method == "floor") r = std::floor(x * scale) / scale;
+         else if (method == "ceil") r = std::ceil(x * scale) / scale;
+         else fail("round()'s method must be common, floor or ceil");
+         return Value::of(r);
+       }},
+      {"first", [](Context&, const Value& v, Args& a) {
+         bind("first", a, {});
+         const std::vector<Json> items = iterate(v);
+         return items.empty() ? Value::undefined("first of nothing") : Value::of(items.front());
+       }},
+      {"last", [](Context&, const Value& v, Args& a) {
+         bind("last", a, {});
+         const std::vector<Json> items = iterate(v);
+         return items.empty() ? Value::undefined("last of nothing") : Value::of(items.back());
+       }},
+      {"list", [](Context&, const Value& v, Args& a) {
+         bind("list", a, {});
+         Json out = Json::array();
+         for (Json& j : iterate(v)) out.push_back(std::move(j));
+         return Value::of(out);
+       }},
+      {"reverse", [](Context&, const Value& v, Args& a) {
+         bind("reverse", a, {});
+         if (v.is_string()) return Value::of(slice(v.data, std::nullopt, std::nullopt, -1));
+         std::vector<Json> items = iterate(v);
+         return Value::of(Json(std::vector<Json>(items.rbegin(), items.rend())));
+       }},
+      {"join", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("join", a, {"d", "attribute"});
+         const std::string sep = b[0] ? arg_string(b[0], "join()'s separator") : "";
+         std::optional<std::string> attribute;
+         if (b[1]) attribute = arg_string(b[1], "join()'s attribute");
+         std::string out;
+         bool first = true;
+         for (const Json& item : iterate(v)) {
+           if (!first) out += sep;
+           out += to_text(attribute ? item_attribute(item, *attribute) : Value::of(item));
+           first = false;
+         }
+         return Value::of(out);
+       }},
+      {"default", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("default", a, {"default_value", "boolean"});
+         const bool boolean = b[1] && truthy(*b[1]);
+         if (v.is_undefined() || (boolean && !truthy(v))) return b[0] ? *b[0] : Value::of("");
+         return v;
+       }},
+      {"replace", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("replace", a, {"old", "new", "count"});
+         return Value::of(py_replace(to_text(v), arg_string(b[0], "replace()'s old"), arg_string(b[1], "replace()'s new"),
+                                     b[2] ? arg_int(b[2], "replace()'s count") : -1));
+       }},
+      {"selectattr", [](Context&, const Value& v, Args& a) { return select_filter(v, a, true, true, "selectattr"); }},
+      {"rejectattr", [](Context&, const Value& v, Args& a) { return select_filter(v, a, true, false, "rejectattr"); }},
+      {"select", [](Context&, const Value& v, Args& a) { return select_filter(v, a, false, true, "select"); }},
+      {"reject", [](Context&, const Value& v, Args& a) { return select_filter(v, a, false, false, "reject"); }},
+      {"map", [](Context& c, const Value& v, Args& a) {
+         Json out = Json::array();
+         std::optional<std::string> attribute;
+         std::optional<Value> dflt;
+         for (auto it = a.kw.begin(); it != a.kw.end(); ++it) {
+           if (it->first == "attribute") attribute = arg_string(it->second, "map()'s attribute");
+           else if (it->first == "default") dflt = it->second;
+           else fail(str("map() got an unexpected keyword argument '", it->first, "'"));
+         }
+         if (attribute) {
+           if (!a.pos.empty()) fail("map() takes an attribute or a filter, not both");
+           for (const Json& item : iterate(v)) {
+             Value x = item_attribute(item, *attribute);
+             if (x.is_undefined() && dflt) x = *dflt;
+             out.push_back(data_of(x, "an item of map()"));
+           }
+           return Value::of(out);
+         }
+         if (a.pos.empty()) fail("map() needs a filter name or attribute=");
+         const std::string name = arg_string(a.pos[0], "map()'s filter");
+         for (const Json& item : iterate(v)) {
+           Args rest;
+           rest.pos.assign(a.pos.begin() + 1, a.pos.end());
+           out.push_back(data_of(apply_filter(c, name, Value::of(item), rest), "an item of map()"));
+         }
+         return Value::of(out);
+       }},
+      {"items", [](Context&, const Value& v, Args& a) {
+         bind("items", a, {});
+         if (v.is_undefined()) return Value::of(Json::array());
+         const Json& j = data_of(v, "items()'s value");
+         if (!j.is_object()) fail("items() takes a dict");
+         Json out = Json::array();
+         for (const auto& [k, x] : j.items()) out.push_back(Json::array({k, x}));
+         return Value::of(out);
+       }},
+      {"unique", [](Context&, const Value& v, Args& a) {
+         bind("unique", a, {});
+         Json out = Json::array();
+         for (const Json& item : iterate(v)) {
+           bool seen = false;
+           for (const Json& o : out) seen = seen || py_eq(o, item);
+           if (!seen) out.push_back(item);
+         }
+         return Value::of(out);
+       }},
+      {"sort", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("sort", a, {"reverse", "case_sensitive", "attribute"});
+         const bool reverse = b[0] && truthy(*b[0]);
+         if (b[1] && truthy(*b[1])) {}  // strings compare as they are either way below, except:
+         std::optional<std::string> attribute;
+         if (b[2]) attribute = arg_string(b[2], "sort()'s attribute");
+         std::vector<Json> items = iterate(v);
+         auto key = [&](const Json& j) {
+           Json k = attribute ? data_of(item_attribute(j, *attribute), "a sort key") : j;
+           if (k.is_string() && !(b[1] && truthy(*b[1]))) k = ascii_case(k.get<std::string>(), "sort", 0);
+           return k;
+         };
+         std::stable_sort(items.begin(), items.end(), [&](const Json& x, const Json& y) {
+           return reverse ? py_compare(key(y), key(x)) < 0 : py_compare(key(x), key(y)) < 0;
+         });
+         return Value::of(Json(items));
+       }},
+      {"sum", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("sum", a, {"attribute", "start"});
+         Value total = b[1] ? *b[1] : Value::of(0);
+         for (const Json& item : iterate(v))
+           total = arithmetic("+", total, b[0] ? item_attribute(item, arg_string(b[0], "sum()'s attribute")) : Value::of(item));
+         return total;
+       }},
+      {"min", [](Context&, const Value& v, Args& a) {
+         bind("min", a, {});
+         const std::vector<Json> items = iterate(v);
+         if (items.empty()) return Value::undefined("min of nothing");
+         return Value::of(*std::min_element(items.begin(), items.end(), [](const Json& x, const Json& y) { return py_compare(x, y) < 0; }));
+       }},
+      {"max", [](Context&, const Value& v, Args& a) {
+         bind("max", a, {});
+         const std::vector<Json> items = iterate(v);
+         if (items.empty()) return Value::undefined("max of nothing");
+         return Value::of(*std::max_element(items.begin(), items.end(), [](const Json& x, const Json& y) { return py_compare(x, y) < 0; }));
+       }},
+      {"indent", [](Context&, const Value& v, Args& a) {
+         const Bound b = bind("indent", a, {"width", "first", "blank"});
+         std::string pad = "    ";
+         if (b[0]) pad = b[0]->is_string() ? b[0]->str_ref() : std::string(static_cast<size_t>(std::max<int64_t>(0, arg_int(b[0], "indent()'s width"))), ' ');
+         const bool first = b[1] && truthy(*b[1]), blank = b[2] && truthy(*b[2]);
+         const std::string s = to_text(v);
+         std::string out;
+         size_t from = 0;
+         bool line0 = true;
+         while (true) {
+           const size_t nl = s.find('\n', from);
+           const std::string line = s.substr(from, nl == std::string::npos ? std::string::npos : nl - from);
+           if (line0 ? first && (blank || !line.empty()) : (blank || !py_strip(line, true, true, nullptr).empty())) out += pad;
+           out += line;
+           if (nl == std::string::npos) break;
+           out += '\n';
+           from = nl + 1;
+           line0 = false;
+         }
+         return Value::of(out);
+       }},
+  };
+  return f;
+}
+
+const std::map<std::string, std::string>& filter_aliases() {
+  static const std::map<std::string, std::string> a = {{"count", "length"}, {"d", "default"}, {"e", "escape"}};
+  return a;
+}
+
+std::string filter_name(const std::string& name) {
+  const auto alias = filter_aliases().find(name);
+  return alias == filter_aliases().end() ? name : alias->second;
+}
+
+Value apply_filter(Context& c, const std::string& name, const Value& v, Args& a) {
+  const auto it = filters().find(filter_name(name));
+  if (it == filters().end()) fail(str("no filter named '", name, "' in twell's chat templates"));
+  return it->second(c, v, a);
+}
+
+struct FilterExpr : Expr {
+  ExprPtr base;
+  std::string name;
+  CallArgs args;
+  Value eval(Context& c) const override {
+    const Value v = base->eval(c);
+    Args a = eval_args(c, args);
+    return apply_filter(c, name, v, a);
+  }
+};
+
+struct TestExpr : Expr {
+  ExprPtr base;
+  std::string name;
+  std::vector<ExprPtr> args;
+  bool negated = false;
+  Value eval(Context& c) const override {
+    const Value v = base->eval(c);
+    std::vector<Value> a;
+    for (const ExprPtr& e : args) a.push_back(e->eval(c));
+    return Value::of(run_test(name, v, a) != negated);
+  }
+};
+
+// ---- statements ------------------------------------------------------------------------------
+
+enum class Flow { kNormal, kBreak, kContinue };
+
+struct Stmt {
+  int line = 0;
+  virtual ~Stmt() = default;
+  virtual Flow exec(Context& c, std::string& out) const = 0;
+};
+using StmtPtr = std::unique_ptr<Stmt>;
+using Body = std::vector<StmtPtr>;
+
+Flow exec_body(const Body& body, Context& c, std::string& out, const std::string& source) {
+  for (const StmtPtr& s : body) {
+    Flow f;
+    try {
+      f = s->exec(c, out);
+    } catch (const RenderError& e) {
+      if (e.message.rfind(source + ":", 0) == 0) throw;
+      throw RenderError{str(source, ":", s->line, ": ", e.message)};
+    }
+    if (f != Flow::kNormal) return f;
+  }
+  return Flow::kNormal;
+}
+
+struct TextStmt : Stmt {
+  std::string text;
+  Flow exec(Context&, std::string& out) const override {
+    out += text;
+    return Flow::kNormal;
+  }
+};
+
+struct OutputStmt : Stmt {
+  ExprPtr expr;
+  Flow exec(Context& c, std::string& out) const override {
+    out += to_text(expr->eval(c));
+    return Flow::kNormal;
+  }
+};
+
+struct IfStmt : Stmt {
+  std::vector<std::pair<ExprPtr, Body>> branches;  // a null condition: else
+  Flow exec(Context& c, std::string& out) const override {
+    for (const auto& [cond, body] : branches)
+      if (!cond || truthy(cond->eval(c))) return exec_body(body, c, out, *c.source);
+    return Flow::kNormal;
+  }
+};
+
+void assign_targets(Context& c, const std::vector<std::string>& targets, const Value& v) {
+  if (targets.size() == 1) {
+    c.set(targets[0], v);
+    return;
+  }
+  const Json& j = data_of(v, "unpacked");
+  const std::vector<Json> items = iterate(Value::of(j));
+  if (items.size() != targets.size())
+    fail(str("cannot unpack ", items.size(), " values into ", targets.size(), " names"));
+  for (size_t i = 0; i < targets.size(); ++i) c.set(targets[i], Value::of(items[i]));
+}
+
+struct ForStmt : Stmt {
+  std::vector<std::string> targets;
+  ExprPtr iter, filter;
+  Body body, otherwise;
+  Flow exec(Context& c, std::string& out) const override {
+    const Value seq = iter->eval(c);
+    std::vector<Json> items = iterate(seq);
+    if (filter) {
+      std::vector<Json> kept;
+      for (Json& item : items) {
+        c.frames.push_back(std::make_shared<Frame>());
+        assign_targets(c, targets, Value::of(item));
+        const bool keep = truthy(filter->eval(c));
+        c.frames.pop_back();
+        if (keep) kept.push_back(std::move(item));
+      }
+      items = std::move(kept);
+    }
+    const size_t n = items.size();
+    for (size_t i = 0; i < n; ++i) {
+      Json loop = {{"index", i + 1}, {"index0", i}, {"revindex", n - i}, {"revindex0", n - i - 1},
+                   {"first", i == 0}, {"last", i + 1 == n}, {"length", n}, {"depth", 1}, {"depth0", 0}};
+      if (i > 0) loop["previtem"] = items[i - 1];
+      if (i + 1 < n) loop["nextitem"] = items[i + 1];
+      c.frames.push_back(std::make_shared<Frame>());
+      c.set("loop", Value::of(std::move(loop)));
+      Flow f = Flow::kNormal;
+      try {
+        assign_targets(c, targets, Value::of(items[i]));
+        f = exec_body(body, c, out, *c.source);
+      } catch (...) {
+        c.frames.pop_back();
+        throw;
+      }
+      c.frames.pop_back();
+      if (f == Flow::kBreak) break;
+    }
+    if (n == 0) return exec_body(otherwise, c, out, *c.source);
+    return Flow::kNormal;
+  }
+};
+
+struct SetStmt : Stmt {
+  std::vector<std::string> targets;  // names, or one "ns.attr" with attribute set
+  std::string attribute;
+  ExprPtr value;
+  Body block;  // {% set x %}...{% endset %}
+  std::vector<std::pair<std::string, CallArgs>> block_filters;
+  Flow exec(Context& c, std::string& out) const override {
+    Value v;
+    if (value) {
+      v = value->eval(c);
+    } else {
+      std::string text;
+      exec_body(block, c, text, *c.source);
+      v = Value::of(text);
+      for (const auto& [name, args] : block_filters) {
+        Args a = eval_args(c, args);
+        v = apply_filter(c, name, v, a);
+      }
+    }
+    if (!attribute.empty()) {
+      const Value ns = c.lookup(targets[0]);
+      if (ns.kind != Value::Kind::kNamespace)
+        fail(str("cannot set an attribute of '", targets[0], "': only a namespace() takes `set ", targets[0], ".",
+                 attribute, "`"));
+      if (!attribute.empty() && attribute[0] == '_') fail("a namespace's attribute cannot begin with '_'");
+      (*ns.ns)[attribute] = data_of(v, "stored in a namespace");
+      return Flow::kNormal;
+    }
+    assign_targets(c, targets, v);
+    return Flow::kNormal;
+  }
+};
+
+struct LoopControl : Stmt {
+  Flow flow;
+  Flow exec(Context&, std::string&) const override { return flow; }
+};
+
+struct Block : Stmt {  // {% generation %}: its body as it stands
+  Body body;
+  Flow exec(Context& c, std::string& out) const override { return exec_body(body, c, out, *c.source); }
+};
+
+struct MacroStmt : Stmt {
+  std::string name;
+  std::vector<std::pair<std::string, ExprPtr>> params;  // default or null
+  Body body;
+  Flow exec(Context& c, std::string&) const override {
+    const MacroStmt* self = this;
+    std::shared_ptr<Frame> globals = c.frames.front();
+    Context* ctx = &c;
+    c.set(name, Value::function(name, [self, globals, ctx](Args& a) {
+      Context& cc = *ctx;
+      if (++cc.depth > 64) fail("macros nested too deeply (over 64 calls)");
+      auto frame = std::make_shared<Frame>();
+      if (a.pos.size() > self->params.size())
+        fail(str("macro '", self->name, "' takes at most ", self->params.size(), " arguments (", a.pos.size(), " given)"));
+      std::vector<bool> given(self->params.size(), false);
+      for (size_t i = 0; i < a.pos.size(); ++i) {
+        frame->vars[self->params[i].first] = a.pos[i];
+        given[i] = true;
+      }
+      for (auto& [k, v] : a.kw) {
+        size_t i = 0;
+        while (i < self->params.size() && self->params[i].first != k) ++i;
+        if (i == self->params.size()) fail(str("macro '", self->name, "' takes no keyword argument '", k, "'"));
+        frame->vars[k] = v;
+        given[i] = true;
+      }
+      std::vector<std::shared_ptr<Frame>> saved = std::move(cc.frames);
+      cc.frames = {globals, frame};
+      std::string text;
+      try {
+        for (size_t i = 0; i < self->params.size(); ++i)
+          if (!given[i])
+            frame->vars[self->params[i].first] =
+                self->params[i].second ? self->params[i].second->eval(cc) : Value::undefined(self->params[i].first);
+        exec_body(self->body, cc, text, *cc.source);
+      } catch (...) {
+        cc.frames = std::move(saved);
+        --cc.depth;
+        throw;
+      }
+      cc.frames = std::move(saved);
+      --cc.depth;
+      return Value::of(text);
+    }));
+    return Flow::kNormal;
+  }
+};
+
+// ---- the parser ------------------------------------------------------------------------------
+
+class Parser {
+ public:
+  Parser(std::vector<Piece> pieces, const std::string& source) : pieces_(std::move(pieces)), source_(source) {}
+
+  Body parse_template() {
+    std::string end;
+    Body body = parse_body({}, end);
+    return body;
+  }
+
+ private:
+  [[noreturn]] void error(const std::string& what) const { throw Error(str(source_, ":", line_, ": ", what)); }
+
+  // Statements up to one of `ends` (its keyword in `end`), or the template's end where `ends` is empty.
+  Body parse_body(const std::vector<std::string>& ends, std::string& end) {
+    Body body;
+    while (at_ < pieces_.size()) {
+      Piece& p = pieces_[at_++];
+      line_ = p.line;
+      if (p.type == Piece::Type::kText) {
+        auto t = std::make_unique<TextStmt>();
+        t->line = p.line;
+        t->text = std::move(p.text);
+        body.push_back(std::move(t));
+        continue;
+      }
+      toks_ = &p.tokens;
+      pos_ = 0;
+      if (p.type == Piece::Type::kOutput) {
+        auto o = std::make_unique<OutputStmt>();
+        o->line = p.line;
+        o->expr = parse_tuple_or_expr();
+        expect_end();
+        body.push_back(std::move(o));
+        continue;
+      }
+      const Token& kw = next();
+      if (kw.type != Token::Type::kName) error("a statement must begin with a keyword");
+      if (std::find(ends.begin(), ends.end(), kw.text) != ends.end()) {
+        end = kw.text;
+        return body;
+      }
+      body.push_back(parse_statement(kw.text, p.line));
+    }
+    if (!ends.empty()) error(str("the template ended inside a block: expected ", join(ends)));
+    return body;
+  }
+
+  static std::string join(const std::vector<std::string>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? " or " : "") + ("{% " + v[i] + " %}");
+    return out;
+  }
+
+  StmtPtr parse_statement(const std::string& kw, int line) {
+    if (kw == "if") {
+      auto s = std::make_unique<IfStmt>();
+      s->line = line;
+      ExprPtr cond = parse_expression();
+      expect_end();
+      while (true) {
+        std::string end;
+        Body body = parse_body({"elif", "else", "endif"}, end);
+        s->branches.emplace_back(std::move(cond), std::move(body));
+        if (end == "endif") {
+          expect_end();
+          break;
+        }
+        if (end == "else") {
+          expect_end();
+          std::string end2;
+          Body other = parse_body({"endif"}, end2);
+          expect_end();
+          s->branches.emplace_back(nullptr, std::move(other));
+          break;
+        }
+        cond = parse_expression();
+        expect_end();
+      }
+      return s;
+    }
+    if (kw == "for") {
+      auto s = std::make_unique<ForStmt>();
+      s->line = line;
+      s->targets = parse_targets();
+      if (!next_is_name("in")) error("expected 'in' in a for statement");
+      ++pos_;
+      s->iter = parse_tuple_or_expr(/*with_condition=*/false);
+      if (next_is_name("if")) {
+        ++pos_;
+        s->filter = parse_expression();
+      }
+      if (next_is_name("recursive")) error("recursive for loops are not supported by twell's chat templates");
+      expect_end();
+      std::string end;
+      ++loop_depth_;
+      s->body = parse_body({"else", "endfor"}, end);
+      --loop_depth_;
+      expect_end();
+      if (end == "else") {
+        s->otherwise = parse_body({"endfor"}, end);
+        expect_end();
+      }
+      return s;
+    }
+    if (kw == "set") {
+      auto s = std::make_unique<SetStmt>();
+      s->line = line;
+      s->targets = parse_targets();
+      if (s->targets.size() == 1 && peek().type == Token::Type::kOp && peek().text == ".") {
+        ++pos_;
+        const Token& attr = next();
+        if (attr.type != Token::Type::kName) error("expected an attribute name after '.' in set");
+        s->attribute = attr.text;
+      }
+      if (peek().type == Token::Type::kOp && peek().text == "=") {
+        ++pos_;
+        s->value = parse_tuple_or_expr();
+        expect_end();
+        return s;
+      }
+      if (s->targets.size() != 1 || !s->attribute.empty()) error("a block set takes one name");
+      while (peek().type == Token::Type::kOp && peek().text == "|") {
+        ++pos_;
+        std::string name = parse_filter_name();
+        CallArgs args;
+        if (peek().type == Token::Type::kOp && peek().text == "(") {
+          ++pos_;
+          args = parse_call_args();
+        }
+        s->block_filters.emplace_back(std::move(name), std::move(args));
+      }
+      expect_end();
+      std::string end;
+      s->block = parse_body({"endset"}, end);
+      expect_end();
+      return s;
+    }
+    if (kw == "macro") {
+      auto s = std::make_unique<MacroStmt>();
+      s->line = line;
+      const Token& name = next();
+      if (name.type != Token::Type::kName) error("expected the macro's name");
+      s->name = name.text;
+      expect_op("(");
+      while (!(peek().type == Token::Type::kOp && peek().text == ")")) {
+        const Token& p = next();
+        if (p.type != Token::Type::kName) error("expected a parameter name in the macro");
+        ExprPtr dflt;
+        if (peek().type == Token::Type::kOp && peek().text == "=") {
+          ++pos_;
+          dflt = parse_expression();
+        }
+        s->params.emplace_back(p.text, std::move(dflt));
+        if (peek().type == Token::Type::kOp && peek().text == ",") ++pos_;
+        else break;
+      }
+      expect_op(")");
+      expect_end();
+      std::string end;
+      const int saved = loop_depth_;
+      loop_depth_ = 0;
+      s->body = parse_body({"endmacro"}, end);
+      loop_depth_ = saved;
+      if (peek().type == Token::Type::kName) ++pos_;  // {% endmacro name %}
+      expect_end();
+      return s;
+    }
+    if (kw == "break" || kw == "continue") {
+      if (loop_depth_ == 0) error(str("'", kw, "' outside a for loop"));
+      expect_end();
+      auto s = std::make_unique<LoopControl>();
+      s->line = line;
+      s->flow = kw == "break" ? Flow::kBreak : Flow::kContinue;
+      return s;
+    }
+    if (kw == "generation") {
+      expect_end();
+      auto s = std::make_unique<Block>();
+      s->line = line;
+      std::string end;
+      s->body = parse_body({"endgeneration"}, end);
+      expect_end();
+      return s;
+    }
+    error(str("'{% ", kw, " %}' is not supported by twell's chat templates"));
+  }
+
+  std::vector<std::string> parse_targets() {
+    std::vector<std::string> names;
+    const bool paren = peek().type == Token::Type::kOp && peek().text == "(";
+    if (paren) ++pos_;
+    while (true) {
+      const Token& t = next();
+      if (t.type != Token::Type::kName) error("expected a name to assign");
+      names.push_back(t.text);
+      if (peek().type == Token::Type::kOp && peek().text == ",") {
+        ++pos_;
+        continue;
+      }
+      break;
+    }
+    if (paren) expect_op(")");
+    return names;
+  }
+
+  // ---- tokens
+
+  const Token& peek(size_t ahead = 0) const {
+    const size_t i = std::min(pos_ + ahead, toks_->size() - 1);
+    return (*toks_)[i];
+  }
+  const Token& next() {
+    const Token& t = peek();
+    if (pos_ < toks_->size() - 1) ++pos_;
+    return t;
+  }
+  bool next_is_name(const char* name) const { return peek().type == Token::Type::kName && peek().text == name; }
+  bool next_is_op(const char* op) const { return peek().type == Token::Type::kOp && peek().text == op; }
+  void expect_op(const char* op) {
+    if (!next_is_op(op)) error(str("expected '", op, "'", describe_next()));
+    ++pos_;
+  }
+  void expect_end() {
+    if (peek().type != Token::Type::kEnd) error(str("expected the tag's end", describe_next()));
+  }
+  std::string describe_next() const {
+    const Token& t = peek();
+    if (t.type == Token::Type::kEnd) return ", found the tag's end";
+    if (t.type == Token::Type::kString) return ", found a string";
+    if (t.type == Token::Type::kInt || t.type == Token::Type::kFloat) return ", found a number";
+    return str(", found '", t.text, "'");
+  }
+
+  template <class T>
+  std::unique_ptr<T> node() {
+    auto n = std::make_unique<T>();
+    n->line = line_;
+    return n;
+  }
+
+  // ---- expressions, in jinja2's precedence
+
+  // An expression, or a tuple of them where commas follow (`{{ a, b }}`, `for x in a, b`).
+  ExprPtr parse_tuple_or_expr(bool with_condition = true) {
+    ExprPtr first = with_condition ? parse_expression() : parse_or();
+    if (!next_is_op(",")) return first;
+    auto list = node<ListExpr>();
+    list->items.push_back(std::move(first));
+    while (next_is_op(",")) {
+      ++pos_;
+      if (peek().type == Token::Type::kEnd || next_is_name("if")) break;
+      list->items.push_back(with_condition ? parse_expression() : parse_or());
+    }
+    return list;
+  }
+
+  ExprPtr parse_expression() {
+    ExprPtr e = parse_or();
+    while (next_is_name("if")) {
+      ++pos_;
+      auto c = node<Conditional>();
+      c->then = std::move(e);
+      c->cond = parse_or();
+      if (next_is_name("else")) {
+        ++pos_;
+        c->otherwise = parse_expression();
+      }
+      e = std::move(c);
+    }
+    return e;
+  }
+
+  ExprPtr parse_or() {
+    ExprPtr e = parse_and();
+    while (next_is_name("or")) {
+      ++pos_;
+      auto l = node<Logic>();
+      l->is_and = false;
+      l->a = std::move(e);
+      l->b = parse_and();
+      e = std::move(l);
+    }
+    return e;
+  }
+
+  ExprPtr parse_and() {
+    ExprPtr e = parse_not();
+    while (next_is_name("and")) {
+      ++pos_;
+      auto l = node<Logic>();
+      l->is_and = true;
+      l->a = std::move(e);
+      l->b = parse_not();
+      e = std::move(l);
+    }
+    return e;
+  }
+
+  ExprPtr parse_not() {
+    if (next_is_name("not")) {
+      ++pos_;
+      auto u = node<Unary>();
+      u->op = '!';
+      u->operand = parse_not();
+      return u;
+    }
+    return parse_compare();
+  }
+
+  ExprPtr parse_compare() {
+    ExprPtr e = parse_math1();
+    std::unique_ptr<Compare> cmp;
+    while (true) {
+      std::string op;
+      if (peek().type == Token::Type::kOp &&
+          (peek().text == "==" || peek().text == "!=" || peek().text == "<" || peek().text == "<=" ||
+           peek().text == ">" || peek().text == ">=")) {
+        op = next().text;
+      } else if (next_is_name("in")) {
+        ++pos_;
+        op = "in";
+      } else if (next_is_name("not") && peek(1).type == Token::Type::kName && peek(1).text == "in") {
+        pos_ += 2;
+        op = "notin";
+      } else {
+        break;
+      }
+      if (!cmp) {
+        cmp = node<Compare>();
+        cmp->first = std::move(e);
+      }
+      cmp->rest.emplace_back(op, parse_math1());
+    }
+    if (cmp) return cmp;
+    return e;
+  }
+
+  ExprPtr binary(std::string op, ExprPtr a, ExprPtr b) {
+    auto n = node<Binary>();
+    n->op = std::move(op);
+    n->a = std::move(a);
+    n->b = std::move(b);
+    return n;
+  }
+
+  ExprPtr parse_math1() {
+    ExprPtr e = parse_concat();
+    while (next_is_op("+") || next_is_op("-")) {
+      std::string op = next().text;
+      e = binary(op, std::move(e), parse_concat());
+    }
+    return e;
+  }
+
+  ExprPtr parse_concat() {
+    ExprPtr e = parse_math2();
+    while (next_is_op("~")) {
+      ++pos_;
+      e = binary("~", std::move(e), parse_math2());
+    }
+    return e;
+  }
+
+  ExprPtr parse_math2() {
+    ExprPtr e = parse_pow();
+    while (next_is_op("*") || next_is_op("/") || next_is_op("//") || next_is_op("%")) {
+      std::string op = next().text;
+      e = binary(op, std::move(e), parse_pow());
+    }
+    return e;
+  }
+
+  ExprPtr parse_pow() {
+    ExprPtr e = parse_unary();
+    while (next_is_op("**")) {
+      ++pos_;
+      e = binary("**", std::move(e), parse_unary());
+    }
+    return e;
+  }
+
+  ExprPtr parse_unary(bool with_filter = true) {
+    ExprPtr e;
+    if (next_is_op("-") || next_is_op("+")) {
+      auto u = node<Unary>();
+      u->op = next().text[0];
+      u->operand = parse_unary(false);
+      e = std::move(u);
+    } else {
+      e = parse_primary();
+    }
+    e = parse_postfix(std::move(e));
+    if (with_filter) e = parse_filter_expr(std::move(e));
+    return e;
+  }
+
+  ExprPtr parse_primary() {
+    const Token& t = next();
+    switch (t.type) {
+      case Token::Type::kName: {
+        if (t.text == "true" || t.text == "True" || t.text == "false" || t.text == "False" || t.text == "none" ||
+            t.text == "None") {
+          auto l = node<Literal>();
+          if (t.text == "none" || t.text == "None") l->value = nullptr;
+          else l->value = t.text == "true" || t.text == "True";
+          return l;
+        }
+        auto n = node<Name>();
+        n->name = t.text;
+        return n;
+      }
+      case Token::Type::kString: {
+        auto l = node<Literal>();
+        std::string s = t.text;
+        while (peek().type == Token::Type::kString) s += next().text;  // adjacent literals join
+        l->value = s;
+        return l;
+      }
+      case Token::Type::kInt: {
+        auto l = node<Literal>();
+        l->value = t.int_value;
+        return l;
+      }
+      case Token::Type::kFloat: {
+        auto l = node<Literal>();
+        l->value = t.float_value;
+        return l;
+      }
+      case Token::Type::kOp: {
+        if (t.text == "(") {
+          if (next_is_op(")")) {
+            ++pos_;
+            return node<ListExpr>();
+          }
+          ExprPtr e = parse_expression();
+          if (next_is_op(",")) {
+            auto list = node<ListExpr>();
+            list->items.push_back(std::move(e));
+            while (next_is_op(",")) {
+              ++pos_;
+              if (next_is_op(")")) break;
+              list->items.push_back(parse_expression());
+            }
+            e = std::move(list);
+          }
+          expect_op(")");
+          return e;
+        }
+        if (t.text == "[") {
+          auto list = node<ListExpr>();
+          while (!next_is_op("]")) {
+            list->items.push_back(parse_expression());
+            if (!next_is_op(",")) break;
+            ++pos_;
+          }
+          expect_op("]");
+          return list;
+        }
+        if (t.text == "{") {
+          auto dict = node<DictExpr>();
+          while (!next_is_op("}")) {
+            ExprPtr k = parse_expression();
+            expect_op(":");
+            dict->items.emplace_back(std::move(k), parse_expression());
+            if (!next_is_op(",")) break;
+            ++pos_;
+          }
+          expect_op("}");
+          return dict;
+        }
+        error(str("unexpected '", t.text, "'"));
+      }
+      case Token::Type::kEnd: error("an expression was expected before the tag's end");
+    }
+    error("unexpected token");
+  }
+
+  CallArgs parse_call_args() {  // after '('
+    CallArgs args;
+    while (!next_is_op(")")) {
+      if (next_is_op("*") || next_is_op("**")) error("*args and **kwargs are not supported by twell's chat templates");
+      if (peek().type == Token::Type::kName && peek(1).type == Token::Type::kOp && peek(1).text == "=") {
+        std::string k = next().text;
+        ++pos_;
+        args.kw.emplace_back(std::move(k), parse_expression());
+      } else {
+        if (!args.kw.empty()) error("a positional argument after a keyword argument");
+        args.pos.push_back(parse_expression());
+      }
+      if (!next_is_op(",")) break;
+      ++pos_;
+    }
+    expect_op(")");
+    return args;
+  }
+
+  ExprPtr parse_postfix(ExprPtr e) {
+    while (true) {
+      if (next_is_op(".")) {
+        ++pos_;
+        const Token& t = next();
+        if (t.type == Token::Type::kName) {
+          auto a = node<Attribute>();
+          a->base = std::move(e);
+          a->name = t.text;
+          e = std::move(a);
+        } else if (t.type == Token::Type::kInt) {
+          auto s = node<Subscript>();
+          s->base = std::move(e);
+          auto l = node<Literal>();
+          l->value = t.int_value;
+          s->key = std::move(l);
+          e = std::move(s);
+        } else {
+          error("expected an attribute name after '.'");
+        }
+      } else if (next_is_op("[")) {
+        ++pos_;
+        ExprPtr parts[3];
+        int colons = 0;
+        for (int k = 0; k < 3; ++k) {
+          if (!next_is_op(":") && !next_is_op("]")) parts[k] = parse_expression();
+          if (k < 2 && next_is_op(":")) {
+            ++pos_;
+            ++colons;
+          } else {
+            break;
+          }
+        }
+        expect_op("]");
+        if (colons == 0) {
+          if (!parts[0]) error("an empty subscript");
+          auto s = node<Subscript>();
+          s->base = std::move(e);
+          s->key = std::move(parts[0]);
+          e = std::move(s);
+        } else {
+          auto s = node<SliceExpr>();
+          s->base = std::move(e);
+          s->start = std::move(parts[0]);
+          s->stop = std::move(parts[1]);
+          s->step = std::move(parts[2]);
+          e = std::move(s);
+        }
+      } else if (next_is_op("(")) {
+        ++pos_;
+        auto c = node<Call>();
+        c->fn = std::move(e);
+        c->args = parse_call_args();
+        e = std::move(c);
+      } else {
+        return e;
+      }
+    }
+  }
+
+  std::string parse_filter_name() {
+    const Token& t = next();
+    if (t.type != Token::Type::kName) error("expected a filter name after '|'");
+    std::string name = t.text;
+    while (next_is_op(".") && peek(1).type == Token::Type::kName) {
+      pos_ += 1;
+      name += "." + next().text;
+    }
+    if (!filters().count(filter_name(name))) error(str("no filter named '", name, "' in twell's chat templates"));
+    return name;
+  }
+
+  ExprPtr parse_filter_expr(ExprPtr e) {
+    while (true) {
+      if (next_is_op("|")) {
+        ++pos_;
+        auto f = node<FilterExpr>();
+        f->base = std::move(e);
+        f->name = parse_filter_name();
+        if (next_is_op("(")) {
+          ++pos_;
+          f->args = parse_call_args();
+        }
+        e = std::move(f);
+      } else if (next_is_name("is")) {
+        ++pos_;
+        auto t = node<TestExpr>();
+        t->base = std::move(e);
+        if (next_is_name("not")) {
+          ++pos_;
+          t->negated = true;
+        }
+        const Token& name = next();
+        if (name.type != Token::Type::kName && !(name.type == Token::Type::kOp && test_aliases().count(name.text)))
+          error("expected a test name after 'is'");
+        t->name = name.text;
+        if (!tests().count(test_name(t->name))) error(str("no test named '", t->name, "' in twell's chat templates"));
+        if (next_is_op("(")) {
+          ++pos_;
+          CallArgs a = parse_call_args();
+          if (!a.kw.empty()) error("tests take no keyword arguments in twell's chat templates");
+          t->args = std::move(a.pos);
+        } else {
+          const Token& p = peek();
+          const bool arg = (p.type == Token::Type::kName && p.text != "else" && p.text != "or" && p.text != "and" &&
+                            p.text != "if" && p.text != "in" && p.text != "not" && p.text != "is") ||
+                           p.type == Token::Type::kString || p.type == Token::Type::kInt ||
+                           p.type == Token::Type::kFloat || (p.type == Token::Type::kOp && (p.text == "[" || p.text == "{"));
+          if (arg) t->args.push_back(parse_postfix(parse_primary()));
+        }
+        e = std::move(t);
+      } else if (next_is_op("(")) {
+        ++pos_;
+        auto c = node<Call>();
+        c->fn = std::move(e);
+        c->args = parse_call_args();
+        e = std::move(c);
+      } else {
+        return e;
+      }
+    }
+  }
+
+  std::vector<Piece> pieces_;
+  const std::string& source_;
+  size_t at_ = 0;
+  int line_ = 1;
+  const std::vector<Token>* toks_ = nullptr;
+  size_t pos_ = 0;
+  int loop_depth_ = 0;
+};
+
+// The functions every template sees.
+std::unordered_map<std::string, Value> make_globals(const std::string& source) {
+  std::unordered_map<std::string, Value> g;
+  g["raise_exception"] = Value::function("raise_exception", [source](Args& a) -> Value {
+    const Bound b = bind("raise_exception", a, {"message"});
+    throw Error(str(source, ": the template refused the input: ", b[0] ? to_text(*b[0]) : std::string()));
+  });
+  g["range"] = Value::function("range", [](Args& a) {
+    if (!a.kw.empty() || a.pos.empty() || a.pos.size() > 3) fail("range() takes one to three integers");
+    int64_t start = 0, stop, step = 1;
+    if (a.pos.size() == 1) {
+      stop = arg_int(a.pos[0], "range()'s argument");
+    } else {
+      start = arg_int(a.pos[0], "range()'s start");
+      stop = arg_int(a.pos[1], "range()'s stop");
+      if (a.pos.size() == 3) step = arg_int(a.pos[2], "range()'s step");
+    }
+    if (step == 0) fail("range() step must not be zero");
+    Json out = Json::array();
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      if (out.size() >= 100000) fail("range() of more than 100000 items (jinja2's sandbox limit)");
+      out.push_back(i);
+    }
+    return Value::of(out);
+  });
+  g["namespace"] = Value::function("namespace", [](Args& a) {
+    Value v;
+    v.kind = Value::Kind::kNamespace;
+    v.ns = std::make_shared<Json>(Json::object());
+    for (const Value& p : a.pos) {
+      const Json& d = data_of(p, "namespace()'s argument");
+      if (!d.is_object()) fail("namespace() takes a dict or keyword arguments");
+      for (const auto& [k, x] : d.items()) (*v.ns)[k] = x;
+    }
+    for (const auto& [k, x] : a.kw) {
+      if (!k.empty() && k[0] == '_') fail("a namespace's attribute cannot begin with '_'");
+      (*v.ns)[k] = data_of(x, "stored in a namespace");
+    }
+    return v;
+  });
+  g["dict"] = Value::function("dict", [](Args& a) {
+    Json out = Json::object();
+    for (const Value& p : a.pos) {
+      const Json& d = data_of(p, "dict()'s argument");
+      if (!d.is_object()) fail("dict() takes a dict or keyword arguments");
+      for (const auto& [k, x] : d.items()) out[k] = x;
+    }
+    for (const auto& [k, x] : a.kw) out[k] = data_of(x, "put in a dict");
+    return Value::of(out);
+  });
+  g["strftime_now"] = Value::function("strftime_now", [](Args& a) {
+    const std::string format = arg_string(bind("strftime_now", a, {"format"})[0], "strftime_now()'s format");
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char buf[512];
+    const size_t n = std::strftime(buf, sizeof buf, format.c_str(), &local);
+    return Value::of(std::string(buf, n));
+  });
+  return g;
+}
+
+Json parse_object(std::string_view text, const std::string& source, const char* what) {
+  if (text.empty()) return Json::object();
+  // Through the project's strict parser (no duplicate keys, bounded depth), then as ordered JSON so that
+  // dicts keep their order as Python's do.
+  io::detail::parse_json_strict(text.data(), text.data() + text.size(), source, what, 64);
+  Json j = Json::parse(text.begin(), text.end());
+  if (!j.is_object()) throw Error(str(source, ": ", what, " must be a JSON object"));
+  return j;
+}
+
+}  // namespace
+
+struct ChatTemplate::Impl {
+  std::string text, source;
+  Body body;
+  std::unordered_map<std::string, Value> globals;
+};
+
+ChatTemplate::ChatTemplate(std::string_view text, std::string source) {
+  auto impl = std::make_shared<Impl>();
+  impl->text = std::string(text);
+  impl->source = std::move(source);
+  Lexer lexer(impl->text, impl->source);
+  Parser parser(lexer.run(), impl->source);
+  impl->body = parser.parse_template();
+  impl->globals = make_globals(impl->source);
+  impl_ = std::move(impl);
+}
+
+const std::string& ChatTemplate::source() const { return impl_->source; }
+const std::string& ChatTemplate::text() const { return impl_->text; }
+
+void ChatTemplate::set_special_tokens(std::string_view json_object) {
+  const Json j = parse_object(json_object, impl_->source, "the special tokens");
+  for (const auto& [k, v] : j.items())
+    if (!v.is_string()) throw Error(str(impl_->source, ": the special token '", k, "' must be a string"));
+  special_tokens_json_ = std::string(json_object);
+}
+
+std::string ChatTemplate::render(std::string_view variables_json) const {
+  Json vars = parse_object(special_tokens_json_, impl_->source, "the special tokens");
+  const Json given = parse_object(variables_json, impl_->source, "the template's variables");
+  for (const auto& [k, v] : given.items()) vars[k] = v;
+  Context c;
+  c.frames.push_back(std::make_shared<Frame>());
+  for (auto& [k, v] : vars.items()) c.frames.front()->vars[k] = Value::of(v);
+  c.globals = &impl_->globals;
+  c.source = &impl_->source;
+  std::string out;
+  try {
+    exec_body(impl_->body, c, out, impl_->source);
+  } catch (const RenderError& e) {
+    throw Error(e.message);
+  }
+  return out;
+}
+
+std::string ChatTemplate::apply(std::string_view messages_json, bool add_generation_prompt,
+                                std::string_view variables_json) const {
+  io::detail::parse_json_strict(messages_json.data(), messages_json.data() + messages_json.size(), impl_->source,
+                                "the messages", 64);
+  const Json messages = Json::parse(messages_json.begin(), messages_json.end());
+  if (!messages.is_array()) throw Error(str(impl_->source, ": the messages must be a JSON array"));
+  for (const Json& m : messages)
+    if (!m.is_object())
+      throw Error(str(impl_->source, ": each message must be a JSON object such as {\"role\": \"user\", \"content\": \"...\"}"));
+  Json vars = {{"messages", messages}, {"tools", nullptr}, {"documents", nullptr},
+               {"add_generation_prompt", add_generation_prompt}};
+  const Json given = parse_object(variables_json, impl_->source, "the template's variables");
+  for (const auto& [k, v] : given.items()) vars[k] = v;
+  return render(vars.dump());
+}
+
+std::optional<ChatTemplate> load_chat_template(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const fs::path dir(model_dir);
+  std::error_code ec;
+  auto read_json = [&](const fs::path& p) -> std::optional<Json> {
+    if (!fs::exists(p, ec)) return std::nullopt;
+    const std::string text = io::detail::read_text_file(p.string());
+    const std::string name = p.filename().string();
+    io::detail::parse_json_strict(text.data(), text.data() + text.size(), p.string(), name.c_str(), 64);
+    Json j = Json::parse(text);
+    if (!j.is_object()) throw Error(str(p.string(), ": must be a JSON object"));
+    return j;
+  };
+  const std::optional<Json> config = read_json(dir / "tokenizer_config.json");
+  std::optional<ChatTemplate> t;
+  const fs::path jinja = dir / "chat_template.jinja";
+  if (fs::exists(jinja, ec)) {
+    t.emplace(io::detail::read_text_file(jinja.string()), jinja.string());
+  } else {
+    auto from = [&](const Json& j, const fs::path& p) {
+      const auto it = j.find("chat_template");
+      if (it == j.end() || it->is_null()) return;
+      const std::string source = p.string() + " (chat_template)";
+      if (it->is_string()) {
+        t.emplace(it->get<std::string>(), source);
+        return;
+      }
+      if (it->is_array()) {
+        for (const Json& entry : *it)
+          if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
+              entry["template"].is_string()) {
+            t.emplace(entry["template"].get<std::string>(), source + " 'default'");
+            return;
+          }
+        throw Error(str(p.string(), ": chat_template is a list without an entry named \"default\""));
+      }
+      throw Error(str(p.string(), ": chat_template must be a string or a list of {\"name\", \"template\"}"));
+    };
+    if (config) from(*config, dir / "tokenizer_config.json");
+    if (!t)
+      if (const std::optional<Json> j = read_json(dir / "chat_template.json")) from(*j, dir / "chat_template.json");
+  }
+  if (!t) return std::nullopt;
+  // The special tokens: tokenizer_config.json's, special_tokens_map.json's for those it lacks.
+  Json special = Json::object();
+  auto take = [&](const Json& j) {
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+      if (special.contains(key)) continue;
+      const auto it = j.find(key);
+      if (it == j.end()) continue;
+      const Json* content = it->is_object() && it->contains("content") ? &(*it)["content"] : &*it;
+      if (content->is_string()) special[key] = *content;
+    }
+  };
+  if (config) take(*config);
+  if (const std::optional<Json> m = read_json(dir / "special_tokens_map.json")) take(*m);
+  t->set_special_tokens(special.dump());
+  return t;
+}
+
+}  // namespace twell::model
