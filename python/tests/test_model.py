@@ -833,5 +833,93 @@ class SpecialTokens(unittest.TestCase):
             self.assertEqual("".join(pieces), one)
 
 
+
+class ChatTemplates(unittest.TestCase):
+    """Chat templates from Python: twell.ChatTemplate renders the C++ tests' fixture cases (jinja2's texts) as
+    they stand, the same as transformers' apply_chat_template where transformers is installed; a model's
+    tokenizer finds its template and special tokens; generate() takes a conversation, continuing the text the
+    template makes (no BOS added) and returning the reply."""
+
+    DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "model", "data")
+
+    def test_fixture_cases_render_as_jinja2(self):
+        with open(os.path.join(self.DATA, "chat_templates.json"), encoding="utf-8") as f:
+            fixture = json.load(f)
+        def render(case):
+            t = twell.ChatTemplate(fixture["templates"][case["template"]], fixture["special_tokens"])
+            try:
+                return t.apply(case["messages"], case["add_generation_prompt"], **case["variables"])
+            finally:
+                t.close()
+        for case in fixture["cases"][::3]:  # a third of them: the C++ test runs them all
+            if "error" in case:  # where the template is parsed, or rendered
+                with self.assertRaises(twell.TwellError, msg=case["name"]):
+                    render(case)
+            else:
+                self.assertEqual(render(case), case["text"], case["name"])
+
+    def test_same_as_transformers(self):
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+        except ImportError:
+            self.skipTest("transformers is not installed")
+        template = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}<<{{ m.content|trim }}>>"
+                    "{% else %}[{{ m.role|upper }}] {{ m.content }}{% if not loop.last %}\n{% endif %}{% endif %}"
+                    "{% endfor %}{% if add_generation_prompt %} [ASSISTANT]{% endif %}"
+                    "{% if tools %}{{ tools|tojson }}{% endif %}")
+        special = {"bos_token": "<s>", "eos_token": "</s>"}
+        rng = random.Random(5)
+        words = ["hi", " é ", "ünï", "\n", "\"q\"", "<b>", "😀", "  ", "x" * 20]
+        for trial in range(60):
+            messages = [{"role": rng.choice(["system", "user", "assistant"]),
+                         "content": "".join(rng.choice(words) for _ in range(rng.randrange(4)))}
+                        for _ in range(rng.randrange(1, 5))]
+            agp = bool(trial % 2)
+            tools = [{"name": "f", "n": rng.random()}] if trial % 3 == 0 else None
+            want = _compile_jinja_template(template).render(messages=messages, add_generation_prompt=agp,
+                                                            tools=tools, documents=None, **special)
+            got = twell.ChatTemplate(template, special).apply(messages, agp, **({"tools": tools} if tools else {}))
+            self.assertEqual(got, want, messages)
+
+    def test_model_conversation(self):
+        folder = tempfile.mkdtemp(prefix="twell_py_chat_")
+        self.addCleanup(shutil.rmtree, folder)
+        write_model(folder, dict(CONFIG, vocab_size=310))
+        shutil.copy(os.path.join(self.DATA, "bpe_gpt2.json"), os.path.join(folder, "tokenizer.json"))
+        with twell.Model(folder, device="cpu") as m:
+            self.assertIsNone(m.tokenizer.chat_template)
+            with self.assertRaisesRegex(twell.TwellError, "no chat template"):
+                m.generate([{"role": "user", "content": "hi"}])
+            self.assertEqual(m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
+                                                             chat_template="<sep>{{ messages[0].content }}"), "<sep>hi")
+        with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+            json.dump({"eos_token": "<|endoftext|>", "chat_template":
+                       "{% for m in messages %}<sep>{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}"
+                       "{% if add_generation_prompt %}<mask>{% endif %}"}, f)
+        with twell.Model(folder, device="cpu", max_batch=2) as m:
+            tok = m.tokenizer
+            self.assertEqual(tok.special_tokens_map, {"eos_token": "<|endoftext|>"})
+            conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+            text = "<sep>system: be brief<|endoftext|><sep>user: hi<|endoftext|><mask>"
+            self.assertEqual(tok.apply_chat_template(conversation, add_generation_prompt=True), text)
+            self.assertEqual(tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True),
+                             tok.encode(text))
+            kw = dict(max_new_tokens=8, temperature=1.5, seed=4, stop=False)
+            reply = m.generate(conversation, **kw)
+            self.assertEqual(m.generate(text, **kw), reply)  # this tokenizer adds no BOS to a text either
+            pieces = []
+            self.assertEqual(m.generate(conversation, stream=pieces.append, **kw), reply)
+            self.assertEqual("".join(pieces), reply)
+            self.assertEqual(m.generate_batch([conversation, text], **kw)[0], reply)
+            with self.assertRaisesRegex(twell.TwellError, "a conversation .* is one prompt"):
+                m.generate_batch(conversation)
+            with self.assertRaisesRegex(twell.TwellError, "JSON data"):
+                tok.apply_chat_template([{"role": "user", "content": object()}])
+        with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+            json.dump({"chat_template": "{% for m in messages %}"}, f)
+        with twell.Model(folder, device="cpu") as m:  # a template that does not parse: said where it is used
+            with self.assertRaisesRegex(twell.TwellError, "tokenizer_config.json.*endfor"):
+                m.generate([{"role": "user", "content": "hi"}])
+
 if __name__ == "__main__":
     unittest.main()

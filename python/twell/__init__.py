@@ -36,9 +36,9 @@ except ImportError:
 
 from ._capi import TwellError, set_num_threads, version
 from . import _capi
-from .model import Model, Tokenizer
+from .model import ChatTemplate, Model, Tokenizer
 
-__all__ = ["FFN", "ffn_forward", "replace_hf_mlps", "hf_state_dict", "Model", "Tokenizer", "TwellError",
+__all__ = ["FFN", "ffn_forward", "replace_hf_mlps", "hf_state_dict", "ChatTemplate", "Model", "Tokenizer", "TwellError",
            "cuda_available", "cuda_unavailable_reason", "version", "set_num_threads", "l1_coefficient", "clear_cache"]
 __version__ = version()
 

@@ -11,7 +11,7 @@ import glob
 import operator
 import os
 
-API_VERSION = 8
+API_VERSION = 9
 MAX_DIMS = 4
 OK, ERROR = 0, 1
 BF16, F16, F32, F64 = 0, 1, 2, 3
@@ -224,6 +224,13 @@ _sig = {
                                                  ctypes.c_int64]),
     "twell_text_stream_skip_special_tokens": (ctypes.c_int, [ctypes.c_void_p]),
     "twell_text_stream_stopped": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int), _P(ctypes.c_int64)]),
+    "twell_chat_template_load": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, _P(ctypes.c_void_p)]),
+    "twell_chat_template_create": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, _P(ctypes.c_void_p)]),
+    "twell_chat_template_destroy": (None, [ctypes.c_void_p]),
+    "twell_chat_special_tokens": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                                 _P(ctypes.c_size_t)]),
+    "twell_chat_template_apply": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                                                 _P(ctypes.c_void_p), _P(ctypes.c_size_t)]),
 }
 for _name, (_res, _args) in _sig.items():
     _f = getattr(lib, _name)

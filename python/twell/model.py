@@ -6,6 +6,8 @@ TwELL FFN where it pays) or on its CPU reference backend, with its tokenizer.
     model.generate("The capital of France is", max_new_tokens=20)
     model.generate("Once upon", temperature=0.8, top_p=0.95, seed=1, stream=lambda t: print(t, end=""))
     model.perplexity(open("wiki.txt", "rb").read())  # the file's bytes, as `twell eval` reads it
+    chat = twell.Model("models/smol-instruct")      # a chat model: its chat template makes the prompt
+    chat.generate([{"role": "user", "content": "Hi!"}], max_new_tokens=40)
     logits = model.logits(model.encode("Hello"))    # torch.Tensor [T, vocab], float32
 
 What each call computes is that of the C++ API (include/twell/model/llama.h, load.h) through the C
@@ -14,6 +16,7 @@ without numpy either as a memoryview of floats with shape (T, vocab) (.tolist() 
 """
 import contextlib
 import ctypes
+import json
 import logging
 import math
 import numbers
@@ -26,7 +29,7 @@ import warnings
 from . import _capi
 from ._capi import TwellError, _int, _integer
 
-__all__ = ["Model", "Tokenizer"]
+__all__ = ["ChatTemplate", "Model", "Tokenizer"]
 
 # twell_model_generation_sampling's bits: the sampling arguments a caller gave (_sampling unpacks them in this order).
 _SAMPLE_BITS = {"temperature": 1, "top_k": 2, "top_p": 4, "min_p": 8, "repetition_penalty": 16}
@@ -112,6 +115,93 @@ class _OwnsAHandle:
         self._refuse()
 
 
+def _is_chat(prompt):
+    """Whether prompt is a conversation: a list (or tuple) of message dicts, as transformers' chat pipelines take."""
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(isinstance(m, dict) for m in prompt)
+
+
+def _text_prompt(prompt):
+    """Whether prompt gives text back (a str, its bytes, or a conversation), not ids."""
+    return isinstance(prompt, _TEXT) or _is_chat(prompt)
+
+
+def _chat_special_tokens(path):
+    """The special tokens a model directory's chat template sees (twell_chat_special_tokens): a dict of str."""
+    length = ctypes.c_size_t()
+    _capi.check(_capi.lib.twell_chat_special_tokens(_path(path), None, 0, ctypes.byref(length)))
+    buf = ctypes.create_string_buffer(max(length.value, 1))
+    _capi.check(_capi.lib.twell_chat_special_tokens(_path(path), buf, length.value, ctypes.byref(length)))
+    return json.loads(buf.raw[:length.value].decode("utf-8"))
+
+
+class ChatTemplate(_OwnsAHandle):
+    """A chat model's Jinja template, which turns a conversation into the text the model was tuned on, as
+    transformers' apply_chat_template(messages, tokenize=False) renders it (twell evaluates the subset of
+    Jinja chat templates use; what it does not evaluate is an error naming it, never another text).
+
+    text: the template's source; special_tokens: a dict of the variables bos_token, eos_token, ... (a
+    model's come from its tokenizer_config.json: ChatTemplate.load, or Tokenizer.chat_template)."""
+
+    def __init__(self, text, special_tokens=None, _handle=None):
+        self._lock = threading.Lock()
+        if _handle is not None:
+            self._handle = _handle
+            return
+        if not isinstance(text, str):
+            raise TwellError(f"ChatTemplate takes the template's text (a str), got {type(text).__name__}")
+        special = None if special_tokens is None else json.dumps(dict(special_tokens)).encode()
+        handle = ctypes.c_void_p()
+        _capi.check(_capi.lib.twell_chat_template_create(text.encode("utf-8", errors="surrogatepass"), special,
+                                                         ctypes.byref(handle)))
+        self._handle = handle
+
+    @classmethod
+    def load(cls, path=None, template_file=None):
+        """The template of the model directory path (chat_template.jinja, else tokenizer_config.json's
+        chat_template, else chat_template.json's), with its special tokens; template_file: a Jinja file to use
+        instead (with path's special tokens, where path is given). None where the model has none."""
+        if path is None and template_file is None:
+            raise TwellError("ChatTemplate.load: give the model directory, a template file, or both")
+        handle = ctypes.c_void_p()
+        _capi.check(_capi.lib.twell_chat_template_load(None if path is None else _path(path),
+                                                       None if template_file is None else _path(template_file),
+                                                       ctypes.byref(handle)))
+        return cls(None, _handle=handle) if handle.value else None
+
+    def apply(self, messages, add_generation_prompt=False, **variables):
+        """The prompt text of messages (a list of {"role": ..., "content": ...} dicts; contents may be any JSON
+        the template reads), with the assistant's header after it where add_generation_prompt; variables:
+        further ones the template reads (tools=, documents=, a template's own flags), as transformers'
+        apply_chat_template(**kwargs). Encode it without BOS: the template writes its special tokens."""
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
+            raise TwellError("apply: messages must be a list of {'role': ..., 'content': ...} dicts, got "
+                             f"{type(messages).__name__}")
+        try:
+            encoded = json.dumps(list(messages), ensure_ascii=False).encode("utf-8", errors="surrogatepass")
+            extra = json.dumps(variables, ensure_ascii=False).encode("utf-8", errors="surrogatepass")
+        except (TypeError, ValueError) as e:
+            raise TwellError(f"apply: the messages and variables must be JSON data (dicts, lists, str, numbers, "
+                             f"bools, None): {e}") from None
+        text, length = ctypes.c_void_p(), ctypes.c_size_t()
+        with self._lock:
+            if getattr(self, "_handle", None) is None:
+                raise TwellError("twell.ChatTemplate: closed")
+            _capi.check(_capi.lib.twell_chat_template_apply(self._handle, encoded, int(bool(add_generation_prompt)),
+                                                            extra, ctypes.byref(text), ctypes.byref(length)))
+            return ctypes.string_at(text, length.value).decode("utf-8", errors="replace")
+
+    def close(self):
+        if getattr(self, "_handle", None) is not None and self._handle.value:
+            _capi.lib.twell_chat_template_destroy(self._handle)
+        self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the library may be gone already
+            pass
+
+
 class Tokenizer(_OwnsAHandle):
     """A model's tokenizer (byte-level BPE from tokenizer.json), or the byte tokenizer of our own
     small models (ids 0..255 bytes, BOS 256, EOS 257)."""
@@ -138,6 +228,37 @@ class Tokenizer(_OwnsAHandle):
         special = (ctypes.c_int32 * max(n.value, 1))()
         _capi.check(_capi.lib.twell_tokenizer_special_ids(self._handle, special, n.value, ctypes.byref(n)))
         self.special_ids = list(special[:n.value])
+        # The chat template of the directory and the special tokens it sees (transformers' special_tokens_map);
+        # a template that does not parse is said where it is used.
+        self._chat_template, self._chat_template_error, self.special_tokens_map = None, None, {}
+        if path is not None and not bytes:
+            try:
+                self.special_tokens_map = _chat_special_tokens(path)
+                self._chat_template = ChatTemplate.load(path)
+            except TwellError as e:
+                self._chat_template_error = e
+
+    @property
+    def chat_template(self):
+        """The model's ChatTemplate (None where it has none); raises where its template does not parse."""
+        if self._chat_template_error is not None:
+            raise self._chat_template_error
+        return self._chat_template
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False, chat_template=None,
+                            **variables):
+        """transformers' apply_chat_template: the text of the conversation messages through the model's chat
+        template (chat_template: a template's text instead, with this tokenizer's special tokens), or with
+        tokenize its ids (encoded as it stands: the template writes BOS where the model wants it)."""
+        if chat_template is not None:
+            template = ChatTemplate(chat_template, self.special_tokens_map)
+        else:
+            template = self.chat_template
+            if template is None:
+                raise TwellError("apply_chat_template: this tokenizer has no chat template (no chat_template in "
+                                 "tokenizer_config.json, no chat_template.jinja); pass chat_template=")
+        text = template.apply(messages, add_generation_prompt, **variables)
+        return self.encode(text) if tokenize else text
 
     @contextlib.contextmanager
     def _using(self):
@@ -464,8 +585,15 @@ class Model(_OwnsAHandle):
         return list(out)
 
     def _prompt_ids(self, prompt, what="generate"):
-        """The ids a generation continues from (the tokenizer's BOS, then the text's ids, for a str), and the
-        text's own ids (None for ids)."""
+        """The ids a generation continues from (the tokenizer's BOS, then the text's ids, for a str; a
+        conversation's text through the chat template, as it stands), and the text's own ids (None for ids)."""
+        if _is_chat(prompt):
+            tok = self._tokenizer(f"{what} from a conversation")
+            text_ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            if not text_ids:
+                raise TwellError(f"{what}: the chat template made an empty text of the conversation: there is "
+                                 "nothing to continue from")
+            return text_ids, text_ids
         if not isinstance(prompt, _TEXT):
             return list(prompt.tolist() if hasattr(prompt, "tolist") else prompt), None
         tok = self._tokenizer(f"{what} from text")
@@ -552,7 +680,10 @@ class Model(_OwnsAHandle):
 
     def generate(self, prompt, max_new_tokens=64, temperature=None, top_k=None, top_p=None, seed=0, stop=True,
                  stream=None, stop_strings=None, min_p=None, repetition_penalty=None, skip_special_tokens=False):
-        """Continues prompt (a str or its UTF-8 bytes, or a list of ids) with up to max_new_tokens tokens:
+        """Continues prompt (a str or its UTF-8 bytes; a conversation, a list of {"role": ..., "content": ...}
+        dicts, which the model's chat template turns into its text with the assistant's header after it, as
+        transformers' apply_chat_template(add_generation_prompt=True) and `twell run --chat`; or a list of
+        ids) with up to max_new_tokens tokens:
         greedy at temperature 0, else sampled (top_k, top_p, then min_p, in transformers' order; seed: the
         same seed draws the same tokens as `twell run --seed` on the same backend; the CPU's and the GPU's
         logits round differently). repetition_penalty (1: off; above 1 discourages repeats, below 1
@@ -577,7 +708,7 @@ class Model(_OwnsAHandle):
         the stream asked) and its timings: prefill_seconds up to the first new token (the prompt's
         forward and the first draw), decode_seconds for the tokens after it, tokens_per_second their rate.
         """
-        text_prompt = isinstance(prompt, _TEXT)
+        text_prompt = _text_prompt(prompt)
         stop_strings = _stop_strings(stop_strings)
         if stop_strings and not text_prompt:
             raise TwellError("generate: stop_strings are matched in the text of a str prompt; this prompt is ids "
@@ -642,7 +773,7 @@ class Model(_OwnsAHandle):
     def generate_batch(self, prompts, max_new_tokens=64, temperature=None, top_k=None, top_p=None, seed=0, stop=True,
                        stream=None, stop_strings=None, min_p=None, repetition_penalty=None,
                        skip_special_tokens=False):
-        """generate() for several prompts at once (each a str or a list of ids, of any lengths; at most
+        """generate() for several prompts at once (each a str, a conversation or a list of ids, of any lengths; at most
         max_batch of them, which Model(max_batch=...) sets on the GPU): one batched forward a step, each
         prompt stopping on its own. Prompt i draws with seed + i, so that where the logits have the same
         bits (the CPU backend) its tokens are generate()'s with that seed. stream: a callable that
@@ -661,10 +792,13 @@ class Model(_OwnsAHandle):
             raise TwellError(f"generate_batch: {len(prompts)} prompts; this model takes 1 to {self.max_batch} "
                              "(Model(max_batch=...))")
         stop_strings = _stop_strings(stop_strings)
-        if stop_strings and not all(isinstance(p, _TEXT) for p in prompts):
+        if stop_strings and not all(_text_prompt(p) for p in prompts):
             raise TwellError("generate_batch: stop_strings are matched in the text of str prompts; some prompts "
                              "are ids (give stop ids as stop=[...])")
         max_new_tokens = _check_count(max_new_tokens)
+        if any(isinstance(p, dict) for p in prompts):
+            raise TwellError("generate_batch: prompts must be a list of prompts; a conversation (a list of message "
+                             "dicts) is one prompt: generate_batch([conversation, ...]), or generate(conversation)")
         encoded = [self._prompt_ids(p, "generate_batch") for p in prompts]
         ids = [e[0] for e in encoded]
         flat, offsets = [], [0]
@@ -680,7 +814,7 @@ class Model(_OwnsAHandle):
         s = self._sampling(temperature, top_k, top_p, seed, min_p, repetition_penalty, "generate_batch")
         B = len(prompts)
         streamers = [_TextStream(self.tokenizer, text_ids, stops, stop_strings, skip_special_tokens)
-                     if isinstance(p, _TEXT) and (stream is not None or stop_strings) else None
+                     if _text_prompt(p) and (stream is not None or stop_strings) else None
                      for p, (_, text_ids) in zip(prompts, encoded)]
         state = {"error": None, "interrupted": False}
 
@@ -713,7 +847,7 @@ class Model(_OwnsAHandle):
                 out.append("".join(streamers[i].pieces))
             else:
                 out.append(self._text_of(encoded[i][1], new, stops, stop_strings, skip_special_tokens)
-                           if isinstance(prompts[i], _TEXT) else new)
+                           if _text_prompt(prompts[i]) else new)
         self.last_generation = records  # whole, once: a reader never sees a list being filled
         return out
 

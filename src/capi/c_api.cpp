@@ -947,12 +947,13 @@ int twell_text_stream_stopped(const twell_text_stream* stream, int* stopped, int
 }
 
 
-int twell_chat_template_load(const char* dir, twell_chat_template** out) {
+int twell_chat_template_load(const char* dir, const char* template_file, twell_chat_template** out) {
   return guarded([&] {
     TWELL_REQUIRE(out != nullptr, "twell_chat_template_load: out is NULL");
     *out = nullptr;
-    TWELL_REQUIRE(dir != nullptr, "twell_chat_template_load: dir is NULL");
-    std::optional<model::ChatTemplate> t = model::load_chat_template(dir);
+    TWELL_REQUIRE(dir != nullptr || template_file != nullptr, "twell_chat_template_load: dir and template_file are NULL");
+    std::optional<model::ChatTemplate> t =
+        model::load_chat_template(dir != nullptr ? dir : "", template_file != nullptr ? template_file : "");
     if (!t) return;
     auto c = std::make_unique<twell_chat_template>();
     c->chat_template = std::move(t);
@@ -973,6 +974,16 @@ int twell_chat_template_create(const char* text, const char* special_tokens_json
 }
 
 void twell_chat_template_destroy(twell_chat_template* chat_template) { delete chat_template; }
+
+int twell_chat_special_tokens(const char* dir, char* json, size_t capacity, size_t* len) {
+  return guarded([&] {
+    TWELL_REQUIRE(dir != nullptr && len != nullptr, "twell_chat_special_tokens: dir or len is NULL");
+    TWELL_REQUIRE(json != nullptr || capacity == 0, "twell_chat_special_tokens: json must have room for capacity bytes");
+    const std::string s = model::chat_special_tokens(dir);
+    *len = s.size();
+    std::copy_n(s.data(), std::min(capacity, s.size()), json);
+  });
+}
 
 int twell_chat_template_apply(twell_chat_template* chat_template, const char* messages_json,
                               int add_generation_prompt, const char* variables_json, const char** text,

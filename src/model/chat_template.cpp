@@ -2758,25 +2758,57 @@ std::string ChatTemplate::apply(std::string_view messages_json, bool add_generat
   return render(vars.dump());
 }
 
-std::optional<ChatTemplate> load_chat_template(const std::string& model_dir) {
+std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  Json j = Json::array();
+  for (const ChatMessage& m : messages) j.push_back({{"role", m.role}, {"content", m.content}});
+  return apply(j.dump(), add_generation_prompt);
+}
+
+namespace {
+
+// A JSON object file of the model directory, or nullopt where it is not there.
+std::optional<Json> read_json_object(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) return std::nullopt;
+  const std::string text = io::detail::read_text_file(p.string());
+  const std::string name = p.filename().string();
+  io::detail::parse_json_strict(text.data(), text.data() + text.size(), p.string(), name.c_str(), 64);
+  Json j = Json::parse(text);
+  if (!j.is_object()) throw Error(str(p.string(), ": must be a JSON object"));
+  return j;
+}
+
+}  // namespace
+
+std::string chat_special_tokens(const std::string& model_dir) {
+  Json special = Json::object();
+  if (model_dir.empty()) return special.dump();
+  const std::filesystem::path dir(model_dir);
+  auto take = [&](const Json& j) {
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+      if (special.contains(key)) continue;
+      const auto it = j.find(key);
+      if (it == j.end()) continue;
+      const Json* content = it->is_object() && it->contains("content") ? &(*it)["content"] : &*it;
+      if (content->is_string()) special[key] = *content;
+    }
+  };
+  if (const std::optional<Json> config = read_json_object(dir / "tokenizer_config.json")) take(*config);
+  if (const std::optional<Json> map = read_json_object(dir / "special_tokens_map.json")) take(*map);
+  return special.dump();
+}
+
+std::optional<ChatTemplate> load_chat_template(const std::string& model_dir, const std::string& template_file) {
   namespace fs = std::filesystem;
   const fs::path dir(model_dir);
   std::error_code ec;
-  auto read_json = [&](const fs::path& p) -> std::optional<Json> {
-    if (!fs::exists(p, ec)) return std::nullopt;
-    const std::string text = io::detail::read_text_file(p.string());
-    const std::string name = p.filename().string();
-    io::detail::parse_json_strict(text.data(), text.data() + text.size(), p.string(), name.c_str(), 64);
-    Json j = Json::parse(text);
-    if (!j.is_object()) throw Error(str(p.string(), ": must be a JSON object"));
-    return j;
-  };
-  const std::optional<Json> config = read_json(dir / "tokenizer_config.json");
   std::optional<ChatTemplate> t;
-  const fs::path jinja = dir / "chat_template.jinja";
-  if (fs::exists(jinja, ec)) {
+  if (!template_file.empty()) {
+    t.emplace(io::detail::read_text_file(template_file), template_file);
+  } else if (!model_dir.empty() && fs::exists(dir / "chat_template.jinja", ec)) {
+    const fs::path jinja = dir / "chat_template.jinja";
     t.emplace(io::detail::read_text_file(jinja.string()), jinja.string());
-  } else {
+  } else if (!model_dir.empty()) {
     auto from = [&](const Json& j, const fs::path& p) {
       const auto it = j.find("chat_template");
       if (it == j.end() || it->is_null()) return;
@@ -2796,25 +2828,12 @@ std::optional<ChatTemplate> load_chat_template(const std::string& model_dir) {
       }
       throw Error(str(p.string(), ": chat_template must be a string or a list of {\"name\", \"template\"}"));
     };
-    if (config) from(*config, dir / "tokenizer_config.json");
+    if (const std::optional<Json> config = read_json_object(dir / "tokenizer_config.json"))
+      from(*config, dir / "tokenizer_config.json");
     if (!t)
-      if (const std::optional<Json> j = read_json(dir / "chat_template.json")) from(*j, dir / "chat_template.json");
+      if (const std::optional<Json> j = read_json_object(dir / "chat_template.json")) from(*j, dir / "chat_template.json");
   }
-  if (!t) return std::nullopt;
-  // The special tokens: tokenizer_config.json's, special_tokens_map.json's for those it lacks.
-  Json special = Json::object();
-  auto take = [&](const Json& j) {
-    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
-      if (special.contains(key)) continue;
-      const auto it = j.find(key);
-      if (it == j.end()) continue;
-      const Json* content = it->is_object() && it->contains("content") ? &(*it)["content"] : &*it;
-      if (content->is_string()) special[key] = *content;
-    }
-  };
-  if (config) take(*config);
-  if (const std::optional<Json> m = read_json(dir / "special_tokens_map.json")) take(*m);
-  t->set_special_tokens(special.dump());
+  if (t) t->set_special_tokens(chat_special_tokens(model_dir));
   return t;
 }
 

@@ -780,6 +780,55 @@ TEST_F(CliModel, SkipSpecialTokensLeavesThemOutOfTheText) {
   EXPECT_EQ(skipped_out, want);
 }
 
+// --chat: each prompt goes through the model's chat template as a user message (after --system's), the
+// text it renders continued as it stands (no BOS added: the template writes its own) and only the reply
+// printed: the plain run of the rendered text prints that text, then the same reply. A model without a
+// template is refused before loading, with the way out; --chat-template gives one.
+TEST_F(CliModel, ChatRendersTheTemplateAndPrintsTheReply) {
+  const std::string model = path("chat");
+  write_bpe_model(model, 15);
+  const std::string opts = " --no-stop -n 12 --temperature 2 --seed 9";
+  const CliResult none = run_cli("run " + model + " --chat -p hi" + opts, true);
+  EXPECT_NE(none.status, 0);
+  EXPECT_NE(none.out.find("has no chat template"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("--chat-template FILE"), std::string::npos) << none.out;
+  EXPECT_EQ(none.out.find("loaded "), std::string::npos) << none.out;
+  std::ofstream(model + "/tokenizer_config.json")
+      << R"({"eos_token": "<|endoftext|>", "chat_template": "{% for m in messages %}<sep>{{ m.role }}: )"
+      << R"({{ m.content | trim }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<mask>{% endif %}"})";
+  const CliResult chat = run_cli("run " + model + " --chat -p ' hi '" + opts);
+  ASSERT_EQ(chat.status, 0) << chat.out;
+  const std::string rendered = "<sep>user: hi<|endoftext|><mask>";
+  const CliResult plain = run_cli("run " + model + " -p '" + rendered + "'" + opts);
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  EXPECT_EQ(plain.out, rendered + chat.out);
+  const CliResult noted = run_cli("run " + model + " --chat -p ' hi '" + opts, true);
+  EXPECT_NE(noted.out.find("chat template: " + model + "/tokenizer_config.json"), std::string::npos) << noted.out;
+  // --system, and a batch: each reply alone after its number.
+  const std::string with_system = "<sep>system: be brief<|endoftext|><sep>user: yo<|endoftext|><mask>";
+  const CliResult batch = run_cli("run " + model + " --chat --system 'be brief' -p yo -p yo" + opts);
+  const CliResult plain_system = run_cli("run " + model + " -p '" + with_system + "'" + opts);
+  ASSERT_EQ(batch.status, 0) << batch.out;
+  ASSERT_EQ(plain_system.status, 0) << plain_system.out;
+  EXPECT_EQ(batch.out.substr(0, 4), "[1] ") << batch.out;
+  EXPECT_EQ(batch.out.substr(4, batch.out.find('\n') - 4) + "\n", plain_system.out.substr(with_system.size()));
+  // --chat-template FILE instead of the model's.
+  const std::string file = path("t.jinja");
+  std::ofstream(file) << "<sep>{{ messages[-1].content }}<mask>";
+  const CliResult given = run_cli("run " + model + " --chat --chat-template " + file + " -p hi" + opts);
+  const CliResult plain_given = run_cli("run " + model + " -p '<sep>hi<mask>'" + opts);
+  ASSERT_EQ(given.status, 0) << given.out;
+  EXPECT_EQ(plain_given.out, "<sep>hi<mask>" + given.out);
+  // A template that refuses the conversation: its message, before loading.
+  std::ofstream(file) << "{{ raise_exception('only one message, please') }}";
+  const CliResult refused = run_cli("run " + model + " --chat --chat-template " + file + " -p hi" + opts, true);
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.out.find("only one message, please"), std::string::npos) << refused.out;
+  EXPECT_EQ(refused.out.find("loaded "), std::string::npos) << refused.out;
+  // --system without --chat: refused by the option parser.
+  EXPECT_NE(run_cli("run " + model + " --system x -p hi", true).status, 0);
+}
+
 // A tokenizer that puts EOS after a text (add_eos_token): eval scores it, as HF's tokenizer(text)
 // ends the text with it, one token more predicted; run does not end the prompt with it, and says so.
 TEST_F(CliModel, EosAfterATextIsScoredByEvalNotAddedToAPrompt) {

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "twell/model/chat_template.h"
 #include "model_loading.h"
 #include "progress.h"
 
@@ -130,6 +131,19 @@ void register_run(CLI::App& app) {
                   "more than once: at any of them); \\n, \\t, \\r, \\\", \\\\ and \\xNN are read as escapes; "
                   "the prompt is not searched")
       ->allow_extra_args(false);
+  auto chat = std::make_shared<bool>(false);
+  auto system = std::make_shared<std::string>();
+  auto chat_template_file = std::make_shared<std::string>();
+  CLI::Option* chat_flag = run->add_flag(
+      "--chat", *chat,
+      "each prompt is a user's message: the model's chat template (tokenizer_config.json's chat_template, or "
+      "chat_template.jinja) makes the text the model continues, as transformers' apply_chat_template(..., "
+      "add_generation_prompt=True) does, and only the reply is printed");
+  run->add_option("--system", *system, "with --chat: a system message before each prompt")->needs(chat_flag);
+  run->add_option("--chat-template", *chat_template_file,
+                  "with --chat: this Jinja file's template instead of the model's")
+      ->check(CLI::ExistingFile)
+      ->needs(chat_flag);
   args->gpu_only_options.push_back(run->add_option("--max-batch-tokens", args->gpu_max_tokens,
                   "GPU: the most tokens one forward computes (its activations' size); longer prompts run in chunks "
                   "(0: up to 16384, fewer where the GPU's memory needs it)")
@@ -195,6 +209,17 @@ void register_run(CLI::App& app) {
                      ignored.c_str(), ignored.find(',') == std::string::npos ? "s" : "");
     }
     const auto tok = args->load_tokenizer(config);
+    // With --chat, each prompt is a conversation of one user message (after the system's), which the
+    // chat template writes out with its own special tokens: encoded as it stands, no BOS added
+    // (transformers' apply_chat_template(tokenize=True)).
+    std::optional<model::ChatTemplate> chat_template;
+    if (*chat) {
+      chat_template = model::load_chat_template(args->dir, *chat_template_file);
+      TWELL_REQUIRE(chat_template, args->dir, " has no chat template (no chat_template in tokenizer_config.json, "
+                    "no chat_template.jinja or chat_template.json): give one with --chat-template FILE, or leave "
+                    "out --chat to continue the text as it stands");
+      std::fprintf(stderr, "chat template: %s\n", chat_template->source().c_str());
+    }
     // Each prompt's ids as HF's tokenizer(prompt) gives them (its BOS first), without the EOS some
     // tokenizers append: a prompt to continue does not end.
     const size_t B = prompts->size();
@@ -203,9 +228,16 @@ void register_run(CLI::App& app) {
     for (size_t b = 0; b < B; ++b) {
       const std::string what = B == 1 ? "the prompt" : str("prompt ", b + 1);
       note_if_not_utf8(what, (*prompts)[b]);
-      texts.push_back(tok->encode((*prompts)[b]));
       std::vector<int32_t> one;
-      if (tok->bos_to_add()) one.push_back(*tok->bos_to_add());
+      if (chat_template) {
+        std::vector<model::ChatMessage> messages;
+        if (!system->empty()) messages.push_back({"system", *system});
+        messages.push_back({"user", (*prompts)[b]});
+        texts.push_back(tok->encode(chat_template->apply(messages, /*add_generation_prompt=*/true)));
+      } else {
+        texts.push_back(tok->encode((*prompts)[b]));
+        if (tok->bos_to_add()) one.push_back(*tok->bos_to_add());
+      }
       one.insert(one.end(), texts.back().begin(), texts.back().end());
       TWELL_REQUIRE(!one.empty(), what, " is empty and this tokenizer puts no BOS token in front of a text: "
                     "there is nothing to continue from");
@@ -214,7 +246,7 @@ void register_run(CLI::App& app) {
       longest = std::max<int64_t>(longest, static_cast<int64_t>(one.size()));
       ids.push_back(std::move(one));
     }
-    if (tok->eos_to_add())  // transformers' tokenizer(prompt) would end the prompt with it
+    if (tok->eos_to_add() && !chat_template)  // transformers' tokenizer(prompt) would end the prompt with it
       std::fprintf(stderr, "note: this tokenizer puts token %d after a text; a prompt to continue does not get it\n",
                    static_cast<int>(*tok->eos_to_add()));
     // The GPU's buffers for this job, not the config's whole context (load_model caps it there).
@@ -266,7 +298,7 @@ void register_run(CLI::App& app) {
         most += std::min<int64_t>(*max_tokens, model->context() - static_cast<int64_t>(p.size()) + 1);
       bench::StepProgress progress(std::cerr, "", std::max<int64_t>(1, most));
       int64_t drawn = 0;
-      std::vector<std::string> text = *prompts;
+      std::vector<std::string> text = chat_template ? std::vector<std::string>(B) : *prompts;  // --chat: the replies
       const auto count = [&](int64_t b, int32_t token) {
         ++drawn;
         progress.show(drawn, str("generating: ", drawn, " of at most ", most, " tokens (", B, " prompts)"));
@@ -309,7 +341,7 @@ void register_run(CLI::App& app) {
       std::cout << text;
       if (const std::string why = stdout_failure(); !why.empty()) throw Error(why);
     };
-    print((*prompts)[0]);
+    if (!chat_template) print((*prompts)[0]);  // --chat prints the reply alone
     const auto stream = [&](int64_t, int32_t token) {  // true: a stop string ends the generation here
       const std::string piece = shown[0].put(token);
       if (!piece.empty()) print(piece);

@@ -24,8 +24,14 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace twell::model {
+
+// A message of plain text (the JSON form takes any content a template reads: parts, tool calls).
+struct ChatMessage {
+  std::string role, content;
+};
 
 class ChatTemplate {
  public:
@@ -46,6 +52,8 @@ class ChatTemplate {
   std::string apply(std::string_view messages_json, bool add_generation_prompt,
                     std::string_view variables_json = {}) const;
 
+  std::string apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+
   // The whole rendering: `variables_json` (a JSON object) are all the variables the template sees
   // besides the special tokens (messages, add_generation_prompt, ...).
   std::string render(std::string_view variables_json) const;
@@ -64,7 +72,14 @@ class ChatTemplate {
 // tokenizer_config.json's "chat_template" (a string, or a list of {"name", "template"} of which the one
 // named "default"), else chat_template.json's; with tokenizer_config.json's special tokens (bos_token,
 // eos_token, unk_token, pad_token, sep_token, cls_token, mask_token). nullopt where the model has none.
-// Throws twell::Error for a file that cannot be read or parsed, naming it.
-std::optional<ChatTemplate> load_chat_template(const std::string& model_dir);
+// `template_file` (a Jinja file) given: its template instead of the model's, with the model's special
+// tokens (model_dir may then be empty: none). Throws twell::Error for a file that cannot be read or
+// parsed, naming it.
+std::optional<ChatTemplate> load_chat_template(const std::string& model_dir, const std::string& template_file = "");
+
+// The special tokens load_chat_template gives a template: tokenizer_config.json's bos_token, eos_token,
+// unk_token, sep_token, pad_token, cls_token and mask_token (a string or {"content": ...}), then
+// special_tokens_map.json's for those it lacks; a JSON object ("{}" where there are none).
+std::string chat_special_tokens(const std::string& model_dir);
 
 }  // namespace twell::model
