@@ -793,9 +793,14 @@ TEST_F(CliModel, ChatRendersTheTemplateAndPrintsTheReply) {
   EXPECT_NE(none.out.find("has no chat template"), std::string::npos) << none.out;
   EXPECT_NE(none.out.find("--chat-template FILE"), std::string::npos) << none.out;
   EXPECT_EQ(none.out.find("loaded "), std::string::npos) << none.out;
+  const CliResult inspect_none = run_cli("inspect " + model);
+  EXPECT_NE(inspect_none.out.find("chat template: none"), std::string::npos) << inspect_none.out;
   std::ofstream(model + "/tokenizer_config.json")
       << R"({"eos_token": "<|endoftext|>", "chat_template": "{% for m in messages %}<sep>{{ m.role }}: )"
       << R"({{ m.content | trim }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<mask>{% endif %}"})";
+  const CliResult inspect = run_cli("inspect " + model);
+  EXPECT_NE(inspect.out.find("chat template: " + model + "/tokenizer_config.json (chat_template)"), std::string::npos)
+      << inspect.out;
   const CliResult chat = run_cli("run " + model + " --chat -p ' hi '" + opts);
   ASSERT_EQ(chat.status, 0) << chat.out;
   const std::string rendered = "<sep>user: hi<|endoftext|><mask>";

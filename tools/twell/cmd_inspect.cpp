@@ -22,6 +22,7 @@
 #endif
 #include "twell/io/safetensors.h"
 #include "twell/model/llama.h"
+#include "twell/model/chat_template.h"
 #include "twell/model/tokenizer.h"
 
 namespace twell::cli {
@@ -156,6 +157,14 @@ void run_inspect(const std::string& path, bool check_finite) {
         std::printf("tokenizer: refused: %s\n", e.what());
         problems.push_back("twell run and twell eval refuse its tokenizer");
       }
+    }
+    // What `twell run --chat` renders prompts with: said, not a problem of the checkpoint where it fails.
+    try {
+      const std::optional<model::ChatTemplate> chat = model::load_chat_template(path);
+      if (chat) std::printf("chat template: %s (twell run --chat)\n", chat->source().c_str());
+      else std::printf("chat template: none (twell run --chat needs --chat-template FILE)\n");
+    } catch (const Error& e) {
+      std::printf("chat template: refused (twell run --chat needs --chat-template FILE): %s\n", e.what());
     }
   }
 
