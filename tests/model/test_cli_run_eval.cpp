@@ -832,6 +832,40 @@ TEST_F(CliModel, ChatRendersTheTemplateAndPrintsTheReply) {
   EXPECT_EQ(refused.out.find("loaded "), std::string::npos) << refused.out;
   // --system without --chat: refused by the option parser.
   EXPECT_NE(run_cli("run " + model + " --system x -p hi", true).status, 0);
+  EXPECT_NE(run_cli("run " + model + " -n 3", true).out.find("--chat for a conversation"), std::string::npos);
+}
+
+// --chat without a prompt: a conversation on stdin, a message a line (empty lines skipped), each reply on
+// its own line, the history rendered whole each turn: the template here writes the number of messages and
+// the length of each reply so far, so that each turn's text is known without the replies' own text.
+TEST_F(CliModel, ChatConversationOnStdin) {
+  const std::string model = path("conversation");
+  write_bpe_model(model, 16);
+  const std::string file = path("t.jinja"), input = path("in.txt");
+  std::ofstream(file) << "<sep>{{ messages|length }}:{% for m in messages %}{% if m.role == 'assistant' %}"
+                         "{{ m.content|length }},{% endif %}{% endfor %}:{{ messages[-1].content }}<mask>";
+  std::ofstream(input) << "hi\n\nyo\r\n";
+  const std::string opts = " --no-stop -n 10 --temperature 2 --seed 9";
+  const CliResult talk = run_cli("run " + model + " --chat --chat-template " + file + opts + " < " + input);
+  ASSERT_EQ(talk.status, 0) << talk.out;
+  const std::string first_text = "<sep>1::hi<mask>";
+  const CliResult first = run_cli("run " + model + " -p '" + first_text + "'" + opts);
+  ASSERT_EQ(first.status, 0) << first.out;
+  const std::string reply1 = first.out.substr(first_text.size(), first.out.size() - first_text.size() - 1);
+  size_t length = 0;  // in characters, as the template's |length counts
+  for (const char c : reply1) length += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  const std::string second_text = "<sep>3:" + std::to_string(length) + ",:yo<mask>";
+  const CliResult second = run_cli("run " + model + " -p '" + second_text + "'" + opts);
+  ASSERT_EQ(second.status, 0) << second.out;
+  EXPECT_EQ(talk.out, reply1 + "\n" + second.out.substr(second_text.size()));
+  // A history past the context ends the conversation with the reason.
+  std::string lots;
+  for (int i = 0; i < 8; ++i) lots += "a long message of many words, again and again\n";
+  std::ofstream(input) << lots;
+  std::ofstream(file) << "{% for m in messages %}<sep>{{ m.content }}{% endfor %}<mask>";
+  const CliResult full = run_cli("run " + model + " --chat --chat-template " + file + opts + " < " + input, true);
+  EXPECT_NE(full.status, 0);
+  EXPECT_NE(full.out.find("start a new one"), std::string::npos) << full.out;
 }
 
 // A tokenizer that puts EOS after a text (add_eos_token): eval scores it, as HF's tokenizer(text)

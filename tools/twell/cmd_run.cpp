@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <unistd.h>
 
 #include "commands.h"
 #include "twell/model/chat_template.h"
@@ -60,6 +61,61 @@ std::string escape_stop(const std::string& s) {
   return out;
 }
 
+// A piece of generated text on stdout; output that cannot be written (a full disk, a closed pipe) ends the
+// generation there, with the cause.
+void print_text(const std::string& text) {
+  std::cout << text;
+  if (const std::string why = stdout_failure(); !why.empty()) throw Error(why);
+}
+
+// The GPU's context for a conversation on stdin (its length is not known up front): the model's, up to this.
+constexpr int64_t kConversationContext = 8192;
+
+// `twell run --chat` without prompts: a conversation on stdin, a user's message a line, each reply
+// streamed as it comes; every turn renders the whole history through the template (the replies as their
+// text), as a chat UI over transformers does. It ends at the end of the input, or where the history no
+// longer leaves room in the context.
+void converse(model::LanguageModel& model, const model::Tokenizer& tok, const model::ChatTemplate& chat,
+              const std::string& system, int64_t max_tokens, const model::SamplingOptions& sampling,
+              const std::vector<int32_t>& stops, const std::vector<std::string>& stop_strings, bool skip_special) {
+  std::vector<model::ChatMessage> history;
+  if (!system.empty()) history.push_back({"system", system});
+  const bool tty = isatty(STDIN_FILENO) != 0;
+  if (tty) std::fprintf(stderr, "a conversation: type a message, then Enter; Ctrl-D ends it\n");
+  for (std::string line;;) {
+    if (tty) {
+      std::fprintf(stderr, "> ");
+      std::fflush(stderr);
+    }
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // typed on Windows
+    if (line.empty()) continue;
+    note_if_not_utf8("the message", line);
+    history.push_back({"user", line});
+    const std::vector<int32_t> ids = tok.encode(chat.apply(history, /*add_generation_prompt=*/true));
+    TWELL_REQUIRE(!ids.empty(), "the chat template made an empty text of the conversation: nothing to continue from");
+    TWELL_REQUIRE(static_cast<int64_t>(ids.size()) < model.context(), "the conversation is now ", ids.size(),
+                  " tokens, as many as the context of ", model.context(), " positions holds: start a new one");
+    model::TextStream shown(tok, ids, stops);
+    shown.stop_at(stop_strings);
+    if (skip_special) shown.skip_special_tokens();
+    std::string reply;
+    const auto stream = [&](int64_t, int32_t token) {
+      const std::string piece = shown.put(token);
+      reply += piece;
+      if (!piece.empty()) print_text(piece);
+      return shown.stopped();
+    };
+    const model::Generation g = model::generate_batch(model, {ids}, max_tokens, sampling, stops, stream)[0];
+    const std::string tail = shown.finish();
+    reply += tail;
+    std::cout << tail << std::endl;
+    if (g.reason == model::StopReason::context_full)
+      std::fprintf(stderr, "(stopped: the context of %lld positions is full)\n", static_cast<long long>(model.context()));
+    history.push_back({"assistant", reply});
+  }
+}
+
 }  // namespace
 
 void register_run(CLI::App& app) {
@@ -81,7 +137,8 @@ void register_run(CLI::App& app) {
       run->add_option("--prompts", *prompts_file, "a file of prompts, one a line (empty lines skipped): a batch, after any -p")
           ->check(existing_file());
   run->parse_complete_callback([run, file_option] {  // refused as a missing option, before anything runs
-    if (run->count("--prompt") == 0 && file_option->count() == 0) throw CLI::RequiredError("--prompt (or --prompts FILE)");
+    if (run->count("--prompt") == 0 && file_option->count() == 0 && run->count("--chat") == 0)
+      throw CLI::RequiredError("--prompt (or --prompts FILE, or --chat for a conversation on stdin)");
   });
   run->add_option("-n,--max-tokens", *max_tokens, "tokens to generate at most")
       ->check(at_least(0))
@@ -138,7 +195,8 @@ void register_run(CLI::App& app) {
       "--chat", *chat,
       "each prompt is a user's message: the model's chat template (tokenizer_config.json's chat_template, or "
       "chat_template.jinja) makes the text the model continues, as transformers' apply_chat_template(..., "
-      "add_generation_prompt=True) does, and only the reply is printed");
+      "add_generation_prompt=True) does, and only the reply is printed; without --prompt, a conversation: a "
+      "message a line on stdin, each reply printed as it comes, the history kept");
   run->add_option("--system", *system, "with --chat: a system message before each prompt")->needs(chat_flag);
   run->add_option("--chat-template", *chat_template_file,
                   "with --chat: this Jinja file's template instead of the model's")
@@ -250,8 +308,10 @@ void register_run(CLI::App& app) {
       std::fprintf(stderr, "note: this tokenizer puts token %d after a text; a prompt to continue does not get it\n",
                    static_cast<int>(*tok->eos_to_add()));
     // The GPU's buffers for this job, not the config's whole context (load_model caps it there).
-    args->gpu_context = longest + std::min(*max_tokens, config.max_position_embeddings);
-    args->gpu_max_batch = static_cast<int64_t>(B);
+    const bool conversation = B == 0;  // --chat without prompts
+    args->gpu_context = conversation ? std::min(config.max_position_embeddings, kConversationContext)
+                                     : longest + std::min(*max_tokens, config.max_position_embeddings);
+    args->gpu_max_batch = std::max<int64_t>(1, static_cast<int64_t>(B));
     const std::unique_ptr<model::LanguageModel> model = args->load_model();
     const std::vector<int32_t> stops = *no_stop ? std::vector<int32_t>{} : model::default_stop_ids(config, *tok);
     // A model whose embedding is padded past the tokenizer must not draw ids it cannot print.
@@ -261,6 +321,10 @@ void register_run(CLI::App& app) {
         std::fprintf(stderr, "note: stop id %d (an eos_token_id of config.json or generation_config.json) lies "
                              "outside the tokenizer's %lld ids: no generation stops on it\n",
                      static_cast<int>(id), static_cast<long long>(sampling->vocab_limit));
+    if (conversation) {
+      converse(*model, *tok, *chat_template, *system, *max_tokens, *sampling, stops, stop_strings, *skip_special);
+      return;
+    }
     // Why a generation stopped, where it was not its token count: `label` names the sequence.
     const auto say_stop = [&](const model::Generation& g, const std::string& label) {
       if (g.reason == model::StopReason::stop_token) {
@@ -335,16 +399,11 @@ void register_run(CLI::App& app) {
     // tokenizer whose decoder depends on context (Llama 2's strips one leading space) streams
     // the same text as a single decode of everything (TextStream: a window of recent ids a token;
     // a stop token is not part of the text, nor a stop string or what follows it).
-    // Each piece as it comes; output that cannot be written (a full disk, a closed pipe) ends the
-    // generation there, with the cause.
-    const auto print = [](const std::string& text) {
-      std::cout << text;
-      if (const std::string why = stdout_failure(); !why.empty()) throw Error(why);
-    };
-    if (!chat_template) print((*prompts)[0]);  // --chat prints the reply alone
+    // Each piece as it comes (print_text).
+    if (!chat_template) print_text((*prompts)[0]);  // --chat prints the reply alone
     const auto stream = [&](int64_t, int32_t token) {  // true: a stop string ends the generation here
       const std::string piece = shown[0].put(token);
-      if (!piece.empty()) print(piece);
+      if (!piece.empty()) print_text(piece);
       return shown[0].stopped();
     };
     model::Generation g;
