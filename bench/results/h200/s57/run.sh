@@ -71,8 +71,9 @@ R="$B/twell run $M --no-stop -n 24"
   echo "== --chat --system 'be brief', a batch of two (predicted: [1] and [2] the same reply, greedy)"; $R --chat --system 'be brief' -p yo -p yo 2>&1
   echo "== the same conversation, plain"; $R -p '<sep>system: be brief<|endoftext|><sep>user: yo<|endoftext|><mask>' 2>&1
   echo "== CPU backend, --chat -p ' hi ' (predicted: the GPU's reply, or one that parts from it late: bf16 logits)"; $R --device cpu --chat -p ' hi ' 2>&1
+  echo "== a conversation on stdin: hi, then yo (predicted: the first reply that of --chat -p hi, then a second)"; printf 'hi\nyo\n' | $R --chat 2>&1
   } >> $O/run_cli.log
-cat $O/run_cli.log | head -40; rm -rf $M; save
+cat $O/run_cli.log | head -60; rm -rf $M; save
 grep -q H200 $O/gpu.txt || { echo "not an H200: the standard benches are not run"; exit 0; }
 timeout $(left 150) $B/twell bench ffn --backend cuda --json $O/ffn.json > $O/ffn.txt 2> $O/ffn_progress.log
 echo "rc $?" >> $O/ffn.txt; grep -E "^(16384|131072) .*(0.50|1.00)% .* twell  |^rc" $O/ffn.txt; save
