@@ -98,7 +98,13 @@ def _as_output(buf, shape):
 
 class _OwnsAHandle:
     """Refuses copies and pickling: a copy would share the C handle, and closing either would free the
-    other's."""
+    other's. Collection closes it (the subclass's close()) where the caller did not."""
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the library may be gone already
+            pass
 
     def _refuse(self):
         name = type(self).__name__
@@ -113,6 +119,18 @@ class _OwnsAHandle:
 
     def __reduce__(self):
         self._refuse()
+
+
+class _FreedByDestroy(_OwnsAHandle):
+    """A handle that one C call frees (the class's _DESTROY, a name in _capi.lib): close() frees it now, and
+    collection does where close() was not called."""
+
+    _DESTROY = None
+
+    def close(self):
+        if getattr(self, "_handle", None) is not None and self._handle.value:
+            getattr(_capi.lib, self._DESTROY)(self._handle)
+        self._handle = None
 
 
 def _is_chat(prompt):
@@ -134,13 +152,15 @@ def _chat_special_tokens(path):
     return json.loads(buf.raw[:length.value].decode("utf-8"))
 
 
-class ChatTemplate(_OwnsAHandle):
+class ChatTemplate(_FreedByDestroy):
     """A chat model's Jinja template, which turns a conversation into the text the model was tuned on, as
     transformers' apply_chat_template(messages, tokenize=False) renders it (twell evaluates the subset of
     Jinja chat templates use; what it does not evaluate is an error naming it, never another text).
 
     text: the template's source; special_tokens: a dict of the variables bos_token, eos_token, ... (a
     model's come from its tokenizer_config.json: ChatTemplate.load, or Tokenizer.chat_template)."""
+
+    _DESTROY = "twell_chat_template_destroy"
 
     def __init__(self, text, special_tokens=None, _handle=None):
         self._lock = threading.Lock()
@@ -189,17 +209,6 @@ class ChatTemplate(_OwnsAHandle):
             _capi.check(_capi.lib.twell_chat_template_apply(self._handle, encoded, int(bool(add_generation_prompt)),
                                                             extra, ctypes.byref(text), ctypes.byref(length)))
             return ctypes.string_at(text, length.value).decode("utf-8", errors="replace")
-
-    def close(self):
-        if getattr(self, "_handle", None) is not None and self._handle.value:
-            _capi.lib.twell_chat_template_destroy(self._handle)
-        self._handle = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit the library may be gone already
-            pass
 
 
 class Tokenizer(_OwnsAHandle):
@@ -320,12 +329,6 @@ class Tokenizer(_OwnsAHandle):
             if self._handle is not None and self._handle.value:
                 _capi.lib.twell_tokenizer_destroy(self._handle)
             self._handle = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit the library may be gone already
-            pass
 
 
 class Model(_OwnsAHandle):
@@ -866,12 +869,6 @@ class Model(_OwnsAHandle):
     def __exit__(self, *exc):
         self.close()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit the library may be gone already
-            pass
-
 
 def _check_count(max_new_tokens):
     return _int(max_new_tokens, "max_new_tokens", 0, 2**1000, "an integer of at least 0")
@@ -1043,12 +1040,14 @@ class _streams_open:
         return False
 
 
-class _TextStream:
+class _TextStream(_FreedByDestroy):
     """The text a str prompt's new ids add, as they come (twell_text_stream: the stream `twell run` prints):
     decode(prompt + new ids) past decode(prompt), a window of recent ids at a time, so a token's cost does not
     grow with the text; whole characters a piece (a character split across tokens waits for its end), nothing
     for a stop id, and nothing from a stop string on (stopped is then True); rest() gives what is held: the
     start of a stop string that never went on and the bytes of a character that never ended."""
+
+    _DESTROY = "twell_text_stream_destroy"
 
     def __init__(self, tokenizer, prompt_ids, stops, stop_strings=(), skip_special_tokens=False):
         self.tokenizer = tokenizer  # the stream reads it: it must outlive the stream
@@ -1100,14 +1099,3 @@ class _TextStream:
         text = self._piece(_capi.lib.twell_text_stream_finish)
         self.pieces.append(text)
         return text
-
-    def close(self):
-        if getattr(self, "_handle", None) is not None and self._handle.value:
-            _capi.lib.twell_text_stream_destroy(self._handle)
-        self._handle = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit the library may be gone already
-            pass

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/json_util.h"
+#include "core/utf8.h"
 #include "twell/error.h"
 
 namespace twell::model {
@@ -31,30 +32,16 @@ using Json = nlohmann::ordered_json;
 
 // ---- UTF-8 and Python's str helpers ----------------------------------------------------------
 
-// Byte offsets of the code points of `s`, and s.size() at the end (invalid bytes count one each).
+// Byte offsets of the code points of `s` (utf8.h's: an invalid byte is one), and s.size() at the end.
 std::vector<size_t> code_points(const std::string& s) {
   std::vector<size_t> at;
   at.reserve(s.size() + 1);
-  for (size_t i = 0; i < s.size();) {
-    at.push_back(i);
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    if (i + len > s.size()) len = 1;
-    for (size_t k = 1; k < len; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) len = 1;
-    i += len;
-  }
+  for (const utf8::CodePoint& c : utf8::code_points(s)) at.push_back(c.pos);
   at.push_back(s.size());
   return at;
 }
 
-uint32_t code_point_at(const std::string& s, size_t i, size_t len) {
-  const unsigned char c = static_cast<unsigned char>(s[i]);
-  if (len == 1) return c;
-  uint32_t cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-  return cp;
-}
+uint32_t code_point_at(const std::string& s, size_t i) { return utf8::decode(s, i).cp; }
 
 // Python's str.isspace() for one code point.
 bool py_space(uint32_t cp) {
@@ -68,10 +55,10 @@ std::string py_strip(const std::string& s, bool left, bool right, const std::str
   const std::vector<size_t> at = code_points(s);
   const std::vector<size_t> set_at = chars ? code_points(*chars) : std::vector<size_t>{};
   auto stripped = [&](size_t k) {
-    const uint32_t cp = code_point_at(s, at[k], at[k + 1] - at[k]);
+    const uint32_t cp = code_point_at(s, at[k]);
     if (!chars) return py_space(cp);
     for (size_t j = 0; j + 1 < set_at.size(); ++j)
-      if (code_point_at(*chars, set_at[j], set_at[j + 1] - set_at[j]) == cp) return true;
+      if (code_point_at(*chars, set_at[j]) == cp) return true;
     return false;
   };
   size_t begin = 0, end = at.size() - 1;
@@ -184,7 +171,7 @@ void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
   const std::vector<size_t> at = code_points(s);
   for (size_t k = 0; k + 1 < at.size(); ++k) {
     const size_t len = at[k + 1] - at[k];
-    const uint32_t cp = code_point_at(s, at[k], len);
+    const uint32_t cp = code_point_at(s, at[k]);
     char buf[16];
     switch (cp) {
       case '"': out += "\\\""; continue;
@@ -196,7 +183,7 @@ void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
       case '\f': out += "\\f"; continue;
       default: break;
     }
-    if (cp < 0x20 || (ensure_ascii && cp > 0x7E)) {
+    if (cp < 0x20 || (ensure_ascii && cp > 0x7E && cp != utf8::kInvalid)) {  // (an invalid byte as it is)
       if (cp >= 0x10000) {
         const uint32_t v = cp - 0x10000;
         std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
@@ -771,23 +758,8 @@ class Lexer {
             error(line, "a bad \\" + std::string(1, c) + " escape");
           const uint32_t cp = static_cast<uint32_t>(std::strtoul(hex.c_str(), nullptr, 16));
           pos += n;
-          if (cp < 0x80) {
-            out += static_cast<char>(cp);
-          } else if (cp < 0x800) {
-            out += static_cast<char>(0xC0 | (cp >> 6));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-          } else if (cp < 0x10000) {
-            out += static_cast<char>(0xE0 | (cp >> 12));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-          } else if (cp < 0x110000) {
-            out += static_cast<char>(0xF0 | (cp >> 18));
-            out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-          } else {
-            error(line, "a \\U escape past U+10FFFF");
-          }
+          if (cp >= 0x110000) error(line, "a \\U escape past U+10FFFF");
+          utf8::append(out, cp);
           break;
         }
         default: out += '\\'; out += c; break;  // Python keeps unknown escapes as they are
@@ -912,7 +884,7 @@ Json py_split(const std::string& s, const std::optional<Value>& sep_v, int64_t m
     std::vector<std::pair<size_t, size_t>> words;
     size_t k = 0;
     const size_t n = at.size() - 1;
-    auto space = [&](size_t i) { return py_space(code_point_at(s, at[i], at[i + 1] - at[i])); };
+    auto space = [&](size_t i) { return py_space(code_point_at(s, at[i])); };
     while (k < n) {
       while (k < n && space(k)) ++k;
       if (k == n) break;
@@ -2267,27 +2239,19 @@ class Parser {
     return e;
   }
 
-  ExprPtr parse_or() {
-    ExprPtr e = parse_and();
-    while (next_is_name("or")) {
-      ++pos_;
-      auto l = node<Logic>();
-      l->is_and = false;
-      l->a = std::move(e);
-      l->b = parse_and();
-      e = std::move(l);
-    }
-    return e;
-  }
+  ExprPtr parse_or() { return parse_logic(false); }
+  ExprPtr parse_and() { return parse_logic(true); }
 
-  ExprPtr parse_and() {
-    ExprPtr e = parse_not();
-    while (next_is_name("and")) {
+  // a or b or ... (operands: and-expressions), a and b and ... (operands: not-expressions).
+  ExprPtr parse_logic(bool is_and) {
+    const auto operand = [&] { return is_and ? parse_not() : parse_and(); };
+    ExprPtr e = operand();
+    while (next_is_name(is_and ? "and" : "or")) {
       ++pos_;
       auto l = node<Logic>();
-      l->is_and = true;
+      l->is_and = is_and;
       l->a = std::move(e);
-      l->b = parse_not();
+      l->b = operand();
       e = std::move(l);
     }
     return e;

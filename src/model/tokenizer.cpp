@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/json_util.h"
+#include "core/utf8.h"
 #include "twell/error.h"
 
 namespace twell::model {
@@ -482,66 +483,14 @@ CharClass classify(uint32_t cp) {
   return CharClass::kOther;
 }
 
-// One code point of a string: its value, where it starts and how many bytes it takes. A byte
-// that does not start valid UTF-8 counts as one code point of class "other" (kInvalid), so
-// that any byte string can be encoded (and decoded back byte for byte).
-constexpr uint32_t kInvalid = 0xFFFFFFFF;
-struct CodePoint {
-  uint32_t cp;
-  size_t pos;
-  size_t len;
-};
-
-// The bytes of the UTF-8 sequence a byte starts: 1 (ASCII), 2, 3 or 4; 0 where it starts none (a
-// continuation byte, or 0xF8 and above).
-size_t utf8_length(unsigned char c) {
-  return c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-}
-
-CodePoint decode_utf8(std::string_view s, size_t pos) {
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
-  const unsigned char c = byte(pos);
-  const size_t len = utf8_length(c);
-  if (len == 1) return {c, pos, 1};
-  if (len == 0) return {kInvalid, pos, 1};
-  constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};  // the shortest form's smallest code point
-  uint32_t cp = c & (0x7Fu >> len);
-  const uint32_t min = kMin[len];
-  if (pos + len > s.size()) return {kInvalid, pos, 1};
-  for (size_t i = 1; i < len; ++i) {
-    if ((byte(pos + i) & 0xC0) != 0x80) return {kInvalid, pos, 1};
-    cp = (cp << 6) | (byte(pos + i) & 0x3F);
-  }
-  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return {kInvalid, pos, 1};
-  return {cp, pos, len};
-}
-
-std::vector<CodePoint> code_points(std::string_view s) {
-  std::vector<CodePoint> cps;
-  for (size_t pos = 0; pos < s.size();) {
-    cps.push_back(decode_utf8(s, pos));
-    pos += cps.back().len;
-  }
-  return cps;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
+// Code points as utf8.h walks them: a byte that does not start valid UTF-8 is one of its own, kInvalid,
+// of class "other", so that any byte string can be encoded (and decoded back byte for byte).
+using utf8::CodePoint;
+using utf8::code_points;
+using utf8::kInvalid;
+constexpr auto decode_utf8 = utf8::decode;
+constexpr auto utf8_length = utf8::sequence_length;
+constexpr auto append_utf8 = utf8::append;
 
 // The GPT-2 pre-tokenizer regex
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -1627,9 +1576,9 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
     }
     if (const json* decoder = member(config, "added_tokens_decoder"); decoder && decoder->is_object())
       for (const auto& [key, entry] : decoder->items()) {
-        const json* flag = entry.is_object() ? member(entry, "special") : nullptr;
+        const json* marked = entry.is_object() ? member(entry, "special") : nullptr;
         const json* content = entry.is_object() ? member(entry, "content") : nullptr;
-        if (!flag || !flag->is_boolean() || !flag->get<bool>() || !content || !content->is_string()) continue;
+        if (!marked || !marked->is_boolean() || !marked->get<bool>() || !content || !content->is_string()) continue;
         if (const std::optional<int32_t> id = tok->token_to_id(content->get<std::string>())) special.push_back(*id);
       }
     tok->add_special_ids(special);
