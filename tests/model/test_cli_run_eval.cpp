@@ -618,7 +618,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"inspect . extra", "twell inspect: unexpected argument 'extra'; see twell inspect --help"},
       {"run . -p hi -n 5 6", "twell run: unexpected argument '6'; see twell run --help"},  // a number: no prompt's
       // Every command-line error in one form, exit status 1.
-      {"run .", "twell run: --prompt (or --prompts FILE) is required; see twell run --help"},
+      {"run .", "twell run: --prompt (or --prompts FILE, or --chat for a conversation on stdin) is required; see twell run --help"},
       {"", "twell: a command is required: bench, inspect, run, eval; see twell --help"},
       {"bench", "twell bench: a command is required: ffn, model; see twell bench --help"},
       {"run . -p a -n 1 -n 2", "twell run: --max-tokens is given more than once; see twell run --help"},
