@@ -7,6 +7,7 @@
 #include "twell/model/chat_template.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -73,12 +74,9 @@ std::string py_float(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[64];
-  int precision = 1;
-  for (; precision <= 17; ++precision) {
-    std::snprintf(buf, sizeof buf, "%.*e", precision - 1, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  std::string sci = buf;  // d.ddde±XX
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  *r.ptr = '\0';
+  const std::string sci = buf;  // the shortest digits that read back the same: d.ddde±XX
   const size_t e_at = sci.find('e');
   const int exponent = std::atoi(sci.c_str() + e_at + 1);
   std::string digits;
@@ -103,27 +101,47 @@ std::string py_float(double v) {
 }
 
 // repr() of a str: single quotes unless the text holds one and no double quote.
+// Python's str.isprintable() for a code point beyond ASCII: false for controls, format characters,
+// separators other than the space, surrogates and private use (the ones with no glyph, which repr()
+// escapes); unassigned code points, which Python also escapes, are taken as printable.
+bool py_printable(uint32_t cp) {
+  static constexpr uint32_t kNot[][2] = {
+      {0x7F, 0xA0}, {0xAD, 0xAD}, {0x0600, 0x0605}, {0x061C, 0x061C}, {0x06DD, 0x06DD}, {0x070F, 0x070F},
+      {0x0890, 0x0891}, {0x08E2, 0x08E2}, {0x1680, 0x1680}, {0x180E, 0x180E}, {0x2000, 0x200F}, {0x2028, 0x202F},
+      {0x205F, 0x2064}, {0x2066, 0x206F}, {0x3000, 0x3000}, {0xD800, 0xF8FF}, {0xFEFF, 0xFEFF}, {0xFFF9, 0xFFFB},
+      {0x110BD, 0x110BD}, {0x110CD, 0x110CD}, {0x13430, 0x1343F}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A},
+      {0xE0001, 0xE0001}, {0xE0020, 0xE007F}, {0xF0000, 0x10FFFF}};
+  if (cp < 0x20) return false;
+  for (const auto& r : kNot)
+    if (cp >= r[0] && cp <= r[1]) return false;
+  return true;
+}
+
+// repr() of a str: single quotes unless the text holds one and no double quote; what is not printable
+// escaped as \xhh, \uhhhh or \Uhhhhhhhh.
 std::string py_repr_string(const std::string& s) {
   const bool dq = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
   const char q = dq ? '"' : '\'';
   std::string out(1, q);
-  for (const char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    if (ch == q || ch == '\\') {
+  for (const utf8::CodePoint& c : utf8::code_points(s)) {
+    const uint32_t cp = c.cp;
+    char buf[16];
+    if (cp == static_cast<uint32_t>(q) || cp == '\\') {
       out += '\\';
-      out += ch;
-    } else if (ch == '\n') {
+      out += static_cast<char>(cp);
+    } else if (cp == '\n') {
       out += "\\n";
-    } else if (ch == '\r') {
+    } else if (cp == '\r') {
       out += "\\r";
-    } else if (ch == '\t') {
+    } else if (cp == '\t') {
       out += "\\t";
-    } else if (c < 0x20 || c == 0x7F) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    } else if (cp == utf8::kInvalid) {
+      out.append(s, c.pos, c.len);
+    } else if (cp < 0x7F ? cp < 0x20 : !py_printable(cp)) {
+      std::snprintf(buf, sizeof buf, cp <= 0xFF ? "\\x%02x" : cp <= 0xFFFF ? "\\u%04x" : "\\U%08x", cp);
       out += buf;
     } else {
-      out += ch;
+      out.append(s, c.pos, c.len);
     }
   }
   return out + q;
@@ -161,7 +179,7 @@ std::string py_str(const Json& j, bool repr) {
 // json.dumps with Python's defaults as transformers' tojson calls it.
 struct DumpOptions {
   bool ensure_ascii = false;
-  int indent = -1;  // None
+  std::optional<std::string> indent;  // None; an int n is n spaces
   std::string item_sep = ", ", key_sep = ": ";
   bool sort_keys = false;
 };
@@ -200,11 +218,11 @@ void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
 
 void json_dump(const Json& j, const DumpOptions& o, int depth, std::string& out) {
   auto newline = [&](int d) {
-    if (o.indent < 0) return;
+    if (!o.indent) return;
     out += '\n';
-    out.append(static_cast<size_t>(o.indent) * static_cast<size_t>(d), ' ');
+    for (int k = 0; k < d; ++k) out += *o.indent;
   };
-  const std::string item_sep = o.indent < 0 ? o.item_sep : (o.item_sep == ", " ? "," : o.item_sep);
+  const std::string item_sep = !o.indent ? o.item_sep : (o.item_sep == ", " ? "," : o.item_sep);
   switch (j.type()) {
     case Json::value_t::null: out += "null"; return;
     case Json::value_t::boolean: out += j.get<bool>() ? "true" : "false"; return;
@@ -261,10 +279,16 @@ using Function = std::function<Value(Args&)>;
 // a function or method, or Jinja's undefined (printed as nothing, false, an error where used further).
 struct Value {
   enum class Kind { kUndefined, kData, kNamespace, kFunction } kind = Kind::kUndefined;
-  Json data;
+  std::shared_ptr<const Json> shared;  // kData: shared, so that passing `messages` around copies no text
   std::shared_ptr<Json> ns;
   std::shared_ptr<const Function> fn;
   std::string name;  // of what is undefined, or of the function, for messages
+  // kData of a list that jinja2 gives as a generator (select, reject, selectattr, rejectattr, map): true
+  // however empty, without a length or items, not printable; |list makes it a list.
+  bool generator = false;
+  // kData of a list whose items stand for jinja2's undefined (map(attribute=) of items without it): they
+  // join as "", but printing or serializing the list is refused (jinja2 writes Undefined there).
+  bool holds_undefined = false;
 
   static Value undefined(std::string what) {
     Value v;
@@ -274,8 +298,12 @@ struct Value {
   static Value of(Json j) {
     Value v;
     v.kind = Kind::kData;
-    v.data = std::move(j);
+    v.shared = std::make_shared<const Json>(std::move(j));
     return v;
+  }
+  const Json& data() const {
+    static const Json kNull;
+    return shared ? *shared : kNull;
   }
   static Value function(std::string what, Function f) {
     Value v;
@@ -286,9 +314,9 @@ struct Value {
   }
   bool is_undefined() const { return kind == Kind::kUndefined; }
   bool is_data() const { return kind == Kind::kData; }
-  bool is_string() const { return is_data() && data.is_string(); }
-  bool is_number() const { return is_data() && (data.is_number() || data.is_boolean()); }
-  const std::string& str_ref() const { return data.get_ref<const std::string&>(); }
+  bool is_string() const { return is_data() && data().is_string(); }
+  bool is_number() const { return is_data() && (data().is_number() || data().is_boolean()); }
+  const std::string& str_ref() const { return data().get_ref<const std::string&>(); }
 };
 
 struct RenderError {
@@ -297,15 +325,10 @@ struct RenderError {
 
 [[noreturn]] void fail(const std::string& message) { throw RenderError{message}; }
 
-const char* type_name(const Value& v) {
-  switch (v.kind) {
-    case Value::Kind::kUndefined: return "undefined";
-    case Value::Kind::kNamespace: return "namespace";
-    case Value::Kind::kFunction: return "function";
-    case Value::Kind::kData: break;
-  }
-  switch (v.data.type()) {
-    case Json::value_t::null: return "none";
+// Python's name of a JSON value's type, for messages.
+const char* py_type(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "NoneType";
     case Json::value_t::boolean: return "bool";
     case Json::value_t::number_float: return "float";
     case Json::value_t::string: return "str";
@@ -315,21 +338,32 @@ const char* type_name(const Value& v) {
   }
 }
 
+const char* type_name(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::kUndefined: return "Undefined";
+    case Value::Kind::kNamespace: return "Namespace";
+    case Value::Kind::kFunction: return "function";
+    case Value::Kind::kData: break;
+  }
+  return v.generator ? "generator" : py_type(v.data());
+}
+
 // Where a value is used as data: undefined and namespaces are errors, as jinja2 raises them.
 const Json& data_of(const Value& v, const std::string& use) {
-  if (v.is_undefined()) fail(str("'", v.name, "' is undefined (", use, ")"));
+  if (v.is_undefined()) fail(str("'", v.name, "' is undefined"));
   if (!v.is_data()) fail(str("a ", type_name(v), " cannot be ", use));
-  return v.data;
+  return v.data();
 }
 
 bool truthy(const Value& v) {
+  if (v.generator) return true;
   switch (v.kind) {
     case Value::Kind::kUndefined: return false;
     case Value::Kind::kNamespace:
     case Value::Kind::kFunction: return true;
     case Value::Kind::kData: break;
   }
-  const Json& j = v.data;
+  const Json& j = v.data();
   switch (j.type()) {
     case Json::value_t::null: return false;
     case Json::value_t::boolean: return j.get<bool>();
@@ -347,13 +381,102 @@ std::string to_text(const Value& v) {
   if (v.is_undefined()) return "";
   if (v.kind == Value::Kind::kNamespace) return "<Namespace " + py_str(*v.ns, true) + ">";
   if (v.kind == Value::Kind::kFunction) fail(str("cannot print the function '", v.name, "' (call it)"));
-  return py_str(v.data);
+  if (v.generator) fail("cannot print a generator (the result of select, reject or map): |list or |join it");
+  if (v.holds_undefined) fail("cannot print a list holding undefined items (map's attribute missing from some)");
+  return py_str(v.data());
 }
 
+// Python's integers have no bounds; twell's are 64 bits, and past them an error, not a wrapped value.
+[[noreturn]] Value overflow() { fail("integer overflow: twell's chat templates compute integers in 64 bits"); }
+
 bool is_int(const Json& j) { return j.is_number_integer() || j.is_boolean(); }
-int64_t as_int(const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1 : 0) : j.get<int64_t>(); }
+int64_t as_int(const Json& j) {
+  if (j.is_boolean()) return j.get<bool>() ? 1 : 0;
+  if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) overflow();
+  return j.get<int64_t>();
+}
 double as_double(const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); }
 bool is_num(const Json& j) { return j.is_number() || j.is_boolean(); }
+
+// int(text, base) and float(text) as Python reads them: surrounding whitespace, a sign, digits with single
+// underscores between them (a base prefix 0x, 0o, 0b where the base is 0 or that one); float() also
+// takes inf, infinity and nan. nullopt where Python raises ValueError; an error past 64 bits.
+std::optional<int64_t> py_parse_int(const std::string& text, int base) {
+  const std::string s = py_strip(text, true, true, nullptr);
+  size_t i = 0;
+  bool negative = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) negative = s[i++] == '-';
+  if (i + 1 < s.size() && s[i] == '0') {
+    const char x = static_cast<char>(std::tolower(static_cast<unsigned char>(s[i + 1])));
+    const int prefixed = x == 'x' ? 16 : x == 'o' ? 8 : x == 'b' ? 2 : 0;
+    if (prefixed != 0 && (base == 0 || base == prefixed)) {
+      base = prefixed;
+      i += 2;
+      if (i < s.size() && s[i] == '_') ++i;
+    }
+  }
+  if (base == 0) {
+    base = 10;
+    if (s.size() - i > 1 && s[i] == '0' && s.find_first_not_of("0_", i) != std::string::npos) return std::nullopt;
+  }
+  __int128 value = 0;
+  bool digit_before = false;
+  for (; i < s.size(); ++i) {
+    if (s[i] == '_') {
+      if (!digit_before || i + 1 >= s.size() || s[i + 1] == '_') return std::nullopt;
+      continue;
+    }
+    const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(s[i])));
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'z' ? c - 'a' + 10 : 99;
+    if (d >= base) return std::nullopt;
+    value = value * base + d;
+    if (value > static_cast<__int128>(INT64_MAX) + 1) overflow();
+    digit_before = true;
+  }
+  if (!digit_before) return std::nullopt;
+  if (negative) value = -value;
+  if (value > INT64_MAX) overflow();
+  return static_cast<int64_t>(value);
+}
+
+std::optional<double> py_parse_float(const std::string& text) {
+  std::string s = py_strip(text, true, true, nullptr);
+  std::string lower = s;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const size_t sign = !lower.empty() && (lower[0] == '+' || lower[0] == '-') ? 1 : 0;
+  const std::string word = lower.substr(sign);
+  if (word == "inf" || word == "infinity" || word == "nan") {
+    const double v = word == "nan" ? std::nan("") : HUGE_VAL;
+    return sign && lower[0] == '-' ? -v : v;
+  }
+  // digits [. digits] [e [sign] digits], underscores only between digits, at least one digit before the e
+  std::string plain;
+  size_t i = sign;
+  bool digits = false, prev_digit = false;
+  if (sign) plain += s[0];
+  for (; i < s.size(); ++i) {
+    const char c = s[i];
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      plain += c;
+      digits = prev_digit = true;
+    } else if (c == '_') {
+      if (!prev_digit || i + 1 >= s.size() || !std::isdigit(static_cast<unsigned char>(s[i + 1]))) return std::nullopt;
+      prev_digit = false;
+    } else if (c == '.' && plain.find_first_of(".eE") == std::string::npos) {
+      plain += c;
+      prev_digit = false;
+    } else if ((c == 'e' || c == 'E') && digits && plain.find_first_of("eE") == std::string::npos) {
+      plain += c;
+      prev_digit = false;
+      if (i + 1 < s.size() && (s[i + 1] == '+' || s[i + 1] == '-')) plain += s[++i];
+      if (i + 1 >= s.size() || !std::isdigit(static_cast<unsigned char>(s[i + 1]))) return std::nullopt;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (!digits) return std::nullopt;
+  return std::strtod(plain.c_str(), nullptr);
+}
 
 // Python's ==: numbers (and bools) by value, containers item by item, other types never equal.
 bool py_eq(const Json& a, const Json& b) {
@@ -382,7 +505,7 @@ bool py_eq(const Json& a, const Json& b) {
 bool values_eq(const Value& a, const Value& b) {
   if (a.is_undefined() || b.is_undefined()) return a.is_undefined() && b.is_undefined();
   if (a.kind != b.kind) return false;
-  if (a.is_data()) return py_eq(a.data, b.data);
+  if (a.is_data()) return py_eq(a.data(), b.data());
   if (a.kind == Value::Kind::kNamespace) return a.ns == b.ns;
   return a.fn == b.fn;
 }
@@ -405,12 +528,13 @@ int py_compare(const Json& a, const Json& b) {
     }
     return a.size() < b.size() ? -1 : a.size() > b.size();
   }
-  fail(str("'<' is not supported between ", a.type_name(), " and ", b.type_name()));
+  fail(str("'<' is not supported between ", py_type(a), " and ", py_type(b)));
 }
 
 // Python's floor division and modulo for ints.
 int64_t floor_div(int64_t a, int64_t b) {
   if (b == 0) fail("integer division or modulo by zero");
+  if (a == INT64_MIN && b == -1) overflow();
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -420,7 +544,7 @@ int64_t floor_div(int64_t a, int64_t b) {
 int64_t py_len(const Json& j) {
   if (j.is_string()) return static_cast<int64_t>(code_points(j.get_ref<const std::string&>()).size() - 1);
   if (j.is_array() || j.is_object()) return static_cast<int64_t>(j.size());
-  fail(str("object of type '", j.type_name(), "' has no len()"));
+  fail(str("object of type '", py_type(j), "' has no len()"));
 }
 
 // The items a for loop, a filter or `in` walks: a list's, a dict's keys, a string's characters.
@@ -437,7 +561,7 @@ std::vector<Json> iterate(const Value& v) {
     const std::vector<size_t> at = code_points(s);
     for (size_t k = 0; k + 1 < at.size(); ++k) items.emplace_back(s.substr(at[k], at[k + 1] - at[k]));
   } else {
-    fail(str("'", j.type_name(), "' object is not iterable"));
+    fail(str("'", py_type(j), "' object is not iterable"));
   }
   return items;
 }
@@ -454,7 +578,7 @@ Json slice(const Json& j, std::optional<int64_t> start, std::optional<int64_t> s
   } else if (j.is_array()) {
     n = static_cast<int64_t>(j.size());
   } else {
-    fail(str("a ", j.type_name(), " cannot be sliced"));
+    fail(str("a ", py_type(j), " cannot be sliced"));
   }
   auto clamp = [&](std::optional<int64_t> x, int64_t dflt) {
     if (!x) return dflt;
@@ -477,6 +601,33 @@ Json slice(const Json& j, std::optional<int64_t> start, std::optional<int64_t> s
 }
 
 // ---- the lexer -------------------------------------------------------------------------------
+
+// A prefixed integer literal's value (py_parse_int with base 0), nullopt where it is not one; an error
+// where it does not fit 64 bits is the parser's to name, so it is caught here.
+std::optional<int64_t> py_parse_int_literal(const std::string& literal) {
+  try {
+    return py_parse_int(literal, 0);
+  } catch (const RenderError&) {
+    return std::nullopt;
+  }
+}
+
+// The bytes of the whitespace (Python's, Unicode's too, as jinja2's \s) at the start or the end of `s`.
+size_t leading_space(std::string_view s) {
+  size_t n = 0;
+  while (n < s.size()) {
+    const utf8::CodePoint c = utf8::decode(s, n);
+    if (!py_space(c.cp)) break;
+    n += c.len;
+  }
+  return n;
+}
+
+size_t trailing_space(std::string_view s) {
+  size_t n = 0;
+  for (const utf8::CodePoint& c : utf8::code_points(s)) n = py_space(c.cp) ? n + c.len : 0;
+  return n;
+}
 
 struct Token {
   enum class Type { kName, kString, kInt, kFloat, kOp, kEnd } type = Type::kEnd;
@@ -516,8 +667,7 @@ class Lexer {
       std::string text = src_.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
       size_t text_start = pos;  // where the last tag's match ended
       if (strip_next) {
-        size_t k = 0;
-        while (k < text.size() && std::isspace(static_cast<unsigned char>(text[k]))) ++k;
+        const size_t k = leading_space(text);
         text.erase(0, k);
         text_start += k;
       }
@@ -529,7 +679,7 @@ class Lexer {
       size_t inner = open + 2;
       const char sign = inner < src_.size() ? src_[inner] : '\0';
       if (sign == '-') {
-        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+        text.erase(text.size() - trailing_space(text));
         ++inner;
       } else if (kind != '{' && sign == '+') {
         ++inner;
@@ -552,12 +702,13 @@ class Lexer {
       piece.line = line;
       bool minus = false, plus = false;
       pos = tokenize(inner, kind == '{' ? '}' : '%', line, piece.tokens, minus, plus);
-      strip_next = minus;
-      if (kind == '%' && !minus) trim_block(pos, plus);
-      if (kind == '%' && is_raw(piece.tokens)) {
-        pos = raw_block(pos, line, strip_next);
+      if (kind == '%' && is_raw(piece.tokens)) {  // its text as it stands: no trim_blocks after {% raw %}
+        pos = raw_block(pos, line, minus);
+        strip_next = false;  // (raw_block takes an {% endraw -%}'s whitespace itself)
         continue;
       }
+      strip_next = minus;
+      if (kind == '%' && !minus) trim_block(pos, plus);
       pieces_.push_back(std::move(piece));
     }
     return std::move(pieces_);
@@ -566,7 +717,14 @@ class Lexer {
  private:
   [[noreturn]] void error(int line, const std::string& what) const { throw Error(str(name_, ":", line, ": ", what)); }
 
-  int line_at(size_t pos) const { return 1 + static_cast<int>(std::count(src_.begin(), src_.begin() + static_cast<std::ptrdiff_t>(pos), '\n')); }
+  // The line of `pos`, counted on from the last position asked (they only grow).
+  int line_at(size_t pos) {
+    if (pos < line_pos_) line_pos_ = 0, line_ = 1;
+    line_ += static_cast<int>(std::count(src_.begin() + static_cast<std::ptrdiff_t>(line_pos_),
+                                         src_.begin() + static_cast<std::ptrdiff_t>(pos), '\n'));
+    line_pos_ = pos;
+    return line_;
+  }
 
   size_t find_open(size_t from) const {
     for (size_t p = src_.find('{', from); p != std::string::npos; p = src_.find('{', p + 1))
@@ -599,8 +757,7 @@ class Lexer {
       if (!line_starting) return;
       from = 0;
     }
-    for (size_t k = from; k < text.size(); ++k)
-      if (!std::isspace(static_cast<unsigned char>(text[k]))) return;
+    if (leading_space(std::string_view(text).substr(from)) != text.size() - from) return;
     text.erase(from);
   }
 
@@ -617,8 +774,8 @@ class Lexer {
   size_t raw_block(size_t pos, int line, bool strip_start) {
     for (size_t p = src_.find("{%", pos); p != std::string::npos; p = src_.find("{%", p + 2)) {
       size_t k = p + 2;
-      const bool minus = k < src_.size() && src_[k] == '-';
-      if (k < src_.size() && (src_[k] == '-' || src_[k] == '+')) ++k;
+      const bool minus = k < src_.size() && src_[k] == '-', plus = k < src_.size() && src_[k] == '+';
+      if (minus || plus) ++k;
       while (k < src_.size() && std::isspace(static_cast<unsigned char>(src_[k]))) ++k;
       if (src_.compare(k, 6, "endraw") != 0) continue;
       k += 6;
@@ -627,18 +784,18 @@ class Lexer {
       if (k < src_.size() && (src_[k] == '-' || src_[k] == '+')) (src_[k] == '-' ? end_minus : end_plus) = true, ++k;
       if (src_.compare(k, 2, "%}") != 0) continue;
       std::string text = src_.substr(pos, p - pos);
+      size_t text_start = pos;
       if (strip_start) {
-        size_t s = 0;
-        while (s < text.size() && std::isspace(static_cast<unsigned char>(text[s]))) ++s;
-        text.erase(0, s);
+        const size_t n = leading_space(text);
+        text.erase(0, n);
+        text_start += n;
       }
-      if (minus)
-        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+      if (minus) text.erase(text.size() - trailing_space(text));
+      else if (!plus) lstrip_block(text, text_start);
       add_text(std::move(text));
       size_t after = k + 2;
       if (!end_minus) trim_block(after, end_plus);
-      else
-        while (after < src_.size() && std::isspace(static_cast<unsigned char>(src_[after]))) ++after;
+      else after += leading_space(std::string_view(src_).substr(after));
       return after;
     }
     error(line, "{% raw %} has no {% endraw %}");
@@ -671,6 +828,16 @@ class Lexer {
         while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
         t.type = Token::Type::kName;
         t.text = src_.substr(pos, e - pos);
+        pos = e;
+      } else if (c == '0' && pos + 2 < src_.size() && std::strchr("xXoObB", src_[pos + 1]) != nullptr &&
+                 std::isalnum(static_cast<unsigned char>(src_[pos + 2]))) {  // 0x1f, 0o17, 0b101 (underscores between)
+        size_t e = pos + 2;
+        while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        const std::string literal = src_.substr(pos, e - pos);
+        const std::optional<int64_t> v = py_parse_int_literal(literal);
+        if (!v) error(line, "a bad integer literal " + literal);
+        t.type = Token::Type::kInt;
+        t.int_value = *v;
         pos = e;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
         size_t e = pos;
@@ -772,6 +939,8 @@ class Lexer {
   std::string src_;
   const std::string& name_;
   std::vector<Piece> pieces_;
+  size_t line_pos_ = 0;
+  int line_ = 1;
 };
 
 // ---- expressions -----------------------------------------------------------------------------
@@ -849,36 +1018,92 @@ std::string arg_string(const std::optional<Value>& v, const std::string& what) {
 }
 
 int64_t arg_int(const std::optional<Value>& v, const std::string& what) {
-  if (!v || !v->is_data() || !is_int(v->data)) fail(str(what, " must be an integer"));
-  return as_int(v->data);
+  if (!v || !v->is_data() || !is_int(v->data())) fail(str(what, " must be an integer"));
+  return as_int(v->data());
 }
 
 // ---- methods of strings and dicts --------------------------------------------------------------
 
-std::string ascii_case(const std::string& s, const char* what, int mode) {  // 0 lower, 1 upper, 2 title, 3 capitalize
-  for (const char ch : s)
-    if (static_cast<unsigned char>(ch) >= 0x80)
-      fail(str(what, " of text beyond ASCII is not supported by twell's chat templates"));
+// Whether a code point beyond ASCII is in a block of letters that have case (Latin, Greek, Cyrillic, ...),
+// which twell does not convert: text of other scripts, emoji and punctuation have none and pass as they are.
+bool cased_beyond_ascii(uint32_t cp) {
+  static constexpr uint32_t kRanges[][2] = {
+      {0x00B5, 0x00B5}, {0x00C0, 0x024F}, {0x0250, 0x02AF}, {0x0345, 0x0345}, {0x0370, 0x058F}, {0x10A0, 0x10FF},
+      {0x13A0, 0x13FF}, {0x1C80, 0x1CBF}, {0x1D00, 0x1FFF}, {0x2100, 0x218F}, {0x24B6, 0x24E9}, {0x2C00, 0x2D2F},
+      {0xA640, 0xA69F}, {0xA720, 0xA7FF}, {0xAB30, 0xABBF}, {0xFB00, 0xFB4F}, {0xFF21, 0xFF5A}, {0x10400, 0x104FF},
+      {0x10570, 0x105BF}, {0x10C80, 0x10CFF}, {0x118A0, 0x118FF}, {0x16E40, 0x16E9F}, {0x1E900, 0x1E95F}};
+  for (const auto& r : kRanges)
+    if (cp >= r[0] && cp <= r[1]) return true;
+  return false;
+}
+
+enum class Case { kLower, kUpper, kTitle, kCapitalize, kJinjaTitle };
+
+// Python's str.lower / upper / title / capitalize, and jinja2's title filter (a word begins after -,
+// whitespace, (, {, [ or <), for ASCII letters; a cased letter beyond ASCII is an error, not left as it is.
+std::string convert_case(const std::string& s, const char* what, Case mode) {
+  for (const utf8::CodePoint& c : utf8::code_points(s))
+    if (c.cp >= 0x80 && c.cp != utf8::kInvalid && cased_beyond_ascii(c.cp))
+      fail(str(what, " of letters beyond ASCII (", printable(s.substr(c.pos, c.len)), ") is not supported by twell's chat templates"));
   std::string out = s;
   bool word_start = true;
   for (size_t i = 0; i < out.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(out[i]);
     switch (mode) {
-      case 0: out[i] = static_cast<char>(std::tolower(c)); break;
-      case 1: out[i] = static_cast<char>(std::toupper(c)); break;
-      case 2:
+      case Case::kLower: out[i] = static_cast<char>(std::tolower(c)); break;
+      case Case::kUpper: out[i] = static_cast<char>(std::toupper(c)); break;
+      case Case::kTitle:
         out[i] = static_cast<char>(word_start ? std::toupper(c) : std::tolower(c));
         word_start = !std::isalpha(c);
         break;
-      default: out[i] = static_cast<char>(i == 0 ? std::toupper(c) : std::tolower(c)); break;
+      case Case::kJinjaTitle: {
+        const bool separator = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || std::isspace(c);
+        out[i] = static_cast<char>(word_start ? std::toupper(c) : std::tolower(c));
+        word_start = separator;
+        break;
+      }
+      case Case::kCapitalize: out[i] = static_cast<char>(i == 0 ? std::toupper(c) : std::tolower(c)); break;
     }
   }
   return out;
 }
 
+// Python's str.islower() / isupper(): some cased letter, and none of the other case.
+bool is_case(const std::string& s, bool lower) {
+  convert_case(s, lower ? "islower()" : "isupper()", Case::kLower);  // refuses cased letters beyond ASCII
+  bool cased = false;
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (!std::isalpha(c)) continue;
+    if ((lower && std::isupper(c)) || (!lower && std::islower(c))) return false;
+    cased = true;
+  }
+  return cased;
+}
+
+// Python's str.splitlines(): at \n, \r, \r\n, \v, \f, \x1c-\x1e, \x85, U+2028 and U+2029.
+std::vector<std::string> py_splitlines(const std::string& s, bool keepends) {
+  std::vector<std::string> lines;
+  size_t from = 0;
+  for (size_t i = 0; i < s.size();) {
+    const utf8::CodePoint c = utf8::decode(s, i);
+    const bool brk = c.cp == '\n' || c.cp == '\r' || c.cp == '\v' || c.cp == '\f' || (c.cp >= 0x1C && c.cp <= 0x1E) ||
+                     c.cp == 0x85 || c.cp == 0x2028 || c.cp == 0x2029;
+    size_t next = i + c.len;
+    if (brk) {
+      if (c.cp == '\r' && next < s.size() && s[next] == '\n') ++next;
+      lines.push_back(s.substr(from, (keepends ? next : i) - from));
+      from = next;
+    }
+    i = next;
+  }
+  if (from < s.size()) lines.push_back(s.substr(from));
+  return lines;
+}
+
 Json py_split(const std::string& s, const std::optional<Value>& sep_v, int64_t maxsplit, bool from_right) {
   Json out = Json::array();
-  if (!sep_v || (sep_v->is_data() && sep_v->data.is_null())) {
+  if (!sep_v || (sep_v->is_data() && sep_v->data().is_null())) {
     // Runs of whitespace, none at the ends.
     const std::vector<size_t> at = code_points(s);
     std::vector<std::pair<size_t, size_t>> words;
@@ -977,7 +1202,7 @@ Value string_method(const std::string& s, const std::string& name) {
     return m([s, name](Args& a) {
       const Bound b = bind(name, a, {"chars"});
       std::optional<std::string> chars;
-      if (b[0] && !(b[0]->is_data() && b[0]->data.is_null())) chars = arg_string(b[0], name + "()'s chars");
+      if (b[0] && !(b[0]->is_data() && b[0]->data().is_null())) chars = arg_string(b[0], name + "()'s chars");
       return Value::of(py_strip(s, name != "rstrip", name != "lstrip", chars ? &*chars : nullptr));
     });
   if (name == "split" || name == "rsplit")
@@ -990,8 +1215,8 @@ Value string_method(const std::string& s, const std::string& name) {
       const Bound b = bind(name, a, {"prefix"});
       if (!b[0] || !b[0]->is_data()) fail(name + "() takes a string or a tuple of strings");
       std::vector<std::string> options;
-      if (b[0]->data.is_array()) {
-        for (const Json& j : b[0]->data) {
+      if (b[0]->data().is_array()) {
+        for (const Json& j : b[0]->data()) {
           if (!j.is_string()) fail(name + "() takes a string or a tuple of strings");
           options.push_back(j.get<std::string>());
         }
@@ -1009,7 +1234,7 @@ Value string_method(const std::string& s, const std::string& name) {
     return m([s, name](Args& a) {
       bind(name, a, {});
       const int mode = name == "lower" ? 0 : name == "upper" ? 1 : name == "title" ? 2 : 3;
-      return Value::of(ascii_case(s, ("str." + name + "()").c_str(), mode));
+      return Value::of(convert_case(s, ("str." + name + "()").c_str(), static_cast<Case>(mode)));
     });
   if (name == "replace")
     return m([s](Args& a) {
@@ -1017,7 +1242,7 @@ Value string_method(const std::string& s, const std::string& name) {
       return Value::of(py_replace(s, arg_string(b[0], "replace()'s old"), arg_string(b[1], "replace()'s new"),
                                   b[2] ? arg_int(b[2], "replace()'s count") : -1));
     });
-  if (name == "find" || name == "rfind" || name == "count")
+  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count")
     return m([s, name](Args& a) {
       const Bound b = bind(name, a, {"sub"});
       const std::string sub = arg_string(b[0], name + "()'s argument");
@@ -1027,7 +1252,8 @@ Value string_method(const std::string& s, const std::string& name) {
         for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
         return Value::of(n);
       }
-      const size_t p = name == "find" ? s.find(sub) : s.rfind(sub);
+      const size_t p = name == "find" || name == "index" ? s.find(sub) : s.rfind(sub);
+      if (p == std::string::npos && (name == "index" || name == "rindex")) fail("substring not found");
       return Value::of(p == std::string::npos ? int64_t{-1} : cp_index(s, p));
     });
   if (name == "join")
@@ -1037,7 +1263,7 @@ Value string_method(const std::string& s, const std::string& name) {
       std::string out;
       bool first = true;
       for (const Json& j : iterate(*b[0])) {
-        if (!j.is_string()) fail(str("join(): expected str items, found ", j.type_name()));
+        if (!j.is_string()) fail(str("join(): expected str items, found ", py_type(j)));
         if (!first) out += s;
         out += j.get_ref<const std::string&>();
         first = false;
@@ -1046,17 +1272,8 @@ Value string_method(const std::string& s, const std::string& name) {
     });
   if (name == "splitlines")
     return m([s](Args& a) {
-      bind("splitlines", a, {});
-      Json out = Json::array();
-      size_t from = 0;
-      for (size_t i = 0; i < s.size(); ++i)
-        if (s[i] == '\n' || s[i] == '\r') {
-          out.push_back(s.substr(from, i - from));
-          if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
-          from = i + 1;
-        }
-      if (from < s.size()) out.push_back(s.substr(from));
-      return Value::of(out);
+      const Bound b = bind("splitlines", a, {"keepends"});
+      return Value::of(Json(py_splitlines(s, b[0] && truthy(*b[0]))));
     });
   if (name == "removeprefix" || name == "removesuffix")
     return m([s, name](Args& a) {
@@ -1118,7 +1335,7 @@ Value get_attribute(const Value& base, const std::string& name) {
     return it == base.ns->end() ? Value::undefined(name) : Value::of(*it);
   }
   if (base.kind == Value::Kind::kFunction) return Value::undefined(name);
-  const Json& j = base.data;
+  const Json& j = base.data();
   if (j.is_object()) {
     Value m = dict_method(j, name);
     if (!m.is_undefined()) return m;
@@ -1128,7 +1345,14 @@ Value get_attribute(const Value& base, const std::string& name) {
   if (j.is_string()) {
     Value m = string_method(j.get_ref<const std::string&>(), name);
     if (!m.is_undefined()) return m;
-    fail(str("str has no method '", name, "' in twell's chat templates"));
+    // A method of Python's str that twell lacks is an error; any other name is undefined, as in jinja2.
+    static const char* const kStrMethods[] = {
+        "casefold", "center", "encode", "expandtabs", "format", "format_map", "isascii", "isdecimal", "isidentifier",
+        "islower", "isnumeric", "isprintable", "istitle", "isupper", "ljust", "maketrans", "partition", "rjust",
+        "rpartition", "swapcase", "translate", "zfill"};
+    for (const char* known : kStrMethods)
+      if (name == known) fail(str("str.", name, "() is not supported by twell's chat templates"));
+    return Value::undefined(name);
   }
   if (j.is_array() && (name == "append" || name == "pop" || name == "extend" || name == "insert"))
     fail(str("list.", name, "() is not allowed: chat templates are immutable (as transformers' sandbox)"));
@@ -1138,13 +1362,14 @@ Value get_attribute(const Value& base, const std::string& name) {
 // obj[key]: an item first, then an attribute (jinja2's getitem).
 Value get_item(const Value& base, const Value& key) {
   if (base.is_undefined()) fail(str("'", base.name, "' is undefined (an item of it was asked for)"));
+  if (base.generator) fail("'generator' object is not subscriptable: |list it first");
   if (base.kind == Value::Kind::kNamespace) {
     if (!key.is_string()) return Value::undefined("[]");
     return get_attribute(base, key.str_ref());
   }
   if (!base.is_data() || !key.is_data()) return Value::undefined("[]");
-  const Json& j = base.data;
-  const Json& k = key.data;
+  const Json& j = base.data();
+  const Json& k = key.data();
   if ((j.is_array() || j.is_string()) && is_int(k)) {
     const int64_t n = py_len(j);
     int64_t i = as_int(k);
@@ -1214,7 +1439,7 @@ struct SliceExpr : Expr {
     auto bound = [&](const ExprPtr& e) -> std::optional<int64_t> {
       if (!e) return std::nullopt;
       const Value v = e->eval(c);
-      if (v.is_data() && v.data.is_null()) return std::nullopt;
+      if (v.is_data() && v.data().is_null()) return std::nullopt;
       return arg_int(v, "a slice index");
     };
     return Value::of(slice(data_of(b, "sliced"), bound(start), bound(stop), bound(step)));
@@ -1242,8 +1467,9 @@ struct Unary : Expr {
     const Value v = operand->eval(c);
     if (op == '!') return Value::of(!truthy(v));
     const Json& j = data_of(v, "negated");
-    if (!is_num(j)) fail(str("bad operand type for unary ", op, ": '", j.type_name(), "'"));
+    if (!is_num(j)) fail(str("bad operand type for unary ", op, ": '", py_type(j), "'"));
     if (op == '+') return Value::of(is_int(j) ? Json(as_int(j)) : Json(as_double(j)));
+    if (is_int(j) && as_int(j) == INT64_MIN) overflow();
     return Value::of(is_int(j) ? Json(-as_int(j)) : Json(-as_double(j)));
   }
 };
@@ -1291,47 +1517,79 @@ Value arithmetic(const std::string& op, const Value& x, const Value& y) {
   }
   if (op == "%" && a.is_string()) fail("string formatting with % is not supported by twell's chat templates");
   if (!is_num(a) || !is_num(b))
-    fail(str("unsupported operand types for ", op, ": '", a.type_name(), "' and '", b.type_name(), "'"));
-  const bool ints = is_int(a) && is_int(b);
-  if (ints) {
+    fail(str("unsupported operand types for ", op, ": '", py_type(a), "' and '", py_type(b), "'"));
+  if (is_int(a) && is_int(b)) {
     const int64_t p = as_int(a), q = as_int(b);
-    if (op == "+") return Value::of(p + q);
-    if (op == "-") return Value::of(p - q);
-    if (op == "*") return Value::of(p * q);
+    int64_t r;
+    if (op == "+") return __builtin_add_overflow(p, q, &r) ? overflow() : Value::of(r);
+    if (op == "-") return __builtin_sub_overflow(p, q, &r) ? overflow() : Value::of(r);
+    if (op == "*") return __builtin_mul_overflow(p, q, &r) ? overflow() : Value::of(r);
     if (op == "//") return Value::of(floor_div(p, q));
-    if (op == "%") return Value::of(p - floor_div(p, q) * q);
-    if (op == "**" && q >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < q; ++i) r *= p;
-      return Value::of(r);
+    if (op == "%") return Value::of(q == -1 ? 0 : p - floor_div(p, q) * q);
+    if (op == "**" && q >= 0) {  // by squaring, checked
+      int64_t result = 1, base = p;
+      for (int64_t e = q; e > 0; e >>= 1) {
+        if ((e & 1) && __builtin_mul_overflow(result, base, &result)) overflow();
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) overflow();
+      }
+      return Value::of(result);
     }
   }
   const double p = as_double(a), q = as_double(b);
   if (op == "+") return Value::of(p + q);
   if (op == "-") return Value::of(p - q);
   if (op == "*") return Value::of(p * q);
-  if (op == "**") return Value::of(std::pow(p, q));
-  if (q == 0) fail("division by zero");
+  if (op == "**") {
+    if (p == 0 && q < 0) fail("0.0 cannot be raised to a negative power");
+    const double r = std::pow(p, q);
+    if (std::isnan(r) && !std::isnan(p) && !std::isnan(q)) fail("a negative number to a fractional power is complex");
+    if (std::isinf(r) && std::isfinite(p) && std::isfinite(q)) fail("numerical result out of range (a power)");
+    return Value::of(r);
+  }
+  if (q == 0) fail(op == "/" ? "division by zero" : "float floor division or modulo by zero");
   if (op == "/") return Value::of(p / q);
-  if (op == "//") return Value::of(std::floor(p / q));
-  if (op == "%") return Value::of(p - std::floor(p / q) * q);
+  // Python's float divmod: the remainder by fmod, carrying the divisor's sign; the quotient from it.
+  double mod = std::fmod(p, q);
+  double div = (p - mod) / q;
+  if (mod != 0) {
+    if ((q < 0) != (mod < 0)) {
+      mod += q;
+      div -= 1.0;
+    }
+  } else {
+    mod = std::copysign(0.0, q);
+  }
+  double floordiv;
+  if (div != 0) {
+    floordiv = std::floor(div);
+    if (div - floordiv > 0.5) floordiv += 1.0;
+  } else {
+    floordiv = std::copysign(0.0, p / q);
+  }
+  if (op == "//") return Value::of(floordiv);
+  if (op == "%") return Value::of(mod);
   fail("unknown operator " + op);
 }
 
 bool contains(const Value& item, const Value& container) {
+  if (container.is_undefined()) return false;  // jinja2's undefined iterates as nothing
   const Json& c = data_of(container, "searched with in");
   if (c.is_string()) {
     if (!item.is_string()) fail(str("'in <string>' requires a string on the left, not ", type_name(item)));
     return c.get_ref<const std::string&>().find(item.str_ref()) != std::string::npos;
   }
-  if (c.is_object()) return item.is_string() && c.contains(item.str_ref());
+  if (c.is_object()) {
+    if (item.is_data() && (item.data().is_array() || item.data().is_object()))
+      fail(str("unhashable type: '", py_type(item.data()), "'"));
+    return item.is_string() && c.contains(item.str_ref());
+  }
   if (c.is_array()) {
     if (!item.is_data()) return false;
     for (const Json& j : c)
-      if (py_eq(j, item.data)) return true;
+      if (py_eq(j, item.data())) return true;
     return false;
   }
-  fail(str("argument of type '", c.type_name(), "' is not iterable"));
+  fail(str("argument of type '", py_type(c), "' is not iterable"));
 }
 
 bool compare(const std::string& op, const Value& x, const Value& y) {
@@ -1379,18 +1637,19 @@ const std::map<std::string, TestFn>& tests() {
   static const std::map<std::string, TestFn> t = {
       {"defined", [](const Value& v, const std::vector<Value>&) { return !v.is_undefined(); }},
       {"undefined", [](const Value& v, const std::vector<Value>&) { return v.is_undefined(); }},
-      {"none", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_null(); }},
-      {"boolean", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_boolean(); }},
-      {"true", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_boolean() && v.data.get<bool>(); }},
-      {"false", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_boolean() && !v.data.get<bool>(); }},
-      {"integer", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_number_integer(); }},
-      {"float", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data.is_number_float(); }},
+      {"none", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data().is_null(); }},
+      {"boolean", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data().is_boolean(); }},
+      {"true", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data().is_boolean() && v.data().get<bool>(); }},
+      {"false", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data().is_boolean() && !v.data().get<bool>(); }},
+      {"integer", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data().is_number_integer(); }},
+      {"float", [](const Value& v, const std::vector<Value>&) { return v.is_data() && v.data().is_number_float(); }},
       {"number", [](const Value& v, const std::vector<Value>&) { return v.is_number(); }},
       {"string", [](const Value& v, const std::vector<Value>&) { return v.is_string(); }},
-      {"mapping", [](const Value& v, const std::vector<Value>&) { return (v.is_data() && v.data.is_object()) || v.kind == Value::Kind::kNamespace; }},
-      {"sequence", [](const Value& v, const std::vector<Value>&) { return v.is_data() && (v.data.is_array() || v.data.is_string() || v.data.is_object()); }},
-      {"iterable", [](const Value& v, const std::vector<Value>&) { return v.is_data() && (v.data.is_array() || v.data.is_string() || v.data.is_object()); }},
-      {"callable", [](const Value& v, const std::vector<Value>&) { return v.kind == Value::Kind::kFunction; }},
+      {"mapping", [](const Value& v, const std::vector<Value>&) { return (v.is_data() && v.data().is_object()) || v.kind == Value::Kind::kNamespace; }},
+      // jinja2's undefined has a length, items and a call (each an error or nothing): it passes these three.
+      {"sequence", [](const Value& v, const std::vector<Value>&) { return v.is_undefined() || (v.is_data() && (v.data().is_array() || v.data().is_string() || v.data().is_object())); }},
+      {"iterable", [](const Value& v, const std::vector<Value>&) { return v.is_undefined() || (v.is_data() && (v.data().is_array() || v.data().is_string() || v.data().is_object())); }},
+      {"callable", [](const Value& v, const std::vector<Value>&) { return v.is_undefined() || v.kind == Value::Kind::kFunction; }},
       {"even", [](const Value& v, const std::vector<Value>&) { return arg_int(v, "the even test's value") % 2 == 0; }},
       {"odd", [](const Value& v, const std::vector<Value>&) { return arg_int(v, "the odd test's value") % 2 != 0; }},
       {"divisibleby", [](const Value& v, const std::vector<Value>& a) {
@@ -1407,10 +1666,10 @@ const std::map<std::string, TestFn>& tests() {
       {"in", [](const Value& v, const std::vector<Value>& a) { return test_arg_count(a, 1, "in") && contains(v, a[0]); }},
       {"sameas", [](const Value& v, const std::vector<Value>& a) {
          test_arg_count(a, 1, "sameas");  // `is` of Python: the singletons none, true and false
-         return v.is_data() && a[0].is_data() && (v.data.is_null() || v.data.is_boolean()) && v.data == a[0].data;
+         return v.is_data() && a[0].is_data() && (v.data().is_null() || v.data().is_boolean()) && v.data() == a[0].data();
        }},
-      {"lower", [](const Value& v, const std::vector<Value>&) { return v.is_string() && ascii_case(v.str_ref(), "the lower test", 0) == v.str_ref(); }},
-      {"upper", [](const Value& v, const std::vector<Value>&) { return v.is_string() && ascii_case(v.str_ref(), "the upper test", 1) == v.str_ref(); }},
+      {"lower", [](const Value& v, const std::vector<Value>&) { return is_case(to_text(v), true); }},  // of str(value)
+      {"upper", [](const Value& v, const std::vector<Value>&) { return is_case(to_text(v), false); }},
   };
   return t;
 }
@@ -1445,11 +1704,16 @@ Value item_attribute(const Json& item, const std::string& path) {
     const std::string part = path.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
     if (v.is_undefined()) return v;
     const bool digits = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
-    v = digits && v.is_data() && v.data.is_array() ? get_item(v, Value::of(std::stoll(part)))
+    v = digits && v.is_data() && v.data().is_array() ? get_item(v, Value::of(std::stoll(part)))
                                                    : get_item(v, Value::of(part));
     if (dot == std::string::npos) return v;
     from = dot + 1;
   }
+}
+
+Value as_generator(Value v) {
+  v.generator = true;
+  return v;
 }
 
 Value select_filter(const Value& v, Args& a, bool attr, bool keep, const char* what) {
@@ -1467,7 +1731,7 @@ Value select_filter(const Value& v, Args& a, bool attr, bool keep, const char* w
     const bool hit = test ? run_test(*test, x, test_args) : truthy(x);
     if (hit == keep) out.push_back(item);
   }
-  return Value::of(out);
+  return as_generator(Value::of(out));
 }
 
 std::string html_escape(const std::string& s) {
@@ -1485,9 +1749,40 @@ std::string html_escape(const std::string& s) {
   return out;
 }
 
+// The key unique, min and max compare by: the item, or its attribute; strings lowered unless case_sensitive.
+std::function<Json(const Json&)> comparison_key(const std::optional<Value>& case_sensitive,
+                                                const std::optional<Value>& attribute, const char* what) {
+  const bool sensitive = case_sensitive && truthy(*case_sensitive);
+  std::optional<std::string> path;
+  if (attribute) path = arg_string(attribute, str(what, "()'s attribute"));
+  return [sensitive, path, what](const Json& item) {
+    Json k = path ? data_of(item_attribute(item, *path), str("a key of ", what, "()")) : item;
+    if (k.is_string() && !sensitive) k = convert_case(k.get<std::string>(), what, Case::kLower);
+    return k;
+  };
+}
+
+Value extreme(const Value& v, Args& a, const char* what) {
+  const Bound b = bind(what, a, {"case_sensitive", "attribute"});
+  const auto key = comparison_key(b[0], b[1], what);
+  const std::vector<Json> items = iterate(v);
+  if (items.empty()) return Value::undefined(str(what, " of nothing"));
+  size_t best = 0;
+  for (size_t i = 1; i < items.size(); ++i) {
+    const int c = py_compare(key(items[i]), key(items[best]));
+    if (std::string(what) == "min" ? c < 0 : c > 0) best = i;
+  }
+  return Value::of(items[best]);
+}
+
 const std::map<std::string, FilterFn>& filters() {
   static const std::map<std::string, FilterFn> f = {
-      {"length", [](Context&, const Value& v, Args& a) { bind("length", a, {}); return Value::of(py_len(data_of(v, "measured"))); }},
+      {"length", [](Context&, const Value& v, Args& a) {
+         bind("length", a, {});
+         if (v.is_undefined()) return Value::of(0);  // jinja2's undefined has length 0
+         if (v.generator) fail("object of type 'generator' has no len(): |list it first");
+         return Value::of(py_len(data_of(v, "measured")));
+       }},
       {"trim", [](Context&, const Value& v, Args& a) {
          const Bound b = bind("trim", a, {"chars"});
          std::optional<std::string> chars;
@@ -1498,11 +1793,13 @@ const std::map<std::string, FilterFn>& filters() {
          const Bound b = bind("tojson", a, {"ensure_ascii", "indent", "separators", "sort_keys"});
          DumpOptions o;
          if (b[0]) o.ensure_ascii = truthy(*b[0]);
-         if (b[1] && !(b[1]->is_data() && b[1]->data.is_null())) {
-           o.indent = static_cast<int>(arg_int(b[1], "tojson()'s indent"));
+         if (b[1] && !(b[1]->is_data() && b[1]->data().is_null())) {
+           const int64_t n = b[1]->is_string() ? 0 : arg_int(b[1], "tojson()'s indent");
+           if (n > 1000) fail("tojson()'s indent is over 1000");
+           o.indent = b[1]->is_string() ? b[1]->str_ref() : std::string(static_cast<size_t>(std::max<int64_t>(0, n)), ' ');
            o.item_sep = ",";
          }
-         if (b[2] && !(b[2]->is_data() && b[2]->data.is_null())) {
+         if (b[2] && !(b[2]->is_data() && b[2]->data().is_null())) {
            const Json& s = data_of(*b[2], "tojson()'s separators");
            if (!s.is_array() || s.size() != 2 || !s[0].is_string() || !s[1].is_string())
              fail("tojson()'s separators must be two strings");
@@ -1511,64 +1808,87 @@ const std::map<std::string, FilterFn>& filters() {
          }
          if (b[3]) o.sort_keys = truthy(*b[3]);
          std::string out;
-         if (v.kind == Value::Kind::kNamespace) fail("Object of type Namespace is not JSON serializable");
+         if (v.kind == Value::Kind::kNamespace || v.generator || v.holds_undefined)
+           fail(str("Object of type ", v.holds_undefined ? "Undefined" : type_name(v), " is not JSON serializable"));
          json_dump(data_of(v, "written as JSON"), o, 0, out);
          return Value::of(out);
        }},
-      {"upper", [](Context&, const Value& v, Args& a) { bind("upper", a, {}); return Value::of(ascii_case(to_text(v), "upper", 1)); }},
-      {"lower", [](Context&, const Value& v, Args& a) { bind("lower", a, {}); return Value::of(ascii_case(to_text(v), "lower", 0)); }},
-      {"title", [](Context&, const Value& v, Args& a) { bind("title", a, {}); return Value::of(ascii_case(to_text(v), "title", 2)); }},
-      {"capitalize", [](Context&, const Value& v, Args& a) { bind("capitalize", a, {}); return Value::of(ascii_case(to_text(v), "capitalize", 3)); }},
+      {"upper", [](Context&, const Value& v, Args& a) { bind("upper", a, {}); return Value::of(convert_case(to_text(v), "upper", Case::kUpper)); }},
+      {"lower", [](Context&, const Value& v, Args& a) { bind("lower", a, {}); return Value::of(convert_case(to_text(v), "lower", Case::kLower)); }},
+      {"title", [](Context&, const Value& v, Args& a) { bind("title", a, {}); return Value::of(convert_case(to_text(v), "title", Case::kJinjaTitle)); }},
+      {"capitalize", [](Context&, const Value& v, Args& a) { bind("capitalize", a, {}); return Value::of(convert_case(to_text(v), "capitalize", Case::kCapitalize)); }},
       {"string", [](Context&, const Value& v, Args& a) { bind("string", a, {}); return Value::of(to_text(v)); }},
       {"safe", [](Context&, const Value& v, Args& a) { bind("safe", a, {}); return v; }},
       {"escape", [](Context&, const Value& v, Args& a) { bind("escape", a, {}); return Value::of(html_escape(to_text(v))); }},
-      {"int", [](Context&, const Value& v, Args& a) {
+      {"int", [](Context&, const Value& v, Args& a) {  // jinja2's: int(value), else int(float(value)), else default
          const Bound b = bind("int", a, {"default", "base"});
          const Json dflt = b[0] ? data_of(*b[0], "int()'s default") : Json(0);
-         if (b[1]) fail("int()'s base is not supported by twell's chat templates");
+         const int base = b[1] ? static_cast<int>(arg_int(b[1], "int()'s base")) : 10;
+         if (v.is_undefined()) fail(str("'", v.name, "' is undefined"));
+         if (base != 0 && (base < 2 || base > 36)) fail("int() base must be >= 2 and <= 36, or 0");
          if (!v.is_data()) return Value::of(dflt);
-         if (is_int(v.data)) return Value::of(as_int(v.data));
-         if (v.data.is_number_float()) return Value::of(static_cast<int64_t>(v.data.get<double>()));
-         if (v.data.is_string()) {
-           const std::string s = py_strip(v.str_ref(), true, true, nullptr);
-           char* end = nullptr;
-           errno = 0;
-           const long long i = std::strtoll(s.c_str(), &end, 10);
-           if (!s.empty() && end == s.c_str() + s.size() && errno == 0) return Value::of(static_cast<int64_t>(i));
-           const double d = std::strtod(s.c_str(), &end);
-           if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d)) return Value::of(static_cast<int64_t>(d));
+         const Json& j = v.data();
+         if (is_int(j)) return Value::of(as_int(j));
+         std::optional<double> d;
+         if (j.is_number_float()) d = j.get<double>();
+         if (j.is_string()) {
+           if (const std::optional<int64_t> i = py_parse_int(j.get_ref<const std::string&>(), base)) return Value::of(*i);
+           d = py_parse_float(j.get_ref<const std::string&>());
          }
-         return Value::of(dflt);
+         if (!d || std::isnan(*d)) return Value::of(dflt);
+         if (std::isinf(*d)) return Value::of(dflt);  // OverflowError: the default, as jinja2
+         if (std::trunc(*d) >= 9223372036854775808.0 || std::trunc(*d) < -9223372036854775808.0) overflow();
+         return Value::of(static_cast<int64_t>(std::trunc(*d)));
        }},
       {"float", [](Context&, const Value& v, Args& a) {
          const Bound b = bind("float", a, {"default"});
          const Json dflt = b[0] ? data_of(*b[0], "float()'s default") : Json(0.0);
-         if (v.is_number()) return Value::of(as_double(v.data));
-         if (v.is_string()) {
-           const std::string s = py_strip(v.str_ref(), true, true, nullptr);
-           char* end = nullptr;
-           const double d = std::strtod(s.c_str(), &end);
-           if (!s.empty() && end == s.c_str() + s.size()) return Value::of(d);
-         }
+         if (v.is_undefined()) fail(str("'", v.name, "' is undefined"));
+         if (v.is_number()) return Value::of(as_double(v.data()));
+         if (v.is_string())
+           if (const std::optional<double> d = py_parse_float(v.str_ref())) return Value::of(*d);
          return Value::of(dflt);
        }},
       {"abs", [](Context&, const Value& v, Args& a) {
          bind("abs", a, {});
          const Json& j = data_of(v, "abs()'s value");
-         if (!is_num(j)) fail(str("bad operand type for abs(): '", j.type_name(), "'"));
+         if (!is_num(j)) fail(str("bad operand type for abs(): '", py_type(j), "'"));
+         if (is_int(j) && as_int(j) == INT64_MIN) overflow();
          return Value::of(is_int(j) ? Json(std::llabs(as_int(j))) : Json(std::fabs(as_double(j))));
        }},
       {"round", [](Context&, const Value& v, Args& a) {
          const Bound b = bind("round", a, {"precision", "method"});
          const int64_t p = b[0] ? arg_int(b[0], "round()'s precision") : 0;
          const std::string method = b[1] ? arg_string(b[1], "round()'s method") : "common";
-         const double x = as_double(data_of(v, "rounded")), scale = std::pow(10.0, static_cast<double>(p));
-         double r;
-         if (method == "common") r = std::round(x * scale) / scale;
-         else if (method == "floor") r = std::floor(x * scale) / scale;
-         else if (method == "ceil") r = std::ceil(x * scale) / scale;
-         else fail("round()'s method must be common, floor or ceil");
-         return Value::of(r);
+         const Json& j = data_of(v, "rounded");
+         if (!is_num(j)) fail(str("type ", py_type(j), " doesn't define __round__ method"));
+         if (p < -308 || p > 308) fail("round()'s precision is out of range");
+         if (method == "common") {  // Python's round(): correctly rounded, ties to even; an int stays one
+           if (is_int(j)) {
+             const int64_t x = as_int(j);
+             if (p >= 0 || p < -18) return Value::of(p >= 0 ? x : int64_t{0});
+             int64_t unit = 1;
+             for (int64_t k = 0; k < -p; ++k) unit *= 10;
+             const int64_t q = floor_div(x, unit), r = x - q * unit;
+             const int64_t up = 2 * r > unit || (2 * r == unit && (q & 1)) ? 1 : 0;
+             int64_t out;
+             if (__builtin_mul_overflow(q + up, unit, &out)) overflow();
+             return Value::of(out);
+           }
+           const double x = as_double(j);
+           if (!std::isfinite(x)) return Value::of(x);
+           if (p >= 0) {
+             std::vector<char> buf(static_cast<size_t>(p) + 400);
+             std::snprintf(buf.data(), buf.size(), "%.*f", static_cast<int>(p), x);  // exact decimal, ties to even
+             return Value::of(std::strtod(buf.data(), nullptr));
+           }
+           const double unit = std::pow(10.0, static_cast<double>(-p));
+           return Value::of(std::nearbyint(x / unit) * unit);
+         }
+         const double scale = std::pow(10.0, static_cast<double>(p)), x = as_double(j);
+         if (method == "floor") return Value::of(std::floor(x * scale) / scale);
+         if (method == "ceil") return Value::of(std::ceil(x * scale) / scale);
+         fail("round()'s method must be common, floor or ceil");
        }},
       {"first", [](Context&, const Value& v, Args& a) {
          bind("first", a, {});
@@ -1584,13 +1904,15 @@ const std::map<std::string, FilterFn>& filters() {
          bind("list", a, {});
          Json out = Json::array();
          for (Json& j : iterate(v)) out.push_back(std::move(j));
-         return Value::of(out);
+         Value list = Value::of(out);
+         list.holds_undefined = v.holds_undefined;
+         return list;
        }},
       {"reverse", [](Context&, const Value& v, Args& a) {
          bind("reverse", a, {});
-         if (v.is_string()) return Value::of(slice(v.data, std::nullopt, std::nullopt, -1));
-         std::vector<Json> items = iterate(v);
-         return Value::of(Json(std::vector<Json>(items.rbegin(), items.rend())));
+         if (v.is_string()) return Value::of(slice(v.data(), std::nullopt, std::nullopt, -1));
+         std::vector<Json> items = iterate(v);  // an iterator in jinja2: no length, true however empty
+         return as_generator(Value::of(Json(std::vector<Json>(items.rbegin(), items.rend()))));
        }},
       {"join", [](Context&, const Value& v, Args& a) {
          const Bound b = bind("join", a, {"d", "attribute"});
@@ -1628,25 +1950,31 @@ const std::map<std::string, FilterFn>& filters() {
          for (auto it = a.kw.begin(); it != a.kw.end(); ++it) {
            if (it->first == "attribute") attribute = arg_string(it->second, "map()'s attribute");
            else if (it->first == "default") dflt = it->second;
-           else fail(str("map() got an unexpected keyword argument '", it->first, "'"));
+           else if (!attribute && a.pos.empty()) fail(str("map() got an unexpected keyword argument '", it->first, "'"));
          }
          if (attribute) {
            if (!a.pos.empty()) fail("map() takes an attribute or a filter, not both");
+           bool missing = false;
            for (const Json& item : iterate(v)) {
              Value x = item_attribute(item, *attribute);
              if (x.is_undefined() && dflt) x = *dflt;
-             out.push_back(data_of(x, "an item of map()"));
+             // An item without it is undefined in jinja2, which joins as nothing: here "", marked.
+             out.push_back(x.is_undefined() ? Json("") : data_of(x, "an item of map()"));
+             missing = missing || x.is_undefined();
            }
-           return Value::of(out);
+           Value result = as_generator(Value::of(out));
+           result.holds_undefined = missing;
+           return result;
          }
          if (a.pos.empty()) fail("map() needs a filter name or attribute=");
          const std::string name = arg_string(a.pos[0], "map()'s filter");
          for (const Json& item : iterate(v)) {
            Args rest;
            rest.pos.assign(a.pos.begin() + 1, a.pos.end());
+           rest.kw = a.kw;  // the filter's keyword arguments (map('tojson', indent=2))
            out.push_back(data_of(apply_filter(c, name, Value::of(item), rest), "an item of map()"));
          }
-         return Value::of(out);
+         return as_generator(Value::of(out));
        }},
       {"items", [](Context&, const Value& v, Args& a) {
          bind("items", a, {});
@@ -1657,15 +1985,19 @@ const std::map<std::string, FilterFn>& filters() {
          for (const auto& [k, x] : j.items()) out.push_back(Json::array({k, x}));
          return Value::of(out);
        }},
-      {"unique", [](Context&, const Value& v, Args& a) {
-         bind("unique", a, {});
+      {"unique", [](Context&, const Value& v, Args& a) {  // the first of each, ignoring case by default
+         const Bound b = bind("unique", a, {"case_sensitive", "attribute"});
+         const auto key = comparison_key(b[0], b[1], "unique");
          Json out = Json::array();
+         std::vector<Json> seen;
          for (const Json& item : iterate(v)) {
-           bool seen = false;
-           for (const Json& o : out) seen = seen || py_eq(o, item);
-           if (!seen) out.push_back(item);
+           const Json k = key(item);
+           if (!k.is_string() && !is_num(k) && !k.is_null()) fail(str("unhashable type: '", py_type(k), "'"));
+           if (std::any_of(seen.begin(), seen.end(), [&](const Json& o) { return py_eq(o, k); })) continue;
+           seen.push_back(k);
+           out.push_back(item);
          }
-         return Value::of(out);
+         return as_generator(Value::of(out));
        }},
       {"sort", [](Context&, const Value& v, Args& a) {
          const Bound b = bind("sort", a, {"reverse", "case_sensitive", "attribute"});
@@ -1676,7 +2008,7 @@ const std::map<std::string, FilterFn>& filters() {
          std::vector<Json> items = iterate(v);
          auto key = [&](const Json& j) {
            Json k = attribute ? data_of(item_attribute(j, *attribute), "a sort key") : j;
-           if (k.is_string() && !(b[1] && truthy(*b[1]))) k = ascii_case(k.get<std::string>(), "sort", 0);
+           if (k.is_string() && !(b[1] && truthy(*b[1]))) k = convert_case(k.get<std::string>(), "sort", Case::kLower);
            return k;
          };
          std::stable_sort(items.begin(), items.end(), [&](const Json& x, const Json& y) {
@@ -1691,38 +2023,41 @@ const std::map<std::string, FilterFn>& filters() {
            total = arithmetic("+", total, b[0] ? item_attribute(item, arg_string(b[0], "sum()'s attribute")) : Value::of(item));
          return total;
        }},
-      {"min", [](Context&, const Value& v, Args& a) {
-         bind("min", a, {});
-         const std::vector<Json> items = iterate(v);
-         if (items.empty()) return Value::undefined("min of nothing");
-         return Value::of(*std::min_element(items.begin(), items.end(), [](const Json& x, const Json& y) { return py_compare(x, y) < 0; }));
+      {"min", [](Context&, const Value& v, Args& a) { return extreme(v, a, "min"); }},
+      {"max", [](Context&, const Value& v, Args& a) { return extreme(v, a, "max"); }},
+      {"dictsort", [](Context&, const Value& v, Args& a) {  // a dict's (key, value) pairs, sorted
+         const Bound b = bind("dictsort", a, {"case_sensitive", "by", "reverse"});
+         const Json& d = data_of(v, "sorted by dictsort");
+         if (!d.is_object()) fail("dictsort() takes a dict");
+         const bool case_sensitive = b[0] && truthy(*b[0]), reverse = b[2] && truthy(*b[2]);
+         const std::string by = b[1] ? arg_string(b[1], "dictsort()'s by") : "key";
+         if (by != "key" && by != "value") fail("dictsort()'s by must be 'key' or 'value'");
+         std::vector<Json> pairs;
+         for (const auto& [k, x] : d.items()) pairs.push_back(Json::array({k, x}));
+         auto key = [&](const Json& pair) {
+           Json k = pair[by == "key" ? 0 : 1];
+           if (k.is_string() && !case_sensitive) k = convert_case(k.get<std::string>(), "dictsort", Case::kLower);
+           return k;
+         };
+         std::stable_sort(pairs.begin(), pairs.end(), [&](const Json& x, const Json& y) {
+           return reverse ? py_compare(key(y), key(x)) < 0 : py_compare(key(x), key(y)) < 0;
+         });
+         return Value::of(Json(pairs));
        }},
-      {"max", [](Context&, const Value& v, Args& a) {
-         bind("max", a, {});
-         const std::vector<Json> items = iterate(v);
-         if (items.empty()) return Value::undefined("max of nothing");
-         return Value::of(*std::max_element(items.begin(), items.end(), [](const Json& x, const Json& y) { return py_compare(x, y) < 0; }));
-       }},
-      {"indent", [](Context&, const Value& v, Args& a) {
+      {"indent", [](Context&, const Value& v, Args& a) {  // jinja2's: lines after the first, blank ones skipped
          const Bound b = bind("indent", a, {"width", "first", "blank"});
          std::string pad = "    ";
-         if (b[0]) pad = b[0]->is_string() ? b[0]->str_ref() : std::string(static_cast<size_t>(std::max<int64_t>(0, arg_int(b[0], "indent()'s width"))), ' ');
+         if (b[0]) pad = b[0]->is_string() ? b[0]->str_ref() : std::string(static_cast<size_t>(std::clamp<int64_t>(arg_int(b[0], "indent()'s width"), 0, 1000)), ' ');
          const bool first = b[1] && truthy(*b[1]), blank = b[2] && truthy(*b[2]);
-         const std::string s = to_text(v);
+         if (!v.is_string()) fail(str("indent() takes a str, not ", type_name(v)));
+         const std::vector<std::string> lines = py_splitlines(v.str_ref() + "\n", false);
          std::string out;
-         size_t from = 0;
-         bool line0 = true;
-         while (true) {
-           const size_t nl = s.find('\n', from);
-           const std::string line = s.substr(from, nl == std::string::npos ? std::string::npos : nl - from);
-           if (line0 ? first && (blank || !line.empty()) : (blank || !py_strip(line, true, true, nullptr).empty())) out += pad;
-           out += line;
-           if (nl == std::string::npos) break;
-           out += '\n';
-           from = nl + 1;
-           line0 = false;
+         for (size_t i = 0; i < lines.size(); ++i) {
+           if (i > 0) out += '\n';
+           if (i > 0 && (blank || !lines[i].empty())) out += pad;
+           out += lines[i];
          }
-         return Value::of(out);
+         return Value::of(first ? pad + out : out);
        }},
   };
   return f;
@@ -1868,7 +2203,16 @@ struct ForStmt : Stmt {
       c.frames.pop_back();
       if (f == Flow::kBreak) break;
     }
-    if (n == 0) return exec_body(otherwise, c, out, *c.source);
+    if (n == 0 && !otherwise.empty()) {  // in a scope of its own, as the loop's body
+      c.frames.push_back(std::make_shared<Frame>());
+      try {
+        exec_body(otherwise, c, out, *c.source);
+      } catch (...) {
+        c.frames.pop_back();
+        throw;
+      }
+      c.frames.pop_back();
+    }
     return Flow::kNormal;
   }
 };
@@ -1916,17 +2260,21 @@ struct Block : Stmt {  // {% generation %}: its body as it stands
   Flow exec(Context& c, std::string& out) const override { return exec_body(body, c, out, *c.source); }
 };
 
+constexpr int kMaxMacroDepth = 256;  // calls within calls (jinja2's limit is Python's recursion limit)
+
 struct MacroStmt : Stmt {
   std::string name;
   std::vector<std::pair<std::string, ExprPtr>> params;  // default or null
   Body body;
   Flow exec(Context& c, std::string&) const override {
     const MacroStmt* self = this;
-    std::shared_ptr<Frame> globals = c.frames.front();
+    // The scopes where it is defined (a loop's variables too), weakly: the macro lives in one of them.
+    std::vector<std::weak_ptr<Frame>> scope(c.frames.begin(), c.frames.end());
     Context* ctx = &c;
-    c.set(name, Value::function(name, [self, globals, ctx](Args& a) {
+    c.set(name, Value::function(name, [self, scope, ctx](Args& a) {
       Context& cc = *ctx;
-      if (++cc.depth > 64) fail("macros nested too deeply (over 64 calls)");
+      if (cc.depth >= kMaxMacroDepth) fail(str("macros nested too deeply (over ", kMaxMacroDepth, " calls)"));
+      ++cc.depth;
       auto frame = std::make_shared<Frame>();
       if (a.pos.size() > self->params.size())
         fail(str("macro '", self->name, "' takes at most ", self->params.size(), " arguments (", a.pos.size(), " given)"));
@@ -1943,7 +2291,10 @@ struct MacroStmt : Stmt {
         given[i] = true;
       }
       std::vector<std::shared_ptr<Frame>> saved = std::move(cc.frames);
-      cc.frames = {globals, frame};
+      cc.frames.clear();
+      for (const std::weak_ptr<Frame>& f : scope)
+        if (std::shared_ptr<Frame> alive = f.lock()) cc.frames.push_back(std::move(alive));
+      cc.frames.push_back(frame);
       std::string text;
       try {
         for (size_t i = 0; i < self->params.size(); ++i)
@@ -2008,6 +2359,11 @@ class Parser {
         end = kw.text;
         return body;
       }
+      static const char* const kEnds[] = {"elif", "else", "endif", "endfor", "endset", "endmacro", "endgeneration",
+                                          "endraw", "endblock", "endfilter", "endwith", "endcall"};
+      if (std::find_if(std::begin(kEnds), std::end(kEnds), [&](const char* e) { return kw.text == e; }) != std::end(kEnds))
+        error(str("unexpected '{% ", kw.text, " %}'", ends.empty() ? std::string(" outside any block") : ", expected " + join(ends)));
+      const Nested nested(*this);
       body.push_back(parse_statement(kw.text, p.line));
     }
     if (!ends.empty()) error(str("the template ended inside a block: expected ", join(ends)));
@@ -2118,6 +2474,8 @@ class Parser {
         if (peek().type == Token::Type::kOp && peek().text == "=") {
           ++pos_;
           dflt = parse_expression();
+        } else if (!s->params.empty() && s->params.back().second) {
+          error(str("macro '", s->name, "': parameter '", p.text, "' without a default follows one with a default"));
         }
         s->params.emplace_back(p.text, std::move(dflt));
         if (peek().type == Token::Type::kOp && peek().text == ",") ++pos_;
@@ -2224,6 +2582,7 @@ class Parser {
   }
 
   ExprPtr parse_expression() {
+    const Nested nested(*this);
     ExprPtr e = parse_or();
     while (next_is_name("if")) {
       ++pos_;
@@ -2258,6 +2617,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    const Nested nested(*this);
     if (next_is_name("not")) {
       ++pos_;
       auto u = node<Unary>();
@@ -2341,6 +2701,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter = true) {
+    const Nested nested(*this);
     ExprPtr e;
     if (next_is_op("-") || next_is_op("+")) {
       auto u = node<Unary>();
@@ -2578,6 +2939,18 @@ class Parser {
     }
   }
 
+  // One level of nesting (a block, an expression, a unary operator) while it is parsed: past kMaxNesting,
+  // an error rather than a stack that runs out (jinja2 stops at Python's recursion limit).
+  static constexpr int kMaxNesting = 200;
+  struct Nested {
+    Parser& p;
+    explicit Nested(Parser& parser) : p(parser) {
+      if (++p.nesting_ > kMaxNesting) p.error(str("nested more than ", kMaxNesting, " levels deep"));
+    }
+    ~Nested() { --p.nesting_; }
+  };
+  int nesting_ = 0;
+
   std::vector<Piece> pieces_;
   const std::string& source_;
   size_t at_ = 0;
@@ -2605,11 +2978,12 @@ std::unordered_map<std::string, Value> make_globals(const std::string& source) {
       if (a.pos.size() == 3) step = arg_int(a.pos[2], "range()'s step");
     }
     if (step == 0) fail("range() step must not be zero");
+    const __int128 span = step > 0 ? static_cast<__int128>(stop) - start : static_cast<__int128>(start) - stop;
+    const __int128 count = span <= 0 ? 0 : (span + (step > 0 ? step : -static_cast<__int128>(step)) - 1) /
+                                               (step > 0 ? step : -static_cast<__int128>(step));
+    if (count > 100000) fail("range() of more than 100000 items (jinja2's sandbox limit)");
     Json out = Json::array();
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (out.size() >= 100000) fail("range() of more than 100000 items (jinja2's sandbox limit)");
-      out.push_back(i);
-    }
+    for (__int128 i = 0; i < count; ++i) out.push_back(static_cast<int64_t>(start + i * step));
     return Value::of(out);
   });
   g["namespace"] = Value::function("namespace", [](Args& a) {
@@ -2710,11 +3084,29 @@ std::string ChatTemplate::apply(std::string_view messages_json, bool add_generat
                                 std::string_view variables_json) const {
   io::detail::parse_json_strict(messages_json.data(), messages_json.data() + messages_json.size(), impl_->source,
                                 "the messages", 64);
-  const Json messages = Json::parse(messages_json.begin(), messages_json.end());
-  if (!messages.is_array()) throw Error(str(impl_->source, ": the messages must be a JSON array"));
-  for (const Json& m : messages)
+  const Json given_messages = Json::parse(messages_json.begin(), messages_json.end());
+  if (!given_messages.is_array()) throw Error(str(impl_->source, ": the messages must be a JSON array"));
+  // As transformers prepares them: keys whose value is null dropped (an API's "content": null, "tool_calls":
+  // null), and the reasoning under its other names too (reasoning_content, thinking, from the first of
+  // reasoning_content, thinking, reasoning that is given).
+  Json messages = Json::array();
+  for (const Json& m : given_messages) {
     if (!m.is_object())
       throw Error(str(impl_->source, ": each message must be a JSON object such as {\"role\": \"user\", \"content\": \"...\"}"));
+    Json kept = Json::object();
+    for (const auto& [k, v] : m.items())
+      if (!v.is_null()) kept[k] = v;
+    const Json* reasoning = nullptr;
+    for (const char* key : {"reasoning_content", "thinking", "reasoning"})
+      if (!reasoning && kept.contains(key)) reasoning = &kept[key];
+    if (reasoning) {
+      Json aliased = {{"thinking", *reasoning}};
+      for (const auto& [k, v] : kept.items()) aliased[k] = v;  // a message's own thinking stays its own
+      aliased["reasoning_content"] = *reasoning;
+      kept = std::move(aliased);
+    }
+    messages.push_back(std::move(kept));
+  }
   Json vars = {{"messages", messages}, {"tools", nullptr}, {"documents", nullptr},
                {"add_generation_prompt", add_generation_prompt}};
   const Json given = parse_object(variables_json, impl_->source, "the template's variables");

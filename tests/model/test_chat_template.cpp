@@ -61,6 +61,9 @@ TEST(ChatTemplate, ErrorsNameTheTemplateAndLine) {
   expect_error([] { ChatTemplate("{% include 'other' %}", "t"); }, {"include", "not supported"});
   expect_error([] { ChatTemplate("{{ x is nosuchtest }}", "t"); }, {"nosuchtest"});
   expect_error([] { ChatTemplate("{% break %}", "t"); }, {"outside a for loop"});
+  expect_error([] { ChatTemplate("{% for x in y %}{% endif %}", "t"); }, {"unexpected '{% endif %}', expected"});
+  expect_error([] { ChatTemplate("{{ " + std::string(300, '-') + "1 }}", "t"); }, {"nested more than 200 levels"});
+  expect_error([] { ChatTemplate("{{ 2 ** 64 }}", "t").apply("[]", false); }, {"integer overflow"});
   const ChatTemplate refuse("x\n{{ raise_exception('roles must alternate') }}", "t");
   expect_error([&] { refuse.apply("[]", false); }, {"t: the template refused the input: roles must alternate"});
   const ChatTemplate method("\n\n{{ messages[0].content.zfill(3) }}", "m");
