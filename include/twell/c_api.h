@@ -404,22 +404,26 @@ TWELL_C_API int twell_text_stream_stopped(const twell_text_stream* stream, int* 
  * apply_chat_template(messages, tokenize=False) renders it (a subset of Jinja: what twell does not
  * evaluate is an error naming it, never another text). */
 typedef struct twell_chat_template twell_chat_template;
-/* dir's template (chat_template.jinja, else tokenizer_config.json's chat_template, else
- * chat_template.json's) with tokenizer_config.json's special tokens (bos_token, eos_token, ...) as its
- * variables; *out is NULL where the model has none. template_file (NULL: none): a Jinja file to use
- * instead of the model's template, with dir's special tokens (dir NULL: none). */
-TWELL_C_API int twell_chat_template_load(const char* dir, const char* template_file, twell_chat_template** out);
+/* dir's template (model::load_chat_template: chat_template.jinja, else tokenizer_config.json's
+ * chat_template, and additional_chat_templates/NAME.jinja), with the directory's special tokens
+ * (bos_token, eos_token, ...) as its variables: the one named "default", or with tools != 0 the one
+ * named "tool_use" where there is one, or the one of name (NULL: by those rules); *out is NULL where the
+ * model has none (or none of that name). template_file (NULL: none): a Jinja file to use instead of the
+ * model's, with dir's special tokens (dir NULL: none). */
+TWELL_C_API int twell_chat_template_load(const char* dir, const char* template_file, const char* name, int tools,
+                                         twell_chat_template** out);
 /* A template from its text. special_tokens_json: a JSON object of names and strings, as
  * {"bos_token": "<s>"} (NULL: none); twell_chat_special_tokens gives a model directory's. */
 TWELL_C_API int twell_chat_template_create(const char* text, const char* special_tokens_json,
                                            twell_chat_template** out);
 TWELL_C_API void twell_chat_template_destroy(twell_chat_template* chat_template); /* NULL: nothing */
-/* dir's special tokens as twell_chat_template_load gives them to its template (tokenizer_config.json's
- * bos_token, eos_token, ..., then special_tokens_map.json's): a JSON object, *len bytes of it written
- * at most capacity (not NUL-terminated), as twell_tokenizer_decode. */
-TWELL_C_API int twell_chat_special_tokens(const char* dir, char* json, size_t capacity, size_t* len);
+/* dir's special tokens as twell_chat_template_load gives them to its template (model::chat_special_tokens,
+ * transformers' special_tokens_map): a JSON object, *len bytes of it written at most capacity (not
+ * NUL-terminated), as twell_tokenizer_decode. */
+TWELL_C_API int twell_chat_template_special_tokens(const char* dir, char* json, size_t capacity, size_t* len);
 
-/* The prompt text of messages_json (a JSON array of {"role": ..., "content": ...}), with the
+/* (A template object serves one apply at a time: its text is the object's.)
+ * The prompt text of messages_json (a JSON array of {"role": ..., "content": ...}), with the
  * assistant's header after it where add_generation_prompt != 0; variables_json (NULL: none) a JSON
  * object of further variables (tools, documents, a template's own flags). *text points into the
  * template object (*len bytes, NUL-terminated too), valid until its next apply. Encode it without

@@ -890,7 +890,7 @@ class ChatTemplates(unittest.TestCase):
             self.assertIsNone(m.tokenizer.chat_template)
             with self.assertRaisesRegex(twell.TwellError, "no chat template"):
                 m.generate([{"role": "user", "content": "hi"}])
-            self.assertEqual(m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
+            self.assertEqual(m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                                              chat_template="<sep>{{ messages[0].content }}"), "<sep>hi")
         with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
             json.dump({"eos_token": "<|endoftext|>", "chat_template":
@@ -901,9 +901,20 @@ class ChatTemplates(unittest.TestCase):
             self.assertEqual(tok.special_tokens_map, {"eos_token": "<|endoftext|>"})
             conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
             text = "<sep>system: be brief<|endoftext|><sep>user: hi<|endoftext|><mask>"
-            self.assertEqual(tok.apply_chat_template(conversation, add_generation_prompt=True), text)
-            self.assertEqual(tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True),
-                             tok.encode(text))
+            self.assertEqual(tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False), text)
+            self.assertEqual(tok.apply_chat_template(conversation, add_generation_prompt=True), tok.encode(text))
+            self.assertEqual(tok.apply_chat_template([conversation, conversation[1:]], add_generation_prompt=True,
+                                                     tokenize=False), [text, text[text.index("<sep>user"):]])
+            for bad, why in (({"continue_final_message": True}, "continue_final_message= is transformers'"),
+                             ({"return_tensors": "pt"}, "return_tensors="), ({}, "the conversation is empty")):
+                with self.assertRaisesRegex(twell.TwellError, why):
+                    tok.apply_chat_template(conversation if bad else [], **bad)
+            with twell.ChatTemplate("{{ messages|length }}", {"bos_token": None}) as t:  # None: no such token
+                self.assertEqual(t.apply(conversation), "2")
+            with self.assertRaisesRegex(twell.TwellError, "NUL"):
+                twell.ChatTemplate("a\0b")
+            with self.assertRaisesRegex(twell.TwellError, "must be a JSON object"):
+                m.generate([{"role": "user", "content": "hi"}, "oops"])
             kw = dict(max_new_tokens=8, temperature=1.5, seed=4, stop=False)
             reply = m.generate(conversation, **kw)
             self.assertEqual(m.generate(text, **kw), reply)  # this tokenizer adds no BOS to a text either

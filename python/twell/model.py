@@ -134,8 +134,9 @@ class _FreedByDestroy(_OwnsAHandle):
 
 
 def _is_chat(prompt):
-    """Whether prompt is a conversation: a list (or tuple) of message dicts, as transformers' chat pipelines take."""
-    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(isinstance(m, dict) for m in prompt)
+    """Whether prompt is a conversation: a list (or tuple) of message dicts, as transformers' chat pipelines take
+    (one that holds a dict is taken as one, so that a bad message is named as such)."""
+    return isinstance(prompt, (list, tuple)) and any(isinstance(m, dict) for m in prompt)
 
 
 def _text_prompt(prompt):
@@ -144,11 +145,11 @@ def _text_prompt(prompt):
 
 
 def _chat_special_tokens(path):
-    """The special tokens a model directory's chat template sees (twell_chat_special_tokens): a dict of str."""
+    """The special tokens a model directory's chat template sees (twell_chat_template_special_tokens): a dict."""
     length = ctypes.c_size_t()
-    _capi.check(_capi.lib.twell_chat_special_tokens(_path(path), None, 0, ctypes.byref(length)))
+    _capi.check(_capi.lib.twell_chat_template_special_tokens(_path(path), None, 0, ctypes.byref(length)))
     buf = ctypes.create_string_buffer(max(length.value, 1))
-    _capi.check(_capi.lib.twell_chat_special_tokens(_path(path), buf, length.value, ctypes.byref(length)))
+    _capi.check(_capi.lib.twell_chat_template_special_tokens(_path(path), buf, length.value, ctypes.byref(length)))
     return json.loads(buf.raw[:length.value].decode("utf-8"))
 
 
@@ -158,7 +159,8 @@ class ChatTemplate(_FreedByDestroy):
     Jinja chat templates use; what it does not evaluate is an error naming it, never another text).
 
     text: the template's source; special_tokens: a dict of the variables bos_token, eos_token, ... (a
-    model's come from its tokenizer_config.json: ChatTemplate.load, or Tokenizer.chat_template)."""
+    model's come from its tokenizer files: ChatTemplate.load, or Tokenizer.chat_template). A with block closes
+    it."""
 
     _DESTROY = "twell_chat_template_destroy"
 
@@ -169,24 +171,43 @@ class ChatTemplate(_FreedByDestroy):
             return
         if not isinstance(text, str):
             raise TwellError(f"ChatTemplate takes the template's text (a str), got {type(text).__name__}")
-        special = None if special_tokens is None else json.dumps(dict(special_tokens)).encode()
+        if "\0" in text:
+            raise TwellError("ChatTemplate: the template's text holds a NUL character")
+        try:
+            special = None if special_tokens is None else \
+                json.dumps({k: v for k, v in dict(special_tokens).items() if v is not None}).encode()
+        except (TypeError, ValueError) as e:
+            raise TwellError(f"ChatTemplate: special_tokens must be a dict of names and str: {e}") from None
         handle = ctypes.c_void_p()
         _capi.check(_capi.lib.twell_chat_template_create(text.encode("utf-8", errors="surrogatepass"), special,
                                                          ctypes.byref(handle)))
         self._handle = handle
 
     @classmethod
-    def load(cls, path=None, template_file=None):
-        """The template of the model directory path (chat_template.jinja, else tokenizer_config.json's
-        chat_template, else chat_template.json's), with its special tokens; template_file: a Jinja file to use
-        instead (with path's special tokens, where path is given). None where the model has none."""
+    def load(cls, path=None, template_file=None, name=None, tools=False):
+        """The template of the model directory path, where transformers looks (chat_template.jinja, else
+        tokenizer_config.json's chat_template, and additional_chat_templates/NAME.jinja): the one named
+        "default", or with tools the one named "tool_use" where there is one, or the one of name; with the
+        directory's special tokens. template_file: a Jinja file to use instead (with path's special tokens,
+        where path is given). None where the model has none (or none of that name)."""
         if path is None and template_file is None:
             raise TwellError("ChatTemplate.load: give the model directory, a template file, or both")
         handle = ctypes.c_void_p()
         _capi.check(_capi.lib.twell_chat_template_load(None if path is None else _path(path),
                                                        None if template_file is None else _path(template_file),
+                                                       None if name is None else name.encode(), int(bool(tools)),
                                                        ctypes.byref(handle)))
         return cls(None, _handle=handle) if handle.value else None
+
+    def close(self):
+        with self._lock:  # not while an apply() of another thread reads it
+            super().close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def apply(self, messages, add_generation_prompt=False, **variables):
         """The prompt text of messages (a list of {"role": ..., "content": ...} dicts; contents may be any JSON
@@ -237,36 +258,69 @@ class Tokenizer(_OwnsAHandle):
         special = (ctypes.c_int32 * max(n.value, 1))()
         _capi.check(_capi.lib.twell_tokenizer_special_ids(self._handle, special, n.value, ctypes.byref(n)))
         self.special_ids = list(special[:n.value])
-        # The chat template of the directory and the special tokens it sees (transformers' special_tokens_map);
-        # a template that does not parse is said where it is used.
-        self._chat_template, self._chat_template_error, self.special_tokens_map = None, None, {}
-        if path is not None and not bytes:
-            try:
-                self.special_tokens_map = _chat_special_tokens(path)
-                self._chat_template = ChatTemplate.load(path)
-            except TwellError as e:
-                self._chat_template_error = e
+        # The directory's chat templates (read at their first use: a template that does not parse is said where
+        # it is used) and the special tokens they see (transformers' special_tokens_map).
+        self._path = None if bytes else path
+        self._templates = {}  # (name, tools) -> ChatTemplate or None
+        self.special_tokens_map = _chat_special_tokens(path) if self._path is not None else {}
+
+    def _template(self, name=None, tools=False):
+        """The directory's chat template of that choice (ChatTemplate.load's), loaded once; None where none."""
+        if self._path is None:
+            return None
+        key = (name, bool(tools))
+        if key not in self._templates:
+            self._templates[key] = ChatTemplate.load(self._path, name=name, tools=tools)
+        return self._templates[key]
 
     @property
     def chat_template(self):
-        """The model's ChatTemplate (None where it has none); raises where its template does not parse."""
-        if self._chat_template_error is not None:
-            raise self._chat_template_error
-        return self._chat_template
+        """The model's default ChatTemplate (None where it has none); raises where its template does not parse."""
+        return self._template()
 
-    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False, chat_template=None,
-                            **variables):
-        """transformers' apply_chat_template: the text of the conversation messages through the model's chat
-        template (chat_template: a template's text instead, with this tokenizer's special tokens), or with
-        tokenize its ids (encoded as it stands: the template writes BOS where the model wants it)."""
+    # transformers' arguments that change what it returns or does to the text; twell refuses them, rather than
+    # pass them to the template as variables.
+    _UNSUPPORTED_CHAT_ARGUMENTS = ("continue_final_message", "padding", "truncation", "max_length", "return_tensors",
+                                   "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+                                   "sanitize_control_tokens")
+
+    def apply_chat_template(self, conversation, tools=None, documents=None, chat_template=None,
+                            add_generation_prompt=False, tokenize=True, **kwargs):
+        """transformers' apply_chat_template: the ids (tokenize, the default; encoded as the text stands: the
+        template writes BOS where the model wants it) or the text of a conversation (a list of {"role": ...,
+        "content": ...} dicts; or a list of conversations: a list back) through the model's chat template: the
+        one named "tool_use" where tools are given and the model has one, else its default; chat_template: the
+        name of one of the model's templates, or a template's text (with this tokenizer's special tokens).
+        tools, documents and kwargs are the template's variables."""
+        for name in self._UNSUPPORTED_CHAT_ARGUMENTS:
+            if name in kwargs:
+                raise TwellError(f"apply_chat_template: {name}= is transformers', not supported by twell")
+        if isinstance(conversation, (list, tuple)) and conversation and isinstance(conversation[0], (list, tuple)):
+            return [self.apply_chat_template(c, tools, documents, chat_template, add_generation_prompt, tokenize,
+                                             **kwargs) for c in conversation]
+        if isinstance(conversation, (list, tuple)) and len(conversation) == 0:
+            raise TwellError("apply_chat_template: the conversation is empty (give at least one message)")
+        with self._using():  # refused once closed
+            pass
+        template = None
         if chat_template is not None:
-            template = ChatTemplate(chat_template, self.special_tokens_map)
-        else:
-            template = self.chat_template
+            if not isinstance(chat_template, str):
+                raise TwellError(f"apply_chat_template: chat_template must be a str, got {type(chat_template).__name__}")
+            if "{" not in chat_template:
+                template = self._template(name=chat_template)
             if template is None:
-                raise TwellError("apply_chat_template: this tokenizer has no chat template (no chat_template in "
-                                 "tokenizer_config.json, no chat_template.jinja); pass chat_template=")
-        text = template.apply(messages, add_generation_prompt, **variables)
+                template = ChatTemplate(chat_template, self.special_tokens_map)
+        else:
+            template = self._template(tools=tools is not None)
+            if template is None:
+                raise TwellError("apply_chat_template: this tokenizer has no chat template (no chat_template.jinja, no "
+                                 "chat_template in tokenizer_config.json); pass chat_template=")
+        variables = dict(kwargs)
+        if tools is not None:
+            variables["tools"] = tools
+        if documents is not None:
+            variables["documents"] = documents
+        text = template.apply(conversation, add_generation_prompt, **variables)
         return self.encode(text) if tokenize else text
 
     @contextlib.contextmanager
@@ -592,7 +646,7 @@ class Model(_OwnsAHandle):
         conversation's text through the chat template, as it stands), and the text's own ids (None for ids)."""
         if _is_chat(prompt):
             tok = self._tokenizer(f"{what} from a conversation")
-            text_ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            text_ids = tok.apply_chat_template(prompt, add_generation_prompt=True)
             if not text_ids:
                 raise TwellError(f"{what}: the chat template made an empty text of the conversation: there is "
                                  "nothing to continue from")

@@ -947,13 +947,17 @@ int twell_text_stream_stopped(const twell_text_stream* stream, int* stopped, int
 }
 
 
-int twell_chat_template_load(const char* dir, const char* template_file, twell_chat_template** out) {
+int twell_chat_template_load(const char* dir, const char* template_file, const char* name, int tools,
+                             twell_chat_template** out) {
   return guarded([&] {
     TWELL_REQUIRE(out != nullptr, "twell_chat_template_load: out is NULL");
     *out = nullptr;
     TWELL_REQUIRE(dir != nullptr || template_file != nullptr, "twell_chat_template_load: dir and template_file are NULL");
-    std::optional<model::ChatTemplate> t =
-        model::load_chat_template(dir != nullptr ? dir : "", template_file != nullptr ? template_file : "");
+    model::ChatTemplateChoice choice;
+    choice.file = template_file != nullptr ? template_file : "";
+    choice.name = name != nullptr ? name : "";
+    choice.tools = tools != 0;
+    std::optional<model::ChatTemplate> t = model::load_chat_template(dir != nullptr ? dir : "", choice);
     if (!t) return;
     auto c = std::make_unique<twell_chat_template>();
     c->chat_template = std::move(t);
@@ -975,10 +979,11 @@ int twell_chat_template_create(const char* text, const char* special_tokens_json
 
 void twell_chat_template_destroy(twell_chat_template* chat_template) { delete chat_template; }
 
-int twell_chat_special_tokens(const char* dir, char* json, size_t capacity, size_t* len) {
+int twell_chat_template_special_tokens(const char* dir, char* json, size_t capacity, size_t* len) {
   return guarded([&] {
-    TWELL_REQUIRE(dir != nullptr && len != nullptr, "twell_chat_special_tokens: dir or len is NULL");
-    TWELL_REQUIRE(json != nullptr || capacity == 0, "twell_chat_special_tokens: json must have room for capacity bytes");
+    TWELL_REQUIRE(dir != nullptr && len != nullptr, "twell_chat_template_special_tokens: dir or len is NULL");
+    TWELL_REQUIRE(json != nullptr || capacity == 0,
+                  "twell_chat_template_special_tokens: json must have room for capacity bytes");
     const std::string s = model::chat_special_tokens(dir);
     *len = s.size();
     std::copy_n(s.data(), std::min(capacity, s.size()), json);

@@ -3057,9 +3057,13 @@ const std::string& ChatTemplate::text() const { return impl_->text; }
 
 void ChatTemplate::set_special_tokens(std::string_view json_object) {
   const Json j = parse_object(json_object, impl_->source, "the special tokens");
-  for (const auto& [k, v] : j.items())
+  Json kept = Json::object();
+  for (const auto& [k, v] : j.items()) {
+    if (v.is_null()) continue;  // a token the tokenizer does not have
     if (!v.is_string()) throw Error(str(impl_->source, ": the special token '", k, "' must be a string"));
-  special_tokens_json_ = std::string(json_object);
+    kept[k] = v;
+  }
+  special_tokens_json_ = kept.dump();
 }
 
 std::string ChatTemplate::render(std::string_view variables_json) const {
@@ -3140,56 +3144,119 @@ std::string chat_special_tokens(const std::string& model_dir) {
   Json special = Json::object();
   if (model_dir.empty()) return special.dump();
   const std::filesystem::path dir(model_dir);
-  auto take = [&](const Json& j) {
-    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
-      if (special.contains(key)) continue;
-      const auto it = j.find(key);
-      if (it == j.end()) continue;
-      const Json* content = it->is_object() && it->contains("content") ? &(*it)["content"] : &*it;
-      if (content->is_string()) special[key] = *content;
-    }
+  // tokenizer_config.json's keys, special_tokens_map.json's over them unless the config lists its added tokens
+  // (added_tokens_decoder: transformers then reads no map), as transformers 5 loads them.
+  Json merged = read_json_object(dir / "tokenizer_config.json").value_or(Json::object());
+  if (!merged.contains("added_tokens_decoder"))
+    if (const std::optional<Json> map = read_json_object(dir / "special_tokens_map.json"))
+      for (const auto& [k, v] : map->items()) merged[k] = v;
+  // A token is a string, or {"content": ...} (an AddedToken); null leaves it out.
+  const auto token = [](const Json& v) -> std::optional<std::string> {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+    return std::nullopt;
   };
-  if (const std::optional<Json> config = read_json_object(dir / "tokenizer_config.json")) take(*config);
-  if (const std::optional<Json> map = read_json_object(dir / "special_tokens_map.json")) take(*map);
+  static const char* const kNamed[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                                       "mask_token"};
+  for (const char* key : kNamed)
+    if (const auto it = merged.find(key); it != merged.end())
+      if (const std::optional<std::string> t = token(*it)) special[key] = *t;
+  // The model's own named tokens: extra_special_tokens as a dict, and other keys ending in _token.
+  if (const auto it = merged.find("extra_special_tokens"); it != merged.end() && it->is_object())
+    for (const auto& [k, v] : it->items())
+      if (const std::optional<std::string> t = token(v)) special[k] = *t;
+  for (const auto& [k, v] : merged.items()) {
+    if (k.size() <= 6 || k.compare(k.size() - 6, 6, "_token") != 0 || special.contains(k)) continue;
+    if (std::find(std::begin(kNamed), std::end(kNamed), k) != std::end(kNamed)) continue;
+    if (v.is_string() || (v.is_object() && v.value("__type", "") == "AddedToken"))
+      if (const std::optional<std::string> t = token(v)) special[k] = *t;
+  }
   return special.dump();
 }
 
-std::optional<ChatTemplate> load_chat_template(const std::string& model_dir, const std::string& template_file) {
+std::vector<std::pair<std::string, std::string>> chat_templates(const std::string& model_dir,
+                                                                 std::vector<std::string>* sources) {
   namespace fs = std::filesystem;
-  const fs::path dir(model_dir);
   std::error_code ec;
-  std::optional<ChatTemplate> t;
-  if (!template_file.empty()) {
-    t.emplace(io::detail::read_text_file(template_file), template_file);
-  } else if (!model_dir.empty() && fs::exists(dir / "chat_template.jinja", ec)) {
-    const fs::path jinja = dir / "chat_template.jinja";
-    t.emplace(io::detail::read_text_file(jinja.string()), jinja.string());
-  } else if (!model_dir.empty()) {
-    auto from = [&](const Json& j, const fs::path& p) {
-      const auto it = j.find("chat_template");
-      if (it == j.end() || it->is_null()) return;
-      const std::string source = p.string() + " (chat_template)";
-      if (it->is_string()) {
-        t.emplace(it->get<std::string>(), source);
+  const fs::path dir(model_dir);
+  if (!fs::is_directory(dir, ec)) throw Error(str(model_dir, ": not a directory"));
+  std::vector<std::pair<std::string, std::string>> named;
+  std::vector<std::string> from;
+  const auto add = [&](const std::string& name, std::string text, std::string source) {
+    for (size_t i = 0; i < named.size(); ++i)
+      if (named[i].first == name) {
+        named[i].second = std::move(text);
+        from[i] = std::move(source);
         return;
       }
-      if (it->is_array()) {
-        for (const Json& entry : *it)
-          if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
-              entry["template"].is_string()) {
-            t.emplace(entry["template"].get<std::string>(), source + " 'default'");
-            return;
-          }
-        throw Error(str(p.string(), ": chat_template is a list without an entry named \"default\""));
+    named.emplace_back(name, std::move(text));
+    from.push_back(std::move(source));
+  };
+  const fs::path jinja = dir / "chat_template.jinja";
+  if (fs::exists(jinja, ec)) {
+    add("default", io::detail::read_text_file(jinja.string()), jinja.string());
+  } else if (const std::optional<Json> config = read_json_object(dir / "tokenizer_config.json")) {
+    const fs::path p = dir / "tokenizer_config.json";
+    const auto it = config->find("chat_template");
+    if (it != config->end() && !it->is_null()) {
+      if (it->is_string()) {
+        add("default", it->get<std::string>(), p.string() + " (chat_template)");
+      } else if (it->is_array()) {
+        for (const Json& entry : *it) {
+          if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() || !entry.contains("template") ||
+              !entry["template"].is_string())
+            throw Error(str(p.string(), ": chat_template's list entries must be {\"name\": ..., \"template\": ...}"));
+          const std::string name = entry["name"].get<std::string>();
+          add(name, entry["template"].get<std::string>(), str(p.string(), " (chat_template '", name, "')"));
+        }
+      } else {
+        throw Error(str(p.string(), ": chat_template must be a string or a list of {\"name\", \"template\"}"));
       }
-      throw Error(str(p.string(), ": chat_template must be a string or a list of {\"name\", \"template\"}"));
-    };
-    if (const std::optional<Json> config = read_json_object(dir / "tokenizer_config.json"))
-      from(*config, dir / "tokenizer_config.json");
-    if (!t)
-      if (const std::optional<Json> j = read_json_object(dir / "chat_template.json")) from(*j, dir / "chat_template.json");
+    }
   }
-  if (t) t->set_special_tokens(chat_special_tokens(model_dir));
+  // additional_chat_templates/NAME.jinja: more named templates (transformers saves them there).
+  const fs::path extra = dir / "additional_chat_templates";
+  if (fs::is_directory(extra, ec)) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(extra, ec))
+      if (e.path().extension() == ".jinja") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) add(f.stem().string(), io::detail::read_text_file(f.string()), f.string());
+  }
+  if (sources) *sources = std::move(from);
+  return named;
+}
+
+std::optional<ChatTemplate> load_chat_template(const std::string& model_dir, const ChatTemplateChoice& choice) {
+  std::optional<ChatTemplate> t;
+  if (!choice.file.empty()) {
+    t.emplace(io::detail::read_text_file(choice.file), choice.file);
+  } else {
+    std::vector<std::string> sources;
+    const std::vector<std::pair<std::string, std::string>> named = chat_templates(model_dir, &sources);
+    if (named.empty()) return std::nullopt;
+    auto index = [&](const std::string& name) -> std::optional<size_t> {
+      for (size_t i = 0; i < named.size(); ++i)
+        if (named[i].first == name) return i;
+      return std::nullopt;
+    };
+    std::optional<size_t> at;
+    if (!choice.name.empty()) {
+      at = index(choice.name);
+      if (!at) return std::nullopt;
+    } else {
+      at = choice.tools ? index("tool_use") : std::nullopt;  // transformers' choice: tool_use where tools are given
+      if (!at) at = index("default");
+      if (!at) {
+        std::string names;
+        for (const auto& n : named) names += (names.empty() ? "" : ", ") + n.first;
+        throw Error(str(model_dir, ": the model has several chat templates and none named \"default\" (", names,
+                        "): name one"));
+      }
+    }
+    t.emplace(named[*at].second, sources[*at]);
+  }
+  if (!model_dir.empty()) t->set_special_tokens(chat_special_tokens(model_dir));
   return t;
 }
 

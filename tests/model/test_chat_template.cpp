@@ -97,24 +97,42 @@ TEST_F(ChatTemplateFiles, FoundWhereTransformersLooks) {
   ASSERT_TRUE(config);
   EXPECT_EQ(config->apply({{"user", "hi"}}, true), "<s>[user]hi</s>");
   EXPECT_NE(config->source().find("tokenizer_config.json"), std::string::npos);
-  // A list of named templates: the one named "default".
+  // A list of named templates: "default", or "tool_use" where tools are offered, or one by name.
   write_file(path("tokenizer_config.json"), R"({"eos_token": "</s>", "chat_template": [
-    {"name": "tool_use", "template": "tools"}, {"name": "default", "template": "D{{ eos_token }}"}]})");
+    {"name": "tool_use", "template": "T{{ eos_token }}"}, {"name": "default", "template": "D{{ eos_token }}"}]})");
   EXPECT_EQ(load_chat_template(dir_)->apply("[]", false), "D</s>");
-  // chat_template.jinja first, with tokenizer_config.json's special tokens; special_tokens_map.json's
-  // for those tokenizer_config.json lacks.
+  ChatTemplateChoice tools;
+  tools.tools = true;
+  EXPECT_EQ(load_chat_template(dir_, tools)->apply("[]", false), "T</s>");
+  ChatTemplateChoice named;
+  named.name = "tool_use";
+  EXPECT_EQ(load_chat_template(dir_, named)->apply("[]", false), "T</s>");
+  named.name = "other";
+  EXPECT_FALSE(load_chat_template(dir_, named));
+  // chat_template.jinja first, and additional_chat_templates/NAME.jinja beside it.
   write_file(path("chat_template.jinja"), "J{{ eos_token }}{{ unk_token }}\n");
+  std::filesystem::create_directories(path("additional_chat_templates"));
+  write_file(path("additional_chat_templates/tool_use.jinja"), "A");
+  EXPECT_EQ(load_chat_template(dir_)->apply("[]", false), "J</s>");  // one trailing newline dropped, as jinja2
+  EXPECT_EQ(load_chat_template(dir_, tools)->apply("[]", false), "A");
+  // The special tokens: special_tokens_map.json's over tokenizer_config.json's, unless the config lists its
+  // added tokens; the model's own named tokens too; null ones left out.
   write_file(path("special_tokens_map.json"), R"({"eos_token": "<other>", "unk_token": "<unk>"})");
-  EXPECT_EQ(load_chat_template(dir_)->apply("[]", false), "J</s><unk>");  // one trailing newline dropped, as jinja2
+  EXPECT_EQ(load_chat_template(dir_)->apply("[]", false), "J<other><unk>");
+  write_file(path("tokenizer_config.json"), R"({"eos_token": "</s>", "added_tokens_decoder": {}, "bos_token": null,
+    "image_token": "<img>", "extra_special_tokens": {"audio_token": "<aud>"}, "add_bos_token": true})");
+  EXPECT_EQ(chat_special_tokens(dir_), R"({"eos_token":"</s>","audio_token":"<aud>","image_token":"<img>"})");
   // A file given instead.
   write_file(path("other.jinja"), "O{{ eos_token }}");
-  EXPECT_EQ(load_chat_template(dir_, path("other.jinja"))->apply("[]", false), "O</s>");
-  EXPECT_EQ(load_chat_template("", path("other.jinja"))->apply("[]", false), "O");
-  // chat_template.json where the others have none.
+  ChatTemplateChoice file;
+  file.file = path("other.jinja");
+  EXPECT_EQ(load_chat_template(dir_, file)->apply("[]", false), "O</s>");
+  EXPECT_EQ(load_chat_template("", file)->apply("[]", false), "O");
+  // chat_template.json is a processor's, not the tokenizer's: transformers' tokenizer leaves it.
   std::filesystem::remove(path("chat_template.jinja"));
-  write_file(path("tokenizer_config.json"), R"({"eos_token": "</s>"})");
+  std::filesystem::remove_all(path("additional_chat_templates"));
   write_file(path("chat_template.json"), R"({"chat_template": "C{{ eos_token }}"})");
-  EXPECT_EQ(load_chat_template(dir_)->apply("[]", false), "C</s>");
+  EXPECT_FALSE(load_chat_template(dir_));
 }
 
 TEST_F(ChatTemplateFiles, BadFilesAreNamed) {
@@ -123,11 +141,16 @@ TEST_F(ChatTemplateFiles, BadFilesAreNamed) {
   write_file(path("tokenizer_config.json"), R"({"chat_template": 3})");
   expect_error([&] { load_chat_template(dir_); }, {"tokenizer_config.json", "chat_template must be"});
   write_file(path("tokenizer_config.json"), R"({"chat_template": [{"name": "x", "template": "y"}]})");
-  expect_error([&] { load_chat_template(dir_); }, {"\"default\""});
+  expect_error([&] { load_chat_template(dir_); }, {"\"default\"", "(x)"});
+  write_file(path("tokenizer_config.json"), R"({"chat_template": [{"name": "x"}]})");
+  expect_error([&] { load_chat_template(dir_); }, {"list entries"});
+  expect_error([&] { load_chat_template(path("nowhere")); }, {"nowhere", "not a directory"});
   write_file(path("tokenizer_config.json"), R"({"chat_template": )");
   expect_error([&] { load_chat_template(dir_); }, {"tokenizer_config.json", "not valid JSON"});
   write_file(path("tokenizer_config.json"), "{}");
-  expect_error([&] { load_chat_template(dir_, path("missing.jinja")); }, {"missing.jinja"});
+  ChatTemplateChoice missing;
+  missing.file = path("missing.jinja");
+  expect_error([&] { load_chat_template(dir_, missing); }, {"missing.jinja"});
 }
 
 }  // namespace

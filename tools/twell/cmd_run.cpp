@@ -95,7 +95,8 @@ void converse(model::LanguageModel& model, const model::Tokenizer& tok, const mo
     const std::vector<int32_t> ids = tok.encode(chat.apply(history, /*add_generation_prompt=*/true));
     TWELL_REQUIRE(!ids.empty(), "the chat template made an empty text of the conversation: nothing to continue from");
     TWELL_REQUIRE(static_cast<int64_t>(ids.size()) < model.context(), "the conversation is now ", ids.size(),
-                  " tokens, as many as the context of ", model.context(), " positions holds: start a new one");
+                  " tokens, which leaves no room for a reply in the context of ", model.context(),
+                  " positions: the conversation ends here (start a new one)");
     model::TextStream shown(tok, ids, stops);
     shown.stop_at(stop_strings);
     if (skip_special) shown.skip_special_tokens();
@@ -109,7 +110,8 @@ void converse(model::LanguageModel& model, const model::Tokenizer& tok, const mo
     const model::Generation g = model::generate_batch(model, {ids}, max_tokens, sampling, stops, stream)[0];
     const std::string tail = shown.finish();
     reply += tail;
-    std::cout << tail << std::endl;
+    print_text(tail + "\n");
+    std::cout.flush();
     if (g.reason == model::StopReason::context_full)
       std::fprintf(stderr, "(stopped: the context of %lld positions is full)\n", static_cast<long long>(model.context()));
     history.push_back({"assistant", reply});
@@ -193,8 +195,8 @@ void register_run(CLI::App& app) {
   auto chat_template_file = std::make_shared<std::string>();
   CLI::Option* chat_flag = run->add_flag(
       "--chat", *chat,
-      "each prompt is a user's message: the model's chat template (tokenizer_config.json's chat_template, or "
-      "chat_template.jinja) makes the text the model continues, as transformers' apply_chat_template(..., "
+      "each prompt is a user's message: the model's chat template (chat_template.jinja, else tokenizer_config.json's "
+      "chat_template) makes the text the model continues, as transformers' apply_chat_template(..., "
       "add_generation_prompt=True) does, and only the reply is printed; without --prompt, a conversation: a "
       "message a line on stdin, each reply printed as it comes, the history kept");
   run->add_option("--system", *system, "with --chat: a system message before each prompt")->needs(chat_flag);
@@ -272,10 +274,12 @@ void register_run(CLI::App& app) {
     // (transformers' apply_chat_template(tokenize=True)).
     std::optional<model::ChatTemplate> chat_template;
     if (*chat) {
-      chat_template = model::load_chat_template(args->dir, *chat_template_file);
-      TWELL_REQUIRE(chat_template, args->dir, " has no chat template (no chat_template in tokenizer_config.json, "
-                    "no chat_template.jinja or chat_template.json): give one with --chat-template FILE, or leave "
-                    "out --chat to continue the text as it stands");
+      model::ChatTemplateChoice choice;
+      choice.file = *chat_template_file;
+      chat_template = model::load_chat_template(args->dir, choice);
+      TWELL_REQUIRE(chat_template, args->dir, " has no chat template (no chat_template.jinja, no chat_template in "
+                    "tokenizer_config.json): give one with --chat-template FILE, or leave out --chat to continue the "
+                    "text as it stands");
       std::fprintf(stderr, "chat template: %s\n", chat_template->source().c_str());
     }
     // Each prompt's ids as HF's tokenizer(prompt) gives them (its BOS first), without the EOS some

@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace twell::model {
@@ -68,18 +69,31 @@ class ChatTemplate {
   std::string special_tokens_json_ = "{}";
 };
 
-// The chat template a model directory ships, where transformers looks: chat_template.jinja, else
-// tokenizer_config.json's "chat_template" (a string, or a list of {"name", "template"} of which the one
-// named "default"), else chat_template.json's; with tokenizer_config.json's special tokens (bos_token,
-// eos_token, unk_token, pad_token, sep_token, cls_token, mask_token). nullopt where the model has none.
-// `template_file` (a Jinja file) given: its template instead of the model's, with the model's special
-// tokens (model_dir may then be empty: none). Throws twell::Error for a file that cannot be read or
-// parsed, naming it.
-std::optional<ChatTemplate> load_chat_template(const std::string& model_dir, const std::string& template_file = "");
+// Which of a model's chat templates load_chat_template takes.
+struct ChatTemplateChoice {
+  std::string file;   // a Jinja file's template instead of the model's (with the model's special tokens)
+  std::string name;   // the model's template of this name (nullopt where it has none of it)
+  bool tools = false;  // the conversation offers tools: the template named "tool_use" where there is one
+};
 
-// The special tokens load_chat_template gives a template: tokenizer_config.json's bos_token, eos_token,
-// unk_token, sep_token, pad_token, cls_token and mask_token (a string or {"content": ...}), then
-// special_tokens_map.json's for those it lacks; a JSON object ("{}" where there are none).
+// The chat template a model directory ships, where transformers looks: chat_template.jinja (named
+// "default"), else tokenizer_config.json's "chat_template" (a string, the default; or a list of
+// {"name", "template"}), and additional_chat_templates/NAME.jinja; the one named "default" unless the
+// choice says otherwise. With the directory's special tokens (chat_special_tokens). nullopt where the
+// model has none (or none of the name asked); throws twell::Error for a file that cannot be read or
+// parsed, naming it, for a directory that is not one, and where several templates have no default.
+std::optional<ChatTemplate> load_chat_template(const std::string& model_dir, const ChatTemplateChoice& choice = {});
+
+// A model directory's templates as (name, text), in that order of precedence; `sources` (if given)
+// receives where each comes from.
+std::vector<std::pair<std::string, std::string>> chat_templates(const std::string& model_dir,
+                                                                 std::vector<std::string>* sources = nullptr);
+
+// The special tokens a template sees as variables, as transformers 5 gives them (its special_tokens_map):
+// tokenizer_config.json's bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token (a
+// string or {"content": ...}; null: left out), its extra_special_tokens dict and other keys ending in
+// _token; special_tokens_map.json's over them where tokenizer_config.json has no added_tokens_decoder.
+// A JSON object ("{}" where there are none).
 std::string chat_special_tokens(const std::string& model_dir);
 
 }  // namespace twell::model
