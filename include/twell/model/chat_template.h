@@ -41,8 +41,8 @@ class ChatTemplate {
   explicit ChatTemplate(std::string_view text, std::string source = "chat template");
 
   // The special tokens given to the template as variables (transformers' special_tokens_map): a JSON
-  // object of names and strings, e.g. {"bos_token": "<s>", "eos_token": "</s>"}. load_chat_template sets
-  // them from tokenizer_config.json.
+  // object of names and strings, e.g. {"bos_token": "<s>", "eos_token": "</s>"} (null ones left out).
+  // load_chat_template sets the model's (chat_special_tokens).
   void set_special_tokens(std::string_view json_object);
 
   // The prompt text of `messages_json` (a JSON array of {"role": ..., "content": ...} objects; contents
