@@ -417,6 +417,10 @@ TWELL_C_API int twell_chat_template_load(const char* dir, const char* template_f
 TWELL_C_API int twell_chat_template_create(const char* text, const char* special_tokens_json,
                                            twell_chat_template** out);
 TWELL_C_API void twell_chat_template_destroy(twell_chat_template* chat_template); /* NULL: nothing */
+/* Where the template comes from (a file, or "<file> (chat_template)") and its text: *source and *text point
+ * into the object (NUL-terminated, *_len bytes), valid while it lives; either pair may be NULL. */
+TWELL_C_API int twell_chat_template_describe(const twell_chat_template* chat_template, const char** source,
+                                             size_t* source_len, const char** text, size_t* text_len);
 /* dir's special tokens as twell_chat_template_load gives them to its template (model::chat_special_tokens,
  * transformers' special_tokens_map): a JSON object, *len bytes of it written at most capacity (not
  * NUL-terminated), as twell_tokenizer_decode. */

@@ -911,6 +911,9 @@ class ChatTemplates(unittest.TestCase):
                     tok.apply_chat_template(conversation if bad else [], **bad)
             with twell.ChatTemplate("{{ messages|length }}", {"bos_token": None}) as t:  # None: no such token
                 self.assertEqual(t.apply(conversation), "2")
+                self.assertEqual((t.source, t.text), ("chat template", "{{ messages|length }}"))
+            self.assertIn("tokenizer_config.json (chat_template)", tok.chat_template.source)
+            self.assertIn("<mask>{% endif %}", tok.chat_template.text)
             with self.assertRaisesRegex(twell.TwellError, "NUL"):
                 twell.ChatTemplate("a\0b")
             with self.assertRaisesRegex(twell.TwellError, "must be a JSON object"):

@@ -228,6 +228,8 @@ _sig = {
                                                 _P(ctypes.c_void_p)]),
     "twell_chat_template_create": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, _P(ctypes.c_void_p)]),
     "twell_chat_template_destroy": (None, [ctypes.c_void_p]),
+    "twell_chat_template_describe": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_void_p), _P(ctypes.c_size_t),
+                                                    _P(ctypes.c_void_p), _P(ctypes.c_size_t)]),
     "twell_chat_template_special_tokens": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                                           _P(ctypes.c_size_t)]),
     "twell_chat_template_apply": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,

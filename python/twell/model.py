@@ -203,6 +203,32 @@ class ChatTemplate(_FreedByDestroy):
         with self._lock:  # not while an apply() of another thread reads it
             super().close()
 
+    def _describe(self):
+        source, text = ctypes.c_void_p(), ctypes.c_void_p()
+        source_len, text_len = ctypes.c_size_t(), ctypes.c_size_t()
+        with self._lock:
+            if getattr(self, "_handle", None) is None:
+                raise TwellError("twell.ChatTemplate: closed")
+            _capi.check(_capi.lib.twell_chat_template_describe(self._handle, ctypes.byref(source),
+                                                               ctypes.byref(source_len), ctypes.byref(text),
+                                                               ctypes.byref(text_len)))
+            return (ctypes.string_at(source, source_len.value).decode("utf-8", errors="replace"),
+                    ctypes.string_at(text, text_len.value).decode("utf-8", errors="replace"))
+
+    @property
+    def source(self):
+        """Where the template comes from: its file, or "<file> (chat_template)" for tokenizer_config.json's."""
+        return self._describe()[0]
+
+    @property
+    def text(self):
+        """The template's Jinja source."""
+        return self._describe()[1]
+
+    def __repr__(self):
+        return f"twell.ChatTemplate(from {self.source!r})" if getattr(self, "_handle", None) is not None \
+            else "twell.ChatTemplate(closed)"
+
     def __enter__(self):
         return self
 

@@ -979,6 +979,17 @@ int twell_chat_template_create(const char* text, const char* special_tokens_json
 
 void twell_chat_template_destroy(twell_chat_template* chat_template) { delete chat_template; }
 
+int twell_chat_template_describe(const twell_chat_template* chat_template, const char** source, size_t* source_len,
+                                 const char** text, size_t* text_len) {
+  return guarded([&] {
+    const model::ChatTemplate& t = *object(const_cast<twell_chat_template*>(chat_template)).chat_template;
+    TWELL_REQUIRE((source == nullptr) == (source_len == nullptr) && (text == nullptr) == (text_len == nullptr),
+                  "twell_chat_template_describe: give a pointer and its length together");
+    if (source) *source = t.source().c_str(), *source_len = t.source().size();
+    if (text) *text = t.text().c_str(), *text_len = t.text().size();
+  });
+}
+
 int twell_chat_template_special_tokens(const char* dir, char* json, size_t capacity, size_t* len) {
   return guarded([&] {
     TWELL_REQUIRE(dir != nullptr && len != nullptr, "twell_chat_template_special_tokens: dir or len is NULL");
