@@ -425,6 +425,47 @@ TEST_F(CApiModel, BadModelsAndArgumentsAreRefusedWithTheReason) {
 // A thread that ends inside a token callback (pthread_exit, a forced unwind; Python's daemon threads at
 // exit) ends: the C API's exception barrier lets the unwind through rather than swallowing it, which
 // aborted the process ("FATAL: exception not rethrown"), and the model is usable after.
+// Chat templates through the C interface: the C++ ChatTemplate's text, its description and special tokens; a
+// directory without a template gives NULL, bad arguments and a template's refusal an error, and a failed
+// apply leaves the last text as it was.
+TEST_F(CApiModel, ChatTemplates) {
+  twell_chat_template* none = reinterpret_cast<twell_chat_template*>(this);
+  ASSERT_EQ(twell_chat_template_load(dir_.c_str(), nullptr, nullptr, 0, &none), TWELL_OK) << error_text();
+  EXPECT_EQ(none, nullptr);  // the test model has no template
+  EXPECT_EQ(twell_chat_template_load(nullptr, nullptr, nullptr, 0, &none), TWELL_ERROR);
+  test::write_file(path("tokenizer_config.json"),
+                   R"({"eos_token": "</s>", "chat_template": "{% for m in messages %}{{ m.content }}{{ eos_token }})"
+                   R"({% endfor %}{% if add_generation_prompt %}>{% endif %}"})");
+  twell_chat_template* t = nullptr;
+  ASSERT_EQ(twell_chat_template_load(dir_.c_str(), nullptr, nullptr, 0, &t), TWELL_OK) << error_text();
+  ASSERT_NE(t, nullptr);
+  const char* text = nullptr;
+  size_t len = 0;
+  ASSERT_EQ(twell_chat_template_apply(t, R"([{"role": "user", "content": "hi"}])", 1, nullptr, &text, &len), TWELL_OK)
+      << error_text();
+  EXPECT_EQ(std::string(text, len), "hi</s>>");
+  EXPECT_EQ(twell_chat_template_apply(t, "[1]", 1, nullptr, &text, &len), TWELL_ERROR);
+  EXPECT_NE(error_text().find("JSON object"), std::string::npos) << error_text();
+  EXPECT_EQ(std::string(text, len), "hi</s>>");  // unchanged
+  const char* source = nullptr;
+  size_t source_len = 0;
+  ASSERT_EQ(twell_chat_template_describe(t, &source, &source_len, nullptr, nullptr), TWELL_OK);
+  EXPECT_EQ(std::string(source, source_len), path("tokenizer_config.json") + " (chat_template)");
+  EXPECT_EQ(twell_chat_template_describe(t, &source, nullptr, nullptr, nullptr), TWELL_ERROR);
+  char json[64];
+  ASSERT_EQ(twell_chat_template_special_tokens(dir_.c_str(), json, sizeof json, &len), TWELL_OK);
+  EXPECT_EQ(std::string(json, len), R"({"eos_token":"</s>"})");
+  twell_chat_template_destroy(t);
+  twell_chat_template* own = nullptr;
+  ASSERT_EQ(twell_chat_template_create("{{ raise_exception('no') }}", nullptr, &own), TWELL_OK);
+  EXPECT_EQ(twell_chat_template_apply(own, "[]", 0, nullptr, &text, &len), TWELL_ERROR);
+  EXPECT_NE(error_text().find("the template refused the input: no"), std::string::npos) << error_text();
+  twell_chat_template_destroy(own);
+  EXPECT_EQ(twell_chat_template_create("{% if %}", nullptr, &own), TWELL_ERROR);
+  EXPECT_EQ(own, nullptr);
+  twell_chat_template_destroy(nullptr);
+}
+
 TEST_F(CApiModel, AThreadEndingInsideATokenCallbackEnds) {
   twell_model* m = load();
   ASSERT_NE(m, nullptr);
