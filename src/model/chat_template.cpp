@@ -2664,40 +2664,23 @@ class Parser {
     return n;
   }
 
-  ExprPtr parse_math1() {
-    ExprPtr e = parse_concat();
-    while (next_is_op("+") || next_is_op("-")) {
-      std::string op = next().text;
-      e = binary(op, std::move(e), parse_concat());
-    }
-    return e;
-  }
+  // Binary operators by precedence, loosest first (jinja2's math1, concat, math2 and pow levels); the
+  // operands of the last are unary expressions.
+  static constexpr const char* kLevels[][4] = {{"+", "-"}, {"~"}, {"*", "/", "//", "%"}, {"**"}};
 
-  ExprPtr parse_concat() {
-    ExprPtr e = parse_math2();
-    while (next_is_op("~")) {
+  ExprPtr parse_math1() { return parse_binary(0); }
+
+  ExprPtr parse_binary(size_t level) {
+    if (level == std::size(kLevels)) return parse_unary();
+    ExprPtr e = parse_binary(level + 1);
+    while (true) {
+      const char* op = nullptr;
+      for (const char* candidate : kLevels[level])
+        if (candidate != nullptr && next_is_op(candidate)) op = candidate;
+      if (op == nullptr) return e;
       ++pos_;
-      e = binary("~", std::move(e), parse_math2());
+      e = binary(op, std::move(e), parse_binary(level + 1));
     }
-    return e;
-  }
-
-  ExprPtr parse_math2() {
-    ExprPtr e = parse_pow();
-    while (next_is_op("*") || next_is_op("/") || next_is_op("//") || next_is_op("%")) {
-      std::string op = next().text;
-      e = binary(op, std::move(e), parse_pow());
-    }
-    return e;
-  }
-
-  ExprPtr parse_pow() {
-    ExprPtr e = parse_unary();
-    while (next_is_op("**")) {
-      ++pos_;
-      e = binary("**", std::move(e), parse_unary());
-    }
-    return e;
   }
 
   ExprPtr parse_unary(bool with_filter = true) {
