@@ -3049,22 +3049,31 @@ void ChatTemplate::set_special_tokens(std::string_view json_object) {
   special_tokens_json_ = kept.dump();
 }
 
-std::string ChatTemplate::render(std::string_view variables_json) const {
-  Json vars = parse_object(special_tokens_json_, impl_->source, "the special tokens");
-  const Json given = parse_object(variables_json, impl_->source, "the template's variables");
-  for (const auto& [k, v] : given.items()) vars[k] = v;
+namespace {
+
+// The template rendered with the special tokens and then `given` (a JSON object) as its variables.
+std::string render_variables(const ChatTemplate::Impl& impl, const std::string& special_json, Json given) {
+  Json vars = parse_object(special_json, impl.source, "the special tokens");
+  for (auto& [k, v] : given.items()) vars[k] = std::move(v);
   Context c;
   c.frames.push_back(std::make_shared<Frame>());
-  for (auto& [k, v] : vars.items()) c.frames.front()->vars[k] = Value::of(v);
-  c.globals = &impl_->globals;
-  c.source = &impl_->source;
+  for (auto& [k, v] : vars.items()) c.frames.front()->vars[k] = Value::of(std::move(v));
+  c.globals = &impl.globals;
+  c.source = &impl.source;
   std::string out;
   try {
-    exec_body(impl_->body, c, out, impl_->source);
+    exec_body(impl.body, c, out, impl.source);
   } catch (const RenderError& e) {
     throw Error(e.message);
   }
   return out;
+}
+
+}  // namespace
+
+std::string ChatTemplate::render(std::string_view variables_json) const {
+  return render_variables(*impl_, special_tokens_json_,
+                          parse_object(variables_json, impl_->source, "the template's variables"));
 }
 
 std::string ChatTemplate::apply(std::string_view messages_json, bool add_generation_prompt,
@@ -3098,7 +3107,7 @@ std::string ChatTemplate::apply(std::string_view messages_json, bool add_generat
                {"add_generation_prompt", add_generation_prompt}};
   const Json given = parse_object(variables_json, impl_->source, "the template's variables");
   for (const auto& [k, v] : given.items()) vars[k] = v;
-  return render(vars.dump());
+  return render_variables(*impl_, special_tokens_json_, std::move(vars));
 }
 
 std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
