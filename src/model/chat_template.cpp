@@ -42,8 +42,6 @@ std::vector<size_t> code_points(const std::string& s) {
   return at;
 }
 
-uint32_t code_point_at(const std::string& s, size_t i) { return utf8::decode(s, i).cp; }
-
 // Python's str.isspace() for one code point.
 bool py_space(uint32_t cp) {
   return (cp >= 9 && cp <= 13) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
@@ -53,19 +51,17 @@ bool py_space(uint32_t cp) {
 
 // str.strip / lstrip / rstrip: of whitespace, or of the code points in `chars`.
 std::string py_strip(const std::string& s, bool left, bool right, const std::string* chars) {
-  const std::vector<size_t> at = code_points(s);
-  const std::vector<size_t> set_at = chars ? code_points(*chars) : std::vector<size_t>{};
+  const std::vector<utf8::CodePoint> cps = utf8::code_points(s);
+  const std::vector<utf8::CodePoint> set = chars ? utf8::code_points(*chars) : std::vector<utf8::CodePoint>{};
   auto stripped = [&](size_t k) {
-    const uint32_t cp = code_point_at(s, at[k]);
-    if (!chars) return py_space(cp);
-    for (size_t j = 0; j + 1 < set_at.size(); ++j)
-      if (code_point_at(*chars, set_at[j]) == cp) return true;
-    return false;
+    if (!chars) return py_space(cps[k].cp);
+    return std::any_of(set.begin(), set.end(), [&](const utf8::CodePoint& c) { return c.cp == cps[k].cp; });
   };
-  size_t begin = 0, end = at.size() - 1;
+  size_t begin = 0, end = cps.size();
   if (left) while (begin < end && stripped(begin)) ++begin;
   if (right) while (end > begin && stripped(end - 1)) --end;
-  return s.substr(at[begin], at[end] - at[begin]);
+  if (begin == end) return "";
+  return s.substr(cps[begin].pos, cps[end - 1].pos + cps[end - 1].len - cps[begin].pos);
 }
 
 // repr() of a float, as Python writes it: the shortest digits that read back the same, fixed notation
@@ -100,7 +96,6 @@ std::string py_float(double v) {
   return out + buf;
 }
 
-// repr() of a str: single quotes unless the text holds one and no double quote.
 // Python's str.isprintable() for a code point beyond ASCII: false for controls, format characters,
 // separators other than the space, surrogates and private use (the ones with no glyph, which repr()
 // escapes); unassigned code points, which Python also escapes, are taken as printable.
@@ -186,10 +181,8 @@ struct DumpOptions {
 
 void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
   out += '"';
-  const std::vector<size_t> at = code_points(s);
-  for (size_t k = 0; k + 1 < at.size(); ++k) {
-    const size_t len = at[k + 1] - at[k];
-    const uint32_t cp = code_point_at(s, at[k]);
+  for (const utf8::CodePoint& c : utf8::code_points(s)) {
+    const uint32_t cp = c.cp;
     char buf[16];
     switch (cp) {
       case '"': out += "\\\""; continue;
@@ -210,7 +203,7 @@ void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
       }
       out += buf;
     } else {
-      out.append(s, at[k], len);
+      out.append(s, c.pos, c.len);
     }
   }
   out += '"';
@@ -299,6 +292,13 @@ struct Value {
     Value v;
     v.kind = Kind::kData;
     v.shared = std::make_shared<const Json>(std::move(j));
+    return v;
+  }
+  // An item or member of `whole`'s data, sharing it (no copy: data is never changed in place).
+  static Value part(const Value& whole, const Json& item) {
+    Value v;
+    v.kind = Kind::kData;
+    v.shared = std::shared_ptr<const Json>(whole.shared, &item);
     return v;
   }
   const Json& data() const {
@@ -981,6 +981,15 @@ struct Context {
   void set(const std::string& name, Value v) { frames.back()->vars[name] = std::move(v); }
 };
 
+// A scope of its own (a loop's iteration, its else), left however the block ends.
+struct Scope {
+  Context& c;
+  explicit Scope(Context& context) : c(context) { c.frames.push_back(std::make_shared<Frame>()); }
+  ~Scope() { c.frames.pop_back(); }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+};
+
 Args eval_args(Context& c, const CallArgs& a) {
   Args out;
   for (const ExprPtr& e : a.pos) out.pos.push_back(e->eval(c));
@@ -1041,10 +1050,15 @@ enum class Case { kLower, kUpper, kTitle, kCapitalize, kJinjaTitle };
 
 // Python's str.lower / upper / title / capitalize, and jinja2's title filter (a word begins after -,
 // whitespace, (, {, [ or <), for ASCII letters; a cased letter beyond ASCII is an error, not left as it is.
-std::string convert_case(const std::string& s, const char* what, Case mode) {
+// Refuses `s` for `what` where it holds a cased letter beyond ASCII (twell knows ASCII's case alone).
+void refuse_cased_beyond_ascii(const std::string& s, const char* what) {
   for (const utf8::CodePoint& c : utf8::code_points(s))
     if (c.cp >= 0x80 && c.cp != utf8::kInvalid && cased_beyond_ascii(c.cp))
       fail(str(what, " of letters beyond ASCII (", printable(s.substr(c.pos, c.len)), ") is not supported by twell's chat templates"));
+}
+
+std::string convert_case(const std::string& s, const char* what, Case mode) {
+  refuse_cased_beyond_ascii(s, what);
   std::string out = s;
   bool word_start = true;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -1070,7 +1084,7 @@ std::string convert_case(const std::string& s, const char* what, Case mode) {
 
 // Python's str.islower() / isupper(): some cased letter, and none of the other case.
 bool is_case(const std::string& s, bool lower) {
-  convert_case(s, lower ? "islower()" : "isupper()", Case::kLower);  // refuses cased letters beyond ASCII
+  refuse_cased_beyond_ascii(s, lower ? "islower()" : "isupper()");
   bool cased = false;
   for (const char ch : s) {
     const unsigned char c = static_cast<unsigned char>(ch);
@@ -1104,35 +1118,34 @@ std::vector<std::string> py_splitlines(const std::string& s, bool keepends) {
 Json py_split(const std::string& s, const std::optional<Value>& sep_v, int64_t maxsplit, bool from_right) {
   Json out = Json::array();
   if (!sep_v || (sep_v->is_data() && sep_v->data().is_null())) {
-    // Runs of whitespace, none at the ends.
-    const std::vector<size_t> at = code_points(s);
+    // Runs of whitespace, none at the ends: each word's byte range.
+    const std::vector<utf8::CodePoint> cps = utf8::code_points(s);
+    const size_t n = cps.size();
+    auto space = [&](size_t i) { return py_space(cps[i].cp); };
+    auto at = [&](size_t i) { return i < n ? cps[i].pos : s.size(); };  // the byte offset of code point i
     std::vector<std::pair<size_t, size_t>> words;
-    size_t k = 0;
-    const size_t n = at.size() - 1;
-    auto space = [&](size_t i) { return py_space(code_point_at(s, at[i])); };
-    while (k < n) {
+    for (size_t k = 0; k < n;) {
       while (k < n && space(k)) ++k;
       if (k == n) break;
       size_t e = k;
       while (e < n && !space(e)) ++e;
-      words.emplace_back(k, e);
+      words.emplace_back(at(k), at(e));
       k = e;
     }
+    auto word = [&](size_t i) { return s.substr(words[i].first, words[i].second - words[i].first); };
     if (maxsplit >= 0 && static_cast<int64_t>(words.size()) > maxsplit + 1) {
       if (!from_right) {
         const size_t cut = static_cast<size_t>(maxsplit);
-        for (size_t i = 0; i < cut; ++i) out.push_back(s.substr(at[words[i].first], at[words[i].second] - at[words[i].first]));
-        std::string rest = s.substr(at[words[cut].first]);
-        out.push_back(py_strip(rest, false, true, nullptr));
+        for (size_t i = 0; i < cut; ++i) out.push_back(word(i));
+        out.push_back(py_strip(s.substr(words[cut].first), false, true, nullptr));
       } else {
         const size_t keep = words.size() - static_cast<size_t>(maxsplit);
-        std::string head = s.substr(0, at[words[keep - 1].second]);
-        out.push_back(py_strip(head, true, false, nullptr));
-        for (size_t i = keep; i < words.size(); ++i) out.push_back(s.substr(at[words[i].first], at[words[i].second] - at[words[i].first]));
+        out.push_back(py_strip(s.substr(0, words[keep - 1].second), true, false, nullptr));
+        for (size_t i = keep; i < words.size(); ++i) out.push_back(word(i));
       }
       return out;
     }
-    for (const auto& [b, e] : words) out.push_back(s.substr(at[b], at[e] - at[b]));
+    for (size_t i = 0; i < words.size(); ++i) out.push_back(word(i));
     return out;
   }
   const std::string sep = arg_string(sep_v, "split()'s separator");
@@ -1233,8 +1246,9 @@ Value string_method(const std::string& s, const std::string& name) {
   if (name == "upper" || name == "lower" || name == "title" || name == "capitalize")
     return m([s, name](Args& a) {
       bind(name, a, {});
-      const int mode = name == "lower" ? 0 : name == "upper" ? 1 : name == "title" ? 2 : 3;
-      return Value::of(convert_case(s, ("str." + name + "()").c_str(), static_cast<Case>(mode)));
+      const Case mode = name == "lower" ? Case::kLower : name == "upper" ? Case::kUpper
+                        : name == "title" ? Case::kTitle : Case::kCapitalize;
+      return Value::of(convert_case(s, ("str." + name + "()").c_str(), mode));
     });
   if (name == "replace")
     return m([s](Args& a) {
@@ -1340,7 +1354,7 @@ Value get_attribute(const Value& base, const std::string& name) {
     Value m = dict_method(j, name);
     if (!m.is_undefined()) return m;
     const auto it = j.find(name);
-    return it == j.end() ? Value::undefined(name) : Value::of(*it);
+    return it == j.end() ? Value::undefined(name) : Value::part(base, *it);
   }
   if (j.is_string()) {
     Value m = string_method(j.get_ref<const std::string&>(), name);
@@ -1375,12 +1389,12 @@ Value get_item(const Value& base, const Value& key) {
     int64_t i = as_int(k);
     if (i < 0) i += n;
     if (i < 0 || i >= n) return Value::undefined("[" + std::to_string(as_int(k)) + "]");
-    if (j.is_array()) return Value::of(j[static_cast<size_t>(i)]);
+    if (j.is_array()) return Value::part(base, j[static_cast<size_t>(i)]);
     return Value::of(slice(j, i, i + 1, 1));
   }
   if (j.is_object() && k.is_string()) {
     const auto it = j.find(k.get_ref<const std::string&>());
-    if (it != j.end()) return Value::of(*it);
+    if (it != j.end()) return Value::part(base, *it);
     return Value::undefined(k.get<std::string>());
   }
   if (k.is_string()) return get_attribute(base, k.get_ref<const std::string&>());
@@ -1507,7 +1521,9 @@ Value arithmetic(const std::string& op, const Value& x, const Value& y) {
   if (op == "*" && (((a.is_string() || a.is_array()) && is_int(b)) || ((b.is_string() || b.is_array()) && is_int(a)))) {
     const Json& seq = is_int(b) ? a : b;
     const int64_t n = is_int(b) ? as_int(b) : as_int(a);
-    if (n > 0 && py_len(seq) * n > 10000000) fail("a repetition of over 10 million items");
+    int64_t total;
+    if (n > 0 && (__builtin_mul_overflow(py_len(seq), n, &total) || total > 10000000))
+      fail("a repetition of over 10 million items");
     Json out = seq.is_string() ? Json("") : Json::array();
     for (int64_t i = 0; i < n; ++i) {
       if (seq.is_string()) out.get_ref<std::string&>() += seq.get_ref<const std::string&>();
@@ -1628,6 +1644,11 @@ struct Compare : Expr {
 
 using TestFn = bool (*)(const Value&, const std::vector<Value>&);
 
+// A list, string or dict (their items, characters, keys), or undefined: the sequence and iterable tests.
+bool is_sequence(const Value& v, const std::vector<Value>&) {
+  return v.is_undefined() || (v.is_data() && (v.data().is_array() || v.data().is_string() || v.data().is_object()));
+}
+
 bool test_arg_count(const std::vector<Value>& a, size_t n, const char* name) {
   if (a.size() != n) fail(str("the test '", name, "' takes ", n, " argument", n == 1 ? "" : "s"));
   return true;
@@ -1647,8 +1668,8 @@ const std::map<std::string, TestFn>& tests() {
       {"string", [](const Value& v, const std::vector<Value>&) { return v.is_string(); }},
       {"mapping", [](const Value& v, const std::vector<Value>&) { return (v.is_data() && v.data().is_object()) || v.kind == Value::Kind::kNamespace; }},
       // jinja2's undefined has a length, items and a call (each an error or nothing): it passes these three.
-      {"sequence", [](const Value& v, const std::vector<Value>&) { return v.is_undefined() || (v.is_data() && (v.data().is_array() || v.data().is_string() || v.data().is_object())); }},
-      {"iterable", [](const Value& v, const std::vector<Value>&) { return v.is_undefined() || (v.is_data() && (v.data().is_array() || v.data().is_string() || v.data().is_object())); }},
+      {"sequence", is_sequence},
+      {"iterable", is_sequence},
       {"callable", [](const Value& v, const std::vector<Value>&) { return v.is_undefined() || v.kind == Value::Kind::kFunction; }},
       {"even", [](const Value& v, const std::vector<Value>&) { return arg_int(v, "the even test's value") % 2 == 0; }},
       {"odd", [](const Value& v, const std::vector<Value>&) { return arg_int(v, "the odd test's value") % 2 != 0; }},
@@ -2159,8 +2180,8 @@ void assign_targets(Context& c, const std::vector<std::string>& targets, const V
     c.set(targets[0], v);
     return;
   }
-  const Json& j = data_of(v, "unpacked");
-  const std::vector<Json> items = iterate(Value::of(j));
+  data_of(v, "unpacked");
+  const std::vector<Json> items = iterate(v);
   if (items.size() != targets.size())
     fail(str("cannot unpack ", items.size(), " values into ", targets.size(), " names"));
   for (size_t i = 0; i < targets.size(); ++i) c.set(targets[i], Value::of(items[i]));
@@ -2176,10 +2197,12 @@ struct ForStmt : Stmt {
     if (filter) {
       std::vector<Json> kept;
       for (Json& item : items) {
-        c.frames.push_back(std::make_shared<Frame>());
-        assign_targets(c, targets, Value::of(item));
-        const bool keep = truthy(filter->eval(c));
-        c.frames.pop_back();
+        bool keep;
+        {
+          const Scope scope(c);
+          assign_targets(c, targets, Value::of(item));
+          keep = truthy(filter->eval(c));
+        }
         if (keep) kept.push_back(std::move(item));
       }
       items = std::move(kept);
@@ -2190,28 +2213,14 @@ struct ForStmt : Stmt {
                    {"first", i == 0}, {"last", i + 1 == n}, {"length", n}, {"depth", 1}, {"depth0", 0}};
       if (i > 0) loop["previtem"] = items[i - 1];
       if (i + 1 < n) loop["nextitem"] = items[i + 1];
-      c.frames.push_back(std::make_shared<Frame>());
+      const Scope scope(c);
       c.set("loop", Value::of(std::move(loop)));
-      Flow f = Flow::kNormal;
-      try {
-        assign_targets(c, targets, Value::of(items[i]));
-        f = exec_body(body, c, out, *c.source);
-      } catch (...) {
-        c.frames.pop_back();
-        throw;
-      }
-      c.frames.pop_back();
-      if (f == Flow::kBreak) break;
+      assign_targets(c, targets, Value::of(items[i]));
+      if (exec_body(body, c, out, *c.source) == Flow::kBreak) break;
     }
     if (n == 0 && !otherwise.empty()) {  // in a scope of its own, as the loop's body
-      c.frames.push_back(std::make_shared<Frame>());
-      try {
-        exec_body(otherwise, c, out, *c.source);
-      } catch (...) {
-        c.frames.pop_back();
-        throw;
-      }
-      c.frames.pop_back();
+      const Scope scope(c);
+      exec_body(otherwise, c, out, *c.source);
     }
     return Flow::kNormal;
   }
@@ -2241,7 +2250,7 @@ struct SetStmt : Stmt {
       if (ns.kind != Value::Kind::kNamespace)
         fail(str("cannot set an attribute of '", targets[0], "': only a namespace() takes `set ", targets[0], ".",
                  attribute, "`"));
-      if (!attribute.empty() && attribute[0] == '_') fail("a namespace's attribute cannot begin with '_'");
+      if (attribute[0] == '_') fail("a namespace's attribute cannot begin with '_'");
       (*ns.ns)[attribute] = data_of(v, "stored in a namespace");
       return Flow::kNormal;
     }
