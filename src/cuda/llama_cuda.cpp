@@ -867,25 +867,10 @@ struct LlamaCuda::Impl {
       int64_t& first;
       ~RunGuard() { first = 0; }
     } guard{run_first};
-    // One forward of n sequences from sequence b0 of `rs` tokens each (`flat`, on the host) at
-    // position `pos`, with body()'s flags and the positions to upload set by the caller.
-    auto forward = [&](int64_t b0, int64_t n, int64_t rs, const int32_t* flat, const std::vector<int32_t>& positions,
-                       Head head) {
-      upload_inputs(flat, n * rs, positions);
-      if (last_tokens == 0) TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
-      run_first = b0;
-      body(tokens.as<int32_t>(), n, rs, head, false);
-      last_tokens += n * rs;
-    };
     for (size_t r = 0; r + 1 < runs.size(); ++r) {
       const int64_t b0 = runs[r], n = runs[r + 1] - b0, rs = run_tokens[r];
       if (n == 1 && rs > o.max_tokens) {  // one prompt, in chunks
-        const int32_t* p = prompts[static_cast<size_t>(b0)].data();
-        int64_t pos = 0;
-        for (int64_t len : model::prefill_chunks(rs, o.max_tokens)) {
-          forward(b0, 1, len, p + pos, aligned_call(1, pos), pos + len == rs ? Head::last : Head::none);
-          pos += len;
-        }
+        prefill_in_chunks(b0, prompts[static_cast<size_t>(b0)].data(), rs, 0);
         continue;
       }
       std::vector<int32_t> flat, positions = aligned_call(n, 0);
@@ -904,6 +889,50 @@ struct LlamaCuda::Impl {
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
     if (o.kv_cache) lens = lengths;
     return download ? download_logits(B, one_row) : Tensor();
+  }
+
+  // One forward of n sequences from sequence b0 of `rs` tokens each (`flat`, on the host), with
+  // body()'s flags and the positions to upload set by the caller (aligned_call); a call's first
+  // (last_tokens 0) starts its GPU clock.
+  void forward(int64_t b0, int64_t n, int64_t rs, const int32_t* flat, const std::vector<int32_t>& positions,
+               Head head) {
+    upload_inputs(flat, n * rs, positions);
+    if (last_tokens == 0) TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
+    run_first = b0;
+    body(tokens.as<int32_t>(), n, rs, head, false);
+    last_tokens += n * rs;
+  }
+
+  // The n tokens `p` of sequence b0 at positions pos0.., in chunks of at most max_tokens
+  // (prefill_chunks), each attending to the keys cached before it; the last one's last row through
+  // the head.
+  void prefill_in_chunks(int64_t b0, const int32_t* p, int64_t n, int64_t pos0) {
+    int64_t done = 0;
+    for (int64_t len : model::prefill_chunks(n, o.max_tokens)) {
+      forward(b0, 1, len, p + done, aligned_call(1, pos0 + done), done + len == n ? Head::last : Head::none);
+      done += len;
+    }
+  }
+
+  // LanguageModel::prefill_from: the cached sequence's first `keep` positions kept, `toks` run after them.
+  Tensor prefill_from(int64_t keep, const std::vector<int32_t>& toks, bool download) {
+    if (keep == 0) return prefill({toks}, true, download);
+    TWELL_REQUIRE(lens.size() == 1, "LlamaCuda::prefill_from: the cache holds ", lens.size(),
+                  " sequences; a prefix is kept of one (after prefill or generate)");
+    TWELL_REQUIRE(keep > 0 && keep <= lens[0], "LlamaCuda::prefill_from: keep ", keep, " is outside the ", lens[0],
+                  " cached positions");
+    TWELL_REQUIRE(!toks.empty(), "LlamaCuda::prefill_from: no tokens to run after the kept ", keep);
+    model::check_token_ids(c, toks);
+    const int64_t n = static_cast<int64_t>(toks.size());
+    TWELL_REQUIRE(keep + n <= o.max_context, "LlamaCuda: ", keep + n, " positions exceed the context of ",
+                  o.max_context);
+    ensure_logits(1);
+    lens.clear();  // until the forward has run: one that fails part way leaves no cache
+    last_tokens = 0;
+    prefill_in_chunks(0, toks.data(), n, keep);
+    TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));
+    lens = {keep + n};
+    return download ? download_logits(1, true) : Tensor();
   }
 
   // Rows of logits all_logits computes and copies out at a time: the device holds that many rows of
@@ -1229,22 +1258,46 @@ std::vector<std::vector<double>> LlamaCuda::next_token_nll_batch(const std::vect
   return impl_->batch_nll(sequences, ffn_stats);
 }
 
-Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) { return impl_->prefill({tokens}, true); }
+Tensor LlamaCuda::prefill(const std::vector<int32_t>& tokens) {
+  cache_written();
+  return impl_->prefill({tokens}, true);
+}
 
 Tensor LlamaCuda::decode_step(int32_t token) {
   model::check_token_ids(impl_->c, {token});  // kNoToken too: decode_batch's, not a token
+  cache_written();
   return impl_->decode({token}, true);
+}
+
+Tensor LlamaCuda::prefill_from(int64_t keep, const std::vector<int32_t>& tokens) {
+  cache_written();
+  return impl_->prefill_from(keep, tokens, true);
+}
+std::vector<int32_t> LlamaCuda::prefill_from_sample(int64_t keep, const std::vector<int32_t>& tokens,
+                                                    std::vector<model::Sampler>& samplers) {
+  if (!impl_->gpu_sampling) return LanguageModel::prefill_from_sample(keep, tokens, samplers);
+  model::check_samplers(samplers, 1, "LlamaCuda::prefill_from_sample");  // before the step runs
+  cache_written();
+  impl_->prefill_from(keep, tokens, false);
+  return impl_->sample_rows(samplers, nullptr);
 }
 
 bool LlamaCuda::samples_on_gpu() const { return impl_->gpu_sampling; }
 
-Tensor LlamaCuda::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) { return impl_->prefill(prompts); }
-Tensor LlamaCuda::decode_batch(const std::vector<int32_t>& tokens) { return impl_->decode(tokens); }
+Tensor LlamaCuda::prefill_batch(const std::vector<std::vector<int32_t>>& prompts) {
+  cache_written();
+  return impl_->prefill(prompts);
+}
+Tensor LlamaCuda::decode_batch(const std::vector<int32_t>& tokens) {
+  cache_written();
+  return impl_->decode(tokens);
+}
 
 std::vector<int32_t> LlamaCuda::prefill_batch_sample(const std::vector<std::vector<int32_t>>& prompts,
                                                      std::vector<model::Sampler>& samplers) {
   if (!impl_->gpu_sampling) return LanguageModel::prefill_batch_sample(prompts, samplers);
   model::check_samplers(samplers, prompts.size(), "LlamaCuda::prefill_batch_sample");  // before the step runs
+  cache_written();
   impl_->prefill(prompts, false, false);
   return impl_->sample_rows(samplers, nullptr);
 }
@@ -1252,6 +1305,7 @@ std::vector<int32_t> LlamaCuda::decode_batch_sample(const std::vector<int32_t>& 
                                                     std::vector<model::Sampler>& samplers) {
   if (!impl_->gpu_sampling) return LanguageModel::decode_batch_sample(tokens, samplers);
   model::check_samplers(samplers, tokens.size(), "LlamaCuda::decode_batch_sample");
+  cache_written();
   impl_->decode(tokens, false, false);
   return impl_->sample_rows(samplers, &tokens);
 }
@@ -1260,9 +1314,15 @@ std::vector<int64_t> LlamaCuda::cached_lengths() const { return impl_->lens; }
 
 int64_t LlamaCuda::cached_tokens() const { return impl_->longest(); }
 int64_t LlamaCuda::context() const { return impl_->o.max_context; }
-void LlamaCuda::reset() { impl_->reset(); }
+void LlamaCuda::reset() {
+  cache_written();
+  impl_->reset();
+}
 
-void LlamaCuda::enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head) { impl_->enqueue(tokens, B, S, head); }
+void LlamaCuda::enqueue(const int32_t* tokens, int64_t B, int64_t S, Head head) {
+  cache_written();
+  impl_->enqueue(tokens, B, S, head);
+}
 int64_t LlamaCuda::last_tokens() const { return impl_->last_tokens; }
 const float* LlamaCuda::logits_device() const { return impl_->logits.as<float>(); }
 TensorView LlamaCuda::hidden_device() const {

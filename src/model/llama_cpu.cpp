@@ -369,7 +369,7 @@ Tensor LlamaCpu::prefill_batch(const std::vector<std::vector<int32_t>>& prompts)
   const int64_t B = static_cast<int64_t>(prompts.size()), V = config().vocab_size;
   TWELL_REQUIRE(B >= 1 && B <= kMaxBatch, "LlamaCpu::prefill_batch: need 1 to ", kMaxBatch, " prompts, got ", B);
   for (const auto& p : prompts) check_call(config(), p, 0);  // before reset(): a rejected call changes nothing
-  reset();
+  reset();  // cache_written()
   Tensor out(options_.math, {B, V});
   try {
     impl_->with(options_.math, [&](auto& caches) {
@@ -397,6 +397,7 @@ Tensor LlamaCpu::decode_batch(const std::vector<int32_t>& tokens) {
   check_token_ids(config(), tokens, true);  // all checked before any sequence runs
   for (int64_t b = 0; b < B; ++b)
     if (tokens[b] != kNoToken) check_call(config(), {tokens[b]}, lens[b]);
+  cache_written();
   Tensor out(options_.math, {B, V});
   try {
     impl_->with(options_.math, [&](auto& caches) {
@@ -409,6 +410,35 @@ Tensor LlamaCpu::decode_batch(const std::vector<int32_t>& tokens) {
     });
   } catch (...) {
     reset();  // out of memory part way: some sequences would be a token ahead of the others
+    throw;
+  }
+  return out;
+}
+
+Tensor LlamaCpu::prefill_from(int64_t keep, const std::vector<int32_t>& tokens) {
+  if (keep == 0) return prefill(tokens);
+  const std::vector<int64_t> lens = cached_lengths();
+  TWELL_REQUIRE(lens.size() == 1, "LlamaCpu::prefill_from: the cache holds ", lens.size(),
+                " sequences; a prefix is kept of one (after prefill or generate)");
+  TWELL_REQUIRE(keep >= 0 && keep <= lens[0], "LlamaCpu::prefill_from: keep ", keep, " is outside the ", lens[0],
+                " cached positions");
+  check_call(config(), tokens, keep);
+  cache_written();
+  const int64_t V = config().vocab_size;
+  Tensor out(options_.math, {V});
+  try {
+    impl_->with(options_.math, [&](auto& caches) {
+      using Acc = typename std::decay_t<decltype(caches)>::value_type::value_type;
+      KvCache<Acc>& cache = caches[0];
+      const size_t rows = static_cast<size_t>(keep * config().num_key_value_heads * config().head_dim);
+      for (auto& k : cache.k) k.resize(rows);
+      for (auto& v : cache.v) v.resize(rows);
+      cache.len = keep;
+      const std::vector<Acc> row = forward(weights_, options_, cache, tokens, false);
+      std::copy(row.begin(), row.end(), out.ptr<Acc>());
+    });
+  } catch (...) {
+    reset();
     throw;
   }
   return out;
@@ -428,6 +458,7 @@ int64_t LlamaCpu::cached_tokens() const {
 }
 
 void LlamaCpu::reset() {
+  cache_written();
   impl_->f32.clear();
   impl_->f64.clear();
 }

@@ -403,6 +403,25 @@ std::vector<int32_t> LanguageModel::decode_batch_sample(const std::vector<int32_
   check_samplers(samplers, tokens.size(), "decode_batch_sample");
   return sample_rows(decode_batch(tokens), samplers, &tokens);
 }
+Tensor LanguageModel::prefill_from(int64_t keep, const std::vector<int32_t>& tokens) {
+  TWELL_REQUIRE(keep == 0, "prefill_from: this backend cannot keep a part of its KV cache (keep ", keep,
+                "): only keep = 0, a whole prefill");
+  return prefill(tokens);
+}
+std::vector<int32_t> LanguageModel::prefill_from_sample(int64_t keep, const std::vector<int32_t>& tokens,
+                                                        std::vector<Sampler>& samplers) {
+  check_samplers(samplers, 1, "prefill_from_sample");
+  return sample_rows(one_row(prefill_from(keep, tokens)), samplers, nullptr);
+}
+
+int64_t PromptCache::reusable(const LanguageModel& m, const std::vector<int32_t>& prompt) const {
+  if (model != &m || writes != m.cache_writes() || ids.empty() ||
+      m.cached_lengths() != std::vector<int64_t>{static_cast<int64_t>(ids.size())})
+    return 0;
+  const size_t most = std::min(ids.size(), prompt.empty() ? 0 : prompt.size() - 1);
+  return std::mismatch(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(most), prompt.begin()).first - ids.begin();
+}
+
 std::vector<int64_t> LanguageModel::cached_lengths() const {
   const int64_t n = cached_tokens();
   return n > 0 ? std::vector<int64_t>{n} : std::vector<int64_t>{};
@@ -410,13 +429,13 @@ std::vector<int64_t> LanguageModel::cached_lengths() const {
 
 Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
                     const SamplingOptions& sampling, const std::vector<int32_t>& stop_tokens,
-                    const std::function<void(int32_t)>& on_token) {
+                    const std::function<void(int32_t)>& on_token, PromptCache* cache) {
   TWELL_REQUIRE(!prompt.empty(), "generate: empty prompt");
   check_token_ids(model.config(), prompt, false, "generate: prompt");  // named as generate's, not generate_batch's
   TWELL_REQUIRE(max_new_tokens >= 0, "generate: max_new_tokens must be at least 0, got ", max_new_tokens);
   std::function<bool(int64_t, int32_t)> each;  // one sequence of a batch: seeded sampling.seed, its stop rules
   if (on_token) each = [&](int64_t, int32_t token) { return on_token(token), false; };
-  return generate_batch(model, {prompt}, max_new_tokens, sampling, stop_tokens, each)[0];
+  return generate_batch(model, {prompt}, max_new_tokens, sampling, stop_tokens, each, cache)[0];
 }
 
 std::vector<int64_t> prefill_runs(const std::vector<int64_t>& lengths, int64_t max_tokens,
@@ -467,9 +486,11 @@ std::vector<int64_t> prefill_chunks(int64_t tokens, int64_t max_tokens) {
 std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<std::vector<int32_t>>& prompts,
                                        int64_t max_new_tokens, const SamplingOptions& sampling,
                                        const std::vector<int32_t>& stop_tokens,
-                                       const std::function<bool(int64_t, int32_t)>& on_token) {
+                                       const std::function<bool(int64_t, int32_t)>& on_token,
+                                       PromptCache* cache) {
   const size_t B = prompts.size();
   TWELL_REQUIRE(B >= 1, "generate_batch: no prompts");
+  TWELL_REQUIRE(!cache || B == 1, "generate_batch: a PromptCache serves one prompt at a time, got ", B);
   TWELL_REQUIRE(static_cast<int64_t>(B) <= model.max_batch(), "generate_batch: ", B,
               " prompts exceed the model's max_batch ", model.max_batch());
   check_sequences(model.config(), prompts, 1, "generate_batch: prompt");
@@ -496,10 +517,20 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
   std::vector<Generation> gens(B);
   const auto t0 = clock::now();
   std::vector<int32_t> next;
-  if (max_new_tokens > 0)
+  if (cache) {  // the part of the prompt the cache does not hold
+    const int64_t keep = cache->reusable(model, prompts[0]);
+    cache->forget();  // until this generation has ended: one that throws leaves nothing known
+    cache->reused = keep;
+    const std::vector<int32_t> rest(prompts[0].begin() + keep, prompts[0].end());
+    if (max_new_tokens > 0)
+      next = model.prefill_from_sample(keep, rest, samplers);
+    else
+      model.prefill_from(keep, rest);
+  } else if (max_new_tokens > 0) {
     next = model.prefill_batch_sample(ordered, samplers);
-  else
+  } else {
     model.prefill_batch(ordered);
+  }
   const auto t1 = clock::now();
   std::vector<clock::time_point> ended(B, t1);
   size_t live = max_new_tokens > 0 ? B : 0;
@@ -551,6 +582,14 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
     gens[b].prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
     const auto from = decode_start.value_or(t1);
     gens[b].decode_seconds = ended[b] > from ? std::chrono::duration<double>(ended[b] - from).count() : 0.0;
+  }
+  if (cache) {  // the prompt and every token drawn but the last, which no step ran
+    std::vector<int32_t> held = prompts[0];
+    if (!gens[0].tokens.empty()) held.insert(held.end(), gens[0].tokens.begin(), gens[0].tokens.end() - 1);
+    if (model.cached_lengths() == std::vector<int64_t>{static_cast<int64_t>(held.size())}) {
+      const int64_t reused = cache->reused;
+      *cache = PromptCache{std::move(held), model.cache_writes(), &model, reused};
+    }
   }
   return gens;
 }

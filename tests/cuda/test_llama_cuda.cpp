@@ -473,6 +473,72 @@ TEST(LlamaCuda, CudnnAttentionOverACachedPrefix) {
   }
 }
 
+// prefill_from keeps a prefix of the cached sequence and runs the rest after it: the CPU model's
+// logits for the whole sequence, with twell's attention and cuDNN's, in one forward and in chunks
+// of max_tokens; refused calls change nothing. A PromptCache's second turn reuses the first's
+// positions, and draws on the GPU (prefill_from_sample) what the host draws from the same logits.
+TEST(LlamaCuda, PrefillFromAKeptPrefixMatchesCpu) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[3]);  // head_dim 128, GQA 2:1, 160 positions
+  const auto [dw, cpu] = both_backends(c, 31);
+  const auto tokens = some_tokens(150, c.vocab_size, 7);
+  const Tensor ref = cpu.logits(tokens);
+  const bool cudnn = cudnn_or_skip_note();
+  for (const auto& [max_tokens, attention] :
+       {std::pair{int64_t{0}, PrefillAttention::twell}, std::pair{int64_t{32}, PrefillAttention::twell},
+        std::pair{int64_t{0}, PrefillAttention::cudnn}}) {
+    if (attention == PrefillAttention::cudnn && !cudnn) continue;
+    LlamaCudaOptions o;
+    o.max_tokens = max_tokens;
+    o.prefill_attention = attention;
+    LlamaCuda gpu(dw, o);
+    const std::vector<int32_t> first(tokens.begin(), tokens.begin() + 100);
+    for (int64_t keep : {101, 60, 1}) {
+      SCOPED_TRACE(testing::Message() << "max_tokens " << max_tokens << ", keep " << keep
+                                      << (attention == PrefillAttention::cudnn ? ", cuDNN" : ""));
+      gpu.prefill(first);
+      gpu.decode_step(tokens[100]);  // the cache: tokens[0..100]
+      const Tensor last = gpu.prefill_from(keep, std::vector<int32_t>(tokens.begin() + keep, tokens.end()));
+      EXPECT_LT(relative_error(TensorView(last.view().data, DType::f32, {1, c.vocab_size}), rows(ref, 149, 1)), kTol);
+      EXPECT_EQ(gpu.cached_lengths(), std::vector<int64_t>{150});
+    }
+    // Refused, changing nothing: keep past the cache, past the context, bad ids, a batch cached.
+    gpu.decode_step(tokens[0]);  // position 150
+    EXPECT_THROW(gpu.prefill_from(152, {1}), Error);
+    EXPECT_THROW(gpu.prefill_from(140, std::vector<int32_t>(30, 1)), Error);
+    EXPECT_THROW(gpu.prefill_from(10, {1, int32_t(c.vocab_size)}), Error);
+    EXPECT_THROW(gpu.prefill_from(10, {}), Error);
+    EXPECT_EQ(gpu.cached_lengths(), std::vector<int64_t>{151});
+    gpu.prefill_batch({{1, 2}, {3}});
+    EXPECT_THROW(gpu.prefill_from(1, {4}), Error);
+    EXPECT_EQ(gpu.cached_lengths(), (std::vector<int64_t>{2, 1}));
+  }
+  // Two turns through a PromptCache, sampled on the GPU.
+  LlamaCuda gpu(dw);
+  ASSERT_TRUE(gpu.samples_on_gpu());
+  model::PromptCache cache;
+  const model::SamplingOptions sampled{0.9, 20, 0.9, 17};
+  std::vector<int32_t> conversation(tokens.begin(), tokens.begin() + 40);
+  const model::Generation one = model::generate(gpu, conversation, 6, sampled, {}, {}, &cache);
+  EXPECT_EQ(cache.reused, 0);
+  conversation.insert(conversation.end(), one.tokens.begin(), one.tokens.end());
+  conversation.insert(conversation.end(), tokens.begin() + 50, tokens.begin() + 60);
+  const model::Generation two = model::generate(gpu, conversation, 6, sampled, {}, {}, &cache);
+  EXPECT_EQ(cache.reused, 40 + 6 - 1);
+  EXPECT_EQ(two.tokens.size(), 6u);
+  EXPECT_EQ(cache.ids.size(), conversation.size() + 5);
+  EXPECT_EQ(gpu.cached_lengths(), std::vector<int64_t>{int64_t(cache.ids.size())});
+  // The first token of the second turn: the GPU's draw from the kept prefix's logits is the host
+  // sampler's from the same logits (the draw of a Sampler seeded alike, that has seen the same ids),
+  // the cache rebuilt as the first turn built it (a prefill of 40, then decode steps).
+  gpu.prefill(std::vector<int32_t>(conversation.begin(), conversation.begin() + 40));
+  for (int i = 0; i < 5; ++i) gpu.decode_step(one.tokens[size_t(i)]);
+  const Tensor logits = gpu.prefill_from(45, std::vector<int32_t>(conversation.begin() + 45, conversation.end()));
+  model::Sampler host(sampled);
+  host.seen(conversation);
+  EXPECT_EQ(host.sample(logits.view()), two.tokens[0]);
+}
+
 // Automatic attention: a shape's first call of 2048+ tokens runs twell's kernel (a small model's
 // attention saves far less than cuDNN's plan build), its second builds the plan and runs cuDNN's;
 // the logits agree either way. A new length starts again.

@@ -868,6 +868,33 @@ TEST_F(CliModel, ChatConversationOnStdin) {
   EXPECT_NE(full.out.find("start a new one"), std::string::npos) << full.out;
 }
 
+// A conversation whose history the template renders as it grows: each turn prefills only what the KV
+// cache does not hold (its timing line says how much was cached), and replies what the plain run of the
+// rendered history replies (the CPU backend: the same bits).
+TEST_F(CliModel, ChatConversationReusesTheCachedHistory) {
+  const std::string model = path("reuse");
+  write_bpe_model(model, 16);
+  const std::string file = path("t.jinja"), input = path("in.txt");
+  std::ofstream(file) << "{% for m in messages %}<sep>{{ m.content }}{% endfor %}<mask>";
+  std::ofstream(input) << "hi\nyo\n";
+  const std::string opts = " --no-stop -n 6 --temperature 2 --seed 9";
+  const CliResult talk = run_cli("run " + model + " --chat --chat-template " + file + opts + " < " + input);
+  const CliResult noted = run_cli("run " + model + " --chat --chat-template " + file + opts + " < " + input, true);
+  ASSERT_EQ(talk.status, 0) << talk.out;
+  const size_t nl = talk.out.find('\n');
+  ASSERT_NE(nl, std::string::npos) << talk.out;
+  const std::string reply1 = talk.out.substr(0, nl);
+  const std::string second_text = "<sep>hi<sep>" + reply1 + "<sep>yo<mask>";
+  const CliResult second = run_cli("run " + model + " -p '" + second_text + "'" + opts);
+  ASSERT_EQ(second.status, 0) << second.out;
+  EXPECT_EQ(talk.out.substr(nl + 1), second.out.substr(second_text.size()));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(noted.out, m, std::regex("prompt (\\d+) tokens \\((\\d+) of them cached\\)")))
+      << noted.out;
+  EXPECT_GT(std::stoll(m[2]), 2) << "the first turn's prompt at least: " << noted.out;
+  EXPECT_LT(std::stoll(m[2]), std::stoll(m[1])) << noted.out;
+}
+
 // A tokenizer that puts EOS after a text (add_eos_token): eval scores it, as HF's tokenizer(text)
 // ends the text with it, one token more predicted; run does not end the prompt with it, and says so.
 TEST_F(CliModel, EosAfterATextIsScoredByEvalNotAddedToAPrompt) {

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
@@ -1167,6 +1168,98 @@ TEST_F(LlamaCpuTest, BatchGenerationIsEachSequenceGeneratedAlone) {
   EXPECT_TRUE(none[3].tokens.empty());
   // The cache holds the sequences ordered by prompt length (prefill_runs), the results the caller's order.
   EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{1, 2, 3, 6}));
+}
+
+// prefill_from keeps a prefix of the cached sequence and runs the rest after it: the bits of a
+// whole prefill; refused calls (no single sequence, keep past the cache, the context, bad ids)
+// change nothing.
+TEST_F(LlamaCpuTest, PrefillFromAPrefixHasTheBitsOfAWholePrefill) {
+  LlamaCpu model = tiny(false);
+  LlamaCpu whole = tiny(false);
+  const std::vector<int32_t> first = {5, 9, 11, 3, 96, 0, 41};
+  model.prefill(first);
+  model.decode_step(8);  // the cache: first + 8, 8 positions
+  for (int64_t keep : {8, 7, 4, 1, 0}) {
+    std::vector<int32_t> seq(first.begin(), first.end());
+    seq.push_back(8);
+    seq.resize(size_t(keep));
+    const std::vector<int32_t> rest = {keep == 8 ? 2 : 1, 44, 7};
+    seq.insert(seq.end(), rest.begin(), rest.end());
+    const Tensor got = model.prefill_from(keep, rest);
+    EXPECT_TRUE(test::bit_equal(got, whole.prefill(seq))) << "keep " << keep;
+    EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{int64_t(seq.size())}));
+    EXPECT_TRUE(test::bit_equal(model.decode_step(3), whole.decode_step(3))) << "keep " << keep;
+    model.prefill(first);
+    model.decode_step(8);
+  }
+  const int64_t V = model.config().vocab_size;
+  expect_error([&] { model.prefill_from(9, {1}); }, {"keep 9 is outside the 8 cached positions"});
+  EXPECT_THROW(model.prefill_from(-1, {1}), Error);
+  EXPECT_THROW(model.prefill_from(4, {}), Error);
+  EXPECT_THROW(model.prefill_from(4, {1, int32_t(V)}), Error);
+  EXPECT_THROW(model.prefill_from(4, std::vector<int32_t>(size_t(model.context() - 3), 1)), Error);
+  EXPECT_EQ(model.cached_lengths(), (std::vector<int64_t>{8}));
+  EXPECT_TRUE(test::bit_equal(model.decode_step(3), whole.prefill({5, 9, 11, 3, 96, 0, 41, 8, 3})))
+      << "the refusals changed nothing";
+  model.prefill_batch({{1, 2}, {3}});
+  expect_error([&] { model.prefill_from(1, {4}); }, {"the cache holds 2 sequences"});
+  model.reset();
+  expect_error([&] { model.prefill_from(1, {4}); }, {"the cache holds 0 sequences"});
+}
+
+// A PromptCache reuses what the cache holds from the generation before: each turn of a conversation
+// draws the tokens a generation from scratch draws (the same bits on the CPU), prefilling only what
+// is new; where anything else ran on the model in between, it reuses nothing and is still right.
+TEST_F(LlamaCpuTest, PromptCacheReusesTheCachedPrefixAndNothingStale) {
+  LlamaCpu model = tiny(false);
+  LlamaCpu fresh = tiny(false);
+  const SamplingOptions sampled{0.9, 20, 0.9, 17};
+  PromptCache cache;
+  std::vector<int32_t> conversation = {5, 9, 11};
+  for (int turn = 0; turn < 3; ++turn) {
+    const Generation g = generate(model, conversation, 5, sampled, {}, {}, &cache);
+    EXPECT_EQ(g.tokens, generate(fresh, conversation, 5, sampled).tokens) << "turn " << turn;
+    // Turn 0 had nothing cached; later ones the previous turn's prompt and its tokens but the last
+    // (which no step ran), not the new message.
+    EXPECT_EQ(cache.reused, turn == 0 ? 0 : int64_t(conversation.size()) - 4) << "turn " << turn;
+    conversation.insert(conversation.end(), g.tokens.begin(), g.tokens.end());
+    EXPECT_EQ(cache.ids, std::vector<int32_t>(conversation.begin(), conversation.end() - 1));
+    conversation.insert(conversation.end(), {2, 7, 1});  // the next message
+  }
+  // A prompt that departs from the cached ids early reuses the shared part; an identical prompt
+  // runs its last token again (its logits are needed); max_new_tokens 0 caches the prompt alone.
+  std::vector<int32_t> other(cache.ids.begin(), cache.ids.begin() + 4);
+  other.push_back(60);
+  const Generation g = generate(model, other, 3, {}, {}, {}, &cache);
+  EXPECT_EQ(cache.reused, 4);
+  EXPECT_EQ(g.tokens, generate(fresh, other, 3, {}).tokens);
+  const std::vector<int32_t> held = cache.ids;
+  EXPECT_EQ(generate(model, held, 2, {}, {}, {}, &cache).tokens, generate(fresh, held, 2, {}).tokens);
+  EXPECT_EQ(cache.reused, int64_t(held.size()) - 1);
+  generate(model, {5, 9, 11, 3}, 0, {}, {}, {}, &cache);
+  EXPECT_EQ(cache.ids, (std::vector<int32_t>{5, 9, 11, 3}));
+  // Anything else on the model between two generations: nothing reused, the right tokens.
+  const std::vector<int32_t> next = {5, 9, 11, 3, 8};
+  for (const auto& other_use : std::vector<std::function<void()>>{
+           [&] { model.prefill({5, 9, 11, 4}); },  // the same length, another token
+           [&] { model.decode_step(1); }, [&] { model.reset(); }}) {
+    generate(model, {5, 9, 11, 3}, 0, {}, {}, {}, &cache);
+    other_use();
+    EXPECT_EQ(generate(model, next, 4, {}, {}, {}, &cache).tokens, generate(fresh, next, 4, {}).tokens);
+    EXPECT_EQ(cache.reused, 0);
+  }
+  // Another model with the same count of cache writes: nothing reused.
+  LlamaCpu twin = tiny(false);
+  generate(model, {5, 9, 11, 3}, 0, {}, {}, {}, &cache);
+  EXPECT_EQ(generate(twin, next, 4, {}, {}, {}, &cache).tokens, generate(fresh, next, 4, {}).tokens);
+  EXPECT_EQ(cache.reused, 0);
+  // A generation that throws leaves the cache unknown: the next one starts afresh.
+  generate(model, {5, 9, 11, 3}, 0, {}, {}, {}, &cache);
+  EXPECT_THROW(generate(model, next, 4, {}, {}, [](int32_t) { throw Error("stop"); }, &cache), Error);
+  EXPECT_TRUE(cache.ids.empty());
+  // One prompt a cache.
+  expect_error([&] { generate_batch(model, {{1}, {2}}, 2, {}, {}, {}, &cache); },
+               {"a PromptCache serves one prompt at a time, got 2"});
 }
 
 // The runs a ragged batch prefills as: the least cost (rows plus `group` a run; or rows below 10

@@ -68,18 +68,33 @@ void print_text(const std::string& text) {
   if (const std::string why = stdout_failure(); !why.empty()) throw Error(why);
 }
 
+// One generation's summary on stderr: its prompt's time, which includes the first new token's draw, and
+// the rate of the steps after it; `reused`: the prompt's positions taken from the KV cache (PromptCache).
+void say_timing(const model::Generation& g, size_t prompt_tokens, int64_t reused = 0) {
+  const long long generated = static_cast<long long>(g.tokens.size());
+  char rate[96] = "", cached[64] = "";
+  if (generated >= 2)
+    std::snprintf(rate, sizeof rate, ", the last %lld in %.3f s (%.1f tokens/s)", generated - 1, g.decode_seconds,
+                  g.decode_seconds > 0 ? (generated - 1) / g.decode_seconds : 0.0);
+  if (reused > 0) std::snprintf(cached, sizeof cached, " (%lld of them cached)", static_cast<long long>(reused));
+  std::fprintf(stderr, "prompt %zu token%s%s in %.3f s%s; generated %lld token%s%s\n", prompt_tokens,
+               prompt_tokens == 1 ? "" : "s", cached, g.prefill_seconds,
+               generated > 0 ? " with the first new token" : "", generated, generated == 1 ? "" : "s", rate);
+}
+
 // The GPU's context for a conversation on stdin (its length is not known up front): the model's, up to this.
 constexpr int64_t kConversationContext = 8192;
 
 // `twell run --chat` without prompts: a conversation on stdin, a user's message a line, each reply
-// streamed as it comes; every turn renders the whole history through the template (the replies as their
-// text), as a chat UI over transformers does. It ends at the end of the input, or where the history no
-// longer leaves room in the context.
+// streamed as it comes, its timing on stderr; every turn renders the whole history through the template
+// (the replies as their text), as a chat UI over transformers does, and prefills what the KV cache does not
+// hold of it. It ends at the end of the input, or where the history no longer leaves room in the context.
 void converse(model::LanguageModel& model, const model::Tokenizer& tok, const model::ChatTemplate& chat,
               const std::string& system, int64_t max_tokens, const model::SamplingOptions& sampling,
               const std::vector<int32_t>& stops, const std::vector<std::string>& stop_strings, bool skip_special) {
   std::vector<model::ChatMessage> history;
   if (!system.empty()) history.push_back({"system", system});
+  model::PromptCache cache;  // what the KV cache holds of the conversation after each turn
   const bool tty = isatty(STDIN_FILENO) != 0;
   if (tty) std::fprintf(stderr, "a conversation: type a message, then Enter; Ctrl-D ends it\n");
   for (std::string line;;) {
@@ -107,13 +122,14 @@ void converse(model::LanguageModel& model, const model::Tokenizer& tok, const mo
       if (!piece.empty()) print_text(piece);
       return shown.stopped();
     };
-    const model::Generation g = model::generate_batch(model, {ids}, max_tokens, sampling, stops, stream)[0];
+    const model::Generation g = model::generate_batch(model, {ids}, max_tokens, sampling, stops, stream, &cache)[0];
     const std::string tail = shown.finish();
     reply += tail;
     print_text(tail + "\n");
     std::cout.flush();
     if (g.reason == model::StopReason::context_full)
       std::fprintf(stderr, "(stopped: the context of %lld positions is full)\n", static_cast<long long>(model.context()));
+    say_timing(g, ids.size(), cache.reused);
     history.push_back({"assistant", reply});
   }
 }
@@ -421,15 +437,7 @@ void register_run(CLI::App& app) {
     std::cout << shown[0].finish() << std::endl;
     say_stop(g, "");
     say_stop_string(0, "");
-    // The prompt's time includes the first new token's draw; the rate is that of the steps after it.
-    const long long generated = static_cast<long long>(g.tokens.size());
-    char rate[96] = "";
-    if (generated >= 2)
-      std::snprintf(rate, sizeof rate, ", the last %lld in %.3f s (%.1f tokens/s)", generated - 1, g.decode_seconds,
-                    g.decode_seconds > 0 ? (generated - 1) / g.decode_seconds : 0.0);
-    std::fprintf(stderr, "prompt %zu token%s in %.3f s%s; generated %lld token%s%s\n", ids[0].size(),
-                 ids[0].size() == 1 ? "" : "s", g.prefill_seconds, generated > 0 ? " with the first new token" : "",
-                 generated, generated == 1 ? "" : "s", rate);
+    say_timing(g, ids[0].size());
   });
 }
 

@@ -284,6 +284,11 @@ class LlamaCuda final : public model::LanguageModel {
                                             std::vector<model::Sampler>& samplers) override;
   std::vector<int32_t> decode_batch_sample(const std::vector<int32_t>& tokens,
                                            std::vector<model::Sampler>& samplers) override;
+  // Prefix reuse (model::LanguageModel::prefill_from): the tokens after the kept positions run as a
+  // prefill at those positions, in chunks of max_tokens, attending to the cached keys.
+  Tensor prefill_from(int64_t keep, const std::vector<int32_t>& tokens) override;
+  std::vector<int32_t> prefill_from_sample(int64_t keep, const std::vector<int32_t>& tokens,
+                                           std::vector<model::Sampler>& samplers) override;
   int64_t max_batch() const override;  // LlamaCudaOptions::max_batch
   int64_t sequences_a_forward() const override { return max_batch(); }
   std::vector<int64_t> cached_lengths() const override;

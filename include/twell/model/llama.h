@@ -200,6 +200,28 @@ class LanguageModel {
   virtual int64_t sequences_a_forward() const { return 1; }
   // Positions cached per sequence of the last prefill or prefill_batch (empty after reset()).
   virtual std::vector<int64_t> cached_lengths() const;
+
+  // Prefix reuse (a conversation's next turn, prompts that share a system prompt): where the cache
+  // holds one sequence, keeps its first `keep` positions (0 ≤ keep ≤ cached_tokens()) and runs
+  // `tokens` (at least one) at the positions after them, returning the last one's logits [V]: those
+  // of prefill(the kept prefix + tokens) up to the summation order of a forward in two parts
+  // (LlamaCpu: the same bits). keep = 0 is prefill(tokens). The backend must keep a KV cache it can
+  // cut; the default refuses keep > 0. A refused call changes nothing; one that fails part way
+  // leaves the cache empty.
+  virtual Tensor prefill_from(int64_t keep, const std::vector<int32_t>& tokens);
+  // The same, the next token drawn by samplers[0] (one sampler), as prefill_batch_sample draws.
+  virtual std::vector<int32_t> prefill_from_sample(int64_t keep, const std::vector<int32_t>& tokens,
+                                                   std::vector<Sampler>& samplers);
+  // A count that changes with every call that may change the cache (prefill, decode, reset, ...;
+  // never reused): PromptCache checks that nothing else ran on the model between its generations.
+  uint64_t cache_writes() const { return cache_writes_; }
+
+ protected:
+  // Each backend calls it from every public method that may change its cache, before the change.
+  void cache_written() { ++cache_writes_; }
+
+ private:
+  uint64_t cache_writes_ = 0;
 };
 
 // The CPU backend: the reference the GPU runtime is tested against. Its loops run on
@@ -240,6 +262,7 @@ class LlamaCpu final : public LanguageModel {
   Tensor decode_batch(const std::vector<int32_t>& tokens) override;
   int64_t max_batch() const override { return kMaxBatch; }
   std::vector<int64_t> cached_lengths() const override;
+  Tensor prefill_from(int64_t keep, const std::vector<int32_t>& tokens) override;  // the same bits as prefill()
   static constexpr int64_t kMaxBatch = 65535;
 
  private:
@@ -365,15 +388,34 @@ struct Generation {
                                // (tokens.size() - 1) / it; 0 for one token)
 };
 
+// What a model's KV cache holds between generations that reuse it (generate_batch with one
+// prompt and a cache): the ids at its positions. A generation with it prefills only the part of its
+// prompt after the longest prefix the prompt shares with them (prefill_from; at least the prompt's
+// last token runs), then records what the cache holds after it: the prompt and the tokens drawn
+// but the last. It reuses nothing where anything else ran on the model since (cache_writes), so a
+// stale cache costs a whole prefill, never a wrong result.
+struct PromptCache {
+  std::vector<int32_t> ids;  // what the cache holds at positions 0..; empty: nothing known
+  uint64_t writes = 0;       // the model's cache_writes() when `ids` was recorded
+  const LanguageModel* model = nullptr;
+  int64_t reused = 0;        // positions the last generation took from the cache rather than computing them
+
+  // The positions of `prompt` that `model`'s cache holds now: those of the longest prefix it shares
+  // with `ids`, at most prompt.size() − 1; 0 where the cache holds something else.
+  int64_t reusable(const LanguageModel& m, const std::vector<int32_t>& prompt) const;
+  void forget() { *this = PromptCache{}; }
+};
+
 // Prefills `prompt` (even when max_new_tokens is 0, which times the prompt alone), then samples
 // up to `max_new_tokens` tokens with decode steps, stopping after any of `stop_tokens`
 // (end-of-sequence ids) or when the model's context is full. `on_token`, if given, sees each token
 // as soon as it is drawn, the stop token included, before the next step is computed: for
 // streaming. If it or the model throws, the exception propagates. Uses (and resets) the model's
-// KV cache. It is generate_batch of this one prompt (its rules, its sampler seeded sampling.seed).
+// KV cache. It is generate_batch of this one prompt (its rules, its sampler seeded sampling.seed;
+// `cache`: PromptCache).
 Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
                     const SamplingOptions& sampling, const std::vector<int32_t>& stop_tokens = {},
-                    const std::function<void(int32_t)>& on_token = {});
+                    const std::function<void(int32_t)>& on_token = {}, PromptCache* cache = nullptr);
 
 struct Perplexity {
   int64_t predictions = 0;  // T − 1
@@ -407,11 +449,13 @@ std::vector<int64_t> prefill_chunks(int64_t tokens, int64_t max_tokens);
 // result's prefill_seconds is the batch's; its decode_seconds runs to that sequence's last token.
 // The model runs the prompts ordered by length (stable; LlamaCuda pads fewer rows: prefill_runs), so
 // its cache afterwards (cached_lengths) holds the sequences in that order; the results and
-// on_token's b are the caller's order.
+// on_token's b are the caller's order. `cache` (one prompt only): reuse of what the model's cache
+// holds from the generation before (PromptCache), whose ids it updates.
 std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<std::vector<int32_t>>& prompts,
                                        int64_t max_new_tokens, const SamplingOptions& sampling,
                                        const std::vector<int32_t>& stop_tokens = {},
-                                       const std::function<bool(int64_t, int32_t)>& on_token = {});
+                                       const std::function<bool(int64_t, int32_t)>& on_token = {},
+                                       PromptCache* cache = nullptr);
 
 // Perplexity of a sequence under one full forward (T ≥ 2): model.next_token_nll, with `ffn_stats`
 // as for logits().
