@@ -35,7 +35,7 @@ extern "C" {
 /* Bumped whenever a struct or a signature below changes; twell_c_api_version() returns it. The
  * library's file name does not follow it: a program checks twell_c_api_version() == TWELL_C_API_VERSION
  * at start (examples/c_api does), so that a library of other layouts is refused, not misread. */
-#define TWELL_C_API_VERSION 9
+#define TWELL_C_API_VERSION 10
 
 enum { TWELL_OK = 0, TWELL_ERROR = 1 };
 
@@ -309,7 +309,7 @@ typedef int (*twell_token_fn)(int32_t token, void* user);
 typedef struct {
   int64_t n_tokens; /* written to tokens */
   int32_t reason;   /* twell_stop_reason */
-  int32_t reserved;
+  int32_t reused;   /* the prompt's positions taken from the KV cache (twell_model_set_prefix_reuse), else 0 */
   /* prefill_seconds: up to the first new token (the prompt's forward and the first draw);
    * decode_seconds: the tokens after it, from after the first token's callback (counted in neither)
    * on (n_tokens - 1 decode steps, their draws and callbacks included; 0 for one token). */
@@ -325,6 +325,16 @@ TWELL_C_API int twell_model_generate(twell_model* model, const int32_t* prompt, 
                                      int64_t max_new_tokens, const twell_sampling* sampling, const int32_t* stop,
                                      int64_t n_stop, twell_token_fn on_token, void* user, int32_t* tokens,
                                      twell_generation* result);
+
+/* Prefix reuse for twell_model_generate (model::PromptCache), off by default: on (non-zero), a generation
+ * prefills only the part of its prompt after the longest prefix it shares with what the KV cache holds
+ * from the model's last twell_model_generate (its prompt and every new token but the last), where nothing
+ * else has run on the model since (else it prefills the whole prompt); at least the prompt's last token
+ * runs. A conversation's next turn then costs its new tokens, not the whole history. The logits are a
+ * whole prefill's up to the summation order of a forward in two parts (the CPU's: the same bits), so on
+ * the GPU a repeated call may draw another token where two are nearly tied. Off: every generation
+ * prefills its whole prompt. twell_generation.reused says how many positions a call took. */
+TWELL_C_API int twell_model_set_prefix_reuse(twell_model* model, int32_t on);
 
 /* Sees each token of sequence `sequence` as soon as it is drawn; non-zero stops that sequence after it
  * (TWELL_STOP_CALLBACK, unless the token is a stop token). The same calls are refused as from a

@@ -174,6 +174,21 @@ class ModelOnTheCpu(unittest.TestCase):
         self.assertEqual(stop, a[:a.index(a[4]) + 1])
         self.assertEqual(m.last_generation["reason"], "stop_token")
 
+    def test_reuse_cache_prefills_only_the_new_turn(self):
+        m = self.model
+        first = [256, 1, 2, 3]
+        a = m.generate(first, max_new_tokens=4, stop=False, reuse_cache=True)
+        self.assertEqual(m.last_generation["reused_tokens"], 0)
+        turn = first + a + [9, 8]
+        b = m.generate(turn, max_new_tokens=4, temperature=0.9, seed=2, stop=False, reuse_cache=True)
+        self.assertEqual(m.last_generation["reused_tokens"], len(first) + len(a) - 1)
+        self.assertEqual(b, m.generate(turn, max_new_tokens=4, temperature=0.9, seed=2, stop=False))  # the same bits
+        self.assertEqual(m.last_generation["reused_tokens"], 0)  # off by default
+        m.generate(turn, max_new_tokens=1, stop=False, reuse_cache=True)  # after a call without: from scratch
+        self.assertEqual(m.last_generation["reused_tokens"], 0)
+        m.generate(turn, max_new_tokens=1, stop=False, reuse_cache=True)  # all but the last token, run again
+        self.assertEqual(m.last_generation["reused_tokens"], len(turn) - 1)
+
     def test_batch_generation_is_each_prompt_generated_alone(self):
         m = self.model
         prompts = ["ab", [256, 1, 2, 3], "hello there", [256]]

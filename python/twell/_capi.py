@@ -11,7 +11,7 @@ import glob
 import operator
 import os
 
-API_VERSION = 9
+API_VERSION = 10
 MAX_DIMS = 4
 OK, ERROR = 0, 1
 BF16, F16, F32, F64 = 0, 1, 2, 3
@@ -75,7 +75,7 @@ class Sampling(ctypes.Structure):
 
 
 class Generation(ctypes.Structure):
-    _fields_ = [("n_tokens", ctypes.c_int64), ("reason", ctypes.c_int32), ("reserved", ctypes.c_int32),
+    _fields_ = [("n_tokens", ctypes.c_int64), ("reason", ctypes.c_int32), ("reused", ctypes.c_int32),
                 ("prefill_seconds", ctypes.c_double), ("decode_seconds", ctypes.c_double)]
 
 
@@ -185,6 +185,7 @@ _sig = {
     "twell_model_prefill": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, _P(ctypes.c_float)]),
     "twell_model_decode_step": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int32, _P(ctypes.c_float)]),
     "twell_model_reset": (ctypes.c_int, [ctypes.c_void_p]),
+    "twell_model_set_prefix_reuse": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int32]),
     "twell_model_cached_tokens": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int64)]),
     "twell_model_eos_ids": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64, _P(ctypes.c_int64)]),
     "twell_model_perplexity_windows": (ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int32), ctypes.c_int64,

@@ -762,7 +762,8 @@ class Model(_OwnsAHandle):
         return s
 
     def generate(self, prompt, max_new_tokens=64, temperature=None, top_k=None, top_p=None, seed=0, stop=True,
-                 stream=None, stop_strings=None, min_p=None, repetition_penalty=None, skip_special_tokens=False):
+                 stream=None, stop_strings=None, min_p=None, repetition_penalty=None, skip_special_tokens=False,
+                 reuse_cache=False):
         """Continues prompt (a str or its UTF-8 bytes; a conversation, a list of {"role": ..., "content": ...}
         dicts, which the model's chat template turns into its text with the assistant's header after it, as
         transformers' apply_chat_template(add_generation_prompt=True) and `twell run --chat`; or a list of
@@ -790,6 +791,13 @@ class Model(_OwnsAHandle):
         with the string met as "stop_string", "stop_token", "max_tokens", "context_full", or "callback":
         the stream asked) and its timings: prefill_seconds up to the first new token (the prompt's
         forward and the first draw), decode_seconds for the tokens after it, tokens_per_second their rate.
+
+        reuse_cache: prefill only the part of the prompt after the longest prefix it shares with what the KV
+        cache holds from this model's last generate() (its prompt and new tokens but the last; nothing where
+        anything else ran on the model since), as a chat loop's next turn wants: last_generation's
+        reused_tokens says how many positions it took. The logits are a whole prefill's up to the order of
+        the sums (the CPU's: the same bits), so on the GPU a repeated call may draw another token where two
+        are nearly tied; False (the default) prefills the whole prompt every time.
         """
         text_prompt = _text_prompt(prompt)
         stop_strings = _stop_strings(stop_strings)
@@ -820,6 +828,7 @@ class Model(_OwnsAHandle):
             else _capi.TOKEN_FN()
         with _streams_open([streamer]), _interrupt_noted(state), self._busy("generate") as h, \
                 _callback_error_first(state):
+            _capi.check(_capi.lib.twell_model_set_prefix_reuse(h, 1 if reuse_cache else 0))
             _capi.check(_capi.lib.twell_model_generate(h, c_prompt, n_prompt, room, ctypes.byref(s),
                                                        c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
             tail = streamer.rest() if streamer is not None else ""
@@ -963,7 +972,7 @@ def _generation_record(new, g, stop_string=None):
     """last_generation's dict of one sequence's new ids and its twell_generation; stop_string: the one that
     ended it (its callback's stop), if any."""
     record = {"tokens": new, "reason": _capi.STOP_REASONS.get(g.reason, "?"), "prefill_seconds": g.prefill_seconds,
-              "decode_seconds": g.decode_seconds,
+              "decode_seconds": g.decode_seconds, "reused_tokens": g.reused,
               "tokens_per_second": (len(new) - 1) / g.decode_seconds if len(new) >= 2 and g.decode_seconds > 0
               else 0.0}
     if stop_string is not None:

@@ -64,6 +64,8 @@ struct twell_model {
   // A generation is running: its token callback may not call the model (it would change the cache
   // under the generation).
   bool generating = false;
+  bool prefix_reuse = false;             // twell_model_set_prefix_reuse
+  twell::model::PromptCache prompt_cache;  // what twell_model_generate left in the KV cache
 };
 struct twell_tokenizer {
   std::unique_ptr<twell::model::Tokenizer> tokenizer;
@@ -778,10 +780,18 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     TWELL_REQUIRE(!p.empty(), "twell_model_generate: empty prompt");
     check_prompts(m, {p}, "twell_model_generate", false);
     const Generating busy(model);
-    const model::Generation g = model::generate_batch(m, {p}, max_new_tokens, so, stops, seen)[0];
+    model::PromptCache* cache = model->prefix_reuse ? &model->prompt_cache : nullptr;
+    const model::Generation g = model::generate_batch(m, {p}, max_new_tokens, so, stops, seen, cache)[0];
     std::copy(g.tokens.begin(), g.tokens.end(), tokens);
-    *result = twell_generation{static_cast<int64_t>(g.tokens.size()), static_cast<int32_t>(g.reason), 0,
-                               g.prefill_seconds, g.decode_seconds};
+    *result = twell_generation{static_cast<int64_t>(g.tokens.size()), static_cast<int32_t>(g.reason),
+                               cache ? static_cast<int32_t>(cache->reused) : 0, g.prefill_seconds, g.decode_seconds};
+  });
+}
+
+int twell_model_set_prefix_reuse(twell_model* model, int32_t on) {
+  return guarded([&] {
+    object(model);  // checks it
+    model->prefix_reuse = on != 0;
   });
 }
 

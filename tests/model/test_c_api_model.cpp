@@ -228,6 +228,50 @@ TEST_F(CApiModel, GenerationDrawsTheCppTokensAndStopsWhereTheCallbackSays) {
   twell_model_destroy(m);
 }
 
+// Prefix reuse (twell_model_set_prefix_reuse): a conversation's second turn takes the first turn's
+// positions from the cache and draws the C++ tokens of its whole prompt (the CPU: the same bits);
+// anything else on the model in between (a prefill), or reuse off, takes none.
+TEST_F(CApiModel, PrefixReuseTakesTheCachedTurnAndDrawsTheSameTokens) {
+  twell_model* m = load();
+  ASSERT_NE(m, nullptr);
+  LlamaCpu ref = reference();
+  std::vector<int32_t> tokens(5, -1);
+  twell_generation g;
+  ASSERT_EQ(twell_model_set_prefix_reuse(m, 1), TWELL_OK);
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 5, nullptr, nullptr, 0, nullptr, nullptr, tokens.data(), &g),
+            TWELL_OK)
+      << error_text();
+  EXPECT_EQ(g.reused, 0);
+  std::vector<int32_t> turn = prompt_;
+  turn.insert(turn.end(), tokens.begin(), tokens.end());
+  turn.insert(turn.end(), {7, 8, 9});
+  for (const bool reuse : {true, false}) {
+    ASSERT_EQ(twell_model_set_prefix_reuse(m, reuse ? 1 : 0), TWELL_OK);
+    if (reuse) {  // the first turn again, then the second
+      ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 5, nullptr, nullptr, 0, nullptr, nullptr, tokens.data(), &g),
+                TWELL_OK);
+    }
+    std::vector<int32_t> second(4, -1);
+    ASSERT_EQ(twell_model_generate(m, turn.data(), int64_t(turn.size()), 4, nullptr, nullptr, 0, nullptr, nullptr,
+                                   second.data(), &g),
+              TWELL_OK)
+        << error_text();
+    EXPECT_EQ(g.reused, reuse ? 6 + 5 - 1 : 0);
+    EXPECT_EQ(second, generate(ref, turn, 4, {}).tokens);
+  }
+  ASSERT_EQ(twell_model_set_prefix_reuse(m, 1), TWELL_OK);
+  ASSERT_EQ(twell_model_generate(m, prompt_.data(), 6, 5, nullptr, nullptr, 0, nullptr, nullptr, tokens.data(), &g),
+            TWELL_OK);
+  std::vector<float> logits(size_t(config_.vocab_size));
+  ASSERT_EQ(twell_model_prefill(m, turn.data(), 3, logits.data()), TWELL_OK);
+  ASSERT_EQ(twell_model_generate(m, turn.data(), int64_t(turn.size()), 4, nullptr, nullptr, 0, nullptr, nullptr,
+                                 tokens.data(), &g),
+            TWELL_OK);
+  EXPECT_EQ(g.reused, 0) << "a prefill ran in between";
+  EXPECT_EQ(twell_model_set_prefix_reuse(nullptr, 1), TWELL_ERROR);
+  twell_model_destroy(m);
+}
+
 // A twell_sampling completed from generation_config.json as model::with_generation_config does: the
 // fields given kept; nothing taken where there is no file; a value taken out of range refused, leaving
 // *sampling as it was.
