@@ -82,6 +82,16 @@ void say_timing(const model::Generation& g, size_t prompt_tokens, int64_t reused
                generated > 0 ? " with the first new token" : "", generated, generated == 1 ? "" : "s", rate);
 }
 
+// The text of a generation's new tokens after `prompt` as they come, cut at a stop string (TextStream).
+model::TextStream text_stream(const model::Tokenizer& tok, const std::vector<int32_t>& prompt,
+                              const std::vector<int32_t>& stops, const std::vector<std::string>& stop_strings,
+                              bool skip_special) {
+  model::TextStream shown(tok, prompt, stops);
+  shown.stop_at(stop_strings);
+  if (skip_special) shown.skip_special_tokens();
+  return shown;
+}
+
 // The GPU's context for a conversation on stdin (its length is not known up front): the model's, up to this.
 constexpr int64_t kConversationContext = 8192;
 
@@ -112,9 +122,7 @@ void converse(model::LanguageModel& model, const model::Tokenizer& tok, const mo
     TWELL_REQUIRE(static_cast<int64_t>(ids.size()) < model.context(), "the conversation is now ", ids.size(),
                   " tokens, which leaves no room for a reply in the context of ", model.context(),
                   " positions: the conversation ends here (start a new one)");
-    model::TextStream shown(tok, ids, stops);
-    shown.stop_at(stop_strings);
-    if (skip_special) shown.skip_special_tokens();
+    model::TextStream shown = text_stream(tok, ids, stops, stop_strings, skip_special);
     std::string reply;
     const auto stream = [&](int64_t, int32_t token) {
       const std::string piece = shown.put(token);
@@ -364,13 +372,8 @@ void register_run(CLI::App& app) {
         std::fprintf(stderr, "(%sstopped: the context of %lld positions is full)\n", label.c_str(),
                      static_cast<long long>(model->context()));
     };
-    // The text of each sequence's new tokens as it comes, cut at a stop string.
-    std::vector<model::TextStream> shown;
-    for (size_t b = 0; b < B; ++b) {
-      shown.emplace_back(*tok, texts[b], stops);
-      shown.back().stop_at(stop_strings);
-      if (*skip_special) shown.back().skip_special_tokens();
-    }
+    std::vector<model::TextStream> shown;  // each sequence's text
+    for (size_t b = 0; b < B; ++b) shown.push_back(text_stream(*tok, texts[b], stops, stop_strings, *skip_special));
     const auto say_stop_string = [&](size_t b, const std::string& label) {
       if (shown[b].stopped())
         std::fprintf(stderr, "(%sstopped: --stop \"%s\")\n", label.c_str(), escape_stop(shown[b].stopped_by()).c_str());
