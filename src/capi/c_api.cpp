@@ -784,7 +784,7 @@ int twell_model_generate(twell_model* model, const int32_t* prompt, int64_t n_pr
     const model::Generation g = model::generate_batch(m, {p}, max_new_tokens, so, stops, seen, cache)[0];
     std::copy(g.tokens.begin(), g.tokens.end(), tokens);
     *result = twell_generation{static_cast<int64_t>(g.tokens.size()), static_cast<int32_t>(g.reason),
-                               cache ? static_cast<int32_t>(cache->reused) : 0, g.prefill_seconds, g.decode_seconds};
+                               static_cast<int32_t>(g.reused), g.prefill_seconds, g.decode_seconds};
   });
 }
 

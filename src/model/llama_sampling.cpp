@@ -14,6 +14,7 @@
 #include "cpu/fp_contract_off.h"  // must come first, see there: the top logit's weight must be exactly 1
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -414,8 +415,13 @@ std::vector<int32_t> LanguageModel::prefill_from_sample(int64_t keep, const std:
   return sample_rows(one_row(prefill_from(keep, tokens)), samplers, nullptr);
 }
 
+uint64_t LanguageModel::next_cache_stamp() {
+  static std::atomic<uint64_t> last{0};
+  return ++last;
+}
+
 int64_t PromptCache::reusable(const LanguageModel& m, const std::vector<int32_t>& prompt) const {
-  if (model != &m || writes != m.cache_writes() || ids.empty() ||
+  if (model != &m || writes != m.cache_writes() || !m.keeps_prefix() || ids.empty() ||
       m.cached_lengths() != std::vector<int64_t>{static_cast<int64_t>(ids.size())})
     return 0;
   const size_t most = std::min(ids.size(), prompt.empty() ? 0 : prompt.size() - 1);
@@ -517,15 +523,17 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
   std::vector<Generation> gens(B);
   const auto t0 = clock::now();
   std::vector<int32_t> next;
+  int64_t reused = 0;
+  uint64_t our_writes = 0;  // cache_writes() after this generation's last call of the model
   if (cache) {  // the part of the prompt the cache does not hold
-    const int64_t keep = cache->reusable(model, prompts[0]);
+    reused = cache->reusable(model, prompts[0]);
     cache->forget();  // until this generation has ended: one that throws leaves nothing known
-    cache->reused = keep;
-    const std::vector<int32_t> rest(prompts[0].begin() + keep, prompts[0].end());
+    const std::vector<int32_t> rest(prompts[0].begin() + reused, prompts[0].end());
     if (max_new_tokens > 0)
-      next = model.prefill_from_sample(keep, rest, samplers);
+      next = model.prefill_from_sample(reused, rest, samplers);
     else
-      model.prefill_from(keep, rest);
+      model.prefill_from(reused, rest);
+    our_writes = model.cache_writes();
   } else if (max_new_tokens > 0) {
     next = model.prefill_batch_sample(ordered, samplers);
   } else {
@@ -576,7 +584,10 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
       }
     }
     if (!decode_start) decode_start = clock::now();
-    if (live > 0) next = model.decode_batch_sample(next, samplers);
+    if (live > 0) {
+      next = model.decode_batch_sample(next, samplers);
+      our_writes = model.cache_writes();
+    }
   }
   for (size_t b = 0; b < B; ++b) {
     gens[b].prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -584,12 +595,13 @@ std::vector<Generation> generate_batch(LanguageModel& model, const std::vector<s
     gens[b].decode_seconds = ended[b] > from ? std::chrono::duration<double>(ended[b] - from).count() : 0.0;
   }
   if (cache) {  // the prompt and every token drawn but the last, which no step ran
+    gens[0].reused = reused;
     std::vector<int32_t> held = prompts[0];
     if (!gens[0].tokens.empty()) held.insert(held.end(), gens[0].tokens.begin(), gens[0].tokens.end() - 1);
-    if (model.cached_lengths() == std::vector<int64_t>{static_cast<int64_t>(held.size())}) {
-      const int64_t reused = cache->reused;
-      *cache = PromptCache{std::move(held), model.cache_writes(), &model, reused};
-    }
+    // Nothing but this generation wrote the cache (a callback may call the model), and it holds them.
+    if (model.cache_writes() == our_writes &&
+        model.cached_lengths() == std::vector<int64_t>{static_cast<int64_t>(held.size())})
+      *cache = PromptCache{std::move(held), our_writes, &model};
   }
   return gens;
 }

@@ -520,11 +520,11 @@ TEST(LlamaCuda, PrefillFromAKeptPrefixMatchesCpu) {
   const model::SamplingOptions sampled{0.9, 20, 0.9, 17};
   std::vector<int32_t> conversation(tokens.begin(), tokens.begin() + 40);
   const model::Generation one = model::generate(gpu, conversation, 6, sampled, {}, {}, &cache);
-  EXPECT_EQ(cache.reused, 0);
+  EXPECT_EQ(one.reused, 0);
   conversation.insert(conversation.end(), one.tokens.begin(), one.tokens.end());
   conversation.insert(conversation.end(), tokens.begin() + 50, tokens.begin() + 60);
   const model::Generation two = model::generate(gpu, conversation, 6, sampled, {}, {}, &cache);
-  EXPECT_EQ(cache.reused, 40 + 6 - 1);
+  EXPECT_EQ(two.reused, 40 + 6 - 1);
   EXPECT_EQ(two.tokens.size(), 6u);
   EXPECT_EQ(cache.ids.size(), conversation.size() + 5);
   EXPECT_EQ(gpu.cached_lengths(), std::vector<int64_t>{int64_t(cache.ids.size())});

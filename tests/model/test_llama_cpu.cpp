@@ -1221,7 +1221,7 @@ TEST_F(LlamaCpuTest, PromptCacheReusesTheCachedPrefixAndNothingStale) {
     EXPECT_EQ(g.tokens, generate(fresh, conversation, 5, sampled).tokens) << "turn " << turn;
     // Turn 0 had nothing cached; later ones the previous turn's prompt and its tokens but the last
     // (which no step ran), not the new message.
-    EXPECT_EQ(cache.reused, turn == 0 ? 0 : int64_t(conversation.size()) - 4) << "turn " << turn;
+    EXPECT_EQ(g.reused, turn == 0 ? 0 : int64_t(conversation.size()) - 4) << "turn " << turn;
     conversation.insert(conversation.end(), g.tokens.begin(), g.tokens.end());
     EXPECT_EQ(cache.ids, std::vector<int32_t>(conversation.begin(), conversation.end() - 1));
     conversation.insert(conversation.end(), {2, 7, 1});  // the next message
@@ -1231,28 +1231,59 @@ TEST_F(LlamaCpuTest, PromptCacheReusesTheCachedPrefixAndNothingStale) {
   std::vector<int32_t> other(cache.ids.begin(), cache.ids.begin() + 4);
   other.push_back(60);
   const Generation g = generate(model, other, 3, {}, {}, {}, &cache);
-  EXPECT_EQ(cache.reused, 4);
+  EXPECT_EQ(g.reused, 4);
   EXPECT_EQ(g.tokens, generate(fresh, other, 3, {}).tokens);
   const std::vector<int32_t> held = cache.ids;
-  EXPECT_EQ(generate(model, held, 2, {}, {}, {}, &cache).tokens, generate(fresh, held, 2, {}).tokens);
-  EXPECT_EQ(cache.reused, int64_t(held.size()) - 1);
+  const Generation again = generate(model, held, 2, {}, {}, {}, &cache);
+  EXPECT_EQ(again.tokens, generate(fresh, held, 2, {}).tokens);
+  EXPECT_EQ(again.reused, int64_t(held.size()) - 1);
   generate(model, {5, 9, 11, 3}, 0, {}, {}, {}, &cache);
   EXPECT_EQ(cache.ids, (std::vector<int32_t>{5, 9, 11, 3}));
-  // Anything else on the model between two generations: nothing reused, the right tokens.
+  // Anything else on the model between two generations, or inside one (its callback), or another
+  // model in its place (moved in: the same address, another cache): nothing reused, the right tokens.
   const std::vector<int32_t> next = {5, 9, 11, 3, 8};
+  const std::vector<int32_t> want = generate(fresh, next, 4, {}).tokens;
   for (const auto& other_use : std::vector<std::function<void()>>{
            [&] { model.prefill({5, 9, 11, 4}); },  // the same length, another token
            [&] { model.decode_step(1); }, [&] { model.reset(); }}) {
     generate(model, {5, 9, 11, 3}, 0, {}, {}, {}, &cache);
     other_use();
-    EXPECT_EQ(generate(model, next, 4, {}, {}, {}, &cache).tokens, generate(fresh, next, 4, {}).tokens);
-    EXPECT_EQ(cache.reused, 0);
+    const Generation after = generate(model, next, 4, {}, {}, {}, &cache);
+    EXPECT_EQ(after.tokens, want);
+    EXPECT_EQ(after.reused, 0);
   }
-  // Another model with the same count of cache writes: nothing reused.
-  LlamaCpu twin = tiny(false);
+  const std::string other_dir = dir_ + "/other";
+  write_hf(other_dir, tiny_config("relu", false), random_hf_tensors(tiny_config("relu", false), 301));
+  LlamaCpu other_weights(LlamaWeights::load_dir(other_dir)), other_fresh(LlamaWeights::load_dir(other_dir));
   generate(model, {5, 9, 11, 3}, 0, {}, {}, {}, &cache);
-  EXPECT_EQ(generate(twin, next, 4, {}, {}, {}, &cache).tokens, generate(fresh, next, 4, {}).tokens);
-  EXPECT_EQ(cache.reused, 0);
+  generate(other_weights, {5, 9, 11, 3}, 0, {});  // the same calls since loading, the same cache length
+  model = std::move(other_weights);
+  const Generation moved = generate(model, next, 4, {}, {}, {}, &cache);
+  EXPECT_EQ(moved.reused, 0);
+  EXPECT_EQ(moved.tokens, generate(other_fresh, next, 4, {}).tokens);
+  model = tiny(false);
+  generate(model, {5, 9, 11, 3}, 0, {}, {}, {}, &cache);
+  int drawn = 0;  // at the last token, the callback fills the cache with as many other positions
+  const Generation meddled = generate(model, {5, 9, 11, 3, 8, 8}, 3, {}, {}, [&](int32_t) {
+    if (++drawn == 3) model.prefill(std::vector<int32_t>(8, 1));
+  }, &cache);
+  EXPECT_EQ(meddled.reused, 4);
+  EXPECT_TRUE(cache.ids.empty()) << "the callback wrote the cache: nothing is known of it";
+  // What each way of stopping leaves cached: the prompt and the tokens but the last.
+  const int32_t stop = generate(fresh, next, 4, {}).tokens[1];
+  for (const auto& [n, stops] : {std::pair{int64_t{4}, std::vector<int32_t>{stop}},
+                                 std::pair{int64_t{1000}, std::vector<int32_t>{}}}) {  // a stop token; a full context
+    const Generation ended = generate(model, next, n, {}, stops, {}, &cache);
+    EXPECT_EQ(ended.reason, stops.empty() ? StopReason::context_full : StopReason::stop_token);
+    std::vector<int32_t> held_now = next;
+    held_now.insert(held_now.end(), ended.tokens.begin(), ended.tokens.end() - 1);
+    EXPECT_EQ(cache.ids, held_now);
+    std::vector<int32_t> more(held_now.begin(), held_now.end() - 1);
+    more.push_back(2);
+    const Generation on = generate(model, more, 1, {}, {}, {}, &cache);
+    EXPECT_EQ(on.reused, int64_t(more.size()) - 1);
+    EXPECT_EQ(on.tokens, generate(fresh, more, 1, {}).tokens);
+  }
   // A generation that throws leaves the cache unknown: the next one starts afresh.
   generate(model, {5, 9, 11, 3}, 0, {}, {}, {}, &cache);
   EXPECT_THROW(generate(model, next, 4, {}, {}, [](int32_t) { throw Error("stop"); }, &cache), Error);

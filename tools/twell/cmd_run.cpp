@@ -69,14 +69,14 @@ void print_text(const std::string& text) {
 }
 
 // One generation's summary on stderr: its prompt's time, which includes the first new token's draw, and
-// the rate of the steps after it; `reused`: the prompt's positions taken from the KV cache (PromptCache).
-void say_timing(const model::Generation& g, size_t prompt_tokens, int64_t reused = 0) {
+// the rate of the steps after it, and how much of the prompt the KV cache held (PromptCache).
+void say_timing(const model::Generation& g, size_t prompt_tokens) {
   const long long generated = static_cast<long long>(g.tokens.size());
   char rate[96] = "", cached[64] = "";
   if (generated >= 2)
     std::snprintf(rate, sizeof rate, ", the last %lld in %.3f s (%.1f tokens/s)", generated - 1, g.decode_seconds,
                   g.decode_seconds > 0 ? (generated - 1) / g.decode_seconds : 0.0);
-  if (reused > 0) std::snprintf(cached, sizeof cached, " (%lld of them cached)", static_cast<long long>(reused));
+  if (g.reused > 0) std::snprintf(cached, sizeof cached, " (%lld of them cached)", static_cast<long long>(g.reused));
   std::fprintf(stderr, "prompt %zu token%s%s in %.3f s%s; generated %lld token%s%s\n", prompt_tokens,
                prompt_tokens == 1 ? "" : "s", cached, g.prefill_seconds,
                generated > 0 ? " with the first new token" : "", generated, generated == 1 ? "" : "s", rate);
@@ -137,7 +137,7 @@ void converse(model::LanguageModel& model, const model::Tokenizer& tok, const mo
     std::cout.flush();
     if (g.reason == model::StopReason::context_full)
       std::fprintf(stderr, "(stopped: the context of %lld positions is full)\n", static_cast<long long>(model.context()));
-    say_timing(g, ids.size(), cache.reused);
+    say_timing(g, ids.size());
     history.push_back({"assistant", reply});
   }
 }

@@ -289,6 +289,7 @@ class LlamaCuda final : public model::LanguageModel {
   Tensor prefill_from(int64_t keep, const std::vector<int32_t>& tokens) override;
   std::vector<int32_t> prefill_from_sample(int64_t keep, const std::vector<int32_t>& tokens,
                                            std::vector<model::Sampler>& samplers) override;
+  bool keeps_prefix() const override { return true; }  // with the KV cache (kv_cache): else nothing is cached
   int64_t max_batch() const override;  // LlamaCudaOptions::max_batch
   int64_t sequences_a_forward() const override { return max_batch(); }
   std::vector<int64_t> cached_lengths() const override;

@@ -205,23 +205,36 @@ class LanguageModel {
   // holds one sequence, keeps its first `keep` positions (0 ≤ keep ≤ cached_tokens()) and runs
   // `tokens` (at least one) at the positions after them, returning the last one's logits [V]: those
   // of prefill(the kept prefix + tokens) up to the summation order of a forward in two parts
-  // (LlamaCpu: the same bits). keep = 0 is prefill(tokens). The backend must keep a KV cache it can
-  // cut; the default refuses keep > 0. A refused call changes nothing; one that fails part way
-  // leaves the cache empty.
+  // (LlamaCpu: the same bits). keep = 0 is prefill(tokens). A refused call leaves the cache as it
+  // was; one that fails part way leaves it empty. Only where keeps_prefix(); the default refuses keep > 0.
   virtual Tensor prefill_from(int64_t keep, const std::vector<int32_t>& tokens);
   // The same, the next token drawn by samplers[0] (one sampler), as prefill_batch_sample draws.
   virtual std::vector<int32_t> prefill_from_sample(int64_t keep, const std::vector<int32_t>& tokens,
                                                    std::vector<Sampler>& samplers);
-  // A count that changes with every call that may change the cache (prefill, decode, reset, ...;
-  // never reused): PromptCache checks that nothing else ran on the model between its generations.
+  // Whether prefill_from keeps a prefix and every call that may change the cache moves
+  // cache_writes() (a backend that says so does both): PromptCache reuses nothing of one that does not.
+  virtual bool keeps_prefix() const { return false; }
+  // A stamp of the cache's contents: every call that may change the cache (prefill, decode, reset,
+  // ...; a refused one may too) sets it to a value no model of this process has had before, so that
+  // PromptCache sees whether anything ran on the model since it looked, whichever model this is.
   uint64_t cache_writes() const { return cache_writes_; }
 
  protected:
-  // Each backend calls it from every public method that may change its cache, before the change.
-  void cache_written() { ++cache_writes_; }
+  LanguageModel() : cache_writes_(next_cache_stamp()) {}
+  LanguageModel(const LanguageModel&) = delete;
+  LanguageModel& operator=(const LanguageModel&) = delete;
+  // A moved model is another model: a cache that looked at either reuses nothing of it.
+  LanguageModel(LanguageModel&&) noexcept : cache_writes_(next_cache_stamp()) {}
+  LanguageModel& operator=(LanguageModel&&) noexcept {
+    cache_writes_ = next_cache_stamp();
+    return *this;
+  }
+  // Each backend calls it from every public method that may change its cache.
+  void cache_written() { cache_writes_ = next_cache_stamp(); }
 
  private:
-  uint64_t cache_writes_ = 0;
+  static uint64_t next_cache_stamp();
+  uint64_t cache_writes_;
 };
 
 // The CPU backend: the reference the GPU runtime is tested against. Its loops run on
@@ -263,6 +276,7 @@ class LlamaCpu final : public LanguageModel {
   int64_t max_batch() const override { return kMaxBatch; }
   std::vector<int64_t> cached_lengths() const override;
   Tensor prefill_from(int64_t keep, const std::vector<int32_t>& tokens) override;  // the same bits as prefill()
+  bool keeps_prefix() const override { return true; }
   static constexpr int64_t kMaxBatch = 65535;
 
  private:
@@ -386,19 +400,21 @@ struct Generation {
                                // first, counted in neither figure) to the end: the tokens after the
                                // first, their draws and callbacks included (a rate:
                                // (tokens.size() - 1) / it; 0 for one token)
+  int64_t reused = 0;          // the prompt's positions taken from the KV cache, not computed (PromptCache)
 };
 
 // What a model's KV cache holds between generations that reuse it (generate_batch with one
 // prompt and a cache): the ids at its positions. A generation with it prefills only the part of its
 // prompt after the longest prefix the prompt shares with them (prefill_from; at least the prompt's
-// last token runs), then records what the cache holds after it: the prompt and the tokens drawn
-// but the last. It reuses nothing where anything else ran on the model since (cache_writes), so a
-// stale cache costs a whole prefill, never a wrong result.
+// last token runs; Generation::reused says how many positions it took), then records what the cache
+// holds after it: the prompt and the tokens drawn but the last. It reuses nothing where anything else
+// ran on the model since (cache_writes: a callback's calls too), or of a backend that does not
+// keeps_prefix(), so a stale cache costs a whole prefill, never a wrong result. A generation refused
+// or failed leaves it empty. Its fields are the generations' to set.
 struct PromptCache {
   std::vector<int32_t> ids;  // what the cache holds at positions 0..; empty: nothing known
   uint64_t writes = 0;       // the model's cache_writes() when `ids` was recorded
   const LanguageModel* model = nullptr;
-  int64_t reused = 0;        // positions the last generation took from the cache rather than computing them
 
   // The positions of `prompt` that `model`'s cache holds now: those of the longest prefix it shares
   // with `ids`, at most prompt.size() − 1; 0 where the cache holds something else.
@@ -410,9 +426,9 @@ struct PromptCache {
 // up to `max_new_tokens` tokens with decode steps, stopping after any of `stop_tokens`
 // (end-of-sequence ids) or when the model's context is full. `on_token`, if given, sees each token
 // as soon as it is drawn, the stop token included, before the next step is computed: for
-// streaming. If it or the model throws, the exception propagates. Uses (and resets) the model's
-// KV cache. It is generate_batch of this one prompt (its rules, its sampler seeded sampling.seed;
-// `cache`: PromptCache).
+// streaming. If it or the model throws, the exception propagates. Uses the model's KV cache,
+// which it starts afresh (with `cache`, it keeps what PromptCache finds it can). It is generate_batch
+// of this one prompt (its rules, its sampler seeded sampling.seed).
 Generation generate(LanguageModel& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
                     const SamplingOptions& sampling, const std::vector<int32_t>& stop_tokens = {},
                     const std::function<void(int32_t)>& on_token = {}, PromptCache* cache = nullptr);
