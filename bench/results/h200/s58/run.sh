@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../../../.."
 END=$(( $(date +%s) + ${BUDGET:-500} ))
 left() { local l=$(( END - $(date +%s) )); [ $l -gt $1 ] && echo $1 || echo $(( l > 5 ? l : 5 )); }
 NAME=${NAME:-s58}
-tar xJf ${TAR:-out/b40.tar.xz} -C out
+tar xJf ${TAR:-out/b41.tar.xz} -C out
 B=$PWD/out/head PY=/opt/torch/.venv/bin/python
 export PYTHONPATH=$PWD/python TWELL_LIBRARY=$B/libtwell_c.so
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
