@@ -10,9 +10,11 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -944,6 +946,15 @@ class ChatTemplates(unittest.TestCase):
                 m.generate_batch(conversation)
             with self.assertRaisesRegex(twell.TwellError, "JSON data"):
                 tok.apply_chat_template([{"role": "user", "content": object()}])
+        # python/examples/chat.py: two turns on stdin, the second taking the first from the cache.
+        example = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "chat.py")
+        run = subprocess.run([sys.executable, example, folder, "--device", "cpu", "--max-new-tokens", "4"],
+                             input="hi\nyo\n", capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        cached = [int(n) for n in re.findall(r"; (\d+) of the prompt's cached", run.stderr)]
+        self.assertEqual(len(cached), 2, run.stderr)
+        self.assertEqual(cached[0], 0)
+        self.assertGreater(cached[1], 5, run.stderr)
         with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
             json.dump({"chat_template": "{% for m in messages %}"}, f)
         with twell.Model(folder, device="cpu") as m:  # a template that does not parse: said where it is used
