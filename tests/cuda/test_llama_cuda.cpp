@@ -491,6 +491,7 @@ TEST(LlamaCuda, PrefillFromAKeptPrefixMatchesCpu) {
     LlamaCudaOptions o;
     o.max_tokens = max_tokens;
     o.prefill_attention = attention;
+    o.max_batch = 2;
     LlamaCuda gpu(dw, o);
     const std::vector<int32_t> first(tokens.begin(), tokens.begin() + 100);
     for (int64_t keep : {101, 60, 1}) {
