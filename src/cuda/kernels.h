@@ -399,10 +399,19 @@ struct AttentionArgs {
   const int32_t* p0 = nullptr;        // device [B]
   int B = 0, S = 0, nh = 0, nkv = 0, hd = 0, max_context = 0;
   float scale = 1.f;                  // 1/√hd
+  // launch_attention: the blocks of a cluster that split each block of query rows' keys among them
+  // (1 to kMaxKeySplits; capped at the cluster the device can run), for calls of too few query rows
+  // to fill the GPU over many keys (prefill_attention_splits).
+  int key_splits = 1;
 };
 void check_attention(int64_t head_dim);  // throws unless hd ∈ {16, 32, 64, 128}
+constexpr int kMaxKeySplits = 8;
 // The flash kernel, any S ≥ 1.
 void launch_attention(const AttentionArgs& a, cudaStream_t stream);
+// key_splits for a call of B sequences of S new tokens over `keys` keys each (their last position
+// + 1): enough blocks for one an SM, each range at least 4 tiles of 64 keys; 1 where the rows' blocks
+// alone fill the GPU.
+int prefill_attention_splits(int64_t B, int64_t S, int64_t nh, int64_t hd, int64_t keys, int sm_count);
 // A decode step (S = 1): launch_rope_kv's work and the attention in one kernel, on the same buffers
 // (`r` and `a` describe the same step). q is rotated in registers: the QKV buffer is left as it
 // is; the new key and value are written into the caches at p0. Any context up to max_context.

@@ -671,7 +671,13 @@ struct LlamaCuda::Impl {
       TWELL_REQUIRE(done || mode != PrefillAttention::cudnn, "LlamaCuda: prefill_attention = cudnn, but ", why);
       if (!done) why = "(" + why + ")";
     }
-    if (!done) launch_attention(at, stream);
+    if (!done) {
+      // Few query rows over many keys (a conversation's next turn over its history): the keys split
+      // among a cluster's blocks. Where the sequences start at different positions, none.
+      AttentionArgs split = at;
+      if (aligned) split.key_splits = prefill_attention_splits(at.B, at.S, at.nh, at.hd, call_start + at.S, sm_count);
+      launch_attention(split, stream);
+    }
     if (first_layer) kernels.attention = done ? str("cudnn ", CudnnSdpa::version()) : "twell " + why;
   }
 

@@ -135,6 +135,10 @@ const Case kCases[] = {
     {1, 1024, 0, 2, 2, 64},   // many key tiles
     {2, 65, 200, 4, 2, 64},   // GQA and a prefix longer than the new tokens
     {3, 90, 80, 4, 2, 64, 5, 40},  // ragged: the sequences' new tokens at 80, 40 and 0 (twell's kernel only)
+    {1, 21, 2000, 8, 8, 64},       // a conversation's next turn: few rows over many keys (key_splits)
+    {2, 5, 700, 4, 2, 128},
+    {1, 3, 300, 2, 1, 16},
+    {1, 150, 900, 2, 2, 32},       // two blocks of rows over many keys
 };
 
 // cuDNN's half: false (after SKIP or FAIL) where cuDNN cannot run here. TWELL_REQUIRE_CUDNN turns
@@ -166,6 +170,18 @@ TEST_P(PrefillAttention, CudnnAndTwellMatchFloat64) {
   std::printf("B=%d S=%d past=%d nh=%d nkv=%d hd=%d: twell kernel rel err %.2e\n", c.B, c.S, c.past, c.nh, c.nkv,
               c.hd, own);
   EXPECT_LT(own, 1e-2);
+  // The keys split among the blocks of a cluster (key_splits), ranges empty for some blocks of rows
+  // where there are more splits than their tiles: the same result, up to the merge's rounding.
+  for (const int splits : {2, 3, 8}) {
+    AttentionArgs split = a;
+    split.key_splits = splits;
+    poison(b.d_o);
+    launch_attention(split, nullptr);
+    TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+    const double err = error_of(b.d_o, ref);
+    std::printf("  key_splits %d: rel err %.2e\n", splits, err);
+    EXPECT_LT(err, 1e-2) << "key_splits " << splits;
+  }
 
   if (c.stagger != 0) return;  // cuDNN's half takes one position for all sequences
   CudnnSdpa sdpa;
@@ -337,6 +353,24 @@ TEST(DecodeAttention, NaNInTheCacheIsNotLost) {
       for (int d = 0; d < 64; ++d)
         EXPECT_EQ(std::isnan(bf16_bits_to_float(o[static_cast<size_t>(h) * 64 + d])), h == 0)
             << "NaN at key " << key << ": head " << h << " dim " << d;
+  }
+}
+
+// prefill_attention_splits: blocks enough for one an SM where the rows' blocks are few, each range
+// at least 4 tiles of 64 keys, at most kMaxKeySplits, none where the rows fill the GPU; launch_attention
+// refuses a key_splits outside [1, kMaxKeySplits] before any launch.
+TEST(PrefillAttentionSplits, FillTheGpuWithRangesOfAtLeastFourTiles) {  // host-only: runs without a GPU too
+  EXPECT_EQ(prefill_attention_splits(1, 21, 32, 64, 4036, 132), 5);     // 32 blocks of rows
+  EXPECT_EQ(prefill_attention_splits(1, 21, 32, 64, 1000, 132), 4);     // 16 tiles
+  EXPECT_EQ(prefill_attention_splits(1, 21, 32, 64, 300, 132), 1);      // 5 tiles
+  EXPECT_EQ(prefill_attention_splits(1, 21, 8, 64, 4036, 132), kMaxKeySplits);
+  EXPECT_EQ(prefill_attention_splits(1, 200, 8, 128, 4036, 132), 5);    // 64 rows a block at head_dim 128: 32 blocks
+  EXPECT_EQ(prefill_attention_splits(64, 2048, 32, 64, 2048, 132), 1);  // a prefill fills the GPU
+  AttentionArgs a;
+  a.B = 1, a.S = 2, a.nh = 4, a.nkv = 2, a.hd = 64, a.max_context = 8;
+  for (const int bad : {0, kMaxKeySplits + 1}) {
+    a.key_splits = bad;
+    EXPECT_THROW(launch_attention(a, nullptr), Error) << bad;
   }
 }
 

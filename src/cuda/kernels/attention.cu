@@ -57,6 +57,54 @@ __device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, i
   }
 }
 
+// The key ranges of a cluster's blocks (flash_prefill_kernel with key_splits > 1) merged into the
+// output rows: each block leaves its rows' running maxima m (base-2, scaled), sums l and unnormalised
+// outputs o in its own shared memory (`part`, the K/V tiles' space, free once the last tile is
+// used), and after a cluster barrier block r merges rows r, r + splits, ... of every block's, as
+// the decode kernel merges its ranges: o = Σ_j o_j 2^(m_j − M) / Σ_j l_j 2^(m_j − M), M = max_j m_j
+// (a range whose keys a row may not see has m_j = −FLT_MAX and l_j = 0: weight 0). A second barrier
+// keeps every block's shared memory until all have read it.
+template <int HD, int MT>
+__device__ __forceinline__ void merge_key_ranges(const AttentionArgs& a, const float (&o)[MT][HD / 8][4],
+                                                 const float (&m_run)[MT][2], const float (&l_run)[MT][2],
+                                                 uint16_t* part, uint16_t* out, int64_t o_ld, int s0, int warp,
+                                                 int g, int t) {
+  namespace cg = cooperative_groups;
+  constexpr int kRows = 4 * 16 * MT;
+  float* part_o = reinterpret_cast<float*>(part);  // [kRows][HD]
+  float* part_m = part_o + kRows * HD;             // [kRows]
+  float* part_l = part_m + kRows;                  // [kRows]
+  __syncthreads();  // every warp is done with the K/V tiles this overwrites
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    const int r0 = warp * 16 * MT + m * 16 + g, r1 = r0 + 8;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      const int col = n * 8 + 2 * t;
+      part_o[r0 * HD + col] = o[m][n][0], part_o[r0 * HD + col + 1] = o[m][n][1];
+      part_o[r1 * HD + col] = o[m][n][2], part_o[r1 * HD + col + 1] = o[m][n][3];
+    }
+    if (t == 0) part_m[r0] = m_run[m][0], part_l[r0] = l_run[m][0], part_m[r1] = m_run[m][1], part_l[r1] = l_run[m][1];
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int splits = a.key_splits, rank = static_cast<int>(cluster.block_rank());
+  const int rows = min(kRows, a.S - s0), mine = (rows - rank + splits - 1) / splits;  // rows rank, rank + splits, ...
+  for (int i = threadIdx.x; i < mine * HD; i += kThreads) {
+    const int r = rank + (i / HD) * splits, d = i % HD;
+    float mx = -FLT_MAX;
+    for (int j = 0; j < splits; ++j) mx = fmaxf(mx, *cluster.map_shared_rank(part_m + r, j));
+    float sum = 0.f, acc = 0.f;
+    for (int j = 0; j < splits; ++j) {
+      const float w = fast_exp2(*cluster.map_shared_rank(part_m + r, j) - mx);
+      sum += *cluster.map_shared_rank(part_l + r, j) * w;
+      acc += *cluster.map_shared_rank(part_o + r * HD + d, j) * w;
+    }
+    out[(s0 + r) * o_ld + d] = float_to_bf16_bits(acc / sum);
+  }
+  cluster.sync();
+}
+
 // MT m-tiles of 16 rows per warp: each K/V fragment read from shared memory feeds MT mma.
 // STAGES K/V tiles in flight (cp.async ring).
 template <int HD, int MT, int STAGES>
@@ -68,7 +116,10 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
   uint16_t* vs = ks + STAGES * kTile;      // [STAGES][kKeys][kPitch]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int s0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
+  // With key_splits > 1, blocks x·splits .. x·splits + splits − 1 form a cluster over one block of
+  // rows, block (rank) r taking the r-th range of its key tiles.
+  const int splits = a.key_splits, rank = blockIdx.x % splits;
+  const int s0 = blockIdx.x / splits * kRows, h = blockIdx.y, b = blockIdx.z;
   const int kvh = h / (a.nh / a.nkv);
   const int p0 = a.p0[b];
   const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
@@ -78,15 +129,17 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
   const int kv_valid = p0 + a.S;                                 // cached positions of this sequence
   const int kv_end = p0 + min(s0 + kRows, a.S);                  // keys any row of this block sees
   const int n_tiles = (kv_end + kKeys - 1) / kKeys;
+  const int first = rank * n_tiles / splits, last = (rank + 1) * n_tiles / splits;  // this block's tiles
 
-  // Commit groups: the first holds Q and tile 0, then one group per tile (empty past the last),
-  // so that before tile i is used exactly STAGES − 1 newer groups may still be in flight.
+  // Commit groups: the first holds Q and the first tile, then one group per tile (empty past the
+  // last), so that before a tile is used exactly STAGES − 1 newer groups may still be in flight.
+  // Tile i sits in slot (i − first) % STAGES.
   load_tile<HD, kRows>(qs, q, q_ld, s0, a.S);
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < n_tiles) {
-      load_tile<HD, kKeys>(ks + i * kTile, k, kv_ld, i * kKeys, kv_valid);
-      load_tile<HD, kKeys>(vs + i * kTile, v, kv_ld, i * kKeys, kv_valid);
+    if (first + i < last) {
+      load_tile<HD, kKeys>(ks + i * kTile, k, kv_ld, (first + i) * kKeys, kv_valid);
+      load_tile<HD, kKeys>(vs + i * kTile, v, kv_ld, (first + i) * kKeys, kv_valid);
     }
     cp_async_commit();
   }
@@ -101,17 +154,17 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
 #pragma unroll
   for (int m = 0; m < MT; ++m) m_run[m][0] = m_run[m][1] = -FLT_MAX, l_run[m][0] = l_run[m][1] = 0.f;
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const int buf = tile % STAGES;
+  for (int tile = first; tile < last; ++tile) {
+    const int buf = (tile - first) % STAGES;
     const int ahead = tile + STAGES - 1;  // prefetch into the slot the previous tile used
-    if (ahead < n_tiles) {
-      load_tile<HD, kKeys>(ks + (ahead % STAGES) * kTile, k, kv_ld, ahead * kKeys, kv_valid);
-      load_tile<HD, kKeys>(vs + (ahead % STAGES) * kTile, v, kv_ld, ahead * kKeys, kv_valid);
+    if (ahead < last) {
+      load_tile<HD, kKeys>(ks + ((ahead - first) % STAGES) * kTile, k, kv_ld, ahead * kKeys, kv_valid);
+      load_tile<HD, kKeys>(vs + ((ahead - first) % STAGES) * kTile, v, kv_ld, ahead * kKeys, kv_valid);
     }
     cp_async_commit();
     cp_async_wait<STAGES - 1>();
     __syncthreads();
-    if (tile == 0) {
+    if (tile == first) {
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         const uint16_t* qw = qs + (warp * 16 * MT + m * 16) * kPitch;
@@ -229,6 +282,13 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const Attention
       l_run[m][0] += __shfl_xor_sync(0xffffffffu, l_run[m][0], off);
       l_run[m][1] += __shfl_xor_sync(0xffffffffu, l_run[m][1], off);
     }
+  }
+  if (splits > 1) {
+    merge_key_ranges<HD, MT>(a, o, m_run, l_run, smem + kRows * kPitch, out, o_ld, s0, warp, g, t);
+    return;
+  }
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
     const float inv0 = 1.f / l_run[m][0], inv1 = 1.f / l_run[m][1];
     const int r0 = warp_row0 + m * 16 + g, r1 = r0 + 8;
 #pragma unroll
@@ -408,16 +468,36 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
 }
 
 template <int HD>
-void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
+void launch_prefill(AttentionArgs a, cudaStream_t stream) {
   constexpr int MT = HD <= 64 ? 2 : 1;      // registers: 128-wide heads keep one m-tile per warp
   constexpr int STAGES = HD <= 64 ? 3 : 2;  // shared memory: 128-wide heads keep two tiles
   constexpr int kRows = 4 * 16 * MT, kPitch = HD + 8;
+  static_assert((kRows * HD + 2 * kRows) * 4 <= 2 * STAGES * kKeys * kPitch * 2,
+                "merge_key_ranges' partial results must fit the K/V tiles' shared memory");
+  const void* kernel = reinterpret_cast<const void*>(flash_prefill_kernel<HD, MT, STAGES>);
   const int smem = (kRows + 2 * STAGES * kKeys) * kPitch * 2;
-  allow_dynamic_smem(reinterpret_cast<const void*>(flash_prefill_kernel<HD, MT, STAGES>), smem);
-  const dim3 grid(static_cast<unsigned>((static_cast<int64_t>(a.S) + kRows - 1) / kRows), static_cast<unsigned>(a.nh),
+  allow_dynamic_smem(kernel, smem);
+  if (a.key_splits > 1) a.key_splits = std::min(a.key_splits, max_cluster_blocks(kernel, kThreads, kMaxKeySplits));
+  const unsigned row_blocks = static_cast<unsigned>((static_cast<int64_t>(a.S) + kRows - 1) / kRows);
+  const dim3 grid(row_blocks * static_cast<unsigned>(a.key_splits), static_cast<unsigned>(a.nh),
                   static_cast<unsigned>(a.B));
-  flash_prefill_kernel<HD, MT, STAGES><<<grid, kThreads, smem, stream>>>(a);
-  TWELL_CUDA_CHECK(cudaGetLastError());
+  if (a.key_splits == 1) {
+    flash_prefill_kernel<HD, MT, STAGES><<<grid, kThreads, smem, stream>>>(a);
+    TWELL_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  cudaLaunchAttribute cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(a.key_splits), cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&config, flash_prefill_kernel<HD, MT, STAGES>, a));
 }
 
 template <int HD>
@@ -444,6 +524,14 @@ void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool
 
 // (Measured: at batch 64 one range a head took the step from 7.45 to 6.2 ms; at batch 1, 16 ranges
 // cost what 5 did.)
+int prefill_attention_splits(int64_t B, int64_t S, int64_t nh, int64_t hd, int64_t keys, int sm_count) {
+  const int64_t rows = hd <= 64 ? 128 : 64;  // launch_prefill's rows a block
+  const int64_t blocks = (S + rows - 1) / rows * nh * B, tiles = (keys + kKeys - 1) / kKeys;
+  if (blocks <= 0 || sm_count <= 0) return 1;
+  const int64_t fill = (sm_count + blocks - 1) / blocks;  // a block an SM
+  return static_cast<int>(std::clamp<int64_t>(std::min(fill, tiles / 4), 1, kMaxKeySplits));  // ≥ 4 tiles a range
+}
+
 int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count) {
   const int64_t fill = (4 * int64_t{sm_count} + B * nh - 1) / (B * nh), longest = (max_context + 31) / 32;
   return static_cast<int>(std::clamp<int64_t>(std::min(fill, longest), 1, kMaxDecodeAttentionSplits));
@@ -457,6 +545,8 @@ void check_attention(int64_t head_dim) {
 void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   TWELL_CHECK(a.nkv > 0 && a.nh % a.nkv == 0, "attention: ", a.nh, " heads are not a multiple of ", a.nkv,
               " KV heads");
+  TWELL_CHECK(a.key_splits >= 1 && a.key_splits <= kMaxKeySplits, "attention: key_splits must lie in [1, ",
+              kMaxKeySplits, "], got ", a.key_splits);
   TWELL_CHECK(a.B <= 65535 && a.nh <= 65535,
               "attention: at most 65535 sequences and heads a call (the grid's y and z), got ", a.B, " and ", a.nh);
   if (a.B == 0 || a.S == 0) return;
