@@ -107,8 +107,9 @@ __device__ __forceinline__ void merge_key_ranges(const AttentionArgs& a, const f
 
 // MT m-tiles of 16 rows per warp: each K/V fragment read from shared memory feeds MT mma.
 // STAGES K/V tiles in flight (cp.async ring).
+// (Three blocks an SM at head_dim 32, as before the key splits took registers.)
 template <int HD, int MT, int STAGES>
-__global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const AttentionArgs a) {
+__global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kernel(const AttentionArgs a) {
   constexpr int kRows = 4 * 16 * MT, kPitch = HD + 8, kTile = kKeys * kPitch;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* qs = smem;                     // [kRows][kPitch]
@@ -497,7 +498,13 @@ void launch_prefill(AttentionArgs a, cudaStream_t stream) {
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&config, flash_prefill_kernel<HD, MT, STAGES>, a));
+  if (cudaLaunchKernelEx(&config, flash_prefill_kernel<HD, MT, STAGES>, a) == cudaSuccess) return;
+  // max_cluster_blocks asks without this kernel's shared memory: where a slice of the GPU cannot hold
+  // the cluster with it, the launch is refused (a configuration error, not sticky) and the keys go unsplit.
+  cudaGetLastError();
+  a.key_splits = 1;
+  flash_prefill_kernel<HD, MT, STAGES><<<dim3(row_blocks, grid.y, grid.z), kThreads, smem, stream>>>(a);
+  TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int HD>
