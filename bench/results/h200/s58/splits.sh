@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../../../.."
 END=$(( $(date +%s) + ${BUDGET:-400} ))
 left() { local l=$(( END - $(date +%s) )); [ $l -gt $1 ] && echo $1 || echo $(( l > 5 ? l : 5 )); }
 NAME=${NAME:-s58_splits}
-tar xJf ${TAR:-out/b43.tar.xz} -C out
+tar xJf ${TAR:-out/b44.tar.xz} -C out
 B=$PWD/out/head PY=/opt/torch/.venv/bin/python
 export PYTHONPATH=$PWD/python TWELL_LIBRARY=$B/libtwell_c.so TWELL_REQUIRE_CUDNN=1
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
@@ -22,10 +22,10 @@ O=$OUT/$NAME; mkdir -p $O; cp $B/COMMIT $O/COMMIT
 save() { (cd $OUT && tar cJf results.tar.xz $NAME); }
 trap 'save; rm -rf $O' EXIT
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,driver_version --format=csv > $O/gpu.txt; cat $O/gpu.txt
-timeout $(left 120) $B/twell_gpu_tests --gtest_filter='PrefillAttention*:LlamaCuda.*:LlamaCudaShapes.*:DecodeAttention.*' \
+timeout $(left 120) $B/twell_gpu_tests --gtest_filter='*PrefillAttention*:*LlamaCuda*:*DecodeAttention*:*CudnnSdpa*' \
   > $O/gpu_tests.log 2>&1; echo "rc $?" >> $O/gpu_tests.log
 grep -E "key_splits|twell kernel" $O/gpu_tests.log | head -40; tail -3 $O/gpu_tests.log; grep -E "FAILED|Failure" -A8 $O/gpu_tests.log | head -30; save
-timeout $(left 120) compute-sanitizer --tool memcheck $B/twell_gpu_tests --gtest_filter='PrefillAttention*' \
+timeout $(left 120) compute-sanitizer --tool memcheck $B/twell_gpu_tests --gtest_filter='*PrefillAttention.*' \
   > $O/memcheck.log 2>&1; echo "rc $?" >> $O/memcheck.log; tail -4 $O/memcheck.log; save
 M=/tmp/twell_reuse_model
 timeout $(left 150) $PY bench/results/h200/s58/reuse.py $M tests/model/data/bpe_gpt2.json > $O/reuse.log 2>&1
