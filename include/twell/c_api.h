@@ -316,7 +316,8 @@ typedef struct {
   double prefill_seconds, decode_seconds;
 } twell_generation;
 /* Prefills prompt[0..n_prompt), then draws up to max_new_tokens tokens into tokens (room for
- * max_new_tokens), stopping after any of stop[0..n_stop) (ids >= 0). Uses (and resets) the model's KV cache,
+ * max_new_tokens), stopping after any of stop[0..n_stop) (ids >= 0). Uses the model's KV cache, starting
+ * it afresh (with twell_model_set_prefix_reuse on, keeping what it holds of the prompt's start),
  * which afterwards holds the prompt and every new token but the last (n_prompt + n_tokens - 1
  * positions; n_prompt where none was drawn): twell_model_decode_step(tokens[n_tokens - 1])
  * continues the text, unless it stopped with TWELL_STOP_CONTEXT_FULL. sampling NULL: greedy. A call
