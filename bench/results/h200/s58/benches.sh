@@ -15,7 +15,9 @@ export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudn
 save() { (cd $OUT && tar cJf results.tar.xz $NAME); }
 trap 'save; rm -rf $O' EXIT
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,driver_version --format=csv > $O/gpu.txt
-timeout 140 $B/twell bench ffn --backend cuda --json $O/ffn.json > $O/ffn.txt 2> $O/ffn_progress.log
-echo "rc $?" >> $O/ffn.txt; grep -E "^(16384|131072) .*(0.50|1.00)% .* twell  |^rc" $O/ffn.txt; save
+# The model first (the prefill targets); the FFN where the device time allows (SKIP_FFN=1: not at all).
 timeout 190 $B/twell bench model --json $O/model.json > $O/model.txt 2> $O/model_progress.log
-echo "rc $?" >> $O/model.txt; tail -25 $O/model.txt
+echo "rc $?" >> $O/model.txt; tail -25 $O/model.txt; save
+[ -n "${SKIP_FFN:-}" ] && exit 0
+timeout 140 $B/twell bench ffn --backend cuda --json $O/ffn.json > $O/ffn.txt 2> $O/ffn_progress.log
+echo "rc $?" >> $O/ffn.txt; grep -E "^(16384|131072) .*(0.50|1.00)% .* twell  |^rc" $O/ffn.txt
