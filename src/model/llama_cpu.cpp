@@ -44,6 +44,13 @@ struct KvCache {
     v.assign(static_cast<size_t>(layers), {});
     len = 0;
   }
+  // Keeps the first `positions` (at most those held) of every layer's rows, kv_dim values each.
+  void cut(int64_t positions, int64_t kv_dim) {
+    const size_t keep = static_cast<size_t>(positions * kv_dim);
+    for (auto& rows : k) rows.resize(std::min(rows.size(), keep));
+    for (auto& rows : v) rows.resize(std::min(rows.size(), keep));
+    len = positions;
+  }
 };
 
 // Calls fn(const W* rows) with W the weight's storage type (float or bf16 bits).
@@ -243,14 +250,12 @@ std::vector<Acc> forward(const LlamaWeights& w, const LlamaOptions& o, KvCache<A
   // reached would otherwise hold T keys more than len says, and every later step would attend wrongly.
   struct Rollback {
     KvCache<Acc>& cache;
-    size_t keep;
+    int64_t p0, kv_dim;
     bool done = false;
     ~Rollback() {
-      if (done) return;
-      for (auto& rows : cache.k) rows.resize(std::min(rows.size(), keep));
-      for (auto& rows : cache.v) rows.resize(std::min(rows.size(), keep));
+      if (!done) cache.cut(p0, kv_dim);
     }
-  } rollback{cache, static_cast<size_t>(p0 * kv_dim)};
+  } rollback{cache, p0, kv_dim};
   for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
     const LlamaLayerWeights& l = w.layers[li];
     rmsnorm(x, T, l.input_norm, c.rms_norm_eps, a);
@@ -430,10 +435,7 @@ Tensor LlamaCpu::prefill_from(int64_t keep, const std::vector<int32_t>& tokens) 
     impl_->with(options_.math, [&](auto& caches) {
       using Acc = typename std::decay_t<decltype(caches)>::value_type::value_type;
       KvCache<Acc>& cache = caches[0];
-      const size_t rows = static_cast<size_t>(keep * config().num_key_value_heads * config().head_dim);
-      for (auto& k : cache.k) k.resize(rows);
-      for (auto& v : cache.v) v.resize(rows);
-      cache.len = keep;
+      cache.cut(keep, config().num_key_value_heads * config().head_dim);
       const std::vector<Acc> row = forward(weights_, options_, cache, tokens, false);
       std::copy(row.begin(), row.end(), out.ptr<Acc>());
     });
