@@ -43,6 +43,8 @@ struct ModelBenchConfig {
   int64_t gather_batches = 8;                  // decode: twell_gather records (the gather FFN) up to this batch
   int64_t ragged = 0;                          // ragged prefill: prompts of random lengths (64-511) a call; 0: none
   int64_t long_prompt = 0;                     // one prompt of this many tokens, in chunks and in one forward; 0: none
+  std::vector<int64_t> turns;                  // a conversation's next turn: this many tokens after turn_context cached, each
+  int64_t turn_context = 4096;                 // the turn's cached history (prefill_from keeps it)
   int32_t tile = 0;                            // the twell FFN's TwELL tile width (FfnOptions::tile; 0: its default)
   std::string attention = "auto";              // prefill attention: auto, cudnn or twell (PrefillAttention)
   std::string save_dir;                        // the calibrated model written here as an HF checkpoint; "": not

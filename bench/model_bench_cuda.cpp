@@ -91,6 +91,7 @@ io::ModelConfig model_config(const ModelBenchConfig& cfg) {
   int64_t ctx = std::max(cfg.seq, cfg.check_tokens);
   if (!cfg.decode_batches.empty()) ctx = std::max(ctx, cfg.context + kUntimedSteps + cfg.steps + kEnergyContext);
   ctx = std::max(ctx, cfg.long_prompt);
+  for (const int64_t n : cfg.turns) ctx = std::max(ctx, cfg.turn_context + n);
   c.max_position_embeddings = ctx;
   c.rope_theta = 1e5;
   c.rms_norm_eps = 1e-5;
@@ -385,6 +386,16 @@ LlamaCudaOptions long_options(const ModelBenchConfig& cfg) {
   return o;
 }
 
+// A turn's: one sequence of --turn-context cached tokens and the n after them.
+LlamaCudaOptions turn_options(const ModelBenchConfig& cfg, int64_t n) {
+  LlamaCudaOptions o = phase_options(cfg);
+  o.max_batch = 1;
+  o.max_context = cfg.turn_context + n;
+  o.prefill_attention = attention_mode(cfg.attention);
+  o.fused_qkv_rope = cfg.fused_qkv_rope;
+  return o;
+}
+
 // Refuses, before the weights are made, a phase whose models (those it holds at once) need more
 // GPU memory than is free beside the weights, so that it fails at once and not after the phases
 // before it have run; says which phase and what to lower. The models' constructors check again.
@@ -438,6 +449,12 @@ void check_memory(const io::ModelConfig& c, const ModelBenchConfig& cfg) {
     whole.max_tokens = cfg.long_prompt;
     fits(need(long_options(cfg), {FfnMode::twell}) + need(whole, {FfnMode::twell}),
          str("the long prompt of ", cfg.long_prompt, " tokens"), "lower --long");
+  }
+  for (const int64_t n : cfg.turns) {
+    LlamaCudaOptions o = turn_options(cfg, n), without = o;
+    without.prefill_gather = false;
+    fits(need(o, {FfnMode::dense, FfnMode::twell}) + need(without, {FfnMode::twell}),
+         str("the turn of ", n, " tokens after ", cfg.turn_context), "lower --turn-context or that --turn");
   }
 }
 
@@ -1098,12 +1115,92 @@ void long_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConf
   }
 }
 
+// A conversation's next turn (or a question after a cached document): N new tokens (--turn) after
+// --turn-context cached ones (LanguageModel::prefill_from), as generate() runs them when its
+// PromptCache holds the history, on three models: the dense FFN; twell's, whose FFN takes the gather
+// path where the call's tokens times a layer's density is at most 0.25 (LlamaCudaOptions::prefill_gather:
+// the gate's weights, then only the active rows of Wu and Wd); and twell's without that, whose FFN
+// runs dense at this size (sparse_min_tokens). Checked first: each model's logits of the turn against
+// the dense model's prefill of the whole conversation, within the CPU check's bound. Timed: the GPU
+// time of prefill_from (last_gpu_ms), new turn tokens every call, the models taking turns to go first.
+void turn_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConfig& cfg, int64_t N,
+                const Calibration& cal, const CheckResult& check, std::vector<BenchRecord>& out, std::ostream& progress) {
+  const int64_t C = cfg.turn_context, V = w->config.vocab_size, L = w->config.num_hidden_layers;
+  std::mt19937_64 rng(cfg.seed + 53);
+  const std::vector<int32_t> history = random_tokens(C, V, rng());
+  LlamaCudaOptions o = turn_options(cfg, N);
+  o.ffn = cuda::FfnMode::dense;
+  LlamaCuda dense(w, o);
+  o.ffn = cuda::FfnMode::twell;
+  LlamaCuda twell(w, o);
+  o.prefill_gather = false;
+  LlamaCuda no_gather(w, o);
+  LlamaCuda* models[3] = {&dense, &twell, &no_gather};
+  const char* names[3] = {"dense", "twell", "twell_no_gather"};
+  // The reference: the dense model's prefill of the whole conversation (its second call: the shape's
+  // first may take another attention kernel, PrefillAttention::automatic).
+  const std::vector<int32_t> turn = random_tokens(N, V, rng());
+  std::vector<int32_t> whole = history;
+  whole.insert(whole.end(), turn.begin(), turn.end());
+  dense.prefill(whole);
+  const Tensor want = dense.prefill(whole);
+  double err[3];
+  int64_t gathered[3];
+  for (int k = 0; k < 3; ++k) {
+    models[k]->prefill(history);  // the history's FFN (dense by its size) measures each layer's density
+    err[k] = relative_error(models[k]->prefill_from(C, turn), want);
+    const std::vector<cuda::FfnPath> paths = models[k]->ffn_paths();
+    gathered[k] = std::count(paths.begin(), paths.end(), cuda::FfnPath::gather);
+  }
+  char line[512];
+  std::snprintf(line, sizeof line, "turn of %lld tokens after %lld cached: the FFN gathers in %lld/%lld layers (twell), "
+                "%lld/%lld (twell_no_gather); rel err against a prefill of the whole: dense %.2e, twell %.2e / %.2e\n",
+                static_cast<long long>(N), static_cast<long long>(C), static_cast<long long>(gathered[1]),
+                static_cast<long long>(L), static_cast<long long>(gathered[2]), static_cast<long long>(L), err[0],
+                err[1], err[2]);
+  progress << "  " << line;
+  const double bound = 2 * check.prefill_dense + 1e-3;
+  bool ok[3];
+  for (int k = 0; k < 3; ++k) ok[k] = err[k] <= bound;  // (NaN fails) a model that failed is not timed
+  Timing t[3];
+  const int calls = cfg.warmup + cfg.iters;
+  StepProgress steps(progress, "turn timing: ", calls);
+  for (int i = 0; i < calls; ++i) {
+    const std::vector<int32_t> next = random_tokens(N, V, rng());
+    for (int j = 0; j < 3; ++j) {
+      const int k = (i + j) % 3;
+      if (!ok[k]) continue;
+      models[k]->prefill_from(C, next);
+      if (i >= cfg.warmup) t[k].ms.push_back(models[k]->last_gpu_ms());
+    }
+    steps.step(i + 1);
+  }
+  steps.finish();
+  for (int k = 0; k < 3; ++k) {
+    BenchRecord r = record("model_turn", names[k], cfg, N, t[k], double(N), w->bytes() + models[k]->workspace_bytes(),
+                           cal.sample_nnz(), t[0].median(), check.prefill_dense, err[k]);
+    if (!ok[k]) r.correct = false, r.ratio_to_dense = NAN;
+    if (!ok[0]) r.ratio_to_dense = NAN;
+    std::snprintf(line, sizeof line, "one sequence: %lld new tokens after %lld cached (prefill_from); the FFN gathers in "
+                  "%lld of %lld layers; GPU time of prefill_from; checked against the dense model's prefill of the "
+                  "whole conversation", static_cast<long long>(N), static_cast<long long>(C),
+                  static_cast<long long>(gathered[k]), static_cast<long long>(L));
+    r.note = line;
+    r.distribution = "turn";
+    out.push_back(r);
+  }
+}
+
 }  // namespace
 
 std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostream& progress, std::string* failure) {
   // The arguments first, so that a typo fails at once, on any machine.
-  TWELL_REQUIRE(cfg.prefill || cfg.decode || cfg.ragged > 0 || cfg.long_prompt > 0,
-                "bench model: --no-prefill and --no-decode together leave nothing to run (without --ragged or --long)");
+  TWELL_REQUIRE(cfg.prefill || cfg.decode || cfg.ragged > 0 || cfg.long_prompt > 0 || !cfg.turns.empty(),
+                "bench model: --no-prefill and --no-decode together leave nothing to run (without --ragged, --long or "
+                "--turn)");
+  for (const int64_t n : cfg.turns)
+    TWELL_REQUIRE(n >= 1, "bench model: --turn must be positive, got ", n);
+  TWELL_REQUIRE(cfg.turn_context >= 1, "bench model: --turn-context must be positive, got ", cfg.turn_context);
   TWELL_REQUIRE(cfg.long_prompt == 0 || cfg.long_prompt >= 2, "bench model: --long must be 0 (none) or at least 2 "
                 "tokens (its check compares each position's next-token loss), got ", cfg.long_prompt);
   TWELL_REQUIRE(cfg.iters >= 1 && cfg.warmup >= 0 && cfg.steps >= 1, "bench model: --iters and --steps must be "
@@ -1183,6 +1280,10 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
     if (cfg.long_prompt > 0) {
       phase = "the long prompt";
       long_bench(w, cfg, cal, check, out, progress);
+    }
+    for (const int64_t n : cfg.turns) {
+      phase = str("the turn of ", n, " tokens");
+      turn_bench(w, cfg, n, cal, check, out, progress);
     }
   } catch (const std::exception& e) {  // the phases before it keep their records
     if (!failure || out.empty()) throw;

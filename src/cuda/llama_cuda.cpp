@@ -246,7 +246,8 @@ struct LlamaCuda::Impl {
   static constexpr double kGatherDensityBatch = 0.25;
   std::vector<double> layer_density;  // ffn_prefill's observed_density per layer, -1 unknown
   bool density_stale = true;          // a prefill since layer_density was read
-  std::vector<char> gather_layer;     // this decode step's choice per layer (all 0 where no step could gather)
+  std::vector<char> gather_layer;     // this call's choice per layer (all 0 where no call could gather)
+  bool prefill_gathers = false;       // the prefill in body() follows gather_layer (forward(); others run none)
   std::vector<FfnStats> stats;                 // LlamaCudaOptions::record_ffn_stats
   std::map<int64_t, cudaGraphExec_t> graphs;   // decode step per graph_key
   std::map<int64_t, std::vector<char>> graph_gather;  // each graph's gather_layer
@@ -339,7 +340,8 @@ struct LlamaCuda::Impl {
         p.gather.dispatch = Dispatch::always_sparse;
         p.gather.gather_max_tokens = o.decode_gather_tokens;
         p.gather.one_token_kernel = !p.decode_ffn;  // one token goes to the decode FFN, never to the gather FFN
-        p.gather_shape = FfnShape{std::min(o.max_batch, o.decode_gather_tokens), H, I, true};
+        // Rows: a decode step's sequences, or a small prefill's tokens (LlamaCudaOptions::prefill_gather).
+        p.gather_shape = FfnShape{std::min(o.prefill_gather ? o.max_tokens : o.max_batch, o.decode_gather_tokens), H, I, true};
         ffn += FfnForward::required_workspace_bytes(p.gather_shape, p.gather);
         if (p.decode_ffn) ffn += DecodeFfn::bytes_for(H, I, sm_count);
       }
@@ -554,13 +556,14 @@ struct LlamaCuda::Impl {
     if (ffn_prefill) {
       // Decode steps of a few sequences take the sparse FFN where it has a path for them (not
       // where the model is wider than its kernels), the others the dense FFN.
-      const bool gather = decode && gather_layer[static_cast<size_t>(layer)];  // choose_gather_layers
-      FfnForward& f = !decode ? *ffn_prefill : gather ? *ffn_gather : *ffn_dense;
+      // So do prefills of a few tokens (forward(): prefill_gathers), in the layers where that reads less.
+      const bool gather = (decode || prefill_gathers) && gather_layer[static_cast<size_t>(layer)];
+      FfnForward& f = gather ? *ffn_gather : !decode ? *ffn_prefill : *ffn_dense;
       ResidualNorm then{dev_view(x.get(), DType::f32, {T, H}),
                         dev_view(const_cast<uint16_t*>(next_norm), DType::bf16, {H}), in,
                         static_cast<float>(c.rms_norm_eps),
                         pending ? dev_view(const_cast<uint16_t*>(pending), DType::bf16, {T, H}) : TensorView{}};
-      f.forward(in, lw.ffn(), out, stream, decode ? 0 : layer, o.ffn_residual_norm ? &then : nullptr);
+      f.forward(in, lw.ffn(), out, stream, &f == ffn_prefill.get() ? layer : 0, o.ffn_residual_norm ? &then : nullptr);
       *path = f.last_path();
       if (o.record_ffn_stats && !decode) stats[static_cast<size_t>(layer)] = f.last_stats();  // waits
       return o.ffn_residual_norm ? FfnOut::normalised : FfnOut::y;
@@ -903,8 +906,14 @@ struct LlamaCuda::Impl {
   void forward(int64_t b0, int64_t n, int64_t rs, const int32_t* flat, const std::vector<int32_t>& positions,
                Head head) {
     upload_inputs(flat, n * rs, positions);
+    choose_gather_layers(n * rs, true);  // before body() marks the densities stale
     if (last_tokens == 0) TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
     run_first = b0;
+    prefill_gathers = true;
+    struct Gathers {  // false again whatever happens: other calls' prefills run no gather
+      bool& on;
+      ~Gathers() { on = false; }
+    } gathers{prefill_gathers};
     body(tokens.as<int32_t>(), n, rs, head, false);
     last_tokens += n * rs;
   }
@@ -1114,14 +1123,17 @@ struct LlamaCuda::Impl {
     return layer_density;
   }
 
-  // gather_layer for a decode step of B sequences (kGatherDensityBatch), from the layers' densities.
-  void choose_gather_layers(int64_t B) {
-    const bool can_gather = ffn_gather && B <= o.decode_gather_tokens && ffn_gather->sparse_supported(B);
+  // gather_layer for a decode step of B sequences, or (prefill) a forward of B tokens
+  // (LlamaCudaOptions::prefill_gather), from the layers' densities (kGatherDensityBatch). A decode
+  // step gathers where a layer's density is unknown, a prefill not: its dense FFN measures it.
+  void choose_gather_layers(int64_t B, bool prefill = false) {
+    const bool can_gather = ffn_gather && B <= o.decode_gather_tokens && ffn_gather->sparse_supported(B) &&
+                            (!prefill || o.prefill_gather);
     gather_layer.assign(static_cast<size_t>(L), can_gather && B == 1 ? 1 : 0);
     if (!can_gather || B == 1) return;  // nothing to choose: no density needed
     const std::vector<double>& d = densities();
     for (int64_t l = 0; l < L; ++l)
-      gather_layer[l] = d[l] < 0 || static_cast<double>(B) * d[l] <= kGatherDensityBatch;
+      gather_layer[l] = d[l] < 0 ? !prefill : static_cast<double>(B) * d[l] <= kGatherDensityBatch;
   }
 
   // A step of every cached sequence; one whose token is kNoToken sits it out: its row runs on

@@ -540,6 +540,62 @@ TEST(LlamaCuda, PrefillFromAKeptPrefixMatchesCpu) {
   EXPECT_EQ(host.sample(logits.view()), two.tokens[0]);
 }
 
+// A few tokens after a cached prefix (a conversation's next turn) on a sparse model take the gather
+// FFN in the layers where the call's tokens times the density an earlier prefill measured is at most
+// 0.25 (LlamaCudaOptions::prefill_gather); the logits are the CPU model's and those of the same
+// model without the option, whose FFN runs such calls dense. Not where no density was measured yet,
+// nor on a model that is not sparse, nor with the option off; one token at any density.
+TEST(LlamaCuda, FewTokensAfterACachedPrefixGatherOnASparseModel) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[3]);  // H 256, I 512
+  LlamaWeights w = bf16_weights(c, 41);
+  auto as_drawn = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
+  const int64_t H = c.hidden_size, I = c.intermediate_size, kept = 8;  // gate rows left: density <= 8/512
+  for (model::LlamaLayerWeights& l : w.layers) {
+    auto* g = static_cast<uint16_t*>(l.wg.view().data);
+    std::fill(g + kept * H, g + I * H, uint16_t{0});  // ReLU(0) = 0: those neurons never fire
+  }
+  auto sparse = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
+  LlamaCpu cpu(std::move(w));
+  const auto tokens = some_tokens(120, c.vocab_size, 5);
+  const Tensor ref = cpu.logits(tokens);
+  const std::vector<int32_t> history(tokens.begin(), tokens.begin() + 100);
+  auto paths_are = [](const LlamaCuda& m, FfnPath want) {
+    for (FfnPath p : m.ffn_paths())
+      if (p != want) return false;
+    return true;
+  };
+  auto row = [&](int64_t r) { return rows(ref, r, 1); };
+  auto one = [&](const Tensor& t) { return TensorView(t.view().data, DType::f32, {1, c.vocab_size}); };
+  LlamaCudaOptions o;
+  LlamaCuda gathers(sparse, o), drawn(as_drawn, o);
+  o.prefill_gather = false;
+  LlamaCuda without(sparse, o);
+  // Ten tokens with no density measured: the dense FFN (which measures it).
+  const std::vector<int32_t> ten(tokens.begin(), tokens.begin() + 10);
+  EXPECT_LT(relative_error(one(gathers.prefill(ten)), row(9)), kTol);
+  EXPECT_TRUE(paths_are(gathers, FfnPath::dense));
+  for (LlamaCuda* m : {&gathers, &without, &drawn}) m->prefill(history);  // dense by its size; measures
+  const std::vector<int32_t> turn(tokens.begin() + 100, tokens.begin() + 110);  // 10 × <= 1.6%: <= 0.16
+  const Tensor got = gathers.prefill_from(100, turn);
+  EXPECT_TRUE(paths_are(gathers, FfnPath::gather));
+  EXPECT_LT(relative_error(one(got), row(109)), kTol);
+  const Tensor plain = without.prefill_from(100, turn);
+  EXPECT_TRUE(paths_are(without, FfnPath::dense));
+  EXPECT_LT(relative_error(got, plain), kTol);
+  drawn.prefill_from(100, turn);  // ~50% dense: 10 × 0.5 > 0.25
+  EXPECT_TRUE(paths_are(drawn, FfnPath::dense));
+  // One token gathers at any density; the next turn after it too.
+  drawn.prefill_from(110, {tokens[110]});
+  EXPECT_TRUE(paths_are(drawn, FfnPath::gather));
+  EXPECT_LT(relative_error(one(gathers.prefill_from(110, {tokens[110]})), row(110)), kTol);
+  EXPECT_TRUE(paths_are(gathers, FfnPath::gather));
+  EXPECT_LT(relative_error(one(gathers.prefill_from(111, std::vector<int32_t>(tokens.begin() + 111, tokens.end()))), row(119)),
+            kTol);
+  EXPECT_TRUE(paths_are(gathers, FfnPath::gather));
+  EXPECT_EQ(gathers.cached_lengths(), std::vector<int64_t>{120});
+}
+
 // Automatic attention: a shape's first call of 2048+ tokens runs twell's kernel (a small model's
 // attention saves far less than cuDNN's plan build), its second builds the plan and runs cuDNN's;
 // the logits agree either way. A new length starts again.

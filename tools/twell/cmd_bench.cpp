@@ -173,6 +173,16 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "(16384: 20000 tokens run as 10000 + 10000) and in one forward, with the memory each holds (model_long records); 0: none")
       ->check(int_in(0, 1 << 20))
       ->capture_default_str();
+  model->add_option("--turn", mcfg->turns,
+                    "a conversation's next turn: this many new tokens after --turn-context cached ones (prefill_from, "
+                    "as twell run --chat runs each turn), on the dense model, the twell model (its FFN gathers the "
+                    "active rows where that reads less: LlamaCudaOptions::prefill_gather) and the twell model without "
+                    "that (model_turn records); repeatable, or a list: 1,21")
+      ->delimiter(',')
+      ->check(int_in(1, 1 << 20));
+  model->add_option("--turn-context", mcfg->turn_context, "the turn's cached history, in tokens")
+      ->check(int_in(1, 1 << 20))
+      ->capture_default_str();
   model->add_option("--attention", mcfg->attention,
                     "prefill attention: auto (cuDNN's fused SDPA where libcudnn 9 loads, from 2048 tokens a call, from a "
                     "shape's second call or where one call repays its plan), cudnn, twell")

@@ -160,6 +160,13 @@ struct LlamaCudaOptions {
   // weight bytes; so a model that is not sparse decodes its batches densely. One sequence takes it
   // at any density.
   int64_t decode_gather_tokens = 32;
+  // FfnMode::twell: prefills of at most decode_gather_tokens tokens (a conversation's next turn after
+  // its cached history, prefill_from; a short prompt) take the gather path too, in the layers where
+  // the prefill FFN has measured a density and the call's tokens times it is at most 0.25 (one
+  // token: at any density); otherwise such small calls run the dense FFN (ffn_options.sparse_min_tokens),
+  // which reads all of Wg, Wu and Wd. enqueue() takes no gather path: it reads no density. false: the
+  // dense FFN (A/B).
+  bool prefill_gather = true;
   // Decode steps of one sequence on the gather path run the FFN as one kernel, the gate GEMV
   // included, whose weight copies start while the RMSNorm before it runs, and whose partial sums
   // the next layer's residual add + RMSNorm adds (launch_decode_ffn). false: FfnForward's own

@@ -480,30 +480,27 @@ void launch_prefill(AttentionArgs a, cudaStream_t stream) {
   allow_dynamic_smem(kernel, smem);
   if (a.key_splits > 1) a.key_splits = std::min(a.key_splits, max_cluster_blocks(kernel, kThreads, kMaxKeySplits));
   const unsigned row_blocks = static_cast<unsigned>((static_cast<int64_t>(a.S) + kRows - 1) / kRows);
-  const dim3 grid(row_blocks * static_cast<unsigned>(a.key_splits), static_cast<unsigned>(a.nh),
-                  static_cast<unsigned>(a.B));
-  if (a.key_splits == 1) {
-    flash_prefill_kernel<HD, MT, STAGES><<<grid, kThreads, smem, stream>>>(a);
-    TWELL_CUDA_CHECK(cudaGetLastError());
-    return;
+  if (a.key_splits > 1) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(row_blocks * static_cast<unsigned>(a.key_splits), static_cast<unsigned>(a.nh),
+                          static_cast<unsigned>(a.B));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = static_cast<size_t>(smem);
+    config.stream = stream;
+    cudaLaunchAttribute cluster = {};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(a.key_splits), cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    if (cudaLaunchKernelEx(&config, flash_prefill_kernel<HD, MT, STAGES>, a) == cudaSuccess) return;
+    // max_cluster_blocks asks without this kernel's shared memory: where a slice of the GPU cannot hold
+    // the cluster with it, the launch is refused (a configuration error, not sticky) and the keys go unsplit.
+    cudaGetLastError();
+    a.key_splits = 1;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
-  config.stream = stream;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(a.key_splits), cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, flash_prefill_kernel<HD, MT, STAGES>, a) == cudaSuccess) return;
-  // max_cluster_blocks asks without this kernel's shared memory: where a slice of the GPU cannot hold
-  // the cluster with it, the launch is refused (a configuration error, not sticky) and the keys go unsplit.
-  cudaGetLastError();
-  a.key_splits = 1;
-  flash_prefill_kernel<HD, MT, STAGES><<<dim3(row_blocks, grid.y, grid.z), kThreads, smem, stream>>>(a);
+  const dim3 grid(row_blocks, static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B));
+  flash_prefill_kernel<HD, MT, STAGES><<<grid, kThreads, smem, stream>>>(a);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
