@@ -11,19 +11,9 @@
 #  4. only on an H200 and where time is left: `twell bench model` and `twell bench ffn`, the standard cases.
 # Binaries ($TAR): head/ (twell, twell_gpu_tests, libtwell_c.so of build-cuda, stripped, COMMIT).
 # On the device, with carry ["out"]: `BUDGET=<seconds> TAR=<tarball> NAME=<results folder> bash bench/results/h200/s59/run.sh`.
-set -u
 cd "$(dirname "$0")/../../../.."
-END=$(( $(date +%s) + ${BUDGET:-500} ))
-left() { local l=$(( END - $(date +%s) )); [ $l -gt $1 ] && echo $1 || echo $(( l > 5 ? l : 5 )); }
-NAME=${NAME:-s59}
-tar xJf ${TAR:-out/b46.tar.xz} -C out
-B=$PWD/out/head PY=/opt/torch/.venv/bin/python
-export PYTHONPATH=$PWD/python TWELL_LIBRARY=$B/libtwell_c.so TWELL_REQUIRE_CUDNN=1
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}
-O=$OUT/$NAME; mkdir -p $O; cp $B/COMMIT $O/COMMIT
-save() { (cd $OUT && tar cJf results.tar.xz $NAME); }
-trap 'save; rm -rf $O' EXIT
-nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,driver_version --format=csv > $O/gpu.txt; cat $O/gpu.txt
+NAME=${NAME:-s59} TAR=${TAR:-out/b46.tar.xz}
+source bench/results/device_preamble.sh
 if [ -z "${SKIP_SUITE:-}" ]; then
 timeout $(left 200) $B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests.log 2>&1; echo "rc $?" >> $O/gpu_tests.log
 tail -3 $O/gpu_tests.log; grep -E "FAILED|Failure" -A8 $O/gpu_tests.log | head -30; save
