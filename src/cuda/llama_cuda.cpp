@@ -871,6 +871,7 @@ struct LlamaCuda::Impl {
     }
     reset();
     ensure_logits(B);
+    read_densities_for_prefill();
     last_tokens = 0;
     struct RunGuard {  // body() back at sequence 0 whatever happens
       int64_t& first;
@@ -942,6 +943,7 @@ struct LlamaCuda::Impl {
     TWELL_REQUIRE(keep + n <= o.max_context, "LlamaCuda: ", keep + n, " positions exceed the context of ",
                   o.max_context);
     ensure_logits(1);
+    read_densities_for_prefill();
     lens.clear();  // until the forward has run: one that fails part way leaves no cache
     last_tokens = 0;
     prefill_in_chunks(0, toks.data(), n, keep);
@@ -1125,15 +1127,25 @@ struct LlamaCuda::Impl {
 
   // gather_layer for a decode step of B sequences, or (prefill) a forward of B tokens
   // (LlamaCudaOptions::prefill_gather), from the layers' densities (kGatherDensityBatch). A decode
-  // step gathers where a layer's density is unknown, a prefill not: its dense FFN measures it.
+  // step gathers where a layer's density is unknown, a prefill not (its dense FFN measures it), nor
+  // a prefill of one token (the prefill FFN's one-token kernel takes it at any density, faster). A
+  // prefill reads the densities as read at its call's start (read_densities_for_prefill): between
+  // a call's runs or chunks, reading them would wait for the run before.
   void choose_gather_layers(int64_t B, bool prefill = false) {
     const bool can_gather = ffn_gather && B <= o.decode_gather_tokens && ffn_gather->sparse_supported(B) &&
-                            (!prefill || o.prefill_gather);
+                            (!prefill || (o.prefill_gather && B > 1));
     gather_layer.assign(static_cast<size_t>(L), can_gather && B == 1 ? 1 : 0);
     if (!can_gather || B == 1) return;  // nothing to choose: no density needed
-    const std::vector<double>& d = densities();
-    for (int64_t l = 0; l < L; ++l)
-      gather_layer[l] = d[l] < 0 ? !prefill : static_cast<double>(B) * d[l] <= kGatherDensityBatch;
+    const std::vector<double>& d = prefill ? layer_density : densities();
+    for (int64_t l = 0; l < L; ++l) {
+      const double v = l < static_cast<int64_t>(d.size()) ? d[static_cast<size_t>(l)] : -1.0;
+      gather_layer[static_cast<size_t>(l)] = v < 0 ? !prefill : static_cast<double>(B) * v <= kGatherDensityBatch;
+    }
+  }
+  // Before a prefill's first forward: the densities its small runs' gather choices read (the calls
+  // before it have synchronised, so their samples have arrived: no wait).
+  void read_densities_for_prefill() {
+    if (ffn_gather && o.prefill_gather) densities();
   }
 
   // A step of every cached sequence; one whose token is kNoToken sits it out: its row runs on

@@ -66,21 +66,21 @@ TEST(BenchModel, ALongPromptRunsInChunksAndInOneForward) {
   EXPECT_LT(records[1].peak_mem_bytes, records[0].peak_mem_bytes);
 }
 
-// --turn: a conversation's next 16 tokens after 600 cached, on the dense model, the twell model (whose
-// FFN gathers in every layer: 16 tokens × ~1% density) and the twell model without that, all checked.
+// --turn: a conversation's next 8 tokens after 600 cached, on the dense model, the twell model (whose
+// FFN gathers in every layer: 8 tokens × ~1% density) and the twell model without that, all checked.
 TEST(BenchModel, AConversationsNextTurnGathersTheActiveRows) {
   TWELL_REQUIRE_HOPPER();
   bench::ModelBenchConfig cfg;
   cfg.layers = 2, cfg.hidden = 512, cfg.ffn = 2048, cfg.heads = 8, cfg.kv_heads = 8, cfg.vocab = 4096;
   cfg.prefill = cfg.decode = false;
   cfg.decode_batches.clear();
-  cfg.turns = {16}, cfg.turn_context = 600;
+  cfg.turns = {8}, cfg.turn_context = 600;
   cfg.warmup = 1, cfg.iters = 3;
   cfg.density = 0.01;
   std::ostringstream progress;
   const std::vector<bench::BenchRecord> records = bench::run_model_bench(cfg, progress);
   ASSERT_EQ(records.size(), 3u) << progress.str();
-  EXPECT_NE(progress.str().find("turn of 16 tokens after 600 cached: the FFN gathers in 2/2 layers (twell), 0/2 "
+  EXPECT_NE(progress.str().find("turn of 8 tokens after 600 cached: the FFN gathers in 2/2 layers (twell), 0/2 "
                                 "(twell_no_gather)"),
             std::string::npos)
       << progress.str();
@@ -92,7 +92,7 @@ TEST(BenchModel, AConversationsNextTurnGathersTheActiveRows) {
     EXPECT_EQ(r.impl, impls[k]);
     EXPECT_TRUE(r.correct);
     EXPECT_GT(r.ms_median, 0);
-    EXPECT_EQ(r.M, 16);
+    EXPECT_EQ(r.M, 8);
   }
 }
 

@@ -542,9 +542,10 @@ TEST(LlamaCuda, PrefillFromAKeptPrefixMatchesCpu) {
 
 // A few tokens after a cached prefix (a conversation's next turn) on a sparse model take the gather
 // FFN in the layers where the call's tokens times the density an earlier prefill measured is at most
-// 0.25 (LlamaCudaOptions::prefill_gather); the logits are the CPU model's and those of the same
-// model without the option, whose FFN runs such calls dense. Not where no density was measured yet,
-// nor on a model that is not sparse, nor with the option off; one token at any density.
+// 0.25 (LlamaCudaOptions::prefill_gather), as do a batch of short prompts; the logits are the CPU
+// model's and those of the same model without the option, whose FFN runs such calls dense. Not where
+// no density was measured yet, nor on a model that is not sparse, nor in a whole-sequence call
+// (logits). One token takes the prefill FFN's one-token kernel (reported as gather) either way.
 TEST(LlamaCuda, FewTokensAfterACachedPrefixGatherOnASparseModel) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(kShapes[3]);  // H 256, I 512
@@ -568,6 +569,7 @@ TEST(LlamaCuda, FewTokensAfterACachedPrefixGatherOnASparseModel) {
   auto row = [&](int64_t r) { return rows(ref, r, 1); };
   auto one = [&](const Tensor& t) { return TensorView(t.view().data, DType::f32, {1, c.vocab_size}); };
   LlamaCudaOptions o;
+  o.max_batch = 2;
   LlamaCuda gathers(sparse, o), drawn(as_drawn, o);
   o.prefill_gather = false;
   LlamaCuda without(sparse, o);
@@ -585,7 +587,7 @@ TEST(LlamaCuda, FewTokensAfterACachedPrefixGatherOnASparseModel) {
   EXPECT_LT(relative_error(got, plain), kTol);
   drawn.prefill_from(100, turn);  // ~50% dense: 10 × 0.5 > 0.25
   EXPECT_TRUE(paths_are(drawn, FfnPath::dense));
-  // One token gathers at any density; the next turn after it too.
+  // One token: the one-token kernel, both models; the next turn after it gathers again.
   drawn.prefill_from(110, {tokens[110]});
   EXPECT_TRUE(paths_are(drawn, FfnPath::gather));
   EXPECT_LT(relative_error(one(gathers.prefill_from(110, {tokens[110]})), row(110)), kTol);
@@ -594,6 +596,16 @@ TEST(LlamaCuda, FewTokensAfterACachedPrefixGatherOnASparseModel) {
             kTol);
   EXPECT_TRUE(paths_are(gathers, FfnPath::gather));
   EXPECT_EQ(gathers.cached_lengths(), std::vector<int64_t>{120});
+  // A batch of two short prompts (one run of 2 × 6 rows) gathers, each row the CPU model's.
+  const std::vector<int32_t> a(tokens.begin(), tokens.begin() + 6), b(tokens.begin() + 20, tokens.begin() + 25);
+  const Tensor both = gathers.prefill_batch({a, b});
+  EXPECT_TRUE(paths_are(gathers, FfnPath::gather));
+  EXPECT_LT(relative_error(rows(both, 0, 1), row(5)), kTol);
+  EXPECT_LT(relative_error(rows(both, 1, 1), rows(cpu.logits(b), 4, 1)), kTol);
+  // A whole-sequence call of as few tokens runs the dense FFN, as the option's off.
+  gathers.reset();
+  EXPECT_LT(relative_error(gathers.logits(ten), rows(ref, 0, 10)), kTol);
+  EXPECT_TRUE(paths_are(gathers, FfnPath::dense));
 }
 
 // Automatic attention: a shape's first call of 2048+ tokens runs twell's kernel (a small model's

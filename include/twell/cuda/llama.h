@@ -160,12 +160,13 @@ struct LlamaCudaOptions {
   // weight bytes; so a model that is not sparse decodes its batches densely. One sequence takes it
   // at any density.
   int64_t decode_gather_tokens = 32;
-  // FfnMode::twell: prefills of at most decode_gather_tokens tokens (a conversation's next turn after
-  // its cached history, prefill_from; a short prompt) take the gather path too, in the layers where
-  // the prefill FFN has measured a density and the call's tokens times it is at most 0.25 (one
-  // token: at any density); otherwise such small calls run the dense FFN (ffn_options.sparse_min_tokens),
-  // which reads all of Wg, Wu and Wd. enqueue() takes no gather path: it reads no density. false: the
-  // dense FFN (A/B).
+  // FfnMode::twell: prefills of 2 to decode_gather_tokens tokens (a conversation's next turn after its
+  // cached history, prefill_from; a short prompt; a ragged prefill's small runs) take the gather path
+  // too, in the layers where the prefill FFN had measured a density by the call's start and the
+  // forward's tokens times it is at most 0.25; otherwise such small calls run the dense FFN
+  // (ffn_options.sparse_min_tokens), which reads all of Wg, Wu and Wd. (One token takes the FFN's
+  // one-token kernel at any density either way.) enqueue() and the whole-sequence calls (logits,
+  // next_token_nll) take no gather path. false: the dense FFN (A/B).
   bool prefill_gather = true;
   // Decode steps of one sequence on the gather path run the FFN as one kernel, the gate GEMV
   // included, whose weight copies start while the RMSNorm before it runs, and whose partial sums
@@ -320,7 +321,8 @@ class LlamaCuda final : public model::LanguageModel {
   std::vector<FfnPath> ffn_paths() const;
   // With LlamaCudaOptions::record_ffn_stats: each layer's FFN statistics of the last call that was
   // not a decode step (of a prefill's last batch or chunk; FfnStats::nnz_per_token() is non-zeros
-  // per token on the sparse path, -1 on the dense one); empty without the option.
+  // per token on the sparse path, -1 where not counted: the dense and the gather path); empty
+  // without the option.
   std::vector<FfnStats> ffn_stats() const;
   // Device memory the model holds besides its weights: memory_needed()'s total after construction,
   // and what later calls added (cuDNN's workspace, a larger logits buffer, the FFN statistics' buffers).
