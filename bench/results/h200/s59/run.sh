@@ -7,12 +7,13 @@
 #  2. memcheck of the new tests and of PrefillAttention.* (predicted 0 errors);
 #  3. `twell bench model --turn 1,21,32 --turn-context 4096` at the 2B shape (38 layers, ~28 non-zeros a token):
 #     predicted, for 21 tokens on an H100, dense ~2.3 ms, twell_no_gather ~ dense, twell ~1.9 ms (-11 µs a layer:
-#     the gather FFN's up and down against the dense up, product and down, as at decode batch 16);
+#     the gather FFN's up and down against the dense up, product and down, as at decode batch 16); for one
+#     token both twell models alike (the one-token kernel), below dense;
 #  4. only on an H200 and where time is left: `twell bench model` and `twell bench ffn`, the standard cases.
 # Binaries ($TAR): head/ (twell, twell_gpu_tests, libtwell_c.so of build-cuda, stripped, COMMIT).
 # On the device, with carry ["out"]: `BUDGET=<seconds> TAR=<tarball> NAME=<results folder> bash bench/results/h200/s59/run.sh`.
 cd "$(dirname "$0")/../../../.."
-NAME=${NAME:-s59} TAR=${TAR:-out/b46.tar.xz}
+NAME=${NAME:-s59} TAR=${TAR:-out/b47.tar.xz}
 source bench/results/device_preamble.sh
 if [ -z "${SKIP_SUITE:-}" ]; then
 timeout $(left 200) $B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests.log 2>&1; echo "rc $?" >> $O/gpu_tests.log
