@@ -26,10 +26,16 @@
 namespace twell::bench {
 
 void print_model_table(const std::vector<BenchRecord>& records, std::ostream& out) {
-  char line[256];
-  std::snprintf(line, sizeof line, "%-14s %-6s %7s %7s %10s %8s %11s %9s %10s %7s %7s %9s %s\n", "bench", "impl",
-                "tokens", "nnz/tok", "ms(median)", "x dense", "tokens/ms", "mem GB", "mJ/token", "SM MHz", "capped",
-                "rel_err", "ok");
+  // The name columns as wide as their longest entry (twell_no_gather, model_ragged), so the figures line up.
+  int bench_w = 14, impl_w = 6;
+  for (const BenchRecord& r : records) {
+    bench_w = std::max(bench_w, static_cast<int>(r.bench.size()));
+    impl_w = std::max(impl_w, static_cast<int>(r.impl.size()));
+  }
+  char line[320];
+  std::snprintf(line, sizeof line, "%-*s %-*s %7s %7s %10s %8s %11s %9s %10s %7s %7s %9s %s\n", bench_w, "bench",
+                impl_w, "impl", "tokens", "nnz/tok", "ms(median)", "x dense", "tokens/ms", "mem GB", "mJ/token",
+                "SM MHz", "capped", "rel_err", "ok");
   out << line;
   for (const BenchRecord& r : records) {
     char mhz[16] = "n/a", capped[16] = "n/a", energy[16] = "n/a";  // NVML could not tell
@@ -44,9 +50,9 @@ void print_model_table(const std::vector<BenchRecord>& records, std::ostream& ou
       std::snprintf(rate, sizeof rate, "%.2f", r.tokens_per_ms);
     }
     if (r.peak_mem_bytes >= 0) std::snprintf(mem, sizeof mem, "%.1f", r.peak_mem_bytes / 1e9);
-    std::snprintf(line, sizeof line, "%-14s %-6s %7lld %7.1f %10s %8s %11s %9s %10s %7s %7s %9.2e %s\n",
-                  r.bench.c_str(), r.impl.c_str(), static_cast<long long>(r.M), r.nnz_per_token_mean, ms, ratio,
-                  rate, mem, energy, mhz, capped, r.rel_err, r.correct ? "yes" : "FAILED");
+    std::snprintf(line, sizeof line, "%-*s %-*s %7lld %7.1f %10s %8s %11s %9s %10s %7s %7s %9.2e %s\n", bench_w,
+                  r.bench.c_str(), impl_w, r.impl.c_str(), static_cast<long long>(r.M), r.nnz_per_token_mean, ms,
+                  ratio, rate, mem, energy, mhz, capped, r.rel_err, r.correct ? "yes" : "FAILED");
     out << line;
   }
 }

@@ -492,6 +492,21 @@ TEST(BenchModel, UnknownEnergyIsNotANumber) {
   EXPECT_NE(bench::records_to_json({r}).find("\"energy_mj_per_token\": null"), std::string::npos);
 }
 
+// The table's columns line up whatever the names' lengths (twell_no_gather is longer than the header's "impl").
+TEST(BenchModel, TheTablesColumnsLineUp) {
+  bench::BenchRecord a, b;
+  a.bench = b.bench = "model_turn", a.impl = "twell", b.impl = "twell_no_gather";
+  a.M = b.M = 21, a.ms_median = 4.25, b.ms_median = 4.71, a.correct = b.correct = true;
+  std::ostringstream table;
+  bench::print_model_table({a, b}, table);
+  std::istringstream lines(table.str());
+  std::string header, one, two;
+  std::getline(lines, header), std::getline(lines, one), std::getline(lines, two);
+  EXPECT_EQ(one.size(), two.size()) << table.str();
+  EXPECT_EQ(header.find("tokens") + 6, one.find("21") + 2) << table.str();  // right-aligned under its header
+  EXPECT_EQ(one.find("4.250"), two.find("4.710")) << table.str();
+}
+
 // A record that failed its check has no time, ratio or rate: "-" in the table, null in the JSON, whatever
 // its fields hold (a model the full-size check failed was not timed).
 TEST(BenchModel, AFailedRecordShowsNoFigures) {
