@@ -3,6 +3,7 @@
 # --turn 21`: 4.7 ms on an H100 for dense, 4.25 for twell, and nearly flat from 21 to 128 tokens, 4.7 to
 # 5.25 ms, in `s59/`). Predicted: the GPU waits for the host's launches (~10 a layer, 380 a turn): the
 # kernels' own time ~1.5-2 ms, the rest gaps. ktrace (kernels and host API calls) of the same bench, 5 turns.
+# Not run in the fifty-ninth session: the device calls for it were refused and its device time ran out.
 # With carry ["out"]: `BUDGET=<seconds> TAR=<tarball> NAME=<results folder> bash bench/results/h200/s59/trace.sh`.
 cd "$(dirname "$0")/../../../.."
 NAME=${NAME:-s59_trace} TAR=${TAR:-out/b48.tar.xz}
