@@ -16,9 +16,9 @@ Kernels launched eagerly (not in a graph), e.g. a training step of `twell bench 
     scripts/ktrace.py t.tsv --steps TwellPackEpilogue --step-end nvjet
 
 cuts the timeline into steps, each from a kernel whose full name contains the --steps text up to
-the next one, or to the first kernel whose name contains the --step-end text; for the steps with
-the usual kernel count it prints the median span, the median time no kernel was running (on any
-stream), and per kernel name the median summed duration in a step.
+the next one, or to the first kernel whose name contains the --step-end text; for each kind of step
+(the same kernels, seen at least 3 times) it prints the median span, the median time no kernel was
+running (on any stream), and per kernel name the median summed duration in a step.
 
 Where the GPU waits for the host (a trace taken with TWELL_KTRACE_HOST=1, which also writes
 t.tsv.host.tsv: the host's CUDA calls and the memsets):
@@ -194,12 +194,15 @@ def eager_steps(rows, names, start, stop, json_path):
         print(f"no kernel's name contains {start!r}", file=sys.stderr)
         return 1
     report = []
-    # Steps of different kernel counts are different runs (e.g. a benchmark's runners): each apart.
-    for usual, n_steps in collections.Counter(len(s) for s in steps).most_common():
+    # Steps of different kernels are different runs (e.g. a benchmark's runners, or its check's run of
+    # another shape with as many kernels): each apart.
+    def kinds(step):
+        return tuple(sorted(collections.Counter(names[k["name"]] for k in step).items()))
+    for kind, n_steps in collections.Counter(kinds(s) for s in steps).most_common():
         if n_steps < 3:
             continue
-        group = [s for s in steps if len(s) == usual]
-        report.append(step_table(group, usual, names))
+        group = [s for s in steps if kinds(s) == kind]
+        report.append(step_table(group, len(group[0]), names))
     if not report:
         print("no step shape seen 3 times", file=sys.stderr)
         return 1
