@@ -403,6 +403,11 @@ struct AttentionArgs {
   // (1 to kMaxKeySplits; capped at the cluster the device can run), for calls of too few query rows
   // to fill the GPU over many keys (prefill_attention_splits).
   int key_splits = 1;
+  // The 4 warps of a block share its 16·MT query rows (32; 16 at head_dim 128) and each takes 16 keys
+  // of every 64-key tile, where by default each owns 16·MT of the block's 64·MT rows over all the keys:
+  // for calls of few query rows, which would leave most of a 128-row block's warps past S
+  // (plan_prefill_attention).
+  bool warps_split_keys = false;
 };
 void check_attention(int64_t head_dim);  // throws unless hd ∈ {16, 32, 64, 128}
 constexpr int kMaxKeySplits = 8;
@@ -411,7 +416,14 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream);
 // key_splits for a call of B sequences of S new tokens over `keys` keys each (their last position
 // + 1): enough blocks for one an SM, each range at least 4 tiles of 64 keys; 1 where the rows' blocks
 // alone fill the GPU.
-int prefill_attention_splits(int64_t B, int64_t S, int64_t nh, int64_t hd, int64_t keys, int sm_count);
+int prefill_attention_splits(int64_t B, int64_t S, int64_t nh, int64_t hd, int64_t keys, int sm_count,
+                             bool warps_split_keys = false);
+// Calls of at most this many new tokens a sequence take warps_split_keys (plan_prefill_attention).
+constexpr int64_t kWarpsSplitKeysMaxRows = 64;
+// Sets a's warps_split_keys (S ≤ kWarpsSplitKeysMaxRows) and key_splits (prefill_attention_splits) for
+// a call whose sequences all end at `keys` keys (their last position + 1; 0 where they end at
+// different positions: no key splits).
+void plan_prefill_attention(AttentionArgs& a, int64_t keys, int sm_count);
 // A decode step (S = 1): launch_rope_kv's work and the attention in one kernel, on the same buffers
 // (`r` and `a` describe the same step). q is rotated in registers: the QKV buffer is left as it
 // is; the new key and value are written into the caches at p0. Any context up to max_context.

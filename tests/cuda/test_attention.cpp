@@ -172,25 +172,29 @@ TEST_P(PrefillAttention, CudnnAndTwellMatchFloat64) {
               c.hd, own);
   EXPECT_LT(own, 1e-2);
   // The keys split among the blocks of a cluster (key_splits), ranges empty for some blocks of rows
-  // where there are more splits than their tiles: the same result, up to the merge's rounding (the
-  // outputs within a bf16 rounding or two of the unsplit kernel's).
+  // where there are more splits than their tiles, and among the warps of a block (warps_split_keys,
+  // over blocks of 32 or 16 rows: several at most S here): the same result, up to the merge's rounding
+  // (the outputs within a bf16 rounding or two of the unsplit kernel's).
   std::vector<double> unsplit(ref.size());
   {
     std::vector<uint16_t> o(ref.size());
     TWELL_CUDA_CHECK(cudaMemcpy(o.data(), b.d_o.get(), o.size() * 2, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < o.size(); ++i) unsplit[i] = bf16_bits_to_float(o[i]);
   }
-  for (const int splits : {2, 3, 8}) {
-    AttentionArgs split = a;
-    split.key_splits = splits;
-    poison(b.d_o);
-    launch_attention(split, nullptr);
-    TWELL_CUDA_CHECK(cudaDeviceSynchronize());
-    const double err = error_of(b.d_o, ref), apart = error_of(b.d_o, unsplit);
-    std::printf("  key_splits %d: rel err %.2e, %.2e from the unsplit kernel's\n", splits, err, apart);
-    EXPECT_LT(err, 1e-2) << "key_splits " << splits;
-    EXPECT_LT(apart, 5e-3) << "key_splits " << splits;
-  }
+  for (const bool warps : {false, true})
+    for (const int splits : {1, 2, 3, 8}) {
+      if (!warps && splits == 1) continue;  // the kernel above
+      AttentionArgs split = a;
+      split.key_splits = splits, split.warps_split_keys = warps;
+      poison(b.d_o);
+      launch_attention(split, nullptr);
+      TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+      const double err = error_of(b.d_o, ref), apart = error_of(b.d_o, unsplit);
+      std::printf("  key_splits %d%s: rel err %.2e, %.2e from the unsplit kernel's\n", splits,
+                  warps ? ", warps_split_keys" : "", err, apart);
+      EXPECT_LT(err, 1e-2) << "key_splits " << splits << (warps ? ", warps_split_keys" : "");
+      EXPECT_LT(apart, 5e-3) << "key_splits " << splits << (warps ? ", warps_split_keys" : "");
+    }
 
   if (c.stagger != 0) return;  // cuDNN's half takes one position for all sequences
   CudnnSdpa sdpa;
@@ -375,6 +379,20 @@ TEST(PrefillAttentionSplits, FillTheGpuWithRangesOfAtLeastFourTiles) {  // host-
   EXPECT_EQ(prefill_attention_splits(1, 21, 8, 64, 4036, 132), kMaxKeySplits);
   EXPECT_EQ(prefill_attention_splits(1, 200, 8, 128, 4036, 132), 5);    // 64 rows a block at head_dim 128: 32 blocks
   EXPECT_EQ(prefill_attention_splits(64, 2048, 32, 64, 2048, 132), 1);  // a prefill fills the GPU
+  EXPECT_EQ(prefill_attention_splits(1, 48, 32, 64, 4117, 132, true), 3);  // 2 blocks of 32 rows a head
+  // plan_prefill_attention: the warps split the keys for few rows, the blocks where the keys are known.
+  AttentionArgs p;
+  p.B = 1, p.S = 21, p.nh = 32, p.nkv = 32, p.hd = 64;
+  plan_prefill_attention(p, 4117, 132);
+  EXPECT_TRUE(p.warps_split_keys);
+  EXPECT_EQ(p.key_splits, 5);  // 32 blocks of 32 rows
+  plan_prefill_attention(p, 0, 132);  // sequences that end at different positions
+  EXPECT_TRUE(p.warps_split_keys);
+  EXPECT_EQ(p.key_splits, 1);
+  p.S = static_cast<int>(kWarpsSplitKeysMaxRows) + 1;
+  plan_prefill_attention(p, 4117, 132);
+  EXPECT_FALSE(p.warps_split_keys);
+  EXPECT_EQ(p.key_splits, 5);
   AttentionArgs a;
   a.B = 1, a.S = 2, a.nh = 4, a.nkv = 2, a.hd = 64, a.max_context = 8;
   for (const int bad : {0, kMaxKeySplits + 1}) {  // refused by name, before any CUDA call

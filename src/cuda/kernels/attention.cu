@@ -45,39 +45,50 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 __device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// Copies rows [row0, row0 + n) of a [*, HD] matrix (row stride `ld` elements) into a padded
-// shared tile; rows at or past `valid` are zero-filled.
+// Copies rows [row0, row0 + N) of a [*, HD] matrix (row stride `ld` elements) into a padded
+// shared tile; rows at or past `valid` are zero-filled. Thread i copies 16 bytes of rows i / (HD/8),
+// + kThreads / (HD/8), ...: a count fixed at compile time, so the copies unroll into straight code (a
+// loop over the block's chunks took ~200 instructions a K/V tile, most of a warp's work there at S = 21).
 template <int HD, int N>
 __device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, int64_t ld, int row0, int valid) {
-  constexpr int kChunks = HD / 8, kPitch = HD + 8;
-  for (int c = threadIdx.x; c < N * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
+  constexpr int kChunks = HD / 8, kPitch = HD + 8, kStride = kThreads / kChunks;  // rows a pass of the block
+  static_assert(kThreads % kChunks == 0, "a pass copies whole rows");
+  const int r0 = threadIdx.x / kChunks, col = (threadIdx.x % kChunks) * 8;
+  const uint16_t* from = src + static_cast<int64_t>(row0 + r0) * ld + col;
+  uint16_t* to = tile + r0 * kPitch + col;
+#pragma unroll
+  for (int i = 0; i < (N + kStride - 1) / kStride; ++i) {
+    const int r = r0 + i * kStride;
+    if (N % kStride != 0 && r >= N) break;
     const bool ok = row0 + r < valid;
-    cp_async16(tile + r * kPitch + col, ok ? src + static_cast<int64_t>(row0 + r) * ld + col : src, ok);
+    cp_async16(to + i * kStride * kPitch, ok ? from + i * kStride * ld : src, ok);
   }
 }
 
-// The key ranges of a cluster's blocks (flash_prefill_kernel with key_splits > 1) merged into the
-// output rows: each block leaves its rows' running maxima m (base-2, scaled), sums l and unnormalised
-// outputs o in its own shared memory (`part`, the K/V tiles' space, free once the last tile is
-// used), and after a cluster barrier block r merges rows r, r + splits, ... of every block's, as
-// the decode kernel merges its ranges: o = Σ_j o_j 2^(m_j − M) / Σ_j l_j 2^(m_j − M), M = max_j m_j
-// (a range whose keys a row may not see has m_j = −FLT_MAX and l_j = 0: weight 0). A second barrier
-// keeps every block's shared memory until all have read it.
-template <int HD, int MT>
+// The key ranges of a block's warps (W = 4: flash_prefill_kernel with KW) and of a cluster's blocks
+// (key_splits > 1) merged into the output rows, as the decode kernel merges its ranges: o = Σ_j o_j
+// 2^(m_j − M) / Σ_j l_j 2^(m_j − M), M = max_j m_j, with m the running maxima (base-2, scaled), l the
+// sums and o the unnormalised outputs (a range whose keys a row may not see has m_j = −FLT_MAX and
+// l_j = 0: weight 0). Each warp leaves its rows' m, l and o in its block's shared memory (`part`, the
+// K/V tiles' space, free once the last tile is used). With W = 4 the block first merges its warps'
+// ranges of each row (into the output where the keys are not split among blocks); then, after a
+// cluster barrier, block r merges rows r, r + splits, ... of every block's. A second barrier keeps
+// every block's shared memory until all have read it.
+template <int HD, int MT, int W>
 __device__ __forceinline__ void merge_key_ranges(const AttentionArgs& a, const float (&o)[MT][HD / 8][4],
                                                  const float (&m_run)[MT][2], const float (&l_run)[MT][2],
                                                  uint16_t* part, uint16_t* out, int64_t o_ld, int s0, int warp,
                                                  int g, int t) {
   namespace cg = cooperative_groups;
-  constexpr int kRows = 4 * 16 * MT;
-  float* part_o = reinterpret_cast<float*>(part);  // [kRows][HD]
-  float* part_m = part_o + kRows * HD;             // [kRows]
-  float* part_l = part_m + kRows;                  // [kRows]
+  constexpr int kRows = (W == 1 ? 4 : 1) * 16 * MT;  // the block's rows
+  float* part_o = reinterpret_cast<float*>(part);  // [W][kRows][HD]
+  float* part_m = part_o + W * kRows * HD;         // [W][kRows]
+  float* part_l = part_m + W * kRows;              // [W][kRows]
+  const int range = W == 1 ? 0 : warp, row0 = W == 1 ? warp * 16 * MT : 0;
   __syncthreads();  // every warp is done with the K/V tiles this overwrites
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
-    const int r0 = warp * 16 * MT + m * 16 + g, r1 = r0 + 8;
+    const int r0 = range * kRows + row0 + m * 16 + g, r1 = r0 + 8;
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) {
       const int col = n * 8 + 2 * t;
@@ -86,19 +97,45 @@ __device__ __forceinline__ void merge_key_ranges(const AttentionArgs& a, const f
     }
     if (t == 0) part_m[r0] = m_run[m][0], part_l[r0] = l_run[m][0], part_m[r1] = m_run[m][1], part_l[r1] = l_run[m][1];
   }
+  const int splits = a.key_splits, rows = min(kRows, a.S - s0);
+  // The block's ranges merged: one a row (block_o/m/l), or the output itself where splits == 1.
+  float *block_o = part_o, *block_m = part_m, *block_l = part_l;
+  if (W > 1) {
+    block_o = part_l + W * kRows, block_m = block_o + kRows * HD, block_l = block_m + kRows;
+    __syncthreads();
+    for (int i = threadIdx.x; i < rows * HD; i += kThreads) {
+      const int r = i / HD, d = i % HD;
+      float mx = -FLT_MAX;
+#pragma unroll
+      for (int w = 0; w < W; ++w) mx = fmaxf(mx, part_m[w * kRows + r]);
+      float sum = 0.f, acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const float f = fast_exp2(part_m[w * kRows + r] - mx);
+        sum += part_l[w * kRows + r] * f;
+        acc += part_o[(w * kRows + r) * HD + d] * f;
+      }
+      if (splits == 1) {
+        out[(s0 + r) * o_ld + d] = float_to_bf16_bits(acc / sum);
+      } else {
+        block_o[r * HD + d] = acc;
+        if (d == 0) block_m[r] = mx, block_l[r] = sum;
+      }
+    }
+    if (splits == 1) return;
+  }
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
-  const int splits = a.key_splits, rank = static_cast<int>(cluster.block_rank());
-  const int rows = min(kRows, a.S - s0), mine = (rows - rank + splits - 1) / splits;  // rows rank, rank + splits, ...
+  const int rank = static_cast<int>(cluster.block_rank()), mine = (rows - rank + splits - 1) / splits;  // rows rank, rank + splits, ...
   for (int i = threadIdx.x; i < mine * HD; i += kThreads) {
     const int r = rank + (i / HD) * splits, d = i % HD;
     float mx = -FLT_MAX;
-    for (int j = 0; j < splits; ++j) mx = fmaxf(mx, *cluster.map_shared_rank(part_m + r, j));
+    for (int j = 0; j < splits; ++j) mx = fmaxf(mx, *cluster.map_shared_rank(block_m + r, j));
     float sum = 0.f, acc = 0.f;
     for (int j = 0; j < splits; ++j) {
-      const float w = fast_exp2(*cluster.map_shared_rank(part_m + r, j) - mx);
-      sum += *cluster.map_shared_rank(part_l + r, j) * w;
-      acc += *cluster.map_shared_rank(part_o + r * HD + d, j) * w;
+      const float f = fast_exp2(*cluster.map_shared_rank(block_m + r, j) - mx);
+      sum += *cluster.map_shared_rank(block_l + r, j) * f;
+      acc += *cluster.map_shared_rank(block_o + r * HD + d, j) * f;
     }
     out[(s0 + r) * o_ld + d] = float_to_bf16_bits(acc / sum);
   }
@@ -106,11 +143,14 @@ __device__ __forceinline__ void merge_key_ranges(const AttentionArgs& a, const f
 }
 
 // MT m-tiles of 16 rows per warp: each K/V fragment read from shared memory feeds MT mma.
-// STAGES K/V tiles in flight (cp.async ring).
+// STAGES K/V tiles in flight (cp.async ring). KW (AttentionArgs::warps_split_keys): the 4 warps share
+// the block's 16·MT rows and each takes 16 keys of every tile (NP = 1 pair of 8-key n-tiles, at
+// key offset 16·warp), instead of each owning 16·MT of 64·MT rows over all 64 keys (NP = 4).
 // (Three blocks an SM at head_dim 32, as before the key splits took registers.)
-template <int HD, int MT, int STAGES>
+template <int HD, int MT, int STAGES, bool KW>
 __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kernel(const AttentionArgs a) {
-  constexpr int kRows = 4 * 16 * MT, kPitch = HD + 8, kTile = kKeys * kPitch;
+  constexpr int kRows = (KW ? 1 : 4) * 16 * MT, kPitch = HD + 8, kTile = kKeys * kPitch;
+  constexpr int NP = KW ? 1 : kKeys / 16;  // 16-key pairs of n-tiles a warp scores in a tile
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* qs = smem;                     // [kRows][kPitch]
   uint16_t* ks = smem + kRows * kPitch;    // [STAGES][kKeys][kPitch]
@@ -146,7 +186,8 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
   }
 
   // This thread's rows: warp_row0 + m·16 + g (+ 8). Rows past S compute harmlessly, unstored.
-  const int warp_row0 = s0 + warp * 16 * MT;
+  // Its keys in a tile: key_off + 0 .. 16·NP − 1.
+  const int warp_row0 = KW ? s0 : s0 + warp * 16 * MT, key_off = KW ? 16 * warp : 0;
   const float scale = a.scale * kLog2e;
 
   uint32_t qf[MT][HD / 16][4];
@@ -168,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
     if (tile == first) {
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
-        const uint16_t* qw = qs + (warp * 16 * MT + m * 16) * kPitch;
+        const uint16_t* qw = qs + (warp_row0 - s0 + m * 16) * kPitch;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) {
           qf[m][kk][0] = lds32(qw + g * kPitch + kk * 16 + 2 * t);
@@ -181,13 +222,13 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
     const uint16_t* kt = ks + buf * kTile;
     const uint16_t* vt = vs + buf * kTile;
 
-    // S = Q Kᵀ, 16·MT rows × 64 keys: 8 n-tiles of 8 keys. K rows are keys, which is the
+    // S = Q Kᵀ, 16·MT rows × 16·NP keys: 2·NP n-tiles of 8 keys. K rows are keys, which is the
     // col-major B fragment already: one ldmatrix.x4 gives two n-tiles' fragments of a k-step
     // (matrices: keys +0..7 / +8..15 × dims +0..7 / +8..15).
-    float s[MT][kKeys / 8][4] = {};
-    const int k_row = (lane >> 4) * 8 + (lane & 7), k_col = ((lane >> 3) & 1) * 8;
+    float s[MT][2 * NP][4] = {};
+    const int k_row = key_off + (lane >> 4) * 8 + (lane & 7), k_col = ((lane >> 3) & 1) * 8;
 #pragma unroll
-    for (int np = 0; np < kKeys / 16; ++np) {
+    for (int np = 0; np < NP; ++np) {
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk) {
         uint32_t kb[4];
@@ -202,15 +243,15 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
 
     // Causal mask (only where the tile reaches past this warp's first row) and online softmax,
     // base 2: p = 2^(s·scale − m) with m the running row maximum of s·scale, one FFMA and one
-    // MUFU per score. Key of s[m][n][j]: tile·64 + n·8 + 2t + (j & 1); row: warp_row0 + m·16 +
-    // g + 8·(j/2).
-    const int key0 = tile * kKeys;
-    const bool masked = key0 + kKeys - 1 > p0 + warp_row0;
+    // MUFU per score. Key of s[m][n][j]: tile·64 + key_off + n·8 + 2t + (j & 1); row: warp_row0 +
+    // m·16 + g + 8·(j/2).
+    const int key0 = tile * kKeys + key_off;
+    const bool masked = key0 + 16 * NP - 1 > p0 + warp_row0;
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
+      for (int n = 0; n < 2 * NP; ++n) {
         if (masked) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
@@ -234,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
       m_run[m][0] = n0, m_run[m][1] = n1;
       float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
+      for (int n = 0; n < 2 * NP; ++n) {
         s[m][n][0] = fast_exp2(fmaf(s[m][n][0], scale, -n0)), s[m][n][1] = fast_exp2(fmaf(s[m][n][1], scale, -n0));
         s[m][n][2] = fast_exp2(fmaf(s[m][n][2], scale, -n1)), s[m][n][3] = fast_exp2(fmaf(s[m][n][3], scale, -n1));
         sum0 += s[m][n][0] + s[m][n][1];
@@ -242,14 +283,16 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
       }
       l_run[m][0] = l_run[m][0] * c0 + sum0;  // per-thread partial sums; reduced across the quad at the end
       l_run[m][1] = l_run[m][1] * c1 + sum1;
+      // (Once a row's maximum has settled, most tiles leave every row's c at 1: the warp skips the products.)
+      if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f))
 #pragma unroll
-      for (int n = 0; n < HD / 8; ++n) o[m][n][0] *= c0, o[m][n][1] *= c0, o[m][n][2] *= c1, o[m][n][3] *= c1;
+        for (int n = 0; n < HD / 8; ++n) o[m][n][0] *= c0, o[m][n][1] *= c0, o[m][n][2] *= c1, o[m][n][3] *= c1;
     }
 
     // O += P V: P from the accumulators (two key n-tiles form one k16 A fragment), V through
     // ldmatrix.trans (rows are keys, so the transpose gives the col-major B fragment).
 #pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
+    for (int kk = 0; kk < NP; ++kk) {
       uint32_t pa[MT][4];
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
@@ -261,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
 #pragma unroll
       for (int dn = 0; dn < HD / 16; ++dn) {
         uint32_t vb[4];
-        const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = dn * 16 + (lane >> 4) * 8;
+        const int row = key_off + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = dn * 16 + (lane >> 4) * 8;
         ldmatrix_x4_trans(vb, vt + row * kPitch + col);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
@@ -284,21 +327,21 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
       l_run[m][1] += __shfl_xor_sync(0xffffffffu, l_run[m][1], off);
     }
   }
-  if (splits > 1) {
-    merge_key_ranges<HD, MT>(a, o, m_run, l_run, smem + kRows * kPitch, out, o_ld, s0, warp, g, t);
-    return;
-  }
+  if (KW || splits > 1) {
+    merge_key_ranges<HD, MT, KW ? 4 : 1>(a, o, m_run, l_run, smem + kRows * kPitch, out, o_ld, s0, warp, g, t);
+  } else {
 #pragma unroll
-  for (int m = 0; m < MT; ++m) {
-    const float inv0 = 1.f / l_run[m][0], inv1 = 1.f / l_run[m][1];
-    const int r0 = warp_row0 + m * 16 + g, r1 = r0 + 8;
+    for (int m = 0; m < MT; ++m) {
+      const float inv0 = 1.f / l_run[m][0], inv1 = 1.f / l_run[m][1];
+      const int r0 = warp_row0 + m * 16 + g, r1 = r0 + 8;
 #pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      const int col = n * 8 + 2 * t;
-      if (r0 < a.S)
-        *reinterpret_cast<uint32_t*>(out + r0 * o_ld + col) = pack2(o[m][n][0] * inv0, o[m][n][1] * inv0);
-      if (r1 < a.S)
-        *reinterpret_cast<uint32_t*>(out + r1 * o_ld + col) = pack2(o[m][n][2] * inv1, o[m][n][3] * inv1);
+      for (int n = 0; n < HD / 8; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (r0 < a.S)
+          *reinterpret_cast<uint32_t*>(out + r0 * o_ld + col) = pack2(o[m][n][0] * inv0, o[m][n][1] * inv0);
+        if (r1 < a.S)
+          *reinterpret_cast<uint32_t*>(out + r1 * o_ld + col) = pack2(o[m][n][2] * inv1, o[m][n][3] * inv1);
+      }
     }
   }
 }
@@ -468,14 +511,16 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   a.o[(static_cast<int64_t>(b) * a.nh + h) * HD + d] = float_to_bf16_bits(ot / lt);
 }
 
-template <int HD>
+template <int HD, bool KW>
 void launch_prefill(AttentionArgs a, cudaStream_t stream) {
   constexpr int MT = HD <= 64 ? 2 : 1;      // registers: 128-wide heads keep one m-tile per warp
   constexpr int STAGES = HD <= 64 ? 3 : 2;  // shared memory: 128-wide heads keep two tiles
-  constexpr int kRows = 4 * 16 * MT, kPitch = HD + 8;
-  static_assert((kRows * HD + 2 * kRows) * 4 <= 2 * STAGES * kKeys * kPitch * 2,
+  constexpr int kRows = (KW ? 1 : 4) * 16 * MT, kPitch = HD + 8, W = KW ? 4 : 1;
+  constexpr int kMerged = W > 1 ? kRows * HD + 2 * kRows : 0;  // the block's ranges merged (W > 1)
+  static_assert((W * kRows * HD + 2 * W * kRows + kMerged) * 4 <= 2 * STAGES * kKeys * kPitch * 2,
                 "merge_key_ranges' partial results must fit the K/V tiles' shared memory");
-  const void* kernel = reinterpret_cast<const void*>(flash_prefill_kernel<HD, MT, STAGES>);
+  const auto kernel_fn = flash_prefill_kernel<HD, MT, STAGES, KW>;
+  const void* kernel = reinterpret_cast<const void*>(kernel_fn);
   const int smem = (kRows + 2 * STAGES * kKeys) * kPitch * 2;
   allow_dynamic_smem(kernel, smem);
   if (a.key_splits > 1) a.key_splits = std::min(a.key_splits, max_cluster_blocks(kernel, kThreads, kMaxKeySplits));
@@ -493,15 +538,23 @@ void launch_prefill(AttentionArgs a, cudaStream_t stream) {
     cluster.val.clusterDim.z = 1;
     config.attrs = &cluster;
     config.numAttrs = 1;
-    if (cudaLaunchKernelEx(&config, flash_prefill_kernel<HD, MT, STAGES>, a) == cudaSuccess) return;
+    if (cudaLaunchKernelEx(&config, kernel_fn, a) == cudaSuccess) return;
     // max_cluster_blocks asks without this kernel's shared memory: where a slice of the GPU cannot hold
     // the cluster with it, the launch is refused (a configuration error, not sticky) and the keys go unsplit.
     cudaGetLastError();
     a.key_splits = 1;
   }
   const dim3 grid(row_blocks, static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B));
-  flash_prefill_kernel<HD, MT, STAGES><<<grid, kThreads, smem, stream>>>(a);
+  kernel_fn<<<grid, kThreads, smem, stream>>>(a);
   TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int HD>
+void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.warps_split_keys)
+    launch_prefill<HD, true>(a, stream);
+  else
+    launch_prefill<HD, false>(a, stream);
 }
 
 template <int HD>
@@ -528,12 +581,18 @@ void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool
 
 // (Measured: at batch 64 one range a head took the step from 7.45 to 6.2 ms; at batch 1, 16 ranges
 // cost what 5 did.)
-int prefill_attention_splits(int64_t B, int64_t S, int64_t nh, int64_t hd, int64_t keys, int sm_count) {
-  const int64_t rows = hd <= 64 ? 128 : 64;  // launch_prefill's rows a block
+int prefill_attention_splits(int64_t B, int64_t S, int64_t nh, int64_t hd, int64_t keys, int sm_count,
+                             bool warps_split_keys) {
+  const int64_t rows = (warps_split_keys ? 1 : 4) * (hd <= 64 ? 32 : 16);  // launch_prefill's rows a block
   const int64_t blocks = (S + rows - 1) / rows * nh * B, tiles = (keys + kKeys - 1) / kKeys;
   if (blocks <= 0 || sm_count <= 0) return 1;
   const int64_t fill = (sm_count + blocks - 1) / blocks;  // a block an SM
   return static_cast<int>(std::clamp<int64_t>(std::min(fill, tiles / 4), 1, kMaxKeySplits));  // ≥ 4 tiles a range
+}
+
+void plan_prefill_attention(AttentionArgs& a, int64_t keys, int sm_count) {
+  a.warps_split_keys = a.S <= kWarpsSplitKeysMaxRows;
+  a.key_splits = prefill_attention_splits(a.B, a.S, a.nh, a.hd, keys, sm_count, a.warps_split_keys);
 }
 
 int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count) {
