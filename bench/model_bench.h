@@ -33,7 +33,7 @@ struct ModelBenchConfig {
   int warmup = 2, iters = 20;                  // prefill timing: the median of 20
   int64_t check_tokens = 16;                   // CPU reference check: sequence length (≥ 2)
   bool prefill = true, decode = true;
-  bool cuda_graphs = true;                     // decode: replay each step as a CUDA graph
+  bool cuda_graphs = true;                     // decode and short turns: replay each call as a CUDA graph
   bool fused_qkv_rope = true;                  // prefill: QKV GEMM with RoPE in its epilogue (LlamaCudaOptions)
   bool fused_decode_ffn = true;                // decode, batch 1: the one-kernel FFN (LlamaCudaOptions)
   bool ffn_residual_norm = true;               // the add + RMSNorm after the FFN run by it (LlamaCudaOptions)

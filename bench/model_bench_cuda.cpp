@@ -397,6 +397,7 @@ LlamaCudaOptions turn_options(const ModelBenchConfig& cfg, int64_t n) {
   LlamaCudaOptions o = phase_options(cfg);
   o.max_batch = 1;
   o.max_context = cfg.turn_context + n;
+  o.cuda_graphs = cfg.cuda_graphs;  // a turn of a few tokens replays a graph (short_prefill_graph)
   o.prefill_attention = attention_mode(cfg.attention);
   o.fused_qkv_rope = cfg.fused_qkv_rope;
   return o;

@@ -249,10 +249,16 @@ struct LlamaCuda::Impl {
   std::vector<char> gather_layer;     // this call's choice per layer (all 0 where no call could gather)
   bool prefill_gathers = false;       // the prefill in body() follows gather_layer (forward(); others run none)
   std::vector<FfnStats> stats;                 // LlamaCudaOptions::record_ffn_stats
-  std::map<int64_t, cudaGraphExec_t> graphs;   // decode step per graph_key
-  std::map<int64_t, std::vector<char>> graph_gather;  // each graph's gather_layer
-  std::map<int64_t, std::vector<FfnPath>> graph_paths;  // the FFN paths each graph runs
-  std::map<int64_t, int> eager_steps;          // decode steps run before capture, per graph_key
+  // A call's stream work captured once and replayed (run_graphed): decode steps and short prefills.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    int eager = 0;               // calls run eagerly before the capture
+    std::vector<char> gather;    // the gather_layer its calls ran with
+    std::vector<FfnPath> paths;  // the FFN paths it runs
+  };
+  using GraphKey = std::array<int64_t, 4>;  // {kind (kDecodeGraph, kPrefillGraph), then the kind's shape}
+  static constexpr int64_t kDecodeGraph = 1, kPrefillGraph = 2;
+  std::map<GraphKey, Graph> graphs;
   cudaEvent_t gpu_begin = nullptr, gpu_end = nullptr;  // around the device work of the last call
 
   // The options with their defaults filled in (max_context, max_tokens), checked against the config.
@@ -322,6 +328,9 @@ struct LlamaCuda::Impl {
       const bool sparse = o.ffn == FfnMode::twell;
       p.prefill = o.ffn_options;
       if (!sparse) p.prefill.dispatch = Dispatch::always_dense;
+      // A dense model's counts only feed record_ffn_stats: without them its short prefills are pure
+      // stream work, and replay a graph (short_prefill_graph).
+      if (!sparse && !o.record_ffn_stats) p.prefill.count_nonzeros = false;
       p.prefill.one_token_gemv = p.prefill.one_token_gemv && o.decode_gemv;
       p.prefill.early_weight_reads = true;  // the model's weights never change after loading
       p.prefill.dispatch_slots = L;  // each layer dispatched on its own density
@@ -466,13 +475,63 @@ struct LlamaCuda::Impl {
     if (staged) cudaEventDestroy(staged);
   }
 
-  // Decode graphs are recorded again at the next steps.
+  // Graphs are recorded again at the next calls.
   void drop_graphs() {
-    for (auto& [b, exec] : graphs) cudaGraphExecDestroy(exec);
+    for (auto& [key, graph] : graphs)
+      if (graph.exec) cudaGraphExecDestroy(graph.exec);
     graphs.clear();
-    graph_paths.clear();
-    graph_gather.clear();
-    eager_steps.clear();
+  }
+
+  // `work` (a call's stream work: body()) run eagerly at a key's first two calls (they load kernels,
+  // make cuBLASLt plans and, at the second, tune them: LtGemm), captured at the third, and the graph
+  // replayed at every later call; again from the start where the call's gather_layer is not the
+  // one the key's calls ran with (the densities moved). With cuda_graphs off, always eagerly. The
+  // graph is captured on the model's own stream (OwnStream) and launched on `stream`.
+  template <class Work>
+  void run_graphed(const GraphKey& key, Work&& work) {
+    Graph& graph = graphs[key];
+    if (graph.gather != gather_layer) {
+      if (graph.exec) {
+        TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // a replay may still read the old graph
+        cudaGraphExecDestroy(graph.exec);
+      }
+      graph = Graph{};
+      graph.gather = gather_layer;
+    }
+    if (graph.exec) {
+      TWELL_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream));
+      paths = graph.paths;
+      return;
+    }
+    if (!o.cuda_graphs || graph.eager++ < 2) {
+      work();
+      return;
+    }
+    cudaGraph_t captured = nullptr;
+    {
+      struct Restore {
+        cudaStream_t& ref;
+        cudaStream_t old;
+        ~Restore() { ref = old; }
+      } restore{stream, stream};
+      stream = own.s;
+      TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        work();
+      } catch (...) {
+        cudaStreamEndCapture(stream, &captured);
+        if (captured) cudaGraphDestroy(captured);
+        throw;
+      }
+      TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &captured));
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, captured, 0);
+    cudaGraphDestroy(captured);
+    TWELL_CUDA_CHECK(err);
+    graph.exec = exec;
+    graph.paths = paths;
+    TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
   }
 
   // Grows a buffer that calls size as they come (nll_io, act_stats_io) to at least `bytes`, once
@@ -675,11 +734,12 @@ struct LlamaCuda::Impl {
       if (!done) why = "(" + why + ")";
     }
     if (!done) {
-      // Few query rows over many keys (a conversation's next turn over its history): the keys split
-      // among a cluster's blocks. Where the sequences start at different positions, none.
-      AttentionArgs split = at;
-      if (aligned) split.key_splits = prefill_attention_splits(at.B, at.S, at.nh, at.hd, call_start + at.S, sm_count);
-      launch_attention(split, stream);
+      // Few query rows over many keys (a conversation's next turn over its history): the warps of a
+      // block and the blocks of a cluster split the keys. Where the sequences end at different
+      // positions, only the warps.
+      AttentionArgs plan = at;
+      plan_prefill_attention(plan, aligned ? call_start + at.S : 0, sm_count);
+      launch_attention(plan, stream);
     }
     if (first_layer) kernels.attention = done ? str("cudnn ", CudnnSdpa::version()) : "twell " + why;
   }
@@ -757,9 +817,11 @@ struct LlamaCuda::Impl {
         launch_decode_attention(r, at, sm_count, stream, qkv_gemv, splits);  // RoPE and the cache write inside
       } else {
         if (!fuse) launch_rope_kv(r, stream);
-        if (S == 1)
-          launch_attention(at, stream);
-        else
+        if (S == 1) {  // a step of 512 or more sequences (the graph of a decode step replays this plan)
+          AttentionArgs plan = at;
+          plan_prefill_attention(plan, 0, sm_count);
+          launch_attention(plan, stream);
+        } else
           prefill_attention(at, l == 0);
       }
       const bool gemv = project(attn.as<uint16_t>(), lw.wo, proj.as<uint16_t>(), T, H, q_dim);
@@ -915,8 +977,39 @@ struct LlamaCuda::Impl {
       bool& on;
       ~Gathers() { on = false; }
     } gathers{prefill_gathers};
-    body(tokens.as<int32_t>(), n, rs, head, false);
+    if (const int64_t splits = short_prefill_graph(b0, n, rs); splits > 0) {
+      run_graphed({kPrefillGraph, rs, splits, 2 * static_cast<int64_t>(head) + (gather_last ? 1 : 0)},
+                  [&] { body(tokens.as<int32_t>(), n, rs, head, false); });
+      hidden_rows = n * rs, density_stale = true;  // body()'s, which a replay does not run
+    } else {
+      body(tokens.as<int32_t>(), n, rs, head, false);
+    }
     last_tokens += n * rs;
+  }
+
+  // Forwards of the cache's first sequence alone, of at most decode_gather_tokens tokens (a
+  // conversation's next turn after its history, a short prompt), replay a graph (run_graphed): the
+  // GPU would otherwise wait for the host's launches, ~10 a layer. Where every layer's FFN is pure
+  // stream work (the gather FFN where gather_layer chose it, else an FFN that reads nothing back), and
+  // nothing in the forward waits for the host (FFN statistics, the FFN input hook, cuDNN's attention,
+  // which refuses capture). The graph's buffers are sequence 0's (its cache rows and logits row: a
+  // ragged prefill's later runs run eagerly). Returns the attention's key splits (its plan, fixed in
+  // the graph: part of the key, with the length and the head), or 0 where the forward runs eagerly.
+  int64_t short_prefill_graph(int64_t b0, int64_t n, int64_t rs) {
+    if (!o.cuda_graphs || b0 != 0 || n != 1 || !aligned || rs > o.decode_gather_tokens || o.record_ffn_stats ||
+        act_stats || o.ffn_input_hook || o.prefill_attention == PrefillAttention::cudnn)
+      return 0;
+    if (ffn_prefill && !capturable(*ffn_prefill))
+      for (int64_t l = 0; l < L; ++l)
+        if (!(prefill_gathers && gather_layer[static_cast<size_t>(l)])) return 0;
+    AttentionArgs plan;
+    plan.B = 1, plan.S = static_cast<int>(rs), plan.nh = static_cast<int>(nh), plan.hd = static_cast<int>(hd);
+    plan_prefill_attention(plan, call_start + rs, sm_count);
+    return plan.key_splits;
+  }
+  static bool capturable(const FfnForward& f) {
+    const FfnOptions& fo = f.options();
+    return (fo.dispatch == Dispatch::always_sparse || fo.dispatch == Dispatch::always_dense) && !fo.count_nonzeros;
   }
 
   // The n tokens `p` of sequence b0 at positions pos0.., in chunks of at most max_tokens
@@ -1176,55 +1269,11 @@ struct LlamaCuda::Impl {
     aligned = std::all_of(positions.begin(), positions.end(), [&](int32_t p) { return p == positions[0]; });
     gather_last = false, call_start = positions[0];
     upload_inputs(ids.data(), B, positions);
-    // The first two steps of a batch size run eagerly (they load kernels, make cuBLASLt plans and,
-    // at the second, tune them: LtGemm); the next one is captured, and every later one replays the
-    // graph. Aligned and unaligned steps (which cannot take the fused QKV GEMM) have a graph each.
-    const int64_t key = 2 * B + (aligned ? 0 : 1);
+    // A graph per batch size (run_graphed); aligned and unaligned steps (which cannot take the
+    // fused QKV GEMM) have one each.
     choose_gather_layers(B);
-    auto chosen = graph_gather.find(key);  // the choice this key's eager step and graph ran with
-    if (chosen != graph_gather.end() && chosen->second != gather_layer) {  // densities changed: start again
-      if (graphs.count(key)) {
-        TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));  // a replay may still read the old graph
-        cudaGraphExecDestroy(graphs[key]);
-        graphs.erase(key);
-      }
-      eager_steps.erase(key);  // the new choice's kernels run eagerly first (plans, autotune)
-    }
-    graph_gather[key] = gather_layer;
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_begin, stream));
-    auto it = graphs.find(key);
-    if (it != graphs.end()) {
-      TWELL_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
-      paths = graph_paths[key];
-    } else if (!o.cuda_graphs || eager_steps[key]++ < 2) {
-      body(tokens.as<int32_t>(), B, 1, Head::all, true);
-    } else {
-      cudaGraph_t graph = nullptr;
-      {  // captured on the model's own stream (OwnStream), launched on `stream` below
-        struct Restore {
-          cudaStream_t& ref;
-          cudaStream_t old;
-          ~Restore() { ref = old; }
-        } restore{stream, stream};
-        stream = own.s;
-        TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        try {
-          body(tokens.as<int32_t>(), B, 1, Head::all, true);
-        } catch (...) {
-          cudaStreamEndCapture(stream, &graph);
-          if (graph) cudaGraphDestroy(graph);
-          throw;
-        }
-        TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      }
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      TWELL_CUDA_CHECK(err);
-      graphs[key] = exec;
-      graph_paths[key] = paths;
-      TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    }
+    run_graphed({kDecodeGraph, B, aligned ? 0 : 1, 0}, [&] { body(tokens.as<int32_t>(), B, 1, Head::all, true); });
     for (int64_t b : out)
       TWELL_CUDA_CHECK(cudaMemsetAsync(logits.as<float>() + b * V, 0, static_cast<size_t>(V) * 4, stream));
     TWELL_CUDA_CHECK(cudaEventRecord(gpu_end, stream));

@@ -608,6 +608,49 @@ TEST(LlamaCuda, FewTokensAfterACachedPrefixGatherOnASparseModel) {
   EXPECT_TRUE(paths_are(gathers, FfnPath::dense));
 }
 
+// A forward of one sequence of a few tokens (a conversation's next turn) replays a graph from its
+// shape's third call (short_prefill_graph): the same turn run five times gives the second call's
+// logits bit for bit from then on (the first runs before cuBLASLt's tune), turns at later positions
+// replay it with the CPU model's logits, and a decode step after a replayed turn reads the cache it
+// wrote. On a sparse model (the gather FFN in every layer) and on the dense FFN.
+TEST(LlamaCuda, ShortPrefillsReplayAGraph) {
+  TWELL_REQUIRE_HOPPER();
+  const io::ModelConfig c = config_of(kShapes[3]);  // H 256, I 512
+  LlamaWeights w = bf16_weights(c, 43);
+  const int64_t H = c.hidden_size, I = c.intermediate_size, kept = 8;  // density <= 8/512
+  for (model::LlamaLayerWeights& l : w.layers) {
+    auto* g = static_cast<uint16_t*>(l.wg.view().data);
+    std::fill(g + kept * H, g + I * H, uint16_t{0});
+  }
+  auto sparse = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
+  LlamaCpu cpu(std::move(w));
+  const auto tokens = some_tokens(140, c.vocab_size, 6);
+  const Tensor ref = cpu.logits(tokens);
+  auto row = [&](int64_t r) { return rows(ref, r, 1); };
+  auto one = [&](const Tensor& t) { return TensorView(t.view().data, DType::f32, {1, c.vocab_size}); };
+  auto span = [&](int64_t from, int64_t n) {
+    return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + n);
+  };
+  for (const FfnMode mode : {FfnMode::twell, FfnMode::dense}) {
+    SCOPED_TRACE(mode == FfnMode::twell ? "twell" : "dense");
+    LlamaCudaOptions o;
+    o.ffn = mode;
+    LlamaCuda m(sparse, o);
+    m.prefill(span(0, 100));  // measures the densities
+    Tensor second;
+    for (int call = 0; call < 5; ++call) {
+      const Tensor got = m.prefill_from(100, span(100, 10));
+      EXPECT_LT(relative_error(one(got), row(109)), kTol) << "call " << call;
+      if (call == 1) second = Tensor::copy_of(got.view());
+      if (call > 1) EXPECT_EQ(std::memcmp(got.view().data, second.view().data, got.nbytes()), 0) << "call " << call;
+    }
+    for (FfnPath p : m.ffn_paths()) EXPECT_EQ(p, mode == FfnMode::twell ? FfnPath::gather : FfnPath::dense);
+    for (const int64_t keep : {110, 120})
+      EXPECT_LT(relative_error(one(m.prefill_from(keep, span(keep, 10))), row(keep + 9)), kTol) << "after " << keep;
+    EXPECT_LT(relative_error(one(m.decode_step(tokens[130])), row(130)), kTol);
+  }
+}
+
 // Automatic attention: a shape's first call of 2048+ tokens runs twell's kernel (a small model's
 // attention saves far less than cuDNN's plan build), its second builds the plan and runs cuDNN's;
 // the logits agree either way. A new length starts again.

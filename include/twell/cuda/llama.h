@@ -126,7 +126,11 @@ struct LlamaCudaOptions {
   // false: no cache across calls (prefill-only use, e.g. benchmarks): one layer's keys and values
   // are kept at a time, every call starts at position 0, and decode is unavailable.
   bool kv_cache = true;
-  bool cuda_graphs = true;   // decode steps replay a captured graph per batch size
+  // Decode steps replay a captured graph per batch size, and so do forwards of one sequence of at
+  // most decode_gather_tokens tokens (a conversation's next turn after its history, a short prompt)
+  // per length where nothing in them reads back to the host (on a sparse model: every layer on the
+  // gather FFN); each from its shape's third call (the first two run eagerly: plans, autotune).
+  bool cuda_graphs = true;
   // A prefill of prompts of different lengths runs as batches of neighbouring prompts, each padded
   // to its own longest (model::prefill_runs: the fewest rows, counting 256 more a batch for its
   // launches, and 1.3 times the rows of a batch below ffn_options.sparse_min_tokens where the
