@@ -255,6 +255,8 @@ struct LlamaCuda::Impl {
     int eager = 0;               // calls run eagerly before the capture
     std::vector<char> gather;    // the gather_layer its calls ran with
     std::vector<FfnPath> paths;  // the FFN paths it runs
+    LlamaCuda::PrefillKernels kernels;  // body()'s record of a prefill's (a decode step leaves it alone)
+    bool eager_only = false;     // its graph could not be instantiated: it runs eagerly
   };
   using GraphKey = std::array<int64_t, 4>;  // {kind (kDecodeGraph, kPrefillGraph), then the kind's shape}
   static constexpr int64_t kDecodeGraph = 1, kPrefillGraph = 2;
@@ -485,10 +487,12 @@ struct LlamaCuda::Impl {
   // `work` (a call's stream work: body()) run eagerly at a key's first two calls (they load kernels,
   // make cuBLASLt plans and, at the second, tune them: LtGemm), captured at the third, and the graph
   // replayed at every later call; again from the start where the call's gather_layer is not the
-  // one the key's calls ran with (the densities moved). With cuda_graphs off, always eagerly. The
-  // graph is captured on the model's own stream (OwnStream) and launched on `stream`.
+  // one the key's calls ran with (the densities moved). With cuda_graphs off, always eagerly; so is
+  // a key whose capture the driver cannot instantiate (a cluster launch that a slice of the GPU
+  // cannot hold passes capture). The graph is captured on the model's own stream (OwnStream) and
+  // launched on `stream`. Returns whether a graph was launched.
   template <class Work>
-  void run_graphed(const GraphKey& key, Work&& work) {
+  bool run_graphed(const GraphKey& key, Work&& work) {
     Graph& graph = graphs[key];
     if (graph.gather != gather_layer) {
       if (graph.exec) {
@@ -501,11 +505,12 @@ struct LlamaCuda::Impl {
     if (graph.exec) {
       TWELL_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream));
       paths = graph.paths;
-      return;
+      if (key[0] != kDecodeGraph) kernels = graph.kernels;
+      return true;
     }
-    if (!o.cuda_graphs || graph.eager++ < 2) {
+    if (!o.cuda_graphs || graph.eager_only || graph.eager++ < 2) {
       work();
-      return;
+      return false;
     }
     cudaGraph_t captured = nullptr;
     {
@@ -528,10 +533,17 @@ struct LlamaCuda::Impl {
     cudaGraphExec_t exec = nullptr;
     const cudaError_t err = cudaGraphInstantiate(&exec, captured, 0);
     cudaGraphDestroy(captured);
-    TWELL_CUDA_CHECK(err);
+    if (err != cudaSuccess) {  // not sticky: the call runs eagerly, as will the key's later ones
+      cudaGetLastError();
+      graph.eager_only = true;
+      work();
+      return false;
+    }
     graph.exec = exec;
     graph.paths = paths;
+    graph.kernels = kernels;
     TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    return true;
   }
 
   // Grows a buffer that calls size as they come (nll_io, act_stats_io) to at least `bytes`, once
@@ -752,6 +764,7 @@ struct LlamaCuda::Impl {
     const int64_t T = B * S;
     const float eps = static_cast<float>(c.rms_norm_eps);
     hidden_rows = T;
+    if (!decode) kernels.graph = false;  // forward() sets it where run_graphed launched a graph
     launch_embed(tok, T, bits(w->embed), x.as<float>(), H, stream);
     paths.assign(static_cast<size_t>(L), FfnPath::dense);
     if (!decode) density_stale = true;
@@ -978,8 +991,8 @@ struct LlamaCuda::Impl {
       ~Gathers() { on = false; }
     } gathers{prefill_gathers};
     if (const int64_t splits = short_prefill_graph(b0, n, rs); splits > 0) {
-      run_graphed({kPrefillGraph, rs, splits, 2 * static_cast<int64_t>(head) + (gather_last ? 1 : 0)},
-                  [&] { body(tokens.as<int32_t>(), n, rs, head, false); });
+      kernels.graph = run_graphed({kPrefillGraph, rs, splits, 2 * static_cast<int64_t>(head) + (gather_last ? 1 : 0)},
+                                  [&] { body(tokens.as<int32_t>(), n, rs, head, false); });
       hidden_rows = n * rs, density_stale = true;  // body()'s, which a replay does not run
     } else {
       body(tokens.as<int32_t>(), n, rs, head, false);
@@ -1002,6 +1015,7 @@ struct LlamaCuda::Impl {
     if (ffn_prefill && !capturable(*ffn_prefill))
       for (int64_t l = 0; l < L; ++l)
         if (!(prefill_gathers && gather_layer[static_cast<size_t>(l)])) return 0;
+    if (rs == 1) return 1;  // the decode attention kernel: no plan, one graph at every position
     AttentionArgs plan;
     plan.B = 1, plan.S = static_cast<int>(rs), plan.nh = static_cast<int>(nh), plan.hd = static_cast<int>(hd);
     plan_prefill_attention(plan, call_start + rs, sm_count);

@@ -609,13 +609,16 @@ TEST(LlamaCuda, FewTokensAfterACachedPrefixGatherOnASparseModel) {
 }
 
 // A forward of one sequence of a few tokens (a conversation's next turn) replays a graph from its
-// shape's third call (short_prefill_graph): the same turn run five times gives the second call's
-// logits bit for bit from then on (the first runs before cuBLASLt's tune), turns at later positions
-// replay it with the CPU model's logits, and a decode step after a replayed turn reads the cache it
-// wrote. On a sparse model (the gather FFN in every layer) and on the dense FFN.
+// shape's third call (short_prefill_graph): the same turn run five times is launched as a graph from
+// the third call on (prefill_kernels().graph) with the second call's logits bit for bit (the first
+// runs before cuBLASLt's tune); a turn at a later position replays it, a turn of another length gets
+// its own, each with the CPU model's logits, and a decode step after them reads the cache they wrote.
+// After 600 cached positions the attention's keys split among two blocks of a cluster (captured too).
+// On a sparse model (the gather FFN in every layer) and on the dense FFN.
 TEST(LlamaCuda, ShortPrefillsReplayAGraph) {
   TWELL_REQUIRE_HOPPER();
-  const io::ModelConfig c = config_of(kShapes[3]);  // H 256, I 512
+  io::ModelConfig c = config_of(kShapes[3]);  // H 256, I 512, head_dim 128
+  c.max_position_embeddings = 1024;
   LlamaWeights w = bf16_weights(c, 43);
   const int64_t H = c.hidden_size, I = c.intermediate_size, kept = 8;  // density <= 8/512
   for (model::LlamaLayerWeights& l : w.layers) {
@@ -624,7 +627,7 @@ TEST(LlamaCuda, ShortPrefillsReplayAGraph) {
   }
   auto sparse = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(w));
   LlamaCpu cpu(std::move(w));
-  const auto tokens = some_tokens(140, c.vocab_size, 6);
+  const auto tokens = some_tokens(640, c.vocab_size, 6);
   const Tensor ref = cpu.logits(tokens);
   auto row = [&](int64_t r) { return rows(ref, r, 1); };
   auto one = [&](const Tensor& t) { return TensorView(t.view().data, DType::f32, {1, c.vocab_size}); };
@@ -636,18 +639,25 @@ TEST(LlamaCuda, ShortPrefillsReplayAGraph) {
     LlamaCudaOptions o;
     o.ffn = mode;
     LlamaCuda m(sparse, o);
-    m.prefill(span(0, 100));  // measures the densities
+    m.prefill(span(0, 600));  // measures the densities
+    EXPECT_FALSE(m.prefill_kernels().graph);
     Tensor second;
     for (int call = 0; call < 5; ++call) {
-      const Tensor got = m.prefill_from(100, span(100, 10));
-      EXPECT_LT(relative_error(one(got), row(109)), kTol) << "call " << call;
+      const Tensor got = m.prefill_from(600, span(600, 10));
+      EXPECT_LT(relative_error(one(got), row(609)), kTol) << "call " << call;
+      EXPECT_EQ(m.prefill_kernels().graph, call >= 2) << "call " << call;
+      EXPECT_EQ(m.prefill_kernels().attention.rfind("twell", 0), 0u) << m.prefill_kernels().attention;
       if (call == 1) second = Tensor::copy_of(got.view());
       if (call > 1) EXPECT_EQ(std::memcmp(got.view().data, second.view().data, got.nbytes()), 0) << "call " << call;
     }
     for (FfnPath p : m.ffn_paths()) EXPECT_EQ(p, mode == FfnMode::twell ? FfnPath::gather : FfnPath::dense);
-    for (const int64_t keep : {110, 120})
-      EXPECT_LT(relative_error(one(m.prefill_from(keep, span(keep, 10))), row(keep + 9)), kTol) << "after " << keep;
-    EXPECT_LT(relative_error(one(m.decode_step(tokens[130])), row(130)), kTol);
+    EXPECT_LT(relative_error(one(m.prefill_from(610, span(610, 10))), row(619)), kTol);
+    EXPECT_TRUE(m.prefill_kernels().graph);
+    for (int call = 0; call < 3; ++call) {  // another length: its own graph from its third call
+      EXPECT_LT(relative_error(one(m.prefill_from(620, span(620, 6))), row(625)), kTol) << "6 tokens, call " << call;
+      EXPECT_EQ(m.prefill_kernels().graph, call >= 2) << "6 tokens, call " << call;
+    }
+    EXPECT_LT(relative_error(one(m.decode_step(tokens[626])), row(626)), kTol);
   }
 }
 

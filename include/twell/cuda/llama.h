@@ -336,6 +336,7 @@ class LlamaCuda final : public model::LanguageModel {
   struct PrefillKernels {
     std::string attention;  // "cudnn <version>", or "twell" and why cuDNN's was not used
     bool fused_qkv_rope = false;  // the QKV GEMM with RoPE in its epilogue (fused_qkv_rope)
+    bool graph = false;           // launched as a captured CUDA graph (a short prefill: cuda_graphs)
   };
   PrefillKernels prefill_kernels() const;
   // GPU time of the last prefill, decode, enqueue, logits or next_token_nll call's device work (the
