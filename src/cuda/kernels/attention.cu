@@ -6,7 +6,9 @@
 // (16) rows. Key/value tiles of 64 rows stream through shared memory with cp.async, three in
 // flight (two at head_dim 128). S = Q Kᵀ stays in registers, the online softmax runs in the exp2
 // domain, P is rounded to bf16 (as every flash-attention kernel does) and feeds the P V product
-// straight from the accumulator registers.
+// straight from the accumulator registers. For few rows (warps_split_keys) a block's 4 warps share
+// 32 rows (16) and split each key tile; the blocks of a cluster may split the keys too (key_splits),
+// their partial softmax states merged through distributed shared memory.
 //
 // Decode (one new token per sequence, launch_decode_attention): RoPE of the new token, its key
 // and value into the cache, and the attention, in one kernel. A cluster of blocks per query head
