@@ -488,7 +488,7 @@ struct LlamaCuda::Impl {
   // make cuBLASLt plans and, at the second, tune them: LtGemm), captured at the third, and the graph
   // replayed at every later call; again from the start where the call's gather_layer is not the
   // one the key's calls ran with (the densities moved). With cuda_graphs off, always eagerly; so is
-  // a key whose capture the driver cannot instantiate (a cluster launch that a slice of the GPU
+  // a key whose capture failed or could not be instantiated (a cluster launch that a slice of the GPU
   // cannot hold passes capture). The graph is captured on the model's own stream (OwnStream) and
   // launched on `stream`. Returns whether a graph was launched.
   template <class Work>
@@ -513,6 +513,8 @@ struct LlamaCuda::Impl {
       return false;
     }
     cudaGraph_t captured = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t err = cudaSuccess;
     {
       struct Restore {
         cudaStream_t& ref;
@@ -526,13 +528,14 @@ struct LlamaCuda::Impl {
       } catch (...) {
         cudaStreamEndCapture(stream, &captured);
         if (captured) cudaGraphDestroy(captured);
+        cudaGetLastError();
+        graph.eager_only = true;  // the key's next call says, eagerly, whether the error is the call's own
         throw;
       }
-      TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &captured));
+      err = cudaStreamEndCapture(stream, &captured);
     }
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, captured, 0);
-    cudaGraphDestroy(captured);
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, captured, 0);
+    if (captured) cudaGraphDestroy(captured);
     if (err != cudaSuccess) {  // not sticky: the call runs eagerly, as will the key's later ones
       cudaGetLastError();
       graph.eager_only = true;
