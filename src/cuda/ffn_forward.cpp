@@ -343,13 +343,16 @@ struct FfnForward::Impl {
   }
 
   // Inside CUDA graph capture nothing may come back to the host: dispatch must be fixed and the
-  // non-zero count off (the model's decode steps run that way).
+  // non-zero count off (the model's decode steps and short prefills run that way).
+  bool capturable() const {
+    const bool fixed = options.dispatch == Dispatch::always_sparse || options.dispatch == Dispatch::always_dense;
+    return fixed && !options.count_nonzeros;
+  }
   void check_capture(cudaStream_t stream) const {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
     if (status == cudaStreamCaptureStatusNone) return;
-    const bool fixed = options.dispatch == Dispatch::always_sparse || options.dispatch == Dispatch::always_dense;
-    TWELL_REQUIRE(fixed && !options.count_nonzeros,
+    TWELL_REQUIRE(capturable(),
                 "FfnForward: inside CUDA graph capture the density cannot be read back on the host; use "
                 "dispatch always_sparse or always_dense with count_nonzeros = false");
   }
@@ -916,5 +919,6 @@ TwellMatrix FfnForward::download_activation(cudaStream_t stream) const {
 
 const FfnShape& FfnForward::shape() const { return impl_->shape; }
 const FfnOptions& FfnForward::options() const { return impl_->options; }
+bool FfnForward::capturable() const { return impl_->capturable(); }
 
 }  // namespace twell::cuda

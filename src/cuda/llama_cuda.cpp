@@ -256,7 +256,7 @@ struct LlamaCuda::Impl {
     std::vector<char> gather;    // the gather_layer its calls ran with
     std::vector<FfnPath> paths;  // the FFN paths it runs
     LlamaCuda::PrefillKernels kernels;  // body()'s record of a prefill's (a decode step leaves it alone)
-    bool eager_only = false;     // its graph could not be instantiated: it runs eagerly
+    bool eager_only = false;     // its capture failed or could not be instantiated: it runs eagerly
   };
   using GraphKey = std::array<int64_t, 4>;  // {kind (kDecodeGraph, kPrefillGraph), then the kind's shape}
   static constexpr int64_t kDecodeGraph = 1, kPrefillGraph = 2;
@@ -1015,7 +1015,7 @@ struct LlamaCuda::Impl {
     if (!o.cuda_graphs || b0 != 0 || n != 1 || !aligned || rs > o.decode_gather_tokens || o.record_ffn_stats ||
         act_stats || o.ffn_input_hook || o.prefill_attention == PrefillAttention::cudnn)
       return 0;
-    if (ffn_prefill && !capturable(*ffn_prefill))
+    if (ffn_prefill && !ffn_prefill->capturable())
       for (int64_t l = 0; l < L; ++l)
         if (!(prefill_gathers && gather_layer[static_cast<size_t>(l)])) return 0;
     if (rs == 1) return 1;  // the decode attention kernel: no plan, one graph at every position
@@ -1023,10 +1023,6 @@ struct LlamaCuda::Impl {
     plan.B = 1, plan.S = static_cast<int>(rs), plan.nh = static_cast<int>(nh), plan.hd = static_cast<int>(hd);
     plan_prefill_attention(plan, call_start + rs, sm_count);
     return plan.key_splits;
-  }
-  static bool capturable(const FfnForward& f) {
-    const FfnOptions& fo = f.options();
-    return (fo.dispatch == Dispatch::always_sparse || fo.dispatch == Dispatch::always_dense) && !fo.count_nonzeros;
   }
 
   // The n tokens `p` of sequence b0 at positions pos0.., in chunks of at most max_tokens

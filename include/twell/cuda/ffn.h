@@ -282,6 +282,9 @@ class FfnForward {
 
   const FfnShape& shape() const;
   const FfnOptions& options() const;
+  // Whether forward() may run under CUDA graph capture: dispatch always_sparse or always_dense and
+  // count_nonzeros = false (nothing comes back to the host).
+  bool capturable() const;
 
  private:
   struct Impl;
