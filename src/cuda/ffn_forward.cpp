@@ -343,18 +343,26 @@ struct FfnForward::Impl {
   }
 
   // Inside CUDA graph capture nothing may come back to the host: dispatch must be fixed and the
-  // non-zero count off (the model's decode steps and short prefills run that way).
+  // non-zero count off (the model's decode steps and short prefills run that way), or the call one
+  // token on the one-token kernel, which dispatch takes at every density and which counts nothing
+  // (forward(): one_token).
   bool capturable() const {
     const bool fixed = options.dispatch == Dispatch::always_sparse || options.dispatch == Dispatch::always_dense;
     return fixed && !options.count_nonzeros;
   }
-  void check_capture(cudaStream_t stream) const {
+  bool capturable(int64_t M) const {
+    return capturable() || (M == 1 && !decode.empty() && options.dispatch != Dispatch::always_dense);
+  }
+  // Whether `stream` is capturing; refuses a call of M tokens that capture cannot hold.
+  bool check_capture(cudaStream_t stream, int64_t M) const {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     TWELL_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-    if (status == cudaStreamCaptureStatusNone) return;
-    TWELL_REQUIRE(capturable(),
+    if (status == cudaStreamCaptureStatusNone) return false;
+    TWELL_REQUIRE(capturable(M),
                 "FfnForward: inside CUDA graph capture the density cannot be read back on the host; use "
-                "dispatch always_sparse or always_dense with count_nonzeros = false");
+                "dispatch always_sparse or always_dense with count_nonzeros = false (or call with one token, "
+                "on the one-token kernel)");
+    return true;
   }
 
   // View of the TwELL workspace for M tokens (the arrays are sized for sparse_rows() tokens).
@@ -776,9 +784,10 @@ struct FfnForward::Impl {
                     (options.dispatch != Dispatch::always_sparse && options.precision != Precision::h_fp32),
                 "FfnForward: ", options.precision == Precision::h_fp32 ? "Precision::h_fp32" : "Dispatch::always_sparse",
                 " needs a sparse path, but ", sparse_problem(M));
-    check_capture(stream);
-    collect_counts(false);   // the previous call's density, if it has arrived;
-    counts.pending = false;  // if not, it is dropped (its mirror is about to be overwritten)
+    // The previous call's density, if it has arrived (not asked under capture); if not, it is dropped
+    // (its mirror is about to be overwritten).
+    if (!check_capture(stream, M)) collect_counts(false);
+    counts.pending = false;
     stats = FfnStats{};  // path none until one runs
     saved = SavedForward{};
     forward_base = base;
@@ -920,5 +929,6 @@ TwellMatrix FfnForward::download_activation(cudaStream_t stream) const {
 const FfnShape& FfnForward::shape() const { return impl_->shape; }
 const FfnOptions& FfnForward::options() const { return impl_->options; }
 bool FfnForward::capturable() const { return impl_->capturable(); }
+bool FfnForward::capturable(int64_t tokens) const { return impl_->capturable(tokens); }
 
 }  // namespace twell::cuda

@@ -1006,7 +1006,8 @@ struct LlamaCuda::Impl {
   // Forwards of the cache's first sequence alone, of at most decode_gather_tokens tokens (a
   // conversation's next turn after its history, a short prompt), replay a graph (run_graphed): the
   // GPU would otherwise wait for the host's launches, ~10 a layer. Where every layer's FFN is pure
-  // stream work (the gather FFN where gather_layer chose it, else an FFN that reads nothing back), and
+  // stream work (the gather FFN where gather_layer chose it, else an FFN that reads nothing back: one
+  // token on the one-token kernel, at any dispatch), and
   // nothing in the forward waits for the host (FFN statistics, the FFN input hook, cuDNN's attention,
   // which refuses capture). The graph's buffers are sequence 0's (its cache rows and logits row: a
   // ragged prefill's later runs run eagerly). Returns the attention's key splits (its plan, fixed in
@@ -1015,7 +1016,7 @@ struct LlamaCuda::Impl {
     if (!o.cuda_graphs || b0 != 0 || n != 1 || !aligned || rs > o.decode_gather_tokens || o.record_ffn_stats ||
         act_stats || o.ffn_input_hook || o.prefill_attention == PrefillAttention::cudnn)
       return 0;
-    if (ffn_prefill && !ffn_prefill->capturable())
+    if (ffn_prefill && !ffn_prefill->capturable(rs))
       for (int64_t l = 0; l < L; ++l)
         if (!(prefill_gathers && gather_layer[static_cast<size_t>(l)])) return 0;
     if (rs == 1) return 1;  // the decode attention kernel: no plan, one graph at every position

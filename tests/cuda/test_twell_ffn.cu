@@ -694,6 +694,36 @@ TEST(FfnForwardGpuEdges, GraphCaptureNeedsFixedDispatchAndReplaysExactly) {
   EXPECT_THROW(dispatched.forward(p.x, p.w(), p.y, stream), Error);
   TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   if (graph) cudaGraphDestroy(graph);
+  EXPECT_FALSE(dispatched.capturable());
+  EXPECT_FALSE(dispatched.capturable(5));
+
+  // But one token, on the one-token kernel, which dispatch takes at any density: captured, even with
+  // the counts of an eager sparse call still on their way (not asked under capture).
+  EXPECT_TRUE(dispatched.capturable(1));
+  {
+    GpuProblem one = make_problem(1, 256, 1024, 0.01);
+    dispatched.forward(one.x, one.w(), one.y, stream);  // eager
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const Tensor eager = one.y.download();
+    cuda::FfnOptions sparse_options;
+    sparse_options.dispatch = Dispatch::always_sparse;
+    sparse_options.gather_max_tokens = 1;  // 5 tokens on the TwELL path, which counts; 1 on the one-token kernel
+    cuda::FfnForward counting({5, 256, 1024, true}, sparse_options);
+    EXPECT_FALSE(counting.capturable());  // it counts the non-zeros
+    EXPECT_TRUE(counting.capturable(1));
+    counting.forward(p.x, p.w(), p.y, stream);  // its counts pending
+    TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    counting.forward(one.x, one.w(), one.y, stream);
+    TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    TWELL_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cuda::fill_bytes(one.y.view().data, one.y.nbytes(), 0xff, stream);
+    TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_TRUE(test::bit_equal(one.y.download(), eager));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
 
   for (int64_t gather : {0, 256}) {  // TwELL and the gather path
     cuda::FfnOptions o;

@@ -283,8 +283,11 @@ class FfnForward {
   const FfnShape& shape() const;
   const FfnOptions& options() const;
   // Whether forward() may run under CUDA graph capture: dispatch always_sparse or always_dense and
-  // count_nonzeros = false (nothing comes back to the host).
+  // count_nonzeros = false (nothing comes back to the host). With `tokens`, whether a call of that
+  // many may: also one token on the one-token kernel (FfnOptions::one_token_kernel), which any
+  // dispatch but always_dense runs and which reads nothing back.
   bool capturable() const;
+  bool capturable(int64_t tokens) const;
 
  private:
   struct Impl;
