@@ -690,16 +690,23 @@ struct FfnForward::Impl {
     if (!grads.dwd.empty()) gemm.run_at(h_dense.get(), dy.data, grads.dwd.data, I, H, M, stream);
   }
 
-  // out [M, I] = (relu) x Wᵀ: twell's GEMV for one token (FfnOptions::one_token_gemv), otherwise
-  // cuBLASLt with its ReLU epilogue.
+  // out [M, I] = (relu) x Wᵀ: twell's GEMV for one token (FfnOptions::one_token_gemv), its few-token
+  // GEMM for 2 to 32 (FfnOptions::few_token_gemm), otherwise cuBLASLt with its ReLU epilogue.
   void project(const void* x, const void* weight, uint16_t* out, int64_t M, bool relu, cudaStream_t stream) {
     const int64_t H = shape.hidden, I = shape.ffn;
-    if (M == 1 && options.one_token_gemv && decode_gemv_supported(I, H)) {
+    const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(weight) % 16 == 0;
+    if (M == 1 && options.one_token_gemv && decode_gemv_supported(I, H) && aligned) {
       DecodeGemvArgs args;
       args.x = static_cast<const uint16_t*>(x), args.w = static_cast<const uint16_t*>(weight), args.y = out;
       args.N = I, args.K = H, args.relu = relu;
       args.early_weight_reads = options.early_weight_reads;
       launch_decode_gemv(args, sm_count, stream);
+    } else if (M > 1 && options.few_token_gemm && few_token_gemm_supported(M, I, H) && aligned) {
+      FewTokenGemmArgs args;
+      args.x = static_cast<const uint16_t*>(x), args.w = static_cast<const uint16_t*>(weight), args.y = out;
+      args.M = M, args.N = I, args.K = H, args.relu = relu;
+      args.early_weight_reads = options.early_weight_reads;
+      launch_few_token_gemm(args, sm_count, stream);
     } else {
       gemm.run(x, weight, out, M, I, H, true, relu ? GemmEpilogue::relu : GemmEpilogue::none, stream);
     }

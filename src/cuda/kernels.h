@@ -298,6 +298,22 @@ struct DecodeGemvArgs {
 bool decode_gemv_supported(int64_t N, int64_t K);
 void launch_decode_gemv(const DecodeGemvArgs& a, int sm_count, cudaStream_t stream);
 
+// few_token_gemm.cu: y [M, N] = x [M, K] Wᵀ for 1 ≤ M ≤ kFewTokenGemmMaxTokens (decode steps of a few
+// sequences, short prefills), bf16, fp32 accumulation, K a multiple of 64, x and W 16-byte aligned,
+// rows dense (x's K apart, y's N apart). Launched as the decode GEMV is (programmatic dependent launch;
+// with early_weight_reads its first weight loads start before the previous kernel ends).
+constexpr int64_t kFewTokenGemmMaxTokens = 32;
+struct FewTokenGemmArgs {
+  const uint16_t* x = nullptr;
+  const uint16_t* w = nullptr;
+  uint16_t* y = nullptr;
+  int64_t M = 0, N = 0, K = 0;
+  bool relu = false;  // y = bf16(relu(x Wᵀ)), NaN kept
+  bool early_weight_reads = false;
+};
+bool few_token_gemm_supported(int64_t M, int64_t N, int64_t K);
+void launch_few_token_gemm(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream);
+
 // elementwise.cu (dense paths), n elements, 16-byte aligned, n % 8 == 0:
 //   out = bf16(g · u), +0 where g = ±0 (g already ReLU'd; out may be u)
 //   g   = relu(g) in place       (the unfused, PyTorch-style pipeline)

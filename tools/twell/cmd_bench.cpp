@@ -149,8 +149,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                   "decode, batch 1: the FFN's partial sums added by their own kernel, then the plain residual add + "
                   "RMSNorm, instead of inside the RMSNorm (A/B)");
   model->add_flag("--cublas-decode-projections", *cublas_projections,
-                  "decode, batch 1: the QKV and output projections and the dense FFN's gate and up through cuBLASLt "
-                  "instead of twell's GEMV (A/B)");
+                  "decode steps and --turn calls of 1 to 32 tokens: the QKV and output projections and the dense "
+                  "FFN's gate and up through cuBLASLt instead of twell's GEMV and few-token GEMM (A/B)");
   model->add_flag("--no-graphs", *no_graphs, "decode and --turn: launch every step's (turn's) kernels instead of replaying a CUDA graph");
   model->add_option("--decode-attention-splits", mcfg->decode_attention_splits,
                     "decode: key ranges a head of the attention, 1 to 16, in both models (A/B); 0: each model's own "

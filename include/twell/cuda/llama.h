@@ -179,7 +179,9 @@ struct LlamaCudaOptions {
   bool fused_decode_ffn = true;
   // Calls of one token (decode at batch 1) run the QKV and output projections, and the dense
   // FFN's gate and up products (FfnOptions::one_token_gemv), through twell's GEMV
-  // (launch_decode_gemv), whose weight copies start while the kernel before it runs; false:
+  // (launch_decode_gemv), whose weight copies start while the kernel before it runs; calls of 2 to
+  // 32 tokens (decode steps of a few sequences, short prefills) through its few-token GEMM
+  // (launch_few_token_gemm, FfnOptions::few_token_gemm), whose weight loads start so too. false:
   // cuBLASLt, as for more tokens (A/B).
   bool decode_gemv = true;
   // Key ranges a head of the decode attention splits the cache into (1 to 16); 0: the kernel's

@@ -1,0 +1,160 @@
+// y [M, N] = x [M, K] · Wᵀ (W [N, K] row-major) for a few tokens (2 ≤ M ≤ 32): bf16 in and out, fp32
+// accumulation, an optional ReLU. The model's QKV and output projections and the dense FFN's gate and
+// up products in a decode step of a few sequences or a short prefill (a conversation's next turn).
+// Such calls only stream W: cuBLASLt's kernels read it at 1.4–2.1 TB/s of the H100's 3.35
+// (docs/perf.md, forty-ninth session). Here every weight byte goes from global memory straight into
+// mma.sync's A fragments, no shared memory, each warp a 16-row slice of W over its share of K's
+// 64-wide chunks, several chunks in flight; a block's warps take interleaved chunks of the same 16
+// rows and add their partial sums through shared memory in warp order (deterministic).
+//
+// The k order inside a chunk is permuted, identically for W and x, so that a thread's operands are
+// two 16-byte loads: lane (g, t) holds elements 8t .. 8t + 7 and 32 + 8t .. 32 + 8t + 7 of the chunk,
+// eight pairs, and k-step s (of four) takes pairs 2s and 2s + 1 as the pairs {2t, 2t+1} and
+// {2t+8, 2t+9} of the m16n8k16 fragment. A dot product does not care which pair is which, only that
+// W's and x's agree.
+#include <algorithm>
+
+#include "cuda/kernels.h"
+#include "cuda/kernels/bf16_vec.cuh"
+#include "cuda/kernels/bulk_copy.cuh"
+#include "cuda/kernels/mma_sync.cuh"
+
+namespace twell::cuda {
+namespace {
+
+constexpr int kChunk = 64;     // k elements a warp takes at a time
+constexpr int kMaxWarps = 8;   // a block's warps, over K
+constexpr int kDepth = 2;      // chunks a warp has in flight
+
+__device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int q) {
+  const uint4& h = v[q / 4];
+  const int i = q % 4;
+  return i == 0 ? h.x : i == 1 ? h.y : i == 2 ? h.z : h.w;
+}
+
+// One chunk's operands of a lane: W's rows g and g + 8 of the warp's 16, x's tokens g of each
+// 8-token tile (NT tiles).
+template <int NT>
+struct Operands {
+  uint4 w[2][2];
+  uint4 x[NT][2];
+};
+
+template <int NT>
+__device__ __forceinline__ void load_w(Operands<NT>& o, const uint16_t* w0, const uint16_t* w1, int64_t k) {
+  o.w[0][0] = __ldcs(reinterpret_cast<const uint4*>(w0 + k));  // weights: read once, streaming
+  o.w[0][1] = __ldcs(reinterpret_cast<const uint4*>(w0 + k + 32));
+  o.w[1][0] = __ldcs(reinterpret_cast<const uint4*>(w1 + k));
+  o.w[1][1] = __ldcs(reinterpret_cast<const uint4*>(w1 + k + 32));
+}
+template <int NT>
+__device__ __forceinline__ void load_x(Operands<NT>& o, const uint16_t* const (&xr)[NT], int64_t k) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    o.x[n][0] = *reinterpret_cast<const uint4*>(xr[n] + k);
+    o.x[n][1] = *reinterpret_cast<const uint4*>(xr[n] + k + 32);
+  }
+}
+template <int NT>
+__device__ __forceinline__ void multiply(const Operands<NT>& o, float (&acc)[NT][4]) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const uint32_t a[4] = {word(o.w[0], 2 * s), word(o.w[1], 2 * s), word(o.w[0], 2 * s + 1), word(o.w[1], 2 * s + 1)};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) mma_bf16(acc[n], a, word(o.x[n], 2 * s), word(o.x[n], 2 * s + 1));
+  }
+}
+
+// Block b: rows 16b .. 16b + 15 of W (outputs n), blockDim.x / 32 warps over K's chunks.
+template <int NT>
+__global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const FewTokenGemmArgs a) {
+  __shared__ float partial[kMaxWarps][16][8 * NT];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
+  // Rows past N and tokens past M read the last one (in bounds) and are not stored.
+  const uint16_t* w0 = a.w + min(n0 + g, a.N - 1) * a.K + 8 * t;
+  const uint16_t* w1 = a.w + min(n0 + g + 8, a.N - 1) * a.K + 8 * t;
+  const uint16_t* xr[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) xr[n] = a.x + min(static_cast<int64_t>(8 * n + g), a.M - 1) * a.K + 8 * t;
+  const int chunks = static_cast<int>(a.K / kChunk);
+  const int mine = chunks > warp ? (chunks - warp + warps - 1) / warps : 0;  // chunks warp, warp + warps, ...
+  auto k_of = [&](int i) { return static_cast<int64_t>(warp + i * warps) * kChunk; };
+
+  Operands<NT> op[kDepth];
+  if (a.early_weight_reads) {  // W is fixed: its first chunks load while the previous kernel runs
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d)
+      if (d < mine) load_w(op[d], w0, w1, k_of(d));
+  }
+  allow_dependent_launch();
+  wait_for_previous_grid();  // x is the previous kernel's output (and W may be, without early reads)
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d)
+    if (d < mine) {
+      if (!a.early_weight_reads) load_w(op[d], w0, w1, k_of(d));
+      load_x(op[d], xr, k_of(d));
+    }
+
+  float acc[NT][4] = {};
+  for (int i = 0; i < mine; i += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (i + d < mine) {
+        multiply(op[d], acc);
+        if (i + d + kDepth < mine) {
+          load_w(op[d], w0, w1, k_of(i + d + kDepth));
+          load_x(op[d], xr, k_of(i + d + kDepth));
+        }
+      }
+    }
+  }
+
+  // acc[n]: rows g (0, 1) and g + 8 (2, 3), tokens 8n + 2t, + 1.
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    partial[warp][g][8 * n + 2 * t] = acc[n][0];
+    partial[warp][g][8 * n + 2 * t + 1] = acc[n][1];
+    partial[warp][g + 8][8 * n + 2 * t] = acc[n][2];
+    partial[warp][g + 8][8 * n + 2 * t + 1] = acc[n][3];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < 16 * 8 * NT; e += blockDim.x) {
+    const int r = e % 16, m = e / 16;
+    if (m >= a.M || n0 + r >= a.N) continue;
+    float sum = 0.f;
+    for (int w = 0; w < warps; ++w) sum += partial[w][r][m];
+    // The ReLU keeps NaN (a NaN in x or W must not vanish), as the decode GEMV's.
+    a.y[m * a.N + n0 + r] = float_to_bf16_bits(a.relu && !(sum > 0.f || sum != sum) ? 0.f : sum);
+  }
+}
+
+template <int NT>
+void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
+  const int64_t blocks = (a.N + 15) / 16, chunks = a.K / kChunk;
+  // Warps a block: as many as keep the grid within about 12 warps an SM (one wave, ~100 registers a
+  // thread), at least 2 chunks each, 2 to 8.
+  int64_t warps = std::clamp<int64_t>(12 * static_cast<int64_t>(sm_count) / blocks, 2, kMaxWarps);
+  warps = std::max<int64_t>(1, std::min(warps, chunks / 2));
+  launch_dependent(few_token_gemm_kernel<NT>, dim3(static_cast<unsigned>(blocks)),
+                   dim3(static_cast<unsigned>(32 * warps)), 0, stream, a);
+}
+
+}  // namespace
+
+bool few_token_gemm_supported(int64_t M, int64_t N, int64_t K) {
+  return M >= 1 && M <= kFewTokenGemmMaxTokens && N >= 1 && K >= kChunk && K % kChunk == 0;
+}
+
+void launch_few_token_gemm(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
+  TWELL_CHECK(few_token_gemm_supported(a.M, a.N, a.K), "few-token GEMM: M = ", a.M, " must be 1 to ",
+              kFewTokenGemmMaxTokens, " and K = ", a.K, " a positive multiple of ", kChunk, " (N = ", a.N, ")");
+  TWELL_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
+              "few-token GEMM: x and W must be 16-byte aligned");
+  TWELL_CHECK(sm_count > 0, "few-token GEMM: sm_count must be positive, got ", sm_count);
+  if (a.M <= 8) launch<1>(a, sm_count, stream);
+  else if (a.M <= 16) launch<2>(a, sm_count, stream);
+  else launch<4>(a, sm_count, stream);
+}
+
+}  // namespace twell::cuda

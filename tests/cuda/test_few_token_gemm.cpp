@@ -1,0 +1,153 @@
+// The few-token GEMM (launch_few_token_gemm: the model's projections and the dense FFN's gate and up
+// products at 2 to 32 tokens) against float64 and against cuBLASLt on the same inputs: every token
+// count class (1, 2, 7, 8, 9, 16, 21, 32: its 8-token tiles full and partial), N not a multiple of its
+// 16-row blocks (1, 7, 300, 513), K one chunk to the FFN's 5632, the model's shapes, with and without
+// the ReLU; outputs poisoned first and nothing written past M × N. Then x written by the work just
+// before on the stream while the weights' loads start early (programmatic dependent launch), a NaN
+// kept through the ReLU, and the shapes it refuses.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cuda/cublaslt_gemm.h"
+#include "cuda/kernels.h"
+#include "gpu_test.h"
+#include "twell/bf16.h"
+#include "twell/error.h"
+
+namespace twell::cuda {
+namespace {
+
+int sms() {
+  int sm_count = 0;
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  return sm_count;
+}
+
+// Relative Frobenius error of y [M, N] against the float64 product.
+double error_of(const std::vector<uint16_t>& y, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t j = 0; j < ref.size(); ++j) {
+    const double v = bf16_bits_to_float(y[j]);
+    if (!std::isfinite(v)) return INFINITY;
+    num += (v - ref[j]) * (v - ref[j]), den += ref[j] * ref[j];
+  }
+  return std::sqrt(den > 0 ? num / den : num);
+}
+
+std::vector<double> product(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int64_t M, int64_t N,
+                            int64_t K, bool relu) {
+  std::vector<double> ref(static_cast<size_t>(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k)
+        s += double(bf16_bits_to_float(x[static_cast<size_t>(m * K + k)])) *
+             bf16_bits_to_float(w[static_cast<size_t>(j * K + k)]);
+      ref[static_cast<size_t>(m * N + j)] = relu ? std::max(s, 0.0) : s;
+    }
+  return ref;
+}
+
+TEST(FewTokenGemm, MatchesFloat64AndCublasLt) {
+  TWELL_REQUIRE_HOPPER();
+  const int sm_count = sms();
+  const struct {
+    int64_t N, K;
+  } shapes[] = {{1, 64}, {7, 128}, {300, 1024}, {2048, 2048}, {6144, 2048}, {513, 5632}};
+  for (const int64_t M : {1, 2, 7, 8, 9, 16, 21, 32})
+    for (const auto& [N, K] : shapes)
+      for (const bool relu : {false, true}) {
+        if (relu && N > 2048 && M != 21) continue;  // the ReLU's cases at one large shape suffice
+        SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << (relu ? " relu" : ""));
+        const auto x = random_bf16(static_cast<size_t>(M * K), 1.f, static_cast<unsigned>(M + K));
+        const auto w = random_bf16(static_cast<size_t>(N * K), 0.05f, static_cast<unsigned>(N + 7 * K));
+        const std::vector<double> ref = product(x, w, M, N, K, relu);
+        const size_t out = static_cast<size_t>(M * N);
+        DeviceBuffer dx = upload(x), dw = upload(w), dy((out + 16) * 2), dref(out * 2);
+        TWELL_CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.bytes()));  // bf16 NaN, and 16 guard values past M × N
+        FewTokenGemmArgs a;
+        a.x = dx.as<uint16_t>(), a.w = dw.as<uint16_t>(), a.y = dy.as<uint16_t>();
+        a.M = M, a.N = N, a.K = K, a.relu = relu;
+        launch_few_token_gemm(a, sm_count, nullptr);
+        LtGemm gemm;
+        gemm.run(dx.get(), dw.get(), dref.get(), M, N, K, true, relu ? GemmEpilogue::relu : GemmEpilogue::none, nullptr);
+        TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> y = download(dy);
+        for (size_t j = out; j < out + 16; ++j) ASSERT_EQ(y[j], 0xffff) << "written past M × N at " << j;
+        y.resize(out);
+        const double err = error_of(y, ref), err_lt = error_of(download(dref), ref);
+        EXPECT_LE(err, 2 * err_lt + 1e-6) << "few-token GEMM " << err << ", cuBLASLt " << err_lt;
+        if (N == 6144 || N == 513) std::printf("M=%lld N=%lld K=%lld%s: rel err %.2e, cuBLASLt %.2e\n",
+                                                static_cast<long long>(M), static_cast<long long>(N),
+                                                static_cast<long long>(K), relu ? " relu" : "", err, err_lt);
+      }
+}
+
+// The weights' first loads start before the kernel ahead has finished (early_weight_reads), x only
+// after: x written by the copy just before on the stream must be the x multiplied. And the same bits
+// as a launch that waits first, at every call (deterministic).
+TEST(FewTokenGemm, ReadsXOnlyAfterTheWorkBeforeAndRepeatsItsBits) {
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 21, N = 2048, K = 2048;
+  const auto x = random_bf16(static_cast<size_t>(M * K), 1.f, 11), w = random_bf16(static_cast<size_t>(N * K), 0.05f, 12);
+  DeviceBuffer staged = upload(x), dx(x.size() * 2), dw = upload(w), dy(static_cast<size_t>(M * N) * 2);
+  cudaStream_t stream = nullptr;
+  TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<uint16_t> first;
+  for (int call = 0; call < 4; ++call) {
+    TWELL_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0, dx.bytes(), stream));
+    TWELL_CUDA_CHECK(cudaMemsetAsync(dy.get(), 0xff, dy.bytes(), stream));
+    TWELL_CUDA_CHECK(cudaMemcpyAsync(dx.get(), staged.get(), dx.bytes(), cudaMemcpyDeviceToDevice, stream));
+    FewTokenGemmArgs a;
+    a.x = dx.as<uint16_t>(), a.w = dw.as<uint16_t>(), a.y = dy.as<uint16_t>(), a.M = M, a.N = N, a.K = K;
+    a.early_weight_reads = call % 2 == 1;
+    launch_few_token_gemm(a, sms(), stream);
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<uint16_t> y = download(dy);
+    if (call == 0) {
+      first = y;
+      EXPECT_LT(error_of(y, product(x, w, M, N, K, false)), 1e-2);
+    } else {
+      EXPECT_EQ(y, first) << "call " << call;
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST(FewTokenGemm, NaNIsNotLostInTheRelu) {  // a NaN in a token's x reaches that token's every output
+  TWELL_REQUIRE_HOPPER();
+  const int64_t M = 5, N = 40, K = 256;
+  auto x = random_bf16(static_cast<size_t>(M * K), 1.f, 3);
+  x[static_cast<size_t>(3 * K + 100)] = 0x7fc0;  // bf16 NaN in token 3
+  DeviceBuffer dx = upload(x), dw = upload(random_bf16(static_cast<size_t>(N * K), 0.1f, 4)), dy(M * N * 2);
+  for (const bool relu : {false, true}) {
+    TWELL_CUDA_CHECK(cudaMemset(dy.get(), 0, dy.bytes()));
+    FewTokenGemmArgs a;
+    a.x = dx.as<uint16_t>(), a.w = dw.as<uint16_t>(), a.y = dy.as<uint16_t>(), a.M = M, a.N = N, a.K = K, a.relu = relu;
+    launch_few_token_gemm(a, 132, nullptr);
+    const std::vector<uint16_t> y = download(dy);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < N; ++j)
+        EXPECT_EQ(std::isnan(bf16_bits_to_float(y[static_cast<size_t>(m * N + j)])), m == 3)
+            << (relu ? "relu" : "plain") << " token " << m << " output " << j;
+  }
+}
+
+TEST(FewTokenGemm, ShapesItDoesNotTakeAreRejected) {  // host-only: runs without a GPU too
+  EXPECT_TRUE(few_token_gemm_supported(2, 6144, 2048));
+  EXPECT_TRUE(few_token_gemm_supported(32, 1, 64));
+  EXPECT_FALSE(few_token_gemm_supported(33, 2048, 2048));  // more tokens than its tiles hold
+  EXPECT_FALSE(few_token_gemm_supported(0, 2048, 2048));
+  EXPECT_FALSE(few_token_gemm_supported(4, 2048, 2000));   // K not a multiple of 64
+  EXPECT_FALSE(few_token_gemm_supported(4, 0, 2048));
+  FewTokenGemmArgs a;
+  a.M = 4, a.N = 16, a.K = 100;
+  EXPECT_THROW(launch_few_token_gemm(a, 132, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace twell::cuda
