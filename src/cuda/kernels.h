@@ -300,8 +300,9 @@ void launch_decode_gemv(const DecodeGemvArgs& a, int sm_count, cudaStream_t stre
 
 // few_token_gemm.cu: y [M, N] = x [M, K] Wᵀ for 1 ≤ M ≤ kFewTokenGemmMaxTokens (decode steps of a few
 // sequences, short prefills), bf16, fp32 accumulation, K a multiple of 64, x and W 16-byte aligned,
-// rows dense (x's K apart, y's N apart). Launched as the decode GEMV is (programmatic dependent launch;
-// with early_weight_reads its first weight loads start before the previous kernel ends).
+// rows dense (x's K apart, y's N apart), y not overlapping x. Launched as the decode GEMV is
+// (programmatic dependent launch; with early_weight_reads its first weight loads start before the
+// previous kernel ends).
 constexpr int64_t kFewTokenGemmMaxTokens = 32;
 struct FewTokenGemmArgs {
   const uint16_t* x = nullptr;

@@ -704,7 +704,8 @@ struct LlamaCuda::Impl {
       launch_decode_gemv(args, sm_count, stream);
       return true;
     }
-    if (T > 1 && o.decode_gemv && few_token_gemm_supported(T, N, K)) {  // (the model's buffers are 256-byte aligned)
+    const bool aligned16 = reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(bits(weight)) % 16 == 0;
+    if (T > 1 && o.decode_gemv && few_token_gemm_supported(T, N, K) && aligned16) {
       FewTokenGemmArgs args;
       args.x = in, args.w = bits(weight), args.y = out, args.M = T, args.N = N, args.K = K;
       args.early_weight_reads = true;

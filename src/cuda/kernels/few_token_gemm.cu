@@ -1,4 +1,4 @@
-// y [M, N] = x [M, K] · Wᵀ (W [N, K] row-major) for a few tokens (2 ≤ M ≤ 32): bf16 in and out, fp32
+// y [M, N] = x [M, K] · Wᵀ (W [N, K] row-major) for a few tokens (M ≤ 32): bf16 in and out, fp32
 // accumulation, an optional ReLU. The model's QKV and output projections and the dense FFN's gate and
 // up products in a decode step of a few sequences or a short prefill (a conversation's next turn).
 // Such calls only stream W: cuBLASLt's kernels read it at 1.4–2.1 TB/s of the H100's 3.35
@@ -68,7 +68,7 @@ __device__ __forceinline__ void multiply(const Operands<NT>& o, float (&acc)[NT]
 // Block b: rows 16b .. 16b + 15 of W (outputs n), blockDim.x / 32 warps over K's chunks.
 template <int NT>
 __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const FewTokenGemmArgs a) {
-  __shared__ float partial[kMaxWarps][16][8 * NT];
+  __shared__ float partial[kMaxWarps][16][8 * NT + 1];  // (+1: the rows' stores and reads in distinct banks)
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
   // Rows past N and tokens past M read the last one (in bounds) and are not stored.
@@ -132,8 +132,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const Fe
 template <int NT>
 void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
   const int64_t blocks = (a.N + 15) / 16, chunks = a.K / kChunk;
-  // Warps a block: as many as keep the grid within about 12 warps an SM (one wave, ~100 registers a
-  // thread), at least 2 chunks each, 2 to 8.
+  // Warps a block: as many as keep the grid within about 12 warps an SM (one wave, ≤ 128 registers a
+  // thread), 2 to 8, but at least 2 chunks each (so 1 at K = 64 or 128).
   int64_t warps = std::clamp<int64_t>(12 * static_cast<int64_t>(sm_count) / blocks, 2, kMaxWarps);
   warps = std::max<int64_t>(1, std::min(warps, chunks / 2));
   launch_dependent(few_token_gemm_kernel<NT>, dim3(static_cast<unsigned>(blocks)),
@@ -154,6 +154,7 @@ void launch_few_token_gemm(const FewTokenGemmArgs& a, int sm_count, cudaStream_t
   TWELL_CHECK(sm_count > 0, "few-token GEMM: sm_count must be positive, got ", sm_count);
   if (a.M <= 8) launch<1>(a, sm_count, stream);
   else if (a.M <= 16) launch<2>(a, sm_count, stream);
+  else if (a.M <= 24) launch<3>(a, sm_count, stream);
   else launch<4>(a, sm_count, stream);
 }
 

@@ -1,10 +1,12 @@
 // The few-token GEMM (launch_few_token_gemm: the model's projections and the dense FFN's gate and up
 // products at 2 to 32 tokens) against float64 and against cuBLASLt on the same inputs: every token
-// count class (1, 2, 7, 8, 9, 16, 21, 32: its 8-token tiles full and partial), N not a multiple of its
-// 16-row blocks (1, 7, 300, 513), K one chunk to the FFN's 5632, the model's shapes, with and without
-// the ReLU; outputs poisoned first and nothing written past M × N. Then x written by the work just
-// before on the stream while the weights' loads start early (programmatic dependent launch), a NaN
-// kept through the ReLU, and the shapes it refuses.
+// count class (1, 2, 7, 8, 9, 16, 21, 24, 32: its 8-token tiles full and partial), N not a multiple of
+// its 16-row blocks (1, 7, 300, 513), K one chunk to the FFN's 5632 (576: 9 chunks over 4 warps), the
+// model's shapes, with and without the ReLU, and 1 to 8 warps a block (the launcher's choice follows
+// the SM count it is given); outputs poisoned first and nothing written past M × N. Then x written by a
+// kernel just before that lets it start early (programmatic dependent launch) while its weights'
+// loads start, a NaN kept through the ReLU, and the shapes it refuses.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,6 +27,14 @@ int sms() {
   int sm_count = 0;
   TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
   return sm_count;
+}
+
+// Lets its dependent start at once, then (after ~50 µs) copies src into dst: a dependent that read
+// dst before waiting for it would read the zeros there.
+__global__ void slow_copy(const uint16_t* src, uint16_t* dst, int64_t n) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  __nanosleep(50000);
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
 }
 
 // Relative Frobenius error of y [M, N] against the float64 product.
@@ -57,12 +67,15 @@ TEST(FewTokenGemm, MatchesFloat64AndCublasLt) {
   const int sm_count = sms();
   const struct {
     int64_t N, K;
-  } shapes[] = {{1, 64}, {7, 128}, {300, 1024}, {2048, 2048}, {6144, 2048}, {513, 5632}};
-  for (const int64_t M : {1, 2, 7, 8, 9, 16, 21, 32})
+  } shapes[] = {{1, 64}, {7, 128}, {300, 1024}, {40, 576}, {2048, 2048}, {6144, 2048}, {513, 5632}};
+  for (const int64_t M : {1, 2, 7, 8, 9, 16, 21, 24, 32})
     for (const auto& [N, K] : shapes)
       for (const bool relu : {false, true}) {
         if (relu && N > 2048 && M != 21) continue;  // the ReLU's cases at one large shape suffice
-        SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << (relu ? " relu" : ""));
+        // Warps a block follow the SM count given (at N = 2048: 20 -> 2, 40 -> 3, 60 -> 5, 70 -> 6, 80 -> 7).
+        const int sm_arg = N == 2048 ? std::vector<int>{20, 40, 60, 70, 80, sm_count}[static_cast<size_t>(M) % 6] : sm_count;
+        SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << (relu ? " relu" : "")
+                                        << " sm_count " << sm_arg);
         const auto x = random_bf16(static_cast<size_t>(M * K), 1.f, static_cast<unsigned>(M + K));
         const auto w = random_bf16(static_cast<size_t>(N * K), 0.05f, static_cast<unsigned>(N + 7 * K));
         const std::vector<double> ref = product(x, w, M, N, K, relu);
@@ -72,7 +85,7 @@ TEST(FewTokenGemm, MatchesFloat64AndCublasLt) {
         FewTokenGemmArgs a;
         a.x = dx.as<uint16_t>(), a.w = dw.as<uint16_t>(), a.y = dy.as<uint16_t>();
         a.M = M, a.N = N, a.K = K, a.relu = relu;
-        launch_few_token_gemm(a, sm_count, nullptr);
+        launch_few_token_gemm(a, sm_arg, nullptr);
         LtGemm gemm;
         gemm.run(dx.get(), dw.get(), dref.get(), M, N, K, true, relu ? GemmEpilogue::relu : GemmEpilogue::none, nullptr);
         TWELL_CUDA_CHECK(cudaDeviceSynchronize());
@@ -80,7 +93,9 @@ TEST(FewTokenGemm, MatchesFloat64AndCublasLt) {
         for (size_t j = out; j < out + 16; ++j) ASSERT_EQ(y[j], 0xffff) << "written past M × N at " << j;
         y.resize(out);
         const double err = error_of(y, ref), err_lt = error_of(download(dref), ref);
-        EXPECT_LE(err, 2 * err_lt + 1e-6) << "few-token GEMM " << err << ", cuBLASLt " << err_lt;
+        // (A few outputs: one rounding of a bf16 ulp, 2⁻⁸, can decide it; allowed there.)
+        const double floor = out < 64 ? 8e-3 : 0.0;
+        EXPECT_LE(err, std::max(2 * err_lt, floor) + 1e-6) << "few-token GEMM " << err << ", cuBLASLt " << err_lt;
         if (N == 6144 || N == 513) std::printf("M=%lld N=%lld K=%lld%s: rel err %.2e, cuBLASLt %.2e\n",
                                                 static_cast<long long>(M), static_cast<long long>(N),
                                                 static_cast<long long>(K), relu ? " relu" : "", err, err_lt);
@@ -88,8 +103,9 @@ TEST(FewTokenGemm, MatchesFloat64AndCublasLt) {
 }
 
 // The weights' first loads start before the kernel ahead has finished (early_weight_reads), x only
-// after: x written by the copy just before on the stream must be the x multiplied. And the same bits
-// as a launch that waits first, at every call (deterministic).
+// after: x written by the kernel just before on the stream, which lets it start at once and writes x
+// ~50 µs later, must be the x multiplied. And the same bits as a launch that waits first, at every
+// call (deterministic).
 TEST(FewTokenGemm, ReadsXOnlyAfterTheWorkBeforeAndRepeatsItsBits) {
   TWELL_REQUIRE_HOPPER();
   const int64_t M = 21, N = 2048, K = 2048;
@@ -101,7 +117,8 @@ TEST(FewTokenGemm, ReadsXOnlyAfterTheWorkBeforeAndRepeatsItsBits) {
   for (int call = 0; call < 4; ++call) {
     TWELL_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0, dx.bytes(), stream));
     TWELL_CUDA_CHECK(cudaMemsetAsync(dy.get(), 0xff, dy.bytes(), stream));
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(dx.get(), staged.get(), dx.bytes(), cudaMemcpyDeviceToDevice, stream));
+    slow_copy<<<8, 256, 0, stream>>>(staged.as<uint16_t>(), dx.as<uint16_t>(), M * K);
+    TWELL_CUDA_CHECK(cudaGetLastError());
     FewTokenGemmArgs a;
     a.x = dx.as<uint16_t>(), a.w = dw.as<uint16_t>(), a.y = dy.as<uint16_t>(), a.M = M, a.N = N, a.K = K;
     a.early_weight_reads = call % 2 == 1;
