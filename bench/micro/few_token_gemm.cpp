@@ -1,7 +1,8 @@
 // Micro-benchmark: y [M, N] = x [M, K] Wᵀ at a few tokens (a decode step of M sequences, a short
-// prefill), cuBLASLt (LtGemm, as the model calls it) against launch_few_token_gemm, with and without
-// its early weight reads (programmatic dependent launch: the next GEMM's weight loads start under this
-// one's tail, as under the norm or attention before it in the model). Shapes: the 2B model's QKV
+// prefill), cuBLASLt (LtGemm, as the model calls it) against launch_few_token_gemm: "few" waits for the
+// GEMM before it (still launched as a programmatic dependent), "early" loads its first weights under
+// that GEMM's tail (early_weight_reads, as the model runs it after a norm or the attention), each at
+// the launcher's choice of rows a block and at 16 and 32 ("early16", "early32"). Shapes: the 2B model's QKV
 // (6144 × 2048), output (2048 × 2048) and FFN gate / up (5632 × 2048) projections. Each kernel's
 // output is first checked against float64 (the first layer's weights, every output; "ok" where its
 // error is at most twice cuBLASLt's), then timed: CUDA events around a pass over `layers` copies of W
@@ -97,15 +98,17 @@ int main(int argc, char** argv) {
       TWELL_CUDA_CHECK(cudaMalloc(&dy, ref.size() * 2));
       TWELL_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
       double lt_err = 0;
-      for (int kernel = 0; kernel < 3; ++kernel) {  // cuBLASLt, ours waiting first, ours with early reads
-        const char* kname = kernel == 0 ? "cublaslt" : kernel == 1 ? "few" : "few_early";
+      const char* names[] = {"cublaslt", "few", "early", "early16", "early32"};
+      for (int kernel = 0; kernel < 5; ++kernel) {
+        const char* kname = names[kernel];
         if (kernel > 0 && !few_token_gemm_supported(M, N, K)) continue;
         auto run = [&](int l) {
           if (kernel == 0) {
             gemm.run(dx, dw + l * wn, dy, M, N, K, true, GemmEpilogue::none, stream);
           } else {
             FewTokenGemmArgs a;
-            a.x = dx, a.w = dw + l * wn, a.y = dy, a.M = M, a.N = N, a.K = K, a.early_weight_reads = kernel == 2;
+            a.x = dx, a.w = dw + l * wn, a.y = dy, a.M = M, a.N = N, a.K = K, a.early_weight_reads = kernel >= 2;
+            a.rows_per_block = kernel == 3 ? 16 : kernel == 4 ? 32 : 0;
             launch_few_token_gemm(a, sms, stream);
           }
         };

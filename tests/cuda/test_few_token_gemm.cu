@@ -70,12 +70,14 @@ TEST(FewTokenGemm, MatchesFloat64AndCublasLt) {
   } shapes[] = {{1, 64}, {7, 128}, {300, 1024}, {40, 576}, {2048, 2048}, {6144, 2048}, {513, 5632}};
   for (const int64_t M : {1, 2, 7, 8, 9, 16, 21, 24, 32})
     for (const auto& [N, K] : shapes)
-      for (const bool relu : {false, true}) {
+      for (const bool relu : {false, true})
+      for (const int rows : {0, 16, 32}) {
         if (relu && N > 2048 && M != 21) continue;  // the ReLU's cases at one large shape suffice
+        if (rows != 0 && N < 300) continue;         // rows a block: at the shapes of several blocks
         // Warps a block follow the SM count given (at N = 2048: 20 -> 2, 40 -> 3, 60 -> 5, 70 -> 6, 80 -> 7).
         const int sm_arg = N == 2048 ? std::vector<int>{20, 40, 60, 70, 80, sm_count}[static_cast<size_t>(M) % 6] : sm_count;
         SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << (relu ? " relu" : "")
-                                        << " sm_count " << sm_arg);
+                                        << " sm_count " << sm_arg << " rows a block " << rows);
         const auto x = random_bf16(static_cast<size_t>(M * K), 1.f, static_cast<unsigned>(M + K));
         const auto w = random_bf16(static_cast<size_t>(N * K), 0.05f, static_cast<unsigned>(N + 7 * K));
         const std::vector<double> ref = product(x, w, M, N, K, relu);
@@ -84,7 +86,7 @@ TEST(FewTokenGemm, MatchesFloat64AndCublasLt) {
         TWELL_CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.bytes()));  // bf16 NaN, and 16 guard values past M × N
         FewTokenGemmArgs a;
         a.x = dx.as<uint16_t>(), a.w = dw.as<uint16_t>(), a.y = dy.as<uint16_t>();
-        a.M = M, a.N = N, a.K = K, a.relu = relu;
+        a.M = M, a.N = N, a.K = K, a.relu = relu, a.rows_per_block = rows;
         launch_few_token_gemm(a, sm_arg, nullptr);
         LtGemm gemm;
         gemm.run(dx.get(), dw.get(), dref.get(), M, N, K, true, relu ? GemmEpilogue::relu : GemmEpilogue::none, nullptr);
@@ -96,7 +98,7 @@ TEST(FewTokenGemm, MatchesFloat64AndCublasLt) {
         // (A few outputs: one rounding of a bf16 ulp, 2⁻⁸, can decide it; allowed there.)
         const double floor = out < 64 ? 8e-3 : 0.0;
         EXPECT_LE(err, std::max(2 * err_lt, floor) + 1e-6) << "few-token GEMM " << err << ", cuBLASLt " << err_lt;
-        if (N == 6144 || N == 513) std::printf("M=%lld N=%lld K=%lld%s: rel err %.2e, cuBLASLt %.2e\n",
+        if ((N == 6144 || N == 513) && rows == 0) std::printf("M=%lld N=%lld K=%lld%s: rel err %.2e, cuBLASLt %.2e\n",
                                                 static_cast<long long>(M), static_cast<long long>(N),
                                                 static_cast<long long>(K), relu ? " relu" : "", err, err_lt);
       }
@@ -163,6 +165,10 @@ TEST(FewTokenGemm, ShapesItDoesNotTakeAreRejected) {  // host-only: runs without
   EXPECT_FALSE(few_token_gemm_supported(4, 0, 2048));
   FewTokenGemmArgs a;
   a.M = 4, a.N = 16, a.K = 100;
+  EXPECT_THROW(launch_few_token_gemm(a, 132, nullptr), Error);
+  a.K = 128, a.rows_per_block = 24;  // 16 or 32 (0: the launcher's)
+  EXPECT_THROW(launch_few_token_gemm(a, 132, nullptr), Error);
+  a.rows_per_block = 0, a.M = 33;
   EXPECT_THROW(launch_few_token_gemm(a, 132, nullptr), Error);
 }
 

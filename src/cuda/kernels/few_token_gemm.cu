@@ -32,48 +32,59 @@ __device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int q) {
   return i == 0 ? h.x : i == 1 ? h.y : i == 2 ? h.z : h.w;
 }
 
-// One chunk's operands of a lane: W's rows g and g + 8 of the warp's 16, x's tokens g of each
-// 8-token tile (NT tiles).
-template <int NT>
+// One chunk's operands of a lane: W's rows g and g + 8 of each of the warp's MT 16-row tiles, x's
+// tokens g of each 8-token tile (NT tiles).
+template <int MT, int NT>
 struct Operands {
-  uint4 w[2][2];
+  uint4 w[MT][2][2];
   uint4 x[NT][2];
 };
 
-template <int NT>
-__device__ __forceinline__ void load_w(Operands<NT>& o, const uint16_t* w0, const uint16_t* w1, int64_t k) {
-  o.w[0][0] = __ldcs(reinterpret_cast<const uint4*>(w0 + k));  // weights: read once, streaming
-  o.w[0][1] = __ldcs(reinterpret_cast<const uint4*>(w0 + k + 32));
-  o.w[1][0] = __ldcs(reinterpret_cast<const uint4*>(w1 + k));
-  o.w[1][1] = __ldcs(reinterpret_cast<const uint4*>(w1 + k + 32));
+template <int MT, int NT>
+__device__ __forceinline__ void load_w(Operands<MT, NT>& o, const uint16_t* const (&wr)[MT][2], int64_t k) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      o.w[m][h][0] = __ldcs(reinterpret_cast<const uint4*>(wr[m][h] + k));  // weights: read once, streaming
+      o.w[m][h][1] = __ldcs(reinterpret_cast<const uint4*>(wr[m][h] + k + 32));
+    }
 }
-template <int NT>
-__device__ __forceinline__ void load_x(Operands<NT>& o, const uint16_t* const (&xr)[NT], int64_t k) {
+template <int MT, int NT>
+__device__ __forceinline__ void load_x(Operands<MT, NT>& o, const uint16_t* const (&xr)[NT], int64_t k) {
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     o.x[n][0] = *reinterpret_cast<const uint4*>(xr[n] + k);
     o.x[n][1] = *reinterpret_cast<const uint4*>(xr[n] + k + 32);
   }
 }
-template <int NT>
-__device__ __forceinline__ void multiply(const Operands<NT>& o, float (&acc)[NT][4]) {
+template <int MT, int NT>
+__device__ __forceinline__ void multiply(const Operands<MT, NT>& o, float (&acc)[MT][NT][4]) {
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const uint32_t a[4] = {word(o.w[0], 2 * s), word(o.w[1], 2 * s), word(o.w[0], 2 * s + 1), word(o.w[1], 2 * s + 1)};
+  for (int s = 0; s < 4; ++s)
 #pragma unroll
-    for (int n = 0; n < NT; ++n) mma_bf16(acc[n], a, word(o.x[n], 2 * s), word(o.x[n], 2 * s + 1));
-  }
+    for (int m = 0; m < MT; ++m) {
+      const uint32_t a[4] = {word(o.w[m][0], 2 * s), word(o.w[m][1], 2 * s), word(o.w[m][0], 2 * s + 1),
+                             word(o.w[m][1], 2 * s + 1)};
+#pragma unroll
+      for (int n = 0; n < NT; ++n) mma_bf16(acc[m][n], a, word(o.x[n], 2 * s), word(o.x[n], 2 * s + 1));
+    }
 }
 
-// Block b: rows 16b .. 16b + 15 of W (outputs n), blockDim.x / 32 warps over K's chunks.
-template <int NT>
+// Block b: rows 16·MT·b .. + 16·MT − 1 of W (outputs n), blockDim.x / 32 warps over K's chunks. Each
+// x fragment a lane loads feeds MT tiles of W: MT = 2 halves x's reads (from L2) a weight byte.
+template <int MT, int NT>
 __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const FewTokenGemmArgs a) {
-  __shared__ float partial[kMaxWarps][16][8 * NT + 1];  // (+1: the rows' stores and reads in distinct banks)
+  constexpr int R = 16 * MT;
+  __shared__ float partial[kMaxWarps][R][8 * NT + 1];  // (+1: the rows' stores and reads in distinct banks)
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * R;
   // Rows past N and tokens past M read the last one (in bounds) and are not stored.
-  const uint16_t* w0 = a.w + min(n0 + g, a.N - 1) * a.K + 8 * t;
-  const uint16_t* w1 = a.w + min(n0 + g + 8, a.N - 1) * a.K + 8 * t;
+  const uint16_t* wr[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wr[m][h] = a.w + min(n0 + 16 * m + 8 * h + g, a.N - 1) * a.K + 8 * t;
   const uint16_t* xr[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) xr[n] = a.x + min(static_cast<int64_t>(8 * n + g), a.M - 1) * a.K + 8 * t;
@@ -81,46 +92,48 @@ __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const Fe
   const int mine = chunks > warp ? (chunks - warp + warps - 1) / warps : 0;  // chunks warp, warp + warps, ...
   auto k_of = [&](int i) { return static_cast<int64_t>(warp + i * warps) * kChunk; };
 
-  Operands<NT> op[kDepth];
+  Operands<MT, NT> op[kDepth];
   if (a.early_weight_reads) {  // W is fixed: its first chunks load while the previous kernel runs
 #pragma unroll
     for (int d = 0; d < kDepth; ++d)
-      if (d < mine) load_w(op[d], w0, w1, k_of(d));
+      if (d < mine) load_w(op[d], wr, k_of(d));
   }
   allow_dependent_launch();
   wait_for_previous_grid();  // x is the previous kernel's output (and W may be, without early reads)
 #pragma unroll
   for (int d = 0; d < kDepth; ++d)
     if (d < mine) {
-      if (!a.early_weight_reads) load_w(op[d], w0, w1, k_of(d));
+      if (!a.early_weight_reads) load_w(op[d], wr, k_of(d));
       load_x(op[d], xr, k_of(d));
     }
 
-  float acc[NT][4] = {};
+  float acc[MT][NT][4] = {};
   for (int i = 0; i < mine; i += kDepth) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       if (i + d < mine) {
         multiply(op[d], acc);
         if (i + d + kDepth < mine) {
-          load_w(op[d], w0, w1, k_of(i + d + kDepth));
+          load_w(op[d], wr, k_of(i + d + kDepth));
           load_x(op[d], xr, k_of(i + d + kDepth));
         }
       }
     }
   }
 
-  // acc[n]: rows g (0, 1) and g + 8 (2, 3), tokens 8n + 2t, + 1.
+  // acc[m][n]: rows 16m + g (0, 1) and 16m + g + 8 (2, 3), tokens 8n + 2t, + 1.
 #pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    partial[warp][g][8 * n + 2 * t] = acc[n][0];
-    partial[warp][g][8 * n + 2 * t + 1] = acc[n][1];
-    partial[warp][g + 8][8 * n + 2 * t] = acc[n][2];
-    partial[warp][g + 8][8 * n + 2 * t + 1] = acc[n][3];
-  }
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      partial[warp][16 * m + g][8 * n + 2 * t] = acc[m][n][0];
+      partial[warp][16 * m + g][8 * n + 2 * t + 1] = acc[m][n][1];
+      partial[warp][16 * m + g + 8][8 * n + 2 * t] = acc[m][n][2];
+      partial[warp][16 * m + g + 8][8 * n + 2 * t + 1] = acc[m][n][3];
+    }
   __syncthreads();
-  for (int e = threadIdx.x; e < 16 * 8 * NT; e += blockDim.x) {
-    const int r = e % 16, m = e / 16;
+  for (int e = threadIdx.x; e < R * 8 * NT; e += blockDim.x) {
+    const int r = e % R, m = e / R;
     if (m >= a.M || n0 + r >= a.N) continue;
     float sum = 0.f;
     for (int w = 0; w < warps; ++w) sum += partial[w][r][m];
@@ -129,15 +142,39 @@ __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const Fe
   }
 }
 
-template <int NT>
+// Warps an SM holds of this kernel (its registers; 64 at most).
+int resident_warps(const void* kernel) {
+  cudaFuncAttributes attr{};
+  TWELL_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const int regs = (std::max(attr.numRegs, 1) + 7) / 8 * 8;
+  return std::clamp(65536 / (32 * regs), 1, 64);
+}
+
+template <int MT, int NT>
 void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
-  const int64_t blocks = (a.N + 15) / 16, chunks = a.K / kChunk;
-  // Warps a block: as many as keep the grid within about 12 warps an SM (one wave, ≤ 128 registers a
-  // thread), 2 to 8, but at least 2 chunks each (so 1 at K = 64 or 128).
-  int64_t warps = std::clamp<int64_t>(12 * static_cast<int64_t>(sm_count) / blocks, 2, kMaxWarps);
+  const auto kernel = few_token_gemm_kernel<MT, NT>;
+  static const int per_sm = resident_warps(reinterpret_cast<const void*>(kernel));
+  const int64_t blocks = (a.N + 16 * MT - 1) / (16 * MT), chunks = a.K / kChunk;
+  // Warps a block: the most (8 down to 2) that keep the whole grid resident at once (one wave), but
+  // at least 2 chunks each (so 1 at K = 64 or 128).
+  int64_t warps = 2;
+  for (int64_t w = kMaxWarps; w > 2; --w)
+    if (per_sm / w * static_cast<int64_t>(sm_count) >= blocks) {
+      warps = w;
+      break;
+    }
   warps = std::max<int64_t>(1, std::min(warps, chunks / 2));
-  launch_dependent(few_token_gemm_kernel<NT>, dim3(static_cast<unsigned>(blocks)),
-                   dim3(static_cast<unsigned>(32 * warps)), 0, stream, a);
+  launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(32 * warps)), 0, stream, a);
+}
+
+// 32 rows a block (x read once for two tiles of W) where that still gives every SM a block.
+template <int NT>
+void launch_rows(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
+  const int rows = a.rows_per_block != 0 ? a.rows_per_block : (NT >= 3 && a.N >= 32 * sm_count ? 32 : 16);
+  if (rows == 32)
+    launch<2, NT>(a, sm_count, stream);
+  else
+    launch<1, NT>(a, sm_count, stream);
 }
 
 }  // namespace
@@ -152,10 +189,12 @@ void launch_few_token_gemm(const FewTokenGemmArgs& a, int sm_count, cudaStream_t
   TWELL_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
               "few-token GEMM: x and W must be 16-byte aligned");
   TWELL_CHECK(sm_count > 0, "few-token GEMM: sm_count must be positive, got ", sm_count);
-  if (a.M <= 8) launch<1>(a, sm_count, stream);
-  else if (a.M <= 16) launch<2>(a, sm_count, stream);
-  else if (a.M <= 24) launch<3>(a, sm_count, stream);
-  else launch<4>(a, sm_count, stream);
+  TWELL_CHECK(a.rows_per_block == 0 || a.rows_per_block == 16 || a.rows_per_block == 32,
+              "few-token GEMM: rows_per_block must be 0, 16 or 32, got ", a.rows_per_block);
+  if (a.M <= 8) launch_rows<1>(a, sm_count, stream);
+  else if (a.M <= 16) launch_rows<2>(a, sm_count, stream);
+  else if (a.M <= 24) launch_rows<3>(a, sm_count, stream);
+  else launch_rows<4>(a, sm_count, stream);
 }
 
 }  // namespace twell::cuda
