@@ -18,7 +18,7 @@ cp out/B/COMMIT $O/COMMIT_B
 timeout $(left 120) out/B/twell_gpu_tests --gtest_filter='*FewTokenGemm*:*GraphCapture*:LlamaCuda.*:BenchModel.*:*Attention*' \
   > $O/new_tests_B.log 2>&1; echo "rc $?" >> $O/new_tests_B.log
 tail -3 $O/new_tests_B.log; grep -E "FAILED|Failure" -A8 $O/new_tests_B.log | head -30; save
-timeout $(left 90) out/B/twell_micro_few_token_gemm > $O/micro_gemm.txt 2>&1; echo "rc $?" >> $O/micro_gemm.txt
+timeout $(left 120) out/B/twell_micro_few_token_gemm > $O/micro_gemm.txt 2>&1; echo "rc $?" >> $O/micro_gemm.txt
 cat $O/micro_gemm.txt; save
 for v in A B; do
   timeout $(left 60) out/$v/twell_micro_turn_attention 4096 1,8,21,32,48,64 > $O/micro_attn_$v.txt 2>&1
