@@ -13,50 +13,19 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
-#include <sstream>
-#include <string>
 #include <vector>
 
 #include "cuda/cublaslt_gemm.h"
 #include "cuda/kernels.h"
 #include "twell/bf16.h"
 #include "twell/cuda/runtime.h"
+#include "micro_util.h"
 
 using namespace twell;
 using namespace twell::cuda;
-
-namespace {
-
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  std::stringstream in(s);
-  for (std::string x; std::getline(in, x, ',');) v.push_back(std::atoi(x.c_str()));
-  return v;
-}
-
-std::vector<uint16_t> random_bf16(size_t n, float scale, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& e : v) e = float_to_bf16_bits(d(rng));
-  return v;
-}
-
-double error_of(const uint16_t* y, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t j = 0; j < ref.size(); ++j) {
-    const double v = bf16_bits_to_float(y[j]);
-    if (!std::isfinite(v)) return INFINITY;
-    num += (v - ref[j]) * (v - ref[j]), den += ref[j] * ref[j];
-  }
-  return std::sqrt(num / den);
-}
-
-}  // namespace
+using namespace twell::micro;
 
 int main(int argc, char** argv) {
   const std::vector<int> Ms = parse_list(argc > 1 ? argv[1] : "2,4,8,16,21,32");
@@ -118,7 +87,7 @@ int main(int argc, char** argv) {
         std::vector<uint16_t> y(ref.size());
         TWELL_CUDA_CHECK(cudaMemcpyAsync(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost, stream));
         TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-        const double err = error_of(y.data(), ref);
+        const double err = relative_error(y.data(), ref);
         if (kernel == 0) lt_err = err;
         const bool ok = err <= 2 * lt_err + 1e-6;
         all_ok = all_ok && ok;

@@ -25,18 +25,13 @@
 #include "cuda/kernels.h"
 #include "twell/bf16.h"
 #include "twell/cuda/runtime.h"
+#include "micro_util.h"
 
 using namespace twell;
 using namespace twell::cuda;
+using micro::parse_list;
 
 namespace {
-
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  std::stringstream in(s);
-  for (std::string x; std::getline(in, x, ',');) v.push_back(std::atoi(x.c_str()));
-  return v;
-}
 
 std::vector<uint16_t> download(const uint16_t* d, size_t n) {
   std::vector<uint16_t> h(n);

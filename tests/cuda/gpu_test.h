@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,6 +39,19 @@ inline std::vector<uint16_t> download(const DeviceBuffer& d) {
   std::vector<uint16_t> h(d.bytes() / 2);
   TWELL_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
   return h;
+}
+
+// Relative Frobenius error of the bf16 values y [0, ref.size()) against a float64 reference
+// (absolute where the reference is all zeros, as after a ReLU of negative rows; infinite where y
+// holds a NaN or Inf).
+inline double bf16_error(const std::vector<uint16_t>& y, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t j = 0; j < ref.size(); ++j) {
+    const double v = bf16_bits_to_float(y[j]);
+    if (!std::isfinite(v)) return INFINITY;
+    num += (v - ref[j]) * (v - ref[j]), den += ref[j] * ref[j];
+  }
+  return std::sqrt(den > 0 ? num / den : num);
 }
 
 }  // namespace twell::cuda

@@ -20,18 +20,6 @@
 namespace twell::cuda {
 namespace {
 
-// Relative Frobenius error of y [0, N) against the float64 product (absolute where the product is
-// all zeros, as after a ReLU of negative rows).
-double error_of(const std::vector<uint16_t>& y, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t j = 0; j < ref.size(); ++j) {
-    const double v = bf16_bits_to_float(y[j]);
-    if (!std::isfinite(v)) return INFINITY;
-    num += (v - ref[j]) * (v - ref[j]), den += ref[j] * ref[j];
-  }
-  return std::sqrt(den > 0 ? num / den : num);
-}
-
 TEST(DecodeGemv, MatchesFloat64AndCublasLt) {
   TWELL_REQUIRE_HOPPER();
   int sm_count = 0;
@@ -61,7 +49,7 @@ TEST(DecodeGemv, MatchesFloat64AndCublasLt) {
     std::vector<uint16_t> y = download(dy);
     for (int64_t j = N; j < N + 8; ++j) EXPECT_EQ(y[static_cast<size_t>(j)], 0xffff) << "written past N at " << j;
     y.resize(static_cast<size_t>(N));
-    const double err = error_of(y, ref), err_lt = error_of(download(dref), ref);
+    const double err = bf16_error(y, ref), err_lt = bf16_error(download(dref), ref);
     std::printf("N=%lld K=%lld%s: GEMV rel err %.2e, cuBLASLt %.2e\n", static_cast<long long>(N),
                 static_cast<long long>(K), relu ? " relu" : "", err, err_lt);
     EXPECT_LE(err, 2 * err_lt + 1e-6);  // both round the fp32 sum to bf16 once
