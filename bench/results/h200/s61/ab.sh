@@ -29,6 +29,8 @@ for v in A B; do
     --json $O/turn_$v.json > $O/turn_$v.txt 2> $O/turn_progress_$v.log
   echo "rc $?" >> $O/turn_$v.txt; cat $O/turn_$v.txt
 done; save
+timeout $(left 200) out/B/twell_gpu_tests --gtest_brief=1 --gtest_filter='-*FewTokenGemm*:*GraphCapture*:LlamaCuda.*:BenchModel.*:*Attention*' > $O/gpu_tests_B.log 2>&1; echo "rc $?" >> $O/gpu_tests_B.log
+tail -3 $O/gpu_tests_B.log; grep -E "FAILED|Failure" -A8 $O/gpu_tests_B.log | head -30; save
 for f in "" "--cublas-decode-projections"; do
   n=decode${f:+_cublas}
   timeout $(left 150) out/B/twell bench model --no-prefill --decode-batch 4,16,32 --gather-batches 1 $f \
@@ -37,5 +39,3 @@ for f in "" "--cublas-decode-projections"; do
 done; save
 timeout $(left 100) compute-sanitizer --tool memcheck out/B/twell_gpu_tests --gtest_filter='*FewTokenGemm*:*GraphCapture*:LlamaCuda.ShortPrefills*' \
   > $O/memcheck_B.log 2>&1; echo "rc $?" >> $O/memcheck_B.log; tail -3 $O/memcheck_B.log; save
-timeout $(left 200) out/B/twell_gpu_tests --gtest_brief=1 > $O/gpu_tests_B.log 2>&1; echo "rc $?" >> $O/gpu_tests_B.log
-tail -3 $O/gpu_tests_B.log; grep -E "FAILED|Failure" -A8 $O/gpu_tests_B.log | head -30; save
