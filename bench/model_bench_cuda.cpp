@@ -359,6 +359,7 @@ LlamaCudaOptions decode_options(const ModelBenchConfig& cfg, int64_t B) {
   o.cuda_graphs = cfg.cuda_graphs;
   o.fused_decode_ffn = cfg.fused_decode_ffn;
   o.decode_gemv = cfg.decode_gemv;
+  o.few_token_gemm = cfg.few_token_gemm;
   o.decode_attention_splits = cfg.decode_attention_splits;
   return o;
 }
@@ -400,7 +401,7 @@ LlamaCudaOptions turn_options(const ModelBenchConfig& cfg, int64_t n) {
   o.cuda_graphs = cfg.cuda_graphs;  // a turn of a few tokens replays a graph (short_prefill_graph)
   o.prefill_attention = attention_mode(cfg.attention);
   o.fused_qkv_rope = cfg.fused_qkv_rope;
-  o.decode_gemv = cfg.decode_gemv;  // turns of up to 32 tokens: the few-token GEMM (--cublas-decode-projections)
+  o.few_token_gemm = cfg.few_token_gemm;  // turns of 2 to 32 tokens (--few-token-gemm)
   return o;
 }
 
@@ -507,6 +508,7 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, const 
     o.cuda_graphs = cfg.cuda_graphs;
     o.fused_decode_ffn = cfg.fused_decode_ffn;
     o.decode_gemv = cfg.decode_gemv;
+    o.few_token_gemm = cfg.few_token_gemm;
     o.decode_attention_splits = cfg.decode_attention_splits;
     o.ffn_options.tile = cfg.tile;
     auto m = std::make_unique<LlamaCuda>(w, o);
@@ -914,10 +916,11 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                     timing[k].meter.seconds, timing[k].stretch_step_ms);
       r.note += energy_note;
     }
-    if (B <= cuda::kFewTokenGemmMaxTokens)
-      r.note += !cfg.decode_gemv ? "; projections: cuBLASLt (--cublas-decode-projections)"
-                : B == 1         ? "; QKV and O projections (and the dense FFN's gate and up): twell's one-token GEMV"
-                                 : "; QKV and O projections (and the dense FFN's gate and up): twell's few-token GEMM";
+    if (B == 1)
+      r.note += cfg.decode_gemv ? "; QKV and O projections (and the dense FFN's gate and up): twell's one-token GEMV"
+                                : "; projections: cuBLASLt (--cublas-decode-projections)";
+    if (B > 1 && B <= cuda::kFewTokenGemmMaxTokens && cfg.few_token_gemm)
+      r.note += "; QKV and O projections (and the dense FFN's gate and up): twell's few-token GEMM (--few-token-gemm)";
     if (cfg.decode_attention_splits > 0)
       r.note += "; decode attention: " + std::to_string(cfg.decode_attention_splits) + " key ranges a head (A/B)";
     if (k == 2) r.note += "; FFN through the gather path";

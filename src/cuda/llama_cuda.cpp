@@ -334,7 +334,7 @@ struct LlamaCuda::Impl {
       // stream work, and replay a graph (short_prefill_graph).
       if (!sparse && !o.record_ffn_stats) p.prefill.count_nonzeros = false;
       p.prefill.one_token_gemv = p.prefill.one_token_gemv && o.decode_gemv;
-      p.prefill.few_token_gemm = p.prefill.few_token_gemm && o.decode_gemv;
+      p.prefill.few_token_gemm = o.few_token_gemm;
       p.prefill.early_weight_reads = true;  // the model's weights never change after loading
       p.prefill.dispatch_slots = L;  // each layer dispatched on its own density
       p.prefill_shape = FfnShape{T, H, I, true};
@@ -693,9 +693,9 @@ struct LlamaCuda::Impl {
     }
   }
 
-  // out [T, N] = in [T, K] Wᵀ: twell's GEMV for one token, its few-token GEMM for 2 to 32
-  // (LlamaCudaOptions::decode_gemv; both return true: they let the kernel after them start at once),
-  // otherwise cuBLASLt.
+  // out [T, N] = in [T, K] Wᵀ: twell's GEMV for one token (LlamaCudaOptions::decode_gemv), its
+  // few-token GEMM for 2 to 32 (LlamaCudaOptions::few_token_gemm; both return true: they let the
+  // kernel after them start at once), otherwise cuBLASLt.
   bool project(const uint16_t* in, const DeviceTensor& weight, uint16_t* out, int64_t T, int64_t N, int64_t K) {
     if (T == 1 && o.decode_gemv && decode_gemv_supported(N, K)) {
       DecodeGemvArgs args;
@@ -705,7 +705,7 @@ struct LlamaCuda::Impl {
       return true;
     }
     const bool aligned16 = reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(bits(weight)) % 16 == 0;
-    if (T > 1 && o.decode_gemv && few_token_gemm_supported(T, N, K) && aligned16) {
+    if (T > 1 && o.few_token_gemm && few_token_gemm_supported(T, N, K) && aligned16) {
       FewTokenGemmArgs args;
       args.x = in, args.w = bits(weight), args.y = out, args.M = T, args.N = N, args.K = K;
       args.early_weight_reads = true;

@@ -151,8 +151,9 @@ TEST_P(LlamaCudaShapes, FullForwardMatchesCpu) {
     o.prefill_attention = run.attention;
     o.ffn_options.dispatch = Dispatch::always_sparse;
     o.ffn_options.gather_max_tokens = run.gather;
+    o.few_token_gemm = true;  // T = 21: the projections (and the dense FFN's gate and up) through it
     LlamaCuda gpu(dw, o);
-    for (int64_t T : {1, 63, 64, 65, 150}) {
+    for (int64_t T : {1, 21, 63, 64, 65, 150}) {
       const auto tokens = some_tokens(T, c.vocab_size, T);
       const double err = relative_error(gpu.logits(tokens), cpu.logits(tokens));
       std::printf("%s %s T=%lld: rel err %.2e\n", GetParam().name, run.name, static_cast<long long>(T), err);
@@ -199,10 +200,14 @@ TEST_P(LlamaCudaShapes, BatchEqualsSingleSequences) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(GetParam());
   auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 13)));
+  for (const bool few : {false, true}) {  // the batch's projections through cuBLASLt, then the few-token GEMM
+  SCOPED_TRACE(few ? "few-token GEMM" : "cuBLASLt");
   LlamaCudaOptions o;
   o.max_batch = 3;
   o.decode_gather_tokens = 2;  // single sequences decode through the gather path, the batch densely
-  LlamaCuda batched(dw, o), single(dw, o);
+  LlamaCuda single(dw, o);
+  o.few_token_gemm = few;
+  LlamaCuda batched(dw, o);
   std::vector<std::vector<int32_t>> prompts;
   for (uint64_t s = 0; s < 3; ++s) prompts.push_back(some_tokens(33, c.vocab_size, 40 + s));
   const Tensor b0 = batched.prefill_batch(prompts);
@@ -223,6 +228,7 @@ TEST_P(LlamaCudaShapes, BatchEqualsSingleSequences) {
     EXPECT_LT(relative_error(rows(b1, s, 1), s1), kTol);
     EXPECT_LT(relative_error(rows(b2, s, 1), s2), kTol);
     EXPECT_LT(relative_error(rows(b3, s, 1), s3), kTol);
+  }
   }
 }
 
@@ -638,6 +644,7 @@ TEST(LlamaCuda, ShortPrefillsReplayAGraph) {
     SCOPED_TRACE(mode == FfnMode::twell ? "twell" : "dense");
     LlamaCudaOptions o;
     o.ffn = mode;
+    o.few_token_gemm = true;  // its projections (and the dense FFN's gate and up) captured too
     LlamaCuda m(sparse, o);
     m.prefill(span(0, 600));  // measures the densities
     EXPECT_FALSE(m.prefill_kernels().graph);

@@ -111,7 +111,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   auto no_prefill = std::make_shared<bool>(false), no_decode = std::make_shared<bool>(false),
        no_graphs = std::make_shared<bool>(false), unfused_qkv = std::make_shared<bool>(false),
        unfused_decode_ffn = std::make_shared<bool>(false), cublas_projections = std::make_shared<bool>(false),
-       separate_ffn_norm = std::make_shared<bool>(false), eager_residual = std::make_shared<bool>(false);
+       separate_ffn_norm = std::make_shared<bool>(false), eager_residual = std::make_shared<bool>(false),
+       few_token_gemm = std::make_shared<bool>(false);
   CLI::App* model = bench->add_subcommand(
       "model", "Whole model on the GPU, dense vs twell FFN: prefill tokens/ms, decode tokens/s, memory, energy");
   model->add_option("--layers", mcfg->layers, "decoder layers")->capture_default_str();
@@ -149,8 +150,12 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                   "decode, batch 1: the FFN's partial sums added by their own kernel, then the plain residual add + "
                   "RMSNorm, instead of inside the RMSNorm (A/B)");
   model->add_flag("--cublas-decode-projections", *cublas_projections,
-                  "decode steps and --turn calls of 1 to 32 tokens: the QKV and output projections and the dense "
-                  "FFN's gate and up through cuBLASLt instead of twell's GEMV and few-token GEMM (A/B)");
+                  "decode, batch 1: the QKV and output projections and the dense FFN's gate and up through cuBLASLt "
+                  "instead of twell's GEMV (A/B)");
+  model->add_flag("--few-token-gemm", *few_token_gemm,
+                  "decode steps and --turn calls of 2 to 32 tokens: the QKV and output projections and the dense FFN's "
+                  "gate and up through twell's few-token GEMM instead of cuBLASLt (LlamaCudaOptions::few_token_gemm, "
+                  "off by default until measured)");
   model->add_flag("--no-graphs", *no_graphs, "decode and --turn: launch every step's (turn's) kernels instead of replaying a CUDA graph");
   model->add_option("--decode-attention-splits", mcfg->decode_attention_splits,
                     "decode: key ranges a head of the attention, 1 to 16, in both models (A/B); 0: each model's own "
@@ -236,6 +241,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
     mcfg->deferred_residual_add = !*eager_residual;
     if (*unfused_decode_ffn) mcfg->fused_decode_ffn = false;
     if (*cublas_projections) mcfg->decode_gemv = false;
+    mcfg->few_token_gemm = *few_token_gemm;
     std::string failure;  // a later phase's error: the earlier phases' records are printed and written first
     const auto records = bench::run_model_bench(*mcfg, std::cerr, &failure);
     bench::print_model_table(records, std::cout);

@@ -133,9 +133,10 @@ struct FfnOptions {
   // The dense path of one token runs its gate (with the ReLU) and up products through twell's
   // GEMV (launch_decode_gemv) where the shape allows; false: cuBLASLt, as for more tokens (A/B).
   bool one_token_gemv = true;
-  // So do its calls of 2 to 32 tokens, through twell's few-token GEMM (launch_few_token_gemm: the
-  // weights streamed straight into tensor-core operands; K a multiple of 64); false: cuBLASLt (A/B).
-  bool few_token_gemm = true;
+  // true: so do its calls of 2 to 32 tokens, through twell's few-token GEMM (launch_few_token_gemm:
+  // the weights streamed straight into tensor-core operands; K a multiple of 64). Off until it has
+  // run on a GPU (LlamaCudaOptions::few_token_gemm).
+  bool few_token_gemm = false;
   // Both one-token kernels (one_token_gemv's and one_token_kernel's) start as programmatic
   // dependents of the kernel before them on the stream. true: they copy their weights into shared
   // memory while that kernel still runs, before waiting for it (the model's decode steps gain by it;

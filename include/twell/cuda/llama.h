@@ -179,11 +179,14 @@ struct LlamaCudaOptions {
   bool fused_decode_ffn = true;
   // Calls of one token (decode at batch 1) run the QKV and output projections, and the dense
   // FFN's gate and up products (FfnOptions::one_token_gemv), through twell's GEMV
-  // (launch_decode_gemv), whose weight copies start while the kernel before it runs; calls of 2 to
-  // 32 tokens (decode steps of a few sequences, short prefills) through its few-token GEMM
-  // (launch_few_token_gemm, FfnOptions::few_token_gemm), whose weight loads start so too. false:
+  // (launch_decode_gemv), whose weight copies start while the kernel before it runs; false:
   // cuBLASLt, as for more tokens (A/B).
   bool decode_gemv = true;
+  // Calls of 2 to 32 tokens (decode steps of a few sequences, short prefills) run those projections
+  // through twell's few-token GEMM (launch_few_token_gemm, FfnOptions::few_token_gemm), whose weight
+  // loads start while the kernel before it runs. Off until it has run on a GPU: written in a session
+  // that was lent none (docs/perf.md, sixty-first session); `twell bench model --few-token-gemm`.
+  bool few_token_gemm = false;
   // Key ranges a head of the decode attention splits the cache into (1 to 16); 0: the kernel's
   // choice (decode_attention_splits, about four blocks an SM: 16 at batch 1 on an H200), halved
   // where the step runs twell's one-kernel decode FFN. At the paper's 2B shape, batch 1, the twell
