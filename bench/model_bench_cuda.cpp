@@ -1207,6 +1207,8 @@ void turn_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConf
                   static_cast<long long>(N), static_cast<long long>(C), static_cast<long long>(gathered[k]),
                   static_cast<long long>(L), graphed[k] ? "replayed as a CUDA graph" : "its kernels launched one by one");
     r.note = line;
+    if (cfg.few_token_gemm && N > 1 && N <= cuda::kFewTokenGemmMaxTokens)
+      r.note += "; QKV and O projections (and the FFN's gate): twell's few-token GEMM (--few-token-gemm)";
     r.distribution = "turn";
     out.push_back(r);
   }

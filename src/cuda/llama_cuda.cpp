@@ -334,7 +334,7 @@ struct LlamaCuda::Impl {
       // stream work, and replay a graph (short_prefill_graph).
       if (!sparse && !o.record_ffn_stats) p.prefill.count_nonzeros = false;
       p.prefill.one_token_gemv = p.prefill.one_token_gemv && o.decode_gemv;
-      p.prefill.few_token_gemm = o.few_token_gemm;
+      p.prefill.few_token_gemm = o.few_token_gemm;  // (the model's option, not ffn_options')
       p.prefill.early_weight_reads = true;  // the model's weights never change after loading
       p.prefill.dispatch_slots = L;  // each layer dispatched on its own density
       p.prefill_shape = FfnShape{T, H, I, true};

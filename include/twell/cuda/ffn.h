@@ -29,8 +29,8 @@
 // their slot has no density yet: under `previous` a later large call may then decide on that
 // sample without synchronising (observed_density reads it). Both paths
 // are exact (no value is ever dropped): dispatch only decides speed. Inside CUDA graph capture,
-// forward() needs dispatch always_sparse or always_dense and count_nonzeros = false (it throws
-// otherwise).
+// forward() needs dispatch always_sparse or always_dense and count_nonzeros = false, or a call of
+// one token on the one-token kernel (it throws otherwise; capturable(tokens) says which).
 //
 // Reproducibility. With a fixed path (Dispatch::always_sparse or always_dense) the same call gives
 // the same bits, call after call and run after run of one build (the GPU tests check it). The paths
@@ -133,13 +133,13 @@ struct FfnOptions {
   // The dense path of one token runs its gate (with the ReLU) and up products through twell's
   // GEMV (launch_decode_gemv) where the shape allows; false: cuBLASLt, as for more tokens (A/B).
   bool one_token_gemv = true;
-  // true: so do its calls of 2 to 32 tokens, through twell's few-token GEMM (launch_few_token_gemm:
-  // the weights streamed straight into tensor-core operands; K a multiple of 64). Off until it has
-  // run on a GPU (LlamaCudaOptions::few_token_gemm).
+  // true: calls of 2 to 32 tokens compute the gate (on every path; the dense path's up too) through
+  // twell's few-token GEMM (launch_few_token_gemm: the weights streamed straight into tensor-core
+  // operands; K a multiple of 64). Off until it has run on a GPU (LlamaCudaOptions::few_token_gemm).
   bool few_token_gemm = false;
-  // Both one-token kernels (one_token_gemv's and one_token_kernel's) start as programmatic
-  // dependents of the kernel before them on the stream. true: they copy their weights into shared
-  // memory while that kernel still runs, before waiting for it (the model's decode steps gain by it;
+  // Both one-token kernels (one_token_gemv's and one_token_kernel's), and few_token_gemm's, start as
+  // programmatic dependents of the kernel before them on the stream. true: they read their weights
+  // while that kernel still runs, before waiting for it (the model's decode steps gain by it;
   // a lone forward() barely: within 0.3 µs in `twell bench ffn -M 1`), which is
   // right only if the work just before forward() on the stream does not write the weights: that
   // kernel's writes are certain to be visible only after the wait. For weights fixed while the

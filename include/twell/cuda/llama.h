@@ -129,7 +129,8 @@ struct LlamaCudaOptions {
   // Decode steps replay a captured graph per batch size, and so do forwards of one sequence of at
   // most decode_gather_tokens tokens (a conversation's next turn after its history, a short prompt)
   // per length where nothing in them reads back to the host (on a sparse model: every layer on the
-  // gather FFN); each from its shape's third call (the first two run eagerly: plans, autotune).
+  // gather FFN, or one token, on the prefill FFN's one-token kernel); each from its shape's third
+  // call (the first two run eagerly: plans, autotune).
   bool cuda_graphs = true;
   // A prefill of prompts of different lengths runs as batches of neighbouring prompts, each padded
   // to its own longest (model::prefill_runs: the fewest rows, counting 256 more a batch for its
@@ -182,10 +183,12 @@ struct LlamaCudaOptions {
   // (launch_decode_gemv), whose weight copies start while the kernel before it runs; false:
   // cuBLASLt, as for more tokens (A/B).
   bool decode_gemv = true;
-  // Calls of 2 to 32 tokens (decode steps of a few sequences, short prefills) run those projections
-  // through twell's few-token GEMM (launch_few_token_gemm, FfnOptions::few_token_gemm), whose weight
-  // loads start while the kernel before it runs. Off until it has run on a GPU: written in a session
-  // that was lent none (docs/perf.md, sixty-first session); `twell bench model --few-token-gemm`.
+  // Calls of 2 to 32 tokens (decode steps of a few sequences, short prefills) run the QKV and output
+  // projections, and every FFN path's gate (the dense path's up too), through twell's few-token GEMM
+  // (launch_few_token_gemm), whose weight loads start while the kernel before it runs; this sets the
+  // model's FfnOptions::few_token_gemm (ffn_options' own is not read). Off until it has run on a GPU:
+  // written in a session that was lent none (docs/perf.md, sixty-first session); `twell bench model
+  // --few-token-gemm`.
   bool few_token_gemm = false;
   // Key ranges a head of the decode attention splits the cache into (1 to 16); 0: the kernel's
   // choice (decode_attention_splits, about four blocks an SM: 16 at batch 1 on an H200), halved

@@ -516,8 +516,8 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
 template <int HD, bool KW>
 void launch_prefill(AttentionArgs a, cudaStream_t stream) {
   constexpr int MT = HD <= 64 ? 2 : 1;      // registers: 128-wide heads keep one m-tile per warp
-  // Shared memory: 128-wide heads keep two tiles. KW's blocks hold few rows, so their tiles' loads are
-  // the latency the block waits on: more in flight, still two blocks an SM (97 / 109 KB).
+  // Shared memory: 128-wide heads keep two tiles (KW: three). KW's blocks hold few rows, so their
+  // tiles' loads are the latency the block waits on: more in flight, still two blocks an SM (97 / 109 KB).
   constexpr int STAGES = KW ? (HD <= 64 ? 5 : 3) : (HD <= 64 ? 3 : 2);
   constexpr int kRows = (KW ? 1 : 4) * 16 * MT, kPitch = HD + 8, W = KW ? 4 : 1;
   constexpr int kMerged = W > 1 ? kRows * HD + 2 * kRows : 0;  // the block's ranges merged (W > 1)
