@@ -36,9 +36,6 @@ int main(int argc, char** argv) {
   std::printf("%-7s %5s %5s %3s %-10s %9s %9s %9s %3s\n", "shape", "N", "K", "M", "kernel", "us", "W GB/s", "rel_err", "ok");
   cudaStream_t stream = nullptr;
   TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  TWELL_CUDA_CHECK(cudaEventCreate(&e0));
-  TWELL_CUDA_CHECK(cudaEventCreate(&e1));
   LtGemm gemm;
   const struct {
     const char* name;
@@ -54,14 +51,7 @@ int main(int argc, char** argv) {
     for (int l = 0; l < layers; ++l) TWELL_CUDA_CHECK(cudaMemcpy(dw + l * wn, w.data(), wn * 2, cudaMemcpyHostToDevice));
     for (const int M : Ms) {
       const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(M * K), 1.f, static_cast<unsigned>(M));
-      std::vector<double> ref(static_cast<size_t>(M * N));
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t j = 0; j < N; ++j) {
-          double s = 0;
-          for (int64_t k = 0; k < K; ++k)
-            s += double(bf16_bits_to_float(x[static_cast<size_t>(m * K + k)])) * bf16_bits_to_float(w[static_cast<size_t>(j * K + k)]);
-          ref[static_cast<size_t>(m * N + j)] = s;
-        }
+      const std::vector<double> ref = product_xwt(x, w, M, N, K);
       uint16_t *dx = nullptr, *dy = nullptr;
       TWELL_CUDA_CHECK(cudaMalloc(&dx, x.size() * 2));
       TWELL_CUDA_CHECK(cudaMalloc(&dy, ref.size() * 2));
@@ -91,18 +81,7 @@ int main(int argc, char** argv) {
         if (kernel == 0) lt_err = err;
         const bool ok = err <= 2 * lt_err + 1e-6;
         all_ok = all_ok && ok;
-        std::vector<float> times;
-        for (int pass = 0; pass < 33; ++pass) {
-          TWELL_CUDA_CHECK(cudaEventRecord(e0, stream));
-          for (int l = 0; l < layers; ++l) run(l);
-          TWELL_CUDA_CHECK(cudaEventRecord(e1, stream));
-          TWELL_CUDA_CHECK(cudaEventSynchronize(e1));
-          float ms = 0;
-          TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-          if (pass >= 3) times.push_back(ms * 1000.f / layers);
-        }
-        std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-        const double us = times[times.size() / 2];
+        const double us = median_us_per_launch(stream, layers, run);
         std::printf("%-7s %5lld %5lld %3d %-10s %9.2f %9.0f %9.2e %3s\n", name, static_cast<long long>(N),
                     static_cast<long long>(K), M, kname, us, wn * 2 / (us * 1e3), err, ok ? "yes" : "NO");
         if (!ok) break;  // a wrong kernel's time means nothing

@@ -29,6 +29,7 @@
 
 using namespace twell;
 using namespace twell::cuda;
+using micro::median_us_per_launch;
 using micro::parse_list;
 
 namespace {
@@ -55,9 +56,6 @@ int main(int argc, char** argv) {
   std::printf("%5s %5s %6s %9s %9s %9s\n", "S", "warps", "splits", "us", "KV GB/s", "rel_err");
   cudaStream_t stream = nullptr;
   TWELL_CUDA_CHECK(cudaStreamCreate(&stream));
-  cudaEvent_t e0, e1;
-  TWELL_CUDA_CHECK(cudaEventCreate(&e0));
-  TWELL_CUDA_CHECK(cudaEventCreate(&e1));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   bool all_ok = true;
   for (const int S : S_list) {
@@ -138,20 +136,7 @@ int main(int argc, char** argv) {
       const double err = std::sqrt(num / den);
       const bool ok = err <= 1e-2;
       all_ok = all_ok && ok;
-      for (int w = 0; w < 3; ++w)
-        for (int l = 0; l < R; ++l) launch(l);
-      std::vector<float> times;
-      for (int it = 0; it < 30; ++it) {
-        TWELL_CUDA_CHECK(cudaEventRecord(e0, stream));
-        for (int l = 0; l < R; ++l) launch(l);
-        TWELL_CUDA_CHECK(cudaEventRecord(e1, stream));
-        TWELL_CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms = 0;
-        TWELL_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        times.push_back(ms * 1000.f / static_cast<float>(R));
-      }
-      std::nth_element(times.begin(), times.begin() + 15, times.end());
-      const double us = times[15], bytes = 2.0 * double(B) * ctx * double(kv_ld) * 2;
+      const double us = median_us_per_launch(stream, R, launch), bytes = 2.0 * double(B) * ctx * double(kv_ld) * 2;
       std::printf("%5d %5s %6s %9.2f %9.0f %9.2e%s\n", S, cfg.warps ? "keys" : "rows",
                   cfg.splits ? std::to_string(cfg.splits).c_str() : ("plan " + std::to_string(plan.key_splits)).c_str(),
                   us, bytes / us / 1e3, err, ok ? "" : "  WRONG");

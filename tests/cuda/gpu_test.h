@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../../bench/micro/micro_util.h"  // random_bf16, relative_error, product_xwt
 #include "twell/bf16.h"
 #include "twell/cuda/runtime.h"
 
@@ -20,14 +21,10 @@
 
 namespace twell::cuda {
 
-// Host <-> device copies of bf16 bits, and normal random bf16 values, for the kernel tests.
-inline std::vector<uint16_t> random_bf16(size_t n, float scale, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = float_to_bf16_bits(d(rng));
-  return v;
-}
+// Normal random bf16 values, the float64 x · Wᵀ (the micro-benchmarks' helpers), and host <-> device
+// copies of bf16 bits, for the kernel tests.
+using micro::product_xwt;
+using micro::random_bf16;
 
 inline DeviceBuffer upload(const std::vector<uint16_t>& h) {
   DeviceBuffer d(h.size() * 2);
@@ -42,16 +39,9 @@ inline std::vector<uint16_t> download(const DeviceBuffer& d) {
 }
 
 // Relative Frobenius error of the bf16 values y [0, ref.size()) against a float64 reference
-// (absolute where the reference is all zeros, as after a ReLU of negative rows; infinite where y
-// holds a NaN or Inf).
+// (micro::relative_error: absolute where the reference is all zeros; infinite at a NaN or Inf).
 inline double bf16_error(const std::vector<uint16_t>& y, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t j = 0; j < ref.size(); ++j) {
-    const double v = bf16_bits_to_float(y[j]);
-    if (!std::isfinite(v)) return INFINITY;
-    num += (v - ref[j]) * (v - ref[j]), den += ref[j] * ref[j];
-  }
-  return std::sqrt(den > 0 ? num / den : num);
+  return micro::relative_error(y.data(), ref);
 }
 
 }  // namespace twell::cuda

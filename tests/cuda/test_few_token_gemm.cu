@@ -38,20 +38,6 @@ __global__ void slow_copy(const uint16_t* src, uint16_t* dst, int64_t n) {
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
 }
 
-std::vector<double> product(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int64_t M, int64_t N,
-                            int64_t K, bool relu) {
-  std::vector<double> ref(static_cast<size_t>(M * N));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < N; ++j) {
-      double s = 0;
-      for (int64_t k = 0; k < K; ++k)
-        s += double(bf16_bits_to_float(x[static_cast<size_t>(m * K + k)])) *
-             bf16_bits_to_float(w[static_cast<size_t>(j * K + k)]);
-      ref[static_cast<size_t>(m * N + j)] = relu ? std::max(s, 0.0) : s;
-    }
-  return ref;
-}
-
 TEST(FewTokenGemm, MatchesFloat64AndCublasLt) {
   TWELL_REQUIRE_HOPPER();
   const int sm_count = sms();
@@ -70,7 +56,7 @@ TEST(FewTokenGemm, MatchesFloat64AndCublasLt) {
                                         << " sm_count " << sm_arg << " rows a block " << rows);
         const auto x = random_bf16(static_cast<size_t>(M * K), 1.f, static_cast<unsigned>(M + K));
         const auto w = random_bf16(static_cast<size_t>(N * K), 0.05f, static_cast<unsigned>(N + 7 * K));
-        const std::vector<double> ref = product(x, w, M, N, K, relu);
+        const std::vector<double> ref = product_xwt(x, w, M, N, K, relu);
         const size_t out = static_cast<size_t>(M * N);
         DeviceBuffer dx = upload(x), dw = upload(w), dy((out + 16) * 2), dref(out * 2);
         TWELL_CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.bytes()));  // bf16 NaN, and 16 guard values past M × N
@@ -119,7 +105,7 @@ TEST(FewTokenGemm, ReadsXOnlyAfterTheWorkBeforeAndRepeatsItsBits) {
     const std::vector<uint16_t> y = download(dy);
     if (call == 0) {
       first = y;
-      EXPECT_LT(bf16_error(y, product(x, w, M, N, K, false)), 1e-2);
+      EXPECT_LT(bf16_error(y, product_xwt(x, w, M, N, K, false)), 1e-2);
     } else {
       EXPECT_EQ(y, first) << "call " << call;
     }

@@ -697,6 +697,21 @@ TEST(FfnForwardGpuEdges, GraphCaptureNeedsFixedDispatchAndReplaysExactly) {
   EXPECT_FALSE(dispatched.capturable());
   EXPECT_FALSE(dispatched.capturable(5));
 
+  // y of `ffn`'s forward of `q` captured into a graph, y poisoned, the graph launched `launches` times.
+  auto replayed = [&](cuda::FfnForward& ffn, GpuProblem& q, int launches) {
+    TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    ffn.forward(q.x, q.w(), q.y, stream);
+    TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    TWELL_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cuda::fill_bytes(q.y.view().data, q.y.nbytes(), 0xff, stream);
+    for (int i = 0; i < launches; ++i) TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return q.y.download();
+  };
+
   // But one token, on the one-token kernel, which dispatch takes at any density: captured, even with
   // the counts of an eager sparse call still on their way (not asked under capture).
   EXPECT_TRUE(dispatched.capturable(1));
@@ -712,17 +727,7 @@ TEST(FfnForwardGpuEdges, GraphCaptureNeedsFixedDispatchAndReplaysExactly) {
     EXPECT_FALSE(counting.capturable());  // it counts the non-zeros
     EXPECT_TRUE(counting.capturable(1));
     counting.forward(p.x, p.w(), p.y, stream);  // its counts pending
-    TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    counting.forward(one.x, one.w(), one.y, stream);
-    TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    TWELL_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    cuda::fill_bytes(one.y.view().data, one.y.nbytes(), 0xff, stream);
-    TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    EXPECT_TRUE(test::bit_equal(one.y.download(), eager));
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    EXPECT_TRUE(test::bit_equal(replayed(counting, one, 1), eager));
   }
 
   for (int64_t gather : {0, 256}) {  // TwELL and the gather path
@@ -734,17 +739,7 @@ TEST(FfnForwardGpuEdges, GraphCaptureNeedsFixedDispatchAndReplaysExactly) {
     ffn.forward(p.x, p.w(), p.y, stream);  // eager
     TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
     const Tensor eager = p.y.download();
-    TWELL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    ffn.forward(p.x, p.w(), p.y, stream);
-    TWELL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    TWELL_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    cuda::fill_bytes(p.y.view().data, p.y.nbytes(), 0xff, stream);
-    for (int i = 0; i < 3; ++i) TWELL_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
-    EXPECT_TRUE(test::bit_equal(p.y.download(), eager)) << "gather up to " << gather;
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    EXPECT_TRUE(test::bit_equal(replayed(ffn, p, 3), eager)) << "gather up to " << gather;
   }
   cudaStreamDestroy(stream);
 }
