@@ -32,13 +32,13 @@ for v in A B B_few; do
     $([ $v = B_few ] && echo --few-token-gemm) --json $O/turn_$v.json > $O/turn_$v.txt 2> $O/turn_progress_$v.log
   echo "rc $?" >> $O/turn_$v.txt; cat $O/turn_$v.txt
 done; save
-timeout $(left 200) out/B/twell_gpu_tests --gtest_brief=1 --gtest_filter='-*FewTokenGemm*:*GraphCapture*:LlamaCuda.*:BenchModel.*:*Attention*' > $O/gpu_tests_B.log 2>&1; echo "rc $?" >> $O/gpu_tests_B.log
-tail -3 $O/gpu_tests_B.log; grep -E "FAILED|Failure" -A8 $O/gpu_tests_B.log | head -30; save
 for f in "" "--few-token-gemm"; do
   n=decode${f:+_few}
   timeout $(left 150) out/B/twell bench model --no-prefill --decode-batch 4,16,32 --gather-batches 1 $f \
     --json $O/$n.json > $O/$n.txt 2> $O/${n}_progress.log
   echo "rc $?" >> $O/$n.txt; cat $O/$n.txt
 done; save
+timeout $(left 200) out/B/twell_gpu_tests --gtest_brief=1 --gtest_filter='-*FewTokenGemm*:*GraphCapture*:LlamaCuda.*:BenchModel.*:*Attention*' > $O/gpu_tests_B.log 2>&1; echo "rc $?" >> $O/gpu_tests_B.log
+tail -3 $O/gpu_tests_B.log; grep -E "FAILED|Failure" -A8 $O/gpu_tests_B.log | head -30; save
 timeout $(left 100) compute-sanitizer --tool memcheck out/B/twell_gpu_tests --gtest_filter='*FewTokenGemm*:*GraphCapture*:LlamaCuda.ShortPrefills*' \
   > $O/memcheck_B.log 2>&1; echo "rc $?" >> $O/memcheck_B.log; tail -3 $O/memcheck_B.log; save
