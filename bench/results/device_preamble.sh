@@ -1,9 +1,9 @@
 # Sourced by the device scripts of bench/results/*/sNN/ after `cd` to the repository root, with NAME (the
-# results folder) and TAR (a tarball of head/: twell, twell_gpu_tests, libtwell_c.so of build-cuda,
-# stripped, and COMMIT) set. Gives: the binaries in $B, PyTorch's Python in $PY (the twell package and
-# library on its paths, cuDNN on the loader's), the results folder $O under $OUT with COMMIT and gpu.txt,
-# `save` (packs $O into $OUT/results.tar.xz; also run on exit) and `left N` (N seconds, or what is left
-# of BUDGET seconds, at least 5).
+# results folder) and TAR (a tarball of head/: twell, twell_gpu_tests, libtwell_c.so, stripped, and
+# COMMIT; bench/results/pack.sh makes one from a commit) set. Gives: the binaries in $B, PyTorch's
+# Python in $PY (the twell package and library on its paths, cuDNN on the loader's), the results
+# folder $O under $OUT with COMMIT and gpu.txt, `save` (packs $O into $OUT/results.tar.xz; also run on
+# exit) and `left N` (N seconds, or what is left of BUDGET seconds, at least 5).
 set -u
 END=$(( $(date +%s) + ${BUDGET:-500} ))
 left() { local l=$(( END - $(date +%s) )); [ $l -gt $1 ] && echo $1 || echo $(( l > 5 ? l : 5 )); }

@@ -9,9 +9,9 @@
 # against cuBLASLt's 1.4-2.1 (QKV 25 MB ~11.8 -> ~8.5 µs); the 21-token turn twell 2.98 -> ~2.4 ms; the
 # one-token turn twell 2.00 -> ~1.4 ms (eager launches were ~0.6 ms of it), dense unchanged; decode at
 # batch 16 -0.2 to -0.3 ms a step in both models.
-# Not yet run (no GPU came in the sixty-first session). The tarballs (out/ is not tracked): out/b61a.tar.xz of
-# 083ed3a's build, out/b61b.tar.xz of the build to measure, each of head/ holding twell, twell_gpu_tests,
-# libtwell_c.so, twell_micro_turn_attention (and, in b61b, twell_micro_few_token_gemm), stripped, and COMMIT.
+# Not yet run (no GPU came in the sixty-first or sixty-second session). The tarballs (out/ is not tracked):
+# `bench/results/pack.sh 083ed3a out/b61a.tar.xz twell_micro_turn_attention` and
+# `bench/results/pack.sh 9e9a5d2 out/b61b.tar.xz twell_micro_turn_attention twell_micro_few_token_gemm`.
 # On the device, with carry ["out"]: `BUDGET=<seconds> NAME=<results folder> bash bench/results/h200/s61/ab.sh`.
 cd "$(dirname "$0")/../../../.."
 NAME=${NAME:-s61_ab} TAR=out/b61a.tar.xz
