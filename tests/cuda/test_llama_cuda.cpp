@@ -200,35 +200,40 @@ TEST_P(LlamaCudaShapes, BatchEqualsSingleSequences) {
   TWELL_REQUIRE_HOPPER();
   const io::ModelConfig c = config_of(GetParam());
   auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 13)));
-  for (const bool few : {false, true}) {  // the batch's projections through cuBLASLt, then the few-token GEMM
-  SCOPED_TRACE(few ? "few-token GEMM" : "cuBLASLt");
   LlamaCudaOptions o;
   o.max_batch = 3;
   o.decode_gather_tokens = 2;  // single sequences decode through the gather path, the batch densely
-  LlamaCuda single(dw, o);
-  o.few_token_gemm = few;
-  LlamaCuda batched(dw, o);
   std::vector<std::vector<int32_t>> prompts;
   for (uint64_t s = 0; s < 3; ++s) prompts.push_back(some_tokens(33, c.vocab_size, 40 + s));
-  const Tensor b0 = batched.prefill_batch(prompts);
   const std::vector<int32_t> next = {1, 2, 3};
-  const Tensor b0e = batched.decode_batch(next);  // eager (plans)
-  const Tensor b1 = batched.decode_batch(next);   // eager (cuBLASLt's autotune)
-  const Tensor b2 = batched.decode_batch(next);   // captured
-  const Tensor b3 = batched.decode_batch(next);   // replayed
-  for (int64_t s = 0; s < 3; ++s) {
-    const Tensor s0 = single.prefill_batch({prompts[s]});
-    // Batched GEMMs may sum in another order than single ones: kTol, not bitwise.
-    EXPECT_LT(relative_error(rows(b0, s, 1), s0), kTol) << "sequence " << s;
-    const Tensor s0e = single.decode_batch({next[s]});
-    const Tensor s1 = single.decode_batch({next[s]});
-    const Tensor s2 = single.decode_batch({next[s]});
-    const Tensor s3 = single.decode_batch({next[s]});
-    EXPECT_LT(relative_error(rows(b0e, s, 1), s0e), kTol);
-    EXPECT_LT(relative_error(rows(b1, s, 1), s1), kTol);
-    EXPECT_LT(relative_error(rows(b2, s, 1), s2), kTol);
-    EXPECT_LT(relative_error(rows(b3, s, 1), s3), kTol);
+  // Each sequence alone: its prefill's logits, then four decode steps' (as the batch's below).
+  std::vector<std::vector<Tensor>> alone;
+  {
+    LlamaCuda single(dw, o);
+    for (int64_t s = 0; s < 3; ++s) {
+      alone.emplace_back();
+      alone.back().push_back(single.prefill_batch({prompts[s]}));
+      for (int step = 0; step < 4; ++step) alone.back().push_back(single.decode_batch({next[s]}));
+    }
   }
+  for (const bool few : {false, true}) {  // the batch's projections through cuBLASLt, then the few-token GEMM
+    SCOPED_TRACE(few ? "few-token GEMM" : "cuBLASLt");
+    o.few_token_gemm = few;
+    LlamaCuda batched(dw, o);
+    const Tensor b0 = batched.prefill_batch(prompts);
+    const Tensor b0e = batched.decode_batch(next);  // eager (plans)
+    const Tensor b1 = batched.decode_batch(next);   // eager (cuBLASLt's autotune)
+    const Tensor b2 = batched.decode_batch(next);   // captured
+    const Tensor b3 = batched.decode_batch(next);   // replayed
+    for (int64_t s = 0; s < 3; ++s) {
+      const std::vector<Tensor>& a = alone[static_cast<size_t>(s)];
+      // Batched GEMMs may sum in another order than single ones: kTol, not bitwise.
+      EXPECT_LT(relative_error(rows(b0, s, 1), a[0]), kTol) << "sequence " << s;
+      EXPECT_LT(relative_error(rows(b0e, s, 1), a[1]), kTol);
+      EXPECT_LT(relative_error(rows(b1, s, 1), a[2]), kTol);
+      EXPECT_LT(relative_error(rows(b2, s, 1), a[3]), kTol);
+      EXPECT_LT(relative_error(rows(b3, s, 1), a[4]), kTol);
+    }
   }
 }
 
