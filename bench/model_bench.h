@@ -39,7 +39,7 @@ struct ModelBenchConfig {
   bool ffn_residual_norm = true;               // the add + RMSNorm after the FFN run by it (LlamaCudaOptions)
   bool deferred_residual_add = true;           // the attention's add in the norm after the FFN (LlamaCudaOptions)
   bool decode_gemv = true;                     // decode, batch 1: twell's GEMV for QKV and O (LlamaCudaOptions)
-  bool few_token_gemm = false;                 // decode and turns of 2-32 tokens: twell's few-token GEMM (LlamaCudaOptions)
+  bool few_token_gemm = true;                  // decode and turns of 2-32 tokens: twell's few-token GEMM (LlamaCudaOptions)
   int decode_attention_splits = 0;             // decode: key ranges a head in both models; 0: each model's own
   int64_t gather_batches = 8;                  // decode: twell_gather records (the gather FFN) up to this batch
   int64_t ragged = 0;                          // ragged prefill: prompts of random lengths (64-511) a call; 0: none

@@ -401,7 +401,7 @@ LlamaCudaOptions turn_options(const ModelBenchConfig& cfg, int64_t n) {
   o.cuda_graphs = cfg.cuda_graphs;  // a turn of a few tokens replays a graph (short_prefill_graph)
   o.prefill_attention = attention_mode(cfg.attention);
   o.fused_qkv_rope = cfg.fused_qkv_rope;
-  o.few_token_gemm = cfg.few_token_gemm;  // turns of 2 to 32 tokens (--few-token-gemm)
+  o.few_token_gemm = cfg.few_token_gemm;  // turns of 2 to 32 tokens (--no-few-token-gemm: cuBLASLt)
   return o;
 }
 
@@ -919,8 +919,9 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
     if (B == 1)
       r.note += cfg.decode_gemv ? "; QKV and O projections (and the dense FFN's gate and up): twell's one-token GEMV"
                                 : "; projections: cuBLASLt (--cublas-decode-projections)";
-    if (B > 1 && B <= cuda::kFewTokenGemmMaxTokens && cfg.few_token_gemm)
-      r.note += "; QKV and O projections (and the dense FFN's gate and up): twell's few-token GEMM (--few-token-gemm)";
+    if (B > 1 && B <= cuda::kFewTokenGemmMaxTokens)
+      r.note += cfg.few_token_gemm ? "; QKV and O projections (and the dense FFN's gate and up): twell's few-token GEMM"
+                                   : "; projections: cuBLASLt (--no-few-token-gemm)";
     if (cfg.decode_attention_splits > 0)
       r.note += "; decode attention: " + std::to_string(cfg.decode_attention_splits) + " key ranges a head (A/B)";
     if (k == 2) r.note += "; FFN through the gather path";
@@ -1207,8 +1208,9 @@ void turn_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchConf
                   static_cast<long long>(N), static_cast<long long>(C), static_cast<long long>(gathered[k]),
                   static_cast<long long>(L), graphed[k] ? "replayed as a CUDA graph" : "its kernels launched one by one");
     r.note = line;
-    if (cfg.few_token_gemm && N > 1 && N <= cuda::kFewTokenGemmMaxTokens)
-      r.note += "; QKV and O projections (and the FFN's gate): twell's few-token GEMM (--few-token-gemm)";
+    if (N > 1 && N <= cuda::kFewTokenGemmMaxTokens)
+      r.note += cfg.few_token_gemm ? "; QKV and O projections (and the FFN's gate): twell's few-token GEMM"
+                                   : "; projections: cuBLASLt (--no-few-token-gemm)";
     r.distribution = "turn";
     out.push_back(r);
   }

@@ -151,7 +151,6 @@ TEST_P(LlamaCudaShapes, FullForwardMatchesCpu) {
     o.prefill_attention = run.attention;
     o.ffn_options.dispatch = Dispatch::always_sparse;
     o.ffn_options.gather_max_tokens = run.gather;
-    o.few_token_gemm = true;  // T = 21: the projections (and the dense FFN's gate and up) through it
     LlamaCuda gpu(dw, o);
     for (int64_t T : {1, 21, 63, 64, 65, 150}) {
       const auto tokens = some_tokens(T, c.vocab_size, T);
@@ -649,7 +648,6 @@ TEST(LlamaCuda, ShortPrefillsReplayAGraph) {
     SCOPED_TRACE(mode == FfnMode::twell ? "twell" : "dense");
     LlamaCudaOptions o;
     o.ffn = mode;
-    o.few_token_gemm = true;  // its projections (and the dense FFN's gate and up) captured too
     LlamaCuda m(sparse, o);
     m.prefill(span(0, 600));  // measures the densities
     EXPECT_FALSE(m.prefill_kernels().graph);

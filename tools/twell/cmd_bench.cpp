@@ -112,7 +112,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
        no_graphs = std::make_shared<bool>(false), unfused_qkv = std::make_shared<bool>(false),
        unfused_decode_ffn = std::make_shared<bool>(false), cublas_projections = std::make_shared<bool>(false),
        separate_ffn_norm = std::make_shared<bool>(false), eager_residual = std::make_shared<bool>(false),
-       few_token_gemm = std::make_shared<bool>(false);
+       few_token_gemm = std::make_shared<bool>(true);
   CLI::App* model = bench->add_subcommand(
       "model", "Whole model on the GPU, dense vs twell FFN: prefill tokens/ms, decode tokens/s, memory, energy");
   model->add_option("--layers", mcfg->layers, "decoder layers")->capture_default_str();
@@ -152,10 +152,10 @@ void register_bench(CLI::App& app, const std::string& command_line) {
   model->add_flag("--cublas-decode-projections", *cublas_projections,
                   "decode, batch 1: the QKV and output projections and the dense FFN's gate and up through cuBLASLt "
                   "instead of twell's GEMV (A/B)");
-  model->add_flag("--few-token-gemm", *few_token_gemm,
-                  "decode steps and --turn calls of 2 to 32 tokens: the QKV and output projections and the dense FFN's "
-                  "gate and up through twell's few-token GEMM instead of cuBLASLt (LlamaCudaOptions::few_token_gemm, "
-                  "off by default until measured)");
+  model->add_flag("--few-token-gemm,!--no-few-token-gemm", *few_token_gemm,
+                  "decode steps and --turn calls of 2 to 32 tokens: the QKV and output projections and the FFN's gate "
+                  "(the dense FFN's up too) through twell's few-token GEMM (the default; LlamaCudaOptions::few_token_gemm), "
+                  "or through cuBLASLt (--no-few-token-gemm, A/B)");
   model->add_flag("--no-graphs", *no_graphs, "decode and --turn: launch every step's (turn's) kernels instead of replaying a CUDA graph");
   model->add_option("--decode-attention-splits", mcfg->decode_attention_splits,
                     "decode: key ranges a head of the attention, 1 to 16, in both models (A/B); 0: each model's own "

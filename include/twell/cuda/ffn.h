@@ -135,8 +135,9 @@ struct FfnOptions {
   bool one_token_gemv = true;
   // true: calls of 2 to 32 tokens compute the gate (on every path; the dense path's up too) through
   // twell's few-token GEMM (launch_few_token_gemm: the weights streamed straight into tensor-core
-  // operands; K a multiple of 64). Off until it has run on a GPU (LlamaCudaOptions::few_token_gemm).
-  bool few_token_gemm = false;
+  // operands; K a multiple of 64); false: cuBLASLt with its ReLU epilogue (A/B). The model sets it
+  // from LlamaCudaOptions::few_token_gemm.
+  bool few_token_gemm = true;
   // Both one-token kernels (one_token_gemv's and one_token_kernel's), and few_token_gemm's, start as
   // programmatic dependents of the kernel before them on the stream. true: they read their weights
   // while that kernel still runs, before waiting for it (the model's decode steps gain by it;

@@ -186,10 +186,9 @@ struct LlamaCudaOptions {
   // Calls of 2 to 32 tokens (decode steps of a few sequences, short prefills) run the QKV and output
   // projections, and every FFN path's gate (the dense path's up too), through twell's few-token GEMM
   // (launch_few_token_gemm), whose weight loads start while the kernel before it runs; this sets the
-  // model's FfnOptions::few_token_gemm (ffn_options' own is not read). Off until it has run on a GPU:
-  // written in a session that was lent none (docs/perf.md, sixty-first session); `twell bench model
-  // --few-token-gemm`.
-  bool few_token_gemm = false;
+  // model's FfnOptions::few_token_gemm (ffn_options' own is not read); false: cuBLASLt (A/B: `twell
+  // bench model --no-few-token-gemm`; docs/perf.md, sixty-third session, for the measurements).
+  bool few_token_gemm = true;
   // Key ranges a head of the decode attention splits the cache into (1 to 16); 0: the kernel's
   // choice (decode_attention_splits, about four blocks an SM: 16 at batch 1 on an H200), halved
   // where the step runs twell's one-kernel decode FFN. At the paper's 2B shape, batch 1, the twell

@@ -516,9 +516,9 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
 template <int HD, bool KW>
 void launch_prefill(AttentionArgs a, cudaStream_t stream) {
   constexpr int MT = HD <= 64 ? 2 : 1;      // registers: 128-wide heads keep one m-tile per warp
-  // Shared memory: 128-wide heads keep two tiles (KW: three). KW's blocks hold few rows, so their
-  // tiles' loads are the latency the block waits on: more in flight, still two blocks an SM (97 / 109 KB).
-  constexpr int STAGES = KW ? (HD <= 64 ? 5 : 3) : (HD <= 64 ? 3 : 2);
+  // Shared memory: 128-wide heads keep two tiles. (KW with 5 / 3 stages was 8% slower on the H100:
+  // docs/perf.md, sixty-third session.)
+  constexpr int STAGES = HD <= 64 ? 3 : 2;
   constexpr int kRows = (KW ? 1 : 4) * 16 * MT, kPitch = HD + 8, W = KW ? 4 : 1;
   constexpr int kMerged = W > 1 ? kRows * HD + 2 * kRows : 0;  // the block's ranges merged (W > 1)
   static_assert((W * kRows * HD + 2 * W * kRows + kMerged) * 4 <= 2 * STAGES * kKeys * kPitch * 2,

@@ -13,6 +13,7 @@
 // {2t+8, 2t+9} of the m16n8k16 fragment. A dot product does not care which pair is which, only that
 // W's and x's agree.
 #include <algorithm>
+#include <array>
 
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
@@ -142,24 +143,27 @@ __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const Fe
   }
 }
 
-// Warps an SM holds of this kernel (its registers; 64 at most).
-int resident_warps(const void* kernel) {
-  cudaFuncAttributes attr{};
-  TWELL_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  const int regs = (std::max(attr.numRegs, 1) + 7) / 8 * 8;
-  return std::clamp(65536 / (32 * regs), 1, 64);
+// Blocks of w warps an SM holds at once, w = 0 .. kMaxWarps (the runtime's occupancy calculator:
+// registers are allocated per SM sub-partition, a quarter of the file each, so 65536 / (32 · registers)
+// overcounts. That count put the 16-row kernels at 9 to 24 tokens in two waves: 13.7 and 15.4 µs
+// for the 2B model's QKV against 10.0 at 8 tokens; docs/perf.md, sixty-third session).
+std::array<int, kMaxWarps + 1> blocks_per_sm(const void* kernel) {
+  std::array<int, kMaxWarps + 1> blocks{};
+  for (int w = 1; w <= kMaxWarps; ++w)
+    TWELL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks[w], kernel, 32 * w, 0));
+  return blocks;
 }
 
 template <int MT, int NT>
 void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
   const auto kernel = few_token_gemm_kernel<MT, NT>;
-  static const int per_sm = resident_warps(reinterpret_cast<const void*>(kernel));
+  static const std::array<int, kMaxWarps + 1> per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel));
   const int64_t blocks = (a.N + 16 * MT - 1) / (16 * MT), chunks = a.K / kChunk;
   // Warps a block: the most (8 down to 2) that keep the whole grid resident at once (one wave), but
   // at least 2 chunks each (so 1 at K = 64 or 128).
   int64_t warps = 2;
-  for (int64_t w = kMaxWarps; w > 2; --w)
-    if (per_sm / w * static_cast<int64_t>(sm_count) >= blocks) {
+  for (int w = kMaxWarps; w > 2; --w)
+    if (static_cast<int64_t>(per_sm[w]) * sm_count >= blocks) {
       warps = w;
       break;
     }
@@ -167,10 +171,13 @@ void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
   launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(32 * warps)), 0, stream, a);
 }
 
-// 32 rows a block (x read once for two tiles of W) where that still gives every SM a block.
+// 32 rows a block (x read once for two tiles of W) at 9 to 24 tokens where that still gives every SM
+// a block. Measured on the H100 at N = 5632 and 6144, K = 2048 (sixty-third session): 32 rows took
+// 11.3 µs at 16 tokens and 12.2 at 21 against 16 rows' 13.7 and 15.4 (those in two waves then), 16
+// rows 12.7 at 32 tokens against 20.5 (32 rows of 4 token tiles: 184 registers, two waves then).
 template <int NT>
 void launch_rows(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
-  const int rows = a.rows_per_block != 0 ? a.rows_per_block : (NT >= 3 && a.N >= 32 * sm_count ? 32 : 16);
+  const int rows = a.rows_per_block != 0 ? a.rows_per_block : ((NT == 2 || NT == 3) && a.N >= 32 * sm_count ? 32 : 16);
   if (rows == 32)
     launch<2, NT>(a, sm_count, stream);
   else
