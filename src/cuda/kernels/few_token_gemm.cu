@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const Fe
 // Blocks of w warps an SM holds at once, w = 0 .. kMaxWarps (the runtime's occupancy calculator:
 // registers are allocated per SM sub-partition, a quarter of the file each, so 65536 / (32 · registers)
 // overcounts. That count put the 16-row kernels at 9 to 24 tokens in two waves: 13.7 and 15.4 µs
-// for the 2B model's QKV against 10.0 at 8 tokens; docs/perf.md, sixty-third session).
+// for the 2B model's QKV against 10.0 at 8 tokens, 11.2 and 11.8 in one; docs/perf.md, sixty-third session).
 std::array<int, kMaxWarps + 1> blocks_per_sm(const void* kernel) {
   std::array<int, kMaxWarps + 1> blocks{};
   for (int w = 1; w <= kMaxWarps; ++w)
@@ -171,14 +171,13 @@ void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
   launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(32 * warps)), 0, stream, a);
 }
 
-// 32 rows a block (x read once for two tiles of W) at 9 to 24 tokens where that still gives every SM
-// a block. Measured on the H100 at N = 5632 and 6144, K = 2048 (sixty-third session): 32 rows took
-// 11.3 µs at 16 tokens and 12.2 at 21 against 16 rows' 13.7 and 15.4 (those in two waves then), 16
-// rows 12.7 at 32 tokens against 20.5 (32 rows of 4 token tiles: 184 registers, two waves then).
+// 16 rows a block unless asked for 32 (rows_per_block; x read once for two tiles of W). Measured on
+// the H100 at N = 5632 and 6144, K = 2048 once the grid is one wave (sixty-third session): 16 rows
+// are as fast or faster at every token count, 10.0 against 10.3 µs for the QKV at 8 tokens, 11.8
+// against 12.2 at 21, 12.7 against 14.1 at 32.
 template <int NT>
 void launch_rows(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
-  const int rows = a.rows_per_block != 0 ? a.rows_per_block : ((NT == 2 || NT == 3) && a.N >= 32 * sm_count ? 32 : 16);
-  if (rows == 32)
+  if (a.rows_per_block == 32)
     launch<2, NT>(a, sm_count, stream);
   else
     launch<1, NT>(a, sm_count, stream);
