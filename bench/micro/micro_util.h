@@ -34,12 +34,16 @@ inline std::vector<uint16_t> random_bf16(size_t n, float scale, unsigned seed) {
   return v;
 }
 
-// Relative Frobenius error of the bf16 values y [0, ref.size()) against ref (absolute where ref is
-// all zeros, as after a ReLU of negative rows; infinite where y holds a NaN or Inf).
-inline double relative_error(const uint16_t* y, const std::vector<double>& ref) {
+inline double value_of(uint16_t bf16_bits) { return bf16_bits_to_float(bf16_bits); }
+inline double value_of(float f) { return f; }
+
+// Relative Frobenius error of the values y [0, ref.size()) (bf16 bits or f32) against ref (absolute
+// where ref is all zeros, as after a ReLU of negative rows; infinite where y holds a NaN or Inf).
+template <typename T>
+double relative_error(const T* y, const std::vector<double>& ref) {
   double num = 0, den = 0;
   for (size_t j = 0; j < ref.size(); ++j) {
-    const double v = bf16_bits_to_float(y[j]);
+    const double v = value_of(y[j]);
     if (!std::isfinite(v)) return INFINITY;
     num += (v - ref[j]) * (v - ref[j]), den += ref[j] * ref[j];
   }
@@ -50,12 +54,15 @@ inline double relative_error(const uint16_t* y, const std::vector<double>& ref) 
 inline std::vector<double> product_xwt(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w, int64_t M,
                                        int64_t N, int64_t K, bool relu = false) {
   std::vector<double> ref(static_cast<size_t>(M * N));
+  std::vector<float> xf(x.size()), wf(w.size());  // converted once (the LM head's W: 100 M values)
+  for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_bits_to_float(x[i]);
+  for (size_t i = 0; i < w.size(); ++i) wf[i] = bf16_bits_to_float(w[i]);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t j = 0; j < N; ++j) {
+      const float* xr = xf.data() + m * K;
+      const float* wr = wf.data() + j * K;
       double s = 0;
-      for (int64_t k = 0; k < K; ++k)
-        s += double(bf16_bits_to_float(x[static_cast<size_t>(m * K + k)])) *
-             bf16_bits_to_float(w[static_cast<size_t>(j * K + k)]);
+      for (int64_t k = 0; k < K; ++k) s += double(xr[k]) * wr[k];
       ref[static_cast<size_t>(m * N + j)] = relu ? std::max(s, 0.0) : s;
     }
   return ref;

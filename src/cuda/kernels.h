@@ -291,6 +291,7 @@ struct DecodeGemvArgs {
   const uint16_t* x = nullptr;
   const uint16_t* w = nullptr;
   uint16_t* y = nullptr;
+  float* y_f32 = nullptr;  // set (y null): y in f32 there instead (the LM head's logits)
   int64_t N = 0, K = 0;
   bool relu = false;  // y = bf16(relu(x Wᵀ)), as cuBLASLt's ReLU epilogue
   bool early_weight_reads = false;  // FfnOptions::early_weight_reads
@@ -308,6 +309,7 @@ struct FewTokenGemmArgs {
   const uint16_t* x = nullptr;
   const uint16_t* w = nullptr;
   uint16_t* y = nullptr;
+  float* y_f32 = nullptr;  // set (y null): y in f32 there instead (the LM head's logits)
   int64_t M = 0, N = 0, K = 0;
   bool relu = false;  // y = bf16(relu(x Wᵀ)), NaN kept
   bool early_weight_reads = false;

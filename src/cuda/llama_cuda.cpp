@@ -693,13 +693,17 @@ struct LlamaCuda::Impl {
     }
   }
 
-  // out [T, N] = in [T, K] Wᵀ: twell's GEMV for one token (LlamaCudaOptions::decode_gemv), its
-  // few-token GEMM for 2 to 32 (LlamaCudaOptions::few_token_gemm; both return true: they let the
-  // kernel after them start at once), otherwise cuBLASLt.
-  bool project(const uint16_t* in, const DeviceTensor& weight, uint16_t* out, int64_t T, int64_t N, int64_t K) {
+  // out [T, N] = in [T, K] Wᵀ, bf16 (f32 for the LM head's logits): twell's GEMV for one token
+  // (LlamaCudaOptions::decode_gemv), its few-token GEMM for 2 to 32 (LlamaCudaOptions::few_token_gemm;
+  // both return true: they let the kernel after them start at once), otherwise cuBLASLt.
+  bool project(const uint16_t* in, const DeviceTensor& weight, void* out, int64_t T, int64_t N, int64_t K,
+               GemmOut type = GemmOut::bf16) {
+    const bool f32 = type == GemmOut::f32;
     if (T == 1 && o.decode_gemv && decode_gemv_supported(N, K)) {
       DecodeGemvArgs args;
-      args.x = in, args.w = bits(weight), args.y = out, args.N = N, args.K = K;
+      args.x = in, args.w = bits(weight), args.N = N, args.K = K;
+      if (f32) args.y_f32 = static_cast<float*>(out);
+      else args.y = static_cast<uint16_t*>(out);
       args.early_weight_reads = true;  // the model's weights never change after loading
       launch_decode_gemv(args, sm_count, stream);
       return true;
@@ -707,12 +711,14 @@ struct LlamaCuda::Impl {
     const bool aligned16 = reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(bits(weight)) % 16 == 0;
     if (T > 1 && o.few_token_gemm && few_token_gemm_supported(T, N, K) && aligned16) {
       FewTokenGemmArgs args;
-      args.x = in, args.w = bits(weight), args.y = out, args.M = T, args.N = N, args.K = K;
+      args.x = in, args.w = bits(weight), args.M = T, args.N = N, args.K = K;
+      if (f32) args.y_f32 = static_cast<float*>(out);
+      else args.y = static_cast<uint16_t*>(out);
       args.early_weight_reads = true;
       launch_few_token_gemm(args, sm_count, stream);
       return true;
     }
-    gemm.run(in, weight.view().data, out, T, N, K, true, GemmEpilogue::none, stream);
+    gemm.run(in, weight.view().data, out, T, N, K, true, GemmEpilogue::none, stream, type);
     return false;
   }
 
@@ -879,8 +885,7 @@ struct LlamaCuda::Impl {
       rows = proj.as<uint16_t>();
       n = B;
     }
-    gemm.run(rows, w->head().view().data, logits.as<float>() + run_first * V, n, V, H, true, GemmEpilogue::none,
-             stream, GemmOut::f32);
+    project(rows, w->head(), logits.as<float>() + run_first * V, n, V, H, GemmOut::f32);
   }
 
   void enqueue(const int32_t* tok, int64_t B, int64_t S, Head head) {

@@ -3,7 +3,8 @@
 // its 256-column chunks or of its rows per block (N = 1, 7, 300; K = 8, 72, 1000), at the model's
 // (2048 × 2048, 6144 × 2048) and at the largest K (4096), with and without the ReLU (the dense
 // FFN's gate at one token); outputs poisoned first, and the rows
-// past N never written. Shapes it does not take are rejected before any launch.
+// past N never written; f32 outputs (the LM head's logits). Calls it does not take are rejected
+// before any launch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -56,6 +57,36 @@ TEST(DecodeGemv, MatchesFloat64AndCublasLt) {
   }
 }
 
+// f32 outputs (the LM head's logits at batch 1) against float64 and cuBLASLt's f32 C, at a small N
+// and at one of several waves of blocks (the 2B model's head: 49152 rows); 8 guard values past N.
+TEST(DecodeGemv, F32OutputsMatchFloat64AndCublasLt) {
+  TWELL_REQUIRE_HOPPER();
+  int sm_count = 0;
+  TWELL_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  for (const int64_t N : {7, 20000}) {
+    const int64_t K = 2048;
+    SCOPED_TRACE(testing::Message() << "N=" << N);
+    const auto x = random_bf16(static_cast<size_t>(K), 1.f, 5), w = random_bf16(static_cast<size_t>(N * K), 0.02f, 6);
+    const std::vector<double> ref = product_xwt(x, w, 1, N, K);
+    DeviceBuffer dx = upload(x), dw = upload(w), dy(static_cast<size_t>(N + 8) * 4), dref(static_cast<size_t>(N) * 4);
+    TWELL_CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.bytes()));  // f32 NaN
+    DecodeGemvArgs a;
+    a.x = dx.as<uint16_t>(), a.w = dw.as<uint16_t>(), a.y_f32 = dy.as<float>(), a.N = N, a.K = K;
+    a.early_weight_reads = true;
+    launch_decode_gemv(a, sm_count, nullptr);
+    LtGemm gemm;
+    gemm.run(dx.get(), dw.get(), dref.get(), 1, N, K, true, GemmEpilogue::none, nullptr, GemmOut::f32);
+    TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> y(static_cast<size_t>(N + 8)), y_lt(static_cast<size_t>(N));
+    TWELL_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), dy.bytes(), cudaMemcpyDeviceToHost));
+    TWELL_CUDA_CHECK(cudaMemcpy(y_lt.data(), dref.get(), dref.bytes(), cudaMemcpyDeviceToHost));
+    for (int64_t j = N; j < N + 8; ++j) EXPECT_TRUE(std::isnan(y[static_cast<size_t>(j)])) << "written past N at " << j;
+    const double err = micro::relative_error(y.data(), ref), err_lt = micro::relative_error(y_lt.data(), ref);
+    std::printf("f32 N=%lld: GEMV rel err %.2e, cuBLASLt %.2e\n", static_cast<long long>(N), err, err_lt);
+    EXPECT_LE(err, 2 * err_lt + 1e-6);
+  }
+}
+
 TEST(DecodeGemv, NaNIsNotLostInTheRelu) {  // a NaN in x reaches every output, ReLU or not
   TWELL_REQUIRE_HOPPER();
   const int64_t N = 40, K = 264;
@@ -77,8 +108,14 @@ TEST(DecodeGemv, ShapesItDoesNotTakeAreRejected) {  // host-only: runs without a
   EXPECT_FALSE(decode_gemv_supported(2048, 4104));  // K above 4096
   EXPECT_FALSE(decode_gemv_supported(2048, 100));   // K not a multiple of 8
   EXPECT_FALSE(decode_gemv_supported(0, 64));
+  uint16_t bf16_out[1];
+  float f32_out[1];
   DecodeGemvArgs a;
-  a.N = 16, a.K = 4100;
+  a.y = bf16_out, a.N = 16, a.K = 4100;
+  EXPECT_THROW(launch_decode_gemv(a, 132, nullptr), Error);
+  a.K = 64, a.y_f32 = f32_out;  // both outputs (host checks only: never read)
+  EXPECT_THROW(launch_decode_gemv(a, 132, nullptr), Error);
+  a.y = nullptr, a.y_f32 = nullptr;  // neither
   EXPECT_THROW(launch_decode_gemv(a, 132, nullptr), Error);
 }
 

@@ -5,7 +5,7 @@
 // model's shapes, with and without the ReLU, and 1 to 8 warps a block (the launcher's choice follows
 // the SM count it is given); outputs poisoned first and nothing written past M × N. Then x written by a
 // kernel just before that lets it start early (programmatic dependent launch) while its weights'
-// loads start, a NaN kept through the ReLU, and the shapes it refuses.
+// loads start, a NaN kept through the ReLU, f32 outputs (the LM head), and the calls it refuses.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -132,6 +132,39 @@ TEST(FewTokenGemm, NaNIsNotLostInTheRelu) {  // a NaN in a token's x reaches tha
   }
 }
 
+// f32 outputs (the LM head's logits) against float64 and cuBLASLt's f32 C: at N = 20000, a grid no
+// block size fits in one wave (the 2B model's head: 49152), and at a small N; guard values past
+// M × N untouched.
+TEST(FewTokenGemm, F32OutputsMatchFloat64AndCublasLt) {
+  TWELL_REQUIRE_HOPPER();
+  for (const int64_t N : {20000, 40})
+    for (const int64_t M : {1, 2, 9, 32}) {
+      const int64_t K = 2048;
+      SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N);
+      const auto x = random_bf16(static_cast<size_t>(M * K), 1.f, static_cast<unsigned>(M + 5));
+      const auto w = random_bf16(static_cast<size_t>(N * K), 0.02f, static_cast<unsigned>(N));
+      const std::vector<double> ref = product_xwt(x, w, M, N, K);
+      const size_t out = static_cast<size_t>(M * N);
+      DeviceBuffer dx = upload(x), dw = upload(w), dy((out + 16) * 4), dref(out * 4);
+      TWELL_CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.bytes()));  // f32 NaN, and 16 guard values past M × N
+      FewTokenGemmArgs a;
+      a.x = dx.as<uint16_t>(), a.w = dw.as<uint16_t>(), a.y_f32 = dy.as<float>(), a.M = M, a.N = N, a.K = K;
+      a.early_weight_reads = true;
+      launch_few_token_gemm(a, sms(), nullptr);
+      LtGemm gemm;
+      gemm.run(dx.get(), dw.get(), dref.get(), M, N, K, true, GemmEpilogue::none, nullptr, GemmOut::f32);
+      TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<float> y(out + 16), y_lt(out);
+      TWELL_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), dy.bytes(), cudaMemcpyDeviceToHost));
+      TWELL_CUDA_CHECK(cudaMemcpy(y_lt.data(), dref.get(), dref.bytes(), cudaMemcpyDeviceToHost));
+      for (size_t j = out; j < out + 16; ++j) ASSERT_TRUE(std::isnan(y[j])) << "written past M × N at " << j;
+      const double err = micro::relative_error(y.data(), ref), err_lt = micro::relative_error(y_lt.data(), ref);
+      std::printf("f32 M=%lld N=%lld: rel err %.2e, cuBLASLt %.2e\n", static_cast<long long>(M),
+                  static_cast<long long>(N), err, err_lt);
+      EXPECT_LE(err, 2 * err_lt + 1e-6);  // fp32 sums in a different order, no bf16 rounding
+    }
+}
+
 TEST(FewTokenGemm, ShapesItDoesNotTakeAreRejected) {  // host-only: runs without a GPU too
   EXPECT_TRUE(few_token_gemm_supported(2, 6144, 2048));
   EXPECT_TRUE(few_token_gemm_supported(32, 1, 64));
@@ -139,12 +172,19 @@ TEST(FewTokenGemm, ShapesItDoesNotTakeAreRejected) {  // host-only: runs without
   EXPECT_FALSE(few_token_gemm_supported(0, 2048, 2048));
   EXPECT_FALSE(few_token_gemm_supported(4, 2048, 2000));   // K not a multiple of 64
   EXPECT_FALSE(few_token_gemm_supported(4, 0, 2048));
+  // (Host checks only: the pointers are never read.)
+  uint16_t bf16_out[1];
+  float f32_out[1];
   FewTokenGemmArgs a;
-  a.M = 4, a.N = 16, a.K = 100;
+  a.y = bf16_out, a.M = 4, a.N = 16, a.K = 100;
   EXPECT_THROW(launch_few_token_gemm(a, 132, nullptr), Error);
   a.K = 128, a.rows_per_block = 24;  // 16 or 32 (0: 16)
   EXPECT_THROW(launch_few_token_gemm(a, 132, nullptr), Error);
   a.rows_per_block = 0, a.M = 33;
+  EXPECT_THROW(launch_few_token_gemm(a, 132, nullptr), Error);
+  a.M = 4, a.y_f32 = f32_out;  // both outputs
+  EXPECT_THROW(launch_few_token_gemm(a, 132, nullptr), Error);
+  a.y = nullptr, a.y_f32 = nullptr;  // neither
   EXPECT_THROW(launch_few_token_gemm(a, 132, nullptr), Error);
 }
 

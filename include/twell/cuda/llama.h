@@ -178,13 +178,14 @@ struct LlamaCudaOptions {
   // the next layer's residual add + RMSNorm adds (launch_decode_ffn). false: FfnForward's own
   // one-token path, whose partial sums a separate kernel adds before the plain norm (A/B).
   bool fused_decode_ffn = true;
-  // Calls of one token (decode at batch 1) run the QKV and output projections, and the dense
-  // FFN's gate and up products (FfnOptions::one_token_gemv), through twell's GEMV
+  // Calls of one token (decode at batch 1) run the QKV and output projections, the LM head (f32
+  // logits), and the dense FFN's gate and up products (FfnOptions::one_token_gemv), through twell's GEMV
   // (launch_decode_gemv), whose weight copies start while the kernel before it runs; false:
   // cuBLASLt, as for more tokens (A/B).
   bool decode_gemv = true;
   // Calls of 2 to 32 tokens (decode steps of a few sequences, short prefills) run the QKV and output
-  // projections, and every FFN path's gate (the dense path's up too), through twell's few-token GEMM
+  // projections, the LM head of 2 to 32 rows (f32 logits), and every FFN path's gate (the dense
+  // path's up too), through twell's few-token GEMM
   // (launch_few_token_gemm), whose weight loads start while the kernel before it runs; this sets the
   // model's FfnOptions::few_token_gemm (ffn_options' own is not read); false: cuBLASLt (A/B: `twell
   // bench model --no-few-token-gemm`; docs/perf.md, sixty-third session, for the measurements).

@@ -6,7 +6,8 @@
 // (the model's fixed weights) each block bulk-copies its R rows of W (TMA, one mbarrier a row) into
 // shared memory while the previous kernel (attention, RMSNorm) still runs, and waits for that kernel
 // only to read x; without it, it waits first. A warp then takes a row as soon
-// as it has landed: the dot product in registers, a butterfly over the lanes, y[j] in bf16.
+// as it has landed: the dot product in registers, a butterfly over the lanes, y[j] in bf16 (or f32:
+// the LM head's logits).
 #include <algorithm>
 
 #include "cuda/kernels.h"
@@ -47,7 +48,11 @@ __global__ void __launch_bounds__(kGemvThreads) decode_gemv_kernel(const DecodeG
     wait_parity(&bar[r], 0);
     const float dot = warp_row_dot(xq, rows + r * K, K, lane);
     // The ReLU keeps NaN (a NaN in x or W must not vanish).
-    if (lane == 0) a.y[j0 + r] = float_to_bf16_bits(a.relu && !(dot > 0.f || dot != dot) ? 0.f : dot);
+    const float v = a.relu && !(dot > 0.f || dot != dot) ? 0.f : dot;
+    if (lane == 0) {
+      if (a.y_f32 != nullptr) a.y_f32[j0 + r] = v;
+      else a.y[j0 + r] = float_to_bf16_bits(v);
+    }
   }
 }
 
@@ -77,6 +82,7 @@ void launch_decode_gemv(const DecodeGemvArgs& a, int sm_count, cudaStream_t stre
   TWELL_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
               "decode GEMV: x and W must be 16-byte aligned");
   TWELL_CHECK(sm_count > 0, "decode GEMV: sm_count must be positive, got ", sm_count);
+  TWELL_CHECK((a.y == nullptr) != (a.y_f32 == nullptr), "decode GEMV: exactly one of y and y_f32 must be set");
   const int64_t chunks = (a.K + 255) / 256;
   if (chunks <= 1) launch_gemv<1>(a, sm_count, stream);
   else if (chunks <= 2) launch_gemv<2>(a, sm_count, stream);

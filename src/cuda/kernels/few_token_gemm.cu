@@ -1,6 +1,7 @@
-// y [M, N] = x [M, K] · Wᵀ (W [N, K] row-major) for a few tokens (M ≤ 32): bf16 in and out, fp32
-// accumulation, an optional ReLU. The model's QKV and output projections and the dense FFN's gate and
-// up products in a decode step of a few sequences or a short prefill (a conversation's next turn).
+// y [M, N] = x [M, K] · Wᵀ (W [N, K] row-major) for a few tokens (M ≤ 32): bf16 in and out (or f32
+// out), fp32 accumulation, an optional ReLU. The model's QKV and output projections and the dense
+// FFN's gate and up products in a decode step of a few sequences or a short prefill (a
+// conversation's next turn), and its LM head (f32 logits).
 // Such calls only stream W: cuBLASLt's kernels read it at 1.4–2.1 TB/s of the H100's 3.35
 // (docs/perf.md, forty-ninth session). Here every weight byte goes from global memory straight into
 // mma.sync's A fragments, no shared memory, each warp a 16-row slice of W over its share of K's
@@ -139,7 +140,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const Fe
     float sum = 0.f;
     for (int w = 0; w < warps; ++w) sum += partial[w][r][m];
     // The ReLU keeps NaN (a NaN in x or W must not vanish), as the decode GEMV's.
-    a.y[m * a.N + n0 + r] = float_to_bf16_bits(a.relu && !(sum > 0.f || sum != sum) ? 0.f : sum);
+    const float v = a.relu && !(sum > 0.f || sum != sum) ? 0.f : sum;
+    if (a.y_f32 != nullptr) a.y_f32[m * a.N + n0 + r] = v;
+    else a.y[m * a.N + n0 + r] = float_to_bf16_bits(v);
   }
 }
 
@@ -160,8 +163,9 @@ void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
   static const std::array<int, kMaxWarps + 1> per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel));
   const int64_t blocks = (a.N + 16 * MT - 1) / (16 * MT), chunks = a.K / kChunk;
   // Warps a block: the most (8 down to 2) that keep the whole grid resident at once (one wave), but
-  // at least 2 chunks each (so 1 at K = 64 or 128).
-  int64_t warps = 2;
+  // at least 2 chunks each (so 1 at K = 64 or 128). A grid no block size fits in one wave (the LM
+  // head's 3072 blocks) takes 8: several waves of blocks either way, the fewest there.
+  int64_t warps = static_cast<int64_t>(per_sm[2]) * sm_count >= blocks ? 2 : kMaxWarps;
   for (int w = kMaxWarps; w > 2; --w)
     if (static_cast<int64_t>(per_sm[w]) * sm_count >= blocks) {
       warps = w;
@@ -195,6 +199,7 @@ void launch_few_token_gemm(const FewTokenGemmArgs& a, int sm_count, cudaStream_t
   TWELL_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
               "few-token GEMM: x and W must be 16-byte aligned");
   TWELL_CHECK(sm_count > 0, "few-token GEMM: sm_count must be positive, got ", sm_count);
+  TWELL_CHECK((a.y == nullptr) != (a.y_f32 == nullptr), "few-token GEMM: exactly one of y and y_f32 must be set");
   TWELL_CHECK(a.rows_per_block == 0 || a.rows_per_block == 16 || a.rows_per_block == 32,
               "few-token GEMM: rows_per_block must be 0, 16 or 32, got ", a.rows_per_block);
   if (a.M <= 8) launch_rows<1>(a, sm_count, stream);
