@@ -21,6 +21,9 @@ namespace twell::cuda {
 
 namespace {
 
+// Rows of the LM head up to which twell's GEMV (one) and few-token GEMM (2 to 8) compute the logits.
+constexpr int64_t kTwellHeadRows = 8;
+
 uint16_t* bits(const DeviceTensor& t) { return static_cast<uint16_t*>(t.view().data); }
 uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.view().data); }
 
@@ -885,7 +888,14 @@ struct LlamaCuda::Impl {
       rows = proj.as<uint16_t>();
       n = B;
     }
-    project(rows, w->head(), logits.as<float>() + run_first * V, n, V, H, GemmOut::f32);
+    // The head of 1 to 8 rows through twell's kernels (project); cuBLASLt's already streams this
+    // 201 MB matrix at 2.8 TB/s, but no faster: 71.5 µs against 66-68 there, while at 16 to 32 rows
+    // the few-token GEMM is the slower (75-89 µs against 74; H100, docs/perf.md, sixty-third session).
+    float* out = logits.as<float>() + run_first * V;
+    if (n <= kTwellHeadRows)
+      project(rows, w->head(), out, n, V, H, GemmOut::f32);
+    else
+      gemm.run(rows, w->head().view().data, out, n, V, H, true, GemmEpilogue::none, stream, GemmOut::f32);
   }
 
   void enqueue(const int32_t* tok, int64_t B, int64_t S, Head head) {

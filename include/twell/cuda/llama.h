@@ -184,7 +184,7 @@ struct LlamaCudaOptions {
   // cuBLASLt, as for more tokens (A/B).
   bool decode_gemv = true;
   // Calls of 2 to 32 tokens (decode steps of a few sequences, short prefills) run the QKV and output
-  // projections, the LM head of 2 to 32 rows (f32 logits), and every FFN path's gate (the dense
+  // projections, the LM head of 2 to 8 rows (f32 logits), and every FFN path's gate (the dense
   // path's up too), through twell's few-token GEMM
   // (launch_few_token_gemm), whose weight loads start while the kernel before it runs; this sets the
   // model's FfnOptions::few_token_gemm (ffn_options' own is not read); false: cuBLASLt (A/B: `twell
