@@ -459,11 +459,9 @@ void plan_prefill_attention(AttentionArgs& a, int64_t keys, int sm_count);
 constexpr int kMaxDecodeAttentionSplits = 16;
 void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
                              bool dependent = false, int splits = 0);
-// Query heads a block of the decode attention takes (a lane group each: 32 / (hd / 8)), or 1.
-int decode_attention_heads_per_block(int64_t B, int64_t nh, int64_t hd);
 // The decode attention's key ranges a head by default: about four blocks an SM at this batch,
 // ranges of at least 32 keys at the longest context, at most 16.
-int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int64_t hd, int sm_count);
+int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count);
 
 // sample.cu: one token a row of logits [rows, ld] f32 (the first n of each row), drawn with
 // model::Sampler's rules from a number in [0, 1) a row (unused when greedy): inline_uniforms[row]

@@ -848,7 +848,7 @@ struct LlamaCuda::Impl {
       if (S == 1 && !fuse) {
         int splits = o.decode_attention_splits;
         if (splits == 0 && runs_decode_ffn(decode, T))  // LlamaCudaOptions::decode_attention_splits
-          splits = std::max(1, cuda::decode_attention_splits(o.max_context, B, nh, hd, sm_count) / 2);
+          splits = std::max(1, cuda::decode_attention_splits(o.max_context, B, nh, sm_count) / 2);
         launch_decode_attention(r, at, sm_count, stream, qkv_gemv, splits);  // RoPE and the cache write inside
       } else {
         if (!fuse) launch_rope_kv(r, stream);

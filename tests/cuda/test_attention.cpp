@@ -265,7 +265,6 @@ const DecodeCase kDecodeCases[] = {  // ranges: decode_attention_splits on 132 S
     {1, 20, 4, 4, 64, 24},       // one range: no cluster partner
     {40, 33, 4, 2, 64, 64},      // a batch: 2 ranges
     {4, 300, 4, 2, 64, 512, 97},  // a ragged batch: keys 0..300, 0..203, 0..106 and 0..9
-    {2, 100, 6, 3, 64, 256},     // heads not a multiple of a block's 4 (decode_attention_heads_per_block)
 };
 
 DeviceBuffer copy_of(const DeviceBuffer& d) {

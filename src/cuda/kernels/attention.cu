@@ -349,13 +349,9 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
 }
 
 // ---- decode --------------------------------------------------------------------------------------
-// One cluster of `splits` blocks per (HB query heads, sequence b); block (rank) r takes the r-th
-// range of the keys the sequence has now. 4 warps; a group of L = hd/8 lanes holds one key of one
-// head (8 dims per lane), so a warp holds 32/L (head, key) pairs at once: with HB = 1 they are 32/L
-// keys of the block's head; with HB = 32/L ("grouped") one key of each of the block's HB heads, so
-// that a warp's load reads 512 contiguous bytes of the cache's row (all HB heads' slices of one
-// position; GQA heads of one KV head read the same bytes, served once) where HB = 1 reads 128-byte
-// slices 4 KB apart (docs/perf.md, sixty-third session: 2.4 TB/s at batch 32).
+// One cluster of `splits` blocks per (query head h, sequence b); block (rank) r takes the r-th
+// range of the keys the sequence has now. 4 warps; a group of L = hd/8 lanes holds one key (8
+// dims per lane), so a warp scores 32/L keys at once.
 //
 // RoPE of the new token is done here, in registers (launch_rope_kv's arithmetic: a lane's 8 dims
 // and its partner's, hd/2 away, L/2 lanes over): every block rotates its q, and the new key,
@@ -367,21 +363,16 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
 // values (positions before p0, which no kernel of this step writes) are loaded before the kernel
 // waits for the QKV projection, so its launch and its first DRAM round trip overlap that GEMV.
 //
-// Each block merges its warps' states per head, then writes its range's (max, sum, unnormalised
-// output) of each head, base-2 domain, into rank 0's shared memory; after one cluster barrier rank 0
-// merges the ranges in rank order and writes o. (Two kernels before: the merge was its own launch,
-// 1.7 µs a layer plus a launch gap, and RoPE another, 2.0 µs.)
-template <int HD, int HB>
+// Each block merges its warps' states, then writes its range's (max, sum, unnormalised output),
+// base-2 domain, into rank 0's shared memory; after one cluster barrier rank 0 merges the ranges
+// in rank order and writes o. (Two kernels before: the merge was its own launch, 1.7 µs a layer
+// plus a launch gap, and RoPE another, 2.0 µs.)
+template <int HD>
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKvArgs r, const AttentionArgs a) {
-  constexpr int L = HD / 8, kGroups = 32 / L, kWarps = kThreads / 32;
-  static_assert(HB == 1 || HB == kGroups, "a block takes one head, or one a lane group");
-  constexpr int KG = kGroups / HB;   // keys a warp holds at once
-  constexpr int kStep = kWarps * KG;  // keys a block holds at once
-  constexpr int kStates = kWarps * KG;  // softmax states a head, in a block
-  constexpr int kAhead = 4;  // steps loaded before any is scored (8: 124 registers, four blocks an SM)
-  __shared__ float sm[HB][kStates], sl[HB][kStates], sacc[HB][kStates][HD];  // this block's
-  __shared__ float cm[kMaxDecodeAttentionSplits][HB], cl[kMaxDecodeAttentionSplits][HB],
-      co[kMaxDecodeAttentionSplits][HB * HD];  // rank 0: the ranges'
+  constexpr int L = HD / 8, kGroups = 32 / L, kWarps = kThreads / 32, kStep = kWarps * kGroups;
+  constexpr int kStates = kWarps * kGroups;
+  __shared__ float sm[kStates], sl[kStates], sacc[kStates][HD];                        // this block's
+  __shared__ float cm[kMaxDecodeAttentionSplits], cl[kMaxDecodeAttentionSplits], co[kMaxDecodeAttentionSplits][HD];  // rank 0: the ranges'
   // Every block of the cluster has started before any writes into rank 0's shared memory: this
   // barrier phase is waited for only then.
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
@@ -389,12 +380,9 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   allow_dependent_launch();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  const int b = blockIdx.y, rank = static_cast<int>(cluster.block_rank()), splits = gridDim.z;
+  const int h = blockIdx.x, b = blockIdx.y, rank = static_cast<int>(cluster.block_rank()), splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / L, sub = lane % L;
-  const int hb = grp % HB, kg = grp / HB;  // the lane group's head in the block, its key in the warp
-  // Heads past nh (the last block of a grouped launch) compute head nh - 1 again and write nothing.
-  const int h_own = blockIdx.x * HB + hb, h = min(h_own, a.nh - 1);
-  const int group = a.nh / a.nkv, kvh = h / group;
+  const int kvh = h / (a.nh / a.nkv);
   const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
   const int p0 = a.p0[b], len = p0 + 1;  // keys 0..p0, the last one the new token's
 
@@ -409,11 +397,12 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   // instead of one dependent round trip a step). The loop bounds are warp-uniform (the shuffles
   // need every lane); keys past the range are loaded as zeros and skipped, and the new key (p0)
   // is taken from registers once it is known.
+  constexpr int kAhead = 4;
   uint4 kr[kAhead], vr[kAhead];
   auto load_cached = [&](int base0) {
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
-      const int key = base0 + s * kStep + kg;
+      const int key = base0 + s * kStep + grp;
       kr[s] = vr[s] = make_uint4(0, 0, 0, 0);
       if (key < k_end && key != p0) {
         kr[s] = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(key) * kv_ld);
@@ -425,7 +414,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   // one (p0 is uploaded before the step's first kernel, and the cache rows by earlier steps), so
   // they are read before waiting for it: the first step's K/V loads and the launch itself overlap
   // the QKV projection.
-  const int first = k_begin + warp * KG;
+  const int first = k_begin + warp * kGroups;
   if (first < k_end) load_cached(first);
   const bool low = sub < L / 2;
   const float* cs = r.cos_sin + static_cast<int64_t>(p0) * HD + (sub % (L / 2)) * 8;
@@ -456,7 +445,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   float qv[8];
   unpack8(rotate(q_raw), qv);
   const uint4 k_new = rotate(k_raw);
-  if (rank == 0 && h_own < a.nh && h % group == 0 && warp == 0 && kg == 0) {
+  if (rank == 0 && h % (a.nh / a.nkv) == 0 && warp == 0 && grp == 0) {
     const int64_t at = (static_cast<int64_t>(b) * a.max_context + p0) * kv_ld + kvh * HD + sub * 8;
     *reinterpret_cast<uint4*>(r.k_cache + at) = k_new;
     *reinterpret_cast<uint4*>(r.v_cache + at) = v_new;
@@ -468,10 +457,10 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
     if (base0 != first) load_cached(base0);
 #pragma unroll
     for (int s = 0; s < kAhead; ++s)
-      if (base0 + s * kStep + kg == p0) kr[s] = k_new, vr[s] = v_new;
+      if (base0 + s * kStep + grp == p0) kr[s] = k_new, vr[s] = v_new;
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
-      const bool valid = base0 + s * kStep + kg < k_end;
+      const bool valid = base0 + s * kStep + grp < k_end;
       const uint32_t kw[4] = {kr[s].x, kr[s].y, kr[s].z, kr[s].w}, vw[4] = {vr[s].x, vr[s].y, vr[s].z, vr[s].w};
       float dot = 0.f;
       for (int i = 0; i < 4; ++i)
@@ -488,55 +477,40 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
     }
   }
 
-  // Merge each head's kStates states in the block (all lanes of a group hold the same m and l) into
-  // rank 0.
-  const int state = warp * KG + kg;
-  if (sub == 0) sm[hb][state] = m, sl[hb][state] = l;
-  for (int i = 0; i < 8; ++i) sacc[hb][state][sub * 8 + i] = acc[i];
+  // Merge the block's kStates states (all lanes of a group hold the same m and l) into rank 0.
+  const int state = warp * kGroups + grp;
+  if (sub == 0) sm[state] = m, sl[state] = l;
+  for (int i = 0; i < 8; ++i) sacc[state][sub * 8 + i] = acc[i];
   __syncthreads();
-  constexpr int kOut = HB * HD;  // a block's outputs (HB heads of HD dims): one or two a thread
-  static_assert(kOut % kThreads == 0 || kOut < kThreads, "outputs spread evenly over the threads");
-  constexpr int kPer = kOut > kThreads ? kOut / kThreads : 1;
-  float mx[kPer], lt[kPer], ot[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = threadIdx.x + i * kThreads, eh = e / HD, d = e % HD;
-    mx[i] = -FLT_MAX, lt[i] = 0.f, ot[i] = 0.f;
-    if (e >= kOut) continue;
-    for (int s = 0; s < kStates; ++s) mx[i] = fmaxf(mx[i], sm[eh][s]);
+  float mx = -FLT_MAX, lt = 0.f, ot = 0.f;
+  if (threadIdx.x < HD) {
+    for (int s = 0; s < kStates; ++s) mx = fmaxf(mx, sm[s]);
     for (int s = 0; s < kStates; ++s) {
-      const float cf = sl[eh][s] > 0.f ? exp2f(sm[eh][s] - mx[i]) : 0.f;
-      lt[i] += sl[eh][s] * cf;
-      ot[i] += sacc[eh][s][d] * cf;
+      const float cf = sl[s] > 0.f ? exp2f(sm[s] - mx) : 0.f;
+      lt += sl[s] * cf;
+      ot += sacc[s][threadIdx.x] * cf;
     }
   }
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = threadIdx.x + i * kThreads, eh = e / HD, d = e % HD;
-    if (e >= kOut) continue;
-    *cluster.map_shared_rank(&co[rank][e], 0) = ot[i];
-    if (d == 0) *cluster.map_shared_rank(&cm[rank][eh], 0) = mx[i], *cluster.map_shared_rank(&cl[rank][eh], 0) = lt[i];
+  if (threadIdx.x < HD) {
+    *cluster.map_shared_rank(&co[rank][threadIdx.x], 0) = ot;
+    if (threadIdx.x == 0) *cluster.map_shared_rank(&cm[rank], 0) = mx, *cluster.map_shared_rank(&cl[rank], 0) = lt;
   }
   cluster.sync();
-  if (rank != 0) return;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = threadIdx.x + i * kThreads, eh = e / HD, d = e % HD;
-    const int head = blockIdx.x * HB + eh;
-    if (e >= kOut || head >= a.nh) continue;
-    // Empty ranges (l = 0) add nothing; a NaN range (a NaN in q or a key) is added, so that it shows.
-    float rmx = -FLT_MAX, rlt = 0.f, rot = 0.f;
-    for (int s = 0; s < splits; ++s)
-      if (cl[s][eh] != 0.f) rmx = fmaxf(rmx, cm[s][eh]);
-    for (int s = 0; s < splits; ++s)
-      if (cl[s][eh] != 0.f) {
-        const float cf = exp2f(cm[s][eh] - rmx);
-        rlt += cl[s][eh] * cf;
-        rot += co[s][e] * cf;
-      }
-    a.o[(static_cast<int64_t>(b) * a.nh + head) * HD + d] = float_to_bf16_bits(rot / rlt);
-  }
+  if (rank != 0 || threadIdx.x >= HD) return;
+  const int d = threadIdx.x;
+  // Empty ranges (l = 0) add nothing; a NaN range (a NaN in q or a key) is added, so that it shows.
+  mx = -FLT_MAX;
+  for (int s = 0; s < splits; ++s)
+    if (cl[s] != 0.f) mx = fmaxf(mx, cm[s]);
+  lt = ot = 0.f;
+  for (int s = 0; s < splits; ++s)
+    if (cl[s] != 0.f) {
+      const float cf = exp2f(cm[s] - mx);
+      lt += cl[s] * cf;
+      ot += co[s][d] * cf;
+    }
+  a.o[(static_cast<int64_t>(b) * a.nh + h) * HD + d] = float_to_bf16_bits(ot / lt);
 }
 
 template <int HD, bool KW>
@@ -587,15 +561,13 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
     launch_prefill<HD, false>(a, stream);
 }
 
-template <int HD, int HB>
+template <int HD>
 void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool dependent, cudaStream_t stream) {
-  const auto kernel_fn = decode_attention_kernel<HD, HB>;
-  const void* kernel = reinterpret_cast<const void*>(kernel_fn);
+  const void* kernel = reinterpret_cast<const void*>(decode_attention_kernel<HD>);
   allow_non_portable_clusters(kernel);
   splits = std::min(splits, max_cluster_blocks(kernel, kThreads, kMaxDecodeAttentionSplits));
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((a.nh + HB - 1) / HB), static_cast<unsigned>(a.B),
-                        static_cast<unsigned>(splits));
+  config.gridDim = dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
   config.blockDim = dim3(kThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
@@ -606,15 +578,7 @@ void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool
   attribute[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = dependent ? 2 : 1;
-  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel_fn, r, a));
-}
-
-template <int HD>
-void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool dependent, cudaStream_t stream) {
-  if (decode_attention_heads_per_block(a.B, a.nh, HD) > 1)
-    launch_decode<HD, 32 / (HD / 8)>(r, a, splits, dependent, stream);
-  else
-    launch_decode<HD, 1>(r, a, splits, dependent, stream);
+  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_attention_kernel<HD>, r, a));
 }
 
 }  // namespace
@@ -635,14 +599,8 @@ void plan_prefill_attention(AttentionArgs& a, int64_t keys, int sm_count) {
   a.key_splits = prefill_attention_splits(a.B, a.S, a.nh, a.hd, keys, sm_count, a.warps_split_keys);
 }
 
-int decode_attention_heads_per_block(int64_t B, int64_t nh, int64_t hd) {
-  (void)B, (void)nh;
-  return hd >= 16 && hd <= 128 ? static_cast<int>(32 / (hd / 8)) : 1;
-}
-
-int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int64_t hd, int sm_count) {
-  const int64_t hb = decode_attention_heads_per_block(B, nh, hd), blocks = B * ((nh + hb - 1) / hb);
-  const int64_t fill = (4 * int64_t{sm_count} + blocks - 1) / blocks, longest = (max_context + 31) / 32;
+int decode_attention_splits(int64_t max_context, int64_t B, int64_t nh, int sm_count) {
+  const int64_t fill = (4 * int64_t{sm_count} + B * nh - 1) / (B * nh), longest = (max_context + 31) / 32;
   return static_cast<int>(std::clamp<int64_t>(std::min(fill, longest), 1, kMaxDecodeAttentionSplits));
 }
 
@@ -682,7 +640,7 @@ void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm
   TWELL_CHECK(splits >= 0 && splits <= kMaxDecodeAttentionSplits, "decode attention: splits must lie in [0, ",
               kMaxDecodeAttentionSplits, "], got ", splits);
   if (a.B == 0) return;
-  if (splits == 0) splits = decode_attention_splits(a.max_context, a.B, a.nh, a.hd, sm_count);
+  if (splits == 0) splits = decode_attention_splits(a.max_context, a.B, a.nh, sm_count);
   switch (a.hd) {
     case 16: return launch_decode<16>(r, a, splits, dependent, stream);
     case 32: return launch_decode<32>(r, a, splits, dependent, stream);
