@@ -367,12 +367,8 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
 // base-2 domain, into rank 0's shared memory; after one cluster barrier rank 0 merges the ranges
 // in rank order and writes o. (Two kernels before: the merge was its own launch, 1.7 µs a layer
 // plus a launch gap, and RoPE another, 2.0 µs.)
-// At most 64 registers (eight blocks an SM; 93 before, ~100 bytes spilled now): the default key ranges
-// give 1024 blocks at 32 sequences of 32 heads, which at 93 registers (five blocks an SM) ran in two
-// waves, 58 µs for 128 MB of K/V (ncu: 71% of DRAM bandwidth, 25% achieved occupancy; docs/perf.md,
-// sixty-third session).
 template <int HD>
-__global__ void __launch_bounds__(kThreads, 8) decode_attention_kernel(const RopeKvArgs r, const AttentionArgs a) {
+__global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKvArgs r, const AttentionArgs a) {
   constexpr int L = HD / 8, kGroups = 32 / L, kWarps = kThreads / 32, kStep = kWarps * kGroups;
   constexpr int kStates = kWarps * kGroups;
   __shared__ float sm[kStates], sl[kStates], sacc[kStates][HD];                        // this block's
