@@ -3,7 +3,7 @@
 # the 1024 blocks at 32 sequences). A = out/b63d.tar.xz (352fe19), C = out/b63f.tar.xz (this build).
 # Predicted (H100): the attention at batch 32 58 -> ~45 µs (ncu), a twell step 4.5 -> ~4.1 ms; batch 1 even.
 # Not run: no device time was left. The change (4b51f6b: `__launch_bounds__(kThreads, 8)` on the kernel) was
-# taken back out of the tree in the commit that adds this line; b63f.tar.xz is 7cc694e's build of it.
+# taken back out of the tree in the commit that adds this line; b63f.tar.xz is 4b51f6b's build of it.
 # On the device, with carry ["out/b63d.tar.xz", "out/b63f.tar.xz"]: `BUDGET=<s> NAME=s63_bounds bash bench/results/h200/s63/bounds.sh`.
 cd "$(dirname "$0")/../../../.."
 NAME=${NAME:-s63_bounds} TAR=out/b63f.tar.xz
