@@ -917,11 +917,13 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
       r.note += energy_note;
     }
     if (B == 1)
-      r.note += cfg.decode_gemv ? "; QKV and O projections (and the dense FFN's gate and up): twell's one-token GEMV"
-                                : "; projections: cuBLASLt (--cublas-decode-projections)";
+      r.note += cfg.decode_gemv
+                    ? "; QKV and O projections, the LM head (and the dense FFN's gate and up): twell's one-token GEMV"
+                    : "; projections: cuBLASLt (--cublas-decode-projections)";
     if (B > 1 && B <= cuda::kFewTokenGemmMaxTokens)
-      r.note += cfg.few_token_gemm ? "; QKV and O projections (and the dense FFN's gate and up): twell's few-token GEMM"
-                                   : "; projections: cuBLASLt (--no-few-token-gemm)";
+      r.note += !cfg.few_token_gemm ? "; projections: cuBLASLt (--no-few-token-gemm)"
+                : B <= cuda::kTwellHeadMaxRows ? "; QKV and O projections, the LM head (and the dense FFN's gate and up): twell's few-token GEMM"
+                         : "; QKV and O projections (and the dense FFN's gate and up): twell's few-token GEMM";
     if (cfg.decode_attention_splits > 0)
       r.note += "; decode attention: " + std::to_string(cfg.decode_attention_splits) + " key ranges a head (A/B)";
     if (k == 2) r.note += "; FFN through the gather path";

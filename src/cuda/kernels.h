@@ -305,6 +305,9 @@ void launch_decode_gemv(const DecodeGemvArgs& a, int sm_count, cudaStream_t stre
 // (programmatic dependent launch; with early_weight_reads its first weight loads start before the
 // previous kernel ends).
 constexpr int64_t kFewTokenGemmMaxTokens = 32;
+// Rows of the model's LM head (f32 logits) up to which it runs through the decode GEMV (one) and
+// this GEMM (2 to 8); cuBLASLt above, where it is the faster (docs/perf.md, sixty-third session).
+constexpr int64_t kTwellHeadMaxRows = 8;
 struct FewTokenGemmArgs {
   const uint16_t* x = nullptr;
   const uint16_t* w = nullptr;

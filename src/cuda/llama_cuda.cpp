@@ -21,9 +21,6 @@ namespace twell::cuda {
 
 namespace {
 
-// Rows of the LM head up to which twell's GEMV (one) and few-token GEMM (2 to 8) compute the logits.
-constexpr int64_t kTwellHeadRows = 8;
-
 uint16_t* bits(const DeviceTensor& t) { return static_cast<uint16_t*>(t.view().data); }
 uint16_t* bits(const Tensor& t) { return static_cast<uint16_t*>(t.view().data); }
 
@@ -892,7 +889,7 @@ struct LlamaCuda::Impl {
     // 201 MB matrix at 2.8 TB/s, but no faster: 71.5 µs against 66-68 there, while at 16 to 32 rows
     // the few-token GEMM is the slower (75-89 µs against 74; H100, docs/perf.md, sixty-third session).
     float* out = logits.as<float>() + run_first * V;
-    if (n <= kTwellHeadRows)
+    if (n <= kTwellHeadMaxRows)
       project(rows, w->head(), out, n, V, H, GemmOut::f32);
     else
       gemm.run(rows, w->head().view().data, out, n, V, H, true, GemmEpilogue::none, stream, GemmOut::f32);
