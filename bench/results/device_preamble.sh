@@ -1,6 +1,7 @@
 # Sourced by the device scripts of bench/results/*/sNN/ after `cd` to the repository root, with NAME (the
 # results folder) and TAR (a tarball of head/: twell, twell_gpu_tests, libtwell_c.so, stripped, and
-# COMMIT; bench/results/pack.sh makes one from a commit) set. Gives: the binaries in $B, PyTorch's
+# COMMIT; bench/results/pack.sh makes one from a commit, or from a local build with --build) set.
+# Gives: the binaries in $B, PyTorch's
 # Python in $PY (the twell package and library on its paths, cuDNN on the loader's), the results
 # folder $O under $OUT with COMMIT and gpu.txt, `save` (packs $O into $OUT/results.tar.xz; also run on
 # exit) and `left N` (N seconds, or what is left of BUDGET seconds, at least 5).
