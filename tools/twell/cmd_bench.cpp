@@ -150,11 +150,11 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                   "decode, batch 1: the FFN's partial sums added by their own kernel, then the plain residual add + "
                   "RMSNorm, instead of inside the RMSNorm (A/B)");
   model->add_flag("--cublas-decode-projections", *cublas_projections,
-                  "decode, batch 1: the QKV and output projections and the dense FFN's gate and up through cuBLASLt "
-                  "instead of twell's GEMV (A/B)");
+                  "decode, batch 1: the QKV and output projections, the LM head and the dense FFN's gate and up through "
+                  "cuBLASLt instead of twell's GEMV (A/B)");
   model->add_flag("--few-token-gemm,!--no-few-token-gemm", *few_token_gemm,
-                  "decode steps and --turn calls of 2 to 32 tokens: the QKV and output projections and the FFN's gate "
-                  "(the dense FFN's up too) through twell's few-token GEMM (the default; LlamaCudaOptions::few_token_gemm), "
+                  "decode steps and --turn calls of 2 to 32 tokens: the QKV and output projections, the LM head of up to 8 "
+                  "rows and the FFN's gate (the dense FFN's up too) through twell's few-token GEMM (the default; LlamaCudaOptions::few_token_gemm), "
                   "or through cuBLASLt (--no-few-token-gemm, A/B)");
   model->add_flag("--no-graphs", *no_graphs, "decode and --turn: launch every step's (turn's) kernels instead of replaying a CUDA graph");
   model->add_option("--decode-attention-splits", mcfg->decode_attention_splits,
