@@ -20,7 +20,7 @@
 namespace twell::cuda {
 
 // Normal random bf16 values, the float64 x · Wᵀ (the micro-benchmarks' helpers), and host <-> device
-// copies of bf16 bits, for the kernel tests.
+// copies of bf16 bits (and downloads of f32 values), for the kernel tests.
 using micro::product_xwt;
 using micro::random_bf16;
 
@@ -32,6 +32,12 @@ inline DeviceBuffer upload(const std::vector<uint16_t>& h) {
 
 inline std::vector<uint16_t> download(const DeviceBuffer& d) {
   std::vector<uint16_t> h(d.bytes() / 2);
+  TWELL_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+inline std::vector<float> download_f32(const DeviceBuffer& d) {
+  std::vector<float> h(d.bytes() / 4);
   TWELL_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
   return h;
 }

@@ -77,9 +77,7 @@ TEST(DecodeGemv, F32OutputsMatchFloat64AndCublasLt) {
     LtGemm gemm;
     gemm.run(dx.get(), dw.get(), dref.get(), 1, N, K, true, GemmEpilogue::none, nullptr, GemmOut::f32);
     TWELL_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> y(static_cast<size_t>(N + 8)), y_lt(static_cast<size_t>(N));
-    TWELL_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), dy.bytes(), cudaMemcpyDeviceToHost));
-    TWELL_CUDA_CHECK(cudaMemcpy(y_lt.data(), dref.get(), dref.bytes(), cudaMemcpyDeviceToHost));
+    const std::vector<float> y = download_f32(dy), y_lt = download_f32(dref);
     for (int64_t j = N; j < N + 8; ++j) EXPECT_TRUE(std::isnan(y[static_cast<size_t>(j)])) << "written past N at " << j;
     const double err = micro::relative_error(y.data(), ref), err_lt = micro::relative_error(y_lt.data(), ref);
     std::printf("f32 N=%lld: GEMV rel err %.2e, cuBLASLt %.2e\n", static_cast<long long>(N), err, err_lt);

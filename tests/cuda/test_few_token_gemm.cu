@@ -154,9 +154,7 @@ TEST(FewTokenGemm, F32OutputsMatchFloat64AndCublasLt) {
       LtGemm gemm;
       gemm.run(dx.get(), dw.get(), dref.get(), M, N, K, true, GemmEpilogue::none, nullptr, GemmOut::f32);
       TWELL_CUDA_CHECK(cudaDeviceSynchronize());
-      std::vector<float> y(out + 16), y_lt(out);
-      TWELL_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), dy.bytes(), cudaMemcpyDeviceToHost));
-      TWELL_CUDA_CHECK(cudaMemcpy(y_lt.data(), dref.get(), dref.bytes(), cudaMemcpyDeviceToHost));
+      const std::vector<float> y = download_f32(dy), y_lt = download_f32(dref);
       for (size_t j = out; j < out + 16; ++j) ASSERT_TRUE(std::isnan(y[j])) << "written past M × N at " << j;
       const double err = micro::relative_error(y.data(), ref), err_lt = micro::relative_error(y_lt.data(), ref);
       std::printf("f32 M=%lld N=%lld: rel err %.2e, cuBLASLt %.2e\n", static_cast<long long>(M),
