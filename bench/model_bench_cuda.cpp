@@ -361,6 +361,7 @@ LlamaCudaOptions decode_options(const ModelBenchConfig& cfg, int64_t B) {
   o.decode_gemv = cfg.decode_gemv;
   o.few_token_gemm = cfg.few_token_gemm;
   o.decode_attention_splits = cfg.decode_attention_splits;
+  o.decode_attention_warps = cfg.decode_attention_warps;
   return o;
 }
 
@@ -510,6 +511,7 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, const 
     o.decode_gemv = cfg.decode_gemv;
     o.few_token_gemm = cfg.few_token_gemm;
     o.decode_attention_splits = cfg.decode_attention_splits;
+    o.decode_attention_warps = cfg.decode_attention_warps;
     o.ffn_options.tile = cfg.tile;
     auto m = std::make_unique<LlamaCuda>(w, o);
     Tensor logits;
@@ -926,6 +928,8 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
                          : "; QKV and O projections (and the dense FFN's gate and up): twell's few-token GEMM";
     if (cfg.decode_attention_splits > 0)
       r.note += "; decode attention: " + std::to_string(cfg.decode_attention_splits) + " key ranges a head (A/B)";
+    if (cfg.decode_attention_warps > 0)
+      r.note += "; decode attention: " + std::to_string(cfg.decode_attention_warps) + " warps a block (A/B)";
     if (k == 2) r.note += "; FFN through the gather path";
     if (k == 1)
       r.note += twell_gathers ? "; default options: FFN through the gather path" : "; default options: decode FFN dense";
@@ -1244,6 +1248,9 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
   TWELL_REQUIRE(cfg.decode_attention_splits >= 0 && cfg.decode_attention_splits <= cuda::kMaxDecodeAttentionSplits,
                 "bench model: --decode-attention-splits must lie in [0, ", cuda::kMaxDecodeAttentionSplits, "], got ",
                 cfg.decode_attention_splits);
+  TWELL_REQUIRE(cfg.decode_attention_warps == 0 || cfg.decode_attention_warps == 1 || cfg.decode_attention_warps == 2 ||
+                    cfg.decode_attention_warps == 4,
+                "bench model: --decode-attention-warps must be 0, 1, 2 or 4, got ", cfg.decode_attention_warps);
   const io::ModelConfig c = model_config(cfg);
   std::string why;
   TWELL_REQUIRE(cuda::hopper_available(&why), "twell bench model needs a Hopper GPU: ", why);

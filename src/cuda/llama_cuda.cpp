@@ -279,6 +279,10 @@ struct LlamaCuda::Impl {
     TWELL_REQUIRE(o.decode_attention_splits >= 0 && o.decode_attention_splits <= kMaxDecodeAttentionSplits,
                 "LlamaCuda: decode_attention_splits must lie in [0, ", kMaxDecodeAttentionSplits, "], got ",
                 o.decode_attention_splits);
+    TWELL_REQUIRE(o.decode_attention_warps == 0 || o.decode_attention_warps == 1 || o.decode_attention_warps == 2 ||
+                      o.decode_attention_warps == 4,
+                  "LlamaCuda: decode_attention_warps must be 0 (the kernel's choice), 1, 2 or 4, got ",
+                  o.decode_attention_warps);
     if (o.max_tokens == 0)  // with the cache, longer prompts run in chunks (prefill_chunks)
       o.max_tokens = o.kv_cache ? std::min(o.max_batch * o.max_context, std::max(kDefaultMaxTokens, o.max_batch))
                                 : o.max_batch * o.max_context;
@@ -846,7 +850,7 @@ struct LlamaCuda::Impl {
         int splits = o.decode_attention_splits;
         if (splits == 0 && runs_decode_ffn(decode, T))  // LlamaCudaOptions::decode_attention_splits
           splits = std::max(1, cuda::decode_attention_splits(o.max_context, B, nh, sm_count) / 2);
-        launch_decode_attention(r, at, sm_count, stream, qkv_gemv, splits);  // RoPE and the cache write inside
+        launch_decode_attention(r, at, sm_count, stream, qkv_gemv, splits, o.decode_attention_warps);  // RoPE and the cache write inside
       } else {
         if (!fuse) launch_rope_kv(r, stream);
         if (S == 1) {  // a step of 512 or more sequences (the graph of a decode step replays this plan)

@@ -558,6 +558,9 @@ TEST(BenchModel, BadArgumentsFailFirst) {
   cfg = {};
   cfg.decode_attention_splits = 17;
   fails_with(cfg, "--decode-attention-splits must lie in [0, 16], got 17");
+  cfg = {};
+  cfg.decode_attention_warps = 3;
+  fails_with(cfg, "--decode-attention-warps must be 0, 1, 2 or 4, got 3");
 }
 
 // The synthetic activations' density is the mean over all tokens, hot ones included

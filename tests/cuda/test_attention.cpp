@@ -335,6 +335,17 @@ TEST(DecodeAttention, MatchesRopeThenFlashAndFloat64) {
       EXPECT_LT(error_of(fused.d_o, ref), 5e-3) << splits << " ranges";
     }
     EXPECT_THROW(launch_decode_attention(rope_of(fused), args_of(c, fused, p0), sm_count, nullptr, false, 17), Error);
+    // Warps a block the caller chooses (LlamaCudaOptions::decode_attention_warps; the kernel's choice
+    // is 4 at these grids on 132 SMs): each warp over more keys, the block's states merged over fewer.
+    for (const int warps : {1, 2, 4})
+      for (const int splits : {0, 16}) {
+        poison(fused.d_o);
+        launch_decode_attention(rope_of(fused), args_of(c, fused, p0), sm_count, nullptr, warps == 2, splits, warps);
+        TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_LT(error_of(fused.d_o, ref), 5e-3) << warps << " warps, " << splits << " ranges";
+        EXPECT_EQ(download(fused.d_k), download(unfused.d_k)) << warps << " warps: key cache";
+      }
+    EXPECT_THROW(launch_decode_attention(rope_of(fused), args_of(c, fused, p0), sm_count, nullptr, false, 0, 3), Error);
   }
 }
 

@@ -1159,6 +1159,9 @@ TEST(LlamaCuda, BadCallsThrowAndChangeNothing) {
   LlamaCudaOptions ranges;
   ranges.decode_attention_splits = 17;  // at most 16 (a cluster)
   EXPECT_THROW(LlamaCuda(dw, ranges), Error);
+  LlamaCudaOptions warps;
+  warps.decode_attention_warps = 3;  // 1, 2 or 4
+  test::expect_error([&] { LlamaCuda(dw, warps); }, {"decode_attention_warps must be 0"});
 
   LlamaCudaOptions no_cache;
   no_cache.kv_cache = false;

@@ -350,8 +350,8 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
 
 // ---- decode --------------------------------------------------------------------------------------
 // One cluster of `splits` blocks per (query head h, sequence b); block (rank) r takes the r-th
-// range of the keys the sequence has now. 4 warps; a group of L = hd/8 lanes holds one key (8
-// dims per lane), so a warp scores 32/L keys at once.
+// range of the keys the sequence has now. kWarps warps (1, 2 or 4: launch_decode); a group of
+// L = hd/8 lanes holds one key (8 dims per lane), so a warp scores 32/L keys at once.
 //
 // RoPE of the new token is done here, in registers (launch_rope_kv's arithmetic: a lane's 8 dims
 // and its partner's, hd/2 away, L/2 lanes over): every block rotates its q, and the new key,
@@ -367,10 +367,10 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
 // base-2 domain, into rank 0's shared memory; after one cluster barrier rank 0 merges the ranges
 // in rank order and writes o. (Two kernels before: the merge was its own launch, 1.7 µs a layer
 // plus a launch gap, and RoPE another, 2.0 µs.)
-template <int HD>
-__global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKvArgs r, const AttentionArgs a) {
-  constexpr int L = HD / 8, kGroups = 32 / L, kWarps = kThreads / 32, kStep = kWarps * kGroups;
-  constexpr int kStates = kWarps * kGroups;
+template <int HD, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const RopeKvArgs r, const AttentionArgs a) {
+  constexpr int L = HD / 8, kGroups = 32 / L, kStep = kWarps * kGroups, kT = kWarps * 32;
+  constexpr int kStates = kWarps * kGroups, kDims = (HD + kT - 1) / kT;  // a thread's output dims, kT apart
   __shared__ float sm[kStates], sl[kStates], sacc[kStates][HD];                        // this block's
   __shared__ float cm[kMaxDecodeAttentionSplits], cl[kMaxDecodeAttentionSplits], co[kMaxDecodeAttentionSplits][HD];  // rank 0: the ranges'
   // Every block of the cluster has started before any writes into rank 0's shared memory: this
@@ -482,35 +482,36 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(const RopeKv
   if (sub == 0) sm[state] = m, sl[state] = l;
   for (int i = 0; i < 8; ++i) sacc[state][sub * 8 + i] = acc[i];
   __syncthreads();
-  float mx = -FLT_MAX, lt = 0.f, ot = 0.f;
-  if (threadIdx.x < HD) {
-    for (int s = 0; s < kStates; ++s) mx = fmaxf(mx, sm[s]);
-    for (int s = 0; s < kStates; ++s) {
-      const float cf = sl[s] > 0.f ? exp2f(sm[s] - mx) : 0.f;
-      lt += sl[s] * cf;
-      ot += sacc[s][threadIdx.x] * cf;
-    }
+  float mx = -FLT_MAX, lt = 0.f, ot[kDims] = {};
+  for (int s = 0; s < kStates; ++s) mx = fmaxf(mx, sm[s]);
+  for (int s = 0; s < kStates; ++s) {
+    const float cf = sl[s] > 0.f ? exp2f(sm[s] - mx) : 0.f;
+    lt += sl[s] * cf;
+#pragma unroll
+    for (int i = 0; i < kDims; ++i)
+      if (threadIdx.x + i * kT < HD) ot[i] += sacc[s][threadIdx.x + i * kT] * cf;
   }
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-  if (threadIdx.x < HD) {
-    *cluster.map_shared_rank(&co[rank][threadIdx.x], 0) = ot;
-    if (threadIdx.x == 0) *cluster.map_shared_rank(&cm[rank], 0) = mx, *cluster.map_shared_rank(&cl[rank], 0) = lt;
-  }
+#pragma unroll
+  for (int i = 0; i < kDims; ++i)
+    if (threadIdx.x + i * kT < HD) *cluster.map_shared_rank(&co[rank][threadIdx.x + i * kT], 0) = ot[i];
+  if (threadIdx.x == 0) *cluster.map_shared_rank(&cm[rank], 0) = mx, *cluster.map_shared_rank(&cl[rank], 0) = lt;
   cluster.sync();
-  if (rank != 0 || threadIdx.x >= HD) return;
-  const int d = threadIdx.x;
+  if (rank != 0) return;
   // Empty ranges (l = 0) add nothing; a NaN range (a NaN in q or a key) is added, so that it shows.
   mx = -FLT_MAX;
   for (int s = 0; s < splits; ++s)
     if (cl[s] != 0.f) mx = fmaxf(mx, cm[s]);
-  lt = ot = 0.f;
-  for (int s = 0; s < splits; ++s)
-    if (cl[s] != 0.f) {
-      const float cf = exp2f(cm[s] - mx);
-      lt += cl[s] * cf;
-      ot += co[s][d] * cf;
-    }
-  a.o[(static_cast<int64_t>(b) * a.nh + h) * HD + d] = float_to_bf16_bits(ot / lt);
+  for (int d = threadIdx.x; d < HD; d += kT) {
+    float l_sum = 0.f, o_sum = 0.f;
+    for (int s = 0; s < splits; ++s)
+      if (cl[s] != 0.f) {
+        const float cf = exp2f(cm[s] - mx);
+        l_sum += cl[s] * cf;
+        o_sum += co[s][d] * cf;
+      }
+    a.o[(static_cast<int64_t>(b) * a.nh + h) * HD + d] = float_to_bf16_bits(o_sum / l_sum);
+  }
 }
 
 template <int HD, bool KW>
@@ -561,14 +562,26 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
     launch_prefill<HD, false>(a, stream);
 }
 
-template <int HD>
+// Blocks of decode_attention_kernel<HD, W> an SM holds at once (the runtime's occupancy calculator).
+template <int HD, int W>
+int decode_blocks_per_sm() {
+  static const int blocks = [] {
+    int n = 0;
+    TWELL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_attention_kernel<HD, W>, 32 * W, 0));
+    return n;
+  }();
+  return blocks;
+}
+
+template <int HD, int W>
 void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool dependent, cudaStream_t stream) {
-  const void* kernel = reinterpret_cast<const void*>(decode_attention_kernel<HD>);
+  const auto kernel_fn = decode_attention_kernel<HD, W>;
+  const void* kernel = reinterpret_cast<const void*>(kernel_fn);
   allow_non_portable_clusters(kernel);
-  splits = std::min(splits, max_cluster_blocks(kernel, kThreads, kMaxDecodeAttentionSplits));
+  splits = std::min(splits, max_cluster_blocks(kernel, 32 * W, kMaxDecodeAttentionSplits));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.nh), static_cast<unsigned>(a.B), static_cast<unsigned>(splits));
-  config.blockDim = dim3(kThreads);
+  config.blockDim = dim3(32 * W);
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
@@ -578,7 +591,29 @@ void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool
   attribute[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = dependent ? 2 : 1;
-  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_attention_kernel<HD>, r, a));
+  TWELL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel_fn, r, a));
+}
+
+// Warps a block: the most (4, 2, 1) that keep every block resident at once. At 93 registers an SM
+// holds 5 blocks of 4 warps, so 32 heads of 32 sequences (1024 blocks) ran in 1.55 waves on 132 SMs
+// (ncu: 58 µs at 71% of DRAM bandwidth), and capping the registers at 64 to fit 8 spilled and was
+// slower (64 µs; docs/perf.md, sixty-fourth session). Fewer warps a block keep the warps an SM runs,
+// each over more keys, in one wave. A grid no size fits takes 4.
+template <int HD>
+void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, int warps, int sm_count, bool dependent,
+                   cudaStream_t stream) {
+  if (warps == 0) {
+    const int64_t blocks = int64_t{a.nh} * a.B * splits;
+    warps = decode_blocks_per_sm<HD, 4>() * int64_t{sm_count} >= blocks   ? 4
+            : decode_blocks_per_sm<HD, 2>() * int64_t{sm_count} >= blocks ? 2
+            : decode_blocks_per_sm<HD, 1>() * int64_t{sm_count} >= blocks ? 1
+                                                                          : 4;
+  }
+  switch (warps) {
+    case 1: return launch_decode<HD, 1>(r, a, splits, dependent, stream);
+    case 2: return launch_decode<HD, 2>(r, a, splits, dependent, stream);
+    default: return launch_decode<HD, 4>(r, a, splits, dependent, stream);
+  }
 }
 
 }  // namespace
@@ -627,7 +662,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
 }
 
 void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
-                             bool dependent, int splits) {
+                             bool dependent, int splits, int warps) {
   TWELL_CHECK(a.nkv > 0 && a.nh % a.nkv == 0, "attention: ", a.nh, " heads are not a multiple of ", a.nkv,
               " KV heads");
   TWELL_CHECK(a.S == 1 && r.S == 1 && r.T == a.B && r.nh == a.nh && r.nkv == a.nkv && r.hd == a.hd &&
@@ -639,13 +674,15 @@ void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm
   TWELL_CHECK(sm_count > 0, "decode attention: sm_count must be positive, got ", sm_count);
   TWELL_CHECK(splits >= 0 && splits <= kMaxDecodeAttentionSplits, "decode attention: splits must lie in [0, ",
               kMaxDecodeAttentionSplits, "], got ", splits);
+  TWELL_CHECK(warps == 0 || warps == 1 || warps == 2 || warps == 4,
+              "decode attention: warps a block must be 0 (the kernel's choice), 1, 2 or 4, got ", warps);
   if (a.B == 0) return;
   if (splits == 0) splits = decode_attention_splits(a.max_context, a.B, a.nh, sm_count);
   switch (a.hd) {
-    case 16: return launch_decode<16>(r, a, splits, dependent, stream);
-    case 32: return launch_decode<32>(r, a, splits, dependent, stream);
-    case 64: return launch_decode<64>(r, a, splits, dependent, stream);
-    case 128: return launch_decode<128>(r, a, splits, dependent, stream);
+    case 16: return launch_decode<16>(r, a, splits, warps, sm_count, dependent, stream);
+    case 32: return launch_decode<32>(r, a, splits, warps, sm_count, dependent, stream);
+    case 64: return launch_decode<64>(r, a, splits, warps, sm_count, dependent, stream);
+    case 128: return launch_decode<128>(r, a, splits, warps, sm_count, dependent, stream);
     default: check_attention(a.hd);
   }
 }
