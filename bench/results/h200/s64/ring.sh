@@ -19,7 +19,7 @@ bench() {  # bench NAME BUILD [ARGS...]
     --json $O/decode_$n.json > $O/decode_$n.txt 2> $O/decode_${n}_progress.log
   echo "rc $?" >> $O/decode_$n.txt; grep -E "model_decode|rc" $O/decode_$n.txt | awk '{print n, $0}' n=$n
 }
-bench R R; bench A A; bench W W; bench R4 R --decode-attention-warps 4; bench R2 R --decode-attention-warps 2; bench R_2 R; save
+bench R R; bench A A; bench R4 R --decode-attention-warps 4; bench R2 R --decode-attention-warps 2; bench R_2 R; save
 timeout $(left 70) ncu --set full --kernel-name regex:decode_attention --launch-skip 400 --launch-count 1 \
   -o $O/attn32 out/R/twell bench model --no-prefill --decode-batch 32 --gather-batches 1 > $O/attn32.log 2>&1
 echo "rc $?" >> $O/attn32.log; ncu --import $O/attn32.ncu-rep --page details > $O/attn32.txt 2>&1
