@@ -459,8 +459,8 @@ void plan_prefill_attention(AttentionArgs& a, int64_t keys, int sm_count);
 // calls wrote, and p0 is copied from the host before each call's first (non-dependent) kernel.
 // `splits`: key ranges a head (blocks of a cluster, 1 to kMaxDecodeAttentionSplits); 0:
 // decode_attention_splits' choice. Either is capped at the cluster the device can run (max_cluster_blocks).
-// `warps`: warps a block (1, 2 or 4), each over its share of the range's keys; 0: the most that keep
-// every block of the grid resident at once on sm_count SMs (4 where none does).
+// `warps`: warps a block (1, 2 or 4), each over its share of the range's keys; 0: 2 where that
+// keeps every block of the grid resident at once on sm_count SMs and 4 would not, else 4.
 constexpr int kMaxDecodeAttentionSplits = 16;
 void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
                              bool dependent = false, int splits = 0, int warps = 0);

@@ -162,8 +162,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "(LlamaCudaOptions::decode_attention_splits)")
       ->capture_default_str();
   model->add_option("--decode-attention-warps", mcfg->decode_attention_warps,
-                    "decode: warps a block of the attention, 1, 2 or 4, in both models (A/B); 0: the most that keep "
-                    "every block resident at once (LlamaCudaOptions::decode_attention_warps)")
+                    "decode: warps a block of the attention, 1, 2 or 4, in both models (A/B); 0: 2 where that keeps "
+                    "every block resident at once and 4 would not, else 4 (LlamaCudaOptions::decode_attention_warps)")
       ->capture_default_str();
   model->add_option("--gather-batches", mcfg->gather_batches,
                     "decode: batches up to this size are also timed with the gather FFN where the default options "

@@ -196,9 +196,9 @@ struct LlamaCudaOptions {
   // step measured 2.4% faster with 8 ranges than with 16 and the dense step 2.3% slower, so each
   // takes its own (docs/perf.md, model item 23).
   int decode_attention_splits = 0;
-  // Warps a block of the decode attention (1, 2 or 4); 0: the kernel's choice, the most that keep
-  // every block resident at once (2 at 32 sequences of 32 heads on an H100; docs/perf.md,
-  // sixty-fourth session). For A/B.
+  // Warps a block of the decode attention (1, 2 or 4); 0: the kernel's choice, 2 where that keeps
+  // every block resident at once and 4 would not (32 sequences of 32 heads on an H100), else 4
+  // (docs/perf.md, sixty-fourth session). For A/B.
   int decode_attention_warps = 0;
   // The residual add and RMSNorm after each FFN run by the FFN (FfnForward's ResidualNorm): on the
   // twell FFN's sparse path its down pass does them, so the separate kernel's passes over y and

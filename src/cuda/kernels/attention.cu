@@ -598,20 +598,19 @@ void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool
   TWELL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel_fn, r, a));
 }
 
-// Warps a block: the most (4, 2, 1) that keep every block resident at once. At 93 registers an SM
-// holds 5 blocks of 4 warps, so 32 heads of 32 sequences (1024 blocks) ran in 1.55 waves on 132 SMs
-// (ncu: 58 µs at 71% of DRAM bandwidth), and capping the registers at 64 to fit 8 spilled and was
-// slower (64 µs; docs/perf.md, sixty-fourth session). Fewer warps a block keep the warps an SM runs,
-// each over more keys, in one wave. A grid no size fits takes 4.
+// Warps a block: 2 where 4-warp blocks would not all be resident at once but 2-warp ones would, else
+// 4. An SM holds 6 blocks of 4 warps (5 at the former 93 registers: 32 heads of 32 sequences, 1024
+// blocks, then ran in 1.55 waves on 132 SMs; ncu: 58 µs at 71% of DRAM bandwidth); 2-warp blocks
+// took the step of 32 sequences from 4.65 to 4.51 ms on an H100. One-warp blocks (the grid in one wave at 64 sequences)
+// were slower than 4-warp ones, 7.75 against 7.18 ms: fewer warps an SM, fewer bytes in flight. So
+// 1 is only taken when asked for (docs/perf.md, sixty-fourth session).
 template <int HD>
 void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, int warps, int sm_count, bool dependent,
                    cudaStream_t stream) {
   if (warps == 0) {
     const int64_t blocks = int64_t{a.nh} * a.B * splits;
-    warps = decode_blocks_per_sm<HD, 4>() * int64_t{sm_count} >= blocks   ? 4
-            : decode_blocks_per_sm<HD, 2>() * int64_t{sm_count} >= blocks ? 2
-            : decode_blocks_per_sm<HD, 1>() * int64_t{sm_count} >= blocks ? 1
-                                                                          : 4;
+    const bool four_fit = decode_blocks_per_sm<HD, 4>() * int64_t{sm_count} >= blocks;
+    warps = !four_fit && decode_blocks_per_sm<HD, 2>() * int64_t{sm_count} >= blocks ? 2 : 4;
   }
   switch (warps) {
     case 1: return launch_decode<HD, 1>(r, a, splits, dependent, stream);
