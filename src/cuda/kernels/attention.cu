@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
 // the first query head of each KV group writes the new key and value into the cache at p0; no
 // block of this launch reads that row from memory.
 //
-// Programmatic dependent launch: p0, the RoPE table and the first kStages − 1 steps of cached keys and
+// Programmatic dependent launch: p0, the RoPE table and the first kAhead steps of cached keys and
 // values (positions before p0, which no kernel of this step writes) are loaded before the kernel
 // waits for the QKV projection, so its launch and its first DRAM round trip overlap that GEMV.
 //
@@ -393,32 +393,29 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Rop
   const int k_begin = rank * keys_per_split, k_end = min(len, k_begin + keys_per_split);
   const uint16_t* kbase = a.k_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
   const uint16_t* vbase = a.v_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
-  // The K/V of a warp's steps (kGroups keys each, kStep apart) stream through a ring of kStages
-  // shared-memory slots by cp.async, kStages − 1 steps ahead of the one scored: each lane copies
-  // its own 16 bytes of a key and of its value and reads back only those, so no barrier is needed
-  // beyond the lane's own wait. (Before: 4 steps loaded into registers, then scored, then the next
-  // 4: one DRAM round trip every 4 steps with nothing in flight in between; ncu at 32 sequences:
-  // 56-58 µs, 71-73% of DRAM bandwidth; docs/perf.md, sixty-fourth session.) Keys past the range
-  // are zero-filled and skipped; the new key (p0) is not read from the cache but taken from
-  // registers once it is known. The loop bounds are warp-uniform (the shuffles need every lane).
-  constexpr int kStages = 6;
-  __shared__ __align__(16) uint4 ring[kWarps][kStages][2][32];
-  const int first = k_begin + warp * kGroups;
-  const int steps = first < k_end ? (k_end - first + kStep - 1) / kStep : 0;
-  auto issue = [&](int step, int slot) {  // one commit group a step, empty past the range
-    const int key = first + step * kStep + grp;
-    const bool cached = key < k_end && key != p0;
-    const int64_t at = cached ? static_cast<int64_t>(key) * kv_ld : 0;
-    cp_async16(&ring[warp][slot][0][lane], kbase + at, cached);
-    cp_async16(&ring[warp][slot][1][lane], vbase + at, cached);
-    cp_async_commit();
+  // kAhead steps of K/V are loaded before any of them is scored (their loads in flight together
+  // instead of one dependent round trip a step). The loop bounds are warp-uniform (the shuffles
+  // need every lane); keys past the range are loaded as zeros and skipped, and the new key (p0)
+  // is taken from registers once it is known.
+  constexpr int kAhead = 4;
+  uint4 kr[kAhead], vr[kAhead];
+  auto load_cached = [&](int base0) {
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      const int key = base0 + s * kStep + grp;
+      kr[s] = vr[s] = make_uint4(0, 0, 0, 0);
+      if (key < k_end && key != p0) {
+        kr[s] = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(key) * kv_ld);
+        vr[s] = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(key) * kv_ld);
+      }
+    }
   };
   // p0, the RoPE table and the cached keys before p0 are not written by the kernel before this
   // one (p0 is uploaded before the step's first kernel, and the cache rows by earlier steps), so
-  // they are read before waiting for it: the first steps' K/V copies and the launch itself overlap
+  // they are read before waiting for it: the first step's K/V loads and the launch itself overlap
   // the QKV projection.
-#pragma unroll
-  for (int j = 0; j < kStages - 1; ++j) issue(j, j);
+  const int first = k_begin + warp * kGroups;
+  if (first < k_end) load_cached(first);
   const bool low = sub < L / 2;
   const float* cs = r.cos_sin + static_cast<int64_t>(p0) * HD + (sub % (L / 2)) * 8;
   float c[8], sn[8];
@@ -456,30 +453,29 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Rop
 
   const float scale = a.scale * kLog2e;
   float m = -FLT_MAX, l = 0.f, acc[8] = {};
-  for (int step = 0, slot = 0; step < steps; ++step, slot = slot + 1 == kStages ? 0 : slot + 1) {
-    cp_async_wait<kStages - 2>();  // this step's group landed (kStages − 2 younger ones may not have)
-    __syncwarp();                  // (and the compiler reads the slot only after the wait)
-    const int key = first + step * kStep + grp;
-    const bool valid = key < k_end;
-    uint4 kr = ring[warp][slot][0][lane], vr = ring[warp][slot][1][lane];
-    if (key == p0) kr = k_new, vr = v_new;
-    // The slot the previous step read (its values are in use already) takes step + kStages − 1.
-    issue(step + kStages - 1, slot == 0 ? kStages - 1 : slot - 1);
-    const uint32_t kw[4] = {kr.x, kr.y, kr.z, kr.w}, vw[4] = {vr.x, vr.y, vr.z, vr.w};
-    float dot = 0.f;
-    for (int i = 0; i < 4; ++i)
-      dot += qv[2 * i] * bits_float(kw[i] << 16) + qv[2 * i + 1] * bits_float(kw[i] & 0xffff0000u);
-    for (int off = 1; off < L; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if (!valid) continue;
-    const float sc = dot * scale, mn = fmaxf(m, sc), cf = exp2f(m - mn), p = exp2f(sc - mn);
-    m = mn;
-    l = l * cf + p;
-    for (int i = 0; i < 4; ++i) {
-      acc[2 * i] = acc[2 * i] * cf + p * bits_float(vw[i] << 16);
-      acc[2 * i + 1] = acc[2 * i + 1] * cf + p * bits_float(vw[i] & 0xffff0000u);
+  for (int base0 = first; base0 < k_end; base0 += kAhead * kStep) {
+    if (base0 != first) load_cached(base0);
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s)
+      if (base0 + s * kStep + grp == p0) kr[s] = k_new, vr[s] = v_new;
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      const bool valid = base0 + s * kStep + grp < k_end;
+      const uint32_t kw[4] = {kr[s].x, kr[s].y, kr[s].z, kr[s].w}, vw[4] = {vr[s].x, vr[s].y, vr[s].z, vr[s].w};
+      float dot = 0.f;
+      for (int i = 0; i < 4; ++i)
+        dot += qv[2 * i] * bits_float(kw[i] << 16) + qv[2 * i + 1] * bits_float(kw[i] & 0xffff0000u);
+      for (int off = 1; off < L; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (!valid) continue;
+      const float sc = dot * scale, mn = fmaxf(m, sc), cf = exp2f(m - mn), p = exp2f(sc - mn);
+      m = mn;
+      l = l * cf + p;
+      for (int i = 0; i < 4; ++i) {
+        acc[2 * i] = acc[2 * i] * cf + p * bits_float(vw[i] << 16);
+        acc[2 * i + 1] = acc[2 * i + 1] * cf + p * bits_float(vw[i] & 0xffff0000u);
+      }
     }
   }
-  cp_async_wait<0>();  // no copy outlives the block (the empty groups past the range included)
 
   // Merge the block's kStates states (all lanes of a group hold the same m and l) into rank 0.
   const int state = warp * kGroups + grp;
