@@ -16,3 +16,16 @@ O=$OUT/$NAME; mkdir -p $O; cp $B/COMMIT $O/COMMIT
 save() { (cd $OUT && tar cJf results.tar.xz $NAME); }
 trap 'save; rm -rf $O' EXIT
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,driver_version --format=csv > $O/gpu.txt; cat $O/gpu.txt
+# `unpack V TARBALL`: another build (pack.sh's tarball) as out/V, its COMMIT kept as $O/COMMIT_V, for an A/B.
+unpack() {
+  local d; d=$(mktemp -d -p out)
+  tar xJf "$2" -C "$d" && mv "$d/head" "out/$1" && rmdir "$d" && cp "out/$1/COMMIT" "$O/COMMIT_$1"
+}
+# `decode NAME V BATCHES [ARGS...]`: out/V's `twell bench model` decode steps at BATCHES (e.g. 1,32,64), into
+# $O/decode_NAME.{txt,json} (progress in decode_NAME_progress.log); prints its rows, each led by NAME.
+decode() {
+  local n=$1 v=$2 batches=$3; shift 3
+  timeout $(left 60) out/$v/twell bench model --no-prefill --decode-batch $batches --gather-batches 1 "$@" \
+    --json $O/decode_$n.json > $O/decode_$n.txt 2> $O/decode_${n}_progress.log
+  echo "rc $?" >> $O/decode_$n.txt; grep -E "model_decode|^rc" $O/decode_$n.txt | awk -v n=$n '{print n, $0}'
+}
