@@ -4,7 +4,8 @@
 # Gives: the binaries in $B, PyTorch's
 # Python in $PY (the twell package and library on its paths, cuDNN on the loader's), the results
 # folder $O under $OUT with COMMIT and gpu.txt, `save` (packs $O into $OUT/results.tar.xz; also run on
-# exit) and `left N` (N seconds, or what is left of BUDGET seconds, at least 5).
+# exit), `left N` (N seconds, or what is left of BUDGET seconds, at least 5), and for A/Bs `unpack` and
+# `decode` (below).
 set -u
 END=$(( $(date +%s) + ${BUDGET:-500} ))
 left() { local l=$(( END - $(date +%s) )); [ $l -gt $1 ] && echo $1 || echo $(( l > 5 ? l : 5 )); }
