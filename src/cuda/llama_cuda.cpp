@@ -850,7 +850,8 @@ struct LlamaCuda::Impl {
         int splits = o.decode_attention_splits;
         if (splits == 0 && runs_decode_ffn(decode, T))  // LlamaCudaOptions::decode_attention_splits
           splits = std::max(1, cuda::decode_attention_splits(o.max_context, B, nh, sm_count) / 2);
-        launch_decode_attention(r, at, sm_count, stream, qkv_gemv, splits, o.decode_attention_warps);  // RoPE and the cache write inside
+        // RoPE and the cache write inside:
+        launch_decode_attention(r, at, sm_count, stream, qkv_gemv, splits, o.decode_attention_warps);
       } else {
         if (!fuse) launch_rope_kv(r, stream);
         if (S == 1) {  // a step of 512 or more sequences (the graph of a decode step replays this plan)

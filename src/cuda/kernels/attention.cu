@@ -597,9 +597,9 @@ void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, bool
 // Warps a block: 2 where 4-warp blocks would not all be resident at once but 2-warp ones would, else
 // 4. An SM holds 6 blocks of 4 warps (5 at the former 93 registers: 32 heads of 32 sequences, 1024
 // blocks, then ran in 1.55 waves on 132 SMs; ncu: 58 µs at 71% of DRAM bandwidth); 2-warp blocks
-// took the step of 32 sequences from 4.65 to 4.51 ms on an H100. One-warp blocks (the grid in one wave at 64 sequences)
-// were slower than 4-warp ones, 7.75 against 7.18 ms: fewer warps an SM, fewer bytes in flight. So
-// 1 is only taken when asked for (docs/perf.md, sixty-fourth session).
+// took the step of 32 sequences from 4.65 to 4.51 ms on an H100. One-warp blocks (the grid in one
+// wave at 64 sequences) were slower than 4-warp ones, 7.75 against 7.18 ms: fewer warps an SM,
+// fewer bytes in flight. So 1 is only taken when asked for (docs/perf.md, sixty-fourth session).
 template <int HD>
 void launch_decode(const RopeKvArgs& r, const AttentionArgs& a, int splits, int warps, int sm_count, bool dependent,
                    cudaStream_t stream) {
