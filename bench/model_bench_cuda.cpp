@@ -1248,8 +1248,7 @@ std::vector<BenchRecord> run_model_bench(const ModelBenchConfig& cfg, std::ostre
   TWELL_REQUIRE(cfg.decode_attention_splits >= 0 && cfg.decode_attention_splits <= cuda::kMaxDecodeAttentionSplits,
                 "bench model: --decode-attention-splits must lie in [0, ", cuda::kMaxDecodeAttentionSplits, "], got ",
                 cfg.decode_attention_splits);
-  TWELL_REQUIRE(cfg.decode_attention_warps == 0 || cfg.decode_attention_warps == 1 || cfg.decode_attention_warps == 2 ||
-                    cfg.decode_attention_warps == 4,
+  TWELL_REQUIRE(cuda::valid_decode_attention_warps(cfg.decode_attention_warps),
                 "bench model: --decode-attention-warps must be 0, 1, 2 or 4, got ", cfg.decode_attention_warps);
   const io::ModelConfig c = model_config(cfg);
   std::string why;

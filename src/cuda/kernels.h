@@ -462,6 +462,10 @@ void plan_prefill_attention(AttentionArgs& a, int64_t keys, int sm_count);
 // `warps`: warps a block (1, 2 or 4), each over its share of the range's keys; 0: 2 where that
 // keeps every block of the grid resident at once on sm_count SMs and 4 would not, else 4.
 constexpr int kMaxDecodeAttentionSplits = 16;
+// The `warps` launch_decode_attention takes: 0 (its choice), 1, 2 or 4.
+constexpr bool valid_decode_attention_warps(int warps) {
+  return warps == 0 || warps == 1 || warps == 2 || warps == 4;
+}
 void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm_count, cudaStream_t stream,
                              bool dependent = false, int splits = 0, int warps = 0);
 // The decode attention's key ranges a head by default: about four blocks an SM at this batch,

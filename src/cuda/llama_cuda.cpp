@@ -279,8 +279,7 @@ struct LlamaCuda::Impl {
     TWELL_REQUIRE(o.decode_attention_splits >= 0 && o.decode_attention_splits <= kMaxDecodeAttentionSplits,
                 "LlamaCuda: decode_attention_splits must lie in [0, ", kMaxDecodeAttentionSplits, "], got ",
                 o.decode_attention_splits);
-    TWELL_REQUIRE(o.decode_attention_warps == 0 || o.decode_attention_warps == 1 || o.decode_attention_warps == 2 ||
-                      o.decode_attention_warps == 4,
+    TWELL_REQUIRE(valid_decode_attention_warps(o.decode_attention_warps),
                   "LlamaCuda: decode_attention_warps must be 0 (the kernel's choice), 1, 2 or 4, got ",
                   o.decode_attention_warps);
     if (o.max_tokens == 0)  // with the cache, longer prompts run in chunks (prefill_chunks)

@@ -673,7 +673,7 @@ void launch_decode_attention(const RopeKvArgs& r, const AttentionArgs& a, int sm
   TWELL_CHECK(sm_count > 0, "decode attention: sm_count must be positive, got ", sm_count);
   TWELL_CHECK(splits >= 0 && splits <= kMaxDecodeAttentionSplits, "decode attention: splits must lie in [0, ",
               kMaxDecodeAttentionSplits, "], got ", splits);
-  TWELL_CHECK(warps == 0 || warps == 1 || warps == 2 || warps == 4,
+  TWELL_CHECK(valid_decode_attention_warps(warps),
               "decode attention: warps a block must be 0 (the kernel's choice), 1, 2 or 4, got ", warps);
   if (a.B == 0) return;
   if (splits == 0) splits = decode_attention_splits(a.max_context, a.B, a.nh, sm_count);
