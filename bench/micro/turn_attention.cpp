@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
         std::vector<double> p(static_cast<size_t>(n));
         double mx = -1e300, sum = 0;
         for (int j = 0; j < n; ++j) {
-          const uint16_t* kr = &hk[static_cast<size_t>(kv_cache_index(b, kvh, j, nkv, ctx, hd))];
+          const uint16_t* kr = &hk[static_cast<size_t>((int64_t{b} * ctx + j) * kv_ld + int64_t{kvh} * hd)];
           double dot = 0;
           for (int d = 0; d < hd; ++d) dot += double(bf16_bits_to_float(q[d])) * bf16_bits_to_float(kr[d]);
           mx = std::max(mx, p[j] = dot * scale);
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
         for (int d = 0; d < hd; ++d) {
           double acc = 0;
           for (int j = 0; j < n; ++j)
-            acc += p[j] / sum * bf16_bits_to_float(hv[static_cast<size_t>(kv_cache_index(b, kvh, j, nkv, ctx, hd) + d)]);
+            acc += p[j] / sum * bf16_bits_to_float(hv[static_cast<size_t>((int64_t{b} * ctx + j) * kv_ld + int64_t{kvh} * hd + d)]);
           ref.push_back(acc);
         }
       }

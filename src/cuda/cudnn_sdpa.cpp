@@ -163,7 +163,7 @@ struct CudnnSdpa::Impl {
   // Empty on success.
   std::string build(const AttentionArgs& a, int64_t past, Plan* out) {
     const int64_t B = a.B, S = a.S, nh = a.nh, nkv = a.nkv, hd = a.hd, kv_len = past + S;
-    const int64_t q_ld = (nh + 2 * nkv) * hd, o_ld = nh * hd;
+    const int64_t q_ld = (nh + 2 * nkv) * hd, kv_ld = nkv * hd, o_ld = nh * hd;
     auto g = std::make_shared<fe::graph::Graph>();
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -171,7 +171,7 @@ struct CudnnSdpa::Impl {
     using fe::graph::Tensor_attributes;
     auto q = g->tensor(Tensor_attributes().set_name("q").set_uid(kQ).set_dim({B, nh, S, hd}).set_stride(
         {S * q_ld, hd, q_ld, 1}));
-    const std::vector<int64_t> kv_dim{B, nkv, kv_len, hd}, kv_stride{nkv * a.max_context * hd, a.max_context * hd, hd, 1};  // kv_cache_index
+    const std::vector<int64_t> kv_dim{B, nkv, kv_len, hd}, kv_stride{a.max_context * kv_ld, hd, kv_ld, 1};
     auto k = g->tensor(Tensor_attributes().set_name("k").set_uid(kK).set_dim(kv_dim).set_stride(kv_stride));
     auto v = g->tensor(Tensor_attributes().set_name("v").set_uid(kV).set_dim(kv_dim).set_stride(kv_stride));
     auto opts = fe::graph::SDPA_attributes()

@@ -373,21 +373,11 @@ void launch_add_rmsnorm(float* x, const uint16_t* before, const uint16_t* delta,
 void launch_add_rmsnorm(float* x, const SplitSum& delta, const uint16_t* w, uint16_t* out, int64_t H, float eps,
                         cudaStream_t stream);
 
-// The KV caches (one for keys, one for values, bf16 [B, nkv, max_context, hd]): where KV head kvh's
-// vector at position pos of sequence b starts. Head-major, so that one head's keys (and values) are
-// one contiguous run that the attention kernels stream, rather than 2·hd bytes every nkv·hd·2 (the
-// layout [B, max_context, nkv·hd] held the decode attention at ~74% of DRAM bandwidth; sixty-fifth
-// session). A sequence's caches are still one block of nkv·max_context·hd elements.
-__host__ __device__ constexpr int64_t kv_cache_index(int64_t b, int64_t kvh, int64_t pos, int64_t nkv,
-                                                     int64_t max_context, int64_t hd) {
-  return ((b * nkv + kvh) * max_context + pos) * hd;
-}
-
 // RoPE ("rotate_half", fp32 math) on q in place in the QKV GEMM output and on k; k and v are
 // written to the caches at positions p0[b] + s of sequence b. T = B·S tokens, sequence-major.
 struct RopeKvArgs {
   uint16_t* qkv = nullptr;          // [T, (nh + 2 nkv)·hd]: q, k, v of each token
-  uint16_t* k_cache = nullptr;      // [B, nkv, max_context, hd] (kv_cache_index)
+  uint16_t* k_cache = nullptr;      // [B, max_context, nkv·hd]
   uint16_t* v_cache = nullptr;
   const float* cos_sin = nullptr;   // [max_context, hd]: cos of the hd/2 frequencies, then sin
   const int32_t* p0 = nullptr;      // device [B]: position of each sequence's first new token
@@ -426,7 +416,7 @@ void fill_uniform_bf16(uint16_t* out, int64_t rows, int64_t cols, int64_t ld, fl
 // over the cache, which already holds them (launch_rope_kv). Query head h reads KV head h / (nh / nkv).
 struct AttentionArgs {
   const uint16_t* qkv = nullptr;      // q at [b·S + s, h·hd], row stride (nh + 2 nkv)·hd
-  const uint16_t* k_cache = nullptr;  // [B, nkv, max_context, hd] (kv_cache_index)
+  const uint16_t* k_cache = nullptr;  // [B, max_context, nkv·hd]
   const uint16_t* v_cache = nullptr;
   uint16_t* o = nullptr;              // [B·S, nh·hd]
   const int32_t* p0 = nullptr;        // device [B]

@@ -326,7 +326,7 @@ struct LlamaCuda::Impl {
     p.a = p.proj = p.y = checked_nbytes(DType::bf16, {T, H});
     p.qkv = checked_nbytes(DType::bf16, {T, qkv_dim});
     p.attn = checked_nbytes(DType::bf16, {T, q_dim});
-    p.kv = checked_nbytes(DType::bf16, {o.max_batch, nkv, o.max_context, hd});  // kv_cache_index
+    p.kv = checked_nbytes(DType::bf16, {o.max_batch, o.max_context, kv_dim});
     p.kv_buffers = o.kv_cache ? L : 1;
     p.ffn_forward = c.hidden_act == "relu" && H % 64 == 0 && I % 64 == 0;  // FfnForward's shapes
     if (p.ffn_forward) {
@@ -816,7 +816,7 @@ struct LlamaCuda::Impl {
       add_norm(bits(lw.input_norm), l == 0);
       RopeKvArgs r;
       r.qkv = qkv.as<uint16_t>();
-      const int64_t cache_row = kv_cache_index(run_first, 0, 0, nkv, o.max_context, hd);  // run_first's caches
+      const int64_t cache_row = run_first * o.max_context * kv_dim;  // run_first's keys and values
       r.k_cache = k_cache[cache].as<uint16_t>() + cache_row;
       r.v_cache = v_cache[cache].as<uint16_t>() + cache_row;
       r.cos_sin = cos_sin.as<float>();

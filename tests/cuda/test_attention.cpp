@@ -49,22 +49,18 @@ int max_context(const Case& c) { return c.past + c.S + c.spare; }
 Buffers make(const Case& c, uint64_t seed) {
   std::mt19937 rng(static_cast<unsigned>(seed));
   Buffers b;
-  const int64_t qkv_ld = int64_t{c.nh + 2 * c.nkv} * c.hd;
+  const int64_t qkv_ld = int64_t{c.nh + 2 * c.nkv} * c.hd, kv_ld = int64_t{c.nkv} * c.hd;
   b.qkv.resize(static_cast<size_t>(int64_t{c.B} * c.S * qkv_ld));
-  b.k.resize(static_cast<size_t>(kv_cache_index(c.B, 0, 0, c.nkv, max_context(c), c.hd)));
+  b.k.resize(static_cast<size_t>(int64_t{c.B} * max_context(c) * kv_ld));
   b.v.resize(b.k.size());
   for (auto& x : b.qkv) x = rnd_bf16(rng, 1.0f);
   for (auto& x : b.k) x = rnd_bf16(rng, 1.0f);
   for (auto& x : b.v) x = rnd_bf16(rng, 1.0f);
   // Cache rows past the new tokens: large finite values, so a kernel that attended to them would
   // be far off (NaN could trip kernels that legitimately load masked rows).
-  for (int bi = 0; bi < c.B; ++bi)
-    for (int kvh = 0; kvh < c.nkv; ++kvh)
-      for (int pos = past_of(c, bi) + c.S; pos < max_context(c); ++pos)
-        for (int d = 0; d < c.hd; ++d) {
-          const size_t i = static_cast<size_t>(kv_cache_index(bi, kvh, pos, c.nkv, max_context(c), c.hd) + d);
-          b.k[i] = float_to_bf16_bits(64.f), b.v[i] = float_to_bf16_bits(1e4f);
-        }
+  for (size_t i = 0; i < b.k.size(); ++i)
+    if ((static_cast<int64_t>(i) / kv_ld) % max_context(c) >= past_of(c, static_cast<int>(i / kv_ld / max_context(c))) + c.S)
+      b.k[i] = float_to_bf16_bits(64.f), b.v[i] = float_to_bf16_bits(1e4f);
   b.d_qkv = upload(b.qkv), b.d_k = upload(b.k), b.d_v = upload(b.v);
   b.d_o = DeviceBuffer(static_cast<size_t>(int64_t{c.B} * c.S * c.nh * c.hd) * 2);
   return b;
@@ -72,7 +68,7 @@ Buffers make(const Case& c, uint64_t seed) {
 
 // o[b·S + s, h·hd + d] in float64: softmax over cache positions [0, past + s].
 std::vector<double> reference(const Case& c, const Buffers& b, float scale) {
-  const int64_t qkv_ld = int64_t{c.nh + 2 * c.nkv} * c.hd;
+  const int64_t qkv_ld = int64_t{c.nh + 2 * c.nkv} * c.hd, kv_ld = int64_t{c.nkv} * c.hd;
   std::vector<double> o(static_cast<size_t>(int64_t{c.B} * c.S * c.nh * c.hd));
   std::vector<double> p;
   for (int bi = 0; bi < c.B; ++bi)
@@ -83,7 +79,7 @@ std::vector<double> reference(const Case& c, const Buffers& b, float scale) {
         p.assign(static_cast<size_t>(n), 0.0);
         double mx = -1e300;
         for (int j = 0; j < n; ++j) {
-          const uint16_t* k = &b.k[static_cast<size_t>(kv_cache_index(bi, kvh, j, c.nkv, max_context(c), c.hd))];
+          const uint16_t* k = &b.k[static_cast<size_t>((int64_t{bi} * max_context(c) + j) * kv_ld + kvh * c.hd)];
           double dot = 0;
           for (int d = 0; d < c.hd; ++d) dot += double(bf16_bits_to_float(q[d])) * bf16_bits_to_float(k[d]);
           p[j] = dot * scale;
@@ -93,7 +89,7 @@ std::vector<double> reference(const Case& c, const Buffers& b, float scale) {
         for (double& x : p) sum += (x = std::exp(x - mx));
         double* out = &o[static_cast<size_t>((int64_t{bi} * c.S + s) * c.nh * c.hd + int64_t{h} * c.hd)];
         for (int j = 0; j < n; ++j) {
-          const uint16_t* v = &b.v[static_cast<size_t>(kv_cache_index(bi, kvh, j, c.nkv, max_context(c), c.hd))];
+          const uint16_t* v = &b.v[static_cast<size_t>((int64_t{bi} * max_context(c) + j) * kv_ld + kvh * c.hd)];
           for (int d = 0; d < c.hd; ++d) out[d] += p[j] / sum * bf16_bits_to_float(v[d]);
         }
       }

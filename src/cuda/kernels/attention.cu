@@ -16,7 +16,7 @@
 // partial softmax states are merged through distributed shared memory.
 //
 // Layouts (all bf16): q is read in place from the QKV GEMM output [T, (nh + 2 nkv)·hd], keys and
-// values from the cache [B, nkv, max_context, hd] (kv_cache_index), and o is written [T, nh·hd]. Each sequence's
+// values from the cache [B, max_context, nkv·hd], and o is written [T, nh·hd]. Each sequence's
 // first new position, p0[b], is read from device memory so that a captured CUDA graph replays for
 // every decode step, and so that the sequences of a batch may have different lengths.
 #include <cooperative_groups.h>
@@ -165,11 +165,10 @@ __global__ void __launch_bounds__(kThreads, HD == 32 ? 3 : 0) flash_prefill_kern
   const int s0 = blockIdx.x / splits * kRows, h = blockIdx.y, b = blockIdx.z;
   const int kvh = h / (a.nh / a.nkv);
   const int p0 = a.p0[b];
-  const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = HD;  // a head's cached positions
+  const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
   const uint16_t* q = a.qkv + (static_cast<int64_t>(b) * a.S) * q_ld + h * HD;
-  const int64_t kv0 = kv_cache_index(b, kvh, 0, a.nkv, a.max_context, HD);
-  const uint16_t* k = a.k_cache + kv0;
-  const uint16_t* v = a.v_cache + kv0;
+  const uint16_t* k = a.k_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD;
+  const uint16_t* v = a.v_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD;
   const int kv_valid = p0 + a.S;                                 // cached positions of this sequence
   const int kv_end = p0 + min(s0 + kRows, a.S);                  // keys any row of this block sees
   const int n_tiles = (kv_end + kKeys - 1) / kKeys;
@@ -384,7 +383,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Rop
   const int h = blockIdx.x, b = blockIdx.y, rank = static_cast<int>(cluster.block_rank()), splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / L, sub = lane % L;
   const int kvh = h / (a.nh / a.nkv);
-  const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD;
+  const int64_t q_ld = static_cast<int64_t>(a.nh + 2 * a.nkv) * HD, kv_ld = static_cast<int64_t>(a.nkv) * HD;
   const int p0 = a.p0[b], len = p0 + 1;  // keys 0..p0, the last one the new token's
 
   // The ranges split the keys the sequences have now (p0 is read on the device, so a replayed
@@ -392,10 +391,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Rop
   // empty.
   const int keys_per_split = ((len + splits - 1) / splits + kStep - 1) / kStep * kStep;
   const int k_begin = rank * keys_per_split, k_end = min(len, k_begin + keys_per_split);
-  // This head's keys and values: one contiguous run of positions each (kv_cache_index).
-  const int64_t kv0 = kv_cache_index(b, kvh, 0, a.nkv, a.max_context, HD) + sub * 8;
-  const uint16_t* kbase = a.k_cache + kv0;
-  const uint16_t* vbase = a.v_cache + kv0;
+  const uint16_t* kbase = a.k_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
+  const uint16_t* vbase = a.v_cache + static_cast<int64_t>(b) * a.max_context * kv_ld + kvh * HD + sub * 8;
   // kAhead steps of K/V are loaded before any of them is scored (their loads in flight together
   // instead of one dependent round trip a step). The loop bounds are warp-uniform (the shuffles
   // need every lane); keys past the range are loaded as zeros and skipped, and the new key (p0)
@@ -408,8 +405,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Rop
       const int key = base0 + s * kStep + grp;
       kr[s] = vr[s] = make_uint4(0, 0, 0, 0);
       if (key < k_end && key != p0) {
-        kr[s] = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(key) * HD);
-        vr[s] = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(key) * HD);
+        kr[s] = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(key) * kv_ld);
+        vr[s] = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(key) * kv_ld);
       }
     }
   };
@@ -449,7 +446,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(const Rop
   unpack8(rotate(q_raw), qv);
   const uint4 k_new = rotate(k_raw);
   if (rank == 0 && h % (a.nh / a.nkv) == 0 && warp == 0 && grp == 0) {
-    const int64_t at = kv0 + static_cast<int64_t>(p0) * HD;
+    const int64_t at = (static_cast<int64_t>(b) * a.max_context + p0) * kv_ld + kvh * HD + sub * 8;
     *reinterpret_cast<uint4*>(r.k_cache + at) = k_new;
     *reinterpret_cast<uint4*>(r.v_cache + at) = v_new;
   }

@@ -224,14 +224,10 @@ __global__ void rope_kv_kernel(const RopeKvArgs a) {
   const int64_t t = blockIdx.x, b = t / a.S, pos = a.p0[b] + t % a.S;
   const int half = a.hd / 2, chunks = half / 8, qkv_dim = (a.nh + 2 * a.nkv) * a.hd, kv_dim = a.nkv * a.hd;
   uint16_t* row = a.qkv + t * qkv_dim;
-  // KV head h's vector at this position: at0 + h·head_stride in either cache (kv_cache_index).
-  const int64_t at0 = kv_cache_index(b, 0, pos, a.nkv, a.max_context, a.hd), head_stride = a.max_context * a.hd;
+  const int64_t cache_row = (b * a.max_context + pos) * kv_dim;
   const float* cs = a.cos_sin + pos * a.hd;  // [cos · hd/2, sin · hd/2]
   const uint4* v = reinterpret_cast<const uint4*>(row + (a.nh + a.nkv) * a.hd);
-  // v's 16-byte piece j (of kv_dim / 8) in the cache.
-  auto vc = [&](int j) {
-    return reinterpret_cast<uint4*>(a.v_cache + at0 + (j * 8 / a.hd) * head_stride + j * 8 % a.hd);
-  };
+  uint4* vc = reinterpret_cast<uint4*>(a.v_cache + cache_row);
   // Where the block holds all of v at once (decode's one token: kv_dim ≤ 8·blockDim), v is loaded
   // before the rotation's stores, which the compiler may not move it past (they could alias): one
   // round trip to memory instead of two.
@@ -254,15 +250,15 @@ __global__ void rope_kv_kernel(const RopeKvArgs a) {
       r0[e] = __fsub_rn(__fmul_rn(x0[e], c[e]), __fmul_rn(x1[e], s[e]));
       r1[e] = __fadd_rn(__fmul_rn(x1[e], c[e]), __fmul_rn(x0[e], s[e]));
     }
-    uint16_t* dst = head < a.nh ? src : a.k_cache + at0 + (head - a.nh) * head_stride + i;
+    uint16_t* dst = head < a.nh ? src : a.k_cache + cache_row + (head - a.nh) * a.hd + i;
     *reinterpret_cast<uint4*>(dst) = pack8(r0);
     *reinterpret_cast<uint4*>(dst + half) = pack8(r1);
   }
   if (v_first) {
-    if (static_cast<int>(threadIdx.x) < kv_dim / 8) *vc(threadIdx.x) = v_held;
+    if (static_cast<int>(threadIdx.x) < kv_dim / 8) vc[threadIdx.x] = v_held;
     return;
   }
-  for (int j = threadIdx.x; j < kv_dim / 8; j += blockDim.x) *vc(j) = v[j];
+  for (int j = threadIdx.x; j < kv_dim / 8; j += blockDim.x) vc[j] = v[j];
 }
 
 // out may be g (in place): each element is read before it is written, by the same thread, so

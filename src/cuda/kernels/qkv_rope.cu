@@ -169,8 +169,7 @@ class RopeKvEpilogue : public sm90::RegisterEpilogue<RopeParams> {
     if (hc < p_.q_dim) return p_.qkv + row * p_.ld + hc;
     const bool is_k = hc < p_.q_dim + p_.kv_dim;
     const int c = hc - p_.q_dim - (is_k ? 0 : p_.kv_dim);
-    return (is_k ? p_.k_cache : p_.v_cache) + kv_cache_index(at.b, c / HD, at.pos, p_.kv_dim / HD, p_.max_context, HD) +
-           c % HD;
+    return (is_k ? p_.k_cache : p_.v_cache) + (int64_t{at.b} * p_.max_context + at.pos) * p_.kv_dim + c;
   }
 
   template <class Acc, class Coords>
