@@ -26,7 +26,12 @@ namespace {
 
 constexpr int kChunk = 64;     // k elements a warp takes at a time
 constexpr int kMaxWarps = 8;   // a block's warps, over K
-constexpr int kDepth = 2;      // chunks a warp has in flight
+// Chunks a warp has in flight (D below): as many as its registers hold, 24 a chunk at one 8-token tile, 32 at
+// two, 48 at four (x's fragments are the larger part), so 4, 3, then 2. With early weight reads the first D
+// chunks' weights load under the previous kernel: at 4 the output projection's warps (4 chunks each at 8
+// warps a block) have all of theirs in flight before the wait, against 2 and a second round trip after it.
+template <int NT>
+constexpr int kDepth = NT == 1 ? 4 : NT == 2 ? 3 : 2;
 
 __device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int q) {
   const uint4& h = v[q / 4];
@@ -73,9 +78,10 @@ __device__ __forceinline__ void multiply(const Operands<MT, NT>& o, float (&acc)
     }
 }
 
-// Block b: rows 16·MT·b .. + 16·MT − 1 of W (outputs n), blockDim.x / 32 warps over K's chunks. Each
-// x fragment a lane loads feeds MT tiles of W: MT = 2 halves x's reads (from L2) a weight byte.
-template <int MT, int NT>
+// Block b: rows 16·MT·b .. + 16·MT − 1 of W (outputs n), blockDim.x / 32 warps over K's chunks, D chunks
+// in flight a warp. Each x fragment a lane loads feeds MT tiles of W: MT = 2 halves x's reads (from L2) a
+// weight byte.
+template <int MT, int NT, int D>
 __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const FewTokenGemmArgs a) {
   constexpr int R = 16 * MT;
   __shared__ float partial[kMaxWarps][R][8 * NT + 1];  // (+1: the rows' stores and reads in distinct banks)
@@ -94,30 +100,30 @@ __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const Fe
   const int mine = chunks > warp ? (chunks - warp + warps - 1) / warps : 0;  // chunks warp, warp + warps, ...
   auto k_of = [&](int i) { return static_cast<int64_t>(warp + i * warps) * kChunk; };
 
-  Operands<MT, NT> op[kDepth];
+  Operands<MT, NT> op[D];
   if (a.early_weight_reads) {  // W is fixed: its first chunks load while the previous kernel runs
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d)
+    for (int d = 0; d < D; ++d)
       if (d < mine) load_w(op[d], wr, k_of(d));
   }
   allow_dependent_launch();
   wait_for_previous_grid();  // x is the previous kernel's output (and W may be, without early reads)
 #pragma unroll
-  for (int d = 0; d < kDepth; ++d)
+  for (int d = 0; d < D; ++d)
     if (d < mine) {
       if (!a.early_weight_reads) load_w(op[d], wr, k_of(d));
       load_x(op[d], xr, k_of(d));
     }
 
   float acc[MT][NT][4] = {};
-  for (int i = 0; i < mine; i += kDepth) {
+  for (int i = 0; i < mine; i += D) {
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
+    for (int d = 0; d < D; ++d) {
       if (i + d < mine) {
         multiply(op[d], acc);
-        if (i + d + kDepth < mine) {
-          load_w(op[d], wr, k_of(i + d + kDepth));
-          load_x(op[d], xr, k_of(i + d + kDepth));
+        if (i + d + D < mine) {
+          load_w(op[d], wr, k_of(i + d + D));
+          load_x(op[d], xr, k_of(i + d + D));
         }
       }
     }
@@ -157,9 +163,9 @@ std::array<int, kMaxWarps + 1> blocks_per_sm(const void* kernel) {
   return blocks;
 }
 
-template <int MT, int NT>
+template <int MT, int NT, int D>
 void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
-  const auto kernel = few_token_gemm_kernel<MT, NT>;
+  const auto kernel = few_token_gemm_kernel<MT, NT, D>;
   static const std::array<int, kMaxWarps + 1> per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel));
   const int64_t blocks = (a.N + 16 * MT - 1) / (16 * MT), chunks = a.K / kChunk;
   // Warps a block: the most (8 down to 2) that keep the whole grid resident at once (one wave), but
@@ -182,9 +188,9 @@ void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
 template <int NT>
 void launch_rows(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
   if (a.rows_per_block == 32)
-    launch<2, NT>(a, sm_count, stream);
+    launch<2, NT, 2>(a, sm_count, stream);
   else
-    launch<1, NT>(a, sm_count, stream);
+    launch<1, NT, kDepth<NT>>(a, sm_count, stream);
 }
 
 }  // namespace
