@@ -26,12 +26,12 @@ namespace {
 
 constexpr int kChunk = 64;     // k elements a warp takes at a time
 constexpr int kMaxWarps = 8;   // a block's warps, over K
-// Chunks a warp has in flight (D below): as many as its registers hold, 24 a chunk at one 8-token tile, 32 at
-// two, 48 at four (x's fragments are the larger part), so 4, 3, then 2. With early weight reads the first D
-// chunks' weights load under the previous kernel: at 4 the output projection's warps (4 chunks each at 8
-// warps a block) have all of theirs in flight before the wait, against 2 and a second round trip after it.
+// Chunks a warp has in flight (D below): 2, or where there are registers to spare (below) as many as they
+// hold, 24 a chunk at one 8-token tile, 32 at two, 48 at four (x's fragments are the larger part), so 4, 3,
+// then 2. With early weight reads the first D chunks' weights load under the previous kernel: at 4 the
+// output projection's warps (4 chunks each at 8 warps a block) have all of theirs in flight before the wait.
 template <int NT>
-constexpr int kDepth = NT == 1 ? 4 : NT == 2 ? 3 : 2;
+constexpr int kDeep = NT == 1 ? 4 : NT == 2 ? 3 : 2;
 
 __device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int q) {
   const uint4& h = v[q / 4];
@@ -156,17 +156,21 @@ __global__ void __launch_bounds__(kMaxWarps * 32) few_token_gemm_kernel(const Fe
 // registers are allocated per SM sub-partition, a quarter of the file each, so 65536 / (32 · registers)
 // overcounts. That count put the 16-row kernels at 9 to 24 tokens in two waves: 13.7 and 15.4 µs
 // for the 2B model's QKV against 10.0 at 8 tokens, 11.2 and 11.8 in one; docs/perf.md, sixty-third session).
-std::array<int, kMaxWarps + 1> blocks_per_sm(const void* kernel) {
-  std::array<int, kMaxWarps + 1> blocks{};
-  for (int w = 1; w <= kMaxWarps; ++w)
-    TWELL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks[w], kernel, 32 * w, 0));
+template <int MT, int NT, int D>
+const std::array<int, kMaxWarps + 1>& blocks_per_sm() {
+  static const std::array<int, kMaxWarps + 1> blocks = [] {
+    std::array<int, kMaxWarps + 1> b{};
+    for (int w = 1; w <= kMaxWarps; ++w)
+      TWELL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b[w], few_token_gemm_kernel<MT, NT, D>, 32 * w, 0));
+    return b;
+  }();
   return blocks;
 }
 
 template <int MT, int NT, int D>
 void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
   const auto kernel = few_token_gemm_kernel<MT, NT, D>;
-  static const std::array<int, kMaxWarps + 1> per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel));
+  const std::array<int, kMaxWarps + 1>& per_sm = blocks_per_sm<MT, NT, D>();
   const int64_t blocks = (a.N + 16 * MT - 1) / (16 * MT), chunks = a.K / kChunk;
   // Warps a block: the most (8 down to 2) that keep the whole grid resident at once (one wave), but
   // at least 2 chunks each (so 1 at K = 64 or 128). A grid no block size fits in one wave (the LM
@@ -185,12 +189,21 @@ void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
 // the H100 at N = 5632 and 6144, K = 2048 once the grid is one wave (sixty-third session): 16 rows
 // are as fast or faster at every token count, 10.0 against 10.3 µs for the QKV at 8 tokens, 11.8
 // against 12.2 at 21, 12.7 against 14.1 at 32.
+//
+// The deeper kernel (kDeep: 122 registers at up to 8 tokens, 117 at 9-16) only where the whole grid stays
+// resident at 8 warps a block: the output projection's 128 blocks, one an SM. Measured on the H100 (micro,
+// early weight reads; sixty-fifth session, `h100/s65/depth/`), it took that projection from 5.51 / 5.56 /
+// 5.96 to 4.83 / 5.31 / 5.83 µs at 2 / 8 / 16 tokens, but cost the QKV and the gate (384 and 352 blocks,
+// three an SM, so fewer warps) 0.3-0.8 µs.
 template <int NT>
 void launch_rows(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
-  if (a.rows_per_block == 32)
-    launch<2, NT, 2>(a, sm_count, stream);
-  else
-    launch<1, NT, kDepth<NT>>(a, sm_count, stream);
+  if (a.rows_per_block == 32) return launch<2, NT, 2>(a, sm_count, stream);
+  if constexpr (kDeep<NT> > 2) {
+    const int64_t blocks = (a.N + 15) / 16;
+    if (int64_t{blocks_per_sm<1, NT, kDeep<NT>>()[kMaxWarps]} * sm_count >= blocks)
+      return launch<1, NT, kDeep<NT>>(a, sm_count, stream);
+  }
+  launch<1, NT, 2>(a, sm_count, stream);
 }
 
 }  // namespace
