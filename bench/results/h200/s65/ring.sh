@@ -1,7 +1,8 @@
 #!/bin/bash
 # Sixty-fifth session: HEAD's full GPU suite (no GPU has run the code since 3dc5c01), then the sixty-fourth
-# session's A/B of its cp.async ring: R = out/b64r.tar.xz (75b619b, the decode attention's K/V through a per-warp cp.async ring, 6 slots, 5 steps
-# ahead) against A = HEAD's build (out/b65h.tar.xz: 4 steps into registers, 2 or 4 warps a block).
+# session's A/B of its cp.async ring: R = out/b64r.tar.xz (75b619b, the decode attention's K/V through a
+# per-warp cp.async ring, 6 slots, 5 steps ahead) against A = HEAD's build (out/b65h.tar.xz: 4 steps into
+# registers, 2 or 4 warps a block).
 # Predicted (s64): at 32 sequences the attention 56.6 -> ~45 µs, the twell step 4.51 -> ~4.1 ms; at 64 the
 # ring's 1-warp blocks no longer lose to 4 warps; batch 1 even or better.
 # On the device, with carry ["out/b65h.tar.xz", "out/b64r.tar.xz"]: `BUDGET=<s> bash bench/results/h200/s65/ring.sh`.
