@@ -167,11 +167,17 @@ const std::array<int, kMaxWarps + 1>& blocks_per_sm() {
   return blocks;
 }
 
+// The grid: a block per 16·MT rows of W.
+template <int MT>
+int64_t grid_blocks(int64_t N) {
+  return (N + 16 * MT - 1) / (16 * MT);
+}
+
 template <int MT, int NT, int D>
 void launch(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
   const auto kernel = few_token_gemm_kernel<MT, NT, D>;
   const std::array<int, kMaxWarps + 1>& per_sm = blocks_per_sm<MT, NT, D>();
-  const int64_t blocks = (a.N + 16 * MT - 1) / (16 * MT), chunks = a.K / kChunk;
+  const int64_t blocks = grid_blocks<MT>(a.N), chunks = a.K / kChunk;
   // Warps a block: the most (8 down to 2) that keep the whole grid resident at once (one wave), but
   // at least 2 chunks each (so 1 at K = 64 or 128). A grid no block size fits in one wave (the LM
   // head's 3072 blocks) takes 8: several waves of blocks either way, the fewest there.
@@ -199,8 +205,7 @@ template <int NT>
 void launch_rows(const FewTokenGemmArgs& a, int sm_count, cudaStream_t stream) {
   if (a.rows_per_block == 32) return launch<2, NT, 2>(a, sm_count, stream);
   if constexpr (kDeep<NT> > 2) {
-    const int64_t blocks = (a.N + 15) / 16;
-    if (int64_t{blocks_per_sm<1, NT, kDeep<NT>>()[kMaxWarps]} * sm_count >= blocks)
+    if (int64_t{blocks_per_sm<1, NT, kDeep<NT>>()[kMaxWarps]} * sm_count >= grid_blocks<1>(a.N))
       return launch<1, NT, kDeep<NT>>(a, sm_count, stream);
   }
   launch<1, NT, 2>(a, sm_count, stream);
