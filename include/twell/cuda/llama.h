@@ -200,6 +200,12 @@ struct LlamaCudaOptions {
   // every block resident at once and 4 would not (32 sequences of 32 heads on an H100), else 4
   // (docs/perf.md, sixty-fourth session). For A/B.
   int decode_attention_warps = 0;
+  // Decode steps ask the L2 for weights before the kernels that read them, on a side stream, while the
+  // attention and the norms leave DRAM idle: 1, once the QKV projection is done, the output projection's
+  // and the FFN gate's; 2, also, once the output projection is done, the FFN's next (the dense FFN's up)
+  // or else the next layer's QKV. Each request is capped at 60% of the L2. 0: none (A/B). The results
+  // are the same bits either way.
+  int decode_l2_prefetch = 2;
   // The residual add and RMSNorm after each FFN run by the FFN (FfnForward's ResidualNorm): on the
   // twell FFN's sparse path its down pass does them, so the separate kernel's passes over y and
   // the f32 residual are saved; on the other paths the same kernel runs inside FfnForward. The

@@ -47,6 +47,24 @@ __global__ void read_through_kernel(const uint4* __restrict__ p, int64_t n_vec, 
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; the benchmark's buffer is zeros
 }
 
+// Range r's pieces of kL2PrefetchPiece bytes (the last one shorter), one a thread, each a bulk
+// prefetch: the SMs' copy engines issue the L2's requests, the threads exit at once.
+constexpr int64_t kL2PrefetchPiece = 32 << 10;
+__global__ void l2_prefetch_kernel(const L2PrefetchArgs a) {
+  int64_t piece = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  for (int r = 0; r < a.n; ++r) {
+    const int64_t pieces = (a.bytes[r] + kL2PrefetchPiece - 1) / kL2PrefetchPiece;
+    if (piece < pieces) {
+      const int64_t at = piece * kL2PrefetchPiece, len = min(kL2PrefetchPiece, a.bytes[r] - at);
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(a.ptr[r]) + at),
+                   "r"(static_cast<uint32_t>(len))
+                   : "memory");
+      return;
+    }
+    piece -= pieces;
+  }
+}
+
 __global__ void count_differences_kernel(const uint4* __restrict__ a, const uint4* __restrict__ b, int64_t n_vec,
                                          const uint16_t* __restrict__ a_tail, const uint16_t* __restrict__ b_tail,
                                          int tail, uint32_t* count) {
@@ -108,6 +126,27 @@ void launch_read_through(const void* p, size_t bytes, uint32_t* sink, cudaStream
   const int64_t n_vec = static_cast<int64_t>(bytes / 16);
   if (n_vec == 0) return;
   read_through_kernel<<<1056, kThreads, 0, stream>>>(static_cast<const uint4*>(p), n_vec, sink);
+  TWELL_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_l2_prefetch(const L2PrefetchArgs& a, cudaStream_t stream) {
+  TWELL_CHECK(a.n >= 0 && a.n <= L2PrefetchArgs::kMaxRanges, "l2_prefetch: ", a.n, " ranges, at most ",
+              L2PrefetchArgs::kMaxRanges);
+  L2PrefetchArgs w;  // each range trimmed to its whole 16-byte words, empty ones left out
+  int64_t pieces = 0;
+  for (int r = 0; r < a.n; ++r) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(a.ptr[r]), first = (p + 15) / 16 * 16;
+    const int64_t bytes = a.bytes[r] - static_cast<int64_t>(first - p);
+    if (a.ptr[r] == nullptr || bytes < 16) continue;
+    w.ptr[w.n] = reinterpret_cast<const void*>(first);
+    w.bytes[w.n] = bytes / 16 * 16;
+    pieces += (w.bytes[w.n] + kL2PrefetchPiece - 1) / kL2PrefetchPiece;
+    ++w.n;
+  }
+  if (pieces == 0) return;
+  constexpr int kThreadsPrefetch = 32;
+  l2_prefetch_kernel<<<static_cast<unsigned>((pieces + kThreadsPrefetch - 1) / kThreadsPrefetch), kThreadsPrefetch, 0,
+                       stream>>>(w);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
