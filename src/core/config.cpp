@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -356,6 +357,11 @@ void ModelConfig::validate(const std::string& source) const {
   }
   if (!(std::isfinite(rms_norm_eps) && rms_norm_eps > 0))
     throw Error(str(source, ": rms_norm_eps must be a positive number, got ", rms_norm_eps));
+  // The norms add it in float: 1e-50 rounds to 0 there (a zero row then normalises to NaN) and 1e39 to
+  // infinity (every row to zero).
+  if (const float eps = static_cast<float>(rms_norm_eps); !(std::isfinite(eps) && eps >= FLT_MIN))
+    throw Error(str(source, ": rms_norm_eps ", rms_norm_eps, " is ", eps, " in float, which the norms add; expected a "
+                    "finite normal float (rms_norm_eps is usually 1e-6 to 1e-5)"));
   static const char* const kActivations[] = {"relu", "silu", "gelu", "gelu_pytorch_tanh"};
   bool known = false;
   for (const char* a : kActivations) known = known || hidden_act == a;

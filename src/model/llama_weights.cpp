@@ -78,10 +78,13 @@ std::string tensor_problem(const io::Checkpoint& ckpt, const Expected& e, bool t
     return str("missing tensor '", e.name, "' with shape ", shape_str(e.shape), hint);
   }
   const io::TensorInfo& info = ckpt.info(e.name);
+  // A sharded checkpoint's problems name the shard (the error names the checkpoint).
+  const std::string in = ckpt.files().size() > 1 ? str(" (in ", ckpt.file_of(e.name).path(), ")") : "";
   if (!info.readable_float())
-    return str("tensor '", e.name, "': expected dtype BF16, F16, F32 or F64, got ", printable(info.file_dtype, 40));
+    return str("tensor '", e.name, "'", in, ": expected dtype BF16, F16, F32 or F64, got ",
+               printable(info.file_dtype, 40));
   if (info.shape != e.shape)
-    return str("tensor '", e.name, "': expected shape ", shape_str(e.shape), ", got ", shape_str(info.shape));
+    return str("tensor '", e.name, "'", in, ": expected shape ", shape_str(e.shape), ", got ", shape_str(info.shape));
   return "";
 }
 

@@ -378,6 +378,11 @@ TEST(ModelConfig, ValidateExplainsInconsistencies) {
       c.rope_scaling.factor = 1e-300;
     }).validate("x.json");
   }, {"x.json: rope_theta", "with its rope_scaling gives rotary pair 0 the inverse frequency inf"});
+  // rms_norm_eps is added in float: a positive double that is 0 or infinite there is refused.
+  expect_error([&] { with([](ModelConfig& c) { c.rms_norm_eps = 1e-50; }).validate("x.json"); },
+               {"x.json: rms_norm_eps 1e-50 is 0 in float"});
+  expect_error([&] { with([](ModelConfig& c) { c.rms_norm_eps = 1e39; }).validate("x.json"); },
+               {"x.json: rms_norm_eps 1e+39 is inf in float"});
   expect_error([&] { with([](ModelConfig& c) { c.head_dim = 7; }).validate("x.json"); },
                {"head_dim must be even"});
   expect_error([] { ModelConfig::from_json(minimal(R"("num_key_value_heads": 3)"), "c.json"); },

@@ -449,6 +449,24 @@ TEST_F(LlamaLoadErrors, WrongShape) {
                                  "expected shape [176, 64], got [176, 63]"});
 }
 
+// In a sharded checkpoint the problem names the shard that holds the tensor, as a NaN's does.
+TEST_F(LlamaLoadErrors, WrongShapeInAShardNamesTheShard) {
+  hf["model.layers.1.mlp.up_proj.weight"] = Tensor(DType::f32, {64, 176});
+  std::filesystem::create_directories(dir_);
+  io::write_config(dir_, c);
+  std::vector<std::pair<std::string, TensorView>> shard[2];
+  std::string map;
+  for (const auto& [name, tensor] : hf) {
+    const int k = name.find("layers.1.") != std::string::npos ? 1 : 0;
+    shard[k].emplace_back(name, tensor.view());
+    map += str(map.empty() ? "" : ", ", "\"", name, "\": \"model-0000", k + 1, "-of-00002.safetensors\"");
+  }
+  for (int k = 0; k < 2; ++k) io::write_safetensors(str(dir_, "/model-0000", k + 1, "-of-00002.safetensors"), shard[k]);
+  std::ofstream(dir_ + "/model.safetensors.index.json") << "{\"metadata\": {}, \"weight_map\": {" << map << "}}";
+  expect_error([&] { load(); }, {"tensor 'model.layers.1.mlp.up_proj.weight' (in ", "model-00002-of-00002.safetensors)",
+                                 "expected shape [176, 64], got [64, 176]"});
+}
+
 // A checkpoint for another config: every mismatching tensor is named.
 TEST_F(LlamaLoadErrors, ConfigDoesNotMatchCheckpoint) {
   write_hf(dir_, c, hf);
