@@ -305,6 +305,15 @@ class ModelOnTheCpu(unittest.TestCase):
             with self.assertRaisesRegex(twell.TwellError, why):
                 m.generation_defaults
             self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False, temperature=0), greedy)  # not taken
+        with open(gen, "w") as f:  # not JSON: the model loads; generate() says why it cannot take the file
+            f.write("garbage")
+        m = twell.Model(folder, device="cpu", tokenizer="bytes")
+        self.addCleanup(m.close)
+        self.assertEqual(len(m.logits([256, 5])), 2)
+        with self.assertRaisesRegex(twell.TwellError, r"generation_config.json: generation config is not valid JSON"):
+            m.generate("ab", max_new_tokens=2)
+        with twell.Model(folder, device="cpu", tokenizer="bytes", generation_config="ignore") as ignored:
+            self.assertEqual(ignored.generate("ab", max_new_tokens=10, stop=False), greedy)
         m = model_with({"temperature": "hot"})  # greedy: its temperature is never taken (as in transformers)
         self.assertEqual(m.generate("ab", max_new_tokens=10, stop=False), greedy)
         m = model_with({"num_beams": 3})

@@ -430,13 +430,24 @@ ModelConfig read_config(const std::string& path) {
   // more ids than config.json's (Llama 3 Instruct): both are kept.
   const std::string gen = path + "/generation_config.json";
   if (dir && ::stat(gen.c_str(), &st) == 0) {
-    const std::string text = detail::read_text_file(gen);
-    const json root = detail::parse_json_strict(text.data(), text.data() + text.size(), gen, "generation config");
-    if (!root.is_object()) throw Error(str(gen, ": must be a JSON object, got ", root.type_name()));
-    for (int32_t id : read_token_ids(root, "eos_token_id", gen))
+    // A file that cannot be read is kept as its error (GenerationDefaults::unreadable): it stops `run`
+    // where it would take the file's values, not `eval` or a run told to ignore it.
+    std::vector<int32_t> eos;
+    try {
+      const std::string text = detail::read_text_file(gen);
+      const json root = detail::parse_json_strict(text.data(), text.data() + text.size(), gen, "generation config");
+      if (!root.is_object()) throw Error(str(gen, ": must be a JSON object, got ", root.type_name()));
+      eos = read_token_ids(root, "eos_token_id", gen);
+      c.generation = read_generation_defaults(root, gen);
+    } catch (const Error& e) {
+      c.generation = GenerationDefaults{};
+      c.generation.source = gen;
+      c.generation.unreadable = e.what();
+      eos.clear();
+    }
+    for (int32_t id : eos)
       if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
         c.eos_token_ids.push_back(id);
-    c.generation = read_generation_defaults(root, gen);
   } else {  // transformers' GenerationConfig.from_model_config: config.json's keys
     c.generation = read_generation_defaults(
         detail::parse_json_strict(config_text.data(), config_text.data() + config_text.size(), file, "config"), file);

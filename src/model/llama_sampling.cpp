@@ -246,6 +246,7 @@ SamplingOptions with_generation_config(SamplingOptions mine, unsigned given, con
   unsigned took = 0;
   if (taken) *taken = 0;
   if (!g.any()) return mine;  // nothing to take (twell's defaults are the file's without it)
+  if (!g.unreadable.empty() && given != kSampleAllFields) throw Error(g.unreadable);  // a value would come from it
   const std::string source = g.source.empty() ? "generation config" : g.source;
   // Takes field `f` from the file: its keys' type errors first, then the value's range, alone.
   const auto take = [&](SamplingField f, std::initializer_list<const char*> keys, auto& field, auto value) {

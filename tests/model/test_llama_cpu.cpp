@@ -801,6 +801,13 @@ TEST(LlamaSampling, WithGenerationConfigCompletesAsTransformers) {
   EXPECT_EQ(with_generation_config(mine, 0, g).top_p, 1);  // greedy: top_p not taken
   expect_error([&] { with_generation_config(hot, kSampleTemperature, g); }, {g.errors[0].second});
   EXPECT_EQ(with_generation_config(hot, kSampleTemperature | kSampleTopP, g).top_p, 1);
+  // A file that could not be read stops every call that would take a value from it, none that gives them all.
+  io::GenerationDefaults unreadable;
+  unreadable.source = "m/generation_config.json";
+  unreadable.unreadable = "m/generation_config.json: not valid JSON";
+  expect_error([&] { with_generation_config(mine, 0, unreadable); }, {"m/generation_config.json: not valid JSON"});
+  expect_error([&] { with_generation_config(hot, kSampleTemperature, unreadable); }, {"not valid JSON"});
+  EXPECT_TRUE(with_generation_config(hot, kSampleAllFields, unreadable).same_rules(hot));
   // A key's error counts only where its value is used: a greedy file's temperature never is; do_sample
   // decides top_k only where the file gives none.
   io::GenerationDefaults greedy_file;

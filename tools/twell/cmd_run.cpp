@@ -253,6 +253,9 @@ void register_run(CLI::App& app) {
     for (const std::string& s : *stop_texts) stop_strings.push_back(unescape_stop(s));
     model::TextStream::check_stop_strings(stop_strings);
     const io::ModelConfig config = io::read_config(args->dir);
+    if (*generation_config != "auto" && !config.generation.unreadable.empty())
+      std::fprintf(stderr, "note: %s; the file is left out, its eos_token_id too\n",
+                   config.generation.unreadable.c_str());
     if (*generation_config == "auto") {
       // Each option not given takes the model's value, said in a note where it changes twell's default.
       const std::vector<std::pair<const CLI::Option*, model::SamplingField>> fields = {

@@ -52,9 +52,14 @@ struct GenerationDefaults {
   // Each key of the wrong type (left unset above) and what is wrong with it, said as read_config would.
   std::vector<std::pair<std::string, std::string>> errors;
   std::string unapplied;  // keys it sets that twell does not apply, with their values: "num_beams 4, ..."
+  // Why the whole file could not be read (not JSON, not an object, a bad eos_token_id), said as
+  // read_config would; empty where it was read. Such a file stops only what takes its values
+  // (with_generation_config), not the model's loading: its eos_token_id is then not used.
+  std::string unreadable;
 
   bool any() const {
-    return do_sample || temperature || top_p || min_p || repetition_penalty || top_k || !errors.empty();
+    return do_sample || temperature || top_p || min_p || repetition_penalty || top_k || !errors.empty() ||
+           !unreadable.empty();
   }
   // The error of `key` ("" where it has none).
   std::string error(const std::string& key) const {

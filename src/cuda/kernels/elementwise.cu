@@ -3,6 +3,8 @@
 // path vs CPU) and by `twell bench ffn --train`'s check of the dense baseline.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "cuda/kernels.h"
 #include "cuda/kernels/bf16_vec.cuh"
 #include "cuda/kernels/ffn_grad.cuh"
@@ -47,21 +49,17 @@ __global__ void read_through_kernel(const uint4* __restrict__ p, int64_t n_vec, 
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; the benchmark's buffer is zeros
 }
 
-// Range r's pieces of kL2PrefetchPiece bytes (the last one shorter), one a thread, each a bulk
-// prefetch: the SMs' copy engines issue the L2's requests, the threads exit at once.
-constexpr int64_t kL2PrefetchPiece = 32 << 10;
+// Every 128-byte line of the ranges, a prefetch.global.L2 each, the lines dealt to the threads in turn.
+// (Bulk prefetches, cp.async.bulk.prefetch.L2, held the SMs' copy engines: the decode GEMV's and FFN's
+// weight copies queued behind them and a decode step of one sequence took 1.41 -> 2.57 ms on an H100;
+// docs/perf.md, sixty-sixth session.)
+constexpr int kL2PrefetchThreads = 256, kL2PrefetchBlocks = 132;
 __global__ void l2_prefetch_kernel(const L2PrefetchArgs a) {
-  int64_t piece = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int r = 0; r < a.n; ++r) {
-    const int64_t pieces = (a.bytes[r] + kL2PrefetchPiece - 1) / kL2PrefetchPiece;
-    if (piece < pieces) {
-      const int64_t at = piece * kL2PrefetchPiece, len = min(kL2PrefetchPiece, a.bytes[r] - at);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(a.ptr[r]) + at),
-                   "r"(static_cast<uint32_t>(len))
-                   : "memory");
-      return;
-    }
-    piece -= pieces;
+    const char* p = static_cast<const char*>(a.ptr[r]);
+    for (int64_t line = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; line * 128 < a.bytes[r]; line += stride)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p + line * 128));
   }
 }
 
@@ -132,21 +130,13 @@ void launch_read_through(const void* p, size_t bytes, uint32_t* sink, cudaStream
 void launch_l2_prefetch(const L2PrefetchArgs& a, cudaStream_t stream) {
   TWELL_CHECK(a.n >= 0 && a.n <= L2PrefetchArgs::kMaxRanges, "l2_prefetch: ", a.n, " ranges, at most ",
               L2PrefetchArgs::kMaxRanges);
-  L2PrefetchArgs w;  // each range trimmed to its whole 16-byte words, empty ones left out
-  int64_t pieces = 0;
-  for (int r = 0; r < a.n; ++r) {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(a.ptr[r]), first = (p + 15) / 16 * 16;
-    const int64_t bytes = a.bytes[r] - static_cast<int64_t>(first - p);
-    if (a.ptr[r] == nullptr || bytes < 16) continue;
-    w.ptr[w.n] = reinterpret_cast<const void*>(first);
-    w.bytes[w.n] = bytes / 16 * 16;
-    pieces += (w.bytes[w.n] + kL2PrefetchPiece - 1) / kL2PrefetchPiece;
-    ++w.n;
-  }
-  if (pieces == 0) return;
-  constexpr int kThreadsPrefetch = 32;
-  l2_prefetch_kernel<<<static_cast<unsigned>((pieces + kThreadsPrefetch - 1) / kThreadsPrefetch), kThreadsPrefetch, 0,
-                       stream>>>(w);
+  int64_t bytes = 0;
+  for (int r = 0; r < a.n; ++r) bytes += a.ptr[r] ? std::max<int64_t>(a.bytes[r], 0) : 0;
+  if (bytes == 0) return;
+  L2PrefetchArgs w = a;
+  for (int r = 0; r < w.n; ++r)
+    if (!w.ptr[r]) w.bytes[r] = 0;
+  l2_prefetch_kernel<<<kL2PrefetchBlocks, kL2PrefetchThreads, 0, stream>>>(w);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
