@@ -932,9 +932,9 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
       r.note += "; decode attention: " + std::to_string(cfg.decode_attention_splits) + " key ranges a head (A/B)";
     if (cfg.decode_attention_warps > 0)
       r.note += "; decode attention: " + std::to_string(cfg.decode_attention_warps) + " warps a block (A/B)";
-    if (cfg.decode_l2_prefetch != 2)
-      r.note += cfg.decode_l2_prefetch == 0 ? "; no L2 prefetch of the weights (A/B)"
-                                            : "; L2 prefetch of the output projection's and the gate's weights only (A/B)";
+    if (cfg.decode_l2_prefetch != 0)
+      r.note += cfg.decode_l2_prefetch == 2 ? "; the weights prefetched into L2 (A/B)"
+                                            : "; the output projection's and the gate's weights prefetched into L2 (A/B)";
     if (k == 2) r.note += "; FFN through the gather path";
     if (k == 1)
       r.note += twell_gathers ? "; default options: FFN through the gather path" : "; default options: decode FFN dense";
