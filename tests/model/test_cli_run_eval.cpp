@@ -428,6 +428,13 @@ TEST_F(CliModel, EvalSaysWhatItScoredAndRefusesUtf16) {
     EXPECT_EQ(WEXITSTATUS(run.status), 1) << run.out;
     EXPECT_NE(run.out.find(wide + " is " + name), std::string::npos) << run.out;
   }
+  // A device would be read until memory ran out: refused at once.
+  const CliResult zero = run_cli("eval " + dir_ + " /dev/zero" + args, true);
+  EXPECT_EQ(WEXITSTATUS(zero.status), 1) << zero.out;
+  EXPECT_NE(zero.out.find("/dev/zero: a device, not a text file"), std::string::npos) << zero.out;
+  const CliResult run = run_cli("run " + dir_ + " --byte-tokenizer --device cpu -n 1 --prompts /dev/zero", true);
+  EXPECT_EQ(WEXITSTATUS(run.status), 1) << run.out;
+  EXPECT_NE(run.out.find("/dev/zero: a device, not a text file"), std::string::npos) << run.out;
 }
 
 TEST_F(CliModel, DeviceSelection) {

@@ -136,6 +136,7 @@ void register_eval(CLI::App& app) {
     std::vector<std::pair<std::string, std::string>> inputs = model_files(args->dir);
     inputs.emplace_back(*file, "the text file");
     bench::check_records_path(*json_path, inputs);  // a bad --json path fails now, not after the run
+    refuse_device(*file);
     std::ifstream in(*file, std::ios::binary);
     TWELL_REQUIRE(in, *file, ": cannot read: ", std::strerror(errno));
     std::string text;

@@ -236,6 +236,7 @@ void register_run(CLI::App& app) {
 
   run->callback([=] {
     if (!prompts_file->empty()) {
+      refuse_device(*prompts_file);
       std::ifstream in(*prompts_file, std::ios::binary);
       TWELL_REQUIRE(in, *prompts_file, ": cannot read: ", std::strerror(errno));
       bool first = true;

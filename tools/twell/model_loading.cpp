@@ -1,5 +1,7 @@
 #include "model_loading.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 
 namespace twell::cli {
@@ -99,6 +101,12 @@ bool note_if_not_utf8(const std::string& what, std::string_view text) {
                "would not take it)\n",
                what.c_str(), bad);
   return false;
+}
+
+void refuse_device(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return;  // the open that follows says why
+  TWELL_REQUIRE(!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode), path, ": a device, not a text file");
 }
 
 void refuse_utf16_or_32(const std::string& what, std::string_view text) {

@@ -48,5 +48,8 @@ bool note_if_not_utf8(const std::string& what, std::string_view text);
 // Refuses a text that starts with a UTF-16 or UTF-32 byte-order mark (a file saved as "Unicode" on
 // Windows): its bytes would be scored, or continued, as UTF-8 nonsense, not as its text.
 void refuse_utf16_or_32(const std::string& what, std::string_view text);
+// Refuses a text file's path that names a device (/dev/zero would be read until memory ran out); a pipe
+// (`<(zcat text.gz)`) is read. (CLI11's ExistingFile refuses directories.)
+void refuse_device(const std::string& path);
 
 }  // namespace twell::cli
