@@ -628,10 +628,14 @@ struct LlamaCuda::Impl {
   // Whether a call's FFN is twell's one-kernel decode FFN (decode_ffn): a decode step of one token.
   bool runs_decode_ffn(bool decode, int64_t T) const { return decode && T == 1 && !decode_ffn.empty(); }
 
+  // Whether ffn(), where it runs the FFN of ffn_prefill's kinds, takes the gather path in `layer`: decode
+  // steps of a few sequences and prefills of a few tokens (prefill_gathers), where gather_layer says.
+  bool ffn_gathers(int64_t layer, bool decode) const {
+    return (decode || prefill_gathers) && gather_layer[static_cast<size_t>(layer)];
+  }
   // Whether ffn() reads all of Wu: not on twell's decode and gather paths.
   bool ffn_reads_up(int64_t layer, int64_t T, bool decode) const {
-    if (runs_decode_ffn(decode, T)) return false;
-    return !(ffn_prefill && (decode || prefill_gathers) && gather_layer[static_cast<size_t>(layer)]);
+    return !runs_decode_ffn(decode, T) && !(ffn_prefill && ffn_gathers(layer, decode));
   }
 
   // How the FFN leaves its output for the residual add + RMSNorm that follows it.
@@ -656,7 +660,7 @@ struct LlamaCuda::Impl {
       // Decode steps of a few sequences take the sparse FFN where it has a path for them (not
       // where the model is wider than its kernels), the others the dense FFN.
       // So do prefills of a few tokens (forward(): prefill_gathers), in the layers where that reads less.
-      const bool gather = (decode || prefill_gathers) && gather_layer[static_cast<size_t>(layer)];
+      const bool gather = ffn_gathers(layer, decode);
       FfnForward& f = gather ? *ffn_gather : !decode ? *ffn_prefill : *ffn_dense;
       ResidualNorm then{dev_view(x.get(), DType::f32, {T, H}),
                         dev_view(const_cast<uint16_t*>(next_norm), DType::bf16, {H}), in,
