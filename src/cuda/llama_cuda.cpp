@@ -633,10 +633,6 @@ struct LlamaCuda::Impl {
   bool ffn_gathers(int64_t layer, bool decode) const {
     return (decode || prefill_gathers) && gather_layer[static_cast<size_t>(layer)];
   }
-  // Whether ffn() reads all of Wu: not on twell's decode and gather paths.
-  bool ffn_reads_up(int64_t layer, int64_t T, bool decode) const {
-    return !runs_decode_ffn(decode, T) && !(ffn_prefill && ffn_gathers(layer, decode));
-  }
 
   // How the FFN leaves its output for the residual add + RMSNorm that follows it.
   enum class FfnOut {
@@ -884,9 +880,9 @@ struct LlamaCuda::Impl {
       } else {
         qkv_gemv = project(a.as<uint16_t>(), lw.wqkv, qkv.as<uint16_t>(), T, qkv_dim, H);
       }
-      // Read next: the output projection's weights, then the FFN's gate (every FFN path's first).
-      const bool prefetch = decode && S == 1 && o.decode_l2_prefetch > 0;
-      if (prefetch) prefetch_when_done({&lw.wo, &lw.wg});
+      // Read next: the output projection's weights (with 2, then the FFN's gate, every FFN path's first).
+      if (decode && S == 1 && o.decode_l2_prefetch == 1) prefetch_when_done({&lw.wo});
+      if (decode && S == 1 && o.decode_l2_prefetch == 2) prefetch_when_done({&lw.wo, &lw.wg});
       AttentionArgs at;
       at.qkv = qkv.as<uint16_t>();
       at.k_cache = r.k_cache;
@@ -915,10 +911,6 @@ struct LlamaCuda::Impl {
           prefill_attention(at, l == 0);
       }
       const bool gemv = project(attn.as<uint16_t>(), lw.wo, proj.as<uint16_t>(), T, H, q_dim);
-      // After the gate: the dense FFN's up, or, where the FFN reads only a few rows more (twell's decode
-      // and gather paths), the next layer's QKV.
-      if (prefetch && o.decode_l2_prefetch > 1)
-        prefetch_when_done({ffn_reads_up(l, T, decode) ? &lw.wu : l + 1 < L ? &w->layers[l + 1].wqkv : nullptr});
       // After the GEMV (which lets its dependents start at once) the norm is launched as one, and
       // lets the FFN after it start too: their weight copies begin under the projection.
       launch_add_rmsnorm(x.as<float>(), nullptr, proj.as<uint16_t>(), !defer, bits(lw.post_norm), a.as<uint16_t>(), T,

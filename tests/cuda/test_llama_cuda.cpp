@@ -890,7 +890,7 @@ TEST(LlamaCuda, GraphReplayIsBitIdenticalToEager) {
 }
 
 // The weights asked of the L2 ahead (LlamaCudaOptions::decode_l2_prefetch, on a side stream) change no
-// bit: decode steps of one sequence (twell's decode FFN) and of three (the dense FFN's up prefetched),
+// bit: decode steps of one sequence (twell's decode FFN) and of three (the dense FFN),
 // eager, captured and replayed, twell and dense, against the same model without them.
 TEST(LlamaCuda, L2PrefetchKeepsTheBits) {
   TWELL_REQUIRE_HOPPER();

@@ -166,9 +166,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "every block resident at once and 4 would not, else 4 (LlamaCudaOptions::decode_attention_warps)")
       ->capture_default_str();
   model->add_option("--decode-l2-prefetch", mcfg->decode_l2_prefetch,
-                    "decode: weights asked of the L2 ahead of the kernels that read them, in both models: 2, the "
-                    "output projection's and the FFN gate's during the attention, then the FFN's up or the next "
-                    "layer's QKV; 1, the first two only; 0, none, the default (A/B; LlamaCudaOptions::decode_l2_prefetch)")
+                    "decode: weights asked of the L2 during the attention, in both models: 1, the output projection's; "
+                    "2, also the FFN gate's; 0, none, the default (A/B; LlamaCudaOptions::decode_l2_prefetch)")
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
   model->add_option("--gather-batches", mcfg->gather_batches,

@@ -201,11 +201,10 @@ struct LlamaCudaOptions {
   // (docs/perf.md, sixty-fourth session). For A/B.
   int decode_attention_warps = 0;
   // Decode steps ask the L2 for weights before the kernels that read them, on a side stream, while the
-  // attention and the norms leave DRAM idle: 1, once the QKV projection is done, the output projection's
-  // and the FFN gate's; 2, also, once the output projection is done, the FFN's next (the dense FFN's up)
-  // or else the next layer's QKV. Each request is capped at 60% of the L2. 0: none, the default: on an
-  // H100 bulk prefetches made a step of one sequence 1.41 -> 2.57 ms (docs/perf.md, sixty-sixth session).
-  // The results are the same bits either way.
+  // attention leaves DRAM idle: once the QKV projection is done, 1, the output projection's; 2, also the
+  // FFN gate's. Each request is capped at 60% of the L2. 0: none, the default: on an H100 every form tried
+  // made a step of one sequence slower, 1.41 ms -> 1.54-2.57 (docs/perf.md, sixty-sixth and sixty-seventh
+  // sessions). The results are the same bits either way.
   int decode_l2_prefetch = 0;
   // The residual add and RMSNorm after each FFN run by the FFN (FfnForward's ResidualNorm): on the
   // twell FFN's sparse path its down pass does them, so the separate kernel's passes over y and

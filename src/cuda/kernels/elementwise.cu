@@ -53,7 +53,8 @@ __global__ void read_through_kernel(const uint4* __restrict__ p, int64_t n_vec, 
 // (Bulk prefetches, cp.async.bulk.prefetch.L2, held the SMs' copy engines: the decode GEMV's and FFN's
 // weight copies queued behind them and a decode step of one sequence took 1.41 -> 2.57 ms on an H100;
 // docs/perf.md, sixty-sixth session.)
-constexpr int kL2PrefetchThreads = 256, kL2PrefetchBlocks = 132;
+// A thread asks for 8 lines or more, so that the blocks leave the SMs to the kernels beside them.
+constexpr int kL2PrefetchThreads = 256, kL2PrefetchMaxBlocks = 132;
 __global__ void l2_prefetch_kernel(const L2PrefetchArgs a) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int r = 0; r < a.n; ++r) {
@@ -136,7 +137,9 @@ void launch_l2_prefetch(const L2PrefetchArgs& a, cudaStream_t stream) {
   L2PrefetchArgs w = a;
   for (int r = 0; r < w.n; ++r)
     if (!w.ptr[r]) w.bytes[r] = 0;
-  l2_prefetch_kernel<<<kL2PrefetchBlocks, kL2PrefetchThreads, 0, stream>>>(w);
+  const int64_t lines = (bytes + 127) / 128, per_block = int64_t{kL2PrefetchThreads} * 8;
+  const int blocks = static_cast<int>(std::min<int64_t>((lines + per_block - 1) / per_block, kL2PrefetchMaxBlocks));
+  l2_prefetch_kernel<<<blocks, kL2PrefetchThreads, 0, stream>>>(w);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
