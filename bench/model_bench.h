@@ -42,7 +42,6 @@ struct ModelBenchConfig {
   bool few_token_gemm = true;                  // decode and turns of 2-32 tokens: twell's few-token GEMM (LlamaCudaOptions)
   int decode_attention_splits = 0;             // decode: key ranges a head in both models; 0: each model's own
   int decode_attention_warps = 0;              // decode: warps a block of the attention; 0: the kernel's choice
-  int decode_l2_prefetch = 0;                  // decode: weights asked of the L2 ahead (LlamaCudaOptions), both models
   int64_t gather_batches = 8;                  // decode: twell_gather records (the gather FFN) up to this batch
   int64_t ragged = 0;                          // ragged prefill: prompts of random lengths (64-511) a call; 0: none
   int64_t long_prompt = 0;                     // one prompt of this many tokens, in chunks and in one forward; 0: none

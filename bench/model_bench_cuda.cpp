@@ -362,7 +362,6 @@ LlamaCudaOptions decode_options(const ModelBenchConfig& cfg, int64_t B) {
   o.few_token_gemm = cfg.few_token_gemm;
   o.decode_attention_splits = cfg.decode_attention_splits;
   o.decode_attention_warps = cfg.decode_attention_warps;
-  o.decode_l2_prefetch = cfg.decode_l2_prefetch;
   return o;
 }
 
@@ -513,7 +512,6 @@ CheckResult check_against_cpu(const std::shared_ptr<LlamaCudaWeights>& w, const 
     o.few_token_gemm = cfg.few_token_gemm;
     o.decode_attention_splits = cfg.decode_attention_splits;
     o.decode_attention_warps = cfg.decode_attention_warps;
-    o.decode_l2_prefetch = cfg.decode_l2_prefetch;
     o.ffn_options.tile = cfg.tile;
     auto m = std::make_unique<LlamaCuda>(w, o);
     Tensor logits;
@@ -932,9 +930,6 @@ void decode_bench(const std::shared_ptr<LlamaCudaWeights>& w, const ModelBenchCo
       r.note += "; decode attention: " + std::to_string(cfg.decode_attention_splits) + " key ranges a head (A/B)";
     if (cfg.decode_attention_warps > 0)
       r.note += "; decode attention: " + std::to_string(cfg.decode_attention_warps) + " warps a block (A/B)";
-    if (cfg.decode_l2_prefetch != 0)
-      r.note += cfg.decode_l2_prefetch == 2 ? "; the weights prefetched into L2 (A/B)"
-                                            : "; the output projection's and the gate's weights prefetched into L2 (A/B)";
     if (k == 2) r.note += "; FFN through the gather path";
     if (k == 1)
       r.note += twell_gathers ? "; default options: FFN through the gather path" : "; default options: decode FFN dense";

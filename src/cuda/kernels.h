@@ -328,16 +328,6 @@ void launch_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_
 // Reads `bytes` (a multiple of 16, 16-byte aligned) of p and writes nothing unless it holds one
 // pattern: a benchmark's L2 flush that leaves only clean lines behind.
 void launch_read_through(const void* p, size_t bytes, uint32_t* sink, cudaStream_t stream);
-// Asks the L2 to fetch up to kMaxRanges byte ranges of global memory (prefetch.global.L2: a hint; nothing
-// is written), so that a later kernel reads them from L2, not DRAM. A decode step launches it on a side
-// stream while its attention leaves DRAM idle (LlamaCudaOptions::decode_l2_prefetch).
-struct L2PrefetchArgs {
-  static constexpr int kMaxRanges = 4;
-  const void* ptr[kMaxRanges] = {};
-  int64_t bytes[kMaxRanges] = {};
-  int n = 0;
-};
-void launch_l2_prefetch(const L2PrefetchArgs& a, cudaStream_t stream);
 void launch_relu_bf16(uint16_t* g, int64_t n, cudaStream_t stream);
 // Adds to *count the number of 16-bit words in which a and b (`bytes` each, even, 16-byte aligned)
 // differ: a bitwise comparison of two outputs on the device.

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <initializer_list>
 #include <map>
 #include <set>
 
@@ -185,12 +184,6 @@ struct LlamaCuda::Impl {
     }
   } own;
   cudaStream_t stream = nullptr;  // where calls run: LlamaCudaOptions::stream, or own.s
-  // LlamaCudaOptions::decode_l2_prefetch: its side stream, the events that fork it from `stream` and join
-  // it back, and whether this body() forked it.
-  OwnStream side;
-  cudaEvent_t side_fork = nullptr, side_join = nullptr;
-  bool side_forked = false;
-  size_t l2_bytes = 0;
   LtGemm gemm;
   CudnnSdpa sdpa;               // prefill attention (PrefillAttention)
   // The QKV GEMM with RoPE and the KV-cache write in its epilogue (qkv_rope.cu), for calls of at
@@ -289,8 +282,6 @@ struct LlamaCuda::Impl {
     TWELL_REQUIRE(valid_decode_attention_warps(o.decode_attention_warps),
                   "LlamaCuda: decode_attention_warps must be 0 (the kernel's choice), 1, 2 or 4, got ",
                   o.decode_attention_warps);
-    TWELL_REQUIRE(o.decode_l2_prefetch >= 0 && o.decode_l2_prefetch <= 2,
-                  "LlamaCuda: decode_l2_prefetch must be 0 (none), 1 or 2, got ", o.decode_l2_prefetch);
     if (o.max_tokens == 0)  // with the cache, longer prompts run in chunks (prefill_chunks)
       o.max_tokens = o.kv_cache ? std::min(o.max_batch * o.max_context, std::max(kDefaultMaxTokens, o.max_batch))
                                 : o.max_batch * o.max_context;
@@ -427,8 +418,7 @@ struct LlamaCuda::Impl {
     TWELL_CHECK(static_cast<int64_t>(w->layers.size()) == L, "LlamaCuda: weights hold ", w->layers.size(),
                 " layers, config has ", L);
 
-    const DeviceInfo device = device_info();
-    sm_count = device.sm_count, l2_bytes = device.l2_bytes;
+    sm_count = device_info().sm_count;
     const Plan p = plan(c, o, sm_count);
     check_free_memory(p.memory, o);
     tokens = DeviceBuffer(p.tokens);
@@ -457,7 +447,6 @@ struct LlamaCuda::Impl {
       if (p.decode_ffn) decode_ffn = DecodeFfn(H, I, sm_count);
     }
     TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&own.s, cudaStreamNonBlocking));
-    TWELL_CUDA_CHECK(cudaStreamCreateWithFlags(&side.s, cudaStreamNonBlocking));
     stream = o.stream ? o.stream : own.s;
     ensure_logits(o.max_batch);
     gpu_sampling = o.sample_on_gpu && sample_kernel_runs();
@@ -482,8 +471,6 @@ struct LlamaCuda::Impl {
     TWELL_CUDA_CHECK(cudaEventCreate(&gpu_begin));
     TWELL_CUDA_CHECK(cudaEventCreate(&gpu_end));
     TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming));
-    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&side_fork, cudaEventDisableTiming));
-    TWELL_CUDA_CHECK(cudaEventCreateWithFlags(&side_join, cudaEventDisableTiming));
   }
 
   ~Impl() {
@@ -492,8 +479,6 @@ struct LlamaCuda::Impl {
     if (gpu_begin) cudaEventDestroy(gpu_begin);
     if (gpu_end) cudaEventDestroy(gpu_end);
     if (staged) cudaEventDestroy(staged);
-    if (side_fork) cudaEventDestroy(side_fork);
-    if (side_join) cudaEventDestroy(side_join);
   }
 
   // Graphs are recorded again at the next calls.
@@ -799,32 +784,6 @@ struct LlamaCuda::Impl {
     if (first_layer) kernels.attention = done ? str("cudnn ", CudnnSdpa::version()) : "twell " + why;
   }
 
-  // LlamaCudaOptions::decode_l2_prefetch: asks the L2 for `weights`, in order and up to 60% of its size,
-  // on the side stream once the work enqueued on `stream` so far is done. body() joins the side
-  // stream back into `stream` before it ends (a graph's capture needs that; an eager step's next
-  // call then finds nothing of it in flight).
-  void prefetch_when_done(std::initializer_list<const DeviceTensor*> weights) {
-    L2PrefetchArgs p;
-    int64_t left = static_cast<int64_t>(l2_bytes / 10 * 6);
-    for (const DeviceTensor* t : weights) {
-      const int64_t bytes = std::min(left, t ? static_cast<int64_t>(t->nbytes()) : int64_t{0});
-      if (bytes <= 0 || p.n == L2PrefetchArgs::kMaxRanges) continue;
-      p.ptr[p.n] = t->view().data, p.bytes[p.n] = bytes, ++p.n;
-      left -= bytes;
-    }
-    if (p.n == 0) return;
-    TWELL_CUDA_CHECK(cudaEventRecord(side_fork, stream));
-    TWELL_CUDA_CHECK(cudaStreamWaitEvent(side.s, side_fork, 0));
-    launch_l2_prefetch(p, side.s);
-    side_forked = true;
-  }
-  void join_side() {
-    if (!side_forked) return;
-    TWELL_CUDA_CHECK(cudaEventRecord(side_join, side.s));
-    TWELL_CUDA_CHECK(cudaStreamWaitEvent(stream, side_join, 0));
-    side_forked = false;
-  }
-
   // The whole forward of B·S tokens at position p0 (device), from the tokens on the device to
   // the logits of the chosen rows. Only stream work, capturable (under capture, calls of S > 1
   // tokens run twell's attention kernel: CudnnSdpa refuses capture; the first cuDNN call of a
@@ -880,9 +839,6 @@ struct LlamaCuda::Impl {
       } else {
         qkv_gemv = project(a.as<uint16_t>(), lw.wqkv, qkv.as<uint16_t>(), T, qkv_dim, H);
       }
-      // Read next: the output projection's weights (with 2, then the FFN's gate, every FFN path's first).
-      if (decode && S == 1 && o.decode_l2_prefetch == 1) prefetch_when_done({&lw.wo});
-      if (decode && S == 1 && o.decode_l2_prefetch == 2) prefetch_when_done({&lw.wo, &lw.wg});
       AttentionArgs at;
       at.qkv = qkv.as<uint16_t>();
       at.k_cache = r.k_cache;
@@ -924,7 +880,6 @@ struct LlamaCuda::Impl {
       last = ffn(lw, l, T, decode, next_norm, pending, &paths[static_cast<size_t>(l)]);
       if (last == FfnOut::normalised) pending = nullptr;  // added by the FFN's norm
     }
-    join_side();
     // x += the last FFN output; the final norm of every row goes to `a`.
     const uint16_t* fn = bits(w->final_norm);
     add_norm(fn, false);

@@ -889,40 +889,6 @@ TEST(LlamaCuda, GraphReplayIsBitIdenticalToEager) {
   }
 }
 
-// The weights asked of the L2 ahead (LlamaCudaOptions::decode_l2_prefetch, on a side stream) change no
-// bit: decode steps of one sequence (twell's decode FFN) and of three (the dense FFN),
-// eager, captured and replayed, twell and dense, against the same model without them.
-TEST(LlamaCuda, L2PrefetchKeepsTheBits) {
-  TWELL_REQUIRE_HOPPER();
-  const io::ModelConfig c = config_of(kShapes[3]);
-  auto dw = std::make_shared<LlamaCudaWeights>(LlamaCudaWeights::upload(bf16_weights(c, 21)));
-  for (const FfnMode mode : {FfnMode::twell, FfnMode::dense}) {
-    std::vector<std::unique_ptr<LlamaCuda>> m;
-    for (int prefetch : {0, 1, 2}) {
-      LlamaCudaOptions o;
-      o.ffn = mode;
-      o.max_batch = 3;
-      o.decode_l2_prefetch = prefetch;
-      m.push_back(std::make_unique<LlamaCuda>(dw, o));
-    }
-    for (auto& gpu : m) gpu->prefill(some_tokens(20, c.vocab_size, 4));
-    for (int32_t t = 0; t < 5; ++t) {
-      const Tensor a = m[0]->decode_step(t), b = m[1]->decode_step(t), d = m[2]->decode_step(t);
-      ASSERT_EQ(std::memcmp(a.view().data, b.view().data, a.nbytes()), 0) << "one sequence, step " << t;
-      ASSERT_EQ(std::memcmp(a.view().data, d.view().data, a.nbytes()), 0) << "one sequence, step " << t;
-    }
-    const std::vector<std::vector<int32_t>> prompts{some_tokens(30, c.vocab_size, 1), some_tokens(12, c.vocab_size, 2),
-                                                    some_tokens(7, c.vocab_size, 3)};
-    for (auto& gpu : m) gpu->prefill_batch(prompts);
-    for (int32_t t = 0; t < 5; ++t) {
-      const Tensor a = m[0]->decode_batch({t, t + 1, t + 2}), d = m[2]->decode_batch({t, t + 1, t + 2});
-      ASSERT_EQ(std::memcmp(a.view().data, d.view().data, a.nbytes()), 0) << "three sequences, step " << t;
-    }
-  }
-  LlamaCudaOptions bad;
-  bad.decode_l2_prefetch = 3;
-  test::expect_error([&] { LlamaCuda(dw, bad); }, {"decode_l2_prefetch must be 0"});
-}
 
 // A caller's stream: every kind of stream gives the bits of the model's own, in prefill and in
 // decode steps eager, captured and replayed, while another thread uses the legacy stream (the

@@ -165,11 +165,6 @@ void register_bench(CLI::App& app, const std::string& command_line) {
                     "decode: warps a block of the attention, 1, 2 or 4, in both models (A/B); 0: 2 where that keeps "
                     "every block resident at once and 4 would not, else 4 (LlamaCudaOptions::decode_attention_warps)")
       ->capture_default_str();
-  model->add_option("--decode-l2-prefetch", mcfg->decode_l2_prefetch,
-                    "decode: weights asked of the L2 during the attention, in both models: 1, the output projection's; "
-                    "2, also the FFN gate's; 0, none, the default (A/B; LlamaCudaOptions::decode_l2_prefetch)")
-      ->check(CLI::Range(0, 2))
-      ->capture_default_str();
   model->add_option("--gather-batches", mcfg->gather_batches,
                     "decode: batches up to this size are also timed with the gather FFN where the default options "
                     "take the dense one (twell_gather records; A/B of LlamaCudaOptions::decode_gather_tokens)")

@@ -200,12 +200,6 @@ struct LlamaCudaOptions {
   // every block resident at once and 4 would not (32 sequences of 32 heads on an H100), else 4
   // (docs/perf.md, sixty-fourth session). For A/B.
   int decode_attention_warps = 0;
-  // Decode steps ask the L2 for weights before the kernels that read them, on a side stream, while the
-  // attention leaves DRAM idle: once the QKV projection is done, 1, the output projection's; 2, also the
-  // FFN gate's. Each request is capped at 60% of the L2. 0: none, the default: on an H100 every form tried
-  // made a step of one sequence slower, 1.41 ms -> 1.54-2.57 (docs/perf.md, sixty-sixth and sixty-seventh
-  // sessions). The results are the same bits either way.
-  int decode_l2_prefetch = 0;
   // The residual add and RMSNorm after each FFN run by the FFN (FfnForward's ResidualNorm): on the
   // twell FFN's sparse path its down pass does them, so the separate kernel's passes over y and
   // the f32 residual are saved; on the other paths the same kernel runs inside FfnForward. The

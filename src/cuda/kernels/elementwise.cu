@@ -49,21 +49,6 @@ __global__ void read_through_kernel(const uint4* __restrict__ p, int64_t n_vec, 
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; the benchmark's buffer is zeros
 }
 
-// Every 128-byte line of the ranges, a prefetch.global.L2 each, the lines dealt to the threads in turn.
-// (Bulk prefetches, cp.async.bulk.prefetch.L2, held the SMs' copy engines: the decode GEMV's and FFN's
-// weight copies queued behind them and a decode step of one sequence took 1.41 -> 2.57 ms on an H100;
-// docs/perf.md, sixty-sixth session.)
-// A thread asks for 8 lines or more, so that the blocks leave the SMs to the kernels beside them.
-constexpr int kL2PrefetchThreads = 256, kL2PrefetchMaxBlocks = 132;
-__global__ void l2_prefetch_kernel(const L2PrefetchArgs a) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int r = 0; r < a.n; ++r) {
-    const char* p = static_cast<const char*>(a.ptr[r]);
-    for (int64_t line = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; line * 128 < a.bytes[r]; line += stride)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(p + line * 128));
-  }
-}
-
 __global__ void count_differences_kernel(const uint4* __restrict__ a, const uint4* __restrict__ b, int64_t n_vec,
                                          const uint16_t* __restrict__ a_tail, const uint16_t* __restrict__ b_tail,
                                          int tail, uint32_t* count) {
@@ -125,21 +110,6 @@ void launch_read_through(const void* p, size_t bytes, uint32_t* sink, cudaStream
   const int64_t n_vec = static_cast<int64_t>(bytes / 16);
   if (n_vec == 0) return;
   read_through_kernel<<<1056, kThreads, 0, stream>>>(static_cast<const uint4*>(p), n_vec, sink);
-  TWELL_CUDA_CHECK(cudaGetLastError());
-}
-
-void launch_l2_prefetch(const L2PrefetchArgs& a, cudaStream_t stream) {
-  TWELL_CHECK(a.n >= 0 && a.n <= L2PrefetchArgs::kMaxRanges, "l2_prefetch: ", a.n, " ranges, at most ",
-              L2PrefetchArgs::kMaxRanges);
-  int64_t bytes = 0;
-  for (int r = 0; r < a.n; ++r) bytes += a.ptr[r] ? std::max<int64_t>(a.bytes[r], 0) : 0;
-  if (bytes == 0) return;
-  L2PrefetchArgs w = a;
-  for (int r = 0; r < w.n; ++r)
-    if (!w.ptr[r]) w.bytes[r] = 0;
-  const int64_t lines = (bytes + 127) / 128, per_block = int64_t{kL2PrefetchThreads} * 8;
-  const int blocks = static_cast<int>(std::min<int64_t>((lines + per_block - 1) / per_block, kL2PrefetchMaxBlocks));
-  l2_prefetch_kernel<<<blocks, kL2PrefetchThreads, 0, stream>>>(w);
   TWELL_CUDA_CHECK(cudaGetLastError());
 }
 
