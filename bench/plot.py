@@ -35,7 +35,7 @@ BASELINES = {"dense_cublas": "dense cuBLAS", "dense_cpu": "dense (CPU reference)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("json", nargs="+", help="JSON files written by `twell bench ffn --json`")
+    ap.add_argument("json", nargs="+", help="JSON files written by `twell bench ffn --json`, `twell bench model --json` or `twell eval --sparsity --json`")
     ap.add_argument("-o", "--output", required=True, help="PNG to write")
     args = ap.parse_args()
 

@@ -21,7 +21,7 @@ def main():
     ap.add_argument("model", help="a HuggingFace Llama-style model directory with a chat template")
     ap.add_argument("--system", help="a system message first")
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     args = ap.parse_args()
     messages = [{"role": "system", "content": args.system}] if args.system else []
     with twell.Model(args.model, device=args.device) as model:

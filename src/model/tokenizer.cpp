@@ -845,7 +845,8 @@ BpeTokenizer::PreTokenizer parse_pre_tokenizer(const json* node, const std::stri
     }
   }
   if (!seen_byte_level)
-    throw Error(str(where, ": no ByteLevel step: only byte-level BPE is supported"));
+    throw Error(str(where, ": no ByteLevel step (byte-level BPE needs one; SentencePiece-style BPE, as Llama 2 ships it, has no "
+                    "pre-tokenizer and Llama 2's normalizer instead)"));
   return pre;
 }
 
@@ -972,7 +973,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
   const std::string model_type = type_of(*model, where);
   if (model_type != "BPE")
     throw Error(str(where, ": unsupported model type '", printable(model_type, 40),
-                    "' (only byte-level BPE is supported)"));
+                    "' (supported: BPE, byte-level as GPT-2 and Llama 3 ship it, or SentencePiece-style as Llama 2 does)"));
   if (const json* dropout = member(*model, "dropout")) {
     if (!dropout->is_number() || dropout->get<double>() != 0.0)
       throw Error(str(where, ": dropout ", printable(dropout->dump(), 20),

@@ -218,6 +218,17 @@ TEST_F(CliModel, RunTakesTheGenerationConfigsSampling) {
   EXPECT_NE(wrong.out.find("key 'do_sample' must be true or false, got string"), std::string::npos) << wrong.out;
   EXPECT_EQ(run_cli(hello + " --generation-config ignore").out, greedy.out);
   EXPECT_NE(run_cli(hello + " --generation-config none", true).status, 0);
+  // A file that cannot be read stops the run unless nothing is taken from it; where every option is
+  // given, as with --generation-config ignore, a note says it and its eos_token_id are left out.
+  test::write_file(gen, "{not json");
+  EXPECT_NE(run_cli(hello, true).status, 0);
+  const std::string all = " --temperature 0 --top-k 0 --top-p 1 --min-p 0 --repetition-penalty 1";
+  for (const std::string& args : {all, std::string(" --generation-config ignore")}) {
+    const CliResult unread = run_cli(hello + args, true);
+    EXPECT_EQ(unread.status, 0) << args << "\n" << unread.out;
+    EXPECT_NE(unread.out.find("the file is left out, its eos_token_id too"), std::string::npos) << args << "\n"
+                                                                                                << unread.out;
+  }
   test::write_file(gen, R"({"num_beams": 4, "do_sample": false})");
   const CliResult beams = run_cli(hello, true);
   EXPECT_NE(beams.out.find("note: " + gen + " sets num_beams 4, which twell does not apply"), std::string::npos)

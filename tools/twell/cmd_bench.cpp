@@ -36,7 +36,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->check(at_least(1))
       ->capture_default_str();
   ffn->add_option("-d,--density", cfg->densities,
-                  "activation densities, non-zeros per token / I (e.g. 0.005, or a list: 0.005,0.01)")
+                  "activation densities, non-zeros per token / I (e.g. 0.005, or a list: 0.005,0.01; default: the "
+                  "backend's standard set)")
       ->delimiter(',')
       ->check(numeric_items(real_in(0, true, 1, "a density in (0, 1]")));
   ffn->add_option("--distribution", *distributions, "uniform and/or skewed (a list: uniform,skewed)")

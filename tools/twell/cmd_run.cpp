@@ -171,11 +171,12 @@ void register_run(CLI::App& app) {
       ->capture_default_str();
   // Their defaults are the model's generation_config.json's (--generation-config), else twell's.
   CLI::Option* temperature = run->add_option("--temperature", sampling->temperature,
-                                             "0 = greedy (default: the model's generation_config.json's, else 0)")
+                                             "0 = greedy (default: where the model's generation_config.json sets do_sample, its "
+                                             "temperature, or 1; else 0)")
                                   ->check(real_in(0, false, HUGE_VAL, "finite and at least 0"));
   CLI::Option* top_k = run->add_option("--top-k", sampling->top_k,
                                        "sample from the k most likely tokens (0 = all; default: the model's "
-                                       "generation_config.json's, else 0)")
+                                       "generation_config.json's top_k, or 50 where it sets do_sample; else 0)")
                            ->check(at_least(0));
   CLI::Option* top_p = run->add_option("--top-p", sampling->top_p,
                                        "nucleus sampling threshold (1 = all; default: the model's "
@@ -254,16 +255,19 @@ void register_run(CLI::App& app) {
     for (const std::string& s : *stop_texts) stop_strings.push_back(unescape_stop(s));
     model::TextStream::check_stop_strings(stop_strings);
     const io::ModelConfig config = io::read_config(args->dir);
-    if (*generation_config != "auto" && !config.generation.unreadable.empty())
+    // Each option not given takes the model's value (--generation-config auto), said in a note where it
+    // changes twell's default.
+    const std::vector<std::pair<const CLI::Option*, model::SamplingField>> fields = {
+        {temperature, model::kSampleTemperature}, {top_k, model::kSampleTopK}, {top_p, model::kSampleTopP},
+        {min_p, model::kSampleMinP}, {penalty, model::kSampleRepetitionPenalty}};
+    unsigned given = 0;
+    for (const auto& [o, f] : fields) given |= o->count() > 0 ? f : 0u;
+    // A file that cannot be read stops the run below unless nothing is taken from it: ignored, or every
+    // sampling option given.
+    if ((*generation_config != "auto" || given == model::kSampleAllFields) && !config.generation.unreadable.empty())
       std::fprintf(stderr, "note: %s; the file is left out, its eos_token_id too\n",
                    config.generation.unreadable.c_str());
     if (*generation_config == "auto") {
-      // Each option not given takes the model's value, said in a note where it changes twell's default.
-      const std::vector<std::pair<const CLI::Option*, model::SamplingField>> fields = {
-          {temperature, model::kSampleTemperature}, {top_k, model::kSampleTopK}, {top_p, model::kSampleTopP},
-          {min_p, model::kSampleMinP}, {penalty, model::kSampleRepetitionPenalty}};
-      unsigned given = 0;
-      for (const auto& [o, f] : fields) given |= o->count() > 0 ? f : 0u;
       if (given != model::kSampleAllFields && !config.generation.unapplied.empty())
         std::fprintf(stderr, "note: %s sets %s, which twell does not apply (it draws one sequence a prompt, by "
                              "temperature, top-k, top-p, min-p and the repetition penalty)\n",
