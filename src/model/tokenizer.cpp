@@ -1023,21 +1023,17 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
   }
   if (max_id < 0) throw Error(str(where, ": empty vocabulary"));
   tok->vocab_size_ = max_id + 1;
-  tok->id_to_token_.assign(tok->vocab_size_, std::string());
-  tok->has_id_.assign(tok->vocab_size_, false);
+  tok->token_index_.assign(static_cast<size_t>(tok->vocab_size_), kNoToken);
+  tok->tokens_.reserve(tok->vocab_.size());
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     const int32_t id = it.value().get<int32_t>();
-    if (tok->has_id_[id])
+    if (tok->has_id(id))
       throw Error(str(where, ".vocab: id ", id, " is given to both '",
-                      printable(tok->id_to_token_[id], 60), "' and '", printable(it.key(), 60),
+                      printable(tok->tokens_[tok->token_index_[id]], 60), "' and '", printable(it.key(), 60),
                       "'"));
-    tok->id_to_token_[id] = it.key();
-    tok->has_id_[id] = true;
+    tok->set_token(id, it.key());
   }
-  for (const AddedToken& t : tok->added_) {  // an added token may reuse a model id for itself
-    tok->id_to_token_[t.id] = t.content;
-    tok->has_id_[t.id] = true;
-  }
+  for (const AddedToken& t : tok->added_) tok->set_token(t.id, t.content);  // an added token may reuse a model id
 
   if (const json* unk = member(*model, "unk_token")) {
     if (!unk->is_string()) throw Error(str(where, ": 'unk_token' must be a string or null"));
@@ -1095,7 +1091,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
         tok->added_metaspace_.push_back(t);
         tok->added_metaspace_.back().content = metaspace_normalized(t.content);
         // HF's id_to_token, and so its decoder, gives such a token's normalized content ("▁<tok>").
-        tok->id_to_token_[static_cast<size_t>(t.id)] = tok->added_metaspace_.back().content;
+        tok->set_token(t.id, tok->added_metaspace_.back().content);
       }
     return tok;
   }
@@ -1146,7 +1142,7 @@ std::vector<int32_t> BpeTokenizer::special_ids() const {
 
 void BpeTokenizer::add_special_ids(const std::vector<int32_t>& ids) {
   for (const int32_t id : ids)
-    if (id < 0 || id >= vocab_size_ || !has_id_[id])
+    if (!has_id(id))
       throw Error(str("BpeTokenizer::add_special_ids: id ", id, " is not in the vocabulary"));
   more_special_.insert(more_special_.end(), ids.begin(), ids.end());
 }
@@ -1154,7 +1150,7 @@ void BpeTokenizer::add_special_ids(const std::vector<int32_t>& ids) {
 void BpeTokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos, std::optional<bool> add_bos,
                                std::optional<bool> add_eos) {
   for (const auto& id : {bos, eos}) {
-    if (id && (*id < 0 || *id >= vocab_size_ || !has_id_[*id]))
+    if (id && !has_id(*id))
       throw Error(str("BpeTokenizer::set_bos_eos: id ", *id, " is not in the vocabulary"));
   }
   bos_ = bos;
@@ -1164,10 +1160,20 @@ void BpeTokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t
 }
 
 std::string BpeTokenizer::id_to_token(int32_t id) const {
-  if (id < 0 || id >= vocab_size_ || !has_id_[id])
+  if (!has_id(id))
     throw Error(str("BpeTokenizer: unknown token id ", id, " (vocab size ", vocab_size_,
                     id >= 0 && id < vocab_size_ ? "; a gap in tokenizer.json's ids" : "", ")"));
-  return id_to_token_[id];
+  return tokens_[token_index_[id]];
+}
+
+void BpeTokenizer::set_token(int32_t id, std::string token) {
+  uint32_t& at = token_index_[static_cast<size_t>(id)];
+  if (at == kNoToken) {
+    at = static_cast<uint32_t>(tokens_.size());
+    tokens_.push_back(std::move(token));
+  } else {
+    tokens_[at] = std::move(token);
+  }
 }
 
 std::optional<int32_t> BpeTokenizer::token_to_id(std::string_view token) const {
@@ -1183,8 +1189,8 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
     if (id < 0 || id >= vocab_size_)
       throw Error(str("BpeTokenizer::decode: unknown token id ", id, " at position ", i,
                       " (vocab size ", vocab_size_, ")"));
-    if (!has_id_[id]) continue;  // a gap in tokenizer.json's ids: no token, no text (HF's decode skips it too)
-    const std::string& token = id_to_token_[id];
+    if (!has_id(id)) continue;  // a gap in tokenizer.json's ids: no token, no text (HF's decode skips it too)
+    const std::string& token = tokens_[token_index_[id]];
     if (!metaspace_) {
       append_token_bytes(out, token);
       continue;

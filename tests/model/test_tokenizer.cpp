@@ -456,6 +456,22 @@ TEST(BpeTokenizer, AGapInTheIdsDecodesToNothing) {
   EXPECT_EQ(tok->decode(with_gap), "hi");
   expect_error([&] { tok->id_to_token(gap); }, {"unknown token id", "a gap in tokenizer.json's ids"});
   expect_error([&] { tok->decode({past + 1}); }, {"unknown token id"});
+  EXPECT_EQ(tok->id_to_token(past), "zz_past_a_gap");
+
+  // The greatest id a tokenizer.json may give, 2^24 - 1, past a gap of 16 million: it loads (with 4 bytes
+  // an id of the gap, not a string each) and decodes; an added token in place of a model token keeps its id.
+  ASSERT_EQ(hi.size(), 2u);  // "h", "i"
+  const int32_t last = (1 << 24) - 1, reused = hi[0];
+  const auto far = BpeTokenizer::from_json(edited_fixture([&](nlohmann::json& j) {
+                                             j["model"]["vocab"]["zz_far"] = last;
+                                             j["added_tokens"].push_back({{"id", reused}, {"content", "<reused>"}});
+                                           }),
+                                           "tok.json");
+  EXPECT_EQ(far->vocab_size(), last + 1);
+  EXPECT_EQ(far->id_to_token(last), "zz_far");
+  EXPECT_EQ(far->id_to_token(reused), "<reused>");
+  EXPECT_EQ(far->decode({hi[1], last - 1, last}), tok->decode({hi[1]}) + "zz_far");
+  expect_error([&] { far->id_to_token(last - 1); }, {"a gap in tokenizer.json's ids"});
 }
 
 // Llama 2's decoder turns <0xHH> tokens into bytes (its ByteFallback step) whether or not the model falls back to

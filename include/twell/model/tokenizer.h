@@ -162,8 +162,14 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_set<std::string> added_only_;
   // vocab_'s entry of a model token, or end().
   std::unordered_map<std::string, int32_t>::const_iterator model_token(const std::string& s) const;
-  std::vector<std::string> id_to_token_;            // "" where an id has no token
-  std::vector<bool> has_id_;
+  // An id's token is tokens_[token_index_[id]], where token_index_[id] != kNoToken (tokenizer.json may
+  // leave gaps): 4 bytes an id, so that ids up to 2^24 cost 64 MB, not half a gigabyte of empty strings.
+  static constexpr uint32_t kNoToken = UINT32_MAX;
+  std::vector<uint32_t> token_index_;
+  std::vector<std::string> tokens_;
+  bool has_id(int32_t id) const { return id >= 0 && id < vocab_size_ && token_index_[id] != kNoToken; }
+  // Sets id's token (a new one, or in place of the one it has).
+  void set_token(int32_t id, std::string token);
   // (left id << 32 | right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
   std::vector<AddedToken> added_;
