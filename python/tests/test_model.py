@@ -565,6 +565,14 @@ class ModelOnTheCpu(unittest.TestCase):
         self.assertEqual(rows(m.decode_step(5), 260), want)
         with self.assertRaisesRegex(twell.TwellError, "stop .*must be a list of integers, got int 5"):
             m.generate([256], max_new_tokens=2, stop=5)
+        # stop=None is the model's default, as every argument left None: stop=True
+        self.assertTrue(m._stop_ids(True))
+        self.assertEqual(m._stop_ids(None), m._stop_ids(True))
+        self.assertEqual(m.generate([256, 1], max_new_tokens=6, stop=None), m.generate([256, 1], max_new_tokens=6))
+        for bad, why in ((5, "prompt must be a list of integers, got int 5"), (None, "prompt must be a list"),
+                         ({"role": "user", "content": "hi"}, "this is one message: pass \\[message\\]")):
+            with self.assertRaisesRegex(twell.TwellError, why):
+                m.generate(bad, max_new_tokens=2)
         with self.assertRaisesRegex(twell.TwellError, "encode takes a str"):
             m.tokenizer.encode(5)
         # bytes are the text's UTF-8, in generation as in scoring (not ids)

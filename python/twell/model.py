@@ -677,8 +677,11 @@ class Model(_OwnsAHandle):
                 raise TwellError(f"{what}: the chat template made an empty text of the conversation: there is "
                                  "nothing to continue from")
             return text_ids, text_ids
+        if isinstance(prompt, dict):
+            raise TwellError(f"{what}: a prompt is a str, a list of ids or a conversation (a list of message dicts); "
+                             "this is one message: pass [message]")
         if not isinstance(prompt, _TEXT):
-            return list(prompt.tolist() if hasattr(prompt, "tolist") else prompt), None
+            return _id_list(prompt, "prompt"), None
         tok = self._tokenizer(f"{what} from text")
         text_ids = tok.encode(prompt)
         ids = ([tok.bos_to_add] if tok.bos_to_add is not None else []) + text_ids
@@ -688,12 +691,12 @@ class Model(_OwnsAHandle):
         return ids, text_ids
 
     def _stop_ids(self, stop):
-        if stop is True:  # config.json's and generation_config.json's end-of-sequence ids, and the tokenizer's
+        if stop is True or stop is None:  # config.json's and generation_config.json's end-of-sequence ids, and the tokenizer's
             stops = list(self.eos_ids)
             if self.tokenizer is not None and self.tokenizer.eos_id is not None:
                 stops.append(self.tokenizer.eos_id)
             return stops
-        if stop is False or stop is None:
+        if stop is False:
             return []
         return _id_list(stop, "stop (True, False, or a list of ids)")
 
@@ -767,8 +770,8 @@ class Model(_OwnsAHandle):
         """Continues prompt (a str or its UTF-8 bytes; a conversation, a list of {"role": ..., "content": ...}
         dicts, which the model's chat template turns into its text with the assistant's header after it, as
         transformers' apply_chat_template(add_generation_prompt=True) and `twell run --chat`; or a list of
-        ids) with up to max_new_tokens tokens:
-        greedy at temperature 0, else sampled (top_k, top_p, then min_p, in transformers' order; seed: the
+        ids) with up to max_new_tokens tokens (64 by default; generation_config.json's max_new_tokens and
+        max_length are not read, as `twell run -n`): greedy at temperature 0, else sampled (top_k, top_p, then min_p, in transformers' order; seed: the
         same seed draws the same tokens as `twell run --seed` on the same backend; the CPU's and the GPU's
         logits round differently). repetition_penalty (1: off; above 1 discourages repeats, below 1
         encourages them) divides the logit of each id the sequence holds (the prompt's, BOS and special
@@ -778,8 +781,8 @@ class Model(_OwnsAHandle):
         (top_k, top_p and min_p only where the call samples; without a file: greedy, top_k 0, top_p 1,
         min_p 0, repetition_penalty 1); `generation_defaults` shows what a call with none given takes.
 
-        stop: True ends at the model's end-of-sequence ids and the tokenizer's EOS, False runs on, a
-        list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before
+        stop: True (or None, as every argument left None takes the model's default) ends at the model's
+        end-of-sequence ids and the tokenizer's EOS, False runs on, a list gives the ids. stop_strings: a str or a list of them (text prompts): the text ends just before
         the first place one appears in the new text (where one token completes two, the one that starts
         earlier), and the generation at the token that completes it (`twell run --stop`; the prompt's
         text is not searched). skip_special_tokens: the text leaves the tokenizer's special_ids out, as HF's
