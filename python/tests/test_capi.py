@@ -145,6 +145,16 @@ class WithoutTorch(unittest.TestCase):
         self.assertIsInstance(twell.cuda_available(), bool)
         self.assertEqual(twell.__version__, _capi.version())
 
+    def test_l1_coefficient_is_lambda_over_tokens_and_layers(self):
+        import twell
+        self.assertEqual(twell.l1_coefficient(0.5, 100, 2), 0.5 / 200)
+        self.assertEqual(twell.l1_coefficient(0.5, 0), 0.0)
+        for l1 in (-1, float("nan"), float("inf"), "0.1"):  # as twell.FFN's l1 refuses them
+            with self.assertRaisesRegex(ValueError, "l1 must be a finite number of at least 0"):
+                twell.l1_coefficient(l1, 10)
+        with self.assertRaisesRegex(ValueError, "layers >= 1"):
+            twell.l1_coefficient(0.5, 10, 0)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -57,6 +57,8 @@ def l1_coefficient(l1, tokens, layers=1):
     """The coefficient of Σ|h| in L = CE + λ · mean over layers of (1/M) Σ|h| (DESIGN.md §2)."""
     if tokens < 0 or layers < 1:
         raise ValueError(f"l1_coefficient: expected tokens >= 0 and layers >= 1, got tokens {tokens}, layers {layers}")
+    if not (isinstance(l1, numbers.Real) and math.isfinite(l1) and l1 >= 0):
+        raise ValueError(f"l1_coefficient: l1 must be a finite number of at least 0 (as twell.FFN's l1), got {l1!r}")
     return l1 / (float(tokens) * float(layers)) if tokens > 0 else 0.0
 
 
