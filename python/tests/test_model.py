@@ -575,6 +575,9 @@ class ModelOnTheCpu(unittest.TestCase):
                 m.generate(bad, max_new_tokens=2)
         with self.assertRaisesRegex(twell.TwellError, "encode takes a str"):
             m.tokenizer.encode(5)
+        for call in (lambda: m.tokenizer.encode("a\ud800b"), lambda: m.generate("a\ud800b", max_new_tokens=1)):
+            with self.assertRaisesRegex(twell.TwellError, "not valid Unicode at character 1 \\('\\\\ud800'"):
+                call()
         # bytes are the text's UTF-8, in generation as in scoring (not ids)
         self.assertEqual(m.generate(b"ab", max_new_tokens=4, stop=False), m.generate("ab", max_new_tokens=4, stop=False))
         self.assertEqual(m.perplexity(bytearray(b"hello")), m.perplexity("hello"))
@@ -891,6 +894,8 @@ class ChatTemplates(unittest.TestCase):
                     render(case)
             else:
                 self.assertEqual(render(case), case["text"], case["name"])
+        with self.assertRaisesRegex(twell.TwellError, "ChatTemplate.load: name must be a str, got bytes"):
+            twell.ChatTemplate.load(self.DATA, name=b"tool_use")
 
     def test_same_as_transformers(self):
         try:

@@ -192,6 +192,8 @@ class ChatTemplate(_FreedByDestroy):
         where path is given). None where the model has none (or none of that name)."""
         if path is None and template_file is None:
             raise TwellError("ChatTemplate.load: give the model directory, a template file, or both")
+        if name is not None and not isinstance(name, str):
+            raise TwellError(f"ChatTemplate.load: name must be a str, got {type(name).__name__} {name!r}"[:200])
         handle = ctypes.c_void_p()
         _capi.check(_capi.lib.twell_chat_template_load(None if path is None else _path(path),
                                                        None if template_file is None else _path(template_file),
@@ -361,7 +363,11 @@ class Tokenizer(_OwnsAHandle):
         """The ids of text (str, or bytes as they are); with add_special_tokens, HF's BOS / EOS around it."""
         if not isinstance(text, _TEXT):
             raise TwellError(f"encode takes a str (or its bytes), got {type(text).__name__} {text!r}"[:200])
-        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        try:
+            data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 for it, as HF's tokenizers refuse it too
+            raise TwellError(f"encode: the text is not valid Unicode at character {e.start} "
+                             f"({text[e.start:e.end]!r}: {e.reason})") from None
         n = ctypes.c_int64()
         capacity = len(data) + 16
         while True:
