@@ -424,7 +424,10 @@ class Model(_OwnsAHandle):
     memory, else the CPU reference backend), "cuda" (an error saying why where it cannot) or "cpu".
     ffn: the GPU's FFN of ReLU models, "twell" (sparse TwELL where it pays) or "dense".
     context: GPU buffers for sequences of at most this many positions (None: the config's
-    max_position_embeddings; a long context takes much memory). gpu_memory: the most GPU memory the
+    max_position_embeddings; a long context takes much memory), and on either backend the default window
+    of perplexity(stride=) and ffn_stats(). check_finite: refuse weights holding NaN or Inf (one scan at load).
+    bf16_ffn: on the CPU, round the ReLU FFN's g, u and h to bf16 as the GPU's bf16 FFN does (SiLU
+    models: no effect). gpu_memory: the most GPU memory the
     model may take, in bytes or as "40GB" (None: all that is free); where it needs more, "auto" runs
     it on the CPU and "cuda" refuses it. kv_cache=False: on the GPU, no KV cache (logits(), perplexity(),
     token_nll(), ffn_stats() and generations of one token); the CPU backend ignores it. max_batch: the most prompts one generate_batch() takes on the GPU (each with a
