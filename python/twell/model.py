@@ -845,10 +845,11 @@ class Model(_OwnsAHandle):
                                                        c_stops, n_stops, callback, None, tokens, ctypes.byref(g)))
             tail = streamer.rest() if streamer is not None else ""
             met = streamer.stopped_by(stop_strings) if streamer is not None else None
+            new = list(tokens[:g.n_tokens])
+            # Under the model's lock: where threads share the model, the record is the generation that ran last.
+            self.last_generation = _generation_record(new, g, met)
         if tail and stream is not None:
             stream(tail)
-        new = list(tokens[:g.n_tokens])
-        self.last_generation = _generation_record(new, g, met)
         if streamer is not None:  # the text streamed (decoded once)
             return "".join(streamer.pieces)
         return self._text_of(text_ids, new, stops, stop_strings, skip_special_tokens) if text_prompt else new
@@ -940,19 +941,19 @@ class Model(_OwnsAHandle):
                                                              callback, None, tokens, g))
             tails = [st.rest() if st is not None else "" for st in streamers]
             met = [st.stopped_by(stop_strings) if st is not None else None for st in streamers]
+            news = [list(tokens[i * room:i * room + g[i].n_tokens]) for i in range(B)]
+            # Whole, once (a reader never sees a list being filled), under the model's lock (as generate()).
+            self.last_generation = [_generation_record(news[i], g[i], met[i]) for i in range(B)]
         for i, tail in enumerate(tails):
             if tail and stream is not None:
                 stream(i, tail)
-        out, records = [], []
-        for i in range(B):
-            new = list(tokens[i * room:i * room + g[i].n_tokens])
-            records.append(_generation_record(new, g[i], met[i]))
+        out = []
+        for i, new in enumerate(news):
             if streamers[i] is not None:  # the text streamed (decoded once)
                 out.append("".join(streamers[i].pieces))
             else:
                 out.append(self._text_of(encoded[i][1], new, stops, stop_strings, skip_special_tokens)
                            if _text_prompt(prompts[i]) else new)
-        self.last_generation = records  # whole, once: a reader never sees a list being filled
         return out
 
     def close(self):
