@@ -140,7 +140,7 @@ TWELL_C_API int twell_cuda_ffn_workspace_bytes(const twell_cuda_ffn_config* conf
  * Like a cuBLAS handle it is not thread-safe: one host thread at a time, and calls on different
  * streams ordered by the caller (events), since they share its workspace. */
 typedef struct twell_cuda_ffn twell_cuda_ffn;
-/* workspace NULL: the object allocates its own; otherwise at least twell_cuda_ffn_workspace_bytes of
+/* workspace NULL (with workspace_bytes 0): the object allocates its own; otherwise at least twell_cuda_ffn_workspace_bytes of
  * device memory, 256-byte aligned, under the contract of the FfnForward constructor that takes one. */
 TWELL_C_API int twell_cuda_ffn_create(const twell_cuda_ffn_config* config, void* workspace, size_t workspace_bytes,
                                       twell_cuda_ffn** out);
@@ -189,7 +189,8 @@ typedef struct {
                           at load against what it will allocate; above it TWELL_CHOOSE_AUTO runs it on
                           the CPU and TWELL_CHOOSE_CUDA refuses it */
   int64_t max_batch;   /* GPU: the most sequences one call takes (twell_model_generate_batch), each with a
-                          context's KV cache; 0: 1. The CPU backend takes up to 65535. */
+                          context's KV cache; 0: 1. The CPU backend ignores it (and context, kv_cache and max_tokens) and
+                          takes up to 65535 (twell_model_get_info says what the loaded model takes). */
   int64_t max_tokens;  /* GPU: the most tokens one forward computes (its activations' size), at least
                           max_batch, at most max_batch contexts; with kv_cache, longer prompts run in
                           chunks. 0: with kv_cache up to 16384, fewer where the GPU's memory (or
@@ -238,7 +239,8 @@ TWELL_C_API int twell_model_cached_tokens(const twell_model* model, int64_t* n);
  * (the tokenizer's EOS is the caller's to add). *n receives their count; at most capacity are written. */
 TWELL_C_API int twell_model_eos_ids(const twell_model* model, int32_t* ids, int64_t capacity, int64_t* n);
 /* Perplexity of ids[0..n) (n >= 2) under one forward; log-softmax in double. *perplexity is +inf where
- * exp(*mean_nll) overflows a double (a mean NLL past ~709.8 nats); *mean_nll is then still exact. */
+ * exp(*mean_nll) overflows a double (a mean NLL past ~709.8 nats); *mean_nll is then still exact.
+ * mean_nll and perplexity may be NULL (here and in twell_model_perplexity_windows). */
 TWELL_C_API int twell_model_perplexity(twell_model* model, const int32_t* ids, int64_t n, double* mean_nll,
                                        double* perplexity);
 /* Perplexity of ids[0..n) longer than one forward, as `twell eval` scores a text: windows of `window`
@@ -304,7 +306,8 @@ typedef enum twell_stop_reason {
 /* Sees each token as soon as it is drawn (the stop token included); non-zero stops after it (a stop
  * token still reports TWELL_STOP_TOKEN). It may not call the generating model (refused: the call
  * would change the cache under the generation; twell_model_destroy leaves it alone and says so on
- * stderr) but for get_info, cached_tokens and eos_ids; other models and the tokenizer are fine. */
+ * stderr) but for get_info, cached_tokens, eos_ids and generation_sampling; other models and the tokenizer
+ * are fine. */
 typedef int (*twell_token_fn)(int32_t token, void* user);
 typedef struct {
   int64_t n_tokens; /* written to tokens */
@@ -363,7 +366,7 @@ typedef struct {
   int32_t bos_to_add, eos_to_add;      /* what HF puts before and after a text; -1: none */
 } twell_tokenizer_info;
 /* dir's tokenizer.json (and tokenizer_config.json), or with bytes != 0 the byte tokenizer of our own
- * small models (ids 0..255 bytes, BOS 256, EOS 257). vocab_size > 0: refused unless every id fits
+ * small models (ids 0..255 bytes, BOS 256, EOS 257; dir is then not read and may be NULL). vocab_size > 0: refused unless every id fits
  * an embedding of that many rows. */
 TWELL_C_API int twell_tokenizer_load(const char* dir, int64_t vocab_size, int32_t bytes, twell_tokenizer** out);
 TWELL_C_API void twell_tokenizer_destroy(twell_tokenizer* tokenizer); /* NULL: nothing */

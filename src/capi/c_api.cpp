@@ -179,6 +179,9 @@ void require_host(const std::initializer_list<TensorView>& views, const char* op
 #if TWELL_WITH_CUDA
 cuda::FfnShape shape_of(const twell_cuda_ffn_config* c) {
   TWELL_REQUIRE(c != nullptr, "twell_cuda_ffn_config: NULL");
+  TWELL_REQUIRE(c->max_tokens > 0 && c->hidden > 0 && c->ffn > 0,
+                "twell_cuda_ffn_config: max_tokens, hidden and ffn must be positive, got ", c->max_tokens, ", ",
+                c->hidden, " and ", c->ffn);
   return cuda::FfnShape{c->max_tokens, c->hidden, c->ffn, c->gated != 0};
 }
 
@@ -421,11 +424,13 @@ int twell_cuda_ffn_create(const twell_cuda_ffn_config* config, void* workspace, 
   return guarded([&] {
     TWELL_REQUIRE(out != nullptr, "twell_cuda_ffn_create: out is NULL");
     *out = nullptr;
+    TWELL_REQUIRE(workspace != nullptr || workspace_bytes == 0, "twell_cuda_ffn_create: workspace is NULL with ",
+                  workspace_bytes, " bytes (NULL: the object allocates its own; give 0 bytes with it)");
 #if TWELL_WITH_CUDA
+    const cuda::FfnShape shape = shape_of(config);  // the arguments first, on any machine
+    const cuda::FfnOptions options = options_of(config);
     std::string why;
     TWELL_REQUIRE(cuda::hopper_available(&why), "twell_cuda_ffn_create: ", why);
-    const cuda::FfnShape shape = shape_of(config);
-    const cuda::FfnOptions options = options_of(config);
     *out = workspace ? new twell_cuda_ffn{cuda::FfnForward(shape, options, workspace, workspace_bytes)}
                      : new twell_cuda_ffn{cuda::FfnForward(shape, options)};
 #else

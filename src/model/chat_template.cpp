@@ -3145,6 +3145,8 @@ std::string chat_special_tokens(const std::string& model_dir) {
   Json special = Json::object();
   if (model_dir.empty()) return special.dump();
   const std::filesystem::path dir(model_dir);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) throw Error(str(model_dir, ": not a directory"));
   // tokenizer_config.json's keys, special_tokens_map.json's over them unless the config lists its added tokens
   // (added_tokens_decoder: transformers then reads no map), as transformers 5 loads them.
   Json merged = read_json_object(dir / "tokenizer_config.json").value_or(Json::object());

@@ -1628,13 +1628,16 @@ void TextStream::skip_special_tokens() {
 }
 
 std::string TextStream::put(int32_t id) {
-  started_ = true;
-  if (stopped() || std::find(stops_.begin(), stops_.end(), id) != stops_.end()) return {};  // not part of the text
+  if (stopped() || std::find(stops_.begin(), stops_.end(), id) != stops_.end()) {  // not part of the text
+    started_ = true;
+    return {};
+  }
   const size_t first = given_ > kWindow ? given_ - kWindow : 0;
   const std::vector<int32_t> before(ids_.begin() + first, ids_.begin() + given_);
   std::vector<int32_t> all(ids_.begin() + first, ids_.end());
   all.push_back(id);
   const std::string known = tok_.decode(before), now = tok_.decode(all);  // may throw: nothing changed yet
+  started_ = true;
   ids_.push_back(id);
   given_ = ids_.size();
   // Drop what no window reads again, so the ids kept stay few.

@@ -184,6 +184,26 @@ TEST(CApi, NullArgumentsAreRefused) {
   twell_cuda_ffn* ffn = nullptr;
   EXPECT_EQ(twell_cuda_ffn_create(nullptr, nullptr, 0, &ffn), TWELL_ERROR);
   EXPECT_EQ(ffn, nullptr);
+#if TWELL_WITH_CUDA  // the arguments are checked before the GPU is looked for
+  EXPECT_NE(std::string(twell_last_error()).find("twell_cuda_ffn_config: NULL"), std::string::npos)
+      << twell_last_error();
+  {
+    twell_cuda_ffn_config c;
+    twell_cuda_ffn_config_init(&c, 128, 64, 128);
+    EXPECT_EQ(twell_cuda_ffn_create(&c, nullptr, 4096, &ffn), TWELL_ERROR);  // a size without the memory
+    EXPECT_NE(std::string(twell_last_error()).find("workspace is NULL with 4096 bytes"), std::string::npos)
+        << twell_last_error();
+    c.max_tokens = -5;
+    for (int call = 0; call < 2; ++call) {
+      EXPECT_EQ(call ? twell_cuda_ffn_create(&c, nullptr, 0, &ffn) : twell_cuda_ffn_workspace_bytes(&c, &bytes),
+                TWELL_ERROR);
+      EXPECT_NE(std::string(twell_last_error()).find("max_tokens, hidden and ffn must be positive, got -5"),
+                std::string::npos)
+          << twell_last_error();
+    }
+    EXPECT_EQ(ffn, nullptr);
+  }
+#endif
   EXPECT_EQ(twell_cuda_ffn_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), TWELL_ERROR);
   EXPECT_EQ(twell_cuda_ffn_use_workspace(nullptr, nullptr, 0), TWELL_ERROR);
   twell_ffn_stats s;

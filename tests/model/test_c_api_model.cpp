@@ -499,6 +499,8 @@ TEST_F(CApiModel, ChatTemplates) {
   char json[64];
   ASSERT_EQ(twell_chat_template_special_tokens(dir_.c_str(), json, sizeof json, &len), TWELL_OK);
   EXPECT_EQ(std::string(json, len), R"({"eos_token":"</s>"})");
+  EXPECT_EQ(twell_chat_template_special_tokens((dir_ + "/missing").c_str(), json, sizeof json, &len), TWELL_ERROR);
+  EXPECT_NE(error_text().find("missing: not a directory"), std::string::npos) << error_text();
   twell_chat_template_destroy(t);
   twell_chat_template* own = nullptr;
   ASSERT_EQ(twell_chat_template_create("{{ raise_exception('no') }}", nullptr, &own), TWELL_OK);
@@ -727,6 +729,11 @@ TEST_F(CApiModel, TextStreamsGiveWholeCharacters) {
   EXPECT_EQ(put('c'), "c");  // the refused id changed nothing
   twell_text_stream_destroy(s);
   twell_text_stream_destroy(nullptr);
+  // A refused first put leaves the stream unstarted: what may come only before the first token still can.
+  ASSERT_EQ(twell_text_stream_create(t, context, 2, stops, 1, &s), TWELL_OK);
+  EXPECT_EQ(twell_text_stream_put(s, 300, &text, &len), TWELL_ERROR);
+  EXPECT_EQ(twell_text_stream_skip_special_tokens(s), TWELL_OK) << error_text();
+  twell_text_stream_destroy(s);
   s = nullptr;
   EXPECT_EQ(twell_text_stream_create(nullptr, context, 2, stops, 1, &s), TWELL_ERROR);
   EXPECT_EQ(s, nullptr);
