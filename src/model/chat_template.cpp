@@ -3139,14 +3139,19 @@ std::optional<Json> read_json_object(const std::filesystem::path& p) {
   return j;
 }
 
+// The model directory the chat functions read, refused where it is not one.
+std::filesystem::path model_directory(const std::string& model_dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(model_dir, ec)) throw Error(str(model_dir, ": not a directory"));
+  return model_dir;
+}
+
 }  // namespace
 
 std::string chat_special_tokens(const std::string& model_dir) {
   Json special = Json::object();
   if (model_dir.empty()) return special.dump();
-  const std::filesystem::path dir(model_dir);
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) throw Error(str(model_dir, ": not a directory"));
+  const std::filesystem::path dir = model_directory(model_dir);
   // tokenizer_config.json's keys, special_tokens_map.json's over them unless the config lists its added tokens
   // (added_tokens_decoder: transformers then reads no map), as transformers 5 loads them.
   Json merged = read_json_object(dir / "tokenizer_config.json").value_or(Json::object());
@@ -3180,9 +3185,8 @@ std::string chat_special_tokens(const std::string& model_dir) {
 std::vector<std::pair<std::string, std::string>> chat_templates(const std::string& model_dir,
                                                                  std::vector<std::string>* sources) {
   namespace fs = std::filesystem;
+  const fs::path dir = model_directory(model_dir);
   std::error_code ec;
-  const fs::path dir(model_dir);
-  if (!fs::is_directory(dir, ec)) throw Error(str(model_dir, ": not a directory"));
   std::vector<std::pair<std::string, std::string>> named;
   std::vector<std::string> from;
   const auto add = [&](const std::string& name, std::string text, std::string source) {

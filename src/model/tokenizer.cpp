@@ -1029,7 +1029,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
     const int32_t id = it.value().get<int32_t>();
     if (tok->has_id(id))
       throw Error(str(where, ".vocab: id ", id, " is given to both '",
-                      printable(tok->tokens_[tok->token_index_[id]], 60), "' and '", printable(it.key(), 60),
+                      printable(tok->token_of(id), 60), "' and '", printable(it.key(), 60),
                       "'"));
     tok->set_token(id, it.key());
   }
@@ -1163,7 +1163,7 @@ std::string BpeTokenizer::id_to_token(int32_t id) const {
   if (!has_id(id))
     throw Error(str("BpeTokenizer: unknown token id ", id, " (vocab size ", vocab_size_,
                     id >= 0 && id < vocab_size_ ? "; a gap in tokenizer.json's ids" : "", ")"));
-  return tokens_[token_index_[id]];
+  return token_of(id);
 }
 
 void BpeTokenizer::set_token(int32_t id, std::string token) {
@@ -1190,7 +1190,7 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
       throw Error(str("BpeTokenizer::decode: unknown token id ", id, " at position ", i,
                       " (vocab size ", vocab_size_, ")"));
     if (!has_id(id)) continue;  // a gap in tokenizer.json's ids: no token, no text (HF's decode skips it too)
-    const std::string& token = tokens_[token_index_[id]];
+    const std::string& token = token_of(id);
     if (!metaspace_) {
       append_token_bytes(out, token);
       continue;

@@ -168,6 +168,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<uint32_t> token_index_;
   std::vector<std::string> tokens_;
   bool has_id(int32_t id) const { return id >= 0 && id < vocab_size_ && token_index_[id] != kNoToken; }
+  const std::string& token_of(int32_t id) const { return tokens_[token_index_[id]]; }  // where has_id(id)
   // Sets id's token (a new one, or in place of the one it has).
   void set_token(int32_t id, std::string token);
   // (left id << 32 | right id) -> (rank, merged id)
