@@ -239,6 +239,9 @@ std::vector<BenchRecord> run_ffn_bench_on(FfnBackend& backend_ref, const FfnBenc
   FfnBackend* const backend = &backend_ref;
   TWELL_REQUIRE(!cfg.train || backend->train_available(), "--train needs the CUDA backend (a Hopper GPU)",
                 no_gpu.empty() ? "" : ": " + no_gpu);
+  TWELL_REQUIRE(!cfg.split || !cfg.train, "--split times the forward only: not with --train");
+  TWELL_REQUIRE(!cfg.split || backend->train_available(), "--split needs the CUDA backend (a Hopper GPU)",
+                no_gpu.empty() ? "" : ": " + no_gpu);
   // Each case once, in the order given (-M 16 -M 16 is one case, and so for -d and --distribution).
   auto once = [](auto values) {
     auto end = values.begin();

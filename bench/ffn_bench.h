@@ -47,6 +47,9 @@ struct FfnBenchConfig {
   // time follows energy.
   bool energy = false;
   double energy_seconds = 1.0;
+  // Also time twell_split (CUDA backend, forward only): twell::cuda::SplitFfn, the neurons that fire
+  // in >= 1.2% of a calibration sample's tokens run dense.
+  bool split = false;
   std::string command;    // the full command line, recorded in every record
 };
 

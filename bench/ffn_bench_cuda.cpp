@@ -5,6 +5,8 @@
 //   twell          twell::cuda::FfnForward with its default dispatch, previous (sparse or dense by
 //                  the density of the previous call; the first, untimed call samples and waits)
 //   twell_sparse   the same, forced onto the sparse path (shows what dispatch avoided)
+//   twell_split    with --split: twell::cuda::SplitFfn, the neurons that fire in >= 1.2% of a
+//                  calibration sample's tokens as a dense FFN, the rest through FfnForward (previous)
 // With --train, forward + backward (dx, dWg, dWu, dWd in f32, L1 term on):
 //   dense_cublas   the forward above keeping g, u, h; dh = dy Wdᵀ (f32), one element-wise kernel
 //                  for dg, du; dx = [dg|du]·[Wg; Wu] as one GEMM; [dWg; dWu] = [dg|du]ᵀ x and
@@ -23,6 +25,7 @@
 #include "gpu_meter.h"
 #include "twell/cuda/ffn.h"
 #include "twell/cuda/runtime.h"
+#include "twell/cuda/split_ffn.h"
 
 namespace twell::bench {
 namespace {
@@ -106,6 +109,40 @@ class CudaBackend : public FfnBackend {
     r[1].poison = poison({&s->y_unfused});
     r[2].poison = poison({&s->y_twell});
     r[3].poison = poison({&s->y_sparse});
+    if (cfg.split) r.push_back(split_runner(p, cfg, auto_opts));
+    return r;
+  }
+
+  // twell_split: the hot set from a calibration sample of min(M, 16384) tokens: fresh tokens of the
+  // case's distribution (another seed than the timed ones'), or with --from the file's first rows.
+  FfnRunner split_runner(const FfnProblem& p, const FfnBenchConfig& cfg, const cuda::FfnOptions& o) {
+    State* s = state_.get();
+    const FfnWeights w = weights();
+    const int64_t M = p.ffn.spec.M, H = p.ffn.spec.H, I = p.ffn.spec.I, n = std::min<int64_t>(M, 16384);
+    DeviceTensor fresh;
+    TensorView sample(s->x[0].view().data, DType::bf16, {n, H}, Device::cuda);
+    if (cfg.from_file.empty()) {
+      SyntheticSpec spec = p.ffn.spec;
+      spec.M = n;
+      fresh = DeviceTensor::upload(make_synthetic_tokens(spec, spec.seed * 7919 + 977), stream_);
+      sample = fresh.view();
+    }
+    const std::vector<int64_t> counts = cuda::count_active_neurons(sample, w, stream_);
+    const std::vector<int32_t> hot = cuda::choose_hot_neurons(counts, n);
+    int64_t total = 0, in_hot = 0;
+    for (const int64_t c : counts) total += c;
+    for (const int32_t j : hot) in_hot += counts[size_t(j)];
+    s->split = std::make_unique<cuda::SplitFfn>(shape(p), w, hot, o, stream_);
+    s->y_split = DeviceTensor(DType::bf16, {M, H});
+    const std::string note = str(hot.size(), " of ", I, " neurons dense (those firing in >= 1.2% of ", n,
+                                 cfg.from_file.empty() ? " fresh" : " of its", " tokens; ",
+                                 total ? std::lround(100.0 * double(in_hot) / double(total)) : 0L,
+                                 "% of the sample's non-zeros)");
+    cudaStream_t st = stream_;
+    FfnRunner r{"twell_split", [s, st](int set) { s->split->forward(s->x[set], s->y_split, st); },
+                [s, this] { return s->y_split.download(stream_); }};
+    r.note = [note] { return note; };
+    r.poison = poison({&s->y_split});
     return r;
   }
 
@@ -324,9 +361,10 @@ class CudaBackend : public FfnBackend {
     int64_t case_id = -1;
     DeviceTensor wg, wu, wd;
     std::vector<DeviceTensor> x;
-    DeviceTensor y_dense, y_unfused, y_twell, y_sparse, g_unfused, u_unfused;
+    DeviceTensor y_dense, y_unfused, y_twell, y_sparse, y_split, g_unfused, u_unfused;
     cuda::LtGemm gemm;
     std::unique_ptr<cuda::FfnForward> dense, twell, sparse;
+    std::unique_ptr<cuda::SplitFfn> split;  // --split
     // --train
     struct Grads {
       DeviceTensor dx, dwgu, dwd;  // dWg and dWu stacked [2I, H]

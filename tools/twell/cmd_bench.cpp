@@ -81,6 +81,10 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->check(real_in(0.5, false, 60.0, "in [0.5, 60]"))
       ->needs(energy)
       ->capture_default_str();
+  ffn->add_flag("--split", cfg->split,
+                "also time twell_split: the neurons that fire in >= 1.2% of a calibration sample's tokens (min(M, "
+                "16384) fresh ones of the case's distribution; with --from the file's first rows) run as a dense "
+                "FFN, the rest sparse (twell::cuda::SplitFfn; CUDA backend, forward only)");
   ffn->add_flag("--train", cfg->train,
                 "time forward + backward (all four gradients, L1 term on) instead of the forward; checks dx on "
                 "sampled tokens and dWg, dWu, dWd on sampled neurons against float64 first (CUDA backend)");
