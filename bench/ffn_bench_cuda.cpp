@@ -132,7 +132,9 @@ class CudaBackend : public FfnBackend {
     int64_t total = 0, in_hot = 0;
     for (const int64_t c : counts) total += c;
     for (const int32_t j : hot) in_hot += counts[size_t(j)];
-    s->split = std::make_unique<cuda::SplitFfn>(shape(p), w, hot, o, stream_);
+    cuda::FfnOptions cold = o;
+    cold.tile = 0;  // the sparse part's own default for its width (the case's tile was chosen for I)
+    s->split = std::make_unique<cuda::SplitFfn>(shape(p), w, hot, cold, stream_);
     s->y_split = DeviceTensor(DType::bf16, {M, H});
     const std::string note = str(hot.size(), " of ", I, " neurons dense (those firing in >= 1.2% of ", n,
                                  cfg.from_file.empty() ? " fresh" : " of its", " tokens; ",
