@@ -97,8 +97,8 @@ struct FfnRunner {
   std::string impl;
   std::function<void(int token_set)> run;  // the timed work
   std::function<Tensor()> output;          // y [M, H] of the last run, on the host
-  // Training runners: dx [M, H], dWg, dWu, dWd [I, H] of the last run (f32, host), and a note
-  // (e.g. the bytes the forward keeps for the backward).
+  // Training runners: dx [M, H], dWg, dWu, dWd [I, H] of the last run (f32, host). Any runner: a note
+  // for its records (e.g. the bytes the forward keeps for the backward).
   std::function<std::vector<Tensor>()> grads = nullptr;
   std::function<std::string()> note = nullptr;
   // Fills this runner's outputs with NaN, so that the checked run must write every value.

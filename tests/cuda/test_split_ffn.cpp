@@ -40,6 +40,12 @@ TEST(ChooseHotNeurons, TakesTheFrequentOnesInMultiplesOf64) {
   // Every neuron hot: at most I - 64, so that the sparse part keeps some.
   EXPECT_EQ(cuda::choose_hot_neurons(std::vector<int64_t>(640, 1000), 1000).size(), 576u);
   EXPECT_TRUE(cuda::choose_hot_neurons(std::vector<int64_t>(64, 1000), 1000).empty());
+  // I a multiple of 176 (the paper's 5632): steps of 704, so that the sparse part keeps the 176 tile.
+  for (const auto& [above, expect] : {std::pair{600, 704}, {351, 0}, {352, 704}, {1100, 1408}, {5632, 4928}}) {
+    std::vector<int64_t> c(5632, 0);
+    for (int j = 0; j < above; ++j) c[size_t(j)] = 100;
+    EXPECT_EQ(cuda::choose_hot_neurons(c, 1000).size(), size_t(expect)) << above << " above the rate";
+  }
 }
 
 TEST(ChooseHotNeurons, RefusesBadArguments) {
