@@ -17,3 +17,11 @@ timeout $(left 150) compute-sanitizer --tool memcheck $B/twell_gpu_tests --gtest
   --gtest_filter='Cases/SplitFfnGpu.MatchesCpuReference/M300_H256_I1344_d20permille_skewed_gated:SplitFfnGpuBits.*' \
   > $O/memcheck_split.log 2>&1
 echo "rc $?" >> $O/memcheck_split.log; tail -4 $O/memcheck_split.log; save
+# The 256 tile's cost at a width that is not a multiple of it: I = 4992 (19.5 tiles of 256, 28.4 of 176) and
+# I = 8192 (32 of 256, 46.5 of 176), uniform 0.25%, each tile. first/parts.txt had 4992 at 256 20% slower than 4928
+# at 176. Predicted: 176 faster at 4992 by ~15%, about even at 8192.
+for I in 4992 8192; do for T in 176 256; do
+  timeout $(left 60) $B/twell bench ffn -M 131072 -I $I -d 0.0025 --distribution uniform --tile $T \
+    --json $O/tile_I${I}_T$T.json > $O/tile_I${I}_T$T.txt 2>/dev/null
+  echo "rc $?" >> $O/tile_I${I}_T$T.txt; grep -E "twell |dense_cublas" $O/tile_I${I}_T$T.txt | sed "s/^/T$T /"; save
+done; done
