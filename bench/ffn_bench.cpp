@@ -264,15 +264,15 @@ std::vector<BenchRecord> run_ffn_bench_on(FfnBackend& backend_ref, const FfnBenc
                 "backend");
   TWELL_REQUIRE(!from_file || (cfg.tokens.empty() && cfg.densities.empty()),
               "--from takes M, H, I and the density from the file; drop -M and -d");
-  auto choose_tile = [&](int64_t I) {
+  auto choose_tile = [&] {
     if (cfg.tile != 0) return;
-    cfg.tile = default_ffn_tile(I, cfg.compression, cfg.train);
+    cfg.tile = default_ffn_tile(cfg.compression, cfg.train);
     TWELL_REQUIRE(cfg.tile % cfg.compression == 0, "--compression must divide the tile width (", cfg.tile,
                   ", the default here: give --tile), got ", cfg.compression);
   };
   // The memory first: the reach check draws I-sized rates, minutes at a mistyped -I.
   if (!from_file) {
-    choose_tile(cfg.I);
+    choose_tile();
     check_host_memory(tokens, cfg.H, cfg.I, cfg.gated, backend->activations_on_host(), "-M, -H, -I", cfg.tile,
                       cfg.compression);
     check_densities_reachable(cfg, densities, distributions);
@@ -288,7 +288,7 @@ std::vector<BenchRecord> run_ffn_bench_on(FfnBackend& backend_ref, const FfnBenc
   if (from_file) {
     given = load_problem(cfg.from_file, backend->activations_on_host());
     const SyntheticSpec& g = given->ffn.spec;
-    choose_tile(g.I);
+    choose_tile();
     check_host_memory({g.M}, g.H, g.I, g.gated, backend->activations_on_host(), "from " + cfg.from_file, cfg.tile,
                       cfg.compression);
   }

@@ -6,8 +6,8 @@
 
 namespace twell {
 
-int32_t default_ffn_tile(int64_t ffn, int32_t compression, bool training) {
-  return !training && ffn % 176 == 0 && compression >= 1 && 176 % compression == 0 ? 176 : 256;
+int32_t default_ffn_tile(int32_t compression, bool training) {
+  return !training && compression >= 1 && 176 % compression == 0 ? 176 : 256;
 }
 
 void TwellLayout::check() const {

@@ -130,7 +130,7 @@ struct FfnForward::Impl {
   }
 
   static FfnOptions with_tile(FfnOptions o, const FfnShape& s) {
-    if (o.tile == 0) o.tile = default_ffn_tile(s.ffn, o.compression, o.training);
+    if (o.tile == 0) o.tile = default_ffn_tile(o.compression, o.training);
     return o;
   }
 

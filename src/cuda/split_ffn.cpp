@@ -45,11 +45,10 @@ std::vector<int32_t> choose_hot_neurons(const std::vector<int64_t>& counts, int6
                    [&](int32_t a, int32_t b) { return counts[size_t(a)] > counts[size_t(b)]; });
   int64_t above = 0;
   while (above < I && double(counts[size_t(order[size_t(above)])]) >= dense_above_rate * double(tokens)) ++above;
-  // The sparse part keeps I's TwELL tile: at 176 (I a multiple of 176, default_ffn_tile) the split
-  // moves whole 704-neuron steps (lcm(64, 176)), else 64-neuron ones. The nearest step, half-way up.
-  const int64_t step = default_ffn_tile(I, 8, false) == 176 ? 704 : 64;
+  // Whole 704-neuron steps (lcm(64, 176)), so that the sparse part's last 176-wide tile (the
+  // default tile) is as full as I's. The nearest step, half-way up.
+  constexpr int64_t step = 704;
   int64_t k = (above + step / 2) / step * step;
-  if (above < 32) k = 0;
   while (k > 0 && k > I - 64) k -= step;
   order.resize(static_cast<size_t>(std::max<int64_t>(k, 0)));
   return order;

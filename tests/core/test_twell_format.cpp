@@ -128,15 +128,13 @@ TEST(TwellFormat, EntryEncoding) {
   EXPECT_EQ(TwellLayout({10, 5632, 256, 8}).slots(), 32);
 }
 
-// The FFNs' default tile: 176 (the fused gate's 128 × 176 GEMM tiles) only where it divides I, the
-// compression divides it, and outside training; else the reference's 256.
+// The FFNs' default tile: 176 (the fused gate's 128 × 176 GEMM tiles) where the compression divides
+// it, outside training; else the reference's 256.
 TEST(TwellFormat, DefaultFfnTile) {
-  EXPECT_EQ(default_ffn_tile(5632, 8, false), 176);
-  EXPECT_EQ(default_ffn_tile(5632, 11, false), 176);
-  EXPECT_EQ(default_ffn_tile(5632, 8, true), 256);   // training
-  EXPECT_EQ(default_ffn_tile(5632, 32, false), 256);  // 32 does not divide 176
-  EXPECT_EQ(default_ffn_tile(2048, 8, false), 256);
-  EXPECT_EQ(default_ffn_tile(11008, 8, false), 256);
+  EXPECT_EQ(default_ffn_tile(8, false), 176);
+  EXPECT_EQ(default_ffn_tile(11, false), 176);
+  EXPECT_EQ(default_ffn_tile(8, true), 256);   // training
+  EXPECT_EQ(default_ffn_tile(32, false), 256);  // 32 does not divide 176
 }
 
 TEST(TwellFormat, RejectsBadLayoutsAndInputs) {

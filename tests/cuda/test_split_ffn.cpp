@@ -22,30 +22,24 @@ using cuda::DeviceTensor;
 using cuda::Dispatch;
 
 // choose_hot_neurons runs on the host: these run without a GPU.
-TEST(ChooseHotNeurons, TakesTheFrequentOnesInMultiplesOf64) {
-  std::vector<int64_t> counts(640, 0);
-  for (int j = 0; j < 100; ++j) counts[size_t(5 * j + 3)] = 50 + j;  // 100 neurons at >= 5%
+TEST(ChooseHotNeurons, TakesTheFrequentOnesInSteps) {
+  std::vector<int64_t> counts(5632, 0);
+  for (int j = 0; j < 500; ++j) counts[size_t(7 * j + 3)] = 50 + j;  // 500 neurons at >= 5%
   const std::vector<int32_t> hot = cuda::choose_hot_neurons(counts, 1000, 0.012);
-  ASSERT_EQ(hot.size(), 128u);  // 100 above the rate, rounded to the nearest multiple of 64
-  EXPECT_EQ(hot[0], 5 * 99 + 3);  // most frequent first
-  for (size_t i = 0; i < 100; ++i) EXPECT_GE(counts[size_t(hot[i])], 50);
-  EXPECT_EQ(hot[100], 0);  // then the zero counts, lowest index first
-  EXPECT_EQ(hot[101], 1);
-  // 31 above the rate: none; 32: 64.
-  std::vector<int64_t> few(640, 0);
-  for (int j = 0; j < 31; ++j) few[size_t(j)] = 20;
-  EXPECT_TRUE(cuda::choose_hot_neurons(few, 1000).empty());
-  few[31] = 20;
-  EXPECT_EQ(cuda::choose_hot_neurons(few, 1000).size(), 64u);
-  // Every neuron hot: at most I - 64, so that the sparse part keeps some.
-  EXPECT_EQ(cuda::choose_hot_neurons(std::vector<int64_t>(640, 1000), 1000).size(), 576u);
-  EXPECT_TRUE(cuda::choose_hot_neurons(std::vector<int64_t>(64, 1000), 1000).empty());
-  // I a multiple of 176 (the paper's 5632): steps of 704, so that the sparse part keeps the 176 tile.
-  for (const auto& [above, expect] : {std::pair{600, 704}, {351, 0}, {352, 704}, {1100, 1408}, {5632, 4928}}) {
+  ASSERT_EQ(hot.size(), 704u);  // 500 above the rate, rounded to the nearest multiple of 704
+  EXPECT_EQ(hot[0], 7 * 499 + 3);  // most frequent first
+  for (size_t i = 0; i < 500; ++i) EXPECT_GE(counts[size_t(hot[i])], 50);
+  EXPECT_EQ(hot[500], 0);  // then the zero counts, lowest index first
+  EXPECT_EQ(hot[501], 1);
+  for (const auto& [above, expect] : {std::pair{351, 0}, {352, 704}, {1100, 1408}, {5632, 4928}}) {
     std::vector<int64_t> c(5632, 0);
     for (int j = 0; j < above; ++j) c[size_t(j)] = 100;
     EXPECT_EQ(cuda::choose_hot_neurons(c, 1000).size(), size_t(expect)) << above << " above the rate";
   }
+  // At most I - 64, so that the sparse part keeps some: none where no step fits.
+  EXPECT_EQ(cuda::choose_hot_neurons(std::vector<int64_t>(1408, 1000), 1000).size(), 704u);
+  EXPECT_TRUE(cuda::choose_hot_neurons(std::vector<int64_t>(704, 1000), 1000).empty());
+  EXPECT_TRUE(cuda::choose_hot_neurons(std::vector<int64_t>(640, 1000), 1000).empty());
 }
 
 TEST(ChooseHotNeurons, RefusesBadArguments) {
@@ -100,11 +94,13 @@ TEST_P(SplitFfnGpu, MatchesCpuReference) {
   cpu::ffn_forward(p.f.x, p.f.weights(), y64, Precision::f64);
   const double cpu_err = relative_error(y_cpu, y64), scale = rms(y_cpu);
 
-  // Hot sets: the frequent neurons the rule picks (at a low rate, so that every case has some), and
-  // a fixed scattered set in a scrambled order.
+  // Hot sets: the 128 neurons that fire most (as choose_hot_neurons orders them), and a fixed
+  // scattered set in a scrambled order.
   const std::vector<int64_t> counts = cuda::count_active_neurons(p.x, p.w(), nullptr);
-  std::vector<int32_t> chosen = cuda::choose_hot_neurons(counts, c.M, 1e-9);
-  chosen.resize(std::min<size_t>(chosen.size(), 128));
+  std::vector<int32_t> chosen(size_t(c.I));
+  std::iota(chosen.begin(), chosen.end(), 0);
+  std::stable_sort(chosen.begin(), chosen.end(), [&](int32_t a, int32_t b) { return counts[size_t(a)] > counts[size_t(b)]; });
+  chosen.resize(128);
   std::vector<int32_t> scattered;
   for (int64_t j = c.I - 1; j >= 0 && scattered.size() < 64; j -= 3) scattered.push_back(static_cast<int32_t>(j));
   std::swap(scattered[0], scattered[40]);

@@ -939,7 +939,10 @@ TEST(FfnForwardGpuErrors, RefusesWhatItCannotHonour) {
 TEST(FfnForwardGpuEdges, TheDefaultTileIsChosenAndSaid) {
   TWELL_REQUIRE_HOPPER();
   EXPECT_EQ(cuda::FfnForward({64, 256, 5632, true}, {}).options().tile, 176);
-  EXPECT_EQ(cuda::FfnForward({64, 256, 2048, true}, {}).options().tile, 256);
+  EXPECT_EQ(cuda::FfnForward({64, 256, 2048, true}, {}).options().tile, 176);  // a partial last tile
+  cuda::FfnOptions c32;
+  c32.compression = 32;  // does not divide 176
+  EXPECT_EQ(cuda::FfnForward({64, 256, 2048, true}, c32).options().tile, 256);
   cuda::FfnOptions training;
   training.training = true;
   EXPECT_EQ(cuda::FfnForward({64, 256, 5632, true}, training).options().tile, 256);

@@ -46,8 +46,8 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->capture_default_str();
   ffn->add_flag("--non-gated", *non_gated, "h = relu(x Wuᵀ) instead of relu(x Wgᵀ) ⊙ (x Wuᵀ)");
   ffn->add_option("--tile", cfg->tile,
-                  "TwELL tile width T; 0: the FFN's default (176 where I is a multiple of 176, as 5632 is, and "
-                  "--compression divides 176, outside --train; else 256)")
+                  "TwELL tile width T; 0: the FFN's default (176 where --compression divides 176, outside --train; "
+                  "else 256)")
       ->check(int_in(0, 65536))
       ->capture_default_str();
   ffn->add_option("--compression", cfg->compression, "TwELL compression factor C (capacity T/C per tile)")
@@ -203,8 +203,7 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->check(CLI::IsMember({"auto", "cudnn", "twell"}))
       ->capture_default_str();
   model->add_option("--tile", mcfg->tile,
-                    "the twell FFN's TwELL tile width T; 0: the FFN's default (176 where I is a multiple of 176, "
-                    "else 256)")
+                    "the twell FFN's TwELL tile width T; 0: the FFN's default (176)")
       ->check(int_in(0, 65536))
       ->capture_default_str();
   model->add_option("--save", mcfg->save_dir,

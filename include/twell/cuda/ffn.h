@@ -96,7 +96,7 @@ struct FfnOptions {
   // path (the dense path's product kernel rounds h to bf16 for the down GEMM). A non-gated FFN has
   // h_fp32 only in one-token calls (the one-token kernel); forward() refuses more tokens.
   Precision precision = Precision::bf16;
-  // TwELL layout. tile 0: default_ffn_tile(I, compression, training) (176 at I = 5632, else 256);
+  // TwELL layout. tile 0: default_ffn_tile(compression, training) (176 outside training, else 256);
   // options() gives the width chosen.
   int32_t tile = 0, compression = 8;
   // Sparse calls with at most this many tokens take the gather path (decode): each token's active

@@ -38,10 +38,10 @@ std::vector<int64_t> count_active_neurons(const TensorView& x, const FfnWeights&
 
 // The neurons to run dense, from count_active_neurons' counts over `tokens` tokens: those that fire
 // in at least `dense_above_rate` of the tokens, most frequent first (ties to the lower index, so the
-// choice is deterministic), their number rounded to the nearest step that keeps the sparse part's
-// TwELL tile: where I is a multiple of 176 (the tile of default_ffn_tile, whose gate GEMM is much
-// faster than 256's with a partial tile: 5.49 against 6.56 ms for I = 4928 and 4992 on an H100) the
-// steps are of 704 = lcm(64, 176), else of 64. At most I - 64; empty when fewer than 32 qualify.
+// choice is deterministic), their number rounded to the nearest multiple of 704 = lcm(64, 176), so
+// that the sparse part's last 176-wide tile (default_ffn_tile) is as full as I's: a partial one
+// costs the gate GEMM a whole tile's work (on an H100, twell at I = 4992 took 5.63 ms against 5.49
+// at I = 4928, whose 28 tiles are whole). At most I - 64; empty where that leaves fewer than 704.
 std::vector<int32_t> choose_hot_neurons(const std::vector<int64_t>& counts, int64_t tokens,
                                         double dense_above_rate = 0.012);
 

@@ -30,12 +30,13 @@
 
 namespace twell {
 
-// The TwELL tile width twell's FFNs use when none is asked for (FfnOptions::tile = 0): 176 where the
-// FFN width `ffn` is a multiple of 176 and `compression` divides 176, outside training, since the
-// fused gate then runs 128 × 176 GEMM tiles, the fastest measured (I = 5632 = 32 × 176: the FFN
-// 0.60× against 0.616× at T = 256; docs/perf.md, FFN items 42-43); otherwise 256, the reference's
-// (and training's: its backward was tuned and measured at 256).
-int32_t default_ffn_tile(int64_t ffn, int32_t compression, bool training);
+// The TwELL tile width twell's FFNs use when none is asked for (FfnOptions::tile = 0): 176 where
+// `compression` divides 176, outside training, since the fused gate then runs 128 × 176 GEMM tiles,
+// the fastest measured, at any FFN width: I = 5632 = 32 × 176, the FFN 0.60× against 0.616× at
+// T = 256 (docs/perf.md, FFN items 42-43); and with a partial last tile, 0.25%, M = 131072 on an H100,
+// I = 4992 5.63 against 6.55 ms, I = 8192 9.40 against 10.19 (sixty-eighth session). Otherwise 256,
+// the reference's (and training's: its backward was tuned and measured at 256).
+int32_t default_ffn_tile(int32_t compression, bool training);
 
 struct TwellLayout {
   int64_t rows = 0;         // M
