@@ -188,6 +188,9 @@ std::vector<FfnCase> ffn_cases() {
   cases.push_back({65, 2048, 5632, 0.005, true, true, 176, 8});
   cases.push_back({300, 512, 1984, 0.02, true, true, 176, 8});
   cases.push_back({67, 256, 1344, 0.5, false, true, 176, 8});
+  // I below one 176-wide tile (the default tile at every width since the sixty-eighth session).
+  cases.push_back({33, 64, 64, 0.2, false, true, 176, 8});
+  cases.push_back({45, 128, 128, 0.1, true, true, 176, 8});
   return cases;
 }
 
