@@ -405,6 +405,8 @@ std::vector<BenchRecord> run_ffn_bench_on(FfnBackend& backend_ref, const FfnBenc
             for (int k = 0; k < 4 && unwritten[i].empty(); ++k) unwritten[i] = check_all_written(kGrad[k], g[k]);
           }
           if (runners[i].note) r.note = runners[i].note();
+          if (!cfg.train && !r.note.empty())
+            progress << "note: case " << case_no << ", " << r.impl << ": " << r.note << std::endl;
           r.rel_err = unwritten[i].empty() ? *std::max_element(errs[i].begin(), errs[i].end()) : INFINITY;
         }
         const double dense_err = recs[0].rel_err;

@@ -6,7 +6,8 @@
 //                  the density of the previous call; the first, untimed call samples and waits)
 //   twell_sparse   the same, forced onto the sparse path (shows what dispatch avoided)
 //   twell_split    with --split: twell::cuda::SplitFfn, the neurons that fire in >= 1.2% of a
-//                  calibration sample's tokens as a dense FFN, the rest through FfnForward (previous)
+//                  calibration sample's tokens (fresh ones; with --from the file's first, the timed
+//                  ones: in-sample) as a dense FFN, in 704-neuron steps, the rest through FfnForward
 // With --train, forward + backward (dx, dWg, dWu, dWd in f32, L1 term on):
 //   dense_cublas   the forward above keeping g, u, h; dh = dy Wdᵀ (f32), one element-wise kernel
 //                  for dg, du; dx = [dg|du]·[Wg; Wu] as one GEMM; [dWg; dWu] = [dg|du]ᵀ x and
@@ -128,18 +129,18 @@ class CudaBackend : public FfnBackend {
       sample = fresh.view();
     }
     const std::vector<int64_t> counts = cuda::count_active_neurons(sample, w, stream_);
-    const std::vector<int32_t> hot = cuda::choose_hot_neurons(counts, n);
-    int64_t total = 0, in_hot = 0;
-    for (const int64_t c : counts) total += c;
+    constexpr double kRate = 0.012;  // choose_hot_neurons' default
+    const std::vector<int32_t> hot = cuda::choose_hot_neurons(counts, n, kRate);
+    int64_t total = 0, in_hot = 0, above = 0;
+    for (const int64_t c : counts) total += c, above += double(c) >= kRate * double(n);
     for (const int32_t j : hot) in_hot += counts[size_t(j)];
-    cuda::FfnOptions cold = o;
-    cold.tile = 0;  // the sparse part's own default for its width (the case's tile was chosen for I)
-    s->split = std::make_unique<cuda::SplitFfn>(shape(p), w, hot, cold, stream_);
+    s->split = std::make_unique<cuda::SplitFfn>(shape(p), w, hot, o, stream_);
     s->y_split = DeviceTensor(DType::bf16, {M, H});
-    const std::string note = str(hot.size(), " of ", I, " neurons dense (those firing in >= 1.2% of ", n,
-                                 cfg.from_file.empty() ? " fresh" : " of its", " tokens; ",
-                                 total ? std::lround(100.0 * double(in_hot) / double(total)) : 0L,
-                                 "% of the sample's non-zeros)");
+    const std::string note =
+        str(hot.size(), " of ", I, " neurons dense (", above, " fire in >= 1.2% of ", n,
+            cfg.from_file.empty() ? " fresh tokens" : " of the file's tokens, the timed ones",
+            ", rounded to 704-neuron steps; ", total ? std::lround(100.0 * double(in_hot) / double(total)) : 0L,
+            "% of the sample's non-zeros)");
     cudaStream_t st = stream_;
     FfnRunner r{"twell_split", [s, st](int set) { s->split->forward(s->x[set], s->y_split, st); },
                 [s, this] { return s->y_split.download(stream_); }};

@@ -97,7 +97,8 @@ LtGemm::~LtGemm() {
 LtGemm::Plan& LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [m, n, k, b_transposed, epi, out, a_transposed, lda, align_a, align_b, align_c] = key;
+  const auto [m, n, k, b_transposed, epi, out, a_transposed, lda, align_a, align_b, align_c, accumulates] = key;
+  (void)accumulates;  // beta is the call's: the descriptors are the same
   auto p = std::make_unique<Plan>();
   // Column-major view: Cᵀ[N, M] = op(B_cm) · A_cm, with A_cm = Aᵀ [K, M] (ld K).
   TWELL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -283,7 +284,7 @@ void LtGemm::run(const void* a, const void* b, void* c, int64_t m, int64_t n, in
                  GemmEpilogue epilogue, cudaStream_t stream, GemmOut out, float beta) {
   if (m == 0 || n == 0) return;
   launch({m, n, k, b_transposed, static_cast<int>(epilogue), static_cast<int>(out), false, k, alignment_of(a),
-          alignment_of(b), alignment_of(c)},
+          alignment_of(b), alignment_of(c), beta != 0.f},
          a, b, c, beta, stream);
 }
 
@@ -292,7 +293,7 @@ void LtGemm::run_at(const void* a, const void* b, void* c, int64_t m, int64_t n,
   if (m == 0 || n == 0) return;
   TWELL_CHECK(lda == 0 || lda >= m, "LtGemm::run_at: lda = ", lda, " is below m = ", m);
   launch({m, n, k, false, static_cast<int>(GemmEpilogue::none), static_cast<int>(out), true, lda == 0 ? m : lda,
-          alignment_of(a), alignment_of(b), alignment_of(c)},
+          alignment_of(a), alignment_of(b), alignment_of(c), false},
          a, b, c, 0.f, stream);
 }
 

@@ -72,9 +72,11 @@ class LtGemm {
   void run_at(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
               GemmOut out = GemmOut::f32, int64_t lda = 0);
 
-  // A problem: m, n, k, b_transposed, epilogue, out, a_transposed, lda, and the alignment in bytes
-  // of the pointers a, b and c (a power of two up to 256: cuBLASLt's heuristics assume 256 unless told).
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int, bool, int64_t, uint32_t, uint32_t, uint32_t>;
+  // A problem: m, n, k, b_transposed, epilogue, out, a_transposed, lda, the alignment in bytes of the
+  // pointers a, b and c (a power of two up to 256: cuBLASLt's heuristics assume 256 unless told), and
+  // whether it adds to C (beta != 0: tuned apart, since the candidates' bits are checked with it).
+  using Key =
+      std::tuple<int64_t, int64_t, int64_t, bool, int, int, bool, int64_t, uint32_t, uint32_t, uint32_t, bool>;
 
  private:
   struct Plan;

@@ -92,8 +92,9 @@ SplitFfn::SplitFfn(const FfnShape& shape, const FfnWeights& w, const std::vector
                 " but the weights are ", w.gated() ? "gated" : "non-gated");
   const std::pair<const TensorView*, const char*> given[3] = {{&w.wg, "wg"}, {&w.wu, "wu"}, {&w.wd, "wd"}};
   for (const auto& [t, name] : given) {
-    if (t->empty() && !shape.gated) continue;  // a non-gated FFN has no wg
+    if (t == &w.wg && !shape.gated) continue;  // a non-gated FFN has no wg (refused above if given)
     check_device(*t, Device::cuda, name);
+    check_on_current_gpu(*t, name);
     check_dtype(*t, DType::bf16, name);
     check_shape(*t, {I, H}, name);
     check_contiguous(*t, name);
@@ -118,7 +119,9 @@ SplitFfn::SplitFfn(const FfnShape& shape, const FfnWeights& w, const std::vector
   order.reserve(static_cast<size_t>(I));
   for (int32_t j = 0; j < I; ++j)
     if (!is_hot[size_t(j)]) order.push_back(j);
-  order.insert(order.end(), hot.begin(), hot.end());
+  std::vector<int32_t> hot_rows = hot;  // the dense part in ascending order: runs of rows copy at once
+  std::sort(hot_rows.begin(), hot_rows.end());
+  order.insert(order.end(), hot_rows.begin(), hot_rows.end());
   const size_t matrix = static_cast<size_t>(I * H) * 2, cold_bytes = static_cast<size_t>((I - K) * H) * 2;
   d.weights = DeviceBuffer((shape.gated ? 3 : 2) * matrix);
   char* at = static_cast<char*>(d.weights.get());
@@ -132,11 +135,15 @@ SplitFfn::SplitFfn(const FfnShape& shape, const FfnWeights& w, const std::vector
     at += matrix;
   }
   if (K > 0) {
-    d.gemm = std::make_unique<LtGemm>(LtGemm::autotune_default(), options.cublaslt_workspace,
-                                      options.cublaslt_workspace_bytes);
+    // cuBLASLt's workspace: the caller's, or the cold part's own (options() names it), not a second.
+    const FfnOptions& cold_options = d.cold->options();
+    d.gemm = std::make_unique<LtGemm>(LtGemm::autotune_default(), cold_options.cublaslt_workspace,
+                                      cold_options.cublaslt_workspace_bytes);
     d.g = DeviceBuffer(static_cast<size_t>(shape.max_tokens * K) * 2);
     d.u = DeviceBuffer(static_cast<size_t>(shape.max_tokens * K) * 2);
   }
+  // The copies done: the caller may free or change w, on any stream, when this returns.
+  TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 SplitFfn::~SplitFfn() = default;

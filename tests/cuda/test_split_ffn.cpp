@@ -104,7 +104,15 @@ TEST_P(SplitFfnGpu, MatchesCpuReference) {
   std::vector<int32_t> scattered;
   for (int64_t j = c.I - 1; j >= 0 && scattered.size() < 64; j -= 3) scattered.push_back(static_cast<int32_t>(j));
   std::swap(scattered[0], scattered[40]);
-  for (const auto& [hot, hot_name] : {std::pair{chosen, "chosen"}, {scattered, "scattered"}}) {
+  // And the rule's own set, end to end (at a rate every firing neuron passes; 704-neuron steps, so
+  // only where I - 64 holds one), and the most the constructor takes, all but 64.
+  const std::vector<int32_t> ruled = cuda::choose_hot_neurons(counts, c.M, 1e-9);
+  std::vector<int32_t> all_but_64(size_t(c.I - 64));
+  std::iota(all_but_64.begin(), all_but_64.end(), 64);
+  std::vector<std::pair<std::vector<int32_t>, const char*>> sets{{chosen, "chosen"}, {scattered, "scattered"},
+                                                                 {all_but_64, "all but 64"}};
+  if (!ruled.empty()) sets.emplace_back(ruled, "choose_hot_neurons'");
+  for (const auto& [hot, hot_name] : sets) {
     for (const Dispatch d : {Dispatch::always_sparse, Dispatch::always_dense, Dispatch::previous}) {
       SCOPED_TRACE(str(hot_name, " hot set of ", hot.size(), ", dispatch ", static_cast<int>(d)));
       cuda::FfnOptions o;
@@ -136,6 +144,27 @@ std::vector<SplitCase> split_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, SplitFfnGpu, testing::ValuesIn(split_cases()), split_name);
+
+// The split holds its own copy of the weights: the caller's may change (here to NaN) or go once the
+// constructor returns; and a call of no tokens writes nothing.
+TEST(SplitFfnGpuBits, OwnsItsWeightsAndTakesNoTokens) {
+  TWELL_REQUIRE_HOPPER();
+  const SplitCase c{300, 256, 1344, 0.02, true, true};
+  Problem p(c);
+  std::vector<int32_t> hot(128);
+  for (int32_t i = 0; i < 128; ++i) hot[size_t(i)] = 10 * i + 3;
+  cuda::FfnOptions o;
+  o.dispatch = Dispatch::always_sparse;
+  cuda::SplitFfn split({c.M, c.H, c.I}, p.w(), hot, o, nullptr);
+  DeviceTensor y_before(DType::bf16, {c.M, c.H}), y_after(DType::bf16, {c.M, c.H});
+  split.forward(p.x, y_before, nullptr);
+  for (DeviceTensor* t : {&p.wg, &p.wu, &p.wd}) cuda::fill_bytes(t->view().data, t->nbytes(), 0xff, nullptr);
+  split.forward(p.x, y_after, nullptr);
+  EXPECT_TRUE(test::bit_equal(y_after.download(), y_before.download()));
+  DeviceTensor x0(DType::bf16, {0, c.H}), y0(DType::bf16, {0, c.H});
+  EXPECT_NO_THROW(split.forward(x0, y0, nullptr));
+  TWELL_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 // With no hot neurons the split is FfnForward on a copy of the weights: the same bits.
 TEST(SplitFfnGpuBits, NoHotNeuronsIsFfnForward) {
@@ -198,6 +227,15 @@ TEST(SplitFfnGpuBits, RefusesBadInput) {
   fp32.precision = Precision::h_fp32;
   EXPECT_THROW(make(hot, fp32, p.w()), Error);
   EXPECT_THROW(make(hot, o, FfnWeights{TensorView{}, p.wu.view(), p.wd.view()}), Error);  // gated shape, no wg
+  {  // a non-gated shape with an empty wu
+    auto plain = [&](const FfnWeights& w) { cuda::SplitFfn s({64, 256, 640, false}, w, hot, o, nullptr); };
+    EXPECT_THROW(plain(FfnWeights{TensorView{}, TensorView{}, p.wd.view()}), Error);
+  }
+  const TensorView wd_reshaped(p.wd.view().data, DType::bf16, {320, 512}, Device::cuda);  // same bytes, wrong shape
+  EXPECT_THROW(make(hot, o, FfnWeights{p.wg.view(), p.wu.view(), wd_reshaped}), Error);
+  auto negative = hot;
+  negative[3] = -1;
+  EXPECT_THROW(make(negative, o, p.w()), Error);
   const Tensor host_wu = p.wu.download();
   EXPECT_THROW(make(hot, o, FfnWeights{p.wg.view(), host_wu, p.wd.view()}), Error);  // on the host
 

@@ -83,8 +83,9 @@ void register_bench(CLI::App& app, const std::string& command_line) {
       ->capture_default_str();
   ffn->add_flag("--split", cfg->split,
                 "also time twell_split: the neurons that fire in >= 1.2% of a calibration sample's tokens (min(M, "
-                "16384) fresh ones of the case's distribution; with --from the file's first rows) run as a dense "
-                "FFN, the rest sparse (twell::cuda::SplitFfn; CUDA backend, forward only)");
+                "16384) fresh ones of the case's distribution; with --from the file's first rows, which are timed "
+                "too) run as a dense FFN, in 704-neuron steps, the rest sparse (twell::cuda::SplitFfn; CUDA "
+                "backend, forward only)");
   ffn->add_flag("--train", cfg->train,
                 "time forward + backward (all four gradients, L1 term on) instead of the forward; checks dx on "
                 "sampled tokens and dWg, dWu, dWd on sampled neurons against float64 first (CUDA backend)");

@@ -32,26 +32,30 @@
 namespace twell::cuda {
 
 // How often each neuron of the FFN fires on the rows of x ([M, H] bf16 on the device): counts[j] =
-// the tokens with g_j > 0 (non-gated: relu(x Wuᵀ)_j > 0). Runs FfnForward's sparse path on x and
-// counts on the host; synchronises `stream`.
+// the tokens with g_j > 0 (non-gated: relu(x Wuᵀ)_j > 0). Runs FfnForward's sparse path on x (an
+// object sized for M: ~3.4 · M · I · 2 bytes and cuBLASLt's 64 MiB, freed on return; x within the
+// TwELL path's reach, FfnForward::sparse_supported) and counts on the host; synchronises `stream`.
 std::vector<int64_t> count_active_neurons(const TensorView& x, const FfnWeights& w, cudaStream_t stream);
 
 // The neurons to run dense, from count_active_neurons' counts over `tokens` tokens: those that fire
 // in at least `dense_above_rate` of the tokens, most frequent first (ties to the lower index, so the
 // choice is deterministic), their number rounded to the nearest multiple of 704 = lcm(64, 176), so
-// that the sparse part's last 176-wide tile (default_ffn_tile) is as full as I's: a partial one
-// costs the gate GEMM a whole tile's work (on an H100, twell at I = 4992 took 5.63 ms against 5.49
-// at I = 4928, whose 28 tiles are whole). At most I - 64; empty where that leaves fewer than 704.
+// that the sparse part's last 176-wide tile (default_ffn_tile; a tile asked for in FfnOptions is not
+// seen here) is as full as I's: a partial one costs the gate GEMM a whole tile's work (on an H100,
+// twell at I = 4992 took 5.63 ms against 5.49 at I = 4928, whose 28 tiles are whole). So 351 neurons
+// above the rate give none, 352 give 704. At most I - 64; empty where no step fits.
 std::vector<int32_t> choose_hot_neurons(const std::vector<int64_t>& counts, int64_t tokens,
                                         double dense_above_rate = 0.012);
 
 class SplitFfn {
  public:
   // Copies the weights into the object's device memory, permuted: `hot` (distinct neuron indices,
-  // a multiple of 64 of them, fewer than I; empty runs everything sparse) as the dense part, the
-  // others in ascending order as FfnForward(shape with I - |hot|, options). The weights may be freed
-  // afterwards. The copies are enqueued on `stream`. options: as FfnForward's, but training and
-  // Precision::h_fp32 are refused; options.cublaslt_workspace, when given, serves both parts.
+  // a multiple of 64 of them, fewer than I; empty: everything through FfnForward, which may still
+  // dispatch dense) as the dense part, the others in ascending order as FfnForward(shape with
+  // I - |hot|, options). The copies run on `stream`, which the constructor synchronises: w may be
+  // freed or changed when it returns. options: as FfnForward's, but training and Precision::h_fp32
+  // are refused; one cuBLASLt workspace serves both parts (options.cublaslt_workspace, or the cold
+  // part's own 64 MiB).
   SplitFfn(const FfnShape& shape, const FfnWeights& w, const std::vector<int32_t>& hot, const FfnOptions& options,
            cudaStream_t stream);
   ~SplitFfn();
@@ -66,7 +70,7 @@ class SplitFfn {
   // The sparse part (last_stats(), observed_density(), ... of the cold neurons).
   FfnForward& cold();
   // Device memory the object holds: the permuted weights, the hot part's [max_tokens, |hot|] buffers
-  // and the cold part's workspace.
+  // and the cold part's workspace (FfnForward::workspace_bytes; not cuBLASLt's 64 MiB).
   size_t device_bytes() const;
 
  private:
