@@ -4,6 +4,9 @@
 //   twell::cuda::FfnForward ffn(twell::cuda::FfnShape{M, H, I});  // max_tokens, hidden, ffn
 //   ffn.forward(x, weights, y, stream);      // x, y [M, H] bf16 on the device; weights [I, H]
 //
+// Activations whose neurons fire at very different rates (a trained model's) may run faster through
+// SplitFfn (twell/cuda/split_ffn.h): the frequent neurons dense, the rest through this object.
+//
 // Sparse path: gate GEMM (cuBLASLt, ReLU fused) -> pack g into TwELL (hybrid: over-capacity
 // tiles spill to a dense backup, nothing is dropped) -> up/down kernel over the active set only.
 // A sparse call of at most gather_max_tokens tokens (decode) takes the gather path instead: the
