@@ -150,7 +150,7 @@ TEST(BenchFfn, SyntheticCasesAreCheckedAndTimed) {
   // What was run is in the record, not only in its command line.
   EXPECT_NE(bench::records_to_json(records).find("\"gated\": true"), std::string::npos);
   EXPECT_NE(bench::records_to_json(records).find("\"iters\": 2"), std::string::npos);
-  EXPECT_NE(bench::records_to_json(records).find("\"tile\": 256"), std::string::npos);
+  EXPECT_NE(bench::records_to_json(records).find("\"tile\": 176"), std::string::npos);
   EXPECT_NE(bench::records_to_json(records).find("\"compression\": 8"), std::string::npos);
 }
 

@@ -685,7 +685,7 @@ TEST(Cli, UnknownCommandsAreNamed) {
       {"bench ffn --json -", "twell bench ffn: --json: expected a file name, got '-'"},
       // Refused before the first case runs, in the options' own terms.
       {"bench ffn --backend cpu -M 4 -H 64 -I 256 --train", "twell: error: --train needs the CUDA backend"},
-      {"bench ffn --backend cpu -M 99999999999 -H 64 -I 256", "M = 99999999999, H = 64, I = 256 (-M, -H, -I) needs at least 77200.0 GB"},
+      {"bench ffn --backend cpu -M 99999999999 -H 64 -I 256", "M = 99999999999, H = 64, I = 256 (-M, -H, -I) needs at least 82400.0 GB"},
       {"bench ffn --backend cpu -M 2000000 -H 64 -I 176 --tile 65536 --compression 1",
        "(-M, -H, -I; --tile 65536 --compression 1 packs 65536 slots a token) needs at least 525."},
   };
