@@ -54,23 +54,6 @@ std::vector<int32_t> choose_hot_neurons(const std::vector<int64_t>& counts, int6
   return order;
 }
 
-namespace {
-
-// dst's rows i = src's rows ids[i] ([*, H] bf16, contiguous), one copy per run of consecutive ids.
-void gather_rows(const TensorView& src, const std::vector<int32_t>& ids, void* dst, cudaStream_t stream) {
-  const size_t row = static_cast<size_t>(src.size(1)) * 2;
-  for (size_t i = 0; i < ids.size();) {
-    size_t n = 1;
-    while (i + n < ids.size() && ids[i + n] == ids[i] + static_cast<int32_t>(n)) ++n;
-    TWELL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + i * row,
-                                     static_cast<const char*>(src.data) + static_cast<size_t>(ids[i]) * row, n * row,
-                                     cudaMemcpyDeviceToDevice, stream));
-    i += n;
-  }
-}
-
-}  // namespace
-
 struct SplitFfn::Impl {
   FfnShape shape;
   std::vector<int32_t> hot;
@@ -79,7 +62,6 @@ struct SplitFfn::Impl {
   std::unique_ptr<FfnForward> cold;
   std::unique_ptr<LtGemm> gemm;  // the hot part's GEMMs
   DeviceBuffer g, u;             // [max_tokens, |hot|] bf16
-  FfnOptions options;
 };
 
 SplitFfn::SplitFfn(const FfnShape& shape, const FfnWeights& w, const std::vector<int32_t>& hot,
@@ -98,6 +80,7 @@ SplitFfn::SplitFfn(const FfnShape& shape, const FfnWeights& w, const std::vector
     check_dtype(*t, DType::bf16, name);
     check_shape(*t, {I, H}, name);
     check_contiguous(*t, name);
+    check_aligned(*t, 16, name);  // as FfnForward takes them; the row gather reads 16 bytes at a time
   }
   TWELL_REQUIRE(K % 64 == 0 && K < I, "SplitFfn: the hot neurons must be a multiple of 64 and fewer than I = ", I,
                 ", got ", K);
@@ -110,7 +93,6 @@ SplitFfn::SplitFfn(const FfnShape& shape, const FfnWeights& w, const std::vector
   Impl& d = *impl_;
   d.shape = shape;
   d.hot = hot;
-  d.options = options;
   FfnShape cold_shape = shape;
   cold_shape.ffn = I - K;
   d.cold = std::make_unique<FfnForward>(cold_shape, options);  // checks the shape and the options
@@ -119,9 +101,12 @@ SplitFfn::SplitFfn(const FfnShape& shape, const FfnWeights& w, const std::vector
   order.reserve(static_cast<size_t>(I));
   for (int32_t j = 0; j < I; ++j)
     if (!is_hot[size_t(j)]) order.push_back(j);
-  std::vector<int32_t> hot_rows = hot;  // the dense part in ascending order: runs of rows copy at once
+  std::vector<int32_t> hot_rows = hot;  // the dense part in ascending order: a set's bits, whatever its list's order
   std::sort(hot_rows.begin(), hot_rows.end());
   order.insert(order.end(), hot_rows.begin(), hot_rows.end());
+  DeviceBuffer order_dev(order.size() * sizeof(int32_t));
+  TWELL_CUDA_CHECK(
+      cudaMemcpyAsync(order_dev.get(), order.data(), order_dev.bytes(), cudaMemcpyHostToDevice, stream));
   const size_t matrix = static_cast<size_t>(I * H) * 2, cold_bytes = static_cast<size_t>((I - K) * H) * 2;
   d.weights = DeviceBuffer((shape.gated ? 3 : 2) * matrix);
   char* at = static_cast<char*>(d.weights.get());
@@ -129,7 +114,8 @@ SplitFfn::SplitFfn(const FfnShape& shape, const FfnWeights& w, const std::vector
       {&w.wg, &d.cold_w.wg, &d.hot_w.wg}, {&w.wu, &d.cold_w.wu, &d.hot_w.wu}, {&w.wd, &d.cold_w.wd, &d.hot_w.wd}};
   for (const auto& [src, cold_view, hot_view] : parts) {
     if (src->empty()) continue;  // non-gated: no wg
-    gather_rows(*src, order, at, stream);
+    launch_gather_rows(static_cast<const uint16_t*>(src->data), order_dev.as<int32_t>(), I, H,
+                       reinterpret_cast<uint16_t*>(at), stream);
     *cold_view = TensorView(at, DType::bf16, {I - K, H}, Device::cuda);
     *hot_view = TensorView(at + cold_bytes, DType::bf16, {K, H}, Device::cuda);
     at += matrix;
@@ -142,7 +128,8 @@ SplitFfn::SplitFfn(const FfnShape& shape, const FfnWeights& w, const std::vector
     d.g = DeviceBuffer(static_cast<size_t>(shape.max_tokens * K) * 2);
     d.u = DeviceBuffer(static_cast<size_t>(shape.max_tokens * K) * 2);
   }
-  // The copies done: the caller may free or change w, on any stream, when this returns.
+  // The copies done (and order_dev's upload): the caller may free or change w, on any stream, when
+  // this returns.
   TWELL_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 

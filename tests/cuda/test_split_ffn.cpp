@@ -233,6 +233,8 @@ TEST(SplitFfnGpuBits, RefusesBadInput) {
   }
   const TensorView wd_reshaped(p.wd.view().data, DType::bf16, {320, 512}, Device::cuda);  // same bytes, wrong shape
   EXPECT_THROW(make(hot, o, FfnWeights{p.wg.view(), p.wu.view(), wd_reshaped}), Error);
+  const TensorView wu_misaligned(static_cast<char*>(p.wu.view().data) + 2, DType::bf16, {640, 256}, Device::cuda);
+  EXPECT_THROW(make(hot, o, FfnWeights{p.wg.view(), wu_misaligned, p.wd.view()}), Error);  // not 16-byte aligned
   auto negative = hot;
   negative[3] = -1;
   EXPECT_THROW(make(negative, o, p.w()), Error);

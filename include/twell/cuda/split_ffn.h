@@ -52,7 +52,8 @@ class SplitFfn {
   // Copies the weights into the object's device memory, permuted: `hot` (distinct neuron indices,
   // a multiple of 64 of them, fewer than I; empty: everything through FfnForward, which may still
   // dispatch dense) as the dense part, the others in ascending order as FfnForward(shape with
-  // I - |hot|, options). The copies run on `stream`, which the constructor synchronises: w may be
+  // I - |hot|, options). The weights: bf16 [I, H] on the current GPU, contiguous, 16-byte aligned, as
+  // FfnForward takes them. The copies run on `stream`, which the constructor synchronises: w may be
   // freed or changed when it returns. options: as FfnForward's, but training and Precision::h_fp32
   // are refused; one cuBLASLt workspace serves both parts (options.cublaslt_workspace, or the cold
   // part's own 64 MiB).
